@@ -1,0 +1,77 @@
+"""The Celery app configuration shared by submitters, workers, beat and Flower.
+
+Celery is the transport: it carries "a job was submitted" to the dispatcher on the per-priority
+queues and "start job N" to one card's own queue. The truth about jobs lives in rig's records
+and ledger (CELERY-NOTES 1), so every delivery is fenced there.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from rig.config import Settings
+from rig.keys import Keys
+from rig.models import Priority
+
+#: Queue the control worker serves besides the priority queues: periodic and admin tasks.
+CONTROL_QUEUE = "rig.control"
+#: Far above the longest job: a job running for days is never handed out again by Celery
+#: (the claim fence stops a duplicate anyway).
+VISIBILITY_TIMEOUT_S = 30 * 24 * 3600
+
+TASK_SUBMITTED = "rig.submitted"
+TASK_START_JOB = "rig.start_job"
+TASK_TICK = "rig.tick"
+
+
+def card_queue(node: str, index: int) -> str:
+    """The queue only the worker of that one card consumes."""
+    return f"rig.card.{node}.{index}"
+
+
+def dispatcher_queues() -> list[str]:
+    """Priority queues first, in strict order, then the control queue."""
+    return [p.queue for p in (Priority.HIGH, Priority.MEDIUM, Priority.LOW)] + [CONTROL_QUEUE]
+
+
+def make_celery(settings: Settings) -> Celery:
+    keys = Keys(settings.key_prefix)
+    app = Celery("rig", set_as_current=False)
+    app.conf.update(
+        broker_url=settings.redis_url,
+        broker_transport_options={
+            "visibility_timeout": VISIBILITY_TIMEOUT_S,
+            "queue_order_strategy": "priority",
+            "global_keyprefix": keys.celery_prefix,
+        },
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,  # keep trying through a Redis restart
+        result_backend=None,
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=False,  # the ledger decides what happens to a lost job
+        worker_prefetch_multiplier=1,
+        worker_disable_prefetch=True,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        task_default_queue=CONTROL_QUEUE,
+        worker_hijack_root_logger=False,
+        worker_redirect_stdouts=False,
+        beat_scheduler="redbeat.RedBeatScheduler",
+        redbeat_redis_url=settings.redis_url,
+        redbeat_key_prefix=keys.redbeat_prefix,
+        redbeat_lock_timeout=30,
+        beat_max_loop_interval=5,
+        beat_schedule={
+            "rig-tick": {
+                "task": TASK_TICK,
+                "schedule": max(1.0, settings.health.check_interval),
+                "options": {"queue": CONTROL_QUEUE, "expires": max(1.0, settings.health.check_interval)},
+            },
+        },
+        timezone="UTC",
+    )
+    return app

@@ -1,0 +1,1 @@
+"""rig's command line: a thin shell over rig.client."""

@@ -1,0 +1,71 @@
+"""What every command shares: settings from flags, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+import redis
+
+from rig.config import Settings, load_settings
+from rig.errors import RedisUnavailable, RigError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(message: str, code: int = 1) -> None:
+    click.echo(f"rig: error: {message}", err=True)
+    sys.exit(code)
+
+
+def handle_errors(fn: F) -> F:
+    """Turn rig's errors into one line on stderr and the error's exit code; never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except RigError as exc:
+            fail(str(exc), exc.exit_code)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            url = _settings_url()
+            err = RedisUnavailable(url, str(exc).splitlines()[0] if str(exc) else None)
+            fail(str(err), err.exit_code)
+        except KeyboardInterrupt:
+            click.echo("", err=True)
+            sys.exit(130)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _settings_url() -> str:
+    try:
+        return load_settings().redis_url
+    except RigError:
+        return "the configured Redis"
+
+
+def settings_from(ctx: click.Context) -> Settings:
+    obj = ctx.find_object(dict) or {}
+    return load_settings(**obj.get("overrides", {}))
+
+
+def client_from(ctx: click.Context):  # noqa: ANN201
+    from rig.client import Client
+
+    return Client(settings_from(ctx))
+
+
+def parse_env_items(items: tuple[str, ...]) -> dict[str, str]:
+    from rig.errors import InvalidInput
+
+    env = {}
+    for item in items:
+        if "=" not in item:
+            raise InvalidInput(f"--env {item!r}: write it as NAME=value")
+        key, value = item.split("=", 1)
+        env[key] = value
+    return env

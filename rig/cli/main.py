@@ -1,0 +1,279 @@
+"""``rig``: bring the stack up and down, see and control jobs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from rig.cli.common import client_from, fail, handle_errors, settings_from
+from rig.cli.render import render_job, render_jobs, render_status
+from rig.cli.submit import do_submit, submit_options
+from rig.errors import InvalidInput, StackError
+from rig.models import JobState
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--redis-url", envvar=None, help="Redis holding rig's state (default from config).")
+@click.option("--fake-gpus", metavar="SPEC", help="Use fake cards, e.g. 8x80G (no NVIDIA driver needed).")
+@click.pass_context
+def cli(ctx: click.Context, redis_url: str | None, fake_gpus: str | None) -> None:
+    """rig: a VRAM-aware GPU job queue for shared servers."""
+    ctx.ensure_object(dict)
+    ctx.obj["overrides"] = {"redis_url": redis_url, "fake_gpus": fake_gpus}
+
+
+# -- submitting -------------------------------------------------------------------------------
+@cli.command("submit")
+@submit_options
+@click.pass_context
+def submit_cmd(ctx: click.Context, **kwargs) -> None:  # noqa: ANN003
+    """Queue COMMAND (same as rig-submit). Prints the job id."""
+    do_submit(ctx, **kwargs)
+
+
+# -- seeing -------------------------------------------------------------------------------------
+@cli.command()
+@click.pass_context
+@handle_errors
+def status(ctx: click.Context) -> None:
+    """Cards (memory, use, temperature, jobs), waiting jobs per priority, live workers."""
+    client = client_from(ctx)
+    client.ping()
+    render_status(client.status(), Console())
+
+
+@cli.command()
+@click.option("--state", "-s", help="Only jobs in this state (pending, running, failed, ...).")
+@click.option("--limit", "-n", type=int, default=50, show_default=True)
+@click.pass_context
+@handle_errors
+def jobs(ctx: click.Context, state: str | None, limit: int) -> None:
+    """List jobs, newest first."""
+    client = client_from(ctx)
+    st = JobState.parse(state) if state else None
+    client.ping()
+    render_jobs(client.jobs(st, limit=limit), Console())
+
+
+@cli.command()
+@click.argument("job_id")
+@click.pass_context
+@handle_errors
+def show(ctx: click.Context, job_id: str) -> None:
+    """Everything about one job; for a waiting job, why it waits."""
+    client = client_from(ctx)
+    client.ping()
+    job = client.get(job_id)
+    render_job(job, client.why_waiting(job), Console())
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new output until the job ends.")
+@click.option("--attempt", "-a", type=int, help="Which attempt's log (default: the latest).")
+@click.pass_context
+@handle_errors
+def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None) -> None:
+    """Print a job's output (stdout and stderr)."""
+    client = client_from(ctx)
+    client.ping()
+    job = client.get(job_id)
+    path = client.log_path(job.id, attempt)
+    while path is None:
+        if not follow:
+            state = job.state.value.lower()
+            raise InvalidInput(f"job {job.id} has no log yet (it is {state}); `rig log -f {job.id}` waits for it")
+        time.sleep(0.5)
+        job = client.get(job.id)
+        if job.state.terminal and not job.log_paths:
+            raise InvalidInput(f"job {job.id} ended {job.state.value} before it started; no log")
+        path = client.log_path(job.id, attempt)
+    if not path.exists():
+        raise InvalidInput(f"log file {path} is not on this machine (job ran on node {job.node})")
+    out = sys.stdout.buffer
+    with open(path, "rb") as fh:
+        while True:
+            chunk = fh.read(65536)
+            if chunk:
+                out.write(chunk)
+                out.flush()
+                continue
+            if not follow:
+                return
+            job = client.get(job.id)
+            if job.state.terminal or (attempt is None and len(job.log_paths) > 1 and
+                                      job.log_paths[-1] != str(path)):
+                rest = fh.read()
+                out.write(rest)
+                out.flush()
+                return
+            time.sleep(0.25)
+
+
+# -- controlling ------------------------------------------------------------------------------
+@cli.command()
+@click.argument("job_ids", nargs=-1, required=True)
+@click.option("--no-wait", is_flag=True, help="Return at once; don't wait for a running job to stop.")
+@click.pass_context
+@handle_errors
+def kill(ctx: click.Context, job_ids: tuple[str, ...], no_wait: bool) -> None:
+    """Stop jobs: waiting ones are cancelled, running ones stopped with everything they spawned."""
+    client = client_from(ctx)
+    client.ping()
+    for jid in job_ids:
+        client.get(jid)  # unknown ids fail before anything is killed
+    for jid in job_ids:
+        before = client.get(jid)
+        if before.state.terminal:
+            click.echo(f"job {before.id} already ended ({before.state.value}); nothing to kill")
+            continue
+        after = client.kill(jid, wait=not no_wait)
+        if after.state is JobState.CANCELLED:
+            click.echo(f"job {after.id} cancelled (was {before.state.value.lower()}); its GPU memory is free")
+        elif after.state.terminal:
+            click.echo(f"job {after.id} ended {after.state.value} before the kill reached it")
+        else:
+            click.echo(f"job {after.id}: kill requested; it is still {after.state.value.lower()}")
+
+
+@cli.command()
+@click.argument("path", required=False, type=click.Path(dir_okay=False))
+@click.option("--node-name", help="This server's name (default: hostname).")
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+@click.pass_context
+@handle_errors
+def init(ctx: click.Context, path: str | None, node_name: str | None, force: bool) -> None:
+    """Write a commented config file (default: $RIG_HOME/config.toml)."""
+    from rig.config import Settings
+    from rig.config_template import TEMPLATE
+
+    defaults = Settings()
+    target = Path(path).expanduser() if path else defaults.home / "config.toml"
+    if target.exists() and not force:
+        raise InvalidInput(f"{target} exists; pass --force to overwrite it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    text = TEMPLATE.format(
+        path=target, node_name=node_name or defaults.node_name, home=defaults.home,
+        redis_url=defaults.redis_url, scheduler_type=defaults.scheduler_type,
+        max_task_per_gpu=defaults.max_task_per_gpu, vram_reserve_fraction=defaults.vram_reserve_fraction,
+        default_priority=defaults.default_priority, max_retries=defaults.max_retries,
+        log_dir=defaults.job_log_dir, system_log_dir=defaults.rig_log_dir,
+        kill_grace_seconds=defaults.kill_grace_seconds, flower_address=defaults.flower_address,
+        flower_port=defaults.flower_port, check_interval=defaults.health.check_interval,
+        timeout=defaults.health.timeout,
+    )
+    target.write_text(text)
+    click.echo(f"wrote {target}")
+    if path and Path(path).resolve() != (Path.cwd() / "rig.toml").resolve():
+        click.echo(f"rig reads it when RIG_CONFIG={target} is set", err=True)
+
+
+@cli.command()
+@click.pass_context
+@handle_errors
+def config(ctx: click.Context) -> None:
+    """Print the settings in force and the file they came from."""
+    settings = settings_from(ctx)
+    click.echo(f"# config file: {settings.config_file or 'none (defaults and RIG_* variables)'}")
+    for key, value in settings.model_dump().items():
+        if key != "config_file":
+            click.echo(f"{key} = {value!r}")
+
+
+# -- the stack ----------------------------------------------------------------------------------
+@cli.command()
+@click.option("--daemon", "-d", is_flag=True, help="Run in the background; `rig down` stops it.")
+@click.option("--no-flower", is_flag=True, help="Don't start Flower.")
+@click.option("--no-beat", is_flag=True, help="Don't start beat (another node runs it).")
+@click.option("--only", multiple=True, type=click.Choice(["redis", "cards", "control", "beat", "flower"]),
+              help="Start only these parts (repeatable), e.g. for docker-compose services.")
+@click.pass_context
+@handle_errors
+def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, only: tuple[str, ...]) -> None:
+    """Bring up this node: Redis (if none is reachable), one worker per card, the dispatcher,
+    beat and Flower. Ctrl-C stops everything it started; running jobs keep running and are
+    adopted by the next `rig up`."""
+    from rig.stack import Stack, UpOptions, pid_file, running_pid
+
+    settings = settings_from(ctx)
+    overrides = {k: v for k, v in ctx.obj["overrides"].items() if v}
+    env_overrides = {f"RIG_{k.upper()}": str(v) for k, v in overrides.items()}
+    if daemon:
+        existing = running_pid(settings)
+        if existing:
+            raise StackError(f"rig is already up on node {settings.node_name} (pid {existing}); `rig down` stops it")
+        argv = [sys.executable, "-m", "rig.cli.main"]
+        for key, value in overrides.items():
+            argv += [f"--{key.replace('_', '-')}", str(value)]
+        argv += ["up"] + (["--no-flower"] if no_flower else []) + (["--no-beat"] if no_beat else [])
+        for part in only:
+            argv += ["--only", part]
+        settings.rig_log_dir.mkdir(parents=True, exist_ok=True)
+        out_path = settings.rig_log_dir / "up.log"
+        with open(out_path, "ab") as out:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, env={**os.environ, **env_overrides})
+        ready = settings.run_dir / f"up-{settings.node_name}.ready"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                tail = out_path.read_text(errors="replace").strip().splitlines()[-1:] if out_path.exists() else []
+                fail(f"rig up exited (code {proc.returncode}): {tail[0] if tail else 'see ' + str(out_path)}", 7)
+            if ready.exists() and ready.read_text().strip() == str(proc.pid):
+                click.echo(f"rig is up on {settings.node_name} (pid {proc.pid}); logs in {settings.rig_log_dir}; "
+                           "`rig down` stops it")
+                return
+            time.sleep(0.2)
+        fail(f"rig up did not become ready within 120 s; see {out_path}", 7)
+
+    stack = Stack(settings, UpOptions(only=only, no_flower=no_flower, no_beat=no_beat,
+                                      env_overrides=env_overrides), say=lambda m: click.echo(m, err=True))
+    ready = settings.run_dir / f"up-{settings.node_name}.ready"
+    try:
+        stack.up()
+        missing = stack.wait_ready()
+        if missing:
+            click.echo(f"warning: no heartbeat yet from {', '.join(missing)}; see {settings.rig_log_dir}", err=True)
+        click.echo(stack.describe(), err=True)
+        if stack.wants("flower"):
+            click.echo(f"flower: http://{settings.flower_address}:{settings.flower_port}", err=True)
+        click.echo(f"rig is up on {settings.node_name}. Submit with `rig-submit --gpu-memory 4G -- CMD`; "
+                   "Ctrl-C stops rig (running jobs keep running).", err=True)
+        ready.write_text(f"{os.getpid()}\n")
+        stack.run_until_signalled()
+    finally:
+        ready.unlink(missing_ok=True)
+        click.echo("stopping rig ...", err=True)
+        stack.down()
+        click.echo("rig stopped", err=True)
+    _ = pid_file
+
+
+@cli.command()
+@click.option("--timeout", type=float, default=60.0, show_default=True)
+@click.pass_context
+@handle_errors
+def down(ctx: click.Context, timeout: float) -> None:
+    """Stop the `rig up --daemon` of this node (running jobs keep running)."""
+    from rig.stack import stop_daemon
+
+    settings = settings_from(ctx)
+    pid = stop_daemon(settings, timeout)
+    if pid is None:
+        click.echo(f"rig is not up on {settings.node_name}")
+    else:
+        click.echo(f"rig stopped (pid {pid})")
+
+
+def main() -> None:
+    cli(prog_name="rig")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Rendering for people (rich tables). No logic: everything shown comes from rig.client."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+from rich.console import Console
+from rich.table import Table
+
+from rig.client import StatusReport
+from rig.memory import format_memory
+from rig.models import Job, JobState, Priority
+
+STATE_STYLE = {
+    JobState.PENDING: "yellow", JobState.ASSIGNED: "cyan", JobState.RUNNING: "bold cyan",
+    JobState.SUCCEEDED: "green", JobState.FAILED: "bold red", JobState.CANCELLED: "magenta",
+}
+
+
+def _gib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 2**30:.1f}"
+
+
+def ago(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    return duration(time.time() - ts) + " ago"
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+    return f"{seconds // 86400}d{(seconds % 86400) // 3600:02d}h"
+
+
+def when(ts: float | None) -> str:
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+def render_status(report: StatusReport, console: Console) -> None:
+    cards = Table(title="cards (memory in GiB)", title_justify="left", expand=False)
+    for col in ("card", "model", "total", "usable", "reserved", "free", "used", "util", "temp", "jobs", "running"):
+        cards.add_column(col, justify="right" if col not in ("card", "model", "running") else "left")
+    for card in report.cards:
+        jobs = report.running.get(card.id, [])
+        running = ", ".join(f"{j.id}:{j.name}" for j in jobs) or "-"
+        flags = []
+        if not card.allowed:
+            flags.append("not in whitelist")
+        if not card.healthy:
+            flags.append("UNHEALTHY")
+        if flags:
+            running = f"[{', '.join(flags)}] {running}"
+        cards.add_row(
+            card.id, card.model, _gib(card.total), _gib(card.usable), _gib(card.reserved),
+            _gib(card.free), _gib(card.used),
+            "-" if card.utilization is None else f"{card.utilization}%",
+            "-" if card.temperature is None else f"{card.temperature}C",
+            f"{card.jobs}/{card.max_jobs}", running,
+        )
+    if not report.cards:
+        console.print("no cards registered: no rig node is up (start one with `rig up`)")
+    else:
+        console.print(cards)
+
+    queues = Table(title="waiting jobs", title_justify="left")
+    queues.add_column("priority")
+    queues.add_column("waiting", justify="right")
+    queues.add_column("oldest wait", justify="right")
+    for prio in Priority:
+        queues.add_row(prio.value, str(report.pending.get(prio, 0)), duration(report.oldest_wait.get(prio)))
+    console.print(queues)
+
+    workers = Table(title=f"workers alive: {len(report.workers)}", title_justify="left")
+    for col in ("worker", "role", "card", "pid", "jobs", "last seen"):
+        workers.add_column(col)
+    for w in report.workers:
+        workers.add_row(w.name, w.role, "-" if w.card is None else str(w.card), str(w.pid),
+                        str(w.jobs), ago(w.seen_at))
+    console.print(workers)
+    counts = "  ".join(f"{s.value.lower()}={n}" for s, n in report.counts.items())
+    console.print(f"jobs: {counts}")
+
+
+def render_jobs(jobs: list[Job], console: Console) -> None:
+    table = Table(title_justify="left")
+    for col in ("id", "name", "user", "state", "prio", "mem/card", "gpus", "where", "age", "runtime", "exit"):
+        table.add_column(col, justify="right" if col in ("id", "gpus", "exit") else "left")
+    now = time.time()
+    for job in jobs:
+        where = f"{job.node}/{','.join(map(str, job.cards))}" if job.node else "-"
+        runtime = None
+        if job.started_at:
+            runtime = (job.ended_at or now) - job.started_at
+        table.add_row(
+            str(job.id), job.name, job.user, f"[{STATE_STYLE[job.state]}]{job.state.value}[/]",
+            job.priority.value, format_memory(job.gpu_memory), str(job.gpus), where,
+            duration(now - job.created_at), duration(runtime),
+            "-" if job.exit_code is None else str(job.exit_code),
+        )
+    if not jobs:
+        console.print("no jobs")
+    else:
+        console.print(table)
+
+
+def render_job(job: Job, why: str | None, console: Console) -> None:
+    rows: list[tuple[str, str]] = [
+        ("id", str(job.id)), ("name", job.name), ("user", job.user),
+        ("state", f"[{STATE_STYLE[job.state]}]{job.state.value}[/]"),
+        ("priority", job.priority.value), ("command", job.display_command),
+        ("workdir", job.workdir), ("gpu memory", f"{format_memory(job.gpu_memory)} per card"),
+        ("gpus", str(job.gpus)),
+    ]
+    if why:
+        rows.append(("waiting because", why))
+    if job.node:
+        rows.append(("node / cards", f"{job.node} / {', '.join(map(str, job.cards))}"))
+    rows += [("submitted", when(job.created_at)), ("placed", when(job.assigned_at)),
+             ("started", when(job.started_at)), ("ended", when(job.ended_at))]
+    if job.started_at:
+        rows.append(("runtime", duration((job.ended_at or time.time()) - job.started_at)))
+    if job.exit_code is not None:
+        rows.append(("exit code", str(job.exit_code)))
+    if job.reason:
+        rows.append(("reason", job.reason))
+    if job.attempt:
+        rows.append(("attempts", str(job.attempt)))
+    if job.pid:
+        rows.append(("pid", str(job.pid)))
+    for i, path in enumerate(job.log_paths, 1):
+        rows.append((f"log (attempt {i})", path))
+    if job.env:
+        rows.append(("env", ", ".join(sorted(job.env))))
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)

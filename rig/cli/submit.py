@@ -1,0 +1,77 @@
+"""``rig-submit``: queue a job.
+
+  rig-submit --name bert --gpu-memory 12G --priority high -- python train.py --config c.yaml
+  rig-submit --gpu-memory 4G --cmd "python eval.py > out.txt"
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from rig.cli.common import client_from, handle_errors, parse_env_items
+from rig.errors import InvalidInput
+from rig.memory import format_memory
+from rig.models import JobState
+
+
+def submit_options(fn):  # noqa: ANN001, ANN201
+    opts = [
+        click.option("--name", "-n", help="A name to find the job by (default: the program's name)."),
+        click.option("--gpu-memory", "-m", "gpu_memory", metavar="SIZE",
+                     help="GPU memory the job needs on each card, e.g. 12G, 512M (binary units)."),
+        click.option("--gpus", "-g", type=int, default=1, show_default=True,
+                     help="Number of cards (all on one server, all given at once)."),
+        click.option("--priority", "-p", metavar="high|medium|low",
+                     help="Strict priority; default from config (medium)."),
+        click.option("--cmd", "-c", "cmd", metavar="TEXT", help="The command as one shell string."),
+        click.option("--workdir", "-w", type=click.Path(file_okay=False),
+                     help="Working directory (default: command_workdir, else the current one)."),
+        click.option("--env", "-e", "env", multiple=True, metavar="NAME=VALUE",
+                     help="Extra environment variable for the job (repeatable)."),
+        click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code."),
+        click.argument("command", nargs=-1, type=click.UNPROCESSED),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+@handle_errors
+def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir, env, wait, command) -> None:  # noqa: ANN001
+    if cmd and command:
+        raise InvalidInput("give the command either after `--` or with --cmd, not both")
+    if gpu_memory is None:
+        raise InvalidInput("--gpu-memory is required: how much GPU memory the job needs, e.g. 12G")
+    client = client_from(ctx)
+    handle = client.submit(
+        cmd if cmd else list(command), gpu_memory=gpu_memory, gpus=gpus, priority=priority,
+        name=name, workdir=workdir, env=parse_env_items(env),
+    )
+    job = handle._job
+    click.echo(handle.id)
+    cards = "1 card" if job.gpus == 1 else f"{job.gpus} cards"
+    click.echo(f"submitted job {job.id} '{job.name}': {format_memory(job.gpu_memory)} on {cards}, "
+               f"{job.priority.value} priority", err=True)
+    if not client.ledger.cards():
+        click.echo("note: no rig node is up yet; the job waits until `rig up` runs", err=True)
+    if wait:
+        final = handle.wait()
+        click.echo(f"job {final.id} {final.state.value}: {final.reason or ''}".rstrip(": "), err=True)
+        if final.state is JobState.SUCCEEDED:
+            sys.exit(0)
+        sys.exit(final.exit_code if final.exit_code not in (None, 0) else 1)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@submit_options
+@click.pass_context
+def main(ctx: click.Context, **kwargs) -> None:  # noqa: ANN003
+    """Queue COMMAND to run on a GPU with enough free memory. Prints the job id."""
+    ctx.ensure_object(dict)
+    do_submit(ctx, **kwargs)
+
+
+if __name__ == "__main__":
+    main()

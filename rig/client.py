@@ -1,0 +1,415 @@
+"""The Python API. The CLI is a thin shell over this.
+
+    import rig
+    job = rig.submit("python train.py", gpu_memory="12G", priority="high")
+    job.wait(); print(job.state)
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from rig.config import Settings, load_settings
+from rig.errors import InvalidInput, RedisUnavailable, RigError, Unschedulable
+from rig.keys import Keys
+from rig.ledger import Ledger
+from rig.memory import parse_memory
+from rig.models import CardState, Job, JobState, Priority
+from rig.placement import Request, explain_wait, never_fits, place
+from rig.redis_conn import check, connect
+from rig.store import JobStore
+
+log = logging.getLogger(__name__)
+
+#: Variables of the submitter's environment a job inherits (the worker's env is the base).
+INHERITED_ENV = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "LANG")
+
+
+@dataclass
+class WorkerInfo:
+    name: str
+    role: str
+    node: str
+    card: int | None
+    pid: int
+    jobs: int
+    seen_at: float
+
+
+@dataclass
+class StatusReport:
+    """What `rig status` shows: cards, waiting jobs per priority, live workers, job counts."""
+
+    cards: list[CardState]
+    running: dict[str, list[Job]]  # card id -> jobs holding it
+    pending: dict[Priority, int]
+    oldest_wait: dict[Priority, float | None]  # seconds
+    workers: list[WorkerInfo]
+    counts: dict[JobState, int]
+    notices: list[str] = field(default_factory=list)
+
+
+class Client:
+    """Talks to rig's Redis. Cheap to create; connects on first use."""
+
+    def __init__(self, settings: Settings | None = None, *, redis_client: redis.Redis | None = None):
+        self.settings = settings or load_settings()
+        self.keys = Keys(self.settings.key_prefix)
+        self.r = redis_client or connect(self.settings.redis_url)
+        self.store = JobStore(self.r, self.keys)
+        self.ledger = Ledger(self.r, self.keys)
+        self._celery = None
+
+    # -- plumbing -------------------------------------------------------------------------
+    def ping(self) -> None:
+        check(self.r, self.settings.redis_url)
+
+    @property
+    def celery(self):  # noqa: ANN201 - Celery is imported lazily: it is slow to import
+        if self._celery is None:
+            from rig.celery_config import make_celery
+
+            self._celery = make_celery(self.settings)
+        return self._celery
+
+    def wake_dispatcher(self) -> None:
+        self.r.lpush(self.keys.sched_wake, "1")
+
+    def _guard(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise RedisUnavailable(self.settings.redis_url, str(exc).splitlines()[0]) from None
+
+    # -- submitting -----------------------------------------------------------------------
+    def submit(
+        self,
+        command: str | list[str] | tuple[str, ...],
+        *,
+        gpu_memory: str | int,
+        gpus: int = 1,
+        priority: str | Priority | None = None,
+        name: str | None = None,
+        workdir: str | os.PathLike[str] | None = None,
+        env: dict[str, str] | None = None,
+        shell: bool | None = None,
+        kind: str = "command",
+        extra: dict[str, Any] | None = None,
+    ) -> JobHandle:
+        """Queue a job; returns a handle at once. A string command runs through ``/bin/sh -c``.
+
+        Raises InvalidInput for a malformed request, Unschedulable when no allowed card could
+        ever hold it, RedisUnavailable when rig's Redis cannot be reached. Nothing is written
+        unless the request is accepted.
+        """
+        argv, is_shell = _normalise_command(command, shell)
+        nbytes = parse_memory(gpu_memory)
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+            raise InvalidInput(f"--gpus must be a whole number of cards, 1 or more; got {gpus!r}")
+        prio = Priority.parse(priority or self.settings.default_priority)
+        wd = _resolve_workdir(workdir, self.settings)
+        job_env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+        for key, value in (env or {}).items():
+            if not key or "=" in key:
+                raise InvalidInput(f"--env: bad variable name {key!r}; write NAME=value")
+            job_env[key] = str(value)
+        job_name = (name or _default_name(argv, is_shell)).strip()
+        if not job_name:
+            raise InvalidInput("--name must not be empty")
+
+        def _do() -> Job:
+            check(self.r, self.settings.redis_url)
+            cards = self.ledger.cards()
+            if cards:
+                reason = never_fits(cards, Request(nbytes, gpus))
+                if reason:
+                    raise Unschedulable(f"job can never run: {reason}")
+            job = Job(
+                id=0, name=job_name, user=_user(), command=argv, shell=is_shell,
+                gpu_memory=nbytes, gpus=gpus, priority=prio, state=JobState.PENDING,
+                workdir=str(wd), env=job_env, created_at=time.time(), kind=kind,
+                max_retries=self.settings.max_retries, submit_host=socket.gethostname(),
+            )
+            job = self.store.create(job)
+            if extra:
+                self.store.update(job.id, **extra)
+            return job
+
+        job = self._guard(_do)
+        self._notify_submitted(job)
+        return JobHandle(self, job.id, job)
+
+    def _notify_submitted(self, job: Job) -> None:
+        """Tell the dispatcher over the job's priority queue. The job is already safe in the
+        pending queue, so a lost message only delays it to the next periodic pass."""
+        try:
+            from rig.celery_config import TASK_SUBMITTED
+
+            self.celery.send_task(
+                TASK_SUBMITTED, args=[job.id], queue=job.priority.queue, retry=False
+            )
+        except Exception as exc:  # noqa: BLE001 - never fail a stored submission
+            log.warning("job %s: could not notify the dispatcher (%s); it will be picked up "
+                        "on the next pass", job.id, exc)
+            try:
+                self.wake_dispatcher()
+            except redis.RedisError:
+                pass
+
+    # -- reading --------------------------------------------------------------------------
+    def get(self, job_id: int | str) -> Job:
+        return self._guard(self.store.get, job_id)
+
+    def job(self, job_id: int | str) -> JobHandle:
+        job = self.get(job_id)
+        return JobHandle(self, job.id, job)
+
+    def jobs(self, state: JobState | str | None = None, *, limit: int = 50) -> list[Job]:
+        st = JobState.parse(state) if isinstance(state, str) else state
+        return self._guard(self.store.list, st, limit=limit)
+
+    def why_waiting(self, job: Job) -> str | None:
+        """For a PENDING job, a sentence a person understands; None for other states."""
+        if job.state is not JobState.PENDING:
+            return None
+        cards = self.ledger.cards()
+        if not cards:
+            return "no cards are registered: no rig node is up (start one with `rig up`)"
+        request = Request(job.gpu_memory, job.gpus)
+        position = self.store.pending_position(job.id)
+        own = (
+            "it fits now and starts as soon as the dispatcher places it"
+            if place(cards, request, self.settings.scheduler_type)
+            else explain_wait(cards, request)
+        )
+        if not position:
+            return job.wait_reason or own
+        head = self.store.pending_head(1)
+        head_job = self.store.get(head[0]) if head else None
+        ahead = f"{position} job(s) ahead of it (priority, then submission order)"
+        if head_job is not None:
+            head_reason = head_job.wait_reason or explain_wait(
+                cards, Request(head_job.gpu_memory, head_job.gpus)
+            )
+            ahead += f"; the first, job {head_job.id} ({head_job.priority.value}), waits: {head_reason}"
+        return f"{ahead}. This job: {own}"
+
+    def status(self) -> StatusReport:
+        def _do() -> StatusReport:
+            cards = self.ledger.cards()
+            holders: dict[str, list[int]] = {}
+            all_ids: set[int] = set()
+            for card in cards:
+                ids = sorted(self.ledger.holdings(card.node, card.index))
+                holders[card.id] = ids
+                all_ids.update(ids)
+            by_id = {j.id: j for j in self.store.get_many(sorted(all_ids))}
+            running = {cid: [by_id[i] for i in ids if i in by_id] for cid, ids in holders.items()}
+            pending = self.store.pending_counts()
+            now = time.time()
+            oldest: dict[Priority, float | None] = {}
+            for prio in Priority:
+                jid = self.store.oldest_pending(prio)
+                created = self.r.hget(self.keys.job(jid), "created_at") if jid else None
+                oldest[prio] = now - float(created) if created else None
+            return StatusReport(
+                cards=cards, running=running, pending=pending, oldest_wait=oldest,
+                workers=self.workers(), counts=self.store.count_by_state(),
+            )
+
+        return self._guard(_do)
+
+    def workers(self) -> list[WorkerInfo]:
+        """Workers whose heartbeat has not expired."""
+        import json
+
+        names = sorted(self.r.smembers(self.keys.workers))
+        if not names:
+            return []
+        values = self.r.mget([self.keys.worker(n) for n in names])
+        alive = []
+        for name, value in zip(names, values, strict=True):
+            if value is None:
+                continue
+            data = json.loads(value)
+            alive.append(WorkerInfo(
+                name=name, role=data.get("role", "?"), node=data.get("node", "?"),
+                card=data.get("card"), pid=int(data.get("pid", 0)), jobs=int(data.get("jobs", 0)),
+                seen_at=float(data.get("seen_at", 0)),
+            ))
+        return alive
+
+    # -- control --------------------------------------------------------------------------
+    def kill(self, job_id: int | str, *, wait: bool = True, timeout: float | None = None) -> Job:
+        """Stop a job: a waiting one is cancelled at once; a running one's whole process tree
+        is stopped by its worker (SIGTERM, then SIGKILL after kill_grace_seconds) and its VRAM
+        freed. Returns the job as it is afterwards."""
+        job = self.get(job_id)
+        if job.state.terminal:
+            return job
+        by = _user()
+        self._guard(self.store.update, job.id, cancelled_by=by)
+        code, _ = self._guard(
+            self.ledger.transition, job.id, JobState.CANCELLED,
+            fields={"reason": f"cancelled by {by}"}, mode="cancel",
+        )
+        if code == 1:
+            self.wake_dispatcher()
+            return self.get(job.id)
+        if code == 2:
+            self.r.publish(self.keys.kill_channel, str(job.id))
+            if wait:
+                limit = timeout if timeout is not None else self.settings.kill_grace_seconds + 20
+                return self.wait(job.id, timeout=limit)
+        return self.get(job.id)
+
+    def wait(self, job_id: int | str, *, timeout: float | None = None) -> Job:
+        """Block until the job reaches a terminal state; returns it. Raises TimeoutError."""
+        jid = int(job_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pubsub = self.r.pubsub(ignore_subscribe_messages=True)
+        try:
+            self._guard(pubsub.subscribe, self.keys.events_channel)
+            while True:
+                job = self.get(jid)
+                if job.state.terminal:
+                    return job
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"job {jid} is still {job.state.value} after {timeout} s")
+                # Wake on any event for this job; re-read at least once a second regardless.
+                step = 1.0 if remaining is None else min(1.0, remaining)
+                end = time.monotonic() + step
+                while time.monotonic() < end:
+                    msg = self._guard(pubsub.get_message, timeout=max(0.0, end - time.monotonic()))
+                    if msg and str(msg.get("data", "")).split(" ", 1)[0] == str(jid):
+                        break
+        finally:
+            try:
+                pubsub.close()
+            except redis.RedisError:
+                pass
+
+    def log_path(self, job_id: int | str, attempt: int | None = None) -> Path | None:
+        job = self.get(job_id)
+        paths = job.log_paths or ([job.log_path] if job.log_path else [])
+        if not paths:
+            return None
+        if attempt is None:
+            return Path(paths[-1])
+        if not 1 <= attempt <= len(paths):
+            raise InvalidInput(f"job {job.id} has {len(paths)} attempt(s); pick --attempt 1..{len(paths)}")
+        return Path(paths[attempt - 1])
+
+
+class JobHandle:
+    """A submitted job. ``state`` and ``record`` read Redis afresh each time."""
+
+    def __init__(self, client: Client, job_id: int, job: Job | None = None) -> None:
+        self.client = client
+        self.id = int(job_id)
+        self._job = job
+
+    def __repr__(self) -> str:
+        return f"<rig job {self.id}>"
+
+    def __int__(self) -> int:
+        return self.id
+
+    @property
+    def record(self) -> Job:
+        self._job = self.client.get(self.id)
+        return self._job
+
+    @property
+    def state(self) -> JobState:
+        return self.record.state
+
+    def wait(self, timeout: float | None = None) -> Job:
+        self._job = self.client.wait(self.id, timeout=timeout)
+        return self._job
+
+    def kill(self) -> Job:
+        return self.client.kill(self.id)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """For a ``@rig.task`` call: wait and return the function's return value, or raise
+        RigError with the reason it failed."""
+        import base64
+        import pickle
+
+        job = self.wait(timeout)
+        if job.state is not JobState.SUCCEEDED:
+            raise RigError(f"job {self.id} ended {job.state.value}: {job.reason or 'see rig log ' + str(self.id)}")
+        raw = self.client.r.hget(self.client.keys.job(self.id), "result")
+        return pickle.loads(base64.b64decode(raw)) if raw else None
+
+
+# -- module-level convenience ---------------------------------------------------------------
+_default: Client | None = None
+
+
+def default_client() -> Client:
+    global _default
+    if _default is None:
+        _default = Client()
+    return _default
+
+
+def submit(command: str | list[str], **kwargs: Any) -> JobHandle:
+    """``rig.submit("python train.py", gpu_memory="12G", priority="high")``."""
+    return default_client().submit(command, **kwargs)
+
+
+def get_job(job_id: int | str) -> JobHandle:
+    return default_client().job(job_id)
+
+
+# -- helpers --------------------------------------------------------------------------------
+def _normalise_command(command: Any, shell: bool | None) -> tuple[list[str], bool]:
+    if isinstance(command, str):
+        text = command.strip()
+        if not text:
+            raise InvalidInput("the command is empty; give it after `--` or with --cmd \"...\"")
+        if shell is False:
+            import shlex
+
+            return shlex.split(text), False
+        return ["/bin/sh", "-c", text], True
+    argv = [str(a) for a in (command or [])]
+    if not argv or not argv[0].strip():
+        raise InvalidInput("the command is empty; give it after `--` or with --cmd \"...\"")
+    return argv, False
+
+
+def _resolve_workdir(workdir: Any, settings: Settings) -> Path:
+    chosen = workdir or settings.command_workdir or os.getcwd()
+    path = Path(chosen).expanduser().resolve()
+    if not path.is_dir():
+        raise InvalidInput(f"--workdir {chosen} is not a directory; create it or pick another")
+    return path
+
+
+def _default_name(argv: list[str], is_shell: bool) -> str:
+    words = argv[2].split() if is_shell else argv
+    for word in words:
+        base = os.path.basename(word)
+        if base and not base.startswith("-") and base not in ("python", "python3", "sh", "bash", "env"):
+            return base[:64]
+    return os.path.basename(words[0])[:64] if words else "job"
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no passwd entry in some containers
+        return str(os.getuid())

@@ -1,0 +1,153 @@
+"""rig's one settings object.
+
+Values come, strongest first, from: keyword overrides (the CLI's flags), environment variables
+with the ``RIG_`` prefix (nested with ``__``, e.g. ``RIG_HEALTH__TIMEOUT=60``), the TOML config
+file that ``rig init`` writes, then the defaults below.
+
+The config file is the first of: ``$RIG_CONFIG``; ``./rig.toml``; ``$RIG_HOME/config.toml``
+(``~/.rig/config.toml``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from rig.errors import ConfigError
+
+SchedulerType = Literal["first-fit", "least-loaded", "best-fit"]
+PriorityName = Literal["high", "medium", "low"]
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("RIG_HOME", Path.home() / ".rig")).expanduser()
+
+
+class HealthSettings(BaseModel):
+    """Heartbeats and health checks. Seconds throughout."""
+
+    check_interval: float = Field(5.0, gt=0, description="seconds between health checks")
+    timeout: float = Field(30.0, gt=0, description="a worker silent this long is dead (s)")
+
+
+class Settings(BaseSettings):
+    """Everything rig can be told. Sizes in bytes or as strings like ``12G``; times in seconds."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RIG_", env_nested_delimiter="__", extra="ignore", validate_default=True
+    )
+
+    home: Path = Field(default_factory=default_home, description="rig's own folder")
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding all state")
+    key_prefix: str = Field("rig:", description="prefix of every Redis key rig writes")
+    node_name: str = Field(default_factory=socket.gethostname, description="this server's name")
+    scheduler_type: SchedulerType = "best-fit"
+    gpu_whitelist: list[int] | None = Field(None, description="card indexes rig may use")
+    max_task_per_gpu: int = Field(4, ge=1, description="jobs at once on one card")
+    vram_reserve_fraction: float = Field(
+        0.05, ge=0, lt=1, description="fraction of each card's memory never handed out"
+    )
+    default_priority: PriorityName = "medium"
+    max_retries: int = Field(2, ge=0)
+    command_workdir: Path | None = Field(None, description="default working folder of jobs")
+    log_dir: Path | None = Field(None, description="job logs (default $RIG_HOME/logs/jobs)")
+    system_log_dir: Path | None = Field(None, description="rig's own logs")
+    fake_gpus: str | None = Field(None, description="e.g. 8x80G: fake cards instead of NVML")
+    kill_grace_seconds: float = Field(10.0, ge=0, description="SIGTERM to SIGKILL delay")
+    telemetry_interval: float = Field(2.0, gt=0, description="seconds between card readings")
+    flower_address: str = "127.0.0.1"
+    flower_port: int = 5555
+    health: HealthSettings = Field(default_factory=HealthSettings)
+
+    # Set by load_settings so `rig show-config` can say where values came from.
+    config_file: Path | None = None
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _prefix_ends_with_colon(cls, value: str) -> str:
+        if not value:
+            raise ValueError("key_prefix must not be empty")
+        return value if value.endswith(":") else value + ":"
+
+    @field_validator("gpu_whitelist", mode="before")
+    @classmethod
+    def _parse_whitelist(cls, value: Any) -> Any:
+        # "0,1,3" from an environment variable or the CLI.
+        if isinstance(value, str):
+            value = value.strip()
+            if value in ("", "all", "*"):
+                return None
+            if value.startswith("["):
+                return value
+            return [int(part) for part in value.split(",") if part.strip()]
+        if isinstance(value, int):
+            return [value]
+        return value
+
+    @property
+    def job_log_dir(self) -> Path:
+        return (self.log_dir or self.home / "logs" / "jobs").expanduser()
+
+    @property
+    def rig_log_dir(self) -> Path:
+        return (self.system_log_dir or self.home / "logs" / "system").expanduser()
+
+    @property
+    def run_dir(self) -> Path:
+        return self.home / "run"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = find_config_file()
+        if path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
+
+def find_config_file() -> Path | None:
+    """The config file in force, or None. ``$RIG_CONFIG`` must exist if it is set."""
+    explicit = os.environ.get("RIG_CONFIG")
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"RIG_CONFIG names {path}, which does not exist; run `rig init {path}`")
+        return path
+    for candidate in (Path.cwd() / "rig.toml", default_home() / "config.toml"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build the settings object; a bad value becomes one ConfigError line naming the field."""
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(
+            f"configuration value {field!r} is invalid: {first['msg']} (got {first.get('input')!r})"
+        ) from None
+    except ValueError as exc:  # a TOML syntax error
+        raise ConfigError(f"cannot read the config file: {exc}") from None
+    settings.config_file = find_config_file()
+    return settings

@@ -1,0 +1,61 @@
+"""The commented config file that ``rig init`` writes."""
+
+from __future__ import annotations
+
+TEMPLATE = """\
+# rig configuration ({path})
+# Every value can also be set by an environment variable: RIG_<NAME> (e.g. RIG_MAX_TASK_PER_GPU=2),
+# nested ones with a double underscore (RIG_HEALTH__TIMEOUT=60). Environment wins over this file.
+
+# This server's name; jobs record where they ran by it.
+node_name = "{node_name}"
+
+# Where rig keeps its state. A Redis with AOF persistence; `rig up` starts a private one under
+# {home}/redis if nothing answers at a local URL.
+redis_url = "{redis_url}"
+# Prefix of every Redis key rig writes (several rigs can share one Redis with different ones).
+key_prefix = "rig:"
+
+# Placement strategy: "best-fit" (packs cards tightly, keeps big blocks whole),
+# "least-loaded" (spreads jobs), or "first-fit" (lowest card number first).
+scheduler_type = "{scheduler_type}"
+
+# Cards rig may use, by index (nvidia-smi order). Leave unset to use every card.
+# gpu_whitelist = [0, 1, 2, 3]
+
+# Most jobs running at once on one card, however much memory is free.
+max_task_per_gpu = {max_task_per_gpu}
+
+# Fraction of each card's memory never handed out (CUDA context, fragmentation headroom).
+vram_reserve_fraction = {vram_reserve_fraction}
+
+# Priority of a job submitted without --priority: "high", "medium" or "low".
+default_priority = "{default_priority}"
+
+# Attempts after the first before a failed job goes to the error queue.
+max_retries = {max_retries}
+
+# Working directory of jobs that don't give --workdir (unset: the submitter's current folder).
+# Absolute paths keep relative paths in commands valid across restarts.
+# command_workdir = "/data/workspace"
+
+# Job logs (one file per attempt) and rig's own logs live in separate folders.
+log_dir = "{log_dir}"
+system_log_dir = "{system_log_dir}"
+
+# Fake cards where there is no NVIDIA driver, e.g. "8x80G" or "2x24G,1x48G".
+# Unset: real cards through NVML; with no driver rig falls back to 8x80G and says so.
+# fake_gpus = "8x80G"
+
+# Seconds between SIGTERM and SIGKILL when a job is killed.
+kill_grace_seconds = {kill_grace_seconds}
+
+# Flower (Celery monitoring) listens here; keep it on loopback unless it has auth in front.
+flower_address = "{flower_address}"
+flower_port = {flower_port}
+
+[health]
+# Seconds between health checks, and the silence after which a worker counts as dead.
+check_interval = {check_interval}
+timeout = {timeout}
+"""

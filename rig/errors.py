@@ -1,0 +1,71 @@
+"""One error tree for rig. Every error a person can see is one line that says what to do.
+
+Each class carries the process exit code the CLI uses for it, so scripts can tell the
+classes of failure apart.
+"""
+
+from __future__ import annotations
+
+
+class RigError(Exception):
+    """Base of every error rig raises on purpose."""
+
+    exit_code = 1
+
+
+class InvalidInput(RigError):
+    """The request itself is malformed (bad memory size, unknown priority, empty command)."""
+
+    exit_code = 2
+
+
+class Unschedulable(RigError):
+    """The request is well formed but can never run on the cards rig knows about."""
+
+    exit_code = 3
+
+
+class JobNotFound(RigError):
+    """No job with that id exists."""
+
+    exit_code = 4
+
+    def __init__(self, job_id: object) -> None:
+        super().__init__(f"no job with id {job_id}; `rig jobs` lists the jobs that exist")
+        self.job_id = job_id
+
+
+class RedisUnavailable(RigError):
+    """The Redis server that holds rig's state cannot be reached."""
+
+    exit_code = 5
+
+    def __init__(self, url: str, cause: object = None) -> None:
+        detail = f" ({cause})" if cause else ""
+        super().__init__(
+            f"cannot reach Redis at {redact_url(url)}{detail}; start rig with `rig up` "
+            "or set RIG_REDIS_URL to a running Redis"
+        )
+        self.url = url
+
+
+class ConfigError(RigError):
+    """The configuration file or environment holds a value rig cannot use."""
+
+    exit_code = 6
+
+
+class StackError(RigError):
+    """Bringing the stack up or down failed."""
+
+    exit_code = 7
+
+
+def redact_url(url: str) -> str:
+    """Hide a password in a redis:// URL before it is printed."""
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    user = creds.split(":", 1)[0] if ":" in creds else ""
+    return f"{scheme}://{user}:***@{host}"

@@ -1,0 +1,114 @@
+"""The one place that builds Redis key names. No other module formats a key string.
+
+Key schema (P = settings.key_prefix, default ``rig:``):
+
+  P job:next_id                 string   last job id handed out (INCR)
+  P job:<id>                    hash     the job record (see rig.models.Job)
+  P jobs:all                    zset     every job id, score = id
+  P jobs:state:<STATE>          zset     job ids in that state, score = id
+  P pending                     zset     waiting jobs; score = priority rank * 1e12 + id
+  P cards                       set      card ids "<node>/<index>"
+  P card:<node>:<index>         hash     one card's capacity, reservations and readings
+  P card:<node>:<index>:jobs    hash     job id -> bytes reserved on that card
+  P nodes                       set      node names
+  P node:<node>                 hash     a node's registration (cards, started_at)
+  P worker:<name>               string   heartbeat, expires after health.timeout
+  P workers                     set      worker names seen
+  P sched:wake                  list     nudges for the dispatcher (BLPOP)
+  P sched:leader                string   the dispatcher holding the lock (PX)
+  P events                      channel  job state changes, "<id> <STATE>"
+  P kill                        channel  "<id>": stop this running job
+  P celery:                     prefix   kombu's own keys (queues, unacked, bindings)
+  P redbeat:                    prefix   celery-redbeat's schedule and lock
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key builder bound to one prefix."""
+
+    prefix: str = "rig:"
+
+    # jobs
+    @property
+    def next_job_id(self) -> str:
+        return f"{self.prefix}job:next_id"
+
+    def job(self, job_id: int | str) -> str:
+        return f"{self.prefix}job:{job_id}"
+
+    @property
+    def all_jobs(self) -> str:
+        return f"{self.prefix}jobs:all"
+
+    def state_index(self, state: str) -> str:
+        return f"{self.prefix}jobs:state:{state}"
+
+    @property
+    def pending(self) -> str:
+        return f"{self.prefix}pending"
+
+    # cards and nodes
+    @property
+    def cards(self) -> str:
+        return f"{self.prefix}cards"
+
+    def card(self, node: str, index: int | str) -> str:
+        return f"{self.prefix}card:{node}:{index}"
+
+    def card_jobs(self, node: str, index: int | str) -> str:
+        return f"{self.prefix}card:{node}:{index}:jobs"
+
+    @property
+    def nodes(self) -> str:
+        return f"{self.prefix}nodes"
+
+    def node(self, node: str) -> str:
+        return f"{self.prefix}node:{node}"
+
+    # workers and dispatch
+    def worker(self, name: str) -> str:
+        return f"{self.prefix}worker:{name}"
+
+    @property
+    def workers(self) -> str:
+        return f"{self.prefix}workers"
+
+    @property
+    def sched_wake(self) -> str:
+        return f"{self.prefix}sched:wake"
+
+    @property
+    def sched_leader(self) -> str:
+        return f"{self.prefix}sched:leader"
+
+    @property
+    def events_channel(self) -> str:
+        return f"{self.prefix}events"
+
+    @property
+    def kill_channel(self) -> str:
+        return f"{self.prefix}kill"
+
+    # third-party prefixes
+    @property
+    def celery_prefix(self) -> str:
+        return f"{self.prefix}celery:"
+
+    @property
+    def redbeat_prefix(self) -> str:
+        return f"{self.prefix}redbeat:"
+
+
+def card_id(node: str, index: int | str) -> str:
+    """The id a person and the ledger use for one card: ``<node>/<index>``."""
+    return f"{node}/{index}"
+
+
+def split_card_id(cid: str) -> tuple[str, int]:
+    node, _, index = cid.rpartition("/")
+    return node, int(index)

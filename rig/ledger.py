@@ -1,0 +1,188 @@
+"""The VRAM ledger: each card's capacity and reservations, and the atomic moves of a job
+between states that take or give back those reservations.
+
+All read-check-write steps are Lua scripts (rig/lua) with every key passed in KEYS, so two
+dispatchers placing jobs at once can never both take the last 10 GB of a card.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import redis
+
+from rig.gpus.base import GpuReading
+from rig.keys import Keys
+from rig.models import CardState, Job, JobState, pending_score
+from rig.scripts import Scripts
+from rig.store import JobStore
+
+log = logging.getLogger(__name__)
+
+_STATE_ORDER = [s.value for s in JobState]
+
+
+class Ledger:
+    """Cards and reservations under one key prefix."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.r = client
+        self.keys = keys
+        self.scripts = Scripts(client)
+        self.store = JobStore(client, keys)
+
+    # -- cards ----------------------------------------------------------------------------
+    def register_card(
+        self,
+        node: str,
+        reading: GpuReading,
+        *,
+        max_jobs: int,
+        reserve_fraction: float,
+        allowed: bool,
+        fake: bool,
+    ) -> CardState:
+        """Record (or refresh) a card's capacity. Reservations already held are kept, so a
+        restarted node picks up where it was."""
+        key = self.keys.card(node, reading.index)
+        usable = int(reading.total * (1.0 - reserve_fraction))
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(
+            key,
+            mapping={
+                "node": node,
+                "index": reading.index,
+                "uuid": reading.uuid,
+                "model": reading.model,
+                "total": reading.total,
+                "usable": usable,
+                "max_jobs": max_jobs,
+                "allowed": "1" if allowed else "0",
+                "fake": "1" if fake else "0",
+            },
+        )
+        pipe.hsetnx(key, "reserved", 0)
+        pipe.hsetnx(key, "jobs", 0)
+        pipe.hsetnx(key, "healthy", 1)
+        pipe.sadd(self.keys.cards, f"{node}/{reading.index}")
+        pipe.sadd(self.keys.nodes, node)
+        pipe.execute()
+        self.record_reading(node, reading)
+        return self.card(node, reading.index)
+
+    def record_reading(self, node: str, reading: GpuReading) -> None:
+        """Store what the card reports now (used memory, utilisation, temperature)."""
+        mapping: dict[str, Any] = {"updated_at": time.time()}
+        for name in ("used", "utilization", "temperature"):
+            value = getattr(reading, name)
+            mapping[name] = "" if value is None else int(value)
+        self.r.hset(self.keys.card(node, reading.index), mapping=mapping)
+
+    def set_healthy(self, node: str, index: int, healthy: bool, reason: str = "") -> None:
+        self.r.hset(
+            self.keys.card(node, index),
+            mapping={"healthy": "1" if healthy else "0", "health_reason": reason},
+        )
+
+    def card(self, node: str, index: int) -> CardState:
+        return CardState.from_redis(self.r.hgetall(self.keys.card(node, index)))
+
+    def cards(self) -> list[CardState]:
+        """Every registered card, sorted by node then index."""
+        ids = sorted(self.r.smembers(self.keys.cards))
+        pipe = self.r.pipeline(transaction=False)
+        for cid in ids:
+            node, _, index = cid.rpartition("/")
+            pipe.hgetall(self.keys.card(node, index))
+        cards = [CardState.from_redis(raw) for raw in pipe.execute() if raw]
+        return sorted(cards, key=lambda c: (c.node, c.index))
+
+    def holdings(self, node: str, index: int) -> dict[int, int]:
+        """job id -> bytes reserved on this card."""
+        raw = self.r.hgetall(self.keys.card_jobs(node, index))
+        return {int(k): int(v) for k, v in raw.items()}
+
+    # -- job moves ------------------------------------------------------------------------
+    def reserve(self, job_id: int, node: str, cards: list[int], nbytes: int) -> tuple[bool, str]:
+        """PENDING -> ASSIGNED on ``cards`` of ``node``, reserving ``nbytes`` on each.
+
+        Returns (True, token) or (False, reason); on False nothing changed.
+        """
+        keys = [
+            self.keys.job(job_id),
+            self.keys.pending,
+            self.keys.state_index(JobState.PENDING.value),
+            self.keys.state_index(JobState.ASSIGNED.value),
+        ]
+        for index in cards:
+            keys += [self.keys.card(node, index), self.keys.card_jobs(node, index)]
+        ok, detail = self.scripts.reserve(
+            keys=keys, args=[job_id, nbytes, time.time(), node, json.dumps(cards)]
+        )
+        if ok:
+            self.store.publish(job_id, JobState.ASSIGNED)
+        return bool(ok), str(detail)
+
+    def claim(self, job_id: int, token: str | int, worker: str) -> tuple[bool, str]:
+        """ASSIGNED -> RUNNING for the holder of ``token``. Returns (True, attempt) or
+        (False, current state): a duplicate delivery must then do nothing."""
+        ok, detail = self.scripts.claim(
+            keys=[
+                self.keys.job(job_id),
+                self.keys.state_index(JobState.ASSIGNED.value),
+                self.keys.state_index(JobState.RUNNING.value),
+            ],
+            args=[job_id, token, time.time(), worker],
+        )
+        if ok:
+            self.store.publish(job_id, JobState.RUNNING)
+        return bool(ok), str(detail)
+
+    def transition(
+        self,
+        job_id: int,
+        target: JobState,
+        *,
+        token: str | int | None = None,
+        fields: dict[str, Any] | None = None,
+        mode: str = "end",
+    ) -> tuple[int, str]:
+        """Move a live job to ``target`` and release everything it holds, atomically.
+
+        Returns (1, previous state) when moved; (2, 'RUNNING') when mode='cancel' only flagged
+        a running job; (0, state) when nothing changed. Retries while the job moves under us.
+        """
+        extra = {k: ("" if v is None else str(v)) for k, v in (fields or {}).items()}
+        for _ in range(20):
+            job = self.store.get(job_id)
+            keys = [self.keys.job(job_id), self.keys.pending]
+            keys += [self.keys.state_index(s) for s in _STATE_ORDER]
+            if job.node:
+                for index in job.cards:
+                    keys += [self.keys.card(job.node, index), self.keys.card_jobs(job.node, index)]
+            code, detail = self.scripts.transition(
+                keys=keys,
+                args=[
+                    job_id,
+                    target.value,
+                    time.time(),
+                    "" if token is None else str(token),
+                    json.dumps(extra),
+                    mode,
+                    json.dumps(_STATE_ORDER),
+                    pending_score(job.priority, job_id),
+                    job.state.value,
+                ],
+            )
+            if int(code) == 3:
+                continue  # the job moved between our read and the script: read again
+            if int(code) == 1:
+                self.store.publish(job_id, target)
+            return int(code), str(detail)
+        raise RuntimeError(f"job {job_id}: state kept changing during {target.value}")
+
+    def job_cards(self, job: Job) -> list[CardState]:
+        return [self.card(job.node, i) for i in job.cards] if job.node else []

@@ -1,0 +1,66 @@
+-- reserve.lua: move one PENDING job onto its card(s), reserving its VRAM, atomically.
+--
+-- KEYS[1]            job hash                      (rig:job:<id>)
+-- KEYS[2]            pending zset                  (rig:pending)
+-- KEYS[3]            state index PENDING           (rig:jobs:state:PENDING)
+-- KEYS[4]            state index ASSIGNED          (rig:jobs:state:ASSIGNED)
+-- KEYS[5 + 2i]       card hash of the i-th card    (rig:card:<node>:<index>)
+-- KEYS[6 + 2i]       its job reservations hash     (rig:card:<node>:<index>:jobs)
+-- ARGV[1]            job id
+-- ARGV[2]            bytes to reserve on each card
+-- ARGV[3]            now (epoch seconds)
+-- ARGV[4]            node name
+-- ARGV[5]            JSON list of the card indexes (same order as the card keys)
+--
+-- Returns {1, token} on success (token = the job's new assignment number, which fences the
+-- worker's claim), or {0, reason} and changes nothing.
+--
+-- Invariants kept, per card: reserved + bytes <= usable; jobs + 1 <= max_jobs; only cards with
+-- allowed = 1 and healthy = 1 take jobs.
+
+local job, pending, idx_pending, idx_assigned = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local job_id, bytes, now, node, cards = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
+
+local state = redis.call('HGET', job, 'state')
+if state ~= 'PENDING' then
+  return {0, 'state:' .. tostring(state)}
+end
+
+local ncards = (#KEYS - 4) / 2
+for i = 0, ncards - 1 do
+  local card = KEYS[5 + 2 * i]
+  local f = redis.call('HMGET', card, 'usable', 'reserved', 'jobs', 'max_jobs', 'allowed', 'healthy')
+  if not f[1] then
+    return {0, 'card-missing:' .. card}
+  end
+  if f[5] ~= '1' then
+    return {0, 'card-not-allowed:' .. card}
+  end
+  if f[6] == '0' then
+    return {0, 'card-unhealthy:' .. card}
+  end
+  if tonumber(f[2] or '0') + bytes > tonumber(f[1]) then
+    return {0, 'card-full:' .. card}
+  end
+  if tonumber(f[3] or '0') + 1 > tonumber(f[4] or '1') then
+    return {0, 'card-busy:' .. card}
+  end
+  if redis.call('HEXISTS', KEYS[6 + 2 * i], job_id) == 1 then
+    return {0, 'already-reserved:' .. card}
+  end
+end
+
+for i = 0, ncards - 1 do
+  local card = KEYS[5 + 2 * i]
+  redis.call('HINCRBY', card, 'reserved', bytes)
+  redis.call('HINCRBY', card, 'jobs', 1)
+  redis.call('HSET', KEYS[6 + 2 * i], job_id, bytes)
+end
+
+local token = redis.call('HINCRBY', job, 'assignments', 1)
+redis.call('HSET', job, 'state', 'ASSIGNED', 'node', node, 'cards', cards, 'assigned_at', now)
+redis.call('HDEL', job, 'wait_reason')
+redis.call('ZREM', pending, job_id)
+redis.call('ZREM', idx_pending, job_id)
+redis.call('ZADD', idx_assigned, tonumber(job_id), job_id)
+return {1, token}

@@ -1,0 +1,70 @@
+"""Memory sizes: parse what people type, print what people read.
+
+Internally every size is an integer number of bytes. Units are binary: ``12G`` means
+12 GiB (12 * 2**30 bytes), as nvidia-smi's MiB/GiB are.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rig.errors import InvalidInput
+
+KIB = 1024
+MIB = 1024**2
+GIB = 1024**3
+TIB = 1024**4
+
+_UNITS = {
+    "k": KIB, "kb": KIB, "kib": KIB,
+    "m": MIB, "mb": MIB, "mib": MIB,
+    "g": GIB, "gb": GIB, "gib": GIB,
+    "t": TIB, "tb": TIB, "tib": TIB,
+}
+_SIZE = re.compile(r"^\s*(?P<num>[+-]?\d+(?:\.\d+)?|[+-]?\.\d+)\s*(?P<unit>[a-zA-Z]*)\s*$")
+
+
+def parse_memory(text: str | int | float, *, what: str = "--gpu-memory") -> int:
+    """Parse ``12G``, ``512M``, ``1.5GiB``, ``24GB`` into bytes (binary units).
+
+    Raises InvalidInput (one line, with the fix) for a missing or unknown unit, zero or a
+    negative size.
+    """
+    if isinstance(text, bool):
+        raise InvalidInput(f"{what}: expected a size such as 12G, got {text!r}")
+    if isinstance(text, int | float):
+        value = int(text)
+        if value <= 0:
+            raise InvalidInput(f"{what} must be more than 0 bytes, got {text!r}")
+        return value
+    match = _SIZE.match(str(text))
+    if not match:
+        raise InvalidInput(f"{what}: cannot read {text!r} as a size; write it like 12G, 512M or 1.5T")
+    number = float(match["num"])
+    unit = match["unit"].lower()
+    if not unit:
+        raise InvalidInput(f"{what}: {text!r} has no unit; write it like {match['num']}G or {match['num']}M")
+    if unit not in _UNITS:
+        raise InvalidInput(f"{what}: unknown unit {match['unit']!r} in {text!r}; use K, M, G or T (binary: 1G = 1024M)")
+    if number <= 0:
+        raise InvalidInput(f"{what} must be more than 0, got {text!r}")
+    return int(round(number * _UNITS[unit]))
+
+
+def format_memory(size: int | float | None, *, precision: int = 1) -> str:
+    """Render bytes for people: ``12.0 GiB``, ``512 MiB``; None renders as ``-``."""
+    if size is None:
+        return "-"
+    size = float(size)
+    for unit, factor in (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if abs(size) >= factor:
+            value = size / factor
+            if unit in ("MiB", "KiB"):
+                return f"{value:.0f} {unit}"
+            return f"{value:.{precision}f} {unit}"
+    return f"{size:.0f} B"
+
+
+def gib(size: int | float) -> float:
+    """Bytes as a float number of GiB."""
+    return float(size) / GIB

@@ -1,0 +1,23 @@
+"""The ledger's Lua scripts (rig/lua/*.lua), registered once per client."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+import redis
+from redis.commands.core import Script
+
+
+@cache
+def _source(name: str) -> str:
+    return resources.files("rig.lua").joinpath(f"{name}.lua").read_text()
+
+
+class Scripts:
+    """reserve, claim and transition, bound to one Redis client."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.reserve: Script = client.register_script(_source("reserve"))
+        self.claim: Script = client.register_script(_source("claim"))
+        self.transition: Script = client.register_script(_source("transition"))

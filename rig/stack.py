@@ -1,0 +1,330 @@
+"""``rig up``: bring up one node's stack and keep it up; ``rig down``: stop it.
+
+Started, in order: Redis (only if none answers at the configured URL: a private one with AOF
+under $RIG_HOME/redis), the node's cards in the ledger, one Celery worker per allowed card,
+the control worker (dispatcher), beat and Flower. A child that dies is restarted. On SIGINT or
+SIGTERM every child rig started is stopped, Redis last; nothing else is touched. Running jobs
+keep running and are adopted by the card workers of the next ``rig up``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from rig.celery_config import card_queue, dispatcher_queues
+from rig.config import Settings
+from rig.errors import StackError
+from rig.gpus import GpuBackend, detect_backend
+from rig.keys import Keys
+from rig.ledger import Ledger
+from rig.redis_conn import connect
+from rig.redis_server import is_local, is_reachable, start_private_redis
+
+log = logging.getLogger(__name__)
+
+COMPONENTS = ("redis", "cards", "control", "beat", "flower")
+#: How long children get to stop after SIGTERM before SIGKILL (s).
+STOP_TIMEOUT_S = 20.0
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_file: Path
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+    next_start: float = 0.0
+
+
+@dataclass
+class UpOptions:
+    only: tuple[str, ...] = ()
+    no_flower: bool = False
+    no_beat: bool = False
+    env_overrides: dict[str, str] = field(default_factory=dict)
+
+
+def pid_file(settings: Settings) -> Path:
+    return settings.run_dir / f"up-{settings.node_name}.pid"
+
+
+def running_pid(settings: Settings) -> int | None:
+    """The pid of this node's live ``rig up``, or None."""
+    path = pid_file(settings)
+    try:
+        pid = int(path.read_text().split()[0])
+        os.kill(pid, 0)
+        return pid
+    except (FileNotFoundError, ValueError, IndexError, ProcessLookupError):
+        return None
+    except PermissionError:
+        return pid
+
+
+class Stack:
+    """One node's rig processes, supervised in the foreground."""
+
+    def __init__(self, settings: Settings, options: UpOptions, say: Callable[[str], None] = print):
+        self.settings = settings
+        self.options = options
+        self.say = say
+        self.keys = Keys(settings.key_prefix)
+        self.children: list[Child] = []
+        self.redis_proc: subprocess.Popen | None = None
+        self.backend: GpuBackend | None = None
+        self._stopping = False
+
+    def wants(self, component: str) -> bool:
+        if self.options.only:
+            return component in self.options.only
+        if component == "flower" and self.options.no_flower:
+            return False
+        if component == "beat" and self.options.no_beat:
+            return False
+        return True
+
+    # -- bring-up -------------------------------------------------------------------------
+    def up(self) -> None:
+        s = self.settings
+        for folder in (s.home, s.run_dir, s.job_log_dir, s.rig_log_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        other = running_pid(s)
+        if other and other != os.getpid():
+            raise StackError(f"rig is already up on node {s.node_name} (pid {other}); `rig down` stops it")
+        pid_file(s).write_text(f"{os.getpid()}\n")
+        self._ensure_redis()
+        env = self._child_env()
+        if self.wants("cards") or self.wants("control"):
+            allowed = self._register_cards()
+        else:
+            allowed = []
+        python = sys.executable
+        celery = [python, "-m", "celery", "-A", "workers.app"]
+        logs = s.rig_log_dir
+        if self.wants("control"):
+            self.children.append(Child(
+                "control",
+                celery + ["worker", "-Q", ",".join(dispatcher_queues()), "-n", f"control@{s.node_name}",
+                          "--pool", "threads", "-c", "4", "-l", "INFO", "-f", str(logs / "control.log"),
+                          "--without-gossip", "--without-mingle", "-E"],
+                {**env, "RIG_ROLE": "control"}, logs / "control.out"))
+        if self.wants("cards"):
+            for index in allowed:
+                self.children.append(Child(
+                    f"card{index}",
+                    celery + ["worker", "-Q", card_queue(s.node_name, index), "-n", f"card{index}@{s.node_name}",
+                              "--pool", "threads", "-c", str(s.max_task_per_gpu), "-l", "INFO",
+                              "-f", str(logs / f"card{index}.log"), "--without-gossip", "--without-mingle", "-E"],
+                    {**env, "RIG_ROLE": "card", "RIG_CARD_INDEX": str(index)}, logs / f"card{index}.out"))
+        if self.wants("beat"):
+            self.children.append(Child(
+                "beat", celery + ["beat", "-l", "INFO", "-f", str(logs / "beat.log")], env, logs / "beat.out"))
+        if self.wants("flower"):
+            self.children.append(Child(
+                "flower",
+                celery + ["flower", f"--address={s.flower_address}", f"--port={s.flower_port}",
+                          "--max_tasks=10000", f"--log_file_prefix={logs / 'flower.log'}"],
+                env, logs / "flower.out"))
+        for child in self.children:
+            self._spawn(child)
+
+    def _ensure_redis(self) -> None:
+        url = self.settings.redis_url
+        if is_reachable(url):
+            self.say(f"redis: using the one at {url}")
+            return
+        if not self.wants("redis") and self.options.only:
+            raise StackError(f"no Redis answers at {url}")
+        if not is_local(url):
+            raise StackError(f"no Redis answers at {url}; start it, or point RIG_REDIS_URL at one")
+        data = self.settings.home / "redis"
+        self.redis_proc = start_private_redis(url, data, self.settings.rig_log_dir / "redis.log")
+        self.say(f"redis: started a private one at {url} (AOF in {data}, pid {self.redis_proc.pid})")
+
+    def _register_cards(self) -> list[int]:
+        s = self.settings
+        backend, notice = detect_backend(s.fake_gpus)
+        self.backend = backend
+        if notice:
+            self.say(f"gpus: {notice}")
+        client = connect(s.redis_url)
+        ledger = Ledger(client, self.keys)
+        readings = backend.read_all()
+        whitelist = set(s.gpu_whitelist) if s.gpu_whitelist is not None else None
+        allowed = []
+        for reading in readings:
+            ok = whitelist is None or reading.index in whitelist
+            ledger.register_card(s.node_name, reading, max_jobs=s.max_task_per_gpu,
+                                 reserve_fraction=s.vram_reserve_fraction, allowed=ok,
+                                 fake=backend.kind == "fake")
+            if ok:
+                allowed.append(reading.index)
+        client.hset(self.keys.node(s.node_name), mapping={
+            "backend": backend.kind, "cards": len(readings), "started_at": time.time(),
+            "pid": os.getpid(), "fake_spec": getattr(backend, "spec", "") or "",
+        })
+        if whitelist:
+            missing = sorted(whitelist - {r.index for r in readings})
+            if missing:
+                self.say(f"gpus: gpu_whitelist names cards that do not exist: {missing}")
+        self.say(f"gpus: {len(readings)} {backend.kind} card(s) on {s.node_name}; "
+                 f"rig uses {allowed if allowed else 'none'}")
+        if self.backend.kind == "fake":
+            self._fake_spec = getattr(backend, "spec", None)
+        return allowed
+
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.options.env_overrides)
+        s = self.settings
+        env.update({"RIG_REDIS_URL": s.redis_url, "RIG_KEY_PREFIX": s.key_prefix,
+                    "RIG_NODE_NAME": s.node_name, "RIG_HOME": str(s.home)})
+        if s.config_file:
+            env["RIG_CONFIG"] = str(s.config_file)
+        if not s.fake_gpus:
+            # Fake cards chosen by detection must be the same ones in every child.
+            backend, notice = (self.backend, None) if self.backend else detect_backend(None)
+            if backend.kind == "fake":
+                env["RIG_FAKE_GPUS"] = backend.spec  # type: ignore[attr-defined]
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def _spawn(self, child: Child) -> None:
+        child.log_file.parent.mkdir(parents=True, exist_ok=True)
+        out = open(child.log_file, "ab")
+        child.proc = subprocess.Popen(child.argv, env=child.env, stdin=subprocess.DEVNULL,
+                                      stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        out.close()
+        child.started_at = time.monotonic()
+
+    # -- supervision ----------------------------------------------------------------------
+    def wait_ready(self, timeout: float = 90.0) -> list[str]:
+        """Wait until every worker rig started has a heartbeat; returns the ones missing."""
+        client = connect(self.settings.redis_url)
+        want = [c.argv[c.argv.index("-n") + 1] for c in self.children if "-n" in c.argv]
+        deadline = time.monotonic() + timeout
+        missing = want
+        while time.monotonic() < deadline and not self._stopping:
+            try:
+                values = client.mget([self.keys.worker(w) for w in want]) if want else []
+            except redis.RedisError:
+                values = [None] * len(want)
+            missing = [w for w, v in zip(want, values, strict=True) if v is None]
+            if not missing:
+                return []
+            self.poll_children()
+            time.sleep(0.2)
+        return missing
+
+    def poll_children(self) -> None:
+        """Restart children that died (backing off when they keep dying)."""
+        now = time.monotonic()
+        for child in self.children:
+            if child.proc is None or self._stopping:
+                continue
+            code = child.proc.poll()
+            if code is None:
+                continue
+            if child.next_start == 0.0:
+                lived = now - child.started_at
+                delay = 1.0 if lived > 30 else min(30.0, 2.0 ** min(child.restarts, 5))
+                child.next_start = now + delay
+                log.warning("%s exited with code %s; restarting in %.0f s (see %s)",
+                            child.name, code, delay, child.log_file)
+                self.say(f"{child.name} exited (code {code}); restarting in {delay:.0f} s")
+            elif now >= child.next_start:
+                child.restarts += 1
+                child.next_start = 0.0
+                self._spawn(child)
+        if self.redis_proc is not None and self.redis_proc.poll() is not None and not self._stopping:
+            self.say("the private Redis exited; restarting it")
+            self.redis_proc = start_private_redis(self.settings.redis_url, self.settings.home / "redis",
+                                                  self.settings.rig_log_dir / "redis.log")
+
+    def run_until_signalled(self) -> None:
+        stop = {"flag": False}
+
+        def _handler(signum: int, _frame: object) -> None:
+            stop["flag"] = True
+
+        signal.signal(signal.SIGINT, _handler)
+        signal.signal(signal.SIGTERM, _handler)
+        signal.signal(signal.SIGHUP, _handler)
+        while not stop["flag"]:
+            self.poll_children()
+            time.sleep(0.25)
+
+    def down(self) -> None:
+        """Stop every child rig started, then the private Redis. Jobs keep running."""
+        self._stopping = True
+        live = [c for c in self.children if c.proc is not None and c.proc.poll() is None]
+        for child in live:
+            _signal_group(child.proc, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for child in live:
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in %.0f s; killing it", child.name, STOP_TIMEOUT_S)
+                _signal_group(child.proc, signal.SIGKILL)
+                child.proc.wait(timeout=5)
+        if self.redis_proc is not None and self.redis_proc.poll() is None:
+            self.redis_proc.terminate()
+            try:
+                self.redis_proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.redis_proc.kill()
+        if self.backend is not None:
+            self.backend.close()
+        try:
+            path = pid_file(self.settings)
+            if path.read_text().split()[0] == str(os.getpid()):
+                path.unlink()
+        except (FileNotFoundError, IndexError):
+            pass
+
+    def describe(self) -> str:
+        lines = [f"{c.name:<8} pid {c.proc.pid if c.proc else '-':<8} log {c.log_file}" for c in self.children]
+        return "\n".join(lines)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_daemon(settings: Settings, timeout: float = 60.0) -> int | None:
+    """Ask this node's ``rig up`` to stop (SIGTERM) and wait; returns its pid or None."""
+    pid = running_pid(settings)
+    if pid is None:
+        return None
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        time.sleep(0.1)
+    raise StackError(f"rig up (pid {pid}) did not stop within {timeout:.0f} s; kill it with `kill {pid}`")
+
+
+def status_line(settings: Settings) -> str:
+    pid = running_pid(settings)
+    return json.dumps({"node": settings.node_name, "pid": pid})

@@ -1,0 +1,130 @@
+"""Job records in Redis: create, read, list by state. State *changes* go through rig.ledger.
+
+Every job is one hash; each state has its own index (a sorted set scored by job id), so
+listing or counting by state never scans.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+
+from rig.errors import JobNotFound
+from rig.keys import Keys
+from rig.models import PRIORITY_BAND, Job, JobState, Priority, pending_score
+
+
+class JobStore:
+    """Reads and writes job records under one key prefix."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.r = client
+        self.keys = keys
+
+    # -- writing --------------------------------------------------------------------------
+    def create(self, job: Job) -> Job:
+        """Store a new PENDING job and put it in the pending queue, in one transaction.
+
+        ``job.id`` is ignored and replaced by the next integer id.
+        """
+        job.id = int(self.r.incr(self.keys.next_job_id))
+        job.state = JobState.PENDING
+        job.created_at = job.created_at or time.time()
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(self.keys.job(job.id), mapping=job.to_redis())
+        pipe.zadd(self.keys.all_jobs, {str(job.id): job.id})
+        pipe.zadd(self.keys.state_index(JobState.PENDING.value), {str(job.id): job.id})
+        pipe.zadd(self.keys.pending, {str(job.id): pending_score(job.priority, job.id)})
+        pipe.execute()
+        self.publish(job.id, JobState.PENDING)
+        return job
+
+    def update(self, job_id: int, **fields: Any) -> None:
+        """Set plain fields (never ``state``: that moves only through the ledger's scripts)."""
+        assert "state" not in fields, "state changes go through the ledger"
+        mapping = {k: _encode(v) for k, v in fields.items() if v is not None}
+        if mapping:
+            self.r.hset(self.keys.job(job_id), mapping=mapping)
+
+    def clear_fields(self, job_id: int, *names: str) -> None:
+        if names:
+            self.r.hdel(self.keys.job(job_id), *names)
+
+    def publish(self, job_id: int, state: JobState | str) -> None:
+        value = state.value if isinstance(state, JobState) else state
+        self.r.publish(self.keys.events_channel, f"{job_id} {value}")
+
+    # -- reading --------------------------------------------------------------------------
+    def exists(self, job_id: int) -> bool:
+        return bool(self.r.exists(self.keys.job(job_id)))
+
+    def get(self, job_id: int | str) -> Job:
+        try:
+            jid = int(job_id)
+        except (TypeError, ValueError):
+            raise JobNotFound(job_id) from None
+        raw = self.r.hgetall(self.keys.job(jid))
+        if not raw:
+            raise JobNotFound(jid)
+        return Job.from_redis(raw)
+
+    def get_many(self, job_ids: Iterable[int | str]) -> list[Job]:
+        ids = list(job_ids)
+        pipe = self.r.pipeline(transaction=False)
+        for jid in ids:
+            pipe.hgetall(self.keys.job(jid))
+        return [Job.from_redis(raw) for raw in pipe.execute() if raw]
+
+    def ids_in_state(self, state: JobState, *, limit: int | None = None, newest_first=False) -> list[int]:
+        end = -1 if limit is None else limit - 1
+        key = self.keys.state_index(state.value)
+        ids = self.r.zrevrange(key, 0, end) if newest_first else self.r.zrange(key, 0, end)
+        return [int(i) for i in ids]
+
+    def list(self, state: JobState | None = None, *, limit: int = 50) -> list[Job]:
+        """Newest first; by state through that state's index."""
+        key = self.keys.state_index(state.value) if state else self.keys.all_jobs
+        return self.get_many(self.r.zrevrange(key, 0, limit - 1))
+
+    def count_by_state(self) -> dict[JobState, int]:
+        pipe = self.r.pipeline(transaction=False)
+        for state in JobState:
+            pipe.zcard(self.keys.state_index(state.value))
+        return dict(zip(JobState, (int(n) for n in pipe.execute()), strict=True))
+
+    def pending_head(self, count: int) -> list[int]:
+        """The first ``count`` waiting job ids in run order (priority, then FIFO)."""
+        return [int(i) for i in self.r.zrange(self.keys.pending, 0, count - 1)]
+
+    def pending_position(self, job_id: int) -> int | None:
+        """0-based place of a waiting job in the run order, or None if it is not waiting."""
+        rank = self.r.zrank(self.keys.pending, str(job_id))
+        return None if rank is None else int(rank)
+
+    def pending_counts(self) -> dict[Priority, int]:
+        """Waiting jobs per priority: one ZCOUNT per priority band."""
+        pipe = self.r.pipeline(transaction=False)
+        for prio in Priority:
+            low = prio.rank * PRIORITY_BAND
+            pipe.zcount(self.keys.pending, low, low + PRIORITY_BAND - 1)
+        return dict(zip(Priority, (int(n) for n in pipe.execute()), strict=True))
+
+    def oldest_pending(self, priority: Priority) -> int | None:
+        low = priority.rank * PRIORITY_BAND
+        ids = self.r.zrangebyscore(self.keys.pending, low, low + PRIORITY_BAND - 1, start=0, num=1)
+        return int(ids[0]) if ids else None
+
+
+def _encode(value: Any) -> str:
+    import json
+
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    if hasattr(value, "value"):
+        return str(value.value)
+    return str(value)

@@ -1,0 +1,112 @@
+"""The Celery app and rig's thin tasks. Run by ``rig up`` as:
+
+  control worker: RIG_ROLE=control celery -A workers.app worker -Q rig.high,rig.medium,rig.low,rig.control
+  card worker:    RIG_ROLE=card RIG_CARD_INDEX=3 celery -A workers.app worker -Q rig.card.<node>.3
+  beat:           celery -A workers.app beat   (celery-redbeat: one ticking beat at a time)
+  flower:         celery -A workers.app flower
+
+The tasks only call into rig: the dispatcher and the card runner hold the logic.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+
+from celery.signals import worker_ready, worker_shutting_down
+
+from rig.celery_config import (
+    TASK_START_JOB,
+    TASK_SUBMITTED,
+    TASK_TICK,
+    card_queue,
+    make_celery,
+)
+from rig.config import load_settings
+from rig.gpus import detect_backend
+from rig.keys import Keys
+from rig.redis_conn import connect
+from workers.card_runner import CardRunner
+from workers.dispatcher import Dispatcher
+
+log = logging.getLogger("rig.worker")
+
+settings = load_settings()
+app = make_celery(settings)
+keys = Keys(settings.key_prefix)
+_redis = connect(settings.redis_url)
+
+_runner: CardRunner | None = None
+_dispatcher: Dispatcher | None = None
+_control_stop = threading.Event()
+
+
+def send_start(job_id: int, token: str, node: str, card: int) -> None:
+    app.send_task(TASK_START_JOB, args=[job_id, str(token)], queue=card_queue(node, card))
+
+
+@app.task(name=TASK_SUBMITTED, ignore_result=True)
+def submitted(job_id: int) -> None:
+    """A job arrived on a priority queue: nudge the dispatcher (the job is already queued)."""
+    _redis.lpush(keys.sched_wake, "1")
+
+
+@app.task(name=TASK_START_JOB, ignore_result=True)
+def start_job(job_id: int, token: str) -> str:
+    """Run one placed job on this card worker until it ends (see CardRunner.run_job)."""
+    if _runner is None:
+        raise RuntimeError("start_job reached a worker that serves no card (RIG_ROLE != card)")
+    return _runner.run_job(int(job_id), str(token))
+
+
+@app.task(name=TASK_TICK, ignore_result=True)
+def tick() -> None:
+    """Periodic (beat): a safety-net dispatcher pass."""
+    _redis.lpush(keys.sched_wake, "1")
+
+
+def _control_heartbeat(name: str) -> None:
+    ttl = max(1, int(settings.health.timeout))
+    while not _control_stop.is_set():
+        try:
+            beat = {"role": "control", "node": settings.node_name, "card": None,
+                    "pid": os.getpid(), "jobs": 0, "seen_at": time.time()}
+            _redis.set(keys.worker(name), json.dumps(beat), ex=ttl)
+            _redis.sadd(keys.workers, name)
+        except Exception as exc:  # noqa: BLE001
+            log.debug("control heartbeat skipped: %s", exc)
+        _control_stop.wait(settings.telemetry_interval)
+
+
+@worker_ready.connect
+def _on_worker_ready(sender=None, **_: object) -> None:
+    global _runner, _dispatcher
+    role = os.environ.get("RIG_ROLE", "")
+    name = getattr(sender, "hostname", None) or f"{role}@{settings.node_name}"
+    if role == "card":
+        index = int(os.environ["RIG_CARD_INDEX"])
+        backend, _notice = detect_backend(settings.fake_gpus)
+
+        def resend(job_id: int, token: str) -> None:
+            send_start(job_id, token, settings.node_name, index)
+
+        _runner = CardRunner(settings, settings.node_name, index, name, backend=backend, resend=resend)
+        _runner.start_services()
+        log.info("card worker %s serving %s/%s", name, settings.node_name, index)
+    elif role == "control":
+        _dispatcher = Dispatcher(settings, send_start)
+        _dispatcher.start()
+        threading.Thread(target=_control_heartbeat, args=(name,), daemon=True).start()
+        log.info("control worker %s: dispatcher started", name)
+
+
+@worker_shutting_down.connect
+def _on_worker_shutting_down(**_: object) -> None:
+    if _runner is not None:
+        _runner.stop()
+    if _dispatcher is not None:
+        _dispatcher.stop()
+    _control_stop.set()

@@ -1,0 +1,153 @@
+"""The dispatcher: takes waiting jobs in strict order (priority, then submission) and places
+each on card(s) through the atomic reservation, then sends its start to that card's queue.
+
+Ordering rule (strict priority, FIFO within a priority): jobs are considered head first; when
+the head cannot be placed now, nothing behind it starts (it keeps its place and starts as soon
+as room appears). A job that could never fit any allowed card is ended FAILED with the reason.
+
+Runs as a thread in the control worker. Several dispatchers may run (several nodes): one holds
+the leader lock at a time; the reservation script keeps the ledger safe regardless.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+
+import redis
+
+from rig.config import Settings
+from rig.keys import Keys
+from rig.ledger import Ledger
+from rig.models import CardState, JobState
+from rig.placement import Request, explain_wait, never_fits, place
+from rig.redis_conn import connect
+from rig.store import JobStore
+
+log = logging.getLogger(__name__)
+
+#: Jobs read from the head of the pending queue per pass.
+LOOKAHEAD = 32
+#: Leader lock lifetime (ms); renewed every pass, passes happen at least once a second.
+LEADER_TTL_MS = 5000
+#: A pass runs at least this often even without a nudge (s).
+IDLE_PASS_S = 1.0
+
+SendStart = Callable[[int, str, str, int], None]  # job id, token, node, first card
+
+
+class Dispatcher:
+    def __init__(self, settings: Settings, send_start: SendStart, client: redis.Redis | None = None):
+        self.settings = settings
+        self.keys = Keys(settings.key_prefix)
+        self.r = client or connect(settings.redis_url)
+        self.store = JobStore(self.r, self.keys)
+        self.ledger = Ledger(self.r, self.keys)
+        self.send_start = send_start
+        self.identity = f"{settings.node_name}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.stop_event = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run_forever, name="rig-dispatcher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def run_forever(self) -> None:
+        delay = 0.2
+        while not self.stop_event.is_set():
+            try:
+                if self._lead():
+                    self.dispatch_pass()
+                # Block until nudged (submit, job end, kill) or a second passes, then drain.
+                self.r.blpop([self.keys.sched_wake], timeout=IDLE_PASS_S)
+                self.r.delete(self.keys.sched_wake)
+                delay = 0.2
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.warning("dispatcher: Redis unavailable, retrying in %.1f s: %s", delay, exc)
+                self.stop_event.wait(delay)
+                delay = min(delay * 2, 5.0)
+            except Exception:  # noqa: BLE001 - the dispatcher must outlive one bad pass
+                log.exception("dispatcher pass failed")
+                self.stop_event.wait(1.0)
+        self._resign()
+
+    def _lead(self) -> bool:
+        key = self.keys.sched_leader
+        if self.r.set(key, self.identity, nx=True, px=LEADER_TTL_MS):
+            log.info("dispatcher %s is now the leader", self.identity)
+            return True
+        if self.r.get(key) == self.identity:
+            self.r.pexpire(key, LEADER_TTL_MS)
+            return True
+        return False
+
+    def _resign(self) -> None:
+        try:
+            if self.r.get(self.keys.sched_leader) == self.identity:
+                self.r.delete(self.keys.sched_leader)
+        except redis.RedisError:
+            pass
+
+    # -- one pass -------------------------------------------------------------------------
+    def dispatch_pass(self) -> int:
+        """Place as many head-of-queue jobs as fit now. Returns how many were started."""
+        started = 0
+        while not self.stop_event.is_set():
+            head = self.store.pending_head(LOOKAHEAD)
+            if not head:
+                return started
+            cards = self.ledger.cards()
+            progressed = False
+            for job in self.store.get_many(head):
+                if job.state is not JobState.PENDING:
+                    continue  # cancelled or placed meanwhile; the index catches up
+                request = Request(job.gpu_memory, job.gpus)
+                impossible = never_fits(cards, request) if cards else None
+                if impossible:
+                    self.ledger.transition(
+                        job.id, JobState.FAILED, fields={"reason": f"unschedulable: {impossible}"}
+                    )
+                    log.warning("job %s: unschedulable: %s", job.id, impossible)
+                    progressed = True
+                    continue
+                placement = place(cards, request, self.settings.scheduler_type)
+                if placement is None:
+                    self._note_wait(job.id, job.wait_reason, cards, request)
+                    return started  # strict order: nothing behind the head may start
+                ok, detail = self.ledger.reserve(job.id, placement.node, list(placement.cards), job.gpu_memory)
+                if not ok:
+                    log.info("job %s: reservation refused (%s); re-reading the cards", job.id, detail)
+                    progressed = True
+                    break
+                log.info("job %s: placed on %s/%s (token %s)", job.id, placement.node,
+                         list(placement.cards), detail)
+                self.send_start(job.id, detail, placement.node, placement.cards[0])
+                cards = _with_reservation(cards, placement.node, placement.cards, job.gpu_memory)
+                started += 1
+                progressed = True
+            if not progressed:
+                return started
+        return started
+
+    def _note_wait(self, job_id: int, current: str | None, cards: list[CardState], request: Request) -> None:
+        reason = explain_wait(cards, request)
+        if reason != current:
+            self.store.update(job_id, wait_reason=reason, wait_reason_at=time.time())
+
+
+def _with_reservation(cards: list[CardState], node: str, indexes: tuple[int, ...], nbytes: int) -> list[CardState]:
+    chosen = set(indexes)
+    return [
+        replace(c, reserved=c.reserved + nbytes, jobs=c.jobs + 1)
+        if c.node == node and c.index in chosen else c
+        for c in cards
+    ]

@@ -1,0 +1,133 @@
+"""Process groups and sessions of jobs: identify, wait for and stop a whole tree.
+
+A job runs as the leader of its own session (``start_new_session=True``), so its session id =
+process group id = the leader's pid. Children that leave the group but stay in the session
+(a plain double fork) are still found by their session id. PIDs are recorded with their start
+time (clock ticks since boot, /proc/<pid>/stat field 22) so a reused PID is never mistaken for
+the job.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from collections.abc import Callable
+
+#: Runs the job's argv, then writes its exit status (0-255; 128+n when killed by signal n) to
+#: $RIG_EXIT_FILE, so a worker that restarts while the job runs can still learn how it ended.
+#: The trap keeps the wrapper alive through SIGTERM long enough to record the status; it is
+#: reset to the default in the child, so the job itself sees SIGTERM normally.
+WRAPPER = r"""
+trap ':' TERM INT HUP
+"$@"
+rc=$?
+if [ "$rc" -eq 127 ]; then echo "rig: command not found or not executable: $1 (exit 127)" >&2; fi
+if [ "$rc" -eq 126 ]; then echo "rig: permission denied running: $1 (exit 126)" >&2; fi
+printf '%s\n' "$rc" > "$RIG_EXIT_FILE.tmp" && mv -f "$RIG_EXIT_FILE.tmp" "$RIG_EXIT_FILE"
+exit "$rc"
+"""
+
+
+def wrapper_argv(argv: list[str]) -> list[str]:
+    return ["/bin/sh", "-c", WRAPPER, "rig-job", *argv]
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name (field 2) may contain spaces and parens: split after the last ')'.
+    rest = data[data.rfind(")") + 2 :].split()
+    return rest  # rest[0] is field 3 (state)
+
+
+def proc_start_time(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None  # field 22
+
+
+def is_alive(pid: int, start_time: int | None) -> bool:
+    """True if ``pid`` runs and is the same process that started at ``start_time``."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] == "Z":
+        return False
+    return start_time is None or int(fields[19]) == int(start_time)
+
+
+def session_members(sid: int) -> list[int]:
+    """PIDs of live (non-zombie) processes in session ``sid``."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = _stat_fields(int(entry))
+        if fields and fields[0] != "Z" and int(fields[3]) == sid:  # field 6 = session
+            members.append(int(entry))
+    return members
+
+
+def signal_tree(sid: int, sig: int) -> int:
+    """Send ``sig`` to the process group ``sid`` and to every process still in session ``sid``.
+    Returns how many processes were signalled."""
+    count = 0
+    try:
+        os.killpg(sid, sig)
+        count += 1
+    except (ProcessLookupError, PermissionError):
+        pass
+    for pid in session_members(sid):
+        try:
+            os.kill(pid, sig)
+            count += 1
+        except (ProcessLookupError, PermissionError):
+            pass
+    return count
+
+
+def stop_tree(sid: int, grace: float, *, reap: Callable[[], None] | None = None) -> None:
+    """SIGTERM the whole tree, wait up to ``grace`` seconds for it to go, then SIGKILL."""
+    signal_tree(sid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if reap:
+            reap()
+        if not session_members(sid):
+            return
+        time.sleep(0.05)
+    signal_tree(sid, signal.SIGKILL)
+    for _ in range(100):  # SIGKILL is not ignorable; wait briefly for the kernel to finish
+        if reap:
+            reap()
+        if not session_members(sid):
+            return
+        time.sleep(0.02)
+
+
+class ExitWatcher:
+    """Waits for one process to exit, without being its parent (pidfd, Linux >= 5.3)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._fd: int | None
+        try:
+            self._fd = os.pidfd_open(pid)
+        except (ProcessLookupError, OSError):
+            self._fd = None  # already gone
+        self._poll = select.poll()
+        if self._fd is not None:
+            self._poll.register(self._fd, select.POLLIN)
+
+    def wait(self, timeout: float) -> bool:
+        """True once the process has exited (it may still be an unreaped zombie)."""
+        if self._fd is None:
+            return True
+        return bool(self._poll.poll(max(0, int(timeout * 1000))))
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
