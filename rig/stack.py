@@ -183,21 +183,17 @@ class Stack:
                 self.say(f"gpus: gpu_whitelist names cards that do not exist: {missing}")
         self.say(f"gpus: {len(readings)} {backend.kind} card(s) on {s.node_name}; "
                  f"rig uses {allowed if allowed else 'none'}")
-        if self.backend.kind == "fake":
-            self._fake_spec = getattr(backend, "spec", None)
         return allowed
 
     def _child_env(self) -> dict[str, str]:
+        """The children's environment: the settings this process resolved (from flags, env
+        and file) exported as RIG_* variables, so every child sees exactly the same ones."""
         env = dict(os.environ)
         env.update(self.options.env_overrides)
-        s = self.settings
-        env.update({"RIG_REDIS_URL": s.redis_url, "RIG_KEY_PREFIX": s.key_prefix,
-                    "RIG_NODE_NAME": s.node_name, "RIG_HOME": str(s.home)})
-        if s.config_file:
-            env["RIG_CONFIG"] = str(s.config_file)
-        if not s.fake_gpus:
+        env.update(settings_env(self.settings))
+        if not self.settings.fake_gpus:
             # Fake cards chosen by detection must be the same ones in every child.
-            backend, notice = (self.backend, None) if self.backend else detect_backend(None)
+            backend = self.backend or detect_backend(None)[0]
             if backend.kind == "fake":
                 env["RIG_FAKE_GPUS"] = backend.spec  # type: ignore[attr-defined]
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -300,6 +296,24 @@ class Stack:
     def describe(self) -> str:
         lines = [f"{c.name:<8} pid {c.proc.pid if c.proc else '-':<8} log {c.log_file}" for c in self.children]
         return "\n".join(lines)
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """Settings as RIG_* environment variables (nested ones with ``__``)."""
+    env: dict[str, str] = {}
+    for key, value in settings.model_dump(exclude={"config_file"}).items():
+        if value is None:
+            continue
+        if isinstance(value, dict):
+            for sub, subvalue in value.items():
+                env[f"RIG_{key.upper()}__{sub.upper()}"] = str(subvalue)
+        elif isinstance(value, list):
+            env[f"RIG_{key.upper()}"] = json.dumps(value)
+        else:
+            env[f"RIG_{key.upper()}"] = str(value)
+    if settings.config_file:
+        env["RIG_CONFIG"] = str(settings.config_file)
+    return env
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -1,0 +1,259 @@
+"""A real node: Celery workers on 8 fake cards, real Redis, real subprocess jobs."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from rig.celery_config import TASK_START_JOB, card_queue
+from rig.memory import GIB
+from rig.models import TERMINAL_STATES, JobState
+from tests.integration.harness import RigHarness
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    harness = RigHarness(tmp_path_factory.mktemp("rig-home"), fake_gpus="8x80G", max_task_per_gpu=4)
+    harness.up()
+    yield harness
+    harness.cleanup()
+
+
+class LedgerSampler(threading.Thread):
+    """Reads every card's ledger entry continuously and records any broken invariant."""
+
+    def __init__(self, node: RigHarness) -> None:
+        super().__init__(daemon=True)
+        self.node = node
+        self.stop = threading.Event()
+        self.violations: list[str] = []
+        self.samples = 0
+
+    def run(self) -> None:
+        import redis
+
+        r = redis.Redis.from_url(self.node.settings.redis_url, decode_responses=True)
+        keys = self.node.keys
+        ids = sorted(r.smembers(keys.cards))
+        while not self.stop.is_set():
+            pipe = r.pipeline(transaction=True)  # one consistent snapshot of all cards
+            for cid in ids:
+                node, _, index = cid.rpartition("/")
+                pipe.hgetall(keys.card(node, index))
+                pipe.hgetall(keys.card_jobs(node, index))
+            replies = pipe.execute()
+            for cid, card, holds in zip(ids, replies[::2], replies[1::2], strict=True):
+                reserved, jobs = int(card["reserved"]), int(card["jobs"])
+                if reserved > int(card["usable"]):
+                    self.violations.append(f"{cid}: reserved {reserved} > usable {card['usable']}")
+                if jobs > int(card["max_jobs"]):
+                    self.violations.append(f"{cid}: {jobs} jobs > max {card['max_jobs']}")
+                if reserved != sum(int(v) for v in holds.values()) or jobs != len(holds):
+                    self.violations.append(f"{cid}: counters disagree with holdings {holds}")
+            self.samples += 1
+            time.sleep(0.005)
+
+
+def test_200_random_jobs_never_oversubscribe_and_see_their_cards(node, tmp_path):
+    trace = tmp_path / "trace.txt"
+    rng = random.Random(7)
+    sampler = LedgerSampler(node)
+    sampler.start()
+    submitted = {}
+    script = ('echo "$RIG_JOB_ID $CUDA_VISIBLE_DEVICES $(date +%s.%N) start" >> "$TRACE"; '
+              'sleep "$DUR"; echo "$RIG_JOB_ID $CUDA_VISIBLE_DEVICES $(date +%s.%N) end" >> "$TRACE"')
+    for _ in range(200):
+        gib = rng.choice([1, 2, 5, 10, 20, 30, 40, 70])
+        gpus = 2 if rng.random() < 0.1 else 1
+        handle = node.client.submit(
+            script, gpu_memory=f"{gib}G", gpus=gpus, priority=rng.choice(["high", "medium", "low"]),
+            env={"TRACE": str(trace), "DUR": f"{rng.uniform(0.05, 0.4):.2f}"},
+        )
+        submitted[handle.id] = (gib * GIB, gpus)
+    finals = {jid: node.client.wait(jid, timeout=240) for jid in submitted}
+    sampler.stop.set()
+    sampler.join()
+
+    assert sampler.samples > 50
+    assert sampler.violations == []
+    assert {j.state for j in finals.values()} == {JobState.SUCCEEDED}
+    # Every job ran exactly once, on exactly the cards its record names.
+    starts: dict[int, list[str]] = defaultdict(list)
+    intervals = []
+    open_at: dict[int, float] = {}
+    for line in trace.read_text().splitlines():
+        jid, cvd, stamp, what = line.split()
+        jid = int(jid)
+        if what == "start":
+            starts[jid].append(cvd)
+            open_at[jid] = float(stamp)
+        else:
+            intervals.append((open_at[jid], float(stamp), jid, cvd))
+    assert sorted(starts) == sorted(submitted)
+    for jid, seen in starts.items():
+        assert len(seen) == 1, f"job {jid} started {len(seen)} times"
+        assert seen[0] == ",".join(map(str, finals[jid].cards))
+        assert len(finals[jid].cards) == submitted[jid][1]
+    # Independent of the ledger: from the jobs' own clocks, no card ever held more than its
+    # usable memory or more than max_task_per_gpu jobs at once.
+    usable = int(80 * GIB * 0.95)
+    events = []
+    for start, end, jid, cvd in intervals:
+        for card in cvd.split(","):
+            events.append((start, 1, card, jid))
+            events.append((end, -1, card, jid))
+    load: dict[str, int] = defaultdict(int)
+    count: dict[str, int] = defaultdict(int)
+    for _, delta, card, jid in sorted(events, key=lambda e: (e[0], e[1])):
+        load[card] += delta * submitted[jid][0]
+        count[card] += delta
+        assert load[card] <= usable and count[card] <= 4
+    # Nothing left reserved.
+    for card in node.client.ledger.cards():
+        assert card.reserved == 0 and card.jobs == 0
+
+
+def test_kill_ends_the_whole_tree_and_frees_memory(node, tmp_path):
+    marker = "377.123"
+    handle = node.client.submit(
+        f"sleep {marker} & (sleep {marker} &); sh -c 'sleep {marker}' & sleep {marker}",
+        gpu_memory="30G", name="tree",
+    )
+    node.wait_for_state(handle.id, {JobState.RUNNING})
+    deadline = time.monotonic() + 10
+    while len(_processes_with(marker)) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the job's shell needs a moment to fork its children
+    assert len(_processes_with(marker)) >= 4
+    job = node.client.kill(handle.id)
+    assert job.state is JobState.CANCELLED
+    assert job.reason.startswith("cancelled by")
+    assert _processes_with(marker) == []
+    card = node.client.ledger.card(job.node, job.cards[0])
+    assert handle.id not in node.client.ledger.holdings(job.node, job.cards[0])
+    assert card.reserved == sum(node.client.ledger.holdings(job.node, job.cards[0]).values())
+
+
+def test_refused_and_unknown_jobs(node):
+    from rig.errors import JobNotFound, Unschedulable
+
+    before = node.client.store.count_by_state()
+    with pytest.raises(Unschedulable, match="largest card offers 76.0 GiB"):
+        node.client.submit("true", gpu_memory="80G")  # 80 GiB > 76 GiB usable
+    with pytest.raises(Unschedulable, match="needs 9 cards"):
+        node.client.submit("true", gpu_memory="1G", gpus=9)
+    assert node.client.store.count_by_state() == before  # nothing half-written
+    with pytest.raises(JobNotFound):
+        node.client.kill(999999)
+
+
+def test_duplicate_start_message_runs_nothing_twice(node, tmp_path):
+    runs = tmp_path / "runs.txt"
+    handle = node.client.submit(f'echo run >> {runs}; sleep 1', gpu_memory="1G")
+    node.wait_for_state(handle.id, {JobState.RUNNING})
+    job = node.client.get(handle.id)
+    # Celery redelivers (visibility timeout, reconnect restore): simulate it twice.
+    for _ in range(2):
+        node.client.celery.send_task(TASK_START_JOB, args=[job.id, str(job.assignments)],
+                                     queue=card_queue(job.node, job.cards[0]))
+    final = node.client.wait(handle.id, timeout=30)
+    assert final.state is JobState.SUCCEEDED and final.attempt == 1
+    node.client.celery.send_task(TASK_START_JOB, args=[job.id, str(job.assignments)],
+                                 queue=card_queue(job.node, job.cards[0]))
+    probe = node.client.submit("true", gpu_memory="1G")  # a later job: the queue was served
+    assert node.client.wait(probe.id, timeout=30).state is JobState.SUCCEEDED
+    assert runs.read_text().splitlines() == ["run"]
+
+
+def test_missing_command_fails_with_reason_in_log(node):
+    handle = node.client.submit(["definitely-not-a-command-xyz", "--flag"], gpu_memory="1G")
+    job = node.client.wait(handle.id, timeout=30)
+    assert job.state is JobState.FAILED and job.exit_code == 127
+    assert "command not found" in job.reason
+    log = Path(job.log_paths[0]).read_text()
+    assert "definitely-not-a-command-xyz" in log
+    card = node.client.ledger.card(job.node, job.cards[0])
+    assert handle.id not in node.client.ledger.holdings(job.node, job.cards[0]) and card
+
+
+def test_failed_job_exit_code_and_wait_and_workdir(node, tmp_path):
+    (tmp_path / "data.txt").write_text("payload\n")
+    handle = node.client.submit("cat data.txt; pwd; exit 3", gpu_memory="1G", workdir=tmp_path)
+    job = handle.wait(timeout=30)
+    assert job.state is JobState.FAILED and job.exit_code == 3
+    assert Path(job.log_paths[0]).read_text().splitlines() == ["payload", str(tmp_path)]
+
+
+def test_train_delay_runs_function_in_fresh_process_on_its_card(node):
+    from tests.integration import sample_tasks
+
+    handle = sample_tasks.probe.apply_async((21,), client=node.client)
+    result = handle.result(timeout=60)
+    job = handle.record
+    assert result["double"] == 42
+    assert result["cuda_visible_devices"] == ",".join(map(str, job.cards))
+    assert result["device_order"] == "PCI_BUS_ID"
+    assert result["pid"] != os.getpid()
+    assert result["job_id"] == str(handle.id)
+    assert job.priority.value == "high" and job.gpu_memory == 2 * GIB and job.kind == "python"
+    failing = sample_tasks.explode.apply_async(client=node.client)
+    with pytest.raises(Exception, match="FAILED"):
+        failing.result(timeout=60)
+    assert "boom from inside the job" in Path(failing.record.log_paths[0]).read_text()
+
+
+def test_sigkill_of_a_card_worker_loses_nothing(node, tmp_path):
+    runs = tmp_path / "runs.txt"
+    go = tmp_path / "go"
+    handle = node.client.submit(
+        f'echo run >> {runs}; while [ ! -f {go} ]; do sleep 0.05; done', gpu_memory="1G",
+    )
+    node.wait_for_state(handle.id, {JobState.RUNNING})
+    job = node.client.get(handle.id)
+    name = f"card{job.cards[0]}@testnode"
+    old_pid = node.worker_pid(name)
+    os.kill(old_pid, signal.SIGKILL)
+    # The supervisor restarts the worker; it adopts the running job.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if node.worker_pid(name) != old_pid:
+                break
+        except AssertionError:
+            pass
+        time.sleep(0.1)
+    assert node.worker_pid(name) != old_pid
+    go.touch()
+    final = node.client.wait(handle.id, timeout=60)
+    assert final.state is JobState.SUCCEEDED
+    assert runs.read_text().splitlines() == ["run"]
+    assert handle.id not in node.client.ledger.holdings(final.node, final.cards[0])
+
+
+def _processes_with(needle: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in cmd and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def test_all_terminal_states_known():
+    assert TERMINAL_STATES == {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}

@@ -1,0 +1,82 @@
+"""Strict priority on a busy card, and a full stop/restart of every rig process."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from rig.models import JobState
+from tests.integration.harness import RigHarness
+
+pytestmark = pytest.mark.slow
+
+
+def test_strict_priority_fifo_within_priority(tmp_path):
+    node = RigHarness(tmp_path / "home", fake_gpus="1x80G", max_task_per_gpu=1).up()
+    try:
+        go, order = tmp_path / "go", tmp_path / "order.txt"
+        blocker = node.client.submit(f"while [ ! -f {go} ]; do sleep 0.02; done", gpu_memory="10G")
+        node.wait_for_state(blocker.id, {JobState.RUNNING})
+        plan = ["low", "medium", "low", "high", "medium", "high", "low", "high"]
+        ids = {}
+        for i, prio in enumerate(plan):
+            handle = node.client.submit(f"echo {prio}-{i} >> {order}", gpu_memory="1G", priority=prio)
+            ids[handle.id] = f"{prio}-{i}"
+        cancel_me = node.client.submit(f"echo cancelled >> {order}", gpu_memory="1G", priority="high")
+        # Waiting jobs say why, and are counted per priority.
+        waiting = node.client.get(next(iter(ids)))
+        why = node.client.why_waiting(waiting)
+        assert "ahead of it" in why and "maximum of 1 jobs" in why
+        assert node.client.status().pending[__import__("rig").Priority.HIGH] == 4
+        killed = node.client.kill(cancel_me.id)
+        assert killed.state is JobState.CANCELLED
+        go.touch()
+        for jid in ids:
+            assert node.client.wait(jid, timeout=60).state is JobState.SUCCEEDED
+        expected = [f"{p}-{i}" for p in ("high", "medium", "low") for i, q in enumerate(plan) if q == p]
+        assert order.read_text().split() == expected
+    finally:
+        node.cleanup()
+
+
+def test_stop_and_restart_everything_loses_nothing_runs_nothing_twice(tmp_path):
+    node = RigHarness(tmp_path / "home", fake_gpus="2x80G", max_task_per_gpu=2).up(beat=True)
+    try:
+        go, runs = tmp_path / "go", tmp_path / "runs.txt"
+        script = f'echo "$RIG_JOB_ID" >> {runs}; while [ ! -f {go} ]; do sleep 0.05; done'
+        running = [node.client.submit(script, gpu_memory="40G") for _ in range(2)]
+        for handle in running:
+            node.wait_for_state(handle.id, {JobState.RUNNING})
+        waiting = [node.client.submit(script, gpu_memory="40G") for _ in range(3)]
+        pids = {h.id: node.client.get(h.id).pid for h in running}
+
+        node.down()  # every rig process stops; Redis keeps the state
+        assert all(_alive(pid) for pid in pids.values()), "jobs must outlive a rig restart"
+        late = [node.client.submit(script, gpu_memory="40G") for _ in range(2)]  # queued while down
+        assert {node.client.get(h.id).state for h in running} == {JobState.RUNNING}
+        assert {node.client.get(h.id).state for h in waiting + late} == {JobState.PENDING}
+
+        node.up(beat=True)
+        go.touch()
+        everyone = running + waiting + late
+        finals = [node.client.wait(h.id, timeout=90) for h in everyone]
+        assert [f.state for f in finals] == [JobState.SUCCEEDED] * len(everyone)
+        started = [int(x) for x in runs.read_text().split()]
+        assert sorted(started) == sorted(h.id for h in everyone)  # each exactly once
+        assert all(f.attempt == 1 for f in finals)
+        for card in node.client.ledger.cards():
+            assert card.reserved == 0 and card.jobs == 0
+    finally:
+        node.cleanup()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+

@@ -1,0 +1,48 @@
+import pytest
+
+from rig.errors import InvalidInput
+from rig.memory import GIB, MIB, format_memory, parse_memory
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("12G", 12 * GIB), ("12g", 12 * GIB), ("12GB", 12 * GIB), ("12GiB", 12 * GIB),
+        ("512M", 512 * MIB), ("1.5G", int(1.5 * GIB)), (" 2 T ", 2 * 1024 * GIB), ("0.5g", GIB // 2),
+        (4096, 4096),
+    ],
+)
+def test_parse_memory_accepts_common_spellings(text, expected):
+    assert parse_memory(text) == expected
+
+
+@pytest.mark.parametrize("text", ["12Q", "0", "0G", "-3G", "", "G", "12 GQ", "twelve", "1e3G", "12"])
+def test_parse_memory_rejects_bad_sizes_with_one_line(text):
+    with pytest.raises(InvalidInput) as err:
+        parse_memory(text)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "--gpu-memory" in message
+
+
+def test_parse_memory_rejects_nonpositive_numbers():
+    with pytest.raises(InvalidInput):
+        parse_memory(0)
+    with pytest.raises(InvalidInput):
+        parse_memory(-5)
+    with pytest.raises(InvalidInput):
+        parse_memory(True)
+
+
+def test_error_says_what_to_do():
+    with pytest.raises(InvalidInput, match="use K, M, G or T"):
+        parse_memory("12Q")
+    with pytest.raises(InvalidInput, match="no unit"):
+        parse_memory("12")
+
+
+def test_format_memory():
+    assert format_memory(12 * GIB) == "12.0 GiB"
+    assert format_memory(512 * MIB) == "512 MiB"
+    assert format_memory(None) == "-"
+    assert format_memory(10) == "10 B"

@@ -1,0 +1,75 @@
+import pytest
+
+from rig.config import load_settings
+from rig.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(monkeypatch, tmp_path):
+    for key in list(__import__("os").environ):
+        if key.startswith("RIG_"):
+            monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RIG_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+
+
+def test_defaults():
+    s = load_settings()
+    assert s.key_prefix == "rig:"
+    assert s.max_task_per_gpu == 4
+    assert s.scheduler_type == "best-fit"
+    assert s.gpu_whitelist is None
+    assert s.job_log_dir == s.home / "logs" / "jobs"
+    assert s.rig_log_dir == s.home / "logs" / "system"
+    assert s.job_log_dir != s.rig_log_dir
+
+
+def test_env_overrides_with_prefix(monkeypatch):
+    monkeypatch.setenv("RIG_MAX_TASK_PER_GPU", "2")
+    monkeypatch.setenv("RIG_GPU_WHITELIST", "0,2")
+    monkeypatch.setenv("RIG_HEALTH__TIMEOUT", "60")
+    monkeypatch.setenv("RIG_SCHEDULER_TYPE", "first-fit")
+    s = load_settings()
+    assert s.max_task_per_gpu == 2
+    assert s.gpu_whitelist == [0, 2]
+    assert s.health.timeout == 60
+    assert s.scheduler_type == "first-fit"
+
+
+def test_config_file_written_by_init_is_read(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from rig.cli.main import cli
+
+    path = tmp_path / "rig.toml"
+    result = CliRunner().invoke(cli, ["init", str(path), "--node-name", "gpu-box"])
+    assert result.exit_code == 0, result.output
+    text = path.read_text()
+    for field in ("node_name", "scheduler_type", "gpu_whitelist", "max_task_per_gpu", "check_interval",
+                  "default_priority", "max_retries", "command_workdir", "log_dir"):
+        assert field in text
+    path.write_text(text.replace("max_task_per_gpu = 4", "max_task_per_gpu = 3"))
+    s = load_settings()  # ./rig.toml in the current folder
+    assert s.node_name == "gpu-box"
+    assert s.max_task_per_gpu == 3
+    assert s.config_file == path
+    monkeypatch.setenv("RIG_MAX_TASK_PER_GPU", "1")
+    assert load_settings().max_task_per_gpu == 1  # environment beats the file
+    again = CliRunner().invoke(cli, ["init", str(path)])
+    assert again.exit_code != 0 and "--force" in again.output
+
+
+def test_bad_values_are_one_line_config_errors(monkeypatch):
+    monkeypatch.setenv("RIG_SCHEDULER_TYPE", "random")
+    with pytest.raises(ConfigError, match="scheduler_type"):
+        load_settings()
+
+
+def test_missing_explicit_config_file(monkeypatch, tmp_path):
+    monkeypatch.setenv("RIG_CONFIG", str(tmp_path / "nope.toml"))
+    with pytest.raises(ConfigError, match="rig init"):
+        load_settings()
+
+
+def test_key_prefix_gets_a_colon():
+    assert load_settings(key_prefix="team").key_prefix == "team:"
