@@ -9,10 +9,9 @@ import time
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from rig.cli.common import client_from, fail, handle_errors, settings_from
-from rig.cli.render import render_job, render_jobs, render_status
+from rig.cli.render import make_console, render_job, render_jobs, render_status
 from rig.cli.submit import do_submit, submit_options
 from rig.errors import InvalidInput, StackError
 from rig.models import JobState
@@ -45,7 +44,7 @@ def status(ctx: click.Context) -> None:
     """Cards (memory, use, temperature, jobs), waiting jobs per priority, live workers."""
     client = client_from(ctx)
     client.ping()
-    render_status(client.status(), Console())
+    render_status(client.status(), make_console())
 
 
 @cli.command()
@@ -58,7 +57,7 @@ def jobs(ctx: click.Context, state: str | None, limit: int) -> None:
     client = client_from(ctx)
     st = JobState.parse(state) if state else None
     client.ping()
-    render_jobs(client.jobs(st, limit=limit), Console())
+    render_jobs(client.jobs(st, limit=limit), make_console())
 
 
 @cli.command()
@@ -70,7 +69,7 @@ def show(ctx: click.Context, job_id: str) -> None:
     client = client_from(ctx)
     client.ping()
     job = client.get(job_id)
-    render_job(job, client.why_waiting(job), Console())
+    render_job(job, client.why_waiting(job), make_console())
 
 
 @cli.command()

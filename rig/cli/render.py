@@ -18,6 +18,16 @@ STATE_STYLE = {
 }
 
 
+def make_console() -> Console:
+    """A console for stdout; when piped, wide enough that tables don't wrap (COLUMNS wins)."""
+    import os
+    import sys
+
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return Console()
+    return Console(width=180)
+
+
 def _gib(value: int | None) -> str:
     return "-" if value is None else f"{value / 2**30:.1f}"
 

