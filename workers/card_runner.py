@@ -32,6 +32,7 @@ from rig.redis_conn import connect
 from rig.store import JobStore
 from workers.process_tree import (
     ExitWatcher,
+    find_by_environ,
     is_alive,
     proc_start_time,
     session_members,
@@ -204,7 +205,7 @@ class CardRunner:
     def _outcome(self, active: ActiveJob) -> Outcome:
         wrapper_rc = active.popen.wait() if active.popen else None
         # Anything the job left behind in its session goes with it: no orphans on the card.
-        if session_members(active.pid):
+        if active.pid > 0 and session_members(active.pid):
             log.info("job %s: stopping processes it left running", active.job_id)
             stop_tree(active.pid, min(2.0, self.settings.kill_grace_seconds))
         rc = _read_exit_file(active.exit_file)
@@ -280,21 +281,38 @@ class CardRunner:
                 if job.id in self._active:
                     continue
             exit_file = self.settings.job_log_dir / str(job.id) / f"attempt-{job.attempt}.exit"
-            active = ActiveJob(job.id, str(job.assignments), job.attempt, job.pid or 0,
-                               job.proc_start, exit_file)
-            if job.pid and is_alive(job.pid, job.proc_start):
-                log.info("job %s: adopting running pid %s", job.id, job.pid)
+            pid, start = job.pid, job.proc_start
+            if not pid:
+                # The worker died between the claim and recording the pid: find the wrapper
+                # by the exit-file path in its environment.
+                pid = find_by_environ("RIG_EXIT_FILE", str(exit_file))
+                start = proc_start_time(pid) if pid else None
+                if pid:
+                    self.store.update(job.id, pid=pid, proc_start=start)
+            active = ActiveJob(job.id, str(job.assignments), job.attempt, pid or 0, start, exit_file)
+            if pid and is_alive(pid, start):
+                log.info("job %s: adopting running pid %s", job.id, pid)
                 thread = threading.Thread(target=self._supervise, args=(active,),
                                           name=f"rig-adopted-{job.id}", daemon=True)
                 thread.start()
                 self._threads.append(thread)
-            else:
-                if job.pid and session_members(job.pid):
-                    stop_tree(job.pid, min(2.0, self.settings.kill_grace_seconds))
-                outcome = self._outcome(active) if job.pid else Outcome(
-                    JobState.FAILED, None, "lost: its worker stopped before the job started")
+            elif pid or exit_file.exists():
+                if pid and session_members(pid):
+                    stop_tree(pid, min(2.0, self.settings.kill_grace_seconds))
+                outcome = self._outcome(active)
                 log.info("job %s: ended while no worker watched it: %s", job.id, outcome.reason)
                 self._finish(job.id, active.token, outcome)
+            else:
+                # Claimed but never started: it has not run, so it goes back to its place.
+                log.info("job %s: its worker stopped before starting it; back to the queue", job.id)
+                self._retry_redis(lambda job=job: self._requeue_unstarted(job), f"requeue job {job.id}")
+
+    def _requeue_unstarted(self, job: Job) -> None:
+        self.ledger.transition(
+            job.id, JobState.PENDING, token=str(job.assignments),
+            fields={"attempt": max(0, job.attempt - 1), "reason": "requeued: its worker stopped before starting it"},
+        )
+        self.r.lpush(self.keys.sched_wake, "1")
 
     # -- background loops -----------------------------------------------------------------
     def _tick_loop(self) -> None:

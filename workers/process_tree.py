@@ -60,6 +60,8 @@ def is_alive(pid: int, start_time: int | None) -> bool:
 
 def session_members(sid: int) -> list[int]:
     """PIDs of live (non-zombie) processes in session ``sid``."""
+    if sid <= 1:
+        return []  # never "session 0" (kernel threads) or init's
     members = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -70,9 +72,34 @@ def session_members(sid: int) -> list[int]:
     return members
 
 
+def find_by_environ(name: str, value: str) -> int | None:
+    """The session leader among processes whose environment has ``name=value``, or None.
+
+    Used when a worker died between claiming a job and recording its pid: the job's wrapper
+    carries its own exit-file path in its environment, which names the job and attempt.
+    """
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if needle not in fh.read().split(b"\0"):
+                    continue
+        except OSError:
+            continue
+        fields = _stat_fields(int(entry))
+        if fields and fields[0] != "Z":
+            found.append((int(fields[3]) != int(entry), int(entry)))  # leaders first
+    return min(found)[1] if found else None
+
+
 def signal_tree(sid: int, sig: int) -> int:
     """Send ``sig`` to the process group ``sid`` and to every process still in session ``sid``.
     Returns how many processes were signalled."""
+    if sid <= 1 or sid == os.getpid() or sid == os.getsid(0):
+        return 0  # guard: killpg(0) would signal our own group
     count = 0
     try:
         os.killpg(sid, sig)

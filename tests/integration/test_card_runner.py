@@ -1,0 +1,128 @@
+"""The card runner without Celery: real Redis, real subprocesses, adoption after a worker died."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from rig.client import Client
+from rig.config import load_settings
+from rig.gpus.base import GpuReading
+from rig.keys import Keys
+from rig.ledger import Ledger
+from rig.memory import GIB
+from rig.models import Job, JobState, Priority
+from tests.conftest import REDIS_URL
+from workers.card_runner import CardRunner
+from workers.process_tree import find_by_environ, wrapper_argv
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def env(real_redis, key_prefix, tmp_path):
+    settings = load_settings(key_prefix=key_prefix, redis_url=REDIS_URL, home=tmp_path / "home",
+                             node_name="n1", kill_grace_seconds=1.0)
+    ledger = Ledger(real_redis, Keys(key_prefix))
+    ledger.register_card("n1", GpuReading(index=0, uuid="u", model="m", total=80 * GIB),
+                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    resent: list[tuple[int, str]] = []
+    runner = CardRunner(settings, "n1", 0, "card0@n1", resend=lambda *a: resent.append(a))
+    yield settings, ledger, runner, resent
+    runner.stop()
+
+
+def placed(ledger: Ledger, command: str, tmp_path) -> tuple[Job, str]:
+    job = ledger.store.create(Job(
+        id=0, name="t", user="u", command=["/bin/sh", "-c", command], shell=True, gpu_memory=GIB,
+        gpus=1, priority=Priority.MEDIUM, state=JobState.PENDING, workdir=str(tmp_path),
+        created_at=time.time(),
+    ))
+    ok, token = ledger.reserve(job.id, "n1", [0], GIB)
+    assert ok
+    return job, token
+
+
+def test_run_job_success_and_log(env, tmp_path):
+    settings, ledger, runner, _ = env
+    job, token = placed(ledger, "echo hi; echo $CUDA_VISIBLE_DEVICES $RIG_JOB_ID $RIG_ATTEMPT", tmp_path)
+    assert runner.run_job(job.id, token) == "SUCCEEDED"
+    done = ledger.store.get(job.id)
+    assert done.exit_code == 0 and done.attempt == 1
+    assert open(done.log_paths[0]).read().split() == ["hi", "0", str(job.id), "1"]
+    assert ledger.card("n1", 0).reserved == 0
+    assert runner.run_job(job.id, token).startswith("ignored")  # a redelivery does nothing
+
+
+def test_bad_workdir_fails_cleanly(env, tmp_path):
+    settings, ledger, runner, _ = env
+    job, token = placed(ledger, "true", tmp_path)
+    ledger.store.update(job.id, workdir=str(tmp_path / "gone"))
+    assert runner.run_job(job.id, token) == "failed-to-start"
+    done = ledger.store.get(job.id)
+    assert done.state is JobState.FAILED and "could not start" in done.reason
+    assert "could not start" in open(done.log_paths[0]).read()
+    assert ledger.card("n1", 0).reserved == 0
+
+
+def test_adopt_requeues_a_claimed_job_that_never_started(env, tmp_path):
+    settings, ledger, runner, _ = env
+    job, token = placed(ledger, "true", tmp_path)
+    ok, _ = ledger.claim(job.id, token, "card0@n1")  # ...and then the worker died
+    assert ok
+    runner.adopt()
+    back = ledger.store.get(job.id)
+    assert back.state is JobState.PENDING and back.attempt == 0
+    assert ledger.card("n1", 0).reserved == 0
+    assert ledger.store.pending_head(5) == [job.id]
+
+
+def test_adopt_resends_assigned_jobs(env, tmp_path):
+    settings, ledger, runner, resent = env
+    job, token = placed(ledger, "true", tmp_path)
+    runner.adopt()
+    assert resent == [(job.id, token)]
+
+
+def _start_orphan(settings, job: Job, attempt: int, command: str) -> subprocess.Popen:
+    job_dir = settings.job_log_dir / str(job.id)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    exit_file = job_dir / f"attempt-{attempt}.exit"
+    return subprocess.Popen(wrapper_argv(["/bin/sh", "-c", command]), start_new_session=True,
+                            env={**os.environ, "RIG_EXIT_FILE": str(exit_file)})
+
+
+def test_adopt_finds_unrecorded_pid_and_supervises_it(env, tmp_path):
+    settings, ledger, runner, _ = env
+    go = tmp_path / "go"
+    job, token = placed(ledger, "unused", tmp_path)
+    ledger.claim(job.id, token, "old-worker")
+    # The old worker started the process but died before recording its pid.
+    proc = _start_orphan(settings, job, 1, f"while [ ! -f {go} ]; do sleep 0.02; done; exit 4")
+    exit_file = str(settings.job_log_dir / str(job.id) / "attempt-1.exit")
+    deadline = time.monotonic() + 5
+    while find_by_environ("RIG_EXIT_FILE", exit_file) is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the orphan has exec'd
+    runner.adopt()
+    assert ledger.store.get(job.id).pid == proc.pid
+    go.touch()
+    proc.wait(10)
+    done = Client(settings).wait(job.id, timeout=10)  # wakes on the job's state event
+    assert done.state is JobState.FAILED and done.exit_code == 4
+    assert ledger.card("n1", 0).reserved == 0
+
+
+def test_adopt_finishes_a_job_that_ended_unwatched(env, tmp_path):
+    settings, ledger, runner, _ = env
+    job, token = placed(ledger, "unused", tmp_path)
+    ledger.claim(job.id, token, "old-worker")
+    proc = _start_orphan(settings, job, 1, "exit 0")
+    proc.wait(10)
+    ledger.store.update(job.id, pid=proc.pid, proc_start=12345)
+    runner.adopt()
+    done = ledger.store.get(job.id)
+    assert done.state is JobState.SUCCEEDED and done.exit_code == 0
+    assert ledger.card("n1", 0).reserved == 0

@@ -1,0 +1,100 @@
+"""Process trees of jobs: the wrapper's exit file, stopping double-forked children, lookups."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+from workers.card_runner import describe_exit
+from workers.process_tree import (
+    ExitWatcher,
+    find_by_environ,
+    is_alive,
+    proc_start_time,
+    session_members,
+    signal_tree,
+    stop_tree,
+    wrapper_argv,
+)
+
+
+def start(argv, tmp_path, **env):
+    exit_file = tmp_path / "exit"
+    proc = subprocess.Popen(wrapper_argv(argv), env={**os.environ, "RIG_EXIT_FILE": str(exit_file), **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, exit_file
+
+
+def test_wrapper_records_exit_status(tmp_path):
+    proc, exit_file = start(["sh", "-c", "echo out; exit 3"], tmp_path)
+    assert proc.wait(10) == 3
+    assert exit_file.read_text().strip() == "3"
+    assert proc.stdout.read().decode().strip() == "out"
+
+
+def test_wrapper_explains_missing_command(tmp_path):
+    proc, exit_file = start(["no-such-program-xyz"], tmp_path)
+    assert proc.wait(10) == 127
+    assert "command not found or not executable: no-such-program-xyz" in proc.stdout.read().decode()
+    assert exit_file.read_text().strip() == "127"
+
+
+def test_stop_tree_ends_double_forked_children_and_records_signal(tmp_path):
+    marker = "419.5"
+    proc, exit_file = start(["sh", "-c", f"(sleep {marker} &); sleep {marker} & wait"], tmp_path)
+    deadline = time.monotonic() + 10
+    while len(session_members(proc.pid)) < 4 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(session_members(proc.pid)) >= 4  # wrapper, sh, two sleeps (one re-parented)
+    stop_tree(proc.pid, grace=5, reap=proc.poll)
+    assert session_members(proc.pid) == []
+    proc.wait(5)
+    assert exit_file.read_text().strip() == "143"  # 128 + SIGTERM, written by the wrapper
+    assert describe_exit(143) == "killed by signal SIGTERM (exit 143)"
+
+
+def test_stop_tree_escalates_to_sigkill(tmp_path):
+    proc, _ = start(["sh", "-c", "trap '' TERM; echo ready; sleep 30 & wait; sleep 30"], tmp_path)
+    assert proc.stdout.readline().strip() == b"ready"  # the trap is in place
+    begun = time.monotonic()
+    stop_tree(proc.pid, grace=0.5, reap=proc.poll)
+    assert session_members(proc.pid) == []
+    assert time.monotonic() - begun < 5
+
+
+def test_exit_watcher_and_identity(tmp_path):
+    proc = subprocess.Popen(["sleep", "0.3"])
+    started = proc_start_time(proc.pid)
+    assert is_alive(proc.pid, started)
+    assert not is_alive(proc.pid, started + 1)  # a reused pid is not the same process
+    watcher = ExitWatcher(proc.pid)
+    assert watcher.wait(5)
+    watcher.close()
+    proc.wait()
+    assert not is_alive(proc.pid, started)
+
+
+def test_find_by_environ(tmp_path):
+    proc, exit_file = start(["sleep", "5"], tmp_path)
+    try:
+        deadline = time.monotonic() + 5
+        while find_by_environ("RIG_EXIT_FILE", str(exit_file)) is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the child has exec'd with its own environment
+        assert find_by_environ("RIG_EXIT_FILE", str(exit_file)) == proc.pid
+        assert find_by_environ("RIG_EXIT_FILE", str(tmp_path / "other")) is None
+    finally:
+        stop_tree(proc.pid, 1, reap=proc.poll)
+
+
+def test_guards_never_signal_own_group_or_kernel():
+    assert signal_tree(0, 0) == 0
+    assert signal_tree(1, 0) == 0
+    assert signal_tree(os.getsid(0), 0) == 0
+    assert session_members(0) == []
+
+
+def test_describe_exit():
+    assert describe_exit(127) == "command not found (exit 127)"
+    assert describe_exit(137) == "killed by signal SIGKILL (exit 137)"
+    assert describe_exit(2) == "exit code 2"
