@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 INHERITED_ENV = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "LANG")
 
 
+#: How long submit() trusts its copy of the cards' capacities (s).
+CARDS_CACHE_S = 5.0
+
+
 @dataclass
 class WorkerInfo:
     name: str
@@ -68,6 +72,7 @@ class Client:
         self.store = JobStore(self.r, self.keys)
         self.ledger = Ledger(self.r, self.keys)
         self._celery = None
+        self._cards_cache: tuple[float, list[CardState]] | None = None
 
     # -- plumbing -------------------------------------------------------------------------
     def ping(self) -> None:
@@ -127,8 +132,7 @@ class Client:
             raise InvalidInput("--name must not be empty")
 
         def _do() -> Job:
-            check(self.r, self.settings.redis_url)
-            cards = self.ledger.cards()
+            cards = self._cards_for_admission()
             if cards:
                 reason = never_fits(cards, Request(nbytes, gpus))
                 if reason:
@@ -147,6 +151,15 @@ class Client:
         job = self._guard(_do)
         self._notify_submitted(job)
         return JobHandle(self, job.id, job)
+
+    def _cards_for_admission(self) -> list[CardState]:
+        """The registered cards, cached briefly: capacities change only when a node
+        (re)registers, and reading them for every one of 1,000 submissions costs more than the
+        submission itself. Only used to refuse jobs that could never run."""
+        now = time.monotonic()
+        if self._cards_cache is None or now - self._cards_cache[0] > CARDS_CACHE_S:
+            self._cards_cache = (now, self.ledger.cards())
+        return self._cards_cache[1]
 
     def _notify_submitted(self, job: Job) -> None:
         """Tell the dispatcher over the job's priority queue. The job is already safe in the

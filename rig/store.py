@@ -38,8 +38,8 @@ class JobStore:
         pipe.zadd(self.keys.all_jobs, {str(job.id): job.id})
         pipe.zadd(self.keys.state_index(JobState.PENDING.value), {str(job.id): job.id})
         pipe.zadd(self.keys.pending, {str(job.id): pending_score(job.priority, job.id)})
+        pipe.publish(self.keys.events_channel, f"{job.id} {JobState.PENDING.value}")
         pipe.execute()
-        self.publish(job.id, JobState.PENDING)
         return job
 
     def update(self, job_id: int, **fields: Any) -> None:

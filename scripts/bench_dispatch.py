@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Dispatch latency and throughput of a real rig node on fake cards.
+
+Starts a throwaway node (real Redis at $RIG_BENCH_REDIS_URL or 127.0.0.1:6379 under a private
+key prefix, real Celery workers on fake 8x80G cards, no Flower, no beat) and prints:
+
+  * idle dispatch latency: submit() call -> the job's process has started, p50 / p99 over
+    N sequential jobs (each job records its own start time);
+  * throughput of M tiny jobs (`true`) submitted as fast as the Python API allows:
+    submissions/s, and completions/s from the first submit to the last job ending.
+
+    .venv/bin/python scripts/bench_dispatch.py [--latency-jobs 50] [--tiny-jobs 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import redis  # noqa: E402
+
+from rig.client import Client  # noqa: E402
+from rig.config import load_settings  # noqa: E402
+from rig.models import JobState  # noqa: E402
+from rig.stack import Stack, UpOptions  # noqa: E402
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--latency-jobs", type=int, default=50)
+    parser.add_argument("--tiny-jobs", type=int, default=1000)
+    parser.add_argument("--fake-gpus", default="8x80G")
+    args = parser.parse_args()
+
+    url = os.environ.get("RIG_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+    prefix = f"rigbench:{uuid.uuid4().hex[:8]}:"
+    home = Path(tempfile.mkdtemp(prefix="rig-bench-"))
+    settings = load_settings(home=home, redis_url=url, key_prefix=prefix, fake_gpus=args.fake_gpus,
+                             node_name="bench", max_task_per_gpu=4)
+    stack = Stack(settings, UpOptions(no_flower=True, no_beat=True), say=lambda m: None)
+    r = redis.Redis.from_url(url)
+    try:
+        t0 = time.monotonic()
+        stack.up()
+        missing = stack.wait_ready(timeout=180)
+        if missing:
+            print(f"workers did not start: {missing}", file=sys.stderr)
+            return 1
+        print(f"node up with {args.fake_gpus} in {time.monotonic() - t0:.1f} s")
+        client = Client(settings)
+        client.submit("true", gpu_memory="1G").wait(60)  # warm the Celery producer
+
+        stamp_dir = home / "stamps"
+        stamp_dir.mkdir()
+        latencies = []
+        for _ in range(args.latency_jobs):
+            begin = time.time()
+            handle = client.submit(["sh", "-c", f'date +%s.%N > {stamp_dir}/"$RIG_JOB_ID"'], gpu_memory="2G")
+            handle.wait(60)
+            started = float((stamp_dir / str(handle.id)).read_text())
+            latencies.append((started - begin) * 1000)
+        print(f"idle dispatch latency (submit -> process start), {len(latencies)} jobs: "
+              f"p50 {statistics.median(latencies):.1f} ms, p99 {percentile(latencies, 0.99):.1f} ms, "
+              f"max {max(latencies):.1f} ms")
+
+        begin = time.monotonic()
+        handles = [client.submit(["true"], gpu_memory="1G", priority="low") for _ in range(args.tiny_jobs)]
+        submitted = time.monotonic() - begin
+        finals = [client.wait(h.id, timeout=600) for h in handles]
+        total = time.monotonic() - begin
+        ok = sum(1 for f in finals if f.state is JobState.SUCCEEDED)
+        print(f"{args.tiny_jobs} tiny jobs: submitted {args.tiny_jobs / submitted:.0f} jobs/s "
+              f"({submitted:.2f} s); all ended after {total:.2f} s = {args.tiny_jobs / total:.0f} jobs/s; "
+              f"succeeded {ok}/{args.tiny_jobs}")
+        over = [c.id for c in client.ledger.cards() if c.reserved or c.jobs]
+        print(f"reservations left after the run: {over or 'none'}")
+        return 0
+    finally:
+        stack.down()
+        keys = list(r.scan_iter(match=f"{prefix}*", count=1000))
+        for i in range(0, len(keys), 1000):
+            r.delete(*keys[i:i + 1000])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
