@@ -192,15 +192,26 @@ def config(ctx: click.Context) -> None:
 @click.option("--no-beat", is_flag=True, help="Don't start beat (another node runs it).")
 @click.option("--only", multiple=True, type=click.Choice(["redis", "cards", "control", "beat", "flower"]),
               help="Start only these parts (repeatable), e.g. for docker-compose services.")
+@click.option("--fake-gpus", "fake_gpus_opt", metavar="SPEC", help="Use fake cards, e.g. 8x80G.")
+@click.option("--redis-url", "redis_url_opt", help="Redis holding rig's state.")
 @click.pass_context
 @handle_errors
-def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, only: tuple[str, ...]) -> None:
+def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, only: tuple[str, ...],
+       fake_gpus_opt: str | None, redis_url_opt: str | None) -> None:
     """Bring up this node: Redis (if none is reachable), one worker per card, the dispatcher,
     beat and Flower. Ctrl-C stops everything it started; running jobs keep running and are
     adopted by the next `rig up`."""
     from rig.stack import Stack, UpOptions, pid_file, running_pid
 
+    if fake_gpus_opt:
+        ctx.obj["overrides"]["fake_gpus"] = fake_gpus_opt
+    if redis_url_opt:
+        ctx.obj["overrides"]["redis_url"] = redis_url_opt
     settings = settings_from(ctx)
+    if settings.fake_gpus:
+        from rig.gpus import parse_fake_spec
+
+        parse_fake_spec(settings.fake_gpus)  # a bad spec is one line now, not a dead worker later
     overrides = {k: v for k, v in ctx.obj["overrides"].items() if v}
     env_overrides = {f"RIG_{k.upper()}": str(v) for k, v in overrides.items()}
     if daemon:

@@ -31,8 +31,10 @@ def parse_fake_spec(spec: str) -> list[int]:
             count = int(match["count"] or 1)
             try:
                 size = parse_memory(match["size"], what="fake_gpus")
-            except InvalidInput as exc:
-                raise ConfigError(str(exc)) from None
+            except InvalidInput:
+                raise ConfigError(
+                    f"fake_gpus: cannot read {group.strip()!r}; write it like 8x80G or 2x24G,1x48G"
+                ) from None
         if count < 1 or count > 64:
             raise ConfigError(f"fake_gpus: {count} cards in {group.strip()!r}; use 1 to 64")
         sizes.extend([size] * count)

@@ -257,3 +257,26 @@ def _processes_with(needle: str) -> list[int]:
 
 def test_all_terminal_states_known():
     assert TERMINAL_STATES == {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
+
+
+def test_log_follow_streams_until_the_job_ends(node, tmp_path):
+    import subprocess
+    import sys
+
+    from rig.stack import settings_env
+
+    go = tmp_path / "go"
+    handle = node.client.submit(
+        f"echo first; while [ ! -f {go} ]; do sleep 0.02; done; echo second; exit 0", gpu_memory="1G")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RIG_")}, **settings_env(node.settings)}
+    follower = subprocess.Popen([str(Path(sys.executable).parent / "rig"), "log", "-f", str(handle.id)],
+                                env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert follower.stdout.readline() == "first\n"  # streamed while the job still runs
+        assert node.client.get(handle.id).state is JobState.RUNNING
+        go.touch()
+        rest = follower.stdout.read()
+        assert follower.wait(30) == 0
+        assert rest == "second\n"
+    finally:
+        follower.kill()
