@@ -80,3 +80,17 @@ def _alive(pid: int) -> bool:
         return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
+
+
+def test_cards_outside_the_whitelist_get_nothing(tmp_path):
+    node = RigHarness(tmp_path / "home", fake_gpus="4x24G", gpu_whitelist=[1, 3], max_task_per_gpu=2).up()
+    try:
+        assert sorted(w.card for w in node.client.workers() if w.role == "card") == [1, 3]
+        handles = [node.client.submit("sleep 0.2", gpu_memory="10G") for _ in range(6)]
+        finals = [node.client.wait(h.id, timeout=60) for h in handles]
+        assert {f.state for f in finals} == {JobState.SUCCEEDED}
+        assert {f.cards[0] for f in finals} <= {1, 3}
+        status = node.client.status()
+        assert [c.index for c in status.cards if not c.allowed] == [0, 2]
+    finally:
+        node.cleanup()
