@@ -22,6 +22,10 @@ VISIBILITY_TIMEOUT_S = 30 * 24 * 3600
 TASK_SUBMITTED = "rig.submitted"
 TASK_START_JOB = "rig.start_job"
 TASK_TICK = "rig.tick"
+TASK_HEALTH = "rig.health"
+TASK_SWEEP_LOGS = "rig.sweep_logs"
+#: How often old task logs are swept (s).
+LOG_SWEEP_INTERVAL_S = 3600.0
 
 
 def card_queue(node: str, index: int) -> str:
@@ -71,6 +75,16 @@ def make_celery(settings: Settings) -> Celery:
                 "task": TASK_TICK,
                 "schedule": max(1.0, settings.health.check_interval),
                 "options": {"queue": CONTROL_QUEUE, "expires": max(1.0, settings.health.check_interval)},
+            },
+            "rig-health": {
+                "task": TASK_HEALTH,
+                "schedule": settings.health.check_interval,
+                "options": {"queue": CONTROL_QUEUE, "expires": settings.health.check_interval},
+            },
+            "rig-sweep-logs": {
+                "task": TASK_SWEEP_LOGS,
+                "schedule": LOG_SWEEP_INTERVAL_S,
+                "options": {"queue": CONTROL_QUEUE, "expires": LOG_SWEEP_INTERVAL_S},
             },
         },
         timezone="UTC",

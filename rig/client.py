@@ -19,6 +19,7 @@ from typing import Any
 import redis
 
 from rig.config import Settings, load_settings
+from rig.durations import parse_duration
 from rig.errors import InvalidInput, RedisUnavailable, RigError, Unschedulable
 from rig.keys import Keys
 from rig.ledger import Ledger
@@ -109,6 +110,9 @@ class Client:
         shell: bool | None = None,
         kind: str = "command",
         extra: dict[str, Any] | None = None,
+        retries: int | None = None,
+        time_limit: str | float | None = None,
+        oom_retry_grow: bool = False,
     ) -> JobHandle:
         """Queue a job; returns a handle at once. A string command runs through ``/bin/sh -c``.
 
@@ -122,6 +126,10 @@ class Client:
             raise InvalidInput(f"--gpus must be a whole number of cards, 1 or more; got {gpus!r}")
         prio = Priority.parse(priority or self.settings.default_priority)
         wd = _resolve_workdir(workdir, self.settings)
+        max_retries = self.settings.max_retries if retries is None else retries
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or not 0 <= max_retries <= 100:
+            raise InvalidInput(f"--retries must be a whole number from 0 to 100; got {retries!r}")
+        limit = parse_duration(time_limit) if time_limit not in (None, "") else None
         job_env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         for key, value in (env or {}).items():
             if not key or "=" in key:
@@ -141,7 +149,8 @@ class Client:
                 id=0, name=job_name, user=_user(), command=argv, shell=is_shell,
                 gpu_memory=nbytes, gpus=gpus, priority=prio, state=JobState.PENDING,
                 workdir=str(wd), env=job_env, created_at=time.time(), kind=kind,
-                max_retries=self.settings.max_retries, submit_host=socket.gethostname(),
+                max_retries=max_retries, submit_host=socket.gethostname(), time_limit=limit,
+                oom_retry_grow=bool(oom_retry_grow),
             )
             job = self.store.create(job)
             if extra:
@@ -284,6 +293,41 @@ class Client:
                 limit = timeout if timeout is not None else self.settings.kill_grace_seconds + 20
                 return self.wait(job.id, timeout=limit)
         return self.get(job.id)
+
+    def errors(self, *, limit: int = 100) -> list[Job]:
+        """The error queue (jobs that failed for good or timed out), oldest first."""
+        return self._guard(lambda: self.store.get_many(self.store.error_ids(limit)))
+
+    def retry(self, job_id: int | str, *, gpu_memory: str | int | None = None) -> Job:
+        """Send a job from the error queue back to its place in the queue, optionally with a
+        new memory declaration. Its earlier attempts and logs are kept."""
+        job = self.get(job_id)
+        if not self._guard(self.store.in_error_queue, job.id):
+            raise InvalidInput(
+                f"job {job.id} is {job.state.value}, not in the error queue; `rig errors` lists those")
+        fields: dict[str, Any] = {"reason": f"retried by {_user()}", "cancelled_by": None}
+        if gpu_memory is not None:
+            nbytes = parse_memory(gpu_memory)
+            reason = never_fits(self._guard(self.ledger.cards), Request(nbytes, job.gpus))
+            if reason and self.ledger.cards():
+                raise Unschedulable(f"job can never run: {reason}")
+            fields["gpu_memory"] = nbytes
+        # A retried job gets a fresh retry budget on top of the attempts it already used.
+        fields["max_retries"] = job.attempt + self.settings.max_retries if job.max_retries else job.attempt
+        code, state = self._guard(self.ledger.transition, job.id, JobState.PENDING, mode="retry",
+                                  fields=fields)
+        if code != 1:
+            raise InvalidInput(f"job {job.id} could not be retried (it is {state})")
+        self.wake_dispatcher()
+        self._notify_submitted(self.get(job.id))
+        return self.get(job.id)
+
+    def clear_error(self, job_id: int | str) -> Job:
+        """Take a job out of the error queue; it stays in its final state."""
+        job = self.get(job_id)
+        if not self._guard(self.store.clear_error, job.id):
+            raise InvalidInput(f"job {job.id} is not in the error queue")
+        return job
 
     def wait(self, job_id: int | str, *, timeout: float | None = None) -> Job:
         """Block until the job reaches a terminal state; returns it. Raises TimeoutError."""

@@ -38,6 +38,10 @@ class HealthSettings(BaseModel):
 
     check_interval: float = Field(5.0, gt=0, description="seconds between health checks")
     timeout: float = Field(30.0, gt=0, description="a worker silent this long is dead (s)")
+    max_temperature: int = Field(90, description="a card hotter than this (C) takes no new jobs")
+    assigned_timeout: float = Field(
+        30.0, gt=0, description="a placed job not started after this long is re-sent (s)"
+    )
 
 
 class Settings(BaseSettings):
@@ -64,6 +68,13 @@ class Settings(BaseSettings):
     system_log_dir: Path | None = Field(None, description="rig's own logs")
     fake_gpus: str | None = Field(None, description="e.g. 8x80G: fake cards instead of NVML")
     kill_grace_seconds: float = Field(10.0, ge=0, description="SIGTERM to SIGKILL delay")
+    log_max_bytes: int = Field(
+        256 * 1024**2, gt=4096, description="one attempt's log is cut (marked) beyond this size"
+    )
+    log_retention_days: float = Field(30.0, gt=0, description="task logs older than this go")
+    error_log_retention_days: float = Field(
+        90.0, gt=0, description="logs of jobs in the error queue are kept this long"
+    )
     telemetry_interval: float = Field(2.0, gt=0, description="seconds between card readings")
     flower_address: str = "127.0.0.1"
     flower_port: int = 5555

@@ -7,6 +7,7 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P jobs:all                    zset     every job id, score = id
   P jobs:state:<STATE>          zset     job ids in that state, score = id
   P pending                     zset     waiting jobs; score = priority rank * 1e12 + id
+  P errors                      zset     the error queue: ended jobs waiting for a person; score = time
   P cards                       set      card ids "<node>/<index>"
   P card:<node>:<index>         hash     one card's capacity, reservations and readings
   P card:<node>:<index>:jobs    hash     job id -> bytes reserved on that card
@@ -16,6 +17,8 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P workers                     set      worker names seen
   P sched:wake                  list     nudges for the dispatcher (BLPOP)
   P sched:leader                string   the dispatcher holding the lock (PX)
+  P health:lock                 string   the control worker running a health check (PX)
+  P logs:lock                   string   the control worker sweeping old logs (PX)
   P events                      channel  job state changes, "<id> <STATE>"
   P kill                        channel  "<id>": stop this running job
   P celery:                     prefix   kombu's own keys (queues, unacked, bindings)
@@ -52,6 +55,10 @@ class Keys:
     def pending(self) -> str:
         return f"{self.prefix}pending"
 
+    @property
+    def errors(self) -> str:
+        return f"{self.prefix}errors"
+
     # cards and nodes
     @property
     def cards(self) -> str:
@@ -85,6 +92,14 @@ class Keys:
     @property
     def sched_leader(self) -> str:
         return f"{self.prefix}sched:leader"
+
+    @property
+    def health_lock(self) -> str:
+        return f"{self.prefix}health:lock"
+
+    @property
+    def logs_lock(self) -> str:
+        return f"{self.prefix}logs:lock"
 
     @property
     def events_channel(self) -> str:

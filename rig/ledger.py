@@ -25,6 +25,17 @@ log = logging.getLogger(__name__)
 _STATE_ORDER = [s.value for s in JobState]
 
 
+def _field(value: Any) -> str:
+    """A job field as the Lua script stores it: JSON for lists and dicts, '' for None."""
+    if value is None:
+        return ""
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value.value) if hasattr(value, "value") else str(value)
+
+
 class Ledger:
     """Cards and reservations under one key prefix."""
 
@@ -149,16 +160,20 @@ class Ledger:
         token: str | int | None = None,
         fields: dict[str, Any] | None = None,
         mode: str = "end",
+        error_queue: bool = False,
     ) -> tuple[int, str]:
-        """Move a live job to ``target`` and release everything it holds, atomically.
+        """Move a job to ``target`` and release everything it holds, atomically.
 
-        Returns (1, previous state) when moved; (2, 'RUNNING') when mode='cancel' only flagged
-        a running job; (0, state) when nothing changed. Retries while the job moves under us.
+        Modes (see rig/lua/transition.lua): 'end' from a live state, 'cancel' (a running job is
+        only flagged), 'retry' from the error queue back to PENDING. With ``error_queue`` the
+        job also joins the error queue. Returns (1, previous state) when moved; (2, 'RUNNING')
+        when a cancel was flagged; (0, state) when nothing changed. Retries while the job moves
+        under us.
         """
-        extra = {k: ("" if v is None else str(v)) for k, v in (fields or {}).items()}
+        extra = {k: _field(v) for k, v in (fields or {}).items()}
         for _ in range(20):
             job = self.store.get(job_id)
-            keys = [self.keys.job(job_id), self.keys.pending]
+            keys = [self.keys.job(job_id), self.keys.pending, self.keys.errors]
             keys += [self.keys.state_index(s) for s in _STATE_ORDER]
             if job.node:
                 for index in job.cards:
@@ -175,6 +190,7 @@ class Ledger:
                     json.dumps(_STATE_ORDER),
                     pending_score(job.priority, job_id),
                     job.state.value,
+                    "1" if error_queue else "0",
                 ],
             )
             if int(code) == 3:
@@ -183,6 +199,15 @@ class Ledger:
                 self.store.publish(job_id, target)
             return int(code), str(detail)
         raise RuntimeError(f"job {job_id}: state kept changing during {target.value}")
+
+    def reclaim(self, node: str, index: int, job_id: int) -> int:
+        """Release ``job_id``'s reservation on this card unless a live job holds it there.
+        Returns the bytes released (0 if the reservation is legitimate or gone)."""
+        ok, detail = self.scripts.reclaim(
+            keys=[self.keys.card(node, index), self.keys.card_jobs(node, index), self.keys.job(job_id)],
+            args=[job_id, node, index],
+        )
+        return int(detail) if int(ok) == 1 else 0
 
     def job_cards(self, job: Job) -> list[CardState]:
         return [self.card(job.node, i) for i in job.cards] if job.node else []

@@ -14,10 +14,12 @@ from rig.errors import InvalidInput
 
 
 class JobState(str, Enum):
-    """Life of a job. PENDING -> ASSIGNED -> RUNNING -> one terminal state.
+    """Life of a job. PENDING -> ASSIGNED -> RUNNING -> one terminal state; a failed attempt
+    with retries left goes back to PENDING (keeping its place).
 
     ASSIGNED: its VRAM is reserved on its card(s) and its start is on the way to the card's
-    worker. A job leaves PENDING only through the atomic reservation.
+    worker. A job leaves PENDING only through the atomic reservation. FAILED and TIMEOUT jobs
+    also sit in the error queue until a person retries or clears them.
     """
 
     PENDING = "PENDING"
@@ -26,6 +28,7 @@ class JobState(str, Enum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
 
     @property
     def terminal(self) -> bool:
@@ -40,7 +43,9 @@ class JobState(str, Enum):
             raise InvalidInput(f"unknown state {text!r}; choose one of: {names}") from None
 
 
-TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+TERMINAL_STATES = frozenset(
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT}
+)
 ACTIVE_STATES = (JobState.ASSIGNED, JobState.RUNNING)
 
 
@@ -115,6 +120,12 @@ class Job:
     cancel_requested: bool = False
     max_retries: int = 0
     submit_host: str | None = None
+    time_limit: float | None = None  # seconds of running time before rig stops it
+    oom_retry_grow: bool = False  # after a CUDA OOM, retry with more memory
+    attempts: list[dict] = field(default_factory=list)  # one entry per ended attempt
+    failure: str | None = None  # FailureClass value of the last failed attempt
+    evidence: list[str] = field(default_factory=list)  # log lines that decided it
+    suggested_gpu_memory: int | None = None  # bytes, after a CUDA OOM
 
     @property
     def display_command(self) -> str:
@@ -129,11 +140,11 @@ class Job:
         return [f"{self.node}/{i}" for i in self.cards] if self.node else []
 
     # -- (de)serialisation --------------------------------------------------------------
-    _JSON_FIELDS = ("command", "env", "cards", "log_paths")
+    _JSON_FIELDS = ("command", "env", "cards", "log_paths", "attempts", "evidence")
     _INT_FIELDS = ("id", "gpu_memory", "gpus", "attempt", "assignments", "pid", "proc_start",
-                   "exit_code", "max_retries")
-    _FLOAT_FIELDS = ("created_at", "assigned_at", "started_at", "ended_at")
-    _BOOL_FIELDS = ("shell", "cancel_requested")
+                   "exit_code", "max_retries", "suggested_gpu_memory")
+    _FLOAT_FIELDS = ("created_at", "assigned_at", "started_at", "ended_at", "time_limit")
+    _BOOL_FIELDS = ("shell", "cancel_requested", "oom_retry_grow")
 
     def to_redis(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -156,7 +167,7 @@ class Job:
         known = cls.__dataclass_fields__
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
-            if key not in known:
+            if key not in known or (value == "" and key not in ("name", "workdir", "user")):
                 continue
             if key in cls._JSON_FIELDS:
                 kwargs[key] = json.loads(value)
@@ -202,6 +213,7 @@ class CardState:
     temperature: int | None = None  # Celsius
     updated_at: float | None = None
     fake: bool = False
+    health_reason: str = ""
 
     @property
     def id(self) -> str:
@@ -241,4 +253,5 @@ class CardState:
             temperature=opt_int("temperature"),
             updated_at=float(data["updated_at"]) if data.get("updated_at") else None,
             fake=data.get("fake", "0") == "1",
+            health_reason=data.get("health_reason", ""),
         )

@@ -15,9 +15,10 @@ def _source(name: str) -> str:
 
 
 class Scripts:
-    """reserve, claim and transition, bound to one Redis client."""
+    """reserve, claim, transition and reclaim, bound to one Redis client."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.reserve: Script = client.register_script(_source("reserve"))
         self.claim: Script = client.register_script(_source("claim"))
         self.transition: Script = client.register_script(_source("transition"))
+        self.reclaim: Script = client.register_script(_source("reclaim"))

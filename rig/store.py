@@ -112,6 +112,18 @@ class JobStore:
             pipe.zcount(self.keys.pending, low, low + PRIORITY_BAND - 1)
         return dict(zip(Priority, (int(n) for n in pipe.execute()), strict=True))
 
+    def error_ids(self, limit: int | None = None) -> list[int]:
+        """The error queue, oldest first."""
+        end = -1 if limit is None else limit - 1
+        return [int(i) for i in self.r.zrange(self.keys.errors, 0, end)]
+
+    def in_error_queue(self, job_id: int) -> bool:
+        return self.r.zscore(self.keys.errors, str(job_id)) is not None
+
+    def clear_error(self, job_id: int) -> bool:
+        """Take a job out of the error queue (a person has seen it); its state stays."""
+        return bool(self.r.zrem(self.keys.errors, str(job_id)))
+
     def oldest_pending(self, priority: Priority) -> int | None:
         low = priority.rank * PRIORITY_BAND
         ids = self.r.zrangebyscore(self.keys.pending, low, low + PRIORITY_BAND - 1, start=0, num=1)

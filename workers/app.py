@@ -19,8 +19,10 @@ import time
 from celery.signals import worker_ready, worker_shutting_down
 
 from rig.celery_config import (
+    TASK_HEALTH,
     TASK_START_JOB,
     TASK_SUBMITTED,
+    TASK_SWEEP_LOGS,
     TASK_TICK,
     card_queue,
     make_celery,
@@ -31,6 +33,8 @@ from rig.keys import Keys
 from rig.redis_conn import connect
 from workers.card_runner import CardRunner
 from workers.dispatcher import Dispatcher
+from workers.health import HealthChecker
+from workers.log_sweep import sweep_logs
 
 log = logging.getLogger("rig.worker")
 
@@ -66,6 +70,19 @@ def start_job(job_id: int, token: str) -> str:
 def tick() -> None:
     """Periodic (beat): a safety-net dispatcher pass."""
     _redis.lpush(keys.sched_wake, "1")
+
+
+@app.task(name=TASK_HEALTH, ignore_result=True)
+def health() -> str:
+    """Periodic (beat): dead workers, zombie reservations, orphan processes (workers/health.py)."""
+    report = HealthChecker(settings, _redis).run_once()
+    return "skipped (another check runs)" if report is None else repr(report)
+
+
+@app.task(name=TASK_SWEEP_LOGS, ignore_result=True)
+def sweep_old_logs() -> str:
+    """Periodic (beat): delete task logs past their retention (workers/log_sweep.py)."""
+    return repr(sweep_logs(settings, _redis))
 
 
 def _control_heartbeat(name: str) -> None:

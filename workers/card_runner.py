@@ -27,9 +27,11 @@ from rig.config import Settings
 from rig.gpus import GpuBackend, GpuReadError
 from rig.keys import Keys
 from rig.ledger import Ledger
+from rig.logs import enforce_size_cap
 from rig.models import Job, JobState
 from rig.redis_conn import connect
 from rig.store import JobStore
+from workers.outcomes import AttemptEnd, conclude
 from workers.process_tree import (
     ExitWatcher,
     find_by_environ,
@@ -44,6 +46,8 @@ log = logging.getLogger(__name__)
 
 #: How often a running job's record is checked for a kill request, as a fallback to pub/sub (s).
 CANCEL_POLL_S = 2.0
+#: How often a running job's log size is checked against log_max_bytes (s).
+LOG_CAP_POLL_S = 5.0
 
 
 @dataclass
@@ -56,13 +60,14 @@ class ActiveJob:
     exit_file: Path
     popen: subprocess.Popen | None = None
     kill_event: threading.Event = field(default_factory=threading.Event)
+    started_at: float = field(default_factory=time.time)
+    time_limit: float | None = None
+    timed_out: bool = False
+    log_path: Path | None = None
 
-
-@dataclass
-class Outcome:
-    state: JobState
-    exit_code: int | None
-    reason: str
+    @property
+    def pid_file(self) -> Path:
+        return self.exit_file.with_suffix(".pid")
 
 
 class CardRunner:
@@ -118,6 +123,16 @@ class CardRunner:
             return f"ignored:{detail}"
         attempt = int(detail)
         job = self.store.get(job_id)
+        running = self._running_copy(job)
+        if running is not None:
+            # Redis lost the record of an earlier start (a crash within its fsync window):
+            # the job already runs here, so watch that copy instead of starting a second one.
+            log.warning("job %s: a copy already runs as pid %s; adopting it, not starting another",
+                        job_id, running.pid)
+            self.store.update(job_id, pid=running.pid, proc_start=running.proc_start,
+                              attempt=running.attempt)
+            running.token = str(token)
+            return self._supervise(running)
         active = self._launch(job, token, attempt)
         if active is None:
             return "failed-to-start"
@@ -142,16 +157,20 @@ class CardRunner:
                 message = f"rig: could not start the job in {job.workdir}: {exc}\n"
                 logf.write(message.encode())
                 self.store.update(job.id, log_path=str(log_path), log_paths=log_paths)
-                self._finish(job.id, token, Outcome(JobState.FAILED, None, message.strip()[5:]))
+                self._finish(job.id, token, AttemptEnd(
+                    exit_code=126, note=f"could not start in {job.workdir}: {exc.strerror or exc}"))
                 return None
         start = proc_start_time(popen.pid)
+        # Written before anything else: the node's own record that this attempt runs.
+        exit_file.with_suffix(".pid").write_text(f"{popen.pid} {start} {attempt}\n")
         self.store.update(
             job.id, pid=popen.pid, proc_start=start, log_path=str(log_path), log_paths=log_paths,
             cuda_visible_devices=env["CUDA_VISIBLE_DEVICES"],
         )
         log.info("job %s attempt %s: started pid %s on %s/%s (CUDA_VISIBLE_DEVICES=%s)",
                  job.id, attempt, popen.pid, self.node, job.cards, env["CUDA_VISIBLE_DEVICES"])
-        return ActiveJob(job.id, str(token), attempt, popen.pid, start, exit_file, popen)
+        return ActiveJob(job.id, str(token), attempt, popen.pid, start, exit_file, popen,
+                         time_limit=job.time_limit, log_path=log_path)
 
     def _job_env(self, job: Job, attempt: int, exit_file: Path) -> dict[str, str]:
         env = dict(os.environ)
@@ -175,6 +194,7 @@ class CardRunner:
             self._active[active.job_id] = active
         watcher = ExitWatcher(active.pid)
         next_poll = 0.0
+        next_cap = time.monotonic() + LOG_CAP_POLL_S
         try:
             while True:
                 if watcher.wait(0.1):
@@ -191,60 +211,84 @@ class CardRunner:
                             active.kill_event.set()
                     except redis.RedisError:
                         pass  # Redis away: keep watching the process
+                if now >= next_cap and active.log_path is not None:
+                    next_cap = now + LOG_CAP_POLL_S
+                    enforce_size_cap(active.log_path, self.settings.log_max_bytes)
+                if (active.time_limit and not active.timed_out
+                        and time.time() - active.started_at > active.time_limit):
+                    active.timed_out = True
+                    log.info("job %s: time limit of %.0f s exceeded; stopping it", active.job_id,
+                             active.time_limit)
+                    stop_tree(active.pid, self.settings.kill_grace_seconds, reap=lambda: _reap(active))
                 if active.kill_event.is_set():
                     log.info("job %s: stopping its process tree (kill requested)", active.job_id)
                     stop_tree(active.pid, self.settings.kill_grace_seconds, reap=lambda: _reap(active))
-            outcome = self._outcome(active)
-            self._finish(active.job_id, active.token, outcome)
-            return outcome.state.value
+            end = self._outcome(active)
+            if active.log_path is not None:
+                enforce_size_cap(active.log_path, self.settings.log_max_bytes)
+            state = self._finish(active.job_id, active.token, end)
+            return state.value if state else "unknown"
         finally:
             watcher.close()
             with self._lock:
                 self._active.pop(active.job_id, None)
 
-    def _outcome(self, active: ActiveJob) -> Outcome:
+    def _outcome(self, active: ActiveJob) -> AttemptEnd:
         wrapper_rc = active.popen.wait() if active.popen else None
         # Anything the job left behind in its session goes with it: no orphans on the card.
         if active.pid > 0 and session_members(active.pid):
             log.info("job %s: stopping processes it left running", active.job_id)
             stop_tree(active.pid, min(2.0, self.settings.kill_grace_seconds))
         rc = _read_exit_file(active.exit_file)
-        cancelled = active.kill_event.is_set()
-        if not cancelled:
-            try:
-                cancelled = self.r.hget(self.keys.job(active.job_id), "cancel_requested") == "1"
-            except redis.RedisError:
-                pass
-        if cancelled:
-            by = None
-            try:
-                by = self.r.hget(self.keys.job(active.job_id), "cancelled_by")
-            except redis.RedisError:
-                pass
-            return Outcome(JobState.CANCELLED, rc, f"cancelled by {by or 'a person'}")
         if rc is None and wrapper_rc is not None:
             rc = wrapper_rc if wrapper_rc >= 0 else 128 - wrapper_rc
-        if rc is None:
-            return Outcome(JobState.FAILED, None,
-                           "ended while no worker watched it; exit status unknown")
-        if rc == 0:
-            return Outcome(JobState.SUCCEEDED, 0, "exit code 0")
-        return Outcome(JobState.FAILED, rc, describe_exit(rc))
+        cancelled = active.kill_event.is_set()
+        by = None
+        try:
+            flags = self.r.hmget(self.keys.job(active.job_id), "cancel_requested", "cancelled_by")
+            cancelled = cancelled or flags[0] == "1"
+            by = flags[1]
+        except redis.RedisError:
+            pass
+        if rc is None and not (cancelled or active.timed_out):
+            return AttemptEnd(exit_code=None, lost=True,
+                              note="it ended while no worker watched it; exit status unknown")
+        return AttemptEnd(exit_code=rc, cancelled=cancelled, timed_out=active.timed_out,
+                          cancelled_by=by)
 
-    def _finish(self, job_id: int, token: str, outcome: Outcome) -> None:
-        fields = {"reason": outcome.reason}
-        if outcome.exit_code is not None:
-            fields["exit_code"] = outcome.exit_code
+    def _finish(self, job_id: int, token: str, end: AttemptEnd) -> JobState | None:
+        """Record how the attempt ended and release its cards (retrying through a Redis
+        outage: a restart of Redis must not lose a job's ending)."""
+        result: list[JobState] = []
 
         def _do() -> None:
-            code, detail = self.ledger.transition(job_id, outcome.state, token=token, fields=fields)
-            if code == 1:
-                log.info("job %s: %s (%s); reservation released", job_id, outcome.state.value, outcome.reason)
-            else:
-                log.warning("job %s: not moved to %s, it is %s", job_id, outcome.state.value, detail)
-            self.r.lpush(self.keys.sched_wake, "1")
+            job = self.store.get(job_id)
+            _code, state = conclude(self.ledger, job, token, end)
+            result.append(state)
 
         self._retry_redis(_do, f"end job {job_id}")
+        pid_file = self.settings.job_log_dir / str(job_id)
+        for path in pid_file.glob("attempt-*.pid") if pid_file.is_dir() else ():
+            path.unlink(missing_ok=True)
+        return result[0] if result else None
+
+    def _running_copy(self, job: Job) -> ActiveJob | None:
+        """A live process of this job on this node, known from its pid file, or None."""
+        job_dir = self.settings.job_log_dir / str(job.id)
+        if not job_dir.is_dir():
+            return None
+        for pid_file in sorted(job_dir.glob("attempt-*.pid")):
+            try:
+                pid_text, start_text, attempt_text = pid_file.read_text().split()
+                pid, start, attempt = int(pid_text), int(start_text), int(attempt_text)
+            except (OSError, ValueError):
+                continue
+            if is_alive(pid, start):
+                exit_file = pid_file.with_suffix(".exit")
+                return ActiveJob(job.id, str(job.assignments), attempt, pid, start, exit_file,
+                                 time_limit=job.time_limit, log_path=pid_file.with_suffix(".log"),
+                                 started_at=job.started_at or time.time())
+        return None
 
     def _retry_redis(self, fn: Callable[[], None], what: str) -> None:
         """Run ``fn`` until Redis answers; a restart of Redis must not lose a job's ending."""
@@ -262,9 +306,11 @@ class CardRunner:
                 delay = min(delay * 2, 5.0)
 
     # -- adoption after a restart ---------------------------------------------------------
-    def adopt(self) -> None:
-        """Take over this card's jobs left RUNNING by an earlier worker, and re-send the start
-        of jobs ASSIGNED here (duplicates are fenced by the claim)."""
+    def adopt(self, resend_after: float = 0.0) -> None:
+        """Take over this card's jobs left RUNNING by an earlier worker (or whose end Redis
+        lost), and re-send the start of jobs ASSIGNED here for longer than ``resend_after``
+        seconds (duplicates are fenced by the claim). Idempotent: run at start and then
+        periodically."""
         mine = [
             j for j in self.store.get_many(
                 self.store.ids_in_state(JobState.RUNNING) + self.store.ids_in_state(JobState.ASSIGNED)
@@ -273,6 +319,8 @@ class CardRunner:
         ]
         for job in mine:
             if job.state is JobState.ASSIGNED:
+                if time.time() - (job.assigned_at or 0) < resend_after:
+                    continue
                 if self.resend is not None:
                     log.info("job %s: re-sending its start after a restart", job.id)
                     self.resend(job.id, str(job.assignments))
@@ -289,7 +337,9 @@ class CardRunner:
                 start = proc_start_time(pid) if pid else None
                 if pid:
                     self.store.update(job.id, pid=pid, proc_start=start)
-            active = ActiveJob(job.id, str(job.assignments), job.attempt, pid or 0, start, exit_file)
+            active = ActiveJob(job.id, str(job.assignments), job.attempt, pid or 0, start, exit_file,
+                               time_limit=job.time_limit, started_at=job.started_at or time.time(),
+                               log_path=exit_file.with_suffix(".log"))
             if pid and is_alive(pid, start):
                 log.info("job %s: adopting running pid %s", job.id, pid)
                 thread = threading.Thread(target=self._supervise, args=(active,),
@@ -299,9 +349,9 @@ class CardRunner:
             elif pid or exit_file.exists():
                 if pid and session_members(pid):
                     stop_tree(pid, min(2.0, self.settings.kill_grace_seconds))
-                outcome = self._outcome(active)
-                log.info("job %s: ended while no worker watched it: %s", job.id, outcome.reason)
-                self._finish(job.id, active.token, outcome)
+                end = self._outcome(active)
+                log.info("job %s: ended while no worker watched it (exit %s)", job.id, end.exit_code)
+                self._finish(job.id, active.token, end)
             else:
                 # Claimed but never started: it has not run, so it goes back to its place.
                 log.info("job %s: its worker stopped before starting it; back to the queue", job.id)
@@ -316,8 +366,10 @@ class CardRunner:
 
     # -- background loops -----------------------------------------------------------------
     def _tick_loop(self) -> None:
-        """Heartbeat (expires after health.timeout) and this card's readings."""
+        """Heartbeat (expires after health.timeout), this card's readings and health, and a
+        periodic audit of this card's jobs."""
         ttl = max(1, int(self.settings.health.timeout))
+        next_audit = time.monotonic() + self.settings.health.check_interval
         while not self.shutdown.is_set():
             try:
                 beat = {
@@ -328,21 +380,43 @@ class CardRunner:
                 pipe.set(self.keys.worker(self.worker_name), json.dumps(beat), ex=ttl)
                 pipe.sadd(self.keys.workers, self.worker_name)
                 pipe.execute()
-                if self.backend is not None:
-                    try:
-                        reading = self.backend.read(self.index)
-                        self.ledger.record_reading(self.node, reading)
-                        self.ledger.set_healthy(self.node, self.index, True)
-                    except GpuReadError as exc:
-                        log.warning("card %s/%s cannot be read: %s", self.node, self.index, exc)
-                        self.ledger.set_healthy(self.node, self.index, False, str(exc))
+                self._read_card()
+                if time.monotonic() >= next_audit:
+                    next_audit = time.monotonic() + self.settings.health.check_interval
+                    self.adopt(resend_after=self.settings.health.assigned_timeout)
             except redis.RedisError as exc:
                 log.debug("tick skipped, Redis unavailable: %s", exc)
+            except Exception:  # noqa: BLE001 - the heartbeat must outlive one bad tick
+                log.exception("tick failed")
             self.shutdown.wait(self.settings.telemetry_interval)
         try:
             self.r.delete(self.keys.worker(self.worker_name))
         except redis.RedisError:
             pass
+
+    def _read_card(self) -> None:
+        """Record the card's readings; a card that cannot be read, or runs hotter than
+        health.max_temperature, is marked unhealthy and takes no new jobs until it recovers
+        (5 C below the limit)."""
+        if self.backend is None:
+            return
+        try:
+            reading = self.backend.read(self.index)
+        except GpuReadError as exc:
+            log.warning("card %s/%s cannot be read: %s", self.node, self.index, exc)
+            self.ledger.set_healthy(self.node, self.index, False, f"cannot be read: {exc}")
+            return
+        self.ledger.record_reading(self.node, reading)
+        limit = self.settings.health.max_temperature
+        card = self.ledger.card(self.node, self.index)
+        temp = reading.temperature
+        if temp is not None and temp > limit:
+            if card.healthy:
+                log.warning("card %s/%s at %s C, over %s C: no new jobs", self.node, self.index, temp, limit)
+            self.ledger.set_healthy(self.node, self.index, False, f"temperature {temp} C > {limit} C")
+        elif not card.healthy and (temp is None or temp <= limit - 5):
+            log.info("card %s/%s healthy again", self.node, self.index)
+            self.ledger.set_healthy(self.node, self.index, True)
 
     def _kill_listener(self) -> None:
         """Pass kill requests published on the kill channel to the job's supervisor."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from rig.cli.common import client_from, fail, handle_errors, settings_from
-from rig.cli.render import make_console, render_job, render_jobs, render_status
+from rig.cli.render import make_console, render_errors, render_job, render_jobs, render_status
 from rig.cli.submit import do_submit, submit_options
 from rig.errors import InvalidInput, StackError
 from rig.models import JobState
@@ -69,7 +69,8 @@ def show(ctx: click.Context, job_id: str) -> None:
     client = client_from(ctx)
     client.ping()
     job = client.get(job_id)
-    render_job(job, client.why_waiting(job), make_console())
+    render_job(job, client.why_waiting(job), make_console(),
+               in_error_queue=client.store.in_error_queue(job.id))
 
 
 @cli.command()
@@ -139,6 +140,40 @@ def kill(ctx: click.Context, job_ids: tuple[str, ...], no_wait: bool) -> None:
             click.echo(f"job {after.id} ended {after.state.value} before the kill reached it")
         else:
             click.echo(f"job {after.id}: kill requested; it is still {after.state.value.lower()}")
+
+
+@cli.command()
+@click.option("--clear", "clear_ids", multiple=True, metavar="JOB",
+              help="Take a job out of the error queue (repeatable); it keeps its final state.")
+@click.option("--limit", "-n", type=int, default=100, show_default=True)
+@click.pass_context
+@handle_errors
+def errors(ctx: click.Context, clear_ids: tuple[str, ...], limit: int) -> None:
+    """The error queue: jobs that failed for good or timed out, waiting for a person."""
+    client = client_from(ctx)
+    client.ping()
+    for jid in clear_ids:
+        client.get(jid)
+    if clear_ids:
+        for jid in clear_ids:
+            job = client.clear_error(jid)
+            click.echo(f"job {job.id} cleared from the error queue (stays {job.state.value})")
+        return
+    render_errors(client.errors(limit=limit), make_console())
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("--gpu-memory", "-m", "gpu_memory", metavar="SIZE", help="A new memory declaration.")
+@click.pass_context
+@handle_errors
+def retry(ctx: click.Context, job_id: str, gpu_memory: str | None) -> None:
+    """Send a job from the error queue back to the queue (its place is kept)."""
+    client = client_from(ctx)
+    client.ping()
+    job = client.retry(job_id, gpu_memory=gpu_memory)
+    click.echo(f"job {job.id} is waiting again ({job.priority.value} priority, "
+               f"{job.gpu_memory / 2**30:.1f} GiB per card)")
 
 
 @cli.command()

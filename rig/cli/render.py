@@ -15,6 +15,7 @@ from rig.models import Job, JobState, Priority
 STATE_STYLE = {
     JobState.PENDING: "yellow", JobState.ASSIGNED: "cyan", JobState.RUNNING: "bold cyan",
     JobState.SUCCEEDED: "green", JobState.FAILED: "bold red", JobState.CANCELLED: "magenta",
+    JobState.TIMEOUT: "red",
 }
 
 
@@ -66,7 +67,7 @@ def render_status(report: StatusReport, console: Console) -> None:
         if not card.allowed:
             flags.append("not in whitelist")
         if not card.healthy:
-            flags.append("UNHEALTHY")
+            flags.append(f"UNHEALTHY: {card.health_reason}" if card.health_reason else "UNHEALTHY")
         if flags:
             running = f"[{', '.join(flags)}] {running}"
         cards.add_row(
@@ -122,7 +123,22 @@ def render_jobs(jobs: list[Job], console: Console) -> None:
         console.print(table)
 
 
-def render_job(job: Job, why: str | None, console: Console) -> None:
+def render_errors(jobs: list[Job], console: Console) -> None:
+    if not jobs:
+        console.print("the error queue is empty")
+        return
+    table = Table(title=f"error queue: {len(jobs)} job(s) waiting for a person", title_justify="left")
+    for col in ("id", "name", "user", "state", "class", "attempts", "ended", "reason"):
+        table.add_column(col, justify="right" if col in ("id", "attempts") else "left",
+                         overflow="fold")
+    for job in jobs:
+        table.add_row(str(job.id), job.name, job.user, f"[{STATE_STYLE[job.state]}]{job.state.value}[/]",
+                      job.failure or "-", str(job.attempt), ago(job.ended_at), job.reason or "-")
+    console.print(table)
+    console.print("`rig retry JOB [--gpu-memory SIZE]` sends one back; `rig errors --clear JOB` dismisses it")
+
+
+def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: bool = False) -> None:
     rows: list[tuple[str, str]] = [
         ("id", str(job.id)), ("name", job.name), ("user", job.user),
         ("state", f"[{STATE_STYLE[job.state]}]{job.state.value}[/]"),
@@ -142,8 +158,25 @@ def render_job(job: Job, why: str | None, console: Console) -> None:
         rows.append(("exit code", str(job.exit_code)))
     if job.reason:
         rows.append(("reason", job.reason))
+    if job.failure:
+        rows.append(("failure class", job.failure))
+    for line in job.evidence:
+        rows.append(("evidence", line))
+    if job.suggested_gpu_memory:
+        rows.append(("suggested memory", f"{format_memory(job.suggested_gpu_memory)} per card"))
+    if in_error_queue:
+        rows.append(("error queue", f"yes: `rig retry {job.id}` or `rig errors --clear {job.id}`"))
+    rows.append(("retries", f"up to {job.max_retries}"))
+    if job.time_limit:
+        rows.append(("time limit", duration(job.time_limit)))
     if job.attempt:
         rows.append(("attempts", str(job.attempt)))
+    for item in job.attempts:
+        where = f"{item.get('node')}/{','.join(map(str, item.get('cards') or []))}"
+        took = duration((item.get("ended_at") or 0) - (item.get("started_at") or 0)) if item.get("started_at") else "-"
+        rows.append((f"attempt {item.get('attempt')}",
+                     f"{item.get('outcome')}: {item.get('summary')} on {where}, {took}, "
+                     f"{format_memory(item.get('gpu_memory'))}"))
     if job.pid:
         rows.append(("pid", str(job.pid)))
     for i, path in enumerate(job.log_paths, 1):

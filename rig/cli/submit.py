@@ -30,6 +30,12 @@ def submit_options(fn):  # noqa: ANN001, ANN201
                      help="Working directory (default: command_workdir, else the current one)."),
         click.option("--env", "-e", "env", multiple=True, metavar="NAME=VALUE",
                      help="Extra environment variable for the job (repeatable)."),
+        click.option("--retries", type=int, metavar="N",
+                     help="Retries after a failed attempt before the error queue (default: max_retries)."),
+        click.option("--time-limit", "time_limit", metavar="DURATION",
+                     help="Stop the job after this much running time (90s, 30m, 2h): it ends TIMEOUT."),
+        click.option("--oom-retry-grow", is_flag=True,
+                     help="After a CUDA out-of-memory, retry with a larger declaration."),
         click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code."),
         click.argument("command", nargs=-1, type=click.UNPROCESSED),
     ]
@@ -39,7 +45,8 @@ def submit_options(fn):  # noqa: ANN001, ANN201
 
 
 @handle_errors
-def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir, env, wait, command) -> None:  # noqa: ANN001
+def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir, env, wait, command,  # noqa: ANN001
+              retries=None, time_limit=None, oom_retry_grow=False) -> None:
     if cmd and command:
         raise InvalidInput("give the command either after `--` or with --cmd, not both")
     if gpu_memory is None:
@@ -47,7 +54,8 @@ def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir
     client = client_from(ctx)
     handle = client.submit(
         cmd if cmd else list(command), gpu_memory=gpu_memory, gpus=gpus, priority=priority,
-        name=name, workdir=workdir, env=parse_env_items(env),
+        name=name, workdir=workdir, env=parse_env_items(env), retries=retries,
+        time_limit=time_limit, oom_retry_grow=oom_retry_grow,
     )
     job = handle._job
     click.echo(handle.id)
@@ -61,6 +69,8 @@ def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir
         click.echo(f"job {final.id} {final.state.value}: {final.reason or ''}".rstrip(": "), err=True)
         if final.state is JobState.SUCCEEDED:
             sys.exit(0)
+        if final.state is JobState.TIMEOUT:
+            sys.exit(124)  # as timeout(1) does
         sys.exit(final.exit_code if final.exit_code not in (None, 0) else 1)
 
 

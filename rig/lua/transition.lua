@@ -1,28 +1,33 @@
--- transition.lua: end (or requeue, or cancel) a job and release every reservation it holds.
+-- transition.lua: move a job between states and release every reservation it holds, atomically.
 --
 -- KEYS[1]               job hash
 -- KEYS[2]               pending zset
--- KEYS[3 .. 2+S]        state index zsets, one per state, in the order of ARGV[7]
--- KEYS[3+S + 2i]        card hash of the i-th card the job holds
--- KEYS[4+S + 2i]        its job reservations hash
+-- KEYS[3]               error queue zset (jobs waiting for a person)
+-- KEYS[4 .. 3+S]        state index zsets, one per state, in the order of ARGV[7]
+-- KEYS[4+S + 2i]        card hash of the i-th card the job holds
+-- KEYS[5+S + 2i]        its job reservations hash
 -- ARGV[1]  job id
--- ARGV[2]  target state (a terminal state, or PENDING to requeue)
+-- ARGV[2]  target state
 -- ARGV[3]  now (epoch seconds)
 -- ARGV[4]  token: '' = any holder; else the job's assignment number must equal it
--- ARGV[5]  JSON object of extra fields to set on the job (strings)
--- ARGV[6]  mode: 'end' = move from any live state; 'cancel' = as 'end', except a RUNNING job
---          is only flagged cancel_requested (its worker stops it and ends it)
--- ARGV[7]  JSON list of state names matching KEYS[3 .. 2+S]
+-- ARGV[5]  JSON object of extra fields to set on the job (values become strings)
+-- ARGV[6]  mode:
+--            'end'    from a live state (PENDING, ASSIGNED, RUNNING) to the target; a PENDING
+--                     target requeues the job (it keeps its place: the score is by job id)
+--            'cancel' as 'end', except that a RUNNING job is only flagged cancel_requested
+--                     (its worker stops the process tree and ends it)
+--            'retry'  from the error queue back to PENDING (a person decided)
+-- ARGV[7]  JSON list of state names matching KEYS[4 .. 3+S]
 -- ARGV[8]  pending score (used when the target is PENDING)
--- ARGV[9]  the state the caller read the job in; the card keys were built from that read. If
---          the job has moved since (say it was assigned meanwhile), nothing changes and the
---          caller reads again: {3, current state}.
+-- ARGV[9]  the state the caller read the job in (the card keys come from that read), or '';
+--          if the job has moved since, nothing changes: {3, current state}
+-- ARGV[10] '1' to put the job in the error queue (it ends and waits for a person)
 --
--- Returns {1, previous state} when moved, {2, 'RUNNING'} when a cancel was flagged,
--- {0, current state} when nothing changed (already terminal, or token mismatch).
+-- Returns {1, previous state} when moved, {2, 'RUNNING'} when a cancel was flagged, {0, state}
+-- when nothing changed (not allowed from this state, or token mismatch), {3, state} (see ARGV[9]).
 -- Releasing is idempotent: a card gives back only what its reservations hash still records.
 
-local job, pending = KEYS[1], KEYS[2]
+local job, pending, errors = KEYS[1], KEYS[2], KEYS[3]
 local job_id, target, now, token, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[6]
 local states = cjson.decode(ARGV[7])
 local nstates = #states
@@ -32,7 +37,12 @@ local state = f[1]
 if not state then
   return {0, 'missing'}
 end
-if state == 'SUCCEEDED' or state == 'FAILED' or state == 'CANCELLED' then
+local live = (state == 'PENDING' or state == 'ASSIGNED' or state == 'RUNNING')
+if mode == 'retry' then
+  if redis.call('ZSCORE', errors, job_id) == false then
+    return {0, state}
+  end
+elseif not live then
   return {0, state}
 end
 if token ~= '' and f[2] ~= token then
@@ -48,16 +58,16 @@ end
 
 for i = 1, nstates do
   if states[i] == state then
-    redis.call('ZREM', KEYS[2 + i], job_id)
+    redis.call('ZREM', KEYS[3 + i], job_id)
   end
 end
 for i = 1, nstates do
   if states[i] == target then
-    redis.call('ZADD', KEYS[2 + i], tonumber(job_id), job_id)
+    redis.call('ZADD', KEYS[3 + i], tonumber(job_id), job_id)
   end
 end
 
-local first_card = 3 + nstates
+local first_card = 4 + nstates
 local ncards = (#KEYS - first_card + 1) / 2
 for i = 0, ncards - 1 do
   local card, holds = KEYS[first_card + 2 * i], KEYS[first_card + 1 + 2 * i]
@@ -74,11 +84,16 @@ local extra = cjson.decode(ARGV[5])
 for k, v in pairs(extra) do
   redis.call('HSET', job, k, tostring(v))
 end
+redis.call('ZREM', errors, job_id)
 if target == 'PENDING' then
   redis.call('ZADD', pending, tonumber(ARGV[8]), job_id)
-  redis.call('HDEL', job, 'node', 'cards', 'pid', 'proc_start', 'worker', 'cancel_requested')
+  redis.call('HDEL', job, 'node', 'cards', 'pid', 'proc_start', 'worker', 'cancel_requested',
+             'ended_at', 'exit_code')
 else
   redis.call('ZREM', pending, job_id)
   redis.call('HSET', job, 'ended_at', now)
+  if ARGV[10] == '1' then
+    redis.call('ZADD', errors, tonumber(now), job_id)
+  end
 end
 return {1, state}

@@ -256,7 +256,7 @@ def _processes_with(needle: str) -> list[int]:
 
 
 def test_all_terminal_states_known():
-    assert TERMINAL_STATES == {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
+    assert TERMINAL_STATES == {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT}
 
 
 def test_log_follow_streams_until_the_job_ends(node, tmp_path):

@@ -1,0 +1,486 @@
+"""How a job attempt ended: a failure class, a one-line summary and the log lines behind it.
+
+Pure Python (standard library only): the facts rig knows about an attempt (exit code, cancelled,
+timed out, lost) plus the tail of its log go in, a :class:`Classification` comes out.
+
+Precedence: cancelled > timed out > lost > log evidence (CUDA OOM > NCCL > other CUDA errors) >
+exit-code facts (127/126, signals, any other non-zero code). Log evidence wins over the exit code
+because a GPU out-of-memory often ends as exit 1, SIGABRT or even SIGKILL.
+
+The patterns are the messages the frameworks really print (PyTorch, TensorFlow, JAX/XLA, CuPy,
+cuBLAS/cuDNN, the CUDA driver and runtime, NCCL and PyTorch's ProcessGroupNCCL). Each pattern is
+compiled once and run over the whole tail with ``finditer``; a 256 KiB tail takes a few ms.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = [
+    "Classification",
+    "FailureClass",
+    "classify",
+    "classify_failure",
+    "read_tail",
+    "suggest_memory",
+]
+
+GIB = 1024**3
+MAX_EVIDENCE = 5
+MAX_LINE = 300
+
+
+class FailureClass(str, Enum):
+    NONZERO_EXIT = "nonzero_exit"  # exited with a non-zero code, nothing more specific found
+    SIGNAL = "signal"  # killed by a signal (exit 128+n, or a negative returncode), not by rig
+    CUDA_OOM = "cuda_oom"  # GPU out of memory
+    CUDA_ERROR = "cuda_error"  # any other CUDA error
+    NCCL_ERROR = "nccl_error"  # NCCL / distributed communication failure
+    TIMEOUT = "timeout"  # time limit exceeded (rig stopped it)
+    CANCELLED = "cancelled"  # a person cancelled it
+    LOST = "lost"  # its worker or node died
+    COMMAND_NOT_FOUND = "command_not_found"  # exit 127 / 126 from the shell wrapper
+
+
+@dataclass(frozen=True)
+class Classification:
+    failure: FailureClass
+    summary: str  # one line a person reads
+    evidence: tuple[str, ...]  # the deciding log lines, in log order (<= 5, stripped, <= 300 chars)
+    framework: str | None = None  # "pytorch" / "tensorflow" / "jax" / "cupy" / None (OOMs only)
+
+
+# --- patterns --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Rule:
+    failure: FailureClass
+    regex: re.Pattern[str]
+    framework: str | None = None  # the framework this message belongs to, when it is certain
+    veto: re.Pattern[str] | None = None  # a line that also matches this is not evidence
+    token: bool = False  # OOM summaries name the matched text (e.g. CUBLAS_STATUS_ALLOC_FAILED)
+    summary: str | None = None  # fixed summary for this rule
+
+
+def _rule(failure: FailureClass, pattern: str, framework: str | None = None, *,
+          veto: str | None = None, token: bool = False, summary: str | None = None,
+          flags: int = 0) -> _Rule:
+    return _Rule(failure, re.compile(pattern, flags), framework,
+                 re.compile(veto) if veto else None, token, summary)
+
+
+_OOM = FailureClass.CUDA_OOM
+_NCCL = FailureClass.NCCL_ERROR
+_CUDA = FailureClass.CUDA_ERROR
+
+# TensorFlow says "OOM when allocating ... on .../device:CPU:0 by allocator cpu" for host memory.
+_TF_CPU = r"/device:CPU:\d+ by allocator|by allocator (?:cpu|mklcpu)\b"
+
+# Within a class, earlier rules are preferred for the summary (the last line matching the
+# earliest rule that matched anywhere); evidence is every matching line.
+_RULES: tuple[_Rule, ...] = (
+    # --- GPU out of memory ---
+    # PyTorch: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. ..."
+    _rule(_OOM, r"CUDA out of memory", "pytorch"),
+    _rule(_OOM, r"torch\.(?:cuda\.)?OutOfMemoryError\b", "pytorch"),
+    # PyTorch < 1.0: "RuntimeError: cuda runtime error (2) : out of memory at .../THCCachingAllocator.cpp"
+    _rule(_OOM, r"cuda runtime error \(2\) : out of memory", "pytorch"),
+    # TensorFlow: "ResourceExhaustedError: OOM when allocating tensor with shape[...] ... by allocator GPU_0_bfc"
+    _rule(_OOM, r"OOM when allocating tensor", "tensorflow", veto=_TF_CPU),
+    _rule(_OOM, r"ResourceExhaustedError\b.*\bOOM\b", "tensorflow", veto=_TF_CPU),
+    # JAX / XLA: "XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate N bytes."
+    _rule(_OOM, r"RESOURCE_EXHAUSTED: (?:Out of memory|Failed to allocate)", "jax"),
+    _rule(_OOM, r"Out of memory while trying to allocate \d+ bytes", "jax"),
+    # CuPy: "cupy.cuda.memory.OutOfMemoryError: Out of memory allocating 1,073,741,824 bytes ..."
+    _rule(_OOM, r"cupy\.cuda\.memory\.OutOfMemoryError\b", "cupy"),
+    _rule(_OOM, r"Out of memory allocating [\d,]+ bytes", "cupy"),
+    # The BFC allocator of TensorFlow and XLA. "The caller indicates that this is not a failure"
+    # marks a warning after which the program carries on.
+    _rule(_OOM, r"Allocator \(GPU_\d+_bfc\) ran out of memory trying to allocate",
+          veto=r"not a failure"),
+    # Libraries, driver and runtime, whoever called them.
+    _rule(_OOM, r"CUDA(?: driver| runtime)? error: out of memory"),
+    _rule(_OOM, r"(?:CUBLAS|CUDNN|CUSOLVER|CUSPARSE)_STATUS_ALLOC_FAILED\b", token=True),
+    _rule(_OOM, r"CUFFT_ALLOC_FAILED\b", token=True),
+    _rule(_OOM, r"CUDA_ERROR_OUT_OF_MEMORY\b", token=True),
+    _rule(_OOM, r"cudaErrorMemoryAllocation\b", token=True),
+    # NCCL: "NCCL WARN Cuda failure 'out of memory'" / "Last error: Cuda failure 2 'out of memory'"
+    _rule(_OOM, r"Cuda failure (?:\d+ )?'out of memory'"),
+
+    # --- NCCL and distributed communication ---
+    # "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE,
+    #  ...) ran for 600000 milliseconds before timing out."
+    _rule(_NCCL, r"Watchdog caught collective operation timeout"),
+    # "NCCL error in: .../ProcessGroupNCCL.cpp:1970, unhandled cuda error (run with ...), NCCL
+    #  version 2.19.3"; older "NCCL Error 2: unhandled system error"
+    _rule(_NCCL, r"NCCL [Ee]rror\b"),
+    _rule(_NCCL, r"nccl(?:UnhandledCudaError|SystemError|InternalError|InvalidArgument"
+                 r"|InvalidUsage|RemoteError)\b"),
+    _rule(_NCCL, r"ProcessGroupNCCL's watchdog got stuck", summary="NCCL watchdog got stuck"),
+    _rule(_NCCL, r"Heartbeat monitor timed out", summary="NCCL heartbeat monitor timed out"),
+    _rule(_NCCL, r"Some NCCL operations have failed or timed out",
+          summary="NCCL operations failed or timed out"),
+    _rule(_NCCL, r"Timeout at NCCL work", summary="NCCL collective operation timed out"),
+    _rule(_NCCL, r"NCCL communicator was aborted", summary="NCCL communicator was aborted"),
+
+    # --- other CUDA errors ---
+    # PyTorch: "RuntimeError: CUDA error: an illegal memory access was encountered"
+    _rule(_CUDA, r"CUDA error: (?!out of memory)(?P<msg>\S[^\n]*)"),
+    # Driver API names: "CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure"
+    _rule(_CUDA, r"(?P<msg>CUDA_ERROR_(?!OUT_OF_MEMORY\b)[A-Z_]+\b(?::\s*\S[^\n]*)?)"),
+    # Runtime API names: "cudaErrorIllegalAddress: an illegal memory access was encountered"
+    _rule(_CUDA, r"(?P<msg>cudaError(?!MemoryAllocation\b)[A-Z]\w*(?::\s*\S[^\n]*)?)"),
+    _rule(_CUDA, r"(?P<msg>an illegal memory access was encountered)"),
+    _rule(_CUDA, r"(?P<msg>device-side assert triggered)"),
+    # The kernel's own assertion: ".../IndexKernel.cu:92: ...: Assertion `...` failed."
+    _rule(_CUDA, r"\.cu:\d+: .*Assertion .* failed", summary="CUDA error: device-side assertion failed"),
+    _rule(_CUDA, r"(?P<msg>No CUDA GPUs are available)"),
+    _rule(_CUDA, r"(?P<msg>no CUDA-capable device is detected)"),
+    _rule(_CUDA, r"(?P<msg>CUDA driver version is insufficient for CUDA runtime version)"),
+    _rule(_CUDA, r"(?P<msg>Found no NVIDIA driver on your system)"),
+    _rule(_CUDA, r"(?P<msg>The NVIDIA driver on your system is too old)"),
+    _rule(_CUDA, r"(?P<msg>uncorrectable ECC error encountered)"),
+    _rule(_CUDA, r"(?P<msg>(?:CUBLAS|CUDNN|CUSOLVER|CUSPARSE)_STATUS_"
+                 r"(?!SUCCESS\b|ALLOC_FAILED\b)[A-Z_]+\b)"),
+)
+
+# Source lines shown in tracebacks ("except torch.cuda.OutOfMemoryError:") are not evidence.
+_CODE_LINE = re.compile(
+    r"^\s*(?:except|elif|if|assert|while)\b|^\s*#|\bisinstance\(|\bexcept\s+\(?[\w.]+(?:Error|Exception)"
+)
+
+# Which framework printed an OOM, when the message itself does not say: the last marker wins.
+# Every search here starts with a literal, which keeps a scan of 256 KiB at a fraction of a ms;
+# word boundaries in front are checked on the hits instead (a leading \b disables that).
+_FRAMEWORK_MARKERS: tuple[tuple[str, tuple[re.Pattern[str], ...]], ...] = (
+    ("jax", tuple(map(re.compile, (r"jax(?:lib)?[./]", r"xla_extension", r"XlaRuntimeError",
+                                   r"JaxRuntimeError", r"external/xla/")))),
+    ("tensorflow", (re.compile(r"tensorflow\b"),)),
+    ("cupy", (re.compile(r"cupy(?:_backends)?[./]"),)),
+    ("pytorch", (re.compile(r"torch[./]"),)),
+)
+_FRAMEWORK_LABELS = {"pytorch": "PyTorch", "tensorflow": "TensorFlow", "jax": "JAX", "cupy": "CuPy"}
+
+# How much an OOM asked for, in the words of each framework.
+_ALLOC_SIZE = re.compile(
+    r"(?:Tried|trying) to allocate (?P<size>\d+(?:\.\d+)? ?[KMGTP]i?B)\b"  # PyTorch, BFC allocator
+    r"|(?:trying to allocate|allocating) (?P<bytes>\d[\d,]*) bytes"  # XLA, CuPy
+    r"|Failed to allocate request for (?P<xla>\d+(?:\.\d+)? ?[KMGTP]i?B)"  # XLA
+    r"|OOM when allocating (?P<tensor>tensor with shape\s*\[[^\]]*\](?: and type \w+)?)",  # TF
+    re.IGNORECASE,
+)
+
+# The kernel's OOM killer (and the shell reporting the SIGKILL it sent): (finder, line check).
+_KERNEL_OOM: tuple[tuple[re.Pattern[str], re.Pattern[str] | None], ...] = (
+    (re.compile(r"Out of memory: Kill(?:ed)? process \d+"), None),
+    (re.compile(r"invoked oom-killer"), None),
+    (re.compile(r"oom-kill\b"), None),
+    (re.compile(r"oom_reaper"), None),
+    (re.compile(r"Memory cgroup out of memory"), None),
+    (re.compile(r"OOMKilled\b"), None),
+    # bash: "Killed" alone, or "/path/script.sh: line 5: 12345 Killed    python train.py"
+    (re.compile(r"Killed\b"), re.compile(r"^\s*Killed\s*$|: line \d+:\s+\d+ Killed\b")),
+)
+
+# Host (CPU) memory exhausted inside the program: (finder, line check).
+_HOST_OOM: tuple[tuple[re.Pattern[str], re.Pattern[str] | None], ...] = (
+    # Python: "MemoryError" / "MemoryError: ..." as the last line of a traceback
+    (re.compile(r"MemoryError\b"),
+     re.compile(r"^\s*(?:\[rank\d+\]:\s*)?(?:builtins\.)?MemoryError\b(?!\.)")),
+    # NumPy: "numpy.core._exceptions._ArrayMemoryError: Unable to allocate 7.45 GiB for an array"
+    (re.compile(r"_ArrayMemoryError\b"), None),
+    # PyTorch on the CPU: "DefaultCPUAllocator: not enough memory: you tried to allocate ..."
+    (re.compile(r"DefaultCPUAllocator: (?:not enough memory|can't allocate memory)"), None),
+    (re.compile(r"std::bad_alloc"), None),
+    (re.compile(r"OOM when allocating tensor"), re.compile(_TF_CPU)),
+)
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+_NCCL_ERROR_IN = re.compile(
+    r"NCCL [Ee]rror(?: in: [^,\n]*,| \d+:)?\s*(?P<msg>[^(,\n]*)(?:.*?NCCL version (?P<v>[\w.+-]+))?"
+)
+_NCCL_CODE = re.compile(r"\b(?P<msg>nccl[A-Z]\w*Error\b[^\n]*|nccl(?:InvalidArgument|InvalidUsage)"
+                        r"\b[^\n]*)")
+_WATCHDOG = re.compile(r"OpType=(?P<op>\w+)|ran for (?P<ms>\d+) milliseconds")
+
+
+# --- API -------------------------------------------------------------------------------------
+
+def classify(*, exit_code: int | None, cancelled: bool = False, timed_out: bool = False,
+             lost: bool = False, log_tail: str = "") -> Classification | None:
+    """How an attempt ended; ``None`` when it succeeded (exit code 0 and no flag set).
+
+    Precedence: cancelled > timed_out > lost > log evidence (CUDA_OOM > NCCL_ERROR > CUDA_ERROR)
+    > exit code facts (127/126 -> COMMAND_NOT_FOUND; 128+n for a valid signal n, or a negative
+    code -> SIGNAL; anything else -> NONZERO_EXIT). A SIGKILL with the kernel OOM killer's words
+    in the log is host memory, not the GPU's: SIGNAL, "killed by signal SIGKILL (host out of
+    memory?)". An attempt with no exit code and nothing else known is NONZERO_EXIT.
+    """
+    if cancelled:
+        return Classification(FailureClass.CANCELLED, "cancelled", ())
+    if timed_out:
+        return Classification(FailureClass.TIMEOUT, "time limit exceeded", ())
+    if lost:
+        return Classification(FailureClass.LOST, "worker or node lost", ())
+    if exit_code == 0:
+        return None
+    text = _clean(log_tail)
+    found = _classify_text(text)
+    if found is not None:
+        return found
+    return _from_exit_code(exit_code, text)
+
+
+def classify_failure(log_text: str) -> Classification | None:
+    """Log-only classification: CUDA_OOM, NCCL_ERROR or CUDA_ERROR from the text, else None."""
+    return _classify_text(_clean(log_text))
+
+
+def read_tail(path: str | os.PathLike[str], max_bytes: int = 256 * 1024) -> str:
+    """The last ``max_bytes`` of a file as UTF-8 (errors replaced); '' if it does not exist.
+
+    A character cut in half at the start of the window is dropped rather than replaced.
+    """
+    if max_bytes <= 0:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            start = max(0, size - max_bytes)
+            f.seek(start)
+            data = f.read(max_bytes)
+    except (FileNotFoundError, NotADirectoryError):
+        return ""
+    if start:
+        skip = 0
+        while skip < min(3, len(data)) and 0x80 <= data[skip] <= 0xBF:  # UTF-8 continuation bytes
+            skip += 1
+        data = data[skip:]
+    return data.decode("utf-8", errors="replace")
+
+
+def suggest_memory(declared: int, peak: int | None, largest_usable: int,
+                   margin: float = 1.25) -> int:
+    """Bytes to declare on a retry after an OOM.
+
+    ``max(peak * margin, declared * 1.5)`` rounded up to a whole GiB (at least 1 GiB), capped at
+    ``largest_usable``.
+    """
+    if declared < 0 or (peak is not None and peak < 0):
+        raise ValueError("memory sizes must not be negative")
+    want = declared * 1.5
+    if peak is not None:
+        want = max(want, peak * margin)
+    # The small tolerance keeps float noise (10 GiB * 1.1 = 11.000000000000002 GiB) from
+    # adding a whole GiB.
+    gib = max(1, math.ceil(want / GIB - 1e-9))
+    return min(gib * GIB, largest_usable)
+
+
+# --- internals -------------------------------------------------------------------------------
+
+def _clean(text: str) -> str:
+    if not text:
+        return ""
+    if "\r" in text:  # progress bars redraw with a bare CR: treat it as a line end
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    return text
+
+
+@dataclass
+class _Hit:
+    start: int  # offset of the line in the text (the key that orders hits)
+    line: str
+    rule: _Rule
+    match: re.Match[str]
+
+
+def _scan(text: str) -> dict[FailureClass, dict[int, _Hit]]:
+    """Every line that some rule matches, by class, keyed by line offset (first rule wins)."""
+    hits: dict[FailureClass, dict[int, _Hit]] = {}
+    vetoed: set[int] = set()
+    for rule in _RULES:
+        by_line = hits.setdefault(rule.failure, {})
+        for m in rule.regex.finditer(text):
+            start = text.rfind("\n", 0, m.start()) + 1
+            if start in by_line or start in vetoed:
+                continue
+            end = text.find("\n", m.end())
+            line = text[start:] if end < 0 else text[start:end]
+            if _CODE_LINE.search(line):
+                vetoed.add(start)
+                continue
+            if rule.veto is not None and rule.veto.search(line):
+                continue
+            by_line[start] = _Hit(start, line, rule, m)
+    return hits
+
+
+def _classify_text(text: str) -> Classification | None:
+    if not text:
+        return None
+    hits = _scan(text)
+    for failure in (_OOM, _NCCL, _CUDA):
+        found = hits.get(failure)
+        if found:
+            ordered = [found[k] for k in sorted(found)]
+            evidence = _evidence(h.line for h in ordered)
+            if failure is _OOM:
+                framework = _oom_framework(text, ordered)
+                return Classification(failure, _oom_summary(ordered, framework), evidence, framework)
+            return Classification(failure, _summary(ordered), evidence)
+    return None
+
+
+def _evidence(lines) -> tuple[str, ...]:
+    """The last MAX_EVIDENCE distinct lines, in log order (repeats from other ranks collapse)."""
+    seen: dict[str, None] = {}
+    for line in lines:
+        cut = line.strip()[:MAX_LINE]
+        seen.pop(cut, None)
+        seen[cut] = None
+    return tuple(list(seen)[-MAX_EVIDENCE:])
+
+
+def _oom_framework(text: str, hits: list[_Hit]) -> str | None:
+    for hit in reversed(hits):
+        if hit.rule.framework:
+            return hit.rule.framework
+    best, where = None, -1
+    for name, markers in _FRAMEWORK_MARKERS:
+        for marker in markers:
+            for m in marker.finditer(text):
+                start = m.start()
+                if start > where and not (start and (text[start - 1].isalnum()
+                                                     or text[start - 1] == "_")):
+                    best, where = name, start
+    return best
+
+
+def _oom_summary(hits: list[_Hit], framework: str | None) -> str:
+    summary = "CUDA out of memory"
+    if framework:
+        summary += f" ({_FRAMEWORK_LABELS.get(framework, framework)})"
+    for hit in reversed(hits):
+        size = _ALLOC_SIZE.search(hit.line)
+        if size:
+            return _one_line(f"{summary}: tried to allocate {_size_text(size)}")
+    for hit in reversed(hits):
+        if hit.rule.token:
+            return f"{summary}: {hit.match.group(0)}"
+    return summary
+
+
+def _size_text(m: re.Match[str]) -> str:
+    if m["size"]:
+        return m["size"]
+    if m["xla"]:
+        return m["xla"]
+    if m["tensor"]:
+        return m["tensor"]
+    return _human_bytes(int(m["bytes"].replace(",", "")))
+
+
+def _human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _summary(hits: list[_Hit]) -> str:
+    """The summary for NCCL and CUDA errors: the last line of the most specific rule seen."""
+    order = {id(rule): i for i, rule in enumerate(_RULES)}
+    best = min(hits, key=lambda h: (order[id(h.rule)], -h.start))
+    rule, line = best.rule, best.line
+    if rule.summary:
+        return rule.summary
+    if rule.failure is _NCCL:
+        return _one_line(_nccl_summary(line))
+    msg = best.match.groupdict().get("msg") or best.match.group(0)
+    return _one_line(f"CUDA error: {msg.strip()}")
+
+
+def _nccl_summary(line: str) -> str:
+    if "Watchdog caught collective operation timeout" in line:
+        op = ms = None
+        for m in _WATCHDOG.finditer(line):
+            op = op or m["op"]
+            ms = ms or m["ms"]
+        detail = ", ".join(x for x in (op, f"after {ms} ms" if ms else None) if x)
+        return "NCCL collective operation timed out" + (f" ({detail})" if detail else "")
+    code = _NCCL_CODE.search(line)
+    if code:
+        return f"NCCL error: {code['msg'].strip()}"
+    m = _NCCL_ERROR_IN.search(line)
+    if m and m["msg"].strip():
+        version = f" (NCCL {m['v']})" if m["v"] else ""
+        return f"NCCL error: {m['msg'].strip()}{version}"
+    return "NCCL error"
+
+
+def _one_line(text: str, limit: int = MAX_LINE) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
+
+
+def _signal_name(number: int) -> str | None:
+    if not 1 <= number < signal.NSIG:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _from_exit_code(exit_code: int | None, text: str) -> Classification:
+    if exit_code is None:
+        return Classification(FailureClass.NONZERO_EXIT, "ended without an exit code", ())
+    if exit_code == 127:
+        return Classification(FailureClass.COMMAND_NOT_FOUND, "command not found (exit 127)", ())
+    if exit_code == 126:
+        return Classification(FailureClass.COMMAND_NOT_FOUND,
+                              "command not executable (exit 126)", ())
+    name = None
+    if exit_code > 128:
+        name = _signal_name(exit_code - 128)
+    elif exit_code < 0:
+        name = _signal_name(-exit_code)
+    if name is not None:
+        if name == "SIGKILL":
+            lines = _matching_lines(_KERNEL_OOM, text)
+            if lines:
+                return Classification(FailureClass.SIGNAL,
+                                      f"killed by signal SIGKILL (host out of memory?) "
+                                      f"(exit {exit_code})", _evidence(lines))
+        return Classification(FailureClass.SIGNAL, f"killed by signal {name} (exit {exit_code})", ())
+    lines = _matching_lines(_HOST_OOM, text)
+    if lines:
+        return Classification(FailureClass.NONZERO_EXIT,
+                              f"exit code {exit_code} (host out of memory?)", _evidence(lines))
+    return Classification(FailureClass.NONZERO_EXIT, f"exit code {exit_code}", ())
+
+
+def _matching_lines(rules, text: str) -> list[str]:
+    """Lines where a finder matches (and the line check, if any, passes), in log order."""
+    lines: dict[int, str] = {}
+    for finder, check in rules:
+        for m in finder.finditer(text):
+            start = text.rfind("\n", 0, m.start()) + 1
+            if start in lines:
+                continue
+            end = text.find("\n", m.end())
+            line = text[start:] if end < 0 else text[start:end]
+            if check is None or check.search(line):
+                lines[start] = line
+    return [lines[k] for k in sorted(lines)]

@@ -1,0 +1,340 @@
+"""Job log housekeeping: a size cap for a running job's log, and age-based retention.
+
+Job logs live in ``<log_dir>/<job_id>/attempt-<n>.log`` (plus ``attempt-<n>.exit``); the
+job's process writes to the log through a file opened with O_APPEND. rig's own system logs
+live elsewhere and are not touched here.
+
+Units: sizes and counts of cut output are bytes; ``now`` and file times are seconds since the
+epoch (as ``time.time()`` and ``os.stat().st_mtime``); retention ages in
+:class:`RetentionPolicy` are days (a day is 86400 seconds).
+
+Pure standard library (Linux/Unix: uses ``fcntl.flock``), no Redis.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SECONDS_PER_DAY = 86400
+
+#: How far (bytes) a cut point may move to land on a line start.
+LINE_SEARCH = 4096
+
+_READ_CHUNK = 1 << 20
+_HUGE_COUNT = 10**18  # more bytes than any log will ever have had cut: sizes the worst marker
+
+# One marker line, without the newline that separates it from a head ending mid-line.
+_MARKER_LINE = "[rig: {n} bytes of output were cut here to keep this log under {cap}]\n"
+_MARKER_RE = re.compile(
+    rb"\[rig: (\d+) bytes of output were cut here to keep this log under [^\]\n]{1,32}\]\n"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Size cap
+# --------------------------------------------------------------------------------------------
+
+
+def human_size(size: int) -> str:
+    """``67108864`` -> ``64.0 MiB``; below 1 KiB: ``512 B`` (binary units)."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def marker_text(removed: int, cap_bytes: int, *, newline_before: bool) -> bytes:
+    """The marker put where output was cut; ``newline_before`` when the head ends mid-line."""
+    line = _MARKER_LINE.format(n=removed, cap=human_size(cap_bytes))
+    return (("\n" if newline_before else "") + line).encode()
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """Where the kept head ends and what an earlier marker there already accounted for."""
+
+    head_len: int  # bytes kept from the start of the file
+    old_marker_len: int = 0  # length of an earlier marker that starts at head_len (it is replaced)
+    old_removed: int = 0  # bytes that earlier marker said were cut
+
+
+def enforce_size_cap(path: Path, cap_bytes: int, *, keep_head: int | None = None) -> int:
+    """Shrink the log at ``path`` in place to at most about ``cap_bytes`` bytes.
+
+    Keeps the first ``keep_head`` bytes (default ``cap_bytes // 4``) and the last bytes, with
+    one marker line between them::
+
+        [rig: 123456 bytes of output were cut here to keep this log under 64.0 MiB]
+
+    The marker starts on its own line: it is preceded by a newline only when the kept head does
+    not already end with one. Returns the number of bytes of output removed by this call (0
+    when the file is within the cap or missing). Cutting again replaces a marker found at the
+    head's end with one whose count is the total, so the marker keeps counting everything cut.
+
+    Cut points are moved to line starts: the head ends after the last newline within
+    ``LINE_SEARCH`` (4 KiB) before ``keep_head``, and the tail starts after the first newline
+    within 4 KiB after its cut; without such a newline the cut is only moved off a UTF-8
+    continuation byte, so a multi-byte character is never split. Both moves only shrink what is
+    kept, so the result stays within ``cap_bytes``.
+
+    Safe while the job keeps appending through an O_APPEND descriptor: the tail is read up to
+    the end of the file, the file is truncated to the head, and marker plus tail are appended
+    with one ``os.write`` on an O_APPEND descriptor. The file never grows a hole (no NUL bytes)
+    and the job's later writes land after the tail. Two windows are racy, by design:
+
+    * bytes the job writes between the tail read and the truncate are lost;
+    * bytes it writes between the truncate and the append land just before the marker.
+
+    Both windows are microseconds; whole lines written with one ``write`` stay whole when the
+    head ends at a line end. Concurrent callers on the same file are serialised with
+    ``flock``. The tail (at most ``cap_bytes``) is held in memory during the call.
+    """
+    if cap_bytes <= 0:
+        raise ValueError(f"cap_bytes must be positive, got {cap_bytes}")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND)
+    except FileNotFoundError:
+        return 0
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return _cap_open_file(fd, cap_bytes, cap_bytes // 4 if keep_head is None else keep_head)
+    finally:
+        os.close(fd)  # also releases the lock
+
+
+def _cap_open_file(fd: int, cap: int, keep_head: int) -> int:
+    size = os.fstat(fd).st_size
+    if size <= cap:
+        return 0
+    # Leave room for a marker even when keep_head asks for (almost) the whole cap.
+    max_head = max(cap - len(marker_text(_HUGE_COUNT, cap, newline_before=True)), 0)
+    cut = _head_cut(fd, min(max(keep_head, 0), max_head))
+    newline_before = cut.head_len > 0 and not _ends_with_newline(fd, cut.head_len)
+    # Upper bound on the marker's length: the count can never exceed old count + file size.
+    worst_marker = len(marker_text(cut.old_removed + size, cap, newline_before=newline_before))
+    tail_budget = max(cap - cut.head_len - worst_marker, 0)
+    tail_start = _tail_cut(fd, max(size - tail_budget, cut.head_len + cut.old_marker_len), size)
+    tail = _read_to_eof(fd, tail_start)
+    removed = tail_start - cut.head_len - cut.old_marker_len
+    marker = marker_text(cut.old_removed + removed, cap, newline_before=newline_before)
+    os.ftruncate(fd, cut.head_len)
+    _append_all(fd, marker + tail)
+    return removed
+
+
+def _head_cut(fd: int, keep_head: int) -> _Cut:
+    """End the head at an earlier marker, else after a newline, else on a UTF-8 boundary."""
+    if keep_head == 0:
+        return _Cut(0)
+    low = max(keep_head - LINE_SEARCH, 0)
+    window = os.pread(fd, keep_head - low + 256, low)  # a little past keep_head, for a marker
+    marker = _last_marker_starting_before(window, keep_head - low)
+    if marker is not None:
+        return _Cut(low + marker.start(), len(marker.group()), int(marker.group(1)))
+    newline = window.rfind(b"\n", 0, keep_head - low)
+    if newline >= 0:
+        return _Cut(low + newline + 1)
+    return _Cut(_utf8_boundary_back(window, keep_head - low) + low)
+
+
+def _last_marker_starting_before(window: bytes, limit: int) -> re.Match[bytes] | None:
+    """The last marker line in ``window`` that starts at a line start before ``limit``."""
+    found = None
+    for match in _MARKER_RE.finditer(window):
+        if match.start() >= limit:
+            break
+        if match.start() == 0 or window[match.start() - 1 : match.start()] == b"\n":
+            found = match
+    return found
+
+
+def _tail_cut(fd: int, start: int, size: int) -> int:
+    """Move ``start`` forward to a line start (within 4 KiB) or at least off a UTF-8 middle."""
+    if start >= size or start == 0:
+        return start
+    window = os.pread(fd, LINE_SEARCH + 1, start - 1)  # the byte before start, then 4 KiB
+    newline = window.find(b"\n")
+    if newline >= 0:
+        return start + newline  # the byte after that newline
+    return start - 1 + _utf8_boundary_forward(window, 1)
+
+
+def _is_continuation(byte: int) -> bool:
+    return byte & 0xC0 == 0x80
+
+
+def _utf8_boundary_back(data: bytes, pos: int) -> int:
+    """The nearest position <= ``pos`` that does not split a UTF-8 character (3 bytes at most)."""
+    for _ in range(3):
+        if pos <= 0 or pos >= len(data) or not _is_continuation(data[pos]):
+            break
+        pos -= 1
+    return pos
+
+
+def _utf8_boundary_forward(data: bytes, pos: int) -> int:
+    """The nearest position >= ``pos`` that does not split a UTF-8 character (3 bytes at most)."""
+    for _ in range(3):
+        if pos >= len(data) or not _is_continuation(data[pos]):
+            break
+        pos += 1
+    return pos
+
+
+def _ends_with_newline(fd: int, length: int) -> bool:
+    return os.pread(fd, 1, length - 1) == b"\n"
+
+
+def _read_to_eof(fd: int, offset: int) -> bytes:
+    """Everything from ``offset`` to the current end of the file (the job may still append)."""
+    chunks = []
+    while chunk := os.pread(fd, _READ_CHUNK, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _append_all(fd: int, data: bytes) -> None:
+    """One ``os.write`` in practice; loops only if the kernel writes less (huge tails)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+# --------------------------------------------------------------------------------------------
+# Retention
+# --------------------------------------------------------------------------------------------
+
+RUNNING = "running"
+ERROR = "error"
+UNKNOWN = "unknown"
+
+
+@dataclass
+class RetentionPolicy:
+    """How long job log folders are kept after their last write, in days."""
+
+    job_days: float  # finished jobs (and jobs whose record is gone)
+    error_days: float  # jobs in the error queue
+
+    def max_age_s(self, status: str | None) -> float:
+        """Seconds a folder of a job with this ``protected()`` status may stay."""
+        return (self.error_days if status == ERROR else self.job_days) * SECONDS_PER_DAY
+
+
+@dataclass
+class SweepReport:
+    """What one sweep did; job ids in the order met (sorted), sizes in bytes."""
+
+    deleted: list[int] = field(default_factory=list)
+    kept_running: list[int] = field(default_factory=list)  # old enough, but running/waiting
+    kept_error: list[int] = field(default_factory=list)  # old enough, but error retention holds
+    bytes_freed: int = 0
+
+
+@dataclass(frozen=True)
+class _Folder:
+    path: Path
+    job_id: int
+    newest_mtime: float  # seconds since the epoch
+    size: int  # bytes
+
+
+def sweep_job_logs(
+    log_dir: Path,
+    policy: RetentionPolicy,
+    *,
+    now: float,
+    protected: Callable[[int], str | None],
+) -> SweepReport:
+    """Delete ``log_dir/<job_id>/`` folders whose newest file is older than the policy allows.
+
+    A folder's age is ``now`` minus the newest mtime of any file in it (an empty folder: its
+    own mtime). Only folders older than the shorter of the two retention ages are looked up
+    with ``protected(job_id)``, which returns:
+
+    * ``None`` or ``"unknown"`` (record missing): kept for ``policy.job_days``;
+    * ``"running"`` (running or waiting): never deleted, listed in ``kept_running``;
+    * ``"error"`` (in the error queue): kept for ``policy.error_days``, listed in
+      ``kept_error`` while that holds it past ``job_days``.
+
+    Any other answer is treated like ``"running"`` (never delete on doubt). Entries whose name
+    is not a decimal integer, files, and symlinks (even to folders) are skipped; nothing
+    outside ``log_dir`` is followed or removed. A folder that vanishes meanwhile is skipped;
+    other OS errors propagate.
+    """
+    report = SweepReport()
+    youngest_limit = min(policy.job_days, policy.error_days) * SECONDS_PER_DAY
+    for folder in _job_folders(log_dir):
+        age = now - folder.newest_mtime
+        if age <= youngest_limit:
+            continue
+        status = protected(folder.job_id)
+        if status not in (None, UNKNOWN, ERROR):
+            report.kept_running.append(folder.job_id)
+        elif age <= policy.max_age_s(status):
+            if status == ERROR:
+                report.kept_error.append(folder.job_id)
+        elif _remove(folder.path):
+            report.deleted.append(folder.job_id)
+            report.bytes_freed += folder.size
+    return report
+
+
+def _job_folders(log_dir: Path) -> Iterator[_Folder]:
+    """Real (not symlinked) sub-folders named by a job id, sorted by id, with age and size."""
+    try:
+        entries = sorted(
+            (int(entry.name), entry)
+            for entry in os.scandir(log_dir)
+            if entry.name.isascii() and entry.name.isdigit()
+        )
+    except FileNotFoundError:
+        return
+    for job_id, entry in entries:
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            newest, size = _newest_mtime_and_size(Path(entry.path))
+        except FileNotFoundError:
+            continue
+        yield _Folder(Path(entry.path), job_id, newest, size)
+
+
+def _newest_mtime_and_size(folder: Path) -> tuple[float, int]:
+    """Newest file mtime (seconds) and total file size (bytes) under ``folder``, no symlinks."""
+    newest: float | None = None
+    size = 0
+    for dirpath, _dirs, files in os.walk(folder, followlinks=False, onerror=_raise):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except FileNotFoundError:
+                continue
+            newest = st.st_mtime if newest is None else max(newest, st.st_mtime)
+            size += st.st_size
+    if newest is None:
+        newest = os.lstat(folder).st_mtime
+    return newest, size
+
+
+def _raise(error: OSError) -> None:
+    raise error
+
+
+def _remove(folder: Path) -> bool:
+    """``rmtree`` the folder; False when it (or part of it) vanished meanwhile."""
+    try:
+        shutil.rmtree(folder)
+    except FileNotFoundError:
+        return False
+    return True

@@ -1,0 +1,46 @@
+"""Deleting old task logs (beat, hourly), never those of live jobs or of recent errors."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import redis
+
+from rig.config import Settings
+from rig.keys import Keys
+from rig.logs import RetentionPolicy, SweepReport, sweep_job_logs
+from rig.models import JobState
+from rig.store import JobStore
+
+log = logging.getLogger(__name__)
+
+
+def sweep_logs(settings: Settings, client: redis.Redis) -> SweepReport | None:
+    """Apply log_retention_days / error_log_retention_days to this node's job logs."""
+    keys = Keys(settings.key_prefix)
+    if not client.set(keys.logs_lock, os.getpid(), nx=True, px=600_000):
+        return None
+    try:
+        store = JobStore(client, keys)
+
+        def protected(job_id: int) -> str | None:
+            raw = client.hget(keys.job(job_id), "state")
+            if raw is None:
+                return "unknown"
+            if JobState(raw) in (JobState.PENDING, JobState.ASSIGNED, JobState.RUNNING):
+                return "running"
+            if store.in_error_queue(job_id):
+                return "error"
+            return None
+
+        policy = RetentionPolicy(job_days=settings.log_retention_days,
+                                 error_days=settings.error_log_retention_days)
+        report = sweep_job_logs(settings.job_log_dir, policy, now=time.time(), protected=protected)
+        if report.deleted:
+            log.info("log sweep: deleted the logs of %d jobs (%d bytes)", len(report.deleted),
+                     report.bytes_freed)
+        return report
+    finally:
+        client.delete(keys.logs_lock)

@@ -1,0 +1,116 @@
+"""How an attempt's end becomes the job's next state: success, a retry, the error queue.
+
+Policy (MISSION M15, M16):
+- succeeded -> SUCCEEDED; cancelled by a person -> CANCELLED; time limit -> TIMEOUT (error queue).
+- CUDA out of memory: never retried with the same declaration. With ``--oom-retry-grow`` and
+  retries left it is requeued with a larger declaration (capped by the largest allowed card);
+  otherwise it goes to the error queue with a suggested declaration.
+- any other failure, lost jobs included: requeued while ``attempt <= max_retries``, then FAILED
+  in the error queue.
+Every attempt is appended to the job's ``attempts`` list with its class and evidence, and its log
+file is never reused, so a retry never overwrites the evidence.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from rig.failures import Classification, FailureClass, classify, read_tail, suggest_memory
+from rig.ledger import Ledger
+from rig.memory import format_memory
+from rig.models import Job, JobState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AttemptEnd:
+    """What is known about how one attempt ended."""
+
+    exit_code: int | None
+    cancelled: bool = False
+    timed_out: bool = False
+    lost: bool = False
+    note: str = ""  # extra words for the reason, e.g. "its worker died"
+    cancelled_by: str | None = None
+
+
+@dataclass
+class Decision:
+    state: JobState
+    error_queue: bool
+    fields: dict
+    classification: Classification | None
+
+
+def decide(job: Job, end: AttemptEnd, largest_usable: int, now: float | None = None) -> Decision:
+    """Pure: the next state of ``job`` after its current attempt ended as ``end``."""
+    now = now or time.time()
+    log_path = job.log_paths[-1] if job.log_paths else None
+    tail = read_tail(log_path) if log_path else ""
+    found = classify(exit_code=end.exit_code, cancelled=end.cancelled, timed_out=end.timed_out,
+                     lost=end.lost, log_tail=tail)
+    summary = found.summary if found else "exit code 0"
+    if end.note:
+        summary = f"{summary} ({end.note})"
+    if found and found.failure is FailureClass.CANCELLED:
+        summary = f"cancelled by {end.cancelled_by or 'a person'}"
+    record = {
+        "attempt": job.attempt, "node": job.node, "cards": job.cards, "gpu_memory": job.gpu_memory,
+        "started_at": job.started_at, "ended_at": now, "exit_code": end.exit_code,
+        "outcome": found.failure.value if found else "succeeded", "summary": summary,
+        "evidence": list(found.evidence) if found else [], "log": log_path,
+    }
+    fields: dict = {"attempts": [*job.attempts, record], "reason": summary}
+    if end.exit_code is not None:
+        fields["exit_code"] = end.exit_code
+    if found is None:
+        return Decision(JobState.SUCCEEDED, False, fields, None)
+    fields["failure"] = found.failure.value
+    fields["evidence"] = list(found.evidence)
+    if found.failure is FailureClass.CANCELLED:
+        return Decision(JobState.CANCELLED, False, fields, found)
+    if found.failure is FailureClass.TIMEOUT:
+        return Decision(JobState.TIMEOUT, True, fields, found)
+    retries_left = job.attempt <= job.max_retries
+    if found.failure is FailureClass.CUDA_OOM:
+        suggestion = suggest_memory(job.gpu_memory, None, largest_usable)
+        fields["suggested_gpu_memory"] = suggestion
+        if job.oom_retry_grow and retries_left and suggestion > job.gpu_memory:
+            fields["gpu_memory"] = suggestion
+            fields["reason"] = (f"{summary}; retrying with {format_memory(suggestion)} "
+                                f"(was {format_memory(job.gpu_memory)})")
+            return Decision(JobState.PENDING, False, fields, found)
+        fields["reason"] = (f"{summary}; not retried with the same declaration: "
+                            f"`rig retry {job.id} --gpu-memory {_as_flag(suggestion)}`")
+        return Decision(JobState.FAILED, True, fields, found)
+    if retries_left:
+        fields["reason"] = f"attempt {job.attempt} failed: {summary}; retry {job.attempt} of {job.max_retries}"
+        return Decision(JobState.PENDING, False, fields, found)
+    if job.max_retries:
+        fields["reason"] = f"{summary}; gave up after {job.attempt} attempts"
+    return Decision(JobState.FAILED, True, fields, found)
+
+
+def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd) -> tuple[int, JobState]:
+    """Apply ``decide`` through the ledger (fenced by ``token``); wakes the dispatcher."""
+    cards = [c for c in ledger.cards() if c.allowed]
+    largest = max((c.usable for c in cards if c.node == job.node), default=0) or max(
+        (c.usable for c in cards), default=job.gpu_memory)
+    decision = decide(job, end, largest)
+    code, detail = ledger.transition(job.id, decision.state, token=token, fields=decision.fields,
+                                     error_queue=decision.error_queue)
+    if code == 1:
+        log.info("job %s attempt %s: %s -> %s (%s)", job.id, job.attempt, detail,
+                 decision.state.value, decision.fields.get("reason"))
+    else:
+        log.warning("job %s: not moved to %s, it is %s", job.id, decision.state.value, detail)
+    ledger.r.lpush(ledger.keys.sched_wake, "1")
+    return code, decision.state
+
+
+def _as_flag(nbytes: int) -> str:
+    gib = nbytes / 2**30
+    return f"{gib:.0f}G" if gib == int(gib) else f"{nbytes // 2**20}M"
