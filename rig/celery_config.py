@@ -68,8 +68,10 @@ def make_celery(settings: Settings) -> Celery:
         beat_scheduler="redbeat.RedBeatScheduler",
         redbeat_redis_url=settings.redis_url,
         redbeat_key_prefix=keys.redbeat_prefix,
-        redbeat_lock_timeout=30,
-        beat_max_loop_interval=5,
+        # A killed beat's lock expires in 10 s and the other beat takes over (it checks every
+        # 2 s); the lock holder renews it on every loop.
+        redbeat_lock_timeout=10,
+        beat_max_loop_interval=2,
         beat_schedule={
             "rig-tick": {
                 "task": TASK_TICK,

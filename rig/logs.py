@@ -27,6 +27,7 @@ SECONDS_PER_DAY = 86400
 LINE_SEARCH = 4096
 
 _READ_CHUNK = 1 << 20
+_SETTLE_ROUNDS = 3  # re-reads of a growing tail before dropping its unfinished last line
 _HUGE_COUNT = 10**18  # more bytes than any log will ever have had cut: sizes the worst marker
 
 # One marker line, without the newline that separates it from a head ending mid-line.
@@ -88,12 +89,16 @@ def enforce_size_cap(path: Path, cap_bytes: int, *, keep_head: int | None = None
     Safe while the job keeps appending through an O_APPEND descriptor: the tail is read up to
     the end of the file, the file is truncated to the head, and marker plus tail are appended
     with one ``os.write`` on an O_APPEND descriptor. The file never grows a hole (no NUL bytes)
-    and the job's later writes land after the tail. Two windows are racy, by design:
+    and the job's later writes land after the tail. A little output can be lost, by design:
 
     * bytes the job writes between the tail read and the truncate are lost;
     * bytes it writes between the truncate and the append land just before the marker.
 
-    Both windows are microseconds; whole lines written with one ``write`` stay whole when the
+    * while the job keeps writing, a last line seen half-written is dropped (see
+      ``_read_settled_tail``), and a line that crosses a page boundary can, rarely, still be
+      seen half-written; its rest is then lost.
+
+    The windows are microseconds; lines written with one ``write`` otherwise stay whole when the
     head ends at a line end. Concurrent callers on the same file are serialised with
     ``flock``. The tail (at most ``cap_bytes``) is held in memory during the call.
     """
@@ -122,7 +127,7 @@ def _cap_open_file(fd: int, cap: int, keep_head: int) -> int:
     worst_marker = len(marker_text(cut.old_removed + size, cap, newline_before=newline_before))
     tail_budget = max(cap - cut.head_len - worst_marker, 0)
     tail_start = _tail_cut(fd, max(size - tail_budget, cut.head_len + cut.old_marker_len), size)
-    tail = _read_to_eof(fd, tail_start)
+    tail = _read_settled_tail(fd, tail_start)
     removed = tail_start - cut.head_len - cut.old_marker_len
     marker = marker_text(cut.old_removed + removed, cap, newline_before=newline_before)
     os.ftruncate(fd, cut.head_len)
@@ -200,6 +205,36 @@ def _read_to_eof(fd: int, offset: int) -> bytes:
         chunks.append(chunk)
         offset += len(chunk)
     return b"".join(chunks)
+
+
+def _read_settled_tail(fd: int, offset: int) -> bytes:
+    """The tail up to the end of the file, read again while the job is seen appending.
+
+    A reader can see a write that crosses a page boundary half done. If the file still grows
+    after a few re-reads, the last (possibly half-written) line is dropped: it would be lost
+    anyway, since the rest of that write lands before the truncate.
+    """
+    tail = _read_to_eof(fd, offset)
+    for _ in range(_SETTLE_ROUNDS):
+        if os.fstat(fd).st_size <= offset + len(tail):
+            return tail
+        tail += _read_to_eof(fd, offset + len(tail))
+    return tail[: _complete_end(tail)]
+
+
+def _complete_end(data: bytes) -> int:
+    """End of the last whole line within 4 KiB of the end, else of the last whole character."""
+    newline = data.rfind(b"\n", max(len(data) - LINE_SEARCH, 0))
+    if newline >= 0:
+        return newline + 1
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte < 0x80:  # ASCII: complete
+            return len(data)
+        if byte >= 0xC0:  # lead byte of a 2-, 3- or 4-byte character
+            needed = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return len(data) if back >= needed else len(data) - back
+    return len(data)
 
 
 def _append_all(fd: int, data: bytes) -> None:

@@ -31,12 +31,14 @@ from rig.config import load_settings
 from rig.gpus import detect_backend
 from rig.keys import Keys
 from rig.redis_conn import connect
+from workers import kombu_patches
 from workers.card_runner import CardRunner
 from workers.dispatcher import Dispatcher
 from workers.health import HealthChecker
 from workers.log_sweep import sweep_logs
 
 log = logging.getLogger("rig.worker")
+kombu_patches.install()
 
 settings = load_settings()
 app = make_celery(settings)

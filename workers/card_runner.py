@@ -36,6 +36,7 @@ from workers.process_tree import (
     ExitWatcher,
     find_by_environ,
     is_alive,
+    pids_with_environ,
     proc_start_time,
     session_members,
     stop_tree,
@@ -133,6 +134,19 @@ class CardRunner:
                               attempt=running.attempt)
             running.token = str(token)
             return self._supervise(running)
+        job_dir = self.settings.job_log_dir / str(job_id)
+        if (job_dir / f"attempt-{attempt}.log").exists():
+            # This attempt number already ran here: Redis lost its ending (a crash within the
+            # AOF fsync window). Conclude it from what it left instead of running it again.
+            exit_file = job_dir / f"attempt-{attempt}.exit"
+            log.warning("job %s: attempt %s already ran on this node; concluding it, not re-running",
+                        job_id, attempt)
+            log_file = str(exit_file.with_suffix(".log"))
+            if log_file not in job.log_paths:
+                self.store.update(job_id, log_paths=[*job.log_paths, log_file])
+            end = self._outcome(ActiveJob(job_id, str(token), attempt, 0, None, exit_file))
+            state = self._finish(job_id, str(token), end)
+            return state.value if state else "unknown"
         active = self._launch(job, token, attempt)
         if active is None:
             return "failed-to-start"
@@ -239,6 +253,14 @@ class CardRunner:
         if active.pid > 0 and session_members(active.pid):
             log.info("job %s: stopping processes it left running", active.job_id)
             stop_tree(active.pid, min(2.0, self.settings.kill_grace_seconds))
+        # Daemonised children (double fork + setsid) left the session but kept the environment.
+        for pid in pids_with_environ("RIG_EXIT_FILE", str(active.exit_file)):
+            try:
+                sid = os.getsid(pid)
+            except ProcessLookupError:
+                continue
+            log.info("job %s: stopping daemonised leftover pid %s (session %s)", active.job_id, pid, sid)
+            stop_tree(sid, min(2.0, self.settings.kill_grace_seconds))
         rc = _read_exit_file(active.exit_file)
         if rc is None and wrapper_rc is not None:
             rc = wrapper_rc if wrapper_rc >= 0 else 128 - wrapper_rc

@@ -74,6 +74,10 @@ class HealthChecker:
             return  # the node has just come up: its workers may not have heartbeated yet
         cards = [c for c in self.ledger.cards() if c.node == node]
         dead = {c.index for c in cards if c.allowed and not self.r.exists(self.keys.worker(f"card{c.index}@{node}"))}
+        for card in cards:
+            if card.index in dead and card.healthy:
+                # No new jobs for a card nobody serves; its worker marks it healthy on return.
+                self.ledger.set_healthy(node, card.index, False, "its worker is not running")
         if not dead:
             return
         ids = self.store.ids_in_state(JobState.RUNNING) + self.store.ids_in_state(JobState.ASSIGNED)

@@ -95,6 +95,26 @@ def find_by_environ(name: str, value: str) -> int | None:
     return min(found)[1] if found else None
 
 
+def pids_with_environ(name: str, value: str) -> list[int]:
+    """Every live process whose environment has ``name=value`` (e.g. a job's daemonised
+    children that left its session with setsid but still carry its RIG_EXIT_FILE)."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if needle not in fh.read().split(b"\0"):
+                    continue
+        except OSError:
+            continue
+        fields = _stat_fields(int(entry))
+        if fields and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
 def signal_tree(sid: int, sig: int) -> int:
     """Send ``sig`` to the process group ``sid`` and to every process still in session ``sid``.
     Returns how many processes were signalled."""

@@ -1,0 +1,1 @@
+"""Helpers to run a real, throwaway rig node (tests, benchmarks, fault-injection scenarios)."""

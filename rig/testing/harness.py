@@ -1,0 +1,136 @@
+"""A real rig node for tests and scenario scripts: real Redis (a private key prefix), real Celery
+worker processes on fake cards, real subprocess jobs. Started through the same Stack that
+``rig up`` uses, and removed (its keys included) by ``cleanup``."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from rig.client import Client
+from rig.config import Settings, load_settings
+from rig.keys import Keys
+from rig.models import JobState
+from rig.stack import Stack, UpOptions
+
+DEFAULT_REDIS_URL = os.environ.get("RIG_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def delete_prefix(client: redis.Redis, prefix: str) -> None:
+    """Remove every key under ``prefix`` (this node's keys only)."""
+    batch = []
+    for key in client.scan_iter(match=f"{prefix}*", count=1000):
+        batch.append(key)
+        if len(batch) >= 1000:
+            client.delete(*batch)
+            batch.clear()
+    if batch:
+        client.delete(*batch)
+
+
+class RigHarness:
+    def __init__(self, home: Path, *, fake_gpus: str = "8x80G", redis_url: str | None = None,
+                 **overrides: Any) -> None:
+        self.prefix = f"rigtest:{uuid.uuid4().hex[:10]}:"
+        values = dict(
+            home=home, redis_url=redis_url or DEFAULT_REDIS_URL, key_prefix=self.prefix,
+            fake_gpus=fake_gpus, node_name="testnode", kill_grace_seconds=2.0,
+            telemetry_interval=0.5, vram_reserve_fraction=0.05, max_task_per_gpu=4,
+        )
+        values.update(overrides)
+        self.settings: Settings = load_settings(**values)
+        self.keys = Keys(self.prefix)
+        self.redis = redis.Redis.from_url(self.settings.redis_url, decode_responses=True)
+        self.client = Client(self.settings)
+        self.stack: Stack | None = None
+        self._poller: threading.Thread | None = None
+        self._stop_polling = threading.Event()
+        self.restart_children = True
+
+    def up(self, *, beat: bool = False) -> RigHarness:
+        self.stack = Stack(self.settings, UpOptions(no_flower=True, no_beat=not beat), say=lambda m: None)
+        self.stack.up()
+        missing = self.stack.wait_ready(timeout=120)
+        if missing:
+            raise RuntimeError(f"workers never reported: {missing}")
+        self._stop_polling.clear()
+        self._poller = threading.Thread(target=self._poll, daemon=True)
+        self._poller.start()
+        return self
+
+    def _poll(self) -> None:
+        # What `rig up` does in its main loop: restart children that died.
+        while not self._stop_polling.wait(0.2):
+            if self.stack is not None and self.restart_children:
+                self.stack.poll_children()
+
+    def down(self) -> None:
+        self._stop_polling.set()
+        if self._poller is not None:
+            self._poller.join()
+        if self.stack is not None:
+            self.stack.down()
+            self.stack = None
+
+    def cleanup(self) -> None:
+        self.down()
+        try:
+            delete_prefix(self.redis, self.prefix)
+        except redis.RedisError:
+            pass
+
+    def child(self, name: str):  # noqa: ANN201 - rig.stack.Child
+        assert self.stack is not None
+        return next(c for c in self.stack.children if c.name == name)
+
+    def worker_pid(self, name: str) -> int:
+        value = self.redis.get(self.keys.worker(name))
+        if not value:
+            raise LookupError(f"no heartbeat from {name}")
+        return int(json.loads(value)["pid"])
+
+    def wait_for_state(self, job_id: int, states: set[JobState], timeout: float = 30.0) -> JobState:
+        """Block on the events channel until the job is in one of ``states``."""
+        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(self.keys.events_channel)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                state = self.client.get(job_id).state
+                if state in states:
+                    return state
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"job {job_id} stayed {state.value}, wanted {states}")
+                pubsub.get_message(timeout=min(remaining, 1.0))
+        finally:
+            pubsub.close()
+
+    def leaked_bytes(self) -> int:
+        """Memory still reserved on any card (0 when every job has ended)."""
+        return sum(c.reserved for c in self.client.ledger.cards())
+
+    def orphans(self) -> list[int]:
+        """Live processes started for this node's jobs (found by their environment)."""
+        needle = f"RIG_KEY_PREFIX={self.prefix}".encode()
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    env = fh.read().split(b"\0")
+                with open(f"/proc/{entry}/stat") as fh:
+                    state = fh.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if needle in env and any(e.startswith(b"RIG_JOB_ID=") for e in env) and state != "Z":
+                found.append(int(entry))
+        return found

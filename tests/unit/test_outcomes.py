@@ -1,0 +1,76 @@
+"""The retry / error-queue policy as a pure function (workers.outcomes.decide)."""
+
+from __future__ import annotations
+
+import time
+
+from rig.memory import GIB
+from rig.models import Job, JobState, Priority
+from workers.outcomes import AttemptEnd, decide
+
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+
+
+def job(tmp_path, *, attempt=1, max_retries=2, log="", grow=False, memory=10 * GIB) -> Job:
+    path = tmp_path / f"attempt-{attempt}.log"
+    path.write_text(log)
+    return Job(id=7, name="t", user="u", command=["x"], gpu_memory=memory, gpus=1,
+               priority=Priority.MEDIUM, state=JobState.RUNNING, workdir="/", created_at=time.time(),
+               attempt=attempt, max_retries=max_retries, log_paths=[str(path)], oom_retry_grow=grow,
+               node="n", cards=[0], started_at=time.time() - 5)
+
+
+def test_success(tmp_path):
+    d = decide(job(tmp_path), AttemptEnd(exit_code=0), 80 * GIB)
+    assert d.state is JobState.SUCCEEDED and not d.error_queue
+    assert d.fields["attempts"][-1]["outcome"] == "succeeded"
+
+
+def test_failure_retried_until_the_cap_then_error_queue(tmp_path):
+    for attempt, state, queued in ((1, JobState.PENDING, False), (2, JobState.PENDING, False),
+                                   (3, JobState.FAILED, True)):
+        d = decide(job(tmp_path, attempt=attempt), AttemptEnd(exit_code=3), 80 * GIB)
+        assert (d.state, d.error_queue) == (state, queued)
+        assert d.fields["failure"] == "nonzero_exit" and d.fields["exit_code"] == 3
+
+
+def test_no_retries_goes_straight_to_the_error_queue(tmp_path):
+    d = decide(job(tmp_path, max_retries=0), AttemptEnd(exit_code=1), 80 * GIB)
+    assert d.state is JobState.FAILED and d.error_queue
+
+
+def test_oom_is_not_retried_with_the_same_declaration(tmp_path):
+    d = decide(job(tmp_path, log=OOM), AttemptEnd(exit_code=1), 80 * GIB)
+    assert d.state is JobState.FAILED and d.error_queue
+    assert d.fields["failure"] == "cuda_oom"
+    assert d.fields["suggested_gpu_memory"] == 15 * GIB
+    assert "rig retry 7 --gpu-memory 15G" in d.fields["reason"]
+    assert OOM.strip() in d.fields["evidence"]
+
+
+def test_oom_grow_retries_with_more_memory_capped_by_the_largest_card(tmp_path):
+    d = decide(job(tmp_path, log=OOM, grow=True), AttemptEnd(exit_code=1), 80 * GIB)
+    assert d.state is JobState.PENDING and d.fields["gpu_memory"] == 15 * GIB
+    capped = decide(job(tmp_path, log=OOM, grow=True, memory=70 * GIB), AttemptEnd(exit_code=1), 76 * GIB)
+    assert capped.fields["gpu_memory"] == 76 * GIB
+    full = decide(job(tmp_path, log=OOM, grow=True, memory=76 * GIB), AttemptEnd(exit_code=1), 76 * GIB)
+    assert full.state is JobState.FAILED and full.error_queue  # cannot grow any more
+
+
+def test_timeout_cancel_and_lost(tmp_path):
+    assert decide(job(tmp_path), AttemptEnd(exit_code=143, timed_out=True), 80 * GIB).state is JobState.TIMEOUT
+    c = decide(job(tmp_path), AttemptEnd(exit_code=143, cancelled=True, cancelled_by="ana"), 80 * GIB)
+    assert c.state is JobState.CANCELLED and c.fields["reason"] == "cancelled by ana" and not c.error_queue
+    lost = decide(job(tmp_path), AttemptEnd(exit_code=None, lost=True, note="its worker died"), 80 * GIB)
+    assert lost.state is JobState.PENDING and lost.fields["failure"] == "lost"
+    assert "its worker died" in lost.fields["reason"]
+
+
+def test_attempt_history_accumulates(tmp_path):
+    first = job(tmp_path)
+    d = decide(first, AttemptEnd(exit_code=2), 80 * GIB)
+    first.attempts = d.fields["attempts"]
+    first.attempt = 2
+    d2 = decide(first, AttemptEnd(exit_code=0), 80 * GIB)
+    assert [a["outcome"] for a in d2.fields["attempts"]] == ["nonzero_exit", "succeeded"]
+    assert [a["attempt"] for a in d2.fields["attempts"]] == [1, 2]
