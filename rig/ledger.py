@@ -161,6 +161,7 @@ class Ledger:
         fields: dict[str, Any] | None = None,
         mode: str = "end",
         error_queue: bool = False,
+        expect: JobState | None = None,
     ) -> tuple[int, str]:
         """Move a job to ``target`` and release everything it holds, atomically.
 
@@ -168,7 +169,8 @@ class Ledger:
         only flagged), 'retry' from the error queue back to PENDING. With ``error_queue`` the
         job also joins the error queue. Returns (1, previous state) when moved; (2, 'RUNNING')
         when a cancel was flagged; (0, state) when nothing changed. Retries while the job moves
-        under us.
+        under us, unless ``expect`` is given: then a job not in that state is left alone and
+        (3, its state) comes back.
         """
         extra = {k: _field(v) for k, v in (fields or {}).items()}
         for _ in range(20):
@@ -189,11 +191,13 @@ class Ledger:
                     mode,
                     json.dumps(_STATE_ORDER),
                     pending_score(job.priority, job_id),
-                    job.state.value,
+                    (expect or job.state).value,
                     "1" if error_queue else "0",
                 ],
             )
             if int(code) == 3:
+                if expect is not None:
+                    return 3, str(detail)
                 continue  # the job moved between our read and the script: read again
             if int(code) == 1:
                 self.store.publish(job_id, target)

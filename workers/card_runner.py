@@ -95,6 +95,8 @@ class CardRunner:
         self.ledger = Ledger(self.r, self.keys)
         self.shutdown = threading.Event()
         self._active: dict[int, ActiveJob] = {}
+        #: Jobs this process is claiming or starting: adoption must leave them alone.
+        self._starting: set[int] = set()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
@@ -118,6 +120,15 @@ class CardRunner:
     # -- one job --------------------------------------------------------------------------
     def run_job(self, job_id: int, token: str) -> str:
         """Claim, start, supervise and end one job. Returns what happened, for the task log."""
+        with self._lock:
+            self._starting.add(job_id)
+        try:
+            return self._run_job(job_id, token)
+        finally:
+            with self._lock:
+                self._starting.discard(job_id)
+
+    def _run_job(self, job_id: int, token: str) -> str:
         ok, detail = self.ledger.claim(job_id, token, self.worker_name)
         if not ok:
             log.info("job %s: start message ignored, job is %s (duplicate or stale delivery)", job_id, detail)
@@ -278,20 +289,23 @@ class CardRunner:
         return AttemptEnd(exit_code=rc, cancelled=cancelled, timed_out=active.timed_out,
                           cancelled_by=by)
 
-    def _finish(self, job_id: int, token: str, end: AttemptEnd) -> JobState | None:
+    def _finish(self, job_id: int, token: str, end: AttemptEnd,
+                expect: JobState | None = None) -> JobState | None:
         """Record how the attempt ended and release its cards (retrying through a Redis
         outage: a restart of Redis must not lose a job's ending)."""
         result: list[JobState] = []
 
         def _do() -> None:
             job = self.store.get(job_id)
-            _code, state = conclude(self.ledger, job, token, end)
-            result.append(state)
+            code, state = conclude(self.ledger, job, token, end, expect=expect)
+            if code == 1:
+                result.append(state)
 
         self._retry_redis(_do, f"end job {job_id}")
-        pid_file = self.settings.job_log_dir / str(job_id)
-        for path in pid_file.glob("attempt-*.pid") if pid_file.is_dir() else ():
-            path.unlink(missing_ok=True)
+        job_dir = self.settings.job_log_dir / str(job_id)
+        if result and job_dir.is_dir():
+            for path in job_dir.glob("attempt-*.pid"):
+                path.unlink(missing_ok=True)
         return result[0] if result else None
 
     def _running_copy(self, job: Job) -> ActiveJob | None:
@@ -348,8 +362,14 @@ class CardRunner:
                     self.resend(job.id, str(job.assignments))
                 continue
             with self._lock:
-                if job.id in self._active:
+                if job.id in self._active or job.id in self._starting:
                     continue
+            # Our list may be stale (a start or an end may have happened since): act only on
+            # a job that is still RUNNING with the same assignment, and say so to the ledger.
+            fresh = self.store.get(job.id)
+            if fresh.state is not JobState.RUNNING or fresh.assignments != job.assignments:
+                continue
+            job = fresh
             exit_file = self.settings.job_log_dir / str(job.id) / f"attempt-{job.attempt}.exit"
             pid, start = job.pid, job.proc_start
             if not pid:
@@ -373,7 +393,7 @@ class CardRunner:
                     stop_tree(pid, min(2.0, self.settings.kill_grace_seconds))
                 end = self._outcome(active)
                 log.info("job %s: ended while no worker watched it (exit %s)", job.id, end.exit_code)
-                self._finish(job.id, active.token, end)
+                self._finish(job.id, active.token, end, expect=JobState.RUNNING)
             else:
                 # Claimed but never started: it has not run, so it goes back to its place.
                 log.info("job %s: its worker stopped before starting it; back to the queue", job.id)
@@ -381,7 +401,7 @@ class CardRunner:
 
     def _requeue_unstarted(self, job: Job) -> None:
         self.ledger.transition(
-            job.id, JobState.PENDING, token=str(job.assignments),
+            job.id, JobState.PENDING, token=str(job.assignments), expect=JobState.RUNNING,
             fields={"attempt": max(0, job.attempt - 1), "reason": "requeued: its worker stopped before starting it"},
         )
         self.r.lpush(self.keys.sched_wake, "1")

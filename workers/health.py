@@ -86,7 +86,7 @@ class HealthChecker:
                 continue
             if job.state is JobState.ASSIGNED:
                 code, _ = self.ledger.transition(
-                    job.id, JobState.PENDING, token=job.assignments, mode="end",
+                    job.id, JobState.PENDING, token=job.assignments, mode="end", expect=JobState.ASSIGNED,
                     fields={"reason": f"requeued: the worker of card {job.cards[0]} is gone"})
                 if code == 1:
                     report.requeued.append(job.id)
@@ -95,7 +95,8 @@ class HealthChecker:
                 log.warning("job %s: its worker is dead; stopping its process tree first", job.id)
                 stop_tree(job.pid, self.settings.kill_grace_seconds)
             code, _ = conclude(self.ledger, job, str(job.assignments), AttemptEnd(
-                exit_code=None, lost=True, note=f"the worker of card {job.cards[0]} died"))
+                exit_code=None, lost=True, note=f"the worker of card {job.cards[0]} died"),
+                expect=JobState.RUNNING)
             if code == 1:
                 report.lost.append(job.id)
 

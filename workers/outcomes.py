@@ -94,14 +94,16 @@ def decide(job: Job, end: AttemptEnd, largest_usable: int, now: float | None = N
     return Decision(JobState.FAILED, True, fields, found)
 
 
-def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd) -> tuple[int, JobState]:
-    """Apply ``decide`` through the ledger (fenced by ``token``); wakes the dispatcher."""
+def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
+             expect: JobState | None = None) -> tuple[int, JobState]:
+    """Apply ``decide`` through the ledger (fenced by ``token``, and by ``expect``: the state
+    the caller saw the job in, if its view may be stale); wakes the dispatcher."""
     cards = [c for c in ledger.cards() if c.allowed]
     largest = max((c.usable for c in cards if c.node == job.node), default=0) or max(
         (c.usable for c in cards), default=job.gpu_memory)
     decision = decide(job, end, largest)
     code, detail = ledger.transition(job.id, decision.state, token=token, fields=decision.fields,
-                                     error_queue=decision.error_queue)
+                                     error_queue=decision.error_queue, expect=expect)
     if code == 1:
         log.info("job %s attempt %s: %s -> %s (%s)", job.id, job.attempt, detail,
                  decision.state.value, decision.fields.get("reason"))

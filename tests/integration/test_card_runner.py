@@ -126,3 +126,25 @@ def test_adopt_finishes_a_job_that_ended_unwatched(env, tmp_path):
     done = ledger.store.get(job.id)
     assert done.state is JobState.SUCCEEDED and done.exit_code == 0
     assert ledger.card("n1", 0).reserved == 0
+
+
+def test_adopt_leaves_a_job_being_started_alone(env, tmp_path):
+    """Regression: the periodic audit once requeued a job this worker had just claimed but not
+    yet launched, and the job then ran twice."""
+    settings, ledger, runner, _ = env
+    job, token = placed(ledger, "true", tmp_path)
+    runner._starting.add(job.id)  # as run_job does before its claim
+    ledger.claim(job.id, token, "card0@n1")
+    runner.adopt()
+    assert ledger.store.get(job.id).state is JobState.RUNNING
+    assert ledger.store.get(job.id).attempt == 1
+
+
+def test_stale_view_cannot_requeue_a_job_that_moved(env, tmp_path):
+    settings, ledger, runner, _ = env
+    job, token = placed(ledger, "true", tmp_path)
+    ledger.claim(job.id, token, "card0@n1")
+    stale = ledger.store.get(job.id)
+    ledger.transition(job.id, JobState.PENDING, token=token)  # it moved on meanwhile
+    runner._requeue_unstarted(stale)
+    assert ledger.store.get(job.id).attempt == 1  # not decremented by the stale view
