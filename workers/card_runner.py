@@ -37,6 +37,7 @@ from workers.process_tree import (
     find_by_environ,
     is_alive,
     pids_with_environ,
+    session_is_ours,
     proc_start_time,
     session_members,
     stop_tree,
@@ -261,7 +262,7 @@ class CardRunner:
     def _outcome(self, active: ActiveJob) -> AttemptEnd:
         wrapper_rc = active.popen.wait() if active.popen else None
         # Anything the job left behind in its session goes with it: no orphans on the card.
-        if active.pid > 0 and session_members(active.pid):
+        if active.pid > 0 and session_is_ours(active.pid, active.proc_start) and session_members(active.pid):
             log.info("job %s: stopping processes it left running", active.job_id)
             stop_tree(active.pid, min(2.0, self.settings.kill_grace_seconds))
         # Daemonised children (double fork + setsid) left the session but kept the environment.
@@ -389,7 +390,7 @@ class CardRunner:
                 thread.start()
                 self._threads.append(thread)
             elif pid or exit_file.exists():
-                if pid and session_members(pid):
+                if pid and session_is_ours(pid, start) and session_members(pid):
                     stop_tree(pid, min(2.0, self.settings.kill_grace_seconds))
                 end = self._outcome(active)
                 log.info("job %s: ended while no worker watched it (exit %s)", job.id, end.exit_code)

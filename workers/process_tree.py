@@ -58,6 +58,17 @@ def is_alive(pid: int, start_time: int | None) -> bool:
     return start_time is None or int(fields[19]) == int(start_time)
 
 
+def session_is_ours(sid: int, start_time: int | None) -> bool:
+    """May session ``sid`` be stopped as the job's? Yes while its leader is the job's process
+    (same start time) or is gone (what is left in the session is the job's: Linux does not reuse
+    a pid still used as a session id). No when another process now has that pid, e.g. after a
+    reboot."""
+    fields = _stat_fields(sid)
+    if fields is None or fields[0] == "Z":
+        return True
+    return start_time is None or int(fields[19]) == int(start_time)
+
+
 def session_members(sid: int) -> list[int]:
     """PIDs of live (non-zombie) processes in session ``sid``."""
     if sid <= 1:

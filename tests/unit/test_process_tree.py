@@ -64,11 +64,13 @@ def test_stop_tree_escalates_to_sigkill(tmp_path):
 
 
 def test_exit_watcher_and_identity(tmp_path):
-    proc = subprocess.Popen(["sleep", "0.3"])
+    proc = subprocess.Popen(["sleep", "30"])
     started = proc_start_time(proc.pid)
     assert is_alive(proc.pid, started)
     assert not is_alive(proc.pid, started + 1)  # a reused pid is not the same process
     watcher = ExitWatcher(proc.pid)
+    assert not watcher.wait(0.05)
+    proc.terminate()
     assert watcher.wait(5)
     watcher.close()
     proc.wait()
@@ -98,3 +100,17 @@ def test_describe_exit():
     assert describe_exit(127) == "command not found (exit 127)"
     assert describe_exit(137) == "killed by signal SIGKILL (exit 137)"
     assert describe_exit(2) == "exit code 2"
+
+
+def test_session_is_ours_refuses_a_reused_pid():
+    from workers.process_tree import session_is_ours
+
+    proc = subprocess.Popen(["sleep", "5"], start_new_session=True)
+    try:
+        start = proc_start_time(proc.pid)
+        assert session_is_ours(proc.pid, start)
+        assert not session_is_ours(proc.pid, start + 1)  # another process now has this pid
+    finally:
+        proc.kill()
+        proc.wait()
+    assert session_is_ours(proc.pid, start)  # leader gone: what is left would be the job's
