@@ -148,3 +148,87 @@ def test_stale_view_cannot_requeue_a_job_that_moved(env, tmp_path):
     ledger.transition(job.id, JobState.PENDING, token=token)  # it moved on meanwhile
     runner._requeue_unstarted(stale)
     assert ledger.store.get(job.id).attempt == 1  # not decremented by the stale view
+
+
+class HotCard:
+    """A fake backend whose one card reports the temperature a test sets."""
+
+    kind = "fake"
+
+    def __init__(self) -> None:
+        self.temperature = 40
+
+    def read(self, index: int) -> GpuReading:
+        return GpuReading(index=index, uuid="u", model="m", total=80 * GIB, used=0, utilization=0,
+                          temperature=self.temperature)
+
+
+def test_hot_or_unreadable_card_takes_no_jobs_until_it_recovers(env):
+    from rig.gpus.base import GpuReadError
+
+    settings, ledger, runner, _ = env
+    backend = HotCard()
+    runner.backend = backend
+    backend.temperature = settings.health.max_temperature + 1
+    runner._read_card()
+    card = ledger.card("n1", 0)
+    assert not card.healthy and "temperature" in card.health_reason
+    backend.temperature = settings.health.max_temperature - 2  # not yet 5 C below the limit
+    runner._read_card()
+    assert not ledger.card("n1", 0).healthy
+    backend.temperature = settings.health.max_temperature - 10
+    runner._read_card()
+    assert ledger.card("n1", 0).healthy
+
+    def broken(index):
+        raise GpuReadError("GPU 0: NVML cannot read memory info: NVMLError_GpuIsLost")
+
+    backend.read = broken
+    runner._read_card()
+    card = ledger.card("n1", 0)
+    assert not card.healthy and "GpuIsLost" in card.health_reason
+
+
+def test_log_is_capped_while_the_job_runs(real_redis, key_prefix, tmp_path):
+    settings = load_settings(key_prefix=key_prefix, redis_url=REDIS_URL, home=tmp_path / "home",
+                             node_name="n1", log_max_bytes=64 * 1024)
+    ledger = Ledger(real_redis, Keys(key_prefix))
+    ledger.register_card("n1", GpuReading(index=0, uuid="u", model="m", total=80 * GIB),
+                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    runner = CardRunner(settings, "n1", 0, "card0@n1")
+    job, token = placed(ledger, "seq 1 200000; echo last-line", tmp_path)
+    assert runner.run_job(job.id, token) == "SUCCEEDED"
+    text = open(ledger.store.get(job.id).log_paths[0]).read()
+    assert len(text) <= 64 * 1024 + 200
+    assert text.startswith("1\n2\n3\n") and text.endswith("last-line\n")
+    assert "bytes of output were cut here" in text
+
+
+def test_log_sweep_keeps_live_and_recent_error_logs(real_redis, key_prefix, tmp_path):
+    from workers.log_sweep import sweep_logs
+
+    settings = load_settings(key_prefix=key_prefix, redis_url=REDIS_URL, home=tmp_path / "home",
+                             node_name="n1", log_retention_days=1, error_log_retention_days=10)
+    ledger = Ledger(real_redis, Keys(key_prefix))
+    ledger.register_card("n1", GpuReading(index=0, uuid="u", model="m", total=80 * GIB),
+                         max_jobs=10, reserve_fraction=0.0, allowed=True, fake=True)
+    old = time.time() - 3 * 86400
+    jobs = {}
+    for name in ("done", "running", "error", "error-ancient"):
+        jobs[name], _ = placed(ledger, "true", tmp_path) if name != "done" else (ledger.store.create(Job(
+            id=0, name="t", user="u", command=["true"], gpu_memory=GIB, gpus=1, priority=Priority.LOW,
+            state=JobState.PENDING, workdir="/", created_at=time.time())), None)
+    ledger.transition(jobs["done"].id, JobState.SUCCEEDED)
+    ledger.transition(jobs["error"].id, JobState.FAILED, error_queue=True)
+    ledger.transition(jobs["error-ancient"].id, JobState.FAILED, error_queue=True)
+    for name, job in jobs.items():
+        folder = settings.job_log_dir / str(job.id)
+        folder.mkdir(parents=True)
+        log = folder / "attempt-1.log"
+        log.write_text("x" * 100)
+        age = time.time() - 20 * 86400 if name == "error-ancient" else old
+        os.utime(log, (age, age))
+    report = sweep_logs(settings, real_redis)
+    assert sorted(report.deleted) == sorted([jobs["done"].id, jobs["error-ancient"].id])
+    assert (settings.job_log_dir / str(jobs["running"].id)).exists()
+    assert (settings.job_log_dir / str(jobs["error"].id)).exists()
