@@ -213,6 +213,9 @@ class CardRunner:
             "RIG_REDIS_URL": self.settings.redis_url,
             "RIG_KEY_PREFIX": self.settings.key_prefix,
         })
+        usage_dir = getattr(self.backend, "usage_dir", None)
+        if usage_dir is not None:
+            env["RIG_FAKE_GPU_DIR"] = str(usage_dir)  # fake cards: jobs may "use" memory
         return env
 
     def _supervise(self, active: ActiveJob) -> str:

@@ -18,13 +18,14 @@ __all__ = [
 ]
 
 
-def detect_backend(fake_spec: str | None) -> tuple[GpuBackend, str | None]:
+def detect_backend(fake_spec: str | None, usage_dir=None) -> tuple[GpuBackend, str | None]:  # noqa: ANN001
     """Pick the backend: fake cards when ``fake_spec`` is set, else NVML, else default fakes.
 
     Returns the backend and, when rig fell back to fake cards, a one-line notice saying why.
+    ``usage_dir`` is where jobs on fake cards record the memory they "use" (rig.gpus.fake).
     """
     if fake_spec:
-        return FakeGpuBackend(fake_spec), None
+        return FakeGpuBackend(fake_spec, usage_dir), None
     from rig.gpus.nvml import NvmlBackend, NvmlUnavailable
 
     try:
@@ -34,4 +35,4 @@ def detect_backend(fake_spec: str | None) -> tuple[GpuBackend, str | None]:
             f"no NVIDIA driver found ({exc}); using fake cards {DEFAULT_FAKE_SPEC} "
             "(set RIG_FAKE_GPUS, e.g. 2x24G, to choose others)"
         )
-        return FakeGpuBackend(DEFAULT_FAKE_SPEC), notice
+        return FakeGpuBackend(DEFAULT_FAKE_SPEC, usage_dir), notice

@@ -1,12 +1,20 @@
 """Fake cards for machines without an NVIDIA driver (and for tests).
 
 A spec lists groups of identical cards: ``8x80G``, ``2x24G,1x48G``, or ``4`` (4 x 80 GiB).
-The readings are constant and honest about being fake: the model is named ``Fake GPU``.
+The model is named ``Fake GPU``; temperature reads 35 C.
+
+Jobs can "use" memory on a fake card, so rig's closed-loop accounting can be exercised without
+a GPU: a process writes the bytes it uses into ``<usage_dir>/<card index>/<pid>`` (rig gives
+jobs the folder as $RIG_FAKE_GPU_DIR; ``python -m rig.fakeuse 12G 30`` does it for you). Files
+of dead processes are ignored and removed. Utilisation reads 100 % while any process uses the
+card, else 0.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 from rig.errors import ConfigError, InvalidInput
 from rig.gpus.base import GpuReadError, GpuReading
@@ -46,9 +54,10 @@ class FakeGpuBackend:
 
     kind = "fake"
 
-    def __init__(self, spec: str) -> None:
+    def __init__(self, spec: str, usage_dir: str | os.PathLike[str] | None = None) -> None:
         self.spec = spec
         self._sizes = parse_fake_spec(spec)
+        self.usage_dir = Path(usage_dir) if usage_dir else None
 
     def count(self) -> int:
         return len(self._sizes)
@@ -57,15 +66,40 @@ class FakeGpuBackend:
         if not 0 <= index < len(self._sizes):
             raise GpuReadError(f"fake card {index} does not exist ({self.spec})")
         size = self._sizes[index]
+        processes = self._processes(index)
         return GpuReading(
             index=index,
             uuid=f"GPU-fake-{index:04d}",
             model=f"Fake GPU {size // GIB}GB",
             total=size,
-            used=0,
-            utilization=0,
+            used=sum(processes.values()),
+            utilization=100 if processes else 0,
             temperature=35,
+            processes=processes,
         )
+
+    def _processes(self, index: int) -> dict[int, int]:
+        """pid -> bytes, from the usage files of live processes on this card."""
+        if self.usage_dir is None:
+            return {}
+        folder = self.usage_dir / str(index)
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            return {}
+        found: dict[int, int] = {}
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            if not os.path.exists(f"/proc/{pid}"):
+                Path(entry.path).unlink(missing_ok=True)
+                continue
+            try:
+                found[pid] = int(Path(entry.path).read_text().strip() or 0)
+            except (OSError, ValueError):
+                continue
+        return found
 
     def read_all(self) -> list[GpuReading]:
         return [self.read(i) for i in range(len(self._sizes))]
