@@ -25,7 +25,7 @@ from pydantic_settings import (
 
 from rig.errors import ConfigError
 
-SchedulerType = Literal["first-fit", "least-loaded", "best-fit"]
+SchedulerType = Literal["multi-factor", "best-fit", "least-loaded", "first-fit"]
 PriorityName = Literal["high", "medium", "low"]
 
 
@@ -55,7 +55,10 @@ class Settings(BaseSettings):
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding all state")
     key_prefix: str = Field("rig:", description="prefix of every Redis key rig writes")
     node_name: str = Field(default_factory=socket.gethostname, description="this server's name")
-    scheduler_type: SchedulerType = "best-fit"
+    scheduler_type: SchedulerType = "multi-factor"
+    aging_seconds: float = Field(
+        600.0, gt=0, description="a waiting job moves up one priority level per this many seconds"
+    )
     gpu_whitelist: list[int] | None = Field(None, description="card indexes rig may use")
     max_task_per_gpu: int = Field(4, ge=1, description="jobs at once on one card")
     vram_reserve_fraction: float = Field(

@@ -6,6 +6,12 @@ one more job. Strategies differ only in which fitting cards they prefer:
 - first-fit:    the lowest-numbered cards that fit (fast, fills card 0 first)
 - least-loaded: the cards with the most free memory, then fewest jobs (spreads load)
 - best-fit:     the cards the job fills most tightly (keeps big blocks whole for big jobs)
+- multi-factor: the default. Fragmentation-aware: a cost in bytes per card = memory the
+                placement strands (left free but too small for the smallest waiting job, or
+                left on a card whose job slots are then all taken) + a penalty for opening an
+                empty card while a used one fits (whole cards stay free for big and multi-card
+                jobs) + a tenth of the leftover (tightness) + a little per degree of
+                temperature. Priority comes first in the order the dispatcher offers jobs.
 
 Each call is O(cards log cards); the dispatcher calls it once per job it considers.
 """
@@ -19,7 +25,12 @@ from dataclasses import dataclass
 from rig.memory import format_memory
 from rig.models import CardState
 
-STRATEGIES = ("first-fit", "least-loaded", "best-fit")
+STRATEGIES = ("multi-factor", "best-fit", "least-loaded", "first-fit")
+
+#: multi-factor: cost of opening an empty card when a used one would do (bytes).
+EMPTY_CARD_PENALTY = 20 * 2**30
+#: multi-factor: cost per degree Celsius above 40 (bytes): a tie-breaker, never a veto.
+TEMPERATURE_COST = 2**28
 
 
 @dataclass(frozen=True)
@@ -41,22 +52,49 @@ def fits(card: CardState, request: Request) -> bool:
     return card.eligible and card.free >= request.nbytes and card.jobs < card.max_jobs
 
 
-_Key = Callable[[CardState, Request], tuple]
+_Key = Callable[[CardState, Request, "int | None", bool], tuple]
+
+
+def multi_factor_cost(card: CardState, request: Request, smallest_waiting: int | None,
+                      used_card_fits: bool) -> float:
+    """Bytes-equivalent cost of putting ``request`` on ``card`` (lower is better)."""
+    leftover = card.free - request.nbytes
+    slots_left = card.max_jobs - card.jobs - 1
+    stranded = leftover > 0 and (
+        slots_left <= 0 or (smallest_waiting is not None and leftover < smallest_waiting)
+    )
+    cost = float(leftover if stranded else 0)
+    if used_card_fits and card.jobs == 0 and card.reserved == 0:
+        cost += EMPTY_CARD_PENALTY
+    cost += 0.1 * leftover
+    if card.temperature is not None and card.temperature > 40:
+        cost += (card.temperature - 40) * TEMPERATURE_COST
+    return cost
+
 
 _CARD_ORDER: dict[str, _Key] = {
-    "first-fit": lambda c, r: (c.index,),
-    "least-loaded": lambda c, r: (-c.free, c.jobs, c.index),
-    "best-fit": lambda c, r: (c.free - r.nbytes, c.jobs, c.index),
+    "first-fit": lambda c, r, s, u: (c.index,),
+    "least-loaded": lambda c, r, s, u: (-c.free, c.jobs, c.index),
+    "best-fit": lambda c, r, s, u: (c.free - r.nbytes, c.jobs, c.index),
+    "multi-factor": lambda c, r, s, u: (multi_factor_cost(c, r, s, u), c.index),
 }
 
 
-def place(cards: Sequence[CardState], request: Request, strategy: str = "best-fit") -> Placement | None:
+def place(
+    cards: Sequence[CardState],
+    request: Request,
+    strategy: str = "multi-factor",
+    *,
+    smallest_waiting: int | None = None,
+) -> Placement | None:
     """Pick ``request.gpus`` cards on one node that can all take the job now, or None.
 
     All-or-nothing: a multi-card job gets every card it asks for on one node, or none.
+    ``smallest_waiting`` (bytes: the smallest request still waiting) lets multi-factor judge
+    which leftovers are still useful.
     """
     try:
-        order = _CARD_ORDER[strategy]
+        card_key = _CARD_ORDER[strategy]
     except KeyError:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}") from None
     by_node: dict[str, list[CardState]] = defaultdict(list)
@@ -67,15 +105,42 @@ def place(cards: Sequence[CardState], request: Request, strategy: str = "best-fi
     for node, fitting in by_node.items():
         if len(fitting) < request.gpus:
             continue
-        chosen = sorted(fitting, key=lambda c: order(c, request))[: request.gpus]
+        used_fits = sum(1 for c in fitting if c.jobs or c.reserved) >= request.gpus
+
+        def order(c: CardState, _used: bool = used_fits) -> tuple:
+            return card_key(c, request, smallest_waiting, _used)
+
+        chosen = sorted(fitting, key=order)[: request.gpus]
         # Compare nodes by the worst card they would use, then by name for determinism.
-        node_key = max(order(c, request) for c in chosen)
+        node_key = max(order(c) for c in chosen)
         if strategy == "first-fit":
             node_key = ()
         options.append(((node_key, node), Placement(node, tuple(sorted(c.index for c in chosen)))))
     if not options:
         return None
     return min(options, key=lambda item: item[0])[1]
+
+
+def reservation_for(cards: Sequence[CardState], request: Request,
+                    exclude: set[str] | frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """The card ids to hold for a job that cannot start now: on one node, the ``gpus`` cards
+    big enough for it that are closest to fitting (smallest missing memory, then fewest jobs).
+    Without job durations, "closest to fitting" stands in for "expected to free first".
+    Returns () when no node has enough such cards outside ``exclude``."""
+    by_node: dict[str, list[CardState]] = defaultdict(list)
+    for card in cards:
+        if card.eligible and card.usable >= request.nbytes and card.id not in exclude:
+            by_node[card.node].append(card)
+    best: tuple | None = None
+    for node, big in by_node.items():
+        if len(big) < request.gpus:
+            continue
+        chosen = sorted(big, key=lambda c: (max(0, request.nbytes - c.free), c.jobs, c.index))[: request.gpus]
+        deficit = sum(max(0, request.nbytes - c.free) for c in chosen)
+        key = (deficit, node)
+        if best is None or key < best[0]:
+            best = (key, tuple(c.id for c in chosen))
+    return best[1] if best else ()
 
 
 def never_fits(cards: Sequence[CardState], request: Request) -> str | None:

@@ -1,9 +1,17 @@
-"""The dispatcher: takes waiting jobs in strict order (priority, then submission) and places
-each on card(s) through the atomic reservation, then sends its start to that card's queue.
+"""The dispatcher: offers waiting jobs to the cards in priority order and starts each one that
+fits through the atomic reservation, then sends its start to that card's queue.
 
-Ordering rule (strict priority, FIFO within a priority): jobs are considered head first; when
-the head cannot be placed now, nothing behind it starts (it keeps its place and starts as soon
-as room appears). A job that could never fit any allowed card is ended FAILED with the reason.
+Order: strict priority (high, medium, low), FIFO within a priority, with aging: a job moves up
+one level for every ``aging_seconds`` it has waited, so low-priority work cannot starve.
+
+No starvation of big jobs: when a job cannot start now, the card(s) closest to fitting it are
+held for it for the rest of the pass: jobs behind it (lower priority, or later) may start only
+on other cards (backfill). So a large high-priority job behind a stream of small jobs gets the
+next card that frees, while the other cards stay busy. A job that could never fit any allowed
+card is ended FAILED with the reason.
+
+Each pass reads at most LOOKAHEAD waiting jobs per priority (3 x LOOKAHEAD records), whatever
+the queue's length, and calls the placement function once per job: O(LOOKAHEAD x cards).
 
 Runs as a thread in the control worker. Several dispatchers may run (several nodes): one holds
 the leader lock at a time; the reservation script keeps the ledger safe regardless.
@@ -24,8 +32,8 @@ import redis
 from rig.config import Settings
 from rig.keys import Keys
 from rig.ledger import Ledger
-from rig.models import CardState, JobState
-from rig.placement import Request, explain_wait, never_fits, place
+from rig.models import PRIORITY_BAND, CardState, Job, JobState, Priority
+from rig.placement import Request, explain_wait, never_fits, place, reservation_for
 from rig.redis_conn import connect
 from rig.store import JobStore
 
@@ -98,31 +106,56 @@ class Dispatcher:
             pass
 
     # -- one pass -------------------------------------------------------------------------
+    def waiting_in_order(self, now: float | None = None) -> list[Job]:
+        """The head of each priority's queue, merged in run order (aged priority, then id)."""
+        now = now or time.time()
+        pipe = self.r.pipeline(transaction=False)
+        for prio in Priority:
+            low = prio.rank * PRIORITY_BAND
+            pipe.zrangebyscore(self.keys.pending, low, low + PRIORITY_BAND - 1, start=0, num=LOOKAHEAD)
+        ids = [jid for band in pipe.execute() for jid in band]
+        jobs = [j for j in self.store.get_many(ids) if j.state is JobState.PENDING]
+        return sorted(jobs, key=lambda j: (self.effective_rank(j, now), j.id))
+
+    def effective_rank(self, job: Job, now: float) -> int:
+        """Priority rank after aging (0 = high)."""
+        waited = max(0.0, now - job.created_at)
+        return max(0, job.priority.rank - int(waited // self.settings.aging_seconds))
+
     def dispatch_pass(self) -> int:
-        """Place as many head-of-queue jobs as fit now. Returns how many were started."""
+        """Start every waiting job that fits now without delaying a job ahead of it.
+        Returns how many were started."""
         started = 0
         while not self.stop_event.is_set():
-            head = self.store.pending_head(LOOKAHEAD)
-            if not head:
+            waiting = self.waiting_in_order()
+            if not waiting:
                 return started
             cards = self.ledger.cards()
+            eligible = {c.id for c in cards if c.eligible}
+            held: set[str] = set()  # cards kept for jobs ahead that could not start
+            smallest = min(j.gpu_memory for j in waiting)
             progressed = False
-            for job in self.store.get_many(head):
-                if job.state is not JobState.PENDING:
-                    continue  # cancelled or placed meanwhile; the index catches up
+            for position, job in enumerate(waiting):
                 request = Request(job.gpu_memory, job.gpus)
                 impossible = never_fits(cards, request) if cards else None
                 if impossible:
                     self.ledger.transition(
-                        job.id, JobState.FAILED, fields={"reason": f"unschedulable: {impossible}"}
+                        job.id, JobState.FAILED, fields={"reason": f"unschedulable: {impossible}"},
+                        error_queue=True, expect=JobState.PENDING,
                     )
                     log.warning("job %s: unschedulable: %s", job.id, impossible)
                     progressed = True
                     continue
-                placement = place(cards, request, self.settings.scheduler_type)
+                free_cards = [c for c in cards if c.id not in held]
+                placement = place(free_cards, request, self.settings.scheduler_type,
+                                  smallest_waiting=smallest)
                 if placement is None:
-                    self._note_wait(job.id, job.wait_reason, cards, request)
-                    return started  # strict order: nothing behind the head may start
+                    hold = reservation_for(cards, request, exclude=held)
+                    held.update(hold)
+                    self._note_wait(job, cards, request, position, hold)
+                    if eligible and eligible <= held:
+                        break  # every card is held for a job ahead: nothing else may start
+                    continue
                 ok, detail = self.ledger.reserve(job.id, placement.node, list(placement.cards), job.gpu_memory)
                 if not ok:
                     log.info("job %s: reservation refused (%s); re-reading the cards", job.id, detail)
@@ -138,10 +171,15 @@ class Dispatcher:
                 return started
         return started
 
-    def _note_wait(self, job_id: int, current: str | None, cards: list[CardState], request: Request) -> None:
+    def _note_wait(self, job: Job, cards: list[CardState], request: Request, ahead: int,
+                   held: tuple[str, ...]) -> None:
         reason = explain_wait(cards, request)
-        if reason != current:
-            self.store.update(job_id, wait_reason=reason, wait_reason_at=time.time())
+        if ahead:
+            reason += f"; {ahead} job(s) ahead of it"
+        if held:
+            reason += f"; {', '.join(held)} held for it"
+        if reason != job.wait_reason:
+            self.store.update(job.id, wait_reason=reason, wait_reason_at=time.time())
 
 
 def _with_reservation(cards: list[CardState], node: str, indexes: tuple[int, ...], nbytes: int) -> list[CardState]:

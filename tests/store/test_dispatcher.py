@@ -48,23 +48,39 @@ def test_places_in_priority_then_fifo_order(setup):
         assert job.cards[0] == card and str(job.assignments) == token
 
 
-def test_head_that_does_not_fit_blocks_lower_priority(setup):
-    ledger, dispatcher, started = setup
-    blocker = submit(ledger, 30)
+def test_blocked_job_holds_its_card_and_lower_work_backfills_elsewhere(setup):
+    ledger, dispatcher, started = setup  # 2 cards x 40 GiB, at most 2 jobs each
+    blockers = [submit(ledger, 30), submit(ledger, 30)]
+    assert dispatcher.dispatch_pass() == 2  # one on each card: 10 GiB free on each
+    placed = {ledger.store.get(b).cards[0]: b for b in blockers}
+    big = submit(ledger, 35, Priority.HIGH)  # fits no card now
+    small = submit(ledger, 5, Priority.LOW)
+    small2 = submit(ledger, 5, Priority.LOW)
+    # The big job holds card 0 (equal deficits: lower index); the first small job backfills
+    # card 1; the second would fit card 0's free 10 GiB but must not take the held card.
     assert dispatcher.dispatch_pass() == 1
-    blocker2 = submit(ledger, 30)
-    assert dispatcher.dispatch_pass() == 1
-    big = submit(ledger, 35, Priority.HIGH)  # fits no card now (10 GiB free on each)
-    small = submit(ledger, 5, Priority.LOW)  # would fit, but must not jump the high job
-    assert dispatcher.dispatch_pass() == 0
-    assert ledger.store.get(small).state is JobState.PENDING
+    assert ledger.store.get(small).cards == [1]
+    assert ledger.store.get(small2).state is JobState.PENDING
     reason = ledger.store.get(big).wait_reason
     assert reason.startswith("needs 35.0 GiB on 1 card; largest free block 10.0 GiB")
-    # Room appears: the high job goes first, then the low one.
-    ledger.transition(blocker, JobState.SUCCEEDED)
+    assert "n1/0 held for it" in reason
+    # The held card frees: the big job takes it first, then the small one fits beside it.
+    ledger.transition(placed[0], JobState.SUCCEEDED)
     assert dispatcher.dispatch_pass() == 2
-    assert [s[0] for s in started[-2:]] == [big, small]
-    assert blocker2
+    assert [s[0] for s in started[-2:]] == [big, small2]
+    assert ledger.store.get(big).cards == [0] and ledger.store.get(small2).cards == [0]
+
+
+def test_aging_lifts_a_long_waiting_low_job(setup, redis_client, key_prefix):
+    ledger, _, started = setup
+    settings = load_settings(key_prefix=key_prefix, node_name="n1", aging_seconds=60)
+    dispatcher = Dispatcher(settings, lambda *a: started.append(a), client=redis_client)
+    old_low = submit(ledger, 10, Priority.LOW)
+    redis_client.hset(Keys(key_prefix).job(old_low), "created_at", time.time() - 150)  # 2 levels
+    fresh_high = submit(ledger, 10, Priority.HIGH)
+    fresh_medium = submit(ledger, 10, Priority.MEDIUM)
+    order = [j.id for j in dispatcher.waiting_in_order()]
+    assert order == [old_low, fresh_high, fresh_medium]  # aged to high; older id first
 
 
 def test_impossible_job_fails_with_reason_and_does_not_block(setup):

@@ -77,3 +77,42 @@ def test_explain_wait_names_the_largest_free_block():
     assert "largest free block 60.0 GiB (n1/2)" in text
     full = [card(0, 70, jobs=4, max_jobs=4)]
     assert "maximum of 4 jobs" in explain_wait(full, Request(GIB))
+
+
+def test_multi_factor_packs_used_cards_and_keeps_empty_ones_whole():
+    cards = [card(0, 80), card(1, 50, jobs=1), card(2, 80), card(3, 80)]
+    assert place(cards, Request(10 * GIB), "multi-factor").cards == (1,)
+    # A 2-card job then still finds two whole cards.
+    assert place(cards, Request(80 * GIB, gpus=2), "multi-factor").cards == (0, 2)
+
+
+def test_multi_factor_avoids_stranding_memory_nobody_waiting_can_use():
+    # Card 0 would keep 3 GiB (too small for the smallest waiting job, 4 GiB): stranded.
+    # Card 1 would keep 20 GiB, still useful. Best-fit picks card 0; multi-factor card 1.
+    cards = [card(0, 13, jobs=1), card(1, 30, jobs=1)]
+    assert place(cards, Request(10 * GIB), "best-fit").cards == (0,)
+    assert place(cards, Request(10 * GIB), "multi-factor", smallest_waiting=4 * GIB).cards == (1,)
+    # With no small jobs waiting, the tight fit wins.
+    assert place(cards, Request(10 * GIB), "multi-factor", smallest_waiting=2 * GIB).cards == (0,)
+
+
+def test_multi_factor_counts_the_last_job_slot_as_stranding():
+    cards = [card(0, 40, jobs=3, max_jobs=4), card(1, 45, jobs=1, max_jobs=4)]
+    # On card 0 the job would take the last slot and leave 30 GiB unusable.
+    assert place(cards, Request(10 * GIB), "multi-factor", smallest_waiting=GIB).cards == (1,)
+
+
+def test_multi_factor_prefers_cooler_cards_on_a_tie():
+    cool, hot = card(0, 80, jobs=1), card(1, 80, jobs=1)
+    cool.temperature, hot.temperature = 45, 85
+    assert place([hot, cool], Request(GIB), "multi-factor").cards == (0,)
+
+
+def test_reservation_holds_the_cards_closest_to_fitting():
+    from rig.placement import reservation_for
+
+    cards = [card(0, 10), card(1, 30), card(2, 5), card(3, 25, node="b")]
+    assert reservation_for(cards, Request(40 * GIB)) == ("n1/1",)
+    assert reservation_for(cards, Request(40 * GIB), exclude={"n1/1"}) == ("b/3",)
+    assert reservation_for(cards, Request(40 * GIB, gpus=2)) == ("n1/1", "n1/0")
+    assert reservation_for(cards, Request(90 * GIB)) == ()

@@ -17,7 +17,7 @@ def test_defaults():
     s = load_settings()
     assert s.key_prefix == "rig:"
     assert s.max_task_per_gpu == 4
-    assert s.scheduler_type == "best-fit"
+    assert s.scheduler_type == "multi-factor"
     assert s.gpu_whitelist is None
     assert s.job_log_dir == s.home / "logs" / "jobs"
     assert s.rig_log_dir == s.home / "logs" / "system"

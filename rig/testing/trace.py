@@ -1,0 +1,276 @@
+"""The seeded mixed trace of the mixed-load benchmark (scripts/bench_mixed.py) and the metrics
+computed from its run. Pure functions only: no Redis, no processes, no clock.
+
+Units throughout: memory in bytes (per card unless said otherwise; 1 G = 1 GiB = 2**30 bytes as
+everywhere in rig), times in seconds (arrivals are offsets from the start of the replay; run
+records carry epoch seconds).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+GIB = 2**30
+
+#: kind -> (share of jobs, memory per card in GiB (lo, hi), duration in s (lo, hi))
+JOB_KINDS: dict[str, tuple[float, tuple[int, int], tuple[float, float]]] = {
+    "inference": (0.50, (2, 8), (0.5, 2.5)),
+    "finetune": (0.32, (12, 30), (2.0, 5.0)),
+    "large": (0.18, (40, 76), (2.5, 6.0)),
+}
+#: kinds that may take 2 cards (the 2-card jobs are drawn among these)
+MULTI_CARD_KINDS = ("finetune", "large")
+#: priority -> share of jobs
+PRIORITY_MIX: dict[str, float] = {"high": 0.2, "medium": 0.4, "low": 0.4}
+PRIORITIES = ("high", "medium", "low")
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    """One job of the trace: ``gpu_memory`` bytes on each of ``gpus`` cards, submitted
+    ``arrival`` s after the replay starts, running (sleeping) for ``duration`` s."""
+
+    index: int
+    kind: str
+    gpu_memory: int
+    gpus: int
+    priority: str
+    arrival: float
+    duration: float
+
+    @property
+    def name(self) -> str:
+        return f"mix-{self.index:04d}-{self.kind}"
+
+
+def _exact_mix(rng: random.Random, n: int, shares: Mapping[str, float]) -> list[str]:
+    """``n`` names in the given shares (largest-remainder rounding), in a seeded random order."""
+    names = list(shares)
+    total = sum(shares.values())
+    raw = [n * shares[k] / total for k in names]
+    counts = [math.floor(x) for x in raw]
+    by_remainder = sorted(range(len(names)), key=lambda i: (counts[i] - raw[i], i))
+    for i in by_remainder[: n - sum(counts)]:
+        counts[i] += 1
+    out = [name for name, count in zip(names, counts, strict=True) for _ in range(count)]
+    rng.shuffle(out)
+    return out
+
+
+def generate_trace(
+    n_jobs: int = 200,
+    seed: int = 7,
+    *,
+    burst_fraction: float = 0.5,
+    spread_s: float = 20.0,
+    multi_card_fraction: float = 0.1,
+    max_gib_per_card: int = 76,
+    kinds: Mapping[str, tuple[float, tuple[int, int], tuple[float, float]]] = JOB_KINDS,
+    priorities: Mapping[str, float] = PRIORITY_MIX,
+) -> list[TraceJob]:
+    """A seeded mixed trace, sorted by arrival (then index).
+
+    Kinds and priorities come in exactly their shares (rounded), shuffled; a
+    ``multi_card_fraction`` of all jobs (drawn among MULTI_CARD_KINDS) take 2 cards. Memory per
+    card is a whole number of GiB, uniform in the kind's range and never more than
+    ``max_gib_per_card``; durations are uniform in the kind's range, rounded to 10 ms.
+    ``burst_fraction`` of the jobs (chosen at random) arrive at 0 s, the rest at uniform random
+    times in (0, ``spread_s``] s. The same arguments always give the same trace.
+    """
+    if n_jobs < 0:
+        raise ValueError("n_jobs must be >= 0")
+    if not 0.0 <= burst_fraction <= 1.0 or not 0.0 <= multi_card_fraction <= 1.0:
+        raise ValueError("burst_fraction and multi_card_fraction must be within [0, 1]")
+    rng = random.Random(seed)
+    job_kinds = _exact_mix(rng, n_jobs, {k: v[0] for k, v in kinds.items()})
+    job_prios = _exact_mix(rng, n_jobs, priorities)
+    could_span = [i for i, k in enumerate(job_kinds) if k in MULTI_CARD_KINDS]
+    two_cards = set(rng.sample(could_span, min(len(could_span),
+                                               int(round(n_jobs * multi_card_fraction)))))
+    burst = set(rng.sample(range(n_jobs), int(round(n_jobs * burst_fraction))))
+    jobs: list[TraceJob] = []
+    for index, kind in enumerate(job_kinds):
+        _share, (lo_gib, hi_gib), (lo_s, hi_s) = kinds[kind]
+        gib = min(rng.randint(lo_gib, hi_gib), max_gib_per_card)
+        duration = round(rng.uniform(lo_s, hi_s), 2)
+        arrival = 0.0 if index in burst else max(0.001, round(rng.uniform(0.0, spread_s), 3))
+        jobs.append(TraceJob(index, kind, gib * GIB, 2 if index in two_cards else 1,
+                             job_prios[index], arrival, duration))
+    return sorted(jobs, key=lambda j: (j.arrival, j.index))
+
+
+def job_command(job: TraceJob) -> str:
+    """A cheap ``/bin/sh`` command that "uses" ``job.gpu_memory`` bytes on each of its fake
+    cards (files under $RIG_FAKE_GPU_DIR, see rig.gpus.fake) for ``job.duration`` s."""
+    each = 'for c in $(echo "$CUDA_VISIBLE_DEVICES" | tr , " "); do'
+    use = (f'{each} mkdir -p "$RIG_FAKE_GPU_DIR/$c" && echo {job.gpu_memory} '
+           f'> "$RIG_FAKE_GPU_DIR/$c/$$"; done')
+    free = f'{each} rm -f "$RIG_FAKE_GPU_DIR/$c/$$"; done'
+    return f'if [ -n "$RIG_FAKE_GPU_DIR" ]; then {use}; fi; sleep {job.duration:.2f}; ' \
+           f'if [ -n "$RIG_FAKE_GPU_DIR" ]; then {free}; fi'
+
+
+# -- lower bound ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LowerBound:
+    """Three lower bounds on the makespan (s) and their maximum ``value``.
+
+    - ``memory_time``: total memory-time (bytes x s over all cards) / total usable capacity;
+    - ``job_time``: total card-job-time / (cards x max jobs per card);
+    - ``arrival``: the latest (arrival + duration) of any job.
+    """
+
+    memory_time: float
+    job_time: float
+    arrival: float
+
+    @property
+    def value(self) -> float:
+        return max(self.memory_time, self.job_time, self.arrival)
+
+    @property
+    def binding(self) -> str:
+        """Which of the three bounds sets ``value``."""
+        named = {"memory-time": self.memory_time, "job-time": self.job_time,
+                 "arrival": self.arrival}
+        return max(named, key=lambda k: named[k])
+
+
+def lower_bound(jobs: Iterable[TraceJob], *, cards: int, usable_per_card: int,
+                max_jobs_per_card: int) -> LowerBound:
+    """Lower bound on the makespan of ``jobs`` (planned durations, s) on ``cards`` cards with
+    ``usable_per_card`` reservable bytes and ``max_jobs_per_card`` job slots each."""
+    if cards <= 0 or usable_per_card <= 0 or max_jobs_per_card <= 0:
+        raise ValueError("cards, usable_per_card and max_jobs_per_card must be positive")
+    memory_time = job_time = latest = 0.0
+    for job in jobs:
+        memory_time += job.gpu_memory * job.gpus * job.duration
+        job_time += job.gpus * job.duration
+        latest = max(latest, job.arrival + job.duration)
+    return LowerBound(
+        memory_time=memory_time / (cards * usable_per_card),
+        job_time=job_time / (cards * max_jobs_per_card),
+        arrival=latest,
+    )
+
+
+# -- run metrics ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunRecord:
+    """What one job's record said after the run. Epoch seconds; ``gpu_memory`` bytes per card;
+    ``started_at``/``ended_at`` None when the job never started/ended."""
+
+    priority: str
+    gpu_memory: int
+    gpus: int
+    cards: tuple[int, ...]
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    state: str
+    node: str = ""
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) with linear interpolation between order statistics
+    (numpy's default); NaN for no values."""
+    if not values:
+        return math.nan
+    if not 0.0 <= q <= 1.0:
+        raise ValueError("q must be within [0, 1]")
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def makespan(records: Iterable[RunRecord]) -> float:
+    """Last end - first submission (s); NaN when no job ended."""
+    recs = list(records)
+    ends = [r.ended_at for r in recs if r.ended_at is not None]
+    if not recs or not ends:
+        return math.nan
+    return max(ends) - min(r.created_at for r in recs)
+
+
+def waits_by_priority(records: Iterable[RunRecord]) -> dict[str, list[float]]:
+    """priority -> waits (started_at - created_at, s) of the jobs that started; every name in
+    PRIORITIES is present."""
+    out: dict[str, list[float]] = {p: [] for p in PRIORITIES}
+    for r in records:
+        if r.started_at is not None:
+            out.setdefault(r.priority, []).append(r.started_at - r.created_at)
+    return out
+
+
+def vram_time_utilisation(records: Iterable[RunRecord], *, capacity_bytes: int,
+                          span_s: float) -> float:
+    """Reserved memory-time of the jobs while they ran (sum of gpu_memory x gpus x run time)
+    over ``capacity_bytes`` x ``span_s``; a fraction in [0, 1] when nothing oversubscribes."""
+    if capacity_bytes <= 0 or not span_s > 0:
+        return math.nan
+    used = sum(r.gpu_memory * r.gpus * (r.ended_at - r.started_at) for r in records
+               if r.started_at is not None and r.ended_at is not None)
+    return used / (capacity_bytes * span_s)
+
+
+def interval_oversubscription(records: Iterable[RunRecord], *, usable_per_card: int,
+                              max_jobs_per_card: int) -> float:
+    """Card-seconds during which the jobs' [started_at, ended_at] intervals put more than
+    ``usable_per_card`` bytes or more than ``max_jobs_per_card`` jobs on one card.
+
+    Summed over cards (two cards over for 1 s count 2 s). An end and a start at the same
+    instant do not overlap.
+    """
+    events: dict[tuple[str, int], list[tuple[float, int, int]]] = defaultdict(list)
+    for r in records:
+        if r.started_at is None or r.ended_at is None or r.ended_at <= r.started_at:
+            continue
+        for card in r.cards:
+            # (time, order, +-bytes): ends (order 0) sort before starts (order 1) at a tie.
+            events[(r.node, card)].append((r.started_at, 1, r.gpu_memory))
+            events[(r.node, card)].append((r.ended_at, 0, -r.gpu_memory))
+    total = 0.0
+    for card_events in events.values():
+        card_events.sort()
+        nbytes = jobs = 0
+        last = None
+        for when, order, delta in card_events:
+            if last is not None and (nbytes > usable_per_card or jobs > max_jobs_per_card):
+                total += when - last
+            nbytes += delta
+            jobs += 1 if order == 1 else -1
+            last = when
+    return total
+
+
+def snapshot_over(cards: Iterable[Mapping[str, str]]) -> list[int]:
+    """Indexes (position in ``cards``) of the card hashes of one ledger snapshot that hold more
+    than they may: ``reserved`` > ``usable`` bytes or ``jobs`` > ``max_jobs``."""
+    over = []
+    for pos, raw in enumerate(cards):
+        try:
+            reserved = int(float(raw.get("reserved", 0) or 0))
+            usable = int(float(raw.get("usable", 0) or 0))
+            jobs = int(float(raw.get("jobs", 0) or 0))
+            max_jobs = int(float(raw.get("max_jobs", 1) or 1))
+        except ValueError:
+            continue
+        if reserved > usable or jobs > max_jobs:
+            over.append(pos)
+    return over
+
+
+def summary_stats(values: Sequence[float]) -> dict[str, float]:
+    """p50 / p95 / p99 / max of ``values`` (NaN for none)."""
+    return {
+        "p50": percentile(values, 0.50),
+        "p95": percentile(values, 0.95),
+        "p99": percentile(values, 0.99),
+        "max": max(values) if values else math.nan,
+    }
