@@ -23,7 +23,7 @@ from rig.durations import parse_duration
 from rig.errors import InvalidInput, RedisUnavailable, RigError, Unschedulable
 from rig.keys import Keys
 from rig.ledger import Ledger
-from rig.memory import parse_memory
+from rig.memory import format_memory, parse_memory
 from rig.models import CardState, Job, JobState, Priority
 from rig.placement import Request, explain_wait, never_fits, place
 from rig.redis_conn import check, connect
@@ -74,6 +74,7 @@ class Client:
         self.ledger = Ledger(self.r, self.keys)
         self._celery = None
         self._cards_cache: tuple[float, list[CardState]] | None = None
+        self.last_auto_note: str | None = None
 
     # -- plumbing -------------------------------------------------------------------------
     def ping(self) -> None:
@@ -121,7 +122,11 @@ class Client:
         unless the request is accepted.
         """
         argv, is_shell = _normalise_command(command, shell)
-        nbytes = parse_memory(gpu_memory)
+        job_name = (name or _default_name(argv, is_shell)).strip()
+        if isinstance(gpu_memory, str) and gpu_memory.strip().lower() == "auto":
+            nbytes, self.last_auto_note = self._guard(self.auto_memory, job_name)
+        else:
+            nbytes = parse_memory(gpu_memory)
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
             raise InvalidInput(f"--gpus must be a whole number of cards, 1 or more; got {gpus!r}")
         prio = Priority.parse(priority or self.settings.default_priority)
@@ -135,7 +140,6 @@ class Client:
             if not key or "=" in key:
                 raise InvalidInput(f"--env: bad variable name {key!r}; write NAME=value")
             job_env[key] = str(value)
-        job_name = (name or _default_name(argv, is_shell)).strip()
         if not job_name:
             raise InvalidInput("--name must not be empty")
 
@@ -160,6 +164,21 @@ class Client:
         job = self._guard(_do)
         self._notify_submitted(job)
         return JobHandle(self, job.id, job)
+
+    def auto_memory(self, name: str) -> tuple[int, str]:
+        """``--gpu-memory auto``: the largest measured peak of the last 5 successful runs of
+        jobs with this name, times auto_memory_margin, rounded up to 256 MiB. Returns the bytes
+        and a sentence saying how they were chosen."""
+        peaks = [int(p) for p in self.r.lrange(self.keys.history(name), 0, 4)]
+        if not peaks:
+            raise InvalidInput(
+                f"--gpu-memory auto: no measured run of a job named {name!r} yet; give a size such as 12G")
+        step = 256 * 2**20
+        margin = self.settings.auto_memory_margin
+        nbytes = -(-int(max(peaks) * margin) // step) * step
+        note = (f"--gpu-memory auto: {format_memory(nbytes)} (peak {format_memory(max(peaks))} over the "
+                f"last {len(peaks)} run(s) of {name!r} x {margin})")
+        return nbytes, note
 
     def _cards_for_admission(self) -> list[CardState]:
         """The registered cards, cached briefly: capacities change only when a node
@@ -305,7 +324,11 @@ class Client:
         if not self._guard(self.store.in_error_queue, job.id):
             raise InvalidInput(
                 f"job {job.id} is {job.state.value}, not in the error queue; `rig errors` lists those")
-        fields: dict[str, Any] = {"reason": f"retried by {_user()}", "cancelled_by": None}
+        fields: dict[str, Any] = {
+            "reason": f"retried by {_user()}", "cancelled_by": None, "overuse_stop": None,
+            "vram_peak": 0, "vram_sum": 0, "vram_samples": 0, "util_sum": 0, "util_samples": 0,
+            "overuse": 0,
+        }
         if gpu_memory is not None:
             nbytes = parse_memory(gpu_memory)
             reason = never_fits(self._guard(self.ledger.cards), Request(nbytes, job.gpus))

@@ -65,6 +65,13 @@ class Settings(BaseSettings):
         0.05, ge=0, lt=1, description="fraction of each card's memory never handed out"
     )
     default_priority: PriorityName = "medium"
+    overuse_policy: Literal["warn", "stop"] = Field(
+        "warn", description="a job using more than it declared: warn, or stop it"
+    )
+    overuse_tolerance: float = Field(1.05, ge=1.0, description="over means above declared x this")
+    auto_memory_margin: float = Field(
+        1.2, ge=1.0, description="--gpu-memory auto: the peak of earlier runs x this"
+    )
     max_retries: int = Field(2, ge=0)
     command_workdir: Path | None = Field(None, description="default working folder of jobs")
     log_dir: Path | None = Field(None, description="job logs (default $RIG_HOME/logs/jobs)")

@@ -45,6 +45,7 @@ class FailureClass(str, Enum):
     CANCELLED = "cancelled"  # a person cancelled it
     LOST = "lost"  # its worker or node died
     COMMAND_NOT_FOUND = "command_not_found"  # exit 127 / 126 from the shell wrapper
+    OVER_DECLARATION = "over_declaration"  # rig stopped it: it used more memory than declared
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P cards                       set      card ids "<node>/<index>"
   P card:<node>:<index>         hash     one card's capacity, reservations and readings
   P card:<node>:<index>:jobs    hash     job id -> bytes reserved on that card
+  P history:<name>              list     measured peak bytes of earlier successful runs, newest first
   P nodes                       set      node names
   P node:<node>                 hash     a node's registration (cards, started_at)
   P worker:<name>               string   heartbeat, expires after health.timeout
@@ -58,6 +59,9 @@ class Keys:
     @property
     def errors(self) -> str:
         return f"{self.prefix}errors"
+
+    def history(self, name: str) -> str:
+        return f"{self.prefix}history:{name}"
 
     # cards and nodes
     @property

@@ -213,5 +213,19 @@ class Ledger:
         )
         return int(detail) if int(ok) == 1 else 0
 
+    def observe(self, node: str, index: int, job_id: int, used: int, utilization: int | None,
+                declared: int, tolerance: float = 1.05) -> tuple[int, bool]:
+        """Record a measured sample; the card then counts max(declared, used) for the job.
+        Returns (bytes held now, over its declaration?); held is -1 if the job left the card."""
+        held, over = self.scripts.observe(
+            keys=[self.keys.card(node, index), self.keys.card_jobs(node, index), self.keys.job(job_id)],
+            args=[job_id, int(used), "" if utilization is None else int(utilization), int(declared), tolerance],
+        )
+        return int(held), bool(int(over))
+
+    def set_foreign(self, node: str, index: int, nbytes: int) -> None:
+        """Memory on the card used by processes rig did not start: counted as taken."""
+        self.r.hset(self.keys.card(node, index), "foreign", int(nbytes))
+
     def job_cards(self, job: Job) -> list[CardState]:
         return [self.card(job.node, i) for i in job.cards] if job.node else []

@@ -126,6 +126,21 @@ class Job:
     failure: str | None = None  # FailureClass value of the last failed attempt
     evidence: list[str] = field(default_factory=list)  # log lines that decided it
     suggested_gpu_memory: int | None = None  # bytes, after a CUDA OOM
+    # Measured on the card(s) during the current attempt (bytes; util in percent).
+    vram_peak: int = 0
+    vram_sum: int = 0
+    vram_samples: int = 0
+    util_sum: int = 0
+    util_samples: int = 0
+    overuse: int = 0  # the most it used beyond its declaration (bytes), 0 if never
+
+    @property
+    def vram_mean(self) -> int | None:
+        return self.vram_sum // self.vram_samples if self.vram_samples else None
+
+    @property
+    def util_mean(self) -> float | None:
+        return self.util_sum / self.util_samples if self.util_samples else None
 
     @property
     def display_command(self) -> str:
@@ -142,7 +157,8 @@ class Job:
     # -- (de)serialisation --------------------------------------------------------------
     _JSON_FIELDS = ("command", "env", "cards", "log_paths", "attempts", "evidence")
     _INT_FIELDS = ("id", "gpu_memory", "gpus", "attempt", "assignments", "pid", "proc_start",
-                   "exit_code", "max_retries", "suggested_gpu_memory")
+                   "exit_code", "max_retries", "suggested_gpu_memory", "vram_peak", "vram_sum",
+                   "vram_samples", "util_sum", "util_samples", "overuse")
     _FLOAT_FIELDS = ("created_at", "assigned_at", "started_at", "ended_at", "time_limit")
     _BOOL_FIELDS = ("shell", "cancel_requested", "oom_retry_grow")
 
@@ -214,6 +230,11 @@ class CardState:
     updated_at: float | None = None
     fake: bool = False
     health_reason: str = ""
+    foreign: int = 0  # bytes used by processes rig did not start
+
+    @property
+    def taken(self) -> int:
+        return self.reserved + self.foreign
 
     @property
     def id(self) -> str:
@@ -221,8 +242,8 @@ class CardState:
 
     @property
     def free(self) -> int:
-        """Reservable bytes left."""
-        return max(0, self.usable - self.reserved)
+        """Reservable bytes left (what rig reserved and what others use are both taken)."""
+        return max(0, self.usable - self.reserved - self.foreign)
 
     @property
     def eligible(self) -> bool:
@@ -254,4 +275,5 @@ class CardState:
             updated_at=float(data["updated_at"]) if data.get("updated_at") else None,
             fake=data.get("fake", "0") == "1",
             health_reason=data.get("health_reason", ""),
+            foreign=int(data.get("foreign") or 0),
         )

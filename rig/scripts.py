@@ -15,10 +15,11 @@ def _source(name: str) -> str:
 
 
 class Scripts:
-    """reserve, claim, transition and reclaim, bound to one Redis client."""
+    """The ledger's scripts (reserve, claim, transition, reclaim, observe) for one client."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.reserve: Script = client.register_script(_source("reserve"))
         self.claim: Script = client.register_script(_source("claim"))
         self.transition: Script = client.register_script(_source("transition"))
         self.reclaim: Script = client.register_script(_source("reclaim"))
+        self.observe: Script = client.register_script(_source("observe"))

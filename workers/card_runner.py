@@ -24,7 +24,7 @@ from pathlib import Path
 import redis
 
 from rig.config import Settings
-from rig.gpus import GpuBackend, GpuReadError
+from rig.gpus import GpuBackend, GpuReadError, GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.logs import enforce_size_cap
@@ -65,6 +65,7 @@ class ActiveJob:
     started_at: float = field(default_factory=time.time)
     time_limit: float | None = None
     timed_out: bool = False
+    overused: int = 0  # bytes, when rig stopped it for using more than it declared
     log_path: Path | None = None
 
     @property
@@ -236,8 +237,15 @@ class CardRunner:
                 if not active.kill_event.is_set() and now >= next_poll:
                     next_poll = now + CANCEL_POLL_S
                     try:
-                        if self.r.hget(self.keys.job(active.job_id), "cancel_requested") == "1":
+                        flags = self.r.hmget(self.keys.job(active.job_id), "cancel_requested", "overuse_stop")
+                        if flags[0] == "1":
                             active.kill_event.set()
+                        elif flags[1] and not active.overused:
+                            active.overused = int(flags[1])
+                            log.warning("job %s: over its declaration (%s bytes); stopping it "
+                                        "(overuse_policy = stop)", active.job_id, flags[1])
+                            stop_tree(active.pid, self.settings.kill_grace_seconds,
+                                      reap=lambda: _reap(active))
                     except redis.RedisError:
                         pass  # Redis away: keep watching the process
                 if now >= next_cap and active.log_path is not None:
@@ -291,7 +299,7 @@ class CardRunner:
             return AttemptEnd(exit_code=None, lost=True,
                               note="it ended while no worker watched it; exit status unknown")
         return AttemptEnd(exit_code=rc, cancelled=cancelled, timed_out=active.timed_out,
-                          cancelled_by=by)
+                          cancelled_by=by, overused=active.overused)
 
     def _finish(self, job_id: int, token: str, end: AttemptEnd,
                 expect: JobState | None = None) -> JobState | None:
@@ -426,7 +434,9 @@ class CardRunner:
                 pipe.set(self.keys.worker(self.worker_name), json.dumps(beat), ex=ttl)
                 pipe.sadd(self.keys.workers, self.worker_name)
                 pipe.execute()
-                self._read_card()
+                reading = self._read_card()
+                if reading is not None:
+                    self._observe_jobs(reading)
                 if time.monotonic() >= next_audit:
                     next_audit = time.monotonic() + self.settings.health.check_interval
                     self.adopt(resend_after=self.settings.health.assigned_timeout)
@@ -440,18 +450,18 @@ class CardRunner:
         except redis.RedisError:
             pass
 
-    def _read_card(self) -> None:
+    def _read_card(self) -> GpuReading | None:
         """Record the card's readings; a card that cannot be read, or runs hotter than
         health.max_temperature, is marked unhealthy and takes no new jobs until it recovers
         (5 C below the limit)."""
         if self.backend is None:
-            return
+            return None
         try:
             reading = self.backend.read(self.index)
         except GpuReadError as exc:
             log.warning("card %s/%s cannot be read: %s", self.node, self.index, exc)
             self.ledger.set_healthy(self.node, self.index, False, f"cannot be read: {exc}")
-            return
+            return None
         self.ledger.record_reading(self.node, reading)
         limit = self.settings.health.max_temperature
         card = self.ledger.card(self.node, self.index)
@@ -463,6 +473,45 @@ class CardRunner:
         elif not card.healthy and (temp is None or temp <= limit - 5):
             log.info("card %s/%s healthy again", self.node, self.index)
             self.ledger.set_healthy(self.node, self.index, True)
+        return reading
+
+    def _observe_jobs(self, reading: GpuReading) -> None:
+        """Closed-loop accounting: attribute the card's per-process memory to the running jobs
+        holding this card (by process session, or by the job id in a process's environment),
+        record each job's sample, let the ledger count max(declared, used), and count memory
+        of processes rig did not start as taken (``foreign``)."""
+        holdings = self.ledger.holdings(self.node, self.index)
+        jobs = [j for j in self.store.get_many(sorted(holdings)) if j.state is JobState.RUNNING]
+        by_session = {j.pid: j for j in jobs if j.pid}
+        by_id = {j.id: j for j in jobs}
+        usage = {j.id: 0 for j in jobs}
+        foreign = 0
+        for pid, nbytes in reading.processes.items():
+            job = None
+            try:
+                job = by_session.get(os.getsid(pid))
+            except (ProcessLookupError, PermissionError):
+                continue
+            if job is None:
+                job = by_id.get(_job_id_of(pid, self.settings.key_prefix) or -1)
+            if job is None:
+                foreign += nbytes
+            else:
+                usage[job.id] += nbytes
+        for job in jobs:
+            if not job.pid:
+                continue  # still starting: its first sample comes next time
+            _held, over = self.ledger.observe(self.node, self.index, job.id, usage[job.id],
+                                              reading.utilization, job.gpu_memory,
+                                              self.settings.overuse_tolerance)
+            if over and not job.overuse:
+                log.warning("job %s uses %d bytes on %s/%s, more than the %d it declared", job.id,
+                            usage[job.id], self.node, self.index, job.gpu_memory)
+            if over and self.settings.overuse_policy == "stop":
+                self.store.update(job.id, overuse_stop=usage[job.id])
+        card = self.ledger.card(self.node, self.index)
+        if card.foreign != foreign:
+            self.ledger.set_foreign(self.node, self.index, foreign)
 
     def _kill_listener(self) -> None:
         """Pass kill requests published on the kill channel to the job's supervisor."""
@@ -512,6 +561,24 @@ def _read_exit_file(path: Path) -> int | None:
         return int(path.read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
+
+
+def _job_id_of(pid: int, prefix: str) -> int | None:
+    """The rig job id in a process's environment, if it belongs to this rig (same key prefix)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = fh.read().split(b"\0")
+    except OSError:
+        return None
+    if f"RIG_KEY_PREFIX={prefix}".encode() not in env:
+        return None
+    for item in env:
+        if item.startswith(b"RIG_JOB_ID="):
+            try:
+                return int(item.split(b"=", 1)[1])
+            except ValueError:
+                return None
+    return None
 
 
 def _reap(active: ActiveJob) -> None:

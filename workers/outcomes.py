@@ -24,6 +24,9 @@ from rig.models import Job, JobState
 
 log = logging.getLogger(__name__)
 
+#: Measured peaks kept per job name, newest first.
+HISTORY_LENGTH = 20
+
 
 @dataclass
 class AttemptEnd:
@@ -35,6 +38,7 @@ class AttemptEnd:
     lost: bool = False
     note: str = ""  # extra words for the reason, e.g. "its worker died"
     cancelled_by: str | None = None
+    overused: int = 0  # bytes it used when rig stopped it for exceeding its declaration
 
 
 @dataclass
@@ -52,6 +56,11 @@ def decide(job: Job, end: AttemptEnd, largest_usable: int, now: float | None = N
     tail = read_tail(log_path) if log_path else ""
     found = classify(exit_code=end.exit_code, cancelled=end.cancelled, timed_out=end.timed_out,
                      lost=end.lost, log_tail=tail)
+    if end.overused and not end.cancelled:
+        found = Classification(
+            FailureClass.OVER_DECLARATION,
+            f"stopped by rig: used {format_memory(end.overused)} on a card, declared "
+            f"{format_memory(job.gpu_memory)}", ())
     summary = found.summary if found else "exit code 0"
     if end.note:
         summary = f"{summary} ({end.note})"
@@ -62,6 +71,9 @@ def decide(job: Job, end: AttemptEnd, largest_usable: int, now: float | None = N
         "started_at": job.started_at, "ended_at": now, "exit_code": end.exit_code,
         "outcome": found.failure.value if found else "succeeded", "summary": summary,
         "evidence": list(found.evidence) if found else [], "log": log_path,
+        "vram_peak": job.vram_peak or None, "vram_mean": job.vram_mean,
+        "util_mean": round(job.util_mean, 1) if job.util_mean is not None else None,
+        "overuse": job.overuse or None,
     }
     fields: dict = {"attempts": [*job.attempts, record], "reason": summary}
     if end.exit_code is not None:
@@ -75,6 +87,11 @@ def decide(job: Job, end: AttemptEnd, largest_usable: int, now: float | None = N
     if found.failure is FailureClass.TIMEOUT:
         return Decision(JobState.TIMEOUT, True, fields, found)
     retries_left = job.attempt <= job.max_retries
+    if found.failure is FailureClass.OVER_DECLARATION:
+        suggestion = suggest_memory(job.gpu_memory, end.overused, largest_usable)
+        fields["suggested_gpu_memory"] = suggestion
+        fields["reason"] = (f"{summary}; `rig retry {job.id} --gpu-memory {_as_flag(suggestion)}`")
+        return Decision(JobState.FAILED, True, fields, found)
     if found.failure is FailureClass.CUDA_OOM:
         suggestion = suggest_memory(job.gpu_memory, None, largest_usable)
         fields["suggested_gpu_memory"] = suggestion
@@ -102,8 +119,19 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
     largest = max((c.usable for c in cards if c.node == job.node), default=0) or max(
         (c.usable for c in cards), default=job.gpu_memory)
     decision = decide(job, end, largest)
+    if decision.state is JobState.PENDING:
+        # A new attempt measures afresh.
+        decision.fields.update(vram_peak=0, vram_sum=0, vram_samples=0, util_sum=0,
+                               util_samples=0, overuse=0, overuse_stop=None)
     code, detail = ledger.transition(job.id, decision.state, token=token, fields=decision.fields,
                                      error_queue=decision.error_queue, expect=expect)
+    if code == 1 and decision.state is JobState.SUCCEEDED and job.vram_peak:
+        # What this kind of job really needs, for `--gpu-memory auto` next time.
+        key = ledger.keys.history(job.name)
+        pipe = ledger.r.pipeline(transaction=False)
+        pipe.lpush(key, job.vram_peak)
+        pipe.ltrim(key, 0, HISTORY_LENGTH - 1)
+        pipe.execute()
     if code == 1:
         log.info("job %s attempt %s: %s -> %s (%s)", job.id, job.attempt, detail,
                  decision.state.value, decision.fields.get("reason"))

@@ -11,7 +11,14 @@ from pathlib import Path
 import click
 
 from rig.cli.common import client_from, fail, handle_errors, settings_from
-from rig.cli.render import make_console, render_errors, render_job, render_jobs, render_status
+from rig.cli.render import (
+    make_console,
+    render_errors,
+    render_job,
+    render_jobs,
+    render_metrics,
+    render_status,
+)
 from rig.cli.submit import do_submit, submit_options
 from rig.errors import InvalidInput, StackError
 from rig.models import JobState
@@ -71,6 +78,17 @@ def show(ctx: click.Context, job_id: str) -> None:
     job = client.get(job_id)
     render_job(job, client.why_waiting(job), make_console(),
                in_error_queue=client.store.in_error_queue(job.id))
+
+
+@cli.command()
+@click.argument("job_id")
+@click.pass_context
+@handle_errors
+def metrics(ctx: click.Context, job_id: str) -> None:
+    """Declared vs measured GPU memory (peak, mean), GPU utilisation and duration, per attempt."""
+    client = client_from(ctx)
+    client.ping()
+    render_metrics(client.get(job_id), make_console())
 
 
 @cli.command()

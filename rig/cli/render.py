@@ -62,7 +62,8 @@ def render_status(report: StatusReport, console: Console) -> None:
         cards.add_column(col, justify="right" if col not in ("card", "model", "running") else "left")
     for card in report.cards:
         jobs = report.running.get(card.id, [])
-        running = ", ".join(f"{j.id}:{j.name}" for j in jobs) or "-"
+        running = ", ".join(f"{j.id}:{j.name}" + (" [bold red](over its declaration)[/]" if j.overuse else "")
+                            for j in jobs) or "-"
         flags = []
         if not card.allowed:
             flags.append("not in whitelist")
@@ -70,6 +71,8 @@ def render_status(report: StatusReport, console: Console) -> None:
             flags.append(f"UNHEALTHY: {card.health_reason}" if card.health_reason else "UNHEALTHY")
         if flags:
             running = f"[{', '.join(flags)}] {running}"
+        if card.foreign:
+            running = f"[others use {_gib(card.foreign)}] {running}"
         cards.add_row(
             card.id, card.model, _gib(card.total), _gib(card.usable), _gib(card.reserved),
             _gib(card.free), _gib(card.used),
@@ -121,6 +124,34 @@ def render_jobs(jobs: list[Job], console: Console) -> None:
         console.print("no jobs")
     else:
         console.print(table)
+
+
+def render_metrics(job: Job, console: Console) -> None:
+    """Declared vs measured memory, utilisation and duration, per attempt (M12)."""
+    table = Table(title=f"job {job.id} '{job.name}': measured on its card(s), per attempt",
+                  title_justify="left")
+    for col in ("attempt", "outcome", "declared", "peak", "mean", "peak/declared", "gpu util", "duration"):
+        table.add_column(col, justify="left" if col in ("outcome",) else "right")
+
+    def row(n, outcome, declared, peak, mean, util, seconds) -> None:  # noqa: ANN001
+        ratio = f"{peak / declared:.0%}" if peak and declared else "-"
+        if peak and declared and peak > declared:
+            ratio = f"[bold red]{ratio} over[/]"
+        table.add_row(str(n), outcome, format_memory(declared), format_memory(peak or None),
+                      format_memory(mean), ratio, "-" if util is None else f"{util:.0f}%",
+                      duration(seconds))
+
+    for a in job.attempts:
+        took = (a.get("ended_at") or 0) - (a.get("started_at") or 0) if a.get("started_at") else None
+        row(a.get("attempt"), a.get("outcome", "-"), a.get("gpu_memory"), a.get("vram_peak"),
+            a.get("vram_mean"), a.get("util_mean"), took)
+    if job.state is JobState.RUNNING:
+        row(job.attempt, "running", job.gpu_memory, job.vram_peak, job.vram_mean, job.util_mean,
+            time.time() - job.started_at if job.started_at else None)
+    if not job.attempts and job.state is not JobState.RUNNING:
+        console.print(f"job {job.id} has not run yet ({job.state.value.lower()})")
+        return
+    console.print(table)
 
 
 def render_errors(jobs: list[Job], console: Console) -> None:

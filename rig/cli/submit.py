@@ -20,7 +20,8 @@ def submit_options(fn):  # noqa: ANN001, ANN201
     opts = [
         click.option("--name", "-n", help="A name to find the job by (default: the program's name)."),
         click.option("--gpu-memory", "-m", "gpu_memory", metavar="SIZE",
-                     help="GPU memory the job needs on each card, e.g. 12G, 512M (binary units)."),
+                     help="GPU memory the job needs on each card, e.g. 12G, 512M (binary units); "
+                          "'auto' = measured peak of earlier runs with the same --name x margin."),
         click.option("--gpus", "-g", type=int, default=1, show_default=True,
                      help="Number of cards (all on one server, all given at once)."),
         click.option("--priority", "-p", metavar="high|medium|low",
@@ -58,6 +59,8 @@ def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir
         time_limit=time_limit, oom_retry_grow=oom_retry_grow,
     )
     job = handle._job
+    if client.last_auto_note:
+        click.echo(client.last_auto_note, err=True)
     click.echo(handle.id)
     cards = "1 card" if job.gpus == 1 else f"{job.gpus} cards"
     click.echo(f"submitted job {job.id} '{job.name}': {format_memory(job.gpu_memory)} on {cards}, "

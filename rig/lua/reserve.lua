@@ -15,8 +15,9 @@
 -- Returns {1, token} on success (token = the job's new assignment number, which fences the
 -- worker's claim), or {0, reason} and changes nothing.
 --
--- Invariants kept, per card: reserved + bytes <= usable; jobs + 1 <= max_jobs; only cards with
--- allowed = 1 and healthy = 1 take jobs.
+-- Invariants kept, per card: reserved + foreign + bytes <= usable (foreign: memory used by
+-- processes rig did not start); jobs + 1 <= max_jobs; only cards with allowed = 1 and
+-- healthy = 1 take jobs.
 
 local job, pending, idx_pending, idx_assigned = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local job_id, bytes, now, node, cards = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
@@ -29,7 +30,8 @@ end
 local ncards = (#KEYS - 4) / 2
 for i = 0, ncards - 1 do
   local card = KEYS[5 + 2 * i]
-  local f = redis.call('HMGET', card, 'usable', 'reserved', 'jobs', 'max_jobs', 'allowed', 'healthy')
+  local f = redis.call('HMGET', card, 'usable', 'reserved', 'jobs', 'max_jobs', 'allowed', 'healthy',
+                       'foreign')
   if not f[1] then
     return {0, 'card-missing:' .. card}
   end
@@ -39,7 +41,7 @@ for i = 0, ncards - 1 do
   if f[6] == '0' then
     return {0, 'card-unhealthy:' .. card}
   end
-  if tonumber(f[2] or '0') + bytes > tonumber(f[1]) then
+  if tonumber(f[2] or '0') + tonumber(f[7] or '0') + bytes > tonumber(f[1]) then
     return {0, 'card-full:' .. card}
   end
   if tonumber(f[3] or '0') + 1 > tonumber(f[4] or '1') then

@@ -249,6 +249,25 @@ def interval_oversubscription(records: Iterable[RunRecord], *, usable_per_card: 
     return total
 
 
+def refill_gaps(records: list[RunRecord], min_wait_s: float = 0.2) -> list[float]:
+    """For each job that waited more than ``min_wait_s``: its start - the last end on any of
+    its cards before that start (s). Small when freed room is taken at once; large when the
+    job was held back by something else (strict order behind a head that does not fit)."""
+    ends: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for r in records:
+        if r.ended_at is not None:
+            for c in r.cards:
+                ends[(r.node, c)].append(r.ended_at)
+    gaps = []
+    for r in records:
+        if r.started_at is None or r.started_at - r.created_at <= min_wait_s:
+            continue
+        before = [e for c in r.cards for e in ends.get((r.node, c), []) if e <= r.started_at]
+        if before:
+            gaps.append(r.started_at - max(before))
+    return gaps
+
+
 def snapshot_over(cards: Iterable[Mapping[str, str]]) -> list[int]:
     """Indexes (position in ``cards``) of the card hashes of one ledger snapshot that hold more
     than they may: ``reserved`` > ``usable`` bytes or ``jobs`` > ``max_jobs``."""
