@@ -16,9 +16,16 @@ redis_url = "{redis_url}"
 # Prefix of every Redis key rig writes (several rigs can share one Redis with different ones).
 key_prefix = "rig:"
 
-# Placement strategy: "best-fit" (packs cards tightly, keeps big blocks whole),
-# "least-loaded" (spreads jobs), or "first-fit" (lowest card number first).
+# Placement strategy: "multi-factor" (fragmentation-aware: avoids stranding memory, keeps
+# empty cards whole for big and multi-card jobs, prefers cooler cards), "best-fit" (tightest
+# card), "least-loaded" (spreads jobs), or "first-fit" (lowest card number first).
 scheduler_type = "{scheduler_type}"
+
+# A waiting job moves up one priority level per this many seconds (no starvation of low jobs).
+aging_seconds = 600
+
+# A job that uses more GPU memory than it declared: "warn" (flag it) or "stop" it.
+overuse_policy = "warn"
 
 # Cards rig may use, by index (nvidia-smi order). Leave unset to use every card.
 # gpu_whitelist = [0, 1, 2, 3]

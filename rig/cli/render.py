@@ -189,6 +189,11 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
         rows.append(("exit code", str(job.exit_code)))
     if job.reason:
         rows.append(("reason", job.reason))
+    if job.vram_samples:
+        rows.append(("measured", f"peak {format_memory(job.vram_peak)}, mean {format_memory(job.vram_mean)}"
+                     + (f", util {job.util_mean:.0f}%" if job.util_mean is not None else "")))
+    if job.overuse:
+        rows.append(("over its declaration", f"[bold red]used up to {format_memory(job.overuse)}[/]"))
     if job.failure:
         rows.append(("failure class", job.failure))
     for line in job.evidence:

@@ -8,6 +8,7 @@ records carry epoch seconds).
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from collections import defaultdict
@@ -293,3 +294,65 @@ def summary_stats(values: Sequence[float]) -> dict[str, float]:
         "p99": percentile(values, 0.99),
         "max": max(values) if values else math.nan,
     }
+
+
+# -- offline reference -----------------------------------------------------------------------------
+_RANK = {p: i for i, p in enumerate(PRIORITIES)}
+
+
+def greedy_makespan(jobs: Sequence[TraceJob], *, cards: int, usable_per_card: int,
+                    max_jobs_per_card: int, holds: bool = False,
+                    start_overhead_s: float = 0.0) -> float:
+    """Makespan (s from 0) of an offline greedy scheduler with perfect knowledge of the trace and
+    no dispatch delay: at every arrival or end, waiting jobs are offered in (priority, arrival,
+    index) order and each one that fits starts on its best-fit cards (tightest, then fewest
+    jobs, then lowest index). With ``holds``, a job that does not fit holds its ``gpus`` cards
+    closest to fitting for the rest of that round, as rig's dispatcher does. Each job runs
+    ``duration + start_overhead_s`` s. A reference for the real run, not a bound."""
+    free = [usable_per_card] * cards
+    count = [0] * cards
+    arrivals = sorted(jobs, key=lambda j: (j.arrival, j.index))
+    running: list[tuple[float, int, tuple[int, ...], int]] = []  # (end, index, cards, bytes)
+    waiting: list[TraceJob] = []
+    now = last_end = 0.0
+    nxt = 0
+    while nxt < len(arrivals) or waiting or running:
+        times = [running[0][0]] if running else []
+        if nxt < len(arrivals):
+            times.append(arrivals[nxt].arrival)
+        if not times:  # only jobs that can never fit are left
+            break
+        now = max(now, min(times))
+        while nxt < len(arrivals) and arrivals[nxt].arrival <= now:
+            waiting.append(arrivals[nxt])
+            nxt += 1
+        while running and running[0][0] <= now:
+            _end, _index, used, nbytes = heapq.heappop(running)
+            for c in used:
+                free[c] += nbytes
+                count[c] -= 1
+        waiting.sort(key=lambda j: (_RANK.get(j.priority, len(_RANK)), j.arrival, j.index))
+        held: set[int] = set()
+        still: list[TraceJob] = []
+        for job in waiting:
+            fit = [c for c in range(cards) if c not in held and free[c] >= job.gpu_memory
+                   and count[c] < max_jobs_per_card]
+            if len(fit) < job.gpus:
+                still.append(job)
+                if holds:
+                    big = [c for c in range(cards)
+                           if c not in held and usable_per_card >= job.gpu_memory]
+                    if len(big) >= job.gpus:
+                        big.sort(key=lambda c: (max(0, job.gpu_memory - free[c]), count[c], c))
+                        held.update(big[: job.gpus])
+                continue
+            chosen = tuple(sorted(fit, key=lambda c: (free[c] - job.gpu_memory, count[c], c))
+                           [: job.gpus])
+            for c in chosen:
+                free[c] -= job.gpu_memory
+                count[c] += 1
+            end = now + job.duration + start_overhead_s
+            last_end = max(last_end, end)
+            heapq.heappush(running, (end, job.index, chosen, job.gpu_memory))
+        waiting = still
+    return last_end
