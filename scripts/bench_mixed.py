@@ -65,6 +65,7 @@ from rig.testing.trace import (  # noqa: E402
     RunRecord,
     TraceJob,
     generate_trace,
+    greedy_makespan,
     interval_oversubscription,
     job_command,
     lower_bound,
@@ -507,6 +508,14 @@ def main() -> int:
     print(f"lower bound {bound.value:.1f} s ({bound.binding}; planned durations): memory-time / "
           f"usable capacity {bound.memory_time:.1f} s, job-time / ({CARDS} x {MAX_JOBS}) "
           f"{bound.job_time:.1f} s, latest arrival + duration {bound.arrival:.1f} s")
+    kw = {"cards": CARDS, "usable_per_card": USABLE_BYTES, "max_jobs_per_card": MAX_JOBS}
+    reference = {"greedy_best_fit_s": greedy_makespan(trace, **kw),
+                 "greedy_best_fit_holds_s": greedy_makespan(trace, holds=True, **kw)}
+    print(f"offline greedy best-fit, perfect knowledge, no dispatch delay: "
+          f"{reference['greedy_best_fit_s']:.1f} s "
+          f"(x {reference['greedy_best_fit_s'] / bound.value:.2f}); with card holds for "
+          f"blocked jobs: {reference['greedy_best_fit_holds_s']:.1f} s "
+          f"(x {reference['greedy_best_fit_holds_s'] / bound.value:.2f})")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     print("VRAM-time utilisation = sum(gpu_memory x gpus x run time) / "
           f"({CARDS} x {USABLE_BYTES / GIB:.0f} GiB usable x makespan)")
@@ -531,6 +540,7 @@ def main() -> int:
     report: dict[str, Any] = {
         "command": sys.argv, "seed": args.seed, "jobs": len(trace),
         "lower_bound_s": dataclasses.asdict(bound) | {"value": bound.value},
+        "offline_reference": reference,
         "trace": [dataclasses.asdict(j) for j in trace], "strategies": results,
     }
 

@@ -12,6 +12,7 @@ from rig.testing.trace import (
     RunRecord,
     TraceJob,
     generate_trace,
+    greedy_makespan,
     interval_oversubscription,
     job_command,
     lower_bound,
@@ -152,3 +153,42 @@ def test_snapshot_over_flags_cards_beyond_their_limits() -> None:
         {},
     ]
     assert snapshot_over(cards) == [1, 2]
+
+
+# -- offline reference -----------------------------------------------------------------------------
+def tj(index: int, gib: int, duration: float, *, arrival: float = 0.0, gpus: int = 1,
+       priority: str = "low") -> TraceJob:
+    return TraceJob(index, "x", gib * GIB, gpus, priority, arrival, duration)
+
+
+def greedy(jobs: list[TraceJob], *, cards: int = 1, max_jobs: int = 4,
+           holds: bool = False) -> float:
+    return greedy_makespan(jobs, cards=cards, usable_per_card=76 * GIB,
+                           max_jobs_per_card=max_jobs, holds=holds)
+
+
+def test_greedy_packs_by_memory_and_job_count() -> None:
+    assert greedy([]) == 0.0
+    assert greedy([tj(0, 10, 2.0, arrival=3.0)]) == pytest.approx(5.0)
+    assert greedy([tj(0, 30, 2.0), tj(1, 30, 3.0)]) == pytest.approx(3.0)  # share the card
+    assert greedy([tj(0, 50, 2.0), tj(1, 50, 3.0)]) == pytest.approx(5.0)  # one after the other
+    assert greedy([tj(i, 1, 1.0) for i in range(3)], max_jobs=2) == pytest.approx(2.0)
+    assert greedy([tj(0, 50, 2.0), tj(1, 50, 3.0)], cards=2) == pytest.approx(3.0)
+    assert greedy([tj(0, 80, 1.0)]) == 0.0  # never fits: left out
+
+
+def test_greedy_holds_keep_cards_for_a_blocked_job() -> None:
+    jobs = [tj(0, 40, 10.0), tj(1, 40, 2.0),
+            tj(2, 50, 1.0, arrival=1.0, gpus=2, priority="high"), tj(3, 30, 10.0, arrival=1.0)]
+    # without holds the small job slips in at 1 s and the high job waits for it (ends at 12 s);
+    # with holds the high job starts when card 0 frees at 10 s and the small one after it
+    assert greedy(jobs, cards=2) == pytest.approx(12.0)
+    assert greedy(jobs, cards=2, holds=True) == pytest.approx(21.0)
+
+
+def test_greedy_is_at_least_the_lower_bound() -> None:
+    trace = generate_trace(200, 8)
+    kw = {"cards": 8, "usable_per_card": 76 * GIB, "max_jobs_per_card": 4}
+    bound = lower_bound(trace, **kw).value
+    assert bound <= greedy_makespan(trace, **kw)
+    assert bound <= greedy_makespan(trace, holds=True, **kw)
