@@ -27,6 +27,7 @@ SECONDS_PER_DAY = 86400
 LINE_SEARCH = 4096
 
 _READ_CHUNK = 1 << 20
+_PAGE = 4096  # a half-done write shows up to a multiple of this (pages and folios are)
 _SETTLE_ROUNDS = 3  # re-reads of a growing tail before dropping its unfinished last line
 _HUGE_COUNT = 10**18  # more bytes than any log will ever have had cut: sizes the worst marker
 
@@ -94,9 +95,9 @@ def enforce_size_cap(path: Path, cap_bytes: int, *, keep_head: int | None = None
     * bytes the job writes between the tail read and the truncate are lost;
     * bytes it writes between the truncate and the append land just before the marker.
 
-    * while the job keeps writing, a last line seen half-written is dropped (see
-      ``_read_settled_tail``), and a line that crosses a page boundary can, rarely, still be
-      seen half-written; its rest is then lost.
+    * while the job keeps writing, or when the file ends mid-line on a 4 KiB boundary (where
+      a half-done write shows), the unfinished last line is dropped (``_read_settled_tail``);
+      an unfinished write can, rarely, still slip through, leaving half a line.
 
     The windows are microseconds; lines written with one ``write`` otherwise stay whole when the
     head ends at a line end. Concurrent callers on the same file are serialised with
@@ -208,18 +209,26 @@ def _read_to_eof(fd: int, offset: int) -> bytes:
 
 
 def _read_settled_tail(fd: int, offset: int) -> bytes:
-    """The tail up to the end of the file, read again while the job is seen appending.
+    """The tail up to the end of the file, read again while a write looks unfinished.
 
-    A reader can see a write that crosses a page boundary half done. If the file still grows
-    after a few re-reads, the last (possibly half-written) line is dropped: it would be lost
-    anyway, since the rest of that write lands before the truncate.
+    A reader can see a write that crosses a page boundary half done: the file then ends on a
+    4 KiB boundary without a newline. The rest of such a write always lands before our
+    truncate (the kernel serialises the two), so it would be lost and leave half a line. When
+    the file keeps growing or still looks that way after a few re-reads, the unfinished last
+    line is dropped instead.
     """
     tail = _read_to_eof(fd, offset)
     for _ in range(_SETTLE_ROUNDS):
-        if os.fstat(fd).st_size <= offset + len(tail):
+        end = offset + len(tail)
+        if os.fstat(fd).st_size <= end and not _looks_half_written(tail, end):
             return tail
-        tail += _read_to_eof(fd, offset + len(tail))
+        os.sched_yield()  # let a writer in the middle of a write finish it
+        tail += _read_to_eof(fd, end)
     return tail[: _complete_end(tail)]
+
+
+def _looks_half_written(tail: bytes, end: int) -> bool:
+    return bool(tail) and not tail.endswith(b"\n") and end % _PAGE == 0
 
 
 def _complete_end(data: bytes) -> int:

@@ -17,7 +17,8 @@ from workers.dispatcher import Dispatcher
 
 @pytest.fixture
 def setup(redis_client, key_prefix):
-    settings = load_settings(key_prefix=key_prefix, scheduler_type="best-fit", node_name="n1")
+    settings = load_settings(key_prefix=key_prefix, scheduler_type="best-fit", node_name="n1",
+                             hold_after_seconds=0)
     ledger = Ledger(redis_client, Keys(key_prefix))
     for i in range(2):
         ledger.register_card("n1", GpuReading(index=i, uuid=f"u{i}", model="m", total=40 * GIB),
@@ -69,6 +70,26 @@ def test_blocked_job_holds_its_card_and_lower_work_backfills_elsewhere(setup):
     assert dispatcher.dispatch_pass() == 2
     assert [s[0] for s in started[-2:]] == [big, small2]
     assert ledger.store.get(big).cards == [0] and ledger.store.get(small2).cards == [0]
+
+
+def test_no_hold_before_a_job_has_waited_hold_after_seconds(setup, redis_client, key_prefix):
+    ledger, _, started = setup
+    settings = load_settings(key_prefix=key_prefix, node_name="n1", hold_after_seconds=60)
+    dispatcher = Dispatcher(settings, lambda *a: started.append(a), client=redis_client)
+    blockers = [submit(ledger, 30), submit(ledger, 30)]
+    assert dispatcher.dispatch_pass() == 2
+    big = submit(ledger, 35, Priority.HIGH)
+    smalls = [submit(ledger, 5, Priority.LOW), submit(ledger, 5, Priority.LOW)]
+    assert dispatcher.dispatch_pass() == 2  # both backfill: the big job has not waited long
+    assert sorted(ledger.store.get(s).cards[0] for s in smalls) == [0, 1]
+    assert "held for it" not in ledger.store.get(big).wait_reason
+    redis_client.hset(Keys(key_prefix).job(big), "created_at", time.time() - 61)
+    on_card0 = next(s for s in smalls if ledger.store.get(s).cards == [0])
+    ledger.transition(on_card0, JobState.SUCCEEDED)  # card 0: 10 GiB and a slot free again
+    later = submit(ledger, 1, Priority.LOW)
+    assert dispatcher.dispatch_pass() == 0
+    assert "n1/0 held for it" in ledger.store.get(big).wait_reason  # it has waited: card 0 held
+    assert blockers and ledger.store.get(later).state is JobState.PENDING
 
 
 def test_aging_lifts_a_long_waiting_low_job(setup, redis_client, key_prefix):

@@ -34,7 +34,7 @@ LINE_RE = re.compile(rb"L(\d{7}) ")
 MARKER_RE = re.compile(rb"\[rig: (\d+) bytes of output were cut here to keep this log under ([^\]]+)\]\n")
 
 # Appends numbered lines ("ab", one flushed write each) until the parent closes our stdin,
-# then prints the number of the last line written.
+# then one last line, and prints that line's number.
 CHILD = LINE_SRC + """
 import select, sys
 i = 0
@@ -45,6 +45,8 @@ with open(sys.argv[1], "ab") as f:
         if i % 32 == 0 and select.select([sys.stdin], [], [], 0)[0]:
             break
         i += 1
+    i += 1
+    f.write(line(i))  # written after the parent's last call: must end the file
 print(i)
 """
 
