@@ -60,7 +60,9 @@ class Settings(BaseSettings):
         600.0, gt=0, description="a waiting job moves up one priority level per this many seconds"
     )
     hold_after_seconds: float = Field(
-        20.0, ge=0, description="a job waiting this long holds the cards closest to fitting it"
+        20.0, ge=0,
+        description="a blocked medium job holds the cards closest to fitting it after this long "
+        "(high: at once; low: twice this)",
     )
     gpu_whitelist: list[int] | None = Field(None, description="card indexes rig may use")
     max_task_per_gpu: int = Field(4, ge=1, description="jobs at once on one card")

@@ -78,7 +78,7 @@ def test_no_hold_before_a_job_has_waited_hold_after_seconds(setup, redis_client,
     dispatcher = Dispatcher(settings, lambda *a: started.append(a), client=redis_client)
     blockers = [submit(ledger, 30), submit(ledger, 30)]
     assert dispatcher.dispatch_pass() == 2
-    big = submit(ledger, 35, Priority.HIGH)
+    big = submit(ledger, 35, Priority.MEDIUM)  # high would hold at once
     smalls = [submit(ledger, 5, Priority.LOW), submit(ledger, 5, Priority.LOW)]
     assert dispatcher.dispatch_pass() == 2  # both backfill: the big job has not waited long
     assert sorted(ledger.store.get(s).cards[0] for s in smalls) == [0, 1]
