@@ -7,8 +7,9 @@ one more job. Strategies differ only in which fitting cards they prefer:
 - least-loaded: the cards with the most free memory, then fewest jobs (spreads load)
 - best-fit:     the cards the job fills most tightly (keeps big blocks whole for big jobs)
 - multi-factor: the default. Fragmentation-aware: a cost in bytes per card = memory the
-                placement strands (left free but too small for the smallest waiting job, or
-                left on a card whose job slots are then all taken) + a penalty for opening an
+                placement strands (left free but too small for the smallest waiting job;
+                counting memory left behind a card's last job slot as stranded too made the
+                mixed trace slower, so it is not) + a penalty for opening an
                 empty card while a used one fits (whole cards stay free for big and multi-card
                 jobs) + a tenth of the leftover (tightness) + a little per degree of
                 temperature. Priority comes first in the order the dispatcher offers jobs.
@@ -59,10 +60,7 @@ def multi_factor_cost(card: CardState, request: Request, smallest_waiting: int |
                       used_card_fits: bool) -> float:
     """Bytes-equivalent cost of putting ``request`` on ``card`` (lower is better)."""
     leftover = card.free - request.nbytes
-    slots_left = card.max_jobs - card.jobs - 1
-    stranded = leftover > 0 and (
-        slots_left <= 0 or (smallest_waiting is not None and leftover < smallest_waiting)
-    )
+    stranded = leftover > 0 and smallest_waiting is not None and leftover < smallest_waiting
     cost = float(leftover if stranded else 0)
     if used_card_fits and card.jobs == 0 and card.reserved == 0:
         cost += EMPTY_CARD_PENALTY

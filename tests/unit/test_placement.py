@@ -96,12 +96,6 @@ def test_multi_factor_avoids_stranding_memory_nobody_waiting_can_use():
     assert place(cards, Request(10 * GIB), "multi-factor", smallest_waiting=2 * GIB).cards == (0,)
 
 
-def test_multi_factor_counts_the_last_job_slot_as_stranding():
-    cards = [card(0, 40, jobs=3, max_jobs=4), card(1, 45, jobs=1, max_jobs=4)]
-    # On card 0 the job would take the last slot and leave 30 GiB unusable.
-    assert place(cards, Request(10 * GIB), "multi-factor", smallest_waiting=GIB).cards == (1,)
-
-
 def test_multi_factor_prefers_cooler_cards_on_a_tie():
     cool, hot = card(0, 80, jobs=1), card(1, 80, jobs=1)
     cool.temperature, hot.temperature = 45, 85
