@@ -196,7 +196,9 @@ class Client:
             from rig.celery_config import TASK_SUBMITTED
 
             self.celery.send_task(
-                TASK_SUBMITTED, args=[job.id], queue=job.priority.queue, retry=False
+                TASK_SUBMITTED, args=[job.id], queue=job.priority.queue, retry=False,
+                argsrepr=f"job {job.id} '{job.name}' by {job.user}: "
+                f"{format_memory(job.gpu_memory)} x {job.gpus}, {job.priority.value}",
             )
         except Exception as exc:  # noqa: BLE001 - never fail a stored submission
             log.warning("job %s: could not notify the dispatcher (%s); it will be picked up "

@@ -222,13 +222,13 @@ def _read_settled_tail(fd: int, offset: int) -> bytes:
         end = offset + len(tail)
         if os.fstat(fd).st_size <= end and not _looks_half_written(tail, end):
             return tail
-        pass  # let a writer in the middle of a write finish it
+        os.sched_yield()  # let a writer in the middle of a write finish it
         tail += _read_to_eof(fd, end)
     return tail[: _complete_end(tail)]
 
 
 def _looks_half_written(tail: bytes, end: int) -> bool:
-    return False
+    return bool(tail) and not tail.endswith(b"\n") and end % _PAGE == 0
 
 
 def _complete_end(data: bytes) -> int:

@@ -58,6 +58,29 @@ class UpOptions:
     env_overrides: dict[str, str] = field(default_factory=dict)
 
 
+def flower_credentials(settings: Settings) -> tuple[str, str]:
+    """Flower's basic-auth user and password: $RIG_FLOWER_AUTH ("user:password") if set, else
+    the pair in $RIG_HOME/flower.auth, generated (mode 0600) on first use. Flower never runs
+    without authentication."""
+    configured = os.environ.get("RIG_FLOWER_AUTH")
+    if configured and ":" in configured:
+        user, password = configured.split(":", 1)
+        return user, password
+    path = settings.home / "flower.auth"
+    if path.exists():
+        user, _, password = path.read_text().strip().partition(":")
+        if user and password:
+            return user, password
+    import secrets
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    user, password = "rig", secrets.token_urlsafe(18)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"{user}:{password}\n")
+    return user, password
+
+
 def pid_file(settings: Settings) -> Path:
     return settings.run_dir / f"up-{settings.node_name}.pid"
 
@@ -134,11 +157,13 @@ class Stack:
             self.children.append(Child(
                 "beat", celery + ["beat", "-l", "INFO", "-f", str(logs / "beat.log")], env, logs / "beat.out"))
         if self.wants("flower"):
+            user, password = flower_credentials(s)
             self.children.append(Child(
                 "flower",
                 celery + ["flower", f"--address={s.flower_address}", f"--port={s.flower_port}",
                           "--max_tasks=10000", f"--log_file_prefix={logs / 'flower.log'}"],
-                env, logs / "flower.out"))
+                # Credentials travel in the environment, not on the command line (ps shows argv).
+                {**env, "FLOWER_BASIC_AUTH": f"{user}:{password}"}, logs / "flower.out"))
         for child in self.children:
             self._spawn(child)
 

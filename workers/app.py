@@ -30,6 +30,7 @@ from rig.celery_config import (
 from rig.config import load_settings
 from rig.gpus import detect_backend
 from rig.keys import Keys
+from rig.memory import format_memory
 from rig.redis_conn import connect
 from workers import kombu_patches
 from workers.card_runner import CardRunner
@@ -51,7 +52,15 @@ _control_stop = threading.Event()
 
 
 def send_start(job_id: int, token: str, node: str, card: int) -> None:
-    app.send_task(TASK_START_JOB, args=[job_id, str(token)], queue=card_queue(node, card))
+    # argsrepr: what Flower's task list shows a person instead of "(12, '1')".
+    try:
+        name, user, memory, cards = _redis.hmget(keys.job(job_id), "name", "user", "gpu_memory", "cards")
+        label = (f"job {job_id} '{name}' by {user}: {format_memory(int(memory or 0))} "
+                 f"on {node}/{','.join(map(str, json.loads(cards or '[]')))}")
+    except Exception:  # noqa: BLE001 - a label must never stop a start
+        label = f"job {job_id}"
+    app.send_task(TASK_START_JOB, args=[job_id, str(token)], queue=card_queue(node, card),
+                  argsrepr=label)
 
 
 @app.task(name=TASK_SUBMITTED, ignore_result=True)

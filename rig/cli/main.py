@@ -305,7 +305,8 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, only: t
             click.echo(f"warning: no heartbeat yet from {', '.join(missing)}; see {settings.rig_log_dir}", err=True)
         click.echo(stack.describe(), err=True)
         if stack.wants("flower"):
-            click.echo(f"flower: http://{settings.flower_address}:{settings.flower_port}", err=True)
+            click.echo(f"flower: http://{settings.flower_address}:{settings.flower_port} "
+                       f"(user and password in {settings.home / 'flower.auth'})", err=True)
         click.echo(f"rig is up on {settings.node_name}. Submit with `rig-submit --gpu-memory 4G -- CMD`; "
                    "Ctrl-C stops rig (running jobs keep running).", err=True)
         ready.write_text(f"{os.getpid()}\n")

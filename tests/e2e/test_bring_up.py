@@ -59,7 +59,22 @@ def test_up_daemon_private_redis_real_work_down(tmp_path):
         assert failing.returncode == 7
         import urllib.request
 
+        import base64
+        import urllib.error
+
         with urllib.request.urlopen(f"http://127.0.0.1:{flower}/healthcheck", timeout=10) as resp:
+            assert resp.status == 200
+        api = f"http://127.0.0.1:{flower}/api/workers"
+        try:
+            urllib.request.urlopen(api, timeout=10)
+            raise AssertionError("Flower answered its API without credentials")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 401
+        auth_file = tmp_path / "home/flower.auth"
+        assert oct(auth_file.stat().st_mode & 0o777) == "0o600"
+        token = base64.b64encode(auth_file.read_text().strip().encode()).decode()
+        request = urllib.request.Request(api, headers={"Authorization": f"Basic {token}"})
+        with urllib.request.urlopen(request, timeout=10) as resp:
             assert resp.status == 200
     finally:
         down = rig(env, "down")
