@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from rig.cli import as_json as J
 from rig.cli.common import client_from, fail, handle_errors, settings_from
 from rig.cli.render import (
     make_console,
@@ -44,51 +45,78 @@ def submit_cmd(ctx: click.Context, **kwargs) -> None:  # noqa: ANN003
 
 
 # -- seeing -------------------------------------------------------------------------------------
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
 @cli.command()
+@JSON_OPTION
 @click.pass_context
 @handle_errors
-def status(ctx: click.Context) -> None:
+def status(ctx: click.Context, as_json: bool) -> None:
     """Cards (memory, use, temperature, jobs), waiting jobs per priority, live workers."""
     client = client_from(ctx)
     client.ping()
-    render_status(client.status(), make_console())
+    report = client.status()
+    if as_json:
+        click.echo(J.dumps(J.status_dict(report)))
+        return
+    render_status(report, make_console())
 
 
 @cli.command()
 @click.option("--state", "-s", help="Only jobs in this state (pending, running, failed, ...).")
 @click.option("--limit", "-n", type=int, default=50, show_default=True)
+@JSON_OPTION
 @click.pass_context
 @handle_errors
-def jobs(ctx: click.Context, state: str | None, limit: int) -> None:
+def jobs(ctx: click.Context, state: str | None, limit: int, as_json: bool) -> None:
     """List jobs, newest first."""
     client = client_from(ctx)
     st = JobState.parse(state) if state else None
     client.ping()
-    render_jobs(client.jobs(st, limit=limit), make_console())
+    found = client.jobs(st, limit=limit)
+    if as_json:
+        click.echo(J.dumps([J.job_dict(j) for j in found]))
+        return
+    render_jobs(found, make_console())
 
 
 @cli.command()
 @click.argument("job_id")
+@JSON_OPTION
 @click.pass_context
 @handle_errors
-def show(ctx: click.Context, job_id: str) -> None:
+def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """Everything about one job; for a waiting job, why it waits."""
     client = client_from(ctx)
     client.ping()
     job = client.get(job_id)
+    if as_json:
+        click.echo(J.dumps(J.job_dict(job, waiting_because=client.why_waiting(job),
+                                      in_error_queue=client.store.in_error_queue(job.id))))
+        return
     render_job(job, client.why_waiting(job), make_console(),
                in_error_queue=client.store.in_error_queue(job.id))
 
 
 @cli.command()
 @click.argument("job_id")
+@JSON_OPTION
 @click.pass_context
 @handle_errors
-def metrics(ctx: click.Context, job_id: str) -> None:
+def metrics(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """Declared vs measured GPU memory (peak, mean), GPU utilisation and duration, per attempt."""
     client = client_from(ctx)
     client.ping()
-    render_metrics(client.get(job_id), make_console())
+    job = client.get(job_id)
+    if as_json:
+        current = None
+        if job.state is JobState.RUNNING:
+            current = {"attempt": job.attempt, "gpu_memory": job.gpu_memory, "vram_peak": job.vram_peak,
+                       "vram_mean": job.vram_mean, "util_mean": job.util_mean, "started_at": job.started_at}
+        click.echo(J.dumps({"id": job.id, "name": job.name, "attempts": job.attempts, "running": current}))
+        return
+    render_metrics(job, make_console())
 
 
 @cli.command()
@@ -164,9 +192,10 @@ def kill(ctx: click.Context, job_ids: tuple[str, ...], no_wait: bool) -> None:
 @click.option("--clear", "clear_ids", multiple=True, metavar="JOB",
               help="Take a job out of the error queue (repeatable); it keeps its final state.")
 @click.option("--limit", "-n", type=int, default=100, show_default=True)
+@JSON_OPTION
 @click.pass_context
 @handle_errors
-def errors(ctx: click.Context, clear_ids: tuple[str, ...], limit: int) -> None:
+def errors(ctx: click.Context, clear_ids: tuple[str, ...], limit: int, as_json: bool) -> None:
     """The error queue: jobs that failed for good or timed out, waiting for a person."""
     client = client_from(ctx)
     client.ping()
@@ -177,7 +206,11 @@ def errors(ctx: click.Context, clear_ids: tuple[str, ...], limit: int) -> None:
             job = client.clear_error(jid)
             click.echo(f"job {job.id} cleared from the error queue (stays {job.state.value})")
         return
-    render_errors(client.errors(limit=limit), make_console())
+    queued = client.errors(limit=limit)
+    if as_json:
+        click.echo(J.dumps([J.job_dict(j) for j in queued]))
+        return
+    render_errors(queued, make_console())
 
 
 @cli.command()

@@ -354,3 +354,20 @@ def test_health_stops_an_orphan_of_an_ended_job(node, tmp_path):
         assert orphan.wait(10) != 0
     finally:
         orphan.kill()
+
+
+def test_json_output_for_scripts(node):
+    import json
+
+    done = node.client.submit("true", gpu_memory="3G", name="jsonjob").wait(timeout=30)
+    status = json.loads(_rig_cli(node, "status", "--json").stdout)
+    assert len(status["cards"]) == 8 and {"reserved", "free", "usable", "running"} <= set(status["cards"][0])
+    assert set(status["waiting"]) == {"high", "medium", "low"}
+    assert any(w["role"] == "control" for w in status["workers"])
+    listed = json.loads(_rig_cli(node, "jobs", "--json", "--state", "succeeded").stdout)
+    assert any(j["id"] == done.id and j["state"] == "SUCCEEDED" for j in listed)
+    shown = json.loads(_rig_cli(node, "show", str(done.id), "--json").stdout)
+    assert shown["name"] == "jsonjob" and shown["gpu_memory"] == 3 * GIB and shown["in_error_queue"] is False
+    assert json.loads(_rig_cli(node, "errors", "--json").stdout) is not None
+    metrics = json.loads(_rig_cli(node, "metrics", str(done.id), "--json").stdout)
+    assert metrics["attempts"][0]["outcome"] == "succeeded"

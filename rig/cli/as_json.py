@@ -1,0 +1,52 @@
+"""Plain JSON for scripts (`--json`): the same data the tables show, with raw units
+(bytes, epoch seconds, percent)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, is_dataclass
+from enum import Enum
+from typing import Any
+
+from rig.client import StatusReport
+from rig.models import CardState, Job
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if is_dataclass(value) and not isinstance(value, type):
+        return {k: _plain(v) for k, v in asdict(value).items()}
+    if isinstance(value, dict):
+        return {(k.value if isinstance(k, Enum) else str(k)): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def job_dict(job: Job, **extra: Any) -> dict[str, Any]:
+    data = _plain(job)
+    data.update(vram_mean=job.vram_mean, util_mean=job.util_mean, **extra)
+    return data
+
+
+def card_dict(card: CardState) -> dict[str, Any]:
+    data = _plain(card)
+    data.update(id=card.id, free=card.free)
+    return data
+
+
+def status_dict(report: StatusReport) -> dict[str, Any]:
+    return {
+        "cards": [
+            {**card_dict(c), "running": [j.id for j in report.running.get(c.id, [])]} for c in report.cards
+        ],
+        "waiting": _plain(report.pending),
+        "oldest_wait_seconds": _plain(report.oldest_wait),
+        "workers": _plain(report.workers),
+        "jobs_by_state": _plain(report.counts),
+    }
+
+
+def dumps(data: Any) -> str:
+    return json.dumps(data, indent=2, sort_keys=True, default=str)
