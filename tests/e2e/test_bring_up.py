@@ -57,10 +57,9 @@ def test_up_daemon_private_redis_real_work_down(tmp_path):
         failing = subprocess.run([str(BIN / "rig-submit"), "--gpu-memory", "1G", "--wait", "--cmd", "exit 7"],
                                  env=env, capture_output=True, text=True, timeout=120)
         assert failing.returncode == 7
-        import urllib.request
-
         import base64
         import urllib.error
+        import urllib.request
 
         with urllib.request.urlopen(f"http://127.0.0.1:{flower}/healthcheck", timeout=10) as resp:
             assert resp.status == 200
