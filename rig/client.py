@@ -102,7 +102,7 @@ class Client:
         self,
         command: str | list[str] | tuple[str, ...],
         *,
-        gpu_memory: str | int,
+        gpu_memory: str | int | None = None,
         gpus: int = 1,
         priority: str | Priority | None = None,
         name: str | None = None,
@@ -113,7 +113,8 @@ class Client:
         extra: dict[str, Any] | None = None,
         retries: int | None = None,
         time_limit: str | float | None = None,
-        oom_retry_grow: bool = False,
+        oom_retry_grow: bool | None = None,
+        template: str | None = None,
     ) -> JobHandle:
         """Queue a job; returns a handle at once. A string command runs through ``/bin/sh -c``.
 
@@ -123,10 +124,27 @@ class Client:
         """
         argv, is_shell = _normalise_command(command, shell)
         job_name = (name or _default_name(argv, is_shell)).strip()
+        margin = None
+        if template is not None:
+            preset = self.settings.templates.get(template)
+            if preset is None:
+                known = ", ".join(sorted(self.settings.templates)) or "none"
+                raise InvalidInput(f"unknown template {template!r}; known: {known} (`rig templates`)")
+            gpu_memory = gpu_memory if gpu_memory is not None else preset.gpu_memory
+            priority = priority or preset.priority
+            retries = retries if retries is not None else preset.retries
+            time_limit = time_limit if time_limit is not None else preset.time_limit
+            oom_retry_grow = oom_retry_grow if oom_retry_grow is not None else preset.oom_retry_grow
+            margin = preset.margin
+        if gpu_memory is None:
+            raise InvalidInput("--gpu-memory is required: how much GPU memory the job needs, e.g. 12G")
+        self.last_auto_note = None
         if isinstance(gpu_memory, str) and gpu_memory.strip().lower() == "auto":
-            nbytes, self.last_auto_note = self._guard(self.auto_memory, job_name)
+            nbytes, self.last_auto_note = self._guard(self.auto_memory, job_name, margin)
         else:
             nbytes = parse_memory(gpu_memory)
+            if margin and margin != 1.0:
+                nbytes = _round_up(int(nbytes * margin))
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
             raise InvalidInput(f"--gpus must be a whole number of cards, 1 or more; got {gpus!r}")
         prio = Priority.parse(priority or self.settings.default_priority)
@@ -154,7 +172,7 @@ class Client:
                 gpu_memory=nbytes, gpus=gpus, priority=prio, state=JobState.PENDING,
                 workdir=str(wd), env=job_env, created_at=time.time(), kind=kind,
                 max_retries=max_retries, submit_host=socket.gethostname(), time_limit=limit,
-                oom_retry_grow=bool(oom_retry_grow),
+                oom_retry_grow=bool(oom_retry_grow), template=template,
             )
             job = self.store.create(job)
             if extra:
@@ -165,7 +183,7 @@ class Client:
         self._notify_submitted(job)
         return JobHandle(self, job.id, job)
 
-    def auto_memory(self, name: str) -> tuple[int, str]:
+    def auto_memory(self, name: str, margin: float | None = None) -> tuple[int, str]:
         """``--gpu-memory auto``: the largest measured peak of the last 5 successful runs of
         jobs with this name, times auto_memory_margin, rounded up to 256 MiB. Returns the bytes
         and a sentence saying how they were chosen."""
@@ -173,9 +191,8 @@ class Client:
         if not peaks:
             raise InvalidInput(
                 f"--gpu-memory auto: no measured run of a job named {name!r} yet; give a size such as 12G")
-        step = 256 * 2**20
-        margin = self.settings.auto_memory_margin
-        nbytes = -(-int(max(peaks) * margin) // step) * step
+        margin = margin or self.settings.auto_memory_margin
+        nbytes = _round_up(int(max(peaks) * margin))
         note = (f"--gpu-memory auto: {format_memory(nbytes)} (peak {format_memory(max(peaks))} over the "
                 f"last {len(peaks)} run(s) of {name!r} x {margin})")
         return nbytes, note
@@ -314,6 +331,10 @@ class Client:
                 limit = timeout if timeout is not None else self.settings.kill_grace_seconds + 20
                 return self.wait(job.id, timeout=limit)
         return self.get(job.id)
+
+    def templates(self) -> dict:
+        """The submission presets in force (name -> rig.config.Template)."""
+        return dict(self.settings.templates)
 
     def errors(self, *, limit: int = 100) -> list[Job]:
         """The error queue (jobs that failed for good or timed out), oldest first."""
@@ -488,6 +509,11 @@ def _default_name(argv: list[str], is_shell: bool) -> str:
         if base and not base.startswith("-") and base not in ("python", "python3", "sh", "bash", "env"):
             return base[:64]
     return os.path.basename(words[0])[:64] if words else "job"
+
+
+def _round_up(nbytes: int, step: int = 256 * 2**20) -> int:
+    """Up to a whole 256 MiB: declarations people can read."""
+    return -(-nbytes // step) * step
 
 
 def _user() -> str:

@@ -44,6 +44,32 @@ class HealthSettings(BaseModel):
     )
 
 
+class Template(BaseModel):
+    """A named preset for submissions (M3). Explicit flags win over the template's values.
+
+    ``margin`` multiplies the declared memory (from the flag or the template), or the learnt
+    figure when the memory is ``auto`` (then it replaces auto_memory_margin).
+    """
+
+    gpu_memory: str | None = None
+    margin: float = Field(1.0, ge=1.0)
+    priority: PriorityName | None = None
+    retries: int | None = Field(None, ge=0)
+    time_limit: str | None = None
+    oom_retry_grow: bool | None = None
+    description: str = ""
+
+
+DEFAULT_TEMPLATES = {
+    "finetune": Template(margin=1.2, priority="medium", retries=1, time_limit="24h",
+                         oom_retry_grow=True, description="training runs: 20 % headroom, grow after an OOM"),
+    "inference": Template(margin=1.1, priority="high", retries=2, time_limit="2h",
+                          description="serving and evaluation: quick, high priority"),
+    "test": Template(gpu_memory="2G", priority="low", retries=0, time_limit="15m",
+                     description="smoke tests: small, low priority, no retries"),
+}
+
+
 class Settings(BaseSettings):
     """Everything rig can be told. Sizes in bytes or as strings like ``12G``; times in seconds."""
 
@@ -94,6 +120,7 @@ class Settings(BaseSettings):
     flower_address: str = "127.0.0.1"
     flower_port: int = 5555
     health: HealthSettings = Field(default_factory=HealthSettings)
+    templates: dict[str, Template] = Field(default_factory=lambda: dict(DEFAULT_TEMPLATES))
 
     # Set by load_settings so `rig show-config` can say where values came from.
     config_file: Path | None = None
@@ -104,6 +131,12 @@ class Settings(BaseSettings):
         if not value:
             raise ValueError("key_prefix must not be empty")
         return value if value.endswith(":") else value + ":"
+
+    @field_validator("templates", mode="after")
+    @classmethod
+    def _keep_shipped_templates(cls, value: dict[str, Template]) -> dict[str, Template]:
+        # A config that defines its own templates adds to (or overrides) the shipped ones.
+        return {**DEFAULT_TEMPLATES, **value}
 
     @field_validator("gpu_whitelist", mode="before")
     @classmethod

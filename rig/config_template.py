@@ -61,6 +61,20 @@ kill_grace_seconds = {kill_grace_seconds}
 flower_address = "{flower_address}"
 flower_port = {flower_port}
 
+# Submission presets: `rig-submit --template finetune -- python ft.py`. Explicit flags win.
+# finetune, inference and test ship built in (see `rig templates`); redefine or add your own:
+# [templates.finetune]
+# margin = 1.2            # x the declared memory (or x the learnt figure with --gpu-memory auto)
+# priority = "medium"
+# retries = 1
+# time_limit = "24h"
+# oom_retry_grow = true
+#
+# [templates.nightly-eval]
+# gpu_memory = "16G"
+# priority = "low"
+# time_limit = "6h"
+
 [health]
 # Seconds between health checks, and the silence after which a worker counts as dead.
 check_interval = {check_interval}

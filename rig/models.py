@@ -126,6 +126,7 @@ class Job:
     failure: str | None = None  # FailureClass value of the last failed attempt
     evidence: list[str] = field(default_factory=list)  # log lines that decided it
     suggested_gpu_memory: int | None = None  # bytes, after a CUDA OOM
+    template: str | None = None  # the preset it was submitted with
     # Measured on the card(s) during the current attempt (bytes; util in percent).
     vram_peak: int = 0
     vram_sum: int = 0

@@ -61,13 +61,15 @@ class RigTask(Generic[P, R]):
 
 
 def task(
-    fn: Callable[P, R] | None = None, *, gpu_memory: str | int, gpus: int = 1,
+    fn: Callable[P, R] | None = None, *, gpu_memory: str | int | None = None, gpus: int = 1,
     priority: str | None = None, name: str | None = None, workdir: str | None = None,
-    env: dict[str, str] | None = None,
+    env: dict[str, str] | None = None, template: str | None = None, retries: int | None = None,
+    time_limit: str | None = None,
 ) -> Any:
-    """Decorator: ``@rig.task(gpu_memory="4G")``. See the module docstring."""
+    """Decorator: ``@rig.task(gpu_memory="4G")`` or ``@rig.task(template="test")``."""
     options: dict[str, Any] = {"gpu_memory": gpu_memory, "gpus": gpus}
-    for key, value in (("priority", priority), ("name", name), ("workdir", workdir), ("env", env)):
+    for key, value in (("priority", priority), ("name", name), ("workdir", workdir), ("env", env),
+                       ("template", template), ("retries", retries), ("time_limit", time_limit)):
         if value is not None:
             options[key] = value
 

@@ -228,6 +228,24 @@ def retry(ctx: click.Context, job_id: str, gpu_memory: str | None) -> None:
 
 
 @cli.command()
+@click.pass_context
+@handle_errors
+def templates(ctx: click.Context) -> None:
+    """The submission presets (`rig-submit --template NAME`); define more in the config."""
+    from rich.table import Table
+
+    table = Table(title="templates (explicit flags win)", title_justify="left")
+    for col in ("name", "memory", "margin", "priority", "retries", "time limit", "grow on OOM", "what for"):
+        table.add_column(col)
+    for name, t in sorted(settings_from(ctx).templates.items()):
+        table.add_row(name, t.gpu_memory or "(from --gpu-memory)", f"x {t.margin:g}", t.priority or "-",
+                      "-" if t.retries is None else str(t.retries), t.time_limit or "-",
+                      "-" if t.oom_retry_grow is None else ("yes" if t.oom_retry_grow else "no"),
+                      t.description)
+    make_console().print(table)
+
+
+@cli.command()
 @click.argument("path", required=False, type=click.Path(dir_okay=False))
 @click.option("--node-name", help="This server's name (default: hostname).")
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")

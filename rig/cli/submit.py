@@ -35,8 +35,10 @@ def submit_options(fn):  # noqa: ANN001, ANN201
                      help="Retries after a failed attempt before the error queue (default: max_retries)."),
         click.option("--time-limit", "time_limit", metavar="DURATION",
                      help="Stop the job after this much running time (90s, 30m, 2h): it ends TIMEOUT."),
-        click.option("--oom-retry-grow", is_flag=True,
+        click.option("--oom-retry-grow", is_flag=True, default=None,
                      help="After a CUDA out-of-memory, retry with a larger declaration."),
+        click.option("--template", "-t", metavar="NAME",
+                     help="A preset from the config (finetune, inference, test, ...): `rig templates`."),
         click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code."),
         click.argument("command", nargs=-1, type=click.UNPROCESSED),
     ]
@@ -47,16 +49,16 @@ def submit_options(fn):  # noqa: ANN001, ANN201
 
 @handle_errors
 def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir, env, wait, command,  # noqa: ANN001
-              retries=None, time_limit=None, oom_retry_grow=False) -> None:
+              retries=None, time_limit=None, oom_retry_grow=None, template=None) -> None:
     if cmd and command:
         raise InvalidInput("give the command either after `--` or with --cmd, not both")
-    if gpu_memory is None:
+    if gpu_memory is None and template is None:
         raise InvalidInput("--gpu-memory is required: how much GPU memory the job needs, e.g. 12G")
     client = client_from(ctx)
     handle = client.submit(
         cmd if cmd else list(command), gpu_memory=gpu_memory, gpus=gpus, priority=priority,
         name=name, workdir=workdir, env=parse_env_items(env), retries=retries,
-        time_limit=time_limit, oom_retry_grow=oom_retry_grow,
+        time_limit=time_limit, oom_retry_grow=oom_retry_grow, template=template,
     )
     job = handle._job
     if client.last_auto_note:

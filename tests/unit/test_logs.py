@@ -68,26 +68,33 @@ def last_line_number(path: Path) -> int:
     return max(numbers, default=-1)
 
 
-def assert_no_garbage(data: bytes) -> int:
-    """No NULs, valid UTF-8, every byte from a line the child wrote (some may be cut short).
+def is_whole_line(raw: bytes) -> bool:
+    m = LINE_RE.match(raw)
+    return bool(m) and raw == line(int(m.group(1)))
 
-    Returns how many lines were cut short (the documented race: a line a reader sees
-    half-written, whose rest was written just before the truncate).
+
+def is_line_start(raw: bytes) -> bool:
+    if len(raw) >= 8 and raw[1:8].isdigit():
+        return line(int(raw[1:8])).startswith(raw)
+    return re.fullmatch(rb"L\d{0,7}", raw) is not None
+
+
+def count_broken_lines(data: bytes) -> int:
+    """Check for garbage: no NULs; each line a marker, a whole numbered line or, rarely, the
+    start of a numbered line followed by a whole later one (a write the cap saw half done,
+    whose rest was lost: the documented race). Returns how many lines are of that last kind.
     """
     assert b"\x00" not in data
-    data.decode("utf-8")
-    short = 0
+    broken = 0
     for raw in data.splitlines(keepends=True):
-        if MARKER_RE.fullmatch(raw) or raw == b"\n":
+        if MARKER_RE.fullmatch(raw) or is_whole_line(raw):
             continue
-        starts = [m.start() for m in LINE_RE.finditer(raw)]
-        assert starts and starts[0] == 0, raw
-        pieces = [raw[a:b] for a, b in zip(starts, starts[1:] + [len(raw)], strict=True)]
-        for piece in pieces:
-            assert line(int(piece[1:8])).startswith(piece), raw
-        assert pieces[-1] == line(int(pieces[-1][1:8])), raw
-        short += len(pieces) - 1
-    return short
+        splits = [m.start() for m in LINE_RE.finditer(raw) if is_whole_line(raw[m.start() :])]
+        assert splits and is_line_start(raw[: splits[0]]), raw
+        broken += 1
+    if not broken:
+        data.decode("utf-8")
+    return broken
 
 
 def assert_well_formed(data: bytes) -> None:
@@ -222,9 +229,7 @@ def test_cap_while_a_child_process_appends(tmp_path):
     assert len(markers(data)) == 1
     assert data.startswith(lines(0, 100))
     assert data.endswith(line(last))
-    short = assert_no_garbage(data)
-    print("SHORT", short)
-    assert short <= 2
+    assert count_broken_lines(data) <= 2
 
     enforce_size_cap(path, cap)  # the supervisor's last call, after the job ended
     data = path.read_bytes()
@@ -232,9 +237,7 @@ def test_cap_while_a_child_process_appends(tmp_path):
     assert len(markers(data)) == 1
     assert data.startswith(lines(0, 100))
     assert data.endswith(line(last))
-    short = assert_no_garbage(data)
-    print("SHORT", short)
-    assert short <= 2
+    assert count_broken_lines(data) <= 2
     tail = data[MARKER_RE.search(data).end() :]
     numbers = [int(n) for n in LINE_RE.findall(tail)]
     assert numbers == sorted(set(numbers))  # tail in order, no duplicates
