@@ -24,6 +24,7 @@ TASK_START_JOB = "rig.start_job"
 TASK_TICK = "rig.tick"
 TASK_HEALTH = "rig.health"
 TASK_SWEEP_LOGS = "rig.sweep_logs"
+TASK_ALERTS = "rig.alerts"
 #: How often old task logs are swept (s).
 LOG_SWEEP_INTERVAL_S = 3600.0
 
@@ -82,6 +83,11 @@ def make_celery(settings: Settings) -> Celery:
                 "task": TASK_HEALTH,
                 "schedule": settings.health.check_interval,
                 "options": {"queue": CONTROL_QUEUE, "expires": settings.health.check_interval},
+            },
+            "rig-alerts": {
+                "task": TASK_ALERTS,
+                "schedule": settings.alert_interval,
+                "options": {"queue": CONTROL_QUEUE, "expires": settings.alert_interval},
             },
             "rig-sweep-logs": {
                 "task": TASK_SWEEP_LOGS,

@@ -119,6 +119,10 @@ class Settings(BaseSettings):
     telemetry_interval: float = Field(2.0, gt=0, description="seconds between card readings")
     flower_address: str = "127.0.0.1"
     flower_port: int = 5555
+    metrics_address: str = Field("127.0.0.1", description="Prometheus endpoint address")
+    metrics_port: int = Field(9840, description="Prometheus endpoint port (0: don't serve)")
+    alert_webhook: str | None = Field(None, description="alerts are POSTed here as JSON")
+    alert_interval: float = Field(30.0, gt=0, description="seconds between alert checks")
     health: HealthSettings = Field(default_factory=HealthSettings)
     templates: dict[str, Template] = Field(default_factory=lambda: dict(DEFAULT_TEMPLATES))
 

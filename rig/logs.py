@@ -64,7 +64,7 @@ class _Cut:
     """Where the kept head ends and what an earlier marker there already accounted for."""
 
     head_len: int  # bytes kept from the start of the file
-    old_marker_len: int = 0  # length of an earlier marker that starts at head_len (it is replaced)
+    old_marker_len: int = 0  # an earlier marker starting at head_len: replaced
     old_removed: int = 0  # bytes that earlier marker said were cut
 
 
@@ -85,23 +85,22 @@ def enforce_size_cap(path: Path, cap_bytes: int, *, keep_head: int | None = None
     ``LINE_SEARCH`` (4 KiB) before ``keep_head``, and the tail starts after the first newline
     within 4 KiB after its cut; without such a newline the cut is only moved off a UTF-8
     continuation byte, so a multi-byte character is never split. Both moves only shrink what is
-    kept, so the result stays within ``cap_bytes``.
+    kept, so the result stays within ``cap_bytes`` (plus whatever the job appends meanwhile).
 
     Safe while the job keeps appending through an O_APPEND descriptor: the tail is read up to
     the end of the file, the file is truncated to the head, and marker plus tail are appended
     with one ``os.write`` on an O_APPEND descriptor. The file never grows a hole (no NUL bytes)
     and the job's later writes land after the tail. A little output can be lost, by design:
 
-    * bytes the job writes between the tail read and the truncate are lost;
-    * bytes it writes between the truncate and the append land just before the marker.
+    * bytes the job writes between the tail read and the truncate are lost (normally a window
+      of microseconds; longer only if this process is descheduled right there);
+    * bytes it writes between the truncate and the append land just before the marker;
+    * while the job keeps writing, or when the file ends mid-line exactly on a 4 KiB boundary
+      (where a half-done write shows), the unfinished last line is dropped rather than kept
+      half (see ``_read_settled_tail``); rarely, half a line can still slip through.
 
-    * while the job keeps writing, or when the file ends mid-line on a 4 KiB boundary (where
-      a half-done write shows), the unfinished last line is dropped (``_read_settled_tail``);
-      an unfinished write can, rarely, still slip through, leaving half a line.
-
-    The windows are microseconds; lines written with one ``write`` otherwise stay whole when the
-    head ends at a line end. Concurrent callers on the same file are serialised with
-    ``flock``. The tail (at most ``cap_bytes``) is held in memory during the call.
+    Concurrent callers on the same file are serialised with ``flock``. The tail (at most
+    ``cap_bytes``) is held in memory during the call.
     """
     if cap_bytes <= 0:
         raise ValueError(f"cap_bytes must be positive, got {cap_bytes}")
@@ -138,8 +137,6 @@ def _cap_open_file(fd: int, cap: int, keep_head: int) -> int:
 
 def _head_cut(fd: int, keep_head: int) -> _Cut:
     """End the head at an earlier marker, else after a newline, else on a UTF-8 boundary."""
-    if keep_head == 0:
-        return _Cut(0)
     low = max(keep_head - LINE_SEARCH, 0)
     window = os.pread(fd, keep_head - low + 256, low)  # a little past keep_head, for a marker
     marker = _last_marker_starting_before(window, keep_head - low)
@@ -152,10 +149,10 @@ def _head_cut(fd: int, keep_head: int) -> _Cut:
 
 
 def _last_marker_starting_before(window: bytes, limit: int) -> re.Match[bytes] | None:
-    """The last marker line in ``window`` that starts at a line start before ``limit``."""
+    """The last marker line in ``window`` that starts at a line start, at or before ``limit``."""
     found = None
     for match in _MARKER_RE.finditer(window):
-        if match.start() >= limit:
+        if match.start() > limit:
             break
         if match.start() == 0 or window[match.start() - 1 : match.start()] == b"\n":
             found = match

@@ -33,7 +33,7 @@ from rig.redis_server import is_local, is_reachable, start_private_redis
 
 log = logging.getLogger(__name__)
 
-COMPONENTS = ("redis", "cards", "control", "beat", "flower")
+COMPONENTS = ("redis", "cards", "control", "beat", "flower", "metrics")
 #: How long children get to stop after SIGTERM before SIGKILL (s).
 STOP_TIMEOUT_S = 20.0
 
@@ -55,6 +55,7 @@ class UpOptions:
     only: tuple[str, ...] = ()
     no_flower: bool = False
     no_beat: bool = False
+    no_metrics: bool = False
     env_overrides: dict[str, str] = field(default_factory=dict)
 
 
@@ -109,11 +110,14 @@ class Stack:
         self.children: list[Child] = []
         self.redis_proc: subprocess.Popen | None = None
         self.backend: GpuBackend | None = None
+        self.metrics_server = None
         self._stopping = False
 
     def wants(self, component: str) -> bool:
         if self.options.only:
             return component in self.options.only
+        if component == "metrics" and self.options.no_metrics:
+            return False
         if component == "flower" and self.options.no_flower:
             return False
         if component == "beat" and self.options.no_beat:
@@ -166,6 +170,16 @@ class Stack:
                 {**env, "FLOWER_BASIC_AUTH": f"{user}:{password}"}, logs / "flower.out"))
         for child in self.children:
             self._spawn(child)
+        if self.wants("metrics") and s.metrics_port:
+            from rig.client import Client
+            from rig.metrics import start_metrics_server
+
+            try:
+                self.metrics_server = start_metrics_server(Client(s), s.metrics_address, s.metrics_port)
+                self.say(f"metrics: http://{s.metrics_address}:{self.metrics_server.server_port}/metrics")
+            except OSError as exc:
+                self.say(f"metrics: not served, port {s.metrics_port} is unavailable ({exc}); "
+                         "set RIG_METRICS_PORT")
 
     def _ensure_redis(self) -> None:
         url = self.settings.redis_url
@@ -309,6 +323,9 @@ class Stack:
                 self.redis_proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.redis_proc.kill()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
         if self.backend is not None:
             self.backend.close()
         try:
@@ -329,7 +346,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
     for key, value in settings.model_dump(exclude={"config_file"}).items():
         if value is None:
             continue
-        if isinstance(value, dict):
+        if isinstance(value, dict) and any(isinstance(v, dict | list) for v in value.values()):
+            env[f"RIG_{key.upper()}"] = json.dumps(value)  # e.g. templates: one JSON document
+        elif isinstance(value, dict):
             for sub, subvalue in value.items():
                 env[f"RIG_{key.upper()}__{sub.upper()}"] = str(subvalue)
         elif isinstance(value, list):

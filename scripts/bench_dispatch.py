@@ -50,7 +50,7 @@ def main() -> int:
     home = Path(tempfile.mkdtemp(prefix="rig-bench-"))
     settings = load_settings(home=home, redis_url=url, key_prefix=prefix, fake_gpus=args.fake_gpus,
                              node_name="bench", max_task_per_gpu=4)
-    stack = Stack(settings, UpOptions(no_flower=True, no_beat=True), say=lambda m: None)
+    stack = Stack(settings, UpOptions(no_flower=True, no_beat=True, no_metrics=True), say=lambda m: None)
     r = redis.Redis.from_url(url)
     try:
         t0 = time.monotonic()

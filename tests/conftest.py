@@ -10,7 +10,10 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from rig.testing.harness import delete_prefix
+
 REDIS_URL = os.environ.get("RIG_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+__all__ = ["REDIS_URL", "delete_prefix"]
 
 
 def _real_redis_available() -> bool:
@@ -30,18 +33,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "redis" in item.keywords or "slow" in item.keywords:
             item.add_marker(skip)
-
-
-def delete_prefix(client: redis.Redis, prefix: str) -> None:
-    """Remove every key under ``prefix`` (this test's keys only)."""
-    batch = []
-    for key in client.scan_iter(match=f"{prefix}*", count=1000):
-        batch.append(key)
-        if len(batch) >= 1000:
-            client.delete(*batch)
-            batch.clear()
-    if batch:
-        client.delete(*batch)
 
 
 @pytest.fixture

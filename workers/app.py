@@ -19,6 +19,7 @@ import time
 from celery.signals import worker_ready, worker_shutting_down
 
 from rig.celery_config import (
+    TASK_ALERTS,
     TASK_HEALTH,
     TASK_START_JOB,
     TASK_SUBMITTED,
@@ -94,6 +95,18 @@ def health() -> str:
 def sweep_old_logs() -> str:
     """Periodic (beat): delete task logs past their retention (workers/log_sweep.py)."""
     return repr(sweep_logs(settings, _redis))
+
+
+@app.task(name=TASK_ALERTS, ignore_result=True)
+def check_alerts() -> str:
+    """Periodic (beat): threshold alerts, once per condition until it clears (rig/alerts.py)."""
+    from rig.alerts import AlertManager, AlertRules
+    from rig.client import Client
+
+    rules = AlertRules(max_temperature=settings.health.max_temperature - 5)
+    sent = AlertManager(Client(settings, redis_client=_redis), rules,
+                        webhook_url=settings.alert_webhook, logger=log).run()
+    return f"{len(sent)} alert change(s)"
 
 
 def _control_heartbeat(name: str) -> None:

@@ -26,7 +26,7 @@ from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.models import Job, JobState
 from workers.outcomes import AttemptEnd, conclude
-from workers.process_tree import is_alive, session_members, stop_tree
+from workers.process_tree import environments, is_alive, session_members, stop_tree
 
 log = logging.getLogger(__name__)
 
@@ -134,20 +134,13 @@ def _rig_processes(prefix: str, redis_url: str) -> dict[int, tuple[int, int]]:
     want_prefix = f"RIG_KEY_PREFIX={prefix}".encode()
     want_url = f"RIG_REDIS_URL={redis_url}".encode()
     found: dict[int, tuple[int, int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                env = fh.read().split(b"\0")
-        except OSError:
-            continue
+    for pid, env in environments():
         if want_prefix not in env or want_url not in env:
             continue
         values = dict(item.split(b"=", 1) for item in env if b"=" in item)
         try:
             job_id, attempt = int(values[b"RIG_JOB_ID"]), int(values[b"RIG_ATTEMPT"])
-            sid = os.getsid(int(entry))
+            sid = os.getsid(pid)
         except (KeyError, ValueError, ProcessLookupError, PermissionError):
             continue
         if sid > 1 and session_members(sid):

@@ -83,47 +83,42 @@ def session_members(sid: int) -> list[int]:
     return members
 
 
-def find_by_environ(name: str, value: str) -> int | None:
-    """The session leader among processes whose environment has ``name=value``, or None.
-
-    Used when a worker died between claiming a job and recording its pid: the job's wrapper
-    carries its own exit-file path in its environment, which names the job and attempt.
-    """
-    needle = f"{name}={value}".encode()
-    found = []
+def environments():
+    """(pid, environment as a list of b"NAME=value") for every live, non-zombie process we
+    may read. Iterates /proc once."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as fh:
-                if needle not in fh.read().split(b"\0"):
-                    continue
+                env = fh.read().split(b"\0")
         except OSError:
             continue
         fields = _stat_fields(int(entry))
         if fields and fields[0] != "Z":
-            found.append((int(fields[3]) != int(entry), int(entry)))  # leaders first
-    return min(found)[1] if found else None
+            yield int(entry), env
 
 
 def pids_with_environ(name: str, value: str) -> list[int]:
     """Every live process whose environment has ``name=value`` (e.g. a job's daemonised
     children that left its session with setsid but still carry its RIG_EXIT_FILE)."""
     needle = f"{name}={value}".encode()
+    return [pid for pid, env in environments() if needle in env]
+
+
+def find_by_environ(name: str, value: str) -> int | None:
+    """The session leader among processes whose environment has ``name=value``, or None.
+
+    Used when a worker died between claiming a job and recording its pid: the job's wrapper
+    carries its own exit-file path in its environment, which names the job and attempt.
+    """
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in pids_with_environ(name, value):
         try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                if needle not in fh.read().split(b"\0"):
-                    continue
-        except OSError:
+            found.append((os.getsid(pid) != pid, pid))  # leaders first
+        except ProcessLookupError:
             continue
-        fields = _stat_fields(int(entry))
-        if fields and fields[0] != "Z":
-            found.append(int(entry))
-    return found
+    return min(found)[1] if found else None
 
 
 def signal_tree(sid: int, sig: int) -> int:

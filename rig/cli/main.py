@@ -21,6 +21,7 @@ from rig.cli.render import (
     render_status,
 )
 from rig.cli.submit import do_submit, submit_options
+from rig.cli.top import top
 from rig.errors import InvalidInput, StackError
 from rig.models import JobState
 
@@ -294,13 +295,15 @@ def config(ctx: click.Context) -> None:
 @click.option("--daemon", "-d", is_flag=True, help="Run in the background; `rig down` stops it.")
 @click.option("--no-flower", is_flag=True, help="Don't start Flower.")
 @click.option("--no-beat", is_flag=True, help="Don't start beat (another node runs it).")
-@click.option("--only", multiple=True, type=click.Choice(["redis", "cards", "control", "beat", "flower"]),
+@click.option("--no-metrics", is_flag=True, help="Don't serve the Prometheus endpoint.")
+@click.option("--only", multiple=True, type=click.Choice(["redis", "cards", "control", "beat", "flower", "metrics"]),
               help="Start only these parts (repeatable), e.g. for docker-compose services.")
 @click.option("--fake-gpus", "fake_gpus_opt", metavar="SPEC", help="Use fake cards, e.g. 8x80G.")
 @click.option("--redis-url", "redis_url_opt", help="Redis holding rig's state.")
 @click.pass_context
 @handle_errors
-def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, only: tuple[str, ...],
+def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metrics: bool,
+       only: tuple[str, ...],
        fake_gpus_opt: str | None, redis_url_opt: str | None) -> None:
     """Bring up this node: Redis (if none is reachable), one worker per card, the dispatcher,
     beat and Flower. Ctrl-C stops everything it started; running jobs keep running and are
@@ -326,6 +329,7 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, only: t
         for key, value in overrides.items():
             argv += [f"--{key.replace('_', '-')}", str(value)]
         argv += ["up"] + (["--no-flower"] if no_flower else []) + (["--no-beat"] if no_beat else [])
+        argv += ["--no-metrics"] if no_metrics else []
         for part in only:
             argv += ["--only", part]
         settings.rig_log_dir.mkdir(parents=True, exist_ok=True)
@@ -346,7 +350,7 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, only: t
             time.sleep(0.2)
         fail(f"rig up did not become ready within 120 s; see {out_path}", 7)
 
-    stack = Stack(settings, UpOptions(only=only, no_flower=no_flower, no_beat=no_beat,
+    stack = Stack(settings, UpOptions(only=only, no_flower=no_flower, no_beat=no_beat, no_metrics=no_metrics,
                                       env_overrides=env_overrides), say=lambda m: click.echo(m, err=True))
     ready = settings.run_dir / f"up-{settings.node_name}.ready"
     try:
@@ -388,6 +392,9 @@ def down(ctx: click.Context, timeout: float) -> None:
 
 def main() -> None:
     cli(prog_name="rig")
+
+
+cli.add_command(top)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ class RigHarness:
         self.restart_children = True
 
     def up(self, *, beat: bool = False) -> RigHarness:
-        self.stack = Stack(self.settings, UpOptions(no_flower=True, no_beat=not beat), say=lambda m: None)
+        self.stack = Stack(self.settings, UpOptions(no_flower=True, no_beat=not beat, no_metrics=True), say=lambda m: None)
         self.stack.up()
         missing = self.stack.wait_ready(timeout=120)
         if missing:
@@ -119,18 +119,8 @@ class RigHarness:
 
     def orphans(self) -> list[int]:
         """Live processes started for this node's jobs (found by their environment)."""
+        from workers.process_tree import environments
+
         needle = f"RIG_KEY_PREFIX={self.prefix}".encode()
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as fh:
-                    env = fh.read().split(b"\0")
-                with open(f"/proc/{entry}/stat") as fh:
-                    state = fh.read().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if needle in env and any(e.startswith(b"RIG_JOB_ID=") for e in env) and state != "Z":
-                found.append(int(entry))
-        return found
+        return [pid for pid, env in environments()
+                if needle in env and any(e.startswith(b"RIG_JOB_ID=") for e in env)]

@@ -30,10 +30,11 @@ def rig(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.Com
 
 
 def test_up_daemon_private_redis_real_work_down(tmp_path):
-    port, flower = free_port(), free_port()
+    port, flower, metrics = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
     env.update(RIG_HOME=str(tmp_path / "home"), RIG_REDIS_URL=f"redis://127.0.0.1:{port}/0",
-               RIG_FAKE_GPUS="2x24G", RIG_FLOWER_PORT=str(flower), RIG_NODE_NAME="e2e")
+               RIG_FAKE_GPUS="2x24G", RIG_FLOWER_PORT=str(flower), RIG_NODE_NAME="e2e",
+               RIG_METRICS_PORT=str(metrics))
     up = rig(env, "up", "--daemon")
     try:
         assert up.returncode == 0, up.stdout + up.stderr
@@ -63,6 +64,9 @@ def test_up_daemon_private_redis_real_work_down(tmp_path):
 
         with urllib.request.urlopen(f"http://127.0.0.1:{flower}/healthcheck", timeout=10) as resp:
             assert resp.status == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10) as resp:
+            scraped = resp.read().decode()
+        assert 'rig_jobs{state="SUCCEEDED"} 1.0' in scraped and "rig_card_usable_bytes" in scraped
         api = f"http://127.0.0.1:{flower}/api/workers"
         try:
             urllib.request.urlopen(api, timeout=10)

@@ -31,7 +31,9 @@ exec(LINE_SRC, _ns)
 line = _ns["line"]
 
 LINE_RE = re.compile(rb"L(\d{7}) ")
-MARKER_RE = re.compile(rb"\[rig: (\d+) bytes of output were cut here to keep this log under ([^\]]+)\]\n")
+MARKER_RE = re.compile(
+    rb"\[rig: (\d+) bytes of output were cut here to keep this log under ([^\]]+)\]\n"
+)
 
 # Appends numbered lines ("ab", one flushed write each) until the parent closes our stdin,
 # then one last line, and prints that line's number.
@@ -193,6 +195,13 @@ def test_keep_head_zero_and_oversized_keep_head(tmp_path):
     data = path.read_bytes()
     assert data.startswith(marker_text(removed, 4096, newline_before=False))
     assert len(data) <= 4096
+
+    with open(path, "ab") as writer:  # cutting again adds up, also with no head at all
+        writer.write(lines(3000, 4000))
+    removed += enforce_size_cap(path, 4096, keep_head=0)
+    data = path.read_bytes()
+    assert data.startswith(marker_text(removed, 4096, newline_before=False))
+    assert markers(data) == [removed] and data.endswith(line(3999))
 
     path.write_bytes(lines(0, 3000))
     enforce_size_cap(path, 4096, keep_head=10**6)

@@ -73,3 +73,17 @@ def test_missing_explicit_config_file(monkeypatch, tmp_path):
 
 def test_key_prefix_gets_a_colon():
     assert load_settings(key_prefix="team").key_prefix == "team:"
+
+
+def test_settings_survive_the_trip_to_child_processes(monkeypatch, tmp_path):
+    """rig up exports its resolved settings as RIG_* variables for its workers."""
+    from rig.stack import settings_env
+
+    (tmp_path / "rig.toml").write_text('max_task_per_gpu = 3\n[templates.mine]\ngpu_memory = "3G"\n'
+                                        '[health]\ntimeout = 12\n')
+    original = load_settings(gpu_whitelist=[1, 2])
+    for key, value in settings_env(original).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path.parent)  # the child does not see ./rig.toml
+    again = load_settings()
+    assert again.model_dump(exclude={"config_file"}) == original.model_dump(exclude={"config_file"})

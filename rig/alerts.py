@@ -1,0 +1,415 @@
+"""Threshold alerts over rig's Redis state, sent once per condition to a webhook and the log.
+
+Three parts:
+
+* :func:`evaluate` reads the cards, the waiting queue and recently ended jobs and returns the
+  conditions that hold *now* (one :class:`Alert` each, with a stable ``key``). It only writes
+  the first-seen times the "reserved but idle" condition needs (``<prefix>alerts:since``).
+* :class:`AlertManager` remembers which conditions are active (``<prefix>alerts:active``, a
+  hash key -> JSON) so that a condition is announced once when it starts and once ("resolved")
+  when it clears, however many times the beat task evaluates it in between. The hash is
+  claimed with HSETNX / HDEL, so two overlapping runs never both announce the same change.
+* :func:`deliver` logs each alert and POSTs one Slack-compatible JSON body to a webhook;
+  failures are logged, never raised.
+
+Standard library only (the Prometheus exporter in rig.metrics reuses the helpers here).
+
+Conditions (thresholds in :class:`AlertRules`):
+
+``queue_length:<priority>``   more than ``max_queue`` jobs wait at that priority.
+``temperature:<card>``        a card is hotter than ``max_temperature`` (C).
+``failure_rate``              of the jobs that ended in the last ``failure_window`` seconds
+                              (SUCCEEDED, FAILED, TIMEOUT; cancelled ones are not counted), at
+                              least ``min_ended`` ended and more than ``max_failure_rate`` of them
+                              FAILED or timed out.
+``idle_cards``                an eligible card runs no job while a job that would fit it by
+                              memory has waited longer than ``idle_wait_seconds``.
+``reserved_idle:<card>``      a card has memory reserved but reads 0 % utilisation, continuously
+                              for longer than ``reserved_idle_seconds``.
+``fragmentation``             :func:`fragmentation` is above ``max_fragmentation``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from rig.memory import format_memory
+from rig.models import CardState, JobState, Priority
+
+if TYPE_CHECKING:
+    from rig.client import Client
+
+__all__ = [
+    "Alert",
+    "AlertManager",
+    "AlertRules",
+    "EndedJob",
+    "WaitingJob",
+    "deliver",
+    "evaluate",
+    "fragmentation",
+    "recent_ended",
+    "waiting_jobs",
+]
+
+log = logging.getLogger(__name__)
+
+#: How many waiting jobs (in run order) are read to find request sizes and waits.
+PENDING_SCAN = 1000
+#: Terminal states whose newest jobs count as "ended".
+ENDED_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.TIMEOUT, JobState.CANCELLED)
+FAILED_STATES = (JobState.FAILED, JobState.TIMEOUT)
+
+SEVERITY_WARNING = "warning"
+SEVERITY_CRITICAL = "critical"
+
+
+# -- data -------------------------------------------------------------------------------------
+@dataclass
+class AlertRules:
+    """Alert thresholds. Built by the caller (they are not part of rig.config.Settings)."""
+
+    max_queue: int = 50  # waiting jobs per priority
+    max_temperature: int = 85  # Celsius
+    failure_window: float = 15 * 60  # seconds
+    min_ended: int = 5  # ended jobs in the window before the failure rate counts
+    max_failure_rate: float = 0.2  # (FAILED + TIMEOUT) / (SUCCEEDED + FAILED + TIMEOUT)
+    idle_wait_seconds: float = 60.0
+    reserved_idle_seconds: float = 600.0
+    max_fragmentation: float = 0.5
+    #: Newest ended jobs read per terminal state when computing the failure rate. The state
+    #: indexes are ordered by job id, not end time, so a very old job that ends now is missed
+    #: if more than this many newer jobs already ended in that state.
+    failure_scan: int = 1000
+
+
+@dataclass
+class Alert:
+    """One condition. ``key`` is stable per condition and subject (e.g. ``temperature:n1/0``);
+    ``message`` is one line a person reads; ``status`` is "firing" or "resolved"."""
+
+    key: str
+    severity: str
+    message: str
+    status: str = "firing"
+
+
+@dataclass
+class WaitingJob:
+    id: int
+    priority: Priority
+    gpu_memory: int  # bytes per card
+    gpus: int
+    created_at: float
+
+
+@dataclass
+class EndedJob:
+    id: int
+    state: JobState
+    failure: str | None
+    created_at: float | None
+    started_at: float | None
+    ended_at: float | None
+
+
+# -- shared readers (also used by rig.metrics) -----------------------------------------------
+def waiting_jobs(client: Client, limit: int = PENDING_SCAN) -> list[WaitingJob]:
+    """The first ``limit`` waiting jobs in run order, reading only the fields needed."""
+    ids = client.store.pending_head(limit)
+    if not ids:
+        return []
+    pipe = client.r.pipeline(transaction=False)
+    for jid in ids:
+        pipe.hmget(client.keys.job(jid), "priority", "gpu_memory", "gpus", "created_at")
+    out = []
+    for jid, (prio, mem, gpus, created) in zip(ids, pipe.execute(), strict=True):
+        if mem is None:
+            continue  # the record vanished under us
+        out.append(WaitingJob(
+            id=jid, priority=Priority(_s(prio)) if prio else Priority.MEDIUM,
+            gpu_memory=int(float(mem)), gpus=int(gpus or 1),
+            created_at=float(created) if created else 0.0,
+        ))
+    return out
+
+
+def recent_ended(client: Client, limit: int,
+                 states: tuple[JobState, ...] = ENDED_STATES) -> list[EndedJob]:
+    """The newest ``limit`` jobs (by id) in ``states``, newest first.
+
+    State indexes are scored by job id, so "newest" means most recently *submitted* among the
+    jobs that have ended; for a queue that runs roughly in order this is the last ``limit``
+    ended jobs.
+    """
+    if limit <= 0:
+        return []
+    pipe = client.r.pipeline(transaction=False)
+    for state in states:
+        pipe.zrevrange(client.keys.state_index(state.value), 0, limit - 1)
+    tagged = [(int(jid), state) for state, ids in zip(states, pipe.execute(), strict=True)
+              for jid in ids]
+    tagged.sort(key=lambda item: item[0], reverse=True)
+    tagged = tagged[:limit]
+    if not tagged:
+        return []
+    pipe = client.r.pipeline(transaction=False)
+    for jid, _ in tagged:
+        pipe.hmget(client.keys.job(jid), "failure", "created_at", "started_at", "ended_at")
+    out = []
+    for (jid, state), (failure, created, started, ended) in zip(tagged, pipe.execute(), strict=True):
+        out.append(EndedJob(id=jid, state=state, failure=_s(failure) if failure else None,
+                            created_at=_f(created), started_at=_f(started), ended_at=_f(ended)))
+    return out
+
+
+def fragmentation(cards: list[CardState], waiting: list[WaitingJob]) -> float:
+    """Share (0..1) of the free memory on eligible cards that sits on cards whose free block is
+    smaller than the smallest waiting job's per-card request: memory no waiting job can use.
+    0 when nothing waits or nothing is free."""
+    if not waiting:
+        return 0.0
+    smallest = min(job.gpu_memory for job in waiting)
+    free = [card.free for card in cards if card.eligible]
+    total = sum(free)
+    if total <= 0:
+        return 0.0
+    return sum(block for block in free if block < smallest) / total
+
+
+# -- evaluation --------------------------------------------------------------------------------
+def since_key(client: Client) -> str:
+    return f"{client.keys.prefix}alerts:since"
+
+
+def active_key(client: Client) -> str:
+    return f"{client.keys.prefix}alerts:active"
+
+
+def evaluate(client: Client, rules: AlertRules | None = None,
+             now: float | None = None) -> list[Alert]:
+    """Every condition that holds now. Reads Redis; writes only the first-seen times of the
+    "reserved but idle" condition (so its duration survives between runs)."""
+    rules = rules or AlertRules()
+    now = time.time() if now is None else now
+    cards = client.ledger.cards()
+    counts = client.store.pending_counts()
+    waiting = waiting_jobs(client)
+    alerts: list[Alert] = []
+
+    for prio in Priority:
+        n = counts.get(prio, 0)
+        if n > rules.max_queue:
+            alerts.append(Alert(
+                f"queue_length:{prio.value}", SEVERITY_WARNING,
+                f"{n} {prio.value}-priority jobs are waiting (limit {rules.max_queue})"))
+
+    for card in cards:
+        if card.temperature is not None and card.temperature > rules.max_temperature:
+            alerts.append(Alert(
+                f"temperature:{card.id}", SEVERITY_CRITICAL,
+                f"card {card.id} ({card.model}) is at {card.temperature} C "
+                f"(limit {rules.max_temperature} C)"))
+
+    alerts.extend(_failure_rate(client, rules, now))
+    alerts.extend(_idle_cards(cards, waiting, rules, now))
+    alerts.extend(_reserved_idle(client, cards, rules, now))
+
+    frag = fragmentation(cards, waiting)
+    if frag > rules.max_fragmentation:
+        smallest = min(job.gpu_memory for job in waiting)
+        free = sum(c.free for c in cards if c.eligible)
+        alerts.append(Alert(
+            "fragmentation", SEVERITY_WARNING,
+            f"fragmentation {frag:.0%}: {format_memory(free * frag)} of "
+            f"{format_memory(free)} free memory sits in blocks smaller than the smallest "
+            f"waiting request ({format_memory(smallest)}; limit {rules.max_fragmentation:.0%})"))
+    return alerts
+
+
+def _failure_rate(client: Client, rules: AlertRules, now: float) -> list[Alert]:
+    states = (JobState.SUCCEEDED, *FAILED_STATES)
+    start = now - rules.failure_window
+    ended = [j for j in recent_ended(client, rules.failure_scan, states)
+             if j.ended_at is not None and start <= j.ended_at <= now]
+    if len(ended) < max(1, rules.min_ended):
+        return []
+    failed = sum(1 for j in ended if j.state in FAILED_STATES)
+    rate = failed / len(ended)
+    if rate <= rules.max_failure_rate:
+        return []
+    return [Alert(
+        "failure_rate", SEVERITY_WARNING,
+        f"{rate:.0%} of jobs failed or timed out in the last {_minutes(rules.failure_window)} "
+        f"({failed} of {len(ended)} ended; limit {rules.max_failure_rate:.0%})")]
+
+
+def _idle_cards(cards: list[CardState], waiting: list[WaitingJob], rules: AlertRules,
+                now: float) -> list[Alert]:
+    idle = [c for c in cards if c.eligible and c.jobs == 0 and c.max_jobs > 0]
+    if not idle:
+        return []
+    for job in waiting:
+        waited = now - job.created_at
+        if waited <= rules.idle_wait_seconds:
+            continue
+        fitting = [c for c in idle if c.free >= job.gpu_memory]
+        by_node: dict[str, list[CardState]] = {}
+        for card in fitting:
+            by_node.setdefault(card.node, []).append(card)
+        usable = [group for group in by_node.values() if len(group) >= job.gpus]
+        if not usable:
+            continue
+        names = ", ".join(c.id for group in usable for c in group)
+        return [Alert(
+            "idle_cards", SEVERITY_WARNING,
+            f"idle card(s) {names} while job {job.id} ({job.priority.value}, "
+            f"{format_memory(job.gpu_memory)} x {job.gpus}) has waited {_minutes(waited)} "
+            f"and would fit (limit {_minutes(rules.idle_wait_seconds)})")]
+    return []
+
+
+def _reserved_idle(client: Client, cards: list[CardState], rules: AlertRules,
+                   now: float) -> list[Alert]:
+    key = since_key(client)
+    seen = {_s(k): float(v) for k, v in client.r.hgetall(key).items()}
+    current: set[str] = set()
+    alerts = []
+    for card in cards:
+        if not (card.reserved > 0 and card.utilization == 0):
+            continue
+        field = f"reserved_idle:{card.id}"
+        current.add(field)
+        if field not in seen:
+            client.r.hsetnx(key, field, now)
+            raw = client.r.hget(key, field)
+            seen[field] = float(raw) if raw is not None else now
+        idle_for = now - seen[field]
+        if idle_for > rules.reserved_idle_seconds:
+            alerts.append(Alert(
+                field, SEVERITY_WARNING,
+                f"card {card.id} has {format_memory(card.reserved)} reserved for {card.jobs} "
+                f"job(s) but has read 0% utilisation for {_minutes(idle_for)} "
+                f"(limit {_minutes(rules.reserved_idle_seconds)})"))
+    stale = [f for f in seen if f.startswith("reserved_idle:") and f not in current]
+    if stale:
+        client.r.hdel(key, *stale)
+    return alerts
+
+
+# -- once-per-condition state ------------------------------------------------------------------
+class AlertManager:
+    """Turns each evaluation into announcements: a condition fires once when it starts and
+    sends one "resolved" when it clears. State lives in ``<prefix>alerts:active``.
+
+    The beat task calls :meth:`run` every minute or so::
+
+        AlertManager(client, AlertRules(), webhook_url=url, logger=log).run()
+    """
+
+    def __init__(self, client: Client, rules: AlertRules | None = None, *,
+                 webhook_url: str | None = None, logger: logging.Logger | None = None,
+                 timeout: float = 5.0) -> None:
+        self.client = client
+        self.rules = rules or AlertRules()
+        self.webhook_url = webhook_url
+        self.logger = logger or log
+        self.timeout = timeout
+
+    @property
+    def key(self) -> str:
+        return active_key(self.client)
+
+    def active(self) -> dict[str, Alert]:
+        """The conditions announced and not yet resolved."""
+        out = {}
+        for k, raw in self.client.r.hgetall(self.key).items():
+            data = json.loads(raw)
+            out[_s(k)] = Alert(_s(k), data.get("severity", SEVERITY_WARNING),
+                               data.get("message", ""))
+        return out
+
+    def update(self, alerts: list[Alert], now: float | None = None) -> list[Alert]:
+        """Record this evaluation; return what to announce: new firing alerts, then one
+        "resolved" alert for each active condition absent from ``alerts``."""
+        now = time.time() if now is None else now
+        r = self.client.r
+        current = {a.key: a for a in alerts}
+        out: list[Alert] = []
+        for alert in current.values():
+            record = json.dumps({"severity": alert.severity, "message": alert.message,
+                                 "since": now})
+            if r.hsetnx(self.key, alert.key, record):
+                out.append(alert)
+        for k, raw in r.hgetall(self.key).items():
+            name = _s(k)
+            if name in current:
+                continue
+            if r.hdel(self.key, name):  # only one overlapping run wins the resolution
+                data = json.loads(raw)
+                out.append(Alert(name, data.get("severity", SEVERITY_WARNING),
+                                 f"resolved: {data.get('message', name)}", status="resolved"))
+        return out
+
+    def run(self, now: float | None = None) -> list[Alert]:
+        """Evaluate, update the state and deliver the changes; returns what was announced."""
+        now = time.time() if now is None else now
+        changes = self.update(evaluate(self.client, self.rules, now), now)
+        deliver(changes, self.webhook_url, self.logger, timeout=self.timeout)
+        return changes
+
+
+# -- delivery ------------------------------------------------------------------------------------
+def deliver(alerts: list[Alert], webhook_url: str | None, logger: logging.Logger | None = None,
+            *, timeout: float = 5.0) -> bool:
+    """Log each alert and POST them as one JSON body ``{"text": ..., "alerts": [...]}`` (Slack's
+    incoming webhooks read ``text``). Returns True when there was nothing to post or the POST
+    succeeded; a failed POST is logged, never raised."""
+    logger = logger or log
+    if not alerts:
+        return True
+    for alert in alerts:
+        if alert.status == "resolved":
+            logger.info("rig alert resolved [%s]: %s", alert.key, alert.message)
+        elif alert.severity == SEVERITY_CRITICAL:
+            logger.error("rig alert [%s]: %s", alert.key, alert.message)
+        else:
+            logger.warning("rig alert [%s]: %s", alert.key, alert.message)
+    if not webhook_url:
+        return True
+    lines = [f"rig {a.status.upper()} ({a.severity}): {a.message}" for a in alerts]
+    body = json.dumps({"text": "\n".join(lines), "alerts": [asdict(a) for a in alerts]})
+    request = urllib.request.Request(
+        webhook_url, data=body.encode(), method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+            response.read()
+        return True
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        logger.warning("rig alerts: could not post %d alert(s) to the webhook: %s",
+                       len(alerts), exc)
+        return False
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _f(value: Any) -> float | None:
+    return float(value) if value not in (None, "", b"") else None
+
+
+def _minutes(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{math.floor(seconds / 60)} min"

@@ -1,0 +1,533 @@
+"""``rig top``: a live, full-screen view of the cards, the queues and the running jobs.
+
+``build_view`` is pure (a StatusReport in, a rich renderable out) so it is testable without
+Redis or a terminal; ``run_top`` is the loop that re-reads the data and redraws it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import click
+import redis
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.text import Text
+
+from rig.cli.common import client_from, handle_errors
+from rig.cli.render import duration, make_console
+from rig.client import StatusReport
+from rig.errors import RigError
+from rig.models import CardState, Job, JobState, Priority
+
+GIB = 2**30
+#: Redraws per second (elapsed times tick between two reads of the data).
+REFRESH_PER_SECOND = 4
+NO_CARDS = "no cards registered: no rig node is up (start one with `rig up`)"
+
+# Bar segments: what the card really uses, what rig reserved but is not used yet, what is free.
+BAR_USED, BAR_RESERVED, BAR_FREE = "█", "▒", "░"
+
+
+# -- small formatting helpers -------------------------------------------------------------------
+def _g(value: int | None) -> str:
+    """Bytes as a short GiB number: 7.5, 79.1, 141."""
+    if value is None:
+        return "-"
+    v = value / GIB
+    return f"{v:.1f}" if v < 99.95 else f"{v:.0f}"
+
+
+def _cell(value: str | Text, width: int, justify: str = "left", style: str = "") -> Text:
+    """Exactly ``width`` cells: cut with an ellipsis when longer, padded when shorter."""
+    text = value.copy() if isinstance(value, Text) else Text(value, style=style)
+    if width <= 0:
+        return Text()
+    text.truncate(width, overflow="ellipsis")
+    missing = width - text.cell_len
+    if missing > 0:
+        if justify == "right":
+            text.pad_left(missing)
+        else:
+            text.pad_right(missing)
+    return text
+
+
+def _fit(text: Text, width: int) -> Text:
+    """One screen line: never wraps, never wider than ``width``."""
+    text.no_wrap = True
+    text.overflow = "ellipsis"
+    if text.cell_len > width:
+        text.truncate(width, overflow="ellipsis")
+    text.rstrip()
+    return text
+
+
+@dataclass
+class _Col:
+    key: str
+    header: str
+    width: int
+    justify: str = "left"
+
+
+def _row(cols: list[_Col], values: dict[str, str | Text]) -> Text:
+    out = Text()
+    for i, col in enumerate(cols):
+        if i:
+            out.append(" ")
+        out.append_text(_cell(values.get(col.key, ""), col.width, col.justify))
+    return out
+
+
+def _header(cols: list[_Col]) -> Text:
+    line = _row(cols, {c.key: c.header for c in cols})
+    line.stylize("bold dim")
+    return line
+
+
+def _layout(cols: list[_Col], width: int, rest: _Col, rest_min: int, drop: list[str]) -> list[_Col]:
+    """Give ``rest`` (the last, elastic column) what is left; drop columns in ``drop`` order
+    while it would get less than ``rest_min``."""
+    cols = list(cols)
+    for key in [None, *drop]:
+        if key is not None:
+            cols = [c for c in cols if c.key != key]
+        used = sum(c.width + 1 for c in cols)
+        if width - used >= rest_min:
+            break
+    rest.width = max(1, width - sum(c.width + 1 for c in cols))
+    return [*cols, rest]
+
+
+def _bar(card: CardState, width: int) -> Text:
+    """Used / reserved-but-unused / free, scaled to the card's usable memory."""
+    usable = max(card.usable, 1)
+    used = card.used or 0
+    taken = card.taken
+
+    def cells(n: int) -> int:
+        return max(0, min(width, round(min(n, usable) / usable * width)))
+
+    n_used = cells(used)
+    n_taken = max(n_used, cells(taken))
+    if used and n_used == 0:
+        n_used = min(1, width)  # a card in use never looks idle
+        n_taken = max(n_taken, n_used)
+    n_within = min(n_used, cells(taken))  # used cells covered by reservations
+    bar = Text()
+    bar.append(BAR_USED * n_within, style="green")
+    bar.append(BAR_USED * (n_used - n_within), style="bold red")  # used beyond reservations
+    bar.append(BAR_RESERVED * (n_taken - n_used), style="yellow")
+    bar.append(BAR_FREE * (width - n_taken), style="dim")
+    return bar
+
+
+def _short_model(model: str, width: int | None = None) -> str:
+    """The model without the vendor's prefix; cut at a word when ``width`` is too small."""
+    for prefix in ("NVIDIA ", "GeForce ", "Tesla "):
+        if model.startswith(prefix):
+            model = model[len(prefix):]
+    if width is not None and len(model) > width:
+        cut = max(model.rfind(" ", 0, width + 1), model.rfind("-", 0, width + 1))
+        if cut > 0:
+            model = model[:cut]
+    return model
+
+
+def _over(job: Job) -> bool:
+    """Used more than it declared (per card)."""
+    return bool(job.overuse) or job.vram_peak > job.gpu_memory
+
+
+def _card_flags(card: CardState, wide: bool) -> Text:
+    flags = Text()
+    left, right = ("[", "] ") if wide else ("", " ")
+    if not card.healthy:
+        reason = f"UNHEALTHY: {card.health_reason}" if card.health_reason else "UNHEALTHY"
+        flags.append(f"{left}{reason}{right}", style="bold red")
+    if not card.allowed:
+        flags.append(f"{left}not in whitelist{right}", style="yellow")
+    if card.foreign:
+        flags.append(f"{left}others {_g(card.foreign)}G{right}", style="magenta")
+    return flags
+
+
+def _temp(card: CardState) -> Text:
+    if card.temperature is None:
+        return Text("-")
+    style = "bold red" if card.temperature >= 85 else "yellow" if card.temperature >= 75 else ""
+    return Text(f"{card.temperature}C", style=style)
+
+
+def _util(card: CardState) -> str:
+    return "-" if card.utilization is None else f"{card.utilization}%"
+
+
+# -- sections -----------------------------------------------------------------------------------
+def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text]]:
+    cards = report.cards
+    wide = width >= 140
+    id_w = min(max((len(c.id) for c in cards), default=4), 24 if wide else 12)
+    model_cap = 28 if wide else 16 if width >= 100 else 8
+    model_w = max((len(_short_model(c.model, model_cap)) for c in cards), default=5)
+    model_w = min(model_w, model_cap)
+    mem_values = [f"{_g(c.reserved)}/{_g(c.used)}/{_g(c.free)}/{_g(c.usable)}" for c in cards]
+    mem_header = "res/used/free/usable GiB" if wide else "res/used/free/usable"
+    mem_w = max(len(mem_header), *(len(v) for v in mem_values))
+    jobs_w = max(4, *(len(f"{c.jobs}/{c.max_jobs}") for c in cards))
+    bar_w = max(8, min(48, width // 7 if width >= 100 else width // 8))
+    cols = [
+        _Col("id", "card", max(id_w, 4)),
+        _Col("model", "model", max(model_w, 5)),
+        _Col("bar", "memory", bar_w),
+        _Col("mem", mem_header, mem_w, "right"),
+        _Col("util", "util", 4, "right"),
+        _Col("temp", "temp", 4, "right"),
+        _Col("jobs", "jobs", jobs_w, "right"),
+    ]
+    rest = _Col("names", "health / jobs on it", 0)
+    cols = _layout(cols, width, rest, 14, drop=["model", "temp", "util", "bar"])
+    lines = []
+    for card, mem in zip(cards, mem_values, strict=True):
+        jobs = report.running.get(card.id, [])
+        names = _card_flags(card, wide)
+        for i, job in enumerate(jobs):
+            if i:
+                names.append(", ")
+            names.append(f"{job.id}:{job.name}" if wide else job.name)
+            if wide:
+                names.append(f" ({job.user})", style="dim")
+            if _over(job):
+                names.append("!", style="bold red")
+        if not jobs and not names:
+            names.append("-", style="dim")
+        id_style = "bold red" if not card.healthy else "dim" if not card.allowed else "bold"
+        full = card.jobs >= card.max_jobs
+        values: dict[str, str | Text] = {
+            "id": Text(card.id, style=id_style),
+            "model": _short_model(card.model, cols[1].width if cols[1].key == "model" else None),
+            "bar": _bar(card, bar_w),
+            "mem": mem,
+            "util": _util(card),
+            "temp": _temp(card),
+            "jobs": Text(f"{card.jobs}/{card.max_jobs}", style="cyan" if full else ""),
+            "names": names,
+        }
+        lines.append(_row(cols, values))
+    return _header(cols), lines
+
+
+def _running_jobs(report: StatusReport) -> list[Job]:
+    seen: dict[int, Job] = {}
+    for jobs in report.running.values():
+        for job in jobs:
+            seen.setdefault(job.id, job)
+    return sorted(seen.values(), key=lambda j: (j.started_at or j.assigned_at or 0, j.id))
+
+
+def _job_cards(job: Job) -> str:
+    if not job.node:
+        return "-"
+    return f"{job.node}/{','.join(map(str, job.cards))}"
+
+
+def _job_lines(jobs: list[Job], width: int, now: float) -> tuple[Text, list[Text]]:
+    wide = width >= 140
+    id_w = max(2, *(len(str(j.id)) for j in jobs)) if jobs else 2
+    user_w = min(max((len(j.user) for j in jobs), default=4), 16 if wide else 8)
+    cards_w = min(max((len(_job_cards(j)) for j in jobs), default=5), 28 if wide else 12)
+    cols = [
+        _Col("id", "id", id_w, "right"),
+        _Col("user", "user", max(user_w, 4)),
+        _Col("name", "name", 0),  # placeholder: sized below
+        _Col("elapsed", "elapsed", 7, "right"),
+    ]
+    if wide:
+        cols += [_Col("prio", "prio", 6), _Col("state", "state", 8)]
+    cols += [
+        _Col("mem", "decl/peak GiB" if wide else "decl/peak", 13 if wide else 9, "right"),
+        _Col("over", "over", 4),
+    ]
+    if wide:
+        cols += [_Col("mean", "mean", 5, "right"), _Col("util", "util", 4, "right")]
+    rest = _Col("cards", "card(s)", 0)
+    fixed = [c for c in cols if c.key != "name"]
+    used = sum(c.width + 1 for c in fixed) + max(cards_w, 7) + 1
+    name_w = max(6, min(width - used, 48 if wide else 40))
+    for c in cols:
+        if c.key == "name":
+            c.width = name_w
+    cols = _layout(cols, width, rest, 5, drop=["user", "over"])
+    lines = []
+    for job in jobs:
+        over = _over(job)
+        elapsed = duration(now - job.started_at) if job.started_at else "-"
+        peak = _g(job.vram_peak) if job.vram_samples or job.vram_peak else "-"
+        mem = Text(f"{_g(job.gpu_memory)}/")
+        mem.append(peak, style="bold red" if over else "")
+        state = job.state.value.lower() if job.state is not JobState.RUNNING else "running"
+        values: dict[str, str | Text] = {
+            "id": str(job.id),
+            "user": job.user,
+            "name": Text(job.name, style="bold red" if over else ""),
+            "elapsed": elapsed if job.started_at else Text("start", style="cyan"),
+            "prio": job.priority.value,
+            "state": state,
+            "mem": mem,
+            "over": Text("OVER", style="bold red") if over else "",
+            "mean": _g(job.vram_mean),
+            "util": "-" if job.util_mean is None else f"{job.util_mean:.0f}%",
+            "cards": _job_cards(job),
+        }
+        lines.append(_row(cols, values))
+    return _header(cols), lines
+
+
+def _queue_line(report: StatusReport, width: int) -> Text:
+    line = Text("queue ", style="bold")
+    for prio in Priority:
+        n = report.pending.get(prio, 0)
+        line.append(f" {prio.value} ", style="bold" if n else "dim")
+        line.append(str(n), style="yellow" if n else "dim")
+        wait = report.oldest_wait.get(prio)
+        if n and wait is not None:
+            line.append(f" (oldest {duration(wait)})" if width >= 70 else f" ({duration(wait)})")
+        line.append(" ")
+    return line
+
+
+def _title_line(report: StatusReport | None, errors: int, now: float, width: int,
+                hint: str) -> Text:
+    line = Text("rig top", style="bold reverse")
+    line.append(f"  {time.strftime('%H:%M:%S', time.localtime(now))}")
+    if report is not None:
+        workers = len(report.workers)
+        line.append("  workers ")
+        line.append(f"{workers} alive", style="green" if workers else "bold red")
+        line.append("  errors ")
+        line.append(str(errors), style="bold red" if errors else "green")
+        if width >= 100:
+            counts = report.counts
+            line.append(f"  cards {len(report.cards)}"
+                        f"  running {counts.get(JobState.RUNNING, 0)}"
+                        f"  done {counts.get(JobState.SUCCEEDED, 0)}", style="dim")
+    hint = f"  {hint}" if hint else ""
+    if hint and line.cell_len + len(hint) <= width:
+        line.append(" " * (width - line.cell_len - len(hint)))
+        line.append(hint, style="dim")
+    return line
+
+
+def _more(n: int, what: str) -> Text:
+    return Text(f"... {n} more {what}", style="dim italic")
+
+
+def _clip(lines: list[Text], room: int, what: str) -> list[Text]:
+    """At most ``room`` lines; the last says how many did not fit."""
+    if len(lines) <= room:
+        return lines
+    if room <= 0:
+        return []
+    return [*lines[: room - 1], _more(len(lines) - room + 1, what)]
+
+
+# -- the frame ----------------------------------------------------------------------------------
+def build_view(report: StatusReport | None, errors: int, width: int, height: int, now: float,
+               *, problem: str | None = None, hint: str = "q quits") -> RenderableType:
+    """One frame of ``rig top``, exactly fitting ``width`` x ``height`` (at most).
+
+    ``problem``: a one-line complaint shown at the top (e.g. Redis cannot be reached; the data
+    shown is then the last that was read). ``report`` is None when nothing could be read yet.
+    ``hint``: how to leave, shown at the right of the title line.
+    """
+    width = max(20, width)
+    height = max(3, height)
+    top: list[Text] = [_title_line(report, errors, now, width, hint)]
+    if problem:
+        top.append(Text(problem.splitlines()[0] if problem else "", style="bold red"))
+    if report is None:
+        top.append(Text("waiting for rig's Redis ...", style="dim"))
+        return Group(*[_fit(t, width) for t in top[:height]])
+    top.append(_queue_line(report, width))
+    top += [Text(n, style="yellow") for n in report.notices[:2]]
+
+    if report.cards:
+        card_head, card_rows = _card_lines(report, width)
+    else:
+        card_head, card_rows = Text(NO_CARDS, style="yellow"), []
+    jobs = _running_jobs(report)
+    if jobs:
+        job_head, job_rows = _job_lines(jobs, width, now)
+    else:
+        job_head, job_rows = Text("no jobs running", style="dim"), []
+
+    room = height - len(top) - 2  # the two section headers
+    if room < 0:
+        top = top[:height]
+        return Group(*[_fit(t, width) for t in top])
+    need_cards, need_jobs = len(card_rows), len(job_rows)
+    if need_cards + need_jobs <= room:
+        show_cards, show_jobs = need_cards, need_jobs
+    else:
+        show_jobs = min(need_jobs, max(min(3, room // 2), room - need_cards))
+        show_cards = room - show_jobs
+        if show_cards > need_cards:
+            show_jobs += show_cards - need_cards
+            show_cards = need_cards
+    card_rows = _clip(card_rows, show_cards, "cards")
+    job_rows = _clip(job_rows, show_jobs, "running jobs")
+    spare = room - len(card_rows) - len(job_rows)
+
+    lines = list(top)
+    if spare > 0:
+        lines.append(Text())
+        spare -= 1
+    lines += [card_head, *card_rows]
+    if spare > 0 and jobs:
+        lines.append(Text(f"running jobs ({len(jobs)})", style="bold"))
+        spare -= 1
+    lines += [job_head, *job_rows]
+    return Group(*[_fit(t, width) for t in lines[:height]])
+
+
+# -- the loop -----------------------------------------------------------------------------------
+@dataclass
+class _Snapshot:
+    report: StatusReport | None = None
+    errors: int = 0
+    problem: str | None = None
+
+
+def _read(client) -> tuple[StatusReport, int]:  # noqa: ANN001
+    report = client.status()
+    return report, len(client.store.error_ids())
+
+
+def _problem_text(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if "cannot reach redis" not in text.lower():
+        text = f"cannot reach Redis ({text})"
+    return f"{text}; retrying"
+
+
+class _Poller(threading.Thread):
+    """Re-reads the data every ``interval`` seconds; keeps the last good report on errors."""
+
+    def __init__(self, client, interval: float) -> None:  # noqa: ANN001
+        super().__init__(name="rig-top-poller", daemon=True)
+        self.client = client
+        self.interval = interval
+        self.snapshot = _Snapshot()
+        self.stop = threading.Event()
+
+    def poll(self) -> None:
+        """Read once; on failure keep the last report and say what went wrong."""
+        try:
+            report, errors = _read(self.client)
+            self.snapshot = _Snapshot(report, errors, None)
+        except (RigError, redis.RedisError, OSError) as exc:
+            old = self.snapshot
+            self.snapshot = _Snapshot(old.report, old.errors, _problem_text(exc))
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.poll()
+            self.stop.wait(self.interval)
+
+
+class _Keys:
+    """Single key presses from stdin in cbreak mode, without blocking; a no-op off a TTY."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self._saved = None
+
+    def __enter__(self) -> _Keys:
+        try:
+            import termios
+            import tty
+
+            if sys.stdin.isatty():
+                fd = sys.stdin.fileno()
+                self._saved = termios.tcgetattr(fd)
+                tty.setcbreak(fd)
+                self.fd = fd
+        except Exception:  # ImportError, termios.error, a closed or odd stdin
+            self.fd = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None and self._saved is not None:
+            import termios
+
+            termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
+            self.fd = None
+
+    def read(self, timeout: float) -> str:
+        """What was typed within ``timeout`` seconds ('' if nothing)."""
+        if self.fd is None:
+            time.sleep(timeout)
+            return ""
+        import select
+
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            return ""
+        try:
+            return os.read(self.fd, 64).decode(errors="ignore")
+        except OSError:
+            return ""
+
+
+def run_top(client, interval: float = 1.0, once: bool = False, *,  # noqa: ANN001
+            console: Console | None = None) -> None:
+    """Show the view until `q` (or Ctrl-C); with ``once``, print one frame and return."""
+    if once:
+        console = console or make_console()
+        report, errors = _read(client)
+        height = console.height if console.is_terminal else 10_000
+        console.print(build_view(report, errors, console.width, height, time.time(), hint=""))
+        return
+
+    console = console or Console()
+    poller = _Poller(client, interval)
+    poller.start()
+
+    try:
+        with _Keys() as keys:
+            hint = "q quits" if keys.fd is not None else "Ctrl-C quits"
+
+            def frame() -> RenderableType:
+                snap = poller.snapshot
+                width, height = console.size
+                return build_view(snap.report, snap.errors, width, height, time.time(),
+                                  problem=snap.problem, hint=hint)
+
+            with Live(get_renderable=frame, console=console, screen=True,
+                      refresh_per_second=REFRESH_PER_SECOND,
+                      redirect_stdout=False, redirect_stderr=False):
+                while True:
+                    typed = keys.read(1 / REFRESH_PER_SECOND)
+                    if "q" in typed.lower():
+                        break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        poller.stop.set()
+
+
+@click.command("top")
+@click.option("--interval", type=float, default=1.0, show_default=True)
+@click.option("--once", is_flag=True, help="Print one frame and exit (no full screen).")
+@click.pass_context
+@handle_errors
+def top(ctx: click.Context, interval: float, once: bool) -> None:
+    """A live view of the cards, queues and running jobs (press q to quit)."""
+    if interval <= 0:
+        raise click.BadParameter("must be above 0 seconds", param_hint="--interval")
+    run_top(client_from(ctx), interval=interval, once=once)

@@ -1,0 +1,255 @@
+"""A Prometheus exporter for rig: every figure is read from Redis when Prometheus scrapes.
+
+    server = start_metrics_server(client, "0.0.0.0", 9840)   # GET /metrics
+    ...
+    server.shutdown()
+
+Families (all gauges, prefix ``rig_``):
+
+``rig_scrape_success``                       1 if Redis could be read for this scrape, else 0
+``rig_jobs{state}``                          jobs per state (from the state indexes)
+``rig_jobs_by_priority{state,priority}``     live jobs only: PENDING, ASSIGNED, RUNNING
+``rig_waiting_jobs{priority}``               the pending queue per priority
+``rig_oldest_wait_seconds{priority}``        age of the oldest waiting job (0 when none waits)
+``rig_card_{usable,reserved,used,free,foreign}_bytes{node,card,model}``
+``rig_card_utilization_percent``, ``rig_card_temperature_celsius``  (absent without a reading)
+``rig_card_healthy``, ``rig_card_jobs``, ``rig_card_max_jobs``
+``rig_workers_alive{role}``                  workers whose heartbeat has not expired
+``rig_error_queue_length``                   jobs waiting for a person in ``rig errors``
+``rig_recent_failures{failure}``             FAILED / TIMEOUT jobs by failure class among the
+                                             last 500 ended jobs (newest by job id; class
+                                             "unknown" when none was recorded)
+``rig_fragmentation_ratio``                  share of free memory on eligible cards that sits on
+                                             cards with less free than the smallest waiting
+                                             job's per-card request (0 when nothing waits)
+``rig_dispatch_latency_seconds{quantile}``   p50 and p95 of ``started_at - created_at`` over the
+                                             last 200 jobs that started. This is submission to
+                                             start, so it includes time spent waiting in the
+                                             queue (and earlier attempts of a retried job), not
+                                             only the dispatcher's own latency.
+``rig_dispatch_latency_samples``             how many jobs those quantiles cover
+
+Cost per scrape: a handful of pipelined reads plus at most ~1,000 small HMGETs for the waiting
+queue and ~2,000 for the recent-job windows.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from rig.alerts import PENDING_SCAN, fragmentation, recent_ended, waiting_jobs
+from rig.models import ACTIVE_STATES, JobState, Priority
+
+if TYPE_CHECKING:
+    from rig.client import Client
+
+__all__ = ["FAILURE_WINDOW", "LATENCY_WINDOW", "RigCollector", "make_registry",
+           "start_metrics_server"]
+
+log = logging.getLogger(__name__)
+
+#: Ended jobs whose failure classes ``rig_recent_failures`` counts.
+FAILURE_WINDOW = 500
+#: Started jobs whose waits ``rig_dispatch_latency_seconds`` summarises.
+LATENCY_WINDOW = 200
+QUANTILES = (0.5, 0.95)
+
+_CARD_LABELS = ["node", "card", "model"]
+
+
+class RigCollector(Collector):
+    """Reads rig's state from Redis on every ``collect()`` (no background thread)."""
+
+    def __init__(self, client: Client, *, failure_window: int = FAILURE_WINDOW,
+                 latency_window: int = LATENCY_WINDOW, pending_scan: int = PENDING_SCAN) -> None:
+        self.client = client
+        self.failure_window = failure_window
+        self.latency_window = latency_window
+        self.pending_scan = pending_scan
+
+    def describe(self) -> Iterable[Metric]:
+        # Nothing up front: registering must not read Redis.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            metrics = list(self._collect(time.time()))
+        except Exception as exc:  # noqa: BLE001 - a scrape must answer even when Redis is down
+            log.warning("rig metrics: cannot read rig's state: %s", exc)
+            metrics = []
+            ok = 0.0
+        else:
+            ok = 1.0
+        yield GaugeMetricFamily("rig_scrape_success", "1 if rig's Redis could be read", value=ok)
+        yield from metrics
+
+    # -- the families -------------------------------------------------------------------------
+    def _collect(self, now: float) -> Iterator[Metric]:
+        client = self.client
+        store, r, keys = client.store, client.r, client.keys
+
+        counts = store.count_by_state()
+        fam = GaugeMetricFamily("rig_jobs", "Jobs per state", labels=["state"])
+        for state in JobState:
+            fam.add_metric([state.value], counts.get(state, 0))
+        yield fam
+
+        pending = store.pending_counts()
+        by_prio = GaugeMetricFamily("rig_jobs_by_priority", "Live jobs per state and priority",
+                                    labels=["state", "priority"])
+        for prio in Priority:
+            by_prio.add_metric([JobState.PENDING.value, prio.value], pending.get(prio, 0))
+        for state, per_prio in self._active_by_priority().items():
+            for prio in Priority:
+                by_prio.add_metric([state.value, prio.value], per_prio.get(prio, 0))
+        yield by_prio
+
+        fam = GaugeMetricFamily("rig_waiting_jobs", "Jobs waiting per priority",
+                                labels=["priority"])
+        for prio in Priority:
+            fam.add_metric([prio.value], pending.get(prio, 0))
+        yield fam
+
+        fam = GaugeMetricFamily("rig_oldest_wait_seconds",
+                                "Age of the oldest waiting job per priority (0 when none waits)",
+                                labels=["priority"])
+        pipe = r.pipeline(transaction=False)
+        oldest_ids = [store.oldest_pending(prio) for prio in Priority]
+        for jid in oldest_ids:
+            pipe.hget(keys.job(jid or 0), "created_at")
+        for prio, jid, created in zip(Priority, oldest_ids, pipe.execute(), strict=True):
+            wait = max(0.0, now - float(created)) if jid and created else 0.0
+            fam.add_metric([prio.value], wait)
+        yield fam
+
+        cards = client.ledger.cards()
+        yield from _card_families(cards)
+
+        roles = Counter(w.role for w in client.workers())
+        fam = GaugeMetricFamily("rig_workers_alive", "Workers with a live heartbeat, per role",
+                                labels=["role"])
+        for role, n in sorted(roles.items()):
+            fam.add_metric([role], n)
+        yield fam
+
+        yield GaugeMetricFamily("rig_error_queue_length", "Jobs in the error queue",
+                                value=int(r.zcard(keys.errors)))
+
+        ended = recent_ended(client, self.failure_window)
+        failures = Counter(j.failure or "unknown" for j in ended
+                           if j.state in (JobState.FAILED, JobState.TIMEOUT))
+        fam = GaugeMetricFamily(
+            "rig_recent_failures",
+            f"FAILED and TIMEOUT jobs by failure class among the last {self.failure_window} "
+            "ended jobs", labels=["failure"])
+        for failure, n in sorted(failures.items()):
+            fam.add_metric([failure], n)
+        yield fam
+
+        waiting = waiting_jobs(client, self.pending_scan)
+        yield GaugeMetricFamily(
+            "rig_fragmentation_ratio",
+            "Share of free memory on eligible cards in blocks smaller than the smallest "
+            "waiting request", value=fragmentation(cards, waiting))
+
+        waits = self._latencies()
+        fam = GaugeMetricFamily(
+            "rig_dispatch_latency_seconds",
+            f"Submission to start (includes queueing) over the last {self.latency_window} "
+            "started jobs", labels=["quantile"])
+        for q in QUANTILES:
+            fam.add_metric([str(q)], _quantile(waits, q) if waits else 0.0)
+        yield fam
+        yield GaugeMetricFamily("rig_dispatch_latency_samples",
+                                "Started jobs behind rig_dispatch_latency_seconds",
+                                value=len(waits))
+
+    def _active_by_priority(self) -> dict[JobState, Counter[Priority]]:
+        """ASSIGNED and RUNNING jobs per priority: few (bounded by the cards' job slots)."""
+        store, r, keys = self.client.store, self.client.r, self.client.keys
+        out: dict[JobState, Counter[Priority]] = {}
+        for state in ACTIVE_STATES:
+            ids = store.ids_in_state(state)
+            pipe = r.pipeline(transaction=False)
+            for jid in ids:
+                pipe.hget(keys.job(jid), "priority")
+            out[state] = Counter(Priority(_s(p)) for p in pipe.execute() if p)
+        return out
+
+    def _latencies(self) -> list[float]:
+        """started_at - created_at of the newest ``latency_window`` started jobs."""
+        states = (JobState.RUNNING, *(s for s in JobState if s.terminal))
+        jobs = [j for j in recent_ended(self.client, 2 * self.latency_window, states)
+                if j.started_at is not None and j.created_at is not None]
+        jobs.sort(key=lambda j: j.started_at or 0.0, reverse=True)
+        return sorted(max(0.0, (j.started_at or 0.0) - (j.created_at or 0.0))
+                      for j in jobs[: self.latency_window])
+
+
+def _card_families(cards: list[Any]) -> Iterator[Metric]:
+    def family(name: str, doc: str) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, doc, labels=_CARD_LABELS)
+
+    usable = family("rig_card_usable_bytes", "Memory rig may hand out on the card")
+    reserved = family("rig_card_reserved_bytes", "Memory reserved by rig's jobs")
+    used = family("rig_card_used_bytes", "Memory in use as the card reports it")
+    free = family("rig_card_free_bytes", "Reservable memory left")
+    foreign = family("rig_card_foreign_bytes", "Memory used by processes rig did not start")
+    util = family("rig_card_utilization_percent", "GPU utilisation")
+    temp = family("rig_card_temperature_celsius", "GPU temperature")
+    healthy = family("rig_card_healthy", "1 if the card passed its health check")
+    jobs = family("rig_card_jobs", "Jobs holding the card")
+    max_jobs = family("rig_card_max_jobs", "Jobs the card may hold at once")
+    for card in cards:
+        labels = [card.node, str(card.index), card.model]
+        usable.add_metric(labels, card.usable)
+        reserved.add_metric(labels, card.reserved)
+        free.add_metric(labels, card.free)
+        foreign.add_metric(labels, card.foreign)
+        healthy.add_metric(labels, 1 if card.healthy else 0)
+        jobs.add_metric(labels, card.jobs)
+        max_jobs.add_metric(labels, card.max_jobs)
+        if card.used is not None:
+            used.add_metric(labels, card.used)
+        if card.utilization is not None:
+            util.add_metric(labels, card.utilization)
+        if card.temperature is not None:
+            temp.add_metric(labels, card.temperature)
+    yield from (usable, reserved, used, free, foreign, util, temp, healthy, jobs, max_jobs)
+
+
+def make_registry(client: Client) -> CollectorRegistry:
+    """A registry holding only rig's collector (no process or platform metrics)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RigCollector(client))
+    return registry
+
+
+def start_metrics_server(client: Client, address: str, port: int) -> Any:
+    """Serve ``/metrics`` on ``address:port`` from a daemon thread; returns the HTTP server
+    (call ``.shutdown()`` then ``.server_close()`` to stop it; ``.server_port`` is the port
+    actually bound, useful with port 0)."""
+    result = start_http_server(port, addr=address, registry=make_registry(client))
+    # prometheus-client >= 0.20 returns (server, thread); older releases returned None.
+    if isinstance(result, tuple):
+        return result[0]
+    return result
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank quantile of an ascending list."""
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

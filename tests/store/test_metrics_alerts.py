@@ -1,0 +1,318 @@
+"""The Prometheus exporter (rig.metrics) and threshold alerts (rig.alerts) on a real Redis."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+import redis
+from prometheus_client import CollectorRegistry, generate_latest
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from rig.alerts import AlertManager, AlertRules, deliver, evaluate, fragmentation, waiting_jobs
+from rig.client import Client
+from rig.config import load_settings
+from rig.gpus.base import GpuReading
+from rig.memory import GIB
+from rig.metrics import RigCollector, start_metrics_server
+from rig.models import Job, JobState, Priority
+from tests.conftest import REDIS_URL
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def client(real_redis, key_prefix, tmp_path, monkeypatch) -> Client:
+    monkeypatch.chdir(tmp_path)  # no stray rig.toml
+    settings = load_settings(key_prefix=key_prefix, redis_url=REDIS_URL, home=tmp_path / "home")
+    return Client(settings, redis_client=real_redis)
+
+
+def add_card(client: Client, index: int, *, utilization=None, temperature=None, used=None,
+             max_jobs: int = 2) -> None:
+    client.ledger.register_card(
+        "n1", GpuReading(index=index, uuid=f"u{index}", model="A100", total=100 * GIB,
+                         used=used, utilization=utilization, temperature=temperature),
+        max_jobs=max_jobs, reserve_fraction=0.2, allowed=True, fake=True)  # usable 80 GiB
+
+
+def reading(client: Client, index: int, **values) -> None:
+    client.ledger.record_reading(
+        "n1", GpuReading(index=index, uuid=f"u{index}", model="A100", total=100 * GIB, **values))
+
+
+def make_job(client: Client, gib: int, priority: Priority = Priority.MEDIUM, *,
+             age: float = 0.0, gpus: int = 1) -> Job:
+    return client.store.create(Job(
+        id=0, name="t", user="u", command=["true"], gpu_memory=gib * GIB, gpus=gpus,
+        priority=priority, state=JobState.PENDING, workdir="/", created_at=time.time() - age))
+
+
+def start(client: Client, job: Job, card: int) -> str:
+    ok, token = client.ledger.reserve(job.id, "n1", [card], job.gpu_memory)
+    assert ok, token
+    assert client.ledger.claim(job.id, token, "w")[0]
+    return token
+
+
+def end(client: Client, job: Job, card: int, state: JobState, failure: str | None = None) -> None:
+    token = start(client, job, card)
+    fields = {"failure": failure} if failure else {}
+    code, _ = client.ledger.transition(job.id, state, token=token, fields=fields,
+                                       error_queue=state in (JobState.FAILED, JobState.TIMEOUT))
+    assert code == 1
+
+
+def heartbeat(client: Client, name: str, role: str) -> None:
+    beat = {"role": role, "node": "n1", "card": None, "pid": 1, "jobs": 0, "seen_at": time.time()}
+    client.r.set(client.keys.worker(name), json.dumps(beat), ex=60)
+    client.r.sadd(client.keys.workers, name)
+
+
+# -- metrics -------------------------------------------------------------------------------------
+@pytest.fixture
+def busy(client: Client) -> Client:
+    """2 cards; one RUNNING, one ASSIGNED, one SUCCEEDED, one FAILED, one TIMEOUT, two waiting."""
+    add_card(client, 0, utilization=50, temperature=70, used=30 * GIB)
+    add_card(client, 1, utilization=0, temperature=90)
+    end(client, make_job(client, 5, Priority.LOW, age=20), 0, JobState.SUCCEEDED)
+    end(client, make_job(client, 5, Priority.LOW, age=30), 0, JobState.FAILED, "cuda_oom")
+    end(client, make_job(client, 5, Priority.LOW, age=40), 0, JobState.TIMEOUT, "timeout")
+    start(client, make_job(client, 30, Priority.HIGH, age=10), 0)  # RUNNING on card 0
+    assigned = make_job(client, 60, Priority.MEDIUM)
+    assert client.ledger.reserve(assigned.id, "n1", [1], assigned.gpu_memory)[0]  # ASSIGNED
+    make_job(client, 40, Priority.MEDIUM, age=100)
+    make_job(client, 25, Priority.LOW, age=50)
+    heartbeat(client, "card0@n1", "card")
+    heartbeat(client, "card1@n1", "card")
+    heartbeat(client, "control@n1", "control")
+    return client
+
+
+def test_collector_renders_rig_state(busy: Client):
+    registry = CollectorRegistry()
+    registry.register(RigCollector(busy))
+    text = generate_latest(registry).decode()
+    assert 'rig_jobs{state="RUNNING"} 1.0' in text
+    assert "rig_scrape_success 1.0" in text
+
+    def value(name: str, **labels) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert value("rig_jobs", state="PENDING") == 2
+    assert value("rig_jobs", state="ASSIGNED") == 1
+    assert value("rig_jobs", state="SUCCEEDED") == 1
+    assert value("rig_jobs", state="FAILED") == 1
+    assert value("rig_jobs", state="TIMEOUT") == 1
+    assert value("rig_jobs_by_priority", state="RUNNING", priority="high") == 1
+    assert value("rig_jobs_by_priority", state="RUNNING", priority="low") == 0
+    assert value("rig_jobs_by_priority", state="ASSIGNED", priority="medium") == 1
+    assert value("rig_jobs_by_priority", state="PENDING", priority="low") == 1
+    assert value("rig_waiting_jobs", priority="medium") == 1
+    assert value("rig_waiting_jobs", priority="high") == 0
+    assert value("rig_oldest_wait_seconds", priority="medium") == pytest.approx(100, abs=5)
+    assert value("rig_oldest_wait_seconds", priority="high") == 0
+
+    card0 = {"node": "n1", "card": "0", "model": "A100"}
+    card1 = {"node": "n1", "card": "1", "model": "A100"}
+    assert value("rig_card_usable_bytes", **card0) == 80 * GIB
+    assert value("rig_card_reserved_bytes", **card0) == 30 * GIB
+    assert value("rig_card_free_bytes", **card0) == 50 * GIB
+    assert value("rig_card_used_bytes", **card0) == 30 * GIB
+    assert value("rig_card_used_bytes", **card1) is None  # no reading: no sample
+    assert value("rig_card_foreign_bytes", **card1) == 0
+    assert value("rig_card_reserved_bytes", **card1) == 60 * GIB
+    assert value("rig_card_utilization_percent", **card0) == 50
+    assert value("rig_card_temperature_celsius", **card1) == 90
+    assert value("rig_card_healthy", **card1) == 1
+    assert value("rig_card_jobs", **card0) == 1
+    assert value("rig_card_max_jobs", **card0) == 2
+
+    assert value("rig_workers_alive", role="card") == 2
+    assert value("rig_workers_alive", role="control") == 1
+    assert value("rig_error_queue_length") == 2
+    assert value("rig_recent_failures", failure="cuda_oom") == 1
+    assert value("rig_recent_failures", failure="timeout") == 1
+    # Free: card 0 50 GiB, card 1 20 GiB; the smallest waiting request is 25 GiB.
+    assert value("rig_fragmentation_ratio") == pytest.approx(20 / 70)
+    # Waits 10, 20, 30, 40 s (nearest rank): p50 = 20, p95 = 40.
+    assert value("rig_dispatch_latency_samples") == 4
+    assert value("rig_dispatch_latency_seconds", quantile="0.5") == pytest.approx(20, abs=2)
+    assert value("rig_dispatch_latency_seconds", quantile="0.95") == pytest.approx(40, abs=2)
+
+
+def test_collector_without_redis_reports_scrape_failure(key_prefix, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings(key_prefix=key_prefix, redis_url="redis://127.0.0.1:1/0",
+                             home=tmp_path / "home")
+    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5,
+                       retry=Retry(NoBackoff(), 0))
+    registry = CollectorRegistry()
+    registry.register(RigCollector(Client(settings, redis_client=dead)))
+    assert registry.get_sample_value("rig_scrape_success") == 0
+    assert registry.get_sample_value("rig_jobs", {"state": "PENDING"}) is None
+
+
+def test_metrics_server_serves_and_stops(busy: Client):
+    server = start_metrics_server(busy, "127.0.0.1", 0)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            body = response.read().decode()
+        assert 'rig_waiting_jobs{priority="low"} 1.0' in body
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_fragmentation_is_zero_when_nothing_waits(client: Client):
+    add_card(client, 0)
+    assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 0.0
+    make_job(client, 90)  # no card has 90 GiB free: all free memory is stranded
+    assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 1.0
+
+
+# -- alerts --------------------------------------------------------------------------------------
+class Receiver:
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+        received = self.bodies
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                length = int(self.headers.get("Content-Length", 0))
+                received.append(json.loads(self.rfile.read(length)))
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    rec = Receiver()
+    yield rec
+    rec.close()
+
+
+def keys_of(alerts) -> set[str]:
+    return {a.key for a in alerts}
+
+
+def test_hot_card_alerts_once_then_resolves(client: Client, receiver: Receiver):
+    add_card(client, 0, temperature=90, utilization=10)
+    add_card(client, 1, temperature=60, utilization=10)
+    manager = AlertManager(client, AlertRules(), webhook_url=receiver.url)
+
+    first = manager.run()
+    assert keys_of(first) == {"temperature:n1/0"}
+    assert manager.run() == []  # still hot: no second message
+    assert len(receiver.bodies) == 1
+    body = receiver.bodies[0]
+    assert "n1/0" in body["text"] and "90 C" in body["text"]
+    assert body["alerts"][0]["key"] == "temperature:n1/0"
+    assert body["alerts"][0]["status"] == "firing"
+    assert body["alerts"][0]["severity"] == "critical"
+    assert set(manager.active()) == {"temperature:n1/0"}
+
+    reading(client, 0, temperature=70, utilization=10)
+    resolved = manager.run()
+    assert [(a.key, a.status) for a in resolved] == [("temperature:n1/0", "resolved")]
+    assert len(receiver.bodies) == 2
+    assert receiver.bodies[1]["alerts"][0]["status"] == "resolved"
+    assert manager.run() == [] and len(receiver.bodies) == 2
+    assert manager.active() == {}
+
+
+def test_queue_length_failure_rate_and_fragmentation(client: Client):
+    add_card(client, 0)
+    for _ in range(3):
+        make_job(client, 1, Priority.HIGH)
+    assert keys_of(evaluate(client, AlertRules(max_queue=2))) == {"queue_length:high"}
+    assert evaluate(client, AlertRules(max_queue=3)) == []
+
+    # 2 of 5 ended jobs failed (40 % > 20 %); a cancelled job does not count.
+    for _ in range(3):
+        end(client, make_job(client, 1), 0, JobState.SUCCEEDED)
+    end(client, make_job(client, 1), 0, JobState.FAILED, "nonzero_exit")
+    end(client, make_job(client, 1), 0, JobState.TIMEOUT, "timeout")
+    cancelled = make_job(client, 1)
+    client.ledger.transition(cancelled.id, JobState.CANCELLED, mode="cancel")
+    for job_id in client.store.pending_head(10):  # empty the queue again
+        client.ledger.transition(job_id, JobState.CANCELLED, mode="cancel")
+    now = time.time()
+    alerts = evaluate(client, AlertRules(), now)
+    assert keys_of(alerts) == {"failure_rate"}
+    assert "40%" in alerts[0].message and "2 of 5" in alerts[0].message
+    assert evaluate(client, AlertRules(min_ended=6), now) == []
+    assert evaluate(client, AlertRules(), now + 16 * 60) == []  # outside the 15 min window
+
+    big = make_job(client, 90)  # fits no card: all 80 GiB free is stranded
+    assert keys_of(evaluate(client, AlertRules(), now)) == {"failure_rate", "fragmentation"}
+    client.ledger.transition(big.id, JobState.CANCELLED, mode="cancel")
+
+
+def test_idle_cards_while_a_fitting_job_waits(client: Client):
+    add_card(client, 0, max_jobs=1)
+    blocker = make_job(client, 10)
+    start(client, blocker, 0)
+    add_card(client, 1)
+    make_job(client, 90, age=300)  # waits long but fits no card: no idle alert
+    rules = AlertRules(max_fragmentation=1.0)
+    assert "idle_cards" not in keys_of(evaluate(client, rules))
+    fresh = make_job(client, 20, age=5)  # fits card 1 but has not waited long
+    assert "idle_cards" not in keys_of(evaluate(client, rules))
+    now = time.time() + 120
+    alerts = {a.key: a for a in evaluate(client, rules, now)}
+    assert "idle_cards" in alerts
+    assert "n1/1" in alerts["idle_cards"].message and "n1/0" not in alerts["idle_cards"].message
+    assert f"job {fresh.id}" in alerts["idle_cards"].message
+
+
+def test_reserved_but_idle_card_after_its_grace_time(client: Client):
+    add_card(client, 0, utilization=0, temperature=50)
+    start(client, make_job(client, 10), 0)
+    now = time.time()
+    rules = AlertRules()
+    assert evaluate(client, rules, now) == []  # first seen now
+    assert evaluate(client, rules, now + 300) == []
+    alerts = evaluate(client, rules, now + 601)
+    assert keys_of(alerts) == {"reserved_idle:n1/0"}
+    assert "10.0 GiB reserved" in alerts[0].message
+    reading(client, 0, utilization=40, temperature=50)
+    assert evaluate(client, rules, now + 700) == []
+    assert client.r.hlen(f"{client.keys.prefix}alerts:since") == 0  # the clock restarts
+    reading(client, 0, utilization=0, temperature=50)
+    assert evaluate(client, rules, now + 800) == []
+
+
+def test_webhook_down_is_logged_not_raised(client: Client, caplog):
+    add_card(client, 0, temperature=95)
+    logger = logging.getLogger("rig.test.alerts")
+    dead_url = "http://127.0.0.1:1/hook"
+    with caplog.at_level(logging.INFO, logger="rig.test.alerts"):
+        sent = AlertManager(client, webhook_url=dead_url, logger=logger).run()
+        assert keys_of(sent) == {"temperature:n1/0"}
+        assert deliver(sent, dead_url, logger) is False
+        assert deliver(sent, None, logger) is True
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("could not post" in m for m in messages)
+    assert any("temperature:n1/0" in m and "95 C" in m for m in messages)

@@ -1,0 +1,183 @@
+"""`rig top`'s frame: built from a hand-made StatusReport, no Redis and no terminal."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import redis
+from rich.console import Console
+
+from rig.cli.top import NO_CARDS, build_view, run_top
+from rig.client import StatusReport, WorkerInfo
+from rig.models import CardState, Job, JobState, Priority
+
+GIB = 2**30
+NOW = 1_700_000_000.0
+
+
+def _job(job_id: int, name: str, card: int, *, user: str = "alice", declared: int = 24,
+         peak: int = 12, gpus: int = 1) -> Job:
+    over = peak * GIB if peak > declared else 0
+    return Job(
+        id=job_id, name=name, user=user, command=["python", "train.py"],
+        gpu_memory=declared * GIB, gpus=gpus, priority=Priority.MEDIUM, state=JobState.RUNNING,
+        workdir="/tmp", created_at=NOW - 900, node="gpu01",
+        cards=list(range(card, card + gpus)), assigned_at=NOW - 800, started_at=NOW - 754,
+        vram_peak=peak * GIB, vram_sum=2 * peak * GIB, vram_samples=2, overuse=over,
+    )
+
+
+def _report(n_jobs_per_card: int = 1) -> StatusReport:
+    cards: list[CardState] = []
+    running: dict[str, list[Job]] = {}
+    job_id = 40
+    for i in range(8):
+        card = CardState(
+            node="gpu01", index=i, total=80 * GIB, usable=79 * GIB, max_jobs=4,
+            model="NVIDIA H100 80GB HBM3", utilization=10 * i,
+            temperature=35 + 6 * i,
+        )
+        jobs = []
+        if i not in (0, 7):
+            for _ in range(n_jobs_per_card):
+                job_id += 1
+                name = "overeager-llm" if job_id == 42 else f"train-{job_id}"
+                jobs.append(_job(job_id, name, i, peak=30 if job_id == 42 else 12))
+        card.jobs = len(jobs)
+        card.reserved = sum(max(j.gpu_memory, j.vram_peak) for j in jobs)
+        card.used = sum(j.vram_peak for j in jobs)
+        cards.append(card)
+        running[card.id] = jobs
+    cards[3].healthy = False
+    cards[3].health_reason = "XID 79"
+    cards[4].allowed = False
+    return StatusReport(
+        cards=cards, running=running,
+        pending={Priority.HIGH: 3, Priority.MEDIUM: 0, Priority.LOW: 12},
+        oldest_wait={Priority.HIGH: 65.0, Priority.MEDIUM: None, Priority.LOW: 7300.0},
+        workers=[WorkerInfo(f"w{i}", "card", "gpu01", i, 100 + i, 0, NOW) for i in range(8)],
+        counts={JobState.RUNNING: 6, JobState.PENDING: 15},
+    )
+
+
+def _render(report: StatusReport | None, width: int, height: int, **kwargs) -> list[str]:
+    console = Console(width=width, height=height, record=True, file=io.StringIO(),
+                      color_system=None)
+    console.print(build_view(report, 2, width, height, NOW, **kwargs))
+    return console.export_text().rstrip("\n").splitlines()
+
+
+def _check_fits(lines: list[str], width: int, height: int) -> None:
+    assert len(lines) <= height, "\n".join(lines)
+    for line in lines:
+        assert len(line) <= width, repr(line)
+
+
+@pytest.mark.parametrize(("width", "height"), [(80, 24), (200, 50), (120, 40)])
+def test_frame_shows_cards_queues_and_jobs(width: int, height: int) -> None:
+    lines = _render(_report(), width, height)
+    _check_fits(lines, width, height)
+    text = "\n".join(lines)
+    for i in range(8):
+        assert f"gpu01/{i}" in text
+    assert "high 3" in text and "low 12" in text and "oldest 1m05s" in text
+    assert "overeager-llm" in text
+    assert "OVER" in text  # used more than it declared
+    assert "train-41" in text
+    assert "12m34s" in text  # elapsed
+    assert "UNHEALTHY: XID 79" in text
+    assert "not in whitelist" in text
+    assert "errors 2" in text and "8 alive" in text
+    assert "█" in text and "▒" in text and "░" in text  # used, reserved-unused, free
+
+
+def test_wide_frame_shows_more_columns() -> None:
+    text = "\n".join(_render(_report(), 200, 50))
+    assert "res/used/free/usable GiB" in text
+    assert "H100 80GB HBM3" in text  # the full model name
+    assert "mean" in text and "prio" in text
+    assert "41:train-41 (alice)" in text
+
+
+def test_80x24_fits_with_many_jobs() -> None:
+    report = _report(n_jobs_per_card=4)  # 24 running jobs: cannot all fit
+    lines = _render(report, 80, 24)
+    _check_fits(lines, 80, 24)
+    text = "\n".join(lines)
+    assert "more running jobs" in text
+    for i in range(8):
+        assert f"gpu01/{i}" in text  # the cards keep their rows
+
+
+def test_small_terminal_says_what_it_left_out() -> None:
+    lines = _render(_report(), 60, 12)
+    _check_fits(lines, 60, 12)
+    assert "more" in "\n".join(lines)
+
+
+def test_multi_card_job_listed_once() -> None:
+    report = _report()
+    job = _job(99, "two-card-job", 0, gpus=2)
+    report.running["gpu01/0"] = [job]
+    report.running["gpu01/1"] = [*report.running["gpu01/1"], job]
+    lines = _render(report, 200, 50)
+    assert sum("two-card-job" in line and "gpu01/0,1" in line for line in lines) == 1
+
+
+def test_empty_report_points_to_rig_up() -> None:
+    report = StatusReport(cards=[], running={}, pending={}, oldest_wait={}, workers=[], counts={})
+    lines = _render(report, 80, 24)
+    _check_fits(lines, 80, 24)
+    text = "\n".join(lines)
+    assert NO_CARDS in text
+    assert "no cards registered" in text and "rig up" in text
+    assert "0 alive" in text
+
+
+def test_redis_problem_shown_in_one_line() -> None:
+    problem = "cannot reach Redis at redis://x:6379/0; retrying"
+    lines = _render(None, 80, 24, problem=problem)
+    assert any(problem in line for line in lines)
+    lines = _render(_report(), 80, 24, problem=problem)
+    _check_fits(lines, 80, 24)
+    assert any(problem in line for line in lines) and any("gpu01/0" in line for line in lines)
+
+
+class _FakeStore:
+    def error_ids(self) -> list[int]:
+        return [7, 8]
+
+
+class _FakeClient:
+    def __init__(self, report: StatusReport) -> None:
+        self.report = report
+        self.store = _FakeStore()
+
+    def status(self) -> StatusReport:
+        return self.report
+
+
+def test_run_top_once_prints_one_frame() -> None:
+    out = io.StringIO()
+    console = Console(width=100, height=30, file=out, color_system=None)
+    run_top(_FakeClient(_report()), once=True, console=console)
+    text = out.getvalue()
+    assert "gpu01/7" in text and "errors 2" in text and "quits" not in text
+
+
+def test_poller_keeps_last_report_when_redis_goes_away() -> None:
+    from rig.cli.top import _Poller
+
+    client = _FakeClient(_report())
+    poller = _Poller(client, 0.01)
+    poller.poll()
+    assert poller.snapshot.report is client.report and poller.snapshot.problem is None
+
+    def boom() -> StatusReport:
+        raise redis.ConnectionError("Connection refused")
+
+    client.status = boom  # type: ignore[method-assign]
+    poller.poll()
+    assert poller.snapshot.report is not None
+    assert poller.snapshot.problem and "cannot reach Redis" in poller.snapshot.problem
