@@ -9,7 +9,7 @@
     train.delay(3e-4).result()
 """
 
-from rig.client import Client, JobHandle, get_job, submit
+from rig.client import Client, JobHandle, RemoteError, get_job, submit
 from rig.config import Settings, load_settings
 from rig.errors import (
     InvalidInput,
@@ -26,5 +26,5 @@ __version__ = "0.1.0"
 __all__ = [
     "Client", "JobHandle", "get_job", "submit", "task", "RigTask", "Settings", "load_settings",
     "Job", "JobState", "Priority", "RigError", "InvalidInput", "JobNotFound", "RedisUnavailable",
-    "Unschedulable", "__version__",
+    "Unschedulable", "RemoteError", "__version__",
 ]

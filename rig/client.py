@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -375,15 +376,21 @@ class Client:
             raise InvalidInput(f"job {job.id} is not in the error queue")
         return job
 
-    def wait(self, job_id: int | str, *, timeout: float | None = None) -> Job:
-        """Block until the job reaches a terminal state; returns it. Raises TimeoutError."""
+    def wait(self, job_id: int | str, *, timeout: float | None = None,
+             on_change: Callable[[Job], None] | None = None) -> Job:
+        """Block until the job reaches a terminal state; returns it. Raises TimeoutError.
+        ``on_change`` is called with the job each time its state (or attempt) changes."""
         jid = int(job_id)
+        seen: tuple[JobState, int] | None = None
         deadline = None if timeout is None else time.monotonic() + timeout
         pubsub = self.r.pubsub(ignore_subscribe_messages=True)
         try:
             self._guard(pubsub.subscribe, self.keys.events_channel)
             while True:
                 job = self.get(jid)
+                if on_change is not None and (job.state, job.attempt) != seen:
+                    seen = (job.state, job.attempt)
+                    on_change(job)
                 if job.state.terminal:
                     return job
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -444,17 +451,38 @@ class JobHandle:
     def kill(self) -> Job:
         return self.client.kill(self.id)
 
+    def log(self, attempt: int | None = None) -> str:
+        """The job's output (stdout and stderr) of one attempt, the latest by default."""
+        path = self.client.log_path(self.id, attempt)
+        return path.read_text(errors="replace") if path and path.exists() else ""
+
     def result(self, timeout: float | None = None) -> Any:
-        """For a ``@rig.task`` call: wait and return the function's return value, or raise
-        RigError with the reason it failed."""
+        """For a ``@rig.task`` call: wait and return the function's return value. If the job
+        failed, raise RemoteError carrying the remote traceback from its log."""
         import base64
         import pickle
 
         job = self.wait(timeout)
         if job.state is not JobState.SUCCEEDED:
-            raise RigError(f"job {self.id} ended {job.state.value}: {job.reason or 'see rig log ' + str(self.id)}")
+            output = self.log()
+            start = output.rfind("Traceback (most recent call last)")
+            remote = output[start:].strip() if start >= 0 else output[-4000:].strip()
+            raise RemoteError(self.id, job, remote)
         raw = self.client.r.hget(self.client.keys.job(self.id), "result")
         return pickle.loads(base64.b64decode(raw)) if raw else None
+
+
+class RemoteError(RigError):
+    """A ``@rig.task`` call failed on its card; ``traceback`` is the traceback it printed."""
+
+    def __init__(self, job_id: int, job: Job, traceback: str) -> None:
+        reason = job.reason or f"see `rig log {job_id}`"
+        message = f"job {job_id} ended {job.state.value}: {reason}"
+        if traceback:
+            message += f"\n--- remote traceback (job {job_id}) ---\n{traceback}"
+        super().__init__(message)
+        self.job = job
+        self.traceback = traceback
 
 
 # -- module-level convenience ---------------------------------------------------------------

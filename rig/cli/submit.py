@@ -70,7 +70,12 @@ def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir
     if not client.ledger.cards():
         click.echo("note: no rig node is up yet; the job waits until `rig up` runs", err=True)
     if wait:
-        final = handle.wait()
+        def show(job) -> None:  # noqa: ANN001
+            where = f" on {job.node}/{','.join(map(str, job.cards))}" if job.node else ""
+            attempt = f" (attempt {job.attempt})" if job.attempt > 1 else ""
+            click.echo(f"job {job.id}: {job.state.value.lower()}{where}{attempt}", err=True)
+
+        final = client.wait(handle.id, on_change=show)
         click.echo(f"job {final.id} {final.state.value}: {final.reason or ''}".rstrip(": "), err=True)
         if final.state is JobState.SUCCEEDED:
             sys.exit(0)

@@ -51,6 +51,8 @@ def test_up_daemon_private_redis_real_work_down(tmp_path):
                              env=env, capture_output=True, text=True, timeout=120)
         assert sub.returncode == 0, sub.stderr
         job_id = sub.stdout.strip()
+        assert f"job {job_id}: running on e2e/" in sub.stderr  # --wait shows the state changes
+        assert f"job {job_id}: succeeded on e2e/" in sub.stderr
         log = rig(env, "log", job_id)
         assert log.stdout.strip() in ("hi from 0", "hi from 1")
         status = rig(env, "status")

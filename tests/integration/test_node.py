@@ -204,10 +204,14 @@ def test_train_delay_runs_function_in_fresh_process_on_its_card(node):
     assert result["pid"] != os.getpid()
     assert result["job_id"] == str(handle.id)
     assert job.priority.value == "high" and job.gpu_memory == 2 * GIB and job.kind == "python"
+    from rig.client import RemoteError
+
     failing = sample_tasks.explode.apply_async(client=node.client)
-    with pytest.raises(Exception, match="FAILED"):
+    with pytest.raises(RemoteError, match="FAILED") as err:
         failing.result(timeout=60)
-    assert "boom from inside the job" in Path(failing.record.log_paths[0]).read_text()
+    assert "ValueError: boom from inside the job" in err.value.traceback
+    assert err.value.traceback.startswith("Traceback (most recent call last)")
+    assert "boom from inside the job" in failing.log()
 
 
 def test_sigkill_of_a_card_worker_loses_nothing(node, tmp_path):
