@@ -186,11 +186,11 @@ def fragmentation(cards: list[CardState], waiting: list[WaitingJob]) -> float:
 
 # -- evaluation --------------------------------------------------------------------------------
 def since_key(client: Client) -> str:
-    return f"{client.keys.prefix}alerts:since"
+    return client.keys.alerts_since
 
 
 def active_key(client: Client) -> str:
-    return f"{client.keys.prefix}alerts:active"
+    return client.keys.alerts_active
 
 
 def evaluate(client: Client, rules: AlertRules | None = None,

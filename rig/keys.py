@@ -20,6 +20,8 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P sched:leader                string   the dispatcher holding the lock (PX)
   P health:lock                 string   the control worker running a health check (PX)
   P logs:lock                   string   the control worker sweeping old logs (PX)
+  P alerts:active               hash     alert key -> JSON of the alert now firing
+  P alerts:since                hash     condition -> when it was first seen (epoch s)
   P events                      channel  job state changes, "<id> <STATE>"
   P kill                        channel  "<id>": stop this running job
   P celery:                     prefix   kombu's own keys (queues, unacked, bindings)
@@ -104,6 +106,14 @@ class Keys:
     @property
     def logs_lock(self) -> str:
         return f"{self.prefix}logs:lock"
+
+    @property
+    def alerts_active(self) -> str:
+        return f"{self.prefix}alerts:active"
+
+    @property
+    def alerts_since(self) -> str:
+        return f"{self.prefix}alerts:since"
 
     @property
     def events_channel(self) -> str:
