@@ -375,3 +375,24 @@ def test_json_output_for_scripts(node):
     assert json.loads(_rig_cli(node, "errors", "--json").stdout) is not None
     metrics = json.loads(_rig_cli(node, "metrics", str(done.id), "--json").stdout)
     assert metrics["attempts"][0]["outcome"] == "succeeded"
+
+
+def test_cartpole_rl_job_end_to_end(node, tmp_path):
+    """The seed's smoke test (M29): a real RL training job through rig, PENDING -> RUNNING ->
+    SUCCEEDED, its log and its model file."""
+    import json
+    import sys
+
+    pytest.importorskip("torch", reason=".ci/run installs torch==2.13.0 (CPU) for this test")
+    pytest.importorskip("gymnasium")
+    script = Path(__file__).resolve().parents[2] / "examples" / "cartpole" / "train.py"
+    handle = node.client.submit([sys.executable, str(script), "--episodes", "40", "--out", "model.pt"],
+                                gpu_memory="2G", name="cartpole", workdir=tmp_path)
+    seen: list[str] = []
+    job = node.client.wait(handle.id, timeout=240, on_change=lambda j: seen.append(j.state.value))
+    assert job.state is JobState.SUCCEEDED, handle.log()
+    assert seen[0] in ("PENDING", "ASSIGNED") and "RUNNING" in seen and seen[-1] == "SUCCEEDED"
+    report = json.loads(handle.log().strip().splitlines()[-1])
+    assert report["episodes"] == 40 and report["final_average_return"] > 0
+    assert (tmp_path / "model.pt").stat().st_size > 0
+    assert "device cpu (CUDA_VISIBLE_DEVICES=" in handle.log()
