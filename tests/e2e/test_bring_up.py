@@ -47,7 +47,7 @@ def test_up_daemon_private_redis_real_work_down(tmp_path):
         assert again.returncode == 7 and "already up" in again.stderr
 
         sub = subprocess.run([str(BIN / "rig-submit"), "--name", "hello", "--gpu-memory", "4G", "--wait",
-                              "--", "sh", "-c", "echo hi from $CUDA_VISIBLE_DEVICES"],
+                              "--", "sh", "-c", "echo hi from $CUDA_VISIBLE_DEVICES; sleep 1"],
                              env=env, capture_output=True, text=True, timeout=120)
         assert sub.returncode == 0, sub.stderr
         job_id = sub.stdout.strip()
