@@ -43,7 +43,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rig.alerts import PENDING_SCAN, fragmentation, recent_ended, waiting_jobs
@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 
 #: Ended jobs whose failure classes ``rig_recent_failures`` counts.
 FAILURE_WINDOW = 500
+#: Bucket bounds (s) of rig_dispatch_latency_histogram_seconds.
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 #: Started jobs whose waits ``rig_dispatch_latency_seconds`` summarises.
 LATENCY_WINDOW = 200
 QUANTILES = (0.5, 0.95)
@@ -172,6 +174,13 @@ class RigCollector(Collector):
         yield GaugeMetricFamily("rig_dispatch_latency_samples",
                                 "Started jobs behind rig_dispatch_latency_seconds",
                                 value=len(waits))
+        # The same samples as a histogram, for dashboards that aggregate buckets.
+        buckets = [(str(le), float(sum(1 for w in waits if w <= le))) for le in LATENCY_BUCKETS]
+        buckets.append(("+Inf", float(len(waits))))
+        yield HistogramMetricFamily(
+            "rig_dispatch_latency_histogram_seconds",
+            f"Submission to start (includes queueing), last {self.latency_window} started jobs",
+            buckets=buckets, sum_value=float(sum(waits)))
 
     def _active_by_priority(self) -> dict[JobState, Counter[Priority]]:
         """ASSIGNED and RUNNING jobs per priority: few (bounded by the cards' job slots)."""
