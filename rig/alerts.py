@@ -74,7 +74,7 @@ SEVERITY_CRITICAL = "critical"
 # -- data -------------------------------------------------------------------------------------
 @dataclass
 class AlertRules:
-    """Alert thresholds. Built by the caller (they are not part of rig.config.Settings)."""
+    """Alert thresholds; the beat task builds them from Settings.alerts ([alerts] in the config)."""
 
     max_queue: int = 50  # waiting jobs per priority
     max_temperature: int = 85  # Celsius

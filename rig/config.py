@@ -44,6 +44,19 @@ class HealthSettings(BaseModel):
     )
 
 
+class AlertSettings(BaseModel):
+    """Alert thresholds (rig.alerts.AlertRules), set under [alerts] or RIG_ALERTS__NAME."""
+
+    max_queue: int = Field(50, ge=0, description="waiting jobs per priority")
+    max_temperature: int = Field(85, description="card temperature, Celsius")
+    failure_window: float = Field(900.0, gt=0, description="seconds the failure rate covers")
+    min_ended: int = Field(5, ge=1, description="ended jobs in the window before the rate counts")
+    max_failure_rate: float = Field(0.2, ge=0, le=1)
+    idle_wait_seconds: float = Field(60.0, ge=0, description="cards idle while a job waits this long")
+    reserved_idle_seconds: float = Field(600.0, ge=0, description="reserved but idle this long")
+    max_fragmentation: float = Field(0.5, ge=0, le=1)
+
+
 class Template(BaseModel):
     """A named preset for submissions (M3). Explicit flags win over the template's values.
 
@@ -123,6 +136,7 @@ class Settings(BaseSettings):
     metrics_port: int = Field(9840, description="Prometheus endpoint port (0: don't serve)")
     alert_webhook: str | None = Field(None, description="alerts are POSTed here as JSON")
     alert_interval: float = Field(30.0, gt=0, description="seconds between alert checks")
+    alerts: AlertSettings = Field(default_factory=AlertSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     templates: dict[str, Template] = Field(default_factory=lambda: dict(DEFAULT_TEMPLATES))
 

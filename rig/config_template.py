@@ -75,6 +75,17 @@ flower_port = {flower_port}
 # priority = "low"
 # time_limit = "6h"
 
+# Alerts: POSTed as JSON (Slack-compatible "text") to this URL, and always written to the
+# system log; one message when a condition starts, one when it clears.
+# alert_webhook = "https://hooks.example.org/rig"
+# [alerts]
+# max_queue = 50              # waiting jobs per priority
+# max_temperature = 85        # C
+# max_failure_rate = 0.2      # over failure_window seconds (900)
+# idle_wait_seconds = 60      # cards idle while a job that fits them waits this long
+# reserved_idle_seconds = 600 # memory reserved on a card that shows no use
+# max_fragmentation = 0.5     # share of free memory too fragmented for the smallest waiting job
+
 [health]
 # Seconds between health checks, and the silence after which a worker counts as dead.
 check_interval = {check_interval}

@@ -103,7 +103,7 @@ def check_alerts() -> str:
     from rig.alerts import AlertManager, AlertRules
     from rig.client import Client
 
-    rules = AlertRules(max_temperature=settings.health.max_temperature - 5)
+    rules = AlertRules(**settings.alerts.model_dump())
     sent = AlertManager(Client(settings, redis_client=_redis), rules,
                         webhook_url=settings.alert_webhook, logger=log).run()
     return f"{len(sent)} alert change(s)"

@@ -318,3 +318,13 @@ def test_webhook_down_is_logged_not_raised(client: Client, caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert any("could not post" in m for m in messages)
     assert any("temperature:n1/0" in m and "95 C" in m for m in messages)
+
+
+def test_thresholds_come_from_the_config(monkeypatch):
+    from rig.alerts import AlertRules
+    from rig.config import load_settings
+
+    monkeypatch.setenv("RIG_ALERTS__MAX_QUEUE", "7")
+    monkeypatch.setenv("RIG_ALERTS__MAX_TEMPERATURE", "70")
+    rules = AlertRules(**load_settings().alerts.model_dump())
+    assert rules.max_queue == 7 and rules.max_temperature == 70 and rules.max_fragmentation == 0.5
