@@ -17,4 +17,4 @@ def square(n: int) -> str:
 if __name__ == "__main__":
     jobs = [square.delay(n) for n in range(3)]
     for job in jobs:
-        print(job.result(timeout=300))
+        print(job.get(timeout=300))

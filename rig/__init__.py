@@ -6,7 +6,7 @@
 
     @rig.task(gpu_memory="4G")
     def train(lr): ...
-    train.delay(3e-4).result()
+    train.delay(3e-4).result     # waits; .get(timeout) bounds the wait
 """
 
 from rig.client import Client, JobHandle, RemoteError, get_job, submit

@@ -456,9 +456,15 @@ class JobHandle:
         path = self.client.log_path(self.id, attempt)
         return path.read_text(errors="replace") if path and path.exists() else ""
 
-    def result(self, timeout: float | None = None) -> Any:
-        """For a ``@rig.task`` call: wait and return the function's return value. If the job
-        failed, raise RemoteError carrying the remote traceback from its log."""
+    @property
+    def result(self) -> Any:
+        """For a ``@rig.task`` call: the function's return value, waiting for the job to end
+        (``get(timeout)`` to bound the wait). A failed job raises RemoteError."""
+        return self.get()
+
+    def get(self, timeout: float | None = None) -> Any:
+        """For a ``@rig.task`` call: wait (at most ``timeout`` s) and return the function's
+        return value. If the job failed, raise RemoteError carrying the remote traceback."""
         import base64
         import pickle
 

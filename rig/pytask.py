@@ -4,7 +4,7 @@
     def train(lr: float) -> float: ...
 
     job = train.delay(3e-4)     # queued like any rig-submit job
-    job.result()                # waits; returns train's return value
+    job.result                  # waits; returns train's return value (job.get(timeout))
 
 The call runs in a fresh Python process (the submitter's interpreter, in the submitter's
 working directory) that sees only its card(s) through CUDA_VISIBLE_DEVICES. The function must

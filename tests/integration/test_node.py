@@ -196,7 +196,8 @@ def test_train_delay_runs_function_in_fresh_process_on_its_card(node):
     from tests.integration import sample_tasks
 
     handle = sample_tasks.probe.apply_async((21,), client=node.client)
-    result = handle.result(timeout=60)
+    result = handle.get(timeout=60)
+    assert handle.result == result  # the property waits the same way
     job = handle.record
     assert result["double"] == 42
     assert result["cuda_visible_devices"] == ",".join(map(str, job.cards))
@@ -208,7 +209,7 @@ def test_train_delay_runs_function_in_fresh_process_on_its_card(node):
 
     failing = sample_tasks.explode.apply_async(client=node.client)
     with pytest.raises(RemoteError, match="FAILED") as err:
-        failing.result(timeout=60)
+        failing.get(timeout=60)
     assert "ValueError: boom from inside the job" in err.value.traceback
     assert err.value.traceback.startswith("Traceback (most recent call last)")
     assert "boom from inside the job" in failing.log()
