@@ -381,8 +381,3 @@ def stop_daemon(settings: Settings, timeout: float = 60.0) -> int | None:
             return pid
         time.sleep(0.1)
     raise StackError(f"rig up (pid {pid}) did not stop within {timeout:.0f} s; kill it with `kill {pid}`")
-
-
-def status_line(settings: Settings) -> str:
-    pid = running_pid(settings)
-    return json.dumps({"node": settings.node_name, "pid": pid})

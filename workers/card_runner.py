@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -539,21 +538,6 @@ class CardRunner:
                     pubsub.close()
                 except redis.RedisError:
                     pass
-
-
-def describe_exit(rc: int) -> str:
-    """``137`` -> ``killed by signal SIGKILL (exit 137)``; ``127`` -> command not found."""
-    if rc == 127:
-        return "command not found (exit 127)"
-    if rc == 126:
-        return "command not executable (exit 126)"
-    if rc > 128:
-        try:
-            name = signal.Signals(rc - 128).name
-            return f"killed by signal {name} (exit {rc})"
-        except ValueError:
-            pass
-    return f"exit code {rc}"
 
 
 def _read_exit_file(path: Path) -> int | None:

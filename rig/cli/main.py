@@ -308,7 +308,7 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
     """Bring up this node: Redis (if none is reachable), one worker per card, the dispatcher,
     beat and Flower. Ctrl-C stops everything it started; running jobs keep running and are
     adopted by the next `rig up`."""
-    from rig.stack import Stack, UpOptions, pid_file, running_pid
+    from rig.stack import Stack, UpOptions, running_pid
 
     if fake_gpus_opt:
         ctx.obj["overrides"]["fake_gpus"] = fake_gpus_opt
@@ -371,7 +371,6 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
         click.echo("stopping rig ...", err=True)
         stack.down()
         click.echo("rig stopped", err=True)
-    _ = pid_file
 
 
 @cli.command()

@@ -6,7 +6,7 @@ import os
 import subprocess
 import time
 
-from workers.card_runner import describe_exit
+from rig.failures import classify
 from workers.process_tree import (
     ExitWatcher,
     find_by_environ,
@@ -51,7 +51,7 @@ def test_stop_tree_ends_double_forked_children_and_records_signal(tmp_path):
     assert session_members(proc.pid) == []
     proc.wait(5)
     assert exit_file.read_text().strip() == "143"  # 128 + SIGTERM, written by the wrapper
-    assert describe_exit(143) == "killed by signal SIGTERM (exit 143)"
+    assert classify(exit_code=143).summary == "killed by signal SIGTERM (exit 143)"
 
 
 def test_stop_tree_escalates_to_sigkill(tmp_path):
@@ -95,11 +95,6 @@ def test_guards_never_signal_own_group_or_kernel():
     assert signal_tree(os.getsid(0), 0) == 0
     assert session_members(0) == []
 
-
-def test_describe_exit():
-    assert describe_exit(127) == "command not found (exit 127)"
-    assert describe_exit(137) == "killed by signal SIGKILL (exit 137)"
-    assert describe_exit(2) == "exit code 2"
 
 
 def test_session_is_ours_refuses_a_reused_pid():
