@@ -19,8 +19,9 @@ Each call is O(cards log cards); the dispatcher calls it once per job it conside
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rig.memory import format_memory
@@ -119,26 +120,82 @@ def place(
     return min(options, key=lambda item: item[0])[1]
 
 
-def reservation_for(cards: Sequence[CardState], request: Request,
-                    exclude: set[str] | frozenset[str] = frozenset()) -> tuple[str, ...]:
-    """The card ids to hold for a job that cannot start now: on one node, the ``gpus`` cards
-    big enough for it that are closest to fitting (smallest missing memory, then fewest jobs).
-    Without job durations, "closest to fitting" stands in for "expected to free first".
-    Returns () when no node has enough such cards outside ``exclude``."""
-    by_node: dict[str, list[CardState]] = defaultdict(list)
+@dataclass(frozen=True)
+class Release:
+    """A reservation on a card expected to end: ``nbytes`` given back at epoch ``at``
+    (math.inf when the job's running time is unknown)."""
+
+    at: float
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Cards kept for a blocked job: ``nbytes`` per card from epoch ``until`` (its shadow time:
+    when enough expected releases free them; math.inf when a needed release is unknown)."""
+
+    job_id: int
+    cards: tuple[str, ...]
+    nbytes: int
+    until: float
+
+
+def room_at(card: CardState, releases: Sequence[Release], at: float) -> tuple[int, int]:
+    """(free bytes, jobs) on ``card`` at epoch ``at``, counting the releases expected by then."""
+    gone = [r for r in releases if r.at <= at]
+    return card.free + sum(r.nbytes for r in gone), card.jobs - len(gone)
+
+
+def earliest_fit(card: CardState, releases: Sequence[Release], request: Request, now: float) -> float:
+    """When ``card`` is expected to have room for ``request`` (epoch s): ``now`` if it has now,
+    the release that makes room, or math.inf (never with the releases known)."""
+    free, jobs = card.free, card.jobs
+    if free >= request.nbytes and jobs < card.max_jobs:
+        return now
+    for release in sorted(releases, key=lambda r: r.at):
+        if release.at == math.inf:
+            break
+        free, jobs = free + release.nbytes, jobs - 1
+        if free >= request.nbytes and jobs < card.max_jobs:
+            return max(now, release.at)
+    return math.inf
+
+
+def plan_hold(cards: Sequence[CardState], releases: Mapping[str, Sequence[Release]], request: Request,
+              now: float, job_id: int = 0, exclude: set[str] | frozenset[str] = frozenset()) -> Hold | None:
+    """The cards to hold for a job that cannot start now (EASY backfilling's reservation): on one
+    node, the ``gpus`` cards big enough for it that are expected to have room first; ties (and
+    unknown times) go to the cards closest to fitting now (smallest missing memory, then fewest
+    jobs). ``until`` is the latest of the chosen cards' expected times. None when no node has
+    enough such cards outside ``exclude``. O(cards x releases per card)."""
+    by_node: dict[str, list[tuple[float, int, int, int, str]]] = defaultdict(list)
     for card in cards:
         if card.eligible and card.usable >= request.nbytes and card.id not in exclude:
-            by_node[card.node].append(card)
+            when = earliest_fit(card, releases.get(card.id, ()), request, now)
+            by_node[card.node].append((when, max(0, request.nbytes - card.free), card.jobs, card.index, card.id))
     best: tuple | None = None
-    for node, big in by_node.items():
-        if len(big) < request.gpus:
+    for node, options in by_node.items():
+        if len(options) < request.gpus:
             continue
-        chosen = sorted(big, key=lambda c: (max(0, request.nbytes - c.free), c.jobs, c.index))[: request.gpus]
-        deficit = sum(max(0, request.nbytes - c.free) for c in chosen)
-        key = (deficit, node)
+        chosen = sorted(options)[: request.gpus]
+        until = max(o[0] for o in chosen)
+        key = (until, sum(o[1] for o in chosen), node)
         if best is None or key < best[0]:
-            best = (key, tuple(c.id for c in chosen))
-    return best[1] if best else ()
+            best = (key, Hold(job_id, tuple(o[4] for o in chosen), request.nbytes, until))
+    return best[1] if best else None
+
+
+def may_backfill(card: CardState, releases: Sequence[Release], hold: Hold, request: Request,
+                 expected_end: float | None) -> bool:
+    """May ``request`` start now on ``card``, which is held for ``hold``, without delaying it?
+    Yes if it is expected to end by the hold's shadow time, or if the card will still have room
+    for the held job at that time with this one on it. Never when the shadow time is unknown."""
+    if hold.until == math.inf:
+        return False
+    if expected_end is not None and expected_end <= hold.until:
+        return True
+    free, jobs = room_at(card, releases, hold.until)
+    return free - request.nbytes >= hold.nbytes and jobs + 2 <= card.max_jobs
 
 
 def never_fits(cards: Sequence[CardState], request: Request) -> str | None:

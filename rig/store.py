@@ -38,6 +38,8 @@ class JobStore:
         pipe.zadd(self.keys.all_jobs, {str(job.id): job.id})
         pipe.zadd(self.keys.state_index(JobState.PENDING.value), {str(job.id): job.id})
         pipe.zadd(self.keys.pending, {str(job.id): pending_score(job.priority, job.id)})
+        pipe.zadd(self.keys.pending_user(job.user), {str(job.id): pending_score(job.priority, job.id)})
+        pipe.sadd(self.keys.pending_users, job.user)
         pipe.publish(self.keys.events_channel, f"{job.id} {JobState.PENDING.value}")
         pipe.execute()
         return job

@@ -1,50 +1,77 @@
 """The dispatcher: offers waiting jobs to the cards in priority order and starts each one that
 fits through the atomic reservation, then sends its start to that card's queue.
 
-Order: strict priority (high, medium, low), FIFO within a priority, with aging: a job moves up
-one level for every ``aging_seconds`` it has waited, so low-priority work cannot starve.
+Order: priority (high, medium, low) after aging (a job moves up one level for every
+``aging_seconds`` it has waited, so low-priority work cannot starve); within a priority, fair
+share: the user with the least recent usage (rig.fairshare: decayed GiB-hours, a running job
+counting from the moment it is placed) goes next, so when several users compete their starts
+alternate; FIFO within one user. A job over its user's limit (placed-or-running jobs, reserved
+GiB) waits with that reason. A job with ``pool`` only sees that pool's cards (rig.pools).
 
-No starvation of big jobs: jobs behind a job that cannot start now may start on any card that
-fits them (backfill) — until that job has waited long enough: at once for a high-priority job,
-``hold_after_seconds`` for medium, twice that for low. From then on the card(s) closest to
-fitting it are held for it: jobs behind it may start only on other cards, so
-a large job behind a stream of small ones gets the next card that frees while the other cards
-stay busy. (Holding at once cost packing: 1.26 x the lower bound instead of 1.17 on the mixed
-trace, measured with the offline reference in rig/testing/trace.py.) A job that could never fit any allowed
-card is ended FAILED with the reason.
+No starvation of big jobs, with backfill (EASY): a job that cannot start now may let jobs behind
+it start on any card that fits them — until it has waited long enough (at once for high
+priority, ``hold_after_seconds`` for medium, twice that for low). From then on it holds the
+card(s) expected to have room for it first (its shadow time comes from the expected end of the
+jobs on them: the time limit or the median of earlier runs of the same name). A job behind it
+may still start on a held card if it is expected to end by the shadow time, or if it leaves
+room for the held job; where an end is unknown, nothing starts on the held card. (Holding
+without backfill cost packing: 1.26 x the lower bound instead of 1.17 on the mixed trace,
+measured with the offline reference in rig/testing/trace.py.) A job that could never fit any
+allowed card of its pool is ended FAILED with the reason; so is a job whose record is invalid.
 
-Each pass reads at most LOOKAHEAD waiting jobs per priority (only the fields placement needs),
-whatever the queue's length, and calls the placement function once per job:
-O(LOOKAHEAD x cards). When no card has room for anything, the pass ends after the cards read.
+Each pass reads at most LOOKAHEAD waiting jobs per priority from the global queue plus
+USER_LOOKAHEAD per priority from each waiting user's queue (so a second user's jobs are seen
+behind a first user's thousand), only the fields placement needs, and the reservations now held
+(at most cards x max_task_per_gpu jobs); then calls the placement function once per job:
+O((LOOKAHEAD + users x USER_LOOKAHEAD) x cards). When no card has room for anything, the pass
+ends after the cards are read.
 
 Runs as a thread in the control worker. Several dispatchers may run (several nodes): one holds
 the leader lock at a time; the reservation script keeps the ledger safe regardless.
 """
-
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import redis
 
+from rig import records as R
 from rig.config import Settings
+from rig.errors import InvalidRecord
+from rig.fairshare import TeamState, decay, over_limit
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.models import PRIORITY_BAND, CardState, Job, JobState, Priority
-from rig.placement import Request, explain_wait, never_fits, place, reservation_for
+from rig.placement import (
+    Hold,
+    Release,
+    Request,
+    explain_wait,
+    may_backfill,
+    never_fits,
+    place,
+    plan_hold,
+)
 from rig.redis_conn import connect
 from rig.store import JobStore
 
 log = logging.getLogger(__name__)
 
-#: Jobs read from the head of the pending queue per pass.
+#: Jobs read from the head of the pending queue per priority, per pass.
 LOOKAHEAD = 32
+#: Jobs read from the head of each waiting user's queue per priority, per pass.
+USER_LOOKAHEAD = 16
+#: Waiting users whose queues a pass reads (beyond them, the global head still is).
+MAX_USERS = 64
 #: Leader lock lifetime (ms); renewed every pass, passes happen at least once a second.
 LEADER_TTL_MS = 5000
 #: A pass runs at least this often even without a nudge (s).
@@ -111,19 +138,88 @@ class Dispatcher:
 
     # -- one pass -------------------------------------------------------------------------
     def waiting_in_order(self, now: float | None = None) -> list[Waiting]:
-        """The head of each priority's queue, merged in run order (aged priority, then id)."""
+        """The head of each priority's queue (and of each user's), in run order without fair
+        share: aged priority, then id."""
         now = now or time.time()
+        jobs = self._read_waiting()
+        return sorted(jobs, key=lambda j: (self.effective_rank(j, now), j.id))
+
+    def _read_waiting(self) -> list[Waiting]:
+        users = sorted(self.r.smembers(self.keys.pending_users))[:MAX_USERS]
         pipe = self.r.pipeline(transaction=False)
         for prio in Priority:
             low = prio.rank * PRIORITY_BAND
             pipe.zrangebyscore(self.keys.pending, low, low + PRIORITY_BAND - 1, start=0, num=LOOKAHEAD)
-        ids = [int(jid) for band in pipe.execute() for jid in band]
+            for user in users:
+                pipe.zrangebyscore(self.keys.pending_user(user), low, low + PRIORITY_BAND - 1,
+                                   start=0, num=USER_LOOKAHEAD)
+        ids = sorted({int(jid) for band in pipe.execute() for jid in band})
         pipe = self.r.pipeline(transaction=False)
         for jid in ids:
             pipe.hmget(self.keys.job(jid), *Waiting.FIELDS)
-        jobs = [Waiting.parse(jid, values) for jid, values in zip(ids, pipe.execute(), strict=True)]
-        jobs = [j for j in jobs if j is not None]
-        return sorted(jobs, key=lambda j: (self.effective_rank(j, now), j.id))
+        jobs = []
+        for jid, values in zip(ids, pipe.execute(), strict=True):
+            try:
+                job = Waiting.parse(jid, values)
+            except InvalidRecord as exc:
+                self._fail_invalid(jid, f"field {exc.field}: {exc.problem}")
+                continue
+            if job is not None:
+                jobs.append(job)
+        return jobs
+
+    def _fail_invalid(self, job_id: int, problem: str) -> None:
+        log.warning("job %s: invalid record, ended: %s", job_id, problem)
+        try:
+            self.ledger.transition(job_id, JobState.FAILED, fields={"reason": f"invalid record: {problem}"},
+                                   error_queue=True, expect=JobState.PENDING)
+        except Exception:  # noqa: BLE001 - a record too broken to end must not stop the pass
+            log.exception("job %s: could not end the invalid record; removing it from the queue", job_id)
+            self.r.zrem(self.keys.pending, job_id)
+
+    def _read_holdings(self, cards: list[CardState], now: float) -> tuple[dict[str, list[Release]], TeamState]:
+        """What the cards' reservations say: per card, when each is expected to end (for
+        holds), and per user, placed-or-running jobs, reserved bytes and recent usage."""
+        pipe = self.r.pipeline(transaction=False)
+        for card in cards:
+            pipe.hgetall(self.keys.card_jobs(card.node, card.index))
+        held = [(card, {int(k): int(v) for k, v in raw.items()}) for card, raw in zip(cards, pipe.execute(), strict=True)]
+        ids = sorted({jid for _card, jobs in held for jid in jobs})
+        pipe = self.r.pipeline(transaction=False)
+        for jid in ids:
+            pipe.hmget(self.keys.job(jid), "user", "gpu_memory", "cards", "started_at", "assigned_at",
+                       "expected_seconds")
+        info: dict[int, tuple[str, int, int, float, float]] = {}
+        for jid, (user, memory, card_list, started, assigned, expected) in zip(ids, pipe.execute(), strict=True):
+            try:
+                began = float(started or assigned or now)
+                ncards = max(1, len(json.loads(card_list or "[]")))
+                end = began + float(expected) if expected else math.inf
+                info[jid] = (user or "?", int(memory or 0), ncards, began, max(end, now))
+            except (ValueError, TypeError):
+                info[jid] = ("?", 0, 1, now, math.inf)
+        releases: dict[str, list[Release]] = {}
+        team = TeamState()
+        counted: set[int] = set()
+        for card, jobs in held:
+            releases[card.id] = [Release(info[jid][4], nbytes) for jid, nbytes in jobs.items()]
+            for jid in jobs:
+                if jid not in counted:
+                    counted.add(jid)
+                    user, memory, ncards, began, _end = info[jid]
+                    team.load(user).add_job(memory, ncards, now - began)
+        if self.settings.fair_share:
+            users = sorted(set(team.loads) | set(self.r.smembers(self.keys.pending_users)))
+            pipe = self.r.pipeline(transaction=False)
+            for user in users:
+                pipe.hmget(self.keys.usage(user), "value", "at")
+            half_life = self.settings.fair_share_half_life_hours * 3600
+            for user, (value, at) in zip(users, pipe.execute(), strict=True):
+                try:
+                    team.load(user).usage += decay(float(value or 0), float(at or now), now, half_life)
+                except ValueError:
+                    pass
+        return releases, team
 
     def hold_after(self, job: Waiting, now: float) -> float:
         """Seconds a blocked job waits before it holds cards: at once for high priority,
@@ -135,46 +231,79 @@ class Dispatcher:
         waited = max(0.0, now - job.created_at)
         return max(0, job.priority.rank - int(waited // self.settings.aging_seconds))
 
+    def fair_order(self, jobs: list[Waiting], team: TeamState, now: float) -> Iterator[Waiting]:
+        """``jobs`` in run order: aged priority; within one, the user with the least recent
+        usage first (re-read after every job, so starts made meanwhile count), FIFO per user.
+        Without fair share: aged priority, then id."""
+        by_rank: dict[int, list[Waiting]] = defaultdict(list)
+        for job in jobs:
+            by_rank[self.effective_rank(job, now)].append(job)
+        for rank in sorted(by_rank):
+            group = sorted(by_rank[rank], key=lambda j: j.id)
+            if not self.settings.fair_share:
+                yield from group
+                continue
+            queues: dict[str, deque[Waiting]] = defaultdict(deque)
+            for job in group:
+                queues[job.user].append(job)
+            while queues:
+                user = min(queues, key=lambda u: (team.load(u).usage, queues[u][0].id))
+                yield queues[user].popleft()
+                if not queues[user]:
+                    del queues[user]
+
     def dispatch_pass(self) -> int:
         """Start every waiting job that fits now without delaying a job ahead of it.
         Returns how many were started."""
         started = 0
+        pools = self.settings.pool_map
         while not self.stop_event.is_set():
-            waiting = self.waiting_in_order()
+            waiting = self._read_waiting()
             if not waiting:
                 return started
             cards = self.ledger.cards()
             eligible = {c.id for c in cards if c.eligible}
             if cards and not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
                 return started  # every card is full: nothing can start, nothing to explain anew
-            held: set[str] = set()  # cards kept for jobs ahead that could not start
-            smallest = min(j.gpu_memory for j in waiting)
             now = time.time()
+            releases, team = self._read_holdings(cards, now)
+            holds: dict[str, Hold] = {}  # card id -> the hold of a job ahead that could not start
+            smallest = min(j.gpu_memory for j in waiting)
             progressed = False
-            for position, job in enumerate(waiting):
+            for position, job in enumerate(self.fair_order(waiting, team, now)):
                 request = Request(job.gpu_memory, job.gpus)
-                impossible = never_fits(cards, request) if cards else None
-                if impossible:
-                    self.ledger.transition(
-                        job.id, JobState.FAILED, fields={"reason": f"unschedulable: {impossible}"},
-                        error_queue=True, expect=JobState.PENDING,
-                    )
-                    log.warning("job %s: unschedulable: %s", job.id, impossible)
+                if job.pool is not None and job.pool not in pools.members:
+                    self._end_unschedulable(job, f"pool {job.pool!r} is no longer configured")
                     progressed = True
                     continue
-                free_cards = [c for c in cards if c.id not in held]
-                placement = place(free_cards, request, self.settings.scheduler_type,
-                                  smallest_waiting=smallest)
-                if placement is None:
-                    hold: tuple[str, ...] = ()
-                    if now - job.created_at >= self.hold_after(job, now):
-                        hold = reservation_for(cards, request, exclude=held)
-                        held.update(hold)
-                    self._note_wait(job, cards, request, position, hold)
-                    if eligible and eligible <= held:
-                        break  # every card is held for a job ahead: nothing else may start
+                mine = [c for c in cards if pools.contains(job.pool, c.node, c.index)]
+                impossible = never_fits(mine, request) if cards else None
+                if impossible:
+                    where = f"in pool {job.pool!r}: " if job.pool else ""
+                    self._end_unschedulable(job, where + impossible)
+                    progressed = True
                     continue
-                ok, detail = self.ledger.reserve(job.id, placement.node, list(placement.cards), job.gpu_memory)
+                limit = over_limit(job.user, team.load(job.user), job.gpu_memory, job.gpus,
+                                   self.settings.user_limit(job.user))
+                if limit:
+                    self._note(job, f"{limit}; waits for one of them to end")
+                    continue
+                expected_end = now + job.expected_seconds if job.expected_seconds else None
+                open_cards = [c for c in mine if c.id not in holds
+                              or may_backfill(c, releases.get(c.id, ()), holds[c.id], request, expected_end)]
+                placement = place(open_cards, request, self.settings.scheduler_type, smallest_waiting=smallest)
+                if placement is None:
+                    hold = None
+                    if now - job.created_at >= self.hold_after(job, now):
+                        hold = plan_hold(mine, releases, request, now, job.id, exclude=set(holds))
+                        if hold:
+                            holds.update(dict.fromkeys(hold.cards, hold))
+                    self._note_wait(job, mine, request, position, hold, now)
+                    if eligible and eligible <= set(holds) and all(h.until == math.inf for h in holds.values()):
+                        break  # every card is held for a job ahead and nothing can backfill
+                    continue
+                ok, detail = self.ledger.reserve(job.id, placement.node, list(placement.cards), job.gpu_memory,
+                                                 user=job.user)
                 if not ok:
                     log.info("job %s: reservation refused (%s); re-reading the cards", job.id, detail)
                     progressed = True
@@ -183,19 +312,33 @@ class Dispatcher:
                          list(placement.cards), detail)
                 self.send_start(job.id, detail, placement.node, placement.cards[0])
                 cards = _with_reservation(cards, placement.node, placement.cards, job.gpu_memory)
+                end = expected_end if expected_end is not None else math.inf
+                for index in placement.cards:
+                    releases.setdefault(f"{placement.node}/{index}", []).append(Release(end, job.gpu_memory))
+                team.load(job.user).add_job(job.gpu_memory, job.gpus, 0.0)
                 started += 1
                 progressed = True
             if not progressed:
                 return started
         return started
 
+    def _end_unschedulable(self, job: Waiting, why: str) -> None:
+        self.ledger.transition(job.id, JobState.FAILED, fields={"reason": f"unschedulable: {why}"},
+                               error_queue=True, expect=JobState.PENDING)
+        log.warning("job %s: unschedulable: %s", job.id, why)
+
     def _note_wait(self, job: Waiting, cards: list[CardState], request: Request, ahead: int,
-                   held: tuple[str, ...]) -> None:
-        reason = explain_wait(cards, request)
+                   hold: Hold | None, now: float) -> None:
+        reason = explain_wait(cards, request) if cards else "no card of its pool is registered"
         if ahead:
             reason += f"; {ahead} job(s) ahead of it"
-        if held:
-            reason += f"; {', '.join(held)} held for it"
+        if hold:
+            reason += f"; {', '.join(hold.cards)} held for it"
+            if hold.until != math.inf:
+                reason += f" (expected free in {max(0.0, hold.until - now):.0f} s)"
+        self._note(job, reason)
+
+    def _note(self, job: Waiting, reason: str) -> None:
         if reason != job.wait_reason:
             self.store.update(job.id, wait_reason=reason, wait_reason_at=time.time())
 
@@ -204,7 +347,8 @@ class Dispatcher:
 class Waiting:
     """What the dispatcher needs of a waiting job (read with one HMGET, not the whole record)."""
 
-    FIELDS = ("state", "gpu_memory", "gpus", "priority", "created_at", "wait_reason")
+    FIELDS = ("state", "gpu_memory", "gpus", "priority", "created_at", "wait_reason", "user", "pool",
+              "expected_seconds")
 
     id: int
     gpu_memory: int
@@ -212,13 +356,41 @@ class Waiting:
     priority: Priority
     created_at: float
     wait_reason: str | None
+    user: str = "?"
+    pool: str | None = None
+    expected_seconds: float | None = None
 
     @classmethod
     def parse(cls, job_id: int, values: list) -> Waiting | None:
-        state, memory, gpus, priority, created, reason = values
-        if state != JobState.PENDING.value or memory is None:
+        """None for a job no longer PENDING (or gone); InvalidRecord for a PENDING record whose
+        fields are not what submit() writes."""
+        state, memory, gpus, priority, created, reason, user, pool, expected = values
+        if state != JobState.PENDING.value:
             return None
-        return cls(job_id, int(memory), int(gpus or 1), Priority(priority), float(created or 0), reason)
+        checks = (
+            ("gpu_memory", memory, lambda t: R.as_int(t, 1, R.MAX_GPU_MEMORY, "a size in bytes")),
+            ("gpus", gpus or 1, lambda t: R.as_int(t, 1, R.MAX_GPUS, "a number of cards")),
+            ("priority", priority, _priority),
+            ("created_at", created or 0, lambda t: R.as_float(t, 0.0, R.MAX_TIMESTAMP, "a time in epoch seconds")),
+            ("user", user or "?", lambda t: t if t == "?" else R.as_user(t)),
+            ("pool", pool or None, lambda t: None if t is None else R.as_word(t, 63)),
+            ("expected_seconds", expected or None,
+             lambda t: None if t is None else R.as_float(t, 0.0, R.MAX_TIME_LIMIT, "a duration in seconds")),
+        )
+        out = {}
+        for name, raw, check in checks:
+            try:
+                out[name] = check(raw)
+            except R.BadField as exc:
+                raise InvalidRecord(f"job {job_id}", name, str(exc)) from None
+        return cls(job_id, wait_reason=reason, **out)
+
+
+def _priority(text: object) -> Priority:
+    try:
+        return Priority(text)
+    except ValueError:
+        raise R.BadField(f"expected high, medium or low, got {R.show(text)}") from None
 
 
 def _with_reservation(cards: list[CardState], node: str, indexes: tuple[int, ...], nbytes: int) -> list[CardState]:

@@ -39,6 +39,8 @@ def submit_options(fn):  # noqa: ANN001, ANN201
                      help="After a CUDA out-of-memory, retry with a larger declaration."),
         click.option("--template", "-t", metavar="NAME",
                      help="A preset from the config (finetune, inference, test, ...): `rig templates`."),
+        click.option("--pool", metavar="NAME",
+                     help="Run only on the cards of this pool ([pools] in the config; `rig status --pool`)."),
         click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code."),
         click.argument("command", nargs=-1, type=click.UNPROCESSED),
     ]
@@ -49,7 +51,7 @@ def submit_options(fn):  # noqa: ANN001, ANN201
 
 @handle_errors
 def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir, env, wait, command,  # noqa: ANN001
-              retries=None, time_limit=None, oom_retry_grow=None, template=None) -> None:
+              retries=None, time_limit=None, oom_retry_grow=None, template=None, pool=None) -> None:
     if cmd and command:
         raise InvalidInput("give the command either after `--` or with --cmd, not both")
     if gpu_memory is None and template is None:
@@ -58,7 +60,7 @@ def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir
     handle = client.submit(
         cmd if cmd else list(command), gpu_memory=gpu_memory, gpus=gpus, priority=priority,
         name=name, workdir=workdir, env=parse_env_items(env), retries=retries,
-        time_limit=time_limit, oom_retry_grow=oom_retry_grow, template=template,
+        time_limit=time_limit, oom_retry_grow=oom_retry_grow, template=template, pool=pool,
     )
     job = handle._job
     if client.last_auto_note:
@@ -66,7 +68,7 @@ def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir
     click.echo(handle.id)
     cards = "1 card" if job.gpus == 1 else f"{job.gpus} cards"
     click.echo(f"submitted job {job.id} '{job.name}': {format_memory(job.gpu_memory)} on {cards}, "
-               f"{job.priority.value} priority", err=True)
+               f"{job.priority.value} priority" + (f", pool {job.pool}" if job.pool else ""), err=True)
     if not client.ledger.cards():
         click.echo("note: no rig node is up yet; the job waits until `rig up` runs", err=True)
     if wait:

@@ -4,13 +4,16 @@
 -- KEYS[2]            pending zset                  (rig:pending)
 -- KEYS[3]            state index PENDING           (rig:jobs:state:PENDING)
 -- KEYS[4]            state index ASSIGNED          (rig:jobs:state:ASSIGNED)
--- KEYS[5 + 2i]       card hash of the i-th card    (rig:card:<node>:<index>)
--- KEYS[6 + 2i]       its job reservations hash     (rig:card:<node>:<index>:jobs)
+-- KEYS[5]            the job's user's pending zset (rig:pending:user:<user>)
+-- KEYS[6]            users with waiting jobs       (rig:pending:users)
+-- KEYS[7 + 2i]       card hash of the i-th card    (rig:card:<node>:<index>)
+-- KEYS[8 + 2i]       its job reservations hash     (rig:card:<node>:<index>:jobs)
 -- ARGV[1]            job id
 -- ARGV[2]            bytes to reserve on each card
 -- ARGV[3]            now (epoch seconds)
 -- ARGV[4]            node name
 -- ARGV[5]            JSON list of the card indexes (same order as the card keys)
+-- ARGV[6]            the job's user (member of KEYS[6])
 --
 -- Returns {1, token} on success (token = the job's new assignment number, which fences the
 -- worker's claim), or {0, reason} and changes nothing.
@@ -27,9 +30,9 @@ if state ~= 'PENDING' then
   return {0, 'state:' .. tostring(state)}
 end
 
-local ncards = (#KEYS - 4) / 2
+local ncards = (#KEYS - 6) / 2
 for i = 0, ncards - 1 do
-  local card = KEYS[5 + 2 * i]
+  local card = KEYS[7 + 2 * i]
   local f = redis.call('HMGET', card, 'usable', 'reserved', 'jobs', 'max_jobs', 'allowed', 'healthy',
                        'foreign')
   if not f[1] then
@@ -47,16 +50,16 @@ for i = 0, ncards - 1 do
   if tonumber(f[3] or '0') + 1 > tonumber(f[4] or '1') then
     return {0, 'card-busy:' .. card}
   end
-  if redis.call('HEXISTS', KEYS[6 + 2 * i], job_id) == 1 then
+  if redis.call('HEXISTS', KEYS[8 + 2 * i], job_id) == 1 then
     return {0, 'already-reserved:' .. card}
   end
 end
 
 for i = 0, ncards - 1 do
-  local card = KEYS[5 + 2 * i]
+  local card = KEYS[7 + 2 * i]
   redis.call('HINCRBY', card, 'reserved', bytes)
   redis.call('HINCRBY', card, 'jobs', 1)
-  redis.call('HSET', KEYS[6 + 2 * i], job_id, bytes)
+  redis.call('HSET', KEYS[8 + 2 * i], job_id, bytes)
 end
 
 local token = redis.call('HINCRBY', job, 'assignments', 1)
@@ -64,5 +67,9 @@ redis.call('HSET', job, 'state', 'ASSIGNED', 'node', node, 'cards', cards, 'assi
 redis.call('HDEL', job, 'wait_reason')
 redis.call('ZREM', pending, job_id)
 redis.call('ZREM', idx_pending, job_id)
+redis.call('ZREM', KEYS[5], job_id)
+if redis.call('ZCARD', KEYS[5]) == 0 then
+  redis.call('SREM', KEYS[6], ARGV[6])
+end
 redis.call('ZADD', idx_assigned, tonumber(job_id), job_id)
 return {1, token}

@@ -3,9 +3,12 @@
 -- KEYS[1]               job hash
 -- KEYS[2]               pending zset
 -- KEYS[3]               error queue zset (jobs waiting for a person)
--- KEYS[4 .. 3+S]        state index zsets, one per state, in the order of ARGV[7]
--- KEYS[4+S + 2i]        card hash of the i-th card the job holds
--- KEYS[5+S + 2i]        its job reservations hash
+-- KEYS[4]               the job's user's pending zset (fair share)
+-- KEYS[5]               users with waiting jobs (set)
+-- KEYS[6]               the user's recent usage hash (value GiB-hours, at epoch s)
+-- KEYS[7 .. 6+S]        state index zsets, one per state, in the order of ARGV[7]
+-- KEYS[7+S + 2i]        card hash of the i-th card the job holds
+-- KEYS[8+S + 2i]        its job reservations hash
 -- ARGV[1]  job id
 -- ARGV[2]  target state
 -- ARGV[3]  now (epoch seconds)
@@ -22,6 +25,9 @@
 -- ARGV[9]  the state the caller read the job in (the card keys come from that read), or '';
 --          if the job has moved since, nothing changes: {3, current state}
 -- ARGV[10] '1' to put the job in the error queue (it ends and waits for a person)
+-- ARGV[11] fair-share half-life (s); when a RUNNING job leaves RUNNING its GiB-hours are added
+--          to KEYS[6], older usage decayed by this half-life
+-- ARGV[12] the job's user
 --
 -- Returns {1, previous state} when moved, {2, 'RUNNING'} when a cancel was flagged, {0, state}
 -- when nothing changed (not allowed from this state, or token mismatch), {3, state} (see ARGV[9]).
@@ -58,16 +64,16 @@ end
 
 for i = 1, nstates do
   if states[i] == state then
-    redis.call('ZREM', KEYS[3 + i], job_id)
+    redis.call('ZREM', KEYS[6 + i], job_id)
   end
 end
 for i = 1, nstates do
   if states[i] == target then
-    redis.call('ZADD', KEYS[3 + i], tonumber(job_id), job_id)
+    redis.call('ZADD', KEYS[6 + i], tonumber(job_id), job_id)
   end
 end
 
-local first_card = 4 + nstates
+local first_card = 7 + nstates
 local ncards = (#KEYS - first_card + 1) / 2
 for i = 0, ncards - 1 do
   local card, holds = KEYS[first_card + 2 * i], KEYS[first_card + 1 + 2 * i]
@@ -79,6 +85,24 @@ for i = 0, ncards - 1 do
   end
 end
 
+if state == 'RUNNING' then
+  -- Fair share: this attempt's GiB-hours join the user's decayed recent usage.
+  local r = redis.call('HMGET', job, 'started_at', 'gpu_memory', 'cards')
+  local started, bytes = tonumber(r[1] or ''), tonumber(r[2] or '')
+  local ok_cards, cards = pcall(cjson.decode, r[3] or '[]')
+  local half_life = tonumber(ARGV[11] or '')
+  if started and bytes and ok_cards and type(cards) == 'table' and half_life and half_life > 0 then
+    local t = tonumber(now)
+    local used = bytes * math.max(#cards, 1) / 1073741824 * math.max(0, t - started) / 3600
+    local u = redis.call('HMGET', KEYS[6], 'value', 'at')
+    local value, at = tonumber(u[1] or '0') or 0, tonumber(u[2] or '') or t
+    if t > at then
+      value = value * math.pow(0.5, (t - at) / half_life)
+    end
+    redis.call('HSET', KEYS[6], 'value', tostring(value + used), 'at', tostring(t))
+  end
+end
+
 redis.call('HSET', job, 'state', target)
 local extra = cjson.decode(ARGV[5])
 for k, v in pairs(extra) do
@@ -87,10 +111,16 @@ end
 redis.call('ZREM', errors, job_id)
 if target == 'PENDING' then
   redis.call('ZADD', pending, tonumber(ARGV[8]), job_id)
+  redis.call('ZADD', KEYS[4], tonumber(ARGV[8]), job_id)
+  redis.call('SADD', KEYS[5], ARGV[12])
   redis.call('HDEL', job, 'node', 'cards', 'pid', 'proc_start', 'worker', 'cancel_requested',
              'ended_at', 'exit_code')
 else
   redis.call('ZREM', pending, job_id)
+  redis.call('ZREM', KEYS[4], job_id)
+  if redis.call('ZCARD', KEYS[4]) == 0 then
+    redis.call('SREM', KEYS[5], ARGV[12])
+  end
   redis.call('HSET', job, 'ended_at', now)
   if ARGV[10] == '1' then
     redis.call('ZADD', errors, tonumber(now), job_id)

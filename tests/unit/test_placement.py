@@ -1,6 +1,20 @@
+import math
+
 from rig.memory import GIB
 from rig.models import CardState
-from rig.placement import Request, explain_wait, fits, never_fits, place
+from rig.placement import (
+    Hold,
+    Release,
+    Request,
+    earliest_fit,
+    explain_wait,
+    fits,
+    may_backfill,
+    never_fits,
+    place,
+    plan_hold,
+    room_at,
+)
 
 
 def card(index, free_gib, *, node="n1", total_gib=80, jobs=0, max_jobs=4, allowed=True, healthy=True):
@@ -102,11 +116,52 @@ def test_multi_factor_prefers_cooler_cards_on_a_tie():
     assert place([hot, cool], Request(GIB), "multi-factor").cards == (0,)
 
 
-def test_reservation_holds_the_cards_closest_to_fitting():
-    from rig.placement import reservation_for
-
+def test_hold_without_known_ends_takes_the_cards_closest_to_fitting():
     cards = [card(0, 10), card(1, 30), card(2, 5), card(3, 25, node="b")]
-    assert reservation_for(cards, Request(40 * GIB)) == ("n1/1",)
-    assert reservation_for(cards, Request(40 * GIB), exclude={"n1/1"}) == ("b/3",)
-    assert reservation_for(cards, Request(40 * GIB, gpus=2)) == ("n1/1", "n1/0")
-    assert reservation_for(cards, Request(90 * GIB)) == ()
+
+    def held(request, exclude=frozenset()):
+        hold = plan_hold(cards, {}, request, now=100.0, exclude=exclude)
+        return hold and (hold.cards, hold.until)
+
+    assert held(Request(40 * GIB)) == (("n1/1",), math.inf)
+    assert held(Request(40 * GIB), exclude={"n1/1"}) == (("b/3",), math.inf)
+    assert held(Request(40 * GIB, gpus=2)) == (("n1/1", "n1/0"), math.inf)
+    assert held(Request(90 * GIB)) is None
+
+
+def test_hold_takes_the_card_expected_to_free_first():
+    # gpu0 is closest to fitting now, but its job runs for an hour; gpu1 frees in 5 s.
+    cards = [card(0, 30), card(1, 10)]
+    releases = {"n1/0": [Release(3700.0, 50 * GIB)], "n1/1": [Release(105.0, 70 * GIB)]}
+    hold = plan_hold(cards, releases, Request(60 * GIB), now=100.0, job_id=7)
+    assert hold == Hold(7, ("n1/1",), 60 * GIB, 105.0)
+    # Two cards: the shadow time is the later of the two.
+    hold = plan_hold(cards, releases, Request(60 * GIB, gpus=2), now=100.0)
+    assert hold.cards == ("n1/1", "n1/0") and hold.until == 3700.0
+
+
+def test_earliest_fit_counts_releases_in_time_order_and_job_slots():
+    c = card(0, 10, jobs=4)  # full on slots too
+    releases = [Release(130.0, 20 * GIB), Release(110.0, 5 * GIB), Release(math.inf, 40 * GIB)]
+    assert earliest_fit(c, releases, Request(12 * GIB), now=100.0) == 110.0
+    assert earliest_fit(c, releases, Request(30 * GIB), now=100.0) == 130.0
+    assert earliest_fit(c, releases, Request(50 * GIB), now=100.0) == math.inf
+    assert earliest_fit(card(1, 80), [], Request(50 * GIB), now=100.0) == 100.0
+    assert room_at(c, releases, 120.0) == (15 * GIB, 3)
+
+
+def test_backfill_on_a_held_card_only_when_it_cannot_delay_the_held_job():
+    c = card(0, 20, jobs=1)  # a 56 GiB job ends at t=200; the held job needs 60 GiB from then
+    releases = [Release(200.0, 56 * GIB)]
+    hold = Hold(1, ("n1/0",), 60 * GIB, 200.0)
+    assert may_backfill(c, releases, hold, Request(8 * GIB), expected_end=150.0)  # ends first
+    assert may_backfill(c, releases, hold, Request(8 * GIB), expected_end=None)  # leaves 68 GiB at 200
+    assert not may_backfill(c, releases, hold, Request(18 * GIB), expected_end=None)  # 58 < 60
+    assert not may_backfill(c, releases, hold, Request(18 * GIB), expected_end=250.0)
+    unknown = Hold(1, ("n1/0",), 60 * GIB, math.inf)
+    assert not may_backfill(c, releases, unknown, Request(GIB), expected_end=101.0)
+    # The job slot counts too: with the held job and this one, 4 slots must suffice.
+    roomy = card(1, 70, jobs=2)
+    assert may_backfill(roomy, [], hold, Request(GIB), expected_end=None)
+    crowded = card(1, 70, jobs=3)
+    assert not may_backfill(crowded, [], hold, Request(GIB), expected_end=None)
