@@ -26,6 +26,7 @@ from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import format_memory, parse_memory
 from rig.models import CardState, Job, JobState, Priority
+from rig.nodes import NodeInfo, NodeRegistry
 from rig.placement import Request, explain_wait, never_fits, place
 from rig.redis_conn import check, connect
 from rig.store import JobStore
@@ -62,6 +63,7 @@ class StatusReport:
     workers: list[WorkerInfo]
     counts: dict[JobState, int]
     notices: list[str] = field(default_factory=list)
+    nodes: list[NodeInfo] = field(default_factory=list)  # every node, with its liveness
 
 
 class Client:
@@ -285,6 +287,7 @@ class Client:
             return StatusReport(
                 cards=cards, running=running, pending=pending, oldest_wait=oldest,
                 workers=self.workers(), counts=self.store.count_by_state(),
+                nodes=NodeRegistry(self.r, self.keys).read(),
             )
 
         return self._guard(_do)

@@ -11,6 +11,7 @@ The config file is the first of: ``$RIG_CONFIG``; ``./rig.toml``; ``$RIG_HOME/co
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Any, Literal
@@ -27,6 +28,16 @@ from rig.errors import ConfigError
 
 SchedulerType = Literal["multi-factor", "best-fit", "least-loaded", "first-fit"]
 PriorityName = Literal["high", "medium", "low"]
+
+
+#: What a node name may be: it becomes part of queue, worker and key names.
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def default_node_name() -> str:
+    """The host name, cut to a valid node name (its first label if it is too long)."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).strip("-._") or "node"
+    return name if len(name) <= 63 else name.split(".")[0][:63]
 
 
 def default_home() -> Path:
@@ -93,7 +104,7 @@ class Settings(BaseSettings):
     home: Path = Field(default_factory=default_home, description="rig's own folder")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding all state")
     key_prefix: str = Field("rig:", description="prefix of every Redis key rig writes")
-    node_name: str = Field(default_factory=socket.gethostname, description="this server's name")
+    node_name: str = Field(default_factory=default_node_name, description="this server's name")
     scheduler_type: SchedulerType = "multi-factor"
     aging_seconds: float = Field(
         600.0, gt=0, description="a waiting job moves up one priority level per this many seconds"
@@ -149,6 +160,15 @@ class Settings(BaseSettings):
         if not value:
             raise ValueError("key_prefix must not be empty")
         return value if value.endswith(":") else value + ":"
+
+    @field_validator("node_name")
+    @classmethod
+    def _node_name_is_a_name(cls, value: str) -> str:
+        # It names Celery queues (rig.card.<node>.<i>), workers (card0@<node>) and keys.
+        if not NODE_NAME.fullmatch(value):
+            raise ValueError("use 1-63 letters, digits, '.', '_' or '-', starting with a letter or "
+                             "digit (set --node or RIG_NODE_NAME)")
+        return value
 
     @field_validator("templates", mode="after")
     @classmethod

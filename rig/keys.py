@@ -13,7 +13,10 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P card:<node>:<index>:jobs    hash     job id -> bytes reserved on that card
   P history:<name>              list     measured peak bytes of earlier successful runs, newest first
   P nodes                       set      node names
-  P node:<node>                 hash     a node's registration (cards, started_at)
+  P node:<node>                 hash     a node's registration (cards, started_at) and liveness
+                                         (last_seen, down_since, stopped_at: rig.nodes)
+  P node:<node>:alive           string   node heartbeat, expires after health.timeout
+  P node:<node>:health:lock     string   the control worker running that node's local checks (PX)
   P worker:<name>               string   heartbeat, expires after health.timeout
   P workers                     set      worker names seen
   P sched:wake                  list     nudges for the dispatcher (BLPOP)
@@ -82,6 +85,12 @@ class Keys:
 
     def node(self, node: str) -> str:
         return f"{self.prefix}node:{node}"
+
+    def node_alive(self, node: str) -> str:
+        return f"{self.prefix}node:{node}:alive"
+
+    def node_health_lock(self, node: str) -> str:
+        return f"{self.prefix}node:{node}:health:lock"
 
     # workers and dispatch
     def worker(self, name: str) -> str:

@@ -5,6 +5,11 @@ under $RIG_HOME/redis), the node's cards in the ledger, one Celery worker per al
 the control worker (dispatcher), beat and Flower. A child that dies is restarted. On SIGINT or
 SIGTERM every child rig started is stopped, Redis last; nothing else is touched. Running jobs
 keep running and are adopted by the card workers of the next ``rig up``.
+
+Several nodes share one Redis (``rig up --node NAME --redis URL`` on each server): every node
+registers its cards under its name and refreshes its node heartbeat (rig.nodes) while its
+workers run; a node stopped on purpose is marked ``stopped`` so the others leave its running
+jobs alone. Every node may run beat and the dispatcher: locks keep one of each active.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from rig.errors import StackError
 from rig.gpus import GpuBackend, detect_backend
 from rig.keys import Keys
 from rig.ledger import Ledger
+from rig.nodes import NodeRegistry
 from rig.redis_conn import connect
 from rig.redis_server import is_local, is_reachable, start_private_redis
 
@@ -112,6 +118,9 @@ class Stack:
         self.backend: GpuBackend | None = None
         self.metrics_server = None
         self._stopping = False
+        self._registered = False  # this Stack registered the node (it runs cards or control)
+        self._client: redis.Redis | None = None
+        self._next_beat = 0.0  # monotonic time of the next node heartbeat
 
     def wants(self, component: str) -> bool:
         if self.options.only:
@@ -201,6 +210,8 @@ class Stack:
         if notice:
             self.say(f"gpus: {notice}")
         client = connect(s.redis_url)
+        nodes = NodeRegistry(client, self.keys)
+        nodes.check_free(s.node_name)
         ledger = Ledger(client, self.keys)
         readings = backend.read_all()
         whitelist = set(s.gpu_whitelist) if s.gpu_whitelist is not None else None
@@ -212,10 +223,9 @@ class Stack:
                                  fake=backend.kind == "fake")
             if ok:
                 allowed.append(reading.index)
-        client.hset(self.keys.node(s.node_name), mapping={
-            "backend": backend.kind, "cards": len(readings), "started_at": time.time(),
-            "pid": os.getpid(), "fake_spec": getattr(backend, "spec", "") or "",
-        })
+        nodes.register(s.node_name, ttl=s.health.timeout, backend=backend.kind, cards=len(readings),
+                       pid=os.getpid(), fake_spec=getattr(backend, "spec", "") or "")
+        self._registered = True
         if whitelist:
             missing = sorted(whitelist - {r.index for r in readings})
             if missing:
@@ -247,6 +257,34 @@ class Stack:
         child.started_at = time.monotonic()
 
     # -- supervision ----------------------------------------------------------------------
+    def supervise_once(self) -> None:
+        """One round of what ``rig up`` does while it runs: restart dead children, and
+        refresh the node heartbeat."""
+        self.poll_children()
+        self.beat_node()
+
+    def beat_node(self) -> None:
+        """Refresh this node's heartbeat (every telemetry_interval s, expiring after
+        health.timeout s) while any of its workers runs: a node whose workers are all gone must
+        look gone even if this process lives on."""
+        now = time.monotonic()
+        if not self._registered or self._stopping or now < self._next_beat:
+            return
+        self._next_beat = now + self.settings.telemetry_interval
+        workers = [c for c in self.children if c.name == "control" or c.name.startswith("card")]
+        if not any(c.proc is not None and c.proc.poll() is None for c in workers):
+            return
+        try:
+            NodeRegistry(self._redis(), self.keys).beat(self.settings.node_name,
+                                                        ttl=self.settings.health.timeout, source="rig up")
+        except redis.RedisError as exc:
+            log.debug("node heartbeat skipped: %s", exc)
+
+    def _redis(self) -> redis.Redis:
+        if self._client is None:
+            self._client = connect(self.settings.redis_url)
+        return self._client
+
     def wait_ready(self, timeout: float = 90.0) -> list[str]:
         """Wait until every worker rig started has a heartbeat; returns the ones missing."""
         client = connect(self.settings.redis_url)
@@ -261,7 +299,7 @@ class Stack:
             missing = [w for w, v in zip(want, values, strict=True) if v is None]
             if not missing:
                 return []
-            self.poll_children()
+            self.supervise_once()
             time.sleep(0.2)
         return missing
 
@@ -300,7 +338,7 @@ class Stack:
         signal.signal(signal.SIGTERM, _handler)
         signal.signal(signal.SIGHUP, _handler)
         while not stop["flag"]:
-            self.poll_children()
+            self.supervise_once()
             time.sleep(0.25)
 
     def down(self) -> None:
@@ -317,6 +355,13 @@ class Stack:
                 log.warning("%s did not stop in %.0f s; killing it", child.name, STOP_TIMEOUT_S)
                 _signal_group(child.proc, signal.SIGKILL)
                 child.proc.wait(timeout=5)
+        if self._registered and self.wants("cards"):
+            # On purpose: the other nodes leave this node's running jobs alone (they keep
+            # running and are adopted when it comes back) and place nothing on its cards.
+            try:
+                NodeRegistry(self._redis(), self.keys).mark_stopped(self.settings.node_name)
+            except redis.RedisError as exc:
+                log.warning("could not mark node %s stopped: %s", self.settings.node_name, exc)
         if self.redis_proc is not None and self.redis_proc.poll() is None:
             self.redis_proc.terminate()
             try:

@@ -6,6 +6,12 @@
   flower:         celery -A workers.app flower
 
 The tasks only call into rig: the dispatcher and the card runner hold the logic.
+
+Several nodes may share one Redis, each with its own control worker and beat. Cluster-wide
+duties run once: beat's lock lets one beat send the periodic tasks, each of which one control
+worker takes (rig.health: nodes and reservations), and the dispatcher leads under its own
+lock. Node duties run on every node: its control worker heartbeats for the node and, every
+health.check_interval s, checks its own card workers and processes (HealthChecker.run_local).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from rig.config import load_settings
 from rig.gpus import detect_backend
 from rig.keys import Keys
 from rig.memory import format_memory
+from rig.nodes import NodeRegistry
 from rig.redis_conn import connect
 from workers import kombu_patches
 from workers.card_runner import CardRunner
@@ -86,8 +93,8 @@ def tick() -> None:
 
 @app.task(name=TASK_HEALTH, ignore_result=True)
 def health() -> str:
-    """Periodic (beat): dead workers, zombie reservations, orphan processes (workers/health.py)."""
-    report = HealthChecker(settings, _redis).run_once()
+    """Periodic (beat, once cluster-wide): dead nodes, zombie reservations (workers/health.py)."""
+    report = HealthChecker(settings, _redis).run_cluster()
     return "skipped (another check runs)" if report is None else repr(report)
 
 
@@ -110,16 +117,34 @@ def check_alerts() -> str:
 
 
 def _control_heartbeat(name: str) -> None:
+    """The control worker's heartbeat, and the node's (rig.nodes), every telemetry_interval s."""
     ttl = max(1, int(settings.health.timeout))
+    nodes = NodeRegistry(_redis, keys)
     while not _control_stop.is_set():
         try:
             beat = {"role": "control", "node": settings.node_name, "card": None,
                     "pid": os.getpid(), "jobs": 0, "seen_at": time.time()}
             _redis.set(keys.worker(name), json.dumps(beat), ex=ttl)
             _redis.sadd(keys.workers, name)
+            nodes.beat(settings.node_name, ttl=settings.health.timeout, source=name)
         except Exception as exc:  # noqa: BLE001
             log.debug("control heartbeat skipped: %s", exc)
         _control_stop.wait(settings.telemetry_interval)
+    try:
+        _redis.delete(keys.worker(name))  # stopped, not dead: say so at once
+    except Exception:  # noqa: BLE001 - Redis may be gone at shutdown
+        pass
+
+
+def _local_health() -> None:
+    """This node's own checks (dead card workers, orphan processes) every check_interval s:
+    they need this node's processes, so every node's control worker runs them for itself."""
+    checker = HealthChecker(settings, _redis)
+    while not _control_stop.wait(settings.health.check_interval):
+        try:
+            checker.run_local()
+        except Exception:  # noqa: BLE001 - the next pass tries again
+            log.exception("local health check failed")
 
 
 @worker_ready.connect
@@ -140,7 +165,8 @@ def _on_worker_ready(sender=None, **_: object) -> None:
     elif role == "control":
         _dispatcher = Dispatcher(settings, send_start)
         _dispatcher.start()
-        threading.Thread(target=_control_heartbeat, args=(name,), daemon=True).start()
+        threading.Thread(target=_control_heartbeat, args=(name,), name="rig-heartbeat", daemon=True).start()
+        threading.Thread(target=_local_health, name="rig-local-health", daemon=True).start()
         log.info("control worker %s: dispatcher started", name)
 
 

@@ -1,15 +1,31 @@
-"""The periodic health check (beat -> control queue -> here). One runs at a time (a lock).
+"""The health checks. Two kinds, because several nodes may share one Redis:
 
-Each pass:
+The cluster pass (``run_cluster``: beat -> control queue -> any one control worker; one at a
+time under a lock) covers what only Redis needs:
+A. Nodes (rig.nodes): a node with no heartbeat for ``health.timeout`` s, still silent on a later
+   pass at least two heartbeat intervals on (a Redis restart expires every heartbeat at once),
+   is declared down: its cards take no jobs, its ASSIGNED jobs go back to their place in the
+   queue and its RUNNING jobs are marked LOST and retried on the other nodes or sent to the
+   error queue by their retry policy. Its processes cannot be reached from here: if they still
+   run (a network partition), the node's own local pass stops them when it reconnects, and the
+   token fence makes their endings count for nothing. A node stopped on purpose (``rig down``)
+   keeps its running jobs: its cards take no jobs, its ASSIGNED jobs are requeued, and it adopts
+   the rest when it returns. A node that heartbeats again is up: its cards are eligible again.
+B. Zombie reservations: a card reservation whose job is not ASSIGNED/RUNNING on that card is
+   given back (atomically re-checked in Lua).
+
+The local pass (``run_local``: every node's control worker, every ``health.check_interval`` s,
+for its own node) covers what needs the node's processes:
 1. Dead card workers: a card whose worker has not heartbeated for ``health.timeout`` seconds
    (and whose node registered longer ago than that) has its RUNNING jobs stopped (if their
    process tree still runs on this node, so no second copy can ever run beside a retry),
    marked LOST and retried or sent to the error queue by policy; its ASSIGNED jobs go back to
    their place in the queue (they never started).
-2. Zombie reservations: a card reservation whose job is not ASSIGNED/RUNNING on that card is
-   given back (atomically re-checked in Lua).
-3. Orphan processes: a process of this rig (by its RIG_KEY_PREFIX / RIG_JOB_ID environment) on
-   this node whose job is not RUNNING here in that attempt is stopped with its session.
+2. Orphan processes: a process of this rig and this node (by its RIG_KEY_PREFIX /
+   RIG_NODE_NAME / RIG_JOB_ID environment) whose job is not RUNNING here in that attempt is
+   stopped with its session: after a rejoin, this is what stops a copy that was re-run elsewhere.
+
+``run_once`` does both (tests and scripts).
 """
 
 from __future__ import annotations
@@ -17,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -24,7 +41,8 @@ import redis
 from rig.config import Settings
 from rig.keys import Keys
 from rig.ledger import Ledger
-from rig.models import Job, JobState
+from rig.models import CardState, Job, JobState
+from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeInfo, NodeRegistry
 from workers.outcomes import AttemptEnd, conclude
 from workers.process_tree import environments, is_alive, session_members, stop_tree
 
@@ -37,9 +55,12 @@ class HealthReport:
     requeued: list[int] = field(default_factory=list)
     reclaimed: list[tuple[str, int, int]] = field(default_factory=list)  # card, job, bytes
     orphans_stopped: list[int] = field(default_factory=list)  # pids
+    nodes_down: list[str] = field(default_factory=list)  # declared down in this pass
+    nodes_back: list[str] = field(default_factory=list)  # heartbeating again after being down
 
     def __bool__(self) -> bool:
-        return bool(self.lost or self.requeued or self.reclaimed or self.orphans_stopped)
+        return bool(self.lost or self.requeued or self.reclaimed or self.orphans_stopped
+                    or self.nodes_down or self.nodes_back)
 
 
 class HealthChecker:
@@ -49,22 +70,125 @@ class HealthChecker:
         self.r = client
         self.ledger = Ledger(client, self.keys)
         self.store = self.ledger.store
+        self.nodes = NodeRegistry(client, self.keys)
 
     def run_once(self) -> HealthReport | None:
-        """One check under the health lock; None if another control worker holds it."""
+        """The cluster pass and this node's local pass; None if another holds either lock."""
+        cluster = self.run_cluster()
+        local = self.run_local()
+        if cluster is None or local is None:
+            return None
+        return HealthReport(
+            lost=cluster.lost + local.lost, requeued=cluster.requeued + local.requeued,
+            reclaimed=cluster.reclaimed, orphans_stopped=local.orphans_stopped,
+            nodes_down=cluster.nodes_down, nodes_back=cluster.nodes_back)
+
+    def run_cluster(self, now: float | None = None) -> HealthReport | None:
+        """Nodes and zombie reservations, for the whole cluster (beat: once per interval);
+        None if another control worker is running it."""
+        when = now or time.time()
+        return self._locked(self.keys.health_lock,
+                            (lambda report: self._node_liveness(report, when), self._zombie_reservations))
+
+    def run_local(self) -> HealthReport | None:
+        """Dead card workers and orphan processes of this node (its control worker)."""
+        return self._locked(self.keys.node_health_lock(self.settings.node_name),
+                            (self._dead_workers, self._orphan_processes))
+
+    def _locked(self, lock: str, steps: Sequence[Callable[[HealthReport], None]]) -> HealthReport | None:
+        """Run ``steps`` into one report under ``lock``; None if someone else holds it."""
         ttl_ms = int(max(self.settings.health.check_interval * 3, 10) * 1000)
-        if not self.r.set(self.keys.health_lock, os.getpid(), nx=True, px=ttl_ms):
+        if not self.r.set(lock, os.getpid(), nx=True, px=ttl_ms):
             return None
         try:
             report = HealthReport()
-            self._dead_workers(report)
-            self._zombie_reservations(report)
-            self._orphan_processes(report)
+            for step in steps:
+                step(report)
             if report:
                 log.warning("health: %s", report)
             return report
         finally:
-            self.r.delete(self.keys.health_lock)
+            self.r.delete(lock)
+
+    # -- A --------------------------------------------------------------------------------
+    def _node_liveness(self, report: HealthReport, now: float) -> None:
+        me = self.settings.node_name
+        # A heartbeat lost in a Redis restart comes back within one interval: wait two.
+        confirm = 2 * self.settings.telemetry_interval
+        cards = self.ledger.cards()
+        for node in self.nodes.read():
+            if node.name == me:
+                continue  # this pass runs here, so this node is up; its local pass covers it
+            if node.alive:
+                if node.down_since is not None or node.missing_since is not None:
+                    self.nodes.clear_down(node.name)
+                    if node.down_since is not None:
+                        log.warning("node %s is back (it was down since %s)", node.name, node.down_since)
+                        report.nodes_back.append(node.name)
+                self._restore_cards(node.name, cards)
+                continue
+            if node.state == "stopped":
+                since = time.strftime("%H:%M:%S", time.localtime(node.stopped_at or now))
+                self._disable_cards(node.name, cards, f"{NODE_STOPPED_REASON} at {since}: its running "
+                                    "jobs are adopted when it returns")
+                self._requeue_assigned(node, report, "stopped")
+                continue
+            if node.missing_since is None:
+                self.nodes.note_missing(node.name, now)
+                continue
+            if now - node.missing_since < confirm:
+                continue
+            if node.down_since is None:
+                self.nodes.set_down(node.name, now)
+                report.nodes_down.append(node.name)
+                log.warning("node %s is down: no heartbeat since %s; its jobs are handled by their "
+                            "retry policy on the other nodes", node.name, node.last_seen)
+            seen = time.strftime("%H:%M:%S", time.localtime(node.last_seen or now))
+            self._disable_cards(node.name, cards, f"{NODE_DOWN_REASON}: no heartbeat since {seen}")
+            # Every pass, not only the first: a dispatcher may have placed a job there just
+            # before its cards were disabled.
+            self._requeue_assigned(node, report, "down")
+            self._conclude_running(node, report)
+
+    def _node_jobs(self, node: str) -> list[Job]:
+        ids = self.store.ids_in_state(JobState.RUNNING) + self.store.ids_in_state(JobState.ASSIGNED)
+        return [j for j in self.store.get_many(ids) if j.node == node]
+
+    def _disable_cards(self, node: str, cards: list[CardState], reason: str) -> None:
+        for card in cards:
+            if card.node == node and (card.healthy or card.health_reason != reason):
+                self.ledger.set_healthy(node, card.index, False, reason)
+
+    def _restore_cards(self, node: str, cards: list[CardState]) -> None:
+        """Cards the node checks disabled take jobs again once their own worker heartbeats
+        (a card whose worker is still missing stays out; its worker restores it on return)."""
+        for card in cards:
+            if card.node != node or card.healthy:
+                continue
+            if not card.health_reason.startswith((NODE_DOWN_REASON, NODE_STOPPED_REASON)):
+                continue
+            if self.r.exists(self.keys.worker(f"card{card.index}@{node}")):
+                self.ledger.set_healthy(node, card.index, True)
+
+    def _requeue_assigned(self, node: NodeInfo, report: HealthReport, why: str) -> None:
+        for job in self._node_jobs(node.name):
+            if job.state is not JobState.ASSIGNED:
+                continue
+            code, _ = self.ledger.transition(
+                job.id, JobState.PENDING, token=job.assignments, mode="end", expect=JobState.ASSIGNED,
+                fields={"reason": f"requeued: node {node.name} is {why} (it never started)"})
+            if code == 1:
+                report.requeued.append(job.id)
+
+    def _conclude_running(self, node: NodeInfo, report: HealthReport) -> None:
+        for job in self._node_jobs(node.name):
+            if job.state is not JobState.RUNNING:
+                continue
+            code, _ = conclude(self.ledger, job, str(job.assignments), AttemptEnd(
+                exit_code=None, lost=True, note=f"node {node.name} stopped heartbeating"),
+                expect=JobState.RUNNING)
+            if code == 1:
+                report.lost.append(job.id)
 
     # -- 1 --------------------------------------------------------------------------------
     def _dead_workers(self, report: HealthReport) -> None:
@@ -100,7 +224,7 @@ class HealthChecker:
             if code == 1:
                 report.lost.append(job.id)
 
-    # -- 2 --------------------------------------------------------------------------------
+    # -- B --------------------------------------------------------------------------------
     def _zombie_reservations(self, report: HealthReport) -> None:
         for card in self.ledger.cards():
             for job_id in self.ledger.holdings(card.node, card.index):
@@ -109,9 +233,9 @@ class HealthChecker:
                     report.reclaimed.append((card.id, job_id, released))
                     self.r.lpush(self.keys.sched_wake, "1")
 
-    # -- 3 --------------------------------------------------------------------------------
+    # -- 2 --------------------------------------------------------------------------------
     def _orphan_processes(self, report: HealthReport) -> None:
-        mine = _rig_processes(self.settings.key_prefix, self.settings.redis_url)
+        mine = _rig_processes(self.settings.key_prefix, self.settings.redis_url, self.settings.node_name)
         if not mine:
             return
         jobs = {j.id: j for j in self.store.get_many(sorted({jid for jid, _ in mine.values()}))}
@@ -129,13 +253,16 @@ class HealthChecker:
             report.orphans_stopped.append(sid)
 
 
-def _rig_processes(prefix: str, redis_url: str) -> dict[int, tuple[int, int]]:
-    """Session id -> (job id, attempt) of the job processes of this rig on this machine."""
+def _rig_processes(prefix: str, redis_url: str, node: str) -> dict[int, tuple[int, int]]:
+    """Session id -> (job id, attempt) of the job processes of this rig and node on this
+    machine (several nodes of one cluster may share a machine, e.g. in tests: each stops only
+    its own)."""
     want_prefix = f"RIG_KEY_PREFIX={prefix}".encode()
     want_url = f"RIG_REDIS_URL={redis_url}".encode()
+    want_node = f"RIG_NODE_NAME={node}".encode()
     found: dict[int, tuple[int, int]] = {}
     for pid, env in environments():
-        if want_prefix not in env or want_url not in env:
+        if want_prefix not in env or want_url not in env or want_node not in env:
             continue
         values = dict(item.split(b"=", 1) for item in env if b"=" in item)
         try:

@@ -44,6 +44,7 @@ def status_dict(report: StatusReport) -> dict[str, Any]:
         "waiting": _plain(report.pending),
         "oldest_wait_seconds": _plain(report.oldest_wait),
         "workers": _plain(report.workers),
+        "nodes": _plain(report.nodes),
         "jobs_by_state": _plain(report.counts),
     }
 

@@ -299,21 +299,25 @@ def config(ctx: click.Context) -> None:
 @click.option("--only", multiple=True, type=click.Choice(["redis", "cards", "control", "beat", "flower", "metrics"]),
               help="Start only these parts (repeatable), e.g. for docker-compose services.")
 @click.option("--fake-gpus", "fake_gpus_opt", metavar="SPEC", help="Use fake cards, e.g. 8x80G.")
-@click.option("--redis-url", "redis_url_opt", help="Redis holding rig's state.")
+@click.option("--redis-url", "--redis", "redis_url_opt", metavar="URL",
+              help="Redis holding rig's state; on a second server, the first one's (see README, several servers).")
+@click.option("--node", "node_opt", metavar="NAME", help="This server's name in the cluster (default: hostname).")
 @click.pass_context
 @handle_errors
 def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metrics: bool,
        only: tuple[str, ...],
-       fake_gpus_opt: str | None, redis_url_opt: str | None) -> None:
+       fake_gpus_opt: str | None, redis_url_opt: str | None, node_opt: str | None) -> None:
     """Bring up this node: Redis (if none is reachable), one worker per card, the dispatcher,
     beat and Flower. Ctrl-C stops everything it started; running jobs keep running and are
-    adopted by the next `rig up`."""
+    adopted by the next `rig up`. Several servers share one Redis: `rig up --node b --redis URL`."""
     from rig.stack import Stack, UpOptions, running_pid
 
     if fake_gpus_opt:
         ctx.obj["overrides"]["fake_gpus"] = fake_gpus_opt
     if redis_url_opt:
         ctx.obj["overrides"]["redis_url"] = redis_url_opt
+    if node_opt:
+        ctx.obj["overrides"]["node_name"] = node_opt
     settings = settings_from(ctx)
     if settings.fake_gpus:
         from rig.gpus import parse_fake_spec
@@ -327,8 +331,10 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
             raise StackError(f"rig is already up on node {settings.node_name} (pid {existing}); `rig down` stops it")
         argv = [sys.executable, "-m", "rig.cli.main"]
         for key, value in overrides.items():
-            argv += [f"--{key.replace('_', '-')}", str(value)]
+            if key != "node_name":  # an option of `up` itself, below
+                argv += [f"--{key.replace('_', '-')}", str(value)]
         argv += ["up"] + (["--no-flower"] if no_flower else []) + (["--no-beat"] if no_beat else [])
+        argv += ["--node", node_opt] if node_opt else []
         argv += ["--no-metrics"] if no_metrics else []
         for part in only:
             argv += ["--only", part]
@@ -375,12 +381,15 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
 
 @cli.command()
 @click.option("--timeout", type=float, default=60.0, show_default=True)
+@click.option("--node", "node_opt", metavar="NAME", help="The node `rig up --node NAME` started (default: hostname).")
 @click.pass_context
 @handle_errors
-def down(ctx: click.Context, timeout: float) -> None:
+def down(ctx: click.Context, timeout: float, node_opt: str | None) -> None:
     """Stop the `rig up --daemon` of this node (running jobs keep running)."""
     from rig.stack import stop_daemon
 
+    if node_opt:
+        ctx.obj["overrides"]["node_name"] = node_opt
     settings = settings_from(ctx)
     pid = stop_daemon(settings, timeout)
     if pid is None:

@@ -10,7 +10,8 @@ from rich.table import Table
 
 from rig.client import StatusReport
 from rig.memory import format_memory
-from rig.models import Job, JobState, Priority
+from rig.models import CardState, Job, JobState, Priority
+from rig.nodes import NodeInfo, clock
 
 STATE_STYLE = {
     JobState.PENDING: "yellow", JobState.ASSIGNED: "cyan", JobState.RUNNING: "bold cyan",
@@ -56,11 +57,30 @@ def when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 
 
-def render_status(report: StatusReport, console: Console) -> None:
-    cards = Table(title="cards (memory in GiB)", title_justify="left", expand=False)
+def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
+    """``node n1: up since 12:01:05, 2 cards, 3 workers`` (rich markup: a down node in red)."""
+    if node is None:
+        return f"node {name}: {cards} card(s), never heartbeated"
+    line = f"node {name}: {node.describe}"
+    if node.state == "up":
+        line += f", {cards} card(s), {node.workers} worker(s)"
+    elif node.state == "silent":
+        line = f"[bold yellow]{line}[/] (no heartbeat since {clock(node.last_seen)}; not yet declared down)"
+    elif node.state == "down":
+        line = (f"[bold red]{line}[/] (last heartbeat {clock(node.last_seen)}): takes no jobs; "
+                "its running jobs were retried by their policy")
+    else:
+        line = f"[yellow]{line}[/] (rig down): takes no jobs; its running jobs run on, adopted on return"
+    return line
+
+
+def _render_cards(report: StatusReport, cards_of_node: list[CardState], title: str, console: Console) -> None:
+    """One node's cards (memory in GiB), under a title that says whether the node is up."""
+    cards = Table(title=title, title_justify="left", caption="memory in GiB", caption_justify="left",
+                  expand=False)
     for col in ("card", "model", "total", "usable", "reserved", "free", "used", "util", "temp", "jobs", "running"):
         cards.add_column(col, justify="right" if col not in ("card", "model", "running") else "left")
-    for card in report.cards:
+    for card in cards_of_node:
         jobs = report.running.get(card.id, [])
         running = ", ".join(f"{j.id}:{j.name}" + (" [bold red](over its declaration)[/]" if j.overuse else "")
                             for j in jobs) or "-"
@@ -80,10 +100,21 @@ def render_status(report: StatusReport, console: Console) -> None:
             "-" if card.temperature is None else f"{card.temperature}C",
             f"{card.jobs}/{card.max_jobs}", running,
         )
+    console.print(cards)
+
+
+def render_status(report: StatusReport, console: Console) -> None:
+    by_node: dict[str, list[CardState]] = {}
+    for card in report.cards:
+        by_node.setdefault(card.node, []).append(card)
+    nodes = {n.name: n for n in report.nodes}
+    for name, node_cards in by_node.items():
+        _render_cards(report, node_cards, node_title(nodes.get(name), name, len(node_cards)), console)
+    for node in report.nodes:
+        if node.name not in by_node:  # e.g. a control-only node
+            console.print(node_title(node, node.name, 0))
     if not report.cards:
         console.print("no cards registered: no rig node is up (start one with `rig up`)")
-    else:
-        console.print(cards)
 
     queues = Table(title="waiting jobs", title_justify="left")
     queues.add_column("priority")

@@ -23,6 +23,7 @@ from rig.cli.render import duration, make_console
 from rig.client import StatusReport
 from rig.errors import RigError
 from rig.models import CardState, Job, JobState, Priority
+from rig.nodes import clock
 
 GIB = 2**30
 #: Redraws per second (elapsed times tick between two reads of the data).
@@ -193,7 +194,12 @@ def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text]]:
     rest = _Col("names", "health / jobs on it", 0)
     cols = _layout(cols, width, rest, 14, drop=["model", "temp", "util", "bar"])
     lines = []
+    headed = _group_by_node(report)
+    last_node = None
     for card, mem in zip(cards, mem_values, strict=True):
+        if headed and card.node != last_node:
+            lines.append(_node_line(report, card.node))
+            last_node = card.node
         jobs = report.running.get(card.id, [])
         names = _card_flags(card, wide)
         for i, job in enumerate(jobs):
@@ -220,6 +226,30 @@ def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text]]:
         }
         lines.append(_row(cols, values))
     return _header(cols), lines
+
+
+def _group_by_node(report: StatusReport) -> bool:
+    """Cards get a line per node once there is more than one node, or one is not up."""
+    names = {c.node for c in report.cards} | {n.name for n in report.nodes}
+    return len(names) > 1 or any(n.state != "up" for n in report.nodes)
+
+
+def _node_line(report: StatusReport, name: str) -> Text:
+    """``node n2  DOWN since 12:03:40  2 cards`` above that node's cards."""
+    node = next((n for n in report.nodes if n.name == name), None)
+    count = sum(1 for c in report.cards if c.node == name)
+    line = Text(f"node {name}  ", style="bold")
+    if node is None:
+        line.append("never heartbeated", style="yellow")
+    else:
+        style = {"up": "green", "silent": "bold yellow", "down": "bold red", "stopped": "yellow"}[node.state]
+        line.append(node.describe, style=style)
+        if node.state == "down":
+            line.append(f"  (last heartbeat {clock(node.last_seen)}; its jobs were retried)", style="dim")
+        elif node.state == "stopped":
+            line.append("  (rig down; its jobs run on)", style="dim")
+    line.append(f"  {count} card(s)", style="dim")
+    return line
 
 
 def _running_jobs(report: StatusReport) -> list[Job]:
@@ -311,6 +341,10 @@ def _title_line(report: StatusReport | None, errors: int, now: float, width: int
         line.append(f"{workers} alive", style="green" if workers else "bold red")
         line.append("  errors ")
         line.append(str(errors), style="bold red" if errors else "green")
+        if _group_by_node(report) and report.nodes:
+            up = sum(1 for n in report.nodes if n.state == "up")
+            line.append(f"  nodes {up}/{len(report.nodes)} up", style="green" if up == len(report.nodes)
+                        else "bold red")
         if width >= 100:
             counts = report.counts
             line.append(f"  cards {len(report.cards)}"

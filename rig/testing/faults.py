@@ -32,7 +32,8 @@ from pathlib import Path
 import redis
 
 from rig.models import TERMINAL_STATES, Job, JobState
-from rig.testing.harness import RigHarness
+from rig.nodes import NodeRegistry
+from rig.testing.harness import RigCluster, RigHarness
 from workers.health import HealthChecker
 
 #: Body wrapper: records start/end in $TRACE; a SIGTERM from rig still records the end.
@@ -56,6 +57,7 @@ class ScenarioResult:
     orphans: int = 0
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # measurements worth printing (not failures)
 
     @property
     def ok(self) -> bool:
@@ -63,14 +65,16 @@ class ScenarioResult:
 
 
 class Scenario:
-    """One node, a trace file, a go-file, and the bookkeeping every scenario shares."""
+    """One node (or a cluster's view through one of its nodes: ``node``), a trace file, a
+    go-file, and the bookkeeping every scenario shares."""
 
-    def __init__(self, workdir: Path, name: str, faults: str, **node_options) -> None:
+    def __init__(self, workdir: Path, name: str, faults: str, node: RigHarness | None = None,
+                 **node_options) -> None:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.trace = workdir / "trace.txt"
         self.go = workdir / "go"
-        self.node = RigHarness(workdir / "home", **node_options)
+        self.node = node or RigHarness(workdir / "home", **node_options)
         self.result = ScenarioResult(name=name, jobs=0, faults=faults)
         self.job_ids: list[int] = []
         self.began = time.monotonic()
@@ -136,7 +140,7 @@ def duplicated_jobs(trace: Path, finals: dict[int, Job]) -> list[int]:
                     bad.append(jid)
                     break
                 alive.add(attempt)
-            else:
+            elif what in ("end", "killed"):  # "killed": the scenario saw it die by SIGKILL
                 alive.discard(attempt)
         else:
             if jid in finals and starts > max(1, finals[jid].attempt):
@@ -378,6 +382,101 @@ def random_failures(workdir: Path, *, jobs: int = 500, seed: int = 11) -> Scenar
         sc.close()
 
 
+#: Appended by a job whose body ran to its end: a SUCCEEDED job must have exactly one.
+DONE = 'echo "$RIG_JOB_ID $RIG_ATTEMPT done" >> "$TRACE"'
+#: Bounds for the fail-over of scenario 9 with health.timeout 3 s and check_interval 1 s (s):
+#: dispatcher lock 5 s; beat lock 10 s (redbeat_lock_timeout) + one beat loop (2 s); declared
+#: down = heartbeat TTL 3 s + the beat fail-over + two health passes.
+FAILOVER_BOUNDS = {"dispatcher": 15.0, "beat": 25.0, "down": 35.0}
+
+
+def node_lost(workdir: Path) -> ScenarioResult:
+    """9. Two nodes on one Redis and one key prefix, n1 (2x80G) and n2 (2x40G), each with its
+    own beat and control worker. n1 holds the beat and dispatcher locks and runs jobs when it is
+    SIGKILLed with every job process (a power cut). n2's dispatcher and beat take over within
+    their bounds, n1 is declared down, its cards leave placement, its jobs run again on n2 by
+    their retry policy, and new jobs still dispatch. Then n1 comes back, rejoins (its cards take
+    jobs again) and runs jobs only it can hold."""
+    cluster = RigCluster(workdir / "nodes", {"n1": "2x80G", "n2": "2x40G"},
+                         health={"check_interval": 1.0, "timeout": 3.0}, max_retries=2)
+    n1, n2 = cluster["n1"], cluster["n2"]
+    sc = Scenario(workdir, "node SIGKILLed with its jobs, then rejoins", "SIGKILL of node n1 (workers, beat, jobs)",
+                  node=n2)
+    problems, notes = sc.result.problems, sc.result.notes
+    try:
+        n1.up(beat=True)
+        _wait(lambda: _leader(cluster) == "n1" and _beat_locked(n1), 60, "n1 to hold the beat and dispatcher locks")
+        n2.up(beat=True)
+        # 14 x 10G fill both nodes at once: n1 4 jobs per card (max_task_per_gpu), n2 3 per 38G card.
+        ids = [sc.submit(body=f"{GATE}; sleep 0.3; {DONE}", gpu_memory="10G") for _ in range(14)]
+        sc.wait_running(ids)
+        placed = {j.id: j.node for j in cluster.client.store.get_many(ids)}
+        on_n1 = sorted(jid for jid, node in placed.items() if node == "n1")
+        if not on_n1 or len(on_n1) == len(ids):
+            problems.append(f"jobs did not land on both nodes: {placed}")
+        if _beat_sends(n2):
+            problems.append("n2's beat sent periodic tasks while n1's held the lock")
+
+        killed_at = time.monotonic()
+        killed = n1.kill()
+        with sc.trace.open("a") as fh:  # SIGKILL runs no trap: record the ends the test saw
+            for jid, attempt in killed:
+                fh.write(f"{jid} {attempt} killed\n")
+        if sorted({jid for jid, _ in killed}) != on_n1:
+            problems.append(f"killed job processes {killed}, jobs on n1 {on_n1}")
+        later = [sc.submit(body=f"sleep 0.2; {DONE}", gpu_memory="10G") for _ in range(4)]
+        sc.go.touch()
+        checks = {"dispatcher": lambda: _leader(cluster) == "n2", "beat": lambda: _beat_locked(n2),
+                  "down": lambda: _node(cluster, "n1").state == "down"}
+        for what, check in checks.items():
+            _wait(check, FAILOVER_BOUNDS[what] + 10, f"{what} fail-over")
+            took = time.monotonic() - killed_at
+            notes.append(f"{what} fail-over after {took:.1f} s")
+            if took > FAILOVER_BOUNDS[what]:
+                problems.append(f"{what} fail-over took {took:.1f} s, bound {FAILOVER_BOUNDS[what]:.0f} s")
+        if any(c.eligible for c in cluster.client.ledger.cards() if c.node == "n1"):
+            problems.append("a card of the down node still takes jobs")
+        finals = sc.finish(timeout=120)
+        for jid in on_n1:
+            job = finals.get(jid)
+            if job and not (job.attempts and job.attempts[0].get("outcome") == "lost"
+                            and job.attempts[0].get("node") == "n1" and job.node == "n2"):
+                problems.append(f"job {jid} (on n1): attempts {[(a.get('node'), a.get('outcome')) for a in job.attempts]}"
+                                f", now on {job.node}")
+        for jid in later:
+            if jid in finals and finals[jid].node != "n2":
+                problems.append(f"job {jid} submitted after the loss ran on {finals[jid].node}")
+
+        rejoined_at = time.monotonic()
+        n1.up(beat=True)
+        _wait(lambda: _node(cluster, "n1").state == "up"
+              and all(c.eligible for c in cluster.client.ledger.cards() if c.node == "n1"),
+              30, "n1 to rejoin with its cards eligible")
+        notes.append(f"rejoined (cards eligible) {time.monotonic() - rejoined_at:.1f} s after its rig up")
+        # 50G fits only n1's 76G cards: taking them proves it is back in placement.
+        big = [sc.submit(body=f"sleep 0.2; {DONE}", gpu_memory="50G") for _ in range(2)]
+        for jid in big:
+            try:
+                finals[jid] = cluster.client.wait(jid, timeout=60)
+            except TimeoutError:
+                pass
+            else:
+                if finals[jid].node != "n1":
+                    problems.append(f"job {jid} (50G) ran on {finals[jid].node}")
+        HealthChecker(n1.settings, n1.redis).run_once()
+        sc.count(finals)
+        if {j.state for j in finals.values()} != {JobState.SUCCEEDED}:
+            problems.append(f"states: {sorted(j.state.value for j in finals.values())}")
+        done = _done_lines(sc.trace)
+        ran_twice = {jid: n for jid, n in done.items() if n != 1}
+        missing = [jid for jid, j in finals.items() if j.state is JobState.SUCCEEDED and jid not in done]
+        if ran_twice or missing:
+            problems.append(f"ran to the end more or less than once: {ran_twice}, never: {missing}")
+        return sc.result
+    finally:
+        cluster.cleanup()
+
+
 SCENARIOS: list[tuple[str, Callable[[Path], ScenarioResult]]] = [
     ("sigkill-worker", sigkill_card_worker),
     ("sigkill-worker-stays-dead", lambda w: sigkill_card_worker(w, restarted=False)),
@@ -387,6 +486,7 @@ SCENARIOS: list[tuple[str, Callable[[Path], ScenarioResult]]] = [
     ("double-fork", double_fork),
     ("failure-classes", failure_classes),
     ("random-failures", random_failures),
+    ("node-lost", node_lost),
 ]
 
 
@@ -397,6 +497,38 @@ def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"gave up waiting for {what}")
         time.sleep(0.1)
+
+
+def _leader(cluster: RigCluster) -> str | None:
+    """The node whose dispatcher holds the leader lock (its identity is node:pid:random)."""
+    value = cluster.redis.get(cluster.keys.sched_leader)
+    return value.split(":", 1)[0] if value else None
+
+
+def _beat_locked(node: RigHarness) -> bool:
+    """Has this node's beat acquired celery-redbeat's lock?"""
+    path = node.settings.rig_log_dir / "beat.log"
+    return path.exists() and "beat: Acquired lock" in path.read_text(errors="replace")
+
+
+def _beat_sends(node: RigHarness) -> int:
+    path = node.settings.rig_log_dir / "beat.log"
+    return path.read_text(errors="replace").count("Sending due task") if path.exists() else 0
+
+
+def _node(cluster: RigCluster, name: str):  # noqa: ANN202 - rig.nodes.NodeInfo
+    return next(n for n in NodeRegistry(cluster.redis, cluster.keys).read() if n.name == name)
+
+
+def _done_lines(trace: Path) -> dict[int, int]:
+    """Job id -> how many of its attempts ran their body to the end ("done" lines)."""
+    counts: dict[int, int] = defaultdict(int)
+    if trace.exists():
+        for line in trace.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[2] == "done":
+                counts[int(parts[0])] += 1
+    return dict(counts)
 
 
 def _heartbeat_pid(node: RigHarness, name: str) -> int | None:
@@ -450,6 +582,8 @@ def table(results: list[ScenarioResult]) -> str:
     for r in results:
         for problem in r.problems:
             lines.append(f"  {r.name}: {problem}")
+        for note in r.notes:
+            lines.append(f"  {r.name}: {note}")
     return "\n".join(lines)
 
 

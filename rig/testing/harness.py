@@ -1,11 +1,17 @@
 """A real rig node for tests and scenario scripts: real Redis (a private key prefix), real Celery
 worker processes on fake cards, real subprocess jobs. Started through the same Stack that
-``rig up`` uses, and removed (its keys included) by ``cleanup``."""
+``rig up`` uses, and removed (its keys included) by ``cleanup``.
+
+``RigCluster`` runs several such nodes, each with its own name, home and fake cards, against
+one Redis and one key prefix: the servers of one cluster, on one machine. ``RigHarness.kill``
+takes a node away as a power cut would.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 import uuid
@@ -35,13 +41,22 @@ def delete_prefix(client: redis.Redis, prefix: str) -> None:
         client.delete(*batch)
 
 
+def new_prefix() -> str:
+    """A key prefix no other test uses."""
+    return f"rigtest:{uuid.uuid4().hex[:10]}:"
+
+
 class RigHarness:
+    """One node. With ``prefix`` it joins the keys of another harness (a cluster); otherwise
+    it owns a fresh prefix and ``cleanup`` deletes it."""
+
     def __init__(self, home: Path, *, fake_gpus: str = "8x80G", redis_url: str | None = None,
-                 **overrides: Any) -> None:
-        self.prefix = f"rigtest:{uuid.uuid4().hex[:10]}:"
+                 prefix: str | None = None, node_name: str = "testnode", **overrides: Any) -> None:
+        self.prefix = prefix or new_prefix()
+        self.owns_prefix = prefix is None
         values = dict(
             home=home, redis_url=redis_url or DEFAULT_REDIS_URL, key_prefix=self.prefix,
-            fake_gpus=fake_gpus, node_name="testnode", kill_grace_seconds=2.0,
+            fake_gpus=fake_gpus, node_name=node_name, kill_grace_seconds=2.0,
             telemetry_interval=0.5, vram_reserve_fraction=0.05, max_task_per_gpu=4,
         )
         values.update(overrides)
@@ -65,11 +80,15 @@ class RigHarness:
         self._poller.start()
         return self
 
+    @property
+    def name(self) -> str:
+        return self.settings.node_name
+
     def _poll(self) -> None:
-        # What `rig up` does in its main loop: restart children that died.
+        # What `rig up` does in its main loop: restart children that died, heartbeat the node.
         while not self._stop_polling.wait(0.2):
             if self.stack is not None and self.restart_children:
-                self.stack.poll_children()
+                self.stack.supervise_once()
 
     def down(self) -> None:
         self._stop_polling.set()
@@ -81,10 +100,70 @@ class RigHarness:
 
     def cleanup(self) -> None:
         self.down()
+        if not self.owns_prefix:
+            return  # the cluster's keys go with the cluster
         try:
             delete_prefix(self.redis, self.prefix)
         except redis.RedisError:
             pass
+
+    def kill(self, timeout: float = 10.0) -> list[tuple[int, int]]:
+        """Take this node away as a power cut would: SIGKILL every process group rig started
+        here (workers, beat) and every job process of this node, and stop heartbeating.
+        Nothing runs a shutdown path. Returns (job id, attempt) of the job processes killed,
+        once they are all gone."""
+        self._stop_polling.set()
+        if self._poller is not None:
+            self._poller.join()
+            self._poller = None
+        stack, self.stack = self.stack, None
+        if stack is not None:
+            for child in stack.children:
+                if child.proc is not None and child.proc.poll() is None:
+                    try:
+                        os.killpg(child.proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            for child in stack.children:
+                if child.proc is not None:
+                    child.proc.wait(timeout)
+            if stack.backend is not None:
+                stack.backend.close()
+        killed: dict[int, tuple[int, int]] = {}
+        deadline = time.monotonic() + timeout
+        while True:
+            jobs = self.job_processes()
+            if not jobs:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job processes of node {self.name} outlived SIGKILL: {sorted(jobs)}")
+            for pid, job in jobs.items():
+                killed.setdefault(pid, job)
+                try:
+                    sid = os.getsid(pid)
+                    if sid > 1 and sid != os.getsid(0):  # never our own session
+                        os.killpg(sid, signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.05)
+        return sorted(set(killed.values()))
+
+    def job_processes(self) -> dict[int, tuple[int, int]]:
+        """pid -> (job id, attempt) of the live job processes this node started."""
+        from workers.process_tree import environments
+
+        want = (f"RIG_KEY_PREFIX={self.prefix}".encode(), f"RIG_NODE_NAME={self.name}".encode())
+        found = {}
+        for pid, env in environments():
+            if want[0] not in env or want[1] not in env:
+                continue
+            values = dict(item.split(b"=", 1) for item in env if b"=" in item)
+            try:
+                found[pid] = (int(values[b"RIG_JOB_ID"]), int(values[b"RIG_ATTEMPT"]))
+            except (KeyError, ValueError):
+                continue
+        return found
 
     def child(self, name: str):  # noqa: ANN201 - rig.stack.Child
         assert self.stack is not None
@@ -124,3 +203,32 @@ class RigHarness:
         needle = f"RIG_KEY_PREFIX={self.prefix}".encode()
         return [pid for pid, env in environments()
                 if needle in env and any(e.startswith(b"RIG_JOB_ID=") for e in env)]
+
+
+class RigCluster:
+    """Several harness nodes on one Redis under one key prefix, e.g.
+    ``RigCluster(tmp, {"n1": "2x80G", "n2": "2x40G"}, health={...})``. Each node has its own
+    home (logs, pid files, fake-card usage) and name; ``cleanup`` stops them all and deletes
+    the shared keys."""
+
+    def __init__(self, root: Path, nodes: dict[str, str], **overrides: Any) -> None:
+        self.prefix = new_prefix()
+        self.nodes = {name: RigHarness(root / name, fake_gpus=spec, prefix=self.prefix, node_name=name,
+                                       **overrides)
+                      for name, spec in nodes.items()}
+        first = next(iter(self.nodes.values()))
+        self.keys, self.redis, self.client = first.keys, first.redis, first.client
+
+    def __getitem__(self, name: str) -> RigHarness:
+        return self.nodes[name]
+
+    def leaked_bytes(self) -> int:
+        return next(iter(self.nodes.values())).leaked_bytes()
+
+    def cleanup(self) -> None:
+        for node in self.nodes.values():
+            node.cleanup()
+        try:
+            delete_prefix(self.redis, self.prefix)
+        except redis.RedisError:
+            pass

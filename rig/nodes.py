@@ -1,0 +1,193 @@
+"""Nodes: the servers whose card workers share one Redis, and whether each one is alive.
+
+A node is *alive* while its heartbeat key (``P node:<node>:alive``, written every
+``telemetry_interval`` seconds by its ``rig up`` and by its control worker, expiring after
+``health.timeout`` seconds) or the heartbeat of any of its workers (``P worker:<name>@<node>``)
+exists. The cluster health check (beat, once cluster-wide: workers/health.py) turns a node that
+stays silent into a *down* node.
+
+What a person sees (``NodeInfo.state``):
+
+- ``up``: alive.
+- ``silent``: no heartbeat for ``health.timeout`` s; the next health passes confirm it (a
+  Redis restart makes every heartbeat expire at once, so one missed look is not enough).
+- ``down``: declared down at ``down_since``: its cards take no jobs; its running jobs were
+  marked lost and retried elsewhere by their retry policy; placed-but-unstarted ones went back
+  to the queue.
+- ``stopped``: stopped on purpose (``rig down``, Ctrl-C) at ``stopped_at``: its cards take no
+  jobs, its running jobs keep running on it and are adopted when it comes back.
+
+Times are Unix epoch seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+import redis
+
+from rig.errors import StackError
+from rig.keys import Keys
+
+#: Prefixes of the card health reasons the node checks write, so a rejoin clears only those.
+NODE_DOWN_REASON = "node down"
+NODE_STOPPED_REASON = "node stopped"
+
+
+@dataclass
+class NodeInfo:
+    """One node as the shared Redis knows it."""
+
+    name: str
+    alive: bool
+    state: str  # up | silent | down | stopped
+    since: float | None  # up: started_at; silent: last_seen; down: down_since; stopped: stopped_at
+    last_seen: float | None = None
+    started_at: float | None = None
+    down_since: float | None = None
+    stopped_at: float | None = None
+    missing_since: float | None = None  # when the health check first found it silent
+    backend: str = ""
+    cards: int = 0
+    host: str = ""
+    pid: int | None = None
+    workers: int = 0  # workers of this node with a live heartbeat
+
+    @property
+    def describe(self) -> str:
+        """``up since 12:01:05``, ``DOWN since 12:03:40``, ... (local time)."""
+        label = {"up": "up", "silent": "silent", "down": "DOWN", "stopped": "stopped"}[self.state]
+        return f"{label} since {clock(self.since)}" if self.since else label
+
+
+def clock(ts: float | None) -> str:
+    """``12:01:05`` today, ``2026-11-29 12:01:05`` on another day, ``-`` for None (local time)."""
+    if not ts:
+        return "-"
+    same_day = time.localtime(ts)[:3] == time.localtime()[:3]
+    return time.strftime("%H:%M:%S" if same_day else "%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+class NodeRegistry:
+    """Node registration, heartbeats and liveness under one key prefix."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.r = client
+        self.keys = keys
+
+    # -- written by the node itself -----------------------------------------------------------
+    def check_free(self, node: str, host: str | None = None) -> None:
+        """Refuse to bring up ``node`` when another machine's processes heartbeat under that
+        name now: two servers with one name would share card queues and records."""
+        host = host or socket.gethostname()
+        raw = self.r.get(self.keys.node_alive(node))
+        if not raw:
+            return
+        try:
+            other = json.loads(raw)
+        except ValueError:
+            return
+        if other.get("host") and other["host"] != host:
+            raise StackError(
+                f"node name {node!r} is already up on host {other['host']} (pid {other.get('pid')}); "
+                "give this server its own name with `rig up --node NAME` or RIG_NODE_NAME")
+
+    def register(self, node: str, *, ttl: float, **fields: object) -> None:
+        """A node (re)joins: record it, forget that it was stopped, and heartbeat."""
+        now = time.time()
+        pipe = self.r.pipeline(transaction=True)
+        pipe.sadd(self.keys.nodes, node)
+        pipe.hset(self.keys.node(node), mapping={**{k: str(v) for k, v in fields.items()},
+                                                 "started_at": now, "host": socket.gethostname()})
+        # down_since stays until the cluster health check sees the node back (it reports it).
+        pipe.hdel(self.keys.node(node), "stopped_at")
+        pipe.execute()
+        self.beat(node, ttl=ttl, source="rig up")
+
+    def beat(self, node: str, *, ttl: float, source: str, pid: int | None = None) -> None:
+        """Refresh the node's heartbeat; it expires after ``ttl`` seconds."""
+        now = time.time()
+        value = json.dumps({"host": socket.gethostname(), "pid": pid or os.getpid(), "by": source,
+                            "seen_at": now})
+        pipe = self.r.pipeline(transaction=False)
+        pipe.set(self.keys.node_alive(node), value, px=max(1000, int(ttl * 1000)))
+        pipe.hset(self.keys.node(node), "last_seen", now)
+        pipe.execute()
+
+    def mark_stopped(self, node: str) -> None:
+        """The node was stopped on purpose: its jobs keep running and are adopted on return."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(self.keys.node(node), "stopped_at", time.time())
+        pipe.delete(self.keys.node_alive(node))
+        pipe.execute()
+
+    # -- written by the cluster health check --------------------------------------------------
+    def note_missing(self, node: str, when: float) -> None:
+        self.r.hsetnx(self.keys.node(node), "missing_since", when)
+
+    def set_down(self, node: str, when: float) -> None:
+        self.r.hsetnx(self.keys.node(node), "down_since", when)
+
+    def clear_down(self, node: str) -> None:
+        self.r.hdel(self.keys.node(node), "down_since", "missing_since")
+
+    # -- read -----------------------------------------------------------------------------
+    def read(self) -> list[NodeInfo]:
+        """Every node that ever registered, sorted by name, with its liveness now."""
+        names = sorted(self.r.smembers(self.keys.nodes))
+        if not names:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(self.keys.node(name))
+            pipe.exists(self.keys.node_alive(name))
+        replies = pipe.execute()
+        live_workers = self._live_workers_by_node()
+        return [_info(name, replies[2 * i] or {}, bool(replies[2 * i + 1]), live_workers.get(name, 0))
+                for i, name in enumerate(names)]
+
+    def _live_workers_by_node(self) -> dict[str, int]:
+        """Node name -> workers of it whose heartbeat has not expired (names are role@node)."""
+        names = sorted(self.r.smembers(self.keys.workers))
+        if not names:
+            return {}
+        values = self.r.mget([self.keys.worker(n) for n in names])
+        counts: dict[str, int] = {}
+        for name, value in zip(names, values, strict=True):
+            if value is not None and "@" in name:
+                node = name.split("@", 1)[1]
+                counts[node] = counts.get(node, 0) + 1
+        return counts
+
+
+def _info(name: str, raw: dict, heartbeat: bool, workers: int) -> NodeInfo:
+    def num(key: str) -> float | None:
+        value = raw.get(key)
+        try:
+            return float(value) if value not in (None, "") else None
+        except ValueError:
+            return None
+
+    alive = heartbeat or workers > 0
+    started, seen = num("started_at"), num("last_seen")
+    down, stopped, missing = num("down_since"), num("stopped_at"), num("missing_since")
+    if stopped is not None and not (seen and seen > stopped and heartbeat):
+        # Stopped on purpose; workers still winding down may heartbeat for a moment.
+        state, since = "stopped", stopped
+    elif alive:
+        state, since = "up", started
+    elif down is not None:
+        state, since = "down", down
+    else:
+        state, since = "silent", seen or started
+    pid = num("pid")
+    return NodeInfo(
+        name=name, alive=alive and state != "stopped", state=state, since=since, last_seen=seen,
+        started_at=started, down_since=down, stopped_at=stopped, missing_since=missing,
+        backend=raw.get("backend", ""), cards=int(num("cards") or 0), host=raw.get("host", ""),
+        pid=int(pid) if pid is not None else None, workers=workers,
+    )

@@ -1,0 +1,181 @@
+"""Node liveness on a shared Redis (fakeredis and real Redis, no workers): a silent node is
+declared down after a confirming pass, its cards leave placement, its jobs are handled by their
+retry policy, and it rejoins cleanly; a node stopped on purpose keeps its running jobs."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from rig.config import load_settings
+from rig.errors import StackError
+from rig.gpus.base import GpuReading
+from rig.keys import Keys
+from rig.ledger import Ledger
+from rig.memory import GIB
+from rig.models import Job, JobState, Priority
+from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeRegistry
+from workers.dispatcher import Dispatcher
+from workers.health import HealthChecker
+
+TTL = 3.0
+
+
+@pytest.fixture
+def cluster(redis_client, key_prefix):
+    """Nodes n1 (2 cards) and n2 (1 card) registered and heartbeating; the checker runs on n2."""
+    settings = load_settings(key_prefix=key_prefix, node_name="n2", telemetry_interval=0.5,
+                             health={"timeout": TTL, "check_interval": 1.0}, hold_after_seconds=0)
+    keys = Keys(key_prefix)
+    ledger = Ledger(redis_client, keys)
+    nodes = NodeRegistry(redis_client, keys)
+    for node, count in (("n1", 2), ("n2", 1)):
+        for i in range(count):
+            ledger.register_card(node, GpuReading(index=i, uuid=f"GPU-{node}-{i}", model="m", total=40 * GIB),
+                                 max_jobs=2, reserve_fraction=0.0, allowed=True, fake=True)
+        nodes.register(node, ttl=TTL, backend="fake", cards=count)
+    checker = HealthChecker(settings, redis_client)
+    return settings, keys, ledger, nodes, checker
+
+
+def _job(ledger: Ledger, node: str | None = None, card: int = 0, *, run: bool = False) -> int:
+    """A job, placed on ``node``/``card`` (ASSIGNED) and, with ``run``, claimed (RUNNING)."""
+    job_id = ledger.store.create(Job(
+        id=0, name="t", user="u", command=["true"], gpu_memory=10 * GIB, gpus=1, max_retries=2,
+        priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/", created_at=time.time(),
+    )).id
+    if node is not None:
+        ok, token = ledger.reserve(job_id, node, [card], 10 * GIB)
+        assert ok, token
+        if run:
+            assert ledger.claim(job_id, token, f"card{card}@{node}")[0]
+    return job_id
+
+
+def _silence(redis_client, keys: Keys, node: str) -> None:
+    """What a dead node leaves: its heartbeat expired, its workers' too."""
+    redis_client.delete(keys.node_alive(node))
+    for name in redis_client.smembers(keys.workers):
+        if name.endswith(f"@{node}"):
+            redis_client.delete(keys.worker(name))
+
+
+def _worker_beat(redis_client, keys: Keys, name: str) -> None:
+    redis_client.set(keys.worker(name), json.dumps({"node": name.split("@")[1]}), ex=10)
+    redis_client.sadd(keys.workers, name)
+
+
+def _state(nodes: NodeRegistry, name: str) -> str:
+    return next(n for n in nodes.read() if n.name == name).state
+
+
+def test_silent_node_is_declared_down_on_a_confirming_pass(cluster, redis_client):
+    settings, keys, ledger, nodes, checker = cluster
+    running, assigned = _job(ledger, "n1", 0, run=True), _job(ledger, "n1", 1)
+    elsewhere = _job(ledger, "n2", 0, run=True)
+    _silence(redis_client, keys, "n1")
+    now = time.time()
+
+    first = checker.run_cluster(now=now)
+    assert first is not None and first.nodes_down == []
+    assert _state(nodes, "n1") == "silent"
+    assert ledger.store.get(running).state is JobState.RUNNING  # one look is not enough
+
+    second = checker.run_cluster(now=now + 2 * settings.telemetry_interval)
+    assert second.nodes_down == ["n1"]
+    assert sorted(second.lost) == [running] and second.requeued == [assigned]
+    assert _state(nodes, "n1") == "down"
+    for card in (c for c in ledger.cards() if c.node == "n1"):
+        assert not card.eligible and card.health_reason.startswith(NODE_DOWN_REASON)
+        assert card.reserved == 0 and card.jobs == 0 and ledger.holdings("n1", card.index) == {}
+    lost = ledger.store.get(running)
+    assert lost.state is JobState.PENDING  # retries left: back in its place
+    assert lost.attempts[-1]["outcome"] == "lost" and "node n1" in lost.attempts[-1]["summary"]
+    assert ledger.store.get(assigned).state is JobState.PENDING
+    assert ledger.store.get(elsewhere).state is JobState.RUNNING  # the live node is untouched
+    assert next(c for c in ledger.cards() if c.node == "n2").eligible
+
+    # Placement now sees only n2's card (10 GiB used of 40, room for one more job).
+    started: list[tuple] = []
+    Dispatcher(settings, lambda *a: started.append(a), client=redis_client).dispatch_pass()
+    assert started and {s[2] for s in started} == {"n2"}
+
+
+def test_heartbeat_back_within_the_confirmation_clears_the_doubt(cluster, redis_client):
+    settings, keys, ledger, nodes, checker = cluster
+    job = _job(ledger, "n1", 0, run=True)
+    _silence(redis_client, keys, "n1")
+    now = time.time()
+    checker.run_cluster(now=now)
+    nodes.beat("n1", ttl=TTL, source="test")  # e.g. Redis restarted; heartbeats resume
+    report = checker.run_cluster(now=now + 5)
+    assert report.nodes_down == [] and report.lost == []
+    assert ledger.store.get(job).state is JobState.RUNNING
+    assert _state(nodes, "n1") == "up"
+    assert next(n for n in nodes.read() if n.name == "n1").missing_since is None
+
+
+def test_a_live_worker_keeps_its_node_alive(cluster, redis_client):
+    settings, keys, ledger, nodes, checker = cluster
+    job = _job(ledger, "n1", 0, run=True)
+    redis_client.delete(keys.node_alive("n1"))  # rig up gone, its card worker still runs
+    _worker_beat(redis_client, keys, "card0@n1")
+    now = time.time()
+    checker.run_cluster(now=now)
+    assert checker.run_cluster(now=now + 5).nodes_down == []
+    assert ledger.store.get(job).state is JobState.RUNNING
+
+
+def test_down_node_rejoins_its_cards_take_jobs_again(cluster, redis_client):
+    settings, keys, ledger, nodes, checker = cluster
+    _silence(redis_client, keys, "n1")
+    now = time.time()
+    checker.run_cluster(now=now)
+    checker.run_cluster(now=now + 2)
+    assert not any(c.eligible for c in ledger.cards() if c.node == "n1")
+
+    nodes.register("n1", ttl=TTL, backend="fake", cards=2)  # its `rig up` again
+    _worker_beat(redis_client, keys, "card0@n1")
+    report = checker.run_cluster(now=now + 3)
+    assert report.nodes_back == ["n1"]
+    info = next(n for n in nodes.read() if n.name == "n1")
+    assert info.state == "up" and info.down_since is None
+    card0, card1 = (ledger.card("n1", i) for i in (0, 1))
+    assert card0.eligible  # its worker heartbeats
+    assert not card1.eligible  # no worker yet: it stays out until its worker restores it
+
+
+def test_stopped_node_keeps_its_running_jobs_and_requeues_unstarted_ones(cluster, redis_client):
+    settings, keys, ledger, nodes, checker = cluster
+    running, assigned = _job(ledger, "n1", 0, run=True), _job(ledger, "n1", 1)
+    nodes.mark_stopped("n1")  # `rig down` on n1: its jobs keep running there
+    _silence(redis_client, keys, "n1")
+    report = checker.run_cluster()
+    assert report.nodes_down == [] and report.lost == [] and report.requeued == [assigned]
+    assert _state(nodes, "n1") == "stopped"
+    assert ledger.store.get(running).state is JobState.RUNNING
+    assert ledger.card("n1", 0).reserved == 10 * GIB  # still held by the job that runs
+    assert all(c.health_reason.startswith(NODE_STOPPED_REASON) for c in ledger.cards() if c.node == "n1")
+    nodes.register("n1", ttl=TTL, backend="fake", cards=2)
+    assert _state(nodes, "n1") == "up"
+
+
+def test_a_second_server_cannot_take_a_live_node_name(cluster):
+    _, _, _, nodes, _ = cluster
+    nodes.check_free("n1")  # this host: a restart of the same node is fine
+    with pytest.raises(StackError, match="already up on host elsewhere"):
+        nodes.beat("n1", ttl=TTL, source="test")
+        raw = json.loads(nodes.r.get(nodes.keys.node_alive("n1")))
+        nodes.r.set(nodes.keys.node_alive("n1"), json.dumps({**raw, "host": "elsewhere"}))
+        nodes.check_free("n1")
+
+
+def test_node_names_must_be_usable_in_queue_and_key_names():
+    from rig.errors import ConfigError
+
+    assert load_settings(node_name="gpu-01.lab").node_name == "gpu-01.lab"
+    for bad in ("a/b", "a b", "card@x", "", "-x"):
+        with pytest.raises(ConfigError, match="node_name"):
+            load_settings(node_name=bad)
