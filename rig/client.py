@@ -21,14 +21,14 @@ import redis
 
 from rig.config import Settings, load_settings
 from rig.durations import parse_duration
-from rig.errors import InvalidInput, RedisUnavailable, RigError, Unschedulable
+from rig.errors import InvalidInput, RigError, Unschedulable
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import format_memory, parse_memory
 from rig.models import CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
 from rig.placement import Request, explain_wait, never_fits, place
-from rig.redis_conn import check, connect
+from rig.redis_conn import check, connect, unavailable
 from rig.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class Client:
         try:
             return fn(*args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise RedisUnavailable(self.settings.redis_url, str(exc).splitlines()[0]) from None
+            raise unavailable(self.settings.redis_url, exc) from None  # auth errors included
 
     # -- submitting -----------------------------------------------------------------------
     def submit(

@@ -16,7 +16,7 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -103,6 +103,12 @@ class Settings(BaseSettings):
 
     home: Path = Field(default_factory=default_home, description="rig's own folder")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding all state")
+    redis_password: SecretStr | None = Field(
+        None, description="Redis password when redis_url has none (see rig.redis_conn)"
+    )
+    redis_password_file: Path | None = Field(
+        None, description="file holding the Redis password (one line, no access for others)"
+    )
     key_prefix: str = Field("rig:", description="prefix of every Redis key rig writes")
     node_name: str = Field(default_factory=default_node_name, description="this server's name")
     scheduler_type: SchedulerType = "multi-factor"
@@ -175,6 +181,17 @@ class Settings(BaseSettings):
     def _keep_shipped_templates(cls, value: dict[str, Template]) -> dict[str, Template]:
         # A config that defines its own templates adds to (or overrides) the shipped ones.
         return {**DEFAULT_TEMPLATES, **value}
+
+    @model_validator(mode="after")
+    def _redis_credentials(self) -> Settings:
+        # The password goes into redis_url once, here, so every client, Celery and every child
+        # (RIG_REDIS_URL) uses it without anyone typing it. Order: rig.redis_conn.resolve_auth.
+        from rig.redis_conn import resolve_auth
+
+        password = self.redis_password.get_secret_value() if self.redis_password else None
+        self.redis_url = resolve_auth(self.redis_url, home=self.home, password=password,
+                                      password_file=self.redis_password_file).url
+        return self
 
     @field_validator("gpu_whitelist", mode="before")
     @classmethod

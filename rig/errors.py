@@ -49,6 +49,18 @@ class RedisUnavailable(RigError):
         self.url = url
 
 
+class RedisAuthFailed(RedisUnavailable):
+    """Redis answers but refuses rig's credentials (wrong or missing password, an ACL user
+    without the rights). Same exit code as RedisUnavailable: rig cannot use that Redis either
+    way; the message (built by rig.redis_conn.auth_failed) says which and what to do."""
+
+    exit_code = 5
+
+    def __init__(self, message: str, url: str) -> None:
+        RigError.__init__(self, message)
+        self.url = url
+
+
 class ConfigError(RigError):
     """The configuration file or environment holds a value rig cannot use."""
 

@@ -1,20 +1,69 @@
-"""Connecting to the Redis that holds rig's state; Redis errors become RedisUnavailable here."""
+"""Connecting to the Redis that holds rig's state, with its password; Redis errors become
+RedisUnavailable (or RedisAuthFailed) here.
+
+Where the password comes from (``resolve_auth``; docs/SECURITY.md), first match wins:
+
+1. the URL's own password: ``redis://:PASSWORD@host:port/0`` (or ``redis://USER:PASSWORD@...``);
+2. the ``redis_password`` setting (``RIG_REDIS_PASSWORD``);
+3. the file named by the ``redis_password_file`` setting (``RIG_REDIS_PASSWORD_FILE``);
+4. ``$RIG_HOME/redis.password``, only for a ``redis://`` URL on loopback: the password that
+   ``rig up`` generated for the private Redis it starts on this machine;
+5. none.
+
+The settings object puts the password found into ``Settings.redis_url`` once, so every client,
+Celery (broker and redbeat), every child process (through ``RIG_REDIS_URL`` in its environment,
+never its argv) and every job uses the same credentials. Printed URLs always go through
+``strip_password`` or ``rig.errors.redact_url``.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import secrets
+import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
 
-from rig.errors import RedisUnavailable
+from rig.errors import ConfigError, RedisAuthFailed, RedisUnavailable
+
+#: The generated password of the private Redis, in the rig home.
+PASSWORD_FILE_NAME = "redis.password"
+#: Hosts that mean "this machine".
+LOOPBACK = {"127.0.0.1", "localhost", "::1", ""}
+#: 32 random bytes, URL-safe base64 (43 characters): safe in a URL and in redis.conf unquoted.
+GENERATED_PASSWORD_BYTES = 32
+
+
+@dataclass(frozen=True)
+class RedisAuth:
+    """The URL to connect with and where its password came from."""
+
+    url: str
+    #: Human description of the password's origin ("" when there is none).
+    source: str = ""
+    #: The home password file that applies to this URL (loopback redis:// only), for hints.
+    home_file: Path | None = None
+
+
+# Resolved URL -> how it was resolved, so an error about that URL can say where the refused
+# password came from. Filled by resolve_auth; a URL never resolved here has no entry.
+_RESOLVED: dict[str, RedisAuth] = {}
 
 
 def connect(url: str, *, timeout: float = 5.0) -> redis.Redis:
-    """A client with decoded responses. Does not connect until first used."""
+    """A client with decoded responses. Does not connect until first used. ``url`` carries the
+    password already (``Settings.redis_url`` is resolved)."""
     return redis.Redis.from_url(
         url,
         decode_responses=True,
+        # Bytes that are not UTF-8 (a damaged or hostile record) decode to lone surrogates that
+        # rig.records rejects, instead of a UnicodeDecodeError out of every reader.
+        encoding_errors="surrogateescape",
         socket_connect_timeout=timeout,
         socket_timeout=None,  # BLPOP and pub/sub block on purpose
         health_check_interval=30,
@@ -23,24 +72,223 @@ def connect(url: str, *, timeout: float = 5.0) -> redis.Redis:
 
 
 def check(client: redis.Redis, url: str) -> None:
-    """Raise RedisUnavailable (naming the URL) unless the server answers PING."""
+    """Raise RedisUnavailable (naming the URL) unless the server answers PING; RedisAuthFailed
+    if it answers but refuses rig's credentials."""
     try:
         client.ping()
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-        raise RedisUnavailable(url, _short(exc)) from None
-    except redis.AuthenticationError as exc:
-        raise RedisUnavailable(url, f"authentication failed: {exc}") from None
+    except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError, OSError) as exc:
+        if isinstance(exc, redis.ResponseError) and not is_auth_error(exc):
+            raise
+        raise unavailable(url, exc) from None
 
 
 @contextlib.contextmanager
 def translated(url: str) -> Iterator[None]:
-    """Turn redis-py connection errors raised inside the block into RedisUnavailable."""
+    """Turn redis-py connection and authentication errors raised inside the block into
+    RedisUnavailable / RedisAuthFailed."""
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise RedisUnavailable(url, _short(exc)) from None
+    except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
+        if isinstance(exc, redis.ResponseError) and not is_auth_error(exc):
+            raise
+        raise unavailable(url, exc) from None
+
+
+# -- errors -----------------------------------------------------------------------------------
+def is_auth_error(exc: BaseException) -> bool:
+    """True for every way Redis says "not with these credentials": a wrong or missing password
+    (WRONGPASS, NOAUTH, ``invalid password``), a password sent to a Redis without one, AUTH
+    with a user name on Redis < 6, and an ACL user lacking a permission (NOPERM)."""
+    if isinstance(exc, redis.AuthenticationError | redis.AuthenticationWrongNumberOfArgsError):
+        return True
+    if isinstance(exc, redis.exceptions.NoPermissionError):
+        return True
+    if isinstance(exc, redis.ResponseError):
+        # Older redis-py versions map NOAUTH / WRONGPASS to a plain ResponseError.
+        return str(exc).split(" ", 1)[0] in ("NOAUTH", "WRONGPASS", "NOPERM")
+    return False
+
+
+def unavailable(url: str, exc: BaseException) -> RedisUnavailable:
+    """The rig error for a redis-py error about ``url``: RedisAuthFailed for credentials,
+    RedisUnavailable (cannot reach it) otherwise."""
+    if is_auth_error(exc):
+        return auth_failed(url, exc)
+    return RedisUnavailable(url, _short(exc))
+
+
+def auth_failed(url: str, exc: BaseException) -> RedisAuthFailed:
+    """One line that says what Redis refused and how to give rig the right password."""
+    auth = _RESOLVED.get(url) or RedisAuth(url, "the URL" if url_password(url) else "")
+    shown = strip_password(url)
+    detail = _short(exc)
+    example = with_password(shown, "PASSWORD")
+    ways = f"set RIG_REDIS_URL={example}, RIG_REDIS_PASSWORD, or redis_password_file"
+    if auth.home_file is not None:
+        ways += f", or put it in {auth.home_file}"
+    if isinstance(exc, redis.exceptions.NoPermissionError) or detail.startswith("NOPERM"):
+        message = (f"Redis at {shown} refused a command to rig's Redis user ({detail}); grant it "
+                   "the rights docs/SECURITY.md lists (ACL SETUSER ...)")
+    elif "without any password configured" in detail or "no password is set" in detail:
+        message = (f"Redis at {shown} has no password, but rig sent the one from {auth.source}; "
+                   f"remove that password from rig's settings (or set requirepass on that Redis)")
+    elif auth.source:
+        message = f"Redis at {shown} refused the password from {auth.source} ({detail}); {ways}"
+    else:
+        # (redis-py's text here is about HELLO/NOAUTH internals; the fact is enough.)
+        message = f"Redis at {shown} requires a password and rig has none; {ways}"
+    return RedisAuthFailed(message, url)
 
 
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return text[:160]
+
+
+# -- URLs -------------------------------------------------------------------------------------
+def is_local(url: str) -> bool:
+    """A plain ``redis://`` URL on this machine: one ``rig up`` may start a private Redis for."""
+    parsed = urlsplit(url)
+    return parsed.scheme in ("redis", "") and (parsed.hostname or "") in LOOPBACK
+
+
+def url_password(url: str) -> str | None:
+    """The URL's own password (percent-decoded), or None."""
+    password = urlsplit(url).password
+    return unquote(password) if password else None
+
+
+def _split_netloc(url: str) -> tuple[str, str]:
+    """(user part as written, host:port) of the URL's authority."""
+    netloc = urlsplit(url).netloc
+    creds, _, hostport = netloc.rpartition("@")
+    return creds.partition(":")[0], hostport
+
+
+def with_password(url: str, password: str) -> str:
+    """The URL with ``password`` (percent-encoded) in it, keeping its user name if any."""
+    parts = urlsplit(url)
+    user, hostport = _split_netloc(url)
+    return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{hostport}"))
+
+
+def strip_password(url: str) -> str:
+    """The URL without its password (the user name stays): safe to print."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    user, hostport = _split_netloc(url)
+    return urlunsplit(parts._replace(netloc=f"{user}@{hostport}" if user else hostport))
+
+
+def _tls_defaults(url: str) -> str:
+    """A ``rediss://`` URL without ``ssl_cert_reqs`` gets ``ssl_cert_reqs=required``: kombu
+    (Celery's broker) would otherwise connect WITHOUT checking the server's certificate."""
+    parts = urlsplit(url)
+    if parts.scheme != "rediss":
+        return url
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(key == "ssl_cert_reqs" for key, _ in query):
+        return url
+    return urlunsplit(parts._replace(query=urlencode([*query, ("ssl_cert_reqs", "required")], safe="/")))
+
+
+# -- the password -----------------------------------------------------------------------------
+def home_password_file(home: Path) -> Path:
+    """Where ``rig up`` keeps the generated password of the private Redis."""
+    return home.expanduser() / PASSWORD_FILE_NAME
+
+
+def resolve_auth(url: str, *, home: Path, password: str | None = None,
+                 password_file: Path | None = None) -> RedisAuth:
+    """The URL to connect with, password included, by the order in this module's docstring.
+
+    Raises ConfigError for a password file that is missing (when configured), empty,
+    unreadable, or open to every user.
+    """
+    url = _tls_defaults(url)
+    home_file = home_password_file(home) if is_local(url) else None
+    if url_password(url):
+        auth = RedisAuth(url, "the URL (RIG_REDIS_URL / redis_url)", home_file)
+    elif password:
+        auth = RedisAuth(with_password(url, password), "redis_password (RIG_REDIS_PASSWORD)", home_file)
+    elif password_file is not None:
+        path = password_file.expanduser()
+        if not path.exists():
+            raise ConfigError(f"redis_password_file names {path}, which does not exist; "
+                              "create it (one line, mode 0600) or unset RIG_REDIS_PASSWORD_FILE")
+        auth = RedisAuth(with_password(url, read_password_file(path)), str(path), home_file)
+    elif home_file is not None and home_file.exists():
+        auth = RedisAuth(with_password(url, read_password_file(home_file)), str(home_file), home_file)
+    else:
+        auth = RedisAuth(url, "", home_file)
+    _RESOLVED[auth.url] = auth
+    return auth
+
+
+def password_source(url: str) -> str:
+    """Where the password in this (resolved) URL came from; "" if it has none."""
+    auth = _RESOLVED.get(url)
+    if auth is not None:
+        return auth.source
+    return "the URL (RIG_REDIS_URL / redis_url)" if url_password(url) else ""
+
+
+def read_password_file(path: Path) -> str:
+    """The password in ``path`` (its first line, surrounding blanks removed).
+
+    The file must not be open to every user (no permission bits for "other"); group-readable
+    is allowed so that a team can share a file through a Unix group.
+    """
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the Redis password file {path} ({exc.strerror}); ask its owner "
+                          "for the password, or set RIG_REDIS_PASSWORD") from None
+    if mode & stat.S_IRWXO:
+        raise ConfigError(f"the Redis password file {path} is open to every user (mode "
+                          f"{stat.S_IMODE(mode):04o}); run `chmod 600 {path}` and change the password")
+    lines = text.strip().splitlines()
+    if not lines or not lines[0].strip():
+        raise ConfigError(f"the Redis password file {path} is empty; write the password on its first "
+                          f"line, or delete it to have `rig up` generate one")
+    return lines[0].strip()
+
+
+def ensure_password_file(path: Path) -> str:
+    """The password in ``path``, generated there first if the file does not exist.
+
+    A new file is written in full under a temporary name created with mode 0600 (never readable
+    by anyone else, whatever the umask), then linked into place only if ``path`` still does not
+    exist: two ``rig up`` racing end up with the same password.
+    """
+    if path.exists():
+        return read_password_file(path)
+    password = secrets.token_urlsafe(GENERATED_PASSWORD_BYTES)
+    write_private(path, password + "\n", replace=False)
+    return read_password_file(path)  # the winner's, if another process was first
+
+
+def write_private(path: Path, text: str, *, replace: bool = True) -> None:
+    """Write ``text`` to ``path`` with mode 0600 from the first byte on.
+
+    ``replace=False`` leaves an existing ``path`` untouched (the caller reads it instead).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # the umask can only take bits away; make it exactly 0600
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if replace:
+            os.replace(tmp, path)
+        else:
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)

@@ -34,8 +34,17 @@ from rig.gpus import GpuBackend, detect_backend
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.nodes import NodeRegistry
-from rig.redis_conn import connect
-from rig.redis_server import is_local, is_reachable, start_private_redis
+from rig.redis_conn import (
+    LOOPBACK,
+    connect,
+    ensure_password_file,
+    home_password_file,
+    password_source,
+    resolve_auth,
+    strip_password,
+    url_password,
+)
+from rig.redis_server import is_local, probe, start_private_redis
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +95,20 @@ def flower_credentials(settings: Settings) -> tuple[str, str]:
     with os.fdopen(fd, "w") as fh:
         fh.write(f"{user}:{password}\n")
     return user, password
+
+
+def open_doors(settings: Settings, wants: Callable[[str], bool]) -> list[str]:
+    """Warnings for the HTTP endpoints this stack would open beyond loopback. Both default to
+    127.0.0.1; flower_address / metrics_address open them (docs/SECURITY.md)."""
+    doors = []
+    if wants("flower") and settings.flower_address not in LOOPBACK:
+        doors.append(f"warning: Flower listens on {settings.flower_address}:{settings.flower_port}, beyond "
+                     "loopback: its basic auth travels in plain HTTP; put TLS in front (docs/SECURITY.md)")
+    if wants("metrics") and settings.metrics_port and settings.metrics_address not in LOOPBACK:
+        doors.append(f"warning: the metrics endpoint listens on {settings.metrics_address}:"
+                     f"{settings.metrics_port}, beyond loopback, with no login: job names and users "
+                     "are visible to whoever reaches it (docs/SECURITY.md)")
+    return doors
 
 
 def pid_file(settings: Settings) -> Path:
@@ -143,6 +166,8 @@ class Stack:
             raise StackError(f"rig is already up on node {s.node_name} (pid {other}); `rig down` stops it")
         pid_file(s).write_text(f"{os.getpid()}\n")
         self._ensure_redis()
+        for warning in open_doors(s, self.wants):
+            self.say(warning)
         env = self._child_env()
         if self.wants("cards") or self.wants("control"):
             allowed = self._register_cards()
@@ -191,17 +216,34 @@ class Stack:
                          "set RIG_METRICS_PORT")
 
     def _ensure_redis(self) -> None:
+        """Use the Redis at the configured URL if one answers (with rig's credentials); else
+        start a private one on loopback, with a password: the configured one, else the one
+        generated into $RIG_HOME/redis.password (mode 0600) and reused at every start. A Redis
+        that answers but refuses the credentials is an error (RedisAuthFailed, exit 5)."""
         url = self.settings.redis_url
-        if is_reachable(url):
-            self.say(f"redis: using the one at {url}")
+        shown = strip_password(url)
+        if probe(url):
+            self.say(f"redis: using the one at {shown}")
+            if url_password(url) is None:
+                self.say(f"warning: the Redis at {shown} takes clients without a password: whoever can "
+                         "reach it can run commands as this user through rig; set requirepass "
+                         "(docs/SECURITY.md)")
             return
         if not self.wants("redis") and self.options.only:
-            raise StackError(f"no Redis answers at {url}")
+            raise StackError(f"no Redis answers at {shown}")
         if not is_local(url):
-            raise StackError(f"no Redis answers at {url}; start it, or point RIG_REDIS_URL at one")
+            raise StackError(f"no Redis answers at {shown}; start it, or point RIG_REDIS_URL at one")
+        if url_password(url) is None:
+            # No password configured (else the URL would carry it): generate or reuse the
+            # home one, which resolve_auth then finds like any client on this machine will.
+            ensure_password_file(home_password_file(self.settings.home))
+            url = resolve_auth(url, home=self.settings.home).url
+            # Every child gets this URL (RIG_REDIS_URL), so all of them use the password.
+            self.settings.redis_url = url
         data = self.settings.home / "redis"
         self.redis_proc = start_private_redis(url, data, self.settings.rig_log_dir / "redis.log")
-        self.say(f"redis: started a private one at {url} (AOF in {data}, pid {self.redis_proc.pid})")
+        self.say(f"redis: started a private one at {shown} (AOF in {data}, password from "
+                 f"{password_source(url)}, pid {self.redis_proc.pid})")
 
     def _register_cards(self) -> list[int]:
         s = self.settings
@@ -388,7 +430,9 @@ class Stack:
 def settings_env(settings: Settings) -> dict[str, str]:
     """Settings as RIG_* environment variables (nested ones with ``__``)."""
     env: dict[str, str] = {}
-    for key, value in settings.model_dump(exclude={"config_file"}).items():
+    # The Redis password travels inside RIG_REDIS_URL (resolved); redis_password would only
+    # export its mask.
+    for key, value in settings.model_dump(exclude={"config_file", "redis_password"}).items():
         if value is None:
             continue
         if isinstance(value, dict) and any(isinstance(v, dict | list) for v in value.values()):

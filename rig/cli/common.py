@@ -11,7 +11,8 @@ import click
 import redis
 
 from rig.config import Settings, load_settings
-from rig.errors import RedisUnavailable, RigError
+from rig.errors import RigError
+from rig.redis_conn import is_auth_error, unavailable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -30,9 +31,12 @@ def handle_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except RigError as exc:
             fail(str(exc), exc.exit_code)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            url = _settings_url()
-            err = RedisUnavailable(url, str(exc).splitlines()[0] if str(exc) else None)
+        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
+            # Unreachable, or a refused password / ACL right (AuthenticationError is a
+            # ConnectionError; NOAUTH, WRONGPASS and NOPERM can come as ResponseErrors).
+            if isinstance(exc, redis.ResponseError) and not is_auth_error(exc):
+                raise
+            err = unavailable(_settings_url(), exc)
             fail(str(err), err.exit_code)
         except KeyboardInterrupt:
             click.echo("", err=True)

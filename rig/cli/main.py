@@ -256,6 +256,7 @@ def init(ctx: click.Context, path: str | None, node_name: str | None, force: boo
     """Write a commented config file (default: $RIG_HOME/config.toml)."""
     from rig.config import Settings
     from rig.config_template import TEMPLATE
+    from rig.redis_conn import strip_password  # a password never goes into the config file
 
     defaults = Settings()
     target = Path(path).expanduser() if path else defaults.home / "config.toml"
@@ -264,7 +265,7 @@ def init(ctx: click.Context, path: str | None, node_name: str | None, force: boo
     target.parent.mkdir(parents=True, exist_ok=True)
     text = TEMPLATE.format(
         path=target, node_name=node_name or defaults.node_name, home=defaults.home,
-        redis_url=defaults.redis_url, scheduler_type=defaults.scheduler_type,
+        redis_url=strip_password(defaults.redis_url), scheduler_type=defaults.scheduler_type,
         max_task_per_gpu=defaults.max_task_per_gpu, vram_reserve_fraction=defaults.vram_reserve_fraction,
         default_priority=defaults.default_priority, max_retries=defaults.max_retries,
         log_dir=defaults.job_log_dir, system_log_dir=defaults.rig_log_dir,
@@ -285,7 +286,12 @@ def config(ctx: click.Context) -> None:
     """Print the settings in force and the file they came from."""
     settings = settings_from(ctx)
     click.echo(f"# config file: {settings.config_file or 'none (defaults and RIG_* variables)'}")
+    from rig.redis_conn import password_source, strip_password
+
     for key, value in settings.model_dump().items():
+        if key == "redis_url":  # never print the password; say where it comes from
+            source = password_source(value)
+            value = strip_password(value) + (f" (password from {source})" if source else " (no password)")
         if key != "config_file":
             click.echo(f"{key} = {value!r}")
 
@@ -348,7 +354,9 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 tail = out_path.read_text(errors="replace").strip().splitlines()[-1:] if out_path.exists() else []
-                fail(f"rig up exited (code {proc.returncode}): {tail[0] if tail else 'see ' + str(out_path)}", 7)
+                last = tail[0].removeprefix("rig: error: ") if tail else f"see {out_path}"
+                # Redis unreachable or refusing the password (5), bad configuration (6): that code.
+                fail(f"rig up exited (code {proc.returncode}): {last}", proc.returncode if proc.returncode in (5, 6) else 7)
             if ready.exists() and ready.read_text().strip() == str(proc.pid):
                 click.echo(f"rig is up on {settings.node_name} (pid {proc.pid}); logs in {settings.rig_log_dir}; "
                            "`rig down` stops it")
