@@ -40,6 +40,7 @@ class JobStore:
         pipe.zadd(self.keys.pending, {str(job.id): pending_score(job.priority, job.id)})
         pipe.zadd(self.keys.pending_user(job.user), {str(job.id): pending_score(job.priority, job.id)})
         pipe.sadd(self.keys.pending_users, job.user)
+        pipe.lpush(self.keys.sched_wake, "1")  # the dispatcher BLPOPs this: no Celery hop needed
         pipe.publish(self.keys.events_channel, f"{job.id} {JobState.PENDING.value}")
         pipe.execute()
         return job
