@@ -7,9 +7,9 @@
 
 from __future__ import annotations
 
-import getpass
 import logging
 import os
+import pwd
 import socket
 import time
 from collections.abc import Callable
@@ -19,9 +19,10 @@ from typing import Any
 
 import redis
 
+from rig import records as R
 from rig.config import Settings, load_settings
 from rig.durations import parse_duration
-from rig.errors import InvalidInput, RigError, Unschedulable
+from rig.errors import InvalidInput, InvalidRecord, PermissionDenied, RigError, Unschedulable
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import format_memory, parse_memory
@@ -39,6 +40,26 @@ INHERITED_ENV = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "CONDA_PREFIX", "CONDA_DEF
 
 #: How long submit() trusts its copy of the cards' capacities (s).
 CARDS_CACHE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who runs this process: the real uid and its login name from the password database.
+    Never $USER or $LOGNAME: anyone can set those."""
+
+    name: str
+    uid: int
+
+
+def current_identity() -> Identity:
+    """The calling user (see Identity). Without a passwd entry (some containers) the uid, as
+    text, stands for the name."""
+    uid = os.getuid()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = str(uid)
+    return Identity(name, uid)
 
 
 @dataclass
@@ -126,6 +147,7 @@ class Client:
         unless the request is accepted.
         """
         argv, is_shell = _normalise_command(command, shell)
+        argv = _checked("the command", R.as_argv, argv)
         job_name = (name or _default_name(argv, is_shell)).strip()
         margin = None
         if template is not None:
@@ -148,21 +170,29 @@ class Client:
             nbytes = parse_memory(gpu_memory)
             if margin and margin != 1.0:
                 nbytes = _round_up(int(nbytes * margin))
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-            raise InvalidInput(f"--gpus must be a whole number of cards, 1 or more; got {gpus!r}")
+        if nbytes > R.MAX_GPU_MEMORY:
+            raise InvalidInput(f"--gpu-memory {format_memory(nbytes)} is more than any card has; "
+                               f"give at most {format_memory(R.MAX_GPU_MEMORY)}")
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= R.MAX_GPUS:
+            raise InvalidInput(f"--gpus must be a whole number of cards from 1 to {R.MAX_GPUS}; got {gpus!r}")
         prio = Priority.parse(priority or self.settings.default_priority)
         wd = _resolve_workdir(workdir, self.settings)
         max_retries = self.settings.max_retries if retries is None else retries
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or not 0 <= max_retries <= 100:
             raise InvalidInput(f"--retries must be a whole number from 0 to 100; got {retries!r}")
         limit = parse_duration(time_limit) if time_limit not in (None, "") else None
+        if limit is not None and limit > R.MAX_TIME_LIMIT:
+            raise InvalidInput(f"--time-limit {time_limit!r} is more than ten years; give a shorter one")
         job_env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         for key, value in (env or {}).items():
-            if not key or "=" in key:
-                raise InvalidInput(f"--env: bad variable name {key!r}; write NAME=value")
-            job_env[key] = str(value)
+            job_env[str(key)] = str(value)
+        job_env = _checked("--env", R.as_env, job_env)
         if not job_name:
             raise InvalidInput("--name must not be empty")
+        job_name = _checked("--name", R.as_name, job_name)
+        _checked("--workdir", R.as_abs_path, str(wd))
+        who = current_identity()
+        _checked(f"your login name {who.name!r} cannot be recorded", R.as_user, who.name)
 
         def _do() -> Job:
             cards = self._cards_for_admission()
@@ -171,7 +201,7 @@ class Client:
                 if reason:
                     raise Unschedulable(f"job can never run: {reason}")
             job = Job(
-                id=0, name=job_name, user=_user(), command=argv, shell=is_shell,
+                id=0, name=job_name, user=who.name, uid=who.uid, command=argv, shell=is_shell,
                 gpu_memory=nbytes, gpus=gpus, priority=prio, state=JobState.PENDING,
                 workdir=str(wd), env=job_env, created_at=time.time(), kind=kind,
                 max_retries=max_retries, submit_host=socket.gethostname(), time_limit=limit,
@@ -320,7 +350,8 @@ class Client:
         job = self.get(job_id)
         if job.state.terminal:
             return job
-        by = _user()
+        self.check_control(job, "kill")
+        by = current_identity().name
         self._guard(self.store.update, job.id, cancelled_by=by)
         code, _ = self._guard(
             self.ledger.transition, job.id, JobState.CANCELLED,
@@ -336,6 +367,29 @@ class Client:
                 return self.wait(job.id, timeout=limit)
         return self.get(job.id)
 
+    def is_admin(self, who: Identity | None = None) -> bool:
+        """Root, and the users named in the ``admins`` setting, may control anyone's jobs."""
+        who = who or current_identity()
+        return who.uid == 0 or who.name in self.settings.admins
+
+    def check_control(self, job: Job, action: str) -> None:
+        """Raise PermissionDenied unless the caller submitted ``job`` or is an admin.
+
+        The check runs here, in the caller's process: it keeps honest users from stopping
+        each other's work by mistake. It is no barrier against someone who can write to
+        rig's Redis (README, "Sharing a server")."""
+        who = current_identity()
+        if self.is_admin(who):
+            return
+        if not job.field_valid("user"):
+            raise PermissionDenied(
+                f"job {job.id} has no valid owner in its record; only an admin may {action} it "
+                "(root, or a user named in `admins` / RIG_ADMINS)")
+        if job.user != who.name:
+            raise PermissionDenied(
+                f"job {job.id} belongs to {job.user}; only {job.user} or an admin may {action} it "
+                "(root, or a user named in `admins` / RIG_ADMINS)")
+
     def templates(self) -> dict:
         """The submission presets in force (name -> rig.config.Template)."""
         return dict(self.settings.templates)
@@ -348,11 +402,15 @@ class Client:
         """Send a job from the error queue back to its place in the queue, optionally with a
         new memory declaration. Its earlier attempts and logs are kept."""
         job = self.get(job_id)
+        self.check_control(job, "retry")
         if not self._guard(self.store.in_error_queue, job.id):
             raise InvalidInput(
                 f"job {job.id} is {job.state.value}, not in the error queue; `rig errors` lists those")
+        if job.problems:
+            bad, _, problem = job.problems[0].removeprefix("field ").partition(": ")
+            raise InvalidRecord(f"job {job.id} cannot be retried, resubmit it", bad, problem)
         fields: dict[str, Any] = {
-            "reason": f"retried by {_user()}", "cancelled_by": None, "overuse_stop": None,
+            "reason": f"retried by {current_identity().name}", "cancelled_by": None, "overuse_stop": None,
             "vram_peak": 0, "vram_sum": 0, "vram_samples": 0, "util_sum": 0, "util_samples": 0,
             "overuse": 0,
         }
@@ -375,6 +433,7 @@ class Client:
     def clear_error(self, job_id: int | str) -> Job:
         """Take a job out of the error queue; it stays in its final state."""
         job = self.get(job_id)
+        self.check_control(job, "clear")
         if not self._guard(self.store.clear_error, job.id):
             raise InvalidInput(f"job {job.id} is not in the error queue")
         return job
@@ -553,8 +612,9 @@ def _round_up(nbytes: int, step: int = 256 * 2**20) -> int:
     return -(-nbytes // step) * step
 
 
-def _user() -> str:
+def _checked(what: str, check: Callable[[Any], Any], value: Any) -> Any:
+    """``check(value)`` (a rig.records check), its complaint as one InvalidInput line."""
     try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no passwd entry in some containers
-        return str(os.getuid())
+        return check(value)
+    except R.BadField as exc:
+        raise InvalidInput(f"{what}: {exc}") from None

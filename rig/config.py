@@ -10,15 +10,17 @@ The config file is the first of: ``$RIG_CONFIG``; ``./rig.toml``; ``$RIG_HOME/co
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -156,6 +158,14 @@ class Settings(BaseSettings):
     alerts: AlertSettings = Field(default_factory=AlertSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     templates: dict[str, Template] = Field(default_factory=lambda: dict(DEFAULT_TEMPLATES))
+    admins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="users who may kill, retry and clear anyone's jobs (root always may)",
+    )
+    allow_root_jobs: bool = Field(
+        True, description="on a worker running as root, a job submitted by root runs as root; "
+        "false: such jobs fail",
+    )
 
     # Set by load_settings so `rig show-config` can say where values came from.
     config_file: Path | None = None
@@ -192,6 +202,14 @@ class Settings(BaseSettings):
         self.redis_url = resolve_auth(self.redis_url, home=self.home, password=password,
                                       password_file=self.redis_password_file).url
         return self
+
+    @field_validator("admins", mode="before")
+    @classmethod
+    def _parse_admins(cls, value: Any) -> Any:
+        # RIG_ADMINS="alice,bob" (or "alice bob"), or JSON as `rig up` hands settings on.
+        if isinstance(value, str) and not value.lstrip().startswith("["):
+            return [name for name in value.replace(",", " ").split() if name]
+        return json.loads(value) if isinstance(value, str) else value
 
     @field_validator("gpu_whitelist", mode="before")
     @classmethod

@@ -73,6 +73,24 @@ class StackError(RigError):
     exit_code = 7
 
 
+class PermissionDenied(RigError):
+    """The caller may not do this to that job (another user's job; the caller is no admin)."""
+
+    exit_code = 8
+
+
+class InvalidRecord(RigError):
+    """A record read from Redis is malformed or hostile; ``field`` names the first bad field."""
+
+    exit_code = 9
+
+    def __init__(self, what: str, field: str, problem: str) -> None:
+        super().__init__(f"{what}: invalid record: field {field}: {problem}")
+        self.what = what
+        self.field = field
+        self.problem = problem
+
+
 def redact_url(url: str) -> str:
     """Hide a password in a redis:// URL before it is printed."""
     if "@" not in url or "://" not in url:

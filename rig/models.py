@@ -6,11 +6,13 @@ Memory is always in bytes; times are Unix epoch seconds (float).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
 
-from rig.errors import InvalidInput
+from rig import records as R
+from rig.errors import InvalidInput, InvalidRecord
 
 
 class JobState(str, Enum):
@@ -91,7 +93,7 @@ class Job:
 
     id: int
     name: str
-    user: str
+    user: str  # the submitting OS user's login name (from the real uid, not the environment)
     command: list[str]  # argv; a shell string is ["/bin/sh", "-c", text]
     gpu_memory: int  # bytes per card
     gpus: int
@@ -134,6 +136,14 @@ class Job:
     util_sum: int = 0
     util_samples: int = 0
     overuse: int = 0  # the most it used beyond its declaration (bytes), 0 if never
+    uid: int | None = None  # the submitting user's uid on the submitting host
+    #: Expected running time (s): the time limit, or the median of earlier runs of the same
+    #: name; the dispatcher uses it to let short jobs backfill cards held for a blocked job.
+    expected_seconds: float | None = None
+    #: Not stored: what was wrong with the record this was read from (empty = valid). Bad
+    #: fields were replaced by neutral values (see from_redis), so nothing may act on a job
+    #: with problems; it can only be shown and ended.
+    problems: list[str] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def vram_mean(self) -> int | None:
@@ -157,16 +167,12 @@ class Job:
 
     # -- (de)serialisation --------------------------------------------------------------
     _JSON_FIELDS = ("command", "env", "cards", "log_paths", "attempts", "evidence")
-    _INT_FIELDS = ("id", "gpu_memory", "gpus", "attempt", "assignments", "pid", "proc_start",
-                   "exit_code", "max_retries", "suggested_gpu_memory", "vram_peak", "vram_sum",
-                   "vram_samples", "util_sum", "util_samples", "overuse")
-    _FLOAT_FIELDS = ("created_at", "assigned_at", "started_at", "ended_at", "time_limit")
-    _BOOL_FIELDS = ("shell", "cancel_requested", "oom_retry_grow")
 
     def to_redis(self) -> dict[str, str]:
         out: dict[str, str] = {}
-        for key, value in asdict(self).items():
-            if value is None:
+        for f in fields(self):  # not asdict(): it deep-copies every list and dict first
+            key, value = f.name, getattr(self, f.name)
+            if value is None or key == "problems":
                 continue
             if key in self._JSON_FIELDS:
                 out[key] = json.dumps(value)
@@ -179,28 +185,155 @@ class Job:
         return out
 
     @classmethod
-    def from_redis(cls, raw: dict[Any, Any]) -> Job:
+    def from_redis(cls, raw: dict[Any, Any], *, strict: bool = False) -> Job:
+        """Parse and check a job hash (rig.records: types, ranges, sizes; see _JOB_CHECKS).
+
+        Never raises for a bad value unless ``strict``: each bad or missing field becomes a
+        line in ``problems`` ("field gpus: expected ...") and takes a neutral value (the
+        field's default; for required fields: id 0, name/user '?', no command, memory 0,
+        1 card, low priority, state FAILED, no workdir), so a damaged record can still be
+        listed, shown and ended. With ``strict`` the first problem raises InvalidRecord.
+        An empty string means "unset" for optional fields (the ledger's scripts write '').
+        """
         data = {_s(k): _s(v) for k, v in raw.items()}
-        known = cls.__dataclass_fields__
         kwargs: dict[str, Any] = {}
-        for key, value in data.items():
-            if key not in known or (value == "" and key not in ("name", "workdir", "user")):
+        found: list[tuple[str, str]] = []
+        for f in fields(cls):
+            if f.name == "problems":
                 continue
-            if key in cls._JSON_FIELDS:
-                kwargs[key] = json.loads(value)
-            elif key in cls._INT_FIELDS:
-                kwargs[key] = int(float(value))
-            elif key in cls._FLOAT_FIELDS:
-                kwargs[key] = float(value)
-            elif key in cls._BOOL_FIELDS:
-                kwargs[key] = value == "1"
-            elif key == "priority":
-                kwargs[key] = Priority(value)
-            elif key == "state":
-                kwargs[key] = JobState(value)
-            else:
-                kwargs[key] = value
-        return cls(**kwargs)
+            text = data.get(f.name)
+            required = f.name in _REQUIRED
+            if text is None or text == "":
+                if required:
+                    found.append((f.name, "missing"))
+                    kwargs[f.name] = _fallback(f.name, text)
+                continue
+            check = _JOB_CHECKS.get(f.name, R.as_text)
+            try:
+                kwargs[f.name] = check(text)
+            except R.BadField as exc:
+                found.append((f.name, str(exc)))
+                if required:
+                    kwargs[f.name] = _fallback(f.name, text)
+        job = cls(**kwargs)
+        found += _consistency(job, {name for name, _ in found})
+        if found and strict:
+            raise InvalidRecord(f"job {data.get('id', '?')}", *found[0])
+        job.problems = [f"field {name}: {text}" for name, text in found]
+        return job
+
+    @property
+    def invalid_reason(self) -> str | None:
+        """The reason to give a job whose record is bad: 'invalid record: field gpus: ...'
+        (its first three problems); None when the record is valid."""
+        if not self.problems:
+            return None
+        more = f" (and {len(self.problems) - 3} more)" if len(self.problems) > 3 else ""
+        return "invalid record: " + "; ".join(self.problems[:3]) + more
+
+    def field_valid(self, name: str) -> bool:
+        """False if the record's field ``name`` was missing or bad (and was replaced)."""
+        return not any(p.startswith(f"field {name}:") for p in self.problems)
+
+
+def _enum_check(enum: type[Enum]) -> Callable[[Any], Any]:
+    def check(text: Any) -> Any:
+        try:
+            return enum(text)
+        except ValueError:
+            names = ", ".join(str(m.value) for m in enum)  # type: ignore[attr-defined]
+            raise R.BadField(f"expected one of {names}, got {R.show(text)}") from None
+
+    return check
+
+
+def _one_of(*values: str) -> Callable[[Any], str]:
+    def check(text: Any) -> str:
+        if text not in values:
+            raise R.BadField(f"expected one of {', '.join(values)}, got {R.show(text)}")
+        return str(text)
+
+    return check
+
+
+_TIME = (0.0, R.MAX_TIMESTAMP, "a time in epoch seconds")
+_COUNT = (0, 2**63 - 1, "a whole number")
+
+#: How each field of a job hash is checked. A field without an entry must be text (at most
+#: MAX_TEXT_CHARS): a new non-text field needs an entry here.
+_JOB_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "id": lambda t: R.as_int(t, 1, R.MAX_ID, "a job id"),
+    "name": R.as_name,
+    "user": R.as_user,
+    "uid": lambda t: R.as_int(t, 0, R.MAX_UID, "a uid"),
+    "command": R.as_argv,
+    "gpu_memory": lambda t: R.as_int(t, 1, R.MAX_GPU_MEMORY, "a size in bytes"),
+    "gpus": lambda t: R.as_int(t, 1, R.MAX_GPUS, "a whole number of cards"),
+    "priority": _enum_check(Priority),
+    "state": _enum_check(JobState),
+    "workdir": R.as_abs_path,
+    "created_at": lambda t: R.as_float(t, *_TIME),
+    "assigned_at": lambda t: R.as_float(t, *_TIME),
+    "started_at": lambda t: R.as_float(t, *_TIME),
+    "ended_at": lambda t: R.as_float(t, *_TIME),
+    "env": R.as_env,
+    "shell": R.as_bool,
+    "cancel_requested": R.as_bool,
+    "oom_retry_grow": R.as_bool,
+    "kind": _one_of("command", "python"),
+    "node": R.as_word,
+    "cards": R.as_card_list,
+    "exit_code": lambda t: R.as_int(t, -(2**31), 2**31 - 1, "an exit code"),
+    "attempt": lambda t: R.as_int(t, 0, R.MAX_ID),
+    "assignments": lambda t: R.as_int(t, 0, R.MAX_ID),
+    "log_path": R.as_abs_path,
+    "log_paths": lambda t: R.as_text_list(t, paths=True),
+    "pid": lambda t: R.as_int(t, 2, R.MAX_PID, "a process id"),
+    "proc_start": lambda t: R.as_int(t, *_COUNT),
+    "worker": R.as_word,
+    "max_retries": lambda t: R.as_int(t, 0, 10_000, "a number of retries"),
+    "submit_host": R.as_word,
+    "time_limit": lambda t: R.as_float(t, 0.001, R.MAX_TIME_LIMIT, "a duration in seconds"),
+    "attempts": R.as_attempts,
+    "failure": lambda t: R.as_word(t, 64),
+    "evidence": lambda t: R.as_text_list(t, limit=100),
+    "suggested_gpu_memory": lambda t: R.as_int(t, 1, R.MAX_GPU_MEMORY, "a size in bytes"),
+    "template": lambda t: R.as_text(t, 128),
+    "expected_seconds": lambda t: R.as_float(t, 0.0, R.MAX_TIME_LIMIT, "a duration in seconds"),
+    "vram_peak": lambda t: R.as_int(t, *_COUNT),
+    "vram_sum": lambda t: R.as_int(t, *_COUNT),
+    "vram_samples": lambda t: R.as_int(t, *_COUNT),
+    "util_sum": lambda t: R.as_int(t, *_COUNT),
+    "util_samples": lambda t: R.as_int(t, *_COUNT),
+    "overuse": lambda t: R.as_int(t, *_COUNT),
+}
+
+#: Fields every job record has; the rest have defaults.
+_REQUIRED = frozenset({"id", "name", "user", "command", "gpu_memory", "gpus", "priority", "state",
+                       "workdir", "created_at"})
+
+
+def _fallback(name: str, text: str | None) -> Any:
+    """The neutral value a bad or missing required field takes (display only: a job with
+    problems is never run)."""
+    if name == "name":
+        return R.printable(text) if text else "?"
+    return {"id": 0, "user": "?", "command": [], "gpu_memory": 0, "gpus": 1,
+            "priority": Priority.LOW, "state": JobState.FAILED, "workdir": "",
+            "created_at": 0.0}[name]
+
+
+def _consistency(job: Job, bad: set[str]) -> list[tuple[str, str]]:
+    """Checks across fields (only between fields that are valid on their own)."""
+    found = []
+    if job.shell and not bad & {"shell", "command"} and (
+            len(job.command) != 3 or job.command[:2] != ["/bin/sh", "-c"]):
+        # The shell flag only changes how the command is shown: it must match what runs.
+        found.append(("command", f"a shell job's command must be ['/bin/sh', '-c', TEXT], "
+                                 f"got {R.show(job.command)}"))
+    if job.cards and not bad & {"cards", "gpus"} and len(job.cards) != job.gpus:
+        found.append(("cards", f"the job asks for {job.gpus} card(s) but holds {len(job.cards)}"))
+    return found
 
 
 def _s(value: Any) -> str:
@@ -252,29 +385,55 @@ class CardState:
 
     @classmethod
     def from_redis(cls, raw: dict[Any, Any]) -> CardState:
+        """Parse and check a card hash. Never raises: a card whose record is bad is returned
+        unhealthy (it takes no jobs) with the first problem as its health_reason, its bad
+        fields at neutral values (capacity 0, node '?', index -1)."""
         data = {_s(k): _s(v) for k, v in raw.items()}
+        problems: list[str] = []
 
-        def opt_int(key: str) -> int | None:
-            value = data.get(key)
-            return int(float(value)) if value not in (None, "") else None
+        def get(name: str, check: Callable[[Any], Any], default: Any, required: bool = False) -> Any:
+            text = data.get(name)
+            if text is None or text == "":
+                if required:
+                    problems.append(f"field {name}: missing")
+                return default
+            try:
+                return check(text)
+            except R.BadField as exc:
+                problems.append(f"field {name}: {exc}")
+                return default
 
-        return cls(
-            node=data["node"],
-            index=int(data["index"]),
-            total=int(data["total"]),
-            usable=int(data["usable"]),
-            reserved=int(data.get("reserved", 0)),
-            jobs=int(data.get("jobs", 0)),
-            max_jobs=int(data.get("max_jobs", 1)),
-            allowed=data.get("allowed", "1") == "1",
-            healthy=data.get("healthy", "1") == "1",
-            model=data.get("model", "unknown"),
-            uuid=data.get("uuid", ""),
-            used=opt_int("used"),
-            utilization=opt_int("utilization"),
-            temperature=opt_int("temperature"),
-            updated_at=float(data["updated_at"]) if data.get("updated_at") else None,
-            fake=data.get("fake", "0") == "1",
-            health_reason=data.get("health_reason", ""),
-            foreign=int(data.get("foreign") or 0),
+        def size(text: Any) -> int:
+            return R.as_int(text, 0, R.MAX_GPU_MEMORY, "a size in bytes")
+
+        def signed(text: Any) -> int:
+            # reserved/foreign are kept by HINCRBY: let the ledger's own checks judge them
+            return R.as_int(text, -R.MAX_GPU_MEMORY, R.MAX_GPU_MEMORY, "a size in bytes")
+
+        def small(low: int, high: int) -> Callable[[Any], int]:
+            return lambda text: R.as_int(text, low, high)
+
+        card = cls(
+            node=get("node", R.as_word, "?", True),
+            index=get("index", small(0, R.MAX_CARD_INDEX), -1, True),
+            total=get("total", size, 0, True),
+            usable=get("usable", size, 0, True),
+            reserved=get("reserved", signed, 0),
+            jobs=get("jobs", small(-(2**31), 2**31), 0),
+            max_jobs=get("max_jobs", small(1, 1_000_000), 1),
+            allowed=get("allowed", R.as_bool, True),
+            healthy=get("healthy", R.as_bool, True),
+            model=get("model", lambda t: R.as_text(t, 256), "unknown"),
+            uuid=get("uuid", lambda t: R.as_text(t, 256), ""),
+            used=get("used", signed, None),
+            utilization=get("utilization", small(0, 100), None),
+            temperature=get("temperature", small(-300, 1000), None),
+            updated_at=get("updated_at", lambda t: R.as_float(t, *_TIME), None),
+            fake=get("fake", R.as_bool, False),
+            health_reason=get("health_reason", R.as_text, ""),
+            foreign=get("foreign", signed, 0),
         )
+        if problems:
+            card.healthy = False
+            card.health_reason = "invalid record: " + problems[0]
+        return card

@@ -64,3 +64,17 @@ def real_redis(key_prefix: str) -> Iterator[redis.Redis]:
     yield client
     delete_prefix(client, key_prefix)
     client.close()
+
+
+@pytest.fixture
+def cli_env(key_prefix: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The `rig` command line run in this process against real Redis under this test's key
+    prefix, with a private RIG_HOME and none of the caller's RIG_* settings. Returns the prefix."""
+    for key in list(os.environ):
+        if key.startswith("RIG_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("RIG_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("RIG_KEY_PREFIX", key_prefix)
+    monkeypatch.setenv("RIG_REDIS_URL", REDIS_URL)
+    monkeypatch.chdir(tmp_path)
+    return key_prefix

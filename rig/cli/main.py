@@ -174,7 +174,10 @@ def kill(ctx: click.Context, job_ids: tuple[str, ...], no_wait: bool) -> None:
     client = client_from(ctx)
     client.ping()
     for jid in job_ids:
-        client.get(jid)  # unknown ids fail before anything is killed
+        # Unknown ids, and other users' jobs (unless an admin asks), fail before anything is killed.
+        job = client.get(jid)
+        if not job.state.terminal:
+            client.check_control(job, "kill")
     for jid in job_ids:
         before = client.get(jid)
         if before.state.terminal:
@@ -201,7 +204,7 @@ def errors(ctx: click.Context, clear_ids: tuple[str, ...], limit: int, as_json: 
     client = client_from(ctx)
     client.ping()
     for jid in clear_ids:
-        client.get(jid)
+        client.check_control(client.get(jid), "clear")  # all refusals before any change
     if clear_ids:
         for jid in clear_ids:
             job = client.clear_error(jid)

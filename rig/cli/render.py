@@ -6,6 +6,7 @@ import time
 from datetime import datetime
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rig.client import StatusReport
@@ -82,7 +83,7 @@ def _render_cards(report: StatusReport, cards_of_node: list[CardState], title: s
         cards.add_column(col, justify="right" if col not in ("card", "model", "running") else "left")
     for card in cards_of_node:
         jobs = report.running.get(card.id, [])
-        running = ", ".join(f"{j.id}:{j.name}" + (" [bold red](over its declaration)[/]" if j.overuse else "")
+        running = ", ".join(f"{j.id}:{escape(j.name)}" + (" [bold red](over its declaration)[/]" if j.overuse else "")
                             for j in jobs) or "-"
         flags = []
         if not card.allowed:
@@ -146,7 +147,7 @@ def render_jobs(jobs: list[Job], console: Console) -> None:
         if job.started_at:
             runtime = (job.ended_at or now) - job.started_at
         table.add_row(
-            str(job.id), job.name, job.user, f"[{STATE_STYLE[job.state]}]{job.state.value}[/]",
+            str(job.id), escape(job.name), escape(job.user), f"[{STATE_STYLE[job.state]}]{job.state.value}[/]",
             job.priority.value, format_memory(job.gpu_memory), str(job.gpus), where,
             duration(now - job.created_at), duration(runtime),
             "-" if job.exit_code is None else str(job.exit_code),
@@ -159,7 +160,7 @@ def render_jobs(jobs: list[Job], console: Console) -> None:
 
 def render_metrics(job: Job, console: Console) -> None:
     """Declared vs measured memory, utilisation and duration, per attempt (M12)."""
-    table = Table(title=f"job {job.id} '{job.name}': measured on its card(s), per attempt",
+    table = Table(title=f"job {job.id} '{escape(job.name)}': measured on its card(s), per attempt",
                   title_justify="left")
     for col in ("attempt", "outcome", "declared", "peak", "mean", "peak/declared", "gpu util", "duration"):
         table.add_column(col, justify="left" if col in ("outcome",) else "right")
@@ -194,8 +195,8 @@ def render_errors(jobs: list[Job], console: Console) -> None:
         table.add_column(col, justify="right" if col in ("id", "attempts") else "left",
                          overflow="fold")
     for job in jobs:
-        table.add_row(str(job.id), job.name, job.user, f"[{STATE_STYLE[job.state]}]{job.state.value}[/]",
-                      job.failure or "-", str(job.attempt), ago(job.ended_at), job.reason or "-")
+        table.add_row(str(job.id), escape(job.name), escape(job.user), f"[{STATE_STYLE[job.state]}]{job.state.value}[/]",
+                      escape(job.failure or "-"), str(job.attempt), ago(job.ended_at), escape(job.reason or "-"))
     console.print(table)
     console.print("`rig retry JOB [--gpu-memory SIZE]` sends one back; `rig errors --clear JOB` dismisses it")
 
@@ -220,6 +221,8 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
         rows.append(("exit code", str(job.exit_code)))
     if job.reason:
         rows.append(("reason", job.reason))
+    for problem in job.problems:  # a damaged record: what is wrong with it
+        rows.append(("invalid record", problem))
     if job.vram_samples:
         rows.append(("measured", f"peak {format_memory(job.vram_peak)}, mean {format_memory(job.vram_mean)}"
                      + (f", util {job.util_mean:.0f}%" if job.util_mean is not None else "")))
@@ -254,5 +257,10 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
     table.add_column(style="bold")
     table.add_column(overflow="fold")
     for key, value in rows:
-        table.add_row(key, value)
+        # Names, commands, reasons... are the submitter's text, never rich markup.
+        table.add_row(key, value if key in _MARKUP_ROWS else escape(value))
     console.print(table)
+
+
+#: Rows of render_job whose values carry rich markup of rig's own.
+_MARKUP_ROWS = frozenset({"state", "over its declaration"})

@@ -7,19 +7,11 @@ from click.testing import CliRunner
 
 from rig.cli.main import cli
 from rig.cli.submit import main as submit_main
-from tests.conftest import REDIS_URL
 
 
 @pytest.fixture
-def env(key_prefix, tmp_path, monkeypatch):
-    for key in list(__import__("os").environ):
-        if key.startswith("RIG_"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("RIG_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("RIG_KEY_PREFIX", key_prefix)
-    monkeypatch.setenv("RIG_REDIS_URL", REDIS_URL)
-    monkeypatch.chdir(tmp_path)
-    return key_prefix
+def env(cli_env):
+    return cli_env
 
 
 def one_line_error(result, code: int, *needles: str) -> None:
