@@ -16,6 +16,16 @@ COPY pyproject.toml README* ./
 COPY rig ./rig
 COPY workers ./workers
 COPY config ./config
-RUN pip install . && mkdir -p /var/lib/rig/logs
+# rig and its jobs run as an unprivileged user, not root: the gpu-worker shares the host's pid
+# namespace, where root could signal every process of the host. The uid is one no host user is
+# likely to have (change it with --build-arg RIG_UID=...); the rig home (logs, Flower's
+# credentials) belongs to it.
+ARG RIG_UID=10001
+RUN pip install . \
+    && useradd --uid "$RIG_UID" --user-group --no-create-home --home-dir /var/lib/rig --shell /usr/sbin/nologin rig \
+    && mkdir -p /var/lib/rig/logs \
+    && chown -R rig:rig /var/lib/rig \
+    && chmod 700 /var/lib/rig
+USER rig
 
 CMD ["rig", "--help"]

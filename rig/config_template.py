@@ -11,8 +11,13 @@ TEMPLATE = """\
 node_name = "{node_name}"
 
 # Where rig keeps its state. A Redis with AOF persistence; `rig up` starts a private one under
-# {home}/redis if nothing answers at a local URL.
+# {home}/redis if nothing answers at a local URL, with a generated password in
+# {home}/redis.password (mode 0600) that every rig command on this machine reads by itself.
 redis_url = "{redis_url}"
+# A password for a Redis of your own (never write it here if others can read this file): the
+# URL's own (redis://:PASSWORD@host:6379/0), else RIG_REDIS_PASSWORD, else this file's first
+# line (no access for "other"; group-readable is fine for a team). See docs/SECURITY.md.
+# redis_password_file = "/etc/rig/redis.password"
 # Prefix of every Redis key rig writes (several rigs can share one Redis with different ones).
 key_prefix = "rig:"
 
@@ -57,9 +62,13 @@ system_log_dir = "{system_log_dir}"
 # Seconds between SIGTERM and SIGKILL when a job is killed.
 kill_grace_seconds = {kill_grace_seconds}
 
-# Flower (Celery monitoring) listens here; keep it on loopback unless it has auth in front.
+# Flower (Celery monitoring) listens here, always behind basic auth (RIG_FLOWER_AUTH, else
+# {home}/flower.auth); it is plain HTTP, so keep it on loopback unless TLS stands in front.
 flower_address = "{flower_address}"
 flower_port = {flower_port}
+# The Prometheus endpoint (no login): loopback unless you mean it. metrics_port = 0 turns it off.
+# metrics_address = "127.0.0.1"
+# metrics_port = 9840
 
 # Submission presets: `rig-submit --template finetune -- python ft.py`. Explicit flags win.
 # finetune, inference and test ship built in (see `rig templates`); redefine or add your own:

@@ -106,7 +106,7 @@ def open_doors(settings: Settings, wants: Callable[[str], bool]) -> list[str]:
                      "loopback: its basic auth travels in plain HTTP; put TLS in front (docs/SECURITY.md)")
     if wants("metrics") and settings.metrics_port and settings.metrics_address not in LOOPBACK:
         doors.append(f"warning: the metrics endpoint listens on {settings.metrics_address}:"
-                     f"{settings.metrics_port}, beyond loopback, with no login: job names and users "
+                     f"{settings.metrics_port}, beyond loopback, with no login: queue and card figures "
                      "are visible to whoever reaches it (docs/SECURITY.md)")
     return doors
 

@@ -340,7 +340,10 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
             raise StackError(f"rig is already up on node {settings.node_name} (pid {existing}); `rig down` stops it")
         argv = [sys.executable, "-m", "rig.cli.main"]
         for key, value in overrides.items():
-            if key != "node_name":  # an option of `up` itself, below
+            # node_name: an option of `up` itself, below. redis_url may hold a password, and the
+            # daemon's argv stays visible in `ps` for its whole life: it travels in
+            # env_overrides (RIG_REDIS_URL) instead.
+            if key not in ("node_name", "redis_url"):
                 argv += [f"--{key.replace('_', '-')}", str(value)]
         argv += ["up"] + (["--no-flower"] if no_flower else []) + (["--no-beat"] if no_beat else [])
         argv += ["--node", node_opt] if node_opt else []

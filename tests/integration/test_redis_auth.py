@@ -7,6 +7,7 @@ machine uses it untyped, and a wrong or missing one is a one-line error with exi
 from __future__ import annotations
 
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -102,11 +103,15 @@ def test_private_redis_requires_its_generated_password(tmp_path):
         down = run(env, "rig", "down")
     assert down.returncode == 0, down.stderr
 
-    # The next bring-up reuses the password, so the AOF's data is still reachable.
-    again = run(env, "rig", "up", "--daemon", "--only", "redis")
+    # The next bring-up reuses the password, so the AOF's data is still reachable. This time the
+    # URL with the password comes as a flag: the daemon must not keep it in its argv.
+    again = run(env, "rig", "up", "--daemon", "--only", "redis",
+                "--redis-url", f"redis://:{password}@127.0.0.1:{port}/0")
     try:
         assert again.returncode == 0, again.stderr
         assert pw_file.read_text().strip() == password
         assert client(port, password).get(f"{env['RIG_KEY_PREFIX']}marker") == "kept"
+        daemon = int(re.search(r"\(pid (\d+)\)", again.stdout).group(1))
+        assert password not in Path(f"/proc/{daemon}/cmdline").read_bytes().decode(errors="replace")
     finally:
         assert run(env, "rig", "down").returncode == 0
