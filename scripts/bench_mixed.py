@@ -179,9 +179,11 @@ def record_of(job: Job) -> RunRecord:
 
 
 def run_trace(strategy: str, trace: list[TraceJob], bound: LowerBound, timeout_s: float,
-              say: Callable[[str], None]) -> dict[str, Any]:
+              say: Callable[[str], None], time_limit_factor: float = 0.0) -> dict[str, Any]:
     """Replay ``trace`` in real time on a fresh node using ``strategy``; the metrics as a dict
-    (seconds, bytes, fractions)."""
+    (seconds, bytes, fractions). With ``time_limit_factor`` > 0 each job declares
+    ``--time-limit`` = its planned duration x that factor (as a user declares a limit), which
+    gives the dispatcher expected end times for backfill."""
     home = Path(tempfile.mkdtemp(prefix="rig-mixed-"))
     harness = RigHarness(home, fake_gpus=f"{CARDS}x80G", redis_url=redis_url(),
                          scheduler_type=strategy, max_task_per_gpu=MAX_JOBS,
@@ -206,8 +208,9 @@ def run_trace(strategy: str, trace: list[TraceJob], bound: LowerBound, timeout_s
             if delay > 0:
                 time.sleep(delay)
             lags.append(time.monotonic() - t0 - job.arrival)
+            limit = round(job.duration * time_limit_factor + 0.5, 1) if time_limit_factor > 0 else None
             handle = client.submit(job_command(job), gpu_memory=job.gpu_memory, gpus=job.gpus,
-                                   priority=job.priority, name=job.name, retries=0)
+                                   priority=job.priority, name=job.name, retries=0, time_limit=limit)
             ids.append(int(handle.id))
         deadline = time.monotonic() + timeout_s
         finals = []
@@ -472,6 +475,9 @@ def main() -> int:
     parser.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
                         help="comma list of scheduler_type values to compare")
     parser.add_argument("--jobs", type=int, default=200, help="jobs in the mixed trace")
+    parser.add_argument("--time-limits", type=float, default=1.5, metavar="FACTOR",
+                        help="each job declares --time-limit = planned duration x FACTOR + 0.5 s, "
+                        "as users declare limits (0: none; the dispatcher then knows no end times)")
     parser.add_argument("--seed", type=int, default=8, help="seed of the mixed trace")
     parser.add_argument("--skip-latency", action="store_true",
                         help="skip idle dispatch latency and tiny-job throughput")
@@ -531,7 +537,7 @@ def main() -> int:
             continue
         available.append(strategy)
         try:
-            results[strategy] = run_trace(strategy, trace, bound, args.timeout, say)
+            results[strategy] = run_trace(strategy, trace, bound, args.timeout, say, args.time_limits)
         except Exception as exc:  # noqa: BLE001 - one broken strategy must not hide the others
             results[strategy] = {"strategy": strategy, "error": f"failed: {exc!r}"}
             say(f"  [{strategy}] failed: {exc!r}")

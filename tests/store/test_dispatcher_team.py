@@ -215,3 +215,22 @@ def test_fair_share_two_users_fifty_jobs_each_one_all_at_once_first(make):
     for i in range(0, 80):
         assert 3 <= after_bob[i:i + 10].count("bob") <= 7, (i, after_bob)
     assert alice and bob
+
+
+@pytest.mark.parametrize("order,expected,fit", [("largest-first", ["big", "pair", "small"], 3),
+                                                 ("fifo", ["small", "big", "pair"], 2)])
+def test_queue_order_within_a_priority(make, order, expected, fit):
+    """Largest first packs better: FIFO puts small and big on one card (best fit), leaving no
+    card pair with 10 GiB each for the 2-card job."""
+    ledger, dispatcher, started = make(queue_order=order)
+    ids = {"small": submit(ledger, 1), "big": submit(ledger, 30), "pair": submit(ledger, 10, gpus=2)}
+    names = {v: k for k, v in ids.items()}
+    assert [j.id for j in dispatcher.fair_order(dispatcher._read_waiting(), _team(), time.time())] == \
+        [ids[n] for n in expected]
+    assert dispatcher.dispatch_pass() == fit and names[started[0][0]] == expected[0]
+
+
+def _team():
+    from rig.fairshare import TeamState
+
+    return TeamState()
