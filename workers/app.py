@@ -11,7 +11,8 @@ Several nodes may share one Redis, each with its own control worker and beat. Cl
 duties run once: beat's lock lets one beat send the periodic tasks, each of which one control
 worker takes (rig.health: nodes and reservations), and the dispatcher leads under its own
 lock. Node duties run on every node: its control worker heartbeats for the node and, every
-health.check_interval s, checks its own card workers and processes (HealthChecker.run_local).
+health.check_interval s, checks its own card workers and processes (HealthChecker.run_local);
+hourly it sweeps its own old job logs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import time
 from celery.signals import worker_ready, worker_shutting_down
 
 from rig.celery_config import (
+    LOG_SWEEP_INTERVAL_S,
     TASK_ALERTS,
     TASK_HEALTH,
     TASK_START_JOB,
@@ -137,12 +139,19 @@ def _control_heartbeat(name: str) -> None:
 
 
 def _local_health() -> None:
-    """This node's own checks (dead card workers, orphan processes) every check_interval s:
-    they need this node's processes, so every node's control worker runs them for itself."""
+    """This node's own duties: its checks (dead card workers, orphan processes) every
+    check_interval s, and the sweep of its own job logs every LOG_SWEEP_INTERVAL_S s. They need
+    this node's processes and files, so every node's control worker runs them for itself (beat's
+    periodic tasks reach only one control worker of the cluster)."""
     checker = HealthChecker(settings, _redis)
+    next_sweep = time.monotonic() + LOG_SWEEP_INTERVAL_S
     while not _control_stop.wait(settings.health.check_interval):
         try:
             checker.run_local()
+            if time.monotonic() >= next_sweep:
+                swept = sweep_logs(settings, _redis)
+                # Skipped while another node sweeps (one lock): try again in a minute.
+                next_sweep = time.monotonic() + (LOG_SWEEP_INTERVAL_S if swept is not None else 60.0)
         except Exception:  # noqa: BLE001 - the next pass tries again
             log.exception("local health check failed")
 

@@ -212,6 +212,8 @@ class CardRunner:
             "RIG_EXIT_FILE": str(exit_file),
             "RIG_REDIS_URL": self.settings.redis_url,
             "RIG_KEY_PREFIX": self.settings.key_prefix,
+            # Which node's job this is: a node's orphan check stops only its own (health.py).
+            "RIG_NODE_NAME": self.node,
         })
         usage_dir = getattr(self.backend, "usage_dir", None)
         if usage_dir is not None:
