@@ -29,6 +29,18 @@ scheduler_type = "{scheduler_type}"
 # A waiting job moves up one priority level per this many seconds (no starvation of low jobs).
 aging_seconds = 600
 
+# Within a priority: the user with the least recent usage (GiB-hours, halving every
+# fair_share_half_life_hours) starts next; each user's jobs largest first ("largest-first",
+# packs better) or in submission order ("fifo").
+fair_share = true
+fair_share_half_life_hours = 24
+queue_order = "largest-first"
+
+# Per-user limits (0: none): placed-or-running jobs, and memory held summed over cards.
+max_jobs_per_user = 0
+max_gpu_memory_per_user = "0"
+# (One user's own limits and the pools are tables: see the end of this file.)
+
 # A job that uses more GPU memory than it declared: "warn" (flag it) or "stop" it.
 overuse_policy = "warn"
 
@@ -69,6 +81,15 @@ flower_port = {flower_port}
 # The Prometheus endpoint (no login): loopback unless you mean it. metrics_port = 0 turns it off.
 # metrics_address = "127.0.0.1"
 # metrics_port = 9840
+
+# One user's own limits (override the two above for that user).
+# [user_limits.alice]
+# max_jobs = 8
+# max_gpu_memory = "320G"
+
+# Pools: named sets of nodes or cards; `rig-submit --pool a100` runs only there.
+# [pools]
+# a100 = ["gpu1", "gpu2:0-3"]
 
 # Submission presets: `rig-submit --template finetune -- python ft.py`. Explicit flags win.
 # finetune, inference and test ship built in (see `rig templates`); redefine or add your own:

@@ -36,6 +36,7 @@ def one_line_error(result, code: int, *needles: str) -> None:
         (["--", "true"], 2, "--gpu-memory is required"),
         (["--gpu-memory", "1G", "--gpus", "0", "--", "true"], 2, "--gpus"),
         (["--gpu-memory", "1G", "--workdir", "/nonexistent/dir", "--", "true"], 2, "not a directory"),
+        (["--gpu-memory", "1G", "--pool", "a100", "--", "true"], 2, "unknown pool 'a100'"),
     ],
 )
 @pytest.mark.redis
