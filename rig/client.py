@@ -97,6 +97,7 @@ class Client:
         self.store = JobStore(self.r, self.keys)
         self.ledger = Ledger(self.r, self.keys)
         self._celery = None
+        self._sender = None  # rig.notify.BackgroundSender, made on the first submission
         self._cards_cache: tuple[float, list[CardState]] | None = None
         self.last_auto_note: str | None = None
 
@@ -139,8 +140,10 @@ class Client:
         time_limit: str | float | None = None,
         oom_retry_grow: bool | None = None,
         template: str | None = None,
+        pool: str | None = None,
     ) -> JobHandle:
         """Queue a job; returns a handle at once. A string command runs through ``/bin/sh -c``.
+        ``pool`` restricts it to the cards of one configured pool (rig.pools).
 
         Raises InvalidInput for a malformed request, Unschedulable when no allowed card could
         ever hold it, RedisUnavailable when rig's Redis cannot be reached. Nothing is written
@@ -194,18 +197,29 @@ class Client:
         who = current_identity()
         _checked(f"your login name {who.name!r} cannot be recorded", R.as_user, who.name)
 
+        pools = self.settings.pool_map
+        try:
+            pools.check(pool)
+        except ValueError as exc:
+            raise InvalidInput(f"--pool: {exc}") from None
+
         def _do() -> Job:
-            cards = self._cards_for_admission()
-            if cards:
-                reason = never_fits(cards, Request(nbytes, gpus))
+            cards = [c for c in self._cards_for_admission() if pools.contains(pool, c.node, c.index)]
+            if cards or pool is None:
+                reason = never_fits(cards, Request(nbytes, gpus)) if cards else None
                 if reason:
-                    raise Unschedulable(f"job can never run: {reason}")
+                    where = f" in pool {pool!r}" if pool else ""
+                    raise Unschedulable(f"job can never run{where}: {reason}")
+            elif self._cards_for_admission():
+                raise Unschedulable(f"job can never run: pool {pool!r} has no registered card "
+                                    f"(its members: {', '.join(self.settings.pools[pool])})")
             job = Job(
                 id=0, name=job_name, user=who.name, uid=who.uid, command=argv, shell=is_shell,
                 gpu_memory=nbytes, gpus=gpus, priority=prio, state=JobState.PENDING,
                 workdir=str(wd), env=job_env, created_at=time.time(), kind=kind,
                 max_retries=max_retries, submit_host=socket.gethostname(), time_limit=limit,
-                oom_retry_grow=bool(oom_retry_grow), template=template,
+                oom_retry_grow=bool(oom_retry_grow), template=template, pool=pool,
+                expected_seconds=self.expected_seconds(job_name, limit),
             )
             job = self.store.create(job)
             if extra:
@@ -215,6 +229,16 @@ class Client:
         job = self._guard(_do)
         self._notify_submitted(job)
         return JobHandle(self, job.id, job)
+
+    def expected_seconds(self, name: str, time_limit: float | None) -> float | None:
+        """How long a job is expected to run (s), for backfill: the median of the last 5
+        successful runs of the same name, capped by the time limit; else the time limit; else
+        None (unknown: the dispatcher then lets nothing backfill around it)."""
+        runs = sorted(float(d) for d in self.r.lrange(self.keys.durations(name), 0, 4))
+        if runs:
+            median = runs[len(runs) // 2]
+            return min(median, time_limit) if time_limit else median
+        return time_limit
 
     def auto_memory(self, name: str, margin: float | None = None) -> tuple[int, str]:
         """``--gpu-memory auto``: the largest measured peak of the last 5 successful runs of
@@ -240,23 +264,28 @@ class Client:
         return self._cards_cache[1]
 
     def _notify_submitted(self, job: Job) -> None:
-        """Tell the dispatcher over the job's priority queue. The job is already safe in the
-        pending queue, so a lost message only delays it to the next periodic pass."""
-        try:
-            from rig.celery_config import TASK_SUBMITTED
+        """Send the job's "submitted" message on its priority queue (for Flower; it also nudges
+        the dispatcher, which the stored submission has woken already). Sent from a background
+        thread (rig.notify): the job is already safe in the pending queue, so a lost message
+        delays nothing."""
+        if self._sender is None:
+            from rig.notify import BackgroundSender
 
-            self.celery.send_task(
-                TASK_SUBMITTED, args=[job.id], queue=job.priority.queue, retry=False,
-                argsrepr=f"job {job.id} '{job.name}' by {job.user}: "
-                f"{format_memory(job.gpu_memory)} x {job.gpus}, {job.priority.value}",
-            )
-        except Exception as exc:  # noqa: BLE001 - never fail a stored submission
-            log.warning("job %s: could not notify the dispatcher (%s); it will be picked up "
-                        "on the next pass", job.id, exc)
-            try:
-                self.wake_dispatcher()
-            except redis.RedisError:
-                pass
+            self._sender = BackgroundSender(self._send_submitted)
+        self._sender.put((job.id, job.name, job.user, job.gpu_memory, job.gpus, job.priority))
+
+    def _send_submitted(self, item: object) -> None:
+        from rig.celery_config import TASK_SUBMITTED
+
+        job_id, name, user, nbytes, gpus, priority = item  # type: ignore[misc]
+        self.celery.send_task(
+            TASK_SUBMITTED, args=[job_id], queue=priority.queue, retry=False,
+            argsrepr=f"job {job_id} '{name}' by {user}: {format_memory(nbytes)} x {gpus}, {priority.value}",
+        )
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until the submission messages of this client were sent (see rig.notify)."""
+        return self._sender.flush(timeout) if self._sender is not None else True
 
     # -- reading --------------------------------------------------------------------------
     def get(self, job_id: int | str) -> Job:

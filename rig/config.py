@@ -15,7 +15,7 @@ import os
 import re
 import socket
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -27,6 +27,10 @@ from pydantic_settings import (
 )
 
 from rig.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rig.fairshare import UserLimit
+    from rig.pools import Pools
 
 SchedulerType = Literal["multi-factor", "best-fit", "least-loaded", "first-fit"]
 PriorityName = Literal["high", "medium", "low"]
@@ -68,6 +72,13 @@ class AlertSettings(BaseModel):
     idle_wait_seconds: float = Field(60.0, ge=0, description="cards idle while a job waits this long")
     reserved_idle_seconds: float = Field(600.0, ge=0, description="reserved but idle this long")
     max_fragmentation: float = Field(0.5, ge=0, le=1)
+
+
+class UserLimitSettings(BaseModel):
+    """One user's own limits ([user_limits.NAME]); a field left out uses the global default."""
+
+    max_jobs: int | None = Field(None, ge=0, description="placed or running jobs (0: no limit)")
+    max_gpu_memory: str | None = Field(None, description="reserved memory over all cards, e.g. 80G")
 
 
 class Template(BaseModel):
@@ -121,6 +132,27 @@ class Settings(BaseSettings):
         20.0, ge=0,
         description="a blocked medium job holds the cards closest to fitting it after this long "
         "(high: at once; low: twice this)",
+    )
+    pools: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="named sets of nodes/cards, e.g. a100 = [\"gpu1\", \"gpu2:0-3\"] (rig.pools)",
+    )
+    queue_order: Literal["largest-first", "fifo"] = Field(
+        "largest-first",
+        description="within a priority (and a user): largest request first (packs better), or FIFO",
+    )
+    fair_share: bool = Field(
+        True, description="within a priority, the user with the least recent usage starts first"
+    )
+    fair_share_half_life_hours: float = Field(
+        24.0, gt=0, description="recent usage (GiB-hours) halves every this many hours"
+    )
+    max_jobs_per_user: int = Field(0, ge=0, description="placed or running jobs per user (0: no limit)")
+    max_gpu_memory_per_user: str = Field(
+        "0", description="memory reserved per user, summed over cards, e.g. 160G (0: no limit)"
+    )
+    user_limits: dict[str, UserLimitSettings] = Field(
+        default_factory=dict, description="per-user overrides: alice = {max_jobs = 8}"
     )
     gpu_whitelist: list[int] | None = Field(None, description="card indexes rig may use")
     max_task_per_gpu: int = Field(4, ge=1, description="jobs at once on one card")
@@ -186,6 +218,28 @@ class Settings(BaseSettings):
                              "digit (set --node or RIG_NODE_NAME)")
         return value
 
+    @field_validator("pools", mode="after")
+    @classmethod
+    def _pools_parse(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        from rig.pools import Pools
+
+        Pools.from_config(value)  # raises ValueError naming the bad pool or member
+        return value
+
+    @field_validator("max_gpu_memory_per_user", mode="before")
+    @classmethod
+    def _memory_limit_text(cls, value: Any) -> str:
+        from rig.errors import InvalidInput
+        from rig.memory import parse_memory
+
+        text = str(value).strip()
+        if text not in ("0", ""):
+            try:
+                parse_memory(text, what="max_gpu_memory_per_user")
+            except InvalidInput as exc:
+                raise ValueError(str(exc)) from None
+        return text or "0"
+
     @field_validator("templates", mode="after")
     @classmethod
     def _keep_shipped_templates(cls, value: dict[str, Template]) -> dict[str, Template]:
@@ -237,6 +291,26 @@ class Settings(BaseSettings):
     @property
     def run_dir(self) -> Path:
         return self.home / "run"
+
+    @property
+    def pool_map(self) -> Pools:
+        """The configured pools, parsed (validated when the settings were loaded)."""
+        from rig.pools import Pools
+
+        return Pools.from_config(self.pools)
+
+    def user_limit(self, user: str) -> UserLimit:
+        """``user``'s limits: their [user_limits] entry where set, else the global defaults."""
+        from rig.fairshare import UserLimit
+        from rig.memory import parse_memory
+
+        def nbytes(text: str | None) -> int:
+            return 0 if text in (None, "", "0") else parse_memory(text, what="user memory limit")
+
+        own = self.user_limits.get(user)
+        jobs = own.max_jobs if own and own.max_jobs is not None else self.max_jobs_per_user
+        memory = own.max_gpu_memory if own and own.max_gpu_memory is not None else self.max_gpu_memory_per_user
+        return UserLimit(max_jobs=jobs, max_bytes=nbytes(memory))
 
     @classmethod
     def settings_customise_sources(

@@ -7,6 +7,10 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P jobs:all                    zset     every job id, score = id
   P jobs:state:<STATE>          zset     job ids in that state, score = id
   P pending                     zset     waiting jobs; score = priority rank * 1e12 + id
+  P pending:user:<user>         zset     that user's waiting jobs, same scores (fair share)
+  P pending:users               set      users with waiting jobs
+  P usage:<user>                hash     recent usage: value (GiB-hours) decayed to at (epoch s)
+  P durations:<name>            list     run seconds of earlier successful runs, newest first
   P errors                      zset     the error queue: ended jobs waiting for a person; score = time
   P cards                       set      card ids "<node>/<index>"
   P card:<node>:<index>         hash     one card's capacity, reservations and readings
@@ -60,6 +64,19 @@ class Keys:
     @property
     def pending(self) -> str:
         return f"{self.prefix}pending"
+
+    def pending_user(self, user: str) -> str:
+        return f"{self.prefix}pending:user:{user}"
+
+    @property
+    def pending_users(self) -> str:
+        return f"{self.prefix}pending:users"
+
+    def usage(self, user: str) -> str:
+        return f"{self.prefix}usage:{user}"
+
+    def durations(self, name: str) -> str:
+        return f"{self.prefix}durations:{name}"
 
     @property
     def errors(self) -> str:

@@ -39,9 +39,12 @@ def _field(value: Any) -> str:
 class Ledger:
     """Cards and reservations under one key prefix."""
 
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, *,
+                 usage_half_life_s: float = 24 * 3600.0) -> None:
         self.r = client
         self.keys = keys
+        #: Fair share: a user's recent usage (GiB-hours) halves every this many seconds.
+        self.usage_half_life_s = usage_half_life_s
         self.scripts = Scripts(client)
         self.store = JobStore(client, keys)
 
@@ -117,21 +120,27 @@ class Ledger:
         return {int(k): int(v) for k, v in raw.items()}
 
     # -- job moves ------------------------------------------------------------------------
-    def reserve(self, job_id: int, node: str, cards: list[int], nbytes: int) -> tuple[bool, str]:
+    def reserve(self, job_id: int, node: str, cards: list[int], nbytes: int,
+                user: str | None = None) -> tuple[bool, str]:
         """PENDING -> ASSIGNED on ``cards`` of ``node``, reserving ``nbytes`` on each.
+        ``user`` is the job's user (read from the record when not given).
 
         Returns (True, token) or (False, reason); on False nothing changed.
         """
+        if user is None:
+            user = self.r.hget(self.keys.job(job_id), "user") or ""
         keys = [
             self.keys.job(job_id),
             self.keys.pending,
             self.keys.state_index(JobState.PENDING.value),
             self.keys.state_index(JobState.ASSIGNED.value),
+            self.keys.pending_user(user),
+            self.keys.pending_users,
         ]
         for index in cards:
             keys += [self.keys.card(node, index), self.keys.card_jobs(node, index)]
         ok, detail = self.scripts.reserve(
-            keys=keys, args=[job_id, nbytes, time.time(), node, json.dumps(cards)]
+            keys=keys, args=[job_id, nbytes, time.time(), node, json.dumps(cards), user]
         )
         if ok:
             self.store.publish(job_id, JobState.ASSIGNED)
@@ -175,7 +184,9 @@ class Ledger:
         extra = {k: _field(v) for k, v in (fields or {}).items()}
         for _ in range(20):
             job = self.store.get(job_id)
-            keys = [self.keys.job(job_id), self.keys.pending, self.keys.errors]
+            keys = [self.keys.job(job_id), self.keys.pending, self.keys.errors,
+                    self.keys.pending_user(job.user), self.keys.pending_users,
+                    self.keys.usage(job.user)]
             keys += [self.keys.state_index(s) for s in _STATE_ORDER]
             if job.node:
                 for index in job.cards:
@@ -193,6 +204,8 @@ class Ledger:
                     pending_score(job.priority, job_id),
                     (expect or job.state).value,
                     "1" if error_queue else "0",
+                    self.usage_half_life_s,
+                    job.user,
                 ],
             )
             if int(code) == 3:

@@ -137,6 +137,7 @@ class Job:
     util_samples: int = 0
     overuse: int = 0  # the most it used beyond its declaration (bytes), 0 if never
     uid: int | None = None  # the submitting user's uid on the submitting host
+    pool: str | None = None  # only cards of this pool (rig.pools); None: any card
     #: Expected running time (s): the time limit, or the median of earlier runs of the same
     #: name; the dispatcher uses it to let short jobs backfill cards held for a blocked job.
     expected_seconds: float | None = None
@@ -299,6 +300,7 @@ _JOB_CHECKS: dict[str, Callable[[Any], Any]] = {
     "evidence": lambda t: R.as_text_list(t, limit=100),
     "suggested_gpu_memory": lambda t: R.as_int(t, 1, R.MAX_GPU_MEMORY, "a size in bytes"),
     "template": lambda t: R.as_text(t, 128),
+    "pool": lambda t: R.as_text(t, 63),
     "expected_seconds": lambda t: R.as_float(t, 0.0, R.MAX_TIME_LIMIT, "a duration in seconds"),
     "vram_peak": lambda t: R.as_int(t, *_COUNT),
     "vram_sum": lambda t: R.as_int(t, *_COUNT),

@@ -125,12 +125,16 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
                                util_samples=0, overuse=0, overuse_stop=None)
     code, detail = ledger.transition(job.id, decision.state, token=token, fields=decision.fields,
                                      error_queue=decision.error_queue, expect=expect)
-    if code == 1 and decision.state is JobState.SUCCEEDED and job.vram_peak:
-        # What this kind of job really needs, for `--gpu-memory auto` next time.
-        key = ledger.keys.history(job.name)
+    if code == 1 and decision.state is JobState.SUCCEEDED:
         pipe = ledger.r.pipeline(transaction=False)
-        pipe.lpush(key, job.vram_peak)
-        pipe.ltrim(key, 0, HISTORY_LENGTH - 1)
+        if job.vram_peak:
+            # What this kind of job really needs, for `--gpu-memory auto` next time.
+            pipe.lpush(ledger.keys.history(job.name), job.vram_peak)
+            pipe.ltrim(ledger.keys.history(job.name), 0, HISTORY_LENGTH - 1)
+        if job.started_at:
+            # How long it ran, for the dispatcher's estimate of when cards free (backfill).
+            pipe.lpush(ledger.keys.durations(job.name), round(max(0.0, time.time() - job.started_at), 3))
+            pipe.ltrim(ledger.keys.durations(job.name), 0, HISTORY_LENGTH - 1)
         pipe.execute()
     if code == 1:
         log.info("job %s attempt %s: %s -> %s (%s)", job.id, job.attempt, detail,
