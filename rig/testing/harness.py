@@ -107,11 +107,12 @@ class RigHarness:
         except redis.RedisError:
             pass
 
-    def kill(self, timeout: float = 10.0) -> list[tuple[int, int]]:
+    def kill(self, timeout: float = 10.0, *, jobs: bool = True) -> list[tuple[int, int]]:
         """Take this node away as a power cut would: SIGKILL every process group rig started
         here (workers, beat) and every job process of this node, and stop heartbeating.
         Nothing runs a shutdown path. Returns (job id, attempt) of the job processes killed,
-        once they are all gone."""
+        once they are all gone. With ``jobs=False`` only rig's processes die and the jobs run
+        on, as when rig crashes or the node is cut off from Redis."""
         self._stop_polling.set()
         if self._poller is not None:
             self._poller.join()
@@ -129,6 +130,8 @@ class RigHarness:
                     child.proc.wait(timeout)
             if stack.backend is not None:
                 stack.backend.close()
+        if not jobs:
+            return []
         killed: dict[int, tuple[int, int]] = {}
         deadline = time.monotonic() + timeout
         while True:

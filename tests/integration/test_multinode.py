@@ -1,6 +1,8 @@
 """Several nodes on one Redis: real workers of two "servers" (n1 2x80G, n2 2x40G) on this
 machine, one key prefix. Jobs land on both; `rig status` shows both nodes; a node stopped on
-purpose (`rig down`) keeps its running jobs (nobody re-runs them) and adopts them on return.
+purpose (`rig down`) keeps its running jobs (nobody re-runs them) and adopts them on return; a
+node whose rig died while its jobs ran on stops those old copies when it comes back (they were
+re-run elsewhere meanwhile).
 
 The hard loss of a node (SIGKILL of its processes and jobs, fail-over of beat and dispatcher,
 retries elsewhere, rejoin) is the fault scenario ``node-lost`` (rig.testing.faults.node_lost),
@@ -84,5 +86,46 @@ def test_two_nodes_share_work_and_a_stopped_node_keeps_its_jobs(tmp_path):
               30, "n1's cards to take jobs again")
         assert {n.name: n.state for n in nodes.read()} == {"n1": "up", "n2": "up"}
         assert cluster.leaked_bytes() == 0
+    finally:
+        cluster.cleanup()
+
+
+def test_a_node_back_after_its_jobs_ran_elsewhere_stops_the_old_copies(tmp_path):
+    """rig's processes on n1 die but its jobs run on (rig crashed, or n1 was cut off from
+    Redis): n1 is declared down and its jobs run again on n2. When n1 comes back, its own health
+    check stops the old copies; nothing of theirs reaches the records."""
+    cluster = RigCluster(tmp_path / "nodes", {"n1": "1x80G", "n2": "1x80G"},
+                         health={"check_interval": 1.0, "timeout": 3.0}, max_retries=2)
+    n1, n2 = cluster["n1"], cluster["n2"]
+    trace, go = tmp_path / "trace.txt", tmp_path / "go"
+    try:
+        n1.up()  # alone at first, so the jobs land on it
+        body = TRACED.format(body=f"{GATE}; {DONE}")
+        ids = [cluster.client.submit(body, gpu_memory="15G", env={"TRACE": str(trace), "GO": str(go)}).id
+               for _ in range(2)]
+        for jid in ids:
+            n1.wait_for_state(jid, {JobState.RUNNING}, timeout=60)
+        n2.up(beat=True)
+        assert n1.kill(jobs=False) == []
+        old = n1.job_processes()
+        assert sorted({job for job, _ in old.values()}) == ids  # the old copies run on
+
+        def rerun_on_n2() -> bool:
+            jobs = cluster.client.store.get_many(ids)
+            return all(j.state is JobState.RUNNING and j.node == "n2" and j.attempt == 2 and j.pid
+                       for j in jobs)
+
+        _wait(rerun_on_n2, 60, "n1's jobs to run again on n2")
+        n1.up()
+        _wait(lambda: not any(attempt == 1 for _, attempt in n1.job_processes().values()), 30,
+              "n1's health check to stop the copies that were re-run elsewhere")
+        assert rerun_on_n2()  # the old copies' endings changed nothing
+        go.touch()
+        finals = {jid: cluster.client.wait(jid, timeout=60) for jid in ids}
+        assert all(j.state is JobState.SUCCEEDED and j.attempt == 2 for j in finals.values())
+        assert [j.attempts[0]["outcome"] for j in finals.values()] == ["lost", "lost"]
+        done = [line.split() for line in trace.read_text().splitlines() if line.endswith(" done")]
+        assert sorted((int(jid), int(attempt)) for jid, attempt, _ in done) == [(jid, 2) for jid in ids]
+        assert cluster.leaked_bytes() == 0 and not n1.job_processes()
     finally:
         cluster.cleanup()
