@@ -74,6 +74,13 @@ system_log_dir = "{system_log_dir}"
 # Seconds between SIGTERM and SIGKILL when a job is killed.
 kill_grace_seconds = {kill_grace_seconds}
 
+# Users who may kill, retry and clear anyone's jobs (root always may); others only their own.
+# admins = ["alice"]
+
+# Where the workers run as root, each job runs as the user who submitted it; a job submitted by
+# root runs as root unless this is false. (Workers run as another user: every job runs as it.)
+# allow_root_jobs = true
+
 # Flower (Celery monitoring) listens here, always behind basic auth (RIG_FLOWER_AUTH, else
 # {home}/flower.auth); it is plain HTTP, so keep it on loopback unless TLS stands in front.
 flower_address = "{flower_address}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import subprocess
 import threading
 import time
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import redis
 
+from rig import records as R
 from rig.config import Settings
 from rig.gpus import GpuBackend, GpuReadError, GpuReading
 from rig.keys import Keys
@@ -42,6 +44,8 @@ from workers.process_tree import (
     stop_tree,
     wrapper_argv,
 )
+from workers.run_as import RunAs, RunAsRefused
+from workers.run_as import decide as decide_run_as
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,8 @@ log = logging.getLogger(__name__)
 CANCEL_POLL_S = 2.0
 #: How often a running job's log size is checked against log_max_bytes (s).
 LOG_CAP_POLL_S = 5.0
+#: The most of an exit file that is read (bytes): it holds one number.
+EXIT_FILE_MAX_BYTES = 64
 
 
 @dataclass
@@ -130,12 +136,23 @@ class CardRunner:
                 self._starting.discard(job_id)
 
     def _run_job(self, job_id: int, token: str) -> str:
-        ok, detail = self.ledger.claim(job_id, token, self.worker_name)
+        try:
+            ok, detail = self.ledger.claim(job_id, token, self.worker_name)
+        except redis.ResponseError as exc:
+            # The claim script could not use the record (e.g. its attempt count is not a
+            # number): end the job with the reason instead of failing this start for ever.
+            job = self.store.get(job_id)
+            reason = job.invalid_reason or f"invalid record: the claim failed: {exc}"
+            return self._refuse(job_id, str(token), reason, "invalid_record", expect=JobState.ASSIGNED)
         if not ok:
             log.info("job %s: start message ignored, job is %s (duplicate or stale delivery)", job_id, detail)
             return f"ignored:{detail}"
         attempt = int(detail)
         job = self.store.get(job_id)
+        if job.problems or job.id != job_id:
+            # Nothing of a damaged or hostile record is used: not its command, env or folder.
+            reason = job.invalid_reason or f"invalid record: field id: {job.id}, not {job_id}"
+            return self._refuse(job_id, str(token), reason, "invalid_record")
         running = self._running_copy(job)
         if running is not None:
             # Redis lost the record of an earlier start (a crash within its fsync window):
@@ -159,10 +176,33 @@ class CardRunner:
             end = self._outcome(ActiveJob(job_id, str(token), attempt, 0, None, exit_file))
             state = self._finish(job_id, str(token), end)
             return state.value if state else "unknown"
-        active = self._launch(job, token, attempt)
+        try:
+            active = self._launch(job, token, attempt)
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise  # Redis away: adoption sorts this start out once it is back
+        except Exception as exc:  # noqa: BLE001 - one job's start must never take the worker down
+            log.exception("job %s: could not be started", job_id)
+            return self._refuse(job_id, str(token), f"rig could not start it: {type(exc).__name__}: {exc}",
+                                "start_error")
         if active is None:
             return "failed-to-start"
         return self._supervise(active)
+
+    def _refuse(self, job_id: int, token: str, reason: str, failure: str,
+                expect: JobState = JobState.RUNNING) -> str:
+        """End a job this worker will not run: FAILED into the error queue, not retried (the
+        same record would fail the same way), with ``reason``; this card's reservation is
+        given back even if the record's card list is unreadable."""
+        log.error("job %s: not started: %s", job_id, reason)
+
+        def _do() -> None:
+            self.ledger.transition(job_id, JobState.FAILED, token=token, expect=expect, error_queue=True,
+                                   fields={"reason": reason, "failure": failure})
+            self.ledger.reclaim(self.node, self.index, job_id)
+            self.r.lpush(self.keys.sched_wake, "1")
+
+        self._retry_redis(_do, f"end job {job_id}")
+        return "failed-to-start"
 
     def _launch(self, job: Job, token: str, attempt: int) -> ActiveJob | None:
         job_dir = self.settings.job_log_dir / str(job.id)
@@ -170,22 +210,44 @@ class CardRunner:
         log_path = job_dir / f"attempt-{attempt}.log"
         exit_file = job_dir / f"attempt-{attempt}.exit"
         exit_file.unlink(missing_ok=True)
-        env = self._job_env(job, attempt, exit_file)
-        argv = wrapper_argv(job.command)
         log_paths = [*job.log_paths, str(log_path)]
-        with open(log_path, "ab", buffering=0) as logf:
-            try:
-                popen = subprocess.Popen(
-                    argv, cwd=job.workdir, env=env, stdin=subprocess.DEVNULL, stdout=logf,
-                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-                )
-            except OSError as exc:
-                message = f"rig: could not start the job in {job.workdir}: {exc}\n"
-                logf.write(message.encode())
-                self.store.update(job.id, log_path=str(log_path), log_paths=log_paths)
-                self._finish(job.id, token, AttemptEnd(
-                    exit_code=126, note=f"could not start in {job.workdir}: {exc.strerror or exc}"))
-                return None
+        try:
+            run_as = decide_run_as(job.user, job.uid, worker_uid=os.geteuid(),
+                                   allow_root_jobs=self.settings.allow_root_jobs)
+        except RunAsRefused as exc:
+            with open(log_path, "ab") as logf:
+                logf.write(f"rig: not started: {exc}\n".encode())
+            self.store.update(job.id, log_path=str(log_path), log_paths=log_paths)
+            self._refuse(job.id, token, f"not started: {exc}", "run_as_refused")
+            return None
+        env = self._job_env(job, attempt, exit_file, run_as)
+        # The argv goes to the wrapper as its positional parameters, never into its script.
+        argv = wrapper_argv(job.command)
+        # The exit file is opened here, by the worker, and handed to the wrapper as its stdin
+        # (RIG_EXIT_FD=0): a job running as its submitter may not be able to open that path.
+        exit_fd = os.open(exit_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          0o644)
+        try:
+            with open(log_path, "ab", buffering=0) as logf:
+                if run_as is not None:
+                    os.fchown(logf.fileno(), run_as.uid, run_as.gid)  # theirs to read
+                try:
+                    popen = subprocess.Popen(
+                        argv, cwd=job.workdir, env=env, stdin=exit_fd, stdout=logf,
+                        stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                        **(run_as.popen_args() if run_as is not None else {}),  # type: ignore[arg-type]
+                    )
+                except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                    detail = getattr(exc, "strerror", None) or exc
+                    as_whom = f" as {run_as.user}" if run_as is not None else ""
+                    message = f"rig: could not start the job in {job.workdir}{as_whom}: {exc}\n"
+                    logf.write(message.encode())
+                    self.store.update(job.id, log_path=str(log_path), log_paths=log_paths)
+                    self._finish(job.id, token, AttemptEnd(
+                        exit_code=126, note=f"could not start in {job.workdir}{as_whom}: {detail}"))
+                    return None
+        finally:
+            os.close(exit_fd)
         start = proc_start_time(popen.pid)
         # Written before anything else: the node's own record that this attempt runs.
         exit_file.with_suffix(".pid").write_text(f"{popen.pid} {start} {attempt}\n")
@@ -198,11 +260,21 @@ class CardRunner:
         return ActiveJob(job.id, str(token), attempt, popen.pid, start, exit_file, popen,
                          time_limit=job.time_limit, log_path=log_path)
 
-    def _job_env(self, job: Job, attempt: int, exit_file: Path) -> dict[str, str]:
+    def _job_env(self, job: Job, attempt: int, exit_file: Path, run_as: RunAs | None = None) -> dict[str, str]:
+        """The job's environment: the worker's, the job's own variables over it, then rig's
+        (which the job cannot override). Running as its submitter, HOME/USER/LOGNAME are that
+        user's (HOME may be set by the job) and the worker's per-login variables go."""
         env = dict(os.environ)
         for key in ("RIG_ROLE", "RIG_CARD_INDEX"):
             env.pop(key, None)
+        if run_as is not None:
+            for key in ("MAIL", "XDG_RUNTIME_DIR", "XDG_SESSION_ID", "SUDO_USER", "SUDO_UID",
+                        "SUDO_GID", "SUDO_COMMAND"):
+                env.pop(key, None)
+            env.update(run_as.env())
         env.update(job.env)
+        if run_as is not None:
+            env.update(USER=run_as.user, LOGNAME=run_as.user)
         env.update({
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in job.cards),
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -210,6 +282,7 @@ class CardRunner:
             "RIG_JOB_NAME": job.name,
             "RIG_ATTEMPT": str(attempt),
             "RIG_EXIT_FILE": str(exit_file),
+            "RIG_EXIT_FD": "0",
             "RIG_REDIS_URL": self.settings.redis_url,
             "RIG_KEY_PREFIX": self.settings.key_prefix,
             # Which node's job this is: a node's orphan check stops only its own (health.py).
@@ -401,7 +474,7 @@ class CardRunner:
                                           name=f"rig-adopted-{job.id}", daemon=True)
                 thread.start()
                 self._threads.append(thread)
-            elif pid or exit_file.exists():
+            elif pid or _read_exit_file(exit_file) is not None:
                 if pid and session_is_ours(pid, start) and session_members(pid):
                     stop_tree(pid, min(2.0, self.settings.kill_grace_seconds))
                 end = self._outcome(active)
@@ -543,9 +616,23 @@ class CardRunner:
 
 
 def _read_exit_file(path: Path) -> int | None:
+    """The exit status the wrapper wrote, or None (no file, empty, not a number). Reads at most
+    EXIT_FILE_MAX_BYTES from a regular file and never follows a symlink or blocks on a FIFO."""
     try:
-        return int(path.read_text().strip())
-    except (FileNotFoundError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = os.read(fd, EXIT_FILE_MAX_BYTES).decode("ascii", errors="replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return R.as_int(text, -(2**31), 2**31 - 1) if text else None
+    except R.BadField:
         return None
 
 

@@ -19,13 +19,22 @@ from collections.abc import Callable
 #: $RIG_EXIT_FILE, so a worker that restarts while the job runs can still learn how it ended.
 #: The trap keeps the wrapper alive through SIGTERM long enough to record the status; it is
 #: reset to the default in the child, so the job itself sees SIGTERM normally.
+#: The job's argv arrives as the wrapper's positional parameters and runs as "$@": it is never
+#: part of the script's text, so no value in it is ever parsed by this shell.
+#: With RIG_EXIT_FD=0 the card runner has opened the exit file as the wrapper's stdin (the job
+#: may run as a user who cannot open that path): the status goes there and the job itself gets
+#: /dev/null. Without it (older starts, tests) the status goes to the path, atomically.
 WRAPPER = r"""
 trap ':' TERM INT HUP
-"$@"
+if [ "${RIG_EXIT_FD:-}" = 0 ]; then "$@" </dev/null; else "$@"; fi
 rc=$?
 if [ "$rc" -eq 127 ]; then echo "rig: command not found or not executable: $1 (exit 127)" >&2; fi
 if [ "$rc" -eq 126 ]; then echo "rig: permission denied running: $1 (exit 126)" >&2; fi
-printf '%s\n' "$rc" > "$RIG_EXIT_FILE.tmp" && mv -f "$RIG_EXIT_FILE.tmp" "$RIG_EXIT_FILE"
+if [ "${RIG_EXIT_FD:-}" = 0 ]; then
+  printf '%s\n' "$rc" >&0
+else
+  printf '%s\n' "$rc" > "$RIG_EXIT_FILE.tmp" && mv -f "$RIG_EXIT_FILE.tmp" "$RIG_EXIT_FILE"
+fi
 exit "$rc"
 """
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from rig.client import Client
+from rig.client import Client, current_identity
 from rig.config import load_settings
 from rig.gpus.base import GpuReading
 from rig.keys import Keys
@@ -23,21 +23,13 @@ pytestmark = pytest.mark.redis
 
 
 @pytest.fixture
-def env(real_redis, key_prefix, tmp_path):
-    settings = load_settings(key_prefix=key_prefix, redis_url=REDIS_URL, home=tmp_path / "home",
-                             node_name="n1", kill_grace_seconds=1.0)
-    ledger = Ledger(real_redis, Keys(key_prefix))
-    ledger.register_card("n1", GpuReading(index=0, uuid="u", model="m", total=80 * GIB),
-                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
-    resent: list[tuple[int, str]] = []
-    runner = CardRunner(settings, "n1", 0, "card0@n1", resend=lambda *a: resent.append(a))
-    yield settings, ledger, runner, resent
-    runner.stop()
+def env(card_runner_env):
+    return card_runner_env  # tests/integration/conftest.py
 
 
 def placed(ledger: Ledger, command: str, tmp_path) -> tuple[Job, str]:
     job = ledger.store.create(Job(
-        id=0, name="t", user="u", command=["/bin/sh", "-c", command], shell=True, gpu_memory=GIB,
+        id=0, name="t", user=current_identity().name, command=["/bin/sh", "-c", command], shell=True, gpu_memory=GIB,
         gpus=1, priority=Priority.MEDIUM, state=JobState.PENDING, workdir=str(tmp_path),
         created_at=time.time(),
     ))

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from rig.client import Client
+from rig.client import Client, current_identity
 from rig.config import load_settings
 from rig.gpus.fake import FakeGpuBackend
 from rig.keys import Keys
@@ -37,7 +37,7 @@ def make(real_redis, key_prefix, tmp_path, **overrides):
 
 def start(ledger: Ledger, runner: CardRunner, command: str, declared: int, name: str, tmp_path):
     job = ledger.store.create(Job(
-        id=0, name=name, user="u", command=["/bin/sh", "-c", command], shell=True,
+        id=0, name=name, user=current_identity().name, command=["/bin/sh", "-c", command], shell=True,
         gpu_memory=declared, gpus=1, priority=Priority.MEDIUM, state=JobState.PENDING,
         workdir=str(tmp_path), created_at=time.time(), max_retries=0))
     ok, token = ledger.reserve(job.id, "n1", [0], declared)
