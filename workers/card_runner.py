@@ -458,6 +458,13 @@ class CardRunner:
             job = fresh
             exit_file = self.settings.job_log_dir / str(job.id) / f"attempt-{job.attempt}.exit"
             pid, start = job.pid, job.proc_start
+            env = _environ(pid) if pid and is_alive(pid, start) else None
+            if env is not None and f"RIG_EXIT_FILE={exit_file}".encode() not in env:
+                # The record names a live process that is not this job's (a damaged or forged
+                # pid): never adopt, and so never signal, it. Look for the job's own wrapper.
+                log.warning("job %s: recorded pid %s is not its process; looking for it by its "
+                            "environment", job.id, pid)
+                pid = None
             if not pid:
                 # The worker died between the claim and recording the pid: find the wrapper
                 # by the exit-file path in its environment.
@@ -636,14 +643,19 @@ def _read_exit_file(path: Path) -> int | None:
         return None
 
 
-def _job_id_of(pid: int, prefix: str) -> int | None:
-    """The rig job id in a process's environment, if it belongs to this rig (same key prefix)."""
+def _environ(pid: int) -> list[bytes] | None:
+    """A process's environment as b"NAME=value" items; None if it cannot be read."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
-            env = fh.read().split(b"\0")
+            return fh.read().split(b"\0")
     except OSError:
         return None
-    if f"RIG_KEY_PREFIX={prefix}".encode() not in env:
+
+
+def _job_id_of(pid: int, prefix: str) -> int | None:
+    """The rig job id in a process's environment, if it belongs to this rig (same key prefix)."""
+    env = _environ(pid)
+    if env is None or f"RIG_KEY_PREFIX={prefix}".encode() not in env:
         return None
     for item in env:
         if item.startswith(b"RIG_JOB_ID="):

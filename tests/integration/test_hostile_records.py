@@ -10,6 +10,7 @@ import os
 import pickle
 import pwd
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ from rig.models import Job, JobState, Priority
 from tests.conftest import REDIS_URL
 from tests.integration.harness import RigHarness
 from workers.card_runner import CardRunner, _read_exit_file
-from workers.process_tree import WRAPPER, wrapper_argv
+from workers.process_tree import WRAPPER, proc_start_time, wrapper_argv
 
 pytestmark = pytest.mark.redis
 
@@ -100,6 +101,24 @@ def test_a_record_naming_another_job_is_refused(env, tmp_path):
     assert runner.run_job(jid, token) == "failed-to-start"
     assert ledger.store.get(jid).reason == f"invalid record: field id: {victim}, not {jid}"
     assert ledger.store.get(victim).log_paths == []  # nothing was written on the other job
+
+
+def test_adoption_never_takes_a_forged_pid_for_the_job(env, tmp_path):
+    settings, ledger, runner = env
+    bystander = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        jid, token = placed(ledger, ["true"], tmp_path)
+        ok, _ = ledger.claim(jid, token, "old-worker")
+        assert ok
+        # The record says the job runs as the bystander (its real start time, as /proc shows).
+        ledger.store.update(jid, pid=bystander.pid, proc_start=proc_start_time(bystander.pid))
+        runner.adopt()
+        assert runner.active_ids() == [] and bystander.poll() is None  # not adopted, not signalled
+        job = ledger.store.get(jid)  # it never started here: back to its place in the queue
+        assert job.state is JobState.PENDING and ledger.card("n1", 0).reserved == 0
+    finally:
+        bystander.kill()
+        bystander.wait()
 
 
 # -- commands run exactly as given ------------------------------------------------------------
