@@ -85,6 +85,20 @@ class StatusReport:
     counts: dict[JobState, int]
     notices: list[str] = field(default_factory=list)
     nodes: list[NodeInfo] = field(default_factory=list)  # every node, with its liveness
+    users: list[UserUsage] = field(default_factory=list)  # who holds and waits for what
+    pool: str | None = None  # the pool this report is limited to (cards and waiting jobs)
+
+
+@dataclass
+class UserUsage:
+    """One user's share right now: jobs placed or running, memory held (bytes, summed over
+    cards), jobs waiting, and recent usage (GiB-hours, decayed as fair share counts it)."""
+
+    user: str
+    running: int = 0
+    held: int = 0
+    waiting: int = 0
+    recent_gib_hours: float = 0.0
 
 
 class Client:
@@ -325,9 +339,17 @@ class Client:
             ahead += f"; the first, job {head_job.id} ({head_job.priority.value}), waits: {head_reason}"
         return f"{ahead}. This job: {own}"
 
-    def status(self) -> StatusReport:
+    def status(self, pool: str | None = None) -> StatusReport:
+        """Cards, queues, workers, nodes and users; with ``pool``, only that pool's cards and
+        the waiting jobs submitted to it."""
+        pools = self.settings.pool_map
+        try:
+            pools.check(pool)
+        except ValueError as exc:
+            raise InvalidInput(f"--pool: {exc}") from None
+
         def _do() -> StatusReport:
-            cards = self.ledger.cards()
+            cards = [c for c in self.ledger.cards() if pools.contains(pool, c.node, c.index)]
             holders: dict[str, list[int]] = {}
             all_ids: set[int] = set()
             for card in cards:
@@ -336,20 +358,77 @@ class Client:
                 all_ids.update(ids)
             by_id = {j.id: j for j in self.store.get_many(sorted(all_ids))}
             running = {cid: [by_id[i] for i in ids if i in by_id] for cid, ids in holders.items()}
-            pending = self.store.pending_counts()
             now = time.time()
-            oldest: dict[Priority, float | None] = {}
-            for prio in Priority:
-                jid = self.store.oldest_pending(prio)
-                created = self.r.hget(self.keys.job(jid), "created_at") if jid else None
-                oldest[prio] = now - float(created) if created else None
+            if pool is None:
+                pending = self.store.pending_counts()
+                oldest: dict[Priority, float | None] = {}
+                for prio in Priority:
+                    jid = self.store.oldest_pending(prio)
+                    created = self.r.hget(self.keys.job(jid), "created_at") if jid else None
+                    oldest[prio] = now - float(created) if created else None
+            else:
+                pending, oldest = self._pool_queue(pool, now)
+            node_names = {c.node for c in cards}
+            nodes = [n for n in NodeRegistry(self.r, self.keys).read() if pool is None or n.name in node_names]
             return StatusReport(
                 cards=cards, running=running, pending=pending, oldest_wait=oldest,
                 workers=self.workers(), counts=self.store.count_by_state(),
-                nodes=NodeRegistry(self.r, self.keys).read(),
+                nodes=nodes, users=self._users(running, now), pool=pool,
             )
 
         return self._guard(_do)
+
+    def _pool_queue(self, pool: str, now: float) -> tuple[dict[Priority, int], dict[Priority, float | None]]:
+        """Waiting jobs submitted to ``pool``, per priority, and the oldest one's wait (s).
+        Reads every waiting job's pool field: O(waiting)."""
+        ids = [int(i) for i in self.r.zrange(self.keys.pending, 0, -1)]
+        pipe = self.r.pipeline(transaction=False)
+        for jid in ids:
+            pipe.hmget(self.keys.job(jid), "pool", "priority", "created_at")
+        counts = {p: 0 for p in Priority}
+        oldest: dict[Priority, float | None] = {p: None for p in Priority}
+        for job_pool, prio, created in pipe.execute():
+            if job_pool != pool or prio not in {p.value for p in Priority}:
+                continue
+            p = Priority(prio)
+            counts[p] += 1
+            try:
+                waited = now - float(created)
+            except (TypeError, ValueError):
+                continue
+            oldest[p] = max(oldest[p] or 0.0, waited)
+        return counts, oldest
+
+    def _users(self, running: dict[str, list[Job]], now: float) -> list[UserUsage]:
+        """Per user: jobs holding cards, memory held, jobs waiting, recent usage (GiB-hours)."""
+        from rig.fairshare import decay
+
+        users: dict[str, UserUsage] = {}
+        seen: set[int] = set()
+        for jobs in running.values():
+            for job in jobs:
+                if job.id in seen:
+                    continue
+                seen.add(job.id)
+                u = users.setdefault(job.user, UserUsage(job.user))
+                u.running += 1
+                u.held += job.gpu_memory * max(1, len(job.cards))
+        for name in self.r.smembers(self.keys.pending_users):
+            users.setdefault(name, UserUsage(name))
+        names = sorted(users)
+        pipe = self.r.pipeline(transaction=False)
+        for name in names:
+            pipe.zcard(self.keys.pending_user(name))
+            pipe.hmget(self.keys.usage(name), "value", "at")
+        replies = pipe.execute()
+        half_life = self.settings.fair_share_half_life_hours * 3600
+        for name, waiting, (value, at) in zip(names, replies[::2], replies[1::2], strict=True):
+            users[name].waiting = int(waiting)
+            try:
+                users[name].recent_gib_hours = decay(float(value or 0), float(at or now), now, half_life)
+            except ValueError:
+                pass
+        return [users[n] for n in names]
 
     def workers(self) -> list[WorkerInfo]:
         """Workers whose heartbeat has not expired."""

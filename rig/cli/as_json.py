@@ -46,6 +46,8 @@ def status_dict(report: StatusReport) -> dict[str, Any]:
         "workers": _plain(report.workers),
         "nodes": _plain(report.nodes),
         "jobs_by_state": _plain(report.counts),
+        "users": _plain(report.users),
+        "pool": report.pool,
     }
 
 

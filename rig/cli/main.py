@@ -50,14 +50,16 @@ JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON f
 
 
 @cli.command()
+@click.option("--pool", metavar="NAME", help="Only this pool's cards and the jobs waiting for it.")
 @JSON_OPTION
 @click.pass_context
 @handle_errors
-def status(ctx: click.Context, as_json: bool) -> None:
-    """Cards (memory, use, temperature, jobs), waiting jobs per priority, live workers."""
+def status(ctx: click.Context, as_json: bool, pool: str | None) -> None:
+    """Cards per node (memory, use, temperature, jobs), waiting jobs per priority, users,
+    live workers."""
     client = client_from(ctx)
     client.ping()
-    report = client.status()
+    report = client.status(pool=pool)
     if as_json:
         click.echo(J.dumps(J.status_dict(report)))
         return

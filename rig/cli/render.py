@@ -117,6 +117,9 @@ def render_status(report: StatusReport, console: Console) -> None:
     if not report.cards:
         console.print("no cards registered: no rig node is up (start one with `rig up`)")
 
+    if report.pool:
+        console.print(f"pool {report.pool}: {len(report.cards)} card(s); waiting jobs below are those "
+                      f"submitted with --pool {report.pool}")
     queues = Table(title="waiting jobs", title_justify="left")
     queues.add_column("priority")
     queues.add_column("waiting", justify="right")
@@ -124,6 +127,16 @@ def render_status(report: StatusReport, console: Console) -> None:
     for prio in Priority:
         queues.add_row(prio.value, str(report.pending.get(prio, 0)), duration(report.oldest_wait.get(prio)))
     console.print(queues)
+
+    if report.users:
+        users = Table(title="users (fair share: least recent usage starts next within a priority)",
+                      title_justify="left")
+        for col in ("user", "running", "memory held", "waiting", "recent GiB-h"):
+            users.add_column(col, justify="left" if col == "user" else "right")
+        for u in report.users:
+            users.add_row(u.user, str(u.running), format_memory(u.held) if u.held else "-", str(u.waiting),
+                          f"{u.recent_gib_hours:.1f}")
+        console.print(users)
 
     workers = Table(title=f"workers alive: {len(report.workers)}", title_justify="left")
     for col in ("worker", "role", "card", "pid", "jobs", "last seen"):
