@@ -313,6 +313,10 @@ class Dispatcher:
                     continue
                 ok, detail = self.ledger.reserve(job.id, placement.node, list(placement.cards), job.gpu_memory,
                                                  user=job.user)
+                if not ok and detail.startswith("bad-record:"):
+                    self._fail_invalid(job.id, f"field {detail.partition(':')[2]}: not a whole number")
+                    progressed = True
+                    continue
                 if not ok:
                     log.info("job %s: reservation refused (%s); re-reading the cards", job.id, detail)
                     progressed = True
@@ -357,7 +361,7 @@ class Waiting:
     """What the dispatcher needs of a waiting job (read with one HMGET, not the whole record)."""
 
     FIELDS = ("state", "gpu_memory", "gpus", "priority", "created_at", "wait_reason", "user", "pool",
-              "expected_seconds")
+              "expected_seconds", "assignments", "attempt")
 
     id: int
     gpu_memory: int
@@ -373,7 +377,7 @@ class Waiting:
     def parse(cls, job_id: int, values: list) -> Waiting | None:
         """None for a job no longer PENDING (or gone); InvalidRecord for a PENDING record whose
         fields are not what submit() writes."""
-        state, memory, gpus, priority, created, reason, user, pool, expected = values
+        state, memory, gpus, priority, created, reason, user, pool, expected, assignments, attempt = values
         if state != JobState.PENDING.value:
             return None
         checks = (
@@ -386,12 +390,16 @@ class Waiting:
             ("expected_seconds", expected or None,
              lambda t: None if t is None else R.as_float(t, 0.0, R.MAX_TIME_LIMIT, "a duration in seconds")),
         )
+        counters = (("assignments", assignments), ("attempt", attempt))
         out = {}
-        for name, raw, check in checks:
+        for name, raw, check in checks + tuple(
+                (n, v, lambda t: R.as_int(t, 0, R.MAX_ID, "a whole number")) for n, v in counters if v):
             try:
-                out[name] = check(raw)
+                value = check(raw)
             except R.BadField as exc:
                 raise InvalidRecord(f"job {job_id}", name, str(exc)) from None
+            if name not in ("assignments", "attempt"):
+                out[name] = value
         return cls(job_id, wait_reason=reason, **out)
 
 

@@ -44,7 +44,7 @@ from rig.ledger import Ledger
 from rig.models import CardState, Job, JobState
 from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeInfo, NodeRegistry
 from workers.outcomes import AttemptEnd, conclude
-from workers.process_tree import environments, is_alive, session_members, stop_tree
+from workers.process_tree import environments, is_alive, is_job_process, session_members, stop_tree
 
 log = logging.getLogger(__name__)
 
@@ -216,8 +216,11 @@ class HealthChecker:
                     report.requeued.append(job.id)
                 continue
             if job.pid and is_alive(job.pid, job.proc_start):
-                log.warning("job %s: its worker is dead; stopping its process tree first", job.id)
-                stop_tree(job.pid, self.settings.kill_grace_seconds)
+                if is_job_process(job.pid, job.id, self.settings.key_prefix):
+                    log.warning("job %s: its worker is dead; stopping its process tree first", job.id)
+                    stop_tree(job.pid, self.settings.kill_grace_seconds)
+                else:  # a damaged or forged pid: never signal it (the orphan check finds the job's own)
+                    log.warning("job %s: recorded pid %s is not its process; not signalled", job.id, job.pid)
             code, _ = conclude(self.ledger, job, str(job.assignments), AttemptEnd(
                 exit_code=None, lost=True, note=f"the worker of card {job.cards[0]} died"),
                 expect=JobState.RUNNING)

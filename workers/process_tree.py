@@ -108,6 +108,17 @@ def environments():
             yield int(entry), env
 
 
+def is_job_process(pid: int, job_id: int, key_prefix: str) -> bool:
+    """Does ``pid`` carry job ``job_id`` of this rig (same key prefix) in its environment?
+    Checked before signalling a pid read from a job record, which could be damaged or forged."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = fh.read().split(b"\0")
+    except OSError:
+        return False
+    return f"RIG_JOB_ID={job_id}".encode() in env and f"RIG_KEY_PREFIX={key_prefix}".encode() in env
+
+
 def pids_with_environ(name: str, value: str) -> list[int]:
     """Every live process whose environment has ``name=value`` (e.g. a job's daemonised
     children that left its session with setsid but still carry its RIG_EXIT_FILE)."""

@@ -20,7 +20,11 @@ end
 local f = redis.call('HMGET', KEYS[3], 'state', 'node', 'cards')
 local state, node, cards = f[1], f[2], f[3]
 if (state == 'ASSIGNED' or state == 'RUNNING') and node == ARGV[2] and cards then
-  for _, idx in ipairs(cjson.decode(cards)) do
+  local ok, list = pcall(cjson.decode, cards)
+  if not ok or type(list) ~= 'table' then
+    return {0, 'undecodable-cards'}  -- a damaged live record: leave it to the job's own end
+  end
+  for _, idx in ipairs(list) do
     if tostring(idx) == ARGV[3] then
       return {0, 'held-by-live-job'}
     end

@@ -25,9 +25,15 @@
 local job, pending, idx_pending, idx_assigned = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local job_id, bytes, now, node, cards = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
 
-local state = redis.call('HGET', job, 'state')
+local jf = redis.call('HMGET', job, 'state', 'assignments')
+local state = jf[1]
 if state ~= 'PENDING' then
   return {0, 'state:' .. tostring(state)}
+end
+-- Checked before any write: Lua does not roll back, so a failure after the card writes
+-- would leak the reservation.
+if jf[2] and jf[2] ~= '' and not tonumber(jf[2]) then
+  return {0, 'bad-record:assignments'}
 end
 
 local ncards = (#KEYS - 6) / 2

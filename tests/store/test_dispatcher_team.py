@@ -162,6 +162,8 @@ def test_unknown_durations_keep_the_held_card_closed(make):
     ("gpu_memory", "9" * 40, "field gpu_memory"),
     ("priority", "urgent; rm -rf /", "field priority"),
     ("user", "a b\n", "field user"),
+    ("assignments", "1; x", "field assignments"),
+    ("attempt", "-1", "field attempt"),
 ])
 def test_an_invalid_waiting_record_fails_that_job_only(make, redis_client, key_prefix, field, value, problem):
     ledger, dispatcher, started = make()
@@ -234,3 +236,23 @@ def _team():
     from rig.fairshare import TeamState
 
     return TeamState()
+
+
+def test_the_reservation_script_refuses_a_bad_counter_before_any_write(make, redis_client, key_prefix):
+    ledger, _, _ = make()
+    job_id = submit(ledger, 10)
+    redis_client.hset(Keys(key_prefix).job(job_id), "assignments", "many")
+    ok, detail = ledger.reserve(job_id, "n1", [0], 10 * GIB)
+    assert (ok, detail) == (False, "bad-record:assignments")
+    card = ledger.card("n1", 0)
+    assert card.reserved == 0 and card.jobs == 0 and ledger.holdings("n1", 0) == {}
+
+
+def test_reclaim_leaves_a_live_job_with_undecodable_cards_alone(make, redis_client, key_prefix):
+    ledger, dispatcher, _ = make()
+    job_id = submit(ledger, 10)
+    dispatcher.dispatch_pass()
+    card = ledger.store.get(job_id).cards[0]
+    redis_client.hset(Keys(key_prefix).job(job_id), "cards", "{not json")
+    assert ledger.reclaim("n1", card, job_id) == 0  # no script error, nothing taken
+    assert ledger.card("n1", card).reserved == 10 * GIB
