@@ -148,6 +148,8 @@ class Dispatcher:
 
     def _read_waiting(self) -> list[Waiting]:
         users = sorted(self.r.smembers(self.keys.pending_users))[:MAX_USERS]
+        if len(users) <= 1:
+            users = []  # one user's queue head is the global head
         pipe = self.r.pipeline(transaction=False)
         for prio in Priority:
             low = prio.rank * PRIORITY_BAND
@@ -275,11 +277,18 @@ class Dispatcher:
             if cards and not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
                 return started  # every card is full: nothing can start, nothing to explain anew
             now = time.time()
-            releases, team = self._read_holdings(cards, now)
+            # The reservations held now (who holds what, when each is expected to end) are read
+            # only when needed: for fair share between several users, user limits, or holds. A
+            # pass over one user's queue with room for everything reads none of it.
+            snapshot = _Lazy(lambda cards=cards, now=now: self._read_holdings(cards, now))
+            limits = {u: self.settings.user_limit(u) for u in {j.user for j in waiting}}
+            if any(lim.max_jobs or lim.max_bytes for lim in limits.values()) or (
+                    self.settings.fair_share and len(limits) > 1):
+                snapshot.get()
             holds: dict[str, Hold] = {}  # card id -> the hold of a job ahead that could not start
             smallest = min(j.gpu_memory for j in waiting)
             progressed = False
-            for position, job in enumerate(self.fair_order(waiting, team, now)):
+            for position, job in enumerate(self.fair_order(waiting, snapshot.team, now)):
                 request = Request(job.gpu_memory, job.gpus)
                 if job.pool is not None and job.pool not in pools.members:
                     self._end_unschedulable(job, f"pool {job.pool!r} is no longer configured")
@@ -292,19 +301,19 @@ class Dispatcher:
                     self._end_unschedulable(job, where + impossible)
                     progressed = True
                     continue
-                limit = over_limit(job.user, team.load(job.user), job.gpu_memory, job.gpus,
-                                   self.settings.user_limit(job.user))
+                limit = over_limit(job.user, snapshot.team.load(job.user), job.gpu_memory, job.gpus,
+                                   limits[job.user])
                 if limit:
                     self._note(job, f"{limit}; waits for one of them to end")
                     continue
                 expected_end = now + job.expected_seconds if job.expected_seconds else None
                 open_cards = [c for c in mine if c.id not in holds
-                              or may_backfill(c, releases.get(c.id, ()), holds[c.id], request, expected_end)]
+                              or may_backfill(c, snapshot.get()[0].get(c.id, ()), holds[c.id], request, expected_end)]
                 placement = place(open_cards, request, self.settings.scheduler_type, smallest_waiting=smallest)
                 if placement is None:
                     hold = None
                     if now - job.created_at >= self.hold_after(job, now):
-                        hold = plan_hold(mine, releases, request, now, job.id, exclude=set(holds))
+                        hold = plan_hold(mine, snapshot.get()[0], request, now, job.id, exclude=set(holds))
                         if hold:
                             holds.update(dict.fromkeys(hold.cards, hold))
                     self._note_wait(job, mine, request, position, hold, now)
@@ -325,10 +334,12 @@ class Dispatcher:
                          list(placement.cards), detail)
                 self.send_start(job.id, detail, placement.node, placement.cards[0])
                 cards = _with_reservation(cards, placement.node, placement.cards, job.gpu_memory)
-                end = expected_end if expected_end is not None else math.inf
-                for index in placement.cards:
-                    releases.setdefault(f"{placement.node}/{index}", []).append(Release(end, job.gpu_memory))
-                team.load(job.user).add_job(job.gpu_memory, job.gpus, 0.0)
+                if snapshot.loaded:  # else a later read sees this reservation in Redis
+                    releases, team = snapshot.get()
+                    end = expected_end if expected_end is not None else math.inf
+                    for index in placement.cards:
+                        releases.setdefault(f"{placement.node}/{index}", []).append(Release(end, job.gpu_memory))
+                    team.load(job.user).add_job(job.gpu_memory, job.gpus, 0.0)
                 started += 1
                 progressed = True
             if not progressed:
@@ -354,6 +365,28 @@ class Dispatcher:
     def _note(self, job: Waiting, reason: str) -> None:
         if reason != job.wait_reason:
             self.store.update(job.id, wait_reason=reason, wait_reason_at=time.time())
+
+
+class _Lazy:
+    """The reservations snapshot of one dispatcher round, read on first use."""
+
+    def __init__(self, read: Callable[[], tuple[dict[str, list[Release]], TeamState]]) -> None:
+        self._read = read
+        self._value: tuple[dict[str, list[Release]], TeamState] | None = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._value is not None
+
+    def get(self) -> tuple[dict[str, list[Release]], TeamState]:
+        if self._value is None:
+            self._value = self._read()
+        return self._value
+
+    @property
+    def team(self) -> TeamState:
+        """Users' loads if read, else an empty state (every user at zero: FIFO by queue order)."""
+        return self._value[1] if self._value is not None else TeamState()
 
 
 @dataclass(frozen=True)
