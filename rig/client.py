@@ -109,7 +109,8 @@ class Client:
         self.keys = Keys(self.settings.key_prefix)
         self.r = redis_client or connect(self.settings.redis_url)
         self.store = JobStore(self.r, self.keys)
-        self.ledger = Ledger(self.r, self.keys)
+        self.ledger = Ledger(self.r, self.keys,
+                             usage_half_life_s=self.settings.fair_share_half_life_hours * 3600)
         self._celery = None
         self._sender = None  # rig.notify.BackgroundSender, made on the first submission
         self._cards_cache: tuple[float, list[CardState]] | None = None

@@ -99,7 +99,8 @@ class CardRunner:
         self.keys = Keys(settings.key_prefix)
         self.r = connect(settings.redis_url)
         self.store = JobStore(self.r, self.keys)
-        self.ledger = Ledger(self.r, self.keys)
+        self.ledger = Ledger(self.r, self.keys,
+                             usage_half_life_s=settings.fair_share_half_life_hours * 3600)
         self.shutdown = threading.Event()
         self._active: dict[int, ActiveJob] = {}
         #: Jobs this process is claiming or starting: adoption must leave them alone.

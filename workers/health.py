@@ -68,7 +68,7 @@ class HealthChecker:
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
         self.r = client
-        self.ledger = Ledger(client, self.keys)
+        self.ledger = Ledger(client, self.keys, usage_half_life_s=settings.fair_share_half_life_hours * 3600)
         self.store = self.ledger.store
         self.nodes = NodeRegistry(client, self.keys)
 
