@@ -23,10 +23,16 @@ TASK_SUBMITTED = "rig.submitted"
 TASK_START_JOB = "rig.start_job"
 TASK_TICK = "rig.tick"
 TASK_HEALTH = "rig.health"
-TASK_SWEEP_LOGS = "rig.sweep_logs"
 TASK_ALERTS = "rig.alerts"
-#: How often old task logs are swept (s).
+#: How often each node's control worker sweeps its own old job logs (s; workers/app.py).
 LOG_SWEEP_INTERVAL_S = 3600.0
+#: Options of both Redis clients Celery opens, the broker's (kombu) and beat's (celery-redbeat):
+#: a connection attempt gives up after 5 s, as rig's own clients (rig.redis_conn.connect), and
+#: an idle connection is checked before it is used again.
+REDIS_CLIENT_OPTIONS = {"socket_connect_timeout": 5.0, "health_check_interval": 25}
+#: celery-redbeat's own client besides: beat sends no blocking command (the broker's BRPOP
+#: does), so a read that takes this long means a dead connection, not a wait.
+REDBEAT_SOCKET_TIMEOUT_S = 5.0
 
 
 def card_queue(node: str, index: int) -> str:
@@ -48,6 +54,7 @@ def make_celery(settings: Settings) -> Celery:
             "visibility_timeout": VISIBILITY_TIMEOUT_S,
             "queue_order_strategy": "priority",
             "global_keyprefix": keys.celery_prefix,
+            **REDIS_CLIENT_OPTIONS,
         },
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # keep trying through a Redis restart
@@ -67,7 +74,17 @@ def make_celery(settings: Settings) -> Celery:
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,
         beat_scheduler="redbeat.RedBeatScheduler",
+        # The URL carries the password (rig.redis_conn: Settings.redis_url is resolved). Set
+        # redbeat's options here, not by its fallback to broker_transport_options (deprecated;
+        # those name the broker's queues, and its client gets none of their socket options).
         redbeat_redis_url=settings.redis_url,
+        redbeat_redis_options={
+            **REDIS_CLIENT_OPTIONS,
+            "socket_timeout": REDBEAT_SOCKET_TIMEOUT_S,
+            # Like the broker (broker_connection_max_retries=None): keep retrying through a
+            # Redis restart instead of exiting (a negative period retries without end).
+            "retry_period": -1,
+        },
         redbeat_key_prefix=keys.redbeat_prefix,
         # A killed beat's lock expires in 10 s and the other beat takes over (it checks every
         # 2 s); the lock holder renews it on every loop.
@@ -88,11 +105,6 @@ def make_celery(settings: Settings) -> Celery:
                 "task": TASK_ALERTS,
                 "schedule": settings.alert_interval,
                 "options": {"queue": CONTROL_QUEUE, "expires": settings.alert_interval},
-            },
-            "rig-sweep-logs": {
-                "task": TASK_SWEEP_LOGS,
-                "schedule": LOG_SWEEP_INTERVAL_S,
-                "options": {"queue": CONTROL_QUEUE, "expires": LOG_SWEEP_INTERVAL_S},
             },
         },
         timezone="UTC",

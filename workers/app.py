@@ -31,7 +31,6 @@ from rig.celery_config import (
     TASK_HEALTH,
     TASK_START_JOB,
     TASK_SUBMITTED,
-    TASK_SWEEP_LOGS,
     TASK_TICK,
     card_queue,
     make_celery,
@@ -100,12 +99,6 @@ def health() -> str:
     return "skipped (another check runs)" if report is None else repr(report)
 
 
-@app.task(name=TASK_SWEEP_LOGS, ignore_result=True)
-def sweep_old_logs() -> str:
-    """Periodic (beat): delete task logs past their retention (workers/log_sweep.py)."""
-    return repr(sweep_logs(settings, _redis))
-
-
 @app.task(name=TASK_ALERTS, ignore_result=True)
 def check_alerts() -> str:
     """Periodic (beat): threshold alerts, once per condition until it clears (rig/alerts.py)."""
@@ -142,7 +135,7 @@ def _local_health() -> None:
     """This node's own duties: its checks (dead card workers, orphan processes) every
     check_interval s, and the sweep of its own job logs every LOG_SWEEP_INTERVAL_S s. They need
     this node's processes and files, so every node's control worker runs them for itself (beat's
-    periodic tasks reach only one control worker of the cluster)."""
+    periodic tasks reach only one control worker of the cluster, so beat sends none of them)."""
     checker = HealthChecker(settings, _redis)
     next_sweep = time.monotonic() + LOG_SWEEP_INTERVAL_S
     while not _control_stop.wait(settings.health.check_interval):

@@ -1,4 +1,5 @@
-"""Deleting old task logs (beat, hourly), never those of live jobs or of recent errors."""
+"""Deleting old job logs (each node's control worker, hourly, its own: workers/app.py), never
+those of live jobs or of recent errors."""
 
 from __future__ import annotations
 

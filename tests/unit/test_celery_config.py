@@ -1,0 +1,49 @@
+"""The Celery configuration rig builds: beat's Redis client is configured by rig itself (no
+fallback to the broker's options), and beat sends only cluster-wide duties. No Redis needed:
+the clients are built, never connected."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+from redbeat.schedulers import RedBeatConfig, RetryingConnection, get_redis
+
+from rig.celery_config import (
+    REDIS_CLIENT_OPTIONS,
+    TASK_ALERTS,
+    TASK_HEALTH,
+    TASK_TICK,
+    make_celery,
+)
+from rig.config import load_settings
+
+
+def test_redbeat_gets_its_own_redis_options_and_the_url_with_the_password(tmp_path, caplog):
+    settings = load_settings(key_prefix="cfgtest:", redis_url="redis://10.1.2.3:6379/0",
+                             redis_password="s3cret", home=tmp_path)
+    app = make_celery(settings)
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING, "celery.beat"):
+        warnings.simplefilter("always")
+        conf = RedBeatConfig(app)
+    assert not [w for w in caught if "redbeat" in str(w.message).lower()], [str(w.message) for w in caught]
+    assert "falling back" not in caplog.text
+    assert conf.redis_url == settings.redis_url
+
+    client = get_redis(app)  # built from redbeat_redis_options; connects on first use only
+    assert isinstance(client, RetryingConnection)  # retries through a Redis restart
+    kwargs = client.wrapped_connection.connection_pool.connection_kwargs
+    assert kwargs["password"] == "s3cret" and kwargs["host"] == "10.1.2.3"
+    broker = app.conf.broker_transport_options
+    for name, value in REDIS_CLIENT_OPTIONS.items():
+        assert kwargs[name] == value == broker[name]  # the broker's socket options
+    assert kwargs["socket_timeout"] and kwargs["socket_timeout"] > 0
+    # The broker's queue options are not the client's business (Redis.from_url would refuse them).
+    assert "visibility_timeout" not in app.conf.redbeat_redis_options
+
+
+def test_beat_sends_only_cluster_wide_duties():
+    app = make_celery(load_settings(key_prefix="cfgtest:"))
+    tasks = {entry["task"] for entry in app.conf.beat_schedule.values()}
+    # Log sweeps are per node (each control worker sweeps its own logs): not beat's.
+    assert tasks == {TASK_TICK, TASK_HEALTH, TASK_ALERTS}
