@@ -247,7 +247,7 @@ class Stack:
 
     def _register_cards(self) -> list[int]:
         s = self.settings
-        backend, notice = detect_backend(s.fake_gpus)
+        backend, notice = detect_backend(s.fake_gpus, node=s.node_name)
         self.backend = backend
         if notice:
             self.say(f"gpus: {notice}")
@@ -284,7 +284,7 @@ class Stack:
         env.update(settings_env(self.settings))
         if not self.settings.fake_gpus:
             # Fake cards chosen by detection must be the same ones in every child.
-            backend = self.backend or detect_backend(None)[0]
+            backend = self.backend or detect_backend(None, node=self.settings.node_name)[0]
             if backend.kind == "fake":
                 env["RIG_FAKE_GPUS"] = backend.spec  # type: ignore[attr-defined]
         env.setdefault("PYTHONUNBUFFERED", "1")

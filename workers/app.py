@@ -156,7 +156,8 @@ def _on_worker_ready(sender=None, **_: object) -> None:
     name = getattr(sender, "hostname", None) or f"{role}@{settings.node_name}"
     if role == "card":
         index = int(os.environ["RIG_CARD_INDEX"])
-        backend, _notice = detect_backend(settings.fake_gpus, settings.home / "fake-gpus")
+        backend, _notice = detect_backend(settings.fake_gpus, settings.home / "fake-gpus",
+                                          node=settings.node_name)
 
         def resend(job_id: int, token: str) -> None:
             send_start(job_id, token, settings.node_name, index)

@@ -18,14 +18,16 @@ __all__ = [
 ]
 
 
-def detect_backend(fake_spec: str | None, usage_dir=None) -> tuple[GpuBackend, str | None]:  # noqa: ANN001
+def detect_backend(fake_spec: str | None, usage_dir=None,  # noqa: ANN001
+                   node: str | None = None) -> tuple[GpuBackend, str | None]:
     """Pick the backend: fake cards when ``fake_spec`` is set, else NVML, else default fakes.
 
     Returns the backend and, when rig fell back to fake cards, a one-line notice saying why.
-    ``usage_dir`` is where jobs on fake cards record the memory they "use" (rig.gpus.fake).
+    ``usage_dir`` is where jobs on fake cards record the memory they "use" (rig.gpus.fake);
+    ``node`` names the node in fake cards' UUIDs (default: RIG_NODE_NAME, else the host name).
     """
     if fake_spec:
-        return FakeGpuBackend(fake_spec, usage_dir), None
+        return FakeGpuBackend(fake_spec, usage_dir, node), None
     from rig.gpus.nvml import NvmlBackend, NvmlUnavailable
 
     try:
@@ -35,4 +37,4 @@ def detect_backend(fake_spec: str | None, usage_dir=None) -> tuple[GpuBackend, s
             f"no NVIDIA driver found ({exc}); using fake cards {DEFAULT_FAKE_SPEC} "
             "(set RIG_FAKE_GPUS, e.g. 2x24G, to choose others)"
         )
-        return FakeGpuBackend(DEFAULT_FAKE_SPEC, usage_dir), notice
+        return FakeGpuBackend(DEFAULT_FAKE_SPEC, usage_dir, node), notice

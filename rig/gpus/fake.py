@@ -1,7 +1,8 @@
 """Fake cards for machines without an NVIDIA driver (and for tests).
 
 A spec lists groups of identical cards: ``8x80G``, ``2x24G,1x48G``, or ``4`` (4 x 80 GiB).
-The model is named ``Fake GPU``; temperature reads 35 C.
+The model is named ``Fake GPU``; temperature reads 35 C. A card's UUID names its node,
+``GPU-fake-<node>-0003``, so fake cards are unique across a cluster as real ones are.
 
 Jobs can "use" memory on a fake card, so rig's closed-loop accounting can be exercised without
 a GPU: a process writes the bytes it uses into ``<usage_dir>/<card index>/<pid>`` (rig gives
@@ -16,6 +17,7 @@ import os
 import re
 from pathlib import Path
 
+from rig.config import default_node_name
 from rig.errors import ConfigError, InvalidInput
 from rig.gpus.base import GpuReadError, GpuReading
 from rig.memory import GIB, parse_memory
@@ -54,10 +56,14 @@ class FakeGpuBackend:
 
     kind = "fake"
 
-    def __init__(self, spec: str, usage_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, spec: str, usage_dir: str | os.PathLike[str] | None = None,
+                 node: str | None = None) -> None:
         self.spec = spec
         self._sizes = parse_fake_spec(spec)
         self.usage_dir = Path(usage_dir) if usage_dir else None
+        #: The node these cards belong to (it goes into their UUIDs); by default the node name
+        #: rig's settings default to: RIG_NODE_NAME, else the host name.
+        self.node = node or os.environ.get("RIG_NODE_NAME") or default_node_name()
 
     def count(self) -> int:
         return len(self._sizes)
@@ -69,7 +75,7 @@ class FakeGpuBackend:
         processes = self._processes(index)
         return GpuReading(
             index=index,
-            uuid=f"GPU-fake-{index:04d}",
+            uuid=f"GPU-fake-{self.node}-{index:04d}",
             model=f"Fake GPU {size // GIB}GB",
             total=size,
             used=sum(processes.values()),

@@ -313,8 +313,21 @@ def test_parse_fake_spec_rejects_bad_specs(spec: str) -> None:
 
 
 def test_fake_backend_reads() -> None:
-    backend = FakeGpuBackend("2x24G")
+    backend = FakeGpuBackend("2x24G", node="gpu-a")
     reading = backend.read(1)
-    assert reading.uuid == "GPU-fake-0001" and reading.model.startswith("Fake GPU")
+    assert reading.uuid == "GPU-fake-gpu-a-0001" and reading.model.startswith("Fake GPU")
     with pytest.raises(GpuReadError):
         backend.read(2)
+
+
+def test_fake_uuids_are_unique_across_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    uuids = [r.uuid for node in ("a", "b") for r in FakeGpuBackend("2x24G", node=node).read_all()]
+    assert len(set(uuids)) == 4
+    # Without a node given (the old constructor): the node rig's settings would name.
+    monkeypatch.setenv("RIG_NODE_NAME", "gpu-b")
+    assert FakeGpuBackend("1x24G").read(0).uuid == "GPU-fake-gpu-b-0000"
+    backend, _ = detect_backend("1x24G", node="gpu-c")
+    assert backend.read(0).uuid == "GPU-fake-gpu-c-0000"
+    monkeypatch.delenv("RIG_NODE_NAME")
+    monkeypatch.setattr("socket.gethostname", lambda: "host1.lab")
+    assert FakeGpuBackend("1x24G").read(0).uuid == "GPU-fake-host1.lab-0000"
