@@ -499,6 +499,19 @@ class Client:
                 f"job {job.id} belongs to {job.user}; only {job.user} or an admin may {action} it "
                 "(root, or a user named in `admins` / RIG_ADMINS)")
 
+    def forget_node(self, name: str) -> list[str]:
+        """Forget a node that is gone for good (rig.nodes.NodeRegistry.forget): admins only,
+        refused while it is up or has jobs. Returns the ids of the cards removed with it."""
+        from rig.config import NODE_NAME
+
+        who = current_identity()
+        if not self.is_admin(who):
+            raise PermissionDenied(f"only an admin may forget a node, and {who.name} is none "
+                                   "(root, or a user named in `admins` / RIG_ADMINS)")
+        if not NODE_NAME.fullmatch(name):
+            raise InvalidInput(f"{name!r} is not a node name; `rig status` lists the nodes")
+        return self._guard(NodeRegistry(self.r, self.keys).forget, name)
+
     def templates(self) -> dict:
         """The submission presets in force (name -> rig.config.Template)."""
         return dict(self.settings.templates)

@@ -91,6 +91,12 @@ class InvalidRecord(RigError):
         self.problem = problem
 
 
+class NodeInUse(RigError):
+    """A node cannot be forgotten yet: it is up, or jobs still run or are placed on it."""
+
+    exit_code = 10
+
+
 def redact_url(url: str) -> str:
     """Hide a password in a redis:// URL before it is printed."""
     if "@" not in url or "://" not in url:

@@ -17,6 +17,9 @@ What a person sees (``NodeInfo.state``):
 - ``stopped``: stopped on purpose (``rig down``, Ctrl-C) at ``stopped_at``: its cards take no
   jobs, its running jobs keep running on it and are adopted when it comes back.
 
+A node gone for good stays in that list until an admin forgets it (``rig forget-node``,
+``NodeRegistry.forget``); a forgotten node that comes back simply registers again.
+
 Times are Unix epoch seconds.
 """
 
@@ -30,8 +33,9 @@ from dataclasses import dataclass
 
 import redis
 
-from rig.errors import StackError
-from rig.keys import Keys
+from rig.errors import InvalidInput, NodeInUse, StackError
+from rig.keys import Keys, split_card_id
+from rig.models import JobState
 
 #: Prefixes of the card health reasons the node checks write, so a rejoin clears only those.
 NODE_DOWN_REASON = "node down"
@@ -135,6 +139,83 @@ class NodeRegistry:
     def clear_down(self, node: str) -> None:
         self.r.hdel(self.keys.node(node), "down_since", "missing_since")
 
+    # -- forgetting a node that is gone for good -------------------------------------------
+    def forget(self, node: str, *, attempts: int = 5) -> list[str]:
+        """Remove ``node``: its record, its heartbeats (the node's and its workers'), its card
+        records and their ids in the cards set. Returns the card ids removed.
+
+        Refused with NodeInUse while the node is up (its heartbeat or a worker's) or while any
+        of its cards holds a reservation or a job is ASSIGNED or RUNNING there; InvalidInput
+        for a node Redis does not know. The check and the removal are one transaction (WATCH):
+        a node or card that changes meanwhile (a reservation, a registration) is looked at again.
+        """
+        k = self.keys
+        for _ in range(attempts):
+            with self.r.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(k.nodes, k.cards, k.workers, k.node(node), k.node_alive(node))
+                    cards = sorted((c for c in pipe.smembers(k.cards) if c.rpartition("/")[0] == node),
+                                   key=lambda c: split_card_id(c)[1])
+                    card_keys = [key for c in cards for key in (k.card(node, split_card_id(c)[1]),
+                                                                 k.card_jobs(node, split_card_id(c)[1]))]
+                    if card_keys:
+                        pipe.watch(*card_keys)
+                    workers = sorted(w for w in pipe.smembers(k.workers) if w.rpartition("@")[2] == node)
+                    if not (cards or pipe.sismember(k.nodes, node) or pipe.exists(k.node(node))):
+                        raise InvalidInput(f"no node named {node!r}; `rig status` lists the nodes")
+                    self._refuse_if_in_use(pipe, node, cards, workers)
+                    pipe.multi()
+                    pipe.srem(k.nodes, node)
+                    pipe.delete(k.node(node), k.node_alive(node), k.node_health_lock(node), *card_keys,
+                                *(k.worker(w) for w in workers))
+                    if cards:
+                        pipe.srem(k.cards, *cards)
+                    if workers:
+                        pipe.srem(k.workers, *workers)
+                    pipe.execute()
+                    return cards
+                except redis.WatchError:
+                    continue
+        raise NodeInUse(f"node {node} kept changing while rig tried to forget it ({attempts} tries); "
+                        "is it coming back? Try again")
+
+    def _refuse_if_in_use(self, pipe: redis.client.Pipeline, node: str, cards: list[str],
+                          workers: list[str]) -> None:
+        k = self.keys
+        live = [w for w in workers if pipe.exists(k.worker(w))]
+        if pipe.exists(k.node_alive(node)) or live:
+            who = f" (live workers: {', '.join(live)})" if live else ""
+            raise NodeInUse(f"node {node} is up{who}; rig forgets only a node that is gone: stop it "
+                            f"first (`rig down --node {node}` there)")
+        held: set[int] = set()
+        holding: list[str] = []
+        for cid in cards:
+            index = split_card_id(cid)[1]
+            jobs = pipe.hkeys(k.card_jobs(node, index))
+            reserved, count = pipe.hmget(k.card(node, index), "reserved", "jobs")
+            held.update(int(j) for j in jobs if j.isdigit())
+            if jobs or _positive(reserved) or _positive(count):
+                holding.append(cid)
+        read = self.r.pipeline(transaction=False)
+        for state in (JobState.ASSIGNED, JobState.RUNNING):
+            read.zrange(k.state_index(state.value), 0, -1)
+        placed = [int(i) for ids in read.execute() for i in ids]
+        for job_id in placed:
+            read.hget(k.job(job_id), "node")
+        held.update(j for j, where in zip(placed, read.execute(), strict=True) if where == node)
+        if not (held or holding):
+            return
+        ids = " ".join(map(str, sorted(held)))
+        what = "; ".join(filter(None, (f"job(s) {ids} placed or running there" if held else "",
+                                       f"card(s) {', '.join(holding)} hold reservations" if holding else "")))
+        if pipe.hexists(k.node(node), "stopped_at"):
+            hint = (f"it was stopped on purpose (`rig down`), so its jobs stay its own until it returns: "
+                    f"`rig up --node {node}` there and let them end or kill them")
+        else:
+            hint = (f"wait until they end{f' or `rig kill {ids}`' if held else ''} (a silent node's "
+                    "are given back once it is declared down)")
+        raise NodeInUse(f"node {node} still has work: {what}; {hint}, then forget it")
+
     # -- read -----------------------------------------------------------------------------
     def read(self) -> list[NodeInfo]:
         """Every node that ever registered, sorted by name, with its liveness now."""
@@ -162,6 +243,14 @@ class NodeRegistry:
                 node = name.split("@", 1)[1]
                 counts[node] = counts.get(node, 0) + 1
         return counts
+
+
+def _positive(value: str | None) -> bool:
+    """A counter field of a card record above zero (a damaged one counts as in use)."""
+    try:
+        return float(value or 0) > 0
+    except ValueError:
+        return True
 
 
 def _info(name: str, raw: dict, heartbeat: bool, workers: int) -> NodeInfo:

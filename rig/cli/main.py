@@ -414,6 +414,20 @@ def down(ctx: click.Context, timeout: float, node_opt: str | None) -> None:
         click.echo(f"rig stopped (pid {pid})")
 
 
+@cli.command("forget-node")
+@click.argument("name")
+@click.pass_context
+@handle_errors
+def forget_node(ctx: click.Context, name: str) -> None:
+    """Forget node NAME, gone for good: its record, heartbeats and cards leave `rig status`.
+    Admins only; refused while it is up or has jobs. `rig up --node NAME` would add it again."""
+    client = client_from(ctx)
+    client.ping()
+    cards = client.forget_node(name)
+    removed = f"its {len(cards)} card(s) ({', '.join(cards)})" if cards else "no cards"
+    click.echo(f"node {name} forgotten with {removed}")
+
+
 def main() -> None:
     cli(prog_name="rig")
 

@@ -95,3 +95,26 @@ def test_submit_with_redis_down(env, monkeypatch):
 def test_jobs_unknown_state(env, real_redis):
     result = CliRunner().invoke(cli, ["jobs", "--state", "sleeping"])
     one_line_error(result, 2, "unknown state 'sleeping'")
+
+
+@pytest.mark.redis
+def test_forget_node_refusals_are_one_line(env, real_redis, monkeypatch):
+    from rig.client import Identity
+    from rig.gpus.base import GpuReading
+    from rig.keys import Keys
+    from rig.ledger import Ledger
+    from rig.nodes import NodeRegistry
+
+    keys = Keys(env)
+    Ledger(real_redis, keys).register_card("gone", GpuReading(index=0, uuid="u", model="m", total=1 << 34),
+                                           max_jobs=2, reserve_fraction=0.0, allowed=True, fake=True)
+    NodeRegistry(real_redis, keys).register("gone", ttl=30, backend="fake", cards=1)
+    one_line_error(CliRunner().invoke(cli, ["forget-node", "gone"]), 10, "node gone is up;", "rig down --node gone")
+    one_line_error(CliRunner().invoke(cli, ["forget-node", "nope"]), 2, "no node named 'nope'")
+    real_redis.delete(keys.node_alive("gone"))  # gone for good
+    monkeypatch.setattr("rig.client.current_identity", lambda: Identity("bob", 1002))
+    one_line_error(CliRunner().invoke(cli, ["forget-node", "gone"]), 8, "only an admin may forget a node")
+    monkeypatch.setenv("RIG_ADMINS", "bob")
+    result = CliRunner().invoke(cli, ["forget-node", "gone"])
+    assert result.exit_code == 0 and result.output == "node gone forgotten with its 1 card(s) (gone/0)\n"
+    assert not real_redis.exists(keys.node("gone")) and not real_redis.smembers(keys.cards)

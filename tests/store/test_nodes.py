@@ -10,7 +10,7 @@ import time
 import pytest
 
 from rig.config import load_settings
-from rig.errors import StackError
+from rig.errors import InvalidInput, NodeInUse, PermissionDenied, StackError
 from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
@@ -179,3 +179,97 @@ def test_node_names_must_be_usable_in_queue_and_key_names():
     for bad in ("a/b", "a b", "card@x", "", "-x"):
         with pytest.raises(ConfigError, match="node_name"):
             load_settings(node_name=bad)
+
+
+# -- forgetting a node that is gone for good ------------------------------------------------------
+def _declare_down(checker: HealthChecker, redis_client, keys: Keys, node: str) -> None:
+    _silence(redis_client, keys, node)
+    now = time.time()
+    checker.run_cluster(now=now)
+    assert checker.run_cluster(now=now + 2).nodes_down == [node]
+
+
+def test_forgetting_a_node_gone_for_good_removes_it_and_its_cards(cluster, redis_client):
+    settings, keys, ledger, nodes, checker = cluster
+    lost = _job(ledger, "n1", 0, run=True)
+    _worker_beat(redis_client, keys, "card0@n1")
+    _declare_down(checker, redis_client, keys, "n1")  # its job was lost and went back to the queue
+
+    assert nodes.forget("n1") == ["n1/0", "n1/1"]
+    assert [n.name for n in nodes.read()] == ["n2"]
+    assert {c.node for c in ledger.cards()} == {"n2"}
+    assert redis_client.smembers(keys.cards) == {"n2/0"}
+    assert "card0@n1" not in redis_client.smembers(keys.workers)
+    assert list(redis_client.scan_iter(f"{keys.prefix}*n1*")) == []  # no key of it is left
+    assert ledger.store.get(lost).state is JobState.PENDING  # jobs are not the node's to forget
+    assert checker.run_cluster() is not None and _state(nodes, "n2") == "up"  # the check carries on
+    with pytest.raises(InvalidInput, match="no node named 'n1'"):
+        nodes.forget("n1")
+
+    # A forgotten node that comes back simply registers again.
+    nodes.register("n1", ttl=TTL, backend="fake", cards=1)
+    assert _state(nodes, "n1") == "up"
+
+
+def test_a_node_that_is_up_or_has_work_is_not_forgotten(cluster, redis_client):
+    settings, keys, ledger, nodes, checker = cluster
+    with pytest.raises(NodeInUse, match=r"^node n1 is up; .*rig down --node n1"):
+        nodes.forget("n1")
+
+    redis_client.delete(keys.node_alive("n1"))  # rig up gone, a card worker still heartbeats
+    _worker_beat(redis_client, keys, "card1@n1")
+    with pytest.raises(NodeInUse, match=r"is up \(live workers: card1@n1\)"):
+        nodes.forget("n1")
+
+    _silence(redis_client, keys, "n1")  # silent, not yet declared down: its placed job is its own
+    assigned = _job(ledger, "n1", 1)
+    with pytest.raises(NodeInUse, match=rf"still has work: job\(s\) {assigned} placed or running there; "
+                                        rf"card\(s\) n1/1 hold reservations; .*rig kill {assigned}"):
+        nodes.forget("n1")
+
+    ledger.transition(assigned, JobState.CANCELLED, mode="cancel")
+    running = _job(ledger, "n1", 0, run=True)
+    nodes.mark_stopped("n1")  # stopped on purpose: its running job stays its own
+    with pytest.raises(NodeInUse, match=rf"job\(s\) {running} .*stopped on purpose .*rig up --node n1"):
+        nodes.forget("n1")
+    # Nothing was removed: the node, its cards, their reservations, its workers.
+    assert "n1" in redis_client.smembers(keys.nodes) and redis_client.exists(keys.node("n1"))
+    assert len(ledger.cards()) == 3 and ledger.holdings("n1", 0) == {running: 10 * GIB}
+    assert "card1@n1" in redis_client.smembers(keys.workers)
+
+
+def test_a_reservation_racing_the_forget_is_seen(cluster, redis_client, monkeypatch):
+    """The check and the removal are one transaction: a job placed on the node between them
+    makes the forget look again, and refuse."""
+    settings, keys, ledger, nodes, checker = cluster
+    _silence(redis_client, keys, "n1")
+    waiting = _job(ledger)
+    check = NodeRegistry._refuse_if_in_use
+    calls: list[int] = []
+
+    def check_then_place(self, *args):
+        check(self, *args)
+        if not calls:
+            assert ledger.reserve(waiting, "n1", [0], 10 * GIB)[0]  # a dispatcher, meanwhile
+        calls.append(1)
+
+    monkeypatch.setattr(NodeRegistry, "_refuse_if_in_use", check_then_place)
+    with pytest.raises(NodeInUse, match=rf"job\(s\) {waiting} placed"):
+        nodes.forget("n1")
+    assert len(calls) == 1 and ledger.card("n1", 0).reserved == 10 * GIB
+
+
+def test_only_admins_may_forget_a_node(cluster, redis_client, monkeypatch):
+    from rig.client import Client, Identity
+
+    settings, keys, ledger, nodes, checker = cluster
+    _silence(redis_client, keys, "n1")
+    client = Client(settings.model_copy(update={"admins": ["carol"]}), redis_client=redis_client)
+    monkeypatch.setattr("rig.client.current_identity", lambda: Identity("bob", 1002))
+    with pytest.raises(PermissionDenied, match="only an admin may forget a node, and bob is none"):
+        client.forget_node("n1")
+    assert "n1" in redis_client.smembers(keys.nodes)
+    monkeypatch.setattr("rig.client.current_identity", lambda: Identity("carol", 1003))
+    with pytest.raises(InvalidInput, match="not a node name"):
+        client.forget_node("n1/*")
+    assert client.forget_node("n1") == ["n1/0", "n1/1"]
