@@ -81,8 +81,10 @@ def make_celery(settings: Settings) -> Celery:
         redbeat_redis_options={
             **REDIS_CLIENT_OPTIONS,
             "socket_timeout": REDBEAT_SOCKET_TIMEOUT_S,
-            # Like the broker (broker_connection_max_retries=None): keep retrying through a
-            # Redis restart instead of exiting (a negative period retries without end).
+            # Like the broker (broker_connection_max_retries=None): its schedule reads and writes
+            # retry through a Redis restart (a negative period retries without end). Its lock
+            # renewal does not (redis-py's Lock holds the bare client): an outage across a renewal
+            # (every beat loop) ends beat there, rig up restarts it, as after a crash.
             "retry_period": -1,
         },
         redbeat_key_prefix=keys.redbeat_prefix,
