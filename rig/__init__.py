@@ -9,7 +9,7 @@
     train.delay(3e-4).result     # waits; .get(timeout) bounds the wait
 """
 
-from rig.client import Client, JobHandle, RemoteError, get_job, submit
+from rig.client import Client, JobHandle, RemoteError, get_job, submit, submit_many
 from rig.config import Settings, load_settings
 from rig.errors import (
     InvalidInput,
@@ -24,7 +24,7 @@ from rig.pytask import RigTask, task
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "JobHandle", "get_job", "submit", "task", "RigTask", "Settings", "load_settings",
+    "Client", "JobHandle", "get_job", "submit", "submit_many", "task", "RigTask", "Settings", "load_settings",
     "Job", "JobState", "Priority", "RigError", "InvalidInput", "JobNotFound", "RedisUnavailable",
     "Unschedulable", "RemoteError", "__version__",
 ]

@@ -25,25 +25,40 @@ class JobStore:
         self.keys = keys
 
     # -- writing --------------------------------------------------------------------------
-    def create(self, job: Job) -> Job:
-        """Store a new PENDING job and put it in the pending queue, in one transaction.
+    def create(self, job: Job, extra: dict[str, Any] | None = None) -> Job:
+        """Store a new PENDING job (plus ``extra`` plain fields) and put it in the pending
+        queues, in one transaction that also wakes the dispatcher.
 
         ``job.id`` is ignored and replaced by the next integer id.
         """
-        job.id = int(self.r.incr(self.keys.next_job_id))
-        job.state = JobState.PENDING
-        job.created_at = job.created_at or time.time()
+        return self.create_many([(job, extra)])[0]
+
+    def create_many(self, jobs: list[tuple[Job, dict[str, Any] | None]]) -> list[Job]:
+        """create() for several jobs: consecutive ids (one INCRBY), one transaction."""
+        if not jobs:
+            return []
+        last = int(self.r.incrby(self.keys.next_job_id, len(jobs)))
         pipe = self.r.pipeline(transaction=True)
-        pipe.hset(self.keys.job(job.id), mapping=job.to_redis())
-        pipe.zadd(self.keys.all_jobs, {str(job.id): job.id})
-        pipe.zadd(self.keys.state_index(JobState.PENDING.value), {str(job.id): job.id})
-        pipe.zadd(self.keys.pending, {str(job.id): pending_score(job.priority, job.id)})
-        pipe.zadd(self.keys.pending_user(job.user), {str(job.id): pending_score(job.priority, job.id)})
-        pipe.sadd(self.keys.pending_users, job.user)
+        now = time.time()
+        out = []
+        for offset, (job, extra) in enumerate(jobs):
+            job.id = last - len(jobs) + 1 + offset
+            job.state = JobState.PENDING
+            job.created_at = job.created_at or now
+            score = pending_score(job.priority, job.id)
+            record = job.to_redis()
+            record.update({k: _encode(v) for k, v in (extra or {}).items() if v is not None})
+            pipe.hset(self.keys.job(job.id), mapping=record)
+            pipe.zadd(self.keys.all_jobs, {str(job.id): job.id})
+            pipe.zadd(self.keys.state_index(JobState.PENDING.value), {str(job.id): job.id})
+            pipe.zadd(self.keys.pending, {str(job.id): score})
+            pipe.zadd(self.keys.pending_user(job.user), {str(job.id): score})
+            pipe.sadd(self.keys.pending_users, job.user)
+            pipe.publish(self.keys.events_channel, f"{job.id} {JobState.PENDING.value}")
+            out.append(job)
         pipe.lpush(self.keys.sched_wake, "1")  # the dispatcher BLPOPs this: no Celery hop needed
-        pipe.publish(self.keys.events_channel, f"{job.id} {JobState.PENDING.value}")
         pipe.execute()
-        return job
+        return out
 
     def update(self, job_id: int, **fields: Any) -> None:
         """Set plain fields (never ``state``: that moves only through the ledger's scripts)."""

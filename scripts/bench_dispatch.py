@@ -4,10 +4,14 @@
 Starts a throwaway node (real Redis at $RIG_BENCH_REDIS_URL or 127.0.0.1:6379 under a private
 key prefix, real Celery workers on fake 8x80G cards, no Flower, no beat) and prints:
 
+  * submissions/s through the Python API with no node running (Redis and the client alone,
+    the jobs only queued, under a second private prefix), before the node starts;
   * idle dispatch latency: submit() call -> the job's process has started, p50 / p99 over
     N sequential jobs (each job records its own start time);
-  * throughput of M tiny jobs (`true`) submitted as fast as the Python API allows:
-    submissions/s, and completions/s from the first submit to the last job ending.
+  * throughput of M tiny jobs (`true`) submitted as fast as the Python API allows, one
+    submit() call each and then once more with one submit_many() call: submissions/s while the
+    node runs them on the same machine, and completions/s from the first submit to the last
+    job ending.
 
     .venv/bin/python scripts/bench_dispatch.py [--latency-jobs 50] [--tiny-jobs 1000]
 """
@@ -53,6 +57,26 @@ def main() -> int:
     stack = Stack(settings, UpOptions(no_flower=True, no_beat=True, no_metrics=True), say=lambda m: None)
     r = redis.Redis.from_url(url)
     try:
+        alone = load_settings(home=home, redis_url=url, key_prefix=f"rigbench:{uuid.uuid4().hex[:8]}:",
+                              node_name="bench")
+        api = Client(alone)
+        api.submit("true", gpu_memory="1G")  # warm the Celery producer
+        begin = time.monotonic()
+        for _ in range(args.tiny_jobs):
+            api.submit(["true"], gpu_memory="1G", priority="low")
+        queued = time.monotonic() - begin
+        api.flush(60)
+        sent = time.monotonic() - begin
+        print(f"Python API alone (no node): {args.tiny_jobs} submissions, {args.tiny_jobs / queued:.0f}/s "
+              f"({args.tiny_jobs / sent:.0f}/s counting the Celery messages sent in the background)")
+        begin = time.monotonic()
+        api.submit_many([{"command": ["true"], "gpu_memory": "1G", "priority": "low"}] * args.tiny_jobs)
+        queued = time.monotonic() - begin
+        api.flush(60)
+        print(f"Python API alone (no node): submit_many of {args.tiny_jobs}: {args.tiny_jobs / queued:.0f}/s "
+              f"({args.tiny_jobs / (time.monotonic() - begin):.0f}/s counting the Celery messages)")
+        _delete(r, alone.key_prefix)
+
         t0 = time.monotonic()
         stack.up()
         missing = stack.wait_ready(timeout=180)
@@ -85,14 +109,27 @@ def main() -> int:
         print(f"{args.tiny_jobs} tiny jobs: submitted {args.tiny_jobs / submitted:.0f} jobs/s "
               f"({submitted:.2f} s); all ended after {total:.2f} s = {args.tiny_jobs / total:.0f} jobs/s; "
               f"succeeded {ok}/{args.tiny_jobs}")
+        begin = time.monotonic()
+        handles = client.submit_many([{"command": ["true"], "gpu_memory": "1G", "priority": "low"}] * args.tiny_jobs)
+        submitted = time.monotonic() - begin
+        finals = [client.wait(h.id, timeout=600) for h in handles]
+        total = time.monotonic() - begin
+        ok = sum(1 for f in finals if f.state is JobState.SUCCEEDED)
+        print(f"{args.tiny_jobs} tiny jobs with submit_many: submitted {args.tiny_jobs / submitted:.0f} jobs/s "
+              f"({submitted:.2f} s); all ended after {total:.2f} s = {args.tiny_jobs / total:.0f} jobs/s; "
+              f"succeeded {ok}/{args.tiny_jobs}")
         over = [c.id for c in client.ledger.cards() if c.reserved or c.jobs]
         print(f"reservations left after the run: {over or 'none'}")
         return 0
     finally:
         stack.down()
-        keys = list(r.scan_iter(match=f"{prefix}*", count=1000))
-        for i in range(0, len(keys), 1000):
-            r.delete(*keys[i:i + 1000])
+        _delete(r, prefix)
+
+
+def _delete(r: redis.Redis, prefix: str) -> None:
+    keys = list(r.scan_iter(match=f"{prefix}*", count=1000))
+    for i in range(0, len(keys), 1000):
+        r.delete(*keys[i:i + 1000])
 
 
 if __name__ == "__main__":
