@@ -12,7 +12,7 @@ import heapq
 import math
 import random
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 GIB = 2**30
@@ -300,20 +300,40 @@ def summary_stats(values: Sequence[float]) -> dict[str, float]:
 _RANK = {p: i for i, p in enumerate(PRIORITIES)}
 
 
-def greedy_makespan(jobs: Sequence[TraceJob], *, cards: int, usable_per_card: int,
-                    max_jobs_per_card: int, holds: bool = False,
-                    start_overhead_s: float = 0.0) -> float:
-    """Makespan (s from 0) of an offline greedy scheduler with perfect knowledge of the trace and
-    no dispatch delay: at every arrival or end, waiting jobs are offered in (priority, arrival,
-    index) order and each one that fits starts on its best-fit cards (tightest, then fewest
-    jobs, then lowest index). With ``holds``, a job that does not fit holds its ``gpus`` cards
-    closest to fitting for the rest of that round, as rig's dispatcher does. Each job runs
-    ``duration + start_overhead_s`` s. A reference for the real run, not a bound."""
-    free = [usable_per_card] * cards
-    count = [0] * cards
+def fifo_order(job: TraceJob) -> tuple:
+    """Priority, then arrival: rig's order before queue_order = largest-first."""
+    return (_RANK.get(job.priority, len(_RANK)), job.arrival, job.index)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A list-scheduling policy for ``simulate``: the queue's ``order`` (a sort key), after how
+    long a blocked job holds cards, per priority rank (None: never), whether jobs may backfill
+    held cards around a shadow time (EASY), and the expected duration a job declares
+    (real duration x ``estimate``)."""
+
+    name: str
+    order: Callable[[TraceJob], tuple] = fifo_order
+    hold_after: tuple[float | None, float | None, float | None] = (None, None, None)
+    backfill: bool = False
+    estimate: float = 1.0
+
+
+def simulate(jobs: Sequence[TraceJob], policy: Policy, *, cards: int, usable_per_card: int,
+             max_jobs_per_card: int, start_overhead_s: float = 0.0) -> tuple[float, dict[str, list[float]]]:
+    """Offline list scheduling with perfect knowledge of the trace: (makespan s from 0, waits
+    by priority). At every arrival or end, waiting jobs are offered in ``policy.order`` and each
+    one that fits starts on its best-fit cards (tightest, then fewest jobs, then lowest index);
+    each runs ``duration + start_overhead_s`` s. A blocked job that has waited its
+    ``hold_after`` holds ``gpus`` cards for the rest of that round: without backfill the cards
+    closest to fitting it, closed to everyone; with backfill the cards expected to have room
+    first, open to jobs expected to end by then or that leave it room (as rig's dispatcher)."""
+    free, count = [usable_per_card] * cards, [0] * cards
+    on_card: list[list[tuple[float, int, int]]] = [[] for _ in range(cards)]  # (expected end, bytes, index)
     arrivals = sorted(jobs, key=lambda j: (j.arrival, j.index))
     running: list[tuple[float, int, tuple[int, ...], int]] = []  # (end, index, cards, bytes)
     waiting: list[TraceJob] = []
+    waits: dict[str, list[float]] = {p: [] for p in PRIORITIES}
     now = last_end = 0.0
     nxt = 0
     while nxt < len(arrivals) or waiting or running:
@@ -327,32 +347,89 @@ def greedy_makespan(jobs: Sequence[TraceJob], *, cards: int, usable_per_card: in
             waiting.append(arrivals[nxt])
             nxt += 1
         while running and running[0][0] <= now:
-            _end, _index, used, nbytes = heapq.heappop(running)
+            _end, index, used, nbytes = heapq.heappop(running)
             for c in used:
                 free[c] += nbytes
                 count[c] -= 1
-        waiting.sort(key=lambda j: (_RANK.get(j.priority, len(_RANK)), j.arrival, j.index))
-        held: set[int] = set()
+                on_card[c] = [x for x in on_card[c] if x[2] != index]
+        waiting.sort(key=policy.order)
+        held: dict[int, tuple[float, int]] = {}  # card -> (shadow time, bytes the held job needs)
         still: list[TraceJob] = []
         for job in waiting:
-            fit = [c for c in range(cards) if c not in held and free[c] >= job.gpu_memory
-                   and count[c] < max_jobs_per_card]
+            expected_end = now + job.duration * policy.estimate
+
+            def open_card(c: int, job: TraceJob = job, expected_end: float = expected_end,
+                          held: dict[int, tuple[float, int]] = held) -> bool:
+                if c not in held:
+                    return True
+                until, need = held[c]
+                if not policy.backfill or until == math.inf:
+                    return False
+                if expected_end <= until:
+                    return True
+                gone = [x for x in on_card[c] if x[0] <= until]
+                room = free[c] + sum(x[1] for x in gone)
+                return room - job.gpu_memory >= need and count[c] - len(gone) + 2 <= max_jobs_per_card
+
+            fit = [c for c in range(cards)
+                   if free[c] >= job.gpu_memory and count[c] < max_jobs_per_card and open_card(c)]
             if len(fit) < job.gpus:
                 still.append(job)
-                if holds:
-                    big = [c for c in range(cards)
-                           if c not in held and usable_per_card >= job.gpu_memory]
-                    if len(big) >= job.gpus:
-                        big.sort(key=lambda c: (max(0, job.gpu_memory - free[c]), count[c], c))
-                        held.update(big[: job.gpus])
+                after = policy.hold_after[_RANK.get(job.priority, len(_RANK) - 1)]
+                if after is not None and now - job.arrival >= after:
+                    _hold(job, held, free, count, on_card, now, policy.backfill,
+                          usable_per_card, max_jobs_per_card)
                 continue
-            chosen = tuple(sorted(fit, key=lambda c: (free[c] - job.gpu_memory, count[c], c))
-                           [: job.gpus])
+            chosen = tuple(sorted(fit, key=lambda c: (free[c] - job.gpu_memory, count[c], c))[: job.gpus])
             for c in chosen:
                 free[c] -= job.gpu_memory
                 count[c] += 1
+                on_card[c].append((expected_end, job.gpu_memory, job.index))
             end = now + job.duration + start_overhead_s
             last_end = max(last_end, end)
+            waits.setdefault(job.priority, []).append(now - job.arrival)
             heapq.heappush(running, (end, job.index, chosen, job.gpu_memory))
         waiting = still
-    return last_end
+    return last_end, waits
+
+
+def _hold(job: TraceJob, held: dict[int, tuple[float, int]], free: list[int], count: list[int],
+          on_card: list[list[tuple[float, int, int]]], now: float, backfill: bool,
+          usable_per_card: int, max_jobs_per_card: int) -> None:
+    """Hold ``job.gpus`` cards for a blocked job (see simulate)."""
+    options = []
+    for c in range(len(free)):
+        if c in held or usable_per_card < job.gpu_memory:
+            continue
+        deficit = max(0, job.gpu_memory - free[c])
+        if not backfill:
+            options.append((deficit, count[c], c))
+            continue
+        when, room, n = math.inf, free[c], count[c]
+        if room >= job.gpu_memory and n < max_jobs_per_card:
+            when = now
+        else:
+            for end, nbytes, _ in sorted(on_card[c]):
+                room, n = room + nbytes, n - 1
+                if room >= job.gpu_memory and n < max_jobs_per_card:
+                    when = end
+                    break
+        options.append((when, deficit, c))
+    if len(options) < job.gpus:
+        return
+    chosen = sorted(options)[: job.gpus]
+    until = max(o[0] for o in chosen) if backfill else math.inf
+    for option in chosen:
+        held[option[2]] = (until, job.gpu_memory)
+
+
+def greedy_makespan(jobs: Sequence[TraceJob], *, cards: int, usable_per_card: int,
+                    max_jobs_per_card: int, holds: bool = False,
+                    start_overhead_s: float = 0.0) -> float:
+    """Makespan (s from 0) of the offline greedy reference: ``simulate`` in (priority, arrival)
+    order, best fit, no dispatch delay; with ``holds``, a job that does not fit holds the cards
+    closest to fitting it at once (rig's dispatcher before backfill). A reference for the real
+    run, not a bound."""
+    policy = Policy("greedy", hold_after=(0.0, 0.0, 0.0) if holds else (None, None, None))
+    return simulate(jobs, policy, cards=cards, usable_per_card=usable_per_card,
+                    max_jobs_per_card=max_jobs_per_card, start_overhead_s=start_overhead_s)[0]
