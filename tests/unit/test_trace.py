@@ -192,3 +192,23 @@ def test_greedy_is_at_least_the_lower_bound() -> None:
     bound = lower_bound(trace, **kw).value
     assert bound <= greedy_makespan(trace, **kw)
     assert bound <= greedy_makespan(trace, holds=True, **kw)
+
+
+def test_simulated_backfill_lets_a_short_job_use_a_held_card() -> None:
+    from rig.testing.trace import Policy, simulate
+
+    # Card 0 runs a 40 GiB job for 10 s; a 50 GiB high job arriving at 1 s must wait for it
+    # and holds card 0 (card 1 runs a 60 GiB job for 20 s). A 30 GiB, 2 s low job arriving at
+    # 1 s fits beside the 40 GiB one: a closed card without backfill, allowed with it (it ends
+    # at 3 s, before the shadow time 10 s); a 30 GiB, 15 s one would delay the high job: not.
+    jobs = [tj(0, 40, 10.0, priority="medium"), tj(1, 60, 20.0, priority="medium"),
+            tj(2, 50, 1.0, arrival=1.0, priority="high"),
+            tj(3, 30, 2.0, arrival=1.0), tj(4, 30, 15.0, arrival=1.0)]
+    shape = {"cards": 2, "usable_per_card": 76 * GIB, "max_jobs_per_card": 4}
+    holds = Policy("holds", hold_after=(0.0, 0.0, 0.0))
+    easy = Policy("easy", hold_after=(0.0, 0.0, 0.0), backfill=True)
+    _, plain = simulate(jobs, holds, **shape)
+    _, backfilled = simulate(jobs, easy, **shape)
+    assert sorted(plain["low"]) == pytest.approx([10.0, 10.0])  # both wait until the high job ends
+    assert sorted(backfilled["low"]) == pytest.approx([0.0, 10.0])  # the short one starts at once
+    assert plain["high"] == backfilled["high"] == pytest.approx([9.0])  # never delayed
