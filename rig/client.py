@@ -112,7 +112,7 @@ class Client:
         self.ledger = Ledger(self.r, self.keys,
                              usage_half_life_s=self.settings.fair_share_half_life_hours * 3600)
         self._celery = None
-        self._sender = None  # rig.notify.BackgroundSender, made on the first submission
+        self._sender = None  # rig.notify.BackgroundSender: a handle on the process-wide thread
         self._cards_cache: tuple[float, list[CardState]] | None = None
         self.last_auto_note: str | None = None
 
@@ -305,8 +305,8 @@ class Client:
     def _notify_submitted(self, job: Job) -> None:
         """Send the job's "submitted" message on its priority queue (for Flower; it also nudges
         the dispatcher, which the stored submission has woken already). Sent from a background
-        thread (rig.notify): the job is already safe in the pending queue, so a lost message
-        delays nothing."""
+        thread (rig.notify, one for the whole process): the job is already safe in the pending
+        queue, so a lost message delays nothing."""
         if self._sender is None:
             from rig.notify import BackgroundSender
 
@@ -323,8 +323,12 @@ class Client:
         )
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until the submission messages of this client were sent (see rig.notify)."""
-        return self._sender.flush(timeout) if self._sender is not None else True
+        """Wait until the submission messages of this client were sent (see rig.notify); False
+        if ``timeout`` s passed first. The thread is shared, so this also waits for the messages
+        other clients of this process queued before."""
+        from rig import notify
+
+        return notify.flush(timeout)
 
     # -- reading --------------------------------------------------------------------------
     def get(self, job_id: int | str) -> Job:
