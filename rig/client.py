@@ -23,6 +23,7 @@ from rig import records as R
 from rig.config import Settings, load_settings
 from rig.durations import parse_duration
 from rig.errors import InvalidInput, InvalidRecord, PermissionDenied, RigError, Unschedulable
+from rig.fairshare import exceeds_alone
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import format_memory, parse_memory
@@ -202,6 +203,8 @@ class Client:
         limit = parse_duration(time_limit) if time_limit not in (None, "") else None
         if limit is not None and limit > R.MAX_TIME_LIMIT:
             raise InvalidInput(f"--time-limit {time_limit!r} is more than ten years; give a shorter one")
+        if limit is not None and not limit >= 0.001:  # also NaN
+            raise InvalidInput(f"--time-limit {time_limit!r}: give at least 1ms, e.g. 90s, 30m or 2h")
         job_env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         for key, value in (env or {}).items():
             job_env[str(key)] = str(value)
@@ -212,6 +215,9 @@ class Client:
         _checked("--workdir", R.as_abs_path, str(wd))
         who = current_identity()
         _checked(f"your login name {who.name!r} cannot be recorded", R.as_user, who.name)
+        alone = exceeds_alone(self.settings.user_limit(who.name), nbytes, gpus)
+        if alone:
+            raise Unschedulable(f"job can never run: {alone}")
 
         pools = self.settings.pool_map
         try:

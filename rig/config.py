@@ -17,7 +17,15 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -74,11 +82,33 @@ class AlertSettings(BaseModel):
     max_fragmentation: float = Field(0.5, ge=0, le=1)
 
 
+def _memory_limit(value: Any, what: str) -> str:
+    """A memory limit as text, checked when the settings load: "0" (no limit) or a size."""
+    from rig.errors import InvalidInput
+    from rig.memory import parse_memory
+
+    text = str(value).strip()
+    if text in ("0", ""):
+        return "0"
+    try:
+        parse_memory(text, what=what)
+    except InvalidInput as exc:
+        raise ValueError(str(exc)) from None
+    return text
+
+
 class UserLimitSettings(BaseModel):
     """One user's own limits ([user_limits.NAME]); a field left out uses the global default."""
 
+    model_config = ConfigDict(extra="forbid")  # a misspelt limit must not be silently ignored
+
     max_jobs: int | None = Field(None, ge=0, description="placed or running jobs (0: no limit)")
     max_gpu_memory: str | None = Field(None, description="reserved memory over all cards, e.g. 80G")
+
+    @field_validator("max_gpu_memory", mode="before")
+    @classmethod
+    def _memory(cls, value: Any) -> str | None:
+        return None if value is None else _memory_limit(value, "user_limits max_gpu_memory")
 
 
 class Template(BaseModel):
@@ -229,16 +259,7 @@ class Settings(BaseSettings):
     @field_validator("max_gpu_memory_per_user", mode="before")
     @classmethod
     def _memory_limit_text(cls, value: Any) -> str:
-        from rig.errors import InvalidInput
-        from rig.memory import parse_memory
-
-        text = str(value).strip()
-        if text not in ("0", ""):
-            try:
-                parse_memory(text, what="max_gpu_memory_per_user")
-            except InvalidInput as exc:
-                raise ValueError(str(exc)) from None
-        return text or "0"
+        return _memory_limit(value, "max_gpu_memory_per_user")
 
     @field_validator("templates", mode="after")
     @classmethod
@@ -294,10 +315,14 @@ class Settings(BaseSettings):
 
     @property
     def pool_map(self) -> Pools:
-        """The configured pools, parsed (validated when the settings were loaded)."""
+        """The configured pools, parsed once (validated when the settings were loaded)."""
         from rig.pools import Pools
 
-        return Pools.from_config(self.pools)
+        cached = self.__dict__.get("_pool_map")
+        if cached is None or cached[0] is not self.pools:
+            cached = (self.pools, Pools.from_config(self.pools))
+            self.__dict__["_pool_map"] = cached
+        return cached[1]
 
     def user_limit(self, user: str) -> UserLimit:
         """``user``'s limits: their [user_limits] entry where set, else the global defaults."""

@@ -85,3 +85,12 @@ def over_limit(user: str, load: UserLoad, nbytes_per_card: int, cards: int,
         return (f"user {user} holds {format_memory(load.nbytes)} and this job needs "
                 f"{format_memory(wanted)} more (limit {format_memory(limit.max_bytes)})")
     return None
+
+
+def exceeds_alone(limit: UserLimit, nbytes_per_card: int, cards: int) -> str | None:
+    """Why a job could never start under ``limit`` even with nothing else running, or None."""
+    wanted = nbytes_per_card * cards
+    if limit.max_bytes and wanted > limit.max_bytes:
+        return (f"it needs {format_memory(wanted)} in all but its user may hold at most "
+                f"{format_memory(limit.max_bytes)} (max_gpu_memory_per_user / user_limits); ask for less")
+    return None

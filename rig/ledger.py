@@ -128,7 +128,7 @@ class Ledger:
         Returns (True, token) or (False, reason); on False nothing changed.
         """
         if user is None:
-            user = self.r.hget(self.keys.job(job_id), "user") or ""
+            user = self.r.hget(self.keys.job(job_id), "user") or "?"
         keys = [
             self.keys.job(job_id),
             self.keys.pending,
@@ -216,6 +216,12 @@ class Ledger:
                 self.store.publish(job_id, target)
             return int(code), str(detail)
         raise RuntimeError(f"job {job_id}: state kept changing during {target.value}")
+
+    def unqueue(self, job_id: int, user: str) -> bool:
+        """Take a job that is not PENDING out of the global queue and ``user``'s queue (where a
+        stale id was found). Returns whether it was taken out."""
+        keys = [self.keys.job(job_id), self.keys.pending, self.keys.pending_user(user), self.keys.pending_users]
+        return bool(int(self.scripts.unqueue(keys=keys, args=[job_id, user])))
 
     def reclaim(self, node: str, index: int, job_id: int) -> int:
         """Release ``job_id``'s reservation on this card unless a live job holds it there.

@@ -141,6 +141,7 @@ class Job:
     #: Expected running time (s): the time limit, or the median of earlier runs of the same
     #: name; the dispatcher uses it to let short jobs backfill cards held for a blocked job.
     expected_seconds: float | None = None
+    held_at: float | None = None  # when it first held cards for itself (the dispatcher's mark)
     #: Not stored: what was wrong with the record this was read from (empty = valid). Bad
     #: fields were replaced by neutral values (see from_redis), so nothing may act on a job
     #: with problems; it can only be shown and ended.
@@ -302,6 +303,7 @@ _JOB_CHECKS: dict[str, Callable[[Any], Any]] = {
     "template": lambda t: R.as_text(t, 128),
     "pool": lambda t: R.as_text(t, 63),
     "expected_seconds": lambda t: R.as_float(t, 0.0, R.MAX_TIME_LIMIT, "a duration in seconds"),
+    "held_at": lambda t: R.as_float(t, 0.0, R.MAX_TIMESTAMP, "a time in epoch seconds"),
     "vram_peak": lambda t: R.as_int(t, *_COUNT),
     "vram_sum": lambda t: R.as_int(t, *_COUNT),
     "vram_samples": lambda t: R.as_int(t, *_COUNT),

@@ -17,6 +17,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from rig.records import MAX_CARD_INDEX
+
 #: What a pool name may be (it appears in job records, metrics labels and CLI flags).
 POOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 _NODE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}"
@@ -48,6 +50,8 @@ def parse_member(spec: str) -> PoolMember:
         first, last = int(lo), int(hi or lo)
         if last < first:
             raise ValueError(f"pool member {spec!r}: range {part} runs backwards")
+        if last > MAX_CARD_INDEX:
+            raise ValueError(f"pool member {spec!r}: card {last} is beyond the last possible index {MAX_CARD_INDEX}")
         cards.update(range(first, last + 1))
     return PoolMember(match.group("node"), frozenset(cards))
 

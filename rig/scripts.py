@@ -15,7 +15,7 @@ def _source(name: str) -> str:
 
 
 class Scripts:
-    """The ledger's scripts (reserve, claim, transition, reclaim, observe) for one client."""
+    """The ledger's scripts (reserve, claim, transition, reclaim, observe, unqueue) for one client."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.reserve: Script = client.register_script(_source("reserve"))
@@ -23,3 +23,4 @@ class Scripts:
         self.transition: Script = client.register_script(_source("transition"))
         self.reclaim: Script = client.register_script(_source("reclaim"))
         self.observe: Script = client.register_script(_source("observe"))
+        self.unqueue: Script = client.register_script(_source("unqueue"))

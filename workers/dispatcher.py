@@ -21,12 +21,14 @@ without backfill cost packing: 1.26 x the lower bound instead of 1.17 on the mix
 measured with the offline reference in rig/testing/trace.py.) A job that could never fit any
 allowed card of its pool is ended FAILED with the reason; so is a job whose record is invalid.
 
-Each pass reads at most LOOKAHEAD waiting jobs per priority from the global queue plus
-USER_LOOKAHEAD per priority from each waiting user's queue (so a second user's jobs are seen
-behind a first user's thousand), only the fields placement needs, and the reservations now held
-(at most cards x max_task_per_gpu jobs); then calls the placement function once per job:
-O((LOOKAHEAD + users x USER_LOOKAHEAD) x cards). When no card has room for anything, the pass
-ends after the cards are read.
+Each pass reads at most LOOKAHEAD waiting jobs per priority from the global queue plus, when
+several users wait, the head of every user's queue (USER_LOOKAHEAD each, fewer when there are
+many users: USERS_BUDGET in all, at least one each), so a second user's jobs are seen behind a
+first user's thousand; only the fields placement needs; and, when a round needs them, the
+reservations now held (at most cards x max_task_per_gpu jobs). Then it calls the placement
+function once per job: O((LOOKAHEAD + USERS_BUDGET) x cards) per priority. Ids left in a queue
+whose job is no longer PENDING are taken out as they are met. When no card has room for
+anything, the pass ends after the cards are read.
 
 Runs as a thread in the control worker. Several dispatchers may run (several nodes): one holds
 the leader lock at a time; the reservation script keeps the ledger safe regardless.
@@ -49,7 +51,7 @@ import redis
 from rig import records as R
 from rig.config import Settings
 from rig.errors import InvalidRecord
-from rig.fairshare import TeamState, decay, over_limit
+from rig.fairshare import TeamState, decay, exceeds_alone, over_limit
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.models import PRIORITY_BAND, CardState, Job, JobState, Priority
@@ -72,8 +74,10 @@ log = logging.getLogger(__name__)
 LOOKAHEAD = 32
 #: Jobs read from the head of each waiting user's queue per priority, per pass.
 USER_LOOKAHEAD = 16
-#: Waiting users whose queues a pass reads (beyond them, the global head still is).
-MAX_USERS = 64
+#: Jobs read from all users' queues together per priority, per pass (each user at least 1).
+USERS_BUDGET = 512
+#: Added to a backfilled job's time limit for the time its start takes (s).
+START_SLACK_S = 1.0
 #: Leader lock lifetime (ms); renewed every pass, passes happen at least once a second.
 LEADER_TTL_MS = 5000
 #: A pass runs at least this often even without a nudge (s).
@@ -147,17 +151,27 @@ class Dispatcher:
         return sorted(jobs, key=lambda j: (self.effective_rank(j, now), j.id))
 
     def _read_waiting(self) -> list[Waiting]:
-        users = sorted(self.r.smembers(self.keys.pending_users))[:MAX_USERS]
+        users = sorted(self.r.smembers(self.keys.pending_users))
         if len(users) <= 1:
             users = []  # one user's queue head is the global head
+        # Every waiting user's head is read: with many users, fewer jobs each (at least one),
+        # so no user is left unseen and a pass stays bounded.
+        per_user = max(1, min(USER_LOOKAHEAD, USERS_BUDGET // max(1, len(users))))
         pipe = self.r.pipeline(transaction=False)
         for prio in Priority:
             low = prio.rank * PRIORITY_BAND
             pipe.zrangebyscore(self.keys.pending, low, low + PRIORITY_BAND - 1, start=0, num=LOOKAHEAD)
             for user in users:
                 pipe.zrangebyscore(self.keys.pending_user(user), low, low + PRIORITY_BAND - 1,
-                                   start=0, num=USER_LOOKAHEAD)
-        ids = sorted({int(jid) for band in pipe.execute() for jid in band})
+                                   start=0, num=per_user)
+        source: dict[int, str] = {}  # id -> the user queue it was read from ('' = global)
+        replies = pipe.execute()
+        for position, band in enumerate(replies):
+            owner = "" if position % (len(users) + 1) == 0 else users[position % (len(users) + 1) - 1]
+            for jid in band:
+                if owner or int(jid) not in source:  # a user's queue names it best
+                    source[int(jid)] = owner
+        ids = sorted(source)
         pipe = self.r.pipeline(transaction=False)
         for jid in ids:
             pipe.hmget(self.keys.job(jid), *Waiting.FIELDS)
@@ -166,20 +180,29 @@ class Dispatcher:
             try:
                 job = Waiting.parse(jid, values)
             except InvalidRecord as exc:
-                self._fail_invalid(jid, f"field {exc.field}: {exc.problem}")
+                self._fail_invalid(jid, f"field {exc.field}: {exc.problem}", source[jid])
                 continue
-            if job is not None:
+            if job is not None and source[jid] and source[jid] != job.user:
+                self._fail_invalid(jid, f"field user: {job.user!r}, but it waits in {source[jid]!r}'s queue",
+                                   source[jid])
+            elif job is not None:
                 jobs.append(job)
+            else:  # not PENDING (or gone) yet still queued: out of the queues, or it blocks them
+                self.ledger.unqueue(jid, source[jid] or values[Waiting.FIELDS.index("user")] or "?")
         return jobs
 
-    def _fail_invalid(self, job_id: int, problem: str) -> None:
+    def _fail_invalid(self, job_id: int, problem: str, queue_user: str = "") -> None:
         log.warning("job %s: invalid record, ended: %s", job_id, problem)
         try:
             self.ledger.transition(job_id, JobState.FAILED, fields={"reason": f"invalid record: {problem}"},
                                    error_queue=True, expect=JobState.PENDING)
         except Exception:  # noqa: BLE001 - a record too broken to end must not stop the pass
-            log.exception("job %s: could not end the invalid record; removing it from the queue", job_id)
+            log.exception("job %s: could not end the invalid record; removing it from the queues", job_id)
             self.r.zrem(self.keys.pending, job_id)
+        if queue_user:  # its user field was bad: the transition used another queue's name
+            self.r.zrem(self.keys.pending_user(queue_user), job_id)
+            if not self.r.zcard(self.keys.pending_user(queue_user)):
+                self.r.srem(self.keys.pending_users, queue_user)
 
     def _read_holdings(self, cards: list[CardState], now: float) -> tuple[dict[str, list[Release]], TeamState]:
         """What the cards' reservations say: per card, when each is expected to end (for
@@ -230,6 +253,21 @@ class Dispatcher:
         hold_after_seconds for medium, twice that for low (after aging)."""
         return self.settings.hold_after_seconds * self.effective_rank(job, now)
 
+    def sure_end(self, job: Waiting, now: float) -> float | None:
+        """When ``job``, started now, has surely ended (epoch s): its time limit is enforced,
+        then its process tree gets kill_grace_seconds. None without a time limit (an estimate
+        from history is not a promise: such a job never backfills in front of a held job)."""
+        if not job.time_limit:
+            return None
+        return now + job.time_limit + self.settings.kill_grace_seconds + START_SLACK_S
+
+    def release_estimate(self, job: Waiting, now: float) -> float:
+        """When a job started now is expected to free its cards (epoch s; inf if unknown)."""
+        sure = self.sure_end(job, now)
+        if sure is not None:
+            return sure
+        return now + job.expected_seconds if job.expected_seconds else math.inf
+
     def effective_rank(self, job: Waiting | Job, now: float) -> int:
         """Priority rank after aging (0 = high)."""
         waited = max(0.0, now - job.created_at)
@@ -250,7 +288,11 @@ class Dispatcher:
             def key(j: Waiting) -> tuple:
                 return (j.id,)
         for rank in sorted(by_rank):
-            group = sorted(by_rank[rank], key=key)
+            # Jobs that already hold cards (blocked past their hold time) come first, oldest
+            # first: neither fair share nor queue order may put other jobs on those cards ahead.
+            holding = sorted((j for j in by_rank[rank] if j.held_at), key=lambda j: j.id)
+            yield from holding
+            group = sorted((j for j in by_rank[rank] if not j.held_at), key=key)
             if not self.settings.fair_share:
                 yield from group
                 continue
@@ -285,9 +327,23 @@ class Dispatcher:
             if any(lim.max_jobs or lim.max_bytes for lim in limits.values()) or (
                     self.settings.fair_share and len(limits) > 1):
                 snapshot.get()
-            holds: dict[str, Hold] = {}  # card id -> the hold of a job ahead that could not start
+            holds = _Holds(self, snapshot, now)
             smallest = min(j.gpu_memory for j in waiting)
             progressed = False
+
+            # Jobs past their hold time that cannot start now hold their cards first, in run
+            # order, and are marked (held_at): from then on they go first in their rank, so no
+            # job placed ahead of them can keep taking the cards they wait for.
+            for job in self.fair_order(waiting, snapshot.team, now):
+                if now - job.created_at < self.hold_after(job, now) or job.pool not in (None, *pools.members):
+                    continue
+                mine = [c for c in cards if pools.contains(job.pool, c.node, c.index)]
+                request = Request(job.gpu_memory, job.gpus)
+                if mine and place(holds.open_to(job, mine, request), request, self.settings.scheduler_type) is None \
+                        and not never_fits(mine, request):
+                    hold = holds.plan(job, mine, request)
+                    self._note_wait(job, mine, request, 0, hold, now)
+                    self._mark_holding(job, hold, now)
             for position, job in enumerate(self.fair_order(waiting, snapshot.team, now)):
                 request = Request(job.gpu_memory, job.gpus)
                 if job.pool is not None and job.pool not in pools.members:
@@ -301,29 +357,32 @@ class Dispatcher:
                     self._end_unschedulable(job, where + impossible)
                     progressed = True
                     continue
+                alone = exceeds_alone(limits[job.user], job.gpu_memory, job.gpus)
+                if alone:
+                    self._end_unschedulable(job, alone)
+                    progressed = True
+                    continue
                 limit = over_limit(job.user, snapshot.team.load(job.user), job.gpu_memory, job.gpus,
                                    limits[job.user])
                 if limit:
                     self._note(job, f"{limit}; waits for one of them to end")
                     continue
-                expected_end = now + job.expected_seconds if job.expected_seconds else None
-                open_cards = [c for c in mine if c.id not in holds
-                              or may_backfill(c, snapshot.get()[0].get(c.id, ()), holds[c.id], request, expected_end)]
-                placement = place(open_cards, request, self.settings.scheduler_type, smallest_waiting=smallest)
+                placement = place(holds.open_to(job, mine, request), request, self.settings.scheduler_type,
+                                  smallest_waiting=smallest)
                 if placement is None:
-                    hold = None
-                    if now - job.created_at >= self.hold_after(job, now):
-                        hold = plan_hold(mine, snapshot.get()[0], request, now, job.id, exclude=set(holds))
-                        if hold:
-                            holds.update(dict.fromkeys(hold.cards, hold))
+                    hold = holds.of(job.id)
+                    if hold is None and now - job.created_at >= self.hold_after(job, now):
+                        hold = holds.plan(job, mine, request)
+                        self._mark_holding(job, hold, now)
                     self._note_wait(job, mine, request, position, hold, now)
-                    if eligible and eligible <= set(holds) and all(h.until == math.inf for h in holds.values()):
+                    if eligible and holds.close_all(eligible):
                         break  # every card is held for a job ahead and nothing can backfill
                     continue
                 ok, detail = self.ledger.reserve(job.id, placement.node, list(placement.cards), job.gpu_memory,
                                                  user=job.user)
                 if not ok and detail.startswith("bad-record:"):
-                    self._fail_invalid(job.id, f"field {detail.partition(':')[2]}: not a whole number")
+                    self._fail_invalid(job.id, f"field {detail.partition(':')[2]}: not what it was when read",
+                                       job.user)
                     progressed = True
                     continue
                 if not ok:
@@ -336,7 +395,7 @@ class Dispatcher:
                 cards = _with_reservation(cards, placement.node, placement.cards, job.gpu_memory)
                 if snapshot.loaded:  # else a later read sees this reservation in Redis
                     releases, team = snapshot.get()
-                    end = expected_end if expected_end is not None else math.inf
+                    end = self.release_estimate(job, now)
                     for index in placement.cards:
                         releases.setdefault(f"{placement.node}/{index}", []).append(Release(end, job.gpu_memory))
                     team.load(job.user).add_job(job.gpu_memory, job.gpus, 0.0)
@@ -345,6 +404,11 @@ class Dispatcher:
             if not progressed:
                 return started
         return started
+
+    def _mark_holding(self, job: Waiting, hold: Hold | None, now: float) -> None:
+        """Remember that ``job`` holds cards: from the next pass on it goes first in its rank."""
+        if hold is not None and not job.held_at:
+            self.store.update(job.id, held_at=now)
 
     def _end_unschedulable(self, job: Waiting, why: str) -> None:
         self.ledger.transition(job.id, JobState.FAILED, fields={"reason": f"unschedulable: {why}"},
@@ -365,6 +429,45 @@ class Dispatcher:
     def _note(self, job: Waiting, reason: str) -> None:
         if reason != job.wait_reason:
             self.store.update(job.id, wait_reason=reason, wait_reason_at=time.time())
+
+
+class _Holds:
+    """The cards held during one dispatcher round for jobs that could not start (EASY's
+    reservations), with the aged rank of each holder: a hold binds only jobs of the same or a
+    lower priority, and only where they could delay the holder (rig.placement.may_backfill)."""
+
+    def __init__(self, dispatcher: Dispatcher, snapshot: _Lazy, now: float) -> None:
+        self.dispatcher = dispatcher
+        self.snapshot = snapshot
+        self.now = now
+        self.by_card: dict[str, Hold] = {}
+        self.rank: dict[str, int] = {}
+
+    def of(self, job_id: int) -> Hold | None:
+        return next((h for h in self.by_card.values() if h.job_id == job_id), None)
+
+    def open_to(self, job: Waiting, mine: list[CardState], request: Request) -> list[CardState]:
+        """The cards of ``mine`` that ``job`` may take now (its own held cards included)."""
+        rank = self.dispatcher.effective_rank(job, self.now)
+        end = self.dispatcher.sure_end(job, self.now)
+        out = []
+        for card in mine:
+            hold = self.by_card.get(card.id)
+            if (hold is None or hold.job_id == job.id or self.rank[card.id] > rank
+                    or may_backfill(card, self.snapshot.get()[0].get(card.id, ()), hold, request, end)):
+                out.append(card)
+        return out
+
+    def plan(self, job: Waiting, mine: list[CardState], request: Request) -> Hold | None:
+        hold = plan_hold(mine, self.snapshot.get()[0], request, self.now, job.id, exclude=set(self.by_card))
+        if hold:
+            self.by_card.update(dict.fromkeys(hold.cards, hold))
+            self.rank.update(dict.fromkeys(hold.cards, self.dispatcher.effective_rank(job, self.now)))
+        return hold
+
+    def close_all(self, eligible: set[str]) -> bool:
+        """Is every eligible card held, with no known end (nothing can backfill anywhere)?"""
+        return eligible <= set(self.by_card) and all(h.until == math.inf for h in self.by_card.values())
 
 
 class _Lazy:
@@ -394,7 +497,7 @@ class Waiting:
     """What the dispatcher needs of a waiting job (read with one HMGET, not the whole record)."""
 
     FIELDS = ("state", "gpu_memory", "gpus", "priority", "created_at", "wait_reason", "user", "pool",
-              "expected_seconds", "assignments", "attempt")
+              "expected_seconds", "time_limit", "held_at", "assignments", "attempt")
 
     id: int
     gpu_memory: int
@@ -405,12 +508,14 @@ class Waiting:
     user: str = "?"
     pool: str | None = None
     expected_seconds: float | None = None
+    time_limit: float | None = None
+    held_at: float | None = None  # when it first held cards (blocked past its hold time)
 
     @classmethod
     def parse(cls, job_id: int, values: list) -> Waiting | None:
         """None for a job no longer PENDING (or gone); InvalidRecord for a PENDING record whose
         fields are not what submit() writes."""
-        state, memory, gpus, priority, created, reason, user, pool, expected, assignments, attempt = values
+        state, memory, gpus, priority, created, reason, user, pool, expected, limit, held, assignments, attempt = values
         if state != JobState.PENDING.value:
             return None
         checks = (
@@ -422,6 +527,10 @@ class Waiting:
             ("pool", pool or None, lambda t: None if t is None else R.as_word(t, 63)),
             ("expected_seconds", expected or None,
              lambda t: None if t is None else R.as_float(t, 0.0, R.MAX_TIME_LIMIT, "a duration in seconds")),
+            ("held_at", held or None,
+             lambda t: None if t is None else R.as_float(t, 0.0, R.MAX_TIMESTAMP, "a time in epoch seconds")),
+            ("time_limit", limit or None,
+             lambda t: None if t is None else R.as_float(t, 0.001, R.MAX_TIME_LIMIT, "a duration in seconds")),
         )
         counters = (("assignments", assignments), ("attempt", attempt))
         out = {}

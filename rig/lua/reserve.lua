@@ -25,7 +25,7 @@
 local job, pending, idx_pending, idx_assigned = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local job_id, bytes, now, node, cards = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
 
-local jf = redis.call('HMGET', job, 'state', 'assignments')
+local jf = redis.call('HMGET', job, 'state', 'assignments', 'user')
 local state = jf[1]
 if state ~= 'PENDING' then
   return {0, 'state:' .. tostring(state)}
@@ -34,6 +34,11 @@ end
 -- would leak the reservation.
 if jf[2] and jf[2] ~= '' and not tonumber(jf[2]) then
   return {0, 'bad-record:assignments'}
+end
+-- The user names the per-user queue (KEYS[5]): a record whose user is not the caller's would
+-- leave its id behind in another user's queue.
+if (jf[3] or '?') ~= ARGV[6] and not (jf[3] == '' and ARGV[6] == '?') then
+  return {0, 'bad-record:user'}
 end
 
 local ncards = (#KEYS - 6) / 2

@@ -114,7 +114,7 @@ if target == 'PENDING' then
   redis.call('ZADD', KEYS[4], tonumber(ARGV[8]), job_id)
   redis.call('SADD', KEYS[5], ARGV[12])
   redis.call('HDEL', job, 'node', 'cards', 'pid', 'proc_start', 'worker', 'cancel_requested',
-             'ended_at', 'exit_code')
+             'ended_at', 'exit_code', 'started_at', 'held_at')
 else
   redis.call('ZREM', pending, job_id)
   redis.call('ZREM', KEYS[4], job_id)

@@ -42,3 +42,16 @@ def test_one_bad_request_writes_nothing(client, real_redis):
         client.submit_many([{"command": ["true"], "gpu_memory": "1G", "colour": "red"}])
     assert not real_redis.exists(client.keys.pending)
     assert client.submit_many([]) == []
+
+
+def test_submit_refuses_what_the_user_limit_or_the_record_checks_never_allow(real_redis, key_prefix, tmp_path):
+    from rig.errors import Unschedulable
+
+    api = Client(load_settings(key_prefix=key_prefix, home=tmp_path, max_gpu_memory_per_user="20G"),
+                 redis_client=real_redis)
+    with pytest.raises(Unschedulable, match="may hold at most 20.0 GiB"):
+        api.submit(["true"], gpu_memory="15G", gpus=2)
+    for bad in ("0.0001s", "nan"):
+        with pytest.raises(InvalidInput):
+            api.submit(["true"], gpu_memory="1G", time_limit=bad)
+    assert not real_redis.exists(api.keys.pending)

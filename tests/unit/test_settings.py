@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from rig.config import load_settings
@@ -87,3 +89,15 @@ def test_settings_survive_the_trip_to_child_processes(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path.parent)  # the child does not see ./rig.toml
     again = load_settings()
     assert again.model_dump(exclude={"config_file"}) == original.model_dump(exclude={"config_file"})
+
+
+@pytest.mark.parametrize(("overrides", "needle"), [
+    ({"user_limits": {"bob": {"max_gpu_memory": "80 gigs"}}}, "unknown unit 'gigs'"),
+    ({"user_limits": {"bob": {"max_memory": "8G"}}}, "user_limits.bob.max_memory"),
+    ({"pools": {"a": ["n1:0-99999999999"]}}, "beyond the last possible index"),
+    ({"pools": {"a": ["n1:3-1"]}}, "runs backwards"),
+    ({"max_gpu_memory_per_user": "12Q"}, "unknown unit 'Q'"),
+])
+def test_team_settings_are_checked_when_loaded(overrides, needle):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        load_settings(**overrides)
