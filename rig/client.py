@@ -366,7 +366,7 @@ class Client:
             return job.wait_reason or own
         head = self.store.pending_head(1)
         head_job = self.store.get(head[0]) if head else None
-        ahead = f"{position} job(s) ahead of it (priority, then submission order)"
+        ahead = f"{position} job(s) ahead of it in the queue (by priority)"
         if head_job is not None:
             head_reason = head_job.wait_reason or explain_wait(
                 cards, Request(head_job.gpu_memory, head_job.gpus)
