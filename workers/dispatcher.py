@@ -35,6 +35,7 @@ the leader lock at a time; the reservation script keeps the ledger safe regardle
 """
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import math
@@ -76,6 +77,8 @@ LOOKAHEAD = 32
 USER_LOOKAHEAD = 16
 #: Jobs read from all users' queues together per priority, per pass (each user at least 1).
 USERS_BUDGET = 512
+#: Rounds (read, place, start) in one pass; the next pass follows within IDLE_PASS_S.
+MAX_ROUNDS = 50
 #: Added to a backfilled job's time limit for the time its start takes (s).
 START_SLACK_S = 1.0
 #: Leader lock lifetime (ms); renewed every pass, passes happen at least once a second.
@@ -299,18 +302,24 @@ class Dispatcher:
             queues: dict[str, deque[Waiting]] = defaultdict(deque)
             for job in group:
                 queues[job.user].append(job)
-            while queues:
-                user = min(queues, key=lambda u: (team.load(u).usage, key(queues[u][0])))
+            # A heap of users by (recent usage, their next job): O(jobs log users). Only the user
+            # just served can have changed (the caller charges a start to that user).
+            heap = [(team.load(u).usage, key(q[0]), u) for u, q in queues.items()]
+            heapq.heapify(heap)
+            while heap:
+                _usage, _key, user = heapq.heappop(heap)
                 yield queues[user].popleft()
-                if not queues[user]:
-                    del queues[user]
+                if queues[user]:
+                    heapq.heappush(heap, (team.load(user).usage, key(queues[user][0]), user))
 
     def dispatch_pass(self) -> int:
         """Start every waiting job that fits now without delaying a job ahead of it.
         Returns how many were started."""
         started = 0
         pools = self.settings.pool_map
-        while not self.stop_event.is_set():
+        for _round in range(MAX_ROUNDS):  # a reservation refused again and again must not spin
+            if self.stop_event.is_set():
+                break
             waiting = self._read_waiting()
             if not waiting:
                 return started
@@ -423,7 +432,7 @@ class Dispatcher:
         if hold:
             reason += f"; {', '.join(hold.cards)} held for it"
             if hold.until != math.inf:
-                reason += f" (expected free in {max(0.0, hold.until - now):.0f} s)"
+                reason += f" (expected free {_roughly(hold.until - now)})"
         self._note(job, reason)
 
     def _note(self, job: Waiting, reason: str) -> None:
@@ -550,6 +559,17 @@ def _priority(text: object) -> Priority:
         return Priority(text)
     except ValueError:
         raise R.BadField(f"expected high, medium or low, got {R.show(text)}") from None
+
+
+def _roughly(seconds: float) -> str:
+    """A wait as a person says it, coarse enough that the reason does not change every pass."""
+    if seconds < 10:
+        return "in a few seconds"
+    if seconds < 90:
+        return f"in ~{round(seconds / 10) * 10:.0f} s"
+    if seconds < 90 * 60:
+        return f"in ~{round(seconds / 60):.0f} min"
+    return f"in ~{seconds / 3600:.1f} h"
 
 
 def _with_reservation(cards: list[CardState], node: str, indexes: tuple[int, ...], nbytes: int) -> list[CardState]:

@@ -129,7 +129,8 @@ def render_status(report: StatusReport, console: Console) -> None:
     console.print(queues)
 
     if report.users:
-        users = Table(title="users (fair share: least recent usage starts next within a priority)",
+        scope = "; the whole cluster" if report.pool else ""
+        users = Table(title=f"users (fair share: least recent usage starts next within a priority{scope})",
                       title_justify="left")
         for col in ("user", "running", "memory held", "waiting", "recent GiB-h"):
             users.add_column(col, justify="left" if col == "user" else "right")

@@ -141,7 +141,7 @@ def test_short_jobs_backfill_a_held_card_when_they_end_before_its_shadow_time(ma
     assert dispatcher.dispatch_pass() == 2
     held = 0 if card_of[0] == blockers[0] else 1
     reason = ledger.store.get(big).wait_reason
-    assert f"n1/{held} held for it (expected free in" in reason
+    assert f"n1/{held} held for it (expected free in ~60 s)" in reason
     assert ledger.store.get(short_small).cards == [held]  # ends before the big job could start
     assert ledger.store.get(long_small).cards == [1 - held]  # would delay it: the other card
     assert ledger.store.get(guessed).state is JobState.PENDING  # no room left but the held card
