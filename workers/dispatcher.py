@@ -76,7 +76,7 @@ LOOKAHEAD = 32
 #: Jobs read from the head of each waiting user's queue per priority, per pass.
 USER_LOOKAHEAD = 16
 #: Jobs read from all users' queues together per priority, per pass (each user at least 1).
-USERS_BUDGET = 512
+USERS_BUDGET = 128
 #: Rounds (read, place, start) in one pass; the next pass follows within IDLE_PASS_S.
 MAX_ROUNDS = 50
 #: Added to a backfilled job's time limit for the time its start takes (s).
@@ -99,6 +99,7 @@ class Dispatcher:
         self.send_start = send_start
         self.identity = f"{settings.node_name}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stop_event = threading.Event()
+        self._notes: dict[int, str] = {}  # job id -> wait reason, written at the end of a round
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -320,13 +321,13 @@ class Dispatcher:
         for _round in range(MAX_ROUNDS):  # a reservation refused again and again must not spin
             if self.stop_event.is_set():
                 break
-            waiting = self._read_waiting()
-            if not waiting:
-                return started
             cards = self.ledger.cards()
             eligible = {c.id for c in cards if c.eligible}
             if cards and not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
                 return started  # every card is full: nothing can start, nothing to explain anew
+            waiting = self._read_waiting()
+            if not waiting:
+                return started
             now = time.time()
             # The reservations held now (who holds what, when each is expected to end) are read
             # only when needed: for fair share between several users, user limits, or holds. A
@@ -410,6 +411,9 @@ class Dispatcher:
                     team.load(job.user).add_job(job.gpu_memory, job.gpus, 0.0)
                 started += 1
                 progressed = True
+                if not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
+                    break  # every card is full now: the jobs behind wait, their reasons as they were
+            self._flush_notes()
             if not progressed:
                 return started
         return started
@@ -436,8 +440,19 @@ class Dispatcher:
         self._note(job, reason)
 
     def _note(self, job: Waiting, reason: str) -> None:
+        """Set a waiting job's reason (written with the round's others, in one pipeline)."""
         if reason != job.wait_reason:
-            self.store.update(job.id, wait_reason=reason, wait_reason_at=time.time())
+            self._notes[job.id] = reason
+
+    def _flush_notes(self) -> None:
+        if not self._notes:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        now = time.time()
+        for job_id, reason in self._notes.items():
+            pipe.hset(self.keys.job(job_id), mapping={"wait_reason": reason, "wait_reason_at": now})
+        self._notes.clear()
+        pipe.execute()
 
 
 class _Holds:
