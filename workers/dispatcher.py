@@ -46,6 +46,7 @@ import uuid
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 import redis
 
@@ -344,16 +345,21 @@ class Dispatcher:
             # Jobs past their hold time that cannot start now hold their cards first, in run
             # order, and are marked (held_at): from then on they go first in their rank, so no
             # job placed ahead of them can keep taking the cards they wait for.
+            blocked: set[int] = set()  # found unable to start before this round started anything
             for job in self.fair_order(waiting, snapshot.team, now):
                 if now - job.created_at < self.hold_after(job, now) or job.pool not in (None, *pools.members):
                     continue
+                if over_limit(job.user, snapshot.team.load(job.user), job.gpu_memory, job.gpus, limits[job.user]):
+                    continue  # it could not start anyway: no cards held for it
                 mine = [c for c in cards if pools.contains(job.pool, c.node, c.index)]
                 request = Request(job.gpu_memory, job.gpus)
                 if mine and place(holds.open_to(job, mine, request), request, self.settings.scheduler_type) is None \
                         and not never_fits(mine, request):
+                    blocked.add(job.id)
                     hold = holds.plan(job, mine, request)
-                    self._note_wait(job, mine, request, 0, hold, now)
+                    self._note_wait(job, mine, request, 0, hold, now)  # the main loop may stop early
                     self._mark_holding(job, hold, now)
+            started_before = started
             for position, job in enumerate(self.fair_order(waiting, snapshot.team, now)):
                 request = Request(job.gpu_memory, job.gpus)
                 if job.pool is not None and job.pool not in pools.members:
@@ -377,8 +383,11 @@ class Dispatcher:
                 if limit:
                     self._note(job, f"{limit}; waits for one of them to end")
                     continue
-                placement = place(holds.open_to(job, mine, request), request, self.settings.scheduler_type,
-                                  smallest_waiting=smallest)
+                if job.id in blocked and started == started_before:
+                    placement = None  # nothing changed since it was found blocked
+                else:
+                    placement = place(holds.open_to(job, mine, request), request, self.settings.scheduler_type,
+                                      smallest_waiting=smallest)
                 if placement is None:
                     hold = holds.of(job.id)
                     if hold is None and now - job.created_at >= self.hold_after(job, now):
@@ -542,30 +551,18 @@ class Waiting:
         state, memory, gpus, priority, created, reason, user, pool, expected, limit, held, assignments, attempt = values
         if state != JobState.PENDING.value:
             return None
-        checks = (
-            ("gpu_memory", memory, lambda t: R.as_int(t, 1, R.MAX_GPU_MEMORY, "a size in bytes")),
-            ("gpus", gpus or 1, lambda t: R.as_int(t, 1, R.MAX_GPUS, "a number of cards")),
-            ("priority", priority, _priority),
-            ("created_at", created or 0, lambda t: R.as_float(t, 0.0, R.MAX_TIMESTAMP, "a time in epoch seconds")),
-            ("user", user or "?", lambda t: t if t == "?" else R.as_user(t)),
-            ("pool", pool or None, lambda t: None if t is None else R.as_word(t, 63)),
-            ("expected_seconds", expected or None,
-             lambda t: None if t is None else R.as_float(t, 0.0, R.MAX_TIME_LIMIT, "a duration in seconds")),
-            ("held_at", held or None,
-             lambda t: None if t is None else R.as_float(t, 0.0, R.MAX_TIMESTAMP, "a time in epoch seconds")),
-            ("time_limit", limit or None,
-             lambda t: None if t is None else R.as_float(t, 0.001, R.MAX_TIME_LIMIT, "a duration in seconds")),
-        )
-        counters = (("assignments", assignments), ("attempt", attempt))
+        raw = {"gpu_memory": memory, "gpus": gpus or 1, "priority": priority, "created_at": created or 0,
+               "user": user or "?", "pool": pool or None, "expected_seconds": expected or None,
+               "held_at": held or None, "time_limit": limit or None,
+               "assignments": assignments or None, "attempt": attempt or None}
         out = {}
-        for name, raw, check in checks + tuple(
-                (n, v, lambda t: R.as_int(t, 0, R.MAX_ID, "a whole number")) for n, v in counters if v):
+        for name, check in _WAITING_CHECKS:
+            value = raw[name]
             try:
-                value = check(raw)
+                out[name] = None if value is None else check(value)
             except R.BadField as exc:
                 raise InvalidRecord(f"job {job_id}", name, str(exc)) from None
-            if name not in ("assignments", "attempt"):
-                out[name] = value
+        del out["assignments"], out["attempt"]  # checked only: the reservation script counts on them
         return cls(job_id, wait_reason=reason, **out)
 
 
@@ -574,6 +571,47 @@ def _priority(text: object) -> Priority:
         return Priority(text)
     except ValueError:
         raise R.BadField(f"expected high, medium or low, got {R.show(text)}") from None
+
+
+def _whole(low: int, high: int, what: str) -> Callable[[str], int]:
+    """A check for a whole number in [low, high]: plain digits take the fast path; anything
+    else goes through rig.records for its one-line message."""
+    def check(text: str) -> int:
+        if text.isdigit() and len(text) < 20:
+            value = int(text)
+            if low <= value <= high:
+                return value
+        return R.as_int(text, low, high, what)
+    return check
+
+
+def _real(low: float, high: float, what: str) -> Callable[[str], float]:
+    """A check for a finite number in [low, high] (see _whole)."""
+    def check(text: str) -> float:
+        try:
+            value = float(text)
+        except (TypeError, ValueError):
+            value = math.nan
+        if low <= value <= high:  # False for NaN
+            return value
+        return R.as_float(text, low, high, what)
+    return check
+
+
+#: How Waiting.parse checks each field read (None = unset, never checked).
+_WAITING_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
+    ("gpu_memory", _whole(1, R.MAX_GPU_MEMORY, "a size in bytes")),
+    ("gpus", _whole(1, R.MAX_GPUS, "a number of cards")),
+    ("priority", _priority),
+    ("created_at", _real(0.0, R.MAX_TIMESTAMP, "a time in epoch seconds")),
+    ("user", lambda t: t if t == "?" else R.as_user(t)),
+    ("pool", lambda t: R.as_word(t, 63)),
+    ("expected_seconds", _real(0.0, R.MAX_TIME_LIMIT, "a duration in seconds")),
+    ("held_at", _real(0.0, R.MAX_TIMESTAMP, "a time in epoch seconds")),
+    ("time_limit", _real(0.001, R.MAX_TIME_LIMIT, "a duration in seconds")),
+    ("assignments", _whole(0, R.MAX_ID, "a whole number")),
+    ("attempt", _whole(0, R.MAX_ID, "a whole number")),
+)
 
 
 def _roughly(seconds: float) -> str:

@@ -250,9 +250,14 @@ def beats_killed_and_doubled(workdir: Path) -> ScenarioResult:
 
 def broker_connections_dropped(workdir: Path) -> ScenarioResult:
     """4. Drop every client connection (CLIENT KILL) while jobs run: Celery restores the
-    unacked start messages and delivers them again; the claim fence stops second copies."""
+    unacked start messages and delivers them again; the claim fence stops second copies. On a
+    private Redis: CLIENT KILL on a shared one would cut everybody else's connections too."""
+    from rig.redis_server import start_private_redis
+
+    url = f"redis://127.0.0.1:{_free_port()}/0"
+    server = start_private_redis(url, workdir / "redis-data", workdir / "redis.log")
     sc = Scenario(workdir, "broker connections dropped (CLIENT KILL)", "CLIENT KILL of all clients, twice",
-                  fake_gpus="2x80G")
+                  fake_gpus="2x80G", redis_url=url)
     try:
         sc.node.up()
         ids = [sc.submit(body=f"{GATE}; sleep 0.2", gpu_memory="20G") for _ in range(12)]
@@ -266,6 +271,8 @@ def broker_connections_dropped(workdir: Path) -> ScenarioResult:
         return sc.result
     finally:
         sc.close()
+        server.terminate()
+        server.wait(10)
 
 
 DAEMON = ("python3 -c \"import os, time\n"
