@@ -36,8 +36,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
-def key_prefix() -> str:
-    return f"rigtest:{uuid.uuid4().hex[:10]}:"
+def key_prefix() -> Iterator[str]:
+    """A fresh prefix; afterwards its keys are removed from the real Redis too, including the
+    Celery queues that submissions' background messages (rig.notify) create there even when
+    the test's own client is fakeredis."""
+    prefix = f"rigtest:{uuid.uuid4().hex[:10]}:"
+    yield prefix
+    if REAL_REDIS:
+        from rig import notify
+
+        notify.flush(5.0)
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            delete_prefix(client, prefix)
+        finally:
+            client.close()
 
 
 @pytest.fixture(params=["fakeredis", pytest.param("real", marks=pytest.mark.redis)])
