@@ -100,30 +100,28 @@ def main() -> int:
               f"p50 {statistics.median(latencies):.1f} ms, p99 {percentile(latencies, 0.99):.1f} ms, "
               f"max {max(latencies):.1f} ms")
 
-        begin = time.monotonic()
-        handles = [client.submit(["true"], gpu_memory="1G", priority="low") for _ in range(args.tiny_jobs)]
-        submitted = time.monotonic() - begin
-        finals = [client.wait(h.id, timeout=600) for h in handles]
-        total = time.monotonic() - begin
-        ok = sum(1 for f in finals if f.state is JobState.SUCCEEDED)
-        print(f"{args.tiny_jobs} tiny jobs: submitted {args.tiny_jobs / submitted:.0f} jobs/s "
-              f"({submitted:.2f} s); all ended after {total:.2f} s = {args.tiny_jobs / total:.0f} jobs/s; "
-              f"succeeded {ok}/{args.tiny_jobs}")
-        begin = time.monotonic()
-        handles = client.submit_many([{"command": ["true"], "gpu_memory": "1G", "priority": "low"}] * args.tiny_jobs)
-        submitted = time.monotonic() - begin
-        finals = [client.wait(h.id, timeout=600) for h in handles]
-        total = time.monotonic() - begin
-        ok = sum(1 for f in finals if f.state is JobState.SUCCEEDED)
-        print(f"{args.tiny_jobs} tiny jobs with submit_many: submitted {args.tiny_jobs / submitted:.0f} jobs/s "
-              f"({submitted:.2f} s); all ended after {total:.2f} s = {args.tiny_jobs / total:.0f} jobs/s; "
-              f"succeeded {ok}/{args.tiny_jobs}")
+        tiny = {"command": ["true"], "gpu_memory": "1G", "priority": "low"}
+        _tiny_jobs("", args.tiny_jobs, client,
+                   lambda n: [client.submit(tiny["command"], gpu_memory="1G", priority="low") for _ in range(n)])
+        _tiny_jobs(" with submit_many", args.tiny_jobs, client, lambda n: client.submit_many([tiny] * n))
         over = [c.id for c in client.ledger.cards() if c.reserved or c.jobs]
         print(f"reservations left after the run: {over or 'none'}")
         return 0
     finally:
         stack.down()
         _delete(r, prefix)
+
+
+def _tiny_jobs(label: str, count: int, client: Client, submit_all) -> None:  # noqa: ANN001
+    """Submit ``count`` tiny jobs with ``submit_all(count)``; print submissions/s and completions/s."""
+    begin = time.monotonic()
+    handles = submit_all(count)
+    submitted = time.monotonic() - begin
+    finals = [client.wait(h.id, timeout=600) for h in handles]
+    total = time.monotonic() - begin
+    ok = sum(1 for f in finals if f.state is JobState.SUCCEEDED)
+    print(f"{count} tiny jobs{label}: submitted {count / submitted:.0f} jobs/s ({submitted:.2f} s); "
+          f"all ended after {total:.2f} s = {count / total:.0f} jobs/s; succeeded {ok}/{count}")
 
 
 def _delete(r: redis.Redis, prefix: str) -> None:

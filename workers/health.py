@@ -184,11 +184,7 @@ class HealthChecker:
         for job in self._node_jobs(node.name):
             if job.state is not JobState.RUNNING:
                 continue
-            code, _ = conclude(self.ledger, job, str(job.assignments), AttemptEnd(
-                exit_code=None, lost=True, note=f"node {node.name} stopped heartbeating"),
-                expect=JobState.RUNNING)
-            if code == 1:
-                report.lost.append(job.id)
+            self._lost(job, f"node {node.name} stopped heartbeating", report)
 
     # -- 1 --------------------------------------------------------------------------------
     def _dead_workers(self, report: HealthReport) -> None:
@@ -221,11 +217,14 @@ class HealthChecker:
                     stop_tree(job.pid, self.settings.kill_grace_seconds)
                 else:  # a damaged or forged pid: never signal it (the orphan check finds the job's own)
                     log.warning("job %s: recorded pid %s is not its process; not signalled", job.id, job.pid)
-            code, _ = conclude(self.ledger, job, str(job.assignments), AttemptEnd(
-                exit_code=None, lost=True, note=f"the worker of card {job.cards[0]} died"),
-                expect=JobState.RUNNING)
-            if code == 1:
-                report.lost.append(job.id)
+            self._lost(job, f"the worker of card {job.cards[0]} died", report)
+
+    def _lost(self, job: Job, why: str, report: HealthReport) -> None:
+        """End a RUNNING job's attempt as lost (``why``); its retry policy decides what next."""
+        code, _ = conclude(self.ledger, job, str(job.assignments), AttemptEnd(exit_code=None, lost=True, note=why),
+                           expect=JobState.RUNNING)
+        if code == 1:
+            report.lost.append(job.id)
 
     # -- B --------------------------------------------------------------------------------
     def _zombie_reservations(self, report: HealthReport) -> None:

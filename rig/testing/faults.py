@@ -184,12 +184,7 @@ def sigkill_card_worker(workdir: Path, *, restarted: bool = True) -> ScenarioRes
 
 def redis_killed_and_restarted(workdir: Path) -> ScenarioResult:
     """2. SIGKILL Redis (AOF everysec) while jobs wait and run; start it again on its files."""
-    from rig.redis_server import start_private_redis
-
-    port = _free_port()
-    url = f"redis://127.0.0.1:{port}/0"
-    data, log_file = workdir / "redis-data", workdir / "redis.log"
-    server = start_private_redis(url, data, log_file)
+    url, server = _private_redis(workdir)
     sc = Scenario(workdir, "Redis SIGKILLed mid-run, restarted (AOF)", "SIGKILL of redis-server, 2 s down",
                   fake_gpus="2x80G", redis_url=url)
     try:
@@ -200,7 +195,7 @@ def redis_killed_and_restarted(workdir: Path) -> ScenarioResult:
         server.send_signal(signal.SIGKILL)
         server.wait()
         time.sleep(2.0)  # the outage itself
-        server = start_private_redis(url, data, log_file)
+        _url, server = _private_redis(workdir, url)  # again, on its files
         sc.finish(timeout=240)
         restarted = [c.name for c in sc.node.stack.children if c.restarts]
         if restarted:
@@ -252,10 +247,7 @@ def broker_connections_dropped(workdir: Path) -> ScenarioResult:
     """4. Drop every client connection (CLIENT KILL) while jobs run: Celery restores the
     unacked start messages and delivers them again; the claim fence stops second copies. On a
     private Redis: CLIENT KILL on a shared one would cut everybody else's connections too."""
-    from rig.redis_server import start_private_redis
-
-    url = f"redis://127.0.0.1:{_free_port()}/0"
-    server = start_private_redis(url, workdir / "redis-data", workdir / "redis.log")
+    url, server = _private_redis(workdir)
     sc = Scenario(workdir, "broker connections dropped (CLIENT KILL)", "CLIENT KILL of all clients, twice",
                   fake_gpus="2x80G", redis_url=url)
     try:
@@ -543,6 +535,15 @@ def _heartbeat_pid(node: RigHarness, name: str) -> int | None:
         return node.worker_pid(name)
     except (LookupError, redis.RedisError):
         return None
+
+
+def _private_redis(workdir: Path, url: str | None = None) -> tuple[str, subprocess.Popen]:
+    """A redis-server of this scenario's own (AOF in workdir/redis-data), at ``url`` or on a
+    free loopback port: (its URL, the process)."""
+    from rig.redis_server import start_private_redis
+
+    url = url or f"redis://127.0.0.1:{_free_port()}/0"
+    return url, start_private_redis(url, workdir / "redis-data", workdir / "redis.log")
 
 
 def _free_port() -> int:
