@@ -164,6 +164,17 @@ def card_id(node: str, index: int | str) -> str:
     return f"{node}/{index}"
 
 
+def card_worker_name(node: str, index: int | str) -> str:
+    """The Celery worker name (``-n``) of the worker serving card ``index`` of ``node``; its
+    heartbeat key is ``Keys.worker(card_worker_name(...))``."""
+    return f"card{index}@{node}"
+
+
+def control_worker_name(node: str) -> str:
+    """The Celery worker name of ``node``'s control worker (dispatcher, local health)."""
+    return f"control@{node}"
+
+
 def split_card_id(cid: str) -> tuple[str, int]:
     node, _, index = cid.rpartition("/")
     return node, int(index)

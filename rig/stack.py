@@ -31,7 +31,7 @@ from rig.celery_config import card_queue, dispatcher_queues
 from rig.config import Settings
 from rig.errors import StackError
 from rig.gpus import GpuBackend, detect_backend
-from rig.keys import Keys
+from rig.keys import Keys, card_worker_name, control_worker_name
 from rig.ledger import Ledger
 from rig.nodes import NodeRegistry
 from rig.redis_conn import (
@@ -179,7 +179,7 @@ class Stack:
         if self.wants("control"):
             self.children.append(Child(
                 "control",
-                celery + ["worker", "-Q", ",".join(dispatcher_queues()), "-n", f"control@{s.node_name}",
+                celery + ["worker", "-Q", ",".join(dispatcher_queues()), "-n", control_worker_name(s.node_name),
                           "--pool", "threads", "-c", "4", "-l", "INFO", "-f", str(logs / "control.log"),
                           "--without-gossip", "--without-mingle", "-E"],
                 {**env, "RIG_ROLE": "control"}, logs / "control.out"))
@@ -187,7 +187,7 @@ class Stack:
             for index in allowed:
                 self.children.append(Child(
                     f"card{index}",
-                    celery + ["worker", "-Q", card_queue(s.node_name, index), "-n", f"card{index}@{s.node_name}",
+                    celery + ["worker", "-Q", card_queue(s.node_name, index), "-n", card_worker_name(s.node_name, index),
                               "--pool", "threads", "-c", str(s.max_task_per_gpu), "-l", "INFO",
                               "-f", str(logs / f"card{index}.log"), "--without-gossip", "--without-mingle", "-E"],
                     {**env, "RIG_ROLE": "card", "RIG_CARD_INDEX": str(index)}, logs / f"card{index}.out"))

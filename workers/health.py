@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import redis
 
 from rig.config import Settings
-from rig.keys import Keys
+from rig.keys import Keys, card_worker_name
 from rig.ledger import Ledger
 from rig.models import CardState, Job, JobState
 from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeInfo, NodeRegistry
@@ -167,7 +167,7 @@ class HealthChecker:
                 continue
             if not card.health_reason.startswith((NODE_DOWN_REASON, NODE_STOPPED_REASON)):
                 continue
-            if self.r.exists(self.keys.worker(f"card{card.index}@{node}")):
+            if self.r.exists(self.keys.worker(card_worker_name(node, card.index))):
                 self.ledger.set_healthy(node, card.index, True)
 
     def _requeue_assigned(self, node: NodeInfo, report: HealthReport, why: str) -> None:
@@ -193,7 +193,7 @@ class HealthChecker:
         if registered is None or time.time() - float(registered) < self.settings.health.timeout:
             return  # the node has just come up: its workers may not have heartbeated yet
         cards = [c for c in self.ledger.cards() if c.node == node]
-        dead = {c.index for c in cards if c.allowed and not self.r.exists(self.keys.worker(f"card{c.index}@{node}"))}
+        dead = {c.index for c in cards if c.allowed and not self.r.exists(self.keys.worker(card_worker_name(node, c.index)))}
         for card in cards:
             if card.index in dead and card.healthy:
                 # No new jobs for a card nobody serves; its worker marks it healthy on return.
