@@ -12,13 +12,14 @@ import os
 import pwd
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import redis
 
+from rig import job_env as jobenv
 from rig import records as R
 from rig.config import Settings, load_settings
 from rig.durations import parse_duration
@@ -35,8 +36,6 @@ from rig.store import JobStore
 
 log = logging.getLogger(__name__)
 
-#: Variables of the submitter's environment a job inherits (the worker's env is the base).
-INHERITED_ENV = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "LANG")
 
 
 #: How long submit() trusts its copy of the cards' capacities (s).
@@ -148,7 +147,7 @@ class Client:
         priority: str | Priority | None = None,
         name: str | None = None,
         workdir: str | os.PathLike[str] | None = None,
-        env: dict[str, str] | None = None,
+        env: Mapping[str, str | None] | None = None,
         shell: bool | None = None,
         kind: str = "command",
         extra: dict[str, Any] | None = None,
@@ -205,10 +204,17 @@ class Client:
             raise InvalidInput(f"--time-limit {time_limit!r} is more than ten years; give a shorter one")
         if limit is not None and not limit >= 0.001:  # also NaN
             raise InvalidInput(f"--time-limit {time_limit!r}: give at least 1ms, e.g. 90s, 30m or 2h")
-        job_env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
-        for key, value in (env or {}).items():
-            job_env[str(key)] = str(value)
-        job_env = _checked("--env", R.as_env, job_env)
+        # What the job's environment holds is decided in rig.job_env: the submitter's
+        # variables rig passes on, then --env (a value of None: the submitter's own value).
+        try:
+            asked = jobenv.resolve_names({str(k): None if v is None else str(v) for k, v in (env or {}).items()},
+                                         os.environ)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        refused = jobenv.refuse_rig_owned(asked)
+        if refused:
+            raise InvalidInput(refused)
+        job_env = _checked("--env", R.as_env, {**jobenv.from_submitter(os.environ), **asked})
         if not job_name:
             raise InvalidInput("--name must not be empty")
         job_name = _checked("--name", R.as_name, job_name)

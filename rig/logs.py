@@ -1,7 +1,9 @@
 """Job log housekeeping: a size cap for a running job's log, and age-based retention.
 
-Job logs live in ``<log_dir>/<job_id>/attempt-<n>.log`` (plus ``attempt-<n>.exit``); the
-job's process writes to the log through a file opened with O_APPEND. rig's own system logs
+Job logs live in ``<log_dir>/<job_id>-<instance>/attempt-<n>.log`` (plus ``attempt-<n>.exit``
+and ``.pid``), see :func:`job_folder`: the instance is the job's random identity, so a job id
+reused after Redis lost its data, or by another key prefix sharing ``log_dir``, never meets
+another job's files. rig's own system logs
 live elsewhere and are not touched here.
 
 Units: sizes and counts of cut output are bytes; ``now`` and file times are seconds since the
@@ -252,6 +254,50 @@ def _append_all(fd: int, data: bytes) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# Where a job's files are
+# --------------------------------------------------------------------------------------------
+
+_FOLDER_RE = re.compile(r"(?P<id>[0-9]+)(?:-(?P<instance>[0-9a-f]{16}))?")
+
+
+def job_folder(log_dir: Path, job_id: int, instance: str | None) -> Path:
+    """The one folder of one job's files on this node: ``<log_dir>/<id>-<instance>``.
+
+    Only records written before jobs had an instance get ``<log_dir>/<id>``. Nothing about a
+    job may be concluded from a folder that is not its own (issue: job ids restart at 1 when
+    Redis loses its data)."""
+    return log_dir / (f"{job_id}-{instance}" if instance else str(job_id))
+
+
+def parse_job_folder(name: str) -> tuple[int, str | None] | None:
+    """(job id, instance or None) of a folder name made by job_folder, else None."""
+    match = _FOLDER_RE.fullmatch(name) if name.isascii() else None
+    if match is None:
+        return None
+    return int(match["id"]), match["instance"]
+
+
+@dataclass(frozen=True)
+class AttemptFiles:
+    """The files of one attempt in its job's folder: the log, the exit status the wrapper
+    writes, and the pid file the worker writes first (``<pid> <start> <attempt>``)."""
+
+    folder: Path
+    attempt: int
+
+    @property
+    def log(self) -> Path:
+        return self.folder / f"attempt-{self.attempt}.log"
+
+    @property
+    def exit(self) -> Path:
+        return self.folder / f"attempt-{self.attempt}.exit"
+
+    @property
+    def pid(self) -> Path:
+        return self.folder / f"attempt-{self.attempt}.pid"
+
+
 # Retention
 # --------------------------------------------------------------------------------------------
 
@@ -286,6 +332,7 @@ class SweepReport:
 class _Folder:
     path: Path
     job_id: int
+    instance: str | None
     newest_mtime: float  # seconds since the epoch
     size: int  # bytes
 
@@ -295,21 +342,22 @@ def sweep_job_logs(
     policy: RetentionPolicy,
     *,
     now: float,
-    protected: Callable[[int], str | None],
+    protected: Callable[[int, str | None], str | None],
 ) -> SweepReport:
-    """Delete ``log_dir/<job_id>/`` folders whose newest file is older than the policy allows.
+    """Delete job folders (``job_folder``) whose newest file is older than the policy allows.
 
     A folder's age is ``now`` minus the newest mtime of any file in it (an empty folder: its
     own mtime). Only folders older than the shorter of the two retention ages are looked up
-    with ``protected(job_id)``, which returns:
+    with ``protected(job_id, instance)``, which returns:
 
-    * ``None`` or ``"unknown"`` (record missing): kept for ``policy.job_days``;
+    * ``None`` or ``"unknown"`` (record missing, or another job's folder): kept for
+      ``policy.job_days``;
     * ``"running"`` (running or waiting): never deleted, listed in ``kept_running``;
     * ``"error"`` (in the error queue): kept for ``policy.error_days``, listed in
       ``kept_error`` while that holds it past ``job_days``.
 
     Any other answer is treated like ``"running"`` (never delete on doubt). Entries whose name
-    is not a decimal integer, files, and symlinks (even to folders) are skipped; nothing
+    is not a job folder's, files, and symlinks (even to folders) are skipped; nothing
     outside ``log_dir`` is followed or removed. A folder that vanishes meanwhile is skipped;
     other OS errors propagate.
     """
@@ -319,7 +367,7 @@ def sweep_job_logs(
         age = now - folder.newest_mtime
         if age <= youngest_limit:
             continue
-        status = protected(folder.job_id)
+        status = protected(folder.job_id, folder.instance)
         if status not in (None, UNKNOWN, ERROR):
             report.kept_running.append(folder.job_id)
         elif age <= policy.max_age_s(status):
@@ -332,23 +380,23 @@ def sweep_job_logs(
 
 
 def _job_folders(log_dir: Path) -> Iterator[_Folder]:
-    """Real (not symlinked) sub-folders named by a job id, sorted by id, with age and size."""
+    """Real (not symlinked) job folders (``job_folder``), sorted by id, with age and size."""
     try:
         entries = sorted(
-            (int(entry.name), entry)
-            for entry in os.scandir(log_dir)
-            if entry.name.isascii() and entry.name.isdigit()
+            ((parsed, entry) for entry in os.scandir(log_dir)
+             if (parsed := parse_job_folder(entry.name)) is not None),
+            key=lambda item: (item[0][0], item[0][1] or ""),
         )
     except FileNotFoundError:
         return
-    for job_id, entry in entries:
+    for (job_id, instance), entry in entries:
         try:
             if not entry.is_dir(follow_symlinks=False):
                 continue
             newest, size = _newest_mtime_and_size(Path(entry.path))
         except FileNotFoundError:
             continue
-        yield _Folder(Path(entry.path), job_id, newest, size)
+        yield _Folder(Path(entry.path), job_id, instance, newest, size)
 
 
 def _newest_mtime_and_size(folder: Path) -> tuple[float, int]:

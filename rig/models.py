@@ -83,6 +83,14 @@ _RANK = {Priority.HIGH: 0, Priority.MEDIUM: 1, Priority.LOW: 2}
 PRIORITY_BAND = 10**12
 
 
+def new_job_instance() -> str:
+    """A fresh job identity: 16 lower-case hex digits (64 random bits). The format is checked
+    by records.as_job_instance."""
+    import secrets
+
+    return secrets.token_hex(8)
+
+
 def pending_score(priority: Priority, job_id: int) -> int:
     return priority.rank * PRIORITY_BAND + job_id
 
@@ -142,6 +150,10 @@ class Job:
     #: name; the dispatcher uses it to let short jobs backfill cards held for a blocked job.
     expected_seconds: float | None = None
     held_at: float | None = None  # when it first held cards for itself (the dispatcher's mark)
+    #: A random identity unique to this job (new_job_instance), set when it is stored. Job ids
+    #: restart at 1 when Redis loses its data and two key prefixes may share one log_dir: the
+    #: job's folder on disk and its processes' environment carry this, never the id alone.
+    instance: str | None = None
     #: Not stored: what was wrong with the record this was read from (empty = valid). Bad
     #: fields were replaced by neutral values (see from_redis), so nothing may act on a job
     #: with problems; it can only be shown and ended.
@@ -304,6 +316,7 @@ _JOB_CHECKS: dict[str, Callable[[Any], Any]] = {
     "pool": lambda t: R.as_text(t, 63),
     "expected_seconds": lambda t: R.as_float(t, 0.0, R.MAX_TIME_LIMIT, "a duration in seconds"),
     "held_at": lambda t: R.as_float(t, 0.0, R.MAX_TIMESTAMP, "a time in epoch seconds"),
+    "instance": lambda t: R.as_job_instance(t),
     "vram_peak": lambda t: R.as_int(t, *_COUNT),
     "vram_sum": lambda t: R.as_int(t, *_COUNT),
     "vram_samples": lambda t: R.as_int(t, *_COUNT),

@@ -222,6 +222,17 @@ def as_argv(value: Any) -> list[str]:
     return list(value)
 
 
+_INSTANCE_RE = re.compile(r"[0-9a-f]{16}")
+
+
+def as_job_instance(value: Any) -> str:
+    """A job's identity (models.new_job_instance): exactly 16 lower-case hex digits, so it is
+    safe in a folder name and an environment value."""
+    if not isinstance(value, str) or not _INSTANCE_RE.fullmatch(value):
+        raise BadField(f"expected 16 lower-case hex digits, got {show(value)}")
+    return value
+
+
 def as_env(value: Any) -> dict[str, str]:
     """Environment variables as a JSON object of strings: names like the shell's
     ([A-Za-z_][A-Za-z0-9_]*), values without NUL, at most MAX_ENV_VARS and MAX_ENV_BYTES."""

@@ -14,7 +14,7 @@ import redis
 
 from rig.errors import JobNotFound
 from rig.keys import Keys
-from rig.models import PRIORITY_BAND, Job, JobState, Priority, pending_score
+from rig.models import PRIORITY_BAND, Job, JobState, Priority, new_job_instance, pending_score
 
 
 class JobStore:
@@ -45,6 +45,7 @@ class JobStore:
             job.id = last - len(jobs) + 1 + offset
             job.state = JobState.PENDING
             job.created_at = job.created_at or now
+            job.instance = job.instance or new_job_instance()
             score = pending_score(job.priority, job.id)
             record = job.to_redis()
             record.update({k: _encode(v) for k, v in (extra or {}).items() if v is not None})

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
 import stat
 import subprocess
 import threading
@@ -23,13 +24,14 @@ from pathlib import Path
 
 import redis
 
+from rig import job_env as jobenv
 from rig import records as R
 from rig.config import Settings
 from rig.gpus import GpuBackend, GpuReadError, GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
-from rig.logs import enforce_size_cap
-from rig.models import Job, JobState
+from rig.logs import AttemptFiles, enforce_size_cap, job_folder
+from rig.models import Job, JobState, new_job_instance
 from rig.redis_conn import connect
 from rig.store import JobStore
 from workers.outcomes import AttemptEnd, conclude
@@ -149,7 +151,7 @@ class CardRunner:
             log.info("job %s: start message ignored, job is %s (duplicate or stale delivery)", job_id, detail)
             return f"ignored:{detail}"
         attempt = int(detail)
-        job = self.store.get(job_id)
+        job = self._with_instance(self.store.get(job_id))
         if job.problems or job.id != job_id:
             # Nothing of a damaged or hostile record is used: not its command, env or folder.
             reason = job.invalid_reason or f"invalid record: field id: {job.id}, not {job_id}"
@@ -164,14 +166,16 @@ class CardRunner:
                               attempt=running.attempt)
             running.token = str(token)
             return self._supervise(running)
-        job_dir = self.settings.job_log_dir / str(job_id)
-        if (job_dir / f"attempt-{attempt}.log").exists():
-            # This attempt number already ran here: Redis lost its ending (a crash within the
-            # AOF fsync window). Conclude it from what it left instead of running it again.
-            exit_file = job_dir / f"attempt-{attempt}.exit"
+        files = self._files(job, attempt)
+        if files.log.exists():
+            # This very attempt of this very job (its folder carries the job's instance, so
+            # never another job that reused the id) already started here: Redis lost its
+            # ending (a crash within the AOF fsync window). Conclude it from what it left
+            # instead of running it again.
+            exit_file = files.exit
             log.warning("job %s: attempt %s already ran on this node; concluding it, not re-running",
                         job_id, attempt)
-            log_file = str(exit_file.with_suffix(".log"))
+            log_file = str(files.log)
             if log_file not in job.log_paths:
                 self.store.update(job_id, log_paths=[*job.log_paths, log_file])
             end = self._outcome(ActiveJob(job_id, str(token), attempt, 0, None, exit_file))
@@ -205,11 +209,23 @@ class CardRunner:
         self._retry_redis(_do, f"end job {job_id}")
         return "failed-to-start"
 
+    def _files(self, job: Job, attempt: int) -> AttemptFiles:
+        """The files of ``attempt`` of ``job`` on this node (rig.logs.job_folder)."""
+        return AttemptFiles(job_folder(self.settings.job_log_dir, job.id, job.instance), attempt)
+
+    def _with_instance(self, job: Job) -> Job:
+        """``job``, with an instance recorded if its record predates them (set once, HSETNX,
+        so every worker agrees on it)."""
+        if job.instance or job.problems:
+            return job
+        self.r.hsetnx(self.keys.job(job.id), "instance", new_job_instance())
+        return self.store.get(job.id)
+
     def _launch(self, job: Job, token: str, attempt: int) -> ActiveJob | None:
-        job_dir = self.settings.job_log_dir / str(job.id)
-        job_dir.mkdir(parents=True, exist_ok=True)
-        log_path = job_dir / f"attempt-{attempt}.log"
-        exit_file = job_dir / f"attempt-{attempt}.exit"
+        files = self._files(job, attempt)
+        files.folder.mkdir(parents=True, exist_ok=True)
+        log_path = files.log
+        exit_file = files.exit
         exit_file.unlink(missing_ok=True)
         log_paths = [*job.log_paths, str(log_path)]
         try:
@@ -251,7 +267,7 @@ class CardRunner:
             os.close(exit_fd)
         start = proc_start_time(popen.pid)
         # Written before anything else: the node's own record that this attempt runs.
-        exit_file.with_suffix(".pid").write_text(f"{popen.pid} {start} {attempt}\n")
+        files.pid.write_text(f"{popen.pid} {start} {attempt}\n")
         self.store.update(
             job.id, pid=popen.pid, proc_start=start, log_path=str(log_path), log_paths=log_paths,
             cuda_visible_devices=env["CUDA_VISIBLE_DEVICES"],
@@ -262,37 +278,33 @@ class CardRunner:
                          time_limit=job.time_limit, log_path=log_path)
 
     def _job_env(self, job: Job, attempt: int, exit_file: Path, run_as: RunAs | None = None) -> dict[str, str]:
-        """The job's environment: the worker's, the job's own variables over it, then rig's
-        (which the job cannot override). Running as its submitter, HOME/USER/LOGNAME are that
-        user's (HOME may be set by the job) and the worker's per-login variables go."""
-        env = dict(os.environ)
-        for key in ("RIG_ROLE", "RIG_CARD_INDEX"):
-            env.pop(key, None)
+        """The job's environment (rig.job_env): a minimal base for the user it runs as, the
+        variables its record carries (the submitter's passed-on ones and --env), then rig's
+        own. Nothing of this worker's environment (the operator's shell at `rig up`)."""
         if run_as is not None:
-            for key in ("MAIL", "XDG_RUNTIME_DIR", "XDG_SESSION_ID", "SUDO_USER", "SUDO_UID",
-                        "SUDO_GID", "SUDO_COMMAND"):
-                env.pop(key, None)
-            env.update(run_as.env())
-        env.update(job.env)
-        if run_as is not None:
-            env.update(USER=run_as.user, LOGNAME=run_as.user)
-        env.update({
+            identity = jobenv.base(run_as.user, run_as.home, _login_shell(run_as.uid))
+        else:
+            identity = jobenv.current_base()
+        rig_vars = {
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in job.cards),
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "RIG_JOB_ID": str(job.id),
+            # The job's identity: its id alone is reused when Redis loses its data.
+            "RIG_JOB_INSTANCE": job.instance or "",
             "RIG_JOB_NAME": job.name,
             "RIG_ATTEMPT": str(attempt),
             "RIG_EXIT_FILE": str(exit_file),
             "RIG_EXIT_FD": "0",
+            # So a job can call rig (rig log, @rig.task .delay) against this installation.
             "RIG_REDIS_URL": self.settings.redis_url,
             "RIG_KEY_PREFIX": self.settings.key_prefix,
             # Which node's job this is: a node's orphan check stops only its own (health.py).
             "RIG_NODE_NAME": self.node,
-        })
+        }
         usage_dir = getattr(self.backend, "usage_dir", None)
         if usage_dir is not None:
-            env["RIG_FAKE_GPU_DIR"] = str(usage_dir)  # fake cards: jobs may "use" memory
-        return env
+            rig_vars["RIG_FAKE_GPU_DIR"] = str(usage_dir)  # fake cards: jobs may "use" memory
+        return jobenv.compose(job.env, identity=identity, rig_vars=rig_vars)
 
     def _supervise(self, active: ActiveJob) -> str:
         with self._lock:
@@ -382,22 +394,24 @@ class CardRunner:
         outage: a restart of Redis must not lose a job's ending)."""
         result: list[JobState] = []
 
+        folders: list[Path] = []
+
         def _do() -> None:
             job = self.store.get(job_id)
+            folders.append(job_folder(self.settings.job_log_dir, job_id, job.instance))
             code, state = conclude(self.ledger, job, token, end, expect=expect)
             if code == 1:
                 result.append(state)
 
         self._retry_redis(_do, f"end job {job_id}")
-        job_dir = self.settings.job_log_dir / str(job_id)
-        if result and job_dir.is_dir():
-            for path in job_dir.glob("attempt-*.pid"):
+        if result and folders and folders[-1].is_dir():
+            for path in folders[-1].glob("attempt-*.pid"):
                 path.unlink(missing_ok=True)
         return result[0] if result else None
 
     def _running_copy(self, job: Job) -> ActiveJob | None:
         """A live process of this job on this node, known from its pid file, or None."""
-        job_dir = self.settings.job_log_dir / str(job.id)
+        job_dir = job_folder(self.settings.job_log_dir, job.id, job.instance)
         if not job_dir.is_dir():
             return None
         for pid_file in sorted(job_dir.glob("attempt-*.pid")):
@@ -457,7 +471,7 @@ class CardRunner:
             if fresh.state is not JobState.RUNNING or fresh.assignments != job.assignments:
                 continue
             job = fresh
-            exit_file = self.settings.job_log_dir / str(job.id) / f"attempt-{job.attempt}.exit"
+            exit_file = self._files(job, job.attempt).exit
             pid, start = job.pid, job.proc_start
             env = _environ(pid) if pid and is_alive(pid, start) else None
             if env is not None and f"RIG_EXIT_FILE={exit_file}".encode() not in env:
@@ -641,6 +655,13 @@ def _read_exit_file(path: Path) -> int | None:
     try:
         return R.as_int(text, -(2**31), 2**31 - 1) if text else None
     except R.BadField:
+        return None
+
+
+def _login_shell(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_shell or None
+    except KeyError:
         return None
 
 

@@ -212,7 +212,7 @@ class HealthChecker:
                     report.requeued.append(job.id)
                 continue
             if job.pid and is_alive(job.pid, job.proc_start):
-                if is_job_process(job.pid, job.id, self.settings.key_prefix):
+                if is_job_process(job.pid, job.id, self.settings.key_prefix, job.instance):
                     log.warning("job %s: its worker is dead; stopping its process tree first", job.id)
                     stop_tree(job.pid, self.settings.kill_grace_seconds)
                 else:  # a damaged or forged pid: never signal it (the orphan check finds the job's own)
@@ -240,11 +240,14 @@ class HealthChecker:
         mine = _rig_processes(self.settings.key_prefix, self.settings.redis_url, self.settings.node_name)
         if not mine:
             return
-        jobs = {j.id: j for j in self.store.get_many(sorted({jid for jid, _ in mine.values()}))}
-        for sid, (job_id, attempt) in mine.items():
+        jobs = {j.id: j for j in self.store.get_many(sorted({p.job_id for p in mine.values()}))}
+        for sid, proc in mine.items():
+            job_id, attempt = proc.job_id, proc.attempt
             job: Job | None = jobs.get(job_id)
+            # The instance, not the reusable id, says whose process it is (ids restart at 1
+            # when Redis loses its data). A process without one predates instances.
             legit = (job is not None and job.state is JobState.RUNNING and job.node == self.settings.node_name
-                     and job.attempt == attempt)
+                     and job.attempt == attempt and (proc.instance is None or proc.instance == job.instance))
             if legit:
                 continue
             if job is not None and job.state is JobState.RUNNING and job.pid is None:
@@ -255,23 +258,33 @@ class HealthChecker:
             report.orphans_stopped.append(sid)
 
 
-def _rig_processes(prefix: str, redis_url: str, node: str) -> dict[int, tuple[int, int]]:
-    """Session id -> (job id, attempt) of the job processes of this rig and node on this
+@dataclass(frozen=True)
+class JobProcess:
+    """What a job process's environment says it is."""
+
+    job_id: int
+    attempt: int
+    instance: str | None  # RIG_JOB_INSTANCE; None for processes started before instances
+
+
+def _rig_processes(prefix: str, redis_url: str, node: str) -> dict[int, JobProcess]:
+    """Session id -> what the job processes of this rig and node on this
     machine (several nodes of one cluster may share a machine, e.g. in tests: each stops only
     its own)."""
     want_prefix = f"RIG_KEY_PREFIX={prefix}".encode()
     want_url = f"RIG_REDIS_URL={redis_url}".encode()
     want_node = f"RIG_NODE_NAME={node}".encode()
-    found: dict[int, tuple[int, int]] = {}
+    found: dict[int, JobProcess] = {}
     for pid, env in environments():
         if want_prefix not in env or want_url not in env or want_node not in env:
             continue
         values = dict(item.split(b"=", 1) for item in env if b"=" in item)
         try:
             job_id, attempt = int(values[b"RIG_JOB_ID"]), int(values[b"RIG_ATTEMPT"])
+            instance = values.get(b"RIG_JOB_INSTANCE", b"").decode("ascii", "replace") or None
             sid = os.getsid(pid)
         except (KeyError, ValueError, ProcessLookupError, PermissionError):
             continue
         if sid > 1 and session_members(sid):
-            found.setdefault(sid, (job_id, attempt))
+            found.setdefault(sid, JobProcess(job_id, attempt, instance))
     return found

@@ -26,10 +26,10 @@ def sweep_logs(settings: Settings, client: redis.Redis) -> SweepReport | None:
     try:
         store = JobStore(client, keys)
 
-        def protected(job_id: int) -> str | None:
-            raw = client.hget(keys.job(job_id), "state")
-            if raw is None:
-                return "unknown"
+        def protected(job_id: int, instance: str | None) -> str | None:
+            raw, recorded = client.hmget(keys.job(job_id), "state", "instance")
+            if raw is None or recorded != instance:
+                return "unknown"  # no record, or the folder is another job's (ids are reused)
             if JobState(raw) in (JobState.PENDING, JobState.ASSIGNED, JobState.RUNNING):
                 return "running"
             if store.in_error_queue(job_id):

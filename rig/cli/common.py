@@ -63,13 +63,10 @@ def client_from(ctx: click.Context):  # noqa: ANN201
     return Client(settings_from(ctx))
 
 
-def parse_env_items(items: tuple[str, ...]) -> dict[str, str]:
-    from rig.errors import InvalidInput
-
-    env = {}
+def parse_env_items(items: tuple[str, ...]) -> dict[str, str | None]:
+    env: dict[str, str | None] = {}
     for item in items:
-        if "=" not in item:
-            raise InvalidInput(f"--env {item!r}: write it as NAME=value")
-        key, value = item.split("=", 1)
-        env[key] = value
+        key, eq, value = item.partition("=")
+        # --env NAME (no "="): the submitter's own value of NAME (rig.job_env.resolve_names).
+        env[key] = value if eq else None
     return env

@@ -29,8 +29,9 @@ def submit_options(fn):  # noqa: ANN001, ANN201
         click.option("--cmd", "-c", "cmd", metavar="TEXT", help="The command as one shell string."),
         click.option("--workdir", "-w", type=click.Path(file_okay=False),
                      help="Working directory (default: command_workdir, else the current one)."),
-        click.option("--env", "-e", "env", multiple=True, metavar="NAME=VALUE",
-                     help="Extra environment variable for the job (repeatable)."),
+        click.option("--env", "-e", "env", multiple=True, metavar="NAME[=VALUE]",
+                     help="Environment variable for the job (repeatable); NAME alone passes your "
+                          "current value. CUDA_VISIBLE_DEVICES, USER, LOGNAME and RIG_* are rig's."),
         click.option("--retries", type=int, metavar="N",
                      help="Retries after a failed attempt before the error queue (default: max_retries)."),
         click.option("--time-limit", "time_limit", metavar="DURATION",

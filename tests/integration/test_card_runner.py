@@ -14,6 +14,7 @@ from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
+from rig.logs import job_folder
 from rig.models import Job, JobState, Priority
 from tests.conftest import REDIS_URL
 from workers.card_runner import CardRunner
@@ -80,7 +81,7 @@ def test_adopt_resends_assigned_jobs(env, tmp_path):
 
 
 def _start_orphan(settings, job: Job, attempt: int, command: str) -> subprocess.Popen:
-    job_dir = settings.job_log_dir / str(job.id)
+    job_dir = job_folder(settings.job_log_dir, job.id, job.instance)
     job_dir.mkdir(parents=True, exist_ok=True)
     exit_file = job_dir / f"attempt-{attempt}.exit"
     return subprocess.Popen(wrapper_argv(["/bin/sh", "-c", command]), start_new_session=True,
@@ -94,7 +95,7 @@ def test_adopt_finds_unrecorded_pid_and_supervises_it(env, tmp_path):
     ledger.claim(job.id, token, "old-worker")
     # The old worker started the process but died before recording its pid.
     proc = _start_orphan(settings, job, 1, f"while [ ! -f {go} ]; do sleep 0.02; done; exit 4")
-    exit_file = str(settings.job_log_dir / str(job.id) / "attempt-1.exit")
+    exit_file = str(job_folder(settings.job_log_dir, job.id, job.instance) / "attempt-1.exit")
     deadline = time.monotonic() + 5
     while find_by_environ("RIG_EXIT_FILE", exit_file) is None and time.monotonic() < deadline:
         time.sleep(0.01)  # until the orphan has exec'd
@@ -214,7 +215,7 @@ def test_log_sweep_keeps_live_and_recent_error_logs(real_redis, key_prefix, tmp_
     ledger.transition(jobs["error"].id, JobState.FAILED, error_queue=True)
     ledger.transition(jobs["error-ancient"].id, JobState.FAILED, error_queue=True)
     for name, job in jobs.items():
-        folder = settings.job_log_dir / str(job.id)
+        folder = job_folder(settings.job_log_dir, job.id, ledger.store.get(job.id).instance)
         folder.mkdir(parents=True)
         log = folder / "attempt-1.log"
         log.write_text("x" * 100)
@@ -222,5 +223,66 @@ def test_log_sweep_keeps_live_and_recent_error_logs(real_redis, key_prefix, tmp_
         os.utime(log, (age, age))
     report = sweep_logs(settings, real_redis)
     assert sorted(report.deleted) == sorted([jobs["done"].id, jobs["error-ancient"].id])
-    assert (settings.job_log_dir / str(jobs["running"].id)).exists()
-    assert (settings.job_log_dir / str(jobs["error"].id)).exists()
+    assert job_folder(settings.job_log_dir, jobs["running"].id, ledger.store.get(jobs["running"].id).instance).exists()
+    assert job_folder(settings.job_log_dir, jobs["error"].id, ledger.store.get(jobs["error"].id).instance).exists()
+
+
+def _forget_everything(ledger: Ledger, prefix: str) -> None:
+    """Redis came back empty: every key of this installation is gone (ids restart at 1)."""
+    from rig.testing.harness import delete_prefix
+
+    delete_prefix(ledger.r, prefix)
+    ledger.register_card("n1", GpuReading(index=0, uuid="u", model="m", total=80 * GIB),
+                         max_jobs=10, reserve_fraction=0.0, allowed=True, fake=True)
+
+
+def test_a_reused_job_id_runs_its_own_command_not_the_old_files(env, tmp_path, key_prefix):
+    """Issue 10.1: after Redis lost its data, job 1 is a new job; the files of the old job 1
+    on this node must not conclude it (it used to end SUCCEEDED with the old log, unrun)."""
+    settings, ledger, runner, _ = env
+    old, token = placed(ledger, "echo old job; exit 0", tmp_path)
+    assert runner.run_job(old.id, token) == "SUCCEEDED"
+    _forget_everything(ledger, key_prefix)
+    marker = tmp_path / "new-ran"
+    new, token = placed(ledger, f"echo new job; touch {marker}; exit 3", tmp_path)
+    assert new.id == old.id and new.instance != old.instance
+    assert runner.run_job(new.id, token) == "FAILED" or ledger.store.get(new.id).state is JobState.PENDING
+    done = ledger.store.get(new.id)
+    assert marker.exists(), "the new job's command never ran"
+    assert done.exit_code == 3 and open(done.log_paths[0]).read() == "new job\n"
+    assert job_folder(settings.job_log_dir, old.id, old.instance).is_dir()  # the old log stays
+
+
+def test_an_old_process_with_a_reused_id_is_not_adopted(env, tmp_path, key_prefix):
+    """A live process of an old job 1 (instance A) is not the new job 1's (instance B)."""
+    settings, ledger, runner, _ = env
+    go = tmp_path / "go"
+    old, token = placed(ledger, "unused", tmp_path)
+    ledger.claim(old.id, token, "old-worker")
+    proc = _start_orphan(settings, old, 1, f"while [ ! -f {go} ]; do sleep 0.02; done")
+    try:
+        _forget_everything(ledger, key_prefix)
+        marker = tmp_path / "new-ran"
+        new, token = placed(ledger, f"touch {marker}", tmp_path)
+        assert new.id == old.id
+        assert runner.run_job(new.id, token) == "SUCCEEDED"
+        assert marker.exists() and proc.poll() is None  # ran; the old process untouched
+    finally:
+        go.touch()
+        proc.wait(10)
+
+
+def test_the_job_environment_is_not_the_workers(env, tmp_path, monkeypatch):
+    """Issue 10.4: a variable of the shell that started the worker never reaches a job; the
+    submitter's passed-on variables and --env do; rig's own cannot be overridden."""
+    settings, ledger, runner, _ = env
+    monkeypatch.setenv("ADMIN_SECRET", "operator-only")
+    job, token = placed(ledger, "env", tmp_path)
+    ledger.store.update(job.id, env={"LD_LIBRARY_PATH": "/opt/lib", "MY_TOKEN": "t0k",
+                                     "CUDA_VISIBLE_DEVICES": "3", "PATH": "/usr/bin:/bin"})
+    assert runner.run_job(job.id, token) == "SUCCEEDED"
+    seen = dict(line.split("=", 1) for line in open(ledger.store.get(job.id).log_paths[0]).read().splitlines()
+                if "=" in line)
+    assert "ADMIN_SECRET" not in seen
+    assert seen["LD_LIBRARY_PATH"] == "/opt/lib" and seen["MY_TOKEN"] == "t0k"
+    assert seen["CUDA_VISIBLE_DEVICES"] == "0" and seen["RIG_JOB_INSTANCE"] == job.instance

@@ -285,7 +285,7 @@ def test_sweep_normal_young_running_error(tmp_path):
     status = {3: "running", 4: "error", 5: "error", 6: "unknown"}
     asked: list[int] = []
 
-    def protected(job_id: int) -> str | None:
+    def protected(job_id: int, _instance: str | None = None) -> str | None:
         asked.append(job_id)
         return status.get(job_id)
 
@@ -301,7 +301,7 @@ def test_sweep_age_is_newest_file(tmp_path):
     folder = make_job(tmp_path, "7", age_days=20)
     (folder / "attempt-2.log").write_bytes(b"new")
     os.utime(folder / "attempt-2.log", (NOW - DAY, NOW - DAY))
-    report = sweep_job_logs(tmp_path, POLICY, now=NOW, protected=lambda _: None)
+    report = sweep_job_logs(tmp_path, POLICY, now=NOW, protected=lambda *_: None)
     assert report.deleted == [] and folder.exists()
 
 
@@ -315,7 +315,7 @@ def test_sweep_ignores_other_names_and_symlinks(tmp_path):
     asked: list[int] = []
 
     report = sweep_job_logs(log_dir, POLICY, now=NOW,
-                            protected=lambda job_id: asked.append(job_id))
+                            protected=lambda job_id, _instance: asked.append(job_id))
 
     assert report == SweepReport([], [], [], 0)
     assert asked == []
@@ -330,7 +330,7 @@ def test_sweep_symlink_inside_a_job_folder_is_not_followed(tmp_path):
     folder = make_job(log_dir, "8", age_days=100)
     os.symlink(outside / "attempt-1.log", folder / "link.log")
     os.utime(folder / "link.log", (NOW - 100 * DAY,) * 2, follow_symlinks=False)
-    report = sweep_job_logs(log_dir, POLICY, now=NOW, protected=lambda _: None)
+    report = sweep_job_logs(log_dir, POLICY, now=NOW, protected=lambda *_: None)
     assert report.deleted == [8]
     assert (outside / "attempt-1.log").read_bytes() == b"x" * 100
 
@@ -339,12 +339,12 @@ def test_sweep_survives_vanishing_folders_and_missing_dir(tmp_path):
     make_job(tmp_path, "1", age_days=100)
     make_job(tmp_path, "2", age_days=100, size=7)
 
-    def protected(job_id: int) -> None:
+    def protected(job_id: int, _instance: str | None = None) -> None:
         if job_id == 1:
             shutil.rmtree(tmp_path / "1")  # someone else removed it meanwhile
         return None
 
     report = sweep_job_logs(tmp_path, POLICY, now=NOW, protected=protected)
     assert report.deleted == [2] and report.bytes_freed == 7 + 2
-    empty = sweep_job_logs(tmp_path / "nope", POLICY, now=NOW, protected=lambda _: None)
+    empty = sweep_job_logs(tmp_path / "nope", POLICY, now=NOW, protected=lambda *_: None)
     assert empty == SweepReport()

@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import os
+import pwd
+
 import pytest
 
 from rig.config import load_settings
@@ -92,4 +95,7 @@ def test_the_job_environment_takes_the_identity(tmp_path: Path, monkeypatch):
     assert env["RIG_JOB_ID"] == "3" and env["CUDA_VISIBLE_DEVICES"] == "0" and env["RIG_EXIT_FD"] == "0"
     assert "XDG_RUNTIME_DIR" not in env
     plain = runner._job_env(job, 1, tmp_path / "x.exit", None)
-    assert plain["XDG_RUNTIME_DIR"] == "/run/user/0" and plain["USER"] == "mallory"
+    # Without a switch the job is the worker's user: its identity from the passwd entry, never
+    # the operator's shell variables nor the record's claim to be someone else.
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    assert "XDG_RUNTIME_DIR" not in plain and plain["USER"] == me and plain["LOGNAME"] == me

@@ -1,0 +1,134 @@
+"""What a job's environment contains: the one place that decides it.
+
+A job never inherits the environment of whoever typed ``rig up`` (the card worker's). It gets,
+in this order, each layer over the one before:
+
+1. **A minimal base**, set on the node: ``PATH=/usr/local/bin:/usr/bin:/bin``,
+   ``LANG=C.UTF-8``, and ``HOME``, ``USER``, ``LOGNAME``, ``SHELL`` from the password entry of the
+   user the job runs as.
+2. **The submitter's variables rig passes on** (:data:`PASSED_NAMES` and
+   :data:`PASSED_PREFIXES`, read from the submitting process when the job is submitted): the
+   interpreter and library search paths, locale, caches and thread counts, so a job runs with
+   the submitter's conda env or venv, ``LD_LIBRARY_PATH``, ``CUDA_HOME``, ``HF_HOME``.
+   Secrets are not on the list: pass one by name with ``--env NAME`` (its value is taken from
+   the submitter's environment) or ``--env NAME=value``.
+3. **``--env``** (``env=`` in Python): anything but the variables rig owns.
+4. **rig's own** (:data:`RIG_OWNED_NAMES`, every ``RIG_*``): the job's cards
+   (``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER``) and identity (``RIG_JOB_ID`` ...), and the
+   identity variables of the user it runs as (``USER``, ``LOGNAME``). Asking for one of these
+   with ``--env`` is refused at submit (:func:`refuse_rig_owned`); a record that carries one
+   anyway is overridden on the node.
+
+Pure standard library; no Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from collections.abc import Mapping
+
+#: The base PATH when the submitter passed none.
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+#: Submitter variables passed on by name.
+PASSED_NAMES: tuple[str, ...] = (
+    "PATH", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+    "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH",
+    "CUDA_HOME", "CUDA_PATH", "CUDNN_HOME", "NCCL_HOME",
+    "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "TRANSFORMERS_CACHE", "TORCH_HOME",
+    "XDG_CACHE_HOME", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+)
+#: Submitter variables passed on by prefix (conda's, locale categories).
+PASSED_PREFIXES: tuple[str, ...] = ("CONDA_", "LC_")
+
+#: Variables rig sets on every job and nobody may set with --env (besides every ``RIG_*``).
+RIG_OWNED_NAMES: frozenset[str] = frozenset({
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "USER", "LOGNAME",
+})
+RIG_OWNED_PREFIX = "RIG_"
+
+
+def is_rig_owned(name: str) -> bool:
+    """Is ``name`` a variable rig sets on jobs itself (so --env may not set it)?"""
+    return name in RIG_OWNED_NAMES or name.startswith(RIG_OWNED_PREFIX)
+
+
+def is_passed_on(name: str) -> bool:
+    """Is ``name`` one of the submitter's variables a job gets without asking?"""
+    return name in PASSED_NAMES or name.startswith(PASSED_PREFIXES)
+
+
+def refuse_rig_owned(env: Mapping[str, str]) -> str | None:
+    """A one-line reason to refuse ``env`` (what --env asked for), or None when it is fine."""
+    owned = sorted(name for name in env if is_rig_owned(name))
+    if not owned:
+        return None
+    name = owned[0]
+    if name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
+        why = "rig sets it to the cards it gives the job; ask for cards with --gpus (and --pool)"
+    elif name in ("USER", "LOGNAME"):
+        why = "rig sets it to the user the job runs as"
+    else:
+        why = "RIG_* variables are rig's own"
+    more = f" (and {', '.join(owned[1:])})" if len(owned) > 1 else ""
+    return f"--env {name}{more}: {why}; remove it"
+
+
+def from_submitter(environ: Mapping[str, str]) -> dict[str, str]:
+    """The submitter's variables a job gets without asking (layer 2)."""
+    return {k: v for k, v in environ.items() if is_passed_on(k) and "\x00" not in v}
+
+
+def resolve_names(items: Mapping[str, str | None], environ: Mapping[str, str]) -> dict[str, str]:
+    """``--env`` items: a value of None means "the submitter's value of NAME". Raises
+    ValueError naming a variable that is not set."""
+    out: dict[str, str] = {}
+    for name, value in items.items():
+        if value is None:
+            if name not in environ:
+                raise ValueError(f"--env {name}: not set in your environment; write {name}=value")
+            value = environ[name]
+        out[name] = value
+    return out
+
+
+def base(user: str | None = None, home: str | None = None, shell: str | None = None) -> dict[str, str]:
+    """Layer 1, for the user the job runs as (their passwd entry's home and shell)."""
+    env = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}
+    if user:
+        env.update(USER=user, LOGNAME=user)
+    if home:
+        env["HOME"] = home
+    if shell:
+        env["SHELL"] = shell
+    return env
+
+
+def base_for_uid(uid: int) -> dict[str, str]:
+    """Layer 1 for ``uid`` from the password database (only PATH and LANG without an entry)."""
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return base()
+    return base(entry.pw_name, entry.pw_dir, entry.pw_shell)
+
+
+def compose(job_env: Mapping[str, str], *, identity: Mapping[str, str],
+            rig_vars: Mapping[str, str]) -> dict[str, str]:
+    """The job's whole environment: ``identity`` (layer 1, from base()), the job record's
+    variables (layers 2 and 3, stored at submit), then ``rig_vars`` (layer 4). The record's
+    rig-owned variables are dropped (a record written by hand or by an old client); ``USER``
+    and ``LOGNAME`` always name the user the job runs as."""
+    env = dict(identity)
+    env.update({k: v for k, v in job_env.items() if not is_rig_owned(k)})
+    for name in ("USER", "LOGNAME"):
+        if name in identity:
+            env[name] = identity[name]
+    env.update(rig_vars)
+    return env
+
+
+def current_base() -> dict[str, str]:
+    """Layer 1 for this process's effective user."""
+    return base_for_uid(os.geteuid())

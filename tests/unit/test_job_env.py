@@ -1,0 +1,55 @@
+"""What a job's environment holds (rig/job_env.py): the rule in one place."""
+
+from __future__ import annotations
+
+import pytest
+
+from rig import job_env
+
+
+def test_the_submitters_search_paths_travel_not_their_secrets_or_the_shell():
+    got = job_env.from_submitter({"PATH": "/env/bin:/usr/bin", "LD_LIBRARY_PATH": "/opt/cuda/lib64",
+                                  "CUDA_HOME": "/opt/cuda", "HF_HOME": "/data/hf", "CONDA_PREFIX": "/c",
+                                  "LC_ALL": "C", "MY_TOKEN": "secret", "ADMIN_SECRET": "x", "PS1": "$ ",
+                                  "RIG_REDIS_PASSWORD": "pw", "CUDA_VISIBLE_DEVICES": "7"})
+    assert got == {"PATH": "/env/bin:/usr/bin", "LD_LIBRARY_PATH": "/opt/cuda/lib64", "CUDA_HOME": "/opt/cuda",
+                   "HF_HOME": "/data/hf", "CONDA_PREFIX": "/c", "LC_ALL": "C"}
+
+
+@pytest.mark.parametrize("name", ["CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RIG_JOB_ID", "RIG_ANYTHING",
+                                  "USER", "LOGNAME"])
+def test_rig_owned_variables_are_refused_with_one_line(name):
+    reason = job_env.refuse_rig_owned({name: "3", "FINE": "1"})
+    assert reason is not None and reason.startswith(f"--env {name}") and "\n" not in reason
+    assert job_env.refuse_rig_owned({"HOME": "/scratch", "FINE": "1"}) is None
+
+
+def test_env_name_alone_takes_the_submitters_value():
+    assert job_env.resolve_names({"MY_TOKEN": None, "A": "b"}, {"MY_TOKEN": "t"}) == {"MY_TOKEN": "t", "A": "b"}
+    with pytest.raises(ValueError, match="MISSING: not set in your environment"):
+        job_env.resolve_names({"MISSING": None}, {})
+
+
+def test_compose_layers_base_record_then_rig():
+    env = job_env.compose({"HOME": "/scratch/a", "USER": "mallory", "RIG_JOB_ID": "99", "X": "1"},
+                          identity=job_env.base("alice", "/home/alice", "/bin/bash"),
+                          rig_vars={"RIG_JOB_ID": "3", "CUDA_VISIBLE_DEVICES": "0"})
+    assert env == {"PATH": job_env.DEFAULT_PATH, "LANG": "C.UTF-8", "USER": "alice", "LOGNAME": "alice",
+                   "HOME": "/scratch/a", "SHELL": "/bin/bash", "X": "1", "RIG_JOB_ID": "3",
+                   "CUDA_VISIBLE_DEVICES": "0"}
+
+
+def test_submit_refuses_a_rig_owned_variable(tmp_path, monkeypatch):
+    import fakeredis
+
+    from rig.client import Client
+    from rig.config import load_settings
+    from rig.errors import InvalidInput
+
+    settings = load_settings(home=tmp_path, key_prefix="t:", redis_url="redis://127.0.0.1:1/0")
+    client = Client(settings, redis_client=fakeredis.FakeRedis(decode_responses=True))
+    with pytest.raises(InvalidInput, match="--env CUDA_VISIBLE_DEVICES: rig sets it"):
+        client.submit(["true"], gpu_memory="1G", env={"CUDA_VISIBLE_DEVICES": "3"})
+    monkeypatch.delenv("NOT_THERE", raising=False)
+    with pytest.raises(InvalidInput, match="--env NOT_THERE: not set"):
+        client.submit(["true"], gpu_memory="1G", env={"NOT_THERE": None})
