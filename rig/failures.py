@@ -22,8 +22,11 @@ from dataclasses import dataclass
 from enum import Enum
 
 __all__ = [
+    "CALL_BAD_EXIT",
+    "CALL_BAD_RESULT_EXIT",
     "Classification",
     "FailureClass",
+    "RetryRule",
     "classify",
     "classify_failure",
     "read_tail",
@@ -46,6 +49,68 @@ class FailureClass(str, Enum):
     LOST = "lost"  # its worker or node died
     COMMAND_NOT_FOUND = "command_not_found"  # exit 127 / 126 from the shell wrapper
     OVER_DECLARATION = "over_declaration"  # rig stopped it: it used more memory than declared
+    START_FAILED = "start_failed"  # rig could not start it: working folder gone or not enterable
+    BAD_CALL = "bad_call"  # a @rig.task call whose payload or function cannot be loaded
+    BAD_RESULT = "bad_result"  # a @rig.task call ran, but its return value cannot be pickled
+    INVALID_RECORD = "invalid_record"  # the job's record is damaged: nothing of it is used
+    RUN_AS_REFUSED = "run_as_refused"  # the job may not run as its submitter (identity refused)
+    START_ERROR = "start_error"  # rig's own start of the job failed unexpectedly
+
+
+@dataclass(frozen=True)
+class RetryRule:
+    """Whether another attempt of the same job, unchanged, can end differently."""
+
+    helps: bool
+    #: For classes a retry cannot help: what the person should do (one clause, no full stop).
+    advice: str = ""
+
+
+#: THE table of which failures are retried (workers.outcomes.decide reads only this). A class
+#: whose retry cannot help goes straight to the error queue with its advice, whatever retries
+#: the job has left: running it again would fail the same way and hide the cause for minutes.
+#: CUDA_OOM is retried only with a larger declaration (``--oom-retry-grow``), never as it was.
+RETRY: dict[FailureClass, RetryRule] = {
+    FailureClass.NONZERO_EXIT: RetryRule(True),
+    FailureClass.SIGNAL: RetryRule(True),
+    FailureClass.CUDA_ERROR: RetryRule(True),  # Xid errors, a card reset: often transient
+    FailureClass.NCCL_ERROR: RetryRule(True),  # a peer or link that failed
+    FailureClass.LOST: RetryRule(True),  # its worker or node died, not the job
+    FailureClass.CUDA_OOM: RetryRule(False, "declare more memory: `rig retry {id} --gpu-memory SIZE`"),
+    FailureClass.OVER_DECLARATION: RetryRule(False, "declare what it uses: `rig retry {id} --gpu-memory SIZE`"),
+    FailureClass.TIMEOUT: RetryRule(False, "raise its time limit, then `rig retry {id}`"),
+    FailureClass.CANCELLED: RetryRule(False, "a person cancelled it"),
+    FailureClass.COMMAND_NOT_FOUND: RetryRule(
+        False, "check the command's name, its PATH and that it is executable, then `rig retry {id}`"),
+    FailureClass.START_FAILED: RetryRule(
+        False, "check that its working folder exists on the node and its user may enter it, "
+               "then `rig retry {id}`"),
+    FailureClass.BAD_CALL: RetryRule(
+        False, "fix what the job's log says, then submit the call again"),
+    FailureClass.BAD_RESULT: RetryRule(
+        False, "return plain data (or write it to a file and return the path), then submit again"),
+    FailureClass.INVALID_RECORD: RetryRule(False, "submit the job again"),
+    FailureClass.RUN_AS_REFUSED: RetryRule(False, "see docs/SECURITY.md on who jobs may run as"),
+    FailureClass.START_ERROR: RetryRule(False, "see the node's worker log, then `rig retry {id}`"),
+}
+
+
+def retry_rule(failure: FailureClass) -> RetryRule:
+    """The retry rule of ``failure`` (RETRY)."""
+    return RETRY[failure]
+
+
+#: Exit codes of ``python -m rig.call`` (a @rig.task job) that are rig.call's own verdicts, not
+#: the function's: the call could not be loaded (payload unreadable, function not importable,
+#: the script submits jobs when imported), or it ran and its return value cannot be pickled.
+#: rig.call turns a function's own ``sys.exit`` with one of these codes into exit 1.
+CALL_BAD_EXIT = 2
+CALL_BAD_RESULT_EXIT = 3
+_CALL_EXITS: dict[int, tuple[FailureClass, str]] = {
+    CALL_BAD_EXIT: (FailureClass.BAD_CALL, "the @rig.task call could not be loaded (exit 2)"),
+    CALL_BAD_RESULT_EXIT: (FailureClass.BAD_RESULT,
+                           "the @rig.task call ran, but its return value cannot be pickled (exit 3)"),
+}
 
 
 @dataclass(frozen=True)
@@ -214,7 +279,7 @@ _WATCHDOG = re.compile(r"OpType=(?P<op>\w+)|ran for (?P<ms>\d+) milliseconds")
 # --- API -------------------------------------------------------------------------------------
 
 def classify(*, exit_code: int | None, cancelled: bool = False, timed_out: bool = False,
-             lost: bool = False, log_tail: str = "") -> Classification | None:
+             lost: bool = False, log_tail: str = "", python_call: bool = False) -> Classification | None:
     """How an attempt ended; ``None`` when it succeeded (exit code 0 and no flag set).
 
     Precedence: cancelled > timed_out > lost > log evidence (CUDA_OOM > NCCL_ERROR > CUDA_ERROR)
@@ -222,6 +287,8 @@ def classify(*, exit_code: int | None, cancelled: bool = False, timed_out: bool 
     code -> SIGNAL; anything else -> NONZERO_EXIT). A SIGKILL with the kernel OOM killer's words
     in the log is host memory, not the GPU's: SIGNAL, "killed by signal SIGKILL (host out of
     memory?)". An attempt with no exit code and nothing else known is NONZERO_EXIT.
+    ``python_call``: the attempt ran ``python -m rig.call`` (a @rig.task job), whose own exit
+    codes (CALL_BAD_EXIT, CALL_BAD_RESULT_EXIT) are BAD_CALL / BAD_RESULT.
     """
     if cancelled:
         return Classification(FailureClass.CANCELLED, "cancelled", ())
@@ -235,6 +302,9 @@ def classify(*, exit_code: int | None, cancelled: bool = False, timed_out: bool 
     found = _classify_text(text)
     if found is not None:
         return found
+    if python_call and exit_code in _CALL_EXITS:
+        failure, summary = _CALL_EXITS[exit_code]
+        return Classification(failure, summary, _evidence(_call_lines(text)))
     return _from_exit_code(exit_code, text)
 
 
@@ -470,6 +540,11 @@ def _from_exit_code(exit_code: int | None, text: str) -> Classification:
         return Classification(FailureClass.NONZERO_EXIT,
                               f"exit code {exit_code} (host out of memory?)", _evidence(lines))
     return Classification(FailureClass.NONZERO_EXIT, f"exit code {exit_code}", ())
+
+
+def _call_lines(text: str) -> list[str]:
+    """rig.call's own one-line verdicts ("rig.call: ...") in the log, in log order."""
+    return [line for line in text.splitlines() if line.startswith("rig.call: ")]
 
 
 def _matching_lines(rules, text: str) -> list[str]:

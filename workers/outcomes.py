@@ -5,6 +5,9 @@ Policy (MISSION M15, M16):
 - CUDA out of memory: never retried with the same declaration. With ``--oom-retry-grow`` and
   retries left it is requeued with a larger declaration (capped by the largest allowed card);
   otherwise it goes to the error queue with a suggested declaration.
+- a failure a retry cannot help (rig.failures.RETRY: command not found, working folder gone, a
+  @rig.task call that cannot be loaded or whose result cannot be pickled, ...): FAILED in the
+  error queue at once with the reason and what to do, whatever retries are left.
 - any other failure, lost jobs included: requeued while ``attempt <= max_retries``, then FAILED
   in the error queue.
 Every attempt is appended to the job's ``attempts`` list with its class and evidence, and its log
@@ -17,7 +20,14 @@ import logging
 import time
 from dataclasses import dataclass
 
-from rig.failures import Classification, FailureClass, classify, read_tail, suggest_memory
+from rig.failures import (
+    Classification,
+    FailureClass,
+    classify,
+    read_tail,
+    retry_rule,
+    suggest_memory,
+)
 from rig.ledger import Ledger
 from rig.memory import format_memory
 from rig.models import Job, JobState
@@ -39,6 +49,9 @@ class AttemptEnd:
     note: str = ""  # extra words for the reason, e.g. "its worker died"
     cancelled_by: str | None = None
     overused: int = 0  # bytes it used when rig stopped it for exceeding its declaration
+    #: The failure class when the caller knows it better than the exit code and log can tell
+    #: (e.g. START_FAILED: rig could not enter the working folder); None: classify.
+    failure: FailureClass | None = None
 
 
 @dataclass
@@ -55,7 +68,10 @@ def decide(job: Job, end: AttemptEnd, largest_usable: int, now: float | None = N
     log_path = job.log_paths[-1] if job.log_paths else None
     tail = read_tail(log_path) if log_path else ""
     found = classify(exit_code=end.exit_code, cancelled=end.cancelled, timed_out=end.timed_out,
-                     lost=end.lost, log_tail=tail)
+                     lost=end.lost, log_tail=tail, python_call=job.kind == "python")
+    if end.failure is not None and not (end.cancelled or end.timed_out):
+        found = Classification(end.failure, end.failure.value.replace("_", " "),
+                               found.evidence if found else ())
     if end.overused and not end.cancelled:
         found = Classification(
             FailureClass.OVER_DECLARATION,
@@ -102,6 +118,11 @@ def decide(job: Job, end: AttemptEnd, largest_usable: int, now: float | None = N
             return Decision(JobState.PENDING, False, fields, found)
         fields["reason"] = (f"{summary}; not retried with the same declaration: "
                             f"`rig retry {job.id} --gpu-memory {_as_flag(suggestion)}`")
+        return Decision(JobState.FAILED, True, fields, found)
+    rule = retry_rule(found.failure)
+    if not rule.helps:
+        fields["reason"] = (f"{summary}; not retried, another attempt would fail the same way: "
+                            f"{rule.advice.format(id=job.id)}")
         return Decision(JobState.FAILED, True, fields, found)
     if retries_left:
         fields["reason"] = f"attempt {job.attempt} failed: {summary}; retry {job.attempt} of {job.max_retries}"

@@ -74,3 +74,38 @@ def test_attempt_history_accumulates(tmp_path):
     d2 = decide(first, AttemptEnd(exit_code=0), 80 * GIB)
     assert [a["outcome"] for a in d2.fields["attempts"]] == ["nonzero_exit", "succeeded"]
     assert [a["attempt"] for a in d2.fields["attempts"]] == [1, 2]
+
+
+# -- failures a retry cannot help (rig.failures.RETRY) -------------------------------------------
+def test_failures_a_retry_cannot_help_go_straight_to_the_error_queue(tmp_path):
+    from rig.failures import FailureClass
+
+    cases = [
+        (AttemptEnd(exit_code=127), "command_not_found", "command not found"),
+        (AttemptEnd(exit_code=126, note="could not start in /gone: No such file or directory",
+                    failure=FailureClass.START_FAILED), "start_failed", "working folder"),
+    ]
+    for end, failure, words in cases:
+        d = decide(job(tmp_path, max_retries=3), end, 80 * GIB)
+        assert (d.state, d.error_queue, d.fields["failure"]) == (JobState.FAILED, True, failure)
+        assert "not retried" in d.fields["reason"] and words in d.fields["reason"]
+
+
+def test_a_python_call_that_cannot_be_loaded_or_whose_result_cannot_pickle_is_not_retried(tmp_path):
+    j = job(tmp_path, max_retries=3, log="rig.call: job 7: cannot import the function: boom\n")
+    j.kind = "python"
+    bad = decide(j, AttemptEnd(exit_code=2), 80 * GIB)
+    assert (bad.state, bad.error_queue, bad.fields["failure"]) == (JobState.FAILED, True, "bad_call")
+    assert bad.fields["evidence"] == ["rig.call: job 7: cannot import the function: boom"]
+    result = decide(j, AttemptEnd(exit_code=3), 80 * GIB)
+    assert (result.state, result.fields["failure"]) == (JobState.FAILED, "bad_result")
+    # The same exit codes from a plain command are its own: retried as usual.
+    j.kind = "command"
+    assert decide(j, AttemptEnd(exit_code=2), 80 * GIB).state is JobState.PENDING
+
+
+def test_every_failure_class_has_a_retry_rule():
+    from rig.failures import RETRY, FailureClass
+
+    assert set(RETRY) == set(FailureClass)
+    assert all(rule.advice for rule in RETRY.values() if not rule.helps)
