@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from rig.memory import format_memory
 from rig.models import CardState, JobState, Priority
+from rig.nodes import NodeRegistry
 
 if TYPE_CHECKING:
     from rig.client import Client
@@ -217,6 +218,10 @@ def evaluate(client: Client, rules: AlertRules | None = None,
                 f"temperature:{card.id}", SEVERITY_CRITICAL,
                 f"card {card.id} ({card.model}) is at {card.temperature} C "
                 f"(limit {rules.max_temperature} C)"))
+
+    for node in NodeRegistry(client.r, client.keys).read():
+        if node.mismatch:
+            alerts.append(Alert(f"installation:{node.name}", SEVERITY_CRITICAL, node.mismatch))
 
     alerts.extend(_failure_rate(client, rules, now))
     alerts.extend(_idle_cards(cards, waiting, rules, now))

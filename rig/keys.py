@@ -100,6 +100,11 @@ class Keys:
     def nodes(self) -> str:
         return f"{self.prefix}nodes"
 
+    @property
+    def installation(self) -> str:
+        """Hash: ``id`` (this installation's identity, rig.installation) and ``created_at``."""
+        return f"{self.prefix}installation"
+
     def node(self, node: str) -> str:
         return f"{self.prefix}node:{node}"
 

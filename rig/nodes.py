@@ -60,10 +60,15 @@ class NodeInfo:
     host: str = ""
     pid: int | None = None
     workers: int = 0  # workers of this node with a live heartbeat
+    #: Set by the node when this Redis is not the installation it joined (rig.installation):
+    #: the line saying so and what to do; the node then acts on nothing.
+    mismatch: str | None = None
 
     @property
     def describe(self) -> str:
         """``up since 12:01:05``, ``DOWN since 12:03:40``, ... (local time)."""
+        if self.mismatch:
+            return f"FROZEN: {self.mismatch}"
         label = {"up": "up", "silent": "silent", "down": "DOWN", "stopped": "stopped"}[self.state]
         return f"{label} since {clock(self.since)}" if self.since else label
 
@@ -279,4 +284,5 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int) -> NodeInfo:
         started_at=started, down_since=down, stopped_at=stopped, missing_since=missing,
         backend=raw.get("backend", ""), cards=int(num("cards") or 0), host=raw.get("host", ""),
         pid=int(pid) if pid is not None else None, workers=workers,
+        mismatch=raw.get("installation_mismatch") or None,
     )

@@ -28,6 +28,7 @@ from rig import job_env as jobenv
 from rig import records as R
 from rig.config import Settings
 from rig.gpus import GpuBackend, GpuReadError, GpuReading
+from rig.installation import matches as installation_matches
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.logs import AttemptFiles, enforce_size_cap, job_folder
@@ -74,6 +75,9 @@ class ActiveJob:
     timed_out: bool = False
     overused: int = 0  # bytes, when rig stopped it for using more than it declared
     log_path: Path | None = None
+    #: The job's instance (Job.instance): its ending is written only to the record of that
+    #: job, never to a later job that reuses the id (after Redis lost its data).
+    instance: str | None = None
 
     @property
     def pid_file(self) -> Path:
@@ -179,7 +183,7 @@ class CardRunner:
             if log_file not in job.log_paths:
                 self.store.update(job_id, log_paths=[*job.log_paths, log_file])
             end = self._outcome(ActiveJob(job_id, str(token), attempt, 0, None, exit_file))
-            state = self._finish(job_id, str(token), end)
+            state = self._finish(job_id, str(token), end, instance=job.instance)
             return state.value if state else "unknown"
         try:
             active = self._launch(job, token, attempt)
@@ -260,7 +264,7 @@ class CardRunner:
                     message = f"rig: could not start the job in {job.workdir}{as_whom}: {exc}\n"
                     logf.write(message.encode())
                     self.store.update(job.id, log_path=str(log_path), log_paths=log_paths)
-                    self._finish(job.id, token, AttemptEnd(
+                    self._finish(job.id, token, instance=job.instance, end=AttemptEnd(
                         exit_code=126, note=f"could not start in {job.workdir}{as_whom}: {detail}"))
                     return None
         finally:
@@ -274,7 +278,7 @@ class CardRunner:
         )
         log.info("job %s attempt %s: started pid %s on %s/%s (CUDA_VISIBLE_DEVICES=%s)",
                  job.id, attempt, popen.pid, self.node, job.cards, env["CUDA_VISIBLE_DEVICES"])
-        return ActiveJob(job.id, str(token), attempt, popen.pid, start, exit_file, popen,
+        return ActiveJob(job.id, str(token), attempt, popen.pid, start, exit_file, popen, instance=job.instance,
                          time_limit=job.time_limit, log_path=log_path)
 
     def _job_env(self, job: Job, attempt: int, exit_file: Path, run_as: RunAs | None = None) -> dict[str, str]:
@@ -350,7 +354,7 @@ class CardRunner:
             end = self._outcome(active)
             if active.log_path is not None:
                 enforce_size_cap(active.log_path, self.settings.log_max_bytes)
-            state = self._finish(active.job_id, active.token, end)
+            state = self._finish(active.job_id, active.token, end, instance=active.instance)
             return state.value if state else "unknown"
         finally:
             watcher.close()
@@ -389,7 +393,7 @@ class CardRunner:
                           cancelled_by=by, overused=active.overused)
 
     def _finish(self, job_id: int, token: str, end: AttemptEnd,
-                expect: JobState | None = None) -> JobState | None:
+                expect: JobState | None = None, instance: str | None = None) -> JobState | None:
         """Record how the attempt ended and release its cards (retrying through a Redis
         outage: a restart of Redis must not lose a job's ending)."""
         result: list[JobState] = []
@@ -397,7 +401,18 @@ class CardRunner:
         folders: list[Path] = []
 
         def _do() -> None:
+            if not self.installation_ok():
+                # Redis is not the installation this job ran under (it lost its data, or
+                # another answers): write nothing there. The ending stays on disk (exit and
+                # pid files) for `rig recover`.
+                log.critical("job %s ended (%s) while this node's Redis is not its installation; "
+                             "its ending is kept on disk only", job_id, end)
+                return
             job = self.store.get(job_id)
+            if instance is not None and job.instance != instance:
+                log.warning("job %s instance %s ended (%s), but the record of job %s is now another "
+                            "job's (instance %s): nothing written", job_id, instance, end, job_id, job.instance)
+                return
             folders.append(job_folder(self.settings.job_log_dir, job_id, job.instance))
             code, state = conclude(self.ledger, job, token, end, expect=expect)
             if code == 1:
@@ -422,10 +437,15 @@ class CardRunner:
                 continue
             if is_alive(pid, start):
                 exit_file = pid_file.with_suffix(".exit")
-                return ActiveJob(job.id, str(job.assignments), attempt, pid, start, exit_file,
+                return ActiveJob(job.id, str(job.assignments), attempt, pid, start, exit_file, instance=job.instance,
                                  time_limit=job.time_limit, log_path=pid_file.with_suffix(".log"),
                                  started_at=job.started_at or time.time())
         return None
+
+    def installation_ok(self) -> bool:
+        """False when Redis does not hold the installation this node joined (rig.installation):
+        then this worker concludes, adopts and re-registers nothing."""
+        return installation_matches(self.r, self.keys, self.settings.run_dir, self.node)
 
     def _retry_redis(self, fn: Callable[[], None], what: str) -> None:
         """Run ``fn`` until Redis answers; a restart of Redis must not lose a job's ending."""
@@ -487,7 +507,7 @@ class CardRunner:
                 start = proc_start_time(pid) if pid else None
                 if pid:
                     self.store.update(job.id, pid=pid, proc_start=start)
-            active = ActiveJob(job.id, str(job.assignments), job.attempt, pid or 0, start, exit_file,
+            active = ActiveJob(job.id, str(job.assignments), job.attempt, pid or 0, start, exit_file, instance=job.instance,
                                time_limit=job.time_limit, started_at=job.started_at or time.time(),
                                log_path=exit_file.with_suffix(".log"))
             if pid and is_alive(pid, start):
@@ -530,6 +550,11 @@ class CardRunner:
                 pipe.set(self.keys.worker(self.worker_name), json.dumps(beat), ex=ttl)
                 pipe.sadd(self.keys.workers, self.worker_name)
                 pipe.execute()
+                if not self.installation_ok():
+                    # Not our installation: touch nothing (rig.installation; the control
+                    # worker marks the node and says what to do).
+                    self.shutdown.wait(self.settings.telemetry_interval)
+                    continue
                 reading = self._read_card()
                 if reading is not None:
                     self._observe_jobs(reading)

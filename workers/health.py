@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import redis
 
 from rig.config import Settings
+from rig.installation import JOIN, NEW, Installation
 from rig.keys import Keys, card_worker_name
 from rig.ledger import Ledger
 from rig.models import CardState, Job, JobState
@@ -71,6 +72,7 @@ class HealthChecker:
         self.ledger = Ledger(client, self.keys, usage_half_life_s=settings.fair_share_half_life_hours * 3600)
         self.store = self.ledger.store
         self.nodes = NodeRegistry(client, self.keys)
+        self._mismatch_said: str | None = None
 
     def run_once(self) -> HealthReport | None:
         """The cluster pass and this node's local pass; None if another holds either lock."""
@@ -91,9 +93,44 @@ class HealthChecker:
                             (lambda report: self._node_liveness(report, when), self._zombie_reservations))
 
     def run_local(self) -> HealthReport | None:
-        """Dead card workers and orphan processes of this node (its control worker)."""
+        """Dead card workers and orphan processes of this node (its control worker), unless
+        the Redis is not this node's installation (then nothing here acts: see
+        rig.installation)."""
+        if self.installation_mismatch() is not None:
+            return HealthReport()
         return self._locked(self.keys.node_health_lock(self.settings.node_name),
                             (self._dead_workers, self._orphan_processes))
+
+    def installation_mismatch(self) -> str | None:
+        """Check that Redis still holds the installation this node joined. On a mismatch,
+        with jobs of the old one still running here, mark the node (status, alerts) and
+        return the line; nothing is killed or concluded. With none running, join the new
+        installation and re-register this node's cards (nothing can be lost by that)."""
+        node = self.settings.node_name
+        inst = Installation(self.r, self.keys, self.settings.run_dir, node)
+        verdict = inst.check()
+        if not verdict.mismatch:
+            if verdict.kind in (NEW, JOIN):
+                inst.join()
+            return None
+        jobs = sorted({p.job_id for p in _rig_processes(self.settings.key_prefix, self.settings.redis_url,
+                                                        node).values()})
+        if jobs:
+            line = inst.mark(verdict, jobs)
+            if line != self._mismatch_said:
+                log.critical("%s", line)
+                self._mismatch_said = line
+            return line
+        log.critical("%s; no job of it runs on %s: joining this Redis as a new installation and "
+                     "registering the node's cards again (the old records are gone)", verdict.explain(node), node)
+        from rig.gpus import detect_backend
+        from rig.registration import register_node
+
+        backend, _notice = detect_backend(self.settings.fake_gpus, self.settings.home / "fake-gpus", node=node)
+        inst.join()
+        register_node(self.settings, self.r, backend, log.warning)
+        self._mismatch_said = None
+        return None
 
     def _locked(self, lock: str, steps: Sequence[Callable[[HealthReport], None]]) -> HealthReport | None:
         """Run ``steps`` into one report under ``lock``; None if someone else holds it."""

