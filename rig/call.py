@@ -1,9 +1,21 @@
 """``python -m rig.call``: the process a ``@rig.task`` call runs in, on its card.
 
 Reads the call (function, arguments) from the job record named by $RIG_JOB_ID, runs it, and
-stores the pickled return value on the record. An exception prints its traceback to the job's
-log and exits 1; a call that cannot be read (no payload, not base64, not a pickle of the
-expected shape, Redis unreachable) prints one line saying so and exits 2, at once.
+stores the pickled return value on the record. Exit codes (rig.failures classifies them; 2 and 3
+are never retried, another attempt would fail the same way):
+
+- 0: the call returned and its result is stored;
+- 1: the function raised (its traceback is in the job's log), or called ``sys.exit`` with a
+  non-zero code of its own (kept, except 2 and 3, which become 1);
+- 2 (CALL_BAD_EXIT): the call cannot be loaded: no payload, not base64, not a pickle of the
+  expected shape, the function cannot be imported, or its script submits jobs when imported;
+- 3 (CALL_BAD_RESULT_EXIT): the function returned a value that cannot be pickled;
+- 75 (REDIS_UNAVAILABLE_EXIT, EX_TEMPFAIL): Redis could not be reached to read the call or
+  store its result (retried like any failure).
+
+The interpreter runs with ``-P`` (rig.pytask.call_argv): the function's folder is added to
+``sys.path`` here, after rig itself is imported, so a folder named ``rig`` there cannot shadow
+rig; ``PYTHONPATH`` gets it too, for the processes the function starts.
 
 Trust: the payload is a pickle, and unpickling runs code. It was written into rig's Redis by
 the job's submitter, and it is unpickled here, in the job's own process (as the submitter's user
@@ -26,10 +38,16 @@ from typing import Any
 
 import redis
 
+from rig.failures import CALL_BAD_EXIT, CALL_BAD_RESULT_EXIT
 from rig.keys import Keys
+from rig.pytask import SubmittedWhileImported, loading_call
 
-#: Exit code for a call that could not be read (the function never ran).
-BAD_CALL_EXIT = 2
+#: Exit code for a call that could not be read or loaded (the function never ran).
+BAD_CALL_EXIT = CALL_BAD_EXIT
+#: Exit code for a call whose return value cannot be pickled (the function ran).
+BAD_RESULT_EXIT = CALL_BAD_RESULT_EXIT
+#: Exit code when Redis cannot be reached (transient: retried).
+REDIS_UNAVAILABLE_EXIT = 75
 #: Seconds to connect to Redis, and to wait for any one reply, before giving up.
 REDIS_CONNECT_TIMEOUT_S = 10.0
 REDIS_REPLY_TIMEOUT_S = 120.0
@@ -68,19 +86,32 @@ def decode_payload(raw: bytes | str) -> dict[str, Any]:
     return payload
 
 
+def _add_root(root: str) -> None:
+    """Put the function's folder first on sys.path (as Python does for a script) and on
+    PYTHONPATH (for the processes the function starts). Called after rig is imported: later
+    `import rig.x` resolve through rig's own package path, never through this folder."""
+    if not root:
+        return
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+
+
 def _load_function(payload: dict[str, Any]) -> Any:
     module_name = payload["module"]
-    if module_name == "__main__":
-        # The submitter's script: import it under another name so its `if __name__ ==
-        # "__main__":` block does not run again here.
-        spec = importlib.util.spec_from_file_location("__rig_main__", payload["file"])
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        sys.modules["__rig_main__"] = module
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-    else:
-        if payload.get("root") and payload["root"] not in sys.path:
-            sys.path.insert(0, payload["root"])
-        module = importlib.import_module(module_name)
+    _add_root(payload.get("root") or "")
+    with loading_call(payload.get("file") or module_name):
+        if module_name == "__main__":
+            # The submitter's script: import it under another name so its `if __name__ ==
+            # "__main__":` block does not run again here.
+            spec = importlib.util.spec_from_file_location("__rig_main__", payload["file"])
+            if spec is None or spec.loader is None:
+                raise ImportError(f"{payload['file']} cannot be imported (is it a .py file?)")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["__rig_main__"] = module
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
     target: Any = module
     for part in payload["qualname"].split("."):
         target = getattr(target, part)
@@ -104,7 +135,7 @@ def main() -> int:
         raw = client.hget(keys.job(job_id), "payload")
     except redis.RedisError as exc:
         _say(f"job {job_id}: cannot read the call from Redis: {exc}")
-        return BAD_CALL_EXIT
+        return REDIS_UNAVAILABLE_EXIT
     if raw is None:
         _say(f"job {job_id} has no payload; was it submitted with @rig.task? Resubmit the call")
         return BAD_CALL_EXIT
@@ -115,20 +146,37 @@ def main() -> int:
         return BAD_CALL_EXIT
     try:
         fn = _load_function(payload)
+    except SubmittedWhileImported as exc:
+        _say(f"job {job_id}: {exc}")
+        return BAD_CALL_EXIT
+    except Exception as exc:  # noqa: BLE001 - the traceback is the job's evidence
+        traceback.print_exc()
+        _say(f"job {job_id}: cannot load {payload['module']}.{payload['qualname']} "
+             f"({type(exc).__name__}: {exc}); fix it, then submit the call again")
+        return BAD_CALL_EXIT
+    try:
         result = fn(*payload["args"], **payload["kwargs"])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code in (BAD_CALL_EXIT, BAD_RESULT_EXIT, REDIS_UNAVAILABLE_EXIT):
+            _say(f"job {job_id}: the function called sys.exit({code}); reported as exit 1 "
+                 f"({code} is rig.call's own code)")
+            return 1
+        raise
     except Exception:  # noqa: BLE001 - the traceback is the job's evidence
         traceback.print_exc()
         return 1
     try:
         encoded = base64.b64encode(pickle.dumps(result)).decode()
     except Exception as exc:  # noqa: BLE001
-        _say(f"the return value cannot be pickled: {exc}")
-        return 1
+        _say(f"job {job_id}: the function returned a {type(result).__name__} that cannot be pickled "
+             f"({type(exc).__name__}: {exc}); return plain data, or write it to a file and return the path")
+        return BAD_RESULT_EXIT
     try:
         client.hset(keys.job(job_id), "result", encoded)
     except redis.RedisError as exc:
         _say(f"job {job_id}: the call ran but its result could not be stored: {exc}")
-        return 1
+        return REDIS_UNAVAILABLE_EXIT
     return 0
 
 

@@ -10,19 +10,31 @@ The call runs in a fresh Python process (the submitter's interpreter, in the sub
 working directory) that sees only its card(s) through CUDA_VISIBLE_DEVICES. The function must
 be importable from its module (top level); arguments and the return value must pickle.
 
+What ``.delay()`` refuses at once, with one line saying what to write instead (rather than a job
+that fails on a card): a lambda, a function defined inside another function, a function defined
+in an interactive session (no file to import), a name that does not lead back to the function,
+and a call made from the top level of a script without ``if __name__ == "__main__":`` (the job
+imports that script to find the function, which would run the submission again). Inside the job,
+a ``.delay()`` made while the call's module is being imported fails the job the same way instead
+of submitting nested jobs (:func:`loading_call`).
+
+The job's interpreter runs with ``-P`` (no script or working folder on ``sys.path``), so a
+folder named ``rig`` there cannot shadow rig; rig.call then adds the function's own folder.
+
 The call travels pickled on the job record in rig's Redis and is unpickled by the job's
 process (rig.call): see there for what that means for who can run what.
 """
 
 from __future__ import annotations
 
+import ast
 import base64
+import contextlib
 import functools
 import inspect
-import os
 import pickle
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -36,12 +48,33 @@ R = TypeVar("R")
 MAX_PAYLOAD_BYTES = 256 * 1024 * 1024
 
 
+#: Set (to the file being imported) while rig.call imports a call's module inside a job: a
+#: ``.delay()`` then comes from that module's top level being run again (see loading_call).
+_loading_call: str | None = None
+
+
+class SubmittedWhileImported(BaseException):  # noqa: N818 - reads as what happened
+    """A ``.delay()`` ran while rig.call was importing the call's module in a job: the script
+    submits jobs from its top level. A BaseException, so a script's ``except Exception`` around
+    the submission cannot swallow it and submit on."""
+
+
+@contextlib.contextmanager
+def loading_call(file: str) -> Iterator[None]:
+    """rig.call imports a call's module inside this block: any ``.delay()`` raises
+    SubmittedWhileImported instead of submitting a nested job."""
+    global _loading_call
+    before, _loading_call = _loading_call, file
+    try:
+        yield
+    finally:
+        _loading_call = before
+
+
 class RigTask(Generic[P, R]):
     """A function that can also be queued with ``.delay``; calling it runs it here."""
 
     def __init__(self, fn: Callable[P, R], options: dict[str, Any]) -> None:
-        if "<locals>" in fn.__qualname__:
-            raise InvalidInput(f"@rig.task needs a top-level function; {fn.__qualname__} is nested")
         self.fn = fn
         self.options = options
         functools.update_wrapper(self, fn)
@@ -55,9 +88,16 @@ class RigTask(Generic[P, R]):
     def apply_async(self, args: tuple = (), kwargs: dict | None = None, **overrides: Any):  # noqa: ANN201
         from rig.client import default_client
 
+        if _loading_call is not None:
+            raise SubmittedWhileImported(
+                f"{_loading_call} submits {self.fn.__name__}() when it is imported: the job imports "
+                f"it to find the function, so put the code that calls .delay() under "
+                f"`if __name__ == \"__main__\":`")
+        payload = _payload(self.fn, args, kwargs or {})
+        _check_importable(self, payload)
+        _check_guarded(self.fn, payload)
         client = overrides.pop("client", None) or default_client()
         options = {**self.options, **overrides}
-        payload = _payload(self.fn, args, kwargs or {})
         try:
             pickled = pickle.dumps(payload)
         except Exception as exc:  # noqa: BLE001 - any pickling failure is the caller's arguments
@@ -66,11 +106,12 @@ class RigTask(Generic[P, R]):
         if len(pickled) > MAX_PAYLOAD_BYTES:
             raise InvalidInput(f"the arguments of {self.fn.__qualname__}() pickle to {len(pickled)} bytes, over "
                                f"{MAX_PAYLOAD_BYTES}; save large data to a file and pass its path")
-        pythonpath = os.pathsep.join(p for p in [payload["root"], os.environ.get("PYTHONPATH", "")] if p)
-        env = {**options.pop("env", {}), "PYTHONPATH": pythonpath}
+        # No PYTHONPATH for the function's folder: rig.call adds it to sys.path itself, after
+        # rig is imported (a folder named `rig` there would otherwise shadow rig).
+        env = dict(options.pop("env", {}))
         name = options.pop("name", None) or self.fn.__name__
         return client.submit(
-            [sys.executable, "-m", "rig.call"], name=name, env=env, kind="python",
+            call_argv(), name=name, env=env, kind="python",
             extra={"payload": base64.b64encode(pickled).decode()}, **options,
         )
 
@@ -95,10 +136,101 @@ def task(
     return wrap(fn) if fn is not None else wrap
 
 
+def call_argv(executable: str = sys.executable) -> list[str]:
+    """The job's command line: ``python -P -m rig.call`` (3.11+), so neither the job's working
+    folder nor a script's folder comes before the installed rig on ``sys.path``; before 3.11,
+    the same through ``-c`` (whose ``sys.path[0]``, the working folder, is dropped first)."""
+    if sys.version_info >= (3, 11):
+        return [executable, "-P", "-m", "rig.call"]
+    return [executable, "-c",
+            "import sys; del sys.path[0]; import runpy; runpy.run_module('rig.call', run_name='__main__')"]
+
+
+class _NotImportable(InvalidInput):
+    pass
+
+
+def _check_importable(task: RigTask[Any, Any], payload: dict[str, Any]) -> None:
+    """Refuse (InvalidInput, one line: what to do) a function the job could not import by its
+    module and qualified name."""
+    fn, name, qualname = task.fn, task.fn.__name__, payload["qualname"]
+    if fn.__name__ == "<lambda>":
+        raise _NotImportable("@rig.task cannot queue a lambda (the job imports the function by name); "
+                             "define it with `def NAME(...):` at the top level of a module")
+    if "<locals>" in qualname:
+        outer = qualname.rsplit(".<locals>.", 1)[0].rsplit(".", 1)[-1]
+        raise _NotImportable(f"{name}() is defined inside {outer}() and the job imports it by name; "
+                             f"move it to the top level of its module")
+    if payload["file"] is None:
+        where = "an interactive session or notebook" if payload["module"] == "__main__" else \
+            f"module {payload['module']}, which has no source file"
+        raise _NotImportable(f"{name}() is defined in {where}, which the job cannot import; "
+                             f"put it in a .py file and import it from there")
+    module = sys.modules.get(fn.__module__)
+    target: Any = module
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+    if target is not task and target is not fn:
+        raise _NotImportable(f"{fn.__module__}.{qualname} does not name the decorated {name}() (was the "
+                             f"name reused or the function renamed?); define it once, at the top level "
+                             f"of its module, under its own name")
+
+
+def _check_guarded(fn: Callable[..., Any], payload: dict[str, Any]) -> None:
+    """Refuse a submission made while a script runs its top level outside
+    ``if __name__ == "__main__":``, of a function from that script: the job imports the
+    script to find the function, which would run this submission again."""
+    main = sys.modules.get("__main__")
+    if fn.__module__ != "__main__" or main is None or not payload["file"]:
+        return
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == "<module>"
+                                     and frame.f_globals is main.__dict__):
+        frame = frame.f_back
+    if frame is None:
+        return  # the script's top level has finished (e.g. a call from a thread): nothing re-runs
+    line = frame.f_lineno
+    guarded = _main_guard_lines(payload["file"])
+    if guarded is None or any(first <= line <= last for first, last in guarded):
+        return
+    script = Path(payload["file"]).name
+    raise InvalidInput(f"{script} line {line} submits {fn.__name__}() outside "
+                       f"`if __name__ == \"__main__\":`; the job imports {script} to find "
+                       f"{fn.__name__} and would submit again: put the code that submits under that guard")
+
+
+def _main_guard_lines(file: str) -> list[tuple[int, int]] | None:
+    """The line ranges of the top-level ``if __name__ == "__main__":`` blocks of ``file``
+    (None when it cannot be read or parsed: then nothing is refused here)."""
+    try:
+        tree = ast.parse(Path(file).read_text(), file)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    ranges = []
+    for node in tree.body:
+        if isinstance(node, ast.If) and _is_main_test(node.test):
+            ranges.append((node.body[0].lineno, node.body[-1].end_lineno or node.body[-1].lineno))
+    return ranges
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return (any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides)
+            and any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides))
+
+
 def _payload(fn: Callable[..., Any], args: tuple, kwargs: dict) -> dict[str, Any]:
     module = fn.__module__
-    source = inspect.getsourcefile(fn)
-    file = str(Path(source).resolve()) if source else None
+    if module == "__rig_main__":  # a call running in a job submits a task from its own script
+        module = "__main__"
+    try:
+        source = inspect.getsourcefile(fn)
+    except TypeError:  # a builtin or C function
+        source = None
+    # "<stdin>", "<ipython-input-...>": no file the job could import
+    file = str(Path(source).resolve()) if source and Path(source).is_file() else None
     root = ""
     if file and module != "__main__":
         # The folder from which `module` imports: strip one path part per dotted name.

@@ -10,6 +10,13 @@ Several nodes share one Redis (``rig up --node NAME --redis URL`` on each server
 registers its cards under its name and refreshes its node heartbeat (rig.nodes) while its
 workers run; a node stopped on purpose is marked ``stopped`` so the others leave its running
 jobs alone. Every node may run beat and the dispatcher: locks keep one of each active.
+
+A node's processes are marked and die with their supervisor (rig.supervision); each worker
+holds its card's (or the control) lock for life (rig.worker_lock). ``rig up`` first stops what
+a crashed ``rig up`` of the node left, ``rig down`` stops every process of the node; jobs are
+never among them. Children run from rig's own run folder with ``python -P``: nothing in the
+operator's working directory is imported. The private Redis is restarted with a capped backoff
+whenever it dies, and never over data it cannot read (rig.redis_server).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import logging
 import os
 import signal
 import subprocess
-import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +36,7 @@ import redis
 
 from rig.celery_config import card_queue, dispatcher_queues
 from rig.config import Settings
-from rig.errors import StackError
+from rig.errors import RedisAuthFailed, StackError
 from rig.gpus import GpuBackend, detect_backend
 from rig.keys import Keys, card_worker_name, control_worker_name
 from rig.ledger import Ledger
@@ -44,13 +51,26 @@ from rig.redis_conn import (
     strip_password,
     url_password,
 )
-from rig.redis_server import is_local, probe, start_private_redis
+from rig.redis_server import is_local, private_redis_dir, probe, start_private_redis
+from rig.supervision import (
+    child_marks,
+    describe,
+    leftovers,
+    live_supervisors,
+    safe_python,
+    stop_processes,
+)
+from rig.worker_lock import EXIT_LOCK_HELD
+from workers.process_tree import is_alive
 
 log = logging.getLogger(__name__)
 
 COMPONENTS = ("redis", "cards", "control", "beat", "flower", "metrics")
 #: How long children get to stop after SIGTERM before SIGKILL (s).
 STOP_TIMEOUT_S = 20.0
+#: Backoff between attempts to restart the private Redis (s): doubling from the first, capped.
+REDIS_RETRY_FIRST_S = 1.0
+REDIS_RETRY_MAX_S = 30.0
 
 
 @dataclass
@@ -59,6 +79,7 @@ class Child:
     argv: list[str]
     env: dict[str, str]
     log_file: Path
+    role: str = ""  # RIG_ROLE (rig.supervision.ROLES); default: the name
     proc: subprocess.Popen | None = None
     restarts: int = 0
     started_at: float = 0.0
@@ -144,6 +165,11 @@ class Stack:
         self._registered = False  # this Stack registered the node (it runs cards or control)
         self._client: redis.Redis | None = None
         self._next_beat = 0.0  # monotonic time of the next node heartbeat
+        # The private Redis (when this Stack started one): restart attempts after it died.
+        self._private_redis = False
+        self._redis_failures = 0  # failed restarts in a row
+        self._redis_next_try = 0.0  # monotonic time of the next attempt
+        self._redis_last_error = ""  # said once per change
 
     def wants(self, component: str) -> bool:
         if self.options.only:
@@ -159,11 +185,17 @@ class Stack:
     # -- bring-up -------------------------------------------------------------------------
     def up(self) -> None:
         s = self.settings
+        absolute_paths(s)  # children run from the run folder: a relative path would move
         for folder in (s.home, s.run_dir, s.job_log_dir, s.rig_log_dir):
             folder.mkdir(parents=True, exist_ok=True)
         other = running_pid(s)
         if other and other != os.getpid():
             raise StackError(f"rig is already up on node {s.node_name} (pid {other}); `rig down` stops it")
+        others = live_supervisors(s.node_name, s.home)
+        if others:
+            raise StackError(f"rig is already up on node {s.node_name} (pid {min(others)}, its pid file "
+                             f"is gone); `rig down --node {s.node_name}` stops it")
+        self.stop_leftovers()
         pid_file(s).write_text(f"{os.getpid()}\n")
         self._ensure_redis()
         for warning in open_doors(s, self.wants):
@@ -173,8 +205,8 @@ class Stack:
             allowed = self._register_cards()
         else:
             allowed = []
-        python = sys.executable
-        celery = [python, "-m", "celery", "-A", "workers.app"]
+        # -P: never the operator's working directory on sys.path (a folder named rig there).
+        celery = safe_python("celery") + ["-A", "workers.app"]
         logs = s.rig_log_dir
         if self.wants("control"):
             self.children.append(Child(
@@ -182,7 +214,7 @@ class Stack:
                 celery + ["worker", "-Q", ",".join(dispatcher_queues()), "-n", control_worker_name(s.node_name),
                           "--pool", "threads", "-c", "4", "-l", "INFO", "-f", str(logs / "control.log"),
                           "--without-gossip", "--without-mingle", "-E"],
-                {**env, "RIG_ROLE": "control"}, logs / "control.out"))
+                env, logs / "control.out", role="control"))
         if self.wants("cards"):
             for index in allowed:
                 self.children.append(Child(
@@ -190,10 +222,11 @@ class Stack:
                     celery + ["worker", "-Q", card_queue(s.node_name, index), "-n", card_worker_name(s.node_name, index),
                               "--pool", "threads", "-c", str(s.max_task_per_gpu), "-l", "INFO",
                               "-f", str(logs / f"card{index}.log"), "--without-gossip", "--without-mingle", "-E"],
-                    {**env, "RIG_ROLE": "card", "RIG_CARD_INDEX": str(index)}, logs / f"card{index}.out"))
+                    {**env, "RIG_CARD_INDEX": str(index)}, logs / f"card{index}.out", role="card"))
         if self.wants("beat"):
             self.children.append(Child(
-                "beat", celery + ["beat", "-l", "INFO", "-f", str(logs / "beat.log")], env, logs / "beat.out"))
+                "beat", celery + ["beat", "-l", "INFO", "-f", str(logs / "beat.log")], env, logs / "beat.out",
+                role="beat"))
         if self.wants("flower"):
             user, password = flower_credentials(s)
             self.children.append(Child(
@@ -201,7 +234,7 @@ class Stack:
                 celery + ["flower", f"--address={s.flower_address}", f"--port={s.flower_port}",
                           "--max_tasks=10000", f"--log_file_prefix={logs / 'flower.log'}"],
                 # Credentials travel in the environment, not on the command line (ps shows argv).
-                {**env, "FLOWER_BASIC_AUTH": f"{user}:{password}"}, logs / "flower.out"))
+                {**env, "FLOWER_BASIC_AUTH": f"{user}:{password}"}, logs / "flower.out", role="flower"))
         for child in self.children:
             self._spawn(child)
         if self.wants("metrics") and s.metrics_port:
@@ -240,10 +273,35 @@ class Stack:
             url = resolve_auth(url, home=self.settings.home).url
             # Every child gets this URL (RIG_REDIS_URL), so all of them use the password.
             self.settings.redis_url = url
-        data = self.settings.home / "redis"
-        self.redis_proc = start_private_redis(url, data, self.settings.rig_log_dir / "redis.log")
+        data = private_redis_dir(self.settings.home)
+        self.redis_proc = self._start_private_redis()
+        self._private_redis = True
         self.say(f"redis: started a private one at {shown} (AOF in {data}, password from "
                  f"{password_source(url)}, pid {self.redis_proc.pid})")
+
+    def _start_private_redis(self) -> subprocess.Popen:
+        """Start the private Redis on $RIG_HOME/redis (recorded there as this process's, so a
+        later rig up or rig down finds it if this one crashes: rig.supervision)."""
+        s = self.settings
+        return start_private_redis(s.redis_url, private_redis_dir(s.home), s.rig_log_dir / "redis.log")
+
+    # -- what a crashed rig up left --------------------------------------------------------
+    def stop_leftovers(self) -> None:
+        """Stop the processes a dead ``rig up`` of this node left (workers whose supervisor was
+        SIGKILLed and did not follow it, its private Redis), telling the operator in one line.
+        Their running jobs keep running: the card workers started next adopt them."""
+        s = self.settings
+        left = leftovers(s.node_name, s.home)
+        if not left:
+            return
+        dead = sorted({p.supervisor for p in left if p.supervisor is not None})
+        self.say(f"found {len(left)} process(es) left by a rig up of node {s.node_name} that is gone "
+                 f"(pid {', '.join(map(str, dead)) or '?'}): {describe(left)}; stopping them "
+                 "(running jobs keep running and are adopted)")
+        stuck = stop_processes(left, STOP_TIMEOUT_S, say=self.say)
+        if stuck:
+            raise StackError(f"could not stop {describe(stuck)} left by an earlier rig up of node "
+                             f"{s.node_name}; stop them (`kill -9 PID`), then `rig up` again")
 
     def _register_cards(self) -> list[int]:
         s = self.settings
@@ -291,10 +349,18 @@ class Stack:
         return env
 
     def _spawn(self, child: Child) -> None:
+        """Start ``child`` marked as this node's and this process's (rig.supervision), from
+        the run folder (rig's own: celery imports the app with the cwd on sys.path)."""
+        s = self.settings
         child.log_file.parent.mkdir(parents=True, exist_ok=True)
+        # PR_SET_PDEATHSIG follows the forking thread: only the main thread lives as long as
+        # this process (a test harness restarts children from a helper thread).
+        marks = child_marks(s.node_name, s.home, child.role or child.name,
+                            main_thread=threading.current_thread() is threading.main_thread())
         out = open(child.log_file, "ab")
-        child.proc = subprocess.Popen(child.argv, env=child.env, stdin=subprocess.DEVNULL,
-                                      stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        child.proc = subprocess.Popen(child.argv, env={**child.env, **marks}, stdin=subprocess.DEVNULL,
+                                      stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                      cwd=s.run_dir)
         out.close()
         child.started_at = time.monotonic()
 
@@ -360,15 +426,51 @@ class Stack:
                 child.next_start = now + delay
                 log.warning("%s exited with code %s; restarting in %.0f s (see %s)",
                             child.name, code, delay, child.log_file)
-                self.say(f"{child.name} exited (code {code}); restarting in {delay:.0f} s")
+                if code == EXIT_LOCK_HELD:
+                    self.say(f"{child.name}: another process of node {self.settings.node_name} holds it "
+                             f"(see {child.log_file}); trying again in {delay:.0f} s")
+                else:
+                    self.say(f"{child.name} exited (code {code}); restarting in {delay:.0f} s")
             elif now >= child.next_start:
                 child.restarts += 1
                 child.next_start = 0.0
                 self._spawn(child)
-        if self.redis_proc is not None and self.redis_proc.poll() is not None and not self._stopping:
-            self.say("the private Redis exited; restarting it")
-            self.redis_proc = start_private_redis(self.settings.redis_url, self.settings.home / "redis",
-                                                  self.settings.rig_log_dir / "redis.log")
+        if self._private_redis and not self._stopping:
+            self.keep_redis_up(now)
+
+    def keep_redis_up(self, now: float) -> None:
+        """Restart the private Redis if it died. A failed restart is retried after 1, 2, 4 ...
+        s (at most REDIS_RETRY_MAX_S), said once per distinct reason, until one succeeds; the
+        node never stops over it (workers reconnect once it is back)."""
+        proc = self.redis_proc
+        if proc is not None:
+            if proc.poll() is None:
+                return
+            self.redis_proc = None
+            self._redis_failures, self._redis_next_try, self._redis_last_error = 0, now, ""
+            self.say(f"the private Redis exited (code {proc.returncode}); restarting it")
+        if now < self._redis_next_try:
+            return
+        try:
+            self.redis_proc = self._start_private_redis()
+        except (StackError, RedisAuthFailed, OSError) as exc:
+            self._redis_failures += 1
+            delay = min(REDIS_RETRY_MAX_S, REDIS_RETRY_FIRST_S * 2 ** (self._redis_failures - 1))
+            self._redis_next_try = time.monotonic() + delay
+            reason = str(exc).removeprefix("rig: error: ")
+            log.warning("private Redis restart %d failed: %s; next try in %.0f s",
+                        self._redis_failures, reason, delay)
+            if reason != self._redis_last_error:
+                self._redis_last_error = reason
+                self.say(f"the private Redis did not restart: {reason}; rig keeps trying (every "
+                         f"{REDIS_RETRY_FIRST_S:.0f} s, backing off to {REDIS_RETRY_MAX_S:.0f} s)")
+            return
+        if self._redis_failures:
+            self.say(f"the private Redis is back (pid {self.redis_proc.pid}) after "
+                     f"{self._redis_failures} failed restart(s)")
+        else:
+            self.say(f"the private Redis is back (pid {self.redis_proc.pid})")
+        self._redis_failures, self._redis_last_error = 0, ""
 
     def run_until_signalled(self) -> None:
         stop = {"flag": False}
@@ -427,6 +529,16 @@ class Stack:
         return "\n".join(lines)
 
 
+def absolute_paths(settings: Settings) -> None:
+    """Make the settings' folders absolute (in place), as seen from where rig up was typed:
+    children get them as RIG_* variables and run elsewhere (the run folder)."""
+    settings.home = settings.home.expanduser().resolve()
+    for name in ("log_dir", "system_log_dir", "config_file"):
+        value = getattr(settings, name, None)
+        if value is not None:
+            setattr(settings, name, Path(value).expanduser().resolve())
+
+
 def settings_env(settings: Settings) -> dict[str, str]:
     """Settings as RIG_* environment variables (nested ones with ``__``)."""
     env: dict[str, str] = {}
@@ -456,17 +568,49 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def stop_daemon(settings: Settings, timeout: float = 60.0) -> int | None:
-    """Ask this node's ``rig up`` to stop (SIGTERM) and wait; returns its pid or None."""
+@dataclass
+class DownReport:
+    """What ``stop_node`` stopped."""
+
+    supervisors: list[int] = field(default_factory=list)  # live rig up processes (SIGTERM)
+    leftovers: str = ""  # processes whose rig up was gone ("card0 123, redis 99"), or ""
+
+
+def stop_node(settings: Settings, timeout: float = 60.0,
+              say: Callable[[str], None] | None = None) -> DownReport:
+    """Stop every rig process of this node: its live ``rig up`` (the one in the pid file, and
+    any other whose children serve this node and home), which stops its own children, then
+    whatever a dead ``rig up`` left (rig.supervision). Jobs keep running."""
+    report = DownReport()
+    pids = set(live_supervisors(settings.node_name, settings.home))
     pid = running_pid(settings)
-    if pid is None:
-        return None
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    if pid is not None:
+        pids.add(pid)
+    for pid in sorted(pids):
         try:
-            os.kill(pid, 0)
+            os.kill(pid, signal.SIGTERM)
+            report.supervisors.append(pid)
         except ProcessLookupError:
-            return pid
-        time.sleep(0.1)
-    raise StackError(f"rig up (pid {pid}) did not stop within {timeout:.0f} s; kill it with `kill {pid}`")
+            pass
+    deadline = time.monotonic() + timeout
+    for pid in report.supervisors:
+        while is_alive(pid, None):
+            if time.monotonic() >= deadline:
+                raise StackError(f"rig up (pid {pid}) did not stop within {timeout:.0f} s; "
+                                 f"kill it with `kill {pid}`, then `rig down` again")
+            time.sleep(0.1)
+    left = leftovers(settings.node_name, settings.home)
+    if left:
+        report.leftovers = describe(left)
+        stuck = stop_processes(left, min(STOP_TIMEOUT_S, timeout), say=say)
+        if stuck:
+            raise StackError(f"could not stop {describe(stuck)} of node {settings.node_name}; "
+                             "`kill -9 PID` them")
+    return report
+
+
+def stop_daemon(settings: Settings, timeout: float = 60.0) -> int | None:
+    """Ask this node's ``rig up`` to stop (SIGTERM) and wait; returns its pid or None. (What
+    ``rig down`` does is stop_node: this, plus what a crashed ``rig up`` left.)"""
+    report = stop_node(settings, timeout)
+    return report.supervisors[0] if report.supervisors else None

@@ -325,6 +325,7 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
 
     if fake_gpus_opt:
         ctx.obj["overrides"]["fake_gpus"] = fake_gpus_opt
+    from rig.supervision import safe_python
     if redis_url_opt:
         ctx.obj["overrides"]["redis_url"] = redis_url_opt
     if node_opt:
@@ -340,7 +341,8 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
         existing = running_pid(settings)
         if existing:
             raise StackError(f"rig is already up on node {settings.node_name} (pid {existing}); `rig down` stops it")
-        argv = [sys.executable, "-m", "rig.cli.main"]
+        # -P: a folder named rig in the working directory must not replace rig (rig.supervision).
+        argv = safe_python("rig.cli.main")
         for key, value in overrides.items():
             # node_name: an option of `up` itself, below. redis_url may hold a password, and the
             # daemon's argv stays visible in `ps` for its whole life: it travels in
@@ -401,17 +403,21 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
 @click.pass_context
 @handle_errors
 def down(ctx: click.Context, timeout: float, node_opt: str | None) -> None:
-    """Stop the `rig up --daemon` of this node (running jobs keep running)."""
-    from rig.stack import stop_daemon
+    """Stop every rig process of this node: its `rig up` and, after a crash, what it left
+    (running jobs keep running)."""
+    from rig.stack import stop_node
 
     if node_opt:
         ctx.obj["overrides"]["node_name"] = node_opt
     settings = settings_from(ctx)
-    pid = stop_daemon(settings, timeout)
-    if pid is None:
+    report = stop_node(settings, timeout, say=lambda m: click.echo(m, err=True))
+    if report.supervisors:
+        click.echo(f"rig stopped (pid {', '.join(map(str, report.supervisors))})")
+    if report.leftovers:
+        click.echo(f"stopped what a crashed rig up of {settings.node_name} left: {report.leftovers} "
+                   "(running jobs keep running)")
+    if not report.supervisors and not report.leftovers:
         click.echo(f"rig is not up on {settings.node_name}")
-    else:
-        click.echo(f"rig stopped (pid {pid})")
 
 
 @cli.command("forget-node")
