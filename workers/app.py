@@ -13,6 +13,9 @@ worker takes (rig.health: nodes and reservations), and the dispatcher leads unde
 lock. Node duties run on every node: its control worker heartbeats for the node and, every
 health.check_interval s, checks its own card workers and processes (HealthChecker.run_local);
 hourly it sweeps its own old job logs.
+
+Started by ``rig up``, every one of these processes dies with it and a node never runs two
+workers of one card or two control workers, across processes (``_bind_to_node`` below).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 import time
 
@@ -41,6 +45,8 @@ from rig.keys import Keys
 from rig.memory import format_memory
 from rig.nodes import NodeRegistry
 from rig.redis_conn import connect
+from rig.supervision import watch_supervisor
+from rig.worker_lock import EXIT_LOCK_HELD, LockHeld, acquire, lock_path, worker_lock_name
 from workers import kombu_patches
 from workers.card_runner import CardRunner
 from workers.dispatcher import Dispatcher
@@ -51,6 +57,26 @@ log = logging.getLogger("rig.worker")
 kombu_patches.install()
 
 settings = load_settings()
+
+
+def _bind_to_node() -> int | None:
+    """Die with the ``rig up`` that started this process (rig.supervision), and hold this
+    worker's lock for life (rig.worker_lock): a second worker of the same card, or a second
+    control worker, exits here with one line naming the first one's pid. Returns the lock's
+    descriptor (kept open until exit) or None (beat, or a process not started by rig up)."""
+    watch_supervisor()
+    name = worker_lock_name(os.environ.get("RIG_ROLE", ""), os.environ.get("RIG_CARD_INDEX"))
+    if name is None:
+        return None
+    try:
+        return acquire(lock_path(settings.run_dir, settings.node_name, name))
+    except LockHeld as held:
+        print(f"rig: {name} of node {settings.node_name} already runs here as pid {held.holder} "
+              f"(lock {held.path}); this copy exits", file=sys.stderr, flush=True)
+        os._exit(EXIT_LOCK_HELD)
+
+
+_role_lock = _bind_to_node()
 app = make_celery(settings)
 keys = Keys(settings.key_prefix)
 _redis = connect(settings.redis_url)

@@ -322,10 +322,10 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
     beat and Flower. Ctrl-C stops everything it started; running jobs keep running and are
     adopted by the next `rig up`. Several servers share one Redis: `rig up --node b --redis URL`."""
     from rig.stack import Stack, UpOptions, running_pid
+    from rig.supervision import safe_python
 
     if fake_gpus_opt:
         ctx.obj["overrides"]["fake_gpus"] = fake_gpus_opt
-    from rig.supervision import safe_python
     if redis_url_opt:
         ctx.obj["overrides"]["redis_url"] = redis_url_opt
     if node_opt:
