@@ -206,6 +206,7 @@ class Ledger:
                     "1" if error_queue else "0",
                     self.usage_half_life_s,
                     job.user,
+                    str(job.assignments) if job.field_valid("assignments") else "",
                 ],
             )
             if int(code) == 3:

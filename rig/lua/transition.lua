@@ -28,6 +28,9 @@
 -- ARGV[11] fair-share half-life (s); when a RUNNING job leaves RUNNING its GiB-hours are added
 --          to KEYS[6], older usage decayed by this half-life
 -- ARGV[12] the job's user
+-- ARGV[13] the job's assignment number as the caller read it ('' = not fenced: the record's own
+--          was unreadable); if it differs now, the job was placed again since the read and the
+--          card keys are stale: nothing changes, {3, current state}
 --
 -- Returns {1, previous state} when moved, {2, 'RUNNING'} when a cancel was flagged, {0, state}
 -- when nothing changed (not allowed from this state, or token mismatch), {3, state} (see ARGV[9]).
@@ -55,6 +58,11 @@ if token ~= '' and f[2] ~= token then
   return {0, 'token:' .. tostring(state)}
 end
 if ARGV[9] ~= '' and ARGV[9] ~= state then
+  return {3, state}
+end
+-- The fence: the state alone cannot tell a job that moved away and came back (ASSIGNED on card
+-- 0, requeued, ASSIGNED on card 1) from one that never moved; its assignment number can.
+if ARGV[13] ~= nil and ARGV[13] ~= '' and (f[2] or '0') ~= ARGV[13] then
   return {3, state}
 end
 if mode == 'cancel' and state == 'RUNNING' then
