@@ -16,6 +16,7 @@ import os
 import pwd
 import stat
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from pathlib import Path
 import redis
 
 from rig import job_env as jobenv
+from rig import logkeeper
 from rig import records as R
 from rig.config import Settings
 from rig.gpus import GpuBackend, GpuReadError, GpuReading
@@ -54,8 +56,13 @@ log = logging.getLogger(__name__)
 
 #: How often a running job's record is checked for a kill request, as a fallback to pub/sub (s).
 CANCEL_POLL_S = 2.0
-#: How often a running job's log size is checked against log_max_bytes (s).
+#: How often a running job's log size is checked against log_max_bytes (s), when it has no
+#: log keeper (rig.logkeeper could not start): the fallback only.
 LOG_CAP_POLL_S = 5.0
+#: How long a job's end waits for its log keeper to write the last output (s).
+KEEPER_WAIT_S = 10.0
+#: The log keeper, run as a script with ``python -I -S`` (rig.logkeeper).
+LOGKEEPER_SCRIPT = str(Path(logkeeper.__file__))
 #: The most of an exit file that is read (bytes): it holds one number.
 EXIT_FILE_MAX_BYTES = 64
 
@@ -75,6 +82,10 @@ class ActiveJob:
     timed_out: bool = False
     overused: int = 0  # bytes, when rig stopped it for using more than it declared
     log_path: Path | None = None
+    #: The attempt's log keeper (rig.logkeeper), None if the job writes its log directly.
+    keeper_popen: subprocess.Popen | None = None
+    keeper_pid: int | None = None
+    keeper_start: int | None = None
     #: The job's instance (Job.instance): its ending is written only to the record of that
     #: job, never to a later job that reuses the id (after Redis lost its data).
     instance: str | None = None
@@ -252,9 +263,13 @@ class CardRunner:
             with open(log_path, "ab", buffering=0) as logf:
                 if run_as is not None:
                     os.fchown(logf.fileno(), run_as.uid, run_as.gid)  # theirs to read
+                # The job writes into a pipe read by its log keeper (rig.logkeeper), which
+                # keeps the log within log_max_bytes at any rate; without one, straight to the
+                # file, capped by polling.
+                keeper, job_out = self._start_keeper(log_path)
                 try:
                     popen = subprocess.Popen(
-                        argv, cwd=job.workdir, env=env, stdin=exit_fd, stdout=logf,
+                        argv, cwd=job.workdir, env=env, stdin=exit_fd, stdout=job_out if keeper else logf,
                         stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                         **(run_as.popen_args() if run_as is not None else {}),  # type: ignore[arg-type]
                     )
@@ -267,11 +282,16 @@ class CardRunner:
                     self._finish(job.id, token, instance=job.instance, end=AttemptEnd(
                         exit_code=126, note=f"could not start in {job.workdir}{as_whom}: {detail}"))
                     return None
+                finally:
+                    if keeper is not None:
+                        os.close(job_out)  # the job holds it now; the keeper ends at its EOF
         finally:
             os.close(exit_fd)
         start = proc_start_time(popen.pid)
+        keeper_pid = keeper.pid if keeper is not None else 0
+        keeper_start = proc_start_time(keeper_pid) if keeper_pid else 0
         # Written before anything else: the node's own record that this attempt runs.
-        files.pid.write_text(f"{popen.pid} {start} {attempt}\n")
+        files.pid.write_text(f"{popen.pid} {start} {attempt} {keeper_pid} {keeper_start or 0}\n")
         self.store.update(
             job.id, pid=popen.pid, proc_start=start, log_path=str(log_path), log_paths=log_paths,
             cuda_visible_devices=env["CUDA_VISIBLE_DEVICES"],
@@ -279,7 +299,26 @@ class CardRunner:
         log.info("job %s attempt %s: started pid %s on %s/%s (CUDA_VISIBLE_DEVICES=%s)",
                  job.id, attempt, popen.pid, self.node, job.cards, env["CUDA_VISIBLE_DEVICES"])
         return ActiveJob(job.id, str(token), attempt, popen.pid, start, exit_file, popen, instance=job.instance,
-                         time_limit=job.time_limit, log_path=log_path)
+                         time_limit=job.time_limit, log_path=log_path, keeper_popen=keeper,
+                         keeper_pid=keeper_pid or None, keeper_start=keeper_start or None)
+
+    def _start_keeper(self, log_path: Path) -> tuple[subprocess.Popen | None, int]:
+        """Start the log keeper of one attempt (rig.logkeeper) in a session of its own, as this
+        worker's user; returns it and the write end of its pipe (the job's stdout), or
+        (None, -1) when it cannot start (the job then writes to the file directly)."""
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        try:
+            keeper = subprocess.Popen(
+                [sys.executable, "-I", "-S", LOGKEEPER_SCRIPT, str(log_path), str(self.settings.log_max_bytes)],
+                stdin=read_fd, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                env={logkeeper.MARK: str(log_path), "PATH": jobenv.DEFAULT_PATH})
+        except OSError as exc:
+            log.warning("log keeper for %s could not start (%s); the job writes to its log directly", log_path, exc)
+            os.close(write_fd)
+            return None, -1
+        finally:
+            os.close(read_fd)
+        return keeper, write_fd
 
     def _job_env(self, job: Job, attempt: int, exit_file: Path, run_as: RunAs | None = None) -> dict[str, str]:
         """The job's environment (rig.job_env): a minimal base for the user it runs as, the
@@ -339,7 +378,7 @@ class CardRunner:
                                       reap=lambda: _reap(active))
                     except redis.RedisError:
                         pass  # Redis away: keep watching the process
-                if now >= next_cap and active.log_path is not None:
+                if now >= next_cap and active.log_path is not None and active.keeper_pid is None:
                     next_cap = now + LOG_CAP_POLL_S
                     enforce_size_cap(active.log_path, self.settings.log_max_bytes)
                 if (active.time_limit and not active.timed_out
@@ -352,7 +391,7 @@ class CardRunner:
                     log.info("job %s: stopping its process tree (kill requested)", active.job_id)
                     stop_tree(active.pid, self.settings.kill_grace_seconds, reap=lambda: _reap(active))
             end = self._outcome(active)
-            if active.log_path is not None:
+            if active.log_path is not None and active.keeper_pid is None:
                 enforce_size_cap(active.log_path, self.settings.log_max_bytes)
             state = self._finish(active.job_id, active.token, end, instance=active.instance)
             return state.value if state else "unknown"
@@ -375,6 +414,7 @@ class CardRunner:
                 continue
             log.info("job %s: stopping daemonised leftover pid %s (session %s)", active.job_id, pid, sid)
             stop_tree(sid, min(2.0, self.settings.kill_grace_seconds))
+        self._wait_for_keeper(active)
         rc = _read_exit_file(active.exit_file)
         if rc is None and wrapper_rc is not None:
             rc = wrapper_rc if wrapper_rc >= 0 else 128 - wrapper_rc
@@ -391,6 +431,23 @@ class CardRunner:
                               note="it ended while no worker watched it; exit status unknown")
         return AttemptEnd(exit_code=rc, cancelled=cancelled, timed_out=active.timed_out,
                           cancelled_by=by, overused=active.overused)
+
+    def _wait_for_keeper(self, active: ActiveJob) -> None:
+        """Let the log keeper write the last output before the log is read (the failure
+        class comes from its end). It ends at end of file, once no process of the job holds
+        the pipe; a leftover that escaped the job's session could hold it longer."""
+        if active.keeper_popen is not None:
+            try:
+                active.keeper_popen.wait(KEEPER_WAIT_S)
+            except subprocess.TimeoutExpired:
+                log.warning("job %s: its log keeper (pid %s) still runs; something still holds the job's "
+                            "output", active.job_id, active.keeper_popen.pid)
+            return
+        if not active.keeper_pid:
+            return
+        deadline = time.monotonic() + KEEPER_WAIT_S
+        while is_alive(active.keeper_pid, active.keeper_start) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def _finish(self, job_id: int, token: str, end: AttemptEnd,
                 expect: JobState | None = None, instance: str | None = None) -> JobState | None:
@@ -430,16 +487,16 @@ class CardRunner:
         if not job_dir.is_dir():
             return None
         for pid_file in sorted(job_dir.glob("attempt-*.pid")):
-            try:
-                pid_text, start_text, attempt_text = pid_file.read_text().split()
-                pid, start, attempt = int(pid_text), int(start_text), int(attempt_text)
-            except (OSError, ValueError):
+            found = read_pid_file(pid_file)
+            if found is None:
                 continue
+            pid, start, attempt, keeper_pid, keeper_start = found
             if is_alive(pid, start):
                 exit_file = pid_file.with_suffix(".exit")
                 return ActiveJob(job.id, str(job.assignments), attempt, pid, start, exit_file, instance=job.instance,
                                  time_limit=job.time_limit, log_path=pid_file.with_suffix(".log"),
-                                 started_at=job.started_at or time.time())
+                                 started_at=job.started_at or time.time(), keeper_pid=keeper_pid,
+                                 keeper_start=keeper_start)
         return None
 
     def installation_ok(self) -> bool:
@@ -507,9 +564,11 @@ class CardRunner:
                 start = proc_start_time(pid) if pid else None
                 if pid:
                     self.store.update(job.id, pid=pid, proc_start=start)
+            noted = read_pid_file(exit_file.with_suffix(".pid"))
             active = ActiveJob(job.id, str(job.assignments), job.attempt, pid or 0, start, exit_file, instance=job.instance,
                                time_limit=job.time_limit, started_at=job.started_at or time.time(),
-                               log_path=exit_file.with_suffix(".log"))
+                               log_path=exit_file.with_suffix(".log"),
+                               keeper_pid=noted[3] if noted else None, keeper_start=noted[4] if noted else None)
             if pid and is_alive(pid, start):
                 log.info("job %s: adopting running pid %s", job.id, pid)
                 thread = threading.Thread(target=self._supervise, args=(active,),
@@ -660,6 +719,21 @@ class CardRunner:
                     pubsub.close()
                 except redis.RedisError:
                     pass
+
+
+def read_pid_file(path: Path) -> tuple[int, int, int, int | None, int | None] | None:
+    """(pid, start time, attempt, keeper pid, keeper start time) from an attempt's pid file
+    (``<pid> <start> <attempt> [<keeper pid> <keeper start>]``; keeper fields 0 or absent: no
+    keeper); None when it is missing or unreadable."""
+    try:
+        fields = [int(x) for x in path.read_text().split()]
+    except (OSError, ValueError):
+        return None
+    if len(fields) not in (3, 5):
+        return None
+    pid, start, attempt = fields[:3]
+    keeper_pid, keeper_start = (fields[3] or None, fields[4] or None) if len(fields) == 5 else (None, None)
+    return pid, start, attempt, keeper_pid, keeper_start
 
 
 def _read_exit_file(path: Path) -> int | None:

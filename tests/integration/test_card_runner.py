@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 
 import pytest
@@ -286,3 +287,45 @@ def test_the_job_environment_is_not_the_workers(env, tmp_path, monkeypatch):
     assert "ADMIN_SECRET" not in seen
     assert seen["LD_LIBRARY_PATH"] == "/opt/lib" and seen["MY_TOKEN"] == "t0k"
     assert seen["CUDA_VISIBLE_DEVICES"] == "0" and seen["RIG_JOB_INSTANCE"] == job.instance
+
+
+def test_a_fast_writer_stays_within_the_log_cap(real_redis, key_prefix, tmp_path):
+    """Issue 10.11: the cap used to be polled every 5 s (3.3 GB on disk against 256 MiB)."""
+    cap = 1 << 20
+    settings = load_settings(key_prefix=key_prefix, redis_url=REDIS_URL, home=tmp_path / "home",
+                             node_name="n1", log_max_bytes=cap)
+    ledger = Ledger(real_redis, Keys(key_prefix))
+    ledger.register_card("n1", GpuReading(index=0, uuid="u", model="m", total=80 * GIB),
+                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    runner = CardRunner(settings, "n1", 0, "card0@n1")
+    job, token = placed(ledger, "yes 'a line of output' | head -c 150000000; echo; echo last-line", tmp_path)
+    folder = job_folder(settings.job_log_dir, job.id, job.instance)
+    biggest = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            try:
+                biggest[0] = max(biggest[0], (folder / "attempt-1.log").stat().st_size)
+            except FileNotFoundError:
+                pass
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        assert runner.run_job(job.id, token) == "SUCCEEDED"
+    finally:
+        done.set()
+        sampler.join()
+    text = open(ledger.store.get(job.id).log_paths[0]).read()
+    assert biggest[0] <= cap + 4096, biggest[0]
+    assert text.endswith("last-line\n") and "bytes of output were cut here" in text
+    assert not [p for p in _keepers() if str(folder) in p], "the log keeper outlived its job"
+
+
+def _keepers() -> list[str]:
+    """The log paths of live log keepers (their RIG_LOG_KEEPER variable)."""
+    from workers.process_tree import environments
+
+    return [item.split(b"=", 1)[1].decode() for _pid, env in environments() for item in env
+            if item.startswith(b"RIG_LOG_KEEPER=")]

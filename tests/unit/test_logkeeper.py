@@ -1,0 +1,65 @@
+"""The log keeper (rig/logkeeper.py): a log stays within its cap at any write rate."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rig import logkeeper
+
+
+@pytest.mark.parametrize("cap", [64 * 1024, 1 << 20, 5000])
+def test_the_log_never_exceeds_the_cap_plus_one_read(tmp_path: Path, cap: int):
+    log = tmp_path / "attempt-1.log"
+    read_fd, write_fd = os.pipe()
+    total = 30 * cap + 12345
+
+    def writer() -> None:  # as fast as the pipe takes it
+        line = b"".join(b"line %07d of output\n" % i for i in range(1000))
+        sent = 0
+        with os.fdopen(write_fd, "wb") as out:
+            while sent < total:
+                piece = line[: total - sent]
+                out.write(piece)
+                sent += len(piece)
+            out.write(b"the last line\n")
+
+    sizes: list[int] = []
+    thread = threading.Thread(target=writer)
+    thread.start()
+    cut = logkeeper.keep(read_fd, log, cap, on_write=sizes.append)
+    thread.join()
+    os.close(read_fd)
+    bound = cap + max(0, logkeeper.read_size(cap) - cap // 4)
+    assert max(sizes) <= bound, (max(sizes), bound)
+    text = log.read_bytes()
+    assert text.startswith(b"line 0000000 of output\n") and text.endswith(b"the last line\n")
+    assert b"bytes of output were cut here" in text and cut > 0
+    assert len(text) + cut >= total  # nothing vanished besides what the marker counts
+
+
+def test_the_keeper_script_starts_without_rig_and_ignores_sigterm(tmp_path: Path):
+    """Run as the card worker runs it: python -I -S, from a folder with a hostile rig/."""
+    hostile = tmp_path / "rig"
+    hostile.mkdir()
+    (hostile / "__init__.py").write_text("raise SystemExit('imported the wrong rig')\n")
+    log = tmp_path / "out.log"
+    proc = subprocess.Popen([sys.executable, "-I", "-S", logkeeper.__file__, str(log), "100000"],
+                            stdin=subprocess.PIPE, cwd=tmp_path)
+    assert proc.stdin is not None
+    proc.stdin.write(b"before\n")
+    proc.stdin.flush()
+    deadline = time.monotonic() + 10
+    while (not log.exists() or log.read_bytes() != b"before\n") and time.monotonic() < deadline:
+        time.sleep(0.005)  # until it runs its loop (its handlers are set before)
+    proc.terminate()  # rig kill's SIGTERM reaches the keeper's session only by mistake: ignored
+    proc.stdin.write(b"after\n")
+    proc.stdin.close()
+    assert proc.wait(10) == 0
+    assert log.read_bytes() == b"before\nafter\n"
