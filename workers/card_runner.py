@@ -154,6 +154,12 @@ class CardRunner:
                 self._starting.discard(job_id)
 
     def _run_job(self, job_id: int, token: str) -> str:
+        if not self.installation_ok():
+            # Another installation answers at rig's Redis (rig.installation): never claim or
+            # run its jobs on cards this node's own jobs may still use. Its health check
+            # re-sends the start once this node has joined it (`rig recover`).
+            log.error("job %s: start ignored: this node's Redis is not its installation", job_id)
+            return "ignored:installation-mismatch"
         try:
             ok, detail = self.ledger.claim(job_id, token, self.worker_name)
         except redis.ResponseError as exc:
