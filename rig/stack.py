@@ -39,7 +39,6 @@ from rig.config import Settings
 from rig.errors import RedisAuthFailed, StackError
 from rig.gpus import GpuBackend, detect_backend
 from rig.keys import Keys, card_worker_name, control_worker_name
-from rig.ledger import Ledger
 from rig.nodes import NodeRegistry
 from rig.redis_conn import (
     LOOPBACK,
@@ -52,6 +51,7 @@ from rig.redis_conn import (
     url_password,
 )
 from rig.redis_server import is_local, private_redis_dir, probe, start_private_redis
+from rig.registration import register_node
 from rig.supervision import (
     child_marks,
     describe,
@@ -198,6 +198,7 @@ class Stack:
         self.stop_leftovers()
         pid_file(s).write_text(f"{os.getpid()}\n")
         self._ensure_redis()
+        self._check_installation()
         for warning in open_doors(s, self.wants):
             self.say(warning)
         env = self._child_env()
@@ -303,6 +304,27 @@ class Stack:
             raise StackError(f"could not stop {describe(stuck)} left by an earlier rig up of node "
                              f"{s.node_name}; stop them (`kill -9 PID`), then `rig up` again")
 
+    def _check_installation(self) -> None:
+        """Refuse to start over a Redis that is not the installation this node joined while
+        jobs of that installation still run here (rig.installation): nothing is changed, the
+        jobs run on, and the line says what to do. Otherwise join it."""
+        from rig.installation import Installation
+        from workers.health import _rig_processes
+
+        s = self.settings
+        inst = Installation(self._redis(), self.keys, s.run_dir, s.node_name)
+        verdict = inst.check()
+        if verdict.mismatch:
+            jobs = sorted({p.job_id for p in _rig_processes(s.key_prefix, s.redis_url, s.node_name).values()})
+            if jobs:
+                raise StackError(
+                    f"{verdict.explain(s.node_name)}, and {len(jobs)} of its jobs still run here "
+                    f"({', '.join(map(str, jobs))}); nothing was changed: `rig recover --stop` stops them "
+                    "and joins this Redis (docs/RELIABILITY.md)")
+            self.say(f"warning: {verdict.explain(s.node_name)}; no job of it runs here: joining this Redis "
+                     "as a new installation (the old job records are gone)")
+        inst.join()
+
     def _register_cards(self) -> list[int]:
         s = self.settings
         backend, notice = detect_backend(s.fake_gpus, node=s.node_name)
@@ -310,28 +332,9 @@ class Stack:
         if notice:
             self.say(f"gpus: {notice}")
         client = connect(s.redis_url)
-        nodes = NodeRegistry(client, self.keys)
-        nodes.check_free(s.node_name)
-        ledger = Ledger(client, self.keys)
-        readings = backend.read_all()
-        whitelist = set(s.gpu_whitelist) if s.gpu_whitelist is not None else None
-        allowed = []
-        for reading in readings:
-            ok = whitelist is None or reading.index in whitelist
-            ledger.register_card(s.node_name, reading, max_jobs=s.max_task_per_gpu,
-                                 reserve_fraction=s.vram_reserve_fraction, allowed=ok,
-                                 fake=backend.kind == "fake")
-            if ok:
-                allowed.append(reading.index)
-        nodes.register(s.node_name, ttl=s.health.timeout, backend=backend.kind, cards=len(readings),
-                       pid=os.getpid(), fake_spec=getattr(backend, "spec", "") or "")
+        NodeRegistry(client, self.keys).check_free(s.node_name)
+        allowed = register_node(s, client, backend, self.say)
         self._registered = True
-        if whitelist:
-            missing = sorted(whitelist - {r.index for r in readings})
-            if missing:
-                self.say(f"gpus: gpu_whitelist names cards that do not exist: {missing}")
-        self.say(f"gpus: {len(readings)} {backend.kind} card(s) on {s.node_name}; "
-                 f"rig uses {allowed if allowed else 'none'}")
         return allowed
 
     def _child_env(self) -> dict[str, str]:
