@@ -57,11 +57,11 @@ from rig.fairshare import TeamState, decay, exceeds_alone, over_limit
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.models import PRIORITY_BAND, CardState, Job, JobState, Priority
+from rig.nodes import NodeInfo, NodeRegistry
 from rig.placement import (
     Hold,
     Release,
     Request,
-    explain_wait,
     may_backfill,
     never_fits,
     place,
@@ -69,6 +69,7 @@ from rig.placement import (
 )
 from rig.redis_conn import connect
 from rig.store import JobStore
+from rig.waiting import REFRESH_S, WaitFacts, explain
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class Dispatcher:
         self.identity = f"{settings.node_name}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stop_event = threading.Event()
         self._notes: dict[int, str] = {}  # job id -> wait reason, written at the end of a round
+        self._nodes: list[NodeInfo] | None = None  # read once per round, when a wait is explained
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -339,6 +341,7 @@ class Dispatcher:
                     self.settings.fair_share and len(limits) > 1):
                 snapshot.get()
             holds = _Holds(self, snapshot, now)
+            self._nodes = None
             smallest = min(j.gpu_memory for j in waiting)
             progressed = False
 
@@ -357,7 +360,7 @@ class Dispatcher:
                         and not never_fits(mine, request):
                     blocked.add(job.id)
                     hold = holds.plan(job, mine, request)
-                    self._note_wait(job, mine, request, 0, hold, now)  # the main loop may stop early
+                    self._note_wait(job, mine, request, 0, hold, holds, now)  # the main loop may stop early
                     self._mark_holding(job, hold, now)
             started_before = started
             for position, job in enumerate(self.fair_order(waiting, snapshot.team, now)):
@@ -381,7 +384,7 @@ class Dispatcher:
                 limit = over_limit(job.user, snapshot.team.load(job.user), job.gpu_memory, job.gpus,
                                    limits[job.user])
                 if limit:
-                    self._note(job, f"{limit}; waits for one of them to end")
+                    self._note(job, explain(WaitFacts(request=request, cards=mine, limit=limit, now=now)))
                     continue
                 if job.id in blocked and started == started_before:
                     placement = None  # nothing changed since it was found blocked
@@ -393,7 +396,7 @@ class Dispatcher:
                     if hold is None and now - job.created_at >= self.hold_after(job, now):
                         hold = holds.plan(job, mine, request)
                         self._mark_holding(job, hold, now)
-                    self._note_wait(job, mine, request, position, hold, now)
+                    self._note_wait(job, mine, request, position, hold, holds, now)
                     if eligible and holds.close_all(eligible):
                         break  # every card is held for a job ahead and nothing can backfill
                     continue
@@ -438,19 +441,23 @@ class Dispatcher:
         log.warning("job %s: unschedulable: %s", job.id, why)
 
     def _note_wait(self, job: Waiting, cards: list[CardState], request: Request, ahead: int,
-                   hold: Hold | None, now: float) -> None:
-        reason = explain_wait(cards, request) if cards else "no card of its pool is registered"
-        if ahead:
-            reason += f"; {ahead} job(s) ahead of it"
-        if hold:
-            reason += f"; {', '.join(hold.cards)} held for it"
-            if hold.until != math.inf:
-                reason += f" (expected free {_roughly(hold.until - now)})"
-        self._note(job, reason)
+                   hold: Hold | None, holds: _Holds, now: float) -> None:
+        """Word why ``job`` waits with rig.waiting.explain (the one place waits are worded),
+        from what this round knows: the cards closed to it by other jobs' holds, its own hold,
+        its place in the run order and the nodes' states (read once per round)."""
+        open_ids = {c.id for c in holds.open_to(job, cards, request)}
+        held = {c.id: holds.by_card[c.id] for c in cards if c.id not in open_ids and c.id in holds.by_card}
+        if self._nodes is None:
+            self._nodes = NodeRegistry(self.r, self.keys).read()
+        self._note(job, explain(WaitFacts(
+            request=request, cards=cards, nodes=self._nodes, held=held, own_hold=hold, ahead=ahead,
+            dispatcher=True, pool=job.pool, strategy=self.settings.scheduler_type, now=now)))
 
     def _note(self, job: Waiting, reason: str) -> None:
-        """Set a waiting job's reason (written with the round's others, in one pipeline)."""
-        if reason != job.wait_reason:
+        """Set a waiting job's reason (written with the round's others, in one pipeline). An
+        unchanged reason is re-stamped every REFRESH_S, so readers (rig.waiting.why_waiting)
+        can tell a current reason from one no dispatcher confirms any more."""
+        if reason != job.wait_reason or time.time() - (job.wait_reason_at or 0.0) >= REFRESH_S:
             self._notes[job.id] = reason
 
     def _flush_notes(self) -> None:
@@ -530,7 +537,7 @@ class Waiting:
     """What the dispatcher needs of a waiting job (read with one HMGET, not the whole record)."""
 
     FIELDS = ("state", "gpu_memory", "gpus", "priority", "created_at", "wait_reason", "user", "pool",
-              "expected_seconds", "time_limit", "held_at", "assignments", "attempt")
+              "expected_seconds", "time_limit", "held_at", "assignments", "attempt", "wait_reason_at")
 
     id: int
     gpu_memory: int
@@ -543,12 +550,14 @@ class Waiting:
     expected_seconds: float | None = None
     time_limit: float | None = None
     held_at: float | None = None  # when it first held cards (blocked past its hold time)
+    wait_reason_at: float | None = None  # when the dispatcher last wrote or confirmed wait_reason
 
     @classmethod
     def parse(cls, job_id: int, values: list) -> Waiting | None:
         """None for a job no longer PENDING (or gone); InvalidRecord for a PENDING record whose
         fields are not what submit() writes."""
-        state, memory, gpus, priority, created, reason, user, pool, expected, limit, held, assignments, attempt = values
+        (state, memory, gpus, priority, created, reason, user, pool, expected, limit, held, assignments, attempt,
+         reason_at) = values
         if state != JobState.PENDING.value:
             return None
         raw = {"gpu_memory": memory, "gpus": gpus or 1, "priority": priority, "created_at": created or 0,
@@ -563,7 +572,11 @@ class Waiting:
             except R.BadField as exc:
                 raise InvalidRecord(f"job {job_id}", name, str(exc)) from None
         del out["assignments"], out["attempt"]  # checked only: the reservation script counts on them
-        return cls(job_id, wait_reason=reason, **out)
+        try:
+            stamped = float(reason_at) if reason_at else None
+        except ValueError:
+            stamped = None  # rig's own bookkeeping: a bad stamp only makes the reason re-written
+        return cls(job_id, wait_reason=reason, wait_reason_at=stamped, **out)
 
 
 def _priority(text: object) -> Priority:
@@ -612,17 +625,6 @@ _WAITING_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     ("assignments", _whole(0, R.MAX_ID, "a whole number")),
     ("attempt", _whole(0, R.MAX_ID, "a whole number")),
 )
-
-
-def _roughly(seconds: float) -> str:
-    """A wait as a person says it, coarse enough that the reason does not change every pass."""
-    if seconds < 10:
-        return "in a few seconds"
-    if seconds < 90:
-        return f"in ~{round(seconds / 10) * 10:.0f} s"
-    if seconds < 90 * 60:
-        return f"in ~{round(seconds / 60):.0f} min"
-    return f"in ~{seconds / 3600:.1f} h"
 
 
 def _with_reservation(cards: list[CardState], node: str, indexes: tuple[int, ...], nbytes: int) -> list[CardState]:

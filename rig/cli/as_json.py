@@ -9,7 +9,7 @@ from enum import Enum
 from typing import Any
 
 from rig.client import StatusReport
-from rig.models import CardState, Job
+from rig.models import CardState, Job, JobState
 
 
 def _plain(value: Any) -> Any:
@@ -25,8 +25,13 @@ def _plain(value: Any) -> Any:
 
 
 def job_dict(job: Job, **extra: Any) -> dict[str, Any]:
+    """The job's fields (raw: JSON escapes control characters, nothing is stripped) and
+    ``extra``. Given ``waiting_because`` (rig.waiting.why_waiting), ``wait_reason`` is that same
+    sentence: one explanation, never a stored one that says otherwise."""
     data = _plain(job)
     data.update(vram_mean=job.vram_mean, util_mean=job.util_mean, **extra)
+    if "waiting_because" in extra and job.state is JobState.PENDING:
+        data["wait_reason"] = extra["waiting_because"]
     return data
 
 

@@ -13,12 +13,15 @@ import redis
 from rig.config import Settings, load_settings
 from rig.errors import RigError
 from rig.redis_conn import is_auth_error, unavailable
+from rig.text import clean
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def fail(message: str, code: int = 1) -> None:
-    click.echo(f"rig: error: {message}", err=True)
+    """One line on stderr and exit ``code``. The message may quote a job's text (a name, an
+    invalid record's field): control sequences are stripped (rig.text)."""
+    click.echo(f"rig: error: {clean(message)}", err=True)
     sys.exit(code)
 
 

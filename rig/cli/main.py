@@ -24,6 +24,7 @@ from rig.cli.submit import do_submit, submit_options
 from rig.cli.top import top
 from rig.errors import InvalidInput, StackError
 from rig.models import JobState
+from rig.waiting import why_waiting
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -94,12 +95,12 @@ def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
     client = client_from(ctx)
     client.ping()
     job = client.get(job_id)
+    why = why_waiting(client, job)  # the one explanation (rig.waiting), for the table and JSON alike
     if as_json:
-        click.echo(J.dumps(J.job_dict(job, waiting_because=client.why_waiting(job),
+        click.echo(J.dumps(J.job_dict(job, waiting_because=why,
                                       in_error_queue=client.store.in_error_queue(job.id))))
         return
-    render_job(job, client.why_waiting(job), make_console(),
-               in_error_queue=client.store.in_error_queue(job.id))
+    render_job(job, why, make_console(), in_error_queue=client.store.in_error_queue(job.id))
 
 
 @cli.command()
@@ -240,14 +241,16 @@ def templates(ctx: click.Context) -> None:
     """The submission presets (`rig-submit --template NAME`); define more in the config."""
     from rich.table import Table
 
+    from rig.text import markup as M
+
     table = Table(title="templates (explicit flags win)", title_justify="left")
     for col in ("name", "memory", "margin", "priority", "retries", "time limit", "grow on OOM", "what for"):
         table.add_column(col)
     for name, t in sorted(settings_from(ctx).templates.items()):
-        table.add_row(name, t.gpu_memory or "(from --gpu-memory)", f"x {t.margin:g}", t.priority or "-",
-                      "-" if t.retries is None else str(t.retries), t.time_limit or "-",
+        table.add_row(M(name), M(t.gpu_memory or "(from --gpu-memory)"), f"x {t.margin:g}", M(t.priority or "-"),
+                      "-" if t.retries is None else str(t.retries), M(t.time_limit or "-"),
                       "-" if t.oom_retry_grow is None else ("yes" if t.oom_retry_grow else "no"),
-                      t.description)
+                      M(t.description))
     make_console().print(table)
 
 

@@ -1,4 +1,8 @@
-"""Rendering for people (rich tables). No logic: everything shown comes from rig.client."""
+"""Rendering for people (rich tables). No logic: everything shown comes from rig.client.
+
+Every text that a submitter, a job or a node supplied (names, commands, reasons, evidence,
+users, folders, models, health reasons) goes through ``rig.text.markup`` (``M``): control
+sequences stripped, rich markup escaped. Only rig's own markup reaches rich unescaped."""
 
 from __future__ import annotations
 
@@ -6,13 +10,13 @@ import time
 from datetime import datetime
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from rig.client import StatusReport
 from rig.memory import format_memory
 from rig.models import CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, clock
+from rig.text import markup as M
 
 STATE_STYLE = {
     JobState.PENDING: "yellow", JobState.ASSIGNED: "cyan", JobState.RUNNING: "bold cyan",
@@ -61,8 +65,8 @@ def when(ts: float | None) -> str:
 def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
     """``node n1: up since 12:01:05, 2 cards, 3 workers`` (rich markup: a down node in red)."""
     if node is None:
-        return f"node {name}: {cards} card(s), never heartbeated"
-    line = f"node {name}: {node.describe}"
+        return f"node {M(name)}: {cards} card(s), never heartbeated"
+    line = f"node {M(name)}: {M(node.describe)}"
     if node.state == "up":
         line += f", {cards} card(s), {node.workers} worker(s)"
     elif node.state == "silent":
@@ -83,19 +87,19 @@ def _render_cards(report: StatusReport, cards_of_node: list[CardState], title: s
         cards.add_column(col, justify="right" if col not in ("card", "model", "running") else "left")
     for card in cards_of_node:
         jobs = report.running.get(card.id, [])
-        running = ", ".join(f"{j.id}:{escape(j.name)}" + (" [bold red](over its declaration)[/]" if j.overuse else "")
+        running = ", ".join(f"{j.id}:{M(j.name)}" + (" [bold red](over its declaration)[/]" if j.overuse else "")
                             for j in jobs) or "-"
         flags = []
         if not card.allowed:
             flags.append("not in whitelist")
         if not card.healthy:
-            flags.append(f"UNHEALTHY: {card.health_reason}" if card.health_reason else "UNHEALTHY")
-        if flags:
-            running = f"[{', '.join(flags)}] {running}"
+            flags.append(f"UNHEALTHY: {M(card.health_reason)}" if card.health_reason else "UNHEALTHY")
+        if flags:  # \[ : a literal bracket, not a rich tag
+            running = f"\\[{', '.join(flags)}] {running}"
         if card.foreign:
-            running = f"[others use {_gib(card.foreign)}] {running}"
+            running = f"\\[others use {_gib(card.foreign)}] {running}"
         cards.add_row(
-            card.id, card.model, _gib(card.total), _gib(card.usable), _gib(card.reserved),
+            M(card.id), M(card.model), _gib(card.total), _gib(card.usable), _gib(card.reserved),
             _gib(card.free), _gib(card.used),
             "-" if card.utilization is None else f"{card.utilization}%",
             "-" if card.temperature is None else f"{card.temperature}C",
@@ -118,8 +122,8 @@ def render_status(report: StatusReport, console: Console) -> None:
         console.print("no cards registered: no rig node is up (start one with `rig up`)")
 
     if report.pool:
-        console.print(f"pool {report.pool}: {len(report.cards)} card(s); waiting jobs below are those "
-                      f"submitted with --pool {report.pool}")
+        console.print(f"pool {M(report.pool)}: {len(report.cards)} card(s); waiting jobs below are those "
+                      f"submitted with --pool {M(report.pool)}")
     queues = Table(title="waiting jobs", title_justify="left")
     queues.add_column("priority")
     queues.add_column("waiting", justify="right")
@@ -135,7 +139,7 @@ def render_status(report: StatusReport, console: Console) -> None:
         for col in ("user", "running", "memory held", "waiting", "recent GiB-h"):
             users.add_column(col, justify="left" if col == "user" else "right")
         for u in report.users:
-            users.add_row(u.user, str(u.running), format_memory(u.held) if u.held else "-", str(u.waiting),
+            users.add_row(M(u.user), str(u.running), format_memory(u.held) if u.held else "-", str(u.waiting),
                           f"{u.recent_gib_hours:.1f}")
         console.print(users)
 
@@ -143,7 +147,7 @@ def render_status(report: StatusReport, console: Console) -> None:
     for col in ("worker", "role", "card", "pid", "jobs", "last seen"):
         workers.add_column(col)
     for w in report.workers:
-        workers.add_row(w.name, w.role, "-" if w.card is None else str(w.card), str(w.pid),
+        workers.add_row(M(w.name), M(w.role), "-" if w.card is None else str(w.card), str(w.pid),
                         str(w.jobs), ago(w.seen_at))
     console.print(workers)
     counts = "  ".join(f"{s.value.lower()}={n}" for s, n in report.counts.items())
@@ -156,12 +160,12 @@ def render_jobs(jobs: list[Job], console: Console) -> None:
         table.add_column(col, justify="right" if col in ("id", "gpus", "exit") else "left")
     now = time.time()
     for job in jobs:
-        where = f"{job.node}/{','.join(map(str, job.cards))}" if job.node else "-"
+        where = M(f"{job.node}/{','.join(map(str, job.cards))}") if job.node else "-"
         runtime = None
         if job.started_at:
             runtime = (job.ended_at or now) - job.started_at
         table.add_row(
-            str(job.id), escape(job.name), escape(job.user), f"[{STATE_STYLE[job.state]}]{job.state.value}[/]",
+            str(job.id), M(job.name), M(job.user), f"[{STATE_STYLE[job.state]}]{job.state.value}[/]",
             job.priority.value, format_memory(job.gpu_memory), str(job.gpus), where,
             duration(now - job.created_at), duration(runtime),
             "-" if job.exit_code is None else str(job.exit_code),
@@ -174,7 +178,7 @@ def render_jobs(jobs: list[Job], console: Console) -> None:
 
 def render_metrics(job: Job, console: Console) -> None:
     """Declared vs measured memory, utilisation and duration, per attempt (M12)."""
-    table = Table(title=f"job {job.id} '{escape(job.name)}': measured on its card(s), per attempt",
+    table = Table(title=f"job {job.id} '{M(job.name)}': measured on its card(s), per attempt",
                   title_justify="left")
     for col in ("attempt", "outcome", "declared", "peak", "mean", "peak/declared", "gpu util", "duration"):
         table.add_column(col, justify="left" if col in ("outcome",) else "right")
@@ -183,7 +187,7 @@ def render_metrics(job: Job, console: Console) -> None:
         ratio = f"{peak / declared:.0%}" if peak and declared else "-"
         if peak and declared and peak > declared:
             ratio = f"[bold red]{ratio} over[/]"
-        table.add_row(str(n), outcome, format_memory(declared), format_memory(peak or None),
+        table.add_row(str(n), M(outcome), format_memory(declared), format_memory(peak or None),
                       format_memory(mean), ratio, "-" if util is None else f"{util:.0f}%",
                       duration(seconds))
 
@@ -209,8 +213,8 @@ def render_errors(jobs: list[Job], console: Console) -> None:
         table.add_column(col, justify="right" if col in ("id", "attempts") else "left",
                          overflow="fold")
     for job in jobs:
-        table.add_row(str(job.id), escape(job.name), escape(job.user), f"[{STATE_STYLE[job.state]}]{job.state.value}[/]",
-                      escape(job.failure or "-"), str(job.attempt), ago(job.ended_at), escape(job.reason or "-"))
+        table.add_row(str(job.id), M(job.name), M(job.user), f"[{STATE_STYLE[job.state]}]{job.state.value}[/]",
+                      M(job.failure or "-"), str(job.attempt), ago(job.ended_at), M(job.reason or "-"))
     console.print(table)
     console.print("`rig retry JOB [--gpu-memory SIZE]` sends one back; `rig errors --clear JOB` dismisses it")
 
@@ -272,7 +276,7 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
     table.add_column(overflow="fold")
     for key, value in rows:
         # Names, commands, reasons... are the submitter's text, never rich markup.
-        table.add_row(key, value if key in _MARKUP_ROWS else escape(value))
+        table.add_row(key, value if key in _MARKUP_ROWS else M(value))
     console.print(table)
 
 

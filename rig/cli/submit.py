@@ -9,11 +9,14 @@ from __future__ import annotations
 import sys
 
 import click
+import redis
 
 from rig.cli.common import client_from, handle_errors, parse_env_items
-from rig.errors import InvalidInput
+from rig.errors import InvalidInput, RigError
 from rig.memory import format_memory
 from rig.models import JobState
+from rig.text import clean
+from rig.waiting import FITS_NOW, NO_DISPATCHER, why_waiting
 
 
 def submit_options(fn):  # noqa: ANN001, ANN201
@@ -68,23 +71,58 @@ def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir
         click.echo(client.last_auto_note, err=True)
     click.echo(handle.id)
     cards = "1 card" if job.gpus == 1 else f"{job.gpus} cards"
-    click.echo(f"submitted job {job.id} '{job.name}': {format_memory(job.gpu_memory)} on {cards}, "
-               f"{job.priority.value} priority" + (f", pool {job.pool}" if job.pool else ""), err=True)
-    if not client.ledger.cards():
-        click.echo("note: no rig node is up yet; the job waits until `rig up` runs", err=True)
+    click.echo(f"submitted job {job.id} '{clean(job.name)}': {format_memory(job.gpu_memory)} on {cards}, "
+               f"{job.priority.value} priority" + (f", pool {clean(job.pool)}" if job.pool else ""), err=True)
+    _say_why_waiting(client, job.id)
     if wait:
-        def show(job) -> None:  # noqa: ANN001
-            where = f" on {job.node}/{','.join(map(str, job.cards))}" if job.node else ""
-            attempt = f" (attempt {job.attempt})" if job.attempt > 1 else ""
-            click.echo(f"job {job.id}: {job.state.value.lower()}{where}{attempt}", err=True)
+        _wait(client, job.id)
 
-        final = client.wait(handle.id, on_change=show)
-        click.echo(f"job {final.id} {final.state.value}: {final.reason or ''}".rstrip(": "), err=True)
-        if final.state is JobState.SUCCEEDED:
-            sys.exit(0)
-        if final.state is JobState.TIMEOUT:
-            sys.exit(124)  # as timeout(1) does
-        sys.exit(final.exit_code if final.exit_code not in (None, 0) else 1)
+
+def _say_why_waiting(client, job_id: int) -> None:  # noqa: ANN001
+    """One stderr line when the job cannot start at once (no node up, no dispatcher, no room):
+    the same explanation as `rig show` (rig.waiting). Nothing when it is placed or about to be."""
+    try:
+        why = why_waiting(client, client.get(job_id))
+    except (RigError, redis.RedisError):
+        return  # the job is submitted; an explanation that cannot be read is not an error
+    if why and (not why.startswith(FITS_NOW) or NO_DISPATCHER in why):
+        click.echo(f"job {job_id} waits: {clean(why)}", err=True)
+
+
+def _wait(client, job_id: int) -> None:  # noqa: ANN001
+    """--wait: follow the job to its end and exit with its code. Ctrl-C stops the waiting, not
+    the job: say so, and how to stop it, then exit 130 (as a shell does for SIGINT)."""
+    def show(job) -> None:  # noqa: ANN001
+        where = f" on {clean(job.node)}/{','.join(map(str, job.cards))}" if job.node else ""
+        attempt = f" (attempt {job.attempt})" if job.attempt > 1 else ""
+        click.echo(f"job {job.id}: {job.state.value.lower()}{where}{attempt}", err=True)
+
+    try:
+        final = client.wait(job_id, on_change=show)
+    except KeyboardInterrupt:
+        click.echo("", err=True)  # after the ^C the terminal printed
+        click.echo(interrupted_line(client, job_id), err=True)
+        sys.exit(130)
+    click.echo(f"job {final.id} {final.state.value}: {clean(final.reason or '')}".rstrip(": "), err=True)
+    if final.state is JobState.SUCCEEDED:
+        sys.exit(0)
+    if final.state is JobState.TIMEOUT:
+        sys.exit(124)  # as timeout(1) does
+    sys.exit(final.exit_code if final.exit_code not in (None, 0) else 1)
+
+
+def interrupted_line(client, job_id: int) -> str:  # noqa: ANN001
+    """What `rig-submit --wait` says when Ctrl-C stops the waiting: the job is not stopped."""
+    kill = f"`rig kill {job_id}` stops it"
+    try:
+        job = client.get(job_id)
+    except (RigError, redis.RedisError, OSError):
+        return f"job {job_id} keeps running (rig-submit only stopped waiting); {kill}"
+    if job.state.terminal:
+        return f"job {job_id} had already ended ({job.state.value}); `rig show {job_id}` says how"
+    if job.state is JobState.PENDING:
+        return f"job {job_id} stays queued (rig-submit only stopped waiting); {kill}"
+    return f"job {job_id} keeps running (rig-submit only stopped waiting); {kill}"
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,7 +1,9 @@
 """``rig top``: a live, full-screen view of the cards, the queues and the running jobs.
 
 ``build_view`` is pure (a StatusReport in, a rich renderable out) so it is testable without
-Redis or a terminal; ``run_top`` is the loop that re-reads the data and redraws it.
+Redis or a terminal; ``run_top`` is the loop that re-reads the data and redraws it. Text that
+jobs, submitters or nodes supplied goes through ``rig.text.clean`` (``C``) on its way into a
+``Text``: no control sequence reaches the terminal.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from rig.client import StatusReport
 from rig.errors import RigError
 from rig.models import CardState, Job, JobState, Priority
 from rig.nodes import clock
+from rig.text import clean as C
 
 GIB = 2**30
 #: Redraws per second (elapsed times tick between two reads of the data).
@@ -149,7 +152,7 @@ def _card_flags(card: CardState, wide: bool) -> Text:
     flags = Text()
     left, right = ("[", "] ") if wide else ("", " ")
     if not card.healthy:
-        reason = f"UNHEALTHY: {card.health_reason}" if card.health_reason else "UNHEALTHY"
+        reason = f"UNHEALTHY: {C(card.health_reason)}" if card.health_reason else "UNHEALTHY"
         flags.append(f"{left}{reason}{right}", style="bold red")
     if not card.allowed:
         flags.append(f"{left}not in whitelist{right}", style="yellow")
@@ -205,9 +208,9 @@ def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text]]:
         for i, job in enumerate(jobs):
             if i:
                 names.append(", ")
-            names.append(f"{job.id}:{job.name}" if wide else job.name)
+            names.append(f"{job.id}:{C(job.name)}" if wide else C(job.name))
             if wide:
-                names.append(f" ({job.user})", style="dim")
+                names.append(f" ({C(job.user)})", style="dim")
             if _over(job):
                 names.append("!", style="bold red")
         if not jobs and not names:
@@ -215,8 +218,8 @@ def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text]]:
         id_style = "bold red" if not card.healthy else "dim" if not card.allowed else "bold"
         full = card.jobs >= card.max_jobs
         values: dict[str, str | Text] = {
-            "id": Text(card.id, style=id_style),
-            "model": _short_model(card.model, cols[1].width if cols[1].key == "model" else None),
+            "id": Text(C(card.id), style=id_style),
+            "model": _short_model(C(card.model), cols[1].width if cols[1].key == "model" else None),
             "bar": _bar(card, bar_w),
             "mem": mem,
             "util": _util(card),
@@ -238,12 +241,12 @@ def _node_line(report: StatusReport, name: str) -> Text:
     """``node n2  DOWN since 12:03:40  2 cards`` above that node's cards."""
     node = next((n for n in report.nodes if n.name == name), None)
     count = sum(1 for c in report.cards if c.node == name)
-    line = Text(f"node {name}  ", style="bold")
+    line = Text(f"node {C(name)}  ", style="bold")
     if node is None:
         line.append("never heartbeated", style="yellow")
     else:
         style = {"up": "green", "silent": "bold yellow", "down": "bold red", "stopped": "yellow"}[node.state]
-        line.append(node.describe, style=style)
+        line.append(C(node.describe), style=style)
         if node.state == "down":
             line.append(f"  (last heartbeat {clock(node.last_seen)}; its jobs were retried)", style="dim")
         elif node.state == "stopped":
@@ -263,7 +266,7 @@ def _running_jobs(report: StatusReport) -> list[Job]:
 def _job_cards(job: Job) -> str:
     if not job.node:
         return "-"
-    return f"{job.node}/{','.join(map(str, job.cards))}"
+    return C(f"{job.node}/{','.join(map(str, job.cards))}")
 
 
 def _job_lines(jobs: list[Job], width: int, now: float) -> tuple[Text, list[Text]]:
@@ -303,8 +306,8 @@ def _job_lines(jobs: list[Job], width: int, now: float) -> tuple[Text, list[Text
         state = job.state.value.lower() if job.state is not JobState.RUNNING else "running"
         values: dict[str, str | Text] = {
             "id": str(job.id),
-            "user": job.user,
-            "name": Text(job.name, style="bold red" if over else ""),
+            "user": C(job.user),
+            "name": Text(C(job.name), style="bold red" if over else ""),
             "elapsed": elapsed if job.started_at else Text("start", style="cyan"),
             "prio": job.priority.value,
             "state": state,
@@ -383,12 +386,12 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
     height = max(3, height)
     top: list[Text] = [_title_line(report, errors, now, width, hint)]
     if problem:
-        top.append(Text(problem.splitlines()[0] if problem else "", style="bold red"))
+        top.append(Text(C(problem.splitlines()[0]) if problem else "", style="bold red"))
     if report is None:
         top.append(Text("waiting for rig's Redis ...", style="dim"))
         return Group(*[_fit(t, width) for t in top[:height]])
     top.append(_queue_line(report, width))
-    top += [Text(n, style="yellow") for n in report.notices[:2]]
+    top += [Text(C(n), style="yellow") for n in report.notices[:2]]
 
     if report.cards:
         card_head, card_rows = _card_lines(report, width)

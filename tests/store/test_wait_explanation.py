@@ -1,0 +1,132 @@
+"""Why a job waits: one explanation (rig.waiting), true when no node is up, when no dispatcher
+runs, and never contradicting the dispatcher's own (issue 10, item 5). fakeredis and real Redis."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rig.client import Client
+from rig.config import load_settings
+from rig.gpus.base import GpuReading
+from rig.keys import Keys
+from rig.ledger import Ledger
+from rig.memory import GIB
+from rig.models import Job, JobState, Priority
+from rig.nodes import NodeRegistry
+from rig.waiting import FITS_NOW, NO_DISPATCHER, why_waiting
+from workers.dispatcher import Dispatcher
+
+TTL = 30.0
+
+
+@pytest.fixture
+def world(redis_client, key_prefix):
+    settings = load_settings(key_prefix=key_prefix, scheduler_type="best-fit", node_name="n1",
+                             hold_after_seconds=0)
+    keys = Keys(key_prefix)
+    ledger = Ledger(redis_client, keys)
+    nodes = NodeRegistry(redis_client, keys)
+    client = Client(settings, redis_client=redis_client)
+    return settings, keys, ledger, nodes, client
+
+
+def _cards(ledger: Ledger, node: str, count: int = 2, gib: int = 40) -> None:
+    for i in range(count):
+        ledger.register_card(node, GpuReading(index=i, uuid=f"{node}-u{i}", model="m", total=gib * GIB),
+                             max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+
+
+def _submit(ledger: Ledger, gib: float, priority: Priority = Priority.MEDIUM) -> int:
+    return ledger.store.create(Job(
+        id=0, name="t", user="u", command=["true"], gpu_memory=int(gib * GIB), gpus=1,
+        priority=priority, state=JobState.PENDING, workdir="/", created_at=time.time(),
+    )).id
+
+
+def test_after_rig_down_a_new_job_says_no_node_is_up(world):
+    """The slip: `rig down` of the only node, then a submit. Its cards are still registered and
+    healthy (nobody is left to run the health check), so the old live view said "it fits now
+    and starts as soon as the dispatcher places it"."""
+    _, _, ledger, nodes, client = world
+    nodes.register("n1", ttl=TTL, backend="fake", cards=2)
+    _cards(ledger, "n1")
+    nodes.mark_stopped("n1")
+    job = client.get(_submit(ledger, 4))
+    why = why_waiting(client, job)
+    assert why.startswith("no rig node is up (node n1: stopped since "), why
+    assert "(`rig down`)" in why and FITS_NOW not in why and NO_DISPATCHER in why
+
+
+def test_a_down_node_is_named_with_its_time(world):
+    _, keys, ledger, nodes, client = world
+    nodes.register("n1", ttl=TTL, backend="fake", cards=2)
+    _cards(ledger, "n1")
+    client.r.delete(keys.node_alive("n1"))  # its heartbeat expired ...
+    nodes.set_down("n1", time.time() - 60)  # ... and the cluster check declared it down
+    why = why_waiting(client, client.get(_submit(ledger, 4)))
+    assert why.startswith("no rig node is up (node n1: DOWN since "), why
+    assert "no heartbeat" in why
+
+
+def test_only_the_nodes_that_are_not_up_have_cards_big_enough(world):
+    _, keys, ledger, nodes, client = world
+    for name, gib in (("small", 24), ("big", 80)):
+        nodes.register(name, ttl=TTL, backend="fake", cards=1)
+        _cards(ledger, name, count=1, gib=gib)
+    nodes.mark_stopped("big")
+    client.r.set(keys.sched_leader, "someone")  # a dispatcher runs (on node small)
+    why = why_waiting(client, client.get(_submit(ledger, 60)))
+    assert "only cards of nodes that are not up could take it (node big: stopped since" in why, why
+    assert NO_DISPATCHER not in why
+
+
+def test_no_dispatcher_running_is_said_even_when_the_job_fits(world):
+    _, _, ledger, nodes, client = world
+    nodes.register("n1", ttl=TTL, backend="fake", cards=2)
+    _cards(ledger, "n1")
+    why = why_waiting(client, client.get(_submit(ledger, 4)))
+    assert why.startswith(f"{FITS_NOW} (n1/"), why
+    assert why.endswith(NO_DISPATCHER)
+
+
+def test_a_stale_stored_reason_is_not_shown(world):
+    """A reason the dispatcher wrote long ago (or before the node stopped) is not repeated."""
+    _, keys, ledger, nodes, client = world
+    nodes.register("n1", ttl=TTL, backend="fake", cards=2)
+    _cards(ledger, "n1")
+    jid = _submit(ledger, 4)
+    client.r.set(keys.sched_leader, "someone")
+    client.r.hset(keys.job(jid), mapping={"wait_reason": "n1/0 held for it", "wait_reason_at": time.time()})
+    assert why_waiting(client, client.get(jid)) == "n1/0 held for it"  # current: shown as written
+    time.sleep(0.01)
+    nodes.mark_stopped("n1")  # the node changed after the reason was written
+    assert why_waiting(client, client.get(jid)).startswith("no rig node is up")
+    nodes.register("n1", ttl=TTL, backend="fake", cards=2)
+    client.r.hset(keys.job(jid), "wait_reason_at", time.time() - 3600)  # an hour old: stale
+    assert why_waiting(client, client.get(jid)).startswith(FITS_NOW)
+
+
+def test_a_card_held_for_another_job_is_not_called_a_free_block(world):
+    """Seen: 'largest free block 13.8 GiB' for a 12 GiB job that waited minutes behind a held
+    card. The held card is named as held (with its free memory), and the live view agrees."""
+    settings, keys, ledger, nodes, client = world
+    nodes.register("n1", ttl=TTL, backend="fake", cards=2)
+    _cards(ledger, "n1")
+    dispatcher = Dispatcher(settings, lambda *a: None, client=client.r)
+    first = _submit(ledger, 40 - 13.8)
+    second = _submit(ledger, 35)
+    assert dispatcher.dispatch_pass() == 2  # n1/0: 13.8 GiB free, n1/1: 5 GiB free (best-fit)
+    assert {ledger.store.get(first).cards[0], ledger.store.get(second).cards[0]} == {0, 1}
+    big = _submit(ledger, 30, Priority.HIGH)  # blocked: holds a card whose end is unknown
+    small = _submit(ledger, 12, Priority.LOW)
+    assert dispatcher.dispatch_pass() == 0
+    held_card = "n1/0" if ledger.store.get(first).cards[0] == 0 else "n1/1"
+    reason = ledger.store.get(small).wait_reason
+    assert "largest free block 13.8 GiB" not in reason, reason
+    assert f"{held_card} (13.8 GiB free) held for job {big}" in reason, reason
+    assert "held for it" in ledger.store.get(big).wait_reason
+    # rig show, with the dispatcher leading, says exactly what the dispatcher wrote.
+    assert dispatcher._lead()  # what run_forever does before each pass
+    assert why_waiting(client, client.get(small)) == reason

@@ -1,0 +1,125 @@
+"""Job-supplied text never reaches a terminal as control sequences (issue 10, item 9).
+
+Every human view is fed records whose every text field carries escape sequences (a lone OSC
+that retitles the window, CSI, C1, BEL, DEL, bidi overrides) and rich markup; the output must
+hold no ESC, C1 or other control byte, and the markup must show as typed. JSON keeps the raw
+values. No Redis, no terminal."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import pytest
+from rich.console import Console
+
+from rig.cli import as_json
+from rig.cli.render import render_errors, render_job, render_jobs, render_metrics, render_status
+from rig.cli.top import build_view
+from rig.client import StatusReport, UserUsage, WorkerInfo
+from rig.memory import GIB
+from rig.models import CardState, Job, JobState, Priority
+from rig.nodes import NodeInfo
+from rig.text import clean, has_control, markup
+
+#: The issue's own: a lone ESC opening an OSC title that is never terminated.
+LONE_OSC = "\x1b]0;TITLE"
+HOSTILE = [
+    LONE_OSC,
+    "\x1b[2J\x1b[H",  # clear the screen, cursor home
+    "a\x1b[31mred\x1b[0m",
+    "\x9b31m8-bit CSI",
+    "\x9d0;c1 title\x07",
+    "bell\x07 del\x7f bs\x08 cr\r nul\x00",
+    "\u202eevil bidi",
+    "x\x1b",  # a lone ESC at the end
+    "[bold]not markup[/bold] [not in whitelist] [/]",
+]
+H = " | ".join(HOSTILE)
+
+
+def _job(state: JobState = JobState.FAILED, **over) -> Job:  # noqa: ANN003
+    now = time.time()
+    job = Job(
+        id=12, name=H, user=H, command=["python", H], gpu_memory=12 * GIB, gpus=1,
+        priority=Priority.MEDIUM, state=state, workdir="/tmp/" + H, created_at=now - 60,
+        env={H: "v", "OK": H}, node="n1", cards=[0], assigned_at=now - 50, started_at=now - 40,
+        ended_at=now - 1, exit_code=1, reason=H, wait_reason=H, attempt=2, log_path="/l/" + H,
+        log_paths=["/l/1" + H, "/l/2" + H], failure=H, evidence=[H, LONE_OSC, "plain"],
+        attempts=[{"attempt": 1, "outcome": H, "summary": H, "node": H, "cards": [0],
+                   "gpu_memory": GIB, "started_at": now - 30, "ended_at": now - 20, "vram_peak": GIB}],
+        vram_peak=GIB, vram_samples=1, vram_sum=GIB, problems=[H], pool=H, template=H,
+    )
+    for key, value in over.items():
+        setattr(job, key, value)
+    return job
+
+
+def _report() -> StatusReport:
+    card = CardState(node="n1", index=0, total=80 * GIB, usable=76 * GIB, max_jobs=4, model=H,
+                     healthy=False, health_reason=H, allowed=False, foreign=GIB)
+    running = _job(JobState.RUNNING)
+    return StatusReport(
+        cards=[card], running={card.id: [running]}, pending={p: 1 for p in Priority},
+        oldest_wait={p: 5.0 for p in Priority}, workers=[WorkerInfo(H, H, "n1", 0, 1, 1, time.time())],
+        counts={JobState.RUNNING: 1}, notices=[H], nodes=[NodeInfo("n1", True, "up", time.time())],
+        users=[UserUsage(H, 1, GIB, 1, 1.0)], pool=None,
+    )
+
+
+def _console() -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    # force_terminal + a colour system: rich writes its own styling escapes, which are allowed;
+    # everything else is checked after those are taken out.
+    return Console(file=out, width=400, force_terminal=False, color_system=None), out
+
+
+VIEWS = {
+    "show": lambda c: render_job(_job(), H, c, in_error_queue=True),
+    "show pending": lambda c: render_job(_job(JobState.PENDING), H, c),
+    "jobs": lambda c: render_jobs([_job(), _job(JobState.RUNNING)], c),
+    "errors": lambda c: render_errors([_job()], c),
+    "metrics": lambda c: render_metrics(_job(JobState.RUNNING), c),
+    "status": lambda c: render_status(_report(), c),
+    "top": lambda c: c.print(build_view(_report(), 1, 300, 60, time.time(), problem=H)),
+}
+
+
+@pytest.mark.parametrize("view", sorted(VIEWS))
+def test_no_control_sequence_reaches_the_terminal(view: str) -> None:
+    console, out = _console()
+    VIEWS[view](console)
+    text = out.getvalue()
+    assert text.strip(), "the view printed nothing"
+    assert not has_control(text.replace("\n", "")), repr([c for c in text if has_control(c)][:5])
+    assert "TITLE" in text or view in ("top", "status", "metrics")  # shown as text, not acted on
+
+
+def test_markup_in_job_text_shows_as_typed() -> None:
+    console, out = _console()
+    render_job(_job(), None, console)
+    assert "[bold]not markup[/bold] [not in whitelist] [/]" in out.getvalue()
+    console, out = _console()
+    render_status(_report(), console)
+    assert "[not in whitelist" in out.getvalue()  # rig's own flag, bracket kept
+
+
+def test_json_keeps_the_raw_values() -> None:
+    data = json.loads(as_json.dumps(as_json.job_dict(_job())))
+    assert data["name"] == H and data["evidence"][1] == LONE_OSC
+    assert "\\u001b" in as_json.dumps(as_json.job_dict(_job()))  # escaped by JSON, not stripped
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_clean_leaves_no_control_and_markup_escapes(text: str) -> None:
+    assert not has_control(clean(text))
+    assert not has_control(clean(text, multiline=True).replace("\n", "").replace("\t", ""))
+    Console(file=io.StringIO()).print(markup(text))  # never a MarkupError
+
+
+def test_clean_keeps_ordinary_text() -> None:
+    assert clean("héllo wörld — 日本 [x]") == "héllo wörld — 日本 [x]"
+    assert clean("a\tb\nc") == "a b c" and clean("a\tb\nc", multiline=True) == "a\tb\nc"
+    assert clean(LONE_OSC) == "0;TITLE"  # the ESC and the introducer go; the text stays visible
+    assert clean(None) == "" and clean(3) == "3"
