@@ -1,0 +1,90 @@
+"""What the command line tells people is true and safe (issue 10, items 5, 9, 12): the wait
+reason after `rig down`, Ctrl-C on `rig-submit --wait`, job text with escape sequences.
+The CLI in this process against real Redis under the test's prefix; no workers."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from rig.cli.main import cli
+from rig.cli.submit import main as submit_main
+from rig.gpus.base import GpuReading
+from rig.keys import Keys
+from rig.ledger import Ledger
+from rig.memory import GIB
+from rig.models import Job, JobState, Priority
+from rig.nodes import NodeRegistry
+from rig.text import has_control
+
+pytestmark = pytest.mark.redis
+
+
+def _node(r, prefix: str, name: str = "n1") -> tuple[Ledger, NodeRegistry]:
+    keys = Keys(prefix)
+    ledger, nodes = Ledger(r, keys), NodeRegistry(r, keys)
+    nodes.register(name, ttl=30, backend="fake", cards=1)
+    ledger.register_card(name, GpuReading(index=0, uuid="u0", model="m", total=24 * GIB),
+                         max_jobs=2, reserve_fraction=0.0, allowed=True, fake=True)
+    return ledger, nodes
+
+
+def test_submit_after_rig_down_says_no_node_is_up(cli_env, real_redis):
+    _, nodes = _node(real_redis, cli_env)
+    nodes.mark_stopped("n1")  # `rig down` of the only node
+    result = CliRunner().invoke(submit_main, ["--gpu-memory", "4G", "--", "true"])
+    assert result.exit_code == 0, result.output
+    jid = result.stdout.strip()
+    line = next(x for x in result.stderr.splitlines() if x.startswith(f"job {jid} waits: "))
+    assert "no rig node is up (node n1: stopped since" in line and "it fits now" not in line
+
+    shown = json.loads(CliRunner().invoke(cli, ["show", jid, "--json"]).stdout)
+    assert shown["waiting_because"].startswith("no rig node is up (node n1: stopped since")
+    assert shown["wait_reason"] == shown["waiting_because"]  # one explanation
+    table = CliRunner().invoke(cli, ["show", jid]).stdout
+    assert "no rig node is up" in table
+
+
+def test_submit_with_a_node_up_but_no_dispatcher_says_so(cli_env, real_redis):
+    _node(real_redis, cli_env)
+    result = CliRunner().invoke(submit_main, ["--gpu-memory", "4G", "--", "true"])
+    assert "no dispatcher is running" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("state", "says"), [
+    (JobState.PENDING, "stays queued"), (JobState.RUNNING, "keeps running")])
+def test_ctrl_c_on_wait_says_the_job_goes_on(cli_env, real_redis, monkeypatch, state, says):
+    from rig.client import Client
+
+    def interrupted(self, job_id, **_kw):  # noqa: ANN001, ANN003 - the user presses Ctrl-C
+        if state is JobState.RUNNING:
+            real_redis.hset(Keys(cli_env).job(job_id), "state", state.value)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Client, "wait", interrupted)
+    result = CliRunner().invoke(submit_main, ["--gpu-memory", "4G", "--wait", "--", "sleep", "60"])
+    jid = result.stdout.strip()
+    assert result.exit_code == 130, result.output
+    assert f"job {jid} {says} (rig-submit only stopped waiting); `rig kill {jid}` stops it" in result.stderr
+
+
+def test_hostile_job_text_is_stripped_in_every_view(cli_env, real_redis):
+    """A lone ESC from a job's failure evidence reached the terminal through `rig show`."""
+    ledger, _ = _node(real_redis, cli_env)
+    osc = "\x1b]0;TITLE"
+    job = ledger.store.create(Job(
+        id=0, name="t", user="u", command=["sh", "-c", "echo \x1b[2J"], gpu_memory=GIB, gpus=1,
+        priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/", created_at=time.time()))
+    ledger.transition(job.id, JobState.FAILED, error_queue=True, expect=JobState.PENDING,
+                      fields={"reason": f"exit 1 {osc}", "evidence": json.dumps([osc, "\x9b31mx"]),
+                              "failure": "nonzero_exit"})
+    for args in (["show", str(job.id)], ["jobs"], ["errors"], ["status"], ["metrics", str(job.id)]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, (args, result.output)
+        assert not has_control(result.output.replace("\n", "")), (args, result.output)
+    assert "0;TITLE" in CliRunner().invoke(cli, ["show", str(job.id)]).stdout
+    raw = json.loads(CliRunner().invoke(cli, ["show", str(job.id), "--json"]).stdout)
+    assert raw["evidence"][0] == osc  # JSON keeps the raw value
