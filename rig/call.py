@@ -41,6 +41,7 @@ import redis
 from rig.failures import CALL_BAD_EXIT, CALL_BAD_RESULT_EXIT
 from rig.keys import Keys
 from rig.pytask import SubmittedWhileImported, loading_call
+from rig.redis_conn import connect
 
 #: Exit code for a call that could not be read or loaded (the function never ran).
 BAD_CALL_EXIT = CALL_BAD_EXIT
@@ -128,9 +129,9 @@ def main() -> int:
         _say("RIG_JOB_ID is not set; this runs only inside a rig job")
         return BAD_CALL_EXIT
     keys = Keys(os.environ.get("RIG_KEY_PREFIX", "rig:"))
-    client = redis.Redis.from_url(os.environ.get("RIG_REDIS_URL", "redis://127.0.0.1:6379/0"),
-                                  socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
-                                  socket_timeout=REDIS_REPLY_TIMEOUT_S)
+    # A payload or result can be up to 256 MiB (rig.pytask): a longer reply timeout than rig's.
+    client = connect(os.environ.get("RIG_REDIS_URL", "redis://127.0.0.1:6379/0"),
+                     timeout=REDIS_CONNECT_TIMEOUT_S, reply_timeout=REDIS_REPLY_TIMEOUT_S)
     try:
         raw = client.hget(keys.job(job_id), "payload")
     except redis.RedisError as exc:

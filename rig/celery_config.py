@@ -12,6 +12,7 @@ from celery import Celery
 from rig.config import Settings
 from rig.keys import Keys
 from rig.models import Priority
+from rig.redis_conn import client_options
 
 #: Queue the control worker serves besides the priority queues: periodic and admin tasks.
 CONTROL_QUEUE = "rig.control"
@@ -27,12 +28,11 @@ TASK_ALERTS = "rig.alerts"
 #: How often each node's control worker sweeps its own old job logs (s; workers/app.py).
 LOG_SWEEP_INTERVAL_S = 3600.0
 #: Options of both Redis clients Celery opens, the broker's (kombu) and beat's (celery-redbeat):
-#: a connection attempt gives up after 5 s, as rig's own clients (rig.redis_conn.connect), and
-#: an idle connection is checked before it is used again.
-REDIS_CLIENT_OPTIONS = {"socket_connect_timeout": 5.0, "health_check_interval": 25}
-#: celery-redbeat's own client besides: beat sends no blocking command (the broker's BRPOP
-#: does), so a read that takes this long means a dead connection, not a wait.
-REDBEAT_SOCKET_TIMEOUT_S = 5.0
+#: the same as rig's own clients (rig.redis_conn.client_options): a connection attempt gives up
+#: after 5 s, a reply that takes over 10 s drops the connection (a half-open one cannot hang a
+#: publish, a worker's ack or beat), TCP keepalive, and an idle connection is checked before it
+#: is used again. kombu's BRPOP blocks for 1 s (brpop_timeout), well under the reply timeout.
+REDIS_CLIENT_OPTIONS = client_options()
 
 
 def card_queue(node: str, index: int) -> str:
@@ -80,7 +80,6 @@ def make_celery(settings: Settings) -> Celery:
         redbeat_redis_url=settings.redis_url,
         redbeat_redis_options={
             **REDIS_CLIENT_OPTIONS,
-            "socket_timeout": REDBEAT_SOCKET_TIMEOUT_S,
             # Like the broker (broker_connection_max_retries=None): its schedule reads and writes
             # retry through a Redis restart (a negative period retries without end). Its lock
             # renewal does not (redis-py's Lock holds the bare client): an outage across a renewal

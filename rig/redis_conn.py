@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import socket
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from pathlib import Path
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from rig.errors import ConfigError, RedisAuthFailed, RedisUnavailable
 
@@ -55,19 +58,66 @@ class RedisAuth:
 _RESOLVED: dict[str, RedisAuth] = {}
 
 
-def connect(url: str, *, timeout: float = 5.0) -> redis.Redis:
-    """A client with decoded responses. Does not connect until first used. ``url`` carries the
-    password already (``Settings.redis_url`` is resolved)."""
+# -- how every client talks to Redis ---------------------------------------------------------
+#: Seconds to set up a connection (TCP and AUTH) before giving up.
+CONNECT_TIMEOUT_S = 5.0
+#: Seconds to wait for any one reply before the connection is dropped and the call raises
+#: redis.TimeoutError: a half-open connection (Redis or the network gone without a FIN) then
+#: costs a caller at most this long instead of hanging it for ever. Every blocking command rig
+#: sends waits for less (the dispatcher's BLPOP: 1 s; Celery's BRPOP: 1 s); pub/sub reads pass
+#: their own timeout. A large pipeline on a loaded Redis answers well within it.
+REPLY_TIMEOUT_S = 10.0
+#: A connection unused for this long is PINGed before it is used again (s).
+HEALTH_CHECK_INTERVAL_S = 25
+#: TCP keepalive on every connection: probes after 10 s idle, every 5 s, 3 unanswered probes
+#: drop it; and TCP_USER_TIMEOUT: data unacknowledged for 30 s drops it. Together they end a
+#: connection to a host that vanished (power loss, partition) even while nothing is sent
+#: (a pub/sub subscriber, an idle pooled connection) or while a send is stuck retransmitting.
+KEEPALIVE_OPTIONS: dict[int, int] = {
+    opt: value for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3),
+                                   ("TCP_USER_TIMEOUT", 30_000))
+    if (opt := getattr(socket, name, None)) is not None  # Linux names; others keep the defaults
+}
+
+
+def client_options(*, connect_timeout: float = CONNECT_TIMEOUT_S,
+                   reply_timeout: float = REPLY_TIMEOUT_S) -> dict[str, object]:
+    """The socket options of every Redis client rig opens: its own (connect) and Celery's broker
+    and beat (rig.celery_config). One place, so no client can wait for ever."""
+    return {
+        "socket_connect_timeout": connect_timeout,
+        "socket_timeout": reply_timeout,
+        "socket_keepalive": True,
+        "socket_keepalive_options": dict(KEEPALIVE_OPTIONS),
+        "health_check_interval": HEALTH_CHECK_INTERVAL_S,
+    }
+
+
+def _retry() -> Retry:
+    """Retry a command only when the connection failed (refused, reset, closed by the server:
+    typically a pooled connection that a Redis restart closed), twice, 0.1 then 0.2 s apart.
+    Never after a reply timeout: the command may have run (a ledger script is not idempotent),
+    so the caller gets redis.TimeoutError and decides."""
+    return Retry(ExponentialBackoff(cap=1.0, base=0.1), 2, supported_errors=(redis.ConnectionError,))
+
+
+def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S,
+            reply_timeout: float = REPLY_TIMEOUT_S) -> redis.Redis:
+    """A client with decoded responses and bounded waits (client_options). Does not connect
+    until first used. ``url`` carries the password already (``Settings.redis_url`` is
+    resolved). A blocking command sent through it must block for less than ``reply_timeout``."""
+    options = client_options(connect_timeout=timeout, reply_timeout=reply_timeout)
+    if urlsplit(url).scheme == "unix":  # no TCP: no keepalive options (redis-py refuses them)
+        options.pop("socket_keepalive")
+        options.pop("socket_keepalive_options")
     return redis.Redis.from_url(
         url,
         decode_responses=True,
         # Bytes that are not UTF-8 (a damaged or hostile record) decode to lone surrogates that
         # rig.records rejects, instead of a UnicodeDecodeError out of every reader.
         encoding_errors="surrogateescape",
-        socket_connect_timeout=timeout,
-        socket_timeout=None,  # BLPOP and pub/sub block on purpose
-        health_check_interval=30,
-        retry_on_timeout=True,
+        retry=_retry(),
+        **options,  # type: ignore[arg-type]
     )
 
 
