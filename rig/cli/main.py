@@ -125,45 +125,21 @@ def metrics(ctx: click.Context, job_id: str, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("job_id")
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new output until the job ends.")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing new output, through every retried attempt, until the job is final.")
 @click.option("--attempt", "-a", type=int, help="Which attempt's log (default: the latest).")
 @click.pass_context
 @handle_errors
 def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None) -> None:
-    """Print a job's output (stdout and stderr)."""
+    """Print a job's output (stdout and stderr) on stdout; which attempt, on stderr. With -f,
+    follow it, retried attempts included, until the job is final (rig.cli.logview)."""
+    from rig.cli.logview import show_log
+
     client = client_from(ctx)
     client.ping()
     job = client.get(job_id)
-    path = client.log_path(job.id, attempt)
-    while path is None:
-        if not follow:
-            state = job.state.value.lower()
-            raise InvalidInput(f"job {job.id} has no log yet (it is {state}); `rig log -f {job.id}` waits for it")
-        time.sleep(0.5)
-        job = client.get(job.id)
-        if job.state.terminal and not job.log_paths:
-            raise InvalidInput(f"job {job.id} ended {job.state.value} before it started; no log")
-        path = client.log_path(job.id, attempt)
-    if not path.exists():
-        raise InvalidInput(f"log file {path} is not on this machine (job ran on node {job.node})")
-    out = sys.stdout.buffer
-    with open(path, "rb") as fh:
-        while True:
-            chunk = fh.read(65536)
-            if chunk:
-                out.write(chunk)
-                out.flush()
-                continue
-            if not follow:
-                return
-            job = client.get(job.id)
-            if job.state.terminal or (attempt is None and len(job.log_paths) > 1 and
-                                      job.log_paths[-1] != str(path)):
-                rest = fh.read()
-                out.write(rest)
-                out.flush()
-                return
-            time.sleep(0.25)
+    show_log(lambda: client.get(job.id), attempt=attempt, follow=follow, out=sys.stdout.buffer,
+             say=lambda line: click.echo(line, err=True))
 
 
 # -- controlling ------------------------------------------------------------------------------

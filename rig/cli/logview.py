@@ -1,0 +1,143 @@
+"""``rig log``: print a job's output, one attempt or (with ``-f``) every attempt to its end.
+
+The job's output goes to stdout byte for byte (as ``cat`` would: it is the job's own output,
+asked for by name, so it is not filtered). rig's own lines go to stderr, so
+``rig log -f 12 > out.txt`` keeps out.txt the job's output alone:
+
+- before each attempt's output: ``--- job 12, attempt 2 (n1/3) ---``; without ``-f`` the
+  same line names the attempt shown (``attempt 2 of 3``);
+- with ``-f``, when the job is final: ``--- job 12 SUCCEEDED after 2 attempt(s) ---``.
+
+``-f`` follows the latest attempt, and when that attempt fails and is retried, the next one
+(a retried job goes back to PENDING and gets a new log file), until the job is final:
+SUCCEEDED, FAILED, CANCELLED or TIMEOUT, none of which has a retry pending. Ctrl-C stops
+following (exit 130, the job is untouched). Log files stay on the node that ran the attempt;
+an attempt whose file is not on this machine is named with its node and skipped once it ends.
+
+The paths come from the job record (``log_paths``, one per attempt, oldest first; else
+``log_path``): nothing here builds a path.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import BinaryIO
+
+from rig.errors import InvalidInput
+from rig.models import Job, JobState
+from rig.text import clean
+
+#: How often a followed job's record and log file are looked at again (s).
+POLL_S = 0.25
+#: A running attempt whose log file has not appeared for this long (s) is said to run elsewhere.
+MISSING_SAY_S = 2.0
+CHUNK = 65536
+
+
+def attempt_paths(job: Job) -> list[str]:
+    """The log file of each attempt, oldest first (the record's ``log_paths``, else its single
+    ``log_path``)."""
+    return list(job.log_paths) or ([job.log_path] if job.log_path else [])
+
+
+def where(job: Job, attempt: int) -> str:
+    """``n1/3``: the node and cards attempt ``attempt`` ran on (or runs on, the current one)."""
+    for item in job.attempts:
+        if item.get("attempt") == attempt:
+            return f"{item.get('node')}/{','.join(map(str, item.get('cards') or []))}"
+    return f"{job.node}/{','.join(map(str, job.cards))}" if job.node else "not placed yet"
+
+
+def header(job: Job, attempt: int, of: int | None = None) -> str:
+    count = f" of {of}" if of else ""
+    return clean(f"--- job {job.id}, attempt {attempt}{count} ({where(job, attempt)}) ---")
+
+
+def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: BinaryIO,
+             say: Callable[[str], None], sleep: Callable[[float], None] = time.sleep) -> None:
+    """Print the log of ``attempt`` (default: the latest) of the job ``get()`` reads, to
+    ``out``; with ``follow``, keep printing that attempt and, when no attempt was named, every
+    later one, until the job is final. ``say`` prints rig's own lines (stderr)."""
+    job = get()
+    paths = attempt_paths(job)
+    if attempt is not None and not 1 <= attempt <= max(len(paths), 1):
+        raise InvalidInput(f"job {job.id} has {len(paths)} attempt(s) with a log; pick --attempt 1..{len(paths)}"
+                           if paths else f"job {job.id} has no log yet")
+    if not follow:
+        if not paths:
+            raise InvalidInput(f"job {job.id} has no log yet (it is {job.state.value.lower()}); "
+                               f"`rig log -f {job.id}` waits for it")
+        n = attempt or len(paths)
+        path = paths[n - 1]
+        if not os.path.exists(path):
+            raise InvalidInput(f"log file {path} is not on this machine (attempt {n} ran on "
+                               f"{where(job, n)}; logs stay on the node that ran the job)")
+        say(header(job, n, len(paths)))
+        with open(path, "rb") as fh:
+            _copy(fh, out)
+        return
+
+    current = attempt or max(len(paths), 1)
+    while True:
+        # Wait for this attempt's log to be recorded (a job still waiting, or being retried).
+        while len(attempt_paths(job)) < current:
+            if job.state.terminal:
+                if attempt_paths(job):
+                    break
+                raise InvalidInput(f"job {job.id} ended {job.state.value} before it started; no log")
+            sleep(POLL_S)
+            job = get()
+        if len(attempt_paths(job)) < current:  # final, and no such attempt
+            break
+        say(header(job, current))
+        job = _follow_one(get, job, current, out, say, sleep)
+        if attempt is not None or (job.state.terminal and len(attempt_paths(job)) <= current):
+            break
+        current += 1
+    if job.state.terminal:
+        n = job.attempt or len(attempt_paths(job))
+        reason = f": {job.reason}" if job.reason and job.state is not JobState.SUCCEEDED else ""
+        say(clean(f"--- job {job.id} {job.state.value} after {n} attempt(s){reason} ---"))
+
+
+def _follow_one(get: Callable[[], Job], job: Job, attempt: int, out: BinaryIO,
+                say: Callable[[str], None], sleep: Callable[[float], None]) -> Job:
+    """Print attempt ``attempt``'s log as it grows, until that attempt is over (a later one
+    has a log, or the job is final); then print what is left and return the job as last read."""
+    path = attempt_paths(job)[attempt - 1]
+    fh = None
+    told_missing = False
+    missing_since: float | None = None
+    try:
+        while True:
+            over = job.state.terminal or len(attempt_paths(job)) > attempt
+            if fh is None and os.path.exists(path):
+                fh = open(path, "rb")  # noqa: SIM115 - kept open while the attempt runs
+            if fh is not None:
+                _copy(fh, out)
+            if over:
+                if fh is not None:
+                    _copy(fh, out)  # whatever was written before the end was seen
+                elif not told_missing:
+                    say(clean(f"(attempt {attempt} left no log file here: {path}; it ran on "
+                              f"{where(job, attempt)})"))
+                return job
+            if fh is None and job.state is JobState.RUNNING:
+                missing_since = missing_since or time.monotonic()
+            if fh is None and missing_since and not told_missing and time.monotonic() - missing_since >= MISSING_SAY_S:
+                told_missing = True
+                say(clean(f"(waiting for {path}: attempt {attempt} runs on {where(job, attempt)}; "
+                          "logs stay on the node that runs the job)"))
+            sleep(POLL_S)
+            job = get()
+    finally:
+        if fh is not None:
+            fh.close()
+
+
+def _copy(fh: BinaryIO, out: BinaryIO) -> None:
+    while chunk := fh.read(CHUNK):
+        out.write(chunk)
+    out.flush()

@@ -1,0 +1,45 @@
+"""`rig log -f` of a real job that fails once and is retried follows it to its end, marking each
+attempt (issue 10, item 6). A real node on fake cards, the real `rig` command."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rig.models import JobState
+from tests.integration.harness import RigHarness
+
+pytestmark = pytest.mark.slow
+
+
+def test_log_follow_goes_through_the_retry_to_the_end(tmp_path):
+    node = RigHarness(tmp_path / "home", fake_gpus="1x24G")
+    node.up()
+    try:
+        work = tmp_path / "work"
+        work.mkdir()
+        # Attempt 1 prints, waits a moment and fails; attempt 2 (the marker exists) succeeds.
+        script = ('if [ -e marker ]; then echo second attempt; sleep 0.5; echo all done; exit 0; fi; '
+                  'touch marker; echo first attempt; sleep 1.5; exit 3')
+        handle = node.client.submit(["sh", "-c", script], gpu_memory="1G", workdir=str(work), retries=1)
+        node.wait_for_state(handle.id, {JobState.RUNNING}, timeout=60)
+        env = {**os.environ, "RIG_KEY_PREFIX": node.prefix, "RIG_REDIS_URL": node.settings.redis_url,
+               "RIG_HOME": str(node.settings.home), "RIG_LOG_DIR": str(node.settings.job_log_dir)}
+        follow = subprocess.run([sys.executable, "-m", "rig.cli.main", "log", "-f", str(handle.id)],
+                                capture_output=True, text=True, timeout=90, env=env, cwd=tmp_path)
+        assert follow.returncode == 0, follow.stderr
+        assert follow.stdout == "first attempt\nsecond attempt\nall done\n", follow.stderr
+        marks = [line for line in follow.stderr.splitlines() if line.startswith("---")]
+        assert marks == [f"--- job {handle.id}, attempt 1 (testnode/0) ---",
+                         f"--- job {handle.id}, attempt 2 (testnode/0) ---",
+                         f"--- job {handle.id} SUCCEEDED after 2 attempt(s) ---"], follow.stderr
+
+        shown = subprocess.run([sys.executable, "-m", "rig.cli.main", "log", str(handle.id), "--attempt", "1"],
+                               capture_output=True, text=True, timeout=30, env=env, cwd=tmp_path)
+        assert shown.stdout == "first attempt\n"
+        assert f"--- job {handle.id}, attempt 1 of 2 (testnode/0) ---" in shown.stderr
+    finally:
+        node.cleanup()
