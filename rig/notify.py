@@ -1,4 +1,24 @@
-"""Sending the "submitted" Celery message off the caller's thread.
+"""The "submitted" Celery messages: what they are for, and why none is ever "dropped".
+
+Decision (issue 10, item 12): these messages are **not part of a submission**. A submission is
+complete, and the job safe, once its record and its place in the pending queue are written:
+one Redis transaction, which also pushes the dispatcher's wake-up (``sched_wake``); and the
+dispatcher looks at the queue at least once a second regardless. The ``rig.submitted`` task
+(workers/app.py) only pushes that same wake-up again. The message exists so that Flower shows
+submissions on the rig.high / rig.medium / rig.low queues. So a message that is never sent
+loses nothing and delays nothing, and rig never reports one as "dropped".
+
+:func:`announce` is the way to send them: one message per submit call and priority (a
+``submit_many`` of 1,000 jobs is one message naming the id range, ~0.4 ms), on the caller's
+thread, before the call returns, so nothing is left pending when it returns. A send that fails
+(broker unreachable) is logged at debug level and ignored, for the reason above.
+
+The background sender below is the older way (one message per job, off the caller's thread);
+it stays for callers that still use it. Its exit hook waits as long as messages keep going out
+(a backlog of thousands takes seconds) and gives up only after NO_PROGRESS_S without one sent
+(a broker that is gone); what is left then is logged at debug level, not as a warning.
+
+Background sender, details:
 
 A submission is durable once its record and its place in the pending queue are written (one
 Redis transaction that also wakes the dispatcher). The Celery message that follows only makes
@@ -15,8 +35,8 @@ Failures are logged and lost, since the job is already queued and the dispatcher
 anyway:
 
 * a ``send`` that raises is logged (warning with the traceback), and the next message still goes;
-* at a normal exit an ``atexit`` hook waits up to FLUSH_TIMEOUT_S for the unsent messages, and
-  logs a warning with the number it drops when that time runs out;
+* at a normal exit an ``atexit`` hook waits while messages keep being sent, until none is
+  left, or until NO_PROGRESS_S pass without one (a debug line then, nothing else);
 * a process that ends with ``os._exit`` (a multiprocessing child, a forked worker) runs no exit
   hook, so what it had not sent yet is dropped without a log line; call ``flush()`` first if
   that matters;
@@ -33,12 +53,18 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rig.models import Job
 
 log = logging.getLogger(__name__)
 
-#: How long the exit hook waits for unsent messages (s).
+#: How long flush() waits by default (s).
 FLUSH_TIMEOUT_S = 5.0
+#: The exit hook gives up when no message was sent for this long (s): the broker is gone.
+NO_PROGRESS_S = 5.0
 #: Messages waiting beyond this are sent by the caller itself (back-pressure, bounded memory).
 MAX_BACKLOG = 10_000
 #: How often a waiting flush() looks whether the thread is still alive (s).
@@ -180,12 +206,21 @@ def flush(timeout: float = FLUSH_TIMEOUT_S) -> bool:
     return True if dispatcher is None else dispatcher.flush(timeout)
 
 
-def _flush_at_exit(timeout: float = FLUSH_TIMEOUT_S) -> None:
+def _flush_at_exit(stall: float = NO_PROGRESS_S) -> None:
+    """At interpreter exit: let the thread send what is queued, however long that takes while
+    messages keep going out; stop waiting after ``stall`` s without one. Nothing of a job is
+    lost either way (module doc), so what is left is a debug line, not a warning."""
     dispatcher = _dispatcher
-    if dispatcher is None or dispatcher.flush(timeout):
+    if dispatcher is None:
         return
-    log.warning("%d submission message(s) still unsent after %.1f s at exit, dropped; the jobs "
-                "are queued and the dispatcher still finds them", dispatcher.unsent(), timeout)
+    left = dispatcher.unsent()
+    while left and not dispatcher.flush(stall):
+        now_left = dispatcher.unsent()
+        if now_left >= left:  # none sent for `stall` s
+            log.debug("%d 'submitted' message(s) for Flower not sent at exit (broker not answering); "
+                      "the jobs are queued, nothing is lost", now_left)
+            return
+        left = now_left
 
 
 atexit.register(_flush_at_exit)  # once per process; reads the current (post-fork) dispatcher
@@ -207,3 +242,39 @@ class BackgroundSender:
         """Wait until every message queued so far was handled; False if ``timeout`` s passed
         first."""
         return flush(timeout)
+
+
+def announce(celery, jobs: Sequence[Job]) -> int:  # noqa: ANN001 - a Celery app, imported lazily
+    """Send the "submitted" message(s) for ``jobs``, just stored by one submit call: one message
+    per priority among them, on that priority's queue, named for Flower (``job 12 'bert' by ana:
+    12.0 GiB x 1, high`` or ``jobs 12-1011 (1000) 'sweep' by ana, low``). Runs on the caller's
+    thread and returns when sent; a failure is logged at debug level and ignored (module doc).
+    Returns how many messages were sent."""
+    from rig.celery_config import TASK_SUBMITTED
+    from rig.memory import format_memory
+
+    by_priority: dict[object, list[Job]] = {}
+    for job in jobs:
+        by_priority.setdefault(job.priority, []).append(job)
+    sent = 0
+    for priority, group in by_priority.items():
+        first = group[0]
+        if len(group) == 1:
+            label = (f"job {first.id} '{first.name}' by {first.user}: {format_memory(first.gpu_memory)} x "
+                     f"{first.gpus}, {priority.value}")
+        else:
+            ids = sorted(j.id for j in group)
+            span = f"{ids[0]}-{ids[-1]}" if ids[-1] - ids[0] + 1 == len(ids) else f"{ids[0]}..{ids[-1]}"
+            names = sorted({j.name for j in group})
+            users = sorted({j.user for j in group})
+            label = (f"jobs {span} ({len(group)}) '{names[0]}'{' and others' if len(names) > 1 else ''} "
+                     f"by {', '.join(users[:3])}{' ...' if len(users) > 3 else ''}, {priority.value}")
+        try:
+            # The task only wakes the dispatcher; its argument is the first id, for Flower.
+            celery.send_task(TASK_SUBMITTED, args=[first.id], queue=priority.queue, retry=False,
+                             argsrepr=label[:400])
+            sent += 1
+        except Exception:  # noqa: BLE001 - the jobs are queued; this message is for Flower only
+            log.debug("could not send the 'submitted' message for %s; the jobs are queued", label,
+                      exc_info=True)
+    return sent
