@@ -64,10 +64,11 @@ class DaemonNode:
         self.env = {**env, **settings_env(self.settings)}
         self.rig = str(Path(sys.executable).parent / "rig")
         self.mark = node_mark(self.settings.node_name, home)
+        self.cwd = workdir  # where the operator types rig commands
 
     def cli(self, *args: str, timeout: float = 150) -> subprocess.CompletedProcess:
         return subprocess.run([self.rig, *args], env=self.env, capture_output=True, text=True,
-                              timeout=timeout, cwd=self.home.parent)
+                              timeout=timeout, cwd=self.cwd)
 
     def up(self, *extra: str) -> subprocess.CompletedProcess:
         result = self.cli("up", "--daemon", "--no-metrics", *extra)
