@@ -15,9 +15,9 @@ from typing import Any
 import redis
 
 from rig.gpus.base import GpuReading
-from rig.keys import Keys
+from rig.keys import Keys, card_id, split_card_id
+from rig.lua import Scripts
 from rig.models import CardState, Job, JobState, pending_score
-from rig.scripts import Scripts
 from rig.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class Ledger:
         pipe.hsetnx(key, "reserved", 0)
         pipe.hsetnx(key, "jobs", 0)
         pipe.hsetnx(key, "healthy", 1)
-        pipe.sadd(self.keys.cards, f"{node}/{reading.index}")
+        pipe.sadd(self.keys.cards, card_id(node, reading.index))
         pipe.sadd(self.keys.nodes, node)
         pipe.execute()
         self.record_reading(node, reading)
@@ -109,7 +109,7 @@ class Ledger:
         ids = sorted(self.r.smembers(self.keys.cards))
         pipe = self.r.pipeline(transaction=False)
         for cid in ids:
-            node, _, index = cid.rpartition("/")
+            node, index = split_card_id(cid)
             pipe.hgetall(self.keys.card(node, index))
         cards = [CardState.from_redis(raw) for raw in pipe.execute() if raw]
         return sorted(cards, key=lambda c: (c.node, c.index))

@@ -6,6 +6,7 @@ Memory is always in bytes; times are Unix epoch seconds (float).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from enum import Enum
@@ -362,6 +363,8 @@ class CardState:
     """One card as the ledger sees it. Memory in bytes.
 
     Invariants kept by the ledger's scripts: ``reserved <= usable`` and ``jobs <= max_jobs``.
+    Whether it takes a job is decided by :meth:`refusal`, the one rule, which rig/lua/lib_card.lua
+    mirrors for the reservation itself (tests/store/test_card_rule.py checks they agree).
     """
 
     node: str
@@ -382,6 +385,9 @@ class CardState:
     fake: bool = False
     health_reason: str = ""
     foreign: int = 0  # bytes used by processes rig did not start
+    #: Not stored: what was wrong with the record this was read from (empty = valid). A card
+    #: with problems takes no job (refusal 'invalid') and shows the first as its health_reason.
+    problems: list[str] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def taken(self) -> int:
@@ -389,7 +395,9 @@ class CardState:
 
     @property
     def id(self) -> str:
-        return f"{self.node}/{self.index}"
+        from rig.keys import card_id
+
+        return card_id(self.node, self.index)
 
     @property
     def free(self) -> int:
@@ -398,7 +406,30 @@ class CardState:
 
     @property
     def eligible(self) -> bool:
+        """Allowed and healthy, its record valid (a bad record leaves it unhealthy)."""
         return self.allowed and self.healthy
+
+    def refusal(self, nbytes: int) -> str | None:
+        """Why this card cannot take a job of ``nbytes`` (per card) now, or None when it can.
+        THE rule; reserve.lua refuses with the same word (``card-<word>:<key>``) through
+        rig/lua/lib_card.lua, which mirrors it field by field:
+
+        - 'invalid': the record is damaged or incomplete (see from_redis; a card without
+          ``allowed`` or ``healthy`` is refused, never taken as allowed or healthy);
+        - 'not-allowed': not in gpu_whitelist; 'unhealthy': failed its health check;
+        - 'full': ``reserved + foreign + nbytes > usable``; 'busy': ``jobs + 1 > max_jobs``.
+        """
+        if self.problems:
+            return "invalid"
+        if not self.allowed:
+            return "not-allowed"
+        if not self.healthy:
+            return "unhealthy"
+        if self.reserved + self.foreign + nbytes > self.usable:
+            return "full"
+        if self.jobs + 1 > self.max_jobs:
+            return "busy"
+        return None
 
     @classmethod
     def from_redis(cls, raw: dict[Any, Any]) -> CardState:
@@ -420,15 +451,21 @@ class CardState:
                 problems.append(f"field {name}: {exc}")
                 return default
 
-        def size(text: Any) -> int:
-            return R.as_int(text, 0, R.MAX_GPU_MEMORY, "a size in bytes")
+        def whole(low: int, high: int, what: str = "a whole number") -> Callable[[Any], int]:
+            # Plain base-10 digits only, as rig writes them (HSET, HINCRBY): the ledger's script
+            # (lib_card.lua) reads these fields with the same syntax and the same ranges.
+            def check(text: Any) -> int:
+                if not (isinstance(text, str) and len(text) <= 40 and _PLAIN_INT.fullmatch(text)):
+                    raise R.BadField(f"expected {what} from {low} to {high}, got {R.show(text)}")
+                return R.as_int(text, low, high, what)
+            return check
 
-        def signed(text: Any) -> int:
-            # reserved/foreign are kept by HINCRBY: let the ledger's own checks judge them
-            return R.as_int(text, -R.MAX_GPU_MEMORY, R.MAX_GPU_MEMORY, "a size in bytes")
+        size = whole(0, R.MAX_GPU_MEMORY, "a size in bytes")
+        # reserved/foreign are kept by HINCRBY: let the ledger's own checks judge them
+        signed = whole(-R.MAX_GPU_MEMORY, R.MAX_GPU_MEMORY, "a size in bytes")
 
         def small(low: int, high: int) -> Callable[[Any], int]:
-            return lambda text: R.as_int(text, low, high)
+            return whole(low, high)
 
         card = cls(
             node=get("node", R.as_word, "?", True),
@@ -438,8 +475,10 @@ class CardState:
             reserved=get("reserved", signed, 0),
             jobs=get("jobs", small(-(2**31), 2**31), 0),
             max_jobs=get("max_jobs", small(1, 1_000_000), 1),
-            allowed=get("allowed", R.as_bool, True),
-            healthy=get("healthy", R.as_bool, True),
+            # Required: register_card always writes both. A record without them is refused
+            # (fail safe) with a reason `rig status` shows, never taken as allowed and healthy.
+            allowed=get("allowed", R.as_bool, False, True),
+            healthy=get("healthy", R.as_bool, False, True),
             model=get("model", lambda t: R.as_text(t, 256), "unknown"),
             uuid=get("uuid", lambda t: R.as_text(t, 256), ""),
             used=get("used", signed, None),
@@ -453,4 +492,8 @@ class CardState:
         if problems:
             card.healthy = False
             card.health_reason = "invalid record: " + problems[0]
+            card.problems = problems
         return card
+
+
+_PLAIN_INT = re.compile(r"-?[0-9]+")

@@ -20,7 +20,11 @@
 --
 -- Invariants kept, per card: reserved + foreign + bytes <= usable (foreign: memory used by
 -- processes rig did not start); jobs + 1 <= max_jobs; only cards with allowed = 1 and
--- healthy = 1 take jobs.
+-- healthy = 1 and a valid record take jobs. The rule is lib_card's card_refusal (the mirror of
+-- rig.models.CardState.refusal); a refusal is {0, 'card-<reason>:<card key>'}.
+
+--#include lib_card
+--#include lib_queue
 
 local job, pending, idx_pending, idx_assigned = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local job_id, bytes, now, node, cards = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
@@ -44,22 +48,9 @@ end
 local ncards = (#KEYS - 6) / 2
 for i = 0, ncards - 1 do
   local card = KEYS[7 + 2 * i]
-  local f = redis.call('HMGET', card, 'usable', 'reserved', 'jobs', 'max_jobs', 'allowed', 'healthy',
-                       'foreign')
-  if not f[1] then
-    return {0, 'card-missing:' .. card}
-  end
-  if f[5] ~= '1' then
-    return {0, 'card-not-allowed:' .. card}
-  end
-  if f[6] == '0' then
-    return {0, 'card-unhealthy:' .. card}
-  end
-  if tonumber(f[2] or '0') + tonumber(f[7] or '0') + bytes > tonumber(f[1]) then
-    return {0, 'card-full:' .. card}
-  end
-  if tonumber(f[3] or '0') + 1 > tonumber(f[4] or '1') then
-    return {0, 'card-busy:' .. card}
+  local refused = card_refusal(card, bytes)
+  if refused then
+    return {0, 'card-' .. refused .. ':' .. card}
   end
   if redis.call('HEXISTS', KEYS[8 + 2 * i], job_id) == 1 then
     return {0, 'already-reserved:' .. card}
@@ -68,6 +59,11 @@ end
 
 for i = 0, ncards - 1 do
   local card = KEYS[7 + 2 * i]
+  for _, counter in ipairs({'reserved', 'jobs'}) do
+    if redis.call('HGET', card, counter) == '' then  -- '' counts as 0 (card_refusal): HINCRBY would fail
+      redis.call('HSET', card, counter, 0)
+    end
+  end
   redis.call('HINCRBY', card, 'reserved', bytes)
   redis.call('HINCRBY', card, 'jobs', 1)
   redis.call('HSET', KEYS[8 + 2 * i], job_id, bytes)
@@ -76,11 +72,7 @@ end
 local token = redis.call('HINCRBY', job, 'assignments', 1)
 redis.call('HSET', job, 'state', 'ASSIGNED', 'node', node, 'cards', cards, 'assigned_at', now)
 redis.call('HDEL', job, 'wait_reason')
-redis.call('ZREM', pending, job_id)
 redis.call('ZREM', idx_pending, job_id)
-redis.call('ZREM', KEYS[5], job_id)
-if redis.call('ZCARD', KEYS[5]) == 0 then
-  redis.call('SREM', KEYS[6], ARGV[6])
-end
+leave_queues(pending, KEYS[5], KEYS[6], ARGV[6], job_id)
 redis.call('ZADD', idx_assigned, tonumber(job_id), job_id)
 return {1, token}

@@ -36,6 +36,8 @@
 -- when nothing changed (not allowed from this state, or token mismatch), {3, state} (see ARGV[9]).
 -- Releasing is idempotent: a card gives back only what its reservations hash still records.
 
+--#include lib_queue
+
 local job, pending, errors = KEYS[1], KEYS[2], KEYS[3]
 local job_id, target, now, token, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[6]
 local states = cjson.decode(ARGV[7])
@@ -124,11 +126,7 @@ if target == 'PENDING' then
   redis.call('HDEL', job, 'node', 'cards', 'pid', 'proc_start', 'worker', 'cancel_requested',
              'ended_at', 'exit_code', 'started_at', 'held_at')
 else
-  redis.call('ZREM', pending, job_id)
-  redis.call('ZREM', KEYS[4], job_id)
-  if redis.call('ZCARD', KEYS[4]) == 0 then
-    redis.call('SREM', KEYS[5], ARGV[12])
-  end
+  leave_queues(pending, KEYS[4], KEYS[5], ARGV[12], job_id)
   redis.call('HSET', job, 'ended_at', now)
   if ARGV[10] == '1' then
     redis.call('ZADD', errors, tonumber(now), job_id)

@@ -13,12 +13,10 @@
 --
 -- Returns 1 when the id was taken out, 0 when the job is PENDING (left alone).
 
+--#include lib_queue
+
 if redis.call('HGET', KEYS[1], 'state') == 'PENDING' then
   return 0
 end
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
-if redis.call('ZCARD', KEYS[3]) == 0 then
-  redis.call('SREM', KEYS[4], ARGV[2])
-end
+leave_queues(KEYS[2], KEYS[3], KEYS[4], ARGV[2], ARGV[1])
 return 1
