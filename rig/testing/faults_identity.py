@@ -65,6 +65,8 @@ def redis_came_back_empty(workdir: Path, *, jobs_running: bool = True) -> Scenar
         if jobs_running:
             old_ids = [sc.submit(gpu_memory="20G") for _ in range(2)]
             sc.wait_running(old_ids)
+            # RUNNING is recorded at the claim, a moment before the process exists.
+            _wait(lambda: len(set(sc.node.job_processes().values())) == len(old_ids), 30, "the jobs' processes")
             old_procs = sc.node.job_processes()
         server.send_signal(signal.SIGKILL)
         server.wait()
