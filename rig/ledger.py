@@ -14,6 +14,7 @@ from typing import Any
 
 import redis
 
+from rig.errors import JobNotFound
 from rig.gpus.base import GpuReading
 from rig.keys import Keys, card_id, split_card_id
 from rig.lua import Scripts
@@ -128,7 +129,10 @@ class Ledger:
         Returns (True, token) or (False, reason); on False nothing changed.
         """
         if user is None:
-            user = self.r.hget(self.keys.job(job_id), "user") or "?"
+            try:
+                user = self.store.fields(job_id, "user").user  # '?' when missing or invalid
+            except JobNotFound:
+                user = "?"  # the script refuses it: state missing
         keys = [
             self.keys.job(job_id),
             self.keys.pending,

@@ -90,6 +90,25 @@ class JobStore:
             raise JobNotFound(jid)
         return Job.from_redis(raw)
 
+    def fields(self, job_id: int | str, *names: str) -> Job:
+        """Only the fields ``names`` of a job's record, read in one HMGET and checked exactly as
+        get() checks them (Job.from_redis: the one parser of a job record). The other fields
+        keep their neutral values; ``problems`` lists problems of the named fields only.
+        Raises JobNotFound when the record does not exist."""
+        try:
+            jid = int(job_id)
+        except (TypeError, ValueError):
+            raise JobNotFound(job_id) from None
+        pipe = self.r.pipeline(transaction=False)
+        pipe.exists(self.keys.job(jid))
+        pipe.hmget(self.keys.job(jid), *names)
+        exists, values = pipe.execute()
+        if not exists:
+            raise JobNotFound(jid)
+        job = Job.from_redis({k: v for k, v in zip(names, values, strict=True) if v is not None})
+        job.problems = [p for p in job.problems if p.split(":", 1)[0].removeprefix("field ") in names]
+        return job
+
     def get_many(self, job_ids: Iterable[int | str]) -> list[Job]:
         ids = list(job_ids)
         pipe = self.r.pipeline(transaction=False)

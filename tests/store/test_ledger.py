@@ -189,3 +189,15 @@ def test_concurrent_reservations_never_oversubscribe(real_redis, key_prefix):
     assert len(won) == 14  # floor(100 / 7)
     assert card.reserved == 14 * 7 * GIB <= card.usable
     assert sorted(ledger.holdings("n1", 0)) == sorted(won)
+
+
+def test_store_fields_reads_some_fields_with_the_same_checks_as_get(ledger):
+    from rig.errors import JobNotFound
+
+    job = make_job(ledger.store)
+    ledger.r.hset(ledger.keys.job(job.id), mapping={"gpus": "x"})
+    part = ledger.store.fields(job.id, "user", "gpu_memory")
+    assert (part.user, part.gpu_memory, part.problems) == ("u", 10 * GIB, [])
+    assert ledger.store.fields(job.id, "gpus").problems == [ledger.store.get(job.id).problems[0]]
+    with pytest.raises(JobNotFound):
+        ledger.store.fields(10**6, "user")
