@@ -81,9 +81,9 @@ class WaitFacts:
 def node_state_text(node: NodeInfo) -> str:
     """``node a: stopped since 12:01:05 (rig down)`` and the like, for a node that is not up."""
     if node.state == "stopped":
-        return f"node {node.name}: stopped since {clock(node.stopped_at or node.since)} (`rig down`)"
+        return f"node {node.name}: stopped since {clock(node.stopped_at or node.since)} by `rig down`"
     if node.state == "down":
-        return f"node {node.name}: DOWN since {clock(node.down_since or node.since)} (no heartbeat)"
+        return f"node {node.name}: DOWN since {clock(node.down_since or node.since)}, no heartbeat"
     if node.state == "silent":
         return (f"node {node.name}: silent since {clock(node.last_seen or node.since)} "
                 "(no heartbeat; not yet declared down)")

@@ -56,7 +56,7 @@ def test_after_rig_down_a_new_job_says_no_node_is_up(world):
     job = client.get(_submit(ledger, 4))
     why = why_waiting(client, job)
     assert why.startswith("no rig node is up (node n1: stopped since "), why
-    assert "(`rig down`)" in why and FITS_NOW not in why and NO_DISPATCHER in why
+    assert "by `rig down`" in why and FITS_NOW not in why and NO_DISPATCHER in why
 
 
 def test_a_down_node_is_named_with_its_time(world):
