@@ -22,6 +22,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from rig.installation import SAME, Installation
 from rig.models import JobState
 from rig.nodes import NodeRegistry
 from rig.testing.faults import GATE, Scenario, ScenarioResult, _free_port, _wait
@@ -86,7 +87,10 @@ def redis_came_back_empty(workdir: Path, *, jobs_running: bool = True) -> Scenar
 
             stop_and_join(sc.node.settings, say=lambda _line: None)
         else:
-            _wait(lambda: bool(sc.node.client.ledger.cards()), 30, "the node to join the empty Redis by itself")
+            inst = Installation(sc.node.redis, sc.node.keys, sc.node.settings.run_dir, sc.node.name)
+            _wait(lambda: inst.check().kind == SAME and any(c.eligible for c in sc.node.client.ledger.cards()),
+                  30, "the node to join the empty Redis by itself")
+            sc.result.notes.append(f"joined a new installation by itself after {sc.elapsed():.1f} s")
         # The new installation: ids restart at 1; each job must run its own command.
         sc.job_ids = []
         sc.trace = workdir / "trace-new.txt"
