@@ -38,6 +38,7 @@ from typing import Any
 
 import redis
 
+from rig import pytask
 from rig.failures import CALL_BAD_EXIT, CALL_BAD_RESULT_EXIT
 from rig.keys import Keys
 from rig.pytask import SubmittedWhileImported, loading_call
@@ -154,6 +155,9 @@ def main() -> int:
         traceback.print_exc()
         _say(f"job {job_id}: cannot load {payload['module']}.{payload['qualname']} "
              f"({type(exc).__name__}: {exc}); fix it, then submit the call again")
+        return BAD_CALL_EXIT
+    if pytask.refused_while_loading:  # caught by the script, or raised in one of its threads
+        _say(f"job {job_id}: {pytask.refused_while_loading[0]}")
         return BAD_CALL_EXIT
     try:
         result = fn(*payload["args"], **payload["kwargs"])

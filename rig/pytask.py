@@ -51,6 +51,9 @@ MAX_PAYLOAD_BYTES = 256 * 1024 * 1024
 #: Set (to the file being imported) while rig.call imports a call's module inside a job: a
 #: ``.delay()`` then comes from that module's top level being run again (see loading_call).
 _loading_call: str | None = None
+#: What was refused while loading (rig.call fails the job with it even if the script caught the
+#: exception, or raised it in a thread of its own where it never reaches rig.call).
+refused_while_loading: list[str] = []
 
 
 class SubmittedWhileImported(BaseException):  # noqa: N818 - reads as what happened
@@ -89,10 +92,11 @@ class RigTask(Generic[P, R]):
         from rig.client import default_client
 
         if _loading_call is not None:
-            raise SubmittedWhileImported(
-                f"{_loading_call} submits {self.fn.__name__}() when it is imported: the job imports "
-                f"it to find the function, so put the code that calls .delay() under "
-                f"`if __name__ == \"__main__\":`")
+            message = (f"{_loading_call} submits {self.fn.__name__}() when it is imported: the job "
+                       f"imports it to find the function, so put the code that calls .delay() under "
+                       f"`if __name__ == \"__main__\":`")
+            refused_while_loading.append(message)
+            raise SubmittedWhileImported(message)
         payload = _payload(self.fn, args, kwargs or {})
         _check_importable(self, payload)
         _check_guarded(self.fn, payload)
