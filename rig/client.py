@@ -30,7 +30,7 @@ from rig.ledger import Ledger
 from rig.memory import format_memory, parse_memory
 from rig.models import CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
-from rig.placement import Request, explain_wait, never_fits, place
+from rig.placement import Request, never_fits
 from rig.redis_conn import check, connect, unavailable
 from rig.store import JobStore
 
@@ -112,7 +112,6 @@ class Client:
         self.ledger = Ledger(self.r, self.keys,
                              usage_half_life_s=self.settings.fair_share_half_life_hours * 3600)
         self._celery = None
-        self._sender = None  # rig.notify.BackgroundSender: a handle on the process-wide thread
         self._cards_cache: tuple[float, list[CardState]] | None = None
         self.last_auto_note: str | None = None
 
@@ -254,7 +253,7 @@ class Client:
         if _build_only:
             return job, extra  # type: ignore[return-value] - submit_many's internal use
         job = self._guard(self.store.create, job, extra)
-        self._notify_submitted(job)
+        self._announce([job])
         return JobHandle(self, job.id, job)
 
     def submit_many(self, requests: list[dict[str, Any]]) -> list[JobHandle]:
@@ -277,8 +276,7 @@ class Client:
             except TypeError as exc:
                 raise InvalidInput(f"request {number}: {exc}") from None
         jobs = self._guard(self.store.create_many, built)
-        for job in jobs:
-            self._notify_submitted(job)
+        self._announce(jobs)
         return [JobHandle(self, job.id, job) for job in jobs]
 
     def expected_seconds(self, name: str, time_limit: float | None) -> float | None:
@@ -314,33 +312,18 @@ class Client:
             self._cards_cache = (now, self.ledger.cards())
         return self._cards_cache[1]
 
-    def _notify_submitted(self, job: Job) -> None:
-        """Send the job's "submitted" message on its priority queue (for Flower; it also nudges
-        the dispatcher, which the stored submission has woken already). Sent from a background
-        thread (rig.notify, one for the whole process): the job is already safe in the pending
-        queue, so a lost message delays nothing."""
-        if self._sender is None:
-            from rig.notify import BackgroundSender
-
-            self._sender = BackgroundSender(self._send_submitted)
-        self._sender.put((job.id, job.name, job.user, job.gpu_memory, job.gpus, job.priority))
-
-    def _send_submitted(self, item: object) -> None:
-        from rig.celery_config import TASK_SUBMITTED
-
-        job_id, name, user, nbytes, gpus, priority = item  # type: ignore[misc]
-        self.celery.send_task(
-            TASK_SUBMITTED, args=[job_id], queue=priority.queue, retry=False,
-            argsrepr=f"job {job_id} '{name}' by {user}: {format_memory(nbytes)} x {gpus}, {priority.value}",
-        )
-
-    def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until the submission messages of this client were sent (see rig.notify); False
-        if ``timeout`` s passed first. The thread is shared, so this also waits for the messages
-        other clients of this process queued before."""
+    def _announce(self, jobs: list[Job]) -> None:
+        """Send the "submitted" message(s) of jobs just stored, before returning (rig.notify:
+        they are for Flower; the stored submission has woken the dispatcher already, so a
+        message that cannot be sent delays nothing and nothing is left to send at exit)."""
         from rig import notify
 
-        return notify.flush(timeout)
+        notify.announce(self.celery, jobs)
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """True: a submit call sends its messages before it returns (rig.notify), so nothing
+        is ever left to send. Kept for callers of the older API."""
+        return True
 
     # -- reading --------------------------------------------------------------------------
     def get(self, job_id: int | str) -> Job:
@@ -355,30 +338,11 @@ class Client:
         return self._guard(self.store.list, st, limit=limit)
 
     def why_waiting(self, job: Job) -> str | None:
-        """For a PENDING job, a sentence a person understands; None for other states."""
-        if job.state is not JobState.PENDING:
-            return None
-        cards = self.ledger.cards()
-        if not cards:
-            return "no cards are registered: no rig node is up (start one with `rig up`)"
-        request = Request(job.gpu_memory, job.gpus)
-        position = self.store.pending_position(job.id)
-        own = (
-            "it fits now and starts as soon as the dispatcher places it"
-            if place(cards, request, self.settings.scheduler_type)
-            else explain_wait(cards, request)
-        )
-        if not position:
-            return job.wait_reason or own
-        head = self.store.pending_head(1)
-        head_job = self.store.get(head[0]) if head else None
-        ahead = f"{position} job(s) ahead of it in the queue (by priority)"
-        if head_job is not None:
-            head_reason = head_job.wait_reason or explain_wait(
-                cards, Request(head_job.gpu_memory, head_job.gpus)
-            )
-            ahead += f"; the first, job {head_job.id} ({head_job.priority.value}), waits: {head_reason}"
-        return f"{ahead}. This job: {own}"
+        """For a PENDING job, a sentence a person understands (rig.waiting: the one
+        explanation); None for other states."""
+        from rig.waiting import why_waiting
+
+        return why_waiting(self, job)
 
     def status(self, pool: str | None = None) -> StatusReport:
         """Cards, queues, workers, nodes and users; with ``pool``, only that pool's cards and
@@ -589,8 +553,9 @@ class Client:
         if code != 1:
             raise InvalidInput(f"job {job.id} could not be retried (it is {state})")
         self.wake_dispatcher()
-        self._notify_submitted(self.get(job.id))
-        return self.get(job.id)
+        job = self.get(job.id)
+        self._announce([job])
+        return job
 
     def clear_error(self, job_id: int | str) -> Job:
         """Take a job out of the error queue; it stays in its final state."""

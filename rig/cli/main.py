@@ -20,6 +20,7 @@ from rig.cli.render import (
     render_metrics,
     render_status,
 )
+from rig.cli.recover import recover
 from rig.cli.submit import do_submit, submit_options
 from rig.cli.top import top
 from rig.errors import InvalidInput, StackError
@@ -418,6 +419,7 @@ def main() -> None:
 
 
 cli.add_command(top)
+cli.add_command(recover)
 
 
 if __name__ == "__main__":

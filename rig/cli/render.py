@@ -67,6 +67,8 @@ def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
     if node is None:
         return f"node {M(name)}: {cards} card(s), never heartbeated"
     line = f"node {M(name)}: {M(node.describe)}"
+    if node.mismatch:
+        return f"[bold red]{line}[/]"  # both parts cleaned and escaped above
     if node.state == "up":
         line += f", {cards} card(s), {node.workers} worker(s)"
     elif node.state == "silent":
