@@ -178,7 +178,9 @@ class Job:
 
     @property
     def card_ids(self) -> list[str]:
-        return [f"{self.node}/{i}" for i in self.cards] if self.node else []
+        from rig.keys import card_id
+
+        return [card_id(self.node, i) for i in self.cards] if self.node else []
 
     # -- (de)serialisation --------------------------------------------------------------
     _JSON_FIELDS = ("command", "env", "cards", "log_paths", "attempts", "evidence")

@@ -159,7 +159,7 @@ class NodeRegistry:
             with self.r.pipeline(transaction=True) as pipe:
                 try:
                     pipe.watch(k.nodes, k.cards, k.workers, k.node(node), k.node_alive(node))
-                    cards = sorted((c for c in pipe.smembers(k.cards) if c.rpartition("/")[0] == node),
+                    cards = sorted((c for c in pipe.smembers(k.cards) if split_card_id(c)[0] == node),
                                    key=lambda c: split_card_id(c)[1])
                     card_keys = [key for c in cards for key in (k.card(node, split_card_id(c)[1]),
                                                                  k.card_jobs(node, split_card_id(c)[1]))]

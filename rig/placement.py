@@ -50,8 +50,8 @@ class Placement:
 
 
 def fits(card: CardState, request: Request) -> bool:
-    """Could this card take the job right now?"""
-    return card.eligible and card.free >= request.nbytes and card.jobs < card.max_jobs
+    """Could this card take the job right now? (the one rule: CardState.refusal)"""
+    return card.refusal(request.nbytes) is None
 
 
 _Key = Callable[[CardState, Request, "int | None", bool], tuple]

@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rig.keys import card_id
 from rig.memory import format_memory
 from rig.models import CardState, Job, JobState
 from rig.nodes import NodeInfo, NodeRegistry, clock
@@ -124,7 +125,7 @@ def explain(facts: WaitFacts) -> str:
     open_cards = [c for c in live if c.id not in held]
     fitting = place(open_cards, req, facts.strategy)
     if fitting is not None:
-        where = ", ".join(f"{fitting.node}/{i}" for i in fitting.cards)
+        where = ", ".join(card_id(fitting.node, i) for i in fitting.cards)
         then = "; it starts at the dispatcher's next pass" if facts.dispatcher else ""
         return f"{FITS_NOW} ({where}){then}{tail}"
     text = explain_wait(open_cards, req) if open_cards else (

@@ -2,7 +2,7 @@
 """Run rig's fault-injection scenarios against real Redis, real workers and real jobs, and print
 the table (scenario, jobs, faults, lost, duplicated, leaked, orphans).
 
-    .venv/bin/python scripts/fault_scenarios.py              # all scenarios (a few minutes)
+    .venv/bin/python scripts/fault_scenarios.py              # all scenarios (several minutes)
     .venv/bin/python scripts/fault_scenarios.py redis-restart beats
 
 Needs a Redis at $RIG_TEST_REDIS_URL (default redis://127.0.0.1:6379/0) for the scenarios that
@@ -17,16 +17,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rig.testing.faults import SCENARIOS, run_all, table  # noqa: E402
+from rig.testing.fault_suite import ALL, run  # noqa: E402
+from rig.testing.faults import table  # noqa: E402
 
 
 def main() -> int:
     names = sys.argv[1:]
-    unknown = [n for n in names if n not in dict(SCENARIOS)]
+    unknown = [n for n in names if n not in dict(ALL)]
     if unknown:
-        print(f"unknown scenario(s) {unknown}; choose from {[n for n, _ in SCENARIOS]}", file=sys.stderr)
+        print(f"unknown scenario(s) {unknown}; choose from {[n for n, _ in ALL]}", file=sys.stderr)
         return 2
-    results = run_all(names or None)
+    results = run(names or None)
     print(table(results))
     return 0 if all(r.ok for r in results) else 1
 

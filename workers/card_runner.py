@@ -29,6 +29,7 @@ from rig import job_env as jobenv
 from rig import logkeeper
 from rig import records as R
 from rig.config import Settings
+from rig.failures import FailureClass
 from rig.gpus import GpuBackend, GpuReadError, GpuReading
 from rig.installation import matches as installation_matches
 from rig.keys import Keys
@@ -286,7 +287,8 @@ class CardRunner:
                     logf.write(message.encode())
                     self.store.update(job.id, log_path=str(log_path), log_paths=log_paths)
                     self._finish(job.id, token, instance=job.instance, end=AttemptEnd(
-                        exit_code=126, note=f"could not start in {job.workdir}{as_whom}: {detail}"))
+                        exit_code=126, note=f"could not start in {job.workdir}{as_whom}: {detail}",
+                        failure=FailureClass.START_FAILED))
                     return None
                 finally:
                     if keeper is not None:

@@ -54,7 +54,7 @@ from rig import records as R
 from rig.config import Settings
 from rig.errors import InvalidRecord
 from rig.fairshare import TeamState, decay, exceeds_alone, over_limit
-from rig.keys import Keys
+from rig.keys import Keys, card_id
 from rig.ledger import Ledger
 from rig.models import PRIORITY_BAND, CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
@@ -419,7 +419,7 @@ class Dispatcher:
                     releases, team = snapshot.get()
                     end = self.release_estimate(job, now)
                     for index in placement.cards:
-                        releases.setdefault(f"{placement.node}/{index}", []).append(Release(end, job.gpu_memory))
+                        releases.setdefault(card_id(placement.node, index), []).append(Release(end, job.gpu_memory))
                     team.load(job.user).add_job(job.gpu_memory, job.gpus, 0.0)
                 started += 1
                 progressed = True

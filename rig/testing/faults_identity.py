@@ -114,3 +114,9 @@ def redis_came_back_empty(workdir: Path, *, jobs_running: bool = True) -> Scenar
         sc.close()
         server.send_signal(signal.SIGKILL)
         server.wait()
+
+
+SCENARIOS = [
+    ("redis-empty-jobs-running", redis_came_back_empty),
+    ("redis-empty-idle", lambda w: redis_came_back_empty(w, jobs_running=False)),
+]

@@ -99,3 +99,9 @@ def log_flood(workdir: Path, *, cap: int = 1 << 20, nbytes: int = 300_000_000) -
         return sc.result
     finally:
         sc.close()
+
+
+SCENARIOS = [
+    ("operator-environment", operator_environment),
+    ("log-flood", log_flood),
+]
