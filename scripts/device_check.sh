@@ -102,7 +102,8 @@ section "1. rig up --daemon (RIG_HOME=$RIG_HOME, RIG_FAKE_GPUS=${RIG_FAKE_GPUS:-
 UP_OK=0
 if timeout 120 rig up --daemon; then
   for _ in $(seq 60); do  # the card workers announce themselves shortly after rig up returns
-    rig status 2>/dev/null | grep -q "workers alive: [1-9]" && { UP_OK=1; break; }
+    # (no `| grep -q`: under pipefail its early exit makes rig status die of SIGPIPE)
+    [[ $(rig status 2>/dev/null) == *"workers alive: "[1-9]* ]] && { UP_OK=1; break; }
     sleep 1
   done
 fi
