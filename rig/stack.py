@@ -141,12 +141,10 @@ def running_pid(settings: Settings) -> int | None:
     path = pid_file(settings)
     try:
         pid = int(path.read_text().split()[0])
-        os.kill(pid, 0)
-        return pid
-    except (FileNotFoundError, ValueError, IndexError, ProcessLookupError):
+    except (FileNotFoundError, ValueError, IndexError):
         return None
-    except PermissionError:
-        return pid
+    # Not os.kill(pid, 0): a SIGKILLed rig up that nobody has reaped yet (a zombie) answers it.
+    return pid if is_alive(pid, None) else None
 
 
 class Stack:
