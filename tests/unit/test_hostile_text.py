@@ -121,5 +121,47 @@ def test_clean_leaves_no_control_and_markup_escapes(text: str) -> None:
 def test_clean_keeps_ordinary_text() -> None:
     assert clean("héllo wörld — 日本 [x]") == "héllo wörld — 日本 [x]"
     assert clean("a\tb\nc") == "a b c" and clean("a\tb\nc", multiline=True) == "a\tb\nc"
-    assert clean(LONE_OSC) == "0;TITLE"  # the ESC and the introducer go; the text stays visible
+    assert clean("printf 'a\\n' C:\\dir") == "printf 'a\\n' C:\\dir"  # backslashes as typed
     assert clean(None) == "" and clean(3) == "3"
+
+
+#: Found from outside: stripping a sequence also stripped what it enclosed, so `rig show`
+#: showed a command (or a folder) other than the one that runs.
+HIDING = {
+    "osc hides a command": ("echo safe \x1b]0;x; touch /tmp/HIDDEN_RAN \a",
+                            "echo safe \\x1b]0;x; touch /tmp/HIDDEN_RAN \\x07"),
+    "utf-8 C1 CSI eats ;x": ("echo a\u009b0;x", "echo a\\x9b0;x"),
+    "osc in a folder": ("/tmp/d\x1b]0;PWNEDDIR\ax", "/tmp/d\\x1b]0;PWNEDDIR\\x07x"),
+    "lone osc": (LONE_OSC, "\\x1b]0;TITLE"),
+    "bidi override": ("rm \u202eevil", "rm \\u202eevil"),
+    "zero width": ("r\u200bm", "r\\u200bm"),
+    "tag characters": ("a\U000e0041b", "a\\U000e0041b"),
+    "del and nul": ("a\x7fb\x00c\rd", "a\\x7fb\\x00c\\x0dd"),
+    "undecodable byte": ("x\udcff", "x\\udcff"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HIDING))
+def test_clean_never_removes_a_character(case: str) -> None:
+    raw, shown = HIDING[case]
+    assert clean(raw) == shown
+    assert not has_control(clean(raw)) and not has_control(markup(raw))
+
+
+def test_escaped_text_reads_back_unambiguously() -> None:
+    """A submitted backslash-x-1-b (four characters) and a real ESC never look alike."""
+    assert clean("\\x1b") == "\\\\x1b" and clean("\x1b") == "\\x1b"
+    assert clean("\\\x1b") == "\\\\\\x1b"  # a backslash, then ESC: 2 + 1
+    assert clean("a\\u202e") == "a\\\\u202e" and clean("a\\q") == "a\\q"
+
+
+def test_rig_show_shows_what_really_runs() -> None:
+    """The tester's `rig show`: the whole command and folder appear, escaped, never acted on."""
+    command, workdir = HIDING["osc hides a command"][0], HIDING["osc in a folder"][0]
+    console, out = _console()
+    render_job(_job(JobState.PENDING, command=["bash", "-c", command], shell=True, workdir=workdir), None,
+               console)
+    text = out.getvalue()
+    assert not has_control(text.replace("\n", ""))
+    assert "touch /tmp/HIDDEN_RAN" in text and "PWNEDDIR" in text, text
+    assert "/tmp/d\\x1b]0;PWNEDDIR\\x07x" in text
