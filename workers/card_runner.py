@@ -125,6 +125,7 @@ class CardRunner:
         self._starting: set[int] = set()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._keepers: logkeeper.KeeperServer | None = None  # forks each job's log keeper
 
     # -- lifecycle ------------------------------------------------------------------------
     def start_services(self) -> None:
@@ -136,8 +137,10 @@ class CardRunner:
         self._retry_redis(self.adopt, "adopt running jobs")
 
     def stop(self) -> None:
-        """Leave running jobs running; their supervisors return at once."""
+        """Leave running jobs running; their supervisors return at once. The keeper server
+        ends; the keepers it forked run on with their jobs."""
         self.shutdown.set()
+        self._drop_keeper_server()
 
     def active_ids(self) -> list[int]:
         with self._lock:
@@ -273,10 +276,10 @@ class CardRunner:
                 # The job writes into a pipe read by its log keeper (rig.logkeeper), which
                 # keeps the log within log_max_bytes at any rate; without one, straight to the
                 # file, capped by polling.
-                keeper, job_out = self._start_keeper(log_path)
+                keeper_pid, keeper, job_out = self._start_keeper(log_path)
                 try:
                     popen = subprocess.Popen(
-                        argv, cwd=job.workdir, env=env, stdin=exit_fd, stdout=job_out if keeper else logf,
+                        argv, cwd=job.workdir, env=env, stdin=exit_fd, stdout=job_out if keeper_pid else logf,
                         stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                         **(run_as.popen_args() if run_as is not None else {}),  # type: ignore[arg-type]
                     )
@@ -291,15 +294,14 @@ class CardRunner:
                         failure=FailureClass.START_FAILED))
                     return None
                 finally:
-                    if keeper is not None:
+                    if keeper_pid:
                         os.close(job_out)  # the job holds it now; the keeper ends at its EOF
         finally:
             os.close(exit_fd)
         start = proc_start_time(popen.pid)
-        keeper_pid = keeper.pid if keeper is not None else 0
         keeper_start = proc_start_time(keeper_pid) if keeper_pid else 0
         # Written before anything else: the node's own record that this attempt runs.
-        files.pid.write_text(f"{popen.pid} {start} {attempt} {keeper_pid} {keeper_start or 0}\n")
+        files.pid.write_text(f"{popen.pid} {start} {attempt} {keeper_pid or 0} {keeper_start or 0}\n")
         self.store.update(
             job.id, pid=popen.pid, proc_start=start, log_path=str(log_path), log_paths=log_paths,
             cuda_visible_devices=env["CUDA_VISIBLE_DEVICES"],
@@ -310,23 +312,45 @@ class CardRunner:
                          time_limit=job.time_limit, log_path=log_path, keeper_popen=keeper,
                          keeper_pid=keeper_pid or None, keeper_start=keeper_start or None)
 
-    def _start_keeper(self, log_path: Path) -> tuple[subprocess.Popen | None, int]:
-        """Start the log keeper of one attempt (rig.logkeeper) in a session of its own, as this
-        worker's user; returns it and the write end of its pipe (the job's stdout), or
-        (None, -1) when it cannot start (the job then writes to the file directly)."""
+    def _start_keeper(self, log_path: Path) -> tuple[int | None, subprocess.Popen | None, int]:
+        """Start the log keeper of one attempt (rig.logkeeper), in a session of its own, as this
+        worker's user: forked by this worker's keeper server (~1 ms), else started as a process
+        of its own. Returns (its pid, its Popen or None, the write end of its pipe: the job's
+        stdout), or (None, None, -1) when neither works (the job then writes its log directly)."""
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        cap = self.settings.log_max_bytes
         try:
+            try:
+                return self._keeper_server().start(read_fd, log_path, cap), None, write_fd
+            except OSError as exc:
+                log.warning("log keeper server: %s; starting a keeper of its own for %s", exc, log_path)
+                self._drop_keeper_server()
             keeper = subprocess.Popen(
-                [sys.executable, "-I", "-S", LOGKEEPER_SCRIPT, str(log_path), str(self.settings.log_max_bytes)],
+                [sys.executable, "-I", "-S", LOGKEEPER_SCRIPT, str(log_path), str(cap)],
                 stdin=read_fd, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True,
-                env={logkeeper.MARK: str(log_path), "PATH": jobenv.DEFAULT_PATH})
+                env=self._keeper_env(str(log_path)))
+            return keeper.pid, keeper, write_fd
         except OSError as exc:
             log.warning("log keeper for %s could not start (%s); the job writes to its log directly", log_path, exc)
             os.close(write_fd)
-            return None, -1
+            return None, None, -1
         finally:
             os.close(read_fd)
-        return keeper, write_fd
+
+    def _keeper_env(self, what: str) -> dict[str, str]:
+        return {logkeeper.MARK: what, "PATH": jobenv.DEFAULT_PATH}
+
+    def _keeper_server(self) -> logkeeper.KeeperServer:
+        with self._lock:
+            if self._keepers is None or not self._keepers.alive():
+                self._keepers = logkeeper.KeeperServer(sys.executable, self._keeper_env("server"))
+            return self._keepers
+
+    def _drop_keeper_server(self) -> None:
+        with self._lock:
+            server, self._keepers = self._keepers, None
+        if server is not None:
+            server.close()
 
     def _job_env(self, job: Job, attempt: int, exit_file: Path, run_as: RunAs | None = None) -> dict[str, str]:
         """The job's environment (rig.job_env): a minimal base for the user it runs as, the

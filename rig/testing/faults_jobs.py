@@ -18,6 +18,8 @@ from rig.errors import InvalidInput
 from rig.logs import job_folder
 from rig.models import JobState
 from rig.testing.faults import Scenario, ScenarioResult
+from workers.card_runner import read_pid_file
+from workers.process_tree import is_alive
 
 
 def operator_environment(workdir: Path) -> ScenarioResult:
@@ -68,6 +70,7 @@ def log_flood(workdir: Path, *, cap: int = 1 << 20, nbytes: int = 300_000_000) -
         job = sc.node.client.get(jid)
         log = job_folder(sc.node.settings.job_log_dir, jid, job.instance) / "attempt-1.log"
         biggest = [0]
+        keeper: list[tuple[int, int]] = []
         done = threading.Event()
 
         def sample() -> None:
@@ -76,6 +79,9 @@ def log_flood(workdir: Path, *, cap: int = 1 << 20, nbytes: int = 300_000_000) -
                     biggest[0] = max(biggest[0], log.stat().st_size)
                 except FileNotFoundError:
                     pass
+                noted = read_pid_file(log.with_suffix(".pid"))
+                if noted and noted[3] and not keeper:
+                    keeper.append((noted[3], noted[4]))
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
@@ -92,10 +98,10 @@ def log_flood(workdir: Path, *, cap: int = 1 << 20, nbytes: int = 300_000_000) -
             sc.result.problems.append("the log lost its last line")
         if finals.get(jid) is None or finals[jid].state is not JobState.SUCCEEDED:
             sc.result.problems.append(f"job {jid} did not succeed")
-        from workers.process_tree import environments
-
-        keepers = [pid for pid, env in environments() if f"RIG_LOG_KEEPER={log}".encode() in env]
-        sc.result.orphans += len(keepers)
+        if not keeper:
+            sc.result.problems.append("the job had no log keeper")
+        elif is_alive(*keeper[0]):
+            sc.result.orphans += 1  # the keeper outlived its job
         return sc.result
     finally:
         sc.close()

@@ -63,3 +63,46 @@ def test_the_keeper_script_starts_without_rig_and_ignores_sigterm(tmp_path: Path
     proc.stdin.close()
     assert proc.wait(10) == 0
     assert log.read_bytes() == b"before\nafter\n"
+
+
+def test_the_fork_server_gives_keepers_that_outlive_it(tmp_path: Path):
+    """A keeper forked by the server writes its log to the end even after the server (its
+    worker) is gone; the server ends when the worker's end of its socket closes."""
+    from workers.process_tree import is_alive
+
+    server = logkeeper.KeeperServer(sys.executable, {"PATH": "/usr/bin:/bin"})
+    read_fd, write_fd = os.pipe()
+    try:
+        pid = server.start(read_fd, tmp_path / "a.log", 1 << 20)
+    finally:
+        os.close(read_fd)
+    os.write(write_fd, b"before\n")
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "a.log").exists() and time.monotonic() < deadline:
+        time.sleep(0.005)  # it has forked, set its session and opened the log
+    assert os.getsid(pid) == pid  # a session of its own
+    server.close()
+    assert server.proc.poll() is not None  # the server is gone ...
+    os.kill(pid, 15)  # ... the keeper ignores SIGTERM and is still there
+    os.write(write_fd, b"after\n")
+    os.close(write_fd)  # end of file: it finishes
+    deadline = time.monotonic() + 10
+    while is_alive(pid, None) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not is_alive(pid, None)
+    assert (tmp_path / "a.log").read_bytes() == b"before\nafter\n"
+
+
+def test_a_bad_request_is_refused_and_the_server_carries_on(tmp_path: Path):
+    server = logkeeper.KeeperServer(sys.executable, {"PATH": "/usr/bin:/bin"})
+    try:
+        read_fd, write_fd = os.pipe()
+        with pytest.raises(OSError, match="refused"):
+            server.start(read_fd, tmp_path / "a.log", 0)
+        pid = server.start(read_fd, tmp_path / "b.log", 100)
+        os.close(read_fd)
+        os.write(write_fd, b"ok\n")
+        os.close(write_fd)
+        assert pid > 0
+    finally:
+        server.close()
