@@ -21,15 +21,22 @@ What a sentence says, first match wins:
    needed, the largest free block *among the cards open to it* (a card held for another job is
    named as held, with its free memory and when it is expected to free, never counted as a
    free block this job could use), full job slots, unhealthy cards; or ``it fits now (node/3)``
-   when it does;
+   when it does *and still does once the jobs ahead of it are placed*. The dispatcher's cards
+   already carry the jobs it placed ahead in its round; the live view (:func:`why_waiting`)
+   places up to AHEAD_SIMULATED jobs ahead, in order, on a copy of the cards
+   (rig.placement.place). When they take the room: ``the free memory would hold it now
+   (node/3), but the 2 job(s) ahead of it take that room first``; with more ahead than that
+   bound: ``..., but 80 job(s) ahead of it go first``;
 5. then: jobs ahead of it, the cards held for it (and when they are expected to have room),
-   and ``no dispatcher is running`` when none is.
+   and ``no dispatcher is running`` when none is (or, from rig-submit's first look, that the
+   dispatcher holding the lock did not answer: see :func:`first_look`).
 
 Times in epoch seconds; memory in bytes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -55,6 +62,14 @@ NOT_UP = ("stopped", "down", "silent")
 
 FITS_NOW = "it fits now"
 NO_DISPATCHER = "no dispatcher is running (no control worker is up: `rig up` starts one)"
+#: The end of a sentence for a job that is about to be placed (rig-submit says nothing then).
+STARTS_NEXT_PASS = "it starts at the dispatcher's next pass"
+#: The live view simulates at most this many jobs ahead (one pipelined read, then place() each).
+AHEAD_SIMULATED = 64
+#: rig-submit's first look waits at most this long (s) for a dispatcher that holds the lock to
+#: take the submission's wake-up: it BLPOPs it at once when idle, and passes every IDLE_PASS_S
+#: (1 s) when busy; the lock of a stopped one lingers up to its TTL (5 s).
+ANSWER_WITHIN_S = 2.5
 
 
 @dataclass(frozen=True)
@@ -77,6 +92,13 @@ class WaitFacts:
     strategy: str = "multi-factor"
     now: float = 0.0
     limit: str | None = None  # the user's limit it is over (rig.fairshare.over_limit), if any
+    #: The job's cards once the jobs ahead are placed on them (the live view simulates it);
+    #: None: ``cards`` already carry them (the dispatcher's round), or see ``ahead_unknown``.
+    ahead_cards: Sequence[CardState] | None = None
+    #: Jobs are ahead that were not simulated (more than AHEAD_SIMULATED): never "fits now".
+    ahead_unknown: bool = False
+    #: A dispatcher holds the lock but did not take a wake-up for this long (s); 0: no sign.
+    silent_s: float = 0.0
 
 
 def node_state_text(node: NodeInfo) -> str:
@@ -124,9 +146,19 @@ def explain(facts: WaitFacts) -> str:
 
     open_cards = [c for c in live if c.id not in held]
     fitting = place(open_cards, req, facts.strategy)
+    if fitting is not None and facts.ahead and (facts.ahead_unknown or facts.ahead_cards is not None):
+        # Free now, but jobs ahead go first: it fits now only if it still does after them.
+        later = None if facts.ahead_unknown else place(
+            [c for c in facts.ahead_cards if is_live(c) and c.id not in held], req, facts.strategy)
+        if later is None:
+            where = ", ".join(card_id(fitting.node, i) for i in fitting.cards)
+            first = "go first" if facts.ahead_unknown else "take that room first"
+            return (f"the free memory would hold it now ({where}), but the {facts.ahead} job(s) ahead "
+                    f"of it {first}" + _tail(dataclasses.replace(facts, ahead=0)))
+        fitting = later
     if fitting is not None:
         where = ", ".join(card_id(fitting.node, i) for i in fitting.cards)
-        then = "; it starts at the dispatcher's next pass" if facts.dispatcher else ""
+        then = f"; {STARTS_NEXT_PASS}" if facts.dispatcher and not facts.silent_s else ""
         return f"{FITS_NOW} ({where}){then}{tail}"
     text = explain_wait(open_cards, req) if open_cards else (
         f"needs {format_memory(req.nbytes)} on {_cards(req)}; every card is held for jobs ahead of it")
@@ -161,6 +193,9 @@ def _tail(facts: WaitFacts) -> str:
         out += f"; {', '.join(facts.own_hold.cards)} held for it" + _expected(facts.own_hold.until, facts.now)
     if not facts.dispatcher:
         out += f"; {NO_DISPATCHER}"
+    elif facts.silent_s:
+        out += (f"; the dispatcher holding the lock did not answer within {facts.silent_s:.1f} s "
+                "(stopped or stuck: `rig status` shows the control workers)")
     return out
 
 
@@ -203,11 +238,12 @@ def latest_node_change(nodes: Iterable[NodeInfo]) -> float:
     return max(times, default=0.0)
 
 
-def why_waiting(client: Client, job: Job, *, now: float | None = None) -> str | None:
+def why_waiting(client: Client, job: Job, *, now: float | None = None, silent_s: float = 0.0) -> str | None:
     """What a person is told about a PENDING job (None for any other state): the dispatcher's
     stored sentence while it is current (see the module doc), else :func:`explain` over the
     cards, nodes and queue as Redis has them now (no holds: only a running dispatcher makes
-    them)."""
+    them), with the jobs ahead of it placed first on a copy of the cards. ``silent_s``: the
+    dispatcher holding the lock did not take a wake-up for that long (:func:`first_look`)."""
     if job.state is not JobState.PENDING:
         return None
     now = time.time() if now is None else now
@@ -222,12 +258,75 @@ def why_waiting(client: Client, job: Job, *, now: float | None = None) -> str | 
         stamped = float(stamp) if stamp else 0.0
     except ValueError:
         stamped = 0.0
-    if (leader and job.wait_reason and now - stamped <= STALE_AFTER_S
+    if (leader and not silent_s and job.wait_reason and now - stamped <= STALE_AFTER_S
             and stamped >= latest_node_change(nodes)):
         return job.wait_reason
     pools = client.settings.pool_map
-    cards = [c for c in client.ledger.cards() if pools.contains(job.pool, c.node, c.index)]
+    every = client.ledger.cards()
+    ahead = int(rank or 0)
+    after: list[CardState] | None = None
+    if 0 < ahead <= AHEAD_SIMULATED:
+        live = {n.name: n for n in nodes}
+        after = _place_ahead([c for c in every if _live(live.get(c.node))],
+                             client.store.get_many(r.zrange(keys.pending, 0, ahead - 1)),
+                             pools, client.settings.scheduler_type)
+        after = [c for c in after if pools.contains(job.pool, c.node, c.index)]
+    cards = [c for c in every if pools.contains(job.pool, c.node, c.index)]
     return explain(WaitFacts(
         request=Request(job.gpu_memory, job.gpus), cards=cards, nodes=nodes, held={},
-        ahead=int(rank or 0), dispatcher=bool(leader), pool=job.pool,
-        strategy=client.settings.scheduler_type, now=now))
+        ahead=ahead, dispatcher=bool(leader), pool=job.pool,
+        strategy=client.settings.scheduler_type, now=now, ahead_cards=after,
+        ahead_unknown=ahead > AHEAD_SIMULATED, silent_s=silent_s if leader else 0.0))
+
+
+def _place_ahead(cards: Sequence[CardState], ahead: Sequence[Job], pools, strategy: str) -> list[CardState]:  # noqa: ANN001
+    """``cards`` (copies) as they would be once each job of ``ahead`` that fits, in order, is
+    placed on the cards of its pool (its memory reserved and a job slot taken on each)."""
+    state = {c.id: c for c in cards}
+    for other in ahead:
+        if other.state is not JobState.PENDING or other.gpu_memory <= 0:
+            continue
+        mine = [c for c in state.values() if pools.contains(other.pool, c.node, c.index)]
+        spot = place(mine, Request(other.gpu_memory, other.gpus), strategy)
+        if spot is None:
+            continue  # it waits too, taking nothing now
+        for index in spot.cards:
+            card = state[card_id(spot.node, index)]
+            state[card.id] = dataclasses.replace(card, reserved=card.reserved + other.gpu_memory,
+                                                 jobs=card.jobs + 1)
+    return list(state.values())
+
+
+def first_look(client: Client, job_id: int, *, within: float = ANSWER_WITHIN_S) -> str | None:
+    """What rig-submit says of the job it just queued: :func:`why_waiting` once the dispatcher
+    had its chance (None: placed, or no longer waiting).
+
+    Why it waits for that: the lock of a dispatcher that just stopped lingers up to its TTL, so
+    right after ``rig down`` the lock alone says "a dispatcher runs" and the job "starts at the
+    next pass", which never comes (seen: no line at all for the first jobs submitted within a
+    second of a stop). The submission pushed the dispatcher's wake-up; a dispatcher that is
+    alive takes it at once (idle) or within a pass. So: until the job is placed, the lock is
+    gone, or the wake-up was taken, whichever comes first, re-reading every 50 ms for at most
+    ``within`` seconds; a wake-up still untaken then means the lock's holder is not answering.
+    No wait at all when no dispatcher holds the lock."""
+    r, keys = client.r, client.keys
+    start = time.monotonic()
+    while True:
+        job = client.get(job_id)
+        if job.state is not JobState.PENDING:
+            return None
+        pipe = r.pipeline(transaction=False)
+        pipe.exists(keys.sched_leader)
+        pipe.exists(keys.sched_wake)
+        leader, wake = pipe.execute()
+        waited = time.monotonic() - start
+        if not leader or not wake:
+            return why_waiting(client, job)
+        if waited >= within:
+            return why_waiting(client, job, silent_s=waited)
+        time.sleep(0.05)
+
+
+def worth_saying(why: str | None) -> bool:
+    """Does rig-submit print this wait? Yes, unless the job is about to be placed."""
+    return bool(why) and STARTS_NEXT_PASS not in why

@@ -16,7 +16,7 @@ from rig.errors import InvalidInput, RigError
 from rig.memory import format_memory
 from rig.models import JobState
 from rig.text import clean
-from rig.waiting import FITS_NOW, NO_DISPATCHER, why_waiting
+from rig.waiting import first_look, worth_saying
 
 
 def submit_options(fn):  # noqa: ANN001, ANN201
@@ -80,12 +80,14 @@ def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir
 
 def _say_why_waiting(client, job_id: int) -> None:  # noqa: ANN001
     """One stderr line when the job cannot start at once (no node up, no dispatcher, no room):
-    the same explanation as `rig show` (rig.waiting). Nothing when it is placed or about to be."""
+    the same explanation as `rig show` (rig.waiting), once the dispatcher had its chance to
+    take the job (rig.waiting.first_look: a stopped dispatcher's lock lingers). Nothing when it
+    is placed or about to be."""
     try:
-        why = why_waiting(client, client.get(job_id))
+        why = first_look(client, job_id)
     except (RigError, redis.RedisError):
         return  # the job is submitted; an explanation that cannot be read is not an error
-    if why and (not why.startswith(FITS_NOW) or NO_DISPATCHER in why):
+    if worth_saying(why):
         click.echo(f"job {job_id} waits: {clean(why)}", err=True)
 
 

@@ -88,3 +88,31 @@ def test_hostile_job_text_is_stripped_in_every_view(cli_env, real_redis):
     assert "0;TITLE" in CliRunner().invoke(cli, ["show", str(job.id)]).stdout
     raw = json.loads(CliRunner().invoke(cli, ["show", str(job.id), "--json"]).stdout)
     assert raw["evidence"][0] == osc  # JSON keeps the raw value
+
+
+def test_submit_right_after_the_dispatcher_stopped_says_why_it_waits(cli_env, real_redis):
+    """The dispatcher stopped under a second ago: its lock lingers (TTL 5 s). rig-submit said
+    nothing (its view: 'it fits now; it starts at the dispatcher's next pass'); now it says the
+    lock's holder did not answer."""
+    _node(real_redis, cli_env)
+    real_redis.set(Keys(cli_env).sched_leader, "n1:1:gone", px=5000)
+    result = CliRunner().invoke(submit_main, ["--gpu-memory", "4G", "--", "true"])
+    jid = result.stdout.strip()
+    line = next((x for x in result.stderr.splitlines() if x.startswith(f"job {jid} waits: ")), None)
+    assert line is not None, result.stderr
+    assert "did not answer within" in line and "next pass" not in line, line
+
+
+def test_rig_show_shows_the_whole_hidden_command(cli_env, real_redis):
+    """Found from outside: `rig show` said `command  echo safe` for a command whose OSC hid
+    `; touch /tmp/HIDDEN_RAN`, and a folder `d ESC]0;PWNEDDIR BEL x` as `.../dx`."""
+    ledger, _ = _node(real_redis, cli_env)
+    cmd = "echo safe \x1b]0;x; touch /tmp/HIDDEN_RAN \a"
+    job = ledger.store.create(Job(
+        id=0, name="innocent", user="u", command=["/bin/sh", "-c", cmd], shell=True, gpu_memory=GIB,
+        gpus=1, priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/tmp/d\x1b]0;PWNEDDIR\ax",
+        created_at=time.time()))
+    out = CliRunner().invoke(cli, ["show", str(job.id)]).stdout
+    assert not has_control(out.replace("\n", "")), out
+    assert "echo safe \\x1b]0;x; touch /tmp/HIDDEN_RAN \\x07" in out, out
+    assert "/tmp/d\\x1b]0;PWNEDDIR\\x07x" in out, out

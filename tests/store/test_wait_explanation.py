@@ -130,3 +130,74 @@ def test_a_card_held_for_another_job_is_not_called_a_free_block(world):
     # rig show, with the dispatcher leading, says exactly what the dispatcher wrote.
     assert dispatcher._lead()  # what run_forever does before each pass
     assert why_waiting(client, client.get(small)) == reason
+
+
+def _two_24g_cards(world):
+    _, keys, ledger, nodes, client = world
+    nodes.register("vm", ttl=TTL, backend="fake", cards=2)
+    for i in range(2):
+        ledger.register_card("vm", GpuReading(index=i, uuid=f"vm-u{i}", model="m", total=24 * GIB),
+                             max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    return keys, ledger, client
+
+
+def test_it_fits_now_is_not_claimed_when_the_jobs_ahead_take_the_room(world):
+    """Found from outside: dispatcher stopped, three 20 GiB jobs on two 24 GiB cards; the third
+    said 'it fits now (vm/0); 2 job(s) ahead of it', though the two ahead take both cards."""
+    _, ledger, client = _two_24g_cards(world)
+    ids = [_submit(ledger, 20) for _ in range(3)]
+    first, third = (why_waiting(client, client.get(j)) for j in (ids[0], ids[2]))
+    assert first.startswith(f"{FITS_NOW} (vm/"), first
+    assert FITS_NOW not in third, third
+    assert third.startswith("the free memory would hold it now (vm/"), third
+    assert "but the 2 job(s) ahead of it take that room first" in third and NO_DISPATCHER in third
+    assert third.count("ahead of it") == 1, third
+    # The second still fits after the first is placed: it says so, with the card it would get.
+    second = why_waiting(client, client.get(ids[1]))
+    assert second.startswith(f"{FITS_NOW} (vm/") and "1 job(s) ahead of it" in second, second
+
+
+def test_more_jobs_ahead_than_are_simulated_never_fit_now(world, monkeypatch):
+    import rig.waiting
+
+    _, ledger, client = _two_24g_cards(world)
+    monkeypatch.setattr(rig.waiting, "AHEAD_SIMULATED", 1)
+    ids = [_submit(ledger, 1) for _ in range(3)]
+    why = why_waiting(client, client.get(ids[2]))
+    assert why.startswith("the free memory would hold it now (vm/"), why
+    assert "but the 2 job(s) ahead of it go first" in why, why
+
+
+def test_first_look_after_a_dispatcher_stopped_does_not_say_it_starts(world):
+    """Seen: right after the dispatcher stopped, its lock lingered (TTL 5 s) and rig-submit said
+    nothing for the first jobs: 'it fits now; it starts at the dispatcher's next pass' is not
+    worth a line, and no pass ever came. The wake-up nobody takes tells the truth."""
+    from rig.waiting import STARTS_NEXT_PASS, first_look, worth_saying
+
+    keys, ledger, client = _two_24g_cards(world)
+    client.r.set(keys.sched_leader, "stopped-a-moment-ago", px=5000)
+    jid = _submit(ledger, 20)  # the submission pushes the dispatcher's wake-up
+    assert client.r.exists(keys.sched_wake)
+    why = first_look(client, jid, within=0.3)
+    assert worth_saying(why), why
+    assert STARTS_NEXT_PASS not in why and "did not answer within" in why, why
+
+
+def test_first_look_with_a_live_dispatcher_waits_for_its_pass(world):
+    """A running dispatcher takes the wake-up and places the job: nothing to say."""
+    import threading
+
+    from rig.waiting import first_look
+
+    settings, keys, ledger, nodes, client = world
+    _two_24g_cards(world)
+    dispatcher = Dispatcher(settings, lambda *a: None, client=client.r)
+    jid = _submit(ledger, 20)
+    thread = threading.Thread(target=dispatcher.run_forever, daemon=True)
+    thread.start()
+    try:
+        assert first_look(client, jid, within=10) is None
+        assert client.get(jid).state is not JobState.PENDING
+    finally:
+        dispatcher.stop()
+        thread.join(5)
