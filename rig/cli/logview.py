@@ -6,7 +6,10 @@ asked for by name, so it is not filtered). rig's own lines go to stderr, so
 
 - before each attempt's output: ``--- job 12, attempt 2 (n1/3) ---``; without ``-f`` the
   same line names the attempt shown (``attempt 2 of 3``);
-- with ``-f``, when the job is final: ``--- job 12 SUCCEEDED after 2 attempt(s) ---``.
+- with ``-f``, when the job is final: ``--- job 12 SUCCEEDED after 2 attempt(s) ---``;
+- with ``-f`` on a job that is waiting (at first, and again when a retry puts it back in the
+  queue), at once: ``--- job 12 is waiting: <why> ---``, the one wait explanation
+  (rig.waiting), so following a job that cannot start is never silent.
 
 ``-f`` follows the latest attempt, and when that attempt fails and is retried, the next one
 (a retried job goes back to PENDING and gets a new log file), until the job is final:
@@ -56,10 +59,12 @@ def header(job: Job, attempt: int, of: int | None = None) -> str:
 
 
 def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: BinaryIO,
-             say: Callable[[str], None], sleep: Callable[[float], None] = time.sleep) -> None:
+             say: Callable[[str], None], sleep: Callable[[float], None] = time.sleep,
+             why: Callable[[Job], str | None] | None = None) -> None:
     """Print the log of ``attempt`` (default: the latest) of the job ``get()`` reads, to
     ``out``; with ``follow``, keep printing that attempt and, when no attempt was named, every
-    later one, until the job is final. ``say`` prints rig's own lines (stderr)."""
+    later one, until the job is final. ``say`` prints rig's own lines (stderr); ``why`` words
+    why a PENDING job waits (rig.waiting.why_waiting), said once per wait for an attempt."""
     job = get()
     paths = attempt_paths(job)
     if attempt is not None and not 1 <= attempt <= max(len(paths), 1):
@@ -82,7 +87,11 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
     current = attempt or max(len(paths), 1)
     while True:
         # Wait for this attempt's log to be recorded (a job still waiting, or being retried).
+        told_waiting = False
         while len(attempt_paths(job)) < current:
+            if job.state is JobState.PENDING and not told_waiting and why is not None:
+                told_waiting = True
+                say(_waiting_line(job, why))
             if job.state.terminal:
                 if attempt_paths(job):
                     break
@@ -102,6 +111,16 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
         say(clean(f"--- job {job.id} {job.state.value} after {n} attempt(s){reason} ---"))
 
 
+def _waiting_line(job: Job, why: Callable[[Job], str | None]) -> str:
+    """``--- job 12 is waiting: <why> ---`` (an explanation that cannot be read is not an error:
+    the job is followed all the same)."""
+    try:
+        reason = why(job) or "in the queue"
+    except Exception as exc:  # noqa: BLE001 - following goes on without the explanation
+        reason = f"in the queue (why could not be read: {exc})"
+    return clean(f"--- job {job.id} is waiting: {reason} ---")
+
+
 def _follow_one(get: Callable[[], Job], job: Job, attempt: int, out: BinaryIO,
                 say: Callable[[str], None], sleep: Callable[[float], None]) -> Job:
     """Print attempt ``attempt``'s log as it grows, until that attempt is over (a later one
@@ -112,7 +131,9 @@ def _follow_one(get: Callable[[], Job], job: Job, attempt: int, out: BinaryIO,
     missing_since: float | None = None
     try:
         while True:
-            over = job.state.terminal or len(attempt_paths(job)) > attempt
+            # Over: final, a later attempt has a log, or the job is back in the queue for a retry.
+            over = (job.state.terminal or len(attempt_paths(job)) > attempt
+                    or (job.state is JobState.PENDING and len(attempt_paths(job)) == attempt))
             if fh is None and os.path.exists(path):
                 fh = open(path, "rb")  # noqa: SIM115 - kept open while the attempt runs
             if fh is not None:

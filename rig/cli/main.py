@@ -140,7 +140,7 @@ def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None) -> N
     client.ping()
     job = client.get(job_id)
     show_log(lambda: client.get(job.id), attempt=attempt, follow=follow, out=sys.stdout.buffer,
-             say=lambda line: click.echo(line, err=True))
+             say=lambda line: click.echo(line, err=True), why=client.why_waiting)
 
 
 # -- controlling ------------------------------------------------------------------------------

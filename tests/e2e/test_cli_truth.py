@@ -116,3 +116,27 @@ def test_rig_show_shows_the_whole_hidden_command(cli_env, real_redis):
     assert not has_control(out.replace("\n", "")), out
     assert "echo safe \\x1b]0;x; touch /tmp/HIDDEN_RAN \\x07" in out, out
     assert "/tmp/d\\x1b]0;PWNEDDIR\\x07x" in out, out
+
+
+def test_log_follow_of_a_waiting_job_says_why(cli_env, real_redis, monkeypatch):
+    """`rig log -f 12` on a PENDING job waited silently; it says why the job waits at once."""
+    from rig.client import Client
+
+    ledger, nodes = _node(real_redis, cli_env)
+    nodes.mark_stopped("n1")
+    job = ledger.store.create(Job(
+        id=0, name="t", user="u", command=["true"], gpu_memory=GIB, gpus=1,
+        priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/", created_at=time.time()))
+    real_get, reads = Client.get, []
+
+    def get(self, job_id):  # noqa: ANN001 - the job is cancelled after rig log has looked twice
+        reads.append(job_id)
+        if len(reads) == 3:
+            ledger.transition(job.id, JobState.CANCELLED, expect=JobState.PENDING, fields={"reason": "x"})
+        return real_get(self, job_id)
+
+    monkeypatch.setattr(Client, "get", get)
+    result = CliRunner().invoke(cli, ["log", "-f", str(job.id)])
+    first = result.stderr.splitlines()[0]
+    assert first.startswith(f"--- job {job.id} is waiting: no rig node is up (node n1: stopped since"), first
+    assert result.stdout == ""

@@ -112,3 +112,35 @@ def test_an_attempt_on_another_node_is_named_and_skipped(tmp_path):
     out, said = io.BytesIO(), []
     show_log(lambda: job, attempt=None, follow=True, out=out, say=said.append, sleep=lambda s: None)
     assert out.getvalue() == b"two\n" and said[-1] == "--- job 12 FAILED after 2 attempt(s): exit 1 ---"
+
+
+def test_follow_of_a_waiting_job_says_why_at_once(tmp_path):
+    """`rig log -f` on a PENDING job waited silently: it says why the job waits, first thing,
+    and again when a retry puts the job back in the queue."""
+    life, _, _ = _retried_life(tmp_path)
+    life.moments.insert(0, (None, _job(state=JobState.PENDING)))
+    out, said = io.BytesIO(), []
+    asked: list[int] = []
+
+    def why(job: Job) -> str:
+        asked.append(job.id)
+        return "no rig node is up (\x1b]0;x)"
+
+    show_log(life.get, attempt=None, follow=True, out=out, say=said.append, sleep=lambda s: None, why=why)
+    assert said[0] == "--- job 12 is waiting: no rig node is up (\\x1b]0;x) ---", said
+    assert said[1] == "--- job 12, attempt 1 (n1/0) ---"
+    assert said.count("--- job 12 is waiting: no rig node is up (\\x1b]0;x) ---") == 2, said
+    assert out.getvalue() == b"one\nboom\ntwo\ndone\n"
+
+
+def test_a_wait_that_cannot_be_explained_does_not_stop_following():
+    life = Life([(None, _job()), (None, _job(state=JobState.CANCELLED))])
+
+    def broken(job: Job) -> str:
+        raise ConnectionError("redis went away")
+
+    said: list[str] = []
+    with pytest.raises(InvalidInput, match="ended CANCELLED before it started"):
+        show_log(life.get, attempt=None, follow=True, out=io.BytesIO(), say=said.append,
+                 sleep=lambda s: None, why=broken)
+    assert said == ["--- job 12 is waiting: in the queue (why could not be read: redis went away) ---"]
