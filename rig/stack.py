@@ -84,6 +84,9 @@ class Child:
     restarts: int = 0
     started_at: float = 0.0
     next_start: float = 0.0
+    #: Monotonic time since which this live worker has had no heartbeat of its own (None: it
+    #: heartbeats, or it is not a worker). See Stack.check_hung.
+    silent_since: float | None = None
 
 
 @dataclass
@@ -163,6 +166,7 @@ class Stack:
         self._registered = False  # this Stack registered the node (it runs cards or control)
         self._client: redis.Redis | None = None
         self._next_beat = 0.0  # monotonic time of the next node heartbeat
+        self._next_hung_check = 0.0  # monotonic time of the next look for hung workers
         # The private Redis (when this Stack started one): restart attempts after it died.
         self._private_redis = False
         self._redis_failures = 0  # failed restarts in a row
@@ -370,7 +374,53 @@ class Stack:
         """One round of what ``rig up`` does while it runs: restart dead children, and
         refresh the node heartbeat."""
         self.poll_children()
+        self.check_hung()
         self.beat_node()
+
+    def check_hung(self) -> None:
+        """A card or control worker whose process lives but has not heartbeated for
+        health.timeout s (stopped with SIGSTOP, deadlocked, swapped out for good) is killed
+        with SIGKILL, so poll_children starts another: a hung worker must not hold its card or
+        the dispatcher for ever. Its running jobs live in their own sessions and are adopted by
+        the next worker. Nothing is judged while Redis cannot be read (a Redis outage silences
+        every heartbeat at once)."""
+        now = time.monotonic()
+        if self._stopping or now < self._next_hung_check:
+            return
+        self._next_hung_check = now + self.settings.telemetry_interval
+        s = self.settings
+        workers = [c for c in self.children if c.proc is not None and c.proc.poll() is None
+                   and (c.name == "control" or c.name.startswith("card"))]
+        if not workers:
+            return
+        names = [control_worker_name(s.node_name) if c.name == "control"
+                 else card_worker_name(s.node_name, c.name[len("card"):]) for c in workers]
+        try:
+            beats = self._redis().mget([self.keys.worker(n) for n in names])
+        except redis.RedisError:
+            return
+        for child, name, raw in zip(workers, names, beats, strict=True):
+            try:
+                pid = json.loads(raw)["pid"] if raw else None
+            except (ValueError, KeyError, TypeError):
+                pid = None
+            assert child.proc is not None
+            if pid == child.proc.pid or now - child.started_at < s.health.timeout:
+                child.silent_since = None
+                continue
+            if child.silent_since is None:
+                child.silent_since = now
+                continue
+            if now - child.silent_since < s.health.timeout:
+                continue
+            self.say(f"{child.name} (pid {child.proc.pid}) has not heartbeated for {s.health.timeout:.0f} s "
+                     f"though its process lives (hung?); killing it and starting another (its running jobs "
+                     "keep running and are adopted)")
+            child.silent_since = None
+            try:
+                os.kill(child.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def beat_node(self) -> None:
         """Refresh this node's heartbeat (every telemetry_interval s, expiring after

@@ -37,6 +37,7 @@ from rig.supervision import (
     node_mark,
     node_processes,
 )
+from rig.models import JobState
 from rig.testing.faults import Scenario, ScenarioResult, _free_port, _wait
 from rig.testing.harness import RigHarness
 from workers.process_tree import is_alive, proc_start_time
@@ -286,8 +287,46 @@ def redis_restart_fails(workdir: Path) -> ScenarioResult:
         _close(sc, node)
 
 
+
+
+
+def hung_card_worker(workdir: Path) -> ScenarioResult:
+    """A card worker stopped with SIGSTOP (hung, not dead) while its jobs run: rig up sees it
+    silent for health.timeout, kills it and starts another, which adopts the jobs; each runs
+    once and ends."""
+    from rig.keys import card_worker_name
+
+    sc = Scenario(workdir, "card worker hung (SIGSTOP)", "SIGSTOP of card0's worker", fake_gpus="2x80G",
+                  health={"check_interval": 1.0, "timeout": 3.0})
+    try:
+        sc.node.up()
+        ids = [sc.submit(gpu_memory="50G") for _ in range(2)]
+        sc.wait_running(ids)
+        name = card_worker_name(sc.node.name, 0)
+        victim = sc.node.worker_pid(name)
+        os.kill(victim, signal.SIGSTOP)
+        began = time.monotonic()
+
+        def replaced() -> bool:
+            try:
+                return sc.node.worker_pid(name) != victim
+            except LookupError:
+                return False
+
+        _wait(replaced, 60, "a new card0 worker")
+        sc.result.notes.append(f"hung worker replaced after {time.monotonic() - began:.1f} s")
+        finals = sc.finish()
+        not_ok = [jid for jid in ids if jid not in finals or finals[jid].state is not JobState.SUCCEEDED]
+        if not_ok:
+            sc.result.problems.append(f"jobs that did not succeed: {not_ok}")
+        return sc.result
+    finally:
+        sc.close()
+
+
 SCENARIOS = [
     ("supervisor-sigkill", supervisor_sigkilled),
     ("down-after-crash", down_after_supervisor_crash),
     ("redis-restart-fails", redis_restart_fails),
+    ("hung-card-worker", hung_card_worker),
 ]
