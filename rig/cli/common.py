@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -11,7 +13,7 @@ import click
 import redis
 
 from rig.config import Settings, load_settings
-from rig.errors import RigError
+from rig.errors import InvalidInput, RigError
 from rig.redis_conn import is_auth_error, unavailable
 from rig.text import clean
 
@@ -26,12 +28,18 @@ def fail(message: str, code: int = 1) -> None:
 
 
 def handle_errors(fn: F) -> F:
-    """Turn rig's errors into one line on stderr and the error's exit code; never a traceback."""
+    """Turn rig's errors into one line on stderr and the error's exit code; never a traceback.
+    A reader that closed our stdout (``rig status | head -1``) ends the command quietly with
+    exit 0, as ``cat`` in a pipe does (:func:`quiet_broken_pipe`)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
+            return result
+        except BrokenPipeError:
+            quiet_broken_pipe()
         except RigError as exc:
             fail(str(exc), exc.exit_code)
         except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
@@ -46,6 +54,38 @@ def handle_errors(fn: F) -> F:
             sys.exit(130)
 
     return wrapper  # type: ignore[return-value]
+
+
+def quiet_broken_pipe() -> None:
+    """End quietly (exit 0) after stdout's reader went away: what was asked for was printed up
+    to where the reader stopped reading. stdout is pointed at /dev/null first, so the
+    interpreter's own flush at exit does not fail again ("Exception ignored ... BrokenPipeError",
+    exit 120). Click, left to itself, exits 1 on EPIPE."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real file descriptor (a test's captured stdout)
+        pass
+    sys.exit(0)
+
+
+_JOB_ID = re.compile(r"[0-9]+")
+
+
+def parse_job_id(text: str) -> int:
+    """A job id as typed on the command line: a whole number (12). Anything else is bad input
+    (exit 2), not an unknown job (exit 4, kept for a well-formed id that does not exist)."""
+    if not _JOB_ID.fullmatch(text.strip()):
+        raise InvalidInput(f"{text!r} is not a job id: job ids are whole numbers like 12 (`rig jobs` lists them)")
+    return int(text)
+
+
+def check_limit(limit: int, what: str = "jobs") -> int:
+    """``--limit N``: at least 1 (-1 or 0 once meant "every job", silently)."""
+    if limit < 1:
+        raise InvalidInput(f"--limit must be 1 or more (how many {what} to list), got {limit}")
+    return limit
 
 
 def _settings_url() -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from rig.cli import as_json as J
-from rig.cli.common import client_from, fail, handle_errors, settings_from
+from rig.cli.common import check_limit, client_from, fail, handle_errors, parse_job_id, settings_from
 from rig.cli.render import (
     make_console,
     render_errors,
@@ -76,6 +76,7 @@ def status(ctx: click.Context, as_json: bool, pool: str | None) -> None:
 @handle_errors
 def jobs(ctx: click.Context, state: str | None, limit: int, as_json: bool) -> None:
     """List jobs, newest first."""
+    check_limit(limit)
     client = client_from(ctx)
     st = JobState.parse(state) if state else None
     client.ping()
@@ -138,7 +139,7 @@ def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None) -> N
 
     client = client_from(ctx)
     client.ping()
-    job = client.get(job_id)
+    job = client.get(parse_job_id(job_id))
     show_log(lambda: client.get(job.id), attempt=attempt, follow=follow, out=sys.stdout.buffer,
              say=lambda line: click.echo(line, err=True), why=client.why_waiting)
 
@@ -151,6 +152,7 @@ def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None) -> N
 @handle_errors
 def kill(ctx: click.Context, job_ids: tuple[str, ...], no_wait: bool) -> None:
     """Stop jobs: waiting ones are cancelled, running ones stopped with everything they spawned."""
+    job_ids = tuple(str(parse_job_id(jid)) for jid in job_ids)  # all well formed before any is killed
     client = client_from(ctx)
     client.ping()
     for jid in job_ids:

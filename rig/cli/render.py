@@ -25,14 +25,23 @@ STATE_STYLE = {
 }
 
 
+class RigConsole(Console):
+    """rich's Console, but a closed stdout pipe (``rig status | head -1``) is left to
+    rig.cli.common.handle_errors, which ends the command quietly with exit 0 (rich's own
+    handler exits 1)."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError
+
+
 def make_console() -> Console:
     """A console for stdout; when piped, wide enough that tables don't wrap (COLUMNS wins)."""
     import os
     import sys
 
     if sys.stdout.isatty() or os.environ.get("COLUMNS"):
-        return Console()
-    return Console(width=180)
+        return RigConsole()
+    return RigConsole(width=180)
 
 
 def _gib(value: int | None) -> str:

@@ -21,7 +21,7 @@ from rich.live import Live
 from rich.text import Text
 
 from rig.cli.common import client_from, handle_errors
-from rig.cli.render import duration, make_console
+from rig.cli.render import RigConsole, duration, make_console
 from rig.client import StatusReport
 from rig.errors import RigError
 from rig.models import CardState, Job, JobState, Priority
@@ -531,7 +531,7 @@ def run_top(client, interval: float = 1.0, once: bool = False, *,  # noqa: ANN00
         console.print(build_view(report, errors, console.width, height, time.time(), hint=""))
         return
 
-    console = console or Console()
+    console = console or RigConsole()
     poller = _Poller(client, interval)
     poller.start()
 

@@ -140,3 +140,46 @@ def test_log_follow_of_a_waiting_job_says_why(cli_env, real_redis, monkeypatch):
     first = result.stderr.splitlines()[0]
     assert first.startswith(f"--- job {job.id} is waiting: no rig node is up (node n1: stopped since"), first
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("args", [["jobs", "--limit", "-1"], ["jobs", "-n", "0"]])
+def test_a_limit_below_one_is_refused(cli_env, real_redis, args):
+    """`rig jobs --limit -1` listed every job."""
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1 and "--limit must be 1 or more" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("args", [["kill", "abc"], ["kill", "1", "x2"], ["log", "abc"], ["log", "-f", "1.5"]])
+def test_a_malformed_job_id_is_bad_input_not_an_unknown_job(cli_env, real_redis, args):
+    """`rig kill abc` exited 4 ("no job with id abc"), as for a job that does not exist."""
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1 and "is not a job id" in result.stderr, result.stderr
+
+
+def test_a_well_formed_unknown_job_id_is_still_not_found(cli_env, real_redis):
+    result = CliRunner().invoke(cli, ["kill", "987654"])
+    assert result.exit_code == 4 and "no job with id 987654" in result.stderr, result.output
+
+
+@pytest.mark.parametrize("args", [["rig.cli.main", "status"], ["rig.cli.main", "jobs"],
+                                  ["rig.cli.submit", "--gpu-memory", "1G", "--", "true"]])
+def test_a_closed_stdout_pipe_ends_quietly(cli_env, real_redis, args):
+    """`rig status | head -1` exited 1 (click's BrokenPipe handling): a reader that stops
+    reading is not an error. The pipe's read end is closed before the command starts."""
+    import os
+    import subprocess
+    import sys
+
+    _node(real_redis, cli_env)
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", *args], stdout=write, stderr=subprocess.PIPE,
+                              timeout=60, check=False)
+    finally:
+        os.close(write)
+    stderr = proc.stderr.decode()
+    assert proc.returncode == 0, stderr
+    assert "BrokenPipe" not in stderr and "Traceback" not in stderr, stderr
