@@ -34,11 +34,14 @@ import os
 import pickle
 import sys
 import traceback
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import redis
 
-from rig import pytask
+from rig import callpickle, pytask
+from rig.callpickle import JOB_SCRIPT, ScriptNameMissing
 from rig.failures import CALL_BAD_EXIT, CALL_BAD_RESULT_EXIT
 from rig.keys import Keys
 from rig.pytask import SubmittedWhileImported, loading_call
@@ -61,8 +64,10 @@ class BadCall(Exception):
 
 def decode_payload(raw: bytes | str) -> dict[str, Any]:
     """The call stored on the job record: base64 of a pickled dict with ``module`` and
-    ``qualname`` (text), ``file`` (text or None), ``root`` (text), ``args`` (tuple or list)
-    and ``kwargs`` (dict with text keys). Raises BadCall naming the first thing wrong."""
+    ``qualname`` (text), ``file`` (text or None), ``root`` (text), and ``call`` (bytes: the
+    pickled ``(args, kwargs)``, unpickled by :func:`decode_arguments` once the function's module
+    is imported) or, as written by older versions, ``args`` (tuple or list) and ``kwargs``
+    (dict with text keys). Raises BadCall naming the first thing wrong."""
     try:
         data = base64.b64decode(raw, validate=True)
     except (binascii.Error, ValueError) as exc:
@@ -78,14 +83,40 @@ def decode_payload(raw: bytes | str) -> dict[str, Any]:
             raise BadCall(f"the call's payload has no valid {key!r}")
     if not isinstance(payload.get("file"), str | type(None)) or not isinstance(payload.get("root", ""), str):
         raise BadCall("the call's payload has a bad 'file' or 'root'")
-    if not isinstance(payload.get("args"), tuple | list):
-        raise BadCall("the call's payload has no argument list ('args')")
-    kwargs = payload.get("kwargs")
-    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
-        raise BadCall("the call's payload has no keyword arguments dict ('kwargs')")
+    if "call" in payload:
+        if not isinstance(payload["call"], bytes):
+            raise BadCall("the call's payload has a bad 'call' (the pickled arguments)")
+    else:  # written before the arguments travelled as their own pickle: plain args and kwargs
+        _check_arguments(payload.get("args"), payload.get("kwargs"))
     if payload["module"] == "__main__" and not payload.get("file"):
         raise BadCall("the call's function lives in a script whose file is unknown")
     return payload
+
+
+def _check_arguments(args: Any, kwargs: Any) -> None:
+    if not isinstance(args, tuple | list):
+        raise BadCall("the call's payload has no argument list ('args')")
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise BadCall("the call's payload has no keyword arguments dict ('kwargs')")
+
+
+def decode_arguments(payload: dict[str, Any]) -> tuple[tuple | list, dict[str, Any]]:
+    """The call's ``(args, kwargs)``. Call after _load_function: the arguments may hold classes
+    of the submitter's script, which unpickle from the script imported there (rig.callpickle).
+    Raises BadCall; a name the script does not define says so (callpickle.ScriptNameMissing)."""
+    if "call" not in payload:
+        return payload["args"], payload["kwargs"]
+    try:
+        decoded = pickle.loads(payload["call"])  # noqa: S301 - trusted by design (module docstring)
+    except ScriptNameMissing as exc:
+        raise BadCall(f"the call's arguments cannot be unpickled: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure is a bad payload
+        raise BadCall(f"the call's arguments cannot be unpickled here: {type(exc).__name__}: {exc}; "
+                      f"pass plain data or file paths") from None
+    if not isinstance(decoded, tuple) or len(decoded) != 2:
+        raise BadCall("the call's arguments are not an (args, kwargs) pair")
+    _check_arguments(*decoded)
+    return decoded
 
 
 def _add_root(root: str) -> None:
@@ -99,29 +130,121 @@ def _add_root(root: str) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
 
 
+class LoadFailed(Exception):
+    """The call's module could not be imported, or does not define the function; ``str()``
+    says why and what to do, in one line."""
+
+
 def _load_function(payload: dict[str, Any]) -> Any:
-    module_name = payload["module"]
+    """Import the call's module (the submitter's script under the name ``__rig_main__``) and
+    return its function. Raises LoadFailed, or SubmittedWhileImported (the module submits
+    jobs when imported)."""
+    module_name, qualname = payload["module"], payload["qualname"]
     _add_root(payload.get("root") or "")
     with loading_call(payload.get("file") or module_name):
-        if module_name == "__main__":
-            # The submitter's script: import it under another name so its `if __name__ ==
-            # "__main__":` block does not run again here.
-            spec = importlib.util.spec_from_file_location("__rig_main__", payload["file"])
-            if spec is None or spec.loader is None:
-                raise ImportError(f"{payload['file']} cannot be imported (is it a .py file?)")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules["__rig_main__"] = module
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
+        try:
+            module = _import(payload)
+        except SubmittedWhileImported:
+            raise
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - a script's argparse exits (SystemExit)
+            raise LoadFailed(_import_failure(payload, exc)) from exc
     target: Any = module
-    for part in payload["qualname"].split("."):
-        target = getattr(target, part)
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            where = (f"the top level of {payload['file']}" if module_name == "__main__"
+                     else f"module {module_name}")
+            raise LoadFailed(f"{qualname} is not defined at {where} when the job imports it; define it "
+                             f"at the module's top level (outside `if __name__ == \"__main__\":`), "
+                             f"then submit the call again")
     return getattr(target, "fn", target)  # the RigTask wrapper -> the plain function
+
+
+def _import(payload: dict[str, Any]) -> ModuleType:
+    if payload["module"] != "__main__":
+        return importlib.import_module(payload["module"])
+    # The submitter's script: import it under another name so its `if __name__ ==
+    # "__main__":` block does not run again here; its argv is the script alone, as if it were
+    # run with no arguments (not rig.call's).
+    spec = importlib.util.spec_from_file_location(JOB_SCRIPT, payload["file"])
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{payload['file']} cannot be imported (is it a .py file?)")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[JOB_SCRIPT] = module
+    argv, sys.argv = sys.argv, [payload["file"]]
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.argv = argv
+    return module
+
+
+def _import_failure(payload: dict[str, Any], exc: BaseException) -> str:
+    """One line: why importing the call's module failed, and what to do."""
+    if isinstance(exc, SystemExit):
+        what = f"exited (sys.exit({exc.code!r}))"
+    else:
+        what = f"raised {type(exc).__name__}: {exc}"
+    if payload["module"] != "__main__" or isinstance(exc, ImportError):
+        name = payload["module"] if payload["module"] != "__main__" else payload["file"]
+        return f"importing {name} to find {payload['qualname']} {what}; fix it, then submit the call again"
+    if len(what) > 100:  # the line is the job's evidence (rig.failures keeps 300 characters)
+        what = what[:97] + "..."
+    return (f"the job imports {Path(payload['file']).name} to find {payload['qualname']}, so its top-level "
+            f"code runs in the job too (with no arguments in sys.argv), and that code {what}: move it under "
+            f"`if __name__ == \"__main__\":`")
 
 
 def _say(message: str) -> None:
     print(f"rig.call: {message}", file=sys.stderr, flush=True)
+
+
+def run_call(job_id: str, raw: bytes | str) -> tuple[int, str | None]:
+    """Decode the call ``raw`` (the job record's payload), load and run it: ``(exit code,
+    the base64 of the pickled result when the code is 0)``. Says why on stderr otherwise."""
+    try:
+        payload = decode_payload(raw)
+    except BadCall as exc:
+        _say(f"job {job_id}: {exc}; resubmit the call")
+        return BAD_CALL_EXIT, None
+    try:
+        fn = _load_function(payload)
+    except SubmittedWhileImported as exc:
+        _say(f"job {job_id}: {exc}")
+        return BAD_CALL_EXIT, None
+    except LoadFailed as exc:
+        if not isinstance(exc.__cause__, SystemExit):  # an exit printed its own message
+            traceback.print_exception(exc.__cause__ or exc)
+        _say(f"job {job_id}: {exc}")
+        return BAD_CALL_EXIT, None
+    if pytask.refused_while_loading:  # caught by the script, or raised in one of its threads
+        _say(f"job {job_id}: {pytask.refused_while_loading[0]}")
+        return BAD_CALL_EXIT, None
+    try:
+        args, kwargs = decode_arguments(payload)
+    except BadCall as exc:
+        _say(f"job {job_id}: {exc}")
+        return BAD_CALL_EXIT, None
+    try:
+        result = fn(*args, **kwargs)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code in (BAD_CALL_EXIT, BAD_RESULT_EXIT, REDIS_UNAVAILABLE_EXIT):
+            _say(f"job {job_id}: the function called sys.exit({code}); reported as exit 1 "
+                 f"({code} is rig.call's own code)")
+            return 1, None
+        raise
+    except Exception:  # noqa: BLE001 - the traceback is the job's evidence
+        traceback.print_exc()
+        return 1, None
+    try:
+        # The script's classes in the result travel back to the submitter's __main__.
+        encoded = base64.b64encode(callpickle.dumps(result)[0]).decode()
+    except Exception as exc:  # noqa: BLE001
+        _say(f"job {job_id}: the function returned a {type(result).__name__} that cannot be pickled "
+             f"({type(exc).__name__}: {exc}); return plain data, or write it to a file and return the path")
+        return BAD_RESULT_EXIT, None
+    return 0, encoded
 
 
 def main() -> int:
@@ -141,42 +264,9 @@ def main() -> int:
     if raw is None:
         _say(f"job {job_id} has no payload; was it submitted with @rig.task? Resubmit the call")
         return BAD_CALL_EXIT
-    try:
-        payload = decode_payload(raw)
-    except BadCall as exc:
-        _say(f"job {job_id}: {exc}; resubmit the call")
-        return BAD_CALL_EXIT
-    try:
-        fn = _load_function(payload)
-    except SubmittedWhileImported as exc:
-        _say(f"job {job_id}: {exc}")
-        return BAD_CALL_EXIT
-    except Exception as exc:  # noqa: BLE001 - the traceback is the job's evidence
-        traceback.print_exc()
-        _say(f"job {job_id}: cannot load {payload['module']}.{payload['qualname']} "
-             f"({type(exc).__name__}: {exc}); fix it, then submit the call again")
-        return BAD_CALL_EXIT
-    if pytask.refused_while_loading:  # caught by the script, or raised in one of its threads
-        _say(f"job {job_id}: {pytask.refused_while_loading[0]}")
-        return BAD_CALL_EXIT
-    try:
-        result = fn(*payload["args"], **payload["kwargs"])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if code in (BAD_CALL_EXIT, BAD_RESULT_EXIT, REDIS_UNAVAILABLE_EXIT):
-            _say(f"job {job_id}: the function called sys.exit({code}); reported as exit 1 "
-                 f"({code} is rig.call's own code)")
-            return 1
-        raise
-    except Exception:  # noqa: BLE001 - the traceback is the job's evidence
-        traceback.print_exc()
-        return 1
-    try:
-        encoded = base64.b64encode(pickle.dumps(result)).decode()
-    except Exception as exc:  # noqa: BLE001
-        _say(f"job {job_id}: the function returned a {type(result).__name__} that cannot be pickled "
-             f"({type(exc).__name__}: {exc}); return plain data, or write it to a file and return the path")
-        return BAD_RESULT_EXIT
+    code, encoded = run_call(job_id, raw)
+    if encoded is None:
+        return code
     try:
         client.hset(keys.job(job_id), "result", encoded)
     except redis.RedisError as exc:

@@ -13,8 +13,12 @@ be importable from its module (top level); arguments and the return value must p
 What ``.delay()`` refuses at once, with one line saying what to write instead (rather than a job
 that fails on a card): a lambda, a function defined inside another function, a function defined
 in an interactive session (no file to import), a name that does not lead back to the function,
-and a call made from the top level of a script without ``if __name__ == "__main__":`` (the job
-imports that script to find the function, which would run the submission again). Inside the job,
+a call made from the top level of a script without ``if __name__ == "__main__":`` (the job
+imports that script to find the function, which would run the submission again; a guard is any
+``if``/``elif`` whose test requires ``__name__ == "__main__"``, alone or in an ``and``), a function
+or an argument's class that only that guard defines (the job's import does not run it), and an
+argument's class from the script when the function is not (the job does not import the script).
+Classes and functions of the script travel both ways (rig.callpickle). Inside the job,
 a ``.delay()`` made while the call's module is being imported fails the job the same way instead
 of submitting nested jobs (:func:`loading_call`).
 
@@ -38,6 +42,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Generic, ParamSpec, TypeVar
 
+from rig import callpickle
 from rig.errors import InvalidInput
 
 P = ParamSpec("P")
@@ -97,16 +102,21 @@ class RigTask(Generic[P, R]):
                        f"`if __name__ == \"__main__\":`")
             refused_while_loading.append(message)
             raise SubmittedWhileImported(message)
-        payload = _payload(self.fn, args, kwargs or {})
+        payload = _payload(self.fn)
         _check_importable(self, payload)
         _check_guarded(self.fn, payload)
+        _check_defined_outside_guard(self.fn.__name__, f"{self.fn.__name__}()", payload)
         client = overrides.pop("client", None) or default_client()
         options = {**self.options, **overrides}
         try:
-            pickled = pickle.dumps(payload)
+            call, script_names = callpickle.dumps((tuple(args), dict(kwargs or {})))
         except Exception as exc:  # noqa: BLE001 - any pickling failure is the caller's arguments
             raise InvalidInput(f"the arguments of {self.fn.__qualname__}() cannot be pickled "
                                f"({type(exc).__name__}: {exc}); pass plain data or file paths") from None
+        _check_script_names(self.fn, payload, script_names)
+        # The arguments travel as a pickle inside the payload: the job unpickles them only after
+        # it has imported the function's script, where the script's classes are (rig.callpickle).
+        pickled = pickle.dumps({**payload, "call": call})
         if len(pickled) > MAX_PAYLOAD_BYTES:
             raise InvalidInput(f"the arguments of {self.fn.__qualname__}() pickle to {len(pickled)} bytes, over "
                                f"{MAX_PAYLOAD_BYTES}; save large data to a file and pass its path")
@@ -204,20 +214,29 @@ def _check_guarded(fn: Callable[..., Any], payload: dict[str, Any]) -> None:
 
 
 def _main_guard_lines(file: str) -> list[tuple[int, int]] | None:
-    """The line ranges of the top-level ``if __name__ == "__main__":`` blocks of ``file``
-    (None when it cannot be read or parsed: then nothing is refused here)."""
+    """The line ranges (first, last) of the bodies of the ``if`` blocks of ``file`` that run
+    only when ``__name__ == "__main__"`` (see _is_main_test), at any depth, ``elif`` included;
+    None when the file cannot be read or parsed: then nothing is refused here."""
+    tree = _parse(file)
+    if tree is None:
+        return None
+    return [(node.body[0].lineno, node.body[-1].end_lineno or node.body[-1].lineno)
+            for node in ast.walk(tree) if isinstance(node, ast.If) and _is_main_test(node.test)]
+
+
+def _parse(file: str) -> ast.Module | None:
     try:
-        tree = ast.parse(Path(file).read_text(), file)
+        return ast.parse(Path(file).read_text(), file)
     except (OSError, SyntaxError, ValueError):
         return None
-    ranges = []
-    for node in tree.body:
-        if isinstance(node, ast.If) and _is_main_test(node.test):
-            ranges.append((node.body[0].lineno, node.body[-1].end_lineno or node.body[-1].lineno))
-    return ranges
 
 
 def _is_main_test(test: ast.expr) -> bool:
+    """Whether ``test`` is true only when ``__name__ == "__main__"``: that comparison (either
+    order, ``==`` only), or an ``and`` with it among its terms (at any depth of ``and``s;
+    parentheses leave no trace in the tree). ``!=``, ``not`` and ``or`` do not guard."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return any(_is_main_test(value) for value in test.values)
     if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
         return False
     sides = [test.left, test.comparators[0]]
@@ -225,7 +244,84 @@ def _is_main_test(test: ast.expr) -> bool:
             and any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides))
 
 
-def _payload(fn: Callable[..., Any], args: tuple, kwargs: dict) -> dict[str, Any]:
+def _bound_at_top_level(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """The names the module's top-level code binds (def, class, assignment, import), as
+    (outside any ``__main__`` guard, only inside one). Compound statements (try, for, with, other
+    ifs) are looked into; function and class bodies are not (their names are not the module's)."""
+    outside: set[str] = set()
+    inside: set[str] = set()
+
+    def visit(statements: list[ast.stmt], guarded: bool) -> None:
+        for node in statements:
+            names = inside if guarded else outside
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+                continue
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            for target in _targets(node):
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+            if isinstance(node, ast.If) and _is_main_test(node.test):
+                visit(node.body, True)
+                visit(node.orelse, guarded)
+                continue
+            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+                children = getattr(node, field, None) or []
+                for child in children:
+                    if isinstance(child, ast.ExceptHandler | ast.match_case):
+                        visit(child.body, guarded)
+                if children and isinstance(children[0], ast.stmt):
+                    visit(children, guarded)
+
+    visit(tree.body, False)
+    return outside, inside - outside
+
+
+def _targets(node: ast.stmt) -> list[ast.expr]:
+    if isinstance(node, ast.Assign):
+        return list(node.targets)
+    if isinstance(node, ast.AnnAssign | ast.AugAssign | ast.For | ast.AsyncFor):
+        return [node.target]
+    if isinstance(node, ast.With | ast.AsyncWith):
+        return [item.optional_vars for item in node.items if item.optional_vars is not None]
+    return []
+
+
+def _check_defined_outside_guard(qualname: str, label: str, payload: dict[str, Any]) -> None:
+    """Refuse a name of the submitter's script that only its ``__main__`` guard defines: the
+    job imports the script without running that block, so the name would not be there."""
+    if payload["module"] != "__main__" or not payload["file"]:
+        return
+    tree = _parse(payload["file"])
+    if tree is None:
+        return
+    name = qualname.split(".")[0]
+    _outside, only_inside = _bound_at_top_level(tree)
+    if name in only_inside:
+        script = Path(payload["file"]).name
+        raise InvalidInput(f"{label} is defined inside `if __name__ == \"__main__\":` in {script}, "
+                           f"which the job does not run when it imports {script}: define {name} at the "
+                           f"module's top level, outside the guard")
+
+
+def _check_script_names(fn: Callable[..., Any], payload: dict[str, Any], names: dict[str, Any]) -> None:
+    """Refuse arguments holding classes or functions of the submitter's script that the job
+    cannot find: the job imports the script only when the function itself is from it, and
+    then runs its top level only, not its ``__main__`` guard."""
+    for qualname, obj in names.items():
+        what = "class" if isinstance(obj, type) else "function"
+        if payload["module"] != "__main__":
+            main = sys.modules.get("__main__")
+            script = Path(getattr(main, "__file__", None) or "the script").name
+            raise InvalidInput(f"the arguments of {fn.__qualname__}() hold the {what} {qualname} of the script "
+                               f"{script}, which the job does not import (it imports {payload['module']}): "
+                               f"define {qualname} in a module that both import")
+        _check_defined_outside_guard(qualname, f"the {what} {qualname} (passed to {fn.__name__}())", payload)
+
+
+def _payload(fn: Callable[..., Any]) -> dict[str, Any]:
+    """Where the job finds ``fn``: ``module``, ``qualname``, ``file`` (None: no source file)
+    and ``root`` (the folder to put on ``sys.path``). The arguments are added as ``call``."""
     module = fn.__module__
     if module == "__rig_main__":  # a call running in a job submits a task from its own script
         module = "__main__"
@@ -243,5 +339,4 @@ def _payload(fn: Callable[..., Any], args: tuple, kwargs: dict) -> dict[str, Any
             root = str(Path(file).parents[module.count(".") + 1])
     elif file:
         root = str(Path(file).parent)
-    return {"module": module, "qualname": fn.__qualname__, "file": file, "root": root,
-            "args": args, "kwargs": kwargs}
+    return {"module": module, "qualname": fn.__qualname__, "file": file, "root": root}

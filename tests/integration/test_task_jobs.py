@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import pickle
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -125,3 +127,74 @@ def test_a_failure_a_retry_cannot_help_is_not_retried(env, tmp_path, command, wo
     assert job.failure in ({failure} if failure else {"command_not_found", "start_failed"})
     assert "not retried" in job.reason
     assert ledger.holdings("n1", 0) == {}
+
+
+#: A script whose class travels to the job as an argument and back as the result: `submit`
+#: prints the payload .delay() builds, `read B64` unpickles a result as rig.client does.
+CLASS_SCRIPT = textwrap.dedent('''
+    import base64, pickle, sys
+    import rig
+
+    class Point:
+        def __init__(self, x):
+            self.x = x
+        def __repr__(self):
+            return f"Point({self.x})"
+
+    @rig.task(gpu_memory="1G")
+    def move(p, by=1):
+        return [Point(p.x + by)]
+
+    if __name__ == "__main__" and sys.argv[1] == "submit":
+        from tests.unit.test_pytask import StubClient  # (the job does not see tests/)
+        client = StubClient()
+        move.apply_async((Point(1),), {"by": 2}, client=client)
+        print(client.submitted[0][1]["extra"]["payload"])
+    elif __name__ == "__main__" and sys.argv[1] == "read":
+        value = pickle.loads(base64.b64decode(sys.argv[2]))
+        print("RESULT", value, type(value[0]) is Point)
+''')
+
+
+def run_script(script: Path, *args: str) -> str:
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=60,
+                          cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_class_of_the_script_travels_to_the_job_and_back(env, tmp_path):
+    settings, ledger, runner = env
+    script = tmp_path / "points.py"
+    script.write_text(CLASS_SCRIPT)
+    jid, token = placed(ledger, call_argv(), tmp_path, kind="python")
+    ledger.store.update(jid, payload=run_script(script, "submit"))
+    assert runner.run_job(jid, token) == "SUCCEEDED", log_of(ledger, jid)
+    raw = ledger.r.hget(ledger.keys.job(jid), "result")
+    assert run_script(script, "read", raw.decode() if isinstance(raw, bytes) else raw) == "RESULT [Point(3)] True"
+
+
+def test_top_level_argparse_fails_once_saying_the_job_imports_the_script(env, tmp_path):
+    settings, ledger, runner = env
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import argparse
+        import rig
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--lr", type=float, required=True)
+        args = parser.parse_args()  # at top level: runs again when the job imports train.py
+
+        @rig.task(gpu_memory="1G")
+        def train(lr):
+            return lr
+    """))
+    jid, token = call(ledger, tmp_path, "__main__", "train", script, 0.1)
+    assert runner.run_job(jid, token) == "FAILED"
+    job = ledger.store.get(jid)
+    assert (job.failure, job.attempt, job.exit_code) == ("bad_call", 1, 2)
+    said = " ".join(job.evidence)
+    assert "the job imports train.py to find train, so its top-level code runs in the job too" in said, said
+    assert 'exited (sys.exit(2)): move it under `if __name__ == "__main__":`' in said
+    assert "the following arguments are required: --lr" in log_of(ledger, jid)

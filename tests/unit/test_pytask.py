@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -111,7 +113,18 @@ def submit():
     ("if True:\n    submit()\n", "REFUSED: script.py line 16 submits train()"),
     ("if __name__ == \"__main__\":\n    submit()\n", "SUBMITTED"),
     ("if '__main__' == __name__:\n    x = 1\n    submit()\n", "SUBMITTED"),
-], ids=["top-level", "other-block", "guarded", "guarded-reversed"])
+    ("import sys\nif __name__ == \"__main__\" and sys.argv[-1].endswith('.py'):  submit()\n", "SUBMITTED"),
+    ("import sys\nif (\"__main__\" == __name__) and (len(sys.argv) > 0 and True):\n    submit()\n", "SUBMITTED"),
+    ("if __name__ == '__main__' and False:\n    pass\nelif __name__ == '__main__':\n    submit()\n", "SUBMITTED"),
+    ("if __name__ == '__main__':\n    for i in range(1):\n        if True:\n            submit()\n", "SUBMITTED"),
+    ("if False:\n    pass\nelse:\n    if __name__ == '__main__':\n        submit()\n", "SUBMITTED"),
+    ("if __name__ == '__main__' and False:\n    pass\nelse:\n    submit()\n", "REFUSED: script.py line 18"),
+    ("if __name__ == '__main__' and False:\n    pass\nelif True:\n    submit()\n", "REFUSED: script.py line 18"),
+    ("if __name__ != '__main__' or True:\n    submit()\n", "REFUSED: script.py line 16"),
+    ("if __name__ == '__main__' or True:\n    submit()\n", "REFUSED: script.py line 16"),
+], ids=["top-level", "other-block", "guarded", "guarded-reversed", "and-same-line", "and-parenthesised",
+        "elif-guard", "nested-in-guard", "guard-in-else", "else-of-guard", "elif-not-guard", "not-equal-or",
+        "or"])
 def test_a_script_that_submits_from_its_unguarded_top_level_is_refused(tmp_path, tail, expected):
     script = tmp_path / "script.py"
     script.write_text(SCRIPT + tail)
@@ -145,3 +158,146 @@ def test_the_old_command_line_was_shadowed(tmp_path):
     done = subprocess.run([sys.executable, "-m", "rig.call"], capture_output=True, text=True,
                           timeout=60, cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
     assert "hostile" in done.stderr
+
+
+def _run_script(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True, timeout=60,
+                          cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+
+
+#: Runs a call as the job does (rig.call.run_call, in `python -P`): the payload on stdin; prints
+#: the exit code and the base64 result.
+RUN_AS_JOB = ("import sys; from rig.call import run_call; code, out = run_call('7', sys.stdin.read()); "
+              "print('CODE', code); print('RESULT', out)")
+
+DEF_IN_GUARD = '''
+import rig
+from tests.unit.test_pytask import StubClient
+
+def submit(task):
+    try:
+        task.apply_async(client=StubClient())
+        print("SUBMITTED")
+    except rig.errors.InvalidInput as exc:
+        print("REFUSED:", exc)
+
+{body}
+'''
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    ("if __name__ == '__main__':\n    @rig.task\n    def inner():\n        return 1\n    submit(inner)\n",
+     "REFUSED: inner() is defined inside `if __name__ == \"__main__\":` in script.py, which the job does not "
+     "run when it imports script.py: define inner at the module's top level, outside the guard"),
+    ("import sys\nif __name__ == '__main__' and sys.argv:\n    if True:\n        @rig.task\n        def inner():\n"
+     "            return 1\n        submit(inner)\n", "REFUSED: inner() is defined inside"),
+    ("try:\n    @rig.task\n    def inner():\n        return 1\nexcept ImportError:\n    pass\n"
+     "if __name__ == '__main__':\n    submit(inner)\n", "SUBMITTED"),
+    ("from typing import TYPE_CHECKING\nif not TYPE_CHECKING:\n    @rig.task\n    def inner():\n        return 1\n"
+     "if __name__ == '__main__':\n    submit(inner)\n", "SUBMITTED"),
+    ("@rig.task\ndef inner():\n    return 1\nif __name__ == '__main__':\n    @rig.task\n    def inner():\n"
+     "        return 2\n    submit(inner)\n", "SUBMITTED"),  # the job finds the top-level inner
+], ids=["in-guard", "nested-in-guard", "in-try", "in-other-if", "also-at-top-level"])
+def test_a_function_defined_inside_the_main_guard_is_refused_at_delay(tmp_path, body, expected):
+    script = tmp_path / "script.py"
+    script.write_text(DEF_IN_GUARD.format(body=body))
+    done = _run_script(script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith(expected), done.stdout
+
+
+CLASSES = '''
+import base64, pickle, subprocess, sys
+import rig
+from tests.unit.test_pytask import RUN_AS_JOB, StubClient
+
+class Point:
+    def __init__(self, x):
+        self.x = x
+    def __repr__(self):
+        return f"Point({{self.x}})"
+
+@rig.task
+def move(p, by=1):
+    return [Point(p.x + by)]
+
+if __name__ == "__main__":
+    class Local:
+        pass
+    client = StubClient()
+    try:
+        move.apply_async({args}, client=client)
+    except rig.errors.InvalidInput as exc:
+        print("REFUSED:", exc)
+        sys.exit(0)
+    payload = client.submitted[0][1]["extra"]["payload"]
+    job = subprocess.run([sys.executable, "-P", "-c", RUN_AS_JOB], input=payload, capture_output=True,
+                         text=True, cwd="/")
+    print(job.stderr, file=sys.stderr)
+    code, result = job.stdout.split()[1::2]
+    if code != "0":
+        print("JOB FAILED", code, job.stderr)
+        sys.exit(0)
+    value = pickle.loads(base64.b64decode(result))  # as rig.client's JobHandle.get does
+    print("RESULT", value, type(value[0]) is Point)
+'''
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ("(Point(1),), {{'by': Point(2).x}}", "RESULT [Point(3)] True"),
+    ("(Point(1),), {{'by': 1}}", "RESULT [Point(2)] True"),
+    ("(Local(),)", "REFUSED: the class Local (passed to move()) is defined inside `if __name__ == \"__main__\":` "
+     "in script.py, which the job does not run when it imports script.py: define Local at the module's top "
+     "level, outside the guard"),
+], ids=["class-argument-and-result", "kwargs", "class-in-guard"])
+def test_classes_of_the_script_travel_to_the_job_and_back(tmp_path, args, expected):
+    script = tmp_path / "script.py"
+    script.write_text(CLASSES.format(args=args.replace("{{", "{").replace("}}", "}")))
+    done = _run_script(script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith(expected), done.stdout + done.stderr
+
+
+def test_a_script_class_passed_to_a_function_of_another_module_is_refused(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("import rig\nfrom tests.unit.test_pytask import StubClient, top_level\n"
+                      "class Point:\n    pass\n"
+                      "if __name__ == '__main__':\n    try:\n        top_level.apply_async((Point(),), client=StubClient())\n"
+                      "    except rig.errors.InvalidInput as exc:\n        print('REFUSED:', exc)\n")
+    done = _run_script(script)
+    assert done.stdout.strip() == (
+        "REFUSED: the arguments of top_level() hold the class Point of the script script.py, which the job "
+        "does not import (it imports tests.unit.test_pytask): define Point in a module that both import"), done
+
+
+def _run_as_job(payload: dict) -> subprocess.CompletedProcess[str]:
+    root = Path(__file__).resolve().parents[2]
+    raw = base64.b64encode(pickle.dumps(payload)).decode()
+    return subprocess.run([sys.executable, "-P", "-c", RUN_AS_JOB], input=raw, capture_output=True, text=True,
+                          timeout=60, cwd="/", env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+
+
+@pytest.mark.parametrize(("top", "said"), [
+    ("import argparse\nparser = argparse.ArgumentParser()\nparser.add_argument('--lr', required=True)\n"
+     "args = parser.parse_args()\n", "exited (sys.exit(2))"),
+    ("import sys\nmode = sys.argv[1]\n", "raised IndexError: list index out of range"),
+], ids=["argparse", "argv"])
+def test_top_level_code_that_fails_in_the_job_says_to_move_it_under_the_guard(tmp_path, top, said):
+    script = tmp_path / "train.py"
+    script.write_text(f"import rig\n{top}\n@rig.task\ndef train(lr):\n    return lr\n")
+    done = _run_as_job({"module": "__main__", "qualname": "train", "file": str(script), "root": str(tmp_path),
+                        "call": pickle.dumps(((0.1,), {}))})
+    assert "CODE 2" in done.stdout, done.stdout + done.stderr
+    line = [ln for ln in done.stderr.splitlines() if ln.startswith("rig.call: ")][-1]
+    assert line == (f"rig.call: job 7: the job imports train.py to find train, so its top-level code runs in "
+                    f"the job too (with no arguments in sys.argv), and that code {said}: move it under "
+                    f"`if __name__ == \"__main__\":`")
+
+
+def test_a_call_payload_of_the_old_shape_still_runs(tmp_path):
+    (tmp_path / "mod.py").write_text("def add(a, b):\n    return a + b\n")
+    done = _run_as_job({"module": "mod", "qualname": "add", "file": str(tmp_path / "mod.py"), "root": str(tmp_path),
+                        "args": (1,), "kwargs": {"b": 2}})
+    assert "CODE 0" in done.stdout, done.stderr
+    assert pickle.loads(base64.b64decode(done.stdout.split()[3])) == 3
