@@ -276,6 +276,16 @@ _NCCL_CODE = re.compile(r"\b(?P<msg>nccl[A-Z]\w*Error\b[^\n]*|nccl(?:InvalidArgu
 _WATCHDOG = re.compile(r"OpType=(?P<op>\w+)|ran for (?P<ms>\d+) milliseconds")
 
 
+#: A line saying that a command could not start: rig's wrapper's (workers/process_tree.py:
+#: ``rig: command not found: X``, ``rig: not an executable file: X``), or a shell's about a
+#: command of a --cmd string (dash ``/bin/sh: 1: foo: not found``, ``... Permission denied``;
+#: bash ``bash: foo: command not found``).
+CANNOT_START_LINE = re.compile(
+    r"^(?:rig: (?:command not found|not an executable file): .*"
+    r"|\S+: (?:\d+: |line \d+: )?[^\n]*: (?:not found|command not found|Permission denied))$",
+    re.MULTILINE)
+
+
 # --- API -------------------------------------------------------------------------------------
 
 def classify(*, exit_code: int | None, cancelled: bool = False, timed_out: bool = False,
@@ -517,11 +527,15 @@ def _signal_name(number: int) -> str | None:
 def _from_exit_code(exit_code: int | None, text: str) -> Classification:
     if exit_code is None:
         return Classification(FailureClass.NONZERO_EXIT, "ended without an exit code", ())
-    if exit_code == 127:
-        return Classification(FailureClass.COMMAND_NOT_FOUND, "command not found (exit 127)", ())
-    if exit_code == 126:
-        return Classification(FailureClass.COMMAND_NOT_FOUND,
-                              "command not executable (exit 126)", ())
+    if exit_code in (126, 127):
+        # Only when the command could not start: said by rig's wrapper (before running it) or
+        # by the shell of a --cmd string. A program that ran and exited 126/127 is a plain
+        # non-zero exit (and may be retried).
+        lines = _matching_lines(((CANNOT_START_LINE, None),), text)
+        if lines:
+            what = "command not found" if exit_code == 127 else "command not executable"
+            return Classification(FailureClass.COMMAND_NOT_FOUND, f"{what} (exit {exit_code})",
+                                  _evidence(lines))
     name = None
     if exit_code > 128:
         name = _signal_name(exit_code - 128)

@@ -24,12 +24,24 @@ from collections.abc import Callable
 #: With RIG_EXIT_FD=0 the card runner has opened the exit file as the wrapper's stdin (the job
 #: may run as a user who cannot open that path): the status goes there and the job itself gets
 #: /dev/null. Without it (older starts, tests) the status goes to the path, atomically.
+#: A command that cannot start (not found, not an executable file) is found before it is run
+#: and said in a line of its own (rig.failures.CANNOT_START_LINE), so a program that runs and
+#: exits 126 or 127 itself is never taken for one that could not start.
 WRAPPER = r"""
 trap ':' TERM INT HUP
-if [ "${RIG_EXIT_FD:-}" = 0 ]; then "$@" </dev/null; else "$@"; fi
-rc=$?
-if [ "$rc" -eq 127 ]; then echo "rig: command not found or not executable: $1 (exit 127)" >&2; fi
-if [ "$rc" -eq 126 ]; then echo "rig: permission denied running: $1 (exit 126)" >&2; fi
+rig_cannot=''
+case "$1" in
+  */*) if [ ! -e "$1" ]; then rig_cannot=127; elif [ -d "$1" ] || [ ! -x "$1" ]; then rig_cannot=126; fi ;;
+  *) command -v -- "$1" >/dev/null 2>&1 || rig_cannot=127 ;;
+esac
+if [ "$rig_cannot" = 127 ]; then
+  echo "rig: command not found: $1 (exit 127)" >&2; rc=127
+elif [ "$rig_cannot" = 126 ]; then
+  echo "rig: not an executable file: $1 (exit 126)" >&2; rc=126
+else
+  if [ "${RIG_EXIT_FD:-}" = 0 ]; then "$@" </dev/null; else "$@"; fi
+  rc=$?
+fi
 if [ "${RIG_EXIT_FD:-}" = 0 ]; then
   printf '%s\n' "$rc" >&0
 else

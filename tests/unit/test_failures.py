@@ -501,8 +501,9 @@ def test_flags_beat_exit_codes_and_log_text(flags, failure, exit_code):
         (2, FailureClass.NONZERO_EXIT, "exit code 2"),
         (128, FailureClass.NONZERO_EXIT, "exit code 128"),
         (255, FailureClass.NONZERO_EXIT, "exit code 255"),
-        (127, FailureClass.COMMAND_NOT_FOUND, "command not found (exit 127)"),
-        (126, FailureClass.COMMAND_NOT_FOUND, "command not executable (exit 126)"),
+        # 126/127 alone: a program that ran and exited so (see test_cannot_start_needs_evidence)
+        (127, FailureClass.NONZERO_EXIT, "exit code 127"),
+        (126, FailureClass.NONZERO_EXIT, "exit code 126"),
         (137, FailureClass.SIGNAL, "killed by signal SIGKILL (exit 137)"),
         (143, FailureClass.SIGNAL, "killed by signal SIGTERM (exit 143)"),
         (134, FailureClass.SIGNAL, "killed by signal SIGABRT (exit 134)"),
@@ -518,6 +519,22 @@ def test_exit_code_facts(exit_code, failure, summary):
     log = "step 1 loss 2.0\nTraceback (most recent call last):\n  File \"t.py\", line 1\nboom\n"
     for tail in ("", log):
         assert classify(exit_code=exit_code, log_tail=tail) == Classification(failure, summary, ())
+
+
+@pytest.mark.parametrize(("exit_code", "line", "summary"), [
+    (127, "rig: command not found: trian.py (exit 127)", "command not found (exit 127)"),
+    (126, "rig: not an executable file: /data/run.sh (exit 126)", "command not executable (exit 126)"),
+    (127, "/bin/sh: 1: pyhton: not found", "command not found (exit 127)"),
+    (127, "bash: pyhton: command not found", "command not found (exit 127)"),
+    (126, "/bin/sh: 1: ./run.sh: Permission denied", "command not executable (exit 126)"),
+])
+def test_cannot_start_needs_evidence(exit_code, line, summary):
+    """A command that could not start is said so by rig's wrapper or the shell; only then is
+    126/127 COMMAND_NOT_FOUND (never retried). A program exiting 126/127 itself was retried."""
+    found = classify(exit_code=exit_code, log_tail=f"some output\n{line}\n")
+    assert found == Classification(FailureClass.COMMAND_NOT_FOUND, summary, (line,))
+    ran = classify(exit_code=exit_code, log_tail="real program ran\n")
+    assert ran is not None and ran.failure is FailureClass.NONZERO_EXIT
 
 
 def test_classification_is_frozen_and_the_enum_is_a_string():

@@ -81,14 +81,20 @@ def test_failures_a_retry_cannot_help_go_straight_to_the_error_queue(tmp_path):
     from rig.failures import FailureClass
 
     cases = [
-        (AttemptEnd(exit_code=127), "command_not_found", "command not found"),
+        (AttemptEnd(exit_code=127), "rig: command not found: trian.py (exit 127)\n", "command_not_found",
+         "command not found"),
         (AttemptEnd(exit_code=126, note="could not start in /gone: No such file or directory",
-                    failure=FailureClass.START_FAILED), "start_failed", "working folder"),
+                    failure=FailureClass.START_FAILED), "", "start_failed", "working folder"),
     ]
-    for end, failure, words in cases:
-        d = decide(job(tmp_path, max_retries=3), end, 80 * GIB)
+    for end, log, failure, words in cases:
+        d = decide(job(tmp_path, max_retries=3, log=log), end, 80 * GIB)
         assert (d.state, d.error_queue, d.fields["failure"]) == (JobState.FAILED, True, failure)
         assert "not retried" in d.fields["reason"] and words in d.fields["reason"]
+
+
+def test_a_program_that_ran_and_exited_127_is_retried(tmp_path):
+    d = decide(job(tmp_path, max_retries=3, log="real program ran\n"), AttemptEnd(exit_code=127), 80 * GIB)
+    assert d.state is JobState.PENDING and d.fields["failure"] == "nonzero_exit"
 
 
 def test_a_python_call_that_cannot_be_loaded_or_whose_result_cannot_pickle_is_not_retried(tmp_path):

@@ -6,6 +6,8 @@ import os
 import subprocess
 import time
 
+import pytest
+
 from rig.failures import classify
 from workers.process_tree import (
     ExitWatcher,
@@ -36,8 +38,38 @@ def test_wrapper_records_exit_status(tmp_path):
 def test_wrapper_explains_missing_command(tmp_path):
     proc, exit_file = start(["no-such-program-xyz"], tmp_path)
     assert proc.wait(10) == 127
-    assert "command not found or not executable: no-such-program-xyz" in proc.stdout.read().decode()
+    assert proc.stdout.read().decode() == "rig: command not found: no-such-program-xyz (exit 127)\n"
     assert exit_file.read_text().strip() == "127"
+
+
+@pytest.mark.parametrize("kind", ["not executable", "a folder", "missing path"])
+def test_wrapper_says_what_cannot_start_before_running_it(tmp_path, kind):
+    target = tmp_path / "run.sh"
+    if kind == "not executable":
+        target.write_text("#!/bin/sh\necho ran\n")
+    elif kind == "a folder":
+        target.mkdir()
+    proc, exit_file = start([str(target)], tmp_path)
+    code = 127 if kind == "missing path" else 126
+    assert proc.wait(10) == code
+    said = proc.stdout.read().decode()
+    assert said.startswith("rig: ") and str(target) in said and "ran" not in said
+    assert exit_file.read_text().strip() == str(code)
+
+
+@pytest.mark.parametrize("code", [126, 127])
+def test_a_program_exiting_126_or_127_is_not_said_to_be_missing(tmp_path, code):
+    """The wrapper used to add "rig: permission denied running: python3" after a program that
+    ran and exited 126 (the line was false)."""
+    proc, exit_file = start(["sh", "-c", f"echo real program ran; exit {code}"], tmp_path)
+    assert proc.wait(10) == code
+    assert proc.stdout.read().decode() == "real program ran\n"
+    assert exit_file.read_text().strip() == str(code)
+
+
+def test_a_variable_named_like_the_wrappers_own_does_not_skip_the_job(tmp_path):
+    proc, _exit_file = start(["sh", "-c", "echo ran"], tmp_path, rig_cannot="127", rc="127")
+    assert proc.wait(10) == 0 and proc.stdout.read().decode() == "ran\n"
 
 
 def test_stop_tree_ends_double_forked_children_and_records_signal(tmp_path):
