@@ -287,9 +287,12 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
     table.add_column(overflow="fold")
     for key, value in rows:
         # Names, commands, reasons... are the submitter's text, never rich markup.
-        table.add_row(key, value if key in _MARKUP_ROWS else M(value))
+        table.add_row(key, value if key in _MARKUP_ROWS else M(value, multiline=key in _MULTILINE_ROWS))
     console.print(table)
 
 
 #: Rows of render_job whose values carry rich markup of rig's own.
 _MARKUP_ROWS = frozenset({"state", "over its declaration"})
+#: Rows whose line breaks are shown as line breaks: a newline in a shell command separates
+#: commands, so shown as a space it would make `echo safe<NL>touch x` read as one echo.
+_MULTILINE_ROWS = frozenset({"command"})

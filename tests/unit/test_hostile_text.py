@@ -165,3 +165,13 @@ def test_rig_show_shows_what_really_runs() -> None:
     assert not has_control(text.replace("\n", ""))
     assert "touch /tmp/HIDDEN_RAN" in text and "PWNEDDIR" in text, text
     assert "/tmp/d\\x1b]0;PWNEDDIR\\x07x" in text
+
+
+def test_a_newline_in_a_command_is_shown_as_one() -> None:
+    """`echo safe<NL>touch x` is two commands; in one line it would read as one echo."""
+    console, out = _console()
+    render_job(_job(JobState.PENDING, command=["/bin/sh", "-c", "echo safe\ntouch /tmp/x"], shell=True),
+               None, console)
+    lines = out.getvalue().splitlines()
+    assert any(line.rstrip().endswith("echo safe") for line in lines), lines
+    assert any(line.strip() == "touch /tmp/x" for line in lines), lines
