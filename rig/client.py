@@ -23,7 +23,7 @@ from rig import job_env as jobenv
 from rig import records as R
 from rig.config import Settings, load_settings
 from rig.durations import parse_duration
-from rig.errors import InvalidInput, InvalidRecord, PermissionDenied, RigError, Unschedulable
+from rig.errors import InvalidInput, InvalidRecord, JobGone, PermissionDenied, RigError, Unschedulable
 from rig.fairshare import exceeds_alone
 from rig.keys import Keys
 from rig.ledger import Ledger
@@ -329,6 +329,17 @@ class Client:
     def get(self, job_id: int | str) -> Job:
         return self._guard(self.store.get, job_id)
 
+    def get_instance(self, job_id: int | str, instance: str | None) -> Job:
+        """The record of job ``job_id``, which must be that very job when ``instance`` is given:
+        after Redis lost its data, ids restart and an old id names another job. Raises JobGone
+        (a JobNotFound, exit 4) then, saying so."""
+        job = self.get(job_id)
+        if instance is not None and job.instance != instance:
+            raise JobGone(job.id, f"job {job.id} is gone: rig's Redis lost its data (it was restarted empty, "
+                              f"flushed or replaced) and the id {job.id} now belongs to another job "
+                              f"('{job.name}' by {job.user}); `rig status` says what the node did with it")
+        return job
+
     def job(self, job_id: int | str) -> JobHandle:
         job = self.get(job_id)
         return JobHandle(self, job.id, job)
@@ -566,9 +577,12 @@ class Client:
         return job
 
     def wait(self, job_id: int | str, *, timeout: float | None = None,
-             on_change: Callable[[Job], None] | None = None) -> Job:
+             on_change: Callable[[Job], None] | None = None, instance: str | None = None) -> Job:
         """Block until the job reaches a terminal state; returns it. Raises TimeoutError.
-        ``on_change`` is called with the job each time its state (or attempt) changes."""
+        ``on_change`` is called with the job each time its state (or attempt) changes. With
+        ``instance`` (Job.instance, known since submit), a record that now belongs to another
+        job (Redis lost its data and the id was given again) raises JobGone instead of
+        reporting that job's result."""
         jid = int(job_id)
         seen: tuple[JobState, int] | None = None
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -576,7 +590,7 @@ class Client:
         try:
             self._guard(pubsub.subscribe, self.keys.events_channel)
             while True:
-                job = self.get(jid)
+                job = self.get_instance(jid, instance)
                 if on_change is not None and (job.state, job.attempt) != seen:
                     seen = (job.state, job.attempt)
                     on_change(job)
@@ -617,6 +631,8 @@ class JobHandle:
         self.client = client
         self.id = int(job_id)
         self._job = job
+        #: This job's identity: a record with another one is another job that reused the id.
+        self.instance = job.instance if job is not None else None
 
     def __repr__(self) -> str:
         return f"<rig job {self.id}>"
@@ -626,7 +642,7 @@ class JobHandle:
 
     @property
     def record(self) -> Job:
-        self._job = self.client.get(self.id)
+        self._job = self.client.get_instance(self.id, self.instance)
         return self._job
 
     @property
@@ -634,7 +650,7 @@ class JobHandle:
         return self.record.state
 
     def wait(self, timeout: float | None = None) -> Job:
-        self._job = self.client.wait(self.id, timeout=timeout)
+        self._job = self.client.wait(self.id, timeout=timeout, instance=self.instance)
         return self._job
 
     def kill(self) -> Job:

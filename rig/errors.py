@@ -35,6 +35,14 @@ class JobNotFound(RigError):
         self.job_id = job_id
 
 
+class JobGone(JobNotFound):
+    """The job's id now names another job: Redis lost its data and gave the id again."""
+
+    def __init__(self, job_id: object, message: str) -> None:
+        RigError.__init__(self, message)
+        self.job_id = job_id
+
+
 class RedisUnavailable(RigError):
     """The Redis server that holds rig's state cannot be reached."""
 

@@ -75,7 +75,7 @@ def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir
                f"{job.priority.value} priority" + (f", pool {clean(job.pool)}" if job.pool else ""), err=True)
     _say_why_waiting(client, job.id)
     if wait:
-        _wait(client, job.id)
+        _wait(client, job.id, job.instance)
 
 
 def _say_why_waiting(client, job_id: int) -> None:  # noqa: ANN001
@@ -91,7 +91,7 @@ def _say_why_waiting(client, job_id: int) -> None:  # noqa: ANN001
         click.echo(f"job {job_id} waits: {clean(why)}", err=True)
 
 
-def _wait(client, job_id: int) -> None:  # noqa: ANN001
+def _wait(client, job_id: int, instance: str | None = None) -> None:  # noqa: ANN001
     """--wait: follow the job to its end and exit with its code. Ctrl-C stops the waiting, not
     the job: say so, and how to stop it, then exit 130 (as a shell does for SIGINT)."""
     def show(job) -> None:  # noqa: ANN001
@@ -100,7 +100,7 @@ def _wait(client, job_id: int) -> None:  # noqa: ANN001
         click.echo(f"job {job.id}: {job.state.value.lower()}{where}{attempt}", err=True)
 
     try:
-        final = client.wait(job_id, on_change=show)
+        final = client.wait(job_id, on_change=show, instance=instance)
     except KeyboardInterrupt:
         click.echo("", err=True)  # after the ^C the terminal printed
         click.echo(interrupted_line(client, job_id), err=True)

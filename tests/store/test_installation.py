@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rig.installation import EMPTY, FOREIGN, JOIN, NEW, SAME, Installation, local_file, matches
 from rig.keys import Keys
+from rig.models import JobState
 from rig.nodes import NodeRegistry
 
 
@@ -39,3 +40,27 @@ def test_the_mark_is_shown_and_cleared_by_joining(redis_client, key_prefix, tmp_
 
 def test_two_prefixes_keep_two_files(tmp_path):
     assert local_file(tmp_path, "a", "rig:") != local_file(tmp_path, "a", "lab2:")
+
+
+def test_a_handle_never_reports_another_job_that_reused_its_id(redis_client, key_prefix, tmp_path, monkeypatch):
+    """After Redis lost its data, `rig-submit --wait` / Job.wait() of job 9 followed the new
+    job 9 and reported its result (a false FAILED or SUCCEEDED)."""
+    import pytest
+
+    from rig.client import Client
+    from rig.config import load_settings
+    from rig.errors import JobGone
+    from rig.testing.harness import delete_prefix
+
+    client = Client(load_settings(key_prefix=key_prefix, home=tmp_path), redis_client=redis_client)
+    monkeypatch.setattr(client, "_announce", lambda jobs: None)
+    mine = client.submit(["true"], gpu_memory="1G", name="mine")
+    delete_prefix(redis_client, key_prefix)  # Redis came back empty
+    impostor = client.submit(["false"], gpu_memory="1G", name="impostor")
+    assert impostor.id == mine.id
+    client.ledger.transition(impostor.id, JobState.FAILED)
+    with pytest.raises(JobGone, match=f"job {mine.id} is gone: rig's Redis lost its data"):
+        mine.wait(5)
+    with pytest.raises(JobGone):
+        mine.record  # noqa: B018
+    assert impostor.wait(5).state is JobState.FAILED
