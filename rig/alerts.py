@@ -222,6 +222,8 @@ def evaluate(client: Client, rules: AlertRules | None = None,
     for node in NodeRegistry(client.r, client.keys).read():
         if node.mismatch:
             alerts.append(Alert(f"installation:{node.name}", SEVERITY_CRITICAL, node.mismatch))
+        if node.unrecorded:
+            alerts.append(Alert(f"unrecorded_jobs:{node.name}", SEVERITY_CRITICAL, node.unrecorded))
 
     alerts.extend(_failure_rate(client, rules, now))
     alerts.extend(_idle_cards(cards, waiting, rules, now))

@@ -59,9 +59,10 @@ class Verdict:
     def explain(self, node: str) -> str:
         """One line for the operator (only for a mismatch)."""
         if self.kind == EMPTY:
-            what = "holds no rig installation any more (it lost its data, or another server answers there)"
+            what = ("holds no rig installation (it lost its data, or it is another Redis or database than "
+                    "the one the node used: check RIG_REDIS_URL / --redis)")
         else:
-            what = f"holds another installation ({self.found})"
+            what = f"holds another installation ({self.found}; check RIG_REDIS_URL / --redis)"
         return f"node {node} joined installation {self.expected}, but this Redis {what}"
 
 
@@ -110,8 +111,9 @@ class Installation:
         """Say so in the new Redis (rig status, alerts): what the node found and which of the
         old installation's jobs still run here. Returns the line."""
         ids = ", ".join(map(str, jobs[:10])) + (" ..." if len(jobs) > 10 else "")
-        line = (f"{verdict.explain(self.node)}; {len(jobs)} of its jobs still run here ({ids}), "
-                f"untouched; on {self.node}: `rig recover --stop` stops them and joins this Redis")
+        line = (f"{verdict.explain(self.node)}; {len(jobs)} job(s) of another installation still run here "
+                f"({ids}), untouched; on {self.node}: `rig recover` says more, `rig recover --stop` stops them "
+                "and joins this Redis")
         pipe = self.r.pipeline(transaction=False)
         pipe.sadd(self.keys.nodes, self.node)
         pipe.hset(self.keys.node(self.node), mapping={"installation_mismatch": line,

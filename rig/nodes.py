@@ -63,6 +63,9 @@ class NodeInfo:
     #: Set by the node when this Redis is not the installation it joined (rig.installation):
     #: the line saying so and what to do; the node then acts on nothing.
     mismatch: str | None = None
+    #: Set by the node when jobs run there that Redis has no record of (rolled back or lost):
+    #: the line saying so and what to do.
+    unrecorded: str | None = None
 
     @property
     def describe(self) -> str:
@@ -285,4 +288,5 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int) -> NodeInfo:
         backend=raw.get("backend", ""), cards=int(num("cards") or 0), host=raw.get("host", ""),
         pid=int(pid) if pid is not None else None, workers=workers,
         mismatch=raw.get("installation_mismatch") or None,
+        unrecorded=raw.get("unrecorded_jobs") or None,
     )

@@ -308,24 +308,27 @@ class Stack:
 
     def _check_installation(self) -> None:
         """Refuse to start over a Redis that is not the installation this node joined while
-        jobs of that installation still run here (rig.installation): nothing is changed, the
-        jobs run on, and the line says what to do. Otherwise join it."""
-        from rig.installation import Installation
-        from workers.health import _rig_processes
+        jobs of another installation still run here (rig.installation): nothing is changed,
+        the jobs run on, and the line says what to do. Otherwise join it."""
+        from workers.health import node_identity
 
         s = self.settings
-        inst = Installation(self._redis(), self.keys, s.run_dir, s.node_name)
-        verdict = inst.check()
+        found = node_identity(s, self._redis())
+        verdict = found.verdict
         if verdict.mismatch:
-            jobs = sorted({p.job_id for p in _rig_processes(s.key_prefix, s.redis_url, s.node_name).values()})
-            if jobs:
+            if found.others:
                 raise StackError(
-                    f"{verdict.explain(s.node_name)}, and {len(jobs)} of its jobs still run here "
-                    f"({', '.join(map(str, jobs))}); nothing was changed: `rig recover --stop` stops them "
-                    "and joins this Redis (docs/RELIABILITY.md)")
-            self.say(f"warning: {verdict.explain(s.node_name)}; no job of it runs here: joining this Redis "
-                     "as a new installation (the old job records are gone)")
-        inst.join()
+                    f"{verdict.explain(s.node_name)}, and {len(found.jobs)} of its jobs still run here "
+                    f"({', '.join(map(str, found.jobs))}); nothing was changed: if RIG_REDIS_URL / --redis "
+                    "is wrong, start rig with the right one; else `rig recover --stop` stops them and joins "
+                    "this Redis (docs/RELIABILITY.md)")
+            if found.running:
+                self.say(f"{verdict.explain(s.node_name)}; the {len(found.running)} job(s) running here were "
+                         "started from this one: joining it again")
+            else:
+                self.say(f"warning: {verdict.explain(s.node_name)}; no job of it runs here: joining this Redis "
+                         "as a new installation")
+        found.installation.join()
 
     def _register_cards(self) -> list[int]:
         s = self.settings

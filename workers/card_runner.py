@@ -31,6 +31,7 @@ from rig import records as R
 from rig.config import Settings
 from rig.failures import FailureClass
 from rig.gpus import GpuBackend, GpuReadError, GpuReading
+from rig.installation import Installation
 from rig.installation import matches as installation_matches
 from rig.keys import Keys
 from rig.ledger import Ledger
@@ -366,6 +367,8 @@ class CardRunner:
             "RIG_JOB_ID": str(job.id),
             # The job's identity: its id alone is reused when Redis loses its data.
             "RIG_JOB_INSTANCE": job.instance or "",
+            # The installation it runs under (rig.installation): which Redis may account for it.
+            "RIG_INSTALLATION": Installation(self.r, self.keys, self.settings.run_dir, self.node).on_node() or "",
             "RIG_JOB_NAME": job.name,
             "RIG_ATTEMPT": str(attempt),
             "RIG_EXIT_FILE": str(exit_file),

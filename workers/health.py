@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import redis
 
 from rig.config import Settings
-from rig.installation import JOIN, NEW, Installation
+from rig.installation import JOIN, NEW, Installation, Verdict
 from rig.keys import Keys, card_worker_name
 from rig.ledger import Ledger
 from rig.models import CardState, Job, JobState
@@ -73,6 +73,7 @@ class HealthChecker:
         self.store = self.ledger.store
         self.nodes = NodeRegistry(client, self.keys)
         self._mismatch_said: str | None = None
+        self._unrecorded_said: str | None = None
 
     def run_once(self) -> HealthReport | None:
         """The cluster pass and this node's local pass; None if another holds either lock."""
@@ -102,27 +103,27 @@ class HealthChecker:
                             (self._dead_workers, self._orphan_processes))
 
     def installation_mismatch(self) -> str | None:
-        """Check that Redis still holds the installation this node joined. On a mismatch,
-        with jobs of the old one still running here, mark the node (status, alerts) and
-        return the line; nothing is killed or concluded. With none running, join the new
-        installation and re-register this node's cards (nothing can be lost by that)."""
+        """Check that Redis still holds the installation this node joined. When it does not
+        and jobs of another installation still run here, mark the node (status, alerts) and
+        return the line; nothing is killed or concluded. When every job running here belongs to
+        the installation in Redis (none, or the node comes back to the Redis its jobs were
+        started from), join it and register this node's cards (nothing can be lost by that)."""
         node = self.settings.node_name
-        inst = Installation(self.r, self.keys, self.settings.run_dir, node)
-        verdict = inst.check()
+        found = node_identity(self.settings, self.r)
+        verdict, inst = found.verdict, found.installation
         if not verdict.mismatch:
             if verdict.kind in (NEW, JOIN):
                 inst.join()
             return None
-        jobs = sorted({p.job_id for p in _rig_processes(self.settings.key_prefix, self.settings.redis_url,
-                                                        node).values()})
-        if jobs:
-            line = inst.mark(verdict, jobs)
+        if found.others:
+            line = inst.mark(verdict, found.jobs)
             if line != self._mismatch_said:
                 log.critical("%s", line)
                 self._mismatch_said = line
             return line
-        log.critical("%s; no job of it runs on %s: joining this Redis as a new installation and "
-                     "registering the node's cards again (the old records are gone)", verdict.explain(node), node)
+        why = (f"the {len(found.running)} job(s) running on {node} belong to it" if found.running
+               else f"no job runs on {node}")
+        log.critical("%s; %s: joining it and registering the node's cards again", verdict.explain(node), why)
         from rig.gpus import detect_backend
         from rig.registration import register_node
 
@@ -274,25 +275,56 @@ class HealthChecker:
 
     # -- 2 --------------------------------------------------------------------------------
     def _orphan_processes(self, report: HealthReport) -> None:
-        mine = _rig_processes(self.settings.key_prefix, self.settings.redis_url, self.settings.node_name)
-        if not mine:
-            return
-        jobs = {j.id: j for j in self.store.get_many(sorted({p.job_id for p in mine.values()}))}
+        """Stop job processes of this node that should not run (their job ended, was re-run
+        elsewhere, or is in another attempt). Never one whose record is missing: Redis then
+        lost it (rolled back to an older copy, or lost its data), and killing a job rig cannot
+        account for is not rig's call: the node is marked and `rig recover --stop` offered.
+        Never one of another installation (rig.installation)."""
+        current = Installation(self.r, self.keys, self.settings.run_dir, self.settings.node_name).on_node()
+        mine = {sid: p for sid, p in node_job_processes(self.settings.key_prefix, self.settings.node_name,
+                                                        self.settings.redis_url).items()
+                if p.installation is None or p.installation == current}
+        jobs = {j.id: j for j in self.store.get_many(sorted({p.job_id for p in mine.values()}))} if mine else {}
+        unrecorded: list[int] = []
         for sid, proc in mine.items():
             job_id, attempt = proc.job_id, proc.attempt
             job: Job | None = jobs.get(job_id)
+            if job is None:
+                unrecorded.append(job_id)
+                continue
             # The instance, not the reusable id, says whose process it is (ids restart at 1
             # when Redis loses its data). A process without one predates instances.
-            legit = (job is not None and job.state is JobState.RUNNING and job.node == self.settings.node_name
-                     and job.attempt == attempt and (proc.instance is None or proc.instance == job.instance))
+            if proc.instance is not None and job.instance is not None and proc.instance != job.instance:
+                unrecorded.append(job_id)
+                continue
+            legit = job.state is JobState.RUNNING and job.node == self.settings.node_name and job.attempt == attempt
             if legit:
                 continue
-            if job is not None and job.state is JobState.RUNNING and job.pid is None:
+            if job.state is JobState.RUNNING and job.pid is None:
                 continue  # just claimed; its pid is being recorded
             log.warning("health: stopping orphan process tree %s of job %s attempt %s (job is %s)",
-                        sid, job_id, attempt, job.state.value if job else "gone")
+                        sid, job_id, attempt, job.state.value)
             stop_tree(sid, self.settings.kill_grace_seconds)
             report.orphans_stopped.append(sid)
+        self._mark_unrecorded(sorted(set(unrecorded)))
+
+    def _mark_unrecorded(self, jobs: list[int]) -> None:
+        """Say on the node record (rig status, alerts) which jobs run here that Redis has no
+        record of; clear it when there are none."""
+        key = self.keys.node(self.settings.node_name)
+        if not jobs:
+            if self._unrecorded_said:
+                self.r.hdel(key, "unrecorded_jobs")
+                self._unrecorded_said = None
+            return
+        ids = ", ".join(map(str, jobs[:10])) + (" ..." if len(jobs) > 10 else "")
+        line = (f"Redis has no record of job(s) {ids} still running on {self.settings.node_name} (its data was "
+                "rolled back to an older copy or lost): they run on, untouched; on "
+                f"{self.settings.node_name}: `rig recover --stop` stops them")
+        self.r.hset(key, "unrecorded_jobs", line)
+        if line != self._unrecorded_said:
+            log.critical("%s", line)
+            self._unrecorded_said = line
 
 
 @dataclass(frozen=True)
@@ -302,26 +334,59 @@ class JobProcess:
     job_id: int
     attempt: int
     instance: str | None  # RIG_JOB_INSTANCE; None for processes started before instances
+    installation: str | None = None  # RIG_INSTALLATION: the installation it was started under
 
 
-def _rig_processes(prefix: str, redis_url: str, node: str) -> dict[int, JobProcess]:
-    """Session id -> what the job processes of this rig and node on this
-    machine (several nodes of one cluster may share a machine, e.g. in tests: each stops only
-    its own)."""
-    want_prefix = f"RIG_KEY_PREFIX={prefix}".encode()
-    want_url = f"RIG_REDIS_URL={redis_url}".encode()
-    want_node = f"RIG_NODE_NAME={node}".encode()
+def node_job_processes(prefix: str, node: str, redis_url: str | None = None) -> dict[int, JobProcess]:
+    """Session id -> what the job processes of this key prefix and node on this machine are
+    (several nodes of one cluster may share a machine, e.g. in tests: each sees only its own).
+    With ``redis_url``, only those started against that URL."""
+    want = [f"RIG_KEY_PREFIX={prefix}".encode(), f"RIG_NODE_NAME={node}".encode()]
+    if redis_url is not None:
+        want.append(f"RIG_REDIS_URL={redis_url}".encode())
     found: dict[int, JobProcess] = {}
     for pid, env in environments():
-        if want_prefix not in env or want_url not in env or want_node not in env:
+        if not all(item in env for item in want):
             continue
         values = dict(item.split(b"=", 1) for item in env if b"=" in item)
         try:
             job_id, attempt = int(values[b"RIG_JOB_ID"]), int(values[b"RIG_ATTEMPT"])
             instance = values.get(b"RIG_JOB_INSTANCE", b"").decode("ascii", "replace") or None
+            installation = values.get(b"RIG_INSTALLATION", b"").decode("ascii", "replace") or None
             sid = os.getsid(pid)
         except (KeyError, ValueError, ProcessLookupError, PermissionError):
             continue
         if sid > 1 and session_members(sid):
-            found.setdefault(sid, JobProcess(job_id, attempt, instance))
+            found.setdefault(sid, JobProcess(job_id, attempt, instance, installation))
     return found
+
+
+@dataclass
+class NodeIdentity:
+    """This node against the Redis it talks to now (rig.installation), with its running jobs."""
+
+    installation: Installation
+    verdict: Verdict
+    running: dict[int, JobProcess]  # session id -> every job process of this node (any Redis URL)
+    others: dict[int, JobProcess]  # those not of the installation in Redis
+
+    @property
+    def jobs(self) -> list[int]:
+        """Ids of the jobs of another installation running here."""
+        return sorted({p.job_id for p in self.others.values()})
+
+
+def node_identity(settings: Settings, client: redis.Redis) -> NodeIdentity:
+    """The verdict, and which job processes running here belong to another installation than
+    the one in Redis (a process says which it was started under; one from before that was
+    recorded belongs to the installation the node joined)."""
+    inst = Installation(client, Keys(settings.key_prefix), settings.run_dir, settings.node_name)
+    verdict = inst.check()
+    running = node_job_processes(settings.key_prefix, settings.node_name)
+
+    def belongs(proc: JobProcess) -> bool:
+        started_under = proc.installation or verdict.expected
+        return verdict.found is not None and started_under in (verdict.found, None)
+
+    others = {sid: p for sid, p in running.items() if not belongs(p)}
+    return NodeIdentity(inst, verdict, running, others)

@@ -15,17 +15,25 @@ from rig.installation import Installation, Verdict
 from rig.keys import Keys
 from rig.redis_conn import connect
 from rig.registration import register_node
+from rig.store import JobStore
 from rig.stack import running_pid
-from workers.health import JobProcess, _rig_processes
+from workers.health import JobProcess, node_identity
 from workers.process_tree import stop_tree
 
 
 @dataclass
 class Recovery:
     verdict: Verdict
-    running: dict[int, JobProcess]  # session id -> the old installation's job process
+    #: Session id -> a job process here that this Redis cannot account for: of another
+    #: installation (a mismatch), or of this one with no record of it (Redis rolled back).
+    running: dict[int, JobProcess]
     stopped: list[int] = field(default_factory=list)  # job ids
     joined: str | None = None  # the installation id joined
+    registered: bool = False  # the node's cards were registered again (rig up runs)
+
+    @property
+    def needed(self) -> bool:
+        return self.verdict.mismatch or bool(self.running)
 
 
 def check_operator(settings: Settings) -> None:
@@ -46,9 +54,16 @@ def inspect(settings: Settings) -> Recovery:
     """What this node would recover from: the verdict and the job processes running here."""
     check_operator(settings)
     client = connect(settings.redis_url)
-    inst = Installation(client, Keys(settings.key_prefix), settings.run_dir, settings.node_name)
-    running = _rig_processes(settings.key_prefix, settings.redis_url, settings.node_name)
-    return Recovery(inst.check(), running)
+    found = node_identity(settings, client)
+    if found.verdict.mismatch:
+        return Recovery(found.verdict, found.others)
+    # The same installation: jobs running here that it has no record of (rolled back).
+    store = JobStore(client, Keys(settings.key_prefix))
+    mine = {sid: p for sid, p in found.running.items() if sid not in found.others}
+    records = {j.id: j for j in store.get_many(sorted({p.job_id for p in mine.values()}))} if mine else {}
+    unrecorded = {sid: p for sid, p in mine.items() if p.job_id not in records
+                  or (p.instance and records[p.job_id].instance and p.instance != records[p.job_id].instance)}
+    return Recovery(found.verdict, unrecorded)
 
 
 def stop_and_join(settings: Settings, say: Callable[[str], None] = print) -> Recovery:
@@ -56,18 +71,23 @@ def stop_and_join(settings: Settings, say: Callable[[str], None] = print) -> Rec
     session, SIGKILL after kill_grace_seconds; their logs stay in log_dir), then join the
     installation in Redis (creating one if it holds none) and register this node's cards."""
     found = inspect(settings)
-    if not found.verdict.mismatch:
+    if not found.needed:
         return found
     for sid, proc in sorted(found.running.items(), key=lambda item: item[1].job_id):
-        say(f"stopping job {proc.job_id} attempt {proc.attempt} of installation {found.verdict.expected} "
-            f"(session {sid})")
+        whose = proc.installation or found.verdict.expected or "?"
+        say(f"stopping job {proc.job_id} attempt {proc.attempt} (instance {proc.instance or '?'}, installation "
+            f"{whose}; session {sid})")
         stop_tree(sid, settings.kill_grace_seconds)
         found.stopped.append(proc.job_id)
     client = connect(settings.redis_url)
+    client.hdel(Keys(settings.key_prefix).node(settings.node_name), "unrecorded_jobs")
+    if not found.verdict.mismatch:
+        return found
     found.joined = Installation(client, Keys(settings.key_prefix), settings.run_dir, settings.node_name).join()
     if running_pid(settings) is not None:
         # rig up runs: its cards take jobs again at once. Otherwise the next rig up registers
         # them (registering now would show the node up with no workers).
         backend, _notice = detect_backend(settings.fake_gpus, settings.home / "fake-gpus", node=settings.node_name)
         register_node(settings, client, backend, say)
+        found.registered = True
     return found

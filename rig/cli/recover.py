@@ -25,17 +25,26 @@ def recover(ctx: click.Context, node: str | None, stop: bool) -> None:
         settings.node_name = node
     found = recovery.inspect(settings)
     verdict = found.verdict
-    if not verdict.mismatch:
+    if not found.needed:
         click.echo(f"node {settings.node_name}: this Redis holds the installation it joined "
-                   f"({verdict.found or 'new'}); nothing to recover")
+                   f"({verdict.found or 'new'}) and a record of every job running here; nothing to recover")
         return
-    jobs = sorted({p.job_id for p in found.running.values()})
-    click.echo(f"{verdict.explain(settings.node_name)}; jobs of it running here: "
-               f"{', '.join(map(str, jobs)) or 'none'}")
+    listing = ", ".join(f"{p.job_id} (instance {p.instance or '?'})"
+                        for p in sorted(found.running.values(), key=lambda p: p.job_id)) or "none"
+    if verdict.mismatch:
+        click.echo(f"{verdict.explain(settings.node_name)}; jobs of another installation running here: {listing}")
+    else:
+        click.echo(f"node {settings.node_name}: this Redis has no record of jobs running here: {listing} "
+                   "(its data was rolled back to an older copy, or lost)")
     if not stop:
-        click.echo("`rig recover --stop` stops them (their logs stay in log_dir) and joins this Redis; "
-                   "until then they run on and this node's cards take no jobs", err=True)
+        click.echo("if RIG_REDIS_URL / --redis points at the wrong Redis, use the right one; else "
+                   "`rig recover --stop` stops these jobs (their logs stay in log_dir)"
+                   + (" and joins this Redis" if verdict.mismatch else "")
+                   + "; until then they run on" + (" and this node's cards take no jobs" if verdict.mismatch else ""),
+                   err=True)
         ctx.exit(1)
     done = recovery.stop_and_join(settings, click.echo)
-    click.echo(f"node {settings.node_name}: stopped {len(done.stopped)} job(s); joined installation "
-               f"{done.joined}; its cards take jobs again")
+    joined = f"; joined installation {done.joined}" if done.joined else ""
+    cards = ("; its cards take jobs again" if done.registered
+             else "; its cards take jobs once `rig up` runs here" if done.joined else "")
+    click.echo(f"node {settings.node_name}: stopped {len(done.stopped)} job(s){joined}{cards}")

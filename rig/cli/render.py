@@ -87,6 +87,8 @@ def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
                 "its running jobs were retried by their policy")
     else:
         line = f"[yellow]{line}[/] (rig down): takes no jobs; its running jobs run on, adopted on return"
+    if node.unrecorded:
+        line += f"\n[bold red]{M(node.unrecorded)}[/]"
     return line
 
 

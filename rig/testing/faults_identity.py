@@ -116,7 +116,97 @@ def redis_came_back_empty(workdir: Path, *, jobs_running: bool = True) -> Scenar
         server.wait()
 
 
+def redis_rolled_back(workdir: Path) -> ScenarioResult:
+    """Redis goes back to an older copy of the same installation (a restored backup, a lagging
+    replica promoted) while a job it has no record of runs: the job is not killed; the node says
+    so; `rig recover --stop` stops it; a new job that takes its id runs its own command."""
+    import redis
+
+    port = _free_port()
+    server = _volatile_redis(workdir / "redis", port)
+    url = f"redis://127.0.0.1:{port}/0"
+    sc = Scenario(workdir, "Redis rolled back to an older copy", "keys restored from a copy taken before a job's submit",
+                  fake_gpus="1x80G", redis_url=url, health={"check_interval": 0.5, "timeout": 3.0})
+    try:
+        sc.node.up()
+        raw = redis.Redis.from_url(url)
+        snapshot = {key: raw.dump(key) for key in raw.scan_iter(f"{sc.node.prefix}*")}
+        jid = sc.submit(gpu_memory="20G")
+        sc.wait_running([jid])
+        _wait(lambda: bool(sc.node.job_processes()), 30, "the job's process")
+        for key in raw.scan_iter(f"{sc.node.prefix}*"):
+            raw.delete(key)
+        for key, value in snapshot.items():
+            if value is not None:
+                raw.restore(key, 0, value, replace=True)
+        nodes = NodeRegistry(sc.node.redis, sc.node.keys)
+        _wait(lambda: any(n.unrecorded for n in nodes.read()), 30, "the node to say it runs a job Redis lost")
+        sc.result.notes.append(next(n.unrecorded for n in nodes.read() if n.unrecorded))
+        time.sleep(1.5)  # more health passes: still not killed
+        if not sc.node.job_processes():
+            sc.result.problems.append("the job Redis lost the record of was killed")
+        from workers.recovery import stop_and_join
+
+        done = stop_and_join(sc.node.settings, say=lambda _line: None)
+        if done.stopped != [jid]:
+            sc.result.problems.append(f"rig recover --stop stopped {done.stopped}, not [{jid}]")
+        sc.job_ids = []
+        sc.trace = workdir / "trace-new.txt"
+        sc.go.unlink(missing_ok=True)
+        new = sc.submit(body=f"{GATE}; touch \"$GO.$RIG_JOB_ID\"", gpu_memory="20G")
+        if new != jid:
+            sc.result.notes.append(f"the new job got id {new} (the lost one had {jid})")
+        finals = sc.finish(timeout=60)
+        if finals.get(new) is None or finals[new].state is not JobState.SUCCEEDED or not Path(f"{sc.go}.{new}").exists():
+            sc.result.problems.append(f"the new job {new} did not run its own command to success")
+        if any(n.unrecorded for n in nodes.read()):
+            sc.result.problems.append("the node still says it runs unrecorded jobs")
+        return sc.result
+    finally:
+        sc.close()
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+
+
+def wrong_redis_url(workdir: Path) -> ScenarioResult:
+    """rig down, then rig up pointed at another database (a typo in RIG_REDIS_URL) while a job
+    runs: refused, nothing changed; rig up with the right URL adopts the job, which ends once."""
+    from rig.errors import StackError
+    from rig.testing.harness import RigHarness
+
+    sc = Scenario(workdir, "rig up against the wrong Redis database", "rig down; rig up with /1 instead of /0",
+                  fake_gpus="1x80G", health={"check_interval": 0.5, "timeout": 3.0})
+    try:
+        sc.node.up()
+        jid = sc.submit(gpu_memory="20G")
+        sc.wait_running([jid])
+        _wait(lambda: bool(sc.node.job_processes()), 30, "the job's process")
+        sc.node.down()
+        base = sc.node.settings.redis_url.rsplit("/", 1)[0]
+        wrong = RigHarness(sc.node.settings.home, fake_gpus="1x80G", redis_url=f"{base}/1", prefix=sc.node.prefix,
+                           node_name=sc.node.name)
+        try:
+            wrong.up()
+            sc.result.problems.append("rig up against the wrong database was accepted")
+        except StackError as exc:
+            sc.result.notes.append(f"refused: {exc}")
+        finally:
+            wrong.down()
+            from rig.testing.harness import delete_prefix
+
+            delete_prefix(wrong.redis, wrong.prefix)
+        if not sc.node.job_processes():
+            sc.result.problems.append("the job was killed")
+        sc.node.up()  # the right database: adopts the job
+        sc.finish(timeout=60)
+        return sc.result
+    finally:
+        sc.close()
+
+
 SCENARIOS = [
     ("redis-empty-jobs-running", redis_came_back_empty),
     ("redis-empty-idle", lambda w: redis_came_back_empty(w, jobs_running=False)),
+    ("redis-rolled-back", redis_rolled_back),
+    ("wrong-redis-url", wrong_redis_url),
 ]

@@ -30,7 +30,7 @@ def test_the_mark_is_shown_and_cleared_by_joining(redis_client, key_prefix, tmp_
     a.join()
     redis_client.delete(keys.installation)
     line = a.mark(a.check(), [4, 7])
-    assert "2 of its jobs still run here (4, 7)" in line and "rig recover --stop" in line
+    assert "2 job(s) of another installation still run here (4, 7)" in line and "rig recover --stop" in line
     (node,) = NodeRegistry(redis_client, keys).read()
     assert node.mismatch == line and node.describe.startswith("FROZEN: ")
     a.join()
