@@ -75,7 +75,7 @@ def keep(source_fd: int, log_path: Path, cap: int, on_write: Callable[[int], Non
                 return cut
             if size + len(data) > cap:
                 logs = logs or _logs_module()
-                cut += logs.enforce_size_cap(log_path, low_water, keep_head=cap // 4)
+                cut += logs.enforce_size_cap(log_path, low_water, keep_head=cap // 4, stated_cap=cap)
                 size = os.fstat(out).st_size
             view = memoryview(data)
             while view:

@@ -70,7 +70,8 @@ class _Cut:
     old_removed: int = 0  # bytes that earlier marker said were cut
 
 
-def enforce_size_cap(path: Path, cap_bytes: int, *, keep_head: int | None = None) -> int:
+def enforce_size_cap(path: Path, cap_bytes: int, *, keep_head: int | None = None,
+                     stated_cap: int | None = None) -> int:
     """Shrink the log at ``path`` in place to at most about ``cap_bytes`` bytes.
 
     Keeps the first ``keep_head`` bytes (default ``cap_bytes // 4``) and the last bytes, with
@@ -102,7 +103,8 @@ def enforce_size_cap(path: Path, cap_bytes: int, *, keep_head: int | None = None
       half (see ``_read_settled_tail``); rarely, half a line can still slip through.
 
     Concurrent callers on the same file are serialised with ``flock``. The tail (at most
-    ``cap_bytes``) is held in memory during the call.
+    ``cap_bytes``) is held in memory during the call. ``stated_cap`` is the cap the marker
+    names (default ``cap_bytes``): the log keeper cuts below the configured cap, to 3/4 of it.
     """
     if cap_bytes <= 0:
         raise ValueError(f"cap_bytes must be positive, got {cap_bytes}")
@@ -112,26 +114,27 @@ def enforce_size_cap(path: Path, cap_bytes: int, *, keep_head: int | None = None
         return 0
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        return _cap_open_file(fd, cap_bytes, cap_bytes // 4 if keep_head is None else keep_head)
+        return _cap_open_file(fd, cap_bytes, cap_bytes // 4 if keep_head is None else keep_head,
+                              stated_cap or cap_bytes)
     finally:
         os.close(fd)  # also releases the lock
 
 
-def _cap_open_file(fd: int, cap: int, keep_head: int) -> int:
+def _cap_open_file(fd: int, cap: int, keep_head: int, stated: int) -> int:
     size = os.fstat(fd).st_size
     if size <= cap:
         return 0
     # Leave room for a marker even when keep_head asks for (almost) the whole cap.
-    max_head = max(cap - len(marker_text(_HUGE_COUNT, cap, newline_before=True)), 0)
+    max_head = max(cap - len(marker_text(_HUGE_COUNT, stated, newline_before=True)), 0)
     cut = _head_cut(fd, min(max(keep_head, 0), max_head))
     newline_before = cut.head_len > 0 and not _ends_with_newline(fd, cut.head_len)
     # Upper bound on the marker's length: the count can never exceed old count + file size.
-    worst_marker = len(marker_text(cut.old_removed + size, cap, newline_before=newline_before))
+    worst_marker = len(marker_text(cut.old_removed + size, stated, newline_before=newline_before))
     tail_budget = max(cap - cut.head_len - worst_marker, 0)
     tail_start = _tail_cut(fd, max(size - tail_budget, cut.head_len + cut.old_marker_len), size)
     tail = _read_settled_tail(fd, tail_start)
     removed = tail_start - cut.head_len - cut.old_marker_len
-    marker = marker_text(cut.old_removed + removed, cap, newline_before=newline_before)
+    marker = marker_text(cut.old_removed + removed, stated, newline_before=newline_before)
     os.ftruncate(fd, cut.head_len)
     _append_all(fd, marker + tail)
     return removed

@@ -93,8 +93,8 @@ Version = tuple[int, int, int]
 VERSION_FILE = "rig-redis.version"
 #: Next to the data: the data id that the server must hold under DATA_ID_KEY (one line).
 DATA_ID_FILE = "rig-redis.data-id"
-#: Next to the data: "<pid> <start> <owner pid> <owner start>" of the running server and of
-#: the rig up that started it (start times in clock ticks, against pid reuse). Redis overwrites
+#: Next to the data: "<pid>" of the running server on a line of its own, then "start S owner O
+#: owner_start T": its start time and the rig up that started it (start times in clock ticks, against pid reuse). Redis overwrites
 #: its own /proc environ (its process title), so this file, not a marker variable, finds it.
 PID_FILE = "rig-redis.pid"
 #: The key (outside every rig key prefix) holding the data id in the private Redis.
@@ -337,8 +337,10 @@ def start_private_redis(url: str, data_dir: Path, log_file: Path) -> subprocess.
         proc.wait()
         raise
     me = os.getpid()
-    (data_dir / PID_FILE).write_text(f"{proc.pid} {proc_start_time(proc.pid) or 0} {me} "
-                                     f"{proc_start_time(me) or 0}\n")
+    # The pid alone on the first line: `kill $(head -1 rig-redis.pid)` (or `cat`, as people type)
+    # must never name the rig up that started it.
+    (data_dir / PID_FILE).write_text(f"{proc.pid}\nstart {proc_start_time(proc.pid) or 0} owner {me} "
+                                     f"owner_start {proc_start_time(me) or 0}\n")
     return proc
 
 
@@ -346,7 +348,11 @@ def recorded_server(data_dir: Path) -> tuple[int, int | None, int, int | None] |
     """(pid, start, owner pid, owner start) of the private Redis last started on ``data_dir``
     if that very process still runs, else None."""
     try:
-        pid, start, owner, owner_start = (int(v) for v in (data_dir / PID_FILE).read_text().split()[:4])
+        words = (data_dir / PID_FILE).read_text().split()
+        if len(words) == 7:  # "<pid>\nstart S owner O owner_start T"
+            pid, start, owner, owner_start = (int(words[i]) for i in (0, 2, 4, 6))
+        else:  # the older one-line form: "<pid> <start> <owner> <owner start>"
+            pid, start, owner, owner_start = (int(v) for v in words[:4])
     except (OSError, ValueError):
         return None
     if not is_alive(pid, start or None):

@@ -36,7 +36,7 @@ import redis
 
 from rig.celery_config import card_queue, dispatcher_queues
 from rig.config import Settings
-from rig.errors import RedisAuthFailed, StackError
+from rig.errors import PermissionDenied, RedisAuthFailed, StackError
 from rig.gpus import GpuBackend, detect_backend
 from rig.keys import Keys, card_worker_name, control_worker_name
 from rig.nodes import NodeRegistry
@@ -578,6 +578,11 @@ class Stack:
         except (FileNotFoundError, IndexError):
             pass
 
+    def started_anything(self) -> bool:
+        """Did up() start a process or register the node (so down() has something to stop)?"""
+        return (any(c.proc is not None for c in self.children) or self.redis_proc is not None
+                or self._registered)
+
     def describe(self) -> str:
         lines = [f"{c.name:<8} pid {c.proc.pid if c.proc else '-':<8} log {c.log_file}" for c in self.children]
         return "\n".join(lines)
@@ -646,6 +651,9 @@ def stop_node(settings: Settings, timeout: float = 60.0,
             report.supervisors.append(pid)
         except ProcessLookupError:
             pass
+        except PermissionError:
+            raise PermissionDenied(f"rig up of node {settings.node_name} (pid {pid}) runs as {_owner(pid)}: "
+                                   "run rig down as that user or as root") from None
     deadline = time.monotonic() + timeout
     for pid in report.supervisors:
         while is_alive(pid, None):
@@ -661,6 +669,20 @@ def stop_node(settings: Settings, timeout: float = 60.0,
             raise StackError(f"could not stop {describe(stuck)} of node {settings.node_name}; "
                              "`kill -9 PID` them")
     return report
+
+
+def _owner(pid: int) -> str:
+    """The login name of the user a process runs as (its uid when it has no name)."""
+    import pwd
+
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return "another user"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 def stop_daemon(settings: Settings, timeout: float = 60.0) -> int | None:

@@ -129,6 +129,11 @@ def explain(facts: WaitFacts) -> str:
     if facts.limit:
         return f"{facts.limit}; waits for one of them to end{tail}"
 
+    frozen = [n for n in facts.nodes if n.mismatch]
+    if frozen and not live:
+        # Its cards are not in this Redis: the node joined another installation (rig.installation).
+        return (f"no node takes jobs here: {frozen[0].name} is frozen ({frozen[0].mismatch})"
+                + (f" and {len(frozen) - 1} more node(s) too" if len(frozen) > 1 else "") + tail)
     if not facts.cards:
         if facts.pool:
             return f"no card{in_pool} is registered{tail}"

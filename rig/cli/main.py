@@ -359,6 +359,7 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
     stack = Stack(settings, UpOptions(only=only, no_flower=no_flower, no_beat=no_beat, no_metrics=no_metrics,
                                       env_overrides=env_overrides), say=lambda m: click.echo(m, err=True))
     ready = settings.run_dir / f"up-{settings.node_name}.ready"
+    wrote_ready = False
     try:
         stack.up()
         missing = stack.wait_ready()
@@ -371,12 +372,19 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
         click.echo(f"rig is up on {settings.node_name}. Submit with `rig-submit --gpu-memory 4G -- CMD`; "
                    "Ctrl-C stops rig (running jobs keep running).", err=True)
         ready.write_text(f"{os.getpid()}\n")
+        wrote_ready = True
         stack.run_until_signalled()
     finally:
-        ready.unlink(missing_ok=True)
-        click.echo("stopping rig ...", err=True)
+        if wrote_ready:
+            ready.unlink(missing_ok=True)
+        # A refused start (rig is already up, Redis refuses) started nothing: say nothing of
+        # stopping, and leave the running node's files alone.
+        started = stack.started_anything()
+        if started:
+            click.echo("stopping rig ...", err=True)
         stack.down()
-        click.echo("rig stopped", err=True)
+        if started:
+            click.echo("rig stopped", err=True)
 
 
 @cli.command()

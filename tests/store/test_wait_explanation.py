@@ -201,3 +201,18 @@ def test_first_look_with_a_live_dispatcher_waits_for_its_pass(world):
     finally:
         dispatcher.stop()
         thread.join(5)
+
+
+def test_a_frozen_node_is_named_not_no_node_up():
+    """Breaker: while the node was frozen (its Redis lost its data) the wait reason said 'no rig
+    node is up ... (`rig up`)', and rig up refuses then."""
+    from rig.nodes import NodeInfo
+    from rig.placement import Request
+    from rig.waiting import WaitFacts, explain
+
+    frozen = NodeInfo(name="a", alive=True, state="up", since=1.0,
+                      mismatch="node a joined installation inst-1, but this Redis holds no rig installation; "
+                               "`rig recover --stop` stops them")
+    text = explain(WaitFacts(request=Request(2**30, 1), cards=[], nodes=[frozen]))
+    assert text.startswith("no node takes jobs here: a is frozen (node a joined installation inst-1")
+    assert "rig recover" in text and "`rig up`" not in text

@@ -41,6 +41,9 @@ def test_the_log_never_exceeds_the_cap_plus_one_read(tmp_path: Path, cap: int):
     text = log.read_bytes()
     assert text.startswith(b"line 0000000 of output\n") and text.endswith(b"the last line\n")
     assert b"bytes of output were cut here" in text and cut > 0
+    from rig.logs import human_size
+
+    assert f"to keep this log under {human_size(cap)}]".encode() in text  # the cap, not 3/4 of it
     assert len(text) + cut >= total  # nothing vanished besides what the marker counts
 
 
