@@ -47,6 +47,13 @@ def test_up_daemon_private_redis_real_work_down(tmp_path):
 
         again = rig(env, "up", "--daemon")
         assert again.returncode == 7 and "already up" in again.stderr
+        # In the foreground too: refused, and it neither says it stopped rig nor touches the
+        # running node's files.
+        ready = tmp_path / "home/run/up-e2e.ready"
+        assert ready.exists()
+        again = rig(env, "up", "--no-flower", "--no-metrics")
+        assert again.returncode == 7 and "already up" in again.stderr and "rig stopped" not in again.stderr
+        assert ready.exists()
 
         sub = subprocess.run([str(BIN / "rig-submit"), "--name", "hello", "--gpu-memory", "4G", "--wait",
                               "--", "sh", "-c", "echo hi from $CUDA_VISIBLE_DEVICES; sleep 1"],
