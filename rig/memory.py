@@ -42,13 +42,16 @@ def parse_memory(text: str | int | float, *, what: str = "--gpu-memory") -> int:
         raise InvalidInput(f"{what}: cannot read {text!r} as a size; write it like 12G, 512M or 1.5T")
     number = float(match["num"])
     unit = match["unit"].lower()
+    if number <= 0:  # before the unit: "write it like 0G" would be refused in turn
+        raise InvalidInput(f"{what} must be more than 0, got {text!r}; write it like 12G or 512M")
     if not unit:
         raise InvalidInput(f"{what}: {text!r} has no unit; write it like {match['num']}G or {match['num']}M")
     if unit not in _UNITS:
         raise InvalidInput(f"{what}: unknown unit {match['unit']!r} in {text!r}; use K, M, G or T (binary: 1G = 1024M)")
-    if number <= 0:
-        raise InvalidInput(f"{what} must be more than 0, got {text!r}")
-    return int(round(number * _UNITS[unit]))
+    value = int(round(number * _UNITS[unit]))
+    if value <= 0:
+        raise InvalidInput(f"{what}: {text!r} is less than one byte; write it like 12G or 512M")
+    return value
 
 
 def format_memory(size: int | float | None, *, precision: int = 1) -> str:

@@ -223,6 +223,21 @@ def as_argv(value: Any) -> list[str]:
 
 
 _INSTANCE_RE = re.compile(r"[0-9a-f]{16}")
+_JOB_ID_TEXT_RE = re.compile(r"[0-9]{1,18}")
+
+
+def parse_job_id(value: object) -> int:
+    """A job id as a person gives it (12, "12"): a whole number. Anything else is bad input
+    (InvalidInput, exit 2), not an unknown job (JobNotFound, exit 4, kept for a well-formed id
+    that does not exist)."""
+    from rig.errors import InvalidInput
+
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    text = str(value).strip()
+    if not _JOB_ID_TEXT_RE.fullmatch(text) or int(text) == 0:
+        raise InvalidInput(f"{str(value)!r} is not a job id: job ids are whole numbers like 12 (`rig jobs` lists them)")
+    return int(text)
 
 
 def as_job_instance(value: Any) -> str:

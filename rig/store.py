@@ -12,6 +12,8 @@ from typing import Any
 
 import redis
 
+from rig import records as R
+
 from rig.errors import JobNotFound
 from rig.keys import Keys
 from rig.models import PRIORITY_BAND, Job, JobState, Priority, new_job_instance, pending_score
@@ -81,10 +83,7 @@ class JobStore:
         return bool(self.r.exists(self.keys.job(job_id)))
 
     def get(self, job_id: int | str) -> Job:
-        try:
-            jid = int(job_id)
-        except (TypeError, ValueError):
-            raise JobNotFound(job_id) from None
+        jid = R.parse_job_id(job_id)
         raw = self.r.hgetall(self.keys.job(jid))
         if not raw:
             raise JobNotFound(jid)
@@ -95,10 +94,7 @@ class JobStore:
         get() checks them (Job.from_redis: the one parser of a job record). The other fields
         keep their neutral values; ``problems`` lists problems of the named fields only.
         Raises JobNotFound when the record does not exist."""
-        try:
-            jid = int(job_id)
-        except (TypeError, ValueError):
-            raise JobNotFound(job_id) from None
+        jid = R.parse_job_id(job_id)
         pipe = self.r.pipeline(transaction=False)
         pipe.exists(self.keys.job(jid))
         pipe.hmget(self.keys.job(jid), *names)

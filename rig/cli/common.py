@@ -70,15 +70,13 @@ def quiet_broken_pipe() -> None:
     sys.exit(0)
 
 
-_JOB_ID = re.compile(r"[0-9]+")
 
 
 def parse_job_id(text: str) -> int:
-    """A job id as typed on the command line: a whole number (12). Anything else is bad input
-    (exit 2), not an unknown job (exit 4, kept for a well-formed id that does not exist)."""
-    if not _JOB_ID.fullmatch(text.strip()):
-        raise InvalidInput(f"{text!r} is not a job id: job ids are whole numbers like 12 (`rig jobs` lists them)")
-    return int(text)
+    """A job id as typed on the command line (the rule: rig.records.parse_job_id)."""
+    from rig.records import parse_job_id as parse
+
+    return parse(text)
 
 
 def check_limit(limit: int, what: str = "jobs") -> int:

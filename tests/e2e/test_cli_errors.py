@@ -26,7 +26,7 @@ def one_line_error(result, code: int, *needles: str) -> None:
     ("args", "code", "needle"),
     [
         (["--gpu-memory", "12Q", "--", "true"], 2, "unknown unit 'Q'"),
-        (["--gpu-memory", "0", "--", "true"], 2, "no unit"),
+        (["--gpu-memory", "0", "--", "true"], 2, "must be more than 0"),
         (["--gpu-memory", "0G", "--", "true"], 2, "more than 0"),
         (["--gpu-memory", "-3G", "--", "true"], 2, "more than 0"),
         (["--gpu-memory", "1G", "--priority", "urgent", "--", "true"], 2, "unknown priority 'urgent'"),
@@ -71,10 +71,17 @@ def test_more_memory_than_any_card_is_refused(env, real_redis):
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize("command", [["show", "4242"], ["log", "4242"], ["kill", "4242"], ["show", "abc"]])
+@pytest.mark.parametrize("command", [["show", "4242"], ["log", "4242"], ["kill", "4242"]])
 def test_unknown_job_id(env, real_redis, command):
     result = CliRunner().invoke(cli, command)
     one_line_error(result, 4, "no job with id")
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("command", [["show", "abc"], ["metrics", "1x"], ["retry", "x3"], ["errors", "--clear", "0"]])
+def test_a_malformed_job_id_is_bad_input(env, real_redis, command):
+    result = CliRunner().invoke(cli, command)
+    one_line_error(result, 2, "is not a job id")
 
 
 @pytest.mark.parametrize("command", [["status"], ["jobs"], ["show", "1"], ["kill", "1"], ["log", "1"]])

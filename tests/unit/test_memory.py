@@ -46,3 +46,10 @@ def test_format_memory():
     assert format_memory(512 * MIB) == "512 MiB"
     assert format_memory(None) == "-"
     assert format_memory(10) == "10 B"
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "0G", "0.0001K"])
+def test_a_size_of_nothing_is_refused_with_advice_that_works(text):
+    with pytest.raises(InvalidInput) as err:
+        parse_memory(text)
+    assert "write it like 12G" in str(err.value) and "0G" not in str(err.value).split("write it like")[1]
