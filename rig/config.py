@@ -367,9 +367,40 @@ def find_config_file() -> Path | None:
     return None
 
 
+def check_file_keys(path: Path) -> None:
+    """A setting the config file names that rig does not know (a typo: ``max_task_per_gpus``,
+    ``[helth]``) is refused, not silently ignored: one ConfigError line with the closest name."""
+    import difflib
+    import tomllib
+
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, ValueError):
+        return  # unreadable or not TOML: the settings source says so
+    sections: dict[str, type[BaseModel]] = {"health": HealthSettings, "alerts": AlertSettings}
+    known = set(Settings.model_fields)
+
+    def refuse(name: str, where: str, choices: set[str]) -> None:
+        close = difflib.get_close_matches(name, sorted(choices), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"{path}: unknown setting {where}{name!r}{hint} (`rig init` writes a commented file)")
+
+    for key, value in data.items():
+        if key not in known:
+            refuse(key, "", known)
+        if key in sections and isinstance(value, dict):
+            inner = set(sections[key].model_fields)
+            for sub in value:
+                if sub not in inner:
+                    refuse(sub, f"[{key}] ", inner)
+
+
 def load_settings(**overrides: Any) -> Settings:
     """Build the settings object; a bad value becomes one ConfigError line naming the field."""
     overrides = {k: v for k, v in overrides.items() if v is not None}
+    path = find_config_file()
+    if path is not None:
+        check_file_keys(path)
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:

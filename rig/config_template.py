@@ -19,7 +19,7 @@ redis_url = "{redis_url}"
 # line (no access for "other"; group-readable is fine for a team). See docs/SECURITY.md.
 # redis_password_file = "/etc/rig/redis.password"
 # Prefix of every Redis key rig writes (several rigs can share one Redis with different ones).
-key_prefix = "rig:"
+key_prefix = {key_prefix}
 
 # Placement strategy: "multi-factor" (fragmentation-aware: avoids stranding memory, keeps
 # empty cards whole for big and multi-card jobs, prefers cooler cards), "best-fit" (tightest

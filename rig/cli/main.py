@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -258,10 +259,23 @@ def init(ctx: click.Context, path: str | None, node_name: str | None, force: boo
         log_dir=defaults.job_log_dir, system_log_dir=defaults.rig_log_dir,
         kill_grace_seconds=defaults.kill_grace_seconds, flower_address=defaults.flower_address,
         flower_port=defaults.flower_port, check_interval=defaults.health.check_interval,
-        timeout=defaults.health.timeout,
+        timeout=defaults.health.timeout, key_prefix=json.dumps(defaults.key_prefix),
     )
     target.write_text(text)
     click.echo(f"wrote {target}")
+    # Settings taken from RIG_* variables of this shell that the file does not carry: without
+    # them, rig commands read the file's value (e.g. another key prefix: every job "gone").
+    written = {"node_name", "home", "redis_url", "scheduler_type", "max_task_per_gpu", "vram_reserve_fraction",
+               "default_priority", "max_retries", "log_dir", "system_log_dir", "kill_grace_seconds",
+               "flower_address", "flower_port", "key_prefix"}
+    from rig.config import Settings as _Settings
+
+    missing = sorted(f"RIG_{name.upper()}" for name in _Settings.model_fields
+                     if f"RIG_{name.upper()}" in os.environ and name not in written)
+    if missing:
+        click.echo(f"note: {', '.join(missing)} set in this shell {'is' if len(missing) == 1 else 'are'} not in "
+                   f"{target}; add {'it' if len(missing) == 1 else 'them'} there, or rig commands run "
+                   "without that variable will use the default", err=True)
     if path and Path(path).resolve() != (Path.cwd() / "rig.toml").resolve():
         click.echo(f"rig reads it when RIG_CONFIG={target} is set", err=True)
 

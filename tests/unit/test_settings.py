@@ -101,3 +101,33 @@ def test_settings_survive_the_trip_to_child_processes(monkeypatch, tmp_path):
 def test_team_settings_are_checked_when_loaded(overrides, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):
         load_settings(**overrides)
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("max_task_per_gpus = 1\n", "unknown setting 'max_task_per_gpus'; did you mean 'max_task_per_gpu'?"),
+    ("[helth]\ntimeout = 3\n", "unknown setting 'helth'; did you mean 'health'?"),
+    ("[health]\nchek_interval = 1\n", "unknown setting [health] 'chek_interval'; did you mean 'check_interval'?"),
+])
+def test_a_misspelt_setting_in_the_config_file_is_refused(tmp_path, monkeypatch, text, said):
+    """Breaker: typos were silently ignored, so the operator's limit never applied."""
+    from rig.errors import ConfigError
+
+    path = tmp_path / "rig.toml"
+    path.write_text(text)
+    monkeypatch.setenv("RIG_CONFIG", str(path))
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        load_settings()
+
+
+def test_rig_init_writes_the_key_prefix_in_force_and_loads_back(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from rig.cli.main import cli
+
+    monkeypatch.setenv("RIG_KEY_PREFIX", "lab2:")
+    monkeypatch.setenv("RIG_HOME", str(tmp_path / "home"))
+    result = CliRunner().invoke(cli, ["init", str(tmp_path / "c.toml")])
+    assert result.exit_code == 0, result.output
+    monkeypatch.delenv("RIG_KEY_PREFIX")
+    monkeypatch.setenv("RIG_CONFIG", str(tmp_path / "c.toml"))
+    assert load_settings().key_prefix == "lab2:"  # the whole shipped template passes the key check
