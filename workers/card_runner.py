@@ -61,6 +61,8 @@ CANCEL_POLL_S = 2.0
 #: How often a running job's log size is checked against log_max_bytes (s), when it has no
 #: log keeper (rig.logkeeper could not start): the fallback only.
 LOG_CAP_POLL_S = 5.0
+#: Exit codes of a wrapper ended by SIGTERM or SIGKILL (128 + n), as rig kill's signals leave it.
+KILLED_CODES = frozenset({128 + 15, 128 + 9})
 #: How long a job's end waits for its log keeper to write the last output (s).
 KEEPER_WAIT_S = 10.0
 #: The log keeper, run as a script with ``python -I -S`` (rig.logkeeper).
@@ -183,6 +185,13 @@ class CardRunner:
             reason = job.invalid_reason or f"invalid record: field id: {job.id}, not {job_id}"
             return self._refuse(job_id, str(token), reason, "invalid_record")
         running = self._running_copy(job)
+        if running is None and job.cancel_requested:
+            # Killed between its placement and this claim: it never starts.
+            log.info("job %s: kill requested before it started; not starting it", job_id)
+            end = AttemptEnd(exit_code=None, cancelled=True, cancelled_by=self.r.hget(self.keys.job(job_id), "cancelled_by"),
+                             note="killed before it started")
+            state = self._finish(job_id, str(token), end, instance=job.instance)
+            return state.value if state else "unknown"
         if running is not None:
             # Redis lost the record of an earlier start (a crash within its fsync window):
             # the job already runs here, so watch that copy instead of starting a second one.
@@ -453,12 +462,16 @@ class CardRunner:
         rc = _read_exit_file(active.exit_file)
         if rc is None and wrapper_rc is not None:
             rc = wrapper_rc if wrapper_rc >= 0 else 128 - wrapper_rc
-        cancelled = active.kill_event.is_set()
+        cancelled = active.kill_event.is_set()  # this worker acted on a kill request
         by = None
         try:
             flags = self.r.hmget(self.keys.job(active.job_id), "cancel_requested", "cancelled_by")
-            cancelled = cancelled or flags[0] == "1"
             by = flags[1]
+            # A kill asked for but never acted on here counts only if the job did not end by
+            # itself: one that exited with its own code before the kill reached it keeps that
+            # ending (it ran to completion: "CANCELLED, exit 0" would be false).
+            if flags[0] == "1" and (rc is None or rc in KILLED_CODES):
+                cancelled = True
         except redis.RedisError:
             pass
         if rc is None and not (cancelled or active.timed_out):

@@ -330,3 +330,31 @@ def test_a_fast_writer_stays_within_the_log_cap(real_redis, key_prefix, tmp_path
     assert text.endswith("last-line\n") and "bytes of output were cut here" in text
     assert keeper, "the job had no log keeper"
     assert not is_alive(*keeper[0]), "the log keeper outlived its job"
+
+
+def test_a_job_killed_before_its_start_never_runs(env, tmp_path):
+    settings, ledger, runner, _ = env
+    marker = tmp_path / "ran"
+    job, token = placed(ledger, f"touch {marker}", tmp_path)
+    ledger.store.update(job.id, cancel_requested=True, cancelled_by="ana")  # rig kill raced the placement
+    assert runner.run_job(job.id, token) == "CANCELLED"
+    done = ledger.store.get(job.id)
+    assert not marker.exists() and "ana" in (done.reason or "")
+    assert ledger.card("n1", 0).reserved == 0
+
+
+def test_a_job_that_ended_before_the_kill_reached_it_keeps_its_own_ending(env, tmp_path):
+    """Breaker: rig kill raced a placement; the job ran `echo C` to its end (exit 0) and was
+    recorded CANCELLED with exit code 0."""
+    settings, ledger, runner, _ = env
+    job, token = placed(ledger, "echo C", tmp_path)
+    real_launch = runner._launch
+
+    def launch_then_kill(*args, **kwargs):  # the kill request lands just after the start
+        active = real_launch(*args, **kwargs)
+        ledger.store.update(job.id, cancel_requested=True, cancelled_by="ana")
+        return active
+
+    runner._launch = launch_then_kill
+    assert runner.run_job(job.id, token) == "SUCCEEDED"
+    assert ledger.store.get(job.id).exit_code == 0
