@@ -137,6 +137,10 @@ class CardRunner:
             thread = threading.Thread(target=target, name=f"rig-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
+        try:
+            self._keeper_server()  # started now, not on the first job's path
+        except OSError as exc:
+            log.warning("log keeper server did not start (%s); each job gets a keeper of its own", exc)
         self._retry_redis(self.adopt, "adopt running jobs")
 
     def stop(self) -> None:

@@ -117,7 +117,19 @@ class Scenario:
         r.seconds = round(self.elapsed(), 1)
 
     def close(self) -> ScenarioResult:
+        """Stop the node, and whatever of its jobs still runs: a scenario that failed half-way
+        must not leave job processes behind (they would wait for the go-file for ever)."""
+        try:
+            self.go.touch()
+        except OSError:
+            pass
+        leftovers = self.node.job_processes()
         self.node.cleanup()
+        for pid in list(leftovers) + list(self.node.job_processes()):
+            try:
+                os.killpg(os.getsid(pid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         return self.result
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -49,7 +50,7 @@ def test_stop_and_restart_everything_loses_nothing_runs_nothing_twice(tmp_path):
         for handle in running:
             node.wait_for_state(handle.id, {JobState.RUNNING})
         waiting = [node.client.submit(script, gpu_memory="40G") for _ in range(3)]
-        pids = {h.id: node.client.get(h.id).pid for h in running}
+        pids = {h.id: _recorded_pid(node, h.id) for h in running}
 
         node.down()  # every rig process stops; Redis keeps the state
         assert all(_alive(pid) for pid in pids.values()), "jobs must outlive a rig restart"
@@ -69,6 +70,16 @@ def test_stop_and_restart_everything_loses_nothing_runs_nothing_twice(tmp_path):
             assert card.reserved == 0 and card.jobs == 0
     finally:
         node.cleanup()
+
+
+def _recorded_pid(node: RigHarness, job_id: int) -> int:
+    """The job's pid once its worker recorded it (RUNNING is set at the claim, just before the
+    process starts)."""
+    deadline = time.monotonic() + 30
+    while (pid := node.client.get(job_id).pid) is None:
+        assert time.monotonic() < deadline, f"job {job_id} never recorded its pid"
+        time.sleep(0.02)
+    return pid
 
 
 def _alive(pid: int) -> bool:
