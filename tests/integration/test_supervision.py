@@ -36,3 +36,20 @@ def test_a_rig_folder_in_the_working_directory_does_not_break_rig_up(tmp_path):
         assert not node.processes()
     finally:
         node.stop_all()
+
+
+def test_a_users_script_beside_a_rig_folder_imports_rig(tmp_path):
+    """A user runs `python job.py` from the parent of a clone (a folder named rig without an
+    __init__.py): it must import rig, not an empty namespace package. Holds for an install with
+    rig's folder on sys.path (scripts/test and scripts/quickstart install so)."""
+    import glob
+    import subprocess
+    import sys
+
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    if any(glob.glob(f"{p}/__editable__*finder.py") for p in site):
+        pytest.skip("rig is installed in setuptools' strict editable mode here (scripts/test installs compat)")
+    (tmp_path / "rig" / "rig").mkdir(parents=True)  # the clone, seen from its parent
+    (tmp_path / "job.py").write_text("import rig\nprint(rig.submit.__module__)\n")
+    out = subprocess.run([sys.executable, "job.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "rig.client", out.stderr
