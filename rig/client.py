@@ -23,7 +23,15 @@ from rig import job_env as jobenv
 from rig import records as R
 from rig.config import Settings, load_settings
 from rig.durations import parse_duration
-from rig.errors import InvalidInput, InvalidRecord, JobGone, PermissionDenied, RigError, Unschedulable
+from rig.errors import (
+    InvalidInput,
+    InvalidRecord,
+    JobGone,
+    PermissionDenied,
+    RigError,
+    SubmitInterrupted,
+    Unschedulable,
+)
 from rig.fairshare import exceeds_alone
 from rig.keys import Keys
 from rig.ledger import Ledger
@@ -318,7 +326,11 @@ class Client:
         message that cannot be sent delays nothing and nothing is left to send at exit)."""
         from rig import notify
 
-        notify.announce(self.celery, jobs)
+        try:
+            notify.announce(self.celery, jobs)
+        except KeyboardInterrupt:
+            # The jobs are stored and will run: whoever pressed Ctrl-C must learn their ids.
+            raise SubmitInterrupted([job.id for job in jobs]) from None
 
     def flush(self, timeout: float = 5.0) -> bool:
         """True: a submit call sends its messages before it returns (rig.notify), so nothing

@@ -113,3 +113,12 @@ def redact_url(url: str) -> str:
     creds, host = rest.rsplit("@", 1)
     user = creds.split(":", 1)[0] if ":" in creds else ""
     return f"{scheme}://{user}:***@{host}"
+
+
+class SubmitInterrupted(KeyboardInterrupt):
+    """Ctrl-C arrived after the jobs were stored (while their Flower messages went out): they
+    are queued and will run. Carries their ids, so the caller can say so."""
+
+    def __init__(self, job_ids: list[int]) -> None:
+        super().__init__(f"interrupted after submitting job(s) {', '.join(map(str, job_ids))}")
+        self.job_ids = job_ids

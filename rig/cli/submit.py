@@ -12,7 +12,7 @@ import click
 import redis
 
 from rig.cli.common import client_from, handle_errors, parse_env_items
-from rig.errors import InvalidInput, RigError
+from rig.errors import InvalidInput, RigError, SubmitInterrupted
 from rig.memory import format_memory
 from rig.models import JobState
 from rig.text import clean
@@ -61,21 +61,37 @@ def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir
     if gpu_memory is None and template is None:
         raise InvalidInput("--gpu-memory is required: how much GPU memory the job needs, e.g. 12G")
     client = client_from(ctx)
-    handle = client.submit(
-        cmd if cmd else list(command), gpu_memory=gpu_memory, gpus=gpus, priority=priority,
-        name=name, workdir=workdir, env=parse_env_items(env), retries=retries,
-        time_limit=time_limit, oom_retry_grow=oom_retry_grow, template=template, pool=pool,
-    )
+    try:
+        handle = client.submit(
+            cmd if cmd else list(command), gpu_memory=gpu_memory, gpus=gpus, priority=priority,
+            name=name, workdir=workdir, env=parse_env_items(env), retries=retries,
+            time_limit=time_limit, oom_retry_grow=oom_retry_grow, template=template, pool=pool,
+        )
+    except SubmitInterrupted as stopped:
+        # Ctrl-C after the job was stored: it is queued and will run. Say its id (stdout, as
+        # always) and how to stop it.
+        (job_id,) = stopped.job_ids
+        click.echo(job_id)
+        click.echo(f"job {job_id} was submitted before the interrupt and will run; `rig kill {job_id}` stops it",
+                   err=True)
+        sys.exit(130)
     job = handle._job
-    if client.last_auto_note:
-        click.echo(client.last_auto_note, err=True)
-    click.echo(handle.id)
-    cards = "1 card" if job.gpus == 1 else f"{job.gpus} cards"
-    click.echo(f"submitted job {job.id} '{clean(job.name)}': {format_memory(job.gpu_memory)} on {cards}, "
-               f"{job.priority.value} priority" + (f", pool {clean(job.pool)}" if job.pool else ""), err=True)
-    _say_why_waiting(client, job.id)
-    if wait:
-        _wait(client, job.id, job.instance)
+    try:
+        click.echo(handle.id)
+        if client.last_auto_note:
+            click.echo(client.last_auto_note, err=True)
+        cards = "1 card" if job.gpus == 1 else f"{job.gpus} cards"
+        click.echo(f"submitted job {job.id} '{clean(job.name)}': {format_memory(job.gpu_memory)} on {cards}, "
+                   f"{job.priority.value} priority" + (f", pool {clean(job.pool)}" if job.pool else ""), err=True)
+        _say_why_waiting(client, job.id)
+        if wait:
+            _wait(client, job.id, job.instance)
+    except KeyboardInterrupt:
+        # Whenever Ctrl-C comes once the job is stored (explaining its wait, or waiting for
+        # it), the job is not stopped: say so, and how to stop it (exit 130, as a shell does).
+        click.echo("", err=True)
+        click.echo(interrupted_line(client, job.id), err=True)
+        sys.exit(130)
 
 
 def _say_why_waiting(client, job_id: int) -> None:  # noqa: ANN001
@@ -99,12 +115,7 @@ def _wait(client, job_id: int, instance: str | None = None) -> None:  # noqa: AN
         attempt = f" (attempt {job.attempt})" if job.attempt > 1 else ""
         click.echo(f"job {job.id}: {job.state.value.lower()}{where}{attempt}", err=True)
 
-    try:
-        final = client.wait(job_id, on_change=show, instance=instance)
-    except KeyboardInterrupt:
-        click.echo("", err=True)  # after the ^C the terminal printed
-        click.echo(interrupted_line(client, job_id), err=True)
-        sys.exit(130)
+    final = client.wait(job_id, on_change=show, instance=instance)  # Ctrl-C: do_submit says what it means
     click.echo(f"job {final.id} {final.state.value}: {clean(final.reason or '')}".rstrip(": "), err=True)
     if final.state is JobState.SUCCEEDED:
         sys.exit(0)

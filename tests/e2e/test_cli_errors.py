@@ -125,3 +125,21 @@ def test_forget_node_refusals_are_one_line(env, real_redis, monkeypatch):
     result = CliRunner().invoke(cli, ["forget-node", "gone"])
     assert result.exit_code == 0 and result.output == "node gone forgotten with its 1 card(s) (gone/0)\n"
     assert not real_redis.exists(keys.node("gone")) and not real_redis.smembers(keys.cards)
+
+
+@pytest.mark.redis
+def test_ctrl_c_while_the_submission_is_announced_still_gives_the_id(env, real_redis, monkeypatch):
+    """Ctrl-C after the job was stored (while its Flower message went out) used to end
+    rig-submit with exit 130 and no word: the job ran, its id unknown."""
+    from rig import notify
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(notify, "announce", interrupted)
+    result = CliRunner().invoke(submit_main, ["--gpu-memory", "1G", "--", "true"])
+    assert result.exit_code == 130
+    job_id = result.stdout.strip()
+    assert job_id.isdigit()
+    assert f"job {job_id} was submitted before the interrupt and will run; `rig kill {job_id}` stops it" \
+        in result.stderr
