@@ -82,6 +82,7 @@ class Scenario:
     def submit(self, body: str = GATE, **kwargs) -> int:
         env = {"TRACE": str(self.trace), "GO": str(self.go), **kwargs.pop("env", {})}
         kwargs.setdefault("gpu_memory", "10G")
+        kwargs.setdefault("workdir", str(self.workdir))  # never the caller's folder (the repo)
         handle = self.node.client.submit(TRACED.format(body=body), env=env, **kwargs)
         self.job_ids.append(handle.id)
         return handle.id

@@ -91,7 +91,7 @@ def hostile_text_and_interrupted_wait(workdir: Path) -> ScenarioResult:
         sc.node.up()
         env = _cli_env(sc)
         hidden = f"echo safe \x1b]0;x; touch {workdir}/HIDDEN \x07; echo \xc2\x9b0;y"
-        jid = sc.submit(body=hidden, gpu_memory="1G")
+        jid = sc.submit(body=hidden, gpu_memory="1G", workdir=workdir)  # it creates a file named BEL
         shown = subprocess.run([sys.executable, "-m", "rig.cli.main", "show", str(jid)],
                                env={**env, "COLUMNS": "1000"}, cwd=workdir,
                                capture_output=True, timeout=60)
