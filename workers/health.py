@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -74,6 +75,7 @@ class HealthChecker:
         self.nodes = NodeRegistry(client, self.keys)
         self._mismatch_said: str | None = None
         self._unrecorded_said: str | None = None
+        self._replaced: dict[int, float] = {}  # card index -> when its hung worker was killed (monotonic)
 
     def run_once(self) -> HealthReport | None:
         """The cluster pass and this node's local pass; None if another holds either lock."""
@@ -238,6 +240,27 @@ class HealthChecker:
                 self.ledger.set_healthy(node, card.index, False, "its worker is not running")
         if not dead:
             return
+        living = self._card_worker_processes(dead)
+        for index, (pid, age) in sorted(living.items()):
+            # Alive but silent: not dead. One that is still starting is left alone; one silent
+            # for health.timeout (stopped, deadlocked) is killed so rig up starts another, which
+            # adopts its jobs. Concluding them here would stop (and re-run) jobs that run on, or
+            # that ended by themselves while nobody watched.
+            if age < self.settings.health.timeout:
+                continue
+            log.warning("card %s/%s: its worker (pid %s) lives but has not heartbeated for %s s (hung?); "
+                        "killing it so another adopts its jobs", node, index, pid, self.settings.health.timeout)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._replaced[index] = time.monotonic()
+        # A card whose hung worker this check killed: rig up is starting another, which will
+        # adopt its jobs; give it health.timeout before they count as lost.
+        waiting = {i for i, t in self._replaced.items() if time.monotonic() - t < self.settings.health.timeout}
+        dead -= set(living) | waiting
+        if not dead:
+            return
         ids = self.store.ids_in_state(JobState.RUNNING) + self.store.ids_in_state(JobState.ASSIGNED)
         for job in self.store.get_many(ids):
             if job.node != node or not job.cards or job.cards[0] not in dead:
@@ -256,6 +279,22 @@ class HealthChecker:
                 else:  # a damaged or forged pid: never signal it (the orphan check finds the job's own)
                     log.warning("job %s: recorded pid %s is not its process; not signalled", job.id, job.pid)
             self._lost(job, f"the worker of card {job.cards[0]} died", report)
+
+    def _card_worker_processes(self, cards: set[int]) -> dict[int, tuple[int, float]]:
+        """Card index -> (pid, age in s) of a live card worker process of this node (found by
+        rig.supervision's marks) among ``cards``."""
+        from rig.supervision import node_processes
+
+        ticks = os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        found: dict[int, tuple[int, float]] = {}
+        for proc in node_processes(self.settings.node_name, self.settings.home):
+            if proc.role == "card" and proc.card.isdigit() and int(proc.card) in cards \
+                    and is_alive(proc.pid, proc.start):
+                age = uptime - (proc.start or 0) / ticks
+                found[int(proc.card)] = (proc.pid, age)
+        return found
 
     def _lost(self, job: Job, why: str, report: HealthReport) -> None:
         """End a RUNNING job's attempt as lost (``why``); its retry policy decides what next."""
