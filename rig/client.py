@@ -213,14 +213,16 @@ class Client:
             raise InvalidInput(f"--time-limit {time_limit!r}: give at least 1ms, e.g. 90s, 30m or 2h")
         # What the job's environment holds is decided in rig.job_env: the submitter's
         # variables rig passes on, then --env (a value of None: the submitter's own value).
+        if env is not None and not isinstance(env, Mapping):
+            raise InvalidInput(f"env must be a mapping of names to values (e.g. {{'A': '1'}}), got {type(env).__name__}")
+        refused = jobenv.refuse_rig_owned(env or {})  # before resolving: rig's own are refused either way
+        if refused:
+            raise InvalidInput(refused)
         try:
             asked = jobenv.resolve_names({str(k): None if v is None else str(v) for k, v in (env or {}).items()},
                                          os.environ)
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
-        refused = jobenv.refuse_rig_owned(asked)
-        if refused:
-            raise InvalidInput(refused)
         job_env = _checked("--env", R.as_env, {**jobenv.from_submitter(os.environ), **asked})
         if not job_name:
             raise InvalidInput("--name must not be empty")
@@ -597,12 +599,23 @@ class Client:
         reporting that job's result."""
         jid = int(job_id)
         seen: tuple[JobState, int] | None = None
+        known = False  # the record was read once: its disappearance means Redis lost it
         deadline = None if timeout is None else time.monotonic() + timeout
         pubsub = self.r.pubsub(ignore_subscribe_messages=True)
         try:
             self._guard(pubsub.subscribe, self.keys.events_channel)
             while True:
-                job = self.get_instance(jid, instance)
+                try:
+                    job = self.get_instance(jid, instance)
+                except JobGone:
+                    raise
+                except RigError as exc:
+                    if known and instance is not None and getattr(exc, "job_id", None) is not None:
+                        raise JobGone(jid, f"job {jid} is gone: its record vanished from rig's Redis while "
+                                           "it was being waited for (Redis lost its data?); `rig status` says "
+                                           "what the node did with it") from None
+                    raise
+                known = True
                 if on_change is not None and (job.state, job.attempt) != seen:
                     seen = (job.state, job.attempt)
                     on_change(job)
@@ -759,12 +772,20 @@ def _resolve_workdir(workdir: Any, settings: Settings) -> Path:
 
 
 def _default_name(argv: list[str], is_shell: bool) -> str:
+    """A name for a job submitted without --name: the first word of the command that names
+    what runs, printable (a `-c` script's first line, never its control characters)."""
     words = argv[2].split() if is_shell else argv
     for word in words:
         base = os.path.basename(word)
         if base and not base.startswith("-") and base not in ("python", "python3", "sh", "bash", "env"):
-            return base[:64]
-    return os.path.basename(words[0])[:64] if words else "job"
+            return _printable_name(base)
+    return _printable_name(os.path.basename(words[0])) if words else "job"
+
+
+def _printable_name(text: str) -> str:
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    cleaned = "".join(ch if ch.isprintable() else "?" for ch in first).strip()[:64]
+    return cleaned or "job"
 
 
 def _round_up(nbytes: int, step: int = 256 * 2**20) -> int:

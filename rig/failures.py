@@ -531,7 +531,9 @@ def _from_exit_code(exit_code: int | None, text: str) -> Classification:
         # Only when the command could not start: said by rig's wrapper (before running it) or
         # by the shell of a --cmd string. A program that ran and exited 126/127 is a plain
         # non-zero exit (and may be retried).
-        lines = _matching_lines(((CANNOT_START_LINE, None),), text)
+        # The last line only: an earlier, handled "not found" says nothing about this exit.
+        last = next((line for line in reversed(text.splitlines()) if line.strip()), "")
+        lines = _matching_lines(((CANNOT_START_LINE, None),), last)
         if lines:
             what = "command not found" if exit_code == 127 else "command not executable"
             return Classification(FailureClass.COMMAND_NOT_FOUND, f"{what} (exit {exit_code})",

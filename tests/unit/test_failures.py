@@ -535,6 +535,8 @@ def test_cannot_start_needs_evidence(exit_code, line, summary):
     assert found == Classification(FailureClass.COMMAND_NOT_FOUND, summary, (line,))
     ran = classify(exit_code=exit_code, log_tail="real program ran\n")
     assert ran is not None and ran.failure is FailureClass.NONZERO_EXIT
+    handled = classify(exit_code=exit_code, log_tail=f"{line}\ntraining done\n")  # an earlier, handled one
+    assert handled is not None and handled.failure is FailureClass.NONZERO_EXIT
 
 
 def test_classification_is_frozen_and_the_enum_is_a_string():

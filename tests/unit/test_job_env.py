@@ -53,3 +53,27 @@ def test_submit_refuses_a_rig_owned_variable(tmp_path, monkeypatch):
     monkeypatch.delenv("NOT_THERE", raising=False)
     with pytest.raises(InvalidInput, match="--env NOT_THERE: not set"):
         client.submit(["true"], gpu_memory="1G", env={"NOT_THERE": None})
+
+
+def test_a_multiline_script_gets_a_printable_default_name():
+    """Breaker: `python3 -c $'import os\\nprint(1)'` without --name was refused about --name."""
+    from rig.client import _default_name
+
+    assert _default_name(["python3", "-c", "import os\nprint(1)"], False) == "import os"
+    assert _default_name(["/bin/sh", "-c", "echo one\necho two"], True) == "echo"
+    assert "\x1b" not in _default_name(["\x1b]0;x"], False)
+
+
+def test_env_refusals_come_first_and_bad_types_are_one_line(tmp_path):
+    import fakeredis
+
+    from rig.client import Client
+    from rig.config import load_settings
+    from rig.errors import InvalidInput
+
+    client = Client(load_settings(home=tmp_path, key_prefix="t:", redis_url="redis://127.0.0.1:1/0"),
+                    redis_client=fakeredis.FakeRedis(decode_responses=True))
+    with pytest.raises(InvalidInput, match="--env CUDA_VISIBLE_DEVICES: rig sets it"):
+        client.submit(["true"], gpu_memory="1G", env={"CUDA_VISIBLE_DEVICES": None})  # unset, still rig's
+    with pytest.raises(InvalidInput, match="env must be a mapping"):
+        client.submit(["true"], gpu_memory="1G", env=["A=1"])
