@@ -61,6 +61,36 @@ def operator_environment(workdir: Path) -> ScenarioResult:
         sc.close()
 
 
+class LogWatch:
+    """While in its ``with`` block, samples an attempt's log as fast as it can: the largest size
+    seen (bytes) and the log keeper named in the attempt's pid file ((pid, start) or None)."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.biggest = 0
+        self.keeper: tuple[int, int] | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._done.is_set():
+            try:
+                self.biggest = max(self.biggest, self.log.stat().st_size)
+            except FileNotFoundError:
+                pass
+            noted = read_pid_file(self.log.with_suffix(".pid"))
+            if noted and noted[3] and self.keeper is None:
+                self.keeper = (noted[3], noted[4] or 0)
+
+    def __enter__(self) -> LogWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+
 def log_flood(workdir: Path, *, cap: int = 1 << 20, nbytes: int = 300_000_000) -> ScenarioResult:
     sc = Scenario(workdir, "a job floods its log at full speed", f"{nbytes // 10**6} MB against a "
                   f"{cap >> 20} MiB cap", fake_gpus="1x80G", log_max_bytes=cap)
@@ -69,38 +99,19 @@ def log_flood(workdir: Path, *, cap: int = 1 << 20, nbytes: int = 300_000_000) -
         jid = sc.submit(body=f"yes 'a line of output' | head -c {nbytes}; echo; echo last-line", gpu_memory="1G")
         job = sc.node.client.get(jid)
         log = job_folder(sc.node.settings.job_log_dir, jid, job.instance) / "attempt-1.log"
-        biggest = [0]
-        keeper: list[tuple[int, int]] = []
-        done = threading.Event()
-
-        def sample() -> None:
-            while not done.is_set():
-                try:
-                    biggest[0] = max(biggest[0], log.stat().st_size)
-                except FileNotFoundError:
-                    pass
-                noted = read_pid_file(log.with_suffix(".pid"))
-                if noted and noted[3] and not keeper:
-                    keeper.append((noted[3], noted[4]))
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        try:
+        with LogWatch(log) as watch:
             finals = sc.finish(timeout=120)
-        finally:
-            done.set()
-            sampler.join()
-        sc.result.notes.append(f"largest log size seen while it ran: {biggest[0]} bytes (cap {cap})")
-        if biggest[0] > cap + 4096:
-            sc.result.problems.append(f"log reached {biggest[0]} bytes, cap {cap}")
+        sc.result.notes.append(f"largest log size seen while it ran: {watch.biggest} bytes (cap {cap})")
+        if watch.biggest > cap + 4096:
+            sc.result.problems.append(f"log reached {watch.biggest} bytes, cap {cap}")
         text = log.read_bytes() if log.exists() else b""
         if not text.endswith(b"last-line\n"):
             sc.result.problems.append("the log lost its last line")
         if finals.get(jid) is None or finals[jid].state is not JobState.SUCCEEDED:
             sc.result.problems.append(f"job {jid} did not succeed")
-        if not keeper:
+        if watch.keeper is None:
             sc.result.problems.append("the job had no log keeper")
-        elif is_alive(*keeper[0]):
+        elif is_alive(*watch.keeper):
             sc.result.orphans += 1  # the keeper outlived its job
         return sc.result
     finally:

@@ -291,7 +291,7 @@ def test_the_job_environment_is_not_the_workers(env, tmp_path, monkeypatch):
 
 def test_a_fast_writer_stays_within_the_log_cap(real_redis, key_prefix, tmp_path):
     """Issue 10.11: the cap used to be polled every 5 s (3.3 GB on disk against 256 MiB)."""
-    from workers.card_runner import read_pid_file
+    from rig.testing.faults_jobs import LogWatch
     from workers.process_tree import is_alive
 
     cap = 1 << 20
@@ -303,33 +303,16 @@ def test_a_fast_writer_stays_within_the_log_cap(real_redis, key_prefix, tmp_path
     runner = CardRunner(settings, "n1", 0, "card0@n1")
     job, token = placed(ledger, "yes 'a line of output' | head -c 150000000; echo; echo last-line", tmp_path)
     folder = job_folder(settings.job_log_dir, job.id, job.instance)
-    biggest = [0]
-    keeper: list[tuple[int, int]] = []
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            try:
-                biggest[0] = max(biggest[0], (folder / "attempt-1.log").stat().st_size)
-            except FileNotFoundError:
-                pass
-            noted = read_pid_file(folder / "attempt-1.pid")
-            if noted and noted[3] and not keeper:
-                keeper.append((noted[3], noted[4]))
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
     try:
-        assert runner.run_job(job.id, token) == "SUCCEEDED"
+        with LogWatch(folder / "attempt-1.log") as watch:
+            assert runner.run_job(job.id, token) == "SUCCEEDED"
     finally:
-        done.set()
-        sampler.join()
         runner.stop()
     text = open(ledger.store.get(job.id).log_paths[0]).read()
-    assert biggest[0] <= cap + 4096, biggest[0]
+    assert watch.biggest <= cap + 4096, watch.biggest
     assert text.endswith("last-line\n") and "bytes of output were cut here" in text
-    assert keeper, "the job had no log keeper"
-    assert not is_alive(*keeper[0]), "the log keeper outlived its job"
+    assert watch.keeper is not None, "the job had no log keeper"
+    assert not is_alive(*watch.keeper), "the log keeper outlived its job"
 
 
 def test_a_job_killed_before_its_start_never_runs(env, tmp_path):
