@@ -206,6 +206,9 @@ class Settings(BaseSettings):
     log_max_bytes: int = Field(
         256 * 1024**2, gt=4096, description="one attempt's log is cut (marked) beyond this size"
     )
+    log_min_free_bytes: int = Field(
+        32 * 1024**2, ge=0, description="below this free space under log_dir the node takes no new jobs"
+    )
     log_retention_days: float = Field(30.0, gt=0, description="task logs older than this go")
     error_log_retention_days: float = Field(
         90.0, gt=0, description="logs of jobs in the error queue are kept this long"

@@ -55,11 +55,20 @@ def read_size(cap: int) -> int:
     return max(READ_MIN, min(READ_MAX, cap // 4))
 
 
-def keep(source_fd: int, log_path: Path, cap: int, on_write: Callable[[int], None] | None = None) -> int:
+def keep(source_fd: int, log_path: Path, cap: int, on_write: Callable[[int], None] | None = None,
+         note_path: Path | None = None) -> int:
     """Copy ``source_fd`` to the end of ``log_path`` until end of file, keeping the file within
     ``cap`` (+ one read). Returns the bytes of output cut in all. ``on_write(size)`` is called
-    after each write with the file's size (tests)."""
+    after each write with the file's size (tests).
+
+    A write that fails (disk full, quota, read-only, I/O error) never stops the copy: the job's
+    output is read on (so the job is never blocked or killed by SIGPIPE for it) and counted as
+    lost; when writes work again a marker line says how much is missing. Both the loss and the
+    cap's cuts are kept in the attempt's note file (``note_path``, default ``attempt-<n>.note``,
+    see rig.logspace), which the card worker allocated before the job started, so that the job's
+    record can say its log is not whole."""
     logs: ModuleType | None = None  # loaded at the first cut: most logs never need one
+    note = _Note(note_path or log_path.with_suffix(".note"), cap)
     out = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     size = os.fstat(out).st_size
     low_water = max(1, cap * 3 // 4)
@@ -75,17 +84,101 @@ def keep(source_fd: int, log_path: Path, cap: int, on_write: Callable[[int], Non
                 return cut
             if size + len(data) > cap:
                 logs = logs or _logs_module()
-                cut += logs.enforce_size_cap(log_path, low_water, keep_head=cap // 4, stated_cap=cap)
+                try:
+                    cut += logs.enforce_size_cap(log_path, low_water, keep_head=cap // 4, stated_cap=cap)
+                except OSError as exc:
+                    note.failed(exc, size, 0)
+                note.cap_cut(cut)
                 size = os.fstat(out).st_size
-            view = memoryview(data)
-            while view:
-                written = os.write(out, view)
-                view = view[written:]
-            size += len(data)
+            if note.pending:
+                data = note.marker() + data
+            written, error = _write_some(out, data)
+            if error is not None:
+                # What did not reach the file, less the marker (which only repeats a count).
+                lost = len(data) - written - (max(0, note.marker_len - written) if note.pending else 0)
+                note.failed(error, size, lost)
+                size = os.fstat(out).st_size
+            else:
+                if note.pending:
+                    note.resumed()
+                size += len(data)
             if on_write is not None:
                 on_write(os.fstat(out).st_size)
     finally:
         os.close(out)
+
+
+def _write_some(fd: int, data: bytes) -> tuple[int, OSError | None]:
+    """Append ``data``: (bytes written, None), or (bytes written, the OSError that stopped it)."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except InterruptedError:
+            continue
+        except OSError as exc:
+            return len(data) - len(view), exc
+    return len(data), None
+
+
+class _Note:
+    """What the log lacks: bytes lost to failed writes and cut by the cap, kept in the attempt's
+    note file (rig.logspace; overwritten in place, never grown past what the worker allocated
+    as long as it stays under NOTE_BYTES)."""
+
+    def __init__(self, path: Path, cap: int) -> None:
+        self.path = path
+        self.data: dict = {}
+        self.cap = cap
+        self.pending = 0  # bytes lost since the last marker line
+        self.marker_len = 0
+        self._since = 0.0
+
+    def failed(self, exc: OSError, log_bytes: int, nbytes: int) -> None:
+        import errno
+        import time
+
+        if "error" not in self.data:
+            self.data.update(error=errno.errorcode.get(exc.errno or 0, str(exc.errno)),
+                             strerror=(exc.strerror or str(exc))[:100], at=round(time.time(), 3),
+                             log_bytes=log_bytes)
+        if not self.pending:
+            self._since = time.time()
+        self.data["lost"] = self.data.get("lost", 0) + nbytes
+        self.pending += nbytes
+        self._save()
+
+    def marker(self) -> bytes:
+        import time
+
+        since = time.strftime("%H:%M:%S", time.localtime(self._since))
+        text = (f"\n[rig: {self.pending} bytes of output were lost here: could not write the log "
+                f"({self.data.get('strerror')}) from {since}]\n").encode()
+        self.marker_len = len(text)
+        return text
+
+    def resumed(self) -> None:
+        self.pending = 0
+        self.marker_len = 0
+
+    def cap_cut(self, total: int) -> None:
+        if total and total != self.data.get("cap_cut"):
+            self.data.update(cap_cut=total, cap=self.cap)
+            self._save()
+
+    def _save(self) -> None:
+        import json
+
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError:
+            return
+        try:
+            os.pwrite(fd, json.dumps(self.data, separators=(",", ":")).encode() + b"\n", 0)
+        except OSError:
+            pass  # no room even for the note: the worker's guard still sees the disk full
+        finally:
+            os.close(fd)
 
 
 def _ignore_stop_signals() -> None:

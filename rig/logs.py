@@ -300,6 +300,11 @@ class AttemptFiles:
     def pid(self) -> Path:
         return self.folder / f"attempt-{self.attempt}.pid"
 
+    @property
+    def note(self) -> Path:
+        """What the log keeper could not write or cut (rig.logspace)."""
+        return self.folder / f"attempt-{self.attempt}.note"
+
 
 # Retention
 # --------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from pathlib import Path
 import redis
 
 from rig import job_env as jobenv
-from rig import logkeeper
+from rig import logkeeper, logspace
 from rig import records as R
 from rig.config import Settings
 from rig.failures import FailureClass
@@ -39,7 +39,14 @@ from rig.logs import AttemptFiles, enforce_size_cap, job_folder
 from rig.models import Job, JobState, new_job_instance
 from rig.redis_conn import connect
 from rig.store import JobStore
-from workers.outcomes import AttemptEnd, conclude
+from workers.log_space import (
+    LogSpaceGuard,
+    NotStarted,
+    prepare_attempt,
+    remove_attempt_files,
+    write_pid_file,
+)
+from workers.outcomes import AttemptEnd, conclude, never_started
 from workers.process_tree import (
     ExitWatcher,
     find_by_environ,
@@ -129,6 +136,9 @@ class CardRunner:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._keepers: logkeeper.KeeperServer | None = None  # forks each job's log keeper
+        #: Takes this card out of placement while the node cannot write logs (issue 11.3).
+        self.log_space = LogSpaceGuard(self.ledger, node, index, [settings.job_log_dir, settings.run_dir],
+                                       settings.log_min_free_bytes)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start_services(self) -> None:
@@ -224,6 +234,8 @@ class CardRunner:
             active = self._launch(job, token, attempt)
         except (redis.ConnectionError, redis.TimeoutError):
             raise  # Redis away: adoption sorts this start out once it is back
+        except NotStarted as exc:
+            return self._not_started(job, str(token), attempt, exc)
         except Exception as exc:  # noqa: BLE001 - one job's start must never take the worker down
             log.exception("job %s: could not be started", job_id)
             return self._refuse(job_id, str(token), f"rig could not start it: {type(exc).__name__}: {exc}",
@@ -240,13 +252,36 @@ class CardRunner:
         log.error("job %s: not started: %s", job_id, reason)
 
         def _do() -> None:
+            fields: dict = {"reason": reason, "failure": failure}
+            job = self.store.get(job_id)
+            if not job.problems and job.attempt:
+                fields["attempts"] = [*job.attempts, never_started(job, failure, reason)]
             self.ledger.transition(job_id, JobState.FAILED, token=token, expect=expect, error_queue=True,
-                                   fields={"reason": reason, "failure": failure})
+                                   fields=fields)
             self.ledger.reclaim(self.node, self.index, job_id)
             self.r.lpush(self.keys.sched_wake, "1")
 
         self._retry_redis(_do, f"end job {job_id}")
         return "failed-to-start"
+
+    def _not_started(self, job: Job, token: str, attempt: int, exc: NotStarted) -> str:
+        """An attempt whose files could not be made never ran. Disk trouble: the card is taken
+        out of placement (the guard) and the job goes back to its place in the queue with its
+        attempt not counted. Anything else: refused as a start error (the job never ran)."""
+        remove_attempt_files(self._files(job, attempt))
+        if not logspace.is_disk_error(exc.error):
+            return self._refuse(job.id, token, f"rig could not start it: {exc}", "start_error")
+        problem = self.log_space.trip(self.settings.job_log_dir, exc.error)
+
+        def _do() -> None:
+            self.ledger.transition(
+                job.id, JobState.PENDING, token=token, expect=JobState.RUNNING,
+                fields={"attempt": max(0, attempt - 1),
+                        "reason": f"requeued, it never started: node {self.node} {problem}"})
+            self.r.lpush(self.keys.sched_wake, "1")
+
+        self._retry_redis(_do, f"requeue job {job.id}")
+        return "requeued:not-started"
 
     def _files(self, job: Job, attempt: int) -> AttemptFiles:
         """The files of ``attempt`` of ``job`` on this node (rig.logs.job_folder)."""
@@ -261,28 +296,33 @@ class CardRunner:
         return self.store.get(job.id)
 
     def _launch(self, job: Job, token: str, attempt: int) -> ActiveJob | None:
+        """Start one attempt. Raises NotStarted (nothing runs) when its files cannot be made;
+        once its process exists, no error of rig's own ends the attempt: it is supervised."""
         files = self._files(job, attempt)
-        files.folder.mkdir(parents=True, exist_ok=True)
         log_path = files.log
         exit_file = files.exit
-        exit_file.unlink(missing_ok=True)
         log_paths = [*job.log_paths, str(log_path)]
         try:
             run_as = decide_run_as(job.user, job.uid, worker_uid=os.geteuid(),
                                    allow_root_jobs=self.settings.allow_root_jobs)
         except RunAsRefused as exc:
-            with open(log_path, "ab") as logf:
-                logf.write(f"rig: not started: {exc}\n".encode())
-            self.store.update(job.id, log_path=str(log_path), log_paths=log_paths)
+            try:
+                files.folder.mkdir(parents=True, exist_ok=True)
+                with open(log_path, "ab") as logf:
+                    logf.write(f"rig: not started: {exc}\n".encode())
+                self.store.update(job.id, log_path=str(log_path), log_paths=log_paths)
+            except OSError:
+                pass  # the reason is in the record all the same
             self._refuse(job.id, token, f"not started: {exc}", "run_as_refused")
             return None
         env = self._job_env(job, attempt, exit_file, run_as)
         # The argv goes to the wrapper as its positional parameters, never into its script.
         argv = wrapper_argv(job.command)
-        # The exit file is opened here, by the worker, and handed to the wrapper as its stdin
-        # (RIG_EXIT_FD=0): a job running as its submitter may not be able to open that path.
-        exit_fd = os.open(exit_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                          0o644)
+        # Every file of the attempt is made (and allocated) before its process exists: a full
+        # disk is met while nothing runs (issue 11.3). The exit file is opened here, by the
+        # worker, and handed to the wrapper as its stdin (RIG_EXIT_FD=0): a job running as its
+        # submitter may not be able to open that path.
+        exit_fd = prepare_attempt(files)
         try:
             with open(log_path, "ab", buffering=0) as logf:
                 if run_as is not None:
@@ -301,7 +341,10 @@ class CardRunner:
                     detail = getattr(exc, "strerror", None) or exc
                     as_whom = f" as {run_as.user}" if run_as is not None else ""
                     message = f"rig: could not start the job in {job.workdir}{as_whom}: {exc}\n"
-                    logf.write(message.encode())
+                    try:
+                        logf.write(message.encode())
+                    except OSError:
+                        pass  # the note below says it
                     self.store.update(job.id, log_path=str(log_path), log_paths=log_paths)
                     self._finish(job.id, token, instance=job.instance, end=AttemptEnd(
                         exit_code=126, note=f"could not start in {job.workdir}{as_whom}: {detail}",
@@ -312,14 +355,22 @@ class CardRunner:
                         os.close(job_out)  # the job holds it now; the keeper ends at its EOF
         finally:
             os.close(exit_fd)
+        # From here on the job runs: whatever fails below, it is supervised and concluded as
+        # started (never refused as "could not start" while it runs).
         start = proc_start_time(popen.pid)
         keeper_start = proc_start_time(keeper_pid) if keeper_pid else 0
-        # Written before anything else: the node's own record that this attempt runs.
-        files.pid.write_text(f"{popen.pid} {start} {attempt} {keeper_pid or 0} {keeper_start or 0}\n")
-        self.store.update(
-            job.id, pid=popen.pid, proc_start=start, log_path=str(log_path), log_paths=log_paths,
-            cuda_visible_devices=env["CUDA_VISIBLE_DEVICES"],
-        )
+        # Written before anything else: the node's own record that this attempt runs (over the
+        # allocated file: needs no new space).
+        write_pid_file(files, f"{popen.pid} {start} {attempt} {keeper_pid or 0} {keeper_start or 0}\n")
+        try:
+            self.store.update(
+                job.id, pid=popen.pid, proc_start=start, log_path=str(log_path), log_paths=log_paths,
+                cuda_visible_devices=env["CUDA_VISIBLE_DEVICES"],
+            )
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise  # Redis away: adoption finds the job by its environment once it is back
+        except redis.RedisError as exc:
+            log.error("job %s: started, but its pid could not be recorded (%s); supervising it", job.id, exc)
         log.info("job %s attempt %s: started pid %s on %s/%s (CUDA_VISIBLE_DEVICES=%s)",
                  job.id, attempt, popen.pid, self.node, job.cards, env["CUDA_VISIBLE_DEVICES"])
         return ActiveJob(job.id, str(token), attempt, popen.pid, start, exit_file, popen, instance=job.instance,
@@ -428,7 +479,7 @@ class CardRunner:
                         pass  # Redis away: keep watching the process
                 if now >= next_cap and active.log_path is not None and active.keeper_pid is None:
                     next_cap = now + LOG_CAP_POLL_S
-                    enforce_size_cap(active.log_path, self.settings.log_max_bytes)
+                    _cap_quietly(active, self.settings.log_max_bytes)
                 if (active.time_limit and not active.timed_out
                         and time.time() - active.started_at > active.time_limit):
                     active.timed_out = True
@@ -440,7 +491,7 @@ class CardRunner:
                     stop_tree(active.pid, self.settings.kill_grace_seconds, reap=lambda: _reap(active))
             end = self._outcome(active)
             if active.log_path is not None and active.keeper_pid is None:
-                enforce_size_cap(active.log_path, self.settings.log_max_bytes)
+                _cap_quietly(active, self.settings.log_max_bytes)
             state = self._finish(active.job_id, active.token, end, instance=active.instance)
             return state.value if state else "unknown"
         finally:
@@ -478,11 +529,14 @@ class CardRunner:
                 cancelled = True
         except redis.RedisError:
             pass
+        # A log the keeper could not write whole, or cut to its cap, says so in the record;
+        # the job's own exit status stays its result.
+        log_note = logspace.describe_note(logspace.read_note(active.exit_file.with_suffix(".note")))
         if rc is None and not (cancelled or active.timed_out):
-            return AttemptEnd(exit_code=None, lost=True,
-                              note="it ended while no worker watched it; exit status unknown")
+            lost = "it ended while no worker watched it; exit status unknown"
+            return AttemptEnd(exit_code=None, lost=True, note="; ".join(x for x in (lost, log_note) if x))
         return AttemptEnd(exit_code=rc, cancelled=cancelled, timed_out=active.timed_out,
-                          cancelled_by=by, overused=active.overused)
+                          cancelled_by=by, overused=active.overused, note=log_note)
 
     def _wait_for_keeper(self, active: ActiveJob) -> None:
         """Let the log keeper write the last output before the log is read (the failure
@@ -669,6 +723,7 @@ class CardRunner:
                 reading = self._read_card()
                 if reading is not None:
                     self._observe_jobs(reading)
+                self.log_space.check()
                 if time.monotonic() >= next_audit:
                     next_audit = time.monotonic() + self.settings.health.check_interval
                     self.adopt(resend_after=self.settings.health.assigned_timeout)
@@ -702,7 +757,7 @@ class CardRunner:
             if card.healthy:
                 log.warning("card %s/%s at %s C, over %s C: no new jobs", self.node, self.index, temp, limit)
             self.ledger.set_healthy(self.node, self.index, False, f"temperature {temp} C > {limit} C")
-        elif not card.healthy and (temp is None or temp <= limit - 5):
+        elif not card.healthy and (temp is None or temp <= limit - 5) and not logspace.is_log_space_reason(card.health_reason):
             log.info("card %s/%s healthy again", self.node, self.index)
             self.ledger.set_healthy(self.node, self.index, True)
         return reading
@@ -837,6 +892,16 @@ def _job_id_of(pid: int, prefix: str) -> int | None:
             except ValueError:
                 return None
     return None
+
+
+def _cap_quietly(active: ActiveJob, cap: int) -> None:
+    """Keep a keeperless log under its cap; a disk that refuses the cut never ends the watch."""
+    if active.log_path is None:
+        return
+    try:
+        enforce_size_cap(active.log_path, cap)
+    except OSError as exc:
+        log.warning("job %s: could not cut its log %s: %s", active.job_id, active.log_path, exc)
 
 
 def _reap(active: ActiveJob) -> None:

@@ -95,6 +95,9 @@ def decide(job: Job, end: AttemptEnd, largest_usable: int, now: float | None = N
     if end.exit_code is not None:
         fields["exit_code"] = end.exit_code
     if found is None:
+        # The job's result is this attempt's: an earlier attempt's failure class, evidence and
+        # suggestion go (they stay in the history rows, ``attempts``).
+        fields.update(failure=None, evidence=[], suggested_gpu_memory=None)
         return Decision(JobState.SUCCEEDED, False, fields, None)
     fields["failure"] = found.failure.value
     fields["evidence"] = list(found.evidence)
@@ -130,6 +133,16 @@ def decide(job: Job, end: AttemptEnd, largest_usable: int, now: float | None = N
     if job.max_retries:
         fields["reason"] = f"{summary}; gave up after {job.attempt} attempts"
     return Decision(JobState.FAILED, True, fields, found)
+
+
+def never_started(job: Job, failure: str, reason: str, now: float | None = None) -> dict:
+    """The history row (``attempts``) of an attempt that was claimed but whose process never
+    started: it keeps its number (``rig log --attempt N`` says it has no log), with no log."""
+    return {
+        "attempt": job.attempt, "node": job.node, "cards": job.cards, "gpu_memory": job.gpu_memory,
+        "started_at": None, "ended_at": now or time.time(), "exit_code": None, "outcome": failure,
+        "summary": reason, "evidence": [], "log": None, "started": False,
+    }
 
 
 def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
