@@ -27,6 +27,8 @@ Conditions (thresholds in :class:`AlertRules`):
 ``reserved_idle:<card>``      a card has memory reserved but reads 0 % utilisation, continuously
                               for longer than ``reserved_idle_seconds``.
 ``fragmentation``             :func:`fragmentation` is above ``max_fragmentation``.
+``log_space:<node>``          a node cannot write its jobs' logs (rig.logspace): it takes no
+                              new jobs until it can (critical).
 """
 
 from __future__ import annotations
@@ -225,6 +227,7 @@ def evaluate(client: Client, rules: AlertRules | None = None,
         if node.unrecorded:
             alerts.append(Alert(f"unrecorded_jobs:{node.name}", SEVERITY_CRITICAL, node.unrecorded))
 
+    alerts.extend(_log_space(cards))
     alerts.extend(_failure_rate(client, rules, now))
     alerts.extend(_idle_cards(cards, waiting, rules, now))
     alerts.extend(_reserved_idle(client, cards, rules, now))
@@ -239,6 +242,18 @@ def evaluate(client: Client, rules: AlertRules | None = None,
             f"{format_memory(free)} free memory sits in blocks smaller than the smallest "
             f"waiting request ({format_memory(smallest)}; limit {rules.max_fragmentation:.0%})"))
     return alerts
+
+
+def _log_space(cards: list[CardState]) -> list[Alert]:
+    """One critical alert per node whose cards are out because it cannot write logs."""
+    from rig.logspace import is_log_space_reason
+
+    out: dict[str, Alert] = {}
+    for card in cards:
+        if not card.healthy and is_log_space_reason(card.health_reason) and card.node not in out:
+            out[card.node] = Alert(f"log_space:{card.node}", SEVERITY_CRITICAL,
+                                   f"node {card.node} takes no new jobs: {card.health_reason}")
+    return list(out.values())
 
 
 def _failure_rate(client: Client, rules: AlertRules, now: float) -> list[Alert]:

@@ -135,6 +135,7 @@ class RigCollector(Collector):
 
         cards = client.ledger.cards()
         yield from _card_families(cards)
+        yield _log_space_family(cards)
 
         roles = Counter(w.role for w in client.workers())
         fam = GaugeMetricFamily("rig_workers_alive", "Workers with a live heartbeat, per role",
@@ -234,6 +235,22 @@ def _card_families(cards: list[Any]) -> Iterator[Metric]:
         if card.temperature is not None:
             temp.add_metric(labels, card.temperature)
     yield from (usable, reserved, used, free, foreign, util, temp, healthy, jobs, max_jobs)
+
+
+def _log_space_family(cards: list[Any]) -> GaugeMetricFamily:
+    """rig_node_logs_writable{node}: 0 while the node cannot write its jobs' logs (rig.logspace)
+    and so takes no new jobs, else 1."""
+    from rig.logspace import is_log_space_reason
+
+    family = GaugeMetricFamily("rig_node_logs_writable",
+                               "0 while the node cannot write job logs (it takes no new jobs)", labels=["node"])
+    nodes: dict[str, int] = {}
+    for card in cards:
+        bad = not card.healthy and is_log_space_reason(card.health_reason)
+        nodes[card.node] = min(nodes.get(card.node, 1), 0 if bad else 1)
+    for node, value in sorted(nodes.items()):
+        family.add_metric([node], value)
+    return family
 
 
 def make_registry(client: Client) -> CollectorRegistry:

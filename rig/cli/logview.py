@@ -17,13 +17,16 @@ SUCCEEDED, FAILED, CANCELLED or TIMEOUT, none of which has a retry pending. Ctrl
 following (exit 130, the job is untouched). Log files stay on the node that ran the attempt;
 an attempt whose file is not on this machine is named with its node and skipped once it ends.
 
-The paths come from the job record (``log_paths``, one per attempt, oldest first; else
-``log_path``): nothing here builds a path.
+The paths come from the job record (``log_paths``, oldest first; else ``log_path``): nothing
+here builds a path. An attempt's number is the one in its file's name (``attempt-<n>.log``),
+the number the record and `rig show` use; an attempt that never started (its history row says
+``"started": false``) has no log, which ``--attempt N`` says in one line.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import BinaryIO
@@ -43,6 +46,33 @@ def attempt_paths(job: Job) -> list[str]:
     """The log file of each attempt, oldest first (the record's ``log_paths``, else its single
     ``log_path``)."""
     return list(job.log_paths) or ([job.log_path] if job.log_path else [])
+
+
+_ATTEMPT_LOG = re.compile(r"attempt-([0-9]+)\.log")
+
+
+def attempt_logs(job: Job) -> dict[int, str]:
+    """attempt number -> its log file: the number in the file's name (``attempt-<n>.log``);
+    a path not named so (older records) counts by its position."""
+    out: dict[int, str] = {}
+    for i, path in enumerate(attempt_paths(job), 1):
+        match = _ATTEMPT_LOG.fullmatch(os.path.basename(path))
+        out[int(match[1]) if match else i] = path
+    return out
+
+
+def last_attempt(job: Job) -> int:
+    """The highest attempt number the record knows (started or not)."""
+    return max([job.attempt, *attempt_logs(job)], default=0)
+
+
+def never_started(job: Job, attempt: int) -> str | None:
+    """The one line for an attempt that never started (so has no log), None for any other."""
+    for item in job.attempts:
+        if item.get("attempt") == attempt and item.get("started") is False:
+            return clean(f"--- job {job.id}, attempt {attempt} never started, so it has no log: "
+                         f"{item.get('summary') or item.get('outcome')} ---")
+    return None
 
 
 def where(job: Job, attempt: int) -> str:
@@ -66,47 +96,56 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
     later one, until the job is final. ``say`` prints rig's own lines (stderr); ``why`` words
     why a PENDING job waits (rig.waiting.why_waiting), said once per wait for an attempt."""
     job = get()
-    paths = attempt_paths(job)
-    if attempt is not None and not 1 <= attempt <= max(len(paths), 1):
-        raise InvalidInput(f"job {job.id} has {len(paths)} attempt(s) with a log; pick --attempt 1..{len(paths)}"
-                           if paths else f"job {job.id} has no log yet")
+    logs, last = attempt_logs(job), last_attempt(job)
+    if attempt is not None and not 1 <= attempt <= max(last, 1):
+        raise InvalidInput(f"job {job.id} has {last} attempt(s); pick --attempt 1..{last}"
+                           if last else f"job {job.id} has no log yet")
     if not follow:
-        if not paths:
+        if attempt is not None and attempt not in logs and (line := never_started(job, attempt)):
+            say(line)
+            return
+        if not logs or (attempt is not None and attempt not in logs):
             raise InvalidInput(f"job {job.id} has no log yet (it is {job.state.value.lower()}); "
                                f"`rig log -f {job.id}` waits for it")
-        n = attempt or len(paths)
-        path = paths[n - 1]
+        n = attempt or max(logs)
+        path = logs[n]
         if not os.path.exists(path):
             raise InvalidInput(f"log file {path} is not on this machine (attempt {n} ran on "
                                f"{where(job, n)}; logs stay on the node that ran the job)")
-        say(header(job, n, len(paths)))
+        say(header(job, n, last))
         with open(path, "rb") as fh:
             _copy(fh, out)
         return
 
-    current = attempt or max(len(paths), 1)
+    current = attempt or max(logs, default=1)
     while True:
         # Wait for this attempt's log to be recorded (a job still waiting, or being retried).
         told_waiting = False
-        while len(attempt_paths(job)) < current:
+        skipped = None
+        while current not in attempt_logs(job):
+            skipped = never_started(job, current)
+            if skipped:
+                say(skipped)
+                break
             if job.state is JobState.PENDING and not told_waiting and why is not None:
                 told_waiting = True
                 say(_waiting_line(job, why))
             if job.state.terminal:
-                if attempt_paths(job):
+                if attempt_logs(job):
                     break
                 raise InvalidInput(f"job {job.id} ended {job.state.value} before it started; no log")
             sleep(POLL_S)
             job = get()
-        if len(attempt_paths(job)) < current:  # final, and no such attempt
-            break
-        say(header(job, current))
-        job = _follow_one(get, job, current, out, say, sleep)
-        if attempt is not None or (job.state.terminal and len(attempt_paths(job)) <= current):
+        if skipped is None:
+            if current not in attempt_logs(job):  # final, and no such attempt
+                break
+            say(header(job, current))
+            job = _follow_one(get, job, current, out, say, sleep)
+        if attempt is not None or (job.state.terminal and last_attempt(job) <= current):
             break
         current += 1
     if job.state.terminal:
-        n = job.attempt or len(attempt_paths(job))
+        n = last_attempt(job)
         reason = f": {job.reason}" if job.reason and job.state is not JobState.SUCCEEDED else ""
         say(clean(f"--- job {job.id} {job.state.value} after {n} attempt(s){reason} ---"))
 
@@ -125,15 +164,15 @@ def _follow_one(get: Callable[[], Job], job: Job, attempt: int, out: BinaryIO,
                 say: Callable[[str], None], sleep: Callable[[float], None]) -> Job:
     """Print attempt ``attempt``'s log as it grows, until that attempt is over (a later one
     has a log, or the job is final); then print what is left and return the job as last read."""
-    path = attempt_paths(job)[attempt - 1]
+    path = attempt_logs(job)[attempt]
     fh = None
     told_missing = False
     missing_since: float | None = None
     try:
         while True:
             # Over: final, a later attempt has a log, or the job is back in the queue for a retry.
-            over = (job.state.terminal or len(attempt_paths(job)) > attempt
-                    or (job.state is JobState.PENDING and len(attempt_paths(job)) == attempt))
+            over = (job.state.terminal or last_attempt(job) > attempt
+                    or (job.state is JobState.PENDING and last_attempt(job) == attempt))
             if fh is None and os.path.exists(path):
                 fh = open(path, "rb")  # noqa: SIM115 - kept open while the attempt runs
             if fh is not None:

@@ -12,6 +12,7 @@ from datetime import datetime
 from rich.console import Console
 from rich.table import Table
 
+from rig.cli.logview import attempt_logs
 from rig.client import StatusReport
 from rig.memory import format_memory
 from rig.models import CardState, Job, JobState, Priority
@@ -280,7 +281,7 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
                      f"{format_memory(item.get('gpu_memory'))}"))
     if job.pid:
         rows.append(("pid", str(job.pid)))
-    for i, path in enumerate(job.log_paths, 1):
+    for i, path in attempt_logs(job).items():  # numbered as the record numbers attempts
         rows.append((f"log (attempt {i})", path))
     if job.env:
         rows.append(("env", ", ".join(sorted(job.env))))
