@@ -8,7 +8,16 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from rig.testing import faults, faults_cli, faults_connection, faults_identity, faults_jobs, faults_supervision, faults_tasks
+from rig.testing import (
+    faults,
+    faults_cli,
+    faults_connection,
+    faults_disk,
+    faults_identity,
+    faults_jobs,
+    faults_supervision,
+    faults_tasks,
+)
 from rig.testing.faults import ScenarioResult
 
 Scenario = Callable[[Path], ScenarioResult]
@@ -19,6 +28,7 @@ ALL: list[tuple[str, Scenario]] = [
     *faults_identity.SCENARIOS,
     *faults_connection.SCENARIOS,
     *faults_jobs.SCENARIOS,
+    *faults_disk.SCENARIOS,
     *faults_tasks.SCENARIOS,
     *faults_cli.SCENARIOS.items(),
 ]
