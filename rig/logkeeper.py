@@ -93,6 +93,8 @@ def keep(source_fd: int, log_path: Path, cap: int, on_write: Callable[[int], Non
             if note.pending:
                 data = note.marker() + data
             written, error = _write_some(out, data)
+            if written:
+                note.line_start = error is None and data.endswith(b"\n")
             if error is not None:
                 # What did not reach the file, less the marker (which only repeats a count).
                 lost = len(data) - written - (max(0, note.marker_len - written) if note.pending else 0)
@@ -133,6 +135,7 @@ class _Note:
         self.pending = 0  # bytes lost since the last marker line
         self.marker_len = 0
         self._since = 0.0
+        self.line_start = True  # the log ends with a whole line (the marker needs no newline)
 
     def failed(self, exc: OSError, log_bytes: int, nbytes: int) -> None:
         import errno
@@ -152,10 +155,12 @@ class _Note:
         import time
 
         since = time.strftime("%H:%M:%S", time.localtime(self._since))
-        text = (f"\n[rig: {self.pending} bytes of output were lost here: could not write the log "
-                f"({self.data.get('strerror')}) from {since}]\n").encode()
-        self.marker_len = len(text)
-        return text
+        text = ("" if self.line_start else "\n") + (
+            f"[rig: {self.pending} bytes of output were lost here: could not write the log "
+            f"({self.data.get('strerror')}) from {since}]\n")
+        data = text.encode()
+        self.marker_len = len(data)
+        return data
 
     def resumed(self) -> None:
         self.pending = 0

@@ -693,6 +693,11 @@ class CardRunner:
                 self._retry_redis(lambda job=job: self._requeue_unstarted(job), f"requeue job {job.id}")
 
     def _requeue_unstarted(self, job: Job) -> None:
+        files = self._files(job, job.attempt)
+        if _read_exit_file(files.exit) is None:
+            # Its files were made before its worker stopped: gone, so the number it gets again
+            # never looks like an attempt that ran here (the "already ran" check).
+            remove_attempt_files(files)
         self.ledger.transition(
             job.id, JobState.PENDING, token=str(job.assignments), expect=JobState.RUNNING,
             fields={"attempt": max(0, job.attempt - 1), "reason": "requeued: its worker stopped before starting it"},

@@ -146,3 +146,24 @@ def test_start_error_retry_success_one_numbering(env, tmp_path, monkeypatch):
     assert out.getvalue() == b"second\n" and said[0].startswith(f"--- job {job.id}, attempt 2 of 2")
     show_log(lambda: client.get(job.id), attempt=1, follow=False, out=out, say=said.append)
     assert "attempt 1 never started, so it has no log" in said[-1]
+
+
+def test_a_worker_dying_between_the_files_and_the_start_leaves_a_job_that_runs_once(env, tmp_path):
+    """The attempt's files exist, its process never started: adoption requeues it and removes
+    them, so the next start runs it instead of concluding it as an attempt that ran."""
+    from workers.log_space import prepare_attempt
+
+    settings, ledger, runner, _ = env
+    marker = tmp_path / "ran"
+    job, token = placed(ledger, f"touch {marker}", tmp_path)
+    ok, _ = ledger.claim(job.id, token, "card0@n1")
+    assert ok
+    job = ledger.store.get(job.id)
+    files = AttemptFiles(job_folder(settings.job_log_dir, job.id, job.instance), 1)
+    os.close(prepare_attempt(files))  # ...and then the worker died
+    runner.adopt()
+    back = ledger.store.get(job.id)
+    assert back.state is JobState.PENDING and back.attempt == 0 and not files.log.exists()
+    ok, token = ledger.reserve(job.id, "n1", [0], job.gpu_memory)
+    assert ok and runner.run_job(job.id, token) == "SUCCEEDED"
+    assert marker.exists() and ledger.store.get(job.id).attempt == 1

@@ -84,7 +84,7 @@ def test_keeper_reads_on_through_a_full_disk_and_notes_what_is_missing(tmp_path,
     os.close(read_fd)
     text = log.read_text()
     assert text.startswith("before\n") and text.endswith("after\n")
-    assert "[rig: 1001 bytes of output were lost here: could not write the log (No space left on device)" in text
+    assert "before\n[rig: 1001 bytes of output were lost here: could not write the log (No space left on device)" in text
     note = logspace.read_note(tmp_path / "attempt-1.note")
     assert note["lost"] == 1001 and note["error"] == "ENOSPC" and note["log_bytes"] == 7
     said = logspace.describe_note(note)
