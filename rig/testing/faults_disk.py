@@ -9,6 +9,8 @@
 - **disk full before start**: jobs arrive on a node whose disk is already full. None may be
   reported "could not start" while it ran, none may fail; each waits, and runs exactly once
   after space is freed, with consistent attempt numbers.
+- **log_dir read-only**: the same with the file system remounted read-only (EROFS), then
+  read-write again.
 
 Both need ``mount -t tmpfs`` (root, or a user namespace that allows it): without it the
 scenario is skipped (``unittest.SkipTest``), saying why.
@@ -70,6 +72,11 @@ class SmallDisk:
 
     def free(self) -> None:
         self.filler.unlink(missing_ok=True)
+
+    def read_only(self, on: bool) -> None:
+        """Remount read-only (every write: EROFS) or back read-write."""
+        subprocess.run(["mount", "-o", f"remount,{'ro' if on else 'rw'}", str(self.path)],
+                       capture_output=True, check=True)
 
     def __exit__(self, *_exc: object) -> None:
         if self.mounted:
@@ -173,13 +180,14 @@ def disk_fills_during_job(workdir: Path) -> ScenarioResult:
             sc.close()
 
 
-def disk_full_before_start(workdir: Path) -> ScenarioResult:
+def disk_full_before_start(workdir: Path, *, read_only: bool = False) -> ScenarioResult:
+    what = "read-only" if read_only else "full"
     with SmallDisk(workdir / "logs") as disk:
-        sc = Scenario(workdir, "disk under log_dir full before jobs start", "tmpfs log_dir full",
+        sc = Scenario(workdir, f"log_dir {what} before jobs start", f"tmpfs log_dir {what}",
                       fake_gpus="2x80G", log_dir=disk.path, log_min_free_bytes=0)
         try:
             sc.node.up()
-            disk.fill()
+            disk.read_only(True) if read_only else disk.fill()
             markers = {}
             for i in range(4):  # at once: the first starts meet the full disk before the guard does
                 marker = workdir / f"started-{i}"
@@ -195,7 +203,7 @@ def disk_full_before_start(workdir: Path) -> ScenarioResult:
                     sc.result.problems.append(f"job {jid} never ran but is {job.state.value}: {job.reason}")
                 elif job.reason:
                     sc.result.notes.append(f"job {jid} waits: {job.reason}")
-            disk.free()
+            disk.read_only(False) if read_only else disk.free()
             _until(sc, lambda: not _out_of_service(sc), 30, "the node to take jobs again")
             finals = sc.finish(timeout=60)
             _check_final(sc, finals, markers)
@@ -204,7 +212,12 @@ def disk_full_before_start(workdir: Path) -> ScenarioResult:
             sc.close()
 
 
+def log_dir_read_only(workdir: Path) -> ScenarioResult:
+    return disk_full_before_start(workdir, read_only=True)
+
+
 SCENARIOS = [
     ("disk-fills-during-job", disk_fills_during_job),
     ("disk-full-before-start", disk_full_before_start),
+    ("log-dir-read-only", log_dir_read_only),
 ]
