@@ -101,7 +101,8 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
         raise InvalidInput(f"job {job.id} has {last} attempt(s); pick --attempt 1..{last}"
                            if last else f"job {job.id} has no log yet")
     if not follow:
-        if attempt is not None and attempt not in logs and (line := never_started(job, attempt)):
+        asked = attempt if attempt is not None else (None if logs else last)
+        if asked is not None and asked not in logs and (line := never_started(job, asked)):
             say(line)
             return
         if not logs or (attempt is not None and attempt not in logs):

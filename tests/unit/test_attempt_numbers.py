@@ -76,3 +76,11 @@ def test_a_success_clears_the_failure_an_earlier_attempt_left(tmp_path):
     assert d.state is JobState.SUCCEEDED
     assert d.fields["failure"] is None and d.fields["evidence"] == [] and d.fields["suggested_gpu_memory"] is None
     assert d.fields["attempts"][-1]["outcome"] == "succeeded"
+
+
+def test_a_job_whose_only_attempt_never_started_says_so(tmp_path):
+    refused = never_started(_job(attempt=1, node="n1", cards=[0]), "start_error", "rig could not start it: x")
+    job = _job(state=JobState.FAILED, attempt=1, attempts=[refused], failure="start_error")
+    out, said = io.BytesIO(), []
+    show_log(lambda: job, attempt=None, follow=False, out=out, say=said.append)
+    assert said == ["--- job 12, attempt 1 never started, so it has no log: rig could not start it: x ---"]
