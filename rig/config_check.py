@@ -311,7 +311,8 @@ class Sources:
         setting's name with "(default)"."""
         kind = self.kind(path)
         if kind == "flag":
-            return FLAGS.get(path[0]) or f"{'.'.join(path)} (given to load_settings)"
+            flag = FLAGS.get(path[0])
+            return f"{flag} ({'.'.join(path)})" if flag else f"{'.'.join(path)} (given to load_settings)"
         if kind == "env":
             return self.env_var(path) or ""
         if kind == "file":
