@@ -65,7 +65,8 @@ class HealthSettings(BaseModel):
     """Heartbeats and health checks. Seconds throughout. health.timeout must be at least twice
     telemetry_interval (rig.config_check.check_relations)."""
 
-    model_config = ConfigDict(extra="forbid")  # a misspelt key is refused, never ignored
+    # A misspelt key is refused, never ignored; inf and NaN are no durations.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     check_interval: float = Field(5.0, gt=0, description="seconds between health checks")
     timeout: float = Field(30.0, gt=0, description="a worker silent this long is dead (s)")
@@ -78,7 +79,7 @@ class HealthSettings(BaseModel):
 class AlertSettings(BaseModel):
     """Alert thresholds (rig.alerts.AlertRules), set under [alerts] or RIG_ALERTS__NAME."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_queue: int = Field(50, ge=0, description="waiting jobs per priority")
     max_temperature: int = Field(85, description="card temperature, Celsius")
@@ -138,7 +139,7 @@ class Template(BaseModel):
     submit (rig.request_rules), so a bad template is refused when rig starts, naming it.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     gpu_memory: str | None = None
     margin: float = Field(1.0, ge=1.0)
@@ -185,7 +186,8 @@ class Settings(BaseSettings):
     """Everything rig can be told. Sizes in bytes or as strings like ``12G``; times in seconds."""
 
     model_config = SettingsConfigDict(
-        env_prefix="RIG_", env_nested_delimiter="__", extra="forbid", validate_default=True
+        env_prefix="RIG_", env_nested_delimiter="__", extra="forbid", validate_default=True,
+        allow_inf_nan=False,  # an infinite timeout overflows the heartbeat's expiry
     )
 
     def __init__(self, **values: Any) -> None:
@@ -380,7 +382,23 @@ class Settings(BaseSettings):
         # RIG_ADMINS="alice,bob" (or "alice bob"), or JSON as `rig up` hands settings on.
         if isinstance(value, str) and not value.lstrip().startswith("["):
             return [name for name in value.replace(",", " ").split() if name]
-        return json.loads(value) if isinstance(value, str) else value
+        try:
+            return json.loads(value) if isinstance(value, str) else value
+        except ValueError:
+            raise ValueError("write user names like alice,bob (or a JSON list)") from None
+
+    @field_validator("home", mode="before")
+    @classmethod
+    def _home_is_named(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("empty; give rig's folder, e.g. ~/.rig")
+        return value
+
+    @field_validator("log_dir", "system_log_dir", "command_workdir", "redis_password_file", mode="before")
+    @classmethod
+    def _empty_path_is_unset(cls, value: Any) -> Any:
+        # RIG_LOG_DIR= (empty) means "not set", never the current folder.
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("gpu_whitelist", mode="before")
     @classmethod

@@ -14,6 +14,7 @@ checked once every value is read.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import types
 import typing
@@ -95,6 +96,7 @@ def shape_of(annotation: Any, skip: frozenset[str] = frozenset()) -> Shape:
     return VALUE
 
 
+@functools.cache
 def settings_shape(model: type[BaseModel]) -> Shape:
     """The shape of ``model`` (rig.config.Settings) as an operator may write it."""
     return shape_of(model, skip=INTERNAL_FIELDS)
@@ -199,9 +201,11 @@ def check_env_keys(environ: Mapping[str, str], shape: Shape) -> None:
             if len(parts) > 1 or difflib.get_close_matches(var, names, n=1, cutoff=TYPO_CUTOFF):
                 close = difflib.get_close_matches(var, names, n=1, cutoff=0.6)
                 raise _env_refusal(raw, close[0] if close else None)
-            suffix = [n for n in names if NESTED in n and n.endswith(NESTED + var[len(ENV_PREFIX):])]
-            if len(suffix) == 1:  # RIG_TIMEOUT for RIG_HEALTH__TIMEOUT
-                raise _env_refusal(raw, suffix[0])
+            # The end of a setting's name: RIG_TIMEOUT for RIG_HEALTH__TIMEOUT, RIG_PRIORITY
+            # for RIG_DEFAULT_PRIORITY (the closest first).
+            suffix = sorted((n for n in names if n.endswith("_" + var[len(ENV_PREFIX):])), key=len)
+            if suffix:
+                raise _env_refusal(raw, " or ".join(suffix[:3]))
             continue
         if len(parts) == 1:
             if top.is_table:
