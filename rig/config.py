@@ -167,7 +167,7 @@ class Template(BaseModel):
 
         if value is None or isinstance(value, bool):
             return value
-        text = str(value)  # as the flag reads it: 12 (no unit) is refused here as there
+        text = str(value)  # as the flag reads it: 3600 is seconds here as there
         _by_rule(parse_time_limit, text, "time_limit")
         return text
 
