@@ -22,7 +22,6 @@ import redis
 from rig import job_env as jobenv
 from rig import records as R
 from rig.config import Settings, load_settings
-from rig.durations import parse_duration
 from rig.errors import (
     InvalidInput,
     InvalidRecord,
@@ -40,6 +39,7 @@ from rig.models import CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
 from rig.placement import Request, never_fits
 from rig.redis_conn import check, connect, unavailable
+from rig.request_rules import check_gpu_memory, check_retries, parse_time_limit
 from rig.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -196,21 +196,14 @@ class Client:
             nbytes = parse_memory(gpu_memory)
             if margin and margin != 1.0:
                 nbytes = _round_up(int(nbytes * margin))
-        if nbytes > R.MAX_GPU_MEMORY:
-            raise InvalidInput(f"--gpu-memory {format_memory(nbytes)} is more than any card has; "
-                               f"give at most {format_memory(R.MAX_GPU_MEMORY)}")
+        check_gpu_memory(nbytes)  # rig.request_rules: the rule templates are checked with too
         if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= R.MAX_GPUS:
             raise InvalidInput(f"--gpus must be a whole number of cards from 1 to {R.MAX_GPUS}; got {gpus!r}")
         prio = Priority.parse(priority or self.settings.default_priority)
         wd = _resolve_workdir(workdir, self.settings)
         max_retries = self.settings.max_retries if retries is None else retries
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or not 0 <= max_retries <= 100:
-            raise InvalidInput(f"--retries must be a whole number from 0 to 100; got {retries!r}")
-        limit = parse_duration(time_limit) if time_limit not in (None, "") else None
-        if limit is not None and limit > R.MAX_TIME_LIMIT:
-            raise InvalidInput(f"--time-limit {time_limit!r} is more than ten years; give a shorter one")
-        if limit is not None and not limit >= 0.001:  # also NaN
-            raise InvalidInput(f"--time-limit {time_limit!r}: give at least 1ms, e.g. 90s, 30m or 2h")
+        check_retries(max_retries, shown=retries)
+        limit = parse_time_limit(time_limit)
         # What the job's environment holds is decided in rig.job_env: the submitter's
         # variables rig passes on, then --env (a value of None: the submitter's own value).
         if env is not None and not isinstance(env, Mapping):

@@ -31,10 +31,13 @@ from pydantic_settings import (
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
-from rig.errors import ConfigError
+from rig import config_check
+from rig.errors import ConfigError, InvalidInput
+from rig.records import MAX_CARD_INDEX, MAX_RETRIES
 
 if TYPE_CHECKING:
     from rig.fairshare import UserLimit
@@ -59,7 +62,11 @@ def default_home() -> Path:
 
 
 class HealthSettings(BaseModel):
-    """Heartbeats and health checks. Seconds throughout."""
+    """Heartbeats and health checks. Seconds throughout. health.timeout must be at least twice
+    telemetry_interval (rig.config_check.check_relations)."""
+
+    # A misspelt key is refused, never ignored; inf and NaN are no durations.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     check_interval: float = Field(5.0, gt=0, description="seconds between health checks")
     timeout: float = Field(30.0, gt=0, description="a worker silent this long is dead (s)")
@@ -72,6 +79,8 @@ class HealthSettings(BaseModel):
 class AlertSettings(BaseModel):
     """Alert thresholds (rig.alerts.AlertRules), set under [alerts] or RIG_ALERTS__NAME."""
 
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
     max_queue: int = Field(50, ge=0, description="waiting jobs per priority")
     max_temperature: int = Field(85, description="card temperature, Celsius")
     failure_window: float = Field(900.0, gt=0, description="seconds the failure rate covers")
@@ -82,9 +91,18 @@ class AlertSettings(BaseModel):
     max_fragmentation: float = Field(0.5, ge=0, le=1)
 
 
+def _by_rule(rule: Any, value: Any, what: str) -> Any:
+    """``rule(value, what=what)`` (a parser the CLI uses too: one rule, one place), its
+    InvalidInput turned into the ValueError pydantic reports; the message's leading
+    ``what:`` is dropped (the error names the setting already)."""
+    try:
+        return rule(value, what=what)
+    except (InvalidInput, ConfigError) as exc:
+        raise ValueError(str(exc).removeprefix(f"{what}: ")) from None
+
+
 def _memory_limit(value: Any, what: str) -> str:
     """A memory limit as text, checked when the settings load: "0" (no limit) or a size."""
-    from rig.errors import InvalidInput
     from rig.memory import parse_memory
 
     text = str(value).strip()
@@ -116,15 +134,42 @@ class Template(BaseModel):
 
     ``margin`` multiplies the declared memory (from the flag or the template), or the learnt
     figure when the memory is ``auto`` (then it replaces auto_memory_margin).
+
+    Every field is checked when the settings load, by the rule its flag is checked with at
+    submit (rig.request_rules), so a bad template is refused when rig starts, naming it.
     """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     gpu_memory: str | None = None
     margin: float = Field(1.0, ge=1.0)
     priority: PriorityName | None = None
-    retries: int | None = Field(None, ge=0)
+    retries: int | None = Field(None, ge=0, le=MAX_RETRIES)
     time_limit: str | None = None
     oom_retry_grow: bool | None = None
     description: str = ""
+
+    @field_validator("gpu_memory", mode="before")
+    @classmethod
+    def _memory_is_a_size(cls, value: Any) -> Any:
+        from rig.request_rules import parse_gpu_memory
+
+        if value is None or isinstance(value, bool):
+            return value
+        text = str(value)  # as the flag reads it: 12 (no unit) is refused here as there
+        _by_rule(parse_gpu_memory, text, "gpu_memory")
+        return text
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _limit_is_a_duration(cls, value: Any) -> Any:
+        from rig.request_rules import parse_time_limit
+
+        if value is None or isinstance(value, bool):
+            return value
+        text = str(value)  # as the flag reads it: 3600 is seconds here as there
+        _by_rule(parse_time_limit, text, "time_limit")
+        return text
 
 
 DEFAULT_TEMPLATES = {
@@ -141,8 +186,30 @@ class Settings(BaseSettings):
     """Everything rig can be told. Sizes in bytes or as strings like ``12G``; times in seconds."""
 
     model_config = SettingsConfigDict(
-        env_prefix="RIG_", env_nested_delimiter="__", extra="ignore", validate_default=True
+        env_prefix="RIG_", env_nested_delimiter="__", extra="forbid", validate_default=True,
+        allow_inf_nan=False,  # an infinite timeout overflows the heartbeat's expiry
     )
+
+    def __init__(self, **values: Any) -> None:
+        """Read the settings (keywords, RIG_* variables, the config file, defaults) and check
+        them: a key no setting has, a bad value, a bad relation between values is one
+        ConfigError line naming where it was written (rig.config_check)."""
+        shape = config_check.settings_shape(type(self))
+        config_check.check_override_keys(values, shape)
+        path = find_config_file()
+        data = read_config_file(path) if path is not None else {}
+        if path is not None:
+            config_check.check_file_keys(path, data, shape)
+        config_check.check_env_keys(os.environ, shape)
+        sources = config_check.Sources.gather(shape, values, os.environ, path, data)
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise config_check.explain(exc, sources) from None
+        except SettingsError as exc:  # a RIG_* value pydantic-settings cannot decode
+            raise ConfigError(_settings_error(exc, sources)) from None
+        config_check.check_relations(self, sources)
+        self.__dict__["_sources"] = sources
 
     home: Path = Field(default_factory=default_home, description="rig's own folder")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding all state")
@@ -197,7 +264,7 @@ class Settings(BaseSettings):
     auto_memory_margin: float = Field(
         1.2, ge=1.0, description="--gpu-memory auto: the peak of earlier runs x this"
     )
-    max_retries: int = Field(2, ge=0)
+    max_retries: int = Field(2, ge=0, le=MAX_RETRIES)
     command_workdir: Path | None = Field(None, description="default working folder of jobs")
     log_dir: Path | None = Field(None, description="job logs (default $RIG_HOME/logs/jobs)")
     system_log_dir: Path | None = Field(None, description="rig's own logs")
@@ -215,9 +282,9 @@ class Settings(BaseSettings):
     )
     telemetry_interval: float = Field(2.0, gt=0, description="seconds between card readings")
     flower_address: str = "127.0.0.1"
-    flower_port: int = 5555
+    flower_port: int = Field(5555, ge=1, le=65535, description="Flower's port")
     metrics_address: str = Field("127.0.0.1", description="Prometheus endpoint address")
-    metrics_port: int = Field(9840, description="Prometheus endpoint port (0: don't serve)")
+    metrics_port: int = Field(9840, ge=0, le=65535, description="Prometheus endpoint port (0: don't serve)")
     alert_webhook: str | None = Field(None, description="alerts are POSTed here as JSON")
     alert_interval: float = Field(30.0, gt=0, description="seconds between alert checks")
     alerts: AlertSettings = Field(default_factory=AlertSettings)
@@ -241,6 +308,37 @@ class Settings(BaseSettings):
         if not value:
             raise ValueError("key_prefix must not be empty")
         return value if value.endswith(":") else value + ":"
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_is_one(cls, value: str) -> str:
+        return config_check.check_redis_url(value)
+
+    @field_validator("alert_webhook")
+    @classmethod
+    def _webhook_is_http(cls, value: str | None) -> str | None:
+        return config_check.check_http_url(value)
+
+    @field_validator("fake_gpus")
+    @classmethod
+    def _fake_gpus_spec(cls, value: str | None) -> str | None:
+        from rig.gpus.fake import parse_fake_spec
+
+        if value is not None:
+            _by_rule(lambda spec, what: parse_fake_spec(spec), value, "fake_gpus")
+        return value
+
+    @field_validator("gpu_whitelist", mode="after")
+    @classmethod
+    def _whitelist_indexes(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return None
+        for index in value:
+            if not 0 <= index <= MAX_CARD_INDEX:
+                raise ValueError(f"card index {index} is not from 0 to {MAX_CARD_INDEX}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"card indexes repeat in {value}; give each card once, e.g. 0,1,3")
+        return value
 
     @field_validator("node_name")
     @classmethod
@@ -287,7 +385,23 @@ class Settings(BaseSettings):
         # RIG_ADMINS="alice,bob" (or "alice bob"), or JSON as `rig up` hands settings on.
         if isinstance(value, str) and not value.lstrip().startswith("["):
             return [name for name in value.replace(",", " ").split() if name]
-        return json.loads(value) if isinstance(value, str) else value
+        try:
+            return json.loads(value) if isinstance(value, str) else value
+        except ValueError:
+            raise ValueError("write user names like alice,bob (or a JSON list)") from None
+
+    @field_validator("home", mode="before")
+    @classmethod
+    def _home_is_named(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("empty; give rig's folder, e.g. ~/.rig")
+        return value
+
+    @field_validator("log_dir", "system_log_dir", "command_workdir", "redis_password_file", mode="before")
+    @classmethod
+    def _empty_path_is_unset(cls, value: Any) -> Any:
+        # RIG_LOG_DIR= (empty) means "not set", never the current folder.
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("gpu_whitelist", mode="before")
     @classmethod
@@ -299,7 +413,10 @@ class Settings(BaseSettings):
                 return None
             if value.startswith("["):
                 return value
-            return [int(part) for part in value.split(",") if part.strip()]
+            try:
+                return [int(part) for part in value.split(",") if part.strip()]
+            except ValueError:
+                raise ValueError("write card indexes like 0,1,3 (or all)") from None
         if isinstance(value, int):
             return [value]
         return value
@@ -370,49 +487,46 @@ def find_config_file() -> Path | None:
     return None
 
 
-def check_file_keys(path: Path) -> None:
-    """A setting the config file names that rig does not know (a typo: ``max_task_per_gpus``,
-    ``[helth]``) is refused, not silently ignored: one ConfigError line with the closest name."""
-    import difflib
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The config file's TOML as a dict; ConfigError (one line, the file and the place) if it
+    cannot be read or is not TOML."""
     import tomllib
 
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, ValueError):
-        return  # unreadable or not TOML: the settings source says so
-    sections: dict[str, type[BaseModel]] = {"health": HealthSettings, "alerts": AlertSettings}
-    known = set(Settings.model_fields)
+        return tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config file {path} ({exc.strerror}); check its permissions "
+                          "or point RIG_CONFIG elsewhere") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"cannot read the config file {path}: it is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"cannot read the config file {path}: {exc}; fix its TOML syntax") from None
 
-    def refuse(name: str, where: str, choices: set[str]) -> None:
-        close = difflib.get_close_matches(name, sorted(choices), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"{path}: unknown setting {where}{name!r}{hint} (`rig init` writes a commented file)")
 
-    for key, value in data.items():
-        if key not in known:
-            refuse(key, "", known)
-        if key in sections and isinstance(value, dict):
-            inner = set(sections[key].model_fields)
-            for sub in value:
-                if sub not in inner:
-                    refuse(sub, f"[{key}] ", inner)
+def _settings_error(exc: SettingsError, sources: config_check.Sources) -> str:
+    """A RIG_* variable pydantic-settings could not decode (``error parsing value for field
+    "x" from source "EnvSettingsSource"``) as one line naming the variable."""
+    match = re.search(r'field "([^"]+)"', str(exc))
+    name = match[1] if match else ""
+    var = sources.env_var((name,)) if name else None
+    if var:
+        return f"{var}: cannot read {sources.environ[var]!r} as JSON; write it as JSON (e.g. [0, 1] or {{...}}), or unset it"
+    return f"cannot read the settings: {exc}"
 
 
 def load_settings(**overrides: Any) -> Settings:
-    """Build the settings object; a bad value becomes one ConfigError line naming the field."""
+    """Build the settings object; a bad key, value or relation becomes one ConfigError line
+    naming where it was written (Settings.__init__). Keywords of None are left out (a flag
+    not given)."""
     overrides = {k: v for k, v in overrides.items() if v is not None}
-    path = find_config_file()
-    if path is not None:
-        check_file_keys(path)
-    try:
-        settings = Settings(**overrides)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(
-            f"configuration value {field!r} is invalid: {first['msg']} (got {first.get('input')!r})"
-        ) from None
-    except ValueError as exc:  # a TOML syntax error
-        raise ConfigError(f"cannot read the config file: {exc}") from None
+    settings = Settings(**overrides)
     settings.config_file = find_config_file()
     return settings
+
+
+def setting_origins(settings: Settings) -> dict[str, str]:
+    """Where each top-level setting came from ("default", "file", "RIG_X", "--flag")."""
+    sources = settings.__dict__.get("_sources")
+    if sources is None:
+        return {}
+    return config_check.origins(settings, sources)

@@ -284,17 +284,21 @@ def init(ctx: click.Context, path: str | None, node_name: str | None, force: boo
 @click.pass_context
 @handle_errors
 def config(ctx: click.Context) -> None:
-    """Print the settings in force and the file they came from."""
+    """Print the settings in force, each with where it came from (default, file, RIG_* variable,
+    flag)."""
     settings = settings_from(ctx)
     click.echo(f"# config file: {settings.config_file or 'none (defaults and RIG_* variables)'}")
+    from rig.config import setting_origins
     from rig.redis_conn import password_source, strip_password
+
+    origins = setting_origins(settings)
 
     for key, value in settings.model_dump().items():
         if key == "redis_url":  # never print the password; say where it comes from
             source = password_source(value)
             value = strip_password(value) + (f" (password from {source})" if source else " (no password)")
         if key != "config_file":
-            click.echo(f"{key} = {value!r}")
+            click.echo(f"{key} = {value!r}" + (f"  # {origins[key]}" if key in origins else ""))
 
 
 # -- the stack ----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 from rig.testing import (
     faults,
     faults_cli,
+    faults_config,
     faults_connection,
     faults_disk,
     faults_identity,
@@ -31,6 +32,7 @@ ALL: list[tuple[str, Scenario]] = [
     *faults_disk.SCENARIOS,
     *faults_tasks.SCENARIOS,
     *faults_cli.SCENARIOS.items(),
+    *faults_config.SCENARIOS,
 ]
 
 

@@ -63,7 +63,7 @@ def test_config_file_written_by_init_is_read(tmp_path, monkeypatch):
 
 def test_bad_values_are_one_line_config_errors(monkeypatch):
     monkeypatch.setenv("RIG_SCHEDULER_TYPE", "random")
-    with pytest.raises(ConfigError, match="scheduler_type"):
+    with pytest.raises(ConfigError, match="RIG_SCHEDULER_TYPE: .*multi-factor"):
         load_settings()
 
 

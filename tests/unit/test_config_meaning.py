@@ -1,0 +1,345 @@
+"""Configuration that says what it means (issue 11, item 6).
+
+Every misspelt key is refused wherever it is written, with the closest name; every bad value
+and every bad relation between values is one ConfigError line naming its source (file and key,
+variable, flag) and what to do; from load_settings, Settings, the Client and the CLI alike.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rig.config import Settings, load_settings
+from rig.config_check import OWN_VARIABLES, settings_shape
+from rig.errors import ConfigError, InvalidInput
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(monkeypatch, tmp_path):
+    for key in list(os.environ):
+        if key.upper().startswith("RIG_"):
+            monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RIG_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+
+
+def refused(match: str, **overrides) -> str:
+    """load_settings raises one ConfigError line containing ``match`` (literally)."""
+    with pytest.raises(ConfigError) as info:
+        load_settings(**overrides)
+    text = str(info.value)
+    assert match in text, text
+    assert "\n" not in text and "validation error" not in text and "pydantic" not in text, text
+    return text
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "rig.toml"
+    path.write_text(text)
+    return path
+
+
+# -- misspelt keys -----------------------------------------------------------------------------
+@pytest.mark.parametrize(("text", "said"), [
+    ("max_tasks_per_gpu = 3\n", "unknown setting 'max_tasks_per_gpu'; did you mean 'max_task_per_gpu'?"),
+    ("[health]\ntimout = 30\n", "unknown setting [health] 'timout'; did you mean 'timeout'?"),
+    ("[alerts]\nmax_queu = 3\n", "unknown setting [alerts] 'max_queu'; did you mean 'max_queue'?"),
+    ('[templates.big]\ngpu_mem = "4G"\n', "unknown setting [templates.big] 'gpu_mem'; did you mean 'gpu_memory'?"),
+    ("[user_limits.bob]\nmax_job = 3\n", "unknown setting [user_limits.bob] 'max_job'; did you mean 'max_jobs'?"),
+    ("[heath]\ntimeout = 30\n", "unknown setting 'heath'; did you mean 'health'?"),
+    ("zzz = 1\n", "unknown setting 'zzz'; correct or remove it"),
+])
+def test_a_misspelt_key_in_the_file_is_refused_with_the_closest_name(tmp_path, text, said):
+    path = write(tmp_path, text)
+    message = refused(said)
+    assert message.startswith(f"{path}: ")
+
+
+@pytest.mark.parametrize(("var", "value", "said"), [
+    ("RIG_MAX_TASKS_PER_GPU", "3", "RIG_MAX_TASKS_PER_GPU: unknown rig setting; did you mean RIG_MAX_TASK_PER_GPU?"),
+    ("RIG_HEALTH__TIMOUT", "30", "RIG_HEALTH__TIMOUT: unknown rig setting; did you mean RIG_HEALTH__TIMEOUT?"),
+    ("RIG_HELTH__TIMEOUT", "30", "RIG_HELTH__TIMEOUT: unknown rig setting; did you mean RIG_HEALTH__TIMEOUT?"),
+    ("RIG_TIMEOUT", "30", "RIG_TIMEOUT: unknown rig setting; did you mean RIG_HEALTH__TIMEOUT or "),
+    ("RIG_PRIORITY", "high", "RIG_PRIORITY: unknown rig setting; did you mean RIG_DEFAULT_PRIORITY?"),
+    ("RIG_HEALTH_TIMEOUT", "30", "did you mean RIG_HEALTH__TIMEOUT?"),
+    ("RIG_REDIS_URI", "redis://h:1/0", "did you mean RIG_REDIS_URL?"),
+    ("rig_health__timout", "30", "did you mean RIG_HEALTH__TIMEOUT?"),  # pydantic reads any case
+    ("RIG_TEMPLATES__BIG__GPU_MEM", "4G", "did you mean RIG_TEMPLATES__BIG__GPU_MEMORY?"),
+    ("RIG_USER_LIMITS__BOB__MAX_JOB", "4", "did you mean RIG_USER_LIMITS__BOB__MAX_JOBS?"),
+    ("RIG_HEALTH__TIMEOUT__X", "4", "RIG_HEALTH__TIMEOUT is one value, not a table"),
+    ("RIG_HEALTH", '{"timout": 3}', "RIG_HEALTH: unknown setting 'timout' in its JSON; did you mean 'timeout'?"),
+    ("RIG_TEMPLATES", '{"big": {"gpu_mem": "4G"}}', "unknown setting 'big.gpu_mem' in its JSON"),
+])
+def test_a_misspelt_variable_is_refused_with_the_closest_name(monkeypatch, var, value, said):
+    monkeypatch.setenv(var, value)
+    refused(said)
+
+
+def test_a_misspelt_keyword_is_refused():
+    refused("unknown setting 'max_tasks_per_gpu'; did you mean 'max_task_per_gpu'?", max_tasks_per_gpu=3)
+    refused("unknown setting 'health.timout'; did you mean 'timeout'?", health={"timout": 3})
+    with pytest.raises(ConfigError, match="did you mean 'max_task_per_gpu'"):
+        Settings(max_tasks_per_gpu=3)  # the model itself, not only load_settings
+
+
+def test_rigs_own_variables_and_unrelated_ones_are_no_typos(monkeypatch):
+    for name in OWN_VARIABLES - {"RIG_CONFIG"}:
+        monkeypatch.setenv(name, "1")
+    monkeypatch.setenv("RIG_NOTEBOOK_THEME", "dark")  # far from every setting: not rig's business
+    load_settings()
+
+
+def test_no_rig_variable_in_the_sources_reads_as_a_typo():
+    """A RIG_* variable rig sets or reads (a job's identity, a worker's mark, a script's knob)
+    that the check would take for a misspelt setting must be in OWN_VARIABLES: this scan fails
+    first. The slips the config-slips scenario makes on purpose, and the examples in
+    rig.config_check's comments, are typos by design."""
+    from rig.config_check import check_env_keys
+
+    shape = settings_shape(Settings)
+    by_design = {"RIG_TIMEOUT", "RIG_PRIORITY", "RIG_X", "RIG_ALERTS__NAME",  # examples in comments
+                 "RIG_OWNED_PREFIX", "RIG_OWNED_NAMES"}  # Python names in rig.job_env
+    files = [*ROOT.glob("rig/**/*.py"), *ROOT.glob("workers/**/*.py"), *ROOT.glob("scripts/*"),
+             *ROOT.glob("docs/*.md"), ROOT / "README.md", ROOT / "Dockerfile", ROOT / "docker-compose.yml"]
+    found: dict[str, str] = {}
+    for path in files:
+        if path.is_file() and path.name != "faults_config.py":
+            for name in re.findall(r"\bRIG_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace")):
+                found.setdefault(name, str(path.relative_to(ROOT)))
+    taken: dict[str, str] = {}
+    for name, where in found.items():
+        if name in by_design or name in OWN_VARIABLES:
+            continue
+        try:
+            check_env_keys({name: "{}"}, shape)
+        except ConfigError as exc:
+            taken[name] = f"{where}: {exc}"
+    assert not taken, f"add these to rig.config_check.OWN_VARIABLES: {taken}"
+    assert "RIG_JOB_NAME" in found and "RIG_ALERTS__NAME" in found  # the scan reads what it should
+
+
+def test_exported_settings_load_back_in_a_child(monkeypatch, tmp_path):
+    """rig up hands its settings on as RIG_* variables: none of them reads as a typo."""
+    from rig.stack import settings_env
+
+    write(tmp_path, '[templates.mine]\ngpu_memory = "3G"\n[pools]\na = ["n1"]\n'
+                    '[user_limits.bob]\nmax_jobs = 2\n[health]\ntimeout = 12\n')
+    original = load_settings(gpu_whitelist=[1, 2], admins=["ann"])
+    for key, value in settings_env(original).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path.parent)
+    again = load_settings()
+    assert again.model_dump(exclude={"config_file"}) == original.model_dump(exclude={"config_file"})
+
+
+# -- bad values name their source --------------------------------------------------------------
+@pytest.mark.parametrize(("url", "said"), [
+    ("htp://localhost:6379/0", "the scheme 'htp' is not redis, rediss or unix"),
+    ("localhost:6379", "is not redis, rediss or unix"),
+    ("redis://localhost:99999/0", "its port is not a number from 1 to 65535"),
+    ("redis://localhost:0/0", "its port 0 is not from 1 to 65535"),
+    ("redis:///0", "it names no host"),
+    ("redis://localhost:6379/x", "its database 'x' is not a number"),
+    ("unix://", "needs the socket's path"),
+])
+def test_a_bad_redis_url_is_one_line_with_the_expected_form(monkeypatch, url, said):
+    monkeypatch.setenv("RIG_REDIS_URL", url)
+    message = refused(said)
+    assert message.startswith("RIG_REDIS_URL: ") and "redis://host:port/db" in message
+    assert "unset it to use the default 'redis://127.0.0.1:6379/0'" in message
+
+
+@pytest.mark.parametrize("url", ["redis://10.0.0.5:6380/2", "rediss://cache.example:6380/0",
+                                 "unix:///run/redis/redis.sock", "redis://h", "redis://:pw@h:6379"])
+def test_good_redis_urls_load(url):
+    assert load_settings(redis_url=url).redis_url.startswith(url.split(":")[0])
+
+
+def test_a_bad_redis_url_never_shows_its_password():
+    message = refused("--redis-url (redis_url): ", redis_url="redis://:s3cret@localhost:6379/x")
+    assert "s3cret" not in message and "***" in message
+
+
+@pytest.mark.parametrize(("var", "value", "said"), [
+    ("RIG_FLOWER_PORT", "99999", "RIG_FLOWER_PORT: Input should be less than or equal to 65535"),
+    ("RIG_FLOWER_PORT", "0", "RIG_FLOWER_PORT: Input should be greater than or equal to 1"),
+    ("RIG_METRICS_PORT", "70000", "RIG_METRICS_PORT: "),
+    ("RIG_HEALTH", "garbage", "RIG_HEALTH: expected a JSON object for the [health] settings, got 'garbage'"),
+    ("RIG_USER_LIMITS", "[1]", "RIG_USER_LIMITS: expected a JSON object"),
+    ("RIG_HEALTH__TIMEOUT", "soon", "RIG_HEALTH__TIMEOUT: Input should be a valid number"),
+    ("RIG_GPU_WHITELIST", "a,b", "RIG_GPU_WHITELIST: write card indexes like 0,1,3"),
+    ("RIG_GPU_WHITELIST", "1,1", "RIG_GPU_WHITELIST: card indexes repeat"),
+    ("RIG_GPU_WHITELIST", "-1", "card index -1 is not from 0 to"),
+    ("RIG_FAKE_GPUS", "lots", "RIG_FAKE_GPUS: cannot read 'lots'; write it like 8x80G"),
+    ("RIG_MAX_RETRIES", "1000", "RIG_MAX_RETRIES: Input should be less than or equal to 100"),
+    ("RIG_VRAM_RESERVE_FRACTION", "1", "RIG_VRAM_RESERVE_FRACTION: Input should be less than 1"),
+    ("RIG_HEALTH__TIMEOUT", "inf", "RIG_HEALTH__TIMEOUT: Input should be a finite number"),
+    ("RIG_TELEMETRY_INTERVAL", "nan", "RIG_TELEMETRY_INTERVAL: "),
+    ("RIG_ADMINS", "[x", "RIG_ADMINS: write user names like alice,bob"),
+    ("RIG_HOME", "", "RIG_HOME: empty"),
+    ("RIG_ALERT_WEBHOOK", "hooks.example/x", "RIG_ALERT_WEBHOOK: write it like https://host/path"),
+])
+def test_a_bad_variable_names_itself_and_what_it_expects(monkeypatch, var, value, said):
+    monkeypatch.setenv(var, value)
+    message = refused(said)
+    assert f"set {var} to a valid value or unset it" in message or "or unset it" in message
+    assert "cannot read the config file" not in message
+
+
+def test_an_empty_folder_variable_means_unset(monkeypatch, tmp_path):
+    monkeypatch.setenv("RIG_LOG_DIR", "")
+    monkeypatch.setenv("RIG_COMMAND_WORKDIR", " ")
+    s = load_settings()
+    assert s.log_dir is None and s.command_workdir is None  # never the current folder
+    assert s.job_log_dir == tmp_path / "home" / "logs" / "jobs"
+
+
+def test_metrics_port_zero_turns_it_off():
+    assert load_settings(metrics_port=0).metrics_port == 0
+
+
+def test_a_bad_value_in_the_file_names_the_file_and_key(tmp_path):
+    path = write(tmp_path, "[health]\ncheck_interval = -1\n")
+    refused(f"{path}: [health] check_interval: Input should be greater than 0 (got -1); correct it in {path}, "
+            "or delete the line to use the default 5.0")
+
+
+def test_a_toml_syntax_error_names_the_file_and_line(tmp_path):
+    path = write(tmp_path, "max_task_per_gpu = \n")
+    refused(f"cannot read the config file {path}: Invalid value (at line 1, column 20); fix its TOML syntax")
+
+
+# -- templates: the submit rules, at load --------------------------------------------------------
+@pytest.mark.parametrize(("line", "said"), [
+    ('gpu_memory = "lots"', "[templates.big] gpu_memory: cannot read 'lots' as a size"),
+    ("gpu_memory = 12", "[templates.big] gpu_memory: '12' has no unit"),
+    ('gpu_memory = "40T"', "[templates.big] gpu_memory: gpu_memory 40.0 TiB is more than any card has"),
+    ('time_limit = "forever"', "[templates.big] time_limit: cannot read 'forever'"),
+    ('time_limit = "20y"', "[templates.big] time_limit: cannot read '20y'"),
+    ('time_limit = "4000d"', "[templates.big] time_limit: time_limit '4000d' is more than ten years"),
+    ("retries = 1000", "[templates.big] retries: Input should be less than or equal to 100"),
+    ('priority = "urgent"', "[templates.big] priority: Input should be 'high', 'medium' or 'low'"),
+    ("margin = 0.5", "[templates.big] margin: Input should be greater than or equal to 1"),
+])
+def test_a_bad_template_is_refused_at_load_naming_it(tmp_path, line, said):
+    path = write(tmp_path, f"[templates.big]\n{line}\n")
+    message = refused(said)
+    assert message.startswith(f"{path}: ") and "--gpu-memory" not in message
+
+
+def test_templates_use_the_very_rules_of_the_flags():
+    """One rule, one place: the template's message is the flag's, with the key for the flag."""
+    from rig.request_rules import parse_gpu_memory, parse_time_limit
+
+    for rule, flag, key, value in ((parse_gpu_memory, "--gpu-memory", "gpu_memory", "lots"),
+                                   (parse_time_limit, "--time-limit", "time_limit", "4000d")):
+        with pytest.raises(InvalidInput) as by_flag:
+            rule(value)
+        with pytest.raises(ConfigError) as by_template:
+            load_settings(templates={"big": {key: value}})
+        flag_text = str(by_flag.value).removeprefix(f"{flag}: ").replace(flag, key)
+        assert flag_text in str(by_template.value)
+
+
+def test_good_templates_load(tmp_path):
+    write(tmp_path, '[templates.big]\ngpu_memory = "auto"\ntime_limit = 3600\nretries = 3\n'
+                    '[templates.small]\ngpu_memory = "512M"\ntime_limit = "1h30m"\n')
+    templates = load_settings().templates
+    assert templates["big"].gpu_memory == "auto" and templates["big"].time_limit == "3600"
+    assert templates["small"].time_limit == "1h30m"
+    assert "finetune" in templates  # shipped ones stay
+
+
+# -- relations ---------------------------------------------------------------------------------
+def test_a_health_timeout_below_the_heartbeat_interval_is_refused(monkeypatch):
+    monkeypatch.setenv("RIG_HEALTH__TIMEOUT", "1")
+    refused("health.timeout = 1 (RIG_HEALTH__TIMEOUT) is less than 2 x telemetry_interval = 2 (default)")
+    refused("set health.timeout to at least 4 or telemetry_interval to at most 0.5")
+    monkeypatch.setenv("RIG_HEALTH__TIMEOUT", "3.9")
+    refused("at least 4")
+    monkeypatch.setenv("RIG_HEALTH__TIMEOUT", "4")
+    assert load_settings().health.timeout == 4
+
+
+def test_a_long_heartbeat_interval_against_the_default_timeout_is_refused(tmp_path):
+    path = write(tmp_path, "telemetry_interval = 20\n")
+    refused(f"health.timeout = 30 (default) is less than 2 x telemetry_interval = 20 ({path}: telemetry_interval)")
+
+
+def test_two_servers_on_one_port_are_refused():
+    refused("metrics_port = 5555 (metrics_port (given to load_settings)) is also flower_port = 5555 (default)",
+            metrics_port=5555)
+    refused("the port of redis_url, 6379 (default) is also flower_port = 6379", flower_port=6379)
+    # A Redis on another host is not started here: its port is free on this one.
+    assert load_settings(flower_port=6379, redis_url="redis://10.1.2.3:6379/0").flower_port == 6379
+    assert load_settings(metrics_port=0, flower_port=9840).flower_port == 9840
+
+
+# -- the Python API and the CLI ----------------------------------------------------------------
+def test_the_client_raises_a_config_error(monkeypatch):
+    from rig.client import Client
+
+    monkeypatch.setenv("RIG_REDIS_URL", "htp://x:1/0")
+    with pytest.raises(ConfigError, match="^RIG_REDIS_URL: the scheme 'htp'"):
+        Client()
+
+
+def test_rig_config_says_where_each_value_came_from(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from rig.cli.main import cli
+
+    write(tmp_path, "max_retries = 3\n[health]\ncheck_interval = 2\n")
+    monkeypatch.setenv("RIG_HEALTH__TIMEOUT", "40")
+    result = CliRunner().invoke(cli, ["--fake-gpus", "2x8G", "config"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "max_retries = 3  # file" in lines
+    assert "fake_gpus = '2x8G'  # --fake-gpus" in lines
+    assert "max_task_per_gpu = 4  # default" in lines
+    assert any(line.startswith("health = ") and line.endswith("# file, RIG_HEALTH__TIMEOUT") for line in lines)
+
+
+def _run(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.upper().startswith("RIG_")}
+    return subprocess.run(argv, env={**base, **env}, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+CLI_CASES = [
+    ({"RIG_HEALTH__TIMOUT": "30"}, "", "RIG_HEALTH__TIMOUT: unknown rig setting; did you mean RIG_HEALTH__TIMEOUT?"),
+    ({"RIG_REDIS_URL": "htp://localhost:6379/0"}, "", "RIG_REDIS_URL: the scheme 'htp'"),
+    ({"RIG_FLOWER_PORT": "99999"}, "", "RIG_FLOWER_PORT: "),
+    ({"RIG_HEALTH": "garbage"}, "", "RIG_HEALTH: expected a JSON object"),
+    ({}, "max_tasks_per_gpu = 3\n", "did you mean 'max_task_per_gpu'?"),
+    ({}, '[templates.big]\ngpu_memory = "lots"\n', "[templates.big] gpu_memory: cannot read 'lots'"),
+    ({}, "[health]\ntimeout = 1\n", "health.timeout = 1"),
+]
+
+
+SUBMIT = ["rig-submit", "--gpu-memory", "1G", "--", "true"]
+UP = ["rig", "up", "--fake-gpus", "1x8G", "--no-flower"]
+
+
+@pytest.mark.parametrize(("command", "env", "toml", "said"), [
+    *[(["rig", "status"], *case) for case in CLI_CASES],
+    *[(SUBMIT, *case) for case in CLI_CASES[::2]],
+    (["rig-submit", "-t", "big", "--", "true"], *CLI_CASES[5]),
+    *[(UP, *case) for case in CLI_CASES[1::2]],
+])
+def test_the_cli_says_one_line_and_exits_with_the_config_code(tmp_path, command, env, toml, said):
+    if toml:
+        write(tmp_path, toml)
+    argv = [str(Path(sys.executable).parent / command[0]), *command[1:]]
+    done = _run(argv, {"RIG_HOME": str(tmp_path / "home"), **env}, tmp_path)
+    assert done.returncode == ConfigError.exit_code, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rig: error: ") and said in lines[0], done.stderr
+    assert not (tmp_path / "home" / "run").exists()  # rig up started nothing
