@@ -114,24 +114,29 @@ def _render_cards(report: StatusReport, cards_of_node: list[CardState], title: s
             f"{card.jobs}/{card.max_jobs}", running,
         )
     console.print(cards)
+    watched = {(w.node, w.card) for w in report.workers if w.role == "card"}
     for card in cards_of_node:
         # Also below the table: on a narrow screen its last column is cut short.
-        line = closed_card_line(card, len(report.running.get(card.id, [])))
+        line = closed_card_line(card, len(report.running.get(card.id, [])), (card.node, card.index) in watched)
         if line:
             console.print(M(line))
 
 
-def closed_card_line(card: CardState, running: int) -> str | None:
+def closed_card_line(card: CardState, running: int, watched: bool = True) -> str | None:
     """``n1/1 takes no new jobs: not in whitelist; its 1 running job(s) are watched until they
-    end`` for a card that takes no jobs, else None. Plain text (the caller escapes it)."""
+    end`` for a card that takes no jobs, else None; ``watched``: a worker of the card is alive
+    (else its running jobs are said to be unwatched). Plain text (the caller escapes it)."""
     closed = why_closed(card)
     why = closed or (f"unhealthy ({card.health_reason})" if not card.healthy and card.health_reason
                      else "unhealthy" if not card.healthy else None)
     if why is None:
         return None
     line = f"{card.id} takes no new jobs: {why}"
-    if running:
+    if running and watched:
         line += f"; its {running} running job(s) are watched until they end"
+    elif running:
+        line += (f"; its {running} running job(s) have no card worker watching them now "
+                 "(is `rig up` running on its node?)")
     return line
 
 

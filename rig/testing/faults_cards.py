@@ -12,7 +12,9 @@ and `rig up` again with the card(s) taken away, and checks:
 
 Scenarios:
 
-- ``card-leaves-whitelist``: restarted with ``gpu_whitelist = [0, 1]``;
+- ``card-leaves-whitelist``: restarted with ``gpu_whitelist = [0, 1]``; card 2's job ends while
+  rig is down (the case reported: its exit file said 0, the job stayed RUNNING with its memory
+  reserved), and must be concluded SUCCEEDED and released once the node is back;
 - ``card-leaves-node``: restarted with ``fake_gpus = 2x24G`` (the node has fewer cards);
 - ``card-leaves-pool``: restarted with card 3 out of the pool its jobs were submitted to;
 - ``kill-on-closed-card``: `rig kill` of the job on a card no longer in the whitelist, with
@@ -32,8 +34,10 @@ from rig.models import Job, JobState
 from rig.stack import settings_env
 from rig.testing.faults import GATE, Scenario, ScenarioResult, _wait
 
-#: The job's exit status depends on its card, so a false ending shows: card 3's job exits 7.
-BODY = f'{GATE}; [ "$CUDA_VISIBLE_DEVICES" = 3 ] && exit 7; exit 0'
+#: The job's exit status depends on its card, so a false ending shows: card 3's job exits 7. It
+#: waits for the scenario's go-file, or for one of its card's own ("$GO.card2").
+BODY = ('while [ ! -f "$GO" ] && [ ! -f "$GO.card$CUDA_VISIBLE_DEVICES" ]; do sleep 0.05; done; '
+        '[ "$CUDA_VISIBLE_DEVICES" = 3 ] && exit 7; exit 0')
 #: health.timeout (s): a card without a worker would have its jobs stopped ("worker dead") after
 #: this long; the scenarios watch the jobs for more than twice that before letting them go. Not
 #: less: rig up kills a worker silent for two timeouts, and on a loaded machine five workers
@@ -61,11 +65,23 @@ def _start(sc: Scenario, **submit: object) -> dict[int, int]:
     return where
 
 
-def _restart(sc: Scenario, **changes: object) -> None:
-    """`rig down` (jobs run on), then `rig up` with ``changes`` to its settings."""
+def _restart(sc: Scenario, *, end_meanwhile: int | None = None, **changes: object) -> None:
+    """`rig down` (jobs run on), then `rig up` with ``changes`` to its settings. With
+    ``end_meanwhile`` (a card), that card's job ends while no rig runs: only its exit file
+    says how (the job stayed RUNNING with its memory reserved, unwatched)."""
     sc.node.down()
+    if end_meanwhile is not None:
+        gate = Path(f"{sc.go}.card{end_meanwhile}")
+        gate.touch()
+        _wait(lambda: not any(p for p in sc.node.job_processes().values()
+                              if _card_of(sc, p[0]) == end_meanwhile), 30, "the job to end while rig is down")
     sc.node.settings = sc.node.settings.model_copy(update=changes)
     sc.node.up()
+
+
+def _card_of(sc: Scenario, job_id: int) -> int | None:
+    job = sc.node.client.get(job_id)
+    return job.cards[0] if job.cards else None
 
 
 def _watch_closed(sc: Scenario, where: dict[int, int], closed: set[int]) -> None:
@@ -136,15 +152,23 @@ def card_leaves_whitelist(workdir: Path) -> ScenarioResult:
                   fake_gpus="4x24G", health={"check_interval": 1.0, "timeout": HEALTH_TIMEOUT})
     try:
         where = _start(sc)
-        _restart(sc, gpu_whitelist=[0, 1])
+        _restart(sc, gpu_whitelist=[0, 1], end_meanwhile=2)
         closed = {2, 3}
-        _watch_closed(sc, where, closed)
-        _status_says(sc, 2, "not in whitelist; its 1 running job(s) are watched until they end")
+        ended = next(jid for jid, card in where.items() if card == 2)
+        # Concluded from its exit file by card 2's worker, its memory given back.
+        try:
+            sc.node.wait_for_state(ended, {JobState.SUCCEEDED, JobState.FAILED}, timeout=30)
+        except TimeoutError as exc:
+            sc.result.problems.append(f"the job that ended while rig was down was not concluded: {exc}")
+        if sc.node.client.ledger.card(sc.node.name, 2).reserved:
+            sc.result.problems.append("card 2 still holds the memory of the job that ended while rig was down")
+        _watch_closed(sc, {jid: card for jid, card in where.items() if jid != ended}, closed)
+        _status_says(sc, 3, "not in whitelist; its 1 running job(s) are watched until they end")
         late = _late_job(sc)
         finals = sc.finish()
         _check_results(sc, finals, where, late, closed)
         _closed_cards_empty(sc, closed)
-        _status_says(sc, 3, "not in whitelist")
+        _status_says(sc, 2, "not in whitelist")
         return sc.result
     finally:
         sc.close()

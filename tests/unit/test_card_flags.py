@@ -10,7 +10,7 @@ from rich.console import Console
 
 from rig.cli.render import card_flags, render_status
 from rig.cli.top import _card_flags
-from rig.client import StatusReport
+from rig.client import StatusReport, WorkerInfo
 from rig.memory import GIB
 from rig.models import CardState, Job, JobState, Priority
 
@@ -30,10 +30,11 @@ CASES = [
 ]
 
 
-def _status(cards: list[CardState], width: int, running: dict | None = None) -> str:
+def _status(cards: list[CardState], width: int, running: dict | None = None,
+            workers: list[WorkerInfo] | None = None) -> str:
     out = io.StringIO()
     console = Console(file=out, width=width, force_terminal=False, color_system=None)
-    render_status(StatusReport(cards=cards, running=running or {}, pending={}, oldest_wait={}, workers=[],
+    render_status(StatusReport(cards=cards, running=running or {}, pending={}, oldest_wait={}, workers=workers or [],
                                counts={}), console)
     return out.getvalue()
 
@@ -60,9 +61,19 @@ def test_a_narrow_screen_still_says_why_each_card_takes_no_jobs():
               state=JobState.RUNNING, workdir="/", created_at=0.0, node="n1", cards=[1])
     text = _status([_card(0), _card(1, allowed=False), _card(2, allowed=False, gone=True),
                     _card(3, healthy=False, health_reason="cannot be read: [x]")], width=80,
-                   running={"n1/1": [job]})
+                   running={"n1/1": [job]}, workers=[WorkerInfo("card1@n1", "card", "n1", 1, 10, 1, 0.0)])
     text = " ".join(text.split())  # a line longer than the screen wraps
     assert "n1/1 takes no new jobs: not in whitelist; its 1 running job(s) are watched until they end" in text
     assert "n1/2 takes no new jobs: not on the node any more" in text
     assert "n1/3 takes no new jobs: unhealthy (cannot be read: [x])" in text
     assert "n1/0 takes" not in text
+
+
+def test_a_closed_card_whose_jobs_nobody_watches_says_so():
+    """Never "watched" when no worker of the card is alive (the state before this fix)."""
+    job = Job(id=7, name="train", user="u", command=["x"], gpu_memory=GIB, gpus=1, priority=Priority.MEDIUM,
+              state=JobState.RUNNING, workdir="/", created_at=0.0, node="n1", cards=[2])
+    text = " ".join(_status([_card(2, allowed=False)], width=200, running={"n1/2": [job]}).split())
+    assert ("n1/2 takes no new jobs: not in whitelist; its 1 running job(s) have no card worker watching them "
+            "now") in text
+    assert "watched until" not in text
