@@ -8,7 +8,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from rig.testing import faults, faults_cards, faults_cli, faults_connection, faults_identity, faults_jobs, faults_supervision, faults_tasks
+from rig.testing import faults, faults_cli, faults_connection, faults_identity, faults_jobs, faults_supervision, faults_tasks
+from rig.testing import faults_cards  # issue 11.2: cards leaving mid-job
 from rig.testing.faults import ScenarioResult
 
 Scenario = Callable[[Path], ScenarioResult]
