@@ -387,6 +387,9 @@ class CardState:
     fake: bool = False
     health_reason: str = ""
     foreign: int = 0  # bytes used by processes rig did not start
+    #: No longer on its node (``rig up`` found fewer cards): never placed on (``allowed`` is 0
+    #: too); kept while jobs still run on it (rig.draining).
+    gone: bool = False
     #: Not stored: what was wrong with the record this was read from (empty = valid). A card
     #: with problems takes no job (refusal 'invalid') and shows the first as its health_reason.
     problems: list[str] = field(default_factory=list, compare=False, repr=False)
@@ -490,6 +493,7 @@ class CardState:
             fake=get("fake", R.as_bool, False),
             health_reason=get("health_reason", R.as_text, ""),
             foreign=get("foreign", signed, 0),
+            gone=get("gone", R.as_bool, False),
         )
         if problems:
             card.healthy = False

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import redis
 
 from rig.config import Settings
+from rig.draining import mark_gone_cards
 from rig.gpus import GpuBackend
 from rig.keys import Keys
 from rig.ledger import Ledger
@@ -31,6 +32,12 @@ def register_node(settings: Settings, client: redis.Redis, backend: GpuBackend,
                              fake=backend.kind == "fake")
         if ok:
             allowed.append(reading.index)
+    kept, removed = mark_gone_cards(client, keys, settings.node_name, [r.index for r in readings])
+    if kept:
+        say(f"gpus: card(s) {kept} of {settings.node_name} are gone from the node but jobs still run there: "
+            "they take no new jobs and are watched until those end")
+    if removed:
+        say(f"gpus: card(s) {removed} of {settings.node_name} are gone from the node: forgotten")
     NodeRegistry(client, keys).register(
         settings.node_name, ttl=settings.health.timeout, backend=backend.kind, cards=len(readings),
         pid=pid or os.getpid(), fake_spec=getattr(backend, "spec", "") or "")

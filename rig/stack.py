@@ -36,6 +36,7 @@ import redis
 
 from rig.celery_config import card_queue, dispatcher_queues
 from rig.config import Settings
+from rig.draining import cards_to_serve
 from rig.errors import PermissionDenied, RedisAuthFailed, StackError
 from rig.gpus import GpuBackend, detect_backend
 from rig.keys import Keys, card_worker_name, control_worker_name
@@ -219,7 +220,8 @@ class Stack:
                           "--without-gossip", "--without-mingle", "-E"],
                 env, logs / "control.out", role="control"))
         if self.wants("cards"):
-            for index in allowed:
+            # Also the cards no longer allowed (or gone) that still run jobs (rig.draining).
+            for index in cards_to_serve(self._redis(), self.keys, s.node_name, allowed):
                 self.children.append(Child(
                     f"card{index}",
                     celery + ["worker", "-Q", card_queue(s.node_name, index), "-n", card_worker_name(s.node_name, index),

@@ -29,6 +29,7 @@ from rig import job_env as jobenv
 from rig import logkeeper, logspace
 from rig import records as R
 from rig.config import Settings
+from rig.draining import card_is_gone, send_back_unstarted, takes_new_jobs
 from rig.failures import FailureClass
 from rig.gpus import GpuBackend, GpuReadError, GpuReading
 from rig.installation import Installation
@@ -230,6 +231,13 @@ class CardRunner:
             end = self._outcome(ActiveJob(job_id, str(token), attempt, 0, None, exit_file))
             state = self._finish(job_id, str(token), end, instance=job.instance)
             return state.value if state else "unknown"
+        if not takes_new_jobs(self.r, self.keys, self.node, self.index):
+            # Placed before the card left the whitelist or the node: it has not started, so it
+            # goes back to its place in the queue (rig.draining); running ones are unaffected.
+            log.warning("job %s: this card takes no new jobs any more; sending it back to the queue", job_id)
+            self._retry_redis(lambda: send_back_unstarted(self.ledger, job, self.node, self.index),
+                              f"requeue job {job_id}")
+            return "requeued:card-closed"
         try:
             active = self._launch(job, token, attempt)
         except (redis.ConnectionError, redis.TimeoutError):
@@ -746,8 +754,8 @@ class CardRunner:
         """Record the card's readings; a card that cannot be read, or runs hotter than
         health.max_temperature, is marked unhealthy and takes no new jobs until it recovers
         (5 C below the limit)."""
-        if self.backend is None:
-            return None
+        if self.backend is None or card_is_gone(self.r, self.keys, self.node, self.index):
+            return None  # a card gone from the node cannot be read: its worker only supervises
         try:
             reading = self.backend.read(self.index)
         except GpuReadError as exc:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import redis
 
 from rig.config import Settings
+from rig.draining import needs_worker
 from rig.installation import JOIN, NEW, Installation, Verdict
 from rig.keys import Keys, card_worker_name
 from rig.ledger import Ledger
@@ -233,7 +234,7 @@ class HealthChecker:
         if registered is None or time.time() - float(registered) < self.settings.health.timeout:
             return  # the node has just come up: its workers may not have heartbeated yet
         cards = [c for c in self.ledger.cards() if c.node == node]
-        dead = {c.index for c in cards if c.allowed and not self.r.exists(self.keys.worker(card_worker_name(node, c.index)))}
+        dead = {c.index for c in cards if needs_worker(c) and not self.r.exists(self.keys.worker(card_worker_name(node, c.index)))}
         for card in cards:
             if card.index in dead and card.healthy:
                 # No new jobs for a card nobody serves; its worker marks it healthy on return.

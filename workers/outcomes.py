@@ -147,8 +147,18 @@ def never_started(job: Job, failure: str, reason: str, now: float | None = None)
 
 def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
              expect: JobState | None = None) -> tuple[int, JobState]:
-    """Apply ``decide`` through the ledger (fenced by ``token``, and by ``expect``: the state
-    the caller saw the job in, if its view may be stale); wakes the dispatcher."""
+    """Apply ``decide`` through the ledger (fenced by ``token`` and by the RUNNING state, which
+    is the only ``expect`` that applies: callers still pass the state they saw); wakes the
+    dispatcher.
+
+    Only a RUNNING job has an attempt to end: a stale ending (a late duplicate start message,
+    an old supervisor, a health check that read the job before it was requeued) of a job that
+    is not RUNNING any more, or not in that assignment, changes nothing: no attempt row (it
+    would read "on None/"), no reason, no history. The ledger re-checks state and token."""
+    if job.state is not JobState.RUNNING:
+        log.warning("job %s: an attempt's end arrived while it is %s; nothing written (stale)",
+                    job.id, job.state.value)
+        return 0, job.state
     cards = [c for c in ledger.cards() if c.allowed]
     largest = max((c.usable for c in cards if c.node == job.node), default=0) or max(
         (c.usable for c in cards), default=job.gpu_memory)
@@ -158,7 +168,7 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
         decision.fields.update(vram_peak=0, vram_sum=0, vram_samples=0, util_sum=0,
                                util_samples=0, overuse=0, overuse_stop=None)
     code, detail = ledger.transition(job.id, decision.state, token=token, fields=decision.fields,
-                                     error_queue=decision.error_queue, expect=expect)
+                                     error_queue=decision.error_queue, expect=JobState.RUNNING)
     if code == 1 and decision.state is JobState.SUCCEEDED:
         pipe = ledger.r.pipeline(transaction=False)
         if job.vram_peak:

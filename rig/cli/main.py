@@ -153,26 +153,14 @@ def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None) -> N
 @handle_errors
 def kill(ctx: click.Context, job_ids: tuple[str, ...], no_wait: bool) -> None:
     """Stop jobs: waiting ones are cancelled, running ones stopped with everything they spawned."""
-    job_ids = tuple(str(parse_job_id(jid)) for jid in job_ids)  # all well formed before any is killed
+    ids = [parse_job_id(jid) for jid in job_ids]  # all well formed before any is killed
     client = client_from(ctx)
     client.ping()
-    for jid in job_ids:
-        # Unknown ids, and other users' jobs (unless an admin asks), fail before anything is killed.
-        job = client.get(jid)
-        if not job.state.terminal:
-            client.check_control(job, "kill")
-    for jid in job_ids:
-        before = client.get(jid)
-        if before.state.terminal:
-            click.echo(f"job {before.id} already ended ({before.state.value}); nothing to kill")
-            continue
-        after = client.kill(jid, wait=not no_wait)
-        if after.state is JobState.CANCELLED:
-            click.echo(f"job {after.id} cancelled (was {before.state.value.lower()}); its GPU memory is free")
-        elif after.state.terminal:
-            click.echo(f"job {after.id} ended {after.state.value} before the kill reached it")
-        else:
-            click.echo(f"job {after.id}: kill requested; it is still {after.state.value.lower()}")
+    from rig.cli.kill import kill_jobs
+
+    status = kill_jobs(client, ids, wait=not no_wait)  # unknown ids: one line each, the rest killed
+    if status:
+        sys.exit(status)
 
 
 @cli.command()

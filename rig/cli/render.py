@@ -10,13 +10,16 @@ import time
 from datetime import datetime
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rig.cli.logview import attempt_logs
 from rig.client import StatusReport
+from rig.draining import why_closed
 from rig.memory import format_memory
 from rig.models import CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, clock
+from rig.text import clean
 from rig.text import markup as M
 
 STATE_STYLE = {
@@ -103,15 +106,7 @@ def _render_cards(report: StatusReport, cards_of_node: list[CardState], title: s
         jobs = report.running.get(card.id, [])
         running = ", ".join(f"{j.id}:{M(j.name)}" + (" [bold red](over its declaration)[/]" if j.overuse else "")
                             for j in jobs) or "-"
-        flags = []
-        if not card.allowed:
-            flags.append("not in whitelist")
-        if not card.healthy:
-            flags.append(f"UNHEALTHY: {M(card.health_reason)}" if card.health_reason else "UNHEALTHY")
-        if flags:  # \[ : a literal bracket, not a rich tag
-            running = f"\\[{', '.join(flags)}] {running}"
-        if card.foreign:
-            running = f"\\[others use {_gib(card.foreign)}] {running}"
+        running = f"{card_flags(card)} {running}" if card_flags(card) else running
         cards.add_row(
             M(card.id), M(card.model), _gib(card.total), _gib(card.usable), _gib(card.reserved),
             _gib(card.free), _gib(card.used),
@@ -120,6 +115,45 @@ def _render_cards(report: StatusReport, cards_of_node: list[CardState], title: s
             f"{card.jobs}/{card.max_jobs}", running,
         )
     console.print(cards)
+    watched = {(w.node, w.card) for w in report.workers if w.role == "card"}
+    for card in cards_of_node:
+        # Also below the table: on a narrow screen its last column is cut short.
+        line = closed_card_line(card, len(report.running.get(card.id, [])), (card.node, card.index) in watched)
+        if line:
+            console.print(M(line))
+
+
+def closed_card_line(card: CardState, running: int, watched: bool = True) -> str | None:
+    """``n1/1 takes no new jobs: not in whitelist; its 1 running job(s) are watched until they
+    end`` for a card that takes no jobs, else None; ``watched``: a worker of the card is alive
+    (else its running jobs are said to be unwatched). Plain text (the caller escapes it)."""
+    closed = why_closed(card)
+    why = closed or (f"unhealthy ({card.health_reason})" if not card.healthy and card.health_reason
+                     else "unhealthy" if not card.healthy else None)
+    if why is None:
+        return None
+    line = f"{card.id} takes no new jobs: {why}"
+    if running and watched:
+        line += f"; its {running} running job(s) are watched until they end"
+    elif running:
+        line += (f"; its {running} running job(s) have no card worker watching them now "
+                 "(is `rig up` running on its node?)")
+    return line
+
+
+def card_flags(card: CardState) -> str:
+    """Why a card takes no (new) jobs and what else holds it, as rich markup: ``[others use
+    1.0] [not in whitelist] [UNHEALTHY: reason]``. Every part is escaped here (a bracketed
+    text is a rich tag otherwise, and would vanish): the one place these flags are built."""
+    parts = []
+    if card.foreign:
+        parts.append(f"others use {_gib(card.foreign)}")
+    closed = why_closed(card)
+    if closed:
+        parts.append(closed)
+    if not card.healthy:
+        parts.append(f"UNHEALTHY: {clean(card.health_reason)}" if card.health_reason else "UNHEALTHY")
+    return " ".join(escape(f"[{p}]") for p in parts)
 
 
 def render_status(report: StatusReport, console: Console) -> None:

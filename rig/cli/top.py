@@ -23,6 +23,7 @@ from rich.text import Text
 from rig.cli.common import client_from, handle_errors
 from rig.cli.render import RigConsole, duration, make_console
 from rig.client import StatusReport
+from rig.draining import why_closed
 from rig.errors import RigError
 from rig.models import CardState, Job, JobState, Priority
 from rig.nodes import clock
@@ -154,8 +155,9 @@ def _card_flags(card: CardState, wide: bool) -> Text:
     if not card.healthy:
         reason = f"UNHEALTHY: {C(card.health_reason)}" if card.health_reason else "UNHEALTHY"
         flags.append(f"{left}{reason}{right}", style="bold red")
-    if not card.allowed:
-        flags.append(f"{left}not in whitelist{right}", style="yellow")
+    closed = why_closed(card)  # Text, not markup: brackets show as typed
+    if closed:
+        flags.append(f"{left}{closed}{right}", style="yellow")
     if card.foreign:
         flags.append(f"{left}others {_g(card.foreign)}G{right}", style="magenta")
     return flags

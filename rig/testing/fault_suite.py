@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rig.testing import (
     faults,
+    faults_cards,
     faults_cli,
     faults_config,
     faults_connection,
@@ -33,6 +34,7 @@ ALL: list[tuple[str, Scenario]] = [
     *faults_tasks.SCENARIOS,
     *faults_cli.SCENARIOS.items(),
     *faults_config.SCENARIOS,
+    *faults_cards.SCENARIOS,
 ]
 
 

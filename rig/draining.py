@@ -1,0 +1,147 @@
+"""Cards that take no new jobs but still have jobs running on them (issue 11, item 2).
+
+The rule: a job already running on a card is always supervised, concluded and released,
+whatever the card's eligibility now; eligibility (``gpu_whitelist``, pools, the card still
+being on the node) only governs NEW placements. So:
+
+- ``rig up`` runs a card worker for every card rig may use *and* for every card of this node
+  that a job is placed on or running on (:func:`cards_to_serve`): a card that left the
+  whitelist, or that is gone from the node (restarted with fewer cards), keeps a worker until
+  its jobs end. That worker adopts and supervises them as any card worker does; it starts
+  nothing new (:func:`takes_new_jobs`: a start message it gets sends the job back to its place
+  in the queue).
+- A card that is gone from the node (not in the backend's readings any more) is marked
+  ``allowed=0, gone=1`` at registration (:func:`mark_gone_cards`), so nothing new is placed
+  there; one that holds nothing is forgotten then (its record removed), so `rig status` stops
+  listing it. A card that comes back is registered afresh (``gone`` cleared).
+
+Keys: the card hash (``allowed``, ``gone``, ``jobs``, ``reserved``) and its reservations hash
+(rig.keys.Keys.card / card_jobs); job records through rig.store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import redis
+
+from rig.keys import Keys, card_id, split_card_id
+from rig.ledger import Ledger
+from rig.models import CardState, Job, JobState
+from rig.store import JobStore
+
+#: What `rig status` says of a card that is gone from its node (and why it takes no jobs).
+GONE_TEXT = "not on the node any more"
+#: ... and of one left out by gpu_whitelist.
+NOT_ALLOWED_TEXT = "not in whitelist"
+
+
+def why_closed(card: CardState) -> str | None:
+    """Why ``card`` takes no new jobs for a reason of its node's configuration (gone from the
+    node, not in gpu_whitelist), or None when it may take them. Plain text, never markup."""
+    if card.gone:
+        return GONE_TEXT
+    if not card.allowed:
+        return NOT_ALLOWED_TEXT
+    return None
+
+
+def cards_with_jobs(client: redis.Redis, keys: Keys, node: str) -> set[int]:
+    """Indexes of this node's cards that supervise a job placed or running now: the first card
+    of every ASSIGNED or RUNNING job of ``node`` (the card whose worker runs it)."""
+    store = JobStore(client, keys)
+    ids = store.ids_in_state(JobState.RUNNING) + store.ids_in_state(JobState.ASSIGNED)
+    return {j.cards[0] for j in store.get_many(ids)
+            if j.node == node and j.cards and j.state in (JobState.RUNNING, JobState.ASSIGNED)}
+
+
+def cards_to_serve(client: redis.Redis, keys: Keys, node: str, allowed: Iterable[int]) -> list[int]:
+    """The cards of ``node`` that need a card worker: those rig may use (``allowed``), and
+    those with a job placed or running on them whatever their eligibility now."""
+    return sorted(set(allowed) | cards_with_jobs(client, keys, node))
+
+
+def needs_worker(card: CardState) -> bool:
+    """Is a missing worker of ``card`` a dead one (its jobs then handled by the health check)?
+    Yes for a card rig may use, and for any card still holding a job."""
+    return card.allowed or card.jobs > 0 or card.reserved > 0
+
+
+def takes_new_jobs(client: redis.Redis, keys: Keys, node: str, index: int) -> bool:
+    """May a job that has not started yet start on this card now (read fresh)? No when the card
+    left the whitelist or the node; its running jobs are not affected."""
+    allowed, gone = client.hmget(keys.card(node, index), "allowed", "gone")
+    return allowed == "1" and gone != "1"
+
+
+def mark_gone_cards(client: redis.Redis, keys: Keys, node: str, present: Iterable[int]) -> tuple[list[int], list[int]]:
+    """After a registration of ``node`` with the cards ``present``: clear ``gone`` on those,
+    and mark every other card of the node gone (``allowed=0, gone=1``: no new placement);
+    one that holds no job is removed from the ledger at once. Returns (gone and kept because
+    jobs still hold them, removed)."""
+    here = set(present)
+    for index in here:
+        client.hdel(keys.card(node, index), "gone")
+    kept: list[int] = []
+    removed: list[int] = []
+    for cid in sorted(client.smembers(keys.cards)):
+        name, index = split_card_id(cid)
+        if name != node or index in here:
+            continue
+        if forget_if_idle(client, keys, node, index):
+            removed.append(index)
+        else:
+            client.hset(keys.card(node, index), mapping={"allowed": "0", "gone": "1"})
+            kept.append(index)
+    return kept, removed
+
+
+def forget_if_idle(client: redis.Redis, keys: Keys, node: str, index: int, attempts: int = 5) -> bool:
+    """Remove a gone card's record when nothing holds it (no reservation, no job counted, no
+    ASSIGNED/RUNNING job on it), in one WATCHed transaction: a reservation made meanwhile
+    leaves it in place. Returns whether it was removed."""
+    card, holds = keys.card(node, index), keys.card_jobs(node, index)
+    for _ in range(attempts):
+        with client.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(card, holds)
+                jobs, reserved = pipe.hmget(card, "jobs", "reserved")
+                if pipe.hlen(holds) or _positive(jobs) or _positive(reserved):
+                    return False
+                if index in cards_with_jobs(client, keys, node):
+                    return False
+                pipe.multi()
+                pipe.delete(card, holds)
+                pipe.srem(keys.cards, card_id(node, index))
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                continue
+    return False
+
+
+def _positive(value: str | None) -> bool:
+    """A counter above zero; a damaged one counts as in use (never forget what may be held)."""
+    try:
+        return int(value or 0) > 0
+    except ValueError:
+        return True
+
+
+def card_is_gone(client: redis.Redis, keys: Keys, node: str, index: int) -> bool:
+    """Is this card marked gone from its node (it cannot be read: its worker only supervises)?"""
+    return client.hget(keys.card(node, index), "gone") == "1"
+
+
+def send_back_unstarted(ledger: Ledger, job: Job, node: str, index: int) -> int:
+    """A job claimed on a card that takes no new jobs any more, not started: back to its place
+    in the queue (its attempt not counted, its reservation given back), to start on a card
+    that may take it. Returns the ledger's code (1: moved)."""
+    gone = card_is_gone(ledger.r, ledger.keys, node, index)
+    why = "is gone from its node" if gone else "left gpu_whitelist"
+    code, _ = ledger.transition(
+        job.id, JobState.PENDING, token=str(job.assignments), expect=JobState.RUNNING,
+        fields={"attempt": max(0, job.attempt - 1),
+                "reason": f"requeued: card {card_id(node, index)} {why} before the job started"})
+    ledger.r.lpush(ledger.keys.sched_wake, "1")
+    return code
