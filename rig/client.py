@@ -40,6 +40,7 @@ from rig.models import CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
 from rig.placement import Request, never_fits
 from rig.redis_conn import check, connect, unavailable
+from rig.redis_writes import refusal, refused_error
 from rig.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -143,6 +144,12 @@ class Client:
             return fn(*args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise unavailable(self.settings.redis_url, exc) from None  # auth errors included
+        except redis.ResponseError as exc:
+            # A refused write (full, read-only replica, MISCONF) changed nothing: rig's own
+            # error, saying what to do (rig.redis_writes), never redis-py's.
+            if refusal(exc) is None:
+                raise
+            raise refused_error(self.settings.redis_url, exc, self.r) from None
 
     # -- submitting -----------------------------------------------------------------------
     def submit(
