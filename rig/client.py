@@ -40,6 +40,7 @@ from rig.models import CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
 from rig.placement import Request, never_fits
 from rig.redis_conn import check, connect, unavailable
+from rig.redis_writes import notices as redis_notices
 from rig.redis_writes import refusal, refused_error
 from rig.store import JobStore
 
@@ -411,6 +412,7 @@ class Client:
                 cards=cards, running=running, pending=pending, oldest_wait=oldest,
                 workers=self.workers(), counts=self.store.count_by_state(),
                 nodes=nodes, users=self._users(running, now), pool=pool,
+                notices=redis_notices(self.r),  # Redis full; an evicting policy; no persistence
             )
 
         return self._guard(_do)

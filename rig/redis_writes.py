@@ -187,3 +187,54 @@ def refused_at(url: str, exc: BaseException) -> RedisRefusesWrites:
         return refused_error(url, exc, client)
     finally:
         client.close()
+
+
+def notices(client: redis.Redis, *, private: bool = False) -> list[str]:
+    """What `rig status` and `rig up` say about rig's Redis: :func:`full_notice` first, then
+    :func:`warnings`. Never raises."""
+    try:
+        full = full_notice(client)
+    except Exception:  # noqa: BLE001 - a notice must never fail the command that asks
+        full = None
+    return ([full] if full else []) + warnings(client, private=private)
+
+
+def notices_at(url: str) -> list[str]:
+    """:func:`notices` for the Redis at ``url`` over one short-lived connection (`rig up`)."""
+    from rig.redis_conn import connect
+
+    try:
+        client = connect(url, timeout=2.0, reply_timeout=2.0)
+    except (redis.RedisError, OSError, ValueError):
+        return []
+    try:
+        return notices(client)
+    finally:
+        client.close()
+
+
+class FullWatch:
+    """The "Redis is full" alert of one process (a node's control worker), kept in memory: a
+    full Redis refuses the alert's own bookkeeping (rig.alerts keeps it in Redis) and beat's
+    messages, so the periodic alert task cannot run then. :meth:`check` returns the alerts to
+    deliver: one firing when Redis fills, one resolved when it takes writes again."""
+
+    KEY = "redis_full"
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.firing: str | None = None
+
+    def check(self, client: redis.Redis) -> list:  # noqa: ANN401 - list[rig.alerts.Alert]
+        from rig.alerts import SEVERITY_CRITICAL, Alert
+
+        if memory_state(client) is None:
+            return []  # unreadable: neither full nor cleared, as far as is known
+        line = full_notice(client)
+        if line and self.firing is None:
+            self.firing = line
+            return [Alert(self.KEY, SEVERITY_CRITICAL, f"{line} (seen by node {self.node})")]
+        if line is None and self.firing is not None:
+            said, self.firing = self.firing, None
+            return [Alert(self.KEY, SEVERITY_CRITICAL, f"resolved: {said}", status="resolved")]
+        return []

@@ -50,6 +50,7 @@ from rig.redis_conn import (
     strip_password,
     url_password,
 )
+from rig.redis_writes import notices_at as redis_notices_at
 from rig.redis_server import is_local, private_redis_dir, probe, start_private_redis
 from rig.registration import register_node
 from rig.supervision import (
@@ -264,6 +265,8 @@ class Stack:
                 self.say(f"warning: the Redis at {shown} takes clients without a password: whoever can "
                          "reach it can run commands as this user through rig; set requirepass "
                          "(docs/SECURITY.md)")
+            for line in redis_notices_at(url):  # full; an evicting policy; no persistence
+                self.say(f"warning: {line}")
             return
         if not self.wants("redis") and self.options.only:
             raise StackError(f"no Redis answers at {shown}")
