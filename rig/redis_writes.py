@@ -238,3 +238,17 @@ class FullWatch:
             said, self.firing = self.firing, None
             return [Alert(self.KEY, SEVERITY_CRITICAL, f"resolved: {said}", status="resolved")]
         return []
+
+
+def refuses_writes(client: redis.Redis) -> bool:
+    """True when Redis answers but would refuse a write now: full (:class:`MemoryState`) or a
+    read-only replica. Then every heartbeat is refused at once, so silence proves nothing about
+    a worker (rig.stack's hung check and the health check judge none). False when unknown."""
+    try:
+        state = memory_state(client)
+        if state is not None and state.full:
+            return True
+        info = client.info("replication")
+        return info.get("role") == "slave" and str(info.get("slave_read_only", 1)) == "1"
+    except (redis.RedisError, OSError, ValueError, TypeError):
+        return False

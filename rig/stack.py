@@ -51,6 +51,7 @@ from rig.redis_conn import (
     url_password,
 )
 from rig.redis_writes import notices_at as redis_notices_at
+from rig.redis_writes import refuses_writes as redis_refuses_writes
 from rig.redis_server import is_local, private_redis_dir, probe, start_private_redis
 from rig.registration import register_node
 from rig.supervision import (
@@ -404,6 +405,10 @@ class Stack:
         try:
             beats = self._redis().mget([self.keys.worker(n) for n in names])
         except redis.RedisError:
+            return
+        if redis_refuses_writes(self._redis()):  # full or read-only: every heartbeat is refused
+            for child in workers:
+                child.silent_since = None  # silence counts from when Redis takes writes again
             return
         for child, name, raw in zip(workers, names, beats, strict=True):
             try:
