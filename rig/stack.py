@@ -50,9 +50,9 @@ from rig.redis_conn import (
     strip_password,
     url_password,
 )
+from rig.redis_server import is_local, private_redis_dir, probe, start_private_redis
 from rig.redis_writes import notices_at as redis_notices_at
 from rig.redis_writes import refuses_writes as redis_refuses_writes
-from rig.redis_server import is_local, private_redis_dir, probe, start_private_redis
 from rig.registration import register_node
 from rig.supervision import (
     child_marks,
