@@ -41,7 +41,7 @@ from rig.nodes import NodeInfo, NodeRegistry
 from rig.placement import Request, never_fits
 from rig.redis_conn import check, connect, unavailable
 from rig.redis_writes import notices as redis_notices
-from rig.redis_writes import refusal, refused_error
+from rig.redis_writes import is_outage, refusal, refused_error
 from rig.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,14 @@ class Client:
         return self._celery
 
     def wake_dispatcher(self) -> None:
-        self.r.lpush(self.keys.sched_wake, "1")
+        """Nudge the dispatcher. Only a nudge (it looks at the queue every second anyway): a
+        Redis that cannot take it now (unreachable, full) is no error of the caller's."""
+        try:
+            self.r.lpush(self.keys.sched_wake, "1")
+        except redis.RedisError as exc:
+            if not is_outage(exc):
+                raise
+            log.debug("dispatcher not nudged: %s", exc)
 
     def _guard(self, fn, *args, **kwargs):
         try:

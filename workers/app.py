@@ -45,7 +45,7 @@ from rig.keys import Keys
 from rig.memory import format_memory
 from rig.nodes import NodeRegistry
 from rig.redis_conn import connect
-from rig.redis_writes import FullWatch
+from rig.redis_writes import FullWatch, is_outage
 from rig.supervision import watch_supervisor
 from rig.worker_lock import EXIT_LOCK_HELD, LockHeld, acquire, lock_path, worker_lock_name
 from workers import kombu_patches
@@ -174,8 +174,11 @@ def _local_health() -> None:
                 swept = sweep_logs(settings, _redis)
                 # Skipped while another node sweeps (one lock): try again in a minute.
                 next_sweep = time.monotonic() + (LOG_SWEEP_INTERVAL_S if swept is not None else 60.0)
-        except Exception:  # noqa: BLE001 - the next pass tries again
-            log.exception("local health check failed")
+        except Exception as exc:  # noqa: BLE001 - the next pass tries again
+            if is_outage(exc):  # unreachable or full: one line, not a traceback per pass
+                log.warning("local health check skipped, Redis unavailable: %s", str(exc)[:200])
+            else:
+                log.exception("local health check failed")
 
 
 def _alert_redis_full(watch: FullWatch) -> None:

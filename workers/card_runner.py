@@ -531,7 +531,8 @@ class CardRunner:
                             "job's (instance %s): nothing written", job_id, instance, end, job_id, job.instance)
                 return
             folders.append(job_folder(self.settings.job_log_dir, job_id, job.instance))
-            code, state = conclude(self.ledger, job, token, end, expect=expect)
+            code, state = conclude(self.ledger, job, token, end, expect=expect,
+                                   follow_up=lambda fn: self._retry_redis(fn, f"finish recording job {job_id}"))
             if code == 1:
                 result.append(state)
 

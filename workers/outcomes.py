@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rig.failures import (
@@ -133,9 +134,15 @@ def decide(job: Job, end: AttemptEnd, largest_usable: int, now: float | None = N
 
 
 def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
-             expect: JobState | None = None) -> tuple[int, JobState]:
+             expect: JobState | None = None,
+             follow_up: Callable[[Callable[[], None]], object] | None = None) -> tuple[int, JobState]:
     """Apply ``decide`` through the ledger (fenced by ``token``, and by ``expect``: the state
-    the caller saw the job in, if its view may be stale); wakes the dispatcher."""
+    the caller saw the job in, if its view may be stale); wakes the dispatcher.
+
+    The writes after the transition (the run's peak and duration for later estimates, the
+    dispatcher's wake-up) go through ``follow_up`` (by default: once): the card runner passes
+    its Redis retry, so a Redis that refuses them (full) after taking the transition does not
+    make the whole ending be tried again (it would find the job ended and record neither)."""
     cards = [c for c in ledger.cards() if c.allowed]
     largest = max((c.usable for c in cards if c.node == job.node), default=0) or max(
         (c.usable for c in cards), default=job.gpu_memory)
@@ -146,23 +153,28 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
                                util_samples=0, overuse=0, overuse_stop=None)
     code, detail = ledger.transition(job.id, decision.state, token=token, fields=decision.fields,
                                      error_queue=decision.error_queue, expect=expect)
-    if code == 1 and decision.state is JobState.SUCCEEDED:
-        pipe = ledger.r.pipeline(transaction=False)
-        if job.vram_peak:
-            # What this kind of job really needs, for `--gpu-memory auto` next time.
-            pipe.lpush(ledger.keys.history(job.name), job.vram_peak)
-            pipe.ltrim(ledger.keys.history(job.name), 0, HISTORY_LENGTH - 1)
-        if job.started_at:
-            # How long it ran, for the dispatcher's estimate of when cards free (backfill).
-            pipe.lpush(ledger.keys.durations(job.name), round(max(0.0, time.time() - job.started_at), 3))
-            pipe.ltrim(ledger.keys.durations(job.name), 0, HISTORY_LENGTH - 1)
-        pipe.execute()
     if code == 1:
         log.info("job %s attempt %s: %s -> %s (%s)", job.id, job.attempt, detail,
                  decision.state.value, decision.fields.get("reason"))
     else:
         log.warning("job %s: not moved to %s, it is %s", job.id, decision.state.value, detail)
-    ledger.r.lpush(ledger.keys.sched_wake, "1")
+    ran = time.time() - job.started_at if job.started_at else None
+
+    def _after() -> None:
+        pipe = ledger.r.pipeline(transaction=False)
+        if code == 1 and decision.state is JobState.SUCCEEDED:
+            if job.vram_peak:
+                # What this kind of job really needs, for `--gpu-memory auto` next time.
+                pipe.lpush(ledger.keys.history(job.name), job.vram_peak)
+                pipe.ltrim(ledger.keys.history(job.name), 0, HISTORY_LENGTH - 1)
+            if ran is not None:
+                # How long it ran, for the dispatcher's estimate of when cards free (backfill).
+                pipe.lpush(ledger.keys.durations(job.name), round(max(0.0, ran), 3))
+                pipe.ltrim(ledger.keys.durations(job.name), 0, HISTORY_LENGTH - 1)
+        pipe.lpush(ledger.keys.sched_wake, "1")
+        pipe.execute()
+
+    (follow_up or (lambda fn: fn()))(_after)
     return code, decision.state
 
 
