@@ -108,14 +108,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[str]:
+def _start_redis(folder: Path, *extra: str) -> tuple[str, subprocess.Popen]:
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.skip("no redis-server binary")
+    folder.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp_path)],
+                             "--appendonly", "no", "--dir", str(folder), *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     client = redis.Redis.from_url(url)
@@ -123,11 +123,17 @@ def private_redis(tmp_path: Path) -> Iterator[str]:
     while True:
         try:
             client.ping()
-            break
+            return url, proc
         except redis.ConnectionError:
             if time.monotonic() > deadline:
+                proc.kill()
                 raise
             time.sleep(0.05)
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[str]:
+    url, proc = _start_redis(tmp_path / "redis")
     yield url
     proc.terminate()
     proc.wait(10)
@@ -228,3 +234,28 @@ def test_a_batch_whose_transaction_is_refused_takes_no_id(monkeypatch):
     monkeypatch.undo()
     assert client.get(store.keys.next_job_id) in (None, "0")
     assert [j.id for j in store.create_many(jobs[:2])] == [1, 2]
+
+
+def test_a_read_only_replica_is_one_line_too(private_redis, tmp_path, monkeypatch):
+    """rig pointed at a replica: its writes are refused (READONLY); rig's error says so, not
+    "full", and the CLI exits 5 with that one line."""
+    from rig.cli.submit import main
+
+    primary_port = private_redis.rsplit(":", 1)[1].split("/")[0]
+    replica_url, replica = _start_redis(tmp_path / "replica", "--replicaof", "127.0.0.1", primary_port)
+    try:
+        monkeypatch.chdir(tmp_path)
+        client = Client(load_settings(redis_url=replica_url, key_prefix="ro:", home=tmp_path / "home"))
+        with pytest.raises(RedisRefusesWrites, match="read-only replica") as caught:
+            client.submit("true", gpu_memory="1G")
+        assert not isinstance(caught.value, RedisFull)
+        for name, value in {"RIG_REDIS_URL": replica_url, "RIG_KEY_PREFIX": "ro:",
+                            "RIG_HOME": str(tmp_path / "home")}.items():
+            monkeypatch.setenv(name, value)
+        result = CliRunner().invoke(main, ["--gpu-memory", "1G", "--", "true"])
+        assert result.exit_code == 5 and len(result.output.strip().splitlines()) == 1, result.output
+        assert "read-only replica" in result.output
+        assert W.refuses_writes(redis.Redis.from_url(replica_url))
+    finally:
+        replica.terminate()
+        replica.wait(10)
