@@ -51,6 +51,7 @@ from rig.redis_conn import (
     url_password,
 )
 from rig.redis_server import is_local, private_redis_dir, probe, start_private_redis
+from rig.redis_writes import full_notice as redis_full_notice
 from rig.redis_writes import notices_at as redis_notices_at
 from rig.redis_writes import refuses_writes as redis_refuses_writes
 from rig.registration import register_node
@@ -172,6 +173,7 @@ class Stack:
         # The private Redis (when this Stack started one): restart attempts after it died.
         self._private_redis = False
         self._redis_failures = 0  # failed restarts in a row
+        self._redis_refusing = False  # Redis refused writes at the last hung check (said once)
         self._redis_next_try = 0.0  # monotonic time of the next attempt
         self._redis_last_error = ""  # said once per change
 
@@ -406,7 +408,12 @@ class Stack:
             beats = self._redis().mget([self.keys.worker(n) for n in names])
         except redis.RedisError:
             return
-        if redis_refuses_writes(self._redis()):  # full or read-only: every heartbeat is refused
+        refusing = redis_refuses_writes(self._redis())
+        if refusing != self._redis_refusing:  # one line when it starts, one when it ends
+            self._redis_refusing = refusing
+            self.say(f"warning: {redis_full_notice(self._redis()) or 'Redis refuses writes (a read-only replica?)'}; "
+                     "rig's workers wait and retry" if refusing else "Redis takes writes again")
+        if refusing:  # full or read-only: every heartbeat is refused
             for child in workers:
                 child.silent_since = None  # silence counts from when Redis takes writes again
             return

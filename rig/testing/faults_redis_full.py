@@ -11,7 +11,7 @@ refused ("OOM command not allowed") while reads still work. While it is full:
 - ``rig status`` works and says "Redis is full (used ... of maxmemory ..., policy noeviction)";
 - the running jobs end by themselves: their endings cannot be written yet;
 - no rig process dies (control worker, card workers, beat: none restarted), for longer than
-  health.timeout.
+  health.timeout; `rig up` says once that Redis is full, and once that it takes writes again.
 
 Then maxmemory is raised: every ending is recorded with its true result (SUCCEEDED), each job ran
 once, nothing stays reserved, new submissions get the next ids (none burnt), and `rig status`
@@ -77,6 +77,8 @@ def redis_full(workdir: Path) -> ScenarioResult:
     admin = redis.Redis.from_url(sc.node.settings.redis_url, decode_responses=True)
     try:
         sc.node.up(beat=True)
+        told: list[str] = []  # what `rig up` prints from here on
+        sc.node.stack.say = told.append  # type: ignore[union-attr]
         ids = [sc.submit(body=f"{GATE}; sleep 0.2", gpu_memory="20G") for _ in range(3)]
         sc.wait_running(ids)
         last_id = int(admin.get(sc.node.keys.next_job_id) or 0)
@@ -132,6 +134,12 @@ def redis_full(workdir: Path) -> ScenarioResult:
         restarted = [c.name for c in sc.node.stack.children if c.restarts]  # type: ignore[union-attr]
         if restarted:
             sc.result.problems.append(f"processes died around the outage (restarted): {restarted}")
+        full_lines = [line for line in told if "Redis is full (used" in line]
+        back_lines = [line for line in told if "Redis takes writes again" in line]
+        if len(full_lines) != 1 or len(back_lines) != 1:
+            sc.result.problems.append(f"rig up's output during the outage: {told}")
+        else:
+            sc.result.notes.append(f"rig up: {full_lines[0][:100]} ... {back_lines[0]}")
         status = _cli(sc, "status")
         if "Redis is full" in status.stdout:
             sc.result.problems.append("rig status still says Redis is full after maxmemory was raised")
