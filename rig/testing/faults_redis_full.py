@@ -37,7 +37,7 @@ from rig.testing.faults import GATE, Scenario, ScenarioResult, _private_redis, _
 #: How long Redis stays full (s): longer than the scenario's health.timeout, so heartbeats
 #: refused for that long must not make any check kill or conclude anything.
 FULL_FOR_S = 8.0
-HEALTH = {"check_interval": 1.0, "timeout": 4.0}
+HEALTH = {"check_interval": 1.0, "timeout": 4.0, "assigned_timeout": 10.0}
 
 
 def _cli_env(sc: Scenario) -> dict[str, str]:
@@ -79,8 +79,11 @@ def redis_full(workdir: Path) -> ScenarioResult:
         sc.node.up(beat=True)
         told: list[str] = []  # what `rig up` prints from here on
         sc.node.stack.say = told.append  # type: ignore[union-attr]
-        ids = [sc.submit(body=f"{GATE}; sleep 0.2", gpu_memory="20G") for _ in range(3)]
+        ids = [sc.submit(body=f"{GATE}; sleep 0.2", gpu_memory="70G") for _ in range(2)]  # one per card
         sc.wait_running(ids)
+        # No room for it until the others end, which they do while Redis is full: it is placed
+        # around the outage (its start message may be refused after its reservation was taken).
+        ids.append(sc.submit(body=f"{GATE}; sleep 0.2", gpu_memory="70G"))
         last_id = int(admin.get(sc.node.keys.next_job_id) or 0)
 
         admin.config_set("maxmemory", 1)  # every write refused from now on; reads still answer
@@ -113,7 +116,7 @@ def redis_full(workdir: Path) -> ScenarioResult:
         # A ledger script that has begun writing runs to its end even on a full Redis (it is
         # atomic), so an ending may land now; any other state would be false.
         wrong = {j.id: j.state.value for j in sc.node.client.store.get_many(ids)
-                 if j.state not in (JobState.RUNNING, JobState.SUCCEEDED)}
+                 if j.state not in (JobState.PENDING, JobState.ASSIGNED, JobState.RUNNING, JobState.SUCCEEDED)}
         if wrong:
             sc.result.problems.append(f"jobs in a false state while Redis was full: {wrong}")
         restarted = [c.name for c in sc.node.stack.children if c.restarts]  # type: ignore[union-attr]
@@ -121,7 +124,7 @@ def redis_full(workdir: Path) -> ScenarioResult:
             sc.result.problems.append(f"processes died while Redis was full (restarted): {restarted}")
 
         admin.config_set("maxmemory", 0)  # memory is back
-        _wait(lambda: all(sc.node.client.get(j).state.terminal for j in ids), 60,
+        _wait(lambda: all(sc.node.client.get(j).state.terminal for j in ids), 90,
               "the endings to be recorded once Redis took writes again")
         after = sc.submit(body="true", gpu_memory="1G")
         if after != last_id + 1:
