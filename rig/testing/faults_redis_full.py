@@ -157,4 +157,4 @@ def redis_full(workdir: Path) -> ScenarioResult:
         server.wait(10)
 
 
-SCENARIOS = [("redis_full", redis_full)]
+SCENARIOS = [("redis-full", redis_full)]
