@@ -14,6 +14,7 @@ import logging
 import time
 
 from redbeat import RedBeatScheduler
+from redbeat.schedulers import acquire_distributed_beat_lock
 
 from rig.redis_writes import is_outage
 
@@ -21,6 +22,13 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two tries while Redis is out (beat's own loop interval is 2 s).
 OUTAGE_RETRY_S = 2.0
+
+
+class _Sender:
+    """What redbeat's beat_init handler reads of its sender: the scheduler."""
+
+    def __init__(self, scheduler: RedBeatScheduler) -> None:
+        self.scheduler = scheduler
 
 
 class RigBeatScheduler(RedBeatScheduler):
@@ -43,6 +51,12 @@ class RigBeatScheduler(RedBeatScheduler):
 
     def tick(self, *args, **kwargs) -> float:  # noqa: ANN002, ANN003 - Scheduler.tick's signature
         try:
+            if self.lock_key and self.lock is None:
+                # redbeat takes its lock at beat_init, waiting for it (a second beat waits
+                # there while the first one ticks); an outage ends that wait with an error
+                # Celery swallows, leaving no lock (its tick then raised AttributeError).
+                # Take it here, the same way, once Redis takes writes.
+                acquire_distributed_beat_lock(_Sender(self))
             interval = super().tick(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - judged by is_outage
             if not is_outage(exc):

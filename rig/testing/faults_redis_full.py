@@ -1,7 +1,8 @@
 """Fault scenario: rig's Redis fills up (``maxmemory`` with ``noeviction``) while jobs run.
 
-A private redis-server (never the shared one: this scenario sets its maxmemory) behind a real
-node with beat. Jobs run; then maxmemory is set below what Redis holds, so every write is
+A private redis-server (never the shared one: this scenario sets its maxmemory) behind two real
+nodes (n1, n2: one 80G card each, each with its own home, control worker and beat). A job runs
+on each; a third waits for room. Then maxmemory is set below what Redis holds, so every write is
 refused ("OOM command not allowed") while reads still work. While it is full:
 
 - ``rig-submit`` says one line (exit 5, "Redis ... is full (used X of maxmemory Y, policy
@@ -10,12 +11,14 @@ refused ("OOM command not allowed") while reads still work. While it is full:
   takes no job id;
 - ``rig status`` works and says "Redis is full (used ... of maxmemory ..., policy noeviction)";
 - the running jobs end by themselves: their endings cannot be written yet;
-- no rig process dies (control worker, card workers, beat: none restarted), for longer than
-  health.timeout; `rig up` says once that Redis is full, and once that it takes writes again.
+- no rig process dies (control workers, card workers, both beats: none restarted), for longer
+  than health.timeout; each `rig up` says once that Redis is full, and once that it takes writes
+  again; each control worker raises the "redis_full" alert (rig.redis_writes.FullWatch).
 
-Then maxmemory is raised: every ending is recorded with its true result (SUCCEEDED), each job ran
-once, nothing stays reserved, new submissions get the next ids (none burnt), and `rig status`
-no longer says Redis is full. The same for a read-only replica is covered by the unit tests of
+Then maxmemory is raised: every ending is recorded with its true result (SUCCEEDED, attempt 1),
+the waiting job runs once, nothing stays reserved, no node was declared down for its refused
+heartbeats, new submissions get the next ids (none burnt), and `rig status` no longer says Redis
+is full. The same for a read-only replica is covered by the unit tests of
 rig.redis_writes (one refusal path).
 """
 
@@ -32,7 +35,9 @@ import redis
 from rig.errors import RedisFull
 from rig.models import JobState
 from rig.stack import settings_env
+from rig.nodes import NodeRegistry
 from rig.testing.faults import GATE, Scenario, ScenarioResult, _private_redis, _wait
+from rig.testing.harness import RigCluster, RigHarness
 
 #: How long Redis stays full (s): longer than the scenario's health.timeout, so heartbeats
 #: refused for that long must not make any check kill or conclude anything.
@@ -71,16 +76,20 @@ def redis_full(workdir: Path) -> ScenarioResult:
     """See the module docstring."""
     workdir.mkdir(parents=True, exist_ok=True)
     url, server = _private_redis(workdir)
-    sc = Scenario(workdir, "Redis full (maxmemory, noeviction)", "maxmemory below used memory for "
-                  f"{FULL_FOR_S:.0f} s while jobs run, end and are submitted; then raised",
-                  fake_gpus="2x80G", redis_url=url, health=HEALTH)
+    cluster = RigCluster(workdir / "nodes", {"n1": "1x80G", "n2": "1x80G"}, redis_url=url, health=HEALTH)
+    nodes = list(cluster.nodes.values())
+    sc = Scenario(workdir, "Redis full (maxmemory, noeviction), two nodes", "maxmemory below used memory "
+                  f"for {FULL_FOR_S:.0f} s while jobs run, end and are submitted; then raised", node=nodes[0])
     admin = redis.Redis.from_url(sc.node.settings.redis_url, decode_responses=True)
+    told: dict[str, list[str]] = {node.name: [] for node in nodes}  # what each `rig up` prints
     try:
-        sc.node.up(beat=True)
-        told: list[str] = []  # what `rig up` prints from here on
-        sc.node.stack.say = told.append  # type: ignore[union-attr]
-        ids = [sc.submit(body=f"{GATE}; sleep 0.2", gpu_memory="70G") for _ in range(2)]  # one per card
+        for node in nodes:
+            node.up(beat=True)
+            node.stack.say = told[node.name].append  # type: ignore[union-attr]
+        ids = [sc.submit(body=f"{GATE}; sleep 0.2", gpu_memory="70G") for _ in range(2)]  # one per node
         sc.wait_running(ids)
+        if sorted(j.node for j in sc.node.client.store.get_many(ids)) != ["n1", "n2"]:
+            sc.result.problems.append("the first two jobs did not run one on each node")
         # No room for it until the others end, which they do while Redis is full: it is placed
         # around the outage (its start message may be refused after its reservation was taken).
         ids.append(sc.submit(body=f"{GATE}; sleep 0.2", gpu_memory="70G"))
@@ -119,7 +128,7 @@ def redis_full(workdir: Path) -> ScenarioResult:
                  if j.state not in (JobState.PENDING, JobState.ASSIGNED, JobState.RUNNING, JobState.SUCCEEDED)}
         if wrong:
             sc.result.problems.append(f"jobs in a false state while Redis was full: {wrong}")
-        restarted = [c.name for c in sc.node.stack.children if c.restarts]  # type: ignore[union-attr]
+        restarted = _restarted(nodes)
         if restarted:
             sc.result.problems.append(f"processes died while Redis was full (restarted): {restarted}")
 
@@ -134,15 +143,22 @@ def redis_full(workdir: Path) -> ScenarioResult:
         wrong = {j: f.state.value for j, f in finals.items() if f.state is not JobState.SUCCEEDED}
         if wrong:
             sc.result.problems.append(f"jobs not SUCCEEDED (their true result): {wrong}")
-        restarted = [c.name for c in sc.node.stack.children if c.restarts]  # type: ignore[union-attr]
+        again = {j: f.attempt for j, f in finals.items() if f.attempt != 1}
+        if again:
+            sc.result.problems.append(f"jobs run again (attempts) after the outage: {again}")
+        restarted = _restarted(nodes)
         if restarted:
             sc.result.problems.append(f"processes died around the outage (restarted): {restarted}")
-        full_lines = [line for line in told if "Redis is full (used" in line]
-        back_lines = [line for line in told if "Redis takes writes again" in line]
-        if len(full_lines) != 1 or len(back_lines) != 1:
-            sc.result.problems.append(f"rig up's output during the outage: {told}")
-        else:
-            sc.result.notes.append(f"rig up: {full_lines[0][:100]} ... {back_lines[0]}")
+        gone = [n.name for n in NodeRegistry(admin, sc.node.keys).read() if n.down_since is not None]
+        if gone:
+            sc.result.problems.append(f"nodes declared down because Redis refused their heartbeats: {gone}")
+        for name, lines in told.items():
+            full_lines = [line for line in lines if "Redis is full (used" in line]
+            back_lines = [line for line in lines if "Redis takes writes again" in line]
+            if len(full_lines) != 1 or len(back_lines) != 1:
+                sc.result.problems.append(f"rig up of {name} during the outage said: {lines}")
+            else:
+                sc.result.notes.append(f"rig up ({name}): {full_lines[0][:90]} ... {back_lines[0]}")
         status = _cli(sc, "status")
         if "Redis is full" in status.stdout:
             sc.result.problems.append("rig status still says Redis is full after maxmemory was raised")
@@ -153,8 +169,15 @@ def redis_full(workdir: Path) -> ScenarioResult:
         except redis.RedisError:
             pass
         sc.close()
+        cluster.cleanup()
         server.terminate()
         server.wait(10)
+
+
+def _restarted(nodes: list[RigHarness]) -> list[str]:
+    """The rig processes that died and were started again, as node/child."""
+    return [f"{node.name}/{child.name}" for node in nodes if node.stack is not None
+            for child in node.stack.children if child.restarts]
 
 
 SCENARIOS = [("redis-full", redis_full)]
