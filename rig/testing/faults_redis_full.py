@@ -34,8 +34,8 @@ import redis
 
 from rig.errors import RedisFull
 from rig.models import JobState
-from rig.stack import settings_env
 from rig.nodes import NodeRegistry
+from rig.stack import settings_env
 from rig.testing.faults import GATE, Scenario, ScenarioResult, _private_redis, _wait
 from rig.testing.harness import RigCluster, RigHarness
 
