@@ -190,13 +190,13 @@ def refused_at(url: str, exc: BaseException) -> RedisRefusesWrites:
 
 
 def notices(client: redis.Redis, *, private: bool = False) -> list[str]:
-    """What `rig status` and `rig up` say about rig's Redis: :func:`full_notice` first, then
+    """What `rig status` and `rig up` say about rig's Redis: :func:`refusal_notice` first, then
     :func:`warnings`. Never raises."""
     try:
-        full = full_notice(client)
+        refused = refusal_notice(client)
     except Exception:  # noqa: BLE001 - a notice must never fail the command that asks
-        full = None
-    return ([full] if full else []) + warnings(client, private=private)
+        refused = None
+    return ([refused] if refused else []) + warnings(client, private=private)
 
 
 def notices_at(url: str) -> list[str]:
@@ -214,12 +214,12 @@ def notices_at(url: str) -> list[str]:
 
 
 class FullWatch:
-    """The "Redis is full" alert of one process (a node's control worker), kept in memory: a
+    """The "Redis is full" (or otherwise refuses writes: :func:`refusal_notice`) alert of one process (a node's control worker), kept in memory: a
     full Redis refuses the alert's own bookkeeping (rig.alerts keeps it in Redis) and beat's
     messages, so the periodic alert task cannot run then. :meth:`check` returns the alerts to
     deliver: one firing when Redis fills, one resolved when it takes writes again."""
 
-    KEY = "redis_full"
+    KEY = "redis_refuses_writes"
 
     def __init__(self, node: str) -> None:
         self.node = node
@@ -230,7 +230,7 @@ class FullWatch:
 
         if memory_state(client) is None:
             return []  # unreadable: neither full nor cleared, as far as is known
-        line = full_notice(client)
+        line = refusal_notice(client)
         if line and self.firing is None:
             self.firing = line
             return [Alert(self.KEY, SEVERITY_CRITICAL, f"{line} (seen by node {self.node})")]
@@ -240,15 +240,34 @@ class FullWatch:
         return []
 
 
-def refuses_writes(client: redis.Redis) -> bool:
-    """True when Redis answers but would refuse a write now: full (:class:`MemoryState`) or a
-    read-only replica. Then every heartbeat is refused at once, so silence proves nothing about
-    a worker (rig.stack's hung check and the health check judge none). False when unknown."""
+def refusal_notice(client: redis.Redis) -> str | None:
+    """One line when Redis answers but would refuse a write now, else None (also when that
+    cannot be read): full (:func:`full_notice`), a read-only replica, or a failed RDB save with
+    stop-writes-on-bgsave-error (MISCONF). For `rig status`, `rig up` and the alert."""
     try:
-        state = memory_state(client)
-        if state is not None and state.full:
-            return True
-        info = client.info("replication")
-        return info.get("role") == "slave" and str(info.get("slave_read_only", 1)) == "1"
-    except (redis.RedisError, OSError, ValueError, TypeError):
-        return False
+        full = full_notice(client)
+        if full:
+            return full
+        replication = client.info("replication")
+        if replication.get("role") == "slave" and str(replication.get("slave_read_only", 1)) == "1":
+            return ("Redis is a read-only replica: it refuses rig's writes, so nothing can be "
+                    "submitted, placed or concluded; point RIG_REDIS_URL at the primary")
+        persistence = client.info("persistence")
+        if persistence.get("rdb_last_bgsave_status") == "err":
+            # MISCONF needs save points and stop-writes-on-bgsave-error (both unknown without
+            # CONFIG: Redis' defaults, which refuse).
+            stops = _config(client, "stop-writes-on-bgsave-error") != "no"
+            saves = (_config(client, "save") or "x").strip() != ""
+            if stops and saves:
+                return ("Redis refuses writes: its last RDB save failed (MISCONF), so nothing can be "
+                        "submitted, placed or concluded; free disk space where it saves and see its log")
+    except (redis.RedisError, OSError, ValueError, TypeError) as exc:
+        log.debug("Redis write state unreadable: %s", exc)
+    return None
+
+
+def refuses_writes(client: redis.Redis) -> bool:
+    """True when Redis answers but would refuse a write now (:func:`refusal_notice`). Then every
+    heartbeat is refused at once, so silence proves nothing about a worker (rig.stack's hung
+    check judges none). False when unknown."""
+    return refusal_notice(client) is not None

@@ -51,9 +51,8 @@ from rig.redis_conn import (
     url_password,
 )
 from rig.redis_server import is_local, private_redis_dir, probe, start_private_redis
-from rig.redis_writes import full_notice as redis_full_notice
 from rig.redis_writes import notices_at as redis_notices_at
-from rig.redis_writes import refuses_writes as redis_refuses_writes
+from rig.redis_writes import refusal_notice as redis_refusal_notice
 from rig.registration import register_node
 from rig.supervision import (
     child_marks,
@@ -408,11 +407,12 @@ class Stack:
             beats = self._redis().mget([self.keys.worker(n) for n in names])
         except redis.RedisError:
             return
-        refusing = redis_refuses_writes(self._redis())
+        notice = redis_refusal_notice(self._redis())  # full, read-only, MISCONF; None: takes writes
+        refusing = notice is not None
         if refusing != self._redis_refusing:  # one line when it starts, one when it ends
             self._redis_refusing = refusing
-            self.say(f"warning: {redis_full_notice(self._redis()) or 'Redis refuses writes (a read-only replica?)'}; "
-                     "rig's workers wait and retry" if refusing else "Redis takes writes again")
+            self.say(f"warning: {notice}; rig's workers wait and retry" if refusing
+                     else "Redis takes writes again")
         if refusing:  # full or read-only: every heartbeat is refused
             for child in workers:
                 child.silent_since = None  # silence counts from when Redis takes writes again

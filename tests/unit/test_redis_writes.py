@@ -95,10 +95,24 @@ def test_full_notice_says_the_figures():
     assert "of maxmemory 1" in line and "policy noeviction)" in line
     roomy = _FakeInfo({}, {"used_memory": 3, "maxmemory": 2**20, "maxmemory_policy": "noeviction"})
     assert W.full_notice(roomy) is None  # type: ignore[arg-type]
+    assert W.refusal_notice(full) == line and W.refuses_writes(full)  # type: ignore[arg-type]
     watch = W.FullWatch("n1")
     assert [a.status for a in watch.check(full)] == ["firing"]  # type: ignore[arg-type]
     assert watch.check(full) == []  # type: ignore[arg-type]
     assert [a.status for a in watch.check(roomy)] == ["resolved"]  # type: ignore[arg-type]
+
+
+def test_a_failed_rdb_save_that_stops_writes_is_said():
+    """MISCONF: the last RDB save failed and stop-writes-on-bgsave-error is on (its default, so
+    also assumed when CONFIG is refused); with it off, Redis takes writes: nothing said."""
+    memory = {"used_memory": 3, "maxmemory": 0, "maxmemory_policy": "noeviction"}
+    failed = {"rdb_last_bgsave_status": "err"}
+    for config in (None, {"stop-writes-on-bgsave-error": "yes", "save": "3600 1"}):
+        line = W.refusal_notice(_FakeInfo(config, memory, failed))  # type: ignore[arg-type]
+        assert line is not None and "MISCONF" in line
+    off = {"stop-writes-on-bgsave-error": "no", "save": "3600 1"}
+    assert W.refusal_notice(_FakeInfo(off, memory, failed)) is None  # type: ignore[arg-type]
+    assert W.refusal_notice(_FakeInfo(None, memory, {"rdb_last_bgsave_status": "ok"})) is None  # type: ignore[arg-type]
 
 
 # -- against a real, private, full Redis ---------------------------------------------------------
