@@ -221,8 +221,9 @@ class FullWatch:
 
     KEY = "redis_refuses_writes"
 
-    def __init__(self, node: str) -> None:
+    def __init__(self, node: str, prefix: str = "rig:") -> None:
         self.node = node
+        self.prefix = prefix  # rig's key prefix: where the node registry is
         self.firing: str | None = None
 
     def check(self, client: redis.Redis) -> list:  # noqa: ANN401 - list[rig.alerts.Alert]
@@ -231,6 +232,8 @@ class FullWatch:
         if memory_state(client) is None:
             return []  # unreadable: neither full nor cleared, as far as is known
         line = refusal_notice(client)
+        if line and self.firing is None and not self.speaks(client):
+            return []  # another node's control worker says it: one alert for the cluster
         if line and self.firing is None:
             self.firing = line
             return [Alert(self.KEY, SEVERITY_CRITICAL, f"{line} (seen by node {self.node})")]
@@ -238,6 +241,20 @@ class FullWatch:
             said, self.firing = self.firing, None
             return [Alert(self.KEY, SEVERITY_CRITICAL, f"resolved: {said}", status="resolved")]
         return []
+
+    def speaks(self, client: redis.Redis) -> bool:
+        """Is this node the one that raises the alert? The first by name among the nodes with a
+        live heartbeat, else (a long outage expired them all) among those neither stopped nor
+        down; this node when none can be read. Reads only: decided on a full Redis too."""
+        from rig.keys import Keys
+        from rig.nodes import NodeRegistry
+
+        try:
+            nodes = NodeRegistry(client, Keys(self.prefix)).read()
+        except Exception:  # noqa: BLE001 - unreadable: say it here rather than nowhere
+            return True
+        names = [n.name for n in nodes if n.alive] or [n.name for n in nodes if n.state in ("up", "silent")]
+        return not names or self.node <= min(names)
 
 
 def refusal_notice(client: redis.Redis) -> str | None:

@@ -165,7 +165,7 @@ def _local_health() -> None:
     periodic tasks reach only one control worker of the cluster, so beat sends none of them)."""
     checker = HealthChecker(settings, _redis)
     next_sweep = time.monotonic() + LOG_SWEEP_INTERVAL_S
-    full = FullWatch(settings.node_name)
+    full = FullWatch(settings.node_name, settings.key_prefix)
     while not _control_stop.wait(settings.health.check_interval):
         _alert_redis_full(full)
         try:

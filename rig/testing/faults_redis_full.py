@@ -159,6 +159,15 @@ def redis_full(workdir: Path) -> ScenarioResult:
                 sc.result.problems.append(f"rig up of {name} during the outage said: {lines}")
             else:
                 sc.result.notes.append(f"rig up ({name}): {full_lines[0][:90]} ... {back_lines[0]}")
+        alerts = [line for node in nodes for line in _log_lines(node, "control.log")
+                  if "rig alert" in line and "[redis_refuses_writes]" in line]
+        fired = [line for line in alerts if "Redis is full (used" in line and "resolved" not in line]
+        resolved = [line for line in alerts if "alert resolved" in line]
+        if len(fired) != 1 or len(resolved) != 1:
+            sc.result.problems.append(f"Redis-full alerts of the cluster: {len(fired)} fired, {len(resolved)} "
+                                      f"resolved (one each expected): {alerts}")
+        else:
+            sc.result.notes.append(f"alert: {fired[0].split('] ', 1)[-1][:110]}")
         status = _cli(sc, "status")
         if "Redis is full" in status.stdout:
             sc.result.problems.append("rig status still says Redis is full after maxmemory was raised")
@@ -172,6 +181,11 @@ def redis_full(workdir: Path) -> ScenarioResult:
         cluster.cleanup()
         server.terminate()
         server.wait(10)
+
+
+def _log_lines(node: RigHarness, name: str) -> list[str]:
+    path = node.settings.rig_log_dir / name
+    return path.read_text(errors="replace").splitlines() if path.exists() else []
 
 
 def _restarted(nodes: list[RigHarness]) -> list[str]:
