@@ -273,3 +273,27 @@ def test_a_read_only_replica_is_one_line_too(private_redis, tmp_path, monkeypatc
     finally:
         replica.terminate()
         replica.wait(10)
+
+
+def test_beat_waits_through_a_refused_write_and_fails_on_others(monkeypatch):
+    """workers.beat: an outage in a tick (redbeat does not retry a refused write) returns the
+    retry interval, said once; any other error still ends beat."""
+    from redbeat import RedBeatScheduler
+
+    from workers.beat import OUTAGE_RETRY_S, RigBeatScheduler
+
+    scheduler = RigBeatScheduler.__new__(RigBeatScheduler)
+    scheduler.lock_key = None  # no lock to take in this test
+    raised: list[BaseException] = [OOM]
+
+    def tick(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202, ARG001
+        if raised:
+            raise raised.pop()
+        return 1.5
+
+    monkeypatch.setattr(RedBeatScheduler, "tick", tick)
+    assert scheduler.tick() == OUTAGE_RETRY_S and scheduler._outage is not None
+    assert scheduler.tick() == 1.5 and scheduler._outage is None
+    raised.append(redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"))
+    with pytest.raises(redis.ResponseError):
+        scheduler.tick()
