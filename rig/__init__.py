@@ -14,6 +14,7 @@ from rig.config import Settings, load_settings
 from rig.errors import (
     InvalidInput,
     JobNotFound,
+    RedisFull,
     RedisUnavailable,
     RigError,
     Unschedulable,
@@ -26,5 +27,5 @@ __version__ = "0.1.0"
 __all__ = [
     "Client", "JobHandle", "get_job", "submit", "submit_many", "task", "RigTask", "Settings", "load_settings",
     "Job", "JobState", "Priority", "RigError", "InvalidInput", "JobNotFound", "RedisUnavailable",
-    "Unschedulable", "RemoteError", "__version__",
+    "RedisFull", "Unschedulable", "RemoteError", "__version__",
 ]

@@ -73,7 +73,11 @@ def make_celery(settings: Settings) -> Celery:
         task_default_queue=CONTROL_QUEUE,
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,
-        beat_scheduler="redbeat.RedBeatScheduler",
+        # A Redis that refuses writes (full, read-only, MISCONF: rig.redis_writes) is an outage
+        # like a lost connection: the consumer reconnects and waits instead of exiting (the
+        # refusal is a ResponseError, a "channel error" to kombu), and beat waits (workers.beat).
+        broker_channel_error_retry=True,
+        beat_scheduler="workers.beat:RigBeatScheduler",
         # The URL carries the password (rig.redis_conn: Settings.redis_url is resolved). Set
         # redbeat's options here, not by its fallback to broker_transport_options (deprecated;
         # those name the broker's queues, and its client gets none of their socket options).

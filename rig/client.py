@@ -40,6 +40,8 @@ from rig.nodes import NodeInfo, NodeRegistry
 from rig.placement import Request, never_fits
 from rig.redis_conn import check, connect, unavailable
 from rig.request_rules import check_gpu_memory, check_retries, parse_time_limit
+from rig.redis_writes import notices as redis_notices
+from rig.redis_writes import is_outage, refusal, refused_error
 from rig.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -136,13 +138,26 @@ class Client:
         return self._celery
 
     def wake_dispatcher(self) -> None:
-        self.r.lpush(self.keys.sched_wake, "1")
+        """Nudge the dispatcher. Only a nudge (it looks at the queue every second anyway): a
+        Redis that cannot take it now (unreachable, full) is no error of the caller's."""
+        try:
+            self.r.lpush(self.keys.sched_wake, "1")
+        except redis.RedisError as exc:
+            if not is_outage(exc):
+                raise
+            log.debug("dispatcher not nudged: %s", exc)
 
     def _guard(self, fn, *args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise unavailable(self.settings.redis_url, exc) from None  # auth errors included
+        except redis.ResponseError as exc:
+            # A refused write (full, read-only replica, MISCONF) changed nothing: rig's own
+            # error, saying what to do (rig.redis_writes), never redis-py's.
+            if refusal(exc) is None:
+                raise
+            raise refused_error(self.settings.redis_url, exc, self.r) from None
 
     # -- submitting -----------------------------------------------------------------------
     def submit(
@@ -397,6 +412,7 @@ class Client:
                 cards=cards, running=running, pending=pending, oldest_wait=oldest,
                 workers=self.workers(), counts=self.store.count_by_state(),
                 nodes=nodes, users=self._users(running, now), pool=pool,
+                notices=redis_notices(self.r),  # Redis full; an evicting policy; no persistence
             )
 
         return self._guard(_do)

@@ -69,6 +69,25 @@ class RedisAuthFailed(RedisUnavailable):
         self.url = url
 
 
+class RedisRefusesWrites(RedisUnavailable):
+    """Redis answers but refuses to store anything (a read-only replica, a failed RDB save:
+    MISCONF); the refused write changed nothing. An outage like an unreachable Redis, same exit
+    code; the message (rig.redis_writes.refused_error) says which and what to do."""
+
+    exit_code = 5
+
+    def __init__(self, message: str, url: str) -> None:
+        RigError.__init__(self, message)
+        self.url = url
+
+
+class RedisFull(RedisRefusesWrites):
+    """Redis reached its maxmemory with the noeviction policy and refuses writes until its
+    maxmemory is raised or memory is freed."""
+
+    exit_code = 5
+
+
 class ConfigError(RigError):
     """The configuration file or environment holds a value rig cannot use."""
 

@@ -52,6 +52,8 @@ from rig.redis_conn import (
     url_password,
 )
 from rig.redis_server import is_local, private_redis_dir, probe, start_private_redis
+from rig.redis_writes import notices_at as redis_notices_at
+from rig.redis_writes import refusal_notice as redis_refusal_notice
 from rig.registration import register_node
 from rig.supervision import (
     child_marks,
@@ -171,6 +173,7 @@ class Stack:
         # The private Redis (when this Stack started one): restart attempts after it died.
         self._private_redis = False
         self._redis_failures = 0  # failed restarts in a row
+        self._redis_refusing = False  # Redis refused writes at the last hung check (said once)
         self._redis_next_try = 0.0  # monotonic time of the next attempt
         self._redis_last_error = ""  # said once per change
 
@@ -266,6 +269,8 @@ class Stack:
                 self.say(f"warning: the Redis at {shown} takes clients without a password: whoever can "
                          "reach it can run commands as this user through rig; set requirepass "
                          "(docs/SECURITY.md)")
+            for line in redis_notices_at(url):  # full; an evicting policy; no persistence
+                self.say(f"warning: {line}")
             return
         if not self.wants("redis") and self.options.only:
             raise StackError(f"no Redis answers at {shown}")
@@ -403,6 +408,16 @@ class Stack:
         try:
             beats = self._redis().mget([self.keys.worker(n) for n in names])
         except redis.RedisError:
+            return
+        notice = redis_refusal_notice(self._redis())  # full, read-only, MISCONF; None: takes writes
+        refusing = notice is not None
+        if refusing != self._redis_refusing:  # one line when it starts, one when it ends
+            self._redis_refusing = refusing
+            self.say(f"warning: {notice}; rig's workers wait and retry" if refusing
+                     else "Redis takes writes again")
+        if refusing:  # full or read-only: every heartbeat is refused
+            for child in workers:
+                child.silent_since = None  # silence counts from when Redis takes writes again
             return
         for child, name, raw in zip(workers, names, beats, strict=True):
             try:

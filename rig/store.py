@@ -6,6 +6,8 @@ listing or counting by state never scans.
 
 from __future__ import annotations
 
+import itertools
+import random
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -17,6 +19,10 @@ from rig import records as R
 from rig.errors import JobNotFound
 from rig.keys import Keys
 from rig.models import PRIORITY_BAND, Job, JobState, Priority, new_job_instance, pending_score
+
+
+#: Lost races for the id counter (WATCH) retried at once before each retry waits up to 10 ms.
+CREATE_QUIET_TRIES = 10
 
 
 class JobStore:
@@ -36,15 +42,38 @@ class JobStore:
         return self.create_many([(job, extra)])[0]
 
     def create_many(self, jobs: list[tuple[Job, dict[str, Any] | None]]) -> list[Job]:
-        """create() for several jobs: consecutive ids (one INCRBY), one transaction."""
+        """create() for several jobs: consecutive ids, one transaction.
+
+        The ids are taken in the same transaction that stores the jobs (WATCH on the id
+        counter, then MULTI: INCRBY and the records): a transaction Redis refuses (full,
+        read-only, MISCONF: rig.redis_writes) or that fails on the way takes no id, so a batch
+        that is retried until Redis has room burns none. Two submitters racing for the counter:
+        the loser's transaction is not applied (WatchError) and it tries again with fresh ids.
+        """
         if not jobs:
             return []
-        last = int(self.r.incrby(self.keys.next_job_id, len(jobs)))
-        pipe = self.r.pipeline(transaction=True)
         now = time.time()
+        for attempt in itertools.count():
+            with self.r.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(self.keys.next_job_id)
+                    first = int(pipe.get(self.keys.next_job_id) or 0) + 1
+                    pipe.multi()
+                    pipe.incrby(self.keys.next_job_id, len(jobs))
+                    out = self._queue_creates(pipe, jobs, first, now)
+                    pipe.execute()
+                    return out
+                except redis.WatchError:
+                    if attempt >= CREATE_QUIET_TRIES:  # many submitters at once: spread them out
+                        time.sleep(random.uniform(0, 0.01))
+        raise AssertionError("unreachable")
+
+    def _queue_creates(self, pipe: Any, jobs: list[tuple[Job, dict[str, Any] | None]], first: int,
+                       now: float) -> list[Job]:
+        """Queue the writes of ``jobs`` (ids from ``first`` on) on a MULTI pipeline."""
         out = []
         for offset, (job, extra) in enumerate(jobs):
-            job.id = last - len(jobs) + 1 + offset
+            job.id = first + offset
             job.state = JobState.PENDING
             job.created_at = job.created_at or now
             job.instance = job.instance or new_job_instance()
@@ -60,7 +89,6 @@ class JobStore:
             pipe.publish(self.keys.events_channel, f"{job.id} {JobState.PENDING.value}")
             out.append(job)
         pipe.lpush(self.keys.sched_wake, "1")  # the dispatcher BLPOPs this: no Celery hop needed
-        pipe.execute()
         return out
 
     def update(self, job_id: int, **fields: Any) -> None:

@@ -45,6 +45,7 @@ from rig.keys import Keys
 from rig.memory import format_memory
 from rig.nodes import NodeRegistry
 from rig.redis_conn import connect
+from rig.redis_writes import FullWatch, is_outage
 from rig.supervision import watch_supervisor
 from rig.worker_lock import EXIT_LOCK_HELD, LockHeld, acquire, lock_path, worker_lock_name
 from workers import kombu_patches
@@ -164,15 +165,31 @@ def _local_health() -> None:
     periodic tasks reach only one control worker of the cluster, so beat sends none of them)."""
     checker = HealthChecker(settings, _redis)
     next_sweep = time.monotonic() + LOG_SWEEP_INTERVAL_S
+    full = FullWatch(settings.node_name, settings.key_prefix)
     while not _control_stop.wait(settings.health.check_interval):
+        _alert_redis_full(full)
         try:
             checker.run_local()
             if time.monotonic() >= next_sweep:
                 swept = sweep_logs(settings, _redis)
                 # Skipped while another node sweeps (one lock): try again in a minute.
                 next_sweep = time.monotonic() + (LOG_SWEEP_INTERVAL_S if swept is not None else 60.0)
-        except Exception:  # noqa: BLE001 - the next pass tries again
-            log.exception("local health check failed")
+        except Exception as exc:  # noqa: BLE001 - the next pass tries again
+            if is_outage(exc):  # unreachable or full: one line, not a traceback per pass
+                log.warning("local health check skipped, Redis unavailable: %s", str(exc)[:200])
+            else:
+                log.exception("local health check failed")
+
+
+def _alert_redis_full(watch: FullWatch) -> None:
+    """The "Redis is full" alert, from here: a full Redis refuses beat's messages and the
+    alert task's bookkeeping (rig.redis_writes.FullWatch)."""
+    from rig.alerts import deliver
+
+    try:
+        deliver(watch.check(_redis), settings.alert_webhook, log)
+    except Exception as exc:  # noqa: BLE001 - an alert must never stop the node's checks
+        log.debug("Redis-full alert skipped: %s", exc)
 
 
 @worker_ready.connect

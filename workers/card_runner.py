@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import redis
 
@@ -39,6 +40,7 @@ from rig.ledger import Ledger
 from rig.logs import AttemptFiles, enforce_size_cap, job_folder
 from rig.models import Job, JobState, new_job_instance
 from rig.redis_conn import connect
+from rig.redis_writes import is_outage, refusal
 from rig.store import JobStore
 from workers.log_space import (
     LogSpaceGuard,
@@ -63,6 +65,7 @@ from workers.run_as import RunAs, RunAsRefused
 from workers.run_as import decide as decide_run_as
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: How often a running job's record is checked for a kill request, as a fallback to pub/sub (s).
 CANCEL_POLL_S = 2.0
@@ -183,13 +186,18 @@ class CardRunner:
             log.error("job %s: start ignored: this node's Redis is not its installation", job_id)
             return "ignored:installation-mismatch"
         try:
-            ok, detail = self.ledger.claim(job_id, token, self.worker_name)
+            # A claim Redis refused (full, read-only) changed nothing: wait for it, then claim.
+            claimed = self._retry_redis(lambda: self.ledger.claim(job_id, token, self.worker_name),
+                                        f"claim job {job_id}", only=refusal)
         except redis.ResponseError as exc:
             # The claim script could not use the record (e.g. its attempt count is not a
             # number): end the job with the reason instead of failing this start for ever.
             job = self.store.get(job_id)
             reason = job.invalid_reason or f"invalid record: the claim failed: {exc}"
             return self._refuse(job_id, str(token), reason, "invalid_record", expect=JobState.ASSIGNED)
+        if claimed is None:
+            return "ignored:shutting-down"  # never claimed: its start is re-sent (adopt)
+        ok, detail = claimed
         if not ok:
             log.info("job %s: start message ignored, job is %s (duplicate or stale delivery)", job_id, detail)
             return f"ignored:{detail}"
@@ -240,11 +248,11 @@ class CardRunner:
             return "requeued:card-closed"
         try:
             active = self._launch(job, token, attempt)
-        except (redis.ConnectionError, redis.TimeoutError):
-            raise  # Redis away: adoption sorts this start out once it is back
         except NotStarted as exc:
             return self._not_started(job, str(token), attempt, exc)
         except Exception as exc:  # noqa: BLE001 - one job's start must never take the worker down
+            if is_outage(exc):
+                raise  # Redis away or refusing writes: adoption sorts this start out once it is back
             log.exception("job %s: could not be started", job_id)
             return self._refuse(job_id, str(token), f"rig could not start it: {type(exc).__name__}: {exc}",
                                 "start_error")
@@ -585,7 +593,8 @@ class CardRunner:
                             "job's (instance %s): nothing written", job_id, instance, end, job_id, job.instance)
                 return
             folders.append(job_folder(self.settings.job_log_dir, job_id, job.instance))
-            code, state = conclude(self.ledger, job, token, end, expect=expect)
+            code, state = conclude(self.ledger, job, token, end, expect=expect,
+                                   follow_up=lambda fn: self._retry_redis(fn, f"finish recording job {job_id}"))
             if code == 1:
                 result.append(state)
 
@@ -618,17 +627,21 @@ class CardRunner:
         then this worker concludes, adopts and re-registers nothing."""
         return installation_matches(self.r, self.keys, self.settings.run_dir, self.node)
 
-    def _retry_redis(self, fn: Callable[[], None], what: str) -> None:
-        """Run ``fn`` until Redis answers; a restart of Redis must not lose a job's ending."""
+    def _retry_redis(self, fn: Callable[[], T], what: str,
+                     only: Callable[[BaseException], object] = is_outage) -> T | None:
+        """Run ``fn`` until Redis answers and takes the write (rig.redis_writes.is_outage, or
+        ``only``); a restart of Redis, or a full one, must not lose a job's ending. Returns
+        ``fn``'s result (None when given up at shutdown)."""
         delay = 0.2
         while True:
             try:
-                fn()
-                return
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                return fn()
+            except redis.RedisError as exc:
+                if not only(exc):
+                    raise
                 if self.shutdown.is_set():
                     log.warning("gave up trying to %s while shutting down: %s", what, exc)
-                    return
+                    return None
                 log.warning("Redis unavailable, will retry to %s in %.1f s: %s", what, delay, exc)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)

@@ -68,6 +68,7 @@ from rig.placement import (
     plan_hold,
 )
 from rig.redis_conn import connect
+from rig.redis_writes import is_outage
 from rig.store import JobStore
 from rig.waiting import REFRESH_S, WaitFacts, explain
 
@@ -123,11 +124,12 @@ class Dispatcher:
                 self.r.blpop([self.keys.sched_wake], timeout=IDLE_PASS_S)
                 self.r.delete(self.keys.sched_wake)
                 delay = 0.2
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                log.warning("dispatcher: Redis unavailable, retrying in %.1f s: %s", delay, exc)
-                self.stop_event.wait(delay)
-                delay = min(delay * 2, 5.0)
-            except Exception:  # noqa: BLE001 - the dispatcher must outlive one bad pass
+            except Exception as exc:  # noqa: BLE001 - the dispatcher must outlive one bad pass
+                if is_outage(exc):  # unreachable, or refusing writes (full): nothing was changed
+                    log.warning("dispatcher: Redis unavailable, retrying in %.1f s: %s", delay, exc)
+                    self.stop_event.wait(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
                 log.exception("dispatcher pass failed")
                 self.stop_event.wait(1.0)
         self._resign()
@@ -203,7 +205,9 @@ class Dispatcher:
         try:
             self.ledger.transition(job_id, JobState.FAILED, fields={"reason": f"invalid record: {problem}"},
                                    error_queue=True, expect=JobState.PENDING)
-        except Exception:  # noqa: BLE001 - a record too broken to end must not stop the pass
+        except Exception as exc:  # noqa: BLE001 - a record too broken to end must not stop the pass
+            if is_outage(exc):
+                raise  # Redis' fault, not the record's: it stays queued, the next pass tries again
             log.exception("job %s: could not end the invalid record; removing it from the queues", job_id)
             self.r.zrem(self.keys.pending, job_id)
         if queue_user:  # its user field was bad: the transition used another queue's name

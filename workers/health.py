@@ -46,6 +46,7 @@ from rig.keys import Keys, card_worker_name
 from rig.ledger import Ledger
 from rig.models import CardState, Job, JobState
 from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeInfo, NodeRegistry
+from rig.redis_writes import is_outage
 from workers.outcomes import AttemptEnd, conclude
 from workers.process_tree import environments, is_alive, is_job_process, session_members, stop_tree
 
@@ -76,6 +77,7 @@ class HealthChecker:
         self.nodes = NodeRegistry(client, self.keys)
         self._mismatch_said: str | None = None
         self._unrecorded_said: str | None = None
+        self._outage_at = -1e9  # when a pass last found Redis out (monotonic s)
         self._replaced: dict[int, float] = {}  # card index -> when its hung worker was killed (monotonic)
 
     def run_once(self) -> HealthReport | None:
@@ -139,8 +141,13 @@ class HealthChecker:
     def _locked(self, lock: str, steps: Sequence[Callable[[HealthReport], None]]) -> HealthReport | None:
         """Run ``steps`` into one report under ``lock``; None if someone else holds it."""
         ttl_ms = int(max(self.settings.health.check_interval * 3, 10) * 1000)
-        if not self.r.set(lock, os.getpid(), nx=True, px=ttl_ms):
-            return None
+        try:
+            if not self.r.set(lock, os.getpid(), nx=True, px=ttl_ms):
+                return None
+        except redis.RedisError as exc:
+            if is_outage(exc):  # heartbeats were refused too: _dead_workers gives them time
+                self._outage_at = time.monotonic()
+            raise
         try:
             report = HealthReport()
             for step in steps:
@@ -233,6 +240,8 @@ class HealthChecker:
         registered = self.r.hget(self.keys.node(node), "started_at")
         if registered is None or time.time() - float(registered) < self.settings.health.timeout:
             return  # the node has just come up: its workers may not have heartbeated yet
+        if time.monotonic() - self._outage_at < self.settings.health.timeout:
+            return  # Redis just took writes again after refusing every heartbeat: not silence
         cards = [c for c in self.ledger.cards() if c.node == node]
         dead = {c.index for c in cards if needs_worker(c) and not self.r.exists(self.keys.worker(card_worker_name(node, c.index)))}
         for card in cards:

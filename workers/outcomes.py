@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rig.failures import (
@@ -146,7 +147,8 @@ def never_started(job: Job, failure: str, reason: str, now: float | None = None)
 
 
 def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
-             expect: JobState | None = None) -> tuple[int, JobState]:
+             expect: JobState | None = None,
+             follow_up: Callable[[Callable[[], None]], object] | None = None) -> tuple[int, JobState]:
     """Apply ``decide`` through the ledger (fenced by ``token`` and by the RUNNING state, which
     is the only ``expect`` that applies: callers still pass the state they saw); wakes the
     dispatcher.
@@ -154,7 +156,12 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
     Only a RUNNING job has an attempt to end: a stale ending (a late duplicate start message,
     an old supervisor, a health check that read the job before it was requeued) of a job that
     is not RUNNING any more, or not in that assignment, changes nothing: no attempt row (it
-    would read "on None/"), no reason, no history. The ledger re-checks state and token."""
+    would read "on None/"), no reason, no history. The ledger re-checks state and token.
+
+    The writes after the transition (the run's peak and duration for later estimates, the
+    dispatcher's wake-up) go through ``follow_up`` (by default: once): the card runner passes
+    its Redis retry, so a Redis that refuses them (full) after taking the transition does not
+    make the whole ending be tried again (it would find the job ended and record neither)."""
     if job.state is not JobState.RUNNING:
         log.warning("job %s: an attempt's end arrived while it is %s; nothing written (stale)",
                     job.id, job.state.value)
@@ -169,23 +176,28 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
                                util_samples=0, overuse=0, overuse_stop=None)
     code, detail = ledger.transition(job.id, decision.state, token=token, fields=decision.fields,
                                      error_queue=decision.error_queue, expect=JobState.RUNNING)
-    if code == 1 and decision.state is JobState.SUCCEEDED:
-        pipe = ledger.r.pipeline(transaction=False)
-        if job.vram_peak:
-            # What this kind of job really needs, for `--gpu-memory auto` next time.
-            pipe.lpush(ledger.keys.history(job.name), job.vram_peak)
-            pipe.ltrim(ledger.keys.history(job.name), 0, HISTORY_LENGTH - 1)
-        if job.started_at:
-            # How long it ran, for the dispatcher's estimate of when cards free (backfill).
-            pipe.lpush(ledger.keys.durations(job.name), round(max(0.0, time.time() - job.started_at), 3))
-            pipe.ltrim(ledger.keys.durations(job.name), 0, HISTORY_LENGTH - 1)
-        pipe.execute()
     if code == 1:
         log.info("job %s attempt %s: %s -> %s (%s)", job.id, job.attempt, detail,
                  decision.state.value, decision.fields.get("reason"))
     else:
         log.warning("job %s: not moved to %s, it is %s", job.id, decision.state.value, detail)
-    ledger.r.lpush(ledger.keys.sched_wake, "1")
+    ran = time.time() - job.started_at if job.started_at else None
+
+    def _after() -> None:
+        pipe = ledger.r.pipeline(transaction=False)
+        if code == 1 and decision.state is JobState.SUCCEEDED:
+            if job.vram_peak:
+                # What this kind of job really needs, for `--gpu-memory auto` next time.
+                pipe.lpush(ledger.keys.history(job.name), job.vram_peak)
+                pipe.ltrim(ledger.keys.history(job.name), 0, HISTORY_LENGTH - 1)
+            if ran is not None:
+                # How long it ran, for the dispatcher's estimate of when cards free (backfill).
+                pipe.lpush(ledger.keys.durations(job.name), round(max(0.0, ran), 3))
+                pipe.ltrim(ledger.keys.durations(job.name), 0, HISTORY_LENGTH - 1)
+        pipe.lpush(ledger.keys.sched_wake, "1")
+        pipe.execute()
+
+    (follow_up or (lambda fn: fn()))(_after)
     return code, decision.state
 
 

@@ -53,6 +53,7 @@ def status_dict(report: StatusReport) -> dict[str, Any]:
         "jobs_by_state": _plain(report.counts),
         "users": _plain(report.users),
         "pool": report.pool,
+        "notices": list(report.notices),
     }
 
 

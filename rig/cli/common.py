@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -15,6 +14,7 @@ import redis
 from rig.config import Settings, load_settings
 from rig.errors import InvalidInput, RigError
 from rig.redis_conn import is_auth_error, unavailable
+from rig.redis_writes import refusal, refused_at
 from rig.text import clean
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -44,7 +44,11 @@ def handle_errors(fn: F) -> F:
             fail(str(exc), exc.exit_code)
         except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
             # Unreachable, or a refused password / ACL right (AuthenticationError is a
-            # ConnectionError; NOAUTH, WRONGPASS and NOPERM can come as ResponseErrors).
+            # ConnectionError; NOAUTH, WRONGPASS and NOPERM can come as ResponseErrors), or a
+            # refused write (full, read-only, MISCONF: rig.redis_writes).
+            if refusal(exc) is not None:
+                err = refused_at(_settings_url(), exc)
+                fail(str(err), err.exit_code)
             if isinstance(exc, redis.ResponseError) and not is_auth_error(exc):
                 raise
             err = unavailable(_settings_url(), exc)

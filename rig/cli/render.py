@@ -200,6 +200,8 @@ def render_status(report: StatusReport, console: Console) -> None:
     console.print(workers)
     counts = "  ".join(f"{s.value.lower()}={n}" for s, n in report.counts.items())
     console.print(f"jobs: {counts}")
+    for notice in report.notices:  # rig's Redis: full, or set up to lose rig's data
+        console.print(M(f"warning: {notice}"), style="yellow")
 
 
 def render_jobs(jobs: list[Job], console: Console) -> None:

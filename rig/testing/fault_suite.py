@@ -17,6 +17,7 @@ from rig.testing import (
     faults_disk,
     faults_identity,
     faults_jobs,
+    faults_redis_full,
     faults_supervision,
     faults_tasks,
 )
@@ -35,6 +36,7 @@ ALL: list[tuple[str, Scenario]] = [
     *faults_cli.SCENARIOS.items(),
     *faults_config.SCENARIOS,
     *faults_cards.SCENARIOS,
+    *faults_redis_full.SCENARIOS,
 ]
 
 
