@@ -143,6 +143,9 @@ def _control_heartbeat(name: str) -> None:
     nodes = NodeRegistry(_redis, keys)
     while not _control_stop.is_set():
         try:
+            if not _still_owner():
+                _control_stop.wait(settings.telemetry_interval)
+                continue
             beat = {"role": "control", "node": settings.node_name, "card": None,
                     "pid": os.getpid(), "jobs": 0, "seen_at": time.time()}
             _redis.set(keys.worker(name), json.dumps(beat), ex=ttl)
@@ -157,6 +160,23 @@ def _control_heartbeat(name: str) -> None:
         pass
 
 
+_owner_said = False
+
+
+def _still_owner() -> bool:
+    """Does the rig up that started this worker still own the node name (rig.node_claim)? If
+    not, the node's heartbeat and its own checks are another process's to do (said once)."""
+    global _owner_said
+    from rig.node_claim import renew_as
+
+    mine = renew_as(_redis, keys, settings.node_name, settings.health.timeout)
+    if not mine and not _owner_said:
+        log.critical("node name %s is owned by another process now; this worker no longer acts for the node",
+                     settings.node_name)
+    _owner_said = not mine
+    return mine
+
+
 def _local_health() -> None:
     """This node's own duties: its checks (dead card workers, orphan processes) every
     check_interval s, and the sweep of its own job logs every LOG_SWEEP_INTERVAL_S s. They need
@@ -166,6 +186,8 @@ def _local_health() -> None:
     next_sweep = time.monotonic() + LOG_SWEEP_INTERVAL_S
     while not _control_stop.wait(settings.health.check_interval):
         try:
+            if not _still_owner():
+                continue
             checker.run_local()
             if time.monotonic() >= next_sweep:
                 swept = sweep_logs(settings, _redis)
