@@ -203,10 +203,11 @@ class Stack:
             raise StackError(f"rig is already up on node {s.node_name} (pid {min(others)}, its pid file "
                              f"is gone); `rig down --node {s.node_name}` stops it")
         self.stop_leftovers()
-        pid_file(s).write_text(f"{os.getpid()}\n")
         self._ensure_redis()
         if self.wants("cards") or self.wants("control"):
             self._claim_name()
+        # After the claim: a rig up refused the name never replaces the owner's pid file.
+        pid_file(s).write_text(f"{os.getpid()}\n")
         self._check_installation()
         for warning in open_doors(s, self.wants):
             self.say(warning)

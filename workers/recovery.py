@@ -53,10 +53,10 @@ def check_operator(settings: Settings) -> None:
 
 def inspect(settings: Settings) -> Recovery:
     """What this node would recover from: the verdict and the job processes running here."""
-    check_operator(settings)
     client = connect(settings.redis_url)
     # Another home's (or host's) rig up owns the node name: its jobs are not ours to stop.
     refuse_unless_ours(client, Keys(settings.key_prefix), settings.node_name, settings.home, "recover")
+    check_operator(settings)
     found = node_identity(settings, client)
     if found.verdict.mismatch:
         return Recovery(found.verdict, found.others)
