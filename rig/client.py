@@ -400,6 +400,9 @@ class Client:
                 pending, oldest = self._pool_queue(pool, now)
             node_names = {c.node for c in cards}
             nodes = [n for n in NodeRegistry(self.r, self.keys).read() if pool is None or n.name in node_names]
+            from rig.authwatch import annotate as annotate_auth  # why a silent node is silent
+
+            annotate_auth(self.r, nodes, max(60.0, 2 * self.settings.health.timeout))
             return StatusReport(
                 cards=cards, running=running, pending=pending, oldest_wait=oldest,
                 workers=self.workers(), counts=self.store.count_by_state(),

@@ -66,6 +66,8 @@ class NodeInfo:
     #: Set by the node when jobs run there that Redis has no record of (rolled back or lost):
     #: the line saying so and what to do.
     unrecorded: str | None = None
+    #: Set by a reader (rig.authwatch) when Redis refuses this silent node's logins: the line.
+    auth_refused: str | None = None
 
     @property
     def describe(self) -> str:
@@ -73,7 +75,8 @@ class NodeInfo:
         if self.mismatch:
             return f"FROZEN: {self.mismatch}"
         label = {"up": "up", "silent": "silent", "down": "DOWN", "stopped": "stopped"}[self.state]
-        return f"{label} since {clock(self.since)}" if self.since else label
+        text = f"{label} since {clock(self.since)}" if self.since else label
+        return f"{text}: {self.auth_refused}" if self.auth_refused else text
 
 
 def clock(ts: float | None) -> str:

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 
+import redis
 from celery.signals import worker_ready, worker_shutting_down
 
 from rig.celery_config import (
@@ -42,6 +43,7 @@ from rig.celery_config import (
 from rig.config import load_settings
 from rig.gpus import detect_backend
 from rig.keys import Keys
+from rig.lograte import Throttle
 from rig.memory import format_memory
 from rig.nodes import NodeRegistry
 from rig.redis_conn import connect
@@ -184,6 +186,7 @@ def _local_health() -> None:
     periodic tasks reach only one control worker of the cluster, so beat sends none of them)."""
     checker = HealthChecker(settings, _redis)
     next_sweep = time.monotonic() + LOG_SWEEP_INTERVAL_S
+    quiet = Throttle()
     while not _control_stop.wait(settings.health.check_interval):
         try:
             if not _still_owner():
@@ -193,6 +196,10 @@ def _local_health() -> None:
                 swept = sweep_logs(settings, _redis)
                 # Skipped while another node sweeps (one lock): try again in a minute.
                 next_sweep = time.monotonic() + (LOG_SWEEP_INTERVAL_S if swept is not None else 60.0)
+        except redis.RedisError as exc:  # an outage or a refused password: one line, not a traceback a pass
+            line = f"local health check skipped: Redis: {exc}"
+            if quiet.due(line):
+                log.error("%s (said again in %.0f s while it lasts)", line, quiet.every)
         except Exception:  # noqa: BLE001 - the next pass tries again
             log.exception("local health check failed")
 
