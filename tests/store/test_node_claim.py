@@ -118,3 +118,48 @@ def test_identity_names_host_pid_start_home_and_installation(tmp_path):
     fields = json.loads(C.identity(tmp_path, tmp_path / "run"))
     assert fields["host"] == socket.gethostname() and fields["start"] and fields["pid"]
     assert fields["home"] == str(tmp_path.resolve()) and Path(fields["install"], "rig").is_dir()
+
+
+def test_a_rig_up_that_lost_its_name_stops_without_marking_the_node_stopped(real_redis, key_prefix, tmp_path):
+    """A rig up cut off for longer than health.timeout finds the name taken when it renews:
+    it says so once, stops, and leaves the new owner's node record alone."""
+    from rig.config import load_settings
+    from rig.stack import Stack, UpOptions
+
+    settings = load_settings(home=tmp_path / "a", key_prefix=key_prefix, node_name="n1", telemetry_interval=0.5)
+    said: list[str] = []
+    stack = Stack(settings, UpOptions(no_flower=True, no_beat=True, no_metrics=True), say=said.append)
+    stack._client = real_redis
+    stack._claim_name()
+    stack._registered = True
+    keys = Keys(key_prefix)
+    stack.beat_node()
+    assert stack.lost_name is None
+    other = C.identity(tmp_path / "b", tmp_path / "b" / "run")
+    real_redis.delete(keys.node_owner("n1"))  # expired while it was cut off ...
+    assert C.claim(real_redis, keys, "n1", other, 30) is None  # ... and another home took it
+    stack._next_beat = 0.0
+    stack.beat_node()
+    assert stack.lost_name and "was taken by another rig up" in stack.lost_name and said == [stack.lost_name]
+    stack.down()
+    assert not real_redis.hexists(keys.node("n1"), "stopped_at")
+    assert C.holder(real_redis, keys, "n1").identity == other
+
+
+def test_a_second_stack_of_another_home_is_refused_before_writing_anything(real_redis, key_prefix, tmp_path):
+    from rig.config import load_settings
+    from rig.stack import Stack, UpOptions
+
+    stacks = []
+    for home in ("a", "b"):
+        settings = load_settings(home=tmp_path / home, key_prefix=key_prefix, node_name="n1")
+        stack = Stack(settings, UpOptions(no_flower=True, no_beat=True, no_metrics=True), say=lambda _l: None)
+        stack._client = real_redis
+        stacks.append(stack)
+    stacks[0]._claim_name()
+    with pytest.raises(NodeInUse, match=r"node name 'n1' is owned by a live rig up \(host .*home .*/a, pid \d+, "
+                                        r"since .*\); `rig up --node n1` from RIG_HOME=.*/b refused, nothing was changed"):
+        stacks[1]._claim_name()
+    assert stacks[1]._owner is None and not real_redis.exists(Keys(key_prefix).node("n1"))
+    stacks[0].down()
+    assert not real_redis.exists(Keys(key_prefix).node_owner("n1"))
