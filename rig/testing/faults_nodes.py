@@ -13,6 +13,9 @@ usual traced, gated ones (rig.testing.faults).
 - ``down-from-other-home``: ``rig down --node a`` and ``rig recover --node a`` from another home
   are refused naming the owner and what to type where; the node is not marked stopped and its
   job runs on; ``rig down`` without ``--node`` in the owner's home names the node it runs.
+- ``password-changed``: Redis' password changes under a running node: ``rig status`` says the
+  node cannot authenticate; control.log does not fill with tracebacks; the node comes back
+  when the password it has works again, and its job ends once.
 - ``forget-stopped-node``: ``rig forget-node`` of a node merely stopped is refused, saying which
   waiting job it would fail (and its failure class); nothing changes; ``--force`` fails it with
   class ``unschedulable`` and a reason naming the node.
@@ -58,8 +61,9 @@ class Home:
         self.env = {**env, **settings_env(self.settings), "RIG_ADMINS": _me()}
         self.rig = str(Path(sys.executable).parent / "rig")
 
-    def cli(self, *args: str, timeout: float = 150, unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-        env = {k: v for k, v in self.env.items() if k not in unset}
+    def cli(self, *args: str, timeout: float = 150, unset: tuple[str, ...] = (),
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        env = {**{k: v for k, v in self.env.items() if k not in unset}, **(env or {})}
         return subprocess.run([self.rig, *args], env=env, capture_output=True, text=True, timeout=timeout,
                               cwd=self.home)
 
@@ -316,9 +320,85 @@ def forget_stopped_node(workdir: Path) -> ScenarioResult:
         _close(sc, [a, b])
 
 
+def _password_redis(workdir: Path, port: int, password: str) -> subprocess.Popen:
+    """A redis-server without persistence on ``port`` that wants ``password``."""
+    import redis
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(workdir), "--requirepass", password],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait(lambda: _pings(redis.Redis(port=port, password=password, socket_connect_timeout=0.2)), 10,
+          "the Redis to answer")
+    return proc
+
+
+def _pings(client) -> bool:  # noqa: ANN001 - redis.Redis
+    import redis
+
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+def password_changed(workdir: Path) -> ScenarioResult:
+    """The operator changes Redis' password (and drops the clients) while a job runs, and the
+    node still has the old one: `rig status` (with the new password) says the node cannot
+    authenticate; its control.log grows by a line now and then, not by tracebacks; once the
+    old password works again the node comes back and the job ends once."""
+    import redis
+
+    port = _free_port()
+    server = _password_redis(workdir / "redis", port, "old-pass")
+    prefix = new_prefix()
+    a = Home(workdir, "homeA", node="a", fake_gpus="1x80G", prefix=prefix,
+             redis_url=f"redis://:old-pass@127.0.0.1:{port}/0")
+    sc = Scenario(workdir, "Redis password changed under a node", "CONFIG SET requirepass; CLIENT KILL",
+                  node=a.harness)
+    new_env = {"RIG_REDIS_URL": f"redis://:new-pass@127.0.0.1:{port}/0", "COLUMNS": "1000"}
+    admin = redis.Redis(port=port, password="old-pass", decode_responses=True)
+    try:
+        if a.up().returncode != 0:
+            sc.result.problems.append("rig up failed")
+            return sc.result
+        jid = sc.submit(gpu_memory="10G")
+        sc.wait_running([jid])
+        admin.config_set("requirepass", "new-pass")
+        admin = redis.Redis(port=port, password="new-pass", decode_responses=True)
+        admin.client_kill_filter(_type="normal", skipme=True)
+        said: list[str] = []
+
+        def status_says() -> bool:
+            out = a.cli("status", env=new_env).stdout
+            said[:] = [line.strip() for line in out.splitlines() if "cannot authenticate" in line]
+            return bool(said)
+
+        _wait(status_says, 60, "rig status to say the node cannot authenticate")
+        sc.result.notes.append(f"rig status: {said[0]}")
+        log = a.settings.rig_log_dir / "control.log"
+        before = log.stat().st_size
+        time.sleep(10.0)  # a measured interval, not a synchronisation
+        rate = (log.stat().st_size - before) / 10.0
+        sc.result.notes.append(f"control.log grew {rate:.0f} B/s while refused")
+        if rate > 200:
+            sc.result.problems.append(f"control.log grew {rate:.0f} B/s while Redis refused the node")
+        admin.config_set("requirepass", "old-pass")  # the operator puts the old password back
+        _wait(lambda: "cannot authenticate" not in a.cli("status", env={"COLUMNS": "1000"}).stdout
+              and any(n.state == "up" for n in NodeRegistry(a.harness.redis, a.harness.keys).read()), 90,
+              "the node to come back")
+        sc.finish(timeout=120)
+        return sc.result
+    finally:
+        _close(sc, [a])
+        server.kill()
+        server.wait()
+
+
 SCENARIOS = [
     ("two-homes-one-name", two_homes_one_name),
     ("crashed-owner-taken-over", crashed_owner_taken_over),
     ("down-from-other-home", down_from_other_home),
     ("forget-stopped-node", forget_stopped_node),
+    ("password-changed", password_changed),
 ]
