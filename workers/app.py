@@ -111,7 +111,27 @@ def start_job(job_id: int, token: str) -> str:
     """Run one placed job on this card worker until it ends (see CardRunner.run_job)."""
     if _runner is None:
         raise RuntimeError("start_job reached a worker that serves no card (RIG_ROLE != card)")
+    if not _name_is_ours():
+        # Another rig up owns this node name now (rig.node_claim): its card worker of this card
+        # reads the same queue; hand the start back to it (ours stops with our rig up).
+        time.sleep(1.0)
+        send_start(int(job_id), str(token), settings.node_name, int(os.environ["RIG_CARD_INDEX"]))
+        return "handed back: the node name is another rig up's now"
     return _runner.run_job(int(job_id), str(token))
+
+
+def _name_is_ours() -> bool:
+    """Read only: does no other process than the rig up that started this worker own the node
+    name? (True for a worker not started by rig up, and while nobody holds it.)"""
+    from rig.node_claim import OWNER_ENV, held_by_other
+
+    ident = os.environ.get(OWNER_ENV)
+    if not ident:
+        return True
+    try:
+        return held_by_other(_redis, keys, settings.node_name, ident) is None
+    except redis.RedisError:
+        return True  # proves nothing: run_job meets the same Redis and handles it as before
 
 
 @app.task(name=TASK_TICK, ignore_result=True)
