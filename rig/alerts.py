@@ -221,7 +221,13 @@ def evaluate(client: Client, rules: AlertRules | None = None,
                 f"card {card.id} ({card.model}) is at {card.temperature} C "
                 f"(limit {rules.max_temperature} C)"))
 
-    for node in NodeRegistry(client.r, client.keys).read():
+    from rig.authwatch import annotate as annotate_auth  # why a silent node is silent
+
+    nodes = NodeRegistry(client.r, client.keys).read()
+    annotate_auth(client.r, nodes, max(60.0, 2 * client.settings.health.timeout))
+    for node in nodes:
+        if node.auth_refused:
+            alerts.append(Alert(f"redis_auth:{node.name}", SEVERITY_CRITICAL, node.auth_refused))
         if node.mismatch:
             alerts.append(Alert(f"installation:{node.name}", SEVERITY_CRITICAL, node.mismatch))
         if node.unrecorded:

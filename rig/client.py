@@ -408,6 +408,9 @@ class Client:
                 pending, oldest = self._pool_queue(pool, now)
             node_names = {c.node for c in cards}
             nodes = [n for n in NodeRegistry(self.r, self.keys).read() if pool is None or n.name in node_names]
+            from rig.authwatch import annotate as annotate_auth  # why a silent node is silent
+
+            annotate_auth(self.r, nodes, max(60.0, 2 * self.settings.health.timeout))
             return StatusReport(
                 cards=cards, running=running, pending=pending, oldest_wait=oldest,
                 workers=self.workers(), counts=self.store.count_by_state(),
@@ -537,10 +540,16 @@ class Client:
                 f"job {job.id} belongs to {job.user}; only {job.user} or an admin may {action} it "
                 "(root, or a user named in `admins` / RIG_ADMINS)")
 
-    def forget_node(self, name: str) -> list[str]:
+    def forget_node(self, name: str, *, force: bool = False,
+                    failed: dict[int, str] | None = None) -> list[str]:
         """Forget a node that is gone for good (rig.nodes.NodeRegistry.forget): admins only,
-        refused while it is up or has jobs. Returns the ids of the cards removed with it."""
+        refused while it is up or has jobs, and, unless ``force``, while it is merely stopped
+        (rig.forget: the refusal says which waiting jobs it would fail). Waiting jobs no card
+        left could ever hold are FAILED (class unschedulable), their ids and reasons put in
+        ``failed``. Returns the ids of the cards removed with it."""
         from rig.config import NODE_NAME
+        from rig.errors import NodeInUse
+        from rig.forget import fail_unrunnable, plan
 
         who = current_identity()
         if not self.is_admin(who):
@@ -548,7 +557,17 @@ class Client:
                                    "(root, or a user named in `admins` / RIG_ADMINS)")
         if not NODE_NAME.fullmatch(name):
             raise InvalidInput(f"{name!r} is not a node name; `rig status` lists the nodes")
-        return self._guard(NodeRegistry(self.r, self.keys).forget, name)
+        registry = NodeRegistry(self.r, self.keys)
+        pools = self.settings.pool_map
+        ahead = self._guard(plan, self.ledger, pools, name)
+        info = next((n for n in self._guard(registry.read) if n.name == name), None)
+        if info is not None and info.state == "stopped" and not force:
+            raise NodeInUse(ahead.refusal(info))
+        cards = self._guard(registry.forget, name)
+        done = self._guard(fail_unrunnable, self.ledger, pools, name, who.name, sorted(ahead.fail))
+        if failed is not None:
+            failed.update(done)
+        return cards
 
     def templates(self) -> dict:
         """The submission presets in force (name -> rig.config.Template)."""

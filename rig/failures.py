@@ -55,6 +55,7 @@ class FailureClass(str, Enum):
     INVALID_RECORD = "invalid_record"  # the job's record is damaged: nothing of it is used
     RUN_AS_REFUSED = "run_as_refused"  # the job may not run as its submitter (identity refused)
     START_ERROR = "start_error"  # rig's own start of the job failed unexpectedly
+    UNSCHEDULABLE = "unschedulable"  # it never started: no card of its pool could ever hold it
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,9 @@ RETRY: dict[FailureClass, RetryRule] = {
     FailureClass.INVALID_RECORD: RetryRule(False, "submit the job again"),
     FailureClass.RUN_AS_REFUSED: RetryRule(False, "see docs/SECURITY.md on who jobs may run as"),
     FailureClass.START_ERROR: RetryRule(False, "see the node's worker log, then `rig retry {id}`"),
+    FailureClass.UNSCHEDULABLE: RetryRule(
+        False, "its reason says what no card offers: ask for less, or bring back (or add) a node that "
+               "offers it, then `rig retry {id}`"),
 }
 
 

@@ -114,6 +114,10 @@ class Keys:
     def node_health_lock(self, node: str) -> str:
         return f"{self.prefix}node:{node}:health:lock"
 
+    def node_owner(self, node: str) -> str:
+        """String: who owns the node name now (rig.node_claim), expiring after health.timeout s."""
+        return f"{self.prefix}node:{node}:owner"
+
     # workers and dispatch
     def worker(self, name: str) -> str:
         return f"{self.prefix}worker:{name}"

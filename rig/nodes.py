@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import redis
 
-from rig.errors import InvalidInput, NodeInUse, StackError
+from rig.errors import InvalidInput, NodeInUse
 from rig.keys import Keys, split_card_id
 from rig.models import JobState
 
@@ -66,6 +66,8 @@ class NodeInfo:
     #: Set by the node when jobs run there that Redis has no record of (rolled back or lost):
     #: the line saying so and what to do.
     unrecorded: str | None = None
+    #: Set by a reader (rig.authwatch) when Redis refuses this silent node's logins: the line.
+    auth_refused: str | None = None
 
     @property
     def describe(self) -> str:
@@ -73,7 +75,8 @@ class NodeInfo:
         if self.mismatch:
             return f"FROZEN: {self.mismatch}"
         label = {"up": "up", "silent": "silent", "down": "DOWN", "stopped": "stopped"}[self.state]
-        return f"{label} since {clock(self.since)}" if self.since else label
+        text = f"{label} since {clock(self.since)}" if self.since else label
+        return f"{text}: {self.auth_refused}" if self.auth_refused else text
 
 
 def clock(ts: float | None) -> str:
@@ -92,22 +95,6 @@ class NodeRegistry:
         self.keys = keys
 
     # -- written by the node itself -----------------------------------------------------------
-    def check_free(self, node: str, host: str | None = None) -> None:
-        """Refuse to bring up ``node`` when another machine's processes heartbeat under that
-        name now: two servers with one name would share card queues and records."""
-        host = host or socket.gethostname()
-        raw = self.r.get(self.keys.node_alive(node))
-        if not raw:
-            return
-        try:
-            other = json.loads(raw)
-        except ValueError:
-            return
-        if other.get("host") and other["host"] != host:
-            raise StackError(
-                f"node name {node!r} is already up on host {other['host']} (pid {other.get('pid')}); "
-                "give this server its own name with `rig up --node NAME` or RIG_NODE_NAME")
-
     def register(self, node: str, *, ttl: float, **fields: object) -> None:
         """A node (re)joins: record it, forget that it was stopped, and heartbeat."""
         now = time.time()
@@ -130,12 +117,32 @@ class NodeRegistry:
         pipe.hset(self.keys.node(node), "last_seen", now)
         pipe.execute()
 
-    def mark_stopped(self, node: str) -> None:
-        """The node was stopped on purpose: its jobs keep running and are adopted on return."""
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hset(self.keys.node(node), "stopped_at", time.time())
-        pipe.delete(self.keys.node_alive(node))
-        pipe.execute()
+    def mark_stopped(self, node: str, *, owner: str | None = None, attempts: int = 5) -> bool:
+        """The node was stopped on purpose: its jobs keep running and are adopted on return.
+
+        With ``owner`` (the rig.node_claim identity of the stopping rig up), only while no other
+        process holds the node name, and the claim is given up in the same transaction: a
+        second claimant, or a rig up that lost the name, never marks the live owner stopped.
+        Returns False (nothing written) when another process holds the name."""
+        owner_key = self.keys.node_owner(node)
+        for _ in range(attempts):
+            with self.r.pipeline(transaction=True) as pipe:
+                try:
+                    if owner is not None:
+                        pipe.watch(owner_key)
+                        held = pipe.get(owner_key)
+                        if held is not None and held.rpartition("|")[0] != owner:
+                            return False
+                    pipe.multi()
+                    pipe.hset(self.keys.node(node), "stopped_at", time.time())
+                    pipe.delete(self.keys.node_alive(node))
+                    if owner is not None:
+                        pipe.delete(owner_key)
+                    pipe.execute()
+                    return True
+                except redis.WatchError:
+                    continue
+        return False
 
     # -- written by the cluster health check --------------------------------------------------
     def note_missing(self, node: str, when: float) -> None:
@@ -161,7 +168,7 @@ class NodeRegistry:
         for _ in range(attempts):
             with self.r.pipeline(transaction=True) as pipe:
                 try:
-                    pipe.watch(k.nodes, k.cards, k.workers, k.node(node), k.node_alive(node))
+                    pipe.watch(k.nodes, k.cards, k.workers, k.node(node), k.node_alive(node), k.node_owner(node))
                     cards = sorted((c for c in pipe.smembers(k.cards) if split_card_id(c)[0] == node),
                                    key=lambda c: split_card_id(c)[1])
                     card_keys = [key for c in cards for key in (k.card(node, split_card_id(c)[1]),
@@ -191,8 +198,13 @@ class NodeRegistry:
                           workers: list[str]) -> None:
         k = self.keys
         live = [w for w in workers if pipe.exists(k.worker(w))]
-        if pipe.exists(k.node_alive(node)) or live:
+        owner = pipe.get(k.node_owner(node))
+        if pipe.exists(k.node_alive(node)) or live or owner:
+            from rig.node_claim import parse
+
+            holder = parse(owner)
             who = f" (live workers: {', '.join(live)})" if live else ""
+            who += f" (owned by {holder.describe()})" if holder else ""
             raise NodeInUse(f"node {node} is up{who}; rig forgets only a node that is gone: stop it "
                             f"first (`rig down --node {node}` there)")
         held: set[int] = set()

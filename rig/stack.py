@@ -37,9 +37,10 @@ import redis
 from rig.celery_config import card_queue, dispatcher_queues
 from rig.config import Settings
 from rig.draining import cards_to_serve
-from rig.errors import PermissionDenied, RedisAuthFailed, StackError
+from rig.errors import NodeInUse, PermissionDenied, RedisAuthFailed, StackError
 from rig.gpus import GpuBackend, detect_backend
 from rig.keys import Keys, card_worker_name, control_worker_name
+from rig.node_claim import OWNER_ENV, claim, identity, refused_line, release, there
 from rig.nodes import NodeRegistry
 from rig.redis_conn import (
     LOOPBACK,
@@ -167,6 +168,10 @@ class Stack:
         self.metrics_server = None
         self._stopping = False
         self._registered = False  # this Stack registered the node (it runs cards or control)
+        #: This process's identity as owner of the node name (rig.node_claim), once claimed.
+        self._owner: str | None = None
+        #: Set when another process took the node name while this one ran: the line saying so.
+        self.lost_name: str | None = None
         self._client: redis.Redis | None = None
         self._next_beat = 0.0  # monotonic time of the next node heartbeat
         self._next_hung_check = 0.0  # monotonic time of the next look for hung workers
@@ -202,8 +207,11 @@ class Stack:
             raise StackError(f"rig is already up on node {s.node_name} (pid {min(others)}, its pid file "
                              f"is gone); `rig down --node {s.node_name}` stops it")
         self.stop_leftovers()
-        pid_file(s).write_text(f"{os.getpid()}\n")
         self._ensure_redis()
+        if self.wants("cards") or self.wants("control"):
+            self._claim_name()
+        # After the claim: a rig up refused the name never replaces the owner's pid file.
+        pid_file(s).write_text(f"{os.getpid()}\n")
         self._check_installation()
         for warning in open_doors(s, self.wants):
             self.say(warning)
@@ -337,6 +345,21 @@ class Stack:
                          "as a new installation")
         found.installation.join()
 
+    def _claim_name(self) -> None:
+        """Own the node name before anything of the node is written (rig.node_claim): a live
+        rig up of this name elsewhere (another host, RIG_HOME or installation) refuses this one
+        with one line naming it, and nothing is changed."""
+        s = self.settings
+        ident = identity(s.home, s.run_dir)
+        other = claim(self._redis(), self.keys, s.node_name, ident, s.health.timeout)
+        if other is not None:
+            raise NodeInUse(refused_line(
+                s.node_name, other, f"`rig up --node {s.node_name}` from RIG_HOME={s.home}",
+                f"give this server its own name (`rig up --node NAME` / RIG_NODE_NAME), or stop that one "
+                f"first ({there(s.node_name, other, 'down')}); a crashed owner's claim expires "
+                f"{s.health.timeout:.0f} s after it died"))
+        self._owner = ident
+
     def _register_cards(self) -> list[int]:
         s = self.settings
         backend, notice = detect_backend(s.fake_gpus, node=s.node_name)
@@ -344,7 +367,6 @@ class Stack:
         if notice:
             self.say(f"gpus: {notice}")
         client = connect(s.redis_url)
-        NodeRegistry(client, self.keys).check_free(s.node_name)
         allowed = register_node(s, client, backend, self.say)
         self._registered = True
         return allowed
@@ -355,6 +377,8 @@ class Stack:
         env = dict(os.environ)
         env.update(self.options.env_overrides)
         env.update(settings_env(self.settings))
+        if self._owner is not None:
+            env[OWNER_ENV] = self._owner  # the workers renew and check the claim as this process
         if not self.settings.fake_gpus:
             # Fake cards chosen by detection must be the same ones in every child.
             backend = self.backend or detect_backend(None, node=self.settings.node_name)[0]
@@ -443,13 +467,17 @@ class Stack:
                 pass
 
     def beat_node(self) -> None:
-        """Refresh this node's heartbeat (every telemetry_interval s, expiring after
-        health.timeout s) while any of its workers runs: a node whose workers are all gone must
-        look gone even if this process lives on."""
+        """Renew the claim on the node name (every telemetry_interval s, expiring after
+        health.timeout s) and refresh this node's heartbeat while any of its workers runs: a
+        node whose workers are all gone must look gone even if this process lives on. A claim
+        found taken by another process (this one was cut off for longer than health.timeout)
+        ends this rig up: lost_name says so."""
         now = time.monotonic()
         if not self._registered or self._stopping or now < self._next_beat:
             return
         self._next_beat = now + self.settings.telemetry_interval
+        if not self._renew_name():
+            return
         workers = [c for c in self.children if c.name == "control" or c.name.startswith("card")]
         if not any(c.proc is not None and c.proc.poll() is None for c in workers):
             return
@@ -458,6 +486,25 @@ class Stack:
                                                         ttl=self.settings.health.timeout, source="rig up")
         except redis.RedisError as exc:
             log.debug("node heartbeat skipped: %s", exc)
+
+    def _renew_name(self) -> bool:
+        """Renew the claim; False (and lost_name set, said once) when another process holds the
+        name now. A Redis that cannot be reached proves nothing: True."""
+        if self._owner is None or self.lost_name is not None:
+            return self.lost_name is None
+        s = self.settings
+        try:
+            other = claim(self._redis(), self.keys, s.node_name, self._owner, s.health.timeout)
+        except redis.RedisError as exc:
+            log.debug("node name claim not renewed: %s", exc)
+            return True
+        if other is None:
+            return True
+        self.lost_name = (f"node name {s.node_name!r} was taken by another rig up ({other.describe()}) while this one "
+                          f"could not renew it; this rig up stops without marking the node stopped (the node is "
+                          f"that one now); give this server its own name (`rig up --node NAME`)")
+        self.say(self.lost_name)
+        return False
 
     def _redis(self) -> redis.Redis:
         if self._client is None:
@@ -552,7 +599,7 @@ class Stack:
         signal.signal(signal.SIGINT, _handler)
         signal.signal(signal.SIGTERM, _handler)
         signal.signal(signal.SIGHUP, _handler)
-        while not stop["flag"]:
+        while not stop["flag"] and self.lost_name is None:
             self.supervise_once()
             time.sleep(0.25)
 
@@ -570,13 +617,24 @@ class Stack:
                 log.warning("%s did not stop in %.0f s; killing it", child.name, STOP_TIMEOUT_S)
                 _signal_group(child.proc, signal.SIGKILL)
                 child.proc.wait(timeout=5)
-        if self._registered and self.wants("cards"):
+        if self._registered and self.wants("cards") and self.lost_name is None:
             # On purpose: the other nodes leave this node's running jobs alone (they keep
             # running and are adopted when it comes back) and place nothing on its cards.
+            # Only as the name's owner, which it gives up in the same step.
             try:
-                NodeRegistry(self._redis(), self.keys).mark_stopped(self.settings.node_name)
+                if not NodeRegistry(self._redis(), self.keys).mark_stopped(self.settings.node_name, owner=self._owner):
+                    log.warning("node %s not marked stopped: another process owns the name now",
+                                self.settings.node_name)
+                self._owner = None
             except redis.RedisError as exc:
                 log.warning("could not mark node %s stopped: %s", self.settings.node_name, exc)
+        if self._owner is not None and self.lost_name is None:
+            try:
+                release(self._redis(), self.keys, self.settings.node_name, self._owner)
+            except redis.RedisError as exc:
+                log.warning("could not give up the name of node %s (it expires by itself): %s",
+                            self.settings.node_name, exc)
+        self._owner = None
         if self.redis_proc is not None and self.redis_proc.poll() is None:
             self.redis_proc.terminate()
             try:

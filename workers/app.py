@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 
+import redis
 from celery.signals import worker_ready, worker_shutting_down
 
 from rig.celery_config import (
@@ -42,6 +43,7 @@ from rig.celery_config import (
 from rig.config import load_settings
 from rig.gpus import detect_backend
 from rig.keys import Keys
+from rig.lograte import Throttle
 from rig.memory import format_memory
 from rig.nodes import NodeRegistry
 from rig.redis_conn import connect
@@ -110,7 +112,27 @@ def start_job(job_id: int, token: str) -> str:
     """Run one placed job on this card worker until it ends (see CardRunner.run_job)."""
     if _runner is None:
         raise RuntimeError("start_job reached a worker that serves no card (RIG_ROLE != card)")
+    if not _name_is_ours():
+        # Another rig up owns this node name now (rig.node_claim): its card worker of this card
+        # reads the same queue; hand the start back to it (ours stops with our rig up).
+        time.sleep(1.0)
+        send_start(int(job_id), str(token), settings.node_name, int(os.environ["RIG_CARD_INDEX"]))
+        return "handed back: the node name is another rig up's now"
     return _runner.run_job(int(job_id), str(token))
+
+
+def _name_is_ours() -> bool:
+    """Read only: does no other process than the rig up that started this worker own the node
+    name? (True for a worker not started by rig up, and while nobody holds it.)"""
+    from rig.node_claim import OWNER_ENV, held_by_other
+
+    ident = os.environ.get(OWNER_ENV)
+    if not ident:
+        return True
+    try:
+        return held_by_other(_redis, keys, settings.node_name, ident) is None
+    except redis.RedisError:
+        return True  # proves nothing: run_job meets the same Redis and handles it as before
 
 
 @app.task(name=TASK_TICK, ignore_result=True)
@@ -144,6 +166,9 @@ def _control_heartbeat(name: str) -> None:
     nodes = NodeRegistry(_redis, keys)
     while not _control_stop.is_set():
         try:
+            if not _still_owner():
+                _control_stop.wait(settings.telemetry_interval)
+                continue
             beat = {"role": "control", "node": settings.node_name, "card": None,
                     "pid": os.getpid(), "jobs": 0, "seen_at": time.time()}
             _redis.set(keys.worker(name), json.dumps(beat), ex=ttl)
@@ -158,6 +183,23 @@ def _control_heartbeat(name: str) -> None:
         pass
 
 
+_owner_said = False
+
+
+def _still_owner() -> bool:
+    """Does the rig up that started this worker still own the node name (rig.node_claim)? If
+    not, the node's heartbeat and its own checks are another process's to do (said once)."""
+    global _owner_said
+    from rig.node_claim import renew_as
+
+    mine = renew_as(_redis, keys, settings.node_name, settings.health.timeout)
+    if not mine and not _owner_said:
+        log.critical("node name %s is owned by another process now; this worker no longer acts for the node",
+                     settings.node_name)
+    _owner_said = not mine
+    return mine
+
+
 def _local_health() -> None:
     """This node's own duties: its checks (dead card workers, orphan processes) every
     check_interval s, and the sweep of its own job logs every LOG_SWEEP_INTERVAL_S s. They need
@@ -166,17 +208,24 @@ def _local_health() -> None:
     checker = HealthChecker(settings, _redis)
     next_sweep = time.monotonic() + LOG_SWEEP_INTERVAL_S
     full = FullWatch(settings.node_name, settings.key_prefix)
+    quiet = Throttle()
     while not _control_stop.wait(settings.health.check_interval):
         _alert_redis_full(full)
         try:
+            if not _still_owner():
+                continue
             checker.run_local()
             if time.monotonic() >= next_sweep:
                 swept = sweep_logs(settings, _redis)
                 # Skipped while another node sweeps (one lock): try again in a minute.
                 next_sweep = time.monotonic() + (LOG_SWEEP_INTERVAL_S if swept is not None else 60.0)
         except Exception as exc:  # noqa: BLE001 - the next pass tries again
-            if is_outage(exc):  # unreachable or full: one line, not a traceback per pass
-                log.warning("local health check skipped, Redis unavailable: %s", str(exc)[:200])
+            if is_outage(exc) or isinstance(exc, redis.RedisError):
+                # Unreachable, full, or a refused password: one line now and then, not a
+                # traceback a pass.
+                line = f"local health check skipped: Redis: {str(exc)[:200]}"
+                if quiet.due(line):
+                    log.error("%s (said again in %.0f s while it lasts)", line, quiet.every)
             else:
                 log.exception("local health check failed")
 

@@ -53,6 +53,7 @@ import redis
 from rig import records as R
 from rig.config import Settings
 from rig.errors import InvalidRecord
+from rig.failures import FailureClass
 from rig.fairshare import TeamState, decay, exceeds_alone, over_limit
 from rig.keys import Keys, card_id
 from rig.ledger import Ledger
@@ -440,7 +441,8 @@ class Dispatcher:
             self.store.update(job.id, held_at=now)
 
     def _end_unschedulable(self, job: Waiting, why: str) -> None:
-        self.ledger.transition(job.id, JobState.FAILED, fields={"reason": f"unschedulable: {why}"},
+        self.ledger.transition(job.id, JobState.FAILED, fields={"reason": f"unschedulable: {why}",
+                                                                "failure": FailureClass.UNSCHEDULABLE.value},
                                error_queue=True, expect=JobState.PENDING)
         log.warning("job %s: unschedulable: %s", job.id, why)
 

@@ -13,10 +13,11 @@ from rig.errors import ConfigError, PermissionDenied
 from rig.gpus import detect_backend
 from rig.installation import Installation, Verdict
 from rig.keys import Keys
+from rig.node_claim import refuse_unless_ours
 from rig.redis_conn import connect
 from rig.registration import register_node
-from rig.store import JobStore
 from rig.stack import running_pid
+from rig.store import JobStore
 from workers.health import JobProcess, node_identity
 from workers.process_tree import stop_tree
 
@@ -52,8 +53,10 @@ def check_operator(settings: Settings) -> None:
 
 def inspect(settings: Settings) -> Recovery:
     """What this node would recover from: the verdict and the job processes running here."""
-    check_operator(settings)
     client = connect(settings.redis_url)
+    # Another home's (or host's) rig up owns the node name: its jobs are not ours to stop.
+    refuse_unless_ours(client, Keys(settings.key_prefix), settings.node_name, settings.home, "recover")
+    check_operator(settings)
     found = node_identity(settings, client)
     if found.verdict.mismatch:
         return Recovery(found.verdict, found.others)

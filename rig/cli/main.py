@@ -301,14 +301,19 @@ def config(ctx: click.Context) -> None:
 @click.option("--redis-url", "--redis", "redis_url_opt", metavar="URL",
               help="Redis holding rig's state; on a second server, the first one's (see README, several servers).")
 @click.option("--node", "node_opt", metavar="NAME", help="This server's name in the cluster (default: hostname).")
+@click.option("--reason-file", "reason_file", hidden=True, type=click.Path(path_type=Path),
+              help="(rig up --daemon's own) where this daemon writes why it could not start.")
 @click.pass_context
 @handle_errors
 def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metrics: bool,
        only: tuple[str, ...],
-       fake_gpus_opt: str | None, redis_url_opt: str | None, node_opt: str | None) -> None:
+       fake_gpus_opt: str | None, redis_url_opt: str | None, node_opt: str | None,
+       reason_file: Path | None = None) -> None:
     """Bring up this node: Redis (if none is reachable), one worker per card, the dispatcher,
     beat and Flower. Ctrl-C stops everything it started; running jobs keep running and are
     adopted by the next `rig up`. Several servers share one Redis: `rig up --node b --redis URL`."""
+    from rig.cli import lossy
+    from rig.cli.daemon import daemon_reason, reason_path, write_reason
     from rig.stack import Stack, UpOptions, running_pid
     from rig.supervision import safe_python
 
@@ -343,6 +348,9 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
         for part in only:
             argv += ["--only", part]
         settings.rig_log_dir.mkdir(parents=True, exist_ok=True)
+        settings.run_dir.mkdir(parents=True, exist_ok=True)
+        why_file = reason_path(settings.run_dir, settings.node_name)
+        argv += ["--reason-file", str(why_file)]
         out_path = settings.rig_log_dir / "up.log"
         with open(out_path, "ab") as out:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -351,11 +359,14 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                tail = out_path.read_text(errors="replace").strip().splitlines()[-1:] if out_path.exists() else []
-                last = tail[0].removeprefix("rig: error: ") if tail else f"see {out_path}"
-                # Redis unreachable or refusing the password (5), bad configuration (6): that code.
-                fail(f"rig up exited (code {proc.returncode}): {last}", proc.returncode if proc.returncode in (5, 6) else 7)
+                # Its own reason (up.log is shared with any other rig up of this home).
+                last = daemon_reason(why_file, out_path)
+                # Redis unreachable or refusing the password (5), bad configuration (6), the
+                # node name owned by another rig up (10): that code.
+                fail(f"rig up exited (code {proc.returncode}): {last}",
+                     proc.returncode if proc.returncode in (5, 6, 10) else 7)
             if ready.exists() and ready.read_text().strip() == str(proc.pid):
+                why_file.unlink(missing_ok=True)
                 click.echo(f"rig is up on {settings.node_name} (pid {proc.pid}); logs in {settings.rig_log_dir}; "
                            "`rig down` stops it")
                 return
@@ -363,23 +374,26 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
         fail(f"rig up did not become ready within 120 s; see {out_path}", 7)
 
     stack = Stack(settings, UpOptions(only=only, no_flower=no_flower, no_beat=no_beat, no_metrics=no_metrics,
-                                      env_overrides=env_overrides), say=lambda m: click.echo(m, err=True))
+                                      env_overrides=env_overrides), say=lossy.say)
     ready = settings.run_dir / f"up-{settings.node_name}.ready"
     wrote_ready = False
     try:
         stack.up()
         missing = stack.wait_ready()
         if missing:
-            click.echo(f"warning: no heartbeat yet from {', '.join(missing)}; see {settings.rig_log_dir}", err=True)
-        click.echo(stack.describe(), err=True)
+            lossy.say(f"warning: no heartbeat yet from {', '.join(missing)}; see {settings.rig_log_dir}")
+        lossy.say(stack.describe())
         if stack.wants("flower"):
-            click.echo(f"flower: http://{settings.flower_address}:{settings.flower_port} "
-                       f"(user and password in {settings.home / 'flower.auth'})", err=True)
-        click.echo(f"rig is up on {settings.node_name}. Submit with `rig-submit --gpu-memory 4G -- CMD`; "
-                   "Ctrl-C stops rig (running jobs keep running).", err=True)
+            lossy.say(f"flower: http://{settings.flower_address}:{settings.flower_port} "
+                      f"(user and password in {settings.home / 'flower.auth'})")
+        lossy.say(f"rig is up on {settings.node_name}. Submit with `rig-submit --gpu-memory 4G -- CMD`; "
+                  "Ctrl-C stops rig (running jobs keep running).")
         ready.write_text(f"{os.getpid()}\n")
         wrote_ready = True
         stack.run_until_signalled()
+    except BaseException as exc:
+        write_reason(reason_file, exc)  # rig up --daemon shows this daemon's own reason
+        raise
     finally:
         if wrote_ready:
             ready.unlink(missing_ok=True)
@@ -387,10 +401,13 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
         # stopping, and leave the running node's files alone.
         started = stack.started_anything()
         if started:
-            click.echo("stopping rig ...", err=True)
+            lossy.say("stopping rig ...")
         stack.down()
         if started:
-            click.echo("rig stopped", err=True)
+            lossy.say("rig stopped")
+    if stack.lost_name:
+        write_reason(reason_file, stack.lost_name)
+        fail(stack.lost_name, 10)
 
 
 @cli.command()
@@ -413,21 +430,32 @@ def down(ctx: click.Context, timeout: float, node_opt: str | None) -> None:
         click.echo(f"stopped what a crashed rig up of {settings.node_name} left: {report.leftovers} "
                    "(running jobs keep running)")
     if not report.supervisors and not report.leftovers:
-        click.echo(f"rig is not up on {settings.node_name}")
+        from rig.cli.daemon import not_up
+
+        line, code = not_up(settings, named=bool(node_opt))
+        if code:
+            fail(line, code)
+        click.echo(line)
 
 
 @cli.command("forget-node")
 @click.argument("name")
+@click.option("--force", is_flag=True, help="Forget it even though it was only stopped (`rig down`).")
 @click.pass_context
 @handle_errors
-def forget_node(ctx: click.Context, name: str) -> None:
+def forget_node(ctx: click.Context, name: str, force: bool) -> None:
     """Forget node NAME, gone for good: its record, heartbeats and cards leave `rig status`.
-    Admins only; refused while it is up or has jobs. `rig up --node NAME` would add it again."""
+    Admins only; refused while it is up or has jobs, and while it is merely stopped unless
+    --force. Waiting jobs no other node could run are FAILED (unschedulable). `rig up --node
+    NAME` would add it again."""
     client = client_from(ctx)
     client.ping()
-    cards = client.forget_node(name)
+    failed: dict[int, str] = {}
+    cards = client.forget_node(name, force=force, failed=failed)
     removed = f"its {len(cards)} card(s) ({', '.join(cards)})" if cards else "no cards"
     click.echo(f"node {name} forgotten with {removed}")
+    for job_id, reason in sorted(failed.items()):
+        click.echo(f"job {job_id} FAILED: {reason}")
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from rig.testing import (
     faults_disk,
     faults_identity,
     faults_jobs,
+    faults_nodes,
     faults_redis_full,
     faults_supervision,
     faults_tasks,
@@ -37,6 +38,7 @@ ALL: list[tuple[str, Scenario]] = [
     *faults_config.SCENARIOS,
     *faults_cards.SCENARIOS,
     *faults_redis_full.SCENARIOS,
+    *faults_nodes.SCENARIOS,
 ]
 
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from rig.config import load_settings
-from rig.errors import InvalidInput, NodeInUse, PermissionDenied, StackError
+from rig.errors import InvalidInput, NodeInUse, PermissionDenied
 from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
@@ -162,16 +162,6 @@ def test_stopped_node_keeps_its_running_jobs_and_requeues_unstarted_ones(cluster
     assert _state(nodes, "n1") == "up"
 
 
-def test_a_second_server_cannot_take_a_live_node_name(cluster):
-    _, _, _, nodes, _ = cluster
-    nodes.check_free("n1")  # this host: a restart of the same node is fine
-    with pytest.raises(StackError, match="already up on host elsewhere"):
-        nodes.beat("n1", ttl=TTL, source="test")
-        raw = json.loads(nodes.r.get(nodes.keys.node_alive("n1")))
-        nodes.r.set(nodes.keys.node_alive("n1"), json.dumps({**raw, "host": "elsewhere"}))
-        nodes.check_free("n1")
-
-
 def test_node_names_must_be_usable_in_queue_and_key_names():
     from rig.errors import ConfigError
 
@@ -273,3 +263,50 @@ def test_only_admins_may_forget_a_node(cluster, redis_client, monkeypatch):
     with pytest.raises(InvalidInput, match="not a node name"):
         client.forget_node("n1/*")
     assert client.forget_node("n1") == ["n1/0", "n1/1"]
+
+
+def test_forgetting_a_stopped_node_is_refused_unless_forced_and_failed_jobs_get_a_class(
+        cluster, redis_client, monkeypatch):
+    """A node merely stopped (`rig down`) comes back: forgetting it is refused, saying which
+    waiting jobs it would fail and which would wait; --force fails those with a class and a
+    reason naming the node (they used to be FAILED with no class, no warning)."""
+    from rig.client import Client, Identity
+    from rig.failures import FailureClass
+
+    settings, keys, ledger, nodes, checker = cluster
+    settings = settings.model_copy(update={"pools": {"only1": ["n1"], "both": ["n1", "n2"]}})
+    client = Client(settings, redis_client=redis_client)
+    monkeypatch.setattr("rig.client.current_identity", lambda: Identity("root", 0))
+    stranded = ledger.store.create(Job(
+        id=0, name="t", user="u", command=["true"], gpu_memory=10 * GIB, gpus=1, max_retries=2,
+        priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/", created_at=time.time(), pool="only1")).id
+    served = ledger.store.create(Job(
+        id=0, name="t", user="u", command=["true"], gpu_memory=10 * GIB, gpus=1, max_retries=2,
+        priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/", created_at=time.time(), pool="both")).id
+    nodes.mark_stopped("n1")
+    _silence(redis_client, keys, "n1")
+    with pytest.raises(NodeInUse, match=rf"node n1 was stopped on purpose .*would FAIL waiting job\(s\) {stranded} "
+                                        rf"\(failure class unschedulable.*leave job\(s\) {served} waiting.*"
+                                        r"rig forget-node n1 --force"):
+        client.forget_node("n1")
+    assert "n1" in redis_client.smembers(keys.nodes) and len(ledger.cards()) == 3  # nothing changed
+    assert ledger.store.get(stranded).state is JobState.PENDING
+    failed: dict[int, str] = {}
+    assert client.forget_node("n1", force=True, failed=failed) == ["n1/0", "n1/1"]
+    job = ledger.store.get(stranded)
+    assert job.state is JobState.FAILED and job.failure == FailureClass.UNSCHEDULABLE.value
+    assert job.reason.startswith("unschedulable: node n1 was forgotten by root; no card is left in pool 'only1'")
+    assert failed == {stranded: job.reason}
+    assert ledger.store.get(served).state is JobState.PENDING
+
+
+def test_the_dispatcher_gives_unschedulable_jobs_a_class(cluster, redis_client):
+    from rig.failures import FailureClass
+
+    settings, keys, ledger, nodes, checker = cluster
+    huge = ledger.store.create(Job(
+        id=0, name="t", user="u", command=["true"], gpu_memory=400 * GIB, gpus=1, max_retries=2,
+        priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/", created_at=time.time())).id
+    Dispatcher(settings, lambda *a: None, redis_client).dispatch_pass()
+    job = ledger.store.get(huge)
+    assert job.state is JobState.FAILED and job.failure == FailureClass.UNSCHEDULABLE.value

@@ -1,0 +1,75 @@
+"""``rig up --daemon``: where the daemon says why it could not start, so that the command that
+started it shows that reason (and not another rig up's line from the shared up.log)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+
+def reason_path(run_dir: Path, node: str) -> Path:
+    """A file of its own for one daemon start (two starts at once must not share one)."""
+    return run_dir / f"up-{node}.{os.getpid()}.{secrets.token_hex(4)}.why"
+
+
+def write_reason(path: Path | None, why: BaseException | str) -> None:
+    """The daemon's one line on why it ends before or instead of running (best effort)."""
+    if path is None or isinstance(why, KeyboardInterrupt | SystemExit):
+        return
+    text = str(why).strip().splitlines()[0] if str(why).strip() else type(why).__name__
+    try:
+        path.write_text(text + "\n")
+    except OSError:
+        pass
+
+
+def daemon_reason(path: Path, log: Path) -> str:
+    """The reason the daemon wrote (then forgotten), else a pointer to its log."""
+    try:
+        text = path.read_text(errors="replace").strip()
+        path.unlink(missing_ok=True)
+    except OSError:
+        text = ""
+    return text or f"see {log}"
+
+
+def home_nodes(run_dir: Path) -> dict[str, int]:
+    """Node name -> pid of each live ``rig up`` of this RIG_HOME (its ``up-<node>.pid`` files)."""
+    from workers.process_tree import is_alive
+
+    found: dict[str, int] = {}
+    for path in sorted(run_dir.glob("up-*.pid")):
+        try:
+            pid = int(path.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        if is_alive(pid, None):
+            found[path.name[len("up-"):-len(".pid")]] = pid
+    return found
+
+
+def not_up(settings, *, named: bool) -> tuple[str, int]:  # noqa: ANN001 - rig.config.Settings
+    """What ``rig down`` says when this home runs no rig up of the node asked for, and its exit
+    code: another node of this home runs (say which, and what to type: 2); the node name is
+    owned by a rig up of another home or host (name it, and where to type what: 10); else
+    plainly not up (0)."""
+    node = settings.node_name
+    others = {n: p for n, p in home_nodes(settings.run_dir).items() if n != node}
+    if others:
+        which = ", ".join(f"{n} (pid {p})" for n, p in sorted(others.items()))
+        what = " or ".join(f"`rig down --node {n}`" for n in sorted(others))
+        asked = f"node {node}" + ("" if named else " (the default name: no --node given)")
+        return (f"rig is not up on {asked} from this home; this home runs node {which}: {what}", 2)
+    try:
+        from rig.keys import Keys
+        from rig.node_claim import holder, there
+        from rig.redis_conn import connect
+
+        owner = holder(connect(settings.redis_url, timeout=2.0, reply_timeout=2.0), Keys(settings.key_prefix), node)
+    except Exception:  # noqa: BLE001 - only a hint: no Redis, no hint
+        owner = None
+    if owner is not None and not owner.same_home(settings.home) and not owner.provably_dead():
+        return (f"rig is not up on node {node} from RIG_HOME={settings.home}, and nothing was changed: node {node} "
+                f"is owned by a rig up ({owner.describe()}); to stop it: {there(node, owner, 'down')}", 10)
+    return (f"rig is not up on {node}", 0)

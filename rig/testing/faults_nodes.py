@@ -1,0 +1,404 @@
+"""Fault scenarios about node names and the commands that act on a node (issue 11.1, 11.7).
+
+Each runs the real CLI (``rig up --daemon``, ``rig down``, ``rig forget-node``) from rig homes of
+its own on this machine, against one Redis under one key prefix, with fake cards; jobs are the
+usual traced, gated ones (rig.testing.faults).
+
+- ``two-homes-one-name``: two ``rig up --node a`` from two homes started at the same moment
+  (a 24 GB card and a 48 GB one): exactly one wins; the other is refused with one line naming
+  the holder (host, home, pid, since) and exit 10; a second try while jobs run changes nothing
+  (card and node records, jobs); each job runs once; ``rig status`` counts the owner's workers.
+- ``crashed-owner-taken-over``: the owner is SIGKILLed: another home takes the name at once
+  (same host, the pid is gone); a claim of another host is refused until it expires, then taken.
+- ``down-from-other-home``: ``rig down --node a`` and ``rig recover --node a`` from another home
+  are refused naming the owner and what to type where; the node is not marked stopped and its
+  job runs on; ``rig down`` without ``--node`` in the owner's home names the node it runs.
+- ``password-changed``: Redis' password changes under a running node: ``rig status`` says the
+  node cannot authenticate; control.log does not fill with tracebacks; the node comes back
+  when the password it has works again, and its job ends once.
+- ``forget-stopped-node``: ``rig forget-node`` of a node merely stopped is refused, saying which
+  waiting job it would fail (and its failure class); nothing changes; ``--force`` fails it with
+  class ``unschedulable`` and a reason naming the node.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from rig.models import JobState
+from rig.node_claim import holder
+from rig.nodes import NodeRegistry
+from rig.stack import pid_file, settings_env
+from rig.supervision import node_processes
+from rig.testing.faults import Scenario, ScenarioResult, _free_port, _wait
+from rig.testing.harness import RigHarness, delete_prefix, new_prefix
+
+#: Fields of a card record that only its registration writes (telemetry fields change by themselves).
+CARD_FIELDS = ("total", "uuid", "model", "allowed", "max_jobs")
+#: Fields of a node record that only its registration (or rig down) writes.
+NODE_FIELDS = ("host", "pid", "started_at", "fake_spec", "cards", "stopped_at")
+
+
+class Home:
+    """One rig home whose node is run by the real CLI (a RigHarness for its client and reads,
+    never its in-process Stack)."""
+
+    def __init__(self, root: Path, label: str, *, node: str, fake_gpus: str, prefix: str, **overrides) -> None:
+        self.label = label
+        self.home = root / label
+        self.home.mkdir(parents=True, exist_ok=True)
+        values = {"telemetry_interval": 0.5, "health": {"check_interval": 1.0, "timeout": 4.0}, **overrides}
+        self.harness = RigHarness(self.home, fake_gpus=fake_gpus, prefix=prefix, node_name=node,
+                                  flower_port=_free_port(), **values)
+        self.settings = self.harness.settings
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
+        self.env = {**env, **settings_env(self.settings), "RIG_ADMINS": _me()}
+        self.rig = str(Path(sys.executable).parent / "rig")
+
+    def cli(self, *args: str, timeout: float = 150, unset: tuple[str, ...] = (),
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        env = {**{k: v for k, v in self.env.items() if k not in unset}, **(env or {})}
+        return subprocess.run([self.rig, *args], env=env, capture_output=True, text=True, timeout=timeout,
+                              cwd=self.home)
+
+    def up(self, *, beat: bool = False) -> subprocess.CompletedProcess:
+        """``rig up --daemon``; with ``beat``, this node runs the cluster's periodic checks."""
+        return self.cli("up", "--daemon", "--no-flower", "--no-metrics", *(() if beat else ("--no-beat",)))
+
+    def supervisor(self) -> int | None:
+        try:
+            return int(pid_file(self.settings).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def down(self) -> subprocess.CompletedProcess:
+        return self.cli("down", timeout=90)
+
+
+def _me() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+def _one_line(result: subprocess.CompletedProcess) -> str:
+    """The command's error line (what the operator sees), or all its output if not one line."""
+    text = (result.stderr or result.stdout).strip()
+    return text.removeprefix("rig: error: ")
+
+
+def _snapshot(h: RigHarness, node: str) -> dict[str, object]:
+    """The registration-written fields of ``node``'s record and card records."""
+    r, k = h.redis, h.keys
+    cards = sorted(c for c in r.smembers(k.cards) if c.split("/")[0] == node)
+    snap: dict[str, object] = {"node": r.hmget(k.node(node), list(NODE_FIELDS))}
+    for cid in cards:
+        snap[cid] = r.hmget(k.card(node, cid.split("/")[1]), list(CARD_FIELDS))
+    return snap
+
+
+def _close(sc: Scenario, homes: list[Home]) -> None:
+    for home in homes:
+        try:
+            home.down()
+        except subprocess.TimeoutExpired:
+            pass
+    sc.close()
+    try:
+        delete_prefix(sc.node.redis, sc.node.prefix)
+    except Exception:  # noqa: BLE001 - cleanup only
+        pass
+
+
+def _simultaneous(*calls) -> list[subprocess.CompletedProcess]:  # noqa: ANN002
+    """Run the calls at the same moment (threads behind one barrier); their results in order."""
+    results: list[subprocess.CompletedProcess | None] = [None] * len(calls)
+    gate = threading.Barrier(len(calls))
+
+    def run(i: int) -> None:
+        gate.wait()
+        results[i] = calls[i]()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [r for r in results if r is not None]
+
+
+# -- scenarios ---------------------------------------------------------------------------------
+def two_homes_one_name(workdir: Path) -> ScenarioResult:
+    prefix = new_prefix()
+    homes = [Home(workdir, "home24", node="a", fake_gpus="1x24G", prefix=prefix),
+             Home(workdir, "home48", node="a", fake_gpus="1x48G", prefix=prefix)]
+    sc = Scenario(workdir, "two homes, one node name", "rig up --node a from two homes at once",
+                  node=homes[0].harness)
+    try:
+        first = _simultaneous(homes[0].up, homes[1].up)
+        won = [i for i, r in enumerate(first) if r.returncode == 0]
+        if len(won) != 1:
+            sc.result.problems.append(f"{len(won)} of 2 simultaneous rig up won the name: "
+                                      f"{[(r.returncode, _one_line(r)) for r in first]}")
+            return sc.result
+        owner, other = homes[won[0]], homes[1 - won[0]]
+        sc.node = owner.harness  # jobs and counts through the owner's view
+        refused = first[1 - won[0]]
+        line = _one_line(refused)
+        sc.result.notes.append(f"the loser ({other.label}) said: {line}")
+        pid = owner.supervisor()
+        if refused.returncode != 10 or f"home {owner.home.resolve()}, pid {pid}, since " not in line \
+                or "\n" in line:
+            sc.result.problems.append(f"the loser's refusal (exit {refused.returncode}) does not name the holder "
+                                      f"in one line: {line!r}")
+        want_total = 24 if owner.label == "home24" else 48
+        card = owner.harness.client.ledger.card("a", 0)
+        if round(card.total / 2**30) != want_total:
+            sc.result.problems.append(f"card a/0 shows {card.total / 2**30:.0f} GiB, the owner's is {want_total}")
+        ids = [sc.submit(gpu_memory="6G") for _ in range(3)]  # all 3 fit whichever card won
+        sc.wait_running(ids)
+        before = _snapshot(owner.harness, "a")
+        again = other.cli("up", "--no-flower", "--no-metrics", "--no-beat")  # in the foreground this time
+        if again.returncode != 10:
+            sc.result.problems.append(f"a second try was not refused with exit 10: {again.returncode} {_one_line(again)}")
+        after = _snapshot(owner.harness, "a")
+        if before != after:
+            sc.result.problems.append(f"the refused rig up changed the records: {before} -> {after}")
+        if other.supervisor() is not None:
+            sc.result.problems.append("the refused home has a live rig up pid file")
+        nodes = {n.name: n for n in NodeRegistry(owner.harness.redis, owner.harness.keys).read()}
+        if nodes["a"].workers != 2 or nodes["a"].state != "up":
+            sc.result.problems.append(f"rig status: node a {nodes['a'].state} with {nodes['a'].workers} "
+                                      "worker(s), want up with 2 (card0, control)")
+        sc.finish(timeout=120)
+        return sc.result
+    finally:
+        _close(sc, homes)
+
+
+def crashed_owner_taken_over(workdir: Path) -> ScenarioResult:
+    import json
+
+    prefix = new_prefix()
+    a, b = (Home(workdir, "homeA", node="a", fake_gpus="1x80G", prefix=prefix),
+            Home(workdir, "homeB", node="a", fake_gpus="1x80G", prefix=prefix))
+    sc = Scenario(workdir, "crashed owner of a name taken over", "SIGKILL of the owner; a remote claim expiring",
+                  node=a.harness)
+    try:
+        if a.up().returncode != 0:
+            sc.result.problems.append("home A's rig up failed")
+            return sc.result
+        supervisor = a.supervisor()
+        assert supervisor is not None
+        os.kill(supervisor, signal.SIGKILL)
+        # Its workers follow it (rig.supervision); its claim stays in Redis until it expires.
+        _wait(lambda: not node_processes("a", a.home), 30, "the dead owner's workers to stop")
+        if holder(a.harness.redis, a.harness.keys, "a") is None:
+            sc.result.notes.append("the dead owner's claim had expired already (slow machine)")
+        took = b.up()  # at once: same host, the owner's pid is gone
+        if took.returncode != 0:
+            sc.result.problems.append(f"the dead owner's name was not taken over: {_one_line(took)}")
+            return sc.result
+        found = holder(b.harness.redis, b.harness.keys, "a")
+        if found is None or found.home != str(b.home.resolve()):
+            sc.result.problems.append(f"after the takeover the name is held by {found}")
+        sc.node = b.harness
+        jid = sc.submit(gpu_memory="10G")
+        sc.finish(timeout=90)
+        if sc.result.lost:
+            return sc.result
+        if b.down().returncode != 0:
+            sc.result.problems.append("rig down of the new owner failed")
+        # A claim of another host (never provably dead from here) must expire first.
+        key = b.harness.keys.node_owner("a")
+        remote = json.dumps({"host": "elsewhere.example", "pid": 4242, "start": 1, "home": "/srv/rig",
+                             "run_dir": "/srv/rig/run", "install": "/opt/rig"}, sort_keys=True)
+        b.harness.redis.set(key, f"{remote}|{time.time():.3f}", px=4000)
+        refused = b.up()
+        line = _one_line(refused)
+        if refused.returncode != 10 or "host elsewhere.example, home /srv/rig, pid 4242" not in line:
+            sc.result.problems.append(f"a live remote claim was not refused naming it: {refused.returncode} {line}")
+        sc.result.notes.append(f"remote owner: {line}")
+        _wait(lambda: not b.harness.redis.exists(key), 10, "the remote claim to expire")
+        if b.up().returncode != 0:
+            sc.result.problems.append("the expired remote claim was not taken over")
+        if jid not in sc.job_ids:
+            sc.result.problems.append("job bookkeeping lost")
+        return sc.result
+    finally:
+        _close(sc, [a, b])
+
+
+def down_from_other_home(workdir: Path) -> ScenarioResult:
+    prefix = new_prefix()
+    a, b = (Home(workdir, "homeA", node="a", fake_gpus="1x80G", prefix=prefix),
+            Home(workdir, "homeB", node="a", fake_gpus="1x80G", prefix=prefix))
+    sc = Scenario(workdir, "rig down of a node from another home", "rig down / recover --node a from home B",
+                  node=a.harness)
+    try:
+        if a.up().returncode != 0:
+            sc.result.problems.append("home A's rig up failed")
+            return sc.result
+        jid = sc.submit(gpu_memory="10G")
+        sc.wait_running([jid])
+        supervisor = a.supervisor()
+        for args in (("down", "--node", "a"), ("recover", "--node", "a")):
+            result = b.cli(*args)
+            line = _one_line(result)
+            sc.result.notes.append(f"rig {' '.join(args)} from home B: {line}")
+            if result.returncode != 10 or f"home {a.home.resolve()}" not in line \
+                    or f"RIG_HOME={a.home.resolve()} rig {args[0]} --node a" not in line:
+                sc.result.problems.append(f"rig {' '.join(args)} from home B was not refused naming the owner "
+                                          f"and what to type: {result.returncode} {line}")
+        nodes = {n.name: n for n in NodeRegistry(a.harness.redis, a.harness.keys).read()}
+        if nodes["a"].state != "up" or nodes["a"].stopped_at is not None:
+            sc.result.problems.append(f"node a is {nodes['a'].state} after rig down from another home")
+        if supervisor is None or a.supervisor() != supervisor or sc.node.client.get(jid).state is not JobState.RUNNING:
+            sc.result.problems.append("the owner's rig up or its job did not run on")
+        plain = a.cli("down", unset=("RIG_NODE_NAME",))  # no --node: the default name is the host's, not a
+        line = _one_line(plain)
+        sc.result.notes.append(f"rig down (no --node) in home A: {line}")
+        if plain.returncode == 0 or "`rig down --node a`" not in line or a.supervisor() != supervisor:
+            sc.result.problems.append(f"rig down without --node did not name the running node a: {line}")
+        sc.finish(timeout=90)
+        stop = a.cli("down", "--node", "a")
+        nodes = {n.name: n for n in NodeRegistry(a.harness.redis, a.harness.keys).read()}
+        if stop.returncode != 0 or nodes["a"].state != "stopped":
+            sc.result.problems.append(f"rig down --node a in its home: {stop.returncode} {_one_line(stop)}; "
+                                      f"node {nodes['a'].state}")
+        return sc.result
+    finally:
+        _close(sc, [a, b])
+
+
+def forget_stopped_node(workdir: Path) -> ScenarioResult:
+    prefix = new_prefix()
+    pools = {"only-b": ["b"]}
+    a, b = (Home(workdir, "homeA", node="a", fake_gpus="1x80G", prefix=prefix, pools=pools),
+            Home(workdir, "homeB", node="b", fake_gpus="1x80G", prefix=prefix, pools=pools))
+    sc = Scenario(workdir, "forget-node of a node merely stopped", "rig down on b; rig forget-node b",
+                  node=a.harness)
+    try:
+        if a.up(beat=True).returncode != 0 or b.up().returncode != 0:
+            sc.result.problems.append("rig up failed")
+            return sc.result
+        if b.down().returncode != 0:
+            sc.result.problems.append("rig down on b failed")
+        # The cluster check (a's beat) takes b's cards out of placement.
+        _wait(lambda: not any(c.eligible for c in a.harness.client.ledger.cards() if c.node == "b"), 30,
+              "the stopped node's cards to leave placement")
+        stranded = sc.submit(gpu_memory="10G", pool="only-b")
+        served = sc.submit(gpu_memory="10G")
+        sc.wait_running([served])
+        refused = a.cli("forget-node", "b")
+        line = _one_line(refused)
+        sc.result.notes.append(f"rig forget-node b: {line}")
+        if refused.returncode != 10 or f"FAIL waiting job(s) {stranded} (failure class unschedulable" not in line \
+                or "--force" not in line:
+            sc.result.problems.append(f"forget-node of a stopped node was not refused saying what it would do: "
+                                      f"{refused.returncode} {line}")
+        job = sc.node.client.get(stranded)
+        names = {n.name for n in NodeRegistry(a.harness.redis, a.harness.keys).read()}
+        if job.state is not JobState.PENDING or "b" not in names:
+            sc.result.problems.append(f"the refused forget changed something: job {job.state.value}, nodes {names}")
+        forced = a.cli("forget-node", "b", "--force")
+        sc.result.notes.append(f"--force: {forced.stdout.strip()}")
+        job = sc.node.client.get(stranded)
+        if forced.returncode != 0 or job.state is not JobState.FAILED or job.failure != "unschedulable" \
+                or "node b was forgotten" not in (job.reason or "") or f"job {stranded} FAILED" not in forced.stdout:
+            sc.result.problems.append(f"--force: exit {forced.returncode}, job {job.state.value} class {job.failure} "
+                                      f"reason {job.reason!r}")
+        sc.finish(timeout=90)
+        return sc.result
+    finally:
+        _close(sc, [a, b])
+
+
+def _password_redis(workdir: Path, port: int, password: str) -> subprocess.Popen:
+    """A redis-server without persistence on ``port`` that wants ``password``."""
+    import redis
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(workdir), "--requirepass", password],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait(lambda: _pings(redis.Redis(port=port, password=password, socket_connect_timeout=0.2)), 10,
+          "the Redis to answer")
+    return proc
+
+
+def _pings(client) -> bool:  # noqa: ANN001 - redis.Redis
+    import redis
+
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+def password_changed(workdir: Path) -> ScenarioResult:
+    """The operator changes Redis' password (and drops the clients) while a job runs, and the
+    node still has the old one: `rig status` (with the new password) says the node cannot
+    authenticate; its control.log grows by a line now and then, not by tracebacks; once the
+    old password works again the node comes back and the job ends once."""
+    import redis
+
+    port = _free_port()
+    server = _password_redis(workdir / "redis", port, "old-pass")
+    prefix = new_prefix()
+    a = Home(workdir, "homeA", node="a", fake_gpus="1x80G", prefix=prefix,
+             redis_url=f"redis://:old-pass@127.0.0.1:{port}/0")
+    sc = Scenario(workdir, "Redis password changed under a node", "CONFIG SET requirepass; CLIENT KILL",
+                  node=a.harness)
+    new_env = {"RIG_REDIS_URL": f"redis://:new-pass@127.0.0.1:{port}/0", "COLUMNS": "1000"}
+    admin = redis.Redis(port=port, password="old-pass", decode_responses=True)
+    try:
+        if a.up().returncode != 0:
+            sc.result.problems.append("rig up failed")
+            return sc.result
+        jid = sc.submit(gpu_memory="10G")
+        sc.wait_running([jid])
+        admin.config_set("requirepass", "new-pass")
+        admin = redis.Redis(port=port, password="new-pass", decode_responses=True)
+        admin.client_kill_filter(_type="normal", skipme=True)
+        said: list[str] = []
+
+        def status_says() -> bool:
+            out = a.cli("status", env=new_env).stdout
+            said[:] = [line.strip() for line in out.splitlines() if "cannot authenticate" in line]
+            return bool(said)
+
+        _wait(status_says, 60, "rig status to say the node cannot authenticate")
+        sc.result.notes.append(f"rig status: {said[0]}")
+        log = a.settings.rig_log_dir / "control.log"
+        before = log.stat().st_size
+        time.sleep(10.0)  # a measured interval, not a synchronisation
+        rate = (log.stat().st_size - before) / 10.0
+        sc.result.notes.append(f"control.log grew {rate:.0f} B/s while refused")
+        if rate > 200:
+            sc.result.problems.append(f"control.log grew {rate:.0f} B/s while Redis refused the node")
+        admin.config_set("requirepass", "old-pass")  # the operator puts the old password back
+        _wait(lambda: "cannot authenticate" not in a.cli("status", env={"COLUMNS": "1000"}).stdout
+              and any(n.state == "up" for n in NodeRegistry(a.harness.redis, a.harness.keys).read()), 90,
+              "the node to come back")
+        sc.finish(timeout=120)
+        return sc.result
+    finally:
+        _close(sc, [a])
+        server.kill()
+        server.wait()
+
+
+SCENARIOS = [
+    ("two-homes-one-name", two_homes_one_name),
+    ("crashed-owner-taken-over", crashed_owner_taken_over),
+    ("down-from-other-home", down_from_other_home),
+    ("forget-stopped-node", forget_stopped_node),
+    ("password-changed", password_changed),
+]
