@@ -42,7 +42,7 @@ OWN_VARIABLES: frozenset[str] = frozenset({
     "RIG_INSTALLATION", "RIG_FAKE_GPU_DIR", "RIG_LOG_KEEPER",
     # The marks of rig up's children (rig.supervision, rig.stack).
     "RIG_ROLE", "RIG_CARD_INDEX", "RIG_NODE_PROCESS", "RIG_SUPERVISOR_PID", "RIG_SUPERVISOR_START",
-    "RIG_PDEATHSIG",
+    "RIG_PDEATHSIG", "RIG_NODE_OWNER",  # the owner of the node name (rig.node_claim)
     # Flower's login (rig.stack.flower_auth).
     "RIG_FLOWER_AUTH",
     # Scripts, tests and the image build.
