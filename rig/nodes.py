@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import redis
 
+from rig.clock import DEFAULT_MAX_SKEW_S, record_clock_offset, shared_now
 from rig.errors import InvalidInput, NodeInUse, StackError
 from rig.keys import Keys, split_card_id
 from rig.models import JobState
@@ -66,6 +67,8 @@ class NodeInfo:
     #: Set by the node when jobs run there that Redis has no record of (rolled back or lost):
     #: the line saying so and what to do.
     unrecorded: str | None = None
+    #: Set by the node when its clock is off Redis' by more than its max_clock_skew (rig.clock).
+    clock_skew: str | None = None
 
     @property
     def describe(self) -> str:
@@ -110,7 +113,7 @@ class NodeRegistry:
 
     def register(self, node: str, *, ttl: float, **fields: object) -> None:
         """A node (re)joins: record it, forget that it was stopped, and heartbeat."""
-        now = time.time()
+        now = shared_now(self.r)
         pipe = self.r.pipeline(transaction=True)
         pipe.sadd(self.keys.nodes, node)
         pipe.hset(self.keys.node(node), mapping={**{k: str(v) for k, v in fields.items()},
@@ -120,9 +123,12 @@ class NodeRegistry:
         pipe.execute()
         self.beat(node, ttl=ttl, source="rig up")
 
-    def beat(self, node: str, *, ttl: float, source: str, pid: int | None = None) -> None:
-        """Refresh the node's heartbeat; it expires after ``ttl`` seconds."""
-        now = time.time()
+    def beat(self, node: str, *, ttl: float, source: str, pid: int | None = None,
+             max_skew: float = DEFAULT_MAX_SKEW_S) -> None:
+        """Refresh the node's heartbeat; it expires after ``ttl`` seconds. Also records how
+        far this machine's clock is off Redis' (rig.clock; reported beyond ``max_skew`` s)."""
+        now = shared_now(self.r)
+        record_clock_offset(self.r, self.keys.node(node), max_skew)
         value = json.dumps({"host": socket.gethostname(), "pid": pid or os.getpid(), "by": source,
                             "seen_at": now})
         pipe = self.r.pipeline(transaction=False)
@@ -133,7 +139,7 @@ class NodeRegistry:
     def mark_stopped(self, node: str) -> None:
         """The node was stopped on purpose: its jobs keep running and are adopted on return."""
         pipe = self.r.pipeline(transaction=True)
-        pipe.hset(self.keys.node(node), "stopped_at", time.time())
+        pipe.hset(self.keys.node(node), "stopped_at", shared_now(self.r))
         pipe.delete(self.keys.node_alive(node))
         pipe.execute()
 
@@ -289,4 +295,5 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int) -> NodeInfo:
         pid=int(pid) if pid is not None else None, workers=workers,
         mismatch=raw.get("installation_mismatch") or None,
         unrecorded=raw.get("unrecorded_jobs") or None,
+        clock_skew=raw.get("clock_skew") or None,
     )

@@ -6,14 +6,13 @@ listing or counting by state never scans.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from typing import Any
 
 import redis
 
 from rig import records as R
-
+from rig.clock import shared_now
 from rig.errors import JobNotFound
 from rig.keys import Keys
 from rig.models import PRIORITY_BAND, Job, JobState, Priority, new_job_instance, pending_score
@@ -41,7 +40,7 @@ class JobStore:
             return []
         last = int(self.r.incrby(self.keys.next_job_id, len(jobs)))
         pipe = self.r.pipeline(transaction=True)
-        now = time.time()
+        now = shared_now(self.r)
         out = []
         for offset, (job, extra) in enumerate(jobs):
             job.id = last - len(jobs) + 1 + offset

@@ -39,6 +39,7 @@ from rig.celery_config import (
     card_queue,
     make_celery,
 )
+from rig.clock import shared_now
 from rig.config import load_settings
 from rig.gpus import detect_backend
 from rig.keys import Keys
@@ -144,10 +145,11 @@ def _control_heartbeat(name: str) -> None:
     while not _control_stop.is_set():
         try:
             beat = {"role": "control", "node": settings.node_name, "card": None,
-                    "pid": os.getpid(), "jobs": 0, "seen_at": time.time()}
+                    "pid": os.getpid(), "jobs": 0, "seen_at": shared_now(nodes.r)}
             _redis.set(keys.worker(name), json.dumps(beat), ex=ttl)
             _redis.sadd(keys.workers, name)
-            nodes.beat(settings.node_name, ttl=settings.health.timeout, source=name)
+            nodes.beat(settings.node_name, ttl=settings.health.timeout, source=name,
+                       max_skew=settings.max_clock_skew)
         except Exception as exc:  # noqa: BLE001
             log.debug("control heartbeat skipped: %s", exc)
         _control_stop.wait(settings.telemetry_interval)

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from rig.clock import shared_now
 from rig.config import Settings
 from rig.installation import JOIN, NEW, Installation, Verdict
 from rig.keys import Keys, card_worker_name
@@ -91,7 +92,7 @@ class HealthChecker:
     def run_cluster(self, now: float | None = None) -> HealthReport | None:
         """Nodes and zombie reservations, for the whole cluster (beat: once per interval);
         None if another control worker is running it."""
-        when = now or time.time()
+        when = now or shared_now(self.r)
         return self._locked(self.keys.health_lock,
                             (lambda report: self._node_liveness(report, when), self._zombie_reservations))
 
@@ -230,7 +231,7 @@ class HealthChecker:
     def _dead_workers(self, report: HealthReport) -> None:
         node = self.settings.node_name
         registered = self.r.hget(self.keys.node(node), "started_at")
-        if registered is None or time.time() - float(registered) < self.settings.health.timeout:
+        if registered is None or shared_now(self.r) - float(registered) < self.settings.health.timeout:
             return  # the node has just come up: its workers may not have heartbeated yet
         cards = [c for c in self.ledger.cards() if c.node == node]
         dead = {c.index for c in cards if c.allowed and not self.r.exists(self.keys.worker(card_worker_name(node, c.index)))}

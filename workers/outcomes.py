@@ -20,6 +20,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from rig.clock import shared_now
 from rig.failures import (
     Classification,
     FailureClass,
@@ -52,6 +53,11 @@ class AttemptEnd:
     #: The failure class when the caller knows it better than the exit code and log can tell
     #: (e.g. START_FAILED: rig could not enter the working folder); None: classify.
     failure: FailureClass | None = None
+    #: When it ended on the shared clock (rig.clock), measured where it ran: written as is
+    #: however late Redis takes it. None: now.
+    ended_at: float | None = None
+    #: How long it ran (s, the runner's monotonic clock); None: ended_at - the job's started_at.
+    runtime: float | None = None
 
 
 @dataclass
@@ -64,7 +70,7 @@ class Decision:
 
 def decide(job: Job, end: AttemptEnd, largest_usable: int, now: float | None = None) -> Decision:
     """Pure: the next state of ``job`` after its current attempt ended as ``end``."""
-    now = now or time.time()
+    now = now or end.ended_at or time.time()
     log_path = job.log_paths[-1] if job.log_paths else None
     tail = read_tail(log_path) if log_path else ""
     found = classify(exit_code=end.exit_code, cancelled=end.cancelled, timed_out=end.timed_out,
@@ -139,13 +145,15 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
     cards = [c for c in ledger.cards() if c.allowed]
     largest = max((c.usable for c in cards if c.node == job.node), default=0) or max(
         (c.usable for c in cards), default=job.gpu_memory)
-    decision = decide(job, end, largest)
+    # When it ended, as measured where it ran (rig.clock): never when Redis took the write.
+    ended_at = end.ended_at if end.ended_at is not None else shared_now(ledger.r)
+    decision = decide(job, end, largest, now=ended_at)
     if decision.state is JobState.PENDING:
         # A new attempt measures afresh.
         decision.fields.update(vram_peak=0, vram_sum=0, vram_samples=0, util_sum=0,
                                util_samples=0, overuse=0, overuse_stop=None)
     code, detail = ledger.transition(job.id, decision.state, token=token, fields=decision.fields,
-                                     error_queue=decision.error_queue, expect=expect)
+                                     error_queue=decision.error_queue, expect=expect, now=ended_at)
     if code == 1 and decision.state is JobState.SUCCEEDED:
         pipe = ledger.r.pipeline(transaction=False)
         if job.vram_peak:
@@ -154,7 +162,8 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
             pipe.ltrim(ledger.keys.history(job.name), 0, HISTORY_LENGTH - 1)
         if job.started_at:
             # How long it ran, for the dispatcher's estimate of when cards free (backfill).
-            pipe.lpush(ledger.keys.durations(job.name), round(max(0.0, time.time() - job.started_at), 3))
+            ran = end.runtime if end.runtime is not None else ended_at - job.started_at
+            pipe.lpush(ledger.keys.durations(job.name), round(max(0.0, ran), 3))
             pipe.ltrim(ledger.keys.durations(job.name), 0, HISTORY_LENGTH - 1)
         pipe.execute()
     if code == 1:
