@@ -21,7 +21,7 @@ import redis
 
 from rig import job_env as jobenv
 from rig import records as R
-from rig.clock import shared_now
+from rig.clock import clock_for, shared_now
 from rig.config import Settings, load_settings
 from rig.durations import parse_duration
 from rig.errors import (
@@ -117,6 +117,7 @@ class Client:
         self.settings = settings or load_settings()
         self.keys = Keys(self.settings.key_prefix)
         self.r = redis_client or connect(self.settings.redis_url)
+        clock_for(self.r)  # what this process renders ages against: Redis' clock (rig.clock)
         self.store = JobStore(self.r, self.keys)
         self.ledger = Ledger(self.r, self.keys,
                              usage_half_life_s=self.settings.fair_share_half_life_hours * 3600)
