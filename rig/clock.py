@@ -202,8 +202,8 @@ def skew_note(offset: float | None, max_skew: float) -> str | None:
     if offset is None or abs(offset) <= max_skew:
         return None
     way = "ahead of" if offset > 0 else "behind"
-    return (f"clock {abs(offset):.1f} s {way} Redis' (more than {max_skew:g} s): rig times its "
-            "jobs by Redis' clock, but fix this server's time sync (chrony/NTP)")
+    return (f"clock {abs(offset):.1f} s {way} Redis' (limit {max_skew:g} s): fix its time sync "
+            "(NTP/chrony); rig uses Redis' clock meanwhile")
 
 
 def record_clock_offset(client: redis.Redis, node_key: str, max_skew: float) -> float | None:

@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from rig.testing import faults, faults_cli, faults_connection, faults_identity, faults_jobs, faults_supervision, faults_tasks
+from rig.testing import faults, faults_cli, faults_clocks, faults_connection, faults_identity, faults_jobs, faults_supervision, faults_tasks
 from rig.testing.faults import ScenarioResult
 
 Scenario = Callable[[Path], ScenarioResult]
@@ -21,6 +21,7 @@ ALL: list[tuple[str, Scenario]] = [
     *faults_jobs.SCENARIOS,
     *faults_tasks.SCENARIOS,
     *faults_cli.SCENARIOS.items(),
+    *faults_clocks.SCENARIOS,
 ]
 
 
