@@ -48,7 +48,7 @@ from rig.nodes import NodeRegistry
 from rig.redis_conn import connect
 from rig.supervision import watch_supervisor
 from rig.worker_lock import EXIT_LOCK_HELD, LockHeld, acquire, lock_path, worker_lock_name
-from workers import kombu_patches
+from workers import celery_clock, kombu_patches
 from workers.card_runner import CardRunner
 from workers.dispatcher import Dispatcher
 from workers.health import HealthChecker
@@ -81,6 +81,7 @@ _role_lock = _bind_to_node()
 app = make_celery(settings)
 keys = Keys(settings.key_prefix)
 _redis = connect(settings.redis_url)
+celery_clock.install(app, lambda: _redis)  # beat's schedule and task expiry on Redis' clock
 
 _runner: CardRunner | None = None
 _dispatcher: Dispatcher | None = None

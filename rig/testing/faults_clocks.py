@@ -26,6 +26,7 @@ Each also counts the usual: 0 lost, 0 run twice, 0 stranded reservations, 0 orph
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -213,7 +214,7 @@ def clock_skewed_nodes(workdir: Path) -> ScenarioResult:
                   "libfaketime +120 s / -120 s per node and for one submitter", node=nodes[2].harness)
     try:
         for i, node in enumerate(nodes):
-            node.up(beat=i == 0)  # beat (cluster health) on the node 2 minutes ahead
+            node.up(beat=i < 2)  # beats on the skewed nodes: the one ahead holds the lock first
         ids = [sc.submit(body="sleep 8", gpu_memory="30G", name="eight-seconds") for _ in range(3)]
         sc.wait_running(ids)
         # A fourth job, from a host 2 minutes behind (the CLI under libfaketime): it waits.
@@ -268,9 +269,35 @@ def clock_skewed_nodes(workdir: Path) -> ScenarioResult:
         bad = [jid for jid, job in finals.items() if job.state is not JobState.SUCCEEDED]
         if bad:
             sc.result.problems.append(f"jobs that did not succeed: {bad}")
+        _beat_takeover(sc, nodes[0], nodes[1])
         return sc.result
     finally:
         _cleanup(sc, nodes, prefix)
+
+
+def _health_runs(sc: Scenario) -> int:
+    """How many times beat has sent the cluster health check (RedBeat's own count)."""
+    raw = sc.node.redis.hget(f"{sc.node.keys.redbeat_prefix}rig-health", "meta")
+    try:
+        return int(json.loads(raw or "{}").get("total_run_count") or 0)
+    except (ValueError, TypeError, AttributeError):
+        return 0
+
+
+def _beat_takeover(sc: Scenario, ahead: ClockNode, behind: ClockNode) -> None:
+    """The node 2 minutes ahead (beat's lock holder) stops: the beat of the node 2 minutes
+    behind takes over and sends the health check every interval, not after 4 minutes (RedBeat
+    compares the last run, stamped by the other beat, with its own now)."""
+    ahead.down()
+    began = time.monotonic()
+    before = _health_runs(sc)
+    try:
+        _wait(lambda: _health_runs(sc) >= before + 3, 40, "the other beat to send health checks")
+        sc.result.notes.append(f"beat moved to the node 2 minutes behind: 3 health checks sent within "
+                               f"{time.monotonic() - began:.0f} s")
+    except TimeoutError:
+        sc.result.problems.append(f"after beat moved to the node 2 minutes behind, {_health_runs(sc) - before} "
+                                  "health checks in 40 s")
 
 
 def clock_end_after_outage(workdir: Path) -> ScenarioResult:

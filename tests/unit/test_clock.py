@@ -187,3 +187,41 @@ def test_event_time_needs_no_redis(fake_redis):
     mono = time.monotonic()
     assert event_time(fake_redis, mono=mono) == pytest.approx(shared_now(fake_redis), abs=0.5)
     assert event_time(fake_redis, wall=time.time() - 30.0) == pytest.approx(clock.redis_time(fake_redis), abs=0.5)
+
+
+def test_celery_now_and_task_expiry_are_on_redis_clock(fake_redis, monkeypatch):
+    """Beat stamps periodic tasks with an expiry from app.now(); the control worker that takes
+    one, on another node, checks it: both on Redis' clock, so a beat 2 minutes behind neither
+    has its tasks expire on arrival at a node 2 minutes ahead nor stalls after a takeover."""
+    from datetime import datetime, timedelta, timezone
+
+    from celery import Celery
+    from celery.worker import request as celery_request
+
+    from workers import celery_clock
+
+    monkeypatch.setattr(celery_request.Request, "maybe_expire", celery_request.Request.maybe_expire)
+    app = Celery("clk")
+    app.conf.timezone = "UTC"
+    _skewed(fake_redis, 120.0)  # this worker's machine is 2 minutes ahead
+
+    class Ahead(datetime):
+        @classmethod
+        def now(cls, tz=None):  # noqa: ANN001, ANN206 - Celery's own check reads this
+            return datetime.now(tz) + timedelta(seconds=120)
+
+    monkeypatch.setattr(celery_request, "datetime", Ahead)
+    celery_clock.install(app, lambda: fake_redis)
+    assert app.now().timestamp() == pytest.approx(clock.redis_time(fake_redis), abs=1.0)
+
+    class Req:
+        id = "t1"
+        maybe_expire = celery_request.Request.maybe_expire
+
+    sent = datetime.fromtimestamp(clock.redis_time(fake_redis), tz=timezone.utc)
+    fresh, stale = Req(), Req()
+    fresh.expires = sent + timedelta(seconds=5)  # type: ignore[attr-defined]
+    stale.expires = sent - timedelta(seconds=5)  # type: ignore[attr-defined]
+    assert not fresh.maybe_expire()  # the wall clock here says it expired 115 s ago
+    assert stale.maybe_expire()
+    celery_request.revoked_tasks.discard("t1")
