@@ -36,12 +36,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from rig.clock import shared_now
 from rig.memory import format_memory
 from rig.models import CardState, JobState, Priority
 from rig.nodes import NodeRegistry
@@ -201,7 +201,7 @@ def evaluate(client: Client, rules: AlertRules | None = None,
     """Every condition that holds now. Reads Redis; writes only the first-seen times of the
     "reserved but idle" condition (so its duration survives between runs)."""
     rules = rules or AlertRules()
-    now = time.time() if now is None else now
+    now = shared_now(client.r) if now is None else now
     cards = client.ledger.cards()
     counts = client.store.pending_counts()
     waiting = waiting_jobs(client)
@@ -232,6 +232,8 @@ def evaluate(client: Client, rules: AlertRules | None = None,
             alerts.append(Alert(f"installation:{node.name}", SEVERITY_CRITICAL, node.mismatch))
         if node.unrecorded:
             alerts.append(Alert(f"unrecorded_jobs:{node.name}", SEVERITY_CRITICAL, node.unrecorded))
+        if node.clock_skew and node.alive:  # a stopped node's last measure is no news
+            alerts.append(Alert(f"clock_skew:{node.name}", SEVERITY_WARNING, f"node {node.name}: {node.clock_skew}"))
 
     alerts.extend(_log_space(cards))
     alerts.extend(_failure_rate(client, rules, now))
@@ -367,7 +369,7 @@ class AlertManager:
     def update(self, alerts: list[Alert], now: float | None = None) -> list[Alert]:
         """Record this evaluation; return what to announce: new firing alerts, then one
         "resolved" alert for each active condition absent from ``alerts``."""
-        now = time.time() if now is None else now
+        now = shared_now(self.client.r) if now is None else now
         r = self.client.r
         current = {a.key: a for a in alerts}
         out: list[Alert] = []
@@ -388,7 +390,7 @@ class AlertManager:
 
     def run(self, now: float | None = None) -> list[Alert]:
         """Evaluate, update the state and deliver the changes; returns what was announced."""
-        now = time.time() if now is None else now
+        now = shared_now(self.client.r) if now is None else now
         changes = self.update(evaluate(self.client, self.rules, now), now)
         deliver(changes, self.webhook_url, self.logger, timeout=self.timeout)
         return changes

@@ -21,6 +21,7 @@ import redis
 
 from rig import job_env as jobenv
 from rig import records as R
+from rig.clock import clock_for, shared_now
 from rig.config import Settings, load_settings
 from rig.errors import (
     InvalidInput,
@@ -118,6 +119,7 @@ class Client:
         self.settings = settings or load_settings()
         self.keys = Keys(self.settings.key_prefix)
         self.r = redis_client or connect(self.settings.redis_url)
+        clock_for(self.r)  # what this process renders ages against: Redis' clock (rig.clock)
         self.store = JobStore(self.r, self.keys)
         self.ledger = Ledger(self.r, self.keys,
                              usage_half_life_s=self.settings.fair_share_half_life_hours * 3600)
@@ -261,7 +263,7 @@ class Client:
             return Job(
                 id=0, name=job_name, user=who.name, uid=who.uid, command=argv, shell=is_shell,
                 gpu_memory=nbytes, gpus=gpus, priority=prio, state=JobState.PENDING,
-                workdir=str(wd), env=job_env, created_at=time.time(), kind=kind,
+                workdir=str(wd), env=job_env, created_at=shared_now(self.r), kind=kind,
                 max_retries=max_retries, submit_host=socket.gethostname(), time_limit=limit,
                 oom_retry_grow=bool(oom_retry_grow), template=template, pool=pool,
                 expected_seconds=self.expected_seconds(job_name, limit),
@@ -396,7 +398,7 @@ class Client:
                 all_ids.update(ids)
             by_id = {j.id: j for j in self.store.get_many(sorted(all_ids))}
             running = {cid: [by_id[i] for i in ids if i in by_id] for cid, ids in holders.items()}
-            now = time.time()
+            now = shared_now(self.r)
             if pool is None:
                 pending = self.store.pending_counts()
                 oldest: dict[Priority, float | None] = {}

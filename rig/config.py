@@ -281,6 +281,9 @@ class Settings(BaseSettings):
         90.0, gt=0, description="logs of jobs in the error queue are kept this long"
     )
     telemetry_interval: float = Field(2.0, gt=0, description="seconds between card readings")
+    max_clock_skew: float = Field(
+        2.0, gt=0, description="a node whose clock is off Redis' by more than this (s) is reported"
+    )
     flower_address: str = "127.0.0.1"
     flower_port: int = Field(5555, ge=1, le=65535, description="Flower's port")
     metrics_address: str = Field("127.0.0.1", description="Prometheus endpoint address")

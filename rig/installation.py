@@ -28,12 +28,12 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 
+from rig.clock import shared_now
 from rig.keys import Keys
 
 SAME, NEW, JOIN, EMPTY, FOREIGN = "same", "new", "join", "empty", "foreign"
@@ -97,7 +97,7 @@ class Installation:
         """Make this node part of the installation in Redis, creating one if Redis has none;
         returns its id. Clears this node's mismatch mark."""
         self.r.hsetnx(self.keys.installation, "id", f"inst-{secrets.token_hex(6)}")
-        self.r.hsetnx(self.keys.installation, "created_at", time.time())
+        self.r.hsetnx(self.keys.installation, "created_at", shared_now(self.r))
         found = self.in_redis()
         assert found is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,7 +118,7 @@ class Installation:
         pipe.sadd(self.keys.nodes, self.node)
         pipe.hset(self.keys.node(self.node), mapping={"installation_mismatch": line,
                                                       "mismatch_jobs": len(jobs)})
-        pipe.hsetnx(self.keys.node(self.node), "mismatch_since", time.time())
+        pipe.hsetnx(self.keys.node(self.node), "mismatch_since", shared_now(self.r))
         pipe.execute()
         return line
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import Any
 
 import redis
 
+from rig.clock import shared_now
 from rig.errors import JobNotFound
 from rig.gpus.base import GpuReading
 from rig.keys import Keys, card_id, split_card_id
@@ -90,7 +90,7 @@ class Ledger:
 
     def record_reading(self, node: str, reading: GpuReading) -> None:
         """Store what the card reports now (used memory, utilisation, temperature)."""
-        mapping: dict[str, Any] = {"updated_at": time.time()}
+        mapping: dict[str, Any] = {"updated_at": shared_now(self.r)}
         for name in ("used", "utilization", "temperature"):
             value = getattr(reading, name)
             mapping[name] = "" if value is None else int(value)
@@ -144,7 +144,7 @@ class Ledger:
         for index in cards:
             keys += [self.keys.card(node, index), self.keys.card_jobs(node, index)]
         ok, detail = self.scripts.reserve(
-            keys=keys, args=[job_id, nbytes, time.time(), node, json.dumps(cards), user]
+            keys=keys, args=[job_id, nbytes, shared_now(self.r), node, json.dumps(cards), user]
         )
         if ok:
             self.store.publish(job_id, JobState.ASSIGNED)
@@ -159,7 +159,7 @@ class Ledger:
                 self.keys.state_index(JobState.ASSIGNED.value),
                 self.keys.state_index(JobState.RUNNING.value),
             ],
-            args=[job_id, token, time.time(), worker],
+            args=[job_id, token, shared_now(self.r), worker],
         )
         if ok:
             self.store.publish(job_id, JobState.RUNNING)
@@ -175,8 +175,12 @@ class Ledger:
         mode: str = "end",
         error_queue: bool = False,
         expect: JobState | None = None,
+        now: float | None = None,
     ) -> tuple[int, str]:
         """Move a job to ``target`` and release everything it holds, atomically.
+
+        ``now`` is when it happened on the shared clock (rig.clock; default: now): a job's end
+        is stamped with the moment its process ended, not when Redis took the write.
 
         Modes (see rig/lua/transition.lua): 'end' from a live state, 'cancel' (a running job is
         only flagged), 'retry' from the error queue back to PENDING. With ``error_queue`` the
@@ -200,7 +204,7 @@ class Ledger:
                 args=[
                     job_id,
                     target.value,
-                    time.time(),
+                    shared_now(self.r) if now is None else now,
                     "" if token is None else str(token),
                     json.dumps(extra),
                     mode,

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -47,6 +46,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from prometheus_client.registry import Collector
 
 from rig.alerts import PENDING_SCAN, fragmentation, recent_ended, waiting_jobs
+from rig.clock import shared_now
 from rig.models import ACTIVE_STATES, JobState, Priority
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class RigCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         try:
-            metrics = list(self._collect(time.time()))
+            metrics = list(self._collect(shared_now(self.client.r)))
         except Exception as exc:  # noqa: BLE001 - a scrape must answer even when Redis is down
             log.warning("rig metrics: cannot read rig's state: %s", exc)
             metrics = []

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import redis
 
+from rig.clock import DEFAULT_MAX_SKEW_S, record_clock_offset, shared_now
 from rig.errors import InvalidInput, NodeInUse
 from rig.keys import Keys, split_card_id
 from rig.models import JobState
@@ -68,6 +69,8 @@ class NodeInfo:
     unrecorded: str | None = None
     #: Set by a reader (rig.authwatch) when Redis refuses this silent node's logins: the line.
     auth_refused: str | None = None
+    #: Set by the node when its clock is off Redis' by more than its max_clock_skew (rig.clock).
+    clock_skew: str | None = None
 
     @property
     def describe(self) -> str:
@@ -97,7 +100,7 @@ class NodeRegistry:
     # -- written by the node itself -----------------------------------------------------------
     def register(self, node: str, *, ttl: float, **fields: object) -> None:
         """A node (re)joins: record it, forget that it was stopped, and heartbeat."""
-        now = time.time()
+        now = shared_now(self.r)
         pipe = self.r.pipeline(transaction=True)
         pipe.sadd(self.keys.nodes, node)
         pipe.hset(self.keys.node(node), mapping={**{k: str(v) for k, v in fields.items()},
@@ -107,9 +110,12 @@ class NodeRegistry:
         pipe.execute()
         self.beat(node, ttl=ttl, source="rig up")
 
-    def beat(self, node: str, *, ttl: float, source: str, pid: int | None = None) -> None:
-        """Refresh the node's heartbeat; it expires after ``ttl`` seconds."""
-        now = time.time()
+    def beat(self, node: str, *, ttl: float, source: str, pid: int | None = None,
+             max_skew: float = DEFAULT_MAX_SKEW_S) -> None:
+        """Refresh the node's heartbeat; it expires after ``ttl`` seconds. Also records how
+        far this machine's clock is off Redis' (rig.clock; reported beyond ``max_skew`` s)."""
+        now = shared_now(self.r)
+        record_clock_offset(self.r, self.keys.node(node), max_skew)
         value = json.dumps({"host": socket.gethostname(), "pid": pid or os.getpid(), "by": source,
                             "seen_at": now})
         pipe = self.r.pipeline(transaction=False)
@@ -134,7 +140,7 @@ class NodeRegistry:
                         if held is not None and held.rpartition("|")[0] != owner:
                             return False
                     pipe.multi()
-                    pipe.hset(self.keys.node(node), "stopped_at", time.time())
+                    pipe.hset(self.keys.node(node), "stopped_at", shared_now(self.r))
                     pipe.delete(self.keys.node_alive(node))
                     if owner is not None:
                         pipe.delete(owner_key)
@@ -301,4 +307,5 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int) -> NodeInfo:
         pid=int(pid) if pid is not None else None, workers=workers,
         mismatch=raw.get("installation_mismatch") or None,
         unrecorded=raw.get("unrecorded_jobs") or None,
+        clock_skew=raw.get("clock_skew") or None,
     )

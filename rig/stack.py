@@ -483,7 +483,8 @@ class Stack:
             return
         try:
             NodeRegistry(self._redis(), self.keys).beat(self.settings.node_name,
-                                                        ttl=self.settings.health.timeout, source="rig up")
+                                                        ttl=self.settings.health.timeout, source="rig up",
+                                                        max_skew=self.settings.max_clock_skew)
         except redis.RedisError as exc:
             log.debug("node heartbeat skipped: %s", exc)
 

@@ -15,7 +15,7 @@ from typing import Any
 import redis
 
 from rig import records as R
-
+from rig.clock import shared_now
 from rig.errors import JobNotFound
 from rig.keys import Keys
 from rig.models import PRIORITY_BAND, Job, JobState, Priority, new_job_instance, pending_score
@@ -52,7 +52,7 @@ class JobStore:
         """
         if not jobs:
             return []
-        now = time.time()
+        now = shared_now(self.r)
         for attempt in itertools.count():
             with self.r.pipeline(transaction=True) as pipe:
                 try:

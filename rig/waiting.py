@@ -44,6 +44,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rig.clock import shared_now
 from rig.draining import why_closed
 from rig.keys import card_id
 from rig.memory import format_memory
@@ -292,7 +293,7 @@ def why_waiting(client: Client, job: Job, *, now: float | None = None, silent_s:
     dispatcher holding the lock did not take a wake-up for that long (:func:`first_look`)."""
     if job.state is not JobState.PENDING:
         return None
-    now = time.time() if now is None else now
+    now = shared_now(client.r) if now is None else now
     r, keys = client.r, client.keys
     nodes = NodeRegistry(r, keys).read()
     pipe = r.pipeline(transaction=False)

@@ -40,6 +40,7 @@ from rig.celery_config import (
     card_queue,
     make_celery,
 )
+from rig.clock import shared_now
 from rig.config import load_settings
 from rig.gpus import detect_backend
 from rig.keys import Keys
@@ -50,7 +51,7 @@ from rig.redis_conn import connect
 from rig.redis_writes import FullWatch, is_outage
 from rig.supervision import watch_supervisor
 from rig.worker_lock import EXIT_LOCK_HELD, LockHeld, acquire, lock_path, worker_lock_name
-from workers import kombu_patches
+from workers import celery_clock, kombu_patches
 from workers.card_runner import CardRunner
 from workers.dispatcher import Dispatcher
 from workers.health import HealthChecker
@@ -83,6 +84,7 @@ _role_lock = _bind_to_node()
 app = make_celery(settings)
 keys = Keys(settings.key_prefix)
 _redis = connect(settings.redis_url)
+celery_clock.install(app, lambda: _redis)  # beat's schedule and task expiry on Redis' clock
 
 _runner: CardRunner | None = None
 _dispatcher: Dispatcher | None = None
@@ -170,10 +172,11 @@ def _control_heartbeat(name: str) -> None:
                 _control_stop.wait(settings.telemetry_interval)
                 continue
             beat = {"role": "control", "node": settings.node_name, "card": None,
-                    "pid": os.getpid(), "jobs": 0, "seen_at": time.time()}
+                    "pid": os.getpid(), "jobs": 0, "seen_at": shared_now(nodes.r)}
             _redis.set(keys.worker(name), json.dumps(beat), ex=ttl)
             _redis.sadd(keys.workers, name)
-            nodes.beat(settings.node_name, ttl=settings.health.timeout, source=name)
+            nodes.beat(settings.node_name, ttl=settings.health.timeout, source=name,
+                       max_skew=settings.max_clock_skew)
         except Exception as exc:  # noqa: BLE001
             log.debug("control heartbeat skipped: %s", exc)
         _control_stop.wait(settings.telemetry_interval)

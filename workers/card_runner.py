@@ -29,6 +29,7 @@ import redis
 from rig import job_env as jobenv
 from rig import logkeeper, logspace
 from rig import records as R
+from rig.clock import event_time, monotonic_of, shared_now
 from rig.config import Settings
 from rig.draining import card_is_gone, send_back_unstarted, takes_new_jobs
 from rig.failures import FailureClass
@@ -93,6 +94,10 @@ class ActiveJob:
     popen: subprocess.Popen | None = None
     kill_event: threading.Event = field(default_factory=threading.Event)
     started_at: float = field(default_factory=time.time)
+    #: time.monotonic() at its start (adopted: derived from the record's started_at) and at its
+    #: end: the time limit and the runtime are measured on it, never on the wall clock.
+    started_mono: float = field(default_factory=time.monotonic)
+    ended_mono: float | None = None
     time_limit: float | None = None
     timed_out: bool = False
     overused: int = 0  # bytes, when rig stopped it for using more than it declared
@@ -497,7 +502,7 @@ class CardRunner:
                     next_cap = now + LOG_CAP_POLL_S
                     _cap_quietly(active, self.settings.log_max_bytes)
                 if (active.time_limit and not active.timed_out
-                        and time.time() - active.started_at > active.time_limit):
+                        and time.monotonic() - active.started_mono > active.time_limit):
                     active.timed_out = True
                     log.info("job %s: time limit of %.0f s exceeded; stopping it", active.job_id,
                              active.time_limit)
@@ -505,6 +510,7 @@ class CardRunner:
                 if active.kill_event.is_set():
                     log.info("job %s: stopping its process tree (kill requested)", active.job_id)
                     stop_tree(active.pid, self.settings.kill_grace_seconds, reap=lambda: _reap(active))
+            active.ended_mono = time.monotonic()  # when it ended, not when Redis hears of it
             end = self._outcome(active)
             if active.log_path is not None and active.keeper_pid is None:
                 _cap_quietly(active, self.settings.log_max_bytes)
@@ -548,11 +554,25 @@ class CardRunner:
         # A log the keeper could not write whole, or cut to its cap, says so in the record;
         # the job's own exit status stays its result.
         log_note = logspace.describe_note(logspace.read_note(active.exit_file.with_suffix(".note")))
+        ended_at, runtime = self._end_time(active)
         if rc is None and not (cancelled or active.timed_out):
             lost = "it ended while no worker watched it; exit status unknown"
-            return AttemptEnd(exit_code=None, lost=True, note="; ".join(x for x in (lost, log_note) if x))
+            return AttemptEnd(exit_code=None, lost=True, ended_at=ended_at,
+                              note="; ".join(x for x in (lost, log_note) if x))
         return AttemptEnd(exit_code=rc, cancelled=cancelled, timed_out=active.timed_out,
-                          cancelled_by=by, overused=active.overused, note=log_note)
+                          cancelled_by=by, overused=active.overused, note=log_note, ended_at=ended_at,
+                          runtime=runtime)
+
+    def _end_time(self, active: ActiveJob) -> tuple[float, float | None]:
+        """(when the attempt ended on the shared clock, its runtime in s or None): from this
+        worker's monotonic clock when it watched the end, else from the exit file's mtime (it
+        ended unwatched), written whenever Redis takes it (rig.clock)."""
+        if active.ended_mono is not None:
+            return event_time(self.r, mono=active.ended_mono), max(0.0, active.ended_mono - active.started_mono)
+        try:
+            return event_time(self.r, wall=active.exit_file.stat().st_mtime), None
+        except OSError:
+            return event_time(self.r), None
 
     def _wait_for_keeper(self, active: ActiveJob) -> None:
         """Let the log keeper write the last output before the log is read (the failure
@@ -618,7 +638,8 @@ class CardRunner:
                 exit_file = pid_file.with_suffix(".exit")
                 return ActiveJob(job.id, str(job.assignments), attempt, pid, start, exit_file, instance=job.instance,
                                  time_limit=job.time_limit, log_path=pid_file.with_suffix(".log"),
-                                 started_at=job.started_at or time.time(), keeper_pid=keeper_pid,
+                                 started_at=job.started_at or shared_now(self.r), keeper_pid=keeper_pid,
+                                 started_mono=monotonic_of(self.r, job.started_at or shared_now(self.r)),
                                  keeper_start=keeper_start)
         return None
 
@@ -660,7 +681,7 @@ class CardRunner:
         ]
         for job in mine:
             if job.state is JobState.ASSIGNED:
-                if time.time() - (job.assigned_at or 0) < resend_after:
+                if shared_now(self.r) - (job.assigned_at or 0) < resend_after:
                     continue
                 if self.resend is not None:
                     log.info("job %s: re-sending its start after a restart", job.id)
@@ -693,7 +714,8 @@ class CardRunner:
                     self.store.update(job.id, pid=pid, proc_start=start)
             noted = read_pid_file(exit_file.with_suffix(".pid"))
             active = ActiveJob(job.id, str(job.assignments), job.attempt, pid or 0, start, exit_file, instance=job.instance,
-                               time_limit=job.time_limit, started_at=job.started_at or time.time(),
+                               time_limit=job.time_limit, started_at=job.started_at or shared_now(self.r),
+                               started_mono=monotonic_of(self.r, job.started_at or shared_now(self.r)),
                                log_path=exit_file.with_suffix(".log"),
                                keeper_pid=noted[3] if noted else None, keeper_start=noted[4] if noted else None)
             if pid and is_alive(pid, start):
@@ -735,7 +757,7 @@ class CardRunner:
             try:
                 beat = {
                     "role": "card", "node": self.node, "card": self.index, "pid": os.getpid(),
-                    "jobs": len(self.active_ids()), "seen_at": time.time(),
+                    "jobs": len(self.active_ids()), "seen_at": shared_now(self.r),
                 }
                 pipe = self.r.pipeline(transaction=False)
                 pipe.set(self.keys.worker(self.worker_name), json.dumps(beat), ex=ttl)

@@ -41,7 +41,6 @@ import logging
 import math
 import os
 import threading
-import time
 import uuid
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
@@ -51,6 +50,7 @@ from typing import Any
 import redis
 
 from rig import records as R
+from rig.clock import shared_now
 from rig.config import Settings
 from rig.errors import InvalidRecord
 from rig.failures import FailureClass
@@ -156,7 +156,7 @@ class Dispatcher:
     def waiting_in_order(self, now: float | None = None) -> list[Waiting]:
         """The head of each priority's queue (and of each user's), in run order without fair
         share: aged priority, then id."""
-        now = now or time.time()
+        now = now or shared_now(self.r)
         jobs = self._read_waiting()
         return sorted(jobs, key=lambda j: (self.effective_rank(j, now), j.id))
 
@@ -336,7 +336,7 @@ class Dispatcher:
             waiting = self._read_waiting()
             if not waiting:
                 return started
-            now = time.time()
+            now = shared_now(self.r)
             # The reservations held now (who holds what, when each is expected to end) are read
             # only when needed: for fair share between several users, user limits, or holds. A
             # pass over one user's queue with room for everything reads none of it.
@@ -463,14 +463,14 @@ class Dispatcher:
         """Set a waiting job's reason (written with the round's others, in one pipeline). An
         unchanged reason is re-stamped every REFRESH_S, so readers (rig.waiting.why_waiting)
         can tell a current reason from one no dispatcher confirms any more."""
-        if reason != job.wait_reason or time.time() - (job.wait_reason_at or 0.0) >= REFRESH_S:
+        if reason != job.wait_reason or shared_now(self.r) - (job.wait_reason_at or 0.0) >= REFRESH_S:
             self._notes[job.id] = reason
 
     def _flush_notes(self) -> None:
         if not self._notes:
             return
         pipe = self.r.pipeline(transaction=False)
-        now = time.time()
+        now = shared_now(self.r)
         for job_id, reason in self._notes.items():
             pipe.hset(self.keys.job(job_id), mapping={"wait_reason": reason, "wait_reason_at": now})
         self._notes.clear()

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from rig.clock import shared_now
 from rig.config import Settings
 from rig.draining import needs_worker
 from rig.installation import JOIN, NEW, Installation, Verdict
@@ -94,7 +95,7 @@ class HealthChecker:
     def run_cluster(self, now: float | None = None) -> HealthReport | None:
         """Nodes and zombie reservations, for the whole cluster (beat: once per interval);
         None if another control worker is running it."""
-        when = now or time.time()
+        when = now or shared_now(self.r)
         return self._locked(self.keys.health_lock,
                             (lambda report: self._node_liveness(report, when), self._zombie_reservations))
 
@@ -238,7 +239,7 @@ class HealthChecker:
     def _dead_workers(self, report: HealthReport) -> None:
         node = self.settings.node_name
         registered = self.r.hget(self.keys.node(node), "started_at")
-        if registered is None or time.time() - float(registered) < self.settings.health.timeout:
+        if registered is None or shared_now(self.r) - float(registered) < self.settings.health.timeout:
             return  # the node has just come up: its workers may not have heartbeated yet
         if time.monotonic() - self._outage_at < self.settings.health.timeout:
             return  # Redis just took writes again after refusing every heartbeat: not silence

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rig.clock import shared_now
 from rig.failures import (
     Classification,
     FailureClass,
@@ -53,6 +54,11 @@ class AttemptEnd:
     #: The failure class when the caller knows it better than the exit code and log can tell
     #: (e.g. START_FAILED: rig could not enter the working folder); None: classify.
     failure: FailureClass | None = None
+    #: When it ended on the shared clock (rig.clock), measured where it ran: written as is
+    #: however late Redis takes it. None: now.
+    ended_at: float | None = None
+    #: How long it ran (s, the runner's monotonic clock); None: ended_at - the job's started_at.
+    runtime: float | None = None
 
 
 @dataclass
@@ -65,7 +71,7 @@ class Decision:
 
 def decide(job: Job, end: AttemptEnd, largest_usable: int, now: float | None = None) -> Decision:
     """Pure: the next state of ``job`` after its current attempt ended as ``end``."""
-    now = now or time.time()
+    now = now or end.ended_at or time.time()
     log_path = job.log_paths[-1] if job.log_paths else None
     tail = read_tail(log_path) if log_path else ""
     found = classify(exit_code=end.exit_code, cancelled=end.cancelled, timed_out=end.timed_out,
@@ -169,19 +175,22 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
     cards = [c for c in ledger.cards() if c.allowed]
     largest = max((c.usable for c in cards if c.node == job.node), default=0) or max(
         (c.usable for c in cards), default=job.gpu_memory)
-    decision = decide(job, end, largest)
+    # When it ended, as measured where it ran (rig.clock): never when Redis took the write.
+    ended_at = end.ended_at if end.ended_at is not None else shared_now(ledger.r)
+    decision = decide(job, end, largest, now=ended_at)
     if decision.state is JobState.PENDING:
         # A new attempt measures afresh.
         decision.fields.update(vram_peak=0, vram_sum=0, vram_samples=0, util_sum=0,
                                util_samples=0, overuse=0, overuse_stop=None)
     code, detail = ledger.transition(job.id, decision.state, token=token, fields=decision.fields,
-                                     error_queue=decision.error_queue, expect=JobState.RUNNING)
+                                     error_queue=decision.error_queue, expect=JobState.RUNNING, now=ended_at)
     if code == 1:
         log.info("job %s attempt %s: %s -> %s (%s)", job.id, job.attempt, detail,
                  decision.state.value, decision.fields.get("reason"))
     else:
         log.warning("job %s: not moved to %s, it is %s", job.id, decision.state.value, detail)
-    ran = time.time() - job.started_at if job.started_at else None
+    # The run's length as measured where it ran (monotonic), else from the shared clock.
+    ran = end.runtime if end.runtime is not None else (ended_at - job.started_at if job.started_at else None)
 
     def _after() -> None:
         pipe = ledger.r.pipeline(transaction=False)

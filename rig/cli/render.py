@@ -6,7 +6,6 @@ sequences stripped, rich markup escaped. Only rig's own markup reaches rich unes
 
 from __future__ import annotations
 
-import time
 from datetime import datetime
 
 from rich.console import Console
@@ -15,6 +14,7 @@ from rich.table import Table
 
 from rig.cli.logview import attempt_logs
 from rig.client import StatusReport
+from rig.clock import shared_now
 from rig.draining import why_closed
 from rig.memory import format_memory
 from rig.models import CardState, Job, JobState, Priority
@@ -55,7 +55,7 @@ def _gib(value: int | None) -> str:
 def ago(ts: float | None) -> str:
     if not ts:
         return "-"
-    return duration(time.time() - ts) + " ago"
+    return duration(shared_now() - ts) + " ago"
 
 
 def duration(seconds: float | None) -> str:
@@ -93,6 +93,8 @@ def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
         line = f"[yellow]{line}[/] (rig down): takes no jobs; its running jobs run on, adopted on return"
     if node.unrecorded:
         line += f"\n[bold red]{M(node.unrecorded)}[/]"
+    if node.clock_skew:
+        line += f"\n[bold yellow]{M(node.clock_skew)}[/]"
     return line
 
 
@@ -208,7 +210,7 @@ def render_jobs(jobs: list[Job], console: Console) -> None:
     table = Table(title_justify="left")
     for col in ("id", "name", "user", "state", "prio", "mem/card", "gpus", "where", "age", "runtime", "exit"):
         table.add_column(col, justify="right" if col in ("id", "gpus", "exit") else "left")
-    now = time.time()
+    now = shared_now()
     for job in jobs:
         where = M(f"{job.node}/{','.join(map(str, job.cards))}") if job.node else "-"
         runtime = None
@@ -247,7 +249,7 @@ def render_metrics(job: Job, console: Console) -> None:
             a.get("vram_mean"), a.get("util_mean"), took)
     if job.state is JobState.RUNNING:
         row(job.attempt, "running", job.gpu_memory, job.vram_peak, job.vram_mean, job.util_mean,
-            time.time() - job.started_at if job.started_at else None)
+            shared_now() - job.started_at if job.started_at else None)
     if not job.attempts and job.state is not JobState.RUNNING:
         console.print(f"job {job.id} has not run yet ({job.state.value.lower()})")
         return
@@ -284,7 +286,7 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
     rows += [("submitted", when(job.created_at)), ("placed", when(job.assigned_at)),
              ("started", when(job.started_at)), ("ended", when(job.ended_at))]
     if job.started_at:
-        rows.append(("runtime", duration((job.ended_at or time.time()) - job.started_at)))
+        rows.append(("runtime", duration((job.ended_at or shared_now()) - job.started_at)))
     if job.exit_code is not None:
         rows.append(("exit code", str(job.exit_code)))
     if job.reason:

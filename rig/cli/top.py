@@ -23,6 +23,7 @@ from rich.text import Text
 from rig.cli.common import client_from, handle_errors
 from rig.cli.render import RigConsole, duration, make_console
 from rig.client import StatusReport
+from rig.clock import shared_now
 from rig.draining import why_closed
 from rig.errors import RigError
 from rig.models import CardState, Job, JobState, Priority
@@ -530,7 +531,7 @@ def run_top(client, interval: float = 1.0, once: bool = False, *,  # noqa: ANN00
         console = console or make_console()
         report, errors = _read(client)
         height = console.height if console.is_terminal else 10_000
-        console.print(build_view(report, errors, console.width, height, time.time(), hint=""))
+        console.print(build_view(report, errors, console.width, height, shared_now(), hint=""))
         return
 
     console = console or RigConsole()
@@ -544,7 +545,7 @@ def run_top(client, interval: float = 1.0, once: bool = False, *,  # noqa: ANN00
             def frame() -> RenderableType:
                 snap = poller.snapshot
                 width, height = console.size
-                return build_view(snap.report, snap.errors, width, height, time.time(),
+                return build_view(snap.report, snap.errors, width, height, shared_now(),
                                   problem=snap.problem, hint=hint)
 
             with Live(get_renderable=frame, console=console, screen=True,

@@ -12,6 +12,7 @@ from rig.testing import (
     faults,
     faults_cards,
     faults_cli,
+    faults_clocks,
     faults_config,
     faults_connection,
     faults_disk,
@@ -39,6 +40,7 @@ ALL: list[tuple[str, Scenario]] = [
     *faults_cards.SCENARIOS,
     *faults_redis_full.SCENARIOS,
     *faults_nodes.SCENARIOS,
+    *faults_clocks.SCENARIOS,
 ]
 
 
