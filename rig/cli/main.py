@@ -253,6 +253,9 @@ def config(ctx: click.Context) -> None:
     flag)."""
     settings = settings_from(ctx)
     click.echo(f"# config file: {settings.config_file or 'none (defaults and RIG_* variables)'}")
+    from rig.config import PATH_FIELDS
+
+    click.echo(f"# relative paths ({', '.join(PATH_FIELDS)}) are taken under home, {settings.home}")
     from rig.config import setting_origins
     from rig.redis_conn import password_source, strip_password
 

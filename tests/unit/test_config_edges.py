@@ -11,11 +11,11 @@ import socket
 import subprocess
 import sys
 import threading
-import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+import tomllib
 from click.testing import CliRunner
 
 from rig.cli.main import cli
@@ -265,6 +265,10 @@ def test_relative_paths_are_under_rigs_home(tmp_path, monkeypatch):
     assert load_settings().job_log_dir == settings.job_log_dir == tmp_path / "home" / "relogs"
     assert settings.rig_log_dir == tmp_path / "home" / "sys" / "logs"
     assert settings.command_workdir == tmp_path / "home" / "work"
+    result = CliRunner().invoke(cli, ["config"])
+    assert result.exit_code == 0, result.output
+    assert f"are taken under home, {tmp_path / 'home'}" in result.output
+    assert f"log_dir = {tmp_path / 'home' / 'relogs'!r}  # file" in result.output.splitlines()
 
 
 def test_a_log_dir_that_is_a_file_or_the_system_log_dir_is_refused(tmp_path, monkeypatch):
