@@ -555,7 +555,9 @@ def find_config_file() -> Path | None:
         problem = config_file_problem(candidate)
         if problem is None:
             return candidate
-        if problem != "does not exist":
+        if problem == "does not exist" or problem.startswith("cannot be read"):
+            continue  # absent, or in a folder this user may not search (sudo -u from /root)
+        if problem:
             raise ConfigError(f"the config file {candidate} {problem}; remove or rename it, or run "
                               f"`rig init {candidate}` once it is gone")
     return None

@@ -225,15 +225,20 @@ def _db_99(real_redis) -> str:  # noqa: ANN001
     return parts._replace(path="/99").geturl()
 
 
-@pytest.mark.parametrize("command", [["rig", "status"], ["rig-submit", "--gpu-memory", "1G", "--", "true"]])
+COMMANDS = [["rig", "status"], ["rig-submit", "--gpu-memory", "1G", "--", "true"],
+            ["rig", "up", "--fake-gpus", "1x8G", "--no-flower", "--no-metrics"]]  # never starts a Redis
+
+
+@pytest.mark.parametrize("command", COMMANDS)
 def test_no_such_database_is_one_line_exit_5(tmp_path, real_redis, command):
     done = _cli(command, {"RIG_HOME": str(tmp_path / "home"), "RIG_REDIS_URL": _db_99(real_redis)}, tmp_path)
     assert done.returncode == RedisUnavailable.exit_code, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "has no such database (DB index is out of range)" in lines[0], done.stderr
+    assert not (tmp_path / "home" / "redis").exists()
 
 
-@pytest.mark.parametrize("command", [["rig", "status"], ["rig-submit", "--gpu-memory", "1G", "--", "true"]])
+@pytest.mark.parametrize("command", COMMANDS)
 def test_a_server_that_is_not_redis_is_one_line_exit_5(tmp_path, http_server, command):
     done = _cli(command, {"RIG_HOME": str(tmp_path / "home"), "RIG_REDIS_URL": http_server}, tmp_path)
     assert done.returncode == RedisUnavailable.exit_code, done.stderr
