@@ -5,7 +5,10 @@ with the ``RIG_`` prefix (nested with ``__``, e.g. ``RIG_HEALTH__TIMEOUT=60``), 
 file that ``rig init`` writes, then the defaults below.
 
 The config file is the first of: ``$RIG_CONFIG``; ``./rig.toml``; ``$RIG_HOME/config.toml``
-(``~/.rig/config.toml``).
+(``~/.rig/config.toml``). One that exists but is no regular file (a folder, a FIFO, a symlink
+loop) is refused, never skipped for the defaults; a UTF-8 BOM is stripped. Every ``RIG_*``
+variable must be a setting or one of rig's own (rig.config_check.OWN_VARIABLES). A relative
+path setting (PATH_FIELDS) is taken under ``home``.
 """
 
 from __future__ import annotations
@@ -282,8 +285,8 @@ class Settings(BaseSettings):
     )
     max_retries: int = Field(2, ge=0, le=MAX_RETRIES)
     command_workdir: Path | None = Field(None, description="default working folder of jobs")
-    log_dir: Path | None = Field(None, description="job logs (default $RIG_HOME/logs/jobs)")
-    system_log_dir: Path | None = Field(None, description="rig's own logs")
+    log_dir: Path | None = Field(None, description="job logs (default $RIG_HOME/logs/jobs; relative: under home)")
+    system_log_dir: Path | None = Field(None, description="rig's own logs (default $RIG_HOME/logs/system)")
     fake_gpus: str | None = Field(None, description="e.g. 8x80G: fake cards instead of NVML")
     kill_grace_seconds: float = Field(10.0, ge=0, description="SIGTERM to SIGKILL delay")
     log_max_bytes: int = Field(

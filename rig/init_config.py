@@ -93,12 +93,13 @@ def init_config(path: str | None, node_name: str | None, force: bool) -> Written
                              f"{target}; add {'it' if one else 'them'} there, or rig commands run without that "
                              "variable will use the default")
     explicit = explicit_config_file()
-    read_anyway = {(Path.cwd() / "rig.toml").resolve(), (defaults.home / "config.toml").resolve()}
-    if explicit is not None and explicit.resolve() != target.resolve():
-        written.notes.append(f"RIG_CONFIG={explicit} is set in this shell: rig reads that file, not this one, "
-                             f"until RIG_CONFIG={target} is set")
-    elif explicit is None and target.resolve() not in read_anyway:
-        written.notes.append(f"rig reads it when RIG_CONFIG={target} is set")
+    local, home_file = Path.cwd() / "rig.toml", defaults.home / "config.toml"
+    # The file rig reads here now (rig.config.find_config_file's order): RIG_CONFIG, else
+    # ./rig.toml, else $RIG_HOME/config.toml.
+    read = explicit or (local if local.exists() else home_file)
+    if read.resolve() != target.resolve():
+        how = f"RIG_CONFIG={explicit} is set in this shell" if explicit else f"{read} comes first in this folder"
+        written.notes.append(f"rig does not read this file here: {how}; set RIG_CONFIG={target} to use it")
     return written
 
 

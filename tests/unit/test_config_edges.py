@@ -89,6 +89,15 @@ def test_a_top_level_setting_under_a_section_says_so(tmp_path, text, said):
     refused(said)
 
 
+def test_rig_init_says_when_rig_would_not_read_what_it_wrote(tmp_path):
+    result = init(str(tmp_path / "other.toml"))
+    assert "rig does not read this file here" in result.output and "RIG_CONFIG=" in result.output
+    (tmp_path / "rig.toml").write_text("")
+    result = init()
+    assert f"{tmp_path / 'rig.toml'} comes first in this folder" in result.output
+    assert "rig does not read" not in init(str(tmp_path / "rig.toml"), "--force").output
+
+
 def test_rig_init_writes_the_file_rig_config_names(tmp_path, monkeypatch):
     target = tmp_path / "x" / "new.toml"
     monkeypatch.setenv("RIG_CONFIG", str(target))
