@@ -39,10 +39,10 @@ from rig.memory import format_memory, parse_memory
 from rig.models import CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
 from rig.placement import Request, never_fits
-from rig.redis_conn import check, connect, unavailable
-from rig.request_rules import check_gpu_memory, check_retries, parse_time_limit
-from rig.redis_writes import notices as redis_notices
+from rig.redis_conn import check, connect, is_setup_error, unavailable
 from rig.redis_writes import is_outage, refusal, refused_error
+from rig.redis_writes import notices as redis_notices
+from rig.request_rules import check_gpu_memory, check_retries, parse_time_limit
 from rig.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -152,11 +152,13 @@ class Client:
     def _guard(self, fn, *args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.InvalidResponse) as exc:
             raise unavailable(self.settings.redis_url, exc) from None  # auth errors included
         except redis.ResponseError as exc:
             # A refused write (full, read-only replica, MISCONF) changed nothing: rig's own
             # error, saying what to do (rig.redis_writes), never redis-py's.
+            if is_setup_error(exc):  # no such database: this Redis cannot be rig's
+                raise unavailable(self.settings.redis_url, exc) from None
             if refusal(exc) is None:
                 raise
             raise refused_error(self.settings.redis_url, exc, self.r) from None

@@ -5,15 +5,22 @@ with the ``RIG_`` prefix (nested with ``__``, e.g. ``RIG_HEALTH__TIMEOUT=60``), 
 file that ``rig init`` writes, then the defaults below.
 
 The config file is the first of: ``$RIG_CONFIG``; ``./rig.toml``; ``$RIG_HOME/config.toml``
-(``~/.rig/config.toml``).
+(``~/.rig/config.toml``). One that exists but is no regular file (a folder, a FIFO, a symlink
+loop) is refused, never skipped for the defaults; a UTF-8 BOM is stripped. Every ``RIG_*``
+variable must be a setting or one of rig's own (rig.config_check.OWN_VARIABLES). A relative
+path setting (PATH_FIELDS) is taken under ``home``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import errno
 import json
 import os
 import re
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -28,11 +35,11 @@ from pydantic import (
 )
 from pydantic_settings import (
     BaseSettings,
+    InitSettingsSource,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     SettingsError,
-    TomlConfigSettingsSource,
 )
 
 from rig import config_check
@@ -49,6 +56,14 @@ PriorityName = Literal["high", "medium", "low"]
 
 #: What a node name may be: it becomes part of queue, worker and key names.
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def check_node_name(value: str) -> str:
+    """``value`` if it is a valid node name (:data:`NODE_NAME`); ValueError saying the rule
+    otherwise. The one rule for the setting, ``rig up --node`` and ``rig init --node-name``."""
+    if not NODE_NAME.fullmatch(value):
+        raise ValueError("use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    return value
 
 
 def default_node_name() -> str:
@@ -202,12 +217,16 @@ class Settings(BaseSettings):
             config_check.check_file_keys(path, data, shape)
         config_check.check_env_keys(os.environ, shape)
         sources = config_check.Sources.gather(shape, values, os.environ, path, data)
+        # The file is read once, here (a BOM stripped): settings_customise_sources takes it.
+        token = _FILE_DATA.set(data)
         try:
             super().__init__(**values)
         except ValidationError as exc:
             raise config_check.explain(exc, sources) from None
         except SettingsError as exc:  # a RIG_* value pydantic-settings cannot decode
             raise ConfigError(_settings_error(exc, sources)) from None
+        finally:
+            _FILE_DATA.reset(token)
         config_check.check_relations(self, sources)
         self.__dict__["_sources"] = sources
 
@@ -266,8 +285,8 @@ class Settings(BaseSettings):
     )
     max_retries: int = Field(2, ge=0, le=MAX_RETRIES)
     command_workdir: Path | None = Field(None, description="default working folder of jobs")
-    log_dir: Path | None = Field(None, description="job logs (default $RIG_HOME/logs/jobs)")
-    system_log_dir: Path | None = Field(None, description="rig's own logs")
+    log_dir: Path | None = Field(None, description="job logs (default $RIG_HOME/logs/jobs; relative: under home)")
+    system_log_dir: Path | None = Field(None, description="rig's own logs (default $RIG_HOME/logs/system)")
     fake_gpus: str | None = Field(None, description="e.g. 8x80G: fake cards instead of NVML")
     kill_grace_seconds: float = Field(10.0, ge=0, description="SIGTERM to SIGKILL delay")
     log_max_bytes: int = Field(
@@ -347,10 +366,12 @@ class Settings(BaseSettings):
     @classmethod
     def _node_name_is_a_name(cls, value: str) -> str:
         # It names Celery queues (rig.card.<node>.<i>), workers (card0@<node>) and keys.
-        if not NODE_NAME.fullmatch(value):
-            raise ValueError("use 1-63 letters, digits, '.', '_' or '-', starting with a letter or "
-                             "digit (set --node or RIG_NODE_NAME)")
-        return value
+        return check_node_name(value)
+
+    @field_validator("flower_address", "metrics_address")
+    @classmethod
+    def _address_listens(cls, value: str) -> str:
+        return config_check.check_listen_address(value)
 
     @field_validator("pools", mode="after")
     @classmethod
@@ -370,6 +391,16 @@ class Settings(BaseSettings):
     def _keep_shipped_templates(cls, value: dict[str, Template]) -> dict[str, Template]:
         # A config that defines its own templates adds to (or overrides) the shipped ones.
         return {**DEFAULT_TEMPLATES, **value}
+
+    @model_validator(mode="after")
+    def _paths_under_home(self) -> Settings:
+        # A relative folder or file means one under rig's home, wherever rig is started from
+        # (never the shell's current folder at `rig up`). Runs before _redis_credentials.
+        for name in PATH_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, under_home(self.home, value))
+        return self
 
     @model_validator(mode="after")
     def _redis_credentials(self) -> Settings:
@@ -470,23 +501,90 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        path = find_config_file()
-        if path is not None:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        data = _FILE_DATA.get()
+        if data:
+            sources.append(InitSettingsSource(settings_cls, data))
         return tuple(sources)
 
 
-def find_config_file() -> Path | None:
-    """The config file in force, or None. ``$RIG_CONFIG`` must exist if it is set."""
+#: Path settings: a relative one is taken under ``home`` (:func:`under_home`).
+PATH_FIELDS = ("log_dir", "system_log_dir", "command_workdir", "redis_password_file")
+#: The config file's data while Settings reads it (read once, by Settings.__init__).
+_FILE_DATA: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("rig_config_data", default=None)
+#: True while `rig init` reads the settings: the file it replaces is not read (it may be broken).
+_NO_FILE: contextvars.ContextVar[bool] = contextvars.ContextVar("rig_no_config_file", default=False)
+
+
+def under_home(home: Path, value: Path) -> Path:
+    """``value`` (``~`` expanded) if absolute, else under ``home``."""
+    value = value.expanduser()
+    return value if value.is_absolute() else home.expanduser() / value
+
+
+@contextlib.contextmanager
+def without_config_file() -> Iterator[None]:
+    """Settings read inside this block ignore every config file (`rig init` writes one: the
+    one it replaces may be broken, RIG_CONFIG may name one that does not exist yet)."""
+    token = _NO_FILE.set(True)
+    try:
+        yield
+    finally:
+        _NO_FILE.reset(token)
+
+
+def explicit_config_file() -> Path | None:
+    """The file ``$RIG_CONFIG`` names, or None when it is unset or empty."""
     explicit = os.environ.get("RIG_CONFIG")
-    if explicit:
-        path = Path(explicit).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"RIG_CONFIG names {path}, which does not exist; run `rig init {path}`")
-        return path
+    return Path(explicit).expanduser() if explicit else None
+
+
+def find_config_file() -> Path | None:
+    """The config file in force, or None. ``$RIG_CONFIG`` must name a readable file if it is
+    set; ``./rig.toml`` or ``$RIG_HOME/config.toml`` that exists but is no regular file is
+    refused, never skipped for the defaults."""
+    if _NO_FILE.get():
+        return None
+    explicit = explicit_config_file()
+    if explicit is not None:
+        problem = config_file_problem(explicit)
+        if problem == "does not exist":
+            raise ConfigError(f"RIG_CONFIG names {explicit}, which does not exist; run `rig init {explicit}`, "
+                              "or unset RIG_CONFIG")
+        if problem:
+            raise ConfigError(f"RIG_CONFIG names {explicit}, which {problem}; point RIG_CONFIG at a config "
+                              f"file (`rig init FILE` writes one), or unset it")
+        return explicit
     for candidate in (Path.cwd() / "rig.toml", default_home() / "config.toml"):
-        if candidate.is_file():
+        problem = config_file_problem(candidate)
+        if problem is None:
             return candidate
+        if problem == "does not exist" or problem.startswith("cannot be read"):
+            continue  # absent, or in a folder this user may not search (sudo -u from /root)
+        if problem:
+            raise ConfigError(f"the config file {candidate} {problem}; remove or rename it, or run "
+                              f"`rig init {candidate}` once it is gone")
+    return None
+
+
+def config_file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a config file ("does not exist", "is a directory", ...), or None
+    when it is a regular file (a symlink to one included)."""
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):  # NotADirectory: a file stands in its path
+        return "is a broken symlink" if path.is_symlink() else "does not exist"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "is a symlink loop"
+        return f"cannot be read ({exc.strerror})"
+    import stat
+
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) \
+            else "a socket" if stat.S_ISSOCK(mode) else "a special file"
+        return f"is {kind}, not a regular file"
     return None
 
 
@@ -496,13 +594,17 @@ def read_config_file(path: Path) -> dict[str, Any]:
     import tomllib
 
     try:
-        return tomllib.loads(path.read_text())
+        # A BOM (Windows editors write one) is no TOML: strip it rather than refuse the file.
+        return tomllib.loads(path.read_text().removeprefix("\ufeff"))
     except OSError as exc:
         raise ConfigError(f"cannot read the config file {path} ({exc.strerror}); check its permissions "
                           "or point RIG_CONFIG elsewhere") from None
     except UnicodeDecodeError:
         raise ConfigError(f"cannot read the config file {path}: it is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
+        if "Cannot overwrite a value" in str(exc) or "Cannot declare" in str(exc):
+            raise ConfigError(f"cannot read the config file {path}: {exc}: a setting or [section] given twice "
+                              "(there and earlier in the file); keep one of them") from None
         raise ConfigError(f"cannot read the config file {path}: {exc}; fix its TOML syntax") from None
 
 

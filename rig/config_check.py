@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import difflib
 import functools
+import ipaddress
 import json
+import re
+import socket
 import types
 import typing
 from collections.abc import Mapping
@@ -34,7 +37,8 @@ if TYPE_CHECKING:
 
 #: ``RIG_*`` variables that are not settings: set by rig itself on its workers and jobs (a
 #: job may run rig: its identity must not read as a typo), or read by rig's scripts and tests.
-#: A new one must be added here (tests/unit/test_config_meaning.py scans the sources).
+#: Every other ``RIG_*`` variable that names no setting is refused (check_env_keys). A new one
+#: must be added here (tests/unit/test_config_meaning.py scans the sources).
 OWN_VARIABLES: frozenset[str] = frozenset({
     "RIG_CONFIG",  # the config file (rig.config.find_config_file)
     # A job's identity (workers/card_runner.py) and its exit file (workers/process_tree.py).
@@ -149,9 +153,25 @@ def check_file_keys(path: Path, data: Mapping[str, Any], shape: Shape) -> None:
     if unknown is None:
         return
     close = unknown.closest()
+    name = unknown.path[-1]
     where = f"[{'.'.join(unknown.path[:-1])}] " if len(unknown.path) > 1 else ""
-    raise ConfigError(_typo(f"{path}: unknown setting {where}{unknown.path[-1]!r}", close and repr(close),
-                            "correct or remove it (`rig init FILE` writes a commented example)"))
+    subject = f"{path}: unknown setting {where}{name!r}"
+    todo = "correct or remove it (`rig init FILE` writes a commented example)"
+    top = shape.fields or {}
+    if len(unknown.path) > 1:
+        # A top-level line appended at the end of the file lands in its last [section].
+        above = "put it above the first [section] of the file"
+        if name in top:
+            raise ConfigError(f"{subject}: {name} is a top-level setting; {above}")
+        top_close = difflib.get_close_matches(name, sorted(top), n=1)
+        if top_close and _likeness(name, top_close[0]) > (_likeness(name, close) if close else 0):
+            raise ConfigError(f"{subject}; did you mean {top_close[0]!r}? It is a top-level setting: "
+                              f"{above}")
+    raise ConfigError(_typo(subject, close and repr(close), todo))
+
+
+def _likeness(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b).ratio()
 
 
 def _typo(subject: str, close: str | None, todo: str) -> str:
@@ -184,11 +204,11 @@ def _env_refusal(var: str, close: str | None, what: str = "unknown rig setting")
 
 
 def check_env_keys(environ: Mapping[str, str], shape: Shape) -> None:
-    """Refuse a ``RIG_*`` variable that reads as a setting rig does not know: one with the
-    nested ``__`` form, or one close to a setting's name. rig's own variables
-    (OWN_VARIABLES) are known; a variable far from every setting is none of rig's business.
-    A table setting given whole (``RIG_HEALTH='{"timeout": 60}'``) must be a JSON object of
-    known keys."""
+    """Refuse every ``RIG_*`` variable that is neither a setting (``RIG_NAME``,
+    ``RIG_SECTION__NAME``) nor one of rig's own (OWN_VARIABLES): the prefix is rig's, so an
+    unknown one is a slip (``RIG_NODE`` for RIG_NODE_NAME, ``RIG_CONFIG_FILE`` for RIG_CONFIG),
+    refused with the closest name (:func:`closest_variable`). A table setting given whole
+    (``RIG_HEALTH='{"timeout": 60}'``) must be a JSON object of known keys."""
     fields = shape.fields or {}
     names = _all_env_names(shape)
     for raw, value in sorted(environ.items()):
@@ -198,15 +218,7 @@ def check_env_keys(environ: Mapping[str, str], shape: Shape) -> None:
         parts = tuple(var[len(ENV_PREFIX):].lower().split(NESTED))
         top = fields.get(parts[0])
         if top is None:
-            if len(parts) > 1 or difflib.get_close_matches(var, names, n=1, cutoff=TYPO_CUTOFF):
-                close = difflib.get_close_matches(var, names, n=1, cutoff=0.6)
-                raise _env_refusal(raw, close[0] if close else None)
-            # The end of a setting's name: RIG_TIMEOUT for RIG_HEALTH__TIMEOUT, RIG_PRIORITY
-            # for RIG_DEFAULT_PRIORITY (the closest first).
-            suffix = sorted((n for n in names if n.endswith("_" + var[len(ENV_PREFIX):])), key=len)
-            if suffix:
-                raise _env_refusal(raw, " or ".join(suffix[:3]))
-            continue
+            raise _env_refusal(raw, closest_variable(var, names))
         if len(parts) == 1:
             if top.is_table:
                 _check_env_table(raw, value, top, parts[0])
@@ -224,6 +236,27 @@ def check_env_keys(environ: Mapping[str, str], shape: Shape) -> None:
             else:
                 raise _env_refusal(raw, env_name(path), f"{env_name(path)} is one value, not a table")
             path = (*path, part)
+
+
+def closest_variable(var: str, names: list[str]) -> str | None:
+    """The variable ``var`` most likely means, best guess first: a setting's name close to it
+    (RIG_REDIS_URI), one it begins (RIG_NODE: RIG_NODE_NAME) or that begins it, one it ends
+    (RIG_TIMEOUT: RIG_HEALTH__TIMEOUT), then rig's own variables the same ways
+    (RIG_CONFIG_FILE: RIG_CONFIG), then anything loosely alike; None if nothing is."""
+    def prefixed(pool: list[str]) -> list[str]:
+        return sorted((n for n in pool if n.startswith(var + "_") or var.startswith(n + "_")), key=len)
+
+    own = sorted(OWN_VARIABLES)
+    close = difflib.get_close_matches(var, names, n=1, cutoff=TYPO_CUTOFF)
+    if close:
+        return close[0]
+    for found in (prefixed(names),
+                  sorted((n for n in names if n.endswith("_" + var[len(ENV_PREFIX):])), key=len),
+                  difflib.get_close_matches(var, own, n=1, cutoff=TYPO_CUTOFF), prefixed(own),
+                  difflib.get_close_matches(var, names + own, n=1, cutoff=0.7)):
+        if found:
+            return " or ".join(found[:3])
+    return None
 
 
 def _check_env_table(var: str, value: str, shape: Shape, name: str) -> None:
@@ -411,6 +444,35 @@ def check_redis_url(url: str) -> str:
     return url
 
 
+#: A host name: dot-separated labels of letters, digits and inner hyphens.
+HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+
+
+def check_listen_address(value: str) -> str:
+    """An address a server of rig (Flower, the metrics endpoint) listens on: an IP address
+    (``127.0.0.1``, ``0.0.0.0``, ``::``) or a host name that resolves; ValueError otherwise
+    (the server would fail to start, or crash-loop, while `rig up` says it is up)."""
+    text = value.strip()
+    form = "write an IP address (127.0.0.1 for this machine only, 0.0.0.0 for every interface) or a host name"
+    if not text:
+        raise ValueError(f"it is empty; {form}")
+    try:
+        ipaddress.ip_address(text.removeprefix("[").removesuffix("]"))
+        return text
+    except ValueError:
+        pass
+    if re.fullmatch(r"[0-9.]+", text):  # 999.1.1.1: meant as an IP address, never a name
+        raise ValueError(f"{text!r} is not an IP address (four numbers from 0 to 255); {form}")
+    if not HOST_NAME.fullmatch(text):
+        raise ValueError(f"{text!r} is neither an IP address nor a host name; {form}")
+    try:
+        socket.getaddrinfo(text, None)
+    except (OSError, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise ValueError(f"the host name {text!r} does not resolve ({reason}); {form}") from None
+    return text
+
+
 def check_http_url(url: str | None) -> str | None:
     """An alert webhook: an http(s):// URL with a host."""
     if url is None or url == "":
@@ -438,6 +500,15 @@ def check_relations(settings: Settings, sources: Sources) -> None:
             "and are taken for dead after health.timeout, so this node would stop its own healthy jobs; "
             f"set health.timeout to at least {HEARTBEATS_PER_TIMEOUT * beat:g} or telemetry_interval to "
             f"at most {timeout / HEARTBEATS_PER_TIMEOUT:g}")
+    check_interval = s.health.check_interval
+    if check_interval >= timeout:
+        raise ConfigError(
+            f"{sources.named(('health', 'check_interval'), check_interval)} is not below "
+            f"{sources.named(('health', 'timeout'), timeout)}: health checks would come less often than a "
+            "silent worker counts as dead, so deaths go unnoticed for longer than the timeout says; "
+            f"set health.check_interval below {timeout:g} (e.g. {timeout / 6:g}) or health.timeout "
+            f"above {check_interval:g}")
+    check_log_dirs(s, sources)
     ports: dict[int, tuple[str, ...]] = {}
     listening = [(("flower_port",), s.flower_port)]
     if s.metrics_port:
@@ -457,6 +528,20 @@ def check_relations(settings: Settings, sources: Sources) -> None:
         if other != path:
             raise ConfigError(f"{said(path, port)} is also {said(other, port)}: two servers cannot listen on "
                               "one port; give each its own port")
+
+
+def check_log_dirs(settings: Settings, sources: Sources) -> None:
+    """log_dir and system_log_dir are folders (or do not exist yet: rig up makes them), and
+    two different ones: rig's own logs are pruned by other rules than the jobs' logs."""
+    dirs = {"log_dir": settings.job_log_dir, "system_log_dir": settings.rig_log_dir}
+    for name, path in dirs.items():
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"{sources.named((name,), str(path))} is not a folder; set {name} to a folder "
+                              "(or a path that does not exist yet: rig up makes it)")
+    if dirs["log_dir"].resolve() == dirs["system_log_dir"].resolve():
+        raise ConfigError(f"{sources.named(('log_dir',), str(dirs['log_dir']))} is also "
+                          f"{sources.named(('system_log_dir',), str(dirs['system_log_dir']))}: jobs' logs and rig's "
+                          "own logs are kept and pruned apart; give each its own folder")
 
 
 def origins(settings: Settings, sources: Sources) -> dict[str, str]:

@@ -1,4 +1,10 @@
-"""The commented config file that ``rig init`` writes."""
+"""The commented config file that ``rig init`` writes (rig.init_config fills it in).
+
+Every string value is given already written as TOML (``{node_name}`` is ``"gpu1"``, quoted and
+escaped by rig.init_config.toml_string); names in comments are comment-safe. The file has no
+[table] header that is not commented out, so a top-level line appended at its end is read
+as a top-level setting.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,12 @@ TEMPLATE = """\
 # nested ones with a double underscore (RIG_HEALTH__TIMEOUT=60). Environment wins over this file.
 
 # This server's name; jobs record where they ran by it.
-node_name = "{node_name}"
+node_name = {node_name}
 
 # Where rig keeps its state. A Redis with AOF persistence; `rig up` starts a private one under
 # {home}/redis if nothing answers at a local URL, with a generated password in
 # {home}/redis.password (mode 0600) that every rig command on this machine reads by itself.
-redis_url = "{redis_url}"
+redis_url = {redis_url}
 # A password for a Redis of your own (never write it here if others can read this file): the
 # URL's own (redis://:PASSWORD@host:6379/0), else RIG_REDIS_PASSWORD, else this file's first
 # line (no access for "other"; group-readable is fine for a team). See docs/SECURITY.md.
@@ -24,7 +30,7 @@ key_prefix = {key_prefix}
 # Placement strategy: "multi-factor" (fragmentation-aware: avoids stranding memory, keeps
 # empty cards whole for big and multi-card jobs, prefers cooler cards), "best-fit" (tightest
 # card), "least-loaded" (spreads jobs), or "first-fit" (lowest card number first).
-scheduler_type = "{scheduler_type}"
+scheduler_type = {scheduler_type}
 
 # A waiting job moves up one priority level per this many seconds (no starvation of low jobs).
 aging_seconds = 600
@@ -54,7 +60,7 @@ max_task_per_gpu = {max_task_per_gpu}
 vram_reserve_fraction = {vram_reserve_fraction}
 
 # Priority of a job submitted without --priority: "high", "medium" or "low".
-default_priority = "{default_priority}"
+default_priority = {default_priority}
 
 # Attempts after the first before a failed job goes to the error queue.
 max_retries = {max_retries}
@@ -64,8 +70,8 @@ max_retries = {max_retries}
 # command_workdir = "/data/workspace"
 
 # Job logs (one file per attempt) and rig's own logs live in separate folders.
-log_dir = "{log_dir}"
-system_log_dir = "{system_log_dir}"
+log_dir = {log_dir}
+system_log_dir = {system_log_dir}
 
 # Fake cards where there is no NVIDIA driver, e.g. "8x80G" or "2x24G,1x48G".
 # Unset: real cards through NVML; with no driver rig falls back to 8x80G and says so.
@@ -83,7 +89,7 @@ kill_grace_seconds = {kill_grace_seconds}
 
 # Flower (Celery monitoring) listens here, always behind basic auth (RIG_FLOWER_AUTH, else
 # {home}/flower.auth); it is plain HTTP, so keep it on loopback unless TLS stands in front.
-flower_address = "{flower_address}"
+flower_address = {flower_address}
 flower_port = {flower_port}
 # The Prometheus endpoint (no login): loopback unless you mean it. metrics_port = 0 turns it off.
 # metrics_address = "127.0.0.1"
@@ -123,8 +129,13 @@ flower_port = {flower_port}
 # reserved_idle_seconds = 600 # memory reserved on a card that shows no use
 # max_fragmentation = 0.5     # share of free memory too fragmented for the smallest waiting job
 
-[health]
-# Seconds between health checks, and the silence after which a worker counts as dead.
-check_interval = {check_interval}
-timeout = {timeout}
+# Seconds between health checks (below the timeout), and the silence after which a worker
+# counts as dead (at least twice telemetry_interval). Written as dotted keys, not as a [health]
+# table, so a line appended below this one is still a top-level setting.
+health.check_interval = {check_interval}
+health.timeout = {timeout}
+
+# Relative paths (log_dir, system_log_dir, command_workdir, redis_password_file) are taken
+# under rig's home ({home}), wherever rig is started from.
+# Add your own settings below; a [section] header makes every line after it part of that section.
 """

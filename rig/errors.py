@@ -56,6 +56,14 @@ class RedisUnavailable(RigError):
         )
         self.url = url
 
+    @classmethod
+    def said(cls, url: str, message: str) -> RedisUnavailable:
+        """This error with its own ``message`` (what the server said and what to do)."""
+        err = cls.__new__(cls)
+        RigError.__init__(err, message)
+        err.url = url
+        return err
+
 
 class RedisAuthFailed(RedisUnavailable):
     """Redis answers but refuses rig's credentials (wrong or missing password, an ACL user

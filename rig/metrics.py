@@ -271,6 +271,19 @@ def start_metrics_server(client: Client, address: str, port: int) -> Any:
     return result
 
 
+def answers(address: str, port: int, timeout_s: float = 2.0) -> bool:
+    """True if something accepts a TCP connection at ``address:port`` now (a wildcard address,
+    0.0.0.0 or ::, is tried on loopback): what `rig up` checks before it prints a URL."""
+    import socket
+
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(address.strip("[]"), address.strip("[]"))
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
 def _quantile(sorted_values: list[float], q: float) -> float:
     """Nearest-rank quantile of an ascending list."""
     rank = max(1, math.ceil(q * len(sorted_values)))

@@ -126,8 +126,9 @@ def check(client: redis.Redis, url: str) -> None:
     if it answers but refuses rig's credentials."""
     try:
         client.ping()
-    except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError, OSError) as exc:
-        if isinstance(exc, redis.ResponseError) and not is_auth_error(exc):
+    except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError, redis.exceptions.InvalidResponse,
+            OSError) as exc:
+        if not is_unusable(exc):
             raise
         raise unavailable(url, exc) from None
 
@@ -138,8 +139,8 @@ def translated(url: str) -> Iterator[None]:
     RedisUnavailable / RedisAuthFailed."""
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
-        if isinstance(exc, redis.ResponseError) and not is_auth_error(exc):
+    except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError, redis.exceptions.InvalidResponse) as exc:
+        if not is_unusable(exc):
             raise
         raise unavailable(url, exc) from None
 
@@ -159,11 +160,36 @@ def is_auth_error(exc: BaseException) -> bool:
     return False
 
 
+def is_setup_error(exc: BaseException) -> bool:
+    """True when the server at the URL cannot be rig's Redis at all, whatever rig sends: it
+    does not speak Redis (an HTTP server: "Protocol Error"), or it has no such database
+    (``redis://host:6379/99``: "DB index is out of range" when the connection SELECTs it)."""
+    if isinstance(exc, redis.exceptions.InvalidResponse):
+        return True
+    return isinstance(exc, redis.ResponseError) and "DB index" in str(exc)
+
+
+def is_unusable(exc: BaseException) -> bool:
+    """An error that means "rig cannot use that Redis" (exit 5), not a bug of the command:
+    unreachable, credentials refused, no Redis there or no such database."""
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError | OSError):
+        return True
+    return is_auth_error(exc) or is_setup_error(exc)
+
+
 def unavailable(url: str, exc: BaseException) -> RedisUnavailable:
     """The rig error for a redis-py error about ``url``: RedisAuthFailed for credentials,
-    RedisUnavailable (cannot reach it) otherwise."""
+    RedisUnavailable (cannot reach it, no Redis there, no such database) otherwise."""
     if is_auth_error(exc):
         return auth_failed(url, exc)
+    if isinstance(exc, redis.exceptions.InvalidResponse):
+        return RedisUnavailable.said(
+            url, f"the server at {strip_password(url)} does not answer as Redis does ({_short(exc)}); "
+            "check the host and port of the Redis URL (RIG_REDIS_URL or redis_url)")
+    if is_setup_error(exc):
+        return RedisUnavailable.said(
+            url, f"Redis at {strip_password(url)} has no such database ({_short(exc)}); use a database "
+            "number below its `databases` setting (0-15 by default) at the end of the Redis URL")
     return RedisUnavailable(url, _short(exc))
 
 

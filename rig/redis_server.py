@@ -37,12 +37,14 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from rig.errors import RedisAuthFailed, StackError
+from rig.errors import RedisUnavailable, StackError
 from rig.redis_conn import (
     LOOPBACK,
     auth_failed,
     is_auth_error,
     is_local,
+    is_setup_error,
+    unavailable,
     url_password,
     write_private,
 )
@@ -73,6 +75,8 @@ def probe(url: str, timeout: float = 1.0) -> bool:
     except (redis.RedisError, OSError) as exc:
         if is_auth_error(exc):
             raise auth_failed(url, exc) from None
+        if is_setup_error(exc):  # no Redis there (HTTP...), or no such database: never start one
+            raise unavailable(url, exc) from None
         return False
     finally:
         client.close()
@@ -82,7 +86,7 @@ def is_reachable(url: str, timeout: float = 1.0) -> bool:
     """True if a Redis answers PING at ``url`` and accepts its credentials."""
     try:
         return probe(url, timeout)
-    except RedisAuthFailed:
+    except RedisUnavailable:  # refused credentials, no such database, not Redis
         return False
 
 
@@ -320,7 +324,7 @@ def start_private_redis(url: str, data_dir: Path, log_file: Path) -> subprocess.
         try:
             if probe(url, timeout=0.5):
                 break
-        except RedisAuthFailed:
+        except RedisUnavailable:
             # Another server holds the port and refused us; ours cannot bind and will exit.
             proc.kill()
             proc.wait()

@@ -255,14 +255,19 @@ class Stack:
             self._spawn(child)
         if self.wants("metrics") and s.metrics_port:
             from rig.client import Client
-            from rig.metrics import start_metrics_server
+            from rig.metrics import answers, start_metrics_server
 
             try:
                 self.metrics_server = start_metrics_server(Client(s), s.metrics_address, s.metrics_port)
-                self.say(f"metrics: http://{s.metrics_address}:{self.metrics_server.server_port}/metrics")
-            except OSError as exc:
-                self.say(f"metrics: not served, port {s.metrics_port} is unavailable ({exc}); "
-                         "set RIG_METRICS_PORT")
+            except OSError as exc:  # the port taken, or the address not this machine's
+                self.say(f"metrics: not served, cannot listen on {s.metrics_address}:{s.metrics_port} ({exc}); "
+                         "set RIG_METRICS_ADDRESS / RIG_METRICS_PORT (metrics_port = 0: none)")
+            else:
+                port = getattr(self.metrics_server, "server_port", s.metrics_port)
+                if answers(s.metrics_address, port):  # the URL is printed only once it answers
+                    self.say(f"metrics: http://{s.metrics_address}:{port}/metrics")
+                else:
+                    self.say(f"metrics: not answering at {s.metrics_address}:{port}; see {s.rig_log_dir}")
 
     def _ensure_redis(self) -> None:
         """Use the Redis at the configured URL if one answers (with rig's credentials); else

@@ -13,7 +13,7 @@ import redis
 
 from rig.config import Settings, load_settings
 from rig.errors import InvalidInput, RigError
-from rig.redis_conn import is_auth_error, unavailable
+from rig.redis_conn import is_unusable, unavailable
 from rig.redis_writes import refusal, refused_at
 from rig.text import clean
 
@@ -42,14 +42,15 @@ def handle_errors(fn: F) -> F:
             quiet_broken_pipe()
         except RigError as exc:
             fail(str(exc), exc.exit_code)
-        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
+        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError,
+                redis.exceptions.InvalidResponse) as exc:
             # Unreachable, or a refused password / ACL right (AuthenticationError is a
             # ConnectionError; NOAUTH, WRONGPASS and NOPERM can come as ResponseErrors), or a
             # refused write (full, read-only, MISCONF: rig.redis_writes).
             if refusal(exc) is not None:
                 err = refused_at(_settings_url(), exc)
                 fail(str(err), err.exit_code)
-            if isinstance(exc, redis.ResponseError) and not is_auth_error(exc):
+            if not is_unusable(exc):
                 raise
             err = unavailable(_settings_url(), exc)
             fail(str(err), err.exit_code)

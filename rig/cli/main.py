@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,7 +11,15 @@ from pathlib import Path
 import click
 
 from rig.cli import as_json as J
-from rig.cli.common import check_limit, client_from, fail, handle_errors, parse_job_id, settings_from
+from rig.cli.common import (
+    check_limit,
+    client_from,
+    fail,
+    handle_errors,
+    parse_job_id,
+    settings_from,
+)
+from rig.cli.recover import recover
 from rig.cli.render import (
     make_console,
     render_errors,
@@ -21,10 +28,9 @@ from rig.cli.render import (
     render_metrics,
     render_status,
 )
-from rig.cli.recover import recover
 from rig.cli.submit import do_submit, submit_options
 from rig.cli.top import top
-from rig.errors import InvalidInput, StackError
+from rig.errors import StackError
 from rig.models import JobState
 from rig.waiting import why_waiting
 
@@ -229,43 +235,14 @@ def templates(ctx: click.Context) -> None:
 @click.pass_context
 @handle_errors
 def init(ctx: click.Context, path: str | None, node_name: str | None, force: bool) -> None:
-    """Write a commented config file (default: $RIG_HOME/config.toml)."""
-    from rig.config import Settings
-    from rig.config_template import TEMPLATE
-    from rig.redis_conn import strip_password  # a password never goes into the config file
+    """Write a commented config file (default: $RIG_CONFIG, else $RIG_HOME/config.toml). It
+    never reads the config in force, so it can replace a broken one."""
+    from rig.init_config import init_config
 
-    defaults = Settings()
-    target = Path(path).expanduser() if path else defaults.home / "config.toml"
-    if target.exists() and not force:
-        raise InvalidInput(f"{target} exists; pass --force to overwrite it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    text = TEMPLATE.format(
-        path=target, node_name=node_name or defaults.node_name, home=defaults.home,
-        redis_url=strip_password(defaults.redis_url), scheduler_type=defaults.scheduler_type,
-        max_task_per_gpu=defaults.max_task_per_gpu, vram_reserve_fraction=defaults.vram_reserve_fraction,
-        default_priority=defaults.default_priority, max_retries=defaults.max_retries,
-        log_dir=defaults.job_log_dir, system_log_dir=defaults.rig_log_dir,
-        kill_grace_seconds=defaults.kill_grace_seconds, flower_address=defaults.flower_address,
-        flower_port=defaults.flower_port, check_interval=defaults.health.check_interval,
-        timeout=defaults.health.timeout, key_prefix=json.dumps(defaults.key_prefix),
-    )
-    target.write_text(text)
-    click.echo(f"wrote {target}")
-    # Settings taken from RIG_* variables of this shell that the file does not carry: without
-    # them, rig commands read the file's value (e.g. another key prefix: every job "gone").
-    written = {"node_name", "home", "redis_url", "scheduler_type", "max_task_per_gpu", "vram_reserve_fraction",
-               "default_priority", "max_retries", "log_dir", "system_log_dir", "kill_grace_seconds",
-               "flower_address", "flower_port", "key_prefix"}
-    from rig.config import Settings as _Settings
-
-    missing = sorted(f"RIG_{name.upper()}" for name in _Settings.model_fields
-                     if f"RIG_{name.upper()}" in os.environ and name not in written)
-    if missing:
-        click.echo(f"note: {', '.join(missing)} set in this shell {'is' if len(missing) == 1 else 'are'} not in "
-                   f"{target}; add {'it' if len(missing) == 1 else 'them'} there, or rig commands run "
-                   "without that variable will use the default", err=True)
-    if path and Path(path).resolve() != (Path.cwd() / "rig.toml").resolve():
-        click.echo(f"rig reads it when RIG_CONFIG={target} is set", err=True)
+    written = init_config(path, node_name, force)
+    click.echo(f"wrote {written.path}")
+    for note in written.notes:
+        click.echo(note, err=True)
 
 
 @cli.command()
@@ -276,6 +253,9 @@ def config(ctx: click.Context) -> None:
     flag)."""
     settings = settings_from(ctx)
     click.echo(f"# config file: {settings.config_file or 'none (defaults and RIG_* variables)'}")
+    from rig.config import PATH_FIELDS
+
+    click.echo(f"# relative paths ({', '.join(PATH_FIELDS)}) are taken under home, {settings.home}")
     from rig.config import setting_origins
     from rig.redis_conn import password_source, strip_password
 

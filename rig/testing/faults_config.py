@@ -4,7 +4,9 @@
 submission (`rig-submit`) and `rig status` with the configuration slips seen from outside: a
 misspelt key in the file and in a variable, a health.timeout below the heartbeat interval, a
 Redis URL with a bad scheme or port, a Flower port beyond 65535, a template whose memory is no
-size, a table variable that is no JSON. Each must be refused by the command with one line
+size, a table variable that is no JSON; an unknown RIG_* variable far from any setting, a
+top-level key appended under [health], listen addresses that are none, a log_dir that is a
+file, a health.check_interval above health.timeout. Each must be refused by the command with one line
 naming the file and key or the variable, and exit code 6 (ConfigError), before touching Redis:
 no node registered, no job submitted, and the running node's jobs end once each, nothing
 leaked.
@@ -40,6 +42,15 @@ SLIPS: list[tuple[str, dict[str, str], str, list[str], str]] = [
      "RIG_CONFIG_FILE: [templates.big] gpu_memory: cannot read 'lots' as a size"),
     ("table variable not JSON", {"RIG_HEALTH": "garbage"}, "", SUBMIT, "RIG_HEALTH: expected a JSON object"),
     ("misspelt variable (status)", {"RIG_MAX_TASKS_PER_GPU": "2"}, "", STATUS, "did you mean RIG_MAX_TASK_PER_GPU?"),
+    ("variable far from its setting", {"RIG_NODE": "a"}, "", UP, "RIG_NODE: unknown rig setting; did you mean RIG_NODE_NAME?"),
+    ("top-level key under [health]", {}, "[health]\ntimeout = 30\nmax_task_per_gpu = 3\n", UP,
+     "max_task_per_gpu is a top-level setting; put it above the first [section]"),
+    ("Flower address", {}, 'flower_address = "not an ip!"\n', UP,
+     "RIG_CONFIG_FILE: flower_address: 'not an ip!' is neither an IP address nor a host name"),
+    ("metrics address", {"RIG_METRICS_ADDRESS": "999.1.1.1"}, "", UP, "RIG_METRICS_ADDRESS: '999.1.1.1' is not an IP"),
+    ("log_dir is a file", {"RIG_LOG_DIR": "/etc/passwd"}, "", UP, "log_dir = '/etc/passwd' (RIG_LOG_DIR) is not a folder"),
+    ("check_interval above timeout", {}, "[health]\ncheck_interval = 100\ntimeout = 30\n", UP,
+     "set health.check_interval below 30"),
 ]
 
 

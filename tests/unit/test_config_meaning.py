@@ -90,40 +90,64 @@ def test_a_misspelt_keyword_is_refused():
         Settings(max_tasks_per_gpu=3)  # the model itself, not only load_settings
 
 
-def test_rigs_own_variables_and_unrelated_ones_are_no_typos(monkeypatch):
+def test_rigs_own_variables_are_no_typos(monkeypatch):
     for name in OWN_VARIABLES - {"RIG_CONFIG"}:
         monkeypatch.setenv(name, "1")
-    monkeypatch.setenv("RIG_NOTEBOOK_THEME", "dark")  # far from every setting: not rig's business
+    monkeypatch.setenv("NOTEBOOK_THEME", "dark")  # not RIG_*: not rig's business
     load_settings()
 
 
-def test_no_rig_variable_in_the_sources_reads_as_a_typo():
-    """A RIG_* variable rig sets or reads (a job's identity, a worker's mark, a script's knob)
-    that the check would take for a misspelt setting must be in OWN_VARIABLES: this scan fails
-    first. The slips the config-slips scenario makes on purpose, and the examples in
-    rig.config_check's comments, are typos by design."""
+@pytest.mark.parametrize(("var", "said"), [
+    ("RIG_NODE", "RIG_NODE: unknown rig setting; did you mean RIG_NODE_NAME?"),
+    ("RIG_CONFIG_FILE", "did you mean RIG_CONFIG?"),
+    ("RIG_CONF", "did you mean RIG_CONFIG?"),
+    ("RIG_REDIS_HOST", "did you mean RIG_REDIS_URL?"),
+    ("RIG_GPU_MEMORY", "RIG_GPU_MEMORY: unknown rig setting"),
+    ("RIG_DEBUG", "RIG_DEBUG: unknown rig setting"),
+    ("RIG_NOTEBOOK_THEME", "RIG_NOTEBOOK_THEME: unknown rig setting"),
+])
+def test_every_unknown_rig_variable_is_refused(monkeypatch, var, said):
+    """The RIG_ prefix is rig's: a variable that is neither a setting nor one of rig's own is a
+    slip, however far from every name (RIG_NODE meant RIG_NODE_NAME), never ignored."""
+    monkeypatch.setenv(var, "a")
+    refused(said)
+
+
+#: RIG_* names the sources write on purpose that are no variable of rig's: the typos the tests
+#: and the config-slips scenario make, and the examples in comments and docs.
+BY_DESIGN = {"RIG_TIMEOUT", "RIG_PRIORITY", "RIG_X", "RIG_ALERTS__NAME", "RIG_SECTION__NAME", "RIG_NAME",
+             "RIG_NODE", "RIG_CONFIG_FILE", "RIG_REDIS_URI", "RIG_HEALTH__TIMOUT", "RIG_MAX_TASKS_PER_GPU",
+             "RIG_OWNED_PREFIX", "RIG_OWNED_NAMES",  # Python names in rig.job_env
+             "RIG_ANYTHING"}  # tests/unit/test_job_env.py: any RIG_* is kept from a job
+
+
+def test_no_rig_variable_in_the_sources_is_refused():
+    """Every RIG_* variable rig sets or reads (a job's identity, a worker's mark, a script's or a
+    test helper's knob) is a setting or in OWN_VARIABLES, or rig would refuse to start where it
+    is set. This file's own typos are by design."""
     from rig.config_check import check_env_keys
 
     shape = settings_shape(Settings)
-    by_design = {"RIG_TIMEOUT", "RIG_PRIORITY", "RIG_X", "RIG_ALERTS__NAME",  # examples in comments
-                 "RIG_OWNED_PREFIX", "RIG_OWNED_NAMES"}  # Python names in rig.job_env
-    files = [*ROOT.glob("rig/**/*.py"), *ROOT.glob("workers/**/*.py"), *ROOT.glob("scripts/*"),
-             *ROOT.glob("docs/*.md"), ROOT / "README.md", ROOT / "Dockerfile", ROOT / "docker-compose.yml"]
+    patterns = ["rig/**/*.py", "workers/**/*.py", "scripts/*", "tests/**/*.py", ".ci/**/*", "docs/*.md",
+                "examples/**/*", "config/**/*"]
+    files = [p for pattern in patterns for p in ROOT.glob(pattern)]
+    files += [ROOT / "README.md", ROOT / "Dockerfile", ROOT / "docker-compose.yml", ROOT / ".env.example"]
     found: dict[str, str] = {}
     for path in files:
-        if path.is_file() and path.name != "faults_config.py":
+        if path.is_file() and path.resolve() != Path(__file__).resolve():
             for name in re.findall(r"\bRIG_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace")):
                 found.setdefault(name, str(path.relative_to(ROOT)))
     taken: dict[str, str] = {}
     for name, where in found.items():
-        if name in by_design or name in OWN_VARIABLES:
+        if name in BY_DESIGN or name in OWN_VARIABLES:
             continue
         try:
             check_env_keys({name: "{}"}, shape)
         except ConfigError as exc:
             taken[name] = f"{where}: {exc}"
     assert not taken, f"add these to rig.config_check.OWN_VARIABLES: {taken}"
-    assert "RIG_JOB_NAME" in found and "RIG_ALERTS__NAME" in found  # the scan reads what it should
+    assert {"RIG_JOB_NAME", "RIG_ALERTS__NAME", "RIG_TEST_REDIS_URL"} <= set(found)  # the scan reads what it should
+    assert not (BY_DESIGN & OWN_VARIABLES)
 
 
 def test_exported_settings_load_back_in_a_child(monkeypatch, tmp_path):
@@ -266,6 +290,7 @@ def test_a_health_timeout_below_the_heartbeat_interval_is_refused(monkeypatch):
     monkeypatch.setenv("RIG_HEALTH__TIMEOUT", "3.9")
     refused("at least 4")
     monkeypatch.setenv("RIG_HEALTH__TIMEOUT", "4")
+    monkeypatch.setenv("RIG_HEALTH__CHECK_INTERVAL", "1")  # below the timeout (its own rule)
     assert load_settings().health.timeout == 4
 
 
