@@ -70,5 +70,5 @@ def closed_cards_text(cards: Sequence[CardState], *, node_cards: Sequence[CardSt
         if rest and len(set(whys)) == 1 and len(rest) >= count and len(rest) > 1:
             parts.append(f"node {node} takes no jobs: {whys[0]}")
             continue
-        parts.extend(f"{c.id}: {w}" for c, w in zip(rest, whys))
+        parts.extend(f"{c.id}: {w}" for c, w in zip(rest, whys, strict=True))
     return "; ".join(parts)

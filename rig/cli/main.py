@@ -12,7 +12,15 @@ from pathlib import Path
 import click
 
 from rig.cli import as_json as J
-from rig.cli.common import check_limit, client_from, fail, handle_errors, parse_job_id, settings_from
+from rig.cli.common import (
+    check_limit,
+    client_from,
+    fail,
+    handle_errors,
+    parse_job_id,
+    settings_from,
+)
+from rig.cli.recover import recover
 from rig.cli.render import (
     make_console,
     render_errors,
@@ -21,7 +29,6 @@ from rig.cli.render import (
     render_metrics,
     render_status,
 )
-from rig.cli.recover import recover
 from rig.cli.submit import do_submit, submit_options
 from rig.cli.top import top
 from rig.errors import InvalidInput, StackError
@@ -136,13 +143,15 @@ def metrics(ctx: click.Context, job_id: str, as_json: bool) -> None:
 def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None) -> None:
     """Print a job's output (stdout and stderr) on stdout; which attempt, on stderr. With -f,
     follow it, retried attempts included, until the job is final (rig.cli.logview)."""
-    from rig.cli.logview import show_log
+    from rig.cli.logview import show_log, this_machine
+    from rig.nodes import NodeRegistry
 
     client = client_from(ctx)
     client.ping()
     job = client.get(parse_job_id(job_id))
     show_log(lambda: client.get(job.id), attempt=attempt, follow=follow, out=sys.stdout.buffer,
-             say=lambda line: click.echo(line, err=True), why=client.why_waiting)
+             say=lambda line: click.echo(line, err=True), why=client.why_waiting,
+             here=this_machine(client.settings.node_name, NodeRegistry(client.r, client.keys).read()))
 
 
 # -- controlling ------------------------------------------------------------------------------
