@@ -117,6 +117,32 @@ def _check_told(sc: Scenario) -> None:
         sc.result.problems.append(f"rig_node_logs_writable is {values}, not [0]")
 
 
+def _check_wait_named(sc: Scenario, job_id: int) -> None:
+    """A job waiting on a node that cannot write logs is told so (rig show, --json
+    waiting_because and rig-submit read rig.waiting.why_waiting): the node and its cause, never
+    "no healthy allowed card" alone."""
+    why = sc.node.client.why_waiting(sc.node.client.get(job_id)) or ""
+    if f"node {sc.node.name} takes no jobs: {logspace.REASON_PREFIX}" not in why:
+        sc.result.problems.append(f"job {job_id} waits without naming the cause: {why!r}")
+    else:
+        sc.result.notes.append(f"rig show {job_id}: waits: {why}")
+
+
+def _check_log_note(sc: Scenario, job: Job) -> None:
+    """`rig log` of a cut log says so on stderr; stdout stays the job's output alone."""
+    import io
+
+    from rig.cli.logview import show_log
+
+    out, said = io.BytesIO(), []
+    show_log(lambda: job, attempt=None, follow=False, out=out, say=said.append)
+    notes = [line for line in said if "log incomplete" in line]
+    if len(notes) != 1 or b"log incomplete" in out.getvalue():
+        sc.result.problems.append(f"rig log {job.id} of a cut log: stderr {said}")
+    else:
+        sc.result.notes.append(f"rig log {job.id} (stderr): {notes[0]}")
+
+
 def _check_final(sc: Scenario, finals: dict[int, Job], markers: dict[int, Path]) -> None:
     """No false state: a job is SUCCEEDED with its marker, ran once, its attempt numbers agree;
     nothing went to the error queue as 'could not start'."""
@@ -164,6 +190,8 @@ def disk_fills_during_job(workdir: Path) -> ScenarioResult:
             time.sleep(2.0)  # job b must keep waiting meanwhile
             job_b = sc.node.client.get(b)
             _check_told(sc)
+            _check_wait_named(sc, b)
+            _check_log_note(sc, job_a)
             if job_b.state is not JobState.PENDING or b_marker.exists():
                 sc.result.problems.append(f"job b was {job_b.state.value} (marker: {b_marker.exists()}) "
                                           "while the node could not write logs")
