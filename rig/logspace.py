@@ -65,11 +65,13 @@ def out_of_inodes(folder: Path) -> bool:
     """Does the file system of ``folder`` have no free inode left (statvfs f_favail 0, on a file
     system that counts them: f_files > 0)? Then new files fail with ENOSPC while df shows
     free bytes."""
-    try:
-        st = os.statvfs(folder)
-    except OSError:
-        return False
-    return st.f_files > 0 and st.f_favail == 0
+    for where in (folder, *folder.parents):  # a folder that could not be made: its parent's
+        try:
+            st = os.statvfs(where)
+        except OSError:
+            continue
+        return st.f_files > 0 and st.f_favail == 0
+    return False
 
 
 def reason(folder: Path, exc: OSError | None = None, free: int | None = None,
