@@ -61,14 +61,46 @@ def free_bytes(folder: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
+def out_of_inodes(folder: Path) -> bool:
+    """Does the file system of ``folder`` have no free inode left (statvfs f_favail 0, on a file
+    system that counts them: f_files > 0)? Then new files fail with ENOSPC while df shows
+    free bytes."""
+    for where in (folder, *folder.parents):  # a folder that could not be made: its parent's
+        try:
+            st = os.statvfs(where)
+        except OSError:
+            continue
+        return st.f_files > 0 and st.f_favail == 0
+    return False
+
+
 def reason(folder: Path, exc: OSError | None = None, free: int | None = None,
            min_free: int | None = None) -> str:
     """The one line `rig status` shows for a node that cannot write logs."""
-    if exc is not None:
+    if exc is not None and exc.errno == errno.ENOSPC and out_of_inodes(folder):
+        what = "no free inodes (ENOSPC, though bytes are free: too many files)"
+    elif exc is not None:
         what = f"{exc.strerror or exc} ({errno_name(exc)})"
     else:
         what = f"only {human(free or 0)} free (log_min_free_bytes = {human(min_free or 0)})"
     return f"{REASON_PREFIX} under {folder}: {what}; takes jobs again when it can"
+
+
+def never_enough(folders: dict[str, Path], min_free: int) -> str | None:
+    """One warning line when the file system of one of ``folders`` (setting name -> folder) is
+    smaller in all than ``min_free`` bytes (``log_min_free_bytes``): the node could then never
+    take a job. None when each is big enough (or cannot be read: the guard says so later)."""
+    for name, folder in folders.items():
+        try:
+            st = os.statvfs(folder)
+        except OSError:
+            continue
+        total = st.f_blocks * st.f_frsize
+        if total < min_free:
+            return (f"warning: the file system of {name} ({folder}) holds {human(total)} in all, less than "
+                    f"log_min_free_bytes = {human(min_free)}: this node can never take a job (lower "
+                    f"log_min_free_bytes or move {name})")
+    return None
 
 
 def is_log_space_reason(text: str | None) -> bool:

@@ -24,6 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from rig.closed_cards import closed_cards_text
 from rig.memory import format_memory
 from rig.models import CardState
 
@@ -234,8 +235,12 @@ def explain_wait(cards: Sequence[CardState], request: Request) -> str:
     eligible = [c for c in cards if c.eligible]
     need = f"needs {format_memory(request.nbytes)}"
     need += " on 1 card" if request.gpus == 1 else f" on each of {request.gpus} cards of one node"
+    closed = [c for c in cards if c.allowed and not c.healthy]
     if not eligible:
-        return f"{need}; no healthy allowed card is available"
+        # Name the cause (a node that cannot write logs, a stopped node, a hot card), never
+        # only "no healthy card" (rig.closed_cards words it, grouped per node).
+        why = closed_cards_text(closed or [c for c in cards if not c.eligible], node_cards=cards)
+        return f"{need}; no card takes jobs now ({why})" if why else f"{need}; no card is registered"
     largest = max(eligible, key=lambda c: (c.free, -c.index))
     parts = [need, f"largest free block {format_memory(largest.free)} ({largest.id})"]
     roomy = [c for c in eligible if c.free >= request.nbytes]
@@ -248,7 +253,6 @@ def explain_wait(cards: Sequence[CardState], request: Request) -> str:
                 per_node[c.node] += 1
         best = max(per_node.values(), default=0)
         parts.append(f"only {best} such card(s) free on one node")
-    unhealthy = [c.id for c in cards if c.allowed and not c.healthy]
-    if unhealthy:
-        parts.append(f"unhealthy: {', '.join(unhealthy)}")
+    if closed:
+        parts.append(closed_cards_text(closed, node_cards=cards))
     return "; ".join(parts)

@@ -215,6 +215,10 @@ class Stack:
         self._check_installation()
         for warning in open_doors(s, self.wants):
             self.say(warning)
+        from rig.logspace import never_enough  # here: the one edit of this file for it
+        if self.wants("cards") and (small := never_enough(
+                {"log_dir": s.job_log_dir, "run_dir": s.run_dir}, s.log_min_free_bytes)):
+            self.say(small)
         env = self._child_env()
         if self.wants("cards") or self.wants("control"):
             allowed = self._register_cards()

@@ -38,18 +38,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rig.clock import shared_now
-from rig.draining import why_closed
+from rig.closed_cards import closed_cards_text
 from rig.keys import card_id
 from rig.memory import format_memory
 from rig.models import CardState, Job, JobState
-from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeInfo, NodeRegistry, clock
+from rig.nodes import NodeInfo, NodeRegistry, clock
 from rig.placement import Hold, Request, explain_wait, place
 
 if TYPE_CHECKING:
@@ -187,40 +186,6 @@ def explain(facts: WaitFacts) -> str:
     if not_up:
         text += "; not up: " + ", ".join(node_state_text(nodes[n]) for n in not_up)
     return text + tail
-
-
-def closed_cards_text(cards: Sequence[CardState]) -> str:
-    """Why each of ``cards`` takes no job, grouped by node: ``node b is stopped (since 12:01:05)``
-    when a node's cards were closed for its node's state, ``b/1: not in whitelist`` and the
-    like otherwise (rig.draining.why_closed, then the card's health reason)."""
-    by_node: dict[str, list[CardState]] = {}
-    for card in cards:
-        by_node.setdefault(card.node, []).append(card)
-    parts: list[str] = []
-    for node, mine in sorted(by_node.items()):
-        state = {_node_closed(c.health_reason) for c in mine if not c.healthy and not why_closed(c)}
-        if len(state) == 1 and None not in state and all(not c.healthy for c in mine):
-            parts.append(f"node {node} is {state.pop()}")
-            continue
-        for card in mine:
-            node_state = _node_closed(card.health_reason)
-            why = why_closed(card) or (f"node {node} is {node_state}" if node_state
-                                       else card.health_reason or "unhealthy")
-            parts.append(f"{card.id}: {why}")
-    return "; ".join(parts)
-
-
-def _node_closed(reason: str) -> str | None:
-    """``stopped since 12:01:05`` for a card closed because its node stopped (rig.nodes'
-    NODE_STOPPED_REASON / NODE_DOWN_REASON and the time it carries), else None."""
-    for prefix, word in ((NODE_STOPPED_REASON, "stopped"), (NODE_DOWN_REASON, "down")):
-        if reason.startswith(prefix):
-            found = _CLOCK.search(reason)
-            return f"{word} since {found.group(0)}" if found else word
-    return None
-
-
-_CLOCK = re.compile(r"\d\d:\d\d:\d\d")
 
 
 def _live(node: NodeInfo | None) -> bool:

@@ -27,12 +27,16 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import BinaryIO
 
+from rig import logspace
 from rig.errors import InvalidInput
 from rig.models import Job, JobState
+from rig.nodes import NodeInfo
 from rig.text import clean
 
 #: How often a followed job's record and log file are looked at again (s).
@@ -88,9 +92,43 @@ def header(job: Job, attempt: int, of: int | None = None) -> str:
     return clean(f"--- job {job.id}, attempt {attempt}{count} ({where(job, attempt)}) ---")
 
 
+def cut_note(job: Job, attempt: int, path: str) -> str | None:
+    """``--- job 4, attempt 1: log incomplete: disk full (ENOSPC) ...; 1.2 MiB of output lost ---``
+    for an attempt whose log is not whole (a full disk, or cut to ``log_max_bytes``), None for a
+    whole one: from the note file beside the log (rig.logspace, current while it runs), else
+    the words the attempt's history row carries."""
+    text = logspace.describe_note(logspace.read_note(Path(path).with_suffix(".note")))
+    if not text:
+        for item in job.attempts:
+            if item.get("attempt") == attempt:
+                found = _NOTE_WORDS.search(str(item.get("summary") or ""))
+                text = found.group(1) if found else ""
+    return clean(f"--- job {job.id}, attempt {attempt}: {text} ---") if text else None
+
+
+#: The note as rig.logspace.describe_note words it, inside an attempt row's summary "(...)".
+_NOTE_WORDS = re.compile(r"(log (?:incomplete|cut): .*?)\)?$")
+
+
+def ran_here(job: Job, attempt: int, here: Callable[[str], bool] | None) -> bool:
+    """Did attempt ``attempt`` run on this machine (``here`` says whether a node name is one
+    of this machine's)?"""
+    node = where(job, attempt).split("/", 1)[0]
+    return here is not None and bool(node) and here(node)
+
+
+def this_machine(node_name: str, nodes: Iterable[NodeInfo]) -> Callable[[str], bool]:
+    """Whether a node name is this machine's: the configured node name, or a node whose
+    record says it runs on this host."""
+    host = socket.gethostname()
+    mine = {node_name} | {n.name for n in nodes if n.host == host}
+    return mine.__contains__
+
+
 def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: BinaryIO,
              say: Callable[[str], None], sleep: Callable[[float], None] = time.sleep,
-             why: Callable[[Job], str | None] | None = None) -> None:
+             why: Callable[[Job], str | None] | None = None,
+             here: Callable[[str], bool] | None = None) -> None:
     """Print the log of ``attempt`` (default: the latest) of the job ``get()`` reads, to
     ``out``; with ``follow``, keep printing that attempt and, when no attempt was named, every
     later one, until the job is final. ``say`` prints rig's own lines (stderr); ``why`` words
@@ -111,9 +149,14 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
         n = attempt or max(logs)
         path = logs[n]
         if not os.path.exists(path):
+            if ran_here(job, n, here):
+                raise InvalidInput(f"the log file {path} of attempt {n} no longer exists (deleted?); "
+                                   f"attempt {n} ran on {where(job, n)}, this machine")
             raise InvalidInput(f"log file {path} is not on this machine (attempt {n} ran on "
                                f"{where(job, n)}; logs stay on the node that ran the job)")
         say(header(job, n, last))
+        if note := cut_note(job, n, path):
+            say(note)
         with open(path, "rb") as fh:
             _copy(fh, out)
         return
@@ -142,6 +185,8 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
                 break
             say(header(job, current))
             job = _follow_one(get, job, current, out, say, sleep)
+            if note := cut_note(job, current, attempt_logs(job)[current]):
+                say(note)
         if attempt is not None or (job.state.terminal and last_attempt(job) <= current):
             break
         current += 1

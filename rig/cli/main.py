@@ -142,13 +142,15 @@ def metrics(ctx: click.Context, job_id: str, as_json: bool) -> None:
 def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None) -> None:
     """Print a job's output (stdout and stderr) on stdout; which attempt, on stderr. With -f,
     follow it, retried attempts included, until the job is final (rig.cli.logview)."""
-    from rig.cli.logview import show_log
+    from rig.cli.logview import show_log, this_machine
+    from rig.nodes import NodeRegistry
 
     client = client_from(ctx)
     client.ping()
     job = client.get(parse_job_id(job_id))
     show_log(lambda: client.get(job.id), attempt=attempt, follow=follow, out=sys.stdout.buffer,
-             say=lambda line: click.echo(line, err=True), why=client.why_waiting)
+             say=lambda line: click.echo(line, err=True), why=client.why_waiting,
+             here=this_machine(client.settings.node_name, NodeRegistry(client.r, client.keys).read()))
 
 
 # -- controlling ------------------------------------------------------------------------------

@@ -34,21 +34,26 @@ from rig.testing.faults import Scenario, ScenarioResult, _wait
 #: takes no jobs.
 TMPFS_BYTES = 8 << 20
 MIN_FREE = 1 << 20
+#: Inodes of the tmpfs of the out-of-inodes scenario (few: filling them is quick).
+INODES = 400
 
 
 class SmallDisk:
     """A tmpfs of ``size`` bytes mounted at ``path`` for the scenario's life; ``fill`` takes all
     its space (a real ENOSPC for every writer), ``free`` gives it back."""
 
-    def __init__(self, path: Path, size: int = TMPFS_BYTES) -> None:
+    def __init__(self, path: Path, size: int = TMPFS_BYTES, inodes: int | None = None) -> None:
         self.path = path
         self.size = size
+        self.inodes = inodes  # nr_inodes of the tmpfs (None: tmpfs' default)
+        self.many = path / "many-files"
         self.filler = path / "filler"
         self.mounted = False
 
     def __enter__(self) -> SmallDisk:
         self.path.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.size},mode=0755", "tmpfs", str(self.path)],
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.size},mode=0755"
+                               + (f",nr_inodes={self.inodes}" if self.inodes else ""), "tmpfs", str(self.path)],
                               capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise unittest.SkipTest(f"cannot mount a small tmpfs for a real full disk "
@@ -70,8 +75,22 @@ class SmallDisk:
                         return
                     block = block[: len(block) // 2]
 
+    def fill_inodes(self) -> None:
+        """Create empty files until ENOSPC: no inode left, while bytes stay free."""
+        self.many.mkdir(exist_ok=True)
+        for i in range(10 * (self.inodes or 1_000_000)):
+            try:
+                (self.many / str(i)).touch()
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                return
+
     def free(self) -> None:
         self.filler.unlink(missing_ok=True)
+        if self.many.exists():
+            for child in self.many.iterdir():
+                child.unlink()
 
     def read_only(self, on: bool) -> None:
         """Remount read-only (every write: EROFS) or back read-write."""
@@ -115,6 +134,32 @@ def _check_told(sc: Scenario) -> None:
     values = [s.value for s in _log_space_family(cards).samples]
     if values != [0]:
         sc.result.problems.append(f"rig_node_logs_writable is {values}, not [0]")
+
+
+def _check_wait_named(sc: Scenario, job_id: int) -> None:
+    """A job waiting on a node that cannot write logs is told so (rig show, --json
+    waiting_because and rig-submit read rig.waiting.why_waiting): the node and its cause, never
+    "no healthy allowed card" alone."""
+    why = sc.node.client.why_waiting(sc.node.client.get(job_id)) or ""
+    if f"node {sc.node.name} takes no jobs: {logspace.REASON_PREFIX}" not in why:
+        sc.result.problems.append(f"job {job_id} waits without naming the cause: {why!r}")
+    else:
+        sc.result.notes.append(f"rig show {job_id}: waits: {why}")
+
+
+def _check_log_note(sc: Scenario, job: Job) -> None:
+    """`rig log` of a cut log says so on stderr; stdout stays the job's output alone."""
+    import io
+
+    from rig.cli.logview import show_log
+
+    out, said = io.BytesIO(), []
+    show_log(lambda: job, attempt=None, follow=False, out=out, say=said.append)
+    notes = [line for line in said if "log incomplete" in line]
+    if len(notes) != 1 or b"log incomplete" in out.getvalue():
+        sc.result.problems.append(f"rig log {job.id} of a cut log: stderr {said}")
+    else:
+        sc.result.notes.append(f"rig log {job.id} (stderr): {notes[0]}")
 
 
 def _check_final(sc: Scenario, finals: dict[int, Job], markers: dict[int, Path]) -> None:
@@ -164,6 +209,8 @@ def disk_fills_during_job(workdir: Path) -> ScenarioResult:
             time.sleep(2.0)  # job b must keep waiting meanwhile
             job_b = sc.node.client.get(b)
             _check_told(sc)
+            _check_wait_named(sc, b)
+            _check_log_note(sc, job_a)
             if job_b.state is not JobState.PENDING or b_marker.exists():
                 sc.result.problems.append(f"job b was {job_b.state.value} (marker: {b_marker.exists()}) "
                                           "while the node could not write logs")
@@ -180,14 +227,14 @@ def disk_fills_during_job(workdir: Path) -> ScenarioResult:
             sc.close()
 
 
-def disk_full_before_start(workdir: Path, *, read_only: bool = False) -> ScenarioResult:
-    what = "read-only" if read_only else "full"
-    with SmallDisk(workdir / "logs") as disk:
+def disk_full_before_start(workdir: Path, *, read_only: bool = False, inodes: bool = False) -> ScenarioResult:
+    what = "read-only" if read_only else "out of inodes" if inodes else "full"
+    with SmallDisk(workdir / "logs", inodes=INODES if inodes else None) as disk:
         sc = Scenario(workdir, f"log_dir {what} before jobs start", f"tmpfs log_dir {what}",
                       fake_gpus="2x80G", log_dir=disk.path, log_min_free_bytes=0)
         try:
             sc.node.up()
-            disk.read_only(True) if read_only else disk.fill()
+            disk.read_only(True) if read_only else disk.fill_inodes() if inodes else disk.fill()
             markers = {}
             for i in range(4):  # at once: the first starts meet the full disk before the guard does
                 marker = workdir / f"started-{i}"
@@ -195,6 +242,8 @@ def disk_full_before_start(workdir: Path, *, read_only: bool = False) -> Scenari
             _until(sc, lambda: bool(_out_of_service(sc)), 30, "the node to say it cannot write logs")
             time.sleep(2.0)
             _check_told(sc)
+            if inodes and not all("no free inodes" in r for r in _out_of_service(sc)):
+                sc.result.problems.append(f"inodes exhausted but the reason says: {_out_of_service(sc)}")
             for jid, marker in markers.items():
                 job = sc.node.client.get(jid)
                 if marker.exists() and job.state is not JobState.RUNNING:
@@ -216,8 +265,14 @@ def log_dir_read_only(workdir: Path) -> ScenarioResult:
     return disk_full_before_start(workdir, read_only=True)
 
 
+def log_dir_out_of_inodes(workdir: Path) -> ScenarioResult:
+    """df shows free bytes, yet no file can be made: said as "no free inodes"."""
+    return disk_full_before_start(workdir, inodes=True)
+
+
 SCENARIOS = [
     ("disk-fills-during-job", disk_fills_during_job),
     ("disk-full-before-start", disk_full_before_start),
     ("log-dir-read-only", log_dir_read_only),
+    ("log-dir-out-of-inodes", log_dir_out_of_inodes),
 ]

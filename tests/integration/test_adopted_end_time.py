@@ -1,0 +1,66 @@
+"""An adopted job's end time (issue 11 follow-up, item 15): a job that ended while no worker
+watched it (`rig down` while RUNNING, `rig up` later) is recorded as ended when its process
+ended (the exit file's mtime, rig.clock.event_time), not when the new worker adopted it; so
+are its attempt row and the duration history backfill reads. Real Redis, real processes, the
+card runner's own start path and its adoption by a second runner."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rig.client import current_identity
+from rig.keys import Keys
+from rig.memory import GIB
+from rig.models import Job, JobState, Priority
+from workers.card_runner import CardRunner, _read_exit_file
+
+pytestmark = pytest.mark.redis
+
+RUNS_S = 1.0  # how long the job runs
+DOWN_S = 2.5  # how long after its end no worker watches (the node is down)
+
+
+def _until(what, timeout: float = 10.0):  # noqa: ANN001, ANN202
+    """Poll ``what()`` (a file or a record written by another process: nothing to await)."""
+    deadline = time.monotonic() + timeout
+    while not (value := what()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+    return value
+
+
+@pytest.mark.parametrize("code", [7, 0])
+def test_a_job_that_ended_while_the_node_was_down_keeps_its_own_end_time(card_runner_env, tmp_path, code):
+    settings, ledger, runner, _ = card_runner_env
+    name = f"adopted-end-{code}-{time.monotonic_ns()}"
+    job = ledger.store.create(Job(
+        id=0, name=name, user=current_identity().name, command=["/bin/sh", "-c", f"sleep {RUNS_S}; exit {code}"],
+        shell=True, gpu_memory=GIB, gpus=1, priority=Priority.MEDIUM, state=JobState.PENDING,
+        workdir=str(tmp_path), created_at=time.time()))
+    ok, token = ledger.reserve(job.id, "n1", [0], GIB)
+    assert ok
+    said: list[str] = []
+    thread = threading.Thread(target=lambda: said.append(runner.run_job(job.id, token)), daemon=True)
+    thread.start()
+    running = _until(lambda: (j := ledger.store.get(job.id)).pid and j.log_paths and j)
+    runner.stop()  # `rig down`: the job runs on, unwatched
+    thread.join(10)
+    assert said == ["detached"]
+    exit_file = Path(running.log_paths[-1]).with_suffix(".exit")
+    _until(lambda: _read_exit_file(exit_file) is not None)  # the job ended, unwatched
+    time.sleep(DOWN_S)  # the node stays down after the job's end (the slip itself, not a wait)
+    CardRunner(settings, "n1", 0, "card0@n1-again", resend=lambda *a: None).adopt()
+    done = ledger.store.get(job.id)
+    assert done.state is (JobState.SUCCEEDED if code == 0 else JobState.FAILED) and done.exit_code == code
+    ran = done.ended_at - running.started_at
+    assert RUNS_S - 0.2 <= ran < RUNS_S + 1.0, f"runtime {ran:.2f} s for a {RUNS_S} s job (adopted {DOWN_S} s late)"
+    row = done.attempts[-1]
+    assert row["ended_at"] == done.ended_at and row["started_at"] == running.started_at
+    if code == 0:
+        history = [float(x) for x in ledger.r.lrange(Keys(settings.key_prefix).durations(name), 0, -1)]
+        assert len(history) == 1 and RUNS_S - 0.2 <= history[0] < RUNS_S + 1.0, history
+    assert ledger.card("n1", 0).reserved == 0
