@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import redis
 
@@ -13,7 +14,7 @@ from rig.draining import mark_gone_cards
 from rig.gpus import GpuBackend
 from rig.keys import Keys
 from rig.ledger import Ledger
-from rig.nodes import NodeRegistry
+from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeRegistry
 
 
 def register_node(settings: Settings, client: redis.Redis, backend: GpuBackend,
@@ -41,10 +42,70 @@ def register_node(settings: Settings, client: redis.Redis, backend: GpuBackend,
     NodeRegistry(client, keys).register(
         settings.node_name, ttl=settings.health.timeout, backend=backend.kind, cards=len(readings),
         pid=pid or os.getpid(), fake_spec=getattr(backend, "spec", "") or "")
-    if whitelist:
-        missing = sorted(whitelist - {r.index for r in readings})
-        if missing:
-            say(f"gpus: gpu_whitelist names cards that do not exist: {missing}")
+    # The node is up again: a "node stopped/down" mark on any of its cards is false now. An
+    # allowed card's worker would clear it too, but a card outside gpu_whitelist (or gone) has
+    # no worker, so the mark would stay for ever (issue 11: `[UNHEALTHY: node stopped ...]` on
+    # a node that is up).
+    clear_node_marks(ledger, settings.node_name)
+    warning = whitelist_warning(settings.gpu_whitelist, [r.index for r in readings], allowed)
+    if warning:
+        say(warning)
     say(f"gpus: {len(readings)} {backend.kind} card(s) on {settings.node_name}; "
         f"rig uses {allowed if allowed else 'none'}")
     return allowed
+
+
+def clear_node_marks(ledger: Ledger, node: str) -> list[int]:
+    """Make every card of ``node`` healthy again whose only fault was its node being stopped or
+    down (rig.nodes reasons, written by the other nodes' health checks); other faults (heat, a
+    full log disk) stay. Called when the node registers, i.e. when it is up. Returns the indexes."""
+    cleared = []
+    for card in ledger.cards():
+        if card.node == node and not card.healthy and card.health_reason.startswith(
+                (NODE_DOWN_REASON, NODE_STOPPED_REASON)):
+            ledger.set_healthy(node, card.index, True)
+            cleared.append(card.index)
+    return cleared
+
+
+def whitelist_warning(whitelist: list[int] | None, present: list[int], allowed: list[int]) -> str | None:
+    """The one line `rig up` says on the terminal when gpu_whitelist names cards the node does
+    not have, or leaves it no usable card; None when it fits. A warning, not a refusal: a
+    narrowed whitelist is a legitimate maintenance step, and the node must stay up to supervise
+    jobs still running on cards that left the whitelist (rig.draining)."""
+    if whitelist is None:
+        return None
+    missing = sorted(set(whitelist) - set(present))
+    if not allowed:
+        extra = f" (it names {missing}, which do not exist)" if missing else ""
+        return (f"warning: gpu_whitelist {sorted(set(whitelist))} leaves this node no usable card{extra}; "
+                f"its cards are {sorted(present)}: it runs no new job until gpu_whitelist names one")
+    if missing:
+        return (f"warning: gpu_whitelist names card(s) {missing} that do not exist on this node "
+                f"(its cards are {sorted(present)}); rig uses {allowed}")
+    return None
+
+
+def notes_path(run_dir: Path, node: str) -> Path:
+    """Where a `rig up --daemon` child leaves the warnings its parent repeats on the terminal."""
+    return run_dir / f"up-{node}.notes"
+
+
+def write_notes(run_dir: Path, node: str, lines: list[str]) -> None:
+    """Leave ``lines`` for the `rig up --daemon` parent (an empty list removes old notes)."""
+    path = notes_path(run_dir, node)
+    if lines:
+        path.write_text("".join(f"{line}\n" for line in lines))
+    else:
+        path.unlink(missing_ok=True)
+
+
+def read_notes(run_dir: Path, node: str) -> list[str]:
+    """The warnings the `rig up --daemon` child left (read once: the file is removed)."""
+    path = notes_path(run_dir, node)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    path.unlink(missing_ok=True)
+    return [line for line in lines if line.strip()]

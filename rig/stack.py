@@ -161,6 +161,7 @@ class Stack:
         self.settings = settings
         self.options = options
         self.say = say
+        self.notes: list[str] = []  # warnings a `rig up --daemon` parent says on the terminal
         self.keys = Keys(settings.key_prefix)
         self.children: list[Child] = []
         self.redis_proc: subprocess.Popen | None = None
@@ -376,9 +377,16 @@ class Stack:
         if notice:
             self.say(f"gpus: {notice}")
         client = connect(s.redis_url)
-        allowed = register_node(s, client, backend, self.say)
+        allowed = register_node(s, client, backend, self._say_noted)
         self._registered = True
         return allowed
+
+    def _say_noted(self, line: str) -> None:
+        """Say ``line``; a warning is also kept for a `rig up --daemon` parent to repeat on the
+        terminal (rig.registration.read_notes), since this process's output goes to up.log."""
+        self.say(line)
+        if line.startswith("warning:"):
+            self.notes.append(line)
 
     def _child_env(self) -> dict[str, str]:
         """The children's environment: the settings this process resolved (from flags, env

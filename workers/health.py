@@ -216,7 +216,8 @@ class HealthChecker:
                 continue
             if not card.health_reason.startswith((NODE_DOWN_REASON, NODE_STOPPED_REASON)):
                 continue
-            if self.r.exists(self.keys.worker(card_worker_name(node, card.index))):
+            # A card with no worker to wait for (outside gpu_whitelist, holding nothing): at once.
+            if not needs_worker(card) or self.r.exists(self.keys.worker(card_worker_name(node, card.index))):
                 self.ledger.set_healthy(node, card.index, True)
 
     def _requeue_assigned(self, node: NodeInfo, report: HealthReport, why: str) -> None:

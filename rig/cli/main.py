@@ -32,6 +32,7 @@ from rig.cli.submit import do_submit, submit_options
 from rig.cli.top import top
 from rig.errors import StackError
 from rig.models import JobState
+from rig.registration import read_notes, write_notes
 from rig.waiting import why_waiting
 
 
@@ -349,6 +350,8 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
                      proc.returncode if proc.returncode in (5, 6, 10) else 7)
             if ready.exists() and ready.read_text().strip() == str(proc.pid):
                 why_file.unlink(missing_ok=True)
+                for line in read_notes(settings.run_dir, settings.node_name):
+                    click.echo(line, err=True)  # e.g. a gpu_whitelist that leaves no usable card
                 click.echo(f"rig is up on {settings.node_name} (pid {proc.pid}); logs in {settings.rig_log_dir}; "
                            "`rig down` stops it")
                 return
@@ -370,6 +373,7 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
                       f"(user and password in {settings.home / 'flower.auth'})")
         lossy.say(f"rig is up on {settings.node_name}. Submit with `rig-submit --gpu-memory 4G -- CMD`; "
                   "Ctrl-C stops rig (running jobs keep running).")
+        write_notes(settings.run_dir, settings.node_name, stack.notes)
         ready.write_text(f"{os.getpid()}\n")
         wrote_ready = True
         stack.run_until_signalled()

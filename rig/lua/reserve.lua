@@ -71,7 +71,8 @@ end
 
 local token = redis.call('HINCRBY', job, 'assignments', 1)
 redis.call('HSET', job, 'state', 'ASSIGNED', 'node', node, 'cards', cards, 'assigned_at', now)
-redis.call('HDEL', job, 'wait_reason')
+-- A reason explains the state it was written with ("requeued: ..."): placed again, it is stale.
+redis.call('HDEL', job, 'wait_reason', 'reason')
 redis.call('ZREM', idx_pending, job_id)
 leave_queues(pending, KEYS[5], KEYS[6], ARGV[6], job_id)
 redis.call('ZADD', idx_assigned, tonumber(job_id), job_id)

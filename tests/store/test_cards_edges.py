@@ -1,0 +1,84 @@
+"""Edges of a changed gpu_whitelist / card set (issue 11, item 2, second round): a node that is
+up has no "node stopped" card, the whitelist says on the terminal what it leaves, a narrowed
+whitelist keeps the queue, a closed card is no free capacity, a reason belongs to its state."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rig.config import load_settings
+from rig.gpus.fake import FakeGpuBackend
+from rig.keys import Keys
+from rig.ledger import Ledger
+from rig.memory import GIB
+from rig.models import Job, JobState, Priority
+from rig.nodes import NODE_STOPPED_REASON
+from rig.registration import read_notes, register_node, whitelist_warning, write_notes
+
+
+def _settings(key_prefix: str, tmp_path, whitelist, spec: str = "1x24G"):
+    return load_settings(key_prefix=key_prefix, node_name="lonely", gpu_whitelist=whitelist,
+                         fake_gpus=spec, home=tmp_path)
+
+
+def _job(ledger: Ledger, gib: float = 4, gpus: int = 1, pool: str | None = None) -> int:
+    return ledger.store.create(Job(
+        id=0, name="t", user="u", command=["true"], gpu_memory=int(gib * GIB), gpus=gpus, pool=pool,
+        priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/", created_at=time.time())).id
+
+
+# -- item 4: a node that registers is up: no "node stopped" mark on any of its cards ------------------
+def test_registration_clears_node_stopped_on_every_card_even_outside_the_whitelist(redis_client, key_prefix, tmp_path):
+    s = _settings(key_prefix, tmp_path, [1])
+    ledger = Ledger(redis_client, Keys(key_prefix))
+    said: list[str] = []
+    register_node(s, redis_client, FakeGpuBackend("1x24G"), said.append)
+    ledger.set_healthy("lonely", 0, False, f"{NODE_STOPPED_REASON} at 22:55:14: its running jobs are adopted")
+    assert not ledger.card("lonely", 0).healthy
+    allowed = register_node(s, redis_client, FakeGpuBackend("1x24G"), said.append)
+    card = ledger.card("lonely", 0)
+    assert allowed == [] and card.healthy and card.health_reason == ""
+    assert not card.allowed  # still takes no job: only the false mark went
+    assert any(line.startswith("warning: gpu_whitelist [1] leaves this node no usable card") for line in said)
+
+
+def test_registration_keeps_other_faults(redis_client, key_prefix, tmp_path):
+    s = _settings(key_prefix, tmp_path, None)
+    ledger = Ledger(redis_client, Keys(key_prefix))
+    register_node(s, redis_client, FakeGpuBackend("1x24G"))
+    ledger.set_healthy("lonely", 0, False, "temperature 95 C > 90 C")
+    register_node(s, redis_client, FakeGpuBackend("1x24G"))
+    assert ledger.card("lonely", 0).health_reason == "temperature 95 C > 90 C"
+
+
+def test_whitelist_warning_lines():
+    assert whitelist_warning(None, [0, 1], [0, 1]) is None
+    assert whitelist_warning([0], [0, 1], [0]) is None
+    line = whitelist_warning([0, 7], [0, 1], [0])
+    assert line is not None and "[7] that do not exist" in line and "rig uses [0]" in line
+    line = whitelist_warning([5], [0], [])
+    assert line is not None and "no usable card" in line and "[5]" in line
+    assert "\n" not in line
+
+
+def test_notes_travel_once(tmp_path):
+    write_notes(tmp_path, "a", ["warning: x"])
+    assert read_notes(tmp_path, "a") == ["warning: x"]
+    assert read_notes(tmp_path, "a") == []
+    write_notes(tmp_path, "a", [])
+    assert read_notes(tmp_path, "a") == []
+
+
+# -- item 8: a reason belongs to the state it explains ---------------------------------------------------
+def test_a_requeue_reason_goes_when_the_job_is_placed_again(redis_client, key_prefix):
+    ledger = Ledger(redis_client, Keys(key_prefix))
+    register_node(load_settings(key_prefix=key_prefix, node_name="n1", fake_gpus="2x24G"), redis_client,
+                  FakeGpuBackend("2x24G"))
+    jid = _job(ledger)
+    redis_client.hset(ledger.keys.job(jid), "reason", "requeued: card n1/3 left gpu_whitelist before the job started")
+    assert ledger.store.get(jid).reason
+    ok, _token = ledger.reserve(jid, "n1", [0], 4 * GIB)
+    assert ok
+    assert not ledger.store.get(jid).reason
