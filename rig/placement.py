@@ -199,22 +199,31 @@ def may_backfill(card: CardState, releases: Sequence[Release], hold: Hold, reque
     return free - request.nbytes >= hold.nbytes and jobs + 2 <= card.max_jobs
 
 
-def never_fits(cards: Sequence[CardState], request: Request) -> str | None:
-    """Why the job could not run even on empty cards, or None if it could some day.
+def could_take(cards: Sequence[CardState]) -> list[CardState]:
+    """The cards a job could run on some day: every registered card still on its node, allowed
+    by gpu_whitelist or not. A narrowed whitelist is often a maintenance step, undone later: a
+    job that fits only cards outside it waits (rig.waiting says so), it is never failed for it."""
+    return [c for c in cards if not c.gone]
 
-    Only cards in the whitelist count; unhealthy cards count (they may recover).
+
+def never_fits(cards: Sequence[CardState], request: Request) -> str | None:
+    """Why the job could not run even on empty cards, or None if it could some day. THE rule of
+    "can never run" (submission refusal, the dispatcher's unschedulable end, rig forget-node).
+
+    Counts :func:`could_take` cards: in gpu_whitelist or not (a whitelist may widen again),
+    unhealthy ones too (they may recover); not cards gone from their node.
     """
-    allowed = [c for c in cards if c.allowed]
-    if not allowed:
+    candidates = could_take(cards)
+    if not candidates:
         return "no cards are registered yet (is `rig up` running?)" if not cards else (
-            "no card is in gpu_whitelist"
+            "every card registered is gone from its node"
         )
     big_enough: dict[str, int] = defaultdict(int)
-    for card in allowed:
+    for card in candidates:
         if card.usable >= request.nbytes:
             big_enough[card.node] += 1
     if not big_enough:
-        largest = max(allowed, key=lambda c: c.usable)
+        largest = max(candidates, key=lambda c: c.usable)
         return (
             f"needs {format_memory(request.nbytes)} per card but the largest card offers "
             f"{format_memory(largest.usable)} usable ({largest.id}, {format_memory(largest.total)} "
@@ -222,12 +231,28 @@ def never_fits(cards: Sequence[CardState], request: Request) -> str | None:
         )
     best = max(big_enough.values())
     if best < request.gpus:
-        most_cards = max(sum(1 for c in allowed if c.node == n) for n in {c.node for c in allowed})
         return (
-            f"needs {request.gpus} cards on one node but at most {min(best, most_cards)} "
-            f"allowed card(s) with {format_memory(request.nbytes)} exist on any node; ask for fewer cards"
+            f"needs {request.gpus} cards on one node but at most {best} card(s) with "
+            f"{format_memory(request.nbytes)} exist on any node; ask for fewer cards"
         )
     return None
+
+
+def only_outside_whitelist(cards: Sequence[CardState], request: Request) -> list[CardState]:
+    """When no node's allowed cards could ever hold the job but cards outside gpu_whitelist
+    could (:func:`could_take`): those cards (of the nodes where enough of them are big enough),
+    else []. The job then waits for the whitelist to name them."""
+    def per_node(pick: Sequence[CardState]) -> dict[str, list[CardState]]:
+        found: dict[str, list[CardState]] = defaultdict(list)
+        for c in pick:
+            if c.usable >= request.nbytes:
+                found[c.node].append(c)
+        return {n: cs for n, cs in found.items() if len(cs) >= request.gpus}
+
+    candidates = could_take(cards)
+    if per_node([c for c in candidates if c.allowed]):
+        return []
+    return [c for cs in per_node(candidates).values() for c in cs if not c.allowed]
 
 
 def explain_wait(cards: Sequence[CardState], request: Request) -> str:

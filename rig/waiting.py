@@ -49,7 +49,7 @@ from rig.keys import card_id
 from rig.memory import format_memory
 from rig.models import CardState, Job, JobState
 from rig.nodes import NodeInfo, NodeRegistry, clock
-from rig.placement import Hold, Request, explain_wait, place
+from rig.placement import Hold, Request, explain_wait, only_outside_whitelist, place
 
 if TYPE_CHECKING:
     from rig.client import Client
@@ -150,6 +150,12 @@ def explain(facts: WaitFacts) -> str:
         listed = "; ".join(node_state_text(nodes[n]) for n in wanted)
         return (f"needs {format_memory(req.nbytes)} on {_cards(req)}; only cards of nodes that are not up "
                 f"could take it ({listed}); it waits until one is back{tail}")
+
+    outside = only_outside_whitelist(live, req)
+    if outside:
+        shown = ", ".join(c.id for c in outside[:6]) + (" …" if len(outside) > 6 else "")
+        return (f"needs {format_memory(req.nbytes)} on {_cards(req)}; only cards outside gpu_whitelist "
+                f"could take it: {shown}; it waits until gpu_whitelist names them{tail}")
 
     open_cards = [c for c in live if c.id not in held]
     fitting = place(open_cards, req, facts.strategy)

@@ -82,3 +82,23 @@ def test_a_requeue_reason_goes_when_the_job_is_placed_again(redis_client, key_pr
     ok, _token = ledger.reserve(jid, "n1", [0], 4 * GIB)
     assert ok
     assert not ledger.store.get(jid).reason
+
+
+# -- item 5: a narrowed whitelist keeps the queue --------------------------------------------------------
+def test_a_narrowed_whitelist_keeps_jobs_that_fit_only_cards_outside_it(redis_client, key_prefix, tmp_path):
+    from rig.client import Client
+    from rig.errors import Unschedulable
+    from rig.waiting import why_waiting
+
+    s = load_settings(key_prefix=key_prefix, node_name="a", fake_gpus="2x24G", gpu_whitelist=[0], home=tmp_path)
+    register_node(s, redis_client, FakeGpuBackend("2x24G"))
+    client = Client(s, redis_client=redis_client)
+    job = client.submit(["true"], gpu_memory="4G", gpus=2)  # accepted: a/1 may be named again
+    why = why_waiting(client, client.get(job.id))
+    assert "only cards outside gpu_whitelist could take it: a/0, a/1" not in why  # a/0 is allowed
+    assert "only cards outside gpu_whitelist could take it: a/1" in why, why
+    # More than any card has: refused at once, by the same rule (rig.placement.never_fits).
+    with pytest.raises(Unschedulable, match="largest card offers"):
+        client.submit(["true"], gpu_memory="30G")
+    with pytest.raises(Unschedulable, match="needs 3 cards on one node but at most 2"):
+        client.submit(["true"], gpu_memory="4G", gpus=3)

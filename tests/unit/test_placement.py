@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 from rig.memory import GIB
@@ -11,6 +12,7 @@ from rig.placement import (
     fits,
     may_backfill,
     never_fits,
+    only_outside_whitelist,
     place,
     plan_hold,
     room_at,
@@ -79,10 +81,24 @@ def test_never_fits_explains():
     assert never_fits(cards, Request(40 * GIB)) is None
     assert "largest card offers" in never_fits(cards, Request(81 * GIB))
     assert "needs 3 cards" in never_fits(cards, Request(GIB, gpus=3))
-    assert never_fits([card(0, 80, allowed=False)], Request(GIB)) == "no card is in gpu_whitelist"
+    # A card outside gpu_whitelist may be named again (a maintenance narrowing): not "never".
+    assert never_fits([card(0, 80, allowed=False)], Request(GIB)) is None
+    assert never_fits([card(0, 80), card(1, 80, allowed=False)], Request(GIB, gpus=2)) is None
+    assert "at most 2 card(s)" in never_fits([card(0, 80), card(1, 80, allowed=False)], Request(GIB, gpus=3))
+    # A card gone from its node is no place to run.
+    gone = dataclasses.replace(card(1, 80, allowed=False), gone=True)
+    assert "needs 2 cards" in never_fits([card(0, 80), gone], Request(GIB, gpus=2))
+    assert "gone from its node" in never_fits([gone], Request(GIB))
     assert "no cards are registered" in never_fits([], Request(GIB))
     # A busy or unhealthy card may free up or recover: not "never".
     assert never_fits([card(0, 0, jobs=4, healthy=False)], Request(GIB)) is None
+
+
+def test_only_outside_whitelist_names_the_cards_that_could_take_it():
+    cards = [card(0, 80, total_gib=24), card(1, 80, allowed=False), card(2, 80, allowed=False)]
+    assert [c.id for c in only_outside_whitelist(cards, Request(2 * GIB, gpus=2))] == ["n1/1", "n1/2"]
+    assert [c.id for c in only_outside_whitelist(cards, Request(40 * GIB))] == ["n1/1", "n1/2"]
+    assert only_outside_whitelist(cards, Request(GIB)) == []  # the allowed card can take it
 
 
 def test_explain_wait_names_the_largest_free_block():
