@@ -225,7 +225,7 @@ def _card_families(cards: list[Any]) -> Iterator[Metric]:
         reserved.add_metric(labels, card.reserved)
         free.add_metric(labels, card.free)
         foreign.add_metric(labels, card.foreign)
-        healthy.add_metric(labels, 1 if card.healthy else 0)
+        healthy.add_metric(labels, 1 if card.checked_healthy else 0)
         jobs.add_metric(labels, card.jobs)
         max_jobs.add_metric(labels, card.max_jobs)
         if card.used is not None:

@@ -406,8 +406,19 @@ class CardState:
 
     @property
     def free(self) -> int:
-        """Reservable bytes left (what rig reserved and what others use are both taken)."""
+        """Reservable bytes left (what rig reserved and what others use are both taken). THE
+        rule of free capacity for every report (status, --json, metrics, top, alerts): 0 on a
+        card closed by the node's configuration (outside gpu_whitelist, gone from the node),
+        which no job may take, so no total ever counts it."""
+        if not self.allowed or self.gone:
+            return 0
         return max(0, self.usable - self.reserved - self.foreign)
+
+    @property
+    def checked_healthy(self) -> bool:
+        """Healthy as reports show it: a card gone from its node cannot be checked, never
+        healthy (its stored ``healthy`` is from before it went)."""
+        return self.healthy and not self.gone
 
     @property
     def eligible(self) -> bool:

@@ -37,7 +37,8 @@ def job_dict(job: Job, **extra: Any) -> dict[str, Any]:
 
 def card_dict(card: CardState) -> dict[str, Any]:
     data = _plain(card)
-    data.update(id=card.id, free=card.free)
+    # free, healthy: as every report shows them (rig.models.CardState.free / checked_healthy).
+    data.update(id=card.id, free=card.free, healthy=card.checked_healthy, takes_jobs=card.eligible)
     return data
 
 

@@ -164,7 +164,9 @@ def render_status(report: StatusReport, console: Console) -> None:
         by_node.setdefault(card.node, []).append(card)
     nodes = {n.name: n for n in report.nodes}
     for name, node_cards in by_node.items():
-        _render_cards(report, node_cards, node_title(nodes.get(name), name, len(node_cards)), console)
+        # Cards gone from the node (kept while a job runs there) are not its cards any more.
+        _render_cards(report, node_cards, node_title(nodes.get(name), name, sum(not c.gone for c in node_cards)),
+                      console)
     for node in report.nodes:
         if node.name not in by_node:  # e.g. a control-only node
             console.print(node_title(node, node.name, 0))
