@@ -67,6 +67,16 @@ def needs_worker(card: CardState) -> bool:
     return card.allowed or card.jobs > 0 or card.reserved > 0
 
 
+def drained(client: redis.Redis, keys: Keys, node: str, index: int) -> bool:
+    """Has this card's worker nothing left to do: the card takes no new job by configuration
+    (outside gpu_whitelist, gone from the node) and no job is placed or running on it, no
+    memory reserved? Then `rig up` stops its worker for good (rig.stack.Stack.retire_drained):
+    nothing can be placed there again before the next `rig up`, which registers the cards anew."""
+    card = Ledger(client, keys).card(node, index)
+    return (why_closed(card) is not None and not needs_worker(card)
+            and index not in cards_with_jobs(client, keys, node))
+
+
 def takes_new_jobs(client: redis.Redis, keys: Keys, node: str, index: int) -> bool:
     """May a job that has not started yet start on this card now (read fresh)? No when the card
     left the whitelist or the node; its running jobs are not affected."""

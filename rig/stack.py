@@ -36,7 +36,7 @@ import redis
 
 from rig.celery_config import card_queue, dispatcher_queues
 from rig.config import Settings
-from rig.draining import cards_to_serve
+from rig.draining import cards_to_serve, drained
 from rig.errors import NodeInUse, PermissionDenied, RedisAuthFailed, StackError
 from rig.gpus import GpuBackend, detect_backend
 from rig.keys import Keys, card_worker_name, control_worker_name
@@ -176,6 +176,8 @@ class Stack:
         self._client: redis.Redis | None = None
         self._next_beat = 0.0  # monotonic time of the next node heartbeat
         self._next_hung_check = 0.0  # monotonic time of the next look for hung workers
+        self._next_retire_check = 0.0  # ... and for drained closed cards' workers (retire_drained)
+        self._drained_seen: set[str] = set()  # card workers found drained at the last look
         # The private Redis (when this Stack started one): restart attempts after it died.
         self._private_redis = False
         self._redis_failures = 0  # failed restarts in a row
@@ -426,7 +428,40 @@ class Stack:
         refresh the node heartbeat."""
         self.poll_children()
         self.check_hung()
+        self.retire_drained()
         self.beat_node()
+
+    def retire_drained(self) -> None:
+        """Stop, for good, the worker of a card that takes no new jobs (left gpu_whitelist, gone
+        from the node) once its last job has ended (rig.draining.drained, seen twice, a
+        telemetry interval apart, so a job just concluding is not cut short): it was kept only
+        to supervise those jobs. Its child leaves the list, so poll_children never restarts it."""
+        now = time.monotonic()
+        if self._stopping or now < self._next_retire_check:
+            return
+        self._next_retire_check = now + self.settings.telemetry_interval
+        s = self.settings
+        for child in [c for c in self.children if c.role == "card" and c.proc is not None]:
+            index = int(child.env.get("RIG_CARD_INDEX", "-1"))
+            try:
+                idle = index >= 0 and drained(self._redis(), self.keys, s.node_name, index)
+            except redis.RedisError:
+                return  # judged again once Redis answers
+            if not idle:
+                self._drained_seen.discard(child.name)
+                continue
+            if child.name not in self._drained_seen:
+                self._drained_seen.add(child.name)
+                continue
+            self._drained_seen.discard(child.name)
+            _signal_group(child.proc, signal.SIGTERM)  # a warm shutdown; no job of it runs
+            try:
+                child.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                _signal_group(child.proc, signal.SIGKILL)
+                child.proc.wait(timeout=5)
+            self.children.remove(child)
+            self.say(f"{child.name}: its card takes no new jobs and its last job ended: worker stopped")
 
     def check_hung(self) -> None:
         """A card or control worker whose process lives but has not heartbeated for

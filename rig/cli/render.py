@@ -6,12 +6,14 @@ sequences stripped, rich markup escaped. Only rig's own markup reaches rich unes
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from rig.cli.fit import fit_table
 from rig.cli.logview import attempt_logs
 from rig.client import StatusReport
 from rig.clock import shared_now
@@ -98,24 +100,43 @@ def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
     return line
 
 
+#: `rig status` card table columns ("flags": the [not in whitelist] ... marks before the running
+#: jobs), and the order they go in on a narrow screen (rig.cli.fit).
+CARD_COLUMNS = ("card", "model", "total", "usable", "reserved", "free", "used", "util", "temp", "jobs", "flags",
+                "running")
+CARD_DROP_ORDER = ("flags", "model", "total", "temp", "util", "used", "usable")
+#: `rig jobs` columns and the order they go in on a narrow screen.
+JOB_COLUMNS = ("id", "name", "user", "state", "prio", "mem/card", "gpus", "where", "age", "runtime", "exit")
+JOB_DROP_ORDER = ("age", "prio", "gpus", "exit", "user", "runtime")
+
+
 def _render_cards(report: StatusReport, cards_of_node: list[CardState], title: str, console: Console) -> None:
     """One node's cards (memory in GiB), under a title that says whether the node is up."""
-    cards = Table(title=title, title_justify="left", caption="memory in GiB", caption_justify="left",
-                  expand=False)
-    for col in ("card", "model", "total", "usable", "reserved", "free", "used", "util", "temp", "jobs", "running"):
-        cards.add_column(col, justify="right" if col not in ("card", "model", "running") else "left")
-    for card in cards_of_node:
-        jobs = report.running.get(card.id, [])
-        running = ", ".join(f"{j.id}:{M(j.name)}" + (" [bold red](over its declaration)[/]" if j.overuse else "")
-                            for j in jobs) or "-"
-        running = f"{card_flags(card)} {running}" if card_flags(card) else running
-        cards.add_row(
-            M(card.id), M(card.model), _gib(card.total), _gib(card.usable), _gib(card.reserved),
-            _gib(card.free), _gib(card.used),
-            "-" if card.utilization is None else f"{card.utilization}%",
-            "-" if card.temperature is None else f"{card.temperature}C",
-            f"{card.jobs}/{card.max_jobs}", running,
-        )
+    def build(shown: Sequence[str]) -> Table:
+        cards = Table(title=title, title_justify="left", caption="memory in GiB", caption_justify="left",
+                      expand=False)
+        for col in shown:
+            if col != "flags":
+                cards.add_column(col, justify="right" if col not in ("card", "model", "running") else "left",
+                                 max_width=16 if col == "model" else None)
+        for card in cards_of_node:
+            jobs = report.running.get(card.id, [])
+            running = ", ".join(f"{j.id}:{M(j.name)}" + (" [bold red](over its declaration)[/]" if j.overuse else "")
+                                for j in jobs) or "-"
+            if "flags" in shown and card_flags(card):
+                running = f"{card_flags(card)} {running}"
+            cells = {
+                "card": M(card.id), "model": M(card.model), "total": _gib(card.total), "usable": _gib(card.usable),
+                "reserved": _gib(card.reserved), "free": _gib(card.free), "used": _gib(card.used),
+                "util": "-" if card.utilization is None else f"{card.utilization}%",
+                "temp": "-" if card.temperature is None else f"{card.temperature}C",
+                "jobs": f"{card.jobs}/{card.max_jobs}", "running": running,
+            }
+            cards.add_row(*(cells[c] for c in shown if c != "flags"))
+        return cards
+
+    # Narrow screens drop columns (the flags first: the lines under the table say the same).
+    cards = fit_table(console, build, CARD_COLUMNS, CARD_DROP_ORDER)
     console.print(cards)
     watched = {(w.node, w.card) for w in report.workers if w.role == "card"}
     for card in cards_of_node:
@@ -209,25 +230,34 @@ def render_status(report: StatusReport, console: Console) -> None:
 
 
 def render_jobs(jobs: list[Job], console: Console) -> None:
-    table = Table(title_justify="left")
-    for col in ("id", "name", "user", "state", "prio", "mem/card", "gpus", "where", "age", "runtime", "exit"):
-        table.add_column(col, justify="right" if col in ("id", "gpus", "exit") else "left")
     now = shared_now()
-    for job in jobs:
-        where = M(f"{job.node}/{','.join(map(str, job.cards))}") if job.node else "-"
-        runtime = None
-        if job.started_at:
-            runtime = (job.ended_at or now) - job.started_at
-        table.add_row(
-            str(job.id), M(job.name), M(job.user), f"[{STATE_STYLE[job.state]}]{job.state.value}[/]",
-            job.priority.value, format_memory(job.gpu_memory), str(job.gpus), where,
-            duration(now - job.created_at), duration(runtime),
-            "-" if job.exit_code is None else str(job.exit_code),
-        )
+
+    def build(shown: Sequence[str]) -> Table:
+        table = Table(title_justify="left")
+        for col in shown:
+            # A state is never cut: the longest one is its column's least width.
+            table.add_column(col, justify="right" if col in ("id", "gpus", "exit") else "left",
+                             max_width={"name": 16, "user": 12, "where": 14}.get(col),
+                             no_wrap=col == "state", min_width=max(len(s.value) for s in JobState) if col == "state" else None)
+        for job in jobs:
+            runtime = None
+            if job.started_at:
+                runtime = (job.ended_at or now) - job.started_at
+            cells = {
+                "id": str(job.id), "name": M(job.name), "user": M(job.user),
+                "state": f"[{STATE_STYLE[job.state]}]{job.state.value}[/]", "prio": job.priority.value,
+                "mem/card": format_memory(job.gpu_memory), "gpus": str(job.gpus),
+                "where": M(f"{job.node}/{','.join(map(str, job.cards))}") if job.node else "-",
+                "age": duration(now - job.created_at), "runtime": duration(runtime),
+                "exit": "-" if job.exit_code is None else str(job.exit_code),
+            }
+            table.add_row(*(cells[c] for c in shown))
+        return table
+
     if not jobs:
         console.print("no jobs")
     else:
-        console.print(table)
+        console.print(fit_table(console, build, JOB_COLUMNS, JOB_DROP_ORDER))
 
 
 def render_metrics(job: Job, console: Console) -> None:

@@ -100,7 +100,8 @@ def _watch_closed(sc: Scenario, where: dict[int, int], closed: set[int]) -> None
     alive = {jid for jid, _attempt in sc.node.job_processes().values()}
     if not set(on_closed) <= alive:
         sc.result.problems.append(f"processes of jobs on closed cards gone: {sorted(set(on_closed) - alive)}")
-    for card in sorted(closed):
+    # A closed card whose jobs all ended needs no worker (its worker retires: _workers_retired).
+    for card in sorted(closed & {where[jid] for jid in on_closed}):
         if not sc.node.redis.exists(sc.node.keys.worker(card_worker_name(sc.node.name, card))):
             sc.result.problems.append(f"card {card} has no worker while its job runs")
 
@@ -147,6 +148,22 @@ def _closed_cards_empty(sc: Scenario, closed: set[int]) -> None:
             sc.result.problems.append(f"card {card.id} still holds {card.reserved} bytes / {card.jobs} jobs")
 
 
+def _workers_retired(sc: Scenario, closed: set[int]) -> None:
+    """Once their last job ended, the workers kept for ``closed`` cards stop for good (rig up's
+    Stack.retire_drained) and are not restarted."""
+    names = {f"card{c}" for c in closed}
+
+    def gone() -> bool:
+        return sc.node.stack is not None and not names & {c.name for c in sc.node.stack.children}
+
+    try:
+        _wait(gone, 30, "the closed cards' workers to stop")
+    except TimeoutError:
+        sc.result.problems.append(f"workers of closed cards {sorted(closed)} still run after their last job ended")
+        return
+    sc.result.notes.append(f"workers of closed cards {sorted(closed)} stopped after their last job ended")
+
+
 def card_leaves_whitelist(workdir: Path) -> ScenarioResult:
     sc = Scenario(workdir, "a card leaves gpu_whitelist mid-job", "rig up again with gpu_whitelist = [0, 1]",
                   fake_gpus="4x24G", health={"check_interval": 1.0, "timeout": HEALTH_TIMEOUT})
@@ -169,6 +186,7 @@ def card_leaves_whitelist(workdir: Path) -> ScenarioResult:
         _check_results(sc, finals, where, late, closed)
         _closed_cards_empty(sc, closed)
         _status_says(sc, 2, "not in whitelist")
+        _workers_retired(sc, closed)
         return sc.result
     finally:
         sc.close()

@@ -102,3 +102,24 @@ def test_a_narrowed_whitelist_keeps_jobs_that_fit_only_cards_outside_it(redis_cl
         client.submit(["true"], gpu_memory="30G")
     with pytest.raises(Unschedulable, match="needs 3 cards on one node but at most 2"):
         client.submit(["true"], gpu_memory="4G", gpus=3)
+
+
+# -- item 6: a closed card's worker stops once its last job ended ----------------------------------------
+def test_a_closed_card_is_drained_once_its_last_job_ended(redis_client, key_prefix, tmp_path):
+    from rig.draining import drained
+
+    s = load_settings(key_prefix=key_prefix, node_name="a", fake_gpus="2x24G", home=tmp_path)
+    register_node(s, redis_client, FakeGpuBackend("2x24G"))
+    ledger = Ledger(redis_client, Keys(key_prefix))
+    jid = _job(ledger)
+    ok, token = ledger.reserve(jid, "a", [1], 4 * GIB)
+    assert ok and ledger.claim(jid, token, "w")[0]
+    narrowed = load_settings(key_prefix=key_prefix, node_name="a", fake_gpus="2x24G", gpu_whitelist=[0], home=tmp_path)
+    register_node(narrowed, redis_client, FakeGpuBackend("2x24G"))
+    assert not drained(redis_client, ledger.keys, "a", 0)  # allowed: its worker stays
+    assert not drained(redis_client, ledger.keys, "a", 1)  # its job runs
+    from workers.outcomes import AttemptEnd, conclude
+
+    conclude(ledger, ledger.store.get(jid), token, AttemptEnd(exit_code=0))
+    assert ledger.store.get(jid).state is JobState.SUCCEEDED
+    assert drained(redis_client, ledger.keys, "a", 1)

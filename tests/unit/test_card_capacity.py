@@ -49,3 +49,45 @@ def test_status_counts_only_the_cards_on_the_node():
                   Console(file=out, width=200, color_system=None))
     assert "4 card(s)" not in out.getvalue()
     assert "n1: 2 card(s)" in out.getvalue() or "never heartbeated" in out.getvalue(), out.getvalue()
+
+
+def _screen(width: int, draw) -> str:  # noqa: ANN001
+    out = io.StringIO()
+    draw(Console(file=out, width=width, force_terminal=False, color_system=None))
+    return out.getvalue()
+
+
+def test_status_at_80_columns_cuts_no_heading_and_no_flag():
+    from rig.models import Job, JobState, Priority
+
+    job = Job(id=7, name="train", user="u", command=["x"], gpu_memory=GIB, gpus=1, priority=Priority.MEDIUM,
+              state=JobState.RUNNING, workdir="/", created_at=0.0, node="n1", cards=[1])
+    cards = [_card(0, model="NVIDIA A100-SXM4-80GB"), _card(1, allowed=False, model="NVIDIA A100-SXM4-80GB")]
+    report = StatusReport(cards=cards, running={"n1/1": [job]}, pending={}, oldest_wait={}, workers=[], counts={})
+    text = _screen(80, lambda console: render_status(report, console))
+    assert "…" not in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for heading in ("card", "reserved", "free", "jobs", "running"):
+        assert heading in text, text
+    assert "[not" not in text  # the flag is said whole, in the line under the table
+    assert "n1/1 takes no new jobs: not in whitelist" in " ".join(text.split())
+    wide = _screen(220, lambda console: render_status(report, console))
+    assert "[not in whitelist] 7:train" in wide and "model" in wide
+
+
+def test_jobs_at_80_columns_show_whole_states():
+    from rig.cli.render import render_jobs
+    from rig.models import Job, JobState, Priority
+
+    jobs = [Job(id=100 + i, name="a-rather-long-job-name-for-training", user="someone.long", command=["x"],
+                gpu_memory=20 * GIB, gpus=2, priority=Priority.MEDIUM, state=state, workdir="/", created_at=0.0,
+                node="node-with-name", cards=[0, 1], exit_code=0 if state is JobState.SUCCEEDED else None)
+            for i, state in enumerate(JobState)]
+    text = _screen(80, lambda console: render_jobs(jobs, console))
+    for state in JobState:
+        assert state.value in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for heading in ("id", "state", "mem/card", "where"):
+        assert heading in text, text
+    wide = _screen(220, lambda console: render_jobs(jobs, console))
+    assert "prio" in wide and "age" in wide
