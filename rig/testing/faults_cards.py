@@ -17,6 +17,8 @@ Scenarios:
   reserved), and must be concluded SUCCEEDED and released once the node is back;
 - ``card-leaves-node``: restarted with ``fake_gpus = 2x24G`` (the node has fewer cards);
 - ``card-leaves-pool``: restarted with card 3 out of the pool its jobs were submitted to;
+- ``whitelist-narrowed-keeps-queue``: a 2-card job waits (not FAILED) while gpu_whitelist = [0]
+  on two cards, saying only a card outside the whitelist could take it; it runs once widened;
 - ``kill-on-closed-card``: `rig kill` of the job on a card no longer in the whitelist, with
   an unknown id beside it: the job is CANCELLED and released, the unknown id is one line.
 """
@@ -258,9 +260,50 @@ def kill_on_closed_card(workdir: Path) -> ScenarioResult:
         sc.close()
 
 
+def whitelist_narrowed_keeps_queue(workdir: Path) -> ScenarioResult:
+    """A maintenance narrowing (gpu_whitelist = [0] on two cards) must not destroy the queue: a
+    2-card job waits, saying that only a card outside the whitelist could take it, and runs once
+    the whitelist is widened again (it was FAILED at once as "unschedulable")."""
+    sc = Scenario(workdir, "gpu_whitelist narrowed below a waiting job", "rig up with gpu_whitelist = [0] on 2x24G, "
+                  "then without it", fake_gpus="2x24G", gpu_whitelist=[0],
+                  health={"check_interval": 1.0, "timeout": HEALTH_TIMEOUT})
+    try:
+        from rig.waiting import why_waiting
+
+        sc.node.up()
+        jid = sc.submit(body=f"{GATE}; exit 0", gpu_memory="4G", gpus=2, retries=0)
+        want = f"only cards outside gpu_whitelist could take it: {sc.node.name}/1"
+        said: list[str] = []
+
+        def explained() -> bool:
+            job = sc.node.client.get(jid)
+            said[:] = [job.state.value, job.reason or "", why_waiting(sc.node.client, job)]
+            return job.state is not JobState.PENDING or want in said[2]
+
+        try:
+            _wait(explained, 30, "the wait reason")
+        except TimeoutError:
+            pass
+        if said[0] != JobState.PENDING.value or want not in said[2]:
+            sc.result.problems.append(f"the 2-card job is {said[0]} ({said[1]}); its wait reads {said[2]!r}")
+        else:
+            sc.result.notes.append(f"rig show: {said[2]}")
+        sc.node.down()
+        sc.node.settings = sc.node.settings.model_copy(update={"gpu_whitelist": None})
+        sc.node.up()
+        finals = sc.finish()
+        job = finals.get(jid)
+        if job is not None and (job.state is not JobState.SUCCEEDED or job.attempt != 1):
+            sc.result.problems.append(f"after widening: {job.state.value}, attempt {job.attempt}: {job.reason}")
+        return sc.result
+    finally:
+        sc.close()
+
+
 SCENARIOS = [
     ("card-leaves-whitelist", card_leaves_whitelist),
     ("card-leaves-node", card_leaves_node),
     ("card-leaves-pool", card_leaves_pool),
     ("kill-on-closed-card", kill_on_closed_card),
+    ("whitelist-narrowed-keeps-queue", whitelist_narrowed_keeps_queue),
 ]
