@@ -310,3 +310,16 @@ def test_the_dispatcher_gives_unschedulable_jobs_a_class(cluster, redis_client):
     Dispatcher(settings, lambda *a: None, redis_client).dispatch_pass()
     job = ledger.store.get(huge)
     assert job.state is JobState.FAILED and job.failure == FailureClass.UNSCHEDULABLE.value
+
+
+def test_a_card_outside_the_whitelist_of_a_node_back_up_loses_its_node_stopped_mark(cluster, redis_client):
+    """No worker runs for a card outside gpu_whitelist (holding nothing): waiting for one kept
+    "[UNHEALTHY: node stopped ...]" on it for ever while its node was up."""
+    settings, keys, ledger, nodes, checker = cluster
+    redis_client.hset(keys.card("n1", 1), "allowed", "0")
+    _worker_beat(redis_client, keys, "card0@n1")
+    for i in (0, 1):
+        ledger.set_healthy("n1", i, False, f"{NODE_STOPPED_REASON} at 22:55:14: its running jobs are adopted")
+    checker.run_once()
+    assert ledger.card("n1", 1).healthy and ledger.card("n1", 1).health_reason == ""
+    assert ledger.card("n1", 0).healthy  # its worker heartbeats
