@@ -77,9 +77,9 @@ def whitelist_warning(whitelist: list[int] | None, present: list[int], allowed: 
         return None
     missing = sorted(set(whitelist) - set(present))
     if not allowed:
-        extra = f" (it names {missing}, which do not exist)" if missing else ""
-        return (f"warning: gpu_whitelist {sorted(set(whitelist))} leaves this node no usable card{extra}; "
-                f"its cards are {sorted(present)}: it runs no new job until gpu_whitelist names one")
+        how = "names no card of this node" if missing else "leaves this node no usable card"
+        return (f"warning: gpu_whitelist {sorted(set(whitelist))} {how} (its cards are {sorted(present)}): "
+                "it runs no new job until gpu_whitelist names one")
     if missing:
         return (f"warning: gpu_whitelist names card(s) {missing} that do not exist on this node "
                 f"(its cards are {sorted(present)}); rig uses {allowed}")

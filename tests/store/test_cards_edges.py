@@ -41,7 +41,8 @@ def test_registration_clears_node_stopped_on_every_card_even_outside_the_whiteli
     card = ledger.card("lonely", 0)
     assert allowed == [] and card.healthy and card.health_reason == ""
     assert not card.allowed  # still takes no job: only the false mark went
-    assert any(line.startswith("warning: gpu_whitelist [1] leaves this node no usable card") for line in said)
+    assert "warning: gpu_whitelist [1] names no card of this node (its cards are [0]): it runs no new job " \
+        "until gpu_whitelist names one" in said
 
 
 def test_registration_keeps_other_faults(redis_client, key_prefix, tmp_path):
@@ -59,8 +60,9 @@ def test_whitelist_warning_lines():
     line = whitelist_warning([0, 7], [0, 1], [0])
     assert line is not None and "[7] that do not exist" in line and "rig uses [0]" in line
     line = whitelist_warning([5], [0], [])
-    assert line is not None and "no usable card" in line and "[5]" in line
+    assert line is not None and "names no card of this node" in line and "[5]" in line
     assert "\n" not in line
+    assert "leaves this node no usable card" in (whitelist_warning([], [0], []) or "")
 
 
 def test_notes_travel_once(tmp_path):
