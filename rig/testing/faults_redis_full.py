@@ -36,9 +36,9 @@ from rig.errors import RedisFull
 from rig.models import JobState
 from rig.nodes import NodeRegistry
 from rig.stack import settings_env
-from workers.health import HealthChecker
 from rig.testing.faults import GATE, Scenario, ScenarioResult, _private_redis, _wait
 from rig.testing.harness import RigCluster, RigHarness
+from workers.health import HealthChecker
 
 #: How long Redis stays full (s): longer than the scenario's health.timeout, so heartbeats
 #: refused for that long must not make any check kill or conclude anything.
