@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -224,10 +225,24 @@ def redis_full_down(workdir: Path) -> ScenarioResult:
             return sc.result
         jid = sc.submit(body=f'echo ran >> "{marker}"; {GATE}', gpu_memory="70G")
         sc.wait_running([jid])
-        if watcher.up(beat=True).returncode != 0:
-            sc.result.problems.append("rig up of watcher failed")
-            return sc.result
+        # Redis fills while watcher starts: once its node is registered, before its workers
+        # consume (workers.consumer_backoff); `rig up --daemon` must say Redis is full.
+        started: list[subprocess.CompletedProcess] = []
+        starter = threading.Thread(target=lambda: started.append(watcher.up(beat=True)))
+        starter.start()
+        _wait(lambda: bool(admin.hget(sc.node.keys.node("watcher"), "started_at")), 60, "watcher to register")
         admin.config_set("maxmemory", 1)  # every write refused from now on
+        full_at = time.monotonic()
+        starter.join(150)
+        if not started or started[0].returncode != 0:
+            sc.result.problems.append(f"rig up of watcher while Redis filled: {started and _one_line(started[0])}")
+            return sc.result
+        said = [line for line in started[0].stderr.splitlines() if "Redis is full" in line]
+        if not said:
+            sc.result.problems.append(f"rig up --daemon did not say Redis is full: {started[0].stdout!r} "
+                                      f"{started[0].stderr!r}")
+        else:
+            sc.result.notes.append(f"rig up while full: {said[0][:120]}")
         refused = lonely.cli("down", "--node", "lonely", timeout=120)
         line = _one_line(refused)
         if (refused.returncode != 5 or len(line.splitlines()) != 1 or "cannot be marked stopped" not in line
@@ -238,7 +253,13 @@ def redis_full_down(workdir: Path) -> ScenarioResult:
             sc.result.notes.append(f"rig down while full: {line[:140]}")
         if lonely.supervisor() is None:
             sc.result.problems.append("lonely's rig up stopped although its stop mark was refused")
-        time.sleep(HEALTH["timeout"] * 2)  # the outage outlasts health.timeout
+        time.sleep(max(0.0, full_at + 10.0 - time.monotonic()))  # outlasts health.timeout
+        for path in sorted(watcher.settings.rig_log_dir.glob("*.log")):
+            text = path.read_text(errors="replace")
+            spin = text.count("Frequent restarts") + text.count("Traceback") + text.count("Cannot connect")
+            if spin:
+                sc.result.problems.append(f"watcher's {path.name} spun while Redis was full: {spin} "
+                                          "restart/traceback/'Cannot connect' lines")
         admin.config_set("maxmemory", 0)
         HealthChecker(watcher.settings, watcher.harness.redis).run_once()
         job = sc.node.client.get(jid)
