@@ -25,7 +25,7 @@ from pathlib import Path
 import redis
 
 from rig.nodes import NodeRegistry
-from rig.redis_writes import is_outage, refusal
+from rig.redis_writes import refusal
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +53,14 @@ def refused_line(node: str, exc: BaseException) -> str:
     elif kind == "cannot-persist":
         why, fix = "refuses writes (MISCONF)", "free disk space where it saves"
     else:
-        why, fix = "cannot be reached", "bring it back"
+        why, fix = "refuses writes", "see its log"
     return REFUSED_LINE.format(why=why, node=node, fix=fix)
 
 
 def mark_stopped_retrying(registry: NodeRegistry, node: str, *, owner: str | None, timeout: float,
                           between: Callable[[], None] = lambda: None, pause: float = 0.5) -> bool:
-    """NodeRegistry.mark_stopped, retried while Redis is out (refuses writes or cannot be
-    reached) for up to ``timeout`` seconds; ``between`` runs between tries (the supervisor's
+    """NodeRegistry.mark_stopped, retried while Redis refuses writes (rig.redis_writes.refusal)
+    for up to ``timeout`` seconds; ``between`` runs between tries (the supervisor's
     loop: the node keeps being looked after while it waits). Returns mark_stopped's answer
     (False: another process owns the name). Raises MarkRefused when the time is up."""
     deadline = time.monotonic() + timeout
@@ -68,7 +68,9 @@ def mark_stopped_retrying(registry: NodeRegistry, node: str, *, owner: str | Non
         try:
             return registry.mark_stopped(node, owner=owner)
         except redis.RedisError as exc:
-            if not is_outage(exc):
+            # Only a refused write: an unreachable Redis keeps rig down's old way (stop, and
+            # say the mark was not written), so a node can be stopped while its Redis is gone.
+            if refusal(exc) is None:
                 raise
             if time.monotonic() >= deadline:
                 raise MarkRefused(refused_line(node, exc)) from exc

@@ -84,3 +84,16 @@ def test_confirm_leaves_a_node_that_was_claimed_again_alone(redis_client, key_pr
     reg.register("a", ttl=30)  # a new rig up of the name: no stop mark any more
     S.confirm_stopped(reg, "a")
     assert [n.state for n in reg.read()] == ["up"]
+
+
+def test_an_unreachable_redis_is_not_retried_here():
+    """rig down while Redis is unreachable stops as before (the mark is said not written)."""
+    class _Gone:
+        def mark_stopped(self, node: str, *, owner: str | None = None) -> bool:
+            raise redis.ConnectionError("refused")
+
+    try:
+        S.mark_stopped_retrying(_Gone(), "a", owner=None, timeout=5, pause=0)
+    except redis.ConnectionError:
+        return
+    raise AssertionError("not raised")
