@@ -98,6 +98,8 @@ class StatusReport:
     nodes: list[NodeInfo] = field(default_factory=list)  # every node, with its liveness
     users: list[UserUsage] = field(default_factory=list)  # who holds and waits for what
     pool: str | None = None  # the pool this report is limited to (cards and waiting jobs)
+    #: While Redis refuses writes: why ("Redis full"); heartbeats are refused (rig.refused_beats).
+    beats_refused: str | None = None
 
 
 @dataclass
@@ -415,7 +417,10 @@ class Client:
             from rig.authwatch import annotate as annotate_auth  # why a silent node is silent
 
             annotate_auth(self.r, nodes, max(60.0, 2 * self.settings.health.timeout))
-            return StatusReport(
+            from rig.refused_beats import annotate as annotate_refused  # not silent: refused
+
+            beats_refused = annotate_refused(self.r, nodes)
+            return StatusReport(beats_refused=beats_refused,
                 cards=cards, running=running, pending=pending, oldest_wait=oldest,
                 workers=self.workers(), counts=self.store.count_by_state(),
                 nodes=nodes, users=self._users(running, now), pool=pool,

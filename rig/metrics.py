@@ -93,6 +93,7 @@ class RigCollector(Collector):
             ok = 1.0
         yield GaugeMetricFamily("rig_scrape_success", "1 if rig's Redis could be read", value=ok)
         yield from metrics
+        yield from _refusal_families(self.client.r)
 
     # -- the families -------------------------------------------------------------------------
     def _collect(self, now: float) -> Iterator[Metric]:
@@ -292,3 +293,25 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _refusal_families(r: Any) -> Iterator[Metric]:  # noqa: ANN401 - a redis.Redis
+    """rig_redis_refuses_writes{reason="full"|"read-only"|"cannot-persist"}: 1 for the reason
+    Redis refuses rig's writes now (rig.refused_beats), 0 for the others; nothing when Redis
+    cannot be read (rig_scrape_success says so)."""
+    from rig.redis_writes import memory_state
+    from rig.refused_beats import REASON_LABELS, refusal_reason
+
+    try:
+        if memory_state(r) is None:
+            return
+        reason = refusal_reason(r)
+    except Exception as exc:  # noqa: BLE001 - a scrape must answer
+        log.warning("rig metrics: cannot read whether Redis takes writes: %s", exc)
+        return
+    fam = GaugeMetricFamily("rig_redis_refuses_writes",
+                            "1 while rig's Redis refuses writes, per reason (full: maxmemory with "
+                            "noeviction; read-only: a replica; cannot-persist: MISCONF)", labels=["reason"])
+    for label in REASON_LABELS:
+        fam.add_metric([label], 1.0 if reason is not None and reason[0] == label else 0.0)
+    yield fam

@@ -71,12 +71,17 @@ class NodeInfo:
     auth_refused: str | None = None
     #: Set by the node when its clock is off Redis' by more than its max_clock_skew (rig.clock).
     clock_skew: str | None = None
+    #: Set by a reader (rig.refused_beats) while Redis refuses writes and this node has no
+    #: heartbeat: the line saying its heartbeats are refused (it is not known to be silent).
+    writes_refused: str | None = None
 
     @property
     def describe(self) -> str:
         """``up since 12:01:05``, ``DOWN since 12:03:40``, ... (local time)."""
         if self.mismatch:
             return f"FROZEN: {self.mismatch}"
+        if self.writes_refused:
+            return self.writes_refused
         label = {"up": "up", "silent": "silent", "down": "DOWN", "stopped": "stopped"}[self.state]
         text = f"{label} since {clock(self.since)}" if self.since else label
         return f"{text}: {self.auth_refused}" if self.auth_refused else text

@@ -37,7 +37,7 @@ import redis
 from rig.celery_config import card_queue, dispatcher_queues
 from rig.config import Settings
 from rig.draining import cards_to_serve, drained
-from rig.errors import NodeInUse, PermissionDenied, RedisAuthFailed, StackError
+from rig.errors import NodeInUse, PermissionDenied, RedisAuthFailed, RedisRefusesWrites, StackError
 from rig.gpus import GpuBackend, detect_backend
 from rig.keys import Keys, card_worker_name, control_worker_name
 from rig.node_claim import OWNER_ENV, claim, identity, refused_line, release, there
@@ -56,6 +56,7 @@ from rig.redis_server import is_local, private_redis_dir, probe, start_private_r
 from rig.redis_writes import notices_at as redis_notices_at
 from rig.redis_writes import refusal_notice as redis_refusal_notice
 from rig.registration import register_node
+from rig.stop_mark import read_refusal, refusal_path
 from rig.supervision import (
     child_marks,
     describe,
@@ -168,6 +169,7 @@ class Stack:
         self.backend: GpuBackend | None = None
         self.metrics_server = None
         self._stopping = False
+        self._marked_stopped = False  # the stop mark was written before stopping (rig.stop_mark)
         self._registered = False  # this Stack registered the node (it runs cards or control)
         #: This process's identity as owner of the node name (rig.node_claim), once claimed.
         self._owner: str | None = None
@@ -652,9 +654,39 @@ class Stack:
         signal.signal(signal.SIGINT, _handler)
         signal.signal(signal.SIGTERM, _handler)
         signal.signal(signal.SIGHUP, _handler)
-        while not stop["flag"] and self.lost_name is None:
+        while self.lost_name is None:
+            if stop["flag"]:
+                if self.mark_stopped_first():
+                    break
+                stop["flag"] = False  # refused: the node stays up (rig.stop_mark)
             self.supervise_once()
             time.sleep(0.25)
+
+    def mark_stopped_first(self) -> bool:
+        """Before stopping anything, mark the node stopped (rig.stop_mark), retrying while
+        Redis refuses writes for up to STOP_TIMEOUT_S while the node keeps being supervised.
+        False when it still cannot: the node stays up, and `rig down` is told why."""
+        from rig.stop_mark import MarkRefused, mark_stopped_retrying, refusal_path, write_refusal
+
+        if not (self._registered and self.wants("cards")) or self.lost_name is not None:
+            return True
+        node = self.settings.node_name
+        refusal_path(self.settings.run_dir, node).unlink(missing_ok=True)
+        try:
+            if not mark_stopped_retrying(NodeRegistry(self._redis(), self.keys), node, owner=self._owner,
+                                         timeout=STOP_TIMEOUT_S, between=self.supervise_once):
+                log.warning("node %s not marked stopped: another process owns the name now", node)
+            self._owner = None
+            self._marked_stopped = True
+            return True
+        except MarkRefused as refused:
+            log.warning("%s", refused.line)
+            write_refusal(self.settings.run_dir, node, refused.line)
+            self.say(refused.line)
+            return False
+        except redis.RedisError as exc:
+            log.warning("could not mark node %s stopped: %s", node, exc)
+            return True
 
     def down(self) -> None:
         """Stop every child rig started, then the private Redis. Jobs keep running."""
@@ -670,7 +702,11 @@ class Stack:
                 log.warning("%s did not stop in %.0f s; killing it", child.name, STOP_TIMEOUT_S)
                 _signal_group(child.proc, signal.SIGKILL)
                 child.proc.wait(timeout=5)
-        if self._registered and self.wants("cards") and self.lost_name is None:
+        if self._marked_stopped:
+            from rig.stop_mark import confirm_stopped
+
+            confirm_stopped(NodeRegistry(self._redis(), self.keys), self.settings.node_name)
+        elif self._registered and self.wants("cards") and self.lost_name is None:
             # On purpose: the other nodes leave this node's running jobs alone (they keep
             # running and are adopted when it comes back) and place nothing on its cards.
             # Only as the name's owner, which it gives up in the same step.
@@ -773,6 +809,7 @@ def stop_node(settings: Settings, timeout: float = 60.0,
     pid = running_pid(settings)
     if pid is not None:
         pids.add(pid)
+    refusal_path(settings.run_dir, settings.node_name).unlink(missing_ok=True)  # a stale answer
     for pid in sorted(pids):
         try:
             os.kill(pid, signal.SIGTERM)
@@ -785,6 +822,10 @@ def stop_node(settings: Settings, timeout: float = 60.0,
     deadline = time.monotonic() + timeout
     for pid in report.supervisors:
         while is_alive(pid, None):
+            refused = read_refusal(settings.run_dir, settings.node_name, pid)
+            if refused:
+                refusal_path(settings.run_dir, settings.node_name).unlink(missing_ok=True)
+                raise RedisRefusesWrites(refused, settings.redis_url)
             if time.monotonic() >= deadline:
                 raise StackError(f"rig up (pid {pid}) did not stop within {timeout:.0f} s; "
                                  f"kill it with `kill {pid}`, then `rig down` again")

@@ -109,6 +109,8 @@ def node_state_text(node: NodeInfo) -> str:
         return f"node {node.name}: stopped since {clock(node.stopped_at or node.since)} by `rig down`"
     if node.state == "down":
         return f"node {node.name}: DOWN since {clock(node.down_since or node.since)}, no heartbeat"
+    if node.writes_refused:
+        return f"node {node.name}: {node.writes_refused}"
     if node.state == "silent":
         return (f"node {node.name}: silent since {clock(node.last_seen or node.since)} "
                 "(no heartbeat; not yet declared down)")

@@ -44,6 +44,9 @@ def install() -> None:
     qos.restore_unacked = restore_unacked
     qos.ack = _best_effort(qos.ack, "ack")
     qos.reject = _best_effort(qos.reject, "reject")
+    from workers import consumer_backoff
+
+    consumer_backoff.install()  # a consumer started while Redis refuses writes waits
 
 
 def _best_effort(method, what: str):  # noqa: ANN001, ANN202

@@ -354,6 +354,10 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
                     click.echo(line, err=True)  # e.g. a gpu_whitelist that leaves no usable card
                 click.echo(f"rig is up on {settings.node_name} (pid {proc.pid}); logs in {settings.rig_log_dir}; "
                            "`rig down` stops it")
+                from rig.redis_writes import notices_at  # Redis full, read-only, may lose data
+
+                for notice in notices_at(settings.redis_url):  # else only in up.log
+                    click.echo(f"warning: {notice}", err=True)
                 return
             time.sleep(0.2)
         fail(f"rig up did not become ready within 120 s; see {out_path}", 7)

@@ -86,6 +86,8 @@ def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
         return f"[bold red]{line}[/]"  # both parts cleaned and escaped above
     if node.state == "up":
         line += f", {cards} card(s), {node.workers} worker(s)"
+    elif node.writes_refused:  # rig.refused_beats: not silent, refused
+        line = f"[bold yellow]{line}[/]"
     elif node.state == "silent":
         line = f"[bold yellow]{line}[/] (no heartbeat since {clock(node.last_seen)}; not yet declared down)"
     elif node.state == "down":
@@ -216,7 +218,10 @@ def render_status(report: StatusReport, console: Console) -> None:
                           f"{u.recent_gib_hours:.1f}")
         console.print(users)
 
-    workers = Table(title=f"workers alive: {len(report.workers)}", title_justify="left")
+    title = f"workers alive: {len(report.workers)}"
+    if report.beats_refused:  # rig.refused_beats: alive or not is unknown, not "0"
+        title = f"workers with a heartbeat: {len(report.workers)} ({M(report.beats_refused)}: heartbeats are refused)"
+    workers = Table(title=title, title_justify="left")
     for col in ("worker", "role", "card", "pid", "jobs", "last seen"):
         workers.add_column(col)
     for w in report.workers:

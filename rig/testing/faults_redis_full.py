@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from rig.nodes import NodeRegistry
 from rig.stack import settings_env
 from rig.testing.faults import GATE, Scenario, ScenarioResult, _private_redis, _wait
 from rig.testing.harness import RigCluster, RigHarness
+from workers.health import HealthChecker
 
 #: How long Redis stays full (s): longer than the scenario's health.timeout, so heartbeats
 #: refused for that long must not make any check kill or conclude anything.
@@ -194,4 +196,108 @@ def _restarted(nodes: list[RigHarness]) -> list[str]:
             for child in node.stack.children if child.restarts]
 
 
-SCENARIOS = [("redis-full", redis_full)]
+def redis_full_down(workdir: Path) -> ScenarioResult:
+    """`rig down` while Redis is full: the stop mark cannot be written, and a node stopped
+    unmarked would go silent, be declared DOWN and have its running job declared lost and run
+    again on the other node while attempt 1 still runs (rig.stop_mark). Two real `rig up
+    --daemon` nodes (lonely runs the job; watcher, with a card the job fits too, runs the health
+    check). While full: `rig down --node lonely` says in one line (exit 5) that the node cannot be
+    marked stopped and stays up; for longer than health.timeout nothing is declared down or lost.
+    Once memory is freed, `rig down` stops it (marked stopped, exit 0); the job is not retried
+    while the node is away, and when lonely comes back it ends SUCCEEDED, attempt 1, its marker
+    written once."""
+    from rig.testing.faults_nodes import Home, _close, _one_line
+    from rig.testing.harness import new_prefix
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    url, server = _private_redis(workdir)
+    prefix = new_prefix()
+    lonely = Home(workdir, "lonely", node="lonely", fake_gpus="1x80G", prefix=prefix, redis_url=url, health=HEALTH)
+    watcher = Home(workdir, "watcher", node="watcher", fake_gpus="1x80G", prefix=prefix, redis_url=url,
+                   health=HEALTH)
+    sc = Scenario(workdir, "rig down while Redis is full", "maxmemory below used memory, then `rig down` of "
+                  "the node running a job; a second node runs the health check", node=lonely.harness)
+    admin = redis.Redis.from_url(url, decode_responses=True)
+    marker = workdir / "marker"
+    try:
+        if lonely.up().returncode != 0:
+            sc.result.problems.append("rig up of lonely failed")
+            return sc.result
+        jid = sc.submit(body=f'echo ran >> "{marker}"; {GATE}', gpu_memory="70G")
+        sc.wait_running([jid])
+        # Redis fills while watcher starts: once its node is registered, before its workers
+        # consume (workers.consumer_backoff); `rig up --daemon` must say Redis is full.
+        started: list[subprocess.CompletedProcess] = []
+        starter = threading.Thread(target=lambda: started.append(watcher.up(beat=True)))
+        starter.start()
+        _wait(lambda: bool(admin.hget(sc.node.keys.node("watcher"), "started_at")), 60, "watcher to register")
+        admin.config_set("maxmemory", 1)  # every write refused from now on
+        full_at = time.monotonic()
+        starter.join(150)
+        if not started or started[0].returncode != 0:
+            sc.result.problems.append(f"rig up of watcher while Redis filled: {started and _one_line(started[0])}")
+            return sc.result
+        said = [line for line in started[0].stderr.splitlines() if "Redis is full" in line]
+        if not said:
+            sc.result.problems.append(f"rig up --daemon did not say Redis is full: {started[0].stdout!r} "
+                                      f"{started[0].stderr!r}")
+        else:
+            sc.result.notes.append(f"rig up while full: {said[0][:120]}")
+        refused = lonely.cli("down", "--node", "lonely", timeout=120)
+        line = _one_line(refused)
+        if (refused.returncode != 5 or len(line.splitlines()) != 1 or "cannot be marked stopped" not in line
+                or "is full" not in line or "rig stopped" in refused.stdout):
+            sc.result.problems.append(f"rig down while Redis is full: exit {refused.returncode}, "
+                                      f"stdout {refused.stdout.strip()!r}, stderr {refused.stderr.strip()[-300:]!r}")
+        else:
+            sc.result.notes.append(f"rig down while full: {line[:140]}")
+        if lonely.supervisor() is None:
+            sc.result.problems.append("lonely's rig up stopped although its stop mark was refused")
+        time.sleep(max(0.0, full_at + 10.0 - time.monotonic()))  # outlasts health.timeout
+        for path in sorted(watcher.settings.rig_log_dir.glob("*.log")):
+            text = path.read_text(errors="replace")
+            spin = text.count("Frequent restarts") + text.count("Traceback") + text.count("Cannot connect")
+            if spin:
+                sc.result.problems.append(f"watcher's {path.name} spun while Redis was full: {spin} "
+                                          "restart/traceback/'Cannot connect' lines")
+        admin.config_set("maxmemory", 0)
+        HealthChecker(watcher.settings, watcher.harness.redis).run_once()
+        job = sc.node.client.get(jid)
+        if job.state is not JobState.RUNNING or job.attempt != 1:
+            sc.result.problems.append(f"after the refused rig down the job is {job.state.value}, attempt {job.attempt}")
+        gone = [n.name for n in NodeRegistry(admin, sc.node.keys).read() if n.down_since is not None]
+        if gone:
+            sc.result.problems.append(f"nodes declared down around the refused rig down: {gone}")
+        stopped = lonely.cli("down", "--node", "lonely", timeout=120)
+        if stopped.returncode != 0:
+            sc.result.problems.append(f"rig down once Redis took writes: {_one_line(stopped)}")
+        states = {n.name: n.state for n in NodeRegistry(admin, sc.node.keys).read()}
+        if states.get("lonely") != "stopped":
+            sc.result.problems.append(f"after rig down lonely is {states.get('lonely')}, not stopped")
+        time.sleep(HEALTH["timeout"] * 2)  # the watcher's health check must leave its job alone
+        job = sc.node.client.get(jid)
+        if job.state is not JobState.RUNNING or job.attempt != 1:
+            sc.result.problems.append(f"while lonely was stopped its job became {job.state.value}, "
+                                      f"attempt {job.attempt}")
+        if lonely.up().returncode != 0:
+            sc.result.problems.append("rig up of lonely again failed")
+        finals = sc.finish(timeout=90)
+        runs = marker.read_text().count("ran") if marker.exists() else 0
+        if runs != 1:
+            sc.result.problems.append(f"the job's marker was written {runs} times (1 expected)")
+        final = finals.get(jid)
+        if final is None or final.state is not JobState.SUCCEEDED or final.attempt != 1:
+            sc.result.problems.append(f"the job ended {final.state.value if final else 'never'}, "
+                                      f"attempt {final.attempt if final else '-'}")
+        return sc.result
+    finally:
+        try:
+            admin.config_set("maxmemory", 0)
+        except redis.RedisError:
+            pass
+        _close(sc, [lonely, watcher])
+        server.terminate()
+        server.wait(10)
+
+
+SCENARIOS = [("redis-full", redis_full), ("redis-full-down", redis_full_down)]

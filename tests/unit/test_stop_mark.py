@@ -1,0 +1,99 @@
+"""`rig down` marks the node stopped first, retrying while Redis refuses writes, and refuses to
+stop when it still cannot (rig.stop_mark): a node stopped unmarked would be declared DOWN and
+its running jobs run twice. The end-to-end case is the fault scenario redis-full-down."""
+
+from __future__ import annotations
+
+import redis
+
+from rig import stop_mark as S
+from rig.keys import Keys
+from rig.nodes import NodeRegistry
+
+OOM = redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
+
+
+class _Refusing:
+    """A registry whose mark_stopped is refused ``times`` times, then written."""
+
+    def __init__(self, times: int) -> None:
+        self.times, self.calls = times, 0
+
+    def mark_stopped(self, node: str, *, owner: str | None = None) -> bool:
+        self.calls += 1
+        if self.calls <= self.times:
+            raise OOM
+        return True
+
+
+def test_mark_is_retried_while_redis_refuses_and_the_node_is_looked_after_meanwhile():
+    reg, between = _Refusing(2), []
+    assert S.mark_stopped_retrying(reg, "a", owner=None, timeout=5, between=lambda: between.append(1), pause=0)
+    assert reg.calls == 3 and len(between) == 2
+
+
+def test_mark_still_refused_at_the_deadline_says_one_line_what_to_do():
+    reg = _Refusing(10**6)
+    try:
+        S.mark_stopped_retrying(reg, "lonely", owner=None, timeout=0.05, pause=0.01)
+    except S.MarkRefused as refused:
+        line = refused.line
+    else:
+        raise AssertionError("a refused mark was not reported")
+    assert reg.calls >= 2 and "\n" not in line
+    assert line.startswith("Redis is full: the node lonely cannot be marked stopped")
+    assert "free memory" in line and "rig down again" in line
+
+
+def test_other_errors_are_not_retried():
+    class _Broken:
+        def mark_stopped(self, node: str, *, owner: str | None = None) -> bool:
+            raise redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value")
+
+    try:
+        S.mark_stopped_retrying(_Broken(), "a", owner=None, timeout=5, pause=0)
+    except redis.ResponseError:
+        return
+    raise AssertionError("not raised")
+
+
+def test_refusal_file_is_read_only_for_the_pid_that_wrote_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(S.os, "getpid", lambda: 4242)
+    S.write_refusal(tmp_path, "a", "Redis is full: ...")
+    assert S.read_refusal(tmp_path, "a", 4242) == "Redis is full: ..."
+    assert S.read_refusal(tmp_path, "a", 1) is None
+    assert S.read_refusal(tmp_path, "b", 4242) is None
+
+
+def test_confirm_restamps_the_mark_and_drops_a_heartbeat_renewed_while_winding_down(redis_client, key_prefix):
+    keys = Keys(key_prefix)
+    reg = NodeRegistry(redis_client, keys)
+    reg.register("a", ttl=30)
+    assert reg.mark_stopped("a")
+    reg.beat("a", ttl=30, source="card0")  # a worker still winding down
+    assert [n.state for n in reg.read()] == ["up"]
+    S.confirm_stopped(reg, "a")
+    assert [n.state for n in reg.read()] == ["stopped"]
+
+
+def test_confirm_leaves_a_node_that_was_claimed_again_alone(redis_client, key_prefix):
+    keys = Keys(key_prefix)
+    reg = NodeRegistry(redis_client, keys)
+    reg.register("a", ttl=30)
+    assert reg.mark_stopped("a")
+    reg.register("a", ttl=30)  # a new rig up of the name: no stop mark any more
+    S.confirm_stopped(reg, "a")
+    assert [n.state for n in reg.read()] == ["up"]
+
+
+def test_an_unreachable_redis_is_not_retried_here():
+    """rig down while Redis is unreachable stops as before (the mark is said not written)."""
+    class _Gone:
+        def mark_stopped(self, node: str, *, owner: str | None = None) -> bool:
+            raise redis.ConnectionError("refused")
+
+    try:
+        S.mark_stopped_retrying(_Gone(), "a", owner=None, timeout=5, pause=0)
+    except redis.ConnectionError:
+        return
+    raise AssertionError("not raised")
