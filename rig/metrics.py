@@ -22,7 +22,7 @@ Families (all gauges, prefix ``rig_``):
 ``rig_fragmentation_ratio``                  share of free memory on eligible cards that sits on
                                              cards with less free than the smallest waiting
                                              job's per-card request (0 when nothing waits)
-``rig_dispatch_latency_seconds{quantile}``   p50 and p95 of ``started_at - created_at`` over the
+``rig_dispatch_latency_seconds{q}``          p50 and p95 of ``started_at - created_at`` over the
                                              last 200 jobs that started. This is submission to
                                              start, so it includes time spent waiting in the
                                              queue (and earlier attempts of a retried job), not
@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 
 #: Ended jobs whose failure classes ``rig_recent_failures`` counts.
 FAILURE_WINDOW = 500
-#: Bucket bounds (s) of rig_dispatch_latency_histogram_seconds.
+#: Bucket bounds (s) of rig_job_start_wait_seconds.
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 #: Started jobs whose waits ``rig_dispatch_latency_seconds`` summarises.
 LATENCY_WINDOW = 200
@@ -169,7 +169,8 @@ class RigCollector(Collector):
         fam = GaugeMetricFamily(
             "rig_dispatch_latency_seconds",
             f"Submission to start (includes queueing) over the last {self.latency_window} "
-            "started jobs", labels=["quantile"])
+            # "q", not "quantile": a gauge may not carry a summary's label (promtool).
+            "started jobs", labels=["q"])
         for q in QUANTILES:
             fam.add_metric([str(q)], _quantile(waits, q) if waits else 0.0)
         yield fam
@@ -180,7 +181,7 @@ class RigCollector(Collector):
         buckets = [(str(le), float(sum(1 for w in waits if w <= le))) for le in LATENCY_BUCKETS]
         buckets.append(("+Inf", float(len(waits))))
         yield HistogramMetricFamily(
-            "rig_dispatch_latency_histogram_seconds",
+            "rig_job_start_wait_seconds",  # a histogram's name names no type (promtool)
             f"Submission to start (includes queueing), last {self.latency_window} started jobs",
             buckets=buckets, sum_value=float(sum(waits)))
 

@@ -144,10 +144,10 @@ def test_collector_renders_rig_state(busy: Client):
     assert value("rig_fragmentation_ratio") == pytest.approx(20 / 70)
     # Waits 10, 20, 30, 40 s (nearest rank): p50 = 20, p95 = 40.
     assert value("rig_dispatch_latency_samples") == 4
-    assert value("rig_dispatch_latency_seconds", quantile="0.5") == pytest.approx(20, abs=2)
-    assert value("rig_dispatch_latency_seconds", quantile="0.95") == pytest.approx(40, abs=2)
-    assert value("rig_dispatch_latency_histogram_seconds_count") == 4
-    assert value("rig_dispatch_latency_histogram_seconds_bucket", le="+Inf") == 4
+    assert value("rig_dispatch_latency_seconds", q="0.5") == pytest.approx(20, abs=2)
+    assert value("rig_dispatch_latency_seconds", q="0.95") == pytest.approx(40, abs=2)
+    assert value("rig_job_start_wait_seconds_count") == 4
+    assert value("rig_job_start_wait_seconds_bucket", le="+Inf") == 4
 
 
 def test_collector_without_redis_reports_scrape_failure(key_prefix, tmp_path, monkeypatch):
