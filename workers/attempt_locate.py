@@ -95,3 +95,16 @@ def locate(job: Job, attempt: int, own: AttemptFiles, key_prefix: str, pid: int 
             if files is None and hit[1] is not None and hit[1].name == f"attempt-{attempt}.exit":
                 files = AttemptFiles(hit[1].parent, attempt)
     return Located(files or own, pid or None, recorded is not None)
+
+
+def job_folders(job: Job, own: Path) -> list[Path]:
+    """Every folder this job's attempts were started in that this host may see: ``own``
+    (this node's log_dir) first, then those its record names (another home's, after a
+    takeover of the node name), each once. Only rig-shaped paths are believed."""
+    folders = [own]
+    for text in [job.log_path or "", *job.log_paths]:
+        path = Path(text) if text else None
+        if (path is not None and path.is_absolute() and path.name.startswith("attempt-")
+                and path.parent.name == own.name and path.parent not in folders):
+            folders.append(path.parent)
+    return folders

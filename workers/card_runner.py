@@ -43,7 +43,7 @@ from rig.models import Job, JobState, new_job_instance
 from rig.redis_conn import connect
 from rig.redis_writes import is_outage, refusal
 from rig.store import JobStore
-from workers.attempt_locate import carries_attempt, locate
+from workers.attempt_locate import carries_attempt, job_folders, locate
 from workers.log_space import (
     LogSpaceGuard,
     NotStarted,
@@ -612,24 +612,27 @@ class CardRunner:
                 log.warning("job %s instance %s ended (%s), but the record of job %s is now another "
                             "job's (instance %s): nothing written", job_id, instance, end, job_id, job.instance)
                 return
-            folders.append(job_folder(self.settings.job_log_dir, job_id, job.instance))
+            folders[:] = (job_folders(job, job_folder(self.settings.job_log_dir, job_id, job.instance)))
             code, state = conclude(self.ledger, job, token, end, expect=expect,
                                    follow_up=lambda fn: self._retry_redis(fn, f"finish recording job {job_id}"))
             if code == 1:
                 result.append(state)
 
         self._retry_redis(_do, f"end job {job_id}")
-        if result and folders and folders[-1].is_dir():
-            for path in folders[-1].glob("attempt-*.pid"):
-                path.unlink(missing_ok=True)
+        for folder in folders if result else []:
+            for path in folder.glob("attempt-*.pid") if folder.is_dir() else []:
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError:
+                    pass  # another home's folder this user may not write: a stale pid file only
         return result[0] if result else None
 
     def _running_copy(self, job: Job) -> ActiveJob | None:
         """A live process of this job on this node, known from its pid file, or None."""
-        job_dir = job_folder(self.settings.job_log_dir, job.id, job.instance)
-        if not job_dir.is_dir():
-            return None
-        for pid_file in sorted(job_dir.glob("attempt-*.pid")):
+        # Also the folders of another home that ran this node name before (attempt_locate).
+        pid_files = [f for d in job_folders(job, job_folder(self.settings.job_log_dir, job.id, job.instance))
+                     if d.is_dir() for f in sorted(d.glob("attempt-*.pid"))]
+        for pid_file in pid_files:
             found = read_pid_file(pid_file)
             if found is None:
                 continue

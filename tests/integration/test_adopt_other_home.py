@@ -93,6 +93,8 @@ def test_a_running_job_of_another_home_is_adopted_not_run_again(homes, tmp_path)
     assert done.state is JobState.SUCCEEDED and done.exit_code == 0
     assert marker.read_text() == "ran\n"
     assert ledger.card("n1", 0).reserved == 0
+    # Concluded where it ran: home A's pid file goes, so nothing takes it for a live attempt.
+    assert not (job_folder(settings_a.job_log_dir, job.id, job.instance) / "attempt-1.pid").exists()
 
 
 def test_a_job_that_ended_while_the_node_was_down_keeps_its_exit(homes, tmp_path):
