@@ -35,7 +35,7 @@ def homes(card_runner_env, key_prefix, tmp_path):
     runner_b.stop()
 
 
-def started_under(settings, ledger, tmp_path, command: str, folder_exists: bool = True):
+def started_under(settings, ledger, tmp_path, command: str, folder_exists: bool = True, recorded: bool = True):
     """A job started by home A's worker exactly as _launch does (files, env, pid file, record),
     whose worker then died. Returns (job, its wrapper's Popen or None when not on this host)."""
     job = ledger.store.create(Job(
@@ -60,6 +60,8 @@ def started_under(settings, ledger, tmp_path, command: str, folder_exists: bool 
     deadline = time.monotonic() + 5
     while find_attempt_process(job, 1, settings.key_prefix) is None and time.monotonic() < deadline:
         time.sleep(0.01)  # until the wrapper has exec'd
+    if not recorded:  # its worker died before writing the pid file or the record
+        return job, proc
     start = proc_start_time(proc.pid)
     (folder / "attempt-1.pid").write_text(f"{proc.pid} {start} 1 0 0\n")
     ledger.store.update(job.id, pid=proc.pid, proc_start=start, log_path=str(log), log_paths=[str(log)])
@@ -114,4 +116,20 @@ def test_a_started_job_whose_files_are_elsewhere_is_never_requeued(homes, tmp_pa
     done = ledger.store.get(job.id)
     assert done.state is not JobState.PENDING and done.state.terminal
     assert "not reachable here" in (done.reason or ""), done.reason
+    assert ledger.card("n1", 0).reserved == 0
+
+
+def test_an_unrecorded_start_of_another_home_is_found_by_its_identity(homes, tmp_path):
+    settings_a, ledger, runner_b = homes
+    go = tmp_path / "go"
+    job, proc = started_under(settings_a, ledger, tmp_path, f"while [ ! -f {go} ]; do sleep 0.02; done; exit 5",
+                              recorded=False)
+    try:
+        runner_b.adopt()
+        assert ledger.store.get(job.id).pid == proc.pid
+    finally:
+        go.touch()
+        proc.wait(10)
+    done = wait_state(ledger, job.id)
+    assert done.state is JobState.FAILED and done.exit_code == 5  # read from home A's exit file
     assert ledger.card("n1", 0).reserved == 0
