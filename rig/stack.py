@@ -66,7 +66,7 @@ from rig.supervision import (
     stop_processes,
 )
 from rig.worker_lock import EXIT_LOCK_HELD
-from workers.process_tree import is_alive
+from workers.process_tree import is_alive, is_stopped
 
 log = logging.getLogger(__name__)
 
@@ -827,6 +827,9 @@ def stop_node(settings: Settings, timeout: float = 60.0,
                 refusal_path(settings.run_dir, settings.node_name).unlink(missing_ok=True)
                 raise RedisRefusesWrites(refused, settings.redis_url)
             if time.monotonic() >= deadline:
+                if is_stopped(pid):  # a plain kill does nothing to it: say what does
+                    raise StackError(f"rig up (pid {pid}) is stopped (SIGSTOP) and cannot stop itself; "
+                                     f"`kill -CONT {pid}` (it then stops), or `kill -9 {pid}` and `rig down` again")
                 raise StackError(f"rig up (pid {pid}) did not stop within {timeout:.0f} s; "
                                  f"kill it with `kill {pid}`, then `rig down` again")
             time.sleep(0.1)

@@ -43,6 +43,7 @@ from rig.models import Job, JobState, new_job_instance
 from rig.redis_conn import connect
 from rig.redis_writes import is_outage, refusal
 from rig.store import JobStore
+from workers.attempt_locate import carries_attempt, job_folders, locate
 from workers.log_space import (
     LogSpaceGuard,
     NotStarted,
@@ -53,7 +54,6 @@ from workers.log_space import (
 from workers.outcomes import AttemptEnd, conclude, never_started
 from workers.process_tree import (
     ExitWatcher,
-    find_by_environ,
     is_alive,
     pids_with_environ,
     proc_start_time,
@@ -612,24 +612,27 @@ class CardRunner:
                 log.warning("job %s instance %s ended (%s), but the record of job %s is now another "
                             "job's (instance %s): nothing written", job_id, instance, end, job_id, job.instance)
                 return
-            folders.append(job_folder(self.settings.job_log_dir, job_id, job.instance))
+            folders[:] = (job_folders(job, job_folder(self.settings.job_log_dir, job_id, job.instance)))
             code, state = conclude(self.ledger, job, token, end, expect=expect,
                                    follow_up=lambda fn: self._retry_redis(fn, f"finish recording job {job_id}"))
             if code == 1:
                 result.append(state)
 
         self._retry_redis(_do, f"end job {job_id}")
-        if result and folders and folders[-1].is_dir():
-            for path in folders[-1].glob("attempt-*.pid"):
-                path.unlink(missing_ok=True)
+        for folder in folders if result else []:
+            for path in folder.glob("attempt-*.pid") if folder.is_dir() else []:
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError:
+                    pass  # another home's folder this user may not write: a stale pid file only
         return result[0] if result else None
 
     def _running_copy(self, job: Job) -> ActiveJob | None:
         """A live process of this job on this node, known from its pid file, or None."""
-        job_dir = job_folder(self.settings.job_log_dir, job.id, job.instance)
-        if not job_dir.is_dir():
-            return None
-        for pid_file in sorted(job_dir.glob("attempt-*.pid")):
+        # Also the folders of another home that ran this node name before (attempt_locate).
+        pid_files = [f for d in job_folders(job, job_folder(self.settings.job_log_dir, job.id, job.instance))
+                     if d.is_dir() for f in sorted(d.glob("attempt-*.pid"))]
+        for pid_file in pid_files:
             found = read_pid_file(pid_file)
             if found is None:
                 continue
@@ -696,22 +699,22 @@ class CardRunner:
             if fresh.state is not JobState.RUNNING or fresh.assignments != job.assignments:
                 continue
             job = fresh
-            exit_file = self._files(job, job.attempt).exit
             pid, start = job.pid, job.proc_start
             env = _environ(pid) if pid and is_alive(pid, start) else None
-            if env is not None and f"RIG_EXIT_FILE={exit_file}".encode() not in env:
+            if env is not None and not carries_attempt(env, job, job.attempt, self.settings.key_prefix):
                 # The record names a live process that is not this job's (a damaged or forged
                 # pid): never adopt, and so never signal, it. Look for the job's own wrapper.
                 log.warning("job %s: recorded pid %s is not its process; looking for it by its "
                             "environment", job.id, pid)
                 pid = None
-            if not pid:
-                # The worker died between the claim and recording the pid: find the wrapper
-                # by the exit-file path in its environment.
-                pid = find_by_environ("RIG_EXIT_FILE", str(exit_file))
-                start = proc_start_time(pid) if pid else None
-                if pid:
-                    self.store.update(job.id, pid=pid, proc_start=start)
+            # Its files are those it started with (another home's log_dir after a takeover of
+            # the node name), its process found by the job's identity (workers.attempt_locate).
+            where = locate(job, job.attempt, self._files(job, job.attempt), self.settings.key_prefix,
+                           pid if env is not None else None)
+            exit_file = where.files.exit
+            if where.pid and where.pid != pid:
+                pid, start = where.pid, proc_start_time(where.pid)
+                self.store.update(job.id, pid=pid, proc_start=start)
             noted = read_pid_file(exit_file.with_suffix(".pid"))
             active = ActiveJob(job.id, str(job.assignments), job.attempt, pid or 0, start, exit_file, instance=job.instance,
                                time_limit=job.time_limit, started_at=job.started_at or shared_now(self.r),
@@ -724,11 +727,19 @@ class CardRunner:
                                           name=f"rig-adopted-{job.id}", daemon=True)
                 thread.start()
                 self._threads.append(thread)
-            elif pid or _read_exit_file(exit_file) is not None:
+            elif (pid or _read_exit_file(exit_file) is not None or where.recorded
+                  or read_pid_file(where.files.pid) is not None):
+                # It started (a pid, an exit status, its record or its pid file says so) and no
+                # process of it runs here: it ended unwatched, or ran from files this host
+                # cannot reach. Never "never started": that would run it a second time.
                 if pid and session_is_ours(pid, start) and session_members(pid):
                     stop_tree(pid, min(2.0, self.settings.kill_grace_seconds))
                 end = self._outcome(active)
-                log.info("job %s: ended while no worker watched it (exit %s)", job.id, end.exit_code)
+                if not where.reachable:
+                    end.note = "; ".join(x for x in (
+                        f"started with files in {where.files.folder} (another home or host); "
+                        "its files are not reachable here", end.note) if x)
+                log.info("job %s: ended while no worker watched it (exit %s) %s", job.id, end.exit_code, end.note)
                 self._finish(job.id, active.token, end, expect=JobState.RUNNING)
             else:
                 # Claimed but never started: it has not run, so it goes back to its place.

@@ -71,6 +71,13 @@ def proc_start_time(pid: int) -> int | None:
     return int(fields[19]) if fields else None  # field 22
 
 
+def is_stopped(pid: int) -> bool:
+    """Is ``pid`` stopped by a signal (SIGSTOP, SIGTSTP: state T) or by a tracer (t)? Such a
+    process handles no SIGTERM until it is continued (``kill -CONT``)."""
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] in ("T", "t")
+
+
 def is_alive(pid: int, start_time: int | None) -> bool:
     """True if ``pid`` runs and is the same process that started at ``start_time``."""
     fields = _stat_fields(pid)

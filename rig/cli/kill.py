@@ -5,7 +5,9 @@ nothing killed). Then an unknown id, or another user's job, is one line on stder
 are still killed (another user's job among them refuses the whole command first: exit 8,
 nothing killed); a running job that does not stop within the wait is one line too, never a
 traceback. The exit status is 0 when every job was handled, else the code of the first
-problem (4 unknown, 8 not yours, 1 still running: rig.errors)."""
+problem (4 unknown, 8 not yours, 1 still running: rig.errors). A job whose node is stopped
+or down is not waited for: its kill is recorded, one line says it happens when the node is
+back, and the status is 1 (it still runs)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import click
 from rig.client import Client
 from rig.errors import PermissionDenied, RedisUnavailable, RigError
 from rig.models import JobState
+from rig.nodes import NodeRegistry
 from rig.text import clean
 
 #: Exit status when a kill was requested but the job still ran when the wait ended.
@@ -54,6 +57,15 @@ def kill_jobs(client: Client, job_ids: list[int], *, wait: bool) -> int:
             if before.state.terminal:
                 click.echo(f"job {before.id} already ended ({before.state.value}); nothing to kill")
                 continue
+            away = _node_away(client, before)
+            if away is not None:
+                # No card worker of that node runs to stop it: the request is recorded (its
+                # worker acts on it when it adopts the job), and waiting would only time out.
+                client.kill(jid, wait=False)
+                click.echo(f"rig: job {jid}: kill recorded; {away}, so the job stops when the node is back "
+                           f"(`rig up --node {before.node}`)", err=True)
+                status = status or STILL_RUNNING_EXIT
+                continue
             after = client.kill(jid, wait=wait)
         except RedisUnavailable:
             raise
@@ -75,3 +87,15 @@ def kill_jobs(client: Client, job_ids: list[int], *, wait: bool) -> int:
         else:
             click.echo(f"job {after.id}: kill requested; it is still {after.state.value.lower()}")
     return status
+
+
+def _node_away(client: Client, job) -> str | None:  # noqa: ANN001 - rig.models.Job
+    """"node a is stopped since 19:04:16" when ``job`` runs (or was started) on a node that is
+    stopped or down, i.e. no worker there can act on a kill now; None otherwise (waiting jobs
+    are cancelled at once; an up or silent node gets the usual wait)."""
+    if job.state not in (JobState.RUNNING, JobState.ASSIGNED) or not job.node:
+        return None
+    found = [n for n in NodeRegistry(client.r, client.keys).read() if n.name == job.node]
+    if not found or found[0].state not in ("stopped", "down"):
+        return None
+    return f"node {job.node} is {found[0].describe}"

@@ -13,6 +13,11 @@ usual traced, gated ones (rig.testing.faults).
 - ``down-from-other-home``: ``rig down --node a`` and ``rig recover --node a`` from another home
   are refused naming the owner and what to type where; the node is not marked stopped and its
   job runs on; ``rig down`` without ``--node`` in the owner's home names the node it runs.
+- ``name-taken-over-adopts``: home A's ``rig up`` is SIGKILLed while two jobs run; home B takes
+  the name and adopts both (never re-runs them); B starts a third, then stops cleanly
+  (``rig down``); two jobs end while the node is down; A takes the name back and concludes each
+  from the files it was started with (A's or B's log_dir). Each job's marker has one line, all
+  succeed with exit 0, nothing stays reserved.
 - ``password-changed``: Redis' password changes under a running node: ``rig status`` says the
   node cannot authenticate; control.log does not fill with tracebacks; the node comes back
   when the password it has works again, and its job ends once.
@@ -395,10 +400,99 @@ def password_changed(workdir: Path) -> ScenarioResult:
         server.wait()
 
 
+def _card_log_says(home: Home, text: str) -> bool:
+    """Does any worker log of ``home`` contain ``text``?"""
+    for path in home.settings.rig_log_dir.glob("card*.log"):
+        try:
+            if text in path.read_text(errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def name_taken_over_adopts(workdir: Path) -> ScenarioResult:
+    prefix = new_prefix()
+    a, b = (Home(workdir, "homeA", node="a", fake_gpus="1x80G", prefix=prefix),
+            Home(workdir, "homeB", node="a", fake_gpus="1x80G", prefix=prefix))
+    sc = Scenario(workdir, "node name taken over by another home adopts its jobs",
+                  "SIGKILL of A's rig up, B takes the name; rig down of B, jobs end, A takes it back",
+                  node=a.harness)
+    gates = {n: workdir / f"go-{n}" for n in (2, 3)}
+    marks: dict[int, Path] = {}
+
+    def submit(n: int, gate: Path) -> int:
+        mark = workdir / f"mark-{n}"
+        body = f'echo ran >> "{mark}"; while [ ! -f "{gate}" ]; do sleep 0.05; done'
+        jid = sc.submit(body, gpu_memory="10G")
+        marks[jid] = mark
+        return jid
+
+    try:
+        if a.up().returncode != 0:
+            sc.result.problems.append("home A's rig up failed")
+            return sc.result
+        j1, j2 = submit(1, sc.go), submit(2, gates[2])
+        sc.wait_running([j1, j2])
+        supervisor = a.supervisor()
+        assert supervisor is not None
+        os.kill(supervisor, signal.SIGKILL)
+        _wait(lambda: not node_processes("a", a.home), 30, "the dead owner's workers to stop")
+        took = b.up()
+        if took.returncode != 0:
+            sc.result.problems.append(f"home B could not take the name over: {_one_line(took)}")
+            return sc.result
+        sc.node = b.harness
+        # B's card worker adopts both at its start (its log says so), never starting them again.
+        try:
+            _wait(lambda: all(_card_log_says(b, f"job {j}: adopting running pid") for j in (j1, j2)), 60,
+                  "home B to adopt the running jobs")
+        except TimeoutError:
+            sc.result.problems.append(f"home B did not adopt jobs {j1}, {j2} (see {b.settings.rig_log_dir})")
+        j3 = submit(3, gates[3])  # started under B's log_dir
+        sc.wait_running([j3])
+        if b.cli("down", "--node", "a", timeout=90).returncode != 0:
+            sc.result.problems.append("rig down --node a of home B failed")
+        for gate in gates.values():
+            gate.touch()  # jobs 2 and 3 end while no worker watches them
+        _wait(lambda: all(len(_trace_ends(sc.trace, j)) >= 1 for j in (j2, j3)), 60,
+              "jobs 2 and 3 to end while the node is down")
+        back = a.up()
+        if back.returncode != 0:
+            sc.result.problems.append(f"home A could not take the name back: {_one_line(back)}")
+            return sc.result
+        sc.node = a.harness
+        finals = sc.finish(timeout=120)
+        for jid, mark in marks.items():
+            lines = mark.read_text().splitlines() if mark.exists() else []
+            job = finals.get(jid)
+            if len(lines) != 1:
+                sc.result.problems.append(f"job {jid} ran {len(lines)} times (marker lines)")
+            if job is None or job.state is not JobState.SUCCEEDED or job.exit_code != 0:
+                sc.result.problems.append(f"job {jid}: {job.state.value if job else 'unfinished'} "
+                                          f"exit {job.exit_code if job else None} ({job.reason if job else ''})")
+        card = a.harness.client.ledger.card("a", 0)
+        if card.reserved:
+            sc.result.problems.append(f"card a/0 keeps {card.reserved} bytes reserved")
+        return sc.result
+    finally:
+        _close(sc, [a, b])
+
+
+def _trace_ends(trace: Path, job_id: int) -> list[str]:
+    """The trace's end lines of job ``job_id``."""
+    try:
+        lines = trace.read_text().splitlines()
+    except OSError:
+        return []
+    return [line for line in lines if line.startswith(f"{job_id} ") and line.endswith(" end")]
+
+
 SCENARIOS = [
     ("two-homes-one-name", two_homes_one_name),
     ("crashed-owner-taken-over", crashed_owner_taken_over),
     ("down-from-other-home", down_from_other_home),
     ("forget-stopped-node", forget_stopped_node),
     ("password-changed", password_changed),
+    ("name-taken-over-adopts", name_taken_over_adopts),
 ]

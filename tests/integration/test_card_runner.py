@@ -86,7 +86,9 @@ def _start_orphan(settings, job: Job, attempt: int, command: str) -> subprocess.
     job_dir.mkdir(parents=True, exist_ok=True)
     exit_file = job_dir / f"attempt-{attempt}.exit"
     return subprocess.Popen(wrapper_argv(["/bin/sh", "-c", command]), start_new_session=True,
-                            env={**os.environ, "RIG_EXIT_FILE": str(exit_file)})
+                            env={**os.environ, "RIG_EXIT_FILE": str(exit_file), "RIG_JOB_ID": str(job.id),
+                                 "RIG_JOB_INSTANCE": job.instance or "", "RIG_ATTEMPT": str(attempt),
+                                 "RIG_KEY_PREFIX": settings.key_prefix})
 
 
 def test_adopt_finds_unrecorded_pid_and_supervises_it(env, tmp_path):

@@ -1,0 +1,30 @@
+"""Issue 11 (minor): `rig down` of a SIGSTOPped `rig up` says it is stopped and that a plain
+kill does nothing to it (kill -CONT), instead of "kill it with kill PID"."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from rig.config import load_settings
+from rig.stack import StackError, pid_file, stop_node
+
+
+def test_rig_down_of_a_stopped_rig_up_says_kill_cont(tmp_path):
+    settings = load_settings(home=tmp_path / "home", node_name="a", redis_url="redis://127.0.0.1:1/0")
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        proc.send_signal(signal.SIGSTOP)
+        pid_file(settings).write_text(f"{proc.pid}\n")
+        with pytest.raises(StackError) as err:
+            stop_node(settings, timeout=0.3)
+        message = str(err.value)
+        assert f"rig up (pid {proc.pid}) is stopped (SIGSTOP)" in message
+        assert f"kill -CONT {proc.pid}" in message and "\n" not in message
+    finally:
+        proc.kill()
+        proc.wait(10)
