@@ -52,6 +52,7 @@ from rig.redis_conn import (
     strip_password,
     url_password,
 )
+from rig.authgate import PROBE_EVERY_S, probe, refused_since, report
 from rig.redis_server import is_local, private_redis_dir, probe, start_private_redis
 from rig.redis_writes import notices_at as redis_notices_at
 from rig.redis_writes import refusal_notice as redis_refusal_notice
@@ -177,6 +178,7 @@ class Stack:
         self.lost_name: str | None = None
         self._client: redis.Redis | None = None
         self._next_beat = 0.0  # monotonic time of the next node heartbeat
+        self._next_auth_probe = 0.0  # monotonic time of the next fresh-login probe (rig.authgate)
         self._next_hung_check = 0.0  # monotonic time of the next look for hung workers
         self._next_retire_check = 0.0  # ... and for drained closed cards' workers (retire_drained)
         self._drained_seen: set[str] = set()  # card workers found drained at the last look
@@ -541,6 +543,18 @@ class Stack:
                                                         max_skew=self.settings.max_clock_skew)
         except redis.RedisError as exc:
             log.debug("node heartbeat skipped: %s", exc)
+        self._watch_auth()
+
+    def _watch_auth(self) -> None:
+        """Every PROBE_EVERY_S, try a NEW login (rig.authgate): logged-in connections keep
+        working after a password change, so only a new one tells; record it on the node."""
+        now = time.monotonic()
+        if now < self._next_auth_probe:
+            return
+        self._next_auth_probe = now + PROBE_EVERY_S
+        if probe(self.settings.redis_url) is None:
+            return  # unreachable: proves nothing about the password
+        report(self._redis(), self.keys.node(self.settings.node_name), refused_since())
 
     def _renew_name(self) -> bool:
         """Renew the claim; False (and lost_name set, said once) when another process holds the
