@@ -79,7 +79,7 @@ def annotate(client: redis.Redis, nodes: Iterable[NodeInfo], recent_s: float = R
     for node in nodes:
         if node.alive and node.auth_refused_since:
             node.auth_refused = (
-                f"node {node.name}: new connections to Redis are refused (password changed?) since "
+                f"new connections from node {node.name} to Redis are refused (password changed?) since "
                 f"{clock(node.auth_refused_since)}; give it the new password (RIG_REDIS_URL / redis_password / "
                 "redis_password_file) and restart its rig up")
     silent = [n for n in nodes if not n.alive and n.state in ("silent", "down")]

@@ -52,7 +52,7 @@ from rig.redis_conn import (
     strip_password,
     url_password,
 )
-from rig.authgate import PROBE_EVERY_S, probe, refused_since, report
+from rig import authgate
 from rig.redis_server import is_local, private_redis_dir, probe, start_private_redis
 from rig.redis_writes import notices_at as redis_notices_at
 from rig.redis_writes import refusal_notice as redis_refusal_notice
@@ -551,10 +551,13 @@ class Stack:
         now = time.monotonic()
         if now < self._next_auth_probe:
             return
-        self._next_auth_probe = now + PROBE_EVERY_S
-        if probe(self.settings.redis_url) is None:
-            return  # unreachable: proves nothing about the password
-        report(self._redis(), self.keys.node(self.settings.node_name), refused_since())
+        self._next_auth_probe = now + authgate.PROBE_EVERY_S
+        try:
+            if authgate.probe(self.settings.redis_url) is None:
+                return  # unreachable: proves nothing about the password
+            authgate.report(self._redis(), self.keys.node(self.settings.node_name), authgate.refused_since())
+        except Exception as exc:  # noqa: BLE001 - a probe must never stop the node
+            log.debug("login probe failed: %s", exc)
 
     def _renew_name(self) -> bool:
         """Renew the claim; False (and lost_name set, said once) when another process holds the

@@ -116,8 +116,8 @@ def test_a_new_password_seen_only_by_new_logins_is_recorded_and_named(private):
                     auth_refused_since=since)
     annotate(redis.Redis(port=port, password="pw2", decode_responses=True), [node])
     assert node.auth_refused and node.auth_refused.startswith(
-        "node a: new connections to Redis are refused (password changed?) since ")
-    assert "new connections to Redis are refused" in node.describe
+        "new connections from node a to Redis are refused (password changed?) since ")
+    assert "new connections from node a to Redis are refused" in node.describe
     # The password comes back: the next probe (after the back-off) clears the field.
     redis.Redis(port=port, password="pw2").config_set("requirepass", "pw1")
     time.sleep(1.05)  # the gate's first back-off (a time, not a synchronisation)
