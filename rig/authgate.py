@@ -31,7 +31,7 @@ BACKOFF_FIRST_S = 1.0
 #: Longest wait between two login tries of one process (s).
 BACKOFF_CAP_S = 30.0
 #: How often ``rig up`` tries a fresh login to find out whether new connections are refused (s).
-PROBE_EVERY_S = 30.0
+PROBE_EVERY_S = 10.0
 #: The node record field: wall time (Redis-free, this host's clock) of the first refusal.
 FIELD = "auth_refused_since"
 
