@@ -60,8 +60,10 @@ class AuthGate:
                 return
             self.held += 1
         # Redis' own words first: every reader of the error (rig.redis_conn.auth_failed) keeps
-        # saying what Redis said.
-        raise redis.AuthenticationError(f"{self.said} (rig waits {wait:.1f} s more before the next login try)")
+        # saying what Redis said. The text never changes while it lasts (no countdown), so the
+        # loggers that say a repeated line once (rig.lograte) stay quiet.
+        raise redis.AuthenticationError(
+            f"{self.said} (rig tries a new login after {self.first:.0f} s, doubling up to {self.cap:.0f} s)")
 
     def refused(self, said: str = "") -> float:
         """A login was refused (Redis said ``said``): close the gate for the next wait

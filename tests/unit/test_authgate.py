@@ -62,7 +62,7 @@ def test_backoff_doubles_to_the_cap_and_a_good_login_resets_it():
     gate = AuthGate(first=1.0, cap=30.0)
     assert [gate.refused() for _ in range(7)] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
     assert gate.since is not None
-    with pytest.raises(redis.AuthenticationError, match="rig waits"):
+    with pytest.raises(redis.AuthenticationError, match="rig tries a new login after 1 s, doubling up to 30 s"):
         gate.check()
     gate.accepted()
     gate.check()  # open again
