@@ -34,6 +34,7 @@ from pathlib import Path
 
 import redis
 
+from rig import authgate
 from rig.celery_config import card_queue, dispatcher_queues
 from rig.config import Settings
 from rig.draining import cards_to_serve, drained
@@ -52,7 +53,6 @@ from rig.redis_conn import (
     strip_password,
     url_password,
 )
-from rig import authgate
 from rig.redis_server import is_local, private_redis_dir, probe, start_private_redis
 from rig.redis_writes import notices_at as redis_notices_at
 from rig.redis_writes import refusal_notice as redis_refusal_notice

@@ -30,6 +30,7 @@ import time
 import redis
 from celery.signals import worker_ready, worker_shutting_down
 
+from rig.authgate import quiet_on_auth
 from rig.celery_config import (
     LOG_SWEEP_INTERVAL_S,
     TASK_ALERTS,
@@ -44,7 +45,6 @@ from rig.clock import shared_now
 from rig.config import load_settings
 from rig.gpus import detect_backend
 from rig.keys import Keys
-from rig.authgate import quiet_on_auth
 from rig.lograte import Throttle
 from rig.memory import format_memory
 from rig.nodes import NodeRegistry
