@@ -70,23 +70,44 @@ def addresses(host: str) -> set[str]:
 
 
 def annotate(client: redis.Redis, nodes: Iterable[NodeInfo], recent_s: float = RECENT_S) -> None:
-    """Set ``auth_refused`` on each node that is not heartbeating while Redis refuses logins
-    from its address (read-only; a Redis without ACL LOG changes nothing)."""
+    """Set ``auth_refused`` on each node that says its NEW logins are refused
+    (``auth_refused_since``, rig.authgate: its logged-in connections still write), and on each
+    node that is not heartbeating while Redis refuses logins from its address. The ACL LOG
+    count is per address: nodes sharing a host share it, so it is said once, on the first of
+    them, naming them all (read-only; a Redis without ACL LOG adds nothing)."""
+    nodes = list(nodes)
+    for node in nodes:
+        if node.alive and node.auth_refused_since:
+            node.auth_refused = (
+                f"new connections from node {node.name} to Redis are refused (password changed?) since "
+                f"{clock(node.auth_refused_since)}; give it the new password (RIG_REDIS_URL / redis_password / "
+                "redis_password_file) and restart its rig up")
     silent = [n for n in nodes if not n.alive and n.state in ("silent", "down")]
     if not silent:
         return
     refused = refusals(client, recent_s)
     if not refused:
         return
+    said: dict[frozenset[str], str] = {}  # addresses already counted -> the node that said it
     for node in silent:
         ips = addresses(node.host)
         hits = [r for r in refused if r.ip in ips]
         if not hits:
             continue
+        where = frozenset(r.ip for r in hits)
+        since = clock(node.auth_refused_since or node.last_seen)
+        fix = ("it still uses an old password: give it the new one "
+               "(RIG_REDIS_URL / redis_password / redis_password_file) and restart its rig up")
+        if where in said:
+            node.auth_refused = (f"node {node.name} cannot authenticate to Redis since {since}: "
+                                 f"see node {said[where]} for the refused logins from its host; {fix}")
+            continue
+        said[where] = node.name
+        sharing = [n.name for n in silent if addresses(n.host) & where]
         users = ", ".join(sorted({r.user for r in hits}))
         last = min(r.age for r in hits)
+        whose = f" (nodes {', '.join(sharing)})" if len(sharing) > 1 else ""
         node.auth_refused = (
-            f"node {node.name} cannot authenticate to Redis since {clock(node.last_seen)}: Redis refused "
-            f"{sum(r.count for r in hits)} login(s) from {', '.join(sorted({r.ip for r in hits}))} (user {users}), "
-            f"the last {last:.0f} s ago; it still uses an old password: give it the new one "
-            "(RIG_REDIS_URL / redis_password / redis_password_file) and restart its rig up")
+            f"node {node.name} cannot authenticate to Redis since {since}: Redis refused "
+            f"{sum(r.count for r in hits)} login(s) from {', '.join(sorted(where))}{whose} (user {users}), "
+            f"the last {last:.0f} s ago; {fix}")

@@ -74,6 +74,8 @@ class NodeInfo:
     #: Set by a reader (rig.refused_beats) while Redis refuses writes and this node has no
     #: heartbeat: the line saying its heartbeats are refused (it is not known to be silent).
     writes_refused: str | None = None
+    #: Set by the node (rig.authgate) while Redis refuses its NEW logins: wall time of the first.
+    auth_refused_since: float | None = None
 
     @property
     def describe(self) -> str:
@@ -313,4 +315,5 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int) -> NodeInfo:
         mismatch=raw.get("installation_mismatch") or None,
         unrecorded=raw.get("unrecorded_jobs") or None,
         clock_skew=raw.get("clock_skew") or None,
+        auth_refused_since=num("auth_refused_since"),
     )

@@ -32,7 +32,11 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from rig.authgate import install as _install_auth_gate
 from rig.errors import ConfigError, RedisAuthFailed, RedisUnavailable
+
+# Every redis-py connection of a process that uses rig waits out a refused password (rig.authgate).
+_install_auth_gate()
 
 #: The generated password of the private Redis, in the rig home.
 PASSWORD_FILE_NAME = "redis.password"
@@ -95,10 +99,23 @@ def client_options(*, connect_timeout: float = CONNECT_TIMEOUT_S,
 
 def _retry() -> Retry:
     """Retry a command only when the connection failed (refused, reset, closed by the server:
-    typically a pooled connection that a Redis restart closed), twice, 0.1 then 0.2 s apart.
+    typically a pooled connection that a Redis restart closed), twice, 0.1 then 0.2 s apart;
+    never after a refused password (_RetryButNotAuth).
     Never after a reply timeout: the command may have run (a ledger script is not idempotent),
     so the caller gets redis.TimeoutError and decides."""
-    return Retry(ExponentialBackoff(cap=1.0, base=0.1), 2, supported_errors=(redis.ConnectionError,))
+    return _RetryButNotAuth(ExponentialBackoff(cap=1.0, base=0.1), 2, supported_errors=(redis.ConnectionError,))
+
+
+class _RetryButNotAuth(Retry):
+    """redis-py's Retry, except that a refused password (an AuthenticationError is a
+    ConnectionError to redis-py) is raised at once: a retry 0.1 s later opens a socket only to
+    be refused again. The caller waits it out (rig.authgate holds new logins back)."""
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):  # type: ignore[no-untyped-def, override]
+        def retryable(error: Exception) -> bool:
+            return not is_auth_error(error) and (is_retryable is None or is_retryable(error))
+
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
 
 
 def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S,

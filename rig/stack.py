@@ -34,6 +34,7 @@ from pathlib import Path
 
 import redis
 
+from rig import authgate
 from rig.celery_config import card_queue, dispatcher_queues
 from rig.config import Settings
 from rig.draining import cards_to_serve, drained
@@ -177,6 +178,7 @@ class Stack:
         self.lost_name: str | None = None
         self._client: redis.Redis | None = None
         self._next_beat = 0.0  # monotonic time of the next node heartbeat
+        self._next_auth_probe = 0.0  # monotonic time of the next fresh-login probe (rig.authgate)
         self._next_hung_check = 0.0  # monotonic time of the next look for hung workers
         self._next_retire_check = 0.0  # ... and for drained closed cards' workers (retire_drained)
         self._drained_seen: set[str] = set()  # card workers found drained at the last look
@@ -541,6 +543,21 @@ class Stack:
                                                         max_skew=self.settings.max_clock_skew)
         except redis.RedisError as exc:
             log.debug("node heartbeat skipped: %s", exc)
+        self._watch_auth()
+
+    def _watch_auth(self) -> None:
+        """Every PROBE_EVERY_S, try a NEW login (rig.authgate): logged-in connections keep
+        working after a password change, so only a new one tells; record it on the node."""
+        now = time.monotonic()
+        if now < self._next_auth_probe:
+            return
+        self._next_auth_probe = now + authgate.PROBE_EVERY_S
+        try:
+            if authgate.probe(self.settings.redis_url) is None:
+                return  # unreachable: proves nothing about the password
+            authgate.report(self._redis(), self.keys.node(self.settings.node_name), authgate.refused_since())
+        except Exception as exc:  # noqa: BLE001 - a probe must never stop the node
+            log.debug("login probe failed: %s", exc)
 
     def _renew_name(self) -> bool:
         """Renew the claim; False (and lost_name set, said once) when another process holds the

@@ -91,3 +91,13 @@ def cli_env(key_prefix: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("RIG_REDIS_URL", REDIS_URL)
     monkeypatch.chdir(tmp_path)
     return key_prefix
+
+
+@pytest.fixture(autouse=True)
+def _fresh_auth_gates() -> Iterator[None]:
+    """A refused password in one test must not hold back the logins of the next (rig.authgate)."""
+    from rig.authgate import reset_all
+
+    reset_all()
+    yield
+    reset_all()

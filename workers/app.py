@@ -30,6 +30,7 @@ import time
 import redis
 from celery.signals import worker_ready, worker_shutting_down
 
+from rig.authgate import quiet_on_auth
 from rig.celery_config import (
     LOG_SWEEP_INTERVAL_S,
     TASK_ALERTS,
@@ -138,12 +139,14 @@ def _name_is_ours() -> bool:
 
 
 @app.task(name=TASK_TICK, ignore_result=True)
+@quiet_on_auth("dispatch tick", log)
 def tick() -> None:
     """Periodic (beat): a safety-net dispatcher pass."""
     _redis.lpush(keys.sched_wake, "1")
 
 
 @app.task(name=TASK_HEALTH, ignore_result=True)
+@quiet_on_auth("cluster health check", log)
 def health() -> str:
     """Periodic (beat, once cluster-wide): dead nodes, zombie reservations (workers/health.py)."""
     report = HealthChecker(settings, _redis).run_cluster()
@@ -151,6 +154,7 @@ def health() -> str:
 
 
 @app.task(name=TASK_ALERTS, ignore_result=True)
+@quiet_on_auth("alert check", log)
 def check_alerts() -> str:
     """Periodic (beat): threshold alerts, once per condition until it clears (rig/alerts.py)."""
     from rig.alerts import AlertManager, AlertRules

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rig.testing import (
     faults,
+    faults_auth,
     faults_cards,
     faults_cli,
     faults_clocks,
@@ -41,6 +42,7 @@ ALL: list[tuple[str, Scenario]] = [
     *faults_redis_full.SCENARIOS,
     *faults_nodes.SCENARIOS,
     *faults_clocks.SCENARIOS,
+    *faults_auth.SCENARIOS,
 ]
 
 
