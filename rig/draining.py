@@ -72,7 +72,11 @@ def drained(client: redis.Redis, keys: Keys, node: str, index: int) -> bool:
     (outside gpu_whitelist, gone from the node) and no job is placed or running on it, no
     memory reserved? Then `rig up` stops its worker for good (rig.stack.Stack.retire_drained):
     nothing can be placed there again before the next `rig up`, which registers the cards anew."""
-    card = Ledger(client, keys).card(node, index)
+    raw = client.hgetall(keys.card(node, index))
+    if not raw:
+        # No record (Redis lost its data, the card not registered yet): proves nothing.
+        return False
+    card = CardState.from_redis(raw)
     return (why_closed(card) is not None and not needs_worker(card)
             and index not in cards_with_jobs(client, keys, node))
 

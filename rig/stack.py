@@ -182,6 +182,7 @@ class Stack:
         self._next_hung_check = 0.0  # monotonic time of the next look for hung workers
         self._next_retire_check = 0.0  # ... and for drained closed cards' workers (retire_drained)
         self._drained_seen: set[str] = set()  # card workers found drained at the last look
+        self._usable_cards: set[int] = set()  # registered usable by this rig up: never retired
         # The private Redis (when this Stack started one): restart attempts after it died.
         self._private_redis = False
         self._redis_failures = 0  # failed restarts in a row
@@ -231,6 +232,8 @@ class Stack:
             allowed = self._register_cards()
         else:
             allowed = []
+        #: Cards this rig up may place jobs on: their workers are never retired as drained.
+        self._usable_cards = set(allowed)
         # -P: never the operator's working directory on sys.path (a folder named rig there).
         celery = safe_python("celery") + ["-A", "workers.app"]
         logs = s.rig_log_dir
@@ -447,6 +450,8 @@ class Stack:
         s = self.settings
         for child in [c for c in self.children if c.role == "card" and c.proc is not None]:
             index = int(child.env.get("RIG_CARD_INDEX", "-1"))
+            if index in self._usable_cards:
+                continue  # configured usable: whatever Redis says now (it may have lost its data)
             try:
                 idle = index >= 0 and drained(self._redis(), self.keys, s.node_name, index)
             except redis.RedisError:

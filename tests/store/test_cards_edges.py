@@ -125,3 +125,12 @@ def test_a_closed_card_is_drained_once_its_last_job_ended(redis_client, key_pref
     conclude(ledger, ledger.store.get(jid), token, AttemptEnd(exit_code=0))
     assert ledger.store.get(jid).state is JobState.SUCCEEDED
     assert drained(redis_client, ledger.keys, "a", 1)
+
+
+def test_a_card_without_a_record_is_never_drained(redis_client, key_prefix):
+    """Redis lost its data (or the card is not registered yet): no record proves nothing, so
+    rig up must not retire the card's worker (it did: the node's jobs never started again
+    after Redis came back empty; fault scenario redis-empty-jobs-running)."""
+    from rig.draining import drained
+
+    assert not drained(redis_client, Keys(key_prefix), "a", 0)
