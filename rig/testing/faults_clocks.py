@@ -185,7 +185,7 @@ def clock_step_time_limit(workdir: Path) -> ScenarioResult:
         if not said:
             sc.result.problems.append(f"rig status does not say the node's clock is behind: {status[-600:]}")
         else:
-            sc.result.notes.append("rig status: " + next(x.strip() for x in status.splitlines() if "Redis'" in x), "(wrapped)"))
+            sc.result.notes.append("rig status: " + next((x.strip() for x in status.splitlines() if "Redis'" in x), "(wrapped)"))
         stamp.write_text("+0\n")
         finals = sc.finish(timeout=90)
         now = redis_time(sc.node.redis)
