@@ -242,10 +242,18 @@ class FullWatch:
             return [Alert(self.KEY, SEVERITY_CRITICAL, f"resolved: {said}", status="resolved")]
         return []
 
+    #: A node last seen this much before the most recently seen one (s) does not speak: it
+    #: was already silent when Redis began refusing the heartbeats.
+    SPEAKER_SEEN_WITHIN = 30.0
+
     def speaks(self, client: redis.Redis) -> bool:
-        """Is this node the one that raises the alert? The first by name among the nodes with a
-        live heartbeat, else (a long outage expired them all) among those neither stopped nor
-        down; this node when none can be read. Reads only: decided on a full Redis too."""
+        """Is this node the one that raises the alert? The first by name among the nodes
+        neither stopped nor down that were seen (``last_seen``) within SPEAKER_SEEN_WITHIN of
+        the most recently seen one; this node when none can be read. Reads only: decided on a
+        full Redis too. Why ``last_seen`` and not live heartbeats: a refused heartbeat cannot be
+        written, so every node's ``last_seen`` freezes when the outage begins and the choice
+        stays the same throughout it, whereas the heartbeat keys expire one by one (the
+        speaker would change mid-outage and the alert fire twice)."""
         from rig.keys import Keys
         from rig.nodes import NodeRegistry
 
@@ -253,8 +261,10 @@ class FullWatch:
             nodes = NodeRegistry(client, Keys(self.prefix)).read()
         except Exception:  # noqa: BLE001 - unreadable: say it here rather than nowhere
             return True
-        names = [n.name for n in nodes if n.alive] or [n.name for n in nodes if n.state in ("up", "silent")]
-        return not names or self.node <= min(names)
+        candidates = [n for n in nodes if n.state in ("up", "silent")]
+        newest = max((n.last_seen or 0.0 for n in candidates), default=0.0)
+        names = [n.name for n in candidates if newest - (n.last_seen or 0.0) <= self.SPEAKER_SEEN_WITHIN]
+        return not names or self.node == min(names)
 
 
 def refusal_notice(client: redis.Redis) -> str | None:

@@ -589,11 +589,16 @@ class Stack:
         return self._client
 
     def wait_ready(self, timeout: float = 90.0) -> list[str]:
-        """Wait until every worker rig started has a heartbeat; returns the ones missing."""
+        """Wait until every worker rig started has a heartbeat; returns the ones missing. Not
+        while Redis refuses writes (full, read-only): no heartbeat can arrive then, and the
+        caller says why (rig.redis_writes) instead of making the operator wait ``timeout``."""
+        from rig.redis_writes import refuses_writes
+
         client = connect(self.settings.redis_url)
         want = [c.argv[c.argv.index("-n") + 1] for c in self.children if "-n" in c.argv]
         deadline = time.monotonic() + timeout
         missing = want
+        checked_refusal = 0.0
         while time.monotonic() < deadline and not self._stopping:
             try:
                 values = client.mget([self.keys.worker(w) for w in want]) if want else []
@@ -602,6 +607,10 @@ class Stack:
             missing = [w for w, v in zip(want, values, strict=True) if v is None]
             if not missing:
                 return []
+            if time.monotonic() - checked_refusal >= 1.0:
+                checked_refusal = time.monotonic()
+                if refuses_writes(client):
+                    return missing
             self.supervise_once()
             time.sleep(0.2)
         return missing

@@ -55,6 +55,7 @@ from workers.outcomes import AttemptEnd, conclude, never_started
 from workers.process_tree import (
     ExitWatcher,
     is_alive,
+    is_job_process,
     pids_with_environ,
     proc_start_time,
     session_is_ours,
@@ -628,7 +629,9 @@ class CardRunner:
         return result[0] if result else None
 
     def _running_copy(self, job: Job) -> ActiveJob | None:
-        """A live process of this job on this node, known from its pid file, or None."""
+        """A live process of this job started by this node (name), known from its pid file, or
+        None. A copy another node on this host started (the attempt this one re-runs after that
+        node went silent) is not ours to adopt: that node stops it when it returns."""
         # Also the folders of another home that ran this node name before (attempt_locate).
         pid_files = [f for d in job_folders(job, job_folder(self.settings.job_log_dir, job.id, job.instance))
                      if d.is_dir() for f in sorted(d.glob("attempt-*.pid"))]
@@ -637,7 +640,8 @@ class CardRunner:
             if found is None:
                 continue
             pid, start, attempt, keeper_pid, keeper_start = found
-            if is_alive(pid, start):
+            if is_alive(pid, start) and is_job_process(pid, job.id, self.settings.key_prefix, job.instance,
+                                                       node=self.node):
                 exit_file = pid_file.with_suffix(".exit")
                 return ActiveJob(job.id, str(job.assignments), attempt, pid, start, exit_file, instance=job.instance,
                                  time_limit=job.time_limit, log_path=pid_file.with_suffix(".log"),

@@ -127,9 +127,11 @@ def environments():
             yield int(entry), env
 
 
-def is_job_process(pid: int, job_id: int, key_prefix: str, instance: str | None = None) -> bool:
+def is_job_process(pid: int, job_id: int, key_prefix: str, instance: str | None = None,
+                   node: str | None = None) -> bool:
     """Does ``pid`` carry job ``job_id`` of this rig (same key prefix) in its environment, and,
-    when ``instance`` is given, that job instance (ids are reused after Redis loses its data)?
+    when ``instance`` is given, that job instance (ids are reused after Redis loses its data),
+    and, when ``node`` is given, was it started by that node (several nodes may share a host)?
     Checked before signalling a pid read from a job record, which could be damaged or forged."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
@@ -137,6 +139,8 @@ def is_job_process(pid: int, job_id: int, key_prefix: str, instance: str | None 
     except OSError:
         return False
     if instance and f"RIG_JOB_INSTANCE={instance}".encode() not in env:
+        return False
+    if node is not None and f"RIG_NODE_NAME={node}".encode() not in env:
         return False
     return f"RIG_JOB_ID={job_id}".encode() in env and f"RIG_KEY_PREFIX={key_prefix}".encode() in env
 

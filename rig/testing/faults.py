@@ -88,8 +88,12 @@ class Scenario:
         return handle.id
 
     def wait_running(self, job_ids: list[int], timeout: float = 60) -> None:
+        """Until each job is RUNNING with its process started (a claimed job is RUNNING a
+        moment before its pid is recorded)."""
         for jid in job_ids:
             self.node.wait_for_state(jid, {JobState.RUNNING}, timeout=timeout)
+        store = self.node.client.store
+        _wait(lambda: all(j.pid for j in store.get_many(job_ids)), timeout, f"jobs {job_ids} to start")
 
     def finish(self, timeout: float = 180) -> dict[int, Job]:
         """Let the jobs go, wait for each to end, run one health pass, then count."""
