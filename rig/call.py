@@ -252,6 +252,9 @@ def main() -> int:
     if not job_id.isdigit():
         _say("RIG_JOB_ID is not set; this runs only inside a rig job")
         return BAD_CALL_EXIT
+    gateway = _gateway()
+    if gateway is not None:
+        return _main_through(gateway, job_id)
     keys = Keys(os.environ.get("RIG_KEY_PREFIX", "rig:"))
     # A payload or result can be up to 256 MiB (rig.pytask): a longer reply timeout than rig's.
     client = connect(os.environ.get("RIG_REDIS_URL", "redis://127.0.0.1:6379/0"),
@@ -270,6 +273,40 @@ def main() -> int:
     try:
         client.hset(keys.job(job_id), "result", encoded)
     except redis.RedisError as exc:
+        _say(f"job {job_id}: the call ran but its result could not be stored: {exc}")
+        return REDIS_UNAVAILABLE_EXIT
+    return 0
+
+
+def _gateway():  # noqa: ANN202 - rig.gateway.client.GatewayClient | None
+    """The gateway when this job holds no Redis password (it runs as its submitter on a root
+    worker: rig.gateway.choice), else None."""
+    from rig.config import load_settings
+    from rig.gateway.choice import make_client
+
+    client = make_client(load_settings())
+    return client if getattr(client, "via_gateway", False) else None
+
+
+def _main_through(gateway, job_id: str) -> int:  # noqa: ANN001
+    """main() through the gateway: it hands the call and takes the result only from this job's
+    own running process (the kernel says which process asks)."""
+    from rig.errors import RigError
+
+    try:
+        raw = gateway.call("task_payload", job_id=int(job_id))
+    except RigError as exc:
+        _say(f"job {job_id}: cannot read the call through rig's gateway: {exc}")
+        return REDIS_UNAVAILABLE_EXIT
+    if raw is None:
+        _say(f"job {job_id} has no payload; was it submitted with @rig.task? Resubmit the call")
+        return BAD_CALL_EXIT
+    code, encoded = run_call(job_id, raw)
+    if encoded is None:
+        return code
+    try:
+        gateway.call("task_result", job_id=int(job_id), encoded=encoded)
+    except RigError as exc:
         _say(f"job {job_id}: the call ran but its result could not be stored: {exc}")
         return REDIS_UNAVAILABLE_EXIT
     return 0

@@ -12,10 +12,12 @@ import os
 import pwd
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import redis
 
@@ -62,9 +64,44 @@ class Identity:
     uid: int
 
 
+#: Set by the gateway (rig.gateway.server) for the request it serves: the peer's identity from
+#: the kernel (SO_PEERCRED) and the environment its client sent. Unset: this process's own.
+_acting: ContextVar[tuple[Identity, Mapping[str, str]] | None] = ContextVar("rig_acting", default=None)
+
+
+@contextmanager
+def acting_as(who: Identity, environ: Mapping[str, str]) -> Iterator[None]:
+    """Within: :func:`current_identity` is ``who`` and the submitter's environment (what
+    ``--export`` reads) is ``environ``. The gateway serves each request of a peer this way."""
+    token = _acting.set((who, environ))
+    try:
+        yield
+    finally:
+        _acting.reset(token)
+
+
+def caller_environ() -> Mapping[str, str]:
+    """The submitter's environment: the gateway's peer's (acting_as), else this process's."""
+    acting = _acting.get()
+    return acting[1] if acting is not None else os.environ
+
+
+def identity_of(uid: int) -> Identity:
+    """The login name of ``uid`` from the password database (the uid as text without one)."""
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = str(uid)
+    return Identity(name, uid)
+
+
 def current_identity() -> Identity:
-    """The calling user (see Identity). Without a passwd entry (some containers) the uid, as
-    text, stands for the name."""
+    """The calling user (see Identity): the gateway's peer while it serves one (acting_as),
+    else this process's real uid. Without a passwd entry (some containers) the uid, as text,
+    stands for the name."""
+    acting = _acting.get()
+    if acting is not None:
+        return acting[0]
     uid = os.getuid()
     try:
         name = pwd.getpwuid(uid).pw_name
@@ -184,6 +221,7 @@ class Client:
         oom_retry_grow: bool | None = None,
         template: str | None = None,
         pool: str | None = None,
+        export: str | None = None,
         _build_only: bool = False,
     ) -> JobHandle:
         """Queue a job; returns a handle at once. A string command runs through ``/bin/sh -c``.
@@ -232,12 +270,14 @@ class Client:
         refused = jobenv.refuse_rig_owned(env or {})  # before resolving: rig's own are refused either way
         if refused:
             raise InvalidInput(refused)
+        environ = caller_environ()
         try:
             asked = jobenv.resolve_names({str(k): None if v is None else str(v) for k, v in (env or {}).items()},
-                                         os.environ)
+                                         environ)
+            passed = jobenv.exported(environ, export)  # --export ALL (default) | NONE | names
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
-        job_env = _checked("--env", R.as_env, {**jobenv.from_submitter(os.environ), **asked})
+        job_env = _checked("--env", R.as_env, {**passed, **asked})
         if not job_name:
             raise InvalidInput("--name must not be empty")
         job_name = _checked("--name", R.as_name, job_name)
@@ -382,6 +422,12 @@ class Client:
         from rig.waiting import why_waiting
 
         return why_waiting(self, job)
+
+    def first_look(self, job_id: int) -> str | None:
+        """What rig-submit says of a job it just queued (rig.waiting.first_look)."""
+        from rig.waiting import first_look
+
+        return first_look(self, job_id)
 
     def status(self, pool: str | None = None) -> StatusReport:
         """Cards, queues, workers, nodes and users; with ``pool``, only that pool's cards and
@@ -534,20 +580,16 @@ class Client:
     def check_control(self, job: Job, action: str) -> None:
         """Raise PermissionDenied unless the caller submitted ``job`` or is an admin.
 
-        The check runs here, in the caller's process: it keeps honest users from stopping
-        each other's work by mistake. It is no barrier against someone who can write to
-        rig's Redis (README, "Sharing a server")."""
+        The caller is this process's real user, or the gateway's peer as the kernel names it
+        (acting_as): users without Redis' password reach rig only through the gateway, so
+        for them this is the barrier (rig.gateway). Whoever holds the password can write
+        Redis and is trusted like an admin (docs/SECURITY.md)."""
+        from rig.ownership import refusal
+
         who = current_identity()
-        if self.is_admin(who):
-            return
-        if not job.field_valid("user"):
-            raise PermissionDenied(
-                f"job {job.id} has no valid owner in its record; only an admin may {action} it "
-                "(root, or a user named in `admins` / RIG_ADMINS)")
-        if job.user != who.name:
-            raise PermissionDenied(
-                f"job {job.id} belongs to {job.user}; only {job.user} or an admin may {action} it "
-                "(root, or a user named in `admins` / RIG_ADMINS)")
+        refused = refusal(job, who, admin=self.is_admin(who), action=action)
+        if refused is not None:
+            raise refused
 
     def forget_node(self, name: str, *, force: bool = False,
                     failed: dict[int, str] | None = None) -> list[str]:
@@ -674,6 +716,40 @@ class Client:
             except redis.RedisError:
                 pass
 
+    def in_error_queue(self, job_id: int | str) -> bool:
+        """Is the job in the error queue (`rig errors`)?"""
+        return bool(self._guard(self.store.in_error_queue, int(job_id)))
+
+    def error_count(self) -> int:
+        """How many jobs the error queue holds."""
+        return len(self._guard(self.store.error_ids))
+
+    def nodes(self) -> list[NodeInfo]:
+        """Every node that registered, with its liveness now (rig.nodes)."""
+        return self._guard(NodeRegistry(self.r, self.keys).read)
+
+    def result_of(self, job_id: int | str) -> str | None:
+        """A ``@rig.task`` job's stored result (base64 of its pickle), None before it ends
+        well. Its owner's and admins' only (check_control)."""
+        job = self.get(job_id)
+        self.check_control(job, "read the result of")
+        return self._guard(self.r.hget, self.keys.job(job.id), "result")
+
+    def open_log(self, job_id: int, path: str) -> BinaryIO:
+        """One of the job's log files, opened for reading with this process's own rights."""
+        return open(path, "rb")  # noqa: SIM115 - the caller closes it
+
+    def log_exists(self, job_id: int, path: str) -> bool:
+        return os.path.exists(path)
+
+    def read_log(self, job_id: int | str, attempt: int | None = None) -> str:
+        """The output of one attempt (the latest by default), "" when it has none here."""
+        path = self.log_path(job_id, attempt)
+        if path is None or not self.log_exists(int(job_id), str(path)):
+            return ""
+        with self.open_log(int(job_id), str(path)) as fh:
+            return fh.read().decode(errors="replace")
+
     def log_path(self, job_id: int | str, attempt: int | None = None) -> Path | None:
         job = self.get(job_id)
         paths = job.log_paths or ([job.log_path] if job.log_path else [])
@@ -720,8 +796,7 @@ class JobHandle:
 
     def log(self, attempt: int | None = None) -> str:
         """The job's output (stdout and stderr) of one attempt, the latest by default."""
-        path = self.client.log_path(self.id, attempt)
-        return path.read_text(errors="replace") if path and path.exists() else ""
+        return self.client.read_log(self.id, attempt)
 
     @property
     def result(self) -> Any:
@@ -741,7 +816,7 @@ class JobHandle:
             start = output.rfind("Traceback (most recent call last)")
             remote = output[start:].strip() if start >= 0 else output[-4000:].strip()
             raise RemoteError(self.id, job, remote)
-        raw = self.client.r.hget(self.client.keys.job(self.id), "result")
+        raw = self.client.result_of(self.id)
         return pickle.loads(base64.b64decode(raw)) if raw else None
 
 
@@ -765,7 +840,9 @@ _default: Client | None = None
 def default_client() -> Client:
     global _default
     if _default is None:
-        _default = Client()
+        from rig.gateway.choice import make_client  # straight to Redis, or through the gateway
+
+        _default = make_client(load_settings())
     return _default
 
 

@@ -238,6 +238,10 @@ class Settings(BaseSettings):
     redis_password_file: Path | None = Field(
         None, description="file holding the Redis password (one line, no access for others)"
     )
+    gateway_socket: Path | None = Field(
+        None, description="the gateway's Unix socket, where users without Redis credentials reach rig "
+        "(default: /run/rig/gateway.sock for a root rig up, else $RIG_HOME/run/gateway-NODE.sock)",
+    )
     key_prefix: str = Field("rig:", description="prefix of every Redis key rig writes")
     node_name: str = Field(default_factory=default_node_name, description="this server's name")
     scheduler_type: SchedulerType = "multi-factor"
@@ -431,7 +435,8 @@ class Settings(BaseSettings):
             raise ValueError("empty; give rig's folder, e.g. ~/.rig")
         return value
 
-    @field_validator("log_dir", "system_log_dir", "command_workdir", "redis_password_file", mode="before")
+    @field_validator("log_dir", "system_log_dir", "command_workdir", "redis_password_file", "gateway_socket",
+                     mode="before")
     @classmethod
     def _empty_path_is_unset(cls, value: Any) -> Any:
         # RIG_LOG_DIR= (empty) means "not set", never the current folder.
@@ -508,7 +513,7 @@ class Settings(BaseSettings):
 
 
 #: Path settings: a relative one is taken under ``home`` (:func:`under_home`).
-PATH_FIELDS = ("log_dir", "system_log_dir", "command_workdir", "redis_password_file")
+PATH_FIELDS = ("log_dir", "system_log_dir", "command_workdir", "redis_password_file", "gateway_socket")
 #: The config file's data while Settings reads it (read once, by Settings.__init__).
 _FILE_DATA: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("rig_config_data", default=None)
 #: True while `rig init` reads the settings: the file it replaces is not read (it may be broken).

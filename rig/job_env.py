@@ -6,12 +6,13 @@ in this order, each layer over the one before:
 1. **A minimal base**, set on the node: ``PATH=/usr/local/bin:/usr/bin:/bin``,
    ``LANG=C.UTF-8``, and ``HOME``, ``USER``, ``LOGNAME``, ``SHELL`` from the password entry of the
    user the job runs as.
-2. **The submitter's variables rig passes on** (:data:`PASSED_NAMES` and
-   :data:`PASSED_PREFIXES`, read from the submitting process when the job is submitted): the
-   interpreter and library search paths, locale, caches and thread counts, so a job runs with
-   the submitter's conda env or venv, ``LD_LIBRARY_PATH``, ``CUDA_HOME``, ``HF_HOME``.
-   Secrets are not on the list: pass one by name with ``--env NAME`` (its value is taken from
-   the submitter's environment) or ``--env NAME=value``.
+2. **The submitter's exported variables** (:func:`exported`, read from the submitting process
+   when the job is submitted), as Slurm's ``--export``: ``ALL`` (the default) passes every
+   variable but those that must not travel (:func:`is_not_exported`: rig's own, the cards',
+   and those of the submitter's login session and identity), so a job runs with the
+   submitter's conda env or venv, ``LD_LIBRARY_PATH``, ``HF_HOME`` and tokens; ``NONE`` passes
+   none; ``NAME,NAME`` only those. The values are the owner's: only they, admins and the job
+   itself can read them (the gateway shows other users the names only; rig.gateway).
 3. **``--env``** (``env=`` in Python): anything but the variables rig owns.
 4. **rig's own** (:data:`RIG_OWNED_NAMES`, every ``RIG_*``): the job's cards
    (``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER``) and identity (``RIG_JOB_ID`` ...), and the
@@ -28,8 +29,23 @@ import os
 import pwd
 from collections.abc import Mapping
 
+from rig.records import ENV_NAME_RE as _NAME  # the names a job's record may hold
+
 #: The base PATH when the submitter passed none.
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+#: Variables of the submitter's login session and identity that never travel with --export
+#: ALL (or by name): they describe the terminal and login the job does not have, or are set
+#: for the user it runs as on the node (layer 1). Besides these: rig's own (is_rig_owned).
+NOT_EXPORTED_NAMES: frozenset[str] = frozenset({
+    "HOME", "SHELL", "MAIL", "PWD", "OLDPWD", "SHLVL", "_", "PS1", "PS2", "PROMPT_COMMAND",
+    "TERM", "COLUMNS", "LINES", "DISPLAY", "XAUTHORITY", "WINDOWID", "TMUX", "TMUX_PANE", "STY",
+    "SSH_AUTH_SOCK", "SSH_AGENT_PID", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY",
+    "DBUS_SESSION_BUS_ADDRESS", "XDG_RUNTIME_DIR", "XDG_SESSION_ID", "XDG_SESSION_TYPE",
+    "XDG_SESSION_CLASS", "XDG_SEAT", "XDG_VTNR", "LS_COLORS", "LD_PRELOAD", "LD_AUDIT",
+})
+#: ... and by prefix (sudo's record of the caller, the shell's exported functions).
+NOT_EXPORTED_PREFIXES: tuple[str, ...] = ("SUDO_", "BASH_FUNC_")
 
 #: Submitter variables passed on by name.
 PASSED_NAMES: tuple[str, ...] = (
@@ -76,8 +92,50 @@ def refuse_rig_owned(env: Mapping[str, str]) -> str | None:
 
 
 def from_submitter(environ: Mapping[str, str]) -> dict[str, str]:
-    """The submitter's variables a job gets without asking (layer 2)."""
+    """The submitter's search paths, locale and caches (:func:`is_passed_on`): what a job of
+    ``--export NONE`` still needs to find its interpreter is not among them; kept for callers
+    that want the narrow set."""
     return {k: v for k, v in environ.items() if is_passed_on(k) and "\x00" not in v}
+
+
+def is_not_exported(name: str) -> bool:
+    """Does ``name`` stay behind whatever --export says (rig's own, login session, identity)?"""
+    return is_rig_owned(name) or name in NOT_EXPORTED_NAMES or name.startswith(NOT_EXPORTED_PREFIXES)
+
+
+#: What --export accepts besides a list of names.
+EXPORT_MODES = ("ALL", "NONE")
+
+
+def parse_export(mode: str | None) -> str | tuple[str, ...]:
+    """``--export`` as given: "ALL" (also None and ""), "NONE", or the names of a comma list.
+    Raises ValueError with one line for a name that is no variable name or never travels."""
+    text = (mode or "ALL").strip()
+    if text.upper() in EXPORT_MODES:
+        return text.upper()
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise ValueError("--export: give ALL, NONE or variable names separated by commas")
+    for name in names:
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"--export: {name!r} is not a variable name (letters, digits and _; "
+                             "or ALL, NONE)")
+        if is_not_exported(name):
+            raise ValueError(f"--export: {name} never travels with a job (rig sets it, or it belongs "
+                             "to your login session); see `rig-submit --help`")
+    return names
+
+
+def exported(environ: Mapping[str, str], mode: str | tuple[str, ...] | None = "ALL") -> dict[str, str]:
+    """Layer 2: the submitter's variables ``--export`` passes (:func:`parse_export`'s result,
+    or its text). Names the shell cannot name, values with NUL and every
+    :func:`is_not_exported` variable are left out; a listed name that is not set is skipped."""
+    chosen = parse_export(mode) if not isinstance(mode, tuple) else mode
+    if chosen == "NONE":
+        return {}
+    keep = (lambda k: True) if chosen == "ALL" else set(chosen).__contains__
+    return {k: v for k, v in environ.items()
+            if keep(k) and _NAME.fullmatch(k) and not is_not_exported(k) and "\x00" not in v}
 
 
 def resolve_names(items: Mapping[str, str | None], environ: Mapping[str, str]) -> dict[str, str]:

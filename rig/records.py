@@ -58,7 +58,7 @@ MAX_UID = 2**32 - 2
 #: Login names: no whitespace, no '/', ':' (passwd's separator) or control characters.
 _USER_RE = re.compile(r"[^\s/:\x00-\x1f\x7f]+")
 #: Environment variable names as the shell accepts them.
-_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class BadField(ValueError):
@@ -258,7 +258,7 @@ def as_env(value: Any) -> dict[str, str]:
         raise BadField(f"more than {MAX_ENV_VARS} variables ({len(value)})")
     total = 0
     for key, val in value.items():
-        if not isinstance(key, str) or not _ENV_NAME_RE.fullmatch(key) or len(key) > 256:
+        if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(key) or len(key) > 256:
             raise BadField(f"bad variable name {show(key)}: use letters, digits and _")
         if not isinstance(val, str):
             raise BadField(f"variable {key}: expected a string, got {show(val)}")

@@ -71,7 +71,7 @@ from workers.process_tree import is_alive, is_stopped
 
 log = logging.getLogger(__name__)
 
-COMPONENTS = ("redis", "cards", "control", "beat", "flower", "metrics")
+COMPONENTS = ("redis", "cards", "control", "beat", "flower", "metrics", "gateway")
 #: How long children get to stop after SIGTERM before SIGKILL (s).
 STOP_TIMEOUT_S = 20.0
 #: Backoff between attempts to restart the private Redis (s): doubling from the first, capped.
@@ -227,6 +227,11 @@ class Stack:
         if self.wants("cards") and (small := never_enough(
                 {"log_dir": s.job_log_dir, "run_dir": s.run_dir}, s.log_min_free_bytes)):
             self.say(small)
+        if self.wants("gateway"):
+            # Resolved once, here: every child (and so every job: RIG_GATEWAY_SOCKET) gets it.
+            from rig.gateway.paths import node_socket
+
+            s.gateway_socket = node_socket(s)
         env = self._child_env()
         if self.wants("cards") or self.wants("control"):
             allowed = self._register_cards()
@@ -265,6 +270,9 @@ class Stack:
                           "--max_tasks=10000", f"--log_file_prefix={logs / 'flower.log'}"],
                 # Credentials travel in the environment, not on the command line (ps shows argv).
                 {**env, "FLOWER_BASIC_AUTH": f"{user}:{password}"}, logs / "flower.out", role="flower"))
+        if self.wants("gateway"):
+            self.children.append(Child(
+                "gateway", safe_python("rig.gateway.server"), env, logs / "gateway.out", role="gateway"))
         for child in self.children:
             self._spawn(child)
         if self.wants("metrics") and s.metrics_port:

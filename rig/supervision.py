@@ -51,7 +51,7 @@ SUPERVISOR_START = "RIG_SUPERVISOR_START"
 #: "1": the child asks for SIGTERM when its parent dies (set only for main-thread spawns).
 PDEATHSIG = "RIG_PDEATHSIG"
 #: Roles of the processes ``rig up`` starts (RIG_ROLE), stopped in this order, Redis last.
-ROLES = ("control", "card", "beat", "flower", "redis")
+ROLES = ("control", "card", "beat", "flower", "gateway", "redis")
 #: Variables that make a process a job's (or a job's log keeper's): never ours to stop.
 JOB_MARKS = (b"RIG_JOB_ID=", b"RIG_EXIT_FILE=", b"RIG_LOG_KEEPER=1")
 #: Exit status of a rig process that found its supervisor already gone (EX_UNAVAILABLE).

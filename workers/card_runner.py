@@ -40,7 +40,7 @@ from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.logs import AttemptFiles, enforce_size_cap, job_folder
 from rig.models import Job, JobState, new_job_instance
-from rig.redis_conn import connect
+from rig.redis_conn import connect, strip_password
 from rig.redis_writes import is_outage, refusal
 from rig.store import JobStore
 from workers.attempt_locate import carries_attempt, job_folders, locate
@@ -349,6 +349,7 @@ class CardRunner:
             with open(log_path, "ab", buffering=0) as logf:
                 if run_as is not None:
                     os.fchown(logf.fileno(), run_as.uid, run_as.gid)  # theirs to read
+                    os.fchmod(logf.fileno(), 0o600)  # and nobody else's (rig log goes through the gateway)
                 # The job writes into a pipe read by its log keeper (rig.logkeeper), which
                 # keeps the log within log_max_bytes at any rate; without one, straight to the
                 # file, capped by polling.
@@ -459,12 +460,17 @@ class CardRunner:
             "RIG_ATTEMPT": str(attempt),
             "RIG_EXIT_FILE": str(exit_file),
             "RIG_EXIT_FD": "0",
-            # So a job can call rig (rig log, @rig.task .delay) against this installation.
-            "RIG_REDIS_URL": self.settings.redis_url,
+            # So a job can call rig (rig log, @rig.task .delay) against this installation: a job
+            # of another user than this worker's through the gateway, as itself, without Redis'
+            # password (rig.gateway); one of the worker's own user (who can read the password
+            # file anyway) straight to Redis.
+            "RIG_REDIS_URL": strip_password(self.settings.redis_url) if run_as is not None else self.settings.redis_url,
             "RIG_KEY_PREFIX": self.settings.key_prefix,
             # Which node's job this is: a node's orphan check stops only its own (health.py).
             "RIG_NODE_NAME": self.node,
         }
+        if self.settings.gateway_socket is not None:
+            rig_vars["RIG_GATEWAY_SOCKET"] = str(self.settings.gateway_socket)
         usage_dir = getattr(self.backend, "usage_dir", None)
         if usage_dir is not None:
             rig_vars["RIG_FAKE_GPU_DIR"] = str(usage_dir)  # fake cards: jobs may "use" memory

@@ -104,9 +104,10 @@ def settings_from(ctx: click.Context) -> Settings:
 
 
 def client_from(ctx: click.Context):  # noqa: ANN201
-    from rig.client import Client
+    """Straight to Redis or through the node's gateway (rig.gateway.choice)."""
+    from rig.gateway.choice import make_client
 
-    return Client(settings_from(ctx))
+    return make_client(settings_from(ctx))
 
 
 def parse_env_items(items: tuple[str, ...]) -> dict[str, str | None]:

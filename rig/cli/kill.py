@@ -16,7 +16,6 @@ import click
 from rig.client import Client
 from rig.errors import PermissionDenied, RedisUnavailable, RigError
 from rig.models import JobState
-from rig.nodes import NodeRegistry
 from rig.text import clean
 
 #: Exit status when a kill was requested but the job still ran when the wait ended.
@@ -95,7 +94,7 @@ def _node_away(client: Client, job) -> str | None:  # noqa: ANN001 - rig.models.
     are cancelled at once; an up or silent node gets the usual wait)."""
     if job.state not in (JobState.RUNNING, JobState.ASSIGNED) or not job.node:
         return None
-    found = [n for n in NodeRegistry(client.r, client.keys).read() if n.name == job.node]
+    found = [n for n in client.nodes() if n.name == job.node]
     if not found or found[0].state not in ("stopped", "down"):
         return None
     return f"node {job.node} is {found[0].describe}"

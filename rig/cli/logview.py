@@ -25,6 +25,7 @@ the number the record and `rig show` use; an attempt that never started (its his
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -125,14 +126,22 @@ def this_machine(node_name: str, nodes: Iterable[NodeInfo]) -> Callable[[str], b
     return mine.__contains__
 
 
+def _open_file(path: str) -> BinaryIO:
+    return open(path, "rb")  # noqa: SIM115 - the caller closes it
+
+
 def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: BinaryIO,
              say: Callable[[str], None], sleep: Callable[[float], None] = time.sleep,
              why: Callable[[Job], str | None] | None = None,
-             here: Callable[[str], bool] | None = None) -> None:
+             here: Callable[[str], bool] | None = None,
+             open_log: Callable[[str], BinaryIO] = _open_file,
+             exists: Callable[[str], bool] = os.path.exists) -> None:
     """Print the log of ``attempt`` (default: the latest) of the job ``get()`` reads, to
     ``out``; with ``follow``, keep printing that attempt and, when no attempt was named, every
     later one, until the job is final. ``say`` prints rig's own lines (stderr); ``why`` words
-    why a PENDING job waits (rig.waiting.why_waiting), said once per wait for an attempt."""
+    why a PENDING job waits (rig.waiting.why_waiting), said once per wait for an attempt.
+    ``open_log`` and ``exists`` reach the files (through the gateway for a user who cannot
+    read them: rig.gateway.client)."""
     job = get()
     logs, last = attempt_logs(job), last_attempt(job)
     if attempt is not None and not 1 <= attempt <= max(last, 1):
@@ -148,7 +157,7 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
                                f"`rig log -f {job.id}` waits for it")
         n = attempt or max(logs)
         path = logs[n]
-        if not os.path.exists(path):
+        if not exists(path):
             if ran_here(job, n, here):
                 raise InvalidInput(f"the log file {path} of attempt {n} no longer exists (deleted?); "
                                    f"attempt {n} ran on {where(job, n)}, this machine")
@@ -157,7 +166,7 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
         say(header(job, n, last))
         if note := cut_note(job, n, path):
             say(note)
-        with open(path, "rb") as fh:
+        with contextlib.closing(open_log(path)) as fh:
             _copy(fh, out)
         return
 
@@ -184,7 +193,7 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
             if current not in attempt_logs(job):  # final, and no such attempt
                 break
             say(header(job, current))
-            job = _follow_one(get, job, current, out, say, sleep)
+            job = _follow_one(get, job, current, out, say, sleep, open_log, exists)
             if note := cut_note(job, current, attempt_logs(job)[current]):
                 say(note)
         if attempt is not None or (job.state.terminal and last_attempt(job) <= current):
@@ -207,7 +216,9 @@ def _waiting_line(job: Job, why: Callable[[Job], str | None]) -> str:
 
 
 def _follow_one(get: Callable[[], Job], job: Job, attempt: int, out: BinaryIO,
-                say: Callable[[str], None], sleep: Callable[[float], None]) -> Job:
+                say: Callable[[str], None], sleep: Callable[[float], None],
+                open_log: Callable[[str], BinaryIO] = _open_file,
+                exists: Callable[[str], bool] = os.path.exists) -> Job:
     """Print attempt ``attempt``'s log as it grows, until that attempt is over (a later one
     has a log, or the job is final); then print what is left and return the job as last read."""
     path = attempt_logs(job)[attempt]
@@ -219,8 +230,8 @@ def _follow_one(get: Callable[[], Job], job: Job, attempt: int, out: BinaryIO,
             # Over: final, a later attempt has a log, or the job is back in the queue for a retry.
             over = (job.state.terminal or last_attempt(job) > attempt
                     or (job.state is JobState.PENDING and last_attempt(job) == attempt))
-            if fh is None and os.path.exists(path):
-                fh = open(path, "rb")  # noqa: SIM115 - kept open while the attempt runs
+            if fh is None and exists(path):
+                fh = open_log(path)  # kept open while the attempt runs
             if fh is not None:
                 _copy(fh, out)
             if over:

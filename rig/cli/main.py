@@ -33,7 +33,6 @@ from rig.cli.top import top
 from rig.errors import StackError
 from rig.models import JobState
 from rig.registration import read_notes, write_notes
-from rig.waiting import why_waiting
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -105,12 +104,12 @@ def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
     client = client_from(ctx)
     client.ping()
     job = client.get(job_id)
-    why = why_waiting(client, job)  # the one explanation (rig.waiting), for the table and JSON alike
+    why = client.why_waiting(job)  # the one explanation (rig.waiting), for the table and JSON alike
     if as_json:
         click.echo(J.dumps(J.job_dict(job, waiting_because=why,
-                                      in_error_queue=client.store.in_error_queue(job.id))))
+                                      in_error_queue=client.in_error_queue(job.id))))
         return
-    render_job(job, why, make_console(), in_error_queue=client.store.in_error_queue(job.id))
+    render_job(job, why, make_console(), in_error_queue=client.in_error_queue(job.id))
 
 
 @cli.command()
@@ -144,14 +143,14 @@ def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None) -> N
     """Print a job's output (stdout and stderr) on stdout; which attempt, on stderr. With -f,
     follow it, retried attempts included, until the job is final (rig.cli.logview)."""
     from rig.cli.logview import show_log, this_machine
-    from rig.nodes import NodeRegistry
 
     client = client_from(ctx)
     client.ping()
     job = client.get(parse_job_id(job_id))
     show_log(lambda: client.get(job.id), attempt=attempt, follow=follow, out=sys.stdout.buffer,
              say=lambda line: click.echo(line, err=True), why=client.why_waiting,
-             here=this_machine(client.settings.node_name, NodeRegistry(client.r, client.keys).read()))
+             here=this_machine(client.settings.node_name, client.nodes()),
+             open_log=lambda path: client.open_log(job.id, path), exists=lambda path: client.log_exists(job.id, path))
 
 
 # -- controlling ------------------------------------------------------------------------------
@@ -278,7 +277,8 @@ def config(ctx: click.Context) -> None:
 @click.option("--no-flower", is_flag=True, help="Don't start Flower.")
 @click.option("--no-beat", is_flag=True, help="Don't start beat (another node runs it).")
 @click.option("--no-metrics", is_flag=True, help="Don't serve the Prometheus endpoint.")
-@click.option("--only", multiple=True, type=click.Choice(["redis", "cards", "control", "beat", "flower", "metrics"]),
+@click.option("--only", multiple=True,
+              type=click.Choice(["redis", "cards", "control", "beat", "flower", "metrics", "gateway"]),
               help="Start only these parts (repeatable), e.g. for docker-compose services.")
 @click.option("--fake-gpus", "fake_gpus_opt", metavar="SPEC", help="Use fake cards, e.g. 8x80G.")
 @click.option("--redis-url", "--redis", "redis_url_opt", metavar="URL",

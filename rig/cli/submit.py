@@ -16,7 +16,7 @@ from rig.errors import InvalidInput, RigError, SubmitInterrupted
 from rig.memory import format_memory
 from rig.models import JobState
 from rig.text import clean
-from rig.waiting import first_look, worth_saying
+from rig.waiting import worth_saying
 
 
 def submit_options(fn):  # noqa: ANN001, ANN201
@@ -35,6 +35,10 @@ def submit_options(fn):  # noqa: ANN001, ANN201
         click.option("--env", "-e", "env", multiple=True, metavar="NAME[=VALUE]",
                      help="Environment variable for the job (repeatable); NAME alone passes your "
                           "current value. CUDA_VISIBLE_DEVICES, USER, LOGNAME and RIG_* are rig's."),
+        click.option("--export", "export", metavar="ALL|NONE|NAME,...",
+                     help="Which of your environment variables the job gets (as Slurm's --export): ALL "
+                          "(default; not rig's own, CUDA_VISIBLE_DEVICES or your login session's), NONE, "
+                          "or the names listed. --env adds to it. Only you, admins and the job read the values."),
         click.option("--retries", type=int, metavar="N",
                      help="Retries after a failed attempt before the error queue (default: max_retries)."),
         click.option("--time-limit", "time_limit", metavar="DURATION",
@@ -55,7 +59,8 @@ def submit_options(fn):  # noqa: ANN001, ANN201
 
 @handle_errors
 def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir, env, wait, command,  # noqa: ANN001
-              retries=None, time_limit=None, oom_retry_grow=None, template=None, pool=None) -> None:
+              retries=None, time_limit=None, oom_retry_grow=None, template=None, pool=None,
+              export=None) -> None:
     if cmd and command:
         raise InvalidInput("give the command either after `--` or with --cmd, not both")
     if gpu_memory is None and template is None:
@@ -66,6 +71,7 @@ def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir
             cmd if cmd else list(command), gpu_memory=gpu_memory, gpus=gpus, priority=priority,
             name=name, workdir=workdir, env=parse_env_items(env), retries=retries,
             time_limit=time_limit, oom_retry_grow=oom_retry_grow, template=template, pool=pool,
+            export=export,
         )
     except SubmitInterrupted as stopped:
         # Ctrl-C after the job was stored: it is queued and will run. Say its id (stdout, as
@@ -100,7 +106,7 @@ def _say_why_waiting(client, job_id: int) -> None:  # noqa: ANN001
     take the job (rig.waiting.first_look: a stopped dispatcher's lock lingers). Nothing when it
     is placed or about to be."""
     try:
-        why = first_look(client, job_id)
+        why = client.first_look(job_id)
     except (RigError, redis.RedisError):
         return  # the job is submitted; an explanation that cannot be read is not an error
     if worth_saying(why):

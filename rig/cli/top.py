@@ -445,7 +445,7 @@ class _Snapshot:
 
 def _read(client) -> tuple[StatusReport, int]:  # noqa: ANN001
     report = client.status()
-    return report, len(client.store.error_ids())
+    return report, client.error_count()
 
 
 def _problem_text(exc: BaseException) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import tempfile
 import threading
 import time
 import uuid
@@ -58,6 +59,9 @@ class RigHarness:
             home=home, redis_url=redis_url or DEFAULT_REDIS_URL, key_prefix=self.prefix,
             fake_gpus=fake_gpus, node_name=node_name, kill_grace_seconds=2.0,
             telemetry_interval=0.5, vram_reserve_fraction=0.05, max_task_per_gpu=4,
+            # Its own gateway socket: never the host's /run/rig/gateway.sock (rig.gateway.paths),
+            # and short (a Unix socket path has at most 107 bytes; tmp_path is long).
+            gateway_socket=Path(tempfile.gettempdir()) / "rig-test-gateways" / f"{uuid.uuid4().hex[:12]}.sock",
         )
         values.update(overrides)
         self.settings: Settings = load_settings(**values)

@@ -77,3 +77,28 @@ def test_env_refusals_come_first_and_bad_types_are_one_line(tmp_path):
         client.submit(["true"], gpu_memory="1G", env={"CUDA_VISIBLE_DEVICES": None})  # unset, still rig's
     with pytest.raises(InvalidInput, match="env must be a mapping"):
         client.submit(["true"], gpu_memory="1G", env=["A=1"])
+
+
+SHELL_ENV = {"PATH": "/env/bin", "LD_LIBRARY_PATH": "/opt/cuda/lib64", "WANDB_API_KEY": "k", "HF_TOKEN": "t",
+             "CONDA_PREFIX": "/c", "HOME": "/home/a", "SHELL": "/bin/zsh", "PWD": "/w", "SSH_AUTH_SOCK": "/tmp/s",
+             "RIG_REDIS_URL": "redis://x", "CUDA_VISIBLE_DEVICES": "7", "USER": "a", "SUDO_USER": "b",
+             "BASH_FUNC_f%%": "() { :; }", "LD_PRELOAD": "/tmp/evil.so", "TERM": "xterm"}
+
+
+def test_export_all_passes_everything_but_rigs_own_and_the_login_session():
+    assert job_env.exported(SHELL_ENV) == job_env.exported(SHELL_ENV, "all") == {
+        "PATH": "/env/bin", "LD_LIBRARY_PATH": "/opt/cuda/lib64", "WANDB_API_KEY": "k", "HF_TOKEN": "t",
+        "CONDA_PREFIX": "/c"}
+
+
+def test_export_none_and_names():
+    assert job_env.exported(SHELL_ENV, "NONE") == {}
+    assert job_env.exported(SHELL_ENV, "HF_TOKEN, PATH,NOT_SET") == {"HF_TOKEN": "t", "PATH": "/env/bin"}
+
+
+@pytest.mark.parametrize("mode, words", [("HOME", "never travels"), ("CUDA_VISIBLE_DEVICES", "never travels"),
+                                         ("A-B", "not a variable name"), (",", "ALL, NONE")])
+def test_a_bad_export_is_one_line(mode, words):
+    with pytest.raises(ValueError, match=words) as caught:
+        job_env.parse_export(mode)
+    assert "\n" not in str(caught.value)

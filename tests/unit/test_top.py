@@ -157,6 +157,9 @@ class _FakeClient:
     def status(self) -> StatusReport:
         return self.report
 
+    def error_count(self) -> int:
+        return len(self.store.error_ids())
+
 
 def test_run_top_once_prints_one_frame() -> None:
     out = io.StringIO()

@@ -1,0 +1,1 @@
+"""rig's gateway: the API on a Unix socket for users without Redis credentials (server.py)."""

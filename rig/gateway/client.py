@@ -1,0 +1,386 @@
+"""rig's Python API over the gateway's socket, for a user who holds no Redis credentials.
+
+:class:`GatewayClient` has the methods of rig.client.Client that the CLI, ``rig top``,
+``rig.submit`` and ``@rig.task`` use, with the same arguments, results and errors; the
+gateway runs them as the caller (the kernel says who that is). What the caller may not read
+of other users' jobs arrives hidden (rig.gateway.privacy). Which client a process gets is
+decided in rig.gateway.choice.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from rig import errors as E
+from rig import job_env as jobenv
+from rig.client import Identity, JobHandle, StatusReport, caller_environ
+from rig.config import Settings, Template
+from rig.errors import InvalidInput, JobGone, RigError
+from rig.gateway import wire
+from rig.models import Job, JobState
+from rig.ownership import refusal
+
+#: Seconds to connect, and to wait for one answer (a submit_many of thousands takes a while).
+CONNECT_TIMEOUT_S = 5.0
+REPLY_TIMEOUT_S = 120.0
+
+
+class GatewayUnavailable(E.RigError):
+    """No gateway answers at the socket (rig is not up on this node, or it is another path)."""
+
+    exit_code = 5
+
+
+def _rebuild_error(error: Any) -> RigError:  # noqa: ANN401
+    """The gateway's error as the same class of rig.errors (RigError for one it does not know)."""
+    name = error.get("type") if isinstance(error, dict) else None
+    message = str(error.get("message", "the gateway refused the request")) if isinstance(error, dict) else str(error)
+    cls = getattr(E, name, None) if isinstance(name, str) else None
+    if not (isinstance(cls, type) and issubclass(cls, RigError)):
+        cls = RigError
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, message)
+    return exc
+
+
+class GatewayClient:
+    """Talks to rig through the gateway at ``path``. Cheap to create; connects on first use,
+    again after the gateway restarted. Thread-safe (one request at a time per client)."""
+
+    via_gateway = True
+
+    def __init__(self, settings: Settings, path: Path) -> None:
+        self.settings = settings
+        self.path = path
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self.last_auto_note: str | None = None
+        self._who: tuple[Identity, bool] | None = None
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(CONNECT_TIMEOUT_S)
+        try:
+            sock.connect(str(self.path))
+        except OSError as exc:
+            sock.close()
+            raise GatewayUnavailable(
+                f"rig's gateway does not answer at {self.path} ({exc.strerror or exc}): rig is not up on this "
+                "node, or listens elsewhere; an admin starts it with `rig up` (or `rig gateway` on a machine "
+                "without cards), or set RIG_GATEWAY_SOCKET to its socket") from None
+        _check_server(sock, self.path)
+        sock.settimeout(REPLY_TIMEOUT_S)
+        return sock
+
+    def call(self, op: str, **args: Any) -> Any:  # noqa: ANN401
+        """One request; the gateway's answer, or its error raised as rig's error class."""
+        message = {"op": op, "args": wire.encode(args)}
+        with self._lock:
+            for attempt in (1, 2):
+                if self._sock is None:
+                    self._sock = self._connect()
+                try:
+                    wire.send(self._sock, message)
+                    answer = wire.receive(self._sock)
+                except (OSError, wire.WireError) as exc:
+                    self.close_locked()
+                    if attempt == 2 or isinstance(exc, TimeoutError):
+                        raise GatewayUnavailable(f"rig's gateway at {self.path} stopped answering ({exc}); "
+                                                 "`rig status` once it is back") from None
+                    continue  # a connection the gateway dropped (restart, idle): once more
+                if answer is None:
+                    self.close_locked()
+                    if attempt == 2:
+                        raise GatewayUnavailable(f"rig's gateway at {self.path} closed the connection")
+                    continue
+                break
+        if not answer.get("ok"):
+            raise _rebuild_error(answer.get("error"))
+        return wire.decode(answer.get("result"))
+
+    def close_locked(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+
+    def close(self) -> None:
+        with self._lock:
+            self.close_locked()
+
+    def ping(self) -> dict[str, Any]:
+        return self.call("ping")
+
+    def wake_dispatcher(self) -> None:
+        """The gateway's submit already woke it."""
+
+    # -- submitting -----------------------------------------------------------------------
+    def submit(self, command: str | list[str] | tuple[str, ...], *, workdir: str | os.PathLike[str] | None = None,
+               env: Mapping[str, str | None] | None = None, export: str | None = None,
+               **options: Any) -> JobHandle:
+        """Client.submit through the gateway: the caller's working folder, its ``--env NAME``
+        values and its exported environment are read here, in the caller's process."""
+        if isinstance(command, tuple):
+            command = list(command)
+        wd = _workdir(workdir, self.settings)
+        environ = self._exported(export)
+        resolved = self._env(env)
+        answer = self.call("submit", command=command, environ=environ,
+                           options={**options, "workdir": wd, "env": resolved, "export": "ALL"})
+        self.last_auto_note = answer.get("auto_note")
+        job: Job = answer["job"]
+        return JobHandle(self, job.id, job)  # type: ignore[arg-type]
+
+    def submit_many(self, requests: list[dict[str, Any]]) -> list[JobHandle]:
+        out = []
+        environ_by_mode: dict[str | None, dict[str, str]] = {}
+        for number, request in enumerate(requests):
+            if not isinstance(request, Mapping):
+                raise InvalidInput(f"request {number}: expected a dict of submit()'s arguments")
+            request = dict(request)
+            mode = request.pop("export", None)
+            if mode not in environ_by_mode:
+                environ_by_mode[mode] = self._exported(mode)
+            request["workdir"] = _workdir(request.get("workdir"), self.settings)
+            request["env"] = {**environ_by_mode[mode], **self._env(request.get("env"))}
+            request["export"] = "NONE"  # what it exports is in env already
+            if isinstance(request.get("command"), tuple):
+                request["command"] = list(request["command"])
+            out.append(request)
+        return [JobHandle(self, j.id, j) for j in self.call("submit_many", requests=out)]  # type: ignore[arg-type]
+
+    @staticmethod
+    def _exported(mode: str | None) -> dict[str, str]:
+        try:
+            return jobenv.exported(caller_environ(), mode)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+
+    @staticmethod
+    def _env(env: Mapping[str, str | None] | None) -> dict[str, str]:
+        if env is None:
+            return {}
+        if not isinstance(env, Mapping):
+            raise InvalidInput(f"env must be a mapping of names to values (e.g. {{'A': '1'}}), got {type(env).__name__}")
+        refused = jobenv.refuse_rig_owned(env)
+        if refused:
+            raise InvalidInput(refused)
+        try:
+            return jobenv.resolve_names({str(k): None if v is None else str(v) for k, v in env.items()},
+                                        caller_environ())
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+
+    # -- reading --------------------------------------------------------------------------
+    def get(self, job_id: int | str) -> Job:
+        return self.call("get", job_id=_id(job_id))
+
+    def get_instance(self, job_id: int | str, instance: str | None) -> Job:
+        return self.call("get", job_id=_id(job_id), instance=instance)
+
+    def job(self, job_id: int | str) -> JobHandle:
+        job = self.get(job_id)
+        return JobHandle(self, job.id, job)  # type: ignore[arg-type]
+
+    def jobs(self, state: JobState | str | None = None, *, limit: int = 50) -> list[Job]:
+        return self.call("jobs", state=state.value if isinstance(state, JobState) else state, limit=limit)
+
+    def why_waiting(self, job: Job) -> str | None:
+        return self.call("why_waiting", job_id=job.id)
+
+    def first_look(self, job_id: int) -> str | None:
+        return self.call("first_look", job_id=job_id)
+
+    def status(self, pool: str | None = None) -> StatusReport:
+        return self.call("status", pool=pool)
+
+    def errors(self, *, limit: int = 100) -> list[Job]:
+        return self.call("errors", limit=limit)
+
+    def in_error_queue(self, job_id: int | str) -> bool:
+        return self.call("in_error_queue", job_id=_id(job_id))
+
+    def error_count(self) -> int:
+        return self.call("error_count")
+
+    def nodes(self) -> list[Any]:
+        return self.call("nodes")
+
+    def templates(self) -> dict[str, Template]:
+        return {name: Template.model_validate(data) for name, data in self.call("templates").items()}
+
+    def result_of(self, job_id: int | str) -> str | None:
+        return self.call("result", job_id=_id(job_id))
+
+    def log_path(self, job_id: int | str, attempt: int | None = None) -> Path | None:
+        """Where the attempt's log is; the file itself is read with the caller's own rights
+        (a job's log belongs to its submitter where the workers run as root)."""
+        job = self.get(job_id)
+        paths = job.log_paths or ([job.log_path] if job.log_path else [])
+        if not paths:
+            return None
+        if attempt is None:
+            return Path(paths[-1])
+        if not 1 <= attempt <= len(paths):
+            raise InvalidInput(f"job {job.id} has {len(paths)} attempt(s); pick --attempt 1..{len(paths)}")
+        return Path(paths[attempt - 1])
+
+    def log_exists(self, job_id: int, path: str) -> bool:
+        return bool(self.call("log_exists", job_id=job_id, path=path))
+
+    def open_log(self, job_id: int, path: str) -> _RemoteLog:
+        """The log file as the gateway reads it (the caller's own rights may not reach it)."""
+        return _RemoteLog(self, job_id, path)
+
+    def read_log(self, job_id: int | str, attempt: int | None = None) -> str:
+        path = self.log_path(job_id, attempt)
+        if path is None or not self.log_exists(_id(job_id), str(path)):
+            return ""
+        with self.open_log(_id(job_id), str(path)) as fh:
+            return fh.read().decode(errors="replace")
+
+    # -- control --------------------------------------------------------------------------
+    def kill(self, job_id: int | str, *, wait: bool = True, timeout: float | None = None) -> Job:
+        job = self.call("kill", job_id=_id(job_id))
+        if wait and not job.state.terminal:
+            limit = timeout if timeout is not None else self.settings.kill_grace_seconds + 20
+            return self.wait(job.id, timeout=limit)
+        return job
+
+    def retry(self, job_id: int | str, *, gpu_memory: str | int | None = None) -> Job:
+        return self.call("retry", job_id=_id(job_id), gpu_memory=gpu_memory)
+
+    def clear_error(self, job_id: int | str) -> Job:
+        return self.call("clear_error", job_id=_id(job_id))
+
+    def forget_node(self, name: str, *, force: bool = False, failed: dict[int, str] | None = None) -> list[str]:
+        answer = self.call("forget_node", name=name, force=force)
+        if failed is not None:
+            failed.update({int(k): v for k, v in answer["failed"].items()})
+        return answer["cards"]
+
+    def _me(self) -> tuple[Identity, bool]:
+        """This caller as the gateway knows it (the kernel's uid), and whether it is an admin."""
+        if self._who is None:
+            me = self.ping()
+            self._who = (Identity(me["user"], me["uid"]), bool(me["admin"]))
+        return self._who
+
+    def is_admin(self, who: Identity | None = None) -> bool:
+        me, admin = self._me()
+        return admin if who is None or who == me else False
+
+    def check_control(self, job: Job, action: str) -> None:
+        """Client.check_control, by the same rule (rig.ownership); the gateway checks again."""
+        me, admin = self._me()
+        refused = refusal(job, me, admin=admin, action=action)
+        if refused is not None:
+            raise refused
+
+    def wait(self, job_id: int | str, *, timeout: float | None = None,
+             on_change: Callable[[Job], None] | None = None, instance: str | None = None) -> Job:
+        """Client.wait, polling the gateway (a few requests a second)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen: tuple[JobState, int] | None = None
+        delay = 0.05
+        while True:
+            try:
+                job = self.get_instance(job_id, instance)
+            except JobGone:
+                raise
+            now = (job.state, job.attempt)
+            if now != seen:
+                seen = now
+                delay = 0.05
+                if on_change is not None:
+                    on_change(job)
+            if job.state.terminal:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job.state.value} after {timeout} s")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+
+class _RemoteLog(io.RawIOBase):
+    """A log file read through the gateway, chunk by chunk from where the last read ended (a
+    file that grows, as `rig log -f` follows it)."""
+
+    def __init__(self, client: GatewayClient, job_id: int, path: str) -> None:
+        super().__init__()
+        self.client, self.job_id, self.path, self.offset = client, job_id, path, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        import base64
+
+        want = LOG_READ if size is None or size < 0 else min(size, LOG_READ)
+        chunks = []
+        while True:
+            data = base64.b64decode(self.client.call("log_read", job_id=self.job_id, path=self.path,
+                                                     offset=self.offset, size=want))
+            self.offset += len(data)
+            chunks.append(data)
+            if size is not None and size >= 0 or len(data) < want:
+                return b"".join(chunks)
+
+    def readinto(self, buffer) -> int:  # noqa: ANN001
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
+#: The most one log request asks for (bytes; the gateway's LOG_CHUNK).
+LOG_READ = 4 * 2**20
+
+
+def _id(job_id: int | str) -> int:
+    text = str(job_id).strip()
+    if not text.isdigit():
+        raise InvalidInput(f"{job_id!r} is not a job id (a positive whole number); `rig jobs` lists them")
+    return int(text)
+
+
+def _workdir(workdir: Any, settings: Settings) -> str:  # noqa: ANN401
+    chosen = workdir or settings.command_workdir or os.getcwd()
+    path = Path(chosen).expanduser().resolve()
+    if not path.is_dir():
+        raise InvalidInput(f"--workdir {chosen} is not a directory; create it or pick another")
+    return str(path)
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    """The uid of the process serving the socket (SO_PEERCRED)."""
+    import struct
+
+    ucred = struct.Struct("3i")
+    return ucred.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, ucred.size))[1]
+
+
+def _check_server(sock: socket.socket, path: Path) -> None:
+    """The process answering must be root's, this user's own, or that of the owner of a folder
+    nobody else may write to (rig run by a service user): a socket someone else put in a folder
+    we can write to is not rig's gateway. Refused, nothing sent."""
+    uid = _peer_uid(sock)
+    trusted = {0, os.getuid()}
+    try:
+        folder = path.resolve().parent.stat()
+        if not folder.st_mode & 0o022:
+            trusted.add(folder.st_uid)
+    except OSError:
+        pass
+    if uid not in trusted:
+        sock.close()
+        raise GatewayUnavailable(f"the socket {path} is served by uid {uid}, neither root nor you: not rig's "
+                                 "gateway; nothing was sent. Ask an admin where rig's gateway listens")

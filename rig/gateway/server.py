@@ -1,0 +1,400 @@
+"""The gateway: rig's API on a Unix socket, for users who hold no Redis credentials.
+
+`rig up` starts one per node (``rig gateway`` alone on a login node without cards). Its
+caller's identity comes from the kernel (SO_PEERCRED: uid, gid, pid of the connecting
+process), never from anything the caller sends, so a user can submit only as themself and
+act only on their own jobs (rig.gateway.privacy); admins (root, ``admins``) on all. A job
+calls rig through the same socket as its own user: no job carries Redis' password.
+
+Each request is one frame (rig.gateway.wire): ``{"op": NAME, "args": {...}}``; each answer
+``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {"type": "PermissionDenied",
+"message": "..."}}``. A bad request (not rig's frame, an unknown op, wrong arguments, too
+large) gets one error answer and, when the frame itself was bad, the connection closed; it
+never stops the gateway. At most MAX_CONNECTIONS peers at once; a peer silent for
+IDLE_TIMEOUT_S between requests is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import socketserver
+import stat
+import struct
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rig import __version__
+from rig.client import Client, Identity, acting_as, identity_of
+from rig.config import Settings, load_settings
+from rig.errors import InvalidInput, PermissionDenied, RigError
+from rig.gateway import privacy, wire
+from rig.models import Job, JobState
+from rig.ownership import owns
+
+log = logging.getLogger("rig.gateway")
+
+#: Peers served at once; one more is answered "busy" and closed.
+MAX_CONNECTIONS = 256
+#: A peer silent this long between two requests is dropped (s).
+IDLE_TIMEOUT_S = 600.0
+#: The most of a log one request returns (bytes).
+LOG_CHUNK = 4 * 2**20
+
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+class Peer:
+    """Who is on the other end of a connection, as the kernel says."""
+
+    def __init__(self, pid: int, uid: int, gid: int) -> None:
+        self.pid, self.uid, self.gid = pid, uid, gid
+        self.identity: Identity = identity_of(uid)
+
+    @classmethod
+    def of(cls, sock: socket.socket) -> Peer:
+        pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+        return cls(pid, uid, gid)
+
+    def environment(self) -> dict[bytes, bytes]:
+        """The peer process's environment (empty when it cannot be read or it is gone)."""
+        try:
+            with open(f"/proc/{self.pid}/environ", "rb") as fh:
+                items = fh.read().split(b"\0")
+        except OSError:
+            return {}
+        return dict(item.split(b"=", 1) for item in items if b"=" in item)
+
+
+class Gateway:
+    """The operations, each run for one peer against one direct Client (rig's credentials)."""
+
+    def __init__(self, settings: Settings, client: Client | None = None) -> None:
+        self.settings = settings
+        self.client = client or Client(settings)
+        self.ops: dict[str, Callable[..., Any]] = {
+            name.removeprefix("op_"): getattr(self, name) for name in dir(self) if name.startswith("op_")}
+
+    # -- dispatch -------------------------------------------------------------------------
+    def handle(self, peer: Peer, message: dict[str, Any]) -> dict[str, Any]:
+        """The answer to one request (never raises)."""
+        op = message.get("op")
+        fn = self.ops.get(op) if isinstance(op, str) else None
+        if fn is None:
+            return _error(InvalidInput(f"the gateway has no operation {op!r}; is this rig client newer than rig "
+                                       f"on the node ({__version__})?"))
+        try:
+            args = wire.decode(message.get("args") or {})
+            if not isinstance(args, dict):
+                raise InvalidInput("the request's args must be an object")
+            environ = args.pop("environ", None) or {}
+            if not isinstance(environ, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                        for k, v in environ.items()):
+                raise InvalidInput("environ must map names to strings")
+            with acting_as(peer.identity, environ):
+                result = fn(peer, **args)
+            return {"ok": True, "result": wire.encode(result)}
+        except RigError as exc:
+            return _error(exc)
+        except TypeError as exc:
+            return _error(InvalidInput(f"wrong arguments for {op}: {exc}"))
+        except wire.WireError as exc:
+            return _error(InvalidInput(f"a request the gateway cannot read: {exc}"))
+        except Exception as exc:  # noqa: BLE001 - one request's fault never stops the gateway
+            log.exception("gateway: %s of uid %s failed", op, peer.uid)
+            return _error(RigError(f"the gateway failed on {op}: {type(exc).__name__}: {exc}; see the node's "
+                                   "gateway.log"))
+
+    def _admin(self, peer: Peer) -> bool:
+        return self.client.is_admin(peer.identity)
+
+    def _seen(self, peer: Peer, job: Job) -> Job:
+        return privacy.as_seen_by(job, peer.identity, admin=self._admin(peer))
+
+    # -- operations (each takes the peer first, then the request's arguments) ---------------
+    def op_ping(self, peer: Peer) -> dict[str, Any]:
+        return {"version": __version__, "node": self.settings.node_name, "user": peer.identity.name,
+                "uid": peer.uid, "admin": self._admin(peer)}
+
+    def op_submit(self, peer: Peer, command: Any, options: dict[str, Any]) -> dict[str, Any]:  # noqa: ANN401
+        options = _submit_options(options)
+        handle = self.client.submit(command, **options)
+        return {"job": handle._job, "auto_note": self.client.last_auto_note}
+
+    def op_submit_many(self, peer: Peer, requests: list[dict[str, Any]]) -> list[Job]:
+        if not isinstance(requests, list):
+            raise InvalidInput("requests must be a list")
+        checked = []
+        for number, request in enumerate(requests):
+            if not isinstance(request, dict):
+                raise InvalidInput(f"request {number}: expected an object")
+            request = dict(request)
+            command = request.pop("command", None)
+            checked.append({"command": command, **_submit_options(request)})
+        return [h._job for h in self.client.submit_many(checked)]
+
+    def op_get(self, peer: Peer, job_id: int, instance: str | None = None) -> Job:
+        return self._seen(peer, self.client.get_instance(_job_id(job_id), instance))
+
+    def op_jobs(self, peer: Peer, state: str | None = None, limit: int = 50) -> list[Job]:
+        return [self._seen(peer, j) for j in self.client.jobs(state, limit=_bounded(limit, 10_000))]
+
+    def op_why_waiting(self, peer: Peer, job_id: int) -> str | None:
+        return self.client.why_waiting(self.client.get(_job_id(job_id)))
+
+    def op_first_look(self, peer: Peer, job_id: int) -> str | None:
+        return self.client.first_look(_job_id(job_id))
+
+    def op_status(self, peer: Peer, pool: str | None = None) -> Any:  # noqa: ANN401 - StatusReport
+        report = self.client.status(pool)
+        report.running = {card: [self._seen(peer, j) for j in jobs] for card, jobs in report.running.items()}
+        return report
+
+    def op_errors(self, peer: Peer, limit: int = 100) -> list[Job]:
+        return [self._seen(peer, j) for j in self.client.errors(limit=_bounded(limit, 10_000))]
+
+    def op_in_error_queue(self, peer: Peer, job_id: int) -> bool:
+        return self.client.in_error_queue(_job_id(job_id))
+
+    def op_error_count(self, peer: Peer) -> int:
+        return self.client.error_count()
+
+    def op_nodes(self, peer: Peer) -> list[Any]:
+        return self.client.nodes()
+
+    def op_templates(self, peer: Peer) -> dict[str, dict[str, Any]]:
+        return {name: t.model_dump() for name, t in self.client.templates().items()}
+
+    def op_kill(self, peer: Peer, job_id: int) -> Job:
+        # Never waits here: the client waits for the end itself (a gateway thread is no queue).
+        return self._seen(peer, self.client.kill(_job_id(job_id), wait=False))
+
+    def op_retry(self, peer: Peer, job_id: int, gpu_memory: str | int | None = None) -> Job:
+        return self.client.retry(_job_id(job_id), gpu_memory=gpu_memory)
+
+    def op_clear_error(self, peer: Peer, job_id: int) -> Job:
+        return self._seen(peer, self.client.clear_error(_job_id(job_id)))
+
+    def op_forget_node(self, peer: Peer, name: str, force: bool = False) -> dict[str, Any]:
+        failed: dict[int, str] = {}
+        cards = self.client.forget_node(str(name), force=bool(force), failed=failed)
+        return {"cards": cards, "failed": failed}
+
+    # A job's log: its owner's and admins' (the files are under rig's log_dir, which users
+    # need not be able to enter); only paths the record names as its attempts' logs.
+    def _log_file(self, job_id: int, path: str) -> Path:
+        job = self.client.get(_job_id(job_id))
+        self.client.check_control(job, "read the log of")
+        named = set(job.log_paths) | ({job.log_path} if job.log_path else set())
+        if not isinstance(path, str) or path not in named:
+            raise InvalidInput(f"{path!r} is no log of job {job.id}; `rig log {job.id}` finds them")
+        return Path(path)
+
+    def op_log_exists(self, peer: Peer, job_id: int, path: str) -> bool:
+        return self._log_file(job_id, path).exists()
+
+    def op_log_read(self, peer: Peer, job_id: int, path: str, offset: int = 0, size: int = LOG_CHUNK) -> str:
+        """Up to ``size`` bytes (at most LOG_CHUNK) from ``offset``, base64; "" at the end."""
+        import base64
+
+        file = self._log_file(job_id, path)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidInput(f"offset must be a whole number of bytes, got {offset!r}")
+        try:
+            with open(file, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(min(_bounded(size, LOG_CHUNK), LOG_CHUNK))
+        except FileNotFoundError:
+            raise InvalidInput(f"the log file {file} is not on this node") from None
+        return base64.b64encode(data).decode()
+
+    def op_result(self, peer: Peer, job_id: int) -> str | None:
+        return self.client.result_of(_job_id(job_id))
+
+    # A @rig.task job reads its call and stores its result (rig.call) as itself.
+    def op_task_payload(self, peer: Peer, job_id: int) -> str | None:
+        job = self._job_of_peer(peer, _job_id(job_id))
+        return self.client.r.hget(self.client.keys.job(job.id), "payload")
+
+    def op_task_result(self, peer: Peer, job_id: int, encoded: str) -> bool:
+        job = self._job_of_peer(peer, _job_id(job_id))
+        if not isinstance(encoded, str):
+            raise InvalidInput("encoded must be a string")
+        self.client.r.hset(self.client.keys.job(job.id), "result", encoded)
+        return True
+
+    def _job_of_peer(self, peer: Peer, job_id: int) -> Job:
+        """The job whose running attempt the peer process is: its environment names the job,
+        its instance and this installation's key prefix (the worker set them; a process of
+        the peer's own cannot borrow another job's), its uid is the job's, and the job is
+        RUNNING. Else PermissionDenied."""
+        job = self.client.get(job_id)
+        env = peer.environment()
+        marks = {b"RIG_JOB_ID": str(job.id).encode(), b"RIG_KEY_PREFIX": self.settings.key_prefix.encode(),
+                 b"RIG_JOB_INSTANCE": (job.instance or "").encode()}
+        mine = all(env.get(k) == v for k, v in marks.items())
+        owner = owns(job, peer.identity) or peer.uid == os.geteuid()
+        if not (mine and owner and job.state is JobState.RUNNING):
+            raise PermissionDenied(f"only job {job.id}'s own running process may read its call or store its "
+                                   "result")
+        return job
+
+
+def _error(exc: RigError) -> dict[str, Any]:
+    return {"ok": False, "error": {"type": type(exc).__name__, "message": str(exc)}}
+
+
+#: submit()'s arguments a request may carry (never rig's internal ones).
+SUBMIT_OPTIONS = frozenset({"gpu_memory", "gpus", "priority", "name", "workdir", "env", "shell", "kind", "extra",
+                            "retries", "time_limit", "oom_retry_grow", "template", "pool", "export"})
+
+
+def _submit_options(options: Any) -> dict[str, Any]:  # noqa: ANN401
+    if not isinstance(options, dict):
+        raise InvalidInput("submit options must be an object")
+    unknown = sorted(set(options) - SUBMIT_OPTIONS)
+    if unknown:
+        raise InvalidInput(f"unknown submit option(s): {', '.join(map(str, unknown))}")
+    if options.get("workdir") is None:
+        # The gateway's own folder means nothing to the caller: its client sends its own.
+        raise InvalidInput("the request names no working folder")
+    return dict(options)
+
+
+def _job_id(value: Any) -> int:  # noqa: ANN401
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).isdigit():
+        raise InvalidInput(f"{value!r} is not a job id (a positive whole number); `rig jobs` lists them")
+    return int(value)
+
+
+def _bounded(value: Any, most: int) -> int:  # noqa: ANN401
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInput(f"limit must be a positive whole number, got {value!r}")
+    return min(value, most)
+
+
+# -- the socket server ------------------------------------------------------------------------
+class _Handler(socketserver.BaseRequestHandler):
+    server: _Server
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        if not self.server.slots.acquire(blocking=False):
+            _send_quietly(sock, _error(RigError("the gateway is busy (too many connections); try again")))
+            return
+        try:
+            peer = Peer.of(sock)
+            while True:
+                sock.settimeout(IDLE_TIMEOUT_S)
+                try:
+                    message = wire.receive(sock)
+                except wire.WireError as exc:
+                    _send_quietly(sock, _error(InvalidInput(f"a request the gateway cannot read: {exc}")))
+                    return
+                except (OSError, TimeoutError):
+                    return  # the peer went away or fell silent
+                if message is None:
+                    return
+                answer = self.server.gateway.handle(peer, message)
+                try:
+                    wire.send(sock, answer)
+                except wire.WireError as exc:
+                    wire.send(sock, _error(RigError(str(exc))))
+                except OSError:
+                    return
+        finally:
+            self.server.slots.release()
+
+
+def _send_quietly(sock: socket.socket, message: dict[str, Any]) -> None:
+    try:
+        wire.send(sock, message)
+    except (OSError, wire.WireError):
+        pass
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    allow_reuse_address = False
+
+    def __init__(self, path: str, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(path, _Handler)
+
+
+def socket_in_use(path: Path) -> bool:
+    """Does a live process answer on the socket at ``path``?"""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def bind(path: Path, gateway: Gateway) -> _Server:
+    """The server on ``path`` (mode 0666: everyone may connect; who they are is the kernel's
+    answer). A stale socket file is replaced; a live one is refused with one line. The folder
+    is made 0755 if it does not exist: only its owner can put a socket there."""
+    if len(os.fsencode(str(path))) > 107:
+        raise RigError(f"the gateway socket path {path} is longer than a Unix socket allows (107 bytes); "
+                       "set gateway_socket to a shorter path")
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise RigError(f"{path} exists and is no socket; remove it or set gateway_socket elsewhere")
+        if socket_in_use(path):
+            raise RigError(f"another gateway answers at {path}; set gateway_socket to another path for this node")
+        path.unlink()
+    server = _Server(str(path), gateway)
+    os.chmod(path, 0o666)
+    return server
+
+
+def serve(settings: Settings | None = None) -> None:
+    """Run the gateway of this node until SIGTERM or SIGINT."""
+    from rig.gateway.paths import node_socket
+
+    settings = settings or load_settings()
+    path = node_socket(settings)
+    server = bind(path, Gateway(settings))
+    log.info("gateway of node %s listening on %s", settings.node_name, path)
+
+    def stop(signum: int, _frame: object) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        server.server_close()
+        try:
+            if path.exists() and not socket_in_use(path):
+                path.unlink()
+        except OSError:
+            pass
+
+
+def main() -> None:
+    from rig.supervision import watch_supervisor
+
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s/gateway] %(message)s")
+    watch_supervisor()  # dies with the rig up that started it (a no-op when started by hand)
+    try:
+        serve()
+    except RigError as exc:
+        log.error("%s", exc)
+        raise SystemExit(6) from None
+
+
+if __name__ == "__main__":
+    main()

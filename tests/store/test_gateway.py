@@ -1,0 +1,190 @@
+"""The gateway (rig.gateway): rig's API on a Unix socket, the caller's identity from the kernel.
+
+A real socket and server thread in this process, over a Client on fakeredis or real Redis.
+The socket's real peer is this test (root or not); other users are played by handing the
+Gateway a Peer with their uid, which is what SO_PEERCRED would have said for them (the tests
+with real second and third Unix users are in tests/integration/test_gateway_users.py)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rig.client import Client
+from rig.config import load_settings
+from rig.errors import InvalidInput, JobNotFound, PermissionDenied
+from rig.gateway import privacy, wire
+from rig.gateway.client import GatewayClient, GatewayUnavailable
+from rig.gateway.server import Gateway, Peer, bind
+from rig.models import Job, JobState, Priority
+
+ALICE, BOB = 40001, 40002  # uids without a passwd entry: their names are the uids as text
+
+
+@pytest.fixture
+def gateway(redis_client, key_prefix, tmp_path) -> Iterator[tuple[Gateway, Path]]:
+    settings = load_settings(home=tmp_path / "home", key_prefix=key_prefix, admins=["root"])
+    gw = Gateway(settings, Client(settings, redis_client=redis_client))
+    path = Path(f"/tmp/rig-test-gw-{os.getpid()}-{key_prefix.split(':')[1]}.sock")
+    server = bind(path, gw)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield gw, path
+    server.shutdown()
+    server.server_close()
+    path.unlink(missing_ok=True)
+
+
+def _as(gw: Gateway, uid: int, op: str, **args):  # noqa: ANN202
+    """What the gateway answers a peer of ``uid`` (as SO_PEERCRED would name it)."""
+    answer = gw.handle(Peer(os.getpid(), uid, uid), {"op": op, "args": wire.encode(args)})
+    if answer["ok"]:
+        return wire.decode(answer["result"])
+    return answer["error"]
+
+
+def _submit_as(gw: Gateway, uid: int, **options) -> Job:
+    options = {"gpu_memory": "1G", "workdir": "/tmp", "env": {"WANDB_API_KEY": "secret-of-" + str(uid)}, **options}
+    answer = _as(gw, uid, "submit", command=["python", "train.py", "--token", "t0p"], options=options,
+                 environ={"CONDA_PREFIX": "/c", "HOME": "/home/x"})
+    assert isinstance(answer, dict) and "job" in answer, answer
+    return answer["job"]
+
+
+def test_the_wire_rebuilds_rigs_objects_and_nothing_else():
+    job = Job(id=3, name="n", user="u", command=["a"], gpu_memory=1, gpus=1, priority=Priority.HIGH,
+              state=JobState.RUNNING, workdir="/", created_at=1.0, env={"A": "1"}, cards=[0, 2])
+    assert wire.decode(wire.encode(job)) == job
+    assert wire.decode(wire.encode({JobState.PENDING: 2, Priority.LOW: None})) == {JobState.PENDING: 2,
+                                                                                   Priority.LOW: None}
+    with pytest.raises(wire.WireError, match="unknown object type"):
+        wire.decode({"__t": "Popen", "f": {"args": ["sh"]}})
+    with pytest.raises(wire.WireError, match="unknown value type"):
+        wire.decode({"__e": "Signals", "v": 9})
+
+
+def test_submit_watch_and_kill_through_the_socket(gateway):
+    gw, path = gateway
+    client = GatewayClient(gw.settings, path)
+    me = client.ping()
+    assert me["uid"] == os.getuid()
+    handle = client.submit(["sleep", "1"], gpu_memory="2G", env={"X": "1"}, priority="high")
+    job = client.get(handle.id)
+    assert job.user == me["user"] and job.uid == os.getuid()  # the kernel's word, not the client's
+    assert job.env["X"] == "1" and job.workdir == os.getcwd()
+    assert [j.id for j in client.jobs()] == [job.id]
+    assert client.status().pending[Priority.HIGH] == 1
+    assert client.kill(job.id).state is JobState.CANCELLED
+    many = client.submit_many([{"command": ["true"], "gpu_memory": "1G"} for _ in range(3)])
+    assert [h.id for h in many] == [job.id + 1, job.id + 2, job.id + 3]
+    with pytest.raises(JobNotFound):
+        client.get(999)
+    with pytest.raises(InvalidInput, match="12Q"):
+        client.submit(["true"], gpu_memory="12Q")
+
+
+def test_another_user_sees_that_a_job_exists_not_what_it_carries(gateway):
+    gw, _ = gateway
+    job = _submit_as(gw, ALICE)
+    assert (job.user, job.uid) == (str(ALICE), ALICE)
+    assert job.env == {"CONDA_PREFIX": "/c", "WANDB_API_KEY": f"secret-of-{ALICE}"}  # HOME never travels
+    seen = _as(gw, BOB, "get", job_id=job.id)
+    assert (seen.user, seen.name, seen.gpu_memory, seen.state) == (job.user, job.name, job.gpu_memory, job.state)
+    assert seen.command == [privacy.HIDDEN] and seen.workdir == privacy.HIDDEN
+    assert seen.env == {"CONDA_PREFIX": privacy.HIDDEN, "WANDB_API_KEY": privacy.HIDDEN}
+    assert _as(gw, BOB, "jobs")[0].env["WANDB_API_KEY"] == privacy.HIDDEN
+    assert _as(gw, ALICE, "get", job_id=job.id).env["WANDB_API_KEY"] == f"secret-of-{ALICE}"
+    assert _as(gw, 0, "get", job_id=job.id).command[-1] == "t0p"  # root is an admin
+
+
+@pytest.mark.parametrize("op", ["kill", "retry", "clear_error", "result"])
+def test_another_user_cannot_act_on_a_job(gateway, op):
+    gw, _ = gateway
+    job = _submit_as(gw, ALICE)
+    error = _as(gw, BOB, op, job_id=job.id)
+    assert error["type"] == "PermissionDenied" and f"belongs to {ALICE}" in error["message"]
+    assert _as(gw, ALICE, "get", job_id=job.id).state is JobState.PENDING
+
+
+def test_a_submission_cannot_name_its_owner(gateway):
+    gw, _ = gateway
+    for forged in ({"user": "root"}, {"uid": 0}, {"_build_only": True}):
+        error = _as(gw, BOB, "submit", command=["true"], options={"gpu_memory": "1G", "workdir": "/tmp", **forged})
+        assert error["type"] == "InvalidInput" and "unknown submit option" in error["message"]
+    assert _submit_as(gw, BOB).uid == BOB
+
+
+def test_only_the_jobs_own_process_reads_its_call(gateway):
+    gw, _ = gateway
+    job = _submit_as(gw, os.getuid(), kind="python", extra={"payload": "cGF5bG9hZA=="})
+    error = _as(gw, os.getuid(), "task_payload", job_id=job.id)  # this test process is no job
+    assert error["type"] == "PermissionDenied"
+    error = _as(gw, BOB, "task_result", job_id=job.id, encoded="eA==")
+    assert error["type"] == "PermissionDenied"
+
+
+def test_bad_requests_get_one_line_and_the_gateway_goes_on(gateway):
+    gw, path = gateway
+
+    def raw(data: bytes) -> dict | None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect(str(path))
+            s.sendall(data)
+            return wire.receive(s)
+
+    assert "cannot read" in raw(struct.pack(">I", 5) + b"nope!")["error"]["message"]
+    assert "over the gateway" in raw(struct.pack(">I", wire.MAX_FRAME + 1))["error"]["message"]
+    assert "no operation" in raw(_frame({"op": "flushall"}))["error"]["message"]
+    assert "must be an object" in raw(_frame({"op": "get", "args": [1]}))["error"]["message"]
+    assert "wrong arguments" in raw(_frame({"op": "get", "args": {"__m": {"nope": 1}}}))["error"]["message"]
+    assert "not a job id" in raw(_frame({"op": "get", "args": {"__m": {"job_id": "1; DEL"}}}))["error"]["message"]
+    # A peer that connects and goes away, then one cut mid-frame: nothing stops the server.
+    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).connect(str(path))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(path))
+        s.sendall(struct.pack(">I", 100) + b"{")
+    assert GatewayClient(gw.settings, path).ping()["version"]
+
+
+def test_a_client_whose_gateway_is_down_says_so_in_one_line(tmp_path):
+    client = GatewayClient(load_settings(home=tmp_path), tmp_path / "none.sock")
+    with pytest.raises(GatewayUnavailable) as caught:
+        client.get(1)
+    assert "\n" not in str(caught.value) and "rig up" in str(caught.value)
+
+
+def _frame(message: dict) -> bytes:
+    body = __import__("json").dumps(message).encode()
+    return struct.pack(">I", len(body)) + body
+
+
+def test_the_client_refuses_a_socket_served_by_someone_else(monkeypatch, tmp_path):
+    """A socket put where the client looks by another (non-root) user is not rig's gateway."""
+    from rig.gateway import client as C
+
+    monkeypatch.setattr(C, "_peer_uid", lambda sock: 40003)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = tmp_path / "fake.sock"
+    server.bind(str(path))
+    server.listen(1)
+    try:
+        with pytest.raises(GatewayUnavailable, match="not rig's gateway"):
+            GatewayClient(load_settings(home=tmp_path), path).ping()
+    finally:
+        server.close()
+
+
+def test_admins_by_name_and_root(gateway):
+    gw, _ = gateway
+    assert _as(gw, 0, "ping")["admin"] is True
+    assert _as(gw, BOB, "ping")["admin"] is False
+    error = _as(gw, BOB, "forget_node", name="n1")
+    assert error["type"] == "PermissionDenied"
+    assert PermissionDenied.exit_code == 8
