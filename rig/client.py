@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 
 
 
+#: What a job is: a command line, or a @rig.task call (rig.pytask).
+JOB_KINDS = ("command", "python")
+
 #: How long submit() trusts its copy of the cards' capacities (s).
 CARDS_CACHE_S = 5.0
 
@@ -231,6 +234,13 @@ class Client:
         ever hold it, RedisUnavailable when rig's Redis cannot be reached. Nothing is written
         unless the request is accepted.
         """
+        if kind not in JOB_KINDS:
+            raise InvalidInput(f"kind must be one of {', '.join(JOB_KINDS)}, got {kind!r}")
+        if extra is not None and (not isinstance(extra, dict) or set(extra) != {"payload"}
+                                  or not isinstance(extra["payload"], str) or kind != "python"):
+            # The record's other fields (its owner, state, ...) are rig's to write, never a caller's.
+            raise InvalidInput("extra may only carry a @rig.task call's payload ({'payload': base64 text}, "
+                               "kind 'python')")
         argv, is_shell = _normalise_command(command, shell)
         argv = _checked("the command", R.as_argv, argv)
         job_name = (name or _default_name(argv, is_shell)).strip()

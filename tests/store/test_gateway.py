@@ -117,6 +117,10 @@ def test_a_submission_cannot_name_its_owner(gateway):
     for forged in ({"user": "root"}, {"uid": 0}, {"_build_only": True}):
         error = _as(gw, BOB, "submit", command=["true"], options={"gpu_memory": "1G", "workdir": "/tmp", **forged})
         assert error["type"] == "InvalidInput" and "unknown submit option" in error["message"]
+    for sneaky in ({"user": "root"}, {"payload": "eA==", "state": "RUNNING"}):
+        error = _as(gw, BOB, "submit", command=["true"],
+                    options={"gpu_memory": "1G", "workdir": "/tmp", "kind": "python", "extra": sneaky})
+        assert error["type"] == "InvalidInput" and "extra may only carry" in error["message"]
     assert _submit_as(gw, BOB).uid == BOB
 
 
