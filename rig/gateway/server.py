@@ -42,6 +42,10 @@ log = logging.getLogger("rig.gateway")
 MAX_CONNECTIONS = 256
 #: A peer silent this long between two requests is dropped (s).
 IDLE_TIMEOUT_S = 600.0
+#: Longest time the rest of a request may take once its length arrived (s).
+FRAME_TIMEOUT_S = 30.0
+#: Connections one uid may hold at once (root's are not counted): one user cannot take them all.
+MAX_PER_USER = 32
 #: The most of a log one request returns (bytes).
 LOG_CHUNK = 4 * 2**20
 
@@ -88,7 +92,8 @@ class Gateway:
             return _error(InvalidInput(f"the gateway has no operation {op!r}; is this rig client newer than rig "
                                        f"on the node ({__version__})?"))
         try:
-            args = wire.decode(message.get("args") or {})
+            raw = message.get("args")
+            args = wire.decode(raw) if raw else {}  # none: an operation without arguments
             if not isinstance(args, dict):
                 raise InvalidInput("the request's args must be an object")
             environ = args.pop("environ", None) or {}
@@ -283,15 +288,16 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def handle(self) -> None:
         sock: socket.socket = self.request
-        if not self.server.slots.acquire(blocking=False):
-            _send_quietly(sock, _error(RigError("the gateway is busy (too many connections); try again")))
+        peer = Peer.of(sock)
+        if not self.server.admit(peer.uid):
+            _send_quietly(sock, _error(RigError(
+                "the gateway is busy (too many connections, or too many of yours); try again")))
             return
         try:
-            peer = Peer.of(sock)
             while True:
                 sock.settimeout(IDLE_TIMEOUT_S)
                 try:
-                    message = wire.receive(sock)
+                    message = wire.receive(sock, body_timeout=FRAME_TIMEOUT_S)
                 except wire.WireError as exc:
                     _send_quietly(sock, _error(InvalidInput(f"a request the gateway cannot read: {exc}")))
                     return
@@ -307,7 +313,7 @@ class _Handler(socketserver.BaseRequestHandler):
                 except OSError:
                     return
         finally:
-            self.server.slots.release()
+            self.server.leave(peer.uid)
 
 
 def _send_quietly(sock: socket.socket, message: dict[str, Any]) -> None:
@@ -323,8 +329,23 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
     def __init__(self, path: str, gateway: Gateway) -> None:
         self.gateway = gateway
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._lock = threading.Lock()
+        self._held: dict[int, int] = {}  # uid -> connections open
         super().__init__(path, _Handler)
+
+    def admit(self, uid: int) -> bool:
+        """Room for one more connection of ``uid`` (MAX_CONNECTIONS in all, MAX_PER_USER each)?"""
+        with self._lock:
+            if sum(self._held.values()) >= MAX_CONNECTIONS or (uid != 0 and self._held.get(uid, 0) >= MAX_PER_USER):
+                return False
+            self._held[uid] = self._held.get(uid, 0) + 1
+            return True
+
+    def leave(self, uid: int) -> None:
+        with self._lock:
+            self._held[uid] -= 1
+            if not self._held[uid]:
+                del self._held[uid]
 
 
 def socket_in_use(path: Path) -> bool:

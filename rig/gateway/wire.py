@@ -110,14 +110,18 @@ def send(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.sendall(_HEADER.pack(len(body)) + body)
 
 
-def receive(sock: socket.socket) -> dict[str, Any] | None:
-    """One frame's message, or None when the peer closed the connection between frames."""
+def receive(sock: socket.socket, body_timeout: float | None = None) -> dict[str, Any] | None:
+    """One frame's message, or None when the peer closed the connection between frames. With
+    ``body_timeout``, the rest of a frame must arrive within that many seconds once its length
+    did (a peer trickling bytes holds no connection for long)."""
     head = _read(sock, _HEADER.size, allow_eof=True)
     if head is None:
         return None
     (size,) = _HEADER.unpack(head)
     if size > MAX_FRAME:
         raise WireError(f"frame of {size} bytes is over the gateway's {MAX_FRAME} bytes")
+    if body_timeout is not None:
+        sock.settimeout(body_timeout)
     body = _read(sock, size, allow_eof=False)
     try:
         message = json.loads(body)

@@ -192,3 +192,33 @@ def test_admins_by_name_and_root(gateway):
     error = _as(gw, BOB, "forget_node", name="n1")
     assert error["type"] == "PermissionDenied"
     assert PermissionDenied.exit_code == 8
+
+
+def test_one_user_cannot_hold_every_connection(gateway, monkeypatch):
+    from rig.gateway import server as S
+
+    gw, path = gateway
+    monkeypatch.setattr(S, "MAX_PER_USER", 2)
+    monkeypatch.setattr(S.Peer, "of", classmethod(lambda cls, sock: cls(os.getpid(), BOB, BOB)))
+    held = []
+    for _ in range(2):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(str(path))
+        s.sendall(_frame({"op": "ping"}))
+        got = wire.receive(s)
+        assert got["ok"], got
+        held.append(s)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as third:
+        third.connect(str(path))
+        assert "busy" in wire.receive(third)["error"]["message"]
+    held.pop().close()
+    deadline = __import__("time").monotonic() + 5
+    while True:  # the closed one's slot comes back once its thread ends
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as again:
+            again.connect(str(path))
+            again.sendall(_frame({"op": "ping"}))
+            if wire.receive(again)["ok"]:
+                break
+        assert __import__("time").monotonic() < deadline
+    for s in held:
+        s.close()
