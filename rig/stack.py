@@ -101,6 +101,7 @@ class UpOptions:
     no_flower: bool = False
     no_beat: bool = False
     no_metrics: bool = False
+    no_gateway: bool = False
     env_overrides: dict[str, str] = field(default_factory=dict)
 
 
@@ -199,6 +200,8 @@ class Stack:
             return False
         if component == "beat" and self.options.no_beat:
             return False
+        if component == "gateway" and self.options.no_gateway:
+            return False
         return True
 
     # -- bring-up -------------------------------------------------------------------------
@@ -273,6 +276,7 @@ class Stack:
         if self.wants("gateway"):
             self.children.append(Child(
                 "gateway", safe_python("rig.gateway.server"), env, logs / "gateway.out", role="gateway"))
+            self.say(f"gateway: {s.gateway_socket} (users without Redis' password use rig through it)")
         for child in self.children:
             self._spawn(child)
         if self.wants("metrics") and s.metrics_port:

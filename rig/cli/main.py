@@ -277,6 +277,8 @@ def config(ctx: click.Context) -> None:
 @click.option("--no-flower", is_flag=True, help="Don't start Flower.")
 @click.option("--no-beat", is_flag=True, help="Don't start beat (another node runs it).")
 @click.option("--no-metrics", is_flag=True, help="Don't serve the Prometheus endpoint.")
+@click.option("--no-gateway", is_flag=True,
+              help="Don't start the gateway (users without Redis' password then cannot use rig here).")
 @click.option("--only", multiple=True,
               type=click.Choice(["redis", "cards", "control", "beat", "flower", "metrics", "gateway"]),
               help="Start only these parts (repeatable), e.g. for docker-compose services.")
@@ -288,7 +290,7 @@ def config(ctx: click.Context) -> None:
               help="(rig up --daemon's own) where this daemon writes why it could not start.")
 @click.pass_context
 @handle_errors
-def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metrics: bool,
+def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metrics: bool, no_gateway: bool,
        only: tuple[str, ...],
        fake_gpus_opt: str | None, redis_url_opt: str | None, node_opt: str | None,
        reason_file: Path | None = None) -> None:
@@ -328,6 +330,7 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
         argv += ["up"] + (["--no-flower"] if no_flower else []) + (["--no-beat"] if no_beat else [])
         argv += ["--node", node_opt] if node_opt else []
         argv += ["--no-metrics"] if no_metrics else []
+        argv += ["--no-gateway"] if no_gateway else []
         for part in only:
             argv += ["--only", part]
         settings.rig_log_dir.mkdir(parents=True, exist_ok=True)
@@ -363,6 +366,7 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
         fail(f"rig up did not become ready within 120 s; see {out_path}", 7)
 
     stack = Stack(settings, UpOptions(only=only, no_flower=no_flower, no_beat=no_beat, no_metrics=no_metrics,
+                                      no_gateway=no_gateway,
                                       env_overrides=env_overrides), say=lossy.say)
     ready = settings.run_dir / f"up-{settings.node_name}.ready"
     wrote_ready = False

@@ -79,7 +79,7 @@ def node(tmp_path, users) -> Iterator[tuple[RigHarness, str, Path]]:
     shared.chmod(0o1777)
     harness = RigHarness(tmp_path / "home", fake_gpus="1x80G", redis_url=f"redis://:{password}@127.0.0.1:{port}/0")
     try:
-        harness.up()
+        harness.up(gateway=True)
         yield harness, f"redis://127.0.0.1:{port}/0", shared
     finally:
         harness.cleanup()
