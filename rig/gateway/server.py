@@ -80,6 +80,7 @@ class Gateway:
     def __init__(self, settings: Settings, client: Client | None = None) -> None:
         self.settings = settings
         self.client = client or Client(settings)
+        self._submit_lock = threading.Lock()
         self.ops: dict[str, Callable[..., Any]] = {
             name.removeprefix("op_"): getattr(self, name) for name in dir(self) if name.startswith("op_")}
 
@@ -127,8 +128,10 @@ class Gateway:
 
     def op_submit(self, peer: Peer, command: Any, options: dict[str, Any]) -> dict[str, Any]:  # noqa: ANN401
         options = _submit_options(options)
-        handle = self.client.submit(command, **options)
-        return {"job": handle._job, "auto_note": self.client.last_auto_note}
+        with self._submit_lock:  # last_auto_note is the shared client's: one submission at a time
+            handle = self.client.submit(command, **options)
+            note = self.client.last_auto_note
+        return {"job": handle._job, "auto_note": note}
 
     def op_submit_many(self, peer: Peer, requests: list[dict[str, Any]]) -> list[Job]:
         if not isinstance(requests, list):
