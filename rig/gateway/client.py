@@ -74,7 +74,7 @@ class GatewayClient:
             sock.close()
             raise GatewayUnavailable(
                 f"rig's gateway does not answer at {self.path} ({exc.strerror or exc}): rig is not up on this "
-                "node, or listens elsewhere; an admin starts it with `rig up` (or `rig gateway` on a machine "
+                "node, or listens elsewhere; an admin starts it with `rig up` (`rig up --only gateway` on a machine "
                 "without cards), or set RIG_GATEWAY_SOCKET to its socket") from None
         _check_server(sock, self.path)
         sock.settimeout(REPLY_TIMEOUT_S)

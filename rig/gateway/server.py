@@ -1,6 +1,6 @@
 """The gateway: rig's API on a Unix socket, for users who hold no Redis credentials.
 
-`rig up` starts one per node (``rig gateway`` alone on a login node without cards). Its
+`rig up` starts one per node (``rig up --only gateway`` alone on a login node without cards). Its
 caller's identity comes from the kernel (SO_PEERCRED: uid, gid, pid of the connecting
 process), never from anything the caller sends, so a user can submit only as themself and
 act only on their own jobs (rig.gateway.privacy); admins (root, ``admins``) on all. A job
