@@ -70,7 +70,7 @@ def password_change_storm(workdir: Path) -> ScenarioResult:
 
         # 2. The old connections are dropped: count the logins Redis refuses.
         admin.client_kill_filter(_type="normal", skipme=True)
-        time.sleep(3.0)  # the first back-offs (a measured interval, not a synchronisation)
+        time.sleep(8.0)  # the first back-offs (1+2+4 s) (a measured interval, not a synchronisation)
         logs = [h.settings.rig_log_dir / "control.log" for h in (a, b)]
         size0 = sum(p.stat().st_size for p in logs)
         before = _refused(admin)
