@@ -898,7 +898,9 @@ def _resolve_workdir(workdir: Any, settings: Settings) -> Path:
 def _default_name(argv: list[str], is_shell: bool) -> str:
     """A name for a job submitted without --name: the first word of the command that names
     what runs, printable (a `-c` script's first line, never its control characters)."""
-    words = argv[2].split() if is_shell else argv
+    # One word, never the rest of an argument (`sh -c 'echo TOKEN; ...'`): a job's name is shown to
+    # every user, its command only to its owner (rig.gateway.privacy).
+    words = argv[2].split() if is_shell else [w.split()[0] for w in argv if w.split()]
     for word in words:
         base = os.path.basename(word)
         if base and not base.startswith("-") and base not in ("python", "python3", "sh", "bash", "env"):

@@ -233,8 +233,12 @@ class Stack:
         if self.wants("gateway"):
             # Resolved once, here: every child (and so every job: RIG_GATEWAY_SOCKET) gets it.
             from rig.gateway.paths import node_socket
+            from rig.gateway.server import path_problem
 
             s.gateway_socket = node_socket(s)
+            problem = path_problem(s.gateway_socket)
+            if problem:
+                raise StackError(f"{problem} (or `rig up --no-gateway`)")
         env = self._child_env()
         if self.wants("cards") or self.wants("control"):
             allowed = self._register_cards()

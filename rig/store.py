@@ -6,6 +6,7 @@ listing or counting by state never scans.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import time
@@ -19,6 +20,9 @@ from rig.clock import shared_now
 from rig.errors import JobNotFound
 from rig.keys import Keys
 from rig.models import PRIORITY_BAND, Job, JobState, Priority, new_job_instance, pending_score
+
+#: The record's own fields: what no extra field of a submission may replace.
+JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(Job))
 
 
 #: Lost races for the id counter (WATCH) retried at once before each retry waits up to 10 ms.
@@ -79,7 +83,8 @@ class JobStore:
             job.instance = job.instance or new_job_instance()
             score = pending_score(job.priority, job.id)
             record = job.to_redis()
-            record.update({k: _encode(v) for k, v in (extra or {}).items() if v is not None})
+            # Extra fields (a @rig.task payload) never replace the record's own (owner, state...).
+            record.update({k: _encode(v) for k, v in (extra or {}).items() if v is not None and k not in JOB_FIELDS})
             pipe.hset(self.keys.job(job.id), mapping=record)
             pipe.zadd(self.keys.all_jobs, {str(job.id): job.id})
             pipe.zadd(self.keys.state_index(JobState.PENDING.value), {str(job.id): job.id})

@@ -354,9 +354,13 @@ def _id(job_id: int | str) -> int:
 
 def _workdir(workdir: Any, settings: Settings) -> str:  # noqa: ANN401
     chosen = workdir or settings.command_workdir or os.getcwd()
-    path = Path(chosen).expanduser().resolve()
-    if not path.is_dir():
-        raise InvalidInput(f"--workdir {chosen} is not a directory; create it or pick another")
+    try:
+        path = Path(chosen).expanduser().resolve()
+        ok = path.is_dir()
+    except OSError as exc:
+        raise InvalidInput(f"--workdir {chosen}: {exc.strerror or exc}; pick a folder you can enter") from None
+    if not ok:
+        raise InvalidInput(f"--workdir {chosen} is not a directory (or not yours to see); create it or pick another")
     return str(path)
 
 
@@ -369,18 +373,10 @@ def _peer_uid(sock: socket.socket) -> int:
 
 
 def _check_server(sock: socket.socket, path: Path) -> None:
-    """The process answering must be root's, this user's own, or that of the owner of a folder
-    nobody else may write to (rig run by a service user): a socket someone else put in a folder
-    we can write to is not rig's gateway. Refused, nothing sent."""
+    """The process answering must be root's (a node's gateway) or this user's own: a socket
+    another user serves is not rig's gateway, wherever it is. Refused, nothing sent."""
     uid = _peer_uid(sock)
-    trusted = {0, os.getuid()}
-    try:
-        folder = path.resolve().parent.stat()
-        if not folder.st_mode & 0o022:
-            trusted.add(folder.st_uid)
-    except OSError:
-        pass
-    if uid not in trusted:
+    if uid not in (0, os.getuid()):
         sock.close()
         raise GatewayUnavailable(f"the socket {path} is served by uid {uid}, neither root nor you: not rig's "
                                  "gateway; nothing was sent. Ask an admin where rig's gateway listens")

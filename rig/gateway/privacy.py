@@ -26,4 +26,5 @@ def as_seen_by(job: Job, who: Identity, *, admin: bool) -> Job:
         return job
     return dataclasses.replace(
         job, command=[HIDDEN], shell=False, workdir=HIDDEN, env={name: HIDDEN for name in job.env},
-        evidence=[], problems=list(job.problems))
+        evidence=[], attempts=[{**a, "evidence": []} for a in job.attempts if isinstance(a, dict)],
+        problems=list(job.problems))

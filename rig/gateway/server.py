@@ -24,6 +24,7 @@ import socketserver
 import stat
 import struct
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ MAX_PER_USER = 32
 LOG_CHUNK = 4 * 2**20
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_stopping = False  # set by SIGTERM/SIGINT: a stop asked for, not a lost socket
 
 
 class Peer:
@@ -87,6 +89,14 @@ class Gateway:
     # -- dispatch -------------------------------------------------------------------------
     def handle(self, peer: Peer, message: dict[str, Any]) -> dict[str, Any]:
         """The answer to one request (never raises)."""
+        me = os.geteuid()
+        if me != 0 and peer.uid not in (0, me):
+            # Its workers run every job as this gateway's user: serving anyone else would let them
+            # run code as that user. Only a root node runs other users' jobs as themselves.
+            return _error(PermissionDenied(
+                f"this gateway runs as {identity_of(me).name}, not root: its jobs all run as "
+                f"{identity_of(me).name}, so only that user may use it; ask an admin for a root node "
+                "(`sudo rig up`)"))
         op = message.get("op")
         fn = self.ops.get(op) if isinstance(op, str) else None
         if fn is None:
@@ -104,6 +114,8 @@ class Gateway:
             with acting_as(peer.identity, environ):
                 result = fn(peer, **args)
             return {"ok": True, "result": wire.encode(result)}
+        except RecursionError:
+            return _error(InvalidInput("a request nested too deeply"))
         except RigError as exc:
             return _error(exc)
         except TypeError as exc:
@@ -113,7 +125,7 @@ class Gateway:
         except Exception as exc:  # noqa: BLE001 - one request's fault never stops the gateway
             log.exception("gateway: %s of uid %s failed", op, peer.uid)
             return _error(RigError(f"the gateway failed on {op}: {type(exc).__name__}: {exc}; see the node's "
-                                   "gateway.log"))
+                                   "gateway.out (rig's system log folder)"))
 
     def _admin(self, peer: Peer) -> bool:
         return self.client.is_admin(peer.identity)
@@ -200,6 +212,10 @@ class Gateway:
         named = set(job.log_paths) | ({job.log_path} if job.log_path else set())
         if not isinstance(path, str) or path not in named:
             raise InvalidInput(f"{path!r} is no log of job {job.id}; `rig log {job.id}` finds them")
+        # And only a file in this node's job log folder (a record is no proof: rig.records).
+        root = self.settings.job_log_dir.resolve()
+        if not Path(os.path.normpath(path)).is_relative_to(root) or Path(path).resolve() != Path(os.path.normpath(path)):
+            raise InvalidInput(f"{path!r} is not in this node's log folder; logs stay on the node that ran the job")
         return Path(path)
 
     def op_log_exists(self, peer: Peer, job_id: int, path: str) -> bool:
@@ -210,14 +226,19 @@ class Gateway:
         import base64
 
         file = self._log_file(job_id, path)
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < 2**62:
             raise InvalidInput(f"offset must be a whole number of bytes, got {offset!r}")
         try:
-            with open(file, "rb") as fh:
-                fh.seek(offset)
-                data = fh.read(min(_bounded(size, LOG_CHUNK), LOG_CHUNK))
+            fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             raise InvalidInput(f"the log file {file} is not on this node") from None
+        except OSError as exc:
+            raise InvalidInput(f"the log file {file} cannot be read: {exc.strerror}") from None
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise InvalidInput(f"{file} is no regular file")
+            fh.seek(offset)
+            data = fh.read(min(_bounded(size, LOG_CHUNK), LOG_CHUNK))
         return base64.b64encode(data).decode()
 
     def op_result(self, peer: Peer, job_id: int) -> str | None:
@@ -274,7 +295,8 @@ def _submit_options(options: Any) -> dict[str, Any]:  # noqa: ANN401
 
 
 def _job_id(value: Any) -> int:  # noqa: ANN401
-    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).isdigit():
+    text = str(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else ""
+    if not (text.isascii() and text.isdigit() and len(text) <= 18):
         raise InvalidInput(f"{value!r} is not a job id (a positive whole number); `rig jobs` lists them")
     return int(value)
 
@@ -300,7 +322,7 @@ class _Handler(socketserver.BaseRequestHandler):
             while True:
                 sock.settimeout(IDLE_TIMEOUT_S)
                 try:
-                    message = wire.receive(sock, body_timeout=FRAME_TIMEOUT_S)
+                    message = wire.receive(sock, body_timeout=FRAME_TIMEOUT_S, large=self.server.large)
                 except wire.WireError as exc:
                     _send_quietly(sock, _error(InvalidInput(f"a request the gateway cannot read: {exc}")))
                     return
@@ -334,6 +356,7 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.gateway = gateway
         self._lock = threading.Lock()
         self._held: dict[int, int] = {}  # uid -> connections open
+        self.large = threading.Lock()  # one large frame read and parsed at a time (wire.LARGE_FRAME)
         super().__init__(path, _Handler)
 
     def admit(self, uid: int) -> bool:
@@ -364,14 +387,35 @@ def socket_in_use(path: Path) -> bool:
         probe.close()
 
 
+def path_problem(path: Path) -> str | None:
+    """Why the gateway cannot listen at ``path`` (one line), or None. Its folder (made 0755 if
+    missing) must be this process's user's or root's and writable by nobody else: whoever can
+    write there could replace the socket with their own and read what clients send."""
+    if len(os.fsencode(str(path))) > 107:
+        return (f"the gateway socket path {path} is longer than a Unix socket allows (107 bytes); "
+                "set gateway_socket to a shorter path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        folder = path.parent.stat()
+    except OSError as exc:
+        return f"cannot use the folder of the gateway socket {path}: {exc.strerror}; set gateway_socket elsewhere"
+    if folder.st_uid not in (0, os.geteuid()):
+        whose = f"belongs to uid {folder.st_uid}"
+    elif folder.st_mode & 0o022:
+        whose = f"is writable by others (mode {stat.S_IMODE(folder.st_mode):o})"
+    else:
+        return None
+    return (f"the folder {path.parent} of the gateway socket {whose}: someone else could put their own "
+            "socket there; set gateway_socket to a path in a folder of your own, mode 0755")
+
+
 def bind(path: Path, gateway: Gateway) -> _Server:
     """The server on ``path`` (mode 0666: everyone may connect; who they are is the kernel's
-    answer). A stale socket file is replaced; a live one is refused with one line. The folder
-    is made 0755 if it does not exist: only its owner can put a socket there."""
-    if len(os.fsencode(str(path))) > 107:
-        raise RigError(f"the gateway socket path {path} is longer than a Unix socket allows (107 bytes); "
-                       "set gateway_socket to a shorter path")
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    answer). A stale socket file is replaced; a live one is refused with one line; so is a
+    folder someone else may write to (path_problem)."""
+    problem = path_problem(path)
+    if problem:
+        raise RigError(problem)
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise RigError(f"{path} exists and is no socket; remove it or set gateway_socket elsewhere")
@@ -391,8 +435,27 @@ def serve(settings: Settings | None = None) -> None:
     path = node_socket(settings)
     server = bind(path, Gateway(settings))
     log.info("gateway of node %s listening on %s", settings.node_name, path)
+    bound = path.stat().st_ino
+
+    def watch() -> None:
+        # A socket file removed (a /tmp or /run cleaner) or replaced leaves a gateway nobody
+        # reaches: exit, and rig up starts it again, bound afresh.
+        while True:
+            time.sleep(2.0)
+            try:
+                same = path.lstat().st_ino == bound
+            except OSError:
+                same = False
+            if not same:
+                log.error("the gateway socket %s was removed or replaced; stopping so rig up binds it again", path)
+                server.shutdown()
+                return
+
+    threading.Thread(target=watch, name="rig-gateway-watch", daemon=True).start()
 
     def stop(signum: int, _frame: object) -> None:
+        global _stopping
+        _stopping = True
         threading.Thread(target=server.shutdown, daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
@@ -418,6 +481,7 @@ def main() -> None:
     except RigError as exc:
         log.error("%s", exc)
         raise SystemExit(6) from None
+    raise SystemExit(0 if _stopping else 1)
 
 
 if __name__ == "__main__":

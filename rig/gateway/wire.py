@@ -9,17 +9,22 @@ this one codec, so what the gateway sends is what the client rebuilds.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import socket
 import struct
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 #: The largest frame either end accepts (bytes): a submit_many of some thousands of jobs, or
-#: a @rig.task payload (rig.pytask caps those lower than this).
-MAX_FRAME = 64 * 2**20
+#: a @rig.task payload of up to about 12 MiB pickled (larger ones: pass a file path).
+MAX_FRAME = 16 * 2**20
+#: Frames above this size are read and parsed one at a time, gateway-wide (bytes): parsing
+#: costs many times a frame's size in memory, and many peers must not do it at once.
+LARGE_FRAME = 2**20
 
 _HEADER = struct.Struct(">I")
 
@@ -76,20 +81,33 @@ def decode(data: Any) -> Any:  # noqa: ANN401
     if not isinstance(data, dict):
         return data
     if "__m" in data:
+        if not isinstance(data["__m"], dict):
+            raise WireError("a mapping that is not an object")
         return {str(k): decode(v) for k, v in data["__m"].items()}
     if "__p" in data:
-        return {_hashable(decode(k)): decode(v) for k, v in data["__p"]}
+        pairs = data["__p"]
+        if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+            raise WireError("pairs that are not [key, value] lists")
+        try:
+            return {_hashable(decode(k)): decode(v) for k, v in pairs}
+        except TypeError:
+            raise WireError("a key that cannot be one") from None
     known = classes()
     if "__e" in data:
-        cls = known.get(data["__e"])
+        cls = known.get(data["__e"]) if isinstance(data["__e"], str) else None
         if cls is None or not issubclass(cls, Enum):
             raise WireError(f"unknown value type {data['__e']!r}")
-        return cls(data["v"])
+        try:
+            return cls(data.get("v"))
+        except ValueError:
+            raise WireError(f"no {data['__e']} {data.get('v')!r}") from None
     if "__t" in data:
-        cls = known.get(data["__t"])
+        cls = known.get(data["__t"]) if isinstance(data["__t"], str) else None
         if cls is None or not dataclasses.is_dataclass(cls):
             raise WireError(f"unknown object type {data['__t']!r}")
         names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(data.get("f"), dict):
+            raise WireError(f"a {data['__t']} without fields")
         values = {k: decode(v) for k, v in data["f"].items() if k in names}
         try:
             return cls(**values)
@@ -110,31 +128,41 @@ def send(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.sendall(_HEADER.pack(len(body)) + body)
 
 
-def receive(sock: socket.socket, body_timeout: float | None = None) -> dict[str, Any] | None:
+def receive(sock: socket.socket, body_timeout: float | None = None,
+            large: Any = None) -> dict[str, Any] | None:  # noqa: ANN401 - a lock
     """One frame's message, or None when the peer closed the connection between frames. With
-    ``body_timeout``, the rest of a frame must arrive within that many seconds once its length
-    did (a peer trickling bytes holds no connection for long)."""
-    head = _read(sock, _HEADER.size, allow_eof=True)
-    if head is None:
+    ``body_timeout``, the rest of a frame must arrive within that many seconds of its first
+    byte (a peer trickling bytes holds no connection for long). ``large``, a lock, is held
+    while a frame over LARGE_FRAME is read and parsed."""
+    first = _read(sock, 1, allow_eof=True)
+    if first is None:
         return None
+    deadline = None if body_timeout is None else time.monotonic() + body_timeout
+    head = first + _read(sock, _HEADER.size - 1, allow_eof=False, deadline=deadline)
     (size,) = _HEADER.unpack(head)
     if size > MAX_FRAME:
-        raise WireError(f"frame of {size} bytes is over the gateway's {MAX_FRAME} bytes")
-    if body_timeout is not None:
-        sock.settimeout(body_timeout)
-    body = _read(sock, size, allow_eof=False)
-    try:
-        message = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise WireError(f"a frame that is not JSON: {exc}") from None
+        raise WireError(f"frame of {size} bytes is over the gateway's {MAX_FRAME} bytes; for a large "
+                        "@rig.task argument pass a file path")
+    guard = large if large is not None and size > LARGE_FRAME else contextlib.nullcontext()
+    with guard:
+        body = _read(sock, size, allow_eof=False, deadline=deadline)
+        try:
+            message = json.loads(body)
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise WireError(f"a frame that is not rig's JSON: {type(exc).__name__}") from None
     if not isinstance(message, dict):
         raise WireError("a frame that is not a JSON object")
     return message
 
 
-def _read(sock: socket.socket, size: int, *, allow_eof: bool) -> bytes | None:
+def _read(sock: socket.socket, size: int, *, allow_eof: bool, deadline: float | None = None) -> bytes | None:
     chunks, got = [], 0
     while got < size:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WireError("a frame that did not arrive in time")
+            sock.settimeout(left)
         chunk = sock.recv(min(size - got, 1 << 20))
         if not chunk:
             if allow_eof and got == 0:

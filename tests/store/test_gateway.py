@@ -31,7 +31,7 @@ ALICE, BOB = 40001, 40002  # uids without a passwd entry: their names are the ui
 def gateway(redis_client, key_prefix, tmp_path) -> Iterator[tuple[Gateway, Path]]:
     settings = load_settings(home=tmp_path / "home", key_prefix=key_prefix, admins=["root"])
     gw = Gateway(settings, Client(settings, redis_client=redis_client))
-    path = Path(f"/tmp/rig-test-gw-{os.getpid()}-{key_prefix.split(':')[1]}.sock")
+    path = Path(f"/tmp/rig-test-gateways/{os.getpid()}-{key_prefix.split(':')[1]}.sock")
     server = bind(path, gw)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
@@ -222,3 +222,80 @@ def test_one_user_cannot_hold_every_connection(gateway, monkeypatch):
         assert __import__("time").monotonic() < deadline
     for s in held:
         s.close()
+
+
+# -- what a hostile teammate tried (issue 12's breaker) -------------------------------------------
+def test_a_log_outside_the_log_folder_is_never_read(gateway):
+    gw, _ = gateway
+    job = _submit_as(gw, ALICE)
+    gw.client.store.update(job.id, log_paths=["/etc/shadow"], log_path="/etc/shadow")
+    error = _as(gw, ALICE, "log_read", job_id=job.id, path="/etc/shadow")
+    assert error["type"] == "InvalidInput" and "not in this node's log folder" in error["message"]
+    inside = gw.settings.job_log_dir / "x" / ".." / ".." / "escape.log"
+    gw.client.store.update(job.id, log_paths=[str(inside)])
+    assert _as(gw, ALICE, "log_exists", job_id=job.id, path=str(inside))["type"] == "InvalidInput"
+
+
+def test_a_gateway_not_run_by_root_serves_only_its_own_user(gateway, monkeypatch):
+    from rig.gateway import server as S
+
+    gw, _ = gateway
+    monkeypatch.setattr(S.os, "geteuid", lambda: ALICE)
+    assert _as(gw, ALICE, "ping")["uid"] == ALICE
+    error = _as(gw, BOB, "ping")
+    assert error["type"] == "PermissionDenied" and "not root" in error["message"]
+
+
+def test_others_see_no_log_lines_and_no_arguments_in_the_default_name(gateway):
+    gw, _ = gateway
+    job = _submit_as(gw, ALICE)
+    assert job.name == "train.py"
+    shell = _as(gw, ALICE, "submit", command=["sh", "-c", "echo TOKEN-s3cr3t; sleep 1"],
+                options={"gpu_memory": "1G", "workdir": "/tmp"})["job"]
+    assert shell.name == "echo"
+    gw.client.store.update(job.id, evidence=["token=s3cr3t"],
+                           attempts=[{"attempt": 1, "evidence": ["token=s3cr3t"], "outcome": "failed"}])
+    seen = _as(gw, BOB, "get", job_id=job.id)
+    assert "s3cr3t" not in repr(seen) and seen.attempts[0]["outcome"] == "failed"
+
+
+def test_extra_fields_never_replace_the_records_own(gateway):
+    gw, _ = gateway
+    job = gw.client.store.create(_submit_as(gw, BOB), {"user": "root", "uid": 0, "payload": "eA=="})
+    assert (job.user, gw.client.get(job.id).user) == (str(BOB), str(BOB))
+
+
+def test_the_socket_folder_must_be_the_gateways_own(tmp_path):
+    from rig.gateway.server import path_problem
+
+    open_folder = tmp_path / "open"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)
+    assert "writable by others" in path_problem(open_folder / "g.sock")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, ALICE, ALICE) if os.geteuid() == 0 else None
+    if os.geteuid() == 0:
+        assert f"belongs to uid {ALICE}" in path_problem(theirs / "g.sock")
+    assert "longer than a Unix socket allows" in path_problem(tmp_path / ("x" * 120) / "g.sock")
+    assert path_problem(tmp_path / "mine" / "g.sock") is None
+
+
+@pytest.mark.parametrize("args", [{"__m": 5}, {"__m": {"job_id": {"__e": ["x"], "v": 1}}},
+                                  {"__m": {"job_id": "\u0661"}}, {"__m": {"job_id": "\u00b2"}},
+                                  {"__p": [[[1], 2]]}])
+def test_malformed_arguments_are_one_line_errors(gateway, args):
+    gw, _ = gateway
+    answer = gw.handle(Peer(os.getpid(), BOB, BOB), {"op": "get", "args": args})
+    assert answer["ok"] is False and answer["error"]["type"] == "InvalidInput", answer
+
+
+def test_a_deeply_nested_request_is_refused(gateway):
+    gw, path = gateway
+    deep = "[" * 200_000 + "]" * 200_000
+    body = ('{"op": "ping", "args": ' + deep + "}").encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(path))
+        s.sendall(struct.pack(">I", len(body)) + body)
+        assert wire.receive(s)["ok"] is False
+    assert GatewayClient(gw.settings, path).ping()["version"]
