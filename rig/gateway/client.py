@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -63,6 +64,7 @@ class GatewayClient:
         self._lock = threading.Lock()
         self.last_auto_note: str | None = None
         self._who: tuple[Identity, bool] | None = None
+        self._compared = False  # the gateway's installation checked against this caller's settings
 
     # -- plumbing -------------------------------------------------------------------------
     def _connect(self) -> socket.socket:
@@ -118,7 +120,12 @@ class GatewayClient:
             self.close_locked()
 
     def ping(self) -> dict[str, Any]:
-        return self.call("ping")
+        answer = self.call("ping")
+        if not self._compared:
+            self._compared = True
+            for line in installation_mismatch(answer, self.path):
+                print(f"rig: warning: {line}", file=sys.stderr)
+        return answer
 
     def wake_dispatcher(self) -> None:
         """The gateway's submit already woke it."""
@@ -343,6 +350,22 @@ class _RemoteLog(io.RawIOBase):
 
 #: The most one log request asks for (bytes; the gateway's LOG_CHUNK).
 LOG_READ = 4 * 2**20
+
+
+def installation_mismatch(ping: dict[str, Any], path: Path) -> list[str]:
+    """Lines for the settings this caller gave explicitly (RIG_REDIS_URL, RIG_KEY_PREFIX) that the
+    gateway it reached does not serve: it goes to that gateway's installation, not theirs."""
+    from rig.redis_conn import strip_password
+
+    lines = []
+    for var, key in (("RIG_REDIS_URL", "redis_url"), ("RIG_KEY_PREFIX", "key_prefix")):
+        mine = os.environ.get(var)
+        theirs = ping.get(key)
+        if mine and theirs and (strip_password(mine) if key == "redis_url" else mine) != theirs:
+            lines.append(f"{var}={strip_password(mine) if key == 'redis_url' else mine} is not what the gateway at "
+                         f"{path} serves ({theirs}, node {ping.get('node')}); this goes there. Point "
+                         "RIG_GATEWAY_SOCKET at the gateway of the node you mean")
+    return lines
 
 
 def _id(job_id: int | str) -> int:

@@ -135,8 +135,12 @@ class Gateway:
 
     # -- operations (each takes the peer first, then the request's arguments) ---------------
     def op_ping(self, peer: Peer) -> dict[str, Any]:
+        from rig.redis_conn import strip_password
+
         return {"version": __version__, "node": self.settings.node_name, "user": peer.identity.name,
-                "uid": peer.uid, "admin": self._admin(peer)}
+                "uid": peer.uid, "admin": self._admin(peer),
+                # Which installation it serves, so a client told another one can say so.
+                "redis_url": strip_password(self.settings.redis_url), "key_prefix": self.settings.key_prefix}
 
     def op_submit(self, peer: Peer, command: Any, options: dict[str, Any]) -> dict[str, Any]:  # noqa: ANN401
         options = _submit_options(options)

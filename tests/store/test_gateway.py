@@ -299,3 +299,15 @@ def test_a_deeply_nested_request_is_refused(gateway):
         s.sendall(struct.pack(">I", len(body)) + body)
         assert wire.receive(s)["ok"] is False
     assert GatewayClient(gw.settings, path).ping()["version"]
+
+
+def test_a_client_told_another_installation_is_warned(monkeypatch, tmp_path):
+    from rig.gateway.client import installation_mismatch
+
+    ping = {"redis_url": "redis://127.0.0.1:6390/0", "key_prefix": "rig:", "node": "n2"}
+    monkeypatch.setenv("RIG_REDIS_URL", "redis://:pw@127.0.0.1:6390/0")
+    monkeypatch.delenv("RIG_KEY_PREFIX", raising=False)
+    assert installation_mismatch(ping, tmp_path / "g.sock") == []
+    monkeypatch.setenv("RIG_REDIS_URL", "redis://127.0.0.1:6391/0")
+    (line,) = installation_mismatch(ping, tmp_path / "g.sock")
+    assert "RIG_REDIS_URL=redis://127.0.0.1:6391/0 is not what the gateway" in line and "node n2" in line
