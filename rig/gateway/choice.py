@@ -1,8 +1,9 @@
 """Which client a process gets: straight to Redis, or through the node's gateway. The rule:
 
-- a process that holds Redis credentials (a password in ``redis_url`` after rig.redis_conn
-  found one: rig's own processes, root or admins who can read the password file) talks to
-  Redis itself;
+- root, and a process that holds Redis credentials (a password in ``redis_url`` after
+  rig.redis_conn found one: rig's own processes, admins who can read the password file),
+  talks to Redis itself (root may read any password file; a job of the workers' own user
+  carries the URL);
 - anyone else (every user without the password, every job: none carries it) talks to the
   gateway (rig.gateway.paths.client_socket) when one is there;
 - with no gateway either, to Redis itself (a single-user setup whose Redis has no password).
@@ -10,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 from urllib.parse import urlsplit
 
 from rig.config import Settings
@@ -27,7 +29,7 @@ def make_client(settings: Settings):  # noqa: ANN201 - rig.client.Client | Gatew
     """The client for this process (see the module's docstring)."""
     from rig.client import Client
 
-    if not holds_credentials(settings):
+    if os.getuid() != 0 and not holds_credentials(settings):
         from rig.gateway.client import GatewayClient
         from rig.gateway.paths import client_socket
 

@@ -43,7 +43,7 @@ from rig.testing.harness import RigHarness
 from workers.process_tree import is_alive, proc_start_time
 
 #: One worker per card (2 fake cards), one control worker, beat, Flower.
-EXPECTED = {"card0": 1, "card1": 1, "control": 1, "beat": 1, "flower": 1}
+EXPECTED = {"card0": 1, "card1": 1, "control": 1, "beat": 1, "flower": 1, "gateway": 1}
 
 
 class DaemonNode:
