@@ -898,14 +898,25 @@ def _resolve_workdir(workdir: Any, settings: Settings) -> Path:
 def _default_name(argv: list[str], is_shell: bool) -> str:
     """A name for a job submitted without --name: the first word of the command that names
     what runs, printable (a `-c` script's first line, never its control characters)."""
-    # One word, never the rest of an argument (`sh -c 'echo TOKEN; ...'`): a job's name is shown to
-    # every user, its command only to its owner (rig.gateway.privacy).
+    # A program's name only: never an argument's text, a NAME=value or a -c script (`sh -c 'TOKEN=x
+    # ./run'`, `env KEY=secret cmd`): a job's name is shown to every user, its command only to its
+    # owner (rig.gateway.privacy).
     words = argv[2].split() if is_shell else [w.split()[0] for w in argv if w.split()]
-    for word in words:
+    for number, word in enumerate(words):
         base = os.path.basename(word)
-        if base and not base.startswith("-") and base not in ("python", "python3", "sh", "bash", "env"):
+        if "=" in word or base.startswith("-"):
+            continue
+        if base in _WRAPPERS:
+            if number + 1 < len(words) and words[number + 1] == "-c":
+                return base  # `python -c CODE`, `sh -c SCRIPT`: the script is not a name
+            continue
+        if base:
             return _printable_name(base)
-    return _printable_name(os.path.basename(words[0])) if words else "job"
+    return _printable_name(os.path.basename(words[0])) if words and "=" not in words[0] else "job"
+
+
+#: Programs that run another: a job's name is the program they run.
+_WRAPPERS = frozenset({"python", "python3", "sh", "bash", "env", "nohup", "exec", "time", "nice"})
 
 
 def _printable_name(text: str) -> str:

@@ -562,6 +562,8 @@ def find_config_file() -> Path | None:
     for candidate in (Path.cwd() / "rig.toml", default_home() / "config.toml"):
         problem = config_file_problem(candidate)
         if problem is None:
+            if (foreign := foreign_config(candidate)) is not None:
+                raise ConfigError(foreign)
             return candidate
         if problem == "does not exist" or problem.startswith("cannot be read"):
             continue  # absent, or in a folder this user may not search (sudo -u from /root)
@@ -569,6 +571,26 @@ def find_config_file() -> Path | None:
             raise ConfigError(f"the config file {candidate} {problem}; remove or rename it, or run "
                               f"`rig init {candidate}` once it is gone")
     return None
+
+
+def foreign_config(path: Path) -> str | None:
+    """Why rig will not read ``path`` found by itself (./rig.toml, the home's config.toml): it
+    belongs to another user, or others may write to it. Such a file would choose rig's Redis
+    (where the password and the jobs go), its log folder, whether root jobs run. One named on
+    purpose with RIG_CONFIG is read as given. None when it is the caller's own (or root's)."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    if info.st_uid not in (0, os.geteuid()):
+        who = f"belongs to uid {info.st_uid}, not to you"
+    elif info.st_mode & 0o022:
+        who = "may be written by others"
+    else:
+        return None
+    return (f"the config file {path} {who}: rig does not read a config someone else can change (it chooses "
+            f"where the Redis password and your jobs go); name it on purpose with RIG_CONFIG={path}, or run "
+            "rig from another folder")
 
 
 def config_file_problem(path: Path) -> str | None:

@@ -252,7 +252,7 @@ def test_others_see_no_log_lines_and_no_arguments_in_the_default_name(gateway):
     assert job.name == "train.py"
     shell = _as(gw, ALICE, "submit", command=["sh", "-c", "echo TOKEN-s3cr3t; sleep 1"],
                 options={"gpu_memory": "1G", "workdir": "/tmp"})["job"]
-    assert shell.name == "echo"
+    assert shell.name == "sh"  # a -c script is no name
     gw.client.store.update(job.id, evidence=["token=s3cr3t"],
                            attempts=[{"attempt": 1, "evidence": ["token=s3cr3t"], "outcome": "failed"}])
     seen = _as(gw, BOB, "get", job_id=job.id)
@@ -311,3 +311,24 @@ def test_a_client_told_another_installation_is_warned(monkeypatch, tmp_path):
     monkeypatch.setenv("RIG_REDIS_URL", "redis://127.0.0.1:6391/0")
     (line,) = installation_mismatch(ping, tmp_path / "g.sock")
     assert "RIG_REDIS_URL=redis://127.0.0.1:6391/0 is not what the gateway" in line and "node n2" in line
+
+
+@pytest.mark.parametrize("argv, name", [
+    (["env", "DB_PASSWORD=hunter2", "sleep", "1"], "sleep"), (["API_KEY=sk-live-123 sleep 1"], "job"),
+    (["bash", "-c", "TOKEN=hunter2 ./run"], "bash"), (["python", "-c", "print(1)"], "python"),
+    (["python", "train.py", "--lr", "3e-4"], "train.py"), (["/usr/bin/nvidia-smi"], "nvidia-smi")])
+def test_a_default_name_is_a_programs_name_never_an_argument(argv, name):
+    from rig.client import _default_name
+
+    assert _default_name(argv, False) == name
+    assert _default_name(["/bin/sh", "-c", "API_KEY=x sleep 5"], True) == "sleep"
+
+
+def test_others_do_not_see_end_reasons_that_quote_the_log(gateway):
+    gw, _ = gateway
+    job = _submit_as(gw, ALICE)
+    gw.client.store.update(job.id, reason="NCCL error: SECRET-NCCL host=10.1.2.3", failure="nccl",
+                           attempts=[{"attempt": 1, "outcome": "failed", "summary": "in /home/a/initech"}])
+    seen = _as(gw, BOB, "get", job_id=job.id)
+    assert "SECRET" not in repr(seen) and "initech" not in repr(seen) and seen.failure == "nccl"
+    assert _as(gw, ALICE, "get", job_id=job.id).reason.startswith("NCCL error")

@@ -59,7 +59,7 @@ def test_a_multiline_script_gets_a_printable_default_name():
     """Breaker: `python3 -c $'import os\\nprint(1)'` without --name was refused about --name."""
     from rig.client import _default_name
 
-    assert _default_name(["python3", "-c", "import os\nprint(1)"], False) == "import os"
+    assert _default_name(["python3", "-c", "import os\nprint(1)"], False) == "python3"  # never the script
     assert _default_name(["/bin/sh", "-c", "echo one\necho two"], True) == "echo"
     assert "\x1b" not in _default_name(["\x1b]0;x"], False)
 

@@ -1,0 +1,44 @@
+"""A config file rig finds by itself (./rig.toml, $RIG_HOME/config.toml) must be the caller's
+own (or root's) and writable by nobody else: one left by another user in a shared folder would
+choose rig's Redis, where the password and the jobs go (issue 12's breaker)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from rig.config import load_settings
+from rig.errors import ConfigError
+
+
+@pytest.fixture
+def in_folder(tmp_path, monkeypatch):
+    for key in list(os.environ):
+        if key.startswith("RIG_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("RIG_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_a_config_others_may_write_is_refused(in_folder):
+    config = in_folder / "rig.toml"
+    config.write_text('redis_url = "redis://127.0.0.1:16998/0"\n')
+    config.chmod(0o666)
+    with pytest.raises(ConfigError, match="may be written by others") as caught:
+        load_settings()
+    assert "RIG_CONFIG=" in str(caught.value) and "\n" not in str(caught.value)
+    config.chmod(0o644)
+    assert load_settings().redis_url.endswith(":16998/0")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_another_users_config_is_refused_unless_named(in_folder, monkeypatch):
+    config = in_folder / "rig.toml"
+    config.write_text('redis_url = "redis://127.0.0.1:16998/0"\n')
+    os.chown(config, 40001, 40001)
+    with pytest.raises(ConfigError, match="belongs to uid 40001"):
+        load_settings()
+    monkeypatch.setenv("RIG_CONFIG", str(config))
+    assert load_settings().redis_url.endswith(":16998/0")
