@@ -47,6 +47,8 @@ IDLE_TIMEOUT_S = 600.0
 FRAME_TIMEOUT_S = 30.0
 #: Connections one uid may hold at once (root's are not counted): one user cannot take them all.
 MAX_PER_USER = 32
+#: Bytes of requests one uid may have in the gateway at once (root's are not counted).
+MAX_BYTES_PER_USER = 64 * 2**20
 #: The most of a log one request returns (bytes).
 LOG_CHUNK = 4 * 2**20
 
@@ -322,11 +324,19 @@ class _Handler(socketserver.BaseRequestHandler):
             _send_quietly(sock, _error(RigError(
                 "the gateway is busy (too many connections, or too many of yours); try again")))
             return
+        held = [0]  # bytes of this connection's request counted against its uid
+
+        def take(size: int) -> None:
+            if not self.server.take_bytes(peer.uid, size):
+                raise wire.WireError(f"too many bytes of your requests in the gateway at once "
+                                     f"(at most {MAX_BYTES_PER_USER} per user); try again")
+            held[0] = size
+
         try:
             while True:
                 sock.settimeout(IDLE_TIMEOUT_S)
                 try:
-                    message = wire.receive(sock, body_timeout=FRAME_TIMEOUT_S, large=self.server.large)
+                    message = wire.receive(sock, body_timeout=FRAME_TIMEOUT_S, large=self.server.large, on_size=take)
                 except wire.WireError as exc:
                     _send_quietly(sock, _error(InvalidInput(f"a request the gateway cannot read: {exc}")))
                     return
@@ -335,6 +345,8 @@ class _Handler(socketserver.BaseRequestHandler):
                 if message is None:
                     return
                 answer = self.server.gateway.handle(peer, message)
+                self.server.give_bytes(peer.uid, held[0])
+                held[0] = 0
                 try:
                     wire.send(sock, answer)
                 except wire.WireError as exc:
@@ -342,6 +354,7 @@ class _Handler(socketserver.BaseRequestHandler):
                 except OSError:
                     return
         finally:
+            self.server.give_bytes(peer.uid, held[0])
             self.server.leave(peer.uid)
 
 
@@ -360,7 +373,8 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.gateway = gateway
         self._lock = threading.Lock()
         self._held: dict[int, int] = {}  # uid -> connections open
-        self.large = threading.Lock()  # one large frame read and parsed at a time (wire.LARGE_FRAME)
+        self.large = threading.BoundedSemaphore(2)  # large frames parsed at once (wire.LARGE_FRAME)
+        self._bytes: dict[int, int] = {}  # uid -> bytes of its requests in the gateway
         super().__init__(path, _Handler)
 
     def admit(self, uid: int) -> bool:
@@ -370,6 +384,20 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
                 return False
             self._held[uid] = self._held.get(uid, 0) + 1
             return True
+
+    def take_bytes(self, uid: int, size: int) -> bool:
+        """Count ``size`` bytes against ``uid`` (MAX_BYTES_PER_USER; root's are not limited)."""
+        with self._lock:
+            now = self._bytes.get(uid, 0)
+            if uid != 0 and now + size > MAX_BYTES_PER_USER:
+                return False
+            self._bytes[uid] = now + size
+            return True
+
+    def give_bytes(self, uid: int, size: int) -> None:
+        if size:
+            with self._lock:
+                self._bytes[uid] = self._bytes.get(uid, 0) - size
 
     def leave(self, uid: int) -> None:
         with self._lock:
@@ -403,14 +431,22 @@ def path_problem(path: Path) -> str | None:
         folder = path.parent.stat()
     except OSError as exc:
         return f"cannot use the folder of the gateway socket {path}: {exc.strerror}; set gateway_socket elsewhere"
-    if folder.st_uid not in (0, os.geteuid()):
-        whose = f"belongs to uid {folder.st_uid}"
-    elif folder.st_mode & 0o022:
-        whose = f"is writable by others (mode {stat.S_IMODE(folder.st_mode):o})"
-    else:
-        return None
-    return (f"the folder {path.parent} of the gateway socket {whose}: someone else could put their own "
-            "socket there; set gateway_socket to a path in a folder of your own, mode 0755")
+    del folder
+    # Every folder on the way: one another user owns (or may write to without the sticky bit,
+    # as /tmp has) could be renamed or replaced, and the socket with it.
+    for place in [path.parent, *path.parent.parents]:
+        info = place.lstat()
+        if stat.S_ISLNK(info.st_mode):
+            whose = "is a symbolic link"
+        elif info.st_uid not in (0, os.geteuid()):
+            whose = f"belongs to uid {info.st_uid}"
+        elif info.st_mode & 0o022 and not (place != path.parent and info.st_mode & stat.S_ISVTX):
+            whose = f"is writable by others (mode {stat.S_IMODE(info.st_mode):o})"
+        else:
+            continue
+        return (f"the folder {place} on the way to the gateway socket {whose}: someone else could put their "
+                "own socket there; set gateway_socket to a path in folders of your own or root's, mode 0755")
+    return None
 
 
 def bind(path: Path, gateway: Gateway) -> _Server:
@@ -426,8 +462,11 @@ def bind(path: Path, gateway: Gateway) -> _Server:
         if socket_in_use(path):
             raise RigError(f"another gateway answers at {path}; set gateway_socket to another path for this node")
         path.unlink()
-    server = _Server(str(path), gateway)
-    os.chmod(path, 0o666)
+    old = os.umask(0o111)  # created 0666 at once: no chmod of a path that could be swapped
+    try:
+        server = _Server(str(path), gateway)
+    finally:
+        os.umask(old)
     return server
 
 
@@ -439,7 +478,11 @@ def serve(settings: Settings | None = None) -> None:
     path = node_socket(settings)
     server = bind(path, Gateway(settings))
     log.info("gateway of node %s listening on %s", settings.node_name, path)
-    bound = path.stat().st_ino
+    try:
+        bound = path.lstat().st_ino
+    except OSError as exc:
+        server.server_close()
+        raise RigError(f"the gateway socket {path} vanished as it was made ({exc.strerror})") from None
 
     def watch() -> None:
         # A socket file removed (a /tmp or /run cleaner) or replaced leaves a gateway nobody

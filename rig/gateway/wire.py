@@ -22,9 +22,10 @@ from typing import Any
 #: The largest frame either end accepts (bytes): a submit_many of some thousands of jobs, or
 #: a @rig.task payload of up to about 12 MiB pickled (larger ones: pass a file path).
 MAX_FRAME = 16 * 2**20
-#: Frames above this size are read and parsed one at a time, gateway-wide (bytes): parsing
-#: costs many times a frame's size in memory, and many peers must not do it at once.
-LARGE_FRAME = 2**20
+#: Frames above this size are parsed at most two at a time, gateway-wide (bytes): parsing costs
+#: many times a frame's size in memory, and many peers must not do it at once. The bytes are
+#: read first, outside that limit, so a slow sender holds up nobody else.
+LARGE_FRAME = 64 * 2**10
 
 _HEADER = struct.Struct(">I")
 
@@ -128,12 +129,13 @@ def send(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.sendall(_HEADER.pack(len(body)) + body)
 
 
-def receive(sock: socket.socket, body_timeout: float | None = None,
-            large: Any = None) -> dict[str, Any] | None:  # noqa: ANN401 - a lock
+def receive(sock: socket.socket, body_timeout: float | None = None, large: Any = None,  # noqa: ANN401
+            on_size: Any = None) -> dict[str, Any] | None:  # noqa: ANN401
     """One frame's message, or None when the peer closed the connection between frames. With
     ``body_timeout``, the rest of a frame must arrive within that many seconds of its first
-    byte (a peer trickling bytes holds no connection for long). ``large``, a lock, is held
-    while a frame over LARGE_FRAME is read and parsed."""
+    byte (a peer trickling bytes holds no connection for long). ``large`` (a semaphore) is
+    held while a frame over LARGE_FRAME is parsed; ``on_size(n)`` is told a frame's size before
+    its body is read (it may raise WireError: too much in flight)."""
     first = _read(sock, 1, allow_eof=True)
     if first is None:
         return None
@@ -143,9 +145,11 @@ def receive(sock: socket.socket, body_timeout: float | None = None,
     if size > MAX_FRAME:
         raise WireError(f"frame of {size} bytes is over the gateway's {MAX_FRAME} bytes; for a large "
                         "@rig.task argument pass a file path")
+    if on_size is not None:
+        on_size(size)
+    body = _read(sock, size, allow_eof=False, deadline=deadline)
     guard = large if large is not None and size > LARGE_FRAME else contextlib.nullcontext()
     with guard:
-        body = _read(sock, size, allow_eof=False, deadline=deadline)
         try:
             message = json.loads(body)
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
