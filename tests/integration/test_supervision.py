@@ -28,7 +28,7 @@ def test_a_rig_folder_in_the_working_directory_does_not_break_rig_up(tmp_path):
     try:
         up = node.cli("up", "--daemon", "--no-metrics", "--no-flower")
         assert up.returncode == 0, up.stdout + up.stderr
-        assert dict(node.workers()) == {"card0": 1, "card1": 1, "control": 1, "beat": 1}
+        assert dict(node.workers()) == {"card0": 1, "card1": 1, "control": 1, "beat": 1, "gateway": 1}
         status = node.cli("status")
         assert status.returncode == 0, status.stderr
         down = node.cli("down")
