@@ -353,21 +353,23 @@ class Client:
         self._announce(jobs)
         return [JobHandle(self, job.id, job) for job in jobs]
 
-    def expected_seconds(self, name: str, time_limit: float | None) -> float | None:
+    def expected_seconds(self, name: str, time_limit: float | None, user: str | None = None) -> float | None:
         """How long a job is expected to run (s), for backfill: the median of the last 5
-        successful runs of the same name, capped by the time limit; else the time limit; else
-        None (unknown: the dispatcher then lets nothing backfill around it)."""
-        runs = sorted(float(d) for d in self.r.lrange(self.keys.durations(name), 0, 4))
+        successful runs of the same user's jobs of the same name, capped by the time limit; else
+        the time limit; else None (unknown: the dispatcher then lets nothing backfill around it)."""
+        user = user or current_identity().name
+        runs = sorted(float(d) for d in self.r.lrange(self.keys.durations(user, name), 0, 4))
         if runs:
             median = runs[len(runs) // 2]
             return min(median, time_limit) if time_limit else median
         return time_limit
 
-    def auto_memory(self, name: str, margin: float | None = None) -> tuple[int, str]:
+    def auto_memory(self, name: str, margin: float | None = None, user: str | None = None) -> tuple[int, str]:
         """``--gpu-memory auto``: the largest measured peak of the last 5 successful runs of
-        jobs with this name, times auto_memory_margin, rounded up to 256 MiB. Returns the bytes
-        and a sentence saying how they were chosen."""
-        peaks = [int(p) for p in self.r.lrange(self.keys.history(name), 0, 4)]
+        the caller's (``user``'s) jobs with this name, times auto_memory_margin, rounded up to
+        256 MiB. Returns the bytes and a sentence saying how they were chosen."""
+        user = user or current_identity().name
+        peaks = [int(p) for p in self.r.lrange(self.keys.history(user, name), 0, 4)]
         if not peaks:
             raise InvalidInput(
                 f"--gpu-memory auto: no measured run of a job named {name!r} yet; give a size such as 12G")

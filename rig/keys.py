@@ -75,15 +75,19 @@ class Keys:
     def usage(self, user: str) -> str:
         return f"{self.prefix}usage:{user}"
 
-    def durations(self, name: str) -> str:
-        return f"{self.prefix}durations:{name}"
+    def durations(self, user: str, name: str) -> str:
+        """Run times of one user's jobs of one name: another user's jobs of the same name never
+        skew them (nor the backfill estimate made from them)."""
+        return f"{self.prefix}durations:{user}:{name}"
 
     @property
     def errors(self) -> str:
         return f"{self.prefix}errors"
 
-    def history(self, name: str) -> str:
-        return f"{self.prefix}history:{name}"
+    def history(self, user: str, name: str) -> str:
+        """Measured peaks of one user's jobs of one name (``--gpu-memory auto``): per user, so
+        another's run of the same name never sets what this user's job declares."""
+        return f"{self.prefix}history:{user}:{name}"
 
     # cards and nodes
     @property

@@ -292,6 +292,36 @@ def home_password_file(home: Path) -> Path:
     return home.expanduser() / PASSWORD_FILE_NAME
 
 
+def listener_uid(port: int) -> int | None:
+    """The uid of the process listening on TCP ``port`` of this host (loopback or any address),
+    from /proc/net/tcp and tcp6; None when nothing listens or it cannot be read."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 7 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                return int(fields[7])
+    return None
+
+
+def foreign_listener(url: str, password_file: Path) -> str | None:
+    """One line when the process listening on the loopback port of ``url`` belongs to another
+    user than this one, root and the password file's owner (it cannot be rig's Redis), else None."""
+    try:
+        port = urlsplit(url).port or 6379
+        owner = password_file.stat().st_uid
+    except (ValueError, OSError):
+        return None
+    uid = listener_uid(port)
+    if uid is None or uid in (0, os.geteuid(), owner):
+        return None
+    return (f"the process listening on port {port} belongs to uid {uid}, not to rig's Redis: rig does not send it "
+            f"the password in {password_file}; stop that process (or point redis_url at rig's Redis)")
+
+
 def resolve_auth(url: str, *, home: Path, password: str | None = None,
                  password_file: Path | None = None) -> RedisAuth:
     """The URL to connect with, password included, by the order in this module's docstring.
@@ -312,6 +342,12 @@ def resolve_auth(url: str, *, home: Path, password: str | None = None,
                               "create it (one line, mode 0600) or unset RIG_REDIS_PASSWORD_FILE")
         auth = RedisAuth(with_password(url, read_password_file(path)), str(path), home_file)
     elif home_file is not None and home_file.exists():
+        # The home's password goes only to a Redis of this user's (or root's) own: a process of
+        # another user listening on that port (squatting it while rig's Redis is down) would
+        # receive it with the first AUTH.
+        squatter = foreign_listener(url, home_file)
+        if squatter:
+            raise ConfigError(squatter)
         auth = RedisAuth(with_password(url, read_password_file(home_file)), str(home_file), home_file)
     else:
         auth = RedisAuth(url, "", home_file)

@@ -197,12 +197,12 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
         if code == 1 and decision.state is JobState.SUCCEEDED:
             if job.vram_peak:
                 # What this kind of job really needs, for `--gpu-memory auto` next time.
-                pipe.lpush(ledger.keys.history(job.name), job.vram_peak)
-                pipe.ltrim(ledger.keys.history(job.name), 0, HISTORY_LENGTH - 1)
+                pipe.lpush(ledger.keys.history(job.user, job.name), job.vram_peak)
+                pipe.ltrim(ledger.keys.history(job.user, job.name), 0, HISTORY_LENGTH - 1)
             if ran is not None:
                 # How long it ran, for the dispatcher's estimate of when cards free (backfill).
-                pipe.lpush(ledger.keys.durations(job.name), round(max(0.0, ran), 3))
-                pipe.ltrim(ledger.keys.durations(job.name), 0, HISTORY_LENGTH - 1)
+                pipe.lpush(ledger.keys.durations(job.user, job.name), round(max(0.0, ran), 3))
+                pipe.ltrim(ledger.keys.durations(job.user, job.name), 0, HISTORY_LENGTH - 1)
         pipe.lpush(ledger.keys.sched_wake, "1")
         pipe.execute()
 

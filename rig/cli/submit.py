@@ -24,7 +24,7 @@ def submit_options(fn):  # noqa: ANN001, ANN201
         click.option("--name", "-n", help="A name to find the job by (default: the program's name)."),
         click.option("--gpu-memory", "-m", "gpu_memory", metavar="SIZE",
                      help="GPU memory the job needs on each card, e.g. 12G, 512M (binary units); "
-                          "'auto' = measured peak of earlier runs with the same --name x margin."),
+                          "'auto' = measured peak of your earlier runs with the same --name x margin."),
         click.option("--gpus", "-g", type=int, default=1, show_default=True,
                      help="Number of cards (all on one server, all given at once)."),
         click.option("--priority", "-p", metavar="high|medium|low",

@@ -37,6 +37,7 @@ from pathlib import Path
 import redis
 
 from rig.alerts import evaluate
+from rig.client import current_identity
 from rig.clock import redis_time
 from rig.models import Job, JobState
 from rig.nodes import NodeRegistry
@@ -130,7 +131,7 @@ def _check_order(sc: Scenario, job: Job, now: float, runtime: tuple[float, float
 
 
 def _history(sc: Scenario, name: str) -> list[float]:
-    return [float(x) for x in sc.node.redis.lrange(sc.node.keys.durations(name), 0, -1)]
+    return [float(x) for x in sc.node.redis.lrange(sc.node.keys.durations(current_identity().name, name), 0, -1)]
 
 
 def _cleanup(sc: Scenario, nodes: list[ClockNode], prefix: str) -> None:

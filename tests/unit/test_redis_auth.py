@@ -259,3 +259,29 @@ def test_open_doors_warns_beyond_loopback(clean_env):
     assert "10.0.0.7:9840" in warnings[1] and "no login" in warnings[1]
     assert open_doors(wide, lambda part: part != "metrics")[1:] == []
 
+
+
+def test_the_home_password_never_goes_to_another_users_listener(tmp_path, monkeypatch):
+    """A user squatting the private Redis' port while it is down must not get the password."""
+    from rig import redis_conn as RC
+    from rig.errors import ConfigError
+
+    home = tmp_path / "home"
+    home.mkdir()
+    RC.ensure_password_file(home / RC.PASSWORD_FILE_NAME)
+    monkeypatch.setattr(RC, "listener_uid", lambda port: 40004)
+    with pytest.raises(ConfigError, match="belongs to uid 40004, not to rig's Redis"):
+        RC.resolve_auth("redis://127.0.0.1:6391/0", home=home)
+    monkeypatch.setattr(RC, "listener_uid", lambda port: None)  # nothing listens: the password, as before
+    assert RC.resolve_auth("redis://127.0.0.1:6391/0", home=home).url.startswith("redis://:")
+
+
+def test_listener_uid_reads_the_kernels_table():
+    import socket as S
+
+    from rig.redis_conn import listener_uid
+
+    with S.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        assert listener_uid(server.getsockname()[1]) == os.geteuid()

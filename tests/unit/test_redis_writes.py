@@ -239,7 +239,7 @@ def test_card_runner_keeps_a_jobs_ending_until_redis_takes_it(private_redis, tmp
     final = ledger.store.get(job.id)
     assert final.state is JobState.SUCCEEDED and final.exit_code == 0
     assert done == [JobState.SUCCEEDED]  # recorded by this ending, not found "already ended"
-    assert len(r.lrange(Keys("full:").durations("f"), 0, -1)) == 1  # its run time kept for backfill
+    assert len(r.lrange(Keys("full:").durations("u", "f"), 0, -1)) == 1  # its run time kept for backfill
     assert ledger.holdings("n1", 0) == {}
 
 
