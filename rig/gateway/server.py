@@ -47,8 +47,12 @@ IDLE_TIMEOUT_S = 600.0
 FRAME_TIMEOUT_S = 30.0
 #: Connections one uid may hold at once (root's are not counted): one user cannot take them all.
 MAX_PER_USER = 32
-#: Bytes of requests one uid may have in the gateway at once (root's are not counted).
-MAX_BYTES_PER_USER = 64 * 2**20
+#: Bytes of requests one uid may have in the gateway at once (root's are not counted): one
+#: largest frame. Parsed, a request takes many times its size (up to ~30x for `[{},{},...]`).
+MAX_BYTES_PER_USER = 16 * 2**20
+#: ... and all users together (root's not counted): the gateway's memory stays bounded however
+#: many users send at once.
+MAX_BYTES_TOTAL = 48 * 2**20
 #: The most of a log one request returns (bytes).
 LOG_CHUNK = 4 * 2**20
 
@@ -328,8 +332,8 @@ class _Handler(socketserver.BaseRequestHandler):
 
         def take(size: int) -> None:
             if not self.server.take_bytes(peer.uid, size):
-                raise wire.WireError(f"too many bytes of your requests in the gateway at once "
-                                     f"(at most {MAX_BYTES_PER_USER} per user); try again")
+                raise wire.WireError("the gateway holds too many bytes of requests at once (yours, or "
+                                     "everyone's); try again")
             held[0] = size
 
         try:
@@ -389,7 +393,8 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         """Count ``size`` bytes against ``uid`` (MAX_BYTES_PER_USER; root's are not limited)."""
         with self._lock:
             now = self._bytes.get(uid, 0)
-            if uid != 0 and now + size > MAX_BYTES_PER_USER:
+            total = sum(n for u, n in self._bytes.items() if u != 0)
+            if uid != 0 and (now + size > MAX_BYTES_PER_USER or total + size > MAX_BYTES_TOTAL):
                 return False
             self._bytes[uid] = now + size
             return True

@@ -339,3 +339,19 @@ def test_others_do_not_see_end_reasons_that_quote_the_log(gateway):
     seen = _as(gw, BOB, "get", job_id=job.id)
     assert "SECRET" not in repr(seen) and "initech" not in repr(seen) and seen.failure == "nccl"
     assert _as(gw, ALICE, "get", job_id=job.id).reason.startswith("NCCL error")
+
+
+def test_request_bytes_are_bounded_per_user_and_in_all():
+    from rig.gateway import server as S
+
+    server = S._Server.__new__(S._Server)
+    server._lock, server._bytes = __import__("threading").Lock(), {}
+    assert server.take_bytes(ALICE, S.MAX_BYTES_PER_USER)
+    assert not server.take_bytes(ALICE, 1)  # her own budget is spent
+    assert server.take_bytes(BOB, S.MAX_BYTES_PER_USER)
+    others = [40010 + n for n in range(8)]
+    taken = [u for u in others if server.take_bytes(u, S.MAX_BYTES_PER_USER)]
+    assert len(taken) == S.MAX_BYTES_TOTAL // S.MAX_BYTES_PER_USER - 2  # all users together are bounded
+    assert server.take_bytes(0, S.MAX_BYTES_PER_USER)  # root (rig's own, admins) is never refused
+    server.give_bytes(ALICE, S.MAX_BYTES_PER_USER)
+    assert server.take_bytes(others[-1], 1)
