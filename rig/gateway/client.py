@@ -84,13 +84,16 @@ class GatewayClient:
 
     def call(self, op: str, **args: Any) -> Any:  # noqa: ANN401
         """One request; the gateway's answer, or its error raised as rig's error class."""
-        message = {"op": op, "args": wire.encode(args)}
+        try:
+            frame = wire.pack({"op": op, "args": wire.encode(args)})
+        except wire.WireError as exc:
+            raise InvalidInput(str(exc)) from None  # too large: nothing was sent
         with self._lock:
             for attempt in (1, 2):
                 if self._sock is None:
                     self._sock = self._connect()
                 try:
-                    wire.send(self._sock, message)
+                    self._sock.sendall(frame)
                     answer = wire.receive(self._sock)
                 except (OSError, wire.WireError) as exc:
                     self.close_locked()

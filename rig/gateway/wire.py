@@ -123,10 +123,16 @@ def _hashable(value: Any) -> Any:  # noqa: ANN401
 
 def send(sock: socket.socket, message: dict[str, Any]) -> None:
     """Send one frame holding ``message`` (already :func:`encode`-d where needed)."""
+    sock.sendall(pack(message))
+
+
+def pack(message: dict[str, Any]) -> bytes:
+    """``message`` as one frame; WireError when it is over MAX_FRAME."""
     body = json.dumps(message, separators=(",", ":")).encode()
     if len(body) > MAX_FRAME:
-        raise WireError(f"message of {len(body)} bytes is over the gateway's {MAX_FRAME} bytes")
-    sock.sendall(_HEADER.pack(len(body)) + body)
+        raise WireError(f"a request of {len(body)} bytes is over the gateway's {MAX_FRAME} bytes: submit fewer jobs "
+                        "per submit_many call, or pass large @rig.task arguments as file paths")
+    return _HEADER.pack(len(body)) + body
 
 
 def receive(sock: socket.socket, body_timeout: float | None = None, large: Any = None,  # noqa: ANN401

@@ -355,3 +355,12 @@ def test_request_bytes_are_bounded_per_user_and_in_all():
     assert server.take_bytes(0, S.MAX_BYTES_PER_USER)  # root (rig's own, admins) is never refused
     server.give_bytes(ALICE, S.MAX_BYTES_PER_USER)
     assert server.take_bytes(others[-1], 1)
+
+
+def test_a_request_over_the_frame_limit_is_refused_before_sending(gateway):
+    gw, path = gateway
+    client = GatewayClient(gw.settings, path)
+    with pytest.raises(InvalidInput, match="submit fewer jobs per submit_many call"):
+        client.submit_many([{"command": ["true"], "gpu_memory": "1G", "env": {"X": "x" * 2**20}}
+                            for _ in range(20)])
+    assert client.ping()["version"]
