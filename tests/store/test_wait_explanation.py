@@ -8,6 +8,7 @@ import time
 import pytest
 
 from rig.client import Client
+from rig.clock import shared_now
 from rig.config import load_settings
 from rig.gpus.base import GpuReading
 from rig.keys import Keys
@@ -98,7 +99,7 @@ def test_a_stale_stored_reason_is_not_shown(world):
     _cards(ledger, "n1")
     jid = _submit(ledger, 4)
     client.r.set(keys.sched_leader, "someone")
-    client.r.hset(keys.job(jid), mapping={"wait_reason": "n1/0 held for it", "wait_reason_at": time.time()})
+    client.r.hset(keys.job(jid), mapping={"wait_reason": "n1/0 held for it", "wait_reason_at": shared_now(client.r)})  # the clock rig stamps with
     assert why_waiting(client, client.get(jid)) == "n1/0 held for it"  # current: shown as written
     time.sleep(0.01)
     nodes.mark_stopped("n1")  # the node changed after the reason was written
