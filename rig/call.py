@@ -254,15 +254,35 @@ def main() -> int:
         return BAD_CALL_EXIT
     gateway = _gateway()
     if gateway is not None:
-        return _main_through(gateway, job_id)
-    keys = Keys(os.environ.get("RIG_KEY_PREFIX", "rig:"))
-    # A payload or result can be up to 256 MiB (rig.pytask): a longer reply timeout than rig's.
-    client = connect(os.environ.get("RIG_REDIS_URL", "redis://127.0.0.1:6379/0"),
-                     timeout=REDIS_CONNECT_TIMEOUT_S, reply_timeout=REDIS_REPLY_TIMEOUT_S)
+        # As its submitter, without Redis' password: the gateway hands the call and takes the
+        # result only from this job's own running process (the kernel says which process asks).
+        from rig.errors import RigError
+
+        def fetch() -> str | None:
+            return gateway.call("task_payload", job_id=int(job_id))
+
+        def store(encoded: str) -> None:
+            gateway.call("task_result", job_id=int(job_id), encoded=encoded)
+
+        refused: type[Exception] = RigError
+        where = "through rig's gateway"
+    else:
+        keys = Keys(os.environ.get("RIG_KEY_PREFIX", "rig:"))
+        # A payload or result can be up to 256 MiB (rig.pytask): a longer reply timeout than rig's.
+        client = connect(os.environ.get("RIG_REDIS_URL", "redis://127.0.0.1:6379/0"),
+                         timeout=REDIS_CONNECT_TIMEOUT_S, reply_timeout=REDIS_REPLY_TIMEOUT_S)
+
+        def fetch() -> str | None:
+            return client.hget(keys.job(job_id), "payload")
+
+        def store(encoded: str) -> None:
+            client.hset(keys.job(job_id), "result", encoded)
+
+        refused, where = redis.RedisError, "from Redis"
     try:
-        raw = client.hget(keys.job(job_id), "payload")
-    except redis.RedisError as exc:
-        _say(f"job {job_id}: cannot read the call from Redis: {exc}")
+        raw = fetch()
+    except refused as exc:
+        _say(f"job {job_id}: cannot read the call {where}: {exc}")
         return REDIS_UNAVAILABLE_EXIT
     if raw is None:
         _say(f"job {job_id} has no payload; was it submitted with @rig.task? Resubmit the call")
@@ -271,8 +291,8 @@ def main() -> int:
     if encoded is None:
         return code
     try:
-        client.hset(keys.job(job_id), "result", encoded)
-    except redis.RedisError as exc:
+        store(encoded)
+    except refused as exc:
         _say(f"job {job_id}: the call ran but its result could not be stored: {exc}")
         return REDIS_UNAVAILABLE_EXIT
     return 0
@@ -286,30 +306,6 @@ def _gateway():  # noqa: ANN202 - rig.gateway.client.GatewayClient | None
 
     client = make_client(load_settings())
     return client if getattr(client, "via_gateway", False) else None
-
-
-def _main_through(gateway, job_id: str) -> int:  # noqa: ANN001
-    """main() through the gateway: it hands the call and takes the result only from this job's
-    own running process (the kernel says which process asks)."""
-    from rig.errors import RigError
-
-    try:
-        raw = gateway.call("task_payload", job_id=int(job_id))
-    except RigError as exc:
-        _say(f"job {job_id}: cannot read the call through rig's gateway: {exc}")
-        return REDIS_UNAVAILABLE_EXIT
-    if raw is None:
-        _say(f"job {job_id} has no payload; was it submitted with @rig.task? Resubmit the call")
-        return BAD_CALL_EXIT
-    code, encoded = run_call(job_id, raw)
-    if encoded is None:
-        return code
-    try:
-        gateway.call("task_result", job_id=int(job_id), encoded=encoded)
-    except RigError as exc:
-        _say(f"job {job_id}: the call ran but its result could not be stored: {exc}")
-        return REDIS_UNAVAILABLE_EXIT
-    return 0
 
 
 if __name__ == "__main__":

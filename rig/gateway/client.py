@@ -21,7 +21,7 @@ from typing import Any
 
 from rig import errors as E
 from rig import job_env as jobenv
-from rig.client import Identity, JobHandle, StatusReport, caller_environ
+from rig.client import Client, Identity, JobHandle, StatusReport, caller_environ
 from rig.config import Settings, Template
 from rig.errors import InvalidInput, JobGone, RigError
 from rig.gateway import wire
@@ -231,18 +231,9 @@ class GatewayClient:
     def result_of(self, job_id: int | str) -> str | None:
         return self.call("result", job_id=_id(job_id))
 
-    def log_path(self, job_id: int | str, attempt: int | None = None) -> Path | None:
-        """Where the attempt's log is; the file itself is read with the caller's own rights
-        (a job's log belongs to its submitter where the workers run as root)."""
-        job = self.get(job_id)
-        paths = job.log_paths or ([job.log_path] if job.log_path else [])
-        if not paths:
-            return None
-        if attempt is None:
-            return Path(paths[-1])
-        if not 1 <= attempt <= len(paths):
-            raise InvalidInput(f"job {job.id} has {len(paths)} attempt(s); pick --attempt 1..{len(paths)}")
-        return Path(paths[attempt - 1])
+    # The same rules as the direct client's, over this client's get, log_exists and open_log.
+    log_path = Client.log_path
+    read_log = Client.read_log
 
     def log_exists(self, job_id: int, path: str) -> bool:
         return bool(self.call("log_exists", job_id=job_id, path=path))
@@ -250,13 +241,6 @@ class GatewayClient:
     def open_log(self, job_id: int, path: str) -> _RemoteLog:
         """The log file as the gateway reads it (the caller's own rights may not reach it)."""
         return _RemoteLog(self, job_id, path)
-
-    def read_log(self, job_id: int | str, attempt: int | None = None) -> str:
-        path = self.log_path(job_id, attempt)
-        if path is None or not self.log_exists(_id(job_id), str(path)):
-            return ""
-        with self.open_log(_id(job_id), str(path)) as fh:
-            return fh.read().decode(errors="replace")
 
     # -- control --------------------------------------------------------------------------
     def kill(self, job_id: int | str, *, wait: bool = True, timeout: float | None = None) -> Job:
