@@ -12,7 +12,7 @@ import os
 import pwd
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 
 import redis
 
+from rig import estimates
 from rig import job_env as jobenv
 from rig import records as R
 from rig.clock import clock_for, shared_now
@@ -320,7 +321,7 @@ class Client:
                 workdir=str(wd), env=job_env, created_at=shared_now(self.r), kind=kind,
                 max_retries=max_retries, submit_host=socket.gethostname(), time_limit=limit,
                 oom_retry_grow=bool(oom_retry_grow), template=template, pool=pool,
-                expected_seconds=self.expected_seconds(job_name, limit),
+                expected_seconds=self.expected_seconds(job_name, limit, template=template, command=argv),
             )
 
         job = self._guard(_do)
@@ -353,16 +354,18 @@ class Client:
         self._announce(jobs)
         return [JobHandle(self, job.id, job) for job in jobs]
 
-    def expected_seconds(self, name: str, time_limit: float | None, user: str | None = None) -> float | None:
-        """How long a job is expected to run (s), for backfill: the median of the last 5
-        successful runs of the same user's jobs of the same name, capped by the time limit; else
-        the time limit; else None (unknown: the dispatcher then lets nothing backfill around it)."""
+    def expected_seconds(self, name: str, time_limit: float | None, user: str | None = None, *,
+                         template: str | None = None, command: Sequence[str] | str = "") -> float | None:
+        """How long a job is expected to run (s), from the caller's earlier successful runs of
+        the same name, template or command (rig.estimates: their median, capped by the time
+        limit), or None without such runs: the dispatcher then estimates it from the cluster's
+        recent runs of its size (a declared time limit is not an estimate of the run time)."""
         user = user or current_identity().name
-        runs = sorted(float(d) for d in self.r.lrange(self.keys.durations(user, name), 0, 4))
-        if runs:
-            median = runs[len(runs) // 2]
-            return min(median, time_limit) if time_limit else median
-        return time_limit
+        own = estimates.read_own(self.r, self.keys, user=user, name=name, template=template, command=command)
+        history = estimates.own_history(own)
+        if history is None:
+            return None
+        return estimates.from_samples(history[1], history[0], time_limit).expected
 
     def auto_memory(self, name: str, margin: float | None = None, user: str | None = None) -> tuple[int, str]:
         """``--gpu-memory auto``: the largest measured peak of the last 5 successful runs of

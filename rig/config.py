@@ -253,6 +253,11 @@ class Settings(BaseSettings):
         description="a blocked medium job holds the cards closest to fitting it after this long "
         "(high: at once; low: twice this)",
     )
+    backfill_estimate_delay_seconds: float = Field(
+        300.0, ge=0,
+        description="jobs without a time limit backfill in front of a held job on estimated ends "
+        "(rig.estimates) until it is this late past its first shadow time; 0: only time limits",
+    )
     pools: dict[str, list[str]] = Field(
         default_factory=dict,
         description="named sets of nodes/cards, e.g. a100 = [\"gpu1\", \"gpu2:0-3\"] (rig.pools)",

@@ -10,12 +10,15 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P pending:user:<user>         zset     that user's waiting jobs, same scores (fair share)
   P pending:users               set      users with waiting jobs
   P usage:<user>                hash     recent usage: value (GiB-hours) decayed to at (epoch s)
-  P durations:<name>            list     run seconds of earlier successful runs, newest first
+  P durations:<user>:<name>     list     run seconds of that user's earlier successful runs, newest first
+  P durations-template:<user>:<template>  list   the same per template (rig.estimates)
+  P durations-command:<user>:<digest>     list   the same per command
+  P recent-runtimes             list     the cluster's recent successful runs "<s> <bytes> <cards> <user>"
   P errors                      zset     the error queue: ended jobs waiting for a person; score = time
   P cards                       set      card ids "<node>/<index>"
   P card:<node>:<index>         hash     one card's capacity, reservations and readings
   P card:<node>:<index>:jobs    hash     job id -> bytes reserved on that card
-  P history:<name>              list     measured peak bytes of earlier successful runs, newest first
+  P history:<user>:<name>       list     measured peak bytes of earlier successful runs, newest first
   P nodes                       set      node names
   P node:<node>                 hash     a node's registration (cards, started_at) and liveness
                                          (last_seen, down_since, stopped_at: rig.nodes)
@@ -79,6 +82,19 @@ class Keys:
         """Run times of one user's jobs of one name: another user's jobs of the same name never
         skew them (nor the backfill estimate made from them)."""
         return f"{self.prefix}durations:{user}:{name}"
+
+    def durations_of_template(self, user: str, template: str) -> str:
+        """Run times of one user's jobs submitted with one template (rig.estimates)."""
+        return f"{self.prefix}durations-template:{user}:{template}"
+
+    def durations_of_command(self, user: str, digest: str) -> str:
+        """Run times of one user's jobs of one command (rig.estimates.command_digest)."""
+        return f"{self.prefix}durations-command:{user}:{digest}"
+
+    @property
+    def recent_runtimes(self) -> str:
+        """The cluster's recent successful runs with their sizes (rig.estimates.RecentRun)."""
+        return f"{self.prefix}recent-runtimes"
 
     @property
     def errors(self) -> str:

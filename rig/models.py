@@ -10,10 +10,12 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from enum import Enum
+from functools import cached_property
 from typing import Any
 
 from rig import records as R
 from rig.errors import InvalidInput, InvalidRecord
+from rig.keys import card_id
 
 
 class JobState(str, Enum):
@@ -147,10 +149,14 @@ class Job:
     overuse: int = 0  # the most it used beyond its declaration (bytes), 0 if never
     uid: int | None = None  # the submitting user's uid on the submitting host
     pool: str | None = None  # only cards of this pool (rig.pools); None: any card
-    #: Expected running time (s): the time limit, or the median of earlier runs of the same
-    #: name; the dispatcher uses it to let short jobs backfill cards held for a blocked job.
+    #: Expected running time (s): the median of the submitter's earlier runs of the same
+    #: name, template or command, capped by the time limit (rig.estimates); None without such
+    #: runs (the dispatcher then estimates from the cluster's recent runs of its size).
     expected_seconds: float | None = None
     held_at: float | None = None  # when it first held cards for itself (the dispatcher's mark)
+    #: The first finite shadow time of its hold (epoch s): jobs may backfill in front of it on
+    #: estimated ends only until it is backfill_estimate_delay_seconds past this.
+    shadow_at: float | None = None
     #: A random identity unique to this job (new_job_instance), set when it is stored. Job ids
     #: restart at 1 when Redis loses its data and two key prefixes may share one log_dir: the
     #: job's folder on disk and its processes' environment carry this, never the id alone.
@@ -319,6 +325,7 @@ _JOB_CHECKS: dict[str, Callable[[Any], Any]] = {
     "pool": lambda t: R.as_text(t, 63),
     "expected_seconds": lambda t: R.as_float(t, 0.0, R.MAX_TIME_LIMIT, "a duration in seconds"),
     "held_at": lambda t: R.as_float(t, 0.0, R.MAX_TIMESTAMP, "a time in epoch seconds"),
+    "shadow_at": lambda t: R.as_float(t, 0.0, R.MAX_TIMESTAMP, "a time in epoch seconds"),
     "instance": lambda t: R.as_job_instance(t),
     "vram_peak": lambda t: R.as_int(t, *_COUNT),
     "vram_sum": lambda t: R.as_int(t, *_COUNT),
@@ -398,10 +405,11 @@ class CardState:
     def taken(self) -> int:
         return self.reserved + self.foreign
 
-    @property
+    @cached_property
     def id(self) -> str:
-        from rig.keys import card_id
-
+        """``node/index`` (rig.keys.card_id); worked out once per instance (node and index never
+        change: a changed card is a new instance, dataclasses.replace), as the dispatcher asks
+        it thousands of times a pass."""
         return card_id(self.node, self.index)
 
     @property

@@ -49,6 +49,7 @@ from typing import Any
 
 import redis
 
+from rig import estimates
 from rig import records as R
 from rig.clock import shared_now
 from rig.config import Settings
@@ -105,6 +106,7 @@ class Dispatcher:
         self.stop_event = threading.Event()
         self._notes: dict[int, str] = {}  # job id -> wait reason, written at the end of a round
         self._nodes: list[NodeInfo] | None = None  # read once per round, when a wait is explained
+        self._prior = estimates.Prior(())  # the cluster's recent runs, read with the round's holdings
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -222,19 +224,25 @@ class Dispatcher:
         pipe = self.r.pipeline(transaction=False)
         for card in cards:
             pipe.hgetall(self.keys.card_jobs(card.node, card.index))
-        held = [(card, {int(k): int(v) for k, v in raw.items()}) for card, raw in zip(cards, pipe.execute(), strict=True)]
+        pipe.lrange(self.keys.recent_runtimes, 0, estimates.RECENT_RUNS - 1)
+        *replies, recent = pipe.execute()
+        self._prior = estimates.Prior(estimates.decode_recent(recent))
+        held = [(card, {int(k): int(v) for k, v in raw.items()}) for card, raw in zip(cards, replies, strict=True)]
         ids = sorted({jid for _card, jobs in held for jid in jobs})
         pipe = self.r.pipeline(transaction=False)
         for jid in ids:
             pipe.hmget(self.keys.job(jid), "user", "gpu_memory", "cards", "started_at", "assigned_at",
-                       "expected_seconds")
+                       "expected_seconds", "time_limit")
         info: dict[int, tuple[str, int, int, float, float]] = {}
-        for jid, (user, memory, card_list, started, assigned, expected) in zip(ids, pipe.execute(), strict=True):
+        for jid, (user, memory, card_list, started, assigned, expected, limit) in zip(ids, pipe.execute(),
+                                                                                      strict=True):
             try:
                 began = float(started or assigned or now)
                 ncards = max(1, len(json.loads(card_list or "[]")))
-                end = began + float(expected) if expected else math.inf
-                info[jid] = (user or "?", int(memory or 0), ncards, began, max(end, now))
+                end = self.running_end(user or "?", int(memory or 0), ncards, now - began,
+                                       float(expected) if expected else None, float(limit) if limit else None,
+                                       now)
+                info[jid] = (user or "?", int(memory or 0), ncards, began, end)
             except (ValueError, TypeError):
                 info[jid] = ("?", 0, 1, now, math.inf)
         releases: dict[str, list[Release]] = {}
@@ -273,12 +281,43 @@ class Dispatcher:
             return None
         return now + job.time_limit + self.settings.kill_grace_seconds + START_SLACK_S
 
+    def estimate(self, job: Waiting) -> estimates.Estimate:
+        """``job``'s run time (rig.estimates): its own history (expected_seconds, from submit),
+        else the cluster's recent runs of its size read this round, capped by its time limit."""
+        return self._prior.estimate(user=job.user, nbytes=job.gpu_memory, gpus=job.gpus,
+                                    own=(job.expected_seconds,) if job.expected_seconds else (),
+                                    time_limit=job.time_limit)
+
     def release_estimate(self, job: Waiting, now: float) -> float:
         """When a job started now is expected to free its cards (epoch s; inf if unknown)."""
+        return now + self.estimate(job).expected
+
+    def running_end(self, user: str, nbytes: int, gpus: int, age: float, expected: float | None,
+                    time_limit: float | None, now: float) -> float:
+        """When a job that has run ``age`` s is expected to free its cards (epoch s, >= now; inf
+        if unknown): its conditional remaining time (rig.estimates.remaining), never later than
+        its time limit's sure end."""
+        found = self._prior.estimate(user=user, nbytes=nbytes, gpus=gpus, own=(expected,) if expected else (),
+                                     time_limit=time_limit)
+        end = now + found.remaining(age)
+        if time_limit:
+            end = min(end, now - age + time_limit + self.settings.kill_grace_seconds + START_SLACK_S)
+        return max(end, now)
+
+    def backfill_end(self, job: Waiting, now: float, shadow_first: float) -> float | None:
+        """When ``job``, started now, is taken to end for backfilling in front of a held job
+        whose first shadow time was ``shadow_first`` (epoch s): its sure end with a time limit;
+        else its cautious estimated end (rig.estimates.CAUTIOUS_QUANTILE) while the held job is
+        less than backfill_estimate_delay_seconds past ``shadow_first`` (so wrong estimates
+        delay it by a bounded amount); else None (it may only backfill by leaving room)."""
         sure = self.sure_end(job, now)
         if sure is not None:
             return sure
-        return now + job.expected_seconds if job.expected_seconds else math.inf
+        budget = self.settings.backfill_estimate_delay_seconds
+        if budget <= 0 or now > shadow_first + budget:
+            return None
+        found = self.estimate(job)
+        return now + found.cautious + START_SLACK_S if found.known else None
 
     def effective_rank(self, job: Waiting | Job, now: float) -> int:
         """Priority rank after aging (0 = high)."""
@@ -436,9 +475,17 @@ class Dispatcher:
         return started
 
     def _mark_holding(self, job: Waiting, hold: Hold | None, now: float) -> None:
-        """Remember that ``job`` holds cards: from the next pass on it goes first in its rank."""
-        if hold is not None and not job.held_at:
-            self.store.update(job.id, held_at=now)
+        """Remember that ``job`` holds cards: from the next pass on it goes first in its rank;
+        and its first finite shadow time (the start of its backfill delay budget)."""
+        if hold is None:
+            return
+        marks: dict[str, float] = {}
+        if not job.held_at:
+            marks["held_at"] = now
+        if not job.shadow_at and hold.until != math.inf:
+            marks["shadow_at"] = hold.until
+        if marks:
+            self.store.update(job.id, **marks)
 
     def _end_unschedulable(self, job: Waiting, why: str) -> None:
         self.ledger.transition(job.id, JobState.FAILED, fields={"reason": f"unschedulable: {why}",
@@ -488,19 +535,27 @@ class _Holds:
         self.now = now
         self.by_card: dict[str, Hold] = {}
         self.rank: dict[str, int] = {}
+        self.shadow_first: dict[int, float] = {}  # held job id -> its first finite shadow time
 
     def of(self, job_id: int) -> Hold | None:
         return next((h for h in self.by_card.values() if h.job_id == job_id), None)
 
     def open_to(self, job: Waiting, mine: list[CardState], request: Request) -> list[CardState]:
         """The cards of ``mine`` that ``job`` may take now (its own held cards included)."""
+        if not self.by_card:
+            return mine
         rank = self.dispatcher.effective_rank(job, self.now)
-        end = self.dispatcher.sure_end(job, self.now)
         out = []
+        ends: dict[int, float | None] = {}  # held job id -> this job's end as backfill in front of it
         for card in mine:
             hold = self.by_card.get(card.id)
-            if (hold is None or hold.job_id == job.id or self.rank[card.id] > rank
-                    or may_backfill(card, self.snapshot.get()[0].get(card.id, ()), hold, request, end)):
+            if hold is None or hold.job_id == job.id or self.rank[card.id] > rank:
+                out.append(card)
+                continue
+            if hold.job_id not in ends:
+                ends[hold.job_id] = self.dispatcher.backfill_end(
+                    job, self.now, self.shadow_first.get(hold.job_id, hold.until))
+            if may_backfill(card, self.snapshot.get()[0].get(card.id, ()), hold, request, ends[hold.job_id]):
                 out.append(card)
         return out
 
@@ -508,6 +563,7 @@ class _Holds:
         hold = plan_hold(mine, self.snapshot.get()[0], request, self.now, job.id, exclude=set(self.by_card))
         if hold:
             self.by_card.update(dict.fromkeys(hold.cards, hold))
+            self.shadow_first[job.id] = job.shadow_at or hold.until
             self.rank.update(dict.fromkeys(hold.cards, self.dispatcher.effective_rank(job, self.now)))
         return hold
 
@@ -543,7 +599,8 @@ class Waiting:
     """What the dispatcher needs of a waiting job (read with one HMGET, not the whole record)."""
 
     FIELDS = ("state", "gpu_memory", "gpus", "priority", "created_at", "wait_reason", "user", "pool",
-              "expected_seconds", "time_limit", "held_at", "assignments", "attempt", "wait_reason_at")
+              "expected_seconds", "time_limit", "held_at", "assignments", "attempt", "wait_reason_at",
+              "shadow_at")
 
     id: int
     gpu_memory: int
@@ -556,6 +613,7 @@ class Waiting:
     expected_seconds: float | None = None
     time_limit: float | None = None
     held_at: float | None = None  # when it first held cards (blocked past its hold time)
+    shadow_at: float | None = None  # its hold's first finite shadow time (the backfill budget's start)
     wait_reason_at: float | None = None  # when the dispatcher last wrote or confirmed wait_reason
 
     @classmethod
@@ -563,12 +621,12 @@ class Waiting:
         """None for a job no longer PENDING (or gone); InvalidRecord for a PENDING record whose
         fields are not what submit() writes."""
         (state, memory, gpus, priority, created, reason, user, pool, expected, limit, held, assignments, attempt,
-         reason_at) = values
+         reason_at, shadow) = values
         if state != JobState.PENDING.value:
             return None
         raw = {"gpu_memory": memory, "gpus": gpus or 1, "priority": priority, "created_at": created or 0,
                "user": user or "?", "pool": pool or None, "expected_seconds": expected or None,
-               "held_at": held or None, "time_limit": limit or None,
+               "held_at": held or None, "shadow_at": shadow or None, "time_limit": limit or None,
                "assignments": assignments or None, "attempt": attempt or None}
         out = {}
         for name, check in _WAITING_CHECKS:
@@ -627,6 +685,7 @@ _WAITING_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     ("pool", lambda t: R.as_word(t, 63)),
     ("expected_seconds", _real(0.0, R.MAX_TIME_LIMIT, "a duration in seconds")),
     ("held_at", _real(0.0, R.MAX_TIMESTAMP, "a time in epoch seconds")),
+    ("shadow_at", _real(0.0, R.MAX_TIMESTAMP, "a time in epoch seconds")),
     ("time_limit", _real(0.001, R.MAX_TIME_LIMIT, "a duration in seconds")),
     ("assignments", _whole(0, R.MAX_ID, "a whole number")),
     ("attempt", _whole(0, R.MAX_ID, "a whole number")),

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rig import estimates
 from rig.clock import shared_now
 from rig.failures import (
     Classification,
@@ -200,9 +201,10 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
                 pipe.lpush(ledger.keys.history(job.user, job.name), job.vram_peak)
                 pipe.ltrim(ledger.keys.history(job.user, job.name), 0, HISTORY_LENGTH - 1)
             if ran is not None:
-                # How long it ran, for the dispatcher's estimate of when cards free (backfill).
-                pipe.lpush(ledger.keys.durations(job.user, job.name), round(max(0.0, ran), 3))
-                pipe.ltrim(ledger.keys.durations(job.user, job.name), 0, HISTORY_LENGTH - 1)
+                # How long it ran, for the dispatcher's estimates of when cards free (holds,
+                # backfill): by name, template, command and in the cluster's recent runs.
+                estimates.record_run(pipe, ledger.keys, user=job.user, name=job.name, template=job.template,
+                                     command=job.command, nbytes=job.gpu_memory, gpus=job.gpus, seconds=ran)
         pipe.lpush(ledger.keys.sched_wake, "1")
         pipe.execute()
 

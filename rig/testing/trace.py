@@ -317,6 +317,13 @@ class Policy:
     hold_after: tuple[float | None, float | None, float | None] = (None, None, None)
     backfill: bool = False
     estimate: float = 1.0
+    #: Estimate durations as rig does without declared ones (rig.estimates.Prior over the runs
+    #: ended so far: unknown until enough have ended; a running job's conditional remaining
+    #: time), instead of real duration x ``estimate``.
+    prior: bool = False
+    #: With ``prior``: the queue's order from the job and its estimated duration (s), instead
+    #: of ``order``.
+    order_by_estimate: Callable[[TraceJob, float], tuple] | None = None
 
 
 def simulate(jobs: Sequence[TraceJob], policy: Policy, *, cards: int, usable_per_card: int,
@@ -328,8 +335,12 @@ def simulate(jobs: Sequence[TraceJob], policy: Policy, *, cards: int, usable_per
     ``hold_after`` holds ``gpus`` cards for the rest of that round: without backfill the cards
     closest to fitting it, closed to everyone; with backfill the cards expected to have room
     first, open to jobs expected to end by then or that leave it room (as rig's dispatcher)."""
+    from rig.estimates import Prior, RecentRun  # the dispatcher's own estimator
+
     free, count = [usable_per_card] * cards, [0] * cards
     on_card: list[list[tuple[float, int, int]]] = [[] for _ in range(cards)]  # (expected end, bytes, index)
+    started: dict[int, tuple[float, TraceJob]] = {}  # index -> (start, job), with ``prior``
+    ended: list[RecentRun] = []
     arrivals = sorted(jobs, key=lambda j: (j.arrival, j.index))
     running: list[tuple[float, int, tuple[int, ...], int]] = []  # (end, index, cards, bytes)
     waiting: list[TraceJob] = []
@@ -352,11 +363,30 @@ def simulate(jobs: Sequence[TraceJob], policy: Policy, *, cards: int, usable_per
                 free[c] += nbytes
                 count[c] -= 1
                 on_card[c] = [x for x in on_card[c] if x[2] != index]
-        waiting.sort(key=policy.order)
+            if policy.prior:
+                began, done = started.pop(index)
+                ended.append(RecentRun(done.duration, done.gpu_memory, done.gpus, "u"))
+        prior = Prior(ended) if policy.prior else None
+
+        def expect(job: TraceJob, cautious: bool = False, prior: Prior | None = prior) -> float:
+            if prior is None:
+                return job.duration * policy.estimate
+            found = prior.estimate(user="u", nbytes=job.gpu_memory, gpus=job.gpus)
+            return found.cautious if cautious else found.expected
+
+        if prior is not None:  # running jobs' expected ends: their conditional remaining times
+            for c in range(cards):
+                on_card[c] = [(now + prior.estimate(user="u", nbytes=started[i][1].gpu_memory,
+                                                    gpus=started[i][1].gpus).remaining(now - started[i][0]),
+                               b, i) for _e, b, i in on_card[c]]
+        if prior is not None and policy.order_by_estimate is not None:
+            waiting.sort(key=lambda j: policy.order_by_estimate(j, expect(j)))  # type: ignore[misc]
+        else:
+            waiting.sort(key=policy.order)
         held: dict[int, tuple[float, int]] = {}  # card -> (shadow time, bytes the held job needs)
         still: list[TraceJob] = []
         for job in waiting:
-            expected_end = now + job.duration * policy.estimate
+            expected_end = now + expect(job, cautious=True)
 
             def open_card(c: int, job: TraceJob = job, expected_end: float = expected_end,
                           held: dict[int, tuple[float, int]] = held) -> bool:
@@ -384,7 +414,9 @@ def simulate(jobs: Sequence[TraceJob], policy: Policy, *, cards: int, usable_per
             for c in chosen:
                 free[c] -= job.gpu_memory
                 count[c] += 1
-                on_card[c].append((expected_end, job.gpu_memory, job.index))
+                on_card[c].append((now + expect(job), job.gpu_memory, job.index))
+            if policy.prior:
+                started[job.index] = (now, job)
             end = now + job.duration + start_overhead_s
             last_end = max(last_end, end)
             waits.setdefault(job.priority, []).append(now - job.arrival)

@@ -133,8 +133,8 @@ def test_short_jobs_backfill_a_held_card_when_they_end_before_its_shadow_time(ma
     card_of = {ledger.store.get(b).cards[0]: b for b in blockers}
     # 36 GiB: holds the card freeing first (in 60 s); 5 GiB beside it there would not leave room.
     big = submit(ledger, 36, priority=Priority.HIGH)
-    # Only an enforced time limit (+ kill grace, 10 s, + 1 s to start) lets a job backfill in
-    # front of the held one: an estimate from history is not a promise.
+    # An enforced time limit (+ kill grace, 10 s, + 1 s to start) lets a job backfill in front
+    # of the held one when it surely ends before the held one could start.
     long_small = submit(ledger, 5, priority=Priority.LOW, time_limit=120)
     short_small = submit(ledger, 5, priority=Priority.LOW, time_limit=30)
     guessed = submit(ledger, 5, priority=Priority.LOW, expected_seconds=1)
@@ -144,7 +144,60 @@ def test_short_jobs_backfill_a_held_card_when_they_end_before_its_shadow_time(ma
     assert f"n1/{held} held for it (expected free in ~60 s)" in reason
     assert ledger.store.get(short_small).cards == [held]  # ends before the big job could start
     assert ledger.store.get(long_small).cards == [1 - held]  # would delay it: the other card
-    assert ledger.store.get(guessed).state is JobState.PENDING  # no room left but the held card
+    assert ledger.store.get(guessed).state is JobState.PENDING  # 2 jobs on each card: no room left
+
+
+def _recent(redis_client, key_prefix, *runs: tuple[float, float, str]) -> None:
+    """Record the cluster's recent runs: (seconds, GiB, user) each (rig.estimates)."""
+    from rig import estimates
+
+    pipe = redis_client.pipeline()
+    for seconds, gib, user in runs:
+        estimates.record_run(pipe, Keys(key_prefix), user=user, name=f"r{seconds}", template=None,
+                             command=["true"], nbytes=int(gib * GIB), gpus=1, seconds=seconds)
+    pipe.execute()
+
+
+@pytest.mark.parametrize("budget,shadow_age,backfills", [
+    (300, None, True),  # an estimated end before the shadow time: it backfills
+    (0, None, False),  # estimates never backfill in front of a held job
+    (300, 400, False),  # the held job is already more than the budget past its first shadow time
+])
+def test_estimated_ends_backfill_a_held_card_within_the_delay_budget(make, budget, shadow_age, backfills):
+    ledger, dispatcher, started = make(backfill_estimate_delay_seconds=budget)
+    blockers = [submit(ledger, 30, expected_seconds=60), submit(ledger, 30, expected_seconds=600)]
+    assert dispatcher.dispatch_pass() == 2
+    held = next(ledger.store.get(b).cards[0] for b in blockers if ledger.store.get(b).expected_seconds == 60)
+    fields = {"shadow_at": time.time() - shadow_age} if shadow_age else {}
+    big = submit(ledger, 36, priority=Priority.HIGH, **fields)
+    guessed = submit(ledger, 5, priority=Priority.LOW, expected_seconds=2)  # no time limit
+    dispatcher.dispatch_pass()
+    job = ledger.store.get(guessed)
+    if backfills:
+        assert job.cards == [held]
+    else:  # the other card has room (10 GiB, 1 slot): it goes there instead, never to the held one
+        assert job.cards == [1 - held]
+    record = ledger.store.get(big)
+    assert record.state is JobState.PENDING and record.shadow_at
+    if not shadow_age:  # its first shadow time is remembered: the budget counts from it
+        assert record.shadow_at == pytest.approx(time.time() + 60, abs=5)
+
+
+def test_recent_runs_of_a_size_give_unknown_ends_a_shadow_time(make, redis_client, key_prefix):
+    ledger, dispatcher, started = make()
+    # Jobs without a time limit or history of their own: their ends come from the cluster's
+    # recent runs of their size (30 GiB ran ~40 s; 5 GiB ran ~1 s).
+    _recent(redis_client, key_prefix, *[(40.0, 30, "bob")] * 5, *[(1.0, 5, "bob")] * 5)
+    for _ in range(2):
+        submit(ledger, 30)
+    assert dispatcher.dispatch_pass() == 2
+    big = submit(ledger, 35, priority=Priority.HIGH)
+    small = submit(ledger, 5, priority=Priority.LOW)
+    assert dispatcher.dispatch_pass() == 1
+    reason = ledger.store.get(big).wait_reason
+    assert "held for it (expected free in ~40 s)" in reason, reason
+    # Both cards have room for it; it may take either: it is expected to end long before.
+    assert ledger.store.get(small).state is JobState.ASSIGNED
 
 
 def test_unknown_durations_keep_the_held_card_closed(make):

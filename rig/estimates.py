@@ -1,0 +1,260 @@
+"""How long jobs run, estimated from what rig has seen: the one place run times are predicted.
+
+rig never needs a declared duration. Each successful run leaves its run time (s) under three
+keys of its user — its name, its template, its command (a digest) — and in one cluster-wide list
+of recent runs with their size (``recent_runtimes``). A job's run-time *samples* come from the
+most specific source that has enough of them (SOURCES, in order):
+
+    name (1+ runs) -> template (3+) -> command (1+) -> the user's recent runs of a similar
+    size (5+) -> everyone's recent runs of a similar size (5+) -> everyone's recent runs (3+)
+
+"Similar size" is a request (memory x cards) within a factor of SIZE_FACTOR of the job's. No
+samples at all (a fresh installation's first jobs): the estimate is unknown (math.inf), and
+the dispatcher treats the job's end as unknown, as before.
+
+From the samples:
+
+* a waiting job's **expected** run time is their median; its **cautious** run time (the one
+  that decides whether it may backfill in front of a held job) their CAUTIOUS_QUANTILE;
+  either is capped by a declared time limit.
+* a running job that has run ``age`` s is expected to run for the median of the samples
+  *longer than its age* (a conditional remaining time: a job past its estimate is not about
+  to end just because the estimate says so); one older than every sample is expected to run
+  as long again as it already has.
+
+Pure functions over samples, plus the two Redis reads/writes that keep them (``record_run``,
+``read_recent``). Units: seconds, bytes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import redis
+
+from rig.keys import Keys
+
+#: Runs kept per name, template and command.
+PER_KEY_RUNS = 20
+#: Runs kept in the cluster-wide list of recent runs.
+RECENT_RUNS = 400
+#: Samples needed from each source before it is used: (source, minimum).
+SOURCES: tuple[tuple[str, int], ...] = (
+    ("name", 1), ("template", 3), ("command", 1), ("user-size", 5), ("size", 5), ("recent", 3),
+)
+#: A sample is of "a similar size" when its request (bytes x cards) is within this factor.
+SIZE_FACTOR = 2.0
+#: The quantile of the samples a backfill decision uses (a job expected to end in time by this
+#: quantile of its kind's run times, not merely by their median).
+CAUTIOUS_QUANTILE = 0.8
+
+
+def command_digest(command: Sequence[str] | str) -> str:
+    """The key under which runs of one command are kept (16 hex digits of its SHA-1)."""
+    text = command if isinstance(command, str) else json.dumps(list(command), separators=(",", ":"))
+    return hashlib.sha1(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RecentRun:
+    """One entry of the cluster-wide list: a successful run of ``seconds`` by ``user`` that
+    reserved ``nbytes`` on each of ``gpus`` cards."""
+
+    seconds: float
+    nbytes: int
+    gpus: int
+    user: str
+
+    def encode(self) -> str:
+        return f"{self.seconds:.3f} {self.nbytes} {self.gpus} {self.user}"
+
+    @classmethod
+    def decode(cls, text: str) -> RecentRun | None:
+        try:
+            seconds, nbytes, gpus, user = text.split(" ", 3)
+            return cls(float(seconds), int(nbytes), int(gpus), user)
+        except ValueError:
+            return None  # a damaged entry is one sample less, never an error
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A job's run time: ``expected`` (median, s), ``cautious`` (CAUTIOUS_QUANTILE, s), the
+    ``source`` of the samples (one of SOURCES' names, "limit", or "unknown") and the samples
+    themselves (sorted; for the conditional remaining time of a running job)."""
+
+    expected: float
+    cautious: float
+    source: str
+    samples: tuple[float, ...] = ()
+
+    @property
+    def known(self) -> bool:
+        return self.expected != math.inf
+
+    def remaining(self, age: float) -> float:
+        """Seconds still to run for a job of this kind that has run ``age`` s (see the module)."""
+        return remaining(self.samples, age, fallback=self.expected)
+
+
+UNKNOWN = Estimate(math.inf, math.inf, "unknown")
+
+
+def quantile(sorted_samples: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ascending samples (nearest rank); inf for none."""
+    if not sorted_samples:
+        return math.inf
+    index = min(len(sorted_samples) - 1, max(0, math.ceil(q * len(sorted_samples)) - 1))
+    return sorted_samples[index]
+
+
+def remaining(samples: Sequence[float], age: float, *, fallback: float = math.inf) -> float:
+    """Expected seconds still to run for a job that has run ``age`` s, whose kind ran
+    ``samples`` s: the median of the samples longer than ``age``, less ``age``; as long again
+    as ``age`` when it has outlived them all. With no samples, ``fallback`` - age (a declared
+    or point estimate), or as long again once that has passed; inf when nothing is known."""
+    age = max(0.0, age)
+    longer = sorted(s for s in samples if s > age)
+    if longer:
+        return quantile(longer, 0.5) - age
+    if samples:
+        return max(age, 1.0)
+    if fallback == math.inf:
+        return math.inf
+    return fallback - age if fallback > age else max(age, 1.0)
+
+
+def from_samples(samples: Sequence[float], source: str, time_limit: float | None = None) -> Estimate:
+    ordered = tuple(sorted(samples))
+    expected, cautious = quantile(ordered, 0.5), quantile(ordered, CAUTIOUS_QUANTILE)
+    if time_limit:
+        expected, cautious = min(expected, time_limit), min(cautious, time_limit)
+    return Estimate(expected, cautious, source, ordered)
+
+
+def similar_size(run: RecentRun, nbytes: int, gpus: int) -> bool:
+    """Is ``run`` of a size like a request of ``nbytes`` on ``gpus`` cards (within SIZE_FACTOR)?"""
+    mine, theirs = _size(nbytes, gpus), _size(run.nbytes, run.gpus)
+    return max(mine, theirs) <= SIZE_FACTOR * min(mine, theirs)
+
+
+def _size(nbytes: int, gpus: int) -> int:
+    return max(1, nbytes) * max(1, gpus)
+
+
+def own_history(own: Mapping[str, Sequence[float]]) -> tuple[str, Sequence[float]] | None:
+    """The most specific of a job's own sources ("name", "template", "command") with enough
+    runs (SOURCES), as (source, run times); None when none has."""
+    for source, minimum in SOURCES[:3]:
+        samples = own.get(source) or ()
+        if len(samples) >= minimum:
+            return source, samples
+    return None
+
+
+class Prior:
+    """Estimates from the cluster's recent runs, for many jobs at once (one dispatcher round):
+    the runs are sorted by size once, so a job's similar-size runs are one bisect away, and
+    each (user, size, limit) is worked out once."""
+
+    def __init__(self, recent: Sequence[RecentRun]) -> None:
+        self.runs = sorted(recent, key=lambda r: _size(r.nbytes, r.gpus))
+        self.sizes = [_size(r.nbytes, r.gpus) for r in self.runs]
+        self._cache: dict[tuple, Estimate] = {}
+
+    def estimate(self, *, user: str, nbytes: int, gpus: int, own: Sequence[float] = (),
+                 own_source: str = "history", time_limit: float | None = None) -> Estimate:
+        """A job's run time: its ``own`` earlier runs if any, else the user's recent runs of a
+        similar size, else everyone's, else everyone's recent runs (SOURCES' minimums); else
+        its time limit if declared; else UNKNOWN. Capped by the time limit."""
+        if own:
+            return from_samples(own, own_source, time_limit)
+        key = (user, _size(nbytes, gpus), time_limit)
+        found = self._cache.get(key)
+        if found is None:
+            found = self._cache[key] = self._from_recent(user, _size(nbytes, gpus), time_limit)
+        return found
+
+    def _from_recent(self, user: str, size: int, time_limit: float | None) -> Estimate:
+        lo = bisect.bisect_left(self.sizes, math.ceil(size / SIZE_FACTOR))
+        hi = bisect.bisect_right(self.sizes, size * SIZE_FACTOR)
+        sized = self.runs[lo:hi]
+        pools = {
+            "user-size": [r.seconds for r in sized if r.user == user],
+            "size": [r.seconds for r in sized],
+            "recent": [r.seconds for r in self.runs],
+        }
+        for source, minimum in SOURCES[3:]:
+            if len(pools[source]) >= minimum:
+                return from_samples(pools[source], source, time_limit)
+        if time_limit:
+            return Estimate(time_limit, time_limit, "limit")
+        return UNKNOWN
+
+
+def estimate(*, own: Mapping[str, Sequence[float]], recent: Sequence[RecentRun], user: str, nbytes: int,
+             gpus: int, time_limit: float | None = None) -> Estimate:
+    """A job's run time from the most specific source with enough samples (SOURCES). ``own``:
+    its runs by "name", "template" and "command" (any may be missing); ``recent``: the cluster's
+    recent runs."""
+    history = own_history(own)
+    source, samples = history if history else ("history", ())
+    return Prior(recent).estimate(user=user, nbytes=nbytes, gpus=gpus, own=samples, own_source=source,
+                                  time_limit=time_limit)
+
+
+# -- Redis --------------------------------------------------------------------------------------
+def record_run(pipe: redis.client.Pipeline, keys: Keys, *, user: str, name: str, template: str | None,
+               command: Sequence[str] | str, nbytes: int, gpus: int, seconds: float) -> None:
+    """Queue on ``pipe`` the writes that keep one successful run's time (s) for estimates."""
+    seconds = round(max(0.0, seconds), 3)
+    for key in own_keys(keys, user=user, name=name, template=template, command=command).values():
+        pipe.lpush(key, seconds)
+        pipe.ltrim(key, 0, PER_KEY_RUNS - 1)
+    pipe.lpush(keys.recent_runtimes, RecentRun(seconds, nbytes, gpus, user).encode())
+    pipe.ltrim(keys.recent_runtimes, 0, RECENT_RUNS - 1)
+
+
+def own_keys(keys: Keys, *, user: str, name: str, template: str | None,
+             command: Sequence[str] | str) -> dict[str, str]:
+    """The keys of a job's own run times, by source name."""
+    out = {"name": keys.durations(user, name), "command": keys.durations_of_command(user, command_digest(command))}
+    if template:
+        out["template"] = keys.durations_of_template(user, template)
+    return out
+
+
+def read_own(r: redis.Redis, keys: Keys, *, user: str, name: str, template: str | None,
+             command: Sequence[str] | str) -> dict[str, list[float]]:
+    """A job's own run times by source (one round trip)."""
+    wanted = own_keys(keys, user=user, name=name, template=template, command=command)
+    pipe = r.pipeline(transaction=False)
+    for key in wanted.values():
+        pipe.lrange(key, 0, PER_KEY_RUNS - 1)
+    return {source: _floats(values) for source, values in zip(wanted, pipe.execute(), strict=True)}
+
+
+def read_recent(r: redis.Redis, keys: Keys) -> list[RecentRun]:
+    """The cluster's recent runs (one LRANGE)."""
+    return decode_recent(r.lrange(keys.recent_runtimes, 0, RECENT_RUNS - 1))
+
+
+def decode_recent(values: Sequence[str]) -> list[RecentRun]:
+    return [run for run in map(RecentRun.decode, values) if run is not None]
+
+
+def _floats(values: Sequence[str]) -> list[float]:
+    out = []
+    for value in values:
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        if math.isfinite(number) and number >= 0:
+            out.append(number)
+    return out

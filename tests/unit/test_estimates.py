@@ -1,0 +1,111 @@
+"""rig.estimates: run times predicted from history, the size prior, conditional remaining time."""
+
+from __future__ import annotations
+
+import math
+
+import fakeredis
+
+from rig import estimates as E
+from rig.keys import Keys
+
+GIB = 2**30
+
+
+def runs(seconds: list[float], nbytes: int = 8 * GIB, gpus: int = 1, user: str = "ann") -> list[E.RecentRun]:
+    return [E.RecentRun(s, nbytes, gpus, user) for s in seconds]
+
+
+def test_quantile_is_nearest_rank_and_inf_for_nothing():
+    assert E.quantile([1, 2, 3, 4, 5], 0.5) == 3
+    assert E.quantile([1, 2, 3, 4, 5], 0.8) == 4
+    assert E.quantile([7], 0.8) == 7
+    assert E.quantile([], 0.5) == math.inf
+
+
+def test_remaining_is_conditional_on_the_age():
+    samples = [10.0, 20.0, 30.0, 40.0, 50.0]
+    assert E.remaining(samples, 0) == 30.0
+    # Past the median of all runs, a job is not "about to end": the runs longer than it say how long.
+    assert E.remaining(samples, 31) == 40 - 31  # the median of (40, 50) by nearest rank
+    # Older than every run: as long again as it has run.
+    assert E.remaining(samples, 80) == 80
+    # A point estimate only: what is left of it, then as long again.
+    assert E.remaining([], 3, fallback=10) == 7
+    assert E.remaining([], 12, fallback=10) == 12
+    assert E.remaining([], 5) == math.inf
+
+
+def test_a_jobs_own_history_wins_over_the_prior():
+    prior = E.Prior(runs([100.0] * 10))
+    found = prior.estimate(user="ann", nbytes=8 * GIB, gpus=1, own=[3.0, 5.0, 4.0])
+    assert (found.expected, found.source) == (4.0, "history")
+
+
+def test_prior_prefers_the_users_runs_of_a_similar_size_then_everyones():
+    recent = runs([1.0] * 6, nbytes=4 * GIB) + runs([50.0] * 6, nbytes=60 * GIB, user="bob") \
+        + runs([40.0] * 5, nbytes=50 * GIB, user="ann")
+    prior = E.Prior(recent)
+    big = prior.estimate(user="ann", nbytes=64 * GIB, gpus=1)
+    assert (big.expected, big.source) == (40.0, "user-size")
+    # Carol has no runs: everyone's of her size.
+    assert prior.estimate(user="carol", nbytes=64 * GIB, gpus=1).source == "size"
+    small = prior.estimate(user="carol", nbytes=3 * GIB, gpus=1)
+    assert (small.expected, small.source) == (1.0, "size")
+    # A size nobody ran: everyone's recent runs.
+    assert prior.estimate(user="carol", nbytes=GIB // 4, gpus=1).source == "recent"
+    # Two cards of 32 GiB are the size of one of 64 GiB.
+    assert prior.estimate(user="ann", nbytes=32 * GIB, gpus=2).source == "user-size"
+
+
+def test_nothing_known_is_unknown_and_a_time_limit_caps():
+    assert E.Prior(()).estimate(user="ann", nbytes=GIB, gpus=1) is E.UNKNOWN
+    assert not E.UNKNOWN.known
+    limited = E.Prior(()).estimate(user="ann", nbytes=GIB, gpus=1, time_limit=60)
+    assert (limited.expected, limited.source) == (60, "limit")
+    capped = E.Prior(runs([100.0] * 5, nbytes=GIB)).estimate(user="ann", nbytes=GIB, gpus=1, time_limit=30)
+    assert capped.expected == capped.cautious == 30
+
+
+def test_cautious_is_a_high_quantile():
+    found = E.from_samples([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], "size")
+    assert found.expected == 5 and found.cautious == 8
+
+
+def test_similar_size_is_within_the_factor():
+    run = E.RecentRun(1.0, 10 * GIB, 1, "ann")
+    assert E.similar_size(run, 20 * GIB, 1) and E.similar_size(run, 5 * GIB, 1)
+    assert not E.similar_size(run, 21 * GIB, 1) and not E.similar_size(run, 4 * GIB, 1)
+    # The Prior's bisect and the rule agree on the edges.
+    prior = E.Prior([run])
+    for nbytes in (4 * GIB, 5 * GIB, 20 * GIB, 21 * GIB):
+        sized = prior.estimate(user="x", nbytes=nbytes, gpus=1)
+        assert (sized.source == "size") is False  # one run is below the minimum of 5
+    prior = E.Prior([run] * 5)
+    for nbytes in (4 * GIB, 5 * GIB, 20 * GIB, 21 * GIB):
+        source = prior.estimate(user="x", nbytes=nbytes, gpus=1).source
+        assert (source == "size") == E.similar_size(run, nbytes, 1), nbytes
+
+
+def test_damaged_entries_are_skipped():
+    assert E.decode_recent(["1.5 100 1 ann", "junk", "x 1 1 a", "2 3"]) == [E.RecentRun(1.5, 100, 1, "ann")]
+
+
+def test_record_run_and_read_back_through_redis():
+    r = fakeredis.FakeRedis(decode_responses=True)
+    keys = Keys("t:")
+    for seconds in (3.0, 5.0, 4.0):
+        pipe = r.pipeline()
+        E.record_run(pipe, keys, user="ann", name="train", template="big", command=["python", "t.py"],
+                     nbytes=8 * GIB, gpus=1, seconds=seconds)
+        pipe.execute()
+    own = E.read_own(r, keys, user="ann", name="train", template="big", command=["python", "t.py"])
+    assert sorted(own["name"]) == sorted(own["template"]) == sorted(own["command"]) == [3.0, 4.0, 5.0]
+    assert E.own_history(own) == ("name", own["name"])
+    # Another command of the same user: only its own command's runs.
+    other = E.read_own(r, keys, user="ann", name="new-name", template=None, command=["python", "t.py"])
+    assert E.own_history(other) == ("command", other["command"])
+    assert E.own_history(E.read_own(r, keys, user="bob", name="train", template="big",
+                                    command=["python", "t.py"])) is None
+    assert [x.seconds for x in E.read_recent(r, keys)] == [4.0, 5.0, 3.0]
+    assert r.llen(keys.recent_runtimes) <= E.RECENT_RUNS
