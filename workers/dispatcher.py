@@ -45,7 +45,7 @@ import uuid
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import redis
 
@@ -107,6 +107,7 @@ class Dispatcher:
         self._notes: dict[int, str] = {}  # job id -> wait reason, written at the end of a round
         self._nodes: list[NodeInfo] | None = None  # read once per round, when a wait is explained
         self._prior = estimates.Prior(())  # the cluster's recent runs, read with the round's holdings
+        self._backfill_ends: dict[int, tuple[float | None, float | None]] = {}  # per round: backfill_end
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -190,7 +191,7 @@ class Dispatcher:
         jobs = []
         for jid, values in zip(ids, pipe.execute(), strict=True):
             try:
-                job = Waiting.parse(jid, values)
+                job = Waiting.parse_cached(jid, values)
             except InvalidRecord as exc:
                 self._fail_invalid(jid, f"field {exc.field}: {exc.problem}", source[jid])
                 continue
@@ -310,14 +311,18 @@ class Dispatcher:
         else its cautious estimated end (rig.estimates.CAUTIOUS_QUANTILE) while the held job is
         less than backfill_estimate_delay_seconds past ``shadow_first`` (so wrong estimates
         delay it by a bounded amount); else None (it may only backfill by leaving room)."""
-        sure = self.sure_end(job, now)
+        ends = self._backfill_ends.get(job.id)
+        if ends is None:  # the same for every hold this round: worked out once per job
+            found = self.estimate(job)
+            ends = self._backfill_ends[job.id] = (
+                self.sure_end(job, now), now + found.cautious + START_SLACK_S if found.known else None)
+        sure, estimated = ends
         if sure is not None:
             return sure
         budget = self.settings.backfill_estimate_delay_seconds
         if budget <= 0 or now > shadow_first + budget:
             return None
-        found = self.estimate(job)
-        return now + found.cautious + START_SLACK_S if found.known else None
+        return estimated
 
     def effective_rank(self, job: Waiting | Job, now: float) -> int:
         """Priority rank after aging (0 = high)."""
@@ -386,6 +391,7 @@ class Dispatcher:
                 snapshot.get()
             holds = _Holds(self, snapshot, now)
             self._nodes = None
+            self._backfill_ends = {}
             smallest = min(j.gpu_memory for j in waiting)
             progressed = False
 
@@ -615,6 +621,25 @@ class Waiting:
     held_at: float | None = None  # when it first held cards (blocked past its hold time)
     shadow_at: float | None = None  # its hold's first finite shadow time (the backfill budget's start)
     wait_reason_at: float | None = None  # when the dispatcher last wrote or confirmed wait_reason
+
+    #: (job id, the values read) -> the parse of a valid record: most jobs a pass reads are the
+    #: ones it read the pass before, unchanged (at most PARSE_CACHE entries, then it restarts).
+    _parsed: ClassVar[dict[tuple, Waiting | None]] = {}
+    PARSE_CACHE: ClassVar[int] = 20_000
+
+    @classmethod
+    def parse_cached(cls, job_id: int, values: list) -> Waiting | None:
+        """``parse``, remembered for the same id and values (an invalid record raises each time)."""
+        key = (job_id, *values)
+        try:
+            return cls._parsed[key]
+        except KeyError:
+            pass
+        parsed = cls.parse(job_id, values)
+        if len(cls._parsed) >= cls.PARSE_CACHE:
+            cls._parsed.clear()
+        cls._parsed[key] = parsed
+        return parsed
 
     @classmethod
     def parse(cls, job_id: int, values: list) -> Waiting | None:
