@@ -62,7 +62,13 @@ POLICIES = [
     Policy("priority, FIFO; holds + backfill, limits 1.5x", fifo, (0, 20, 40), True, 1.5),
     Policy("priority, FIFO; holds + backfill, exact durations", fifo, (0, 20, 40), True, 1.0),
     Policy("priority, largest first; no holds", largest_first),
-    Policy("priority, largest first; holds + backfill, limits 1.5x (rig now)", largest_first, (0, 20, 40), True, 1.5),
+    Policy("priority, largest first; holds + backfill, limits 1.5x (rig, declared)", largest_first, (0, 20, 40), True,
+           1.5),
+    Policy("priority, largest first; holds, no backfill (rig before, nothing declared)", largest_first,
+           (0, 20, 40), False),
+    Policy("priority, largest first; holds + backfill, estimated (rig now, nothing declared)", largest_first,
+           (0, 20, 40), True, prior=True),
+    Policy("arrival order, priorities ignored; no holds (as Ray)", lambda j: (j.arrival, j.index)),
     Policy("high first, then longest x largest; no holds", high_then_longest),
     Policy("largest first, priorities ignored; no holds", size_only),
 ]
@@ -89,7 +95,7 @@ def main() -> None:
               for s, t in traces.items()}
     print(f"{len(seeds)} seeds ({args.seeds}), {args.jobs} jobs each, {args.overhead:.2f} s start overhead; "
           f"8 x 76 GiB usable, 4 jobs a card; best-fit cards")
-    print(f"{'policy':66} {'x bound mean':>12} {'worst':>6} {'seed 8':>7} {'high/low p95 mean':>18} {'worst':>6}")
+    print(f"{'policy':80} {'x bound mean':>12} {'worst':>6} {'seed 8':>7} {'high/low p95 mean':>18} {'worst':>6}")
     for policy in POLICIES:
         ratios, balance = [], []
         for s, trace in traces.items():
@@ -97,7 +103,7 @@ def main() -> None:
             ratios.append(span / bounds[s])
             balance.append(percentile(waits["high"], 0.95) / max(percentile(waits["low"], 0.95), 1e-9))
         s8 = f"{ratios[seeds.index(8)]:.3f}" if 8 in seeds else "-"
-        print(f"{policy.name:66} {sum(ratios) / len(ratios):12.3f} {max(ratios):6.3f} {s8:>7} "
+        print(f"{policy.name:80} {sum(ratios) / len(ratios):12.3f} {max(ratios):6.3f} {s8:>7} "
               f"{sum(balance) / len(balance):18.2f} {max(balance):6.2f}")
     if args.search:
         rng = random.Random(1)
@@ -115,7 +121,7 @@ def main() -> None:
                 best = min(best, span / bounds[s])
             best_all.append(best)
         s8 = f"{best_all[seeds.index(8)]:.3f}" if 8 in seeds else "-"
-        print(f"{'best of ' + str(args.search) + ' random orders, priorities ignored, no overhead':66} "
+        print(f"{'best of ' + str(args.search) + ' random orders, priorities ignored, no overhead':80} "
               f"{sum(best_all) / len(best_all):12.3f} {max(best_all):6.3f} {s8:>7}")
 
 
