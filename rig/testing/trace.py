@@ -220,6 +220,24 @@ def vram_time_utilisation(records: Iterable[RunRecord], *, capacity_bytes: int,
     return used / (capacity_bytes * span_s)
 
 
+def busy_utilisation(records: Iterable[RunRecord], *, capacity_bytes: int) -> float:
+    """VRAM-time utilisation over the busy part of a run: from the first submission until the
+    last job started (while jobs waited, idle memory was the scheduler's to fill). Memory-time
+    of the jobs within that window over ``capacity_bytes`` x its length; NaN without starts."""
+    recs = [r for r in records if r.started_at is not None]
+    if not recs or capacity_bytes <= 0:
+        return math.nan
+    lo = min(r.created_at for r in recs)
+    hi = max(r.started_at for r in recs)  # type: ignore[type-var]
+    if not hi > lo:
+        return math.nan
+    used = 0.0
+    for r in recs:
+        end = r.ended_at if r.ended_at is not None else hi
+        used += r.gpu_memory * r.gpus * max(0.0, min(end, hi) - max(r.started_at, lo))  # type: ignore[arg-type]
+    return used / (capacity_bytes * (hi - lo))
+
+
 def interval_oversubscription(records: Iterable[RunRecord], *, usable_per_card: int,
                               max_jobs_per_card: int) -> float:
     """Card-seconds during which the jobs' [started_at, ended_at] intervals put more than

@@ -212,3 +212,16 @@ def test_simulated_backfill_lets_a_short_job_use_a_held_card() -> None:
     assert sorted(plain["low"]) == pytest.approx([10.0, 10.0])  # both wait until the high job ends
     assert sorted(backfilled["low"]) == pytest.approx([0.0, 10.0])  # the short one starts at once
     assert plain["high"] == backfilled["high"] == pytest.approx([9.0])  # never delayed
+
+
+def test_busy_utilisation_counts_only_until_the_last_start():
+    from rig.testing.trace import RunRecord, busy_utilisation
+
+    gib = 2**30
+    # Two cards of 10 GiB (capacity 20 GiB); jobs submitted at 0. One 10 GiB job runs 0-4 s,
+    # another starts at 2 s and runs to 10 s: the busy part is 0-2 s, when one card of two
+    # was used: 50 %, whatever ran after the last start.
+    recs = [RunRecord("low", 10 * gib, 1, (0,), 0.0, 0.0, 4.0, "SUCCEEDED"),
+            RunRecord("low", 10 * gib, 1, (1,), 0.0, 2.0, 10.0, "SUCCEEDED")]
+    assert busy_utilisation(recs, capacity_bytes=20 * gib) == 0.5
+    assert math.isnan(busy_utilisation([], capacity_bytes=20 * gib))
