@@ -77,9 +77,12 @@ class RecentRun:
     def decode(cls, text: str) -> RecentRun | None:
         try:
             seconds, nbytes, gpus, user = text.split(" ", 3)
-            return cls(float(seconds), int(nbytes), int(gpus), user)
+            run = cls(float(seconds), int(nbytes), int(gpus), user)
         except ValueError:
             return None  # a damaged entry is one sample less, never an error
+        if not (math.isfinite(run.seconds) and run.seconds >= 0 and run.nbytes >= 0 and run.gpus >= 1):
+            return None
+        return run
 
 
 @dataclass(frozen=True)

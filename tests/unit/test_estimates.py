@@ -88,7 +88,8 @@ def test_similar_size_is_within_the_factor():
 
 
 def test_damaged_entries_are_skipped():
-    assert E.decode_recent(["1.5 100 1 ann", "junk", "x 1 1 a", "2 3"]) == [E.RecentRun(1.5, 100, 1, "ann")]
+    assert E.decode_recent(["1.5 100 1 ann", "junk", "x 1 1 a", "2 3", "nan 1 1 a", "inf 1 1 a",
+                            "-1 1 1 a", "1 1 0 a"]) == [E.RecentRun(1.5, 100, 1, "ann")]
 
 
 def test_record_run_and_read_back_through_redis():
