@@ -13,6 +13,7 @@ from typing import Any
 
 import redis
 
+from rig import jobtrace
 from rig.clock import shared_now
 from rig.errors import JobNotFound
 from rig.gpus.base import GpuReading
@@ -147,6 +148,7 @@ class Ledger:
             keys=keys, args=[job_id, nbytes, shared_now(self.r), node, json.dumps(cards), user]
         )
         if ok:
+            jobtrace.mark(job_id, "reserved")
             self.store.publish(job_id, JobState.ASSIGNED)
         return bool(ok), str(detail)
 

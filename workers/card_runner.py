@@ -27,7 +27,7 @@ from typing import TypeVar
 import redis
 
 from rig import job_env as jobenv
-from rig import logkeeper, logspace
+from rig import jobtrace, logkeeper, logspace
 from rig import records as R
 from rig.clock import event_time, monotonic_of, shared_now
 from rig.config import Settings
@@ -204,11 +204,13 @@ class CardRunner:
         if claimed is None:
             return "ignored:shutting-down"  # never claimed: its start is re-sent (adopt)
         ok, detail = claimed
+        jobtrace.mark(job_id, "claimed")
         if not ok:
             log.info("job %s: start message ignored, job is %s (duplicate or stale delivery)", job_id, detail)
             return f"ignored:{detail}"
         attempt = int(detail)
         job = self._with_instance(self.store.get(job_id))
+        jobtrace.mark(job_id, "read")
         if job.problems or job.id != job_id:
             # Nothing of a damaged or hostile record is used: not its command, env or folder.
             reason = job.invalid_reason or f"invalid record: field id: {job.id}, not {job_id}"
@@ -253,6 +255,7 @@ class CardRunner:
                               f"requeue job {job_id}")
             return "requeued:card-closed"
         try:
+            jobtrace.mark(job_id, "checked")
             active = self._launch(job, token, attempt)
         except NotStarted as exc:
             return self._not_started(job, str(token), attempt, exc)
@@ -354,6 +357,7 @@ class CardRunner:
                 # keeps the log within log_max_bytes at any rate; without one, straight to the
                 # file, capped by polling.
                 keeper_pid, keeper, job_out = self._start_keeper(log_path)
+                jobtrace.mark(job.id, "keeper")
                 try:
                     popen = subprocess.Popen(
                         argv, cwd=job.workdir, env=env, stdin=exit_fd, stdout=job_out if keeper_pid else logf,
@@ -380,6 +384,7 @@ class CardRunner:
             os.close(exit_fd)
         # From here on the job runs: whatever fails below, it is supervised and concluded as
         # started (never refused as "could not start" while it runs).
+        jobtrace.mark(job.id, "popen")
         start = proc_start_time(popen.pid)
         keeper_start = proc_start_time(keeper_pid) if keeper_pid else 0
         # Written before anything else: the node's own record that this attempt runs (over the
@@ -394,6 +399,7 @@ class CardRunner:
             raise  # Redis away: adoption finds the job by its environment once it is back
         except redis.RedisError as exc:
             log.error("job %s: started, but its pid could not be recorded (%s); supervising it", job.id, exc)
+        jobtrace.mark(job.id, "recorded")
         log.info("job %s attempt %s: started pid %s on %s/%s (CUDA_VISIBLE_DEVICES=%s)",
                  job.id, attempt, popen.pid, self.node, job.cards, env["CUDA_VISIBLE_DEVICES"])
         return ActiveJob(job.id, str(token), attempt, popen.pid, start, exit_file, popen, instance=job.instance,
@@ -518,10 +524,13 @@ class CardRunner:
                     log.info("job %s: stopping its process tree (kill requested)", active.job_id)
                     stop_tree(active.pid, self.settings.kill_grace_seconds, reap=lambda: _reap(active))
             active.ended_mono = time.monotonic()  # when it ended, not when Redis hears of it
+            jobtrace.mark(active.job_id, "exit_seen")
             end = self._outcome(active)
+            jobtrace.mark(active.job_id, "outcome")
             if active.log_path is not None and active.keeper_pid is None:
                 _cap_quietly(active, self.settings.log_max_bytes)
             state = self._finish(active.job_id, active.token, end, instance=active.instance)
+            jobtrace.mark(active.job_id, "concluded")
             return state.value if state else "unknown"
         finally:
             watcher.close()

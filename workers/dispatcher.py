@@ -49,6 +49,7 @@ from typing import Any
 
 import redis
 
+from rig import jobtrace
 from rig import records as R
 from rig.clock import shared_now
 from rig.config import Settings
@@ -123,6 +124,7 @@ class Dispatcher:
                     self.dispatch_pass()
                 # Block until nudged (submit, job end, kill) or a second passes, then drain.
                 self.r.blpop([self.keys.sched_wake], timeout=IDLE_PASS_S)
+                jobtrace.mark(None, "wake")
                 self.r.delete(self.keys.sched_wake)
                 delay = 0.2
             except Exception as exc:  # noqa: BLE001 - the dispatcher must outlive one bad pass
