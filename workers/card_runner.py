@@ -56,6 +56,7 @@ from workers.process_tree import (
     ExitWatcher,
     is_alive,
     is_job_process,
+    job_leftovers,
     pids_with_environ,
     proc_start_time,
     session_is_ours,
@@ -358,6 +359,7 @@ class CardRunner:
                 # file, capped by polling.
                 keeper_pid, keeper, job_out = self._start_keeper(log_path)
                 jobtrace.mark(job.id, "keeper")
+                forked = time.monotonic()  # its start, for the time limit (and job_leftovers)
                 try:
                     popen = subprocess.Popen(
                         argv, cwd=job.workdir, env=env, stdin=exit_fd, stdout=job_out if keeper_pid else logf,
@@ -403,7 +405,7 @@ class CardRunner:
         log.info("job %s attempt %s: started pid %s on %s/%s (CUDA_VISIBLE_DEVICES=%s)",
                  job.id, attempt, popen.pid, self.node, job.cards, env["CUDA_VISIBLE_DEVICES"])
         return ActiveJob(job.id, str(token), attempt, popen.pid, start, exit_file, popen, instance=job.instance,
-                         time_limit=job.time_limit, log_path=log_path, keeper_popen=keeper,
+                         time_limit=job.time_limit, started_mono=forked, log_path=log_path, keeper_popen=keeper,
                          keeper_pid=keeper_pid or None, keeper_start=keeper_start or None)
 
     def _start_keeper(self, log_path: Path) -> tuple[int | None, subprocess.Popen | None, int]:
@@ -540,11 +542,18 @@ class CardRunner:
     def _outcome(self, active: ActiveJob) -> AttemptEnd:
         wrapper_rc = active.popen.wait() if active.popen else None
         # Anything the job left behind in its session goes with it: no orphans on the card.
-        if active.pid > 0 and session_is_ours(active.pid, active.proc_start) and session_members(active.pid):
+        # Daemonised children (double fork + setsid) left the session but kept the environment.
+        # Both are found in one pass over /proc (process_tree.job_leftovers).
+        ours = active.pid > 0 and session_is_ours(active.pid, active.proc_start)
+        members, daemons = job_leftovers(
+            active.pid if ours else 0, "RIG_EXIT_FILE", str(active.exit_file), active.proc_start if ours else None,
+            first_pid=active.pid if ours else None, age=time.monotonic() - active.started_mono)
+        if members:
             log.info("job %s: stopping processes it left running", active.job_id)
             stop_tree(active.pid, min(2.0, self.settings.kill_grace_seconds))
-        # Daemonised children (double fork + setsid) left the session but kept the environment.
-        for pid in pids_with_environ("RIG_EXIT_FILE", str(active.exit_file)):
+            # Stopping the session takes time: look again for what left it meanwhile.
+            daemons = pids_with_environ("RIG_EXIT_FILE", str(active.exit_file))
+        for pid in daemons:
             try:
                 sid = os.getsid(pid)
             except ProcessLookupError:
@@ -603,9 +612,15 @@ class CardRunner:
             return
         if not active.keeper_pid:
             return
-        deadline = time.monotonic() + KEEPER_WAIT_S
-        while is_alive(active.keeper_pid, active.keeper_start) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        # Forked by the keeper server (not our child): watched through a pidfd, so the job's end
+        # goes on the moment the keeper exits (it used to be polled every 20 ms). The start time
+        # is checked after the pidfd is open: a pid reused since is never waited for.
+        watcher = ExitWatcher(active.keeper_pid)
+        try:
+            if is_alive(active.keeper_pid, active.keeper_start):
+                watcher.wait(KEEPER_WAIT_S)
+        finally:
+            watcher.close()
 
     def _finish(self, job_id: int, token: str, end: AttemptEnd,
                 expect: JobState | None = None, instance: str | None = None) -> JobState | None:
