@@ -108,8 +108,9 @@ def send_start(job_id: int, token: str, node: str, card: int) -> None:
 
 @app.task(name=TASK_SUBMITTED, ignore_result=True)
 def submitted(job_id: int) -> None:
-    """A job arrived on a priority queue: nudge the dispatcher (the job is already queued)."""
-    _redis.lpush(keys.sched_wake, "1")
+    """A job arrived on a priority queue: shown by Flower, nothing else (rig.notify). The
+    transaction that stored the job woke the dispatcher already (JobStore.create, and retry's
+    wake_dispatcher); another wake-up here only cost the dispatcher a second pass per job."""
 
 
 @app.task(name=TASK_START_JOB, ignore_result=True)
