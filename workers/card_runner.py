@@ -31,7 +31,8 @@ from rig import jobtrace, logkeeper, logspace
 from rig import records as R
 from rig.clock import event_time, monotonic_of, shared_now
 from rig.config import Settings
-from rig.draining import card_is_gone, send_back_unstarted, takes_new_jobs
+from rig.draining import card_is_gone, card_open, send_back_unstarted
+from rig.errors import JobNotFound
 from rig.failures import FailureClass
 from rig.gpus import GpuBackend, GpuReadError, GpuReading
 from rig.installation import Installation
@@ -210,7 +211,14 @@ class CardRunner:
             log.info("job %s: start message ignored, job is %s (duplicate or stale delivery)", job_id, detail)
             return f"ignored:{detail}"
         attempt = int(detail)
-        job = self._with_instance(self.store.get(job_id))
+        # The record and whether this card still takes new jobs, in one round trip.
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(self.keys.job(job_id))
+        pipe.hmget(self.keys.card(self.node, self.index), "allowed", "gone")
+        raw, (allowed, gone) = pipe.execute()
+        if not raw:
+            raise JobNotFound(job_id)
+        job = self._with_instance(Job.from_redis(raw))
         jobtrace.mark(job_id, "read")
         if job.problems or job.id != job_id:
             # Nothing of a damaged or hostile record is used: not its command, env or folder.
@@ -248,7 +256,7 @@ class CardRunner:
             end = self._outcome(ActiveJob(job_id, str(token), attempt, 0, None, exit_file))
             state = self._finish(job_id, str(token), end, instance=job.instance)
             return state.value if state else "unknown"
-        if not takes_new_jobs(self.r, self.keys, self.node, self.index):
+        if not card_open(allowed, gone):  # read with the record, just after the claim
             # Placed before the card left the whitelist or the node: it has not started, so it
             # goes back to its place in the queue (rig.draining); running ones are unaffected.
             log.warning("job %s: this card takes no new jobs any more; sending it back to the queue", job_id)
@@ -638,7 +646,7 @@ class CardRunner:
                 log.critical("job %s ended (%s) while this node's Redis is not its installation; "
                              "its ending is kept on disk only", job_id, end)
                 return
-            job = self.store.get(job_id)
+            job = self.store.get(job_id, without=("env",))  # ending it needs no environment
             if instance is not None and job.instance != instance:
                 log.warning("job %s instance %s ended (%s), but the record of job %s is now another "
                             "job's (instance %s): nothing written", job_id, instance, end, job_id, job.instance)
