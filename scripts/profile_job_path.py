@@ -150,21 +150,26 @@ def main() -> int:  # noqa: C901, PLR0915
     from rig.models import JobState
     from rig.stack import Stack, UpOptions
 
-    redis_proc = subprocess.Popen(
-        ["redis-server", "--port", str(args.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(home)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{args.port}/0"
-    r = redis.Redis.from_url(url, decode_responses=True)
-    for _ in range(100):
-        try:
-            r.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
     settings = load_settings(home=home, redis_url=url, key_prefix=f"rigprof:{uuid.uuid4().hex[:6]}:",
                              fake_gpus="8x80G", node_name="prof", max_task_per_gpu=4)
     stack = Stack(settings, UpOptions(no_flower=True, no_beat=True, no_metrics=True), say=lambda m: None)
+    redis_proc = subprocess.Popen(
+        ["redis-server", "--port", str(args.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(home)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    r = redis.Redis.from_url(url, decode_responses=True)
+    up = False
     try:
+        for _ in range(100):
+            try:
+                r.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        if redis_proc.poll() is not None or int(r.info("server")["process_id"]) != redis_proc.pid:
+            print(f"port {args.port} is taken by another Redis: choose another with --port", file=sys.stderr)
+            return 1
+        up = True
         stack.up()
         missing = stack.wait_ready(timeout=180)
         if missing:
@@ -316,7 +321,8 @@ def main() -> int:  # noqa: C901, PLR0915
             print(f"\npy-spy raw profiles in {args.py_spy} (control.txt, card0.txt)")
         return 0
     finally:
-        stack.down()
+        if up:
+            stack.down()
         redis_proc.terminate()
         redis_proc.wait(10)
         shutil.rmtree(home, ignore_errors=True)
