@@ -51,6 +51,7 @@ OWN_VARIABLES: frozenset[str] = frozenset({
     "RIG_FLOWER_AUTH",
     # Scripts, tests and the image build.
     "RIG_TEST_REDIS_URL", "RIG_BENCH_REDIS_URL", "RIG_GPU_CHECK_STACK", "RIG_REINSTALL", "RIG_UID",
+    "RIG_TRACE_DIR",  # rig.jobtrace (scripts/profile_job_path.py)
 })
 
 ENV_PREFIX = "RIG_"

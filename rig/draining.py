@@ -84,7 +84,12 @@ def drained(client: redis.Redis, keys: Keys, node: str, index: int) -> bool:
 def takes_new_jobs(client: redis.Redis, keys: Keys, node: str, index: int) -> bool:
     """May a job that has not started yet start on this card now (read fresh)? No when the card
     left the whitelist or the node; its running jobs are not affected."""
-    allowed, gone = client.hmget(keys.card(node, index), "allowed", "gone")
+    return card_open(*client.hmget(keys.card(node, index), "allowed", "gone"))
+
+
+def card_open(allowed: str | None, gone: str | None) -> bool:
+    """takes_new_jobs from a card's ``allowed`` and ``gone`` fields (read by the caller, e.g.
+    in one pipeline with the job's record)."""
     return allowed == "1" and gone != "1"
 
 

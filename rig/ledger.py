@@ -13,6 +13,7 @@ from typing import Any
 
 import redis
 
+from rig import jobtrace
 from rig.clock import shared_now
 from rig.errors import JobNotFound
 from rig.gpus.base import GpuReading
@@ -143,11 +144,13 @@ class Ledger:
         ]
         for index in cards:
             keys += [self.keys.card(node, index), self.keys.card_jobs(node, index)]
+        # The script publishes the ASSIGNED event itself: no round trip of its own.
         ok, detail = self.scripts.reserve(
-            keys=keys, args=[job_id, nbytes, shared_now(self.r), node, json.dumps(cards), user]
+            keys=keys, args=[job_id, nbytes, shared_now(self.r), node, json.dumps(cards), user,
+                             self.keys.events_channel]
         )
         if ok:
-            self.store.publish(job_id, JobState.ASSIGNED)
+            jobtrace.mark(job_id, "reserved")
         return bool(ok), str(detail)
 
     def claim(self, job_id: int, token: str | int, worker: str) -> tuple[bool, str]:
@@ -159,10 +162,8 @@ class Ledger:
                 self.keys.state_index(JobState.ASSIGNED.value),
                 self.keys.state_index(JobState.RUNNING.value),
             ],
-            args=[job_id, token, shared_now(self.r), worker],
-        )
-        if ok:
-            self.store.publish(job_id, JobState.RUNNING)
+            args=[job_id, token, shared_now(self.r), worker, self.keys.events_channel],
+        )  # the script publishes the RUNNING event
         return bool(ok), str(detail)
 
     def transition(
@@ -176,6 +177,7 @@ class Ledger:
         error_queue: bool = False,
         expect: JobState | None = None,
         now: float | None = None,
+        read: Job | None = None,
     ) -> tuple[int, str]:
         """Move a job to ``target`` and release everything it holds, atomically.
 
@@ -188,10 +190,13 @@ class Ledger:
         when a cancel was flagged; (0, state) when nothing changed. Retries while the job moves
         under us, unless ``expect`` is given: then a job not in that state is left alone and
         (3, its state) comes back.
+
+        ``read``: the job's record as the caller has just read it (saves reading it again; the
+        script's fences on state and assignment catch a record that has moved since).
         """
         extra = {k: _field(v) for k, v in (fields or {}).items()}
         for _ in range(20):
-            job = self.store.get(job_id)
+            job, read = (read, None) if read is not None and read.id == job_id else (self.store.get(job_id), None)
             keys = [self.keys.job(job_id), self.keys.pending, self.keys.errors,
                     self.keys.pending_user(job.user), self.keys.pending_users,
                     self.keys.usage(job.user)]
@@ -215,14 +220,13 @@ class Ledger:
                     self.usage_half_life_s,
                     job.user,
                     str(job.assignments) if job.field_valid("assignments") else "",
+                    self.keys.events_channel,  # the script publishes the event when it moves
                 ],
             )
             if int(code) == 3:
                 if expect is not None:
                     return 3, str(detail)
                 continue  # the job moved between our read and the script: read again
-            if int(code) == 1:
-                self.store.publish(job_id, target)
             return int(code), str(detail)
         raise RuntimeError(f"job {job_id}: state kept changing during {target.value}")
 

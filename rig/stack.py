@@ -249,12 +249,14 @@ class Stack:
         # -P: never the operator's working directory on sys.path (a folder named rig there).
         celery = safe_python("celery") + ["-A", "workers.app"]
         logs = s.rig_log_dir
+        # Task events for Flower (rig.celery_config): from the start when this rig up runs one.
+        events = ["-E"] if self.wants("flower") else []
         if self.wants("control"):
             self.children.append(Child(
                 "control",
                 celery + ["worker", "-Q", ",".join(dispatcher_queues()), "-n", control_worker_name(s.node_name),
                           "--pool", "threads", "-c", "4", "-l", "INFO", "-f", str(logs / "control.log"),
-                          "--without-gossip", "--without-mingle", "-E"],
+                          "--without-gossip", "--without-mingle", *events],
                 env, logs / "control.out", role="control"))
         if self.wants("cards"):
             # Also the cards no longer allowed (or gone) that still run jobs (rig.draining).
@@ -263,7 +265,8 @@ class Stack:
                     f"card{index}",
                     celery + ["worker", "-Q", card_queue(s.node_name, index), "-n", card_worker_name(s.node_name, index),
                               "--pool", "threads", "-c", str(s.max_task_per_gpu), "-l", "INFO",
-                              "-f", str(logs / f"card{index}.log"), "--without-gossip", "--without-mingle", "-E"],
+                              "-f", str(logs / f"card{index}.log"), "--without-gossip", "--without-mingle",
+                              *events],
                     {**env, "RIG_CARD_INDEX": str(index)}, logs / f"card{index}.out", role="card"))
         if self.wants("beat"):
             self.children.append(Child(

@@ -115,11 +115,16 @@ class JobStore:
     def exists(self, job_id: int) -> bool:
         return bool(self.r.exists(self.keys.job(job_id)))
 
-    def get(self, job_id: int | str) -> Job:
+    def get(self, job_id: int | str, *, without: tuple[str, ...] = ()) -> Job:
+        """The job's record, checked (Job.from_redis). ``without``: optional fields left
+        unparsed (their defaults), e.g. ``env`` where a caller does not need the job's
+        environment: the costliest field to check."""
         jid = R.parse_job_id(job_id)
         raw = self.r.hgetall(self.keys.job(jid))
         if not raw:
             raise JobNotFound(jid)
+        for name in without:
+            raw.pop(name, None)
         return Job.from_redis(raw)
 
     def fields(self, job_id: int | str, *names: str) -> Job:

@@ -30,6 +30,7 @@ import time
 import redis
 from celery.signals import worker_ready, worker_shutting_down
 
+from rig import jobtrace
 from rig.authgate import quiet_on_auth
 from rig.celery_config import (
     LOG_SWEEP_INTERVAL_S,
@@ -102,17 +103,20 @@ def send_start(job_id: int, token: str, node: str, card: int) -> None:
         label = f"job {job_id}"
     app.send_task(TASK_START_JOB, args=[job_id, str(token)], queue=card_queue(node, card),
                   argsrepr=label)
+    jobtrace.mark(job_id, "sent")
 
 
 @app.task(name=TASK_SUBMITTED, ignore_result=True)
 def submitted(job_id: int) -> None:
-    """A job arrived on a priority queue: nudge the dispatcher (the job is already queued)."""
-    _redis.lpush(keys.sched_wake, "1")
+    """A job arrived on a priority queue: shown by Flower, nothing else (rig.notify). The
+    transaction that stored the job woke the dispatcher already (JobStore.create, and retry's
+    wake_dispatcher); another wake-up here only cost the dispatcher a second pass per job."""
 
 
 @app.task(name=TASK_START_JOB, ignore_result=True)
 def start_job(job_id: int, token: str) -> str:
     """Run one placed job on this card worker until it ends (see CardRunner.run_job)."""
+    jobtrace.mark(int(job_id), "received")
     if _runner is None:
         raise RuntimeError("start_job reached a worker that serves no card (RIG_ROLE != card)")
     if not _name_is_ours():

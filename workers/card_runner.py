@@ -27,11 +27,12 @@ from typing import TypeVar
 import redis
 
 from rig import job_env as jobenv
-from rig import logkeeper, logspace
+from rig import jobtrace, logkeeper, logspace
 from rig import records as R
 from rig.clock import event_time, monotonic_of, shared_now
 from rig.config import Settings
-from rig.draining import card_is_gone, send_back_unstarted, takes_new_jobs
+from rig.draining import card_is_gone, card_open, send_back_unstarted
+from rig.errors import JobNotFound
 from rig.failures import FailureClass
 from rig.gpus import GpuBackend, GpuReadError, GpuReading
 from rig.installation import Installation
@@ -56,6 +57,7 @@ from workers.process_tree import (
     ExitWatcher,
     is_alive,
     is_job_process,
+    job_leftovers,
     pids_with_environ,
     proc_start_time,
     session_is_ours,
@@ -204,11 +206,20 @@ class CardRunner:
         if claimed is None:
             return "ignored:shutting-down"  # never claimed: its start is re-sent (adopt)
         ok, detail = claimed
+        jobtrace.mark(job_id, "claimed")
         if not ok:
             log.info("job %s: start message ignored, job is %s (duplicate or stale delivery)", job_id, detail)
             return f"ignored:{detail}"
         attempt = int(detail)
-        job = self._with_instance(self.store.get(job_id))
+        # The record and whether this card still takes new jobs, in one round trip.
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(self.keys.job(job_id))
+        pipe.hmget(self.keys.card(self.node, self.index), "allowed", "gone")
+        raw, (allowed, gone) = pipe.execute()
+        if not raw:
+            raise JobNotFound(job_id)
+        job = self._with_instance(Job.from_redis(raw))
+        jobtrace.mark(job_id, "read")
         if job.problems or job.id != job_id:
             # Nothing of a damaged or hostile record is used: not its command, env or folder.
             reason = job.invalid_reason or f"invalid record: field id: {job.id}, not {job_id}"
@@ -245,7 +256,7 @@ class CardRunner:
             end = self._outcome(ActiveJob(job_id, str(token), attempt, 0, None, exit_file))
             state = self._finish(job_id, str(token), end, instance=job.instance)
             return state.value if state else "unknown"
-        if not takes_new_jobs(self.r, self.keys, self.node, self.index):
+        if not card_open(allowed, gone):  # read with the record, just after the claim
             # Placed before the card left the whitelist or the node: it has not started, so it
             # goes back to its place in the queue (rig.draining); running ones are unaffected.
             log.warning("job %s: this card takes no new jobs any more; sending it back to the queue", job_id)
@@ -253,6 +264,7 @@ class CardRunner:
                               f"requeue job {job_id}")
             return "requeued:card-closed"
         try:
+            jobtrace.mark(job_id, "checked")
             active = self._launch(job, token, attempt)
         except NotStarted as exc:
             return self._not_started(job, str(token), attempt, exc)
@@ -354,6 +366,8 @@ class CardRunner:
                 # keeps the log within log_max_bytes at any rate; without one, straight to the
                 # file, capped by polling.
                 keeper_pid, keeper, job_out = self._start_keeper(log_path)
+                jobtrace.mark(job.id, "keeper")
+                forked = time.monotonic()  # its start, for the time limit (and job_leftovers)
                 try:
                     popen = subprocess.Popen(
                         argv, cwd=job.workdir, env=env, stdin=exit_fd, stdout=job_out if keeper_pid else logf,
@@ -380,6 +394,7 @@ class CardRunner:
             os.close(exit_fd)
         # From here on the job runs: whatever fails below, it is supervised and concluded as
         # started (never refused as "could not start" while it runs).
+        jobtrace.mark(job.id, "popen")
         start = proc_start_time(popen.pid)
         keeper_start = proc_start_time(keeper_pid) if keeper_pid else 0
         # Written before anything else: the node's own record that this attempt runs (over the
@@ -394,10 +409,11 @@ class CardRunner:
             raise  # Redis away: adoption finds the job by its environment once it is back
         except redis.RedisError as exc:
             log.error("job %s: started, but its pid could not be recorded (%s); supervising it", job.id, exc)
+        jobtrace.mark(job.id, "recorded")
         log.info("job %s attempt %s: started pid %s on %s/%s (CUDA_VISIBLE_DEVICES=%s)",
                  job.id, attempt, popen.pid, self.node, job.cards, env["CUDA_VISIBLE_DEVICES"])
         return ActiveJob(job.id, str(token), attempt, popen.pid, start, exit_file, popen, instance=job.instance,
-                         time_limit=job.time_limit, log_path=log_path, keeper_popen=keeper,
+                         time_limit=job.time_limit, started_mono=forked, log_path=log_path, keeper_popen=keeper,
                          keeper_pid=keeper_pid or None, keeper_start=keeper_start or None)
 
     def _start_keeper(self, log_path: Path) -> tuple[int | None, subprocess.Popen | None, int]:
@@ -518,10 +534,13 @@ class CardRunner:
                     log.info("job %s: stopping its process tree (kill requested)", active.job_id)
                     stop_tree(active.pid, self.settings.kill_grace_seconds, reap=lambda: _reap(active))
             active.ended_mono = time.monotonic()  # when it ended, not when Redis hears of it
+            jobtrace.mark(active.job_id, "exit_seen")
             end = self._outcome(active)
+            jobtrace.mark(active.job_id, "outcome")
             if active.log_path is not None and active.keeper_pid is None:
                 _cap_quietly(active, self.settings.log_max_bytes)
             state = self._finish(active.job_id, active.token, end, instance=active.instance)
+            jobtrace.mark(active.job_id, "concluded")
             return state.value if state else "unknown"
         finally:
             watcher.close()
@@ -531,11 +550,18 @@ class CardRunner:
     def _outcome(self, active: ActiveJob) -> AttemptEnd:
         wrapper_rc = active.popen.wait() if active.popen else None
         # Anything the job left behind in its session goes with it: no orphans on the card.
-        if active.pid > 0 and session_is_ours(active.pid, active.proc_start) and session_members(active.pid):
+        # Daemonised children (double fork + setsid) left the session but kept the environment.
+        # Both are found in one pass over /proc (process_tree.job_leftovers).
+        ours = active.pid > 0 and session_is_ours(active.pid, active.proc_start)
+        members, daemons = job_leftovers(
+            active.pid if ours else 0, "RIG_EXIT_FILE", str(active.exit_file), active.proc_start if ours else None,
+            first_pid=active.pid if ours else None, age=time.monotonic() - active.started_mono)
+        if members:
             log.info("job %s: stopping processes it left running", active.job_id)
             stop_tree(active.pid, min(2.0, self.settings.kill_grace_seconds))
-        # Daemonised children (double fork + setsid) left the session but kept the environment.
-        for pid in pids_with_environ("RIG_EXIT_FILE", str(active.exit_file)):
+            # Stopping the session takes time: look again for what left it meanwhile.
+            daemons = pids_with_environ("RIG_EXIT_FILE", str(active.exit_file))
+        for pid in daemons:
             try:
                 sid = os.getsid(pid)
             except ProcessLookupError:
@@ -594,9 +620,15 @@ class CardRunner:
             return
         if not active.keeper_pid:
             return
-        deadline = time.monotonic() + KEEPER_WAIT_S
-        while is_alive(active.keeper_pid, active.keeper_start) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        # Forked by the keeper server (not our child): watched through a pidfd, so the job's end
+        # goes on the moment the keeper exits (it used to be polled every 20 ms). The start time
+        # is checked after the pidfd is open: a pid reused since is never waited for.
+        watcher = ExitWatcher(active.keeper_pid)
+        try:
+            if is_alive(active.keeper_pid, active.keeper_start):
+                watcher.wait(KEEPER_WAIT_S)
+        finally:
+            watcher.close()
 
     def _finish(self, job_id: int, token: str, end: AttemptEnd,
                 expect: JobState | None = None, instance: str | None = None) -> JobState | None:
@@ -614,7 +646,7 @@ class CardRunner:
                 log.critical("job %s ended (%s) while this node's Redis is not its installation; "
                              "its ending is kept on disk only", job_id, end)
                 return
-            job = self.store.get(job_id)
+            job = self.store.get(job_id, without=("env",))  # ending it needs no environment
             if instance is not None and job.instance != instance:
                 log.warning("job %s instance %s ended (%s), but the record of job %s is now another "
                             "job's (instance %s): nothing written", job_id, instance, end, job_id, job.instance)

@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 
 import redis
 
-from rig import estimates
+from rig import estimates, jobtrace
 from rig import records as R
 from rig.clock import shared_now
 from rig.config import Settings
@@ -93,6 +93,16 @@ IDLE_PASS_S = 1.0
 
 SendStart = Callable[[int, str, str, int], None]  # job id, token, node, first card
 
+#: Take the leader lock (2) or renew it when held by us (1); 0 when another dispatcher leads.
+_LEAD_SCRIPT = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 2 end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
 
 class Dispatcher:
     def __init__(self, settings: Settings, send_start: SendStart, client: redis.Redis | None = None):
@@ -120,13 +130,16 @@ class Dispatcher:
 
     def run_forever(self) -> None:
         delay = 0.2
+        woken = False
         while not self.stop_event.is_set():
             try:
-                if self._lead():
+                # The wake-ups pushed meanwhile are drained (DEL) in the leader check's round trip.
+                if self._lead(drain_wake=woken):
                     self.dispatch_pass()
+                woken = False
                 # Block until nudged (submit, job end, kill) or a second passes, then drain.
-                self.r.blpop([self.keys.sched_wake], timeout=IDLE_PASS_S)
-                self.r.delete(self.keys.sched_wake)
+                woken = self.r.blpop([self.keys.sched_wake], timeout=IDLE_PASS_S) is not None
+                jobtrace.mark(None, "wake")
                 delay = 0.2
             except Exception as exc:  # noqa: BLE001 - the dispatcher must outlive one bad pass
                 if is_outage(exc):  # unreachable, or refusing writes (full): nothing was changed
@@ -138,15 +151,17 @@ class Dispatcher:
                 self.stop_event.wait(1.0)
         self._resign()
 
-    def _lead(self) -> bool:
-        key = self.keys.sched_leader
-        if self.r.set(key, self.identity, nx=True, px=LEADER_TTL_MS):
+    def _lead(self, drain_wake: bool = False) -> bool:
+        """Take or renew the leader lock, in one round trip (with ``drain_wake``, the pending
+        wake-ups are deleted in the same one)."""
+        pipe = self.r.pipeline(transaction=False)
+        if drain_wake:
+            pipe.delete(self.keys.sched_wake)
+        pipe.eval(_LEAD_SCRIPT, 1, self.keys.sched_leader, self.identity, LEADER_TTL_MS)
+        outcome = int(pipe.execute()[-1])
+        if outcome == 2:
             log.info("dispatcher %s is now the leader", self.identity)
-            return True
-        if self.r.get(key) == self.identity:
-            self.r.pexpire(key, LEADER_TTL_MS)
-            return True
-        return False
+        return outcome > 0
 
     def _resign(self) -> None:
         try:

@@ -70,8 +70,11 @@ class Decision:
     classification: Classification | None
 
 
-def decide(job: Job, end: AttemptEnd, largest_usable: int, now: float | None = None) -> Decision:
-    """Pure: the next state of ``job`` after its current attempt ended as ``end``."""
+def decide(job: Job, end: AttemptEnd, largest_usable: int | Callable[[], int],
+           now: float | None = None) -> Decision:
+    """Pure: the next state of ``job`` after its current attempt ended as ``end``.
+    ``largest_usable`` (bytes; or a function returning it, called only when a suggestion is
+    made: a job that ends well never reads the cards) caps a suggested declaration."""
     now = now or end.ended_at or time.time()
     log_path = job.log_paths[-1] if job.log_paths else None
     tail = read_tail(log_path) if log_path else ""
@@ -115,12 +118,12 @@ def decide(job: Job, end: AttemptEnd, largest_usable: int, now: float | None = N
         return Decision(JobState.TIMEOUT, True, fields, found)
     retries_left = job.attempt <= job.max_retries
     if found.failure is FailureClass.OVER_DECLARATION:
-        suggestion = suggest_memory(job.gpu_memory, end.overused, largest_usable)
+        suggestion = suggest_memory(job.gpu_memory, end.overused, _value(largest_usable))
         fields["suggested_gpu_memory"] = suggestion
         fields["reason"] = (f"{summary}; `rig retry {job.id} --gpu-memory {_as_flag(suggestion)}`")
         return Decision(JobState.FAILED, True, fields, found)
     if found.failure is FailureClass.CUDA_OOM:
-        suggestion = suggest_memory(job.gpu_memory, None, largest_usable)
+        suggestion = suggest_memory(job.gpu_memory, None, _value(largest_usable))
         fields["suggested_gpu_memory"] = suggestion
         if job.oom_retry_grow and retries_left and suggestion > job.gpu_memory:
             fields["gpu_memory"] = suggestion
@@ -173,9 +176,12 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
         log.warning("job %s: an attempt's end arrived while it is %s; nothing written (stale)",
                     job.id, job.state.value)
         return 0, job.state
-    cards = [c for c in ledger.cards() if c.allowed]
-    largest = max((c.usable for c in cards if c.node == job.node), default=0) or max(
-        (c.usable for c in cards), default=job.gpu_memory)
+    def largest() -> int:
+        """The largest usable card, on the job's node if it has any (read only when needed)."""
+        cards = [c for c in ledger.cards() if c.allowed]
+        return max((c.usable for c in cards if c.node == job.node), default=0) or max(
+            (c.usable for c in cards), default=job.gpu_memory)
+
     # When it ended, as measured where it ran (rig.clock): never when Redis took the write.
     ended_at = end.ended_at if end.ended_at is not None else shared_now(ledger.r)
     decision = decide(job, end, largest, now=ended_at)
@@ -184,7 +190,8 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
         decision.fields.update(vram_peak=0, vram_sum=0, vram_samples=0, util_sum=0,
                                util_samples=0, overuse=0, overuse_stop=None)
     code, detail = ledger.transition(job.id, decision.state, token=token, fields=decision.fields,
-                                     error_queue=decision.error_queue, expect=JobState.RUNNING, now=ended_at)
+                                     error_queue=decision.error_queue, expect=JobState.RUNNING, now=ended_at,
+                                     read=job)
     if code == 1:
         log.info("job %s attempt %s: %s -> %s (%s)", job.id, job.attempt, detail,
                  decision.state.value, decision.fields.get("reason"))
@@ -210,6 +217,10 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
 
     (follow_up or (lambda fn: fn()))(_after)
     return code, decision.state
+
+
+def _value(largest_usable: int | Callable[[], int]) -> int:
+    return largest_usable() if callable(largest_usable) else largest_usable
 
 
 def _as_flag(nbytes: int) -> str:

@@ -152,6 +152,119 @@ def pids_with_environ(name: str, value: str) -> list[int]:
     return [pid for pid, env in environments() if needle in env]
 
 
+def _read_small(path: str, size: int = 4096) -> bytes | None:
+    """The first ``size`` bytes of a /proc file (os-level: no file object), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, size)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_all(path: str) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+#: The most pids (processes and threads together) the kernel is taken to hand out per second,
+#: per CPU: 5 us per clone, several times faster than any fork or thread creation on Linux.
+#: A job younger than (pid_max - 300) / (this x CPUs) has not seen the pid numbers wrap all
+#: the way round: every process it started has a pid from its own up to the last one handed out
+#: (cyclically). (The kernel's default pid_max is 1024 per CPU, at least 32768: 80 ms here.)
+PID_RATE_PER_CPU = 200_000
+#: Pids below this are never handed out again after the numbers wrap (the kernel's RESERVED_PIDS).
+_RESERVED_PIDS = 300
+
+
+def _read_int(path: str) -> int | None:
+    data = _read_small(path, 64)
+    try:
+        return int(data) if data else None
+    except ValueError:
+        return None
+
+
+_PID_MAX = _read_int("/proc/sys/kernel/pid_max")
+
+
+def pid_window(first: int | None, age: float | None) -> Callable[[int], bool] | None:
+    """A test for "may this pid have been handed out since ``first`` was, ``age`` seconds ago":
+    the pids from ``first`` to the last one handed out (/proc/sys/kernel/ns_last_pid),
+    cyclically. None (every pid may) when that cannot be known: no ``first`` or ``age``, the
+    numbers may have wrapped all the way round since (PID_RATE_PER_CPU), or the kernel does not
+    say its last pid."""
+    rate = PID_RATE_PER_CPU * (os.cpu_count() or 1)
+    if not first or age is None or _PID_MAX is None or age * rate >= _PID_MAX - _RESERVED_PIDS:
+        return None
+    last = _read_int("/proc/sys/kernel/ns_last_pid")
+    if last is None:
+        return None
+    if first <= last:
+        return lambda pid: first <= pid <= last
+    return lambda pid: pid >= first or pid <= last  # wrapped once, past pid_max
+
+
+def job_leftovers(sid: int, name: str, value: str, since: int | None, *, first_pid: int | None = None,
+                  age: float | None = None) -> tuple[list[int], list[int]]:
+    """What a job that has ended may have left running, in one pass over /proc: (live members of
+    its session ``sid``, live processes outside that session whose environment has
+    ``name=value`` — daemonised children that left with setsid but kept the job's
+    RIG_EXIT_FILE).
+
+    Only a process started after the job's own (pid ``first_pid``, started ``age`` s ago, at
+    ``since``: clock ticks since boot, /proc stat field 22) can be the job's. So only the pids
+    handed out since the job's (:func:`pid_window`) have their stat read (state, session, start
+    time), and only those that started at or after ``since`` their environment; without
+    ``first_pid``/``age`` every process's stat is read, and without ``since`` every
+    environment. The same answers as :func:`session_members` and :func:`pids_with_environ`, for
+    a fraction of the reads (a job's end used to read every process's stat twice and every
+    environment once: ~7 ms of CPU with 150 processes on the machine)."""
+    needle = f"{name}={value}".encode()
+    members: list[int] = []
+    daemons: list[int] = []
+    window = pid_window(first_pid, age)  # read before the listing: later pids are not the job's
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or (window is not None and not window(int(entry))):
+            continue
+        data = _read_small(f"/proc/{entry}/stat")
+        if not data:
+            continue
+        # The command name (field 2) may contain spaces and parens: split after the last ')'.
+        rest = data[data.rfind(b")") + 2:].split()
+        if len(rest) < 20 or rest[0] == b"Z":
+            continue
+        session, started = int(rest[3]), int(rest[19])
+        if sid > 1 and session == sid:
+            members.append(int(entry))
+            continue
+        if since is not None and started < since:
+            continue  # older than the job: never one of its processes
+        if rest[1] == b"2" or entry == "2":
+            continue  # a kernel thread (child of kthreadd): no environment
+        env = _read_all(f"/proc/{entry}/environ")
+        if env and needle in env.split(b"\0"):
+            daemons.append(int(entry))
+    return members, daemons
+
+
 def find_by_environ(name: str, value: str) -> int | None:
     """The session leader among processes whose environment has ``name=value``, or None.
 

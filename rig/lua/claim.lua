@@ -11,6 +11,7 @@
 -- ARGV[2]  token (assignment number carried by the start message)
 -- ARGV[3]  now (epoch seconds)
 -- ARGV[4]  worker name
+-- ARGV[5]  optional: the events channel, where '<id> RUNNING' is published when it is claimed
 --
 -- Returns {1, attempt} (the attempt number, from 1) or {0, current state}.
 
@@ -22,4 +23,7 @@ local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 redis.call('HSET', KEYS[1], 'state', 'RUNNING', 'started_at', ARGV[3], 'worker', ARGV[4])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZADD', KEYS[3], tonumber(ARGV[1]), ARGV[1])
+if ARGV[5] and ARGV[5] ~= '' then
+  redis.call('PUBLISH', ARGV[5], ARGV[1] .. ' RUNNING')
+end
 return {1, attempt}

@@ -14,6 +14,7 @@
 -- ARGV[4]            node name
 -- ARGV[5]            JSON list of the card indexes (same order as the card keys)
 -- ARGV[6]            the job's user (member of KEYS[6])
+-- ARGV[7]            optional: the events channel, where '<id> ASSIGNED' is published on success
 --
 -- Returns {1, token} on success (token = the job's new assignment number, which fences the
 -- worker's claim), or {0, reason} and changes nothing.
@@ -76,4 +77,7 @@ redis.call('HDEL', job, 'wait_reason', 'reason')
 redis.call('ZREM', idx_pending, job_id)
 leave_queues(pending, KEYS[5], KEYS[6], ARGV[6], job_id)
 redis.call('ZADD', idx_assigned, tonumber(job_id), job_id)
+if ARGV[7] and ARGV[7] ~= '' then
+  redis.call('PUBLISH', ARGV[7], job_id .. ' ASSIGNED')
+end
 return {1, token}

@@ -31,6 +31,7 @@
 -- ARGV[13] the job's assignment number as the caller read it ('' = not fenced: the record's own
 --          was unreadable); if it differs now, the job was placed again since the read and the
 --          card keys are stale: nothing changes, {3, current state}
+-- ARGV[14] optional: the events channel, where '<id> <target>' is published when it moved
 --
 -- Returns {1, previous state} when moved, {2, 'RUNNING'} when a cancel was flagged, {0, state}
 -- when nothing changed (not allowed from this state, or token mismatch), {3, state} (see ARGV[9]).
@@ -131,5 +132,8 @@ else
   if ARGV[10] == '1' then
     redis.call('ZADD', errors, tonumber(now), job_id)
   end
+end
+if ARGV[14] and ARGV[14] ~= '' then
+  redis.call('PUBLISH', ARGV[14], job_id .. ' ' .. target)
 end
 return {1, state}

@@ -13,6 +13,9 @@ from workers.process_tree import (
     ExitWatcher,
     find_by_environ,
     is_alive,
+    job_leftovers,
+    pid_window,
+    pids_with_environ,
     proc_start_time,
     session_members,
     signal_tree,
@@ -141,3 +144,39 @@ def test_session_is_ours_refuses_a_reused_pid():
         proc.kill()
         proc.wait()
     assert session_is_ours(proc.pid, start)  # leader gone: what is left would be the job's
+
+
+def test_job_leftovers_finds_session_members_and_daemons_like_the_full_scans(tmp_path):
+    """One pass over /proc (reading only the pids handed out since the job's) finds what
+    session_members and pids_with_environ find: a child left in the session, and a daemon that
+    left it with setsid but kept the job's environment."""
+    began = time.monotonic()
+    proc, exit_file = start(["sh", "-c", "setsid sleep 418.5 </dev/null >/dev/null 2>&1 & sleep 418.6 & exit 0"],
+                            tmp_path)
+    try:
+        assert proc.wait(10) == 0
+        needle = ("RIG_EXIT_FILE", str(exit_file))
+        deadline = time.monotonic() + 10
+        while len(pids_with_environ(*needle)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        since = None  # the leader is gone: its start time is not known here
+        members, daemons = job_leftovers(proc.pid, *needle, since, first_pid=proc.pid,
+                                         age=time.monotonic() - began)
+        assert members == session_members(proc.pid) and len(members) == 1
+        outside = [p for p in pids_with_environ(*needle) if p not in members]
+        assert daemons == outside and len(daemons) == 1 and os.getsid(daemons[0]) != proc.pid
+        assert job_leftovers(proc.pid, *needle, None) == (members, daemons)  # no window: every pid read
+        assert job_leftovers(0, "RIG_EXIT_FILE", str(tmp_path / "other"), None) == ([], [])
+    finally:
+        for pid in pids_with_environ("RIG_EXIT_FILE", str(exit_file)):
+            stop_tree(os.getsid(pid), 1)
+
+
+def test_pid_window_only_for_a_job_too_young_for_the_pids_to_wrap_round():
+    first = os.getpid()
+    later = subprocess.Popen(["true"])
+    later.wait()
+    window = pid_window(first, 0.001)
+    assert window is not None and window(first) and window(later.pid)
+    assert pid_window(first, 3600.0) is None  # the pid numbers may have wrapped round since
+    assert pid_window(None, 0.001) is None and pid_window(first, None) is None
