@@ -118,6 +118,7 @@ class Dispatcher:
         self._nodes: list[NodeInfo] | None = None  # read once per round, when a wait is explained
         self._prior = estimates.Prior(())  # the cluster's recent runs, read with the round's holdings
         self._backfill_ends: dict[int, tuple[float | None, float | None]] = {}  # per round: backfill_end
+        self._read_all = False  # the last _read_waiting saw every waiting job
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -194,6 +195,10 @@ class Dispatcher:
                                    start=0, num=per_user)
         source: dict[int, str] = {}  # id -> the user queue it was read from ('' = global)
         replies = pipe.execute()
+        # Shorter replies than asked for: every waiting job was read (no need for another round
+        # to see the jobs behind the ones this round starts).
+        self._read_all = all(len(band) < (LOOKAHEAD if position % (len(users) + 1) == 0 else per_user)
+                             for position, band in enumerate(replies))
         for position, band in enumerate(replies):
             owner = "" if position % (len(users) + 1) == 0 else users[position % (len(users) + 1) - 1]
             for jid in band:
@@ -408,7 +413,7 @@ class Dispatcher:
             self._nodes = None
             self._backfill_ends = {}
             smallest = min(j.gpu_memory for j in waiting)
-            progressed = False
+            progressed = refused = False
 
             # Jobs past their hold time that cannot start now hold their cards first, in run
             # order, and are marked (held_at): from then on they go first in their rank, so no
@@ -474,7 +479,7 @@ class Dispatcher:
                     continue
                 if not ok:
                     log.info("job %s: reservation refused (%s); re-reading the cards", job.id, detail)
-                    progressed = True
+                    progressed = refused = True
                     break
                 log.info("job %s: placed on %s/%s (token %s)", job.id, placement.node,
                          list(placement.cards), detail)
@@ -491,7 +496,10 @@ class Dispatcher:
                 if not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
                     break  # every card is full now: the jobs behind wait, their reasons as they were
             self._flush_notes()
-            if not progressed:
+            if not progressed or (self._read_all and not refused):
+                # Nothing changed, or every waiting job was seen and either started or has its
+                # reason: another round would read the same (a job stored meanwhile, or an end,
+                # wakes the next pass).
                 return started
         return started
 
