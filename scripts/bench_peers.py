@@ -31,12 +31,15 @@ The systems:
   * celery: a throwaway Celery app on the same Redis (private DB and key prefix), 8 workers
     (-P solo, concurrency 1, prefetch 1, acks_late) on one shared queue, each running its jobs
     on its own card; priorities by Celery's Redis priority steps; a 2-card job runs on its
-    worker's card and the next one, the second taken unreserved (rig.testing.peers_celery).
+    worker's card and the next one, the second taken unreserved (rig.testing.peers_celery);
+  * sgs: simple_gpu_scheduler (PyPI; in the bench extra too), one process fed the commands on
+    its stdin at their arrival, one job per card, arrival order; a 2-card job gets one card
+    (counted in "jobs given fewer/more cards than asked"; its utilisation still counts 2 cards).
 
-The peers ignore time limits and names: they run each seed's trace once, and that run is shown
+The peers ignore time limits and names (rig's peers: ray, celery, sgs): they run each seed's trace once, and that run is shown
 in every table of the seed.
 
-    .venv/bin/python scripts/bench_peers.py [--seeds 8,3,5] [--systems rig,ray,celery]
+    .venv/bin/python scripts/bench_peers.py [--seeds 8,3,5] [--systems rig,ray,celery,sgs]
         [--time-limits both|0|1.5] [--history both|off|on] [--jobs 200] [--skip-tiny]
         [--json FILE]
 """
@@ -94,16 +97,18 @@ CARDS = bench_mixed.CARDS
 CARD_BYTES = bench_mixed.CARD_BYTES
 MAX_JOBS = bench_mixed.MAX_JOBS
 USABLE_BYTES = bench_mixed.USABLE_BYTES
-SYSTEMS = ("rig", "ray", "celery")
+SYSTEMS = ("rig", "ray", "celery", "sgs")
 LABELS = {
     "rig": "rig",
     "ray": "Ray (frac. GPU)",
     "celery": "Celery 1/card",
+    "sgs": "simple_gpu_sched.",
 }
 NOTES = {
     "rig": "priorities; 2 cards held",
     "ray": "arrival order; 2 GPUs",
     "celery": "prio steps; 2nd card taken",
+    "sgs": "arrival order; 1 card",
 }
 
 Say = Callable[[str], None]
@@ -371,6 +376,107 @@ class CelerySystem:
         shutil.rmtree(self.home, ignore_errors=True)
 
 
+# -- simple_gpu_scheduler -------------------------------------------------------------------------
+class SgsSystem:
+    """simple_gpu_scheduler (PyPI): one process reading commands from its stdin, one job per
+    card at a time (CUDA_VISIBLE_DEVICES = that card), in arrival order. It knows no memory,
+    no priorities and no multi-card jobs: a 2-card job runs on the one card it is given."""
+
+    name = "sgs"
+
+    def __init__(self, say: Say) -> None:
+        import simple_gpu_scheduler  # noqa: F401 - fail early when it is not installed
+
+        self.say = say
+        self.version = _dist_version("simple-gpu-scheduler")
+
+    @staticmethod
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-u", "-m", "simple_gpu_scheduler.scheduler",
+             "--gpus", ",".join(str(c) for c in range(CARDS))],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, start_new_session=True)
+
+    @staticmethod
+    def finish(proc: subprocess.Popen, timeout_s: float) -> None:
+        """Close its stdin and wait until every job it started has ended (its threads)."""
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+
+    def trace(self, trace: list[TraceJob], bound: LowerBound, timeout_s: float) -> dict[str, Any]:
+        stamps = Path(tempfile.mkdtemp(prefix="sgs-peers-stamps-"))
+        proc = self.start()
+        try:
+            time.sleep(1.0)  # its start is not in the figures
+
+            def submit(job: TraceJob) -> None:
+                assert proc.stdin is not None
+                proc.stdin.write(stamped_command(str(stamps / str(job.index)),
+                                                 job_command(job)) + "\n")
+                proc.stdin.flush()
+
+            submitted = replay(trace, submit)
+            self.finish(proc, timeout_s)
+            records = records_from_stamps(trace, submitted, read_stamps(stamps, trace))
+            return metrics(records, bound)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            shutil.rmtree(stamps, ignore_errors=True)
+
+    def small(self, latency_jobs: int, tiny_jobs: int) -> dict[str, Any]:
+        stamps = Path(tempfile.mkdtemp(prefix="sgs-peers-lat-"))
+        proc = self.start()
+        try:
+            assert proc.stdin is not None
+            time.sleep(1.0)
+            latencies = []
+            for n in range(latency_jobs):
+                stamp = stamps / str(n)
+                begin = time.time()
+                proc.stdin.write(f"date +%s.%N > {stamp}.tmp && mv {stamp}.tmp {stamp}\n")
+                proc.stdin.flush()
+                deadline = time.monotonic() + 60
+                while not stamp.exists() and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                latencies.append((float(stamp.read_text()) - begin) * 1000)
+            self.finish(proc, 60)
+            proc = self.start()
+            assert proc.stdin is not None
+            time.sleep(1.0)
+            begin = time.monotonic()
+            for _ in range(tiny_jobs):
+                proc.stdin.write("true\n")
+            proc.stdin.flush()
+            self.finish(proc, 600)
+            took = time.monotonic() - begin
+            return small_jobs_result(latencies, tiny_jobs, took, tiny_jobs)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            shutil.rmtree(stamps, ignore_errors=True)
+
+    def close(self) -> None:
+        pass
+
+
+def _dist_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "?"
+
+
 # -- output ---------------------------------------------------------------------------------------
 def _f(value: Any, fmt: str = "{:.1f}") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -411,6 +517,7 @@ def print_table(title: str, columns: dict[str, dict[str, Any] | None],
     row("peak on a card: GiB / jobs",
         lambda d: f"{d['rule_breaks']['peak_gib']:.0f} / {d['rule_breaks']['peak_jobs']}")
     row("jobs ended (stamps)", lambda d: f"{d['ended']}/{d['jobs']}")
+    row("jobs given fewer/more cards than asked", lambda d: str(d["jobs_wrong_card_count"]))
     row("tiny jobs (true) /s", lambda d: _f(d["tiny_per_s"], "{:.0f}"), src="small")
     row("idle submit -> 1st instr. p50 / p99 (ms)",
         lambda d: f"{_f(d['latency_ms']['p50'])} / {_f(d['latency_ms']['p99'])}", src="small")
@@ -442,7 +549,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="8,3,5")
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    have_sgs = importlib.util.find_spec("simple_gpu_scheduler") is not None
+    parser.add_argument("--systems", default=",".join(s for s in SYSTEMS if s != "sgs" or have_sgs),
+                        help=f"comma list of {', '.join(SYSTEMS)} (default: all installed)")
     parser.add_argument("--time-limits", default="both",
                         help="both (0 and 1.5), or one factor: rig's --time-limit = duration x "
                         "FACTOR + 0.5 s (0: none); the peers ignore it")
@@ -502,6 +611,9 @@ def main() -> int:
             elif name == "ray":
                 system = RaySystem(say, args.ray_warm_workers)
                 versions["ray"] = system.version
+            elif name == "sgs":
+                system = SgsSystem(say)
+                versions["sgs"] = system.version
             else:
                 system = CelerySystem(say, url)
                 import celery
@@ -545,7 +657,7 @@ def main() -> int:
         return runs[name].get(seed)
 
     print(f"\nversions: {versions}")
-    print("peers (Ray, Celery) ignore time limits and names: one run per seed, repeated in "
+    print("peers (Ray, Celery, simple_gpu_scheduler) ignore time limits and names: one run per seed, repeated in "
           "each table of that seed")
     for seed in seeds:
         for factor in factors:
