@@ -221,7 +221,7 @@ class RaySystem:
         # start a pool of workers so that the trace does not pay for starting them (Ray starts
         # a few at a time: repeat rounds of concurrent pauses until enough distinct workers ran)
         pids: set[int] = set()
-        while len(pids) < warm_workers and time.monotonic() - begin < 120:
+        while len(pids) < warm_workers and time.monotonic() - begin < 180:
             pids |= set(ray.get([pause.remote(3.0) for _ in range(warm_workers)]))
         self.say(f"  [ray {self.version}] up in {up:.1f} s; {len(pids)} workers warm after "
                  f"{time.monotonic() - begin:.1f} s")
@@ -563,7 +563,7 @@ def main() -> int:
                         help="skip the tiny jobs' throughput and the idle latency")
     parser.add_argument("--tiny-jobs", type=int, default=500)
     parser.add_argument("--latency-jobs", type=int, default=50)
-    parser.add_argument("--ray-warm-workers", type=int, default=64,
+    parser.add_argument("--ray-warm-workers", type=int, default=128,
                         help="Ray workers started before the trace (not timed)")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--json", type=Path)
