@@ -28,7 +28,8 @@ The systems:
     2 for a 2-card job), the command run by subprocess with CUDA_VISIBLE_DEVICES from
     ray.get_gpu_ids(); no priorities (submitted in arrival order); no job cap per card; Ray's
     start and worker warm-up are not in the figures. `pip install '.[bench]'` installs it;
-  * celery: a throwaway Celery app on the same Redis (private DB and key prefix), 8 workers
+  * celery: a throwaway Celery app on Redis ($PEERS_BROKER_URL, default DB 11 of
+    127.0.0.1:6379; a private key prefix, deleted at the end), 8 workers
     (-P solo, concurrency 1, prefetch 1, acks_late) on one shared queue, each running its jobs
     on its own card; priorities by Celery's Redis priority steps; a 2-card job runs on its
     worker's card and the next one, the second taken unreserved (rig.testing.peers_celery);
@@ -580,7 +581,7 @@ def main() -> int:
         parser.error(f"unknown systems {unknown}; known: {', '.join(SYSTEMS)}")
     factors = [0.0, 1.5] if args.time_limits == "both" else [float(args.time_limits)]
     histories = {"both": [False, True], "off": [False], "on": [True]}[args.history]
-    url = os.environ.get("RIG_BENCH_PEERS_CELERY_URL", "redis://127.0.0.1:6379/11")
+    url = os.environ.get("PEERS_BROKER_URL", "redis://127.0.0.1:6379/11")
     try:
         commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                                 capture_output=True, text=True, check=False).stdout.strip()
