@@ -179,11 +179,15 @@ def record_of(job: Job) -> RunRecord:
 
 
 def run_trace(strategy: str, trace: list[TraceJob], bound: LowerBound, timeout_s: float,
-              say: Callable[[str], None], time_limit_factor: float = 0.0) -> dict[str, Any]:
+              say: Callable[[str], None], time_limit_factor: float = 0.0, *,
+              command_of: Callable[[TraceJob], str] = job_command,
+              name_of: Callable[[TraceJob], str] | None = None) -> dict[str, Any]:
     """Replay ``trace`` in real time on a fresh node using ``strategy``; the metrics as a dict
     (seconds, bytes, fractions). With ``time_limit_factor`` > 0 each job declares
     ``--time-limit`` = its planned duration x that factor (as a user declares a limit), which
-    gives the dispatcher expected end times for backfill."""
+    gives the dispatcher expected end times for backfill. ``command_of`` and ``name_of`` give
+    each job's command and name (default: job_command and the trace name); scripts/bench_peers.py
+    wraps the command so that it stamps its own start and end."""
     home = Path(tempfile.mkdtemp(prefix="rig-mixed-"))
     harness = RigHarness(home, fake_gpus=f"{CARDS}x80G", redis_url=redis_url(),
                          scheduler_type=strategy, max_task_per_gpu=MAX_JOBS,
@@ -209,8 +213,10 @@ def run_trace(strategy: str, trace: list[TraceJob], bound: LowerBound, timeout_s
                 time.sleep(delay)
             lags.append(time.monotonic() - t0 - job.arrival)
             limit = round(job.duration * time_limit_factor + 0.5, 1) if time_limit_factor > 0 else None
-            handle = client.submit(job_command(job), gpu_memory=job.gpu_memory, gpus=job.gpus,
-                                   priority=job.priority, name=job.name, retries=0, time_limit=limit)
+            handle = client.submit(command_of(job), gpu_memory=job.gpu_memory, gpus=job.gpus,
+                                   priority=job.priority,
+                                   name=name_of(job) if name_of else job.name, retries=0,
+                                   time_limit=limit)
             ids.append(int(handle.id))
         deadline = time.monotonic() + timeout_s
         finals = []
@@ -254,6 +260,7 @@ def run_trace(strategy: str, trace: list[TraceJob], bound: LowerBound, timeout_s
             "failed": [f"{j.id} {j.name} {j.state.value}: {j.reason}" for j in not_ok[:5]],
             "submit_lag_max_s": max(lags, default=0.0),
             "wall_s": wall,
+            "first_created_at": first,
             "leaked_bytes": harness.leaked_bytes(),
             "last_two_card_start_s": max(
                 (r.started_at - first for r in records if r.gpus > 1 and r.started_at is not None),
