@@ -64,6 +64,7 @@ from rig.testing.trace import (  # noqa: E402
     LowerBound,
     RunRecord,
     TraceJob,
+    busy_utilisation,
     generate_trace,
     greedy_makespan,
     interval_oversubscription,
@@ -244,6 +245,7 @@ def run_trace(strategy: str, trace: list[TraceJob], bound: LowerBound, timeout_s
                        for p in PRIORITIES},
             "vram_time_utilisation": vram_time_utilisation(
                 records, capacity_bytes=CARDS * USABLE_BYTES, span_s=span),
+            "busy_utilisation": busy_utilisation(records, capacity_bytes=CARDS * USABLE_BYTES),
             "oversubscription_card_s": {
                 "ledger_sampler": sampler.ledger_over_s,
                 "job_intervals": interval_oversubscription(
@@ -444,6 +446,7 @@ def print_table(results: dict[str, dict[str, Any]], bound: LowerBound) -> None:
         row(f"wait {p} p50 / p95 (s)",
             lambda d, p=p: f"{_f(d['wait_s'][p]['p50'])} / {_f(d['wait_s'][p]['p95'])}")
     row("VRAM-time utilisation", lambda d: _f(100 * d["vram_time_utilisation"], "{:.0f} %"))
+    row("  the same until the last start", lambda d: _f(100 * d["busy_utilisation"], "{:.0f} %"))
     row("oversub. ledger / intervals / usage (card-s)", lambda d: " / ".join(
         _f(d["oversubscription_card_s"][k], "{:.2f}")
         for k in ("ledger_sampler", "job_intervals", "usage_files")))

@@ -506,6 +506,7 @@ def print_table(title: str, columns: dict[str, dict[str, Any] | None],
     row("makespan (s)", lambda d: _f(d["makespan_s"]))
     row(f"x lower bound ({bound.value:.1f} s)", lambda d: _f(d["x_lower_bound"], "{:.2f}"))
     row("VRAM-time utilisation", lambda d: _f(100 * d["vram_time_utilisation"], "{:.0f} %"))
+    row("  the same until the last start", lambda d: _f(100 * d["busy_utilisation"], "{:.0f} %"))
     for p in ("high", "low"):
         row(f"wait {p} p50 / p95 (s)",
             lambda d, p=p: f"{_f(d['wait_s'][p]['p50'])} / {_f(d['wait_s'][p]['p95'])}")
