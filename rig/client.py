@@ -315,13 +315,15 @@ class Client:
             elif self._cards_for_admission():
                 raise Unschedulable(f"job can never run: pool {pool!r} has no registered card "
                                     f"(its members: {', '.join(self.settings.pools[pool])})")
+            own = self.own_estimate(job_name, limit, template=template, command=argv)
             return Job(
                 id=0, name=job_name, user=who.name, uid=who.uid, command=argv, shell=is_shell,
                 gpu_memory=nbytes, gpus=gpus, priority=prio, state=JobState.PENDING,
                 workdir=str(wd), env=job_env, created_at=shared_now(self.r), kind=kind,
                 max_retries=max_retries, submit_host=socket.gethostname(), time_limit=limit,
                 oom_retry_grow=bool(oom_retry_grow), template=template, pool=pool,
-                expected_seconds=self.expected_seconds(job_name, limit, template=template, command=argv),
+                expected_seconds=own.expected if own else None,
+                cautious_seconds=own.cautious if own else None,
             )
 
         job = self._guard(_do)
@@ -354,18 +356,19 @@ class Client:
         self._announce(jobs)
         return [JobHandle(self, job.id, job) for job in jobs]
 
-    def expected_seconds(self, name: str, time_limit: float | None, user: str | None = None, *,
-                         template: str | None = None, command: Sequence[str] | str = "") -> float | None:
-        """How long a job is expected to run (s), from the caller's earlier successful runs of
-        the same name, template or command (rig.estimates: their median, capped by the time
-        limit), or None without such runs: the dispatcher then estimates it from the cluster's
-        recent runs of its size (a declared time limit is not an estimate of the run time)."""
+    def own_estimate(self, name: str, time_limit: float | None, user: str | None = None, *,
+                     template: str | None = None,
+                     command: Sequence[str] | str = "") -> estimates.Estimate | None:
+        """A job's run time from the caller's earlier successful runs of the same command, name
+        or template (rig.estimates: their median and 80th percentile, capped by the time limit),
+        or None without such runs: the dispatcher then estimates it from the cluster's recent
+        runs of its size (a declared time limit is not an estimate of the run time)."""
         user = user or current_identity().name
         own = estimates.read_own(self.r, self.keys, user=user, name=name, template=template, command=command)
         history = estimates.own_history(own)
         if history is None:
             return None
-        return estimates.from_samples(history[1], history[0], time_limit).expected
+        return estimates.from_samples(history[1], history[0], time_limit)
 
     def auto_memory(self, name: str, margin: float | None = None, user: str | None = None) -> tuple[int, str]:
         """``--gpu-memory auto``: the largest measured peak of the last 5 successful runs of

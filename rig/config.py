@@ -255,8 +255,8 @@ class Settings(BaseSettings):
     )
     backfill_estimate_delay_seconds: float = Field(
         300.0, ge=0,
-        description="jobs without a time limit backfill in front of a held job on estimated ends "
-        "(rig.estimates) until it is this late past its first shadow time; 0: only time limits",
+        description="for this long after a job starts holding cards, jobs may backfill in front of "
+        "it on estimated ends (rig.estimates); then only on time limits or by leaving room; 0: never",
     )
     pools: dict[str, list[str]] = Field(
         default_factory=dict,

@@ -1,12 +1,13 @@
 """How long jobs run, estimated from what rig has seen: the one place run times are predicted.
 
 rig never needs a declared duration. Each successful run leaves its run time (s) under three
-keys of its user — its name, its template, its command (a digest) — and in one cluster-wide list
-of recent runs with their size (``recent_runtimes``). A job's run-time *samples* come from the
+keys of its user — its command (a digest), its name, its template — and in that user's list of
+recent runs with their size (``recent_runtimes``). A job's run-time *samples* come from the
 most specific source that has enough of them (SOURCES, in order):
 
-    name (1+ runs) -> template (3+) -> command (1+) -> the user's recent runs of a similar
-    size (5+) -> everyone's recent runs of a similar size (5+) -> everyone's recent runs (3+)
+    command (1+ runs) -> name (3+) -> template (3+) -> the user's recent runs of a similar
+    size (3+) -> everyone's recent runs of a similar size (3+; at most PER_USER_SIZE of each
+    user) -> everyone's recent runs of any size (5+)
 
 "Similar size" is a request (memory x cards) within a factor of SIZE_FACTOR of the job's. No
 samples at all (a fresh installation's first jobs): the estimate is unknown (math.inf), and
@@ -16,14 +17,15 @@ From the samples:
 
 * a waiting job's **expected** run time is their median; its **cautious** run time (the one
   that decides whether it may backfill in front of a held job) their CAUTIOUS_QUANTILE;
-  either is capped by a declared time limit.
+  either is capped by a declared time limit. Only the job's own runs or runs of its size may
+  let it backfill (BACKFILL_SOURCES); runs of any size only place shadow times.
 * a running job that has run ``age`` s is expected to run for the median of the samples
   *longer than its age* (a conditional remaining time: a job past its estimate is not about
   to end just because the estimate says so); one older than every sample is expected to run
   as long again as it already has.
 
-Pure functions over samples, plus the two Redis reads/writes that keep them (``record_run``,
-``read_recent``). Units: seconds, bytes.
+Pure functions over samples, plus the Redis reads and writes that keep them (``record_run``,
+``read_own``, ``read_recent``). Units: seconds, bytes.
 """
 
 from __future__ import annotations
@@ -41,12 +43,24 @@ from rig.keys import Keys
 
 #: Runs kept per name, template and command.
 PER_KEY_RUNS = 20
-#: Runs kept in the cluster-wide list of recent runs.
-RECENT_RUNS = 400
-#: Samples needed from each source before it is used: (source, minimum).
+#: Recent runs kept per user, and users whose recent runs are read (the latest to run).
+PER_USER_RECENT = 100
+RECENT_USERS = 100
+#: Samples needed from each source before it is used: (source, minimum). The command comes
+#: first: a name is often the script's (`train.py`), and one smoke run of it must not become
+#: the estimate of every later run with other arguments.
 SOURCES: tuple[tuple[str, int], ...] = (
-    ("name", 1), ("template", 3), ("command", 1), ("user-size", 5), ("size", 5), ("recent", 3),
+    ("command", 1), ("name", 3), ("template", 3), ("user-size", 3), ("size", 3), ("recent", 5),
 )
+#: Sources good enough to let a job backfill in front of a held one on its estimate: its own
+#: history or runs of its size. Runs of any size only place shadow times.
+BACKFILL_SOURCES = frozenset({"history", "command", "name", "template", "user-size", "size"})
+#: Most recent runs of one user counted in the everyone's-runs-of-a-size source: one user's
+#: flood of trivial jobs cannot set everybody's estimates (nor, through them, who backfills in
+#: front of a held job). Each user's runs are kept in a list of their own for the same reason.
+PER_USER_SIZE = 10
+#: Seconds the per-name, -template and -command lists live after their last run (30 days).
+OWN_KEYS_TTL_S = 30 * 86400
 #: A sample is of "a similar size" when its request (bytes x cards) is within this factor.
 SIZE_FACTOR = 2.0
 #: The quantile of the samples a backfill decision uses (a job expected to end in time by this
@@ -99,6 +113,11 @@ class Estimate:
     @property
     def known(self) -> bool:
         return self.expected != math.inf
+
+    @property
+    def backfills(self) -> bool:
+        """Good enough to let its job backfill in front of a held one (BACKFILL_SOURCES)?"""
+        return self.known and self.source in BACKFILL_SOURCES
 
     def remaining(self, age: float) -> float:
         """Seconds still to run for a job of this kind that has run ``age`` s (see the module)."""
@@ -166,17 +185,27 @@ class Prior:
     each (user, size, limit) is worked out once."""
 
     def __init__(self, recent: Sequence[RecentRun]) -> None:
-        self.runs = sorted(recent, key=lambda r: _size(r.nbytes, r.gpus))
-        self.sizes = [_size(r.nbytes, r.gpus) for r in self.runs]
+        """``recent``: each user's runs newest first (as read_recent gives them)."""
+        kept = sorted(((_size(run.nbytes, run.gpus), position, run) for position, run in enumerate(recent)),
+                      key=lambda k: k[0])  # (size, position: the lower the newer, run)
+        self.runs = [k[2] for k in kept]
+        self.sizes = [k[0] for k in kept]
+        self.positions = [k[1] for k in kept]
         self._cache: dict[tuple, Estimate] = {}
 
     def estimate(self, *, user: str, nbytes: int, gpus: int, own: Sequence[float] = (),
-                 own_source: str = "history", time_limit: float | None = None) -> Estimate:
-        """A job's run time: its ``own`` earlier runs if any, else the user's recent runs of a
-        similar size, else everyone's, else everyone's recent runs (SOURCES' minimums); else
-        its time limit if declared; else UNKNOWN. Capped by the time limit."""
+                 own_source: str = "history", time_limit: float | None = None,
+                 own_cautious: float | None = None) -> Estimate:
+        """A job's run time: its ``own`` earlier runs if any (or their median and
+        ``own_cautious``, as submit stores them), else the user's recent runs of a similar
+        size, else everyone's, else everyone's recent runs (SOURCES' minimums); else its time
+        limit if declared; else UNKNOWN. Capped by the time limit."""
         if own:
-            return from_samples(own, own_source, time_limit)
+            found = from_samples(own, own_source, time_limit)
+            if own_cautious is not None and own_cautious > found.cautious:
+                high = min(own_cautious, time_limit) if time_limit else own_cautious
+                found = Estimate(found.expected, high, own_source, tuple(sorted((*own, high))))
+            return found
         key = (user, _size(nbytes, gpus), time_limit)
         found = self._cache.get(key)
         if found is None:
@@ -186,10 +215,16 @@ class Prior:
     def _from_recent(self, user: str, size: int, time_limit: float | None) -> Estimate:
         lo = bisect.bisect_left(self.sizes, math.ceil(size / SIZE_FACTOR))
         hi = bisect.bisect_right(self.sizes, size * SIZE_FACTOR)
-        sized = self.runs[lo:hi]
+        sized = sorted(zip(self.positions[lo:hi], self.runs[lo:hi], strict=True), key=lambda p: p[0])
+        everyone: list[float] = []
+        counted: dict[str, int] = {}
+        for _position, run in sized:  # newest first; at most PER_USER_SIZE of each user
+            counted[run.user] = counted.get(run.user, 0) + 1
+            if counted[run.user] <= PER_USER_SIZE:
+                everyone.append(run.seconds)
         pools = {
-            "user-size": [r.seconds for r in sized if r.user == user],
-            "size": [r.seconds for r in sized],
+            "user-size": [r.seconds for _p, r in sized if r.user == user],
+            "size": everyone,
             "recent": [r.seconds for r in self.runs],
         }
         for source, minimum in SOURCES[3:]:
@@ -213,14 +248,20 @@ def estimate(*, own: Mapping[str, Sequence[float]], recent: Sequence[RecentRun],
 
 # -- Redis --------------------------------------------------------------------------------------
 def record_run(pipe: redis.client.Pipeline, keys: Keys, *, user: str, name: str, template: str | None,
-               command: Sequence[str] | str, nbytes: int, gpus: int, seconds: float) -> None:
-    """Queue on ``pipe`` the writes that keep one successful run's time (s) for estimates."""
+               command: Sequence[str] | str, nbytes: int, gpus: int, seconds: float,
+               ended_at: float = 0.0) -> None:
+    """Queue on ``pipe`` the writes that keep one successful run's time (s) for estimates;
+    ``ended_at`` (epoch s) orders the users whose runs are read."""
     seconds = round(max(0.0, seconds), 3)
     for key in own_keys(keys, user=user, name=name, template=template, command=command).values():
         pipe.lpush(key, seconds)
         pipe.ltrim(key, 0, PER_KEY_RUNS - 1)
-    pipe.lpush(keys.recent_runtimes, RecentRun(seconds, nbytes, gpus, user).encode())
-    pipe.ltrim(keys.recent_runtimes, 0, RECENT_RUNS - 1)
+        pipe.expire(key, OWN_KEYS_TTL_S)  # a sweep of unique commands leaves no key for ever
+    pipe.lpush(keys.recent_runtimes(user), RecentRun(seconds, nbytes, gpus, user).encode())
+    pipe.ltrim(keys.recent_runtimes(user), 0, PER_USER_RECENT - 1)
+    pipe.expire(keys.recent_runtimes(user), OWN_KEYS_TTL_S)
+    pipe.zadd(keys.recent_runtime_users, {user: ended_at})
+    pipe.zremrangebyrank(keys.recent_runtime_users, 0, -2 * RECENT_USERS - 1)  # bounded
 
 
 def own_keys(keys: Keys, *, user: str, name: str, template: str | None,
@@ -243,8 +284,18 @@ def read_own(r: redis.Redis, keys: Keys, *, user: str, name: str, template: str 
 
 
 def read_recent(r: redis.Redis, keys: Keys) -> list[RecentRun]:
-    """The cluster's recent runs (one LRANGE)."""
-    return decode_recent(r.lrange(keys.recent_runtimes, 0, RECENT_RUNS - 1))
+    """The recent runs of the RECENT_USERS users who ran last, each user's newest first (two
+    round trips)."""
+    users = r.zrevrange(keys.recent_runtime_users, 0, RECENT_USERS - 1)
+    pipe = r.pipeline(transaction=False)
+    queue_recent(pipe, keys, users)
+    return decode_recent([v for values in pipe.execute() for v in values])
+
+
+def queue_recent(pipe: redis.client.Pipeline, keys: Keys, users: Sequence[str]) -> None:
+    """Queue on ``pipe`` the reads of ``users``' recent runs (one reply per user)."""
+    for user in users:
+        pipe.lrange(keys.recent_runtimes(user), 0, PER_USER_RECENT - 1)
 
 
 def decode_recent(values: Sequence[str]) -> list[RecentRun]:

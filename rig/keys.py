@@ -13,7 +13,8 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P durations:<user>:<name>     list     run seconds of that user's earlier successful runs, newest first
   P durations-template:<user>:<template>  list   the same per template (rig.estimates)
   P durations-command:<user>:<digest>     list   the same per command
-  P recent-runtimes             list     the cluster's recent successful runs "<s> <bytes> <cards> <user>"
+  P recent-runtimes:<user>      list     that user's recent successful runs "<s> <bytes> <cards> <user>"
+  P recent-runtimes-users       zset     users with recent runs; score = when the last one ended
   P errors                      zset     the error queue: ended jobs waiting for a person; score = time
   P cards                       set      card ids "<node>/<index>"
   P card:<node>:<index>         hash     one card's capacity, reservations and readings
@@ -91,10 +92,14 @@ class Keys:
         """Run times of one user's jobs of one command (rig.estimates.command_digest)."""
         return f"{self.prefix}durations-command:{user}:{digest}"
 
+    def recent_runtimes(self, user: str) -> str:
+        """One user's recent successful runs with their sizes (rig.estimates.RecentRun)."""
+        return f"{self.prefix}recent-runtimes:{user}"
+
     @property
-    def recent_runtimes(self) -> str:
-        """The cluster's recent successful runs with their sizes (rig.estimates.RecentRun)."""
-        return f"{self.prefix}recent-runtimes"
+    def recent_runtime_users(self) -> str:
+        """Users with recent runs, scored by when their last run ended (rig.estimates)."""
+        return f"{self.prefix}recent-runtimes-users"
 
     @property
     def errors(self) -> str:

@@ -153,10 +153,12 @@ class Job:
     #: name, template or command, capped by the time limit (rig.estimates); None without such
     #: runs (the dispatcher then estimates from the cluster's recent runs of its size).
     expected_seconds: float | None = None
-    held_at: float | None = None  # when it first held cards for itself (the dispatcher's mark)
-    #: The first finite shadow time of its hold (epoch s): jobs may backfill in front of it on
-    #: estimated ends only until it is backfill_estimate_delay_seconds past this.
-    shadow_at: float | None = None
+    #: The 80th percentile of the same runs (rig.estimates.CAUTIOUS_QUANTILE), capped the same
+    #: way: what decides whether it may backfill in front of a held job.
+    cautious_seconds: float | None = None
+    #: When it first held cards for itself (the dispatcher's mark); jobs may backfill in front of
+    #: it on estimated ends only until backfill_estimate_delay_seconds after this.
+    held_at: float | None = None
     #: A random identity unique to this job (new_job_instance), set when it is stored. Job ids
     #: restart at 1 when Redis loses its data and two key prefixes may share one log_dir: the
     #: job's folder on disk and its processes' environment carry this, never the id alone.
@@ -325,7 +327,7 @@ _JOB_CHECKS: dict[str, Callable[[Any], Any]] = {
     "pool": lambda t: R.as_text(t, 63),
     "expected_seconds": lambda t: R.as_float(t, 0.0, R.MAX_TIME_LIMIT, "a duration in seconds"),
     "held_at": lambda t: R.as_float(t, 0.0, R.MAX_TIMESTAMP, "a time in epoch seconds"),
-    "shadow_at": lambda t: R.as_float(t, 0.0, R.MAX_TIMESTAMP, "a time in epoch seconds"),
+    "cautious_seconds": lambda t: R.as_float(t, 0.0, R.MAX_TIME_LIMIT, "a duration in seconds"),
     "instance": lambda t: R.as_job_instance(t),
     "vram_peak": lambda t: R.as_int(t, *_COUNT),
     "vram_sum": lambda t: R.as_int(t, *_COUNT),

@@ -124,10 +124,13 @@ def place(
 @dataclass(frozen=True)
 class Release:
     """A reservation on a card expected to end: ``nbytes`` given back at epoch ``at``
-    (math.inf when the job's running time is unknown)."""
+    (an estimate; math.inf when the job's running time is unknown), and surely by ``sure_at``
+    (its time limit's end; math.inf without one). ``since``: when its job began (epoch s)."""
 
     at: float
     nbytes: int
+    sure_at: float = math.inf
+    since: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -141,9 +144,13 @@ class Hold:
     until: float
 
 
-def room_at(card: CardState, releases: Sequence[Release], at: float) -> tuple[int, int]:
-    """(free bytes, jobs) on ``card`` at epoch ``at``, counting the releases expected by then."""
-    gone = [r for r in releases if r.at <= at]
+def room_at(card: CardState, releases: Sequence[Release], at: float, *,
+            before: float | None = None) -> tuple[int, int]:
+    """(free bytes, jobs) on ``card`` at epoch ``at``, counting the releases expected by then;
+    with ``before`` (epoch s), a release of a job that began at or after it only if it surely
+    happens by then (its time limit)."""
+    gone = [r for r in releases
+            if r.sure_at <= at or (r.at <= at and (before is None or r.since < before))]
     return card.free + sum(r.nbytes for r in gone), card.jobs - len(gone)
 
 
@@ -187,15 +194,19 @@ def plan_hold(cards: Sequence[CardState], releases: Mapping[str, Sequence[Releas
 
 
 def may_backfill(card: CardState, releases: Sequence[Release], hold: Hold, request: Request,
-                 expected_end: float | None) -> bool:
+                 expected_end: float | None, held_since: float | None = None) -> bool:
     """May ``request`` start now on ``card``, which is held for ``hold``, without delaying it?
-    Yes if it is expected to end by the hold's shadow time, or if the card will still have room
-    for the held job at that time with this one on it. Never when the shadow time is unknown."""
+    Yes if it is taken to end by the hold's shadow time (``expected_end``: its time limit's end,
+    or its cautious estimate while the held job's budget lasts), or if the card will still have
+    room for the held job at that time with this one on it: counting the expected ends of the
+    jobs that were there when it began to hold (``held_since``: what its shadow time waits for),
+    but of jobs that came after only their sure ends (a backfill whose estimate proves wrong
+    must not be counted on to leave). Never when the shadow time is unknown."""
     if hold.until == math.inf:
         return False
     if expected_end is not None and expected_end <= hold.until:
         return True
-    free, jobs = room_at(card, releases, hold.until)
+    free, jobs = room_at(card, releases, hold.until, before=held_since)
     return free - request.nbytes >= hold.nbytes and jobs + 2 <= card.max_jobs
 
 

@@ -523,7 +523,7 @@ class Stack:
             for child in workers:
                 child.silent_since = None  # silence counts from when Redis takes writes again
             return
-        for child, name, raw in zip(workers, names, beats, strict=True):
+        for child, _name, raw in zip(workers, names, beats, strict=True):
             try:
                 pid = json.loads(raw)["pid"] if raw else None
             except (ValueError, KeyError, TypeError):

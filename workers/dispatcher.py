@@ -13,13 +13,17 @@ GiB) waits with that reason. A job with ``pool`` only sees that pool's cards (ri
 No starvation of big jobs, with backfill (EASY): a job that cannot start now may let jobs behind
 it start on any card that fits them — until it has waited long enough (at once for high
 priority, ``hold_after_seconds`` for medium, twice that for low). From then on it holds the
-card(s) expected to have room for it first (its shadow time comes from the expected end of the
-jobs on them: the time limit or the median of earlier runs of the same name). A job behind it
-may still start on a held card if it is expected to end by the shadow time, or if it leaves
-room for the held job; where an end is unknown, nothing starts on the held card. (Holding
-without backfill cost packing: 1.26 x the lower bound instead of 1.17 on the mixed trace,
-measured with the offline reference in rig/testing/trace.py.) A job that could never fit any
-allowed card of its pool is ended FAILED with the reason; so is a job whose record is invalid.
+card(s) expected to have room for it first; its shadow time comes from the expected ends of the
+jobs on them (rig.estimates: their own history, or recent runs of their size, and for a job
+already running its conditional remaining time; never later than a time limit's end). A job
+behind it may still start on a held card if it ends by the shadow time — surely (its time limit)
+or, for backfill_estimate_delay_seconds after the hold began, by its cautious estimate — or if
+it leaves room for the held job (counting the expected ends of jobs there before the hold, only
+the sure ends of later ones); where the shadow time is unknown, nothing starts on the held card.
+(Holding without backfill cost packing: 1.26 x the lower bound instead of 1.17 on the mixed
+trace, measured with the offline reference in rig/testing/trace.py.) A job that could never fit
+any allowed card of its pool is ended FAILED with the reason; so is a job whose record is
+invalid.
 
 Each pass reads at most LOOKAHEAD waiting jobs per priority from the global queue plus, when
 several users wait, the head of every user's queue (USER_LOOKAHEAD each, fewer when there are
@@ -245,36 +249,42 @@ class Dispatcher:
         pipe = self.r.pipeline(transaction=False)
         for card in cards:
             pipe.hgetall(self.keys.card_jobs(card.node, card.index))
-        pipe.lrange(self.keys.recent_runtimes, 0, estimates.RECENT_RUNS - 1)
-        *replies, recent = pipe.execute()
-        self._prior = estimates.Prior(estimates.decode_recent(recent))
+        pipe.zrevrange(self.keys.recent_runtime_users, 0, estimates.RECENT_USERS - 1)
+        *replies, recent_users = pipe.execute()
         held = [(card, {int(k): int(v) for k, v in raw.items()}) for card, raw in zip(cards, replies, strict=True)]
         ids = sorted({jid for _card, jobs in held for jid in jobs})
         pipe = self.r.pipeline(transaction=False)
+        estimates.queue_recent(pipe, self.keys, recent_users)
         for jid in ids:
             pipe.hmget(self.keys.job(jid), "user", "gpu_memory", "cards", "started_at", "assigned_at",
-                       "expected_seconds", "time_limit")
-        info: dict[int, tuple[str, int, int, float, float]] = {}
-        for jid, (user, memory, card_list, started, assigned, expected, limit) in zip(ids, pipe.execute(),
-                                                                                      strict=True):
+                       "expected_seconds", "cautious_seconds", "time_limit")
+        read = pipe.execute()
+        recent = read[:len(recent_users)]
+        self._prior = estimates.Prior(estimates.decode_recent([v for values in recent for v in values]))
+        info: dict[int, tuple[str, int, int, float, float, float]] = {}
+        for jid, (user, memory, card_list, started, assigned, expected, cautious, limit) in zip(
+                ids, read[len(recent_users):], strict=True):
             try:
                 began = float(started or assigned or now)
+                if not 0.0 < began <= now + 3600:  # a damaged stamp: its end is unknown, never "inf ago"
+                    raise ValueError(began)
                 ncards = max(1, len(json.loads(card_list or "[]")))
-                end = self.running_end(user or "?", int(memory or 0), ncards, now - began,
-                                       float(expected) if expected else None, float(limit) if limit else None,
-                                       now)
-                info[jid] = (user or "?", int(memory or 0), ncards, began, end)
+                end, sure = self.running_end(
+                    user or "?", int(memory or 0), ncards, now - began, _number(expected), _number(cautious),
+                    _number(limit), now)
+                info[jid] = (user or "?", int(memory or 0), ncards, began, end, sure)
             except (ValueError, TypeError):
-                info[jid] = ("?", 0, 1, now, math.inf)
+                info[jid] = ("?", 0, 1, now, math.inf, math.inf)
         releases: dict[str, list[Release]] = {}
         team = TeamState()
         counted: set[int] = set()
         for card, jobs in held:
-            releases[card.id] = [Release(info[jid][4], nbytes) for jid, nbytes in jobs.items()]
+            releases[card.id] = [Release(info[jid][4], nbytes, info[jid][5], info[jid][3])
+                                 for jid, nbytes in jobs.items()]
             for jid in jobs:
                 if jid not in counted:
                     counted.add(jid)
-                    user, memory, ncards, began, _end = info[jid]
+                    user, memory, ncards, began, _end, _sure = info[jid]
                     team.load(user).add_job(memory, ncards, now - began)
         if self.settings.fair_share:
             users = sorted(set(team.loads) | set(self.r.smembers(self.keys.pending_users)))
@@ -303,46 +313,49 @@ class Dispatcher:
         return now + job.time_limit + self.settings.kill_grace_seconds + START_SLACK_S
 
     def estimate(self, job: Waiting) -> estimates.Estimate:
-        """``job``'s run time (rig.estimates): its own history (expected_seconds, from submit),
-        else the cluster's recent runs of its size read this round, capped by its time limit."""
+        """``job``'s run time (rig.estimates): its own history (expected_seconds and
+        cautious_seconds, from submit), else the cluster's recent runs of its size read this
+        round, capped by its time limit."""
         return self._prior.estimate(user=job.user, nbytes=job.gpu_memory, gpus=job.gpus,
-                                    own=(job.expected_seconds,) if job.expected_seconds else (),
-                                    time_limit=job.time_limit)
+                                    own=() if job.expected_seconds is None else (job.expected_seconds,),
+                                    own_cautious=job.cautious_seconds, time_limit=job.time_limit)
 
     def release_estimate(self, job: Waiting, now: float) -> float:
         """When a job started now is expected to free its cards (epoch s; inf if unknown)."""
         return now + self.estimate(job).expected
 
     def running_end(self, user: str, nbytes: int, gpus: int, age: float, expected: float | None,
-                    time_limit: float | None, now: float) -> float:
-        """When a job that has run ``age`` s is expected to free its cards (epoch s, >= now; inf
-        if unknown): its conditional remaining time (rig.estimates.remaining), never later than
-        its time limit's sure end."""
-        found = self._prior.estimate(user=user, nbytes=nbytes, gpus=gpus, own=(expected,) if expected else (),
+                    cautious: float | None, time_limit: float | None, now: float) -> tuple[float, float]:
+        """(when a job that has run ``age`` s is expected to free its cards, when it surely has),
+        epoch s, >= now, inf if unknown: its conditional remaining time (rig.estimates.remaining),
+        never later than its time limit's sure end; the sure end only with a time limit."""
+        found = self._prior.estimate(user=user, nbytes=nbytes, gpus=gpus,
+                                     own=() if expected is None else (expected,), own_cautious=cautious,
                                      time_limit=time_limit)
         end = now + found.remaining(age)
+        sure = math.inf
         if time_limit:
-            end = min(end, now - age + time_limit + self.settings.kill_grace_seconds + START_SLACK_S)
-        return max(end, now)
+            sure = max(now, now - age + time_limit + self.settings.kill_grace_seconds + START_SLACK_S)
+            end = min(end, sure)
+        return max(end, now), sure
 
-    def backfill_end(self, job: Waiting, now: float, shadow_first: float) -> float | None:
-        """When ``job``, started now, is taken to end for backfilling in front of a held job
-        whose first shadow time was ``shadow_first`` (epoch s): its sure end with a time limit;
-        else its cautious estimated end (rig.estimates.CAUTIOUS_QUANTILE) while the held job is
-        less than backfill_estimate_delay_seconds past ``shadow_first`` (so wrong estimates
-        delay it by a bounded amount); else None (it may only backfill by leaving room)."""
+    def backfill_end(self, job: Waiting, now: float, held_since: float) -> float | None:
+        """When ``job``, started now, is taken to end for backfilling in front of a job holding
+        cards since ``held_since`` (epoch s): its cautious estimated end
+        (rig.estimates.CAUTIOUS_QUANTILE of its own runs or of runs of its size) while that job
+        has held for less than backfill_estimate_delay_seconds, or its sure end (time limit)
+        if earlier; after that only the sure end; None when neither (it may backfill only by
+        leaving room)."""
         ends = self._backfill_ends.get(job.id)
         if ends is None:  # the same for every hold this round: worked out once per job
             found = self.estimate(job)
             ends = self._backfill_ends[job.id] = (
-                self.sure_end(job, now), now + found.cautious + START_SLACK_S if found.known else None)
+                self.sure_end(job, now), now + found.cautious + START_SLACK_S if found.backfills else None)
         sure, estimated = ends
-        if sure is not None:
-            return sure
         budget = self.settings.backfill_estimate_delay_seconds
-        if budget <= 0 or now > shadow_first + budget:
-            return None
-        return estimated
+        if estimated is None or budget <= 0 or now > held_since + budget:
+            return sure
+        return estimated if sure is None else min(sure, estimated)
 
     def effective_rank(self, job: Waiting | Job, now: float) -> int:
         """Priority rank after aging (0 = high)."""
@@ -488,33 +501,28 @@ class Dispatcher:
                 if snapshot.loaded:  # else a later read sees this reservation in Redis
                     releases, team = snapshot.get()
                     end = self.release_estimate(job, now)
+                    sure = self.sure_end(job, now) or math.inf
                     for index in placement.cards:
-                        releases.setdefault(card_id(placement.node, index), []).append(Release(end, job.gpu_memory))
+                        releases.setdefault(card_id(placement.node, index), []).append(Release(end, job.gpu_memory, sure, now))
                     team.load(job.user).add_job(job.gpu_memory, job.gpus, 0.0)
                 started += 1
                 progressed = True
                 if not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
                     break  # every card is full now: the jobs behind wait, their reasons as they were
             self._flush_notes()
-            if not progressed or (self._read_all and not refused):
+            if not progressed or (self._read_all and not refused and not holds.by_card):
                 # Nothing changed, or every waiting job was seen and either started or has its
-                # reason: another round would read the same (a job stored meanwhile, or an end,
-                # wakes the next pass).
+                # reason, and no hold was planned (a start may make one stale: its holder over
+                # its limit, a better card to hold): another round would read the same (a job
+                # stored meanwhile, or an end, wakes the next pass).
                 return started
         return started
 
     def _mark_holding(self, job: Waiting, hold: Hold | None, now: float) -> None:
-        """Remember that ``job`` holds cards: from the next pass on it goes first in its rank;
-        and its first finite shadow time (the start of its backfill delay budget)."""
-        if hold is None:
-            return
-        marks: dict[str, float] = {}
-        if not job.held_at:
-            marks["held_at"] = now
-        if not job.shadow_at and hold.until != math.inf:
-            marks["shadow_at"] = hold.until
-        if marks:
-            self.store.update(job.id, **marks)
+        """Remember that ``job`` holds cards: from the next pass on it goes first in its rank,
+        and its backfill delay budget counts from now."""
+        if hold is not None and not job.held_at:
+            self.store.update(job.id, held_at=now)
 
     def _end_unschedulable(self, job: Waiting, why: str) -> None:
         self.ledger.transition(job.id, JobState.FAILED, fields={"reason": f"unschedulable: {why}",
@@ -564,7 +572,7 @@ class _Holds:
         self.now = now
         self.by_card: dict[str, Hold] = {}
         self.rank: dict[str, int] = {}
-        self.shadow_first: dict[int, float] = {}  # held job id -> its first finite shadow time
+        self.held_since: dict[int, float] = {}  # held job id -> when it first held cards
 
     def of(self, job_id: int) -> Hold | None:
         return next((h for h in self.by_card.values() if h.job_id == job_id), None)
@@ -581,10 +589,11 @@ class _Holds:
             if hold is None or hold.job_id == job.id or self.rank[card.id] > rank:
                 out.append(card)
                 continue
+            since = self.held_since.get(hold.job_id, self.now)
             if hold.job_id not in ends:
-                ends[hold.job_id] = self.dispatcher.backfill_end(
-                    job, self.now, self.shadow_first.get(hold.job_id, hold.until))
-            if may_backfill(card, self.snapshot.get()[0].get(card.id, ()), hold, request, ends[hold.job_id]):
+                ends[hold.job_id] = self.dispatcher.backfill_end(job, self.now, since)
+            if may_backfill(card, self.snapshot.get()[0].get(card.id, ()), hold, request, ends[hold.job_id],
+                            since):
                 out.append(card)
         return out
 
@@ -592,7 +601,7 @@ class _Holds:
         hold = plan_hold(mine, self.snapshot.get()[0], request, self.now, job.id, exclude=set(self.by_card))
         if hold:
             self.by_card.update(dict.fromkeys(hold.cards, hold))
-            self.shadow_first[job.id] = job.shadow_at or hold.until
+            self.held_since[job.id] = job.held_at or self.now
             self.rank.update(dict.fromkeys(hold.cards, self.dispatcher.effective_rank(job, self.now)))
         return hold
 
@@ -629,7 +638,7 @@ class Waiting:
 
     FIELDS = ("state", "gpu_memory", "gpus", "priority", "created_at", "wait_reason", "user", "pool",
               "expected_seconds", "time_limit", "held_at", "assignments", "attempt", "wait_reason_at",
-              "shadow_at")
+              "cautious_seconds")
 
     id: int
     gpu_memory: int
@@ -642,7 +651,7 @@ class Waiting:
     expected_seconds: float | None = None
     time_limit: float | None = None
     held_at: float | None = None  # when it first held cards (blocked past its hold time)
-    shadow_at: float | None = None  # its hold's first finite shadow time (the backfill budget's start)
+    cautious_seconds: float | None = None  # the 80th percentile of its own runs (with expected_seconds)
     wait_reason_at: float | None = None  # when the dispatcher last wrote or confirmed wait_reason
 
     #: (job id, the values read) -> the parse of a valid record: most jobs a pass reads are the
@@ -669,12 +678,12 @@ class Waiting:
         """None for a job no longer PENDING (or gone); InvalidRecord for a PENDING record whose
         fields are not what submit() writes."""
         (state, memory, gpus, priority, created, reason, user, pool, expected, limit, held, assignments, attempt,
-         reason_at, shadow) = values
+         reason_at, cautious) = values
         if state != JobState.PENDING.value:
             return None
         raw = {"gpu_memory": memory, "gpus": gpus or 1, "priority": priority, "created_at": created or 0,
-               "user": user or "?", "pool": pool or None, "expected_seconds": expected or None,
-               "held_at": held or None, "shadow_at": shadow or None, "time_limit": limit or None,
+               "user": user or "?", "pool": pool or None, "expected_seconds": expected if expected else None,
+               "held_at": held or None, "cautious_seconds": cautious or None, "time_limit": limit or None,
                "assignments": assignments or None, "attempt": attempt or None}
         out = {}
         for name, check in _WAITING_CHECKS:
@@ -689,6 +698,11 @@ class Waiting:
         except ValueError:
             stamped = None  # rig's own bookkeeping: a bad stamp only makes the reason re-written
         return cls(job_id, wait_reason=reason, wait_reason_at=stamped, **out)
+
+
+def _number(text: str | None) -> float | None:
+    """A stored number, or None when unset (0 is a number: a run that took no time)."""
+    return None if text is None or text == "" else float(text)
 
 
 def _priority(text: object) -> Priority:
@@ -733,7 +747,7 @@ _WAITING_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     ("pool", lambda t: R.as_word(t, 63)),
     ("expected_seconds", _real(0.0, R.MAX_TIME_LIMIT, "a duration in seconds")),
     ("held_at", _real(0.0, R.MAX_TIMESTAMP, "a time in epoch seconds")),
-    ("shadow_at", _real(0.0, R.MAX_TIMESTAMP, "a time in epoch seconds")),
+    ("cautious_seconds", _real(0.0, R.MAX_TIME_LIMIT, "a duration in seconds")),
     ("time_limit", _real(0.001, R.MAX_TIME_LIMIT, "a duration in seconds")),
     ("assignments", _whole(0, R.MAX_ID, "a whole number")),
     ("attempt", _whole(0, R.MAX_ID, "a whole number")),

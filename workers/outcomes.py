@@ -211,7 +211,8 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
                 # How long it ran, for the dispatcher's estimates of when cards free (holds,
                 # backfill): by name, template, command and in the cluster's recent runs.
                 estimates.record_run(pipe, ledger.keys, user=job.user, name=job.name, template=job.template,
-                                     command=job.command, nbytes=job.gpu_memory, gpus=job.gpus, seconds=ran)
+                                     command=job.command, nbytes=job.gpu_memory, gpus=job.gpus, seconds=ran,
+                                     ended_at=ended_at)
         pipe.lpush(ledger.keys.sched_wake, "1")
         pipe.execute()
 

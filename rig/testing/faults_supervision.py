@@ -28,6 +28,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from rig.models import JobState
 from rig.redis_conn import ensure_password_file, home_password_file
 from rig.stack import pid_file, settings_env
 from rig.supervision import (
@@ -37,7 +38,6 @@ from rig.supervision import (
     node_mark,
     node_processes,
 )
-from rig.models import JobState
 from rig.testing.faults import Scenario, ScenarioResult, _free_port, _wait
 from rig.testing.harness import RigHarness
 from workers.process_tree import is_alive, proc_start_time

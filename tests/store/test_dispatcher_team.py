@@ -158,17 +158,17 @@ def _recent(redis_client, key_prefix, *runs: tuple[float, float, str]) -> None:
     pipe.execute()
 
 
-@pytest.mark.parametrize("budget,shadow_age,backfills", [
+@pytest.mark.parametrize("budget,held_for,backfills", [
     (300, None, True),  # an estimated end before the shadow time: it backfills
     (0, None, False),  # estimates never backfill in front of a held job
-    (300, 400, False),  # the held job is already more than the budget past its first shadow time
+    (300, 400, False),  # the held job has held for longer than the budget: no more estimates
 ])
-def test_estimated_ends_backfill_a_held_card_within_the_delay_budget(make, budget, shadow_age, backfills):
+def test_estimated_ends_backfill_a_held_card_within_the_delay_budget(make, budget, held_for, backfills):
     ledger, dispatcher, started = make(backfill_estimate_delay_seconds=budget)
     blockers = [submit(ledger, 30, expected_seconds=60), submit(ledger, 30, expected_seconds=600)]
     assert dispatcher.dispatch_pass() == 2
     held = next(ledger.store.get(b).cards[0] for b in blockers if ledger.store.get(b).expected_seconds == 60)
-    fields = {"shadow_at": time.time() - shadow_age} if shadow_age else {}
+    fields = {"held_at": time.time() - held_for} if held_for else {}
     big = submit(ledger, 36, priority=Priority.HIGH, **fields)
     guessed = submit(ledger, 5, priority=Priority.LOW, expected_seconds=2)  # no time limit
     dispatcher.dispatch_pass()
@@ -178,9 +178,72 @@ def test_estimated_ends_backfill_a_held_card_within_the_delay_budget(make, budge
     else:  # the other card has room (10 GiB, 1 slot): it goes there instead, never to the held one
         assert job.cards == [1 - held]
     record = ledger.store.get(big)
-    assert record.state is JobState.PENDING and record.shadow_at
-    if not shadow_age:  # its first shadow time is remembered: the budget counts from it
-        assert record.shadow_at == pytest.approx(time.time() + 60, abs=5)
+    assert record.state is JobState.PENDING and record.held_at
+    if not held_for:  # the budget counts from its first hold
+        assert record.held_at == pytest.approx(time.time(), abs=5)
+
+
+def test_a_time_limit_never_stops_a_job_backfilling_on_its_shorter_estimate(make):
+    ledger, dispatcher, started = make()
+    blockers = [submit(ledger, 30, expected_seconds=60), submit(ledger, 30, expected_seconds=600)]
+    assert dispatcher.dispatch_pass() == 2
+    held = next(ledger.store.get(b).cards[0] for b in blockers if ledger.store.get(b).expected_seconds == 60)
+    submit(ledger, 36, priority=Priority.HIGH)
+    # Ran 2 s each time; declares a 2 h limit to be safe: it must not lose the backfill for it.
+    careful = submit(ledger, 5, priority=Priority.LOW, expected_seconds=2, cautious_seconds=3, time_limit=7200)
+    dispatcher.dispatch_pass()
+    assert ledger.store.get(careful).cards == [held]
+
+
+def test_own_history_backfills_on_its_80th_percentile_not_its_median(make):
+    ledger, dispatcher, started = make()
+    blockers = [submit(ledger, 30, expected_seconds=60), submit(ledger, 30, expected_seconds=600)]
+    assert dispatcher.dispatch_pass() == 2
+    held = next(ledger.store.get(b).cards[0] for b in blockers if ledger.store.get(b).expected_seconds == 60)
+    submit(ledger, 36, priority=Priority.HIGH)
+    # Usually 10 s, but one run in three takes 100 s: it would outlive the 60 s shadow time.
+    spiky = submit(ledger, 5, priority=Priority.LOW, expected_seconds=10, cautious_seconds=100)
+    dispatcher.dispatch_pass()
+    assert ledger.store.get(spiky).cards == [1 - held]
+
+
+def test_leaving_room_counts_only_sure_ends(make, redis_client, key_prefix):
+    """Jobs that backfill by leaving room may not count on estimated ends of jobs on the held
+    card: one that proves wrong would take the held job's room for as long as it runs."""
+    ledger, dispatcher, started = make(backfill_estimate_delay_seconds=0)
+    for i in range(2):  # room for 4 jobs a card: the cap must not be what keeps them off
+        ledger.register_card("n1", GpuReading(index=i, uuid=f"u{i}", model="m", total=40 * GIB),
+                             max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    blockers = [submit(ledger, 30, expected_seconds=60), submit(ledger, 30, expected_seconds=600)]
+    assert dispatcher.dispatch_pass() == 2
+    held = next(ledger.store.get(b).cards[0] for b in blockers if ledger.store.get(b).expected_seconds == 60)
+    big = submit(ledger, 36, priority=Priority.HIGH)
+    smalls = [submit(ledger, 4, priority=Priority.LOW, expected_seconds=0.1) for _ in range(3)]
+    for _ in range(2):
+        dispatcher.dispatch_pass()
+    # The first leaves exactly the held job's 36 GiB once the blocker ends; a second would
+    # count on the first one's 0.1 s estimate to leave room, which nothing guarantees.
+    on_held = [s for s in smalls if ledger.store.get(s).cards == [held]]
+    assert len(on_held) == 1, on_held
+    blocker = next(b for b in blockers if ledger.store.get(b).cards == [held])
+    ledger.transition(blocker, JobState.SUCCEEDED)
+    dispatcher.dispatch_pass()
+    assert ledger.store.get(big).state is JobState.ASSIGNED  # the small one still runs beside it
+
+
+def test_a_damaged_start_stamp_makes_an_end_unknown_not_a_bad_record(make, redis_client, key_prefix):
+    ledger, dispatcher, started = make()
+    blockers = [submit(ledger, 30), submit(ledger, 30)]
+    assert dispatcher.dispatch_pass() == 2
+    for b in blockers:
+        ledger.store.update(b, started_at=-1e11)
+    big = submit(ledger, 36, priority=Priority.HIGH)
+    _recent(redis_client, key_prefix, *[(40.0, 30, "bob")] * 5)
+    for _ in range(2):
+        dispatcher.dispatch_pass()
+    job = ledger.store.get(big)
+    assert job.state is JobState.PENDING and not job.problems, job.problems
+    assert "held for it" in job.wait_reason
 
 
 def test_recent_runs_of_a_size_give_unknown_ends_a_shadow_time(make, redis_client, key_prefix):

@@ -102,11 +102,54 @@ def test_record_run_and_read_back_through_redis():
         pipe.execute()
     own = E.read_own(r, keys, user="ann", name="train", template="big", command=["python", "t.py"])
     assert sorted(own["name"]) == sorted(own["template"]) == sorted(own["command"]) == [3.0, 4.0, 5.0]
-    assert E.own_history(own) == ("name", own["name"])
-    # Another command of the same user: only its own command's runs.
-    other = E.read_own(r, keys, user="ann", name="new-name", template=None, command=["python", "t.py"])
-    assert E.own_history(other) == ("command", other["command"])
+    assert E.own_history(own) == ("command", own["command"])  # the most specific first
+    # Another command under the same (script's) name: its name's 3 runs, not one smoke run.
+    other = E.read_own(r, keys, user="ann", name="train", template=None, command=["python", "t.py", "-n", "9"])
+    assert E.own_history(other) == ("name", other["name"])
+    pipe = r.pipeline()
+    E.record_run(pipe, keys, user="ann", name="once", template=None, command=["x"], nbytes=GIB, gpus=1, seconds=1)
+    pipe.execute()
+    assert E.own_history(E.read_own(r, keys, user="ann", name="once", template=None, command=["y"])) is None
+    assert 0 < r.ttl(keys.durations("ann", "once")) <= E.OWN_KEYS_TTL_S
     assert E.own_history(E.read_own(r, keys, user="bob", name="train", template="big",
                                     command=["python", "t.py"])) is None
-    assert [x.seconds for x in E.read_recent(r, keys)] == [4.0, 5.0, 3.0]
-    assert r.llen(keys.recent_runtimes) <= E.RECENT_RUNS
+    assert [x.seconds for x in E.read_recent(r, keys)] == [1.0, 4.0, 5.0, 3.0]  # newest first
+    assert r.ttl(keys.recent_runtimes("ann")) > 0
+
+
+def test_one_users_flood_of_runs_does_not_set_everyones_estimate():
+    r = fakeredis.FakeRedis(decode_responses=True)
+    keys = Keys("t:")
+
+    def ran(user: str, seconds: float, times: int) -> None:
+        pipe = r.pipeline()
+        for _ in range(times):
+            E.record_run(pipe, keys, user=user, name="x", template=None, command=["x"], nbytes=8 * GIB, gpus=1,
+                         seconds=seconds, ended_at=1.0)
+        pipe.execute()
+
+    for user in ("bob", "dave", "erin"):
+        ran(user, 3600.0, 30)
+    ran("mallory", 0.05, 400)  # one submit_many of `true`
+    recent = E.read_recent(r, keys)
+    assert len([x for x in recent if x.user == "bob"]) == 30  # not pushed out
+    assert len([x for x in recent if x.user == "mallory"]) == E.PER_USER_RECENT
+    found = E.Prior(recent).estimate(user="carol", nbytes=8 * GIB, gpus=1)
+    assert found.source == "size" and found.expected == found.cautious == 3600.0
+
+
+def test_only_own_or_same_size_runs_let_a_job_backfill():
+    prior = E.Prior(runs([0.1] * 5, nbytes=70 * GIB))
+    anything = prior.estimate(user="ann", nbytes=2 * GIB, gpus=1)
+    assert anything.source == "recent" and anything.known and not anything.backfills
+    assert prior.estimate(user="ann", nbytes=70 * GIB, gpus=1).backfills
+    assert prior.estimate(user="ann", nbytes=2 * GIB, gpus=1, own=[5.0]).backfills
+
+
+def test_own_cautious_from_submit_is_kept():
+    found = E.Prior(()).estimate(user="ann", nbytes=GIB, gpus=1, own=[10.0], own_cautious=100.0)
+    assert (found.expected, found.cautious) == (10.0, 100.0)
+    # A running job past the median is expected to reach the high run, not to end at once.
+    assert found.remaining(20) == 80.0
+    limited = E.Prior(()).estimate(user="ann", nbytes=GIB, gpus=1, own=[10.0], own_cautious=100.0, time_limit=50)
+    assert limited.cautious == 50
