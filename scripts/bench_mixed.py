@@ -79,6 +79,8 @@ from rig.testing.trace import (  # noqa: E402
 )
 
 DEFAULT_STRATEGIES = ("multi-factor", "best-fit", "least-loaded", "first-fit")
+#: Settings given with --set NAME=VALUE, for the trace's node (e.g. backfill_estimate_delay_seconds=0).
+EXTRA_SETTINGS: dict[str, str] = {}
 CARDS = 8
 CARD_BYTES = 80 * GIB
 RESERVE_FRACTION = 0.05
@@ -193,7 +195,7 @@ def run_trace(strategy: str, trace: list[TraceJob], bound: LowerBound, timeout_s
     harness = RigHarness(home, fake_gpus=f"{CARDS}x80G", redis_url=redis_url(),
                          scheduler_type=strategy, max_task_per_gpu=MAX_JOBS,
                          vram_reserve_fraction=RESERVE_FRACTION, telemetry_interval=2.0,
-                         max_retries=0, node_name="mixed")
+                         max_retries=0, node_name="mixed", **EXTRA_SETTINGS)
     sampler: Sampler | None = None
     try:
         t_up = time.monotonic()
@@ -507,7 +509,14 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="per strategy: seconds to wait for the trace's jobs to end")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a rig setting for the trace's node, e.g. backfill_estimate_delay_seconds=0")
     args = parser.parse_args()
+    for item in args.set:
+        name, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--set {item!r}: write it as NAME=VALUE")
+        EXTRA_SETTINGS[name.strip()] = value.strip()
 
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
