@@ -254,9 +254,10 @@ class Settings(BaseSettings):
         "(high: at once; low: twice this)",
     )
     backfill_estimate_delay_seconds: float = Field(
-        300.0, ge=0,
-        description="for this long after a job starts holding cards, jobs may backfill in front of "
-        "it on estimated ends (rig.estimates); then only on time limits or by leaving room; 0: never",
+        0.0, ge=0,
+        description="for this long after a job starts holding cards, jobs without a time limit may "
+        "also backfill in front of it on their estimated ends (rig.estimates), which may delay it by "
+        "as long as such a job outruns its estimate; 0 (default): only time limits or leaving room",
     )
     pools: dict[str, list[str]] = Field(
         default_factory=dict,

@@ -159,8 +159,8 @@ def _recent(redis_client, key_prefix, *runs: tuple[float, float, str]) -> None:
 
 
 @pytest.mark.parametrize("budget,held_for,backfills", [
-    (300, None, True),  # an estimated end before the shadow time: it backfills
-    (0, None, False),  # estimates never backfill in front of a held job
+    (300, None, True),  # opted in: an estimated end before the shadow time: it backfills
+    (0, None, False),  # the default: estimates never let a job in front of a held job
     (300, 400, False),  # the held job has held for longer than the budget: no more estimates
 ])
 def test_estimated_ends_backfill_a_held_card_within_the_delay_budget(make, budget, held_for, backfills):
@@ -184,7 +184,7 @@ def test_estimated_ends_backfill_a_held_card_within_the_delay_budget(make, budge
 
 
 def test_a_time_limit_never_stops_a_job_backfilling_on_its_shorter_estimate(make):
-    ledger, dispatcher, started = make()
+    ledger, dispatcher, started = make(backfill_estimate_delay_seconds=300)
     blockers = [submit(ledger, 30, expected_seconds=60), submit(ledger, 30, expected_seconds=600)]
     assert dispatcher.dispatch_pass() == 2
     held = next(ledger.store.get(b).cards[0] for b in blockers if ledger.store.get(b).expected_seconds == 60)
@@ -196,7 +196,7 @@ def test_a_time_limit_never_stops_a_job_backfilling_on_its_shorter_estimate(make
 
 
 def test_own_history_backfills_on_its_80th_percentile_not_its_median(make):
-    ledger, dispatcher, started = make()
+    ledger, dispatcher, started = make(backfill_estimate_delay_seconds=300)
     blockers = [submit(ledger, 30, expected_seconds=60), submit(ledger, 30, expected_seconds=600)]
     assert dispatcher.dispatch_pass() == 2
     held = next(ledger.store.get(b).cards[0] for b in blockers if ledger.store.get(b).expected_seconds == 60)
