@@ -342,6 +342,9 @@ class Policy:
     #: With ``prior``: the queue's order from the job and its estimated duration (s), instead
     #: of ``order``.
     order_by_estimate: Callable[[TraceJob, float], tuple] | None = None
+    #: Whether a job may backfill in front of a held job on its (cautious) expected end; False:
+    #: only by leaving room (rig's default without time limits).
+    estimate_admits: bool = True
 
 
 def simulate(jobs: Sequence[TraceJob], policy: Policy, *, cards: int, usable_per_card: int,
@@ -404,7 +407,7 @@ def simulate(jobs: Sequence[TraceJob], policy: Policy, *, cards: int, usable_per
         held: dict[int, tuple[float, int]] = {}  # card -> (shadow time, bytes the held job needs)
         still: list[TraceJob] = []
         for job in waiting:
-            expected_end = now + expect(job, cautious=True)
+            expected_end = now + expect(job, cautious=True) if policy.estimate_admits else math.inf
 
             def open_card(c: int, job: TraceJob = job, expected_end: float = expected_end,
                           held: dict[int, tuple[float, int]] = held) -> bool:
