@@ -427,9 +427,10 @@ class Client:
         job = self.get(job_id)
         return JobHandle(self, job.id, job)
 
-    def jobs(self, state: JobState | str | None = None, *, limit: int = 50) -> list[Job]:
+    def jobs(self, state: JobState | str | None = None, *, limit: int = 50, user: str | None = None) -> list[Job]:
+        """Newest first; with ``user``, only the jobs that login name submitted."""
         st = JobState.parse(state) if isinstance(state, str) else state
-        return self._guard(self.store.list, st, limit=limit)
+        return self._guard(self.store.list, st, limit=limit, user=user)
 
     def why_waiting(self, job: Job) -> str | None:
         """For a PENDING job, a sentence a person understands (rig.waiting: the one

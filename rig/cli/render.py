@@ -11,7 +11,6 @@ from datetime import datetime
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from rich.text import Text
 
 from rig.cli.fit import Cell, Col, fitted_table
 from rig.cli.logview import attempt_logs
@@ -156,7 +155,7 @@ def _render_cards(report: StatusReport, cards_of_node: list[CardState], title: s
                             line_suffixes=[" OVER" if j.overuse else "" for j in jobs],
                             suffix_style="bold red"),
         })
-    cards = fitted_table(CARD_COLUMNS, rows, console.width, title=Text(title_text(title)), title_justify="left",
+    cards = fitted_table(CARD_COLUMNS, rows, console.width, title=title, title_justify="left",
                          caption="memory in GiB", caption_justify="left")
     console.print(cards)
     watched = {(w.node, w.card) for w in report.workers if w.role == "card"}
@@ -165,13 +164,6 @@ def _render_cards(report: StatusReport, cards_of_node: list[CardState], title: s
         line = closed_card_line(card, len(report.running.get(card.id, [])), (card.node, card.index) in watched)
         if line:
             console.print(M(line))
-
-
-def title_text(markup_title: str) -> str:
-    """A title built as rich markup (node_title), as plain text for a Text title."""
-    from rich.markup import render
-
-    return render(markup_title).plain
 
 
 def closed_card_line(card: CardState, running: int, watched: bool = True) -> str | None:

@@ -364,3 +364,15 @@ def test_a_request_over_the_frame_limit_is_refused_before_sending(gateway):
         client.submit_many([{"command": ["true"], "gpu_memory": "1G", "env": {"X": "x" * 2**20}}
                             for _ in range(20)])
     assert client.ping()["version"]
+
+
+def test_jobs_filtered_by_user_through_the_socket(gateway):
+    """`rig jobs --user NAME` through the gateway: the filter travels, others' jobs stay out."""
+    gw, path = gateway
+    mine = _submit_as(gw, ALICE)
+    theirs = _submit_as(gw, BOB)
+    client = GatewayClient(gw.settings, path)
+    assert [j.id for j in client.jobs(user=str(ALICE))] == [mine.id]
+    assert [j.id for j in client.jobs(user=str(BOB))] == [theirs.id]
+    assert client.jobs(user="nobody-here") == []
+    assert [j.id for j in client.jobs()] == [theirs.id, mine.id]
