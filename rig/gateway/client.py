@@ -206,6 +206,9 @@ class GatewayClient:
         extra = {"user": user} if user is not None else {}
         return self.call("jobs", state=state.value if isinstance(state, JobState) else state, limit=limit, **extra)
 
+    def waiting(self, *, limit: int = 50) -> list[Job]:
+        return self.call("waiting", limit=limit)
+
     def why_waiting(self, job: Job) -> str | None:
         return self.call("why_waiting", job_id=job.id)
 

@@ -175,6 +175,9 @@ class Gateway:
             raise InvalidInput("user must be a login name")
         return [self._seen(peer, j) for j in self.client.jobs(state, limit=_bounded(limit, 10_000), user=user)]
 
+    def op_waiting(self, peer: Peer, limit: int = 50) -> list[Job]:
+        return [self._seen(peer, j) for j in self.client.waiting(limit=_bounded(limit, 10_000))]
+
     def op_why_waiting(self, peer: Peer, job_id: int) -> str | None:
         return self.client.why_waiting(self.client.get(_job_id(job_id)))
 

@@ -376,3 +376,14 @@ def test_jobs_filtered_by_user_through_the_socket(gateway):
     assert [j.id for j in client.jobs(user=str(BOB))] == [theirs.id]
     assert client.jobs(user="nobody-here") == []
     assert [j.id for j in client.jobs()] == [theirs.id, mine.id]
+
+
+def test_the_head_of_the_queue_through_the_socket(gateway):
+    """`rig top`'s waiting jobs: in queue order (priority, then submission)."""
+    gw, path = gateway
+    low = _submit_as(gw, ALICE, priority="low")
+    high = _submit_as(gw, BOB, priority="high")
+    client = GatewayClient(gw.settings, path)
+    head = client.waiting(limit=5)
+    assert [j.id for j in head] == [high.id, low.id]
+    assert [j.id for j in client.waiting(limit=1)] == [high.id]

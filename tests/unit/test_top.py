@@ -160,6 +160,12 @@ class _FakeClient:
     def error_count(self) -> int:
         return len(self.store.error_ids())
 
+    def waiting(self, *, limit: int = 50) -> list[Job]:
+        return []
+
+    def errors(self, *, limit: int = 100) -> list[Job]:
+        return []
+
 
 def test_run_top_once_prints_one_frame() -> None:
     out = io.StringIO()
