@@ -135,6 +135,23 @@ JOB_COLUMNS = (
     Col("reason", "reason", drop=8, shrink="end", min_width=10, want=14),
 )
 
+#: `rig status`'s users and workers tables (rig.cli.fit).
+USER_COLUMNS = (
+    Col("user", "user", shrink="middle", min_width=8, want=16),
+    Col("running", "running", justify="right"),
+    Col("memory held", "memory held", drop=1, justify="right"),
+    Col("waiting", "waiting", justify="right"),
+    Col("recent GiB-h", "recent GiB-h", drop=0, justify="right"),
+)
+WORKER_COLUMNS = (
+    Col("worker", "worker", shrink="middle", min_width=10, want=24),
+    Col("role", "role", shrink="end", min_width=4, max_width=12),
+    Col("card", "card", justify="right"),
+    Col("pid", "pid", drop=1, justify="right"),
+    Col("jobs", "jobs", drop=0, justify="right"),
+    Col("last seen", "last seen", justify="right"),
+)
+
 
 def _render_cards(report: StatusReport, cards_of_node: list[CardState], title: str, console: Console) -> None:
     """One node's cards (memory in GiB), under a title that says whether the node is up."""
@@ -241,25 +258,18 @@ def render_status(report: StatusReport, console: Console) -> None:
 
     if report.users:
         scope = "; the whole cluster" if report.pool else ""
-        users = Table(title=f"users (fair share: least recent usage starts next within a priority{scope})",
-                      title_justify="left")
-        for col in ("user", "running", "memory held", "waiting", "recent GiB-h"):
-            users.add_column(col, justify="left" if col == "user" else "right")
-        for u in report.users:
-            users.add_row(M(u.user), str(u.running), format_memory(u.held) if u.held else "-", str(u.waiting),
-                          f"{u.recent_gib_hours:.1f}")
-        console.print(users)
+        rows = [{"user": u.user, "running": str(u.running), "memory held": format_memory(u.held) if u.held else "-",
+                 "waiting": str(u.waiting), "recent GiB-h": f"{u.recent_gib_hours:.1f}"} for u in report.users]
+        # The title on a line of its own: as a table title it would wrap to the table's width.
+        console.print(f"[italic]users (fair share: least recent usage starts next within a priority{scope})[/]")
+        console.print(fitted_table(USER_COLUMNS, rows, console.width))
 
     title = f"workers alive: {len(report.workers)}"
     if report.beats_refused:  # rig.refused_beats: alive or not is unknown, not "0"
         title = f"workers with a heartbeat: {len(report.workers)} ({M(report.beats_refused)}: heartbeats are refused)"
-    workers = Table(title=title, title_justify="left")
-    for col in ("worker", "role", "card", "pid", "jobs", "last seen"):
-        workers.add_column(col)
-    for w in report.workers:
-        workers.add_row(M(w.name), M(w.role), "-" if w.card is None else str(w.card), str(w.pid),
-                        str(w.jobs), ago(w.seen_at))
-    console.print(workers)
+    rows = [{"worker": w.name, "role": w.role, "card": "-" if w.card is None else str(w.card), "pid": str(w.pid),
+             "jobs": str(w.jobs), "last seen": ago(w.seen_at)} for w in report.workers]
+    console.print(fitted_table(WORKER_COLUMNS, rows, console.width, title=title, title_justify="left"))
     counts = "  ".join(f"{s.value.lower()}={n}" for s, n in report.counts.items())
     console.print(f"jobs: {counts}")
     for notice in report.notices:  # rig's Redis: full, or set up to lose rig's data
