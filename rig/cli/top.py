@@ -192,7 +192,7 @@ def _util(card: CardState) -> str:
 def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text]]:
     cards = report.cards
     wide = width >= 140
-    id_w = min(max((len(c.id) for c in cards), default=4), 24 if wide else 12)
+    id_w = min(max((len(c.id) for c in cards), default=4), 24 if wide else 14 if width >= 80 else 12)
     model_cap = 28 if wide else 16 if width >= 100 else 8
     model_w = max((len(_short_model(c.model, model_cap)) for c in cards), default=5)
     model_w = min(model_w, model_cap)
@@ -521,6 +521,8 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
     spare = height - len(lines)
     total_waiting = sum(report.pending.values())
     queued = sorted(waiting, key=lambda j: (j.priority.rank, j.created_at, j.id))
+    # The error queue keeps a few lines (it waits for a person) when both lists have room.
+    keep_for_errors = 3 + min(len(error_jobs), 3) if error_jobs else 0
     for title, total, shown, draw, what in (
             (f"waiting jobs ({total_waiting}), next first", total_waiting, queued, _waiting_lines, "waiting jobs"),
             (f"error queue ({errors}): `rig errors`", errors, list(error_jobs), _error_lines, "in the error queue")):
@@ -528,6 +530,8 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
             continue
         head, rows = draw(shown, width, now)
         room = spare - 3
+        if draw is _waiting_lines and spare - keep_for_errors >= 4:
+            room -= keep_for_errors
         more = max(0, total - len(rows))
         if len(rows) > room or more:
             keep = min(len(rows), room - 1)
