@@ -278,12 +278,11 @@ def render_status(report: StatusReport, console: Console) -> None:
 
 def job_reason(job: Job) -> str:
     """One line for `rig jobs` and `rig top`: why a waiting job waits (the dispatcher's latest
-    sentence, rig.waiting; `rig show` words it afresh), else why a job ended as it did."""
+    sentence, rig.waiting; `rig show` words it afresh), else why a job ended as it did (its
+    failure class when it has no reason: `rig errors` shows both)."""
     if job.state is JobState.PENDING:
         return job.wait_reason or "-"
-    if job.reason:
-        return f"{job.failure}: {job.reason}" if job.failure and job.failure not in job.reason else job.reason
-    return job.failure or "-"
+    return job.reason or job.failure or "-"
 
 
 def render_jobs(jobs: list[Job], console: Console) -> None:
