@@ -135,6 +135,17 @@ JOB_COLUMNS = (
     Col("reason", "reason", drop=8, shrink="end", min_width=10, want=14),
 )
 
+#: `rig errors` (rig.cli.fit): the reason is cut at the end; `rig show JOB` has it whole.
+ERROR_COLUMNS = (
+    Col("id", "id", justify="right"),
+    Col("name", "name", shrink="middle", min_width=12, want=16, max_width=48),
+    Col("user", "user", drop=2, shrink="middle", min_width=6, max_width=16),
+    Col("state", "state"),
+    Col("class", "class", drop=3, shrink="end", min_width=8, max_width=20),
+    Col("attempts", "attempts", drop=0, justify="right"),
+    Col("ended", "ended", drop=1, justify="right"),
+    Col("reason", "reason", shrink="end", min_width=12, want=20),
+)
 #: `rig status`'s users and workers tables (rig.cli.fit).
 USER_COLUMNS = (
     Col("user", "user", shrink="middle", min_width=8, want=16),
@@ -340,14 +351,11 @@ def render_errors(jobs: list[Job], console: Console) -> None:
     if not jobs:
         console.print("the error queue is empty")
         return
-    table = Table(title=f"error queue: {len(jobs)} job(s) waiting for a person", title_justify="left")
-    for col in ("id", "name", "user", "state", "class", "attempts", "ended", "reason"):
-        table.add_column(col, justify="right" if col in ("id", "attempts") else "left",
-                         overflow="fold")
-    for job in jobs:
-        table.add_row(str(job.id), M(job.name), M(job.user), f"[{STATE_STYLE[job.state]}]{job.state.value}[/]",
-                      M(job.failure or "-"), str(job.attempt), ago(job.ended_at), M(job.reason or "-"))
-    console.print(table)
+    rows = [{"id": str(job.id), "name": job.name, "user": job.user,
+             "state": Cell(job.state.value, style=STATE_STYLE[job.state]), "class": job.failure or "-",
+             "attempts": str(job.attempt), "ended": ago(job.ended_at), "reason": job.reason or "-"} for job in jobs]
+    console.print(f"error queue: {len(jobs)} job(s) waiting for a person")
+    console.print(fitted_table(ERROR_COLUMNS, rows, console.width))
     console.print("`rig retry JOB [--gpu-memory SIZE]` sends one back; `rig errors --clear JOB` dismisses it")
 
 

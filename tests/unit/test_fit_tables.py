@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from rig.cli.fit import Cell, Col, fit_widths, fitted_table, shorten_end, shorten_middle
-from rig.cli.render import CARD_COLUMNS, JOB_COLUMNS, render_jobs, render_status
+from rig.cli.render import CARD_COLUMNS, JOB_COLUMNS, render_errors, render_jobs, render_status
 from rig.cli.top import build_view
 from rig.client import StatusReport, UserUsage, WorkerInfo
 from rig.memory import GIB
@@ -248,3 +248,18 @@ def test_top_with_an_empty_cluster_shows_the_whole_queue() -> None:
     text = _fits(lines, 80)
     assert "waiting jobs (40)" in text and all(f"-seed-{k} " in text for k in range(10))
     assert "30 more waiting jobs" in text
+
+
+# -- rig errors ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("width", [80, 160])
+def test_errors_fit_and_never_fold_a_cell(width: int) -> None:
+    jobs = [_job(400 + k, SWEEP.format(k), JobState.FAILED, node="gpu-node-01", user=LONG_USER)
+            for k in range(12)] + [_job(450, HOSTILE, JobState.TIMEOUT, node="gpu-node-02")]
+    lines = _screen(width, lambda c: render_errors(jobs, c))
+    text = _fits([line for line in lines if not line.startswith("`rig retry")], width)
+    assert len([line for line in lines if line.startswith("│")]) == len(jobs)  # one line a job
+    assert {"id", "name", "state", "reason"} <= set(_headings(lines)[0])
+    assert " FAILED " in text and " TIMEOUT " in text
+    for k in range(12):
+        assert re.search(rf"-seed-{k}\b", text), (k, text)
+    assert FAIL_REASON[:10] in text
