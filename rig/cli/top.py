@@ -563,9 +563,14 @@ def _read(client) -> tuple[StatusReport, int]:  # noqa: ANN001
     return report, client.error_count()
 
 
-def _read_lists(client) -> tuple[list[Job], list[Job]]:  # noqa: ANN001
-    """The head of the queue and the oldest of the error queue (what the frame lists)."""
-    return client.waiting(limit=WAITING_READ), client.errors(limit=ERRORS_READ)
+def _read_lists(client, old: tuple[list[Job], list[Job]] = ([], [])) -> tuple[list[Job], list[Job]]:  # noqa: ANN001
+    """The head of the queue and the oldest of the error queue (what the frame lists). They
+    are extras: when they cannot be read (e.g. a gateway older than `waiting`), the last ones
+    read stay and the frame's cards, counts and running jobs go on."""
+    try:
+        return client.waiting(limit=WAITING_READ), client.errors(limit=ERRORS_READ)
+    except (RigError, redis.RedisError, OSError):
+        return old
 
 
 def _problem_text(exc: BaseException) -> str:
@@ -589,7 +594,8 @@ class _Poller(threading.Thread):
         """Read once; on failure keep the last report and say what went wrong."""
         try:
             report, errors = _read(self.client)
-            waiting, error_jobs = _read_lists(self.client)
+            old = self.snapshot
+            waiting, error_jobs = _read_lists(self.client, (old.waiting, old.error_jobs))
             self.snapshot = _Snapshot(report, errors, None, waiting, error_jobs)
         except (RigError, redis.RedisError, OSError) as exc:
             old = self.snapshot
