@@ -303,7 +303,7 @@ def _job_lines(jobs: list[Job], width: int, now: float) -> tuple[Text, list[Text
     wide = width >= 140
     id_w = max(2, *(len(str(j.id)) for j in jobs)) if jobs else 2
     user_w = min(max((len(j.user) for j in jobs), default=4), 16 if wide else 8)
-    cards_w = min(max((len(_job_cards(j)) for j in jobs), default=5), 28 if wide else 12)
+    cards_w = min(max((len(_job_cards(j)) for j in jobs), default=5), 28 if wide else 14)
     cols = [
         _Col("id", "id", id_w, "right"),
         _Col("user", "user", max(user_w, 4), middle=True),
@@ -357,22 +357,23 @@ def _waiting_lines(jobs: Sequence[Job], width: int, now: float) -> tuple[Text, l
     id_w = max(2, *(len(str(j.id)) for j in jobs)) if jobs else 2
     user_w = min(max((len(j.user) for j in jobs), default=4), 16 if wide else 8)
     name_need = max((len(C(j.name)) for j in jobs), default=4)
+    mems = [_g(j.gpu_memory) + (f"x{j.gpus}" if j.gpus > 1 else "") for j in jobs]
+    mem_head = "GiB/card" if wide else "GiB"
     cols = [
         _Col("id", "id", id_w, "right"),
         _Col("user", "user", max(user_w, 4), middle=True),
         _Col("name", "name", max(4, min(name_need, 40 if wide else 22)), middle=True),
         _Col("prio", "prio", 6),
-        _Col("mem", "GiB" if not wide else "GiB/card", 8 if wide else 5, "right"),
+        _Col("mem", mem_head, max(len(mem_head), *(len(m) for m in mems)) if mems else len(mem_head), "right"),
         _Col("wait", "waited", 6, "right"),
     ]
     rest = _Col("why", "why it waits", 0)
     cols = _layout(cols, width, rest, 16, drop=["user", "prio", "mem"])
     lines = []
-    for job in jobs:
-        gpus = f"x{job.gpus}" if job.gpus > 1 else ""
+    for job, mem in zip(jobs, mems, strict=True):
         values: dict[str, str | Text] = {
             "id": str(job.id), "user": C(job.user), "name": C(job.name), "prio": job.priority.value,
-            "mem": f"{_g(job.gpu_memory)}{gpus}", "wait": duration(now - job.created_at),
+            "mem": mem, "wait": duration(now - job.created_at),
             "why": Text(C(job_reason(job)), style="dim" if not job.wait_reason else ""),
         }
         lines.append(_row(cols, values))

@@ -263,3 +263,12 @@ def test_errors_fit_and_never_fold_a_cell(width: int) -> None:
     for k in range(12):
         assert re.search(rf"-seed-{k}\b", text), (k, text)
     assert FAIL_REASON[:10] in text
+
+
+def test_top_never_cuts_a_waiting_jobs_memory() -> None:
+    waiting = [_job(500 + k, SWEEP.format(k), JobState.PENDING) for k in range(3)]
+    for job in waiting:
+        job.gpus, job.gpu_memory = 2, 70 * GIB
+    lines = _screen(80, lambda c: c.print(build_view(_cluster(), 0, 80, 60, NOW, waiting=waiting)), 60)
+    text = _fits(lines, 80)
+    assert text.count(" 70.0x2 ") == 3, text
