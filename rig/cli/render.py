@@ -282,6 +282,8 @@ def render_status(report: StatusReport, console: Console) -> None:
              "jobs": str(w.jobs), "last seen": ago(w.seen_at)} for w in report.workers]
     console.print(fitted_table(WORKER_COLUMNS, rows, console.width, title=title, title_justify="left"))
     counts = "  ".join(f"{s.value.lower()}={n}" for s, n in report.counts.items())
+    if len(counts) + 6 > console.width:  # one line: the states with no job go first
+        counts = "  ".join(f"{s.value.lower()}={n}" for s, n in report.counts.items() if n) or "none"
     console.print(f"jobs: {counts}")
     for notice in report.notices:  # rig's Redis: full, or set up to lose rig's data
         console.print(M(f"warning: {notice}"), style="yellow")

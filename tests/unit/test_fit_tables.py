@@ -272,3 +272,12 @@ def test_top_never_cuts_a_waiting_jobs_memory() -> None:
     lines = _screen(80, lambda c: c.print(build_view(_cluster(), 0, 80, 60, NOW, waiting=waiting)), 60)
     text = _fits(lines, 80)
     assert text.count(" 70.0x2 ") == 3, text
+
+
+def test_status_job_counts_stay_on_one_line() -> None:
+    report = _cluster()
+    report.counts = {s: (3 if s in (JobState.RUNNING, JobState.FAILED) else 0) for s in JobState}
+    narrow = [line for line in _screen(80, lambda c: render_status(report, c)) if line.startswith("jobs: ")]
+    assert narrow == ["jobs: running=3  failed=3"]
+    wide = [line for line in _screen(160, lambda c: render_status(report, c)) if line.startswith("jobs: ")]
+    assert "pending=0" in wide[0] and "timeout=0" in wide[0]
