@@ -430,9 +430,15 @@ class Client:
         job = self.get(job_id)
         return JobHandle(self, job.id, job)
 
-    def jobs(self, state: JobState | str | None = None, *, limit: int = 50) -> list[Job]:
+    def jobs(self, state: JobState | str | None = None, *, limit: int = 50, user: str | None = None) -> list[Job]:
+        """Newest first; with ``user``, only the jobs that login name submitted."""
         st = JobState.parse(state) if isinstance(state, str) else state
-        return self._guard(self.store.list, st, limit=limit)
+        return self._guard(self.store.list, st, limit=limit, user=user)
+
+    def waiting(self, *, limit: int = 50) -> list[Job]:
+        """The first ``limit`` waiting jobs in queue order (priority, then submission; fair
+        share may still reorder a priority's jobs between users)."""
+        return self._guard(lambda: self.store.get_many(self.store.pending_head(limit)))
 
     def why_waiting(self, job: Job) -> str | None:
         """For a PENDING job, a sentence a person understands (rig.waiting: the one

@@ -156,10 +156,25 @@ class JobStore:
         ids = self.r.zrevrange(key, 0, end) if newest_first else self.r.zrange(key, 0, end)
         return [int(i) for i in ids]
 
-    def list(self, state: JobState | None = None, *, limit: int = 50) -> list[Job]:
-        """Newest first; by state through that state's index."""
+    def list(self, state: JobState | None = None, *, limit: int = 50, user: str | None = None) -> list[Job]:
+        """Newest first; by state through that state's index. With ``user``, only that user's
+        jobs: the index is read newest first a page at a time, each page's owners in one round
+        trip, until ``limit`` are found (an unknown user reads the whole index: O(jobs))."""
         key = self.keys.state_index(state.value) if state else self.keys.all_jobs
-        return self.get_many(self.r.zrevrange(key, 0, limit - 1))
+        if user is None:
+            return self.get_many(self.r.zrevrange(key, 0, limit - 1))
+        found: list[str] = []
+        start, page = 0, 1000
+        while len(found) < limit:
+            ids = self.r.zrevrange(key, start, start + page - 1)
+            if not ids:
+                break
+            pipe = self.r.pipeline(transaction=False)
+            for jid in ids:
+                pipe.hget(self.keys.job(jid), "user")
+            found += [jid for jid, owner in zip(ids, pipe.execute(), strict=True) if owner == user]
+            start += page
+        return self.get_many(found[:limit])
 
     def count_by_state(self) -> dict[JobState, int]:
         pipe = self.r.pipeline(transaction=False)

@@ -30,9 +30,10 @@ from rig.cli.render import (
 )
 from rig.cli.submit import do_submit, submit_options
 from rig.cli.top import top
-from rig.errors import StackError
+from rig.errors import InvalidInput, StackError
 from rig.models import JobState
 from rig.registration import read_notes, write_notes
+from rig.text import clean
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -77,19 +78,31 @@ def status(ctx: click.Context, as_json: bool, pool: str | None) -> None:
 
 @cli.command()
 @click.option("--state", "-s", help="Only jobs in this state (pending, running, failed, ...).")
+@click.option("--user", "-u", metavar="NAME", help="Only the jobs this login name submitted.")
+@click.option("--mine", is_flag=True, help="Only your own jobs (your login name, as rig records it).")
 @click.option("--limit", "-n", type=int, default=50, show_default=True)
 @JSON_OPTION
 @click.pass_context
 @handle_errors
-def jobs(ctx: click.Context, state: str | None, limit: int, as_json: bool) -> None:
-    """List jobs, newest first."""
+def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, limit: int, as_json: bool) -> None:
+    """List jobs, newest first, with why each waits or ended (the reason column)."""
     check_limit(limit)
+    if mine:
+        from rig.client import current_identity  # the same rule as ownership: the real uid's name
+
+        me = current_identity().name
+        if user is not None and user != me:
+            raise InvalidInput(f"--mine is {me}, --user is {user}: give one of them")
+        user = me
     client = client_from(ctx)
     st = JobState.parse(state) if state else None
     client.ping()
-    found = client.jobs(st, limit=limit)
+    found = client.jobs(st, limit=limit, user=user)
     if as_json:
         click.echo(J.dumps([J.job_dict(j) for j in found]))
+        return
+    if not found and user is not None:  # not an error: nothing on stdout, a word on stderr
+        click.echo(f"no jobs of user {clean(user)}" + (f" in state {st.value}" if st else ""), err=True)
         return
     render_jobs(found, make_console())
 

@@ -6,14 +6,13 @@ sequences stripped, rich markup escaped. Only rig's own markup reaches rich unes
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import datetime
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rig.cli.fit import fit_table
+from rig.cli.fit import Cell, Col, fitted_table
 from rig.cli.logview import attempt_logs
 from rig.client import StatusReport
 from rig.clock import shared_now
@@ -102,47 +101,94 @@ def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
     return line
 
 
-#: `rig status` card table columns ("flags": the [not in whitelist] ... marks before the running
-#: jobs), and the order they go in on a narrow screen (rig.cli.fit).
-CARD_COLUMNS = ("card", "model", "total", "usable", "reserved", "free", "used", "util", "temp", "jobs", "flags",
-                "running")
-CARD_DROP_ORDER = ("flags", "model", "total", "temp", "util", "used", "usable")
-#: `rig jobs` columns and the order they go in on a narrow screen.
-JOB_COLUMNS = ("id", "name", "user", "state", "prio", "mem/card", "gpus", "where", "age", "runtime", "exit")
-JOB_DROP_ORDER = ("age", "prio", "gpus", "exit", "user", "runtime")
+#: `rig status` card table columns, in rig.cli.fit's terms: the lowest ``drop`` goes first on a
+#: narrow screen (what a dropped column said is in another column or in the lines under the
+#: table: "flags" repeats closed_card_line). Card ids and job names shrink in the middle.
+CARD_COLUMNS = (
+    Col("card", "card", shrink="middle", min_width=8, want=16),
+    Col("model", "model", drop=1, shrink="end", min_width=8, max_width=24),
+    Col("total", "total", drop=2, justify="right"),
+    Col("usable", "usable", drop=6, justify="right"),
+    Col("reserved", "reserved", drop=7, justify="right"),
+    Col("free", "free", justify="right"),
+    Col("used", "used", drop=5, justify="right"),
+    Col("util", "util", drop=4, justify="right"),
+    Col("temp", "temp", drop=3, justify="right"),
+    Col("jobs", "jobs", justify="right"),
+    Col("flags", "flags", drop=0, shrink="end", min_width=12),
+    Col("running", "running", shrink="middle", min_width=16, want=32),
+)
+#: `rig jobs` columns (rig.cli.fit): at 80 columns id, name, state, memory, where and the
+#: reason stay; the reason is why a waiting job waits, or why a job ended as it did.
+JOB_COLUMNS = (
+    Col("id", "id", justify="right"),
+    Col("name", "name", shrink="middle", min_width=12, want=16, max_width=48),
+    Col("user", "user", drop=5, shrink="middle", min_width=6, max_width=16),
+    Col("state", "state"),
+    Col("prio", "prio", drop=1),
+    Col("mem/card", "mem/card", drop=7, justify="right"),
+    Col("gpus", "gpus", drop=2, justify="right"),
+    Col("where", "where", drop=6, shrink="middle", min_width=7, want=9, max_width=24),
+    Col("age", "age", drop=0, justify="right"),
+    Col("runtime", "runtime", drop=4, justify="right"),
+    Col("exit", "exit", drop=3, justify="right"),
+    Col("reason", "reason", drop=8, shrink="end", min_width=10, want=14),
+)
+
+#: `rig errors` (rig.cli.fit): the reason is cut at the end; `rig show JOB` has it whole.
+ERROR_COLUMNS = (
+    Col("id", "id", justify="right"),
+    Col("name", "name", shrink="middle", min_width=12, want=16, max_width=48),
+    Col("user", "user", drop=2, shrink="middle", min_width=6, max_width=16),
+    Col("state", "state"),
+    Col("class", "class", drop=3, shrink="end", min_width=8, max_width=20),
+    Col("attempts", "attempts", drop=0, justify="right"),
+    Col("ended", "ended", drop=1, justify="right"),
+    Col("reason", "reason", shrink="end", min_width=12, want=20),
+)
+#: `rig status`'s users and workers tables (rig.cli.fit).
+USER_COLUMNS = (
+    Col("user", "user", shrink="middle", min_width=8, want=16),
+    Col("running", "running", justify="right"),
+    Col("memory held", "memory held", drop=1, justify="right"),
+    Col("waiting", "waiting", justify="right"),
+    Col("recent GiB-h", "recent GiB-h", drop=0, justify="right"),
+)
+WORKER_COLUMNS = (
+    Col("worker", "worker", shrink="middle", min_width=10, want=24),
+    Col("role", "role", shrink="end", min_width=4, max_width=12),
+    Col("card", "card", justify="right"),
+    Col("pid", "pid", drop=1, justify="right"),
+    Col("jobs", "jobs", drop=0, justify="right"),
+    Col("last seen", "last seen", justify="right"),
+)
 
 
 def _render_cards(report: StatusReport, cards_of_node: list[CardState], title: str, console: Console) -> None:
     """One node's cards (memory in GiB), under a title that says whether the node is up."""
-    def build(shown: Sequence[str]) -> Table:
-        cards = Table(title=title, title_justify="left", caption="memory in GiB", caption_justify="left",
-                      expand=False)
-        for col in shown:
-            if col != "flags":
-                cards.add_column(col, justify="right" if col not in ("card", "model", "running") else "left",
-                                 max_width=16 if col == "model" else None)
-        for card in cards_of_node:
-            jobs = report.running.get(card.id, [])
-            running = ", ".join(f"{j.id}:{M(j.name)}" + (" [bold red](over its declaration)[/]" if j.overuse else "")
-                                for j in jobs) or "-"
-            if "flags" in shown and card_flags(card):
-                running = f"{card_flags(card)} {running}"
-            cells = {
-                "card": M(card.id), "model": M(card.model), "total": _gib(card.total), "usable": _gib(card.usable),
-                "reserved": _gib(card.reserved), "free": _gib(card.free), "used": _gib(card.used),
-                "util": "-" if card.utilization is None else f"{card.utilization}%",
-                "temp": "-" if card.temperature is None else f"{card.temperature}C",
-                "jobs": f"{card.jobs}/{card.max_jobs}", "running": running,
-            }
-            cards.add_row(*(cells[c] for c in shown if c != "flags"))
-        return cards
-
-    # Narrow screens drop columns (the flags first: the lines under the table say the same).
-    cards = fit_table(console, build, CARD_COLUMNS, CARD_DROP_ORDER)
+    rows = []
+    for card in cards_of_node:
+        jobs = report.running.get(card.id, [])
+        flags = card_flag_words(card)
+        rows.append({
+            "card": card.id, "model": card.model, "total": _gib(card.total), "usable": _gib(card.usable),
+            "reserved": _gib(card.reserved), "free": _gib(card.free), "used": _gib(card.used),
+            "util": "-" if card.utilization is None else f"{card.utilization}%",
+            "temp": "-" if card.temperature is None else f"{card.temperature}C",
+            "jobs": f"{card.jobs}/{card.max_jobs}",
+            "flags": Cell(" ".join(f"[{w}]" for w in flags) or "-", style="bold red" if flags else "dim"),
+            # One running job a line: its id and name (shortened in the middle), and a mark
+            # when it used more than it declared.
+            "running": Cell([f"{j.id}:{j.name}" for j in jobs] or ["-"],
+                            line_suffixes=[" OVER" if j.overuse else "" for j in jobs],
+                            suffix_style="bold red"),
+        })
+    cards = fitted_table(CARD_COLUMNS, rows, console.width, title=title, title_justify="left",
+                         caption="memory in GiB", caption_justify="left")
     console.print(cards)
     watched = {(w.node, w.card) for w in report.workers if w.role == "card"}
     for card in cards_of_node:
-        # Also below the table: on a narrow screen its last column is cut short.
+        # Also below the table: on a narrow screen the flags column is the first to go.
         line = closed_card_line(card, len(report.running.get(card.id, [])), (card.node, card.index) in watched)
         if line:
             console.print(M(line))
@@ -164,6 +210,20 @@ def closed_card_line(card: CardState, running: int, watched: bool = True) -> str
         line += (f"; its {running} running job(s) have no card worker watching them now "
                  "(is `rig up` running on its node?)")
     return line
+
+
+def card_flag_words(card: CardState) -> list[str]:
+    """Why a card takes no (new) jobs and what else holds it, plain words: ``others use 1.0``,
+    ``not in whitelist``, ``UNHEALTHY: reason`` (the reason as the node gave it: callers clean)."""
+    parts = []
+    if card.foreign:
+        parts.append(f"others use {_gib(card.foreign)}")
+    closed = why_closed(card)
+    if closed:
+        parts.append(closed)
+    if not card.healthy:
+        parts.append(f"UNHEALTHY: {card.health_reason}" if card.health_reason else "UNHEALTHY")
+    return parts
 
 
 def card_flags(card: CardState) -> str:
@@ -209,60 +269,56 @@ def render_status(report: StatusReport, console: Console) -> None:
 
     if report.users:
         scope = "; the whole cluster" if report.pool else ""
-        users = Table(title=f"users (fair share: least recent usage starts next within a priority{scope})",
-                      title_justify="left")
-        for col in ("user", "running", "memory held", "waiting", "recent GiB-h"):
-            users.add_column(col, justify="left" if col == "user" else "right")
-        for u in report.users:
-            users.add_row(M(u.user), str(u.running), format_memory(u.held) if u.held else "-", str(u.waiting),
-                          f"{u.recent_gib_hours:.1f}")
-        console.print(users)
+        rows = [{"user": u.user, "running": str(u.running), "memory held": format_memory(u.held) if u.held else "-",
+                 "waiting": str(u.waiting), "recent GiB-h": f"{u.recent_gib_hours:.1f}"} for u in report.users]
+        # The title on a line of its own: as a table title it would wrap to the table's width.
+        console.print(f"[italic]users (fair share: least recent usage starts next within a priority{scope})[/]")
+        console.print(fitted_table(USER_COLUMNS, rows, console.width))
 
     title = f"workers alive: {len(report.workers)}"
     if report.beats_refused:  # rig.refused_beats: alive or not is unknown, not "0"
         title = f"workers with a heartbeat: {len(report.workers)} ({M(report.beats_refused)}: heartbeats are refused)"
-    workers = Table(title=title, title_justify="left")
-    for col in ("worker", "role", "card", "pid", "jobs", "last seen"):
-        workers.add_column(col)
-    for w in report.workers:
-        workers.add_row(M(w.name), M(w.role), "-" if w.card is None else str(w.card), str(w.pid),
-                        str(w.jobs), ago(w.seen_at))
-    console.print(workers)
+    rows = [{"worker": w.name, "role": w.role, "card": "-" if w.card is None else str(w.card), "pid": str(w.pid),
+             "jobs": str(w.jobs), "last seen": ago(w.seen_at)} for w in report.workers]
+    console.print(fitted_table(WORKER_COLUMNS, rows, console.width, title=title, title_justify="left"))
     counts = "  ".join(f"{s.value.lower()}={n}" for s, n in report.counts.items())
+    if len(counts) + 6 > console.width:  # one line: the states with no job go first
+        counts = "  ".join(f"{s.value.lower()}={n}" for s, n in report.counts.items() if n) or "none"
     console.print(f"jobs: {counts}")
     for notice in report.notices:  # rig's Redis: full, or set up to lose rig's data
         console.print(M(f"warning: {notice}"), style="yellow")
 
 
+def job_reason(job: Job) -> str:
+    """One line for `rig jobs` and `rig top`: why a waiting job waits (the dispatcher's latest
+    sentence, rig.waiting; `rig show` words it afresh), else why a job ended as it did (its
+    failure class when it has no reason: `rig errors` shows both)."""
+    if job.state is JobState.PENDING:
+        return job.wait_reason or "-"
+    return job.reason or job.failure or "-"
+
+
 def render_jobs(jobs: list[Job], console: Console) -> None:
     now = shared_now()
-
-    def build(shown: Sequence[str]) -> Table:
-        table = Table(title_justify="left")
-        for col in shown:
-            # A state is never cut: the longest one is its column's least width.
-            table.add_column(col, justify="right" if col in ("id", "gpus", "exit") else "left",
-                             max_width={"name": 16, "user": 12, "where": 14}.get(col),
-                             no_wrap=col == "state", min_width=max(len(s.value) for s in JobState) if col == "state" else None)
-        for job in jobs:
-            runtime = None
-            if job.started_at:
-                runtime = (job.ended_at or now) - job.started_at
-            cells = {
-                "id": str(job.id), "name": M(job.name), "user": M(job.user),
-                "state": f"[{STATE_STYLE[job.state]}]{job.state.value}[/]", "prio": job.priority.value,
-                "mem/card": format_memory(job.gpu_memory), "gpus": str(job.gpus),
-                "where": M(f"{job.node}/{','.join(map(str, job.cards))}") if job.node else "-",
-                "age": duration(now - job.created_at), "runtime": duration(runtime),
-                "exit": "-" if job.exit_code is None else str(job.exit_code),
-            }
-            table.add_row(*(cells[c] for c in shown))
-        return table
-
+    rows = []
+    for job in jobs:
+        runtime = None
+        if job.started_at:
+            runtime = (job.ended_at or now) - job.started_at
+        rows.append({
+            "id": str(job.id), "name": job.name, "user": job.user,
+            # A state is never cut (its column is as wide as the longest one shown).
+            "state": Cell(job.state.value, style=STATE_STYLE[job.state]), "prio": job.priority.value,
+            "mem/card": format_memory(job.gpu_memory), "gpus": str(job.gpus),
+            "where": f"{job.node}/{','.join(map(str, job.cards))}" if job.node else "-",
+            "age": duration(now - job.created_at), "runtime": duration(runtime),
+            "exit": "-" if job.exit_code is None else str(job.exit_code),
+            "reason": Cell(job_reason(job), style="dim" if job.state is JobState.SUCCEEDED else ""),
+        })
     if not jobs:
         console.print("no jobs")
     else:
-        console.print(fit_table(console, build, JOB_COLUMNS, JOB_DROP_ORDER))
+        console.print(fitted_table(JOB_COLUMNS, rows, console.width))
 
 
 def render_metrics(job: Job, console: Console) -> None:
@@ -297,14 +353,11 @@ def render_errors(jobs: list[Job], console: Console) -> None:
     if not jobs:
         console.print("the error queue is empty")
         return
-    table = Table(title=f"error queue: {len(jobs)} job(s) waiting for a person", title_justify="left")
-    for col in ("id", "name", "user", "state", "class", "attempts", "ended", "reason"):
-        table.add_column(col, justify="right" if col in ("id", "attempts") else "left",
-                         overflow="fold")
-    for job in jobs:
-        table.add_row(str(job.id), M(job.name), M(job.user), f"[{STATE_STYLE[job.state]}]{job.state.value}[/]",
-                      M(job.failure or "-"), str(job.attempt), ago(job.ended_at), M(job.reason or "-"))
-    console.print(table)
+    rows = [{"id": str(job.id), "name": job.name, "user": job.user,
+             "state": Cell(job.state.value, style=STATE_STYLE[job.state]), "class": job.failure or "-",
+             "attempts": str(job.attempt), "ended": ago(job.ended_at), "reason": job.reason or "-"} for job in jobs]
+    console.print(f"error queue: {len(jobs)} job(s) waiting for a person")
+    console.print(fitted_table(ERROR_COLUMNS, rows, console.width))
     console.print("`rig retry JOB [--gpu-memory SIZE]` sends one back; `rig errors --clear JOB` dismisses it")
 
 

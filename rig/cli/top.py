@@ -12,7 +12,8 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import click
 import redis
@@ -21,7 +22,8 @@ from rich.live import Live
 from rich.text import Text
 
 from rig.cli.common import client_from, handle_errors
-from rig.cli.render import RigConsole, duration, make_console
+from rig.cli.fit import shorten_middle
+from rig.cli.render import RigConsole, duration, job_reason, make_console
 from rig.client import StatusReport
 from rig.clock import shared_now
 from rig.draining import why_closed
@@ -79,6 +81,7 @@ class _Col:
     header: str
     width: int
     justify: str = "left"
+    middle: bool = False  # a name: shortened in the middle (rig.cli.fit), its end stays
 
 
 def _row(cols: list[_Col], values: dict[str, str | Text]) -> Text:
@@ -86,8 +89,18 @@ def _row(cols: list[_Col], values: dict[str, str | Text]) -> Text:
     for i, col in enumerate(cols):
         if i:
             out.append(" ")
-        out.append_text(_cell(values.get(col.key, ""), col.width, col.justify))
+        value = values.get(col.key, "")
+        if col.middle:
+            value = _middle(value, col.width)
+        out.append_text(_cell(value, col.width, col.justify))
     return out
+
+
+def _middle(value: str | Text, width: int) -> str | Text:
+    """``value`` shortened in the middle to ``width`` cells (a Text keeps its style)."""
+    if isinstance(value, Text):
+        return Text(shorten_middle(value.plain, width), style=value.style)
+    return shorten_middle(value, width)
 
 
 def _header(cols: list[_Col]) -> Text:
@@ -179,7 +192,7 @@ def _util(card: CardState) -> str:
 def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text]]:
     cards = report.cards
     wide = width >= 140
-    id_w = min(max((len(c.id) for c in cards), default=4), 24 if wide else 12)
+    id_w = min(max((len(c.id) for c in cards), default=4), 24 if wide else 14 if width >= 80 else 12)
     model_cap = 28 if wide else 16 if width >= 100 else 8
     model_w = max((len(_short_model(c.model, model_cap)) for c in cards), default=5)
     model_w = min(model_w, model_cap)
@@ -189,7 +202,7 @@ def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text]]:
     jobs_w = max(4, *(len(f"{c.jobs}/{c.max_jobs}") for c in cards))
     bar_w = max(8, min(48, width // 7 if width >= 100 else width // 8))
     cols = [
-        _Col("id", "card", max(id_w, 4)),
+        _Col("id", "card", max(id_w, 4), middle=True),
         _Col("model", "model", max(model_w, 5)),
         _Col("bar", "memory", bar_w),
         _Col("mem", mem_header, mem_w, "right"),
@@ -199,6 +212,8 @@ def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text]]:
     ]
     rest = _Col("names", "health / jobs on it", 0)
     cols = _layout(cols, width, rest, 14, drop=["model", "temp", "util", "bar"])
+    if rest.width < len(rest.header):  # a heading is never cut
+        rest.header = next(h for h in ("health / jobs", "jobs") if len(h) <= rest.width or h == "jobs")
     lines = []
     headed = _group_by_node(report)
     last_node = None
@@ -208,12 +223,24 @@ def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text]]:
             last_node = card.node
         jobs = report.running.get(card.id, [])
         names = _card_flags(card, wide)
+        # Each job gets its share of the room, its name shortened in the middle so a sweep's
+        # runs stay apart ("sweep-l…-seed-11"); too little room for a name: the job ids (the
+        # running jobs below name them).
+        share = (rest.width - names.cell_len - 2 * (len(jobs) - 1)) // max(1, len(jobs))
         for i, job in enumerate(jobs):
             if i:
                 names.append(", ")
-            names.append(f"{job.id}:{C(job.name)}" if wide else C(job.name))
-            if wide:
-                names.append(f" ({C(job.user)})", style="dim")
+            user = f" ({C(job.user)})" if wide else ""
+            room = share - (len(f"{job.id}:") if wide else 0) - len(user)
+            if wide and room < 8:
+                user, room = "", share - len(f"{job.id}:")
+            if room < 8:
+                names.append(str(job.id))
+            else:
+                names.append(f"{job.id}:{shorten_middle(C(job.name), room)}" if wide
+                              else shorten_middle(C(job.name), room))
+            if user:
+                names.append(user, style="dim")
             if _over(job):
                 names.append("!", style="bold red")
         if not jobs and not names:
@@ -276,11 +303,11 @@ def _job_lines(jobs: list[Job], width: int, now: float) -> tuple[Text, list[Text
     wide = width >= 140
     id_w = max(2, *(len(str(j.id)) for j in jobs)) if jobs else 2
     user_w = min(max((len(j.user) for j in jobs), default=4), 16 if wide else 8)
-    cards_w = min(max((len(_job_cards(j)) for j in jobs), default=5), 28 if wide else 12)
+    cards_w = min(max((len(_job_cards(j)) for j in jobs), default=5), 28 if wide else 14)
     cols = [
         _Col("id", "id", id_w, "right"),
-        _Col("user", "user", max(user_w, 4)),
-        _Col("name", "name", 0),  # placeholder: sized below
+        _Col("user", "user", max(user_w, 4), middle=True),
+        _Col("name", "name", 0, middle=True),  # placeholder: sized below
         _Col("elapsed", "elapsed", 7, "right"),
     ]
     if wide:
@@ -291,7 +318,7 @@ def _job_lines(jobs: list[Job], width: int, now: float) -> tuple[Text, list[Text
     ]
     if wide:
         cols += [_Col("mean", "mean", 5, "right"), _Col("util", "util", 4, "right")]
-    rest = _Col("cards", "card(s)", 0)
+    rest = _Col("cards", "card(s)", 0, middle=True)
     fixed = [c for c in cols if c.key != "name"]
     used = sum(c.width + 1 for c in fixed) + max(cards_w, 7) + 1
     name_w = max(6, min(width - used, 48 if wide else 40))
@@ -310,7 +337,7 @@ def _job_lines(jobs: list[Job], width: int, now: float) -> tuple[Text, list[Text
         values: dict[str, str | Text] = {
             "id": str(job.id),
             "user": C(job.user),
-            "name": Text(C(job.name), style="bold red" if over else ""),
+            "name": Text(C(job.name), style="bold red" if over else ""),  # shortened by _row
             "elapsed": elapsed if job.started_at else Text("start", style="cyan"),
             "prio": job.priority.value,
             "state": state,
@@ -319,6 +346,61 @@ def _job_lines(jobs: list[Job], width: int, now: float) -> tuple[Text, list[Text
             "mean": _g(job.vram_mean),
             "util": "-" if job.util_mean is None else f"{job.util_mean:.0f}%",
             "cards": _job_cards(job),
+        }
+        lines.append(_row(cols, values))
+    return _header(cols), lines
+
+
+def _waiting_lines(jobs: Sequence[Job], width: int, now: float) -> tuple[Text, list[Text]]:
+    """Waiting jobs in run order (priority, then age), each with why it waits."""
+    wide = width >= 140
+    id_w = max(2, *(len(str(j.id)) for j in jobs)) if jobs else 2
+    user_w = min(max((len(j.user) for j in jobs), default=4), 16 if wide else 8)
+    name_need = max((len(C(j.name)) for j in jobs), default=4)
+    mems = [_g(j.gpu_memory) + (f"x{j.gpus}" if j.gpus > 1 else "") for j in jobs]
+    mem_head = "GiB/card" if wide else "GiB"
+    cols = [
+        _Col("id", "id", id_w, "right"),
+        _Col("user", "user", max(user_w, 4), middle=True),
+        _Col("name", "name", max(4, min(name_need, 40 if wide else 22)), middle=True),
+        _Col("prio", "prio", 6),
+        _Col("mem", mem_head, max(len(mem_head), *(len(m) for m in mems)) if mems else len(mem_head), "right"),
+        _Col("wait", "waited", 6, "right"),
+    ]
+    rest = _Col("why", "why it waits", 0)
+    cols = _layout(cols, width, rest, 16, drop=["user", "prio", "mem"])
+    lines = []
+    for job, mem in zip(jobs, mems, strict=True):
+        values: dict[str, str | Text] = {
+            "id": str(job.id), "user": C(job.user), "name": C(job.name), "prio": job.priority.value,
+            "mem": mem, "wait": duration(now - job.created_at),
+            "why": Text(C(job_reason(job)), style="dim" if not job.wait_reason else ""),
+        }
+        lines.append(_row(cols, values))
+    return _header(cols), lines
+
+
+def _error_lines(jobs: Sequence[Job], width: int, now: float) -> tuple[Text, list[Text]]:
+    """The error queue: jobs that failed for good or timed out, with why."""
+    id_w = max(2, *(len(str(j.id)) for j in jobs)) if jobs else 2
+    user_w = min(max((len(j.user) for j in jobs), default=4), 16 if width >= 140 else 8)
+    name_need = max((len(C(j.name)) for j in jobs), default=4)
+    cols = [
+        _Col("id", "id", id_w, "right"),
+        _Col("user", "user", max(user_w, 4), middle=True),
+        _Col("name", "name", max(4, min(name_need, 40 if width >= 140 else 22)), middle=True),
+        _Col("state", "state", max(len(s.value) for s in JobState)),  # never cut
+        _Col("ended", "ended", 6, "right"),
+    ]
+    rest = _Col("why", "why", 0)
+    cols = _layout(cols, width, rest, 16, drop=["user", "ended"])
+    lines = []
+    for job in jobs:
+        values: dict[str, str | Text] = {
+            "id": str(job.id), "user": C(job.user), "name": C(job.name),
+            "state": Text(job.state.value, style="bold red"),
+            "ended": duration(now - job.ended_at) if job.ended_at else "-",
+            "why": C(job_reason(job)),
         }
         lines.append(_row(cols, values))
     return _header(cols), lines
@@ -378,8 +460,13 @@ def _clip(lines: list[Text], room: int, what: str) -> list[Text]:
 
 # -- the frame ----------------------------------------------------------------------------------
 def build_view(report: StatusReport | None, errors: int, width: int, height: int, now: float,
-               *, problem: str | None = None, hint: str = "q quits") -> RenderableType:
+               *, problem: str | None = None, hint: str = "q quits", waiting: Sequence[Job] = (),
+               error_jobs: Sequence[Job] = ()) -> RenderableType:
     """One frame of ``rig top``, exactly fitting ``width`` x ``height`` (at most).
+
+    ``waiting``: some waiting jobs (any order: shown in run order, priority then age, each with
+    why it waits); ``error_jobs``: some of the error queue. Both are shown, in that order, in
+    the lines the cards and running jobs leave free; what does not fit is counted.
 
     ``problem``: a one-line complaint shown at the top (e.g. Redis cannot be reached; the data
     shown is then the last that was read). ``report`` is None when nothing could be read yet.
@@ -432,20 +519,59 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
         lines.append(Text(f"running jobs ({len(jobs)})", style="bold"))
         spare -= 1
     lines += [job_head, *job_rows]
+    spare = height - len(lines)
+    total_waiting = sum(report.pending.values())
+    queued = sorted(waiting, key=lambda j: (j.priority.rank, j.created_at, j.id))
+    # The error queue keeps a few lines (it waits for a person) when both lists have room.
+    keep_for_errors = 3 + min(len(error_jobs), 3) if error_jobs else 0
+    for title, total, shown, draw, what in (
+            (f"waiting jobs ({total_waiting}), next first", total_waiting, queued, _waiting_lines, "waiting jobs"),
+            (f"error queue ({errors}): `rig errors`", errors, list(error_jobs), _error_lines, "in the error queue")):
+        if not shown or spare < 4:  # a blank line, a title, a header and at least one job
+            continue
+        head, rows = draw(shown, width, now)
+        room = spare - 3
+        if draw is _waiting_lines and spare - keep_for_errors >= 4:
+            room -= keep_for_errors
+        more = max(0, total - len(rows))
+        if len(rows) > room or more:
+            keep = min(len(rows), room - 1)
+            more = total - keep
+            rows = rows[:keep]
+            if more > 0:
+                rows.append(_more(more, what))
+        lines += [Text(), Text(title, style="bold"), head, *rows]
+        spare = height - len(lines)
     return Group(*[_fit(t, width) for t in lines[:height]])
 
 
 # -- the loop -----------------------------------------------------------------------------------
+#: How many waiting jobs and error-queue jobs `rig top` reads each time (shown as room allows).
+WAITING_READ, ERRORS_READ = 50, 20
+
+
 @dataclass
 class _Snapshot:
     report: StatusReport | None = None
     errors: int = 0
     problem: str | None = None
+    waiting: list[Job] = field(default_factory=list)
+    error_jobs: list[Job] = field(default_factory=list)
 
 
 def _read(client) -> tuple[StatusReport, int]:  # noqa: ANN001
     report = client.status()
     return report, client.error_count()
+
+
+def _read_lists(client, old: tuple[list[Job], list[Job]] = ([], [])) -> tuple[list[Job], list[Job]]:  # noqa: ANN001
+    """The head of the queue and the oldest of the error queue (what the frame lists). They
+    are extras: when they cannot be read (e.g. a gateway older than `waiting`), the last ones
+    read stay and the frame's cards, counts and running jobs go on."""
+    try:
+        return client.waiting(limit=WAITING_READ), client.errors(limit=ERRORS_READ)
+    except (RigError, redis.RedisError, OSError):
+        return old
 
 
 def _problem_text(exc: BaseException) -> str:
@@ -469,10 +595,12 @@ class _Poller(threading.Thread):
         """Read once; on failure keep the last report and say what went wrong."""
         try:
             report, errors = _read(self.client)
-            self.snapshot = _Snapshot(report, errors, None)
+            old = self.snapshot
+            waiting, error_jobs = _read_lists(self.client, (old.waiting, old.error_jobs))
+            self.snapshot = _Snapshot(report, errors, None, waiting, error_jobs)
         except (RigError, redis.RedisError, OSError) as exc:
             old = self.snapshot
-            self.snapshot = _Snapshot(old.report, old.errors, _problem_text(exc))
+            self.snapshot = _Snapshot(old.report, old.errors, _problem_text(exc), old.waiting, old.error_jobs)
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -530,8 +658,10 @@ def run_top(client, interval: float = 1.0, once: bool = False, *,  # noqa: ANN00
     if once:
         console = console or make_console()
         report, errors = _read(client)
+        waiting, error_jobs = _read_lists(client)
         height = console.height if console.is_terminal else 10_000
-        console.print(build_view(report, errors, console.width, height, shared_now(), hint=""))
+        console.print(build_view(report, errors, console.width, height, shared_now(), hint="",
+                                 waiting=waiting, error_jobs=error_jobs))
         return
 
     console = console or RigConsole()
@@ -546,7 +676,8 @@ def run_top(client, interval: float = 1.0, once: bool = False, *,  # noqa: ANN00
                 snap = poller.snapshot
                 width, height = console.size
                 return build_view(snap.report, snap.errors, width, height, shared_now(),
-                                  problem=snap.problem, hint=hint)
+                                  problem=snap.problem, hint=hint, waiting=snap.waiting,
+                                  error_jobs=snap.error_jobs)
 
             with Live(get_renderable=frame, console=console, screen=True,
                       refresh_per_second=REFRESH_PER_SECOND,
@@ -567,7 +698,8 @@ def run_top(client, interval: float = 1.0, once: bool = False, *,  # noqa: ANN00
 @click.pass_context
 @handle_errors
 def top(ctx: click.Context, interval: float, once: bool) -> None:
-    """A live view of the cards, queues and running jobs (press q to quit)."""
+    """A live view of the cards, queues, running and waiting jobs and the error queue (press q
+    to quit)."""
     if interval <= 0:
         raise click.BadParameter("must be above 0 seconds", param_hint="--interval")
     run_top(client_from(ctx), interval=interval, once=once)

@@ -201,8 +201,13 @@ class GatewayClient:
         job = self.get(job_id)
         return JobHandle(self, job.id, job)  # type: ignore[arg-type]
 
-    def jobs(self, state: JobState | str | None = None, *, limit: int = 50) -> list[Job]:
-        return self.call("jobs", state=state.value if isinstance(state, JobState) else state, limit=limit)
+    def jobs(self, state: JobState | str | None = None, *, limit: int = 50, user: str | None = None) -> list[Job]:
+        # ``user`` is sent only when given: a gateway older than the filter still lists jobs.
+        extra = {"user": user} if user is not None else {}
+        return self.call("jobs", state=state.value if isinstance(state, JobState) else state, limit=limit, **extra)
+
+    def waiting(self, *, limit: int = 50) -> list[Job]:
+        return self.call("waiting", limit=limit)
 
     def why_waiting(self, job: Job) -> str | None:
         return self.call("why_waiting", job_id=job.id)

@@ -170,8 +170,13 @@ class Gateway:
     def op_get(self, peer: Peer, job_id: int, instance: str | None = None) -> Job:
         return self._seen(peer, self.client.get_instance(_job_id(job_id), instance))
 
-    def op_jobs(self, peer: Peer, state: str | None = None, limit: int = 50) -> list[Job]:
-        return [self._seen(peer, j) for j in self.client.jobs(state, limit=_bounded(limit, 10_000))]
+    def op_jobs(self, peer: Peer, state: str | None = None, limit: int = 50, user: str | None = None) -> list[Job]:
+        if user is not None and not isinstance(user, str):
+            raise InvalidInput("user must be a login name")
+        return [self._seen(peer, j) for j in self.client.jobs(state, limit=_bounded(limit, 10_000), user=user)]
+
+    def op_waiting(self, peer: Peer, limit: int = 50) -> list[Job]:
+        return [self._seen(peer, j) for j in self.client.waiting(limit=_bounded(limit, 10_000))]
 
     def op_why_waiting(self, peer: Peer, job_id: int) -> str | None:
         return self.client.why_waiting(self.client.get(_job_id(job_id)))

@@ -364,3 +364,26 @@ def test_a_request_over_the_frame_limit_is_refused_before_sending(gateway):
         client.submit_many([{"command": ["true"], "gpu_memory": "1G", "env": {"X": "x" * 2**20}}
                             for _ in range(20)])
     assert client.ping()["version"]
+
+
+def test_jobs_filtered_by_user_through_the_socket(gateway):
+    """`rig jobs --user NAME` through the gateway: the filter travels, others' jobs stay out."""
+    gw, path = gateway
+    mine = _submit_as(gw, ALICE)
+    theirs = _submit_as(gw, BOB)
+    client = GatewayClient(gw.settings, path)
+    assert [j.id for j in client.jobs(user=str(ALICE))] == [mine.id]
+    assert [j.id for j in client.jobs(user=str(BOB))] == [theirs.id]
+    assert client.jobs(user="nobody-here") == []
+    assert [j.id for j in client.jobs()] == [theirs.id, mine.id]
+
+
+def test_the_head_of_the_queue_through_the_socket(gateway):
+    """`rig top`'s waiting jobs: in queue order (priority, then submission)."""
+    gw, path = gateway
+    low = _submit_as(gw, ALICE, priority="low")
+    high = _submit_as(gw, BOB, priority="high")
+    client = GatewayClient(gw.settings, path)
+    head = client.waiting(limit=5)
+    assert [j.id for j in head] == [high.id, low.id]
+    assert [j.id for j in client.waiting(limit=1)] == [high.id]

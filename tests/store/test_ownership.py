@@ -168,3 +168,40 @@ def test_cli_retry_and_clear_refused_exit_8_and_admins_may(cli_ledger, monkeypat
     monkeypatch.setenv("RIG_ADMINS", "bob")
     result = CliRunner().invoke(cli, ["errors", "--clear", str(job)])
     assert result.exit_code == 0 and "cleared from the error queue" in result.output, result.output
+
+
+# -- rig jobs --user / --mine (issue 14, item 4) -----------------------------------------------
+def test_jobs_of_one_user_are_found_past_the_newest_page(client):
+    """The filter reads the index page by page: a user's jobs behind 1,000 newer ones of
+    another user are still found, newest first, up to the limit."""
+    old = [job_of(client, "alice").id for _ in range(3)]
+    store = client.store
+    for _ in range(1005):  # cheaper than submitting: bare records in the all-jobs index
+        store.create(Job(id=0, name="n", user="bob", command=["true"], gpu_memory=GIB, gpus=1,
+                         priority=Priority.MEDIUM, state=JobState.SUCCEEDED, workdir="/", created_at=time.time()))
+    assert [j.id for j in client.jobs(user="alice", limit=2)] == old[::-1][:2]
+    assert [j.id for j in client.jobs(JobState.PENDING, user="alice")] == old[::-1]
+    assert client.jobs(user="nobody-here") == []
+    assert len(client.jobs(user="bob", limit=7)) == 7
+
+
+@pytest.mark.redis
+def test_cli_jobs_user_and_mine(cli_ledger, monkeypatch):
+    ledger = cli_ledger
+    mine, theirs = make(ledger, "bob"), make(ledger, "alice")
+    as_user(monkeypatch, BOB)
+    monkeypatch.setenv("COLUMNS", "160")
+    result = CliRunner().invoke(cli, ["jobs", "--mine", "--json"])
+    assert result.exit_code == 0, result.output
+    import json
+
+    assert [j["id"] for j in json.loads(result.output)] == [mine]
+    result = CliRunner().invoke(cli, ["jobs", "--user", "alice", "--state", "pending"])
+    ids = [line.split("│")[1].strip() for line in result.output.splitlines() if line.startswith("│")]
+    assert result.exit_code == 0 and ids == [str(theirs)], result.output
+    assert "reason" in result.output
+    result = CliRunner().invoke(cli, ["jobs", "--user", "nobody-here"])
+    assert result.exit_code == 0 and result.stdout == "", result.stdout
+    assert "no jobs of user nobody-here" in result.stderr
+    result = CliRunner().invoke(cli, ["jobs", "--mine", "--user", "alice"])
+    assert result.exit_code != 0 and "--mine is bob, --user is alice" in result.output, result.output

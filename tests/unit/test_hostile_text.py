@@ -82,7 +82,12 @@ VIEWS = {
     "errors": lambda c: render_errors([_job()], c),
     "metrics": lambda c: render_metrics(_job(JobState.RUNNING), c),
     "status": lambda c: render_status(_report(), c),
-    "top": lambda c: c.print(build_view(_report(), 1, 300, 60, time.time(), problem=H)),
+    "top": lambda c: c.print(build_view(_report(), 1, 300, 60, time.time(), problem=H,
+                                        waiting=[_job(JobState.PENDING)], error_jobs=[_job()])),
+    "top at 80": lambda c: c.print(build_view(_report(), 1, 80, 60, time.time(), problem=H,
+                                              waiting=[_job(JobState.PENDING)], error_jobs=[_job()])),
+    "jobs at 80": lambda c: render_jobs([_job(), _job(JobState.PENDING)], Console(file=c.file, width=80,
+                                                                               color_system=None)),
 }
 
 
@@ -93,7 +98,7 @@ def test_no_control_sequence_reaches_the_terminal(view: str) -> None:
     text = out.getvalue()
     assert text.strip(), "the view printed nothing"
     assert not has_control(text.replace("\n", "")), repr([c for c in text if has_control(c)][:5])
-    assert "TITLE" in text or view in ("top", "status", "metrics")  # shown as text, not acted on
+    assert "TITLE" in text or view in ("top", "top at 80", "jobs at 80", "status", "metrics")  # shown as text, not acted on
 
 
 def test_markup_in_job_text_shows_as_typed() -> None:

@@ -160,6 +160,12 @@ class _FakeClient:
     def error_count(self) -> int:
         return len(self.store.error_ids())
 
+    def waiting(self, *, limit: int = 50) -> list[Job]:
+        return []
+
+    def errors(self, *, limit: int = 100) -> list[Job]:
+        return []
+
 
 def test_run_top_once_prints_one_frame() -> None:
     out = io.StringIO()
@@ -184,3 +190,20 @@ def test_poller_keeps_last_report_when_redis_goes_away() -> None:
     poller.poll()
     assert poller.snapshot.report is not None
     assert poller.snapshot.problem and "cannot reach Redis" in poller.snapshot.problem
+
+
+def test_poller_goes_on_when_the_lists_cannot_be_read() -> None:
+    """A gateway older than `waiting` (or a refused read): the frame's report still updates."""
+    from rig.cli.top import _Poller
+    from rig.errors import InvalidInput
+
+    client = _FakeClient(_report())
+
+    def old_gateway(*, limit: int = 50) -> list[Job]:
+        raise InvalidInput("the gateway has no operation 'waiting'")
+
+    client.waiting = old_gateway  # type: ignore[method-assign]
+    poller = _Poller(client, 0.01)
+    poller.poll()
+    assert poller.snapshot.report is client.report and poller.snapshot.problem is None
+    assert poller.snapshot.waiting == []
