@@ -47,3 +47,29 @@ def test_unknown_template_and_missing_memory(client):
         client.submit("x", gpu_memory="1G", template="huge")
     with pytest.raises(InvalidInput, match="--gpu-memory is required"):
         client.submit("x", template="finetune")
+
+
+def test_submit_stores_the_callers_own_run_times_by_command_then_name(client):
+    """rig.estimates through submit(): the median and the 80th percentile of the caller's runs of
+    the same command are stored on the record; a new command of the same script's name needs 3
+    runs of that name; another command and name nothing (the dispatcher then uses runs of its
+    size)."""
+    from rig import estimates
+    from rig.client import current_identity
+
+    me = current_identity().name
+    first = client.submit("python train.py --epochs 1", gpu_memory="1G").record
+    pipe = client.r.pipeline()
+    for seconds in (10.0, 10.0, 10.0, 100.0):  # the 80th percentile of 4 runs is the 4th
+        estimates.record_run(pipe, client.keys, user=me, name=first.name, template=None,
+                             command=first.command, nbytes=GIB, gpus=1, seconds=seconds)
+    pipe.execute()
+    again = client.submit("python train.py --epochs 1", gpu_memory="1G").record
+    assert (again.expected_seconds, again.cautious_seconds) == (10.0, 100.0)
+    limited = client.submit("python train.py --epochs 1", gpu_memory="1G", time_limit="30s").record
+    assert (limited.expected_seconds, limited.cautious_seconds) == (10.0, 30.0)
+    # The same name (4 runs of it) with other arguments: the name's runs.
+    other_args = client.submit("python train.py --epochs 100", gpu_memory="1G", name=first.name).record
+    assert other_args.expected_seconds == 10.0
+    fresh = client.submit("python eval.py", gpu_memory="1G").record
+    assert fresh.expected_seconds is None and fresh.cautious_seconds is None
