@@ -259,6 +259,9 @@ def test_hot_card_alerts_once_then_resolves(client: Client, receiver: Receiver):
     assert [(a.key, a.status) for a in resolved] == [("temperature:n1/0", "resolved")]
     assert len(receiver.bodies) == 2
     assert receiver.bodies[1]["alerts"][0]["status"] == "resolved"
+    # The resolved line says the value now, not the firing one again.
+    assert resolved[0].message.startswith("resolved: card n1/0 is at 70 C now"), resolved[0].message
+    assert "(fired: card n1/0 (A100) is at 90 C" in resolved[0].message
     assert manager.run() == [] and len(receiver.bodies) == 2
     assert manager.active() == {}
 
@@ -285,6 +288,14 @@ def test_queue_length_failure_rate_and_fragmentation(client: Client):
     assert "40%" in alerts[0].message and "2 of 5" in alerts[0].message
     assert evaluate(client, AlertRules(min_ended=6), now) == []
     assert evaluate(client, AlertRules(), now + 16 * 60) == []  # outside the 15 min window
+
+    # A failure rate that clears says the rate now (the window has moved past the failures).
+    manager = AlertManager(client, AlertRules())
+    assert keys_of(manager.update(evaluate(client, AlertRules(), now), now)) == {"failure_rate"}
+    later = now + 16 * 60
+    (resolved,) = manager.update(evaluate(client, AlertRules(), later), later)
+    assert resolved.message.startswith("resolved: 0% of jobs failed or timed out"), resolved.message
+    assert "(0 of 0 ended" in resolved.message and "(fired: 40% of jobs" in resolved.message
 
     big = make_job(client, 90)  # fits no card: all 80 GiB free is stranded
     assert keys_of(evaluate(client, AlertRules(), now)) == {"failure_rate", "fragmentation"}
