@@ -45,6 +45,16 @@ def test_promtool_accepts_the_rules_and_the_scrape_config():
     assert "1 rule files found" in done.stdout  # rule_files finds the rules beside it
 
 
+@needs_promtool
+def test_the_rules_fire_where_rigs_alerts_would():
+    """`promtool test rules` (tests/store/prometheus/rig_alerts_test.yml): the failure rate from
+    the counters, a long queue, a reserved but idle card after 10 min; two endpoints scraped make
+    one alert."""
+    done = subprocess.run([PROMTOOL, "test", "rules", "rig_alerts_test.yml"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent / "prometheus")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def _rule_exprs() -> list[str]:
     exprs = []
     for path in RULES:
