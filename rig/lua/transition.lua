@@ -140,7 +140,7 @@ if target == 'PENDING' then
   if live then
     redis.call('HINCRBY', KEYS[7], 'requeued', 1)
   end
-else
+elseif target == 'SUCCEEDED' or target == 'FAILED' or target == 'TIMEOUT' or target == 'CANCELLED' then
   local failure = ''
   if target == 'FAILED' or target == 'TIMEOUT' then
     failure = redis.call('HGET', job, 'failure') or ''
