@@ -264,21 +264,60 @@ def _log_space(cards: list[CardState]) -> list[Alert]:
     return list(out.values())
 
 
-def _failure_rate(client: Client, rules: AlertRules, now: float) -> list[Alert]:
+def _failure_counts(client: Client, rules: AlertRules, now: float) -> tuple[int, int]:
+    """(FAILED + TIMEOUT, SUCCEEDED + FAILED + TIMEOUT) among the jobs ended in the window."""
     states = (JobState.SUCCEEDED, *FAILED_STATES)
     start = now - rules.failure_window
     ended = [j for j in recent_ended(client, rules.failure_scan, states)
              if j.ended_at is not None and start <= j.ended_at <= now]
-    if len(ended) < max(1, rules.min_ended):
+    return sum(1 for j in ended if j.state in FAILED_STATES), len(ended)
+
+
+def _failure_rate(client: Client, rules: AlertRules, now: float) -> list[Alert]:
+    failed, n_ended = _failure_counts(client, rules, now)
+    if n_ended < max(1, rules.min_ended):
         return []
-    failed = sum(1 for j in ended if j.state in FAILED_STATES)
-    rate = failed / len(ended)
+    rate = failed / n_ended
     if rate <= rules.max_failure_rate:
         return []
     return [Alert(
         "failure_rate", SEVERITY_WARNING,
         f"{rate:.0%} of jobs failed or timed out in the last {_minutes(rules.failure_window)} "
-        f"({failed} of {len(ended)} ended; limit {rules.max_failure_rate:.0%})")]
+        f"({failed} of {n_ended} ended; limit {rules.max_failure_rate:.0%})")]
+
+
+def resolved_line(client: Client, rules: AlertRules, key: str, now: float) -> str | None:
+    """What a resolved condition reads *now* (the firing message's value is stale by then),
+    or None for a condition without a single figure to read again."""
+    kind, _, subject = key.partition(":")
+    if kind == "queue_length":
+        n = client.store.pending_counts().get(Priority(subject), 0)
+        return f"{n} {subject}-priority jobs are waiting now (limit {rules.max_queue})"
+    if kind in ("temperature", "reserved_idle"):
+        card = next((c for c in client.ledger.cards() if c.id == subject), None)
+        if card is None:
+            return f"card {subject} is gone"
+        if kind == "temperature":
+            if card.temperature is None:
+                return f"card {subject} has no temperature reading now"
+            return f"card {subject} is at {card.temperature} C now (limit {rules.max_temperature} C)"
+        util = "no" if card.utilization is None else f"{card.utilization}%"
+        return (f"card {subject} has {format_memory(card.reserved)} reserved and reads {util} "
+                f"utilisation now")
+    if kind == "failure_rate":
+        failed, n_ended = _failure_counts(client, rules, now)
+        rate = failed / n_ended if n_ended else 0.0
+        return (f"{rate:.0%} of jobs failed or timed out in the last {_minutes(rules.failure_window)} "
+                f"({failed} of {n_ended} ended; limit {rules.max_failure_rate:.0%}, counted from "
+                f"{max(1, rules.min_ended)} ended)")
+    if kind == "fragmentation":
+        frag = fragmentation(client.ledger.cards(), waiting_jobs(client))
+        return f"fragmentation {frag:.0%} now (limit {rules.max_fragmentation:.0%})"
+    if kind == "log_space":
+        return f"node {subject} can write job logs again"
+    if kind == "idle_cards":
+        return f"no idle card while a job that fits it has waited over {_minutes(rules.idle_wait_seconds)}"
+    return None
 
 
 def _idle_cards(cards: list[CardState], waiting: list[WaitingJob], rules: AlertRules,
@@ -385,8 +424,18 @@ class AlertManager:
             if r.hdel(self.key, name):  # only one overlapping run wins the resolution
                 data = json.loads(raw)
                 out.append(Alert(name, data.get("severity", SEVERITY_WARNING),
-                                 f"resolved: {data.get('message', name)}", status="resolved"))
+                                 self._resolved_message(name, data, now), status="resolved"))
         return out
+
+    def _resolved_message(self, name: str, data: dict, now: float) -> str:
+        """The value the condition reads now, not the firing one (which no longer holds)."""
+        try:
+            line = resolved_line(self.client, self.rules, name, now)
+        except Exception as exc:  # noqa: BLE001 - a resolution is announced even so
+            self.logger.warning("rig alerts: cannot read %s again: %s", name, exc)
+            line = None
+        fired = data.get("message", name)
+        return f"resolved: {line} (fired: {fired})" if line else f"resolved, no longer holds (fired: {fired})"
 
     def run(self, now: float | None = None) -> list[Alert]:
         """Evaluate, update the state and deliver the changes; returns what was announced."""

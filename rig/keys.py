@@ -33,6 +33,11 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P logs:lock                   string   the control worker sweeping old logs (PX)
   P alerts:active               hash     alert key -> JSON of the alert now firing
   P alerts:since                hash     condition -> when it was first seen (epoch s)
+  P metrics:counters            hash     Prometheus counters, only ever incremented (rig.metrics):
+                                         submitted (rig.store), started (claim.lua), requeued and
+                                         ended:<STATE>:<failure class or ''> (transition.lua)
+  P metrics:start-wait          hash     histogram of submission -> first start (s), fed by
+                                         claim.lua: le:<bound> (cumulative), sum, count
   P events                      channel  job state changes, "<id> <STATE>"
   P kill                        channel  "<id>": stop this running job
   P celery:                     prefix   kombu's own keys (queues, unacked, bindings)
@@ -174,6 +179,16 @@ class Keys:
     @property
     def alerts_since(self) -> str:
         return f"{self.prefix}alerts:since"
+
+    @property
+    def metrics_counters(self) -> str:
+        """Hash of Prometheus counters (rig.metrics.COUNTER_FIELDS); HINCRBY only."""
+        return f"{self.prefix}metrics:counters"
+
+    @property
+    def metrics_start_wait(self) -> str:
+        """Hash: the cumulative histogram of submission -> first start (rig.metrics)."""
+        return f"{self.prefix}metrics:start-wait"
 
     @property
     def events_channel(self) -> str:

@@ -25,6 +25,12 @@ from rig.store import JobStore
 log = logging.getLogger(__name__)
 
 _STATE_ORDER = [s.value for s in JobState]
+#: Bounds (s) of the histogram of submission -> first start (rig_job_start_wait_seconds), fed
+#: by claim.lua.
+START_WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0,
+                      4 * 3600.0, 24 * 3600.0)
+#: The start-wait histogram's bounds as claim.lua names its fields ('le:<bound>').
+START_WAIT_FIELDS = tuple(repr(float(b)) for b in START_WAIT_BUCKETS)
 
 
 def _field(value: Any) -> str:
@@ -161,9 +167,12 @@ class Ledger:
                 self.keys.job(job_id),
                 self.keys.state_index(JobState.ASSIGNED.value),
                 self.keys.state_index(JobState.RUNNING.value),
+                self.keys.metrics_counters,
+                self.keys.metrics_start_wait,
             ],
-            args=[job_id, token, shared_now(self.r), worker, self.keys.events_channel],
-        )  # the script publishes the RUNNING event
+            args=[job_id, token, shared_now(self.r), worker, self.keys.events_channel,
+                  " ".join(START_WAIT_FIELDS)],
+        )  # the script publishes the RUNNING event and counts the start (rig.metrics)
         return bool(ok), str(detail)
 
     def transition(
@@ -199,7 +208,7 @@ class Ledger:
             job, read = (read, None) if read is not None and read.id == job_id else (self.store.get(job_id), None)
             keys = [self.keys.job(job_id), self.keys.pending, self.keys.errors,
                     self.keys.pending_user(job.user), self.keys.pending_users,
-                    self.keys.usage(job.user)]
+                    self.keys.usage(job.user), self.keys.metrics_counters]
             keys += [self.keys.state_index(s) for s in _STATE_ORDER]
             if job.node:
                 for index in job.cards:

@@ -4,16 +4,41 @@
     ...
     server.shutdown()
 
-Families (all gauges, prefix ``rig_``):
+Every node's endpoint reads the same Redis, so any two scrapes agree. Names follow Prometheus'
+rules (``promtool check metrics`` is clean; a test runs it): base units (seconds, bytes, ratios
+0-1), ``_total`` for counters. Prefix ``rig_``.
+
+Counters (kept in Redis, ``<prefix>metrics:counters``, incremented in the same transaction or
+Lua script that records the event; they only grow, so ``rate()`` works. A Redis that loses its
+data starts them again from 0, which Prometheus reads as a counter reset):
+
+``rig_jobs_submitted_total``                 jobs submitted (rig.store)
+``rig_jobs_started_total``                   attempts started (claim.lua: ASSIGNED -> RUNNING)
+``rig_jobs_requeued_total``                  live jobs put back in the queue (a retry, a start
+                                             that did not happen)
+``rig_jobs_ended_total{state,failure}``      jobs that reached SUCCEEDED, FAILED, TIMEOUT or
+                                             CANCELLED; ``failure`` is the class for FAILED and
+                                             TIMEOUT ("unknown" when none was recorded), "none"
+                                             for the others
+``rig_job_start_wait_seconds``               histogram (``_bucket{le}``, ``_sum``, ``_count``) of
+                                             submission to *first* start, fed by claim.lua as
+                                             each job starts (``<prefix>metrics:start-wait``)
+
+Gauges:
 
 ``rig_scrape_success``                       1 if Redis could be read for this scrape, else 0
 ``rig_jobs{state}``                          jobs per state (from the state indexes)
 ``rig_jobs_by_priority{state,priority}``     live jobs only: PENDING, ASSIGNED, RUNNING
 ``rig_waiting_jobs{priority}``               the pending queue per priority
 ``rig_oldest_wait_seconds{priority}``        age of the oldest waiting job (0 when none waits)
-``rig_card_{usable,reserved,used,free,foreign}_bytes{node,card,model}``
-``rig_card_utilization_percent``, ``rig_card_temperature_celsius``  (absent without a reading)
+``rig_user_running_jobs{user}``              RUNNING jobs per user
+``rig_user_reserved_bytes{user}``            card memory held by the user's ASSIGNED and RUNNING
+                                             jobs (declaration x cards)
+``rig_user_waiting_jobs{user}``              waiting jobs per user
+``rig_card_{total,usable,reserved,used,free,foreign}_bytes{node,card,model}``
+``rig_card_utilization_ratio`` (0-1), ``rig_card_temperature_celsius``  (absent without a reading)
 ``rig_card_healthy``, ``rig_card_jobs``, ``rig_card_max_jobs``
+``rig_node_logs_writable{node}``             0 while the node cannot write job logs
 ``rig_workers_alive{role}``                  workers whose heartbeat has not expired
 ``rig_error_queue_length``                   jobs waiting for a person in ``rig errors``
 ``rig_recent_failures{failure}``             FAILED / TIMEOUT jobs by failure class among the
@@ -23,11 +48,14 @@ Families (all gauges, prefix ``rig_``):
                                              cards with less free than the smallest waiting
                                              job's per-card request (0 when nothing waits)
 ``rig_dispatch_latency_seconds{q}``          p50 and p95 of ``started_at - created_at`` over the
-                                             last 200 jobs that started. This is submission to
-                                             start, so it includes time spent waiting in the
-                                             queue (and earlier attempts of a retried job), not
-                                             only the dispatcher's own latency.
+                                             last 200 jobs that started (a window, read at each
+                                             scrape: for a graph over time use the histogram)
 ``rig_dispatch_latency_samples``             how many jobs those quantiles cover
+``rig_redis_refuses_writes{reason}``         1 for the reason Redis refuses rig's writes now
+
+Renamed for Prometheus' rules: ``rig_card_utilization_percent`` (0-100) is now
+``rig_card_utilization_ratio`` (0-1); ``rig_job_start_wait_seconds`` was rebuilt from the last
+200 started jobs at each scrape (its count could fall) and is now a cumulative histogram.
 
 Cost per scrape: a handful of pipelined reads plus at most ~1,000 small HMGETs for the waiting
 queue and ~2,000 for the recent-job windows.
@@ -35,6 +63,7 @@ queue and ~2,000 for the recent-job windows.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections import Counter
@@ -42,11 +71,17 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from rig.alerts import PENDING_SCAN, fragmentation, recent_ended, waiting_jobs
 from rig.clock import shared_now
+from rig.ledger import START_WAIT_BUCKETS, START_WAIT_FIELDS
 from rig.models import ACTIVE_STATES, JobState, Priority
 
 if TYPE_CHECKING:
@@ -59,8 +94,10 @@ log = logging.getLogger(__name__)
 
 #: Ended jobs whose failure classes ``rig_recent_failures`` counts.
 FAILURE_WINDOW = 500
-#: Bucket bounds (s) of rig_job_start_wait_seconds.
-LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+#: Bucket bounds (s) of rig_job_start_wait_seconds (claim.lua counts them).
+LATENCY_BUCKETS = START_WAIT_BUCKETS
+#: End states of rig_jobs_ended_total.
+ENDED = (JobState.SUCCEEDED, JobState.FAILED, JobState.TIMEOUT, JobState.CANCELLED)
 #: Started jobs whose waits ``rig_dispatch_latency_seconds`` summarises.
 LATENCY_WINDOW = 200
 QUANTILES = (0.5, 0.95)
@@ -111,7 +148,9 @@ class RigCollector(Collector):
                                     labels=["state", "priority"])
         for prio in Priority:
             by_prio.add_metric([JobState.PENDING.value, prio.value], pending.get(prio, 0))
-        for state, per_prio in self._active_by_priority().items():
+        live = self._live_jobs()
+        for state in ACTIVE_STATES:
+            per_prio = Counter(prio for st, prio, _, _ in live if st is state)
             for prio in Priority:
                 by_prio.add_metric([state.value, prio.value], per_prio.get(prio, 0))
         yield by_prio
@@ -121,6 +160,8 @@ class RigCollector(Collector):
         for prio in Priority:
             fam.add_metric([prio.value], pending.get(prio, 0))
         yield fam
+
+        yield from self._user_families(live)
 
         fam = GaugeMetricFamily("rig_oldest_wait_seconds",
                                 "Age of the oldest waiting job per priority (0 when none waits)",
@@ -177,25 +218,100 @@ class RigCollector(Collector):
         yield GaugeMetricFamily("rig_dispatch_latency_samples",
                                 "Started jobs behind rig_dispatch_latency_seconds",
                                 value=len(waits))
-        # The same samples as a histogram, for dashboards that aggregate buckets.
-        buckets = [(str(le), float(sum(1 for w in waits if w <= le))) for le in LATENCY_BUCKETS]
-        buckets.append(("+Inf", float(len(waits))))
-        yield HistogramMetricFamily(
-            "rig_job_start_wait_seconds",  # a histogram's name names no type (promtool)
-            f"Submission to start (includes queueing), last {self.latency_window} started jobs",
-            buckets=buckets, sum_value=float(sum(waits)))
+        yield from self._counter_families()
 
-    def _active_by_priority(self) -> dict[JobState, Counter[Priority]]:
-        """ASSIGNED and RUNNING jobs per priority: few (bounded by the cards' job slots)."""
+    def _live_jobs(self) -> list[tuple[JobState, Priority, str, int]]:
+        """(state, priority, user, bytes held) of every ASSIGNED and RUNNING job: few (bounded
+        by the cards' job slots). Bytes held: the declaration on each of its cards."""
         store, r, keys = self.client.store, self.client.r, self.client.keys
-        out: dict[JobState, Counter[Priority]] = {}
+        out = []
         for state in ACTIVE_STATES:
             ids = store.ids_in_state(state)
             pipe = r.pipeline(transaction=False)
             for jid in ids:
-                pipe.hget(keys.job(jid), "priority")
-            out[state] = Counter(Priority(_s(p)) for p in pipe.execute() if p)
+                pipe.hmget(keys.job(jid), "priority", "user", "gpu_memory", "cards")
+            for prio, user, nbytes, cards in pipe.execute():
+                if not prio:
+                    continue  # the record is gone
+                try:
+                    ncards = max(1, len(json.loads(_s(cards)))) if cards else 1
+                    held = int(float(_s(nbytes))) * ncards if nbytes else 0
+                except (ValueError, TypeError):
+                    held = 0
+                out.append((state, Priority(_s(prio)), _s(user) if user else "unknown", held))
         return out
+
+    def _user_families(self, live: list[tuple[JobState, Priority, str, int]]) -> Iterator[Metric]:
+        """Per-user gauges: running jobs, memory held, waiting jobs (0 where the user has none of
+        one kind but some of another, so a dashboard's series do not vanish and come back)."""
+        r, keys = self.client.r, self.client.keys
+        waiting_users = sorted(_s(u) for u in r.smembers(keys.pending_users))
+        pipe = r.pipeline(transaction=False)
+        for user in waiting_users:
+            pipe.zcard(keys.pending_user(user))
+        waiting = {u: int(n) for u, n in zip(waiting_users, pipe.execute(), strict=True)}
+        running: Counter[str] = Counter()
+        held: Counter[str] = Counter()
+        for state, _, user, nbytes in live:
+            held[user] += nbytes
+            if state is JobState.RUNNING:
+                running[user] += 1
+        users = sorted({*waiting, *running, *held})
+        for name, doc, values in (
+                ("rig_user_running_jobs", "RUNNING jobs per user", running),
+                ("rig_user_reserved_bytes", "Card memory held by the user's ASSIGNED and RUNNING jobs",
+                 held),
+                ("rig_user_waiting_jobs", "Waiting jobs per user", waiting)):
+            fam = GaugeMetricFamily(name, doc, labels=["user"])
+            for user in users:
+                fam.add_metric([user], values.get(user, 0))
+            yield fam
+
+    def _counter_families(self) -> Iterator[Metric]:
+        """The counters and the start-wait histogram, as claim.lua, transition.lua and the
+        store keep them in Redis (monotonic: only ever incremented)."""
+        r, keys = self.client.r, self.client.keys
+        pipe = r.pipeline(transaction=False)
+        pipe.hgetall(keys.metrics_counters)
+        pipe.hgetall(keys.metrics_start_wait)
+        raw_counters, raw_wait = pipe.execute()
+        counters = {_s(k): _number(v) for k, v in raw_counters.items()}
+        for name, field, doc in (
+                ("rig_jobs_submitted", "submitted", "Jobs submitted"),
+                ("rig_jobs_started", "started", "Job attempts started (ASSIGNED -> RUNNING)"),
+                ("rig_jobs_requeued", "requeued",
+                 "Live jobs put back in the queue (a retry, or a start that did not happen)")):
+            yield CounterMetricFamily(name, doc, value=counters.get(field, 0.0))
+        ended = CounterMetricFamily(
+            "rig_jobs_ended", "Jobs that reached an end state, by state and failure class",
+            labels=["state", "failure"])
+        per_label: Counter[tuple[str, str]] = Counter()
+        for field, n in counters.items():
+            kind, _, rest = field.partition(":")
+            if kind != "ended":
+                continue
+            state, _, failure = rest.partition(":")
+            if state in (JobState.FAILED.value, JobState.TIMEOUT.value):
+                failure = failure or "unknown"
+            else:
+                failure = "none"
+            per_label[(state, failure)] += n
+        for state in ENDED:  # every end state has a series from the start (rate() needs one)
+            if not any(st == state.value for st, _ in per_label):
+                per_label[(state.value, "none" if state not in (JobState.FAILED, JobState.TIMEOUT)
+                           else "unknown")] += 0
+        for (state, failure), n in sorted(per_label.items()):
+            ended.add_metric([state, failure], n)
+        yield ended
+
+        wait = {_s(k): _number(v) for k, v in raw_wait.items()}
+        buckets = [(field, wait.get(f"le:{field}", 0.0)) for field in START_WAIT_FIELDS]
+        count = wait.get("count", 0.0)
+        buckets.append(("+Inf", count))
+        yield HistogramMetricFamily(
+            "rig_job_start_wait_seconds",
+            "Submission to a job's first start (includes time queued), counted as jobs start",
+            buckets=buckets, sum_value=wait.get("sum", 0.0))
 
     def _latencies(self) -> list[float]:
         """started_at - created_at of the newest ``latency_window`` started jobs."""
@@ -216,13 +332,15 @@ def _card_families(cards: list[Any]) -> Iterator[Metric]:
     used = family("rig_card_used_bytes", "Memory in use as the card reports it")
     free = family("rig_card_free_bytes", "Reservable memory left")
     foreign = family("rig_card_foreign_bytes", "Memory used by processes rig did not start")
-    util = family("rig_card_utilization_percent", "GPU utilisation")
+    total = family("rig_card_total_bytes", "The card's total memory")
+    util = family("rig_card_utilization_ratio", "GPU utilisation, 0-1")
     temp = family("rig_card_temperature_celsius", "GPU temperature")
     healthy = family("rig_card_healthy", "1 if the card passed its health check")
     jobs = family("rig_card_jobs", "Jobs holding the card")
     max_jobs = family("rig_card_max_jobs", "Jobs the card may hold at once")
     for card in cards:
         labels = [card.node, str(card.index), card.model]
+        total.add_metric(labels, card.total)
         usable.add_metric(labels, card.usable)
         reserved.add_metric(labels, card.reserved)
         free.add_metric(labels, card.free)
@@ -233,10 +351,10 @@ def _card_families(cards: list[Any]) -> Iterator[Metric]:
         if card.used is not None:
             used.add_metric(labels, card.used)
         if card.utilization is not None:
-            util.add_metric(labels, card.utilization)
+            util.add_metric(labels, card.utilization / 100.0)
         if card.temperature is not None:
             temp.add_metric(labels, card.temperature)
-    yield from (usable, reserved, used, free, foreign, util, temp, healthy, jobs, max_jobs)
+    yield from (total, usable, reserved, used, free, foreign, util, temp, healthy, jobs, max_jobs)
 
 
 def _log_space_family(cards: list[Any]) -> GaugeMetricFamily:
@@ -290,6 +408,13 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     """Nearest-rank quantile of an ascending list."""
     rank = max(1, math.ceil(q * len(sorted_values)))
     return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(_s(value))
+    except ValueError:
+        return 0.0
 
 
 def _s(value: Any) -> str:

@@ -93,6 +93,7 @@ class JobStore:
             pipe.sadd(self.keys.pending_users, job.user)
             pipe.publish(self.keys.events_channel, f"{job.id} {JobState.PENDING.value}")
             out.append(job)
+        pipe.hincrby(self.keys.metrics_counters, "submitted", len(jobs))  # rig_jobs_submitted_total
         pipe.lpush(self.keys.sched_wake, "1")  # the dispatcher BLPOPs this: no Celery hop needed
         return out
 

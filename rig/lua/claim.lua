@@ -12,6 +12,10 @@
 -- ARGV[3]  now (epoch seconds)
 -- ARGV[4]  worker name
 -- ARGV[5]  optional: the events channel, where '<id> RUNNING' is published when it is claimed
+-- KEYS[4]  optional: the metrics counters hash ('started' += 1)
+-- KEYS[5]  optional: the start-wait histogram hash; on a job's first start, now - created_at
+--          is counted in 'le:<b>' for every bound b >= it, in 'le:+Inf', 'count' and 'sum'
+-- ARGV[6]  with KEYS[5]: the bounds, space-separated, written as the field names use them
 --
 -- Returns {1, attempt} (the attempt number, from 1) or {0, current state}.
 
@@ -23,6 +27,23 @@ local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 redis.call('HSET', KEYS[1], 'state', 'RUNNING', 'started_at', ARGV[3], 'worker', ARGV[4])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZADD', KEYS[3], tonumber(ARGV[1]), ARGV[1])
+if KEYS[4] then
+  redis.call('HINCRBY', KEYS[4], 'started', 1)
+end
+if KEYS[5] and attempt == 1 then
+  local created = tonumber(redis.call('HGET', KEYS[1], 'created_at') or '')
+  if created then
+    local wait = math.max(0, tonumber(ARGV[3]) - created)
+    for bound in string.gmatch(ARGV[6] or '', '%S+') do
+      if wait <= tonumber(bound) then
+        redis.call('HINCRBY', KEYS[5], 'le:' .. bound, 1)
+      end
+    end
+    redis.call('HINCRBY', KEYS[5], 'le:+Inf', 1)
+    redis.call('HINCRBY', KEYS[5], 'count', 1)
+    redis.call('HINCRBYFLOAT', KEYS[5], 'sum', wait)
+  end
+end
 if ARGV[5] and ARGV[5] ~= '' then
   redis.call('PUBLISH', ARGV[5], ARGV[1] .. ' RUNNING')
 end

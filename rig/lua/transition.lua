@@ -6,9 +6,12 @@
 -- KEYS[4]               the job's user's pending zset (fair share)
 -- KEYS[5]               users with waiting jobs (set)
 -- KEYS[6]               the user's recent usage hash (value GiB-hours, at epoch s)
--- KEYS[7 .. 6+S]        state index zsets, one per state, in the order of ARGV[7]
--- KEYS[7+S + 2i]        card hash of the i-th card the job holds
--- KEYS[8+S + 2i]        its job reservations hash
+-- KEYS[7]               the metrics counters hash: when the job moves, 'requeued' += 1 (to
+--                       PENDING from a live state) or 'ended:<target>:<failure>' += 1 (to an
+--                       end state; failure: the job's class for FAILED / TIMEOUT, else '')
+-- KEYS[8 .. 7+S]        state index zsets, one per state, in the order of ARGV[7]
+-- KEYS[8+S + 2i]        card hash of the i-th card the job holds
+-- KEYS[9+S + 2i]        its job reservations hash
 -- ARGV[1]  job id
 -- ARGV[2]  target state
 -- ARGV[3]  now (epoch seconds)
@@ -75,16 +78,16 @@ end
 
 for i = 1, nstates do
   if states[i] == state then
-    redis.call('ZREM', KEYS[6 + i], job_id)
+    redis.call('ZREM', KEYS[7 + i], job_id)
   end
 end
 for i = 1, nstates do
   if states[i] == target then
-    redis.call('ZADD', KEYS[6 + i], tonumber(job_id), job_id)
+    redis.call('ZADD', KEYS[7 + i], tonumber(job_id), job_id)
   end
 end
 
-local first_card = 7 + nstates
+local first_card = 8 + nstates
 local ncards = (#KEYS - first_card + 1) / 2
 for i = 0, ncards - 1 do
   local card, holds = KEYS[first_card + 2 * i], KEYS[first_card + 1 + 2 * i]
@@ -132,6 +135,17 @@ else
   if ARGV[10] == '1' then
     redis.call('ZADD', errors, tonumber(now), job_id)
   end
+end
+if target == 'PENDING' then
+  if live then
+    redis.call('HINCRBY', KEYS[7], 'requeued', 1)
+  end
+elseif target == 'SUCCEEDED' or target == 'FAILED' or target == 'TIMEOUT' or target == 'CANCELLED' then
+  local failure = ''
+  if target == 'FAILED' or target == 'TIMEOUT' then
+    failure = redis.call('HGET', job, 'failure') or ''
+  end
+  redis.call('HINCRBY', KEYS[7], 'ended:' .. target .. ':' .. failure, 1)
 end
 if ARGV[14] and ARGV[14] ~= '' then
   redis.call('PUBLISH', ARGV[14], job_id .. ' ' .. target)

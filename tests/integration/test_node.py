@@ -403,3 +403,28 @@ def test_cartpole_rl_job_end_to_end(node, tmp_path):
     assert report["episodes"] == 40 and report["final_average_return"] > 0
     assert (tmp_path / "model.pt").stat().st_size > 0
     assert "device cpu (CUDA_VISIBLE_DEVICES=" in handle.log()
+
+
+def test_metrics_counters_follow_real_jobs(node):
+    """The counters and the start-wait histogram are fed by the real path (store, card worker's
+    claim, the outcome's transition), not only by the ledger calls of the store tests."""
+    from prometheus_client import CollectorRegistry
+
+    from rig.metrics import RigCollector
+
+    def sample(name: str, **labels) -> float:
+        registry = CollectorRegistry()
+        registry.register(RigCollector(node.client))
+        return registry.get_sample_value(name, labels) or 0.0
+
+    names = [("rig_jobs_submitted_total", {}), ("rig_jobs_started_total", {}),
+             ("rig_job_start_wait_seconds_count", {}),
+             ("rig_jobs_ended_total", {"state": "SUCCEEDED", "failure": "none"}),
+             ("rig_jobs_ended_total", {"state": "FAILED", "failure": "nonzero_exit"})]
+    before = [sample(name, **labels) for name, labels in names]
+    ok = [node.client.submit("true", gpu_memory="1G") for _ in range(3)]
+    bad = node.client.submit("exit 3", gpu_memory="1G", retries=0)
+    assert {h.wait(timeout=60).state for h in ok} == {JobState.SUCCEEDED}
+    assert bad.wait(timeout=60).state is JobState.FAILED
+    after = [sample(name, **labels) for name, labels in names]
+    assert [b - a for a, b in zip(before, after, strict=True)] == [4, 4, 4, 3, 1]

@@ -129,7 +129,8 @@ def test_collector_renders_rig_state(busy: Client):
     assert value("rig_card_used_bytes", **card1) is None  # no reading: no sample
     assert value("rig_card_foreign_bytes", **card1) == 0
     assert value("rig_card_reserved_bytes", **card1) == 60 * GIB
-    assert value("rig_card_utilization_percent", **card0) == 50
+    assert value("rig_card_utilization_ratio", **card0) == 0.5
+    assert value("rig_card_total_bytes", **card0) == 100 * GIB
     assert value("rig_card_temperature_celsius", **card1) == 90
     assert value("rig_card_healthy", **card1) == 1
     assert value("rig_card_jobs", **card0) == 1
@@ -146,8 +147,26 @@ def test_collector_renders_rig_state(busy: Client):
     assert value("rig_dispatch_latency_samples") == 4
     assert value("rig_dispatch_latency_seconds", q="0.5") == pytest.approx(20, abs=2)
     assert value("rig_dispatch_latency_seconds", q="0.95") == pytest.approx(40, abs=2)
+    # The histogram counts each job's first start as it happens (claim.lua): waits 10..40 s.
     assert value("rig_job_start_wait_seconds_count") == 4
     assert value("rig_job_start_wait_seconds_bucket", le="+Inf") == 4
+    assert value("rig_job_start_wait_seconds_bucket", le="5.0") == 0
+    assert value("rig_job_start_wait_seconds_bucket", le="60.0") == 4
+    assert value("rig_job_start_wait_seconds_sum") == pytest.approx(100, abs=5)
+
+    # Counters: 7 submitted, 4 started, 3 ended (by state and failure class).
+    assert value("rig_jobs_submitted_total") == 7
+    assert value("rig_jobs_started_total") == 4
+    assert value("rig_jobs_requeued_total") == 0
+    assert value("rig_jobs_ended_total", state="SUCCEEDED", failure="none") == 1
+    assert value("rig_jobs_ended_total", state="FAILED", failure="cuda_oom") == 1
+    assert value("rig_jobs_ended_total", state="TIMEOUT", failure="timeout") == 1
+    assert value("rig_jobs_ended_total", state="CANCELLED", failure="none") == 0
+
+    # Per user: the one user "u" runs 1 job (30 GiB), holds 30 + 60 GiB, has 2 waiting.
+    assert value("rig_user_running_jobs", user="u") == 1
+    assert value("rig_user_reserved_bytes", user="u") == 90 * GIB
+    assert value("rig_user_waiting_jobs", user="u") == 2
 
 
 def test_collector_without_redis_reports_scrape_failure(key_prefix, tmp_path, monkeypatch):
@@ -240,6 +259,9 @@ def test_hot_card_alerts_once_then_resolves(client: Client, receiver: Receiver):
     assert [(a.key, a.status) for a in resolved] == [("temperature:n1/0", "resolved")]
     assert len(receiver.bodies) == 2
     assert receiver.bodies[1]["alerts"][0]["status"] == "resolved"
+    # The resolved line says the value now, not the firing one again.
+    assert resolved[0].message.startswith("resolved: card n1/0 is at 70 C now"), resolved[0].message
+    assert "(fired: card n1/0 (A100) is at 90 C" in resolved[0].message
     assert manager.run() == [] and len(receiver.bodies) == 2
     assert manager.active() == {}
 
@@ -266,6 +288,14 @@ def test_queue_length_failure_rate_and_fragmentation(client: Client):
     assert "40%" in alerts[0].message and "2 of 5" in alerts[0].message
     assert evaluate(client, AlertRules(min_ended=6), now) == []
     assert evaluate(client, AlertRules(), now + 16 * 60) == []  # outside the 15 min window
+
+    # A failure rate that clears says the rate now (the window has moved past the failures).
+    manager = AlertManager(client, AlertRules())
+    assert keys_of(manager.update(evaluate(client, AlertRules(), now), now)) == {"failure_rate"}
+    later = now + 16 * 60
+    (resolved,) = manager.update(evaluate(client, AlertRules(), later), later)
+    assert resolved.message.startswith("resolved: 0% of jobs failed or timed out"), resolved.message
+    assert "(0 of 0 ended" in resolved.message and "(fired: 40% of jobs" in resolved.message
 
     big = make_job(client, 90)  # fits no card: all 80 GiB free is stranded
     assert keys_of(evaluate(client, AlertRules(), now)) == {"failure_rate", "fragmentation"}
@@ -328,3 +358,71 @@ def test_thresholds_come_from_the_config(monkeypatch):
     monkeypatch.setenv("RIG_ALERTS__MAX_TEMPERATURE", "70")
     rules = AlertRules(**load_settings().alerts.model_dump())
     assert rules.max_queue == 7 and rules.max_temperature == 70 and rules.max_fragmentation == 0.5
+
+
+def test_counters_and_histogram_only_grow(client: Client):
+    """Counters and the start-wait histogram live in Redis and are fed as things happen: a
+    requeue, a second attempt's start, a cancel and many more ended jobs never make them fall
+    (the old histogram was rebuilt from the last 200 started jobs at each scrape)."""
+    add_card(client, 0, max_jobs=4)
+
+    def value(name: str, **labels) -> float:
+        registry = CollectorRegistry()
+        registry.register(RigCollector(client, latency_window=2))
+        return registry.get_sample_value(name, labels) or 0.0
+
+    assert value("rig_jobs_submitted_total") == 0
+    assert value("rig_job_start_wait_seconds_count") == 0
+    assert value("rig_jobs_ended_total", state="SUCCEEDED", failure="none") == 0
+
+    retried = make_job(client, 1, age=3)
+    token = start(client, retried, 0)
+    assert client.ledger.transition(retried.id, JobState.PENDING, token=token)[0] == 1  # a retry
+    assert value("rig_jobs_requeued_total") == 1
+    start(client, retried, 0)  # its second attempt: started again, but not a first start
+    assert value("rig_jobs_started_total") == 2
+    assert value("rig_job_start_wait_seconds_count") == 1
+    assert value("rig_job_start_wait_seconds_bucket", le="5.0") == 1
+    assert value("rig_job_start_wait_seconds_bucket", le="1.0") == 0
+
+    cancelled = make_job(client, 1)
+    client.ledger.transition(cancelled.id, JobState.CANCELLED, mode="cancel")
+    assert value("rig_jobs_ended_total", state="CANCELLED", failure="none") == 1
+    assert value("rig_jobs_requeued_total") == 1  # a cancel is no requeue
+
+    counts = []
+    for _ in range(5):  # more started jobs than the window of 2
+        end(client, make_job(client, 1), 0, JobState.SUCCEEDED)
+        counts.append(value("rig_job_start_wait_seconds_count"))
+    assert counts == [2, 3, 4, 5, 6]
+    assert value("rig_dispatch_latency_samples") == 2  # the window gauge stays a window
+    assert value("rig_jobs_submitted_total") == 7
+    assert value("rig_jobs_ended_total", state="SUCCEEDED", failure="none") == 5
+    failed = make_job(client, 1)
+    end(client, failed, 0, JobState.FAILED)  # no class recorded
+    assert value("rig_jobs_ended_total", state="FAILED", failure="unknown") == 1
+    # Buckets are cumulative and end at the count.
+    bounds = [value("rig_job_start_wait_seconds_bucket", le=b) for b in ("0.05", "1.0", "60.0", "+Inf")]
+    assert bounds == sorted(bounds) and bounds[-1] == value("rig_job_start_wait_seconds_count") == 7
+
+
+def test_per_user_gauges(client: Client):
+    add_card(client, 0, max_jobs=4)
+    ana = client.store.create(Job(id=0, name="t", user="ana", command=["true"], gpu_memory=4 * GIB, gpus=1, created_at=time.time(),
+                                  priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/"))
+    start(client, ana, 0)
+    for _ in range(2):
+        client.store.create(Job(id=0, name="t", user="bob", command=["true"], gpu_memory=GIB, gpus=1, created_at=time.time(),
+                                priority=Priority.LOW, state=JobState.PENDING, workdir="/"))
+    registry = CollectorRegistry()
+    registry.register(RigCollector(client))
+
+    def value(name: str, user: str) -> float | None:
+        return registry.get_sample_value(name, {"user": user})
+
+    assert value("rig_user_running_jobs", "ana") == 1
+    assert value("rig_user_reserved_bytes", "ana") == 4 * GIB
+    assert value("rig_user_waiting_jobs", "ana") == 0  # a series, not a gap
+    assert value("rig_user_running_jobs", "bob") == 0
+    assert value("rig_user_reserved_bytes", "bob") == 0
+    assert value("rig_user_waiting_jobs", "bob") == 2

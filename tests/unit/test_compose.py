@@ -27,6 +27,8 @@ from rig.config import Settings
 ROOT = Path(__file__).resolve().parents[2]
 #: RIG_* variables rig reads straight from the environment rather than through Settings.
 DIRECT_ENV = {"RIG_FLOWER_AUTH", "RIG_CONFIG", "RIG_ROLE", "RIG_CARD_INDEX"}
+#: Services that run another image than rig's (no rig command).
+THIRD_PARTY = {"redis", "prometheus", "grafana"}
 REQUIRED = re.compile(r"\$\{(\w+):\?[^}]*\}")
 
 
@@ -48,7 +50,7 @@ def compose() -> dict:
 def test_compose_services_run_valid_rig_commands(compose):
     services = compose["services"]
     assert {"redis", "gpu-worker", "beat", "flower", "metrics"} <= set(services)
-    commands = {name: svc["command"] for name, svc in services.items() if name != "redis"}
+    commands = {name: svc["command"] for name, svc in services.items() if name not in THIRD_PARTY}
     for name, argv in commands.items():
         ctx = parse(argv)
         assert ctx.command.name == "up", name
@@ -208,3 +210,23 @@ def test_redis_config_is_durable():
     assert settings["protected-mode"] == ["yes"]
     assert all(not addr.lstrip("-").startswith(("0.0.0.0", "*", "::")) or addr.lstrip("-") == "::1"
                for addr in settings["bind"])
+
+
+def test_compose_monitoring_is_provisioned_from_config(compose):
+    """Prometheus and Grafana (profile "monitoring", off by default) read the shipped configs."""
+    services = compose["services"]
+    for name in ("prometheus", "grafana"):
+        assert services[name]["profiles"] == ["monitoring"], name
+    mounts = {name: {v.split(":")[0]: v.split(":")[1] for v in services[name]["volumes"] if v.startswith("./")}
+              for name in ("prometheus", "grafana")}
+    assert mounts["prometheus"] == {"./config/prometheus": "/etc/prometheus"}
+    assert (ROOT / "config/prometheus/prometheus.yml").is_file()
+    scrape = yaml.safe_load((ROOT / "config/prometheus/prometheus.yml").read_text())
+    targets = [t for job in scrape["scrape_configs"] for c in job["static_configs"] for t in c["targets"]]
+    assert f"metrics:{services['metrics']['environment']['RIG_METRICS_PORT']}" in targets
+    assert mounts["grafana"]["./config/grafana/provisioning"] == "/etc/grafana/provisioning"
+    dashboards = mounts["grafana"]["./config/grafana/dashboards"]
+    provider = yaml.safe_load((ROOT / "config/grafana/provisioning/dashboards/rig.yml").read_text())
+    assert provider["providers"][0]["options"]["path"] == dashboards
+    source = yaml.safe_load((ROOT / "config/grafana/provisioning/datasources/prometheus.yml").read_text())
+    assert source["datasources"][0]["url"] == "http://prometheus:9090"
