@@ -230,15 +230,7 @@ def card_flags(card: CardState) -> str:
     """Why a card takes no (new) jobs and what else holds it, as rich markup: ``[others use
     1.0] [not in whitelist] [UNHEALTHY: reason]``. Every part is escaped here (a bracketed
     text is a rich tag otherwise, and would vanish): the one place these flags are built."""
-    parts = []
-    if card.foreign:
-        parts.append(f"others use {_gib(card.foreign)}")
-    closed = why_closed(card)
-    if closed:
-        parts.append(closed)
-    if not card.healthy:
-        parts.append(f"UNHEALTHY: {clean(card.health_reason)}" if card.health_reason else "UNHEALTHY")
-    return " ".join(escape(f"[{p}]") for p in parts)
+    return " ".join(escape(f"[{clean(p)}]") for p in card_flag_words(card))
 
 
 def render_status(report: StatusReport, console: Console) -> None:

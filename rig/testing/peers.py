@@ -10,7 +10,6 @@ file. The figures of every system are computed from those lines the same way.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -21,6 +20,7 @@ from rig.testing.trace import (
     RunRecord,
     TraceJob,
     busy_utilisation,
+    card_events_of,
     interval_oversubscription,
     makespan,
     percentile,
@@ -104,17 +104,10 @@ def records_from_stamps(trace: Sequence[TraceJob], submitted: Mapping[int, float
 def card_peaks(records: Iterable[RunRecord]) -> tuple[int, int]:
     """(largest bytes, largest job count) on any one card at any instant, from the jobs'
     [started_at, ended_at] intervals (an end and a start at the same instant do not overlap)."""
-    events: dict[tuple[str, int], list[tuple[float, int, int]]] = defaultdict(list)
-    for r in records:
-        if r.started_at is None or r.ended_at is None or r.ended_at <= r.started_at:
-            continue
-        for card in r.cards:
-            events[(r.node, card)].append((r.started_at, 1, r.gpu_memory))
-            events[(r.node, card)].append((r.ended_at, 0, -r.gpu_memory))
     peak_bytes = peak_jobs = 0
-    for card_events in events.values():
+    for card_events in card_events_of(records).values():
         nbytes = jobs = 0
-        for _when, order, delta in sorted(card_events):
+        for _when, order, delta in card_events:
             nbytes += delta
             jobs += 1 if order == 1 else -1
             peak_bytes, peak_jobs = max(peak_bytes, nbytes), max(peak_jobs, jobs)

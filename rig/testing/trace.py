@@ -238,6 +238,22 @@ def busy_utilisation(records: Iterable[RunRecord], *, capacity_bytes: int) -> fl
     return used / (capacity_bytes * (hi - lo))
 
 
+def card_events_of(records: Iterable[RunRecord]) -> dict[tuple[str, int], list[tuple[float, int, int]]]:
+    """Per card (node, index), the jobs' starts and ends as (time, order, +-bytes), sorted: an
+    end (order 0) before a start (order 1) at the same instant, so they do not overlap. Jobs
+    without both stamps, or with an end not after the start, are left out."""
+    events: dict[tuple[str, int], list[tuple[float, int, int]]] = defaultdict(list)
+    for r in records:
+        if r.started_at is None or r.ended_at is None or r.ended_at <= r.started_at:
+            continue
+        for card in r.cards:
+            events[(r.node, card)].append((r.started_at, 1, r.gpu_memory))
+            events[(r.node, card)].append((r.ended_at, 0, -r.gpu_memory))
+    for card_events in events.values():
+        card_events.sort()
+    return dict(events)
+
+
 def interval_oversubscription(records: Iterable[RunRecord], *, usable_per_card: int,
                               max_jobs_per_card: int) -> float:
     """Card-seconds during which the jobs' [started_at, ended_at] intervals put more than
@@ -246,17 +262,8 @@ def interval_oversubscription(records: Iterable[RunRecord], *, usable_per_card: 
     Summed over cards (two cards over for 1 s count 2 s). An end and a start at the same
     instant do not overlap.
     """
-    events: dict[tuple[str, int], list[tuple[float, int, int]]] = defaultdict(list)
-    for r in records:
-        if r.started_at is None or r.ended_at is None or r.ended_at <= r.started_at:
-            continue
-        for card in r.cards:
-            # (time, order, +-bytes): ends (order 0) sort before starts (order 1) at a tie.
-            events[(r.node, card)].append((r.started_at, 1, r.gpu_memory))
-            events[(r.node, card)].append((r.ended_at, 0, -r.gpu_memory))
     total = 0.0
-    for card_events in events.values():
-        card_events.sort()
+    for card_events in card_events_of(records).values():
         nbytes = jobs = 0
         last = None
         for when, order, delta in card_events:

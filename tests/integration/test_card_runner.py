@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import threading
 import time
 
 import pytest
@@ -14,8 +13,8 @@ from rig.config import load_settings
 from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
-from rig.memory import GIB
 from rig.logs import job_folder
+from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from tests.conftest import REDIS_URL
 from workers.card_runner import CardRunner

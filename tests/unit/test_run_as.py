@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from types import SimpleNamespace
-
 import os
 import pwd
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
