@@ -86,23 +86,24 @@ def whitelist_warning(whitelist: list[int] | None, present: list[int], allowed: 
     return None
 
 
-def notes_path(run_dir: Path, node: str) -> Path:
-    """Where a `rig up --daemon` child leaves the warnings its parent repeats on the terminal."""
-    return run_dir / f"up-{node}.notes"
+def notes_path(run_dir: Path, node: str, kind: str = "notes") -> Path:
+    """Where a `rig up --daemon` child leaves the lines its parent repeats on the terminal:
+    ``notes`` (warnings, on stderr) or ``addresses`` (where Flower and /metrics listen)."""
+    return run_dir / f"up-{node}.{kind}"
 
 
-def write_notes(run_dir: Path, node: str, lines: list[str]) -> None:
+def write_notes(run_dir: Path, node: str, lines: list[str], kind: str = "notes") -> None:
     """Leave ``lines`` for the `rig up --daemon` parent (an empty list removes old notes)."""
-    path = notes_path(run_dir, node)
+    path = notes_path(run_dir, node, kind)
     if lines:
         path.write_text("".join(f"{line}\n" for line in lines))
     else:
         path.unlink(missing_ok=True)
 
 
-def read_notes(run_dir: Path, node: str) -> list[str]:
-    """The warnings the `rig up --daemon` child left (read once: the file is removed)."""
-    path = notes_path(run_dir, node)
+def read_notes(run_dir: Path, node: str, kind: str = "notes") -> list[str]:
+    """The lines the `rig up --daemon` child left (read once: the file is removed)."""
+    path = notes_path(run_dir, node, kind)
     try:
         lines = path.read_text().splitlines()
     except OSError:

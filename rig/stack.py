@@ -165,6 +165,7 @@ class Stack:
         self.options = options
         self.say = say
         self.notes: list[str] = []  # warnings a `rig up --daemon` parent says on the terminal
+        self.metrics_url: str | None = None  # set once the endpoint answers
         self.keys = Keys(settings.key_prefix)
         self.children: list[Child] = []
         self.redis_proc: subprocess.Popen | None = None
@@ -298,7 +299,7 @@ class Stack:
             else:
                 port = getattr(self.metrics_server, "server_port", s.metrics_port)
                 if answers(s.metrics_address, port):  # the URL is printed only once it answers
-                    self.say(f"metrics: http://{s.metrics_address}:{port}/metrics")
+                    self.metrics_url = f"http://{s.metrics_address}:{port}/metrics"
                 else:
                     self.say(f"metrics: not answering at {s.metrics_address}:{port}; see {s.rig_log_dir}")
 
@@ -796,6 +797,19 @@ class Stack:
         """Did up() start a process or register the node (so down() has something to stop)?"""
         return (any(c.proc is not None for c in self.children) or self.redis_proc is not None
                 or self._registered)
+
+    def addresses(self) -> list[str]:
+        """Where to look, for the terminal: Flower's URL and where its login is, and the
+        /metrics URL (no login: loopback unless metrics_address opens it). Only what this
+        `rig up` serves and what answers."""
+        s = self.settings
+        out = []
+        if self.wants("flower"):
+            out.append(f"flower: http://{s.flower_address}:{s.flower_port} (an admin login: user and "
+                       f"password in {s.home / 'flower.auth'})")
+        if self.metrics_url:
+            out.append(f"metrics: {self.metrics_url} (no login)")
+        return out
 
     def describe(self) -> str:
         lines = [f"{c.name:<8} pid {c.proc.pid if c.proc else '-':<8} log {c.log_file}" for c in self.children]

@@ -370,6 +370,8 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
                     click.echo(line, err=True)  # e.g. a gpu_whitelist that leaves no usable card
                 click.echo(f"rig is up on {settings.node_name} (pid {proc.pid}); logs in {settings.rig_log_dir}; "
                            "`rig down` stops it")
+                for line in read_notes(settings.run_dir, settings.node_name, kind="addresses"):
+                    click.echo(line)  # where Flower and /metrics listen, and where the logins are
                 from rig.redis_writes import notices_at  # Redis full, read-only, may lose data
 
                 for notice in notices_at(settings.redis_url):  # else only in up.log
@@ -389,12 +391,12 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
         if missing:
             lossy.say(f"warning: no heartbeat yet from {', '.join(missing)}; see {settings.rig_log_dir}")
         lossy.say(stack.describe())
-        if stack.wants("flower"):
-            lossy.say(f"flower: http://{settings.flower_address}:{settings.flower_port} "
-                      f"(user and password in {settings.home / 'flower.auth'})")
+        for line in stack.addresses():
+            lossy.say(line)
         lossy.say(f"rig is up on {settings.node_name}. Submit with `rig-submit --gpu-memory 4G -- CMD`; "
                   "Ctrl-C stops rig (running jobs keep running).")
         write_notes(settings.run_dir, settings.node_name, stack.notes)
+        write_notes(settings.run_dir, settings.node_name, stack.addresses(), kind="addresses")
         ready.write_text(f"{os.getpid()}\n")
         wrote_ready = True
         stack.run_until_signalled()

@@ -39,6 +39,10 @@ def test_up_daemon_private_redis_real_work_down(tmp_path):
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert "rig is up on e2e" in up.stdout
+        # Where to look, and where the logins are (issue 14.5): the daemon's parent says it.
+        assert f"flower: http://127.0.0.1:{flower} (an admin login: user and password in " \
+               f"{tmp_path / 'home' / 'flower.auth'})" in up.stdout, up.stdout
+        assert f"metrics: http://127.0.0.1:{metrics}/metrics (no login)" in up.stdout, up.stdout
         up_log = (tmp_path / "home/logs/system/up.log").read_text()
         assert f"started a private one at redis://127.0.0.1:{port}/0" in up_log
         data = tmp_path / "home/redis"
