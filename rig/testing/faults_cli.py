@@ -101,7 +101,12 @@ def hostile_text_and_interrupted_wait(workdir: Path) -> ScenarioResult:
         if f"touch {workdir}/HIDDEN".encode() not in out:
             sc.result.problems.append("rig show hid part of the command")
         submit = str(Path(sys.executable).parent / "rig-submit")
-        waiter = subprocess.Popen([submit, "--gpu-memory", "1G", "--wait", "--",
+        # As from a terminal: SIGINT at its default in rig-submit, even where this suite runs
+        # with SIGINT ignored (a background job of a shell without job control, as `nohup ... &`
+        # gives: ignored signals are inherited, and Python then raises no KeyboardInterrupt).
+        default_int = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, "
+                       "signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"]
+        waiter = subprocess.Popen([*default_int, submit, "--gpu-memory", "1G", "--wait", "--",
                                    "sh", "-c", f'echo "$RIG_JOB_ID" >> {workdir}/waited; while [ ! -f "{sc.go}" ]; '
                                    "do sleep 0.05; done"], env={**env, "TRACE": str(sc.trace)}, cwd=workdir,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
