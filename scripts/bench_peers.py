@@ -166,8 +166,7 @@ class RigSystem:
             first = res["first_created_at"]
             submitted = {tj.index: first + rec["created_s"]
                          for tj, rec in zip(trace, res["records"], strict=True)}
-            records = records_from_stamps(trace, submitted, read_stamps(stamps, trace))
-            out = metrics(records, bound)
+            out = stamped_metrics(trace, submitted, stamps, bound)
             out["rig_own"] = {k: res[k] for k in ("makespan_s", "oversubscription_card_s",
                                                   "succeeded", "failed", "sampler",
                                                   "leaked_bytes", "submit_lag_max_s")}
@@ -185,9 +184,16 @@ class RigSystem:
         pass
 
 
-def metrics(records: list, bound: LowerBound) -> dict[str, Any]:
-    return trace_metrics(records, bound, capacity_bytes=CARDS * USABLE_BYTES,
-                         card_bytes=CARD_BYTES, max_jobs=MAX_JOBS)
+def stamped_metrics(trace: list[TraceJob], submitted: dict[int, float], stamp_dir: Path, bound: LowerBound,
+                    codes: list[int] | None = None) -> dict[str, Any]:
+    """The figures of one run from its jobs' stamps (the same for every system); with the
+    systems' exit ``codes``, how many were not 0."""
+    records = records_from_stamps(trace, submitted, read_stamps(stamp_dir, trace))
+    out = trace_metrics(records, bound, capacity_bytes=CARDS * USABLE_BYTES,
+                        card_bytes=CARD_BYTES, max_jobs=MAX_JOBS)
+    if codes is not None:
+        out["exit_codes_nonzero"] = sum(1 for c in codes if c != 0)
+    return out
 
 
 # -- Ray ------------------------------------------------------------------------------------------
@@ -242,11 +248,7 @@ class RaySystem:
                 refs.append(self.run.options(num_gpus=self.gpus_of(job)).remote(cmd))
 
             submitted = replay(trace, submit)
-            codes = self.ray.get(refs, timeout=timeout_s)
-            records = records_from_stamps(trace, submitted, read_stamps(stamps, trace))
-            out = metrics(records, bound)
-            out["exit_codes_nonzero"] = sum(1 for c in codes if c != 0)
-            return out
+            return stamped_metrics(trace, submitted, stamps, bound, self.ray.get(refs, timeout=timeout_s))
         finally:
             shutil.rmtree(stamps, ignore_errors=True)
 
@@ -332,10 +334,7 @@ class CelerySystem:
             codes = [r.get(timeout=max(1.0, deadline - time.monotonic())) for r in results]
             for r in results:
                 r.forget()
-            records = records_from_stamps(trace, submitted, read_stamps(stamps, trace))
-            out = metrics(records, bound)
-            out["exit_codes_nonzero"] = sum(1 for c in codes if c != 0)
-            return out
+            return stamped_metrics(trace, submitted, stamps, bound, codes)
         finally:
             shutil.rmtree(stamps, ignore_errors=True)
 
@@ -424,8 +423,7 @@ class SgsSystem:
 
             submitted = replay(trace, submit)
             self.finish(proc, timeout_s)
-            records = records_from_stamps(trace, submitted, read_stamps(stamps, trace))
-            return metrics(records, bound)
+            return stamped_metrics(trace, submitted, stamps, bound)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
