@@ -305,20 +305,27 @@ class Dispatcher:
         return self.settings.hold_after_seconds * self.effective_rank(job, now)
 
     def sure_end(self, job: Waiting, now: float) -> float | None:
-        """When ``job``, started now, has surely ended (epoch s): its time limit is enforced,
-        then its process tree gets kill_grace_seconds. None without a time limit (an estimate
-        from history is not a promise: such a job never backfills in front of a held job)."""
-        if not job.time_limit:
-            return None
-        return now + job.time_limit + self.settings.kill_grace_seconds + START_SLACK_S
+        """When ``job``, started now, has surely ended (epoch s); None without a time limit."""
+        return now + self.surely_within(job.time_limit) if job.time_limit else None
+
+    def surely_within(self, time_limit: float) -> float:
+        """Seconds after its start by which a job with ``time_limit`` has surely ended: the
+        limit is enforced, then its process tree gets kill_grace_seconds (+ START_SLACK_S)."""
+        return time_limit + self.settings.kill_grace_seconds + START_SLACK_S
 
     def estimate(self, job: Waiting) -> estimates.Estimate:
-        """``job``'s run time (rig.estimates): its own history (expected_seconds and
-        cautious_seconds, from submit), else the cluster's recent runs of its size read this
-        round, capped by its time limit."""
-        return self._prior.estimate(user=job.user, nbytes=job.gpu_memory, gpus=job.gpus,
-                                    own=() if job.expected_seconds is None else (job.expected_seconds,),
-                                    own_cautious=job.cautious_seconds, time_limit=job.time_limit)
+        """``job``'s run time: see estimate_of."""
+        return self.estimate_of(job.user, job.gpu_memory, job.gpus, job.expected_seconds,
+                                job.cautious_seconds, job.time_limit)
+
+    def estimate_of(self, user: str, nbytes: int, gpus: int, expected: float | None, cautious: float | None,
+                    time_limit: float | None) -> estimates.Estimate:
+        """A job's run time (rig.estimates): its own history (``expected`` and ``cautious``, the
+        median and 80th percentile submit stored), else the cluster's recent runs of its size
+        read this round; capped by its time limit."""
+        return self._prior.estimate(user=user, nbytes=nbytes, gpus=gpus,
+                                    own=() if expected is None else (expected,), own_cautious=cautious,
+                                    time_limit=time_limit)
 
     def release_estimate(self, job: Waiting, now: float) -> float:
         """When a job started now is expected to free its cards (epoch s; inf if unknown)."""
@@ -329,13 +336,10 @@ class Dispatcher:
         """(when a job that has run ``age`` s is expected to free its cards, when it surely has),
         epoch s, >= now, inf if unknown: its conditional remaining time (rig.estimates.remaining),
         never later than its time limit's sure end; the sure end only with a time limit."""
-        found = self._prior.estimate(user=user, nbytes=nbytes, gpus=gpus,
-                                     own=() if expected is None else (expected,), own_cautious=cautious,
-                                     time_limit=time_limit)
-        end = now + found.remaining(age)
+        end = now + self.estimate_of(user, nbytes, gpus, expected, cautious, time_limit).remaining(age)
         sure = math.inf
         if time_limit:
-            sure = max(now, now - age + time_limit + self.settings.kill_grace_seconds + START_SLACK_S)
+            sure = max(now, now - age + self.surely_within(time_limit))
             end = min(end, sure)
         return max(end, now), sure
 
@@ -682,7 +686,7 @@ class Waiting:
         if state != JobState.PENDING.value:
             return None
         raw = {"gpu_memory": memory, "gpus": gpus or 1, "priority": priority, "created_at": created or 0,
-               "user": user or "?", "pool": pool or None, "expected_seconds": expected if expected else None,
+               "user": user or "?", "pool": pool or None, "expected_seconds": expected or None,
                "held_at": held or None, "cautious_seconds": cautious or None, "time_limit": limit or None,
                "assignments": assignments or None, "attempt": attempt or None}
         out = {}
