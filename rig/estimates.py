@@ -170,8 +170,8 @@ def _size(nbytes: int, gpus: int) -> int:
 
 
 def own_history(own: Mapping[str, Sequence[float]]) -> tuple[str, Sequence[float]] | None:
-    """The most specific of a job's own sources ("name", "template", "command") with enough
-    runs (SOURCES), as (source, run times); None when none has."""
+    """The first of a job's own sources ("command", "name", "template", in SOURCES' order)
+    with enough runs, as (source, run times); None when none has."""
     for source, minimum in SOURCES[:3]:
         samples = own.get(source) or ()
         if len(samples) >= minimum:
@@ -233,17 +233,6 @@ class Prior:
         if time_limit:
             return Estimate(time_limit, time_limit, "limit")
         return UNKNOWN
-
-
-def estimate(*, own: Mapping[str, Sequence[float]], recent: Sequence[RecentRun], user: str, nbytes: int,
-             gpus: int, time_limit: float | None = None) -> Estimate:
-    """A job's run time from the most specific source with enough samples (SOURCES). ``own``:
-    its runs by "name", "template" and "command" (any may be missing); ``recent``: the cluster's
-    recent runs."""
-    history = own_history(own)
-    source, samples = history if history else ("history", ())
-    return Prior(recent).estimate(user=user, nbytes=nbytes, gpus=gpus, own=samples, own_source=source,
-                                  time_limit=time_limit)
 
 
 # -- Redis --------------------------------------------------------------------------------------
