@@ -16,26 +16,20 @@ to what they need. :func:`fitted_table` builds the rich Table with those widths;
 wraps (a cell with several lines, e.g. one running job a line, keeps its lines). Every text goes
 through ``rig.text.clean`` here (control characters shown as escapes), and cells are rich
 ``Text``, never markup, so a job named ``[bold]x[/]`` shows as typed.
-
-:func:`fit_table` is the older rule (drop columns until rich's measured minimum fits), kept for
-callers whose cells carry markup.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rich.cells import cell_len
-from rich.console import Console
-from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from rig.text import clean
 
 #: Measured on a screen this wide: a table's natural minimum, not squeezed to the real one.
-_WIDE = 10_000
 ELLIPSIS = "…"
 #: Where a name is best cut: just before one of these, so the kept end starts at a word.
 _SEPARATORS = "-_./:@ "
@@ -224,27 +218,3 @@ def fitted_table(cols: Sequence[Col], rows: Sequence[Row], width: int, **table_o
         table.add_row(*(_render_cell(col, _cell(row.get(col.key, "")), w) for col, w in laid))
     return table
 
-
-# -- the older rule -------------------------------------------------------------------------
-def fit_table(console: Console, build: Callable[[Sequence[str]], Table], columns: Sequence[str],
-              drop_order: Sequence[str]) -> Table:
-    """``build(shown)`` with all ``columns``, less the first of ``drop_order`` (then the next
-    ...) while the table's minimum width exceeds ``console.width``. Returns the last tried."""
-    shown = list(columns)
-    table = build(shown)
-    for name in drop_order:
-        if _minimum(console, table) <= console.width:
-            break
-        if name in shown:
-            shown.remove(name)
-            table = build(shown)
-    return table
-
-
-def fits(console: Console, table: Table) -> bool:
-    """Does ``table`` show every heading and word whole on ``console``?"""
-    return _minimum(console, table) <= console.width
-
-
-def _minimum(console: Console, table: Table) -> int:
-    return Measurement.get(console, console.options.update_width(_WIDE), table).minimum
