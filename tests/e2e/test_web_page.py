@@ -135,3 +135,24 @@ def test_the_login_rules_and_metrics_over_http(page_server):
         pytest.skip("promtool (Debian's prometheus) is not installed; .ci/run installs it")
     checked = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True)
     assert checked.returncode == 0 and not (checked.stdout + checked.stderr).strip(), checked.stdout + checked.stderr
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run does)")
+def test_a_redis_that_does_not_answer_is_said_on_the_page(tmp_path):
+    """Redis down (or a wrong URL) while the page is open: the page loads and says so in one
+    line, with what to expect (it retries)."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    server = start_web_server(Client(load_settings(home=tmp_path / "home"), redis_client=dead), "127.0.0.1", 0, LOGIN)
+    try:
+        done = browse(f"http://{LOGIN[0]}:{LOGIN[1]}@127.0.0.1:{server.server_port}/", tmp_path / "profile",
+                      "--dump-dom")
+    finally:
+        server.shutdown()
+        server.server_close()
+    problem = re.search(r'id="problem-text">([^<]*)<', done.stdout)
+    assert problem, done.stdout[-2000:]
+    assert problem.group(1).startswith("cannot read rig's state: ") and "retrying every 5 s" in problem.group(1)

@@ -126,6 +126,31 @@ def test_history_counts_ended_jobs_from_the_real_counters(client: Client):
     assert sum(h.succeeded for h in hours) == 4  # the growth between samples, not the totals
 
 
+def test_the_cluster_health_pass_writes_the_sample(client: Client):
+    from workers.health import HealthChecker
+
+    mixed_load(client)
+    client.r.delete(client.keys.timeline)
+    assert HealthChecker(client.settings, client.r).run_cluster() is not None
+    (sample,) = timeline.read(client.r, client.keys, time.time())
+    assert sample.succeeded == 3 and sample.reserved == sum(c.reserved for c in client.ledger.cards())
+
+
+def test_a_redis_that_does_not_answer_is_one_line_in_the_data(tmp_path):
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    app = make_app(Client(load_settings(home=tmp_path / "home"), redis_client=dead), LOGIN)
+    assert call(app, "/", LOGIN)[0].startswith("200")  # the page itself needs no Redis
+    status, headers, body = call(app, "/api/overview", LOGIN)
+    assert status.startswith("503") and headers["Content-Type"] == "application/json"
+    error = json.loads(body)["error"]
+    assert error.startswith("cannot read rig's state: ") and "\n" not in error
+    assert call(app, "/metrics")[0].startswith("200")  # rig_scrape_success 0, as before
+
+
 # -- the login rules ---------------------------------------------------------------------------
 def test_page_and_data_need_the_admin_login_and_metrics_does_not(client: Client):
     mixed_load(client)
