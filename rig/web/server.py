@@ -103,13 +103,25 @@ def make_app(client: Client, credentials: tuple[str, str]) -> Callable[[dict, St
             data = overview(client, login=user)
         except (RigError, redis.RedisError, OSError) as exc:
             # The page keeps what it shows and says this, retrying at its next poll.
-            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            body = json.dumps({"error": f"cannot read rig's state: {text}"}).encode()
-            return _reply(start_response, "503 Service Unavailable", body, content_type="application/json")
+            return _error(start_response, "503 Service Unavailable", f"cannot read rig's state: {_line(exc)}")
+        except Exception as exc:  # noqa: BLE001 - a server's edge: one line, the traceback in the log
+            log.exception("web: /api/overview failed")
+            return _error(start_response, "500 Internal Server Error",
+                          f"rig's page could not be made ({type(exc).__name__}: {_line(exc)}); the traceback "
+                          "is in rig up's log")
         return _reply(start_response, "200 OK", json.dumps(data, default=str).encode(),
                       content_type="application/json")
 
     return app
+
+
+def _line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _error(start_response: StartResponse, status: str, line: str) -> list[bytes]:
+    """The data endpoint's failure: ``{"error": line}``, which the page shows as one line."""
+    return _reply(start_response, status, json.dumps({"error": line}).encode(), content_type="application/json")
 
 
 def _reply(start_response: StartResponse, status: str, body: bytes, headers: list[tuple[str, str]] | None = None,

@@ -151,6 +151,20 @@ def test_a_redis_that_does_not_answer_is_one_line_in_the_data(tmp_path):
     assert call(app, "/metrics")[0].startswith("200")  # rig_scrape_success 0, as before
 
 
+def test_a_bug_in_the_data_is_one_line_and_a_logged_traceback(client: Client, monkeypatch, caplog):
+    import rig.web.overview
+
+    def broken(_client: Client, *, login: str) -> dict:
+        raise ValueError("a record the page cannot read\nsecond line")
+
+    monkeypatch.setattr(rig.web.overview, "overview", broken)
+    status, _, body = call(make_app(client, LOGIN), "/api/overview", LOGIN)
+    assert status.startswith("500")
+    assert json.loads(body)["error"] == ("rig's page could not be made (ValueError: a record the page cannot "
+                                         "read); the traceback is in rig up's log")
+    assert "Traceback" in caplog.text
+
+
 # -- the login rules ---------------------------------------------------------------------------
 def test_page_and_data_need_the_admin_login_and_metrics_does_not(client: Client):
     mixed_load(client)
