@@ -93,7 +93,7 @@ def mixed_load(client: Client, *, history_hours: int = 0) -> MixedLoad:
     for node, index, used, util, temp in (("gpu1", 0, 36, 97, 71), ("gpu1", 1, 14, 55, 64),
                                           ("gpu2", 0, 58, 88, 78), ("gpu2", 1, 57, 86, 77)):
         _card(client, node, index, used=used * GIB, util=util, temp=temp)
-    # Waiting: too big for any card's free memory now, in run order.
+    # Waiting: too big for any card's free memory now, one per priority.
     for user, name, gib, prio in (("carol", "eval-70b", 70, Priority.HIGH),
                                   ("alice", "train-vit-large", 60, Priority.MEDIUM),
                                   ("bob", HOSTILE_NAME, 58, Priority.LOW)):

@@ -1,7 +1,7 @@
 """What rig's web page shows, as one JSON document (``GET /api/overview``; the page polls it).
 
 Everything comes from what the CLI views already read and word, never a second rule:
-``Client.status`` (cards, nodes, users, counts: `rig status`), ``Client.waiting`` in run order
+``Client.status`` (cards, nodes, users, counts: `rig status`), ``Client.waiting`` (priority, then submission)
 with ``Client.why_waiting`` (the one explanation, rig.waiting: what `rig show` says),
 ``Client.errors`` (`rig errors`), ``job_reason`` for why an ended job ended (`rig errors`),
 ``card_flag_words`` for why a card takes no jobs (`rig status`), and rig.timeline for history.
@@ -24,7 +24,7 @@ from rig.clock import shared_now
 from rig.models import Job, JobState, Priority
 from rig.text import clean
 
-#: Waiting jobs listed (the head of the queue, in run order), each with why it waits; the
+#: Waiting jobs listed (the head of the queue: priority, then submission), each with why it waits; the
 #: total is given beside them. Bounded: each sentence reads the cards and the jobs ahead.
 WAITING_SHOWN = 25
 #: Jobs of the error queue listed (oldest first, as `rig errors`).

@@ -61,7 +61,7 @@ def test_the_overview_shows_what_the_cli_shows(client: Client):
     assert [j["name"] for j in cards["gpu2/0"]["running"]] == ["llm-finetune-7b"]
     assert cards["gpu1/0"]["utilization"] == 97 and cards["gpu1/0"]["temperature"] == 71
     assert sorted(j["id"] for j in data["running"]) == sorted(load.running)
-    # The queue in run order (high first), each with the one explanation (rig.waiting).
+    # The head of the queue, high priority first, each with the one explanation (rig.waiting).
     waiting = data["waiting"]
     assert [j["id"] for j in waiting["jobs"]] == load.waiting and waiting["total"] == 3
     assert [j["position"] for j in waiting["jobs"]] == [1, 2, 3]
