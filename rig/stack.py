@@ -128,6 +128,26 @@ def flower_credentials(settings: Settings) -> tuple[str, str]:
     return user, password
 
 
+#: The most tasks (jobs: rig.task_events) Flower keeps, in memory and in its saved history.
+FLOWER_MAX_TASKS = 10_000
+#: How often Flower saves its history (ms); it also saves when it stops (SIGTERM).
+FLOWER_SAVE_INTERVAL_MS = 60_000
+
+
+def flower_db(settings: Settings) -> Path:
+    """Where Flower keeps its history across restarts (a dbm file set: ``flower-<node>.db*``;
+    per node: two nodes sharing a home never write one file)."""
+    return settings.home / f"flower-{settings.node_name}.db"
+
+
+def flower_history_options(settings: Settings) -> list[str]:
+    """Flower's history: at most FLOWER_MAX_TASKS jobs, kept in flower_db across its restarts
+    (saved every FLOWER_SAVE_INTERVAL_MS and when it stops; a file it cannot read is moved
+    aside as ``*.corrupt`` and it starts empty)."""
+    return [f"--max_tasks={FLOWER_MAX_TASKS}", "--persistent=True", f"--db={flower_db(settings)}",
+            f"--state_save_interval={FLOWER_SAVE_INTERVAL_MS}"]
+
+
 def open_doors(settings: Settings, wants: Callable[[str], bool]) -> list[str]:
     """Warnings for the HTTP endpoints this stack would open beyond loopback. Both default to
     127.0.0.1; flower_address / metrics_address open them (docs/SECURITY.md)."""
@@ -278,7 +298,7 @@ class Stack:
             self.children.append(Child(
                 "flower",
                 celery + ["flower", f"--address={s.flower_address}", f"--port={s.flower_port}",
-                          "--max_tasks=10000", f"--log_file_prefix={logs / 'flower.log'}"],
+                          *flower_history_options(s), f"--log_file_prefix={logs / 'flower.log'}"],
                 # Credentials travel in the environment, not on the command line (ps shows argv).
                 {**env, "FLOWER_BASIC_AUTH": f"{user}:{password}"}, logs / "flower.out", role="flower"))
         if self.wants("gateway"):
