@@ -15,8 +15,8 @@ them; this module decides what they say):
 
 ASSIGNED sends nothing (the job waits for its card's worker; still "received").
 
-The task id is ``rig-job-<id>`` (:func:`task_id`): Flower's search finds it, and Flower's
-Terminate on it comes back to rig as a revoke of that id (workers/remote_control.py).
+The task id is ``rig-job-<id>-<instance>`` (:func:`task_id`): Flower's search finds it, and
+Flower's Terminate on it comes back to rig as a revoke of that id (workers/remote_control.py).
 Pure functions: no Redis, no Celery.
 """
 
@@ -31,20 +31,32 @@ from rig.models import Job, JobState
 
 #: The prefix of every job's task id in Flower.
 TASK_ID_PREFIX = "rig-job-"
-_TASK_ID = re.compile(rf"{TASK_ID_PREFIX}(\d{{1,18}})")
+#: How many hex digits of the job's instance (Job.instance) its task id carries.
+INSTANCE_DIGITS = 8
+_TASK_ID = re.compile(rf"{TASK_ID_PREFIX}(\d{{1,18}})(?:-([0-9a-f]{{{INSTANCE_DIGITS}}}))?")
 #: The most characters of a reason put in an event (Flower shows it in a table cell).
 REASON_MAX = 400
 
 
-def task_id(job_id: int) -> str:
-    """The Celery task id of job ``job_id`` in Flower (``rig-job-12``): one for its whole life."""
-    return f"{TASK_ID_PREFIX}{int(job_id)}"
+def task_id(job: Job) -> str:
+    """The Celery task id of ``job`` in Flower, one for its whole life: ``rig-job-12-3f9a1c2e``,
+    its id and the start of its instance. A job id is reused when Redis loses its data; its
+    instance is not, so Flower's kept history never merges two jobs, and Terminate on an old
+    row never stops the job that has its id now (``rig-job-12`` for a record without one)."""
+    instance = (job.instance or "")[:INSTANCE_DIGITS]
+    return f"{TASK_ID_PREFIX}{int(job.id)}" + (f"-{instance}" if len(instance) == INSTANCE_DIGITS else "")
 
 
-def job_of(task: str) -> int | None:
-    """The job id a task id names (:func:`task_id`), or None for any other task id."""
+def job_of(task: str) -> tuple[int, str | None] | None:
+    """(job id, start of its instance or None) that a task id names (:func:`task_id`), or None
+    for any other task id."""
     found = _TASK_ID.fullmatch(str(task).strip())
-    return int(found.group(1)) if found else None
+    return (int(found.group(1)), found.group(2)) if found else None
+
+
+def same_job(job: Job, instance: str | None) -> bool:
+    """Is ``job`` (its record now) the job a task id named with ``instance``?"""
+    return instance is None or (job.instance or "").startswith(instance)
 
 
 def task_name(job: Job) -> str:
@@ -96,7 +108,7 @@ def event_for(job: Job, state: JobState) -> tuple[str, dict[str, Any]] | None:
     """The Celery task event (type, fields without hostname) that says ``job`` moved to
     ``state``, read from its record just after the move; None when the move says nothing to
     Flower (ASSIGNED). ``fields`` always carry ``uuid`` and ``name``."""
-    fields: dict[str, Any] = {"uuid": task_id(job.id), "name": task_name(job)}
+    fields: dict[str, Any] = {"uuid": task_id(job), "name": task_name(job)}
     if state is JobState.PENDING:
         if job.attempts:
             # An attempt ended and the job waits again: a retry, as Celery counts them.

@@ -94,13 +94,17 @@ celery_clock.install(app, lambda: _redis)  # beat's schedule and task expiry on 
 # rig.task_events), and the job's own task events come from the bridge (workers.flower_bridge).
 
 
-def _stop_job_for_flower(job_id: int, terminate: bool) -> str:
-    """Flower's Terminate (or Revoke) of job ``job_id``: rig kill's path, as an admin
-    (workers.remote_control). Revoke without terminate cancels only a job not yet started."""
+def _stop_job_for_flower(job_id: int, instance: str | None, terminate: bool) -> str:
+    """Flower's Terminate (or Revoke) of job ``job_id`` (its instance starting ``instance``):
+    rig kill's path, as an admin (workers.remote_control). Revoke without terminate cancels
+    only a job not yet started; a row of an earlier job whose id is reused stops nothing."""
     from rig.client import Client
+    from rig.task_events import same_job
 
     client = Client(settings, redis_client=_redis)
     job = client.get(job_id)
+    if not same_job(job, instance):
+        return f"job {job_id} of that row is gone (its id names another job now): nothing stopped"
     if job.state.terminal:
         return f"job {job_id} has ended already ({job.state.value})"
     if not terminate and job.state is JobState.RUNNING:

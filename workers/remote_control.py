@@ -3,7 +3,7 @@
 Flower's buttons are Celery broadcasts (``celery.worker.control.Panel``), handled by every
 worker. Two kinds would act behind rig's back, so rig's workers answer them differently:
 
-* **revoke / terminate of a job** (Flower's Revoke and Terminate on a ``rig-job-<id>`` row,
+* **revoke / terminate of a job** (Flower's Revoke and Terminate on a ``rig-job-…`` row,
   rig.task_events): a Celery revoke cannot stop a job (its process tree lives in a session of
   its own, and the threads pool has no ``kill_job``), so the control worker stops the job
   through ``rig kill``'s own path (rig.client.Client.kill): Terminate kills it wherever it is;
@@ -37,8 +37,9 @@ RIG_ROLES = ("card", "control")
 #: Who the record names as having stopped a job from Flower.
 FLOWER_ADMIN = "Flower (admin login)"
 
-#: Stops one job for Flower: (job id, terminate) -> one line saying what happened.
-StopJob = Callable[[int, bool], str]
+#: Stops one job for Flower: (job id, start of its instance or None, terminate) -> one line
+#: saying what happened.
+StopJob = Callable[[int, "str | None", bool], str]
 
 
 def refusal(command: str, hostname: str) -> str:
@@ -74,13 +75,13 @@ def _refused(command: str) -> Callable[..., dict]:
     return handler
 
 
-def _stop_all(job_ids: list[int], terminate: bool, stop_job: StopJob | None) -> list[str]:
+def _stop_all(jobs: list[tuple[int, str | None]], terminate: bool, stop_job: StopJob | None) -> list[str]:
     if stop_job is None:
-        return [f"job {j}: stopped by the control worker" for j in job_ids]
+        return [f"job {j}: stopped by the control worker" for j, _ in jobs]
     said = []
-    for job_id in job_ids:
+    for job_id, instance in jobs:
         try:
-            said.append(stop_job(job_id, terminate))
+            said.append(stop_job(job_id, instance, terminate))
         except Exception as exc:  # noqa: BLE001 - one job's answer must not lose the others'
             log.warning("job %s: not stopped from Flower: %s", job_id, exc)
             said.append(f"job {job_id}: not stopped: {exc}")
@@ -105,10 +106,10 @@ def _revoke_jobs(celery_revoke: Callable[..., dict], stop_job: StopJob | None) -
 
 def _terminate_jobs(celery_terminate: Callable[..., dict], stop_job: StopJob | None) -> Callable[..., dict]:
     def terminate(state: Any, signal: str, task_id: object, **kwargs: object) -> dict:  # noqa: ANN401
-        job_id = job_of(str(task_id))
-        if job_id is None:
+        job = job_of(str(task_id))
+        if job is None:
             return celery_terminate(state, signal, task_id, **kwargs)
-        return ok("; ".join(_stop_all([job_id], True, stop_job)))
+        return ok("; ".join(_stop_all([job], True, stop_job)))
 
     terminate.__name__ = "terminate"
     return terminate

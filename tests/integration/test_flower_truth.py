@@ -27,6 +27,7 @@ from rig.client import current_identity
 from rig.keys import card_worker_name
 from rig.models import JobState
 from rig.stack import flower_credentials, flower_db
+from rig.task_events import task_id
 from rig.testing.harness import RigHarness
 from workers.process_tree import is_alive
 
@@ -95,35 +96,36 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RigHarness,
         harness.cleanup()
 
 
-def _run(harness: RigHarness, name: str, script: str, state: set[JobState]) -> int:
+def _run(harness: RigHarness, name: str, script: str, state: set[JobState]) -> tuple[int, str]:
+    """Submit a job and wait for ``state``: (its id, its task id in Flower)."""
     job = harness.client.submit(["sh", "-c", script], gpu_memory="1G", name=name)
     harness.wait_for_state(job.id, state, timeout=60)
-    return job.id
+    return job.id, task_id(harness.client.get(job.id))
 
 
 def test_jobs_are_tasks_with_their_truth(node: tuple[RigHarness, FlowerApi]) -> None:
     harness, api = node
     me = current_identity().name
-    good = _run(harness, "good", "exit 0", {JobState.SUCCEEDED})
-    bad = _run(harness, "bad", "echo nope; exit 3", {JobState.FAILED})
+    good, good_task = _run(harness, "good", "exit 0", {JobState.SUCCEEDED})
+    bad, bad_task = _run(harness, "bad", "echo nope; exit 3", {JobState.FAILED})
     record = harness.client.get(good)
 
-    shown = api.until("the good job's success", lambda: (t := api.task(f"rig-job-{good}")) and
+    shown = api.until("the good job's success", lambda: (t := api.task(good_task)) and
                       t["state"] == "SUCCESS" and t)
     assert shown["name"] == (f"job {good} 'good' by {me}: 1.0 GiB x 1, on {NODE}/{record.cards[0]}")
     assert shown["worker"] == card_worker_name(NODE, record.cards[0])
     assert "exit code 0" in shown["result"] and shown["runtime"] is not None
 
-    failed = api.until("the bad job's failure", lambda: (t := api.task(f"rig-job-{bad}")) and
+    failed = api.until("the bad job's failure", lambda: (t := api.task(bad_task)) and
                        t["state"] == "FAILURE" and t)
     assert failed["exception"].startswith("nonzero_exit: exit code 3"), failed["exception"]
     assert f"job {bad} 'bad' by {me}" in failed["name"]
 
     # The Failed filter and the search find it.
     _, failures = api.call("/api/tasks?state=FAILURE")
-    assert f"rig-job-{bad}" in failures and f"rig-job-{good}" not in failures
+    assert bad_task in failures and good_task not in failures
     _, searched = api.call("/api/tasks?search=" + urllib.parse.quote("'bad'"))
-    assert list(searched) == [f"rig-job-{bad}"]
+    assert list(searched) == [bad_task]
 
     # Only jobs are tasks: no rig.start_job / rig.submitted, nor beat's rig.tick / rig.health
     # (beat runs here and ticks every check_interval).
@@ -139,17 +141,17 @@ def test_jobs_are_tasks_with_their_truth(node: tuple[RigHarness, FlowerApi]) -> 
 
 def test_terminate_kills_the_job_and_worker_controls_are_refused(node: tuple[RigHarness, FlowerApi]) -> None:
     harness, api = node
-    victim = _run(harness, "sleeper", "sleep 300", {JobState.RUNNING})
-    api.until("the running job", lambda: (t := api.task(f"rig-job-{victim}")) and t["state"] == "STARTED")
+    victim, victim_task = _run(harness, "sleeper", "sleep 300", {JobState.RUNNING})
+    api.until("the running job", lambda: (t := api.task(victim_task)) and t["state"] == "STARTED")
     pid, start = harness.client.get(victim).pid, harness.client.get(victim).proc_start
     assert pid and is_alive(pid, start)
 
-    status, _ = api.call(f"/api/task/revoke/rig-job-{victim}?terminate=true", method="POST")
+    status, _ = api.call(f"/api/task/revoke/{victim_task}?terminate=true", method="POST")
     assert status == 200
     assert harness.wait_for_state(victim, {JobState.CANCELLED}, timeout=30) is JobState.CANCELLED
     assert not is_alive(pid, start), "the job's process must be gone"
     assert harness.client.get(victim).reason == "cancelled by Flower (admin login)"
-    api.until("the revoked job", lambda: (t := api.task(f"rig-job-{victim}")) and t["state"] == "REVOKED")
+    api.until("the revoked job", lambda: (t := api.task(victim_task)) and t["state"] == "REVOKED")
 
     # A card worker's pool and life are rig's: Flower's controls are refused with one line.
     card = card_worker_name(NODE, 0)
@@ -164,8 +166,8 @@ def test_terminate_kills_the_job_and_worker_controls_are_refused(node: tuple[Rig
 
 def test_history_survives_a_flower_restart(node: tuple[RigHarness, FlowerApi]) -> None:
     harness, api = node
-    kept = _run(harness, "kept", "exit 0", {JobState.SUCCEEDED})
-    api.until("the job to keep", lambda: (t := api.task(f"rig-job-{kept}")) and t["state"] == "SUCCESS")
+    kept, kept_task = _run(harness, "kept", "exit 0", {JobState.SUCCEEDED})
+    api.until("the job to keep", lambda: (t := api.task(kept_task)) and t["state"] == "SUCCESS")
     flower = harness.child("flower")
     old = flower.proc.pid
     os.killpg(old, signal.SIGTERM)  # as rig down stops it: Flower saves its history then
@@ -174,5 +176,5 @@ def test_history_survives_a_flower_restart(node: tuple[RigHarness, FlowerApi]) -
     # The harness restarts it, as rig up does; the job is still there, without a new event.
     api.until("the restarted Flower", lambda: flower.proc is not None and flower.proc.pid != old
               and api.call("/healthcheck")[0] == 200, timeout=60)
-    shown = api.until("the kept job after the restart", lambda: api.task(f"rig-job-{kept}"))
+    shown = api.until("the kept job after the restart", lambda: api.task(kept_task))
     assert shown["state"] == "SUCCESS" and f"'kept' by {current_identity().name}" in shown["name"]
