@@ -104,11 +104,27 @@ def _runtime(job: Job) -> float | None:
     return round(max(0.0, job.ended_at - job.started_at), 3)
 
 
+def _moved_at(job: Job, state: JobState) -> float | None:
+    """When ``job`` made its move to ``state`` (epoch s on rig's shared clock, rig.clock), from
+    its record; None when the record does not say."""
+    if state is JobState.PENDING:
+        last = job.attempts[-1] if job.attempts else None
+        return last.get("ended_at") if isinstance(last, dict) else job.created_at
+    if state is JobState.RUNNING:
+        return job.started_at
+    return job.ended_at
+
+
 def event_for(job: Job, state: JobState) -> tuple[str, dict[str, Any]] | None:
     """The Celery task event (type, fields without hostname) that says ``job`` moved to
     ``state``, read from its record just after the move; None when the move says nothing to
-    Flower (ASSIGNED). ``fields`` always carry ``uuid`` and ``name``."""
+    Flower (ASSIGNED). ``fields`` always carry ``uuid`` and ``name``, and ``timestamp`` (when
+    the move happened, not when the event is sent) when the record says it: Flower's Received
+    column is the submission, also for an event sent late or again."""
     fields: dict[str, Any] = {"uuid": task_id(job), "name": task_name(job)}
+    moved_at = _moved_at(job, state)
+    if isinstance(moved_at, int | float) and moved_at > 0:
+        fields["timestamp"] = float(moved_at)
     if state is JobState.PENDING:
         if job.attempts:
             # An attempt ended and the job waits again: a retry, as Celery counts them.

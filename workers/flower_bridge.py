@@ -14,6 +14,11 @@ Runs in the control worker; it acts only
 * while that worker's dispatcher leads (``sched:leader``): one bridge per cluster, so a move is
   told once however many nodes run a control worker.
 
+When it starts to tell (a Flower turned task events on, or the lead moved here) it first tells
+the present state of every job not ended yet, so a Flower started late still shows the jobs
+that wait and run. Each event carries the time of its move (rig.task_events), so one told late
+or twice shows the true times.
+
 Best effort and bounded: events never wait on, slow down or fail a job. The channel is read on
 one thread into a queue of at most QUEUE_MAX moves (when full, moves are dropped and counted);
 another thread reads each job's record and publishes. A move made while no bridge listens
@@ -115,7 +120,23 @@ class FlowerBridge:
             return False
         return True
 
+    def resync(self) -> int:
+        """Queue the present state of every job not ended yet (waiting, placed, running), for a
+        Flower that has not seen their moves: this bridge has just started to tell (task
+        events turned on by a Flower, or the lead taken over). Returns how many were queued."""
+        queued = 0
+        for state, told in ((JobState.PENDING, JobState.PENDING), (JobState.ASSIGNED, JobState.PENDING),
+                            (JobState.RUNNING, JobState.RUNNING)):
+            for job_id in self.store.ids_in_state(state):
+                try:
+                    self.moves.put_nowait((job_id, told))
+                except queue.Full:
+                    return queued
+                queued += 1
+        return queued
+
     def _listen(self) -> None:
+        telling = False
         while not self.stop_event.is_set():
             pubsub = self.r.pubsub(ignore_subscribe_messages=True)
             try:
@@ -124,7 +145,12 @@ class FlowerBridge:
                     message = pubsub.get_message(timeout=0.5)
                     if message and isinstance(message.get("data"), str):
                         self.offer(message["data"])
+                    # Subscribed first, then the snapshot: no move falls between the two.
+                    was, telling = telling, self.wanted()
+                    if telling and not was:
+                        log.info("Flower events: telling job moves (%s jobs not ended yet)", self.resync())
             except redis.RedisError as exc:
+                telling = False  # moves published meanwhile were missed: tell the present again
                 self._say(f"Flower events: not listening, Redis: {str(exc)[:200]}")
                 self.stop_event.wait(1.0)
             finally:

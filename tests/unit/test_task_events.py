@@ -40,8 +40,9 @@ def test_one_task_id_per_job_instance():
 
 def test_each_move_is_the_celery_event_flower_understands():
     waiting = _job()
-    kind, fields = event_for(waiting, JobState.PENDING)
+    kind, fields = event_for(_job(created_at=50.0), JobState.PENDING)
     assert kind == "task-received" and fields["name"] == "job 12 'bert' by ana: 12.0 GiB x 1, waiting"
+    assert fields["timestamp"] == 50.0  # when it was submitted, however late the event goes
     assert "'user': 'ana'" in fields["kwargs"] and worker_of(waiting, JobState.PENDING) is None
     assert event_for(waiting, JobState.ASSIGNED) is None
 
@@ -111,6 +112,13 @@ def test_the_bridge_tells_only_when_wanted_and_as_the_card_worker(monkeypatch: p
     assert bridge.tell(job.id, JobState.RUNNING)
     assert _Dispatcher.sent[-1][:2] == ("card1@n1", "task-started")
     assert not bridge.tell(999, JobState.RUNNING)  # a job gone: nothing
+    # A bridge that starts to tell first tells what is not over yet: the waiting and the running.
+    waiting = store.create(_job(name="later"))
+    r.zrem(keys.state_index("PENDING"), job.id)
+    r.zadd(keys.state_index("RUNNING"), {str(job.id): job.id})
+    assert bridge.resync() == 2
+    assert sorted([bridge.moves.get_nowait(), bridge.moves.get_nowait()]) == [
+        (job.id, JobState.RUNNING), (waiting.id, JobState.PENDING)]
 
 
 def test_a_full_queue_drops_moves_and_never_blocks(monkeypatch: pytest.MonkeyPatch):
