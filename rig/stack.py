@@ -135,9 +135,10 @@ FLOWER_SAVE_INTERVAL_MS = 60_000
 
 
 def flower_db(settings: Settings) -> Path:
-    """Where Flower keeps its history across restarts (a dbm file set: ``flower-<node>.db*``;
-    per node: two nodes sharing a home never write one file)."""
-    return settings.home / f"flower-{settings.node_name}.db"
+    """Where Flower keeps its history across restarts: a dbm file set ``<node>.db*`` in
+    ``$RIG_HOME/flower/`` (per node: two nodes sharing a home never write one file; a folder
+    of its own: docker-compose keeps it on a volume)."""
+    return settings.home / "flower" / f"{settings.node_name}.db"
 
 
 def flower_history_options(settings: Settings) -> list[str]:
@@ -295,6 +296,7 @@ class Stack:
                 role="beat"))
         if self.wants("flower"):
             user, password = flower_credentials(s)
+            flower_db(s).parent.mkdir(mode=0o700, exist_ok=True)  # its history shows every user's jobs
             self.children.append(Child(
                 "flower",
                 celery + ["flower", f"--address={s.flower_address}", f"--port={s.flower_port}",

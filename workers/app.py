@@ -123,7 +123,8 @@ _control_stop = threading.Event()
 
 
 def send_start(job_id: int, token: str, node: str, card: int) -> None:
-    # argsrepr: what Flower's task list shows a person instead of "(12, '1')".
+    # argsrepr: what `celery inspect active` shows a person instead of "(12, '1')" (Flower
+    # shows the job itself, not this task: workers.flower_bridge).
     try:
         name, user, memory, cards = _redis.hmget(keys.job(job_id), "name", "user", "gpu_memory", "cards")
         label = (f"job {job_id} '{name}' by {user}: {format_memory(int(memory or 0))} "
@@ -137,9 +138,9 @@ def send_start(job_id: int, token: str, node: str, card: int) -> None:
 
 @app.task(name=TASK_SUBMITTED, ignore_result=True, send_events=False)
 def submitted(job_id: int) -> None:
-    """A job arrived on a priority queue: shown by Flower, nothing else (rig.notify). The
-    transaction that stored the job woke the dispatcher already (JobStore.create, and retry's
-    wake_dispatcher); another wake-up here only cost the dispatcher a second pass per job."""
+    """A job arrived on a priority queue: nothing to do (rig.notify; Flower shows the job
+    itself, workers.flower_bridge). The transaction that stored the job woke the dispatcher
+    already (JobStore.create, and retry's wake_dispatcher)."""
 
 
 @app.task(name=TASK_START_JOB, ignore_result=True, send_events=False)
