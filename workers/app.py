@@ -48,7 +48,6 @@ from rig.gpus import detect_backend
 from rig.keys import Keys
 from rig.lograte import Throttle
 from rig.memory import format_memory
-from rig.models import JobState
 from rig.nodes import NodeRegistry
 from rig.redis_conn import connect
 from rig.redis_writes import FullWatch, is_outage
@@ -94,10 +93,10 @@ celery_clock.install(app, lambda: _redis)  # beat's schedule and task expiry on 
 # rig.task_events), and the job's own task events come from the bridge (workers.flower_bridge).
 
 
-def _stop_job_for_flower(job_id: int, instance: str | None, terminate: bool) -> str:
+def _stop_job_for_flower(job_id: int, instance: str | None) -> str:
     """Flower's Terminate (or Revoke) of job ``job_id`` (its instance starting ``instance``):
-    rig kill's path, as an admin (workers.remote_control). Revoke without terminate cancels
-    only a job not yet started; a row of an earlier job whose id is reused stops nothing."""
+    rig kill's path, as an admin (workers.remote_control). A row of an earlier job whose id is
+    reused stops nothing."""
     from rig.client import Client
     from rig.task_events import same_job
 
@@ -107,8 +106,6 @@ def _stop_job_for_flower(job_id: int, instance: str | None, terminate: bool) -> 
         return f"job {job_id} of that row is gone (its id names another job now): nothing stopped"
     if job.state.terminal:
         return f"job {job_id} has ended already ({job.state.value})"
-    if not terminate and job.state is JobState.RUNNING:
-        return f"job {job_id} runs: Revoke leaves it running (Terminate stops it)"
     client.kill(job_id, wait=False, admin=remote_control.FLOWER_ADMIN)
     log.warning("job %s: stopped from Flower (%s)", job_id, remote_control.FLOWER_ADMIN)
     return f"job {job_id}: stopping it (as {remote_control.FLOWER_ADMIN})"

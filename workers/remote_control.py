@@ -6,8 +6,9 @@ worker. Two kinds would act behind rig's back, so rig's workers answer them diff
 * **revoke / terminate of a job** (Flower's Revoke and Terminate on a ``rig-job-…`` row,
   rig.task_events): a Celery revoke cannot stop a job (its process tree lives in a session of
   its own, and the threads pool has no ``kill_job``), so the control worker stops the job
-  through ``rig kill``'s own path (rig.client.Client.kill): Terminate kills it wherever it is;
-  Revoke cancels it only while it has not started (Celery's meaning of revoke). Flower's login
+  through ``rig kill``'s own path (rig.client.Client.kill), wherever it is: Flower offers
+  Revoke on a waiting row and Terminate on a running one, and answers "Revoked" to both, so
+  both stop the job (a row still waiting in Flower may have started meanwhile). Flower's login
   is an admin login: it may stop anyone's job (rig.ownership, as an admin), and the job's
   record says ``cancelled by Flower (admin login)``. Card workers leave it to the control
   worker, and every other task id goes to Celery's own revoke.
@@ -37,9 +38,9 @@ RIG_ROLES = ("card", "control")
 #: Who the record names as having stopped a job from Flower.
 FLOWER_ADMIN = "Flower (admin login)"
 
-#: Stops one job for Flower: (job id, start of its instance or None, terminate) -> one line
-#: saying what happened.
-StopJob = Callable[[int, "str | None", bool], str]
+#: Stops one job for Flower: (job id, start of its instance or None) -> one line saying what
+#: happened.
+StopJob = Callable[[int, "str | None"], str]
 
 
 def refusal(command: str, hostname: str) -> str:
@@ -75,13 +76,13 @@ def _refused(command: str) -> Callable[..., dict]:
     return handler
 
 
-def _stop_all(jobs: list[tuple[int, str | None]], terminate: bool, stop_job: StopJob | None) -> list[str]:
+def _stop_all(jobs: list[tuple[int, str | None]], stop_job: StopJob | None) -> list[str]:
     if stop_job is None:
         return [f"job {j}: stopped by the control worker" for j, _ in jobs]
     said = []
     for job_id, instance in jobs:
         try:
-            said.append(stop_job(job_id, instance, terminate))
+            said.append(stop_job(job_id, instance))
         except Exception as exc:  # noqa: BLE001 - one job's answer must not lose the others'
             log.warning("job %s: not stopped from Flower: %s", job_id, exc)
             said.append(f"job {job_id}: not stopped: {exc}")
@@ -94,7 +95,7 @@ def _revoke_jobs(celery_revoke: Callable[..., dict], stop_job: StopJob | None) -
         ids = [str(i) for i in (maybe_list(task_id) or [])]
         jobs = [j for j in (job_of(i) for i in ids) if j is not None]
         others = [i for i in ids if job_of(i) is None]
-        said = _stop_all(jobs, bool(terminate), stop_job)
+        said = _stop_all(jobs, stop_job)
         if others:
             reply = celery_revoke(state, others, terminate=terminate, signal=signal, **kwargs)
             said.append(str(reply.get("ok") or reply.get("error") or reply))
@@ -109,7 +110,7 @@ def _terminate_jobs(celery_terminate: Callable[..., dict], stop_job: StopJob | N
         job = job_of(str(task_id))
         if job is None:
             return celery_terminate(state, signal, task_id, **kwargs)
-        return ok("; ".join(_stop_all([job], True, stop_job)))
+        return ok("; ".join(_stop_all([job], stop_job)))
 
     terminate.__name__ = "terminate"
     return terminate

@@ -119,6 +119,8 @@ def test_jobs_are_tasks_with_their_truth(node: tuple[RigHarness, FlowerApi]) -> 
     failed = api.until("the bad job's failure", lambda: (t := api.task(bad_task)) and
                        t["state"] == "FAILURE" and t)
     assert failed["exception"].startswith("nonzero_exit: exit code 3"), failed["exception"]
+    # Its two retries (max_retries = 2 by default) were Celery retries of the same task.
+    assert failed["retries"] == 2 and "gave up after 3 attempts" in failed["exception"]
     assert f"job {bad} 'bad' by {me}" in failed["name"]
 
     # The Failed filter and the search find it.
@@ -145,6 +147,15 @@ def test_terminate_kills_the_job_and_worker_controls_are_refused(node: tuple[Rig
     api.until("the running job", lambda: (t := api.task(victim_task)) and t["state"] == "STARTED")
     pid, start = harness.client.get(victim).pid, harness.client.get(victim).proc_start
     assert pid and is_alive(pid, start)
+
+    # A job that waits (both cards whole, while the sleeper holds one) is Revoke's (Flower
+    # offers it on a RECEIVED row): cancelled, never started.
+    big = harness.client.submit(["sh", "-c", "exit 0"], gpu_memory="22G", gpus=2, name="big")
+    big_task = task_id(harness.client.get(big.id))
+    api.until("the waiting job", lambda: (t := api.task(big_task)) and t["state"] == "RECEIVED")
+    status, _ = api.call(f"/api/task/revoke/{big_task}", method="POST")
+    assert status == 200 and harness.wait_for_state(big.id, {JobState.CANCELLED}) is JobState.CANCELLED
+    assert api.until("the revoked waiting job", lambda: (t := api.task(big_task)) and t["state"] == "REVOKED")
 
     status, _ = api.call(f"/api/task/revoke/{victim_task}?terminate=true", method="POST")
     assert status == 200

@@ -158,10 +158,9 @@ def test_the_control_worker_stops_jobs_and_leaves_other_ids_to_celery(panel: Non
     asked: list[tuple] = []
     celery_revoked: list[object] = []
     Panel.data["revoke"] = lambda state, ids, **kw: celery_revoked.append(ids) or {"ok": "flagged"}
-    remote_control.install(lambda j, inst, term: asked.append((j, inst, term)) or f"job {j}: stopping",
-                           role="control")
+    remote_control.install(lambda j, inst: asked.append((j, inst)) or f"job {j}: stopping", role="control")
     answer = Panel.data["revoke"](_State(), ["rig-job-12-3f9a1c2e", "abc"], terminate=True)
-    assert asked == [(12, "3f9a1c2e", True)] and celery_revoked == [["abc"]]
+    assert asked == [(12, "3f9a1c2e")] and celery_revoked == [["abc"]]
     assert answer == {"ok": "job 12: stopping; flagged"}
     assert Panel.data["terminate"](_State(), "SIGTERM", "rig-job-7") == {"ok": "job 7: stopping"}
 
