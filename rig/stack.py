@@ -149,6 +149,15 @@ def flower_history_options(settings: Settings) -> list[str]:
             f"--state_save_interval={FLOWER_SAVE_INTERVAL_MS}"]
 
 
+def flower_environment(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Flower's environment: ``env`` without any ``FLOWER_*`` variable (Flower reads each as
+    an option: one left in the operator's shell, like FLOWER_UNAUTHENTICATED_API=true or
+    FLOWER_AUTH, would change rig's Flower behind its back); rig adds its login itself.
+    Returns (that environment, the names left out, sorted)."""
+    ignored = sorted(k for k in env if k.startswith("FLOWER_"))
+    return {k: v for k, v in env.items() if not k.startswith("FLOWER_")}, ignored
+
+
 def open_doors(settings: Settings, wants: Callable[[str], bool]) -> list[str]:
     """Warnings for the HTTP endpoints this stack would open beyond loopback. Both default to
     127.0.0.1; flower_address / metrics_address open them (docs/SECURITY.md)."""
@@ -297,12 +306,16 @@ class Stack:
         if self.wants("flower"):
             user, password = flower_credentials(s)
             flower_db(s).parent.mkdir(mode=0o700, exist_ok=True)  # its history shows every user's jobs
+            flower_env, ignored = flower_environment(env)
+            if ignored:
+                self.say(f"flower: ignoring {', '.join(ignored)} from the environment (rig sets Flower's "
+                         "options; docs/FLOWER.md)")
             self.children.append(Child(
                 "flower",
                 celery + ["flower", f"--address={s.flower_address}", f"--port={s.flower_port}",
                           *flower_history_options(s), f"--log_file_prefix={logs / 'flower.log'}"],
                 # Credentials travel in the environment, not on the command line (ps shows argv).
-                {**env, "FLOWER_BASIC_AUTH": f"{user}:{password}"}, logs / "flower.out", role="flower"))
+                {**flower_env, "FLOWER_BASIC_AUTH": f"{user}:{password}"}, logs / "flower.out", role="flower"))
         if self.wants("gateway"):
             self.children.append(Child(
                 "gateway", safe_python("rig.gateway.server"), env, logs / "gateway.out", role="gateway"))

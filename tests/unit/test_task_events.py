@@ -169,3 +169,12 @@ def test_workers_of_no_rig_role_keep_celerys_answers(panel: None):
     before = dict(Panel.data)
     remote_control.install(None, role="")
     assert Panel.data == before
+
+
+def test_flower_takes_no_option_from_the_operators_shell():
+    from rig.stack import flower_environment
+
+    env, ignored = flower_environment({"PATH": "/bin", "FLOWER_UNAUTHENTICATED_API": "true",
+                                       "FLOWER_BASIC_AUTH": "old:pw", "RIG_HOME": "/h"})
+    assert env == {"PATH": "/bin", "RIG_HOME": "/h"}
+    assert ignored == ["FLOWER_BASIC_AUTH", "FLOWER_UNAUTHENTICATED_API"]
