@@ -153,6 +153,10 @@ class FlowerBridge:
                 telling = False  # moves published meanwhile were missed: tell the present again
                 self._say(f"Flower events: not listening, Redis: {str(exc)[:200]}")
                 self.stop_event.wait(1.0)
+            except Exception:  # noqa: BLE001 - the listener must outlive one surprise
+                telling = False
+                log.exception("Flower events: listener failed; listening again in 1 s")
+                self.stop_event.wait(1.0)
             finally:
                 try:
                     pubsub.close()
