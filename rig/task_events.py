@@ -127,8 +127,14 @@ def event_for(job: Job, state: JobState) -> tuple[str, dict[str, Any]] | None:
         fields["timestamp"] = float(moved_at)
     if state is JobState.PENDING:
         if job.attempts:
-            # An attempt ended and the job waits again: a retry, as Celery counts them.
-            fields.update(exception=_reason(job) or "retried", traceback="", retries=len(job.attempts))
+            # An attempt ended and the job waits again: a retry, as Celery counts them. Every
+            # ended attempt was retried but the last one of a job that has ended (the record is
+            # read when the event is sent, perhaps after the job moved on).
+            retries = max(1, len(job.attempts) - (1 if job.state.terminal else 0))
+            retried = job.attempts[retries - 1]
+            summary = str(retried.get("summary") or "") if isinstance(retried, dict) else ""
+            fields.update(exception=f"attempt {retries} failed: {summary}"[:REASON_MAX], traceback="",
+                          retries=retries)
             return "task-retried", fields
         fields.update(args="()", kwargs=task_kwargs(job), retries=0, eta=None, expires=None)
         return "task-received", fields

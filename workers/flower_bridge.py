@@ -14,16 +14,18 @@ Runs in the control worker; it acts only
 * while that worker's dispatcher leads (``sched:leader``): one bridge per cluster, so a move is
   told once however many nodes run a control worker.
 
-When it starts to tell (a Flower turned task events on, or the lead moved here) it first tells
-the present state of every job not ended yet, so a Flower started late still shows the jobs
-that wait and run. Each event carries the time of its move (rig.task_events), so one told late
-or twice shows the true times.
+When it starts to tell (a Flower turned task events on, the lead moved here, the subscription
+came back) it first tells the present state of every job not ended yet, and the end of every
+job it last told as not ended (``flower:told``), so a Flower started late shows the jobs that
+wait and run, and a job that ended while no bridge listened does not stay STARTED. A state is
+told once (its attempt included), so this never counts a job twice in Flower's counters; each
+event carries the time of its move (rig.task_events), so one told late shows the true times.
 
 Best effort and bounded: events never wait on, slow down or fail a job. The channel is read on
 one thread into a queue of at most QUEUE_MAX moves (when full, moves are dropped and counted);
-another thread reads each job's record and publishes. A move made while no bridge listens
-(the leader changing, Redis restarting) is not told: Flower then shows the job's previous state
-until its next move. rig's own records stay the truth (``rig show``).
+another thread reads each job's record and publishes. A move dropped, or made while the bridge
+is away, shows in Flower at the job's next move or at the next resync; rig's own records stay
+the truth (``rig show``).
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ class FlowerBridge:
         self._leads = leads
         self._connect = connect
         self._dispatcher_cls = dispatcher_cls
-        self.moves: queue.Queue[tuple[int, JobState]] = queue.Queue(maxsize=QUEUE_MAX)
+        #: (job id, the state it moved to; None: the state its record says when told).
+        self.moves: queue.Queue[tuple[int, JobState | None]] = queue.Queue(maxsize=QUEUE_MAX)
         self.stop_event = threading.Event()
         self.sent = 0
         self.dropped = 0
@@ -121,18 +124,20 @@ class FlowerBridge:
         return True
 
     def resync(self) -> int:
-        """Queue the present state of every job not ended yet (waiting, placed, running), for a
-        Flower that has not seen their moves: this bridge has just started to tell (task
-        events turned on by a Flower, or the lead taken over). Returns how many were queued."""
+        """Queue, to be told if Flower has not been told it yet, the present state of every job
+        not ended yet and of every job whose last told state was not its end (it ended while
+        no bridge listened): this bridge has just started to tell (task events turned on by a
+        Flower, the lead taken over, the subscription lost). Returns how many were queued."""
+        ids = set(self.r.hkeys(self.keys.flower_told))
+        for state in (JobState.PENDING, JobState.ASSIGNED, JobState.RUNNING):
+            ids.update(str(i) for i in self.store.ids_in_state(state))
         queued = 0
-        for state, told in ((JobState.PENDING, JobState.PENDING), (JobState.ASSIGNED, JobState.PENDING),
-                            (JobState.RUNNING, JobState.RUNNING)):
-            for job_id in self.store.ids_in_state(state):
-                try:
-                    self.moves.put_nowait((job_id, told))
-                except queue.Full:
-                    return queued
-                queued += 1
+        for job_id in sorted(int(i) for i in ids if str(i).isdigit()):
+            try:
+                self.moves.put_nowait((job_id, None))
+            except queue.Full:
+                break
+            queued += 1
         return queued
 
     def _listen(self) -> None:
@@ -176,21 +181,32 @@ class FlowerBridge:
                 self._drop_connection()
                 self._say(f"Flower events: not sent ({type(exc).__name__}: {str(exc)[:200]})")
 
-    def tell(self, job_id: int, state: JobState) -> bool:
-        """Send the task event of ``job_id``'s move to ``state``, read from its record now.
-        Returns whether one was sent (none for a move Flower is not told, or a job gone)."""
+    def tell(self, job_id: int, state: JobState | None) -> bool:
+        """Send the task event of ``job_id``'s move to ``state`` (None: the state its record
+        says now), read from its record now, unless that very state of that very attempt was
+        told already (``flower:told``): a move is told once, however often it is queued.
+        Returns whether an event was sent."""
         try:
             job = self.store.get(job_id, without=("env",))
         except JobNotFound:
+            self.r.hdel(self.keys.flower_told, job_id)
             return False
         if job.problems:
             return False  # nothing of a damaged record is shown
+        state = state or (JobState.PENDING if job.state is JobState.ASSIGNED else job.state)
+        told = f"{state.value}:{job.attempt}"
+        if not state.terminal and self.r.hget(self.keys.flower_told, job_id) == told:
+            return False
         event = event_for(job, state)
         if event is None:
             return False
         kind, fields = event
         self._dispatcher(worker_of(job, state) or self.hostname).send(kind, **fields)
         self.sent += 1
+        if state.terminal:
+            self.r.hdel(self.keys.flower_told, job_id)  # nothing more to tell: the hash holds live jobs
+        else:
+            self.r.hset(self.keys.flower_told, job_id, told)
         return True
 
     def _dispatcher(self, hostname: str) -> Any:  # noqa: ANN401 - celery.events.EventDispatcher

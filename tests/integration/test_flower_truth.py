@@ -145,8 +145,10 @@ def test_terminate_kills_the_job_and_worker_controls_are_refused(node: tuple[Rig
     harness, api = node
     victim, victim_task = _run(harness, "sleeper", "sleep 300", {JobState.RUNNING})
     api.until("the running job", lambda: (t := api.task(victim_task)) and t["state"] == "STARTED")
-    pid, start = harness.client.get(victim).pid, harness.client.get(victim).proc_start
-    assert pid and is_alive(pid, start)
+    # RUNNING is set at the claim; the pid once its process exists, a moment later.
+    running = api.until("the job's pid in its record", lambda: (j := harness.client.get(victim)).pid and j)
+    pid, start = running.pid, running.proc_start
+    assert is_alive(pid, start)
 
     # A job that waits (both cards whole, while the sleeper holds one) is Revoke's (Flower
     # offers it on a RECEIVED row): cancelled, never started.

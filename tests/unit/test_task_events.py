@@ -65,11 +65,15 @@ def test_each_move_is_the_celery_event_flower_understands():
 
     # A retry: the record lost its worker with the move back to PENDING; its last attempt row
     # says where it ran, so the retry counts for that card worker.
-    retried = _job(attempt=1, reason="attempt 1 failed: exit code 1; retry 1 of 2",
-                   attempts=[{"attempt": 1, "node": "n1", "cards": [3], "outcome": "nonzero_exit"}])
+    first = {"attempt": 1, "node": "n1", "cards": [3], "outcome": "nonzero_exit", "summary": "exit code 1"}
+    retried = _job(attempt=1, reason="attempt 1 failed: exit code 1; retry 1 of 2", attempts=[first])
     kind, fields = event_for(retried, JobState.PENDING)
-    assert kind == "task-retried" and fields["retries"] == 1 and "retry 1 of 2" in fields["exception"]
+    assert kind == "task-retried" and fields["retries"] == 1 and fields["exception"] == "attempt 1 failed: exit code 1"
     assert worker_of(retried, JobState.PENDING) == "card3@n1"
+    # Told late, once the job has ended after its second attempt: still the first one's retry.
+    late = _job(state=JobState.FAILED, attempt=2, attempts=[first, {**first, "attempt": 2, "summary": "exit code 9"}])
+    assert event_for(late, JobState.PENDING)[1]["retries"] == 1
+    assert event_for(late, JobState.PENDING)[1]["exception"] == "attempt 1 failed: exit code 1"
 
     kind, fields = event_for(_job(state=JobState.CANCELLED), JobState.CANCELLED)
     assert kind == "task-revoked" and fields["terminated"] is False
@@ -112,13 +116,21 @@ def test_the_bridge_tells_only_when_wanted_and_as_the_card_worker(monkeypatch: p
     assert bridge.tell(job.id, JobState.RUNNING)
     assert _Dispatcher.sent[-1][:2] == ("card1@n1", "task-started")
     assert not bridge.tell(999, JobState.RUNNING)  # a job gone: nothing
-    # A bridge that starts to tell first tells what is not over yet: the waiting and the running.
+    assert not bridge.tell(job.id, JobState.RUNNING)  # told once, however often it is queued
+    # A bridge that starts to tell queues what is not over yet (the waiting, the running) and
+    # what it last told as not over: a job that ended while no bridge listened.
     waiting = store.create(_job(name="later"))
-    r.zrem(keys.state_index("PENDING"), job.id)
+    ended = store.create(_job(name="ended-meanwhile"))
+    assert bridge.tell(ended.id, JobState.PENDING)
+    r.hset(keys.job(ended.id), mapping={"state": "SUCCEEDED", "exit_code": "0"})
+    r.zrem(keys.state_index("PENDING"), job.id, ended.id)
     r.zadd(keys.state_index("RUNNING"), {str(job.id): job.id})
-    assert bridge.resync() == 2
-    assert sorted([bridge.moves.get_nowait(), bridge.moves.get_nowait()]) == [
-        (job.id, JobState.RUNNING), (waiting.id, JobState.PENDING)]
+    assert bridge.resync() == 3
+    told = [bridge.tell(*bridge.moves.get_nowait()) for _ in range(3)]
+    assert told == [False, True, True]  # the running job was told already
+    assert [(h, kind) for h, kind, _ in _Dispatcher.sent[-2:]] == [
+        ("control@n1", "task-received"), ("control@n1", "task-succeeded")]
+    assert sorted(r.hkeys(keys.flower_told)) == sorted([str(job.id), str(waiting.id)])  # ended: forgotten
 
 
 def test_a_full_queue_drops_moves_and_never_blocks(monkeypatch: pytest.MonkeyPatch):
