@@ -24,8 +24,8 @@ event carries the time of its move (rig.task_events), so one told late shows the
 Best effort and bounded: events never wait on, slow down or fail a job. The channel is read on
 one thread into a queue of at most QUEUE_MAX moves (when full, moves are dropped and counted);
 another thread reads each job's record and publishes. A move dropped, or made while the bridge
-is away, shows in Flower at the job's next move or at the next resync; rig's own records stay
-the truth (``rig show``).
+is away, shows in Flower at the job's next move or at the next resync (at once when the bridge
+starts telling, then every RESYNC_S); rig's own records stay the truth (``rig show``).
 """
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 QUEUE_MAX = 10_000
 #: How long the answer "does this worker's dispatcher lead?" is trusted (s).
 LEADER_CHECK_S = 1.0
+#: How often the bridge checks, while it tells, that Flower was told every job's present state
+#: (s): a move dropped (full queue) or a message Redis did not deliver is told by then.
+RESYNC_S = 60.0
 
 
 class FlowerBridge:
@@ -142,6 +145,7 @@ class FlowerBridge:
 
     def _listen(self) -> None:
         telling = False
+        next_resync = 0.0
         while not self.stop_event.is_set():
             pubsub = self.r.pubsub(ignore_subscribe_messages=True)
             try:
@@ -153,7 +157,11 @@ class FlowerBridge:
                     # Subscribed first, then the snapshot: no move falls between the two.
                     was, telling = telling, self.wanted()
                     if telling and not was:
-                        log.info("Flower events: telling job moves (%s jobs not ended yet)", self.resync())
+                        log.info("Flower events: telling job moves (%s jobs to check)", self.resync())
+                        next_resync = time.monotonic() + RESYNC_S
+                    elif telling and time.monotonic() >= next_resync:
+                        self.resync()  # what a dropped move or message left untold
+                        next_resync = time.monotonic() + RESYNC_S
             except redis.RedisError as exc:
                 telling = False  # moves published meanwhile were missed: tell the present again
                 self._say(f"Flower events: not listening, Redis: {str(exc)[:200]}")
