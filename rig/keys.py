@@ -40,6 +40,8 @@ Key schema (P = settings.key_prefix, default ``rig:``):
                                          ended:<STATE>:<failure class or ''> (transition.lua)
   P metrics:start-wait          hash     histogram of submission -> first start (s), fed by
                                          claim.lua: le:<bound> (cumulative), sum, count
+  P timeline                    zset     one sample a minute for rig's web page (rig.timeline):
+                                         score = the minute (epoch s), member = JSON; a day kept
   P events                      channel  job state changes, "<id> <STATE>"
   P kill                        channel  "<id>": stop this running job
   P celery:                     prefix   kombu's own keys (queues, unacked, bindings)
@@ -195,6 +197,11 @@ class Keys:
     def metrics_start_wait(self) -> str:
         """Hash: the cumulative histogram of submission -> first start (rig.metrics)."""
         return f"{self.prefix}metrics:start-wait"
+
+    @property
+    def timeline(self) -> str:
+        """Zset of per-minute samples (rig.timeline): bounded to TIMELINE_WINDOW_S."""
+        return f"{self.prefix}timeline"
 
     @property
     def events_channel(self) -> str:
