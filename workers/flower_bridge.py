@@ -116,8 +116,8 @@ class FlowerBridge:
             move = (int(raw_id), JobState(raw_state))
         except ValueError:
             return False
-        if not self.wanted():
-            return False
+        if move[1] is JobState.ASSIGNED or not self.wanted():
+            return False  # ASSIGNED tells Flower nothing (rig.task_events): not even read
         try:
             self.moves.put_nowait(move)
         except queue.Full:
