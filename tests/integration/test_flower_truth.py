@@ -129,8 +129,11 @@ def test_jobs_are_tasks_with_their_truth(node: tuple[RigHarness, FlowerApi]) -> 
     _, searched = api.call("/api/tasks?search=" + urllib.parse.quote("'bad'"))
     assert list(searched) == [bad_task]
 
-    # Only jobs are tasks: no rig.start_job / rig.submitted, nor beat's rig.tick / rig.health
-    # (beat runs here and ticks every check_interval).
+    # Only jobs are tasks: no rig.start_job / rig.submitted, nor beat's rig.tick / rig.health,
+    # which have run by now (the control worker's log says so).
+    control_log = harness.settings.rig_log_dir / "control.log"
+    api.until("beat's tasks run", lambda: all(f"Task {name}[" in control_log.read_text()
+                                                 for name in ("rig.tick", "rig.health")), timeout=30)
     _, tasks = api.call("/api/tasks?limit=1000")
     assert tasks and all(uuid.startswith("rig-job-") for uuid in tasks), sorted(t["name"] for t in tasks.values())
 
