@@ -33,6 +33,8 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P logs:lock                   string   the control worker sweeping old logs (PX)
   P alerts:active               hash     alert key -> JSON of the alert now firing
   P alerts:since                hash     condition -> when it was first seen (epoch s)
+  P flower:told                 hash     job id -> "<STATE>:<attempt>" last told to Flower, for jobs
+                                         not ended yet (workers.flower_bridge; an end deletes it)
   P metrics:counters            hash     Prometheus counters, only ever incremented (rig.metrics):
                                          submitted (rig.store), started (claim.lua), requeued and
                                          ended:<STATE>:<failure class or ''> (transition.lua)
@@ -181,6 +183,10 @@ class Keys:
     @property
     def alerts_since(self) -> str:
         return f"{self.prefix}alerts:since"
+
+    @property
+    def flower_told(self) -> str:
+        return f"{self.prefix}flower:told"
 
     @property
     def metrics_counters(self) -> str:

@@ -128,6 +128,36 @@ def flower_credentials(settings: Settings) -> tuple[str, str]:
     return user, password
 
 
+#: The most tasks (jobs: rig.task_events) Flower keeps, in memory and in its saved history.
+FLOWER_MAX_TASKS = 10_000
+#: How often Flower saves its history (ms); it also saves when it stops (SIGTERM).
+FLOWER_SAVE_INTERVAL_MS = 60_000
+
+
+def flower_db(settings: Settings) -> Path:
+    """Where Flower keeps its history across restarts: a dbm file set ``<node>.db*`` in
+    ``$RIG_HOME/flower/`` (per node: two nodes sharing a home never write one file; a folder
+    of its own: docker-compose keeps it on a volume)."""
+    return settings.home / "flower" / f"{settings.node_name}.db"
+
+
+def flower_history_options(settings: Settings) -> list[str]:
+    """Flower's history: at most FLOWER_MAX_TASKS jobs, kept in flower_db across its restarts
+    (saved every FLOWER_SAVE_INTERVAL_MS and when it stops; a file it cannot read is moved
+    aside as ``*.corrupt`` and it starts empty)."""
+    return [f"--max_tasks={FLOWER_MAX_TASKS}", "--persistent=True", f"--db={flower_db(settings)}",
+            f"--state_save_interval={FLOWER_SAVE_INTERVAL_MS}"]
+
+
+def flower_environment(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Flower's environment: ``env`` without any ``FLOWER_*`` variable (Flower reads each as
+    an option: one left in the operator's shell, like FLOWER_UNAUTHENTICATED_API=true or
+    FLOWER_AUTH, would change rig's Flower behind its back); rig adds its login itself.
+    Returns (that environment, the names left out, sorted)."""
+    ignored = sorted(k for k in env if k.startswith("FLOWER_"))
+    return {k: v for k, v in env.items() if not k.startswith("FLOWER_")}, ignored
+
+
 def login_place(settings: Settings) -> str:
     """Where the admin login (Flower's, and rig's web page's) comes from, as flower_credentials
     decides it: for the lines `rig up` prints."""
@@ -290,12 +320,17 @@ class Stack:
                 role="beat"))
         if self.wants("flower"):
             user, password = flower_credentials(s)
+            flower_db(s).parent.mkdir(mode=0o700, exist_ok=True)  # its history shows every user's jobs
+            flower_env, ignored = flower_environment(env)
+            if ignored:
+                self.say(f"flower: ignoring {', '.join(ignored)} from the environment (rig sets Flower's "
+                         "options; docs/FLOWER.md)")
             self.children.append(Child(
                 "flower",
                 celery + ["flower", f"--address={s.flower_address}", f"--port={s.flower_port}",
-                          "--max_tasks=10000", f"--log_file_prefix={logs / 'flower.log'}"],
+                          *flower_history_options(s), f"--log_file_prefix={logs / 'flower.log'}"],
                 # Credentials travel in the environment, not on the command line (ps shows argv).
-                {**env, "FLOWER_BASIC_AUTH": f"{user}:{password}"}, logs / "flower.out", role="flower"))
+                {**flower_env, "FLOWER_BASIC_AUTH": f"{user}:{password}"}, logs / "flower.out", role="flower"))
         if self.wants("gateway"):
             self.children.append(Child(
                 "gateway", safe_python("rig.gateway.server"), env, logs / "gateway.out", role="gateway"))
