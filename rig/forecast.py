@@ -1,0 +1,283 @@
+"""When each waiting job is expected to start: a forward simulation of the dispatcher. The one
+place start times are estimated (the web page's "est. start", `rig show`, its ``--json``).
+
+The simulation replays the dispatcher's own rules, never a copy of them: its run order
+(``Dispatcher.fair_order``: aged priority, jobs holding cards first, fair share, queue order),
+its card rule (``rig.placement.place`` over the cards of the job's pool, which asks
+``CardState.refusal``), its holds for blocked jobs and their backfilling (the dispatcher's
+``_Holds``: ``plan_hold`` / ``may_backfill``), user limits (``rig.fairshare.over_limit``) and its
+run-time estimates (``Dispatcher._read_holdings`` for the running jobs' expected ends, with their
+conditional remaining time and their time limits as sure ends; ``Dispatcher.estimate`` for the
+waiting ones). It is event-driven list scheduling: at ``now`` and then at each next expected end,
+the ended reservations are freed and the waiting jobs are offered the cards in run order, as a
+dispatcher pass would.
+
+What an estimate assumes (every view labels it as an estimate: "~14:20", "in ~25 min"):
+
+* no new submissions (a higher-priority job submitted later goes first), and no kills;
+* every job runs for its expected run time (the median of earlier runs of it, or of jobs of its
+  size: rig.estimates), a running one for its conditional remaining time; a time limit is a sure
+  end (and caps the estimate);
+* the cards stay as they are: a closed, draining or unhealthy card stays so, nothing is added;
+* a job whose start waits on an end nobody can estimate (no earlier runs, no time limit) gets no
+  time, with that reason; so does a job that can never fit, or waits on a user limit no
+  estimated end lifts.
+
+Bounded: the first FORECAST_JOBS waiting jobs in queue order (priority, then submission) are
+simulated; the rest are "later". Each pass costs O(jobs x cards log cards), with at most one pass
+per expected end (running + simulated jobs).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from rig.clock import shared_now
+from rig.errors import InvalidRecord
+from rig.fairshare import TeamState, exceeds_alone, over_limit
+from rig.keys import card_id
+from rig.models import CardState
+from rig.placement import Release, Request, never_fits, place
+from rig.waiting import NO_DISPATCHER, roughly
+
+if TYPE_CHECKING:
+    from rig.client import Client
+    from rig.pools import Pools
+    from workers.dispatcher import Dispatcher, Waiting
+
+#: Waiting jobs simulated, from the head of the queue (priority, then submission).
+FORECAST_JOBS = 200
+
+#: Reasons for no estimate (the end of "estimated start: unknown (...)").
+NO_RUNS = ("no estimate: no earlier runs of similar jobs (nor a time limit) for a job that must end "
+           "before it")
+NO_CARD_OPEN = "no estimate: no card of its pool takes jobs now (closed, draining or unhealthy)"
+LATER = f"later (more than {FORECAST_JOBS} jobs ahead of it; only those are estimated)"
+#: What every time shown says it is.
+CAVEAT = "an estimate from earlier runs, assumes no higher-priority submissions"
+
+
+@dataclass(frozen=True)
+class StartEstimate:
+    """A waiting job's estimated start: ``at`` (epoch s, Redis' clock; ``now`` when it could
+    start at the dispatcher's next pass), or None with ``why_none`` saying why there is no time.
+    ``later``: not simulated (beyond the first FORECAST_JOBS jobs)."""
+
+    job_id: int
+    at: float | None
+    why_none: str | None = None
+    later: bool = False
+
+    def short(self, now: float) -> str:
+        """For a table cell: ``now``, ``~14:20``, ``later``, ``unknown``."""
+        if self.at is None:
+            return "later" if self.later else "unknown"
+        return "now" if self.at <= now else f"~{_clock(self.at, now)}"
+
+    def sentence(self, now: float) -> str:
+        """For `rig show`: ``~14:20 (in ~25 min; an estimate ...)`` or why there is none."""
+        if self.later:
+            return LATER
+        if self.at is None:
+            return f"unknown ({self.why_none})"
+        if self.at <= now:
+            return "now (waiting for the dispatcher's next pass)"
+        return f"~{_clock(self.at, now)} ({roughly(self.at - now)}; {CAVEAT})"
+
+    def as_dict(self, now: float) -> dict[str, object]:
+        """For ``--json`` and the web page: the raw time and the words."""
+        return {"estimated_start": self.at, "estimated_start_text": self.sentence(now),
+                "estimated_start_short": self.short(now)}
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """Start estimates of the waiting jobs at ``now`` (epoch s)."""
+
+    now: float
+    starts: Mapping[int, StartEstimate]
+
+    def of(self, job_id: int) -> StartEstimate:
+        """The estimate of ``job_id``: 'later' for a job beyond the simulated head."""
+        return self.starts.get(job_id) or StartEstimate(job_id, None, later=True)
+
+
+def _clock(at: float, now: float) -> str:
+    """``14:20`` today, ``Wed 14:20`` within a week, else ``2026-12-09 14:20`` (local time)."""
+    day = time.localtime(at)
+    if day[:3] == time.localtime(now)[:3]:
+        return time.strftime("%H:%M", day)
+    return time.strftime("%a %H:%M" if at - now < 6 * 86400 else "%Y-%m-%d %H:%M", day)
+
+
+def simulate(dispatcher: Dispatcher, cards: Sequence[CardState], releases: Mapping[str, Sequence[Release]],
+             team: TeamState, waiting: Sequence[Waiting], now: float) -> dict[int, StartEstimate]:
+    """Each of ``waiting``'s estimated start (see the module doc), by replaying ``dispatcher``'s
+    passes from ``now`` (epoch s) at every expected end. ``cards``: as the ledger has them
+    (reservations of the running jobs included); ``releases``: card id -> when each reservation
+    on it is expected to end (Dispatcher._read_holdings); ``team``: every user's load (changed
+    here: the simulated starts are charged to it). Nothing is read or written in Redis."""
+    from workers.dispatcher import _Lazy
+
+    pools = dispatcher.settings.pool_map
+    state = {c.id: c for c in cards}
+    ends: dict[str, list[Release]] = {cid: list(rs) for cid, rs in releases.items()}
+    running: dict[int, tuple[float, str, int]] = {}  # simulated start -> (end, user, bytes)
+    pending = {j.id: j for j in waiting}
+    out: dict[int, StartEstimate] = {}
+    snapshot = _Lazy(lambda: (ends, team))
+    t = now
+    while pending:
+        for cid, rs in ends.items():  # the reservations expected to have ended by t are freed
+            gone = [r for r in rs if r.at <= t]
+            if gone and cid in state:
+                card = state[cid]
+                state[cid] = replace(card, reserved=max(0, card.reserved - sum(r.nbytes for r in gone)),
+                                     jobs=max(0, card.jobs - len(gone)))
+            ends[cid] = [r for r in rs if r.at > t]
+        for jid, (end, user, nbytes) in list(running.items()):  # ended: its user's limit counts it no more
+            if end <= t:
+                load = team.load(user)
+                load.jobs, load.nbytes = max(0, load.jobs - 1), max(0, load.nbytes - nbytes)
+                del running[jid]
+        _one_pass(dispatcher, pools, state, ends, team, pending, out, running, snapshot, t)
+        upcoming = [r.at for rs in ends.values() for r in rs if r.at > t and r.at != math.inf]
+        if not pending or not upcoming:
+            break
+        t = min(upcoming)
+    for job in pending.values():
+        out[job.id] = StartEstimate(job.id, None, _why_none(dispatcher, pools, state, team, job))
+    return out
+
+
+def _one_pass(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState], ends: dict[str, list[Release]],
+              team: TeamState, pending: dict[int, Waiting], out: dict[int, StartEstimate],
+              running: dict[int, tuple[float, str, int]], snapshot: object, t: float) -> None:
+    """One dispatcher pass at ``t`` over the simulated state (Dispatcher.dispatch_pass without
+    its Redis: holds first, then every job in run order that fits starts)."""
+    from workers.dispatcher import _Holds
+
+    settings = dispatcher.settings
+    strategy = settings.scheduler_type
+    holds = _Holds(dispatcher, snapshot, t)  # type: ignore[arg-type]
+    dispatcher._backfill_ends = {}  # noqa: SLF001 - its per-round cache: a simulated pass is a round
+    cards = list(state.values())
+    jobs = list(pending.values())
+
+    def mine(job: Waiting) -> list[CardState]:
+        return [c for c in cards if pools.contains(job.pool, c.node, c.index)]
+
+    def limited(job: Waiting) -> bool:
+        return over_limit(job.user, team.load(job.user), job.gpu_memory, job.gpus,
+                          settings.user_limit(job.user)) is not None
+
+    # Jobs past their hold time that cannot start hold their cards first, as the dispatcher's do.
+    for job in dispatcher.fair_order(jobs, team, t):
+        request = Request(job.gpu_memory, job.gpus)
+        own = mine(job)
+        if t - job.created_at < dispatcher.hold_after(job, t) or limited(job) or not own:
+            continue
+        if place(holds.open_to(job, own, request), request, strategy) is None and not never_fits(own, request):
+            if holds.plan(job, own, request) is not None and not job.held_at:
+                pending[job.id] = replace(job, held_at=t)  # it goes first in its rank from now on
+    jobs = list(pending.values())
+    smallest = min(j.gpu_memory for j in jobs)
+    for job in dispatcher.fair_order(jobs, team, t):
+        request = Request(job.gpu_memory, job.gpus)
+        own = mine(job)
+        if not own or never_fits(own, request) or limited(job):
+            continue
+        placement = place(holds.open_to(job, own, request), request, strategy, smallest_waiting=smallest)
+        if placement is None:
+            if holds.of(job.id) is None and t - job.created_at >= dispatcher.hold_after(job, t):
+                if holds.plan(job, own, request) is not None and not job.held_at:
+                    pending[job.id] = replace(job, held_at=t)
+            continue
+        run = dispatcher.estimate(job)
+        sure = dispatcher.sure_end(job, t) or math.inf
+        end = min(t + run.expected, sure)
+        for index in placement.cards:
+            cid = card_id(placement.node, index)
+            card = state[cid]
+            state[cid] = replace(card, reserved=card.reserved + job.gpu_memory, jobs=card.jobs + 1)
+            ends.setdefault(cid, []).append(Release(end, job.gpu_memory, sure, t))
+        team.load(job.user).add_job(job.gpu_memory, job.gpus, 0.0)
+        running[job.id] = (end, job.user, job.gpu_memory * job.gpus)
+        out[job.id] = StartEstimate(job.id, t)
+        del pending[job.id]
+        cards = list(state.values())
+        if not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
+            break  # every card is full: the jobs behind wait for the next end
+
+
+def _why_none(dispatcher: Dispatcher, pools: Pools, state: Mapping[str, CardState], team: TeamState,
+              job: Waiting) -> str:
+    """Why the simulation found no start for ``job`` (after the last estimable end)."""
+    settings = dispatcher.settings
+    request = Request(job.gpu_memory, job.gpus)
+    own = [c for c in state.values() if pools.contains(job.pool, c.node, c.index)]
+    if job.pool is not None and job.pool not in pools.members:
+        return f"never: pool {job.pool!r} is not configured"
+    never = never_fits(own, request) or exceeds_alone(settings.user_limit(job.user), job.gpu_memory, job.gpus)
+    if never:
+        return f"never: {never}"
+    if not any(c.eligible for c in own):
+        return NO_CARD_OPEN
+    limit = over_limit(job.user, team.load(job.user), job.gpu_memory, job.gpus, settings.user_limit(job.user))
+    if limit:
+        return f"no estimate: {limit}, and none of their jobs has an estimated end"
+    if not _big_enough_open(own, request):
+        return NO_CARD_OPEN
+    return NO_RUNS
+
+
+def _big_enough_open(cards: Sequence[CardState], request: Request) -> bool:
+    """Does some node have ``request.gpus`` cards that take jobs and are big enough for it?"""
+    per_node: dict[str, int] = {}
+    for c in cards:
+        if c.eligible and c.usable >= request.nbytes:
+            per_node[c.node] = per_node.get(c.node, 0) + 1
+    return any(n >= request.gpus for n in per_node.values())
+
+
+def forecast(client: Client) -> Forecast:
+    """Every simulated waiting job's estimated start, from what Redis holds now (read only: the
+    dispatcher's reads, none of its writes). With no dispatcher running, no job gets a time:
+    each says so (rig.waiting.NO_DISPATCHER)."""
+    from workers.dispatcher import Dispatcher, Waiting
+
+    r, keys = client.r, client.keys
+    dispatcher = Dispatcher(client.settings, send_start=_never_start, client=r)
+    ids = [int(i) for i in r.zrange(keys.pending, 0, FORECAST_JOBS - 1)]
+    pipe = r.pipeline(transaction=False)
+    pipe.exists(keys.sched_leader)
+    for jid in ids:
+        pipe.hmget(keys.job(jid), *Waiting.FIELDS)
+    leader, *values = pipe.execute()
+    now = shared_now(r)
+    out: dict[int, StartEstimate] = {}
+    waiting: list[Waiting] = []
+    for jid, raw in zip(ids, values, strict=True):
+        try:
+            job = Waiting.parse(jid, raw)
+        except InvalidRecord as exc:
+            out[jid] = StartEstimate(jid, None, f"never: its record is invalid ({exc}); the dispatcher ends it")
+            continue
+        if job is not None:
+            waiting.append(job)
+    if not leader:
+        out.update({j.id: StartEstimate(j.id, None, NO_DISPATCHER) for j in waiting})
+        return Forecast(now, out)
+    if waiting:
+        cards = client.ledger.cards()
+        releases, team = dispatcher._read_holdings(cards, now)  # noqa: SLF001 - the dispatcher's own view
+        out.update(simulate(dispatcher, cards, releases, team, waiting, now))
+    return Forecast(now, out)
+
+
+def _never_start(*_args: object) -> None:
+    raise AssertionError("the forecast never starts a job")
