@@ -118,11 +118,16 @@ def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
     client.ping()
     job = client.get(job_id)
     why = client.why_waiting(job)  # the one explanation (rig.waiting), for the table and JSON alike
+    start: dict[str, object] = {}
+    if job.state is JobState.PENDING:  # rig.forecast: the one estimate, worded in one place
+        estimates = client.start_estimates()
+        start = estimates.of(job.id).as_dict(estimates.now)
     if as_json:
-        click.echo(J.dumps(J.job_dict(job, waiting_because=why,
+        click.echo(J.dumps(J.job_dict(job, waiting_because=why, **start,
                                       in_error_queue=client.in_error_queue(job.id))))
         return
-    render_job(job, why, make_console(), in_error_queue=client.in_error_queue(job.id))
+    render_job(job, why, make_console(), in_error_queue=client.in_error_queue(job.id),
+               estimated_start=start.get("estimated_start_text"))
 
 
 @cli.command()

@@ -353,7 +353,10 @@ def render_errors(jobs: list[Job], console: Console) -> None:
     console.print("`rig retry JOB [--gpu-memory SIZE]` sends one back; `rig errors --clear JOB` dismisses it")
 
 
-def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: bool = False) -> None:
+def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: bool = False,
+               estimated_start: str | None = None) -> None:
+    """`rig show`: ``why`` a waiting job waits (rig.waiting) and its ``estimated_start``
+    (rig.forecast's sentence), then its record."""
     rows: list[tuple[str, str]] = [
         ("id", str(job.id)), ("name", job.name), ("user", job.user),
         ("state", f"[{STATE_STYLE[job.state]}]{job.state.value}[/]"),
@@ -363,6 +366,8 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
     ]
     if why:
         rows.append(("waiting because", why))
+    if estimated_start:
+        rows.append(("estimated start", estimated_start))
     if job.node:
         rows.append(("node / cards", f"{job.node} / {', '.join(map(str, job.cards))}"))
     rows += [("submitted", when(job.created_at)), ("placed", when(job.assigned_at)),

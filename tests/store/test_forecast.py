@@ -1,0 +1,72 @@
+"""Estimated starts (rig.forecast) through the real Client, from what a real dispatcher pass
+left in Redis: fakeredis and real Redis."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import rig.forecast
+from rig.client import Client
+from rig.config import load_settings
+from rig.forecast import CAVEAT
+from rig.gpus.base import GpuReading
+from rig.keys import Keys
+from rig.ledger import Ledger
+from rig.memory import GIB
+from rig.models import Job, JobState, Priority
+from rig.waiting import NO_DISPATCHER
+from workers.dispatcher import Dispatcher
+
+
+@pytest.fixture
+def world(redis_client, key_prefix, tmp_path):
+    settings = load_settings(key_prefix=key_prefix, scheduler_type="best-fit", node_name="n1",
+                             hold_after_seconds=0, home=tmp_path / "home")
+    ledger = Ledger(redis_client, Keys(key_prefix))
+    for i in range(2):
+        ledger.register_card("n1", GpuReading(index=i, uuid=f"u{i}", model="m", total=40 * GIB),
+                             max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    return ledger, Client(settings, redis_client=redis_client), Dispatcher(settings, lambda *a: None,
+                                                                          client=redis_client)
+
+
+def submit(ledger: Ledger, gib: float, expected: float | None) -> int:
+    return ledger.store.create(Job(
+        id=0, name="t", user="u", command=["true"], gpu_memory=int(gib * GIB), gpus=1,
+        priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/", created_at=time.time(),
+        expected_seconds=expected,
+    )).id
+
+
+def test_estimated_starts_follow_the_expected_ends(world):
+    ledger, client, dispatcher = world
+    # Two running jobs placed by the dispatcher: 30 GiB for ~100 s, 40 GiB for ~50 s.
+    long_one, short_one = submit(ledger, 30, 100.0), submit(ledger, 40, 50.0)
+    assert dispatcher.dispatch_pass() == 2
+    # Waiting, not yet passed over: 40 GiB (it waits for the 40 GiB job's end, ~50 s) and
+    # 10 GiB (fits now beside the 30 GiB job).
+    big, small = submit(ledger, 40, 60.0), submit(ledger, 10, None)
+    # No dispatcher holds the lock: no time, and it says why.
+    got = client.start_estimates()
+    assert got.of(big).at is None and got.of(big).why_none == NO_DISPATCHER
+    assert NO_DISPATCHER in got.of(small).sentence(got.now)
+
+    client.r.set(client.keys.sched_leader, "someone", px=60_000)  # a dispatcher runs
+    got = client.start_estimates()
+    assert got.of(small).at == got.now
+    assert got.of(small).sentence(got.now) == "now (waiting for the dispatcher's next pass)"
+    assert got.now + 45 <= got.of(big).at <= got.now + 51
+    assert CAVEAT in got.of(big).sentence(got.now)
+    assert {long_one, short_one}.isdisjoint(got.starts)  # running jobs get none
+
+
+def test_beyond_the_simulated_head_a_job_is_later(world, monkeypatch):
+    ledger, client, _ = world
+    client.r.set(client.keys.sched_leader, "someone", px=60_000)
+    first, second = submit(ledger, 10, 5.0), submit(ledger, 10, 5.0)
+    monkeypatch.setattr(rig.forecast, "FORECAST_JOBS", 1)
+    got = client.start_estimates()
+    assert got.of(first).at == got.now
+    assert got.of(second).later and got.of(second).short(got.now) == "later"
