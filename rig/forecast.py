@@ -18,7 +18,8 @@ What an estimate assumes (every view labels it as an estimate: "~14:20", "in ~25
 * every job runs for its expected run time (the median of earlier runs of it, or of jobs of its
   size: rig.estimates), a running one for its conditional remaining time; a time limit is a sure
   end (and caps the estimate);
-* the cards stay as they are: a closed, draining or unhealthy card stays so, nothing is added;
+* the cards stay as they are: a closed, draining or unhealthy card stays so (and the cards of a
+  stopped or down node take nothing), nothing is added;
 * a job whose start waits on an end nobody can estimate (no earlier runs, no time limit) gets no
   time, with that reason; so does a job that can never fit, or waits on a user limit no
   estimated end lifts.
@@ -41,8 +42,9 @@ from rig.errors import InvalidRecord
 from rig.fairshare import TeamState, exceeds_alone, over_limit
 from rig.keys import card_id
 from rig.models import CardState
+from rig.nodes import NodeRegistry
 from rig.placement import Release, Request, never_fits, place
-from rig.waiting import NO_DISPATCHER, roughly
+from rig.waiting import NO_DISPATCHER, _live, roughly
 
 if TYPE_CHECKING:
     from rig.client import Client
@@ -273,7 +275,10 @@ def forecast(client: Client) -> Forecast:
         out.update({j.id: StartEstimate(j.id, None, NO_DISPATCHER) for j in waiting})
         return Forecast(now, out)
     if waiting:
-        cards = client.ledger.cards()
+        # Cards of a node that is stopped or down take no jobs, even before the health pass
+        # closes them: the same rule as the wait's explanation (rig.waiting), so the two agree.
+        nodes = {n.name: n for n in NodeRegistry(r, keys).read()}
+        cards = [c for c in client.ledger.cards() if _live(nodes.get(c.node))]
         releases, team = dispatcher._read_holdings(cards, now)  # noqa: SLF001 - the dispatcher's own view
         out.update(simulate(dispatcher, cards, releases, team, waiting, now))
     return Forecast(now, out)
