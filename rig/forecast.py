@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from rig.clock import shared_now
 from rig.errors import InvalidRecord
-from rig.fairshare import TeamState, exceeds_alone, over_limit
+from rig.fairshare import TeamState, UserLimit, exceeds_alone, over_limit
 from rig.keys import card_id
 from rig.models import CardState
 from rig.nodes import NodeRegistry
@@ -53,6 +53,10 @@ if TYPE_CHECKING:
 
 #: Waiting jobs simulated, from the head of the queue (priority, then submission).
 FORECAST_JOBS = 200
+#: Dispatcher passes replayed (one per expected end); the jobs not started by then start no
+#: earlier than the last one's time ("after ~16:40"). Bounds the work: about 5 ms a pass for
+#: 200 jobs on 8 cards.
+MAX_PASSES = 60
 
 #: Reasons for no estimate (the end of "estimated start: unknown (...)").
 NO_RUNS = ("no estimate: no earlier runs of similar jobs (nor a time limit) for a job that must end "
@@ -67,16 +71,20 @@ CAVEAT = "an estimate from earlier runs, assumes no higher-priority submissions"
 class StartEstimate:
     """A waiting job's estimated start: ``at`` (epoch s, Redis' clock; ``now`` when it could
     start at the dispatcher's next pass), or None with ``why_none`` saying why there is no time.
-    ``later``: not simulated (beyond the first FORECAST_JOBS jobs)."""
+    ``later``: not simulated (beyond the first FORECAST_JOBS jobs). ``after`` (epoch s): not
+    started within MAX_PASSES simulated passes, the last of them at that time."""
 
     job_id: int
     at: float | None
     why_none: str | None = None
     later: bool = False
+    after: float | None = None
 
     def short(self, now: float) -> str:
-        """For a table cell: ``now``, ``~14:20``, ``later``, ``unknown``."""
+        """For a table cell: ``now``, ``~14:20``, ``after ~16:40``, ``later``, ``unknown``."""
         if self.at is None:
+            if self.after is not None:
+                return f"after ~{_clock(self.after, now)}"
             return "later" if self.later else "unknown"
         return "now" if self.at <= now else f"~{_clock(self.at, now)}"
 
@@ -84,6 +92,9 @@ class StartEstimate:
         """For `rig show`: ``~14:20 (in ~25 min; an estimate ...)`` or why there is none."""
         if self.later:
             return LATER
+        if self.after is not None:
+            return (f"after ~{_clock(self.after, now)} ({roughly(self.after - now)}: only the next "
+                    f"{MAX_PASSES} expected ends are simulated; {CAVEAT})")
         if self.at is None:
             return f"unknown ({self.why_none})"
         if self.at <= now:
@@ -129,11 +140,20 @@ def simulate(dispatcher: Dispatcher, cards: Sequence[CardState], releases: Mappi
     state = {c.id: c for c in cards}
     ends: dict[str, list[Release]] = {cid: list(rs) for cid, rs in releases.items()}
     running: dict[int, tuple[float, str, int]] = {}  # simulated start -> (end, user, bytes)
-    pending = {j.id: j for j in waiting}
     out: dict[int, StartEstimate] = {}
+    pending: dict[int, Waiting] = {}
+    for job in waiting:  # a job that can never fit is ended by the dispatcher: no time, ever
+        never = _never(dispatcher, pools, [c for c in cards if pools.contains(job.pool, c.node, c.index)], job)
+        if never:
+            out[job.id] = StartEstimate(job.id, None, never)
+        else:
+            pending[job.id] = job
     snapshot = _Lazy(lambda: (ends, team))
+    limits: dict[str, UserLimit] = {}
     t = now
-    while pending:
+    for _pass in range(MAX_PASSES):
+        if not pending:
+            break
         for cid, rs in ends.items():  # the reservations expected to have ended by t are freed
             gone = [r for r in rs if r.at <= t]
             if gone and cid in state:
@@ -146,11 +166,14 @@ def simulate(dispatcher: Dispatcher, cards: Sequence[CardState], releases: Mappi
                 load = team.load(user)
                 load.jobs, load.nbytes = max(0, load.jobs - 1), max(0, load.nbytes - nbytes)
                 del running[jid]
-        _one_pass(dispatcher, pools, state, ends, team, pending, out, running, snapshot, t)
+        _one_pass(dispatcher, pools, state, ends, team, pending, out, running, snapshot, limits, t)
         upcoming = [r.at for rs in ends.values() for r in rs if r.at > t and r.at != math.inf]
         if not pending or not upcoming:
             break
         t = min(upcoming)
+    else:  # the passes ran out with ends still to come: the rest start after the last one
+        out.update({j.id: StartEstimate(j.id, None, after=t) for j in pending.values()})
+        return out
     for job in pending.values():
         out[job.id] = StartEstimate(job.id, None, _why_none(dispatcher, pools, state, team, job))
     return out
@@ -158,7 +181,8 @@ def simulate(dispatcher: Dispatcher, cards: Sequence[CardState], releases: Mappi
 
 def _one_pass(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState], ends: dict[str, list[Release]],
               team: TeamState, pending: dict[int, Waiting], out: dict[int, StartEstimate],
-              running: dict[int, tuple[float, str, int]], snapshot: object, t: float) -> None:
+              running: dict[int, tuple[float, str, int]], snapshot: object, limits: dict[str, UserLimit],
+              t: float) -> None:
     """One dispatcher pass at ``t`` over the simulated state (Dispatcher.dispatch_pass without
     its Redis: holds first, then every job in run order that fits starts)."""
     from workers.dispatcher import _Holds
@@ -170,12 +194,26 @@ def _one_pass(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState],
     cards = list(state.values())
     jobs = list(pending.values())
 
+    members = {pool: {c.id for c in cards if pools.contains(pool, c.node, c.index)}
+               for pool in {j.pool for j in jobs}}
+
+    seen: dict[object, list[CardState]] = {}  # per pool, and per (pool, request); cleared at each start
+
     def mine(job: Waiting) -> list[CardState]:
-        return [c for c in cards if pools.contains(job.pool, c.node, c.index)]
+        if job.pool not in seen:
+            seen[job.pool] = [c for c in cards if c.id in members[job.pool]]
+        return seen[job.pool]
+
+    def roomy(job: Waiting, request: Request) -> list[CardState]:
+        key = (job.pool, request)
+        if key not in seen:
+            seen[key] = _roomy(mine(job), request)
+        return seen[key]
 
     def limited(job: Waiting) -> bool:
-        return over_limit(job.user, team.load(job.user), job.gpu_memory, job.gpus,
-                          settings.user_limit(job.user)) is not None
+        if job.user not in limits:
+            limits[job.user] = settings.user_limit(job.user)
+        return over_limit(job.user, team.load(job.user), job.gpu_memory, job.gpus, limits[job.user]) is not None
 
     # Jobs past their hold time that cannot start hold their cards first, as the dispatcher's do.
     for job in dispatcher.fair_order(jobs, team, t):
@@ -183,7 +221,8 @@ def _one_pass(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState],
         own = mine(job)
         if t - job.created_at < dispatcher.hold_after(job, t) or limited(job) or not own:
             continue
-        if place(holds.open_to(job, own, request), request, strategy) is None and not never_fits(own, request):
+        room = roomy(job, request)
+        if not room or place(holds.open_to(job, room, request), request, strategy) is None:
             if holds.plan(job, own, request) is not None and not job.held_at:
                 pending[job.id] = replace(job, held_at=t)  # it goes first in its rank from now on
     jobs = list(pending.values())
@@ -191,9 +230,11 @@ def _one_pass(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState],
     for job in dispatcher.fair_order(jobs, team, t):
         request = Request(job.gpu_memory, job.gpus)
         own = mine(job)
-        if not own or never_fits(own, request) or limited(job):
+        if not own or limited(job):
             continue
-        placement = place(holds.open_to(job, own, request), request, strategy, smallest_waiting=smallest)
+        room = roomy(job, request)
+        placement = place(holds.open_to(job, room, request), request, strategy, smallest_waiting=smallest) \
+            if room else None
         if placement is None:
             if holds.of(job.id) is None and t - job.created_at >= dispatcher.hold_after(job, t):
                 if holds.plan(job, own, request) is not None and not job.held_at:
@@ -212,8 +253,30 @@ def _one_pass(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState],
         out[job.id] = StartEstimate(job.id, t)
         del pending[job.id]
         cards = list(state.values())
+        seen.clear()
         if not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
             break  # every card is full: the jobs behind wait for the next end
+
+
+def _roomy(cards: Sequence[CardState], request: Request) -> list[CardState]:
+    """The cards of ``cards`` that could take ``request`` now (CardState.refusal), of the nodes
+    with enough of them; [] when none has. ``place`` uses only these, and whether a held card is
+    open to a job is decided card by card, so asking it of these alone gives the same placement
+    for a fraction of the work (most jobs of a busy queue have room on few cards)."""
+    per_node: dict[str, list[CardState]] = {}
+    for c in cards:
+        if c.refusal(request.nbytes) is None:
+            per_node.setdefault(c.node, []).append(c)
+    return [c for node_cards in per_node.values() if len(node_cards) >= request.gpus for c in node_cards]
+
+
+def _never(dispatcher: Dispatcher, pools: Pools, own: Sequence[CardState], job: Waiting) -> str | None:
+    """Why ``job`` can never start on ``own`` (its pool's cards), as the dispatcher ends it, or None."""
+    if job.pool is not None and job.pool not in pools.members:
+        return f"never: pool {job.pool!r} is not configured"
+    never = never_fits(own, Request(job.gpu_memory, job.gpus)) or exceeds_alone(
+        dispatcher.settings.user_limit(job.user), job.gpu_memory, job.gpus)
+    return f"never: {never}" if never else None
 
 
 def _why_none(dispatcher: Dispatcher, pools: Pools, state: Mapping[str, CardState], team: TeamState,
@@ -222,11 +285,6 @@ def _why_none(dispatcher: Dispatcher, pools: Pools, state: Mapping[str, CardStat
     settings = dispatcher.settings
     request = Request(job.gpu_memory, job.gpus)
     own = [c for c in state.values() if pools.contains(job.pool, c.node, c.index)]
-    if job.pool is not None and job.pool not in pools.members:
-        return f"never: pool {job.pool!r} is not configured"
-    never = never_fits(own, request) or exceeds_alone(settings.user_limit(job.user), job.gpu_memory, job.gpus)
-    if never:
-        return f"never: {never}"
     if not any(c.eligible for c in own):
         return NO_CARD_OPEN
     limit = over_limit(job.user, team.load(job.user), job.gpu_memory, job.gpus, settings.user_limit(job.user))
