@@ -101,3 +101,12 @@ def test_every_view_labels_it_an_estimate():
     assert StartEstimate(1, now).sentence(now) == "now (waiting for the dispatcher's next pass)"
     assert StartEstimate(1, None, NO_RUNS).sentence(now) == f"unknown ({NO_RUNS})"
     assert StartEstimate(1, None, later=True).short(now) == "later"
+
+
+def test_beyond_the_passes_replayed_a_job_starts_after_the_next_end(dispatcher, monkeypatch):
+    import rig.forecast
+
+    monkeypatch.setattr(rig.forecast, "MAX_PASSES", 1)  # only the pass at NOW is replayed
+    got = simulate(dispatcher, [card(0, 70, jobs=1)], ends(n1_0=[(100, 70)]), TeamState(), [job(1, 40)], NOW)
+    assert got[1].at is None and got[1].after == NOW + 100  # nothing frees room before that end
+    assert got[1].sentence(NOW).startswith("after ~") and CAVEAT in got[1].sentence(NOW)
