@@ -325,7 +325,8 @@ def forecast(client: Client) -> Forecast:
         try:
             job = Waiting.parse(jid, raw)
         except InvalidRecord as exc:
-            out[jid] = StartEstimate(jid, None, f"never: its record is invalid ({exc}); the dispatcher ends it")
+            out[jid] = StartEstimate(jid, None, f"never: its record is invalid (field {exc.field}: {exc.problem}); "
+                                                "the dispatcher ends it")
             continue
         if job is not None:
             waiting.append(job)

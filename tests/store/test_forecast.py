@@ -70,3 +70,13 @@ def test_beyond_the_simulated_head_a_job_is_later(world, monkeypatch):
     got = client.start_estimates()
     assert got.of(first).at == got.now
     assert got.of(second).later and got.of(second).short(got.now) == "later"
+
+
+def test_a_damaged_waiting_record_gets_no_time_and_the_rest_are_estimated(world):
+    ledger, client, _ = world
+    client.r.set(client.keys.sched_leader, "someone", px=60_000)
+    bad, good = submit(ledger, 10, 5.0), submit(ledger, 10, 5.0)
+    client.r.hset(client.keys.job(bad), "gpu_memory", "lots")
+    got = client.start_estimates()
+    assert got.of(bad).at is None and got.of(bad).why_none.startswith("never: its record is invalid")
+    assert got.of(good).at == got.now
