@@ -21,8 +21,10 @@ What an estimate assumes (every view labels it as an estimate: "~14:20", "in ~25
 * the cards stay as they are: a closed, draining or unhealthy card stays so (and the cards of a
   stopped or down node take nothing), nothing is added;
 * a job whose start waits on an end nobody can estimate (no earlier runs, no time limit) gets no
-  time, with that reason; so does a job that can never fit, or waits on a user limit no
-  estimated end lifts.
+  time, with that reason; so does a job that can never fit, and one over its user's limit
+  (max jobs or memory) that only the end of a job already running would lift: the ends of the
+  simulated starts lift a limit, those of the running jobs do not (the dispatcher's read of them
+  gives per-card ends, not whose they are).
 
 Bounded: the first FORECAST_JOBS waiting jobs in queue order (priority, then submission) are
 simulated; the rest are "later". Each pass costs O(jobs x cards log cards), with at most one pass
@@ -289,7 +291,7 @@ def _why_none(dispatcher: Dispatcher, pools: Pools, state: Mapping[str, CardStat
         return NO_CARD_OPEN
     limit = over_limit(job.user, team.load(job.user), job.gpu_memory, job.gpus, settings.user_limit(job.user))
     if limit:
-        return f"no estimate: {limit}, and none of their jobs has an estimated end"
+        return f"no estimate: {limit}; when their running jobs end is not followed here"
     if not _big_enough_open(own, request):
         return NO_CARD_OPEN
     return NO_RUNS
