@@ -110,3 +110,10 @@ def test_beyond_the_passes_replayed_a_job_starts_after_the_next_end(dispatcher, 
     got = simulate(dispatcher, [card(0, 70, jobs=1)], ends(n1_0=[(100, 70)]), TeamState(), [job(1, 40)], NOW)
     assert got[1].at is None and got[1].after == NOW + 100  # nothing frees room before that end
     assert got[1].sentence(NOW).startswith("after ~") and CAVEAT in got[1].sentence(NOW)
+
+
+def test_a_user_limit_is_lifted_by_the_simulated_end_of_their_job(tmp_path):
+    settings = load_settings(key_prefix="forecast-unit:", node_name="n1", home=tmp_path, max_jobs_per_user=1)
+    dispatcher = Dispatcher(settings, lambda *a: None, client=fakeredis.FakeRedis(decode_responses=True))
+    got = simulate(dispatcher, [card(0, 0)], {}, TeamState(), [job(1, 10, runs=30.0), job(2, 10)], NOW)
+    assert got[1].at == NOW and got[2].at == NOW + 30  # room for both, but one job at a time
