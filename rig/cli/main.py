@@ -104,7 +104,11 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
     if not found and user is not None:  # not an error: nothing on stdout, a word on stderr
         click.echo(f"no jobs of user {clean(user)}" + (f" in state {st.value}" if st else ""), err=True)
         return
-    render_jobs(found, make_console())
+    starts = None
+    if any(j.state is JobState.PENDING for j in found):  # rig.forecast, the one estimate
+        estimates = client.start_estimates()
+        starts = {j.id: estimates.of(j.id).short(estimates.now) for j in found if j.state is JobState.PENDING}
+    render_jobs(found, make_console(), starts)
 
 
 @cli.command()
