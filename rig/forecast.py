@@ -218,6 +218,7 @@ def _one_pass(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState],
         return over_limit(job.user, team.load(job.user), job.gpu_memory, job.gpus, limits[job.user]) is not None
 
     # Jobs past their hold time that cannot start hold their cards first, as the dispatcher's do.
+    blocked: set[int] = set()  # found unable to start before this pass started anything
     for job in dispatcher.fair_order(jobs, team, t):
         request = Request(job.gpu_memory, job.gpus)
         own = mine(job)
@@ -225,18 +226,21 @@ def _one_pass(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState],
             continue
         room = roomy(job, request)
         if not room or place(holds.open_to(job, room, request), request, strategy) is None:
+            blocked.add(job.id)
             if holds.plan(job, own, request) is not None and not job.held_at:
                 pending[job.id] = replace(job, held_at=t)  # it goes first in its rank from now on
     jobs = list(pending.values())
     smallest = min(j.gpu_memory for j in jobs)
+    started = False
     for job in dispatcher.fair_order(jobs, team, t):
         request = Request(job.gpu_memory, job.gpus)
         own = mine(job)
         if not own or limited(job):
             continue
         room = roomy(job, request)
-        placement = place(holds.open_to(job, room, request), request, strategy, smallest_waiting=smallest) \
-            if room else None
+        placement = None  # as the dispatcher: nothing changed since it was found blocked
+        if room and (job.id not in blocked or started):
+            placement = place(holds.open_to(job, room, request), request, strategy, smallest_waiting=smallest)
         if placement is None:
             if holds.of(job.id) is None and t - job.created_at >= dispatcher.hold_after(job, t):
                 if holds.plan(job, own, request) is not None and not job.held_at:
@@ -254,6 +258,7 @@ def _one_pass(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState],
         running[job.id] = (end, job.user, job.gpu_memory * job.gpus)
         out[job.id] = StartEstimate(job.id, t)
         del pending[job.id]
+        started = True
         cards = list(state.values())
         seen.clear()
         if not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
