@@ -55,10 +55,13 @@ if TYPE_CHECKING:
 
 #: Waiting jobs simulated, from the head of the queue (priority, then submission).
 FORECAST_JOBS = 200
-#: Dispatcher passes replayed (one per expected end); the jobs not started by then start no
-#: earlier than the last one's time ("after ~16:40"). Bounds the work: about 5 ms a pass for
-#: 200 jobs on 8 cards.
-MAX_PASSES = 60
+#: Dispatcher rounds replayed in all (a pass at now and at each expected end, most of one round;
+#: a round that started jobs while cards were held is followed by another, as in the dispatcher).
+#: The jobs not started by then start no earlier than the next time ("after ~16:40"). Bounds the
+#: work: about 4 ms a round for 200 jobs on 8 cards.
+MAX_PASSES = 80
+#: Rounds replayed in one pass (the dispatcher's MAX_ROUNDS is 50; more than a few are rare).
+MAX_ROUNDS = 8
 
 #: Reasons for no estimate (the end of "estimated start: unknown (...)").
 NO_RUNS = ("no estimate: no earlier runs of similar jobs (nor a time limit) for a job that must end "
@@ -95,8 +98,8 @@ class StartEstimate:
         if self.later:
             return LATER
         if self.after is not None:
-            return (f"after ~{_clock(self.after, now)} ({roughly(self.after - now)}: only the next "
-                    f"{MAX_PASSES} expected ends are simulated; {CAVEAT})")
+            return (f"after ~{_clock(self.after, now)} ({roughly(self.after - now)}: only the dispatcher's "
+                    f"next {MAX_PASSES} rounds are replayed; {CAVEAT})")
         if self.at is None:
             return f"unknown ({self.why_none})"
         if self.at <= now:
@@ -153,9 +156,11 @@ def simulate(dispatcher: Dispatcher, cards: Sequence[CardState], releases: Mappi
     snapshot = _Lazy(lambda: (ends, team))
     limits: dict[str, UserLimit] = {}
     t = now
-    for _pass in range(MAX_PASSES):
-        if not pending:
-            break
+    rounds = 0
+    while pending:
+        if rounds >= MAX_PASSES:  # the budget ran out: the rest start at t or after
+            out.update({j.id: StartEstimate(j.id, None, after=t) for j in pending.values()})
+            return out
         for cid, rs in ends.items():  # the reservations expected to have ended by t are freed
             gone = [r for r in rs if r.at <= t]
             if gone and cid in state:
@@ -168,25 +173,34 @@ def simulate(dispatcher: Dispatcher, cards: Sequence[CardState], releases: Mappi
                 load = team.load(user)
                 load.jobs, load.nbytes = max(0, load.jobs - 1), max(0, load.nbytes - nbytes)
                 del running[jid]
-        _one_pass(dispatcher, pools, state, ends, team, pending, out, running, snapshot, limits, t)
+        # Rounds at one time, as a dispatcher pass has them: after a round that started jobs
+        # while cards were held, the holds are planned afresh (holders first) and may open.
+        again = True
+        for _round in range(MAX_ROUNDS):
+            rounds += 1
+            again = bool(pending) and _one_round(dispatcher, pools, state, ends, team, pending, out, running,
+                                                 snapshot, limits, t)
+            if not again or rounds >= MAX_PASSES:
+                break
+        if again and rounds >= MAX_PASSES:  # cut within the rounds at t: they may start at t
+            out.update({j.id: StartEstimate(j.id, None, after=t) for j in pending.values()})
+            return out
         upcoming = [r.at for rs in ends.values() for r in rs if r.at > t and r.at != math.inf]
         if not pending or not upcoming:
             break
         t = min(upcoming)
-    else:  # the passes ran out with ends still to come: the rest start after the last one
-        out.update({j.id: StartEstimate(j.id, None, after=t) for j in pending.values()})
-        return out
     for job in pending.values():
         out[job.id] = StartEstimate(job.id, None, _why_none(dispatcher, pools, state, team, job))
     return out
 
 
-def _one_pass(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState], ends: dict[str, list[Release]],
+def _one_round(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState], ends: dict[str, list[Release]],
               team: TeamState, pending: dict[int, Waiting], out: dict[int, StartEstimate],
               running: dict[int, tuple[float, str, int]], snapshot: object, limits: dict[str, UserLimit],
-              t: float) -> None:
-    """One dispatcher pass at ``t`` over the simulated state (Dispatcher.dispatch_pass without
-    its Redis: holds first, then every job in run order that fits starts)."""
+              t: float) -> bool:
+    """One round of a dispatcher pass at ``t`` over the simulated state (a round of
+    Dispatcher.dispatch_pass without its Redis: holds first, then every job in run order that
+    fits starts). True when another round would follow: it started a job while cards were held."""
     from workers.dispatcher import _Holds
 
     settings = dispatcher.settings
@@ -263,6 +277,7 @@ def _one_pass(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState],
         seen.clear()
         if not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
             break  # every card is full: the jobs behind wait for the next end
+    return started and bool(holds.by_card)
 
 
 def _roomy(cards: Sequence[CardState], request: Request) -> list[CardState]:
