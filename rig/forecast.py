@@ -65,7 +65,7 @@ MAX_ROUNDS = 8
 
 #: Reasons for no estimate (the end of "estimated start: unknown (...)").
 NO_RUNS = ("no estimate: no earlier runs of similar jobs (nor a time limit) for a job that must end "
-           "before it")
+           "before it; jobs submitted with --time-limit, or a few finished runs, give one")
 NO_CARD_OPEN = "no estimate: no card of its pool takes jobs now (closed, draining or unhealthy)"
 LATER = f"later (more than {FORECAST_JOBS} jobs ahead of it; only those are estimated)"
 #: What every time shown says it is.
