@@ -66,7 +66,9 @@ MAX_ROUNDS = 8
 #: Reasons for no estimate (the end of "estimated start: unknown (...)").
 NO_RUNS = ("no estimate: no earlier runs of similar jobs (nor a time limit) for a job that must end "
            "before it; jobs submitted with --time-limit, or a few finished runs, give one")
-NO_CARD_OPEN = "no estimate: no card of its pool takes jobs now (closed, draining or unhealthy)"
+NO_CARD_OPEN = ("no estimate: no card of its pool that could hold it takes jobs now (closed, draining, "
+                "unhealthy, or its node is not up)")
+NO_CARDS = "no estimate: no cards are registered (is `rig up` running?)"
 LATER = f"later (more than {FORECAST_JOBS} jobs ahead of it; only those are estimated)"
 #: What every time shown says it is.
 CAVEAT = "an estimate from earlier runs, assumes no higher-priority submissions"
@@ -148,7 +150,7 @@ def simulate(dispatcher: Dispatcher, cards: Sequence[CardState], releases: Mappi
     out: dict[int, StartEstimate] = {}
     pending: dict[int, Waiting] = {}
     for job in waiting:  # a job that can never fit is ended by the dispatcher: no time, ever
-        never = _never(dispatcher, pools, [c for c in cards if pools.contains(job.pool, c.node, c.index)], job)
+        never = _never(dispatcher, pools, cards, job)
         if never:
             out[job.id] = StartEstimate(job.id, None, never)
         else:
@@ -292,10 +294,14 @@ def _roomy(cards: Sequence[CardState], request: Request) -> list[CardState]:
     return [c for node_cards in per_node.values() if len(node_cards) >= request.gpus for c in node_cards]
 
 
-def _never(dispatcher: Dispatcher, pools: Pools, own: Sequence[CardState], job: Waiting) -> str | None:
-    """Why ``job`` can never start on ``own`` (its pool's cards), as the dispatcher ends it, or None."""
+def _never(dispatcher: Dispatcher, pools: Pools, cards: Sequence[CardState], job: Waiting) -> str | None:
+    """Why ``job`` can never start on ``cards``, as the dispatcher ends it, or None (with no
+    card registered at all, as there, nothing is final)."""
     if job.pool is not None and job.pool not in pools.members:
         return f"never: pool {job.pool!r} is not configured"
+    if not cards:
+        return None
+    own = [c for c in cards if pools.contains(job.pool, c.node, c.index)]
     never = never_fits(own, Request(job.gpu_memory, job.gpus)) or exceeds_alone(
         dispatcher.settings.user_limit(job.user), job.gpu_memory, job.gpus)
     return f"never: {never}" if never else None
@@ -307,6 +313,8 @@ def _why_none(dispatcher: Dispatcher, pools: Pools, state: Mapping[str, CardStat
     settings = dispatcher.settings
     request = Request(job.gpu_memory, job.gpus)
     own = [c for c in state.values() if pools.contains(job.pool, c.node, c.index)]
+    if not own:
+        return NO_CARDS
     if not any(c.eligible for c in own):
         return NO_CARD_OPEN
     limit = over_limit(job.user, team.load(job.user), job.gpu_memory, job.gpus, settings.user_limit(job.user))
@@ -358,8 +366,9 @@ def forecast(client: Client) -> Forecast:
     if waiting:
         # Cards of a node that is stopped or down take no jobs, even before the health pass
         # closes them: the same rule as the wait's explanation (rig.waiting), so the two agree.
+        # They stay cards (a job that only they could hold waits for them; it is not "never").
         nodes = {n.name: n for n in NodeRegistry(r, keys).read()}
-        cards = [c for c in client.ledger.cards() if _live(nodes.get(c.node))]
+        cards = [c if _live(nodes.get(c.node)) else replace(c, healthy=False) for c in client.ledger.cards()]
         releases, team = dispatcher._read_holdings(cards, now)  # noqa: SLF001 - the dispatcher's own view
         out.update(simulate(dispatcher, cards, releases, team, waiting, now))
     return Forecast(now, out)

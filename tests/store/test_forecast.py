@@ -117,3 +117,17 @@ def test_the_jobs_estimated_to_start_now_are_those_the_dispatcher_starts(redis_c
     dispatcher.dispatch_pass()
     started = pending - set(client.store.pending_head(100))
     assert now_ids == started, (sorted(now_ids), sorted(started))
+
+
+def test_the_cards_of_a_stopped_node_take_nothing_and_end_nothing(world):
+    from rig.forecast import NO_CARD_OPEN
+    from rig.nodes import NodeRegistry
+
+    ledger, client, _ = world
+    nodes = NodeRegistry(client.r, client.keys)
+    nodes.register("n1", ttl=30, backend="fake", cards=2)
+    nodes.mark_stopped("n1")  # `rig down`: the health pass has not closed its cards yet
+    client.r.set(client.keys.sched_leader, "someone", px=60_000)
+    job = submit(ledger, 10, 5.0)
+    got = client.start_estimates().of(job)
+    assert got.at is None and got.why_none == NO_CARD_OPEN  # neither "now" nor "never"
