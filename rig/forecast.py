@@ -27,8 +27,9 @@ What an estimate assumes (every view labels it as an estimate: "~14:20", "in ~25
   gives per-card ends, not whose they are).
 
 Bounded: the first FORECAST_JOBS waiting jobs in queue order (priority, then submission) are
-simulated; the rest are "later". Each pass costs O(jobs x cards log cards), with at most one pass
-per expected end (running + simulated jobs).
+simulated; the rest are "later". At most MAX_PASSES rounds are replayed (a pass at now and at
+each expected end, with a second round where the dispatcher would have one); the jobs not started
+by then start "after" the next time. A round costs O(jobs x cards log cards).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from rig.waiting import NO_DISPATCHER, _live, roughly
 if TYPE_CHECKING:
     from rig.client import Client
     from rig.pools import Pools
-    from workers.dispatcher import Dispatcher, Waiting
+    from workers.dispatcher import Dispatcher, Waiting, _Lazy
 
 #: Waiting jobs simulated, from the head of the queue (priority, then submission).
 FORECAST_JOBS = 200
@@ -197,9 +198,9 @@ def simulate(dispatcher: Dispatcher, cards: Sequence[CardState], releases: Mappi
 
 
 def _one_round(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState], ends: dict[str, list[Release]],
-              team: TeamState, pending: dict[int, Waiting], out: dict[int, StartEstimate],
-              running: dict[int, tuple[float, str, int]], snapshot: object, limits: dict[str, UserLimit],
-              t: float) -> bool:
+               team: TeamState, pending: dict[int, Waiting], out: dict[int, StartEstimate],
+               running: dict[int, tuple[float, str, int]], snapshot: _Lazy, limits: dict[str, UserLimit],
+               t: float) -> bool:
     """One round of a dispatcher pass at ``t`` over the simulated state (a round of
     Dispatcher.dispatch_pass without its Redis: holds first, then every job in run order that
     fits starts). True when another round would follow: it started a job while cards were held."""
@@ -207,7 +208,7 @@ def _one_round(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState]
 
     settings = dispatcher.settings
     strategy = settings.scheduler_type
-    holds = _Holds(dispatcher, snapshot, t)  # type: ignore[arg-type]
+    holds = _Holds(dispatcher, snapshot, t)
     dispatcher._backfill_ends = {}  # noqa: SLF001 - its per-round cache: a simulated pass is a round
     cards = list(state.values())
     jobs = list(pending.values())
@@ -234,7 +235,7 @@ def _one_round(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState]
         return over_limit(job.user, team.load(job.user), job.gpu_memory, job.gpus, limits[job.user]) is not None
 
     # Jobs past their hold time that cannot start hold their cards first, as the dispatcher's do.
-    blocked: set[int] = set()  # found unable to start before this pass started anything
+    blocked: set[int] = set()  # found unable to start before this round started anything
     for job in dispatcher.fair_order(jobs, team, t):
         request = Request(job.gpu_memory, job.gpus)
         own = mine(job)
@@ -338,7 +339,7 @@ def forecast(client: Client) -> Forecast:
     """Every simulated waiting job's estimated start, from what Redis holds now (read only: the
     dispatcher's reads, none of its writes). With no dispatcher running, no job gets a time:
     each says so (rig.waiting.NO_DISPATCHER)."""
-    from workers.dispatcher import Dispatcher, Waiting
+    from workers.dispatcher import Dispatcher, Waiting, _Lazy
 
     r, keys = client.r, client.keys
     dispatcher = Dispatcher(client.settings, send_start=_never_start, client=r)
