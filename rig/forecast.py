@@ -339,7 +339,7 @@ def forecast(client: Client) -> Forecast:
     """Every simulated waiting job's estimated start, from what Redis holds now (read only: the
     dispatcher's reads, none of its writes). With no dispatcher running, no job gets a time:
     each says so (rig.waiting.NO_DISPATCHER)."""
-    from workers.dispatcher import Dispatcher, Waiting, _Lazy
+    from workers.dispatcher import Dispatcher, Waiting
 
     r, keys = client.r, client.keys
     dispatcher = Dispatcher(client.settings, send_start=_never_start, client=r)
