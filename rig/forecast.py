@@ -26,8 +26,8 @@ What an estimate assumes (every view labels it as an estimate: "~14:20", "in ~25
   simulated starts lift a limit, those of the running jobs do not (the dispatcher's read of them
   gives per-card ends, not whose they are).
 
-Bounded: the first FORECAST_JOBS waiting jobs in queue order (priority, then submission) are
-simulated; the rest are "later". At most MAX_PASSES rounds are replayed (a pass at now and at
+Bounded: the first FORECAST_JOBS waiting jobs by aged priority (jobs holding cards first), then
+submission, are simulated; the rest are "later". At most MAX_PASSES rounds are replayed (a pass at now and at
 each expected end, with a second round where the dispatcher would have one); the jobs not started
 by then start "after" the next time. A round costs O(jobs x cards log cards).
 """
@@ -44,7 +44,7 @@ from rig.clock import shared_now
 from rig.errors import InvalidRecord
 from rig.fairshare import TeamState, UserLimit, exceeds_alone, over_limit
 from rig.keys import card_id
-from rig.models import CardState
+from rig.models import PRIORITY_BAND, CardState, Priority
 from rig.nodes import NodeRegistry
 from rig.placement import Release, Request, never_fits, place
 from rig.waiting import NO_DISPATCHER, _live, roughly
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from rig.pools import Pools
     from workers.dispatcher import Dispatcher, Waiting, _Lazy
 
-#: Waiting jobs simulated, from the head of the queue (priority, then submission).
+#: Waiting jobs simulated: the head of the queue by aged priority, then submission.
 FORECAST_JOBS = 200
 #: Dispatcher rounds replayed in all (a pass at now and at each expected end, most of one round;
 #: a round that started jobs while cards were held is followed by another, as in the dispatcher).
@@ -70,7 +70,7 @@ NO_RUNS = ("no estimate: no earlier runs of similar jobs (nor a time limit) for 
 NO_CARD_OPEN = ("no estimate: no card of its pool that could hold it takes jobs now (closed, draining, "
                 "unhealthy, or its node is not up)")
 NO_CARDS = "no estimate: no cards are registered (is `rig up` running?)"
-LATER = f"later (more than {FORECAST_JOBS} jobs ahead of it; only those are estimated)"
+LATER = f"later (more than {FORECAST_JOBS} jobs ahead of it by priority and age; only those are estimated)"
 #: What every time shown says it is.
 CAVEAT = "an estimate from earlier runs, assumes no higher-priority submissions"
 
@@ -343,7 +343,13 @@ def forecast(client: Client) -> Forecast:
 
     r, keys = client.r, client.keys
     dispatcher = Dispatcher(client.settings, send_start=_never_start, client=r)
-    ids = [int(i) for i in r.zrange(keys.pending, 0, FORECAST_JOBS - 1)]
+    # The head of each priority's queue, as the dispatcher reads it: a low-priority job aged
+    # past the others is among the simulated ones even behind FORECAST_JOBS younger ones.
+    pipe = r.pipeline(transaction=False)
+    for prio in Priority:
+        low = prio.rank * PRIORITY_BAND
+        pipe.zrangebyscore(keys.pending, low, low + PRIORITY_BAND - 1, start=0, num=FORECAST_JOBS)
+    ids = [int(i) for band in pipe.execute() for i in band]
     pipe = r.pipeline(transaction=False)
     pipe.exists(keys.sched_leader)
     for jid in ids:
@@ -361,6 +367,9 @@ def forecast(client: Client) -> Forecast:
             continue
         if job is not None:
             waiting.append(job)
+    # The first FORECAST_JOBS in run order before fair share (aged priority, holders first, then
+    # submission); the rest are "later".
+    waiting = sorted(waiting, key=lambda j: (dispatcher.effective_rank(j, now), not j.held_at, j.id))[:FORECAST_JOBS]
     if not leader:
         out.update({j.id: StartEstimate(j.id, None, NO_DISPATCHER) for j in waiting})
         return Forecast(now, out)

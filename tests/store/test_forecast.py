@@ -72,6 +72,18 @@ def test_beyond_the_simulated_head_a_job_is_later(world, monkeypatch):
     assert got.of(second).later and got.of(second).short(got.now) == "later"
 
 
+def test_a_low_priority_job_aged_past_the_others_is_estimated_first(world, monkeypatch):
+    ledger, client, _ = world
+    client.r.set(client.keys.sched_leader, "someone", px=60_000)
+    fresh = submit(ledger, 10, 5.0)
+    aged = ledger.store.create(Job(
+        id=0, name="t", user="u", command=["true"], gpu_memory=10 * GIB, gpus=1, priority=Priority.LOW,
+        state=JobState.PENDING, workdir="/", created_at=time.time() - 3 * client.settings.aging_seconds)).id
+    monkeypatch.setattr(rig.forecast, "FORECAST_JOBS", 1)
+    got = client.start_estimates()
+    assert got.of(aged).at == got.now and got.of(fresh).later
+
+
 def test_a_damaged_waiting_record_gets_no_time_and_the_rest_are_estimated(world):
     ledger, client, _ = world
     client.r.set(client.keys.sched_leader, "someone", px=60_000)
