@@ -21,10 +21,8 @@ What an estimate assumes (every view labels it as an estimate: "~14:20", "in ~25
 * the cards stay as they are: a closed, draining or unhealthy card stays so (and the cards of a
   stopped or down node take nothing), nothing is added;
 * a job whose start waits on an end nobody can estimate (no earlier runs, no time limit) gets no
-  time, with that reason; so does a job that can never fit, and one over its user's limit
-  (max jobs or memory) that only the end of a job already running would lift: the ends of the
-  simulated starts lift a limit, those of the running jobs do not (the dispatcher's read of them
-  gives per-card ends, not whose they are).
+  time, with that reason; so does a job that can never fit. A user's limit (max jobs or memory)
+  is lifted by the expected ends of their jobs, running or simulated.
 
 Bounded: the first FORECAST_JOBS waiting jobs by aged priority (jobs holding cards first), then
 submission, are simulated; the rest are "later". At most MAX_PASSES rounds are replayed (a pass at now and at
@@ -34,6 +32,7 @@ by then start "after" the next time. A round costs O(jobs x cards log cards).
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -43,13 +42,15 @@ from typing import TYPE_CHECKING
 from rig.clock import shared_now
 from rig.errors import InvalidRecord
 from rig.fairshare import TeamState, UserLimit, exceeds_alone, over_limit
-from rig.keys import card_id
+from rig.keys import Keys, card_id
 from rig.models import PRIORITY_BAND, CardState, Priority
 from rig.nodes import NodeRegistry
 from rig.placement import Release, Request, never_fits, place
 from rig.waiting import NO_DISPATCHER, _live, roughly
 
 if TYPE_CHECKING:
+    import redis
+
     from rig.client import Client
     from rig.pools import Pools
     from workers.dispatcher import Dispatcher, Waiting, _Lazy
@@ -136,18 +137,21 @@ def _clock(at: float, now: float) -> str:
 
 
 def simulate(dispatcher: Dispatcher, cards: Sequence[CardState], releases: Mapping[str, Sequence[Release]],
-             team: TeamState, waiting: Sequence[Waiting], now: float) -> dict[int, StartEstimate]:
+             team: TeamState, waiting: Sequence[Waiting], now: float,
+             running_loads: Mapping[int, tuple[float, str, int]] | None = None) -> dict[int, StartEstimate]:
     """Each of ``waiting``'s estimated start (see the module doc), by replaying ``dispatcher``'s
     passes from ``now`` (epoch s) at every expected end. ``cards``: as the ledger has them
     (reservations of the running jobs included); ``releases``: card id -> when each reservation
     on it is expected to end (Dispatcher._read_holdings); ``team``: every user's load (changed
-    here: the simulated starts are charged to it). Nothing is read or written in Redis."""
+    here: the simulated starts are charged to it); ``running_loads``: running job id -> (its
+    expected end, user, bytes in all), so its end lifts its user's limit (read only where limits
+    are set: :func:`read_running_loads`). Nothing is read or written in Redis."""
     from workers.dispatcher import _Lazy
 
     pools = dispatcher.settings.pool_map
     state = {c.id: c for c in cards}
     ends: dict[str, list[Release]] = {cid: list(rs) for cid, rs in releases.items()}
-    running: dict[int, tuple[float, str, int]] = {}  # simulated start -> (end, user, bytes)
+    running = dict(running_loads or {})  # job id -> (expected end, user, bytes): its end lifts a limit
     out: dict[int, StartEstimate] = {}
     pending: dict[int, Waiting] = {}
     for job in waiting:  # a job that can never fit is ended by the dispatcher: no time, ever
@@ -320,7 +324,7 @@ def _why_none(dispatcher: Dispatcher, pools: Pools, state: Mapping[str, CardStat
         return NO_CARD_OPEN
     limit = over_limit(job.user, team.load(job.user), job.gpu_memory, job.gpus, settings.user_limit(job.user))
     if limit:
-        return f"no estimate: {limit}; when their running jobs end is not followed here"
+        return f"no estimate: {limit}, and none of them has an estimated end"
     if not _big_enough_open(own, request):
         return NO_CARD_OPEN
     return NO_RUNS
@@ -380,8 +384,43 @@ def forecast(client: Client) -> Forecast:
         nodes = {n.name: n for n in NodeRegistry(r, keys).read()}
         cards = [c if _live(nodes.get(c.node)) else replace(c, healthy=False) for c in client.ledger.cards()]
         releases, team = dispatcher._read_holdings(cards, now)  # noqa: SLF001 - the dispatcher's own view
-        out.update(simulate(dispatcher, cards, releases, team, waiting, now))
+        settings = client.settings
+        limited = settings.max_jobs_per_user or settings.max_gpu_memory_per_user not in (None, "", "0") \
+            or settings.user_limits
+        loads = read_running_loads(r, keys, dispatcher, cards, now) if limited else None
+        out.update(simulate(dispatcher, cards, releases, team, waiting, now, loads))
     return Forecast(now, out)
+
+
+def read_running_loads(r: redis.Redis, keys: Keys, dispatcher: Dispatcher, cards: Sequence[CardState],
+                       now: float) -> dict[int, tuple[float, str, int]]:
+    """Each running job's (expected end, user, bytes in all), for the user limits: the job ids
+    the cards' reservations name, their ends as the dispatcher works them out
+    (Dispatcher.running_end); a job whose record is damaged is left out (its end is unknown)."""
+    pipe = r.pipeline(transaction=False)
+    for card in cards:
+        pipe.hkeys(keys.card_jobs(card.node, card.index))
+    ids = sorted({int(jid) for held in pipe.execute() for jid in held})
+    pipe = r.pipeline(transaction=False)
+    for jid in ids:
+        pipe.hmget(keys.job(jid), "user", "gpu_memory", "cards", "started_at", "assigned_at",
+                   "expected_seconds", "cautious_seconds", "time_limit")
+    out: dict[int, tuple[float, str, int]] = {}
+    for jid, (user, memory, card_list, started, assigned, expected, cautious, limit) in zip(
+            ids, pipe.execute(), strict=True):
+        try:
+            began = float(started or assigned or now)
+            ncards = max(1, len(json.loads(card_list or "[]")))
+            end, _sure = dispatcher.running_end(user or "?", int(memory or 0), ncards, now - began,
+                                               _number(expected), _number(cautious), _number(limit), now)
+        except (ValueError, TypeError):
+            continue
+        out[jid] = (end, user or "?", int(memory or 0) * ncards)
+    return out
+
+
+def _number(text: str | None) -> float | None:
+    return None if text is None or text == "" else float(text)
 
 
 def _never_start(*_args: object) -> None:

@@ -143,3 +143,17 @@ def test_the_cards_of_a_stopped_node_take_nothing_and_end_nothing(world):
     job = submit(ledger, 10, 5.0)
     got = client.start_estimates().of(job)
     assert got.at is None and got.why_none == NO_CARD_OPEN  # neither "now" nor "never"
+
+
+def test_a_user_at_their_limit_starts_when_their_running_job_ends(redis_client, key_prefix, tmp_path):
+    settings = load_settings(key_prefix=key_prefix, node_name="n1", home=tmp_path / "home", max_jobs_per_user=1)
+    ledger = Ledger(redis_client, Keys(key_prefix))
+    ledger.register_card("n1", GpuReading(index=0, uuid="u0", model="m", total=80 * GIB),
+                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    client = Client(settings, redis_client=redis_client)
+    first = submit(ledger, 10, 100.0)
+    assert Dispatcher(settings, lambda *a: None, client=redis_client).dispatch_pass() == 1
+    second = submit(ledger, 10, 5.0)  # room for it, but its user runs their one job
+    client.r.set(client.keys.sched_leader, "someone", px=60_000)
+    got = client.start_estimates()
+    assert got.of(second).at == pytest.approx(client.get(first).assigned_at + 100, abs=0.01)
