@@ -85,7 +85,8 @@ def status(ctx: click.Context, as_json: bool, pool: str | None) -> None:
 @click.pass_context
 @handle_errors
 def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, limit: int, as_json: bool) -> None:
-    """List jobs, newest first, with why each waits or ended (the reason column)."""
+    """List jobs, newest first, with why each waits or ended (the reason column) and, where the
+    screen is wide enough, when each waiting one is estimated to start."""
     check_limit(limit)
     if mine:
         from rig.client import current_identity  # the same rule as ownership: the real uid's name
@@ -117,7 +118,7 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
 @click.pass_context
 @handle_errors
 def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
-    """Everything about one job; for a waiting job, why it waits."""
+    """Everything about one job; for a waiting job, why it waits and its estimated start."""
     client = client_from(ctx)
     client.ping()
     job = client.get(job_id)
