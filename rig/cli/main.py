@@ -99,16 +99,17 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
     st = JobState.parse(state) if state else None
     client.ping()
     found = client.jobs(st, limit=limit, user=user)
+    waiting = [j for j in found if j.state is JobState.PENDING]
+    estimates = client.start_estimates() if waiting else None  # rig.forecast, the one estimate
     if as_json:
-        click.echo(J.dumps([J.job_dict(j) for j in found]))
+        click.echo(J.dumps([J.job_dict(j, **(estimates.of(j.id).as_dict(estimates.now)
+                                             if estimates and j.state is JobState.PENDING else {}))
+                            for j in found]))
         return
     if not found and user is not None:  # not an error: nothing on stdout, a word on stderr
         click.echo(f"no jobs of user {clean(user)}" + (f" in state {st.value}" if st else ""), err=True)
         return
-    starts = None
-    if any(j.state is JobState.PENDING for j in found):  # rig.forecast, the one estimate
-        estimates = client.start_estimates()
-        starts = {j.id: estimates.of(j.id).short(estimates.now) for j in found if j.state is JobState.PENDING}
+    starts = {j.id: estimates.of(j.id).short(estimates.now) for j in waiting} if estimates else None
     render_jobs(found, make_console(), starts)
 
 

@@ -63,6 +63,8 @@ def test_submit_with_a_node_up_but_no_dispatcher_says_so(cli_env, real_redis):
     assert "now (waiting for the dispatcher's next pass)" in table, table
     shown = json.loads(CliRunner().invoke(cli, ["show", jid, "--json"]).stdout)
     assert shown["estimated_start"] > 0 and shown["estimated_start_short"] == "now"
+    listed = json.loads(CliRunner().invoke(cli, ["jobs", "--json"]).stdout)
+    assert [j["estimated_start_short"] for j in listed] == ["now"]  # the same in `rig jobs --json`
 
 
 @pytest.mark.parametrize(("state", "says"), [
