@@ -5,14 +5,15 @@ fakeredis (no server needed), one dispatcher pass having placed the running jobs
 Nodes of 8 fake 80 GiB cards (4 jobs a card); 40 jobs a node submitted and placed by a real
 Dispatcher pass, then 300 waiting (seeded mix: 5-70 GiB, one in five on 2 cards, three users,
 mixed priorities, each with an earlier run of 30 s to 1 h, or with ``--unknown`` a quarter with
-none). Prints the CPU time (min and median of 5) and what the jobs were told.
+none; with ``--sweeps``, 6 sweeps of 50 alike jobs). Prints the CPU time (min and median of 5) and what the jobs were told.
 
-    .venv/bin/python scripts/bench_forecast.py [--nodes 1] [--unknown]
+    .venv/bin/python scripts/bench_forecast.py [--nodes 1] [--unknown] [--sweeps]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import statistics
 import sys
@@ -36,6 +37,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--unknown", action="store_true", help="a quarter of the jobs without earlier runs")
+    parser.add_argument("--sweeps", action="store_true",
+                        help="the waiting jobs are 6 sweeps of 50 alike jobs (one user, size and priority each)")
     args = parser.parse_args()
     r = fakeredis.FakeRedis(decode_responses=True)
     settings = load_settings(key_prefix="bench-forecast:", home=tempfile.mkdtemp(), node_name="n0")
@@ -55,7 +58,12 @@ def main() -> None:
 
     client.store.create_many(jobs(40 * args.nodes))
     Dispatcher(settings, lambda *a: None, client=r).dispatch_pass()
-    client.store.create_many(jobs(300))
+    if args.sweeps:
+        sweeps = [jobs(1)[0][0] for _ in range(6)]
+        client.store.create_many([(dataclasses.replace(sweep, name=f"{sweep.name}-{k}"), None)
+                                  for sweep in sweeps for k in range(50)])
+    else:
+        client.store.create_many(jobs(300))
     r.set(client.keys.sched_leader, "bench")  # a dispatcher runs
     took = []
     for _ in range(5):
