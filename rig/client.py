@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import redis
 
@@ -47,6 +47,9 @@ from rig.redis_writes import is_outage, refusal, refused_error
 from rig.redis_writes import notices as redis_notices
 from rig.request_rules import check_gpu_memory, check_retries, parse_time_limit
 from rig.store import JobStore
+
+if TYPE_CHECKING:
+    from rig.forecast import Forecast
 
 log = logging.getLogger(__name__)
 
@@ -446,6 +449,13 @@ class Client:
         from rig.waiting import why_waiting
 
         return why_waiting(self, job)
+
+    def start_estimates(self) -> Forecast:
+        """Each waiting job's estimated start (rig.forecast: the dispatcher's passes replayed
+        at every expected end; an estimate, see its assumptions there)."""
+        from rig.forecast import forecast
+
+        return self._guard(lambda: forecast(self))
 
     def first_look(self, job_id: int) -> str | None:
         """What rig-submit says of a job it just queued (rig.waiting.first_look)."""

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A PNG of rig's web page under a mixed load of three users (running, waiting, failed jobs),
-with six hours of history: for a closing note or the docs.
+with six hours of history and a dispatcher's lock held (estimated starts): for the docs.
 
     .venv/bin/python scripts/screenshot_web.py [--out docs/web-page.png] [--redis-url URL]
 
@@ -52,7 +52,12 @@ def main() -> int:
         client = Client(load_settings(key_prefix=prefix, redis_url=args.redis_url, home=Path(tmp) / "home"),
                         redis_client=r)
         try:
-            mixed_load(client, history_hours=6)
+            load = mixed_load(client, history_hours=6)
+            # As a running node would have it: a dispatcher holds the lock (so the waiting jobs
+            # get estimated starts, rig.forecast) and the running jobs have earlier runs.
+            for job_id, seconds in zip(load.running, (3600.0, 2400.0, 7200.0), strict=True):
+                client.store.update(job_id, expected_seconds=seconds)
+            r.set(client.keys.sched_leader, "screenshot", px=600_000)
             server = start_web_server(client, "127.0.0.1", 0, login)
             try:
                 args.out.parent.mkdir(parents=True, exist_ok=True)

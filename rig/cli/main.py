@@ -85,7 +85,8 @@ def status(ctx: click.Context, as_json: bool, pool: str | None) -> None:
 @click.pass_context
 @handle_errors
 def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, limit: int, as_json: bool) -> None:
-    """List jobs, newest first, with why each waits or ended (the reason column)."""
+    """List jobs, newest first, with why each waits or ended (the reason column) and, where the
+    screen is wide enough, when each waiting one is estimated to start."""
     check_limit(limit)
     if mine:
         from rig.client import current_identity  # the same rule as ownership: the real uid's name
@@ -98,13 +99,18 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
     st = JobState.parse(state) if state else None
     client.ping()
     found = client.jobs(st, limit=limit, user=user)
+    waiting = [j for j in found if j.state is JobState.PENDING]
+    estimates = client.start_estimates() if waiting else None  # rig.forecast, the one estimate
     if as_json:
-        click.echo(J.dumps([J.job_dict(j) for j in found]))
+        click.echo(J.dumps([J.job_dict(j, **(estimates.of(j.id).as_dict(estimates.now)
+                                             if estimates and j.state is JobState.PENDING else {}))
+                            for j in found]))
         return
     if not found and user is not None:  # not an error: nothing on stdout, a word on stderr
         click.echo(f"no jobs of user {clean(user)}" + (f" in state {st.value}" if st else ""), err=True)
         return
-    render_jobs(found, make_console())
+    starts = {j.id: estimates.of(j.id).short(estimates.now) for j in waiting} if estimates else None
+    render_jobs(found, make_console(), starts)
 
 
 @cli.command()
@@ -113,16 +119,21 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
 @click.pass_context
 @handle_errors
 def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
-    """Everything about one job; for a waiting job, why it waits."""
+    """Everything about one job; for a waiting job, why it waits and its estimated start."""
     client = client_from(ctx)
     client.ping()
     job = client.get(job_id)
     why = client.why_waiting(job)  # the one explanation (rig.waiting), for the table and JSON alike
+    start: dict[str, object] = {}
+    if job.state is JobState.PENDING:  # rig.forecast: the one estimate, worded in one place
+        estimates = client.start_estimates()
+        start = estimates.of(job.id).as_dict(estimates.now)
     if as_json:
-        click.echo(J.dumps(J.job_dict(job, waiting_because=why,
+        click.echo(J.dumps(J.job_dict(job, waiting_because=why, **start,
                                       in_error_queue=client.in_error_queue(job.id))))
         return
-    render_job(job, why, make_console(), in_error_queue=client.in_error_queue(job.id))
+    render_job(job, why, make_console(), in_error_queue=client.in_error_queue(job.id),
+               estimated_start=start.get("estimated_start_text"))
 
 
 @cli.command()

@@ -6,6 +6,7 @@ sequences stripped, rich markup escaped. Only rig's own markup reaches rich unes
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 from rich.console import Console
@@ -132,6 +133,8 @@ JOB_COLUMNS = (
     Col("age", "age", drop=0, justify="right"),
     Col("runtime", "runtime", drop=4, justify="right"),
     Col("exit", "exit", drop=3, justify="right"),
+    #: Only when estimated starts are given (rig.forecast); the first to go on a narrow screen.
+    Col("est. start", "est. start", drop=-1, justify="right"),
     Col("reason", "reason", drop=8, shrink="end", min_width=10, want=14),
 )
 
@@ -290,7 +293,9 @@ def job_reason(job: Job) -> str:
     return job.reason or job.failure or "-"
 
 
-def render_jobs(jobs: list[Job], console: Console) -> None:
+def render_jobs(jobs: list[Job], console: Console, starts: Mapping[int, str] | None = None) -> None:
+    """`rig jobs`; with ``starts`` (job id -> rig.forecast's short words, e.g. ``~14:20``), an
+    ``est. start`` column for the waiting jobs."""
     now = shared_now()
     rows = []
     for job in jobs:
@@ -306,11 +311,13 @@ def render_jobs(jobs: list[Job], console: Console) -> None:
             "age": duration(now - job.created_at), "runtime": duration(runtime),
             "exit": "-" if job.exit_code is None else str(job.exit_code),
             "reason": Cell(job_reason(job), style="dim" if job.state is JobState.SUCCEEDED else ""),
+            "est. start": (starts or {}).get(job.id, "-"),
         })
     if not jobs:
         console.print("no jobs")
     else:
-        console.print(fitted_table(JOB_COLUMNS, rows, console.width))
+        columns = [c for c in JOB_COLUMNS if starts is not None or c.key != "est. start"]
+        console.print(fitted_table(columns, rows, console.width))
 
 
 def render_metrics(job: Job, console: Console) -> None:
@@ -353,7 +360,10 @@ def render_errors(jobs: list[Job], console: Console) -> None:
     console.print("`rig retry JOB [--gpu-memory SIZE]` sends one back; `rig errors --clear JOB` dismisses it")
 
 
-def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: bool = False) -> None:
+def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: bool = False,
+               estimated_start: str | None = None) -> None:
+    """`rig show`: ``why`` a waiting job waits (rig.waiting) and its ``estimated_start``
+    (rig.forecast's sentence), then its record."""
     rows: list[tuple[str, str]] = [
         ("id", str(job.id)), ("name", job.name), ("user", job.user),
         ("state", f"[{STATE_STYLE[job.state]}]{job.state.value}[/]"),
@@ -363,6 +373,8 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
     ]
     if why:
         rows.append(("waiting because", why))
+    if estimated_start:
+        rows.append(("estimated start", estimated_start))
     if job.node:
         rows.append(("node / cards", f"{job.node} / {', '.join(map(str, job.cards))}"))
     rows += [("submitted", when(job.created_at)), ("placed", when(job.assigned_at)),

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rig import errors as E
 from rig import job_env as jobenv
@@ -27,6 +27,9 @@ from rig.errors import InvalidInput, JobGone, RigError
 from rig.gateway import wire
 from rig.models import Job, JobState
 from rig.ownership import refusal
+
+if TYPE_CHECKING:
+    from rig.forecast import Forecast
 
 #: Seconds to connect, and to wait for one answer (a submit_many of thousands takes a while).
 CONNECT_TIMEOUT_S = 5.0
@@ -211,6 +214,9 @@ class GatewayClient:
 
     def why_waiting(self, job: Job) -> str | None:
         return self.call("why_waiting", job_id=job.id)
+
+    def start_estimates(self) -> Forecast:
+        return self.call("start_estimates")
 
     def first_look(self, job_id: int) -> str | None:
         return self.call("first_look", job_id=job_id)

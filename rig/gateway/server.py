@@ -181,6 +181,10 @@ class Gateway:
     def op_why_waiting(self, peer: Peer, job_id: int) -> str | None:
         return self.client.why_waiting(self.client.get(_job_id(job_id)))
 
+    def op_start_estimates(self, peer: Peer) -> Any:  # noqa: ANN401 - rig.forecast.Forecast
+        """Start estimates hold job ids, times and the reasons why_waiting shows anyone."""
+        return self.client.start_estimates()
+
     def op_first_look(self, peer: Peer, job_id: int) -> str | None:
         return self.client.first_look(_job_id(job_id))
 

@@ -3,7 +3,7 @@ encoded as tagged JSON.
 
 A frame is a 4-byte big-endian length, then that many bytes of UTF-8 JSON. Nothing is ever
 unpickled or evaluated: an object comes back only as one of the classes in :data:`CLASSES`
-(jobs, cards, nodes, reports), field by field, and an unknown tag is an error. Both ends use
+(jobs, cards, nodes, reports, start estimates), field by field, and an unknown tag is an error. Both ends use
 this one codec, so what the gateway sends is what the client rebuilds.
 """
 
@@ -36,11 +36,12 @@ class WireError(Exception):
 
 def _classes() -> dict[str, type]:
     from rig.client import StatusReport, UserUsage, WorkerInfo
+    from rig.forecast import Forecast, StartEstimate
     from rig.models import CardState, Job, JobState, Priority
     from rig.nodes import NodeInfo
 
     return {c.__name__: c for c in (Job, CardState, NodeInfo, WorkerInfo, StatusReport, UserUsage,
-                                    JobState, Priority)}
+                                    JobState, Priority, Forecast, StartEstimate)}
 
 
 _CLASSES: dict[str, type] | None = None

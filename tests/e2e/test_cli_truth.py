@@ -52,6 +52,19 @@ def test_submit_with_a_node_up_but_no_dispatcher_says_so(cli_env, real_redis):
     _node(real_redis, cli_env)
     result = CliRunner().invoke(submit_main, ["--gpu-memory", "4G", "--", "true"])
     assert "no dispatcher is running" in result.stderr, result.stderr
+    jid = result.stdout.strip()
+    # Its estimated start (rig.forecast) says the same instead of a time ...
+    table = CliRunner().invoke(cli, ["show", jid]).stdout
+    assert "estimated start" in table and "unknown (no dispatcher is running" in table, table
+    # ... and once a dispatcher holds the lock, a job that fits now is "now", in the table
+    # and in --json, which also has the raw time (epoch s).
+    real_redis.set(Keys(cli_env).sched_leader, "someone", px=60_000)
+    table = CliRunner().invoke(cli, ["show", jid]).stdout
+    assert "now (waiting for the dispatcher's next pass)" in table, table
+    shown = json.loads(CliRunner().invoke(cli, ["show", jid, "--json"]).stdout)
+    assert shown["estimated_start"] > 0 and shown["estimated_start_short"] == "now"
+    listed = json.loads(CliRunner().invoke(cli, ["jobs", "--json"]).stdout)
+    assert [j["estimated_start_short"] for j in listed] == ["now"]  # the same in `rig jobs --json`
 
 
 @pytest.mark.parametrize(("state", "says"), [

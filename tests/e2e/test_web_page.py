@@ -95,6 +95,8 @@ def test_the_page_in_a_browser_shows_cards_queues_and_escapes_names(page_server,
         assert "running" in drawn[job_id], drawn.get(job_id)
     waiting = drawn[load.waiting[0]]
     assert "eval-70b" in waiting and "needs 70.0 GiB on 1 card" in waiting and "no dispatcher is running" in waiting
+    # Its estimated start: none without a dispatcher (the cell's title says why).
+    assert "<th class=\"num\">est. start</th>" in dom and " unknown " in waiting, waiting
     failed = drawn[load.failed[0]]
     assert "prep-data" in failed and "FAILED" in failed and "cuda_oom" in failed and "CUDA out of memory" in failed
     assert "TIMEOUT" in drawn[load.failed[1]]

@@ -19,10 +19,12 @@ import pytest
 from rig.client import Client
 from rig.config import load_settings
 from rig.errors import InvalidInput, JobNotFound, PermissionDenied
+from rig.forecast import NO_CARDS, Forecast, StartEstimate
 from rig.gateway import privacy, wire
 from rig.gateway.client import GatewayClient, GatewayUnavailable
 from rig.gateway.server import Gateway, Peer, bind
 from rig.models import Job, JobState, Priority
+from rig.waiting import NO_DISPATCHER
 
 ALICE, BOB = 40001, 40002  # uids without a passwd entry: their names are the uids as text
 
@@ -387,3 +389,16 @@ def test_the_head_of_the_queue_through_the_socket(gateway):
     head = client.waiting(limit=5)
     assert [j.id for j in head] == [high.id, low.id]
     assert [j.id for j in client.waiting(limit=1)] == [high.id]
+
+
+def test_start_estimates_through_the_socket(gateway):
+    """`rig show` / `rig jobs` of a user without Redis credentials: the same estimates, rebuilt
+    from the wire (rig.forecast's classes, nothing else)."""
+    gw, path = gateway
+    job = _submit_as(gw, ALICE)
+    client = GatewayClient(gw.settings, path)
+    got = client.start_estimates()
+    assert isinstance(got, Forecast) and got.of(job.id) == StartEstimate(job.id, None, NO_DISPATCHER)
+    gw.client.r.set(gw.client.keys.sched_leader, "someone", px=60_000)  # a dispatcher runs
+    got = client.start_estimates()
+    assert got.of(job.id) == StartEstimate(job.id, None, NO_CARDS)  # no card registered yet

@@ -18,6 +18,7 @@ from rig.config import load_settings
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.testing.web_load import HOSTILE_NAME, mixed_load
+from rig.waiting import NO_DISPATCHER
 from rig.web.overview import WAITING_SHOWN, overview
 from rig.web.server import LOGIN_NEEDED, authorised, make_app
 
@@ -68,6 +69,9 @@ def test_the_overview_shows_what_the_cli_shows(client: Client):
     first = waiting["jobs"][0]
     assert first["why"] == client.why_waiting(client.get(first["id"]))
     assert "needs 70.0 GiB" in first["why"] and "no dispatcher is running" in first["why"]
+    # No dispatcher runs: no estimated start, and that is what the page says instead of a time.
+    assert all(j["estimated_start"] is None and j["estimated_start_text"] == f"unknown ({NO_DISPATCHER})"
+               for j in waiting["jobs"])
     # The error queue with why each ended, and the users table of three users.
     assert data["errors"]["total"] == 2
     assert {j["id"]: j["failure"] for j in data["errors"]["jobs"]} == dict(zip(load.failed, ["cuda_oom", "timeout"], strict=True))
@@ -80,6 +84,23 @@ def test_the_overview_shows_what_the_cli_shows(client: Client):
     assert hostile["name"] == HOSTILE_NAME
     assert not any("env" in j or "command" in j for j in data["running"] + waiting["jobs"])
     assert data["history"]["since"] is not None and len(data["history"]["ended_per_hour"]) == 1
+
+
+def test_each_waiting_job_has_the_forecasts_estimated_start(client: Client):
+    load = mixed_load(client)
+    client.r.set(client.keys.sched_leader, "someone", px=60_000)  # a dispatcher runs
+    # The running jobs have earlier runs: alice's takes ~1 h, bob's 2-card job ~40 min,
+    # carol's ~2 h.
+    for job_id, expected in zip(load.running, (3600.0, 2400.0, 7200.0), strict=True):
+        client.store.update(job_id, expected_seconds=expected)
+    alice, bob, _carol = (client.get(i) for i in load.running)
+    data = overview(client, login="admin")
+    rows = {j["id"]: j for j in data["waiting"]["jobs"]}
+    eval_70b, vit, hostile = (rows[i] for i in load.waiting)
+    # The two jobs aged to high take gpu2's two cards when bob's job ends; the low one alice's.
+    assert eval_70b["estimated_start"] == vit["estimated_start"] == pytest.approx(bob.started_at + 2400, abs=0.01)
+    assert hostile["estimated_start"] == pytest.approx(alice.started_at + 3600, abs=0.01)
+    assert eval_70b["estimated_start_short"].startswith("~") and "in ~40 min" in eval_70b["estimated_start_text"]
 
 
 def test_the_waiting_list_is_bounded_and_the_total_is_said(client: Client):

@@ -205,6 +205,20 @@ def test_jobs_fit_with_whole_states_and_a_reason(width: int) -> None:
     assert "\\x1b]0;TITLE" in text.replace("\n", "") or "\\x1b" in text  # escaped, not acted on
 
 
+@pytest.mark.parametrize("width", [80, 160])
+def test_jobs_estimated_start_shows_at_160_and_goes_first_at_80(width: int) -> None:
+    listed = _listed()
+    starts = {j.id: "~14:20" for j in listed if j.state is JobState.PENDING}
+    lines = _screen(width, lambda c: render_jobs(listed, c, starts))
+    _fits(lines, width)
+    heads = _headings(lines)[0]
+    if width == 160:  # beside every other column
+        assert set(heads) == {c.header for c in JOB_COLUMNS}, heads
+        assert sum("~14:20" in line for line in lines) == len(starts)
+    else:
+        assert "est. start" not in heads and "reason" in heads
+
+
 def test_jobs_never_wrap_a_cell() -> None:
     lines = _screen(80, lambda c: render_jobs(_listed(), c))
     body = [line for line in lines if line.startswith("│")]
