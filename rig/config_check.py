@@ -52,6 +52,7 @@ OWN_VARIABLES: frozenset[str] = frozenset({
     # Scripts, tests and the image build.
     "RIG_TEST_REDIS_URL", "RIG_BENCH_REDIS_URL", "RIG_GPU_CHECK_STACK", "RIG_REINSTALL", "RIG_UID",
     "RIG_TRACE_DIR",  # rig.jobtrace (scripts/profile_job_path.py)
+    "RIG_FAULT_PARALLEL",  # how many fault scenarios tests/integration/test_faults.py runs at once
 })
 
 ENV_PREFIX = "RIG_"

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 #: Worker controls that would change a rig worker behind rig's back.
 REFUSED = ("shutdown", "pool_grow", "pool_shrink", "pool_restart", "autoscale")
 #: The roles (RIG_ROLE) of the workers `rig up` starts.
-RIG_ROLES = ("card", "control")
+WORKER_ROLES = ("card", "control")
 #: Who the record names as having stopped a job from Flower.
 FLOWER_ADMIN = "Flower (admin login)"
 
@@ -54,7 +54,7 @@ def install(stop_job: StopJob | None, role: str | None = None) -> None:
     stops a job (the control worker); None: this worker leaves jobs to the control worker
     (card workers). Workers of no rig role keep Celery's own answers."""
     role = os.environ.get("RIG_ROLE", "") if role is None else role
-    if role not in RIG_ROLES:
+    if role not in WORKER_ROLES:
         return
     for name in REFUSED:
         Panel.data[name] = _refused(name)
