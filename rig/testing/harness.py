@@ -25,6 +25,7 @@ from rig.client import Client
 from rig.config import Settings, load_settings
 from rig.keys import Keys
 from rig.models import JobState
+from rig.redis_conn import connect
 from rig.stack import Stack, UpOptions
 
 DEFAULT_REDIS_URL = os.environ.get("RIG_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -66,7 +67,7 @@ class RigHarness:
         values.update(overrides)
         self.settings: Settings = load_settings(**values)
         self.keys = Keys(self.prefix)
-        self.redis = redis.Redis.from_url(self.settings.redis_url, decode_responses=True)
+        self.redis = connect(self.settings.redis_url)  # a sentinel:// URL too
         self.client = Client(self.settings)
         self.stack: Stack | None = None
         self._poller: threading.Thread | None = None
