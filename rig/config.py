@@ -238,6 +238,12 @@ class Settings(BaseSettings):
     redis_password_file: Path | None = Field(
         None, description="file holding the Redis password (one line, no access for others)"
     )
+    replica_wait_seconds: float = Field(
+        2.0, ge=0,
+        description="with a sentinel:// redis_url: how long a submission, a job's start and a job's "
+        "ending wait for a replica to have them (WAIT) before going on with a warning; 0: never wait "
+        "(rig.replication)",
+    )
     gateway_socket: Path | None = Field(
         None, description="the gateway's Unix socket, where users without Redis credentials reach rig "
         "(default: /run/rig/gateway.sock for a root rig up, else $RIG_HOME/run/gateway-NODE.sock)",

@@ -43,6 +43,7 @@ from rig.logs import AttemptFiles, enforce_size_cap, job_folder
 from rig.models import Job, JobState, new_job_instance
 from rig.redis_conn import connect, strip_password
 from rig.redis_writes import is_outage, refusal
+from rig.replication import replica_wait
 from rig.store import JobStore
 from workers.attempt_locate import carries_attempt, job_folders, locate
 from workers.log_space import (
@@ -141,6 +142,8 @@ class CardRunner:
         self.store = JobStore(self.r, self.keys)
         self.ledger = Ledger(self.r, self.keys,
                              usage_half_life_s=settings.fair_share_half_life_hours * 3600)
+        #: Under Sentinel: a claim and an ending count once a replica has them (rig.replication).
+        self.replicas = replica_wait(self.r, self.keys, settings.redis_url, settings.replica_wait_seconds)
         self.shutdown = threading.Event()
         self._active: dict[int, ActiveJob] = {}
         #: Jobs this process is claiming or starting: adoption must leave them alone.
@@ -195,8 +198,7 @@ class CardRunner:
             return "ignored:installation-mismatch"
         try:
             # A claim Redis refused (full, read-only) changed nothing: wait for it, then claim.
-            claimed = self._retry_redis(lambda: self.ledger.claim(job_id, token, self.worker_name),
-                                        f"claim job {job_id}", only=refusal)
+            claimed = self._claim(job_id, token)
         except redis.ResponseError as exc:
             # The claim script could not use the record (e.g. its attempt count is not a
             # number): end the job with the reason instead of failing this start for ever.
@@ -277,6 +279,31 @@ class CardRunner:
         if active is None:
             return "failed-to-start"
         return self._supervise(active)
+
+    def _claim(self, job_id: int, token: str) -> tuple[bool, str] | None:
+        """ledger.claim, made to survive a Redis fail-over before the job's process starts:
+        under Sentinel the claim counts once a replica has it (rig.replication); a claim the
+        fail-over lost (the new master's record is not RUNNING with this token and attempt)
+        is tried again there, where it wins only if the job is still ASSIGNED to this token."""
+        while True:
+            claimed = self._retry_redis(lambda: self.ledger.claim(job_id, token, self.worker_name),
+                                        f"claim job {job_id}", only=refusal)
+            if claimed is None or not claimed[0] or self.replicas is None:
+                return claimed
+            if not self._retry_redis(self.replicas.confirm, f"confirm job {job_id}'s start"):
+                log.warning("job %s: %s", job_id, self.replicas.unconfirmed_note("its start"))
+            if self._holds(job_id, token, attempt=claimed[1]):
+                return claimed
+            log.warning("job %s: its claim is not on the Redis master any more (a fail-over lost it); "
+                        "claiming again", job_id)
+
+    def _holds(self, job_id: int, token: str, *, attempt: str | None = None) -> bool:
+        """True while the master's record says this worker runs this attempt (token) of the job."""
+        state, assignments, now_attempt, worker = self._retry_redis(
+            lambda: self.r.hmget(self.keys.job(job_id), "state", "assignments", "attempt", "worker"),
+            f"read job {job_id}") or (None, None, None, None)
+        return (state == JobState.RUNNING.value and assignments == str(token) and worker == self.worker_name
+                and (attempt is None or now_attempt == attempt))
 
     def _refuse(self, job_id: int, token: str, reason: str, failure: str,
                 expect: JobState = JobState.RUNNING) -> str:
@@ -658,6 +685,17 @@ class CardRunner:
                 result.append(state)
 
         self._retry_redis(_do, f"end job {job_id}")
+        while self.replicas is not None and not self.shutdown.is_set():
+            # Under Sentinel the ending counts once a replica has it (rig.replication); one a
+            # fail-over lost (the new master still says RUNNING with this token) is written again.
+            if not self._retry_redis(self.replicas.confirm, f"confirm job {job_id}'s ending"):
+                log.warning("job %s: %s", job_id, self.replicas.unconfirmed_note("its ending"))
+            if not result or not self._holds(job_id, token):
+                break
+            log.warning("job %s: its ending is not on the Redis master any more (a fail-over lost it); "
+                        "recording it again", job_id)
+            result.clear()
+            self._retry_redis(_do, f"end job {job_id}")
         for folder in folders if result else []:
             for path in folder.glob("attempt-*.pid") if folder.is_dir() else []:
                 try:
