@@ -35,6 +35,9 @@ CARDS = 2
 #: Jobs acknowledged before the master is killed, and in all.
 KILL_AFTER = 12
 TOTAL_JOBS = 30
+#: Recovery slower than this after the kill is a problem (s): a fail-over takes about
+#: DOWN_AFTER_MS + 1.5 s here; the rest is reconnecting (Celery's backoff: 0.5 s, 1 s, ...).
+RECOVERY_BOUND_S = 15.0
 #: What each job does: note its start (the first line is the proof it ran), then work a bit (s).
 JOB_SECONDS = 0.3
 JOB = 'echo "$RIG_JOB_ID $(date +%s.%N)" >> {runs}; sleep {seconds}'
@@ -71,6 +74,7 @@ class _Submitter(threading.Thread):
                 self.killed.wait(30)
 
 
+
 def sentinel_failover(workdir: Path) -> ScenarioResult:
     """See the module docstring."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -84,7 +88,7 @@ def sentinel_failover(workdir: Path) -> ScenarioResult:
         # replica_wait_seconds short: after the kill the new master has no replica, so each
         # WAIT runs out (and says so); the scenario measures, it does not wait for a rebuild.
         node = RigHarness(workdir / "home", fake_gpus=f"{CARDS}x80G", redis_url=redis_set.url, node_name="sn1",
-                          replica_wait_seconds=0.5, health={"timeout": 15.0, "check_interval": 2.0})
+                          replica_wait_seconds=0.25, health={"timeout": 15.0, "check_interval": 2.0})
         node.up()
         runs = workdir / "runs.txt"
         submitter = _Submitter(node, runs, workdir)
@@ -134,22 +138,20 @@ def sentinel_failover(workdir: Path) -> ScenarioResult:
         # new master (one submitted before may have been claimed before the kill).
         first_start = min((t for jid in after for t in starts.get(jid, [])), default=None)
         result.notes.append(f"{KILL_AFTER} acknowledged before the kill, {len(after)} after; "
-                            f"{len(submitter.unconfirmed)} acknowledged with the no-replica warning")
-        if after:
-            first_ack = min(at for jid, at in submitter.acked if at > kill_wall)
-            result.notes.append(f"first acknowledged submission {first_ack - kill_wall:.1f} s after the kill")
-        else:
-            result.problems.append("no submission was acknowledged after the kill")
-        if first_start is not None:
-            result.notes.append(f"first job started {first_start - kill_wall:.1f} s after the kill")
-        else:
-            result.problems.append("no job started after the kill")
+                            f"{len(submitter.unconfirmed)} with the no-replica warning (the new master has no "
+                            "replica)")
+        first_ack = min((at for jid, at in submitter.acked if at > kill_wall), default=None)
         beats.join(1)
-        if beats.seconds is not None:
-            result.notes.append(f"every card worker heartbeat on the new master within {beats.seconds:.1f} s of "
-                                "the kill")
-        else:
-            result.problems.append("a card worker never heartbeat on the new master")
+        for what, when in (("first acknowledged submission", first_ack), ("first job started", first_start),
+                           ("every card worker's heartbeat on the new master",
+                            None if beats.seconds is None else kill_wall + beats.seconds)):
+            if when is None:
+                result.problems.append(f"never after the kill: {what}")
+                continue
+            result.notes.append(f"{what} {when - kill_wall:.1f} s after the kill")
+            if when - kill_wall > RECOVERY_BOUND_S:
+                result.problems.append(f"{what} only {when - kill_wall:.1f} s after the kill "
+                                       f"(bound {RECOVERY_BOUND_S:g} s)")
     except Exception as exc:  # noqa: BLE001 - reported as the scenario's problem, then cleaned up
         result.problems.append(f"{type(exc).__name__}: {exc}")
     finally:

@@ -60,10 +60,8 @@ class SentinelSet:
 
     def start(self, timeout: float = 20.0) -> SentinelSet:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        data = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--requirepass", MASTER_PASSWORD, "--masterauth", MASTER_PASSWORD]
-        self._spawn("master", ["--port", str(self.master_port), *data])
-        self._spawn("replica", ["--port", str(self.replica_port), *data,
+        self._spawn("master", ["--port", str(self.master_port), *self._data_args()])
+        self._spawn("replica", ["--port", str(self.replica_port), *self._data_args(),
                                 "--replicaof", "127.0.0.1", str(self.master_port)])
         for number, port in enumerate(self.sentinel_ports):
             conf = self.workdir / f"sentinel-{number}.conf"  # sentinels rewrite their own config
@@ -78,6 +76,13 @@ class SentinelSet:
             self._spawn(f"sentinel-{number}", [str(conf), "--sentinel"])
         self._await(self._ready, timeout, "the sentinels never saw the replica and each other")
         return self
+
+    @staticmethod
+    def _data_args() -> list[str]:
+        """A data server: loopback, no persistence (a killed one comes back empty, as a lost
+        disk would), the master's password to serve and to replicate with."""
+        return ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--requirepass", MASTER_PASSWORD, "--masterauth", MASTER_PASSWORD]
 
     def _spawn(self, name: str, args: list[str]) -> None:
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
