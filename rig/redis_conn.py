@@ -31,6 +31,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
+from redis.sentinel import MasterNotFoundError
 
 from rig import sentinel_url
 from rig.authgate import install as _install_auth_gate
@@ -117,8 +118,8 @@ def _retry(url: str = "") -> Retry:
     so the caller gets redis.TimeoutError and decides."""
     if is_sentinel(url):
         cap = 1.0
-        return _RetryButNotAuth(ExponentialBackoff(cap=cap, base=0.1), int(FAILOVER_WINDOW_S / cap) + 3,
-                                supported_errors=(redis.ConnectionError,))
+        return _FollowFailover(sentinel_url.parse(url), ExponentialBackoff(cap=cap, base=0.1),
+                               int(FAILOVER_WINDOW_S / cap) + 3, supported_errors=(redis.ConnectionError,))
     return _RetryButNotAuth(ExponentialBackoff(cap=1.0, base=0.1), 2, supported_errors=(redis.ConnectionError,))
 
 
@@ -130,6 +131,25 @@ class _RetryButNotAuth(Retry):
     def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):  # type: ignore[no-untyped-def, override]
         def retryable(error: Exception) -> bool:
             return not is_auth_error(error) and (is_retryable is None or is_retryable(error))
+
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
+class _FollowFailover(_RetryButNotAuth):
+    """The retry of a ``sentinel://`` client: "no master found" is retried only while a
+    sentinel that answers monitors the master (a fail-over in progress); with no sentinel
+    answering, a refused sentinel password or an unknown master name it is raised at once (a
+    configuration mistake, or no sentinel left: waiting out a fail-over window helps nothing)."""
+
+    def __init__(self, target: sentinel_url.SentinelUrl, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.target = target
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):  # type: ignore[no-untyped-def, override]
+        def retryable(error: Exception) -> bool:
+            if isinstance(error, MasterNotFoundError) and not self.target.diagnose(client_options())[1]:
+                return False
+            return is_retryable is None or is_retryable(error)
 
         return super().call_with_retry(do, fail, retryable, with_failure_count)
 
@@ -237,6 +257,9 @@ def unavailable(url: str, exc: BaseException) -> RedisUnavailable:
         return RedisUnavailable.said(
             url, f"the server at {strip_password(url)} does not answer as Redis does ({_short(exc)}); "
             "check the host and port of the Redis URL (RIG_REDIS_URL or redis_url)")
+    if isinstance(exc, MasterNotFoundError) and is_sentinel(url):
+        why, _ = sentinel_url.parse(url).diagnose(client_options())
+        return RedisUnavailable.said(url, f"no Redis master behind {strip_password(url)}: {why}")
     if is_setup_error(exc):
         return RedisUnavailable.said(
             url, f"Redis at {strip_password(url)} has no such database ({_short(exc)}); use a database "

@@ -50,8 +50,15 @@ class SentinelUrl:
 
     def sentinel_kwargs(self, options: dict[str, Any]) -> dict[str, Any]:
         """Options of the connections to the sentinels themselves: the socket timeouts of
-        ``options`` (rig.redis_conn.client_options) and their own password, never the master's."""
-        kwargs = {k: v for k, v in options.items() if k in ("socket_connect_timeout", "socket_timeout")}
+        ``options`` (rig.redis_conn.client_options), their own password, never the master's,
+        and no retry of their own: a master lookup asks each sentinel once, and the lookup is
+        retried by the master client's policy (redis-py's default retried each dead sentinel
+        3 times with backoff: 9 s before "no sentinel answers")."""
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        kwargs: dict[str, Any] = {k: v for k, v in options.items() if k in ("socket_connect_timeout", "socket_timeout")}
+        kwargs["retry"] = Retry(NoBackoff(), 0)
         if self.sentinel_password:
             kwargs["password"] = self.sentinel_password
         return kwargs
@@ -65,6 +72,50 @@ class SentinelUrl:
         sentinel = Sentinel(list(self.sentinels), sentinel_kwargs=self.sentinel_kwargs(options), **options)
         return sentinel.master_for(self.master_name, db=self.db, username=self.username,
                                    password=self.password, connection_class=_master_connection_class())
+
+    def diagnose(self, options: dict[str, Any] | None = None) -> tuple[str, bool]:
+        """Why no master can be found, asking each sentinel once (no retry): (one sentence for
+        the operator, whether it is a fail-over in progress that retrying rides out). Only a
+        sentinel that answers and monitors MASTER_NAME means a fail-over; none answering, a
+        refused sentinel password or an unknown name is the configuration's fault."""
+        import redis
+
+        kwargs = {"socket_connect_timeout": 1.0, "socket_timeout": 1.0,
+                  **self.sentinel_kwargs(options or {}), "decode_responses": True}
+        unreachable, refused, named = [], [], set()
+        for host, port in self.sentinels:
+            where = _hostport((host, port))
+            client = redis.Redis(host=host, port=port, **kwargs)
+            try:
+                masters = client.sentinel_masters()
+            except redis.AuthenticationError:
+                refused.append(where)
+                continue
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                unreachable.append(where)
+                continue
+            except redis.ResponseError as exc:
+                if str(exc).split(" ", 1)[0] in ("NOAUTH", "WRONGPASS"):
+                    refused.append(where)
+                else:
+                    unreachable.append(f"{where} (not a sentinel: {exc})")
+                continue
+            finally:
+                client.close()
+            if self.master_name in masters:
+                return (f"the sentinels know master {self.master_name!r} but it is down and no replica is "
+                        "promoted yet (a fail-over in progress, or no replica to promote)", True)
+            named.update(masters)
+        if refused:
+            return (f"the sentinel(s) at {', '.join(refused)} refused the sentinel password; give theirs as "
+                    f"?{SENTINEL_PASSWORD_PARAM}=PW at the end of redis_url", False)
+        if named:
+            return (f"the sentinels monitor no master named {self.master_name!r} (they monitor "
+                    f"{', '.join(sorted(named))}); write that name after the hosts in redis_url", False)
+        if unreachable and len(unreachable) == len(self.sentinels):
+            return (f"no sentinel answers at {', '.join(unreachable)}; start them, or fix the hosts and ports "
+                    "in redis_url", False)
+        return f"the sentinels monitor no master named {self.master_name!r}", False
 
     def kombu_url(self) -> str:
         """kombu's form (Celery's broker; Flower reads the first): one ``sentinel://`` URL per
@@ -130,6 +181,9 @@ def is_sentinel(url: str) -> bool:
 
 def parse(url: str) -> SentinelUrl:
     """The one reading of a ``sentinel://`` URL; ValueError saying what is wrong and the form."""
+    if ";" in url:
+        raise ValueError(f"it lists the sentinels kombu's way (';'); rig reads them comma-separated in one URL: "
+                         f"write it like {FORM}")
     parts = urlsplit(url.strip())
     if parts.scheme.lower() != SCHEME:
         raise ValueError(f"it is not a sentinel:// URL; write it like {FORM}")

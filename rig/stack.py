@@ -34,7 +34,7 @@ from pathlib import Path
 
 import redis
 
-from rig import authgate
+from rig import authgate, sentinel_url
 from rig.celery_config import card_queue, dispatcher_queues
 from rig.config import Settings
 from rig.draining import cards_to_serve, drained
@@ -45,6 +45,7 @@ from rig.node_claim import OWNER_ENV, claim, identity, refused_line, release, th
 from rig.nodes import NodeRegistry
 from rig.redis_conn import (
     LOOPBACK,
+    client_options,
     connect,
     ensure_password_file,
     home_password_file,
@@ -58,6 +59,7 @@ from rig.redis_server import is_local, private_redis_dir, probe, start_private_r
 from rig.redis_writes import notices_at as redis_notices_at
 from rig.redis_writes import refusal_notice as redis_refusal_notice
 from rig.registration import register_node
+from rig.sentinel_url import is_sentinel
 from rig.stop_mark import read_refusal, refusal_path
 from rig.supervision import (
     child_marks,
@@ -323,6 +325,8 @@ class Stack:
             return
         if not self.wants("redis") and self.options.only:
             raise StackError(f"no Redis answers at {shown}")
+        if is_sentinel(url):  # which of the sentinels, their password or the master's name is wrong
+            raise StackError(f"no Redis master behind {shown}: {sentinel_url.parse(url).diagnose(client_options())[0]}")
         if not is_local(url):
             raise StackError(f"no Redis answers at {shown}; start it, or point RIG_REDIS_URL at one")
         if url_password(url) is None:

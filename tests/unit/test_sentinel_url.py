@@ -6,17 +6,19 @@ clients are built, never connected; a Redis Cluster node is refused from its INF
 from __future__ import annotations
 
 import os
+import socket
+import time
 
 import pytest
 from kombu import Connection
 from redbeat.schedulers import get_redis
-from redis.sentinel import SentinelConnectionPool
+from redis.sentinel import MasterNotFoundError, SentinelConnectionPool
 
 from rig import sentinel_url
 from rig.celery_config import make_celery
 from rig.config import load_settings
 from rig.errors import ConfigError, redact_url
-from rig.redis_conn import connect, refuse_cluster, strip_password
+from rig.redis_conn import connect, refuse_cluster, strip_password, unavailable
 
 URL = "sentinel://:m%40ster@10.0.0.1:26379,10.0.0.2,[::1]:26380/rigmaster/2?sentinel_password=sent"
 
@@ -45,6 +47,7 @@ def test_one_reading_of_hosts_master_db_and_both_passwords():
     ("sentinel://h1/rigmaster/x", "database 'x' is not a number"),
     ("sentinel://h1/rigmaster/0/extra", "only MASTER_NAME/DB"),
     ("sentinel://h1/rigmaster?master=x", "unknown option(s) master"),
+    ("sentinel://h1:26379;sentinel://h2:26379", "kombu's way (';')"),
 ])
 def test_a_bad_sentinel_url_is_one_config_line_with_the_form(url, said):
     with pytest.raises(ConfigError) as info:
@@ -96,6 +99,21 @@ def test_celery_broker_redbeat_and_flower_forms(tmp_path):
     pool = beat.wrapped_connection.connection_pool
     assert pool.service_name == "rigmaster" and pool.connection_kwargs["password"] == "m@ster"
     assert pool.sentinel_manager.sentinels[1].connection_pool.connection_kwargs["port"] == 26379
+
+
+def test_no_sentinel_answering_is_said_at_once_not_retried_for_a_failover_window():
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])  # closed again: nothing listens there
+    url = f"sentinel://127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}/rigmaster/0"
+    began = time.monotonic()
+    with pytest.raises(MasterNotFoundError) as info:
+        connect(url).ping()
+    assert time.monotonic() - began < 5.0  # FAILOVER_WINDOW_S is for a fail-over, not for this
+    message = str(unavailable(url, info.value))
+    assert message.startswith(f"no Redis master behind {url}: no sentinel answers at 127.0.0.1:{ports[0]}")
 
 
 class _Info:
