@@ -381,13 +381,21 @@ def foreign_listener(url: str, password_file: Path) -> str | None:
 
 
 def resolve_auth(url: str, *, home: Path, password: str | None = None,
-                 password_file: Path | None = None) -> RedisAuth:
-    """The URL to connect with, password included, by the order in this module's docstring.
+                 password_file: Path | None = None, sentinel_password_file: Path | None = None) -> RedisAuth:
+    """The URL to connect with, password included, by the order in this module's docstring;
+    for a ``sentinel://`` URL without ``sentinel_password``, the sentinels' own password from
+    ``sentinel_password_file`` goes into it too (rig.sentinel_url).
 
     Raises ConfigError for a password file that is missing (when configured), empty,
     unreadable, or open to every user.
     """
     url = _tls_defaults(url)
+    if sentinel_password_file is not None and is_sentinel(url):
+        path = sentinel_password_file.expanduser()
+        if not path.exists():
+            raise ConfigError(f"redis_sentinel_password_file names {path}, which does not exist; create it "
+                              "(one line, mode 0600) or unset RIG_REDIS_SENTINEL_PASSWORD_FILE")
+        url = sentinel_url.with_sentinel_password(url, read_password_file(path))
     home_file = home_password_file(home) if is_local(url) else None
     if url_password(url):
         auth = RedisAuth(url, "the URL (RIG_REDIS_URL / redis_url)", home_file)

@@ -14,7 +14,8 @@ Flower (through the broker's options)::
   ``masterauth``); also filled from ``redis_password`` / ``redis_password_file`` like a
   ``redis://`` URL's (rig.redis_conn.resolve_auth).
 - ``sentinel_password``: the sentinels' own password (their ``requirepass``), when they have
-  one; it may differ from the master's. Without it the sentinels get no password.
+  one; it may differ from the master's; also filled from ``redis_sentinel_password_file``.
+  Without it the sentinels get no password.
 
 Example: ``sentinel://:s3cret@10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/rig/0``.
 """
@@ -215,13 +216,25 @@ def parse(url: str) -> SentinelUrl:
     )
 
 
-def redact(url: str) -> str:
-    """The URL with the sentinels' password (the query's) masked; the netloc's is left to the
-    caller's own masking (rig.redis_conn.strip_password, rig.errors.redact_url)."""
+def with_sentinel_password(url: str, password: str) -> str:
+    """The URL with the sentinels' password in it, unless it names one already."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(k == SENTINEL_PASSWORD_PARAM for k, _ in query):
+        return url
+    return urlunsplit(parts._replace(query=urlencode([*query, (SENTINEL_PASSWORD_PARAM, password)])))
+
+
+def redact(url: str, mask: str | None = "***") -> str:
+    """The URL with the sentinels' password (the query's) replaced by ``mask``, or left out
+    when ``mask`` is None (a config file `rig init` writes); the netloc's password is left to
+    the caller's own masking (rig.redis_conn.strip_password, rig.errors.redact_url)."""
     parts = urlsplit(url)
     if SENTINEL_PASSWORD_PARAM not in parts.query:
         return url
-    query = [(k, "***" if k == SENTINEL_PASSWORD_PARAM else v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != SENTINEL_PASSWORD_PARAM]
+    if mask is not None:
+        query.append((SENTINEL_PASSWORD_PARAM, mask))
     return urlunsplit(parts._replace(query=urlencode(query, safe="*")))
 
 

@@ -18,6 +18,7 @@ from rig import sentinel_url
 from rig.celery_config import make_celery
 from rig.config import load_settings
 from rig.errors import ConfigError, redact_url
+from rig.init_config import init_config
 from rig.redis_conn import connect, refuse_cluster, strip_password, unavailable
 
 URL = "sentinel://:m%40ster@10.0.0.1:26379,10.0.0.2,[::1]:26380/rigmaster/2?sentinel_password=sent"
@@ -130,3 +131,24 @@ def test_a_cluster_node_is_refused_at_startup_in_one_line():
     with pytest.raises(ConfigError) as info:
         refuse_cluster(_Info(1), "redis://:pw@h:6379/0")  # type: ignore[arg-type]
     assert "Redis Cluster" in str(info.value) and "pw" not in str(info.value)
+
+
+def test_the_sentinel_password_file_fills_the_sentinels_password(tmp_path):
+    secret = tmp_path / "sentinel.password"
+    secret.write_text("from-file\n")
+    secret.chmod(0o600)
+    settings = load_settings(redis_url="sentinel://h1/rigmaster/0", redis_sentinel_password_file=secret)
+    assert sentinel_url.parse(settings.redis_url).sentinel_password == "from-file"
+    settings = load_settings(redis_url="sentinel://h1/rigmaster/0?sentinel_password=url",
+                             redis_sentinel_password_file=secret)
+    assert sentinel_url.parse(settings.redis_url).sentinel_password == "url"  # the URL's own wins
+    with pytest.raises(ConfigError, match="redis_sentinel_password_file names .* which does not exist"):
+        load_settings(redis_url="sentinel://h1/rigmaster/0", redis_sentinel_password_file=tmp_path / "none")
+
+
+def test_rig_init_never_writes_a_password_into_the_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("RIG_REDIS_URL", URL)
+    written = init_config(str(tmp_path / "config.toml"), "n1", force=False)
+    text = (tmp_path / "config.toml").read_text()
+    assert "sentinel://10.0.0.1:26379,10.0.0.2,[::1]:26380/rigmaster/2" in text, written
+    assert "sent" not in text.replace("sentinel", "") and "m%40ster" not in text
