@@ -119,6 +119,10 @@ class ActiveJob:
         return self.exit_file.with_suffix(".pid")
 
 
+#: Under Sentinel: how many times a claim or an ending that fail-overs lost is written again.
+LOST_WRITE_TRIES = 5
+
+
 class CardRunner:
     """Runs the jobs of one card (``node``/``index``) for one worker process."""
 
@@ -285,7 +289,7 @@ class CardRunner:
         under Sentinel the claim counts once a replica has it (rig.replication); a claim the
         fail-over lost (the new master's record is not RUNNING with this token and attempt)
         is tried again there, where it wins only if the job is still ASSIGNED to this token."""
-        while True:
+        for _ in range(LOST_WRITE_TRIES):
             claimed = self._retry_redis(lambda: self.ledger.claim(job_id, token, self.worker_name),
                                         f"claim job {job_id}", only=refusal)
             if claimed is None or not claimed[0] or self.replicas is None:
@@ -296,6 +300,8 @@ class CardRunner:
                 return claimed
             log.warning("job %s: its claim is not on the Redis master any more (a fail-over lost it); "
                         "claiming again", job_id)
+        # Fail-overs in a row: not started here; the health check re-sends a start still ASSIGNED.
+        return False, "claim-lost"
 
     def _holds(self, job_id: int, token: str, *, attempt: str | None = None) -> bool:
         """True while the master's record says this worker runs this attempt (token) of the job."""
@@ -685,7 +691,9 @@ class CardRunner:
                 result.append(state)
 
         self._retry_redis(_do, f"end job {job_id}")
-        while self.replicas is not None and not self.shutdown.is_set():
+        for _ in range(LOST_WRITE_TRIES if self.replicas is not None else 0):
+            if self.shutdown.is_set():
+                break
             # Under Sentinel the ending counts once a replica has it (rig.replication); one a
             # fail-over lost (the new master still says RUNNING with this token) is written again.
             if not self._retry_redis(self.replicas.confirm, f"confirm job {job_id}'s ending"):
