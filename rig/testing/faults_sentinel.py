@@ -85,11 +85,14 @@ def sentinel_failover(workdir: Path) -> ScenarioResult:
     node: RigHarness | None = None
     try:
         redis_set.start()
+        phases = [("sentinels up", time.monotonic())]
         # replica_wait_seconds short: after the kill the new master has no replica, so each
         # WAIT runs out (and says so); the scenario measures, it does not wait for a rebuild.
         node = RigHarness(workdir / "home", fake_gpus=f"{CARDS}x80G", redis_url=redis_set.url, node_name="sn1",
-                          replica_wait_seconds=0.25, health={"timeout": 15.0, "check_interval": 2.0})
+                          replica_wait_seconds=0.25, health={"timeout": 15.0, "check_interval": 2.0,
+                                                     "assigned_timeout": 5.0})
         node.up()
+        phases.append(("node up", time.monotonic()))
         runs = workdir / "runs.txt"
         submitter = _Submitter(node, runs, workdir)
         submitter.start()
@@ -97,6 +100,7 @@ def sentinel_failover(workdir: Path) -> ScenarioResult:
             result.problems.append(f"only {len(submitter.acked)} submissions before the kill "
                                    f"(refused: {submitter.refused[:1]})")
             return result
+        phases.append(("load before the kill", time.monotonic()))
         old_port = redis_set.master_port
         kill_wall = time.time()
         redis_set.kill_master()
@@ -122,6 +126,10 @@ def sentinel_failover(workdir: Path) -> ScenarioResult:
                 finals[jid] = node.client.wait(jid, timeout=max(1.0, deadline - time.monotonic()))
             except (TimeoutError, RigError):
                 pass
+        phases.append(("submitting and running after the kill", time.monotonic()))
+        since = [began] + [at for _, at in phases]
+        result.notes.append("phases: " + ", ".join(f"{name} {at - prev:.1f} s"
+                                                   for prev, (name, at) in zip(since, phases, strict=False)))
         result.lost = sum(1 for jid in ids if jid not in finals or finals[jid].state != JobState.SUCCEEDED)
         starts = _starts(runs)
         result.duplicated = sum(1 for jid in ids if len(starts.get(jid, [])) > 1)
