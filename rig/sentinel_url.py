@@ -118,6 +118,38 @@ class SentinelUrl:
                     "in redis_url", False)
         return f"the sentinels monitor no master named {self.master_name!r}", False
 
+    def notices(self, window_s: float, options: dict[str, Any] | None = None) -> list[str]:
+        """Warnings for `rig up` about a Sentinel setup that would not fail over in time, from
+        the first sentinel that answers (``SENTINEL MASTER``): fewer than two sentinels listed,
+        no replica to promote, a master called down later than rig's clients wait (``window_s``)."""
+        import redis
+
+        out = []
+        if len(self.sentinels) < 2:
+            out.append(f"redis_url lists one sentinel: while it is down rig cannot find the master; list "
+                       f"every sentinel (sentinel://h1:26379,h2:26379,h3:26379/{self.master_name}/{self.db})")
+        kwargs = {"socket_connect_timeout": 1.0, "socket_timeout": 1.0, **self.sentinel_kwargs(options or {}),
+                  "decode_responses": True}
+        for host, port in self.sentinels:
+            client = redis.Redis(host=host, port=port, **kwargs)
+            try:
+                state = client.sentinel_master(self.master_name)
+            except redis.RedisError:
+                continue
+            finally:
+                client.close()
+            if int(state.get("num-slaves", 0)) == 0:
+                out.append(f"the sentinels know no replica of {self.master_name!r}: a fail-over has nothing to "
+                           "promote, and every submission waits replica_wait_seconds, then warns; add a replica "
+                           "(replicaof) or set replica_wait_seconds = 0")
+            down_after_s = int(state.get("down-after-milliseconds", 0)) / 1000
+            if down_after_s + 5 > window_s:
+                out.append(f"the sentinels call {self.master_name!r} down only after {down_after_s:g} s "
+                           f"(down-after-milliseconds), and rig's commands wait {window_s:g} s for a new master: "
+                           f"set `sentinel down-after-milliseconds {self.master_name} 5000` (docs/RELIABILITY.md)")
+            break
+        return out
+
     def kombu_url(self) -> str:
         """kombu's form (Celery's broker; Flower reads the first): one ``sentinel://`` URL per
         sentinel joined by ``;``; the first carries the master's credentials and the database."""

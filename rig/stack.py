@@ -44,6 +44,7 @@ from rig.keys import Keys, card_worker_name, control_worker_name
 from rig.node_claim import OWNER_ENV, claim, identity, refused_line, release, there
 from rig.nodes import NodeRegistry
 from rig.redis_conn import (
+    FAILOVER_WINDOW_S,
     LOOPBACK,
     client_options,
     connect,
@@ -322,6 +323,9 @@ class Stack:
                          "(docs/SECURITY.md)")
             for line in redis_notices_at(url):  # full; an evicting policy; no persistence
                 self.say(f"warning: {line}")
+            if is_sentinel(url):  # one sentinel listed, no replica, a fail-over slower than rig waits
+                for line in sentinel_url.parse(url).notices(FAILOVER_WINDOW_S, client_options()):
+                    self.say(f"warning: {line}")
             return
         if not self.wants("redis") and self.options.only:
             raise StackError(f"no Redis answers at {shown}")
