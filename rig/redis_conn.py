@@ -332,6 +332,13 @@ def strip_password(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}@{hostport}" if user else hostport))
 
 
+def without_credentials(url: str) -> str:
+    """The URL with no password at all (the master's removed, the sentinels' left out, not
+    masked): a URL that still works where the password comes from elsewhere, for a config file
+    (`rig init`) or a job run as another user (which reaches rig through the gateway)."""
+    return strip_password(sentinel_url.redact(url, mask=None))
+
+
 def _tls_defaults(url: str) -> str:
     """A ``rediss://`` URL without ``ssl_cert_reqs`` gets ``ssl_cert_reqs=required``: kombu
     (Celery's broker) would otherwise connect WITHOUT checking the server's certificate."""

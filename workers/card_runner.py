@@ -41,7 +41,7 @@ from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.logs import AttemptFiles, enforce_size_cap, job_folder
 from rig.models import Job, JobState, new_job_instance
-from rig.redis_conn import connect, strip_password
+from rig.redis_conn import connect, without_credentials
 from rig.redis_writes import is_outage, refusal
 from rig.replication import replica_wait
 from rig.store import JobStore
@@ -513,7 +513,7 @@ class CardRunner:
             # of another user than this worker's through the gateway, as itself, without Redis'
             # password (rig.gateway); one of the worker's own user (who can read the password
             # file anyway) straight to Redis.
-            "RIG_REDIS_URL": strip_password(self.settings.redis_url) if run_as is not None else self.settings.redis_url,
+            "RIG_REDIS_URL": without_credentials(self.settings.redis_url) if run_as is not None else self.settings.redis_url,
             "RIG_KEY_PREFIX": self.settings.key_prefix,
             # Which node's job this is: a node's orphan check stops only its own (health.py).
             "RIG_NODE_NAME": self.node,

@@ -19,7 +19,7 @@ from rig.celery_config import make_celery
 from rig.config import load_settings
 from rig.errors import ConfigError, redact_url
 from rig.init_config import init_config
-from rig.redis_conn import connect, refuse_cluster, strip_password, unavailable
+from rig.redis_conn import connect, refuse_cluster, strip_password, unavailable, without_credentials
 
 URL = "sentinel://:m%40ster@10.0.0.1:26379,10.0.0.2,[::1]:26380/rigmaster/2?sentinel_password=sent"
 
@@ -152,3 +152,8 @@ def test_rig_init_never_writes_a_password_into_the_config(tmp_path, monkeypatch)
     text = (tmp_path / "config.toml").read_text()
     assert "sentinel://10.0.0.1:26379,10.0.0.2,[::1]:26380/rigmaster/2" in text, written
     assert "sent" not in text.replace("sentinel", "") and "m%40ster" not in text
+
+
+def test_a_url_without_credentials_still_works_but_holds_no_password():
+    assert without_credentials(URL) == "sentinel://10.0.0.1:26379,10.0.0.2,[::1]:26380/rigmaster/2"
+    assert without_credentials("redis://:pw@h:6379/0") == "redis://h:6379/0"
