@@ -127,7 +127,21 @@ class SentinelSet:
         proc.send_signal(signal.SIGKILL)
         proc.wait(5)
 
+    def cut_replica(self) -> None:
+        """Stop the replica (SIGSTOP) and close its replication link on the master: the
+        master's writes from now on never reach it (a lag, made long). SIGSTOP alone is not
+        enough: what the master sent still sits in the replica's socket buffer, read on SIGCONT."""
+        self.procs["replica"].send_signal(signal.SIGSTOP)
+        with contextlib.closing(redis.Redis(port=self.master_port, password=MASTER_PASSWORD,
+                                            socket_timeout=2.0)) as master:
+            master.client_kill_filter(_type="replica")
+
+    def resume_replica(self) -> None:
+        self.procs["replica"].send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.resume_replica()  # SIGKILL works on a stopped process; its wait() is cleaner continued
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.kill()
