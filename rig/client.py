@@ -31,6 +31,7 @@ from rig.errors import (
     InvalidRecord,
     JobGone,
     PermissionDenied,
+    RedisUnavailable,
     RigError,
     SubmitInterrupted,
     Unschedulable,
@@ -403,15 +404,22 @@ class Client:
 
     def _confirm_replicated(self, jobs: list[Job]) -> None:
         """Under Sentinel, wait until a replica has the stored jobs before their ids are given
-        out (rig.replication); none in time: they stand, with a warning in
-        ``last_durability_note`` and the log. Raises RedisUnavailable when the master died
-        before answering: the submitter then does not know whether they were kept."""
+        out (rig.replication). None in time: if the (possibly new) master still holds them they
+        stand, with a warning in ``last_durability_note`` and the log; if a fail-over came in
+        between and lost them, RedisUnavailable says so (never an id of a job that is gone)."""
         self.last_durability_note = None
         if self.replicas is None or not jobs:
             return
         if self._guard(self.replicas.confirm):
             return
         ids = ", ".join(str(job.id) for job in jobs[:10]) + (" ..." if len(jobs) > 10 else "")
+        pipe = self.r.pipeline(transaction=False)
+        for job in jobs:
+            pipe.hget(self.keys.job(job.id), "instance")
+        if any(found != job.instance for found, job in zip(self._guard(pipe.execute), jobs, strict=True)):
+            raise RedisUnavailable.said(
+                self.settings.redis_url, f"job(s) {ids} were lost in a Redis fail-over before a replica had them: "
+                "nothing of this submission is queued; submit again")
         self.last_durability_note = self.replicas.unconfirmed_note(f"job(s) {ids}")
         log.info("%s", self.last_durability_note)  # the CLI and the gateway show it to the submitter
 

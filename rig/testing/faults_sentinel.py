@@ -94,7 +94,7 @@ def sentinel_failover(workdir: Path) -> ScenarioResult:
     """See the module docstring."""
     workdir.mkdir(parents=True, exist_ok=True)
     result = ScenarioResult("sentinel_failover", jobs=0,
-                            faults="replica stopped, then SIGKILL of the Redis master under load; "
+                            faults="replica cut off, then SIGKILL of the Redis master under load; "
                                    "Sentinel promotes the replica")
     began = time.monotonic()
     redis_set = SentinelSet(workdir / "redis")

@@ -10,6 +10,7 @@ import pytest
 
 from rig.client import Client
 from rig.config import load_settings
+from rig.errors import RedisUnavailable
 from rig.keys import Keys
 from rig.models import JobState
 from rig.replication import ReplicaWait, replica_wait
@@ -58,3 +59,23 @@ def test_a_plain_redis_url_never_waits(real_redis, key_prefix, tmp_path, monkeyp
     monkeypatch.setattr(client, "_announce", lambda jobs: None)
     client.submit(["true"], gpu_memory="1G")
     assert client.replicas is None and client.last_durability_note is None
+
+
+def test_a_submission_a_failover_lost_is_refused_not_acknowledged(lonely_redis, key_prefix, tmp_path, monkeypatch):
+    settings = load_settings(key_prefix=key_prefix, home=tmp_path, redis_url=SENTINEL_URL,
+                             replica_wait_seconds=0.05)
+    client = Client(settings, redis_client=lonely_redis)
+    monkeypatch.setattr(client, "_announce", lambda jobs: None)
+
+    class FailoverDuringWait:
+        """The master dies during the WAIT; the promoted replica never had the records."""
+
+        def confirm(self) -> bool:
+            for key in lonely_redis.scan_iter(match=f"{key_prefix}job:*"):
+                lonely_redis.delete(key)
+            return False
+
+    client.replicas = FailoverDuringWait()  # type: ignore[assignment]
+    with pytest.raises(RedisUnavailable, match=r"job\(s\) \d+ were lost in a Redis fail-over before a replica "
+                                               r"had them: nothing of this submission is queued; submit again"):
+        client.submit(["true"], gpu_memory="1G")
