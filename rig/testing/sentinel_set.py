@@ -13,6 +13,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +41,13 @@ def redis_server_binary() -> str:
     from rig.redis_server import redis_binary
 
     return redis_binary()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the parent dies (Linux PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
 
 
 class SentinelSet:
@@ -92,9 +100,13 @@ class SentinelSet:
                 "--requirepass", MASTER_PASSWORD, "--masterauth", MASTER_PASSWORD]
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
-        self.procs[name] = subprocess.Popen([self.binary, *args], stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
-                                            start_new_session=True)
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - closed once the child has it
+        # Die with this process even when it is SIGKILLed (its finally never runs): the kernel's
+        # parent-death signal, which follows the forking thread, so only from the main thread.
+        tie = _die_with_parent if threading.current_thread() is threading.main_thread() else None
+        self.procs[name] = subprocess.Popen([self.binary, *args], stdout=log, stderr=subprocess.STDOUT,
+                                            cwd=self.workdir, start_new_session=True, preexec_fn=tie)
+        log.close()  # the child has its own copy
 
     def sentinel(self, port: int) -> redis.Redis:
         return redis.Redis(port=port, password=SENTINEL_PASSWORD, decode_responses=True,
