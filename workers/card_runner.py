@@ -300,7 +300,7 @@ class CardRunner:
                 return claimed
             log.warning("job %s: its claim is not on the Redis master any more (a fail-over lost it); "
                         "claiming again", job_id)
-        # Fail-overs in a row: not started here; the health check re-sends a start still ASSIGNED.
+        # Fail-overs in a row: not started now; a start still ASSIGNED is re-sent (adopt, assigned_timeout).
         return False, "claim-lost"
 
     def _holds(self, job_id: int, token: str, *, attempt: str | None = None) -> bool:
