@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from rig import sentinel_url
 from rig.config import Settings
 from rig.keys import Keys
 from rig.models import Priority
@@ -45,16 +46,42 @@ def dispatcher_queues() -> list[str]:
     return [p.queue for p in (Priority.HIGH, Priority.MEDIUM, Priority.LOW)] + [CONTROL_QUEUE]
 
 
+def redis_forms(url: str) -> dict[str, object]:
+    """Celery's settings that name rig's Redis, from its one URL: broker_url (plus, under
+    Sentinel, the transport options kombu and Flower need) and beat's redbeat_redis_url and
+    redbeat_redis_options. A ``sentinel://`` URL is read by rig.sentinel_url only."""
+    beat_options: dict[str, object] = {
+        **REDIS_CLIENT_OPTIONS,
+        # Like the broker (broker_connection_max_retries=None): its schedule reads and writes
+        # retry through a Redis restart (a negative period retries without end). Its lock
+        # renewal does not (redis-py's Lock holds the bare client): an outage across a renewal
+        # (every beat loop) ends beat there, rig up restarts it, as after a crash.
+        "retry_period": -1,
+    }
+    if not sentinel_url.is_sentinel(url):
+        return {"broker_url": url, "broker_sentinel_options": {}, "redbeat_redis_url": url,
+                "redbeat_redis_options": beat_options}
+    target = sentinel_url.parse(url)
+    return {
+        "broker_url": target.kombu_url(),
+        "broker_sentinel_options": target.kombu_options(REDIS_CLIENT_OPTIONS),
+        "redbeat_redis_url": target.redbeat_url(),
+        "redbeat_redis_options": {"retry_period": -1, **target.redbeat_options(REDIS_CLIENT_OPTIONS)},
+    }
+
+
 def make_celery(settings: Settings) -> Celery:
     keys = Keys(settings.key_prefix)
     app = Celery("rig", set_as_current=False)
+    forms = redis_forms(settings.redis_url)
     app.conf.update(
-        broker_url=settings.redis_url,
+        broker_url=forms["broker_url"],
         broker_transport_options={
             "visibility_timeout": VISIBILITY_TIMEOUT_S,
             "queue_order_strategy": "priority",
             "global_keyprefix": keys.celery_prefix,
             **REDIS_CLIENT_OPTIONS,
+            **forms["broker_sentinel_options"],  # type: ignore[dict-item]
         },
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # keep trying through a Redis restart
@@ -86,15 +113,8 @@ def make_celery(settings: Settings) -> Celery:
         # The URL carries the password (rig.redis_conn: Settings.redis_url is resolved). Set
         # redbeat's options here, not by its fallback to broker_transport_options (deprecated;
         # those name the broker's queues, and its client gets none of their socket options).
-        redbeat_redis_url=settings.redis_url,
-        redbeat_redis_options={
-            **REDIS_CLIENT_OPTIONS,
-            # Like the broker (broker_connection_max_retries=None): its schedule reads and writes
-            # retry through a Redis restart (a negative period retries without end). Its lock
-            # renewal does not (redis-py's Lock holds the bare client): an outage across a renewal
-            # (every beat loop) ends beat there, rig up restarts it, as after a crash.
-            "retry_period": -1,
-        },
+        redbeat_redis_url=forms["redbeat_redis_url"],
+        redbeat_redis_options=forms["redbeat_redis_options"],
         redbeat_key_prefix=keys.redbeat_prefix,
         # A killed beat's lock expires in 10 s and the other beat takes over (it checks every
         # 2 s); the lock holder renews it on every loop.

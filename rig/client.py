@@ -31,6 +31,7 @@ from rig.errors import (
     InvalidRecord,
     JobGone,
     PermissionDenied,
+    RedisUnavailable,
     RigError,
     SubmitInterrupted,
     Unschedulable,
@@ -45,6 +46,7 @@ from rig.placement import Request, never_fits
 from rig.redis_conn import check, connect, is_setup_error, unavailable
 from rig.redis_writes import is_outage, refusal, refused_error
 from rig.redis_writes import notices as redis_notices
+from rig.replication import replica_wait
 from rig.request_rules import check_gpu_memory, check_retries, parse_time_limit
 from rig.store import JobStore
 
@@ -172,6 +174,10 @@ class Client:
         self._celery = None
         self._cards_cache: tuple[float, list[CardState]] | None = None
         self.last_auto_note: str | None = None
+        #: Under Sentinel: a submission is acknowledged once a replica has it (rig.replication).
+        self.replicas = replica_wait(self.r, self.keys, self.settings.redis_url, self.settings.replica_wait_seconds)
+        #: The warning of the last submission no replica confirmed in time (None: confirmed).
+        self.last_durability_note: str | None = None
 
     # -- plumbing -------------------------------------------------------------------------
     def ping(self) -> None:
@@ -333,6 +339,7 @@ class Client:
         if _build_only:
             return job, extra  # type: ignore[return-value] - submit_many's internal use
         job = self._guard(self.store.create, job, extra)
+        self._confirm_replicated([job])
         self._announce([job])
         return JobHandle(self, job.id, job)
 
@@ -356,6 +363,7 @@ class Client:
             except TypeError as exc:
                 raise InvalidInput(f"request {number}: {exc}") from None
         jobs = self._guard(self.store.create_many, built)
+        self._confirm_replicated(jobs)
         self._announce(jobs)
         return [JobHandle(self, job.id, job) for job in jobs]
 
@@ -396,6 +404,27 @@ class Client:
         if self._cards_cache is None or now - self._cards_cache[0] > CARDS_CACHE_S:
             self._cards_cache = (now, self.ledger.cards())
         return self._cards_cache[1]
+
+    def _confirm_replicated(self, jobs: list[Job]) -> None:
+        """Under Sentinel, wait until a replica has the stored jobs before their ids are given
+        out (rig.replication). None in time: if the (possibly new) master still holds them they
+        stand, with a warning in ``last_durability_note`` and the log; if a fail-over came in
+        between and lost them, RedisUnavailable says so (never an id of a job that is gone)."""
+        self.last_durability_note = None
+        if self.replicas is None or not jobs:
+            return
+        if self._guard(self.replicas.confirm):
+            return
+        ids = ", ".join(str(job.id) for job in jobs[:10]) + (" ..." if len(jobs) > 10 else "")
+        pipe = self.r.pipeline(transaction=False)
+        for job in jobs:
+            pipe.hget(self.keys.job(job.id), "instance")
+        if any(found != job.instance for found, job in zip(self._guard(pipe.execute), jobs, strict=True)):
+            raise RedisUnavailable.said(
+                self.settings.redis_url, f"job(s) {ids} were lost in a Redis fail-over before a replica had them: "
+                "nothing of this submission is queued; submit again")
+        self.last_durability_note = self.replicas.unconfirmed_note(f"job(s) {ids}")
+        log.info("%s", self.last_durability_note)  # the CLI and the gateway show it to the submitter
 
     def _announce(self, jobs: list[Job]) -> None:
         """Send the "submitted" message(s) of jobs just stored, before returning (rig.notify:

@@ -238,6 +238,16 @@ class Settings(BaseSettings):
     redis_password_file: Path | None = Field(
         None, description="file holding the Redis password (one line, no access for others)"
     )
+    redis_sentinel_password_file: Path | None = Field(
+        None, description="with a sentinel:// redis_url: file holding the sentinels' own password (one line, "
+        "no access for others), when the URL has no sentinel_password",
+    )
+    replica_wait_seconds: float = Field(
+        2.0, ge=0,
+        description="with a sentinel:// redis_url: how long a submission, a job's start and a job's "
+        "ending wait for a replica to have them (WAIT) before going on with a warning; 0: never wait "
+        "(rig.replication)",
+    )
     gateway_socket: Path | None = Field(
         None, description="the gateway's Unix socket, where users without Redis credentials reach rig "
         "(default: /run/rig/gateway.sock for a root rig up, else $RIG_HOME/run/gateway-NODE.sock)",
@@ -420,7 +430,8 @@ class Settings(BaseSettings):
 
         password = self.redis_password.get_secret_value() if self.redis_password else None
         self.redis_url = resolve_auth(self.redis_url, home=self.home, password=password,
-                                      password_file=self.redis_password_file).url
+                                      password_file=self.redis_password_file,
+                                      sentinel_password_file=self.redis_sentinel_password_file).url
         return self
 
     @field_validator("admins", mode="before")
@@ -441,7 +452,8 @@ class Settings(BaseSettings):
             raise ValueError("empty; give rig's folder, e.g. ~/.rig")
         return value
 
-    @field_validator("log_dir", "system_log_dir", "command_workdir", "redis_password_file", "gateway_socket",
+    @field_validator("log_dir", "system_log_dir", "command_workdir", "redis_password_file",
+                     "redis_sentinel_password_file", "gateway_socket",
                      mode="before")
     @classmethod
     def _empty_path_is_unset(cls, value: Any) -> Any:
@@ -519,7 +531,8 @@ class Settings(BaseSettings):
 
 
 #: Path settings: a relative one is taken under ``home`` (:func:`under_home`).
-PATH_FIELDS = ("log_dir", "system_log_dir", "command_workdir", "redis_password_file", "gateway_socket")
+PATH_FIELDS = ("log_dir", "system_log_dir", "command_workdir", "redis_password_file", "redis_sentinel_password_file",
+               "gateway_socket")
 #: The config file's data while Settings reads it (read once, by Settings.__init__).
 _FILE_DATA: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("rig_config_data", default=None)
 #: True while `rig init` reads the settings: the file it replaces is not read (it may be broken).

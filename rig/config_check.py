@@ -416,7 +416,8 @@ def explain(exc: ValidationError, sources: Sources) -> ConfigError:
 
 
 # -- values checked on their own ---------------------------------------------------------------
-REDIS_URL_FORM = "redis://host:port/db (rediss:// for TLS, unix:///path/to/redis.sock)"
+REDIS_URL_FORM = ("redis://host:port/db (rediss:// for TLS, unix:///path/to/redis.sock, "
+                  "sentinel://h1:26379,h2:26379,h3:26379/MASTER_NAME/db for Redis Sentinel)")
 
 
 def check_redis_url(url: str) -> str:
@@ -425,9 +426,17 @@ def check_redis_url(url: str) -> str:
         parts = urlsplit(url.strip())
     except ValueError as exc:
         raise ValueError(f"cannot read it as a URL ({exc}); write it like {REDIS_URL_FORM}") from None
+    if parts.scheme == "sentinel":
+        from rig import sentinel_url
+
+        sentinel_url.parse(url)  # ValueError: what is wrong, and the sentinel:// form
+        return url
+    if parts.scheme in ("redis-cluster", "rediss-cluster"):
+        raise ValueError("rig does not run on Redis Cluster (its scripts touch keys of many slots); use one "
+                         "Redis, or Redis Sentinel for fail-over (docs/RELIABILITY.md)")
     if parts.scheme not in ("redis", "rediss", "unix"):
         scheme = f"the scheme {parts.scheme!r} is not" if parts.scheme else "it has no scheme:"
-        raise ValueError(f"{scheme} redis, rediss or unix; write it like {REDIS_URL_FORM}")
+        raise ValueError(f"{scheme} redis, rediss, unix or sentinel; write it like {REDIS_URL_FORM}")
     if parts.scheme == "unix":
         if not parts.path:
             raise ValueError(f"a unix:// URL needs the socket's path; write it like {REDIS_URL_FORM}")

@@ -133,7 +133,11 @@ class NodeInUse(RigError):
 
 
 def redact_url(url: str) -> str:
-    """Hide a password in a redis:// URL before it is printed."""
+    """Hide a password in a redis:// URL (and a sentinel:// URL's sentinel_password) before it
+    is printed."""
+    from rig.sentinel_url import redact
+
+    url = redact(url)
     if "@" not in url or "://" not in url:
         return url
     scheme, rest = url.split("://", 1)

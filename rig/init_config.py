@@ -55,7 +55,7 @@ def init_config(path: str | None, node_name: str | None, force: bool) -> Written
         without_config_file,
     )
     from rig.config_template import TEMPLATE
-    from rig.redis_conn import strip_password  # a password never goes into the config file
+    from rig.redis_conn import without_credentials  # a password never goes into the config file
 
     if node_name is not None:
         try:
@@ -72,7 +72,7 @@ def init_config(path: str | None, node_name: str | None, force: bool) -> Written
         raise InvalidInput(f"{target} exists; pass --force to overwrite it")
     text = TEMPLATE.format(
         path=comment_safe(target), node_name=toml_string(node_name or defaults.node_name),
-        home=comment_safe(defaults.home), redis_url=toml_string(strip_password(defaults.redis_url)),
+        home=comment_safe(defaults.home), redis_url=toml_string(without_credentials(defaults.redis_url)),
         scheduler_type=toml_string(defaults.scheduler_type), max_task_per_gpu=defaults.max_task_per_gpu,
         vram_reserve_fraction=defaults.vram_reserve_fraction,
         default_priority=toml_string(defaults.default_priority), max_retries=defaults.max_retries,

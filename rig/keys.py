@@ -28,6 +28,7 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P worker:<name>               string   heartbeat, expires after health.timeout
   P workers                     set      worker names seen
   P sched:wake                  list     nudges for the dispatcher (BLPOP)
+  P replication:mark            string   counter written before each WAIT (rig.replication)
   P sched:leader                string   the dispatcher holding the lock (PX)
   P health:lock                 string   the control worker running a health check (PX)
   P logs:lock                   string   the control worker sweeping old logs (PX)
@@ -163,6 +164,11 @@ class Keys:
     @property
     def sched_wake(self) -> str:
         return f"{self.prefix}sched:wake"
+
+    @property
+    def replication_mark(self) -> str:
+        """String: incremented just before a WAIT, on the same connection (rig.replication)."""
+        return f"{self.prefix}replication:mark"
 
     @property
     def sched_leader(self) -> str:

@@ -31,9 +31,12 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
+from redis.sentinel import MasterNotFoundError
 
+from rig import sentinel_url
 from rig.authgate import install as _install_auth_gate
 from rig.errors import ConfigError, RedisAuthFailed, RedisUnavailable
+from rig.sentinel_url import is_sentinel
 
 # Every redis-py connection of a process that uses rig waits out a refused password (rig.authgate).
 _install_auth_gate()
@@ -97,12 +100,26 @@ def client_options(*, connect_timeout: float = CONNECT_TIMEOUT_S,
     }
 
 
-def _retry() -> Retry:
+#: How long a client of a ``sentinel://`` URL keeps retrying a command whose connection
+#: failed (s): longer than a fail-over takes (the sentinels' down-after-milliseconds plus the
+#: election and promotion, a few seconds; docs/RELIABILITY.md), so a command sent to the old
+#: master just before it died lands on the new one instead of failing.
+FAILOVER_WINDOW_S = 30.0
+
+
+def _retry(url: str = "") -> Retry:
     """Retry a command only when the connection failed (refused, reset, closed by the server:
-    typically a pooled connection that a Redis restart closed), twice, 0.1 then 0.2 s apart;
+    typically a pooled connection that a Redis restart closed), 0.1, 0.2, 0.4 ... s apart;
     never after a refused password (_RetryButNotAuth).
+    A plain URL: twice (a restarted Redis is back, or it is an outage the caller reports).
+    A ``sentinel://`` URL: for FAILOVER_WINDOW_S, each try asking the sentinels for the master
+    again (a demoted master's ReadOnlyError counts as a failed connection in redis-py).
     Never after a reply timeout: the command may have run (a ledger script is not idempotent),
     so the caller gets redis.TimeoutError and decides."""
+    if is_sentinel(url):
+        cap = 1.0
+        return _FollowFailover(sentinel_url.parse(url), ExponentialBackoff(cap=cap, base=0.1),
+                               int(FAILOVER_WINDOW_S / cap) + 3, supported_errors=(redis.ConnectionError,))
     return _RetryButNotAuth(ExponentialBackoff(cap=1.0, base=0.1), 2, supported_errors=(redis.ConnectionError,))
 
 
@@ -118,24 +135,46 @@ class _RetryButNotAuth(Retry):
         return super().call_with_retry(do, fail, retryable, with_failure_count)
 
 
+class _FollowFailover(_RetryButNotAuth):
+    """The retry of a ``sentinel://`` client: "no master found" is retried only while a
+    sentinel that answers monitors the master (a fail-over in progress); with no sentinel
+    answering, a refused sentinel password or an unknown master name it is raised at once (a
+    configuration mistake, or no sentinel left: waiting out a fail-over window helps nothing)."""
+
+    def __init__(self, target: sentinel_url.SentinelUrl, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.target = target
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):  # type: ignore[no-untyped-def, override]
+        def retryable(error: Exception) -> bool:
+            if isinstance(error, MasterNotFoundError) and not self.target.diagnose(client_options())[1]:
+                return False
+            return is_retryable is None or is_retryable(error)
+
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
 def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S,
-            reply_timeout: float = REPLY_TIMEOUT_S) -> redis.Redis:
+            reply_timeout: float = REPLY_TIMEOUT_S, retry: Retry | None = None) -> redis.Redis:
     """A client with decoded responses and bounded waits (client_options). Does not connect
     until first used. ``url`` carries the password already (``Settings.redis_url`` is
-    resolved). A blocking command sent through it must block for less than ``reply_timeout``."""
+    resolved). A blocking command sent through it must block for less than ``reply_timeout``.
+    A ``sentinel://`` URL gives a client of the sentinels' current master (rig.sentinel_url).
+    ``retry``: instead of rig's policy (_retry), e.g. none for a probe."""
     options = client_options(connect_timeout=timeout, reply_timeout=reply_timeout)
     if urlsplit(url).scheme == "unix":  # no TCP: no keepalive options (redis-py refuses them)
         options.pop("socket_keepalive")
         options.pop("socket_keepalive_options")
-    return redis.Redis.from_url(
-        url,
+    options.update(
         decode_responses=True,
         # Bytes that are not UTF-8 (a damaged or hostile record) decode to lone surrogates that
         # rig.records rejects, instead of a UnicodeDecodeError out of every reader.
         encoding_errors="surrogateescape",
-        retry=_retry(),
-        **options,  # type: ignore[arg-type]
+        retry=retry if retry is not None else _retry(url),
     )
+    if is_sentinel(url):
+        return sentinel_url.parse(url).client(options)
+    return redis.Redis.from_url(url, **options)  # type: ignore[arg-type]
 
 
 def check(client: redis.Redis, url: str) -> None:
@@ -148,6 +187,21 @@ def check(client: redis.Redis, url: str) -> None:
         if not is_unusable(exc):
             raise
         raise unavailable(url, exc) from None
+
+
+def refuse_cluster(client: redis.Redis, url: str) -> None:
+    """Raise ConfigError when the Redis at ``url`` is a Redis Cluster node (INFO cluster says
+    ``cluster_enabled:1``): rig's scripts and transactions touch keys of many hash slots, which
+    a cluster refuses (CROSSSLOT), and one ``{tag}`` prefix would put every key on one node
+    anyway: no gain over one Redis with Sentinel (docs/RELIABILITY.md)."""
+    try:
+        enabled = str(client.info("cluster").get("cluster_enabled", 0)) == "1"
+    except redis.ResponseError:
+        return  # INFO cluster unknown or not allowed: not a cluster node rig can tell
+    if enabled:
+        raise ConfigError(f"the Redis at {strip_password(url)} is a Redis Cluster node, which rig does not "
+                          "support (its scripts touch keys of many slots); point redis_url at one Redis, or "
+                          "at Redis Sentinel (sentinel://...) for fail-over (docs/RELIABILITY.md)")
 
 
 @contextlib.contextmanager
@@ -203,6 +257,9 @@ def unavailable(url: str, exc: BaseException) -> RedisUnavailable:
         return RedisUnavailable.said(
             url, f"the server at {strip_password(url)} does not answer as Redis does ({_short(exc)}); "
             "check the host and port of the Redis URL (RIG_REDIS_URL or redis_url)")
+    if isinstance(exc, MasterNotFoundError) and is_sentinel(url):
+        why, _ = sentinel_url.parse(url).diagnose(client_options())
+        return RedisUnavailable.said(url, f"no Redis master behind {strip_password(url)}: {why}")
     if is_setup_error(exc):
         return RedisUnavailable.said(
             url, f"Redis at {strip_password(url)} has no such database ({_short(exc)}); use a database "
@@ -266,12 +323,20 @@ def with_password(url: str, password: str) -> str:
 
 
 def strip_password(url: str) -> str:
-    """The URL without its password (the user name stays): safe to print."""
+    """The URL without its password (the user name stays) nor a sentinel's: safe to print."""
+    url = sentinel_url.redact(url)
     parts = urlsplit(url)
     if "@" not in parts.netloc:
         return url
     user, hostport = _split_netloc(url)
     return urlunsplit(parts._replace(netloc=f"{user}@{hostport}" if user else hostport))
+
+
+def without_credentials(url: str) -> str:
+    """The URL with no password at all (the master's removed, the sentinels' left out, not
+    masked): a URL that still works where the password comes from elsewhere, for a config file
+    (`rig init`) or a job run as another user (which reaches rig through the gateway)."""
+    return strip_password(sentinel_url.redact(url, mask=None))
 
 
 def _tls_defaults(url: str) -> str:
@@ -323,13 +388,21 @@ def foreign_listener(url: str, password_file: Path) -> str | None:
 
 
 def resolve_auth(url: str, *, home: Path, password: str | None = None,
-                 password_file: Path | None = None) -> RedisAuth:
-    """The URL to connect with, password included, by the order in this module's docstring.
+                 password_file: Path | None = None, sentinel_password_file: Path | None = None) -> RedisAuth:
+    """The URL to connect with, password included, by the order in this module's docstring;
+    for a ``sentinel://`` URL without ``sentinel_password``, the sentinels' own password from
+    ``sentinel_password_file`` goes into it too (rig.sentinel_url).
 
     Raises ConfigError for a password file that is missing (when configured), empty,
     unreadable, or open to every user.
     """
     url = _tls_defaults(url)
+    if sentinel_password_file is not None and is_sentinel(url):
+        path = sentinel_password_file.expanduser()
+        if not path.exists():
+            raise ConfigError(f"redis_sentinel_password_file names {path}, which does not exist; create it "
+                              "(one line, mode 0600) or unset RIG_REDIS_SENTINEL_PASSWORD_FILE")
+        url = sentinel_url.with_sentinel_password(url, read_password_file(path))
     home_file = home_password_file(home) if is_local(url) else None
     if url_password(url):
         auth = RedisAuth(url, "the URL (RIG_REDIS_URL / redis_url)", home_file)

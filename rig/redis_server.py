@@ -41,6 +41,7 @@ from rig.errors import RedisUnavailable, StackError
 from rig.redis_conn import (
     LOOPBACK,
     auth_failed,
+    connect,
     is_auth_error,
     is_local,
     is_setup_error,
@@ -68,8 +69,7 @@ def probe(url: str, timeout: float = 1.0) -> bool:
     answers. A Redis that answers but refuses the credentials raises RedisAuthFailed: starting
     another one on its port would only fail later, less clearly."""
     # No retries: redis-py's default backoff would spend ~5 s on a port where nothing listens.
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout,
-                                  retry=Retry(NoBackoff(), 0))
+    client = connect(url, timeout=timeout, reply_timeout=timeout, retry=Retry(NoBackoff(), 0))
     try:
         return bool(client.ping())
     except (redis.RedisError, OSError) as exc:

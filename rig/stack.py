@@ -34,7 +34,7 @@ from pathlib import Path
 
 import redis
 
-from rig import authgate
+from rig import authgate, sentinel_url
 from rig.celery_config import card_queue, dispatcher_queues
 from rig.config import Settings
 from rig.draining import cards_to_serve, drained
@@ -44,11 +44,14 @@ from rig.keys import Keys, card_worker_name, control_worker_name
 from rig.node_claim import OWNER_ENV, claim, identity, refused_line, release, there
 from rig.nodes import NodeRegistry
 from rig.redis_conn import (
+    FAILOVER_WINDOW_S,
     LOOPBACK,
+    client_options,
     connect,
     ensure_password_file,
     home_password_file,
     password_source,
+    refuse_cluster,
     resolve_auth,
     strip_password,
     url_password,
@@ -57,6 +60,7 @@ from rig.redis_server import is_local, private_redis_dir, probe, start_private_r
 from rig.redis_writes import notices_at as redis_notices_at
 from rig.redis_writes import refusal_notice as redis_refusal_notice
 from rig.registration import register_node
+from rig.sentinel_url import is_sentinel
 from rig.stop_mark import read_refusal, refusal_path
 from rig.supervision import (
     child_marks,
@@ -370,6 +374,7 @@ class Stack:
         url = self.settings.redis_url
         shown = strip_password(url)
         if probe(url):
+            refuse_cluster(self._redis(), url)  # before anything is written there
             self.say(f"redis: using the one at {shown}")
             if url_password(url) is None:
                 self.say(f"warning: the Redis at {shown} takes clients without a password: whoever can "
@@ -377,9 +382,14 @@ class Stack:
                          "(docs/SECURITY.md)")
             for line in redis_notices_at(url):  # full; an evicting policy; no persistence
                 self.say(f"warning: {line}")
+            if is_sentinel(url):  # one sentinel listed, no replica, a fail-over slower than rig waits
+                for line in sentinel_url.parse(url).notices(FAILOVER_WINDOW_S, client_options()):
+                    self.say(f"warning: {line}")
             return
         if not self.wants("redis") and self.options.only:
             raise StackError(f"no Redis answers at {shown}")
+        if is_sentinel(url):  # which of the sentinels, their password or the master's name is wrong
+            raise StackError(f"no Redis master behind {shown}: {sentinel_url.parse(url).diagnose(client_options())[0]}")
         if not is_local(url):
             raise StackError(f"no Redis answers at {shown}; start it, or point RIG_REDIS_URL at one")
         if url_password(url) is None:

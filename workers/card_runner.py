@@ -41,8 +41,9 @@ from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.logs import AttemptFiles, enforce_size_cap, job_folder
 from rig.models import Job, JobState, new_job_instance
-from rig.redis_conn import connect, strip_password
+from rig.redis_conn import connect, without_credentials
 from rig.redis_writes import is_outage, refusal
+from rig.replication import replica_wait
 from rig.store import JobStore
 from workers.attempt_locate import carries_attempt, job_folders, locate
 from workers.log_space import (
@@ -118,6 +119,10 @@ class ActiveJob:
         return self.exit_file.with_suffix(".pid")
 
 
+#: Under Sentinel: how many times a claim or an ending that fail-overs lost is written again.
+LOST_WRITE_TRIES = 5
+
+
 class CardRunner:
     """Runs the jobs of one card (``node``/``index``) for one worker process."""
 
@@ -141,6 +146,8 @@ class CardRunner:
         self.store = JobStore(self.r, self.keys)
         self.ledger = Ledger(self.r, self.keys,
                              usage_half_life_s=settings.fair_share_half_life_hours * 3600)
+        #: Under Sentinel: a claim and an ending count once a replica has them (rig.replication).
+        self.replicas = replica_wait(self.r, self.keys, settings.redis_url, settings.replica_wait_seconds)
         self.shutdown = threading.Event()
         self._active: dict[int, ActiveJob] = {}
         #: Jobs this process is claiming or starting: adoption must leave them alone.
@@ -195,8 +202,7 @@ class CardRunner:
             return "ignored:installation-mismatch"
         try:
             # A claim Redis refused (full, read-only) changed nothing: wait for it, then claim.
-            claimed = self._retry_redis(lambda: self.ledger.claim(job_id, token, self.worker_name),
-                                        f"claim job {job_id}", only=refusal)
+            claimed = self._claim(job_id, token)
         except redis.ResponseError as exc:
             # The claim script could not use the record (e.g. its attempt count is not a
             # number): end the job with the reason instead of failing this start for ever.
@@ -277,6 +283,33 @@ class CardRunner:
         if active is None:
             return "failed-to-start"
         return self._supervise(active)
+
+    def _claim(self, job_id: int, token: str) -> tuple[bool, str] | None:
+        """ledger.claim, made to survive a Redis fail-over before the job's process starts:
+        under Sentinel the claim counts once a replica has it (rig.replication); a claim the
+        fail-over lost (the new master's record is not RUNNING with this token and attempt)
+        is tried again there, where it wins only if the job is still ASSIGNED to this token."""
+        for _ in range(LOST_WRITE_TRIES):
+            claimed = self._retry_redis(lambda: self.ledger.claim(job_id, token, self.worker_name),
+                                        f"claim job {job_id}", only=refusal)
+            if claimed is None or not claimed[0] or self.replicas is None:
+                return claimed
+            if not self._retry_redis(self.replicas.confirm, f"confirm job {job_id}'s start"):
+                log.warning("job %s: %s", job_id, self.replicas.unconfirmed_note("its start"))
+            if self._holds(job_id, token, attempt=claimed[1]):
+                return claimed
+            log.warning("job %s: its claim is not on the Redis master any more (a fail-over lost it); "
+                        "claiming again", job_id)
+        # Fail-overs in a row: not started now; a start still ASSIGNED is re-sent (adopt, assigned_timeout).
+        return False, "claim-lost"
+
+    def _holds(self, job_id: int, token: str, *, attempt: str | None = None) -> bool:
+        """True while the master's record says this worker runs this attempt (token) of the job."""
+        state, assignments, now_attempt, worker = self._retry_redis(
+            lambda: self.r.hmget(self.keys.job(job_id), "state", "assignments", "attempt", "worker"),
+            f"read job {job_id}") or (None, None, None, None)
+        return (state == JobState.RUNNING.value and assignments == str(token) and worker == self.worker_name
+                and (attempt is None or now_attempt == attempt))
 
     def _refuse(self, job_id: int, token: str, reason: str, failure: str,
                 expect: JobState = JobState.RUNNING) -> str:
@@ -480,7 +513,7 @@ class CardRunner:
             # of another user than this worker's through the gateway, as itself, without Redis'
             # password (rig.gateway); one of the worker's own user (who can read the password
             # file anyway) straight to Redis.
-            "RIG_REDIS_URL": strip_password(self.settings.redis_url) if run_as is not None else self.settings.redis_url,
+            "RIG_REDIS_URL": without_credentials(self.settings.redis_url) if run_as is not None else self.settings.redis_url,
             "RIG_KEY_PREFIX": self.settings.key_prefix,
             # Which node's job this is: a node's orphan check stops only its own (health.py).
             "RIG_NODE_NAME": self.node,
@@ -658,6 +691,19 @@ class CardRunner:
                 result.append(state)
 
         self._retry_redis(_do, f"end job {job_id}")
+        for _ in range(LOST_WRITE_TRIES if self.replicas is not None else 0):
+            if self.shutdown.is_set():
+                break
+            # Under Sentinel the ending counts once a replica has it (rig.replication); one a
+            # fail-over lost (the new master still says RUNNING with this token) is written again.
+            if not self._retry_redis(self.replicas.confirm, f"confirm job {job_id}'s ending"):
+                log.warning("job %s: %s", job_id, self.replicas.unconfirmed_note("its ending"))
+            if not result or not self._holds(job_id, token):
+                break
+            log.warning("job %s: its ending is not on the Redis master any more (a fail-over lost it); "
+                        "recording it again", job_id)
+            result.clear()
+            self._retry_redis(_do, f"end job {job_id}")
         for folder in folders if result else []:
             for path in folder.glob("attempt-*.pid") if folder.is_dir() else []:
                 try:

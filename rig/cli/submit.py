@@ -84,8 +84,9 @@ def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir
     job = handle._job
     try:
         click.echo(handle.id)
-        if client.last_auto_note:
-            click.echo(client.last_auto_note, err=True)
+        for note in (client.last_auto_note, client.last_durability_note):
+            if note:
+                click.echo(note, err=True)
         cards = "1 card" if job.gpus == 1 else f"{job.gpus} cards"
         click.echo(f"submitted job {job.id} '{clean(job.name)}': {format_memory(job.gpu_memory)} on {cards}, "
                    f"{job.priority.value} priority" + (f", pool {clean(job.pool)}" if job.pool else ""), err=True)

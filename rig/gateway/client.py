@@ -66,6 +66,7 @@ class GatewayClient:
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
         self.last_auto_note: str | None = None
+        self.last_durability_note: str | None = None
         self._who: tuple[Identity, bool] | None = None
         self._compared = False  # the gateway's installation checked against this caller's settings
 
@@ -150,6 +151,7 @@ class GatewayClient:
         answer = self.call("submit", command=command, environ=environ,
                            options={**options, "workdir": wd, "env": resolved, "export": "ALL"})
         self.last_auto_note = answer.get("auto_note")
+        self.last_durability_note = answer.get("durability_note")  # rig.replication
         job: Job = answer["job"]
         return JobHandle(self, job.id, job)  # type: ignore[arg-type]
 

@@ -152,8 +152,8 @@ class Gateway:
         options = _submit_options(options)
         with self._submit_lock:  # last_auto_note is the shared client's: one submission at a time
             handle = self.client.submit(command, **options)
-            note = self.client.last_auto_note
-        return {"job": handle._job, "auto_note": note}
+            note, durability = self.client.last_auto_note, self.client.last_durability_note
+        return {"job": handle._job, "auto_note": note, "durability_note": durability}
 
     def op_submit_many(self, peer: Peer, requests: list[dict[str, Any]]) -> list[Job]:
         if not isinstance(requests, list):

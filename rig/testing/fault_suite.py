@@ -21,6 +21,7 @@ from rig.testing import (
     faults_jobs,
     faults_nodes,
     faults_redis_full,
+    faults_sentinel,
     faults_supervision,
     faults_tasks,
 )
@@ -43,6 +44,7 @@ ALL: list[tuple[str, Scenario]] = [
     *faults_nodes.SCENARIOS,
     *faults_clocks.SCENARIOS,
     *faults_auth.SCENARIOS,
+    *faults_sentinel.SCENARIOS,
 ]
 
 

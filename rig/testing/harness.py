@@ -25,6 +25,8 @@ from rig.client import Client
 from rig.config import Settings, load_settings
 from rig.keys import Keys
 from rig.models import JobState
+from rig.redis_conn import connect
+from rig.sentinel_url import is_sentinel
 from rig.stack import Stack, UpOptions
 
 DEFAULT_REDIS_URL = os.environ.get("RIG_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -66,7 +68,9 @@ class RigHarness:
         values.update(overrides)
         self.settings: Settings = load_settings(**values)
         self.keys = Keys(self.prefix)
-        self.redis = redis.Redis.from_url(self.settings.redis_url, decode_responses=True)
+        # A sentinel:// URL needs rig's client (the sentinels' master); others keep the plain one.
+        url = self.settings.redis_url
+        self.redis = connect(url) if is_sentinel(url) else redis.Redis.from_url(url, decode_responses=True)
         self.client = Client(self.settings)
         self.stack: Stack | None = None
         self._poller: threading.Thread | None = None

@@ -166,8 +166,8 @@ def test_exported_settings_load_back_in_a_child(monkeypatch, tmp_path):
 
 # -- bad values name their source --------------------------------------------------------------
 @pytest.mark.parametrize(("url", "said"), [
-    ("htp://localhost:6379/0", "the scheme 'htp' is not redis, rediss or unix"),
-    ("localhost:6379", "is not redis, rediss or unix"),
+    ("htp://localhost:6379/0", "the scheme 'htp' is not redis, rediss, unix or sentinel"),
+    ("localhost:6379", "is not redis, rediss, unix or sentinel"),
     ("redis://localhost:99999/0", "its port is not a number from 1 to 65535"),
     ("redis://localhost:0/0", "its port 0 is not from 1 to 65535"),
     ("redis:///0", "it names no host"),

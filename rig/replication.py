@@ -1,0 +1,71 @@
+"""Waiting for a replica before a write is acknowledged (Redis Sentinel deployments).
+
+Redis replicates asynchronously: a write the master acknowledged is lost if the master dies
+before a replica has it and the replica is promoted. Under Sentinel (a ``sentinel://`` URL),
+rig therefore sends ``WAIT 1 <timeout>`` after the writes that must survive a fail-over:
+
+- a submission (rig.client: the job records), before its ids are given to the submitter;
+- a card worker's claim (RUNNING, with its attempt token), before the job's process starts:
+  a promoted replica without the claim would let the dispatcher place the job again while its
+  first copy runs;
+- a card worker's record of how an attempt ended, before the worker moves on: a promoted
+  replica without it would see a RUNNING job whose heartbeat stops, and run it again.
+
+WAIT waits for every write the same connection sent before it; a pooled client does not keep
+one connection, so :meth:`ReplicaWait.confirm` writes a mark (INCR) and WAITs in one pipeline,
+on one connection, after the writes it covers: the master's replication offset only grows, so
+a replica that has the mark has everything written before it.
+
+No replica in time (it is down, or the new master has none yet after a fail-over): the write
+stands and the caller goes on (refusing would be untrue: the job is stored and will run), and
+says so: a warning line (log, and the submitter's terminal) that a fail-over *now* would lose it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import redis
+
+from rig.keys import Keys
+from rig.sentinel_url import is_sentinel
+
+log = logging.getLogger(__name__)
+
+#: Replicas that must have a write before it counts as safe.
+REPLICAS = 1
+
+
+@dataclass(frozen=True)
+class ReplicaWait:
+    """WAIT for a replica through ``client``, for at most ``timeout_s`` seconds."""
+
+    client: redis.Redis
+    keys: Keys
+    timeout_s: float
+
+    def confirm(self) -> bool:
+        """True once a replica has every write this process sent before the call; False after
+        ``timeout_s`` without one. Raises redis errors (the master died in between: the caller
+        retries its write, which its fencing makes safe, then confirms again)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.incr(self.keys.replication_mark)
+        # WAIT 0 would block for ever: at least 1 ms.
+        pipe.wait(REPLICAS, max(1, round(self.timeout_s * 1000)))
+        _, acked = pipe.execute()
+        return int(acked) >= REPLICAS
+
+    def unconfirmed_note(self, what: str) -> str:
+        """The warning line when confirm() returned False."""
+        return (f"warning: {what} stored on the Redis master, but no replica confirmed it within "
+                f"{self.timeout_s:g} s (replica down, or a fail-over just happened): if the master "
+                "failed now it would be lost (docs/RELIABILITY.md)")
+
+
+def replica_wait(client: redis.Redis, keys: Keys, url: str, timeout_s: float) -> ReplicaWait | None:
+    """The wait rig's writes use with this Redis: only under Sentinel and ``timeout_s`` > 0 (a
+    single Redis has no replica to wait for; WAIT there would only cost the timeout)."""
+    if timeout_s <= 0 or not is_sentinel(url):
+        return None
+    return ReplicaWait(client, keys, timeout_s)

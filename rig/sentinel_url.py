@@ -1,0 +1,295 @@
+"""A ``sentinel://`` Redis URL: rig's Redis behind Redis Sentinel (automatic fail-over).
+
+One form, read by one function (:func:`parse`), from which every client is derived: rig's own
+(redis-py ``Sentinel(...).master_for``), Celery's broker (kombu), beat (celery-redbeat) and
+Flower (through the broker's options)::
+
+    sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER_NAME[/DB][?sentinel_password=PW]
+
+- HOST:PORT, comma-separated: the sentinels (port 26379 when omitted); any one that answers
+  is enough to find the master.
+- MASTER_NAME: the name the sentinels monitor (``sentinel monitor MASTER_NAME ...``).
+- DB: the database number on the master (0 when omitted).
+- USER / PASSWORD: the credentials of the master and its replicas (``requirepass`` /
+  ``masterauth``); also filled from ``redis_password`` / ``redis_password_file`` like a
+  ``redis://`` URL's (rig.redis_conn.resolve_auth).
+- ``sentinel_password``: the sentinels' own password (their ``requirepass``), when they have
+  one; it may differ from the master's; also filled from ``redis_sentinel_password_file``.
+  Without it the sentinels get no password.
+
+Example: ``sentinel://:s3cret@10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/rig/0``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
+
+SCHEME = "sentinel"
+DEFAULT_SENTINEL_PORT = 26379
+#: The query parameter that carries the sentinels' own password.
+SENTINEL_PASSWORD_PARAM = "sentinel_password"
+FORM = ("sentinel://[:PASSWORD@]HOST:PORT,HOST:PORT,HOST:PORT/MASTER_NAME/DB "
+        "(?sentinel_password=PW for sentinels with their own password)")
+
+
+@dataclass(frozen=True)
+class SentinelUrl:
+    """What a ``sentinel://`` URL says; the clients' forms are derived from it here only."""
+
+    #: (host, port) of every sentinel, in the URL's order.
+    sentinels: tuple[tuple[str, int], ...]
+    #: The name the sentinels monitor the master under.
+    master_name: str
+    db: int = 0
+    username: str | None = None
+    #: The master's (and replicas') password.
+    password: str | None = None
+    #: The sentinels' own password (None: they have none).
+    sentinel_password: str | None = None
+
+    def sentinel_kwargs(self, options: dict[str, Any]) -> dict[str, Any]:
+        """Options of the connections to the sentinels themselves: the socket timeouts of
+        ``options`` (rig.redis_conn.client_options), their own password, never the master's,
+        and no retry of their own: a master lookup asks each sentinel once, and the lookup is
+        retried by the master client's policy (redis-py's default retried each dead sentinel
+        3 times with backoff: 9 s before "no sentinel answers")."""
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        kwargs: dict[str, Any] = {k: v for k, v in options.items() if k in ("socket_connect_timeout", "socket_timeout")}
+        kwargs["retry"] = Retry(NoBackoff(), 0)
+        if self.sentinel_password:
+            kwargs["password"] = self.sentinel_password
+        return kwargs
+
+    def client(self, options: dict[str, Any]):  # noqa: ANN201 - redis.Redis (redis imported lazily)
+        """A redis-py client of the current master: on a fail-over its connections fail
+        (ConnectionError, or ReadOnlyError from a demoted master, which redis-py turns into a
+        ConnectionError) and the next connection asks the sentinels again."""
+        from redis.sentinel import Sentinel
+
+        sentinel = Sentinel(list(self.sentinels), sentinel_kwargs=self.sentinel_kwargs(options), **options)
+        return sentinel.master_for(self.master_name, db=self.db, username=self.username,
+                                   password=self.password, connection_class=_master_connection_class())
+
+    def diagnose(self, options: dict[str, Any] | None = None) -> tuple[str, bool]:
+        """Why no master can be found, asking each sentinel once (no retry): (one sentence for
+        the operator, whether it is a fail-over in progress that retrying rides out). Only a
+        sentinel that answers and monitors MASTER_NAME means a fail-over; none answering, a
+        refused sentinel password or an unknown name is the configuration's fault."""
+        import redis
+
+        kwargs = {"socket_connect_timeout": 1.0, "socket_timeout": 1.0,
+                  **self.sentinel_kwargs(options or {}), "decode_responses": True}
+        unreachable, refused, named = [], [], set()
+        for host, port in self.sentinels:
+            where = _hostport((host, port))
+            client = redis.Redis(host=host, port=port, **kwargs)
+            try:
+                masters = client.sentinel_masters()
+            except redis.AuthenticationError:
+                refused.append(where)
+                continue
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                unreachable.append(where)
+                continue
+            except redis.ResponseError as exc:
+                if str(exc).split(" ", 1)[0] in ("NOAUTH", "WRONGPASS"):
+                    refused.append(where)
+                else:
+                    unreachable.append(f"{where} (not a sentinel: {exc})")
+                continue
+            finally:
+                client.close()
+            if self.master_name in masters:
+                return (f"the sentinels know master {self.master_name!r} but it is down and no replica is "
+                        "promoted yet (a fail-over in progress, or no replica to promote)", True)
+            named.update(masters)
+        if refused:
+            return (f"the sentinel(s) at {', '.join(refused)} refused the sentinel password; give theirs as "
+                    f"?{SENTINEL_PASSWORD_PARAM}=PW at the end of redis_url", False)
+        if named:
+            return (f"the sentinels monitor no master named {self.master_name!r} (they monitor "
+                    f"{', '.join(sorted(named))}); write that name after the hosts in redis_url", False)
+        if unreachable and len(unreachable) == len(self.sentinels):
+            return (f"no sentinel answers at {', '.join(unreachable)}; start them, or fix the hosts and ports "
+                    "in redis_url", False)
+        return f"the sentinels monitor no master named {self.master_name!r}", False
+
+    def notices(self, window_s: float, options: dict[str, Any] | None = None) -> list[str]:
+        """Warnings for `rig up` about a Sentinel setup that would not fail over in time, from
+        the first sentinel that answers (``SENTINEL MASTER``): fewer than two sentinels listed,
+        no replica to promote, a master called down later than rig's clients wait (``window_s``)."""
+        import redis
+
+        out = []
+        if len(self.sentinels) < 2:
+            out.append(f"redis_url lists one sentinel: while it is down rig cannot find the master; list "
+                       f"every sentinel (sentinel://h1:26379,h2:26379,h3:26379/{self.master_name}/{self.db})")
+        kwargs = {"socket_connect_timeout": 1.0, "socket_timeout": 1.0, **self.sentinel_kwargs(options or {}),
+                  "decode_responses": True}
+        for host, port in self.sentinels:
+            client = redis.Redis(host=host, port=port, **kwargs)
+            try:
+                state = client.sentinel_master(self.master_name)
+            except redis.RedisError:
+                continue
+            finally:
+                client.close()
+            if int(state.get("num-slaves", 0)) == 0:
+                out.append(f"the sentinels know no replica of {self.master_name!r}: a fail-over has nothing to "
+                           "promote, and every submission waits replica_wait_seconds, then warns; add a replica "
+                           "(replicaof) or set replica_wait_seconds = 0")
+            down_after_s = int(state.get("down-after-milliseconds", 0)) / 1000
+            if down_after_s + 5 > window_s:
+                out.append(f"the sentinels call {self.master_name!r} down only after {down_after_s:g} s "
+                           f"(down-after-milliseconds), and rig's commands wait {window_s:g} s for a new master: "
+                           f"set `sentinel down-after-milliseconds {self.master_name} 5000` (docs/RELIABILITY.md)")
+            break
+        return out
+
+    def kombu_url(self) -> str:
+        """kombu's form (Celery's broker; Flower reads the first): one ``sentinel://`` URL per
+        sentinel joined by ``;``; the first carries the master's credentials and the database."""
+        creds = ""
+        if self.username or self.password:
+            creds = f"{quote(self.username or '', safe='')}:{quote(self.password or '', safe='')}@"
+        first, *rest = self.sentinels
+        urls = [f"sentinel://{creds}{_hostport(first)}/{self.db}"]
+        urls += [f"sentinel://{_hostport(hp)}" for hp in rest]
+        return ";".join(urls)
+
+    def kombu_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """The broker_transport_options kombu's Sentinel channel (and Flower) needs."""
+        return {"master_name": self.master_name, "sentinel_kwargs": self.sentinel_kwargs(options)}
+
+    def redbeat_url(self) -> str:
+        """celery-redbeat only looks at the scheme; the sentinels are in redbeat_options."""
+        return f"redis-sentinel://{_hostport(self.sentinels[0])}/{self.db}"
+
+    def redbeat_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """celery-redbeat's redbeat_redis_options for this master (redbeat passes only
+        socket_timeout, password, username, db and sentinel_kwargs on to its Sentinel)."""
+        out: dict[str, Any] = {
+            "sentinels": list(self.sentinels), "service_name": self.master_name, "db": self.db,
+            "sentinel_kwargs": self.sentinel_kwargs(options),
+            "socket_timeout": options.get("socket_timeout"),
+        }
+        if self.password:
+            out["password"] = self.password
+        if self.username:
+            out["username"] = self.username
+        return out
+
+
+_MASTER_CONNECTION: type | None = None
+
+
+def _master_connection_class() -> type:
+    """redis-py's SentinelManagedConnection, except that every (re)connect asks the sentinels
+    for the master. redis-py 8.1 asks only when the pool hands a connection out: a command
+    retried on the same connection after the master died (Retry, inside one call) reconnects
+    to the *old* address until its retries run out (measured: a dispatcher stuck 30 s after a
+    2.5 s fail-over)."""
+    global _MASTER_CONNECTION
+    if _MASTER_CONNECTION is None:
+        from redis.sentinel import SentinelManagedConnection
+
+        class FollowsMaster(SentinelManagedConnection):
+            def _connect(self):  # type: ignore[no-untyped-def]  # noqa: ANN202 - redis-py's
+                if self.connection_pool.is_master:
+                    self.host, self.port = self.connection_pool.get_master_address()
+                return super()._connect()
+
+        _MASTER_CONNECTION = FollowsMaster
+    return _MASTER_CONNECTION
+
+
+def is_sentinel(url: str) -> bool:
+    """True for a ``sentinel://`` URL."""
+    return url.strip().lower().startswith(f"{SCHEME}://")
+
+
+def parse(url: str) -> SentinelUrl:
+    """The one reading of a ``sentinel://`` URL; ValueError saying what is wrong and the form."""
+    if ";" in url:
+        raise ValueError(f"it lists the sentinels kombu's way (';'); rig reads them comma-separated in one URL: "
+                         f"write it like {FORM}")
+    parts = urlsplit(url.strip())
+    if parts.scheme.lower() != SCHEME:
+        raise ValueError(f"it is not a sentinel:// URL; write it like {FORM}")
+    creds, _, hosts = parts.netloc.rpartition("@")
+    if not hosts:
+        raise ValueError(f"it names no sentinel; write it like {FORM}")
+    sentinels = tuple(_sentinel(item) for item in hosts.split(","))
+    path = [p for p in parts.path.split("/") if p]
+    if not path:
+        raise ValueError(f"it names no master (the name the sentinels monitor, after the hosts); write it like {FORM}")
+    if len(path) > 2:
+        raise ValueError(f"after the hosts it has {'/'.join(path)!r}: only MASTER_NAME/DB; write it like {FORM}")
+    db = 0
+    if len(path) == 2:
+        if not path[1].isdigit():
+            raise ValueError(f"its database {path[1]!r} is not a number (0, 1, ...); write it like {FORM}")
+        db = int(path[1])
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    unknown = sorted(set(query) - {SENTINEL_PASSWORD_PARAM})
+    if unknown:
+        raise ValueError(f"it has the unknown option(s) {', '.join(unknown)}; only {SENTINEL_PASSWORD_PARAM} "
+                         f"is read; write it like {FORM}")
+    user, has_password, password = creds.partition(":")
+    return SentinelUrl(
+        sentinels=sentinels, master_name=unquote(path[0]), db=db,
+        username=unquote(user) or None,
+        password=unquote(password) if has_password and password else None,
+        sentinel_password=query.get(SENTINEL_PASSWORD_PARAM) or None,
+    )
+
+
+def with_sentinel_password(url: str, password: str) -> str:
+    """The URL with the sentinels' password in it, unless it names one already."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(k == SENTINEL_PASSWORD_PARAM for k, _ in query):
+        return url
+    return urlunsplit(parts._replace(query=urlencode([*query, (SENTINEL_PASSWORD_PARAM, password)])))
+
+
+def redact(url: str, mask: str | None = "***") -> str:
+    """The URL with the sentinels' password (the query's) replaced by ``mask``, or left out
+    when ``mask`` is None (a config file `rig init` writes); the netloc's password is left to
+    the caller's own masking (rig.redis_conn.strip_password, rig.errors.redact_url)."""
+    parts = urlsplit(url)
+    if SENTINEL_PASSWORD_PARAM not in parts.query:
+        return url
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != SENTINEL_PASSWORD_PARAM]
+    if mask is not None:
+        query.append((SENTINEL_PASSWORD_PARAM, mask))
+    return urlunsplit(parts._replace(query=urlencode(query, safe="*")))
+
+
+def _sentinel(item: str) -> tuple[str, int]:
+    """(host, port) of one ``HOST[:PORT]`` of the URL (``[v6]:port`` too)."""
+    text = item.strip()
+    if not text:
+        raise ValueError(f"it has an empty sentinel address (two commas, or one at an end); write it like {FORM}")
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest.removeprefix(":")
+    else:
+        host, _, port_text = text.partition(":")
+    if not host:
+        raise ValueError(f"the sentinel address {text!r} has no host; write it like {FORM}")
+    if not port_text:
+        return host, DEFAULT_SENTINEL_PORT
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"the sentinel address {text!r} has a port that is not a number from 1 to 65535; "
+                         f"write it like {FORM}")
+    return host, int(port_text)
+
+
+def _hostport(hp: tuple[str, int]) -> str:
+    host, port = hp
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

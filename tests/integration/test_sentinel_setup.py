@@ -1,0 +1,66 @@
+"""Day-one mistakes with a real Sentinel setup (a master, a replica and three sentinels on
+loopback, started once for the module): each is one line naming its cause, at once, never a
+wait for a fail-over window; and `rig up`'s warnings about a setup that would not fail over."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rig import sentinel_url
+from rig.client import Client
+from rig.config import load_settings
+from rig.errors import RedisAuthFailed, RedisUnavailable
+from rig.redis_conn import FAILOVER_WINDOW_S, client_options
+from rig.testing.sentinel_set import MASTER_PASSWORD, SENTINEL_PASSWORD, SentinelSet
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def redis_set(tmp_path_factory):
+    started = SentinelSet(tmp_path_factory.mktemp("sentinels")).start()
+    yield started
+    started.stop()
+
+
+def refusal(url: str, tmp_path) -> tuple[RedisUnavailable, float]:  # noqa: ANN001
+    client = Client(load_settings(redis_url=url, home=tmp_path, key_prefix="setup-test:"))
+    began = time.monotonic()
+    with pytest.raises(RedisUnavailable) as info:
+        client.ping()
+    return info.value, time.monotonic() - began
+
+
+def test_the_right_url_works_and_warns_of_nothing(redis_set, tmp_path):
+    Client(load_settings(redis_url=redis_set.url, home=tmp_path, key_prefix="setup-test:")).ping()
+    target = sentinel_url.parse(redis_set.url)
+    assert target.notices(FAILOVER_WINDOW_S, client_options()) == []
+    # Sentinels slower to call the master down than rig's clients wait for a new one:
+    (slow,) = target.notices(5.0, client_options())
+    assert "call 'rigmaster' down only after 1 s" in slow and "down-after-milliseconds" in slow
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    (("rigmaster/", "rigmastr/"), "the sentinels monitor no master named 'rigmastr' (they monitor rigmaster)"),
+    ((f"sentinel_password={SENTINEL_PASSWORD}", "sentinel_password=nope"), "refused the sentinel password"),
+    ((f"?sentinel_password={SENTINEL_PASSWORD}", ""), "refused the sentinel password"),
+])
+def test_a_wrong_sentinel_setting_is_one_line_at_once(redis_set, tmp_path, change, said):
+    error, seconds = refusal(redis_set.url.replace(*change), tmp_path)
+    assert said in str(error) and "\n" not in str(error)
+    assert seconds < 5.0  # not FAILOVER_WINDOW_S: nothing will fail over
+
+
+def test_a_wrong_master_password_says_so(redis_set, tmp_path):
+    error, _ = refusal(redis_set.url.replace(MASTER_PASSWORD, "nope"), tmp_path)
+    assert isinstance(error, RedisAuthFailed) and "refused the password" in str(error)
+    assert "nope" not in str(error)
+
+
+def test_one_sentinel_listed_is_warned_about(redis_set):
+    first = redis_set.sentinel_ports[0]
+    url = f"sentinel://127.0.0.1:{first}/rigmaster/0?sentinel_password={SENTINEL_PASSWORD}"
+    (line,) = sentinel_url.parse(url).notices(FAILOVER_WINDOW_S, client_options())
+    assert line.startswith("redis_url lists one sentinel")

@@ -1,0 +1,159 @@
+"""A ``sentinel://`` redis_url: read by one function (rig.sentinel_url.parse), bad forms are one
+ConfigError line (exit 6), and every client's form is derived from it: redis-py's Sentinel
+master client, kombu's broker URL and options, redbeat's and Flower's. No Redis needed: the
+clients are built, never connected; a Redis Cluster node is refused from its INFO."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+from kombu import Connection
+from redbeat.schedulers import get_redis
+from redis.sentinel import MasterNotFoundError, SentinelConnectionPool
+
+from rig import sentinel_url
+from rig.celery_config import make_celery
+from rig.config import load_settings
+from rig.errors import ConfigError, redact_url
+from rig.init_config import init_config
+from rig.redis_conn import connect, refuse_cluster, strip_password, unavailable, without_credentials
+
+URL = "sentinel://:m%40ster@10.0.0.1:26379,10.0.0.2,[::1]:26380/rigmaster/2?sentinel_password=sent"
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(monkeypatch, tmp_path):
+    for key in list(os.environ):
+        if key.upper().startswith("RIG_"):
+            monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RIG_HOME", str(tmp_path / "home"))
+
+
+def test_one_reading_of_hosts_master_db_and_both_passwords():
+    target = sentinel_url.parse(URL)
+    assert target.sentinels == (("10.0.0.1", 26379), ("10.0.0.2", 26379), ("::1", 26380))
+    assert (target.master_name, target.db) == ("rigmaster", 2)
+    assert (target.password, target.sentinel_password, target.username) == ("m@ster", "sent", None)
+
+
+@pytest.mark.parametrize(("url", "said"), [
+    ("sentinel://h1:26379,h2:26379", "names no master"),
+    ("sentinel:///rigmaster/0", "names no sentinel"),
+    ("sentinel://h1:99999/rigmaster", "port that is not a number from 1 to 65535"),
+    ("sentinel://h1:x/rigmaster", "port that is not a number"),
+    ("sentinel://h1,,h2/rigmaster", "empty sentinel address"),
+    ("sentinel://h1/rigmaster/x", "database 'x' is not a number"),
+    ("sentinel://h1/rigmaster/0/extra", "only MASTER_NAME/DB"),
+    ("sentinel://h1/rigmaster?master=x", "unknown option(s) master"),
+    ("sentinel://h1:26379;sentinel://h2:26379", "kombu's way (';')"),
+])
+def test_a_bad_sentinel_url_is_one_config_line_with_the_form(url, said):
+    with pytest.raises(ConfigError) as info:
+        load_settings(redis_url=url)
+    text = str(info.value)
+    assert said in text and "sentinel://" in text and "\n" not in text, text
+    assert info.value.exit_code == 6
+
+
+def test_redis_cluster_urls_are_refused_with_the_reason():
+    with pytest.raises(ConfigError, match="does not run on Redis Cluster"):
+        load_settings(redis_url="redis-cluster://h1:7000/0")
+
+
+def test_passwords_never_printed():
+    for shown in (strip_password(URL), redact_url(URL)):
+        assert "m%40ster" not in shown and "m@ster" not in shown and "sent&" not in shown
+        assert not shown.endswith("=sent"), shown
+
+
+def test_the_redis_password_setting_fills_the_master_password():
+    settings = load_settings(redis_url="sentinel://h1,h2/rigmaster/0", redis_password="pw")
+    assert sentinel_url.parse(settings.redis_url).password == "pw"
+
+
+def test_rigs_client_is_a_sentinel_master_client_with_rigs_options():
+    client = connect(URL)
+    pool = client.connection_pool
+    assert isinstance(pool, SentinelConnectionPool) and pool.service_name == "rigmaster"
+    kwargs = pool.connection_kwargs
+    assert (kwargs["db"], kwargs["password"], kwargs["socket_timeout"]) == (2, "m@ster", 10.0)
+    sentinel = pool.sentinel_manager.sentinels[0]
+    assert sentinel.connection_pool.connection_kwargs["password"] == "sent"  # never the master's
+    # Every reconnect asks the sentinels (redis-py's own class would reuse the old address).
+    assert pool.connection_class.__name__ == "FollowsMaster"
+    # A fail-over takes seconds: a failed connection is retried for longer than that.
+    assert kwargs["retry"].get_retries() > 10
+
+
+def test_celery_broker_redbeat_and_flower_forms(tmp_path):
+    app = make_celery(load_settings(redis_url=URL, home=tmp_path))
+    conn = Connection(app.conf.broker_url)
+    assert conn.transport_cls == "sentinel" and len(conn.alt) == 3
+    assert (conn.password, conn.virtual_host) == ("m@ster", "2")
+    options = app.conf.broker_transport_options
+    assert options["master_name"] == "rigmaster"  # kombu and Flower refuse to start without it
+    assert options["sentinel_kwargs"]["password"] == "sent"
+    beat = get_redis(app)
+    pool = beat.wrapped_connection.connection_pool
+    assert pool.service_name == "rigmaster" and pool.connection_kwargs["password"] == "m@ster"
+    assert pool.sentinel_manager.sentinels[1].connection_pool.connection_kwargs["port"] == 26379
+
+
+def test_no_sentinel_answering_is_said_at_once_not_retried_for_a_failover_window():
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])  # closed again: nothing listens there
+    url = f"sentinel://127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}/rigmaster/0"
+    began = time.monotonic()
+    with pytest.raises(MasterNotFoundError) as info:
+        connect(url).ping()
+    assert time.monotonic() - began < 5.0  # FAILOVER_WINDOW_S is for a fail-over, not for this
+    message = str(unavailable(url, info.value))
+    assert message.startswith(f"no Redis master behind {url}: no sentinel answers at 127.0.0.1:{ports[0]}")
+
+
+class _Info:
+    def __init__(self, enabled: int) -> None:
+        self.enabled = enabled
+
+    def info(self, section: str) -> dict[str, int]:
+        assert section == "cluster"
+        return {"cluster_enabled": self.enabled}
+
+
+def test_a_cluster_node_is_refused_at_startup_in_one_line():
+    refuse_cluster(_Info(0), "redis://h:6379/0")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as info:
+        refuse_cluster(_Info(1), "redis://:pw@h:6379/0")  # type: ignore[arg-type]
+    assert "Redis Cluster" in str(info.value) and "pw" not in str(info.value)
+
+
+def test_the_sentinel_password_file_fills_the_sentinels_password(tmp_path):
+    secret = tmp_path / "sentinel.password"
+    secret.write_text("from-file\n")
+    secret.chmod(0o600)
+    settings = load_settings(redis_url="sentinel://h1/rigmaster/0", redis_sentinel_password_file=secret)
+    assert sentinel_url.parse(settings.redis_url).sentinel_password == "from-file"
+    settings = load_settings(redis_url="sentinel://h1/rigmaster/0?sentinel_password=url",
+                             redis_sentinel_password_file=secret)
+    assert sentinel_url.parse(settings.redis_url).sentinel_password == "url"  # the URL's own wins
+    with pytest.raises(ConfigError, match="redis_sentinel_password_file names .* which does not exist"):
+        load_settings(redis_url="sentinel://h1/rigmaster/0", redis_sentinel_password_file=tmp_path / "none")
+
+
+def test_rig_init_never_writes_a_password_into_the_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("RIG_REDIS_URL", URL)
+    written = init_config(str(tmp_path / "config.toml"), "n1", force=False)
+    text = (tmp_path / "config.toml").read_text()
+    assert "sentinel://10.0.0.1:26379,10.0.0.2,[::1]:26380/rigmaster/2" in text, written
+    assert "sent" not in text.replace("sentinel", "") and "m%40ster" not in text
+
+
+def test_a_url_without_credentials_still_works_but_holds_no_password():
+    assert without_credentials(URL) == "sentinel://10.0.0.1:26379,10.0.0.2,[::1]:26380/rigmaster/2"
+    assert without_credentials("redis://:pw@h:6379/0") == "redis://h:6379/0"
