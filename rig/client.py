@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import redis
 
@@ -47,6 +47,10 @@ from rig.redis_writes import is_outage, refusal, refused_error
 from rig.redis_writes import notices as redis_notices
 from rig.request_rules import check_gpu_memory, check_retries, parse_time_limit
 from rig.store import JobStore
+
+if TYPE_CHECKING:
+    from rig.accounting import UsageLine
+    from rig.history import History
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +173,7 @@ class Client:
         self._celery = None
         self._cards_cache: tuple[float, list[CardState]] | None = None
         self.last_auto_note: str | None = None
+        self._history: History | None = None
 
     # -- plumbing -------------------------------------------------------------------------
     def ping(self) -> None:
@@ -412,8 +417,18 @@ class Client:
         return True
 
     # -- reading --------------------------------------------------------------------------
+    @property
+    def history(self) -> History:
+        """Jobs in Redis and in the archive, read as one (rig.history)."""
+        if self._history is None:
+            from rig.history import History
+
+            self._history = History(self.store, self.settings)
+        return self._history
+
     def get(self, job_id: int | str) -> Job:
-        return self._guard(self.store.get, job_id)
+        """The job's record: from Redis, else from the archive once it moved there."""
+        return self._guard(self.history.get, R.parse_job_id(job_id))
 
     def get_instance(self, job_id: int | str, instance: str | None) -> Job:
         """The record of job ``job_id``, which must be that very job when ``instance`` is given:
@@ -430,10 +445,23 @@ class Client:
         job = self.get(job_id)
         return JobHandle(self, job.id, job)
 
-    def jobs(self, state: JobState | str | None = None, *, limit: int = 50, user: str | None = None) -> list[Job]:
-        """Newest first; with ``user``, only the jobs that login name submitted."""
+    def jobs(self, state: JobState | str | None = None, *, limit: int = 50, user: str | None = None,
+             since: float | None = None) -> list[Job]:
+        """Newest first, archived jobs included; with ``user``, only the jobs that login name
+        submitted; with ``since`` (epoch s), only those submitted then or later."""
         st = JobState.parse(state) if isinstance(state, str) else state
-        return self._guard(self.store.list, st, limit=limit, user=user)
+        return self._guard(self.history.list, st, limit=limit, user=user, since=since)
+
+    def usage(self, *, since: float | None = None, by: str = "user") -> tuple[list[UsageLine], UsageLine]:
+        """Accounting (rig.accounting) of the jobs that ended at or after ``since`` (epoch s),
+        archived or not: one line per value of ``by`` (user, name, template, pool, node) and the
+        total."""
+        from rig.accounting import GROUPS, total, usage
+
+        if by not in GROUPS:
+            raise InvalidInput(f"cannot group by {by!r}; choose one of: {', '.join(GROUPS)}")
+        rows = self._guard(self.history.accounting, since)
+        return usage(rows, by), total(rows)
 
     def waiting(self, *, limit: int = 50) -> list[Job]:
         """The first ``limit`` waiting jobs in queue order (priority, then submission; fair

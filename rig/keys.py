@@ -31,6 +31,8 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P sched:leader                string   the dispatcher holding the lock (PX)
   P health:lock                 string   the control worker running a health check (PX)
   P logs:lock                   string   the control worker sweeping old logs (PX)
+  P archive:lock                string   the control worker moving finished jobs to the archive (PX)
+  P archive:url                 string   where that pass archives (its archive_url, no password)
   P alerts:active               hash     alert key -> JSON of the alert now firing
   P alerts:since                hash     condition -> when it was first seen (epoch s)
   P metrics:counters            hash     Prometheus counters, only ever incremented (rig.metrics):
@@ -171,6 +173,15 @@ class Keys:
     @property
     def logs_lock(self) -> str:
         return f"{self.prefix}logs:lock"
+
+    @property
+    def archive_lock(self) -> str:
+        return f"{self.prefix}archive:lock"
+
+    @property
+    def archive_url(self) -> str:
+        """String: the archive the archiving pass writes to (rig.archiving), password left out."""
+        return f"{self.prefix}archive:url"
 
     @property
     def alerts_active(self) -> str:

@@ -35,12 +35,13 @@ class WireError(Exception):
 
 
 def _classes() -> dict[str, type]:
+    from rig.accounting import UsageLine
     from rig.client import StatusReport, UserUsage, WorkerInfo
     from rig.models import CardState, Job, JobState, Priority
     from rig.nodes import NodeInfo
 
     return {c.__name__: c for c in (Job, CardState, NodeInfo, WorkerInfo, StatusReport, UserUsage,
-                                    JobState, Priority)}
+                                    UsageLine, JobState, Priority)}
 
 
 _CLASSES: dict[str, type] | None = None
