@@ -18,15 +18,16 @@ from rig.clock import shared_now
 from rig.durations import parse_duration
 
 USAGE_COLUMNS = (
-    Col("key", "?", shrink="middle", min_width=8, want=14, max_width=32),
+    Col("key", "?", shrink="middle", min_width=8, want=12, max_width=32),
     Col("jobs", "jobs", justify="right"),
-    Col("failed", "failed", justify="right"),
     Col("card_h", "card-h", justify="right"),
-    Col("reserved", "GiB-h rsv", justify="right"),
-    Col("used", "GiB-h used", drop=3, justify="right"),
-    Col("wait", "mean wait", drop=2, justify="right"),
-    Col("failures", "failures", drop=1, shrink="end", min_width=10),
+    Col("reserved", "rsv GiB-h", drop=3, justify="right"),
+    Col("used", "used GiB-h", drop=1, justify="right"),
+    Col("wait", "wait", drop=2, justify="right"),
+    Col("failures", "failures", drop=4, shrink="end", min_width=10),
 )
+CAPTION = ("card-h: cards held x hours run; GiB-h: GiB per card, declared (rsv) or measured mean (used), "
+           "x cards x hours; wait: mean submission -> first start; failures: jobs per failure class")
 #: The fields of a line in --csv, in order (failures as "class=n;class=n").
 CSV_FIELDS = ("key", "jobs", "failed", "card_hours", "reserved_gib_hours", "used_gib_hours",
               "mean_wait_seconds", "failures")
@@ -68,7 +69,7 @@ def usage(ctx: click.Context, since: str, by: str, as_json: bool, as_csv: bool) 
     cols = [dataclasses.replace(USAGE_COLUMNS[0], header=by), *USAGE_COLUMNS[1:]]
     rows = [_cells(line) for line in [*lines, whole]]
     console.print(fitted_table(cols, rows, console.width, title=f"usage of jobs that ended in the last {since}",
-                               title_justify="left"))
+                               title_justify="left", caption=CAPTION, caption_justify="left"))
 
 
 def since_time(text: str) -> float:
@@ -98,7 +99,7 @@ def _failures(line: UsageLine) -> str:
 
 
 def _cells(line: UsageLine) -> dict[str, str]:
-    return {"key": line.key, "jobs": str(line.jobs), "failed": str(line.failed), "card_h": _hours(line.card_hours),
+    return {"key": line.key, "jobs": str(line.jobs), "card_h": _hours(line.card_hours),
             "reserved": _hours(line.reserved_gib_hours), "used": _hours(line.used_gib_hours),
             "wait": _wait(line.mean_wait_seconds), "failures": _failures(line)}
 
