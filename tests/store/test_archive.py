@@ -19,7 +19,6 @@ from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
-from rig.store import JobStore
 
 DAY = 86400.0
 NOW = 1_800_000_000.0
