@@ -31,6 +31,7 @@ from rig.archive import Archive, _safe
 from rig.keys import Keys
 from rig.lua import source
 from rig.models import TERMINAL_STATES, Job
+from rig.store import JobStore
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +108,16 @@ class Archiver:
 
     def _read(self, ids: list[int]) -> list[tuple[Job, dict[str, str]]]:
         """The records of ``ids`` still finished (a job retried since due() read it is left)."""
+        store = JobStore(self.r, self.keys)
         pipe = self.r.pipeline(transaction=False)
         for jid in ids:
-            pipe.hgetall(self.keys.job(jid))
+            store.queue_raw(pipe, jid)
+        read = pipe.execute()
         out = []
-        for raw in pipe.execute():
+        for raw, spec in zip(read[::2], read[1::2], strict=True):
             if not raw:
                 continue
+            raw = store.joined(raw, spec)
             job = Job.from_redis(raw)
             if job.state in TERMINAL_STATES and job.id:
                 out.append((job, {_s(k): _s(v) for k, v in raw.items()}))
@@ -124,7 +128,7 @@ class Archiver:
         pipe = self.r.pipeline(transaction=False)
         for job, raw in entries:
             self._forget(keys=[self.keys.job(job.id), self.keys.all_jobs, self.keys.state_index(raw["state"]),
-                               self.keys.errors],
+                               self.keys.errors, self.keys.job_spec(job.id)],
                          args=[job.id, raw["state"], raw.get("ended_at", ""), raw.get("attempt", ""),
                                raw.get("instance", "")], client=pipe)
         for (job, _), gone in zip(entries, pipe.execute(), strict=True):

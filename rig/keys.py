@@ -4,6 +4,7 @@ Key schema (P = settings.key_prefix, default ``rig:``):
 
   P job:next_id                 string   last job id handed out (INCR)
   P job:<id>                    hash     the job record (see rig.models.Job)
+  P job:<id>:spec               string   its command, env and workdir, packed (rig.models.pack_spec)
   P jobs:all                    zset     every job id, score = id
   P jobs:state:<STATE>          zset     job ids in that state, score = id
   P pending                     zset     waiting jobs; score = priority rank * 1e12 + id
@@ -64,6 +65,10 @@ class Keys:
 
     def job(self, job_id: int | str) -> str:
         return f"{self.prefix}job:{job_id}"
+
+    def job_spec(self, job_id: int | str) -> str:
+        """String: the job's write-once submission fields, packed (rig.models.SPEC_FIELDS)."""
+        return f"{self.prefix}job:{job_id}:spec"
 
     @property
     def all_jobs(self) -> str:

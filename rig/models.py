@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from enum import Enum
 from functools import cached_property
 from typing import Any
@@ -194,10 +194,15 @@ class Job:
     _JSON_FIELDS = ("command", "env", "cards", "log_paths", "attempts", "evidence")
 
     def to_redis(self) -> dict[str, str]:
+        """The record as Redis stores it (plain strings), without the fields that hold their
+        empty default (OMITTED_WHEN_DEFAULT): every reader takes a missing one as that default,
+        and each field costs a Redis hash ~60 bytes."""
         out: dict[str, str] = {}
         for f in fields(self):  # not asdict(): it deep-copies every list and dict first
             key, value = f.name, getattr(self, f.name)
             if value is None or key == "problems":
+                continue
+            if key in OMITTED_WHEN_DEFAULT and value == _DEFAULTS[key]:
                 continue
             if key in self._JSON_FIELDS:
                 out[key] = json.dumps(value)
@@ -259,6 +264,63 @@ class Job:
     def field_valid(self, name: str) -> bool:
         """False if the record's field ``name`` was missing or bad (and was replaced)."""
         return not any(p.startswith(f"field {name}:") for p in self.problems)
+
+
+#: Fields left out of a stored record while they hold their default (Job.to_redis). Never a
+#: field a Lua script reads without a default of its own (they read 'assignments' and 'attempt'
+#: as 0 when missing, 'cards' as []).
+OMITTED_WHEN_DEFAULT = frozenset({
+    "env", "shell", "kind", "cards", "attempt", "assignments", "log_paths", "cancel_requested",
+    "oom_retry_grow", "attempts", "evidence", "vram_peak", "vram_sum", "vram_samples", "util_sum",
+    "util_samples", "overuse"})
+_DEFAULTS: dict[str, Any] = {
+    f.name: f.default_factory() if f.default_factory is not MISSING else f.default  # type: ignore[misc]
+    for f in fields(Job) if f.name in OMITTED_WHEN_DEFAULT}
+
+#: Fields written once at submit and read only with the whole record (Job.from_redis), never
+#: by a script or an HMGET: stored apart from the job hash in one compressed string
+#: (Keys.job_spec; pack_spec / with_spec), so the hash keeps short values only and Redis can
+#: keep it in its compact encoding (hash-max-listpack-value, 64 bytes by default).
+SPEC_FIELDS = ("command", "env", "workdir")
+#: A packed spec: this tag, then base85 of the zlib of the JSON object of those fields' texts.
+_SPEC_TAG = "z1:"
+#: A spec is refused beyond this (characters packed; bytes unpacked: a zlib bomb stops here).
+MAX_SPEC_CHARS = 4 * R.MAX_COMMAND_BYTES + 4 * R.MAX_ENV_BYTES
+
+
+def pack_spec(record: dict[str, str]) -> tuple[dict[str, str], str | None]:
+    """Split a stored record: (the hash's fields, the packed spec or None if it has none)."""
+    spec = {k: record[k] for k in SPEC_FIELDS if k in record}
+    if not spec:
+        return record, None
+    import base64
+    import zlib
+
+    packed = base64.b85encode(zlib.compress(json.dumps(spec).encode(), 6)).decode()
+    return {k: v for k, v in record.items() if k not in spec}, _SPEC_TAG + packed
+
+
+def with_spec(raw: dict[Any, Any], spec: Any) -> dict[Any, Any]:
+    """A job hash with its spec's fields added (the hash's own win: a record written before
+    specs, or by hand, keeps its fields). A spec that cannot be read adds nothing: the record
+    then lacks its command and Job.from_redis says so."""
+    if not spec:
+        return raw
+    import base64
+    import zlib
+
+    text = _s(spec)
+    try:
+        if not text.startswith(_SPEC_TAG) or len(text) > MAX_SPEC_CHARS:
+            raise ValueError(text[:8])
+        unzip = zlib.decompressobj()
+        data = json.loads(unzip.decompress(base64.b85decode(text[len(_SPEC_TAG):]), MAX_SPEC_CHARS))
+        if unzip.unconsumed_tail or not isinstance(data, dict):
+            raise ValueError("too long")
+    except (ValueError, zlib.error):
+        return raw
+    have = {_s(k) for k in raw}
+    return {**{k: v for k, v in data.items() if k in SPEC_FIELDS and k not in have and isinstance(v, str)}, **raw}
 
 
 def _enum_check(enum: type[Enum]) -> Callable[[Any], Any]:

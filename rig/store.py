@@ -19,7 +19,17 @@ from rig import records as R
 from rig.clock import shared_now
 from rig.errors import JobNotFound
 from rig.keys import Keys
-from rig.models import PRIORITY_BAND, Job, JobState, Priority, new_job_instance, pending_score
+from rig.models import (
+    PRIORITY_BAND,
+    SPEC_FIELDS,
+    Job,
+    JobState,
+    Priority,
+    new_job_instance,
+    pack_spec,
+    pending_score,
+    with_spec,
+)
 
 #: The record's own fields: what no extra field of a submission may replace.
 JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(Job))
@@ -85,7 +95,10 @@ class JobStore:
             record = job.to_redis()
             # Extra fields (a @rig.task payload) never replace the record's own (owner, state...).
             record.update({k: _encode(v) for k, v in (extra or {}).items() if v is not None and k not in JOB_FIELDS})
-            pipe.hset(self.keys.job(job.id), mapping=record)
+            fields, spec = pack_spec(record)
+            pipe.hset(self.keys.job(job.id), mapping=fields)
+            if spec is not None:
+                pipe.set(self.keys.job_spec(job.id), spec)
             pipe.zadd(self.keys.all_jobs, {str(job.id): job.id})
             pipe.zadd(self.keys.state_index(JobState.PENDING.value), {str(job.id): job.id})
             pipe.zadd(self.keys.pending, {str(job.id): score})
@@ -121,12 +134,28 @@ class JobStore:
         unparsed (their defaults), e.g. ``env`` where a caller does not need the job's
         environment: the costliest field to check."""
         jid = R.parse_job_id(job_id)
-        raw = self.r.hgetall(self.keys.job(jid))
+        raw = self.raw(jid)
         if not raw:
             raise JobNotFound(jid)
         for name in without:
             raw.pop(name, None)
         return Job.from_redis(raw)
+
+    def raw(self, job_id: int) -> dict[str, str]:
+        """The job's stored record as strings, its spec included (rig.models.with_spec); {}
+        when there is none."""
+        pipe = self.r.pipeline(transaction=False)
+        self.queue_raw(pipe, job_id)
+        return self.joined(*pipe.execute())
+
+    def queue_raw(self, pipe: Any, job_id: int | str) -> None:
+        """Queue the two reads of a whole record on ``pipe``; joined() takes their two answers."""
+        pipe.hgetall(self.keys.job(job_id))
+        pipe.get(self.keys.job_spec(job_id))
+
+    @staticmethod
+    def joined(raw: dict, spec: Any) -> dict:
+        return with_spec(raw, spec) if raw else raw
 
     def fields(self, job_id: int | str, *names: str) -> Job:
         """Only the fields ``names`` of a job's record, read in one HMGET and checked exactly as
@@ -137,10 +166,14 @@ class JobStore:
         pipe = self.r.pipeline(transaction=False)
         pipe.exists(self.keys.job(jid))
         pipe.hmget(self.keys.job(jid), *names)
-        exists, values = pipe.execute()
+        pipe.get(self.keys.job_spec(jid))
+        exists, values, spec = pipe.execute()
         if not exists:
             raise JobNotFound(jid)
-        job = Job.from_redis({k: v for k, v in zip(names, values, strict=True) if v is not None})
+        raw = {k: v for k, v in zip(names, values, strict=True) if v is not None}
+        if any(n in SPEC_FIELDS for n in names):
+            raw = {k: v for k, v in with_spec(raw, spec).items() if k in names}
+        job = Job.from_redis(raw)
         job.problems = [p for p in job.problems if p.split(":", 1)[0].removeprefix("field ") in names]
         return job
 
@@ -148,8 +181,10 @@ class JobStore:
         ids = list(job_ids)
         pipe = self.r.pipeline(transaction=False)
         for jid in ids:
-            pipe.hgetall(self.keys.job(jid))
-        return [Job.from_redis(raw) for raw in pipe.execute() if raw]
+            self.queue_raw(pipe, jid)
+        read = pipe.execute()
+        return [Job.from_redis(self.joined(raw, spec)) for raw, spec in zip(read[::2], read[1::2], strict=True)
+                if raw]
 
     def ids_in_state(self, state: JobState, *, limit: int | None = None, newest_first=False) -> list[int]:
         end = -1 if limit is None else limit - 1

@@ -7,6 +7,7 @@
 -- KEYS[2]  every job id (zset)
 -- KEYS[3]  the index of the state it was archived in (zset)
 -- KEYS[4]  the error queue (zset)
+-- KEYS[5]  the job's spec (string: its command, env and workdir; rig.models.pack_spec)
 -- ARGV[1]  job id
 -- ARGV[2]  state as archived
 -- ARGV[3]  ended_at as archived ('' if it had none)
@@ -23,7 +24,7 @@ end
 if redis.call('ZSCORE', KEYS[4], ARGV[1]) then
   return 0
 end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[5])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 return 1
