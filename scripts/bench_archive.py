@@ -125,7 +125,7 @@ def main() -> None:
               f"indexes included); one job: hash {hash_b} B ({r.object('encoding', client.keys.job(one))}) "
               f"+ spec {spec_b} B")
         print(f"submit_many with {args.waiting:,} waiting: {rate:,.0f} jobs/s (batch of {args.batch})")
-        for start in range(0, args.waiting, 10_000):  # out of the way: phase 2 measures finished jobs
+        for _ in range(0, args.waiting, 10_000):  # out of the way: phase 2 measures finished jobs
             ids = client.store.ids_in_state(JobState.PENDING, limit=10_000)
             finish(client, ids, client_now(client))
             Archiver(r, client.keys, archive, after_seconds=0, keep=0).run(client_now(client))
