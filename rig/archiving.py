@@ -30,7 +30,7 @@ import redis
 from rig.archive import Archive, _safe
 from rig.keys import Keys
 from rig.lua import source
-from rig.models import TERMINAL_STATES, Job
+from rig.models import ENV_REF, TERMINAL_STATES, Job
 from rig.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -108,16 +108,10 @@ class Archiver:
 
     def _read(self, ids: list[int]) -> list[tuple[Job, dict[str, str]]]:
         """The records of ``ids`` still finished (a job retried since due() read it is left)."""
-        store = JobStore(self.r, self.keys)
-        pipe = self.r.pipeline(transaction=False)
-        for jid in ids:
-            store.queue_raw(pipe, jid)
-        read = pipe.execute()
         out = []
-        for raw, spec in zip(read[::2], read[1::2], strict=True):
+        for raw in JobStore(self.r, self.keys).raws(ids):
             if not raw:
                 continue
-            raw = store.joined(raw, spec)
             job = Job.from_redis(raw)
             if job.state in TERMINAL_STATES and job.id:
                 out.append((job, {_s(k): _s(v) for k, v in raw.items()}))
@@ -127,10 +121,12 @@ class Archiver:
         """Step 3: forget the archived jobs in Redis, each only if unchanged (archived.lua)."""
         pipe = self.r.pipeline(transaction=False)
         for job, raw in entries:
+            ref = raw.get(ENV_REF, "")
             self._forget(keys=[self.keys.job(job.id), self.keys.all_jobs, self.keys.state_index(raw["state"]),
-                               self.keys.errors, self.keys.job_spec(job.id)],
+                               self.keys.errors, self.keys.job_spec(job.id), self.keys.env_refs,
+                               self.keys.env_blob(ref or "-")],
                          args=[job.id, raw["state"], raw.get("ended_at", ""), raw.get("attempt", ""),
-                               raw.get("instance", "")], client=pipe)
+                               raw.get("instance", ""), ref], client=pipe)
         for (job, _), gone in zip(entries, pipe.execute(), strict=True):
             if gone:
                 report.archived += 1

@@ -4,7 +4,10 @@ Key schema (P = settings.key_prefix, default ``rig:``):
 
   P job:next_id                 string   last job id handed out (INCR)
   P job:<id>                    hash     the job record (see rig.models.Job)
-  P job:<id>:spec               string   its command, env and workdir, packed (rig.models.pack_spec)
+  P job:<id>:spec               string   its command and workdir, packed (rig.packed)
+  P env:<digest>                string   one user's job environment, packed; named by the jobs'
+                                         env_ref field (rig.models.SPEC_FIELDS)
+  P env:refs                    hash     digest -> how many job records name that environment
   P jobs:all                    zset     every job id, score = id
   P jobs:state:<STATE>          zset     job ids in that state, score = id
   P pending                     zset     waiting jobs; score = priority rank * 1e12 + id
@@ -69,6 +72,16 @@ class Keys:
     def job_spec(self, job_id: int | str) -> str:
         """String: the job's write-once submission fields, packed (rig.models.SPEC_FIELDS)."""
         return f"{self.prefix}job:{job_id}:spec"
+
+    def env_blob(self, digest: str) -> str:
+        """String: one user's job environment, packed, shared by the jobs naming it (env_ref)."""
+        return f"{self.prefix}env:{digest}"
+
+    @property
+    def env_refs(self) -> str:
+        """Hash: environment digest -> the number of job records naming it (the last one
+        forgotten deletes the blob: rig/lua/archived.lua)."""
+        return f"{self.prefix}env:refs"
 
     @property
     def all_jobs(self) -> str:

@@ -278,49 +278,16 @@ _DEFAULTS: dict[str, Any] = {
     for f in fields(Job) if f.name in OMITTED_WHEN_DEFAULT}
 
 #: Fields written once at submit and read only with the whole record (Job.from_redis), never
-#: by a script or an HMGET: stored apart from the job hash in one compressed string
-#: (Keys.job_spec; pack_spec / with_spec), so the hash keeps short values only and Redis can
-#: keep it in its compact encoding (hash-max-listpack-value, 64 bytes by default).
-SPEC_FIELDS = ("command", "env", "workdir")
-#: A packed spec: this tag, then base85 of the zlib of the JSON object of those fields' texts.
-_SPEC_TAG = "z1:"
-#: A spec is refused beyond this (characters packed; bytes unpacked: a zlib bomb stops here).
-MAX_SPEC_CHARS = 4 * R.MAX_COMMAND_BYTES + 4 * R.MAX_ENV_BYTES
-
-
-def pack_spec(record: dict[str, str]) -> tuple[dict[str, str], str | None]:
-    """Split a stored record: (the hash's fields, the packed spec or None if it has none)."""
-    spec = {k: record[k] for k in SPEC_FIELDS if k in record}
-    if not spec:
-        return record, None
-    import base64
-    import zlib
-
-    packed = base64.b85encode(zlib.compress(json.dumps(spec).encode(), 6)).decode()
-    return {k: v for k, v in record.items() if k not in spec}, _SPEC_TAG + packed
-
-
-def with_spec(raw: dict[Any, Any], spec: Any) -> dict[Any, Any]:
-    """A job hash with its spec's fields added (the hash's own win: a record written before
-    specs, or by hand, keeps its fields). A spec that cannot be read adds nothing: the record
-    then lacks its command and Job.from_redis says so."""
-    if not spec:
-        return raw
-    import base64
-    import zlib
-
-    text = _s(spec)
-    try:
-        if not text.startswith(_SPEC_TAG) or len(text) > MAX_SPEC_CHARS:
-            raise ValueError(text[:8])
-        unzip = zlib.decompressobj()
-        data = json.loads(unzip.decompress(base64.b85decode(text[len(_SPEC_TAG):]), MAX_SPEC_CHARS))
-        if unzip.unconsumed_tail or not isinstance(data, dict):
-            raise ValueError("too long")
-    except (ValueError, zlib.error):
-        return raw
-    have = {_s(k) for k in raw}
-    return {**{k: v for k, v in data.items() if k in SPEC_FIELDS and k not in have and isinstance(v, str)}, **raw}
+#: by a script or an HMGET: kept out of the job hash, so that it holds short values only and
+#: Redis keeps it in its compact encoding (hash-max-listpack-value, 64 bytes by default).
+#: ``command`` and ``workdir`` go into one packed string per job (Keys.job_spec); ``env``, the
+#: largest and the same for all of a sweep's jobs, into a packed string per distinct
+#: environment of a user (Keys.env_blob), counted by the jobs that name it (``env_ref``).
+#: rig.packed packs them; JobStore writes and joins them.
+SPEC_FIELDS = ("command", "workdir")
+ENV_FIELD = "env"
+#: The job hash's field naming its environment's blob (not a Job field).
+ENV_REF = "env_ref"
 
 
 def _enum_check(enum: type[Enum]) -> Callable[[Any], Any]:

@@ -216,7 +216,7 @@ class CardRunner:
         self.store.queue_raw(pipe, job_id)
         pipe.hmget(self.keys.card(self.node, self.index), "allowed", "gone")
         raw, spec, (allowed, gone) = pipe.execute()
-        raw = self.store.joined(raw, spec)
+        raw = self.store.join([(raw, spec)])[0]
         if not raw:
             raise JobNotFound(job_id)
         job = self._with_instance(Job.from_redis(raw))
