@@ -22,6 +22,7 @@ Times are epoch seconds (float); memory in bytes; durations in seconds.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -117,6 +118,9 @@ def _connect(url: str) -> tuple[_Dialect, Any]:
             raise ConfigError(f"archive_url {url!r}: give an absolute path, e.g. sqlite:////var/lib/rig/archive.sqlite3")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            # Records hold the jobs' environments (tokens): the file is its owner's only, and
+            # SQLite gives its -wal and -shm files the same mode.
+            os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
             conn = sqlite3.connect(path, timeout=30.0, check_same_thread=False, isolation_level=None)
             # WAL: readers (rig show, rig usage) never wait for the archiving pass, nor it for them.
             conn.execute("PRAGMA journal_mode=WAL")

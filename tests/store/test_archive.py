@@ -203,8 +203,9 @@ def test_bad_archive_urls_and_a_reader_pointed_elsewhere_get_one_line(ledger, ar
         elsewhere.list()
 
 
-def test_the_record_column_is_the_redis_hash(archive, ledger):
+def test_the_record_column_is_the_redis_hash_and_the_file_its_owners_only(archive, ledger, tmp_path):
     job = finished(ledger, ended=NOW - 2 * DAY, user="cy")
     mover(ledger, archive).run(NOW)
+    assert all((tmp_path / name).stat().st_mode & 0o077 == 0 for name in ("archive.sqlite3", "archive.sqlite3-wal"))
     (record,), = archive._query("SELECT record FROM rig_jobs WHERE owner = ?", ("cy",))
     assert json.loads(record)["instance"] == job.instance
