@@ -143,6 +143,14 @@ def _connect(url: str) -> tuple[_Dialect, Any]:
     raise ConfigError(f"archive_url {_safe(url)!r}: expected sqlite:////ABSOLUTE/PATH or postgresql://USER@HOST/DB")
 
 
+def is_database_error(exc: BaseException) -> bool:
+    """Is ``exc`` the archive database's own (SQLite's or psycopg's), e.g. a lost connection?"""
+    import sys
+
+    psycopg = sys.modules.get("psycopg")
+    return isinstance(exc, sqlite3.Error) or (psycopg is not None and isinstance(exc, psycopg.Error))
+
+
 def sqlite_path(url: str) -> Path | None:
     """The file of a ``sqlite:///PATH`` URL (absolute: four slashes in all), None for others."""
     return Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
@@ -173,6 +181,13 @@ class Archive:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+    def close_quietly(self) -> None:
+        """Close a connection that may already be broken."""
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - it is being dropped either way
+            pass
 
     def __enter__(self) -> Archive:
         return self

@@ -27,8 +27,11 @@ from dataclasses import dataclass, field
 
 import redis
 
-from rig.archive import Archive, _safe
+from rig.archive import Archive, _safe, is_database_error
+from rig.config import Settings
+from rig.errors import ConfigError
 from rig.keys import Keys
+from rig.lograte import Throttle
 from rig.lua import source
 from rig.models import ENV_REF, TERMINAL_STATES, Job
 from rig.store import JobStore
@@ -149,6 +152,40 @@ def archive_pass(client: redis.Redis, keys: Keys, archive: Archive, *, after_sec
         client.delete(keys.archive_lock)
 
 
+class PeriodicArchiver:
+    """Beat's archiving task's state in one control worker: the archive's connection, kept
+    between passes, and the one line it logs when the archive cannot be used."""
+
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        self.settings = settings
+        self.r = client
+        self.keys = Keys(settings.key_prefix)
+        self.archive: Archive | None = None
+        self.quiet = Throttle(300.0)
+
+    def run(self, now: float) -> str:
+        """One pass (archive_pass); what it did, as the task's result."""
+        s = self.settings
+        try:
+            if self.archive is None:
+                self.archive = Archive(s.archive_location, s.key_prefix)
+            report = archive_pass(self.r, self.keys, self.archive, after_seconds=s.archive_after_days * 86400,
+                                  keep=s.archive_keep_finished, now=now)
+        except Exception as exc:
+            if not (isinstance(exc, ConfigError) or is_database_error(exc)):
+                raise  # Redis' errors: the task's usual handling
+            # No psycopg, a wrong URL, an unwritable folder, a database gone: one line now and
+            # then, a fresh connection next pass; Redis is left as it was (module doc).
+            if self.archive is not None:
+                self.archive.close_quietly()
+            self.archive = None
+            line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            if self.quiet.due(line):
+                log.error("archiving pass skipped: %s (said again in %.0f s while it lasts)", line, self.quiet.every)
+            return f"skipped: {line}"
+        return "skipped (another pass runs)" if report is None else str(report)
+
+
 def _float(text: str | bytes) -> float | None:
     try:
         return float(text)
@@ -158,4 +195,3 @@ def _float(text: str | bytes) -> float | None:
 
 def _s(value: str | bytes) -> str:
     return value.decode(errors="surrogateescape") if isinstance(value, bytes) else value
-

@@ -171,8 +171,7 @@ def check_alerts() -> str:
     return f"{len(sent)} alert change(s)"
 
 
-_archive = None
-_archive_quiet = Throttle(300.0)
+_archiver = None
 
 
 @app.task(name=TASK_ARCHIVE, ignore_result=True)
@@ -180,24 +179,12 @@ _archive_quiet = Throttle(300.0)
 def archive() -> str:
     """Periodic (beat, once cluster-wide under a lock): finished jobs older than the retention
     move from Redis to the archive (rig.archiving)."""
-    global _archive
-    from rig.archive import Archive
-    from rig.archiving import archive_pass
-    from rig.errors import ConfigError
+    global _archiver
+    from rig.archiving import PeriodicArchiver
 
-    try:
-        if _archive is None:  # one connection per control worker process, kept
-            _archive = Archive(settings.archive_location, settings.key_prefix)
-        report = archive_pass(_redis, keys, _archive, after_seconds=settings.archive_after_days * 86400,
-                              keep=settings.archive_keep_finished, now=shared_now(_redis))
-    except ConfigError as exc:  # no psycopg, a wrong URL, a folder it may not write: one line
-        if _archive_quiet.due(str(exc)):
-            log.error("archiving pass skipped: %s (said again in %.0f s while it lasts)", exc, _archive_quiet.every)
-        return f"skipped: {exc}"
-    except Exception:
-        _archive = None  # a dropped database connection: open a fresh one next pass
-        raise
-    return "skipped (another pass runs)" if report is None else str(report)
+    if _archiver is None:  # one per control worker process: it keeps its database connection
+        _archiver = PeriodicArchiver(settings, _redis)
+    return _archiver.run(shared_now(_redis))
 
 
 def _control_heartbeat(name: str) -> None:

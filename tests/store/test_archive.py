@@ -209,3 +209,21 @@ def test_the_record_column_is_the_redis_hash_and_the_file_its_owners_only(archiv
     assert all((tmp_path / name).stat().st_mode & 0o077 == 0 for name in ("archive.sqlite3", "archive.sqlite3-wal"))
     (record,), = archive._query("SELECT record FROM rig_jobs WHERE owner = ?", ("cy",))
     assert json.loads(record)["instance"] == job.instance
+
+
+def test_the_periodic_task_says_once_what_is_wrong_with_the_archive_and_recovers(ledger, tmp_path, key_prefix,
+                                                                                monkeypatch, caplog):
+    import logging
+
+    from rig.archiving import PeriodicArchiver
+
+    job = finished(ledger, ended=NOW - 2 * DAY)
+    monkeypatch.setitem(__import__("sys").modules, "psycopg", None)
+    settings = load_settings(key_prefix=key_prefix, home=tmp_path, archive_url="postgresql://postgres@127.0.0.1/x")
+    task = PeriodicArchiver(settings, ledger.store.r)
+    with caplog.at_level(logging.ERROR, "rig.archiving"):
+        assert task.run(NOW).startswith("skipped: archive_url is a PostgreSQL URL but psycopg is not installed")
+        task.run(NOW)
+    assert len(caplog.records) == 1 and in_redis(ledger, job.id)  # said once; nothing moved
+    task.settings = load_settings(key_prefix=key_prefix, home=tmp_path, archive_after_days=1)  # fixed
+    assert task.run(NOW) == "archived 1 finished job(s)" and not in_redis(ledger, job.id)
