@@ -241,10 +241,11 @@ class Archive:
                            "ORDER BY submitted_at DESC LIMIT 1", (self.prefix, job_id))
         return _job(rows[0][0]) if rows else None
 
-    def keys_of(self, job_id: int) -> set[str]:
-        """The instances archived under ``job_id`` (tests and the crash checks use it)."""
-        return {r[0] for r in self._query(f"SELECT instance FROM {TABLE} WHERE prefix = ? AND id = ?",
-                                          (self.prefix, job_id))}
+    def record(self, job_id: int, instance: str) -> dict[str, str] | None:
+        """The stored record (the Redis hash, as JSON) of one archived job, or None."""
+        rows = self._query(f"SELECT record FROM {TABLE} WHERE prefix = ? AND id = ? AND instance = ?",
+                           (self.prefix, job_id, instance))
+        return json.loads(rows[0][0]) if rows else None
 
     def list(self, *, state: JobState | None = None, user: str | None = None, since: float | None = None,
              limit: int = 50) -> list[Job]:

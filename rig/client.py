@@ -785,7 +785,7 @@ class Client:
         well. Its owner's and admins' only (check_control)."""
         job = self.get(job_id)
         self.check_control(job, "read the result of")
-        return self._guard(self.r.hget, self.keys.job(job.id), "result")
+        return self._guard(self.history.stored_field, job, "result")
 
     def open_log(self, job_id: int, path: str) -> BinaryIO:
         """One of the job's log files, opened for reading with this process's own rights."""

@@ -72,6 +72,19 @@ class History:
                 raise
             return job
 
+    def stored_field(self, job: Job, name: str) -> str | None:
+        """A field of ``job``'s stored record that is no Job field (a @rig.task's ``result``):
+        from Redis while the job is there, else from its archived record."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.exists(self.keys.job(job.id))
+        pipe.hget(self.keys.job(job.id), name)
+        there, value = pipe.execute()
+        if there:
+            return value
+        archive = self.archive()
+        record = archive.record(job.id, job.instance or "") if archive is not None else None
+        return record.get(name) if record else None
+
     def list(self, state: JobState | None = None, *, limit: int = 50, user: str | None = None,
              since: float | None = None) -> list[Job]:
         """Newest submitted first, at most ``limit``: Redis' jobs and the archive's, each once;

@@ -79,6 +79,7 @@ def test_the_gateway_hides_an_archived_job_of_another_user_as_a_live_one(real_re
     gw = Gateway(settings, Client(settings, redis_client=real_redis))
     ledger = Ledger(real_redis, Keys(key_prefix))
     job = finished(ledger, ended=shared_now(real_redis) - 3600, user=str(os.getuid() + 40001))
+    real_redis.hset(ledger.keys.job(job.id), "result", "gASVBQAAAAAAAACMATGULg==")  # a @rig.task's pickle
     with Archive(settings.archive_location, key_prefix) as archive:
         Archiver(real_redis, ledger.keys, archive, after_seconds=1, keep=0).run(shared_now(real_redis))
     assert not real_redis.exists(ledger.keys.job(job.id))
@@ -94,3 +95,6 @@ def test_the_gateway_hides_an_archived_job_of_another_user_as_a_live_one(real_re
     assert ask(other, "jobs", since=0.0)[0].command == [privacy.HIDDEN]
     lines, total = ask(other, "usage", since=0.0, by="user")
     assert total.jobs == 1 and lines[0].key == job.user
+    assert gw.client.result_of(job.id) == "gASVBQAAAAAAAACMATGULg=="  # from the archived record (root: an admin)
+    refused = gw.handle(Peer(os.getpid(), other, other), {"op": "result", "args": wire.encode({"job_id": job.id})})
+    assert refused["error"]["type"] == "PermissionDenied"
