@@ -27,6 +27,7 @@ from rig import records as R
 from rig.clock import clock_for, shared_now
 from rig.config import Settings, load_settings
 from rig.errors import (
+    ConfigError,
     InvalidInput,
     InvalidRecord,
     JobGone,
@@ -145,6 +146,8 @@ class StatusReport:
     pool: str | None = None  # the pool this report is limited to (cards and waiting jobs)
     #: While Redis refuses writes: why ("Redis full"); heartbeats are refused (rig.refused_beats).
     beats_refused: str | None = None
+    #: Finished jobs moved to the archive (counts: those still in Redis); None: no archive read.
+    archived: int | None = None
 
 
 @dataclass
@@ -518,11 +521,18 @@ class Client:
             from rig.refused_beats import annotate as annotate_refused  # not silent: refused
 
             beats_refused = annotate_refused(self.r, nodes)
+            notices = redis_notices(self.r)  # Redis full; an evicting policy; no persistence
+            archived = None
+            try:
+                archive = self.history.archive()
+                archived = archive.count() if archive is not None else 0
+            except ConfigError as exc:  # the rest of the status is still true: say it, go on
+                notices.append(f"the archive cannot be read: {exc}")
             return StatusReport(beats_refused=beats_refused,
                 cards=cards, running=running, pending=pending, oldest_wait=oldest,
                 workers=self.workers(), counts=self.store.count_by_state(),
                 nodes=nodes, users=self._users(running, now), pool=pool,
-                notices=redis_notices(self.r),  # Redis full; an evicting policy; no persistence
+                notices=notices, archived=archived,
             )
 
         return self._guard(_do)

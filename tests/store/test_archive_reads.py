@@ -70,6 +70,9 @@ def test_show_log_metrics_jobs_and_usage_find_archived_jobs(cli_env, real_redis,
     by_node = json.loads(run(cli, ["usage", "--since", "60d", "--by", "node", "--json"]).stdout)
     assert [ln["key"] for ln in by_node["lines"]] == ["n1"] and by_node["total"]["jobs"] == 3
 
+    assert json.loads(run(cli, ["status", "--json"]).stdout)["jobs_archived"] == 3
+    assert "archived (finished, out of Redis): 3" in run(cli, ["status"]).stdout
+
     bad = run(cli, ["usage", "--since", "a week"])
     assert bad.exit_code == 2 and "--since: cannot read 'a week'" in bad.output
 
