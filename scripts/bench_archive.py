@@ -24,6 +24,7 @@ folder by default; --archive-url postgresql://... for PostgreSQL). Then:
 from __future__ import annotations
 
 import argparse
+import shutil
 import socket
 import subprocess
 import sys
@@ -159,6 +160,10 @@ def main() -> None:
         lines, total = client.usage(since=0.0, by="user")
         print(f"rig usage over {archive.count():,} archived jobs: {time.perf_counter() - t:.2f} s "
               f"({total.jobs:,} jobs, {total.card_hours:,.0f} card-hours)")
+        files = list(folder.glob("archive.sqlite3*"))
+        if files:
+            size = sum(f.stat().st_size for f in files)
+            print(f"archive on disk: {size / 2**20:,.0f} MiB, {size / archive.count():,.0f} B per job")
     finally:
         archive.close()
         if server is not None:
@@ -166,6 +171,7 @@ def main() -> None:
             server.wait()
         else:
             delete_prefix(r, prefix)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def client_now(client: Client) -> float:
