@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rig import packed
 from rig.accounting import Accounting, accounting_of
 from rig.errors import ConfigError
 from rig.models import Job, JobState
@@ -62,7 +63,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("used_byte_seconds", "DOUBLE PRECISION"),  # measured mean bytes x cards x seconds; NULL: never measured
     ("vram_peak", "BIGINT"),  # the highest measured peak of its attempts (bytes per card)
     ("vram_mean", "BIGINT"),  # the last measured attempt's mean (bytes per card)
-    ("record", "TEXT NOT NULL"),  # the Redis hash as a JSON object
+    ("record", "TEXT NOT NULL"),  # the Redis hash as a JSON object, packed (rig.packed: zlib)
     ("archived_at", "DOUBLE PRECISION NOT NULL"),
 )
 KEY = ("prefix", "id", "instance")
@@ -232,7 +233,7 @@ class Archive:
                 job.state.value, job.failure, job.created_at, job.started_at, job.ended_at, job.gpu_memory,
                 job.gpus, job.exit_code, len(job.attempts), acc.wait_seconds, acc.card_seconds,
                 acc.reserved_byte_seconds, acc.used_byte_seconds, int(max(peaks)) if peaks else None,
-                int(means[-1]) if means else None, json.dumps(raw, ensure_ascii=False), now)
+                int(means[-1]) if means else None, packed.pack(raw), now)
 
     # -- reading ------------------------------------------------------------------------------
     def get(self, job_id: int) -> Job | None:
@@ -245,7 +246,7 @@ class Archive:
         """The stored record (the Redis hash, as JSON) of one archived job, or None."""
         rows = self._query(f"SELECT record FROM {TABLE} WHERE prefix = ? AND id = ? AND instance = ?",
                            (self.prefix, job_id, instance))
-        return json.loads(rows[0][0]) if rows else None
+        return _record(rows[0][0]) if rows else None
 
     def list(self, *, state: JobState | None = None, user: str | None = None, since: float | None = None,
              limit: int = 50) -> list[Job]:
@@ -279,5 +280,10 @@ class Archive:
         return " AND ".join(clauses), params
 
 
+def _record(text: str) -> dict[str, str]:
+    """A row's record: packed JSON (rig.packed), or plain JSON as a person may have written it."""
+    return packed.unpack(text) if text.startswith(packed.TAG) else json.loads(text)
+
+
 def _job(record: str) -> Job:
-    return Job.from_redis(json.loads(record))
+    return Job.from_redis(_record(record))

@@ -4,11 +4,11 @@ and the accounting figures."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 
 import pytest
 
+from rig import packed
 from rig.accounting import accounting_of, usage
 from rig.archive import Archive, default_url
 from rig.archiving import Archiver
@@ -208,7 +208,7 @@ def test_the_record_column_is_the_redis_hash_and_the_file_its_owners_only(archiv
     mover(ledger, archive).run(NOW)
     assert all((tmp_path / name).stat().st_mode & 0o077 == 0 for name in ("archive.sqlite3", "archive.sqlite3-wal"))
     (record,), = archive._query("SELECT record FROM rig_jobs WHERE owner = ?", ("cy",))
-    assert json.loads(record)["instance"] == job.instance
+    assert packed.unpack(record)["instance"] == job.instance == archive.record(job.id, job.instance)["instance"]
 
 
 def test_the_periodic_task_says_once_what_is_wrong_with_the_archive_and_recovers(ledger, tmp_path, key_prefix,
