@@ -227,3 +227,16 @@ def test_the_periodic_task_says_once_what_is_wrong_with_the_archive_and_recovers
     assert len(caplog.records) == 1 and in_redis(ledger, job.id)  # said once; nothing moved
     task.settings = load_settings(key_prefix=key_prefix, home=tmp_path, archive_after_days=1)  # fixed
     assert task.run(NOW) == "archived 1 finished job(s)" and not in_redis(ledger, job.id)
+
+
+def test_after_redis_lost_its_data_a_reused_id_is_another_job_in_the_archive(ledger, archive, tmp_path, key_prefix):
+    old = finished(ledger, ended=NOW - 3 * DAY, name="before")
+    mover(ledger, archive).run(NOW)
+    ledger.store.r.delete(ledger.keys.next_job_id)  # Redis restarted empty: ids start again at 1
+    new = finished(ledger, ended=NOW - 2 * DAY, name="after")
+    assert new.id == old.id and new.instance != old.instance
+    reader = history(ledger, tmp_path, key_prefix)
+    assert reader.get(new.id).name == "after"  # the live one
+    assert sorted(j.name for j in reader.list(limit=5)) == ["after", "before"]
+    mover(ledger, archive).run(NOW)
+    assert archive.count() == 2 and reader.get(new.id).name == "after"  # the newer submission
