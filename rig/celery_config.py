@@ -68,10 +68,11 @@ def make_celery(settings: Settings) -> Celery:
         worker_prefetch_multiplier=1,
         worker_disable_prefetch=True,
         worker_cancel_long_running_tasks_on_connection_loss=False,
-        # Task events (received/started/succeeded: three PUBLISHes per task, each from a fresh
-        # kombu client) only matter to Flower: the workers start without them unless their
-        # rig up runs a Flower (`-E`, rig.stack), and a Flower started elsewhere turns them on
-        # (it broadcasts enable_events every 5 s, its default --enable_events).
+        # Task events only matter to Flower: the workers start without them unless their rig
+        # up runs a Flower (`-E`, rig.stack), and a Flower started elsewhere turns them on (it
+        # broadcasts enable_events every 5 s, its default --enable_events). rig's own tasks
+        # send none (send_events=False, workers/app.py): Flower is told about jobs instead,
+        # one task per job (workers/flower_bridge.py).
         worker_send_task_events=False,
         # No "task-sent" events: they cost a third of a submission; Flower shows tasks once received.
         task_send_sent_event=False,

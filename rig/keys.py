@@ -39,11 +39,15 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P archive:url                 string   where that pass archives (its archive_url, no password)
   P alerts:active               hash     alert key -> JSON of the alert now firing
   P alerts:since                hash     condition -> when it was first seen (epoch s)
+  P flower:told                 hash     job id -> "<STATE>:<attempt>" last told to Flower, for jobs
+                                         not ended yet (workers.flower_bridge; an end deletes it)
   P metrics:counters            hash     Prometheus counters, only ever incremented (rig.metrics):
                                          submitted (rig.store), started (claim.lua), requeued and
                                          ended:<STATE>:<failure class or ''> (transition.lua)
   P metrics:start-wait          hash     histogram of submission -> first start (s), fed by
                                          claim.lua: le:<bound> (cumulative), sum, count
+  P timeline                    zset     one sample a minute for rig's web page (rig.timeline):
+                                         score = the minute (epoch s), member = JSON; a day kept
   P events                      channel  job state changes, "<id> <STATE>"
   P kill                        channel  "<id>": stop this running job
   P celery:                     prefix   kombu's own keys (queues, unacked, bindings)
@@ -210,6 +214,10 @@ class Keys:
         return f"{self.prefix}alerts:since"
 
     @property
+    def flower_told(self) -> str:
+        return f"{self.prefix}flower:told"
+
+    @property
     def metrics_counters(self) -> str:
         """Hash of Prometheus counters (rig.metrics.COUNTER_FIELDS); HINCRBY only."""
         return f"{self.prefix}metrics:counters"
@@ -218,6 +226,11 @@ class Keys:
     def metrics_start_wait(self) -> str:
         """Hash: the cumulative histogram of submission -> first start (rig.metrics)."""
         return f"{self.prefix}metrics:start-wait"
+
+    @property
+    def timeline(self) -> str:
+        """Zset of per-minute samples (rig.timeline): bounded to TIMELINE_WINDOW_S."""
+        return f"{self.prefix}timeline"
 
     @property
     def events_channel(self) -> str:

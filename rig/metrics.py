@@ -1,8 +1,6 @@
 """A Prometheus exporter for rig: every figure is read from Redis when Prometheus scrapes.
 
-    server = start_metrics_server(client, "0.0.0.0", 9840)   # GET /metrics
-    ...
-    server.shutdown()
+    registry = make_registry(client)   # served at GET /metrics by rig.web.server
 
 Every node's endpoint reads the same Redis, so any two scrapes agree. Names follow Prometheus'
 rules (``promtool check metrics`` is clean; a test runs it): base units (seconds, bytes, ratios
@@ -72,7 +70,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -89,8 +87,7 @@ from rig.models import ACTIVE_STATES, JobState, Priority
 if TYPE_CHECKING:
     from rig.client import Client
 
-__all__ = ["FAILURE_WINDOW", "LATENCY_WINDOW", "RigCollector", "make_registry",
-           "start_metrics_server"]
+__all__ = ["FAILURE_WINDOW", "LATENCY_WINDOW", "RigCollector", "ended_by_label", "make_registry"]
 
 log = logging.getLogger(__name__)
 
@@ -287,17 +284,7 @@ class RigCollector(Collector):
         ended = CounterMetricFamily(
             "rig_jobs_ended", "Jobs that reached an end state, by state and failure class",
             labels=["state", "failure"])
-        per_label: Counter[tuple[str, str]] = Counter()
-        for field, n in counters.items():
-            kind, _, rest = field.partition(":")
-            if kind != "ended":
-                continue
-            state, _, failure = rest.partition(":")
-            if state in (JobState.FAILED.value, JobState.TIMEOUT.value):
-                failure = failure or "unknown"
-            else:
-                failure = "none"
-            per_label[(state, failure)] += n
+        per_label = ended_by_label(counters)
         for state in ENDED:  # every end state has a series from the start (rate() needs one)
             if not any(st == state.value for st, _ in per_label):
                 per_label[(state.value, "none" if state not in (JobState.FAILED, JobState.TIMEOUT)
@@ -323,6 +310,25 @@ class RigCollector(Collector):
         jobs.sort(key=lambda j: j.started_at or 0.0, reverse=True)
         return sorted(max(0.0, (j.started_at or 0.0) - (j.created_at or 0.0))
                       for j in jobs[: self.latency_window])
+
+
+def ended_by_label(counters: dict[str, float]) -> Counter[tuple[str, str]]:
+    """The ``ended:<STATE>:<failure>`` fields of the counters hash (rig.keys
+    ``metrics_counters``) as (state, failure) -> count: ``failure`` is the class for FAILED and
+    TIMEOUT ("unknown" when none was recorded), "none" for the other states. The one reading of
+    those fields (rig_jobs_ended_total, rig.timeline)."""
+    per_label: Counter[tuple[str, str]] = Counter()
+    for field, n in counters.items():
+        kind, _, rest = field.partition(":")
+        if kind != "ended":
+            continue
+        state, _, failure = rest.partition(":")
+        if state in (JobState.FAILED.value, JobState.TIMEOUT.value):
+            failure = failure or "unknown"
+        else:
+            failure = "none"
+        per_label[(state, failure)] += n
+    return per_label
 
 
 def _card_families(cards: list[Any]) -> Iterator[Metric]:
@@ -380,17 +386,6 @@ def make_registry(client: Client) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RigCollector(client))
     return registry
-
-
-def start_metrics_server(client: Client, address: str, port: int) -> Any:
-    """Serve ``/metrics`` on ``address:port`` from a daemon thread; returns the HTTP server
-    (call ``.shutdown()`` then ``.server_close()`` to stop it; ``.server_port`` is the port
-    actually bound, useful with port 0)."""
-    result = start_http_server(port, addr=address, registry=make_registry(client))
-    # prometheus-client >= 0.20 returns (server, thread); older releases returned None.
-    if isinstance(result, tuple):
-        return result[0]
-    return result
 
 
 def answers(address: str, port: int, timeout_s: float = 2.0) -> bool:

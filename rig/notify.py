@@ -4,9 +4,11 @@ Decision (issue 10, item 12): these messages are **not part of a submission**. A
 complete, and the job safe, once its record and its place in the pending queue are written:
 one Redis transaction, which also pushes the dispatcher's wake-up (``sched_wake``); and the
 dispatcher looks at the queue at least once a second regardless. The ``rig.submitted`` task
-(workers/app.py) only pushes that same wake-up again. The message exists so that Flower shows
-submissions on the rig.high / rig.medium / rig.low queues. So a message that is never sent
-loses nothing and delays nothing, and rig never reports one as "dropped".
+(workers/app.py) does nothing. The message was for Flower; Flower now shows each job itself,
+as a task of its own (issue 14.1: rig.task_events, workers/flower_bridge.py), and
+``rig.submitted`` sends no task events, so the message is left with no reader: removing it
+would save ~0.4 ms of each submit call. So a message that is never sent loses nothing and
+delays nothing, and rig never reports one as "dropped".
 
 :func:`announce` sends them: one message per submit call and priority (a ``submit_many`` of
 1,000 jobs is one message naming the id range, ~0.4 ms), on the caller's thread, before the

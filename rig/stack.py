@@ -128,17 +128,61 @@ def flower_credentials(settings: Settings) -> tuple[str, str]:
     return user, password
 
 
+#: The most tasks (jobs: rig.task_events) Flower keeps, in memory and in its saved history.
+FLOWER_MAX_TASKS = 10_000
+#: How often Flower saves its history (ms); it also saves when it stops (SIGTERM).
+FLOWER_SAVE_INTERVAL_MS = 60_000
+
+
+def flower_db(settings: Settings) -> Path:
+    """Where Flower keeps its history across restarts: a dbm file set ``<node>.db*`` in
+    ``$RIG_HOME/flower/`` (per node: two nodes sharing a home never write one file; a folder
+    of its own: docker-compose keeps it on a volume)."""
+    return settings.home / "flower" / f"{settings.node_name}.db"
+
+
+def flower_history_options(settings: Settings) -> list[str]:
+    """Flower's history: at most FLOWER_MAX_TASKS jobs, kept in flower_db across its restarts
+    (saved every FLOWER_SAVE_INTERVAL_MS and when it stops; a file it cannot read is moved
+    aside as ``*.corrupt`` and it starts empty)."""
+    return [f"--max_tasks={FLOWER_MAX_TASKS}", "--persistent=True", f"--db={flower_db(settings)}",
+            f"--state_save_interval={FLOWER_SAVE_INTERVAL_MS}"]
+
+
+def flower_environment(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Flower's environment: ``env`` without any ``FLOWER_*`` variable (Flower reads each as
+    an option: one left in the operator's shell, like FLOWER_UNAUTHENTICATED_API=true or
+    FLOWER_AUTH, would change rig's Flower behind its back); rig adds its login itself.
+    Returns (that environment, the names left out, sorted)."""
+    ignored = sorted(k for k in env if k.startswith("FLOWER_"))
+    return {k: v for k, v in env.items() if not k.startswith("FLOWER_")}, ignored
+
+
+def login_place(settings: Settings) -> str:
+    """Where the admin login (Flower's, and rig's web page's) comes from, as flower_credentials
+    decides it: for the lines `rig up` prints."""
+    configured = os.environ.get("RIG_FLOWER_AUTH")
+    if configured and ":" in configured:
+        return "user and password in $RIG_FLOWER_AUTH"
+    where = f"user and password in {settings.home / 'flower.auth'}"
+    if configured:
+        return f"{where} ($RIG_FLOWER_AUTH is set but is not user:password, so it is not used)"
+    return where
+
+
 def open_doors(settings: Settings, wants: Callable[[str], bool]) -> list[str]:
     """Warnings for the HTTP endpoints this stack would open beyond loopback. Both default to
-    127.0.0.1; flower_address / metrics_address open them (docs/SECURITY.md)."""
+    127.0.0.1; flower_address / metrics_address (/metrics and the web page) open them
+    (docs/SECURITY.md)."""
     doors = []
     if wants("flower") and settings.flower_address not in LOOPBACK:
         doors.append(f"warning: Flower listens on {settings.flower_address}:{settings.flower_port}, beyond "
                      "loopback: its basic auth travels in plain HTTP; put TLS in front (docs/SECURITY.md)")
     if wants("metrics") and settings.metrics_port and settings.metrics_address not in LOOPBACK:
-        doors.append(f"warning: the metrics endpoint listens on {settings.metrics_address}:"
-                     f"{settings.metrics_port}, beyond loopback, with no login: queue and card figures "
-                     "are visible to whoever reaches it (docs/SECURITY.md)")
+        doors.append(f"warning: the metrics endpoint and web page listen on {settings.metrics_address}:"
+                     f"{settings.metrics_port}, beyond loopback: /metrics has no login (queue and card "
+                     "figures are visible to whoever reaches it) and the page's basic auth travels in "
+                     "plain HTTP; put TLS in front (docs/SECURITY.md)")
     return doors
 
 
@@ -166,6 +210,7 @@ class Stack:
         self.say = say
         self.notes: list[str] = []  # warnings a `rig up --daemon` parent says on the terminal
         self.metrics_url: str | None = None  # set once the endpoint answers
+        self.page_url: str | None = None  # rig's web page, same server (rig.web.server)
         self.keys = Keys(settings.key_prefix)
         self.children: list[Child] = []
         self.redis_proc: subprocess.Popen | None = None
@@ -281,12 +326,17 @@ class Stack:
                 role="beat"))
         if self.wants("flower"):
             user, password = flower_credentials(s)
+            flower_db(s).parent.mkdir(mode=0o700, exist_ok=True)  # its history shows every user's jobs
+            flower_env, ignored = flower_environment(env)
+            if ignored:
+                self.say(f"flower: ignoring {', '.join(ignored)} from the environment (rig sets Flower's "
+                         "options; docs/FLOWER.md)")
             self.children.append(Child(
                 "flower",
                 celery + ["flower", f"--address={s.flower_address}", f"--port={s.flower_port}",
-                          "--max_tasks=10000", f"--log_file_prefix={logs / 'flower.log'}"],
+                          *flower_history_options(s), f"--log_file_prefix={logs / 'flower.log'}"],
                 # Credentials travel in the environment, not on the command line (ps shows argv).
-                {**env, "FLOWER_BASIC_AUTH": f"{user}:{password}"}, logs / "flower.out", role="flower"))
+                {**flower_env, "FLOWER_BASIC_AUTH": f"{user}:{password}"}, logs / "flower.out", role="flower"))
         if self.wants("gateway"):
             self.children.append(Child(
                 "gateway", safe_python("rig.gateway.server"), env, logs / "gateway.out", role="gateway"))
@@ -294,20 +344,29 @@ class Stack:
         for child in self.children:
             self._spawn(child)
         if self.wants("metrics") and s.metrics_port:
-            from rig.client import Client
-            from rig.metrics import answers, start_metrics_server
+            self._serve_web()
 
-            try:
-                self.metrics_server = start_metrics_server(Client(s), s.metrics_address, s.metrics_port)
-            except OSError as exc:  # the port taken, or the address not this machine's
-                self.say(f"metrics: not served, cannot listen on {s.metrics_address}:{s.metrics_port} ({exc}); "
-                         "set RIG_METRICS_ADDRESS / RIG_METRICS_PORT (metrics_port = 0: none)")
-            else:
-                port = getattr(self.metrics_server, "server_port", s.metrics_port)
-                if answers(s.metrics_address, port):  # the URL is printed only once it answers
-                    self.metrics_url = f"http://{s.metrics_address}:{port}/metrics"
-                else:
-                    self.say(f"metrics: not answering at {s.metrics_address}:{port}; see {s.rig_log_dir}")
+    def _serve_web(self) -> None:
+        """The node's HTTP endpoint: /metrics (no login) and the web page (the admin login)."""
+        from rig.client import Client
+        from rig.metrics import answers
+        from rig.web.server import start_web_server
+
+        s = self.settings
+        try:
+            self.metrics_server = start_web_server(Client(s), s.metrics_address, s.metrics_port,
+                                                   flower_credentials(s))
+        except OSError as exc:  # the port taken, or the address not this machine's
+            self.say(f"metrics and web page: not served, cannot listen on {s.metrics_address}:{s.metrics_port} "
+                     f"({exc}); set RIG_METRICS_ADDRESS / RIG_METRICS_PORT (metrics_port = 0: none)")
+            return
+        port = self.metrics_server.server_port
+        if answers(s.metrics_address, port):  # the URLs are printed only once it answers
+            host = f"[{s.metrics_address.strip('[]')}]" if ":" in s.metrics_address else s.metrics_address
+            self.metrics_url = f"http://{host}:{port}/metrics"
+            self.page_url = f"http://{host}:{port}/"
+        else:
+            self.say(f"metrics and web page: not answering at {s.metrics_address}:{port}; see {s.rig_log_dir}")
 
     def _ensure_redis(self) -> None:
         """Use the Redis at the configured URL if one answers (with rig's credentials); else
@@ -805,14 +864,15 @@ class Stack:
                 or self._registered)
 
     def addresses(self) -> list[str]:
-        """Where to look, for the terminal: Flower's URL and where its login is, and the
-        /metrics URL (no login: loopback unless metrics_address opens it). Only what this
-        `rig up` serves and what answers."""
+        """Where to look, for the terminal: Flower's URL, rig's web page and where their login
+        is, and the /metrics URL (no login: loopback unless metrics_address opens it). Only what
+        this `rig up` serves and what answers."""
         s = self.settings
         out = []
         if self.wants("flower"):
-            out.append(f"flower: http://{s.flower_address}:{s.flower_port} (an admin login: user and "
-                       f"password in {s.home / 'flower.auth'})")
+            out.append(f"flower: http://{s.flower_address}:{s.flower_port} (an admin login: {login_place(s)})")
+        if self.page_url:
+            out.append(f"web page: {self.page_url} (the same admin login as Flower: {login_place(s)})")
         if self.metrics_url:
             out.append(f"metrics: {self.metrics_url} (no login)")
         return out

@@ -54,9 +54,10 @@ from rig.redis_conn import connect
 from rig.redis_writes import FullWatch, is_outage
 from rig.supervision import watch_supervisor
 from rig.worker_lock import EXIT_LOCK_HELD, LockHeld, acquire, lock_path, worker_lock_name
-from workers import celery_clock, kombu_patches
+from workers import celery_clock, kombu_patches, remote_control
 from workers.card_runner import CardRunner
 from workers.dispatcher import Dispatcher
+from workers.flower_bridge import FlowerBridge
 from workers.health import HealthChecker
 from workers.log_sweep import sweep_logs
 
@@ -89,13 +90,39 @@ keys = Keys(settings.key_prefix)
 _redis = connect(settings.redis_url)
 celery_clock.install(app, lambda: _redis)  # beat's schedule and task expiry on Redis' clock
 
+# Flower shows jobs, not these tasks: each rig task says send_events=False (they are transport,
+# rig.task_events), and the job's own task events come from the bridge (workers.flower_bridge).
+
+
+def _stop_job_for_flower(job_id: int, instance: str | None) -> str:
+    """Flower's Terminate (or Revoke) of job ``job_id`` (its instance starting ``instance``):
+    rig kill's path, as an admin (workers.remote_control). A row of an earlier job whose id is
+    reused stops nothing."""
+    from rig.client import Client
+    from rig.task_events import same_job
+
+    client = Client(settings, redis_client=_redis)
+    job = client.get(job_id)
+    if not same_job(job, instance):
+        return f"job {job_id} of that row is gone (its id names another job now): nothing stopped"
+    if job.state.terminal:
+        return f"job {job_id} has ended already ({job.state.value})"
+    client.kill(job_id, wait=False, admin=remote_control.FLOWER_ADMIN)
+    log.warning("job %s: stopped from Flower (%s)", job_id, remote_control.FLOWER_ADMIN)
+    return f"job {job_id}: stopping it (as {remote_control.FLOWER_ADMIN})"
+
+
+remote_control.install(_stop_job_for_flower if os.environ.get("RIG_ROLE") == "control" else None)
+
 _runner: CardRunner | None = None
 _dispatcher: Dispatcher | None = None
+_bridge: FlowerBridge | None = None
 _control_stop = threading.Event()
 
 
 def send_start(job_id: int, token: str, node: str, card: int) -> None:
-    # argsrepr: what Flower's task list shows a person instead of "(12, '1')".
+    # argsrepr: what `celery inspect active` shows a person instead of "(12, '1')" (Flower
+    # shows the job itself, not this task: workers.flower_bridge).
     try:
         name, user, memory, cards = _redis.hmget(keys.job(job_id), "name", "user", "gpu_memory", "cards")
         label = (f"job {job_id} '{name}' by {user}: {format_memory(int(memory or 0))} "
@@ -107,14 +134,14 @@ def send_start(job_id: int, token: str, node: str, card: int) -> None:
     jobtrace.mark(job_id, "sent")
 
 
-@app.task(name=TASK_SUBMITTED, ignore_result=True)
+@app.task(name=TASK_SUBMITTED, ignore_result=True, send_events=False)
 def submitted(job_id: int) -> None:
-    """A job arrived on a priority queue: shown by Flower, nothing else (rig.notify). The
-    transaction that stored the job woke the dispatcher already (JobStore.create, and retry's
-    wake_dispatcher); another wake-up here only cost the dispatcher a second pass per job."""
+    """A job arrived on a priority queue: nothing to do (rig.notify; Flower shows the job
+    itself, workers.flower_bridge). The transaction that stored the job woke the dispatcher
+    already (JobStore.create, and retry's wake_dispatcher)."""
 
 
-@app.task(name=TASK_START_JOB, ignore_result=True)
+@app.task(name=TASK_START_JOB, ignore_result=True, send_events=False)
 def start_job(job_id: int, token: str) -> str:
     """Run one placed job on this card worker until it ends (see CardRunner.run_job)."""
     jobtrace.mark(int(job_id), "received")
@@ -143,14 +170,14 @@ def _name_is_ours() -> bool:
         return True  # proves nothing: run_job meets the same Redis and handles it as before
 
 
-@app.task(name=TASK_TICK, ignore_result=True)
+@app.task(name=TASK_TICK, ignore_result=True, send_events=False)
 @quiet_on_auth("dispatch tick", log)
 def tick() -> None:
     """Periodic (beat): a safety-net dispatcher pass."""
     _redis.lpush(keys.sched_wake, "1")
 
 
-@app.task(name=TASK_HEALTH, ignore_result=True)
+@app.task(name=TASK_HEALTH, ignore_result=True, send_events=False)
 @quiet_on_auth("cluster health check", log)
 def health() -> str:
     """Periodic (beat, once cluster-wide): dead nodes, zombie reservations (workers/health.py)."""
@@ -158,7 +185,7 @@ def health() -> str:
     return "skipped (another check runs)" if report is None else repr(report)
 
 
-@app.task(name=TASK_ALERTS, ignore_result=True)
+@app.task(name=TASK_ALERTS, ignore_result=True, send_events=False)
 @quiet_on_auth("alert check", log)
 def check_alerts() -> str:
     """Periodic (beat): threshold alerts, once per condition until it clears (rig/alerts.py)."""
@@ -288,13 +315,31 @@ def _on_worker_ready(sender=None, **_: object) -> None:
     elif role == "control":
         _dispatcher = Dispatcher(settings, send_start)
         _dispatcher.start()
+        _start_bridge(sender, name, _dispatcher)
         threading.Thread(target=_control_heartbeat, args=(name,), name="rig-heartbeat", daemon=True).start()
         threading.Thread(target=_local_health, name="rig-local-health", daemon=True).start()
         log.info("control worker %s: dispatcher started", name)
 
 
+def _start_bridge(consumer: object, name: str, dispatcher: Dispatcher) -> None:
+    """Start the bridge that shows jobs in Flower (workers.flower_bridge), from this control
+    worker while its task events are on and its dispatcher leads."""
+    global _bridge
+
+    def events_on() -> bool:
+        events = getattr(consumer, "event_dispatcher", None)  # replaced when the consumer reconnects
+        return bool(events is not None and events.enabled and (not events.groups or "task" in events.groups))
+
+    _bridge = FlowerBridge(_redis, keys, hostname=name, events_on=events_on,
+                           leads=lambda: _redis.get(keys.sched_leader) == dispatcher.identity,
+                           connect=app.connection_for_write, dispatcher_cls=app.events.Dispatcher)
+    _bridge.start()
+
+
 @worker_shutting_down.connect
 def _on_worker_shutting_down(**_: object) -> None:
+    if _bridge is not None:
+        _bridge.stop()
     if _runner is not None:
         _runner.stop()
     if _dispatcher is not None:

@@ -2,8 +2,8 @@
 gives its reservation back whatever way it ends.
 
 One Celery worker process serves one card. Each start message runs ``run_job`` on a worker
-thread, which blocks until the job ends, so Flower shows the job as an active task for its
-whole life. When the worker shuts down, the jobs keep running (they live in their own
+thread, which blocks until the job ends. Flower does not show that Celery task (it sends no
+task events): it shows the job itself, from the job's moves (workers/flower_bridge.py). When the worker shuts down, the jobs keep running (they live in their own
 sessions); the next worker of this card adopts them on start (``adopt``) and learns their exit
 status from the file the wrapper writes.
 """

@@ -13,6 +13,7 @@ A. Nodes (rig.nodes): a node with no heartbeat for ``health.timeout`` s, still s
    the rest when it returns. A node that heartbeats again is up: its cards are eligible again.
 B. Zombie reservations: a card reservation whose job is not ASSIGNED/RUNNING on that card is
    given back (atomically re-checked in Lua).
+C. The web page's history: this minute's sample (rig.timeline: ended-job counters, card memory).
 
 The local pass (``run_local``: every node's control worker, every ``health.check_interval`` s,
 for its own node) covers what needs the node's processes:
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from rig import timeline
 from rig.clock import shared_now
 from rig.config import Settings
 from rig.draining import needs_worker
@@ -97,7 +99,8 @@ class HealthChecker:
         None if another control worker is running it."""
         when = now or shared_now(self.r)
         return self._locked(self.keys.health_lock,
-                            (lambda report: self._node_liveness(report, when), self._zombie_reservations))
+                            (lambda report: self._node_liveness(report, when), self._zombie_reservations,
+                             lambda _report: timeline.record(self.r, self.keys, self.ledger.cards(), when)))
 
     def run_local(self) -> HealthReport | None:
         """Dead card workers and orphan processes of this node (its control worker), unless

@@ -73,9 +73,9 @@ class RigHarness:
         self._stop_polling = threading.Event()
         self.restart_children = True
 
-    def up(self, *, beat: bool = False, gateway: bool = False) -> RigHarness:
-        """Start the node's workers (and beat, and the gateway: tests that use them ask)."""
-        self.stack = Stack(self.settings, UpOptions(no_flower=True, no_beat=not beat, no_metrics=True,
+    def up(self, *, beat: bool = False, gateway: bool = False, flower: bool = False) -> RigHarness:
+        """Start the node's workers (and beat, the gateway, Flower: tests that use them ask)."""
+        self.stack = Stack(self.settings, UpOptions(no_flower=not flower, no_beat=not beat, no_metrics=True,
                                                     no_gateway=not gateway), say=lambda m: None)
         self.stack.up()
         missing = self.stack.wait_ready(timeout=120)

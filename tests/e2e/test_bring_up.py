@@ -24,6 +24,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def page_status(url: str, login: str) -> int:
+    """The HTTP status of ``url`` fetched with basic auth ``login`` ("user:password")."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, headers={
+        "Authorization": "Basic " + base64.b64encode(login.encode()).decode()})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
 def rig(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "rig"), *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
@@ -43,6 +58,11 @@ def test_up_daemon_private_redis_real_work_down(tmp_path):
         assert f"flower: http://127.0.0.1:{flower} (an admin login: user and password in " \
                f"{tmp_path / 'home' / 'flower.auth'})" in up.stdout, up.stdout
         assert f"metrics: http://127.0.0.1:{metrics}/metrics (no login)" in up.stdout, up.stdout
+        assert f"web page: http://127.0.0.1:{metrics}/ (the same admin login as Flower: user and password in " \
+               f"{tmp_path / 'home' / 'flower.auth'})" in up.stdout, up.stdout
+        login = (tmp_path / "home" / "flower.auth").read_text().strip()
+        assert page_status(f"http://127.0.0.1:{metrics}/api/overview", login) == 200
+        assert page_status(f"http://127.0.0.1:{metrics}/api/overview", "rig:wrong") == 401
         up_log = (tmp_path / "home/logs/system/up.log").read_text()
         assert f"started a private one at redis://127.0.0.1:{port}/0" in up_log
         data = tmp_path / "home/redis"

@@ -32,7 +32,9 @@ def test_log_follow_goes_through_the_retry_to_the_end(tmp_path):
                                 capture_output=True, text=True, timeout=90, env=env, cwd=tmp_path)
         assert follow.returncode == 0, follow.stderr
         assert follow.stdout == "first attempt\nsecond attempt\nall done\n", follow.stderr
-        marks = [line for line in follow.stderr.splitlines() if line.startswith("---")]
+        # Between the attempts the job waits in the queue; a loaded machine may show that line.
+        marks = [line for line in follow.stderr.splitlines()
+                 if line.startswith("---") and " is waiting: " not in line]
         assert marks == [f"--- job {handle.id}, attempt 1 (testnode/0) ---",
                          f"--- job {handle.id}, attempt 2 (testnode/0) ---",
                          f"--- job {handle.id} SUCCEEDED after 2 attempt(s) ---"], follow.stderr

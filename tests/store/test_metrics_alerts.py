@@ -21,8 +21,9 @@ from rig.client import Client
 from rig.config import load_settings
 from rig.gpus.base import GpuReading
 from rig.memory import GIB
-from rig.metrics import RigCollector, start_metrics_server
+from rig.metrics import RigCollector
 from rig.models import Job, JobState, Priority
+from rig.web.server import start_web_server
 from tests.conftest import REDIS_URL
 
 pytestmark = pytest.mark.redis
@@ -182,7 +183,7 @@ def test_collector_without_redis_reports_scrape_failure(key_prefix, tmp_path, mo
 
 
 def test_metrics_server_serves_and_stops(busy: Client):
-    server = start_metrics_server(busy, "127.0.0.1", 0)
+    server = start_web_server(busy, "127.0.0.1", 0, ("rig", "secret"))  # /metrics: no login
     try:
         url = f"http://127.0.0.1:{server.server_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as response:

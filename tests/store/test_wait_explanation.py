@@ -99,7 +99,10 @@ def test_a_stale_stored_reason_is_not_shown(world):
     _cards(ledger, "n1")
     jid = _submit(ledger, 4)
     client.r.set(keys.sched_leader, "someone")
-    client.r.hset(keys.job(jid), mapping={"wait_reason": "n1/0 held for it", "wait_reason_at": shared_now(client.r)})  # the clock rig stamps with
+    # The clock rig stamps with; never before the node's start, which a re-anchored shared clock
+    # could otherwise put a few ms after this stamp on a loaded machine.
+    stamp = max(shared_now(client.r), float(client.r.hget(keys.node("n1"), "started_at")))
+    client.r.hset(keys.job(jid), mapping={"wait_reason": "n1/0 held for it", "wait_reason_at": stamp})
     assert why_waiting(client, client.get(jid)) == "n1/0 held for it"  # current: shown as written
     time.sleep(0.01)
     nodes.mark_stopped("n1")  # the node changed after the reason was written

@@ -1,0 +1,1 @@
+"""rig's web page and the node's HTTP endpoint (/metrics, /, /api/overview): rig.web.server."""

@@ -1,0 +1,119 @@
+"""What rig's web page shows, as one JSON document (``GET /api/overview``; the page polls it).
+
+Everything comes from what the CLI views already read and word, never a second rule:
+``Client.status`` (cards, nodes, users, counts: `rig status`), ``Client.waiting`` (priority, then submission)
+with ``Client.why_waiting`` (the one explanation, rig.waiting: what `rig show` says),
+``Client.errors`` (`rig errors`), ``job_reason`` for why an ended job ended (`rig errors`),
+``card_flag_words`` for why a card takes no jobs (`rig status`), and rig.timeline for history.
+
+Job-, node- and submitter-supplied text goes through rig.text.clean (control and reordering
+characters made visible, as in a terminal); the page also puts every string in with
+``textContent``, never as HTML. Environment variables and commands are left out (tokens live
+there): the page shows names. Units: bytes, epoch seconds (Redis' clock), percent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from rig import timeline
+from rig.cli.render import card_flag_words, job_reason
+from rig.client import Client, StatusReport
+from rig.clock import shared_now
+from rig.models import Job, JobState, Priority
+from rig.text import clean
+
+#: Waiting jobs listed (the head of the queue: priority, then submission), each with why it waits; the
+#: total is given beside them. Bounded: each sentence reads the cards and the jobs ahead.
+WAITING_SHOWN = 25
+#: Jobs of the error queue listed (oldest first, as `rig errors`).
+ERRORS_SHOWN = 25
+#: Job fields the page uses (raw values but for text, which is cleaned).
+_JOB_TEXT = ("name", "user", "node", "pool", "template", "failure")
+_JOB_VALUES = ("id", "gpu_memory", "gpus", "cards", "created_at", "started_at", "ended_at",
+               "exit_code", "attempt", "vram_peak", "overuse", "expected_seconds")
+
+
+def job_row(job: Job, **extra: Any) -> dict[str, Any]:
+    """The page's view of one job: its figures, its text cleaned, and ``extra``."""
+    row: dict[str, Any] = {k: getattr(job, k) for k in _JOB_VALUES}
+    row.update({k: clean(getattr(job, k)) if getattr(job, k) is not None else None for k in _JOB_TEXT})
+    row.update(state=job.state.value, priority=job.priority.value, vram_mean=job.vram_mean,
+               util_mean=job.util_mean, over=bool(job.overuse) or job.vram_peak > job.gpu_memory)
+    row.update(extra)
+    return row
+
+
+def _cards(report: StatusReport) -> list[dict[str, Any]]:
+    rows = []
+    for card in report.cards:
+        rows.append({
+            "id": clean(card.id), "node": clean(card.node), "index": card.index, "model": clean(card.model),
+            "total": card.total, "usable": card.usable, "reserved": card.reserved, "used": card.used,
+            "free": card.free, "foreign": card.foreign, "utilization": card.utilization,
+            "temperature": card.temperature, "jobs": card.jobs, "max_jobs": card.max_jobs,
+            "healthy": card.checked_healthy, "takes_jobs": card.eligible,
+            "flags": [clean(w) for w in card_flag_words(card)],
+            "running": [{"id": j.id, "name": clean(j.name), "user": clean(j.user)}
+                        for j in report.running.get(card.id, [])],
+        })
+    return rows
+
+
+def _running(report: StatusReport) -> list[dict[str, Any]]:
+    """Jobs holding cards (ASSIGNED or RUNNING), oldest start first, as `rig top` lists them."""
+    seen: dict[int, Job] = {}
+    for jobs in report.running.values():
+        for job in jobs:
+            seen.setdefault(job.id, job)
+    ordered = sorted(seen.values(), key=lambda j: (j.started_at or j.assigned_at or 0, j.id))
+    return [job_row(j) for j in ordered]
+
+
+def _nodes(report: StatusReport) -> list[dict[str, Any]]:
+    return [{"name": clean(n.name), "state": n.state, "describe": clean(n.describe),
+             "cards": sum(1 for c in report.cards if c.node == n.name), "workers": n.workers}
+            for n in report.nodes]
+
+
+def _history(client: Client, now: float) -> dict[str, Any]:
+    samples = timeline.read(client.r, client.keys, now)
+    return {
+        "since": samples[0].at if samples else None,
+        "ended_per_hour": [vars(h) for h in timeline.ended_per_hour(samples, now)],
+        "memory": [{"at": s.at, "used": s.used, "reserved": s.reserved, "usable": s.usable}
+                   for s in timeline.memory_series(samples, now)],
+        "memory_hours": timeline.MEMORY_HOURS,
+    }
+
+
+def _ended(jobs: Iterable[Job]) -> list[dict[str, Any]]:
+    return [job_row(j, why=clean(job_reason(j))) for j in jobs]
+
+
+def overview(client: Client, *, login: str) -> dict[str, Any]:
+    """The page's document. ``login``: whose login the page was opened with (it says so)."""
+    report = client.status()
+    now = shared_now(client.r)
+    waiting = client.waiting(limit=WAITING_SHOWN)
+    return {
+        "now": now,
+        "login": clean(login),
+        "nodes": _nodes(report),
+        "cards": _cards(report),
+        "running": _running(report),
+        "waiting": {
+            "total": sum(report.pending.get(p, 0) for p in Priority),
+            "by_priority": {p.value: report.pending.get(p, 0) for p in Priority},
+            "jobs": [job_row(j, why=clean(client.why_waiting(j) or job_reason(j)), position=i + 1)
+                     for i, j in enumerate(waiting)],
+        },
+        "errors": {"total": client.error_count(), "jobs": _ended(client.errors(limit=ERRORS_SHOWN))},
+        "users": [{"user": clean(u.user), "running": u.running, "held": u.held, "waiting": u.waiting,
+                   "recent_gib_hours": round(u.recent_gib_hours, 2)} for u in report.users],
+        "counts": {s.value: report.counts.get(s, 0) for s in JobState},
+        "workers": len(report.workers),
+        "notices": [clean(n) for n in report.notices],
+        "history": _history(client, now),
+    }

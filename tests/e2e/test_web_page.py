@@ -1,0 +1,158 @@
+"""rig's web page in a real headless browser (Debian's chromium; .ci/run installs it): the
+node's HTTP server (rig.web.server) on a free port against a real Redis holding a mixed load of
+three users (rig.testing.web_load: records written through the real ledger, no workers). The
+DOM is read after the page's script fetched /api/overview and drew it; also the login rules and
+/metrics through the same server."""
+
+from __future__ import annotations
+
+import html
+import re
+import shutil
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rig.client import Client
+from rig.config import load_settings
+from rig.testing.web_load import HOSTILE_NAME, MixedLoad, mixed_load
+from rig.web.server import LOGIN_NEEDED, start_web_server
+from tests.conftest import REDIS_URL
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+PROMTOOL = shutil.which("promtool")
+LOGIN = ("admin", "page-test-password")
+
+
+@pytest.fixture(scope="module")
+def page_server(tmp_path_factory) -> Iterator[tuple[str, MixedLoad]]:
+    """One server and one load for every test of the module: (base URL, the load)."""
+    import uuid
+
+    import redis
+
+    from tests.conftest import REAL_REDIS, delete_prefix
+
+    if not REAL_REDIS:
+        pytest.skip(f"no Redis at {REDIS_URL}")
+    prefix = f"rigtest:{uuid.uuid4().hex[:10]}:"
+    r = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    home = tmp_path_factory.mktemp("web-home")
+    client = Client(load_settings(key_prefix=prefix, redis_url=REDIS_URL, home=home), redis_client=r)
+    try:
+        load = mixed_load(client)
+        server = start_web_server(client, "127.0.0.1", 0, LOGIN)
+        try:
+            yield f"127.0.0.1:{server.server_port}", load
+        finally:
+            server.shutdown()
+            server.server_close()
+    finally:
+        delete_prefix(r, prefix)
+        r.close()
+
+
+def browse(url: str, profile: Path, *extra: str) -> subprocess.CompletedProcess:
+    """Chromium headless on ``url``, with its own profile folder (never another run's), given
+    5 s of virtual time for the page's script to fetch and draw."""
+    return subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         f"--user-data-dir={profile}", "--virtual-time-budget=5000", *extra, url],
+        capture_output=True, text=True, timeout=90)
+
+
+def rows(dom: str) -> dict[int, str]:
+    """Job id -> the text of each table row the page drew for that job (rows of several
+    tables joined)."""
+    out: dict[int, str] = {}
+    for job_id, inner in re.findall(r'<tr data-job="(\d+)">(.*?)</tr>', dom, flags=re.S):
+        text = html.unescape(re.sub(r"<[^>]+>", " ", inner))
+        out[int(job_id)] = out.get(int(job_id), "") + " ".join(text.split())
+    return out
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run does)")
+def test_the_page_in_a_browser_shows_cards_queues_and_escapes_names(page_server, tmp_path):
+    address, load = page_server
+    user, password = LOGIN
+    # The login in the URL: Chromium answers the server's basic-auth challenge with it, and the
+    # page's own fetch (to the origin, without the login) is sent the same credentials.
+    done = browse(f"http://{user}:{password}@{address}/", tmp_path / "profile", "--dump-dom")
+    dom = done.stdout
+    assert "<title>rig</title>" in dom, done.stderr[-2000:]
+    assert f"logged in as {user}" in dom and 'id="problem-text"' not in dom, dom[-3000:]
+    for card in ("gpu1/0", "gpu1/1", "gpu2/0", "gpu2/1"):
+        assert f'data-card="{card}"' in dom, card
+    assert "util 97%" in dom and "temp 71C" in dom and "8: sweep-lr-0.003 (carol)" in dom
+    drawn = rows(dom)
+    for job_id in load.running:
+        assert "running" in drawn[job_id], drawn.get(job_id)
+    waiting = drawn[load.waiting[0]]
+    assert "eval-70b" in waiting and "needs 70.0 GiB on 1 card" in waiting and "no dispatcher is running" in waiting
+    failed = drawn[load.failed[0]]
+    assert "prep-data" in failed and "FAILED" in failed and "cuda_oom" in failed and "CUDA out of memory" in failed
+    assert "TIMEOUT" in drawn[load.failed[1]]
+    # The hostile name is shown as its characters; none of it became an element or ran.
+    assert HOSTILE_NAME in drawn[load.hostile]
+    assert html.escape(HOSTILE_NAME, quote=False) in dom
+    assert "<img" not in dom and "pwned" not in dom.split("</title>")[0]
+    # Three users in the users table, the history's note.
+    for name in ("alice", "bob", "carol"):
+        assert f"<td>{name}</td>" in dom
+    assert "samples since" in dom
+
+    shot = tmp_path / "page.png"
+    browse(f"http://{user}:{password}@{address}/", tmp_path / "profile2", "--window-size=1400,1900",
+           f"--screenshot={shot}")
+    assert shot.stat().st_size > 20_000  # a drawn page, not a blank one
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run does)")
+def test_without_the_login_the_browser_gets_no_page(page_server, tmp_path):
+    address, _ = page_server
+    done = browse(f"http://{address}/", tmp_path / "profile", "--dump-dom")
+    assert "logged in as" not in done.stdout and 'data-card="' not in done.stdout
+    wrong = browse(f"http://{LOGIN[0]}:wrong@{address}/", tmp_path / "profile2", "--dump-dom")
+    assert "logged in as" not in wrong.stdout and 'data-card="' not in wrong.stdout
+
+
+def test_the_login_rules_and_metrics_over_http(page_server):
+    address, _ = page_server
+    for path in ("/", "/api/overview"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://{address}{path}", timeout=10)
+        assert refused.value.code == 401 and refused.value.read().decode() == LOGIN_NEEDED
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:  # no login
+        text = response.read().decode()
+    assert 'rig_waiting_jobs{priority="high"} 1.0' in text
+    if PROMTOOL is None:
+        pytest.skip("promtool (Debian's prometheus) is not installed; .ci/run installs it")
+    checked = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert checked.returncode == 0 and not (checked.stdout + checked.stderr).strip(), checked.stdout + checked.stderr
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run does)")
+def test_a_redis_that_does_not_answer_is_said_on_the_page(tmp_path):
+    """Redis down (or a wrong URL) while the page is open: the page loads and says so in one
+    line, with what to expect (it retries)."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    server = start_web_server(Client(load_settings(home=tmp_path / "home"), redis_client=dead), "127.0.0.1", 0, LOGIN)
+    try:
+        done = browse(f"http://{LOGIN[0]}:{LOGIN[1]}@127.0.0.1:{server.server_port}/", tmp_path / "profile",
+                      "--dump-dom")
+    finally:
+        server.shutdown()
+        server.server_close()
+    problem = re.search(r'id="problem-text">([^<]*)<', done.stdout)
+    assert problem, done.stdout[-2000:]
+    assert problem.group(1).startswith("cannot read rig's state: ") and "retrying every 5 s" in problem.group(1)

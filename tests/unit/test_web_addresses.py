@@ -1,0 +1,74 @@
+"""What `rig up` says about rig's web page (issue 14, item 5): its URL beside Flower's and
+/metrics, where the login is (and a RIG_FLOWER_AUTH that is not used), a taken port in one
+line, and the door warning when metrics_address opens the page beyond loopback."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from rig.config import load_settings
+from rig.stack import Stack, UpOptions, login_place, open_doors
+
+
+@pytest.fixture
+def home(monkeypatch, tmp_path):
+    for key in list(os.environ):
+        if key.startswith("RIG_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("RIG_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / "home"
+
+
+def test_login_place_names_the_variable_or_the_file(home, monkeypatch):
+    settings = load_settings()
+    assert login_place(settings) == f"user and password in {home / 'flower.auth'}"
+    monkeypatch.setenv("RIG_FLOWER_AUTH", "admin:pw")
+    assert login_place(settings) == "user and password in $RIG_FLOWER_AUTH"
+    monkeypatch.setenv("RIG_FLOWER_AUTH", "just-a-password")  # the slip: no user
+    said = login_place(settings)
+    assert str(home / "flower.auth") in said and "not user:password, so it is not used" in said
+
+
+def test_rig_up_prints_the_page_and_metrics_urls_once_they_answer(home):
+    said: list[str] = []
+    stack = Stack(load_settings(metrics_port=0), UpOptions(), say=said.append)
+    stack.settings.metrics_port = _free_port()
+    stack._serve_web()
+    try:
+        port = stack.settings.metrics_port
+        lines = stack.addresses()
+        assert f"web page: http://127.0.0.1:{port}/ (the same admin login as Flower: user and password in " \
+               f"{home / 'flower.auth'})" in lines
+        assert f"metrics: http://127.0.0.1:{port}/metrics (no login)" in lines and said == []
+    finally:
+        stack.metrics_server.shutdown()
+        stack.metrics_server.server_close()
+
+
+def test_a_taken_port_is_one_line_and_no_url(home):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        said: list[str] = []
+        stack = Stack(load_settings(metrics_port=port), UpOptions(), say=said.append)
+        stack._serve_web()
+    assert len(said) == 1 and said[0].startswith(f"metrics and web page: not served, cannot listen on 127.0.0.1:{port}")
+    assert "RIG_METRICS_PORT" in said[0]
+    assert not any(line.startswith(("web page", "metrics")) for line in stack.addresses())
+
+
+def test_opening_the_port_beyond_loopback_warns_about_the_page_too(home):
+    wide = load_settings(metrics_address="0.0.0.0")
+    (warning,) = open_doors(wide, lambda part: part == "metrics")
+    assert "web page" in warning and "plain HTTP" in warning and "no login" in warning
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,248 @@
+"""The bridge that shows each rig job in Flower as one Celery task, for its whole life.
+
+Every move of a job is published on rig's events channel (``<id> <STATE>``: rig.store at
+submit, claim.lua, transition.lua), by whichever process made it: a card worker, the control
+worker, ``rig kill`` on someone's laptop. One bridge in the cluster listens there and sends the
+Celery task event that move means (rig.task_events.event_for), under the job's own task id
+``rig-job-<id>`` and, from the start on, under the hostname of the card worker that runs it, so
+Flower's task list, its Failed filter, its search and its Workers counters are about jobs.
+
+Runs in the control worker; it acts only
+
+* while task events are on in that worker (``-E``, or a Flower's ``enable_events``, which
+  every Flower broadcasts every 5 s): no Flower, no cost beyond the subscription;
+* while that worker's dispatcher leads (``sched:leader``): one bridge per cluster, so a move is
+  told once however many nodes run a control worker.
+
+When it starts to tell (a Flower turned task events on, the lead moved here, the subscription
+came back) it first tells the present state of every job not ended yet, and the end of every
+job it last told as not ended (``flower:told``), so a Flower started late shows the jobs that
+wait and run, and a job that ended while no bridge listened does not stay STARTED. A state is
+told once (its attempt included), so this never counts a job twice in Flower's counters; each
+event carries the time of its move (rig.task_events), so one told late shows the true times.
+
+Best effort and bounded: events never wait on, slow down or fail a job. The channel is read on
+one thread into a queue of at most QUEUE_MAX moves (when full, moves are dropped and counted);
+another thread reads each job's record and publishes. A move dropped, or made while the bridge
+is away, shows in Flower at the job's next move or at the next resync (at once when the bridge
+starts telling, then every RESYNC_S); rig's own records stay the truth (``rig show``).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from rig.errors import JobNotFound
+from rig.keys import Keys
+from rig.lograte import Throttle
+from rig.models import JobState
+from rig.store import JobStore
+from rig.task_events import event_for, worker_of
+
+log = logging.getLogger(__name__)
+
+#: The most job moves waiting to be sent; more are dropped (counted, said now and then).
+QUEUE_MAX = 10_000
+#: How long the answer "does this worker's dispatcher lead?" is trusted (s).
+LEADER_CHECK_S = 1.0
+#: How often the bridge checks, while it tells, that Flower was told every job's present state
+#: (s): a move dropped (full queue) or a message Redis did not deliver is told by then.
+RESYNC_S = 60.0
+
+
+class FlowerBridge:
+    """Listens to rig's job moves and sends them as Celery task events (module doc).
+
+    ``events_on``: are task events on in this worker now? ``leads``: does this worker's
+    dispatcher lead the cluster now? ``hostname``: this worker's Celery hostname, the sender of
+    the events of jobs that have no card worker yet. ``connect``: a new kombu connection for
+    publishing (the Celery app's ``connection_for_write``)."""
+
+    def __init__(self, r: redis.Redis, keys: Keys, *, hostname: str, events_on: Callable[[], bool],
+                 leads: Callable[[], bool], connect: Callable[[], Any], dispatcher_cls: Callable[..., Any]) -> None:
+        self.r = r
+        self.keys = keys
+        self.store = JobStore(r, keys)
+        self.hostname = hostname
+        self.events_on = events_on
+        self._leads = leads
+        self._connect = connect
+        self._dispatcher_cls = dispatcher_cls
+        #: (job id, the state it moved to; None: the state its record says when told).
+        self.moves: queue.Queue[tuple[int, JobState | None]] = queue.Queue(maxsize=QUEUE_MAX)
+        self.stop_event = threading.Event()
+        self.sent = 0
+        self.dropped = 0
+        self._leader_seen: tuple[float, bool] = (0.0, False)
+        self._connection: Any = None
+        self._dispatchers: dict[str, Any] = {}
+        self._quiet = Throttle()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        for target, name in ((self._listen, "rig-flower-listen"), (self._send_loop, "rig-flower-send")):
+            threading.Thread(target=target, name=name, daemon=True).start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    # -- listening ------------------------------------------------------------------------
+    def wanted(self) -> bool:
+        """Tell moves now? Task events on here, and this worker's dispatcher leads."""
+        if not self.events_on():
+            return False
+        now = time.monotonic()
+        at, leads = self._leader_seen
+        if now - at > LEADER_CHECK_S:
+            try:
+                leads = bool(self._leads())
+            except redis.RedisError:
+                leads = False
+            self._leader_seen = (now, leads)
+        return leads
+
+    def offer(self, message: str) -> bool:
+        """Queue one published move (``<id> <STATE>``) if it is to be told; False when it is
+        not (malformed, not wanted now, or the queue is full: then counted as dropped)."""
+        try:
+            raw_id, raw_state = message.split()
+            move = (int(raw_id), JobState(raw_state))
+        except ValueError:
+            return False
+        if move[1] is JobState.ASSIGNED or not self.wanted():
+            return False  # ASSIGNED tells Flower nothing (rig.task_events): not even read
+        try:
+            self.moves.put_nowait(move)
+        except queue.Full:
+            self.dropped += 1
+            self._say(f"Flower events: job moves dropped, the queue of {QUEUE_MAX} is full (Flower lags)")
+            return False
+        return True
+
+    def resync(self) -> int:
+        """Queue, to be told if Flower has not been told it yet, the present state of every job
+        not ended yet and of every job whose last told state was not its end (it ended while
+        no bridge listened): this bridge has just started to tell (task events turned on by a
+        Flower, the lead taken over, the subscription lost). Returns how many were queued."""
+        ids = set(self.r.hkeys(self.keys.flower_told))
+        for state in (JobState.PENDING, JobState.ASSIGNED, JobState.RUNNING):
+            ids.update(str(i) for i in self.store.ids_in_state(state))
+        queued = 0
+        for job_id in sorted(int(i) for i in ids if str(i).isdigit()):
+            try:
+                self.moves.put_nowait((job_id, None))
+            except queue.Full:
+                break
+            queued += 1
+        return queued
+
+    def _listen(self) -> None:
+        telling = False
+        next_resync = 0.0
+        while not self.stop_event.is_set():
+            pubsub = self.r.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(self.keys.events_channel)
+                while not self.stop_event.is_set():
+                    message = pubsub.get_message(timeout=0.5)
+                    if message and isinstance(message.get("data"), str):
+                        self.offer(message["data"])
+                    # Subscribed first, then the snapshot: no move falls between the two.
+                    was, telling = telling, self.wanted()
+                    if telling and not was:
+                        log.info("Flower events: telling job moves (%s jobs to check)", self.resync())
+                        next_resync = time.monotonic() + RESYNC_S
+                    elif telling and time.monotonic() >= next_resync:
+                        self.resync()  # what a dropped move or message left untold
+                        next_resync = time.monotonic() + RESYNC_S
+            except redis.RedisError as exc:
+                telling = False  # moves published meanwhile were missed: tell the present again
+                self._say(f"Flower events: not listening, Redis: {str(exc)[:200]}")
+                self.stop_event.wait(1.0)
+            except Exception:  # noqa: BLE001 - the listener must outlive one surprise
+                telling = False
+                log.exception("Flower events: listener failed; listening again in 1 s")
+                self.stop_event.wait(1.0)
+            finally:
+                try:
+                    pubsub.close()
+                except redis.RedisError:
+                    pass
+
+    # -- sending --------------------------------------------------------------------------
+    def _send_loop(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                job_id, state = self.moves.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            try:
+                self.tell(job_id, state)
+            except Exception as exc:  # noqa: BLE001 - an event must never stop the bridge
+                self._drop_connection()
+                self._say(f"Flower events: not sent ({type(exc).__name__}: {str(exc)[:200]})")
+
+    def tell(self, job_id: int, state: JobState | None) -> bool:
+        """Send the task event of ``job_id``'s move to ``state`` (None: the state its record
+        says now), read from its record now, unless that very state of that very attempt was
+        told already (``flower:told``): a move is told once, however often it is queued.
+        Returns whether an event was sent."""
+        try:
+            job = self.store.get(job_id, without=("env",))
+        except JobNotFound:
+            self.r.hdel(self.keys.flower_told, job_id)
+            return False
+        if job.problems:
+            return False  # nothing of a damaged record is shown
+        state = state or (JobState.PENDING if job.state is JobState.ASSIGNED else job.state)
+        told = f"{state.value}:{job.attempt}"
+        if not state.terminal and self.r.hget(self.keys.flower_told, job_id) == told:
+            return False
+        event = event_for(job, state)
+        if event is None:
+            return False
+        kind, fields = event
+        self._dispatcher(worker_of(job, state) or self.hostname).send(kind, **fields)
+        self.sent += 1
+        if state.terminal:
+            self.r.hdel(self.keys.flower_told, job_id)  # nothing more to tell: the hash holds live jobs
+        else:
+            self.r.hset(self.keys.flower_told, job_id, told)
+        return True
+
+    def _dispatcher(self, hostname: str) -> Any:  # noqa: ANN401 - celery.events.EventDispatcher
+        """An event dispatcher sending as ``hostname`` (one per worker name, on one
+        connection); a publish that fails raises (never buffered: the move is dropped)."""
+        if self._connection is None:
+            self._connection = self._connect()
+        found = self._dispatchers.get(hostname)
+        if found is None:
+            found = self._dispatcher_cls(self._connection, hostname=hostname, enabled=True,
+                                         buffer_while_offline=False)
+            self._dispatchers[hostname] = found
+        return found
+
+    def _drop_connection(self) -> None:
+        for dispatcher in self._dispatchers.values():
+            try:
+                dispatcher.close()
+            except Exception:  # noqa: BLE001 - it is being thrown away
+                pass
+        self._dispatchers.clear()
+        if self._connection is not None:
+            try:
+                self._connection.release()
+            except Exception:  # noqa: BLE001
+                pass
+            self._connection = None
+
+    def _say(self, line: str) -> None:
+        if self._quiet.due(line):
+            log.warning("%s (said again in %.0f s while it lasts)", line, self._quiet.every)
