@@ -139,9 +139,9 @@ def _connect(url: str) -> tuple[_Dialect, Any]:
             conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
         except psycopg.Error as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ConfigError(f"archive {_safe(url)}: cannot connect ({first}); check archive_url") from None
+            raise ConfigError(f"archive {safe_url(url)}: cannot connect ({first}); check archive_url") from None
         return _POSTGRES, conn
-    raise ConfigError(f"archive_url {_safe(url)!r}: expected sqlite:////ABSOLUTE/PATH or postgresql://USER@HOST/DB")
+    raise ConfigError(f"archive_url {safe_url(url)!r}: expected sqlite:////ABSOLUTE/PATH or postgresql://USER@HOST/DB")
 
 
 def is_database_error(exc: BaseException) -> bool:
@@ -157,7 +157,7 @@ def sqlite_path(url: str) -> Path | None:
     return Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
 
 
-def _safe(url: str) -> str:
+def safe_url(url: str) -> str:
     """``url`` without its password, for messages."""
     head, sep, tail = url.partition("@")
     if not sep or ":" not in head.split("//", 1)[-1]:

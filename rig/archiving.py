@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from rig.archive import Archive, _safe, is_database_error
+from rig.archive import Archive, is_database_error, safe_url
 from rig.config import Settings
 from rig.errors import ConfigError
 from rig.keys import Keys
@@ -101,7 +101,7 @@ class Archiver:
     def run(self, now: float) -> MoveReport:
         """One pass: move every due job (see the module doc), a batch at a time."""
         report = MoveReport()
-        self.r.set(self.keys.archive_url, _safe(self.archive.url))
+        self.r.set(self.keys.archive_url, safe_url(self.archive.url))
         due = self.due(now)
         for start in range(0, len(due), self.batch):
             entries = self._read(due[start:start + self.batch])

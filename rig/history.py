@@ -15,7 +15,7 @@ from __future__ import annotations
 import redis
 
 from rig.accounting import Accounting, accounting_of
-from rig.archive import Archive, _safe, sqlite_path
+from rig.archive import Archive, safe_url, sqlite_path
 from rig.config import Settings
 from rig.errors import ConfigError, JobNotFound
 from rig.keys import Keys
@@ -47,8 +47,8 @@ class History:
         advertised = self.r.get(self.keys.archive_url)
         if isinstance(advertised, bytes):
             advertised = advertised.decode()
-        if advertised and advertised != _safe(own):
-            raise ConfigError(f"finished jobs are archived to {advertised} but this rig reads {_safe(own)}: set "
+        if advertised and advertised != safe_url(own):
+            raise ConfigError(f"finished jobs are archived to {advertised} but this rig reads {safe_url(own)}: set "
                               "archive_url (RIG_ARCHIVE_URL) to the same archive as the nodes' config")
         path = sqlite_path(own)
         if path is not None and not path.exists():
