@@ -26,6 +26,7 @@ TASK_START_JOB = "rig.start_job"
 TASK_TICK = "rig.tick"
 TASK_HEALTH = "rig.health"
 TASK_ALERTS = "rig.alerts"
+TASK_ARCHIVE = "rig.archive"
 #: How often each node's control worker sweeps its own old job logs (s; workers/app.py).
 LOG_SWEEP_INTERVAL_S = 3600.0
 #: Options of both Redis clients Celery opens, the broker's (kombu) and beat's (celery-redbeat):
@@ -135,6 +136,11 @@ def make_celery(settings: Settings) -> Celery:
                 "task": TASK_ALERTS,
                 "schedule": settings.alert_interval,
                 "options": {"queue": CONTROL_QUEUE, "expires": settings.alert_interval},
+            },
+            "rig-archive": {
+                "task": TASK_ARCHIVE,
+                "schedule": settings.archive_interval,
+                "options": {"queue": CONTROL_QUEUE, "expires": settings.archive_interval},
             },
         },
         timezone="UTC",

@@ -27,6 +27,7 @@ from rig import records as R
 from rig.clock import clock_for, shared_now
 from rig.config import Settings, load_settings
 from rig.errors import (
+    ConfigError,
     InvalidInput,
     InvalidRecord,
     JobGone,
@@ -51,7 +52,9 @@ from rig.request_rules import check_gpu_memory, check_retries, parse_time_limit
 from rig.store import JobStore
 
 if TYPE_CHECKING:
+    from rig.accounting import UsageLine
     from rig.forecast import Forecast
+    from rig.history import History
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +149,8 @@ class StatusReport:
     pool: str | None = None  # the pool this report is limited to (cards and waiting jobs)
     #: While Redis refuses writes: why ("Redis full"); heartbeats are refused (rig.refused_beats).
     beats_refused: str | None = None
+    #: Finished jobs moved to the archive (counts: those still in Redis); None: no archive read.
+    archived: int | None = None
 
 
 @dataclass
@@ -178,6 +183,7 @@ class Client:
         self.replicas = replica_wait(self.r, self.keys, self.settings.redis_url, self.settings.replica_wait_seconds)
         #: The warning of the last submission no replica confirmed in time (None: confirmed).
         self.last_durability_note: str | None = None
+        self._history: History | None = None
 
     # -- plumbing -------------------------------------------------------------------------
     def ping(self) -> None:
@@ -444,8 +450,18 @@ class Client:
         return True
 
     # -- reading --------------------------------------------------------------------------
+    @property
+    def history(self) -> History:
+        """Jobs in Redis and in the archive, read as one (rig.history)."""
+        if self._history is None:
+            from rig.history import History
+
+            self._history = History(self.store, self.settings)
+        return self._history
+
     def get(self, job_id: int | str) -> Job:
-        return self._guard(self.store.get, job_id)
+        """The job's record: from Redis, else from the archive once it moved there."""
+        return self._guard(self.history.get, R.parse_job_id(job_id))
 
     def get_instance(self, job_id: int | str, instance: str | None) -> Job:
         """The record of job ``job_id``, which must be that very job when ``instance`` is given:
@@ -462,10 +478,23 @@ class Client:
         job = self.get(job_id)
         return JobHandle(self, job.id, job)
 
-    def jobs(self, state: JobState | str | None = None, *, limit: int = 50, user: str | None = None) -> list[Job]:
-        """Newest first; with ``user``, only the jobs that login name submitted."""
+    def jobs(self, state: JobState | str | None = None, *, limit: int = 50, user: str | None = None,
+             since: float | None = None) -> list[Job]:
+        """Newest first, archived jobs included; with ``user``, only the jobs that login name
+        submitted; with ``since`` (epoch s), only those submitted then or later."""
         st = JobState.parse(state) if isinstance(state, str) else state
-        return self._guard(self.store.list, st, limit=limit, user=user)
+        return self._guard(self.history.list, st, limit=limit, user=user, since=since)
+
+    def usage(self, *, since: float | None = None, by: str = "user") -> tuple[list[UsageLine], UsageLine]:
+        """Accounting (rig.accounting) of the jobs that ended at or after ``since`` (epoch s),
+        archived or not: one line per value of ``by`` (user, name, template, pool, node) and the
+        total."""
+        from rig.accounting import GROUPS, total, usage
+
+        if by not in GROUPS:
+            raise InvalidInput(f"cannot group by {by!r}; choose one of: {', '.join(GROUPS)}")
+        rows = self._guard(self.history.accounting, since)
+        return usage(rows, by), total(rows)
 
     def waiting(self, *, limit: int = 50) -> list[Job]:
         """The first ``limit`` waiting jobs in queue order (priority, then submission; fair
@@ -529,11 +558,18 @@ class Client:
             from rig.refused_beats import annotate as annotate_refused  # not silent: refused
 
             beats_refused = annotate_refused(self.r, nodes)
+            notices = redis_notices(self.r)  # Redis full; an evicting policy; no persistence
+            archived = None
+            try:
+                archive = self.history.archive()
+                archived = archive.count() if archive is not None else 0
+            except ConfigError as exc:  # the rest of the status is still true: say it, go on
+                notices.append(f"the archive cannot be read: {exc}")
             return StatusReport(beats_refused=beats_refused,
                 cards=cards, running=running, pending=pending, oldest_wait=oldest,
                 workers=self.workers(), counts=self.store.count_by_state(),
                 nodes=nodes, users=self._users(running, now), pool=pool,
-                notices=redis_notices(self.r),  # Redis full; an evicting policy; no persistence
+                notices=notices, archived=archived,
             )
 
         return self._guard(_do)
@@ -803,7 +839,7 @@ class Client:
         well. Its owner's and admins' only (check_control)."""
         job = self.get(job_id)
         self.check_control(job, "read the result of")
-        return self._guard(self.r.hget, self.keys.job(job.id), "result")
+        return self._guard(self.history.stored_field, job, "result")
 
     def open_log(self, job_id: int, path: str) -> BinaryIO:
         """One of the job's log files, opened for reading with this process's own rights."""

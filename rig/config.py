@@ -319,6 +319,14 @@ class Settings(BaseSettings):
     error_log_retention_days: float = Field(
         90.0, gt=0, description="logs of jobs in the error queue are kept this long"
     )
+    archive_url: str | None = Field(
+        None, description="where finished jobs go: sqlite:////PATH or postgresql://USER@HOST/DB "
+                          "(default sqlite under $RIG_HOME; rig.archive)")
+    archive_after_days: float = Field(
+        7.0, gt=0, description="finished jobs that ended this long ago move from Redis to the archive")
+    archive_keep_finished: int = Field(
+        10_000, ge=0, description="at most this many finished jobs stay in Redis; the oldest move first (0: no limit)")
+    archive_interval: float = Field(60.0, gt=0, description="seconds between two archiving passes")
     telemetry_interval: float = Field(2.0, gt=0, description="seconds between card readings")
     max_clock_skew: float = Field(
         2.0, gt=0, description="a node whose clock is off Redis' by more than this (s) is reported"
@@ -481,6 +489,13 @@ class Settings(BaseSettings):
     @property
     def job_log_dir(self) -> Path:
         return (self.log_dir or self.home / "logs" / "jobs").expanduser()
+
+    @property
+    def archive_location(self) -> str:
+        """The archive's URL: archive_url, else a SQLite file in rig's folder (rig.archive)."""
+        from rig.archive import default_url
+
+        return self.archive_url.strip() if self.archive_url and self.archive_url.strip() else default_url(self.home)
 
     @property
     def rig_log_dir(self) -> Path:

@@ -50,7 +50,7 @@ OWN_VARIABLES: frozenset[str] = frozenset({
     # Flower's login (rig.stack.flower_auth).
     "RIG_FLOWER_AUTH",
     # Scripts, tests and the image build.
-    "RIG_TEST_REDIS_URL", "RIG_BENCH_REDIS_URL", "RIG_GPU_CHECK_STACK", "RIG_REINSTALL", "RIG_UID",
+    "RIG_TEST_REDIS_URL", "RIG_TEST_POSTGRES_URL", "RIG_BENCH_REDIS_URL", "RIG_GPU_CHECK_STACK", "RIG_REINSTALL", "RIG_UID",
     "RIG_TRACE_DIR",  # rig.jobtrace (scripts/profile_job_path.py)
     "RIG_FAULT_PARALLEL",  # how many fault scenarios tests/integration/test_faults.py runs at once
 })

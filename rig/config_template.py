@@ -73,6 +73,14 @@ max_retries = {max_retries}
 log_dir = {log_dir}
 system_log_dir = {system_log_dir}
 
+# Finished jobs leave Redis for an archive after archive_after_days (and the oldest beyond
+# archive_keep_finished at once); `rig show`, `rig log`, `rig jobs` and `rig usage` still find
+# them. Default: SQLite in {home}/archive.sqlite3. For several servers, one PostgreSQL they
+# all reach (pip install 'psycopg[binary]'); every node and reader must name the same one.
+# archive_url = "postgresql://rig@db.example/rig"
+# archive_after_days = 7
+# archive_keep_finished = 10000
+
 # Fake cards where there is no NVIDIA driver, e.g. "8x80G" or "2x24G,1x48G".
 # Unset: real cards through NVML; with no driver rig falls back to 8x80G and says so.
 # fake_gpus = "8x80G"

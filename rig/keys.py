@@ -4,6 +4,10 @@ Key schema (P = settings.key_prefix, default ``rig:``):
 
   P job:next_id                 string   last job id handed out (INCR)
   P job:<id>                    hash     the job record (see rig.models.Job)
+  P job:<id>:spec               string   its command and workdir, packed (rig.packed)
+  P env:<digest>                string   one user's job environment, packed; named by the jobs'
+                                         env_ref field (rig.models.SPEC_FIELDS)
+  P env:refs                    hash     digest -> how many job records name that environment
   P jobs:all                    zset     every job id, score = id
   P jobs:state:<STATE>          zset     job ids in that state, score = id
   P pending                     zset     waiting jobs; score = priority rank * 1e12 + id
@@ -32,6 +36,8 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P sched:leader                string   the dispatcher holding the lock (PX)
   P health:lock                 string   the control worker running a health check (PX)
   P logs:lock                   string   the control worker sweeping old logs (PX)
+  P archive:lock                string   the control worker moving finished jobs to the archive (PX)
+  P archive:url                 string   where that pass archives (its archive_url, no password)
   P alerts:active               hash     alert key -> JSON of the alert now firing
   P alerts:since                hash     condition -> when it was first seen (epoch s)
   P flower:told                 hash     job id -> "<STATE>:<attempt>" last told to Flower, for jobs
@@ -67,6 +73,20 @@ class Keys:
 
     def job(self, job_id: int | str) -> str:
         return f"{self.prefix}job:{job_id}"
+
+    def job_spec(self, job_id: int | str) -> str:
+        """String: the job's write-once submission fields, packed (rig.models.SPEC_FIELDS)."""
+        return f"{self.prefix}job:{job_id}:spec"
+
+    def env_blob(self, digest: str) -> str:
+        """String: one user's job environment, packed, shared by the jobs naming it (env_ref)."""
+        return f"{self.prefix}env:{digest}"
+
+    @property
+    def env_refs(self) -> str:
+        """Hash: environment digest -> the number of job records naming it (the last one
+        forgotten deletes the blob: rig/lua/archived.lua)."""
+        return f"{self.prefix}env:refs"
 
     @property
     def all_jobs(self) -> str:
@@ -181,6 +201,15 @@ class Keys:
     @property
     def logs_lock(self) -> str:
         return f"{self.prefix}logs:lock"
+
+    @property
+    def archive_lock(self) -> str:
+        return f"{self.prefix}archive:lock"
+
+    @property
+    def archive_url(self) -> str:
+        """String: the archive the archiving pass writes to (rig.archiving), password left out."""
+        return f"{self.prefix}archive:url"
 
     @property
     def alerts_active(self) -> str:

@@ -25,7 +25,9 @@ data starts them again from 0, which Prometheus reads as a counter reset):
 Gauges:
 
 ``rig_scrape_success``                       1 if Redis could be read for this scrape, else 0
-``rig_jobs{state}``                          jobs per state (from the state indexes)
+``rig_jobs{state}``                          jobs per state in Redis (the state indexes; finished jobs
+                                             leave for the archive, rig.archiving: count ends with
+                                             rig_jobs_ended_total)
 ``rig_jobs_by_priority{state,priority}``     live jobs only: PENDING, ASSIGNED, RUNNING
 ``rig_waiting_jobs{priority}``               the pending queue per priority
 ``rig_oldest_wait_seconds{priority}``        age of the oldest waiting job (0 when none waits)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from enum import Enum
 from functools import cached_property
 from typing import Any
@@ -194,10 +194,15 @@ class Job:
     _JSON_FIELDS = ("command", "env", "cards", "log_paths", "attempts", "evidence")
 
     def to_redis(self) -> dict[str, str]:
+        """The record as Redis stores it (plain strings), without the fields that hold their
+        empty default (OMITTED_WHEN_DEFAULT): every reader takes a missing one as that default,
+        and each field costs a Redis hash ~60 bytes."""
         out: dict[str, str] = {}
         for f in fields(self):  # not asdict(): it deep-copies every list and dict first
             key, value = f.name, getattr(self, f.name)
             if value is None or key == "problems":
+                continue
+            if key in OMITTED_WHEN_DEFAULT and value == _DEFAULTS[key]:
                 continue
             if key in self._JSON_FIELDS:
                 out[key] = json.dumps(value)
@@ -259,6 +264,30 @@ class Job:
     def field_valid(self, name: str) -> bool:
         """False if the record's field ``name`` was missing or bad (and was replaced)."""
         return not any(p.startswith(f"field {name}:") for p in self.problems)
+
+
+#: Fields left out of a stored record while they hold their default (Job.to_redis). Never a
+#: field a Lua script reads without a default of its own (they read 'assignments' and 'attempt'
+#: as 0 when missing, 'cards' as []).
+OMITTED_WHEN_DEFAULT = frozenset({
+    "env", "shell", "kind", "cards", "attempt", "assignments", "log_paths", "cancel_requested",
+    "oom_retry_grow", "attempts", "evidence", "vram_peak", "vram_sum", "vram_samples", "util_sum",
+    "util_samples", "overuse"})
+_DEFAULTS: dict[str, Any] = {
+    f.name: f.default_factory() if f.default_factory is not MISSING else f.default  # type: ignore[misc]
+    for f in fields(Job) if f.name in OMITTED_WHEN_DEFAULT}
+
+#: Fields written once at submit and read only with the whole record (Job.from_redis), never
+#: by a script or an HMGET: kept out of the job hash, so that it holds short values only and
+#: Redis keeps it in its compact encoding (hash-max-listpack-value, 64 bytes by default).
+#: ``command`` and ``workdir`` go into one packed string per job (Keys.job_spec); ``env``, the
+#: largest and the same for all of a sweep's jobs, into a packed string per distinct
+#: environment of a user (Keys.env_blob), counted by the jobs that name it (``env_ref``).
+#: rig.packed packs them; JobStore writes and joins them.
+SPEC_FIELDS = ("command", "workdir")
+ENV_FIELD = "env"
+#: The job hash's field naming its environment's blob (not a Job field).
+ENV_REF = "env_ref"
 
 
 def _enum_check(enum: type[Enum]) -> Callable[[Any], Any]:

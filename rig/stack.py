@@ -274,6 +274,12 @@ class Stack:
         # After the claim: a rig up refused the name never replaces the owner's pid file.
         pid_file(s).write_text(f"{os.getpid()}\n")
         self._check_installation()
+        if self.wants("control"):
+            # The control workers move finished jobs into the archive: a wrong archive_url, a
+            # missing psycopg or an unwritable folder is said now (exit 6), not in a worker's log.
+            from rig.archive import Archive
+
+            Archive(s.archive_location, s.key_prefix).close()
         for warning in open_doors(s, self.wants):
             self.say(warning)
         from rig.logspace import never_enough  # here: the one edit of this file for it

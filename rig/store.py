@@ -15,11 +15,22 @@ from typing import Any
 
 import redis
 
+from rig import packed
 from rig import records as R
 from rig.clock import shared_now
 from rig.errors import JobNotFound
 from rig.keys import Keys
-from rig.models import PRIORITY_BAND, Job, JobState, Priority, new_job_instance, pending_score
+from rig.models import (
+    ENV_FIELD,
+    ENV_REF,
+    PRIORITY_BAND,
+    SPEC_FIELDS,
+    Job,
+    JobState,
+    Priority,
+    new_job_instance,
+    pending_score,
+)
 
 #: The record's own fields: what no extra field of a submission may replace.
 JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(Job))
@@ -85,7 +96,7 @@ class JobStore:
             record = job.to_redis()
             # Extra fields (a @rig.task payload) never replace the record's own (owner, state...).
             record.update({k: _encode(v) for k, v in (extra or {}).items() if v is not None and k not in JOB_FIELDS})
-            pipe.hset(self.keys.job(job.id), mapping=record)
+            self._queue_record(pipe, job.id, job.user, record)
             pipe.zadd(self.keys.all_jobs, {str(job.id): job.id})
             pipe.zadd(self.keys.state_index(JobState.PENDING.value), {str(job.id): job.id})
             pipe.zadd(self.keys.pending, {str(job.id): score})
@@ -96,6 +107,20 @@ class JobStore:
         pipe.hincrby(self.keys.metrics_counters, "submitted", len(jobs))  # rig_jobs_submitted_total
         pipe.lpush(self.keys.sched_wake, "1")  # the dispatcher BLPOPs this: no Celery hop needed
         return out
+
+    def _queue_record(self, pipe: Any, job_id: int, user: str, record: dict[str, str]) -> None:
+        """Queue the writes of one stored record: the hash, its spec, its environment's blob and
+        that blob's count (rig.models.SPEC_FIELDS: why they are apart)."""
+        spec = {k: record.pop(k) for k in SPEC_FIELDS if k in record}
+        env = record.pop(ENV_FIELD, None)
+        if env is not None:
+            ref = packed.digest(user, env)
+            record[ENV_REF] = ref
+            pipe.set(self.keys.env_blob(ref), packed.pack(env))
+            pipe.hincrby(self.keys.env_refs, ref, 1)
+        pipe.hset(self.keys.job(job_id), mapping=record)
+        if spec:
+            pipe.set(self.keys.job_spec(job_id), packed.pack(spec))
 
     def update(self, job_id: int, **fields: Any) -> None:
         """Set plain fields (never ``state``: that moves only through the ledger's scripts)."""
@@ -121,12 +146,66 @@ class JobStore:
         unparsed (their defaults), e.g. ``env`` where a caller does not need the job's
         environment: the costliest field to check."""
         jid = R.parse_job_id(job_id)
-        raw = self.r.hgetall(self.keys.job(jid))
+        raw = self.raws([jid], env=ENV_FIELD not in without)[0]
         if not raw:
             raise JobNotFound(jid)
         for name in without:
             raw.pop(name, None)
         return Job.from_redis(raw)
+
+    def raw(self, job_id: int) -> dict[str, str]:
+        """The job's stored record as strings, its spec and environment joined in (join());
+        {} when there is none."""
+        return self.raws([job_id])[0]
+
+    def raws(self, job_ids: list[int | str], *, env: bool = True) -> list[dict[str, str]]:
+        """The stored records of ``job_ids`` (in order; {} for one that does not exist): one
+        round trip for the hashes and specs, one more for the environments (none without
+        ``env``: the record then has no ``env`` field, i.e. the default)."""
+        pipe = self.r.pipeline(transaction=False)
+        for jid in job_ids:
+            self.queue_raw(pipe, jid)
+        read = pipe.execute()
+        return self.join(list(zip(read[::2], read[1::2], strict=True)), env=env)
+
+    def queue_raw(self, pipe: Any, job_id: int | str) -> None:
+        """Queue the two reads of a record on ``pipe``; join() takes their answers."""
+        pipe.hgetall(self.keys.job(job_id))
+        pipe.get(self.keys.job_spec(job_id))
+
+    def join(self, read: list[tuple[dict, Any]], *, env: bool = True) -> list[dict[str, str]]:
+        """Whole records from (hash, spec) pairs: the spec's fields and the environment's blob
+        added (fields of the hash itself win: a record written by hand keeps its own). A spec
+        or blob that is missing or cannot be unpacked adds a field that fails its check, so
+        the job is shown with the problem and never run without its command or environment."""
+        refs = sorted({_s(raw[ENV_REF]) for raw, _ in read if env and raw.get(ENV_REF) and ENV_FIELD not in raw})
+        blobs = dict(zip(refs, self.r.mget([self.keys.env_blob(r) for r in refs]), strict=True)) if refs else {}
+        out = []
+        for raw, spec in read:
+            if not raw:
+                out.append({})
+                continue
+            whole = {_s(k): _s(v) for k, v in raw.items()}
+            try:
+                fields = packed.unpack(spec) if spec is not None else {}
+            except ValueError as exc:
+                fields = {"command": f"(spec damaged: {exc})"}
+            if isinstance(fields, dict):
+                for name in SPEC_FIELDS:
+                    if name not in whole and isinstance(fields.get(name), str):
+                        whole[name] = fields[name]
+            ref = whole.get(ENV_REF)
+            if env and ref and ENV_FIELD not in whole:
+                try:
+                    whole[ENV_FIELD] = packed.unpack(blobs.get(ref)) if blobs.get(ref) is not None else None
+                except ValueError:
+                    whole[ENV_FIELD] = None
+                if not isinstance(whole[ENV_FIELD], str):
+                    whole[ENV_FIELD] = f"(environment {ref} missing or damaged)"
+            if not env:
+                whole.pop(ENV_FIELD, None)
+            out.append(whole)
+        return out
 
     def fields(self, job_id: int | str, *names: str) -> Job:
         """Only the fields ``names`` of a job's record, read in one HMGET and checked exactly as
@@ -134,22 +213,25 @@ class JobStore:
         keep their neutral values; ``problems`` lists problems of the named fields only.
         Raises JobNotFound when the record does not exist."""
         jid = R.parse_job_id(job_id)
-        pipe = self.r.pipeline(transaction=False)
-        pipe.exists(self.keys.job(jid))
-        pipe.hmget(self.keys.job(jid), *names)
-        exists, values = pipe.execute()
-        if not exists:
-            raise JobNotFound(jid)
-        job = Job.from_redis({k: v for k, v in zip(names, values, strict=True) if v is not None})
+        if any(n in SPEC_FIELDS or n == ENV_FIELD for n in names):  # stored apart: the whole record
+            raw = self.raws([jid])[0]
+            if not raw:
+                raise JobNotFound(jid)
+            raw = {k: v for k, v in raw.items() if k in names}
+        else:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.exists(self.keys.job(jid))
+            pipe.hmget(self.keys.job(jid), *names)
+            exists, values = pipe.execute()
+            if not exists:
+                raise JobNotFound(jid)
+            raw = {k: v for k, v in zip(names, values, strict=True) if v is not None}
+        job = Job.from_redis(raw)
         job.problems = [p for p in job.problems if p.split(":", 1)[0].removeprefix("field ") in names]
         return job
 
     def get_many(self, job_ids: Iterable[int | str]) -> list[Job]:
-        ids = list(job_ids)
-        pipe = self.r.pipeline(transaction=False)
-        for jid in ids:
-            pipe.hgetall(self.keys.job(jid))
-        return [Job.from_redis(raw) for raw in pipe.execute() if raw]
+        return [Job.from_redis(raw) for raw in self.raws(list(job_ids)) if raw]
 
     def ids_in_state(self, state: JobState, *, limit: int | None = None, newest_first=False) -> list[int]:
         end = -1 if limit is None else limit - 1
@@ -216,6 +298,10 @@ class JobStore:
         low = priority.rank * PRIORITY_BAND
         ids = self.r.zrangebyscore(self.keys.pending, low, low + PRIORITY_BAND - 1, start=0, num=1)
         return int(ids[0]) if ids else None
+
+
+def _s(value: Any) -> str:
+    return value.decode(errors="surrogateescape") if isinstance(value, bytes) else str(value)
 
 
 def _encode(value: Any) -> str:

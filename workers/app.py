@@ -35,6 +35,7 @@ from rig.authgate import quiet_on_auth
 from rig.celery_config import (
     LOG_SWEEP_INTERVAL_S,
     TASK_ALERTS,
+    TASK_ARCHIVE,
     TASK_HEALTH,
     TASK_START_JOB,
     TASK_SUBMITTED,
@@ -195,6 +196,22 @@ def check_alerts() -> str:
     sent = AlertManager(Client(settings, redis_client=_redis), rules,
                         webhook_url=settings.alert_webhook, logger=log).run()
     return f"{len(sent)} alert change(s)"
+
+
+_archiver = None
+
+
+@app.task(name=TASK_ARCHIVE, ignore_result=True)
+@quiet_on_auth("archiving pass", log)
+def archive() -> str:
+    """Periodic (beat, once cluster-wide under a lock): finished jobs older than the retention
+    move from Redis to the archive (rig.archiving)."""
+    global _archiver
+    from rig.archiving import PeriodicArchiver
+
+    if _archiver is None:  # one per control worker process: it keeps its database connection
+        _archiver = PeriodicArchiver(settings, _redis)
+    return _archiver.run(shared_now(_redis))
 
 
 def _control_heartbeat(name: str) -> None:

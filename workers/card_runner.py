@@ -219,9 +219,10 @@ class CardRunner:
         attempt = int(detail)
         # The record and whether this card still takes new jobs, in one round trip.
         pipe = self.r.pipeline(transaction=False)
-        pipe.hgetall(self.keys.job(job_id))
+        self.store.queue_raw(pipe, job_id)
         pipe.hmget(self.keys.card(self.node, self.index), "allowed", "gone")
-        raw, (allowed, gone) = pipe.execute()
+        raw, spec, (allowed, gone) = pipe.execute()
+        raw = self.store.join([(raw, spec)])[0]
         if not raw:
             raise JobNotFound(job_id)
         job = self._with_instance(Job.from_redis(raw))

@@ -52,6 +52,7 @@ def status_dict(report: StatusReport) -> dict[str, Any]:
         "workers": _plain(report.workers),
         "nodes": _plain(report.nodes),
         "jobs_by_state": _plain(report.counts),
+        "jobs_archived": report.archived,
         "users": _plain(report.users),
         "pool": report.pool,
         "notices": list(report.notices),

@@ -30,6 +30,7 @@ from rig.cli.render import (
 )
 from rig.cli.submit import do_submit, submit_options
 from rig.cli.top import top
+from rig.cli.usage import since_time, usage
 from rig.errors import InvalidInput, StackError
 from rig.models import JobState
 from rig.registration import read_notes, write_notes
@@ -81,12 +82,14 @@ def status(ctx: click.Context, as_json: bool, pool: str | None) -> None:
 @click.option("--user", "-u", metavar="NAME", help="Only the jobs this login name submitted.")
 @click.option("--mine", is_flag=True, help="Only your own jobs (your login name, as rig records it).")
 @click.option("--limit", "-n", type=int, default=50, show_default=True)
+@click.option("--since", metavar="DURATION", help="Only jobs submitted this long ago or later (12h, 30d).")
 @JSON_OPTION
 @click.pass_context
 @handle_errors
-def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, limit: int, as_json: bool) -> None:
+def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, limit: int, since: str | None,
+         as_json: bool) -> None:
     """List jobs, newest first, with why each waits or ended (the reason column) and, where the
-    screen is wide enough, when each waiting one is estimated to start."""
+    screen is wide enough, when each waiting one is estimated to start; archived jobs included."""
     check_limit(limit)
     if mine:
         from rig.client import current_identity  # the same rule as ownership: the real uid's name
@@ -98,7 +101,7 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
     client = client_from(ctx)
     st = JobState.parse(state) if state else None
     client.ping()
-    found = client.jobs(st, limit=limit, user=user)
+    found = client.jobs(st, limit=limit, user=user, since=since_time(since) if since else None)
     waiting = [j for j in found if j.state is JobState.PENDING]
     estimates = client.start_estimates() if waiting else None  # rig.forecast, the one estimate
     if as_json:
@@ -483,6 +486,7 @@ def main() -> None:
 
 
 cli.add_command(top)
+cli.add_command(usage)
 cli.add_command(recover)
 
 

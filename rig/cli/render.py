@@ -279,7 +279,8 @@ def render_status(report: StatusReport, console: Console) -> None:
     counts = "  ".join(f"{s.value.lower()}={n}" for s, n in report.counts.items())
     if len(counts) + 6 > console.width:  # one line: the states with no job go first
         counts = "  ".join(f"{s.value.lower()}={n}" for s, n in report.counts.items() if n) or "none"
-    console.print(f"jobs: {counts}")
+    archived = "" if report.archived is None else f"; archived (finished, out of Redis): {report.archived}"
+    console.print(f"jobs: {counts}{archived}")
     for notice in report.notices:  # rig's Redis: full, or set up to lose rig's data
         console.print(M(f"warning: {notice}"), style="yellow")
 

@@ -206,10 +206,15 @@ class GatewayClient:
         job = self.get(job_id)
         return JobHandle(self, job.id, job)  # type: ignore[arg-type]
 
-    def jobs(self, state: JobState | str | None = None, *, limit: int = 50, user: str | None = None) -> list[Job]:
-        # ``user`` is sent only when given: a gateway older than the filter still lists jobs.
-        extra = {"user": user} if user is not None else {}
+    def jobs(self, state: JobState | str | None = None, *, limit: int = 50, user: str | None = None,
+             since: float | None = None) -> list[Job]:
+        # ``user`` and ``since`` are sent only when given: a gateway older than the filter still lists jobs.
+        extra = {k: v for k, v in (("user", user), ("since", since)) if v is not None}
         return self.call("jobs", state=state.value if isinstance(state, JobState) else state, limit=limit, **extra)
+
+    def usage(self, *, since: float | None = None, by: str = "user") -> tuple[list[Any], Any]:
+        lines, total = self.call("usage", since=since, by=by)
+        return lines, total
 
     def waiting(self, *, limit: int = 50) -> list[Job]:
         return self.call("waiting", limit=limit)

@@ -170,10 +170,23 @@ class Gateway:
     def op_get(self, peer: Peer, job_id: int, instance: str | None = None) -> Job:
         return self._seen(peer, self.client.get_instance(_job_id(job_id), instance))
 
-    def op_jobs(self, peer: Peer, state: str | None = None, limit: int = 50, user: str | None = None) -> list[Job]:
+    def op_jobs(self, peer: Peer, state: str | None = None, limit: int = 50, user: str | None = None,
+                since: float | None = None) -> list[Job]:
         if user is not None and not isinstance(user, str):
             raise InvalidInput("user must be a login name")
-        return [self._seen(peer, j) for j in self.client.jobs(state, limit=_bounded(limit, 10_000), user=user)]
+        if since is not None and (isinstance(since, bool) or not isinstance(since, int | float)):
+            raise InvalidInput("since must be a time in epoch seconds")
+        # Archived jobs come through the same rule as live ones (privacy.as_seen_by).
+        return [self._seen(peer, j)
+                for j in self.client.jobs(state, limit=_bounded(limit, 10_000), user=user, since=since)]
+
+    def op_usage(self, peer: Peer, since: float | None = None, by: str = "user") -> Any:  # noqa: ANN401
+        """Accounting figures: who used how much is public (privacy), commands are not in them."""
+        if since is not None and (isinstance(since, bool) or not isinstance(since, int | float)):
+            raise InvalidInput("since must be a time in epoch seconds")
+        if not isinstance(by, str):
+            raise InvalidInput("by must be a column name")
+        return list(self.client.usage(since=since, by=by))
 
     def op_waiting(self, peer: Peer, limit: int = 50) -> list[Job]:
         return [self._seen(peer, j) for j in self.client.waiting(limit=_bounded(limit, 10_000))]

@@ -35,13 +35,14 @@ class WireError(Exception):
 
 
 def _classes() -> dict[str, type]:
+    from rig.accounting import UsageLine
     from rig.client import StatusReport, UserUsage, WorkerInfo
     from rig.forecast import Forecast, StartEstimate
     from rig.models import CardState, Job, JobState, Priority
     from rig.nodes import NodeInfo
 
     return {c.__name__: c for c in (Job, CardState, NodeInfo, WorkerInfo, StatusReport, UserUsage,
-                                    JobState, Priority, Forecast, StartEstimate)}
+                                    UsageLine, JobState, Priority, Forecast, StartEstimate)}
 
 
 _CLASSES: dict[str, type] | None = None

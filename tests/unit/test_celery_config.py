@@ -12,6 +12,7 @@ from redbeat.schedulers import RedBeatConfig, RetryingConnection, get_redis
 from rig.celery_config import (
     REDIS_CLIENT_OPTIONS,
     TASK_ALERTS,
+    TASK_ARCHIVE,
     TASK_HEALTH,
     TASK_TICK,
     make_celery,
@@ -46,4 +47,4 @@ def test_beat_sends_only_cluster_wide_duties():
     app = make_celery(load_settings(key_prefix="cfgtest:"))
     tasks = {entry["task"] for entry in app.conf.beat_schedule.values()}
     # Log sweeps are per node (each control worker sweeps its own logs): not beat's.
-    assert tasks == {TASK_TICK, TASK_HEALTH, TASK_ALERTS}
+    assert tasks == {TASK_TICK, TASK_HEALTH, TASK_ALERTS, TASK_ARCHIVE}

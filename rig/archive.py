@@ -1,0 +1,289 @@
+"""The archive: finished jobs' records, moved out of Redis into a SQL database (rig.archiving
+moves them; this module is all the SQL there is).
+
+Two back ends with one schema: SQLite (the standard library's ``sqlite3``, WAL mode) in a file,
+by default ``$RIG_HOME/archive.sqlite3``, and PostgreSQL (psycopg 3, imported only when the URL
+asks for it). Their only differences are the placeholder (``?`` / ``%s``) and how a connection
+is opened (:class:`_Dialect`).
+
+A row is one job: the fields accounting needs as real columns (rig.accounting computes the
+figures, the same way for a job still in Redis) and the whole Redis hash as JSON (``record``),
+from which :meth:`Archive.get` rebuilds the job with ``Job.from_redis``: the one parser.
+
+Key: (prefix, id, instance). Job ids restart at 1 when Redis loses its data, so an id alone
+would make a new job 5 collide with an archived job 5; ``instance`` (models.new_job_instance)
+tells them apart, and ``prefix`` keeps two installations on one database apart. Writing a row
+again replaces it (an upsert): archiving the same job twice is harmless, and a job that was
+retried after a first copy was written is archived again with its final record.
+
+Times are epoch seconds (float); memory in bytes; durations in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rig import packed
+from rig.accounting import Accounting, accounting_of
+from rig.errors import ConfigError
+from rig.models import Job, JobState
+
+TABLE = "rig_jobs"
+
+#: Columns, in insert order, with their SQL types (valid in SQLite and PostgreSQL alike).
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("prefix", "TEXT NOT NULL"),
+    ("id", "BIGINT NOT NULL"),
+    ("instance", "TEXT NOT NULL"),  # '' for a record older than instances
+    ("owner", "TEXT NOT NULL"),  # the job's user ("user" is a reserved word in PostgreSQL)
+    ("name", "TEXT NOT NULL"),
+    ("template", "TEXT"),
+    ("pool", "TEXT"),
+    ("node", "TEXT"),
+    ("state", "TEXT NOT NULL"),
+    ("failure", "TEXT"),  # rig.failures.FailureClass value, NULL when it succeeded
+    ("submitted_at", "DOUBLE PRECISION NOT NULL"),
+    ("started_at", "DOUBLE PRECISION"),  # the last attempt's start
+    ("ended_at", "DOUBLE PRECISION"),
+    ("gpu_memory", "BIGINT NOT NULL"),  # declared bytes per card
+    ("gpus", "INTEGER NOT NULL"),
+    ("exit_code", "INTEGER"),
+    ("attempts", "INTEGER NOT NULL"),
+    ("wait_seconds", "DOUBLE PRECISION"),  # submission -> first start; NULL if it never started
+    ("card_seconds", "DOUBLE PRECISION NOT NULL"),  # sum over attempts of cards x seconds run
+    ("reserved_byte_seconds", "DOUBLE PRECISION NOT NULL"),  # declared bytes x cards x seconds
+    ("used_byte_seconds", "DOUBLE PRECISION"),  # measured mean bytes x cards x seconds; NULL: never measured
+    ("vram_peak", "BIGINT"),  # the highest measured peak of its attempts (bytes per card)
+    ("vram_mean", "BIGINT"),  # the last measured attempt's mean (bytes per card)
+    ("record", "TEXT NOT NULL"),  # the Redis hash as a JSON object, packed (rig.packed: zlib)
+    ("archived_at", "DOUBLE PRECISION NOT NULL"),
+)
+KEY = ("prefix", "id", "instance")
+_NAMES = tuple(name for name, _ in COLUMNS)
+
+_SCHEMA = (
+    f"CREATE TABLE IF NOT EXISTS {TABLE} ("
+    + ", ".join(f"{n} {t}" for n, t in COLUMNS)
+    + f", PRIMARY KEY ({', '.join(KEY)}))",
+    f"CREATE INDEX IF NOT EXISTS {TABLE}_by_id ON {TABLE} (prefix, id)",
+    f"CREATE INDEX IF NOT EXISTS {TABLE}_by_submitted ON {TABLE} (prefix, submitted_at)",
+    f"CREATE INDEX IF NOT EXISTS {TABLE}_by_ended ON {TABLE} (prefix, ended_at)",
+)
+_UPSERT = (
+    f"INSERT INTO {TABLE} ({', '.join(_NAMES)}) VALUES ({', '.join('?' for _ in _NAMES)}) "
+    f"ON CONFLICT ({', '.join(KEY)}) DO UPDATE SET "
+    + ", ".join(f"{n} = excluded.{n}" for n in _NAMES if n not in KEY)
+)
+#: What rig usage reads of a row: the figures' inputs, never the record.
+_USAGE_COLUMNS = ("id", "instance", "owner", "name", "template", "pool", "node", "state", "failure",
+                  "submitted_at", "ended_at", "wait_seconds", "card_seconds", "reserved_byte_seconds",
+                  "used_byte_seconds")
+
+PSYCOPG_HINT = "install it with: pip install 'psycopg[binary]' (or pip install 'rig[postgres]')"
+
+
+def default_url(home: Path) -> str:
+    """The archive when none is configured: a SQLite file in rig's own folder."""
+    return f"sqlite:///{(home / 'archive.sqlite3').expanduser()}"
+
+
+@dataclass(frozen=True)
+class _Dialect:
+    """How one back end differs: its placeholder and how it connects."""
+
+    name: str
+    placeholder: str
+
+    def sql(self, text: str) -> str:
+        return text if self.placeholder == "?" else text.replace("?", self.placeholder)
+
+
+_SQLITE = _Dialect("sqlite", "?")
+_POSTGRES = _Dialect("postgresql", "%s")
+
+
+def _connect(url: str) -> tuple[_Dialect, Any]:
+    """Open ``url``: ``sqlite:///ABSOLUTE/PATH`` or ``postgresql://...``. Bad URLs, a folder that
+    cannot be created and a missing psycopg each raise ConfigError saying what to do."""
+    path = sqlite_path(url)
+    if path is not None:
+        if not path.is_absolute() or str(path) == "/":
+            raise ConfigError(f"archive_url {url!r}: give an absolute path, e.g. sqlite:////var/lib/rig/archive.sqlite3")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Records hold the jobs' environments (tokens): the file is its owner's only, and
+            # SQLite gives its -wal and -shm files the same mode.
+            os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+            conn = sqlite3.connect(path, timeout=30.0, check_same_thread=False, isolation_level=None)
+            # WAL: readers (rig show, rig usage) never wait for the archiving pass, nor it for them.
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: durable at each checkpoint, never corrupt
+        except (OSError, sqlite3.Error) as exc:
+            raise ConfigError(f"archive {path}: cannot open it ({exc}); set archive_url to a file you may write, "
+                              "or fix the folder's permissions") from None
+        return _SQLITE, conn
+    if url.startswith(("postgresql://", "postgres://")):
+        try:
+            import psycopg
+        except ImportError:
+            raise ConfigError(f"archive_url is a PostgreSQL URL but psycopg is not installed; {PSYCOPG_HINT}") from None
+        try:
+            conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
+        except psycopg.Error as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"archive {safe_url(url)}: cannot connect ({first}); check archive_url") from None
+        return _POSTGRES, conn
+    raise ConfigError(f"archive_url {safe_url(url)!r}: expected sqlite:////ABSOLUTE/PATH or postgresql://USER@HOST/DB")
+
+
+def is_database_error(exc: BaseException) -> bool:
+    """Is ``exc`` the archive database's own (SQLite's or psycopg's), e.g. a lost connection?"""
+    import sys
+
+    psycopg = sys.modules.get("psycopg")
+    return isinstance(exc, sqlite3.Error) or (psycopg is not None and isinstance(exc, psycopg.Error))
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a ``sqlite:///PATH`` URL (absolute: four slashes in all), None for others."""
+    return Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+
+
+def safe_url(url: str) -> str:
+    """``url`` without its password, for messages."""
+    head, sep, tail = url.partition("@")
+    if not sep or ":" not in head.split("//", 1)[-1]:
+        return url
+    scheme, _, auth = head.partition("//")
+    return f"{scheme}//{auth.split(':', 1)[0]}:***@{tail}"
+
+
+class Archive:
+    """Archived jobs of one installation (key prefix) in one database. Thread-safe (one lock
+    around the connection); each write is one transaction."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.dialect, self._conn = _connect(url)
+        self._lock = threading.Lock()
+        with self._transaction() as cur:
+            for statement in _SCHEMA:
+                cur.execute(statement)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def close_quietly(self) -> None:
+        """Close a connection that may already be broken."""
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - it is being dropped either way
+            pass
+
+    def __enter__(self) -> Archive:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        """A cursor inside BEGIN ... COMMIT (ROLLBACK on any error)."""
+        with self._lock:
+            cur = self._conn.cursor()
+            cur.execute("BEGIN")
+            try:
+                yield cur
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
+
+    def _query(self, text: str, params: Sequence[Any] = ()) -> list[tuple]:
+        with self._lock:
+            cur = self._conn.cursor()
+            cur.execute(self.dialect.sql(text), tuple(params))
+            return list(cur.fetchall())
+
+    # -- writing ------------------------------------------------------------------------------
+    def add(self, entries: Iterable[tuple[Job, dict[str, str]]], *, now: float) -> int:
+        """Write each (job, its Redis hash) in one transaction: all or none. Returns how many.
+        A job already there is replaced (same prefix, id and instance): see the module doc."""
+        rows = [self._row(job, raw, now) for job, raw in entries]
+        if rows:
+            with self._transaction() as cur:
+                cur.executemany(self.dialect.sql(_UPSERT), rows)
+        return len(rows)
+
+    def _row(self, job: Job, raw: dict[str, str], now: float) -> tuple:
+        acc = accounting_of(job)
+        peaks = [a.get("vram_peak") for a in job.attempts if isinstance(a.get("vram_peak"), int | float)]
+        means = [a.get("vram_mean") for a in job.attempts if isinstance(a.get("vram_mean"), int | float)]
+        return (self.prefix, job.id, job.instance or "", job.user, job.name, job.template, job.pool, job.node,
+                job.state.value, job.failure, job.created_at, job.started_at, job.ended_at, job.gpu_memory,
+                job.gpus, job.exit_code, len(job.attempts), acc.wait_seconds, acc.card_seconds,
+                acc.reserved_byte_seconds, acc.used_byte_seconds, int(max(peaks)) if peaks else None,
+                int(means[-1]) if means else None, packed.pack(raw), now)
+
+    # -- reading ------------------------------------------------------------------------------
+    def get(self, job_id: int) -> Job | None:
+        """The archived job ``job_id`` (the newest submitted, should ids have restarted), or None."""
+        rows = self._query(f"SELECT record FROM {TABLE} WHERE prefix = ? AND id = ? "
+                           "ORDER BY submitted_at DESC LIMIT 1", (self.prefix, job_id))
+        return _job(rows[0][0]) if rows else None
+
+    def record(self, job_id: int, instance: str) -> dict[str, str] | None:
+        """The stored record (the Redis hash, as JSON) of one archived job, or None."""
+        rows = self._query(f"SELECT record FROM {TABLE} WHERE prefix = ? AND id = ? AND instance = ?",
+                           (self.prefix, job_id, instance))
+        return _record(rows[0][0]) if rows else None
+
+    def list(self, *, state: JobState | None = None, user: str | None = None, since: float | None = None,
+             limit: int = 50) -> list[Job]:
+        """Archived jobs, newest submitted first: of one state, one user, submitted at or after
+        ``since`` (epoch s), at most ``limit``."""
+        where, params = self._where(state=state, user=user, since=since)
+        rows = self._query(f"SELECT record FROM {TABLE} WHERE {where} ORDER BY submitted_at DESC, id DESC "
+                           "LIMIT ?", (*params, limit))
+        return [_job(r[0]) for r in rows]
+
+    def count(self) -> int:
+        return int(self._query(f"SELECT COUNT(*) FROM {TABLE} WHERE prefix = ?", (self.prefix,))[0][0])
+
+    def accounting(self, *, since: float | None = None) -> list[Accounting]:
+        """The accounting figures of every archived job that ended at or after ``since``."""
+        where, params = self._where(ended_since=since)
+        rows = self._query(f"SELECT {', '.join(_USAGE_COLUMNS)} FROM {TABLE} WHERE {where}", params)
+        return [Accounting(*row) for row in rows]
+
+    def _where(self, *, state: JobState | None = None, user: str | None = None, since: float | None = None,
+               ended_since: float | None = None) -> tuple[str, list[Any]]:
+        clauses, params = ["prefix = ?"], [self.prefix]
+        for column, value in (("state", state.value if state else None), ("owner", user)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        for column, value in (("submitted_at", since), ("ended_at", ended_since)):
+            if value is not None:
+                clauses.append(f"{column} >= ?")
+                params.append(value)
+        return " AND ".join(clauses), params
+
+
+def _record(text: str) -> dict[str, str]:
+    """A row's record: packed JSON (rig.packed), or plain JSON as a person may have written it."""
+    return packed.unpack(text) if text.startswith(packed.TAG) else json.loads(text)
+
+
+def _job(record: str) -> Job:
+    return Job.from_redis(_record(record))

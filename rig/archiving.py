@@ -1,0 +1,197 @@
+"""Moving finished jobs from Redis into the archive (rig.archive): the periodic pass.
+
+A finished job (SUCCEEDED, FAILED, CANCELLED, TIMEOUT) moves when it ended more than
+``archive_after_days`` ago, or, beyond ``archive_keep_finished`` finished jobs in Redis, the
+oldest (lowest ids) move at once whatever their age: Redis holds a bounded number of finished
+jobs however many are submitted. Jobs in the error queue never move: they wait for a person
+(``rig retry`` / ``rig clear``), and move once cleared.
+
+Each batch is three steps, in this order, so a crash anywhere loses and duplicates nothing:
+
+1. read the batch's records from Redis;
+2. write them to the archive in one transaction and commit (an upsert: writing a job twice
+   is harmless);
+3. forget each in Redis (its hash and its index entries) with ``archived.lua``, which leaves
+   alone a job whose record changed since step 1 (retried, say).
+
+A crash before step 2 commits leaves the batch in Redis only (the transaction rolls back); one
+between 2 and 3 leaves it in both: every reader prefers Redis and dedupes (rig.history), and
+the next pass forgets it. Two passes at once (a lock expired) do the same work twice, safely.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+import redis
+
+from rig.archive import Archive, is_database_error, safe_url
+from rig.config import Settings
+from rig.errors import ConfigError
+from rig.keys import Keys
+from rig.lograte import Throttle
+from rig.lua import source
+from rig.models import ENV_REF, TERMINAL_STATES, Job
+from rig.store import JobStore
+
+log = logging.getLogger(__name__)
+
+#: Jobs read, written and forgotten per transaction.
+BATCH = 1000
+#: How long the pass's lock lasts (ms) if the pass dies without releasing it.
+LOCK_MS = 600_000
+
+
+@dataclass
+class MoveReport:
+    """What one pass did: jobs archived (and forgotten in Redis), and jobs archived but left in
+    Redis because their record changed meanwhile (they move again later)."""
+
+    archived: int = 0
+    changed: list[int] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        left = f", {len(self.changed)} changed meanwhile and left in Redis" if self.changed else ""
+        return f"archived {self.archived} finished job(s){left}"
+
+
+class Archiver:
+    """Moves one installation's finished jobs from Redis to ``archive``.
+
+    ``after_seconds``: a finished job moves once it ended this long ago; ``keep``: at most this
+    many finished jobs (out of the error queue) stay in Redis, the oldest move first (0: no
+    limit); ``batch``: jobs per archive transaction."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, archive: Archive, *, after_seconds: float,
+                 keep: int, batch: int = BATCH) -> None:
+        self.r = client
+        self.keys = keys
+        self.archive = archive
+        self.after_seconds = after_seconds
+        self.keep = keep
+        self.batch = batch
+        self._forget = client.register_script(source("archived"))
+
+    def due(self, now: float) -> list[int]:
+        """The ids of the finished jobs to move now, oldest first (see the module doc)."""
+        pipe = self.r.pipeline(transaction=False)
+        for state in sorted(TERMINAL_STATES, key=lambda s: s.value):
+            pipe.zrange(self.keys.state_index(state.value), 0, -1)
+        pipe.zrange(self.keys.errors, 0, -1)
+        *finished, errors = pipe.execute()
+        held = {int(i) for i in errors}
+        ids = sorted(int(i) for part in finished for i in part if int(i) not in held)
+        beyond = max(0, len(ids) - self.keep) if self.keep else 0
+        due = ids[:beyond]
+        rest = ids[beyond:]
+        cutoff = now - self.after_seconds
+        for start in range(0, len(rest), self.batch):
+            chunk = rest[start:start + self.batch]
+            pipe = self.r.pipeline(transaction=False)
+            for jid in chunk:
+                pipe.hmget(self.keys.job(jid), "ended_at", "created_at")
+            for jid, (ended, created) in zip(chunk, pipe.execute(), strict=True):
+                when = _float(ended) if ended else _float(created)
+                if when is not None and when <= cutoff:
+                    due.append(jid)
+        return due
+
+    def run(self, now: float) -> MoveReport:
+        """One pass: move every due job (see the module doc), a batch at a time."""
+        report = MoveReport()
+        self.r.set(self.keys.archive_url, safe_url(self.archive.url))
+        due = self.due(now)
+        for start in range(0, len(due), self.batch):
+            entries = self._read(due[start:start + self.batch])
+            self.archive.add(entries, now=now)
+            self._forget_archived(entries, report)
+        return report
+
+    def _read(self, ids: list[int]) -> list[tuple[Job, dict[str, str]]]:
+        """The records of ``ids`` still finished (a job retried since due() read it is left)."""
+        out = []
+        for raw in JobStore(self.r, self.keys).raws(ids):
+            if not raw:
+                continue
+            job = Job.from_redis(raw)
+            if job.state in TERMINAL_STATES and job.id:
+                out.append((job, {_s(k): _s(v) for k, v in raw.items()}))
+        return out
+
+    def _forget_archived(self, entries: list[tuple[Job, dict[str, str]]], report: MoveReport) -> None:
+        """Step 3: forget the archived jobs in Redis, each only if unchanged (archived.lua)."""
+        pipe = self.r.pipeline(transaction=False)
+        for job, raw in entries:
+            ref = raw.get(ENV_REF, "")
+            self._forget(keys=[self.keys.job(job.id), self.keys.all_jobs, self.keys.state_index(raw["state"]),
+                               self.keys.errors, self.keys.job_spec(job.id), self.keys.env_refs,
+                               self.keys.env_blob(ref or "-")],
+                         args=[job.id, raw["state"], raw.get("ended_at", ""), raw.get("attempt", ""),
+                               raw.get("instance", ""), ref], client=pipe)
+        for (job, _), gone in zip(entries, pipe.execute(), strict=True):
+            if gone:
+                report.archived += 1
+            else:
+                report.changed.append(job.id)
+
+
+def archive_pass(client: redis.Redis, keys: Keys, archive: Archive, *, after_seconds: float, keep: int,
+                 now: float) -> MoveReport | None:
+    """One pass under the cluster-wide lock (one control worker at a time); None if another
+    holds it."""
+    if not client.set(keys.archive_lock, os.getpid(), nx=True, px=LOCK_MS):
+        return None
+    try:
+        report = Archiver(client, keys, archive, after_seconds=after_seconds, keep=keep).run(now)
+        if report.archived or report.changed:
+            log.info("archive: %s", report)
+        return report
+    finally:
+        client.delete(keys.archive_lock)
+
+
+class PeriodicArchiver:
+    """Beat's archiving task's state in one control worker: the archive's connection, kept
+    between passes, and the one line it logs when the archive cannot be used."""
+
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        self.settings = settings
+        self.r = client
+        self.keys = Keys(settings.key_prefix)
+        self.archive: Archive | None = None
+        self.quiet = Throttle(300.0)
+
+    def run(self, now: float) -> str:
+        """One pass (archive_pass); what it did, as the task's result."""
+        s = self.settings
+        try:
+            if self.archive is None:
+                self.archive = Archive(s.archive_location, s.key_prefix)
+            report = archive_pass(self.r, self.keys, self.archive, after_seconds=s.archive_after_days * 86400,
+                                  keep=s.archive_keep_finished, now=now)
+        except Exception as exc:
+            if not (isinstance(exc, ConfigError) or is_database_error(exc)):
+                raise  # Redis' errors: the task's usual handling
+            # No psycopg, a wrong URL, an unwritable folder, a database gone: one line now and
+            # then, a fresh connection next pass; Redis is left as it was (module doc).
+            if self.archive is not None:
+                self.archive.close_quietly()
+            self.archive = None
+            line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            if self.quiet.due(line):
+                log.error("archiving pass skipped: %s (said again in %.0f s while it lasts)", line, self.quiet.every)
+            return f"skipped: {line}"
+        return "skipped (another pass runs)" if report is None else str(report)
+
+
+def _float(text: str | bytes) -> float | None:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def _s(value: str | bytes) -> str:
+    return value.decode(errors="surrogateescape") if isinstance(value, bytes) else value

@@ -1,0 +1,113 @@
+"""``rig usage``: accounting of finished jobs (rig.accounting), archived or not, like sreport."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import sys
+
+import click
+
+from rig.accounting import GROUPS, UsageLine
+from rig.cli import as_json as J
+from rig.cli.common import client_from, handle_errors
+from rig.cli.fit import Col, fitted_table
+from rig.cli.render import make_console
+from rig.clock import shared_now
+from rig.durations import parse_duration
+
+USAGE_COLUMNS = (
+    Col("key", "?", shrink="middle", min_width=8, want=12, max_width=32),
+    Col("jobs", "jobs", justify="right"),
+    Col("card_h", "card-h", justify="right"),
+    Col("reserved", "rsv GiB-h", drop=3, justify="right"),
+    Col("used", "used GiB-h", drop=1, justify="right"),
+    Col("wait", "wait", drop=2, justify="right"),
+    Col("failures", "failures", drop=4, shrink="end", min_width=10),
+)
+CAPTION = ("card-h: cards held x hours run; GiB-h: GiB per card, declared (rsv) or measured mean (used), "
+           "x cards x hours; wait: mean submission -> first start; failures: jobs per failure class")
+#: The fields of a line in --csv, in order (failures as "class=n;class=n").
+CSV_FIELDS = ("key", "jobs", "failed", "card_hours", "reserved_gib_hours", "used_gib_hours",
+              "mean_wait_seconds", "failures")
+
+
+@click.command()
+@click.option("--since", default="7d", show_default=True, metavar="DURATION",
+              help="Jobs that ended this long ago or later (90m, 12h, 30d).")
+@click.option("--by", type=click.Choice(GROUPS), default="user", show_default=True, help="One line per this.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print CSV for spreadsheets.")
+@click.pass_context
+@handle_errors
+def usage(ctx: click.Context, since: str, by: str, as_json: bool, as_csv: bool) -> None:
+    """GPU time finished jobs reserved and used, jobs, failures by class and mean wait, per
+    user (or name, template, pool, node), archived jobs included. card-h: cards held x hours
+    run; GiB-h rsv: declared GiB per card x cards x hours; GiB-h used: measured mean."""
+    if as_json and as_csv:
+        raise click.UsageError("give one of --json and --csv")
+    client = client_from(ctx)
+    client.ping()
+    start = since_time(since)
+    lines, whole = client.usage(since=start, by=by)
+    if as_json:
+        click.echo(J.dumps({"since": start, "by": by, "lines": [_plain(ln) for ln in lines], "total": _plain(whole)}))
+        return
+    if as_csv:
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow((by, *CSV_FIELDS[1:]))
+        for line in [*lines, whole]:
+            writer.writerow(_csv_row(line))
+        sys.stdout.write(out.getvalue())
+        return
+    console = make_console()
+    if not lines:
+        click.echo(f"no job ended in the last {since}", err=True)
+        return
+    cols = [dataclasses.replace(USAGE_COLUMNS[0], header=by), *USAGE_COLUMNS[1:]]
+    rows = [_cells(line) for line in [*lines, whole]]
+    console.print(fitted_table(cols, rows, console.width, title=f"usage of jobs that ended in the last {since}",
+                               title_justify="left", caption=CAPTION, caption_justify="left"))
+
+
+def since_time(text: str) -> float:
+    """The epoch time ``--since DURATION`` means: that long before now (the shared clock, as
+    ``client.ping()`` measured it; rig.clock)."""
+    return shared_now() - parse_duration(text, what="--since")
+
+
+def _plain(line: UsageLine) -> dict:
+    return {**dataclasses.asdict(line), "failed": line.failed}
+
+
+def _hours(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def _wait(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
+
+
+def _failures(line: UsageLine) -> str:
+    return " ".join(f"{name}={n}" for name, n in line.failures.items()) or "-"
+
+
+def _cells(line: UsageLine) -> dict[str, str]:
+    return {"key": line.key, "jobs": str(line.jobs), "card_h": _hours(line.card_hours),
+            "reserved": _hours(line.reserved_gib_hours), "used": _hours(line.used_gib_hours),
+            "wait": _wait(line.mean_wait_seconds), "failures": _failures(line)}
+
+
+def _csv_row(line: UsageLine) -> tuple:
+    def num(value: float | None) -> str:
+        return "" if value is None else f"{value:.4f}"
+
+    return (line.key, line.jobs, line.failed, num(line.card_hours), num(line.reserved_gib_hours),
+            num(line.used_gib_hours), num(line.mean_wait_seconds),
+            ";".join(f"{k}={v}" for k, v in line.failures.items()))

@@ -1,0 +1,131 @@
+"""Jobs in Redis and in the archive, read as one (``rig show``, ``rig jobs``, ``rig log``,
+``rig metrics``, ``rig usage``).
+
+Redis is read first and wins: a job that is in both (the archiving pass stopped between its
+commit and its forget, rig.archiving) is shown once, as Redis has it. A job is the same job in
+both when its id and instance match (ids restart when Redis loses its data).
+
+Which archive: this process's ``archive_url`` (default: SQLite under ``$RIG_HOME``). The
+archiving pass writes where it archives into Redis (``archive:url``); a reader configured for
+another archive is told so in one line instead of silently showing fewer jobs.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from rig.accounting import Accounting, accounting_of
+from rig.archive import Archive, safe_url, sqlite_path
+from rig.config import Settings
+from rig.errors import ConfigError, JobNotFound
+from rig.keys import Keys
+from rig.models import TERMINAL_STATES, Job, JobState
+from rig.store import JobStore
+
+#: What accounting reads of a job still in Redis (never its environment or command).
+ACCOUNTING_FIELDS = ("id", "instance", "user", "name", "template", "pool", "node", "state", "failure",
+                     "created_at", "started_at", "ended_at", "gpus", "gpu_memory", "attempts")
+
+
+class History:
+    """Reads of jobs wherever they are (see the module doc). The archive is opened on first use."""
+
+    def __init__(self, store: JobStore, settings: Settings) -> None:
+        self.store = store
+        self.r: redis.Redis = store.r
+        self.keys: Keys = store.keys
+        self.settings = settings
+        self._archive: Archive | None = None
+
+    def archive(self) -> Archive | None:
+        """This installation's archive, or None when nothing was ever archived here (a SQLite
+        file that does not exist is not created by a reader). Raises ConfigError when the
+        archiving pass writes to another archive than this process would read."""
+        if self._archive is not None:
+            return self._archive
+        own = self.settings.archive_location
+        advertised = self.r.get(self.keys.archive_url)
+        if isinstance(advertised, bytes):
+            advertised = advertised.decode()
+        if advertised and advertised != safe_url(own):
+            raise ConfigError(f"finished jobs are archived to {advertised} but this rig reads {safe_url(own)}: set "
+                              "archive_url (RIG_ARCHIVE_URL) to the same archive as the nodes' config")
+        path = sqlite_path(own)
+        if path is not None and not path.exists():
+            return None
+        self._archive = Archive(own, self.keys.prefix)
+        return self._archive
+
+    def close(self) -> None:
+        if self._archive is not None:
+            self._archive.close()
+            self._archive = None
+
+    def get(self, job_id: int) -> Job:
+        """The job from Redis, else from the archive; JobNotFound if in neither."""
+        try:
+            return self.store.get(job_id)
+        except JobNotFound:
+            archive = self.archive()
+            job = archive.get(job_id) if archive is not None else None
+            if job is None:
+                raise
+            return job
+
+    def stored_field(self, job: Job, name: str) -> str | None:
+        """A field of ``job``'s stored record that is no Job field (a @rig.task's ``result``):
+        from Redis while the job is there, else from its archived record."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.exists(self.keys.job(job.id))
+        pipe.hget(self.keys.job(job.id), name)
+        there, value = pipe.execute()
+        if there:
+            return value
+        archive = self.archive()
+        record = archive.record(job.id, job.instance or "") if archive is not None else None
+        return record.get(name) if record else None
+
+    def list(self, state: JobState | None = None, *, limit: int = 50, user: str | None = None,
+             since: float | None = None) -> list[Job]:
+        """Newest submitted first, at most ``limit``: Redis' jobs and the archive's, each once;
+        ``since`` (epoch s): only jobs submitted then or later."""
+        live = self.store.list(state, limit=limit, user=user)
+        if since is not None:
+            live = [j for j in live if j.created_at >= since]
+        archive = self.archive() if state is None or state in TERMINAL_STATES else None
+        old = archive.list(state=state, user=user, since=since, limit=limit) if archive is not None else []
+        return merge(live, old)[:limit]
+
+    def accounting(self, since: float | None = None) -> list[Accounting]:
+        """The accounting inputs of every finished job that ended at or after ``since``: the
+        archive's and Redis', each job once (Redis' copy wins)."""
+        live = [accounting_of(j) for j in self._finished_in_redis()
+                if since is None or (j.ended_at or 0) >= since]
+        seen = {(a.id, a.instance) for a in live}
+        archive = self.archive()
+        old = archive.accounting(since=since) if archive is not None else []
+        return live + [a for a in old if (a.id, a.instance) not in seen]
+
+    def _finished_in_redis(self) -> list[Job]:
+        pipe = self.r.pipeline(transaction=False)
+        for state in TERMINAL_STATES:
+            pipe.zrange(self.keys.state_index(state.value), 0, -1)
+        ids = sorted({int(i) for part in pipe.execute() for i in part})
+        out: list[Job] = []
+        for start in range(0, len(ids), 1000):
+            pipe = self.r.pipeline(transaction=False)
+            chunk = ids[start:start + 1000]
+            for jid in chunk:
+                pipe.hmget(self.keys.job(jid), *ACCOUNTING_FIELDS)
+            for values in pipe.execute():
+                raw = {k: v for k, v in zip(ACCOUNTING_FIELDS, values, strict=True) if v is not None}
+                if raw:
+                    out.append(Job.from_redis(raw))
+        return [j for j in out if j.state in TERMINAL_STATES]
+
+
+def merge(live: list[Job], archived: list[Job]) -> list[Job]:
+    """Both lists as one, newest submitted first, a job in both once (Redis' copy)."""
+    seen = {(j.id, j.instance) for j in live}
+    both = live + [j for j in archived if (j.id, j.instance) not in seen]
+    return sorted(both, key=lambda j: (j.created_at, j.id), reverse=True)
