@@ -29,6 +29,9 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P workers                     set      worker names seen
   P sched:wake                  list     nudges for the dispatcher (BLPOP)
   P sched:leader                string   the dispatcher holding the lock (PX)
+  P sched:forecast              hash     the leader's estimated starts (rig.forecast_store): job id ->
+                                         compact JSON, plus made_at, every, complete, newest_id;
+                                         written in one MULTI, expires after a few intervals
   P health:lock                 string   the control worker running a health check (PX)
   P logs:lock                   string   the control worker sweeping old logs (PX)
   P alerts:active               hash     alert key -> JSON of the alert now firing
@@ -167,6 +170,11 @@ class Keys:
     @property
     def sched_leader(self) -> str:
         return f"{self.prefix}sched:leader"
+
+    @property
+    def forecast(self) -> str:
+        """The leading dispatcher's estimated starts (rig.forecast_store)."""
+        return f"{self.prefix}sched:forecast"
 
     @property
     def health_lock(self) -> str:

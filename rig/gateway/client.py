@@ -15,7 +15,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -215,8 +215,8 @@ class GatewayClient:
     def why_waiting(self, job: Job) -> str | None:
         return self.call("why_waiting", job_id=job.id)
 
-    def start_estimates(self) -> Forecast:
-        return self.call("start_estimates")
+    def start_estimates(self, job_ids: Iterable[int] | None = None) -> Forecast:
+        return self.call("start_estimates", job_ids=None if job_ids is None else [int(j) for j in job_ids])
 
     def first_look(self, job_id: int) -> str | None:
         return self.call("first_look", job_id=job_id)

@@ -1,0 +1,83 @@
+"""The leading dispatcher's forecast: a thread beside the dispatcher in each control worker that,
+while that dispatcher holds the leader lock and jobs wait, runs rig.forecast and stores it
+(rig.forecast_store.publish) at most every FORECAST_EVERY_S.
+
+Its own thread, not the dispatcher's pass: a forecast (hundreds of ms of CPU for 200 waiting
+jobs) must never delay a start, and a failure in it must never disturb the dispatcher (it is
+logged at most once a minute and the next interval tries again). Its cost is bounded: when one
+forecast took more CPU than MAX_CORE_SHARE of its interval, the interval stretches to match
+(and the stored forecast's lifetime with it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from rig.client import Client
+from rig.forecast import forecast
+from rig.forecast_store import FORECAST_EVERY_S, publish
+from rig.lograte import Throttle
+
+if TYPE_CHECKING:
+    from workers.dispatcher import Dispatcher
+
+log = logging.getLogger(__name__)
+
+#: The most of one core the forecast may take on the leader (CPU s per wall s).
+MAX_CORE_SHARE = 0.05
+#: The first forecast, once the dispatcher beside it had a pass to take the lead (s).
+FIRST_AFTER_S = 1.0
+#: A failing forecast is logged at most this often (s).
+LOG_EVERY_S = 60.0
+
+
+class Forecaster:
+    """Publishes ``dispatcher``'s forecast while it leads (see the module doc)."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
+        self.client = Client(dispatcher.settings, redis_client=dispatcher.r)
+        self.every = FORECAST_EVERY_S  # s between forecasts; stretched by a costly one
+        self.took = 0.0  # CPU s of the last forecast
+        self.stop_event = threading.Event()
+        self._quiet = Throttle(LOG_EVERY_S)
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run_forever, name="rig-forecaster", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def run_forever(self) -> None:
+        delay = FIRST_AFTER_S
+        while not self.stop_event.wait(delay):
+            self.step()
+            delay = self.every
+
+    def step(self) -> bool:
+        """One forecast, if this dispatcher leads and jobs wait: True when one was stored. Never
+        raises (a failure is logged once a minute)."""
+        try:
+            r, keys = self.client.r, self.client.keys
+            pipe = r.pipeline(transaction=False)
+            pipe.get(keys.sched_leader)
+            pipe.exists(keys.pending)
+            leader, waiting = pipe.execute()
+            if leader != self.dispatcher.identity or not waiting:
+                return False  # not ours to make; with nothing waiting, the last one expires
+            began = time.thread_time()
+            found = forecast(self.client)
+            self.took = time.thread_time() - began
+            self.every = max(FORECAST_EVERY_S, self.took / MAX_CORE_SHARE)
+            publish(r, keys, found, self.every)
+            return True
+        except Exception as exc:  # noqa: BLE001 - a forecast must never disturb the dispatcher
+            if self._quiet.due(type(exc).__name__):
+                log.warning("estimated starts not updated (%s: %s); trying again in %.0f s", type(exc).__name__,
+                            exc, self.every, exc_info=not isinstance(exc, OSError))
+            return False
