@@ -1,6 +1,9 @@
 """When each waiting job is expected to start: a forward simulation of the dispatcher. The one
 place start times are estimated (the web page's "est. start", `rig show`, its ``--json``).
 
+The leading dispatcher runs it every few seconds and stores it (rig.forecast_store, made by
+workers.forecaster); the views read that, they never simulate.
+
 The simulation replays the dispatcher's own rules, never a copy of them: its run order
 (``Dispatcher.fair_order``: aged priority, jobs holding cards first, fair share, queue order),
 its card rule (``rig.placement.place`` over the cards of the job's pool, which asks
