@@ -407,3 +407,6 @@ def test_start_estimates_through_the_socket(gateway):
     assert got.made_at is not None and got.row(job.id)["estimated_at"] == got.made_at
     with pytest.raises(InvalidInput, match="job_ids must be a list"):
         client.call("start_estimates", job_ids="1,2")
+    # A gateway older than the stored forecast takes no job_ids: the client asks it for all.
+    gw.ops["start_estimates"] = lambda peer: gw.client.start_estimates()
+    assert client.start_estimates([job.id]).of(job.id) == StartEstimate(job.id, None, NO_CARDS)
