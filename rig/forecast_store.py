@@ -38,8 +38,9 @@ FORECAST_EVERY_S = 10.0
 TTL_INTERVALS = 3
 #: What a job newer than the stored forecast (or any job before the first one) says.
 NOT_MADE_YET = f"the dispatcher makes one every {FORECAST_EVERY_S:.0f} s"
-NEWER = f"submitted after the last forecast; the dispatcher makes one every {FORECAST_EVERY_S:.0f} s"
-DAMAGED = f"the stored forecast of it is unreadable; the dispatcher makes a new one every {FORECAST_EVERY_S:.0f} s"
+#: A job the stored forecast does not hold though it is newer (or was not waiting then); ``every``: s.
+NEWER = "submitted after the last forecast; the dispatcher makes one every {every:.0f} s"
+DAMAGED = "the stored forecast of it is unreadable; the dispatcher makes a new one every {every:.0f} s"
 
 _META = ("made_at", "every", "complete", "newest_id")
 
@@ -96,23 +97,23 @@ def read(r: redis.Redis, keys: Keys, job_ids: Iterable[int] | None = None) -> Fo
     now = shared_now(r)
     if not leader:
         return Forecast(now, {j: StartEstimate(j, None, NO_DISPATCHER) for j in wanted})
-    made_at, _every, complete, newest = meta
+    made_at, every, complete, newest = meta
     if made_at is None:
         return Forecast(now, {j: StartEstimate(j, None, NOT_MADE_YET, not_yet=True) for j in wanted})
     forecast = Forecast(now, {}, made_at=float(made_at), complete=complete == "1", newest_id=int(newest or 0))
-    starts: dict[int, StartEstimate] = {}
-    for jid, value in zip(wanted, values, strict=True):
-        starts[jid] = _entry(forecast, jid, value)
+    interval = float(every or FORECAST_EVERY_S)
+    starts = {jid: _entry(forecast, interval, jid, value) for jid, value in zip(wanted, values, strict=True)}
     return Forecast(now, starts, forecast.made_at, forecast.complete, forecast.newest_id)
 
 
-def _entry(forecast: Forecast, job_id: int, value: str | None) -> StartEstimate:
-    """``job_id``'s estimate from its stored ``value`` (None: not in the forecast)."""
+def _entry(forecast: Forecast, every: float, job_id: int, value: str | None) -> StartEstimate:
+    """``job_id``'s estimate from its stored ``value`` (None: not in the forecast, which is remade
+    every ``every`` s)."""
     if value is not None:
         try:
             return decode(job_id, value)
         except (ValueError, TypeError):
-            return StartEstimate(job_id, None, DAMAGED, not_yet=True)
+            return StartEstimate(job_id, None, DAMAGED.format(every=every), not_yet=True)
     if job_id > forecast.newest_id or forecast.complete:  # not waiting when it was made
-        return StartEstimate(job_id, None, NEWER, not_yet=True)
+        return StartEstimate(job_id, None, NEWER.format(every=every), not_yet=True)
     return StartEstimate(job_id, None, later=True)

@@ -50,6 +50,10 @@ def test_what_is_published_is_what_a_view_reads(redis_client, keys):
     assert row["estimated_at"] == pytest.approx(made) and row["estimated_start_text"].endswith("(as of 12 s ago)")
     assert "as of" not in got.row(3)["estimated_start_text"]  # only a time says how old it is
     assert set(read(redis_client, keys).starts) == {1, 2, 3, 4}  # no ids: all it holds
+    redis_client.hset(keys.forecast, mapping={"every": "190.0", "2": "{not json"})  # a stretched interval
+    got = read(redis_client, keys, [2, 7])
+    assert got.of(2).not_yet and "unreadable" in got.of(2).sentence(got.now)
+    assert got.of(7).sentence(got.now).endswith("makes one every 190 s)")
 
 
 def test_a_complete_forecast_says_a_missing_job_is_not_estimated_yet(redis_client, keys):
