@@ -27,6 +27,7 @@ from rig.client import Client
 from rig.forecast import forecast
 from rig.forecast_store import FORECAST_EVERY_S, publish
 from rig.lograte import Throttle
+from rig.redis_writes import is_outage
 
 if TYPE_CHECKING:
     from workers.dispatcher import Dispatcher
@@ -90,5 +91,5 @@ class Forecaster:
         except Exception as exc:  # noqa: BLE001 - a forecast must never disturb the dispatcher
             if self._quiet.due(type(exc).__name__):
                 log.warning("estimated starts not updated (%s: %s); trying again in %.0f s", type(exc).__name__,
-                            exc, self.every, exc_info=not isinstance(exc, OSError))
+                            exc, self.every, exc_info=not is_outage(exc))  # a bug's traceback, not an outage's
             return False
