@@ -38,8 +38,9 @@ log = logging.getLogger(__name__)
 MAX_CORE_SHARE = 0.05
 #: The control worker's GIL switch interval (s) once a forecaster runs in it (Python's default: 5 ms).
 SWITCH_INTERVAL_S = 0.0005
-#: The first forecast, once the dispatcher beside it had a pass to take the lead (s).
-FIRST_AFTER_S = 1.0
+#: How often it looks whether its dispatcher leads and jobs wait while it has nothing to make
+#: (s; one round trip): the first waiting job gets its estimate within about this.
+IDLE_CHECK_S = 1.0
 #: A failing forecast is logged at most this often (s).
 LOG_EVERY_S = 60.0
 
@@ -52,6 +53,7 @@ class Forecaster:
         self.client = Client(dispatcher.settings, redis_client=dispatcher.r)
         self.every = FORECAST_EVERY_S  # s between forecasts; stretched by a costly one
         self.took = 0.0  # CPU s of the last forecast
+        self.failing = False  # the last step failed
         self.stop_event = threading.Event()
         self._quiet = Throttle(LOG_EVERY_S)
         self._thread: threading.Thread | None = None
@@ -66,14 +68,15 @@ class Forecaster:
         self.stop_event.set()
 
     def run_forever(self) -> None:
-        delay = FIRST_AFTER_S
+        delay = IDLE_CHECK_S
         while not self.stop_event.wait(delay):
-            self.step()
-            delay = self.every
+            # After a forecast (or a failed one) the next comes an interval later; until then, a look a second.
+            delay = self.every if self.step() or self.failing else IDLE_CHECK_S
 
     def step(self) -> bool:
         """One forecast, if this dispatcher leads and jobs wait: True when one was stored. Never
         raises (a failure is logged once a minute)."""
+        self.failing = False
         try:
             r, keys = self.client.r, self.client.keys
             pipe = r.pipeline(transaction=False)
@@ -89,6 +92,7 @@ class Forecaster:
             publish(r, keys, found, self.every)
             return True
         except Exception as exc:  # noqa: BLE001 - a forecast must never disturb the dispatcher
+            self.failing = True
             if self._quiet.due(type(exc).__name__):
                 log.warning("estimated starts not updated (%s: %s); trying again in %.0f s", type(exc).__name__,
                             exc, self.every, exc_info=not is_outage(exc))  # a bug's traceback, not an outage's

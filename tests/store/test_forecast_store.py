@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 
@@ -84,10 +85,11 @@ def test_a_stored_forecast_expires_after_a_few_intervals(redis_client, keys):
 @pytest.mark.redis
 def test_a_reader_never_sees_half_a_forecast(real_redis, keys):
     """Two forecasts of disjoint jobs replace each other while a view reads: every read holds
-    all of one of them, with its own stamp, never a mix or a part."""
+    one of them, with its own stamp, never a mix, a part or nothing."""
     _lead(real_redis, keys)
-    first = Forecast(1.0, {j: StartEstimate(j, 1.0) for j in range(1, 301)}, made_at=1.0)
-    second = Forecast(2.0, {j: StartEstimate(j, 2.0) for j in range(301, 601)}, made_at=2.0)
+    first = Forecast(1.0, {j: StartEstimate(j, 1.0) for j in range(1, 1001)}, made_at=1.0)
+    second = Forecast(2.0, {j: StartEstimate(j, 2.0) for j in range(1001, 2001)}, made_at=2.0)
+    ends = {1.0: {1, 1000}, 2.0: {1001, 2000}}  # the first and last fields each one writes
     stop = threading.Event()
 
     def publisher() -> None:
@@ -97,15 +99,18 @@ def test_a_reader_never_sees_half_a_forecast(real_redis, keys):
 
     thread = threading.Thread(target=publisher, daemon=True)
     publish(real_redis, keys, first)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)  # the reader gets the GIL back soon after each answer
     thread.start()
     try:
         for _ in range(200):
-            got = read(real_redis, keys, range(1, 601))
+            got = read(real_redis, keys, (1, 1000, 1001, 2000))
             timed = {j for j, e in got.starts.items() if e.at is not None}
-            assert timed == set((first if got.made_at == 1.0 else second).starts), got.made_at
+            assert got.made_at in ends and timed == ends[got.made_at], (got.made_at, timed)
     finally:
         stop.set()
         thread.join()
+        sys.setswitchinterval(switch)
 
 
 @pytest.fixture
@@ -159,6 +164,24 @@ def test_a_failing_forecast_never_raises_and_is_logged_once_a_minute(leader, mon
 
     monkeypatch.setattr(workers.forecaster, "forecast", broken)
     with caplog.at_level(logging.WARNING, logger="workers.forecaster"):
-        assert not forecaster.step() and not forecaster.step()
+        assert not forecaster.step() and not forecaster.step() and forecaster.failing
     said = [r for r in caplog.records if "estimated starts not updated" in r.getMessage()]
     assert len(said) == 1 and "a bug in the simulation" in said[0].getMessage()
+
+
+def test_the_thread_stores_one_soon_after_a_job_waits(leader, monkeypatch):
+    ledger, client, dispatcher, forecaster = leader
+    monkeypatch.setattr(workers.forecaster, "IDLE_CHECK_S", 0.02)
+    monkeypatch.setattr(workers.forecaster, "SWITCH_INTERVAL_S", sys.getswitchinterval())  # this process' own
+    dispatcher._lead()  # noqa: SLF001
+    forecaster.start()
+    try:
+        job = _submit(ledger, 50)  # never fits this card: it waits
+        deadline = time.monotonic() + 10
+        while client.start_estimates([job]).made_at is None and time.monotonic() < deadline:
+            forecaster.stop_event.wait(0.02)  # polls Redis for what another thread writes
+        assert client.start_estimates([job]).of(job).why_none.startswith("never:")
+    finally:
+        forecaster.stop()
+        forecaster._thread.join(5)  # noqa: SLF001
+    assert not forecaster._thread.is_alive()  # noqa: SLF001
