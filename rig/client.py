@@ -12,7 +12,7 @@ import os
 import pwd
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -508,12 +508,13 @@ class Client:
 
         return why_waiting(self, job)
 
-    def start_estimates(self) -> Forecast:
-        """Each waiting job's estimated start (rig.forecast: the dispatcher's passes replayed
-        at every expected end; an estimate, see its assumptions there)."""
-        from rig.forecast import forecast
+    def start_estimates(self, job_ids: Iterable[int] | None = None) -> Forecast:
+        """The estimated start of each of ``job_ids`` (all the stored forecast holds when None),
+        as the leading dispatcher last worked it out (rig.forecast: its passes replayed at every
+        expected end; rig.forecast_store: remade every few seconds, read here in one round trip)."""
+        from rig.forecast_store import read
 
-        return self._guard(lambda: forecast(self))
+        return self._guard(lambda: read(self.r, self.keys, job_ids))
 
     def first_look(self, job_id: int) -> str | None:
         """What rig-submit says of a job it just queued (rig.waiting.first_look)."""

@@ -1,6 +1,9 @@
 """When each waiting job is expected to start: a forward simulation of the dispatcher. The one
 place start times are estimated (the web page's "est. start", `rig show`, its ``--json``).
 
+The leading dispatcher runs it every few seconds and stores it (rig.forecast_store, made by
+workers.forecaster); the views read that, they never simulate.
+
 The simulation replays the dispatcher's own rules, never a copy of them: its run order
 (``Dispatcher.fair_order``: aged priority, jobs holding cards first, fair share, queue order),
 its card rule (``rig.placement.place`` over the cards of the job's pool, which asks
@@ -37,6 +40,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from rig.clock import shared_now
@@ -81,24 +85,30 @@ class StartEstimate:
     """A waiting job's estimated start: ``at`` (epoch s, Redis' clock; ``now`` when it could
     start at the dispatcher's next pass), or None with ``why_none`` saying why there is no time.
     ``later``: not simulated (beyond the first FORECAST_JOBS jobs). ``after`` (epoch s): not
-    started within MAX_PASSES simulated passes, the last of them at that time."""
+    started within MAX_PASSES simulated passes, the last of them at that time. ``not_yet``: the
+    stored forecast (rig.forecast_store) has no word on it yet, ``why_none`` says why."""
 
     job_id: int
     at: float | None
     why_none: str | None = None
     later: bool = False
     after: float | None = None
+    not_yet: bool = False
 
     def short(self, now: float) -> str:
-        """For a table cell: ``now``, ``~14:20``, ``after ~16:40``, ``later``, ``unknown``."""
+        """For a table cell: ``now``, ``~14:20``, ``after ~16:40``, ``later``, ``not yet``, ``unknown``."""
         if self.at is None:
             if self.after is not None:
                 return f"after ~{_clock(self.after, now)}"
+            if self.not_yet:
+                return "not yet"
             return "later" if self.later else "unknown"
         return "now" if self.at <= now else f"~{_clock(self.at, now)}"
 
     def sentence(self, now: float) -> str:
         """For `rig show`: ``~14:20 (in ~25 min; an estimate ...)`` or why there is none."""
+        if self.not_yet:
+            return f"not estimated yet ({self.why_none})"
         if self.later:
             return LATER
         if self.after is not None:
@@ -118,14 +128,38 @@ class StartEstimate:
 
 @dataclass(frozen=True)
 class Forecast:
-    """Start estimates of the waiting jobs at ``now`` (epoch s)."""
+    """Start estimates of the waiting jobs, worded at ``now`` (epoch s, Redis' clock).
+
+    ``made_at``: when the simulation ran (== ``now`` for one just computed; earlier for one read
+    from the store, None when there is none). ``complete``: every job waiting then was simulated
+    (none is "later"). ``newest_id``: the highest job id handed out when it ran; a job above it
+    is newer than the forecast."""
 
     now: float
     starts: Mapping[int, StartEstimate]
+    made_at: float | None = None
+    complete: bool = False
+    newest_id: int = 0
 
     def of(self, job_id: int) -> StartEstimate:
         """The estimate of ``job_id``: 'later' for a job beyond the simulated head."""
         return self.starts.get(job_id) or StartEstimate(job_id, None, later=True)
+
+    def row(self, job_id: int) -> dict[str, object]:
+        """``job_id``'s estimate for ``--json`` and the web page (StartEstimate.as_dict), with
+        ``estimated_at`` (epoch s: when it was made, or None); a time shown says how old it is."""
+        estimate = self.of(job_id)
+        out = estimate.as_dict(self.now)
+        out["estimated_at"] = self.made_at
+        if self.made_at is not None and (estimate.at is not None or estimate.after is not None):
+            out["estimated_start_text"] = f"{out['estimated_start_text']} (as of {_ago(self.now - self.made_at)})"
+        return out
+
+
+def _ago(seconds: float) -> str:
+    """``12 s ago``, ``3 min ago``: the age of a forecast (s)."""
+    seconds = max(0.0, seconds)
+    return f"{seconds:.0f} s ago" if seconds < 90 else f"{seconds / 60:.0f} min ago"
 
 
 def _clock(at: float, now: float) -> str:
@@ -342,18 +376,22 @@ def _big_enough_open(cards: Sequence[CardState], request: Request) -> bool:
 def forecast(client: Client) -> Forecast:
     """Every simulated waiting job's estimated start, from what Redis holds now (read only: the
     dispatcher's reads, none of its writes). With no dispatcher running, no job gets a time:
-    each says so (rig.waiting.NO_DISPATCHER)."""
+    each says so (rig.waiting.NO_DISPATCHER). The leading dispatcher runs this every few
+    seconds and stores it (rig.forecast_store); the views read that, they never run this."""
     from workers.dispatcher import Dispatcher, Waiting
 
     r, keys = client.r, client.keys
     dispatcher = Dispatcher(client.settings, send_start=_never_start, client=r)
     # The head of each priority's queue, as the dispatcher reads it: a low-priority job aged
     # past the others is among the simulated ones even behind FORECAST_JOBS younger ones.
+    # The last id handed out is read first: a job submitted after it is newer than this forecast.
     pipe = r.pipeline(transaction=False)
+    pipe.get(keys.next_job_id)
     for prio in Priority:
         low = prio.rank * PRIORITY_BAND
         pipe.zrangebyscore(keys.pending, low, low + PRIORITY_BAND - 1, start=0, num=FORECAST_JOBS)
-    ids = [int(i) for band in pipe.execute() for i in band]
+    newest, *bands = pipe.execute()
+    ids = [int(i) for band in bands for i in band]
     pipe = r.pipeline(transaction=False)
     pipe.exists(keys.sched_leader)
     for jid in ids:
@@ -373,10 +411,12 @@ def forecast(client: Client) -> Forecast:
             waiting.append(job)
     # The first FORECAST_JOBS in run order before fair share (aged priority, holders first, then
     # submission); the rest are "later".
+    complete = len(waiting) <= FORECAST_JOBS and all(len(band) < FORECAST_JOBS for band in bands)
     waiting = sorted(waiting, key=lambda j: (dispatcher.effective_rank(j, now), not j.held_at, j.id))[:FORECAST_JOBS]
+    made = partial(Forecast, now, made_at=now, complete=complete, newest_id=int(newest or 0))
     if not leader:
         out.update({j.id: StartEstimate(j.id, None, NO_DISPATCHER) for j in waiting})
-        return Forecast(now, out)
+        return made(out)
     if waiting:
         # Cards of a node that is stopped or down take no jobs, even before the health pass
         # closes them: the same rule as the wait's explanation (rig.waiting), so the two agree.
@@ -389,7 +429,7 @@ def forecast(client: Client) -> Forecast:
             or settings.user_limits
         loads = read_running_loads(r, keys, dispatcher, cards, now) if limited else None
         out.update(simulate(dispatcher, cards, releases, team, waiting, now, loads))
-    return Forecast(now, out)
+    return made(out)
 
 
 def read_running_loads(r: redis.Redis, keys: Keys, dispatcher: Dispatcher, cards: Sequence[CardState],

@@ -34,6 +34,9 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P sched:wake                  list     nudges for the dispatcher (BLPOP)
   P replication:mark            string   counter written before each WAIT (rig.replication)
   P sched:leader                string   the dispatcher holding the lock (PX)
+  P sched:forecast              hash     the leader's estimated starts (rig.forecast_store): job id ->
+                                         compact JSON, plus made_at, every, complete, newest_id;
+                                         written in one MULTI, expires after a few intervals
   P health:lock                 string   the control worker running a health check (PX)
   P logs:lock                   string   the control worker sweeping old logs (PX)
   P archive:lock                string   the control worker moving finished jobs to the archive (PX)
@@ -193,6 +196,11 @@ class Keys:
     @property
     def sched_leader(self) -> str:
         return f"{self.prefix}sched:leader"
+
+    @property
+    def forecast(self) -> str:
+        """The leading dispatcher's estimated starts (rig.forecast_store)."""
+        return f"{self.prefix}sched:forecast"
 
     @property
     def health_lock(self) -> str:

@@ -26,6 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 from rig.client import Client  # noqa: E402
 from rig.config import load_settings  # noqa: E402
+from rig.forecast import forecast  # noqa: E402
+from rig.forecast_store import publish  # noqa: E402
 from rig.testing.web_load import mixed_load  # noqa: E402
 from rig.web.server import start_web_server  # noqa: E402
 
@@ -54,10 +56,11 @@ def main() -> int:
         try:
             load = mixed_load(client, history_hours=6)
             # As a running node would have it: a dispatcher holds the lock (so the waiting jobs
-            # get estimated starts, rig.forecast) and the running jobs have earlier runs.
+            # get estimated starts, rig.forecast, stored by it) and the running jobs have earlier runs.
             for job_id, seconds in zip(load.running, (3600.0, 2400.0, 7200.0), strict=True):
                 client.store.update(job_id, expected_seconds=seconds)
             r.set(client.keys.sched_leader, "screenshot", px=600_000)
+            publish(r, client.keys, forecast(client), every=200.0)  # as the leader stores it (workers.forecaster)
             server = start_web_server(client, "127.0.0.1", 0, login)
             try:
                 args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -58,6 +58,7 @@ from workers import celery_clock, kombu_patches, remote_control
 from workers.card_runner import CardRunner
 from workers.dispatcher import Dispatcher
 from workers.flower_bridge import FlowerBridge
+from workers.forecaster import Forecaster
 from workers.health import HealthChecker
 from workers.log_sweep import sweep_logs
 
@@ -116,6 +117,7 @@ remote_control.install(_stop_job_for_flower if os.environ.get("RIG_ROLE") == "co
 
 _runner: CardRunner | None = None
 _dispatcher: Dispatcher | None = None
+_forecaster: Forecaster | None = None
 _bridge: FlowerBridge | None = None
 _control_stop = threading.Event()
 
@@ -298,7 +300,7 @@ def _alert_redis_full(watch: FullWatch) -> None:
 
 @worker_ready.connect
 def _on_worker_ready(sender=None, **_: object) -> None:
-    global _runner, _dispatcher
+    global _runner, _dispatcher, _forecaster
     role = os.environ.get("RIG_ROLE", "")
     name = getattr(sender, "hostname", None) or f"{role}@{settings.node_name}"
     if role == "card":
@@ -315,6 +317,8 @@ def _on_worker_ready(sender=None, **_: object) -> None:
     elif role == "control":
         _dispatcher = Dispatcher(settings, send_start)
         _dispatcher.start()
+        _forecaster = Forecaster(_dispatcher)  # its estimated starts, while it leads
+        _forecaster.start()
         _start_bridge(sender, name, _dispatcher)
         threading.Thread(target=_control_heartbeat, args=(name,), name="rig-heartbeat", daemon=True).start()
         threading.Thread(target=_local_health, name="rig-local-health", daemon=True).start()
@@ -344,4 +348,6 @@ def _on_worker_shutting_down(**_: object) -> None:
         _runner.stop()
     if _dispatcher is not None:
         _dispatcher.stop()
+    if _forecaster is not None:
+        _forecaster.stop()
     _control_stop.set()

@@ -103,10 +103,11 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
     client.ping()
     found = client.jobs(st, limit=limit, user=user, since=since_time(since) if since else None)
     waiting = [j for j in found if j.state is JobState.PENDING]
-    estimates = client.start_estimates() if waiting else None  # rig.forecast, the one estimate
+    # rig.forecast, the one estimate, as the leading dispatcher stored it (rig.forecast_store)
+    estimates = client.start_estimates([j.id for j in waiting]) if waiting else None
     if as_json:
-        click.echo(J.dumps([J.job_dict(j, **(estimates.of(j.id).as_dict(estimates.now)
-                                             if estimates and j.state is JobState.PENDING else {}))
+        click.echo(J.dumps([J.job_dict(j, **(estimates.row(j.id) if estimates and j.state is JobState.PENDING
+                                             else {}))
                             for j in found]))
         return
     if not found and user is not None:  # not an error: nothing on stdout, a word on stderr
@@ -129,8 +130,7 @@ def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
     why = client.why_waiting(job)  # the one explanation (rig.waiting), for the table and JSON alike
     start: dict[str, object] = {}
     if job.state is JobState.PENDING:  # rig.forecast: the one estimate, worded in one place
-        estimates = client.start_estimates()
-        start = estimates.of(job.id).as_dict(estimates.now)
+        start = client.start_estimates([job.id]).row(job.id)
     if as_json:
         click.echo(J.dumps(J.job_dict(job, waiting_because=why, **start,
                                       in_error_queue=client.in_error_queue(job.id))))

@@ -15,7 +15,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -222,8 +222,15 @@ class GatewayClient:
     def why_waiting(self, job: Job) -> str | None:
         return self.call("why_waiting", job_id=job.id)
 
-    def start_estimates(self) -> Forecast:
-        return self.call("start_estimates")
+    def start_estimates(self, job_ids: Iterable[int] | None = None) -> Forecast:
+        if job_ids is None:
+            return self.call("start_estimates")
+        try:
+            return self.call("start_estimates", job_ids=[int(j) for j in job_ids])
+        except InvalidInput as exc:  # a gateway older than the stored forecast: it computes all of them
+            if "wrong arguments for start_estimates" not in str(exc):
+                raise
+            return self.call("start_estimates")
 
     def first_look(self, job_id: int) -> str | None:
         return self.call("first_look", job_id=job_id)

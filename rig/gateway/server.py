@@ -194,9 +194,11 @@ class Gateway:
     def op_why_waiting(self, peer: Peer, job_id: int) -> str | None:
         return self.client.why_waiting(self.client.get(_job_id(job_id)))
 
-    def op_start_estimates(self, peer: Peer) -> Any:  # noqa: ANN401 - rig.forecast.Forecast
+    def op_start_estimates(self, peer: Peer, job_ids: list[int] | None = None) -> Any:  # noqa: ANN401 - Forecast
         """Start estimates hold job ids, times and the reasons why_waiting shows anyone."""
-        return self.client.start_estimates()
+        if job_ids is not None and (not isinstance(job_ids, list) or len(job_ids) > 10_000):
+            raise InvalidInput("job_ids must be a list of at most 10000 job ids")
+        return self.client.start_estimates(None if job_ids is None else [_job_id(j) for j in job_ids])
 
     def op_first_look(self, peer: Peer, job_id: int) -> str | None:
         return self.client.first_look(_job_id(job_id))

@@ -4,7 +4,7 @@ Everything comes from what the CLI views already read and word, never a second r
 ``Client.status`` (cards, nodes, users, counts: `rig status`), ``Client.waiting`` (priority, then submission)
 with ``Client.why_waiting`` (the one explanation, rig.waiting: what `rig show` says),
 ``Client.start_estimates`` (rig.forecast: each waiting job's estimated start, as `rig show`
-says it), ``Client.errors`` (`rig errors`), ``job_reason`` for why an ended job ended (`rig errors`),
+says it, read from the leading dispatcher's stored forecast: rig.forecast_store), ``Client.errors`` (`rig errors`), ``job_reason`` for why an ended job ended (`rig errors`),
 ``card_flag_words`` for why a card takes no jobs (`rig status`), and rig.timeline for history.
 
 Job-, node- and submitter-supplied text goes through rig.text.clean (control and reordering
@@ -98,7 +98,7 @@ def overview(client: Client, *, login: str) -> dict[str, Any]:
     report = client.status()
     now = shared_now(client.r)
     waiting = client.waiting(limit=WAITING_SHOWN)
-    starts = client.start_estimates()
+    starts = client.start_estimates([j.id for j in waiting])
     return {
         "now": now,
         "login": clean(login),
@@ -109,7 +109,7 @@ def overview(client: Client, *, login: str) -> dict[str, Any]:
             "total": sum(report.pending.get(p, 0) for p in Priority),
             "by_priority": {p.value: report.pending.get(p, 0) for p in Priority},
             "jobs": [job_row(j, why=clean(client.why_waiting(j) or job_reason(j)), position=i + 1,
-                             **starts.of(j.id).as_dict(starts.now))
+                             **starts.row(j.id))
                      for i, j in enumerate(waiting)],
         },
         "errors": {"total": client.error_count(), "jobs": _ended(client.errors(limit=ERRORS_SHOWN))},

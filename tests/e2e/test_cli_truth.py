@@ -12,6 +12,10 @@ from click.testing import CliRunner
 
 from rig.cli.main import cli
 from rig.cli.submit import main as submit_main
+from rig.client import Client
+from rig.config import load_settings
+from rig.forecast import forecast
+from rig.forecast_store import publish
 from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
@@ -56,15 +60,25 @@ def test_submit_with_a_node_up_but_no_dispatcher_says_so(cli_env, real_redis):
     # Its estimated start (rig.forecast) says the same instead of a time ...
     table = CliRunner().invoke(cli, ["show", jid]).stdout
     assert "estimated start" in table and "unknown (no dispatcher is running" in table, table
-    # ... and once a dispatcher holds the lock, a job that fits now is "now", in the table
-    # and in --json, which also has the raw time (epoch s).
+    # ... once a dispatcher holds the lock, and before it stored a forecast, it says when one comes ...
     real_redis.set(Keys(cli_env).sched_leader, "someone", px=60_000)
     table = CliRunner().invoke(cli, ["show", jid]).stdout
-    assert "now (waiting for the dispatcher's next pass)" in table, table
+    assert "not estimated yet (the dispatcher makes one every 10 s)" in table, table
+    # ... and once the leader stored one (rig.forecast_store), a job that fits now is "now", with
+    # the forecast's age, in the table and in --json, which also has the raw times (epoch s).
+    client = Client(load_settings(), redis_client=real_redis)
+    publish(real_redis, client.keys, forecast(client))
+    table = CliRunner().invoke(cli, ["show", jid]).stdout
+    assert "now (waiting for the dispatcher's next pass) (as of 0 s ago)" in " ".join(table.split()), table
     shown = json.loads(CliRunner().invoke(cli, ["show", jid, "--json"]).stdout)
     assert shown["estimated_start"] > 0 and shown["estimated_start_short"] == "now"
+    assert shown["estimated_at"] == pytest.approx(time.time(), abs=30)
     listed = json.loads(CliRunner().invoke(cli, ["jobs", "--json"]).stdout)
     assert [j["estimated_start_short"] for j in listed] == ["now"]  # the same in `rig jobs --json`
+    # A job submitted after the forecast was made says so, not "later".
+    newer = CliRunner().invoke(submit_main, ["--gpu-memory", "4G", "--", "true"]).stdout.strip()
+    listed = json.loads(CliRunner().invoke(cli, ["jobs", "--json"]).stdout)
+    assert {j["id"]: j["estimated_start_short"] for j in listed} == {int(jid): "now", int(newer): "not yet"}
 
 
 @pytest.mark.parametrize(("state", "says"), [

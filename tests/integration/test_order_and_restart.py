@@ -7,7 +7,9 @@ import time
 
 import pytest
 
+from rig.forecast import NO_RUNS
 from rig.models import JobState
+from rig.testing.faults import _wait
 from tests.integration.harness import RigHarness
 
 pytestmark = pytest.mark.slow
@@ -30,6 +32,11 @@ def test_strict_priority_fifo_within_priority(tmp_path):
         why = node.client.why_waiting(waiting)
         assert "ahead of it" in why and "maximum of 1 jobs" in why
         assert node.client.status().pending[__import__("rig").Priority.HIGH] == 4
+        # Their estimated starts: the control worker's forecaster (workers.forecaster) stores them
+        # within about a second of a job waiting; behind the blocker, whose end nobody can estimate.
+        _wait(lambda: node.client.start_estimates(ids).made_at is not None, 15, "the leader's stored forecast")
+        told = node.client.start_estimates(ids)
+        assert all(told.of(jid).why_none == NO_RUNS for jid in ids), told
         killed = node.client.kill(cancel_me.id)
         assert killed.state is JobState.CANCELLED
         go.touch()

@@ -1,4 +1,4 @@
-"""Estimated starts (rig.forecast) through the real Client, from what a real dispatcher pass
+"""Estimated starts (rig.forecast.forecast, what the leader publishes), from what a real dispatcher pass
 left in Redis: fakeredis and real Redis."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import rig.forecast
 from rig.client import Client
 from rig.config import load_settings
-from rig.forecast import CAVEAT
+from rig.forecast import CAVEAT, forecast
 from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
@@ -49,12 +49,12 @@ def test_estimated_starts_follow_the_expected_ends(world):
     # 10 GiB (fits now beside the 30 GiB job).
     big, small = submit(ledger, 40, 60.0), submit(ledger, 10, None)
     # No dispatcher holds the lock: no time, and it says why.
-    got = client.start_estimates()
+    got = forecast(client)
     assert got.of(big).at is None and got.of(big).why_none == NO_DISPATCHER
     assert NO_DISPATCHER in got.of(small).sentence(got.now)
 
     client.r.set(client.keys.sched_leader, "someone", px=60_000)  # a dispatcher runs
-    got = client.start_estimates()
+    got = forecast(client)
     assert got.of(small).at == got.now
     assert got.of(small).sentence(got.now) == "now (waiting for the dispatcher's next pass)"
     assert got.now + 45 <= got.of(big).at <= got.now + 51
@@ -67,7 +67,7 @@ def test_beyond_the_simulated_head_a_job_is_later(world, monkeypatch):
     client.r.set(client.keys.sched_leader, "someone", px=60_000)
     first, second = submit(ledger, 10, 5.0), submit(ledger, 10, 5.0)
     monkeypatch.setattr(rig.forecast, "FORECAST_JOBS", 1)
-    got = client.start_estimates()
+    got = forecast(client)
     assert got.of(first).at == got.now
     assert got.of(second).later and got.of(second).short(got.now) == "later"
 
@@ -80,7 +80,7 @@ def test_a_low_priority_job_aged_past_the_others_is_estimated_first(world, monke
         id=0, name="t", user="u", command=["true"], gpu_memory=10 * GIB, gpus=1, priority=Priority.LOW,
         state=JobState.PENDING, workdir="/", created_at=time.time() - 3 * client.settings.aging_seconds)).id
     monkeypatch.setattr(rig.forecast, "FORECAST_JOBS", 1)
-    got = client.start_estimates()
+    got = forecast(client)
     assert got.of(aged).at == got.now and got.of(fresh).later
 
 
@@ -89,7 +89,7 @@ def test_a_damaged_waiting_record_gets_no_time_and_the_rest_are_estimated(world)
     client.r.set(client.keys.sched_leader, "someone", px=60_000)
     bad, good = submit(ledger, 10, 5.0), submit(ledger, 10, 5.0)
     client.r.hset(client.keys.job(bad), "gpu_memory", "lots")
-    got = client.start_estimates()
+    got = forecast(client)
     assert got.of(bad).at is None and got.of(bad).why_none.startswith("never: its record is invalid")
     assert got.of(good).at == got.now
 
@@ -123,7 +123,7 @@ def test_the_jobs_estimated_to_start_now_are_those_the_dispatcher_starts(redis_c
     dispatcher.dispatch_pass()  # some run now, with their ends known or not
     mix(16)
     client.r.set(client.keys.sched_leader, "someone", px=60_000)
-    got = client.start_estimates()
+    got = forecast(client)
     now_ids = {jid for jid, e in got.starts.items() if e.at == got.now}
     pending = set(client.store.pending_head(100))
     dispatcher.dispatch_pass()
@@ -141,7 +141,7 @@ def test_the_cards_of_a_stopped_node_take_nothing_and_end_nothing(world):
     nodes.mark_stopped("n1")  # `rig down`: the health pass has not closed its cards yet
     client.r.set(client.keys.sched_leader, "someone", px=60_000)
     job = submit(ledger, 10, 5.0)
-    got = client.start_estimates().of(job)
+    got = forecast(client).of(job)
     assert got.at is None and got.why_none == NO_CARD_OPEN  # neither "now" nor "never"
 
 
@@ -155,5 +155,5 @@ def test_a_user_at_their_limit_starts_when_their_running_job_ends(redis_client, 
     assert Dispatcher(settings, lambda *a: None, client=redis_client).dispatch_pass() == 1
     second = submit(ledger, 10, 5.0)  # room for it, but its user runs their one job
     client.r.set(client.keys.sched_leader, "someone", px=60_000)
-    got = client.start_estimates()
+    got = forecast(client)
     assert got.of(second).at == pytest.approx(client.get(first).assigned_at + 100, abs=0.01)

@@ -19,7 +19,8 @@ import pytest
 from rig.client import Client
 from rig.config import load_settings
 from rig.errors import InvalidInput, JobNotFound, PermissionDenied
-from rig.forecast import NO_CARDS, Forecast, StartEstimate
+from rig.forecast import NO_CARDS, Forecast, StartEstimate, forecast
+from rig.forecast_store import publish
 from rig.gateway import privacy, wire
 from rig.gateway.client import GatewayClient, GatewayUnavailable
 from rig.gateway.server import Gateway, Peer, bind
@@ -397,8 +398,15 @@ def test_start_estimates_through_the_socket(gateway):
     gw, path = gateway
     job = _submit_as(gw, ALICE)
     client = GatewayClient(gw.settings, path)
-    got = client.start_estimates()
+    got = client.start_estimates([job.id])
     assert isinstance(got, Forecast) and got.of(job.id) == StartEstimate(job.id, None, NO_DISPATCHER)
     gw.client.r.set(gw.client.keys.sched_leader, "someone", px=60_000)  # a dispatcher runs
-    got = client.start_estimates()
+    publish(gw.client.r, gw.client.keys, forecast(gw.client))  # and stored its forecast
+    got = client.start_estimates([job.id])
     assert got.of(job.id) == StartEstimate(job.id, None, NO_CARDS)  # no card registered yet
+    assert got.made_at is not None and got.row(job.id)["estimated_at"] == got.made_at
+    with pytest.raises(InvalidInput, match="job_ids must be a list"):
+        client.call("start_estimates", job_ids="1,2")
+    # A gateway older than the stored forecast takes no job_ids: the client asks it for all.
+    gw.ops["start_estimates"] = lambda peer: gw.client.start_estimates()
+    assert client.start_estimates([job.id]).of(job.id) == StartEstimate(job.id, None, NO_CARDS)

@@ -15,6 +15,8 @@ import pytest
 from rig import timeline
 from rig.client import Client
 from rig.config import load_settings
+from rig.forecast import forecast
+from rig.forecast_store import NOT_MADE_YET, publish
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.testing.web_load import HOSTILE_NAME, mixed_load
@@ -94,6 +96,10 @@ def test_each_waiting_job_has_the_forecasts_estimated_start(client: Client):
     for job_id, expected in zip(load.running, (3600.0, 2400.0, 7200.0), strict=True):
         client.store.update(job_id, expected_seconds=expected)
     alice, bob, _carol = (client.get(i) for i in load.running)
+    data = overview(client, login="admin")  # the leader has stored no forecast yet: it says so
+    assert all(j["estimated_start_short"] == "not yet" and j["estimated_at"] is None
+               and j["estimated_start_text"] == f"not estimated yet ({NOT_MADE_YET})" for j in data["waiting"]["jobs"])
+    publish(client.r, client.keys, forecast(client))  # what the leading dispatcher does (workers.forecaster)
     data = overview(client, login="admin")
     rows = {j["id"]: j for j in data["waiting"]["jobs"]}
     eval_70b, vit, hostile = (rows[i] for i in load.waiting)
@@ -101,6 +107,7 @@ def test_each_waiting_job_has_the_forecasts_estimated_start(client: Client):
     assert eval_70b["estimated_start"] == vit["estimated_start"] == pytest.approx(bob.started_at + 2400, abs=0.01)
     assert hostile["estimated_start"] == pytest.approx(alice.started_at + 3600, abs=0.01)
     assert eval_70b["estimated_start_short"].startswith("~") and "in ~40 min" in eval_70b["estimated_start_text"]
+    assert eval_70b["estimated_at"] == pytest.approx(data["now"], abs=5)
 
 
 def test_the_waiting_list_is_bounded_and_the_total_is_said(client: Client):
