@@ -141,9 +141,13 @@ class Dispatcher:
                 # The wake-ups pushed meanwhile are drained (DEL) in the leader check's round trip.
                 if self._lead(drain_wake=woken):
                     self.dispatch_pass()
-                woken = False
-                # Block until nudged (submit, job end, kill) or a second passes, then drain.
-                woken = self.r.blpop([self.keys.sched_wake], timeout=IDLE_PASS_S) is not None
+                    # Block until nudged (submit, job end, kill) or a second passes, then drain.
+                    woken = self.r.blpop([self.keys.sched_wake], timeout=IDLE_PASS_S) is not None
+                else:
+                    # Standing by: only the leader takes nudges off the list. One taken here would
+                    # be lost to the leader, whose next pass then waits for its idle second.
+                    woken = False
+                    self.stop_event.wait(IDLE_PASS_S)
                 jobtrace.mark(None, "wake")
                 delay = 0.2
             except Exception as exc:  # noqa: BLE001 - the dispatcher must outlive one bad pass

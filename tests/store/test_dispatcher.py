@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -123,6 +124,32 @@ def test_multi_gpu_job_gets_both_cards_at_once(setup):
     job = ledger.store.get(pair)
     assert job.cards == [0, 1]
     assert all(ledger.card("n1", i).reserved == 20 * GIB for i in (0, 1))
+
+
+def test_a_dispatcher_standing_by_leaves_the_wake_ups_to_the_leader(setup, redis_client, key_prefix):
+    """Issue 15: a standby that took a nudge off the list left the leader waiting for its idle
+    second (submit -> placement ~1 s with 8 dispatchers instead of ms)."""
+    _, leader, _ = setup
+    assert leader._lead() is True
+    redis_client.lpush(leader.keys.sched_wake, "1")
+    standby = Dispatcher(load_settings(key_prefix=key_prefix, node_name="n2"), lambda *a: None, client=redis_client)
+
+    idle, wait = threading.Event(), standby.stop_event.wait
+
+    def one_turn(timeout: float | None = None) -> bool:  # the standby's idle wait: the test's cue
+        idle.set()
+        return wait(timeout)
+
+    standby.stop_event.wait = one_turn  # type: ignore[method-assign]
+    loop = threading.Thread(target=standby.run_forever, daemon=True)
+    loop.start()
+    try:
+        assert idle.wait(10), "the standby never went idle (it waits on the wake-up list instead)"
+        assert redis_client.llen(leader.keys.sched_wake) == 1  # still there for the leader
+    finally:
+        standby.stop()
+        loop.join(10)
+    assert redis_client.get(leader.keys.sched_leader) == leader.identity
 
 
 def test_only_one_leader(setup, redis_client, key_prefix):
