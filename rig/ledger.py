@@ -112,13 +112,15 @@ class Ledger:
     def card(self, node: str, index: int) -> CardState:
         return CardState.from_redis(self.r.hgetall(self.keys.card(node, index)))
 
-    def cards(self) -> list[CardState]:
-        """Every registered card, sorted by node then index."""
+    def cards(self, node: str | None = None) -> list[CardState]:
+        """Every registered card (with ``node``, that node's only), sorted by node then index;
+        one round trip for the ids, one pipeline for the records."""
         ids = sorted(self.r.smembers(self.keys.cards))
         pipe = self.r.pipeline(transaction=False)
         for cid in ids:
-            node, index = split_card_id(cid)
-            pipe.hgetall(self.keys.card(node, index))
+            name, index = split_card_id(cid)
+            if node is None or name == node:
+                pipe.hgetall(self.keys.card(name, index))
         cards = [CardState.from_redis(raw) for raw in pipe.execute() if raw]
         return sorted(cards, key=lambda c: (c.node, c.index))
 
@@ -126,6 +128,14 @@ class Ledger:
         """job id -> bytes reserved on this card."""
         raw = self.r.hgetall(self.keys.card_jobs(node, index))
         return {int(k): int(v) for k, v in raw.items()}
+
+    def holdings_of(self, cards: list[CardState]) -> dict[str, dict[int, int]]:
+        """card id -> (job id -> bytes reserved there), for ``cards``, in one pipeline."""
+        pipe = self.r.pipeline(transaction=False)
+        for card in cards:
+            pipe.hgetall(self.keys.card_jobs(card.node, card.index))
+        return {card.id: {int(k): int(v) for k, v in raw.items()}
+                for card, raw in zip(cards, pipe.execute(), strict=True)}
 
     # -- job moves ------------------------------------------------------------------------
     def reserve(self, job_id: int, node: str, cards: list[int], nbytes: int,
