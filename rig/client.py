@@ -464,12 +464,8 @@ class Client:
 
         def _do() -> StatusReport:
             cards = [c for c in self.ledger.cards() if pools.contains(pool, c.node, c.index)]
-            holders: dict[str, list[int]] = {}
-            all_ids: set[int] = set()
-            for card in cards:
-                ids = sorted(self.ledger.holdings(card.node, card.index))
-                holders[card.id] = ids
-                all_ids.update(ids)
+            holders = {cid: sorted(jobs) for cid, jobs in self.ledger.holdings_of(cards).items()}
+            all_ids = {jid for ids in holders.values() for jid in ids}
             by_id = {j.id: j for j in self.store.get_many(sorted(all_ids))}
             running = {cid: [by_id[i] for i in ids if i in by_id] for cid, ids in holders.items()}
             now = shared_now(self.r)
