@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -124,11 +124,13 @@ def explain(facts: WaitFacts) -> str:
     held = facts.held or {}
     in_pool = f" of pool {facts.pool}" if facts.pool else ""
 
-    def is_live(card: CardState) -> bool:
-        return _live(nodes.get(card.node))
+    down = {name for name, n in nodes.items() if not _live(n)}  # a card of a node not listed counts as up
 
-    live = [c for c in facts.cards if is_live(c)]
-    not_up = sorted({n for c in facts.cards if not is_live(c) for n in [c.node]})
+    def is_live(card: CardState) -> bool:
+        return card.node not in down
+
+    live = [c for c in facts.cards if c.node not in down] if down else list(facts.cards)
+    not_up = sorted({c.node for c in facts.cards if c.node in down})
     tail = _tail(facts)
     if facts.limit:
         return f"{facts.limit}; waits for one of them to end{tail}"
@@ -182,18 +184,63 @@ def explain(facts: WaitFacts) -> str:
                 f"({closed_cards_text(open_cards)}); it starts when one does{tail}")
     text = explain_wait(open_cards, req) if open_cards else (
         f"needs {format_memory(req.nbytes)} on {_cards(req)}; every card is held for jobs ahead of it")
+    live_by_id = {c.id: c for c in live} if held else {}
     roomy_held = [(cid, h) for cid, h in sorted(held.items())
-                  if (card := _by_id(live, cid)) is not None and card.eligible and card.free >= req.nbytes]
+                  if (card := live_by_id.get(cid)) is not None and card.eligible and card.free >= req.nbytes]
     if roomy_held:
         parts = []
         for cid, hold in roomy_held:
-            card = _by_id(live, cid)
+            card = live_by_id[cid]
             parts.append(f"{cid} ({format_memory(card.free)} free) held for job {hold.job_id}"
                          + _expected(hold.until, facts.now))
         text += "; " + ", ".join(parts)
     if not_up:
         text += "; not up: " + ", ".join(node_state_text(nodes[n]) for n in not_up)
     return text + tail
+
+
+#: CardState fields explain() never reads (a card's live readings): a change in them alone
+#: leaves every sentence as it was. ``temperature`` only orders the cards a job that fits now
+#: would take (multi-factor), so a sentence for a job that fits nowhere does not read it either.
+_READINGS = frozenset({"updated_at", "used", "utilization"})
+_CARD_FIELDS = tuple(f.name for f in dataclasses.fields(CardState) if f.name not in _READINGS)
+_CARD_FIELDS_NO_TEMPERATURE = tuple(f for f in _CARD_FIELDS if f != "temperature")
+
+
+def cards_token(cards: Sequence[CardState], *, fits_nowhere: bool = False) -> tuple:
+    """What explain() reads of ``cards``, as a hashable value (O(cards)): equal tokens, equal
+    sentences. ``fits_nowhere``: for jobs that no card could take now (rig.placement.Capacity),
+    whose sentence does not depend on the cards' temperatures."""
+    names = _CARD_FIELDS_NO_TEMPERATURE if fits_nowhere else _CARD_FIELDS
+    return tuple(tuple(tuple(v) if isinstance(v := getattr(c, n), list) else v for n in names) for c in cards)
+
+
+def nodes_token(nodes: Sequence[NodeInfo]) -> tuple:
+    """What explain() reads of ``nodes`` (whether each is up, how one that is not is worded,
+    an installation mismatch), as a hashable value: not the heartbeats' times of nodes that are up."""
+    return tuple((n.name, _live(n), n.mismatch, None if _live(n) else node_state_text(n)) for n in nodes)
+
+
+def held_token(held: Mapping[str, Hold], now: float) -> tuple:
+    """What explain() reads of WaitFacts.held: each card, the job it is held for and how that
+    hold's expected end is worded at ``now``."""
+    return tuple((cid, h.job_id, _expected(h.until, now)) for cid, h in sorted(held.items()))
+
+
+def explain_key(facts: WaitFacts, cards: Hashable, nodes: Hashable, held: Hashable | None = None) -> tuple | None:
+    """A key for ``explain(facts)``: facts with equal keys get the same sentence, so a caller
+    that explains the same waits pass after pass (the dispatcher) words each once per change.
+    ``cards`` and ``nodes`` stand for facts.cards and facts.nodes (cards_token, nodes_token, or a
+    version the caller changes with them), ``held`` for facts.held (held_token; worked out here
+    when not given). Holds count by the job they are for and how their
+    expected end is worded (which moves with ``now`` only coarsely: roughly). None: facts this
+    key does not cover (the live view's simulated jobs ahead); explain those each time."""
+    if facts.ahead_cards is not None:
+        return None
+    held = held_token(facts.held or {}, facts.now) if held is None else held
+    own = None if facts.own_hold is None else (facts.own_hold.cards, _expected(facts.own_hold.until, facts.now))
+    return (cards, nodes, facts.request, facts.pool, facts.strategy, facts.dispatcher, facts.ahead, facts.limit,
+            held, own, facts.ahead_unknown, facts.silent_s)
 
 
 def _live(node: NodeInfo | None) -> bool:
@@ -246,10 +293,6 @@ def _big_enough(cards: Iterable[CardState], req: Request) -> bool:
         if c.allowed and c.usable >= req.nbytes:
             per_node[c.node] = per_node.get(c.node, 0) + 1
     return any(n >= req.gpus for n in per_node.values())
-
-
-def _by_id(cards: Iterable[CardState], cid: str) -> CardState | None:
-    return next((c for c in cards if c.id == cid), None)
 
 
 def latest_node_change(nodes: Iterable[NodeInfo]) -> float:

@@ -217,12 +217,16 @@ def delete_prefix(r: redis.Redis, prefix: str) -> None:
         r.delete(*batch)
 
 
-def timed(fn: Callable[[], object], reps: int) -> list[float]:
+def timed(fn: Callable[[], object], reps: int, cpu: list[float] | None = None) -> list[float]:
+    """Wall ms of ``reps`` calls; with ``cpu``, this thread's CPU ms of each call appended to it
+    (what the pass costs on a machine whose other load stretches the wall time)."""
     out = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         fn()
         out.append((time.perf_counter() - t0) * 1000)
+        if cpu is not None:
+            cpu.append((time.thread_time() - c0) * 1000)
     return out
 
 
@@ -235,7 +239,7 @@ def measure_size(url: str, nodes: int, users: int, waiting_steps: list[int], rep
         cluster.build()
         print(f"\n## {ncards} cards ({nodes} nodes), {users} user(s): {ncards * RUNNING_PER_CARD} running jobs "
               f"(built in {time.perf_counter() - t0:.1f} s)")
-        print("| waiting | pass idle p50/p95 ms | ends/s | pass start ms (started) | submit_many/s | status ms "
+        print("| waiting | pass idle p50/p95 ms (CPU p50) | ends/s | pass start ms, CPU (started) | submit_many/s | status ms "
               "| adopt calls/KiB/usec | health ms (usec) | periodic % core | memory/job B |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         client = Client(cluster.settings, redis_client=cluster.r)
@@ -244,15 +248,14 @@ def measure_size(url: str, nodes: int, users: int, waiting_steps: list[int], rep
             cluster.add_waiting(target - cluster.waiting)
             per_job = (int(cluster.r.info("memory")["used_memory"]) - before_mem) / max(1, target)
             cluster.dispatcher.dispatch_pass()  # the first pass words every reason: not the steady state
+            idle_cpu: list[float] = []
             with meter.measure() as idle_cost:
-                idle = timed(cluster.dispatcher.dispatch_pass, reps)
+                idle = timed(cluster.dispatcher.dispatch_pass, reps, idle_cpu)
             assert not cluster.started, "a job started while nothing should fit"
-            ends, starts, started = [], [], []
+            ends, starts, starts_cpu, started = [], [], [], []
             for _ in range(max(1, reps // 5)):
                 ends.append(cluster.end_some(ENDS_PER_ROUND))
-                t0 = time.perf_counter()
-                cluster.dispatcher.dispatch_pass()
-                starts.append((time.perf_counter() - t0) * 1000)
+                starts += timed(cluster.dispatcher.dispatch_pass, 1, starts_cpu)
                 started.append(len(cluster.started))
                 cluster.claim_started()
             t0 = time.perf_counter()
@@ -267,7 +270,8 @@ def measure_size(url: str, nodes: int, users: int, waiting_steps: list[int], rep
             periodic_usec_per_s = (adopt["usec"] * ncards / interval + health_cost["usec"] / interval
                                    + idle_cost["usec"] / reps)
             print(f"| {target:,} | {statistics.median(idle):.1f} / {percentile(idle, 0.95):.1f} "
-                  f"| {statistics.median(ends):.0f} | {statistics.median(starts):.1f} ({min(started)}-{max(started)}) "
+                  f"({statistics.median(idle_cpu):.1f}) | {statistics.median(ends):.0f} "
+                  f"| {statistics.median(starts):.1f}, {statistics.median(starts_cpu):.1f} ({min(started)}-{max(started)}) "
                   f"| {submit_rate:.0f} | {status_ms:.0f} "
                   f"| {adopt['calls']:.0f} / {adopt['bytes'] / 1024:.0f} / {adopt['usec']:.0f} "
                   f"| {health_cost['wall_s'] * 1000:.0f} ({health_cost['usec']:.0f}) "

@@ -40,6 +40,7 @@ the leader lock at a time; the reservation script keeps the ledger safe regardle
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import logging
 import math
@@ -47,7 +48,7 @@ import os
 import threading
 import uuid
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -65,18 +66,28 @@ from rig.ledger import Ledger
 from rig.models import PRIORITY_BAND, CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
 from rig.placement import (
+    Capacity,
     Hold,
+    HoldPlanner,
     Release,
     Request,
     may_backfill,
     never_fits,
     place,
-    plan_hold,
 )
+from rig.pools import Pools
 from rig.redis_conn import connect
 from rig.redis_writes import is_outage
 from rig.store import JobStore
-from rig.waiting import REFRESH_S, WaitFacts, explain
+from rig.waiting import (
+    REFRESH_S,
+    WaitFacts,
+    cards_token,
+    explain,
+    explain_key,
+    held_token,
+    nodes_token,
+)
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +105,8 @@ START_SLACK_S = 1.0
 LEADER_TTL_MS = 5000
 #: A pass runs at least this often even without a nudge (s).
 IDLE_PASS_S = 1.0
+#: Wait sentences remembered across passes (rig.waiting.explain_key -> sentence); then it restarts.
+EXPLAINED_CACHE = 50_000
 
 SendStart = Callable[[int, str, str, int], None]  # job id, token, node, first card
 
@@ -120,6 +133,12 @@ class Dispatcher:
         self.stop_event = threading.Event()
         self._notes: dict[int, str] = {}  # job id -> wait reason, written at the end of a round
         self._nodes: list[NodeInfo] | None = None  # read once per round, when a wait is explained
+        self._nodes_token: Hashable = ()  # rig.waiting.nodes_token of _nodes
+        #: Wait sentences by what they say (rig.waiting.explain_key): a job that waits pass after
+        #: pass for the same reasons is worded once, not once per pass.
+        self._explained: dict[Hashable, str] = {}
+        self._never: dict[tuple[str | None, Request], str | None] = {}  # per round: never_fits by pool
+        self._versions = itertools.count()  # tokens of the card views a start makes
         self._prior = estimates.Prior(())  # the cluster's recent runs, read with the round's holdings
         self._backfill_ends: dict[int, tuple[float | None, float | None]] = {}  # per round: backfill_end
         self._read_all = False  # the last _read_waiting saw every waiting job
@@ -354,16 +373,21 @@ class Dispatcher:
         has held for less than backfill_estimate_delay_seconds, or its sure end (time limit)
         if earlier; after that only the sure end; None when neither (it may backfill only by
         leaving room)."""
-        ends = self._backfill_ends.get(job.id)
-        if ends is None:  # the same for every hold this round: worked out once per job
-            found = self.estimate(job)
-            ends = self._backfill_ends[job.id] = (
-                self.sure_end(job, now), now + found.cautious + START_SLACK_S if found.backfills else None)
-        sure, estimated = ends
+        sure, estimated = self.backfill_ends(job, now)
         budget = self.settings.backfill_estimate_delay_seconds
         if estimated is None or budget <= 0 or now > held_since + budget:
             return sure
         return estimated if sure is None else min(sure, estimated)
+
+    def backfill_ends(self, job: Waiting, now: float) -> tuple[float | None, float | None]:
+        """(sure end, cautious estimated end) of ``job`` started now, as backfill_end takes them
+        (epoch s, None when unknown): the same for every hold this round, worked out once per job."""
+        ends = self._backfill_ends.get(job.id)
+        if ends is None:
+            found = self.estimate(job)
+            ends = self._backfill_ends[job.id] = (
+                self.sure_end(job, now), now + found.cautious + START_SLACK_S if found.backfills else None)
+        return ends
 
     def effective_rank(self, job: Waiting | Job, now: float) -> int:
         """Priority rank after aging (0 = high)."""
@@ -431,8 +455,10 @@ class Dispatcher:
                     self.settings.fair_share and len(limits) > 1):
                 snapshot.get()
             holds = _Holds(self, snapshot, now)
+            view = _View(cards, pools, snapshot, now)
             self._nodes = None
             self._backfill_ends = {}
+            self._never = {}
             smallest = min(j.gpu_memory for j in waiting)
             progressed = refused = False
 
@@ -445,13 +471,14 @@ class Dispatcher:
                     continue
                 if over_limit(job.user, snapshot.team.load(job.user), job.gpu_memory, job.gpus, limits[job.user]):
                     continue  # it could not start anyway: no cards held for it
-                mine = [c for c in cards if pools.contains(job.pool, c.node, c.index)]
+                mine = view.mine(job.pool)
                 request = Request(job.gpu_memory, job.gpus)
-                if mine and place(holds.open_to(job, mine, request), request, self.settings.scheduler_type) is None \
-                        and not never_fits(mine, request):
+                if mine and (not view.could_place(job.pool, request) or place(
+                        holds.open_to(job, mine, request, view), request, self.settings.scheduler_type) is None) \
+                        and not self._never_fits(job.pool, mine, request):
                     blocked.add(job.id)
-                    hold = holds.plan(job, mine, request)
-                    self._note_wait(job, mine, request, 0, hold, holds, now)  # the main loop may stop early
+                    hold = holds.plan(job, view, request)
+                    self._note_wait(job, request, 0, hold, holds, view, now)  # the main loop may stop early
                     self._mark_holding(job, hold, now)
             started_before = started
             for position, job in enumerate(self.fair_order(waiting, snapshot.team, now)):
@@ -460,8 +487,8 @@ class Dispatcher:
                     self._end_unschedulable(job, f"pool {job.pool!r} is no longer configured")
                     progressed = True
                     continue
-                mine = [c for c in cards if pools.contains(job.pool, c.node, c.index)]
-                impossible = never_fits(mine, request) if cards else None
+                mine = view.mine(job.pool)
+                impossible = self._never_fits(job.pool, mine, request) if cards else None
                 if impossible:
                     where = f"in pool {job.pool!r}: " if job.pool else ""
                     self._end_unschedulable(job, where + impossible)
@@ -475,19 +502,22 @@ class Dispatcher:
                 limit = over_limit(job.user, snapshot.team.load(job.user), job.gpu_memory, job.gpus,
                                    limits[job.user])
                 if limit:
-                    self._note(job, explain(WaitFacts(request=request, cards=mine, limit=limit, now=now)))
+                    self._note(job, self._explain(WaitFacts(request=request, cards=mine, limit=limit, now=now), view,
+                                                  not view.could_place(job.pool, request)))
                     continue
                 if job.id in blocked and started == started_before:
                     placement = None  # nothing changed since it was found blocked
+                elif not view.could_place(job.pool, request):
+                    placement = None  # no node of its pool has the room, held or not
                 else:
-                    placement = place(holds.open_to(job, mine, request), request, self.settings.scheduler_type,
+                    placement = place(holds.open_to(job, mine, request, view), request, self.settings.scheduler_type,
                                       smallest_waiting=smallest)
                 if placement is None:
                     hold = holds.of(job.id)
                     if hold is None and now - job.created_at >= self.hold_after(job, now):
-                        hold = holds.plan(job, mine, request)
+                        hold = holds.plan(job, view, request)
                         self._mark_holding(job, hold, now)
-                    self._note_wait(job, mine, request, position, hold, holds, now)
+                    self._note_wait(job, request, position, hold, holds, view, now)
                     if eligible and holds.close_all(eligible):
                         break  # every card is held for a job ahead and nothing can backfill
                     continue
@@ -506,6 +536,7 @@ class Dispatcher:
                          list(placement.cards), detail)
                 self.send_start(job.id, detail, placement.node, placement.cards[0])
                 cards = _with_reservation(cards, placement.node, placement.cards, job.gpu_memory)
+                view = _View(cards, pools, snapshot, now, token=("after a start", next(self._versions)))
                 if snapshot.loaded:  # else a later read sees this reservation in Redis
                     releases, team = snapshot.get()
                     end = self.release_estimate(job, now)
@@ -538,18 +569,39 @@ class Dispatcher:
                                error_queue=True, expect=JobState.PENDING)
         log.warning("job %s: unschedulable: %s", job.id, why)
 
-    def _note_wait(self, job: Waiting, cards: list[CardState], request: Request, ahead: int,
-                   hold: Hold | None, holds: _Holds, now: float) -> None:
+    def _note_wait(self, job: Waiting, request: Request, ahead: int, hold: Hold | None, holds: _Holds,
+                   view: _View, now: float) -> None:
         """Word why ``job`` waits with rig.waiting.explain (the one place waits are worded),
-        from what this round knows: the cards closed to it by other jobs' holds, its own hold,
-        its place in the run order and the nodes' states (read once per round)."""
-        open_ids = {c.id for c in holds.open_to(job, cards, request)}
-        held = {c.id: holds.by_card[c.id] for c in cards if c.id not in open_ids and c.id in holds.by_card}
+        from what this round knows: the cards of its pool closed to it by other jobs' holds, its
+        own hold, its place in the run order and the nodes' states (read once per round)."""
         if self._nodes is None:
             self._nodes = NodeRegistry(self.r, self.keys).read()
-        self._note(job, explain(WaitFacts(
-            request=request, cards=cards, nodes=self._nodes, held=held, own_hold=hold, ahead=ahead,
-            dispatcher=True, pool=job.pool, strategy=self.settings.scheduler_type, now=now)))
+            self._nodes_token = nodes_token(self._nodes)
+        closed, token = holds.closed_with_token(job, request, view)
+        facts = WaitFacts(
+            request=request, cards=view.mine(job.pool), nodes=self._nodes, held=closed,
+            own_hold=hold, ahead=ahead, dispatcher=True, pool=job.pool, strategy=self.settings.scheduler_type, now=now)
+        self._note(job, self._explain(facts, view, not view.could_place(job.pool, request), token))
+
+    def _explain(self, facts: WaitFacts, view: _View, fits_nowhere: bool, held: Hashable | None = None) -> str:
+        """explain(facts), remembered by rig.waiting.explain_key: worded once per change."""
+        key = explain_key(facts, view.token(fits_nowhere), self._nodes_token if facts.nodes else (), held)
+        reason = self._explained.get(key) if key is not None else None
+        if reason is None:
+            reason = explain(facts)
+            if len(self._explained) >= EXPLAINED_CACHE:
+                self._explained.clear()
+            if key is not None:
+                self._explained[key] = reason
+        return reason
+
+    def _never_fits(self, pool: str | None, mine: list[CardState], request: Request) -> str | None:
+        """rig.placement.never_fits, once per pool and request in a round (it reads only what a
+        start leaves as it was: the cards' sizes and whether they are gone)."""
+        key = (pool, request)
+        if key not in self._never:
+            self._never[key] = never_fits(mine, request)
+        return self._never[key]
 
     def _note(self, job: Waiting, reason: str) -> None:
         """Set a waiting job's reason (written with the round's others, in one pipeline). An
@@ -572,43 +624,76 @@ class Dispatcher:
 class _Holds:
     """The cards held during one dispatcher round for jobs that could not start (EASY's
     reservations), with the aged rank of each holder: a hold binds only jobs of the same or a
-    lower priority, and only where they could delay the holder (rig.placement.may_backfill)."""
+    lower priority, and only where they could delay the holder (rig.placement.may_backfill).
+    A job holds at most one set of cards, and no card is held twice (plans exclude held cards)."""
 
     def __init__(self, dispatcher: Dispatcher, snapshot: _Lazy, now: float) -> None:
         self.dispatcher = dispatcher
         self.snapshot = snapshot
         self.now = now
         self.by_card: dict[str, Hold] = {}
+        self.by_job: dict[int, Hold] = {}
         self.rank: dict[str, int] = {}
         self.held_since: dict[int, float] = {}  # held job id -> when it first held cards
+        #: (view, holds so far, pool, rank, request, backfill ends) -> (closed cards, held_token):
+        #: what closed_to answers depends on nothing else, so jobs alike share one answer.
+        self._closed: dict[tuple, tuple[dict[str, Hold], tuple]] = {}
 
     def of(self, job_id: int) -> Hold | None:
-        return next((h for h in self.by_card.values() if h.job_id == job_id), None)
+        return self.by_job.get(job_id)
 
-    def open_to(self, job: Waiting, mine: list[CardState], request: Request) -> list[CardState]:
-        """The cards of ``mine`` that ``job`` may take now (its own held cards included)."""
+    def closed_to(self, job: Waiting, request: Request, view: _View) -> dict[str, Hold]:
+        """The held cards of ``job``'s pool that it may not take now (card id -> hold): held for
+        another job of the same or a higher aged rank, where ``job`` could delay it. Never
+        changed by the caller (shared by jobs alike)."""
+        return self.closed_with_token(job, request, view)[0]
+
+    def closed_with_token(self, job: Waiting, request: Request, view: _View) -> tuple[dict[str, Hold], tuple]:
+        """closed_to, and its rig.waiting.held_token."""
         if not self.by_card:
-            return mine
+            return {}, ()
         rank = self.dispatcher.effective_rank(job, self.now)
-        out = []
+        key = (view.serial, len(self.by_card), job.pool, rank, request, self.dispatcher.backfill_ends(job, self.now))
+        found = self._closed.get(key)
+        if found is None:
+            closed = self._closed_to(job, rank, request, view)
+            found = self._closed[key] = (closed, held_token(closed, self.now))
+        own = self.by_job.get(job.id)
+        if own is not None and any(cid in found[0] for cid in own.cards):
+            # Its own held cards are open to it: the shared answer was for a job holding none.
+            closed = {cid: h for cid, h in found[0].items() if h.job_id != job.id}
+            return closed, held_token(closed, self.now)
+        return found
+
+    def _closed_to(self, job: Waiting, rank: int, request: Request, view: _View) -> dict[str, Hold]:
+        """closed_to worked out (O(held cards)); ``job``'s own holds count as another's."""
+        pools = self.dispatcher.settings.pool_map
+        closed: dict[str, Hold] = {}
         ends: dict[int, float | None] = {}  # held job id -> this job's end as backfill in front of it
-        for card in mine:
-            hold = self.by_card.get(card.id)
-            if hold is None or hold.job_id == job.id or self.rank[card.id] > rank:
-                out.append(card)
+        for cid, hold in self.by_card.items():
+            if self.rank[cid] > rank:
+                continue
+            card = view.by_id.get(cid)
+            if card is None or not pools.contains(job.pool, card.node, card.index):
                 continue
             since = self.held_since.get(hold.job_id, self.now)
             if hold.job_id not in ends:
                 ends[hold.job_id] = self.dispatcher.backfill_end(job, self.now, since)
-            if may_backfill(card, self.snapshot.get()[0].get(card.id, ()), hold, request, ends[hold.job_id],
-                            since):
-                out.append(card)
-        return out
+            if not may_backfill(card, self.snapshot.get()[0].get(cid, ()), hold, request, ends[hold.job_id], since):
+                closed[cid] = hold
+        return closed
 
-    def plan(self, job: Waiting, mine: list[CardState], request: Request) -> Hold | None:
-        hold = plan_hold(mine, self.snapshot.get()[0], request, self.now, job.id, exclude=set(self.by_card))
+    def open_to(self, job: Waiting, mine: list[CardState], request: Request, view: _View) -> list[CardState]:
+        """The cards of ``mine`` (the view's cards of its pool) that ``job`` may take now (its own
+        held cards included)."""
+        closed = self.closed_to(job, request, view)
+        return [c for c in mine if c.id not in closed] if closed else mine
+
+    def plan(self, job: Waiting, view: _View, request: Request) -> Hold | None:
+        hold = view.planner(job.pool).plan(request, job.id, exclude=self.by_card)
         if hold:
             self.by_card.update(dict.fromkeys(hold.cards, hold))
+            self.by_job[job.id] = hold
             self.held_since[job.id] = job.held_at or self.now
             self.rank.update(dict.fromkeys(hold.cards, self.dispatcher.effective_rank(job, self.now)))
         return hold
@@ -616,6 +701,60 @@ class _Holds:
     def close_all(self, eligible: set[str]) -> bool:
         """Is every eligible card held, with no known end (nothing can backfill anywhere)?"""
         return eligible <= set(self.by_card) and all(h.until == math.inf for h in self.by_card.values())
+
+
+_VIEWS = itertools.count()
+
+
+class _View:
+    """The cards of one dispatcher round as its jobs see them, until a start changes them (then
+    a new view): each pool's cards, what they could place (rig.placement.Capacity), hold plans
+    (HoldPlanner) and the token wait sentences are remembered by, each worked out once per pool
+    on first use instead of once per job."""
+
+    def __init__(self, cards: list[CardState], pools: Pools, snapshot: _Lazy, now: float,
+                 token: Hashable | None = None) -> None:
+        self.cards = cards
+        self.serial = next(_VIEWS)  # never the same for two views (unlike id(), never reused)
+        self.by_id = {c.id: c for c in cards}
+        self.pools = pools
+        self.snapshot = snapshot
+        self.now = now
+        #: A start's view: a version never seen before (its cards were not read from Redis);
+        #: None: worked out from the cards (rig.waiting.cards_token), equal across passes that
+        #: read the same cards.
+        self._token = token
+        self._tokens: dict[bool, Hashable] = {}
+        self._mine: dict[str | None, list[CardState]] = {}
+        self._capacity: dict[str | None, Capacity] = {}
+        self._planners: dict[str | None, HoldPlanner] = {}
+
+    def mine(self, pool: str | None) -> list[CardState]:
+        """The cards a job of ``pool`` may use (all of them without a pool)."""
+        found = self._mine.get(pool)
+        if found is None:
+            found = self._mine[pool] = [c for c in self.cards if self.pools.contains(pool, c.node, c.index)]
+        return found
+
+    def could_place(self, pool: str | None, request: Request) -> bool:
+        """Could some node of the pool take ``request`` now, holds aside? (False: place is None.)"""
+        capacity = self._capacity.get(pool)
+        if capacity is None:
+            capacity = self._capacity[pool] = Capacity(self.mine(pool))
+        return capacity.could_place(request)
+
+    def planner(self, pool: str | None) -> HoldPlanner:
+        found = self._planners.get(pool)
+        if found is None:
+            found = self._planners[pool] = HoldPlanner(self.mine(pool), self.snapshot.get()[0], self.now)
+        return found
+
+    def token(self, fits_nowhere: bool) -> Hashable:
+        if self._token is not None:
+            return self._token
+        if fits_nowhere not in self._tokens:
+            self._tokens[fits_nowhere] = cards_token(self.cards, fits_nowhere=fits_nowhere)
+        return self._tokens[fits_nowhere]
 
 
 class _Lazy:
