@@ -161,3 +161,19 @@ def test_only_one_leader(setup, redis_client, key_prefix):
     assert first._lead() is True  # renews
     first._resign()
     assert second._lead() is True
+
+
+def test_a_remembered_wait_reason_follows_the_cards_between_passes(setup):
+    """Issue 15: wait sentences are remembered across passes; a change of the cards words them anew."""
+    ledger, dispatcher, started = setup  # 2 cards x 40 GiB
+    submit(ledger, 30)
+    submit(ledger, 30)
+    assert dispatcher.dispatch_pass() == 2  # one on each card: 10 GiB free on each
+    big = submit(ledger, 35, Priority.LOW)
+    dispatcher.dispatch_pass()
+    assert "largest free block" in ledger.store.get(big).wait_reason
+    assert "(n1/0)" in ledger.store.get(big).wait_reason.split("largest free block")[1].split(";")[0]
+    side = submit(ledger, 5)
+    assert ledger.reserve(side, "n1", [0], 5 * GIB)[0]  # placed by someone else: n1/0 has 5 GiB free now
+    dispatcher.dispatch_pass()
+    assert "(n1/1)" in ledger.store.get(big).wait_reason.split("largest free block")[1].split(";")[0]
