@@ -163,9 +163,12 @@ def test_only_one_leader(setup, redis_client, key_prefix):
     assert second._lead() is True
 
 
-def test_a_remembered_wait_reason_follows_the_cards_between_passes(setup):
+def test_a_remembered_wait_reason_follows_the_cards_between_passes(setup, redis_client, key_prefix):
     """Issue 15: wait sentences are remembered across passes; a change of the cards words them anew."""
-    ledger, dispatcher, started = setup  # 2 cards x 40 GiB
+    ledger, _, started = setup  # 2 cards x 40 GiB
+    settings = load_settings(key_prefix=key_prefix, scheduler_type="best-fit", node_name="n1",
+                             hold_after_seconds=3600)  # no holds: only the cards change the sentence
+    dispatcher = Dispatcher(settings, lambda *a: started.append(a), client=redis_client)
     submit(ledger, 30)
     submit(ledger, 30)
     assert dispatcher.dispatch_pass() == 2  # one on each card: 10 GiB free on each
