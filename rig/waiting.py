@@ -101,6 +101,9 @@ class WaitFacts:
     ahead_unknown: bool = False
     #: A dispatcher holds the lock but did not take a wake-up for this long (s); 0: no sign.
     silent_s: float = 0.0
+    #: The caller knows that no card of ``cards`` could take the job now, holds aside
+    #: (rig.placement.Capacity): explain then skips looking for a placement.
+    fits_nowhere: bool = False
 
 
 def node_state_text(node: NodeInfo) -> str:
@@ -130,7 +133,7 @@ def explain(facts: WaitFacts) -> str:
         return card.node not in down
 
     live = [c for c in facts.cards if c.node not in down] if down else list(facts.cards)
-    not_up = sorted({c.node for c in facts.cards if c.node in down})
+    not_up = sorted({c.node for c in facts.cards if c.node in down}) if down else []
     tail = _tail(facts)
     if facts.limit:
         return f"{facts.limit}; waits for one of them to end{tail}"
@@ -149,7 +152,7 @@ def explain(facts: WaitFacts) -> str:
     if not live:
         listed = "; ".join(node_state_text(nodes[n]) for n in not_up)
         return f"no rig node{in_pool} is up ({listed}); it starts when one is back (`rig up` there){tail}"
-    if not _big_enough(live, req) and _big_enough(facts.cards, req):
+    if down and not _big_enough(live, req) and _big_enough(facts.cards, req):  # (no node down: live is all)
         wanted = sorted({c.node for c in facts.cards if not is_live(c) and c.allowed and c.usable >= req.nbytes})
         listed = "; ".join(node_state_text(nodes[n]) for n in wanted)
         return (f"needs {format_memory(req.nbytes)} on {_cards(req)}; only cards of nodes that are not up "
@@ -161,8 +164,8 @@ def explain(facts: WaitFacts) -> str:
         return (f"needs {format_memory(req.nbytes)} on {_cards(req)}; only cards outside gpu_whitelist "
                 f"could take it: {shown}; it waits until gpu_whitelist names them{tail}")
 
-    open_cards = [c for c in live if c.id not in held]
-    fitting = place(open_cards, req, facts.strategy)
+    open_cards = [c for c in live if c.id not in held] if held else live
+    fitting = None if facts.fits_nowhere else place(open_cards, req, facts.strategy)
     if fitting is not None and facts.ahead and (facts.ahead_unknown or facts.ahead_cards is not None):
         # Free now, but jobs ahead go first: it fits now only if it still does after them.
         later = None if facts.ahead_unknown else place(
@@ -240,7 +243,7 @@ def explain_key(facts: WaitFacts, cards: Hashable, nodes: Hashable, held: Hashab
     held = held_token(facts.held or {}, facts.now) if held is None else held
     own = None if facts.own_hold is None else (facts.own_hold.cards, _expected(facts.own_hold.until, facts.now))
     return (cards, nodes, facts.request, facts.pool, facts.strategy, facts.dispatcher, facts.ahead, facts.limit,
-            held, own, facts.ahead_unknown, facts.silent_s)
+            held, own, facts.ahead_unknown, facts.silent_s, facts.fits_nowhere)
 
 
 def _live(node: NodeInfo | None) -> bool:

@@ -48,7 +48,7 @@ import os
 import threading
 import uuid
 from collections import defaultdict, deque
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -138,7 +138,8 @@ class Dispatcher:
         #: pass for the same reasons is worded once, not once per pass.
         self._explained: dict[Hashable, str] = {}
         self._never: dict[tuple[str | None, Request], str | None] = {}  # per round: never_fits by pool
-        self._versions = itertools.count()  # tokens of the card views a start makes
+        self._versions = itertools.count()  # tokens of the card views a start makes, and interned ones
+        self._interned: dict[Hashable, int] = {}  # large tokens -> small stand-ins (_intern)
         self._prior = estimates.Prior(())  # the cluster's recent runs, read with the round's holdings
         self._backfill_ends: dict[int, tuple[float | None, float | None]] = {}  # per round: backfill_end
         self._read_all = False  # the last _read_waiting saw every waiting job
@@ -455,7 +456,7 @@ class Dispatcher:
                     self.settings.fair_share and len(limits) > 1):
                 snapshot.get()
             holds = _Holds(self, snapshot, now)
-            view = _View(cards, pools, snapshot, now)
+            view = _View(cards, pools, snapshot, now, self._intern)
             self._nodes = None
             self._backfill_ends = {}
             self._never = {}
@@ -536,7 +537,8 @@ class Dispatcher:
                          list(placement.cards), detail)
                 self.send_start(job.id, detail, placement.node, placement.cards[0])
                 cards = _with_reservation(cards, placement.node, placement.cards, job.gpu_memory)
-                view = _View(cards, pools, snapshot, now, token=("after a start", next(self._versions)))
+                view = _View(cards, pools, snapshot, now, self._intern, token=next(self._versions))
+                holds.started_on(card_id(placement.node, i) for i in placement.cards)
                 if snapshot.loaded:  # else a later read sees this reservation in Redis
                     releases, team = snapshot.get()
                     end = self.release_estimate(job, now)
@@ -576,12 +578,13 @@ class Dispatcher:
         own hold, its place in the run order and the nodes' states (read once per round)."""
         if self._nodes is None:
             self._nodes = NodeRegistry(self.r, self.keys).read()
-            self._nodes_token = nodes_token(self._nodes)
+            self._nodes_token = self._intern(nodes_token(self._nodes))
         closed, token = holds.closed_with_token(job, request, view)
+        nowhere = not view.could_place(job.pool, request)
         facts = WaitFacts(
-            request=request, cards=view.mine(job.pool), nodes=self._nodes, held=closed,
-            own_hold=hold, ahead=ahead, dispatcher=True, pool=job.pool, strategy=self.settings.scheduler_type, now=now)
-        self._note(job, self._explain(facts, view, not view.could_place(job.pool, request), token))
+            request=request, cards=view.mine(job.pool), nodes=self._nodes, held=closed, own_hold=hold, ahead=ahead,
+            dispatcher=True, pool=job.pool, strategy=self.settings.scheduler_type, now=now, fits_nowhere=nowhere)
+        self._note(job, self._explain(facts, view, nowhere, token))
 
     def _explain(self, facts: WaitFacts, view: _View, fits_nowhere: bool, held: Hashable | None = None) -> str:
         """explain(facts), remembered by rig.waiting.explain_key: worded once per change."""
@@ -591,9 +594,19 @@ class Dispatcher:
             reason = explain(facts)
             if len(self._explained) >= EXPLAINED_CACHE:
                 self._explained.clear()
+                self._interned.clear()  # stand-ins are never reused: keys made with old ones just miss
             if key is not None:
                 self._explained[key] = reason
         return reason
+
+    def _intern(self, token: Hashable) -> int:
+        """A small stand-in for a large token (all cards as explain reads them, a set of held
+        cards): hashed once here rather than at every sentence looked up. Never reused for
+        another token (a counter), so a stand-in forgotten with the sentences cannot mislead."""
+        found = self._interned.get(token)
+        if found is None:
+            found = self._interned[token] = next(self._versions)
+        return found
 
     def _never_fits(self, pool: str | None, mine: list[CardState], request: Request) -> str | None:
         """rig.placement.never_fits, once per pool and request in a round (it reads only what a
@@ -635,9 +648,11 @@ class _Holds:
         self.by_job: dict[int, Hold] = {}
         self.rank: dict[str, int] = {}
         self.held_since: dict[int, float] = {}  # held job id -> when it first held cards
-        #: (view, holds so far, pool, rank, request, backfill ends) -> (closed cards, held_token):
+        #: Changes when a hold is added or a job starts on a held card (what closed_to reads).
+        self.version = 0
+        #: (version, pool, rank, request, backfill ends) -> (closed cards, interned held_token):
         #: what closed_to answers depends on nothing else, so jobs alike share one answer.
-        self._closed: dict[tuple, tuple[dict[str, Hold], tuple]] = {}
+        self._closed: dict[tuple, tuple[dict[str, Hold], Hashable]] = {}
 
     def of(self, job_id: int) -> Hold | None:
         return self.by_job.get(job_id)
@@ -648,22 +663,27 @@ class _Holds:
         changed by the caller (shared by jobs alike)."""
         return self.closed_with_token(job, request, view)[0]
 
-    def closed_with_token(self, job: Waiting, request: Request, view: _View) -> tuple[dict[str, Hold], tuple]:
-        """closed_to, and its rig.waiting.held_token."""
+    def closed_with_token(self, job: Waiting, request: Request, view: _View) -> tuple[dict[str, Hold], Hashable]:
+        """closed_to, and a stand-in for its rig.waiting.held_token."""
         if not self.by_card:
             return {}, ()
         rank = self.dispatcher.effective_rank(job, self.now)
-        key = (view.serial, len(self.by_card), job.pool, rank, request, self.dispatcher.backfill_ends(job, self.now))
+        key = (self.version, job.pool, rank, request, self.dispatcher.backfill_ends(job, self.now))
         found = self._closed.get(key)
         if found is None:
             closed = self._closed_to(job, rank, request, view)
-            found = self._closed[key] = (closed, held_token(closed, self.now))
+            found = self._closed[key] = (closed, self.dispatcher._intern(held_token(closed, self.now)))
         own = self.by_job.get(job.id)
         if own is not None and any(cid in found[0] for cid in own.cards):
             # Its own held cards are open to it: the shared answer was for a job holding none.
             closed = {cid: h for cid, h in found[0].items() if h.job_id != job.id}
-            return closed, held_token(closed, self.now)
+            return closed, self.dispatcher._intern(held_token(closed, self.now))
         return found
+
+    def started_on(self, card_ids: Iterable[str]) -> None:
+        """A job started on these cards: answers that read them (held ones) are out of date."""
+        if any(cid in self.by_card for cid in card_ids):
+            self.version += 1
 
     def _closed_to(self, job: Waiting, rank: int, request: Request, view: _View) -> dict[str, Hold]:
         """closed_to worked out (O(held cards)); ``job``'s own holds count as another's."""
@@ -692,6 +712,7 @@ class _Holds:
     def plan(self, job: Waiting, view: _View, request: Request) -> Hold | None:
         hold = view.planner(job.pool).plan(request, job.id, exclude=self.by_card)
         if hold:
+            self.version += 1
             self.by_card.update(dict.fromkeys(hold.cards, hold))
             self.by_job[job.id] = hold
             self.held_since[job.id] = job.held_at or self.now
@@ -703,9 +724,6 @@ class _Holds:
         return eligible <= set(self.by_card) and all(h.until == math.inf for h in self.by_card.values())
 
 
-_VIEWS = itertools.count()
-
-
 class _View:
     """The cards of one dispatcher round as its jobs see them, until a start changes them (then
     a new view): each pool's cards, what they could place (rig.placement.Capacity), hold plans
@@ -713,9 +731,8 @@ class _View:
     on first use instead of once per job."""
 
     def __init__(self, cards: list[CardState], pools: Pools, snapshot: _Lazy, now: float,
-                 token: Hashable | None = None) -> None:
+                 intern: Callable[[Hashable], int], token: Hashable | None = None) -> None:
         self.cards = cards
-        self.serial = next(_VIEWS)  # never the same for two views (unlike id(), never reused)
         self.by_id = {c.id: c for c in cards}
         self.pools = pools
         self.snapshot = snapshot
@@ -724,6 +741,7 @@ class _View:
         #: None: worked out from the cards (rig.waiting.cards_token), equal across passes that
         #: read the same cards.
         self._token = token
+        self._intern = intern
         self._tokens: dict[bool, Hashable] = {}
         self._mine: dict[str | None, list[CardState]] = {}
         self._capacity: dict[str | None, Capacity] = {}
@@ -753,7 +771,7 @@ class _View:
         if self._token is not None:
             return self._token
         if fits_nowhere not in self._tokens:
-            self._tokens[fits_nowhere] = cards_token(self.cards, fits_nowhere=fits_nowhere)
+            self._tokens[fits_nowhere] = self._intern(cards_token(self.cards, fits_nowhere=fits_nowhere))
         return self._tokens[fits_nowhere]
 
 
