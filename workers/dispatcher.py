@@ -82,9 +82,11 @@ from rig.store import JobStore
 from rig.waiting import (
     REFRESH_S,
     WaitFacts,
+    body_key,
+    card_token,
     cards_token,
-    explain,
-    explain_key,
+    explain_body,
+    explain_tail,
     held_token,
     nodes_token,
 )
@@ -105,7 +107,7 @@ START_SLACK_S = 1.0
 LEADER_TTL_MS = 5000
 #: A pass runs at least this often even without a nudge (s).
 IDLE_PASS_S = 1.0
-#: Wait sentences remembered across passes (rig.waiting.explain_key -> sentence); then it restarts.
+#: Wait sentence bodies remembered across passes (rig.waiting.body_key -> body); then it restarts.
 EXPLAINED_CACHE = 50_000
 
 SendStart = Callable[[int, str, str, int], None]  # job id, token, node, first card
@@ -134,9 +136,9 @@ class Dispatcher:
         self._notes: dict[int, str] = {}  # job id -> wait reason, written at the end of a round
         self._nodes: list[NodeInfo] | None = None  # read once per round, when a wait is explained
         self._nodes_token: Hashable = ()  # rig.waiting.nodes_token of _nodes
-        #: Wait sentences by what they say (rig.waiting.explain_key): a job that waits pass after
-        #: pass for the same reasons is worded once, not once per pass.
-        self._explained: dict[Hashable, str] = {}
+        #: Wait sentence bodies by what they read (rig.waiting.body_key): jobs that wait pass after
+        #: pass for the same reasons are worded once, not once each per pass.
+        self._explained: dict[Hashable, tuple[str, bool]] = {}
         self._never: dict[tuple[str | None, Request], str | None] = {}  # per round: never_fits by pool
         self._versions = itertools.count()  # tokens of the card views a start makes, and interned ones
         self._interned: dict[Hashable, int] = {}  # large tokens -> small stand-ins (_intern)
@@ -537,7 +539,7 @@ class Dispatcher:
                          list(placement.cards), detail)
                 self.send_start(job.id, detail, placement.node, placement.cards[0])
                 cards = _with_reservation(cards, placement.node, placement.cards, job.gpu_memory)
-                view = _View(cards, pools, snapshot, now, self._intern, token=next(self._versions))
+                view = view.after_start(cards, [card_id(placement.node, i) for i in placement.cards])
                 holds.started_on(card_id(placement.node, i) for i in placement.cards)
                 if snapshot.loaded:  # else a later read sees this reservation in Redis
                     releases, team = snapshot.get()
@@ -587,17 +589,19 @@ class Dispatcher:
         self._note(job, self._explain(facts, view, nowhere, token))
 
     def _explain(self, facts: WaitFacts, view: _View, fits_nowhere: bool, held: Hashable | None = None) -> str:
-        """explain(facts), remembered by rig.waiting.explain_key: worded once per change."""
-        key = explain_key(facts, view.token(fits_nowhere), self._nodes_token if facts.nodes else (), held)
-        reason = self._explained.get(key) if key is not None else None
-        if reason is None:
-            reason = explain(facts)
+        """rig.waiting.explain(facts), its body remembered by rig.waiting.body_key: worded once
+        per change and once for all jobs alike, the tail (jobs ahead, own hold) per job."""
+        key = body_key(facts, view.token(fits_nowhere), self._nodes_token if facts.nodes else (), held)
+        found = self._explained.get(key) if key is not None else None
+        if found is None:
+            found = explain_body(facts)
             if len(self._explained) >= EXPLAINED_CACHE:
                 self._explained.clear()
                 self._interned.clear()  # stand-ins are never reused: keys made with old ones just miss
             if key is not None:
-                self._explained[key] = reason
-        return reason
+                self._explained[key] = found
+        body, counts_ahead = found
+        return body + explain_tail(facts, counts_ahead)
 
     def _intern(self, token: Hashable) -> int:
         """A small stand-in for a large token (all cards as explain reads them, a set of held
@@ -731,18 +735,22 @@ class _View:
     on first use instead of once per job."""
 
     def __init__(self, cards: list[CardState], pools: Pools, snapshot: _Lazy, now: float,
-                 intern: Callable[[Hashable], int], token: Hashable | None = None) -> None:
+                 intern: Callable[[Hashable], int], positions: dict[str, int] | None = None) -> None:
         self.cards = cards
         self.by_id = {c.id: c for c in cards}
+        self.positions = positions if positions is not None else {c.id: i for i, c in enumerate(cards)}
         self.pools = pools
         self.snapshot = snapshot
         self.now = now
-        #: A start's view: a version never seen before (its cards were not read from Redis);
-        #: None: worked out from the cards (rig.waiting.cards_token), equal across passes that
-        #: read the same cards.
-        self._token = token
         self._intern = intern
+        #: rig.waiting.cards_token of the cards (with and without temperatures), worked out on
+        #: first use: equal across views and passes that see the same cards, so what was worded
+        #: for them is found again.
+        self._big: dict[bool, tuple] = {}
         self._tokens: dict[bool, Hashable] = {}
+        #: After a start: the view before it and the positions of the cards the start changed
+        #: (this view's token is that view's with those cards' parts replaced: O(changed)).
+        self._before: tuple[_View, list[int]] | None = None
         self._mine: dict[str | None, list[CardState]] = {}
         self._capacity: dict[str | None, Capacity] = {}
         self._planners: dict[str | None, HoldPlanner] = {}
@@ -767,12 +775,36 @@ class _View:
             found = self._planners[pool] = HoldPlanner(self.mine(pool), self.snapshot.get()[0], self.now)
         return found
 
+    def after_start(self, cards: list[CardState], changed: list[str]) -> _View:
+        """The view once a job started on ``changed`` (card ids), whose records ``cards`` carry."""
+        view = _View(cards, self.pools, self.snapshot, self.now, self._intern, self.positions)
+        view._before = (self, [self.positions[cid] for cid in changed])
+        return view
+
     def token(self, fits_nowhere: bool) -> Hashable:
-        if self._token is not None:
-            return self._token
+        """A small stand-in for the cards as explain reads them."""
         if fits_nowhere not in self._tokens:
-            self._tokens[fits_nowhere] = self._intern(cards_token(self.cards, fits_nowhere=fits_nowhere))
+            self._tokens[fits_nowhere] = self._intern(self._cards_token(fits_nowhere))
         return self._tokens[fits_nowhere]
+
+    def _cards_token(self, fits_nowhere: bool) -> tuple:
+        # Back along the starts to a view whose token is known (or the round's first), then
+        # forward, replacing the parts each start changed: a loop, as a round may start thousands.
+        chain: list[_View] = []
+        view: _View | None = self
+        while view is not None and fits_nowhere not in view._big:
+            chain.append(view)
+            view = view._before[0] if view._before is not None else None
+        for view in reversed(chain):
+            if view._before is None:
+                view._big[fits_nowhere] = cards_token(view.cards, fits_nowhere=fits_nowhere)
+                continue
+            before, changed = view._before
+            parts = list(before._big[fits_nowhere])
+            for position in changed:
+                parts[position] = card_token(view.cards[position], fits_nowhere=fits_nowhere)
+            view._big[fits_nowhere] = tuple(parts)
+        return self._big[fits_nowhere]
 
 
 class _Lazy:
