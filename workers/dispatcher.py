@@ -61,6 +61,7 @@ from rig.config import Settings
 from rig.errors import InvalidRecord
 from rig.failures import FailureClass
 from rig.fairshare import TeamState, decay, exceeds_alone, over_limit
+from rig.hashes import fields_of, queue_fields, read_fields
 from rig.keys import Keys, card_id
 from rig.ledger import Ledger
 from rig.models import PRIORITY_BAND, CardState, Job, JobState, Priority
@@ -235,11 +236,8 @@ class Dispatcher:
                 if owner or int(jid) not in source:  # a user's queue names it best
                     source[int(jid)] = owner
         ids = sorted(source)
-        pipe = self.r.pipeline(transaction=False)
-        for jid in ids:
-            pipe.hmget(self.keys.job(jid), *Waiting.FIELDS)
         jobs = []
-        for jid, values in zip(ids, pipe.execute(), strict=True):
+        for jid, values in zip(ids, read_fields(self.r, [self.keys.job(j) for j in ids], Waiting.FIELDS), strict=True):
             try:
                 job = Waiting.parse_cached(jid, values)
             except InvalidRecord as exc:
@@ -273,23 +271,23 @@ class Dispatcher:
         """What the cards' reservations say: per card, when each is expected to end (for
         holds), and per user, placed-or-running jobs, reserved bytes and recent usage."""
         pipe = self.r.pipeline(transaction=False)
-        for card in cards:
-            pipe.hgetall(self.keys.card_jobs(card.node, card.index))
+        queue_fields(pipe, [self.keys.card_jobs(c.node, c.index) for c in cards], ())
         pipe.zrevrange(self.keys.recent_runtime_users, 0, estimates.RECENT_USERS - 1)
         *replies, recent_users = pipe.execute()
-        held = [(card, {int(k): int(v) for k, v in raw.items()}) for card, raw in zip(cards, replies, strict=True)]
+        held = [(card, {int(k): int(v) for k, v in zip(flat[::2], flat[1::2], strict=True)})
+                for card, flat in zip(cards, fields_of(replies), strict=True)]
         ids = sorted({jid for _card, jobs in held for jid in jobs})
         pipe = self.r.pipeline(transaction=False)
         estimates.queue_recent(pipe, self.keys, recent_users)
-        for jid in ids:
-            pipe.hmget(self.keys.job(jid), "user", "gpu_memory", "cards", "started_at", "assigned_at",
-                       "expected_seconds", "cautious_seconds", "time_limit")
+        queue_fields(pipe, [self.keys.job(jid) for jid in ids], (
+            "user", "gpu_memory", "cards", "started_at", "assigned_at", "expected_seconds", "cautious_seconds",
+            "time_limit"))
         read = pipe.execute()
         recent = read[:len(recent_users)]
         self._prior = estimates.Prior(estimates.decode_recent([v for values in recent for v in values]))
         info: dict[int, tuple[str, int, int, float, float, float]] = {}
         for jid, (user, memory, card_list, started, assigned, expected, cautious, limit) in zip(
-                ids, read[len(recent_users):], strict=True):
+                ids, fields_of(read[len(recent_users):]), strict=True):
             try:
                 began = float(started or assigned or now)
                 if not 0.0 < began <= now + 3600:  # a damaged stamp: its end is unknown, never "inf ago"
