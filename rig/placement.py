@@ -14,7 +14,8 @@ one more job. Strategies differ only in which fitting cards they prefer:
                 jobs) + a tenth of the leftover (tightness) + a little per degree of
                 temperature. Priority comes first in the order the dispatcher offers jobs.
 
-Each call is O(cards log cards); the dispatcher calls it once per job it considers.
+Each call is O(cards log cards); the dispatcher calls it only for jobs that Capacity says could
+be placed somewhere (O(1) per job after O(cards log cards) once per round and pool).
 """
 
 from __future__ import annotations

@@ -29,10 +29,21 @@ Each pass reads at most LOOKAHEAD waiting jobs per priority from the global queu
 several users wait, the head of every user's queue (USER_LOOKAHEAD each, fewer when there are
 many users: USERS_BUDGET in all, at least one each), so a second user's jobs are seen behind a
 first user's thousand; only the fields placement needs; and, when a round needs them, the
-reservations now held (at most cards x max_task_per_gpu jobs). Then it calls the placement
-function once per job: O((LOOKAHEAD + USERS_BUDGET) x cards) per priority. Ids left in a queue
-whose job is no longer PENDING are taken out as they are met. When no card has room for
-anything, the pass ends after the cards are read.
+reservations now held (at most cards x max_task_per_gpu jobs); each kind of record in one
+Redis command (rig.hashes). Ids left in a queue whose job is no longer PENDING are taken out as
+they are met. When no card has room for anything, the pass ends after the cards are read.
+
+What a pass costs does not grow with cards x jobs read (issue 15; figures in docs/PERFORMANCE.md,
+"Cluster scale"): the cards as a round sees them (_View) answer, once per pool, which request
+sizes could be placed at all (rig.placement.Capacity), so a job that fits nowhere costs O(1)
+instead of a placement search over every card; hold plans come from per-size sorted options
+(HoldPlanner); which held cards are closed to a job is worked out once per (holds, rank, size,
+backfill ends) over the held cards only; and the wait sentence's body (rig.waiting.explain_body)
+is remembered by what it reads (rig.waiting.body_key), so a job waiting pass after pass for the
+same reason is worded once, and jobs alike share one body. A start changes the view; the token
+of the new view's cards is derived from the old one's. Decisions and sentences are the same as
+without these shortcuts (tests/unit/test_placement_scale.py; a frozen-clock comparison with the
+code before them found every start and every stored reason equal).
 
 Runs as a thread in the control worker. Several dispatchers may run (several nodes): one holds
 the leader lock at a time; the reservation script keeps the ledger safe regardless.
