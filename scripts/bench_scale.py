@@ -131,6 +131,7 @@ class Cluster:
         self.rng = random.Random(15)
         self.waiting = 0
         self.started: list[tuple[int, str, str, int]] = []
+        self.touched: set[tuple[str, int]] = set()  # cards a job ended on since the last restore
         self.dispatcher = Dispatcher(self.settings, lambda *start: self.started.append(start), client=self.r)
 
     @property
@@ -150,6 +151,8 @@ class Cluster:
 
     def fill(self, node: str, index: int, count: int) -> None:
         """Start ``count`` running jobs of RUNNING_BYTES on one card (reserve + claim)."""
+        if count <= 0:
+            return
         made = self.store.create_many([(self._job(RUNNING_BYTES, 1, Priority.MEDIUM), None) for _ in range(count)])
         for job in made:
             ok, token = self.ledger.reserve(job.id, node, [index], RUNNING_BYTES, user=job.user)
@@ -190,17 +193,23 @@ class Cluster:
             held = sorted(self.ledger.holdings(node, index))
             if held:
                 jobs.append(self.store.get(held[0]))
+                self.touched.add((node, index))
         t0 = time.perf_counter()
         for job in jobs:
             conclude(self.ledger, job, str(job.assignments), AttemptEnd(exit_code=0, ended_at=time.time() - 0.001))
         return len(jobs) / (time.perf_counter() - t0)
 
-    def claim_started(self) -> None:
-        """Claim what the last pass started (so the cluster is full again, as running jobs)."""
+    def restore(self) -> None:
+        """Put the cluster back as it was built: what the last pass started runs and ends (claim,
+        then SUCCEEDED), and each card ended on gets its 4 running jobs of 18 GiB again, so the
+        next figures again start from every card nearly full."""
         for job_id, token, node, card in self.started:
             self.ledger.claim(job_id, token, f"card{card}@{node}")
-            self.store.update(job_id, pid=1, proc_start=1)
+            self.ledger.transition(job_id, JobState.SUCCEEDED, token=token)
         self.started.clear()
+        for node, index in sorted(self.touched):
+            self.fill(node, index, RUNNING_PER_CARD - len(self.ledger.holdings(node, index)))
+        self.touched.clear()
 
     def delete(self) -> None:
         delete_prefix(self.r, self.prefix)
@@ -244,9 +253,9 @@ def measure_size(url: str, nodes: int, users: int, waiting_steps: list[int], rep
         print("|---|---|---|---|---|---|---|---|---|---|")
         client = Client(cluster.settings, redis_client=cluster.r)
         for target in waiting_steps:
-            before_mem = int(cluster.r.info("memory")["used_memory"])
-            cluster.add_waiting(target - cluster.waiting)
-            per_job = (int(cluster.r.info("memory")["used_memory"]) - before_mem) / max(1, target)
+            before_mem, added = int(cluster.r.info("memory")["used_memory"]), max(0, target - cluster.waiting)
+            cluster.add_waiting(added)
+            per_job = (int(cluster.r.info("memory")["used_memory"]) - before_mem) / max(1, added)
             cluster.dispatcher.dispatch_pass()  # the first pass words every reason: not the steady state
             idle_cpu: list[float] = []
             with meter.measure() as idle_cost:
@@ -257,7 +266,7 @@ def measure_size(url: str, nodes: int, users: int, waiting_steps: list[int], rep
                 ends.append(cluster.end_some(ENDS_PER_ROUND))
                 starts += timed(cluster.dispatcher.dispatch_pass, 1, starts_cpu)
                 started.append(len(cluster.started))
-                cluster.claim_started()
+                cluster.restore()
             t0 = time.perf_counter()
             client.submit_many([{"command": ["true"], "gpu_memory": "12G", "priority": "low"}] * SUBMIT_BATCH)
             submit_rate = SUBMIT_BATCH / (time.perf_counter() - t0)
