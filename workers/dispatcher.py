@@ -661,11 +661,13 @@ class _Holds:
         self.by_job: dict[int, Hold] = {}
         self.rank: dict[str, int] = {}
         self.held_since: dict[int, float] = {}  # held job id -> when it first held cards
-        #: Changes when a hold is added or a job starts on a held card (what closed_to reads).
+        self.order: list[str] = []  # held card ids, in the order their holds were planned
+        #: Changes when a job starts on a held card (its room, its releases: what closed_to reads).
         self.version = 0
-        #: (version, pool, rank, request, backfill ends) -> (closed cards, interned held_token):
-        #: what closed_to answers depends on nothing else, so jobs alike share one answer.
-        self._closed: dict[tuple, tuple[dict[str, Hold], Hashable]] = {}
+        #: (version, pool, rank, request, backfill ends) -> [closed cards, holds looked at (a
+        #: length of ``order``), interned held_token]: what closed_to answers depends on nothing
+        #: else, so jobs alike share one answer; a hold planned later is looked at once for it.
+        self._closed: dict[tuple, list] = {}
 
     def of(self, job_id: int) -> Hold | None:
         return self.by_job.get(job_id)
@@ -684,26 +686,34 @@ class _Holds:
         key = (self.version, job.pool, rank, request, self.dispatcher.backfill_ends(job, self.now))
         found = self._closed.get(key)
         if found is None:
-            closed = self._closed_to(job, rank, request, view)
-            found = self._closed[key] = (closed, self.dispatcher._intern(held_token(closed, self.now)))
+            found = self._closed[key] = [{}, 0, None]
+        closed, seen, token = found
+        if seen < len(self.order) or token is None:
+            before = len(closed)
+            self._close(closed, job, rank, request, view, self.order[seen:])
+            if token is None or len(closed) != before:
+                found[2] = token = self.dispatcher._intern(held_token(closed, self.now))
+            found[1] = len(self.order)
         own = self.by_job.get(job.id)
-        if own is not None and any(cid in found[0] for cid in own.cards):
+        if own is not None and any(cid in closed for cid in own.cards):
             # Its own held cards are open to it: the shared answer was for a job holding none.
-            closed = {cid: h for cid, h in found[0].items() if h.job_id != job.id}
-            return closed, self.dispatcher._intern(held_token(closed, self.now))
-        return found
+            mine = {cid: h for cid, h in closed.items() if h.job_id != job.id}
+            return mine, self.dispatcher._intern(held_token(mine, self.now))
+        return closed, token
 
     def started_on(self, card_ids: Iterable[str]) -> None:
         """A job started on these cards: answers that read them (held ones) are out of date."""
         if any(cid in self.by_card for cid in card_ids):
             self.version += 1
 
-    def _closed_to(self, job: Waiting, rank: int, request: Request, view: _View) -> dict[str, Hold]:
-        """closed_to worked out (O(held cards)); ``job``'s own holds count as another's."""
+    def _close(self, closed: dict[str, Hold], job: Waiting, rank: int, request: Request, view: _View,
+               held: list[str]) -> None:
+        """Add to ``closed`` those of the ``held`` cards closed to ``job`` (closed_to, worked out
+        for them only); ``job``'s own holds count as another's."""
         pools = self.dispatcher.settings.pool_map
-        closed: dict[str, Hold] = {}
         ends: dict[int, float | None] = {}  # held job id -> this job's end as backfill in front of it
-        for cid, hold in self.by_card.items():
+        for cid in held:
+            hold = self.by_card[cid]
             if self.rank[cid] > rank:
                 continue
             card = view.by_id.get(cid)
@@ -714,7 +724,6 @@ class _Holds:
                 ends[hold.job_id] = self.dispatcher.backfill_end(job, self.now, since)
             if not may_backfill(card, self.snapshot.get()[0].get(cid, ()), hold, request, ends[hold.job_id], since):
                 closed[cid] = hold
-        return closed
 
     def open_to(self, job: Waiting, mine: list[CardState], request: Request, view: _View) -> list[CardState]:
         """The cards of ``mine`` (the view's cards of its pool) that ``job`` may take now (its own
@@ -725,8 +734,8 @@ class _Holds:
     def plan(self, job: Waiting, view: _View, request: Request) -> Hold | None:
         hold = view.planner(job.pool).plan(request, job.id, exclude=self.by_card)
         if hold:
-            self.version += 1
             self.by_card.update(dict.fromkeys(hold.cards, hold))
+            self.order.extend(hold.cards)
             self.by_job[job.id] = hold
             self.held_since[job.id] = job.held_at or self.now
             self.rank.update(dict.fromkeys(hold.cards, self.dispatcher.effective_rank(job, self.now)))
