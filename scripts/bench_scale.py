@@ -400,6 +400,11 @@ def main() -> int:
     home = Path(tempfile.mkdtemp(prefix="rig-scale-"))
     with (private_redis() if args.private_redis else _shared(os.environ.get("RIG_BENCH_REDIS_URL",
                                                                             "redis://127.0.0.1:6379/0"))) as url:
+        try:
+            redis.Redis.from_url(url, socket_connect_timeout=3).ping()
+        except (redis.RedisError, ValueError) as exc:
+            raise SystemExit(f"bench_scale: cannot use Redis at {url} ({exc}); start it, set "
+                             "RIG_BENCH_REDIS_URL, or pass --private-redis") from None
         print(f"Redis {url}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
         for ncards in cards:
             for users in (int(u) for u in args.users.split(",")):

@@ -112,6 +112,12 @@ def main() -> int:
         return 0
     if not (Path(args.other) / "rig").is_dir():
         parser.error(f"{args.other}: no rig/ folder there (git archive COMMIT rig workers | tar -x -C {args.other})")
+    import redis
+
+    try:
+        redis.Redis.from_url(args.url, socket_connect_timeout=3).ping()
+    except (redis.RedisError, ValueError) as exc:
+        parser.error(f"cannot use Redis at {args.url} ({exc}); start it or give --url")
     mine = run_one(str(HERE.parents[1]), args.url, args.cards, args.waiting, args.users, args.hold_now)
     theirs = run_one(args.other, args.url, args.cards, args.waiting, args.users, args.hold_now)
     same = True
