@@ -239,8 +239,14 @@ def nodes_token(nodes: Sequence[NodeInfo]) -> tuple:
 
 def held_token(held: Mapping[str, Hold], now: float) -> tuple:
     """What explain() reads of WaitFacts.held: each card, the job it is held for and how that
-    hold's expected end is worded at ``now``."""
-    return tuple((cid, h.job_id, _expected(h.until, now)) for cid, h in sorted(held.items()))
+    hold's expected end is worded at ``now`` (held_part of each card, by card id)."""
+    return tuple(held_part(cid, h, now) for cid, h in sorted(held.items()))
+
+
+def held_part(cid: str, hold: Hold, now: float) -> tuple:
+    """One held card's part of a held token. Any tuple of the parts of a held mapping, in any
+    fixed order, stands for it as well (a caller may keep them in the order it closed them)."""
+    return (cid, hold.job_id, _expected(hold.until, now))
 
 
 def body_key(facts: WaitFacts, cards: Hashable, nodes: Hashable, held: Hashable | None = None) -> tuple | None:

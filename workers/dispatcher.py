@@ -99,7 +99,7 @@ from rig.waiting import (
     cards_token,
     explain_body,
     explain_tail,
-    held_token,
+    held_part,
     nodes_token,
 )
 
@@ -668,6 +668,7 @@ class _Holds:
         #: length of ``order``), interned held_token]: what closed_to answers depends on nothing
         #: else, so jobs alike share one answer; a hold planned later is looked at once for it.
         self._closed: dict[tuple, list] = {}
+        self._parts: dict[str, tuple] = {}  # held card id -> its rig.waiting.held_part (a hold never changes)
 
     def of(self, job_id: int) -> Hold | None:
         return self.by_job.get(job_id)
@@ -692,14 +693,21 @@ class _Holds:
             before = len(closed)
             self._close(closed, job, rank, request, view, self.order[seen:])
             if token is None or len(closed) != before:
-                found[2] = token = self.dispatcher._intern(held_token(closed, self.now))
+                found[2] = token = self._token_of(closed)
             found[1] = len(self.order)
         own = self.by_job.get(job.id)
         if own is not None and any(cid in closed for cid in own.cards):
             # Its own held cards are open to it: the shared answer was for a job holding none.
             mine = {cid: h for cid, h in closed.items() if h.job_id != job.id}
-            return mine, self.dispatcher._intern(held_token(mine, self.now))
+            return mine, self._token_of(mine)
         return closed, token
+
+    def _token_of(self, closed: dict[str, Hold]) -> Hashable:
+        """A stand-in for rig.waiting.held_token(closed): its cards' parts (rig.waiting.held_part,
+        worded once per held card and round) in the order they were closed."""
+        for cid in closed.keys() - self._parts.keys():
+            self._parts[cid] = held_part(cid, closed[cid], self.now)
+        return self.dispatcher._intern(tuple(map(self._parts.__getitem__, closed)))
 
     def started_on(self, card_ids: Iterable[str]) -> None:
         """A job started on these cards: answers that read them (held ones) are out of date."""
