@@ -244,8 +244,8 @@ def held_token(held: Mapping[str, Hold], now: float) -> tuple:
 
 
 def held_part(cid: str, hold: Hold, now: float) -> tuple:
-    """One held card's part of a held token. Any tuple of the parts of a held mapping, in any
-    fixed order, stands for it as well (a caller may keep them in the order it closed them)."""
+    """One held card's part of a held token. The set of the parts of a held mapping stands for
+    it as well (each part names its card)."""
     return (cid, hold.job_id, _expected(hold.until, now))
 
 

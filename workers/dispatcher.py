@@ -119,7 +119,7 @@ START_SLACK_S = 1.0
 LEADER_TTL_MS = 5000
 #: A pass runs at least this often even without a nudge (s).
 IDLE_PASS_S = 1.0
-#: Wait sentence bodies remembered across passes (rig.waiting.body_key -> body); then it restarts.
+#: Wait sentence bodies remembered across passes (rig.waiting.body_key -> body); then the older half goes.
 EXPLAINED_CACHE = 50_000
 
 SendStart = Callable[[int, str, str, int], None]  # job id, token, node, first card
@@ -605,8 +605,12 @@ class Dispatcher:
         if found is None:
             found = explain_body(facts)
             if len(self._explained) >= EXPLAINED_CACHE:
-                self._explained.clear()
-                self._interned.clear()  # stand-ins are never reused: keys made with old ones just miss
+                # The older half goes (most are one-off: the views between a round's starts);
+                # what the passes keep asking for stays. Stand-ins are never reused, so a key
+                # made with a forgotten one just misses.
+                for old in (self._explained, self._interned):
+                    for stale in list(itertools.islice(old, len(old) // 2)):
+                        del old[stale]
             if key is not None:
                 self._explained[key] = found
         body, counts_ahead = found
@@ -703,11 +707,12 @@ class _Holds:
         return closed, token
 
     def _token_of(self, closed: dict[str, Hold]) -> Hashable:
-        """A stand-in for rig.waiting.held_token(closed): its cards' parts (rig.waiting.held_part,
-        worded once per held card and round) in the order they were closed."""
+        """A stand-in for rig.waiting.held_token(closed): the set of its cards' parts
+        (rig.waiting.held_part, worded once per held card and round), so the order in which a
+        pass happened to close them (fair share may reorder users between passes) does not matter."""
         for cid in closed.keys() - self._parts.keys():
             self._parts[cid] = held_part(cid, closed[cid], self.now)
-        return self.dispatcher._intern(tuple(map(self._parts.__getitem__, closed)))
+        return self.dispatcher._intern(frozenset(map(self._parts.__getitem__, closed)))
 
     def started_on(self, card_ids: Iterable[str]) -> None:
         """A job started on these cards: answers that read them (held ones) are out of date."""
