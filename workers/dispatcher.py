@@ -59,7 +59,7 @@ import os
 import threading
 import uuid
 from collections import defaultdict, deque
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -86,6 +86,7 @@ from rig.placement import (
     may_backfill,
     never_fits,
     place,
+    plan_hold,
 )
 from rig.pools import Pools
 from rig.redis_conn import connect
@@ -695,7 +696,7 @@ class _Holds:
         closed, seen, token = found
         if seen < len(self.order) or token is None:
             before = len(closed)
-            self._close(closed, job, rank, request, view, self.order[seen:])
+            self._close(closed, job, rank, request, view.by_id, self.order[seen:])
             if token is None or len(closed) != before:
                 found[2] = token = self._token_of(closed)
             found[1] = len(self.order)
@@ -719,8 +720,8 @@ class _Holds:
         if any(cid in self.by_card for cid in card_ids):
             self.version += 1
 
-    def _close(self, closed: dict[str, Hold], job: Waiting, rank: int, request: Request, view: _View,
-               held: list[str]) -> None:
+    def _close(self, closed: dict[str, Hold], job: Waiting, rank: int, request: Request,
+               by_id: Mapping[str, CardState], held: list[str]) -> None:
         """Add to ``closed`` those of the ``held`` cards closed to ``job`` (closed_to, worked out
         for them only); ``job``'s own holds count as another's."""
         pools = self.dispatcher.settings.pool_map
@@ -729,7 +730,7 @@ class _Holds:
             hold = self.by_card[cid]
             if self.rank[cid] > rank:
                 continue
-            card = view.by_id.get(cid)
+            card = by_id.get(cid)
             if card is None or not pools.contains(job.pool, card.node, card.index):
                 continue
             since = self.held_since.get(hold.job_id, self.now)
@@ -738,14 +739,28 @@ class _Holds:
             if not may_backfill(card, self.snapshot.get()[0].get(cid, ()), hold, request, ends[hold.job_id], since):
                 closed[cid] = hold
 
-    def open_to(self, job: Waiting, mine: list[CardState], request: Request, view: _View) -> list[CardState]:
-        """The cards of ``mine`` (the view's cards of its pool) that ``job`` may take now (its own
-        held cards included)."""
-        closed = self.closed_to(job, request, view)
+    def open_to(self, job: Waiting, mine: list[CardState], request: Request,
+                view: _View | None = None) -> list[CardState]:
+        """The cards of ``mine`` that ``job`` may take now (its own held cards included). With
+        ``view`` (the dispatcher's round), ``mine`` are that view's cards of the job's pool and
+        the answer is shared by jobs alike; without (rig.forecast's simulated cards, any subset),
+        it is worked out for these cards alone."""
+        if view is not None:
+            closed = self.closed_to(job, request, view)
+        else:
+            closed = {}
+            self._close(closed, job, self.dispatcher.effective_rank(job, self.now), request,
+                        {c.id: c for c in mine}, self.order)
+            closed = {cid: h for cid, h in closed.items() if h.job_id != job.id}
         return [c for c in mine if c.id not in closed] if closed else mine
 
-    def plan(self, job: Waiting, view: _View, request: Request) -> Hold | None:
-        hold = view.planner(job.pool).plan(request, job.id, exclude=self.by_card)
+    def plan(self, job: Waiting, cards: _View | Sequence[CardState], request: Request) -> Hold | None:
+        """Hold cards for ``job`` (rig.placement.plan_hold) outside those held already: from the
+        round's view (its HoldPlanner), or from a list of cards (rig.forecast's simulation)."""
+        if isinstance(cards, _View):
+            hold = cards.planner(job.pool).plan(request, job.id, exclude=self.by_card)
+        else:
+            hold = plan_hold(cards, self.snapshot.get()[0], request, self.now, job.id, exclude=self.by_card)
         if hold:
             self.by_card.update(dict.fromkeys(hold.cards, hold))
             self.order.extend(hold.cards)
