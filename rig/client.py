@@ -38,6 +38,7 @@ from rig.errors import (
     Unschedulable,
 )
 from rig.fairshare import exceeds_alone
+from rig.hashes import read_fields
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import format_memory, parse_memory
@@ -533,12 +534,8 @@ class Client:
 
         def _do() -> StatusReport:
             cards = [c for c in self.ledger.cards() if pools.contains(pool, c.node, c.index)]
-            holders: dict[str, list[int]] = {}
-            all_ids: set[int] = set()
-            for card in cards:
-                ids = sorted(self.ledger.holdings(card.node, card.index))
-                holders[card.id] = ids
-                all_ids.update(ids)
+            holders = {cid: sorted(jobs) for cid, jobs in self.ledger.holdings_of(cards).items()}
+            all_ids = {jid for ids in holders.values() for jid in ids}
             by_id = {j.id: j for j in self.store.get_many(sorted(all_ids))}
             running = {cid: [by_id[i] for i in ids if i in by_id] for cid, ids in holders.items()}
             now = shared_now(self.r)
@@ -577,14 +574,13 @@ class Client:
 
     def _pool_queue(self, pool: str, now: float) -> tuple[dict[Priority, int], dict[Priority, float | None]]:
         """Waiting jobs submitted to ``pool``, per priority, and the oldest one's wait (s).
-        Reads every waiting job's pool field: O(waiting)."""
-        ids = [int(i) for i in self.r.zrange(self.keys.pending, 0, -1)]
-        pipe = self.r.pipeline(transaction=False)
-        for jid in ids:
-            pipe.hmget(self.keys.job(jid), "pool", "priority", "created_at")
+        Reads every waiting job's pool field: O(waiting), in one round trip."""
+        ids = self.r.zrange(self.keys.pending, 0, -1)
         counts = {p: 0 for p in Priority}
         oldest: dict[Priority, float | None] = {p: None for p in Priority}
-        for job_pool, prio, created in pipe.execute():
+        # One script call per 2,000 jobs (rig.hashes), not one pipelined command each.
+        for job_pool, prio, created in read_fields(self.r, [self.keys.job(jid) for jid in ids],
+                                                   ("pool", "priority", "created_at")):
             if job_pool != pool or prio not in {p.value for p in Priority}:
                 continue
             p = Priority(prio)

@@ -765,13 +765,7 @@ class CardRunner:
         lost), and re-send the start of jobs ASSIGNED here for longer than ``resend_after``
         seconds (duplicates are fenced by the claim). Idempotent: run at start and then
         periodically."""
-        mine = [
-            j for j in self.store.get_many(
-                self.store.ids_in_state(JobState.RUNNING) + self.store.ids_in_state(JobState.ASSIGNED)
-            )
-            if j.node == self.node and j.cards and j.cards[0] == self.index
-        ]
-        for job in mine:
+        for job in self._placed_here():
             if job.state is JobState.ASSIGNED:
                 if shared_now(self.r) - (job.assigned_at or 0) < resend_after:
                     continue
@@ -834,6 +828,16 @@ class CardRunner:
                 # Claimed but never started: it has not run, so it goes back to its place.
                 log.info("job %s: its worker stopped before starting it; back to the queue", job.id)
                 self._retry_redis(lambda job=job: self._requeue_unstarted(job), f"requeue job {job.id}")
+
+    def _placed_here(self) -> list[Job]:
+        """The RUNNING, then the ASSIGNED, jobs whose first card is this one, each by id. Found
+        through this card's reservations (reserve.lua adds a job there and it stays until
+        transition.lua moves it out of ASSIGNED/RUNNING; reclaim.lua never takes a live job's),
+        so a card worker reads its own few jobs, not every placed job of the cluster."""
+        held = self.store.get_many(sorted(self.ledger.holdings(self.node, self.index)))
+        placed = [j for j in held if j.state in (JobState.RUNNING, JobState.ASSIGNED)
+                  and j.node == self.node and j.cards and j.cards[0] == self.index]
+        return sorted(placed, key=lambda j: (j.state is JobState.ASSIGNED, j.id))
 
     def _requeue_unstarted(self, job: Job) -> None:
         files = self._files(job, job.attempt)

@@ -80,6 +80,23 @@ def test_adopt_resends_assigned_jobs(env, tmp_path):
     assert resent == [(job.id, token)]
 
 
+def test_adopt_reads_only_the_jobs_placed_on_its_own_card(env, tmp_path):
+    """Issue 15: every card worker read every placed job of the cluster every check interval."""
+    settings, ledger, runner, resent = env
+    ledger.register_card("n1", GpuReading(index=1, uuid="u1", model="m", total=80 * GIB),
+                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    mine, token = placed(ledger, "true", tmp_path)
+    other = ledger.store.create(Job(
+        id=0, name="t", user=current_identity().name, command=["true"], gpu_memory=GIB, gpus=1,
+        priority=Priority.MEDIUM, state=JobState.PENDING, workdir=str(tmp_path), created_at=time.time()))
+    assert ledger.reserve(other.id, "n1", [1], GIB)[0]
+    read: list[int] = []
+    get_many = runner.store.get_many
+    runner.store.get_many = lambda ids: read.extend(ids) or get_many(ids)  # type: ignore[method-assign]
+    runner.adopt()
+    assert resent == [(mine.id, token)] and read == [mine.id]
+
+
 def _start_orphan(settings, job: Job, attempt: int, command: str) -> subprocess.Popen:
     job_dir = job_folder(settings.job_log_dir, job.id, job.instance)
     job_dir.mkdir(parents=True, exist_ok=True)
