@@ -70,7 +70,11 @@ class SentinelUrl:
         ConnectionError) and the next connection asks the sentinels again."""
         from redis.sentinel import Sentinel
 
-        sentinel = Sentinel(list(self.sentinels), sentinel_kwargs=self.sentinel_kwargs(options), **options)
+        from rig import server_kind
+
+        # The sentinels' connections refuse a listed address that is no sentinel (rig.server_kind).
+        kwargs = {**self.sentinel_kwargs(options), "redis_connect_func": server_kind.on_connect(server_kind.SENTINEL)}
+        sentinel = Sentinel(list(self.sentinels), sentinel_kwargs=kwargs, **options)
         return sentinel.master_for(self.master_name, db=self.db, username=self.username,
                                    password=self.password, connection_class=_master_connection_class())
 

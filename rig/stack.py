@@ -51,7 +51,6 @@ from rig.redis_conn import (
     ensure_password_file,
     home_password_file,
     password_source,
-    refuse_cluster,
     resolve_auth,
     strip_password,
     url_password,
@@ -380,7 +379,6 @@ class Stack:
         url = self.settings.redis_url
         shown = strip_password(url)
         if probe(url):
-            refuse_cluster(self._redis(), url)  # before anything is written there
             self.say(f"redis: using the one at {shown}")
             if url_password(url) is None:
                 self.say(f"warning: the Redis at {shown} takes clients without a password: whoever can "

@@ -19,7 +19,7 @@ from rig.celery_config import make_celery
 from rig.config import load_settings
 from rig.errors import ConfigError, redact_url
 from rig.init_config import init_config
-from rig.redis_conn import connect, refuse_cluster, strip_password, unavailable, without_credentials
+from rig.redis_conn import connect, strip_password, unavailable, without_credentials
 
 URL = "sentinel://:m%40ster@10.0.0.1:26379,10.0.0.2,[::1]:26380/rigmaster/2?sentinel_password=sent"
 
@@ -115,22 +115,6 @@ def test_no_sentinel_answering_is_said_at_once_not_retried_for_a_failover_window
     assert time.monotonic() - began < 5.0  # FAILOVER_WINDOW_S is for a fail-over, not for this
     message = str(unavailable(url, info.value))
     assert message.startswith(f"no Redis master behind {url}: no sentinel answers at 127.0.0.1:{ports[0]}")
-
-
-class _Info:
-    def __init__(self, enabled: int) -> None:
-        self.enabled = enabled
-
-    def info(self, section: str) -> dict[str, int]:
-        assert section == "cluster"
-        return {"cluster_enabled": self.enabled}
-
-
-def test_a_cluster_node_is_refused_at_startup_in_one_line():
-    refuse_cluster(_Info(0), "redis://h:6379/0")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError) as info:
-        refuse_cluster(_Info(1), "redis://:pw@h:6379/0")  # type: ignore[arg-type]
-    assert "Redis Cluster" in str(info.value) and "pw" not in str(info.value)
 
 
 def test_the_sentinel_password_file_fills_the_sentinels_password(tmp_path):
