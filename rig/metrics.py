@@ -24,6 +24,9 @@ data starts them again from 0, which Prometheus reads as a counter reset):
 
 Gauges:
 
+``rig_redis_up``                             1 if rig's Redis answered a PING within about a
+                                             second (rig.redis_up), else 0 and nothing else is
+                                             read: a scrape answers within ~1 s in an outage
 ``rig_scrape_success``                       1 if Redis could be read for this scrape, else 0
 ``rig_jobs{state}``                          jobs per state in Redis (the state indexes; finished jobs
                                              leave for the archive, rig.archiving: count ends with
@@ -86,6 +89,7 @@ from rig.models import ACTIVE_STATES, JobState, Priority
 
 if TYPE_CHECKING:
     from rig.client import Client
+    from rig.redis_up import RedisUp
 
 __all__ = ["FAILURE_WINDOW", "LATENCY_WINDOW", "RigCollector", "ended_by_label", "make_registry"]
 
@@ -108,8 +112,11 @@ class RigCollector(Collector):
     """Reads rig's state from Redis on every ``collect()`` (no background thread)."""
 
     def __init__(self, client: Client, *, failure_window: int = FAILURE_WINDOW,
-                 latency_window: int = LATENCY_WINDOW, pending_scan: int = PENDING_SCAN) -> None:
+                 latency_window: int = LATENCY_WINDOW, pending_scan: int = PENDING_SCAN,
+                 probe: RedisUp | None = None) -> None:
         self.client = client
+        #: Asked first: an outage skips every read (None: the reads alone tell, tests).
+        self.probe = probe
         self.failure_window = failure_window
         self.latency_window = latency_window
         self.pending_scan = pending_scan
@@ -119,6 +126,13 @@ class RigCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
+        down = self.probe.down() if self.probe is not None else None
+        yield GaugeMetricFamily("rig_redis_up", "1 if rig's Redis answered a PING within about a second",
+                                value=0.0 if down else 1.0)
+        if down:
+            log.warning("rig metrics: %s", down)
+            yield GaugeMetricFamily("rig_scrape_success", "1 if rig's Redis could be read", value=0.0)
+            return
         try:
             metrics = list(self._collect(shared_now(self.client.r)))
         except Exception as exc:  # noqa: BLE001 - a scrape must answer even when Redis is down
@@ -381,10 +395,10 @@ def _log_space_family(cards: list[Any]) -> GaugeMetricFamily:
     return family
 
 
-def make_registry(client: Client) -> CollectorRegistry:
+def make_registry(client: Client, probe: RedisUp | None = None) -> CollectorRegistry:
     """A registry holding only rig's collector (no process or platform metrics)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RigCollector(client))
+    registry.register(RigCollector(client, probe=probe))
     return registry
 
 
