@@ -38,7 +38,15 @@ from rig import authgate, sentinel_url
 from rig.celery_config import card_queue, dispatcher_queues
 from rig.config import Settings
 from rig.draining import cards_to_serve, drained
-from rig.errors import NodeInUse, PermissionDenied, RedisAuthFailed, RedisRefusesWrites, StackError
+from rig.errors import (
+    NodeInUse,
+    PermissionDenied,
+    RedisAuthFailed,
+    RedisRefusesWrites,
+    RedisUnavailable,
+    RigError,
+    StackError,
+)
 from rig.gpus import GpuBackend, detect_backend
 from rig.keys import Keys, card_worker_name, control_worker_name
 from rig.node_claim import OWNER_ENV, claim, identity, refused_line, release, there
@@ -968,8 +976,7 @@ def stop_node(settings: Settings, timeout: float = 60.0,
                 if is_stopped(pid):  # a plain kill does nothing to it: say what does
                     raise StackError(f"rig up (pid {pid}) is stopped (SIGSTOP) and cannot stop itself; "
                                      f"`kill -CONT {pid}` (it then stops), or `kill -9 {pid}` and `rig down` again")
-                raise StackError(f"rig up (pid {pid}) did not stop within {timeout:.0f} s; "
-                                 f"kill it with `kill {pid}`, then `rig down` again")
+                raise _not_stopped(settings, pid, timeout)
             time.sleep(0.1)
     left = leftovers(settings.node_name, settings.home)
     if left:
@@ -979,6 +986,23 @@ def stop_node(settings: Settings, timeout: float = 60.0,
             raise StackError(f"could not stop {describe(stuck)} of node {settings.node_name}; "
                              "`kill -9 PID` them")
     return report
+
+
+def _not_stopped(settings: Settings, pid: int, timeout: float) -> RigError:
+    """Why ``rig up`` (pid) is still running after ``timeout`` s, and what to do. While Redis
+    does not answer it cannot mark the node stopped and waits for it (on purpose): a kill would
+    get its running jobs declared lost and maybe run twice, so that case never advises one."""
+    from rig.redis_up import RedisUp
+
+    down = RedisUp(settings.redis_url).down()
+    if down:
+        return RedisUnavailable.said(
+            settings.redis_url,
+            f"rig up (pid {pid}) is still stopping after {timeout:.0f} s: it cannot mark node {settings.node_name} "
+            f"stopped while {down}; it stops once Redis is back (start it, or let the fail-over finish), "
+            "then `rig down` again; do not kill it: its running jobs would be declared lost and may run twice")
+    return StackError(f"rig up (pid {pid}) did not stop within {timeout:.0f} s; "
+                      f"kill it with `kill {pid}`, then `rig down` again")
 
 
 def _owner(pid: int) -> str:
