@@ -27,6 +27,9 @@ Gauges:
 ``rig_redis_up``                             1 if rig's Redis answered a PING within about a
                                              second (rig.redis_up), else 0 and nothing else is
                                              read: a scrape answers within ~1 s in an outage
+``rig_redis_replicas``                       replicas connected to rig's Redis master (INFO
+                                             replication); under Sentinel 0 means no replica
+                                             confirms writes and a fail-over has none to promote
 ``rig_scrape_success``                       1 if Redis could be read for this scrape, else 0
 ``rig_jobs{state}``                          jobs per state in Redis (the state indexes; finished jobs
                                              leave for the archive, rig.archiving: count ends with
@@ -86,6 +89,7 @@ from rig.alerts import PENDING_SCAN, fragmentation, recent_ended, waiting_jobs
 from rig.clock import shared_now
 from rig.ledger import START_WAIT_BUCKETS, START_WAIT_FIELDS
 from rig.models import ACTIVE_STATES, JobState, Priority
+from rig.replication import connected_replicas
 
 if TYPE_CHECKING:
     from rig.client import Client
@@ -232,6 +236,10 @@ class RigCollector(Collector):
                                 "Started jobs behind rig_dispatch_latency_seconds",
                                 value=len(waits))
         yield from self._counter_families()
+        replicas = connected_replicas(r)
+        if replicas is not None:
+            yield GaugeMetricFamily("rig_redis_replicas", "Replicas connected to rig's Redis master",
+                                    value=replicas)
 
     def _live_jobs(self) -> list[tuple[JobState, Priority, str, int]]:
         """(state, priority, user, bytes held) of every ASSIGNED and RUNNING job: few (bounded

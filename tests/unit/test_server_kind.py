@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 def servers(tmp_path_factory) -> Iterator[dict[str, int]]:  # noqa: ANN001
     """Ports of a plain Redis, a sentinel (no password) monitoring it as 'rigm', a cluster node."""
     work = tmp_path_factory.mktemp("kinds")
-    ports = {"plain": free_port(), "sentinel": free_port(), "cluster": free_port()}
+    ports = {"plain": free_port(), "sentinel": free_port(), "cluster": _cluster_port()}
     (work / "s.conf").write_text(f"port {ports['sentinel']}\nbind 127.0.0.1\n"
                                  f"sentinel monitor rigm 127.0.0.1 {ports['plain']} 1\n")
     common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
@@ -34,22 +34,39 @@ def servers(tmp_path_factory) -> Iterator[dict[str, int]]:  # noqa: ANN001
             "sentinel": [str(work / "s.conf"), "--sentinel"],
             "cluster": ["--port", str(ports["cluster"]), *common, "--cluster-enabled", "yes",
                         "--cluster-config-file", str(work / "nodes.conf")]}
-    procs = [subprocess.Popen([redis_server_binary(), *a], cwd=work, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) for a in args.values()]
+    procs = {name: subprocess.Popen([redis_server_binary(), *a], cwd=work, stdout=(work / f"{name}.log").open("w"),
+                                    stderr=subprocess.STDOUT) for name, a in args.items()}
     try:
-        deadline = time.monotonic() + 10
-        for port in ports.values():
+        deadline = time.monotonic() + 20
+        for name, port in ports.items():
             while True:
                 with contextlib.suppress(redis.ConnectionError), redis.Redis(port=port) as probe:
                     probe.ping()
                     break
-                assert time.monotonic() < deadline, f"port {port} never answered"
+                log = (work / f"{name}.log").read_text()[-500:]
+                assert procs[name].poll() is None, f"the {name} server exited: {log}"
+                assert time.monotonic() < deadline, f"the {name} server never answered on {port}: {log}"
                 time.sleep(0.05)
         yield ports
     finally:
-        for proc in procs:
+        for proc in procs.values():
             proc.kill()
             proc.wait()
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000, below 65536) is free too."""
+    import socket
+
+    while True:
+        port = free_port()
+        if port + 10000 < 65536:
+            with socket.socket() as bus:
+                try:
+                    bus.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+                return port
 
 
 def _refused(url: str) -> str:
