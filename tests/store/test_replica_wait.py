@@ -32,12 +32,22 @@ def test_wait_only_under_sentinel_and_with_a_positive_timeout(real_redis, key_pr
     assert isinstance(replica_wait(real_redis, keys, SENTINEL_URL, 2.0), ReplicaWait)
 
 
-def test_no_replica_in_time_is_false_after_the_timeout(lonely_redis, key_prefix):
+def test_no_replica_in_time_is_false_after_the_timeout(lonely_redis, key_prefix, monkeypatch):
+    # A replica is connected but does not confirm in time (lagging): WAIT runs out.
+    monkeypatch.setattr("rig.replication.connected_replicas", lambda client: 1)
     wait = ReplicaWait(lonely_redis, Keys(key_prefix), timeout_s=0.05)
     began = time.monotonic()
     assert wait.confirm() is False
     assert 0.04 <= time.monotonic() - began < 2.0
     assert lonely_redis.get(Keys(key_prefix).replication_mark) == "1"  # the mark lives under the prefix
+
+
+def test_no_replica_connected_is_false_at_once(lonely_redis, key_prefix):
+    """connected_slaves:0: WAIT could only cost its whole timeout on every write (finding 8)."""
+    wait = ReplicaWait(lonely_redis, Keys(key_prefix), timeout_s=3.0)
+    began = time.monotonic()
+    assert wait.confirm() is False
+    assert time.monotonic() - began < 1.0
 
 
 def test_an_unconfirmed_submission_stands_and_says_so(lonely_redis, key_prefix, tmp_path, monkeypatch):
