@@ -138,14 +138,15 @@ class SentinelUrl:
             client = redis.Redis(host=host, port=port, **kwargs)
             try:
                 state = client.sentinel_master(self.master_name)
+                replicas = client.sentinel_slaves(self.master_name)
             except redis.RedisError:
                 continue
             finally:
                 client.close()
-            if int(state.get("num-slaves", 0)) == 0:
-                out.append(f"the sentinels know no replica of {self.master_name!r}: a fail-over has nothing to "
-                           "promote, and every submission waits replica_wait_seconds, then warns; add a replica "
-                           "(replicaof) or set replica_wait_seconds = 0")
+            if not live_replicas(replicas):
+                out.append(f"the sentinels know no live replica of {self.master_name!r} ({len(replicas)} known, "
+                           "none up): a fail-over has nothing to promote, and every submission warns that no "
+                           "replica confirmed it; start a replica (replicaof) or set replica_wait_seconds = 0")
             down_after_s = int(state.get("down-after-milliseconds", 0)) / 1000
             if down_after_s + 5 > window_s:
                 out.append(f"the sentinels call {self.master_name!r} down only after {down_after_s:g} s "
@@ -186,6 +187,20 @@ class SentinelUrl:
         if self.username:
             out["username"] = self.username
         return out
+
+
+#: Sentinel's flags of a replica it cannot use: subjectively / objectively down, disconnected.
+DEAD_REPLICA_FLAGS = frozenset({"s_down", "o_down", "disconnected"})
+
+
+def live_replicas(replicas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The replicas of ``SENTINEL REPLICAS`` a fail-over could promote: none of DEAD_REPLICA_FLAGS
+    (``flags`` is a comma-separated string from redis-py over RESP2, a set over RESP3)."""
+    def flags(replica: dict[str, Any]) -> set[str]:
+        raw = replica.get("flags", "")
+        return set(raw) if isinstance(raw, set | frozenset | list) else set(str(raw).split(","))
+
+    return [r for r in replicas if not flags(r) & DEAD_REPLICA_FLAGS]
 
 
 _MASTER_CONNECTION: type | None = None

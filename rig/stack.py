@@ -388,15 +388,8 @@ class Stack:
         shown = strip_password(url)
         if probe(url):
             self.say(f"redis: using the one at {shown}")
-            if url_password(url) is None:
-                self.say(f"warning: the Redis at {shown} takes clients without a password: whoever can "
-                         "reach it can run commands as this user through rig; set requirepass "
-                         "(docs/SECURITY.md)")
-            for line in redis_notices_at(url):  # full; an evicting policy; no persistence
+            for line in redis_warnings(url):
                 self.say(f"warning: {line}")
-            if is_sentinel(url):  # one sentinel listed, no replica, a fail-over slower than rig waits
-                for line in sentinel_url.parse(url).notices(FAILOVER_WINDOW_S, client_options()):
-                    self.say(f"warning: {line}")
             return
         if not self.wants("redis") and self.options.only:
             raise StackError(f"no Redis answers at {shown}")
@@ -928,6 +921,22 @@ def settings_env(settings: Settings) -> dict[str, str]:
     if settings.config_file:
         env["RIG_CONFIG"] = str(settings.config_file)
     return env
+
+
+def redis_warnings(url: str) -> list[str]:
+    """What `rig up` warns about the Redis it uses at ``url``, in the foreground and on the
+    terminal of `rig up --daemon` alike: no password; full, an evicting policy, no persistence
+    (rig.redis_writes); under Sentinel, a setup that would not fail over in time (one sentinel
+    listed, no live replica, sentinels slower than rig waits: rig.sentinel_url)."""
+    shown = strip_password(url)
+    lines = []
+    if url_password(url) is None:
+        lines.append(f"the Redis at {shown} takes clients without a password: whoever can reach it can run "
+                     "commands as this user through rig; set requirepass (docs/SECURITY.md)")
+    lines += redis_notices_at(url)
+    if is_sentinel(url):
+        lines += sentinel_url.parse(url).notices(FAILOVER_WINDOW_S, client_options())
+    return lines
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

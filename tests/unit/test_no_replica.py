@@ -36,3 +36,20 @@ def test_status_and_metrics_say_no_replica_confirms_writes(alone: Client):
     assert note in alone.status().notices  # the page's data shows the same notices
     assert make_registry(alone).get_sample_value("rig_redis_replicas") == 0.0
     assert no_replica_note(alone.r, "redis://127.0.0.1:1/0") is None  # only under Sentinel
+
+
+def test_rig_up_warns_of_one_sentinel_and_no_live_replica(servers):  # noqa: F811 - the fixture
+    """Finding 7: the lines rig up prints (on the terminal of --daemon too: rig.stack.redis_warnings)."""
+    from rig.stack import redis_warnings
+
+    lines = redis_warnings(f"sentinel://127.0.0.1:{servers['sentinel']}/rigm/0")
+    assert any(line.startswith("redis_url lists one sentinel") for line in lines)
+    assert any("know no live replica of 'rigm' (0 known, none up)" in line for line in lines)
+
+
+def test_a_replica_sentinel_calls_down_is_not_live():
+    from rig.sentinel_url import live_replicas
+
+    replicas = [{"name": "a", "flags": "slave"}, {"name": "b", "flags": "slave,s_down"},
+                {"name": "c", "flags": {"slave", "o_down"}}, {"name": "d", "flags": "slave,disconnected"}]
+    assert [r["name"] for r in live_replicas(replicas)] == ["a"]
