@@ -9,13 +9,16 @@ Flower (through the broker's options)::
 - HOST:PORT, comma-separated: the sentinels (port 26379 when omitted); any one that answers
   is enough to find the master.
 - MASTER_NAME: the name the sentinels monitor (``sentinel monitor MASTER_NAME ...``).
-- DB: the database number on the master (0 when omitted).
+- DB: the database number on the master (0 when omitted: ``.../rigm`` is ``.../rigm/0``). A
+  lone number after the hosts (``.../0``) is refused: it would be read as the master's name.
 - USER / PASSWORD: the credentials of the master and its replicas (``requirepass`` /
   ``masterauth``); also filled from ``redis_password`` / ``redis_password_file`` like a
   ``redis://`` URL's (rig.redis_conn.resolve_auth).
 - ``sentinel_password``: the sentinels' own password (their ``requirepass``), when they have
   one; it may differ from the master's; also filled from ``redis_sentinel_password_file``.
-  Without it the sentinels get no password.
+  Without it the sentinels get no password; an empty one is refused (it would silently
+  override the file).
+- Passwords holding ``@ : / ? #`` are percent-encoded (``p@ss:w/rd`` is ``p%40ss%3Aw%2Frd``).
 
 Example: ``sentinel://:s3cret@10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/rig/0``.
 """
@@ -30,6 +33,8 @@ SCHEME = "sentinel"
 DEFAULT_SENTINEL_PORT = 26379
 #: The query parameter that carries the sentinels' own password.
 SENTINEL_PASSWORD_PARAM = "sentinel_password"
+#: What a password with URL delimiters in it needs (finding 11 of issue 15).
+ENCODE_HINT = "percent-encode @ : / ? # in passwords (p@ss:w/rd is p%40ss%3Aw%2Frd)"
 FORM = ("sentinel://[:PASSWORD@]HOST:PORT,HOST:PORT,HOST:PORT/MASTER_NAME/DB "
         "(?sentinel_password=PW for sentinels with their own password)")
 
@@ -239,13 +244,21 @@ def parse(url: str) -> SentinelUrl:
     parts = urlsplit(url.strip())
     if parts.scheme.lower() != SCHEME:
         raise ValueError(f"it is not a sentinel:// URL; write it like {FORM}")
+    if "@" in parts.path or "@" in parts.query:  # a password's "/" (or "?") ended the hosts early
+        raise ValueError(f"its password seems to hold a '/', '?' or '#': {ENCODE_HINT}; write it like {FORM}")
     creds, _, hosts = parts.netloc.rpartition("@")
     if not hosts:
         raise ValueError(f"it names no sentinel; write it like {FORM}")
-    sentinels = tuple(_sentinel(item) for item in hosts.split(","))
+    try:
+        sentinels = tuple(_sentinel(item) for item in hosts.split(","))
+    except ValueError as exc:
+        raise ValueError(f"{exc} ({ENCODE_HINT})" if creds else str(exc)) from None
     path = [p for p in parts.path.split("/") if p]
     if not path:
         raise ValueError(f"it names no master (the name the sentinels monitor, after the hosts); write it like {FORM}")
+    if len(path) == 1 and path[0].isdigit():
+        raise ValueError(f"it names no master: {path[0]!r} after the hosts would be the master's name; write the "
+                         f"name the sentinels monitor before the database, like {FORM}")
     if len(path) > 2:
         raise ValueError(f"after the hosts it has {'/'.join(path)!r}: only MASTER_NAME/DB; write it like {FORM}")
     db = 0
@@ -258,6 +271,9 @@ def parse(url: str) -> SentinelUrl:
     if unknown:
         raise ValueError(f"it has the unknown option(s) {', '.join(unknown)}; only {SENTINEL_PASSWORD_PARAM} "
                          f"is read; write it like {FORM}")
+    if SENTINEL_PASSWORD_PARAM in query and not query[SENTINEL_PASSWORD_PARAM]:
+        raise ValueError(f"its {SENTINEL_PASSWORD_PARAM} is empty (it would override redis_sentinel_password_file); "
+                         f"give the password or remove ?{SENTINEL_PASSWORD_PARAM}=; write it like {FORM}")
     user, has_password, password = creds.partition(":")
     return SentinelUrl(
         sentinels=sentinels, master_name=unquote(path[0]), db=db,

@@ -49,6 +49,11 @@ def test_one_reading_of_hosts_master_db_and_both_passwords():
     ("sentinel://h1/rigmaster/0/extra", "only MASTER_NAME/DB"),
     ("sentinel://h1/rigmaster?master=x", "unknown option(s) master"),
     ("sentinel://h1:26379;sentinel://h2:26379", "kombu's way (';')"),
+    # Issue 15, findings 11-12: an unencoded password, the master name left out, an empty password.
+    ("sentinel://:p@ss:w/rd@h1,h2,h3/rigm/0", "percent-encode @ : / ? # in passwords (p@ss:w/rd is p%40ss%3Aw%2Frd)"),
+    ("sentinel://:p@ss:w@h1:x/rigm/0", "percent-encode @ : /"),
+    ("sentinel://h1,h2/0", "names no master: '0' after the hosts would be the master's name"),
+    ("sentinel://h1/rigm/0?sentinel_password=", "sentinel_password is empty"),
 ])
 def test_a_bad_sentinel_url_is_one_config_line_with_the_form(url, said):
     with pytest.raises(ConfigError) as info:
