@@ -283,6 +283,33 @@ def parse(url: str) -> SentinelUrl:
     )
 
 
+def live_first(url: str, timeout_s: float = 1.0) -> str:
+    """The URL with the first sentinel that answers PING moved to the front of the list (the
+    others keep their order); the URL as it is when none answers. For Flower, whose Broker page
+    asks only the first sentinel (kombu's first URL): with the first-listed one dead it said
+    "No master found" for ever. Decided once, when `rig up` starts Flower."""
+    import redis
+
+    parts = urlsplit(url)
+    creds, at, hosts = parts.netloc.rpartition("@")
+    items = hosts.split(",")
+    target = parse(url)
+    kwargs = {**target.sentinel_kwargs({"socket_connect_timeout": timeout_s, "socket_timeout": timeout_s})}
+    for number, (host, port) in enumerate(target.sentinels):
+        client = redis.Redis(host=host, port=port, **kwargs)
+        try:
+            client.ping()
+        except (redis.RedisError, OSError):
+            continue
+        finally:
+            client.close()
+        if number == 0:
+            return url
+        ordered = [items[number], *items[:number], *items[number + 1:]]
+        return urlunsplit(parts._replace(netloc=f"{creds}{at}{','.join(ordered)}"))
+    return url
+
+
 def with_sentinel_password(url: str, password: str) -> str:
     """The URL with the sentinels' password in it, unless it names one already."""
     parts = urlsplit(url)

@@ -339,6 +339,8 @@ class Stack:
             user, password = flower_credentials(s)
             flower_db(s).parent.mkdir(mode=0o700, exist_ok=True)  # its history shows every user's jobs
             flower_env, ignored = flower_environment(env)
+            if is_sentinel(s.redis_url):  # Flower's Broker page asks only the first sentinel
+                flower_env["RIG_REDIS_URL"] = sentinel_url.live_first(s.redis_url)
             if ignored:
                 self.say(f"flower: ignoring {', '.join(ignored)} from the environment (rig sets Flower's "
                          "options; docs/FLOWER.md)")
