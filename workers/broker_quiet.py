@@ -1,7 +1,8 @@
 """A broker outage said once a minute per worker, in one line, instead of Celery's three-line
 "consumer: Cannot connect to ...: No master found ... Trying again in N seconds" every 1.5-5 s
 and a six-line CPendingDeprecationWarning (worker_cancel_long_running_tasks_on_connection_loss)
-at every connection loss (finding 13 of issue 15).
+at every connection loss (finding 13 of issue 15). Lines about a write Redis refuses (full,
+read-only) are workers.consumer_backoff's, which says them its own way.
 
 rig keeps Celery's default for that setting (False) on purpose: cancelling the running start
 tasks on a connection loss would only redeliver them, and a job's start is fenced by its claim;
@@ -14,6 +15,7 @@ import logging
 import warnings
 
 from rig.lograte import Throttle
+from workers.consumer_backoff import refused_in
 
 #: Celery's consumer logger, which says "Cannot connect".
 CONSUMER_LOGGER = "celery.worker.consumer.consumer"
@@ -32,6 +34,8 @@ class ConnectErrorThrottle(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not str(record.msg).startswith("consumer: Cannot connect"):
             return True
+        if refused_in(record) is not None:
+            return True  # a refused write: workers.consumer_backoff says it (and backs off)
         args = record.args if isinstance(record.args, tuple) else ()
         cause = str(args[1]) if len(args) > 1 else record.getMessage()
         if not self.throttle.due(cause):
