@@ -72,7 +72,10 @@ def server_mode(conn: AbstractConnection) -> str | None:
 
 
 def _mode_without_auth(conn: AbstractConnection) -> str | None:
-    """redis_mode asked on a fresh connection without credentials (None: it wants them too)."""
+    """redis_mode asked on a fresh TCP connection without credentials (None: it wants them too,
+    or the connection is not plain TCP: a Unix socket, TLS)."""
+    if type(conn) is not redis.Connection and not hasattr(conn, "connection_pool"):
+        return None  # (a sentinel-managed connection is plain TCP too)
     kwargs = {k: getattr(conn, k) for k in ("host", "port", "socket_connect_timeout", "socket_timeout")
               if hasattr(conn, k)}
     probe = redis.Connection(**kwargs)
