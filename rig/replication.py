@@ -62,10 +62,16 @@ class ReplicaWait:
         return int(acked) >= REPLICAS
 
     def unconfirmed_note(self, what: str) -> str:
-        """The warning line when confirm() returned False."""
-        return (f"warning: {what} stored on the Redis master, but no replica confirmed it within "
-                f"{self.timeout_s:g} s (replica down, or a fail-over just happened): if the master "
-                "failed now it would be lost (docs/RELIABILITY.md)")
+        """The warning line when confirm() returned False: why (no replica connected, so it did
+        not wait; or none confirmed in time) and what it means."""
+        try:
+            alone = connected_replicas(self.client) == 0
+        except (redis.RedisError, OSError):
+            alone = False
+        why = ("no replica is connected to it (replica down, or a fail-over just happened)" if alone else
+               f"no replica confirmed it within {self.timeout_s:g} s (replica down, or a fail-over just happened)")
+        return (f"warning: {what} stored on the Redis master, but {why}: if the master failed now it would be "
+                "lost (docs/RELIABILITY.md)")
 
 
 def replica_wait(client: redis.Redis, keys: Keys, url: str, timeout_s: float) -> ReplicaWait | None:
