@@ -43,16 +43,25 @@ class ConnectErrorThrottle(logging.Filter):
         quiet = self.throttle.said()
         record.msg = " ".join(record.getMessage().split())  # one line
         if quiet:
-            record.msg += f" ({quiet} more like it in the last {self.throttle.every:g} s not logged)"
+            record.msg += f" ({quiet} more 'Cannot connect' line(s) since the last one shown, not logged)"
         record.args = ()
         return True
 
 
 def install() -> None:
-    """Once per worker process (idempotent)."""
+    """Once per worker process (idempotent): the filter now; the warning's silencing now and
+    again when the worker is ready, because Celery's logging set-up puts an ``always`` filter for
+    its deprecation warnings in front of every earlier one (celery.app.log.Logging.setup)."""
     logger = logging.getLogger(CONSUMER_LOGGER)
     if not any(isinstance(f, ConnectErrorThrottle) for f in logger.filters):
         logger.addFilter(ConnectErrorThrottle())
+    from celery.signals import worker_ready
+
+    _silence_cancel_warning()
+    worker_ready.connect(_silence_cancel_warning, weak=False, dispatch_uid="rig.broker_quiet")
+
+
+def _silence_cancel_warning(**_: object) -> None:
     from celery.exceptions import CPendingDeprecationWarning
 
     warnings.filterwarnings("ignore", message=r"\s*In Celery 5\.1 we introduced an optional breaking change",
