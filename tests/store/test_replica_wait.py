@@ -1,6 +1,6 @@
 """Under Sentinel a submission is acknowledged once a replica has it (rig.replication): without
 one in time the job stands and the submitter is told, in one line, what a fail-over now would
-cost. The shared test Redis has no replica, so every WAIT here runs out."""
+cost. The shared test Redis has no replica, so no WAIT here is answered."""
 
 from __future__ import annotations
 

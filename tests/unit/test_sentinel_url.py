@@ -1,7 +1,8 @@
 """A ``sentinel://`` redis_url: read by one function (rig.sentinel_url.parse), bad forms are one
 ConfigError line (exit 6), and every client's form is derived from it: redis-py's Sentinel
 master client, kombu's broker URL and options, redbeat's and Flower's. No Redis needed: the
-clients are built, never connected; a Redis Cluster node is refused from its INFO."""
+clients are built, never connected. A Redis Cluster node, a sentinel's port and a plain Redis
+listed as a sentinel are refused in tests/unit/test_server_kind.py."""
 
 from __future__ import annotations
 
