@@ -977,6 +977,13 @@ def stop_node(settings: Settings, timeout: float = 60.0,
             raise PermissionDenied(f"rig up of node {settings.node_name} (pid {pid}) runs as {_owner(pid)}: "
                                    "run rig down as that user or as root") from None
     deadline = time.monotonic() + timeout
+    if report.supervisors and say is not None:
+        from rig.redis_up import RedisUp
+
+        down = RedisUp(settings.redis_url).down()
+        if down:  # said now, not only after the whole wait
+            say(f"{down}: rig up stops once it can mark node {settings.node_name} stopped there; waiting up to "
+                f"{timeout:.0f} s (do not kill it)")
     for pid in report.supervisors:
         while is_alive(pid, None):
             refused = read_refusal(settings.run_dir, settings.node_name, pid)

@@ -42,8 +42,10 @@ def test_rig_down_while_redis_is_away_says_it_stops_once_redis_is_back(tmp_path)
     try:
         proc.stdout.readline()  # its handler is in place
         pid_file(settings).write_text(f"{proc.pid}\n")
+        said: list[str] = []
         with pytest.raises(RedisUnavailable) as err:
-            stop_node(settings, timeout=0.3)
+            stop_node(settings, timeout=0.3, say=said.append)
+        assert len(said) == 1 and "rig up stops once it can mark node a stopped there" in said[0]  # at once
         message = str(err.value)
         assert f"rig up (pid {proc.pid}) is still stopping" in message and "once Redis is back" in message
         assert "kill it with" not in message and "do not kill it" in message and "\n" not in message
