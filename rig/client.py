@@ -48,7 +48,7 @@ from rig.placement import Request, never_fits
 from rig.redis_conn import check, connect, is_setup_error, unavailable
 from rig.redis_writes import is_outage, refusal, refused_error
 from rig.redis_writes import notices as redis_notices
-from rig.replication import replica_wait
+from rig.replication import no_replica_note, replica_wait
 from rig.request_rules import check_gpu_memory, check_retries, parse_time_limit
 from rig.store import JobStore
 
@@ -557,6 +557,9 @@ class Client:
 
             beats_refused = annotate_refused(self.r, nodes)
             notices = redis_notices(self.r)  # Redis full; an evicting policy; no persistence
+            alone = no_replica_note(self.r, self.settings.redis_url)  # under Sentinel, no replica
+            if alone:
+                notices.append(alone)
             archived = None
             try:
                 archive = self.history.archive()

@@ -68,6 +68,7 @@ from workers.process_tree import (
 )
 from workers.run_as import RunAs, RunAsRefused
 from workers.run_as import decide as decide_run_as
+from workers.unrecorded import mark_lost_ending
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -680,10 +681,15 @@ class CardRunner:
                 log.critical("job %s ended (%s) while this node's Redis is not its installation; "
                              "its ending is kept on disk only", job_id, end)
                 return
-            job = self.store.get(job_id, without=("env",))  # ending it needs no environment
-            if instance is not None and job.instance != instance:
-                log.warning("job %s instance %s ended (%s), but the record of job %s is now another "
-                            "job's (instance %s): nothing written", job_id, instance, end, job_id, job.instance)
+            try:
+                job = self.store.get(job_id, without=("env",))  # ending it needs no environment
+            except JobNotFound:  # Redis lost the record (rolled back, or emptied by a double fault)
+                job = None
+            if job is None or (instance is not None and job.instance != instance):
+                log.warning("job %s instance %s ended (%s), but Redis %s: nothing written", job_id, instance, end,
+                            "has no record of it" if job is None else f"holds another job under that id "
+                            f"(instance {job.instance})")
+                mark_lost_ending(self.r, self.keys, self.node, job_id)
                 return
             folders[:] = (job_folders(job, job_folder(self.settings.job_log_dir, job_id, job.instance)))
             code, state = conclude(self.ledger, job, token, end, expect=expect,

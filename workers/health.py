@@ -53,6 +53,7 @@ from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeInfo, NodeRegis
 from rig.redis_writes import is_outage
 from workers.outcomes import AttemptEnd, conclude
 from workers.process_tree import environments, is_alive, is_job_process, session_members, stop_tree
+from workers.unrecorded import UNRECORDED_FIELD, running_line
 
 log = logging.getLogger(__name__)
 
@@ -381,14 +382,11 @@ class HealthChecker:
         key = self.keys.node(self.settings.node_name)
         if not jobs:
             if self._unrecorded_said:
-                self.r.hdel(key, "unrecorded_jobs")
+                self.r.hdel(key, UNRECORDED_FIELD)
                 self._unrecorded_said = None
             return
-        ids = ", ".join(map(str, jobs[:10])) + (" ..." if len(jobs) > 10 else "")
-        line = (f"Redis has no record of job(s) {ids} still running on {self.settings.node_name} (its data was "
-                "rolled back to an older copy or lost): they run on, untouched; on "
-                f"{self.settings.node_name}: `rig recover --stop` stops them")
-        self.r.hset(key, "unrecorded_jobs", line)
+        line = running_line(self.settings.node_name, jobs)
+        self.r.hset(key, UNRECORDED_FIELD, line)
         if line != self._unrecorded_said:
             log.critical("%s", line)
             self._unrecorded_said = line

@@ -386,9 +386,9 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
                            "`rig down` stops it")
                 for line in read_notes(settings.run_dir, settings.node_name, kind="addresses"):
                     click.echo(line)  # where Flower and /metrics listen, and where the logins are
-                from rig.redis_writes import notices_at  # Redis full, read-only, may lose data
+                from rig.stack import redis_warnings  # no password, full, no fail-over in time...
 
-                for notice in notices_at(settings.redis_url):  # else only in up.log
+                for notice in redis_warnings(settings.redis_url):  # else only in up.log
                     click.echo(f"warning: {notice}", err=True)
                 return
             time.sleep(0.2)

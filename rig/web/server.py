@@ -11,7 +11,8 @@
 The page and its data need HTTP basic auth with rig's admin login, the one Flower takes
 (rig.stack.flower_credentials): both compared in constant time. Anything else is a 404. A WSGI
 app on wsgiref's server with a thread per request (what prometheus_client's own server is),
-so a slow Redis read never holds up a scrape.
+so a slow Redis read never holds up a scrape. Each request first asks rig.redis_up (about a
+second): a Redis outage is `rig_redis_up 0` and a 503 line at once, not a wait.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from prometheus_client import make_wsgi_app
 
 from rig.errors import RigError
 from rig.metrics import make_registry
+from rig.redis_up import RedisUp
 
 if TYPE_CHECKING:
     from rig.client import Client
@@ -78,11 +80,14 @@ def authorised(header: str | None, user: str, password: str) -> bool:
     return ok_user and ok_password
 
 
-def make_app(client: Client, credentials: tuple[str, str]) -> Callable[[dict, StartResponse], Iterable[bytes]]:
-    """The WSGI app serving the three paths (see the module doc)."""
+def make_app(client: Client, credentials: tuple[str, str],
+             probe: RedisUp | None = None) -> Callable[[dict, StartResponse], Iterable[bytes]]:
+    """The WSGI app serving the three paths (see the module doc). ``probe``: asked before any
+    read, so an outage is answered within about a second (default: one for the client's URL)."""
     from rig.web.overview import overview
 
-    metrics = make_wsgi_app(make_registry(client))
+    probe = probe or RedisUp(client.settings.redis_url)
+    metrics = make_wsgi_app(make_registry(client, probe))
     user, password = credentials
     page = page_html()
 
@@ -99,6 +104,9 @@ def make_app(client: Client, credentials: tuple[str, str]) -> Callable[[dict, St
                           [("WWW-Authenticate", 'Basic realm="rig", charset="UTF-8"')])
         if path == PAGE_PATH:
             return _reply(start_response, "200 OK", page, content_type="text/html; charset=utf-8")
+        down = probe.down()
+        if down:  # at once, not after the client's fail-over window
+            return _error(start_response, "503 Service Unavailable", f"cannot read rig's state: {down}")
         try:
             data = overview(client, login=user)
         except (RigError, redis.RedisError, OSError) as exc:

@@ -359,3 +359,25 @@ def test_a_job_that_ended_before_the_kill_reached_it_keeps_its_own_ending(env, t
     runner._launch = launch_then_kill
     assert runner.run_job(job.id, token) == "SUCCEEDED"
     assert ledger.store.get(job.id).exit_code == 0
+
+
+@pytest.mark.parametrize("loss", ["deleted", "reused"])
+def test_an_ending_whose_record_redis_lost_raises_the_unrecorded_alert(real_redis, key_prefix, tmp_path, loss):
+    """Issue 15 finding 6: Redis lost the job's record (a double fault without AOF), or the id
+    now names another job, while its attempt ran: the ending raises the node's unrecorded-jobs
+    alert (rig status, rig.alerts) instead of a JobNotFound traceback, and writes nothing."""
+    from workers.outcomes import AttemptEnd
+
+    settings = load_settings(key_prefix=key_prefix, redis_url=REDIS_URL, home=tmp_path / "home", node_name="n1")
+    ledger = Ledger(real_redis, Keys(key_prefix))
+    ledger.register_card("n1", GpuReading(index=0, uuid="u", model="m", total=80 * GIB),
+                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    runner = CardRunner(settings, "n1", 0, "card0@n1")
+    job, token = placed(ledger, "true", tmp_path)
+    if loss == "deleted":
+        real_redis.delete(Keys(key_prefix).job(job.id))
+    else:
+        real_redis.hset(Keys(key_prefix).job(job.id), "instance", "another-job")
+    assert runner._finish(job.id, token, AttemptEnd(exit_code=0), instance=job.instance or "i1") is None
+    line = real_redis.hget(Keys(key_prefix).node("n1"), "unrecorded_jobs")
+    assert line and line.startswith(f"Redis has no record of job {job.id} whose attempt ended on n1")

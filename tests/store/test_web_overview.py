@@ -179,6 +179,29 @@ def test_a_redis_that_does_not_answer_is_one_line_in_the_data(tmp_path):
     assert call(app, "/metrics")[0].startswith("200")  # rig_scrape_success 0, as before
 
 
+def test_a_redis_that_never_replies_is_answered_within_seconds(tmp_path):
+    """A Redis that accepts connections but never replies (a host gone without a FIN; under
+    Sentinel, the fail-over window): /metrics says rig_redis_up 0 and the data says so in one
+    line, each within about a second, not after the client's reply timeout and retries."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # connections complete in the backlog; nothing ever reads or answers
+    try:
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        app = make_app(Client(load_settings(home=tmp_path / "home", redis_url=url)), LOGIN)
+        began = time.monotonic()
+        status, _, body = call(app, "/metrics")
+        assert status.startswith("200") and b"rig_redis_up 0.0" in body and b"rig_scrape_success 0.0" in body
+        status, _, body = call(app, "/api/overview", LOGIN)
+        assert status.startswith("503")
+        assert json.loads(body)["error"].startswith(f"cannot read rig's state: Redis does not answer at {url}")
+        assert time.monotonic() - began < 4.0
+    finally:
+        silent.close()
+
+
 def test_a_bug_in_the_data_is_one_line_and_a_logged_traceback(client: Client, monkeypatch, caplog):
     import rig.web.overview
 
