@@ -110,15 +110,35 @@ _SQLITE = _Dialect("sqlite", "?")
 _POSTGRES = _Dialect("postgresql", "%s")
 
 
-def _connect(url: str) -> tuple[_Dialect, Any]:
+class ArchiveMissing(ConfigError):
+    """The SQLite file is gone or replaced (deleted or moved while rig was up)."""
+
+
+def missing(path: Path) -> ArchiveMissing:
+    return ArchiveMissing(f"archive missing at {path} (deleted or moved?): put the file back; finished jobs "
+                          "stay in Redis until it is there")
+
+
+def _connect(url: str, *, create: bool = True, home: Path | None = None) -> tuple[_Dialect, Any]:
     """Open ``url``: ``sqlite:///ABSOLUTE/PATH`` or ``postgresql://...``. Bad URLs, a folder that
-    cannot be created and a missing psycopg each raise ConfigError saying what to do."""
+    does not exist, a missing file when not ``create`` and a missing psycopg each raise
+    ConfigError saying what to do. Missing folders are made only inside ``home`` (rig's own
+    folder): a mistyped path elsewhere is said, not made."""
     path = sqlite_path(url)
     if path is not None:
         if not path.is_absolute() or str(path) == "/":
             raise ConfigError(f"archive_url {url!r}: give an absolute path, e.g. sqlite:////var/lib/rig/archive.sqlite3")
+        if create and home is not None and path.parent.is_relative_to(home.expanduser()):
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"archive {path}: cannot make its folder ({exc}); fix RIG_HOME's permissions") from None
+        if not path.parent.is_dir():
+            raise ConfigError(f"archive {path}: its folder {path.parent} does not exist; create it, or fix "
+                              "archive_url (RIG_ARCHIVE_URL)")
+        if not create and not path.exists():
+            raise missing(path)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
             # Records hold the jobs' environments (tokens): the file is its owner's only, and
             # SQLite gives its -wal and -shm files the same mode.
             os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
@@ -170,10 +190,15 @@ class Archive:
     """Archived jobs of one installation (key prefix) in one database. Thread-safe (one lock
     around the connection); each write is one transaction."""
 
-    def __init__(self, url: str, prefix: str) -> None:
+    def __init__(self, url: str, prefix: str, *, create: bool = True, home: Path | None = None) -> None:
+        """``create``: make a missing SQLite file (else ArchiveMissing); ``home``: rig's folder,
+        the only place where missing folders are made."""
         self.url = url
         self.prefix = prefix
-        self.dialect, self._conn = _connect(url)
+        self.path = sqlite_path(url)
+        self.dialect, self._conn = _connect(url, create=create, home=home)
+        #: The SQLite file opened, as (device, inode): check_file() tells it from a new one.
+        self._identity = _identity(self.path) if self.path is not None else None
         self._lock = threading.Lock()
         with self._transaction() as cur:
             for statement in _SCHEMA:
@@ -215,12 +240,20 @@ class Archive:
             cur.execute(self.dialect.sql(text), tuple(params))
             return list(cur.fetchall())
 
+    def check_file(self) -> None:
+        """Raise ArchiveMissing unless the SQLite file opened is still at its path (a deleted or
+        moved file keeps taking writes through the open connection, lost). PostgreSQL: no-op."""
+        if self.path is not None and _identity(self.path) != self._identity:
+            raise missing(self.path)
+
     # -- writing ------------------------------------------------------------------------------
     def add(self, entries: Iterable[tuple[Job, dict[str, str]]], *, now: float) -> int:
         """Write each (job, its Redis hash) in one transaction: all or none. Returns how many.
-        A job already there is replaced (same prefix, id and instance): see the module doc."""
+        A job already there is replaced (same prefix, id and instance): see the module doc.
+        Raises ArchiveMissing, writing nothing, when the SQLite file is not the one opened."""
         rows = [self._row(job, raw, now) for job, raw in entries]
         if rows:
+            self.check_file()
             with self._transaction() as cur:
                 cur.executemany(self.dialect.sql(_UPSERT), rows)
         return len(rows)
@@ -278,6 +311,15 @@ class Archive:
                 clauses.append(f"{column} >= ?")
                 params.append(value)
         return " AND ".join(clauses), params
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path``, None when there is none."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _record(text: str) -> dict[str, str]:

@@ -566,6 +566,10 @@ class Client:
                 archived = archive.count() if archive is not None else 0
             except ConfigError as exc:  # the rest of the status is still true: say it, go on
                 notices.append(f"the archive cannot be read: {exc}")
+            from rig.archive_cluster import late
+
+            if (line := late(self.r, self.keys, now, self.settings.archive_interval)) is not None:
+                notices.append(line)
             return StatusReport(beats_refused=beats_refused,
                 cards=cards, running=running, pending=pending, oldest_wait=oldest,
                 workers=self.workers(), counts=self.store.count_by_state(),

@@ -5,9 +5,10 @@ Redis is read first and wins: a job that is in both (the archiving pass stopped 
 commit and its forget, rig.archiving) is shown once, as Redis has it. A job is the same job in
 both when its id and instance match (ids restart when Redis loses its data).
 
-Which archive: this process's ``archive_url`` (default: SQLite under ``$RIG_HOME``). The
-archiving pass writes where it archives into Redis (``archive:url``); a reader configured for
-another archive is told so in one line instead of silently showing fewer jobs.
+Which archive: this process's ``archive_url`` (default: SQLite under ``$RIG_HOME``). The cluster
+records its one archive in Redis (rig.archive_cluster); a reader configured for another archive
+is told so in one line instead of silently showing fewer jobs, and a SQLite archive that held
+jobs but is gone is said missing, never read as empty.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from __future__ import annotations
 import redis
 
 from rig.accounting import Accounting, accounting_of
-from rig.archive import Archive, safe_url, sqlite_path
+from rig.archive import Archive, missing, safe_url, sqlite_path
+from rig.archive_cluster import cluster_url, elsewhere, held_jobs
 from rig.config import Settings
 from rig.errors import ConfigError, JobNotFound
 from rig.keys import Keys
@@ -40,18 +42,18 @@ class History:
     def archive(self) -> Archive | None:
         """This installation's archive, or None when nothing was ever archived here (a SQLite
         file that does not exist is not created by a reader). Raises ConfigError when the
-        archiving pass writes to another archive than this process would read."""
+        cluster's archive is another one than this process would read, or when the SQLite
+        file is missing though the cluster's archive held jobs."""
         if self._archive is not None:
             return self._archive
         own = self.settings.archive_location
-        advertised = self.r.get(self.keys.archive_url)
-        if isinstance(advertised, bytes):
-            advertised = advertised.decode()
-        if advertised and advertised != safe_url(own):
-            raise ConfigError(f"finished jobs are archived to {advertised} but this rig reads {safe_url(own)}: set "
-                              "archive_url (RIG_ARCHIVE_URL) to the same archive as the nodes' config")
+        cluster = cluster_url(self.r, self.keys)
+        if cluster and cluster != safe_url(own):
+            raise ConfigError(elsewhere(cluster, own))
         path = sqlite_path(own)
         if path is not None and not path.exists():
+            if held_jobs(self.r, self.keys):
+                raise missing(path)
             return None
         self._archive = Archive(own, self.keys.prefix)
         return self._archive

@@ -11,7 +11,7 @@ import pytest
 from rig import packed
 from rig.accounting import accounting_of, usage
 from rig.archive import Archive, default_url
-from rig.archiving import Archiver
+from rig.archiving import Archiver, archive_pass
 from rig.config import load_settings
 from rig.errors import ConfigError, JobNotFound
 from rig.history import History
@@ -197,9 +197,9 @@ def test_bad_archive_urls_and_a_reader_pointed_elsewhere_get_one_line(ledger, ar
     with pytest.raises(ConfigError, match=r"pip install 'psycopg\[binary\]'"):
         Archive("postgresql://postgres@127.0.0.1/x", key_prefix)
     finished(ledger, ended=NOW - 2 * DAY)
-    mover(ledger, archive).run(NOW)  # advertises tmp_path's archive
+    archive_pass(ledger.store.r, ledger.keys, archive, after_seconds=DAY, keep=0, now=NOW)  # records it
     elsewhere = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path / "other"))
-    with pytest.raises(ConfigError, match="archived to sqlite:///.*but this rig reads"):
+    with pytest.raises(ConfigError, match="this cluster archives finished jobs to sqlite:///.*but this rig's"):
         elsewhere.list()
 
 
