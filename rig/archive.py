@@ -65,7 +65,12 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("vram_mean", "BIGINT"),  # the last measured attempt's mean (bytes per card)
     ("record", "TEXT NOT NULL"),  # the Redis hash as a JSON object, packed (rig.packed: zlib)
     ("archived_at", "DOUBLE PRECISION NOT NULL"),
+    # JSON {node: [card_s, reserved_byte_s, used_byte_s]} when its attempts ran on several nodes
+    # (rig.accounting.Accounting.node_split); NULL: all on ``node``. Added to older tables on open.
+    ("node_split", "TEXT"),
 )
+#: Columns added after the first release: (name, type), added by ALTER TABLE when missing.
+_ADDED = (("node_split", "TEXT"),)
 KEY = ("prefix", "id", "instance")
 _NAMES = tuple(name for name, _ in COLUMNS)
 
@@ -85,7 +90,7 @@ _UPSERT = (
 #: What rig usage reads of a row: the figures' inputs, never the record.
 _USAGE_COLUMNS = ("id", "instance", "owner", "name", "template", "pool", "node", "state", "failure",
                   "submitted_at", "ended_at", "wait_seconds", "card_seconds", "reserved_byte_seconds",
-                  "used_byte_seconds")
+                  "used_byte_seconds", "node_split")
 
 PSYCOPG_HINT = "install it with: pip install 'psycopg[binary]' (or pip install 'rig[postgres]')"
 
@@ -203,6 +208,24 @@ class Archive:
         with self._transaction() as cur:
             for statement in _SCHEMA:
                 cur.execute(statement)
+        self._add_columns()
+
+    def _add_columns(self) -> None:
+        """Give a table made by an older rig the columns added since (another process doing
+        the same at once is harmless: its duplicate column is ignored)."""
+        if self.dialect is _SQLITE:
+            have = {row[1] for row in self._query(f"PRAGMA table_info({TABLE})")}
+        else:
+            have = {row[0] for row in self._query("SELECT column_name FROM information_schema.columns "
+                                                  "WHERE table_name = ?", (TABLE,))}
+        for name, kind in _ADDED:
+            if name not in have:
+                try:
+                    with self._transaction() as cur:
+                        cur.execute(f"ALTER TABLE {TABLE} ADD COLUMN {name} {kind}")
+                except Exception as exc:  # noqa: BLE001 - only "it is there now" is expected
+                    if "duplicate" not in str(exc).lower() and "already exists" not in str(exc).lower():
+                        raise
 
     def close(self) -> None:
         with self._lock:
@@ -262,11 +285,12 @@ class Archive:
         acc = accounting_of(job)
         peaks = [a.get("vram_peak") for a in job.attempts if isinstance(a.get("vram_peak"), int | float)]
         means = [a.get("vram_mean") for a in job.attempts if isinstance(a.get("vram_mean"), int | float)]
-        return (self.prefix, job.id, job.instance or "", job.user, job.name, job.template, job.pool, job.node,
+        return (self.prefix, job.id, job.instance or "", job.user, job.name, job.template, job.pool, acc.node,
                 job.state.value, job.failure, job.created_at, job.started_at, job.ended_at, job.gpu_memory,
                 job.gpus, job.exit_code, len(job.attempts), acc.wait_seconds, acc.card_seconds,
                 acc.reserved_byte_seconds, acc.used_byte_seconds, int(max(peaks)) if peaks else None,
-                int(means[-1]) if means else None, packed.pack(raw), now)
+                int(means[-1]) if means else None, packed.pack(raw), now,
+                json.dumps(acc.node_split) if acc.node_split else None)
 
     # -- reading ------------------------------------------------------------------------------
     def get(self, job_id: int) -> Job | None:
@@ -297,7 +321,7 @@ class Archive:
         """The accounting figures of every archived job that ended at or after ``since``."""
         where, params = self._where(ended_since=since)
         rows = self._query(f"SELECT {', '.join(_USAGE_COLUMNS)} FROM {TABLE} WHERE {where}", params)
-        return [Accounting(*row) for row in rows]
+        return [Accounting(*row[:-1], _split(row[-1])) for row in rows]
 
     def _where(self, *, state: JobState | None = None, user: str | None = None, since: float | None = None,
                ended_since: float | None = None) -> tuple[str, list[Any]]:
@@ -311,6 +335,11 @@ class Archive:
                 clauses.append(f"{column} >= ?")
                 params.append(value)
         return " AND ".join(clauses), params
+
+
+def _split(text: str | None) -> dict[str, tuple[float, float, float | None]] | None:
+    """The node_split column, parsed (rig.accounting.Accounting.node_split)."""
+    return {node: tuple(share) for node, share in json.loads(text).items()} if text else None
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

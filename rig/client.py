@@ -832,8 +832,8 @@ class Client:
         return bool(self._guard(self.store.in_error_queue, int(job_id)))
 
     def error_count(self) -> int:
-        """How many jobs the error queue holds."""
-        return len(self._guard(self.store.error_ids))
+        """How many jobs the error queue holds (errors() shows at most its limit)."""
+        return self._guard(self.store.error_count)
 
     def nodes(self) -> list[NodeInfo]:
         """Every node that registered, with its liveness now (rig.nodes)."""

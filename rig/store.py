@@ -287,6 +287,10 @@ class JobStore:
         end = -1 if limit is None else limit - 1
         return [int(i) for i in self.r.zrange(self.keys.errors, 0, end)]
 
+    def error_count(self) -> int:
+        """How many jobs the error queue holds."""
+        return int(self.r.zcard(self.keys.errors))
+
     def in_error_queue(self, job_id: int) -> bool:
         return self.r.zscore(self.keys.errors, str(job_id)) is not None
 

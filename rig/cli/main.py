@@ -220,7 +220,7 @@ def errors(ctx: click.Context, clear_ids: tuple[str, ...], limit: int, as_json: 
     if as_json:
         click.echo(J.dumps([J.job_dict(j) for j in queued]))
         return
-    render_errors(queued, make_console())
+    render_errors(queued, make_console(), total=client.error_count())
 
 
 @cli.command()

@@ -349,14 +349,19 @@ def render_metrics(job: Job, console: Console) -> None:
     console.print(table)
 
 
-def render_errors(jobs: list[Job], console: Console) -> None:
+def render_errors(jobs: list[Job], console: Console, *, total: int | None = None) -> None:
+    """The error queue's first jobs; ``total``: how many it holds (said when more than shown)."""
     if not jobs:
         console.print("the error queue is empty")
         return
     rows = [{"id": str(job.id), "name": job.name, "user": job.user,
              "state": Cell(job.state.value, style=STATE_STYLE[job.state]), "class": job.failure or "-",
              "attempts": str(job.attempt), "ended": ago(job.ended_at), "reason": job.reason or "-"} for job in jobs]
-    console.print(f"error queue: {len(jobs)} job(s) waiting for a person")
+    if total is not None and total > len(jobs):
+        console.print(f"error queue: {total:,} job(s) waiting for a person, {len(jobs):,} of {total:,} shown "
+                      "(`rig errors --limit N` shows more)")
+    else:
+        console.print(f"error queue: {len(jobs)} job(s) waiting for a person")
     console.print(fitted_table(ERROR_COLUMNS, rows, console.width))
     console.print("`rig retry JOB [--gpu-memory SIZE]` sends one back; `rig errors --clear JOB` dismisses it")
 

@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 
 from rig import packed
-from rig.accounting import accounting_of, usage
+from rig.accounting import accounting_of, total, usage
 from rig.archive import Archive, default_url
 from rig.archiving import Archiver, archive_pass
 from rig.config import load_settings
@@ -240,3 +240,46 @@ def test_after_redis_lost_its_data_a_reused_id_is_another_job_in_the_archive(led
     assert sorted(j.name for j in reader.list(limit=5)) == ["after", "before"]
     mover(ledger, archive).run(NOW)
     assert archive.count() == 2 and reader.get(new.id).name == "after"  # the newer submission
+
+
+def test_usage_by_node_puts_each_attempts_hours_on_its_node_and_cancelled_apart(ledger, archive, tmp_path,
+                                                                                 key_prefix):
+    job = ledger.store.create(Job(id=0, name="r", user="ann", command=["true"], gpu_memory=GIB, gpus=1,
+                                  priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/",
+                                  created_at=NOW - 3 * DAY))
+    attempts = [{"attempt": k + 1, "node": node, "cards": [3], "gpu_memory": GIB, "started_at": NOW - 3 * DAY + k * 7200,
+                 "ended_at": NOW - 3 * DAY + k * 7200 + 3600, "exit_code": 1, "outcome": "nonzero_exit"}
+                for k, node in enumerate(("ba1", "ba1", "ba2"))]
+    # Cancelled between retries: the job has no node of its own any more.
+    code, _ = ledger.transition(job.id, JobState.CANCELLED, fields={"attempts": attempts, "attempt": 3,
+                                "failure": "nonzero_exit"}, now=NOW - 2 * DAY)
+    assert code == 1
+    finished(ledger, ended=NOW - 2 * DAY, state=JobState.CANCELLED, failure="cancelled", run_s=0)
+    finished(ledger, ended=NOW - 2 * DAY, state=JobState.FAILED, failure="cuda_oom")
+    reader = history(ledger, tmp_path, key_prefix)
+    for _ in ("in Redis", "archived"):
+        rows = reader.accounting(since=NOW - 7 * DAY)
+        by_node = {ln.key: ln for ln in usage(rows, "node")}
+        assert "(none)" not in by_node and by_node["ba1"].card_hours == pytest.approx(2.0)
+        assert by_node["ba2"].card_hours == pytest.approx(1.0)
+        whole = total(rows)
+        assert (whole.jobs, whole.cancelled, whole.failed, whole.failures) == (3, 2, 1, {"cuda_oom": 1})
+        assert whole.card_hours == pytest.approx(4.0)
+        mover(ledger, archive).run(NOW)
+    assert archive.count() == 3
+
+
+def test_an_archive_made_before_node_split_gets_the_column(tmp_path, key_prefix):
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as conn:
+        old = [c for c in _columns() if c[0] != "node_split"]
+        conn.execute(f"CREATE TABLE rig_jobs ({', '.join(f'{n} {t}' for n, t in old)}, PRIMARY KEY (prefix, id, instance))")
+    with Archive(f"sqlite:///{path}", key_prefix) as arch:
+        assert "node_split" in {r[1] for r in arch._query("PRAGMA table_info(rig_jobs)")}
+        assert arch.accounting() == []
+
+
+def _columns():
+    from rig.archive import COLUMNS
+
+    return COLUMNS
