@@ -317,6 +317,16 @@ class Archive:
     def count(self) -> int:
         return int(self._query(f"SELECT COUNT(*) FROM {TABLE} WHERE prefix = ?", (self.prefix,))[0][0])
 
+    def keys_among(self, ids: Sequence[int]) -> list[tuple[int, str]]:
+        """(id, instance) of the archived jobs whose id is one of ``ids``."""
+        out: list[tuple[int, str]] = []
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start:start + 500])
+            marks = ", ".join("?" for _ in chunk)
+            out += [(int(i), str(inst)) for i, inst in self._query(
+                f"SELECT id, instance FROM {TABLE} WHERE prefix = ? AND id IN ({marks})", (self.prefix, *chunk))]
+        return out
+
     def accounting(self, *, since: float | None = None) -> list[Accounting]:
         """The accounting figures of every archived job that ended at or after ``since``."""
         where, params = self._where(ended_since=since)

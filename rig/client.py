@@ -562,8 +562,7 @@ class Client:
             notices = redis_notices(self.r)  # Redis full; an evicting policy; no persistence
             archived = None
             try:
-                archive = self.history.archive()
-                archived = archive.count() if archive is not None else 0
+                archived = self.history.archived_count()
             except ConfigError as exc:  # the rest of the status is still true: say it, go on
                 notices.append(f"the archive cannot be read: {exc}")
             from rig.archive_cluster import late

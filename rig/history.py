@@ -74,6 +74,25 @@ class History:
                 raise
             return job
 
+    def archived_count(self) -> int:
+        """Jobs in the archive only: a job also still in Redis (the pass stopped between its
+        commit and its forget, rig.archiving) is counted once, as Redis'."""
+        archive = self.archive()
+        if archive is None:
+            return 0
+        pipe = self.r.pipeline(transaction=False)
+        for state in TERMINAL_STATES:
+            pipe.zrange(self.keys.state_index(state.value), 0, -1)
+        ids = sorted({int(i) for part in pipe.execute() for i in part})
+        both = archive.keys_among(ids)
+        if not both:
+            return archive.count()
+        pipe = self.r.pipeline(transaction=False)
+        for jid, _ in both:
+            pipe.hget(self.keys.job(jid), "instance")
+        live = [(v.decode() if isinstance(v, bytes) else v) or "" for v in pipe.execute()]
+        return archive.count() - sum(1 for (_, inst), now in zip(both, live, strict=True) if inst == now)
+
     def stored_field(self, job: Job, name: str) -> str | None:
         """A field of ``job``'s stored record that is no Job field (a @rig.task's ``result``):
         from Redis while the job is there, else from its archived record."""

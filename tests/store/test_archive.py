@@ -120,9 +120,10 @@ def test_a_crash_between_commit_and_forget_loses_and_duplicates_nothing(ledger, 
     reader = history(ledger, tmp_path, key_prefix)
     assert sorted(j.id for j in reader.list(limit=10)) == [j.id for j in jobs]  # each once
     assert len(reader.accounting()) == 3
+    assert reader.archived_count() == 0  # rig status: each counted once, as Redis'
 
     assert mover(ledger, archive).run(NOW).archived == 3  # the next pass forgets them
-    assert not any(in_redis(ledger, j.id) for j in jobs)
+    assert not any(in_redis(ledger, j.id) for j in jobs) and reader.archived_count() == 3
     assert archive.count() == 3 and sorted(j.id for j in reader.list(limit=10)) == [j.id for j in jobs]
 
 
