@@ -299,6 +299,14 @@ class Archive:
                            "ORDER BY submitted_at DESC LIMIT 1", (self.prefix, job_id))
         return _job(rows[0][0]) if rows else None
 
+    def get_instance(self, job_id: int, instance: str) -> Job | None:
+        """The archived job ``job_id`` whose instance starts with ``instance`` (the newest
+        submitted of those), or None."""
+        rows = self._query(f"SELECT record FROM {TABLE} WHERE prefix = ? AND id = ? AND instance LIKE ? "
+                           "ORDER BY submitted_at DESC LIMIT 1",
+                           (self.prefix, job_id, instance.replace("%", "").replace("_", "") + "%"))
+        return _job(rows[0][0]) if rows else None
+
     def record(self, job_id: int, instance: str) -> dict[str, str] | None:
         """The stored record (the Redis hash, as JSON) of one archived job, or None."""
         rows = self._query(f"SELECT record FROM {TABLE} WHERE prefix = ? AND id = ? AND instance = ?",

@@ -459,9 +459,10 @@ class Client:
             self._history = History(self.store, self.settings)
         return self._history
 
-    def get(self, job_id: int | str) -> Job:
-        """The job's record: from Redis, else from the archive once it moved there."""
-        return self._guard(self.history.get, R.parse_job_id(job_id))
+    def get(self, job_id: int | str, instance: str | None = None) -> Job:
+        """The job's record: from Redis, else from the archive once it moved there; with
+        ``instance`` (a prefix of it), that very job where the id was given again."""
+        return self._guard(self.history.get, R.parse_job_id(job_id), instance)
 
     def get_instance(self, job_id: int | str, instance: str | None) -> Job:
         """The record of job ``job_id``, which must be that very job when ``instance`` is given:

@@ -19,7 +19,7 @@ from rig.accounting import Accounting, accounting_of
 from rig.archive import Archive, missing, safe_url, sqlite_path
 from rig.archive_cluster import cluster_url, elsewhere, held_jobs
 from rig.config import Settings
-from rig.errors import ConfigError, JobNotFound
+from rig.errors import ConfigError, JobGone, JobNotFound
 from rig.keys import Keys
 from rig.models import TERMINAL_STATES, Job, JobState
 from rig.store import JobStore
@@ -63,16 +63,25 @@ class History:
             self._archive.close()
             self._archive = None
 
-    def get(self, job_id: int) -> Job:
-        """The job from Redis, else from the archive; JobNotFound if in neither."""
+    def get(self, job_id: int, instance: str | None = None) -> Job:
+        """The job from Redis, else from the archive; JobNotFound if in neither. ``instance``
+        (its first hex digits will do): that very job, should the id have been given again
+        after Redis lost its data."""
         try:
-            return self.store.get(job_id)
+            job: Job | None = self.store.get(job_id)
         except JobNotFound:
-            archive = self.archive()
-            job = archive.get(job_id) if archive is not None else None
-            if job is None:
-                raise
+            job = None
+        if job is not None and (instance is None or (job.instance or "").startswith(instance)):
             return job
+        archive = self.archive()
+        if archive is not None:
+            job = archive.get(job_id) if instance is None else archive.get_instance(job_id, instance)
+        if job is None:
+            if instance is not None:
+                raise JobGone(job_id, f"no job {job_id} of instance {instance}; `rig jobs --since 30d` shows each "
+                                      "job's instance where ids repeat")
+            raise JobNotFound(job_id)
+        return job
 
     def archived_count(self) -> int:
         """Jobs in the archive only: a job also still in Redis (the pass stopped between its

@@ -241,6 +241,10 @@ def test_after_redis_lost_its_data_a_reused_id_is_another_job_in_the_archive(led
     assert sorted(j.name for j in reader.list(limit=5)) == ["after", "before"]
     mover(ledger, archive).run(NOW)
     assert archive.count() == 2 and reader.get(new.id).name == "after"  # the newer submission
+    assert reader.get(old.id, old.instance[:6]).name == "before"  # rig show ID --instance HEX
+    bad = "ffff" if not old.instance.startswith("ffff") else "0000"
+    with pytest.raises(JobNotFound, match=f"no job {old.id} of instance {bad}"):
+        reader.get(old.id, bad)
 
 
 def test_usage_by_node_puts_each_attempts_hours_on_its_node_and_cancelled_apart(ledger, archive, tmp_path,

@@ -302,3 +302,11 @@ def test_errors_say_how_many_wait_when_more_than_shown() -> None:
     head = _screen(120, lambda c: render_errors(jobs, c, total=2016))[0]
     assert head.startswith("error queue: 2,016 job(s) waiting for a person, 3 of 2,016 shown")
     assert _screen(120, lambda c: render_errors(jobs, c, total=3))[0] == "error queue: 3 job(s) waiting for a person"
+
+
+def test_jobs_with_a_repeated_id_show_their_instance() -> None:
+    a, b = _job(1, "before", JobState.SUCCEEDED), _job(1, "after", JobState.SUCCEEDED)
+    a.instance, b.instance = "3fa9c2" + "0" * 10, "71bd00" + "0" * 10
+    text = "\n".join(_screen(160, lambda c: render_jobs([b, a], c)))
+    assert "1 3fa9c2" in text and "1 71bd00" in text and "--instance HEX" in text
+    assert "3fa9c2" not in "\n".join(_screen(160, lambda c: render_jobs([a], c)))
