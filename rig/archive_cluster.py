@@ -19,7 +19,12 @@ from __future__ import annotations
 import redis
 
 from rig.archive import safe_url
+from rig.errors import ConfigError
 from rig.keys import Keys
+
+
+class NotClusterArchive(ConfigError):
+    """This node's archive is not the cluster's: it does not archive (exit 6 for a command)."""
 
 
 def _text(value: str | bytes | None) -> str | None:
@@ -35,6 +40,15 @@ def record_if_absent(client: redis.Redis, keys: Keys, url: str) -> str:
     """Record ``url`` as the cluster's archive unless one is; the cluster's archive (no password)."""
     client.set(keys.archive_url, safe_url(url), nx=True)
     return cluster_url(client, keys) or safe_url(url)
+
+
+def require_cluster(client: redis.Redis, keys: Keys, url: str, *, record: bool = True) -> None:
+    """Before an archiving pass: record ``url`` if no archive is recorded (only with
+    ``record``: once the archive opened); raise NotClusterArchive (its line: elsewhere())
+    when the cluster's archive is another one."""
+    cluster = record_if_absent(client, keys, url) if record else cluster_url(client, keys)
+    if cluster is not None and cluster != safe_url(url):
+        raise NotClusterArchive(elsewhere(cluster, url))
 
 
 def elsewhere(cluster: str, own: str) -> str:

@@ -33,8 +33,13 @@ from dataclasses import dataclass, field
 
 import redis
 
-from rig.archive import Archive, is_database_error, safe_url
-from rig.archive_cluster import elsewhere, held_jobs, mark_held, mark_pass_ok, record_if_absent
+from rig.archive import Archive, is_database_error
+from rig.archive_cluster import (
+    held_jobs,
+    mark_held,
+    mark_pass_ok,
+    require_cluster,
+)
 from rig.config import Settings
 from rig.errors import ConfigError
 from rig.keys import Keys
@@ -148,17 +153,11 @@ class Archiver:
                 report.changed.append(job.id)
 
 
-class NotClusterArchive(ConfigError):
-    """This node's archive is not the cluster's (rig.archive_cluster): it does not archive."""
-
-
 def archive_pass(client: redis.Redis, keys: Keys, archive: Archive, *, after_seconds: float, keep: int,
                  now: float, lock_s: float = LOCK_S, batch: int = BATCH) -> MoveReport | None:
     """One pass under the cluster-wide lock (one control worker at a time); None if another
     holds it. Raises NotClusterArchive when ``archive`` is not the cluster's archive."""
-    cluster = record_if_absent(client, keys, archive.url)
-    if cluster != safe_url(archive.url):
-        raise NotClusterArchive(elsewhere(cluster, archive.url))
+    require_cluster(client, keys, archive.url)
     lock = client.lock(keys.archive_lock, timeout=lock_s, blocking=False)
     if not lock.acquire():
         return None
@@ -191,6 +190,8 @@ class PeriodicArchiver:
         """One pass (archive_pass); what it did, as the task's result."""
         s = self.settings
         try:
+            # First: another node's missing file is no loss; recorded only once it opens (below).
+            require_cluster(self.r, self.keys, s.archive_location, record=False)
             if self.archive is None:
                 # A missing SQLite file is created only while the archive never held jobs: one
                 # deleted under rig is said, not silently replaced by an empty one.

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from rig.archive import Archive, ArchiveMissing, default_url
-from rig.archive_cluster import claim, cluster_url, late
-from rig.archiving import LOCK_S, NotClusterArchive, PeriodicArchiver, archive_pass
+from rig.archive_cluster import NotClusterArchive, claim, cluster_url, late
+from rig.archiving import LOCK_S, PeriodicArchiver, archive_pass
 from rig.config import load_settings
 from rig.errors import ConfigError
 from rig.history import History
@@ -42,6 +42,8 @@ def test_two_nodes_with_their_own_sqlite_split_nothing_and_the_other_is_told(led
     assert b_task.run(NOW).startswith("skipped: this cluster archives") and in_redis(ledger, job.id)
     assert str(one_pass(ledger, a)) == "archived 1 finished job(s)" and a.count() == 1
     assert cluster_url(r, keys).endswith("/a/archive.sqlite3")  # never flips
+    (b_home / "archive.sqlite3").unlink()  # B's own file is not the cluster's: its absence is no loss
+    assert b_task.run(NOW).startswith("skipped: this cluster archives")
     reader_b = History(ledger.store, load_settings(key_prefix=key_prefix, home=b_home))
     with pytest.raises(ConfigError, match="this cluster archives finished jobs to .* but this rig's archive_url"):
         reader_b.get(job.id)  # never "no job"
