@@ -72,6 +72,14 @@ def claim(client: redis.Redis, keys: Keys, url: str, *, alone: bool) -> str | No
     return f"warning: this node will not archive: {elsewhere(cluster, url)}"
 
 
+def claim_at_up(client: redis.Redis, keys: Keys, url: str, node: str) -> str | None:
+    """claim() for ``rig up`` of ``node``: alone when no other node is alive (rig.nodes)."""
+    from rig.nodes import NodeRegistry
+
+    others_up = any(n.alive and n.name != node for n in NodeRegistry(client, keys).read())
+    return claim(client, keys, url, alone=not others_up)
+
+
 def mark_pass_ok(client: redis.Redis, keys: Keys, now: float) -> None:
     """After a pass that finished: when (epoch s)."""
     client.set(keys.archive_ok_at, repr(now))

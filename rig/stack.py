@@ -278,11 +278,10 @@ class Stack:
             # The control workers move finished jobs into the archive: a wrong archive_url, a
             # missing psycopg or an unwritable folder is said now (exit 6), not in a worker's log.
             from rig.archive import Archive
-            from rig.archive_cluster import claim
+            from rig.archive_cluster import claim_at_up
 
             Archive(s.archive_location, s.key_prefix, home=s.home).close()
-            others_up = any(n.alive and n.name != s.node_name for n in NodeRegistry(self._redis(), self.keys).read())
-            line = claim(self._redis(), self.keys, s.archive_location, alone=not others_up)
+            line = claim_at_up(self._redis(), self.keys, s.archive_location, s.node_name)
             if line:  # one archive per cluster: a node configured for another one does not archive
                 self.say(line)
         for warning in open_doors(s, self.wants):

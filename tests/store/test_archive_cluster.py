@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 
 from rig.archive import Archive, ArchiveMissing, default_url
-from rig.archive_cluster import NotClusterArchive, claim, cluster_url, late
+from rig.archive_cluster import NotClusterArchive, claim, claim_at_up, cluster_url, late
 from rig.archiving import LOCK_S, PeriodicArchiver, archive_pass
 from rig.config import load_settings
 from rig.errors import ConfigError
 from rig.history import History
 from rig.keys import Keys
 from rig.ledger import Ledger
+from rig.nodes import NodeRegistry
 from tests.store.test_archive import DAY, NOW, finished, in_redis
 
 
@@ -49,8 +50,13 @@ def test_two_nodes_with_their_own_sqlite_split_nothing_and_the_other_is_told(led
         reader_b.get(job.id)  # never "no job"
     reader_a = History(ledger.store, load_settings(key_prefix=key_prefix, home=a_home))
     assert reader_a.get(job.id).id == job.id
+    # rig up of B while A is up: B will not archive, the record stays A's.
+    NodeRegistry(r, keys).register("ba1", ttl=30)
+    assert claim_at_up(r, keys, b.url, "ba2").startswith("warning: this node will not archive")
+    assert cluster_url(r, keys).endswith("/a/archive.sqlite3")
     # The operator moves the cluster: every node down, rig up with the new archive re-records it.
-    assert "now go to sqlite:///" in claim(r, keys, b.url, alone=True)
+    r.delete(keys.node_alive("ba1"))
+    assert "now go to sqlite:///" in claim_at_up(r, keys, b.url, "ba2")
     assert cluster_url(r, keys).endswith("/b/archive.sqlite3")
     a.close()
     b.close()
