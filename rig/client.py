@@ -460,9 +460,10 @@ class Client:
             self._history = History(self.store, self.settings)
         return self._history
 
-    def get(self, job_id: int | str) -> Job:
-        """The job's record: from Redis, else from the archive once it moved there."""
-        return self._guard(self.history.get, R.parse_job_id(job_id))
+    def get(self, job_id: int | str, instance: str | None = None) -> Job:
+        """The job's record: from Redis, else from the archive once it moved there; with
+        ``instance`` (a prefix of it), that very job where the id was given again."""
+        return self._guard(self.history.get, R.parse_job_id(job_id), instance)
 
     def get_instance(self, job_id: int | str, instance: str | None) -> Job:
         """The record of job ``job_id``, which must be that very job when ``instance`` is given:
@@ -562,10 +563,13 @@ class Client:
                 notices.append(alone)
             archived = None
             try:
-                archive = self.history.archive()
-                archived = archive.count() if archive is not None else 0
+                archived = self.history.archived_count()
             except ConfigError as exc:  # the rest of the status is still true: say it, go on
                 notices.append(f"the archive cannot be read: {exc}")
+            from rig.archive_cluster import late
+
+            if (line := late(self.r, self.keys, now, self.settings.archive_interval)) is not None:
+                notices.append(line)
             return StatusReport(beats_refused=beats_refused,
                 cards=cards, running=running, pending=pending, oldest_wait=oldest,
                 workers=self.workers(), counts=self.store.count_by_state(),
@@ -827,8 +831,8 @@ class Client:
         return bool(self._guard(self.store.in_error_queue, int(job_id)))
 
     def error_count(self) -> int:
-        """How many jobs the error queue holds."""
-        return len(self._guard(self.store.error_ids))
+        """How many jobs the error queue holds (errors() shows at most its limit)."""
+        return self._guard(self.store.error_count)
 
     def nodes(self) -> list[NodeInfo]:
         """Every node that registered, with its liveness now (rig.nodes)."""

@@ -285,8 +285,12 @@ class Stack:
             # The control workers move finished jobs into the archive: a wrong archive_url, a
             # missing psycopg or an unwritable folder is said now (exit 6), not in a worker's log.
             from rig.archive import Archive
+            from rig.archive_cluster import claim_at_up
 
-            Archive(s.archive_location, s.key_prefix).close()
+            Archive(s.archive_location, s.key_prefix, home=s.home).close()
+            line = claim_at_up(self._redis(), self.keys, s.archive_location, s.node_name)
+            if line:  # one archive per cluster: a node configured for another one does not archive
+                self.say(line)
         for warning in open_doors(s, self.wants):
             self.say(warning)
         from rig.logspace import never_enough  # here: the one edit of this file for it
