@@ -38,7 +38,14 @@ from rig import authgate, sentinel_url
 from rig.celery_config import card_queue, dispatcher_queues
 from rig.config import Settings
 from rig.draining import cards_to_serve, drained
-from rig.errors import NodeInUse, PermissionDenied, RedisAuthFailed, RedisRefusesWrites, StackError
+from rig.errors import (
+    ConfigError,
+    NodeInUse,
+    PermissionDenied,
+    RedisAuthFailed,
+    RedisRefusesWrites,
+    StackError,
+)
 from rig.gpus import GpuBackend, detect_backend
 from rig.keys import Keys, card_worker_name, control_worker_name
 from rig.node_claim import OWNER_ENV, claim, identity, refused_line, release, there
@@ -109,19 +116,29 @@ class UpOptions:
     env_overrides: dict[str, str] = field(default_factory=dict)
 
 
+def check_login(user: str, password: str, where: str) -> tuple[str, str]:
+    """The admin login (Flower's and rig's web page's), refused (ConfigError, exit 6) when
+    Flower would read it otherwise than rig does: Flower splits its login on commas into
+    several logins (``admin:pa,evil:evil`` would let ``evil:evil`` in, and not the whole)."""
+    if "," in user or "," in password:
+        raise ConfigError(f"the admin login in {where} has a comma, which Flower reads as two logins; "
+                          "choose one without a comma")
+    return user, password
+
+
 def flower_credentials(settings: Settings) -> tuple[str, str]:
     """Flower's basic-auth user and password: $RIG_FLOWER_AUTH ("user:password") if set, else
     the pair in $RIG_HOME/flower.auth, generated (mode 0600) on first use. Flower never runs
-    without authentication."""
+    without authentication. A login with a comma is refused (check_login)."""
     configured = os.environ.get("RIG_FLOWER_AUTH")
     if configured and ":" in configured:
         user, password = configured.split(":", 1)
-        return user, password
+        return check_login(user, password, "$RIG_FLOWER_AUTH")
     path = settings.home / "flower.auth"
     if path.exists():
         user, _, password = path.read_text().strip().partition(":")
         if user and password:
-            return user, password
+            return check_login(user, password, str(path))
     import secrets
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -215,6 +232,7 @@ class Stack:
         self.notes: list[str] = []  # warnings a `rig up --daemon` parent says on the terminal
         self.metrics_url: str | None = None  # set once the endpoint answers
         self.page_url: str | None = None  # rig's web page, same server (rig.web.server)
+        self.flower_url: str | None = None  # set once this rig up starts a Flower
         self.keys = Keys(settings.key_prefix)
         self.children: list[Child] = []
         self.redis_proc: subprocess.Popen | None = None
@@ -267,6 +285,8 @@ class Stack:
         if others:
             raise StackError(f"rig is already up on node {s.node_name} (pid {min(others)}, its pid file "
                              f"is gone); `rig down --node {s.node_name}` stops it")
+        if self.wants("flower") or self.wants("metrics"):
+            flower_credentials(s)  # a login Flower would read otherwise: said before anything starts
         self.stop_leftovers()
         self._ensure_redis()
         if self.wants("cards") or self.wants("control"):
@@ -328,13 +348,14 @@ class Stack:
             self.children.append(Child(
                 "beat", celery + ["beat", "-l", "INFO", "-f", str(logs / "beat.log")], env, logs / "beat.out",
                 role="beat"))
-        if self.wants("flower"):
+        if self.wants("flower") and self._flower_port_free():
             user, password = flower_credentials(s)
             flower_db(s).parent.mkdir(mode=0o700, exist_ok=True)  # its history shows every user's jobs
             flower_env, ignored = flower_environment(env)
             if ignored:
-                self.say(f"flower: ignoring {', '.join(ignored)} from the environment (rig sets Flower's "
-                         "options; docs/FLOWER.md)")
+                self._say_noted(f"warning: flower: ignoring {', '.join(ignored)} from the environment (rig sets "
+                                "Flower's options; docs/FLOWER.md)")
+            self.flower_url = f"http://{s.flower_address}:{s.flower_port}"
             self.children.append(Child(
                 "flower",
                 celery + ["flower", f"--address={s.flower_address}", f"--port={s.flower_port}",
@@ -349,6 +370,19 @@ class Stack:
             self._spawn(child)
         if self.wants("metrics") and s.metrics_port:
             self._serve_web()
+
+    def _flower_port_free(self) -> bool:
+        """Is Flower's port free? A port something answers on (another node's Flower, any
+        server) would leave this Flower exiting in a restart loop, seen only in its log: said in
+        one line instead, and this Flower is not started (nor its URL printed)."""
+        from rig.metrics import answers
+
+        s = self.settings
+        if not answers(s.flower_address, s.flower_port):
+            return True
+        self._say_noted(f"warning: flower: not started, something already listens on {s.flower_address}:"
+                        f"{s.flower_port} (another Flower?); set RIG_FLOWER_PORT (flower_port) to a free port")
+        return False
 
     def _serve_web(self) -> None:
         """The node's HTTP endpoint: /metrics (no login) and the web page (the admin login)."""
@@ -879,8 +913,8 @@ class Stack:
         this `rig up` serves and what answers."""
         s = self.settings
         out = []
-        if self.wants("flower"):
-            out.append(f"flower: http://{s.flower_address}:{s.flower_port} (an admin login: {login_place(s)})")
+        if self.flower_url:
+            out.append(f"flower: {self.flower_url} (an admin login: {login_place(s)})")
         if self.page_url:
             out.append(f"web page: {self.page_url} (the same admin login as Flower: {login_place(s)})")
         if self.metrics_url:
