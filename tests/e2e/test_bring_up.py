@@ -51,7 +51,7 @@ def test_up_daemon_private_redis_real_work_down(tmp_path):
                RIG_FAKE_GPUS="2x24G", RIG_FLOWER_PORT=str(flower), RIG_NODE_NAME="e2e",
                RIG_METRICS_PORT=str(metrics))
     # A login with a comma: Flower would read two logins (and rig's page one): refused first.
-    comma = rig({**env, "RIG_FLOWER_AUTH": "admin:pa,evil:evil"}, "up")
+    comma = rig({**env, "RIG_FLOWER_AUTH": "admin:pa,evil:evil"}, "up", "--daemon", timeout=60)
     assert comma.returncode == 6 and "has a comma" in comma.stderr, comma.stdout + comma.stderr
     up = rig(env, "up", "--daemon")
     try:
