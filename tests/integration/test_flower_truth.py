@@ -175,7 +175,10 @@ def test_terminate_kills_the_job_and_worker_controls_are_refused(node: tuple[Rig
     assert harness.wait_for_state(victim, {JobState.CANCELLED}, timeout=30) is JobState.CANCELLED
     assert not is_alive(pid, start), "the job's process must be gone"
     assert harness.client.get(victim).reason == "cancelled by Flower (admin login)"
-    api.until("the revoked job", lambda: (t := api.task(victim_task)) and t["state"] == "REVOKED")
+    revoked = api.until("the revoked job", lambda: (t := api.task(victim_task)) and t["state"] == "REVOKED" and t)
+    ended = harness.client.get(victim)
+    assert revoked["exception"] == "cancelled by Flower (admin login)" and revoked["runtime"] is not None
+    assert revoked["result"] == repr(f"exit code {ended.exit_code}"), (revoked, ended.exit_code)
 
     # A card worker's pool and life are rig's: Flower's controls are refused with one line.
     card = card_worker_name(NODE, 0)

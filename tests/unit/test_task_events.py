@@ -79,6 +79,15 @@ def test_each_move_is_the_celery_event_flower_understands():
     assert kind == "task-revoked" and fields["terminated"] is False
     kind, fields = event_for(_job(state=JobState.CANCELLED, started_at=5.0), JobState.CANCELLED)
     assert fields["terminated"] is True
+    # What rig says of a cancelled running job: its exit code, who cancelled it, its runtime.
+    killed = _job(state=JobState.CANCELLED, started_at=5.0, ended_at=7.5, exit_code=143,
+                  reason="cancelled by Flower (admin login)")
+    kind, fields = event_for(killed, JobState.CANCELLED)
+    assert (fields["result"], fields["exception"], fields["runtime"]) == (
+        "'exit code 143'", "cancelled by Flower (admin login)", 2.5)
+    # A retried job that succeeds: its row no longer shows the failed attempt as its exception.
+    retried_ok = _job(state=JobState.SUCCEEDED, attempt=2, exit_code=0, attempts=[first])
+    assert event_for(retried_ok, JobState.SUCCEEDED)[1]["exception"] == ""
 
 
 class _Dispatcher:
