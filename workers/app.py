@@ -64,7 +64,7 @@ from workers.log_sweep import sweep_logs
 
 log = logging.getLogger("rig.worker")
 kombu_patches.install()
-if os.environ.get("RIG_ROLE") == "flower":  # this process is rig's Flower
+if os.environ.get("RIG_ROLE") == "flower" or "flower" in sys.argv[1:]:  # a Flower (rig's, or by hand)
     from workers import flower_patches
 
     flower_patches.install()

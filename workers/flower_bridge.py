@@ -14,22 +14,22 @@ Runs in the control worker; it acts only
 * while that worker's dispatcher leads (``sched:leader``): one bridge per cluster, so a move is
   told once however many nodes run a control worker.
 
-When it starts to tell (a Flower turned task events on, the lead moved here, the subscription
-came back) it first tells the present state of every job not ended yet, and the end of every
-job it last told as not ended (``flower:told``), so a Flower started late shows the jobs that
-wait and run, and a job that ended while no bridge listened does not stay STARTED. A state is
-told once (its attempt included); each event carries the time of its move (rig.task_events), so
-one told late shows the true times.
+A state is told once (its attempt included, ``flower:told``); each event carries the time of
+its move (rig.task_events), so one told late shows the true times. Every RESYNC_S it tells what
+a dropped move left untold: the present state of every job not ended yet, and the end of every
+job it last told as not ended (it ended while no bridge listened).
 
 What was told is not what a Flower heard: a Flower that (re)starts (after a crash, a ``rig
 down``, its history file deleted, a second one) missed what was told while it was away. Each
 Flower says when it starts listening: its event receiver broadcasts ``heartbeat`` to the workers
 once it consumes (celery.events.EventReceiver, ``wakeup``), which rig's control worker passes on
-(:meth:`FlowerBridge.listener_joined`, workers.remote_control). Then the bridge tells *again*
-the present state of every job not ended yet, and the end of every job that ended in the last
-ENDED_KEEP_S (at most ENDED_MAX; the very event told then, kept in ``flower:ended_events``, so a
-job since archived is told the same). A Flower that already had them counts nothing twice (rig's
-Flower skips an event it has applied already: workers.flower_patches).
+(:meth:`FlowerBridge.listener_joined`, workers.remote_control). Then, and whenever it starts
+to tell (a Flower turned task events on, this worker started or took the lead, the subscription
+came back: what a Flower heard meanwhile is unknown), the bridge tells *again* the present state
+of every job not ended yet, and the end of every job that ended in the last ENDED_KEEP_S (at
+most ENDED_MAX; the very event told then, kept in ``flower:ended_events``, so a job since
+archived is told the same). A Flower that already had them counts nothing twice (rig's Flower
+skips an event it has applied already: workers.flower_patches).
 
 Best effort and bounded: events never wait on, slow down or fail a job. The channel is read on
 one thread into a queue of at most QUEUE_MAX moves (when full, moves are dropped and counted);
@@ -197,13 +197,14 @@ class FlowerBridge:
                         self.offer(message["data"])
                     # Subscribed first, then the snapshot: no move falls between the two.
                     was, telling = telling, self.wanted()
-                    if telling and self.retell.is_set():  # kept set until this bridge tells
+                    if telling and (not was or self.retell.is_set()):
+                        # Starting to tell (this worker just started, took the lead or got its
+                        # subscription back), or a Flower started listening: what any Flower
+                        # heard before is unknown, so everything is told again (a Flower's wake-
+                        # up may even have come before this bridge existed). Kept set until then.
                         self.retell.clear()
-                        log.info("Flower events: a Flower started listening; telling it again what "
-                                 "waits, runs and ended lately (%s jobs)", self.resync(again=True))
-                        next_resync = time.monotonic() + RESYNC_S
-                    elif telling and not was:
-                        log.info("Flower events: telling job moves (%s jobs to check)", self.resync())
+                        log.info("Flower events: telling job moves; telling again what waits, runs and "
+                                 "ended lately (%s jobs)", self.resync(again=True))
                         next_resync = time.monotonic() + RESYNC_S
                     elif telling and time.monotonic() >= next_resync:
                         self.resync()  # what a dropped move or message left untold

@@ -4,6 +4,7 @@ No Celery worker, no Flower: the pure rules and their stubs."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -284,3 +285,34 @@ def test_rigs_flower_skips_an_event_it_has_applied_and_keeps_no_metrics():
         assert isinstance(events.PROMETHEUS_METRICS, flower_patches._NoMetrics)
     finally:
         events.PROMETHEUS_METRICS, events.EventsState.event, monitor.Metrics.get = saved
+
+
+def test_a_bridge_that_starts_telling_tells_again_what_an_earlier_one_told():
+    """`rig down; rm flower/<node>.db*; rig up` (finding 3): the new control worker's bridge
+    cannot know what the new Flower heard (its wake-up may come before the bridge exists), so
+    it tells the running job again though ``flower:told`` says it was told."""
+    r = fakeredis.FakeRedis(decode_responses=True)
+    keys = Keys("t:")
+    store = JobStore(r, keys)
+    job = store.create(_job(name="longL"))
+    r.hset(keys.job(job.id), mapping={"state": "RUNNING", "node": "n1", "cards": "[0]", "worker": "card0@n1",
+                                      "attempt": "1", "started_at": "5"})
+    r.zrem(keys.state_index("PENDING"), job.id)
+    r.zadd(keys.state_index("RUNNING"), {str(job.id): job.id})
+    r.hset(keys.flower_told, job.id, "RUNNING:1")  # told by the bridge before `rig down`
+    sent = threading.Event()
+
+    class Dispatcher(_Dispatcher):
+        def send(self, kind: str, **fields: object) -> None:
+            super().send(kind, **fields)
+            sent.set()
+
+    _Dispatcher.sent = []
+    bridge = FlowerBridge(r, keys, hostname="control@n1", events_on=lambda: True, leads=lambda: True,
+                          connect=object, dispatcher_cls=Dispatcher)
+    bridge.start()
+    try:
+        assert sent.wait(10), "the running job was not told again"
+        assert _Dispatcher.sent[0][:2] == ("card0@n1", "task-started")
+    finally:
+        bridge.stop()
