@@ -207,6 +207,15 @@ def open_doors(settings: Settings, wants: Callable[[str], bool]) -> list[str]:
     return doors
 
 
+def already_up(node: str, pid: int, only: tuple[str, ...] = ()) -> str:
+    """The one line a second `rig up` of a node gets; one that wants only Flower is told how
+    to add a Flower to a node that is up: under a name of its own (docs/FLOWER.md)."""
+    line = f"rig is already up on node {node} (pid {pid}); `rig down` stops it"
+    if only == ("flower",):
+        line += f"; to add a Flower to it: `rig up --daemon --only flower --node {node}-flower`"
+    return line
+
+
 def pid_file(settings: Settings) -> Path:
     return settings.run_dir / f"up-{settings.node_name}.pid"
 
@@ -280,7 +289,7 @@ class Stack:
             folder.mkdir(parents=True, exist_ok=True)
         other = running_pid(s)
         if other and other != os.getpid():
-            raise StackError(f"rig is already up on node {s.node_name} (pid {other}); `rig down` stops it")
+            raise StackError(already_up(s.node_name, other, self.options.only))
         others = live_supervisors(s.node_name, s.home)
         if others:
             raise StackError(f"rig is already up on node {s.node_name} (pid {min(others)}, its pid file "

@@ -81,6 +81,9 @@ def test_up_daemon_private_redis_real_work_down(tmp_path):
         again = rig(env, "up", "--no-flower", "--no-metrics")
         assert again.returncode == 7 and "already up" in again.stderr and "rig stopped" not in again.stderr
         assert ready.exists()
+        # `rig up --only flower` on the node's own name is refused with the way that works.
+        only = rig(env, "up", "--daemon", "--only", "flower")
+        assert only.returncode == 7 and "--only flower --node e2e-flower" in only.stderr, only.stderr
         # A Flower added to a node already up (docs/FLOWER.md): under a name of its own. A
         # FLOWER_* variable in the shell is said on the terminal, not only in up.log.
         extra = free_port()
