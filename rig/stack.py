@@ -334,8 +334,9 @@ class Stack:
         # -P: never the operator's working directory on sys.path (a folder named rig there).
         celery = safe_python("celery") + ["-A", "workers.app"]
         logs = s.rig_log_dir
+        flower = self.wants("flower") and self._flower_port_free()
         # Task events for Flower (rig.celery_config): from the start when this rig up runs one.
-        events = ["-E"] if self.wants("flower") else []
+        events = ["-E"] if flower else []
         if self.wants("control"):
             self.children.append(Child(
                 "control",
@@ -357,7 +358,7 @@ class Stack:
             self.children.append(Child(
                 "beat", celery + ["beat", "-l", "INFO", "-f", str(logs / "beat.log")], env, logs / "beat.out",
                 role="beat"))
-        if self.wants("flower") and self._flower_port_free():
+        if flower:
             user, password = flower_credentials(s)
             flower_db(s).parent.mkdir(mode=0o700, exist_ok=True)  # its history shows every user's jobs
             flower_env, ignored = flower_environment(env)
