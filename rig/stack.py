@@ -39,6 +39,7 @@ from rig.celery_config import card_queue, dispatcher_queues
 from rig.config import Settings
 from rig.draining import cards_to_serve, drained
 from rig.errors import (
+    ConfigError,
     NodeInUse,
     PermissionDenied,
     RedisAuthFailed,
@@ -116,19 +117,29 @@ class UpOptions:
     env_overrides: dict[str, str] = field(default_factory=dict)
 
 
+def check_login(user: str, password: str, where: str) -> tuple[str, str]:
+    """The admin login (Flower's and rig's web page's), refused (ConfigError, exit 6) when
+    Flower would read it otherwise than rig does: Flower splits its login on commas into
+    several logins (``admin:pa,evil:evil`` would let ``evil:evil`` in, and not the whole)."""
+    if "," in user or "," in password:
+        raise ConfigError(f"the admin login in {where} has a comma, which Flower reads as two logins; "
+                          "choose one without a comma")
+    return user, password
+
+
 def flower_credentials(settings: Settings) -> tuple[str, str]:
     """Flower's basic-auth user and password: $RIG_FLOWER_AUTH ("user:password") if set, else
     the pair in $RIG_HOME/flower.auth, generated (mode 0600) on first use. Flower never runs
-    without authentication."""
+    without authentication. A login with a comma is refused (check_login)."""
     configured = os.environ.get("RIG_FLOWER_AUTH")
     if configured and ":" in configured:
         user, password = configured.split(":", 1)
-        return user, password
+        return check_login(user, password, "$RIG_FLOWER_AUTH")
     path = settings.home / "flower.auth"
     if path.exists():
         user, _, password = path.read_text().strip().partition(":")
         if user and password:
-            return user, password
+            return check_login(user, password, str(path))
     import secrets
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -197,6 +208,15 @@ def open_doors(settings: Settings, wants: Callable[[str], bool]) -> list[str]:
     return doors
 
 
+def already_up(node: str, pid: int, only: tuple[str, ...] = ()) -> str:
+    """The one line a second `rig up` of a node gets; one that wants only Flower is told how
+    to add a Flower to a node that is up: under a name of its own (docs/FLOWER.md)."""
+    line = f"rig is already up on node {node} (pid {pid}); `rig down` stops it"
+    if only == ("flower",):
+        line += f"; to add a Flower to it: `rig up --daemon --only flower --node {node}-flower`"
+    return line
+
+
 def pid_file(settings: Settings) -> Path:
     return settings.run_dir / f"up-{settings.node_name}.pid"
 
@@ -222,6 +242,7 @@ class Stack:
         self.notes: list[str] = []  # warnings a `rig up --daemon` parent says on the terminal
         self.metrics_url: str | None = None  # set once the endpoint answers
         self.page_url: str | None = None  # rig's web page, same server (rig.web.server)
+        self.flower_url: str | None = None  # set once this rig up starts a Flower
         self.keys = Keys(settings.key_prefix)
         self.children: list[Child] = []
         self.redis_proc: subprocess.Popen | None = None
@@ -269,11 +290,13 @@ class Stack:
             folder.mkdir(parents=True, exist_ok=True)
         other = running_pid(s)
         if other and other != os.getpid():
-            raise StackError(f"rig is already up on node {s.node_name} (pid {other}); `rig down` stops it")
+            raise StackError(already_up(s.node_name, other, self.options.only))
         others = live_supervisors(s.node_name, s.home)
         if others:
             raise StackError(f"rig is already up on node {s.node_name} (pid {min(others)}, its pid file "
                              f"is gone); `rig down --node {s.node_name}` stops it")
+        if self.wants("flower") or self.wants("metrics"):
+            flower_credentials(s)  # a login Flower would read otherwise: said before anything starts
         self.stop_leftovers()
         self._ensure_redis()
         if self.wants("cards") or self.wants("control"):
@@ -316,8 +339,9 @@ class Stack:
         # -P: never the operator's working directory on sys.path (a folder named rig there).
         celery = safe_python("celery") + ["-A", "workers.app"]
         logs = s.rig_log_dir
+        flower = self.wants("flower") and self._flower_port_free()
         # Task events for Flower (rig.celery_config): from the start when this rig up runs one.
-        events = ["-E"] if self.wants("flower") else []
+        events = ["-E"] if flower else []
         if self.wants("control"):
             self.children.append(Child(
                 "control",
@@ -339,15 +363,16 @@ class Stack:
             self.children.append(Child(
                 "beat", celery + ["beat", "-l", "INFO", "-f", str(logs / "beat.log")], env, logs / "beat.out",
                 role="beat"))
-        if self.wants("flower"):
+        if flower:
             user, password = flower_credentials(s)
             flower_db(s).parent.mkdir(mode=0o700, exist_ok=True)  # its history shows every user's jobs
             flower_env, ignored = flower_environment(env)
             if is_sentinel(s.redis_url):  # Flower's Broker page asks only the first sentinel
                 flower_env["RIG_REDIS_URL"] = sentinel_url.live_first(s.redis_url)
             if ignored:
-                self.say(f"flower: ignoring {', '.join(ignored)} from the environment (rig sets Flower's "
-                         "options; docs/FLOWER.md)")
+                self._say_noted(f"warning: flower: ignoring {', '.join(ignored)} from the environment (rig sets "
+                                "Flower's options; docs/FLOWER.md)")
+            self.flower_url = f"http://{s.flower_address}:{s.flower_port}"
             self.children.append(Child(
                 "flower",
                 celery + ["flower", f"--address={s.flower_address}", f"--port={s.flower_port}",
@@ -362,6 +387,19 @@ class Stack:
             self._spawn(child)
         if self.wants("metrics") and s.metrics_port:
             self._serve_web()
+
+    def _flower_port_free(self) -> bool:
+        """Is Flower's port free? A port something answers on (another node's Flower, any
+        server) would leave this Flower exiting in a restart loop, seen only in its log: said in
+        one line instead, and this Flower is not started (nor its URL printed)."""
+        from rig.metrics import answers
+
+        s = self.settings
+        if not answers(s.flower_address, s.flower_port):
+            return True
+        self._say_noted(f"warning: flower: not started, something already listens on {s.flower_address}:"
+                        f"{s.flower_port} (another Flower?); set RIG_FLOWER_PORT (flower_port) to a free port")
+        return False
 
     def _serve_web(self) -> None:
         """The node's HTTP endpoint: /metrics (no login) and the web page (the admin login)."""
@@ -884,8 +922,8 @@ class Stack:
         this `rig up` serves and what answers."""
         s = self.settings
         out = []
-        if self.wants("flower"):
-            out.append(f"flower: http://{s.flower_address}:{s.flower_port} (an admin login: {login_place(s)})")
+        if self.flower_url:
+            out.append(f"flower: {self.flower_url} (an admin login: {login_place(s)})")
         if self.page_url:
             out.append(f"web page: {self.page_url} (the same admin login as Flower: {login_place(s)})")
         if self.metrics_url:
