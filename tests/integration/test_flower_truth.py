@@ -70,7 +70,7 @@ class FlowerApi:
         status, body = self.call(f"/api/task/info/{task_id}")
         return body if status == 200 and isinstance(body, dict) else None
 
-    def until(self, what: str, found: Callable[[], Any], timeout: float = 30.0) -> Any:
+    def until(self, what: str, found: Callable[[], Any], timeout: float = 60.0) -> Any:
         """Poll Flower (it learns from events, asynchronously) until ``found()`` is truthy."""
         deadline = time.monotonic() + timeout
         while True:

@@ -9,6 +9,7 @@ an owner, or reach Redis; each job runs as its true submitter."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -47,11 +48,18 @@ def user_venv() -> Path:
     if os.geteuid() != 0 or not shutil.which("useradd") or not Path("/usr/bin/python3").exists():
         pytest.skip("needs root, useradd and /usr/bin/python3 (.ci/run runs as root)")
     venv = Path("/tmp") / f"rig-test-user-venv-{_source_digest()}"
-    if not (venv / "bin" / "rig").exists():
-        for old in Path("/tmp").glob("rig-test-user-venv-*"):
-            shutil.rmtree(old, ignore_errors=True)
-        subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(REPO)], check=True, timeout=600)
+    ready = venv / ".installed"  # written last: a venv without it is half built
+    # One builder at a time (two checkouts' suites on one machine), and only stale venvs go:
+    # another run may be using its own right now.
+    with open("/tmp/rig-test-user-venv.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not ready.exists():
+            for old in Path("/tmp").glob("rig-test-user-venv-*"):
+                if old == venv or time.time() - old.stat().st_mtime > 3600:
+                    shutil.rmtree(old, ignore_errors=True)
+            subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True)
+            subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(REPO)], check=True, timeout=600)
+            ready.touch()
     return venv
 
 
