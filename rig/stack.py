@@ -38,7 +38,14 @@ from rig import authgate, sentinel_url
 from rig.celery_config import card_queue, dispatcher_queues
 from rig.config import Settings
 from rig.draining import cards_to_serve, drained
-from rig.errors import NodeInUse, PermissionDenied, RedisAuthFailed, RedisRefusesWrites, StackError
+from rig.errors import (
+    ConfigError,
+    NodeInUse,
+    PermissionDenied,
+    RedisAuthFailed,
+    RedisRefusesWrites,
+    StackError,
+)
 from rig.gpus import GpuBackend, detect_backend
 from rig.keys import Keys, card_worker_name, control_worker_name
 from rig.node_claim import OWNER_ENV, claim, identity, refused_line, release, there
@@ -116,12 +123,12 @@ def flower_credentials(settings: Settings) -> tuple[str, str]:
     configured = os.environ.get("RIG_FLOWER_AUTH")
     if configured and ":" in configured:
         user, password = configured.split(":", 1)
-        return user, password
+        return checked_login(user, password, "$RIG_FLOWER_AUTH")
     path = settings.home / "flower.auth"
     if path.exists():
         user, _, password = path.read_text().strip().partition(":")
-        if user and password:
-            return user, password
+        if user or password:  # an empty file is made again; a half-written login is refused
+            return checked_login(user, password, str(path))
     import secrets
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -129,6 +136,21 @@ def flower_credentials(settings: Settings) -> tuple[str, str]:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(f"{user}:{password}\n")
+    return user, password
+
+
+def checked_login(user: str, password: str, where: str) -> tuple[str, str]:
+    """``(user, password)`` if both are usable as the admin login, else ConfigError (exit 6)
+    naming ``where`` (the variable or file) and what to write. Both must be non-empty (an empty
+    pair would let an empty login in) and printable ASCII (Flower answers 500 to any other
+    login; basic auth has no agreed charset)."""
+    wrong = [f"an empty {name}" for name, value in (("user", user), ("password", password)) if not value]
+    wrong += [f"a {name} that is not printable ASCII" for name, value in (("user", user), ("password", password))
+              if value and not (value.isascii() and value.isprintable())]
+    if wrong:
+        raise ConfigError(f"the admin login in {where} has {' and '.join(wrong)}: write user:password, both "
+                          "non-empty printable ASCII (or remove it: rig then generates one in "
+                          "$RIG_HOME/flower.auth)")
     return user, password
 
 
@@ -260,6 +282,8 @@ class Stack:
         absolute_paths(s)  # children run from the run folder: a relative path would move
         for folder in (s.home, s.run_dir, s.job_log_dir, s.rig_log_dir):
             folder.mkdir(parents=True, exist_ok=True)
+        if self.wants("flower") or (self.wants("metrics") and s.metrics_port):
+            flower_credentials(s)  # a login rig cannot use is said now (exit 6), before anything starts
         other = running_pid(s)
         if other and other != os.getpid():
             raise StackError(f"rig is already up on node {s.node_name} (pid {other}); `rig down` stops it")

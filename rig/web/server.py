@@ -65,7 +65,8 @@ def page_html() -> bytes:
 
 def authorised(header: str | None, user: str, password: str) -> bool:
     """Does an ``Authorization`` header carry ``user`` and ``password`` (basic auth)? Both are
-    compared in constant time, whatever the header holds."""
+    compared in constant time, whatever the header holds. Never with an empty user or password
+    (rig.stack.checked_login refuses those; this holds even if a caller skipped it)."""
     given_user, given_password = b"", b""
     if header and header[:6].lower() == "basic ":
         try:
@@ -75,7 +76,7 @@ def authorised(header: str | None, user: str, password: str) -> bool:
         given_user, _, given_password = decoded.partition(b":")
     ok_user = hmac.compare_digest(given_user, user.encode())
     ok_password = hmac.compare_digest(given_password, password.encode())
-    return ok_user and ok_password
+    return ok_user and ok_password and bool(user) and bool(password)
 
 
 def make_app(client: Client, credentials: tuple[str, str]) -> Callable[[dict, StartResponse], Iterable[bytes]]:

@@ -224,6 +224,9 @@ def test_authorised_compares_user_and_password():
     assert authorised(header("rïg:pässword"), "rïg", "pässword")  # UTF-8 both sides
     assert not authorised(header("rig:pa"), "rig", "pa:ss")
     assert not authorised(None, "rig", "x") and not authorised("basic", "rig", "x")
+    # An empty login never lets anyone in, even one sent empty (issue 14 item 2, #1).
+    assert not authorised(header(":"), "", "") and not authorised(None, "", "")
+    assert not authorised(header("admin:"), "admin", "")
 
 
 def test_the_page_has_no_outside_asset_and_never_writes_data_as_html():

@@ -10,7 +10,8 @@ import socket
 import pytest
 
 from rig.config import load_settings
-from rig.stack import Stack, UpOptions, login_place, open_doors
+from rig.errors import ConfigError
+from rig.stack import Stack, UpOptions, flower_credentials, login_place, open_doors
 
 
 @pytest.fixture
@@ -31,6 +32,33 @@ def test_login_place_names_the_variable_or_the_file(home, monkeypatch):
     monkeypatch.setenv("RIG_FLOWER_AUTH", "just-a-password")  # the slip: no user
     said = login_place(settings)
     assert str(home / "flower.auth") in said and "not user:password, so it is not used" in said
+
+
+@pytest.mark.parametrize("login, wrong", [(":", "an empty user and an empty password"),
+                                          ("admin:", "an empty password"), (":pw", "an empty user"),
+                                          ("admin:pässwörd", "a password that is not printable ASCII")])
+def test_a_login_rig_cannot_use_is_refused_in_one_line(home, monkeypatch, login, wrong):
+    monkeypatch.setenv("RIG_FLOWER_AUTH", login)
+    with pytest.raises(ConfigError) as refused:
+        flower_credentials(load_settings())
+    said = str(refused.value)
+    assert refused.value.exit_code == 6 and "\n" not in said
+    assert said.startswith(f"the admin login in $RIG_FLOWER_AUTH has {wrong}: write user:password")
+    # rig up says it before starting anything (Flower and the page read the same function).
+    with pytest.raises(ConfigError):
+        Stack(load_settings(), UpOptions()).up()
+    assert not (home / "run").exists() or not any((home / "run").iterdir())
+
+
+def test_a_half_written_login_file_is_refused_not_replaced(home):
+    home.mkdir(parents=True)
+    (home / "flower.auth").write_text("admin:\n")
+    with pytest.raises(ConfigError, match="flower.auth has an empty password"):
+        flower_credentials(load_settings())
+    assert (home / "flower.auth").read_text() == "admin:\n"
+    (home / "flower.auth").write_text("")  # an empty file is made again
+    user, password = flower_credentials(load_settings())
+    assert user == "rig" and len(password) > 16
 
 
 def test_rig_up_prints_the_page_and_metrics_urls_once_they_answer(home):
