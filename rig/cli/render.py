@@ -77,6 +77,14 @@ def when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 
 
+#: What a node in each state means for its jobs (`rig status`, and the web page beside its state).
+NODE_STATE_NOTES = {
+    "silent": "not yet declared down",
+    "down": "takes no jobs; its running jobs were retried by their policy",
+    "stopped": "takes no jobs; its running jobs run on, adopted on return",
+}
+
+
 def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
     """``node n1: up since 12:01:05, 2 cards, 3 workers`` (rich markup: a down node in red)."""
     if node is None:
@@ -89,12 +97,11 @@ def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
     elif node.writes_refused:  # rig.refused_beats: not silent, refused
         line = f"[bold yellow]{line}[/]"
     elif node.state == "silent":
-        line = f"[bold yellow]{line}[/] (no heartbeat since {clock(node.last_seen)}; not yet declared down)"
+        line = f"[bold yellow]{line}[/] (no heartbeat since {clock(node.last_seen)}; {NODE_STATE_NOTES['silent']})"
     elif node.state == "down":
-        line = (f"[bold red]{line}[/] (last heartbeat {clock(node.last_seen)}): takes no jobs; "
-                "its running jobs were retried by their policy")
+        line = f"[bold red]{line}[/] (last heartbeat {clock(node.last_seen)}): {NODE_STATE_NOTES['down']}"
     else:
-        line = f"[yellow]{line}[/] (rig down): takes no jobs; its running jobs run on, adopted on return"
+        line = f"[yellow]{line}[/] (rig down): {NODE_STATE_NOTES['stopped']}"
     if node.unrecorded:
         line += f"\n[bold red]{M(node.unrecorded)}[/]"
     if node.clock_skew:

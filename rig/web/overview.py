@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from rig import timeline
-from rig.cli.render import card_flag_words, job_reason
+from rig.cli.render import NODE_STATE_NOTES, card_flag_words, job_reason
 from rig.client import Client, StatusReport
 from rig.clock import shared_now
 from rig.models import Job, JobState, Priority
@@ -73,9 +73,23 @@ def _running(report: StatusReport) -> list[dict[str, Any]]:
 
 
 def _nodes(report: StatusReport) -> list[dict[str, Any]]:
-    return [{"name": clean(n.name), "state": n.state, "describe": clean(n.describe),
-             "cards": sum(1 for c in report.cards if c.node == n.name), "workers": n.workers}
-            for n in report.nodes]
+    """Every node `rig status` lists, with or without cards. ``label`` and ``since`` (epoch s)
+    make the state line in the browser's zone; ``alerts`` (red: FROZEN, jobs Redis has no record
+    of) and ``warnings`` (yellow) are rig status' own lines under the node; ``note`` what the
+    state means for its jobs."""
+    rows = []
+    for n in report.nodes:
+        label = "FROZEN" if n.mismatch else {"up": "up", "silent": "silent", "down": "DOWN",
+                                             "stopped": "stopped"}.get(n.state, n.state)
+        rows.append({
+            "name": clean(n.name), "state": n.state, "describe": clean(n.describe), "label": label,
+            "since": None if n.mismatch or n.writes_refused else n.since, "last_seen": n.last_seen,
+            "note": NODE_STATE_NOTES.get(n.state, ""),
+            "alerts": [clean(line) for line in (f"FROZEN: {n.mismatch}" if n.mismatch else None, n.unrecorded)
+                       if line],
+            "warnings": [clean(line) for line in (n.writes_refused, n.auth_refused, n.clock_skew) if line],
+            "cards": sum(1 for c in report.cards if c.node == n.name and not c.gone), "workers": n.workers})
+    return rows
 
 
 def _history(client: Client, now: float) -> dict[str, Any]:

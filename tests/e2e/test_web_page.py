@@ -22,6 +22,7 @@ from rig.config import load_settings
 from rig.testing.web_load import HOSTILE_NAME, MixedLoad, mixed_load
 from rig.web.server import LOGIN_NEEDED, start_web_server
 from tests.conftest import REDIS_URL
+from tests.store.test_web_overview import FROZEN_LINE, freeze_a_node_without_cards
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -47,6 +48,7 @@ def page_server(tmp_path_factory) -> Iterator[tuple[str, MixedLoad]]:
     client = Client(load_settings(key_prefix=prefix, redis_url=REDIS_URL, home=home), redis_client=r)
     try:
         load = mixed_load(client)
+        freeze_a_node_without_cards(client)  # node gpu3: its Redis came back empty
         server = start_web_server(client, "127.0.0.1", 0, LOGIN)
         try:
             yield f"127.0.0.1:{server.server_port}", load
@@ -89,6 +91,11 @@ def test_the_page_in_a_browser_shows_cards_queues_and_escapes_names(page_server,
     assert f"logged in as {user}" in dom and 'id="problem-text"' not in dom, dom[-3000:]
     for card in ("gpu1/0", "gpu1/1", "gpu2/0", "gpu2/1"):
         assert f'data-card="{card}"' in dom, card
+    # A node without cards is drawn too; FROZEN is a red banner in rig status' words.
+    frozen = re.search(r'data-node="gpu3"><h3>(.*?)</h3>', dom, flags=re.S)
+    assert frozen and "FROZEN" in frozen.group(1) and "0 card(s)" in frozen.group(1), dom[:3000]
+    assert f'<div class="banner bad node-alert">FROZEN: {html.escape(FROZEN_LINE, quote=False)}</div>' in dom
+    assert '<p class="warn">no cards registered' not in dom
     assert "util 97%" in dom and "temp 71C" in dom and "8: sweep-lr-0.003 (carol)" in dom
     drawn = rows(dom)
     for job_id in load.running:

@@ -120,6 +120,30 @@ def test_the_waiting_list_is_bounded_and_the_total_is_said(client: Client):
     assert len(data["waiting"]["jobs"]) == WAITING_SHOWN and data["waiting"]["total"] == 3 + extra
 
 
+FROZEN_LINE = "node gpu3 joined installation abc, but this Redis holds no rig installation: `rig recover --stop`"
+
+
+def freeze_a_node_without_cards(client: Client, node: str = "gpu3") -> None:
+    """What a node whose Redis came back empty writes (rig.installation): its mark, no cards."""
+    from rig.nodes import NodeRegistry
+
+    NodeRegistry(client.r, client.keys).beat(node, ttl=600, source="test")
+    client.r.sadd(client.keys.nodes, node)
+    client.r.hset(client.keys.node(node), mapping={"installation_mismatch": FROZEN_LINE, "started_at": time.time()})
+
+
+def test_every_node_is_listed_and_a_frozen_one_says_so(client: Client):
+    mixed_load(client)
+    freeze_a_node_without_cards(client)
+    nodes = {n["name"]: n for n in overview(client, login="admin")["nodes"]}
+    assert sorted(nodes) == ["gpu1", "gpu2", "gpu3"]
+    frozen = nodes["gpu3"]
+    assert frozen["cards"] == 0 and frozen["label"] == "FROZEN" and frozen["since"] is None
+    assert frozen["alerts"] == [f"FROZEN: {FROZEN_LINE}"]  # rig status' words (rig.nodes.NodeInfo.describe)
+    up = nodes["gpu1"]
+    assert up["label"] == "up" and up["alerts"] == up["warnings"] == [] and up["cards"] == 2
+
+
 def test_an_empty_installation_gives_an_empty_page(client: Client):
     data = overview(client, login="admin")
     assert data["cards"] == [] and data["running"] == [] and data["waiting"]["jobs"] == []
