@@ -143,6 +143,20 @@ def ended_per_hour(samples: Sequence[Sample], now: float, hours: int = ENDED_HOU
     return [HourCount(h, *c) for h, c in sorted(counts.items())]
 
 
+def ended_before_first(samples: Sequence[Sample], now: float, hours: int = ENDED_HOURS) -> HourCount | None:
+    """The jobs the first sample's counters already hold when the samples began inside the last
+    ``hours`` hours (a fresh install, or a Redis restarted empty): they ended before it, but
+    when is not known, so :func:`ended_per_hour` cannot place them (the page says them beside
+    the bars). ``start``: the first sample's minute. None when there are none, or when the
+    samples began before the window (those jobs then lie before it)."""
+    if not samples or samples[0].at <= now - hours * 3600:
+        return None
+    first = samples[0]
+    if not (first.succeeded or first.failed or first.cancelled):
+        return None
+    return HourCount(first.at, first.succeeded, first.failed, first.cancelled)
+
+
 def memory_series(samples: Sequence[Sample], now: float, hours: float = MEMORY_HOURS) -> list[Sample]:
     """The samples of the last ``hours`` hours (one a minute at most: 360 for 6 hours)."""
     since = now - hours * 3600

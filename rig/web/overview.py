@@ -97,6 +97,7 @@ def _history(client: Client, now: float) -> dict[str, Any]:
     return {
         "since": samples[0].at if samples else None,
         "ended_per_hour": [vars(h) for h in timeline.ended_per_hour(samples, now)],
+        "ended_before_first": vars(before) if (before := timeline.ended_before_first(samples, now)) else None,
         "memory": [{"at": s.at, "used": s.used, "reserved": s.reserved, "usable": s.usable}
                    for s in timeline.memory_series(samples, now)],
         "memory_hours": timeline.MEMORY_HOURS,

@@ -115,6 +115,8 @@ def test_the_page_in_a_browser_shows_cards_queues_and_escapes_names(page_server,
     for name in ("alice", "bob", "carol"):
         assert f"<td>{name}</td>" in dom
     assert "samples since" in dom
+    # The jobs that ended before the first sample are said beside the bars, not lost.
+    assert "not in the bars: 3 succeeded, 2 failed, 0 cancelled before the first sample" in dom
 
     shot = tmp_path / "page.png"
     browse(f"http://{user}:{password}@{address}/", tmp_path / "profile2", "--window-size=1400,1900",

@@ -86,6 +86,8 @@ def test_the_overview_shows_what_the_cli_shows(client: Client):
     assert hostile["name"] == HOSTILE_NAME
     assert not any("env" in j or "command" in j for j in data["running"] + waiting["jobs"])
     assert data["history"]["since"] is not None and len(data["history"]["ended_per_hour"]) == 1
+    assert data["history"]["ended_before_first"] == {"start": data["history"]["since"], "succeeded": 3,
+                                                     "failed": 2, "cancelled": 0}
 
 
 def test_each_waiting_job_has_the_forecasts_estimated_start(client: Client):
@@ -147,7 +149,7 @@ def test_every_node_is_listed_and_a_frozen_one_says_so(client: Client):
 def test_an_empty_installation_gives_an_empty_page(client: Client):
     data = overview(client, login="admin")
     assert data["cards"] == [] and data["running"] == [] and data["waiting"]["jobs"] == []
-    assert data["history"] == {"since": None, "ended_per_hour": [], "memory": [],
+    assert data["history"] == {"since": None, "ended_per_hour": [], "ended_before_first": None, "memory": [],
                                "memory_hours": timeline.MEMORY_HOURS}
 
 
