@@ -28,7 +28,7 @@ from rig.text import clean
 #: Waiting jobs listed (the head of the queue: priority, then submission), each with why it waits; the
 #: total is given beside them. Bounded: each sentence reads the cards and the jobs ahead.
 WAITING_SHOWN = 25
-#: Jobs of the error queue listed (oldest first, as `rig errors`).
+#: Jobs of the error queue listed: the newest (a new failure must show; `rig errors` lists all, oldest first).
 ERRORS_SHOWN = 25
 #: Job fields the page uses (raw values but for text, which is cleaned).
 _JOB_TEXT = ("name", "user", "node", "pool", "template", "failure")
@@ -127,7 +127,7 @@ def overview(client: Client, *, login: str) -> dict[str, Any]:
                              **starts.row(j.id))
                      for i, j in enumerate(waiting)],
         },
-        "errors": {"total": client.error_count(), "jobs": _ended(client.errors(limit=ERRORS_SHOWN))},
+        "errors": {"total": client.error_count(), "jobs": _ended(client.errors(limit=ERRORS_SHOWN, newest_first=True))},
         "users": [{"user": clean(u.user), "running": u.running, "held": u.held, "waiting": u.waiting,
                    "recent_gib_hours": round(u.recent_gib_hours, 2)} for u in report.users],
         "counts": {s.value: report.counts.get(s, 0) for s in JobState},

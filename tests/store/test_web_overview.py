@@ -21,7 +21,7 @@ from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.testing.web_load import HOSTILE_NAME, mixed_load
 from rig.waiting import NO_DISPATCHER
-from rig.web.overview import WAITING_SHOWN, overview
+from rig.web.overview import ERRORS_SHOWN, WAITING_SHOWN, overview
 from rig.web.server import LOGIN_NEEDED, authorised, make_app
 
 LOGIN = ("admin", "s3cret:with-colon")
@@ -77,7 +77,7 @@ def test_the_overview_shows_what_the_cli_shows(client: Client):
     # The error queue with why each ended, and the users table of three users.
     assert data["errors"]["total"] == 2
     assert {j["id"]: j["failure"] for j in data["errors"]["jobs"]} == dict(zip(load.failed, ["cuda_oom", "timeout"], strict=True))
-    assert "CUDA out of memory" in data["errors"]["jobs"][0]["why"]
+    assert "CUDA out of memory" in data["errors"]["jobs"][-1]["why"]
     assert [u["user"] for u in data["users"]] == ["alice", "bob", "carol"]
     assert all(u["running"] == 1 and u["waiting"] == 1 for u in data["users"])
     # A hostile name arrives as the characters it is (the page puts it in as text); no
@@ -144,6 +144,21 @@ def test_every_node_is_listed_and_a_frozen_one_says_so(client: Client):
     assert frozen["alerts"] == [f"FROZEN: {FROZEN_LINE}"]  # rig status' words (rig.nodes.NodeInfo.describe)
     up = nodes["gpu1"]
     assert up["label"] == "up" and up["alerts"] == up["warnings"] == [] and up["cards"] == 2
+
+
+def test_the_error_queue_shows_the_newest_failures_and_the_total(client: Client):
+    load = mixed_load(client)
+    late = client.store.create_many([(Job(id=0, name=f"late{i}", user="dave", command=["true"], gpu_memory=GIB,
+                                          gpus=1, priority=Priority.LOW, state=JobState.FAILED, workdir="/",
+                                          created_at=time.time()), None) for i in range(ERRORS_SHOWN)])
+    newest = [j.id for j in late]
+    now = time.time()
+    for i, job_id in enumerate(newest):  # ended after the load's two failures
+        client.r.zadd(client.keys.errors, {str(job_id): now + 100 + i})
+    errors = overview(client, login="admin")["errors"]
+    assert errors["total"] == ERRORS_SHOWN + 2
+    assert [j["id"] for j in errors["jobs"]] == newest[::-1]  # the load's old failures are the hidden ones
+    assert not set(load.failed) & {j["id"] for j in errors["jobs"]}
 
 
 def test_an_empty_installation_gives_an_empty_page(client: Client):
