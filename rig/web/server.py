@@ -49,8 +49,14 @@ LOGIN_NEEDED = ("rig's page needs rig's admin login: the user and password Flowe
 StartResponse = Callable[..., Any]
 
 
+#: Connections the kernel holds while every thread is busy starting (socketserver's default, 5,
+#: timed out a burst of 100 requests).
+LISTEN_BACKLOG = 128
+
+
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a hung browser never holds up `rig down`
+    request_queue_size = LISTEN_BACKLOG
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -95,11 +101,17 @@ def make_app(client: Client, credentials: tuple[str, str]) -> Callable[[dict, St
             return _reply(start_response, "404 Not Found", b"not found: rig serves /, /api/overview and /metrics\n")
         if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
             return _reply(start_response, "405 Method Not Allowed", b"only GET\n", [("Allow", "GET, HEAD")])
+        head = environ.get("REQUEST_METHOD") == "HEAD"
         if not authorised(environ.get("HTTP_AUTHORIZATION"), user, password):
-            return _reply(start_response, "401 Unauthorized", LOGIN_NEEDED.encode(),
-                          [("WWW-Authenticate", 'Basic realm="rig", charset="UTF-8"')])
+            # The challenge only on the page: on the data, a browser's fetch fails outright on
+            # it ("Failed to fetch"), and the open page could not say that the login changed.
+            challenge = [("WWW-Authenticate", 'Basic realm="rig", charset="UTF-8"')] if path == PAGE_PATH else []
+            return _reply(start_response, "401 Unauthorized", LOGIN_NEEDED.encode(), challenge, head=head)
         if path == PAGE_PATH:
-            return _reply(start_response, "200 OK", page, content_type="text/html; charset=utf-8")
+            return _reply(start_response, "200 OK", page, content_type="text/html; charset=utf-8", head=head)
+        if head:  # headers only, and no Redis read
+            start_response("200 OK", _HEADERS + [("Content-Type", "application/json")])
+            return []
         try:
             data = overview(client, login=user)
         except (RigError, redis.RedisError, OSError) as exc:
@@ -125,17 +137,19 @@ def _error(start_response: StartResponse, status: str, line: str) -> list[bytes]
     return _reply(start_response, status, json.dumps({"error": line}).encode(), content_type="application/json")
 
 
+#: On every answer: not cached (fresh figures), never framed by another site, no script or
+#: style from anywhere but the page itself.
+_HEADERS = [("Cache-Control", "no-store"), ("X-Frame-Options", "DENY"), ("X-Content-Type-Options", "nosniff"),
+            ("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; "
+             "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:")]
+
+
 def _reply(start_response: StartResponse, status: str, body: bytes, headers: list[tuple[str, str]] | None = None,
-           content_type: str = "text/plain; charset=utf-8") -> list[bytes]:
+           content_type: str = "text/plain; charset=utf-8", head: bool = False) -> list[bytes]:
+    """One answer; ``head``: its headers only (HEAD)."""
     start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body))),
-                            # Not cached (fresh figures), never framed by another site, no
-                            # script or style from anywhere but the page itself.
-                            ("Cache-Control", "no-store"), ("X-Frame-Options", "DENY"),
-                            ("X-Content-Type-Options", "nosniff"),
-                            ("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; "
-                             "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:"),
-                            *(headers or [])])
-    return [body]
+                            *_HEADERS, *(headers or [])])
+    return [] if head else [body]
 
 
 def _family(address: str, port: int) -> tuple[socket.AddressFamily, str]:

@@ -6,6 +6,7 @@ DOM is read after the page's script fetched /api/overview and drew it; also the 
 
 from __future__ import annotations
 
+import base64
 import html
 import re
 import shutil
@@ -139,6 +140,11 @@ def test_the_login_rules_and_metrics_over_http(page_server):
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(f"http://{address}{path}", timeout=10)
         assert refused.value.code == 401 and refused.value.read().decode() == LOGIN_NEEDED
+        assert ("WWW-Authenticate" in refused.value.headers) == (path == "/")
+    head = urllib.request.Request(f"http://{address}/api/overview", method="HEAD",
+                                  headers={"Authorization": "Basic " + base64.b64encode(":".join(LOGIN).encode()).decode()})
+    with urllib.request.urlopen(head, timeout=10) as response:  # headers only, at once
+        assert response.status == 200 and response.read() == b""
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:  # no login
         text = response.read().decode()
     assert 'rig_waiting_jobs{priority="high"} 1.0' in text
