@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import redis
+
 from rig import timeline
 from rig.cli.render import NODE_STATE_NOTES, card_flag_words, job_reason
 from rig.client import Client, StatusReport
@@ -93,8 +95,19 @@ def _nodes(report: StatusReport) -> list[dict[str, Any]]:
 
 
 def _history(client: Client, now: float) -> dict[str, Any]:
-    samples = timeline.read(client.r, client.keys, now)
+    """The charts' data; ``error`` (one line) instead of samples when the history key cannot be
+    read as one, which fails this section only (the rest of the page reads other keys)."""
+    try:
+        samples = timeline.read(client.r, client.keys, now)
+        error = None
+    except redis.ResponseError as exc:
+        if not timeline.is_wrong_type(exc):
+            raise
+        samples = []
+        error = (f"the history could not be read: {client.keys.timeline} is not rig's history (another type of "
+                 "key); the cluster health pass replaces it at its next sample")
     return {
+        "error": error,
         "since": samples[0].at if samples else None,
         "ended_per_hour": [vars(h) for h in timeline.ended_per_hour(samples, now)],
         "ended_before_first": vars(before) if (before := timeline.ended_before_first(samples, now)) else None,

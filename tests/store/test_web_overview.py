@@ -164,7 +164,7 @@ def test_the_error_queue_shows_the_newest_failures_and_the_total(client: Client)
 def test_an_empty_installation_gives_an_empty_page(client: Client):
     data = overview(client, login="admin")
     assert data["cards"] == [] and data["running"] == [] and data["waiting"]["jobs"] == []
-    assert data["history"] == {"since": None, "ended_per_hour": [], "ended_before_first": None, "memory": [],
+    assert data["history"] == {"error": None, "since": None, "ended_per_hour": [], "ended_before_first": None, "memory": [],
                                "memory_hours": timeline.MEMORY_HOURS}
 
 
@@ -203,6 +203,27 @@ def test_the_cluster_health_pass_writes_the_sample(client: Client):
     assert HealthChecker(client.settings, client.r).run_cluster() is not None
     (sample,) = timeline.read(client.r, client.keys, time.time())
     assert sample.succeeded == 3 and sample.reserved == sum(c.reserved for c in client.ledger.cards())
+
+
+def test_a_history_key_of_another_type_fails_only_the_history(client: Client, caplog, monkeypatch):
+    from workers.health import HealthChecker
+
+    mixed_load(client)
+    client.r.delete(client.keys.timeline)
+    client.r.set(client.keys.timeline, "garbage")
+    status, _, body = call(make_app(client, LOGIN), "/api/overview", LOGIN)
+    data = json.loads(body)
+    assert status.startswith("200") and data["waiting"]["total"] == 3
+    assert data["history"]["error"].startswith("the history could not be read: ")
+    assert data["history"]["ended_per_hour"] == [] and "\n" not in data["history"]["error"]
+    # The health pass replaces rig's own key, saying so in one line, once (not at every pass).
+    monkeypatch.setattr(timeline, "_wrong_type_said", timeline.Throttle())
+    for _ in range(2):
+        client.r.set(client.keys.timeline, "garbage")
+        assert HealthChecker(client.settings, client.r).run_cluster() is not None
+        assert len(timeline.read(client.r, client.keys, time.time())) == 1
+    said = [r for r in caplog.records if "held another type" in r.getMessage()]
+    assert len(said) == 1 and "Traceback" not in caplog.text
 
 
 def test_a_redis_that_does_not_answer_is_one_line_in_the_data(tmp_path):
