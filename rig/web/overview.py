@@ -15,6 +15,7 @@ there): the page shows names. Units: bytes, epoch seconds (Redis' clock), percen
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -129,6 +130,9 @@ def overview(client: Client, *, login: str) -> dict[str, Any]:
     starts = client.start_estimates([j.id for j in waiting])
     return {
         "now": now,
+        # The sentences the server words (why a job waits, a node's lines) give times in its zone:
+        # the page says which when the browser's differs (s east of UTC).
+        "server_utc_offset_s": time.localtime(now).tm_gmtoff,
         "login": clean(login),
         "nodes": _nodes(report),
         "cards": _cards(report),

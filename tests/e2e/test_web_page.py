@@ -11,6 +11,7 @@ import html
 import re
 import shutil
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -61,13 +62,15 @@ def page_server(tmp_path_factory) -> Iterator[tuple[str, MixedLoad]]:
         r.close()
 
 
-def browse(url: str, profile: Path, *extra: str) -> subprocess.CompletedProcess:
+def browse(url: str, profile: Path, *extra: str, zone: str | None = None) -> subprocess.CompletedProcess:
     """Chromium headless on ``url``, with its own profile folder (never another run's), given
-    5 s of virtual time for the page's script to fetch and draw."""
+    5 s of virtual time for the page's script to fetch and draw; ``zone``: the browser's TZ."""
+    import os
+
     return subprocess.run(
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
          f"--user-data-dir={profile}", "--virtual-time-budget=5000", *extra, url],
-        capture_output=True, text=True, timeout=90)
+        capture_output=True, text=True, timeout=90, env={**os.environ, "TZ": zone} if zone else None)
 
 
 def rows(dom: str) -> dict[int, str]:
@@ -86,7 +89,8 @@ def test_the_page_in_a_browser_shows_cards_queues_and_escapes_names(page_server,
     user, password = LOGIN
     # The login in the URL: Chromium answers the server's basic-auth challenge with it, and the
     # page's own fetch (to the origin, without the login) is sent the same credentials.
-    done = browse(f"http://{user}:{password}@{address}/", tmp_path / "profile", "--dump-dom")
+    # A browser in another zone than the server's: the page says both (rig's own times in the browser's).
+    done = browse(f"http://{user}:{password}@{address}/", tmp_path / "profile", "--dump-dom", zone="Asia/Kathmandu")
     dom = done.stdout
     assert "<title>rig</title>" in dom, done.stderr[-2000:]
     assert f"logged in as {user}" in dom and 'id="problem-text"' not in dom, dom[-3000:]
@@ -116,6 +120,10 @@ def test_the_page_in_a_browser_shows_cards_queues_and_escapes_names(page_server,
     for name in ("alice", "bob", "carol"):
         assert f"<td>{name}</td>" in dom
     assert "samples since" in dom
+    if time.localtime().tm_gmtoff != 20700:
+        server_zone = time.strftime("%z")
+        assert (f"(times in your zone, UTC+05:45; in the server's sentences, its zone, UTC{server_zone[:3]}:"
+                f"{server_zone[3:]})") in dom
     # The jobs that ended before the first sample are said beside the bars, not lost.
     assert "not in the bars: 3 succeeded, 2 failed, 0 cancelled before the first sample" in dom
 
