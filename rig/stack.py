@@ -184,6 +184,13 @@ def flower_environment(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     return {k: v for k, v in env.items() if not k.startswith("FLOWER_")}, ignored
 
 
+def http_url(address: str, port: int, path: str = "") -> str:
+    """``http://address:port/path`` for what `rig up` prints: an IPv6 address in brackets
+    (``http://[::1]:5555``), as a browser needs it; one already bracketed is kept so."""
+    host = address.strip("[]")
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}{path}"
+
+
 def login_place(settings: Settings) -> str:
     """Where the admin login (Flower's, and rig's web page's) comes from, as flower_credentials
     decides it: for the lines `rig up` prints."""
@@ -390,9 +397,8 @@ class Stack:
             return
         port = self.metrics_server.server_port
         if answers(s.metrics_address, port):  # the URLs are printed only once it answers
-            host = f"[{s.metrics_address.strip('[]')}]" if ":" in s.metrics_address else s.metrics_address
-            self.metrics_url = f"http://{host}:{port}/metrics"
-            self.page_url = f"http://{host}:{port}/"
+            self.metrics_url = http_url(s.metrics_address, port, "/metrics")
+            self.page_url = http_url(s.metrics_address, port, "/")
         else:
             self.say(f"metrics and web page: not answering at {s.metrics_address}:{port}; see {s.rig_log_dir}")
 
@@ -904,11 +910,15 @@ class Stack:
         s = self.settings
         out = []
         if self.wants("flower"):
-            out.append(f"flower: http://{s.flower_address}:{s.flower_port} (an admin login: {login_place(s)})")
+            out.append(f"flower: {http_url(s.flower_address, s.flower_port)} (an admin login: {login_place(s)})")
         if self.page_url:
             out.append(f"web page: {self.page_url} (the same admin login as Flower: {login_place(s)})")
         if self.metrics_url:
             out.append(f"metrics: {self.metrics_url} (no login)")
+        elif self.options.no_metrics:
+            out.append("web page and /metrics: off (rig up --no-metrics)")
+        elif self.wants("metrics") and not s.metrics_port:
+            out.append("web page and /metrics: off (metrics_port = 0; RIG_METRICS_PORT sets one)")
         return out
 
     def describe(self) -> str:

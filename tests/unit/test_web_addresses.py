@@ -11,7 +11,7 @@ import pytest
 
 from rig.config import load_settings
 from rig.errors import ConfigError
-from rig.stack import Stack, UpOptions, flower_credentials, login_place, open_doors
+from rig.stack import Stack, UpOptions, flower_credentials, http_url, login_place, open_doors
 
 
 @pytest.fixture
@@ -100,3 +100,18 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_every_printed_url_brackets_an_ipv6_address(home, monkeypatch):
+    assert http_url("::1", 15555) == "http://[::1]:15555" == http_url("[::1]", 15555)
+    assert http_url("127.0.0.1", 9840, "/metrics") == "http://127.0.0.1:9840/metrics"
+    monkeypatch.setenv("RIG_FLOWER_ADDRESS", "::1")
+    lines = Stack(load_settings(metrics_port=0), UpOptions()).addresses()
+    assert lines[0].startswith("flower: http://[::1]:") and "http://::1" not in lines[0]
+
+
+def test_a_page_that_is_off_is_said(home):
+    assert Stack(load_settings(metrics_port=0), UpOptions()).addresses()[-1] == \
+        "web page and /metrics: off (metrics_port = 0; RIG_METRICS_PORT sets one)"
+    assert Stack(load_settings(), UpOptions(no_metrics=True)).addresses()[-1] == \
+        "web page and /metrics: off (rig up --no-metrics)"
