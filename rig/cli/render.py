@@ -223,11 +223,11 @@ def closed_card_line(card: CardState, running: int, watched: bool = True) -> str
 
 
 def card_flag_words(card: CardState) -> list[str]:
-    """Why a card takes no (new) jobs and what else holds it, plain words: ``others use 1.0``,
+    """Why a card takes no (new) jobs and what else holds it, plain words: ``others use 1.0 GiB``,
     ``not in whitelist``, ``UNHEALTHY: reason`` (the reason as the node gave it: callers clean)."""
     parts = []
     if card.foreign:
-        parts.append(f"others use {_gib(card.foreign)}")
+        parts.append(f"others use {_gib(card.foreign)} GiB")
     closed = why_closed(card)
     if closed:
         parts.append(closed)
@@ -238,7 +238,7 @@ def card_flag_words(card: CardState) -> list[str]:
 
 def card_flags(card: CardState) -> str:
     """Why a card takes no (new) jobs and what else holds it, as rich markup: ``[others use
-    1.0] [not in whitelist] [UNHEALTHY: reason]``. Every part is escaped here (a bracketed
+    1.0 GiB] [not in whitelist] [UNHEALTHY: reason]``. Every part is escaped here (a bracketed
     text is a rich tag otherwise, and would vanish): the one place these flags are built."""
     return " ".join(escape(f"[{clean(p)}]") for p in card_flag_words(card))
 

@@ -59,7 +59,8 @@ def _cards(report: StatusReport) -> list[dict[str, Any]]:
             "temperature": card.temperature, "jobs": card.jobs, "max_jobs": card.max_jobs,
             "healthy": card.checked_healthy, "takes_jobs": card.eligible,
             "flags": [clean(w) for w in card_flag_words(card)],
-            "running": [{"id": j.id, "name": clean(j.name), "user": clean(j.user)}
+            # over: the OVER mark `rig status` puts beside a job that used more than it declared.
+            "running": [{"id": j.id, "name": clean(j.name), "user": clean(j.user), "over": bool(j.overuse)}
                         for j in report.running.get(card.id, [])],
         })
     return rows

@@ -62,6 +62,7 @@ def test_the_overview_shows_what_the_cli_shows(client: Client):
     for card in cards.values():
         assert card["reserved"] + card["free"] == card["usable"]
     assert [j["name"] for j in cards["gpu2/0"]["running"]] == ["llm-finetune-7b"]
+    assert not any(j["over"] for c in cards.values() for j in c["running"])
     assert cards["gpu1/0"]["utilization"] == 97 and cards["gpu1/0"]["temperature"] == 71
     assert sorted(j["id"] for j in data["running"]) == sorted(load.running)
     # The head of the queue, high priority first, each with the one explanation (rig.waiting).
@@ -88,6 +89,13 @@ def test_the_overview_shows_what_the_cli_shows(client: Client):
     assert data["history"]["since"] is not None and len(data["history"]["ended_per_hour"]) == 1
     assert data["history"]["ended_before_first"] == {"start": data["history"]["since"], "succeeded": 3,
                                                      "failed": 2, "cancelled": 0}
+
+
+def test_a_card_marks_a_job_over_its_declaration_as_rig_status_does(client: Client):
+    load = mixed_load(client)
+    client.store.update(load.running[0], overuse=1)
+    cards = {c["id"]: c for c in overview(client, login="admin")["cards"]}
+    assert [(j["id"], j["over"]) for j in cards["gpu1/0"]["running"]] == [(load.running[0], True)]
 
 
 def test_each_waiting_job_has_the_forecasts_estimated_start(client: Client):

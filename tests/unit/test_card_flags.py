@@ -26,7 +26,7 @@ CASES = [
     ({"healthy": False, "health_reason": "temperature 95 C > 90 C"}, "[UNHEALTHY: temperature 95 C > 90 C]"),
     ({"healthy": False, "health_reason": "[bold]node stopped[/]"}, "[UNHEALTHY: [bold]node stopped[/]]"),
     ({"healthy": False}, "[UNHEALTHY]"),
-    ({"foreign": 2 * GIB}, "[others use 2.0]"),
+    ({"foreign": 2 * GIB}, "[others use 2.0 GiB]"),
 ]
 
 
