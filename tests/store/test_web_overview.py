@@ -249,6 +249,27 @@ def test_a_redis_that_does_not_answer_is_one_line_in_the_data(tmp_path):
     assert call(app, "/metrics")[0].startswith("200")  # rig_scrape_success 0, as before
 
 
+def test_a_hung_redis_is_said_as_one_that_does_not_answer(tmp_path):
+    """A Redis stopped with SIGSTOP takes connections (the kernel's backlog) and answers none:
+    rig is up, so the page must not say to start it."""
+    import socket
+
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen()
+        port = hung.getsockname()[1]
+        stuck = redis.Redis(host="127.0.0.1", port=port, socket_timeout=0.3, retry=Retry(NoBackoff(), 0))
+        settings = load_settings(home=tmp_path / "home", redis_url=f"redis://127.0.0.1:{port}/0")
+        status, _, body = call(make_app(Client(settings, redis_client=stuck), LOGIN), "/api/overview", LOGIN)
+    error = json.loads(body)["error"]
+    assert status.startswith("503") and "does not answer" in error and "hung" in error, error
+    assert "rig up" not in error and "\n" not in error
+
+
 def test_a_bug_in_the_data_is_one_line_and_a_logged_traceback(client: Client, monkeypatch, caplog):
     import rig.web.overview
 
