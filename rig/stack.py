@@ -148,9 +148,10 @@ def checked_login(user: str, password: str, where: str) -> tuple[str, str]:
     wrong += [f"a {name} that is not printable ASCII" for name, value in (("user", user), ("password", password))
               if value and not (value.isascii() and value.isprintable())]
     if wrong:
+        instead = ("unset it: rig then uses the login in $RIG_HOME/flower.auth" if where.startswith("$")
+                   else "delete the file: rig then generates a new login there")
         raise ConfigError(f"the admin login in {where} has {' and '.join(wrong)}: write user:password, both "
-                          "non-empty printable ASCII (or remove it: rig then generates one in "
-                          "$RIG_HOME/flower.auth)")
+                          f"non-empty printable ASCII (or {instead})")
     return user, password
 
 
