@@ -255,7 +255,7 @@ def render_status(report: StatusReport, console: Console) -> None:
     for node in report.nodes:
         if node.name not in by_node:  # e.g. a control-only node
             console.print(node_title(node, node.name, 0))
-    if not report.cards:
+    if not report.cards and not report.nodes:  # a node without cards (FROZEN, control-only) is said above
         console.print("no cards registered: no rig node is up (start one with `rig up`)")
 
     if report.pool:
