@@ -9,7 +9,10 @@
 ``GET /api/overview``   the page's data (rig.web.overview), polled by the page.
 
 The page and its data need HTTP basic auth with rig's admin login, the one Flower takes
-(rig.stack.flower_credentials): both compared in constant time. Anything else is a 404. A WSGI
+(rig.stack.flower_credentials): both compared in constant time, never an empty one. A refused
+login gets the browser's challenge (WWW-Authenticate) on the page only: on the data it would make
+the page's fetch fail outright, and the page says the login was refused instead. HEAD answers
+headers only (the data's without reading Redis). Anything else is a 404. A WSGI
 app on wsgiref's server with a thread per request (what prometheus_client's own server is),
 so a slow Redis read never holds up a scrape.
 """
