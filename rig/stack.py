@@ -44,6 +44,8 @@ from rig.errors import (
     PermissionDenied,
     RedisAuthFailed,
     RedisRefusesWrites,
+    RedisUnavailable,
+    RigError,
     StackError,
 )
 from rig.gpus import GpuBackend, detect_backend
@@ -58,7 +60,6 @@ from rig.redis_conn import (
     ensure_password_file,
     home_password_file,
     password_source,
-    refuse_cluster,
     resolve_auth,
     strip_password,
     url_password,
@@ -310,8 +311,12 @@ class Stack:
             # The control workers move finished jobs into the archive: a wrong archive_url, a
             # missing psycopg or an unwritable folder is said now (exit 6), not in a worker's log.
             from rig.archive import Archive
+            from rig.archive_cluster import claim_at_up
 
-            Archive(s.archive_location, s.key_prefix).close()
+            Archive(s.archive_location, s.key_prefix, home=s.home).close()
+            line = claim_at_up(self._redis(), self.keys, s.archive_location, s.node_name)
+            if line:  # one archive per cluster: a node configured for another one does not archive
+                self.say(line)
         for warning in open_doors(s, self.wants):
             self.say(warning)
         from rig.logspace import never_enough  # here: the one edit of this file for it
@@ -364,6 +369,8 @@ class Stack:
             user, password = flower_credentials(s)
             flower_db(s).parent.mkdir(mode=0o700, exist_ok=True)  # its history shows every user's jobs
             flower_env, ignored = flower_environment(env)
+            if is_sentinel(s.redis_url):  # Flower's Broker page asks only the first sentinel
+                flower_env["RIG_REDIS_URL"] = sentinel_url.live_first(s.redis_url)
             if ignored:
                 self.say(f"flower: ignoring {', '.join(ignored)} from the environment (rig sets Flower's "
                          "options; docs/FLOWER.md)")
@@ -411,17 +418,9 @@ class Stack:
         url = self.settings.redis_url
         shown = strip_password(url)
         if probe(url):
-            refuse_cluster(self._redis(), url)  # before anything is written there
             self.say(f"redis: using the one at {shown}")
-            if url_password(url) is None:
-                self.say(f"warning: the Redis at {shown} takes clients without a password: whoever can "
-                         "reach it can run commands as this user through rig; set requirepass "
-                         "(docs/SECURITY.md)")
-            for line in redis_notices_at(url):  # full; an evicting policy; no persistence
+            for line in redis_warnings(url):
                 self.say(f"warning: {line}")
-            if is_sentinel(url):  # one sentinel listed, no replica, a fail-over slower than rig waits
-                for line in sentinel_url.parse(url).notices(FAILOVER_WINDOW_S, client_options()):
-                    self.say(f"warning: {line}")
             return
         if not self.wants("redis") and self.options.only:
             raise StackError(f"no Redis answers at {shown}")
@@ -959,6 +958,22 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+def redis_warnings(url: str) -> list[str]:
+    """What `rig up` warns about the Redis it uses at ``url``, in the foreground and on the
+    terminal of `rig up --daemon` alike: no password; full, an evicting policy, no persistence
+    (rig.redis_writes); under Sentinel, a setup that would not fail over in time (one sentinel
+    listed, no live replica, sentinels slower than rig waits: rig.sentinel_url)."""
+    shown = strip_password(url)
+    lines = []
+    if url_password(url) is None:
+        lines.append(f"the Redis at {shown} takes clients without a password: whoever can reach it can run "
+                     "commands as this user through rig; set requirepass (docs/SECURITY.md)")
+    lines += redis_notices_at(url)
+    if is_sentinel(url):
+        lines += sentinel_url.parse(url).notices(FAILOVER_WINDOW_S, client_options())
+    return lines
+
+
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
@@ -995,6 +1010,13 @@ def stop_node(settings: Settings, timeout: float = 60.0,
             raise PermissionDenied(f"rig up of node {settings.node_name} (pid {pid}) runs as {_owner(pid)}: "
                                    "run rig down as that user or as root") from None
     deadline = time.monotonic() + timeout
+    if report.supervisors and say is not None:
+        from rig.redis_up import RedisUp
+
+        down = RedisUp(settings.redis_url).down()
+        if down:  # said now, not only after the whole wait
+            say(f"{down}: rig up stops once it can mark node {settings.node_name} stopped there; waiting up to "
+                f"{timeout:.0f} s (do not kill it)")
     for pid in report.supervisors:
         while is_alive(pid, None):
             refused = read_refusal(settings.run_dir, settings.node_name, pid)
@@ -1005,8 +1027,7 @@ def stop_node(settings: Settings, timeout: float = 60.0,
                 if is_stopped(pid):  # a plain kill does nothing to it: say what does
                     raise StackError(f"rig up (pid {pid}) is stopped (SIGSTOP) and cannot stop itself; "
                                      f"`kill -CONT {pid}` (it then stops), or `kill -9 {pid}` and `rig down` again")
-                raise StackError(f"rig up (pid {pid}) did not stop within {timeout:.0f} s; "
-                                 f"kill it with `kill {pid}`, then `rig down` again")
+                raise _not_stopped(settings, pid, timeout)
             time.sleep(0.1)
     left = leftovers(settings.node_name, settings.home)
     if left:
@@ -1016,6 +1037,23 @@ def stop_node(settings: Settings, timeout: float = 60.0,
             raise StackError(f"could not stop {describe(stuck)} of node {settings.node_name}; "
                              "`kill -9 PID` them")
     return report
+
+
+def _not_stopped(settings: Settings, pid: int, timeout: float) -> RigError:
+    """Why ``rig up`` (pid) is still running after ``timeout`` s, and what to do. While Redis
+    does not answer it cannot mark the node stopped and waits for it (on purpose): a kill would
+    get its running jobs declared lost and maybe run twice, so that case never advises one."""
+    from rig.redis_up import RedisUp
+
+    down = RedisUp(settings.redis_url).down()
+    if down:
+        return RedisUnavailable.said(
+            settings.redis_url,
+            f"rig up (pid {pid}) is still stopping after {timeout:.0f} s: it cannot mark node {settings.node_name} "
+            f"stopped while {down}; it stops once Redis is back (start it, or let the fail-over finish), "
+            "then `rig down` again; do not kill it: its running jobs would be declared lost and may run twice")
+    return StackError(f"rig up (pid {pid}) did not stop within {timeout:.0f} s; "
+                      f"kill it with `kill {pid}`, then `rig down` again")
 
 
 def _owner(pid: int) -> str:

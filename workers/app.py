@@ -54,7 +54,7 @@ from rig.redis_conn import connect
 from rig.redis_writes import FullWatch, is_outage
 from rig.supervision import watch_supervisor
 from rig.worker_lock import EXIT_LOCK_HELD, LockHeld, acquire, lock_path, worker_lock_name
-from workers import celery_clock, kombu_patches, remote_control
+from workers import broker_quiet, celery_clock, kombu_patches, remote_control
 from workers.card_runner import CardRunner
 from workers.dispatcher import Dispatcher
 from workers.flower_bridge import FlowerBridge
@@ -64,6 +64,7 @@ from workers.log_sweep import sweep_logs
 
 log = logging.getLogger("rig.worker")
 kombu_patches.install()
+broker_quiet.install()  # a broker outage: one line a minute, no deprecation essay
 
 settings = load_settings()
 

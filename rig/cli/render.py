@@ -6,6 +6,7 @@ sequences stripped, rich markup escaped. Only rig's own markup reaches rich unes
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime
 
@@ -306,12 +307,15 @@ def render_jobs(jobs: list[Job], console: Console, starts: Mapping[int, str] | N
     ``est. start`` column for the waiting jobs."""
     now = shared_now()
     rows = []
+    seen = Counter(job.id for job in jobs)
     for job in jobs:
         runtime = None
         if job.started_at:
             runtime = (job.ended_at or now) - job.started_at
         rows.append({
-            "id": str(job.id), "name": job.name, "user": job.user,
+            # An id shown twice (given again after Redis lost its data): its instance tells them apart.
+            "id": f"{job.id} {(job.instance or '?')[:6]}" if seen[job.id] > 1 else str(job.id),
+            "name": job.name, "user": job.user,
             # A state is never cut (its column is as wide as the longest one shown).
             "state": Cell(job.state.value, style=STATE_STYLE[job.state]), "prio": job.priority.value,
             "mem/card": format_memory(job.gpu_memory), "gpus": str(job.gpus),
@@ -326,6 +330,9 @@ def render_jobs(jobs: list[Job], console: Console, starts: Mapping[int, str] | N
     else:
         columns = [c for c in JOB_COLUMNS if starts is not None or c.key != "est. start"]
         console.print(fitted_table(columns, rows, console.width))
+        if any(n > 1 for n in seen.values()):
+            console.print("ids repeat (Redis lost its data and gave them again): `rig show ID --instance HEX` "
+                          "shows one")
 
 
 def render_metrics(job: Job, console: Console) -> None:
@@ -356,14 +363,19 @@ def render_metrics(job: Job, console: Console) -> None:
     console.print(table)
 
 
-def render_errors(jobs: list[Job], console: Console) -> None:
+def render_errors(jobs: list[Job], console: Console, *, total: int | None = None) -> None:
+    """The error queue's first jobs; ``total``: how many it holds (said when more than shown)."""
     if not jobs:
         console.print("the error queue is empty")
         return
     rows = [{"id": str(job.id), "name": job.name, "user": job.user,
              "state": Cell(job.state.value, style=STATE_STYLE[job.state]), "class": job.failure or "-",
              "attempts": str(job.attempt), "ended": ago(job.ended_at), "reason": job.reason or "-"} for job in jobs]
-    console.print(f"error queue: {len(jobs)} job(s) waiting for a person")
+    if total is not None and total > len(jobs):
+        console.print(f"error queue: {total:,} job(s) waiting for a person, {len(jobs):,} of {total:,} shown "
+                      "(`rig errors --limit N` shows more)")
+    else:
+        console.print(f"error queue: {len(jobs)} job(s) waiting for a person")
     console.print(fitted_table(ERROR_COLUMNS, rows, console.width))
     console.print("`rig retry JOB [--gpu-memory SIZE]` sends one back; `rig errors --clear JOB` dismisses it")
 

@@ -14,7 +14,8 @@ login gets the browser's challenge (WWW-Authenticate) on the page only: on the d
 the page's fetch fail outright, and the page says the login was refused instead. HEAD answers
 headers only (the data's without reading Redis). Anything else is a 404. A WSGI
 app on wsgiref's server with a thread per request (what prometheus_client's own server is),
-so a slow Redis read never holds up a scrape.
+so a slow Redis read never holds up a scrape. Each request first asks rig.redis_up (about a
+second): a Redis outage is `rig_redis_up 0` and a 503 line at once, not a wait.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from prometheus_client import make_wsgi_app
 
 from rig.errors import RigError
 from rig.metrics import make_registry
+from rig.redis_up import RedisUp
 
 if TYPE_CHECKING:
     from rig.client import Client
@@ -88,11 +90,14 @@ def authorised(header: str | None, user: str, password: str) -> bool:
     return ok_user and ok_password and bool(user) and bool(password)
 
 
-def make_app(client: Client, credentials: tuple[str, str]) -> Callable[[dict, StartResponse], Iterable[bytes]]:
-    """The WSGI app serving the three paths (see the module doc)."""
+def make_app(client: Client, credentials: tuple[str, str],
+             probe: RedisUp | None = None) -> Callable[[dict, StartResponse], Iterable[bytes]]:
+    """The WSGI app serving the three paths (see the module doc). ``probe``: asked before any
+    read, so an outage is answered within about a second (default: one for the client's URL)."""
     from rig.web.overview import overview
 
-    metrics = make_wsgi_app(make_registry(client))
+    probe = probe or RedisUp(client.settings.redis_url)
+    metrics = make_wsgi_app(make_registry(client, probe))
     user, password = credentials
     page = page_html()
 
@@ -112,9 +117,12 @@ def make_app(client: Client, credentials: tuple[str, str]) -> Callable[[dict, St
             return _reply(start_response, "401 Unauthorized", LOGIN_NEEDED.encode(), challenge, head=head)
         if path == PAGE_PATH:
             return _reply(start_response, "200 OK", page, content_type="text/html; charset=utf-8", head=head)
-        if head:  # headers only, and no Redis read
+        if head:  # headers only, and no Redis read (not even the probe)
             start_response("200 OK", _HEADERS + [("Content-Type", "application/json")])
             return []
+        down = probe.down()
+        if down:  # at once, not after the client's fail-over window
+            return _error(start_response, "503 Service Unavailable", f"cannot read rig's state: {down}")
         try:
             data = overview(client, login=user)
         except (RigError, redis.RedisError, OSError) as exc:
