@@ -47,6 +47,9 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P alerts:since                hash     condition -> when it was first seen (epoch s)
   P flower:told                 hash     job id -> "<STATE>:<attempt>" last told to Flower, for jobs
                                          not ended yet (workers.flower_bridge; an end deletes it)
+  P flower:ended                zset     job id -> when its end was told (epoch s): the ends told
+                                         again to a Flower that (re)starts (bounded, workers.flower_bridge)
+  P flower:ended_events         hash     job id -> JSON [hostname, type, fields] of that end's event
   P metrics:counters            hash     Prometheus counters, only ever incremented (rig.metrics):
                                          submitted (rig.store), started (claim.lua), requeued and
                                          ended:<STATE>:<failure class or ''> (transition.lua)
@@ -242,6 +245,16 @@ class Keys:
     @property
     def flower_told(self) -> str:
         return f"{self.prefix}flower:told"
+
+    @property
+    def flower_ended(self) -> str:
+        """Sorted set: job id -> when its end was told to Flower (epoch s), the recent ends."""
+        return f"{self.prefix}flower:ended"
+
+    @property
+    def flower_ended_events(self) -> str:
+        """Hash: job id -> JSON [hostname, event type, fields] of the end told (flower_ended)."""
+        return f"{self.prefix}flower:ended_events"
 
     @property
     def metrics_counters(self) -> str:

@@ -117,34 +117,16 @@ class UpOptions:
     env_overrides: dict[str, str] = field(default_factory=dict)
 
 
-def flower_credentials(settings: Settings) -> tuple[str, str]:
-    """Flower's basic-auth user and password: $RIG_FLOWER_AUTH ("user:password") if set, else
-    the pair in $RIG_HOME/flower.auth, generated (mode 0600) on first use. Flower never runs
-    without authentication."""
-    configured = os.environ.get("RIG_FLOWER_AUTH")
-    if configured and ":" in configured:
-        user, password = configured.split(":", 1)
-        return checked_login(user, password, "$RIG_FLOWER_AUTH")
-    path = settings.home / "flower.auth"
-    if path.exists():
-        user, _, password = path.read_text().strip().partition(":")
-        if user or password:  # an empty file is made again; a half-written login is refused
-            return checked_login(user, password, str(path))
-    import secrets
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    user, password = "rig", secrets.token_urlsafe(18)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(f"{user}:{password}\n")
-    return user, password
-
-
-def checked_login(user: str, password: str, where: str) -> tuple[str, str]:
-    """``(user, password)`` if both are usable as the admin login, else ConfigError (exit 6)
-    naming ``where`` (the variable or file) and what to write. Both must be non-empty (an empty
-    pair would let an empty login in) and printable ASCII (Flower answers 500 to any other
-    login; basic auth has no agreed charset)."""
+def check_login(user: str, password: str, where: str) -> tuple[str, str]:
+    """The admin login (Flower's and rig's web page's) as ``(user, password)``, or ConfigError
+    (exit 6) naming ``where`` (the variable or file) and what to write, when rig cannot use it:
+    a comma (Flower splits its login on commas into several logins: ``admin:pa,evil:evil``
+    would let ``evil:evil`` in, and not the whole); an empty user or password (an empty pair
+    would let an empty login in); text other than printable ASCII (Flower answers 500 to any
+    other login; basic auth has no agreed charset)."""
+    if "," in user or "," in password:
+        raise ConfigError(f"the admin login in {where} has a comma, which Flower reads as two logins; "
+                          "choose one without a comma")
     wrong = [f"an empty {name}" for name, value in (("user", user), ("password", password)) if not value]
     wrong += [f"a {name} that is not printable ASCII" for name, value in (("user", user), ("password", password))
               if value and not (value.isascii() and value.isprintable())]
@@ -153,6 +135,29 @@ def checked_login(user: str, password: str, where: str) -> tuple[str, str]:
                    else "delete the file: rig then generates a new login there")
         raise ConfigError(f"the admin login in {where} has {' and '.join(wrong)}: write user:password, both "
                           f"non-empty printable ASCII (or {instead})")
+    return user, password
+
+
+def flower_credentials(settings: Settings) -> tuple[str, str]:
+    """Flower's basic-auth user and password: $RIG_FLOWER_AUTH ("user:password") if set, else
+    the pair in $RIG_HOME/flower.auth, generated (mode 0600) on first use. Flower never runs
+    without authentication. A login rig cannot use is refused (check_login)."""
+    configured = os.environ.get("RIG_FLOWER_AUTH")
+    if configured and ":" in configured:
+        user, password = configured.split(":", 1)
+        return check_login(user, password, "$RIG_FLOWER_AUTH")
+    path = settings.home / "flower.auth"
+    if path.exists():
+        user, _, password = path.read_text().strip().partition(":")
+        if user or password:  # an empty file is made again; a half-written login is refused
+            return check_login(user, password, str(path))
+    import secrets
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    user, password = "rig", secrets.token_urlsafe(18)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"{user}:{password}\n")
     return user, password
 
 
@@ -221,6 +226,15 @@ def open_doors(settings: Settings, wants: Callable[[str], bool]) -> list[str]:
     return doors
 
 
+def already_up(node: str, pid: int, only: tuple[str, ...] = ()) -> str:
+    """The one line a second `rig up` of a node gets; one that wants only Flower is told how
+    to add a Flower to a node that is up: under a name of its own (docs/FLOWER.md)."""
+    line = f"rig is already up on node {node} (pid {pid}); `rig down` stops it"
+    if only == ("flower",):
+        line += f"; to add a Flower to it: `rig up --daemon --only flower --node {node}-flower`"
+    return line
+
+
 def pid_file(settings: Settings) -> Path:
     return settings.run_dir / f"up-{settings.node_name}.pid"
 
@@ -246,6 +260,7 @@ class Stack:
         self.notes: list[str] = []  # warnings a `rig up --daemon` parent says on the terminal
         self.metrics_url: str | None = None  # set once the endpoint answers
         self.page_url: str | None = None  # rig's web page, same server (rig.web.server)
+        self.flower_url: str | None = None  # set once this rig up starts a Flower
         self.keys = Keys(settings.key_prefix)
         self.children: list[Child] = []
         self.redis_proc: subprocess.Popen | None = None
@@ -291,15 +306,15 @@ class Stack:
         absolute_paths(s)  # children run from the run folder: a relative path would move
         for folder in (s.home, s.run_dir, s.job_log_dir, s.rig_log_dir):
             folder.mkdir(parents=True, exist_ok=True)
-        if self.wants("flower") or (self.wants("metrics") and s.metrics_port):
-            flower_credentials(s)  # a login rig cannot use is said now (exit 6), before anything starts
         other = running_pid(s)
         if other and other != os.getpid():
-            raise StackError(f"rig is already up on node {s.node_name} (pid {other}); `rig down` stops it")
+            raise StackError(already_up(s.node_name, other, self.options.only))
         others = live_supervisors(s.node_name, s.home)
         if others:
             raise StackError(f"rig is already up on node {s.node_name} (pid {min(others)}, its pid file "
                              f"is gone); `rig down --node {s.node_name}` stops it")
+        if self.wants("flower") or self.wants("metrics"):
+            flower_credentials(s)  # a login Flower would read otherwise: said before anything starts
         self.stop_leftovers()
         self._ensure_redis()
         if self.wants("cards") or self.wants("control"):
@@ -342,8 +357,9 @@ class Stack:
         # -P: never the operator's working directory on sys.path (a folder named rig there).
         celery = safe_python("celery") + ["-A", "workers.app"]
         logs = s.rig_log_dir
+        flower = self.wants("flower") and self._flower_port_free()
         # Task events for Flower (rig.celery_config): from the start when this rig up runs one.
-        events = ["-E"] if self.wants("flower") else []
+        events = ["-E"] if flower else []
         if self.wants("control"):
             self.children.append(Child(
                 "control",
@@ -365,15 +381,16 @@ class Stack:
             self.children.append(Child(
                 "beat", celery + ["beat", "-l", "INFO", "-f", str(logs / "beat.log")], env, logs / "beat.out",
                 role="beat"))
-        if self.wants("flower"):
+        if flower:
             user, password = flower_credentials(s)
             flower_db(s).parent.mkdir(mode=0o700, exist_ok=True)  # its history shows every user's jobs
             flower_env, ignored = flower_environment(env)
             if is_sentinel(s.redis_url):  # Flower's Broker page asks only the first sentinel
                 flower_env["RIG_REDIS_URL"] = sentinel_url.live_first(s.redis_url)
             if ignored:
-                self.say(f"flower: ignoring {', '.join(ignored)} from the environment (rig sets Flower's "
-                         "options; docs/FLOWER.md)")
+                self._say_noted(f"warning: flower: ignoring {', '.join(ignored)} from the environment (rig sets "
+                                "Flower's options; docs/FLOWER.md)")
+            self.flower_url = http_url(s.flower_address, s.flower_port)
             self.children.append(Child(
                 "flower",
                 celery + ["flower", f"--address={s.flower_address}", f"--port={s.flower_port}",
@@ -388,6 +405,19 @@ class Stack:
             self._spawn(child)
         if self.wants("metrics") and s.metrics_port:
             self._serve_web()
+
+    def _flower_port_free(self) -> bool:
+        """Is Flower's port free? A port something answers on (another node's Flower, any
+        server) would leave this Flower exiting in a restart loop, seen only in its log: said in
+        one line instead, and this Flower is not started (nor its URL printed)."""
+        from rig.metrics import answers
+
+        s = self.settings
+        if not answers(s.flower_address, s.flower_port):
+            return True
+        self._say_noted(f"warning: flower: not started, something already listens on {s.flower_address}:"
+                        f"{s.flower_port} (another Flower?); set RIG_FLOWER_PORT (flower_port) to a free port")
+        return False
 
     def _serve_web(self) -> None:
         """The node's HTTP endpoint: /metrics (no login) and the web page (the admin login)."""
@@ -909,8 +939,8 @@ class Stack:
         this `rig up` serves and what answers."""
         s = self.settings
         out = []
-        if self.wants("flower"):
-            out.append(f"flower: {http_url(s.flower_address, s.flower_port)} (an admin login: {login_place(s)})")
+        if self.flower_url:
+            out.append(f"flower: {self.flower_url} (an admin login: {login_place(s)})")
         if self.page_url:
             out.append(f"web page: {self.page_url} (the same admin login as Flower: {login_place(s)})")
         if self.metrics_url:

@@ -331,7 +331,7 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
     adopted by the next `rig up`. Several servers share one Redis: `rig up --node b --redis URL`."""
     from rig.cli import lossy
     from rig.cli.daemon import daemon_reason, reason_path, write_reason
-    from rig.stack import Stack, UpOptions, running_pid
+    from rig.stack import Stack, UpOptions, already_up, running_pid
     from rig.supervision import safe_python
 
     if fake_gpus_opt:
@@ -350,7 +350,7 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
     if daemon:
         existing = running_pid(settings)
         if existing:
-            raise StackError(f"rig is already up on node {settings.node_name} (pid {existing}); `rig down` stops it")
+            raise StackError(already_up(settings.node_name, existing, only))
         # -P: a folder named rig in the working directory must not replace rig (rig.supervision).
         argv = safe_python("rig.cli.main")
         for key, value in overrides.items():

@@ -77,7 +77,7 @@ def page_html() -> bytes:
 def authorised(header: str | None, user: str, password: str) -> bool:
     """Does an ``Authorization`` header carry ``user`` and ``password`` (basic auth)? Both are
     compared in constant time, whatever the header holds. Never with an empty user or password
-    (rig.stack.checked_login refuses those; this holds even if a caller skipped it)."""
+    (rig.stack.check_login refuses those; this holds even if a caller skipped it)."""
     given_user, given_password = b"", b""
     if header and header[:6].lower() == "basic ":
         try:

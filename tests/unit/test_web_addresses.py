@@ -102,12 +102,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_every_printed_url_brackets_an_ipv6_address(home, monkeypatch):
+def test_every_printed_url_brackets_an_ipv6_address():
+    """`rig up` forms Flower's, the page's and /metrics' URLs with http_url (RIG_FLOWER_ADDRESS=::1
+    printed http://::1:15555)."""
     assert http_url("::1", 15555) == "http://[::1]:15555" == http_url("[::1]", 15555)
     assert http_url("127.0.0.1", 9840, "/metrics") == "http://127.0.0.1:9840/metrics"
-    monkeypatch.setenv("RIG_FLOWER_ADDRESS", "::1")
-    lines = Stack(load_settings(metrics_port=0), UpOptions()).addresses()
-    assert lines[0].startswith("flower: http://[::1]:") and "http://::1" not in lines[0]
 
 
 def test_a_page_that_is_off_is_said(home):
@@ -115,3 +114,35 @@ def test_a_page_that_is_off_is_said(home):
         "web page and /metrics: off (metrics_port = 0; RIG_METRICS_PORT sets one)"
     assert Stack(load_settings(), UpOptions(no_metrics=True)).addresses()[-1] == \
         "web page and /metrics: off (rig up --no-metrics)"
+
+
+def test_a_flower_port_taken_is_one_line_and_no_flower(home):
+    """Finding 8: a Flower on a port something answers on would exit in a restart loop seen
+    only in its log, while rig up printed its URL."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        said: list[str] = []
+        stack = Stack(load_settings(flower_port=port), UpOptions(), say=said.append)
+        assert not stack._flower_port_free()
+    assert said == stack.notes and len(said) == 1  # kept for a --daemon parent's terminal too
+    assert f"flower: not started, something already listens on 127.0.0.1:{port}" in said[0]
+    assert "RIG_FLOWER_PORT" in said[0]
+    assert not any(line.startswith("flower") for line in stack.addresses())
+
+
+def test_a_login_with_a_comma_is_refused_wherever_it_comes_from(home, monkeypatch):
+    """Finding 5: Flower splits its login on commas (two logins), rig's page would not."""
+    from rig.errors import ConfigError
+    from rig.stack import flower_credentials
+
+    monkeypatch.setenv("RIG_FLOWER_AUTH", "admin:pa,evil:evil")
+    with pytest.raises(ConfigError, match="has a comma") as refused:
+        flower_credentials(load_settings())
+    assert refused.value.exit_code == 6 and "$RIG_FLOWER_AUTH" in str(refused.value)
+    monkeypatch.delenv("RIG_FLOWER_AUTH")
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "flower.auth").write_text("rig:a,b\n")
+    with pytest.raises(ConfigError, match="flower.auth has a comma"):
+        flower_credentials(load_settings())
