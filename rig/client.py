@@ -734,9 +734,10 @@ class Client:
         """The submission presets in force (name -> rig.config.Template)."""
         return dict(self.settings.templates)
 
-    def errors(self, *, limit: int = 100) -> list[Job]:
-        """The error queue (jobs that failed for good or timed out), oldest first."""
-        return self._guard(lambda: self.store.get_many(self.store.error_ids(limit)))
+    def errors(self, *, limit: int = 100, newest_first: bool = False) -> list[Job]:
+        """The error queue (jobs that failed for good or timed out), oldest first (newest first
+        with ``newest_first``: the web page's, where new failures must not hide behind old ones)."""
+        return self._guard(lambda: self.store.get_many(self.store.error_ids(limit, newest_first=newest_first)))
 
     def retry(self, job_id: int | str, *, gpu_memory: str | int | None = None) -> Job:
         """Send a job from the error queue back to its place in the queue, optionally with a

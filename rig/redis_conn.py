@@ -253,6 +253,11 @@ def unavailable(url: str, exc: BaseException) -> RedisUnavailable:
         return RedisUnavailable.said(
             url, f"Redis at {strip_password(url)} has no such database ({_short(exc)}); use a database "
             "number below its `databases` setting (0-15 by default) at the end of the Redis URL")
+    if isinstance(exc, redis.TimeoutError) and "connecting" not in str(exc):
+        # Connected, then no answer: a Redis runs there (stopped with SIGSTOP, or stuck), and `rig up` is no cure.
+        return RedisUnavailable.said(
+            url, f"Redis at {strip_password(url)} does not answer ({_short(exc)}): it is up but hung or "
+            f"overloaded (stopped, swapping, a slow command); check it with `redis-cli -u {strip_password(url)} ping`")
     return RedisUnavailable(url, _short(exc))
 
 

@@ -118,19 +118,30 @@ class UpOptions:
 
 
 def check_login(user: str, password: str, where: str) -> tuple[str, str]:
-    """The admin login (Flower's and rig's web page's), refused (ConfigError, exit 6) when
-    Flower would read it otherwise than rig does: Flower splits its login on commas into
-    several logins (``admin:pa,evil:evil`` would let ``evil:evil`` in, and not the whole)."""
+    """The admin login (Flower's and rig's web page's) as ``(user, password)``, or ConfigError
+    (exit 6) naming ``where`` (the variable or file) and what to write, when rig cannot use it:
+    a comma (Flower splits its login on commas into several logins: ``admin:pa,evil:evil``
+    would let ``evil:evil`` in, and not the whole); an empty user or password (an empty pair
+    would let an empty login in); text other than printable ASCII (Flower answers 500 to any
+    other login; basic auth has no agreed charset)."""
     if "," in user or "," in password:
         raise ConfigError(f"the admin login in {where} has a comma, which Flower reads as two logins; "
                           "choose one without a comma")
+    wrong = [f"an empty {name}" for name, value in (("user", user), ("password", password)) if not value]
+    wrong += [f"a {name} that is not printable ASCII" for name, value in (("user", user), ("password", password))
+              if value and not (value.isascii() and value.isprintable())]
+    if wrong:
+        instead = ("unset it: rig then uses the login in $RIG_HOME/flower.auth" if where.startswith("$")
+                   else "delete the file: rig then generates a new login there")
+        raise ConfigError(f"the admin login in {where} has {' and '.join(wrong)}: write user:password, both "
+                          f"non-empty printable ASCII (or {instead})")
     return user, password
 
 
 def flower_credentials(settings: Settings) -> tuple[str, str]:
     """Flower's basic-auth user and password: $RIG_FLOWER_AUTH ("user:password") if set, else
     the pair in $RIG_HOME/flower.auth, generated (mode 0600) on first use. Flower never runs
-    without authentication. A login with a comma is refused (check_login)."""
+    without authentication. A login rig cannot use is refused (check_login)."""
     configured = os.environ.get("RIG_FLOWER_AUTH")
     if configured and ":" in configured:
         user, password = configured.split(":", 1)
@@ -138,7 +149,7 @@ def flower_credentials(settings: Settings) -> tuple[str, str]:
     path = settings.home / "flower.auth"
     if path.exists():
         user, _, password = path.read_text().strip().partition(":")
-        if user and password:
+        if user or password:  # an empty file is made again; a half-written login is refused
             return check_login(user, password, str(path))
     import secrets
 
@@ -178,6 +189,13 @@ def flower_environment(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     Returns (that environment, the names left out, sorted)."""
     ignored = sorted(k for k in env if k.startswith("FLOWER_"))
     return {k: v for k, v in env.items() if not k.startswith("FLOWER_")}, ignored
+
+
+def http_url(address: str, port: int, path: str = "") -> str:
+    """``http://address:port/path`` for what `rig up` prints: an IPv6 address in brackets
+    (``http://[::1]:5555``), as a browser needs it; one already bracketed is kept so."""
+    host = address.strip("[]")
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}{path}"
 
 
 def login_place(settings: Settings) -> str:
@@ -372,7 +390,7 @@ class Stack:
             if ignored:
                 self._say_noted(f"warning: flower: ignoring {', '.join(ignored)} from the environment (rig sets "
                                 "Flower's options; docs/FLOWER.md)")
-            self.flower_url = f"http://{s.flower_address}:{s.flower_port}"
+            self.flower_url = http_url(s.flower_address, s.flower_port)
             self.children.append(Child(
                 "flower",
                 celery + ["flower", f"--address={s.flower_address}", f"--port={s.flower_port}",
@@ -417,9 +435,8 @@ class Stack:
             return
         port = self.metrics_server.server_port
         if answers(s.metrics_address, port):  # the URLs are printed only once it answers
-            host = f"[{s.metrics_address.strip('[]')}]" if ":" in s.metrics_address else s.metrics_address
-            self.metrics_url = f"http://{host}:{port}/metrics"
-            self.page_url = f"http://{host}:{port}/"
+            self.metrics_url = http_url(s.metrics_address, port, "/metrics")
+            self.page_url = http_url(s.metrics_address, port, "/")
         else:
             self.say(f"metrics and web page: not answering at {s.metrics_address}:{port}; see {s.rig_log_dir}")
 
@@ -928,6 +945,10 @@ class Stack:
             out.append(f"web page: {self.page_url} (the same admin login as Flower: {login_place(s)})")
         if self.metrics_url:
             out.append(f"metrics: {self.metrics_url} (no login)")
+        elif self.options.no_metrics:
+            out.append("web page and /metrics: off (rig up --no-metrics)")
+        elif self.wants("metrics") and not s.metrics_port:
+            out.append("web page and /metrics: off (metrics_port = 0; RIG_METRICS_PORT sets one)")
         return out
 
     def describe(self) -> str:

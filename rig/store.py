@@ -298,10 +298,10 @@ class JobStore:
             pipe.zcount(self.keys.pending, low, low + PRIORITY_BAND - 1)
         return dict(zip(Priority, (int(n) for n in pipe.execute()), strict=True))
 
-    def error_ids(self, limit: int | None = None) -> list[int]:
-        """The error queue, oldest first."""
+    def error_ids(self, limit: int | None = None, *, newest_first: bool = False) -> list[int]:
+        """The error queue, oldest first (newest first with ``newest_first``)."""
         end = -1 if limit is None else limit - 1
-        return [int(i) for i in self.r.zrange(self.keys.errors, 0, end)]
+        return [int(i) for i in self.r.zrange(self.keys.errors, 0, end, desc=newest_first)]
 
     def error_count(self) -> int:
         """How many jobs the error queue holds."""

@@ -78,6 +78,14 @@ def when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 
 
+#: What a node in each state means for its jobs (`rig status`, and the web page beside its state).
+NODE_STATE_NOTES = {
+    "silent": "not yet declared down",
+    "down": "takes no jobs; its running jobs were retried by their policy",
+    "stopped": "takes no jobs; its running jobs run on, adopted on return",
+}
+
+
 def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
     """``node n1: up since 12:01:05, 2 cards, 3 workers`` (rich markup: a down node in red)."""
     if node is None:
@@ -90,12 +98,11 @@ def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
     elif node.writes_refused:  # rig.refused_beats: not silent, refused
         line = f"[bold yellow]{line}[/]"
     elif node.state == "silent":
-        line = f"[bold yellow]{line}[/] (no heartbeat since {clock(node.last_seen)}; not yet declared down)"
+        line = f"[bold yellow]{line}[/] (no heartbeat since {clock(node.last_seen)}; {NODE_STATE_NOTES['silent']})"
     elif node.state == "down":
-        line = (f"[bold red]{line}[/] (last heartbeat {clock(node.last_seen)}): takes no jobs; "
-                "its running jobs were retried by their policy")
+        line = f"[bold red]{line}[/] (last heartbeat {clock(node.last_seen)}): {NODE_STATE_NOTES['down']}"
     else:
-        line = f"[yellow]{line}[/] (rig down): takes no jobs; its running jobs run on, adopted on return"
+        line = f"[yellow]{line}[/] (rig down): {NODE_STATE_NOTES['stopped']}"
     if node.unrecorded:
         line += f"\n[bold red]{M(node.unrecorded)}[/]"
     if node.clock_skew:
@@ -217,11 +224,11 @@ def closed_card_line(card: CardState, running: int, watched: bool = True) -> str
 
 
 def card_flag_words(card: CardState) -> list[str]:
-    """Why a card takes no (new) jobs and what else holds it, plain words: ``others use 1.0``,
+    """Why a card takes no (new) jobs and what else holds it, plain words: ``others use 1.0 GiB``,
     ``not in whitelist``, ``UNHEALTHY: reason`` (the reason as the node gave it: callers clean)."""
     parts = []
     if card.foreign:
-        parts.append(f"others use {_gib(card.foreign)}")
+        parts.append(f"others use {_gib(card.foreign)} GiB")
     closed = why_closed(card)
     if closed:
         parts.append(closed)
@@ -232,7 +239,7 @@ def card_flag_words(card: CardState) -> list[str]:
 
 def card_flags(card: CardState) -> str:
     """Why a card takes no (new) jobs and what else holds it, as rich markup: ``[others use
-    1.0] [not in whitelist] [UNHEALTHY: reason]``. Every part is escaped here (a bracketed
+    1.0 GiB] [not in whitelist] [UNHEALTHY: reason]``. Every part is escaped here (a bracketed
     text is a rich tag otherwise, and would vanish): the one place these flags are built."""
     return " ".join(escape(f"[{clean(p)}]") for p in card_flag_words(card))
 
@@ -249,7 +256,7 @@ def render_status(report: StatusReport, console: Console) -> None:
     for node in report.nodes:
         if node.name not in by_node:  # e.g. a control-only node
             console.print(node_title(node, node.name, 0))
-    if not report.cards:
+    if not report.cards and not report.nodes:  # a node without cards (FROZEN, control-only) is said above
         console.print("no cards registered: no rig node is up (start one with `rig up`)")
 
     if report.pool:
