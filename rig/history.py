@@ -73,6 +73,7 @@ class History:
             job = None
         if job is not None and (instance is None or (job.instance or "").startswith(instance)):
             return job
+        job = None  # Redis' job is another instance: only the archive may have the one asked for
         archive = self.archive()
         if archive is not None:
             job = archive.get(job_id) if instance is None else archive.get_instance(job_id, instance)

@@ -196,8 +196,11 @@ class GatewayClient:
             raise InvalidInput(str(exc)) from None
 
     # -- reading --------------------------------------------------------------------------
-    def get(self, job_id: int | str) -> Job:
-        return self.call("get", job_id=_id(job_id))
+    def get(self, job_id: int | str, instance: str | None = None) -> Job:
+        """As rig.client.Client.get: ``instance`` (a prefix) picks among jobs given one id."""
+        if instance is None:
+            return self.call("get", job_id=_id(job_id))
+        return self.call("get", job_id=_id(job_id), pick=instance)
 
     def get_instance(self, job_id: int | str, instance: str | None) -> Job:
         return self.call("get", job_id=_id(job_id), instance=instance)

@@ -167,7 +167,14 @@ class Gateway:
             checked.append({"command": command, **_submit_options(request)})
         return [h._job for h in self.client.submit_many(checked)]
 
-    def op_get(self, peer: Peer, job_id: int, instance: str | None = None) -> Job:
+    def op_get(self, peer: Peer, job_id: int, instance: str | None = None, pick: str | None = None) -> Job:
+        """``instance``: the job must be that very one (JobGone if the id names another now);
+        ``pick``: a prefix of the instance choosing among jobs given the same id (``rig show
+        --instance``, archived ones included)."""
+        if pick is not None:
+            if not isinstance(pick, str):
+                raise InvalidInput("pick must be a string (a prefix of a job's instance)")
+            return self._seen(peer, self.client.get(_job_id(job_id), pick))
         return self._seen(peer, self.client.get_instance(_job_id(job_id), instance))
 
     def op_jobs(self, peer: Peer, state: str | None = None, limit: int = 50, user: str | None = None,

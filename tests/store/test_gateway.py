@@ -410,3 +410,17 @@ def test_start_estimates_through_the_socket(gateway):
     # A gateway older than the stored forecast takes no job_ids: the client asks it for all.
     gw.ops["start_estimates"] = lambda peer: gw.client.start_estimates()
     assert client.start_estimates([job.id]).of(job.id) == StartEstimate(job.id, None, NO_CARDS)
+
+
+def test_a_job_picked_by_its_instance_through_the_socket(gateway):
+    """`rig show ID --instance HEX` through the gateway, as `rig show ID` is: the CLI passes
+    the prefix and the same rule as a direct client picks the job (a wrong one: exit 4)."""
+    gw, path = gateway
+    job = _submit_as(gw, ALICE)
+    client = GatewayClient(gw.settings, path)
+    assert client.get(job.id).instance == job.instance
+    assert client.get(job.id, job.instance[:6]).instance == job.instance
+    with pytest.raises(JobNotFound):
+        client.get(job.id, "zz" if not job.instance.startswith("zz") else "yy")
+    answer = _as(gw, ALICE, "get", job_id=job.id, pick=7)
+    assert "pick must be a string" in str(answer), answer
