@@ -14,7 +14,7 @@ queue, it saves Chromium screenshots of rig's page and Flower's task lists, `rig
 `rig jobs` / `rig errors` at 80 and 160 columns, `rig top` at 80x24 (tmux) and `promtool check
 metrics`. Then it kills the jobs, `rig down`, removes the users and every key of the prefix, and
 checks that no process of the node or the users is left. Safe to rerun: leftovers of an earlier
-run are removed first. About a minute (the first run builds the venv: a few more).
+run are removed first. About 35 s (the first run builds the users' venv: about a minute more).
 """
 
 from __future__ import annotations
@@ -212,7 +212,8 @@ class Demo:
         check = subprocess.run(["promtool", "check", "metrics"], input=metrics, capture_output=True, text=True)
         (self.out / "promtool.txt").write_text(
             f"$ curl -s http://127.0.0.1:PORT/metrics | promtool check metrics\n{check.stdout}{check.stderr}"
-            f"(exit {check.returncode}; {len(metrics.splitlines())} lines of metrics checked)\n")
+            f"(exit {check.returncode}{'' if check.stdout or check.stderr else ': no problems found'}; "
+            f"{len(metrics.splitlines())} lines of metrics checked)\n")
 
     # --- cleanup -------------------------------------------------------------------------
     def kill_jobs(self) -> None:
@@ -283,7 +284,7 @@ def main(out: Path) -> int:
         wait_until(lambda: all(demo.state(j) == "PENDING" for j in jobs["waiting"]), 30, "the waiting jobs", demo.job_list)
         wait_until(lambda: demo.estimated(jobs["waiting"]), 60, "estimated starts for the waiting jobs", demo.job_list)
         demo.screenshot("/", "web-page.png")
-        demo.screenshot("/tasks", "flower-tasks.png", height=900)
+        demo.screenshot("/tasks", "flower-tasks.png", height=1250)  # all 11 rows and the footer
         demo.screenshot("/tasks?state=FAILURE", "flower-failed.png", height=600)
         demo.renders()
     finally:
