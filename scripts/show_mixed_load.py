@@ -19,6 +19,7 @@ run are removed first. About 35 s (the first run builds the users' venv: about a
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pwd
@@ -37,6 +38,8 @@ import redis
 from rig.testing.user_venv import SYSTEM_PYTHON, user_venv
 
 REPO = Path(__file__).resolve().parents[1]
+RIG = REPO / ".venv" / "bin" / "rig"  # root's rig: this checkout's venv
+LOCK = Path("/tmp/rigdemo-screens.lock")
 USERS = ("rigdemo-alice", "rigdemo-bob", "rigdemo-carol")
 PREFIX = "rigdemo-screens:"
 NODE = "demo"
@@ -89,14 +92,25 @@ class Demo:
     # --- setup ---------------------------------------------------------------------------
     def rig(self, *argv: str, columns: int = 160, check: bool = True) -> subprocess.CompletedProcess:
         """Run `rig ARGV` as root (admin: it reads the Redis directly) at ``columns`` columns."""
-        done = subprocess.run([str(REPO / ".venv" / "bin" / "rig"), *argv], env={**self.env, "COLUMNS": str(columns)},
+        done = subprocess.run([str(RIG), *argv], env={**self.env, "COLUMNS": str(columns)},
                               capture_output=True, text=True, timeout=120)
         if check and done.returncode != 0:
             raise SystemExit(f"show_mixed_load: rig {' '.join(argv)} failed: {done.stderr.strip()[-400:]}")
         return done
 
     def remove_leftovers(self) -> None:
-        """What an earlier, interrupted run may have left: its users (and their processes) and keys."""
+        """What an earlier, interrupted run may have left: its node, users (and their processes), keys."""
+        for old in Path(tempfile.gettempdir()).glob("rigdemo-home-*"):
+            if old == self.home:
+                continue
+            if (old / "config.toml").exists():
+                subprocess.run([str(RIG), "down"], env={**self.env, "RIG_HOME": str(old),
+                                                         "RIG_CONFIG": str(old / "config.toml")},
+                               capture_output=True, timeout=120)
+            shutil.rmtree(old, ignore_errors=True)
+        for old in Path(tempfile.gettempdir()).glob("rigdemo-work-*"):
+            if old != self.shared:
+                shutil.rmtree(old, ignore_errors=True)
         for name in USERS:
             self.remove_user(name)
         self.delete_keys()
@@ -192,7 +206,7 @@ class Demo:
         env_args = [arg for k, v in {**self.env, "COLUMNS": "80", "LINES": "24"}.items()
                     if k.startswith(("RIG_", "TZ")) for arg in ("-e", f"{k}={v}")]
         subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "80", "-y", "24", *env_args,
-                        str(REPO / ".venv" / "bin" / "rig"), "top"], check=True)
+                        str(RIG), "top"], check=True)
         try:
             def capture() -> str:
                 return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True,
@@ -271,9 +285,24 @@ def main(out: Path) -> int:
         say(f"needs root, /usr/bin/python3 and {', '.join(TOOLS)} (missing: {', '.join(missing) or 'none'}; "
             "apt-get install chromium tmux prometheus)")
         return 2
+    if not RIG.exists():
+        say(f"no {RIG}: make the checkout's venv first (README, Install)")
+        return 2
+    redis_url = os.environ.get("RIG_DEMO_REDIS_URL", "redis://127.0.0.1:6379/0")
+    try:
+        redis.Redis.from_url(redis_url, socket_timeout=5).ping()
+    except (redis.RedisError, ValueError) as exc:
+        say(f"Redis at {redis_url} does not answer ({exc}); start it or set RIG_DEMO_REDIS_URL")
+        return 2
+    lock = LOCK.open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        say(f"another show_mixed_load runs on this host (it holds {LOCK}); wait for it to end")
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    demo = Demo(out, os.environ.get("RIG_DEMO_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    demo = Demo(out, redis_url)
     demo.remove_leftovers()
     demo.venv = user_venv(REPO)
     try:
