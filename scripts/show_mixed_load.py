@@ -179,10 +179,22 @@ class Demo:
         shown = json.loads(self.rig("show", str(job_id), "--json").stdout)
         return str(shown["state"])
 
-    def estimated(self, job_ids: list[int]) -> bool:
-        """Has the leader's forecast (rig.forecast_store) given each of ``job_ids`` a start time?"""
-        stored = self.redis.hmget(f"{PREFIX}sched:forecast", [str(j) for j in job_ids])
-        return all(s is not None and json.loads(s).get("a") is not None for s in stored)
+    def settled_forecast(self, job_ids: list[int]) -> Callable[[], bool]:
+        """A predicate: has the leader's forecast (rig.forecast_store) given each of ``job_ids`` a
+        start, the same in two forecasts made one after the other? The first one after a burst of
+        submissions can be made before the holds are placed and moves 10 s later; the pictures
+        and renders should all show the one that stays."""
+        seen: dict[str, object] = {}
+
+        def settled() -> bool:
+            made, *stored = self.redis.hmget(f"{PREFIX}sched:forecast", ["made_at", *map(str, job_ids)])
+            starts = [None if s is None else json.loads(s).get("a") for s in stored]
+            if made is None or None in starts or made == seen.get("made"):
+                return False
+            same = starts == seen.get("starts")
+            seen.update(made=made, starts=starts)
+            return same
+        return settled
 
     # --- the evidence --------------------------------------------------------------------
     def screenshot(self, path: str, name: str, height: int = 1600) -> None:
@@ -311,7 +323,7 @@ def main(out: Path) -> int:
         jobs = demo.load()
         say(f"submitted {sum(map(len, jobs.values()))} jobs: {json.dumps(jobs)}")
         wait_until(lambda: all(demo.state(j) == "PENDING" for j in jobs["waiting"]), 30, "the waiting jobs", demo.job_list)
-        wait_until(lambda: demo.estimated(jobs["waiting"]), 60, "estimated starts for the waiting jobs", demo.job_list)
+        wait_until(demo.settled_forecast(jobs["waiting"]), 60, "a settled forecast of the waiting jobs", demo.job_list)
         demo.screenshot("/", "web-page.png")
         demo.screenshot("/tasks", "flower-tasks.png", height=1250)  # all 11 rows and the footer
         demo.screenshot("/tasks?state=FAILURE", "flower-failed.png", height=600)
