@@ -65,7 +65,12 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("vram_mean", "BIGINT"),  # the last measured attempt's mean (bytes per card)
     ("record", "TEXT NOT NULL"),  # the Redis hash as a JSON object, packed (rig.packed: zlib)
     ("archived_at", "DOUBLE PRECISION NOT NULL"),
+    # JSON {node: [card_s, reserved_byte_s, used_byte_s]} when its attempts ran on several nodes
+    # (rig.accounting.Accounting.node_split); NULL: all on ``node``. Added to older tables on open.
+    ("node_split", "TEXT"),
 )
+#: Columns added after the first release: (name, type), added by ALTER TABLE when missing.
+_ADDED = (("node_split", "TEXT"),)
 KEY = ("prefix", "id", "instance")
 _NAMES = tuple(name for name, _ in COLUMNS)
 
@@ -85,7 +90,7 @@ _UPSERT = (
 #: What rig usage reads of a row: the figures' inputs, never the record.
 _USAGE_COLUMNS = ("id", "instance", "owner", "name", "template", "pool", "node", "state", "failure",
                   "submitted_at", "ended_at", "wait_seconds", "card_seconds", "reserved_byte_seconds",
-                  "used_byte_seconds")
+                  "used_byte_seconds", "node_split")
 
 PSYCOPG_HINT = "install it with: pip install 'psycopg[binary]' (or pip install 'rig[postgres]')"
 
@@ -110,15 +115,35 @@ _SQLITE = _Dialect("sqlite", "?")
 _POSTGRES = _Dialect("postgresql", "%s")
 
 
-def _connect(url: str) -> tuple[_Dialect, Any]:
+class ArchiveMissing(ConfigError):
+    """The SQLite file is gone or replaced (deleted or moved while rig was up)."""
+
+
+def missing(path: Path) -> ArchiveMissing:
+    return ArchiveMissing(f"archive missing at {path} (deleted or moved?): put the file back; finished jobs "
+                          "stay in Redis until it is there")
+
+
+def _connect(url: str, *, create: bool = True, home: Path | None = None) -> tuple[_Dialect, Any]:
     """Open ``url``: ``sqlite:///ABSOLUTE/PATH`` or ``postgresql://...``. Bad URLs, a folder that
-    cannot be created and a missing psycopg each raise ConfigError saying what to do."""
+    does not exist, a missing file when not ``create`` and a missing psycopg each raise
+    ConfigError saying what to do. Missing folders are made only inside ``home`` (rig's own
+    folder): a mistyped path elsewhere is said, not made."""
     path = sqlite_path(url)
     if path is not None:
         if not path.is_absolute() or str(path) == "/":
             raise ConfigError(f"archive_url {url!r}: give an absolute path, e.g. sqlite:////var/lib/rig/archive.sqlite3")
+        if create and home is not None and path.parent.is_relative_to(home.expanduser()):
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"archive {path}: cannot make its folder ({exc}); fix RIG_HOME's permissions") from None
+        if not path.parent.is_dir():
+            raise ConfigError(f"archive {path}: its folder {path.parent} does not exist; create it, or fix "
+                              "archive_url (RIG_ARCHIVE_URL)")
+        if not create and not path.exists():
+            raise missing(path)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
             # Records hold the jobs' environments (tokens): the file is its owner's only, and
             # SQLite gives its -wal and -shm files the same mode.
             os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
@@ -170,14 +195,37 @@ class Archive:
     """Archived jobs of one installation (key prefix) in one database. Thread-safe (one lock
     around the connection); each write is one transaction."""
 
-    def __init__(self, url: str, prefix: str) -> None:
+    def __init__(self, url: str, prefix: str, *, create: bool = True, home: Path | None = None) -> None:
+        """``create``: make a missing SQLite file (else ArchiveMissing); ``home``: rig's folder,
+        the only place where missing folders are made."""
         self.url = url
         self.prefix = prefix
-        self.dialect, self._conn = _connect(url)
+        self.path = sqlite_path(url)
+        self.dialect, self._conn = _connect(url, create=create, home=home)
+        #: The SQLite file opened, as (device, inode): check_file() tells it from a new one.
+        self._identity = _identity(self.path) if self.path is not None else None
         self._lock = threading.Lock()
         with self._transaction() as cur:
             for statement in _SCHEMA:
                 cur.execute(statement)
+        self._add_columns()
+
+    def _add_columns(self) -> None:
+        """Give a table made by an older rig the columns added since (another process doing
+        the same at once is harmless: its duplicate column is ignored)."""
+        if self.dialect is _SQLITE:
+            have = {row[1] for row in self._query(f"PRAGMA table_info({TABLE})")}
+        else:
+            have = {row[0] for row in self._query("SELECT column_name FROM information_schema.columns "
+                                                  "WHERE table_name = ?", (TABLE,))}
+        for name, kind in _ADDED:
+            if name not in have:
+                try:
+                    with self._transaction() as cur:
+                        cur.execute(f"ALTER TABLE {TABLE} ADD COLUMN {name} {kind}")
+                except Exception as exc:  # noqa: BLE001 - only "it is there now" is expected
+                    if "duplicate" not in str(exc).lower() and "already exists" not in str(exc).lower():
+                        raise
 
     def close(self) -> None:
         with self._lock:
@@ -215,12 +263,20 @@ class Archive:
             cur.execute(self.dialect.sql(text), tuple(params))
             return list(cur.fetchall())
 
+    def check_file(self) -> None:
+        """Raise ArchiveMissing unless the SQLite file opened is still at its path (a deleted or
+        moved file keeps taking writes through the open connection, lost). PostgreSQL: no-op."""
+        if self.path is not None and _identity(self.path) != self._identity:
+            raise missing(self.path)
+
     # -- writing ------------------------------------------------------------------------------
     def add(self, entries: Iterable[tuple[Job, dict[str, str]]], *, now: float) -> int:
         """Write each (job, its Redis hash) in one transaction: all or none. Returns how many.
-        A job already there is replaced (same prefix, id and instance): see the module doc."""
+        A job already there is replaced (same prefix, id and instance): see the module doc.
+        Raises ArchiveMissing, writing nothing, when the SQLite file is not the one opened."""
         rows = [self._row(job, raw, now) for job, raw in entries]
         if rows:
+            self.check_file()
             with self._transaction() as cur:
                 cur.executemany(self.dialect.sql(_UPSERT), rows)
         return len(rows)
@@ -229,17 +285,26 @@ class Archive:
         acc = accounting_of(job)
         peaks = [a.get("vram_peak") for a in job.attempts if isinstance(a.get("vram_peak"), int | float)]
         means = [a.get("vram_mean") for a in job.attempts if isinstance(a.get("vram_mean"), int | float)]
-        return (self.prefix, job.id, job.instance or "", job.user, job.name, job.template, job.pool, job.node,
+        return (self.prefix, job.id, job.instance or "", job.user, job.name, job.template, job.pool, acc.node,
                 job.state.value, job.failure, job.created_at, job.started_at, job.ended_at, job.gpu_memory,
                 job.gpus, job.exit_code, len(job.attempts), acc.wait_seconds, acc.card_seconds,
                 acc.reserved_byte_seconds, acc.used_byte_seconds, int(max(peaks)) if peaks else None,
-                int(means[-1]) if means else None, packed.pack(raw), now)
+                int(means[-1]) if means else None, packed.pack(raw), now,
+                json.dumps(acc.node_split) if acc.node_split else None)
 
     # -- reading ------------------------------------------------------------------------------
     def get(self, job_id: int) -> Job | None:
         """The archived job ``job_id`` (the newest submitted, should ids have restarted), or None."""
         rows = self._query(f"SELECT record FROM {TABLE} WHERE prefix = ? AND id = ? "
                            "ORDER BY submitted_at DESC LIMIT 1", (self.prefix, job_id))
+        return _job(rows[0][0]) if rows else None
+
+    def get_instance(self, job_id: int, instance: str) -> Job | None:
+        """The archived job ``job_id`` whose instance starts with ``instance`` (the newest
+        submitted of those), or None."""
+        rows = self._query(f"SELECT record FROM {TABLE} WHERE prefix = ? AND id = ? AND instance LIKE ? "
+                           "ORDER BY submitted_at DESC LIMIT 1",
+                           (self.prefix, job_id, instance.replace("%", "").replace("_", "") + "%"))
         return _job(rows[0][0]) if rows else None
 
     def record(self, job_id: int, instance: str) -> dict[str, str] | None:
@@ -260,11 +325,21 @@ class Archive:
     def count(self) -> int:
         return int(self._query(f"SELECT COUNT(*) FROM {TABLE} WHERE prefix = ?", (self.prefix,))[0][0])
 
+    def keys_among(self, ids: Sequence[int]) -> list[tuple[int, str]]:
+        """(id, instance) of the archived jobs whose id is one of ``ids``."""
+        out: list[tuple[int, str]] = []
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start:start + 500])
+            marks = ", ".join("?" for _ in chunk)
+            out += [(int(i), str(inst)) for i, inst in self._query(
+                f"SELECT id, instance FROM {TABLE} WHERE prefix = ? AND id IN ({marks})", (self.prefix, *chunk))]
+        return out
+
     def accounting(self, *, since: float | None = None) -> list[Accounting]:
         """The accounting figures of every archived job that ended at or after ``since``."""
         where, params = self._where(ended_since=since)
         rows = self._query(f"SELECT {', '.join(_USAGE_COLUMNS)} FROM {TABLE} WHERE {where}", params)
-        return [Accounting(*row) for row in rows]
+        return [Accounting(*row[:-1], _split(row[-1])) for row in rows]
 
     def _where(self, *, state: JobState | None = None, user: str | None = None, since: float | None = None,
                ended_since: float | None = None) -> tuple[str, list[Any]]:
@@ -278,6 +353,20 @@ class Archive:
                 clauses.append(f"{column} >= ?")
                 params.append(value)
         return " AND ".join(clauses), params
+
+
+def _split(text: str | None) -> dict[str, tuple[float, float, float | None]] | None:
+    """The node_split column, parsed (rig.accounting.Accounting.node_split)."""
+    return {node: tuple(share) for node, share in json.loads(text).items()} if text else None
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path``, None when there is none."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _record(text: str) -> dict[str, str]:

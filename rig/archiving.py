@@ -17,17 +17,29 @@ Each batch is three steps, in this order, so a crash anywhere loses and duplicat
 A crash before step 2 commits leaves the batch in Redis only (the transaction rolls back); one
 between 2 and 3 leaves it in both: every reader prefers Redis and dedupes (rig.history), and
 the next pass forgets it. Two passes at once (a lock expired) do the same work twice, safely.
+
+The lock is short (LOCK_S) and renewed before each batch, so a pass killed mid-way (SIGKILL)
+holds archiving up for LOCK_S at most; a pass that lost its lock stops before its next batch.
+Only a control worker whose archive is the cluster's (rig.archive_cluster) runs the pass, and
+before step 3 the archive is checked to be the file it opened (rig.archive: a SQLite file
+deleted or moved under rig): jobs leave Redis only once they are in the archive on disk.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
 
-from rig.archive import Archive, is_database_error, safe_url
+from rig.archive import Archive, is_database_error
+from rig.archive_cluster import (
+    held_jobs,
+    mark_held,
+    mark_pass_ok,
+    require_cluster,
+)
 from rig.config import Settings
 from rig.errors import ConfigError
 from rig.keys import Keys
@@ -40,8 +52,8 @@ log = logging.getLogger(__name__)
 
 #: Jobs read, written and forgotten per transaction.
 BATCH = 1000
-#: How long the pass's lock lasts (ms) if the pass dies without releasing it.
-LOCK_MS = 600_000
+#: How long the pass's lock lasts (s) unless renewed: a killed pass holds archiving up this long.
+LOCK_S = 30.0
 
 
 @dataclass
@@ -98,14 +110,18 @@ class Archiver:
                     due.append(jid)
         return due
 
-    def run(self, now: float) -> MoveReport:
-        """One pass: move every due job (see the module doc), a batch at a time."""
+    def run(self, now: float, renew: Callable[[], None] = lambda: None) -> MoveReport:
+        """One pass: move every due job (see the module doc), a batch at a time; ``renew`` is
+        called before each batch (it renews the pass's lock, and raises if it was lost)."""
         report = MoveReport()
-        self.r.set(self.keys.archive_url, safe_url(self.archive.url))
         due = self.due(now)
         for start in range(0, len(due), self.batch):
+            renew()
             entries = self._read(due[start:start + self.batch])
+            if entries:
+                mark_held(self.r, self.keys)
             self.archive.add(entries, now=now)
+            self.archive.check_file()  # on disk still, the file written to: else Redis keeps them
             self._forget_archived(entries, report)
         return report
 
@@ -138,18 +154,25 @@ class Archiver:
 
 
 def archive_pass(client: redis.Redis, keys: Keys, archive: Archive, *, after_seconds: float, keep: int,
-                 now: float) -> MoveReport | None:
+                 now: float, lock_s: float = LOCK_S, batch: int = BATCH) -> MoveReport | None:
     """One pass under the cluster-wide lock (one control worker at a time); None if another
-    holds it."""
-    if not client.set(keys.archive_lock, os.getpid(), nx=True, px=LOCK_MS):
+    holds it. Raises NotClusterArchive when ``archive`` is not the cluster's archive."""
+    require_cluster(client, keys, archive.url)
+    lock = client.lock(keys.archive_lock, timeout=lock_s, blocking=False)
+    if not lock.acquire():
         return None
     try:
-        report = Archiver(client, keys, archive, after_seconds=after_seconds, keep=keep).run(now)
+        report = Archiver(client, keys, archive, after_seconds=after_seconds, keep=keep,
+                          batch=batch).run(now, lock.reacquire)
+        mark_pass_ok(client, keys, now)
         if report.archived or report.changed:
             log.info("archive: %s", report)
         return report
     finally:
-        client.delete(keys.archive_lock)
+        try:
+            lock.release()
+        except redis.exceptions.LockError:
+            pass  # it lapsed (the pass outlived it): nothing of ours to release
 
 
 class PeriodicArchiver:
@@ -167,8 +190,13 @@ class PeriodicArchiver:
         """One pass (archive_pass); what it did, as the task's result."""
         s = self.settings
         try:
+            # First: another node's missing file is no loss; recorded only once it opens (below).
+            require_cluster(self.r, self.keys, s.archive_location, record=False)
             if self.archive is None:
-                self.archive = Archive(s.archive_location, s.key_prefix)
+                # A missing SQLite file is created only while the archive never held jobs: one
+                # deleted under rig is said, not silently replaced by an empty one.
+                self.archive = Archive(s.archive_location, s.key_prefix,
+                                       create=not held_jobs(self.r, self.keys), home=s.home)
             report = archive_pass(self.r, self.keys, self.archive, after_seconds=s.archive_after_days * 86400,
                                   keep=s.archive_keep_finished, now=now)
         except Exception as exc:

@@ -38,6 +38,7 @@ from rig.errors import (
     Unschedulable,
 )
 from rig.fairshare import exceeds_alone
+from rig.hashes import read_fields
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import format_memory, parse_memory
@@ -47,7 +48,7 @@ from rig.placement import Request, never_fits
 from rig.redis_conn import check, connect, is_setup_error, unavailable
 from rig.redis_writes import is_outage, refusal, refused_error
 from rig.redis_writes import notices as redis_notices
-from rig.replication import replica_wait
+from rig.replication import no_replica_note, replica_wait
 from rig.request_rules import check_gpu_memory, check_retries, parse_time_limit
 from rig.store import JobStore
 
@@ -459,9 +460,10 @@ class Client:
             self._history = History(self.store, self.settings)
         return self._history
 
-    def get(self, job_id: int | str) -> Job:
-        """The job's record: from Redis, else from the archive once it moved there."""
-        return self._guard(self.history.get, R.parse_job_id(job_id))
+    def get(self, job_id: int | str, instance: str | None = None) -> Job:
+        """The job's record: from Redis, else from the archive once it moved there; with
+        ``instance`` (a prefix of it), that very job where the id was given again."""
+        return self._guard(self.history.get, R.parse_job_id(job_id), instance)
 
     def get_instance(self, job_id: int | str, instance: str | None) -> Job:
         """The record of job ``job_id``, which must be that very job when ``instance`` is given:
@@ -533,12 +535,8 @@ class Client:
 
         def _do() -> StatusReport:
             cards = [c for c in self.ledger.cards() if pools.contains(pool, c.node, c.index)]
-            holders: dict[str, list[int]] = {}
-            all_ids: set[int] = set()
-            for card in cards:
-                ids = sorted(self.ledger.holdings(card.node, card.index))
-                holders[card.id] = ids
-                all_ids.update(ids)
+            holders = {cid: sorted(jobs) for cid, jobs in self.ledger.holdings_of(cards).items()}
+            all_ids = {jid for ids in holders.values() for jid in ids}
             by_id = {j.id: j for j in self.store.get_many(sorted(all_ids))}
             running = {cid: [by_id[i] for i in ids if i in by_id] for cid, ids in holders.items()}
             now = shared_now(self.r)
@@ -560,12 +558,18 @@ class Client:
 
             beats_refused = annotate_refused(self.r, nodes)
             notices = redis_notices(self.r)  # Redis full; an evicting policy; no persistence
+            alone = no_replica_note(self.r, self.settings.redis_url)  # under Sentinel, no replica
+            if alone:
+                notices.append(alone)
             archived = None
             try:
-                archive = self.history.archive()
-                archived = archive.count() if archive is not None else 0
+                archived = self.history.archived_count()
             except ConfigError as exc:  # the rest of the status is still true: say it, go on
                 notices.append(f"the archive cannot be read: {exc}")
+            from rig.archive_cluster import late
+
+            if (line := late(self.r, self.keys, now, self.settings.archive_interval)) is not None:
+                notices.append(line)
             return StatusReport(beats_refused=beats_refused,
                 cards=cards, running=running, pending=pending, oldest_wait=oldest,
                 workers=self.workers(), counts=self.store.count_by_state(),
@@ -577,14 +581,13 @@ class Client:
 
     def _pool_queue(self, pool: str, now: float) -> tuple[dict[Priority, int], dict[Priority, float | None]]:
         """Waiting jobs submitted to ``pool``, per priority, and the oldest one's wait (s).
-        Reads every waiting job's pool field: O(waiting)."""
-        ids = [int(i) for i in self.r.zrange(self.keys.pending, 0, -1)]
-        pipe = self.r.pipeline(transaction=False)
-        for jid in ids:
-            pipe.hmget(self.keys.job(jid), "pool", "priority", "created_at")
+        Reads every waiting job's pool field: O(waiting), in one round trip."""
+        ids = self.r.zrange(self.keys.pending, 0, -1)
         counts = {p: 0 for p in Priority}
         oldest: dict[Priority, float | None] = {p: None for p in Priority}
-        for job_pool, prio, created in pipe.execute():
+        # One script call per 2,000 jobs (rig.hashes), not one pipelined command each.
+        for job_pool, prio, created in read_fields(self.r, [self.keys.job(jid) for jid in ids],
+                                                   ("pool", "priority", "created_at")):
             if job_pool != pool or prio not in {p.value for p in Priority}:
                 continue
             p = Priority(prio)
@@ -731,9 +734,10 @@ class Client:
         """The submission presets in force (name -> rig.config.Template)."""
         return dict(self.settings.templates)
 
-    def errors(self, *, limit: int = 100) -> list[Job]:
-        """The error queue (jobs that failed for good or timed out), oldest first."""
-        return self._guard(lambda: self.store.get_many(self.store.error_ids(limit)))
+    def errors(self, *, limit: int = 100, newest_first: bool = False) -> list[Job]:
+        """The error queue (jobs that failed for good or timed out), oldest first (newest first
+        with ``newest_first``: the web page's, where new failures must not hide behind old ones)."""
+        return self._guard(lambda: self.store.get_many(self.store.error_ids(limit, newest_first=newest_first)))
 
     def retry(self, job_id: int | str, *, gpu_memory: str | int | None = None) -> Job:
         """Send a job from the error queue back to its place in the queue, optionally with a
@@ -828,8 +832,8 @@ class Client:
         return bool(self._guard(self.store.in_error_queue, int(job_id)))
 
     def error_count(self) -> int:
-        """How many jobs the error queue holds."""
-        return len(self._guard(self.store.error_ids))
+        """How many jobs the error queue holds (errors() shows at most its limit)."""
+        return self._guard(self.store.error_count)
 
     def nodes(self) -> list[NodeInfo]:
         """Every node that registered, with its liveness now (rig.nodes)."""

@@ -21,7 +21,7 @@ def parse_duration(text: str | int | float, *, what: str = "--time-limit") -> fl
         else:
             parts = _PART.findall(raw)
             if not parts or _PART.sub("", raw).strip():
-                raise InvalidInput(f"{what}: cannot read {text!r}; write it like 90s, 30m, 2h or 1h30m")
+                raise InvalidInput(f"{what}: cannot read {text!r}; write it like 90s, 30m, 2h, 7d or 1h30m")
             seconds = sum(float(n) * _UNIT[u.lower()] for n, u in parts)
     if seconds <= 0:
         raise InvalidInput(f"{what} must be more than 0 seconds, got {text!r}")

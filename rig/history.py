@@ -5,9 +5,10 @@ Redis is read first and wins: a job that is in both (the archiving pass stopped 
 commit and its forget, rig.archiving) is shown once, as Redis has it. A job is the same job in
 both when its id and instance match (ids restart when Redis loses its data).
 
-Which archive: this process's ``archive_url`` (default: SQLite under ``$RIG_HOME``). The
-archiving pass writes where it archives into Redis (``archive:url``); a reader configured for
-another archive is told so in one line instead of silently showing fewer jobs.
+Which archive: this process's ``archive_url`` (default: SQLite under ``$RIG_HOME``). The cluster
+records its one archive in Redis (rig.archive_cluster); a reader configured for another archive
+is told so in one line instead of silently showing fewer jobs, and a SQLite archive that held
+jobs but is gone is said missing, never read as empty.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from __future__ import annotations
 import redis
 
 from rig.accounting import Accounting, accounting_of
-from rig.archive import Archive, safe_url, sqlite_path
+from rig.archive import Archive, missing, safe_url, sqlite_path
+from rig.archive_cluster import cluster_url, elsewhere, held_jobs
 from rig.config import Settings
-from rig.errors import ConfigError, JobNotFound
+from rig.errors import ConfigError, JobGone, JobNotFound
 from rig.keys import Keys
 from rig.models import TERMINAL_STATES, Job, JobState
 from rig.store import JobStore
@@ -40,18 +42,18 @@ class History:
     def archive(self) -> Archive | None:
         """This installation's archive, or None when nothing was ever archived here (a SQLite
         file that does not exist is not created by a reader). Raises ConfigError when the
-        archiving pass writes to another archive than this process would read."""
+        cluster's archive is another one than this process would read, or when the SQLite
+        file is missing though the cluster's archive held jobs."""
         if self._archive is not None:
             return self._archive
         own = self.settings.archive_location
-        advertised = self.r.get(self.keys.archive_url)
-        if isinstance(advertised, bytes):
-            advertised = advertised.decode()
-        if advertised and advertised != safe_url(own):
-            raise ConfigError(f"finished jobs are archived to {advertised} but this rig reads {safe_url(own)}: set "
-                              "archive_url (RIG_ARCHIVE_URL) to the same archive as the nodes' config")
+        cluster = cluster_url(self.r, self.keys)
+        if cluster and cluster != safe_url(own):
+            raise ConfigError(elsewhere(cluster, own))
         path = sqlite_path(own)
         if path is not None and not path.exists():
+            if held_jobs(self.r, self.keys):
+                raise missing(path)
             return None
         self._archive = Archive(own, self.keys.prefix)
         return self._archive
@@ -61,16 +63,44 @@ class History:
             self._archive.close()
             self._archive = None
 
-    def get(self, job_id: int) -> Job:
-        """The job from Redis, else from the archive; JobNotFound if in neither."""
+    def get(self, job_id: int, instance: str | None = None) -> Job:
+        """The job from Redis, else from the archive; JobNotFound if in neither. ``instance``
+        (its first hex digits will do): that very job, should the id have been given again
+        after Redis lost its data."""
         try:
-            return self.store.get(job_id)
+            job: Job | None = self.store.get(job_id)
         except JobNotFound:
-            archive = self.archive()
-            job = archive.get(job_id) if archive is not None else None
-            if job is None:
-                raise
+            job = None
+        if job is not None and (instance is None or (job.instance or "").startswith(instance)):
             return job
+        archive = self.archive()
+        if archive is not None:
+            job = archive.get(job_id) if instance is None else archive.get_instance(job_id, instance)
+        if job is None:
+            if instance is not None:
+                raise JobGone(job_id, f"no job {job_id} of instance {instance}; `rig jobs --since 30d` shows each "
+                                      "job's instance where ids repeat")
+            raise JobNotFound(job_id)
+        return job
+
+    def archived_count(self) -> int:
+        """Jobs in the archive only: a job also still in Redis (the pass stopped between its
+        commit and its forget, rig.archiving) is counted once, as Redis'."""
+        archive = self.archive()
+        if archive is None:
+            return 0
+        pipe = self.r.pipeline(transaction=False)
+        for state in TERMINAL_STATES:
+            pipe.zrange(self.keys.state_index(state.value), 0, -1)
+        ids = sorted({int(i) for part in pipe.execute() for i in part})
+        both = archive.keys_among(ids)
+        if not both:
+            return archive.count()
+        pipe = self.r.pipeline(transaction=False)
+        for jid, _ in both:
+            pipe.hget(self.keys.job(jid), "instance")
+        live = [(v.decode() if isinstance(v, bytes) else v) or "" for v in pipe.execute()]
+        return archive.count() - sum(1 for (_, inst), now in zip(both, live, strict=True) if inst == now)
 
     def stored_field(self, job: Job, name: str) -> str | None:
         """A field of ``job``'s stored record that is no Job field (a @rig.task's ``result``):

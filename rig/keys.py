@@ -40,11 +40,16 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P health:lock                 string   the control worker running a health check (PX)
   P logs:lock                   string   the control worker sweeping old logs (PX)
   P archive:lock                string   the control worker moving finished jobs to the archive (PX)
-  P archive:url                 string   where that pass archives (its archive_url, no password)
+  P archive:url                 string   the cluster's one archive (first node's archive_url, no password; SET NX)
+  P archive:ok_at               string   when an archiving pass last finished (epoch s)
+  P archive:held                string   set once the cluster's archive was given jobs (a missing file is a loss)
   P alerts:active               hash     alert key -> JSON of the alert now firing
   P alerts:since                hash     condition -> when it was first seen (epoch s)
   P flower:told                 hash     job id -> "<STATE>:<attempt>" last told to Flower, for jobs
                                          not ended yet (workers.flower_bridge; an end deletes it)
+  P flower:ended                zset     job id -> when its end was told (epoch s): the ends told
+                                         again to a Flower that (re)starts (bounded, workers.flower_bridge)
+  P flower:ended_events         hash     job id -> JSON [hostname, type, fields] of that end's event
   P metrics:counters            hash     Prometheus counters, only ever incremented (rig.metrics):
                                          submitted (rig.store), started (claim.lua), requeued and
                                          ended:<STATE>:<failure class or ''> (transition.lua)
@@ -216,8 +221,18 @@ class Keys:
 
     @property
     def archive_url(self) -> str:
-        """String: the archive the archiving pass writes to (rig.archiving), password left out."""
+        """String: the cluster's archive (rig.archive_cluster), password left out; never flips."""
         return f"{self.prefix}archive:url"
+
+    @property
+    def archive_ok_at(self) -> str:
+        """String: when an archiving pass last finished (epoch s)."""
+        return f"{self.prefix}archive:ok_at"
+
+    @property
+    def archive_held(self) -> str:
+        """String: present once the cluster's archive was given jobs."""
+        return f"{self.prefix}archive:held"
 
     @property
     def alerts_active(self) -> str:
@@ -230,6 +245,16 @@ class Keys:
     @property
     def flower_told(self) -> str:
         return f"{self.prefix}flower:told"
+
+    @property
+    def flower_ended(self) -> str:
+        """Sorted set: job id -> when its end was told to Flower (epoch s), the recent ends."""
+        return f"{self.prefix}flower:ended"
+
+    @property
+    def flower_ended_events(self) -> str:
+        """Hash: job id -> JSON [hostname, event type, fields] of the end told (flower_ended)."""
+        return f"{self.prefix}flower:ended_events"
 
     @property
     def metrics_counters(self) -> str:

@@ -17,6 +17,7 @@ from rig import jobtrace
 from rig.clock import shared_now
 from rig.errors import JobNotFound
 from rig.gpus.base import GpuReading
+from rig.hashes import read_all
 from rig.keys import Keys, card_id, split_card_id
 from rig.lua import Scripts
 from rig.models import CardState, Job, JobState, pending_score
@@ -112,20 +113,23 @@ class Ledger:
     def card(self, node: str, index: int) -> CardState:
         return CardState.from_redis(self.r.hgetall(self.keys.card(node, index)))
 
-    def cards(self) -> list[CardState]:
-        """Every registered card, sorted by node then index."""
+    def cards(self, node: str | None = None) -> list[CardState]:
+        """Every registered card (with ``node``, that node's only), sorted by node then index;
+        one round trip for the ids, one pipeline for the records."""
         ids = sorted(self.r.smembers(self.keys.cards))
-        pipe = self.r.pipeline(transaction=False)
-        for cid in ids:
-            node, index = split_card_id(cid)
-            pipe.hgetall(self.keys.card(node, index))
-        cards = [CardState.from_redis(raw) for raw in pipe.execute() if raw]
+        keys = [self.keys.card(*split_card_id(cid)) for cid in ids if node is None or split_card_id(cid)[0] == node]
+        cards = [CardState.from_redis(raw) for raw in read_all(self.r, keys) if raw]
         return sorted(cards, key=lambda c: (c.node, c.index))
 
     def holdings(self, node: str, index: int) -> dict[int, int]:
         """job id -> bytes reserved on this card."""
         raw = self.r.hgetall(self.keys.card_jobs(node, index))
         return {int(k): int(v) for k, v in raw.items()}
+
+    def holdings_of(self, cards: list[CardState]) -> dict[str, dict[int, int]]:
+        """card id -> (job id -> bytes reserved there), for ``cards``, in one pipeline."""
+        raws = read_all(self.r, [self.keys.card_jobs(card.node, card.index) for card in cards])
+        return {card.id: {int(k): int(v) for k, v in raw.items()} for card, raw in zip(cards, raws, strict=True)}
 
     # -- job moves ------------------------------------------------------------------------
     def reserve(self, job_id: int, node: str, cards: list[int], nbytes: int,

@@ -24,6 +24,12 @@ data starts them again from 0, which Prometheus reads as a counter reset):
 
 Gauges:
 
+``rig_redis_up``                             1 if rig's Redis answered a PING within about a
+                                             second (rig.redis_up), else 0 and nothing else is
+                                             read: a scrape answers within ~1 s in an outage
+``rig_redis_replicas``                       replicas connected to rig's Redis master (INFO
+                                             replication); under Sentinel 0 means no replica
+                                             confirms writes and a fail-over has none to promote
 ``rig_scrape_success``                       1 if Redis could be read for this scrape, else 0
 ``rig_jobs{state}``                          jobs per state in Redis (the state indexes; finished jobs
                                              leave for the archive, rig.archiving: count ends with
@@ -83,9 +89,11 @@ from rig.alerts import PENDING_SCAN, fragmentation, recent_ended, waiting_jobs
 from rig.clock import shared_now
 from rig.ledger import START_WAIT_BUCKETS, START_WAIT_FIELDS
 from rig.models import ACTIVE_STATES, JobState, Priority
+from rig.replication import connected_replicas
 
 if TYPE_CHECKING:
     from rig.client import Client
+    from rig.redis_up import RedisUp
 
 __all__ = ["FAILURE_WINDOW", "LATENCY_WINDOW", "RigCollector", "ended_by_label", "make_registry"]
 
@@ -108,8 +116,11 @@ class RigCollector(Collector):
     """Reads rig's state from Redis on every ``collect()`` (no background thread)."""
 
     def __init__(self, client: Client, *, failure_window: int = FAILURE_WINDOW,
-                 latency_window: int = LATENCY_WINDOW, pending_scan: int = PENDING_SCAN) -> None:
+                 latency_window: int = LATENCY_WINDOW, pending_scan: int = PENDING_SCAN,
+                 probe: RedisUp | None = None) -> None:
         self.client = client
+        #: Asked first: an outage skips every read (None: the reads alone tell, tests).
+        self.probe = probe
         self.failure_window = failure_window
         self.latency_window = latency_window
         self.pending_scan = pending_scan
@@ -119,6 +130,13 @@ class RigCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
+        down = self.probe.down() if self.probe is not None else None
+        yield GaugeMetricFamily("rig_redis_up", "1 if rig's Redis answered a PING within about a second",
+                                value=0.0 if down else 1.0)
+        if down:
+            log.warning("rig metrics: %s", down)
+            yield GaugeMetricFamily("rig_scrape_success", "1 if rig's Redis could be read", value=0.0)
+            return
         try:
             metrics = list(self._collect(shared_now(self.client.r)))
         except Exception as exc:  # noqa: BLE001 - a scrape must answer even when Redis is down
@@ -218,6 +236,10 @@ class RigCollector(Collector):
                                 "Started jobs behind rig_dispatch_latency_seconds",
                                 value=len(waits))
         yield from self._counter_families()
+        replicas = connected_replicas(r)
+        if replicas is not None:
+            yield GaugeMetricFamily("rig_redis_replicas", "Replicas connected to rig's Redis master",
+                                    value=replicas)
 
     def _live_jobs(self) -> list[tuple[JobState, Priority, str, int]]:
         """(state, priority, user, bytes held) of every ASSIGNED and RUNNING job: few (bounded
@@ -381,10 +403,10 @@ def _log_space_family(cards: list[Any]) -> GaugeMetricFamily:
     return family
 
 
-def make_registry(client: Client) -> CollectorRegistry:
+def make_registry(client: Client, probe: RedisUp | None = None) -> CollectorRegistry:
     """A registry holding only rig's collector (no process or platform metrics)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RigCollector(client))
+    registry.register(RigCollector(client, probe=probe))
     return registry
 
 

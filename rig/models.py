@@ -288,6 +288,10 @@ SPEC_FIELDS = ("command", "workdir")
 ENV_FIELD = "env"
 #: The job hash's field naming its environment's blob (not a Job field).
 ENV_REF = "env_ref"
+#: The spec's field holding the job's own variables, those not in its blob: the blob holds what
+#: all of a user's jobs in one submission share (rig.store.shared_environments), so a sweep
+#: whose jobs differ in a seed shares one blob and each job's spec carries its seed.
+ENV_EXTRA = "env_extra"
 
 
 def _enum_check(enum: type[Enum]) -> Callable[[Any], Any]:

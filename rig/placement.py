@@ -14,14 +14,15 @@ one more job. Strategies differ only in which fitting cards they prefer:
                 jobs) + a tenth of the leftover (tightness) + a little per degree of
                 temperature. Priority comes first in the order the dispatcher offers jobs.
 
-Each call is O(cards log cards); the dispatcher calls it once per job it considers.
+Each call is O(cards log cards); the dispatcher calls it only for jobs that Capacity says could
+be placed somewhere (O(1) per job after O(cards log cards) once per round and pool).
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 
 from rig.closed_cards import closed_cards_text
@@ -170,27 +171,89 @@ def earliest_fit(card: CardState, releases: Sequence[Release], request: Request,
 
 
 def plan_hold(cards: Sequence[CardState], releases: Mapping[str, Sequence[Release]], request: Request,
-              now: float, job_id: int = 0, exclude: set[str] | frozenset[str] = frozenset()) -> Hold | None:
+              now: float, job_id: int = 0, exclude: Container[str] = frozenset()) -> Hold | None:
     """The cards to hold for a job that cannot start now (EASY backfilling's reservation): on one
     node, the ``gpus`` cards big enough for it that are expected to have room first; ties (and
     unknown times) go to the cards closest to fitting now (smallest missing memory, then fewest
     jobs). ``until`` is the latest of the chosen cards' expected times. None when no node has
-    enough such cards outside ``exclude``. O(cards x releases per card)."""
-    by_node: dict[str, list[tuple[float, int, int, int, str]]] = defaultdict(list)
-    for card in cards:
-        if card.eligible and card.usable >= request.nbytes and card.id not in exclude:
-            when = earliest_fit(card, releases.get(card.id, ()), request, now)
-            by_node[card.node].append((when, max(0, request.nbytes - card.free), card.jobs, card.index, card.id))
-    best: tuple | None = None
-    for node, options in by_node.items():
-        if len(options) < request.gpus:
-            continue
-        chosen = sorted(options)[: request.gpus]
-        until = max(o[0] for o in chosen)
-        key = (until, sum(o[1] for o in chosen), node)
-        if best is None or key < best[0]:
-            best = (key, Hold(job_id, tuple(o[4] for o in chosen), request.nbytes, until))
-    return best[1] if best else None
+    enough such cards outside ``exclude``. O(cards x releases per card); HoldPlanner answers
+    many requests over the same cards for that cost once per request size."""
+    return HoldPlanner(cards, releases, now).plan(request, job_id, exclude)
+
+
+class HoldPlanner:
+    """:func:`plan_hold` for many requests over the same cards, releases and ``now`` (one
+    dispatcher round, until a start changes the cards): each card's expected time for a request
+    size is worked out once and each node's options sorted once; a plan then walks each node's
+    sorted options, skipping excluded cards. The same answers as plan_hold, by construction."""
+
+    def __init__(self, cards: Sequence[CardState], releases: Mapping[str, Sequence[Release]], now: float) -> None:
+        self.cards = cards
+        self.releases = releases
+        self.now = now
+        #: request bytes -> [(node, its options sorted: (when, missing bytes, jobs, index, card id))]
+        self._options: dict[int, list[tuple[str, list[tuple[float, int, int, int, str]]]]] = {}
+
+    def options(self, nbytes: int) -> list[tuple[str, list[tuple[float, int, int, int, str]]]]:
+        found = self._options.get(nbytes)
+        if found is None:
+            by_node: dict[str, list[tuple[float, int, int, int, str]]] = defaultdict(list)
+            for card in self.cards:
+                if card.eligible and card.usable >= nbytes:
+                    when = earliest_fit(card, self.releases.get(card.id, ()), Request(nbytes), self.now)
+                    by_node[card.node].append((when, max(0, nbytes - card.free), card.jobs, card.index, card.id))
+            found = self._options[nbytes] = [(node, sorted(options)) for node, options in by_node.items()]
+        return found
+
+    def plan(self, request: Request, job_id: int = 0, exclude: Container[str] = frozenset()) -> Hold | None:
+        best: tuple | None = None
+        for node, options in self.options(request.nbytes):
+            chosen = []
+            for option in options:
+                if option[4] not in exclude:
+                    chosen.append(option)
+                    if len(chosen) == request.gpus:
+                        break
+            if len(chosen) < request.gpus:
+                continue
+            until = max(o[0] for o in chosen)
+            key = (until, sum(o[1] for o in chosen), node)
+            if best is None or key < best[0]:
+                best = (key, Hold(job_id, tuple(o[4] for o in chosen), request.nbytes, until))
+        return best[1] if best else None
+
+
+def room_for_one(card: CardState) -> int | None:
+    """The largest request (bytes per card) ``card`` takes now, or None when it takes none:
+    ``fits(card, Request(n))`` holds exactly for ``1 <= n <= room_for_one(card)`` (CardState.refusal,
+    the one rule, with its memory test read the other way)."""
+    if card.refusal(0) is not None:
+        return None
+    return card.usable - card.reserved - card.foreign
+
+
+class Capacity:
+    """What ``cards`` could place now, per number of cards: ``place(cards, request)`` is None
+    exactly when ``could_place(request)`` is False (a node needs ``gpus`` cards that each fit).
+    O(cards log cards) once, then O(1) per request: the dispatcher's round skips place (an
+    O(cards) walk) for the many waiting jobs that fit nowhere."""
+
+    def __init__(self, cards: Sequence[CardState]) -> None:
+        rooms: dict[str, list[int]] = defaultdict(list)
+        for card in cards:
+            room = room_for_one(card)
+            if room is not None:
+                rooms[card.node].append(room)
+        #: number of cards -> the largest request of that many cards on one node (bytes each)
+        self.best: dict[int, int] = {}
+        for node_rooms in rooms.values():
+            node_rooms.sort(reverse=True)
+            for gpus, room in enumerate(node_rooms, start=1):
+                if room > self.best.get(gpus, -1):
+                    self.best[gpus] = room
+
+    def could_place(self, request: Request) -> bool:
+        return request.nbytes <= self.best.get(request.gpus, -1)
 
 
 def may_backfill(card: CardState, releases: Sequence[Release], hold: Hold, request: Request,

@@ -33,7 +33,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError
 
-from rig import sentinel_url
+from rig import sentinel_url, server_kind
 from rig.authgate import install as _install_auth_gate
 from rig.errors import ConfigError, RedisAuthFailed, RedisUnavailable
 from rig.sentinel_url import is_sentinel
@@ -160,6 +160,8 @@ def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S,
     until first used. ``url`` carries the password already (``Settings.redis_url`` is
     resolved). A blocking command sent through it must block for less than ``reply_timeout``.
     A ``sentinel://`` URL gives a client of the sentinels' current master (rig.sentinel_url).
+    A server of the wrong kind (a sentinel, a cluster node) raises ConfigError at the first
+    command (rig.server_kind).
     ``retry``: instead of rig's policy (_retry), e.g. none for a probe."""
     options = client_options(connect_timeout=timeout, reply_timeout=reply_timeout)
     if urlsplit(url).scheme == "unix":  # no TCP: no keepalive options (redis-py refuses them)
@@ -171,6 +173,8 @@ def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S,
         # rig.records rejects, instead of a UnicodeDecodeError out of every reader.
         encoding_errors="surrogateescape",
         retry=retry if retry is not None else _retry(url),
+        # Every connection checks it reached a plain Redis (not a sentinel, not a cluster node).
+        redis_connect_func=server_kind.on_connect(server_kind.DATA),
     )
     if is_sentinel(url):
         return sentinel_url.parse(url).client(options)
@@ -187,21 +191,6 @@ def check(client: redis.Redis, url: str) -> None:
         if not is_unusable(exc):
             raise
         raise unavailable(url, exc) from None
-
-
-def refuse_cluster(client: redis.Redis, url: str) -> None:
-    """Raise ConfigError when the Redis at ``url`` is a Redis Cluster node (INFO cluster says
-    ``cluster_enabled:1``): rig's scripts and transactions touch keys of many hash slots, which
-    a cluster refuses (CROSSSLOT), and one ``{tag}`` prefix would put every key on one node
-    anyway: no gain over one Redis with Sentinel (docs/RELIABILITY.md)."""
-    try:
-        enabled = str(client.info("cluster").get("cluster_enabled", 0)) == "1"
-    except redis.ResponseError:
-        return  # INFO cluster unknown or not allowed: not a cluster node rig can tell
-    if enabled:
-        raise ConfigError(f"the Redis at {strip_password(url)} is a Redis Cluster node, which rig does not "
-                          "support (its scripts touch keys of many slots); point redis_url at one Redis, or "
-                          "at Redis Sentinel (sentinel://...) for fail-over (docs/RELIABILITY.md)")
 
 
 @contextlib.contextmanager
@@ -264,6 +253,11 @@ def unavailable(url: str, exc: BaseException) -> RedisUnavailable:
         return RedisUnavailable.said(
             url, f"Redis at {strip_password(url)} has no such database ({_short(exc)}); use a database "
             "number below its `databases` setting (0-15 by default) at the end of the Redis URL")
+    if isinstance(exc, redis.TimeoutError) and "connecting" not in str(exc):
+        # Connected, then no answer: a Redis runs there (stopped with SIGSTOP, or stuck), and `rig up` is no cure.
+        return RedisUnavailable.said(
+            url, f"Redis at {strip_password(url)} does not answer ({_short(exc)}): it is up but hung or "
+            f"overloaded (stopped, swapping, a slow command); check it with `redis-cli -u {strip_password(url)} ping`")
     return RedisUnavailable(url, _short(exc))
 
 

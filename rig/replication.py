@@ -19,6 +19,9 @@ a replica that has the mark has everything written before it.
 No replica in time (it is down, or the new master has none yet after a fail-over): the write
 stands and the caller goes on (refusing would be untrue: the job is stored and will run), and
 says so: a warning line (log, and the submitter's terminal) that a fail-over *now* would lose it.
+With no replica connected at all (INFO replication: ``connected_slaves:0``) the WAIT is not sent:
+it could only cost its whole timeout on every write; the warning is the same. `rig status`, the
+page and ``/metrics`` (``rig_redis_replicas``) say so too (:func:`no_replica_note`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ class ReplicaWait:
         """True once a replica has every write this process sent before the call; False after
         ``timeout_s`` without one. Raises redis errors (the master died in between: the caller
         retries its write, which its fencing makes safe, then confirms again)."""
+        if connected_replicas(self.client) == 0:
+            return False  # nothing could confirm it: do not wait out the timeout on every write
         pipe = self.client.pipeline(transaction=False)
         pipe.incr(self.keys.replication_mark)
         # WAIT 0 would block for ever: at least 1 ms.
@@ -57,10 +62,16 @@ class ReplicaWait:
         return int(acked) >= REPLICAS
 
     def unconfirmed_note(self, what: str) -> str:
-        """The warning line when confirm() returned False."""
-        return (f"warning: {what} stored on the Redis master, but no replica confirmed it within "
-                f"{self.timeout_s:g} s (replica down, or a fail-over just happened): if the master "
-                "failed now it would be lost (docs/RELIABILITY.md)")
+        """The warning line when confirm() returned False: why (no replica connected, so it did
+        not wait; or none confirmed in time) and what it means."""
+        try:
+            alone = connected_replicas(self.client) == 0
+        except (redis.RedisError, OSError):
+            alone = False
+        why = ("no replica is connected to it (replica down, or a fail-over just happened)" if alone else
+               f"no replica confirmed it within {self.timeout_s:g} s (replica down, or a fail-over just happened)")
+        return (f"warning: {what} stored on the Redis master, but {why}: if the master failed now it would be "
+                "lost (docs/RELIABILITY.md)")
 
 
 def replica_wait(client: redis.Redis, keys: Keys, url: str, timeout_s: float) -> ReplicaWait | None:
@@ -69,3 +80,30 @@ def replica_wait(client: redis.Redis, keys: Keys, url: str, timeout_s: float) ->
     if timeout_s <= 0 or not is_sentinel(url):
         return None
     return ReplicaWait(client, keys, timeout_s)
+
+
+def connected_replicas(client: redis.Redis) -> int | None:
+    """Replicas connected to the master now (INFO replication ``connected_slaves``); None when
+    Redis does not say (INFO not allowed)."""
+    try:
+        info = client.info("replication")
+    except redis.ResponseError:
+        return None
+    value = info.get("connected_slaves")
+    return int(value) if value is not None else None
+
+
+def no_replica_note(client: redis.Redis, url: str) -> str | None:
+    """The status line under Sentinel when no replica is connected: every write is at risk and a
+    fail-over has nothing to promote. None otherwise (also when it cannot be read)."""
+    if not is_sentinel(url):
+        return None
+    try:
+        count = connected_replicas(client)
+    except (redis.RedisError, OSError):
+        return None
+    if count != 0:
+        return None
+    return ("no replica confirms writes: the Redis master has no replica connected, so a fail-over would lose "
+            "what it holds and has nothing to promote; start the replica (replicaof) and check `SENTINEL "
+            "REPLICAS` (docs/RELIABILITY.md)")

@@ -9,13 +9,16 @@ Flower (through the broker's options)::
 - HOST:PORT, comma-separated: the sentinels (port 26379 when omitted); any one that answers
   is enough to find the master.
 - MASTER_NAME: the name the sentinels monitor (``sentinel monitor MASTER_NAME ...``).
-- DB: the database number on the master (0 when omitted).
+- DB: the database number on the master (0 when omitted: ``.../rigm`` is ``.../rigm/0``). A
+  lone number after the hosts (``.../0``) is refused: it would be read as the master's name.
 - USER / PASSWORD: the credentials of the master and its replicas (``requirepass`` /
   ``masterauth``); also filled from ``redis_password`` / ``redis_password_file`` like a
   ``redis://`` URL's (rig.redis_conn.resolve_auth).
 - ``sentinel_password``: the sentinels' own password (their ``requirepass``), when they have
   one; it may differ from the master's; also filled from ``redis_sentinel_password_file``.
-  Without it the sentinels get no password.
+  Without it the sentinels get no password; an empty one is refused (it would silently
+  override the file).
+- Passwords holding ``@ : / ? #`` are percent-encoded (``p@ss:w/rd`` is ``p%40ss%3Aw%2Frd``).
 
 Example: ``sentinel://:s3cret@10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/rig/0``.
 """
@@ -30,6 +33,8 @@ SCHEME = "sentinel"
 DEFAULT_SENTINEL_PORT = 26379
 #: The query parameter that carries the sentinels' own password.
 SENTINEL_PASSWORD_PARAM = "sentinel_password"
+#: What a password with URL delimiters in it needs (finding 11 of issue 15).
+ENCODE_HINT = "percent-encode @ : / ? # in passwords (p@ss:w/rd is p%40ss%3Aw%2Frd)"
 FORM = ("sentinel://[:PASSWORD@]HOST:PORT,HOST:PORT,HOST:PORT/MASTER_NAME/DB "
         "(?sentinel_password=PW for sentinels with their own password)")
 
@@ -70,7 +75,11 @@ class SentinelUrl:
         ConnectionError) and the next connection asks the sentinels again."""
         from redis.sentinel import Sentinel
 
-        sentinel = Sentinel(list(self.sentinels), sentinel_kwargs=self.sentinel_kwargs(options), **options)
+        from rig import server_kind
+
+        # The sentinels' connections refuse a listed address that is no sentinel (rig.server_kind).
+        kwargs = {**self.sentinel_kwargs(options), "redis_connect_func": server_kind.on_connect(server_kind.SENTINEL)}
+        sentinel = Sentinel(list(self.sentinels), sentinel_kwargs=kwargs, **options)
         return sentinel.master_for(self.master_name, db=self.db, username=self.username,
                                    password=self.password, connection_class=_master_connection_class())
 
@@ -134,14 +143,15 @@ class SentinelUrl:
             client = redis.Redis(host=host, port=port, **kwargs)
             try:
                 state = client.sentinel_master(self.master_name)
+                replicas = client.sentinel_slaves(self.master_name)
             except redis.RedisError:
                 continue
             finally:
                 client.close()
-            if int(state.get("num-slaves", 0)) == 0:
-                out.append(f"the sentinels know no replica of {self.master_name!r}: a fail-over has nothing to "
-                           "promote, and every submission waits replica_wait_seconds, then warns; add a replica "
-                           "(replicaof) or set replica_wait_seconds = 0")
+            if not live_replicas(replicas):
+                out.append(f"the sentinels know no live replica of {self.master_name!r} ({len(replicas)} known, "
+                           "none up): a fail-over has nothing to promote, and every submission warns that no "
+                           "replica confirmed it; start a replica (replicaof) or set replica_wait_seconds = 0")
             down_after_s = int(state.get("down-after-milliseconds", 0)) / 1000
             if down_after_s + 5 > window_s:
                 out.append(f"the sentinels call {self.master_name!r} down only after {down_after_s:g} s "
@@ -184,6 +194,20 @@ class SentinelUrl:
         return out
 
 
+#: Sentinel's flags of a replica it cannot use: subjectively / objectively down, disconnected.
+DEAD_REPLICA_FLAGS = frozenset({"s_down", "o_down", "disconnected"})
+
+
+def live_replicas(replicas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The replicas of ``SENTINEL REPLICAS`` a fail-over could promote: none of DEAD_REPLICA_FLAGS
+    (``flags`` is a comma-separated string from redis-py over RESP2, a set over RESP3)."""
+    def flags(replica: dict[str, Any]) -> set[str]:
+        raw = replica.get("flags", "")
+        return set(raw) if isinstance(raw, set | frozenset | list) else set(str(raw).split(","))
+
+    return [r for r in replicas if not flags(r) & DEAD_REPLICA_FLAGS]
+
+
 _MASTER_CONNECTION: type | None = None
 
 
@@ -220,13 +244,21 @@ def parse(url: str) -> SentinelUrl:
     parts = urlsplit(url.strip())
     if parts.scheme.lower() != SCHEME:
         raise ValueError(f"it is not a sentinel:// URL; write it like {FORM}")
+    if "@" in parts.path or "@" in parts.query:  # a password's "/" (or "?") ended the hosts early
+        raise ValueError(f"its password seems to hold a '/', '?' or '#': {ENCODE_HINT}; write it like {FORM}")
     creds, _, hosts = parts.netloc.rpartition("@")
     if not hosts:
         raise ValueError(f"it names no sentinel; write it like {FORM}")
-    sentinels = tuple(_sentinel(item) for item in hosts.split(","))
+    try:
+        sentinels = tuple(_sentinel(item) for item in hosts.split(","))
+    except ValueError as exc:
+        raise ValueError(f"{exc} ({ENCODE_HINT})" if creds else str(exc)) from None
     path = [p for p in parts.path.split("/") if p]
     if not path:
         raise ValueError(f"it names no master (the name the sentinels monitor, after the hosts); write it like {FORM}")
+    if len(path) == 1 and path[0].isdigit():
+        raise ValueError(f"it names no master: {path[0]!r} after the hosts would be the master's name; write the "
+                         f"name the sentinels monitor before the database, like {FORM}")
     if len(path) > 2:
         raise ValueError(f"after the hosts it has {'/'.join(path)!r}: only MASTER_NAME/DB; write it like {FORM}")
     db = 0
@@ -239,6 +271,9 @@ def parse(url: str) -> SentinelUrl:
     if unknown:
         raise ValueError(f"it has the unknown option(s) {', '.join(unknown)}; only {SENTINEL_PASSWORD_PARAM} "
                          f"is read; write it like {FORM}")
+    if SENTINEL_PASSWORD_PARAM in query and not query[SENTINEL_PASSWORD_PARAM]:
+        raise ValueError(f"its {SENTINEL_PASSWORD_PARAM} is empty (it would override redis_sentinel_password_file); "
+                         f"give the password or remove ?{SENTINEL_PASSWORD_PARAM}=; write it like {FORM}")
     user, has_password, password = creds.partition(":")
     return SentinelUrl(
         sentinels=sentinels, master_name=unquote(path[0]), db=db,
@@ -246,6 +281,33 @@ def parse(url: str) -> SentinelUrl:
         password=unquote(password) if has_password and password else None,
         sentinel_password=query.get(SENTINEL_PASSWORD_PARAM) or None,
     )
+
+
+def live_first(url: str, timeout_s: float = 1.0) -> str:
+    """The URL with the first sentinel that answers PING moved to the front of the list (the
+    others keep their order); the URL as it is when none answers. For Flower, whose Broker page
+    asks only the first sentinel (kombu's first URL): with the first-listed one dead it said
+    "No master found" for ever. Decided once, when `rig up` starts Flower."""
+    import redis
+
+    parts = urlsplit(url)
+    creds, at, hosts = parts.netloc.rpartition("@")
+    items = hosts.split(",")
+    target = parse(url)
+    kwargs = {**target.sentinel_kwargs({"socket_connect_timeout": timeout_s, "socket_timeout": timeout_s})}
+    for number, (host, port) in enumerate(target.sentinels):
+        client = redis.Redis(host=host, port=port, **kwargs)
+        try:
+            client.ping()
+        except (redis.RedisError, OSError):
+            continue
+        finally:
+            client.close()
+        if number == 0:
+            return url
+        ordered = [items[number], *items[:number], *items[number + 1:]]
+        return urlunsplit(parts._replace(netloc=f"{creds}{at}{','.join(ordered)}"))
+    return url
 
 
 def with_sentinel_password(url: str, password: str) -> str:

@@ -38,7 +38,16 @@ from rig import authgate, sentinel_url
 from rig.celery_config import card_queue, dispatcher_queues
 from rig.config import Settings
 from rig.draining import cards_to_serve, drained
-from rig.errors import NodeInUse, PermissionDenied, RedisAuthFailed, RedisRefusesWrites, StackError
+from rig.errors import (
+    ConfigError,
+    NodeInUse,
+    PermissionDenied,
+    RedisAuthFailed,
+    RedisRefusesWrites,
+    RedisUnavailable,
+    RigError,
+    StackError,
+)
 from rig.gpus import GpuBackend, detect_backend
 from rig.keys import Keys, card_worker_name, control_worker_name
 from rig.node_claim import OWNER_ENV, claim, identity, refused_line, release, there
@@ -51,7 +60,6 @@ from rig.redis_conn import (
     ensure_password_file,
     home_password_file,
     password_source,
-    refuse_cluster,
     resolve_auth,
     strip_password,
     url_password,
@@ -109,19 +117,40 @@ class UpOptions:
     env_overrides: dict[str, str] = field(default_factory=dict)
 
 
+def check_login(user: str, password: str, where: str) -> tuple[str, str]:
+    """The admin login (Flower's and rig's web page's) as ``(user, password)``, or ConfigError
+    (exit 6) naming ``where`` (the variable or file) and what to write, when rig cannot use it:
+    a comma (Flower splits its login on commas into several logins: ``admin:pa,evil:evil``
+    would let ``evil:evil`` in, and not the whole); an empty user or password (an empty pair
+    would let an empty login in); text other than printable ASCII (Flower answers 500 to any
+    other login; basic auth has no agreed charset)."""
+    if "," in user or "," in password:
+        raise ConfigError(f"the admin login in {where} has a comma, which Flower reads as two logins; "
+                          "choose one without a comma")
+    wrong = [f"an empty {name}" for name, value in (("user", user), ("password", password)) if not value]
+    wrong += [f"a {name} that is not printable ASCII" for name, value in (("user", user), ("password", password))
+              if value and not (value.isascii() and value.isprintable())]
+    if wrong:
+        instead = ("unset it: rig then uses the login in $RIG_HOME/flower.auth" if where.startswith("$")
+                   else "delete the file: rig then generates a new login there")
+        raise ConfigError(f"the admin login in {where} has {' and '.join(wrong)}: write user:password, both "
+                          f"non-empty printable ASCII (or {instead})")
+    return user, password
+
+
 def flower_credentials(settings: Settings) -> tuple[str, str]:
     """Flower's basic-auth user and password: $RIG_FLOWER_AUTH ("user:password") if set, else
     the pair in $RIG_HOME/flower.auth, generated (mode 0600) on first use. Flower never runs
-    without authentication."""
+    without authentication. A login rig cannot use is refused (check_login)."""
     configured = os.environ.get("RIG_FLOWER_AUTH")
     if configured and ":" in configured:
         user, password = configured.split(":", 1)
-        return user, password
+        return check_login(user, password, "$RIG_FLOWER_AUTH")
     path = settings.home / "flower.auth"
     if path.exists():
         user, _, password = path.read_text().strip().partition(":")
-        if user and password:
-            return user, password
+        if user or password:  # an empty file is made again; a half-written login is refused
+            return check_login(user, password, str(path))
     import secrets
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,6 +191,13 @@ def flower_environment(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     return {k: v for k, v in env.items() if not k.startswith("FLOWER_")}, ignored
 
 
+def http_url(address: str, port: int, path: str = "") -> str:
+    """``http://address:port/path`` for what `rig up` prints: an IPv6 address in brackets
+    (``http://[::1]:5555``), as a browser needs it; one already bracketed is kept so."""
+    host = address.strip("[]")
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}{path}"
+
+
 def login_place(settings: Settings) -> str:
     """Where the admin login (Flower's, and rig's web page's) comes from, as flower_credentials
     decides it: for the lines `rig up` prints."""
@@ -190,6 +226,15 @@ def open_doors(settings: Settings, wants: Callable[[str], bool]) -> list[str]:
     return doors
 
 
+def already_up(node: str, pid: int, only: tuple[str, ...] = ()) -> str:
+    """The one line a second `rig up` of a node gets; one that wants only Flower is told how
+    to add a Flower to a node that is up: under a name of its own (docs/FLOWER.md)."""
+    line = f"rig is already up on node {node} (pid {pid}); `rig down` stops it"
+    if only == ("flower",):
+        line += f"; to add a Flower to it: `rig up --daemon --only flower --node {node}-flower`"
+    return line
+
+
 def pid_file(settings: Settings) -> Path:
     return settings.run_dir / f"up-{settings.node_name}.pid"
 
@@ -215,6 +260,7 @@ class Stack:
         self.notes: list[str] = []  # warnings a `rig up --daemon` parent says on the terminal
         self.metrics_url: str | None = None  # set once the endpoint answers
         self.page_url: str | None = None  # rig's web page, same server (rig.web.server)
+        self.flower_url: str | None = None  # set once this rig up starts a Flower
         self.keys = Keys(settings.key_prefix)
         self.children: list[Child] = []
         self.redis_proc: subprocess.Popen | None = None
@@ -262,11 +308,13 @@ class Stack:
             folder.mkdir(parents=True, exist_ok=True)
         other = running_pid(s)
         if other and other != os.getpid():
-            raise StackError(f"rig is already up on node {s.node_name} (pid {other}); `rig down` stops it")
+            raise StackError(already_up(s.node_name, other, self.options.only))
         others = live_supervisors(s.node_name, s.home)
         if others:
             raise StackError(f"rig is already up on node {s.node_name} (pid {min(others)}, its pid file "
                              f"is gone); `rig down --node {s.node_name}` stops it")
+        if self.wants("flower") or self.wants("metrics"):
+            flower_credentials(s)  # a login Flower would read otherwise: said before anything starts
         self.stop_leftovers()
         self._ensure_redis()
         if self.wants("cards") or self.wants("control"):
@@ -278,8 +326,12 @@ class Stack:
             # The control workers move finished jobs into the archive: a wrong archive_url, a
             # missing psycopg or an unwritable folder is said now (exit 6), not in a worker's log.
             from rig.archive import Archive
+            from rig.archive_cluster import claim_at_up
 
-            Archive(s.archive_location, s.key_prefix).close()
+            Archive(s.archive_location, s.key_prefix, home=s.home).close()
+            line = claim_at_up(self._redis(), self.keys, s.archive_location, s.node_name)
+            if line:  # one archive per cluster: a node configured for another one does not archive
+                self.say(line)
         for warning in open_doors(s, self.wants):
             self.say(warning)
         from rig.logspace import never_enough  # here: the one edit of this file for it
@@ -305,8 +357,9 @@ class Stack:
         # -P: never the operator's working directory on sys.path (a folder named rig there).
         celery = safe_python("celery") + ["-A", "workers.app"]
         logs = s.rig_log_dir
+        flower = self.wants("flower") and self._flower_port_free()
         # Task events for Flower (rig.celery_config): from the start when this rig up runs one.
-        events = ["-E"] if self.wants("flower") else []
+        events = ["-E"] if flower else []
         if self.wants("control"):
             self.children.append(Child(
                 "control",
@@ -328,13 +381,16 @@ class Stack:
             self.children.append(Child(
                 "beat", celery + ["beat", "-l", "INFO", "-f", str(logs / "beat.log")], env, logs / "beat.out",
                 role="beat"))
-        if self.wants("flower"):
+        if flower:
             user, password = flower_credentials(s)
             flower_db(s).parent.mkdir(mode=0o700, exist_ok=True)  # its history shows every user's jobs
             flower_env, ignored = flower_environment(env)
+            if is_sentinel(s.redis_url):  # Flower's Broker page asks only the first sentinel
+                flower_env["RIG_REDIS_URL"] = sentinel_url.live_first(s.redis_url)
             if ignored:
-                self.say(f"flower: ignoring {', '.join(ignored)} from the environment (rig sets Flower's "
-                         "options; docs/FLOWER.md)")
+                self._say_noted(f"warning: flower: ignoring {', '.join(ignored)} from the environment (rig sets "
+                                "Flower's options; docs/FLOWER.md)")
+            self.flower_url = http_url(s.flower_address, s.flower_port)
             self.children.append(Child(
                 "flower",
                 celery + ["flower", f"--address={s.flower_address}", f"--port={s.flower_port}",
@@ -349,6 +405,19 @@ class Stack:
             self._spawn(child)
         if self.wants("metrics") and s.metrics_port:
             self._serve_web()
+
+    def _flower_port_free(self) -> bool:
+        """Is Flower's port free? A port something answers on (another node's Flower, any
+        server) would leave this Flower exiting in a restart loop, seen only in its log: said in
+        one line instead, and this Flower is not started (nor its URL printed)."""
+        from rig.metrics import answers
+
+        s = self.settings
+        if not answers(s.flower_address, s.flower_port):
+            return True
+        self._say_noted(f"warning: flower: not started, something already listens on {s.flower_address}:"
+                        f"{s.flower_port} (another Flower?); set RIG_FLOWER_PORT (flower_port) to a free port")
+        return False
 
     def _serve_web(self) -> None:
         """The node's HTTP endpoint: /metrics (no login) and the web page (the admin login)."""
@@ -366,9 +435,8 @@ class Stack:
             return
         port = self.metrics_server.server_port
         if answers(s.metrics_address, port):  # the URLs are printed only once it answers
-            host = f"[{s.metrics_address.strip('[]')}]" if ":" in s.metrics_address else s.metrics_address
-            self.metrics_url = f"http://{host}:{port}/metrics"
-            self.page_url = f"http://{host}:{port}/"
+            self.metrics_url = http_url(s.metrics_address, port, "/metrics")
+            self.page_url = http_url(s.metrics_address, port, "/")
         else:
             self.say(f"metrics and web page: not answering at {s.metrics_address}:{port}; see {s.rig_log_dir}")
 
@@ -380,17 +448,9 @@ class Stack:
         url = self.settings.redis_url
         shown = strip_password(url)
         if probe(url):
-            refuse_cluster(self._redis(), url)  # before anything is written there
             self.say(f"redis: using the one at {shown}")
-            if url_password(url) is None:
-                self.say(f"warning: the Redis at {shown} takes clients without a password: whoever can "
-                         "reach it can run commands as this user through rig; set requirepass "
-                         "(docs/SECURITY.md)")
-            for line in redis_notices_at(url):  # full; an evicting policy; no persistence
+            for line in redis_warnings(url):
                 self.say(f"warning: {line}")
-            if is_sentinel(url):  # one sentinel listed, no replica, a fail-over slower than rig waits
-                for line in sentinel_url.parse(url).notices(FAILOVER_WINDOW_S, client_options()):
-                    self.say(f"warning: {line}")
             return
         if not self.wants("redis") and self.options.only:
             raise StackError(f"no Redis answers at {shown}")
@@ -879,12 +939,16 @@ class Stack:
         this `rig up` serves and what answers."""
         s = self.settings
         out = []
-        if self.wants("flower"):
-            out.append(f"flower: http://{s.flower_address}:{s.flower_port} (an admin login: {login_place(s)})")
+        if self.flower_url:
+            out.append(f"flower: {self.flower_url} (an admin login: {login_place(s)})")
         if self.page_url:
             out.append(f"web page: {self.page_url} (the same admin login as Flower: {login_place(s)})")
         if self.metrics_url:
             out.append(f"metrics: {self.metrics_url} (no login)")
+        elif self.options.no_metrics:
+            out.append("web page and /metrics: off (rig up --no-metrics)")
+        elif self.wants("metrics") and not s.metrics_port:
+            out.append("web page and /metrics: off (metrics_port = 0; RIG_METRICS_PORT sets one)")
         return out
 
     def describe(self) -> str:
@@ -924,6 +988,22 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+def redis_warnings(url: str) -> list[str]:
+    """What `rig up` warns about the Redis it uses at ``url``, in the foreground and on the
+    terminal of `rig up --daemon` alike: no password; full, an evicting policy, no persistence
+    (rig.redis_writes); under Sentinel, a setup that would not fail over in time (one sentinel
+    listed, no live replica, sentinels slower than rig waits: rig.sentinel_url)."""
+    shown = strip_password(url)
+    lines = []
+    if url_password(url) is None:
+        lines.append(f"the Redis at {shown} takes clients without a password: whoever can reach it can run "
+                     "commands as this user through rig; set requirepass (docs/SECURITY.md)")
+    lines += redis_notices_at(url)
+    if is_sentinel(url):
+        lines += sentinel_url.parse(url).notices(FAILOVER_WINDOW_S, client_options())
+    return lines
+
+
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
@@ -960,6 +1040,13 @@ def stop_node(settings: Settings, timeout: float = 60.0,
             raise PermissionDenied(f"rig up of node {settings.node_name} (pid {pid}) runs as {_owner(pid)}: "
                                    "run rig down as that user or as root") from None
     deadline = time.monotonic() + timeout
+    if report.supervisors and say is not None:
+        from rig.redis_up import RedisUp
+
+        down = RedisUp(settings.redis_url).down()
+        if down:  # said now, not only after the whole wait
+            say(f"{down}: rig up stops once it can mark node {settings.node_name} stopped there; waiting up to "
+                f"{timeout:.0f} s (do not kill it)")
     for pid in report.supervisors:
         while is_alive(pid, None):
             refused = read_refusal(settings.run_dir, settings.node_name, pid)
@@ -970,8 +1057,7 @@ def stop_node(settings: Settings, timeout: float = 60.0,
                 if is_stopped(pid):  # a plain kill does nothing to it: say what does
                     raise StackError(f"rig up (pid {pid}) is stopped (SIGSTOP) and cannot stop itself; "
                                      f"`kill -CONT {pid}` (it then stops), or `kill -9 {pid}` and `rig down` again")
-                raise StackError(f"rig up (pid {pid}) did not stop within {timeout:.0f} s; "
-                                 f"kill it with `kill {pid}`, then `rig down` again")
+                raise _not_stopped(settings, pid, timeout)
             time.sleep(0.1)
     left = leftovers(settings.node_name, settings.home)
     if left:
@@ -981,6 +1067,23 @@ def stop_node(settings: Settings, timeout: float = 60.0,
             raise StackError(f"could not stop {describe(stuck)} of node {settings.node_name}; "
                              "`kill -9 PID` them")
     return report
+
+
+def _not_stopped(settings: Settings, pid: int, timeout: float) -> RigError:
+    """Why ``rig up`` (pid) is still running after ``timeout`` s, and what to do. While Redis
+    does not answer it cannot mark the node stopped and waits for it (on purpose): a kill would
+    get its running jobs declared lost and maybe run twice, so that case never advises one."""
+    from rig.redis_up import RedisUp
+
+    down = RedisUp(settings.redis_url).down()
+    if down:
+        return RedisUnavailable.said(
+            settings.redis_url,
+            f"rig up (pid {pid}) is still stopping after {timeout:.0f} s: it cannot mark node {settings.node_name} "
+            f"stopped while {down}; it stops once Redis is back (start it, or let the fail-over finish), "
+            "then `rig down` again; do not kill it: its running jobs would be declared lost and may run twice")
+    return StackError(f"rig up (pid {pid}) did not stop within {timeout:.0f} s; "
+                      f"kill it with `kill {pid}`, then `rig down` again")
 
 
 def _owner(pid: int) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import random
 import time
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ from rig.clock import shared_now
 from rig.errors import JobNotFound
 from rig.keys import Keys
 from rig.models import (
+    ENV_EXTRA,
     ENV_FIELD,
     ENV_REF,
     PRIORITY_BAND,
@@ -87,6 +89,7 @@ class JobStore:
                        now: float) -> list[Job]:
         """Queue the writes of ``jobs`` (ids from ``first`` on) on a MULTI pipeline."""
         out = []
+        shared = shared_environments(job for job, _ in jobs)
         for offset, (job, extra) in enumerate(jobs):
             job.id = first + offset
             job.state = JobState.PENDING
@@ -96,7 +99,7 @@ class JobStore:
             record = job.to_redis()
             # Extra fields (a @rig.task payload) never replace the record's own (owner, state...).
             record.update({k: _encode(v) for k, v in (extra or {}).items() if v is not None and k not in JOB_FIELDS})
-            self._queue_record(pipe, job.id, job.user, record)
+            self._queue_record(pipe, job.id, job.user, record, shared.get(job.user))
             pipe.zadd(self.keys.all_jobs, {str(job.id): job.id})
             pipe.zadd(self.keys.state_index(JobState.PENDING.value), {str(job.id): job.id})
             pipe.zadd(self.keys.pending, {str(job.id): score})
@@ -108,12 +111,21 @@ class JobStore:
         pipe.lpush(self.keys.sched_wake, "1")  # the dispatcher BLPOPs this: no Celery hop needed
         return out
 
-    def _queue_record(self, pipe: Any, job_id: int, user: str, record: dict[str, str]) -> None:
+    def _queue_record(self, pipe: Any, job_id: int, user: str, record: dict[str, str],
+                      shared: dict[str, str] | None = None) -> None:
         """Queue the writes of one stored record: the hash, its spec, its environment's blob and
-        that blob's count (rig.models.SPEC_FIELDS: why they are apart)."""
-        spec = {k: record.pop(k) for k in SPEC_FIELDS if k in record}
+        that blob's count (rig.models.SPEC_FIELDS: why they are apart). ``shared``: the
+        variables all of the user's jobs in this submission share (shared_environments):
+        the blob holds those, the job's spec the rest (``env_extra``)."""
+        spec: dict[str, Any] = {k: record.pop(k) for k in SPEC_FIELDS if k in record}
         env = record.pop(ENV_FIELD, None)
         if env is not None:
+            if shared is not None:
+                own = json.loads(env)
+                extra = {k: v for k, v in own.items() if k not in shared}
+                if extra:
+                    spec[ENV_EXTRA] = extra
+                    env = json.dumps(shared)
             ref = packed.digest(user, env)
             record[ENV_REF] = ref
             pipe.set(self.keys.env_blob(ref), packed.pack(env))
@@ -190,10 +202,12 @@ class JobStore:
                 fields = packed.unpack(spec) if spec is not None else {}
             except ValueError as exc:
                 fields = {"command": f"(spec damaged: {exc})"}
+            extra = None
             if isinstance(fields, dict):
                 for name in SPEC_FIELDS:
                     if name not in whole and isinstance(fields.get(name), str):
                         whole[name] = fields[name]
+                extra = fields.get(ENV_EXTRA)
             ref = whole.get(ENV_REF)
             if env and ref and ENV_FIELD not in whole:
                 try:
@@ -202,6 +216,8 @@ class JobStore:
                     whole[ENV_FIELD] = None
                 if not isinstance(whole[ENV_FIELD], str):
                     whole[ENV_FIELD] = f"(environment {ref} missing or damaged)"
+                elif isinstance(extra, dict):
+                    whole[ENV_FIELD] = _with_extra(whole[ENV_FIELD], extra)
             if not env:
                 whole.pop(ENV_FIELD, None)
             out.append(whole)
@@ -282,10 +298,14 @@ class JobStore:
             pipe.zcount(self.keys.pending, low, low + PRIORITY_BAND - 1)
         return dict(zip(Priority, (int(n) for n in pipe.execute()), strict=True))
 
-    def error_ids(self, limit: int | None = None) -> list[int]:
-        """The error queue, oldest first."""
+    def error_ids(self, limit: int | None = None, *, newest_first: bool = False) -> list[int]:
+        """The error queue, oldest first (newest first with ``newest_first``)."""
         end = -1 if limit is None else limit - 1
-        return [int(i) for i in self.r.zrange(self.keys.errors, 0, end)]
+        return [int(i) for i in self.r.zrange(self.keys.errors, 0, end, desc=newest_first)]
+
+    def error_count(self) -> int:
+        """How many jobs the error queue holds."""
+        return int(self.r.zcard(self.keys.errors))
 
     def in_error_queue(self, job_id: int) -> bool:
         return self.r.zscore(self.keys.errors, str(job_id)) is not None
@@ -302,6 +322,30 @@ class JobStore:
 
 def _s(value: Any) -> str:
     return value.decode(errors="surrogateescape") if isinstance(value, bytes) else str(value)
+
+
+def shared_environments(jobs: Iterable[Job]) -> dict[str, dict[str, str]]:
+    """Per user, the variables (name and value) that every one of the user's ``jobs`` has in
+    its environment: one blob for a sweep whose jobs differ in a variable or two (a seed)."""
+    out: dict[str, dict[str, str]] = {}
+    for job in jobs:
+        env = job.env or {}
+        if job.user not in out:
+            out[job.user] = dict(env)
+        else:
+            common = out[job.user]
+            for name in [n for n, v in common.items() if env.get(n) != v]:
+                del common[name]
+    return out
+
+
+def _with_extra(env_text: str, extra: dict[str, Any]) -> str:
+    """The shared blob's environment with the job's own variables (env_extra) over it."""
+    try:
+        base = json.loads(env_text)
+    except ValueError:
+        return env_text  # damaged: its check says so
+    return json.dumps({**base, **extra}) if isinstance(base, dict) else env_text
 
 
 def _encode(value: Any) -> str:

@@ -9,9 +9,11 @@ them; this module decides what they say):
   PENDING (first time)        task-received   on the control worker
   RUNNING                     task-started    on the card worker that claimed it
   PENDING after an attempt    task-retried    (reason in ``exception``)
-  SUCCEEDED                   task-succeeded  (``result``: exit code; ``runtime`` in s)
+  SUCCEEDED                   task-succeeded  (``result``: exit code; ``runtime`` in s; an
+                                              earlier attempt's failure cleared)
   FAILED, TIMEOUT             task-failed     (``exception``: failure class and exit code)
-  CANCELLED                   task-revoked    (``terminated`` when it had started)
+  CANCELLED                   task-revoked    (``terminated`` when it had started; ``result``: its
+                                              exit code, ``exception``: who cancelled it, ``runtime``)
 
 ASSIGNED sends nothing (the job waits for its card's worker; still "received").
 
@@ -146,6 +148,8 @@ def event_for(job: Job, state: JobState) -> tuple[str, dict[str, Any]] | None:
     if state is JobState.SUCCEEDED:
         fields.update(result=repr(f"exit code {job.exit_code if job.exit_code is not None else 0}"),
                       runtime=_runtime(job))
+        if job.attempts:  # a retry's "attempt 1 failed" is not this success's exception
+            fields.update(exception="", traceback="")
         return "task-succeeded", fields
     if state in (JobState.FAILED, JobState.TIMEOUT):
         failure = job.failure or ("timeout" if state is JobState.TIMEOUT else "failed")
@@ -154,6 +158,9 @@ def event_for(job: Job, state: JobState) -> tuple[str, dict[str, Any]] | None:
                       runtime=_runtime(job))
         return "task-failed", fields
     if state is JobState.CANCELLED:
-        fields.update(terminated=job.started_at is not None, signum=None, expired=False)
+        fields.update(terminated=job.started_at is not None, signum=None, expired=False,
+                      exception=_reason(job), runtime=_runtime(job))
+        if job.exit_code is not None:
+            fields["result"] = repr(f"exit code {job.exit_code}")
         return "task-revoked", fields
     return None

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 import redis
 
 from rig.keys import Keys
+from rig.lograte import Throttle
 from rig.metrics import ended_by_label
 from rig.models import CardState, JobState
 
@@ -104,13 +105,37 @@ def record(r: redis.Redis, keys: Keys, cards: Sequence[CardState], now: float) -
     counters = {k.decode() if isinstance(k, bytes) else k: float(v)
                 for k, v in r.hgetall(keys.metrics_counters).items()}
     sample = sample_of(counters, cards, now)
+    try:
+        _write(r, keys, sample)
+    except redis.ResponseError as exc:
+        if not is_wrong_type(exc):
+            raise
+        # rig's own key, set to something else (by hand, or an older tool): its samples are
+        # lost anyway, so it is replaced, and said once (not at every pass: rig.lograte).
+        line = f"the history key {keys.timeline} held another type than a zset: replaced (its samples are lost)"
+        if _wrong_type_said.due(line):
+            log.warning(line)
+        r.delete(keys.timeline)
+        _write(r, keys, sample)
+    return sample
+
+
+#: Says a replaced key once per REPEAT_AFTER_S, not at every health pass.
+_wrong_type_said = Throttle()
+
+
+def is_wrong_type(exc: redis.ResponseError) -> bool:
+    """Is ``exc`` Redis' WRONGTYPE (a key holding another type than the command works on)?"""
+    return "WRONGTYPE" in str(exc)  # a pipeline puts it after which of its commands failed
+
+
+def _write(r: redis.Redis, keys: Keys, sample: Sample) -> None:
     pipe = r.pipeline(transaction=True)
     pipe.zremrangebyscore(keys.timeline, sample.at, sample.at)
     pipe.zadd(keys.timeline, {sample.encode(): sample.at})
     pipe.zremrangebyscore(keys.timeline, "-inf", f"({sample.at - TIMELINE_WINDOW_S}")
     pipe.expire(keys.timeline, TIMELINE_WINDOW_S)
     pipe.execute()
-    return sample
 
 
 def read(r: redis.Redis, keys: Keys, now: float, hours: float = ENDED_HOURS) -> list[Sample]:
@@ -141,6 +166,20 @@ def ended_per_hour(samples: Sequence[Sample], now: float, hours: int = ENDED_HOU
             bucket[1] += _grown(before.failed, after.failed)
             bucket[2] += _grown(before.cancelled, after.cancelled)
     return [HourCount(h, *c) for h, c in sorted(counts.items())]
+
+
+def ended_before_first(samples: Sequence[Sample], now: float, hours: int = ENDED_HOURS) -> HourCount | None:
+    """The jobs the first sample's counters already hold when the samples began inside the last
+    ``hours`` hours (a fresh install, or a Redis restarted empty): they ended before it, but
+    when is not known, so :func:`ended_per_hour` cannot place them (the page says them beside
+    the bars). ``start``: the first sample's minute. None when there are none, or when the
+    samples began before the window (those jobs then lie before it)."""
+    if not samples or samples[0].at <= now - hours * 3600:
+        return None
+    first = samples[0]
+    if not (first.succeeded or first.failed or first.cancelled):
+        return None
+    return HourCount(first.at, first.succeeded, first.failed, first.cancelled)
 
 
 def memory_series(samples: Sequence[Sample], now: float, hours: float = MEMORY_HOURS) -> list[Sample]:

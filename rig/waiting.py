@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -101,6 +101,9 @@ class WaitFacts:
     ahead_unknown: bool = False
     #: A dispatcher holds the lock but did not take a wake-up for this long (s); 0: no sign.
     silent_s: float = 0.0
+    #: The caller knows that no card of ``cards`` could take the job now, holds aside
+    #: (rig.placement.Capacity): explain then skips looking for a placement.
+    fits_nowhere: bool = False
 
 
 def node_state_text(node: NodeInfo) -> str:
@@ -119,48 +122,58 @@ def node_state_text(node: NodeInfo) -> str:
 
 def explain(facts: WaitFacts) -> str:
     """The one sentence that says why ``facts.request`` is not running. See the module doc."""
+    body, counts_ahead = explain_body(facts)
+    return body + explain_tail(facts, counts_ahead)
+
+
+def explain_body(facts: WaitFacts) -> tuple[str, bool]:
+    """explain's sentence without its tail (explain_tail: the jobs ahead, its own hold, the
+    dispatcher's state), and whether the tail is to count the jobs ahead (False: the body names
+    them). The body reads neither ``ahead`` (unless ``ahead_unknown`` or ``ahead_cards``) nor
+    ``own_hold``: the dispatcher words it once for every job alike (rig.waiting.body_key)."""
     req = facts.request
     nodes = {n.name: n for n in facts.nodes}
     held = facts.held or {}
     in_pool = f" of pool {facts.pool}" if facts.pool else ""
 
-    def is_live(card: CardState) -> bool:
-        return _live(nodes.get(card.node))
+    down = {name for name, n in nodes.items() if not _live(n)}  # a card of a node not listed counts as up
 
-    live = [c for c in facts.cards if is_live(c)]
-    not_up = sorted({n for c in facts.cards if not is_live(c) for n in [c.node]})
-    tail = _tail(facts)
+    def is_live(card: CardState) -> bool:
+        return card.node not in down
+
+    live = [c for c in facts.cards if c.node not in down] if down else list(facts.cards)
+    not_up = sorted({c.node for c in facts.cards if c.node in down}) if down else []
     if facts.limit:
-        return f"{facts.limit}; waits for one of them to end{tail}"
+        return f"{facts.limit}; waits for one of them to end", True
 
     frozen = [n for n in facts.nodes if n.mismatch]
     if frozen and not live:
         # Its cards are not in this Redis: the node joined another installation (rig.installation).
         return (f"no node takes jobs here: {frozen[0].name} is frozen ({frozen[0].mismatch})"
-                + (f" and {len(frozen) - 1} more node(s) too" if len(frozen) > 1 else "") + tail)
+                + (f" and {len(frozen) - 1} more node(s) too" if len(frozen) > 1 else "")), True
     if not facts.cards:
         if facts.pool:
-            return f"no card{in_pool} is registered{tail}"
+            return f"no card{in_pool} is registered", True
         down = [node_state_text(n) for n in facts.nodes if not _live(n)]
         return ("no cards are registered: no rig node is up"
-                + (f" ({'; '.join(down)})" if down else "") + "; it starts when one is (`rig up`)" + tail)
+                + (f" ({'; '.join(down)})" if down else "") + "; it starts when one is (`rig up`)"), True
     if not live:
         listed = "; ".join(node_state_text(nodes[n]) for n in not_up)
-        return f"no rig node{in_pool} is up ({listed}); it starts when one is back (`rig up` there){tail}"
-    if not _big_enough(live, req) and _big_enough(facts.cards, req):
+        return f"no rig node{in_pool} is up ({listed}); it starts when one is back (`rig up` there)", True
+    if down and not _big_enough(live, req) and _big_enough(facts.cards, req):  # (no node down: live is all)
         wanted = sorted({c.node for c in facts.cards if not is_live(c) and c.allowed and c.usable >= req.nbytes})
         listed = "; ".join(node_state_text(nodes[n]) for n in wanted)
         return (f"needs {format_memory(req.nbytes)} on {_cards(req)}; only cards of nodes that are not up "
-                f"could take it ({listed}); it waits until one is back{tail}")
+                f"could take it ({listed}); it waits until one is back"), True
 
     outside = only_outside_whitelist(live, req)
     if outside:
         shown = ", ".join(c.id for c in outside[:6]) + (" …" if len(outside) > 6 else "")
         return (f"needs {format_memory(req.nbytes)} on {_cards(req)}; only cards outside gpu_whitelist "
-                f"could take it: {shown}; it waits until gpu_whitelist names them{tail}")
+                f"could take it: {shown}; it waits until gpu_whitelist names them"), True
 
-    open_cards = [c for c in live if c.id not in held]
-    fitting = place(open_cards, req, facts.strategy)
+    open_cards = [c for c in live if c.id not in held] if held else live
+    fitting = None if facts.fits_nowhere else place(open_cards, req, facts.strategy)
     if fitting is not None and facts.ahead and (facts.ahead_unknown or facts.ahead_cards is not None):
         # Free now, but jobs ahead go first: it fits now only if it still does after them.
         later = None if facts.ahead_unknown else place(
@@ -169,31 +182,86 @@ def explain(facts: WaitFacts) -> str:
             where = ", ".join(card_id(fitting.node, i) for i in fitting.cards)
             first = "go first" if facts.ahead_unknown else "take that room first"
             return (f"the free memory would hold it now ({where}), but the {facts.ahead} job(s) ahead "
-                    f"of it {first}" + _tail(dataclasses.replace(facts, ahead=0)))
+                    f"of it {first}"), False
         fitting = later
     if fitting is not None:
         where = ", ".join(card_id(fitting.node, i) for i in fitting.cards)
         then = f"; {STARTS_NEXT_PASS}" if facts.dispatcher and not facts.silent_s else ""
-        return f"{FITS_NOW} ({where}){then}{tail}"
+        return f"{FITS_NOW} ({where}){then}", True
     if open_cards and not any(c.eligible for c in open_cards):
         # Say why no card takes it, naming each node and card (a node that is stopped or down
         # reads as such, even where its record still says it is up).
         return (f"needs {format_memory(req.nbytes)} on {_cards(req)}; no card{in_pool} takes jobs now "
-                f"({closed_cards_text(open_cards)}); it starts when one does{tail}")
+                f"({closed_cards_text(open_cards)}); it starts when one does"), True
     text = explain_wait(open_cards, req) if open_cards else (
         f"needs {format_memory(req.nbytes)} on {_cards(req)}; every card is held for jobs ahead of it")
+    live_by_id = {c.id: c for c in live} if held else {}
     roomy_held = [(cid, h) for cid, h in sorted(held.items())
-                  if (card := _by_id(live, cid)) is not None and card.eligible and card.free >= req.nbytes]
+                  if (card := live_by_id.get(cid)) is not None and card.eligible and card.free >= req.nbytes]
     if roomy_held:
         parts = []
         for cid, hold in roomy_held:
-            card = _by_id(live, cid)
+            card = live_by_id[cid]
             parts.append(f"{cid} ({format_memory(card.free)} free) held for job {hold.job_id}"
                          + _expected(hold.until, facts.now))
         text += "; " + ", ".join(parts)
     if not_up:
         text += "; not up: " + ", ".join(node_state_text(nodes[n]) for n in not_up)
-    return text + tail
+    return text, True
+
+
+#: CardState fields explain() never reads (a card's live readings): a change in them alone
+#: leaves every sentence as it was. ``temperature`` only orders the cards a job that fits now
+#: would take (multi-factor), so a sentence for a job that fits nowhere does not read it either.
+_READINGS = frozenset({"updated_at", "used", "utilization"})
+_CARD_FIELDS = tuple(f.name for f in dataclasses.fields(CardState) if f.name not in _READINGS)
+_CARD_FIELDS_NO_TEMPERATURE = tuple(f for f in _CARD_FIELDS if f != "temperature")
+
+
+def cards_token(cards: Sequence[CardState], *, fits_nowhere: bool = False) -> tuple:
+    """What explain() reads of ``cards``, as a hashable value (O(cards)): equal tokens, equal
+    sentences. ``fits_nowhere``: for jobs that no card could take now (rig.placement.Capacity),
+    whose sentence does not depend on the cards' temperatures."""
+    return tuple(card_token(c, fits_nowhere=fits_nowhere) for c in cards)
+
+
+def card_token(card: CardState, *, fits_nowhere: bool = False) -> tuple:
+    """One card's part of cards_token (a caller that changed a few cards replaces their parts)."""
+    names = _CARD_FIELDS_NO_TEMPERATURE if fits_nowhere else _CARD_FIELDS
+    return tuple(tuple(v) if isinstance(v := getattr(card, n), list) else v for n in names)
+
+
+def nodes_token(nodes: Sequence[NodeInfo]) -> tuple:
+    """What explain() reads of ``nodes`` (whether each is up, how one that is not is worded,
+    an installation mismatch), as a hashable value: not the heartbeats' times of nodes that are up."""
+    return tuple((n.name, _live(n), n.mismatch, None if _live(n) else node_state_text(n)) for n in nodes)
+
+
+def held_token(held: Mapping[str, Hold], now: float) -> tuple:
+    """What explain() reads of WaitFacts.held: each card, the job it is held for and how that
+    hold's expected end is worded at ``now`` (held_part of each card, by card id)."""
+    return tuple(held_part(cid, h, now) for cid, h in sorted(held.items()))
+
+
+def held_part(cid: str, hold: Hold, now: float) -> tuple:
+    """One held card's part of a held token. The set of the parts of a held mapping stands for
+    it as well (each part names its card)."""
+    return (cid, hold.job_id, _expected(hold.until, now))
+
+
+def body_key(facts: WaitFacts, cards: Hashable, nodes: Hashable, held: Hashable | None = None) -> tuple | None:
+    """A key for ``explain_body(facts)``: facts with equal keys get the same body, so a caller
+    that explains the same waits pass after pass (the dispatcher) words each body once per
+    change, and once for all jobs alike (the tail, explain_tail, is O(1) per job). ``cards`` and
+    ``nodes`` stand for facts.cards and facts.nodes (cards_token, nodes_token, or a version the
+    caller changes with them), ``held`` for facts.held (held_token; worked out here when not
+    given). None: facts whose body reads the jobs ahead (the live view's simulation); explain
+    those each time."""
+    if facts.ahead_cards is not None or facts.ahead_unknown:
+        return None
+    held = held_token(facts.held or {}, facts.now) if held is None else held
+    return (cards, nodes, facts.request, facts.pool, facts.strategy, facts.dispatcher, facts.limit, held,
+            facts.silent_s, facts.fits_nowhere)
 
 
 def _live(node: NodeInfo | None) -> bool:
@@ -205,9 +273,11 @@ def _live(node: NodeInfo | None) -> bool:
     return node.state == "silent" and not (node.started_at or node.last_seen)
 
 
-def _tail(facts: WaitFacts) -> str:
+def explain_tail(facts: WaitFacts, counts_ahead: bool = True) -> str:
+    """The end of explain's sentence: the jobs ahead (when ``counts_ahead``), the job's own
+    hold and when it is expected to free, whether a dispatcher runs. O(1)."""
     out = ""
-    if facts.ahead:
+    if facts.ahead and counts_ahead:
         out += f"; {facts.ahead} job(s) ahead of it"
     if facts.own_hold is not None:
         out += f"; {', '.join(facts.own_hold.cards)} held for it" + _expected(facts.own_hold.until, facts.now)
@@ -246,10 +316,6 @@ def _big_enough(cards: Iterable[CardState], req: Request) -> bool:
         if c.allowed and c.usable >= req.nbytes:
             per_node[c.node] = per_node.get(c.node, 0) + 1
     return any(n >= req.gpus for n in per_node.values())
-
-
-def _by_id(cards: Iterable[CardState], cid: str) -> CardState | None:
-    return next((c for c in cards if c.id == cid), None)
 
 
 def latest_node_change(nodes: Iterable[NodeInfo]) -> float:

@@ -54,7 +54,7 @@ from rig.redis_conn import connect
 from rig.redis_writes import FullWatch, is_outage
 from rig.supervision import watch_supervisor
 from rig.worker_lock import EXIT_LOCK_HELD, LockHeld, acquire, lock_path, worker_lock_name
-from workers import celery_clock, kombu_patches, remote_control
+from workers import broker_quiet, celery_clock, kombu_patches, remote_control
 from workers.card_runner import CardRunner
 from workers.dispatcher import Dispatcher
 from workers.flower_bridge import FlowerBridge
@@ -64,6 +64,11 @@ from workers.log_sweep import sweep_logs
 
 log = logging.getLogger("rig.worker")
 kombu_patches.install()
+broker_quiet.install()  # a broker outage: one line a minute, no deprecation essay
+if os.environ.get("RIG_ROLE") == "flower" or "flower" in sys.argv[1:]:  # a Flower (rig's, or by hand)
+    from workers import flower_patches
+
+    flower_patches.install()
 
 settings = load_settings()
 
@@ -113,7 +118,16 @@ def _stop_job_for_flower(job_id: int, instance: str | None) -> str:
     return f"job {job_id}: stopping it (as {remote_control.FLOWER_ADMIN})"
 
 
-remote_control.install(_stop_job_for_flower if os.environ.get("RIG_ROLE") == "control" else None)
+def _flower_listens() -> None:
+    """A Flower started listening (workers.remote_control): the bridge tells it again."""
+    if _bridge is not None:
+        _bridge.listener_joined()
+
+
+if os.environ.get("RIG_ROLE") == "control":
+    remote_control.install(_stop_job_for_flower, listener_joined=_flower_listens)
+else:
+    remote_control.install(None)
 
 _runner: CardRunner | None = None
 _dispatcher: Dispatcher | None = None

@@ -68,6 +68,7 @@ from workers.process_tree import (
 )
 from workers.run_as import RunAs, RunAsRefused
 from workers.run_as import decide as decide_run_as
+from workers.unrecorded import mark_lost_ending
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -680,10 +681,15 @@ class CardRunner:
                 log.critical("job %s ended (%s) while this node's Redis is not its installation; "
                              "its ending is kept on disk only", job_id, end)
                 return
-            job = self.store.get(job_id, without=("env",))  # ending it needs no environment
-            if instance is not None and job.instance != instance:
-                log.warning("job %s instance %s ended (%s), but the record of job %s is now another "
-                            "job's (instance %s): nothing written", job_id, instance, end, job_id, job.instance)
+            try:
+                job = self.store.get(job_id, without=("env",))  # ending it needs no environment
+            except JobNotFound:  # Redis lost the record (rolled back, or emptied by a double fault)
+                job = None
+            if job is None or (instance is not None and job.instance != instance):
+                log.warning("job %s instance %s ended (%s), but Redis %s: nothing written", job_id, instance, end,
+                            "has no record of it" if job is None else f"holds another job under that id "
+                            f"(instance {job.instance})")
+                mark_lost_ending(self.r, self.keys, self.node, job_id)
                 return
             folders[:] = (job_folders(job, job_folder(self.settings.job_log_dir, job_id, job.instance)))
             code, state = conclude(self.ledger, job, token, end, expect=expect,
@@ -765,13 +771,7 @@ class CardRunner:
         lost), and re-send the start of jobs ASSIGNED here for longer than ``resend_after``
         seconds (duplicates are fenced by the claim). Idempotent: run at start and then
         periodically."""
-        mine = [
-            j for j in self.store.get_many(
-                self.store.ids_in_state(JobState.RUNNING) + self.store.ids_in_state(JobState.ASSIGNED)
-            )
-            if j.node == self.node and j.cards and j.cards[0] == self.index
-        ]
-        for job in mine:
+        for job in self._placed_here():
             if job.state is JobState.ASSIGNED:
                 if shared_now(self.r) - (job.assigned_at or 0) < resend_after:
                     continue
@@ -834,6 +834,16 @@ class CardRunner:
                 # Claimed but never started: it has not run, so it goes back to its place.
                 log.info("job %s: its worker stopped before starting it; back to the queue", job.id)
                 self._retry_redis(lambda job=job: self._requeue_unstarted(job), f"requeue job {job.id}")
+
+    def _placed_here(self) -> list[Job]:
+        """The RUNNING, then the ASSIGNED, jobs whose first card is this one, each by id. Found
+        through this card's reservations (reserve.lua adds a job there and it stays until
+        transition.lua moves it out of ASSIGNED/RUNNING; reclaim.lua never takes a live job's),
+        so a card worker reads its own few jobs, not every placed job of the cluster."""
+        held = self.store.get_many(sorted(self.ledger.holdings(self.node, self.index)))
+        placed = [j for j in held if j.state in (JobState.RUNNING, JobState.ASSIGNED)
+                  and j.node == self.node and j.cards and j.cards[0] == self.index]
+        return sorted(placed, key=lambda j: (j.state is JobState.ASSIGNED, j.id))
 
     def _requeue_unstarted(self, job: Job) -> None:
         files = self._files(job, job.attempt)

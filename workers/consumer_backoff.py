@@ -35,7 +35,7 @@ class _State:
     dropped = 0
 
 
-def _refused_in(record: logging.LogRecord) -> BaseException | None:
+def refused_in(record: logging.LogRecord) -> BaseException | None:
     """The refused write a Celery per-try line is about, or None."""
     args = record.args if isinstance(record.args, tuple) else ()
     found = [a for a in args if isinstance(a, BaseException) and refusal(a) is not None]
@@ -48,7 +48,7 @@ class _DropRefusals(logging.Filter):
     """Drops Celery's per-try lines about a refused write; says it once per SAY_EVERY_S instead."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        exc = _refused_in(record)
+        exc = refused_in(record)
         if exc is None:
             return True
         _State.dropped += 1

@@ -29,10 +29,21 @@ Each pass reads at most LOOKAHEAD waiting jobs per priority from the global queu
 several users wait, the head of every user's queue (USER_LOOKAHEAD each, fewer when there are
 many users: USERS_BUDGET in all, at least one each), so a second user's jobs are seen behind a
 first user's thousand; only the fields placement needs; and, when a round needs them, the
-reservations now held (at most cards x max_task_per_gpu jobs). Then it calls the placement
-function once per job: O((LOOKAHEAD + USERS_BUDGET) x cards) per priority. Ids left in a queue
-whose job is no longer PENDING are taken out as they are met. When no card has room for
-anything, the pass ends after the cards are read.
+reservations now held (at most cards x max_task_per_gpu jobs); each kind of record in one
+Redis command (rig.hashes). Ids left in a queue whose job is no longer PENDING are taken out as
+they are met. When no card has room for anything, the pass ends after the cards are read.
+
+What a pass costs does not grow with cards x jobs read (issue 15; figures in docs/PERFORMANCE.md,
+"Cluster scale"): the cards as a round sees them (_View) answer, once per pool, which request
+sizes could be placed at all (rig.placement.Capacity), so a job that fits nowhere costs O(1)
+instead of a placement search over every card; hold plans come from per-size sorted options
+(HoldPlanner); which held cards are closed to a job is worked out once per (holds, rank, size,
+backfill ends) over the held cards only; and the wait sentence's body (rig.waiting.explain_body)
+is remembered by what it reads (rig.waiting.body_key), so a job waiting pass after pass for the
+same reason is worded once, and jobs alike share one body. A start changes the view; the token
+of the new view's cards is derived from the old one's. Decisions and sentences are the same as
+without these shortcuts (tests/unit/test_placement_scale.py; a frozen-clock comparison with the
+code before them found every start and every stored reason equal).
 
 Runs as a thread in the control worker. Several dispatchers may run (several nodes): one holds
 the leader lock at a time; the reservation script keeps the ledger safe regardless.
@@ -40,6 +51,7 @@ the leader lock at a time; the reservation script keeps the ledger safe regardle
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import logging
 import math
@@ -47,7 +59,7 @@ import os
 import threading
 import uuid
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -60,12 +72,15 @@ from rig.config import Settings
 from rig.errors import InvalidRecord
 from rig.failures import FailureClass
 from rig.fairshare import TeamState, decay, exceeds_alone, over_limit
+from rig.hashes import fields_of, queue_fields, read_fields
 from rig.keys import Keys, card_id
 from rig.ledger import Ledger
 from rig.models import PRIORITY_BAND, CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
 from rig.placement import (
+    Capacity,
     Hold,
+    HoldPlanner,
     Release,
     Request,
     may_backfill,
@@ -73,10 +88,21 @@ from rig.placement import (
     place,
     plan_hold,
 )
+from rig.pools import Pools
 from rig.redis_conn import connect
 from rig.redis_writes import is_outage
 from rig.store import JobStore
-from rig.waiting import REFRESH_S, WaitFacts, explain
+from rig.waiting import (
+    REFRESH_S,
+    WaitFacts,
+    body_key,
+    card_token,
+    cards_token,
+    explain_body,
+    explain_tail,
+    held_part,
+    nodes_token,
+)
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +120,8 @@ START_SLACK_S = 1.0
 LEADER_TTL_MS = 5000
 #: A pass runs at least this often even without a nudge (s).
 IDLE_PASS_S = 1.0
+#: Wait sentence bodies remembered across passes (rig.waiting.body_key -> body); then the older half goes.
+EXPLAINED_CACHE = 50_000
 
 SendStart = Callable[[int, str, str, int], None]  # job id, token, node, first card
 
@@ -120,6 +148,13 @@ class Dispatcher:
         self.stop_event = threading.Event()
         self._notes: dict[int, str] = {}  # job id -> wait reason, written at the end of a round
         self._nodes: list[NodeInfo] | None = None  # read once per round, when a wait is explained
+        self._nodes_token: Hashable = ()  # rig.waiting.nodes_token of _nodes
+        #: Wait sentence bodies by what they read (rig.waiting.body_key): jobs that wait pass after
+        #: pass for the same reasons are worded once, not once each per pass.
+        self._explained: dict[Hashable, tuple[str, bool]] = {}
+        self._never: dict[tuple[str | None, Request], str | None] = {}  # per round: never_fits by pool
+        self._versions = itertools.count()  # tokens of the card views a start makes, and interned ones
+        self._interned: dict[Hashable, int] = {}  # large tokens -> small stand-ins (_intern)
         self._prior = estimates.Prior(())  # the cluster's recent runs, read with the round's holdings
         self._backfill_ends: dict[int, tuple[float | None, float | None]] = {}  # per round: backfill_end
         self._read_all = False  # the last _read_waiting saw every waiting job
@@ -141,9 +176,13 @@ class Dispatcher:
                 # The wake-ups pushed meanwhile are drained (DEL) in the leader check's round trip.
                 if self._lead(drain_wake=woken):
                     self.dispatch_pass()
-                woken = False
-                # Block until nudged (submit, job end, kill) or a second passes, then drain.
-                woken = self.r.blpop([self.keys.sched_wake], timeout=IDLE_PASS_S) is not None
+                    # Block until nudged (submit, job end, kill) or a second passes, then drain.
+                    woken = self.r.blpop([self.keys.sched_wake], timeout=IDLE_PASS_S) is not None
+                else:
+                    # Standing by: only the leader takes nudges off the list. One taken here would
+                    # be lost to the leader, whose next pass then waits for its idle second.
+                    woken = False
+                    self.stop_event.wait(IDLE_PASS_S)
                 jobtrace.mark(None, "wake")
                 delay = 0.2
             except Exception as exc:  # noqa: BLE001 - the dispatcher must outlive one bad pass
@@ -209,11 +248,8 @@ class Dispatcher:
                 if owner or int(jid) not in source:  # a user's queue names it best
                     source[int(jid)] = owner
         ids = sorted(source)
-        pipe = self.r.pipeline(transaction=False)
-        for jid in ids:
-            pipe.hmget(self.keys.job(jid), *Waiting.FIELDS)
         jobs = []
-        for jid, values in zip(ids, pipe.execute(), strict=True):
+        for jid, values in zip(ids, read_fields(self.r, [self.keys.job(j) for j in ids], Waiting.FIELDS), strict=True):
             try:
                 job = Waiting.parse_cached(jid, values)
             except InvalidRecord as exc:
@@ -247,23 +283,23 @@ class Dispatcher:
         """What the cards' reservations say: per card, when each is expected to end (for
         holds), and per user, placed-or-running jobs, reserved bytes and recent usage."""
         pipe = self.r.pipeline(transaction=False)
-        for card in cards:
-            pipe.hgetall(self.keys.card_jobs(card.node, card.index))
+        queue_fields(pipe, [self.keys.card_jobs(c.node, c.index) for c in cards], ())
         pipe.zrevrange(self.keys.recent_runtime_users, 0, estimates.RECENT_USERS - 1)
         *replies, recent_users = pipe.execute()
-        held = [(card, {int(k): int(v) for k, v in raw.items()}) for card, raw in zip(cards, replies, strict=True)]
+        held = [(card, {int(k): int(v) for k, v in zip(flat[::2], flat[1::2], strict=True)})
+                for card, flat in zip(cards, fields_of(replies), strict=True)]
         ids = sorted({jid for _card, jobs in held for jid in jobs})
         pipe = self.r.pipeline(transaction=False)
         estimates.queue_recent(pipe, self.keys, recent_users)
-        for jid in ids:
-            pipe.hmget(self.keys.job(jid), "user", "gpu_memory", "cards", "started_at", "assigned_at",
-                       "expected_seconds", "cautious_seconds", "time_limit")
+        queue_fields(pipe, [self.keys.job(jid) for jid in ids], (
+            "user", "gpu_memory", "cards", "started_at", "assigned_at", "expected_seconds", "cautious_seconds",
+            "time_limit"))
         read = pipe.execute()
         recent = read[:len(recent_users)]
         self._prior = estimates.Prior(estimates.decode_recent([v for values in recent for v in values]))
         info: dict[int, tuple[str, int, int, float, float, float]] = {}
         for jid, (user, memory, card_list, started, assigned, expected, cautious, limit) in zip(
-                ids, read[len(recent_users):], strict=True):
+                ids, fields_of(read[len(recent_users):]), strict=True):
             try:
                 began = float(started or assigned or now)
                 if not 0.0 < began <= now + 3600:  # a damaged stamp: its end is unknown, never "inf ago"
@@ -350,16 +386,21 @@ class Dispatcher:
         has held for less than backfill_estimate_delay_seconds, or its sure end (time limit)
         if earlier; after that only the sure end; None when neither (it may backfill only by
         leaving room)."""
-        ends = self._backfill_ends.get(job.id)
-        if ends is None:  # the same for every hold this round: worked out once per job
-            found = self.estimate(job)
-            ends = self._backfill_ends[job.id] = (
-                self.sure_end(job, now), now + found.cautious + START_SLACK_S if found.backfills else None)
-        sure, estimated = ends
+        sure, estimated = self.backfill_ends(job, now)
         budget = self.settings.backfill_estimate_delay_seconds
         if estimated is None or budget <= 0 or now > held_since + budget:
             return sure
         return estimated if sure is None else min(sure, estimated)
+
+    def backfill_ends(self, job: Waiting, now: float) -> tuple[float | None, float | None]:
+        """(sure end, cautious estimated end) of ``job`` started now, as backfill_end takes them
+        (epoch s, None when unknown): the same for every hold this round, worked out once per job."""
+        ends = self._backfill_ends.get(job.id)
+        if ends is None:
+            found = self.estimate(job)
+            ends = self._backfill_ends[job.id] = (
+                self.sure_end(job, now), now + found.cautious + START_SLACK_S if found.backfills else None)
+        return ends
 
     def effective_rank(self, job: Waiting | Job, now: float) -> int:
         """Priority rank after aging (0 = high)."""
@@ -427,8 +468,10 @@ class Dispatcher:
                     self.settings.fair_share and len(limits) > 1):
                 snapshot.get()
             holds = _Holds(self, snapshot, now)
+            view = _View(cards, pools, snapshot, now, self._intern)
             self._nodes = None
             self._backfill_ends = {}
+            self._never = {}
             smallest = min(j.gpu_memory for j in waiting)
             progressed = refused = False
 
@@ -441,13 +484,14 @@ class Dispatcher:
                     continue
                 if over_limit(job.user, snapshot.team.load(job.user), job.gpu_memory, job.gpus, limits[job.user]):
                     continue  # it could not start anyway: no cards held for it
-                mine = [c for c in cards if pools.contains(job.pool, c.node, c.index)]
+                mine = view.mine(job.pool)
                 request = Request(job.gpu_memory, job.gpus)
-                if mine and place(holds.open_to(job, mine, request), request, self.settings.scheduler_type) is None \
-                        and not never_fits(mine, request):
+                if mine and (not view.could_place(job.pool, request) or place(
+                        holds.open_to(job, mine, request, view), request, self.settings.scheduler_type) is None) \
+                        and not self._never_fits(job.pool, mine, request):
                     blocked.add(job.id)
-                    hold = holds.plan(job, mine, request)
-                    self._note_wait(job, mine, request, 0, hold, holds, now)  # the main loop may stop early
+                    hold = holds.plan(job, view, request)
+                    self._note_wait(job, request, 0, hold, holds, view, now)  # the main loop may stop early
                     self._mark_holding(job, hold, now)
             started_before = started
             for position, job in enumerate(self.fair_order(waiting, snapshot.team, now)):
@@ -456,8 +500,8 @@ class Dispatcher:
                     self._end_unschedulable(job, f"pool {job.pool!r} is no longer configured")
                     progressed = True
                     continue
-                mine = [c for c in cards if pools.contains(job.pool, c.node, c.index)]
-                impossible = never_fits(mine, request) if cards else None
+                mine = view.mine(job.pool)
+                impossible = self._never_fits(job.pool, mine, request) if cards else None
                 if impossible:
                     where = f"in pool {job.pool!r}: " if job.pool else ""
                     self._end_unschedulable(job, where + impossible)
@@ -471,19 +515,22 @@ class Dispatcher:
                 limit = over_limit(job.user, snapshot.team.load(job.user), job.gpu_memory, job.gpus,
                                    limits[job.user])
                 if limit:
-                    self._note(job, explain(WaitFacts(request=request, cards=mine, limit=limit, now=now)))
+                    self._note(job, self._explain(WaitFacts(request=request, cards=mine, limit=limit, now=now), view,
+                                                  not view.could_place(job.pool, request)))
                     continue
                 if job.id in blocked and started == started_before:
                     placement = None  # nothing changed since it was found blocked
+                elif not view.could_place(job.pool, request):
+                    placement = None  # no node of its pool has the room, held or not
                 else:
-                    placement = place(holds.open_to(job, mine, request), request, self.settings.scheduler_type,
+                    placement = place(holds.open_to(job, mine, request, view), request, self.settings.scheduler_type,
                                       smallest_waiting=smallest)
                 if placement is None:
                     hold = holds.of(job.id)
                     if hold is None and now - job.created_at >= self.hold_after(job, now):
-                        hold = holds.plan(job, mine, request)
+                        hold = holds.plan(job, view, request)
                         self._mark_holding(job, hold, now)
-                    self._note_wait(job, mine, request, position, hold, holds, now)
+                    self._note_wait(job, request, position, hold, holds, view, now)
                     if eligible and holds.close_all(eligible):
                         break  # every card is held for a job ahead and nothing can backfill
                     continue
@@ -502,6 +549,8 @@ class Dispatcher:
                          list(placement.cards), detail)
                 self.send_start(job.id, detail, placement.node, placement.cards[0])
                 cards = _with_reservation(cards, placement.node, placement.cards, job.gpu_memory)
+                view = view.after_start(cards, [card_id(placement.node, i) for i in placement.cards])
+                holds.started_on(card_id(placement.node, i) for i in placement.cards)
                 if snapshot.loaded:  # else a later read sees this reservation in Redis
                     releases, team = snapshot.get()
                     end = self.release_estimate(job, now)
@@ -534,18 +583,56 @@ class Dispatcher:
                                error_queue=True, expect=JobState.PENDING)
         log.warning("job %s: unschedulable: %s", job.id, why)
 
-    def _note_wait(self, job: Waiting, cards: list[CardState], request: Request, ahead: int,
-                   hold: Hold | None, holds: _Holds, now: float) -> None:
+    def _note_wait(self, job: Waiting, request: Request, ahead: int, hold: Hold | None, holds: _Holds,
+                   view: _View, now: float) -> None:
         """Word why ``job`` waits with rig.waiting.explain (the one place waits are worded),
-        from what this round knows: the cards closed to it by other jobs' holds, its own hold,
-        its place in the run order and the nodes' states (read once per round)."""
-        open_ids = {c.id for c in holds.open_to(job, cards, request)}
-        held = {c.id: holds.by_card[c.id] for c in cards if c.id not in open_ids and c.id in holds.by_card}
+        from what this round knows: the cards of its pool closed to it by other jobs' holds, its
+        own hold, its place in the run order and the nodes' states (read once per round)."""
         if self._nodes is None:
             self._nodes = NodeRegistry(self.r, self.keys).read()
-        self._note(job, explain(WaitFacts(
-            request=request, cards=cards, nodes=self._nodes, held=held, own_hold=hold, ahead=ahead,
-            dispatcher=True, pool=job.pool, strategy=self.settings.scheduler_type, now=now)))
+            self._nodes_token = self._intern(nodes_token(self._nodes))
+        closed, token = holds.closed_with_token(job, request, view)
+        nowhere = not view.could_place(job.pool, request)
+        facts = WaitFacts(
+            request=request, cards=view.mine(job.pool), nodes=self._nodes, held=closed, own_hold=hold, ahead=ahead,
+            dispatcher=True, pool=job.pool, strategy=self.settings.scheduler_type, now=now, fits_nowhere=nowhere)
+        self._note(job, self._explain(facts, view, nowhere, token))
+
+    def _explain(self, facts: WaitFacts, view: _View, fits_nowhere: bool, held: Hashable | None = None) -> str:
+        """rig.waiting.explain(facts), its body remembered by rig.waiting.body_key: worded once
+        per change and once for all jobs alike, the tail (jobs ahead, own hold) per job."""
+        key = body_key(facts, view.token(fits_nowhere), self._nodes_token if facts.nodes else (), held)
+        found = self._explained.get(key) if key is not None else None
+        if found is None:
+            found = explain_body(facts)
+            if len(self._explained) >= EXPLAINED_CACHE:
+                # The older half goes (most are one-off: the views between a round's starts);
+                # what the passes keep asking for stays. Stand-ins are never reused, so a key
+                # made with a forgotten one just misses.
+                for old in (self._explained, self._interned):
+                    for stale in list(itertools.islice(old, len(old) // 2)):
+                        del old[stale]
+            if key is not None:
+                self._explained[key] = found
+        body, counts_ahead = found
+        return body + explain_tail(facts, counts_ahead)
+
+    def _intern(self, token: Hashable) -> int:
+        """A small stand-in for a large token (all cards as explain reads them, a set of held
+        cards): hashed once here rather than at every sentence looked up. Never reused for
+        another token (a counter), so a stand-in forgotten with the sentences cannot mislead."""
+        found = self._interned.get(token)
+        if found is None:
+            found = self._interned[token] = next(self._versions)
+        return found
+
+    def _never_fits(self, pool: str | None, mine: list[CardState], request: Request) -> str | None:
+        """rig.placement.never_fits, once per pool and request in a round (it reads only what a
+        start leaves as it was: the cards' sizes and whether they are gone)."""
+        key = (pool, request)
+        if key not in self._never:
+            self._never[key] = never_fits(mine, request)
+        return self._never[key]
 
     def _note(self, job: Waiting, reason: str) -> None:
         """Set a waiting job's reason (written with the round's others, in one pipeline). An
@@ -568,43 +655,116 @@ class Dispatcher:
 class _Holds:
     """The cards held during one dispatcher round for jobs that could not start (EASY's
     reservations), with the aged rank of each holder: a hold binds only jobs of the same or a
-    lower priority, and only where they could delay the holder (rig.placement.may_backfill)."""
+    lower priority, and only where they could delay the holder (rig.placement.may_backfill).
+    A job holds at most one set of cards, and no card is held twice (plans exclude held cards)."""
 
     def __init__(self, dispatcher: Dispatcher, snapshot: _Lazy, now: float) -> None:
         self.dispatcher = dispatcher
         self.snapshot = snapshot
         self.now = now
         self.by_card: dict[str, Hold] = {}
+        self.by_job: dict[int, Hold] = {}
         self.rank: dict[str, int] = {}
         self.held_since: dict[int, float] = {}  # held job id -> when it first held cards
+        self.order: list[str] = []  # held card ids, in the order their holds were planned
+        #: Changes when a job starts on a held card (its room, its releases: what closed_to reads).
+        self.version = 0
+        #: (version, pool, rank, request, backfill ends) -> [closed cards, holds looked at (a
+        #: length of ``order``), interned held_token]: what closed_to answers depends on nothing
+        #: else, so jobs alike share one answer; a hold planned later is looked at once for it.
+        self._closed: dict[tuple, list] = {}
+        self._parts: dict[str, tuple] = {}  # held card id -> its rig.waiting.held_part (a hold never changes)
 
     def of(self, job_id: int) -> Hold | None:
-        return next((h for h in self.by_card.values() if h.job_id == job_id), None)
+        return self.by_job.get(job_id)
 
-    def open_to(self, job: Waiting, mine: list[CardState], request: Request) -> list[CardState]:
-        """The cards of ``mine`` that ``job`` may take now (its own held cards included)."""
+    def closed_to(self, job: Waiting, request: Request, view: _View) -> dict[str, Hold]:
+        """The held cards of ``job``'s pool that it may not take now (card id -> hold): held for
+        another job of the same or a higher aged rank, where ``job`` could delay it. Never
+        changed by the caller (shared by jobs alike)."""
+        return self.closed_with_token(job, request, view)[0]
+
+    def closed_with_token(self, job: Waiting, request: Request, view: _View) -> tuple[dict[str, Hold], Hashable]:
+        """closed_to, and a stand-in for its rig.waiting.held_token."""
         if not self.by_card:
-            return mine
+            return {}, ()
         rank = self.dispatcher.effective_rank(job, self.now)
-        out = []
+        key = (self.version, job.pool, rank, request, self.dispatcher.backfill_ends(job, self.now))
+        found = self._closed.get(key)
+        if found is None:
+            found = self._closed[key] = [{}, 0, None]
+        closed, seen, token = found
+        if seen < len(self.order) or token is None:
+            before = len(closed)
+            self._close(closed, job, rank, request, view.by_id, self.order[seen:])
+            if token is None or len(closed) != before:
+                found[2] = token = self._token_of(closed)
+            found[1] = len(self.order)
+        own = self.by_job.get(job.id)
+        if own is not None and any(cid in closed for cid in own.cards):
+            # Its own held cards are open to it: the shared answer was for a job holding none.
+            mine = {cid: h for cid, h in closed.items() if h.job_id != job.id}
+            return mine, self._token_of(mine)
+        return closed, token
+
+    def _token_of(self, closed: dict[str, Hold]) -> Hashable:
+        """A stand-in for rig.waiting.held_token(closed): the set of its cards' parts
+        (rig.waiting.held_part, worded once per held card and round), so the order in which a
+        pass happened to close them (fair share may reorder users between passes) does not matter."""
+        for cid in closed.keys() - self._parts.keys():
+            self._parts[cid] = held_part(cid, closed[cid], self.now)
+        return self.dispatcher._intern(frozenset(map(self._parts.__getitem__, closed)))
+
+    def started_on(self, card_ids: Iterable[str]) -> None:
+        """A job started on these cards: answers that read them (held ones) are out of date."""
+        if any(cid in self.by_card for cid in card_ids):
+            self.version += 1
+
+    def _close(self, closed: dict[str, Hold], job: Waiting, rank: int, request: Request,
+               by_id: Mapping[str, CardState], held: list[str]) -> None:
+        """Add to ``closed`` those of the ``held`` cards closed to ``job`` (closed_to, worked out
+        for them only); ``job``'s own holds count as another's."""
+        pools = self.dispatcher.settings.pool_map
         ends: dict[int, float | None] = {}  # held job id -> this job's end as backfill in front of it
-        for card in mine:
-            hold = self.by_card.get(card.id)
-            if hold is None or hold.job_id == job.id or self.rank[card.id] > rank:
-                out.append(card)
+        for cid in held:
+            hold = self.by_card[cid]
+            if self.rank[cid] > rank:
+                continue
+            card = by_id.get(cid)
+            if card is None or not pools.contains(job.pool, card.node, card.index):
                 continue
             since = self.held_since.get(hold.job_id, self.now)
             if hold.job_id not in ends:
                 ends[hold.job_id] = self.dispatcher.backfill_end(job, self.now, since)
-            if may_backfill(card, self.snapshot.get()[0].get(card.id, ()), hold, request, ends[hold.job_id],
-                            since):
-                out.append(card)
-        return out
+            if not may_backfill(card, self.snapshot.get()[0].get(cid, ()), hold, request, ends[hold.job_id], since):
+                closed[cid] = hold
 
-    def plan(self, job: Waiting, mine: list[CardState], request: Request) -> Hold | None:
-        hold = plan_hold(mine, self.snapshot.get()[0], request, self.now, job.id, exclude=set(self.by_card))
+    def open_to(self, job: Waiting, mine: list[CardState], request: Request,
+                view: _View | None = None) -> list[CardState]:
+        """The cards of ``mine`` that ``job`` may take now (its own held cards included). With
+        ``view`` (the dispatcher's round), ``mine`` are that view's cards of the job's pool and
+        the answer is shared by jobs alike; without (rig.forecast's simulated cards, any subset),
+        it is worked out for these cards alone."""
+        if view is not None:
+            closed = self.closed_to(job, request, view)
+        else:
+            closed = {}
+            self._close(closed, job, self.dispatcher.effective_rank(job, self.now), request,
+                        {c.id: c for c in mine}, self.order)
+            closed = {cid: h for cid, h in closed.items() if h.job_id != job.id}
+        return [c for c in mine if c.id not in closed] if closed else mine
+
+    def plan(self, job: Waiting, cards: _View | Sequence[CardState], request: Request) -> Hold | None:
+        """Hold cards for ``job`` (rig.placement.plan_hold) outside those held already: from the
+        round's view (its HoldPlanner), or from a list of cards (rig.forecast's simulation)."""
+        if isinstance(cards, _View):
+            hold = cards.planner(job.pool).plan(request, job.id, exclude=self.by_card)
+        else:
+            hold = plan_hold(cards, self.snapshot.get()[0], request, self.now, job.id, exclude=self.by_card)
         if hold:
             self.by_card.update(dict.fromkeys(hold.cards, hold))
+            self.order.extend(hold.cards)
+            self.by_job[job.id] = hold
             self.held_since[job.id] = job.held_at or self.now
             self.rank.update(dict.fromkeys(hold.cards, self.dispatcher.effective_rank(job, self.now)))
         return hold
@@ -612,6 +772,85 @@ class _Holds:
     def close_all(self, eligible: set[str]) -> bool:
         """Is every eligible card held, with no known end (nothing can backfill anywhere)?"""
         return eligible <= set(self.by_card) and all(h.until == math.inf for h in self.by_card.values())
+
+
+class _View:
+    """The cards of one dispatcher round as its jobs see them, until a start changes them (then
+    a new view): each pool's cards, what they could place (rig.placement.Capacity), hold plans
+    (HoldPlanner) and the token wait sentences are remembered by, each worked out once per pool
+    on first use instead of once per job."""
+
+    def __init__(self, cards: list[CardState], pools: Pools, snapshot: _Lazy, now: float,
+                 intern: Callable[[Hashable], int], positions: dict[str, int] | None = None) -> None:
+        self.cards = cards
+        self.by_id = {c.id: c for c in cards}
+        self.positions = positions if positions is not None else {c.id: i for i, c in enumerate(cards)}
+        self.pools = pools
+        self.snapshot = snapshot
+        self.now = now
+        self._intern = intern
+        #: rig.waiting.cards_token of the cards (with and without temperatures), worked out on
+        #: first use: equal across views and passes that see the same cards, so what was worded
+        #: for them is found again.
+        self._big: dict[bool, tuple] = {}
+        self._tokens: dict[bool, Hashable] = {}
+        #: After a start: the view before it and the positions of the cards the start changed
+        #: (this view's token is that view's with those cards' parts replaced: O(changed)).
+        self._before: tuple[_View, list[int]] | None = None
+        self._mine: dict[str | None, list[CardState]] = {}
+        self._capacity: dict[str | None, Capacity] = {}
+        self._planners: dict[str | None, HoldPlanner] = {}
+
+    def mine(self, pool: str | None) -> list[CardState]:
+        """The cards a job of ``pool`` may use (all of them without a pool)."""
+        found = self._mine.get(pool)
+        if found is None:
+            found = self._mine[pool] = [c for c in self.cards if self.pools.contains(pool, c.node, c.index)]
+        return found
+
+    def could_place(self, pool: str | None, request: Request) -> bool:
+        """Could some node of the pool take ``request`` now, holds aside? (False: place is None.)"""
+        capacity = self._capacity.get(pool)
+        if capacity is None:
+            capacity = self._capacity[pool] = Capacity(self.mine(pool))
+        return capacity.could_place(request)
+
+    def planner(self, pool: str | None) -> HoldPlanner:
+        found = self._planners.get(pool)
+        if found is None:
+            found = self._planners[pool] = HoldPlanner(self.mine(pool), self.snapshot.get()[0], self.now)
+        return found
+
+    def after_start(self, cards: list[CardState], changed: list[str]) -> _View:
+        """The view once a job started on ``changed`` (card ids), whose records ``cards`` carry."""
+        view = _View(cards, self.pools, self.snapshot, self.now, self._intern, self.positions)
+        view._before = (self, [self.positions[cid] for cid in changed])
+        return view
+
+    def token(self, fits_nowhere: bool) -> Hashable:
+        """A small stand-in for the cards as explain reads them."""
+        if fits_nowhere not in self._tokens:
+            self._tokens[fits_nowhere] = self._intern(self._cards_token(fits_nowhere))
+        return self._tokens[fits_nowhere]
+
+    def _cards_token(self, fits_nowhere: bool) -> tuple:
+        # Back along the starts to a view whose token is known (or the round's first), then
+        # forward, replacing the parts each start changed: a loop, as a round may start thousands.
+        chain: list[_View] = []
+        view: _View | None = self
+        while view is not None and fits_nowhere not in view._big:
+            chain.append(view)
+            view = view._before[0] if view._before is not None else None
+        for view in reversed(chain):
+            if view._before is None:
+                view._big[fits_nowhere] = cards_token(view.cards, fits_nowhere=fits_nowhere)
+                continue
+            before, changed = view._before
+            parts = list(before._big[fits_nowhere])
+            for position in changed:
+                parts[position] = card_token(view.cards[position], fits_nowhere=fits_nowhere)
+            view._big[fits_nowhere] = tuple(parts)
+        return self._big[fits_nowhere]
 
 
 class _Lazy:

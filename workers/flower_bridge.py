@@ -14,12 +14,22 @@ Runs in the control worker; it acts only
 * while that worker's dispatcher leads (``sched:leader``): one bridge per cluster, so a move is
   told once however many nodes run a control worker.
 
-When it starts to tell (a Flower turned task events on, the lead moved here, the subscription
-came back) it first tells the present state of every job not ended yet, and the end of every
-job it last told as not ended (``flower:told``), so a Flower started late shows the jobs that
-wait and run, and a job that ended while no bridge listened does not stay STARTED. A state is
-told once (its attempt included), so this never counts a job twice in Flower's counters; each
-event carries the time of its move (rig.task_events), so one told late shows the true times.
+A state is told once (its attempt included, ``flower:told``); each event carries the time of
+its move (rig.task_events), so one told late shows the true times. Every RESYNC_S it tells what
+a dropped move left untold: the present state of every job not ended yet, and the end of every
+job it last told as not ended (it ended while no bridge listened).
+
+What was told is not what a Flower heard: a Flower that (re)starts (after a crash, a ``rig
+down``, its history file deleted, a second one) missed what was told while it was away. Each
+Flower says when it starts listening: its event receiver broadcasts ``heartbeat`` to the workers
+once it consumes (celery.events.EventReceiver, ``wakeup``), which rig's control worker passes on
+(:meth:`FlowerBridge.listener_joined`, workers.remote_control). Then, and whenever it starts
+to tell (a Flower turned task events on, this worker started or took the lead, the subscription
+came back: what a Flower heard meanwhile is unknown), the bridge tells *again* the present state
+of every job not ended yet, and the end of every job that ended in the last ENDED_KEEP_S (at
+most ENDED_MAX; the very event told then, kept in ``flower:ended_events``, so a job since
+archived is told the same). A Flower that already had them counts nothing twice (rig's Flower
+skips an event it has applied already: workers.flower_patches).
 
 Best effort and bounded: events never wait on, slow down or fail a job. The channel is read on
 one thread into a queue of at most QUEUE_MAX moves (when full, moves are dropped and counted);
@@ -30,6 +40,7 @@ starts telling, then every RESYNC_S); rig's own records stay the truth (``rig sh
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -55,6 +66,14 @@ LEADER_CHECK_S = 1.0
 #: How often the bridge checks, while it tells, that Flower was told every job's present state
 #: (s): a move dropped (full queue) or a message Redis did not deliver is told by then.
 RESYNC_S = 60.0
+#: How long (s) and how many of the ends told are kept, to tell them again to a Flower that
+#: (re)starts: one down longer, or more jobs ended meanwhile, shows the older ends as they were.
+ENDED_KEEP_S = 3600.0
+ENDED_MAX = 2000
+
+#: One move to tell: (job id, the state it moved to, None: the state its record says when told;
+#: again: told even if told already, a Flower (re)started).
+Move = tuple[int, "JobState | None", bool]
 
 
 class FlowerBridge:
@@ -75,9 +94,10 @@ class FlowerBridge:
         self._leads = leads
         self._connect = connect
         self._dispatcher_cls = dispatcher_cls
-        #: (job id, the state it moved to; None: the state its record says when told).
-        self.moves: queue.Queue[tuple[int, JobState | None]] = queue.Queue(maxsize=QUEUE_MAX)
+        self.moves: queue.Queue[Move] = queue.Queue(maxsize=QUEUE_MAX)
         self.stop_event = threading.Event()
+        #: Set when a Flower started listening: everything is told again (listener_joined).
+        self.retell = threading.Event()
         self.sent = 0
         self.dropped = 0
         self._leader_seen: tuple[float, bool] = (0.0, False)
@@ -92,6 +112,12 @@ class FlowerBridge:
 
     def stop(self) -> None:
         self.stop_event.set()
+
+    def listener_joined(self) -> None:
+        """A Flower (or any event receiver) has just started listening: it missed what was told
+        before, so tell the present state and the recent ends again (module doc). Returns at
+        once (called from Celery's control handler)."""
+        self.retell.set()
 
     # -- listening ------------------------------------------------------------------------
     def wanted(self) -> bool:
@@ -113,7 +139,7 @@ class FlowerBridge:
         not (malformed, not wanted now, or the queue is full: then counted as dropped)."""
         try:
             raw_id, raw_state = message.split()
-            move = (int(raw_id), JobState(raw_state))
+            move: Move = (int(raw_id), JobState(raw_state), False)
         except ValueError:
             return False
         if move[1] is JobState.ASSIGNED or not self.wanted():
@@ -126,22 +152,37 @@ class FlowerBridge:
             return False
         return True
 
-    def resync(self) -> int:
+    def resync(self, again: bool = False) -> int:
         """Queue, to be told if Flower has not been told it yet, the present state of every job
         not ended yet and of every job whose last told state was not its end (it ended while
         no bridge listened): this bridge has just started to tell (task events turned on by a
-        Flower, the lead taken over, the subscription lost). Returns how many were queued."""
+        Flower, the lead taken over, the subscription lost). ``again``: a Flower (re)started,
+        so all of that is told even if told already, and the recent ends too
+        (``flower:ended``). Returns how many were queued."""
+        self.forget_old_ends()
         ids = set(self.r.hkeys(self.keys.flower_told))
         for state in (JobState.PENDING, JobState.ASSIGNED, JobState.RUNNING):
             ids.update(str(i) for i in self.store.ids_in_state(state))
+        if again:
+            ids.update(self.r.zrange(self.keys.flower_ended, 0, -1))
         queued = 0
         for job_id in sorted(int(i) for i in ids if str(i).isdigit()):
             try:
-                self.moves.put_nowait((job_id, None))
+                self.moves.put_nowait((job_id, None, again))
             except queue.Full:
                 break
             queued += 1
         return queued
+
+    def forget_old_ends(self) -> None:
+        """Keep the ends told in the last ENDED_KEEP_S, at most ENDED_MAX (the newest)."""
+        old = self.r.zrangebyscore(self.keys.flower_ended, "-inf", time.time() - ENDED_KEEP_S)
+        old += self.r.zrange(self.keys.flower_ended, 0, -(ENDED_MAX + 1))
+        if old:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.zrem(self.keys.flower_ended, *old)
+            pipe.hdel(self.keys.flower_ended_events, *old)
+            pipe.execute()
 
     def _listen(self) -> None:
         telling = False
@@ -156,8 +197,14 @@ class FlowerBridge:
                         self.offer(message["data"])
                     # Subscribed first, then the snapshot: no move falls between the two.
                     was, telling = telling, self.wanted()
-                    if telling and not was:
-                        log.info("Flower events: telling job moves (%s jobs to check)", self.resync())
+                    if telling and (not was or self.retell.is_set()):
+                        # Starting to tell (this worker just started, took the lead or got its
+                        # subscription back), or a Flower started listening: what any Flower
+                        # heard before is unknown, so everything is told again (a Flower's wake-
+                        # up may even have come before this bridge existed). Kept set until then.
+                        self.retell.clear()
+                        log.info("Flower events: telling job moves; telling again what waits, runs and "
+                                 "ended lately (%s jobs)", self.resync(again=True))
                         next_resync = time.monotonic() + RESYNC_S
                     elif telling and time.monotonic() >= next_resync:
                         self.resync()  # what a dropped move or message left untold
@@ -180,20 +227,27 @@ class FlowerBridge:
     def _send_loop(self) -> None:
         while not self.stop_event.is_set():
             try:
-                job_id, state = self.moves.get(timeout=0.5)
+                job_id, state, again = self.moves.get(timeout=0.5)
             except queue.Empty:
                 continue
             try:
-                self.tell(job_id, state)
+                self.tell(job_id, state, again)
             except Exception as exc:  # noqa: BLE001 - an event must never stop the bridge
                 self._drop_connection()
                 self._say(f"Flower events: not sent ({type(exc).__name__}: {str(exc)[:200]})")
 
-    def tell(self, job_id: int, state: JobState | None) -> bool:
+    def tell(self, job_id: int, state: JobState | None, again: bool = False) -> bool:
         """Send the task event of ``job_id``'s move to ``state`` (None: the state its record
         says now), read from its record now, unless that very state of that very attempt was
         told already (``flower:told``): a move is told once, however often it is queued.
-        Returns whether an event was sent."""
+        ``again`` (a Flower (re)started): told even so; a job whose end was told lately is
+        told that same end event again (``flower:ended_events``). Returns whether an event
+        was sent."""
+        if again and (saved := self.r.hget(self.keys.flower_ended_events, job_id)):
+            hostname, kind, fields = json.loads(saved)
+            self._dispatcher(hostname).send(kind, **fields)
+            self.sent += 1
+            return True
         try:
             job = self.store.get(job_id, without=("env",))
         except JobNotFound:
@@ -203,18 +257,24 @@ class FlowerBridge:
             return False  # nothing of a damaged record is shown
         state = state or (JobState.PENDING if job.state is JobState.ASSIGNED else job.state)
         told = f"{state.value}:{job.attempt}"
-        if not state.terminal and self.r.hget(self.keys.flower_told, job_id) == told:
+        if not again and not state.terminal and self.r.hget(self.keys.flower_told, job_id) == told:
             return False
         event = event_for(job, state)
         if event is None:
             return False
         kind, fields = event
-        self._dispatcher(worker_of(job, state) or self.hostname).send(kind, **fields)
+        hostname = worker_of(job, state) or self.hostname
+        self._dispatcher(hostname).send(kind, **fields)
         self.sent += 1
+        pipe = self.r.pipeline(transaction=False)
         if state.terminal:
-            self.r.hdel(self.keys.flower_told, job_id)  # nothing more to tell: the hash holds live jobs
+            pipe.hdel(self.keys.flower_told, job_id)  # nothing more to tell: the hash holds live jobs
+            # ... but a Flower that (re)starts is told it again (listener_joined).
+            pipe.hset(self.keys.flower_ended_events, job_id, json.dumps([hostname, kind, fields]))
+            pipe.zadd(self.keys.flower_ended, {str(job_id): time.time()})
         else:
-            self.r.hset(self.keys.flower_told, job_id, told)
+            pipe.hset(self.keys.flower_told, job_id, told)
+        pipe.execute()
         return True
 
     def _dispatcher(self, hostname: str) -> Any:  # noqa: ANN401 - celery.events.EventDispatcher

@@ -177,10 +177,10 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
                     job.id, job.state.value)
         return 0, job.state
     def largest() -> int:
-        """The largest usable card, on the job's node if it has any (read only when needed)."""
-        cards = [c for c in ledger.cards() if c.allowed]
-        return max((c.usable for c in cards if c.node == job.node), default=0) or max(
-            (c.usable for c in cards), default=job.gpu_memory)
+        """The largest usable card, on the job's node if it has any (read only when needed: the
+        node's cards alone, every card only when the node has none allowed)."""
+        here = max((c.usable for c in ledger.cards(job.node) if c.allowed), default=0) if job.node else 0
+        return here or max((c.usable for c in ledger.cards() if c.allowed), default=job.gpu_memory)
 
     # When it ended, as measured where it ran (rig.clock): never when Redis took the write.
     ended_at = end.ended_at if end.ended_at is not None else shared_now(ledger.r)

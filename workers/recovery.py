@@ -20,6 +20,7 @@ from rig.stack import running_pid
 from rig.store import JobStore
 from workers.health import JobProcess, node_identity
 from workers.process_tree import stop_tree
+from workers.unrecorded import UNRECORDED_FIELD
 
 
 @dataclass
@@ -69,6 +70,18 @@ def inspect(settings: Settings) -> Recovery:
     return Recovery(found.verdict, unrecorded)
 
 
+def clear_unrecorded(settings: Settings) -> str | None:
+    """Remove the node's unrecorded-jobs line (workers.unrecorded) once nothing unrecorded runs
+    here (inspect found none): what is left is an ending Redis lost, which the operator has now
+    seen. Returns the line removed, or None."""
+    client = connect(settings.redis_url)
+    key = Keys(settings.key_prefix).node(settings.node_name)
+    line = client.hget(key, UNRECORDED_FIELD)
+    if line:
+        client.hdel(key, UNRECORDED_FIELD)
+    return line or None
+
+
 def stop_and_join(settings: Settings, say: Callable[[str], None] = print) -> Recovery:
     """Stop every job process of the old installation on this node (SIGTERM to each job's
     session, SIGKILL after kill_grace_seconds; their logs stay in log_dir), then join the
@@ -83,7 +96,7 @@ def stop_and_join(settings: Settings, say: Callable[[str], None] = print) -> Rec
         stop_tree(sid, settings.kill_grace_seconds)
         found.stopped.append(proc.job_id)
     client = connect(settings.redis_url)
-    client.hdel(Keys(settings.key_prefix).node(settings.node_name), "unrecorded_jobs")
+    client.hdel(Keys(settings.key_prefix).node(settings.node_name), UNRECORDED_FIELD)
     if not found.verdict.mismatch:
         return found
     found.joined = Installation(client, Keys(settings.key_prefix), settings.run_dir, settings.node_name).join()

@@ -12,9 +12,17 @@ worker. Two kinds would act behind rig's back, so rig's workers answer them diff
   is an admin login: it may stop anyone's job (rig.ownership, as an admin), and the job's
   record says ``cancelled by Flower (admin login)``. Card workers leave it to the control
   worker, and every other task id goes to Celery's own revoke.
-* **shutdown, pool_grow, pool_shrink, pool_restart, autoscale** are refused on card and control
-  workers with one line: a card worker shut down from Flower would leave its card unwatched
-  while rig up restarts it; its pool size is the card's ``max_task_per_gpu``.
+* **shutdown, pool_grow, pool_shrink, pool_restart, autoscale, add_consumer, cancel_consumer,
+  rate_limit, time_limit** are refused on card and control workers with one line: a card worker
+  shut down from Flower would leave its card unwatched while rig up restarts it; its pool size is
+  the card's ``max_task_per_gpu``; its queue is its card's (a cancelled consumer leaves the
+  card's jobs ASSIGNED for ever, an added one runs another card's jobs); a rate limit on
+  ``rig.start_job`` holds a card's jobs back, and a time limit means nothing to a job (its
+  limit is rig's ``--timeout``).
+
+And one is passed on: **heartbeat**, which a Flower's event receiver broadcasts once it listens
+(celery.events.EventReceiver ``wakeup``), tells the control worker's Flower bridge that a Flower
+(re)started and missed what was told before (workers.flower_bridge.FlowerBridge.listener_joined).
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ from rig.task_events import job_of
 log = logging.getLogger(__name__)
 
 #: Worker controls that would change a rig worker behind rig's back.
-REFUSED = ("shutdown", "pool_grow", "pool_shrink", "pool_restart", "autoscale")
+REFUSED = ("shutdown", "pool_grow", "pool_shrink", "pool_restart", "autoscale",
+           "add_consumer", "cancel_consumer", "rate_limit", "time_limit")
 #: The roles (RIG_ROLE) of the workers `rig up` starts.
 WORKER_ROLES = ("card", "control")
 #: Who the record names as having stopped a job from Flower.
@@ -49,10 +58,13 @@ def refusal(command: str, hostname: str) -> str:
             "`rig down` stops a node (its jobs keep running), `rig kill ID` stops a job")
 
 
-def install(stop_job: StopJob | None, role: str | None = None) -> None:
+def install(stop_job: StopJob | None, role: str | None = None,
+            listener_joined: Callable[[], None] | None = None) -> None:
     """Put rig's answers in Celery's control registry for this worker process. ``stop_job``
     stops a job (the control worker); None: this worker leaves jobs to the control worker
-    (card workers). Workers of no rig role keep Celery's own answers."""
+    (card workers). ``listener_joined``: called when an event receiver (a Flower) says it has
+    started listening (the control worker's Flower bridge). Workers of no rig role keep
+    Celery's own answers."""
     role = os.environ.get("RIG_ROLE", "") if role is None else role
     if role not in WORKER_ROLES:
         return
@@ -60,6 +72,8 @@ def install(stop_job: StopJob | None, role: str | None = None) -> None:
         Panel.data[name] = _refused(name)
     Panel.data["revoke"] = _revoke_jobs(Panel.data["revoke"], stop_job)
     Panel.data["terminate"] = _terminate_jobs(Panel.data["terminate"], stop_job)
+    if listener_joined is not None:
+        Panel.data["heartbeat"] = _heartbeat(Panel.data["heartbeat"], listener_joined)
 
 
 def _hostname(state: Any) -> str:  # noqa: ANN401 - celery.worker.state
@@ -74,6 +88,17 @@ def _refused(command: str) -> Callable[..., dict]:
 
     handler.__name__ = command
     return handler
+
+
+def _heartbeat(celery_heartbeat: Callable[..., object], listener_joined: Callable[[], None]) -> Callable[..., object]:
+    def heartbeat(state: Any, *args: object, **kwargs: object) -> object:  # noqa: ANN401
+        try:
+            return celery_heartbeat(state, *args, **kwargs)
+        finally:
+            listener_joined()
+
+    heartbeat.__name__ = "heartbeat"
+    return heartbeat
 
 
 def _stop_all(jobs: list[tuple[int, str | None]], stop_job: StopJob | None) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -119,14 +120,18 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
 
 @cli.command()
 @click.argument("job_id")
+@click.option("--instance", metavar="HEX", help="That very job where its id was given again after Redis lost "
+              "its data: the first digits of its instance, as `rig jobs` shows them.")
 @JSON_OPTION
 @click.pass_context
 @handle_errors
-def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
+def show(ctx: click.Context, job_id: str, instance: str | None, as_json: bool) -> None:
     """Everything about one job; for a waiting job, why it waits and its estimated start."""
     client = client_from(ctx)
     client.ping()
-    job = client.get(job_id)
+    if instance is not None and not re.fullmatch(r"[0-9a-f]{1,16}", instance):
+        raise click.BadParameter("give the first hex digits of the instance, e.g. 3fa9c2", param_hint="--instance")
+    job = client.get(job_id, instance)
     why = client.why_waiting(job)  # the one explanation (rig.waiting), for the table and JSON alike
     start: dict[str, object] = {}
     if job.state is JobState.PENDING:  # rig.forecast: the one estimate, worded in one place
@@ -220,7 +225,7 @@ def errors(ctx: click.Context, clear_ids: tuple[str, ...], limit: int, as_json: 
     if as_json:
         click.echo(J.dumps([J.job_dict(j) for j in queued]))
         return
-    render_errors(queued, make_console())
+    render_errors(queued, make_console(), total=client.error_count())
 
 
 @cli.command()
@@ -326,7 +331,7 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
     adopted by the next `rig up`. Several servers share one Redis: `rig up --node b --redis URL`."""
     from rig.cli import lossy
     from rig.cli.daemon import daemon_reason, reason_path, write_reason
-    from rig.stack import Stack, UpOptions, running_pid
+    from rig.stack import Stack, UpOptions, already_up, running_pid
     from rig.supervision import safe_python
 
     if fake_gpus_opt:
@@ -345,7 +350,7 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
     if daemon:
         existing = running_pid(settings)
         if existing:
-            raise StackError(f"rig is already up on node {settings.node_name} (pid {existing}); `rig down` stops it")
+            raise StackError(already_up(settings.node_name, existing, only))
         # -P: a folder named rig in the working directory must not replace rig (rig.supervision).
         argv = safe_python("rig.cli.main")
         for key, value in overrides.items():
@@ -386,9 +391,9 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
                            "`rig down` stops it")
                 for line in read_notes(settings.run_dir, settings.node_name, kind="addresses"):
                     click.echo(line)  # where Flower and /metrics listen, and where the logins are
-                from rig.redis_writes import notices_at  # Redis full, read-only, may lose data
+                from rig.stack import redis_warnings  # no password, full, no fail-over in time...
 
-                for notice in notices_at(settings.redis_url):  # else only in up.log
+                for notice in redis_warnings(settings.redis_url):  # else only in up.log
                     click.echo(f"warning: {notice}", err=True)
                 return
             time.sleep(0.2)

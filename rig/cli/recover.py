@@ -28,6 +28,9 @@ def recover(ctx: click.Context, node: str | None, stop: bool) -> None:
     if not found.needed:
         click.echo(f"node {settings.node_name}: this Redis holds the installation it joined "
                    f"({verdict.found or 'new'}) and a record of every job running here; nothing to recover")
+        cleared = recovery.clear_unrecorded(settings)  # an ending Redis lost: seen, so cleared
+        if cleared:
+            click.echo(f"cleared the alert: {cleared}")
         return
     listing = ", ".join(f"{p.job_id} (instance {p.instance or '?'})"
                         for p in sorted(found.running.values(), key=lambda p: p.job_id)) or "none"

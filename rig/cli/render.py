@@ -6,6 +6,7 @@ sequences stripped, rich markup escaped. Only rig's own markup reaches rich unes
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime
 
@@ -77,6 +78,14 @@ def when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 
 
+#: What a node in each state means for its jobs (`rig status`, and the web page beside its state).
+NODE_STATE_NOTES = {
+    "silent": "not yet declared down",
+    "down": "takes no jobs; its running jobs were retried by their policy",
+    "stopped": "takes no jobs; its running jobs run on, adopted on return",
+}
+
+
 def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
     """``node n1: up since 12:01:05, 2 cards, 3 workers`` (rich markup: a down node in red)."""
     if node is None:
@@ -89,12 +98,11 @@ def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
     elif node.writes_refused:  # rig.refused_beats: not silent, refused
         line = f"[bold yellow]{line}[/]"
     elif node.state == "silent":
-        line = f"[bold yellow]{line}[/] (no heartbeat since {clock(node.last_seen)}; not yet declared down)"
+        line = f"[bold yellow]{line}[/] (no heartbeat since {clock(node.last_seen)}; {NODE_STATE_NOTES['silent']})"
     elif node.state == "down":
-        line = (f"[bold red]{line}[/] (last heartbeat {clock(node.last_seen)}): takes no jobs; "
-                "its running jobs were retried by their policy")
+        line = f"[bold red]{line}[/] (last heartbeat {clock(node.last_seen)}): {NODE_STATE_NOTES['down']}"
     else:
-        line = f"[yellow]{line}[/] (rig down): takes no jobs; its running jobs run on, adopted on return"
+        line = f"[yellow]{line}[/] (rig down): {NODE_STATE_NOTES['stopped']}"
     if node.unrecorded:
         line += f"\n[bold red]{M(node.unrecorded)}[/]"
     if node.clock_skew:
@@ -216,11 +224,11 @@ def closed_card_line(card: CardState, running: int, watched: bool = True) -> str
 
 
 def card_flag_words(card: CardState) -> list[str]:
-    """Why a card takes no (new) jobs and what else holds it, plain words: ``others use 1.0``,
+    """Why a card takes no (new) jobs and what else holds it, plain words: ``others use 1.0 GiB``,
     ``not in whitelist``, ``UNHEALTHY: reason`` (the reason as the node gave it: callers clean)."""
     parts = []
     if card.foreign:
-        parts.append(f"others use {_gib(card.foreign)}")
+        parts.append(f"others use {_gib(card.foreign)} GiB")
     closed = why_closed(card)
     if closed:
         parts.append(closed)
@@ -231,7 +239,7 @@ def card_flag_words(card: CardState) -> list[str]:
 
 def card_flags(card: CardState) -> str:
     """Why a card takes no (new) jobs and what else holds it, as rich markup: ``[others use
-    1.0] [not in whitelist] [UNHEALTHY: reason]``. Every part is escaped here (a bracketed
+    1.0 GiB] [not in whitelist] [UNHEALTHY: reason]``. Every part is escaped here (a bracketed
     text is a rich tag otherwise, and would vanish): the one place these flags are built."""
     return " ".join(escape(f"[{clean(p)}]") for p in card_flag_words(card))
 
@@ -248,7 +256,7 @@ def render_status(report: StatusReport, console: Console) -> None:
     for node in report.nodes:
         if node.name not in by_node:  # e.g. a control-only node
             console.print(node_title(node, node.name, 0))
-    if not report.cards:
+    if not report.cards and not report.nodes:  # a node without cards (FROZEN, control-only) is said above
         console.print("no cards registered: no rig node is up (start one with `rig up`)")
 
     if report.pool:
@@ -299,12 +307,15 @@ def render_jobs(jobs: list[Job], console: Console, starts: Mapping[int, str] | N
     ``est. start`` column for the waiting jobs."""
     now = shared_now()
     rows = []
+    seen = Counter(job.id for job in jobs)
     for job in jobs:
         runtime = None
         if job.started_at:
             runtime = (job.ended_at or now) - job.started_at
         rows.append({
-            "id": str(job.id), "name": job.name, "user": job.user,
+            # An id shown twice (given again after Redis lost its data): its instance tells them apart.
+            "id": f"{job.id} {(job.instance or '?')[:6]}" if seen[job.id] > 1 else str(job.id),
+            "name": job.name, "user": job.user,
             # A state is never cut (its column is as wide as the longest one shown).
             "state": Cell(job.state.value, style=STATE_STYLE[job.state]), "prio": job.priority.value,
             "mem/card": format_memory(job.gpu_memory), "gpus": str(job.gpus),
@@ -319,6 +330,9 @@ def render_jobs(jobs: list[Job], console: Console, starts: Mapping[int, str] | N
     else:
         columns = [c for c in JOB_COLUMNS if starts is not None or c.key != "est. start"]
         console.print(fitted_table(columns, rows, console.width))
+        if any(n > 1 for n in seen.values()):
+            console.print("ids repeat (Redis lost its data and gave them again): `rig show ID --instance HEX` "
+                          "shows one")
 
 
 def render_metrics(job: Job, console: Console) -> None:
@@ -349,14 +363,19 @@ def render_metrics(job: Job, console: Console) -> None:
     console.print(table)
 
 
-def render_errors(jobs: list[Job], console: Console) -> None:
+def render_errors(jobs: list[Job], console: Console, *, total: int | None = None) -> None:
+    """The error queue's first jobs; ``total``: how many it holds (said when more than shown)."""
     if not jobs:
         console.print("the error queue is empty")
         return
     rows = [{"id": str(job.id), "name": job.name, "user": job.user,
              "state": Cell(job.state.value, style=STATE_STYLE[job.state]), "class": job.failure or "-",
              "attempts": str(job.attempt), "ended": ago(job.ended_at), "reason": job.reason or "-"} for job in jobs]
-    console.print(f"error queue: {len(jobs)} job(s) waiting for a person")
+    if total is not None and total > len(jobs):
+        console.print(f"error queue: {total:,} job(s) waiting for a person, {len(jobs):,} of {total:,} shown "
+                      "(`rig errors --limit N` shows more)")
+    else:
+        console.print(f"error queue: {len(jobs)} job(s) waiting for a person")
     console.print(fitted_table(ERROR_COLUMNS, rows, console.width))
     console.print("`rig retry JOB [--gpu-memory SIZE]` sends one back; `rig errors --clear JOB` dismisses it")
 

@@ -24,12 +24,14 @@ USAGE_COLUMNS = (
     Col("reserved", "rsv GiB-h", drop=3, justify="right"),
     Col("used", "used GiB-h", drop=1, justify="right"),
     Col("wait", "wait", drop=2, justify="right"),
+    Col("cancelled", "cancelled", drop=5, justify="right"),
     Col("failures", "failures", drop=4, shrink="end", min_width=10),
 )
 CAPTION = ("card-h: cards held x hours run; GiB-h: GiB per card, declared (rsv) or measured mean (used), "
-           "x cards x hours; wait: mean submission -> first start; failures: jobs per failure class")
+           "x cards x hours; wait: mean submission -> first start; cancelled: by a person, never failures; "
+           "failures: jobs per failure class")
 #: The fields of a line in --csv, in order (failures as "class=n;class=n").
-CSV_FIELDS = ("key", "jobs", "failed", "card_hours", "reserved_gib_hours", "used_gib_hours",
+CSV_FIELDS = ("key", "jobs", "failed", "cancelled", "card_hours", "reserved_gib_hours", "used_gib_hours",
               "mean_wait_seconds", "failures")
 
 
@@ -101,13 +103,13 @@ def _failures(line: UsageLine) -> str:
 def _cells(line: UsageLine) -> dict[str, str]:
     return {"key": line.key, "jobs": str(line.jobs), "card_h": _hours(line.card_hours),
             "reserved": _hours(line.reserved_gib_hours), "used": _hours(line.used_gib_hours),
-            "wait": _wait(line.mean_wait_seconds), "failures": _failures(line)}
+            "wait": _wait(line.mean_wait_seconds), "cancelled": str(line.cancelled), "failures": _failures(line)}
 
 
 def _csv_row(line: UsageLine) -> tuple:
     def num(value: float | None) -> str:
         return "" if value is None else f"{value:.4f}"
 
-    return (line.key, line.jobs, line.failed, num(line.card_hours), num(line.reserved_gib_hours),
+    return (line.key, line.jobs, line.failed, line.cancelled, num(line.card_hours), num(line.reserved_gib_hours),
             num(line.used_gib_hours), num(line.mean_wait_seconds),
             ";".join(f"{k}={v}" for k, v in line.failures.items()))

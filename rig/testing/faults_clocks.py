@@ -237,7 +237,11 @@ def clock_skewed_nodes(workdir: Path) -> ScenarioResult:
             sc.job_ids.append(late)
             time.sleep(1.5)  # several dispatcher passes on all three nodes while it waits
             job = sc.node.client.get(late)
-            if job.state is not JobState.PENDING:
+            blockers_ended = [jid for jid in ids if sc.node.client.get(jid).state.terminal]
+            if job.state is not JobState.PENDING and blockers_ended:
+                # A machine so loaded that the 8 s jobs ended before this look: nothing to judge.
+                sc.result.notes.append(f"job {late} not judged: jobs {blockers_ended} had already ended")
+            elif job.state is not JobState.PENDING:
                 sc.result.problems.append(f"job {late} is {job.state.value}, it should wait for a card")
             else:
                 if job.held_at:

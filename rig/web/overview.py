@@ -15,11 +15,14 @@ there): the page shows names. Units: bytes, epoch seconds (Redis' clock), percen
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
+import redis
+
 from rig import timeline
-from rig.cli.render import card_flag_words, job_reason
+from rig.cli.render import NODE_STATE_NOTES, card_flag_words, job_reason
 from rig.client import Client, StatusReport
 from rig.clock import shared_now
 from rig.models import Job, JobState, Priority
@@ -28,7 +31,7 @@ from rig.text import clean
 #: Waiting jobs listed (the head of the queue: priority, then submission), each with why it waits; the
 #: total is given beside them. Bounded: each sentence reads the cards and the jobs ahead.
 WAITING_SHOWN = 25
-#: Jobs of the error queue listed (oldest first, as `rig errors`).
+#: Jobs of the error queue listed: the newest (a new failure must show; `rig errors` lists all, oldest first).
 ERRORS_SHOWN = 25
 #: Job fields the page uses (raw values but for text, which is cleaned).
 _JOB_TEXT = ("name", "user", "node", "pool", "template", "failure")
@@ -56,7 +59,8 @@ def _cards(report: StatusReport) -> list[dict[str, Any]]:
             "temperature": card.temperature, "jobs": card.jobs, "max_jobs": card.max_jobs,
             "healthy": card.checked_healthy, "takes_jobs": card.eligible,
             "flags": [clean(w) for w in card_flag_words(card)],
-            "running": [{"id": j.id, "name": clean(j.name), "user": clean(j.user)}
+            # over: the OVER mark `rig status` puts beside a job that used more than it declared.
+            "running": [{"id": j.id, "name": clean(j.name), "user": clean(j.user), "over": bool(j.overuse)}
                         for j in report.running.get(card.id, [])],
         })
     return rows
@@ -73,16 +77,42 @@ def _running(report: StatusReport) -> list[dict[str, Any]]:
 
 
 def _nodes(report: StatusReport) -> list[dict[str, Any]]:
-    return [{"name": clean(n.name), "state": n.state, "describe": clean(n.describe),
-             "cards": sum(1 for c in report.cards if c.node == n.name), "workers": n.workers}
-            for n in report.nodes]
+    """Every node `rig status` lists, with or without cards. ``label`` and ``since`` (epoch s)
+    make the state line in the browser's zone; ``alerts`` (red: FROZEN, jobs Redis has no record
+    of) and ``warnings`` (yellow) are rig status' own lines under the node; ``note`` what the
+    state means for its jobs."""
+    rows = []
+    for n in report.nodes:
+        label = "FROZEN" if n.mismatch else {"up": "up", "silent": "silent", "down": "DOWN",
+                                             "stopped": "stopped"}.get(n.state, n.state)
+        rows.append({
+            "name": clean(n.name), "state": n.state, "describe": clean(n.describe), "label": label,
+            "since": None if n.mismatch or n.writes_refused else n.since, "last_seen": n.last_seen,
+            "note": NODE_STATE_NOTES.get(n.state, ""),
+            "alerts": [clean(line) for line in (f"FROZEN: {n.mismatch}" if n.mismatch else None, n.unrecorded)
+                       if line],
+            "warnings": [clean(line) for line in (n.writes_refused, n.auth_refused, n.clock_skew) if line],
+            "cards": sum(1 for c in report.cards if c.node == n.name and not c.gone), "workers": n.workers})
+    return rows
 
 
 def _history(client: Client, now: float) -> dict[str, Any]:
-    samples = timeline.read(client.r, client.keys, now)
+    """The charts' data; ``error`` (one line) instead of samples when the history key cannot be
+    read as one, which fails this section only (the rest of the page reads other keys)."""
+    try:
+        samples = timeline.read(client.r, client.keys, now)
+        error = None
+    except redis.ResponseError as exc:
+        if not timeline.is_wrong_type(exc):
+            raise
+        samples = []
+        error = (f"the history could not be read: {client.keys.timeline} is not rig's history (another type of "
+                 "key); the cluster health pass replaces it at its next sample")
     return {
+        "error": error,
         "since": samples[0].at if samples else None,
         "ended_per_hour": [vars(h) for h in timeline.ended_per_hour(samples, now)],
+        "ended_before_first": vars(before) if (before := timeline.ended_before_first(samples, now)) else None,
         "memory": [{"at": s.at, "used": s.used, "reserved": s.reserved, "usable": s.usable}
                    for s in timeline.memory_series(samples, now)],
         "memory_hours": timeline.MEMORY_HOURS,
@@ -101,6 +131,9 @@ def overview(client: Client, *, login: str) -> dict[str, Any]:
     starts = client.start_estimates([j.id for j in waiting])
     return {
         "now": now,
+        # The sentences the server words (why a job waits, a node's lines) give times in its zone:
+        # the page says which when the browser's differs (s east of UTC).
+        "server_utc_offset_s": time.localtime(now).tm_gmtoff,
         "login": clean(login),
         "nodes": _nodes(report),
         "cards": _cards(report),
@@ -112,7 +145,7 @@ def overview(client: Client, *, login: str) -> dict[str, Any]:
                              **starts.row(j.id))
                      for i, j in enumerate(waiting)],
         },
-        "errors": {"total": client.error_count(), "jobs": _ended(client.errors(limit=ERRORS_SHOWN))},
+        "errors": {"total": client.error_count(), "jobs": _ended(client.errors(limit=ERRORS_SHOWN, newest_first=True))},
         "users": [{"user": clean(u.user), "running": u.running, "held": u.held, "waiting": u.waiting,
                    "recent_gib_hours": round(u.recent_gib_hours, 2)} for u in report.users],
         "counts": {s.value: report.counts.get(s, 0) for s in JobState},

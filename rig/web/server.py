@@ -9,9 +9,13 @@
 ``GET /api/overview``   the page's data (rig.web.overview), polled by the page.
 
 The page and its data need HTTP basic auth with rig's admin login, the one Flower takes
-(rig.stack.flower_credentials): both compared in constant time. Anything else is a 404. A WSGI
+(rig.stack.flower_credentials): both compared in constant time, never an empty one. A refused
+login gets the browser's challenge (WWW-Authenticate) on the page only: on the data it would make
+the page's fetch fail outright, and the page says the login was refused instead. HEAD answers
+headers only (the data's without reading Redis). Anything else is a 404. A WSGI
 app on wsgiref's server with a thread per request (what prometheus_client's own server is),
-so a slow Redis read never holds up a scrape.
+so a slow Redis read never holds up a scrape. Each request first asks rig.redis_up (about a
+second): a Redis outage is `rig_redis_up 0` and a 503 line at once, not a wait.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from prometheus_client import make_wsgi_app
 
 from rig.errors import RigError
 from rig.metrics import make_registry
+from rig.redis_up import RedisUp
 
 if TYPE_CHECKING:
     from rig.client import Client
@@ -49,8 +54,14 @@ LOGIN_NEEDED = ("rig's page needs rig's admin login: the user and password Flowe
 StartResponse = Callable[..., Any]
 
 
+#: Connections the kernel holds while every thread is busy starting (socketserver's default, 5,
+#: timed out a burst of 100 requests).
+LISTEN_BACKLOG = 128
+
+
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a hung browser never holds up `rig down`
+    request_queue_size = LISTEN_BACKLOG
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -65,7 +76,8 @@ def page_html() -> bytes:
 
 def authorised(header: str | None, user: str, password: str) -> bool:
     """Does an ``Authorization`` header carry ``user`` and ``password`` (basic auth)? Both are
-    compared in constant time, whatever the header holds."""
+    compared in constant time, whatever the header holds. Never with an empty user or password
+    (rig.stack.check_login refuses those; this holds even if a caller skipped it)."""
     given_user, given_password = b"", b""
     if header and header[:6].lower() == "basic ":
         try:
@@ -75,14 +87,17 @@ def authorised(header: str | None, user: str, password: str) -> bool:
         given_user, _, given_password = decoded.partition(b":")
     ok_user = hmac.compare_digest(given_user, user.encode())
     ok_password = hmac.compare_digest(given_password, password.encode())
-    return ok_user and ok_password
+    return ok_user and ok_password and bool(user) and bool(password)
 
 
-def make_app(client: Client, credentials: tuple[str, str]) -> Callable[[dict, StartResponse], Iterable[bytes]]:
-    """The WSGI app serving the three paths (see the module doc)."""
+def make_app(client: Client, credentials: tuple[str, str],
+             probe: RedisUp | None = None) -> Callable[[dict, StartResponse], Iterable[bytes]]:
+    """The WSGI app serving the three paths (see the module doc). ``probe``: asked before any
+    read, so an outage is answered within about a second (default: one for the client's URL)."""
     from rig.web.overview import overview
 
-    metrics = make_wsgi_app(make_registry(client))
+    probe = probe or RedisUp(client.settings.redis_url)
+    metrics = make_wsgi_app(make_registry(client, probe))
     user, password = credentials
     page = page_html()
 
@@ -94,11 +109,20 @@ def make_app(client: Client, credentials: tuple[str, str]) -> Callable[[dict, St
             return _reply(start_response, "404 Not Found", b"not found: rig serves /, /api/overview and /metrics\n")
         if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
             return _reply(start_response, "405 Method Not Allowed", b"only GET\n", [("Allow", "GET, HEAD")])
+        head = environ.get("REQUEST_METHOD") == "HEAD"
         if not authorised(environ.get("HTTP_AUTHORIZATION"), user, password):
-            return _reply(start_response, "401 Unauthorized", LOGIN_NEEDED.encode(),
-                          [("WWW-Authenticate", 'Basic realm="rig", charset="UTF-8"')])
+            # The challenge only on the page: on the data, a browser's fetch fails outright on
+            # it ("Failed to fetch"), and the open page could not say that the login changed.
+            challenge = [("WWW-Authenticate", 'Basic realm="rig", charset="UTF-8"')] if path == PAGE_PATH else []
+            return _reply(start_response, "401 Unauthorized", LOGIN_NEEDED.encode(), challenge, head=head)
         if path == PAGE_PATH:
-            return _reply(start_response, "200 OK", page, content_type="text/html; charset=utf-8")
+            return _reply(start_response, "200 OK", page, content_type="text/html; charset=utf-8", head=head)
+        if head:  # headers only, and no Redis read (not even the probe)
+            start_response("200 OK", _HEADERS + [("Content-Type", "application/json")])
+            return []
+        down = probe.down()
+        if down:  # at once, not after the client's fail-over window
+            return _error(start_response, "503 Service Unavailable", f"cannot read rig's state: {down}")
         try:
             data = overview(client, login=user)
         except (RigError, redis.RedisError, OSError) as exc:
@@ -124,17 +148,19 @@ def _error(start_response: StartResponse, status: str, line: str) -> list[bytes]
     return _reply(start_response, status, json.dumps({"error": line}).encode(), content_type="application/json")
 
 
+#: On every answer: not cached (fresh figures), never framed by another site, no script or
+#: style from anywhere but the page itself.
+_HEADERS = [("Cache-Control", "no-store"), ("X-Frame-Options", "DENY"), ("X-Content-Type-Options", "nosniff"),
+            ("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; "
+             "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:")]
+
+
 def _reply(start_response: StartResponse, status: str, body: bytes, headers: list[tuple[str, str]] | None = None,
-           content_type: str = "text/plain; charset=utf-8") -> list[bytes]:
+           content_type: str = "text/plain; charset=utf-8", head: bool = False) -> list[bytes]:
+    """One answer; ``head``: its headers only (HEAD)."""
     start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body))),
-                            # Not cached (fresh figures), never framed by another site, no
-                            # script or style from anywhere but the page itself.
-                            ("Cache-Control", "no-store"), ("X-Frame-Options", "DENY"),
-                            ("X-Content-Type-Options", "nosniff"),
-                            ("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; "
-                             "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:"),
-                            *(headers or [])])
-    return [body]
+                            *_HEADERS, *(headers or [])])
+    return [] if head else [body]
 
 
 def _family(address: str, port: int) -> tuple[socket.AddressFamily, str]:

@@ -50,6 +50,9 @@ def test_up_daemon_private_redis_real_work_down(tmp_path):
     env.update(RIG_HOME=str(tmp_path / "home"), RIG_REDIS_URL=f"redis://127.0.0.1:{port}/0",
                RIG_FAKE_GPUS="2x24G", RIG_FLOWER_PORT=str(flower), RIG_NODE_NAME="e2e",
                RIG_METRICS_PORT=str(metrics))
+    # A login with a comma: Flower would read two logins (and rig's page one): refused first.
+    comma = rig({**env, "RIG_FLOWER_AUTH": "admin:pa,evil:evil"}, "up", "--daemon", timeout=60)
+    assert comma.returncode == 6 and "has a comma" in comma.stderr, comma.stdout + comma.stderr
     up = rig(env, "up", "--daemon")
     try:
         assert up.returncode == 0, up.stdout + up.stderr
@@ -78,6 +81,23 @@ def test_up_daemon_private_redis_real_work_down(tmp_path):
         again = rig(env, "up", "--no-flower", "--no-metrics")
         assert again.returncode == 7 and "already up" in again.stderr and "rig stopped" not in again.stderr
         assert ready.exists()
+        # `rig up --only flower` on the node's own name is refused with the way that works.
+        only = rig(env, "up", "--daemon", "--only", "flower")
+        assert only.returncode == 7 and "--only flower --node e2e-flower" in only.stderr, only.stderr
+        # A Flower added to a node already up (docs/FLOWER.md): under a name of its own. A
+        # FLOWER_* variable in the shell is said on the terminal, not only in up.log.
+        extra = free_port()
+        added = rig({**env, "RIG_FLOWER_PORT": str(extra), "FLOWER_UNAUTHENTICATED_API": "true"},
+                    "up", "--daemon", "--only", "flower", "--node", "e2e-flower")
+        assert added.returncode == 0, added.stdout + added.stderr
+        assert f"flower: http://127.0.0.1:{extra} " in added.stdout, added.stdout
+        assert "ignoring FLOWER_UNAUTHENTICATED_API" in added.stderr, added.stderr
+        # ... and one on a port taken (here: the node's own Flower) says so, with no URL.
+        taken = rig(env, "up", "--daemon", "--only", "flower", "--node", "e2e-taken")
+        assert f"something already listens on 127.0.0.1:{flower}" in taken.stderr, taken.stdout + taken.stderr
+        assert "flower: http" not in taken.stdout, taken.stdout
+        for name in ("e2e-flower", "e2e-taken"):
+            assert rig(env, "down", "--node", name).returncode == 0
 
         sub = subprocess.run([str(BIN / "rig-submit"), "--name", "hello", "--gpu-memory", "4G", "--wait",
                               "--", "sh", "-c", "echo hi from $CUDA_VISIBLE_DEVICES; sleep 1"],

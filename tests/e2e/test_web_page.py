@@ -6,10 +6,12 @@ DOM is read after the page's script fetched /api/overview and drew it; also the 
 
 from __future__ import annotations
 
+import base64
 import html
 import re
 import shutil
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,6 +24,7 @@ from rig.config import load_settings
 from rig.testing.web_load import HOSTILE_NAME, MixedLoad, mixed_load
 from rig.web.server import LOGIN_NEEDED, start_web_server
 from tests.conftest import REDIS_URL
+from tests.store.test_web_overview import FROZEN_LINE, freeze_a_node_without_cards
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -47,6 +50,7 @@ def page_server(tmp_path_factory) -> Iterator[tuple[str, MixedLoad]]:
     client = Client(load_settings(key_prefix=prefix, redis_url=REDIS_URL, home=home), redis_client=r)
     try:
         load = mixed_load(client)
+        freeze_a_node_without_cards(client)  # node gpu3: its Redis came back empty
         server = start_web_server(client, "127.0.0.1", 0, LOGIN)
         try:
             yield f"127.0.0.1:{server.server_port}", load
@@ -58,13 +62,15 @@ def page_server(tmp_path_factory) -> Iterator[tuple[str, MixedLoad]]:
         r.close()
 
 
-def browse(url: str, profile: Path, *extra: str) -> subprocess.CompletedProcess:
+def browse(url: str, profile: Path, *extra: str, zone: str | None = None) -> subprocess.CompletedProcess:
     """Chromium headless on ``url``, with its own profile folder (never another run's), given
-    5 s of virtual time for the page's script to fetch and draw."""
+    5 s of virtual time for the page's script to fetch and draw; ``zone``: the browser's TZ."""
+    import os
+
     return subprocess.run(
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
          f"--user-data-dir={profile}", "--virtual-time-budget=5000", *extra, url],
-        capture_output=True, text=True, timeout=90)
+        capture_output=True, text=True, timeout=90, env={**os.environ, "TZ": zone} if zone else None)
 
 
 def rows(dom: str) -> dict[int, str]:
@@ -83,12 +89,18 @@ def test_the_page_in_a_browser_shows_cards_queues_and_escapes_names(page_server,
     user, password = LOGIN
     # The login in the URL: Chromium answers the server's basic-auth challenge with it, and the
     # page's own fetch (to the origin, without the login) is sent the same credentials.
-    done = browse(f"http://{user}:{password}@{address}/", tmp_path / "profile", "--dump-dom")
+    # A browser in another zone than the server's: the page says both (rig's own times in the browser's).
+    done = browse(f"http://{user}:{password}@{address}/", tmp_path / "profile", "--dump-dom", zone="Asia/Kathmandu")
     dom = done.stdout
     assert "<title>rig</title>" in dom, done.stderr[-2000:]
     assert f"logged in as {user}" in dom and 'id="problem-text"' not in dom, dom[-3000:]
     for card in ("gpu1/0", "gpu1/1", "gpu2/0", "gpu2/1"):
         assert f'data-card="{card}"' in dom, card
+    # A node without cards is drawn too; FROZEN is a red banner in rig status' words.
+    frozen = re.search(r'data-node="gpu3"><h3>(.*?)</h3>', dom, flags=re.S)
+    assert frozen and "FROZEN" in frozen.group(1) and "0 card(s)" in frozen.group(1), dom[:3000]
+    assert f'<div class="banner bad node-alert">FROZEN: {html.escape(FROZEN_LINE, quote=False)}</div>' in dom
+    assert '<p class="warn">no cards registered' not in dom
     assert "util 97%" in dom and "temp 71C" in dom and "8: sweep-lr-0.003 (carol)" in dom
     drawn = rows(dom)
     for job_id in load.running:
@@ -108,6 +120,12 @@ def test_the_page_in_a_browser_shows_cards_queues_and_escapes_names(page_server,
     for name in ("alice", "bob", "carol"):
         assert f"<td>{name}</td>" in dom
     assert "samples since" in dom
+    if time.localtime().tm_gmtoff != 20700:
+        server_zone = time.strftime("%z")
+        assert (f"(times in your zone, UTC+05:45; in the server's sentences, its zone, UTC{server_zone[:3]}:"
+                f"{server_zone[3:]})") in dom
+    # The jobs that ended before the first sample are said beside the bars, not lost.
+    assert "not in the bars: 3 succeeded, 2 failed, 0 cancelled before the first sample" in dom
 
     shot = tmp_path / "page.png"
     browse(f"http://{user}:{password}@{address}/", tmp_path / "profile2", "--window-size=1400,1900",
@@ -130,6 +148,11 @@ def test_the_login_rules_and_metrics_over_http(page_server):
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(f"http://{address}{path}", timeout=10)
         assert refused.value.code == 401 and refused.value.read().decode() == LOGIN_NEEDED
+        assert ("WWW-Authenticate" in refused.value.headers) == (path == "/")
+    head = urllib.request.Request(f"http://{address}/api/overview", method="HEAD",
+                                  headers={"Authorization": "Basic " + base64.b64encode(":".join(LOGIN).encode()).decode()})
+    with urllib.request.urlopen(head, timeout=10) as response:  # headers only, at once
+        assert response.status == 200 and response.read() == b""
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:  # no login
         text = response.read().decode()
     assert 'rig_waiting_jobs{priority="high"} 1.0' in text

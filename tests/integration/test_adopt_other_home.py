@@ -95,8 +95,13 @@ def test_a_running_job_of_another_home_is_adopted_not_run_again(homes, tmp_path)
     assert done.state is JobState.SUCCEEDED and done.exit_code == 0
     assert marker.read_text() == "ran\n"
     assert ledger.card("n1", 0).reserved == 0
-    # Concluded where it ran: home A's pid file goes, so nothing takes it for a live attempt.
-    assert not (job_folder(settings_a.job_log_dir, job.id, job.instance) / "attempt-1.pid").exists()
+    # Concluded where it ran: home A's pid file goes (right after the state is written), so
+    # nothing takes it for a live attempt.
+    pid_file = job_folder(settings_a.job_log_dir, job.id, job.instance) / "attempt-1.pid"
+    deadline = time.monotonic() + 10
+    while pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not pid_file.exists()
 
 
 def test_a_job_that_ended_while_the_node_was_down_keeps_its_exit(homes, tmp_path):

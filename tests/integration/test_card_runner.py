@@ -80,6 +80,23 @@ def test_adopt_resends_assigned_jobs(env, tmp_path):
     assert resent == [(job.id, token)]
 
 
+def test_adopt_reads_only_the_jobs_placed_on_its_own_card(env, tmp_path):
+    """Issue 15: every card worker read every placed job of the cluster every check interval."""
+    settings, ledger, runner, resent = env
+    ledger.register_card("n1", GpuReading(index=1, uuid="u1", model="m", total=80 * GIB),
+                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    mine, token = placed(ledger, "true", tmp_path)
+    other = ledger.store.create(Job(
+        id=0, name="t", user=current_identity().name, command=["true"], gpu_memory=GIB, gpus=1,
+        priority=Priority.MEDIUM, state=JobState.PENDING, workdir=str(tmp_path), created_at=time.time()))
+    assert ledger.reserve(other.id, "n1", [1], GIB)[0]
+    read: list[int] = []
+    get_many = runner.store.get_many
+    runner.store.get_many = lambda ids: read.extend(ids) or get_many(ids)  # type: ignore[method-assign]
+    runner.adopt()
+    assert resent == [(mine.id, token)] and read == [mine.id]
+
+
 def _start_orphan(settings, job: Job, attempt: int, command: str) -> subprocess.Popen:
     job_dir = job_folder(settings.job_log_dir, job.id, job.instance)
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -342,3 +359,25 @@ def test_a_job_that_ended_before_the_kill_reached_it_keeps_its_own_ending(env, t
     runner._launch = launch_then_kill
     assert runner.run_job(job.id, token) == "SUCCEEDED"
     assert ledger.store.get(job.id).exit_code == 0
+
+
+@pytest.mark.parametrize("loss", ["deleted", "reused"])
+def test_an_ending_whose_record_redis_lost_raises_the_unrecorded_alert(real_redis, key_prefix, tmp_path, loss):
+    """Issue 15 finding 6: Redis lost the job's record (a double fault without AOF), or the id
+    now names another job, while its attempt ran: the ending raises the node's unrecorded-jobs
+    alert (rig status, rig.alerts) instead of a JobNotFound traceback, and writes nothing."""
+    from workers.outcomes import AttemptEnd
+
+    settings = load_settings(key_prefix=key_prefix, redis_url=REDIS_URL, home=tmp_path / "home", node_name="n1")
+    ledger = Ledger(real_redis, Keys(key_prefix))
+    ledger.register_card("n1", GpuReading(index=0, uuid="u", model="m", total=80 * GIB),
+                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    runner = CardRunner(settings, "n1", 0, "card0@n1")
+    job, token = placed(ledger, "true", tmp_path)
+    if loss == "deleted":
+        real_redis.delete(Keys(key_prefix).job(job.id))
+    else:
+        real_redis.hset(Keys(key_prefix).job(job.id), "instance", "another-job")
+    assert runner._finish(job.id, token, AttemptEnd(exit_code=0), instance=job.instance or "i1") is None
+    line = real_redis.hget(Keys(key_prefix).node("n1"), "unrecorded_jobs")
+    assert line and line.startswith(f"Redis has no record of job {job.id} whose attempt ended on n1")

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from rig.celery_config import TASK_START_JOB, card_queue
 from rig.client import current_identity
 from rig.keys import card_worker_name
 from rig.models import JobState
@@ -69,7 +70,7 @@ class FlowerApi:
         status, body = self.call(f"/api/task/info/{task_id}")
         return body if status == 200 and isinstance(body, dict) else None
 
-    def until(self, what: str, found: Callable[[], Any], timeout: float = 30.0) -> Any:
+    def until(self, what: str, found: Callable[[], Any], timeout: float = 60.0) -> Any:
         """Poll Flower (it learns from events, asynchronously) until ``found()`` is truthy."""
         deadline = time.monotonic() + timeout
         while True:
@@ -143,6 +144,13 @@ def test_jobs_are_tasks_with_their_truth(node: tuple[RigHarness, FlowerApi]) -> 
         w["hostname"]: w for w in api.call("/workers?json=1")[1]["data"]}.get(failed_on, {}).get("task-failed"))
     assert workers >= 1
 
+    # Flower's own /metrics (no login, a series per job) is off: rig's /metrics is the one.
+    try:
+        urllib.request.urlopen(api.base + "/metrics", timeout=10)
+        raise AssertionError("Flower's /metrics answered")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 404 and b"rig's own /metrics" in exc.read()
+
 
 def test_terminate_kills_the_job_and_worker_controls_are_refused(node: tuple[RigHarness, FlowerApi]) -> None:
     harness, api = node
@@ -167,7 +175,10 @@ def test_terminate_kills_the_job_and_worker_controls_are_refused(node: tuple[Rig
     assert harness.wait_for_state(victim, {JobState.CANCELLED}, timeout=30) is JobState.CANCELLED
     assert not is_alive(pid, start), "the job's process must be gone"
     assert harness.client.get(victim).reason == "cancelled by Flower (admin login)"
-    api.until("the revoked job", lambda: (t := api.task(victim_task)) and t["state"] == "REVOKED")
+    revoked = api.until("the revoked job", lambda: (t := api.task(victim_task)) and t["state"] == "REVOKED" and t)
+    ended = harness.client.get(victim)
+    assert revoked["exception"] == "cancelled by Flower (admin login)" and revoked["runtime"] is not None
+    assert revoked["result"] == repr(f"exit code {ended.exit_code}"), (revoked, ended.exit_code)
 
     # A card worker's pool and life are rig's: Flower's controls are refused with one line.
     card = card_worker_name(NODE, 0)
@@ -175,6 +186,14 @@ def test_terminate_kills_the_job_and_worker_controls_are_refused(node: tuple[Rig
     api.until("the card worker in Flower's inspect", lambda: card in api.call("/api/workers?refresh=1")[1])
     status, body = api.call(f"/api/worker/pool/grow/{card}?n=1", method="POST")
     assert status == 403 and "refused by rig" in str(body), body
+    # ... and so are its queue (a cancelled consumer left the card's jobs ASSIGNED, an added one
+    # ran another card's jobs) and its task controls (a rate limit held the card's starts back).
+    for call in (f"/api/worker/queue/cancel-consumer/{card}?queue={card_queue(NODE, 0)}",
+                 f"/api/worker/queue/add-consumer/{card}?queue={card_queue(NODE, 1)}",
+                 f"/api/task/rate-limit/{TASK_START_JOB}?workername={card}&ratelimit=1/m",
+                 f"/api/task/timeout/{TASK_START_JOB}?workername={card}&soft=1"):
+        status, body = api.call(call, method="POST")
+        assert status == 403 and "refused by rig" in str(body), (call, body)
     replies = harness.client.celery.control.broadcast("shutdown", destination=[card], reply=True, timeout=5)
     assert replies and "refused by rig" in replies[0][card]["error"], replies
     assert harness.worker_pid(card) == harness.child("card0").proc.pid
@@ -194,3 +213,39 @@ def test_history_survives_a_flower_restart(node: tuple[RigHarness, FlowerApi]) -
               and api.call("/healthcheck")[0] == 200, timeout=60)
     shown = api.until("the kept job after the restart", lambda: api.task(kept_task))
     assert shown["state"] == "SUCCESS" and f"'kept' by {current_identity().name}" in shown["name"]
+
+
+def test_a_flower_restarted_empty_is_told_what_runs_and_what_ended_meanwhile(
+        node: tuple[RigHarness, FlowerApi]) -> None:
+    """A Flower killed, its history deleted ("to start afresh"), and a job ending before it is
+    back: the running job is STARTED and the ended one ended in the new Flower, told again once
+    it listens (workers.flower_bridge), not at the jobs' next move."""
+    harness, api = node
+    long_id, long_task = _run(harness, "longL", "sleep 300", {JobState.RUNNING})
+    gap_id, gap_task = _run(harness, "gap", "sleep 300", {JobState.RUNNING})
+    for uuid in (long_task, gap_task):
+        api.until("the running job", lambda uuid=uuid: (t := api.task(uuid)) and t["state"] == "STARTED")
+    flower = harness.child("flower")
+    old = flower.proc.pid
+    harness.restart_children = False  # the job ends while no Flower listens
+    try:
+        os.killpg(old, signal.SIGKILL)
+        flower.proc.wait(timeout=30)
+        db = flower_db(harness.settings)
+        for path in db.parent.glob(db.name + "*"):
+            path.unlink()
+        harness.client.kill(gap_id)
+        harness.wait_for_state(gap_id, {JobState.CANCELLED}, timeout=30)
+    finally:
+        harness.restart_children = True
+    api.until("the restarted Flower", lambda: flower.proc is not None and flower.proc.pid != old
+              and api.call("/healthcheck")[0] == 200, timeout=60)
+    shown = api.until("the running job in the new Flower", lambda: (t := api.task(long_task))
+                      and t["state"] == "STARTED" and t)
+    assert f"job {long_id} 'longL'" in shown["name"]
+    api.until("the job that ended meanwhile", lambda: (t := api.task(gap_task)) and t["state"] == "REVOKED")
+    # Told again, counted once: the card workers' counters are not inflated by the re-telling.
+    workers = {w["hostname"]: w for w in api.call("/workers?json=1")[1]["data"]}
+    assert sum(w.get("task-started", 0) for w in workers.values()) == 1, workers
+    harness.client.kill(long_id)
+    harness.wait_for_state(long_id, {JobState.CANCELLED}, timeout=30)

@@ -64,3 +64,16 @@ def test_one_sentinel_listed_is_warned_about(redis_set):
     url = f"sentinel://127.0.0.1:{first}/rigmaster/0?sentinel_password={SENTINEL_PASSWORD}"
     (line,) = sentinel_url.parse(url).notices(FAILOVER_WINDOW_S, client_options())
     assert line.startswith("redis_url lists one sentinel")
+
+
+def test_flower_gets_a_live_sentinel_first(redis_set):
+    """Finding 9 of issue 15: Flower's Broker page asks only the first sentinel listed."""
+    from rig.testing.sentinel_set import free_port
+
+    dead = free_port()
+    url = redis_set.url.replace("@127.0.0.1:", f"@127.0.0.1:{dead},127.0.0.1:", 1)
+    first_live = redis_set.sentinel_ports[0]
+    reordered = sentinel_url.parse(sentinel_url.live_first(url))
+    assert reordered.sentinels[0] == ("127.0.0.1", first_live) and ("127.0.0.1", dead) in reordered.sentinels
+    assert reordered.password == sentinel_url.parse(url).password and reordered.sentinel_password == SENTINEL_PASSWORD
+    assert sentinel_url.live_first(redis_set.url) == redis_set.url  # the first answers: unchanged

@@ -9,9 +9,9 @@ import sqlite3
 import pytest
 
 from rig import packed
-from rig.accounting import accounting_of, usage
+from rig.accounting import accounting_of, total, usage
 from rig.archive import Archive, default_url
-from rig.archiving import Archiver
+from rig.archiving import Archiver, archive_pass
 from rig.config import load_settings
 from rig.errors import ConfigError, JobNotFound
 from rig.history import History
@@ -120,9 +120,10 @@ def test_a_crash_between_commit_and_forget_loses_and_duplicates_nothing(ledger, 
     reader = history(ledger, tmp_path, key_prefix)
     assert sorted(j.id for j in reader.list(limit=10)) == [j.id for j in jobs]  # each once
     assert len(reader.accounting()) == 3
+    assert reader.archived_count() == 0  # rig status: each counted once, as Redis'
 
     assert mover(ledger, archive).run(NOW).archived == 3  # the next pass forgets them
-    assert not any(in_redis(ledger, j.id) for j in jobs)
+    assert not any(in_redis(ledger, j.id) for j in jobs) and reader.archived_count() == 3
     assert archive.count() == 3 and sorted(j.id for j in reader.list(limit=10)) == [j.id for j in jobs]
 
 
@@ -197,9 +198,9 @@ def test_bad_archive_urls_and_a_reader_pointed_elsewhere_get_one_line(ledger, ar
     with pytest.raises(ConfigError, match=r"pip install 'psycopg\[binary\]'"):
         Archive("postgresql://postgres@127.0.0.1/x", key_prefix)
     finished(ledger, ended=NOW - 2 * DAY)
-    mover(ledger, archive).run(NOW)  # advertises tmp_path's archive
+    archive_pass(ledger.store.r, ledger.keys, archive, after_seconds=DAY, keep=0, now=NOW)  # records it
     elsewhere = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path / "other"))
-    with pytest.raises(ConfigError, match="archived to sqlite:///.*but this rig reads"):
+    with pytest.raises(ConfigError, match="this cluster archives finished jobs to sqlite:///.*but this rig's"):
         elsewhere.list()
 
 
@@ -240,3 +241,50 @@ def test_after_redis_lost_its_data_a_reused_id_is_another_job_in_the_archive(led
     assert sorted(j.name for j in reader.list(limit=5)) == ["after", "before"]
     mover(ledger, archive).run(NOW)
     assert archive.count() == 2 and reader.get(new.id).name == "after"  # the newer submission
+    assert reader.get(old.id, old.instance[:6]).name == "before"  # rig show ID --instance HEX
+    bad = "ffff" if not old.instance.startswith("ffff") else "0000"
+    with pytest.raises(JobNotFound, match=f"no job {old.id} of instance {bad}"):
+        reader.get(old.id, bad)
+
+
+def test_usage_by_node_puts_each_attempts_hours_on_its_node_and_cancelled_apart(ledger, archive, tmp_path,
+                                                                                 key_prefix):
+    job = ledger.store.create(Job(id=0, name="r", user="ann", command=["true"], gpu_memory=GIB, gpus=1,
+                                  priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/",
+                                  created_at=NOW - 3 * DAY))
+    attempts = [{"attempt": k + 1, "node": node, "cards": [3], "gpu_memory": GIB, "started_at": NOW - 3 * DAY + k * 7200,
+                 "ended_at": NOW - 3 * DAY + k * 7200 + 3600, "exit_code": 1, "outcome": "nonzero_exit"}
+                for k, node in enumerate(("ba1", "ba1", "ba2"))]
+    # Cancelled between retries: the job has no node of its own any more.
+    code, _ = ledger.transition(job.id, JobState.CANCELLED, fields={"attempts": attempts, "attempt": 3,
+                                "failure": "nonzero_exit"}, now=NOW - 2 * DAY)
+    assert code == 1
+    finished(ledger, ended=NOW - 2 * DAY, state=JobState.CANCELLED, failure="cancelled", run_s=0)
+    finished(ledger, ended=NOW - 2 * DAY, state=JobState.FAILED, failure="cuda_oom")
+    reader = history(ledger, tmp_path, key_prefix)
+    for _ in ("in Redis", "archived"):
+        rows = reader.accounting(since=NOW - 7 * DAY)
+        by_node = {ln.key: ln for ln in usage(rows, "node")}
+        assert "(none)" not in by_node and by_node["ba1"].card_hours == pytest.approx(2.0)
+        assert by_node["ba2"].card_hours == pytest.approx(1.0)
+        whole = total(rows)
+        assert (whole.jobs, whole.cancelled, whole.failed, whole.failures) == (3, 2, 1, {"cuda_oom": 1})
+        assert whole.card_hours == pytest.approx(4.0)
+        mover(ledger, archive).run(NOW)
+    assert archive.count() == 3
+
+
+def test_an_archive_made_before_node_split_gets_the_column(tmp_path, key_prefix):
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as conn:
+        old = [c for c in _columns() if c[0] != "node_split"]
+        conn.execute(f"CREATE TABLE rig_jobs ({', '.join(f'{n} {t}' for n, t in old)}, PRIMARY KEY (prefix, id, instance))")
+    with Archive(f"sqlite:///{path}", key_prefix) as arch:
+        assert "node_split" in {r[1] for r in arch._query("PRAGMA table_info(rig_jobs)")}
+        assert arch.accounting() == []
+
+
+def _columns():
+    from rig.archive import COLUMNS
+
+    return COLUMNS

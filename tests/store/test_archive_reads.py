@@ -30,7 +30,7 @@ pytestmark = pytest.mark.redis
 
 def _archive_all(r, prefix: str) -> int:
     settings = load_settings()
-    with Archive(settings.archive_location, prefix) as archive:
+    with Archive(settings.archive_location, prefix, home=settings.home) as archive:
         return Archiver(r, Keys(prefix), archive, after_seconds=DAY, keep=0).run(shared_now(r) + 2 * DAY).archived
 
 
@@ -83,7 +83,7 @@ def test_the_gateway_hides_an_archived_job_of_another_user_as_a_live_one(real_re
     ledger = Ledger(real_redis, Keys(key_prefix))
     job = finished(ledger, ended=shared_now(real_redis) - 3600, user=str(os.getuid() + 40001))
     real_redis.hset(ledger.keys.job(job.id), "result", "gASVBQAAAAAAAACMATGULg==")  # a @rig.task's pickle
-    with Archive(settings.archive_location, key_prefix) as archive:
+    with Archive(settings.archive_location, key_prefix, home=settings.home) as archive:
         Archiver(real_redis, ledger.keys, archive, after_seconds=1, keep=0).run(shared_now(real_redis))
     assert not real_redis.exists(ledger.keys.job(job.id))
 

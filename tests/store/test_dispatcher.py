@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -125,6 +126,32 @@ def test_multi_gpu_job_gets_both_cards_at_once(setup):
     assert all(ledger.card("n1", i).reserved == 20 * GIB for i in (0, 1))
 
 
+def test_a_dispatcher_standing_by_leaves_the_wake_ups_to_the_leader(setup, redis_client, key_prefix):
+    """Issue 15: a standby that took a nudge off the list left the leader waiting for its idle
+    second (submit -> placement ~1 s with 8 dispatchers instead of ms)."""
+    _, leader, _ = setup
+    assert leader._lead() is True
+    redis_client.lpush(leader.keys.sched_wake, "1")
+    standby = Dispatcher(load_settings(key_prefix=key_prefix, node_name="n2"), lambda *a: None, client=redis_client)
+
+    idle, wait = threading.Event(), standby.stop_event.wait
+
+    def one_turn(timeout: float | None = None) -> bool:  # the standby's idle wait: the test's cue
+        idle.set()
+        return wait(timeout)
+
+    standby.stop_event.wait = one_turn  # type: ignore[method-assign]
+    loop = threading.Thread(target=standby.run_forever, daemon=True)
+    loop.start()
+    try:
+        assert idle.wait(10), "the standby never went idle (it waits on the wake-up list instead)"
+        assert redis_client.llen(leader.keys.sched_wake) == 1  # still there for the leader
+    finally:
+        standby.stop()
+        loop.join(10)
+    assert redis_client.get(leader.keys.sched_leader) == leader.identity
+
+
 def test_only_one_leader(setup, redis_client, key_prefix):
     _, first, _ = setup
     settings = load_settings(key_prefix=key_prefix, node_name="n2")
@@ -134,3 +161,22 @@ def test_only_one_leader(setup, redis_client, key_prefix):
     assert first._lead() is True  # renews
     first._resign()
     assert second._lead() is True
+
+
+def test_a_remembered_wait_reason_follows_the_cards_between_passes(setup, redis_client, key_prefix):
+    """Issue 15: wait sentences are remembered across passes; a change of the cards words them anew."""
+    ledger, _, started = setup  # 2 cards x 40 GiB
+    settings = load_settings(key_prefix=key_prefix, scheduler_type="best-fit", node_name="n1",
+                             hold_after_seconds=3600)  # no holds: only the cards change the sentence
+    dispatcher = Dispatcher(settings, lambda *a: started.append(a), client=redis_client)
+    submit(ledger, 30)
+    submit(ledger, 30)
+    assert dispatcher.dispatch_pass() == 2  # one on each card: 10 GiB free on each
+    big = submit(ledger, 35, Priority.LOW)
+    dispatcher.dispatch_pass()
+    assert "largest free block" in ledger.store.get(big).wait_reason
+    assert "(n1/0)" in ledger.store.get(big).wait_reason.split("largest free block")[1].split(";")[0]
+    side = submit(ledger, 5)
+    assert ledger.reserve(side, "n1", [0], 5 * GIB)[0]  # placed by someone else: n1/0 has 5 GiB free now
+    dispatcher.dispatch_pass()
+    assert "(n1/1)" in ledger.store.get(big).wait_reason.split("largest free block")[1].split(";")[0]

@@ -201,3 +201,15 @@ def test_store_fields_reads_some_fields_with_the_same_checks_as_get(ledger):
     assert ledger.store.fields(job.id, "gpus").problems == [ledger.store.get(job.id).problems[0]]
     with pytest.raises(JobNotFound):
         ledger.store.fields(10**6, "user")
+
+
+def test_cards_of_one_node_and_reservations_of_many_cards_in_one_read(ledger):
+    """Issue 15: a node's checks read its own cards; status and the health pass read every
+    card's reservations in one round trip (rig.hashes)."""
+    ledger.register_card("n2", GpuReading(index=0, uuid="v0", model="m", total=40 * GIB),
+                         max_jobs=2, reserve_fraction=0.0, allowed=True, fake=True)
+    assert [c.id for c in ledger.cards("n2")] == ["n2/0"]
+    assert [c.id for c in ledger.cards()] == ["n1/0", "n1/1", "n2/0"]
+    job = make_job(ledger.store)
+    assert ledger.reserve(job.id, "n1", [1], 10 * GIB)[0]
+    assert ledger.holdings_of(ledger.cards()) == {"n1/0": {}, "n1/1": {job.id: 10 * GIB}, "n2/0": {}}

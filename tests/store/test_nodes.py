@@ -323,3 +323,25 @@ def test_a_card_outside_the_whitelist_of_a_node_back_up_loses_its_node_stopped_m
     checker.run_once()
     assert ledger.card("n1", 1).healthy and ledger.card("n1", 1).health_reason == ""
     assert ledger.card("n1", 0).healthy  # its worker heartbeats
+
+
+def test_zombie_reservations_are_given_back_and_live_ones_cost_no_script(cluster, redis_client):
+    """Issue 15: the cluster pass ran reclaim.lua once per reservation (2,048 scripts every 5 s
+    with 2,048 running jobs); now only for reservations not plainly held by a live job there."""
+    settings, keys, ledger, nodes, checker = cluster
+    live = _job(ledger, "n1", 0, run=True)
+    ended = _job(ledger, "n1", 1, run=True)
+    # The end of ``ended`` lost its card's side (as a crash between two writes would leave it).
+    redis_client.hset(keys.job(ended), "state", JobState.SUCCEEDED.value)
+    ghost = 424242  # a reservation whose job record is gone
+    redis_client.hset(keys.card_jobs("n1", 0), str(ghost), 5 * GIB)
+    redis_client.hincrby(keys.card("n1", 0), "reserved", 5 * GIB)
+    redis_client.hincrby(keys.card("n1", 0), "jobs", 1)
+    asked: list[int] = []
+    reclaim = checker.ledger.reclaim
+    checker.ledger.reclaim = lambda node, index, job_id: asked.append(job_id) or reclaim(node, index, job_id)
+    report = checker.run_cluster()
+    assert sorted(asked) == sorted([ended, ghost])
+    assert sorted(report.reclaimed) == sorted([("n1/0", ghost, 5 * GIB), ("n1/1", ended, 10 * GIB)])
+    assert ledger.holdings("n1", 0) == {live: 10 * GIB} and ledger.holdings("n1", 1) == {}
+    assert ledger.card("n1", 0).reserved == 10 * GIB and ledger.card("n1", 1).jobs == 0

@@ -75,3 +75,22 @@ def test_unpack_refuses_what_is_not_packed_and_bombs():
     bomb = packed.TAG + base64.b85encode(zlib.compress(b"0" * (packed.MAX_UNPACKED + 10))).decode()
     with pytest.raises(ValueError, match="unpacks beyond"):
         packed.unpack(bomb)
+
+
+def test_a_sweep_whose_jobs_differ_in_one_variable_shares_one_blob(ledger):
+    from rig.memory import GIB
+    from rig.models import Job, Priority
+
+    r, keys = ledger.store.r, ledger.keys
+    base = {f"VAR_{k}": "x" * 20 for k in range(30)}
+    jobs = [Job(id=0, name="s", user="ann", command=["python", "t.py"], gpu_memory=GIB, gpus=1,
+                priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/w", env={**base, "SEED": str(i)}, created_at=NOW)
+            for i in range(20)]
+    made = ledger.store.create_many([(j, None) for j in jobs])
+    refs = {r.hget(keys.job(j.id), ENV_REF) for j in made}
+    assert len(refs) == 1 and r.hget(keys.env_refs, refs.pop()) == "20"  # one blob, not 20 copies
+    assert [ledger.store.get(j.id).env for j in made] == [{**base, "SEED": str(i)} for i in range(20)]
+    alone = ledger.store.create_many([(Job(id=0, name="o", user="ann", command=["true"], gpu_memory=GIB, gpus=1,
+                                           priority=Priority.LOW, state=JobState.PENDING, workdir="/", created_at=NOW,
+                                           env={"ONLY": "1"}), None)])[0]
+    assert ledger.store.get(alone.id).env == {"ONLY": "1"}

@@ -21,7 +21,7 @@ from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.testing.web_load import HOSTILE_NAME, mixed_load
 from rig.waiting import NO_DISPATCHER
-from rig.web.overview import WAITING_SHOWN, overview
+from rig.web.overview import ERRORS_SHOWN, WAITING_SHOWN, overview
 from rig.web.server import LOGIN_NEEDED, authorised, make_app
 
 LOGIN = ("admin", "s3cret:with-colon")
@@ -62,6 +62,7 @@ def test_the_overview_shows_what_the_cli_shows(client: Client):
     for card in cards.values():
         assert card["reserved"] + card["free"] == card["usable"]
     assert [j["name"] for j in cards["gpu2/0"]["running"]] == ["llm-finetune-7b"]
+    assert not any(j["over"] for c in cards.values() for j in c["running"])
     assert cards["gpu1/0"]["utilization"] == 97 and cards["gpu1/0"]["temperature"] == 71
     assert sorted(j["id"] for j in data["running"]) == sorted(load.running)
     # The head of the queue, high priority first, each with the one explanation (rig.waiting).
@@ -77,7 +78,7 @@ def test_the_overview_shows_what_the_cli_shows(client: Client):
     # The error queue with why each ended, and the users table of three users.
     assert data["errors"]["total"] == 2
     assert {j["id"]: j["failure"] for j in data["errors"]["jobs"]} == dict(zip(load.failed, ["cuda_oom", "timeout"], strict=True))
-    assert "CUDA out of memory" in data["errors"]["jobs"][0]["why"]
+    assert "CUDA out of memory" in data["errors"]["jobs"][-1]["why"]
     assert [u["user"] for u in data["users"]] == ["alice", "bob", "carol"]
     assert all(u["running"] == 1 and u["waiting"] == 1 for u in data["users"])
     # A hostile name arrives as the characters it is (the page puts it in as text); no
@@ -86,6 +87,15 @@ def test_the_overview_shows_what_the_cli_shows(client: Client):
     assert hostile["name"] == HOSTILE_NAME
     assert not any("env" in j or "command" in j for j in data["running"] + waiting["jobs"])
     assert data["history"]["since"] is not None and len(data["history"]["ended_per_hour"]) == 1
+    assert data["history"]["ended_before_first"] == {"start": data["history"]["since"], "succeeded": 3,
+                                                     "failed": 2, "cancelled": 0}
+
+
+def test_a_card_marks_a_job_over_its_declaration_as_rig_status_does(client: Client):
+    load = mixed_load(client)
+    client.store.update(load.running[0], overuse=1)
+    cards = {c["id"]: c for c in overview(client, login="admin")["cards"]}
+    assert [(j["id"], j["over"]) for j in cards["gpu1/0"]["running"]] == [(load.running[0], True)]
 
 
 def test_each_waiting_job_has_the_forecasts_estimated_start(client: Client):
@@ -120,10 +130,49 @@ def test_the_waiting_list_is_bounded_and_the_total_is_said(client: Client):
     assert len(data["waiting"]["jobs"]) == WAITING_SHOWN and data["waiting"]["total"] == 3 + extra
 
 
+FROZEN_LINE = "node gpu3 joined installation abc, but this Redis holds no rig installation: `rig recover --stop`"
+
+
+def freeze_a_node_without_cards(client: Client, node: str = "gpu3") -> None:
+    """What a node whose Redis came back empty writes (rig.installation): its mark, no cards."""
+    from rig.nodes import NodeRegistry
+
+    NodeRegistry(client.r, client.keys).beat(node, ttl=600, source="test")
+    client.r.sadd(client.keys.nodes, node)
+    client.r.hset(client.keys.node(node), mapping={"installation_mismatch": FROZEN_LINE, "started_at": time.time()})
+
+
+def test_every_node_is_listed_and_a_frozen_one_says_so(client: Client):
+    mixed_load(client)
+    freeze_a_node_without_cards(client)
+    nodes = {n["name"]: n for n in overview(client, login="admin")["nodes"]}
+    assert sorted(nodes) == ["gpu1", "gpu2", "gpu3"]
+    frozen = nodes["gpu3"]
+    assert frozen["cards"] == 0 and frozen["label"] == "FROZEN" and frozen["since"] is None
+    assert frozen["alerts"] == [f"FROZEN: {FROZEN_LINE}"]  # rig status' words (rig.nodes.NodeInfo.describe)
+    up = nodes["gpu1"]
+    assert up["label"] == "up" and up["alerts"] == up["warnings"] == [] and up["cards"] == 2
+
+
+def test_the_error_queue_shows_the_newest_failures_and_the_total(client: Client):
+    load = mixed_load(client)
+    late = client.store.create_many([(Job(id=0, name=f"late{i}", user="dave", command=["true"], gpu_memory=GIB,
+                                          gpus=1, priority=Priority.LOW, state=JobState.FAILED, workdir="/",
+                                          created_at=time.time()), None) for i in range(ERRORS_SHOWN)])
+    newest = [j.id for j in late]
+    now = time.time()
+    for i, job_id in enumerate(newest):  # ended after the load's two failures
+        client.r.zadd(client.keys.errors, {str(job_id): now + 100 + i})
+    errors = overview(client, login="admin")["errors"]
+    assert errors["total"] == ERRORS_SHOWN + 2
+    assert [j["id"] for j in errors["jobs"]] == newest[::-1]  # the load's old failures are the hidden ones
+    assert not set(load.failed) & {j["id"] for j in errors["jobs"]}
+
+
 def test_an_empty_installation_gives_an_empty_page(client: Client):
     data = overview(client, login="admin")
     assert data["cards"] == [] and data["running"] == [] and data["waiting"]["jobs"] == []
-    assert data["history"] == {"since": None, "ended_per_hour": [], "memory": [],
+    assert data["history"] == {"error": None, "since": None, "ended_per_hour": [], "ended_before_first": None, "memory": [],
                                "memory_hours": timeline.MEMORY_HOURS}
 
 
@@ -164,6 +213,27 @@ def test_the_cluster_health_pass_writes_the_sample(client: Client):
     assert sample.succeeded == 3 and sample.reserved == sum(c.reserved for c in client.ledger.cards())
 
 
+def test_a_history_key_of_another_type_fails_only_the_history(client: Client, caplog, monkeypatch):
+    from workers.health import HealthChecker
+
+    mixed_load(client)
+    client.r.delete(client.keys.timeline)
+    client.r.set(client.keys.timeline, "garbage")
+    status, _, body = call(make_app(client, LOGIN), "/api/overview", LOGIN)
+    data = json.loads(body)
+    assert status.startswith("200") and data["waiting"]["total"] == 3
+    assert data["history"]["error"].startswith("the history could not be read: ")
+    assert data["history"]["ended_per_hour"] == [] and "\n" not in data["history"]["error"]
+    # The health pass replaces rig's own key, saying so in one line, once (not at every pass).
+    monkeypatch.setattr(timeline, "_wrong_type_said", timeline.Throttle())
+    for _ in range(2):
+        client.r.set(client.keys.timeline, "garbage")
+        assert HealthChecker(client.settings, client.r).run_cluster() is not None
+        assert len(timeline.read(client.r, client.keys, time.time())) == 1
+    said = [r for r in caplog.records if "held another type" in r.getMessage()]
+    assert len(said) == 1 and "Traceback" not in caplog.text
+
+
 def test_a_redis_that_does_not_answer_is_one_line_in_the_data(tmp_path):
     import redis
     from redis.backoff import NoBackoff
@@ -177,6 +247,42 @@ def test_a_redis_that_does_not_answer_is_one_line_in_the_data(tmp_path):
     error = json.loads(body)["error"]
     assert error.startswith("cannot read rig's state: ") and "\n" not in error
     assert call(app, "/metrics")[0].startswith("200")  # rig_scrape_success 0, as before
+
+
+def test_a_hung_redis_is_said_as_one_that_does_not_answer():
+    """A Redis stopped with SIGSTOP takes connections (the kernel's backlog) and answers none:
+    rig is up there, so the CLI must not say to start it (the page's probe says `does not answer`)."""
+    import redis
+
+    from rig.redis_conn import unavailable
+
+    url = "redis://127.0.0.1:6399/0"
+    hung = str(unavailable(url, redis.TimeoutError("Timeout reading from socket")))
+    assert "does not answer" in hung and "hung" in hung and "rig up" not in hung and "\n" not in hung
+    assert "start rig with `rig up`" in str(unavailable(url, redis.TimeoutError("Timeout connecting to server")))
+
+
+def test_a_redis_that_never_replies_is_answered_within_seconds(tmp_path):
+    """A Redis that accepts connections but never replies (a host gone without a FIN; under
+    Sentinel, the fail-over window): /metrics says rig_redis_up 0 and the data says so in one
+    line, each within about a second, not after the client's reply timeout and retries."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # connections complete in the backlog; nothing ever reads or answers
+    try:
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        app = make_app(Client(load_settings(home=tmp_path / "home", redis_url=url)), LOGIN)
+        began = time.monotonic()
+        status, _, body = call(app, "/metrics")
+        assert status.startswith("200") and b"rig_redis_up 0.0" in body and b"rig_scrape_success 0.0" in body
+        status, _, body = call(app, "/api/overview", LOGIN)
+        assert status.startswith("503")
+        assert json.loads(body)["error"].startswith(f"cannot read rig's state: Redis does not answer at {url}")
+        assert time.monotonic() - began < 4.0
+    finally:
+        silent.close()
 
 
 def test_a_bug_in_the_data_is_one_line_and_a_logged_traceback(client: Client, monkeypatch, caplog):
@@ -199,7 +305,10 @@ def test_page_and_data_need_the_admin_login_and_metrics_does_not(client: Client)
     app = make_app(client, LOGIN)
     for path in ("/", "/api/overview"):
         status, headers, body = call(app, path)
-        assert status.startswith("401") and headers["WWW-Authenticate"].startswith("Basic realm=")
+        assert status.startswith("401")
+        # The browser's login prompt on the page only: on the data, Chromium's fetch would fail
+        # outright and the open page could not say that the login was refused.
+        assert headers["WWW-Authenticate"].startswith("Basic realm=") if path == "/" else "WWW-Authenticate" not in headers
         assert body.decode() == LOGIN_NEEDED
         for wrong in (("admin", "nope"), ("root", LOGIN[1]), ("admin", LOGIN[1] + "x"), ("", "")):
             assert call(app, path, wrong)[0].startswith("401"), wrong
@@ -216,6 +325,21 @@ def test_page_and_data_need_the_admin_login_and_metrics_does_not(client: Client)
     assert call(app, "/api/overview", LOGIN, method="POST")[0].startswith("405")
 
 
+def test_head_is_headers_only_and_reads_no_redis(client: Client, monkeypatch):
+    import rig.web.overview
+
+    def unread(_client: Client, *, login: str) -> dict:
+        raise AssertionError("HEAD read rig's state")
+
+    monkeypatch.setattr(rig.web.overview, "overview", unread)
+    app = make_app(client, LOGIN)
+    for path in ("/", "/api/overview"):
+        status, headers, body = call(app, path, LOGIN, method="HEAD")
+        assert status.startswith("200") and body == b"" and headers["Cache-Control"] == "no-store"
+    status, headers, body = call(app, "/", method="HEAD")
+    assert status.startswith("401") and body == b"" and int(headers["Content-Length"]) > 0
+
+
 def test_authorised_compares_user_and_password():
     def header(text: str) -> str:
         return "Basic " + base64.b64encode(text.encode()).decode()
@@ -224,6 +348,9 @@ def test_authorised_compares_user_and_password():
     assert authorised(header("rïg:pässword"), "rïg", "pässword")  # UTF-8 both sides
     assert not authorised(header("rig:pa"), "rig", "pa:ss")
     assert not authorised(None, "rig", "x") and not authorised("basic", "rig", "x")
+    # An empty login never lets anyone in, even one sent empty (issue 14 item 2, #1).
+    assert not authorised(header(":"), "", "") and not authorised(None, "", "")
+    assert not authorised(header("admin:"), "admin", "")
 
 
 def test_the_page_has_no_outside_asset_and_never_writes_data_as_html():

@@ -26,7 +26,7 @@ CASES = [
     ({"healthy": False, "health_reason": "temperature 95 C > 90 C"}, "[UNHEALTHY: temperature 95 C > 90 C]"),
     ({"healthy": False, "health_reason": "[bold]node stopped[/]"}, "[UNHEALTHY: [bold]node stopped[/]]"),
     ({"healthy": False}, "[UNHEALTHY]"),
-    ({"foreign": 2 * GIB}, "[others use 2.0]"),
+    ({"foreign": 2 * GIB}, "[others use 2.0 GiB]"),
 ]
 
 
@@ -77,3 +77,15 @@ def test_a_closed_card_whose_jobs_nobody_watches_says_so():
     assert ("n1/2 takes no new jobs: not in whitelist; its 1 running job(s) have no card worker watching them "
             "now") in text
     assert "watched until" not in text
+
+
+def test_a_node_without_cards_is_not_called_absent():
+    """A node frozen because its Redis came back empty has no cards: rig status says FROZEN,
+    never "no rig node is up" beside it."""
+    from rig.nodes import NodeInfo
+
+    out = io.StringIO()
+    frozen = NodeInfo(name="bwnode2", alive=True, state="up", since=None, workers=3, mismatch="Redis lost its data")
+    render_status(StatusReport(cards=[], running={}, pending={}, oldest_wait={}, workers=[], counts={},
+                               nodes=[frozen]), Console(file=out, width=200, color_system=None))
+    assert "node bwnode2: FROZEN: Redis lost its data" in out.getvalue() and "no rig node is up" not in out.getvalue()

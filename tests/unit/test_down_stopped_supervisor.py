@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from rig.config import load_settings
+from rig.errors import RedisUnavailable
 from rig.stack import StackError, pid_file, stop_node
 
 
@@ -25,6 +26,29 @@ def test_rig_down_of_a_stopped_rig_up_says_kill_cont(tmp_path):
         message = str(err.value)
         assert f"rig up (pid {proc.pid}) is stopped (SIGSTOP)" in message
         assert f"kill -CONT {proc.pid}" in message and "\n" not in message
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_rig_down_while_redis_is_away_says_it_stops_once_redis_is_back(tmp_path):
+    """Finding 5 (issue 15): rig up cannot mark the node stopped without Redis and waits for it;
+    rig down must say so, and never advise a kill (its jobs would be declared lost)."""
+    settings = load_settings(home=tmp_path / "home", node_name="a", redis_url="redis://127.0.0.1:1/0")
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    # Stands for a rig up waiting for Redis: it does not stop on SIGTERM yet.
+    proc = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                             "signal.SIG_IGN); print(flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+    try:
+        proc.stdout.readline()  # its handler is in place
+        pid_file(settings).write_text(f"{proc.pid}\n")
+        said: list[str] = []
+        with pytest.raises(RedisUnavailable) as err:
+            stop_node(settings, timeout=0.3, say=said.append)
+        assert len(said) == 1 and "rig up stops once it can mark node a stopped there" in said[0]  # at once
+        message = str(err.value)
+        assert f"rig up (pid {proc.pid}) is still stopping" in message and "once Redis is back" in message
+        assert "kill it with" not in message and "do not kill it" in message and "\n" not in message
     finally:
         proc.kill()
         proc.wait(10)

@@ -295,3 +295,18 @@ def test_status_job_counts_stay_on_one_line() -> None:
     assert narrow == ["jobs: running=3  failed=3"]
     wide = [line for line in _screen(160, lambda c: render_status(report, c)) if line.startswith("jobs: ")]
     assert "pending=0" in wide[0] and "timeout=0" in wide[0]
+
+
+def test_errors_say_how_many_wait_when_more_than_shown() -> None:
+    jobs = [_job(500 + k, f"j{k}", JobState.FAILED) for k in range(3)]
+    head = _screen(120, lambda c: render_errors(jobs, c, total=2016))[0]
+    assert head.startswith("error queue: 2,016 job(s) waiting for a person, 3 of 2,016 shown")
+    assert _screen(120, lambda c: render_errors(jobs, c, total=3))[0] == "error queue: 3 job(s) waiting for a person"
+
+
+def test_jobs_with_a_repeated_id_show_their_instance() -> None:
+    a, b = _job(1, "before", JobState.SUCCEEDED), _job(1, "after", JobState.SUCCEEDED)
+    a.instance, b.instance = "3fa9c2" + "0" * 10, "71bd00" + "0" * 10
+    text = "\n".join(_screen(160, lambda c: render_jobs([b, a], c)))
+    assert "1 3fa9c2" in text and "1 71bd00" in text and "--instance HEX" in text
+    assert "3fa9c2" not in "\n".join(_screen(160, lambda c: render_jobs([a], c)))

@@ -1,7 +1,8 @@
 """A ``sentinel://`` redis_url: read by one function (rig.sentinel_url.parse), bad forms are one
 ConfigError line (exit 6), and every client's form is derived from it: redis-py's Sentinel
 master client, kombu's broker URL and options, redbeat's and Flower's. No Redis needed: the
-clients are built, never connected; a Redis Cluster node is refused from its INFO."""
+clients are built, never connected. A Redis Cluster node, a sentinel's port and a plain Redis
+listed as a sentinel are refused in tests/unit/test_server_kind.py."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from rig.celery_config import make_celery
 from rig.config import load_settings
 from rig.errors import ConfigError, redact_url
 from rig.init_config import init_config
-from rig.redis_conn import connect, refuse_cluster, strip_password, unavailable, without_credentials
+from rig.redis_conn import connect, strip_password, unavailable, without_credentials
 
 URL = "sentinel://:m%40ster@10.0.0.1:26379,10.0.0.2,[::1]:26380/rigmaster/2?sentinel_password=sent"
 
@@ -49,6 +50,11 @@ def test_one_reading_of_hosts_master_db_and_both_passwords():
     ("sentinel://h1/rigmaster/0/extra", "only MASTER_NAME/DB"),
     ("sentinel://h1/rigmaster?master=x", "unknown option(s) master"),
     ("sentinel://h1:26379;sentinel://h2:26379", "kombu's way (';')"),
+    # Issue 15, findings 11-12: an unencoded password, the master name left out, an empty password.
+    ("sentinel://:p@ss:w/rd@h1,h2,h3/rigm/0", "percent-encode @ : / ? # in passwords (p@ss:w/rd is p%40ss%3Aw%2Frd)"),
+    ("sentinel://:p@ss:w@h1:x/rigm/0", "percent-encode @ : /"),
+    ("sentinel://h1,h2/0", "names no master: '0' after the hosts would be the master's name"),
+    ("sentinel://h1/rigm/0?sentinel_password=", "sentinel_password is empty"),
 ])
 def test_a_bad_sentinel_url_is_one_config_line_with_the_form(url, said):
     with pytest.raises(ConfigError) as info:
@@ -115,22 +121,6 @@ def test_no_sentinel_answering_is_said_at_once_not_retried_for_a_failover_window
     assert time.monotonic() - began < 5.0  # FAILOVER_WINDOW_S is for a fail-over, not for this
     message = str(unavailable(url, info.value))
     assert message.startswith(f"no Redis master behind {url}: no sentinel answers at 127.0.0.1:{ports[0]}")
-
-
-class _Info:
-    def __init__(self, enabled: int) -> None:
-        self.enabled = enabled
-
-    def info(self, section: str) -> dict[str, int]:
-        assert section == "cluster"
-        return {"cluster_enabled": self.enabled}
-
-
-def test_a_cluster_node_is_refused_at_startup_in_one_line():
-    refuse_cluster(_Info(0), "redis://h:6379/0")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError) as info:
-        refuse_cluster(_Info(1), "redis://:pw@h:6379/0")  # type: ignore[arg-type]
-    assert "Redis Cluster" in str(info.value) and "pw" not in str(info.value)
 
 
 def test_the_sentinel_password_file_fills_the_sentinels_password(tmp_path):

@@ -4,6 +4,7 @@ No Celery worker, no Flower: the pure rules and their stubs."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -79,6 +80,15 @@ def test_each_move_is_the_celery_event_flower_understands():
     assert kind == "task-revoked" and fields["terminated"] is False
     kind, fields = event_for(_job(state=JobState.CANCELLED, started_at=5.0), JobState.CANCELLED)
     assert fields["terminated"] is True
+    # What rig says of a cancelled running job: its exit code, who cancelled it, its runtime.
+    killed = _job(state=JobState.CANCELLED, started_at=5.0, ended_at=7.5, exit_code=143,
+                  reason="cancelled by Flower (admin login)")
+    kind, fields = event_for(killed, JobState.CANCELLED)
+    assert (fields["result"], fields["exception"], fields["runtime"]) == (
+        "'exit code 143'", "cancelled by Flower (admin login)", 2.5)
+    # A retried job that succeeds: its row no longer shows the failed attempt as its exception.
+    retried_ok = _job(state=JobState.SUCCEEDED, attempt=2, exit_code=0, attempts=[first])
+    assert event_for(retried_ok, JobState.SUCCEEDED)[1]["exception"] == ""
 
 
 class _Dispatcher:
@@ -190,3 +200,119 @@ def test_flower_takes_no_option_from_the_operators_shell():
                                        "FLOWER_BASIC_AUTH": "old:pw", "RIG_HOME": "/h"})
     assert env == {"PATH": "/bin", "RIG_HOME": "/h"}
     assert ignored == ["FLOWER_BASIC_AUTH", "FLOWER_UNAUTHENTICATED_API"]
+
+
+def test_controls_that_stall_or_misroute_a_card_are_refused(panel: None):
+    """Flower's queue and task controls (issue 14 item 1, findings 1 and 7): a cancelled
+    consumer left a card's jobs ASSIGNED, an added one ran another card's jobs, a rate limit
+    held a card's starts back."""
+    remote_control.install(None, role="card")
+    calls = {"add_consumer": ((), {"queue": "rig.card.n1.1"}), "cancel_consumer": (("rig.card.n1.0",), {}),
+             "rate_limit": (("rig.start_job", "1/m"), {}), "time_limit": (("rig.start_job",), {"soft": 1})}
+    for name, (args, kwargs) in calls.items():
+        answer = Panel.data[name](_State(), *args, **kwargs)
+        assert "refused by rig: card0@n1 is a rig worker" in answer.get("error", ""), (name, answer)
+
+
+def test_a_flowers_wakeup_reaches_the_bridge_and_the_worker_still_heartbeats(panel: None):
+    beats: list[object] = []
+    joined: list[bool] = []
+    Panel.data["heartbeat"] = lambda state: beats.append(state)
+    remote_control.install(lambda j, inst: "", role="control", listener_joined=lambda: joined.append(True))
+    state = _State()
+    Panel.data["heartbeat"](state)
+    assert beats == [state] and joined == [True]
+
+
+def test_a_flower_that_restarts_is_told_again_what_runs_and_what_ended(monkeypatch: pytest.MonkeyPatch):
+    """Findings 2 and 3: what was told is not what a (re)started Flower heard."""
+    r = fakeredis.FakeRedis(decode_responses=True)
+    keys = Keys("t:")
+    store = JobStore(r, keys)
+    _Dispatcher.sent = []
+    bridge = FlowerBridge(r, keys, hostname="control@n1", events_on=lambda: True, leads=lambda: True,
+                          connect=object, dispatcher_cls=_Dispatcher)
+    running = store.create(_job(name="long"))
+    r.hset(keys.job(running.id), mapping={"state": "RUNNING", "node": "n1", "cards": "[0]", "worker": "card0@n1",
+                                          "attempt": "1", "started_at": "5"})
+    r.zrem(keys.state_index("PENDING"), running.id)
+    r.zadd(keys.state_index("RUNNING"), {str(running.id): running.id})
+    ended = store.create(_job(name="gap"))
+    r.hset(keys.job(ended.id), mapping={"state": "SUCCEEDED", "node": "n1", "cards": "[1]", "worker": "card1@n1",
+                                        "attempt": "1", "started_at": "5", "ended_at": "9", "exit_code": "0"})
+    r.zrem(keys.state_index("PENDING"), ended.id)
+    assert bridge.tell(running.id, JobState.RUNNING) and bridge.tell(ended.id, JobState.SUCCEEDED)
+    assert bridge.resync() == 1 and not bridge.tell(*bridge.moves.get_nowait())  # told: nothing new
+    before = len(_Dispatcher.sent)
+    r.delete(keys.job(ended.id))  # archived meanwhile: its end is told as it was told then
+    assert bridge.resync(again=True) == 2
+    assert all(bridge.tell(*bridge.moves.get_nowait()) for _ in range(2))
+    again = _Dispatcher.sent[before:]
+    assert sorted((h, kind) for h, kind, _ in again) == [("card0@n1", "task-started"), ("card1@n1", "task-succeeded")]
+    assert again == [s for s in _Dispatcher.sent[:before] if s in again]  # the very same events
+    # The ends kept are bounded in age and number.
+    monkeypatch.setattr(flower_bridge, "ENDED_MAX", 0)
+    bridge.forget_old_ends()
+    assert not r.exists(keys.flower_ended) and not r.exists(keys.flower_ended_events)
+
+
+def test_rigs_flower_skips_an_event_it_has_applied_and_keeps_no_metrics():
+    from celery.events.state import State
+    from flower import events
+    from flower.views import monitor
+
+    from workers import flower_patches
+
+    state = State()
+    received = {"type": "task-received", "uuid": "rig-job-1-3f9a1c2e", "hostname": "control@n1",
+                "timestamp": 100.0, "local_received": 100.0, "clock": 1}
+    assert not flower_patches.applied_already(state.tasks, received)
+    state.event(dict(received))
+    assert flower_patches.applied_already(state.tasks, received)
+    started = {**received, "type": "task-started", "hostname": "card0@n1", "timestamp": 101.0, "clock": 2}
+    assert not flower_patches.applied_already(state.tasks, started)
+    state.event(dict(started))
+    assert flower_patches.applied_already(state.tasks, started)
+    assert not flower_patches.applied_already(state.tasks, {**started, "timestamp": 105.0})  # attempt 2
+
+    saved = (events.PROMETHEUS_METRICS, events.EventsState.event, monitor.Metrics.get)
+    try:
+        flower_patches.install()
+        flower_state = events.EventsState()
+        flower_state.event(dict(received))
+        flower_state.event(dict(received))  # told again after a restart: counted once
+        assert flower_state.counter["control@n1"]["task-received"] == 1
+        assert isinstance(events.PROMETHEUS_METRICS, flower_patches._NoMetrics)
+    finally:
+        events.PROMETHEUS_METRICS, events.EventsState.event, monitor.Metrics.get = saved
+
+
+def test_a_bridge_that_starts_telling_tells_again_what_an_earlier_one_told():
+    """`rig down; rm flower/<node>.db*; rig up` (finding 3): the new control worker's bridge
+    cannot know what the new Flower heard (its wake-up may come before the bridge exists), so
+    it tells the running job again though ``flower:told`` says it was told."""
+    r = fakeredis.FakeRedis(decode_responses=True)
+    keys = Keys("t:")
+    store = JobStore(r, keys)
+    job = store.create(_job(name="longL"))
+    r.hset(keys.job(job.id), mapping={"state": "RUNNING", "node": "n1", "cards": "[0]", "worker": "card0@n1",
+                                      "attempt": "1", "started_at": "5"})
+    r.zrem(keys.state_index("PENDING"), job.id)
+    r.zadd(keys.state_index("RUNNING"), {str(job.id): job.id})
+    r.hset(keys.flower_told, job.id, "RUNNING:1")  # told by the bridge before `rig down`
+    sent = threading.Event()
+
+    class Dispatcher(_Dispatcher):
+        def send(self, kind: str, **fields: object) -> None:
+            super().send(kind, **fields)
+            sent.set()
+
+    _Dispatcher.sent = []
+    bridge = FlowerBridge(r, keys, hostname="control@n1", events_on=lambda: True, leads=lambda: True,
+                          connect=object, dispatcher_cls=Dispatcher)
+    bridge.start()
+    try:
+        assert sent.wait(10), "the running job was not told again"
+        assert _Dispatcher.sent[0][:2] == ("card0@n1", "task-started")
+    finally:
+        bridge.stop()

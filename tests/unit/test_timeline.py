@@ -4,7 +4,14 @@ hours before the first sample), the memory window, and samples that do not parse
 from __future__ import annotations
 
 from rig.models import CardState
-from rig.timeline import HourCount, Sample, ended_per_hour, memory_series, sample_of
+from rig.timeline import (
+    HourCount,
+    Sample,
+    ended_before_first,
+    ended_per_hour,
+    memory_series,
+    sample_of,
+)
 
 HOUR = 3600
 T0 = 1_800_000_000 // HOUR * HOUR  # an hour's start
@@ -52,3 +59,14 @@ def test_a_member_that_is_not_a_sample_is_skipped():
     assert Sample.decode('{"at": "x"}') is None
     good = Sample(at=T0, succeeded=1)
     assert Sample.decode(good.encode()) == good
+
+
+def test_jobs_ended_before_the_first_sample_are_said_not_lost():
+    """quickstart's 7 jobs end before the health pass writes its first sample: the bars cannot
+    place them (when is unknown), so they are given beside the bars (issue 14 item 2, #3)."""
+    samples = [Sample(at=T0 + 60, succeeded=6, failed=1), Sample(at=T0 + 120, succeeded=8, failed=1)]
+    assert sum(h.succeeded + h.failed for h in ended_per_hour(samples, now=T0 + 130)) == 2
+    assert ended_before_first(samples, now=T0 + 130) == HourCount(T0 + 60, succeeded=6, failed=1, cancelled=0)
+    # Samples that began before the window: their jobs lie before it; none counted: nothing to say.
+    assert ended_before_first(samples, now=T0 + 25 * HOUR) is None
+    assert ended_before_first([Sample(at=T0)], now=T0 + 5) is None and ended_before_first([], now=T0) is None

@@ -1,0 +1,111 @@
+"""One archive per cluster: which archive the cluster's finished jobs go to, recorded in Redis.
+
+The first node up (or the first archiving pass) records its ``archive_url`` (password left out)
+under ``archive:url`` with SET NX; it never flips after that. Only a control worker whose own
+archive is that one runs the archiving pass (rig.archiving); a node configured for another one
+is told at ``rig up`` in one line and does not archive; a reader configured for another one is
+told so in one line (rig.history) instead of "no job".
+
+Moving on purpose (a single-node operator changes ``archive_url``): ``rig up`` re-records the
+cluster's archive when no other node is up (rig.stack calls :func:`claim` with ``alone``).
+
+Also here, because the pass and ``rig status`` share them: when the pass last succeeded
+(``archive:ok_at``, epoch s) and whether the archive has ever held jobs (``archive:held``), so a
+SQLite file deleted under rig is told from one never written (rig.archive).
+"""
+
+from __future__ import annotations
+
+import redis
+
+from rig.archive import safe_url
+from rig.errors import ConfigError
+from rig.keys import Keys
+
+
+class NotClusterArchive(ConfigError):
+    """This node's archive is not the cluster's: it does not archive (exit 6 for a command)."""
+
+
+def _text(value: str | bytes | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def cluster_url(client: redis.Redis, keys: Keys) -> str | None:
+    """The cluster's archive (no password), or None when none is recorded yet."""
+    return _text(client.get(keys.archive_url))
+
+
+def record_if_absent(client: redis.Redis, keys: Keys, url: str) -> str:
+    """Record ``url`` as the cluster's archive unless one is; the cluster's archive (no password)."""
+    client.set(keys.archive_url, safe_url(url), nx=True)
+    return cluster_url(client, keys) or safe_url(url)
+
+
+def require_cluster(client: redis.Redis, keys: Keys, url: str, *, record: bool = True) -> None:
+    """Before an archiving pass: record ``url`` if no archive is recorded (only with
+    ``record``: once the archive opened); raise NotClusterArchive (its line: elsewhere())
+    when the cluster's archive is another one."""
+    cluster = record_if_absent(client, keys, url) if record else cluster_url(client, keys)
+    if cluster is not None and cluster != safe_url(url):
+        raise NotClusterArchive(elsewhere(cluster, url))
+
+
+def elsewhere(cluster: str, own: str) -> str:
+    """The one line for a node or reader whose archive is not the cluster's."""
+    return (f"this cluster archives finished jobs to {cluster} but this rig's archive_url is {safe_url(own)}: "
+            f"set archive_url (RIG_ARCHIVE_URL) to {cluster}, or `rig down` every node and `rig up` "
+            "with the new one to move the cluster to it")
+
+
+def claim(client: redis.Redis, keys: Keys, url: str, *, alone: bool) -> str | None:
+    """At ``rig up`` of a node with a control worker: record ``url`` as the cluster's archive
+    if none is, or re-record it when this node is the only one up (the operator moved it).
+    Returns the line to show (a move, or this node will not archive), None when all agree."""
+    cluster = record_if_absent(client, keys, url)
+    if cluster == safe_url(url):
+        return None
+    if alone:
+        client.set(keys.archive_url, safe_url(url))
+        client.delete(keys.archive_held)  # the new archive has not held anything yet
+        return f"archive: this cluster's finished jobs now go to {safe_url(url)} (they went to {cluster})"
+    return f"warning: this node will not archive: {elsewhere(cluster, url)}"
+
+
+def claim_at_up(client: redis.Redis, keys: Keys, url: str, node: str) -> str | None:
+    """claim() for ``rig up`` of ``node``: alone when no other node is alive (rig.nodes)."""
+    from rig.nodes import NodeRegistry
+
+    others_up = any(n.alive and n.name != node for n in NodeRegistry(client, keys).read())
+    return claim(client, keys, url, alone=not others_up)
+
+
+def mark_pass_ok(client: redis.Redis, keys: Keys, now: float) -> None:
+    """After a pass that finished: when (epoch s)."""
+    client.set(keys.archive_ok_at, repr(now))
+
+
+def mark_held(client: redis.Redis, keys: Keys) -> None:
+    """Before the archive is first given jobs: from now on a missing SQLite file is a loss."""
+    client.set(keys.archive_held, "1")
+
+
+def held_jobs(client: redis.Redis, keys: Keys) -> bool:
+    """Has the cluster's archive ever been given jobs (so a missing SQLite file is a loss)?"""
+    return bool(client.exists(keys.archive_held))
+
+
+def late(client: redis.Redis, keys: Keys, now: float, interval: float) -> str | None:
+    """A line for ``rig status`` when no pass succeeded for over 3 intervals + a minute (a
+    pass is skipped, failing, or its lock is held), None when on time or never run."""
+    ok_at = _text(client.get(keys.archive_ok_at))
+    if ok_at is None:
+        return None
+    try:
+        ago = now - float(ok_at)
+    except ValueError:
+        return None
+    if ago <= 3 * interval + 60:
+        return None
+    return (f"archiving last succeeded {ago / 60:.0f} min ago: see the control workers' log "
+            "(control.log in rig's log folder) for why passes are skipped")

@@ -1,0 +1,47 @@
+"""Finding 13 of issue 15: a broker outage is one line a minute per worker, and Celery's
+six-line CPendingDeprecationWarning at every connection loss is not printed."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+from workers.broker_quiet import CONSUMER_LOGGER, ConnectErrorThrottle, install
+
+CONNECTION_ERROR = "consumer: Cannot connect to %s: %s.\n%s\n"
+
+
+def _record(retry: int, cause: str = "No master found for 'rigm'") -> logging.LogRecord:
+    return logging.LogRecord(CONSUMER_LOGGER, logging.ERROR, __file__, 1, CONNECTION_ERROR,
+                             ("sentinel://h1:26379//", cause, f"Trying again in 2.00 seconds... ({retry}/100)"), None)
+
+
+def test_the_same_connection_error_is_said_once_then_with_a_count():
+    throttle = ConnectErrorThrottle(every=3600)
+    first = _record(1)
+    assert throttle.filter(first) and "\n" not in first.getMessage()
+    assert "No master found for 'rigm'" in first.getMessage()
+    assert not any(throttle.filter(_record(n)) for n in range(2, 6))
+    other = _record(6, "Connection refused")
+    assert throttle.filter(other)
+    assert "(4 more 'Cannot connect' line(s) since the last one shown" in other.getMessage()
+    unrelated = logging.LogRecord(CONSUMER_LOGGER, logging.WARNING, __file__, 1, "consumer: other", (), None)
+    assert throttle.filter(unrelated) and throttle.filter(unrelated)
+
+
+def test_the_cancel_on_connection_loss_warning_is_silenced_after_celerys_logging_setup():
+    from celery.exceptions import CPendingDeprecationWarning
+    from celery.signals import worker_ready
+    from celery.worker.consumer.consumer import CANCEL_TASKS_BY_DEFAULT
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        install()  # at import of workers.app
+        warnings.filterwarnings("always", category=CPendingDeprecationWarning)  # what Celery's logging setup does
+        # When the worker is ready (not sent here: workers.app's own receivers would run too).
+        assert any(key[0] == "rig.broker_quiet" for key, _ in worker_ready.receivers)
+        from workers.broker_quiet import _silence_cancel_warning
+
+        _silence_cancel_warning()
+        warnings.warn(CANCEL_TASKS_BY_DEFAULT, CPendingDeprecationWarning, stacklevel=1)
+    assert caught == []

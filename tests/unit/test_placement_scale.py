@@ -1,0 +1,87 @@
+"""The dispatcher's shortcuts for large clusters (issue 15) against the rules they stand for:
+Capacity against place(), HoldPlanner against a plain reading of plan_hold's rule, over seeded
+random clusters (full, busy, unhealthy, foreign memory, several nodes)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+
+import pytest
+
+from rig.memory import GIB
+from rig.models import CardState
+from rig.placement import Capacity, HoldPlanner, Release, Request, earliest_fit, place, room_for_one
+
+
+def _cluster(rng: random.Random, nodes: int = 4) -> list[CardState]:
+    cards = []
+    for n in range(nodes):
+        for i in range(8):
+            usable = 80 * GIB
+            jobs = rng.randint(0, 4)
+            cards.append(CardState(node=f"n{n}", index=i, total=usable, usable=usable,
+                                   reserved=rng.choice([0, 20, 40, 60, 72, 80]) * GIB, jobs=jobs, max_jobs=4,
+                                   foreign=rng.choice([0, 0, 3]) * GIB, healthy=rng.random() > 0.1,
+                                   allowed=rng.random() > 0.05))
+    return cards
+
+
+def _releases(rng: random.Random, cards: list[CardState], now: float) -> dict[str, list[Release]]:
+    return {c.id: [Release(rng.choice([now + rng.randint(1, 600), math.inf]), rng.choice([10, 20]) * GIB)
+                   for _ in range(c.jobs)] for c in cards}
+
+
+def _plan_by_the_rule(cards, releases, request, now, exclude):
+    """plan_hold's rule read plainly (as it was written before HoldPlanner)."""
+    by_node = defaultdict(list)
+    for card in cards:
+        if card.eligible and card.usable >= request.nbytes and card.id not in exclude:
+            when = earliest_fit(card, releases.get(card.id, ()), request, now)
+            by_node[card.node].append((when, max(0, request.nbytes - card.free), card.jobs, card.index, card.id))
+    best = None
+    for node, options in by_node.items():
+        if len(options) < request.gpus:
+            continue
+        chosen = sorted(options)[: request.gpus]
+        key = (max(o[0] for o in chosen), sum(o[1] for o in chosen), node)
+        if best is None or key < best[0]:
+            best = (key, tuple(o[4] for o in chosen), key[0])
+    return None if best is None else (best[1], best[2])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_capacity_says_no_exactly_when_place_finds_nothing(seed):
+    rng = random.Random(seed)
+    cards = _cluster(rng)
+    capacity = Capacity(cards)
+    for gib in (1, 5, 8, 12, 20, 40, 60, 77, 80, 81):
+        for gpus in (1, 2, 3, 8, 9):
+            request = Request(gib * GIB, gpus)
+            assert capacity.could_place(request) == (place(cards, request) is not None), (gib, gpus)
+
+
+def test_room_for_one_is_the_card_rule_read_the_other_way():
+    rng = random.Random(7)
+    for card in _cluster(rng, nodes=8):
+        room = room_for_one(card)
+        for nbytes in (1, GIB, 8 * GIB, 20 * GIB, 80 * GIB):
+            assert (card.refusal(nbytes) is None) == (room is not None and nbytes <= room)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_hold_planner_plans_what_plan_hold_s_rule_says(seed):
+    rng = random.Random(seed)
+    now = 1_000_000.0
+    cards = _cluster(rng)
+    releases = _releases(rng, cards, now)
+    planner = HoldPlanner(cards, releases, now)
+    exclude: dict[str, object] = {}
+    for job_id in range(1, 30):  # as a round plans: each hold excludes its cards from the next
+        request = Request(rng.choice([12, 24, 40, 70]) * GIB, rng.choice([1, 1, 2, 4]))
+        hold = planner.plan(request, job_id, exclude=exclude)
+        expected = _plan_by_the_rule(cards, releases, request, now, exclude)
+        assert (None if hold is None else (hold.cards, hold.until)) == expected
+        if hold is not None:
+            exclude.update(dict.fromkeys(hold.cards, hold))

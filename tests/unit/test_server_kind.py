@@ -1,0 +1,112 @@
+"""A URL that reaches a server of the wrong kind (a sentinel through redis://, a plain Redis
+through sentinel://, a Redis Cluster node) is one line and exit 6 from every client, whatever
+password rig sends (rig.server_kind). Real throwaway servers on free ports, started once."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from rig.errors import ConfigError
+from rig.redis_conn import connect
+from rig.testing.sentinel_set import free_port, redis_server_binary
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory) -> Iterator[dict[str, int]]:  # noqa: ANN001
+    """Ports of a plain Redis, a sentinel (no password) monitoring it as 'rigm', a cluster node."""
+    work = tmp_path_factory.mktemp("kinds")
+    ports = {"plain": free_port(), "sentinel": free_port(), "cluster": _cluster_port()}
+    (work / "s.conf").write_text(f"port {ports['sentinel']}\nbind 127.0.0.1\n"
+                                 f"sentinel monitor rigm 127.0.0.1 {ports['plain']} 1\n")
+    common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    args = {"plain": ["--port", str(ports["plain"]), *common],
+            "sentinel": [str(work / "s.conf"), "--sentinel"],
+            "cluster": ["--port", str(ports["cluster"]), *common, "--cluster-enabled", "yes",
+                        "--cluster-config-file", str(work / "nodes.conf")]}
+    procs = {name: subprocess.Popen([redis_server_binary(), *a], cwd=work, stdout=(work / f"{name}.log").open("w"),
+                                    stderr=subprocess.STDOUT) for name, a in args.items()}
+    try:
+        deadline = time.monotonic() + 20
+        for name, port in ports.items():
+            while True:
+                with contextlib.suppress(redis.ConnectionError), redis.Redis(port=port) as probe:
+                    probe.ping()
+                    break
+                log = (work / f"{name}.log").read_text()[-500:]
+                assert procs[name].poll() is None, f"the {name} server exited: {log}"
+                assert time.monotonic() < deadline, f"the {name} server never answered on {port}: {log}"
+                time.sleep(0.05)
+        yield ports
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000, below 65536) is free too."""
+    import socket
+
+    while True:
+        port = free_port()
+        if port + 10000 < 65536:
+            with socket.socket() as bus:
+                try:
+                    bus.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+                return port
+
+
+def _refused(url: str) -> str:
+    client = connect(url)
+    with pytest.raises(ConfigError) as info:
+        client.smembers("rig-kind-test:x")
+    client.close()
+    text = str(info.value)
+    assert "\n" not in text and "pw" not in text
+    return text
+
+
+@pytest.mark.parametrize("creds", ["", ":pw@"])
+def test_redis_url_on_a_sentinel_port_names_the_sentinel_form(servers, creds):
+    port = servers["sentinel"]
+    text = _refused(f"redis://{creds}127.0.0.1:{port}/0")
+    assert text.startswith("that port is a Redis Sentinel") and f"sentinel://127.0.0.1:{port}/rigm/0" in text
+
+
+@pytest.mark.parametrize("query", ["", "?sentinel_password=pw"])
+def test_sentinel_url_on_a_plain_redis_says_it_is_no_sentinel(servers, query):
+    port = servers["plain"]
+    text = _refused(f"sentinel://127.0.0.1:{port}/rigm/0{query}")
+    assert "is a plain Redis" in text and f"redis://127.0.0.1:{port}/0" in text
+
+
+def test_a_cluster_node_is_refused(servers):
+    assert "Redis Cluster node" in _refused(f"redis://127.0.0.1:{servers['cluster']}/0")
+
+
+def test_the_right_kinds_work(servers):
+    assert connect(f"redis://127.0.0.1:{servers['plain']}/0").ping()
+    assert connect(f"sentinel://127.0.0.1:{servers['sentinel']}/rigm/0").ping()
+
+
+@pytest.mark.parametrize(("command", "kind"), [(["rig", "status"], "sentinel"), (["rig-submit", "--gpu-memory", "1G", "--", "true"], "cluster")])
+def test_every_command_refuses_in_one_line_with_exit_6(servers, tmp_path, command, kind):
+    env = {**os.environ, "RIG_HOME": str(tmp_path), "RIG_KEY_PREFIX": "{rig}:",
+           "RIG_REDIS_URL": f"redis://127.0.0.1:{servers[kind]}/0"}
+    exe = Path(sys.executable).parent / command[0]
+    done = subprocess.run([str(exe), *command[1:]], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 6, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
