@@ -127,23 +127,25 @@ CARD_COLUMNS = (
     Col("flags", "flags", drop=0, shrink="end", min_width=12),
     Col("running", "running", shrink="middle", min_width=16, want=32),
 )
-#: `rig jobs` columns (rig.cli.fit): at 80 columns id, name, state, memory, where and the
-#: reason stay; the reason is why a waiting job waits, or why a job ended as it did.
+#: `rig jobs` columns (rig.cli.fit): at 80 columns id, name, user, state, memory and the reason
+#: stay (on a shared server who submitted a waiting job matters more than where an old one ran);
+#: the reason is why a waiting job waits, or why a job ended as it did, and gets the room left
+#: once names are readable, before names grow further.
 JOB_COLUMNS = (
     Col("id", "id", justify="right"),
     Col("name", "name", shrink="middle", min_width=12, want=16, max_width=48),
-    Col("user", "user", drop=5, shrink="middle", min_width=6, max_width=16),
+    Col("user", "user", drop=7, shrink="middle", min_width=6, want=10, max_width=16),
     Col("state", "state"),
     Col("prio", "prio", drop=1),
-    Col("mem/card", "mem/card", drop=7, justify="right"),
+    Col("mem/card", "mem/card", drop=6, justify="right"),
     Col("gpus", "gpus", drop=2, justify="right"),
-    Col("where", "where", drop=6, shrink="middle", min_width=7, want=9, max_width=24),
+    Col("where", "where", drop=5, shrink="middle", min_width=7, want=9, max_width=24),
     Col("age", "age", drop=0, justify="right"),
     Col("runtime", "runtime", drop=4, justify="right"),
     Col("exit", "exit", drop=3, justify="right"),
     #: Only when estimated starts are given (rig.forecast); the first to go on a narrow screen.
     Col("est. start", "est. start", drop=-1, justify="right"),
-    Col("reason", "reason", drop=8, shrink="end", min_width=10, want=14),
+    Col("reason", "reason", drop=8, shrink="end", min_width=10, want=14, first_to=64),
 )
 
 #: `rig errors` (rig.cli.fit): the reason is cut at the end; `rig show JOB` has it whole.
@@ -155,7 +157,7 @@ ERROR_COLUMNS = (
     Col("class", "class", drop=3, shrink="end", min_width=8, max_width=20),
     Col("attempts", "attempts", drop=0, justify="right"),
     Col("ended", "ended", drop=1, justify="right"),
-    Col("reason", "reason", shrink="end", min_width=12, want=20),
+    Col("reason", "reason", shrink="end", min_width=12, want=20, first_to=64),
 )
 #: `rig status`'s users and workers tables (rig.cli.fit).
 USER_COLUMNS = (
@@ -363,6 +365,17 @@ def render_metrics(job: Job, console: Console) -> None:
     console.print(table)
 
 
+#: What a person does with the error queue, as one line or, on a narrow screen, two.
+ERRORS_HINT = ("`rig retry JOB [--gpu-memory SIZE]` sends one back;", "`rig errors --clear JOB` dismisses it")
+
+
+def _errors_hint(width: int) -> list[str]:
+    """:data:`ERRORS_HINT` on one line when it fits ``width``, else one line each (never wrapped
+    mid-sentence)."""
+    one = " ".join(ERRORS_HINT)
+    return [one] if len(one) <= width else list(ERRORS_HINT)
+
+
 def render_errors(jobs: list[Job], console: Console, *, total: int | None = None) -> None:
     """The error queue's first jobs; ``total``: how many it holds (said when more than shown)."""
     if not jobs:
@@ -377,7 +390,8 @@ def render_errors(jobs: list[Job], console: Console, *, total: int | None = None
     else:
         console.print(f"error queue: {len(jobs)} job(s) waiting for a person")
     console.print(fitted_table(ERROR_COLUMNS, rows, console.width))
-    console.print("`rig retry JOB [--gpu-memory SIZE]` sends one back; `rig errors --clear JOB` dismisses it")
+    for line in _errors_hint(console.width):
+        console.print(line)
 
 
 def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: bool = False,
