@@ -162,7 +162,7 @@ def shorten_names(texts: Sequence[str], width: int | Sequence[int]) -> list[str]
     line up, just after a separator of their shared start when there is one. A name that
     fits stays whole. Every table that shortens names uses this."""
     widths = [width] * len(texts) if isinstance(width, int) else list(width)
-    shared = _shared_parts([t for t, w in zip(texts, widths, strict=True) if w > 4])
+    shared = _shared_parts(texts)
     # The same cut at the start for a whole group: the most that any of its long names needs.
     group_cut: dict[tuple[str, int], int] = {}
     for text, w in zip(texts, widths, strict=True):
@@ -220,6 +220,9 @@ class Col:
     #: before the others grow further (a reason: on a wide screen it is read before the names
     #: are whole). None: grows with the others.
     first_to: int | None = None
+    #: To be ``first_to`` wide, this column pushes out the columns whose ``drop`` is lower than
+    #: this (None: none); with less room it is cut instead.
+    first_over: int | None = None
     justify: str = "left"
 
 
@@ -261,10 +264,17 @@ def _natural(col: Col, rows: Sequence[Row]) -> int:
     return width if col.max_width is None else min(width, max(col.max_width, cell_len(col.header)))
 
 
-def _least(col: Col, natural: int, comfortable: bool = False) -> int:
+def _least(col: Col, natural: int, phase: str = "least") -> int:
+    """The least width of ``col`` in a layout phase: ``"roomy"`` (a column that grows first at
+    its ``first_to``, names at their ``want``), ``"comfortable"`` (at their ``want``) or
+    ``"least"`` (at their ``min_width``)."""
     if col.shrink is None:
         return natural
-    least = col.want if comfortable and col.want is not None else col.min_width
+    least = col.min_width
+    if phase != "least" and col.want is not None:
+        least = col.want
+    if phase == "roomy" and col.first_to is not None:
+        least = max(least, col.first_to)
     return min(natural, max(least, cell_len(col.header)))
 
 
@@ -279,18 +289,24 @@ def fit_widths(cols: Sequence[Col], rows: Sequence[Row], width: int) -> list[tup
     natural = {c.key: _natural(c, rows) for c in cols}
     droppable = sorted((c for c in cols if c.drop is not None), key=lambda c: c.drop)
 
-    def least_total(columns: Sequence[Col], comfortable: bool) -> int:
-        return sum(_least(c, natural[c.key], comfortable) for c in columns) + table_overhead(len(columns))
+    def least_total(columns: Sequence[Col], phase: str) -> int:
+        return sum(_least(c, natural[c.key], phase) for c in columns) + table_overhead(len(columns))
 
-    # First with every name at its comfortable width (columns go rather than names shrink);
-    # on a screen too narrow even for that, again with names at their least.
-    for comfortable in (True, False):
+    # First with what grows first (a reason) at its first_to, pushing out only the columns
+    # ranked below its first_over; then with every name at its comfortable width (columns go
+    # rather than names shrink); on a screen too narrow even for that, with names at their least.
+    roomy = [c for c in cols if c.first_to is not None]
+    below = min((c.first_over for c in roomy), default=None)
+    phases = (["roomy"] if roomy else []) + ["comfortable", "least"]
+    for phase in phases:
         kept = list(cols)
         for col in droppable:
-            if least_total(kept, comfortable) <= width:
+            if least_total(kept, phase) <= width:
+                break
+            if phase == "roomy" and (below is None or col.drop >= below):  # type: ignore[operator]
                 break
             kept.remove(col)
-        if least_total(kept, comfortable) <= width:
+        if least_total(kept, phase) <= width:
             break
     widths = {c.key: _least(c, natural[c.key]) for c in kept}
     spare = width - sum(widths.values()) - table_overhead(len(kept))

@@ -127,25 +127,27 @@ CARD_COLUMNS = (
     Col("flags", "flags", drop=0, shrink="end", min_width=12),
     Col("running", "running", shrink="middle", min_width=16, want=32),
 )
-#: `rig jobs` columns (rig.cli.fit): at 80 columns id, name, user, state, memory and the reason
-#: stay (on a shared server who submitted a waiting job matters more than where an old one ran);
-#: the reason is why a waiting job waits, or why a job ended as it did, and gets the room left
-#: once names are readable, before names grow further.
+#: `rig jobs` columns (rig.cli.fit). The reason (why a waiting job waits, or why a job ended as
+#: it did) is what people read: before it is cut, age, exit (the reason says it), gpus (the
+#: reason says "on each of 2 cards") and runtime go, in that order, so that at 160 columns a
+#: waiting job's reason is whole; then est. start, prio, where and mem/card. At 80 columns id,
+#: name, user, state, mem/card and the reason stay: on a shared server who submitted a job
+#: matters more than where it ran. Names shrink before the reason does.
 JOB_COLUMNS = (
     Col("id", "id", justify="right"),
     Col("name", "name", shrink="middle", min_width=12, want=16, max_width=48),
-    Col("user", "user", drop=7, shrink="middle", min_width=6, want=10, max_width=16),
+    Col("user", "user", drop=8, shrink="middle", min_width=6, want=10, max_width=16),
     Col("state", "state"),
-    Col("prio", "prio", drop=1),
-    Col("mem/card", "mem/card", drop=6, justify="right"),
+    Col("prio", "prio", drop=5),
+    Col("mem/card", "mem/card", drop=7, justify="right"),
     Col("gpus", "gpus", drop=2, justify="right"),
-    Col("where", "where", drop=5, shrink="middle", min_width=7, want=9, max_width=24),
+    Col("where", "where", drop=6, shrink="middle", min_width=7, want=9, max_width=24),
     Col("age", "age", drop=0, justify="right"),
-    Col("runtime", "runtime", drop=4, justify="right"),
-    Col("exit", "exit", drop=3, justify="right"),
-    #: Only when estimated starts are given (rig.forecast); the first to go on a narrow screen.
-    Col("est. start", "est. start", drop=-1, justify="right"),
-    Col("reason", "reason", drop=8, shrink="end", min_width=10, want=14, first_to=64),
+    Col("runtime", "runtime", drop=3, justify="right"),
+    Col("exit", "exit", drop=1, justify="right"),
+    #: Only when estimated starts are given (rig.forecast).
+    Col("est. start", "est. start", drop=4, justify="right"),
+    Col("reason", "reason", drop=9, shrink="end", min_width=10, want=14, first_to=64, first_over=4),
 )
 
 #: `rig errors` (rig.cli.fit): the reason is cut at the end; `rig show JOB` has it whole.
