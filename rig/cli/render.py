@@ -150,13 +150,14 @@ JOB_COLUMNS = (
     Col("reason", "reason", drop=9, shrink="end", min_width=10, want=14, first_to=64, first_over=4),
 )
 
-#: `rig errors` (rig.cli.fit): the reason is cut at the end; `rig show JOB` has it whole.
+#: `rig errors` (rig.cli.fit): the reason is cut at the end; `rig show JOB` has it whole. The
+#: user goes last: who must look at a failure matters more than its class.
 ERROR_COLUMNS = (
     Col("id", "id", justify="right"),
     Col("name", "name", shrink="middle", min_width=12, want=16, max_width=48),
-    Col("user", "user", drop=2, shrink="middle", min_width=6, max_width=16),
+    Col("user", "user", drop=3, shrink="middle", min_width=6, max_width=16),
     Col("state", "state"),
-    Col("class", "class", drop=3, shrink="end", min_width=8, max_width=20),
+    Col("class", "class", drop=2, shrink="end", min_width=8, max_width=20),
     Col("attempts", "attempts", drop=0, justify="right"),
     Col("ended", "ended", drop=1, justify="right"),
     Col("reason", "reason", shrink="end", min_width=12, want=20, first_to=64),
