@@ -117,6 +117,15 @@ def _common_suffix(texts: Sequence[str]) -> int:
     return _common_prefix([t[::-1] for t in texts])
 
 
+def _to_separator(text: str, n: int) -> int:
+    """``n`` or less: the shared start ends just after a separator ("sweep-lr0." of
+    ``sweep-lr0.001`` and ``sweep-lr0.0003``; "…-seed-" of ``seed-1`` and ``seed-12``, whose "1"
+    is not the same token)."""
+    while n > 0 and text[n - 1] not in _SEPARATORS:
+        n -= 1
+    return n
+
+
 def _shared_parts(texts: Sequence[str]) -> dict[str, tuple[int, int]]:
     """For each distinct text, how many characters at its start and at its end it shares with
     its group: the other texts with the same first token (a sweep: ``sweep-…``, users:
@@ -137,7 +146,7 @@ def _shared_parts(texts: Sequence[str]) -> dict[str, tuple[int, int]]:
         if len(group) < 2:
             shared[text] = (0, 0)
             continue
-        prefix = min(_common_prefix(group), len(text) - 1)
+        prefix = _to_separator(text, min(_common_prefix(group), len(text) - 1))
         suffix = min(_common_suffix(group), len(text) - 1 - prefix)
         shared[text] = (prefix, suffix)
     return shared
@@ -238,6 +247,12 @@ class Cell:
     line_styles: Sequence[str] = field(default_factory=tuple)
     #: Per line, instead of ``suffix``: e.g. one running job a line, only some over their memory.
     line_suffixes: Sequence[str] = field(default_factory=tuple)
+    #: Per line, kept whole before it (rig's own words, e.g. a job's ``12:`` before its name, so
+    #: that names are shortened among names).
+    line_prefixes: Sequence[str] = field(default_factory=tuple)
+
+    def prefix_of(self, i: int) -> str:
+        return self.line_prefixes[i] if i < len(self.line_prefixes) else ""
 
     def suffix_of(self, i: int) -> str:
         return self.line_suffixes[i] if i < len(self.line_suffixes) else self.suffix
@@ -260,7 +275,7 @@ def _natural(col: Col, rows: Sequence[Row]) -> int:
     for row in rows:
         cell = _cell(row.get(col.key, ""))
         for i, line in enumerate(cell.texts()):
-            width = max(width, cell_len(line) + cell_len(cell.suffix_of(i)))
+            width = max(width, cell_len(cell.prefix_of(i)) + cell_len(line) + cell_len(cell.suffix_of(i)))
     return width if col.max_width is None else min(width, max(col.max_width, cell_len(col.header)))
 
 
@@ -339,10 +354,12 @@ def _render_cell(col: Col, cell: Cell, width: int, names: Sequence[str] | None =
     (:func:`shorten_names`), for a ``"middle"`` column."""
     out = Text(style=cell.style)
     for i, line in enumerate(cell.texts()):
-        suffix = cell.suffix_of(i)
-        room = width - cell_len(suffix)
+        prefix, suffix = cell.prefix_of(i), cell.suffix_of(i)
+        room = width - cell_len(prefix) - cell_len(suffix)
         if i:
             out.append("\n")
+        if prefix:
+            out.append(prefix)
         if names is not None:
             line = names[i]
         elif col.shrink == "middle":
@@ -365,7 +382,7 @@ def _column_names(col: Col, cells: Sequence[Cell], width: int) -> list[list[str]
         counts.append(len(lines))
         for i, line in enumerate(lines):
             texts.append(line)
-            rooms.append(width - cell_len(cell.suffix_of(i)))
+            rooms.append(width - cell_len(cell.prefix_of(i)) - cell_len(cell.suffix_of(i)))
     short = iter(shorten_names(texts, rooms))
     return [[next(short) for _ in range(n)] for n in counts]
 

@@ -195,7 +195,7 @@ def _render_cards(report: StatusReport, cards_of_node: list[CardState], title: s
             "flags": Cell(" ".join(f"[{w}]" for w in flags) or "-", style="bold red" if flags else "dim"),
             # One running job a line: its id and name (shortened in the middle), and a mark
             # when it used more than it declared.
-            "running": Cell([f"{j.id}:{j.name}" for j in jobs] or ["-"],
+            "running": Cell([j.name for j in jobs] or ["-"], line_prefixes=[f"{j.id}:" for j in jobs],
                             line_suffixes=[" OVER" if j.overuse else "" for j in jobs],
                             suffix_style="bold red"),
         })

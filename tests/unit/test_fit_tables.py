@@ -174,6 +174,14 @@ def test_a_cell_never_wraps_and_keeps_its_suffix() -> None:
     assert len(body) == 2 and "OVER" in body[0] and body[1].rstrip(" │").endswith("seed-2"), lines
 
 
+def test_a_jobs_id_before_its_name_stays_whole_and_names_shorten_among_names() -> None:
+    cols = [Col("running", "running", shrink="middle", min_width=10)]
+    rows = [{"running": Cell([SWEEP.format(1), SWEEP.format(12)], line_prefixes=["101:", "112:"])}]
+    body = [line.strip("│ ") for line in _screen(30, lambda c: c.print(fitted_table(cols, rows, 30)))
+            if line.startswith("│")]
+    assert body == ["101:…2000-batch512-seed-1", "112:…2000-batch512-seed-12"], body  # the same cut
+
+
 # -- rig status ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("width", [80, 160])
 def test_status_fits(width: int) -> None:
@@ -343,10 +351,11 @@ def test_sweep_runs_keep_what_tells_them_apart(width: int) -> None:
     assert len(set(short)) == len(SWEEP_RUNS), short  # every run told apart
     for name, cut in zip(SWEEP_RUNS, short, strict=True):
         lr, seed = re.match(r"sweep-lr0\.(\d+)-seed-(\d+)", name).groups()
-        assert cut.endswith(f"-seed-{seed}"), (name, cut)  # the seed stays
-        assert lr[-2 if width >= 14 else -1:] + "-seed-" in cut, (name, cut)  # and the lr's last digits
+        assert cut.endswith(f"-{seed}"), (name, cut)  # the seed stays
+        assert f"{lr}-se" in cut, (name, cut)  # and the lr's digits
     # The shared start goes, as many characters for every run: they line up.
-    assert len({len(n) - len(s) for n, s in zip(SWEEP_RUNS, short, strict=True) if s.startswith("…")}) == 1, short
+    starts = {n.index(s[1:].split("…")[0]) for n, s in zip(SWEEP_RUNS, short, strict=True) if s.startswith("…")}
+    assert len(starts) == 1, short
     assert all(n.endswith(s[1:]) for n, s in zip(SWEEP_RUNS, short, strict=True) if width >= 14), short
 
 
