@@ -138,17 +138,22 @@ def _shared_parts(texts: Sequence[str]) -> dict[str, tuple[int, int]]:
     for text in distinct:
         by_first.setdefault(_first_token(text), []).append(text)
         by_last.setdefault(_last_token(text), []).append(text)
+    common: dict[tuple[str, str], tuple[int, int]] = {}  # per group, computed once (a 1,000-run sweep)
     shared: dict[str, tuple[int, int]] = {}
     for text in distinct:
-        group = by_first[_first_token(text)] if _first_token(text) else []
+        key = ("first", _first_token(text))
+        group = by_first[key[1]] if key[1] else []
         if len(group) < 2:
-            group = by_last[_last_token(text)] if _last_token(text) else []
+            key = ("last", _last_token(text))
+            group = by_last[key[1]] if key[1] else []
         if len(group) < 2:
             shared[text] = (0, 0)
             continue
-        prefix = _to_separator(text, min(_common_prefix(group), len(text) - 1))
-        suffix = min(_common_suffix(group), len(text) - 1 - prefix)
-        shared[text] = (prefix, suffix)
+        if key not in common:
+            common[key] = (_common_prefix(group), _common_suffix(group))
+        start, end = common[key]
+        prefix = _to_separator(text, min(start, len(text) - 1))
+        shared[text] = (prefix, min(end, len(text) - 1 - prefix))
     return shared
 
 
