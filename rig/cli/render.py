@@ -127,35 +127,40 @@ CARD_COLUMNS = (
     Col("flags", "flags", drop=0, shrink="end", min_width=12),
     Col("running", "running", shrink="middle", min_width=16, want=32),
 )
-#: `rig jobs` columns (rig.cli.fit): at 80 columns id, name, state, memory, where and the
-#: reason stay; the reason is why a waiting job waits, or why a job ended as it did.
+#: `rig jobs` columns (rig.cli.fit). The reason (why a waiting job waits, or why a job ended as
+#: it did) is what people read: before it is cut, age, exit (the reason says it), gpus (the
+#: reason says "on each of 2 cards") and runtime go, in that order, so that at 160 columns a
+#: waiting job's reason is whole; then est. start, prio, where and mem/card. At 80 columns id,
+#: name, user, state, mem/card and the reason stay: on a shared server who submitted a job
+#: matters more than where it ran. Names shrink before the reason does.
 JOB_COLUMNS = (
     Col("id", "id", justify="right"),
     Col("name", "name", shrink="middle", min_width=12, want=16, max_width=48),
-    Col("user", "user", drop=5, shrink="middle", min_width=6, max_width=16),
+    Col("user", "user", drop=8, shrink="middle", min_width=6, want=10, max_width=16),
     Col("state", "state"),
-    Col("prio", "prio", drop=1),
+    Col("prio", "prio", drop=5),
     Col("mem/card", "mem/card", drop=7, justify="right"),
     Col("gpus", "gpus", drop=2, justify="right"),
     Col("where", "where", drop=6, shrink="middle", min_width=7, want=9, max_width=24),
     Col("age", "age", drop=0, justify="right"),
-    Col("runtime", "runtime", drop=4, justify="right"),
-    Col("exit", "exit", drop=3, justify="right"),
-    #: Only when estimated starts are given (rig.forecast); the first to go on a narrow screen.
-    Col("est. start", "est. start", drop=-1, justify="right"),
-    Col("reason", "reason", drop=8, shrink="end", min_width=10, want=14),
+    Col("runtime", "runtime", drop=3, justify="right"),
+    Col("exit", "exit", drop=1, justify="right"),
+    #: Only when estimated starts are given (rig.forecast).
+    Col("est. start", "est. start", drop=4, justify="right"),
+    Col("reason", "reason", drop=9, shrink="end", min_width=10, want=14, first_to=64, first_over=4),
 )
 
-#: `rig errors` (rig.cli.fit): the reason is cut at the end; `rig show JOB` has it whole.
+#: `rig errors` (rig.cli.fit): the reason is cut at the end; `rig show JOB` has it whole. The
+#: user goes last: who must look at a failure matters more than its class.
 ERROR_COLUMNS = (
     Col("id", "id", justify="right"),
     Col("name", "name", shrink="middle", min_width=12, want=16, max_width=48),
-    Col("user", "user", drop=2, shrink="middle", min_width=6, max_width=16),
+    Col("user", "user", drop=3, shrink="middle", min_width=6, max_width=16),
     Col("state", "state"),
-    Col("class", "class", drop=3, shrink="end", min_width=8, max_width=20),
+    Col("class", "class", drop=2, shrink="end", min_width=8, max_width=20),
     Col("attempts", "attempts", drop=0, justify="right"),
     Col("ended", "ended", drop=1, justify="right"),
-    Col("reason", "reason", shrink="end", min_width=12, want=20),
+    Col("reason", "reason", shrink="end", min_width=12, want=20, first_to=64),
 )
 #: `rig status`'s users and workers tables (rig.cli.fit).
 USER_COLUMNS = (
@@ -190,7 +195,7 @@ def _render_cards(report: StatusReport, cards_of_node: list[CardState], title: s
             "flags": Cell(" ".join(f"[{w}]" for w in flags) or "-", style="bold red" if flags else "dim"),
             # One running job a line: its id and name (shortened in the middle), and a mark
             # when it used more than it declared.
-            "running": Cell([f"{j.id}:{j.name}" for j in jobs] or ["-"],
+            "running": Cell([j.name for j in jobs] or ["-"], line_prefixes=[f"{j.id}:" for j in jobs],
                             line_suffixes=[" OVER" if j.overuse else "" for j in jobs],
                             suffix_style="bold red"),
         })
@@ -363,6 +368,17 @@ def render_metrics(job: Job, console: Console) -> None:
     console.print(table)
 
 
+#: What a person does with the error queue, as one line or, on a narrow screen, two.
+ERRORS_HINT = ("`rig retry JOB [--gpu-memory SIZE]` sends one back;", "`rig errors --clear JOB` dismisses it")
+
+
+def _errors_hint(width: int) -> list[str]:
+    """:data:`ERRORS_HINT` on one line when it fits ``width``, else one line each (never wrapped
+    mid-sentence)."""
+    one = " ".join(ERRORS_HINT)
+    return [one] if len(one) <= width else list(ERRORS_HINT)
+
+
 def render_errors(jobs: list[Job], console: Console, *, total: int | None = None) -> None:
     """The error queue's first jobs; ``total``: how many it holds (said when more than shown)."""
     if not jobs:
@@ -377,7 +393,8 @@ def render_errors(jobs: list[Job], console: Console, *, total: int | None = None
     else:
         console.print(f"error queue: {len(jobs)} job(s) waiting for a person")
     console.print(fitted_table(ERROR_COLUMNS, rows, console.width))
-    console.print("`rig retry JOB [--gpu-memory SIZE]` sends one back; `rig errors --clear JOB` dismisses it")
+    for line in _errors_hint(console.width):
+        console.print(line)
 
 
 def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: bool = False,
