@@ -7,6 +7,7 @@ is there. No Redis, no terminal."""
 from __future__ import annotations
 
 import io
+import os
 import re
 
 import pytest
@@ -499,3 +500,24 @@ def test_a_short_notice_keeps_the_command_that_mends_it() -> None:
                    "maxmemory-policy noeviction, and in its config file)"]:
         short = short_notice(notice)
         assert len(short) < 80 and "redis-cli CONFIG SET" in short, short
+
+
+@pytest.mark.parametrize("columns", [80, 160])
+def test_rig_templates_fits_and_never_wraps(tmp_path, monkeypatch, columns):
+    """`rig templates` at 80 columns: one line per template, no heading cut (it wrapped the
+    description onto 7 lines and cut every heading, as a tester found)."""
+    from click.testing import CliRunner
+
+    from rig.cli.main import cli
+
+    for name in [n for n in os.environ if n.startswith("RIG_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("RIG_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("COLUMNS", str(columns))
+    done = CliRunner().invoke(cli, ["templates"])
+    assert done.exit_code == 0, done.output
+    lines = done.output.splitlines()
+    assert all(len(line.rstrip()) <= columns for line in lines), done.output
+    body = [line for line in lines if line.startswith("│")]
+    assert len(body) == 3 and [b.split("│")[1].strip() for b in body] == ["finetune", "inference", "test"], done.output
+    assert "what for" in done.output and "…" not in lines[1] + lines[2] + lines[3], done.output
