@@ -340,20 +340,30 @@ def render_jobs(jobs: list[Job], console: Console, starts: Mapping[int, str] | N
                           "shows one")
 
 
+#: `rig metrics`: what goes first on a narrow screen (lowest drop first); never a cut heading.
+METRICS_COLUMNS = (
+    Col("attempt", "attempt", justify="right"),
+    Col("outcome", "outcome", shrink="end", min_width=7, want=12),
+    Col("declared", "declared", drop=4, justify="right"),
+    Col("peak", "peak", justify="right"),
+    Col("mean", "mean", drop=2, justify="right"),
+    Col("ratio", "peak/declared", drop=3, justify="right"),
+    Col("util", "gpu util", drop=1, justify="right"),
+    Col("duration", "duration", drop=5, justify="right"),
+)
+
+
 def render_metrics(job: Job, console: Console) -> None:
     """Declared vs measured memory, utilisation and duration, per attempt (M12)."""
-    table = Table(title=f"job {job.id} '{M(job.name)}': measured on its card(s), per attempt",
-                  title_justify="left")
-    for col in ("attempt", "outcome", "declared", "peak", "mean", "peak/declared", "gpu util", "duration"):
-        table.add_column(col, justify="left" if col in ("outcome",) else "right")
+    rows: list[dict[str, str | Cell]] = []
 
     def row(n, outcome, declared, peak, mean, util, seconds) -> None:  # noqa: ANN001
-        ratio = f"{peak / declared:.0%}" if peak and declared else "-"
-        if peak and declared and peak > declared:
-            ratio = f"[bold red]{ratio} over[/]"
-        table.add_row(str(n), M(outcome), format_memory(declared), format_memory(peak or None),
-                      format_memory(mean), ratio, "-" if util is None else f"{util:.0f}%",
-                      duration(seconds))
+        over = bool(peak and declared and peak > declared)
+        ratio = f"{peak / declared:.0%}" + (" over" if over else "") if peak and declared else "-"
+        rows.append({"attempt": str(n), "outcome": str(outcome), "declared": format_memory(declared),
+                     "peak": format_memory(peak or None), "mean": format_memory(mean),
+                     "ratio": Cell(ratio, style="bold red" if over else ""),
+                     "util": "-" if util is None else f"{util:.0f}%", "duration": duration(seconds)})
 
     for a in job.attempts:
         took = (a.get("ended_at") or 0) - (a.get("started_at") or 0) if a.get("started_at") else None
@@ -365,7 +375,9 @@ def render_metrics(job: Job, console: Console) -> None:
     if not job.attempts and job.state is not JobState.RUNNING:
         console.print(f"job {job.id} has not run yet ({job.state.value.lower()})")
         return
-    console.print(table)
+    console.print(fitted_table(METRICS_COLUMNS, rows, console.width,
+                               title=f"job {job.id} '{M(job.name)}': measured on its card(s), per attempt",
+                               title_justify="left"))
 
 
 #: What a person does with the error queue, as one line or, on a narrow screen, two.

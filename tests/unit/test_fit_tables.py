@@ -521,3 +521,30 @@ def test_rig_templates_fits_and_never_wraps(tmp_path, monkeypatch, columns):
     body = [line for line in lines if line.startswith("│")]
     assert len(body) == 3 and [b.split("│")[1].strip() for b in body] == ["finetune", "inference", "test"], done.output
     assert "what for" in done.output and "…" not in lines[1] + lines[2] + lines[3], done.output
+
+
+@pytest.mark.parametrize("columns", [80, 160])
+def test_rig_metrics_fits_with_whole_headings_and_outcomes(columns):
+    """`rig metrics` at 80 columns cut its heading to "peak/de…" and the outcome to "succeed…"
+    (a tester found): now columns go in a fixed order instead, and what stays is whole."""
+    import time as _time
+
+    from rig.cli.render import render_metrics
+    from rig.memory import GIB
+    from rig.models import Job, JobState, Priority
+
+    now = _time.time()
+    job = Job(id=26, name="sweep-lr0.001-seed-11", user="alice", command=["true"], gpu_memory=12 * GIB, gpus=1,
+              priority=Priority.MEDIUM, state=JobState.SUCCEEDED, workdir="/tmp", created_at=now - 90,
+              attempts=[{"attempt": 1, "outcome": "nonzero_exit", "gpu_memory": 12 * GIB, "started_at": now - 80,
+                         "ended_at": now - 60, "vram_peak": 13 * GIB, "vram_mean": 9 * GIB, "util_mean": 55.0},
+                        {"attempt": 2, "outcome": "succeeded", "gpu_memory": 12 * GIB, "started_at": now - 50,
+                         "ended_at": now - 5, "vram_peak": 11 * GIB, "vram_mean": 8 * GIB, "util_mean": 60.0}])
+    console = Console(width=columns, record=True, file=io.StringIO())
+    render_metrics(job, console)
+    text = console.export_text()
+    assert all(len(line) <= columns for line in text.splitlines()), text
+    assert "succeeded" in text and "nonzero_exit" in text and "peak" in text, text
+    assert "…" not in "".join(line for line in text.splitlines() if line.startswith("┃")), text
+    if columns >= 160:
+        assert "peak/declared" in text and "108% over" in text, text
