@@ -11,7 +11,8 @@ its card rule (``rig.placement.place`` over the cards of the job's pool, which a
 ``_Holds``: ``plan_hold`` / ``may_backfill``), user limits (``rig.fairshare.over_limit``) and its
 run-time estimates (``Dispatcher._read_holdings`` for the running jobs' expected ends, with their
 conditional remaining time and their time limits as sure ends; ``Dispatcher.estimate`` for the
-waiting ones). It is event-driven list scheduling: at ``now`` and then at each next expected end,
+waiting ones). It is event-driven list scheduling: at ``now`` and then at each next expected end
+(and at the hold times of jobs too new to hold cards yet, where the dispatcher makes their holds),
 the ended reservations are freed and the waiting jobs are offered the cards in run order, as a
 dispatcher pass would.
 
@@ -38,7 +39,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING
@@ -68,6 +69,9 @@ FORECAST_JOBS = 200
 MAX_PASSES = 80
 #: Rounds replayed in one pass (the dispatcher's MAX_ROUNDS is 50; more than a few are rare).
 MAX_ROUNDS = 8
+
+#: Hold times of new jobs are replayed on this grid (s from the forecast's ``now``): see _hold_times.
+HOLD_GRID_S = 5.0
 
 #: Reasons for no estimate (the end of "estimated start: unknown (...)").
 NO_RUNS = ("no estimate: no earlier runs of similar jobs (nor a time limit) for a job that must end "
@@ -229,7 +233,7 @@ def simulate(dispatcher: Dispatcher, cards: Sequence[CardState], releases: Mappi
         upcoming = [r.at for rs in ends.values() for r in rs if r.at > t and r.at != math.inf]
         if not pending or not upcoming:
             break
-        t = min(upcoming)
+        t = min(upcoming + _hold_times(dispatcher, pending.values(), now, t))
     for job in pending.values():
         out[job.id] = StartEstimate(job.id, None, _why_none(dispatcher, pools, state, team, job))
     return out
@@ -319,6 +323,23 @@ def _one_round(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState]
         if not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
             break  # every card is full: the jobs behind wait for the next end
     return started and bool(holds.by_card)
+
+
+def _hold_times(dispatcher: Dispatcher, pending: Collection[Waiting], now: float, t: float) -> list[float]:
+    """When jobs not holding cards yet reach their hold time after ``t`` (epoch s), on a grid of
+    HOLD_GRID_S from ``now``: a dispatcher pass then may hold cards for them, before the next end,
+    which changes who goes first when cards free (holders first). Without these passes the first
+    forecast after a burst of submissions differed from the next, made once the holds were there.
+    The grid bounds the extra passes (a burst over a minute costs a dozen of MAX_PASSES)."""
+    if len(pending) < 2:
+        return []  # a hold decides only who goes first: alone, nothing to decide
+    out = set()
+    for job in pending:
+        if not job.held_at:
+            due = job.created_at + dispatcher.hold_after(job, t)
+            if due > t:
+                out.add(now + math.ceil((due - now) / HOLD_GRID_S) * HOLD_GRID_S)
+    return sorted(out)
 
 
 def _roomy(cards: Sequence[CardState], request: Request) -> list[CardState]:

@@ -67,3 +67,41 @@ def test_each_holder_is_estimated_to_start_when_its_held_cards_are_expected_free
         assert f"held for it (expected free {roughly(start - got.now)})" in reasons[name], (name, reasons[name])
     # No medium job goes ahead of the high one on the cards held for it.
     assert got.of(waiting["high"]).at < min(got.of(waiting[m]).at for m in ("m1", "m2", "m3"))
+
+
+def test_the_first_forecast_after_a_burst_is_the_one_that_stays(redis_client, key_prefix, tmp_path):
+    """Made before the medium jobs' hold time has come (the dispatcher has held cards only for
+    the high job), the forecast foresees the holds they will make then: the next one, made after
+    the dispatcher's pass at their hold time, gives every job the same start."""
+    settings = load_settings(key_prefix=key_prefix, node_name="demo", home=tmp_path / "home",
+                             hold_after_seconds=0.5)
+    ledger = Ledger(redis_client, Keys(key_prefix))
+    for i in range(4):
+        ledger.register_card("demo", GpuReading(index=i, uuid=f"u{i}", model="m", total=24 * GIB),
+                             max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    client = Client(settings, redis_client=redis_client)
+    dispatcher = Dispatcher(settings, lambda *a: None, client=redis_client)
+
+    def submit(user: str, gib: int, limit: float | None, prio: Priority = Priority.MEDIUM, gpus: int = 1) -> int:
+        return client.store.create(Job(
+            id=0, name="t", user=user, command=["true"], gpu_memory=gib * GIB, gpus=gpus, priority=prio,
+            state=JobState.PENDING, workdir="/", created_at=time.time(), time_limit=limit)).id
+
+    for user, gib, limit in (("alice", 20, 120 * MIN), ("bob", 22, 45 * MIN), ("carol", 20, 30 * MIN),
+                             ("carol", 20, 30 * MIN)):
+        submit(user, gib, limit)
+    assert dispatcher.dispatch_pass() == 4
+    ids = [submit("carol", 20, 30 * MIN) for _ in range(3)]
+    ids += [submit("alice", 16, 180 * MIN, Priority.HIGH, 2), submit("bob", 22, None, Priority.LOW)]
+    dispatcher.dispatch_pass()  # the high job holds at once; the others' hold time has not come
+    client.r.set(client.keys.sched_leader, "someone", px=60_000)
+    first = forecast(client)
+    time.sleep(2 * settings.hold_after_seconds + 0.1)  # the low job's hold time too
+    dispatcher.dispatch_pass()
+    assert client.get(ids[0]).held_at is not None
+    second = forecast(client)
+    for jid in ids:
+        a, b = first.of(jid).at, second.of(jid).at
+        assert (a is None) == (b is None) and (a is None or abs(a - b) < 5), (
+            jid, {j: round((first.of(j).at or 0) - first.now) for j in ids},
+            {j: round((second.of(j).at or 0) - second.now) for j in ids})
