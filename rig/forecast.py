@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 
 from rig.clock import shared_now
 from rig.errors import InvalidRecord
+from rig.estimates import SOURCE_WORDS
 from rig.fairshare import TeamState, UserLimit, exceeds_alone, over_limit
 from rig.keys import Keys, card_id
 from rig.models import PRIORITY_BAND, CardState, Priority
@@ -80,8 +81,9 @@ NO_CARD_OPEN = ("no estimate: no card of its pool that could hold it takes jobs 
                 "unhealthy, or its node is not up)")
 NO_CARDS = "no estimate: no cards are registered (is `rig up` running?)"
 LATER = f"later (more than {FORECAST_JOBS} jobs ahead of it by priority and age; only those are estimated)"
-#: What every time shown says it is.
-CAVEAT = "an estimate from earlier runs, assumes no higher-priority submissions"
+#: What every time shown says it is: the ends of the jobs ahead come from their time limits or
+#: earlier runs (each job's own is its StartEstimate.run_text).
+CAVEAT = "an estimate from the run times expected of the jobs ahead, assumes no higher-priority submissions"
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,11 @@ class StartEstimate:
     later: bool = False
     after: float | None = None
     not_yet: bool = False
+    #: The run time the simulation assumed for it (s: its estimate, capped by its time limit), and
+    #: where that came from (rig.estimates.SOURCE_WORDS' keys: "limit" when the limit set it);
+    #: None when unknown.
+    run: float | None = None
+    run_source: str | None = None
 
     def short(self, now: float) -> str:
         """For a table cell: ``now``, ``~14:20``, ``after ~16:40``, ``later``, ``not yet``, ``unknown``."""
@@ -127,7 +134,15 @@ class StartEstimate:
     def as_dict(self, now: float) -> dict[str, object]:
         """For ``--json`` and the web page: the raw time and the words."""
         return {"estimated_start": self.at, "estimated_start_text": self.sentence(now),
-                "estimated_start_short": self.short(now)}
+                "estimated_start_short": self.short(now), "expected_run": self.run,
+                "expected_run_source": self.run_source, "expected_run_text": self.run_text()}
+
+    def run_text(self) -> str | None:
+        """``~30 min (its time limit)``: the run time assumed and where it came from; None if unknown."""
+        if self.run is None:
+            return None
+        words = SOURCE_WORDS.get(self.run_source or "", self.run_source or "an estimate")
+        return f"~{_span(self.run)} (from {words})"
 
 
 @dataclass(frozen=True)
@@ -164,6 +179,13 @@ def _ago(seconds: float) -> str:
     """``12 s ago``, ``3 min ago``: the age of a forecast (s)."""
     seconds = max(0.0, seconds)
     return f"{seconds:.0f} s ago" if seconds < 90 else f"{seconds / 60:.0f} min ago"
+
+
+def _span(seconds: float) -> str:
+    """``40 s``, ``30 min``, ``2.5 h``: a run time (s) as the views say it."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
 
 
 def _clock(at: float, now: float) -> str:
@@ -450,7 +472,30 @@ def forecast(client: Client) -> Forecast:
             or settings.user_limits
         loads = read_running_loads(r, keys, dispatcher, cards, now) if limited else None
         out.update(simulate(dispatcher, cards, releases, team, waiting, now, loads))
+        pipe = r.pipeline(transaction=False)
+        for job in waiting:
+            pipe.hget(keys.job(job.id), "expected_source")
+        for job, own_source in zip(waiting, pipe.execute(), strict=True):
+            seconds, source = assumed_run(dispatcher, job, own_source)
+            if job.id in out:
+                out[job.id] = replace(out[job.id], run=seconds, run_source=source)
     return made(out)
+
+
+def assumed_run(dispatcher: Dispatcher, job: Waiting, own_source: str | None = None) -> tuple[float | None, str | None]:
+    """(s, source): the run time the simulation takes for ``job`` (Dispatcher.estimate, which
+    caps it by the time limit) and where it came from: "limit" when the limit set it, else
+    rig.estimates' source ("history", the job's own runs, as ``own_source`` names them when the
+    submission stored it). (None, None) when unknown. Needs the dispatcher's round read
+    (Dispatcher._read_holdings) for the cluster's recent runs."""
+    found = dispatcher.estimate(job)
+    if not found.known:
+        return None, None
+    if job.time_limit and found.expected >= job.time_limit:
+        return found.expected, "limit"
+    if found.source == "history" and own_source:
+        return found.expected, own_source
+    return found.expected, found.source
 
 
 def read_running_loads(r: redis.Redis, keys: Keys, dispatcher: Dispatcher, cards: Sequence[CardState],

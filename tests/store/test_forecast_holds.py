@@ -105,3 +105,26 @@ def test_the_first_forecast_after_a_burst_is_the_one_that_stays(redis_client, ke
         assert (a is None) == (b is None) and (a is None or abs(a - b) < 5), (
             jid, {j: round((first.of(j).at or 0) - first.now) for j in ids},
             {j: round((second.of(j).at or 0) - second.now) for j in ids})
+
+
+def test_the_run_time_assumed_and_its_source_reach_the_views(load):
+    from rig.forecast_store import publish, read
+    from rig.web.overview import overview
+
+    client, dispatcher, waiting = load
+    dispatcher.dispatch_pass()
+    client.r.set(client.keys.sched_leader, "someone", px=60_000)
+    # One medium job has earlier runs of its name (stored at submission): 20 min, under its limit.
+    client.store.update(waiting["m3"], expected_seconds=1200.0, expected_source="name")
+    publish(client.r, client.keys, forecast(client))
+    stored = read(client.r, client.keys, waiting.values())
+    limited = stored.row(waiting["m1"])
+    assert (limited["expected_run"], limited["expected_run_source"]) == (30 * MIN, "limit")
+    assert limited["expected_run_text"] == "~30 min (from its time limit)"
+    assert "earlier runs" not in limited["estimated_start_text"]  # none were: the limits set the ends
+    named = stored.row(waiting["m3"])
+    assert named["expected_run_text"] == "~20 min (from earlier runs of this name)"
+    assert stored.row(waiting["low"])["expected_run"] is None  # no limit, no runs: unknown
+    rows = {j["id"]: j for j in overview(client, login="admin")["waiting"]["jobs"]}
+    assert rows[waiting["high"]]["expected_run"] == 180 * MIN
+    assert rows[waiting["high"]]["expected_run_source"] == "limit"
