@@ -9,12 +9,22 @@ a GPU: a process writes the bytes it uses into ``<usage_dir>/<card index>/<pid>`
 jobs the folder as $RIG_FAKE_GPU_DIR; ``python -m rig.fakeuse 12G 30`` does it for you). Files
 of dead processes are ignored and removed. Utilisation reads 100 % while any process uses the
 card, else 0.
+
+A job run as another user (a root node running its submitter's jobs) cannot write the shared
+folder, so the card worker gives it a folder of its own, ``<usage_dir>/jobs/job-<id>``
+(:func:`job_usage_dir`: made by the worker, owned by the job's uid, mode 0700, so no other user
+can write or read it; ``jobs`` is 0711: passable, not listable) as its $RIG_FAKE_GPU_DIR, with
+the same ``<card>/<pid>`` files, and removes it when the attempt ends (:func:`drop_job_usage_dir`).
+The backend sums them with the shared ones. It reads a job's folder without following links
+(a job's user could plant one to a file of root's) and never deletes in it.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import stat
 from pathlib import Path
 
 from rig.config import default_node_name
@@ -85,9 +95,22 @@ class FakeGpuBackend:
         )
 
     def _processes(self, index: int) -> dict[int, int]:
-        """pid -> bytes, from the usage files of live processes on this card."""
+        """pid -> bytes, from the usage files of live processes on this card: the shared
+        folder's and each job's own (job_usage_dir)."""
         if self.usage_dir is None:
             return {}
+        found = self._shared(index)
+        try:
+            jobs = [e for e in os.scandir(self.usage_dir / JOBS) if e.is_dir(follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            jobs = []
+        for folder in jobs:
+            found.update(_job_files(Path(folder.path) / str(index)))
+        return found
+
+    def _shared(self, index: int) -> dict[int, int]:
+        """pid -> bytes from the shared folder (files of dead processes are removed)."""
+        assert self.usage_dir is not None
         folder = self.usage_dir / str(index)
         try:
             entries = list(os.scandir(folder))
@@ -112,3 +135,64 @@ class FakeGpuBackend:
 
     def close(self) -> None:
         pass
+
+
+#: The folder under a backend's usage_dir that holds the jobs' own folders.
+JOBS = "jobs"
+#: Bytes read of a usage file at most (a number).
+_MOST = 32
+
+
+def job_usage_dir(usage_dir: Path, job_id: int, uid: int, gid: int) -> Path:
+    """Make (afresh) the folder a job run as ``uid`` writes its fake-card usage into, and
+    return it: ``usage_dir/jobs/job-<id>``, owned by ``uid``:``gid``, mode 0700. The caller (the
+    card worker, root when it runs jobs as their submitters) makes it before the job starts;
+    a folder left by an earlier attempt is removed first (without following its links)."""
+    jobs = usage_dir / JOBS
+    jobs.mkdir(parents=True, exist_ok=True)
+    os.chmod(usage_dir, os.stat(usage_dir).st_mode | 0o011)  # others may pass through to theirs
+    os.chmod(jobs, 0o711)  # passable, not listable: a job finds only its own folder
+    folder = jobs / f"job-{int(job_id)}"
+    drop_job_usage_dir(usage_dir, job_id)
+    folder.mkdir(mode=0o700)
+    if (uid, gid) != (os.geteuid(), os.getegid()):
+        os.chown(folder, uid, gid)
+    return folder
+
+
+def drop_job_usage_dir(usage_dir: Path, job_id: int) -> None:
+    """Remove a job's usage folder, if any (its attempt ended): shutil.rmtree does not follow
+    the links a job may have left in it."""
+    folder = usage_dir / JOBS / f"job-{int(job_id)}"
+    if folder.is_symlink():
+        folder.unlink()
+    elif folder.exists():
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _job_files(folder: Path) -> dict[int, int]:
+    """pid -> bytes from one job's card folder: regular files named by a live pid, opened
+    without following links; anything else is skipped (never removed: the folder is the job's)."""
+    if folder.is_symlink():
+        return {}  # planted: it would lead this reader (root) elsewhere
+    try:
+        entries = [e for e in os.scandir(folder) if e.name.isdigit() and e.is_file(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return {}
+    found: dict[int, int] = {}
+    for entry in entries:
+        pid = int(entry.name)
+        if not os.path.exists(f"/proc/{pid}"):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                found[pid] = int(os.read(fd, _MOST).decode().strip() or 0)
+        except (OSError, ValueError):
+            pass
+        finally:
+            os.close(fd)
+    return found
