@@ -74,7 +74,7 @@ def test_the_first_forecast_after_a_burst_is_the_one_that_stays(redis_client, ke
     the high job), the forecast foresees the holds they will make then: the next one, made after
     the dispatcher's pass at their hold time, gives every job the same start."""
     settings = load_settings(key_prefix=key_prefix, node_name="demo", home=tmp_path / "home",
-                             hold_after_seconds=0.5)
+                             hold_after_seconds=0.2)
     ledger = Ledger(redis_client, Keys(key_prefix))
     for i in range(4):
         ledger.register_card("demo", GpuReading(index=i, uuid=f"u{i}", model="m", total=24 * GIB),
