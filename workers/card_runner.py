@@ -527,7 +527,7 @@ class CardRunner:
         if usage_dir is not None:  # fake cards: jobs may "use" memory
             if run_as is not None:  # another user cannot write the shared folder: one of its own
                 try:
-                    usage_dir = job_usage_dir(usage_dir, job.id, run_as.uid, run_as.gid)
+                    usage_dir = job_usage_dir(self.backend.jobs_dir, job.id, run_as.uid, run_as.gid)
                 except OSError as exc:
                     log.warning("job %s: no fake-card usage folder of its own (%s); it cannot use fake "
                                 "memory", job.id, exc)
@@ -724,9 +724,9 @@ class CardRunner:
                     path.unlink(missing_ok=True)
                 except OSError:
                     pass  # another home's folder this user may not write: a stale pid file only
-        usage_dir = getattr(self.backend, "usage_dir", None)
-        if usage_dir is not None:  # its fake-card usage folder, if it had one (job_usage_dir)
-            drop_job_usage_dir(usage_dir, job_id)
+        jobs_dir = getattr(self.backend, "jobs_dir", None)
+        if jobs_dir is not None:  # its fake-card usage folder, if it had one (job_usage_dir)
+            drop_job_usage_dir(jobs_dir, job_id)
         return result[0] if result else None
 
     def _running_copy(self, job: Job) -> ActiveJob | None:
