@@ -169,11 +169,18 @@ def job_usage_dir(jobs_dir: Path, job_id: int, uid: int, gid: int) -> Path:
     if not jobs_dir.parent.exists():
         jobs_dir.parent.mkdir(parents=True, mode=0o755)
         os.chmod(jobs_dir.parent, 0o755)  # whatever the umask: others pass through it
-    jobs_dir.mkdir(exist_ok=True)
-    os.chmod(jobs_dir, 0o711)
     folder = jobs_dir / f"job-{int(job_id)}"
     drop_job_usage_dir(jobs_dir, job_id)
-    folder.mkdir(mode=0o700)
+    for _try in range(3):  # another card's worker may remove jobs_dir, empty, in between
+        jobs_dir.mkdir(exist_ok=True)
+        os.chmod(jobs_dir, 0o711)
+        try:
+            folder.mkdir(mode=0o700)
+            break
+        except FileNotFoundError:
+            continue
+    else:
+        folder.mkdir(mode=0o700)  # raises: say why
     if (uid, gid) != (os.geteuid(), os.getegid()):
         os.chown(folder, uid, gid)
     return folder
@@ -187,6 +194,10 @@ def drop_job_usage_dir(jobs_dir: Path, job_id: int) -> None:
         folder.unlink()
     elif folder.exists():
         shutil.rmtree(folder, ignore_errors=True)
+    try:
+        jobs_dir.rmdir()  # the last one: nothing left behind in /run/rig
+    except OSError:
+        pass  # other jobs' folders are there (or it is gone)
 
 
 def _job_files(folder: Path) -> dict[int, int]:

@@ -74,4 +74,5 @@ def test_the_backend_sums_the_jobs_folders_and_follows_no_link(tmp_path: Path, c
     assert backend.read(1).used == 0 and backend.read(2).used == 0
     drop_job_usage_dir(jobs, 7)  # its attempt ended: gone, and the link's target is left alone
     assert not mine.exists() and (secret / str(os.getpid())).exists()
+    assert not jobs.exists()  # the last job's: nothing left behind
     assert backend.read(0).used == 1 * GIB
