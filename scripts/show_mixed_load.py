@@ -149,17 +149,21 @@ class Demo:
                   self.submit(bob, "-n", "finetune-llama-7b-bs64", "-m", "2G", "--retries", "0", "--cmd",
                               f"echo 'step 1/900'; echo '{OOM_LINE}' >&2; exit 1")]
         wait_until(lambda: all(self.state(j) == "FAILED" for j in failed), 90, "the two failures", self.job_list)
-        # Plain sleeps: `python -m rig.fakeuse` cannot write a root node's $RIG_FAKE_GPU_DIR as
-        # another user (PermissionError), so the cards' "used" reads 0 here.
+        # The running jobs "use" memory on their fake cards (each job run as its user writes its
+        # own usage folder, rig.gpus.fake.job_usage_dir), so the cards' "used" reads it.
         hold = "sleep 1800"
+
+        def use(size: str) -> str:
+            return f"{self.venv}/bin/python -m rig.fakeuse {size} 1800"
+
         running = [self.submit(alice, "-n", "train-resnet50", "-m", "20G", "--time-limit", "2h", "--cmd",
-                               hold),
+                               use("17G")),
                    self.submit(bob, "-n", "eval-gpt2-xl", "-m", "22G", "--time-limit", "45m", "--cmd",
-                               hold),
+                               use("19.5G")),
                    self.submit(carol, "-n", "sweep-lr0.001-seed-11", "-m", "20G", "--time-limit", "30m",
-                               "--cmd", hold),
+                               "--cmd", use("14G")),
                    self.submit(carol, "-n", "sweep-lr0.001-seed-12", "-m", "20G", "--time-limit", "30m",
-                               "--cmd", hold)]
+                               "--cmd", use("15G"))]
         wait_until(lambda: all(self.state(j) == "RUNNING" for j in running), 90, "four running jobs", self.job_list)
         waiting = [self.submit(carol, "-n", f"sweep-lr{lr}-seed-{seed}", "-m", "20G", "--time-limit", "30m",
                                "--cmd", hold)

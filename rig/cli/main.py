@@ -141,7 +141,7 @@ def show(ctx: click.Context, job_id: str, instance: str | None, as_json: bool) -
                                       in_error_queue=client.in_error_queue(job.id))))
         return
     render_job(job, why, make_console(), in_error_queue=client.in_error_queue(job.id),
-               estimated_start=start.get("estimated_start_text"))
+               estimated_start=start.get("estimated_start_text"), expected_run=start.get("expected_run_text"))
 
 
 @cli.command()

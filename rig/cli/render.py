@@ -410,9 +410,9 @@ def render_errors(jobs: list[Job], console: Console, *, total: int | None = None
 
 
 def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: bool = False,
-               estimated_start: str | None = None) -> None:
-    """`rig show`: ``why`` a waiting job waits (rig.waiting) and its ``estimated_start``
-    (rig.forecast's sentence), then its record."""
+               estimated_start: str | None = None, expected_run: str | None = None) -> None:
+    """`rig show`: ``why`` a waiting job waits (rig.waiting), its ``estimated_start`` and the
+    ``expected_run`` that assumed (rig.forecast's sentences), then its record."""
     rows: list[tuple[str, str]] = [
         ("id", str(job.id)), ("name", job.name), ("user", job.user),
         ("state", f"[{STATE_STYLE[job.state]}]{job.state.value}[/]"),
@@ -424,6 +424,8 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
         rows.append(("waiting because", why))
     if estimated_start:
         rows.append(("estimated start", estimated_start))
+    if expected_run:
+        rows.append(("expected run", expected_run))
     if job.node:
         rows.append(("node / cards", f"{job.node} / {', '.join(map(str, job.cards))}"))
     rows += [("submitted", when(job.created_at)), ("placed", when(job.assigned_at)),
