@@ -23,6 +23,7 @@ from collections.abc import Callable
 import redis
 from redis.connection import AbstractConnection
 
+from rig.authgate import NOT_GATED
 from rig.errors import ConfigError
 
 #: redis_mode of the server that holds rig's data.
@@ -79,6 +80,7 @@ def _mode_without_auth(conn: AbstractConnection) -> str | None:
     kwargs = {k: getattr(conn, k) for k in ("host", "port", "socket_connect_timeout", "socket_timeout")
               if hasattr(conn, k)}
     probe = redis.Connection(**kwargs)
+    setattr(probe, NOT_GATED, True)  # its refusal is no news about rig's password (rig.authgate)
     try:
         probe.connect()
         return server_mode(probe)
