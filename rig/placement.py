@@ -323,6 +323,8 @@ def only_outside_whitelist(cards: Sequence[CardState], request: Request) -> list
                 found[c.node].append(c)
         return {n: cs for n, cs in found.items() if len(cs) >= request.gpus}
 
+    if all(c.allowed for c in cards):
+        return []  # (what follows returns only cards outside the whitelist: none) O(cards), no dicts
     candidates = could_take(cards)
     if per_node([c for c in candidates if c.allowed]):
         return []
@@ -340,9 +342,11 @@ def explain_wait(cards: Sequence[CardState], request: Request) -> str:
         # only "no healthy card" (rig.closed_cards words it, grouped per node).
         why = closed_cards_text(closed or [c for c in cards if not c.eligible], node_cards=cards)
         return f"{need}; no card takes jobs now ({why})" if why else f"{need}; no card is registered"
-    largest = max(eligible, key=lambda c: (c.free, -c.index))
+    # Each card's free bytes worked out once (a property): a pass words this for many jobs.
+    ranks = [(c.free, -c.index) for c in eligible]
+    largest = eligible[ranks.index(max(ranks))]  # the first of the largest, as max(key=) picks
     parts = [need, f"largest free block {format_memory(largest.free)} ({largest.id})"]
-    roomy = [c for c in eligible if c.free >= request.nbytes]
+    roomy = [c for c, (free, _) in zip(eligible, ranks, strict=True) if free >= request.nbytes]
     if roomy and all(c.jobs >= c.max_jobs for c in roomy):
         parts.append(f"cards with that much free already run their maximum of {roomy[0].max_jobs} jobs")
     elif request.gpus > 1 and roomy:

@@ -122,6 +122,8 @@ LEADER_TTL_MS = 5000
 IDLE_PASS_S = 1.0
 #: Wait sentence bodies remembered across passes (rig.waiting.body_key -> body); then the older half goes.
 EXPLAINED_CACHE = 50_000
+#: Card records whose parse is remembered (_parse_card); then all are forgotten.
+CARD_PARSE_CACHE = 20_000
 
 SendStart = Callable[[int, str, str, int], None]  # job id, token, node, first card
 
@@ -147,6 +149,9 @@ class Dispatcher:
         self.identity = f"{settings.node_name}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stop_event = threading.Event()
         self._notes: dict[int, str] = {}  # job id -> wait reason, written at the end of a round
+        #: job id -> when it began to hold cards (held_at): written in one round trip before the
+        #: round's next reservation and at its end, so every mark precedes any start, as one by one.
+        self._marks: dict[int, float] = {}
         self._nodes: list[NodeInfo] | None = None  # read once per round, when a wait is explained
         self._nodes_token: Hashable = ()  # rig.waiting.nodes_token of _nodes
         #: Wait sentence bodies by what they read (rig.waiting.body_key): jobs that wait pass after
@@ -158,6 +163,9 @@ class Dispatcher:
         self._prior = estimates.Prior(())  # the cluster's recent runs, read with the round's holdings
         self._backfill_ends: dict[int, tuple[float | None, float | None]] = {}  # per round: backfill_end
         self._read_all = False  # the last _read_waiting saw every waiting job
+        #: A card record's fields -> its CardState, shared between passes: never changed in place
+        #: (a start makes new instances, dataclasses.replace), so an unchanged record is not checked again.
+        self._card_parses: dict[frozenset, CardState] = {}
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -263,6 +271,17 @@ class Dispatcher:
             else:  # not PENDING (or gone) yet still queued: out of the queues, or it blocks them
                 self.ledger.unqueue(jid, source[jid] or values[Waiting.FIELDS.index("user")] or "?")
         return jobs
+
+    def _parse_card(self, raw: dict[Any, Any]) -> CardState:
+        """CardState.from_redis(raw), remembered for the same fields and values: at 512 cards
+        the checks of every record were ~1/6 of an idle pass, and most records do not change."""
+        key = frozenset(raw.items())
+        card = self._card_parses.get(key)
+        if card is None:
+            if len(self._card_parses) >= CARD_PARSE_CACHE:
+                self._card_parses.clear()
+            card = self._card_parses[key] = CardState.from_redis(raw)
+        return card
 
     def _fail_invalid(self, job_id: int, problem: str, queue_user: str = "") -> None:
         log.warning("job %s: invalid record, ended: %s", job_id, problem)
@@ -451,7 +470,7 @@ class Dispatcher:
         for _round in range(MAX_ROUNDS):  # a reservation refused again and again must not spin
             if self.stop_event.is_set():
                 break
-            cards = self.ledger.cards()
+            cards = self.ledger.cards(parse=self._parse_card)
             eligible = {c.id for c in cards if c.eligible}
             if cards and not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
                 return started  # every card is full: nothing can start, nothing to explain anew
@@ -472,6 +491,7 @@ class Dispatcher:
             self._nodes = None
             self._backfill_ends = {}
             self._never = {}
+            self._marks.clear()  # a round that failed before writing them: its holds are planned anew
             smallest = min(j.gpu_memory for j in waiting)
             progressed = refused = False
 
@@ -534,6 +554,7 @@ class Dispatcher:
                     if eligible and holds.close_all(eligible):
                         break  # every card is held for a job ahead and nothing can backfill
                     continue
+                self._write_marks()
                 ok, detail = self.ledger.reserve(job.id, placement.node, list(placement.cards), job.gpu_memory,
                                                  user=job.user)
                 if not ok and detail.startswith("bad-record:"):
@@ -562,6 +583,7 @@ class Dispatcher:
                 progressed = True
                 if not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
                     break  # every card is full now: the jobs behind wait, their reasons as they were
+            self._write_marks()
             self._flush_notes()
             if not progressed or (self._read_all and not refused and not holds.by_card):
                 # Nothing changed, or every waiting job was seen and either started or has its
@@ -575,7 +597,18 @@ class Dispatcher:
         """Remember that ``job`` holds cards: from the next pass on it goes first in its rank,
         and its backfill delay budget counts from now."""
         if hold is not None and not job.held_at:
-            self.store.update(job.id, held_at=now)
+            self._marks[job.id] = now
+
+    def _write_marks(self) -> None:
+        """Write the held_at marks _mark_holding collected, in one round trip (one HSET each)."""
+        if not self._marks:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        batch = JobStore(pipe, self.keys)
+        for job_id, at in self._marks.items():
+            batch.update(job_id, held_at=at)
+        self._marks.clear()
+        pipe.execute()
 
     def _end_unschedulable(self, job: Waiting, why: str) -> None:
         self.ledger.transition(job.id, JobState.FAILED, fields={"reason": f"unschedulable: {why}",
