@@ -124,6 +124,8 @@ IDLE_PASS_S = 1.0
 EXPLAINED_CACHE = 50_000
 #: Card records whose parse is remembered (_parse_card); then all are forgotten.
 CARD_PARSE_CACHE = 20_000
+#: Placed or running jobs' records whose parse is remembered (_parse_running); then all are forgotten.
+RUNNING_PARSE_CACHE = 100_000
 
 SendStart = Callable[[int, str, str, int], None]  # job id, token, node, first card
 
@@ -166,6 +168,7 @@ class Dispatcher:
         #: A card record's fields -> its CardState, shared between passes: never changed in place
         #: (a start makes new instances, dataclasses.replace), so an unchanged record is not checked again.
         self._card_parses: dict[frozenset, CardState] = {}
+        self._running_parses: dict[tuple, tuple | Exception] = {}  # (job id, *fields) -> _parse_running's
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -317,17 +320,14 @@ class Dispatcher:
         recent = read[:len(recent_users)]
         self._prior = estimates.Prior(estimates.decode_recent([v for values in recent for v in values]))
         info: dict[int, tuple[str, int, int, float, float, float]] = {}
-        for jid, (user, memory, card_list, started, assigned, expected, cautious, limit) in zip(
-                ids, fields_of(read[len(recent_users):]), strict=True):
+        for jid, values in zip(ids, fields_of(read[len(recent_users):]), strict=True):
             try:
-                began = float(started or assigned or now)
+                user, memory, ncards, stamp, expected, cautious, limit = self._parse_running(jid, values)
+                began = now if stamp is None else stamp
                 if not 0.0 < began <= now + 3600:  # a damaged stamp: its end is unknown, never "inf ago"
                     raise ValueError(began)
-                ncards = max(1, len(json.loads(card_list or "[]")))
-                end, sure = self.running_end(
-                    user or "?", int(memory or 0), ncards, now - began, _number(expected), _number(cautious),
-                    _number(limit), now)
-                info[jid] = (user or "?", int(memory or 0), ncards, began, end, sure)
+                end, sure = self.running_end(user, memory, ncards, now - began, expected, cautious, limit, now)
+                info[jid] = (user, memory, ncards, began, end, sure)
             except (ValueError, TypeError):
                 info[jid] = ("?", 0, 1, now, math.inf, math.inf)
         releases: dict[str, list[Release]] = {}
@@ -353,6 +353,31 @@ class Dispatcher:
                 except ValueError:
                     pass
         return releases, team
+
+    def _parse_running(self, job_id: int, values: list) -> tuple[str, int, int, float | None, float | None,
+                                                                 float | None, float | None]:
+        """A placed or running job's fields as _read_holdings reads them (user, gpu_memory,
+        cards, started_at or else assigned_at, expected_seconds, cautious_seconds,
+        time_limit) parsed: (user, bytes per card, number of cards, start stamp (epoch s;
+        None when neither is set), expected s, cautious s, time limit s). Remembered for the
+        same id and values between passes (2,048 running jobs were parsed every pass). Raises
+        ValueError or TypeError for a damaged record, each time."""
+        key = (job_id, *values)
+        found = self._running_parses.get(key)
+        if found is None:
+            user, memory, card_list, started, assigned, expected, cautious, limit = values
+            try:
+                found = (user or "?", int(memory or 0), max(1, len(json.loads(card_list or "[]"))),
+                         float(started or assigned) if started or assigned else None,
+                         _number(expected), _number(cautious), _number(limit))
+            except (ValueError, TypeError) as exc:
+                found = exc
+            if len(self._running_parses) >= RUNNING_PARSE_CACHE:
+                self._running_parses.clear()
+            self._running_parses[key] = found
+        if isinstance(found, Exception):
+            raise ValueError(f"job {job_id}: {found}")
+        return found
 
     def hold_after(self, job: Waiting, now: float) -> float:
         """Seconds a blocked job waits before it holds cards: at once for high priority,
