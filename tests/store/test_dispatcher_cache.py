@@ -2,6 +2,9 @@
 hides a change: a record that changed is parsed again, a damaged one is refused every time."""
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 import pytest
 
 from rig.config import load_settings
@@ -9,6 +12,7 @@ from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
+from rig.models import Job, JobState, Priority
 from workers.dispatcher import Dispatcher
 
 
@@ -42,3 +46,31 @@ def test_a_running_job_parse_follows_its_record_and_a_damaged_one_raises_each_ti
     for _ in range(2):
         with pytest.raises(ValueError):
             dispatcher._parse_running(8, damaged)
+
+
+def test_a_stale_view_of_a_card_never_over_reserves_it(dispatcher_and_ledger):
+    """The reservation script is the last check: a dispatcher that believes a full card is
+    empty (any stale view) gets a refusal, and the card stays within its memory."""
+    dispatcher, ledger = dispatcher_and_ledger
+    started: list = []
+    dispatcher.send_start = lambda *a: started.append(a)
+    running = _job(ledger, 30)
+    assert ledger.reserve(running, "n1", [0], 30 * GIB, user="alice")[0]
+    waiting = _job(ledger, 20)
+    real = ledger.cards()
+    dispatcher.ledger = ledger = Ledger(ledger.r, ledger.keys)
+    ledger.cards = lambda **_kw: [replace(c, reserved=0, jobs=0) for c in real]  # it looks empty
+    answers = []
+    reserve = ledger.reserve
+    ledger.reserve = lambda *a, **kw: answers.append(reserve(*a, **kw)) or answers[-1]
+    assert dispatcher.dispatch_pass() == 0 and started == []
+    assert answers and all(not ok and detail.startswith("card-full") for ok, detail in answers), answers
+    card = Ledger(ledger.r, ledger.keys).cards()[0]
+    assert card.reserved == 30 * GIB and card.jobs == 1
+    assert ledger.store.get(waiting).state is JobState.PENDING
+
+
+def _job(ledger: Ledger, gib: int) -> int:
+    return ledger.store.create(Job(id=0, name="t", user="alice", command=["true"], gpu_memory=gib * GIB, gpus=1,
+                                   priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/",
+                                   created_at=time.time())).id
