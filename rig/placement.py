@@ -333,17 +333,26 @@ def only_outside_whitelist(cards: Sequence[CardState], request: Request) -> list
 
 def explain_wait(cards: Sequence[CardState], request: Request) -> str:
     """A person-readable reason why ``request`` cannot be placed now (assumes it can't)."""
-    eligible = [c for c in cards if c.eligible]
+    # One walk over the cards (a pass words this for hundreds of jobs): which take jobs
+    # (CardState.eligible: allowed and healthy), their free bytes (a property) worked out once
+    # each, and which are closed (allowed but unhealthy).
+    eligible: list[CardState] = []
+    ranks: list[tuple[int, int]] = []
+    closed: list[CardState] = []
+    for c in cards:
+        if c.allowed:
+            if c.healthy:
+                eligible.append(c)
+                ranks.append((c.free, -c.index))
+            else:
+                closed.append(c)
     need = f"needs {format_memory(request.nbytes)}"
     need += " on 1 card" if request.gpus == 1 else f" on each of {request.gpus} cards of one node"
-    closed = [c for c in cards if c.allowed and not c.healthy]
     if not eligible:
         # Name the cause (a node that cannot write logs, a stopped node, a hot card), never
         # only "no healthy card" (rig.closed_cards words it, grouped per node).
         why = closed_cards_text(closed or [c for c in cards if not c.eligible], node_cards=cards)
         return f"{need}; no card takes jobs now ({why})" if why else f"{need}; no card is registered"
-    # Each card's free bytes worked out once (a property): a pass words this for many jobs.
-    ranks = [(c.free, -c.index) for c in eligible]
     largest = eligible[ranks.index(max(ranks))]  # the first of the largest, as max(key=) picks
     parts = [need, f"largest free block {format_memory(largest.free)} ({largest.id})"]
     roomy = [c for c, (free, _) in zip(eligible, ranks, strict=True) if free >= request.nbytes]
