@@ -43,7 +43,9 @@ is remembered by what it reads (rig.waiting.body_key), so a job waiting pass aft
 same reason is worded once, and jobs alike share one body. A start changes the view; the token
 of the new view's cards is derived from the old one's. Decisions and sentences are the same as
 without these shortcuts (tests/unit/test_placement_scale.py; a frozen-clock comparison with the
-code before them found every start and every stored reason equal).
+code before them found every start and every stored reason equal). Between passes it keeps only
+parses: a card record, or a placed job's fields, is parsed and checked once per content (a
+changed record is a new key); every pass still reads them all from Redis.
 
 Runs as a thread in the control worker. Several dispatchers may run (several nodes): one holds
 the leader lock at a time; the reservation script keeps the ledger safe regardless.
