@@ -340,6 +340,7 @@ class Client:
                 oom_retry_grow=bool(oom_retry_grow), template=template, pool=pool,
                 expected_seconds=own.expected if own else None,
                 cautious_seconds=own.cautious if own else None,
+                expected_source=own.source if own else None,
             )
 
         job = self._guard(_do)

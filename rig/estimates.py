@@ -52,6 +52,13 @@ RECENT_USERS = 100
 SOURCES: tuple[tuple[str, int], ...] = (
     ("command", 1), ("name", 3), ("template", 3), ("user-size", 3), ("size", 3), ("recent", 5),
 )
+#: Where an estimate came from, as the views say it (after "expected run ~30 min, from ...").
+SOURCE_WORDS: dict[str, str] = {
+    "command": "earlier runs of this command", "name": "earlier runs of this name",
+    "template": "earlier runs of this template", "history": "earlier runs of this job",
+    "user-size": "the user's recent jobs of a similar size", "size": "recent jobs of a similar size",
+    "recent": "recent jobs of any size", "limit": "its time limit",
+}
 #: Sources good enough to let a job backfill in front of a held one on its estimate: its own
 #: history or runs of its size. Runs of any size only place shadow times.
 BACKFILL_SOURCES = frozenset({"history", "command", "name", "template", "user-size", "size"})

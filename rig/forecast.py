@@ -11,7 +11,8 @@ its card rule (``rig.placement.place`` over the cards of the job's pool, which a
 ``_Holds``: ``plan_hold`` / ``may_backfill``), user limits (``rig.fairshare.over_limit``) and its
 run-time estimates (``Dispatcher._read_holdings`` for the running jobs' expected ends, with their
 conditional remaining time and their time limits as sure ends; ``Dispatcher.estimate`` for the
-waiting ones). It is event-driven list scheduling: at ``now`` and then at each next expected end,
+waiting ones). It is event-driven list scheduling: at ``now`` and then at each next expected end
+(and at the hold times of jobs too new to hold cards yet, where the dispatcher makes their holds),
 the ended reservations are freed and the waiting jobs are offered the cards in run order, as a
 dispatcher pass would.
 
@@ -38,13 +39,14 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING
 
 from rig.clock import shared_now
 from rig.errors import InvalidRecord
+from rig.estimates import SOURCE_WORDS
 from rig.fairshare import TeamState, UserLimit, exceeds_alone, over_limit
 from rig.keys import Keys, card_id
 from rig.models import PRIORITY_BAND, CardState, Priority
@@ -69,6 +71,9 @@ MAX_PASSES = 80
 #: Rounds replayed in one pass (the dispatcher's MAX_ROUNDS is 50; more than a few are rare).
 MAX_ROUNDS = 8
 
+#: Hold times of new jobs are replayed on this grid (s from the forecast's ``now``): see _hold_times.
+HOLD_GRID_S = 5.0
+
 #: Reasons for no estimate (the end of "estimated start: unknown (...)").
 NO_RUNS = ("no estimate: no earlier runs of similar jobs (nor a time limit) for a job that must end "
            "before it; jobs submitted with --time-limit, or a few finished runs, give one")
@@ -76,8 +81,9 @@ NO_CARD_OPEN = ("no estimate: no card of its pool that could hold it takes jobs 
                 "unhealthy, or its node is not up)")
 NO_CARDS = "no estimate: no cards are registered (is `rig up` running?)"
 LATER = f"later (more than {FORECAST_JOBS} jobs ahead of it by priority and age; only those are estimated)"
-#: What every time shown says it is.
-CAVEAT = "an estimate from earlier runs, assumes no higher-priority submissions"
+#: What every time shown says it is: the ends of the jobs ahead come from their time limits or
+#: earlier runs (each job's own is its StartEstimate.run_text).
+CAVEAT = "an estimate from the run times expected of the jobs ahead, assumes no higher-priority submissions"
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,11 @@ class StartEstimate:
     later: bool = False
     after: float | None = None
     not_yet: bool = False
+    #: The run time the simulation assumed for it (s: its estimate, capped by its time limit), and
+    #: where that came from (rig.estimates.SOURCE_WORDS' keys: "limit" when the limit set it);
+    #: None when unknown.
+    run: float | None = None
+    run_source: str | None = None
 
     def short(self, now: float) -> str:
         """For a table cell: ``now``, ``~14:20``, ``after ~16:40``, ``later``, ``not yet``, ``unknown``."""
@@ -123,7 +134,15 @@ class StartEstimate:
     def as_dict(self, now: float) -> dict[str, object]:
         """For ``--json`` and the web page: the raw time and the words."""
         return {"estimated_start": self.at, "estimated_start_text": self.sentence(now),
-                "estimated_start_short": self.short(now)}
+                "estimated_start_short": self.short(now), "expected_run": self.run,
+                "expected_run_source": self.run_source, "expected_run_text": self.run_text()}
+
+    def run_text(self) -> str | None:
+        """``~30 min (its time limit)``: the run time assumed and where it came from; None if unknown."""
+        if self.run is None:
+            return None
+        words = SOURCE_WORDS.get(self.run_source or "", self.run_source or "an estimate")
+        return f"~{_span(self.run)} (from {words})"
 
 
 @dataclass(frozen=True)
@@ -160,6 +179,13 @@ def _ago(seconds: float) -> str:
     """``12 s ago``, ``3 min ago``: the age of a forecast (s)."""
     seconds = max(0.0, seconds)
     return f"{seconds:.0f} s ago" if seconds < 90 else f"{seconds / 60:.0f} min ago"
+
+
+def _span(seconds: float) -> str:
+    """``40 s``, ``30 min``, ``2.5 h``: a run time (s) as the views say it."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
 
 
 def _clock(at: float, now: float) -> str:
@@ -229,7 +255,7 @@ def simulate(dispatcher: Dispatcher, cards: Sequence[CardState], releases: Mappi
         upcoming = [r.at for rs in ends.values() for r in rs if r.at > t and r.at != math.inf]
         if not pending or not upcoming:
             break
-        t = min(upcoming)
+        t = min(upcoming + _hold_times(dispatcher, pending.values(), now, t))
     for job in pending.values():
         out[job.id] = StartEstimate(job.id, None, _why_none(dispatcher, pools, state, team, job))
     return out
@@ -319,6 +345,23 @@ def _one_round(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState]
         if not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
             break  # every card is full: the jobs behind wait for the next end
     return started and bool(holds.by_card)
+
+
+def _hold_times(dispatcher: Dispatcher, pending: Collection[Waiting], now: float, t: float) -> list[float]:
+    """When jobs not holding cards yet reach their hold time after ``t`` (epoch s), on a grid of
+    HOLD_GRID_S from ``now``: a dispatcher pass then may hold cards for them, before the next end,
+    which changes who goes first when cards free (holders first). Without these passes the first
+    forecast after a burst of submissions differed from the next, made once the holds were there.
+    The grid bounds the extra passes (a burst over a minute costs a dozen of MAX_PASSES)."""
+    if len(pending) < 2:
+        return []  # a hold decides only who goes first: alone, nothing to decide
+    out = set()
+    for job in pending:
+        if not job.held_at:
+            due = job.created_at + dispatcher.hold_after(job, t)
+            if due > t:
+                out.add(now + math.ceil((due - now) / HOLD_GRID_S) * HOLD_GRID_S)
+    return sorted(out)
 
 
 def _roomy(cards: Sequence[CardState], request: Request) -> list[CardState]:
@@ -429,7 +472,30 @@ def forecast(client: Client) -> Forecast:
             or settings.user_limits
         loads = read_running_loads(r, keys, dispatcher, cards, now) if limited else None
         out.update(simulate(dispatcher, cards, releases, team, waiting, now, loads))
+        pipe = r.pipeline(transaction=False)
+        for job in waiting:
+            pipe.hget(keys.job(job.id), "expected_source")
+        for job, own_source in zip(waiting, pipe.execute(), strict=True):
+            seconds, source = assumed_run(dispatcher, job, own_source)
+            if job.id in out:
+                out[job.id] = replace(out[job.id], run=seconds, run_source=source)
     return made(out)
+
+
+def assumed_run(dispatcher: Dispatcher, job: Waiting, own_source: str | None = None) -> tuple[float | None, str | None]:
+    """(s, source): the run time the simulation takes for ``job`` (Dispatcher.estimate, which
+    caps it by the time limit) and where it came from: "limit" when the limit set it, else
+    rig.estimates' source ("history", the job's own runs, as ``own_source`` names them when the
+    submission stored it). (None, None) when unknown. Needs the dispatcher's round read
+    (Dispatcher._read_holdings) for the cluster's recent runs."""
+    found = dispatcher.estimate(job)
+    if not found.known:
+        return None, None
+    if job.time_limit and found.expected >= job.time_limit:
+        return found.expected, "limit"
+    if found.source == "history" and own_source:
+        return found.expected, own_source
+    return found.expected, found.source
 
 
 def read_running_loads(r: redis.Redis, keys: Keys, dispatcher: Dispatcher, cards: Sequence[CardState],

@@ -156,6 +156,9 @@ class Job:
     #: The 80th percentile of the same runs (rig.estimates.CAUTIOUS_QUANTILE), capped the same
     #: way: what decides whether it may backfill in front of a held job.
     cautious_seconds: float | None = None
+    #: Which of its earlier runs ``expected_seconds`` comes from: "command", "name" or
+    #: "template" (rig.estimates.SOURCES); None with it.
+    expected_source: str | None = None
     #: When it first held cards for itself (the dispatcher's mark); jobs may backfill in front of
     #: it on estimated ends only until backfill_estimate_delay_seconds after this.
     held_at: float | None = None
@@ -361,6 +364,7 @@ _JOB_CHECKS: dict[str, Callable[[Any], Any]] = {
     "expected_seconds": lambda t: R.as_float(t, 0.0, R.MAX_TIME_LIMIT, "a duration in seconds"),
     "held_at": lambda t: R.as_float(t, 0.0, R.MAX_TIMESTAMP, "a time in epoch seconds"),
     "cautious_seconds": lambda t: R.as_float(t, 0.0, R.MAX_TIME_LIMIT, "a duration in seconds"),
+    "expected_source": lambda t: R.as_word(t, 16),
     "instance": lambda t: R.as_job_instance(t),
     "vram_peak": lambda t: R.as_int(t, *_COUNT),
     "vram_sum": lambda t: R.as_int(t, *_COUNT),

@@ -189,6 +189,25 @@ def refused_at(url: str, exc: BaseException) -> RedisRefusesWrites:
         client.close()
 
 
+#: The short form of a notice, for a narrow screen (`rig top` at 80 columns): what is wrong and
+#: the command that mends it; the consequence is dropped. Keyed by how the long form starts.
+_SHORT_NOTICES = (
+    ("Redis keeps no copy on disk", lambda _: "Redis keeps no copy on disk: redis-cli CONFIG SET appendonly yes"),
+    ("Redis' maxmemory-policy is ", lambda _: "Redis may evict rig's keys: redis-cli CONFIG SET maxmemory-policy "
+                                               "noeviction"),
+    ("Redis is full", lambda _: "Redis is full and refuses rig's writes: raise its maxmemory"),
+)
+
+
+def short_notice(notice: str) -> str:
+    """``notice`` (from :func:`notices`) in under 80 columns with what to do kept; a notice
+    without a short form is returned as it is."""
+    for start, short in _SHORT_NOTICES:
+        if notice.startswith(start):
+            return short(notice)
+    return notice
+
+
 def notices(client: redis.Redis, *, private: bool = False) -> list[str]:
     """What `rig status` and `rig up` say about rig's Redis: :func:`refusal_notice` first, then
     :func:`warnings`. Never raises."""

@@ -59,6 +59,15 @@ class Sample:
     used: int = 0
     reserved: int = 0
     usable: int = 0
+    #: When the counters were read (epoch s, within the minute ``at``); 0 in samples written
+    #: before this was kept.
+    taken: int = 0
+
+    @property
+    def read_by(self) -> int:
+        """Epoch s by which everything its counters hold had ended: when it was taken (the end
+        of its minute for a sample that does not say)."""
+        return self.taken or self.at + STEP_S
 
     def encode(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
@@ -96,7 +105,7 @@ def sample_of(counters: dict[str, float], cards: Sequence[CardState], now: float
             ended["cancelled"] += int(n)
     return Sample(at=int(now // STEP_S * STEP_S), **ended,
                   used=sum(c.used or 0 for c in cards), reserved=sum(c.reserved for c in cards),
-                  usable=sum(c.usable for c in cards))
+                  usable=sum(c.usable for c in cards), taken=int(now))
 
 
 def record(r: redis.Redis, keys: Keys, cards: Sequence[CardState], now: float) -> Sample:
@@ -168,18 +177,29 @@ def ended_per_hour(samples: Sequence[Sample], now: float, hours: int = ENDED_HOU
     return [HourCount(h, *c) for h, c in sorted(counts.items())]
 
 
-def ended_before_first(samples: Sequence[Sample], now: float, hours: int = ENDED_HOURS) -> HourCount | None:
+@dataclass(frozen=True)
+class EndedBefore:
+    """Jobs that had ended ``by`` (epoch s: when the first sample was taken), when exactly unknown."""
+
+    by: int
+    succeeded: int
+    failed: int
+    cancelled: int
+
+
+def ended_before_first(samples: Sequence[Sample], now: float, hours: int = ENDED_HOURS) -> EndedBefore | None:
     """The jobs the first sample's counters already hold when the samples began inside the last
-    ``hours`` hours (a fresh install, or a Redis restarted empty): they ended before it, but
-    when is not known, so :func:`ended_per_hour` cannot place them (the page says them beside
-    the bars). ``start``: the first sample's minute. None when there are none, or when the
-    samples began before the window (those jobs then lie before it)."""
+    ``hours`` hours (a fresh install, or a Redis restarted empty): they ended by the moment it
+    was taken (Sample.read_by; which may lie inside its minute, so "before its minute" would be
+    wrong), but when is not known, so :func:`ended_per_hour` cannot place them (the page says
+    them beside the bars). None when there are none, or when the samples began before the
+    window (those jobs then lie before it)."""
     if not samples or samples[0].at <= now - hours * 3600:
         return None
     first = samples[0]
     if not (first.succeeded or first.failed or first.cancelled):
         return None
-    return HourCount(first.at, first.succeeded, first.failed, first.cancelled)
+    return EndedBefore(first.read_by, first.succeeded, first.failed, first.cancelled)
 
 
 def memory_series(samples: Sequence[Sample], now: float, hours: float = MEMORY_HOURS) -> list[Sample]:

@@ -217,7 +217,7 @@ def check_alerts() -> str:
 _archiver = None
 
 
-@app.task(name=TASK_ARCHIVE, ignore_result=True)
+@app.task(name=TASK_ARCHIVE, ignore_result=True, send_events=False)
 @quiet_on_auth("archiving pass", log)
 def archive() -> str:
     """Periodic (beat, once cluster-wide under a lock): finished jobs older than the retention

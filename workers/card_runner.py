@@ -35,6 +35,7 @@ from rig.draining import card_is_gone, card_open, send_back_unstarted
 from rig.errors import JobNotFound
 from rig.failures import FailureClass
 from rig.gpus import GpuBackend, GpuReadError, GpuReading
+from rig.gpus.fake import drop_job_usage_dir, job_usage_dir
 from rig.installation import Installation
 from rig.installation import matches as installation_matches
 from rig.keys import Keys
@@ -523,8 +524,14 @@ class CardRunner:
         if self.settings.gateway_socket is not None:
             rig_vars["RIG_GATEWAY_SOCKET"] = str(self.settings.gateway_socket)
         usage_dir = getattr(self.backend, "usage_dir", None)
-        if usage_dir is not None:
-            rig_vars["RIG_FAKE_GPU_DIR"] = str(usage_dir)  # fake cards: jobs may "use" memory
+        if usage_dir is not None:  # fake cards: jobs may "use" memory
+            if run_as is not None:  # another user cannot write the shared folder: one of its own
+                try:
+                    usage_dir = job_usage_dir(self.backend.jobs_dir, job.id, run_as.uid, run_as.gid)
+                except OSError as exc:
+                    log.warning("job %s: no fake-card usage folder of its own (%s); it cannot use fake "
+                                "memory", job.id, exc)
+            rig_vars["RIG_FAKE_GPU_DIR"] = str(usage_dir)
         return jobenv.compose(job.env, identity=identity, rig_vars=rig_vars)
 
     def _supervise(self, active: ActiveJob) -> str:
@@ -717,6 +724,9 @@ class CardRunner:
                     path.unlink(missing_ok=True)
                 except OSError:
                     pass  # another home's folder this user may not write: a stale pid file only
+        jobs_dir = getattr(self.backend, "jobs_dir", None)
+        if jobs_dir is not None:  # its fake-card usage folder, if it had one (job_usage_dir)
+            drop_job_usage_dir(jobs_dir, job_id)
         return result[0] if result else None
 
     def _running_copy(self, job: Job) -> ActiveJob | None:

@@ -468,9 +468,12 @@ class Dispatcher:
             def key(j: Waiting) -> tuple:
                 return (j.id,)
         for rank in sorted(by_rank):
-            # Jobs that already hold cards (blocked past their hold time) come first, oldest
-            # first: neither fair share nor queue order may put other jobs on those cards ahead.
-            holding = sorted((j for j in by_rank[rank] if j.held_at), key=lambda j: j.id)
+            # Jobs that already hold cards (blocked past their hold time) come first, the first
+            # to hold first (in one pass, the higher own priority first): neither fair share,
+            # queue order nor aging (a medium job aged to the rank of a high one holding since
+            # before it) may put other jobs on those cards ahead.
+            holding = sorted((j for j in by_rank[rank] if j.held_at),
+                             key=lambda j: (j.held_at, j.priority.rank, j.id))
             yield from holding
             group = sorted((j for j in by_rank[rank] if not j.held_at), key=key)
             if not self.settings.fair_share:

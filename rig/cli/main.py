@@ -141,7 +141,7 @@ def show(ctx: click.Context, job_id: str, instance: str | None, as_json: bool) -
                                       in_error_queue=client.in_error_queue(job.id))))
         return
     render_job(job, why, make_console(), in_error_queue=client.in_error_queue(job.id),
-               estimated_start=start.get("estimated_start_text"))
+               estimated_start=start.get("estimated_start_text"), expected_run=start.get("expected_run_text"))
 
 
 @cli.command()
@@ -247,19 +247,25 @@ def retry(ctx: click.Context, job_id: str, gpu_memory: str | None) -> None:
 @handle_errors
 def templates(ctx: click.Context) -> None:
     """The submission presets (`rig-submit --template NAME`); define more in the config."""
-    from rich.table import Table
+    from rig.cli.fit import Col, fitted_table
 
-    from rig.text import markup as M
-
-    table = Table(title="templates (explicit flags win)", title_justify="left")
-    for col in ("name", "memory", "margin", "priority", "retries", "time limit", "grow on OOM", "what for"):
-        table.add_column(col)
-    for name, t in sorted(settings_from(ctx).templates.items()):
-        table.add_row(M(name), M(t.gpu_memory or "(from --gpu-memory)"), f"x {t.margin:g}", M(t.priority or "-"),
-                      "-" if t.retries is None else str(t.retries), M(t.time_limit or "-"),
-                      "-" if t.oom_retry_grow is None else ("yes" if t.oom_retry_grow else "no"),
-                      M(t.description))
-    make_console().print(table)
+    cols = (Col("name", "name", shrink="middle", min_width=8, want=12),
+            Col("memory", "memory", drop=5, shrink="end", min_width=6, want=14),
+            Col("margin", "margin", drop=3),
+            Col("priority", "priority", drop=6),
+            Col("retries", "retries", drop=2),
+            Col("limit", "time limit", drop=4),
+            Col("grow", "grow on OOM", drop=1),
+            Col("what", "what for", shrink="end", min_width=12, want=30, first_to=60))
+    rows = [{"name": name, "memory": t.gpu_memory or "(--gpu-memory)", "margin": f"x {t.margin:g}",
+             "priority": t.priority or "-", "retries": "-" if t.retries is None else str(t.retries),
+             "limit": t.time_limit or "-",
+             "grow": "-" if t.oom_retry_grow is None else ("yes" if t.oom_retry_grow else "no"),
+             "what": t.description}
+            for name, t in sorted(settings_from(ctx).templates.items())]
+    console = make_console()
+    console.print(fitted_table(cols, rows, console.width, title="templates (explicit flags win)",
+                               title_justify="left"))
 
 
 @cli.command()

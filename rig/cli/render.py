@@ -127,35 +127,40 @@ CARD_COLUMNS = (
     Col("flags", "flags", drop=0, shrink="end", min_width=12),
     Col("running", "running", shrink="middle", min_width=16, want=32),
 )
-#: `rig jobs` columns (rig.cli.fit): at 80 columns id, name, state, memory, where and the
-#: reason stay; the reason is why a waiting job waits, or why a job ended as it did.
+#: `rig jobs` columns (rig.cli.fit). The reason (why a waiting job waits, or why a job ended as
+#: it did) is what people read: before it is cut, age, exit (the reason says it), gpus (the
+#: reason says "on each of 2 cards") and runtime go, in that order, so that at 160 columns a
+#: waiting job's reason is whole; then est. start, prio, where and mem/card. At 80 columns id,
+#: name, user, state, mem/card and the reason stay: on a shared server who submitted a job
+#: matters more than where it ran. Names shrink before the reason does.
 JOB_COLUMNS = (
     Col("id", "id", justify="right"),
     Col("name", "name", shrink="middle", min_width=12, want=16, max_width=48),
-    Col("user", "user", drop=5, shrink="middle", min_width=6, max_width=16),
+    Col("user", "user", drop=8, shrink="middle", min_width=6, want=10, max_width=16),
     Col("state", "state"),
-    Col("prio", "prio", drop=1),
+    Col("prio", "prio", drop=5),
     Col("mem/card", "mem/card", drop=7, justify="right"),
     Col("gpus", "gpus", drop=2, justify="right"),
     Col("where", "where", drop=6, shrink="middle", min_width=7, want=9, max_width=24),
     Col("age", "age", drop=0, justify="right"),
-    Col("runtime", "runtime", drop=4, justify="right"),
-    Col("exit", "exit", drop=3, justify="right"),
-    #: Only when estimated starts are given (rig.forecast); the first to go on a narrow screen.
-    Col("est. start", "est. start", drop=-1, justify="right"),
-    Col("reason", "reason", drop=8, shrink="end", min_width=10, want=14),
+    Col("runtime", "runtime", drop=3, justify="right"),
+    Col("exit", "exit", drop=1, justify="right"),
+    #: Only when estimated starts are given (rig.forecast).
+    Col("est. start", "est. start", drop=4, justify="right"),
+    Col("reason", "reason", drop=9, shrink="end", min_width=10, want=14, first_to=64, first_over=4),
 )
 
-#: `rig errors` (rig.cli.fit): the reason is cut at the end; `rig show JOB` has it whole.
+#: `rig errors` (rig.cli.fit): the reason is cut at the end; `rig show JOB` has it whole. The
+#: user goes last: who must look at a failure matters more than its class.
 ERROR_COLUMNS = (
     Col("id", "id", justify="right"),
     Col("name", "name", shrink="middle", min_width=12, want=16, max_width=48),
-    Col("user", "user", drop=2, shrink="middle", min_width=6, max_width=16),
+    Col("user", "user", drop=3, shrink="middle", min_width=6, max_width=16),
     Col("state", "state"),
-    Col("class", "class", drop=3, shrink="end", min_width=8, max_width=20),
+    Col("class", "class", drop=2, shrink="end", min_width=8, max_width=20),
     Col("attempts", "attempts", drop=0, justify="right"),
     Col("ended", "ended", drop=1, justify="right"),
-    Col("reason", "reason", shrink="end", min_width=12, want=20),
+    Col("reason", "reason", shrink="end", min_width=12, want=20, first_to=64),
 )
 #: `rig status`'s users and workers tables (rig.cli.fit).
 USER_COLUMNS = (
@@ -190,7 +195,7 @@ def _render_cards(report: StatusReport, cards_of_node: list[CardState], title: s
             "flags": Cell(" ".join(f"[{w}]" for w in flags) or "-", style="bold red" if flags else "dim"),
             # One running job a line: its id and name (shortened in the middle), and a mark
             # when it used more than it declared.
-            "running": Cell([f"{j.id}:{j.name}" for j in jobs] or ["-"],
+            "running": Cell([j.name for j in jobs] or ["-"], line_prefixes=[f"{j.id}:" for j in jobs],
                             line_suffixes=[" OVER" if j.overuse else "" for j in jobs],
                             suffix_style="bold red"),
         })
@@ -335,20 +340,30 @@ def render_jobs(jobs: list[Job], console: Console, starts: Mapping[int, str] | N
                           "shows one")
 
 
+#: `rig metrics`: what goes first on a narrow screen (lowest drop first); never a cut heading.
+METRICS_COLUMNS = (
+    Col("attempt", "attempt", justify="right"),
+    Col("outcome", "outcome", shrink="end", min_width=7, want=12),
+    Col("declared", "declared", drop=4, justify="right"),
+    Col("peak", "peak", justify="right"),
+    Col("mean", "mean", drop=2, justify="right"),
+    Col("ratio", "peak/declared", drop=3, justify="right"),
+    Col("util", "gpu util", drop=1, justify="right"),
+    Col("duration", "duration", drop=5, justify="right"),
+)
+
+
 def render_metrics(job: Job, console: Console) -> None:
     """Declared vs measured memory, utilisation and duration, per attempt (M12)."""
-    table = Table(title=f"job {job.id} '{M(job.name)}': measured on its card(s), per attempt",
-                  title_justify="left")
-    for col in ("attempt", "outcome", "declared", "peak", "mean", "peak/declared", "gpu util", "duration"):
-        table.add_column(col, justify="left" if col in ("outcome",) else "right")
+    rows: list[dict[str, str | Cell]] = []
 
     def row(n, outcome, declared, peak, mean, util, seconds) -> None:  # noqa: ANN001
-        ratio = f"{peak / declared:.0%}" if peak and declared else "-"
-        if peak and declared and peak > declared:
-            ratio = f"[bold red]{ratio} over[/]"
-        table.add_row(str(n), M(outcome), format_memory(declared), format_memory(peak or None),
-                      format_memory(mean), ratio, "-" if util is None else f"{util:.0f}%",
-                      duration(seconds))
+        over = bool(peak and declared and peak > declared)
+        ratio = f"{peak / declared:.0%}" + (" over" if over else "") if peak and declared else "-"
+        rows.append({"attempt": str(n), "outcome": str(outcome), "declared": format_memory(declared),
+                     "peak": format_memory(peak or None), "mean": format_memory(mean),
+                     "ratio": Cell(ratio, style="bold red" if over else ""),
+                     "util": "-" if util is None else f"{util:.0f}%", "duration": duration(seconds)})
 
     for a in job.attempts:
         took = (a.get("ended_at") or 0) - (a.get("started_at") or 0) if a.get("started_at") else None
@@ -360,7 +375,20 @@ def render_metrics(job: Job, console: Console) -> None:
     if not job.attempts and job.state is not JobState.RUNNING:
         console.print(f"job {job.id} has not run yet ({job.state.value.lower()})")
         return
-    console.print(table)
+    console.print(fitted_table(METRICS_COLUMNS, rows, console.width,
+                               title=f"job {job.id} '{M(job.name)}': measured on its card(s), per attempt",
+                               title_justify="left"))
+
+
+#: What a person does with the error queue, as one line or, on a narrow screen, two.
+ERRORS_HINT = ("`rig retry JOB [--gpu-memory SIZE]` sends one back;", "`rig errors --clear JOB` dismisses it")
+
+
+def _errors_hint(width: int) -> list[str]:
+    """:data:`ERRORS_HINT` on one line when it fits ``width``, else one line each (never wrapped
+    mid-sentence)."""
+    one = " ".join(ERRORS_HINT)
+    return [one] if len(one) <= width else list(ERRORS_HINT)
 
 
 def render_errors(jobs: list[Job], console: Console, *, total: int | None = None) -> None:
@@ -377,13 +405,14 @@ def render_errors(jobs: list[Job], console: Console, *, total: int | None = None
     else:
         console.print(f"error queue: {len(jobs)} job(s) waiting for a person")
     console.print(fitted_table(ERROR_COLUMNS, rows, console.width))
-    console.print("`rig retry JOB [--gpu-memory SIZE]` sends one back; `rig errors --clear JOB` dismisses it")
+    for line in _errors_hint(console.width):
+        console.print(line)
 
 
 def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: bool = False,
-               estimated_start: str | None = None) -> None:
-    """`rig show`: ``why`` a waiting job waits (rig.waiting) and its ``estimated_start``
-    (rig.forecast's sentence), then its record."""
+               estimated_start: str | None = None, expected_run: str | None = None) -> None:
+    """`rig show`: ``why`` a waiting job waits (rig.waiting), its ``estimated_start`` and the
+    ``expected_run`` that assumed (rig.forecast's sentences), then its record."""
     rows: list[tuple[str, str]] = [
         ("id", str(job.id)), ("name", job.name), ("user", job.user),
         ("state", f"[{STATE_STYLE[job.state]}]{job.state.value}[/]"),
@@ -395,6 +424,8 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
         rows.append(("waiting because", why))
     if estimated_start:
         rows.append(("estimated start", estimated_start))
+    if expected_run:
+        rows.append(("expected run", expected_run))
     if job.node:
         rows.append(("node / cards", f"{job.node} / {', '.join(map(str, job.cards))}"))
     rows += [("submitted", when(job.created_at)), ("placed", when(job.assigned_at)),

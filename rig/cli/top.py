@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.text import Text
 
 from rig.cli.common import client_from, handle_errors
-from rig.cli.fit import shorten_middle
+from rig.cli.fit import shorten_middle, shorten_names
 from rig.cli.render import RigConsole, duration, job_reason, make_console
 from rig.client import StatusReport
 from rig.clock import shared_now
@@ -30,6 +30,7 @@ from rig.draining import why_closed
 from rig.errors import RigError
 from rig.models import CardState, Job, JobState, Priority
 from rig.nodes import clock
+from rig.redis_writes import short_notice
 from rig.text import clean as C
 
 GIB = 2**30
@@ -101,6 +102,20 @@ def _middle(value: str | Text, width: int) -> str | Text:
     if isinstance(value, Text):
         return Text(shorten_middle(value.plain, width), style=value.style)
     return shorten_middle(value, width)
+
+
+def _rows(cols: list[_Col], rows: list[dict[str, str | Text]]) -> list[Text]:
+    """One line a row; the names of each ``middle`` column shortened together
+    (rig.cli.fit.shorten_names), so a sweep's runs and a team's users stay apart."""
+    rows = [dict(values) for values in rows]
+    for col in cols:
+        if not col.middle:
+            continue
+        cells = [values.get(col.key, "") for values in rows]
+        short = shorten_names([c.plain if isinstance(c, Text) else c for c in cells], col.width)
+        for values, cell, name in zip(rows, cells, short, strict=True):
+            values[col.key] = Text(name, style=cell.style) if isinstance(cell, Text) else name
+    return [_row(cols, values) for values in rows]
 
 
 def _header(cols: list[_Col]) -> Text:
@@ -214,6 +229,23 @@ def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text]]:
     cols = _layout(cols, width, rest, 14, drop=["model", "temp", "util", "bar"])
     if rest.width < len(rest.header):  # a heading is never cut
         rest.header = next(h for h in ("health / jobs", "jobs") if len(h) <= rest.width or h == "jobs")
+    # Each job gets its share of the room, its name shortened with every other running job's
+    # (rig.cli.fit.shorten_names) so a sweep's runs stay apart ("…lr0.001-seed-11"); too little
+    # room for a name: the job ids (the running jobs below name them).
+    plans: dict[tuple[str, int], tuple[str, int]] = {}  # (card, job) -> (user shown, room for the name)
+    for card in cards:
+        jobs = report.running.get(card.id, [])
+        share = (rest.width - _card_flags(card, wide).cell_len - 2 * (len(jobs) - 1)) // max(1, len(jobs))
+        for job in jobs:
+            user = f" ({C(job.user)})" if wide else ""
+            room = share - (len(f"{job.id}:") if wide else 0) - len(user)
+            if wide and room < 8:
+                user, room = "", share - len(f"{job.id}:")
+            plans[(card.id, job.id)] = (user, room)
+    named = [(key, C(job.name), plans[key][1]) for card in cards for job in report.running.get(card.id, [])
+             if plans[key := (card.id, job.id)][1] >= 8]
+    short = dict(zip((key for key, _, _ in named),
+                     shorten_names([name for _, name, _ in named], [room for _, _, room in named]), strict=True))
     lines = []
     headed = _group_by_node(report)
     last_node = None
@@ -223,22 +255,15 @@ def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text]]:
             last_node = card.node
         jobs = report.running.get(card.id, [])
         names = _card_flags(card, wide)
-        # Each job gets its share of the room, its name shortened in the middle so a sweep's
-        # runs stay apart ("sweep-l…-seed-11"); too little room for a name: the job ids (the
-        # running jobs below name them).
-        share = (rest.width - names.cell_len - 2 * (len(jobs) - 1)) // max(1, len(jobs))
         for i, job in enumerate(jobs):
             if i:
                 names.append(", ")
-            user = f" ({C(job.user)})" if wide else ""
-            room = share - (len(f"{job.id}:") if wide else 0) - len(user)
-            if wide and room < 8:
-                user, room = "", share - len(f"{job.id}:")
-            if room < 8:
+            user, _ = plans[(card.id, job.id)]
+            name = short.get((card.id, job.id))
+            if name is None:
                 names.append(str(job.id))
             else:
-                names.append(f"{job.id}:{shorten_middle(C(job.name), room)}" if wide
-                              else shorten_middle(C(job.name), room))
+                names.append(f"{job.id}:{name}" if wide else name)
             if user:
                 names.append(user, style="dim")
             if _over(job):
@@ -326,7 +351,7 @@ def _job_lines(jobs: list[Job], width: int, now: float) -> tuple[Text, list[Text
         if c.key == "name":
             c.width = name_w
     cols = _layout(cols, width, rest, 5, drop=["user", "over"])
-    lines = []
+    table: list[dict[str, str | Text]] = []
     for job in jobs:
         over = _over(job)
         elapsed = duration(now - job.started_at) if job.started_at else "-"
@@ -347,8 +372,8 @@ def _job_lines(jobs: list[Job], width: int, now: float) -> tuple[Text, list[Text
             "util": "-" if job.util_mean is None else f"{job.util_mean:.0f}%",
             "cards": _job_cards(job),
         }
-        lines.append(_row(cols, values))
-    return _header(cols), lines
+        table.append(values)
+    return _header(cols), _rows(cols, table)
 
 
 def _waiting_lines(jobs: Sequence[Job], width: int, now: float) -> tuple[Text, list[Text]]:
@@ -369,15 +394,15 @@ def _waiting_lines(jobs: Sequence[Job], width: int, now: float) -> tuple[Text, l
     ]
     rest = _Col("why", "why it waits", 0)
     cols = _layout(cols, width, rest, 16, drop=["user", "prio", "mem"])
-    lines = []
+    table: list[dict[str, str | Text]] = []
     for job, mem in zip(jobs, mems, strict=True):
         values: dict[str, str | Text] = {
             "id": str(job.id), "user": C(job.user), "name": C(job.name), "prio": job.priority.value,
             "mem": mem, "wait": duration(now - job.created_at),
             "why": Text(C(job_reason(job)), style="dim" if not job.wait_reason else ""),
         }
-        lines.append(_row(cols, values))
-    return _header(cols), lines
+        table.append(values)
+    return _header(cols), _rows(cols, table)
 
 
 def _error_lines(jobs: Sequence[Job], width: int, now: float) -> tuple[Text, list[Text]]:
@@ -394,7 +419,7 @@ def _error_lines(jobs: Sequence[Job], width: int, now: float) -> tuple[Text, lis
     ]
     rest = _Col("why", "why", 0)
     cols = _layout(cols, width, rest, 16, drop=["user", "ended"])
-    lines = []
+    table: list[dict[str, str | Text]] = []
     for job in jobs:
         values: dict[str, str | Text] = {
             "id": str(job.id), "user": C(job.user), "name": C(job.name),
@@ -402,8 +427,8 @@ def _error_lines(jobs: Sequence[Job], width: int, now: float) -> tuple[Text, lis
             "ended": duration(now - job.ended_at) if job.ended_at else "-",
             "why": C(job_reason(job)),
         }
-        lines.append(_row(cols, values))
-    return _header(cols), lines
+        table.append(values)
+    return _header(cols), _rows(cols, table)
 
 
 def _queue_line(report: StatusReport, width: int) -> Text:
@@ -481,7 +506,8 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
         top.append(Text("waiting for rig's Redis ...", style="dim"))
         return Group(*[_fit(t, width) for t in top[:height]])
     top.append(_queue_line(report, width))
-    top += [Text(C(n), style="yellow") for n in report.notices[:2]]
+    # A notice too long for the screen says what is wrong and what mends it (rig.redis_writes).
+    top += [Text(C(n if len(n) <= width else short_notice(n)), style="yellow") for n in report.notices[:2]]
 
     if report.cards:
         card_head, card_rows = _card_lines(report, width)
@@ -506,6 +532,20 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
         if show_cards > need_cards:
             show_jobs += show_cards - need_cards
             show_cards = need_cards
+    total_waiting = sum(report.pending.values())
+    queued = sorted(waiting, key=lambda j: (j.priority.rank, j.created_at, j.id))
+    lists = [_List(f"waiting jobs ({total_waiting}), next first", total_waiting, queued, _waiting_lines,
+                   "waiting jobs", _waiting_summary),
+             _List(f"error queue ({errors}): `rig errors`", errors, list(error_jobs), _error_lines,
+                   "in the error queue", None)]
+    lists = [section for section in lists if section.shown]
+    # The waiting jobs' least table takes lines from the running list's tail (which keeps
+    # RUNNING_KEEP lines) before it is folded into one line: see _List.
+    if queued:
+        need = lists[0].least() + 2 * (len(lists) - 1)  # the later lists' summary lines
+        short = need - (room - show_cards - show_jobs - 2)  # 2: a blank line, the running title
+        if short > 0:
+            show_jobs -= min(short, max(0, show_jobs - RUNNING_KEEP))
     card_rows = _clip(card_rows, show_cards, "cards")
     job_rows = _clip(job_rows, show_jobs, "running jobs")
     spare = room - len(card_rows) - len(job_rows)
@@ -519,30 +559,81 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
         lines.append(Text(f"running jobs ({len(jobs)})", style="bold"))
         spare -= 1
     lines += [job_head, *job_rows]
-    spare = height - len(lines)
-    total_waiting = sum(report.pending.values())
-    queued = sorted(waiting, key=lambda j: (j.priority.rank, j.created_at, j.id))
-    # The error queue keeps a few lines (it waits for a person) when both lists have room.
-    keep_for_errors = 3 + min(len(error_jobs), 3) if error_jobs else 0
-    for title, total, shown, draw, what in (
-            (f"waiting jobs ({total_waiting}), next first", total_waiting, queued, _waiting_lines, "waiting jobs"),
-            (f"error queue ({errors}): `rig errors`", errors, list(error_jobs), _error_lines, "in the error queue")):
-        if not shown or spare < 4:  # a blank line, a title, a header and at least one job
-            continue
-        head, rows = draw(shown, width, now)
-        room = spare - 3
-        if draw is _waiting_lines and spare - keep_for_errors >= 4:
-            room -= keep_for_errors
-        more = max(0, total - len(rows))
-        if len(rows) > room or more:
-            keep = min(len(rows), room - 1)
-            more = total - keep
-            rows = rows[:keep]
-            if more > 0:
-                rows.append(_more(more, what))
-        lines += [Text(), Text(title, style="bold"), head, *rows]
+    for i, section in enumerate(lists):
         spare = height - len(lines)
+        later = lists[i + 1:]
+        # Room this list leaves to the later ones: their full table when that leaves this one
+        # its least, else one line each (a blank and a summary).
+        keep_full = sum(s.full() for s in later)
+        keep = keep_full if spare - keep_full >= section.least() else 2 * len(later)
+        lines += section.draw(spare - keep, width, now)
     return Group(*[_fit(t, width) for t in lines[:height]])
+
+
+#: What the running list keeps when the waiting jobs need its tail (rows, counting "... more").
+RUNNING_KEEP = 3
+#: The fewest rows a list of waiting jobs or of the error queue is shown with (fewer jobs: all
+#: of them); with less room it is one summary line, never a heading with no rows.
+LIST_MIN_ROWS = 2
+#: The most rows the error queue's table asks for while later lists still want room.
+ERRORS_FULL_ROWS = 3
+
+
+@dataclass
+class _List:
+    """A list under the running jobs in ``rig top``: the waiting jobs, then the error queue.
+
+    Each is a blank line, a title, a column header and rows (the last one "... N more" when
+    not all fit), or, with too little room for :data:`LIST_MIN_ROWS` rows, one summary line
+    after a blank one. Lines go, in this order: the error queue's table folds to its title,
+    the running list's tail gives way down to :data:`RUNNING_KEEP` lines, then the waiting
+    jobs fold to one line."""
+
+    title: str
+    total: int
+    shown: list[Job]
+    lines: object  # (jobs, width, now) -> (header, rows)
+    what: str
+    summary: object | None  # (jobs, title) -> the one line, or None: the title alone
+
+    def _rows(self, n: int) -> int:
+        """Lines for ``n`` job rows, with the "... more" line when not all are shown."""
+        return n + (1 if self.total > n else 0)
+
+    def least(self) -> int:
+        return 3 + self._rows(min(len(self.shown), LIST_MIN_ROWS))
+
+    def full(self) -> int:
+        return 3 + self._rows(min(len(self.shown), ERRORS_FULL_ROWS))
+
+    def draw(self, room: int, width: int, now: float) -> list[Text]:
+        """At most ``room`` lines (none when under 2)."""
+        if room < 2:
+            return []
+        if room < self.least():
+            line = self.summary(self.shown, self.title) if self.summary else Text(self.title, style="bold")
+            return [Text(), line]
+        head, rows = self.lines(self.shown, width, now)  # type: ignore[operator]
+        fit = room - 3
+        if len(rows) > fit or self.total > len(rows):
+            keep = min(len(rows), fit if self.total <= fit else fit - 1)
+            rows = rows[:keep]
+            if self.total > keep:
+                rows.append(_more(self.total - keep, self.what))
+        return [Text(), Text(self.title, style="bold"), head, *rows]
+
+
+#: The most cells a job's name takes in a summary line (the reason follows it).
+SUMMARY_NAME = 20
+
+
+def _waiting_summary(jobs: Sequence[Job], title: str) -> Text:
+    """``waiting jobs (5), next first: 10 train-resnet50 (alice): needs 16.0 GiB ...`` in one line."""
+    line = Text(title, style="bold")
+    job = jobs[0]
+    line.append(f": {job.id} {shorten_middle(C(job.name), SUMMARY_NAME)} ({C(job.user)}): ")
+    line.append(C(job_reason(job)), style="dim")
+    return line
 
 
 # -- the loop -----------------------------------------------------------------------------------

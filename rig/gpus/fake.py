@@ -9,12 +9,25 @@ a GPU: a process writes the bytes it uses into ``<usage_dir>/<card index>/<pid>`
 jobs the folder as $RIG_FAKE_GPU_DIR; ``python -m rig.fakeuse 12G 30`` does it for you). Files
 of dead processes are ignored and removed. Utilisation reads 100 % while any process uses the
 card, else 0.
+
+A job run as another user (a root node running its submitter's jobs) cannot write the shared
+folder (nor, often, even pass through $RIG_HOME), so the card worker gives it a folder of its
+own, ``<jobs_dir>/job-<id>`` (:func:`job_usage_dir`: made by the worker, owned by the job's uid,
+mode 0700, so no other user can write or read it) as its $RIG_FAKE_GPU_DIR, with the same
+``<card>/<pid>`` files, and removes it when the attempt ends (:func:`drop_job_usage_dir`). For a
+root node ``jobs_dir`` is ``/run/rig/fake-gpus-<digest of usage_dir>`` (:func:`jobs_dir_for`:
+the folder every user reaches for the gateway's socket; 0711: passable, not listable), else
+``<usage_dir>/jobs``. The backend sums them with the shared ones. It reads a job's folder
+without following links (a job's user could plant one to a file of root's) and never deletes in it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import shutil
+import stat
 from pathlib import Path
 
 from rig.config import default_node_name
@@ -61,6 +74,8 @@ class FakeGpuBackend:
         self.spec = spec
         self._sizes = parse_fake_spec(spec)
         self.usage_dir = Path(usage_dir) if usage_dir else None
+        #: Where the folders of jobs run as other users are (jobs_dir_for).
+        self.jobs_dir = jobs_dir_for(self.usage_dir) if self.usage_dir else None
         #: The node these cards belong to (it goes into their UUIDs); by default the node name
         #: rig's settings default to: RIG_NODE_NAME, else the host name.
         self.node = node or os.environ.get("RIG_NODE_NAME") or default_node_name()
@@ -85,9 +100,22 @@ class FakeGpuBackend:
         )
 
     def _processes(self, index: int) -> dict[int, int]:
-        """pid -> bytes, from the usage files of live processes on this card."""
+        """pid -> bytes, from the usage files of live processes on this card: the shared
+        folder's and each job's own (job_usage_dir)."""
         if self.usage_dir is None:
             return {}
+        found = self._shared(index)
+        try:
+            jobs = [e for e in os.scandir(self.jobs_dir) if e.is_dir(follow_symlinks=False)] if self.jobs_dir else []
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            jobs = []
+        for folder in jobs:
+            found.update(_job_files(Path(folder.path) / str(index)))
+        return found
+
+    def _shared(self, index: int) -> dict[int, int]:
+        """pid -> bytes from the shared folder (files of dead processes are removed)."""
+        assert self.usage_dir is not None
         folder = self.usage_dir / str(index)
         try:
             entries = list(os.scandir(folder))
@@ -112,3 +140,89 @@ class FakeGpuBackend:
 
     def close(self) -> None:
         pass
+
+
+#: A root node's run folder, which every user passes through to reach the gateway's socket
+#: (rig.gateway.paths.SYSTEM_SOCKET's folder).
+SYSTEM_RUN = Path("/run/rig")
+#: Bytes read of a usage file at most (a number).
+_MOST = 32
+
+
+def jobs_dir_for(usage_dir: Path, euid: int | None = None) -> Path:
+    """Where the usage folders of jobs run as other users go: for a root node (``euid`` 0,
+    default: this process'), under SYSTEM_RUN, named for ``usage_dir`` (two installations on one
+    host keep theirs apart), since $RIG_HOME may be closed to other users; else
+    ``usage_dir/jobs`` (such a node runs every job as itself)."""
+    if (os.geteuid() if euid is None else euid) == 0:
+        digest = hashlib.sha256(os.fsencode(str(Path(usage_dir).absolute()))).hexdigest()[:12]
+        return SYSTEM_RUN / f"fake-gpus-{digest}"
+    return Path(usage_dir) / "jobs"
+
+
+def job_usage_dir(jobs_dir: Path, job_id: int, uid: int, gid: int) -> Path:
+    """Make (afresh) the folder a job run as ``uid`` writes its fake-card usage into, and
+    return it: ``jobs_dir/job-<id>``, owned by ``uid``:``gid``, mode 0700; ``jobs_dir`` is made
+    0711 (passable, not listable: a job finds only its own). The caller (the card worker, root
+    when it runs jobs as their submitters) makes it before the job starts; a folder left by an
+    earlier attempt is removed first (without following its links)."""
+    if not jobs_dir.parent.exists():
+        jobs_dir.parent.mkdir(parents=True, mode=0o755)
+        os.chmod(jobs_dir.parent, 0o755)  # whatever the umask: others pass through it
+    folder = jobs_dir / f"job-{int(job_id)}"
+    drop_job_usage_dir(jobs_dir, job_id)
+    for _try in range(3):  # another card's worker may remove jobs_dir, empty, in between
+        jobs_dir.mkdir(exist_ok=True)
+        os.chmod(jobs_dir, 0o711)
+        try:
+            folder.mkdir(mode=0o700)
+            break
+        except FileNotFoundError:
+            continue
+    else:
+        folder.mkdir(mode=0o700)  # raises: say why
+    if (uid, gid) != (os.geteuid(), os.getegid()):
+        os.chown(folder, uid, gid)
+    return folder
+
+
+def drop_job_usage_dir(jobs_dir: Path, job_id: int) -> None:
+    """Remove a job's usage folder, if any (its attempt ended): shutil.rmtree does not follow
+    the links a job may have left in it."""
+    folder = jobs_dir / f"job-{int(job_id)}"
+    if folder.is_symlink():
+        folder.unlink()
+    elif folder.exists():
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        jobs_dir.rmdir()  # the last one: nothing left behind in /run/rig
+    except OSError:
+        pass  # other jobs' folders are there (or it is gone)
+
+
+def _job_files(folder: Path) -> dict[int, int]:
+    """pid -> bytes from one job's card folder: regular files named by a live pid, opened
+    without following links; anything else is skipped (never removed: the folder is the job's)."""
+    if folder.is_symlink():
+        return {}  # planted: it would lead this reader (root) elsewhere
+    try:
+        entries = [e for e in os.scandir(folder) if e.name.isdigit() and e.is_file(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return {}
+    found: dict[int, int] = {}
+    for entry in entries:
+        pid = int(entry.name)
+        if not os.path.exists(f"/proc/{pid}"):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                found[pid] = int(os.read(fd, _MOST).decode().strip() or 0)
+        except (OSError, ValueError):
+            pass
+        finally:
+            os.close(fd)
+    return found

@@ -125,7 +125,10 @@ def test_the_page_in_a_browser_shows_cards_queues_and_escapes_names(page_server,
         assert (f"(times in your zone, UTC+05:45; in the server's sentences, its zone, UTC{server_zone[:3]}:"
                 f"{server_zone[3:]})") in dom
     # The jobs that ended before the first sample are said beside the bars, not lost.
-    assert "not in the bars: 3 succeeded, 2 failed, 0 cancelled before the first sample" in dom
+    assert "not in the bars: 3 succeeded, 2 failed, 0 cancelled by " in dom and "when the first sample was taken" in dom
+    # One time format on the page: hours without a leading zero, in the header as in the charts
+    # and estimated starts ("2:21:21 PM", "~3:20 PM"; was "03:20 PM" beside "2:21:21 PM").
+    assert not re.search(r"(?<![\d:])0\d:\d\d(:\d\d)?\s?[AP]M", dom), re.findall(r"\d\d:\d\d\s?[AP]M", dom)[:5]
 
     shot = tmp_path / "page.png"
     browse(f"http://{user}:{password}@{address}/", tmp_path / "profile2", "--window-size=1400,1900",

@@ -9,8 +9,6 @@ an owner, or reach Redis; each job runs as its true submitter."""
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import pwd
@@ -27,6 +25,8 @@ from rig.models import JobState
 from rig.testing.faults import _free_port
 from rig.testing.faults_nodes import _password_redis
 from rig.testing.harness import RigHarness
+from rig.testing.user_venv import SYSTEM_PYTHON
+from rig.testing.user_venv import user_venv as build_user_venv
 
 pytestmark = pytest.mark.slow
 
@@ -34,33 +34,12 @@ REPO = Path(__file__).resolve().parents[2]
 USERS = ("rigtest-alice", "rigtest-bob")
 
 
-def _source_digest() -> str:
-    digest = hashlib.sha256()
-    for path in sorted([*REPO.glob("rig/**/*.py"), *REPO.glob("rig/lua/*.lua"), REPO / "pyproject.toml"]):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
-
-
 @pytest.fixture(scope="module")
 def user_venv() -> Path:
-    """A venv of /usr/bin/python3 with this rig installed (not editable: the users may not be
-    able to read the checkout), kept in /tmp between runs of the same sources."""
-    if os.geteuid() != 0 or not shutil.which("useradd") or not Path("/usr/bin/python3").exists():
+    """A venv of /usr/bin/python3 with this rig installed that the users can run (rig.testing.user_venv)."""
+    if os.geteuid() != 0 or not shutil.which("useradd") or not SYSTEM_PYTHON.exists():
         pytest.skip("needs root, useradd and /usr/bin/python3 (.ci/run runs as root)")
-    venv = Path("/tmp") / f"rig-test-user-venv-{_source_digest()}"
-    ready = venv / ".installed"  # written last: a venv without it is half built
-    # One builder at a time (two checkouts' suites on one machine), and only stale venvs go:
-    # another run may be using its own right now.
-    with open("/tmp/rig-test-user-venv.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not ready.exists():
-            for old in Path("/tmp").glob("rig-test-user-venv-*"):
-                if old == venv or time.time() - old.stat().st_mtime > 3600:
-                    shutil.rmtree(old, ignore_errors=True)
-            subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True)
-            subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(REPO)], check=True, timeout=600)
-            ready.touch()
-    return venv
+    return build_user_venv(REPO)
 
 
 @pytest.fixture(scope="module")

@@ -89,7 +89,7 @@ def test_jobs_at_80_columns_show_whole_states():
     for state in JobState:
         assert state.value in text, text
     assert max(len(line) for line in text.splitlines()) <= 80
-    for heading in ("id", "state", "mem/card", "where"):
+    for heading in ("id", "user", "state", "mem/card", "reason"):  # where goes before user (README)
         assert heading in text, text
     wide = _screen(220, lambda console: render_jobs(jobs, console))
     assert "prio" in wide and "age" in wide

@@ -7,18 +7,28 @@ is there. No Redis, no terminal."""
 from __future__ import annotations
 
 import io
+import os
 import re
 
 import pytest
 from rich.console import Console
 
-from rig.cli.fit import Cell, Col, fit_widths, fitted_table, shorten_end, shorten_middle
+from rig.cli.fit import (
+    Cell,
+    Col,
+    fit_widths,
+    fitted_table,
+    shorten_end,
+    shorten_middle,
+    shorten_names,
+)
 from rig.cli.render import CARD_COLUMNS, JOB_COLUMNS, render_errors, render_jobs, render_status
-from rig.cli.top import build_view
+from rig.cli.top import LIST_MIN_ROWS, build_view
 from rig.client import StatusReport, UserUsage, WorkerInfo
 from rig.memory import GIB
 from rig.models import CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo
+from rig.redis_writes import short_notice
 from rig.text import has_control
 
 NOW = 1_700_000_000.0
@@ -116,6 +126,13 @@ def _headings(lines: list[str]) -> list[list[str]]:
     return [[cell.strip() for cell in line.strip("┃").split("┃")] for line in lines if line.startswith("┃")]
 
 
+def _no_heading_without_rows(lines: list[str]) -> None:
+    """`rig top`: every column header ("id user name ...") is followed by a job's row."""
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("id "):
+            assert i + 1 < len(lines) and re.match(r"\s*\d+ ", lines[i + 1]), lines[i:i + 2]
+
+
 # -- the rule -----------------------------------------------------------------------------------
 def test_names_are_shortened_in_the_middle_so_sweep_runs_stay_apart() -> None:
     names = [SWEEP.format(k) for k in range(12)]
@@ -158,6 +175,14 @@ def test_a_cell_never_wraps_and_keeps_its_suffix() -> None:
     assert len(body) == 2 and "OVER" in body[0] and body[1].rstrip(" │").endswith("seed-2"), lines
 
 
+def test_a_jobs_id_before_its_name_stays_whole_and_names_shorten_among_names() -> None:
+    cols = [Col("running", "running", shrink="middle", min_width=10)]
+    rows = [{"running": Cell([SWEEP.format(1), SWEEP.format(12)], line_prefixes=["101:", "112:"])}]
+    body = [line.strip("│ ") for line in _screen(30, lambda c: c.print(fitted_table(cols, rows, 30)))
+            if line.startswith("│")]
+    assert body == ["101:…2000-batch512-seed-1", "112:…2000-batch512-seed-12"], body  # the same cut
+
+
 # -- rig status ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("width", [80, 160])
 def test_status_fits(width: int) -> None:
@@ -196,11 +221,12 @@ def test_jobs_fit_with_whole_states_and_a_reason(width: int) -> None:
         assert re.search(rf"-seed-{k}\b", text), (k, text)
     assert len({line for line in lines if "-seed-" in line}) == 12
     if width == 160:
-        assert {"user", "prio", "mem/card", "where", "age", "runtime", "exit"} <= set(heads), heads
+        assert {"user", "prio", "mem/card", "where"} <= set(heads), heads
+        assert "age" not in heads and "exit" not in heads  # they go before a long reason is cut
         assert WAIT_REASON[:20] in text and FAIL_REASON[:15] in text
-        assert "a-very-" in text and "-indeed" in text  # a long login name, shortened in the middle
-    else:
-        assert {"mem/card", "where"} <= set(heads), heads
+        assert "a-ver…-indeed" in text  # a long login name, shortened in the middle
+    else:  # who submitted a job matters more than where it ran (README's drop order)
+        assert {"user", "mem/card"} <= set(heads) and "where" not in heads, heads
         assert "needs 24.0" in text and "CUDA out" in text  # shortened, but there
     assert "\\x1b]0;TITLE" in text.replace("\n", "") or "\\x1b" in text  # escaped, not acted on
 
@@ -244,11 +270,14 @@ def test_top_lists_waiting_jobs_and_the_error_queue_when_there_is_room(width: in
         assert WAIT_REASON[:80] in text and FAIL_REASON in text
 
 
-def test_top_leaves_the_lists_out_when_there_is_no_room() -> None:
+def test_top_folds_the_lists_into_one_line_each_when_there_is_no_room() -> None:
     lines = _screen(80, lambda c: c.print(build_view(_cluster(), 3, 80, 24, NOW, waiting=_waiting(),
                                                      error_jobs=_errors())), 24)
     text = _fits(lines, 80)
-    assert len(lines) <= 24 and "waiting jobs (40)" not in text and "gpu-node-02/3" in text
+    assert len(lines) <= 24 and "gpu-node-02/3" in text
+    assert "waiting jobs (40), next first: 300 " in text and "(bob): needs 24.0" in text
+    assert lines[-1] == "error queue (3): `rig errors`"
+    _no_heading_without_rows(lines)
 
 
 def test_top_with_an_empty_cluster_shows_the_whole_queue() -> None:
@@ -310,3 +339,212 @@ def test_jobs_with_a_repeated_id_show_their_instance() -> None:
     text = "\n".join(_screen(160, lambda c: render_jobs([b, a], c)))
     assert "1 3fa9c2" in text and "1 71bd00" in text and "--instance HEX" in text
     assert "3fa9c2" not in "\n".join(_screen(160, lambda c: render_jobs([a], c)))
+
+
+# -- names shortened column by column (issue 14, item 4: reviewer's points 2 and 3) --------------
+SWEEP_RUNS = [f"sweep-lr{lr}-seed-{seed}" for lr in ("0.0003", "0.001", "0.01") for seed in (11, 12, 13)]
+
+
+@pytest.mark.parametrize("width", [12, 14, 17, 20])
+def test_sweep_runs_keep_what_tells_them_apart(width: int) -> None:
+    short = shorten_names(SWEEP_RUNS, width)
+    assert all(len(s) <= width for s in short), short
+    assert len(set(short)) == len(SWEEP_RUNS), short  # every run told apart
+    for name, cut in zip(SWEEP_RUNS, short, strict=True):
+        lr, seed = re.match(r"sweep-lr0\.(\d+)-seed-(\d+)", name).groups()
+        assert cut.endswith(f"-{seed}"), (name, cut)  # the seed stays
+        assert f"{lr}-se" in cut, (name, cut)  # and the lr's digits
+    # The shared start goes, as many characters for every run: they line up.
+    starts = {n.index(s[1:].split("…")[0]) for n, s in zip(SWEEP_RUNS, short, strict=True) if s.startswith("…")}
+    assert len(starts) == 1, short
+    assert all(n.endswith(s[1:]) for n, s in zip(SWEEP_RUNS, short, strict=True) if width >= 14), short
+
+
+def test_the_shared_start_goes_first_at_a_separator() -> None:
+    assert shorten_names(SWEEP_RUNS[:6], 17)[:2] == ["…lr0.0003-seed-11", "…lr0.0003-seed-12"]
+    assert shorten_names(["rigdemo-alice", "rigdemo-bob", "rigdemo-carol"], 8) == ["…alice", "…bob", "…carol"]
+    assert shorten_names(["rigdemo-alice", "rigdemo-bob"], 16) == ["rigdemo-alice", "rigdemo-bob"]  # fits: whole
+    # A lone name (nothing shared) is shortened in the middle, as before.
+    assert shorten_names(["train-resnet50-long-context-ablation"], 20) == \
+        [shorten_middle("train-resnet50-long-context-ablation", 20)]
+
+
+def test_names_that_differ_only_at_the_start_keep_their_start() -> None:
+    names = ["alpha-long-common-tail-name", "beta-long-common-tail-name", "gamma-long-common-tail-name"]
+    short = shorten_names(names, 12)
+    assert [s.split("-")[0] for s in short] == ["alpha", "beta", "gamma"], short
+    assert all(len(s) <= 12 and s.endswith("…") for s in short), short
+
+
+def test_unicode_names_are_measured_in_cells() -> None:
+    from rich.cells import cell_len
+
+    names = ["データ-実験-seed-1", "データ-実験-seed-2", "データ-前処理-seed-1"]
+    for width in (8, 12, 16):
+        short = shorten_names(names, width)
+        assert all(cell_len(s) <= width for s in short), short
+        assert len(set(short)) == 3, short
+
+
+def test_one_width_per_name() -> None:
+    short = shorten_names(["rigdemo-alice", "rigdemo-bob"], [8, 4])
+    assert short[0] == "…alice" and len(short[1]) <= 4
+
+
+# -- a three-user mixed load, as in docs/screens --------------------------------------------------
+USERS = ("rigdemo-alice", "rigdemo-bob", "rigdemo-carol")
+OOM = ("CUDA out of memory (PyTorch): torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+       "6.00 GiB (GPU 0; 24.00 GiB total)")
+
+
+def _mixed() -> tuple[StatusReport, list[Job]]:
+    """docs/screens' load: 4 cards of one node; 2 failed, 4 running, 5 waiting jobs of three users."""
+    alice, bob, carol = USERS
+    specs = [  # id, name, user, state, GiB, card
+        (1, "preprocess-shards", alice, JobState.FAILED, 1, 0),
+        (2, "finetune-llama-7b-bs64", bob, JobState.FAILED, 2, 0),
+        (3, "train-resnet50", alice, JobState.RUNNING, 20, 0),
+        (4, "eval-gpt2-xl", bob, JobState.RUNNING, 22, 1),
+        (5, "sweep-lr0.001-seed-11", carol, JobState.RUNNING, 20, 2),
+        (6, "sweep-lr0.001-seed-12", carol, JobState.RUNNING, 20, 3),
+        (7, "sweep-lr0.001-seed-13", carol, JobState.PENDING, 20, 0),
+        (8, "sweep-lr0.0003-seed-11", carol, JobState.PENDING, 20, 0),
+        (9, "sweep-lr0.0003-seed-12", carol, JobState.PENDING, 20, 0),
+        (10, "train-resnet50-long-context-ablation", alice, JobState.PENDING, 16, 0),
+        (11, "eval-gpt2-xl", bob, JobState.PENDING, 22, 0),
+    ]
+    jobs = []
+    for job_id, name, user, state, gib, card in specs:
+        job = _job(job_id, name, state, node="demo", card=card, user=user)
+        job.gpu_memory, job.created_at = gib * GIB, NOW - 80 + job_id
+        if state is JobState.PENDING:
+            job.wait_reason = f"needs {gib}.0 GiB on 1 card; every card is held for jobs ahead of it"
+        if state is JobState.FAILED:
+            job.reason, job.failure = (OOM, "cuda_oom") if job_id == 2 else ("exit code 3", "nonzero_exit")
+        jobs.append(job)
+    cards, running = [], {}
+    for i in range(4):
+        card = CardState(node="demo", index=i, total=24 * GIB, usable=int(22.8 * GIB), max_jobs=4, model="Fake GPU")
+        running[card.id] = [j for j in jobs if j.state is JobState.RUNNING and j.cards == [i]]
+        card.jobs, card.reserved = 1, running[card.id][0].gpu_memory
+        cards.append(card)
+    report = StatusReport(
+        cards=cards, running=running,
+        pending={Priority.HIGH: 1, Priority.MEDIUM: 3, Priority.LOW: 1},
+        oldest_wait={Priority.HIGH: 62.0, Priority.MEDIUM: 65.0, Priority.LOW: 61.0},
+        workers=[WorkerInfo(f"card{i}@demo", "card", "demo", i, 100 + i, 1, NOW) for i in range(5)],
+        counts={JobState.RUNNING: 4, JobState.PENDING: 5, JobState.FAILED: 2},
+        nodes=[NodeInfo("demo", True, "up", NOW - 600, last_seen=NOW, started_at=NOW - 600, workers=5)],
+        notices=["Redis keeps no copy on disk (no RDB save, no AOF): a restart of it loses every job and "
+                 "reservation; turn on AOF (redis-cli CONFIG SET appendonly yes, and in its config file)"])
+    return report, list(reversed(jobs))
+
+
+def _rows_of(lines: list[str], job_id: int) -> list[str]:
+    return [line for line in lines if re.match(rf"[│ ]\s*{job_id} ", line)]
+
+
+def _tells_apart(lines: list[str], jobs: list[Job]) -> None:
+    """Every job's row is there once, and shows its user told apart from the others."""
+    for job in jobs:
+        rows = _rows_of(lines, job.id)
+        assert len(rows) == 1, (job.id, lines)
+        assert job.user.split("-")[1] in rows[0], (job.user, rows[0])
+
+
+@pytest.mark.parametrize("width", [80, 160])
+def test_mixed_load_jobs_tell_ids_users_and_sweep_runs_apart(width: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("rig.cli.render.shared_now", lambda: NOW)  # ages of a minute, as on the real screen
+    _, jobs = _mixed()
+    lines = _screen(width, lambda c: render_jobs(jobs, c, {j.id: "~15:20" for j in jobs if j.state is JobState.PENDING}))
+    text = _fits(lines, width)
+    _tells_apart(lines, jobs)
+    for job in jobs:
+        if job.name.startswith("sweep-"):  # its lr and its seed
+            lr, seed = re.match(r"sweep-lr0\.(\d+)-seed-(\d+)", job.name).groups()
+            assert f"{lr}-seed-{seed}" in _rows_of(lines, job.id)[0], _rows_of(lines, job.id)
+    if width == 160:  # the reason whole, before names are
+        assert "every card is held for jobs ahead of it" in text and "est. start" in text
+
+
+def test_mixed_load_errors_and_their_hint_fit_80() -> None:
+    _, jobs = _mixed()
+    failed = [j for j in jobs if j.state is JobState.FAILED]
+    lines = _screen(80, lambda c: render_errors(failed, c))
+    _fits(lines, 80)
+    _tells_apart(lines, failed)
+    assert lines[-2:] == ["`rig retry JOB [--gpu-memory SIZE]` sends one back;", "`rig errors --clear JOB` dismisses it"]
+    assert len(_screen(160, lambda c: render_errors(failed, c))[-1]) > 80  # one line when it fits
+
+
+def test_mixed_load_top_at_80x24_lists_waiting_jobs_with_rows() -> None:
+    report, jobs = _mixed()
+    waiting = [j for j in jobs if j.state is JobState.PENDING]
+    failed = [j for j in jobs if j.state is JobState.FAILED]
+    lines = _screen(80, lambda c: c.print(build_view(report, 2, 80, 24, NOW, waiting=waiting, error_jobs=failed)), 24)
+    text = _fits(lines, 80)
+    assert len(lines) <= 24
+    _no_heading_without_rows(lines)
+    assert "waiting jobs (5), next first" in text
+    after = lines[lines.index("waiting jobs (5), next first") + 2:]
+    assert len([line for line in after if re.match(r"\s*\d+ ", line)]) >= LIST_MIN_ROWS
+    assert "redis-cli CONFIG SET appendonly yes" in text  # the warning keeps what mends it
+    for name in ("…alice", "…bob", "…carol"):
+        assert name in text, text
+
+
+def test_a_short_notice_keeps_the_command_that_mends_it() -> None:
+    report, _ = _mixed()
+    for notice in [*report.notices, "Redis' maxmemory-policy is allkeys-lru: when it fills it silently deletes keys, "
+                   "rig's job records and reservations among them; set it to noeviction (redis-cli CONFIG SET "
+                   "maxmemory-policy noeviction, and in its config file)"]:
+        short = short_notice(notice)
+        assert len(short) < 80 and "redis-cli CONFIG SET" in short, short
+
+
+@pytest.mark.parametrize("columns", [80, 160])
+def test_rig_templates_fits_and_never_wraps(tmp_path, monkeypatch, columns):
+    """`rig templates` at 80 columns: one line per template, no heading cut (it wrapped the
+    description onto 7 lines and cut every heading, as a tester found)."""
+    from click.testing import CliRunner
+
+    from rig.cli.main import cli
+
+    for name in [n for n in os.environ if n.startswith("RIG_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("RIG_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("COLUMNS", str(columns))
+    done = CliRunner().invoke(cli, ["templates"])
+    assert done.exit_code == 0, done.output
+    lines = done.output.splitlines()
+    assert all(len(line.rstrip()) <= columns for line in lines), done.output
+    body = [line for line in lines if line.startswith("│")]
+    assert len(body) == 3 and [b.split("│")[1].strip() for b in body] == ["finetune", "inference", "test"], done.output
+    assert "what for" in done.output and "…" not in lines[1] + lines[2] + lines[3], done.output
+
+
+@pytest.mark.parametrize("columns", [80, 160])
+def test_rig_metrics_fits_with_whole_headings_and_outcomes(columns):
+    """`rig metrics` at 80 columns cut its heading to "peak/de…" and the outcome to "succeed…"
+    (a tester found): now columns go in a fixed order instead, and what stays is whole."""
+    import time as _time
+
+    from rig.cli.render import render_metrics
+    from rig.memory import GIB
+    from rig.models import Job, JobState, Priority
+
+    now = _time.time()
+    job = Job(id=26, name="sweep-lr0.001-seed-11", user="alice", command=["true"], gpu_memory=12 * GIB, gpus=1,
+              priority=Priority.MEDIUM, state=JobState.SUCCEEDED, workdir="/tmp", created_at=now - 90,
+              attempts=[{"attempt": 1, "outcome": "nonzero_exit", "gpu_memory": 12 * GIB, "started_at": now - 80,
+                         "ended_at": now - 60, "vram_peak": 13 * GIB, "vram_mean": 9 * GIB, "util_mean": 55.0},
+                        {"attempt": 2, "outcome": "succeeded", "gpu_memory": 12 * GIB, "started_at": now - 50,
+                         "ended_at": now - 5, "vram_peak": 11 * GIB, "vram_mean": 8 * GIB, "util_mean": 60.0}])
+    console = Console(width=columns, record=True, file=io.StringIO())
+    render_metrics(job, console)
+    text = console.export_text()
+    assert all(len(line) <= columns for line in text.splitlines()), text
+    assert "succeeded" in text and "nonzero_exit" in text and "peak" in text, text
+    assert "…" not in "".join(line for line in text.splitlines() if line.startswith("┃")), text
+    if columns >= 160:
+        assert "peak/declared" in text and "108% over" in text, text

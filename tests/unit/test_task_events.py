@@ -316,3 +316,26 @@ def test_a_bridge_that_starts_telling_tells_again_what_an_earlier_one_told():
         assert _Dispatcher.sent[0][:2] == ("card0@n1", "task-started")
     finally:
         bridge.stop()
+
+
+def test_every_task_rig_registers_sends_no_task_events(tmp_path):
+    """rig's Celery tasks are transport (start a job, tick, health, alerts, archive...): none
+    may appear in Flower's task list, where only jobs are tasks. Checked on every task the app
+    registers, so a new one cannot slip in (rig.archive once filled 1,440 rows a day). In a
+    subprocess: importing workers.app reads the settings and installs patches."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
+    env["RIG_HOME"] = str(tmp_path / "home")
+    code = ("import json, workers.app as a; print(json.dumps({n: t.send_events for n, t in a.app.tasks.items() "
+            "if not n.startswith('celery.')}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    import json
+
+    tasks = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "rig.start_job" in tasks and "rig.archive" in tasks, tasks
+    assert {name for name, sends in tasks.items() if sends} == set(), tasks

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rig.models import CardState
 from rig.timeline import (
+    EndedBefore,
     HourCount,
     Sample,
     ended_before_first,
@@ -51,7 +52,8 @@ def test_sample_of_sums_cards_and_reads_the_ended_counters():
     counters = {"ended:SUCCEEDED:": 4, "ended:FAILED:cuda_oom": 2, "ended:TIMEOUT:": 1,
                 "ended:CANCELLED:": 3, "submitted": 99, "started": 12}
     sample = sample_of(counters, cards, now=T0 + 75)
-    assert sample == Sample(at=T0 + 60, succeeded=4, failed=3, cancelled=3, used=7, reserved=30, usable=270)
+    assert sample == Sample(at=T0 + 60, succeeded=4, failed=3, cancelled=3, used=7, reserved=30, usable=270,
+                           taken=T0 + 75)
 
 
 def test_a_member_that_is_not_a_sample_is_skipped():
@@ -66,7 +68,11 @@ def test_jobs_ended_before_the_first_sample_are_said_not_lost():
     place them (when is unknown), so they are given beside the bars (issue 14 item 2, #3)."""
     samples = [Sample(at=T0 + 60, succeeded=6, failed=1), Sample(at=T0 + 120, succeeded=8, failed=1)]
     assert sum(h.succeeded + h.failed for h in ended_per_hour(samples, now=T0 + 130)) == 2
-    assert ended_before_first(samples, now=T0 + 130) == HourCount(T0 + 60, succeeded=6, failed=1, cancelled=0)
+    # Samples that do not say when they were read: by the end of the first one's minute.
+    assert ended_before_first(samples, now=T0 + 130) == EndedBefore(T0 + 120, succeeded=6, failed=1, cancelled=0)
+    # Jobs that ended inside the first sample's minute, before it was taken: by that moment.
+    taken = [Sample(at=T0 + 60, succeeded=6, failed=1, taken=T0 + 97), samples[1]]
+    assert ended_before_first(taken, now=T0 + 130).by == T0 + 97
     # Samples that began before the window: their jobs lie before it; none counted: nothing to say.
     assert ended_before_first(samples, now=T0 + 25 * HOUR) is None
     assert ended_before_first([Sample(at=T0)], now=T0 + 5) is None and ended_before_first([], now=T0) is None
