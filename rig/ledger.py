@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -113,12 +114,14 @@ class Ledger:
     def card(self, node: str, index: int) -> CardState:
         return CardState.from_redis(self.r.hgetall(self.keys.card(node, index)))
 
-    def cards(self, node: str | None = None) -> list[CardState]:
+    def cards(self, node: str | None = None,
+              parse: Callable[[dict[Any, Any]], CardState] = CardState.from_redis) -> list[CardState]:
         """Every registered card (with ``node``, that node's only), sorted by node then index;
-        one round trip for the ids, one pipeline for the records."""
+        one round trip for the ids, one pipeline for the records. ``parse``: how a record
+        becomes a CardState (the dispatcher's remembers unchanged records' parses)."""
         ids = sorted(self.r.smembers(self.keys.cards))
         keys = [self.keys.card(*split_card_id(cid)) for cid in ids if node is None or split_card_id(cid)[0] == node]
-        cards = [CardState.from_redis(raw) for raw in read_all(self.r, keys) if raw]
+        cards = [parse(raw) for raw in read_all(self.r, keys) if raw]
         return sorted(cards, key=lambda c: (c.node, c.index))
 
     def holdings(self, node: str, index: int) -> dict[int, int]:

@@ -2,7 +2,9 @@
 """Do two versions of rig's dispatcher decide the same? Runs each on the same simulated cluster
 (scripts/bench_scale.py's: N x 8 nearly full cards, waiting jobs for U users) with the shared
 clock frozen, through 3 passes with nothing to start and 3 passes after 64 jobs end, and
-compares every start (job, node, card) and every stored wait reason and hold mark.
+compares every start (job, node, card) and every stored wait reason and hold mark. Each
+pass's CPU time (the thread's, ms) is printed for both: the same passes on the same cluster
+and clock, so a before/after of the pass's cost is not swayed by a moving clock.
 
     git archive main rig workers | (mkdir -p /tmp/rig-old && tar -x -C /tmp/rig-old)
     .venv/bin/python scripts/dispatch_sameness.py /tmp/rig-old                      # this tree vs that one
@@ -20,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
@@ -71,24 +74,29 @@ def child(root: str, url: str, cards: int, waiting: int, users: int, hold_now: b
                 conclude(cluster.ledger, job, str(job.assignments),
                          AttemptEnd(exit_code=0, ended_at=frozen + 30, runtime=30.0))
 
-    def snapshot(tag: str) -> None:
+    def timed_pass() -> float:
+        """One dispatcher pass; its CPU ms (this thread's: less swayed by other load than wall time)."""
+        began = time.thread_time()
+        cluster.dispatcher.dispatch_pass()
+        return (time.thread_time() - began) * 1000
+
+    def snapshot(tag: str, cpu_ms: float) -> None:
         ids = [int(i) for i in cluster.r.zrange(cluster.keys.pending, 0, -1)]
         pipe = cluster.r.pipeline()
         for i in ids:
             pipe.hmget(cluster.keys.job(i), "wait_reason", "held_at")
         reasons = {str(i): [r[0], bool(r[1])] for i, r in zip(ids, pipe.execute(), strict=True)}
-        out.append({"tag": tag, "started": sorted([s[0], s[2], s[3]] for s in cluster.started), "reasons": reasons})
+        out.append({"tag": tag, "started": sorted([s[0], s[2], s[3]] for s in cluster.started), "reasons": reasons,
+                    "cpu_ms": cpu_ms})
 
     try:
         cluster.build()
         cluster.add_waiting(waiting)
         for k in range(3):
-            cluster.dispatcher.dispatch_pass()
-            snapshot(f"idle {k}")
+            snapshot(f"idle {k}", timed_pass())
         for k in range(3):
             end_some(64)
-            cluster.dispatcher.dispatch_pass()
-            snapshot(f"after 64 ends {k}")
+            snapshot(f"after 64 ends {k}", timed_pass())
             for job_id, token, node, card in cluster.started:
                 cluster.ledger.claim(job_id, token, f"card{card}@{node}")
             cluster.started.clear()
@@ -124,7 +132,8 @@ def main() -> int:
     for a, b in zip(theirs, mine, strict=True):
         differ = [k for k in a["reasons"] if a["reasons"][k] != b["reasons"].get(k)]
         print(f"{a['tag']}: {len(a['started'])} started, {'same' if a['started'] == b['started'] else 'DIFFERENT'} "
-              f"starts; {len(differ)} of {len(a['reasons'])} stored reasons differ")
+              f"starts; {len(differ)} of {len(a['reasons'])} stored reasons differ; pass CPU ms "
+              f"{a['cpu_ms']:.0f} there, {b['cpu_ms']:.0f} here")
         for k in differ[:3]:
             print(f"  job {k}:\n    {a['reasons'][k]}\n    {b['reasons'].get(k)}")
         same = same and not differ and a["started"] == b["started"]

@@ -43,7 +43,9 @@ is remembered by what it reads (rig.waiting.body_key), so a job waiting pass aft
 same reason is worded once, and jobs alike share one body. A start changes the view; the token
 of the new view's cards is derived from the old one's. Decisions and sentences are the same as
 without these shortcuts (tests/unit/test_placement_scale.py; a frozen-clock comparison with the
-code before them found every start and every stored reason equal).
+code before them found every start and every stored reason equal). Between passes it keeps only
+parses: a card record, or a placed job's fields, is parsed and checked once per content (a
+changed record is a new key); every pass still reads them all from Redis.
 
 Runs as a thread in the control worker. Several dispatchers may run (several nodes): one holds
 the leader lock at a time; the reservation script keeps the ledger safe regardless.
@@ -122,6 +124,10 @@ LEADER_TTL_MS = 5000
 IDLE_PASS_S = 1.0
 #: Wait sentence bodies remembered across passes (rig.waiting.body_key -> body); then the older half goes.
 EXPLAINED_CACHE = 50_000
+#: Card records whose parse is remembered (_parse_card); then all are forgotten.
+CARD_PARSE_CACHE = 20_000
+#: Placed or running jobs' records whose parse is remembered (_parse_running); then all are forgotten.
+RUNNING_PARSE_CACHE = 100_000
 
 SendStart = Callable[[int, str, str, int], None]  # job id, token, node, first card
 
@@ -147,6 +153,9 @@ class Dispatcher:
         self.identity = f"{settings.node_name}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stop_event = threading.Event()
         self._notes: dict[int, str] = {}  # job id -> wait reason, written at the end of a round
+        #: job id -> when it began to hold cards (held_at): written in one round trip before the
+        #: round's next reservation and at its end, so every mark precedes any start, as one by one.
+        self._marks: dict[int, float] = {}
         self._nodes: list[NodeInfo] | None = None  # read once per round, when a wait is explained
         self._nodes_token: Hashable = ()  # rig.waiting.nodes_token of _nodes
         #: Wait sentence bodies by what they read (rig.waiting.body_key): jobs that wait pass after
@@ -158,6 +167,10 @@ class Dispatcher:
         self._prior = estimates.Prior(())  # the cluster's recent runs, read with the round's holdings
         self._backfill_ends: dict[int, tuple[float | None, float | None]] = {}  # per round: backfill_end
         self._read_all = False  # the last _read_waiting saw every waiting job
+        #: A card record's fields -> its CardState, shared between passes: never changed in place
+        #: (a start makes new instances, dataclasses.replace), so an unchanged record is not checked again.
+        self._card_parses: dict[frozenset, CardState] = {}
+        self._running_parses: dict[tuple, tuple | Exception] = {}  # (job id, *fields) -> _parse_running's
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -264,6 +277,17 @@ class Dispatcher:
                 self.ledger.unqueue(jid, source[jid] or values[Waiting.FIELDS.index("user")] or "?")
         return jobs
 
+    def _parse_card(self, raw: dict[Any, Any]) -> CardState:
+        """CardState.from_redis(raw), remembered for the same fields and values: at 512 cards
+        the checks of every record were ~1/6 of an idle pass, and most records do not change."""
+        key = frozenset(raw.items())
+        card = self._card_parses.get(key)
+        if card is None:
+            if len(self._card_parses) >= CARD_PARSE_CACHE:
+                self._card_parses.clear()
+            card = self._card_parses[key] = CardState.from_redis(raw)
+        return card
+
     def _fail_invalid(self, job_id: int, problem: str, queue_user: str = "") -> None:
         log.warning("job %s: invalid record, ended: %s", job_id, problem)
         try:
@@ -298,17 +322,14 @@ class Dispatcher:
         recent = read[:len(recent_users)]
         self._prior = estimates.Prior(estimates.decode_recent([v for values in recent for v in values]))
         info: dict[int, tuple[str, int, int, float, float, float]] = {}
-        for jid, (user, memory, card_list, started, assigned, expected, cautious, limit) in zip(
-                ids, fields_of(read[len(recent_users):]), strict=True):
+        for jid, values in zip(ids, fields_of(read[len(recent_users):]), strict=True):
             try:
-                began = float(started or assigned or now)
+                user, memory, ncards, stamp, expected, cautious, limit = self._parse_running(jid, values)
+                began = now if stamp is None else stamp
                 if not 0.0 < began <= now + 3600:  # a damaged stamp: its end is unknown, never "inf ago"
                     raise ValueError(began)
-                ncards = max(1, len(json.loads(card_list or "[]")))
-                end, sure = self.running_end(
-                    user or "?", int(memory or 0), ncards, now - began, _number(expected), _number(cautious),
-                    _number(limit), now)
-                info[jid] = (user or "?", int(memory or 0), ncards, began, end, sure)
+                end, sure = self.running_end(user, memory, ncards, now - began, expected, cautious, limit, now)
+                info[jid] = (user, memory, ncards, began, end, sure)
             except (ValueError, TypeError):
                 info[jid] = ("?", 0, 1, now, math.inf, math.inf)
         releases: dict[str, list[Release]] = {}
@@ -334,6 +355,31 @@ class Dispatcher:
                 except ValueError:
                     pass
         return releases, team
+
+    def _parse_running(self, job_id: int, values: list) -> tuple[str, int, int, float | None, float | None,
+                                                                 float | None, float | None]:
+        """A placed or running job's fields as _read_holdings reads them (user, gpu_memory,
+        cards, started_at or else assigned_at, expected_seconds, cautious_seconds,
+        time_limit) parsed: (user, bytes per card, number of cards, start stamp (epoch s;
+        None when neither is set), expected s, cautious s, time limit s). Remembered for the
+        same id and values between passes (2,048 running jobs were parsed every pass). Raises
+        ValueError or TypeError for a damaged record, each time."""
+        key = (job_id, *values)
+        found = self._running_parses.get(key)
+        if found is None:
+            user, memory, card_list, started, assigned, expected, cautious, limit = values
+            try:
+                found = (user or "?", int(memory or 0), max(1, len(json.loads(card_list or "[]"))),
+                         float(started or assigned) if started or assigned else None,
+                         _number(expected), _number(cautious), _number(limit))
+            except (ValueError, TypeError) as exc:
+                found = exc
+            if len(self._running_parses) >= RUNNING_PARSE_CACHE:
+                self._running_parses.clear()
+            self._running_parses[key] = found
+        if isinstance(found, Exception):
+            raise ValueError(f"job {job_id}: {found}")
+        return found
 
     def hold_after(self, job: Waiting, now: float) -> float:
         """Seconds a blocked job waits before it holds cards: at once for high priority,
@@ -454,7 +500,7 @@ class Dispatcher:
         for _round in range(MAX_ROUNDS):  # a reservation refused again and again must not spin
             if self.stop_event.is_set():
                 break
-            cards = self.ledger.cards()
+            cards = self.ledger.cards(parse=self._parse_card)
             eligible = {c.id for c in cards if c.eligible}
             if cards and not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
                 return started  # every card is full: nothing can start, nothing to explain anew
@@ -475,6 +521,7 @@ class Dispatcher:
             self._nodes = None
             self._backfill_ends = {}
             self._never = {}
+            self._marks.clear()  # a round that failed before writing them: its holds are planned anew
             smallest = min(j.gpu_memory for j in waiting)
             progressed = refused = False
 
@@ -537,6 +584,7 @@ class Dispatcher:
                     if eligible and holds.close_all(eligible):
                         break  # every card is held for a job ahead and nothing can backfill
                     continue
+                self._write_marks()
                 ok, detail = self.ledger.reserve(job.id, placement.node, list(placement.cards), job.gpu_memory,
                                                  user=job.user)
                 if not ok and detail.startswith("bad-record:"):
@@ -565,6 +613,7 @@ class Dispatcher:
                 progressed = True
                 if not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
                     break  # every card is full now: the jobs behind wait, their reasons as they were
+            self._write_marks()
             self._flush_notes()
             if not progressed or (self._read_all and not refused and not holds.by_card):
                 # Nothing changed, or every waiting job was seen and either started or has its
@@ -578,7 +627,18 @@ class Dispatcher:
         """Remember that ``job`` holds cards: from the next pass on it goes first in its rank,
         and its backfill delay budget counts from now."""
         if hold is not None and not job.held_at:
-            self.store.update(job.id, held_at=now)
+            self._marks[job.id] = now
+
+    def _write_marks(self) -> None:
+        """Write the held_at marks _mark_holding collected, in one round trip (one HSET each)."""
+        if not self._marks:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        batch = JobStore(pipe, self.keys)
+        for job_id, at in self._marks.items():
+            batch.update(job_id, held_at=at)
+        self._marks.clear()
+        pipe.execute()
 
     def _end_unschedulable(self, job: Waiting, why: str) -> None:
         self.ledger.transition(job.id, JobState.FAILED, fields={"reason": f"unschedulable: {why}",
@@ -695,28 +755,34 @@ class _Holds:
         key = (self.version, job.pool, rank, request, self.dispatcher.backfill_ends(job, self.now))
         found = self._closed.get(key)
         if found is None:
-            found = self._closed[key] = [{}, 0, None]
-        closed, seen, token = found
+            found = self._closed[key] = [{}, 0, None, frozenset()]
+        closed, seen, token, parts = found
         if seen < len(self.order) or token is None:
             before = len(closed)
             self._close(closed, job, rank, request, view.by_id, self.order[seen:])
             if token is None or len(closed) != before:
-                found[2] = token = self._token_of(closed)
+                found[3] = parts = self._parts_of(closed)
+                found[2] = token = self.dispatcher._intern(parts)
             found[1] = len(self.order)
         own = self.by_job.get(job.id)
         if own is not None and any(cid in closed for cid in own.cards):
             # Its own held cards are open to it: the shared answer was for a job holding none.
-            mine = {cid: h for cid, h in closed.items() if h.job_id != job.id}
-            return mine, self._token_of(mine)
+            # (Its cards in ``closed`` are those held for it: no card is held twice.) Copied and
+            # set-subtracted, not rebuilt card by card: with hundreds of holders, each pass did.
+            mine = dict(closed)
+            for cid in own.cards:
+                mine.pop(cid, None)
+            return mine, self.dispatcher._intern(parts - {self._parts[cid] for cid in own.cards if cid in closed})
         return closed, token
 
-    def _token_of(self, closed: dict[str, Hold]) -> Hashable:
-        """A stand-in for rig.waiting.held_token(closed): the set of its cards' parts
-        (rig.waiting.held_part, worded once per held card and round), so the order in which a
-        pass happened to close them (fair share may reorder users between passes) does not matter."""
+    def _parts_of(self, closed: dict[str, Hold]) -> frozenset:
+        """What stands for rig.waiting.held_token(closed): the set of its cards' parts
+        (rig.waiting.held_part, worded once per held card and round; each names its card, so
+        the parts of a subset are the subset of the parts), so the order in which a pass
+        happened to close them (fair share may reorder users between passes) does not matter."""
         for cid in closed.keys() - self._parts.keys():
             self._parts[cid] = held_part(cid, closed[cid], self.now)
-        return self.dispatcher._intern(frozenset(map(self._parts.__getitem__, closed)))
+        return frozenset(map(self._parts.__getitem__, closed))
 
     def started_on(self, card_ids: Iterable[str]) -> None:
         """A job started on these cards: answers that read them (held ones) are out of date."""
