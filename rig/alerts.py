@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from rig.clock import shared_now
 from rig.memory import format_memory
 from rig.models import CardState, JobState, Priority
-from rig.nodes import NodeRegistry
+from rig.nodes import NodeInfo, NodeRegistry
 
 if TYPE_CHECKING:
     from rig.client import Client
@@ -221,19 +221,7 @@ def evaluate(client: Client, rules: AlertRules | None = None,
                 f"card {card.id} ({card.model}) is at {card.temperature} C "
                 f"(limit {rules.max_temperature} C)"))
 
-    from rig.authwatch import annotate as annotate_auth  # why a silent node is silent
-
-    nodes = NodeRegistry(client.r, client.keys).read()
-    annotate_auth(client.r, nodes, max(60.0, 2 * client.settings.health.timeout))
-    for node in nodes:
-        if node.auth_refused:
-            alerts.append(Alert(f"redis_auth:{node.name}", SEVERITY_CRITICAL, node.auth_refused))
-        if node.mismatch:
-            alerts.append(Alert(f"installation:{node.name}", SEVERITY_CRITICAL, node.mismatch))
-        if node.unrecorded:
-            alerts.append(Alert(f"unrecorded_jobs:{node.name}", SEVERITY_CRITICAL, node.unrecorded))
-        if node.clock_skew and node.alive:  # a stopped node's last measure is no news
-            alerts.append(Alert(f"clock_skew:{node.name}", SEVERITY_WARNING, f"node {node.name}: {node.clock_skew}"))
+    alerts.extend(node_problems(client)[1])
 
     alerts.extend(_log_space(cards))
     alerts.extend(_failure_rate(client, rules, now))
@@ -250,6 +238,32 @@ def evaluate(client: Client, rules: AlertRules | None = None,
             f"{format_memory(free)} free memory sits in blocks smaller than the smallest "
             f"waiting request ({format_memory(smallest)}; limit {rules.max_fragmentation:.0%})"))
     return alerts
+
+
+#: The conditions of a node rig alerts on (key ``<kind>:<node>``); rig_node_problem{node,
+#: problem} carries the same, from :func:`node_problems` (one rule for both).
+NODE_PROBLEMS = ("redis_auth", "installation", "unrecorded_jobs", "clock_skew")
+
+
+def node_problems(client: Client) -> tuple[list[NodeInfo], list[Alert]]:
+    """Every node, and an alert for each problem of one: its new logins refused (redis_auth),
+    another installation's Redis (installation), jobs it ran that Redis lost (unrecorded_jobs),
+    a clock off Redis' (clock_skew, only while it is up)."""
+    from rig.authwatch import annotate as annotate_auth  # why a silent node is silent
+
+    nodes = NodeRegistry(client.r, client.keys).read()
+    annotate_auth(client.r, nodes, max(60.0, 2 * client.settings.health.timeout))
+    alerts: list[Alert] = []
+    for node in nodes:
+        if node.auth_refused:
+            alerts.append(Alert(f"redis_auth:{node.name}", SEVERITY_CRITICAL, node.auth_refused))
+        if node.mismatch:
+            alerts.append(Alert(f"installation:{node.name}", SEVERITY_CRITICAL, node.mismatch))
+        if node.unrecorded:
+            alerts.append(Alert(f"unrecorded_jobs:{node.name}", SEVERITY_CRITICAL, node.unrecorded))
+        if node.clock_skew and node.alive:  # a stopped node's last measure is no news
+            alerts.append(Alert(f"clock_skew:{node.name}", SEVERITY_WARNING, f"node {node.name}: {node.clock_skew}"))
+    return nodes, alerts
 
 
 def _log_space(cards: list[CardState]) -> list[Alert]:

@@ -58,6 +58,9 @@ Gauges:
                                              scrape: for a graph over time use the histogram)
 ``rig_dispatch_latency_samples``             how many jobs those quantiles cover
 ``rig_redis_refuses_writes{reason}``         1 for the reason Redis refuses rig's writes now
+``rig_node_problem{node,problem}``           1 while a node has a problem rig alerts on
+                                             (redis_auth, installation, unrecorded_jobs,
+                                             clock_skew: rig.alerts.node_problems), else 0
 
 Renamed for Prometheus' rules: ``rig_card_utilization_percent`` (0-100) is now
 ``rig_card_utilization_ratio`` (0-1); ``rig_job_start_wait_seconds`` was rebuilt from the last
@@ -85,7 +88,14 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from rig.alerts import PENDING_SCAN, fragmentation, recent_ended, waiting_jobs
+from rig.alerts import (
+    NODE_PROBLEMS,
+    PENDING_SCAN,
+    fragmentation,
+    node_problems,
+    recent_ended,
+    waiting_jobs,
+)
 from rig.clock import shared_now
 from rig.ledger import START_WAIT_BUCKETS, START_WAIT_FIELDS
 from rig.models import ACTIVE_STATES, JobState, Priority
@@ -205,6 +215,16 @@ class RigCollector(Collector):
 
         yield GaugeMetricFamily("rig_error_queue_length", "Jobs in the error queue",
                                 value=int(r.zcard(keys.errors)))
+
+        nodes, problems = node_problems(client)
+        firing = {a.key for a in problems}
+        fam = GaugeMetricFamily(
+            "rig_node_problem", "1 while a node has a problem rig alerts on (redis_auth, installation, "
+            "unrecorded_jobs, clock_skew), else 0", labels=["node", "problem"])
+        for node in nodes:
+            for kind in NODE_PROBLEMS:
+                fam.add_metric([node.name, kind], 1.0 if f"{kind}:{node.name}" in firing else 0.0)
+        yield fam
 
         ended = recent_ended(client, self.failure_window)
         failures = Counter(j.failure or "unknown" for j in ended

@@ -427,3 +427,25 @@ def test_per_user_gauges(client: Client):
     assert value("rig_user_running_jobs", "bob") == 0
     assert value("rig_user_reserved_bytes", "bob") == 0
     assert value("rig_user_waiting_jobs", "bob") == 2
+
+
+def test_node_problems_are_metrics_and_alerts_alike(client: Client):
+    """rig_node_problem{node,problem} and rig's own alerts come from one function
+    (rig.alerts.node_problems): a node's lost jobs and clock show in both, a sound node is 0."""
+    from rig.nodes import NodeRegistry
+
+    nodes = NodeRegistry(client.r, client.keys)
+    nodes.register("n1", ttl=60, backend="fake", cards=1)
+    nodes.register("n2", ttl=60, backend="fake", cards=1)
+    client.r.hset(client.keys.node("n1"), mapping={"unrecorded_jobs": "Redis lost 2 jobs it ran",
+                                                   "clock_skew": "clock 120.0 s ahead of Redis'"})
+    registry = CollectorRegistry()
+    registry.register(RigCollector(client))
+
+    def value(node: str, problem: str) -> float | None:
+        return registry.get_sample_value("rig_node_problem", {"node": node, "problem": problem})
+
+    assert value("n1", "unrecorded_jobs") == 1 and value("n1", "clock_skew") == 1
+    assert value("n1", "redis_auth") == 0 and value("n1", "installation") == 0
+    assert all(value("n2", p) == 0 for p in ("redis_auth", "installation", "unrecorded_jobs", "clock_skew"))
+    assert {"unrecorded_jobs:n1", "clock_skew:n1"} <= keys_of(evaluate(client))
