@@ -304,6 +304,13 @@ def job_reason(job: Job) -> str:
     failure class when it has no reason: `rig errors` shows both)."""
     if job.state is JobState.PENDING:
         return job.wait_reason or "-"
+    if job.state in (JobState.ASSIGNED, JobState.RUNNING):
+        # A live job's reason and class are its last attempt's: say so, never as if now.
+        if not job.attempts:
+            return "-"
+        last = job.attempts[-1]
+        said = last.get("summary") or last.get("outcome") or job.failure or "failed"
+        return f"attempt {job.attempt}; attempt {last.get('attempt', job.attempt - 1)}: {said}"
     return job.reason or job.failure or "-"
 
 

@@ -548,3 +548,22 @@ def test_rig_metrics_fits_with_whole_headings_and_outcomes(columns):
     assert "…" not in "".join(line for line in text.splitlines() if line.startswith("┃")), text
     if columns >= 160:
         assert "peak/declared" in text and "108% over" in text, text
+
+
+def test_a_retried_running_job_says_which_attempt_its_reason_is_from():
+    """A job running its second attempt showed a bare "nonzero_exit" as its reason, as if it
+    were failing now (a tester found): the reason names the attempt it comes from."""
+    import time as _time
+
+    from rig.cli.render import job_reason
+    from rig.memory import GIB
+    from rig.models import Job, JobState, Priority
+
+    now = _time.time()
+    job = Job(id=28, name="flaky", user="alice", command=["true"], gpu_memory=GIB, gpus=1,
+              priority=Priority.MEDIUM, state=JobState.RUNNING, workdir="/tmp", created_at=now - 60,
+              attempt=2, failure="nonzero_exit", reason="exit code 7",
+              attempts=[{"attempt": 1, "outcome": "nonzero_exit", "summary": "exit code 7"}])
+    assert job_reason(job) == "attempt 2; attempt 1: exit code 7"
+    job.attempts, job.attempt = [], 1
+    assert job_reason(job) == "-"
