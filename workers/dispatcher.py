@@ -472,8 +472,7 @@ class Dispatcher:
             # to hold first (in one pass, the higher own priority first): neither fair share,
             # queue order nor aging (a medium job aged to the rank of a high one holding since
             # before it) may put other jobs on those cards ahead.
-            holding = sorted((j for j in by_rank[rank] if j.held_at),
-                             key=lambda j: (j.held_at, j.priority.rank, j.id))
+            holding = sorted((j for j in by_rank[rank] if j.held_at), key=holding_order)
             yield from holding
             group = sorted((j for j in by_rank[rank] if not j.held_at), key=key)
             if not self.settings.fair_share:
@@ -581,7 +580,7 @@ class Dispatcher:
                         hold = holds.plan(job, view, request)
                         self._mark_holding(job, hold, now)
                     self._note_wait(job, request, position, hold, holds, view, now)
-                    if eligible and holds.close_all(eligible):
+                    if eligible and holds.close_all(eligible, job):
                         break  # every card is held for a job ahead and nothing can backfill
                     continue
                 self._write_marks()
@@ -717,9 +716,11 @@ class Dispatcher:
 
 class _Holds:
     """The cards held during one dispatcher round for jobs that could not start (EASY's
-    reservations), with the aged rank of each holder: a hold binds only jobs of the same or a
-    lower priority, and only where they could delay the holder (rig.placement.may_backfill).
-    A job holds at most one set of cards, and no card is held twice (plans exclude held cards)."""
+    reservations), with the aged rank of each holder: a hold binds only jobs behind its holder
+    in the run order (EASY: a reservation never binds the jobs ahead of it): of a lower
+    priority, or of the same one unless they held cards before it (``ahead_of``), and only
+    where they could delay the holder (rig.placement.may_backfill). A job holds at most one
+    set of cards, and no card is held twice (plans exclude held cards)."""
 
     def __init__(self, dispatcher: Dispatcher, snapshot: _Lazy, now: float) -> None:
         self.dispatcher = dispatcher
@@ -729,6 +730,7 @@ class _Holds:
         self.by_job: dict[int, Hold] = {}
         self.rank: dict[str, int] = {}
         self.held_since: dict[int, float] = {}  # held job id -> when it first held cards
+        self.holder_order: dict[int, tuple] = {}  # held job id -> its holding_order (this round's: now)
         self.order: list[str] = []  # held card ids, in the order their holds were planned
         #: Changes when a job starts on a held card (its room, its releases: what closed_to reads).
         self.version = 0
@@ -752,7 +754,9 @@ class _Holds:
         if not self.by_card:
             return {}, ()
         rank = self.dispatcher.effective_rank(job, self.now)
-        key = (self.version, job.pool, rank, request, self.dispatcher.backfill_ends(job, self.now))
+        # A job holding cards since before this round may be ahead of some holders: its own answer.
+        key = (self.version, job.pool, rank, request, self.dispatcher.backfill_ends(job, self.now),
+               job.id if job.held_at else None)
         found = self._closed.get(key)
         if found is None:
             found = self._closed[key] = [{}, 0, None, frozenset()]
@@ -784,6 +788,12 @@ class _Holds:
             self._parts[cid] = held_part(cid, closed[cid], self.now)
         return frozenset(map(self._parts.__getitem__, closed))
 
+    def ahead_of(self, job: Waiting, holder: int) -> bool:
+        """Is ``job`` ahead of the job ``holder`` holds for among the holders of one rank (it
+        held cards first: holding_order)? Then that hold does not bind it, even where it was
+        planned for a job behind it in the same round (the job ahead could start then)."""
+        return bool(job.held_at) and holding_order(job) < self.holder_order[holder]
+
     def started_on(self, card_ids: Iterable[str]) -> None:
         """A job started on these cards: answers that read them (held ones) are out of date."""
         if any(cid in self.by_card for cid in card_ids):
@@ -797,7 +807,7 @@ class _Holds:
         ends: dict[int, float | None] = {}  # held job id -> this job's end as backfill in front of it
         for cid in held:
             hold = self.by_card[cid]
-            if self.rank[cid] > rank:
+            if self.rank[cid] > rank or (self.rank[cid] == rank and self.ahead_of(job, hold.job_id)):
                 continue
             card = by_id.get(cid)
             if card is None or not pools.contains(job.pool, card.node, card.index):
@@ -835,12 +845,17 @@ class _Holds:
             self.order.extend(hold.cards)
             self.by_job[job.id] = hold
             self.held_since[job.id] = job.held_at or self.now
+            self.holder_order[job.id] = holding_order(job, self.now)
             self.rank.update(dict.fromkeys(hold.cards, self.dispatcher.effective_rank(job, self.now)))
         return hold
 
-    def close_all(self, eligible: set[str]) -> bool:
-        """Is every eligible card held, with no known end (nothing can backfill anywhere)?"""
-        return eligible <= set(self.by_card) and all(h.until == math.inf for h in self.by_card.values())
+    def close_all(self, eligible: set[str], job: Waiting) -> bool:
+        """Is every eligible card held, with no known end, for a job ahead of ``job`` (nothing
+        behind it can backfill anywhere)?"""
+        rank = self.dispatcher.effective_rank(job, self.now)
+        return eligible <= set(self.by_card) and all(
+            h.until == math.inf and not (self.rank[cid] == rank and self.ahead_of(job, h.job_id))
+            for cid, h in self.by_card.items())
 
 
 class _View:
@@ -1010,6 +1025,15 @@ class Waiting:
         except ValueError:
             stamped = None  # rig's own bookkeeping: a bad stamp only makes the reason re-written
         return cls(job_id, wait_reason=reason, wait_reason_at=stamped, **out)
+
+
+def holding_order(job: Waiting, now: float | None = None) -> tuple[float, int, int]:
+    """Where a job holding cards goes among the holders of its (aged) rank: the first to hold
+    first (``held_at``, epoch s; ``now`` for one that begins to hold in this round), then the
+    higher own priority, then the lower id. THE order of holders (fair_order, _Holds)."""
+    held = job.held_at or now
+    assert held is not None, "holding_order of a job that holds nothing"
+    return (held, job.priority.rank, job.id)
 
 
 def _number(text: str | None) -> float | None:
