@@ -52,6 +52,7 @@ the leader lock at a time; the reservation script keeps the ledger safe regardle
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import json
@@ -731,6 +732,10 @@ class _Holds:
         self.rank: dict[str, int] = {}
         self.held_since: dict[int, float] = {}  # held job id -> when it first held cards
         self.holder_order: dict[int, tuple] = {}  # held job id -> its holding_order (this round's: now)
+        #: aged rank -> the holding_order of each held card's holder, sorted, and those cards in
+        #: that order: who is behind whom (a slice, not a walk: hundreds of holders each pass)
+        self._holder_orders: dict[int, list[tuple]] = {}
+        self._holder_cards: dict[int, list[str]] = {}
         self.order: list[str] = []  # held card ids, in the order their holds were planned
         #: Changes when a job starts on a held card (its room, its releases: what closed_to reads).
         self.version = 0
@@ -754,9 +759,7 @@ class _Holds:
         if not self.by_card:
             return {}, ()
         rank = self.dispatcher.effective_rank(job, self.now)
-        # A job holding cards since before this round may be ahead of some holders: its own answer.
-        key = (self.version, job.pool, rank, request, self.dispatcher.backfill_ends(job, self.now),
-               job.id if job.held_at else None)
+        key = (self.version, job.pool, rank, request, self.dispatcher.backfill_ends(job, self.now))
         found = self._closed.get(key)
         if found is None:
             found = self._closed[key] = [{}, 0, None, frozenset()]
@@ -769,15 +772,24 @@ class _Holds:
                 found[2] = token = self.dispatcher._intern(parts)
             found[1] = len(self.order)
         own = self.by_job.get(job.id)
-        if own is not None and any(cid in closed for cid in own.cards):
-            # Its own held cards are open to it: the shared answer was for a job holding none.
-            # (Its cards in ``closed`` are those held for it: no card is held twice.) Copied and
-            # set-subtracted, not rebuilt card by card: with hundreds of holders, each pass did.
+        # Its own held cards, and those held for holders behind it, are open to it: the shared
+        # answer was for a job holding none. (No card is held twice.) Copied and set-subtracted,
+        # not rebuilt card by card: with hundreds of holders, each pass did.
+        drop = closed.keys() & (*(own.cards if own is not None else ()), *self._behind(job, rank))
+        if drop:
             mine = dict(closed)
-            for cid in own.cards:
-                mine.pop(cid, None)
-            return mine, self.dispatcher._intern(parts - {self._parts[cid] for cid in own.cards if cid in closed})
+            for cid in drop:
+                del mine[cid]
+            return mine, self.dispatcher._intern(parts - {self._parts[cid] for cid in drop})
         return closed, token
+
+    def _behind(self, job: Waiting, rank: int) -> list[str]:
+        """The cards held for jobs of ``job``'s aged ``rank`` that are behind it among its holders
+        (it held cards first: holding_order); none for a job holding none since before this round."""
+        orders = self._holder_orders.get(rank)
+        if not job.held_at or not orders:
+            return []
+        return self._holder_cards[rank][bisect.bisect_right(orders, holding_order(job)):]
 
     def _parts_of(self, closed: dict[str, Hold]) -> frozenset:
         """What stands for rig.waiting.held_token(closed): the set of its cards' parts
@@ -807,7 +819,7 @@ class _Holds:
         ends: dict[int, float | None] = {}  # held job id -> this job's end as backfill in front of it
         for cid in held:
             hold = self.by_card[cid]
-            if self.rank[cid] > rank or (self.rank[cid] == rank and self.ahead_of(job, hold.job_id)):
+            if self.rank[cid] > rank:
                 continue
             card = by_id.get(cid)
             if card is None or not pools.contains(job.pool, card.node, card.index):
@@ -830,7 +842,8 @@ class _Holds:
             closed = {}
             self._close(closed, job, self.dispatcher.effective_rank(job, self.now), request,
                         {c.id: c for c in mine}, self.order)
-            closed = {cid: h for cid, h in closed.items() if h.job_id != job.id}
+            behind = set(self._behind(job, self.dispatcher.effective_rank(job, self.now)))
+            closed = {cid: h for cid, h in closed.items() if h.job_id != job.id and cid not in behind}
         return [c for c in mine if c.id not in closed] if closed else mine
 
     def plan(self, job: Waiting, cards: _View | Sequence[CardState], request: Request) -> Hold | None:
@@ -845,8 +858,15 @@ class _Holds:
             self.order.extend(hold.cards)
             self.by_job[job.id] = hold
             self.held_since[job.id] = job.held_at or self.now
-            self.holder_order[job.id] = holding_order(job, self.now)
-            self.rank.update(dict.fromkeys(hold.cards, self.dispatcher.effective_rank(job, self.now)))
+            order = self.holder_order[job.id] = holding_order(job, self.now)
+            rank = self.dispatcher.effective_rank(job, self.now)
+            self.rank.update(dict.fromkeys(hold.cards, rank))
+            orders = self._holder_orders.setdefault(rank, [])
+            held = self._holder_cards.setdefault(rank, [])
+            for cid in hold.cards:
+                at = bisect.bisect_right(orders, order)
+                orders.insert(at, order)
+                held.insert(at, cid)
         return hold
 
     def close_all(self, eligible: set[str], job: Waiting) -> bool:
