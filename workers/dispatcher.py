@@ -52,6 +52,7 @@ the leader lock at a time; the reservation script keeps the ledger safe regardle
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import json
@@ -472,8 +473,7 @@ class Dispatcher:
             # to hold first (in one pass, the higher own priority first): neither fair share,
             # queue order nor aging (a medium job aged to the rank of a high one holding since
             # before it) may put other jobs on those cards ahead.
-            holding = sorted((j for j in by_rank[rank] if j.held_at),
-                             key=lambda j: (j.held_at, j.priority.rank, j.id))
+            holding = sorted((j for j in by_rank[rank] if j.held_at), key=holding_order)
             yield from holding
             group = sorted((j for j in by_rank[rank] if not j.held_at), key=key)
             if not self.settings.fair_share:
@@ -581,7 +581,7 @@ class Dispatcher:
                         hold = holds.plan(job, view, request)
                         self._mark_holding(job, hold, now)
                     self._note_wait(job, request, position, hold, holds, view, now)
-                    if eligible and holds.close_all(eligible):
+                    if eligible and holds.close_all(eligible, job):
                         break  # every card is held for a job ahead and nothing can backfill
                     continue
                 self._write_marks()
@@ -717,9 +717,11 @@ class Dispatcher:
 
 class _Holds:
     """The cards held during one dispatcher round for jobs that could not start (EASY's
-    reservations), with the aged rank of each holder: a hold binds only jobs of the same or a
-    lower priority, and only where they could delay the holder (rig.placement.may_backfill).
-    A job holds at most one set of cards, and no card is held twice (plans exclude held cards)."""
+    reservations), with the aged rank of each holder: a hold binds only jobs behind its holder
+    in the run order (EASY: a reservation never binds the jobs ahead of it): of a lower
+    priority, or of the same one unless they held cards before it (``ahead_of``), and only
+    where they could delay the holder (rig.placement.may_backfill). A job holds at most one
+    set of cards, and no card is held twice (plans exclude held cards)."""
 
     def __init__(self, dispatcher: Dispatcher, snapshot: _Lazy, now: float) -> None:
         self.dispatcher = dispatcher
@@ -729,6 +731,11 @@ class _Holds:
         self.by_job: dict[int, Hold] = {}
         self.rank: dict[str, int] = {}
         self.held_since: dict[int, float] = {}  # held job id -> when it first held cards
+        self.holder_order: dict[int, tuple] = {}  # held job id -> its holding_order (this round's: now)
+        #: aged rank -> the holding_order of each held card's holder, sorted, and those cards in
+        #: that order: who is behind whom (a slice, not a walk: hundreds of holders each pass)
+        self._holder_orders: dict[int, list[tuple]] = {}
+        self._holder_cards: dict[int, list[str]] = {}
         self.order: list[str] = []  # held card ids, in the order their holds were planned
         #: Changes when a job starts on a held card (its room, its releases: what closed_to reads).
         self.version = 0
@@ -765,15 +772,24 @@ class _Holds:
                 found[2] = token = self.dispatcher._intern(parts)
             found[1] = len(self.order)
         own = self.by_job.get(job.id)
-        if own is not None and any(cid in closed for cid in own.cards):
-            # Its own held cards are open to it: the shared answer was for a job holding none.
-            # (Its cards in ``closed`` are those held for it: no card is held twice.) Copied and
-            # set-subtracted, not rebuilt card by card: with hundreds of holders, each pass did.
+        # Its own held cards, and those held for holders behind it, are open to it: the shared
+        # answer was for a job holding none. (No card is held twice.) Copied and set-subtracted,
+        # not rebuilt card by card: with hundreds of holders, each pass did.
+        drop = closed.keys() & (*(own.cards if own is not None else ()), *self._behind(job, rank))
+        if drop:
             mine = dict(closed)
-            for cid in own.cards:
-                mine.pop(cid, None)
-            return mine, self.dispatcher._intern(parts - {self._parts[cid] for cid in own.cards if cid in closed})
+            for cid in drop:
+                del mine[cid]
+            return mine, self.dispatcher._intern(parts - {self._parts[cid] for cid in drop})
         return closed, token
+
+    def _behind(self, job: Waiting, rank: int) -> list[str]:
+        """The cards held for jobs of ``job``'s aged ``rank`` that are behind it among its holders
+        (it held cards first: holding_order); none for a job holding none since before this round."""
+        orders = self._holder_orders.get(rank)
+        if not job.held_at or not orders:
+            return []
+        return self._holder_cards[rank][bisect.bisect_right(orders, holding_order(job)):]
 
     def _parts_of(self, closed: dict[str, Hold]) -> frozenset:
         """What stands for rig.waiting.held_token(closed): the set of its cards' parts
@@ -783,6 +799,12 @@ class _Holds:
         for cid in closed.keys() - self._parts.keys():
             self._parts[cid] = held_part(cid, closed[cid], self.now)
         return frozenset(map(self._parts.__getitem__, closed))
+
+    def ahead_of(self, job: Waiting, holder: int) -> bool:
+        """Is ``job`` ahead of the job ``holder`` holds for among the holders of one rank (it
+        held cards first: holding_order)? Then that hold does not bind it, even where it was
+        planned for a job behind it in the same round (the job ahead could start then)."""
+        return bool(job.held_at) and holding_order(job) < self.holder_order[holder]
 
     def started_on(self, card_ids: Iterable[str]) -> None:
         """A job started on these cards: answers that read them (held ones) are out of date."""
@@ -820,7 +842,8 @@ class _Holds:
             closed = {}
             self._close(closed, job, self.dispatcher.effective_rank(job, self.now), request,
                         {c.id: c for c in mine}, self.order)
-            closed = {cid: h for cid, h in closed.items() if h.job_id != job.id}
+            behind = set(self._behind(job, self.dispatcher.effective_rank(job, self.now)))
+            closed = {cid: h for cid, h in closed.items() if h.job_id != job.id and cid not in behind}
         return [c for c in mine if c.id not in closed] if closed else mine
 
     def plan(self, job: Waiting, cards: _View | Sequence[CardState], request: Request) -> Hold | None:
@@ -835,12 +858,24 @@ class _Holds:
             self.order.extend(hold.cards)
             self.by_job[job.id] = hold
             self.held_since[job.id] = job.held_at or self.now
-            self.rank.update(dict.fromkeys(hold.cards, self.dispatcher.effective_rank(job, self.now)))
+            order = self.holder_order[job.id] = holding_order(job, self.now)
+            rank = self.dispatcher.effective_rank(job, self.now)
+            self.rank.update(dict.fromkeys(hold.cards, rank))
+            orders = self._holder_orders.setdefault(rank, [])
+            held = self._holder_cards.setdefault(rank, [])
+            for cid in hold.cards:
+                at = bisect.bisect_right(orders, order)
+                orders.insert(at, order)
+                held.insert(at, cid)
         return hold
 
-    def close_all(self, eligible: set[str]) -> bool:
-        """Is every eligible card held, with no known end (nothing can backfill anywhere)?"""
-        return eligible <= set(self.by_card) and all(h.until == math.inf for h in self.by_card.values())
+    def close_all(self, eligible: set[str], job: Waiting) -> bool:
+        """Is every eligible card held, with no known end, for a job ahead of ``job`` (nothing
+        behind it can backfill anywhere)?"""
+        rank = self.dispatcher.effective_rank(job, self.now)
+        return eligible <= set(self.by_card) and all(
+            h.until == math.inf and not (self.rank[cid] == rank and self.ahead_of(job, h.job_id))
+            for cid, h in self.by_card.items())
 
 
 class _View:
@@ -1010,6 +1045,15 @@ class Waiting:
         except ValueError:
             stamped = None  # rig's own bookkeeping: a bad stamp only makes the reason re-written
         return cls(job_id, wait_reason=reason, wait_reason_at=stamped, **out)
+
+
+def holding_order(job: Waiting, now: float | None = None) -> tuple[float, int, int]:
+    """Where a job holding cards goes among the holders of its (aged) rank: the first to hold
+    first (``held_at``, epoch s; ``now`` for one that begins to hold in this round), then the
+    higher own priority, then the lower id. THE order of holders (fair_order, _Holds)."""
+    held = job.held_at or now
+    assert held is not None, "holding_order of a job that holds nothing"
+    return (held, job.priority.rank, job.id)
 
 
 def _number(text: str | None) -> float | None:

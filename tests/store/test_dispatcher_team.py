@@ -401,6 +401,24 @@ def test_fair_share_cannot_starve_a_job_past_its_hold_time(make, redis_client, k
     assert ledger.store.get(big).state is JobState.ASSIGNED and ledger.store.get(big).cards == [first_card]
 
 
+
+def test_a_hold_planned_for_a_job_behind_does_not_take_the_card_of_a_holder_ahead(make):
+    """Breaker (break14): bob's job held card 1 since before alice's pair job began to hold.
+    Card 1 emptied; in that pass bob's job could start, so the first sweep planned nothing for
+    it, and then held cards 0 and 1 for alice's pair job behind it: bob's job found card 1 held
+    'for jobs ahead of it' and lost it (a low job took it, leaving room for the pair)."""
+    ledger, dispatcher, started = make()  # 2 cards x 40 GiB, hold_after_seconds=0
+    blockers = [submit(ledger, 35, "root"), submit(ledger, 35, "root")]
+    assert dispatcher.dispatch_pass() == 2  # unknown ends: a hold on either has no shadow time
+    holder = submit(ledger, 35, "bob", held_at=time.time() - 30)  # first in its rank
+    pair = submit(ledger, 10, "alice", gpus=2)  # behind it: not yet holding
+    freed = ledger.store.get(blockers[1]).cards[0]
+    ledger.transition(blockers[1], JobState.SUCCEEDED)
+    dispatcher.dispatch_pass()
+    job = ledger.store.get(holder)
+    assert job.state is JobState.ASSIGNED and job.cards == [freed], job.wait_reason
+    assert ledger.store.get(pair).state is JobState.PENDING
+
 def test_every_waiting_user_is_seen_with_many_users(make):
     ledger, dispatcher, started = make(max_jobs_per_user=1)
     for number in range(80):
