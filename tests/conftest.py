@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -77,6 +78,19 @@ def real_redis(key_prefix: str) -> Iterator[redis.Redis]:
     yield client
     delete_prefix(client, key_prefix)
     client.close()
+
+
+@pytest.fixture
+def rig_home(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Path:
+    """No RIG_* variable of the shell that runs the tests, a RIG_HOME of the test's own (the
+    returned folder, not created) and the test's folder as working directory (so a ./rig.toml
+    there is the test's own)."""
+    for key in list(os.environ):
+        if key.upper().startswith("RIG_"):
+            monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RIG_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / "home"
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ is there. No Redis, no terminal."""
 from __future__ import annotations
 
 import io
-import os
 import re
 
 import pytest
@@ -503,16 +502,13 @@ def test_a_short_notice_keeps_the_command_that_mends_it() -> None:
 
 
 @pytest.mark.parametrize("columns", [80, 160])
-def test_rig_templates_fits_and_never_wraps(tmp_path, monkeypatch, columns):
+def test_rig_templates_fits_and_never_wraps(rig_home, monkeypatch, columns):
     """`rig templates` at 80 columns: one line per template, no heading cut (it wrapped the
     description onto 7 lines and cut every heading, as a tester found)."""
     from click.testing import CliRunner
 
     from rig.cli.main import cli
 
-    for name in [n for n in os.environ if n.startswith("RIG_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("RIG_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("COLUMNS", str(columns))
     done = CliRunner().invoke(cli, ["templates"])
     assert done.exit_code == 0, done.output

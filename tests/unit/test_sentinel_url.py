@@ -6,7 +6,6 @@ listed as a sentinel are refused in tests/unit/test_server_kind.py."""
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 
@@ -26,11 +25,8 @@ URL = "sentinel://:m%40ster@10.0.0.1:26379,10.0.0.2,[::1]:26380/rigmaster/2?sent
 
 
 @pytest.fixture(autouse=True)
-def isolated_env(monkeypatch, tmp_path):
-    for key in list(os.environ):
-        if key.upper().startswith("RIG_"):
-            monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("RIG_HOME", str(tmp_path / "home"))
+def isolated_env(rig_home):
+    """Every test here: no RIG_* of the shell, a home of its own (tests/conftest.py)."""
 
 
 def test_one_reading_of_hosts_master_db_and_both_passwords():

@@ -4,7 +4,6 @@ line, and the door warning when metrics_address opens the page beyond loopback."
 
 from __future__ import annotations
 
-import os
 import socket
 
 import pytest
@@ -15,13 +14,8 @@ from rig.stack import Stack, UpOptions, flower_credentials, http_url, login_plac
 
 
 @pytest.fixture
-def home(monkeypatch, tmp_path):
-    for key in list(os.environ):
-        if key.startswith("RIG_"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("RIG_HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path / "home"
+def home(rig_home):
+    return rig_home
 
 
 def test_login_place_names_the_variable_or_the_file(home, monkeypatch):
