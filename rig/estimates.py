@@ -1,8 +1,9 @@
 """How long jobs run, estimated from what rig has seen: the one place run times are predicted.
 
 rig never needs a declared duration. Each successful run leaves its run time (s) under three
-keys of its user — its command (a digest), its name, its template — and in that user's list of
-recent runs with their size (``recent_runtimes``). A job's run-time *samples* come from the
+sources of its user — its command (a digest; the COMMANDS_KEPT commands that ran last are
+kept), its name, its template — and in that user's list of recent runs with their size
+(``recent_runtimes``). A job's run-time *samples* come from the
 most specific source that has enough of them (SOURCES, in order):
 
     command (1+ runs) -> name (3+) -> template (3+) -> the user's recent runs of a similar
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 import redis
 
 from rig.keys import Keys
+from rig.lua import source as lua_source
 
 #: Runs kept per name, template and command.
 PER_KEY_RUNS = 20
@@ -68,6 +70,9 @@ BACKFILL_SOURCES = frozenset({"history", "command", "name", "template", "user-si
 PER_USER_SIZE = 10
 #: Seconds the per-name, -template and -command lists live after their last run (30 days).
 OWN_KEYS_TTL_S = 30 * 86400
+#: Commands whose run times are kept per user (the most recently run): a sweep of distinct
+#: commands (one per learning rate) keeps Redis bounded, not one key per job for 30 days.
+COMMANDS_KEPT = 1000
 #: A sample is of "a similar size" when its request (bytes x cards) is within this factor.
 SIZE_FACTOR = 2.0
 #: The quantile of the samples a backfill decision uses (a job expected to end in time by this
@@ -249,10 +254,14 @@ def record_run(pipe: redis.client.Pipeline, keys: Keys, *, user: str, name: str,
     """Queue on ``pipe`` the writes that keep one successful run's time (s) for estimates;
     ``ended_at`` (epoch s) orders the users whose runs are read."""
     seconds = round(max(0.0, seconds), 3)
-    for key in own_keys(keys, user=user, name=name, template=template, command=command).values():
+    for key in own_keys(keys, user=user, name=name, template=template).values():
         pipe.lpush(key, seconds)
         pipe.ltrim(key, 0, PER_KEY_RUNS - 1)
-        pipe.expire(key, OWN_KEYS_TTL_S)  # a sweep of unique commands leaves no key for ever
+        pipe.expire(key, OWN_KEYS_TTL_S)  # a sweep of unique names leaves no key for ever
+    # EVAL, not EVALSHA: a pipeline's registered script costs a SCRIPT EXISTS round trip per
+    # execute; Redis compiles the text once and finds it by its digest after that.
+    pipe.eval(lua_source("bounded_runs"), 2, keys.durations_of_commands(user), keys.durations_of_commands_seen(user),
+              command_digest(command), seconds, PER_KEY_RUNS, COMMANDS_KEPT, ended_at, OWN_KEYS_TTL_S)
     pipe.lpush(keys.recent_runtimes(user), RecentRun(seconds, nbytes, gpus, user).encode())
     pipe.ltrim(keys.recent_runtimes(user), 0, PER_USER_RECENT - 1)
     pipe.expire(keys.recent_runtimes(user), OWN_KEYS_TTL_S)
@@ -260,10 +269,10 @@ def record_run(pipe: redis.client.Pipeline, keys: Keys, *, user: str, name: str,
     pipe.zremrangebyrank(keys.recent_runtime_users, 0, -2 * RECENT_USERS - 1)  # bounded
 
 
-def own_keys(keys: Keys, *, user: str, name: str, template: str | None,
-             command: Sequence[str] | str) -> dict[str, str]:
-    """The keys of a job's own run times, by source name."""
-    out = {"name": keys.durations(user, name), "command": keys.durations_of_command(user, command_digest(command))}
+def own_keys(keys: Keys, *, user: str, name: str, template: str | None) -> dict[str, str]:
+    """The list keys of a job's own run times by name and template (its command's are a field
+    of ``keys.durations_of_commands``)."""
+    out = {"name": keys.durations(user, name)}
     if template:
         out["template"] = keys.durations_of_template(user, template)
     return out
@@ -272,11 +281,15 @@ def own_keys(keys: Keys, *, user: str, name: str, template: str | None,
 def read_own(r: redis.Redis, keys: Keys, *, user: str, name: str, template: str | None,
              command: Sequence[str] | str) -> dict[str, list[float]]:
     """A job's own run times by source (one round trip)."""
-    wanted = own_keys(keys, user=user, name=name, template=template, command=command)
+    wanted = own_keys(keys, user=user, name=name, template=template)
     pipe = r.pipeline(transaction=False)
+    pipe.hget(keys.durations_of_commands(user), command_digest(command))
     for key in wanted.values():
         pipe.lrange(key, 0, PER_KEY_RUNS - 1)
-    return {source: _floats(values) for source, values in zip(wanted, pipe.execute(), strict=True)}
+    by_command, *lists = pipe.execute()
+    out = {"command": _floats((by_command or "").split())}
+    out.update({name: _floats(values) for name, values in zip(wanted, lists, strict=True)})
+    return out
 
 
 def read_recent(r: redis.Redis, keys: Keys) -> list[RecentRun]:
