@@ -191,6 +191,13 @@ def own_history(own: Mapping[str, Sequence[float]]) -> tuple[str, Sequence[float
     return None
 
 
+def own_estimate(own: Mapping[str, Sequence[float]], time_limit: float | None) -> Estimate | None:
+    """A job's estimate from its own runs (``read_own``'s sources), capped by its time limit;
+    None when no source has enough runs."""
+    history = own_history(own)
+    return from_samples(history[1], history[0], time_limit) if history else None
+
+
 class Prior:
     """Estimates from the cluster's recent runs, for many jobs at once (one dispatcher round):
     the runs are sorted by size once, so a job's similar-size runs are one bisect away, and
@@ -281,14 +288,40 @@ def own_keys(keys: Keys, *, user: str, name: str, template: str | None) -> dict[
 def read_own(r: redis.Redis, keys: Keys, *, user: str, name: str, template: str | None,
              command: Sequence[str] | str) -> dict[str, list[float]]:
     """A job's own run times by source (one round trip)."""
-    wanted = own_keys(keys, user=user, name=name, template=template)
+    return read_own_many(r, keys, [(user, name, template, command)])[0]
+
+
+def read_own_many(r: redis.Redis, keys: Keys,
+                  jobs: Sequence[tuple[str, str, str | None, Sequence[str] | str]]
+                  ) -> list[dict[str, list[float]]]:
+    """``read_own`` for many jobs, given as (user, name, template, command), in one round
+    trip: one HMGET per user for the commands, each distinct list once (a sweep's jobs share
+    their name)."""
+    digests: dict[str, dict[str, int]] = {}  # user -> command digest -> its place in the HMGET
+    lists: dict[str, int] = {}  # list key -> reply index
+    wanted = []
+    for user, name, template, command in jobs:
+        digest = command_digest(command)
+        digests.setdefault(user, {}).setdefault(digest, len(digests.get(user, ())))
+        own = own_keys(keys, user=user, name=name, template=template)
+        for key in own.values():
+            lists.setdefault(key, len(lists))
+        wanted.append((user, digest, own))
+    if not wanted:
+        return []
     pipe = r.pipeline(transaction=False)
-    pipe.hget(keys.durations_of_commands(user), command_digest(command))
-    for key in wanted.values():
+    for key in lists:
         pipe.lrange(key, 0, PER_KEY_RUNS - 1)
-    by_command, *lists = pipe.execute()
-    out = {"command": _floats((by_command or "").split())}
-    out.update({name: _floats(values) for name, values in zip(wanted, lists, strict=True)})
+    for user, fields in digests.items():
+        pipe.hmget(keys.durations_of_commands(user), list(fields))
+    replies = pipe.execute()
+    by_user = dict(zip(digests, replies[len(lists):], strict=True))
+    out = []
+    for user, digest, own in wanted:
+        by_command = by_user[user][digests[user][digest]]
+        found = {"command": _floats((by_command or "").split())}
+        found.update({source: _floats(replies[lists[key]]) for source, key in own.items()})
+        out.append(found)
     return out
 
 

@@ -179,3 +179,21 @@ def test_own_cautious_from_submit_is_kept():
     assert found.remaining(20) == 80.0
     limited = E.Prior(()).estimate(user="ann", nbytes=GIB, gpus=1, own=[10.0], own_cautious=100.0, time_limit=50)
     assert limited.cautious == 50
+
+
+def test_read_own_many_reads_what_read_own_reads_for_each_job():
+    r = fakeredis.FakeRedis(decode_responses=True)
+    keys = Keys("t:")
+    runs = [("ann", "train", "big", ["t.py", "1"], 3.0), ("ann", "train", None, ["t.py", "2"], 5.0),
+            ("bob", "train", "big", ["t.py", "1"], 7.0), ("ann", "eval", None, ["e.py"], 1.0)]
+    for user, name, template, command, seconds in runs * 3:
+        pipe = r.pipeline(transaction=False)
+        E.record_run(pipe, keys, user=user, name=name, template=template, command=command, nbytes=GIB, gpus=1,
+                     seconds=seconds)
+        pipe.execute()
+    asked = [(u, n, t, c) for u, n, t, c, _ in runs] + [("ann", "train", "big", ["t.py", "1"]),
+                                                        ("cy", "new", None, ["x"]), ("bob", "eval", None, ["t.py", "2"])]
+    expected = [E.read_own(r, keys, user=u, name=n, template=t, command=c) for u, n, t, c in asked]
+    assert E.read_own_many(r, keys, asked) == expected
+    assert expected[0]["command"] == [3.0] * 3 and expected[5] == {"command": [], "name": []}
+    assert E.read_own_many(r, keys, []) == []
