@@ -140,6 +140,9 @@ class Ledger:
         """PENDING -> ASSIGNED on ``cards`` of ``node``, reserving ``nbytes`` on each.
         ``user`` is the job's user (read from the record when not given).
 
+        The start ("<id> <token>") is pushed onto the first card's start list in the same
+        script (Keys.card_starts): that card's worker takes it from there (workers.start_list).
+
         Returns (True, token) or (False, reason); on False nothing changed.
         """
         if user is None:
@@ -157,6 +160,7 @@ class Ledger:
         ]
         for index in cards:
             keys += [self.keys.card(node, index), self.keys.card_jobs(node, index)]
+        keys.append(self.keys.card_starts(node, cards[0]))
         # The script publishes the ASSIGNED event itself: no round trip of its own.
         ok, detail = self.scripts.reserve(
             keys=keys, args=[job_id, nbytes, shared_now(self.r), node, json.dumps(cards), user,

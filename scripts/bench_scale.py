@@ -294,7 +294,7 @@ def adopt_cost(cluster: Cluster, meter: RedisMeter) -> dict[str, float]:
     the median of 3 cards' Redis cost."""
     costs = []
     for node, index in cluster.cards[:: max(1, len(cluster.cards) // 3)][:3]:
-        runner = CardRunner(cluster.settings, node, index, f"card{index}@{node}", resend=lambda *a: None)
+        runner = CardRunner(cluster.settings, node, index, f"card{index}@{node}")
         runner.r = runner.store.r = runner.ledger.r = cluster.r  # one connection: no connect in the figures
         for job_id in cluster.ledger.holdings(node, index):
             runner._active[job_id] = None  # type: ignore[assignment] # supervised: adopt leaves it
