@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import redis
 from redis.client import Pipeline
 
+from rig import jobtrace
 from rig.keys import Keys
 from rig.lua import Scripts
 from rig.redis_writes import is_outage
@@ -183,6 +184,7 @@ class StartConsumer:
             self.starts.release(text)
             self.slots.release()
             return
+        jobtrace.mark(start.job_id, "taken")
         with self._lock:
             self._handling.add(text)
         threading.Thread(target=self._run, args=(start, text), name=f"rig-job-{start.job_id}",
