@@ -127,6 +127,9 @@ class ActiveJob:
 
 #: Under Sentinel: how many times a claim or an ending that fail-overs lost is written again.
 LOST_WRITE_TRIES = 5
+#: A claim's answer, (won, attempt or the job's state), and with a won claim what was read in
+#: its round trip: (the record's hash, its spec, the card's [allowed, gone]).
+Claimed = tuple[tuple[bool, str], tuple[dict, str | None, list] | None]
 
 
 class CardRunner:
@@ -214,16 +217,9 @@ class CardRunner:
                 self._starting.discard(job_id)
 
     def _run_job(self, job_id: int, token: str, release: Callable[[Pipeline | None], None]) -> str:
-        if not self.installation_ok():
-            # Another installation answers at rig's Redis (rig.installation): never claim or
-            # run its jobs on cards this node's own jobs may still use. Its start is pushed
-            # again (adopt) once this node has joined it (`rig recover`).
-            log.error("job %s: start ignored: this node's Redis is not its installation", job_id)
-            self._release_quietly(job_id, release)
-            return "ignored:installation-mismatch"
         try:
             # A claim Redis refused (full, read-only) changed nothing: wait for it, then claim.
-            claimed = self._claim(job_id, token)
+            claimed = self._claim(job_id, token, release)
         except redis.ResponseError as exc:
             # The claim script could not use the record (e.g. its attempt count is not a
             # number): end the job with the reason instead of failing this start for ever.
@@ -233,20 +229,19 @@ class CardRunner:
             return self._refuse(job_id, str(token), reason, "invalid_record", expect=JobState.ASSIGNED)
         if claimed is None:
             return "ignored:shutting-down"  # never claimed: its start stays taken (workers.start_list)
-        ok, detail = claimed
+        (ok, detail), read = claimed
         jobtrace.mark(job_id, "claimed")
-        if not ok:
+        if detail == "installation-mismatch":
+            # Another installation answers at rig's Redis (rig.installation): never claim or
+            # run its jobs on cards this node's own jobs may still use. Its start is pushed
+            # again (adopt) once this node has joined it (`rig recover`).
+            log.error("job %s: start ignored: this node's Redis is not its installation", job_id)
+            return "ignored:installation-mismatch"
+        if not ok or read is None:
             log.info("job %s: start ignored, job is %s (duplicate or stale start)", job_id, detail)
-            self._release_quietly(job_id, release)
             return f"ignored:{detail}"
         attempt = int(detail)
-        # The record, whether this card still takes new jobs, and the start's removal from the
-        # taking list, in one round trip.
-        pipe = self.r.pipeline(transaction=False)
-        self.store.queue_raw(pipe, job_id)
-        pipe.hmget(self.keys.card(self.node, self.index), "allowed", "gone")
-        release(pipe)
-        raw, spec, (allowed, gone) = pipe.execute()[:3]
+        raw, spec, (allowed, gone) = read
         raw = self.store.join([(raw, spec)])[0]
         if not raw:
             raise JobNotFound(job_id)
@@ -318,24 +313,47 @@ class CardRunner:
         except redis.RedisError as exc:
             log.warning("job %s: its start stays taken for now (%s)", job_id, exc)
 
-    def _claim(self, job_id: int, token: str) -> tuple[bool, str] | None:
-        """ledger.claim, made to survive a Redis fail-over before the job's process starts:
-        under Sentinel the claim counts once a replica has it (rig.replication); a claim the
-        fail-over lost (the new master's record is not RUNNING with this token and attempt)
-        is tried again there, where it wins only if the job is still ASSIGNED to this token."""
+    def _claim(self, job_id: int, token: str, release: Callable[[Pipeline | None], None]) -> Claimed | None:
+        """The claim and what a start reads after it, made to survive a Redis fail-over before
+        the job's process starts: under Sentinel the claim counts once a replica has it
+        (rig.replication); a claim the fail-over lost (the new master's record is not RUNNING
+        with this token and attempt) is tried again there, where it wins only if the job is
+        still ASSIGNED to this token."""
+        installation = Installation(self.r, self.keys, self.settings.run_dir, self.node).on_node()
         for _ in range(LOST_WRITE_TRIES):
-            claimed = self._retry_redis(lambda: self.ledger.claim(job_id, token, self.worker_name),
+            claimed = self._retry_redis(lambda: self._claim_and_read(job_id, token, installation, release),
                                         f"claim job {job_id}", only=refusal)
-            if claimed is None or not claimed[0] or self.replicas is None:
+            if claimed is None or not claimed[0][0] or self.replicas is None:
                 return claimed
             if not self._retry_redis(self.replicas.confirm, f"confirm job {job_id}'s start"):
                 log.warning("job %s: %s", job_id, self.replicas.unconfirmed_note("its start"))
-            if self._holds(job_id, token, attempt=claimed[1]):
+            if self._holds(job_id, token, attempt=claimed[0][1]):
                 return claimed
             log.warning("job %s: its claim is not on the Redis master any more (a fail-over lost it); "
                         "claiming again", job_id)
         # Fail-overs in a row: not started now; a start still ASSIGNED is pushed again (adopt, assigned_timeout).
-        return False, "claim-lost"
+        return (False, "claim-lost"), None
+
+    def _claim_and_read(self, job_id: int, token: str, installation: str | None,
+                        release: Callable[[Pipeline | None], None]) -> Claimed:
+        """One round trip: the claim (claim.lua, which also checks the installation), the
+        record and the card's ``allowed``/``gone`` as they are after it, and the start's removal
+        from the taking list (its claim is answered either way). The reads are None when the
+        claim was refused."""
+        for _ in range(2):
+            pipe = self.r.pipeline(transaction=False)
+            self.ledger.queue_claim(pipe, job_id, token, self.worker_name, installation)
+            self.store.queue_raw(pipe, job_id)
+            pipe.hmget(self.keys.card(self.node, self.index), "allowed", "gone")
+            release(pipe)
+            try:
+                answer, raw, spec, card = pipe.execute()[:4]
+            except redis.exceptions.NoScriptError:
+                self.ledger.load_scripts()  # Redis restarted since they were loaded
+                continue
+            claimed = self.ledger.claim_answer(answer)
+            return claimed, ((raw, spec, card) if claimed[0] else None)
+        raise redis.exceptions.NoScriptError(f"the claim script could not be loaded for job {job_id}")
 
     def _holds(self, job_id: int, token: str, *, attempt: str | None = None) -> bool:
         """True while the master's record says this worker runs this attempt (token) of the job."""

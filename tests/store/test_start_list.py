@@ -62,3 +62,24 @@ def test_an_entry_parses_or_is_refused():
     assert Start.parse(entry(12, 3)) == Start(12, "3")
     for bad in ("", "12", "12 ", "x 3", "12 3 4", "-1 3"):
         assert Start.parse(bad) is None
+
+
+@pytest.mark.parametrize(("joined", "in_redis"), [
+    (None, None), (None, "inst-a"), ("inst-a", "inst-a"), ("inst-a", None), ("inst-a", "inst-b")])
+def test_the_claim_refuses_exactly_where_the_installation_verdict_is_a_mismatch(ledger, joined, in_redis):
+    """claim.lua's installation check mirrors rig.installation.verdict(...).mismatch."""
+    from rig.installation import verdict
+
+    if in_redis is not None:
+        ledger.r.hset(ledger.keys.installation, "id", in_redis)
+    job_id = submit(ledger)
+    ok, token = ledger.reserve(job_id, "n1", [0], GIB)
+    assert ok
+    ledger.load_scripts()  # queued as EVALSHA: loaded first
+    pipe = ledger.r.pipeline(transaction=False)
+    ledger.queue_claim(pipe, job_id, token, "w", joined)
+    claimed, detail = ledger.claim_answer(pipe.execute()[0])
+    mismatch = verdict(joined, in_redis).mismatch
+    assert (detail == "installation-mismatch") is mismatch
+    assert claimed is not mismatch
+    assert ledger.store.get(job_id).state is (JobState.ASSIGNED if mismatch else JobState.RUNNING)
