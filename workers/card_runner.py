@@ -39,7 +39,7 @@ from rig.errors import JobNotFound
 from rig.failures import FailureClass
 from rig.gpus import GpuBackend, GpuReadError, GpuReading
 from rig.gpus.fake import drop_job_usage_dir, job_usage_dir
-from rig.installation import Installation
+from rig.installation import Installation, verdict
 from rig.installation import matches as installation_matches
 from rig.keys import Keys
 from rig.ledger import Ledger
@@ -730,17 +730,24 @@ class CardRunner:
         folders: list[Path] = []
 
         def _do() -> None:
-            if not self.installation_ok():
+            # The installation and the record in one round trip.
+            pipe = self.r.pipeline(transaction=False)
+            pipe.hget(self.keys.installation, "id")
+            self.store.queue_raw(pipe, job_id)
+            found, raw, spec = pipe.execute()
+            place = Installation(self.r, self.keys, self.settings.run_dir, self.node)
+            if verdict(place.on_node(), found).mismatch:
                 # Redis is not the installation this job ran under (it lost its data, or
                 # another answers): write nothing there. The ending stays on disk (exit and
                 # pid files) for `rig recover`.
                 log.critical("job %s ended (%s) while this node's Redis is not its installation; "
                              "its ending is kept on disk only", job_id, end)
                 return
-            try:
-                job = self.store.get(job_id, without=("env",))  # ending it needs no environment
-            except JobNotFound:  # Redis lost the record (rolled back, or emptied by a double fault)
-                job = None
+            # Ending it needs no environment; no record: Redis lost it (rolled back, or
+            # emptied by a double fault).
+            record = self.store.join([(raw, spec)], env=False)[0]
+            record.pop("env", None)
+            job = Job.from_redis(record) if record else None
             if job is None or (instance is not None and job.instance != instance):
                 log.warning("job %s instance %s ended (%s), but Redis %s: nothing written", job_id, instance, end,
                             "has no record of it" if job is None else f"holds another job under that id "
