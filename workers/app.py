@@ -317,7 +317,7 @@ def _on_worker_ready(sender=None, **_: object) -> None:
     name = getattr(sender, "hostname", None) or f"{role}@{settings.node_name}"
     if role == "card":
         index = int(os.environ["RIG_CARD_INDEX"])
-        backend, _notice = detect_backend(settings.fake_gpus, settings.home / "fake-gpus",
+        backend, _notice = detect_backend(settings.fake_gpus, settings.fake_usage_dir,
                                           node=settings.node_name)
 
         _runner = CardRunner(settings, settings.node_name, index, name, backend=backend, may_take=_name_is_ours)
