@@ -116,7 +116,7 @@ def mark_gone_cards(client: redis.Redis, keys: Keys, node: str, present: Iterabl
 
 
 def forget_if_idle(client: redis.Redis, keys: Keys, node: str, index: int, attempts: int = 5) -> bool:
-    """Remove a gone card's record when nothing holds it (no reservation, no job counted, no
+    """Remove a gone card's record (and its start lists) when nothing holds it (no reservation, no job counted, no
     ASSIGNED/RUNNING job on it), in one WATCHed transaction: a reservation made meanwhile
     leaves it in place. Returns whether it was removed."""
     card, holds = keys.card(node, index), keys.card_jobs(node, index)
@@ -130,7 +130,8 @@ def forget_if_idle(client: redis.Redis, keys: Keys, node: str, index: int, attem
                 if index in cards_with_jobs(client, keys, node):
                     return False
                 pipe.multi()
-                pipe.delete(card, holds)
+                # Its start lists hold only stale starts now (no job is placed on it): they go too.
+                pipe.delete(card, holds, keys.card_starts(node, index), keys.card_taking(node, index))
                 pipe.srem(keys.cards, card_id(node, index))
                 pipe.execute()
                 return True

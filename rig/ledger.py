@@ -140,6 +140,9 @@ class Ledger:
         """PENDING -> ASSIGNED on ``cards`` of ``node``, reserving ``nbytes`` on each.
         ``user`` is the job's user (read from the record when not given).
 
+        The start ("<id> <token>") is pushed onto the first card's start list in the same
+        script (Keys.card_starts): that card's worker takes it from there (workers.start_list).
+
         Returns (True, token) or (False, reason); on False nothing changed.
         """
         if user is None:
@@ -157,6 +160,7 @@ class Ledger:
         ]
         for index in cards:
             keys += [self.keys.card(node, index), self.keys.card_jobs(node, index)]
+        keys.append(self.keys.card_starts(node, cards[0]))
         # The script publishes the ASSIGNED event itself: no round trip of its own.
         ok, detail = self.scripts.reserve(
             keys=keys, args=[job_id, nbytes, shared_now(self.r), node, json.dumps(cards), user,
@@ -169,18 +173,45 @@ class Ledger:
     def claim(self, job_id: int, token: str | int, worker: str) -> tuple[bool, str]:
         """ASSIGNED -> RUNNING for the holder of ``token``. Returns (True, attempt) or
         (False, current state): a duplicate delivery must then do nothing."""
-        ok, detail = self.scripts.claim(
-            keys=[
-                self.keys.job(job_id),
-                self.keys.state_index(JobState.ASSIGNED.value),
-                self.keys.state_index(JobState.RUNNING.value),
-                self.keys.metrics_counters,
-                self.keys.metrics_start_wait,
-            ],
-            args=[job_id, token, shared_now(self.r), worker, self.keys.events_channel,
-                  " ".join(START_WAIT_FIELDS)],
-        )  # the script publishes the RUNNING event and counts the start (rig.metrics)
+        keys, args = self._claim_call(job_id, token, worker, None)
+        ok, detail = self.scripts.claim(keys=keys, args=args)
         return bool(ok), str(detail)
+
+    def queue_claim(self, pipe: Any, job_id: int, token: str | int, worker: str,
+                    installation: str | None) -> None:
+        """Queue the claim on ``pipe`` (as EVALSHA: a pipeline would check the script exists
+        in a round trip of its own; on NoScriptError, ``load_scripts`` and queue it again).
+        ``installation``: the id this node joined (rig.installation); Redis holding another
+        or none refuses the claim with (False, 'installation-mismatch'). Its answer:
+        :meth:`claim_answer`."""
+        keys, args = self._claim_call(job_id, token, worker, installation)
+        pipe.evalsha(self.scripts.claim.sha, len(keys), *keys, *args)
+
+    @staticmethod
+    def claim_answer(answer: list[Any]) -> tuple[bool, str]:
+        ok, detail = answer
+        return bool(ok), str(detail)
+
+    def load_scripts(self) -> None:
+        """Load the ledger's scripts into Redis (after a NoScriptError: Redis restarted)."""
+        for script in vars(self.scripts).values():
+            script.sha = self.r.script_load(script.script)
+
+    def _claim_call(self, job_id: int, token: str | int, worker: str,
+                    installation: str | None) -> tuple[list[str], list[Any]]:
+        keys = [
+            self.keys.job(job_id),
+            self.keys.state_index(JobState.ASSIGNED.value),
+            self.keys.state_index(JobState.RUNNING.value),
+            self.keys.metrics_counters,
+            self.keys.metrics_start_wait,
+        ]
+        # The script publishes the RUNNING event and counts the start (rig.metrics).
+        args = [job_id, token, shared_now(self.r), worker, self.keys.events_channel, " ".join(START_WAIT_FIELDS)]
+        if installation:
+            keys.append(self.keys.installation)
+            args.append(installation)
+        return keys, args
 
     def transition(
         self,

@@ -1,5 +1,6 @@
 """The dispatcher: offers waiting jobs to the cards in priority order and starts each one that
-fits through the atomic reservation, then sends its start to that card's queue.
+fits through the atomic reservation, which also pushes its start onto that card's start list
+(reserve.lua; the card's worker takes it from there: workers.start_list).
 
 Order: priority (high, medium, low) after aging (a job moves up one level for every
 ``aging_seconds`` it has waited, so low-priority work cannot starve); within a priority, fair
@@ -130,7 +131,7 @@ CARD_PARSE_CACHE = 20_000
 #: Placed or running jobs' records whose parse is remembered (_parse_running); then all are forgotten.
 RUNNING_PARSE_CACHE = 100_000
 
-SendStart = Callable[[int, str, str, int], None]  # job id, token, node, first card
+OnStart = Callable[[int, str, str, int], None]  # job id, token, node, first card
 
 #: Take the leader lock (2) or renew it when held by us (1); 0 when another dispatcher leads.
 _LEAD_SCRIPT = """
@@ -144,13 +145,15 @@ return 0
 
 
 class Dispatcher:
-    def __init__(self, settings: Settings, send_start: SendStart, client: redis.Redis | None = None):
+    def __init__(self, settings: Settings, on_start: OnStart | None = None, client: redis.Redis | None = None):
+        """``on_start``: told of each start placed (its start is on the card's list already):
+        for tests and benchmarks."""
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
         self.r = client or connect(settings.redis_url)
         self.store = JobStore(self.r, self.keys)
         self.ledger = Ledger(self.r, self.keys)
-        self.send_start = send_start
+        self.on_start = on_start
         self.identity = f"{settings.node_name}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stop_event = threading.Event()
         self._notes: dict[int, str] = {}  # job id -> wait reason, written at the end of a round
@@ -598,7 +601,8 @@ class Dispatcher:
                     break
                 log.info("job %s: placed on %s/%s (token %s)", job.id, placement.node,
                          list(placement.cards), detail)
-                self.send_start(job.id, detail, placement.node, placement.cards[0])
+                if self.on_start is not None:
+                    self.on_start(job.id, detail, placement.node, placement.cards[0])
                 cards = _with_reservation(cards, placement.node, placement.cards, job.gpu_memory)
                 view = view.after_start(cards, [card_id(placement.node, i) for i in placement.cards])
                 holds.started_on(card_id(placement.node, i) for i in placement.cards)

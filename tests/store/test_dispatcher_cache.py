@@ -53,7 +53,7 @@ def test_a_stale_view_of_a_card_never_over_reserves_it(dispatcher_and_ledger):
     empty (any stale view) gets a refusal, and the card stays within its memory."""
     dispatcher, ledger = dispatcher_and_ledger
     started: list = []
-    dispatcher.send_start = lambda *a: started.append(a)
+    dispatcher.on_start = lambda *a: started.append(a)
     running = _job(ledger, 30)
     assert ledger.reserve(running, "n1", [0], 30 * GIB, user="alice")[0]
     waiting = _job(ledger, 20)
