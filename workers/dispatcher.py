@@ -60,6 +60,7 @@ import logging
 import math
 import os
 import threading
+import time
 import uuid
 from collections import defaultdict, deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
@@ -76,8 +77,9 @@ from rig.errors import InvalidRecord
 from rig.failures import FailureClass
 from rig.fairshare import TeamState, decay, exceeds_alone, over_limit
 from rig.hashes import fields_of, queue_fields, read_fields
-from rig.keys import Keys, card_id
+from rig.keys import Keys, card_id, split_card_id
 from rig.ledger import Ledger
+from rig.lua import source
 from rig.models import PRIORITY_BAND, CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
 from rig.placement import (
@@ -129,6 +131,15 @@ EXPLAINED_CACHE = 50_000
 CARD_PARSE_CACHE = 20_000
 #: Placed or running jobs' records whose parse is remembered (_parse_running); then all are forgotten.
 RUNNING_PARSE_CACHE = 100_000
+#: A pass reads every card, reservation and placed job again at least this often (s), whatever
+#: the versions say: the backstop for a write that moved no version (a person's redis-cli; Redis
+#: rolled back to a snapshot and changed since until a version came back to the one held).
+FULL_READ_S = 30.0
+#: Cards per read_cards.lua call (two keys each): a bounded script, as rig.hashes.BATCH.
+CARDS_BATCH = 1000
+#: The fields of a placed or running job that _read_holdings reads (_parse_running parses them).
+RUNNING_FIELDS = ("user", "gpu_memory", "cards", "started_at", "assigned_at", "expected_seconds",
+                  "cautious_seconds", "time_limit")
 
 SendStart = Callable[[int, str, str, int], None]  # job id, token, node, first card
 
@@ -172,6 +183,18 @@ class Dispatcher:
         #: (a start makes new instances, dataclasses.replace), so an unchanged record is not checked again.
         self._card_parses: dict[frozenset, CardState] = {}
         self._running_parses: dict[tuple, tuple | Exception] = {}  # (job id, *fields) -> _parse_running's
+        #: Kept between passes (_read_cards): card set id -> (its version (rig.ledger.CARD_VERSION),
+        #: its CardState, its reservations: job id -> bytes), as last read; a pass re-reads a card
+        #: only when its version moved.
+        self._kept: dict[str, tuple[str, CardState, dict[int, int]]] = {}
+        #: Reservations by card id (CardState.id) as of the last _read_cards.
+        self._reservations: dict[str, dict[int, int]] = {}
+        #: Placed or running job id -> its RUNNING_FIELDS as last read: read again when a card's
+        #: reservations of it change, while it has no started_at (claim.lua sets it without
+        #: touching a card), when this dispatcher places it, and at every full read.
+        self._kept_jobs: dict[int, list] = {}
+        self._full_read_at = -math.inf  # time.monotonic() of the last full read
+        self._reserved_since_read = False  # a reservation was made after the last _read_cards
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -200,6 +223,7 @@ class Dispatcher:
                 jobtrace.mark(None, "wake")
                 delay = 0.2
             except Exception as exc:  # noqa: BLE001 - the dispatcher must outlive one bad pass
+                self.forget()  # Redis may have restarted (empty, or rolled back): read it all again
                 if is_outage(exc):  # unreachable, or refusing writes (full): nothing was changed
                     log.warning("dispatcher: Redis unavailable, retrying in %.1f s: %s", delay, exc)
                     self.stop_event.wait(delay)
@@ -278,6 +302,69 @@ class Dispatcher:
                 self.ledger.unqueue(jid, source[jid] or values[Waiting.FIELDS.index("user")] or "?")
         return jobs
 
+    def forget(self) -> None:
+        """Drop what is kept between passes (cards, reservations, placed jobs): the next pass
+        reads them all. After a failed pass (Redis may have restarted empty or rolled back)
+        and after a refused reservation (what was kept may be stale)."""
+        self._kept.clear()
+        self._kept_jobs.clear()
+        self._reservations = {}
+
+    def _read_cards(self) -> list[CardState]:
+        """Every registered card, sorted by node then index (as Ledger.cards), with the
+        reservations of each in self._reservations: one round trip for the ids, one script call
+        (rig/lua/read_cards.lua) that sends back only the cards whose version
+        (rig.ledger.CARD_VERSION) moved since they were kept, record and reservations read
+        together. A version that went backwards or vanished (Redis emptied or rolled back), and
+        every FULL_READ_S, reads everything again. A kept card may be stale by the time it is
+        used, as a card read a moment ago may: reserve.lua checks the card itself."""
+        self._reserved_since_read = False
+        ids = sorted(self.r.smembers(self.keys.cards))
+        if time.monotonic() - self._full_read_at >= FULL_READ_S:
+            self.forget()
+            self._full_read_at = time.monotonic()
+        script = self.r.register_script(source("read_cards"))
+        pipe = self.r.pipeline(transaction=False)
+        for start in range(0, len(ids), CARDS_BATCH):
+            batch = ids[start:start + CARDS_BATCH]
+            keys = []
+            for cid in batch:
+                node, index = split_card_id(cid)
+                keys += [self.keys.card(node, index), self.keys.card_jobs(node, index)]
+            script(keys=keys, args=[self._kept[cid][0] if cid in self._kept else "" for cid in batch], client=pipe)
+        replies = [entry for reply in pipe.execute() for entry in reply] if ids else []
+        kept: dict[str, tuple[str, CardState, dict[int, int]]] = {}
+        moved: set[int] = set()  # placed jobs whose reservations changed: their fields are read again
+        for cid, entry in zip(ids, replies, strict=True):
+            if len(entry) == 1:
+                kept[cid] = self._kept[cid]
+                continue
+            version, flat, held = entry
+            before = self._kept.get(cid)
+            if before is not None and before[0] and not _later(version, before[0]):
+                # Backwards or gone while the card is still listed: Redis lost or rolled back
+                # its data, and other cards may be back at the versions held with other content.
+                log.info("dispatcher: card %s's version went from %s to %r; reading every card again",
+                         cid, before[0], version)
+                self.forget()
+                self._full_read_at = time.monotonic()
+                return self._read_cards()
+            if not flat:
+                continue  # listed but no record (not registered yet, or removed meanwhile)
+            card = self._parse_card(dict(zip(flat[::2], flat[1::2], strict=True)))
+            reservations = {int(k): int(v) for k, v in zip(held[::2], held[1::2], strict=True)}
+            if before is not None and before[2] != reservations:
+                moved.update(reservations, before[2])
+            kept[cid] = (version, card, reservations)
+        self._kept = kept
+        for jid in moved:
+            self._kept_jobs.pop(jid, None)
+        cards = sorted((card for _version, card, _held in kept.values()), key=lambda c: (c.node, c.index))
+        # Under each record's own node and index, as a read of its reservations hash by the
+        # record's fields found them (a damaged record's are '?' and -1, where nothing is).
+        self._reservations = {card.id: held if card.id == cid else {} for cid, (_v, card, held) in kept.items()}
+        return cards
+
     def _parse_card(self, raw: dict[Any, Any]) -> CardState:
         """CardState.from_redis(raw), remembered for the same fields and values: at 512 cards
         the checks of every record were ~1/6 of an idle pass, and most records do not change."""
@@ -307,23 +394,26 @@ class Dispatcher:
     def _read_holdings(self, cards: list[CardState], now: float) -> tuple[dict[str, list[Release]], TeamState]:
         """What the cards' reservations say: per card, when each is expected to end (for
         holds), and per user, placed-or-running jobs, reserved bytes and recent usage."""
-        pipe = self.r.pipeline(transaction=False)
-        queue_fields(pipe, [self.keys.card_jobs(c.node, c.index) for c in cards], ())
-        pipe.zrevrange(self.keys.recent_runtime_users, 0, estimates.RECENT_USERS - 1)
-        *replies, recent_users = pipe.execute()
-        held = [(card, {int(k): int(v) for k, v in zip(flat[::2], flat[1::2], strict=True)})
-                for card, flat in zip(cards, fields_of(replies), strict=True)]
+        if self._reserved_since_read or any(c.id not in self._reservations for c in cards):
+            self._read_cards()  # this round's own reservations, or cards not read by this dispatcher
+        held = [(card, self._reservations.get(card.id, {})) for card in cards]
+        recent_users = self.r.zrevrange(self.keys.recent_runtime_users, 0, estimates.RECENT_USERS - 1)
         ids = sorted({jid for _card, jobs in held for jid in jobs})
+        kept = self._kept_jobs
+        # Read again: jobs not kept (new, or their reservations moved) and jobs not started yet.
+        stale = [jid for jid in ids if jid not in kept or not kept[jid][3]]
         pipe = self.r.pipeline(transaction=False)
         estimates.queue_recent(pipe, self.keys, recent_users)
-        queue_fields(pipe, [self.keys.job(jid) for jid in ids], (
-            "user", "gpu_memory", "cards", "started_at", "assigned_at", "expected_seconds", "cautious_seconds",
-            "time_limit"))
+        queue_fields(pipe, [self.keys.job(jid) for jid in stale], RUNNING_FIELDS)
         read = pipe.execute()
         recent = read[:len(recent_users)]
         self._prior = estimates.Prior(estimates.decode_recent([v for values in recent for v in values]))
+        kept.update(zip(stale, fields_of(read[len(recent_users):]), strict=True))
+        if len(kept) > len(ids):  # jobs no card holds any more
+            self._kept_jobs = kept = {jid: kept[jid] for jid in ids}
         info: dict[int, tuple[str, int, int, float, float, float]] = {}
-        for jid, values in zip(ids, fields_of(read[len(recent_users):]), strict=True):
+        for jid in ids:
+            values = kept[jid]
             try:
                 user, memory, ncards, stamp, expected, cautious, limit = self._parse_running(jid, values)
                 began = now if stamp is None else stamp
@@ -500,7 +590,7 @@ class Dispatcher:
         for _round in range(MAX_ROUNDS):  # a reservation refused again and again must not spin
             if self.stop_event.is_set():
                 break
-            cards = self.ledger.cards(parse=self._parse_card)
+            cards = self._read_cards()
             eligible = {c.id for c in cards if c.eligible}
             if cards and not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
                 return started  # every card is full: nothing can start, nothing to explain anew
@@ -594,8 +684,11 @@ class Dispatcher:
                     continue
                 if not ok:
                     log.info("job %s: reservation refused (%s); re-reading the cards", job.id, detail)
+                    self.forget()  # what was kept may be stale: every card is read again
                     progressed = refused = True
                     break
+                self._reserved_since_read = True
+                self._kept_jobs.pop(job.id, None)  # placed anew: its fields are read again
                 log.info("job %s: placed on %s/%s (token %s)", job.id, placement.node,
                          list(placement.cards), detail)
                 self.send_start(job.id, detail, placement.node, placement.cards[0])
@@ -1054,6 +1147,15 @@ def holding_order(job: Waiting, now: float | None = None) -> tuple[float, int, i
     held = job.held_at or now
     assert held is not None, "holding_order of a job that holds nothing"
     return (held, job.priority.rank, job.id)
+
+
+def _later(version: str, held: str) -> bool:
+    """Is card version ``version`` after ``held`` (both rig.ledger.CARD_VERSION values; '' when
+    unset, which is after nothing)? A damaged one counts as later: it is read again, not trusted."""
+    try:
+        return float(version) > float(held)
+    except ValueError:
+        return version != ""
 
 
 def _number(text: str | None) -> float | None:
