@@ -51,7 +51,9 @@ def bump_cards(pipe: Any, keys: list[str]) -> None:
     """Queue on ``pipe`` (a transaction, after the writes of these card records) the move of
     their versions (CARD_VERSION)."""
     if keys:
-        pipe.register_script(source("bump_card"))(keys=keys, args=[], client=pipe)
+        # EVAL, not a registered script: a pipeline holding one first asks Redis whether it
+        # knows it (SCRIPT EXISTS), a round trip more for every reading a card worker writes.
+        pipe.eval(source("bump_card"), len(keys), *keys)
 
 
 def _field(value: Any) -> str:

@@ -43,9 +43,21 @@ is remembered by what it reads (rig.waiting.body_key), so a job waiting pass aft
 same reason is worded once, and jobs alike share one body. A start changes the view; the token
 of the new view's cards is derived from the old one's. Decisions and sentences are the same as
 without these shortcuts (tests/unit/test_placement_scale.py; a frozen-clock comparison with the
-code before them found every start and every stored reason equal). Between passes it keeps only
-parses: a card record, or a placed job's fields, is parsed and checked once per content (a
-changed record is a new key); every pass still reads them all from Redis.
+code before them found every start and every stored reason equal).
+
+Kept between passes (issue 15): the cards and their reservations, by version. Every write of a
+card record or of its reservations moves the card's version (rig.ledger.CARD_VERSION) in the
+same script or transaction, and a round reads back only the cards whose version moved
+(rig/lua/read_cards.lua, one script call: record and reservations together). The placed jobs'
+fields (for fair share and the holds' shadow times) are read again only when their card's
+reservations of them change, while they have not started (the claim sets started_at without
+touching a card), and when this dispatcher places them; their estimate is worked out again only
+when those fields or the cluster's recent runs change (what depends on now, every round). A
+kept card may be stale, as one read a moment ago may: reserve.lua checks the card itself, and a
+refused reservation makes the next round read every card again. A version gone backwards or
+vanished (Redis emptied or rolled back), a failed pass (Redis may have restarted) and every
+FULL_READ_S read everything again. Card records and placed jobs' fields are also parsed once
+per content (a changed record is a new key).
 
 Runs as a thread in the control worker. Several dispatchers may run (several nodes): one holds
 the leader lock at a time; the reservation script keeps the ledger safe regardless.
@@ -194,6 +206,13 @@ class Dispatcher:
         #: touching a card), when this dispatcher places it, and at every full read.
         self._kept_jobs: dict[int, list] = {}
         self._full_read_at = -math.inf  # time.monotonic() of the last full read
+        self._read_script: Any = None  # rig/lua/read_cards.lua, registered on first use
+        self._card_ids: list[str] = []  # the card set as _read_cards last read it, and the keys of
+        self._card_keys: list[str] = []  # each card's record and reservations, in that order
+        self._prior_read: tuple = ()  # the recent runs self._prior was made from (read every round)
+        #: Placed job id -> (its kept fields (the list itself), their parse, its Estimate under
+        #: self._prior): worked out again when either changes; what depends on now, every round.
+        self._running_estimates: dict[int, tuple[list, tuple, estimates.Estimate]] = {}
         self._reserved_since_read = False  # a reservation was made after the last _read_cards
         self._thread: threading.Thread | None = None
 
@@ -323,16 +342,18 @@ class Dispatcher:
         if time.monotonic() - self._full_read_at >= FULL_READ_S:
             self.forget()
             self._full_read_at = time.monotonic()
-        script = self.r.register_script(source("read_cards"))
-        pipe = self.r.pipeline(transaction=False)
-        for start in range(0, len(ids), CARDS_BATCH):
-            batch = ids[start:start + CARDS_BATCH]
-            keys = []
-            for cid in batch:
+        if ids != self._card_ids:  # the cards' keys, made again only when the set of cards changes
+            self._card_ids, self._card_keys = ids, []
+            for cid in ids:
                 node, index = split_card_id(cid)
-                keys += [self.keys.card(node, index), self.keys.card_jobs(node, index)]
-            script(keys=keys, args=[self._kept[cid][0] if cid in self._kept else "" for cid in batch], client=pipe)
-        replies = [entry for reply in pipe.execute() for entry in reply] if ids else []
+                self._card_keys += [self.keys.card(node, index), self.keys.card_jobs(node, index)]
+        if self._read_script is None:
+            self._read_script = self.r.register_script(source("read_cards"))
+        replies = []
+        for start in range(0, len(ids), CARDS_BATCH):  # called, not pipelined: a pipeline holding a
+            batch = ids[start:start + CARDS_BATCH]     # script asks SCRIPT EXISTS first, every time
+            replies += self._read_script(keys=self._card_keys[2 * start:2 * (start + len(batch))],
+                                         args=[self._kept[cid][0] if cid in self._kept else "" for cid in batch])
         kept: dict[str, tuple[str, CardState, dict[int, int]]] = {}
         moved: set[int] = set()  # placed jobs whose reservations changed: their fields are read again
         for cid, entry in zip(ids, replies, strict=True):
@@ -406,20 +427,32 @@ class Dispatcher:
         estimates.queue_recent(pipe, self.keys, recent_users)
         queue_fields(pipe, [self.keys.job(jid) for jid in stale], RUNNING_FIELDS)
         read = pipe.execute()
-        recent = read[:len(recent_users)]
-        self._prior = estimates.Prior(estimates.decode_recent([v for values in recent for v in values]))
+        recent = tuple(v for values in read[:len(recent_users)] for v in values)
+        if recent != self._prior_read:  # the same runs make the same Prior: kept, with what it worked out
+            self._prior = estimates.Prior(estimates.decode_recent(list(recent)))
+            self._prior_read = recent
+            self._running_estimates.clear()
         kept.update(zip(stale, fields_of(read[len(recent_users):]), strict=True))
         if len(kept) > len(ids):  # jobs no card holds any more
             self._kept_jobs = kept = {jid: kept[jid] for jid in ids}
+        known = self._running_estimates
+        if len(known) > len(ids):
+            self._running_estimates = known = {jid: known[jid] for jid in ids if jid in known}
         info: dict[int, tuple[str, int, int, float, float, float]] = {}
         for jid in ids:
             values = kept[jid]
             try:
-                user, memory, ncards, stamp, expected, cautious, limit = self._parse_running(jid, values)
+                found = known.get(jid)
+                if found is None or found[0] is not values:
+                    parsed = self._parse_running(jid, values)
+                    user, memory, ncards, _stamp, expected, cautious, limit = parsed
+                    found = known[jid] = (values, parsed,
+                                          self.estimate_of(user, memory, ncards, expected, cautious, limit))
+                user, memory, ncards, stamp, _expected, _cautious, limit = found[1]
                 began = now if stamp is None else stamp
                 if not 0.0 < began <= now + 3600:  # a damaged stamp: its end is unknown, never "inf ago"
                     raise ValueError(began)
-                end, sure = self.running_end(user, memory, ncards, now - began, expected, cautious, limit, now)
+                end, sure = self._end_after(found[2], now - began, limit, now)
                 info[jid] = (user, memory, ncards, began, end, sure)
             except (ValueError, TypeError):
                 info[jid] = ("?", 0, 1, now, math.inf, math.inf)
@@ -509,7 +542,13 @@ class Dispatcher:
         """(when a job that has run ``age`` s is expected to free its cards, when it surely has),
         epoch s, >= now, inf if unknown: its conditional remaining time (rig.estimates.remaining),
         never later than its time limit's sure end; the sure end only with a time limit."""
-        end = now + self.estimate_of(user, nbytes, gpus, expected, cautious, time_limit).remaining(age)
+        return self._end_after(self.estimate_of(user, nbytes, gpus, expected, cautious, time_limit), age,
+                               time_limit, now)
+
+    def _end_after(self, found: estimates.Estimate, age: float, time_limit: float | None,
+                   now: float) -> tuple[float, float]:
+        """running_end of a job whose run time is estimated ``found``."""
+        end = now + found.remaining(age)
         sure = math.inf
         if time_limit:
             sure = max(now, now - age + self.surely_within(time_limit))
