@@ -214,6 +214,7 @@ class Dispatcher:
         #: self._prior): worked out again when either changes; what depends on now, every round.
         self._running_estimates: dict[int, tuple[list, tuple, estimates.Estimate]] = {}
         self._reserved_since_read = False  # a reservation was made after the last _read_cards
+        self._first_view: _View | None = None  # the last round's view before its first start
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -646,7 +647,7 @@ class Dispatcher:
                     self.settings.fair_share and len(limits) > 1):
                 snapshot.get()
             holds = _Holds(self, snapshot, now)
-            view = _View(cards, pools, snapshot, now, self._intern)
+            view = self._first_view = _View(cards, pools, snapshot, now, self._intern, last=self._first_view)
             self._nodes = None
             self._backfill_ends = {}
             self._never = {}
@@ -1017,7 +1018,11 @@ class _View:
     on first use instead of once per job."""
 
     def __init__(self, cards: list[CardState], pools: Pools, snapshot: _Lazy, now: float,
-                 intern: Callable[[Hashable], int], positions: dict[str, int] | None = None) -> None:
+                 intern: Callable[[Hashable], int], positions: dict[str, int] | None = None,
+                 last: _View | None = None) -> None:
+        """``last``: the previous round's first view; when it saw the very same card records (the
+        dispatcher keeps unchanged cards between passes: the same CardState objects), its tokens
+        are this view's, not worked out again (O(cards))."""
         self.cards = cards
         self.by_id = {c.id: c for c in cards}
         self.positions = positions if positions is not None else {c.id: i for i, c in enumerate(cards)}
@@ -1029,6 +1034,9 @@ class _View:
         #: first use: equal across views and passes that see the same cards, so what was worded
         #: for them is found again.
         self._big: dict[bool, tuple] = {}
+        if last is not None and len(last.cards) == len(cards) and all(
+                a is b for a, b in zip(last.cards, cards, strict=True)):
+            self._big = last._big  # shared: a token either works out serves both
         self._tokens: dict[bool, Hashable] = {}
         #: After a start: the view before it and the positions of the cards the start changed
         #: (this view's token is that view's with those cards' parts replaced: O(changed)).
