@@ -21,12 +21,13 @@ Keys: the card hash (``allowed``, ``gone``, ``jobs``, ``reserved``) and its rese
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import redis
 
 from rig.keys import Keys, card_id, split_card_id
-from rig.ledger import Ledger
+from rig.ledger import Ledger, bump_cards
 from rig.models import CardState, Job, JobState
 from rig.store import JobStore
 
@@ -100,7 +101,7 @@ def mark_gone_cards(client: redis.Redis, keys: Keys, node: str, present: Iterabl
     jobs still hold them, removed)."""
     here = set(present)
     for index in here:
-        client.hdel(keys.card(node, index), "gone")
+        _write(client, keys.card(node, index), lambda pipe, key: pipe.hdel(key, "gone"))
     kept: list[int] = []
     removed: list[int] = []
     for cid in sorted(client.smembers(keys.cards)):
@@ -110,9 +111,18 @@ def mark_gone_cards(client: redis.Redis, keys: Keys, node: str, present: Iterabl
         if forget_if_idle(client, keys, node, index):
             removed.append(index)
         else:
-            client.hset(keys.card(node, index), mapping={"allowed": "0", "gone": "1"})
+            _write(client, keys.card(node, index),
+                   lambda pipe, key: pipe.hset(key, mapping={"allowed": "0", "gone": "1"}))
             kept.append(index)
     return kept, removed
+
+
+def _write(client: redis.Redis, key: str, write: Callable[[Any, str], object]) -> None:
+    """``write`` a card record and move its version (rig.ledger.CARD_VERSION), in one transaction."""
+    pipe = client.pipeline(transaction=True)
+    write(pipe, key)
+    bump_cards(pipe, [key])
+    pipe.execute()
 
 
 def forget_if_idle(client: redis.Redis, keys: Keys, node: str, index: int, attempts: int = 5) -> bool:

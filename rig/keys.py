@@ -21,7 +21,8 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P recent-runtimes-users       zset     users with recent runs; score = when the last one ended
   P errors                      zset     the error queue: ended jobs waiting for a person; score = time
   P cards                       set      card ids "<node>/<index>"
-  P card:<node>:<index>         hash     one card's capacity, reservations and readings
+  P card:<node>:<index>         hash     one card's capacity, reservations and readings; 'version'
+                                         moves with every write of it or its jobs (rig.ledger.CARD_VERSION)
   P card:<node>:<index>:jobs    hash     job id -> bytes reserved on that card
   P card:<node>:<index>:starts  list     starts placed on that card (its first card), "<job id> <token>",
                                          pushed by reserve.lua with the reservation; its card worker

@@ -73,6 +73,7 @@ for i = 0, ncards - 1 do
   redis.call('HINCRBY', card, 'reserved', bytes)
   redis.call('HINCRBY', card, 'jobs', 1)
   redis.call('HSET', KEYS[8 + 2 * i], job_id, bytes)
+  card_bump(card)
 end
 
 local token = redis.call('HINCRBY', job, 'assignments', 1)
