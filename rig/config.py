@@ -506,6 +506,11 @@ class Settings(BaseSettings):
         return self.home / "run"
 
     @property
+    def fake_usage_dir(self) -> Path:
+        """Where jobs on fake cards write the memory they "use" (rig.gpus.fake)."""
+        return self.home / "fake-gpus"
+
+    @property
     def pool_map(self) -> Pools:
         """The configured pools, parsed once (validated when the settings were loaded)."""
         from rig.pools import Pools

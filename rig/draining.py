@@ -21,12 +21,13 @@ Keys: the card hash (``allowed``, ``gone``, ``jobs``, ``reserved``) and its rese
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import redis
 
 from rig.keys import Keys, card_id, split_card_id
-from rig.ledger import Ledger
+from rig.ledger import Ledger, bump_cards
 from rig.models import CardState, Job, JobState
 from rig.store import JobStore
 
@@ -100,7 +101,7 @@ def mark_gone_cards(client: redis.Redis, keys: Keys, node: str, present: Iterabl
     jobs still hold them, removed)."""
     here = set(present)
     for index in here:
-        client.hdel(keys.card(node, index), "gone")
+        _write(client, keys.card(node, index), lambda pipe, key: pipe.hdel(key, "gone"))
     kept: list[int] = []
     removed: list[int] = []
     for cid in sorted(client.smembers(keys.cards)):
@@ -110,13 +111,22 @@ def mark_gone_cards(client: redis.Redis, keys: Keys, node: str, present: Iterabl
         if forget_if_idle(client, keys, node, index):
             removed.append(index)
         else:
-            client.hset(keys.card(node, index), mapping={"allowed": "0", "gone": "1"})
+            _write(client, keys.card(node, index),
+                   lambda pipe, key: pipe.hset(key, mapping={"allowed": "0", "gone": "1"}))
             kept.append(index)
     return kept, removed
 
 
+def _write(client: redis.Redis, key: str, write: Callable[[Any, str], object]) -> None:
+    """``write`` a card record and move its version (rig.ledger.CARD_VERSION), in one transaction."""
+    pipe = client.pipeline(transaction=True)
+    write(pipe, key)
+    bump_cards(pipe, [key])
+    pipe.execute()
+
+
 def forget_if_idle(client: redis.Redis, keys: Keys, node: str, index: int, attempts: int = 5) -> bool:
-    """Remove a gone card's record when nothing holds it (no reservation, no job counted, no
+    """Remove a gone card's record (and its start lists) when nothing holds it (no reservation, no job counted, no
     ASSIGNED/RUNNING job on it), in one WATCHed transaction: a reservation made meanwhile
     leaves it in place. Returns whether it was removed."""
     card, holds = keys.card(node, index), keys.card_jobs(node, index)
@@ -130,7 +140,8 @@ def forget_if_idle(client: redis.Redis, keys: Keys, node: str, index: int, attem
                 if index in cards_with_jobs(client, keys, node):
                     return False
                 pipe.multi()
-                pipe.delete(card, holds)
+                # Its start lists hold only stale starts now (no job is placed on it): they go too.
+                pipe.delete(card, holds, keys.card_starts(node, index), keys.card_taking(node, index))
                 pipe.srem(keys.cards, card_id(node, index))
                 pipe.execute()
                 return True

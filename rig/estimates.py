@@ -132,8 +132,17 @@ class Estimate:
         return self.known and self.source in BACKFILL_SOURCES
 
     def remaining(self, age: float) -> float:
-        """Seconds still to run for a job of this kind that has run ``age`` s (see the module)."""
-        return remaining(self.samples, age, fallback=self.expected)
+        """Seconds still to run for a job of this kind that has run ``age`` s (see the module):
+        remaining(), with the samples longer than ``age`` a bisect away, as they are sorted (the
+        dispatcher asks this of every running job every pass: 2,048 sorts were ~1/3 of reading them)."""
+        samples = self.samples
+        if not samples:
+            return remaining(samples, age, fallback=self.expected)
+        age = max(0.0, age)
+        start = bisect.bisect_right(samples, age)
+        if start < len(samples):
+            return quantile(samples[start:], 0.5) - age
+        return max(age, 1.0)
 
 
 UNKNOWN = Estimate(math.inf, math.inf, "unknown")

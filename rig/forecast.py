@@ -424,7 +424,7 @@ def forecast(client: Client) -> Forecast:
     from workers.dispatcher import Dispatcher, Waiting
 
     r, keys = client.r, client.keys
-    dispatcher = Dispatcher(client.settings, send_start=_never_start, client=r)
+    dispatcher = Dispatcher(client.settings, on_start=_never_start, client=r)
     # The head of each priority's queue, as the dispatcher reads it: a low-priority job aged
     # past the others is among the simulated ones even behind FORECAST_JOBS younger ones.
     # The last id handed out is read first: a job submitted after it is newer than this forecast.

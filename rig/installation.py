@@ -66,6 +66,16 @@ class Verdict:
         return f"node {node} joined installation {self.expected}, but this Redis {what}"
 
 
+def verdict(expected: str | None, found: str | None) -> Verdict:
+    """The verdict of a node that joined ``expected`` (None: none) on a Redis holding ``found``.
+    claim.lua mirrors its ``mismatch`` (tests/store/test_start_list.py checks both)."""
+    if expected is None:
+        return Verdict(NEW if found is None else JOIN, None, found)
+    if found is None:
+        return Verdict(EMPTY, expected, None)
+    return Verdict(SAME if found == expected else FOREIGN, expected, found)
+
+
 class Installation:
     """The identity check of one node against one Redis and key prefix."""
 
@@ -86,12 +96,7 @@ class Installation:
         return text or None
 
     def check(self) -> Verdict:
-        expected, found = self.on_node(), self.in_redis()
-        if expected is None:
-            return Verdict(NEW if found is None else JOIN, None, found)
-        if found is None:
-            return Verdict(EMPTY, expected, None)
-        return Verdict(SAME if found == expected else FOREIGN, expected, found)
+        return verdict(self.on_node(), self.in_redis())
 
     def join(self) -> str:
         """Make this node part of the installation in Redis, creating one if Redis has none;

@@ -23,8 +23,14 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P recent-runtimes-users       zset     users with recent runs; score = when the last one ended
   P errors                      zset     the error queue: ended jobs waiting for a person; score = time
   P cards                       set      card ids "<node>/<index>"
-  P card:<node>:<index>         hash     one card's capacity, reservations and readings
+  P card:<node>:<index>         hash     one card's capacity, reservations and readings; 'version'
+                                         moves with every write of it or its jobs (rig.ledger.CARD_VERSION)
   P card:<node>:<index>:jobs    hash     job id -> bytes reserved on that card
+  P card:<node>:<index>:starts  list     starts placed on that card (its first card), "<job id> <token>",
+                                         pushed by reserve.lua with the reservation; its card worker
+                                         takes them (BLMOVE) into ...:taking
+  P card:<node>:<index>:taking  list     starts that card's worker has taken and not yet claimed or
+                                         refused (a reliable queue: a worker that starts moves them back)
   P history:<user>:<name>       list     measured peak bytes of earlier successful runs, newest first
   P nodes                       set      node names
   P node:<node>                 hash     a node's registration (cards, started_at) and liveness
@@ -164,6 +170,14 @@ class Keys:
 
     def card_jobs(self, node: str, index: int | str) -> str:
         return f"{self.prefix}card:{node}:{index}:jobs"
+
+    def card_starts(self, node: str, index: int | str) -> str:
+        """List: "<job id> <token>" of each start placed on this card (reserve.lua pushes it)."""
+        return f"{self.prefix}card:{node}:{index}:starts"
+
+    def card_taking(self, node: str, index: int | str) -> str:
+        """List: the starts this card's worker took off ``card_starts`` and has not claimed yet."""
+        return f"{self.prefix}card:{node}:{index}:taking"
 
     @property
     def nodes(self) -> str:

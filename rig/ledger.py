@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,7 @@ from rig.errors import JobNotFound
 from rig.gpus.base import GpuReading
 from rig.hashes import read_all
 from rig.keys import Keys, card_id, split_card_id
-from rig.lua import Scripts
+from rig.lua import Scripts, source
 from rig.models import CardState, Job, JobState, pending_score
 from rig.store import JobStore
 
@@ -33,6 +34,26 @@ START_WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300
                       4 * 3600.0, 24 * 3600.0)
 #: The start-wait histogram's bounds as claim.lua names its fields ('le:<bound>').
 START_WAIT_FIELDS = tuple(repr(float(b)) for b in START_WAIT_BUCKETS)
+#: A card record's version field: moved (lib_card.lua's card_bump) by every write of the card or
+#: of its reservations hash, in the same script or transaction as the write: the reservation,
+#: release, reclaim and observe scripts, and bump_cards for registration, readings, health and
+#: draining. The dispatcher keeps cards between passes and re-reads those whose version moved
+#: (rig/lua/read_cards.lua). A registration starts a new card's version at a random value, so a
+#: card registered again after Redis lost its data does not come back at the version a
+#: dispatcher holds.
+CARD_VERSION = "version"
+#: Registration's random first version is below this (versions stay plain integers in Lua's
+#: number format, which prints 14 significant digits).
+_VERSION_START = 10**11
+
+
+def bump_cards(pipe: Any, keys: list[str]) -> None:
+    """Queue on ``pipe`` (a transaction, after the writes of these card records) the move of
+    their versions (CARD_VERSION)."""
+    if keys:
+        # EVAL, not a registered script: a pipeline holding one first asks Redis whether it
+        # knows it (SCRIPT EXISTS), a round trip more for every reading a card worker writes.
+        pipe.eval(source("bump_card"), len(keys), *keys)
 
 
 def _field(value: Any) -> str:
@@ -91,6 +112,8 @@ class Ledger:
         pipe.hsetnx(key, "reserved", 0)
         pipe.hsetnx(key, "jobs", 0)
         pipe.hsetnx(key, "healthy", 1)
+        pipe.hsetnx(key, CARD_VERSION, secrets.randbelow(_VERSION_START))
+        bump_cards(pipe, [key])
         pipe.sadd(self.keys.cards, card_id(node, reading.index))
         pipe.sadd(self.keys.nodes, node)
         pipe.execute()
@@ -103,13 +126,18 @@ class Ledger:
         for name in ("used", "utilization", "temperature"):
             value = getattr(reading, name)
             mapping[name] = "" if value is None else int(value)
-        self.r.hset(self.keys.card(node, reading.index), mapping=mapping)
+        self._write_card(node, reading.index, mapping)
+
+    def _write_card(self, node: str, index: int, mapping: dict[str, Any]) -> None:
+        """Set fields of a card record and move its version, in one transaction."""
+        key = self.keys.card(node, index)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(key, mapping=mapping)
+        bump_cards(pipe, [key])
+        pipe.execute()
 
     def set_healthy(self, node: str, index: int, healthy: bool, reason: str = "") -> None:
-        self.r.hset(
-            self.keys.card(node, index),
-            mapping={"healthy": "1" if healthy else "0", "health_reason": reason},
-        )
+        self._write_card(node, index, {"healthy": "1" if healthy else "0", "health_reason": reason})
 
     def card(self, node: str, index: int) -> CardState:
         return CardState.from_redis(self.r.hgetall(self.keys.card(node, index)))
@@ -140,6 +168,9 @@ class Ledger:
         """PENDING -> ASSIGNED on ``cards`` of ``node``, reserving ``nbytes`` on each.
         ``user`` is the job's user (read from the record when not given).
 
+        The start ("<id> <token>") is pushed onto the first card's start list in the same
+        script (Keys.card_starts): that card's worker takes it from there (workers.start_list).
+
         Returns (True, token) or (False, reason); on False nothing changed.
         """
         if user is None:
@@ -157,6 +188,7 @@ class Ledger:
         ]
         for index in cards:
             keys += [self.keys.card(node, index), self.keys.card_jobs(node, index)]
+        keys.append(self.keys.card_starts(node, cards[0]))
         # The script publishes the ASSIGNED event itself: no round trip of its own.
         ok, detail = self.scripts.reserve(
             keys=keys, args=[job_id, nbytes, shared_now(self.r), node, json.dumps(cards), user,
@@ -169,18 +201,45 @@ class Ledger:
     def claim(self, job_id: int, token: str | int, worker: str) -> tuple[bool, str]:
         """ASSIGNED -> RUNNING for the holder of ``token``. Returns (True, attempt) or
         (False, current state): a duplicate delivery must then do nothing."""
-        ok, detail = self.scripts.claim(
-            keys=[
-                self.keys.job(job_id),
-                self.keys.state_index(JobState.ASSIGNED.value),
-                self.keys.state_index(JobState.RUNNING.value),
-                self.keys.metrics_counters,
-                self.keys.metrics_start_wait,
-            ],
-            args=[job_id, token, shared_now(self.r), worker, self.keys.events_channel,
-                  " ".join(START_WAIT_FIELDS)],
-        )  # the script publishes the RUNNING event and counts the start (rig.metrics)
+        keys, args = self._claim_call(job_id, token, worker, None)
+        ok, detail = self.scripts.claim(keys=keys, args=args)
         return bool(ok), str(detail)
+
+    def queue_claim(self, pipe: Any, job_id: int, token: str | int, worker: str,
+                    installation: str | None) -> None:
+        """Queue the claim on ``pipe`` (as EVALSHA: a pipeline would check the script exists
+        in a round trip of its own; on NoScriptError, ``load_scripts`` and queue it again).
+        ``installation``: the id this node joined (rig.installation); Redis holding another
+        or none refuses the claim with (False, 'installation-mismatch'). Its answer:
+        :meth:`claim_answer`."""
+        keys, args = self._claim_call(job_id, token, worker, installation)
+        pipe.evalsha(self.scripts.claim.sha, len(keys), *keys, *args)
+
+    @staticmethod
+    def claim_answer(answer: list[Any]) -> tuple[bool, str]:
+        ok, detail = answer
+        return bool(ok), str(detail)
+
+    def load_scripts(self) -> None:
+        """Load the ledger's scripts into Redis (after a NoScriptError: Redis restarted)."""
+        for script in vars(self.scripts).values():
+            script.sha = self.r.script_load(script.script)
+
+    def _claim_call(self, job_id: int, token: str | int, worker: str,
+                    installation: str | None) -> tuple[list[str], list[Any]]:
+        keys = [
+            self.keys.job(job_id),
+            self.keys.state_index(JobState.ASSIGNED.value),
+            self.keys.state_index(JobState.RUNNING.value),
+            self.keys.metrics_counters,
+            self.keys.metrics_start_wait,
+        ]
+        # The script publishes the RUNNING event and counts the start (rig.metrics).
+        args = [job_id, token, shared_now(self.r), worker, self.keys.events_channel, " ".join(START_WAIT_FIELDS)]
+        if installation:
+            keys.append(self.keys.installation)
+            args.append(installation)
+        return keys, args
 
     def transition(
         self,
@@ -273,7 +332,7 @@ class Ledger:
 
     def set_foreign(self, node: str, index: int, nbytes: int) -> None:
         """Memory on the card used by processes rig did not start: counted as taken."""
-        self.r.hset(self.keys.card(node, index), "foreign", int(nbytes))
+        self._write_card(node, index, {"foreign": int(nbytes)})
 
     def job_cards(self, job: Job) -> list[CardState]:
         return [self.card(job.node, i) for i in job.cards] if job.node else []

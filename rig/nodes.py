@@ -170,7 +170,7 @@ class NodeRegistry:
     # -- forgetting a node that is gone for good -------------------------------------------
     def forget(self, node: str, *, attempts: int = 5) -> list[str]:
         """Remove ``node``: its record, its heartbeats (the node's and its workers'), its card
-        records and their ids in the cards set. Returns the card ids removed.
+        records, their start lists and their ids in the cards set. Returns the card ids removed.
 
         Refused with NodeInUse while the node is up (its heartbeat or a worker's) or while any
         of its cards holds a reservation or a job is ASSIGNED or RUNNING there; InvalidInput
@@ -188,6 +188,9 @@ class NodeRegistry:
                                                                  k.card_jobs(node, split_card_id(c)[1]))]
                     if card_keys:
                         pipe.watch(*card_keys)
+                    # Starts left on its cards' lists are stale (no job is placed there): they go too.
+                    start_keys = [key for c in cards for key in (k.card_starts(node, split_card_id(c)[1]),
+                                                                  k.card_taking(node, split_card_id(c)[1]))]
                     workers = sorted(w for w in pipe.smembers(k.workers) if w.rpartition("@")[2] == node)
                     if not (cards or pipe.sismember(k.nodes, node) or pipe.exists(k.node(node))):
                         raise InvalidInput(f"no node named {node!r}; `rig status` lists the nodes")
@@ -195,7 +198,7 @@ class NodeRegistry:
                     pipe.multi()
                     pipe.srem(k.nodes, node)
                     pipe.delete(k.node(node), k.node_alive(node), k.node_health_lock(node), *card_keys,
-                                *(k.worker(w) for w in workers))
+                                *start_keys, *(k.worker(w) for w in workers))
                     if cards:
                         pipe.srem(k.cards, *cards)
                     if workers:

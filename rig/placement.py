@@ -20,6 +20,8 @@ be placed somewhere (O(1) per job after O(cards log cards) once per round and po
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Callable, Container, Mapping, Sequence
@@ -184,8 +186,13 @@ def plan_hold(cards: Sequence[CardState], releases: Mapping[str, Sequence[Releas
 class HoldPlanner:
     """:func:`plan_hold` for many requests over the same cards, releases and ``now`` (one
     dispatcher round, until a start changes the cards): each card's expected time for a request
-    size is worked out once and each node's options sorted once; a plan then walks each node's
-    sorted options, skipping excluded cards. The same answers as plan_hold, by construction."""
+    size is worked out once and each node's options sorted once; each node's plan for a request
+    (its first ``gpus`` options outside ``exclude``) is kept in a heap by plan_hold's key, so a
+    plan is the heap's top: O(log nodes), not a walk over every node. A node's plan is made
+    again when ``exclude`` gains one of its cards: a dict that only grows between calls (the
+    dispatcher's held cards in a round: its new keys are its last), read from where the last
+    call left it; any other container starts the heaps afresh. The same answers as plan_hold,
+    by construction (tests/unit/test_placement_scale.py)."""
 
     def __init__(self, cards: Sequence[CardState], releases: Mapping[str, Sequence[Release]], now: float) -> None:
         self.cards = cards
@@ -193,6 +200,14 @@ class HoldPlanner:
         self.now = now
         #: request bytes -> [(node, its options sorted: (when, missing bytes, jobs, index, card id))]
         self._options: dict[int, list[tuple[str, list[tuple[float, int, int, int, str]]]]] = {}
+        self._node_of = {card.id: card.node for card in cards}
+        self._by_node: dict[int, dict[str, list[tuple[float, int, int, int, str]]]] = {}  # options by node
+        #: (bytes, gpus) -> heap of (plan_hold's key (until, missing bytes, node), cards, version);
+        #: an entry whose version is not its node's current one (_versions) is out of date.
+        self._heaps: dict[tuple[int, int], list[tuple[tuple[float, int, str], tuple[str, ...], int]]] = {}
+        self._versions: dict[tuple[int, int, str], int] = {}
+        self._exclude: object = None  # the exclude the heaps were made with, and how many of
+        self._excluded = 0  # its keys they have seen
 
     def options(self, nbytes: int) -> list[tuple[str, list[tuple[float, int, int, int, str]]]]:
         found = self._options.get(nbytes)
@@ -206,21 +221,52 @@ class HoldPlanner:
         return found
 
     def plan(self, request: Request, job_id: int = 0, exclude: Container[str] = frozenset()) -> Hold | None:
-        best: tuple | None = None
-        for node, options in self.options(request.nbytes):
-            chosen = []
-            for option in options:
-                if option[4] not in exclude:
-                    chosen.append(option)
-                    if len(chosen) == request.gpus:
-                        break
-            if len(chosen) < request.gpus:
-                continue
-            until = max(o[0] for o in chosen)
-            key = (until, sum(o[1] for o in chosen), node)
-            if best is None or key < best[0]:
-                best = (key, Hold(job_id, tuple(o[4] for o in chosen), request.nbytes, until))
-        return best[1] if best else None
+        self._follow(exclude)
+        size = (request.nbytes, request.gpus)
+        heap = self._heaps.get(size)
+        if heap is None:
+            heap = self._heaps[size] = []
+            for node, options in self.options(request.nbytes):
+                self._push(heap, size, node, options, exclude)
+        while heap:
+            key, chosen, version = heap[0]
+            if version == self._versions[(*size, key[2])]:
+                return Hold(job_id, chosen, request.nbytes, key[0])
+            heapq.heappop(heap)  # made before its node lost a card to exclude: a newer one follows
+        return None
+
+    def _follow(self, exclude: Container[str]) -> None:
+        """Make again the kept plans of the nodes whose cards ``exclude`` gained since the last call."""
+        if exclude is not self._exclude or not isinstance(exclude, dict) or len(exclude) < self._excluded:
+            self._heaps.clear()
+            self._versions.clear()
+            self._exclude, self._excluded = exclude, len(exclude) if isinstance(exclude, dict) else 0
+            return
+        if len(exclude) == self._excluded:
+            return
+        nodes = {self._node_of.get(cid) for cid in itertools.islice(exclude, self._excluded, None)}
+        self._excluded = len(exclude)
+        for size, heap in self._heaps.items():
+            by_node = self._by_node.get(size[0])
+            if by_node is None:
+                by_node = self._by_node[size[0]] = dict(self.options(size[0]))
+            for node in nodes & by_node.keys():
+                self._push(heap, size, node, by_node[node], exclude)
+
+    def _push(self, heap: list, size: tuple[int, int], node: str, options: list[tuple[float, int, int, int, str]],
+              exclude: Container[str]) -> None:
+        """Push ``node``'s plan for ``size`` (its first options outside ``exclude``), the node's
+        earlier one out of date; none when it has too few."""
+        version = self._versions[(*size, node)] = self._versions.get((*size, node), -1) + 1
+        chosen = []
+        for option in options:
+            if option[4] not in exclude:
+                chosen.append(option)
+                if len(chosen) == size[1]:
+                    break
+        if len(chosen) == size[1]:
+            key = (max(o[0] for o in chosen), sum(o[1] for o in chosen), node)
+            heapq.heappush(heap, (key, tuple(o[4] for o in chosen), version))
 
 
 def room_for_one(card: CardState) -> int | None:

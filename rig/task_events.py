@@ -1,7 +1,7 @@
 """A rig job as one Celery task in Flower: its task id, its name and the task event of each move.
 
-Flower knows Celery tasks, and rig's Celery tasks are transport (``rig.start_job`` lasts until
-its job is claimed, ``rig.tick`` every second): none of them is a job. So those send no task
+Flower knows Celery tasks, and rig's Celery tasks are transport (``rig.start_job`` only drains
+a start an older rig queued, ``rig.tick`` every second): none of them is a job. So those send no task
 events (``send_events=False``, workers/app.py) and each job is shown instead as one task of its
 own, through Celery's own task events, one per move of the job (workers/flower_bridge.py sends
 them; this module decides what they say):

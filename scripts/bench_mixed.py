@@ -408,7 +408,7 @@ def run_decision(strategies: list[str], sizes: list[int], seed: int, passes: int
                     settings = load_settings(home=home, redis_url=url, key_prefix=prefix,
                                              node_name=node, scheduler_type=strategy,
                                              max_task_per_gpu=MAX_JOBS)
-                    dispatcher = Dispatcher(settings, send_start=lambda *a: None, client=r)
+                    dispatcher = Dispatcher(settings, on_start=lambda *a: None, client=r)
                     started = dispatcher.dispatch_pass()  # warm-up (writes the wait reason)
                     times = []
                     for _ in range(passes):

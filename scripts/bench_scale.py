@@ -26,7 +26,7 @@ the script registers the cards in the ledger, fills every card nearly full with 
 
 Then, per number of dispatchers D (one leader, D - 1 standing by, each a thread running the
 real Dispatcher.run_forever with its own connection, on a small empty cluster): submit ->
-placement (the dispatcher's send_start) latency, p50 / p95 ms.
+placement (the dispatcher's on_start, right after the reservation that pushes the start) latency, p50 / p95 ms.
 
 Every key is under a private prefix, deleted at the end (SCAN + DEL; never FLUSHALL). With the
 shared Redis, commandstats and used_memory include other clients' traffic: ``--private-redis``
@@ -294,7 +294,7 @@ def adopt_cost(cluster: Cluster, meter: RedisMeter) -> dict[str, float]:
     the median of 3 cards' Redis cost."""
     costs = []
     for node, index in cluster.cards[:: max(1, len(cluster.cards) // 3)][:3]:
-        runner = CardRunner(cluster.settings, node, index, f"card{index}@{node}", resend=lambda *a: None)
+        runner = CardRunner(cluster.settings, node, index, f"card{index}@{node}")
         runner.r = runner.store.r = runner.ledger.r = cluster.r  # one connection: no connect in the figures
         for job_id in cluster.ledger.holdings(node, index):
             runner._active[job_id] = None  # type: ignore[assignment] # supervised: adopt leaves it
@@ -305,7 +305,7 @@ def adopt_cost(cluster: Cluster, meter: RedisMeter) -> dict[str, float]:
 
 
 def wake_latency(url: str, dispatchers: int, samples: int, home: Path) -> tuple[float, float]:
-    """Submit -> send_start with ``dispatchers`` dispatchers on one small empty cluster (ms)."""
+    """Submit -> reservation (on_start) with ``dispatchers`` dispatchers on one small empty cluster (ms)."""
     prefix = f"rigscale:{uuid.uuid4().hex[:8]}:"
     settings = load_settings(home=home, redis_url=url, key_prefix=prefix, node_name="bench-control",
                              max_task_per_gpu=MAX_JOBS)
@@ -315,12 +315,12 @@ def wake_latency(url: str, dispatchers: int, samples: int, home: Path) -> tuple[
     placed: dict[int, float] = {}
     arrived = threading.Condition()
 
-    def send_start(job_id: int, _token: str, _node: str, _card: int) -> None:
+    def on_start(job_id: int, _token: str, _node: str, _card: int) -> None:
         with arrived:
             placed[job_id] = time.perf_counter()
             arrived.notify_all()
 
-    runners = [Dispatcher(settings, send_start) for _ in range(dispatchers)]
+    runners = [Dispatcher(settings, on_start) for _ in range(dispatchers)]
     try:
         NodeRegistry(r, keys).register("w0", ttl=3600)
         for index in range(CARDS_PER_NODE):

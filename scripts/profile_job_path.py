@@ -44,15 +44,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis  # noqa: E402
 
-#: (stage, what it is, the stage its step is measured from)
+#: (stage, what it is, the stage its step is measured from: the first of them a job has)
 STAGES = [
     ("submit", "submit() called", None),
     ("wake", "dispatcher woke (BLPOP returned)", "submit"),
     ("submitted", "submit() returned (record stored, dispatcher woken, Flower message sent)", "submit"),
     ("reserved", "reservation done (Lua)", "wake"),
-    ("sent", "start message sent (Celery)", "reserved"),
-    ("received", "card worker task began", "sent"),
-    ("claimed", "claim done (Lua)", "received"),
+    ("sent", "start message sent (Celery; before the start list)", "reserved"),
+    ("received", "card worker task began (Celery; before the start list)", "sent"),
+    ("taken", "card worker took the start off its list (BLMOVE; pushed by the reservation)", "reserved"),
+    ("claimed", "claim done (Lua)", ("received", "taken")),
     ("read", "record read", "claimed"),
     ("checked", "start checks done", "read"),
     ("keeper", "log keeper forked", "checked"),
@@ -214,7 +215,8 @@ def main() -> int:  # noqa: C901, PLR0915
                 m = marks[jid]
                 if stage not in m:
                     continue
-                prev = m.get(after_stage) if after_stage else None
+                befores = (after_stage,) if isinstance(after_stage, str) else after_stage or ()
+                prev = next((m[b] for b in befores if b in m), None)
                 if prev is not None:
                     steps.append((m[stage] - prev) * 1000)
                 totals.append((m[stage] - m["submit"]) * 1000)

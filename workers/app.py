@@ -5,7 +5,11 @@
   beat:           celery -A workers.app beat   (celery-redbeat: one ticking beat at a time)
   flower:         celery -A workers.app flower
 
-The tasks only call into rig: the dispatcher and the card runner hold the logic.
+The tasks only call into rig: the dispatcher and the card runner hold the logic. A start
+reaches its card worker without a Celery message: the dispatcher's reservation pushes it onto
+the card's start list in Redis, which the card worker takes from (workers.start_list). Card
+workers stay Celery workers (heartbeats, remote control, Flower's worker view) and consume
+their card queue only to drain a ``rig.start_job`` an older rig queued.
 
 Several nodes may share one Redis, each with its own control worker and beat. Cluster-wide
 duties run once: beat's lock lets one beat send the periodic tasks, each of which one control
@@ -30,7 +34,6 @@ import time
 import redis
 from celery.signals import worker_ready, worker_shutting_down
 
-from rig import jobtrace
 from rig.authgate import quiet_on_auth
 from rig.celery_config import (
     LOG_SWEEP_INTERVAL_S,
@@ -40,7 +43,6 @@ from rig.celery_config import (
     TASK_START_JOB,
     TASK_SUBMITTED,
     TASK_TICK,
-    card_queue,
     make_celery,
 )
 from rig.clock import shared_now
@@ -48,7 +50,6 @@ from rig.config import load_settings
 from rig.gpus import detect_backend
 from rig.keys import Keys
 from rig.lograte import Throttle
-from rig.memory import format_memory
 from rig.nodes import NodeRegistry
 from rig.redis_conn import connect
 from rig.redis_writes import FullWatch, is_outage
@@ -136,20 +137,6 @@ _bridge: FlowerBridge | None = None
 _control_stop = threading.Event()
 
 
-def send_start(job_id: int, token: str, node: str, card: int) -> None:
-    # argsrepr: what `celery inspect active` shows a person instead of "(12, '1')" (Flower
-    # shows the job itself, not this task: workers.flower_bridge).
-    try:
-        name, user, memory, cards = _redis.hmget(keys.job(job_id), "name", "user", "gpu_memory", "cards")
-        label = (f"job {job_id} '{name}' by {user}: {format_memory(int(memory or 0))} "
-                 f"on {node}/{','.join(map(str, json.loads(cards or '[]')))}")
-    except Exception:  # noqa: BLE001 - a label must never stop a start
-        label = f"job {job_id}"
-    app.send_task(TASK_START_JOB, args=[job_id, str(token)], queue=card_queue(node, card),
-                  argsrepr=label)
-    jobtrace.mark(job_id, "sent")
-
-
 @app.task(name=TASK_SUBMITTED, ignore_result=True, send_events=False)
 def submitted(job_id: int) -> None:
     """A job arrived on a priority queue: nothing to do (rig.notify; Flower shows the job
@@ -159,31 +146,42 @@ def submitted(job_id: int) -> None:
 
 @app.task(name=TASK_START_JOB, ignore_result=True, send_events=False)
 def start_job(job_id: int, token: str) -> str:
-    """Run one placed job on this card worker until it ends (see CardRunner.run_job)."""
-    jobtrace.mark(int(job_id), "received")
+    """A start message an older rig queued on this card's Celery queue: onto the card's start
+    list, where this worker (or the node name's owner's) takes it (workers.start_list). No
+    start is sent through Celery any more; a copy too many is refused by the claim."""
     if _runner is None:
         raise RuntimeError("start_job reached a worker that serves no card (RIG_ROLE != card)")
-    if not _name_is_ours():
-        # Another rig up owns this node name now (rig.node_claim): its card worker of this card
-        # reads the same queue; hand the start back to it (ours stops with our rig up).
-        time.sleep(1.0)
-        send_start(int(job_id), str(token), settings.node_name, int(os.environ["RIG_CARD_INDEX"]))
-        return "handed back: the node name is another rig up's now"
-    return _runner.run_job(int(job_id), str(token))
+    _runner.starts.push(int(job_id), str(token))
+    return "moved to the card's start list"
+
+
+#: How long the answer of _name_is_ours is kept (s): asked before each take of a start.
+NAME_CHECK_S = 1.0
+_name_checked: tuple[float, bool] = (-NAME_CHECK_S, True)
 
 
 def _name_is_ours() -> bool:
     """Read only: does no other process than the rig up that started this worker own the node
-    name? (True for a worker not started by rig up, and while nobody holds it.)"""
+    name? (True for a worker not started by rig up, and while nobody holds it.) Read from Redis
+    at most every NAME_CHECK_S s: a takeover waits health.timeout s for the claim to lapse."""
+    global _name_checked
     from rig.node_claim import OWNER_ENV, held_by_other
 
     ident = os.environ.get(OWNER_ENV)
     if not ident:
         return True
+    at, ours = _name_checked
+    if time.monotonic() - at < NAME_CHECK_S:
+        return ours
     try:
-        return held_by_other(_redis, keys, settings.node_name, ident) is None
+        ours = held_by_other(_redis, keys, settings.node_name, ident) is None
     except redis.RedisError:
-        return True  # proves nothing: run_job meets the same Redis and handles it as before
+        ours = True  # proves nothing: run_job meets the same Redis and handles it as before
+    if not ours and _name_checked[1]:
+        log.warning("node name %s is another rig up's now: this card worker leaves the card's starts "
+                    "to that one's", settings.node_name)
+    _name_checked = (time.monotonic(), ours)
+    return ours
 
 
 @app.task(name=TASK_TICK, ignore_result=True, send_events=False)
@@ -319,17 +317,14 @@ def _on_worker_ready(sender=None, **_: object) -> None:
     name = getattr(sender, "hostname", None) or f"{role}@{settings.node_name}"
     if role == "card":
         index = int(os.environ["RIG_CARD_INDEX"])
-        backend, _notice = detect_backend(settings.fake_gpus, settings.home / "fake-gpus",
+        backend, _notice = detect_backend(settings.fake_gpus, settings.fake_usage_dir,
                                           node=settings.node_name)
 
-        def resend(job_id: int, token: str) -> None:
-            send_start(job_id, token, settings.node_name, index)
-
-        _runner = CardRunner(settings, settings.node_name, index, name, backend=backend, resend=resend)
+        _runner = CardRunner(settings, settings.node_name, index, name, backend=backend, may_take=_name_is_ours)
         _runner.start_services()
         log.info("card worker %s serving %s/%s", name, settings.node_name, index)
     elif role == "control":
-        _dispatcher = Dispatcher(settings, send_start)
+        _dispatcher = Dispatcher(settings)
         _dispatcher.start()
         _forecaster = Forecaster(_dispatcher)  # its estimated starts, while it leads
         _forecaster.start()

@@ -1,11 +1,13 @@
 """The per-card runner: starts a job's process tree on this card, watches it, ends it, and
 gives its reservation back whatever way it ends.
 
-One Celery worker process serves one card. Each start message runs ``run_job`` on a worker
-thread, which blocks until the job ends. Flower does not show that Celery task (it sends no
-task events): it shows the job itself, from the job's moves (workers/flower_bridge.py). When the worker shuts down, the jobs keep running (they live in their own
-sessions); the next worker of this card adopts them on start (``adopt``) and learns their exit
-status from the file the wrapper writes.
+One Celery worker process serves one card. The dispatcher's reservation pushes each start onto
+the card's start list in Redis (workers.start_list); this runner's consumer takes it and runs
+``run_job`` on a thread of its own, which blocks until the job ends: no Celery message per
+start. Flower shows the job itself, from the job's moves (workers/flower_bridge.py). When the
+worker shuts down, the jobs keep running (they live in their own sessions); the next worker of
+this card adopts them on start (``adopt``) and learns their exit status from the file the
+wrapper writes.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import redis
+from redis.client import Pipeline
 
 from rig import job_env as jobenv
 from rig import jobtrace, logkeeper, logspace
@@ -36,7 +39,7 @@ from rig.errors import JobNotFound
 from rig.failures import FailureClass
 from rig.gpus import GpuBackend, GpuReadError, GpuReading
 from rig.gpus.fake import drop_job_usage_dir, job_usage_dir
-from rig.installation import Installation
+from rig.installation import Installation, verdict
 from rig.installation import matches as installation_matches
 from rig.keys import Keys
 from rig.ledger import Ledger
@@ -69,6 +72,7 @@ from workers.process_tree import (
 )
 from workers.run_as import RunAs, RunAsRefused
 from workers.run_as import decide as decide_run_as
+from workers.start_list import StartConsumer, StartList, entry
 from workers.unrecorded import mark_lost_ending
 
 log = logging.getLogger(__name__)
@@ -123,6 +127,9 @@ class ActiveJob:
 
 #: Under Sentinel: how many times a claim or an ending that fail-overs lost is written again.
 LOST_WRITE_TRIES = 5
+#: A claim's answer, (won, attempt or the job's state), and with a won claim what was read in
+#: its round trip: (the record's hash, its spec, the card's [allowed, gone]).
+Claimed = tuple[tuple[bool, str], tuple[dict, str | None, list] | None]
 
 
 class CardRunner:
@@ -135,14 +142,15 @@ class CardRunner:
         index: int,
         worker_name: str,
         backend: GpuBackend | None = None,
-        resend: Callable[[int, str], None] | None = None,
+        may_take: Callable[[], bool] | None = None,
     ) -> None:
+        """``may_take``: False while this worker must leave the card's starts to another (the
+        node name is another rig up's now); asked before each take."""
         self.settings = settings
         self.node = node
         self.index = index
         self.worker_name = worker_name
         self.backend = backend
-        self.resend = resend
         self.keys = Keys(settings.key_prefix)
         self.r = connect(settings.redis_url)
         self.store = JobStore(self.r, self.keys)
@@ -151,6 +159,10 @@ class CardRunner:
         #: Under Sentinel: a claim and an ending count once a replica has them (rig.replication).
         self.replicas = replica_wait(self.r, self.keys, settings.redis_url, settings.replica_wait_seconds)
         self.shutdown = threading.Event()
+        #: This card's starts (workers.start_list), taken by ``consumer`` once services start.
+        self.starts = StartList(self.r, self.keys, node, index, self.ledger.scripts)
+        self.consumer = StartConsumer(self.starts, self.run_job, slots=settings.max_task_per_gpu,
+                                      shutdown=self.shutdown, may_take=may_take)
         self._active: dict[int, ActiveJob] = {}
         #: Jobs this process is claiming or starting: adoption must leave them alone.
         self._starting: set[int] = set()
@@ -163,7 +175,8 @@ class CardRunner:
 
     # -- lifecycle ------------------------------------------------------------------------
     def start_services(self) -> None:
-        """Heartbeat + card readings, the kill listener, and adoption of orphaned jobs."""
+        """Heartbeat + card readings, the kill listener, adoption of orphaned jobs, then the
+        taking of starts from the card's start list."""
         for target, name in ((self._tick_loop, "tick"), (self._kill_listener, "kill-listener")):
             thread = threading.Thread(target=target, name=f"rig-{name}", daemon=True)
             thread.start()
@@ -173,6 +186,7 @@ class CardRunner:
         except OSError as exc:
             log.warning("log keeper server did not start (%s); each job gets a keeper of its own", exc)
         self._retry_redis(self.adopt, "adopt running jobs")
+        self.consumer.start()
 
     def stop(self) -> None:
         """Leave running jobs running; their supervisors return at once. The keeper server
@@ -185,45 +199,49 @@ class CardRunner:
             return sorted(self._active)
 
     # -- one job --------------------------------------------------------------------------
-    def run_job(self, job_id: int, token: str) -> str:
-        """Claim, start, supervise and end one job. Returns what happened, for the task log."""
+    def run_job(self, job_id: int, token: str,
+                release: Callable[[Pipeline | None], None] | None = None) -> str:
+        """Claim, start, supervise and end one job. Returns what happened, for the log.
+
+        ``release`` removes the start from the card's taking list (workers.start_list) once its
+        claim is answered (won or refused): given a pipeline, it queues its command there (the
+        round trip that reads the record after the claim). Not called when no claim was
+        answered (shutting down, Redis away): the start stays taken and goes back to the list.
+        """
         with self._lock:
             self._starting.add(job_id)
         try:
-            return self._run_job(job_id, token)
+            return self._run_job(job_id, token, release or (lambda _pipe=None: None))
         finally:
             with self._lock:
                 self._starting.discard(job_id)
 
-    def _run_job(self, job_id: int, token: str) -> str:
-        if not self.installation_ok():
-            # Another installation answers at rig's Redis (rig.installation): never claim or
-            # run its jobs on cards this node's own jobs may still use. Its health check
-            # re-sends the start once this node has joined it (`rig recover`).
-            log.error("job %s: start ignored: this node's Redis is not its installation", job_id)
-            return "ignored:installation-mismatch"
+    def _run_job(self, job_id: int, token: str, release: Callable[[Pipeline | None], None]) -> str:
         try:
             # A claim Redis refused (full, read-only) changed nothing: wait for it, then claim.
-            claimed = self._claim(job_id, token)
+            claimed = self._claim(job_id, token, release)
         except redis.ResponseError as exc:
             # The claim script could not use the record (e.g. its attempt count is not a
             # number): end the job with the reason instead of failing this start for ever.
             job = self.store.get(job_id)
             reason = job.invalid_reason or f"invalid record: the claim failed: {exc}"
+            self._release_quietly(job_id, release)
             return self._refuse(job_id, str(token), reason, "invalid_record", expect=JobState.ASSIGNED)
         if claimed is None:
-            return "ignored:shutting-down"  # never claimed: its start is re-sent (adopt)
-        ok, detail = claimed
+            return "ignored:shutting-down"  # never claimed: its start stays taken (workers.start_list)
+        (ok, detail), read = claimed
         jobtrace.mark(job_id, "claimed")
-        if not ok:
-            log.info("job %s: start message ignored, job is %s (duplicate or stale delivery)", job_id, detail)
+        if detail == "installation-mismatch":
+            # Another installation answers at rig's Redis (rig.installation): never claim or
+            # run its jobs on cards this node's own jobs may still use. Its start is pushed
+            # again (adopt) once this node has joined it (`rig recover`).
+            log.error("job %s: start ignored: this node's Redis is not its installation", job_id)
+            return "ignored:installation-mismatch"
+        if not ok or read is None:
+            log.info("job %s: start ignored, job is %s (duplicate or stale start)", job_id, detail)
             return f"ignored:{detail}"
         attempt = int(detail)
-        # The record and whether this card still takes new jobs, in one round trip.
-        pipe = self.r.pipeline(transaction=False)
-        self.store.queue_raw(pipe, job_id)
-        pipe.hmget(self.keys.card(self.node, self.index), "allowed", "gone")
-        raw, spec, (allowed, gone) = pipe.execute()
+        raw, spec, (allowed, gone) = read
         raw = self.store.join([(raw, spec)])[0]
         if not raw:
             raise JobNotFound(job_id)
@@ -287,24 +305,55 @@ class CardRunner:
             return "failed-to-start"
         return self._supervise(active)
 
-    def _claim(self, job_id: int, token: str) -> tuple[bool, str] | None:
-        """ledger.claim, made to survive a Redis fail-over before the job's process starts:
-        under Sentinel the claim counts once a replica has it (rig.replication); a claim the
-        fail-over lost (the new master's record is not RUNNING with this token and attempt)
-        is tried again there, where it wins only if the job is still ASSIGNED to this token."""
+    def _release_quietly(self, job_id: int, release: Callable[[Pipeline | None], None]) -> None:
+        """Remove a start whose claim was answered; a Redis error leaves it taken, to come back
+        (workers.start_list: recovered, then refused by the claim's fence)."""
+        try:
+            release(None)
+        except redis.RedisError as exc:
+            log.warning("job %s: its start stays taken for now (%s)", job_id, exc)
+
+    def _claim(self, job_id: int, token: str, release: Callable[[Pipeline | None], None]) -> Claimed | None:
+        """The claim and what a start reads after it, made to survive a Redis fail-over before
+        the job's process starts: under Sentinel the claim counts once a replica has it
+        (rig.replication); a claim the fail-over lost (the new master's record is not RUNNING
+        with this token and attempt) is tried again there, where it wins only if the job is
+        still ASSIGNED to this token."""
+        installation = Installation(self.r, self.keys, self.settings.run_dir, self.node).on_node()
         for _ in range(LOST_WRITE_TRIES):
-            claimed = self._retry_redis(lambda: self.ledger.claim(job_id, token, self.worker_name),
+            claimed = self._retry_redis(lambda: self._claim_and_read(job_id, token, installation, release),
                                         f"claim job {job_id}", only=refusal)
-            if claimed is None or not claimed[0] or self.replicas is None:
+            if claimed is None or not claimed[0][0] or self.replicas is None:
                 return claimed
             if not self._retry_redis(self.replicas.confirm, f"confirm job {job_id}'s start"):
                 log.warning("job %s: %s", job_id, self.replicas.unconfirmed_note("its start"))
-            if self._holds(job_id, token, attempt=claimed[1]):
+            if self._holds(job_id, token, attempt=claimed[0][1]):
                 return claimed
             log.warning("job %s: its claim is not on the Redis master any more (a fail-over lost it); "
                         "claiming again", job_id)
-        # Fail-overs in a row: not started now; a start still ASSIGNED is re-sent (adopt, assigned_timeout).
-        return False, "claim-lost"
+        # Fail-overs in a row: not started now; a start still ASSIGNED is pushed again (adopt, assigned_timeout).
+        return (False, "claim-lost"), None
+
+    def _claim_and_read(self, job_id: int, token: str, installation: str | None,
+                        release: Callable[[Pipeline | None], None]) -> Claimed:
+        """One round trip: the claim (claim.lua, which also checks the installation), the
+        record and the card's ``allowed``/``gone`` as they are after it, and the start's removal
+        from the taking list (its claim is answered either way). The reads are None when the
+        claim was refused."""
+        for _ in range(2):
+            pipe = self.r.pipeline(transaction=False)
+            self.ledger.queue_claim(pipe, job_id, token, self.worker_name, installation)
+            self.store.queue_raw(pipe, job_id)
+            pipe.hmget(self.keys.card(self.node, self.index), "allowed", "gone")
+            release(pipe)
+            try:
+                answer, raw, spec, card = pipe.execute()[:4]
+            except redis.exceptions.NoScriptError:
+                self.ledger.load_scripts()  # Redis restarted since they were loaded
+                continue
+            claimed = self.ledger.claim_answer(answer)
+            return claimed, ((raw, spec, card) if claimed[0] else None)
+        raise redis.exceptions.NoScriptError(f"the claim script could not be loaded for job {job_id}")
 
     def _holds(self, job_id: int, token: str, *, attempt: str | None = None) -> bool:
         """True while the master's record says this worker runs this attempt (token) of the job."""
@@ -681,17 +730,24 @@ class CardRunner:
         folders: list[Path] = []
 
         def _do() -> None:
-            if not self.installation_ok():
+            # The installation and the record in one round trip.
+            pipe = self.r.pipeline(transaction=False)
+            pipe.hget(self.keys.installation, "id")
+            self.store.queue_raw(pipe, job_id)
+            found, raw, spec = pipe.execute()
+            place = Installation(self.r, self.keys, self.settings.run_dir, self.node)
+            if verdict(place.on_node(), found).mismatch:
                 # Redis is not the installation this job ran under (it lost its data, or
                 # another answers): write nothing there. The ending stays on disk (exit and
                 # pid files) for `rig recover`.
                 log.critical("job %s ended (%s) while this node's Redis is not its installation; "
                              "its ending is kept on disk only", job_id, end)
                 return
-            try:
-                job = self.store.get(job_id, without=("env",))  # ending it needs no environment
-            except JobNotFound:  # Redis lost the record (rolled back, or emptied by a double fault)
-                job = None
+            # Ending it needs no environment; no record: Redis lost it (rolled back, or
+            # emptied by a double fault).
+            record = self.store.join([(raw, spec)], env=False)[0]
+            record.pop("env", None)
+            job = Job.from_redis(record) if record else None
             if job is None or (instance is not None and job.instance != instance):
                 log.warning("job %s instance %s ended (%s), but Redis %s: nothing written", job_id, instance, end,
                             "has no record of it" if job is None else f"holds another job under that id "
@@ -778,16 +834,20 @@ class CardRunner:
     # -- adoption after a restart ---------------------------------------------------------
     def adopt(self, resend_after: float = 0.0) -> None:
         """Take over this card's jobs left RUNNING by an earlier worker (or whose end Redis
-        lost), and re-send the start of jobs ASSIGNED here for longer than ``resend_after``
-        seconds (duplicates are fenced by the claim). Idempotent: run at start and then
-        periodically."""
+        lost), and push again the start of jobs ASSIGNED here for longer than ``resend_after``
+        seconds whose start is in neither of the card's lists (workers.start_list; a copy
+        too many is fenced by the claim). Idempotent: run at start and then periodically."""
+        # The lists are read before the records: a start missing from them while its job is
+        # still ASSIGNED with that token afterwards was lost, not claimed meanwhile.
+        listed = set().union(*self.starts.listed())
         for job in self._placed_here():
             if job.state is JobState.ASSIGNED:
                 if shared_now(self.r) - (job.assigned_at or 0) < resend_after:
                     continue
-                if self.resend is not None:
-                    log.info("job %s: re-sending its start after a restart", job.id)
-                    self.resend(job.id, str(job.assignments))
+                if entry(job.id, job.assignments) not in listed:
+                    log.info("job %s: its start is in no list of card %s/%s; pushing it again",
+                             job.id, self.node, self.index)
+                    self.starts.push(job.id, str(job.assignments))
                 continue
             with self._lock:
                 if job.id in self._active or job.id in self._starting:

@@ -1,5 +1,6 @@
 """The dispatcher: offers waiting jobs to the cards in priority order and starts each one that
-fits through the atomic reservation, then sends its start to that card's queue.
+fits through the atomic reservation, which also pushes its start onto that card's start list
+(reserve.lua; the card's worker takes it from there: workers.start_list).
 
 Order: priority (high, medium, low) after aging (a job moves up one level for every
 ``aging_seconds`` it has waited, so low-priority work cannot starve); within a priority, fair
@@ -43,9 +44,21 @@ is remembered by what it reads (rig.waiting.body_key), so a job waiting pass aft
 same reason is worded once, and jobs alike share one body. A start changes the view; the token
 of the new view's cards is derived from the old one's. Decisions and sentences are the same as
 without these shortcuts (tests/unit/test_placement_scale.py; a frozen-clock comparison with the
-code before them found every start and every stored reason equal). Between passes it keeps only
-parses: a card record, or a placed job's fields, is parsed and checked once per content (a
-changed record is a new key); every pass still reads them all from Redis.
+code before them found every start and every stored reason equal).
+
+Kept between passes (issue 15): the cards and their reservations, by version. Every write of a
+card record or of its reservations moves the card's version (rig.ledger.CARD_VERSION) in the
+same script or transaction, and a round reads back only the cards whose version moved
+(rig/lua/read_cards.lua, one script call: record and reservations together). The placed jobs'
+fields (for fair share and the holds' shadow times) are read again only when their card's
+reservations of them change, while they have not started (the claim sets started_at without
+touching a card), and when this dispatcher places them; their estimate is worked out again only
+when those fields or the cluster's recent runs change (what depends on now, every round). A
+kept card may be stale, as one read a moment ago may: reserve.lua checks the card itself, and a
+refused reservation makes the next round read every card again. A version gone backwards or
+vanished (Redis emptied or rolled back), a failed pass (Redis may have restarted) and every
+FULL_READ_S read everything again. Card records and placed jobs' fields are also parsed once
+per content (a changed record is a new key).
 
 Runs as a thread in the control worker. Several dispatchers may run (several nodes): one holds
 the leader lock at a time; the reservation script keeps the ledger safe regardless.
@@ -60,6 +73,7 @@ import logging
 import math
 import os
 import threading
+import time
 import uuid
 from collections import defaultdict, deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
@@ -76,8 +90,9 @@ from rig.errors import InvalidRecord
 from rig.failures import FailureClass
 from rig.fairshare import TeamState, decay, exceeds_alone, over_limit
 from rig.hashes import fields_of, queue_fields, read_fields
-from rig.keys import Keys, card_id
+from rig.keys import Keys, card_id, split_card_id
 from rig.ledger import Ledger
+from rig.lua import source
 from rig.models import PRIORITY_BAND, CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
 from rig.placement import (
@@ -129,8 +144,17 @@ EXPLAINED_CACHE = 50_000
 CARD_PARSE_CACHE = 20_000
 #: Placed or running jobs' records whose parse is remembered (_parse_running); then all are forgotten.
 RUNNING_PARSE_CACHE = 100_000
+#: A pass reads every card, reservation and placed job again at least this often (s), whatever
+#: the versions say: the backstop for a write that moved no version (a person's redis-cli; Redis
+#: rolled back to a snapshot and changed since until a version came back to the one held).
+FULL_READ_S = 30.0
+#: Cards per read_cards.lua call (two keys each): a bounded script, as rig.hashes.BATCH.
+CARDS_BATCH = 1000
+#: The fields of a placed or running job that _read_holdings reads (_parse_running parses them).
+RUNNING_FIELDS = ("user", "gpu_memory", "cards", "started_at", "assigned_at", "expected_seconds",
+                  "cautious_seconds", "time_limit")
 
-SendStart = Callable[[int, str, str, int], None]  # job id, token, node, first card
+OnStart = Callable[[int, str, str, int], None]  # job id, token, node, first card
 
 #: Take the leader lock (2) or renew it when held by us (1); 0 when another dispatcher leads.
 _LEAD_SCRIPT = """
@@ -144,13 +168,15 @@ return 0
 
 
 class Dispatcher:
-    def __init__(self, settings: Settings, send_start: SendStart, client: redis.Redis | None = None):
+    def __init__(self, settings: Settings, on_start: OnStart | None = None, client: redis.Redis | None = None):
+        """``on_start``: told of each start placed (its start is on the card's list already):
+        for tests and benchmarks."""
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
         self.r = client or connect(settings.redis_url)
         self.store = JobStore(self.r, self.keys)
         self.ledger = Ledger(self.r, self.keys)
-        self.send_start = send_start
+        self.on_start = on_start
         self.identity = f"{settings.node_name}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stop_event = threading.Event()
         self._notes: dict[int, str] = {}  # job id -> wait reason, written at the end of a round
@@ -172,6 +198,26 @@ class Dispatcher:
         #: (a start makes new instances, dataclasses.replace), so an unchanged record is not checked again.
         self._card_parses: dict[frozenset, CardState] = {}
         self._running_parses: dict[tuple, tuple | Exception] = {}  # (job id, *fields) -> _parse_running's
+        #: Kept between passes (_read_cards): card set id -> (its version (rig.ledger.CARD_VERSION),
+        #: its CardState, its reservations: job id -> bytes), as last read; a pass re-reads a card
+        #: only when its version moved.
+        self._kept: dict[str, tuple[str, CardState, dict[int, int]]] = {}
+        #: Reservations by card id (CardState.id) as of the last _read_cards.
+        self._reservations: dict[str, dict[int, int]] = {}
+        #: Placed or running job id -> its RUNNING_FIELDS as last read: read again when a card's
+        #: reservations of it change, while it has no started_at (claim.lua sets it without
+        #: touching a card), when this dispatcher places it, and at every full read.
+        self._kept_jobs: dict[int, list] = {}
+        self._full_read_at = -math.inf  # time.monotonic() of the last full read
+        self._read_script: Any = None  # rig/lua/read_cards.lua, registered on first use
+        self._card_ids: list[str] = []  # the card set as _read_cards last read it, and the keys of
+        self._card_keys: list[str] = []  # each card's record and reservations, in that order
+        self._prior_read: tuple = ()  # the recent runs self._prior was made from (read every round)
+        #: Placed job id -> (its kept fields (the list itself), their parse, its Estimate under
+        #: self._prior): worked out again when either changes; what depends on now, every round.
+        self._running_estimates: dict[int, tuple[list, tuple, estimates.Estimate]] = {}
+        self._reserved_since_read = False  # a reservation was made after the last _read_cards
+        self._first_view: _View | None = None  # the last round's view before its first start
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -200,6 +246,7 @@ class Dispatcher:
                 jobtrace.mark(None, "wake")
                 delay = 0.2
             except Exception as exc:  # noqa: BLE001 - the dispatcher must outlive one bad pass
+                self.forget()  # Redis may have restarted (empty, or rolled back): read it all again
                 if is_outage(exc):  # unreachable, or refusing writes (full): nothing was changed
                     log.warning("dispatcher: Redis unavailable, retrying in %.1f s: %s", delay, exc)
                     self.stop_event.wait(delay)
@@ -278,6 +325,71 @@ class Dispatcher:
                 self.ledger.unqueue(jid, source[jid] or values[Waiting.FIELDS.index("user")] or "?")
         return jobs
 
+    def forget(self) -> None:
+        """Drop what is kept between passes (cards, reservations, placed jobs): the next pass
+        reads them all. After a failed pass (Redis may have restarted empty or rolled back)
+        and after a refused reservation (what was kept may be stale)."""
+        self._kept.clear()
+        self._kept_jobs.clear()
+        self._reservations = {}
+
+    def _read_cards(self) -> list[CardState]:
+        """Every registered card, sorted by node then index (as Ledger.cards), with the
+        reservations of each in self._reservations: one round trip for the ids, one script call
+        (rig/lua/read_cards.lua) that sends back only the cards whose version
+        (rig.ledger.CARD_VERSION) moved since they were kept, record and reservations read
+        together. A version that went backwards or vanished (Redis emptied or rolled back), and
+        every FULL_READ_S, reads everything again. A kept card may be stale by the time it is
+        used, as a card read a moment ago may: reserve.lua checks the card itself."""
+        self._reserved_since_read = False
+        ids = sorted(self.r.smembers(self.keys.cards))
+        if time.monotonic() - self._full_read_at >= FULL_READ_S:
+            self.forget()
+            self._full_read_at = time.monotonic()
+        if ids != self._card_ids:  # the cards' keys, made again only when the set of cards changes
+            self._card_ids, self._card_keys = ids, []
+            for cid in ids:
+                node, index = split_card_id(cid)
+                self._card_keys += [self.keys.card(node, index), self.keys.card_jobs(node, index)]
+        if self._read_script is None:
+            self._read_script = self.r.register_script(source("read_cards"))
+        replies = []
+        for start in range(0, len(ids), CARDS_BATCH):  # called, not pipelined: a pipeline holding a
+            batch = ids[start:start + CARDS_BATCH]     # script asks SCRIPT EXISTS first, every time
+            replies += self._read_script(keys=self._card_keys[2 * start:2 * (start + len(batch))],
+                                         args=[self._kept[cid][0] if cid in self._kept else "" for cid in batch])
+        kept: dict[str, tuple[str, CardState, dict[int, int]]] = {}
+        moved: set[int] = set()  # placed jobs whose reservations changed: their fields are read again
+        for cid, entry in zip(ids, replies, strict=True):
+            if len(entry) == 1:
+                kept[cid] = self._kept[cid]
+                continue
+            version, flat, held = entry
+            before = self._kept.get(cid)
+            if before is not None and before[0] and not _later(version, before[0]):
+                # Backwards or gone while the card is still listed: Redis lost or rolled back
+                # its data, and other cards may be back at the versions held with other content.
+                log.info("dispatcher: card %s's version went from %s to %r; reading every card again",
+                         cid, before[0], version)
+                self.forget()
+                self._full_read_at = time.monotonic()
+                return self._read_cards()
+            if not flat:
+                continue  # listed but no record (not registered yet, or removed meanwhile)
+            card = self._parse_card(dict(zip(flat[::2], flat[1::2], strict=True)))
+            reservations = {int(k): int(v) for k, v in zip(held[::2], held[1::2], strict=True)}
+            if before is not None and before[2] != reservations:
+                moved.update(reservations, before[2])
+            kept[cid] = (version, card, reservations)
+        self._kept = kept
+        for jid in moved:
+            self._kept_jobs.pop(jid, None)
+        cards = sorted((card for _version, card, _held in kept.values()), key=lambda c: (c.node, c.index))
+        # Under each record's own node and index, as a read of its reservations hash by the
+        # record's fields found them (a damaged record's are '?' and -1, where nothing is).
+        self._reservations = {card.id: held if card.id == cid else {} for cid, (_v, card, held) in kept.items()}
+        return cards
+
     def _parse_card(self, raw: dict[Any, Any]) -> CardState:
         """CardState.from_redis(raw), remembered for the same fields and values: at 512 cards
         the checks of every record were ~1/6 of an idle pass, and most records do not change."""
@@ -307,29 +419,44 @@ class Dispatcher:
     def _read_holdings(self, cards: list[CardState], now: float) -> tuple[dict[str, list[Release]], TeamState]:
         """What the cards' reservations say: per card, when each is expected to end (for
         holds), and per user, placed-or-running jobs, reserved bytes and recent usage."""
-        pipe = self.r.pipeline(transaction=False)
-        queue_fields(pipe, [self.keys.card_jobs(c.node, c.index) for c in cards], ())
-        pipe.zrevrange(self.keys.recent_runtime_users, 0, estimates.RECENT_USERS - 1)
-        *replies, recent_users = pipe.execute()
-        held = [(card, {int(k): int(v) for k, v in zip(flat[::2], flat[1::2], strict=True)})
-                for card, flat in zip(cards, fields_of(replies), strict=True)]
+        if self._reserved_since_read or any(c.id not in self._reservations for c in cards):
+            self._read_cards()  # this round's own reservations, or cards not read by this dispatcher
+        held = [(card, self._reservations.get(card.id, {})) for card in cards]
+        recent_users = self.r.zrevrange(self.keys.recent_runtime_users, 0, estimates.RECENT_USERS - 1)
         ids = sorted({jid for _card, jobs in held for jid in jobs})
+        kept = self._kept_jobs
+        # Read again: jobs not kept (new, or their reservations moved) and jobs not started yet.
+        stale = [jid for jid in ids if jid not in kept or not kept[jid][3]]
         pipe = self.r.pipeline(transaction=False)
         estimates.queue_recent(pipe, self.keys, recent_users)
-        queue_fields(pipe, [self.keys.job(jid) for jid in ids], (
-            "user", "gpu_memory", "cards", "started_at", "assigned_at", "expected_seconds", "cautious_seconds",
-            "time_limit"))
+        queue_fields(pipe, [self.keys.job(jid) for jid in stale], RUNNING_FIELDS)
         read = pipe.execute()
-        recent = read[:len(recent_users)]
-        self._prior = estimates.Prior(estimates.decode_recent([v for values in recent for v in values]))
+        recent = tuple(v for values in read[:len(recent_users)] for v in values)
+        if recent != self._prior_read:  # the same runs make the same Prior: kept, with what it worked out
+            self._prior = estimates.Prior(estimates.decode_recent(list(recent)))
+            self._prior_read = recent
+            self._running_estimates.clear()
+        kept.update(zip(stale, fields_of(read[len(recent_users):]), strict=True))
+        if len(kept) > len(ids):  # jobs no card holds any more
+            self._kept_jobs = kept = {jid: kept[jid] for jid in ids}
+        known = self._running_estimates
+        if len(known) > len(ids):
+            self._running_estimates = known = {jid: known[jid] for jid in ids if jid in known}
         info: dict[int, tuple[str, int, int, float, float, float]] = {}
-        for jid, values in zip(ids, fields_of(read[len(recent_users):]), strict=True):
+        for jid in ids:
+            values = kept[jid]
             try:
-                user, memory, ncards, stamp, expected, cautious, limit = self._parse_running(jid, values)
+                found = known.get(jid)
+                if found is None or found[0] is not values:
+                    parsed = self._parse_running(jid, values)
+                    user, memory, ncards, _stamp, expected, cautious, limit = parsed
+                    found = known[jid] = (values, parsed,
+                                          self.estimate_of(user, memory, ncards, expected, cautious, limit))
+                user, memory, ncards, stamp, _expected, _cautious, limit = found[1]
                 began = now if stamp is None else stamp
                 if not 0.0 < began <= now + 3600:  # a damaged stamp: its end is unknown, never "inf ago"
                     raise ValueError(began)
-                end, sure = self.running_end(user, memory, ncards, now - began, expected, cautious, limit, now)
+                end, sure = self._end_after(found[2], now - began, limit, now)
                 info[jid] = (user, memory, ncards, began, end, sure)
             except (ValueError, TypeError):
                 info[jid] = ("?", 0, 1, now, math.inf, math.inf)
@@ -419,7 +546,13 @@ class Dispatcher:
         """(when a job that has run ``age`` s is expected to free its cards, when it surely has),
         epoch s, >= now, inf if unknown: its conditional remaining time (rig.estimates.remaining),
         never later than its time limit's sure end; the sure end only with a time limit."""
-        end = now + self.estimate_of(user, nbytes, gpus, expected, cautious, time_limit).remaining(age)
+        return self._end_after(self.estimate_of(user, nbytes, gpus, expected, cautious, time_limit), age,
+                               time_limit, now)
+
+    def _end_after(self, found: estimates.Estimate, age: float, time_limit: float | None,
+                   now: float) -> tuple[float, float]:
+        """running_end of a job whose run time is estimated ``found``."""
+        end = now + found.remaining(age)
         sure = math.inf
         if time_limit:
             sure = max(now, now - age + self.surely_within(time_limit))
@@ -500,7 +633,7 @@ class Dispatcher:
         for _round in range(MAX_ROUNDS):  # a reservation refused again and again must not spin
             if self.stop_event.is_set():
                 break
-            cards = self.ledger.cards(parse=self._parse_card)
+            cards = self._read_cards()
             eligible = {c.id for c in cards if c.eligible}
             if cards and not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
                 return started  # every card is full: nothing can start, nothing to explain anew
@@ -517,7 +650,7 @@ class Dispatcher:
                     self.settings.fair_share and len(limits) > 1):
                 snapshot.get()
             holds = _Holds(self, snapshot, now)
-            view = _View(cards, pools, snapshot, now, self._intern)
+            view = self._first_view = _View(cards, pools, snapshot, now, self._intern, last=self._first_view)
             self._nodes = None
             self._backfill_ends = {}
             self._never = {}
@@ -594,11 +727,15 @@ class Dispatcher:
                     continue
                 if not ok:
                     log.info("job %s: reservation refused (%s); re-reading the cards", job.id, detail)
+                    self.forget()  # what was kept may be stale: every card is read again
                     progressed = refused = True
                     break
+                self._reserved_since_read = True
+                self._kept_jobs.pop(job.id, None)  # placed anew: its fields are read again
                 log.info("job %s: placed on %s/%s (token %s)", job.id, placement.node,
                          list(placement.cards), detail)
-                self.send_start(job.id, detail, placement.node, placement.cards[0])
+                if self.on_start is not None:
+                    self.on_start(job.id, detail, placement.node, placement.cards[0])
                 cards = _with_reservation(cards, placement.node, placement.cards, job.gpu_memory)
                 view = view.after_start(cards, [card_id(placement.node, i) for i in placement.cards])
                 holds.started_on(card_id(placement.node, i) for i in placement.cards)
@@ -885,7 +1022,11 @@ class _View:
     on first use instead of once per job."""
 
     def __init__(self, cards: list[CardState], pools: Pools, snapshot: _Lazy, now: float,
-                 intern: Callable[[Hashable], int], positions: dict[str, int] | None = None) -> None:
+                 intern: Callable[[Hashable], int], positions: dict[str, int] | None = None,
+                 last: _View | None = None) -> None:
+        """``last``: the previous round's first view; when it saw the very same card records (the
+        dispatcher keeps unchanged cards between passes: the same CardState objects), its tokens
+        are this view's, not worked out again (O(cards))."""
         self.cards = cards
         self.by_id = {c.id: c for c in cards}
         self.positions = positions if positions is not None else {c.id: i for i, c in enumerate(cards)}
@@ -897,6 +1038,9 @@ class _View:
         #: first use: equal across views and passes that see the same cards, so what was worded
         #: for them is found again.
         self._big: dict[bool, tuple] = {}
+        if last is not None and len(last.cards) == len(cards) and all(
+                a is b for a, b in zip(last.cards, cards, strict=True)):
+            self._big = last._big  # shared: a token either works out serves both
         self._tokens: dict[bool, Hashable] = {}
         #: After a start: the view before it and the positions of the cards the start changed
         #: (this view's token is that view's with those cards' parts replaced: O(changed)).
@@ -1054,6 +1198,15 @@ def holding_order(job: Waiting, now: float | None = None) -> tuple[float, int, i
     held = job.held_at or now
     assert held is not None, "holding_order of a job that holds nothing"
     return (held, job.priority.rank, job.id)
+
+
+def _later(version: str, held: str) -> bool:
+    """Is card version ``version`` after ``held`` (both rig.ledger.CARD_VERSION values; '' when
+    unset, which is after nothing)? A damaged one counts as later: it is read again, not trusted."""
+    try:
+        return float(version) > float(held)
+    except ValueError:
+        return version != ""
 
 
 def _number(text: str | None) -> float | None:

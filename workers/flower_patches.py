@@ -10,6 +10,11 @@ flower), installed when workers.app is imported there.
   labels every series with the task's name, which is rig's job name (id, name, user, size,
   card): a series per job, never removed. rig has its own ``/metrics`` (rig.metrics, ``rig
   up`` prints its URL); Flower's answers 404 with one line saying so, and no series is kept.
+* **Shut down says what the worker answered.** Flower's Shut Down button broadcasts and, without
+  waiting for a reply, says "Shutting down!"; rig's workers refuse it (workers.remote_control),
+  so the page told an untruth. The patched handler waits for the replies (2 s) and answers 403
+  with the worker's own line when it refused, as Flower already does for a refused pool
+  restart.
 """
 
 from __future__ import annotations
@@ -74,3 +79,28 @@ def install() -> None:
         self.write(METRICS_OFF)
 
     monitor.Metrics.get = metrics_off
+    _shutdown_tells_the_reply()
+
+
+def _shutdown_tells_the_reply() -> None:
+    from flower.api import control
+    from tornado import web
+
+    @web.authenticated
+    async def post(self: Any, workername: str) -> None:  # noqa: ANN401 - a Flower ControlHandler
+        if self.application.options.read_only:
+            raise web.HTTPError(403, "Read only mode is enabled")
+        if not self.is_worker(workername):
+            raise web.HTTPError(404, f"Unknown worker '{workername}'")
+        replies = await self.run_blocking(
+            "worker.shutdown", workername, self.capp.control.broadcast,
+            "shutdown", destination=[workername], reply=True, timeout=2.0)
+        refused = [answer.get("error") for reply in replies or [] for answer in reply.values()
+                   if isinstance(answer, dict) and answer.get("error")]
+        if refused:
+            self.set_status(403)
+            self.write(f"Not shut down: {refused[0]}")
+            return
+        self.write({"message": "Shutting down!"})
+
+    control.WorkerShutDown.post = post

@@ -55,6 +55,9 @@ from workers.outcomes import AttemptEnd, conclude
 from workers.process_tree import environments, is_alive, is_job_process, session_members, stop_tree
 from workers.unrecorded import UNRECORDED_FIELD, running_line
 
+#: A fake-card usage folder unchanged this long (s) whose job does not run here is removed.
+STALE_USAGE_DIR_S = 60.0
+
 log = logging.getLogger(__name__)
 
 
@@ -111,7 +114,7 @@ class HealthChecker:
         if self.installation_mismatch() is not None:
             return HealthReport()
         return self._locked(self.keys.node_health_lock(self.settings.node_name),
-                            (self._dead_workers, self._orphan_processes))
+                            (self._dead_workers, self._orphan_processes, self._stale_usage_dirs))
 
     def installation_mismatch(self) -> str | None:
         """Check that Redis still holds the installation this node joined. When it does not
@@ -138,7 +141,7 @@ class HealthChecker:
         from rig.gpus import detect_backend
         from rig.registration import register_node
 
-        backend, _notice = detect_backend(self.settings.fake_gpus, self.settings.home / "fake-gpus", node=node)
+        backend, _notice = detect_backend(self.settings.fake_gpus, self.settings.fake_usage_dir, node=node)
         inst.join()
         register_node(self.settings, self.r, backend, log.warning)
         self._mismatch_said = None
@@ -375,6 +378,32 @@ class HealthChecker:
             stop_tree(sid, self.settings.kill_grace_seconds)
             report.orphans_stopped.append(sid)
         self._mark_unrecorded(sorted(set(unrecorded)))
+
+    def _stale_usage_dirs(self, report: HealthReport) -> None:  # noqa: ARG002 - a health step
+        """Remove the fake-card usage folders (rig.gpus.fake.job_usage_dir) of jobs that no
+        longer run on this node: the card worker removes a job's folder when its attempt ends,
+        but not one whose card worker died and whose ending another process recorded. A folder
+        younger than STALE_USAGE_DIR_S is left alone (a new attempt may have just made it); so is
+        one of a job Redis has no record of while a live process still writes in it (Redis lost
+        the record; the job is reported as unrecorded, not cleaned up after)."""
+        if not self.settings.fake_gpus:
+            return
+        from rig.gpus.fake import drop_job_usage_dir, job_usage_dirs, job_usage_in_use, jobs_dir_for
+
+        jobs_dir = jobs_dir_for(self.settings.fake_usage_dir)
+        folders = job_usage_dirs(jobs_dir, older_than=STALE_USAGE_DIR_S)
+        if not folders:
+            return
+        jobs = {j.id: j for j in self.store.get_many(sorted(folders))}
+        for job_id, folder in sorted(folders.items()):
+            job = jobs.get(job_id)
+            if job is None and job_usage_in_use(folder):
+                continue
+            if job is not None and job.state in (JobState.ASSIGNED, JobState.RUNNING) \
+                    and job.node == self.settings.node_name:
+                continue
+            log.info("health: removing the fake-card usage folder of job %s (it runs here no more)", job_id)
+            drop_job_usage_dir(jobs_dir, job_id)
 
     def _mark_unrecorded(self, jobs: list[int]) -> None:
         """Say on the node record (rig status, alerts) which jobs run here that Redis has no

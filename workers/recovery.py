@@ -103,7 +103,7 @@ def stop_and_join(settings: Settings, say: Callable[[str], None] = print) -> Rec
     if running_pid(settings) is not None:
         # rig up runs: its cards take jobs again at once. Otherwise the next rig up registers
         # them (registering now would show the node up with no workers).
-        backend, _notice = detect_backend(settings.fake_gpus, settings.home / "fake-gpus", node=settings.node_name)
+        backend, _notice = detect_backend(settings.fake_gpus, settings.fake_usage_dir, node=settings.node_name)
         register_node(settings, client, backend, say)
         found.registered = True
     return found

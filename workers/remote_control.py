@@ -17,7 +17,7 @@ worker. Two kinds would act behind rig's back, so rig's workers answer them diff
   shut down from Flower would leave its card unwatched while rig up restarts it; its pool size is
   the card's ``max_task_per_gpu``; its queue is its card's (a cancelled consumer leaves the
   card's jobs ASSIGNED for ever, an added one runs another card's jobs); a rate limit on
-  ``rig.start_job`` holds a card's jobs back, and a time limit means nothing to a job (its
+  ``rig.start_job`` holds back starts an older rig queued, and a time limit means nothing to a job (its
   limit is rig's ``--timeout``).
 
 And one is passed on: **heartbeat**, which a Flower's event receiver broadcasts once it listens

@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import stat
+import time
 from pathlib import Path
 
 from rig.config import default_node_name
@@ -184,6 +185,40 @@ def job_usage_dir(jobs_dir: Path, job_id: int, uid: int, gid: int) -> Path:
     if (uid, gid) != (os.geteuid(), os.getegid()):
         os.chown(folder, uid, gid)
     return folder
+
+
+def job_usage_dirs(jobs_dir: Path, older_than: float = 0.0) -> dict[int, Path]:
+    """job id -> its usage folder (:func:`job_usage_dir`) under ``jobs_dir``, for the folders
+    unchanged for ``older_than`` seconds (mtime; a folder made afresh by a new attempt is young).
+    Entries not named ``job-<id>`` are not listed."""
+    found: dict[int, Path] = {}
+    try:
+        entries = list(os.scandir(jobs_dir))
+    except OSError:
+        return found  # no such folder: no job used fake memory as another user
+    cutoff = time.time() - older_than
+    for entry in entries:
+        name = entry.name
+        if not name.startswith("job-") or not name[4:].isdigit():
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_mtime > cutoff:
+                continue
+        except OSError:
+            continue
+        found[int(name[4:])] = Path(entry.path)
+    return found
+
+
+def job_usage_in_use(folder: Path) -> bool:
+    """Does a live process still have a usage file in this job folder (any card)?"""
+    if folder.is_symlink():
+        return False
+    try:
+        cards = [e for e in os.scandir(folder) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return False
+    return any(_job_files(Path(card.path)) for card in cards)
 
 
 def drop_job_usage_dir(jobs_dir: Path, job_id: int) -> None:

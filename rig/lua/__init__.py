@@ -25,7 +25,8 @@ def source(name: str) -> str:
 
 
 class Scripts:
-    """The ledger's scripts (reserve, claim, transition, reclaim, observe, unqueue) for one client."""
+    """The ledger's scripts (reserve, claim, transition, reclaim, observe, unqueue,
+    start_back) for one client."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.reserve: Script = client.register_script(source("reserve"))
@@ -34,3 +35,4 @@ class Scripts:
         self.reclaim: Script = client.register_script(source("reclaim"))
         self.observe: Script = client.register_script(source("observe"))
         self.unqueue: Script = client.register_script(source("unqueue"))
+        self.start_back: Script = client.register_script(source("start_back"))

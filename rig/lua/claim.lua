@@ -16,9 +16,16 @@
 -- KEYS[5]  optional: the start-wait histogram hash; on a job's first start, now - created_at
 --          is counted in 'le:<b>' for every bound b >= it, in 'le:+Inf', 'count' and 'sum'
 -- ARGV[6]  with KEYS[5]: the bounds, space-separated, written as the field names use them
+-- KEYS[6]  optional: the installation hash (rig:installation); with ARGV[7], the id of the
+--          installation this node joined ('' or absent: it joined none, no check): when the
+--          hash's id is another or missing, the claim is refused with {0, 'installation-mismatch'}
+--          (the mirror of rig.installation.Verdict.mismatch: never run another installation's job)
 --
 -- Returns {1, attempt} (the attempt number, from 1) or {0, current state}.
 
+if KEYS[6] and ARGV[7] and ARGV[7] ~= '' and redis.call('HGET', KEYS[6], 'id') ~= ARGV[7] then
+  return {0, 'installation-mismatch'}
+end
 local f = redis.call('HMGET', KEYS[1], 'state', 'assignments')
 if f[1] ~= 'ASSIGNED' or f[2] ~= ARGV[2] then
   return {0, tostring(f[1])}

@@ -6,6 +6,11 @@
 -- (a field it reads is missing or not a plain integer in range; allowed/healthy not '0'/'1'),
 -- 'not-allowed', 'unhealthy', 'full' (reserved + foreign + bytes > usable), 'busy'
 -- (jobs + 1 > max_jobs).
+--
+-- card_bump(card): every script that changes a card or its reservations calls it once per card
+-- (rig.ledger.CARD_VERSION: the dispatcher re-reads only cards whose version moved). Never
+-- raises, whatever the field holds (a script must not stop after its first write); a missing
+-- card stays missing.
 
 local CARD_MAX_BYTES = 17592186044416  -- rig.records.MAX_GPU_MEMORY (16 TiB)
 
@@ -61,4 +66,10 @@ local function card_refusal(card, bytes)
     return 'busy'
   end
   return nil
+end
+
+local function card_bump(card)
+  if redis.call('EXISTS', card) == 1 then
+    redis.call('HSET', card, 'version', (tonumber(redis.call('HGET', card, 'version')) or 0) + 1)
+  end
 end

@@ -13,6 +13,8 @@
 -- Returns {held bytes now, 1 if over its declaration else 0}; {-1, 0} when the job no longer
 -- holds this card (it ended meanwhile): nothing is recorded then.
 
+--#include lib_card
+
 local held = redis.call('HGET', KEYS[2], ARGV[1])
 if not held then
   return {-1, 0}
@@ -33,6 +35,7 @@ local delta = want - tonumber(held)
 if delta ~= 0 then
   redis.call('HSET', KEYS[2], ARGV[1], want)
   redis.call('HINCRBY', KEYS[1], 'reserved', delta)
+  card_bump(KEYS[1])
 end
 local over = 0
 if observed > declared * tonumber(ARGV[5]) then

@@ -13,6 +13,8 @@
 --
 -- Returns {1, bytes released} or {0, reason kept}.
 
+--#include lib_card
+
 local amount = redis.call('HGET', KEYS[2], ARGV[1])
 if not amount then
   return {0, 'not-held'}
@@ -33,4 +35,5 @@ end
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HINCRBY', KEYS[1], 'reserved', -tonumber(amount))
 redis.call('HINCRBY', KEYS[1], 'jobs', -1)
+card_bump(KEYS[1])
 return {1, amount}

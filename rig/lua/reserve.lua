@@ -8,6 +8,10 @@
 -- KEYS[6]            users with waiting jobs       (rig:pending:users)
 -- KEYS[7 + 2i]       card hash of the i-th card    (rig:card:<node>:<index>)
 -- KEYS[8 + 2i]       its job reservations hash     (rig:card:<node>:<index>:jobs)
+-- KEYS[7 + 2n]       optional, right after the n card pairs (n = the length of ARGV[5]): the
+--                    first card's start list (rig:card:<node>:<index>:starts), where
+--                    '<id> <token>' is pushed on success: the reservation and its start are one
+--                    step (its card worker takes it, workers/start_list.py)
 -- ARGV[1]            job id
 -- ARGV[2]            bytes to reserve on each card
 -- ARGV[3]            now (epoch seconds)
@@ -46,7 +50,8 @@ if (jf[3] or '?') ~= ARGV[6] and not (jf[3] == '' and ARGV[6] == '?') then
   return {0, 'bad-record:user'}
 end
 
-local ncards = (#KEYS - 6) / 2
+local ncards = #cjson.decode(cards)
+local starts = KEYS[7 + 2 * ncards]  -- nil without a start list
 for i = 0, ncards - 1 do
   local card = KEYS[7 + 2 * i]
   local refused = card_refusal(card, bytes)
@@ -68,6 +73,7 @@ for i = 0, ncards - 1 do
   redis.call('HINCRBY', card, 'reserved', bytes)
   redis.call('HINCRBY', card, 'jobs', 1)
   redis.call('HSET', KEYS[8 + 2 * i], job_id, bytes)
+  card_bump(card)
 end
 
 local token = redis.call('HINCRBY', job, 'assignments', 1)
@@ -77,6 +83,9 @@ redis.call('HDEL', job, 'wait_reason', 'reason')
 redis.call('ZREM', idx_pending, job_id)
 leave_queues(pending, KEYS[5], KEYS[6], ARGV[6], job_id)
 redis.call('ZADD', idx_assigned, tonumber(job_id), job_id)
+if starts then
+  redis.call('RPUSH', starts, job_id .. ' ' .. token)
+end
 if ARGV[7] and ARGV[7] ~= '' then
   redis.call('PUBLISH', ARGV[7], job_id .. ' ASSIGNED')
 end

@@ -41,6 +41,7 @@
 -- Releasing is idempotent: a card gives back only what its reservations hash still records.
 
 --#include lib_queue
+--#include lib_card
 
 local job, pending, errors = KEYS[1], KEYS[2], KEYS[3]
 local job_id, target, now, token, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[6]
@@ -96,6 +97,7 @@ for i = 0, ncards - 1 do
     redis.call('HDEL', holds, job_id)
     redis.call('HINCRBY', card, 'reserved', -tonumber(amount))
     redis.call('HINCRBY', card, 'jobs', -1)
+    card_bump(card)
   end
 end
 

@@ -82,8 +82,8 @@ def redis_black_holed(workdir: Path) -> ScenarioResult:
         waiting = _job(direct)  # the dispatcher places it after the heal
 
         ledger = Ledger(connect(settings.redis_url), keys)
-        dispatcher = Dispatcher(settings, send_start=lambda *a: None, client=connect(settings.redis_url))
-        runner = CardRunner(settings, "n1", 0, "card0@n1", resend=lambda *a: None)
+        dispatcher = Dispatcher(settings, on_start=lambda *a: None, client=connect(settings.redis_url))
+        runner = CardRunner(settings, "n1", 0, "card0@n1")
         token = str(direct.store.get(finishing).assignments)
         # Every client has a live pooled connection through the proxy before the cut.
         ledger.cards()

@@ -17,13 +17,17 @@ from workers.card_runner import CardRunner
 def card_runner_env(real_redis, key_prefix, tmp_path):
     """One fake 80 GiB card n1/0 in the ledger (real Redis, this test's prefix) and the
     CardRunner of its worker "card0@n1", started without Celery or background services.
-    Yields (settings, ledger, runner, resent): ``resent`` collects the starts it re-sends."""
+    Yields (settings, ledger, runner, listed): ``listed()`` is the card's start list as
+    [(job id, token)] (workers.start_list; reserve.lua pushes there, adopt pushes lost ones)."""
     settings = load_settings(key_prefix=key_prefix, redis_url=REDIS_URL, home=tmp_path / "home",
                              node_name="n1", kill_grace_seconds=1.0)
     ledger = Ledger(real_redis, Keys(key_prefix))
     ledger.register_card("n1", GpuReading(index=0, uuid="u", model="m", total=80 * GIB),
                          max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
-    resent: list[tuple[int, str]] = []
-    runner = CardRunner(settings, "n1", 0, "card0@n1", resend=lambda *a: resent.append(a))
-    yield settings, ledger, runner, resent
+    runner = CardRunner(settings, "n1", 0, "card0@n1")
+
+    def listed() -> list[tuple[int, str]]:
+        return [(int(i), t) for i, _, t in (e.partition(" ") for e in runner.starts.listed()[0])]
+
+    yield settings, ledger, runner, listed
     runner.stop()

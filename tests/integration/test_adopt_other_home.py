@@ -30,7 +30,7 @@ def homes(card_runner_env, key_prefix, tmp_path):
     settings_b = load_settings(key_prefix=key_prefix, redis_url=REDIS_URL, home=tmp_path / "home-b",
                                node_name="n1", kill_grace_seconds=1.0)
     assert settings_b.job_log_dir != settings_a.job_log_dir
-    runner_b = CardRunner(settings_b, "n1", 0, "card0@n1-b", resend=lambda *a: None)
+    runner_b = CardRunner(settings_b, "n1", 0, "card0@n1-b")
     yield settings_a, ledger, runner_b
     runner_b.stop()
 

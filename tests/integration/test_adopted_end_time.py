@@ -53,7 +53,7 @@ def test_a_job_that_ended_while_the_node_was_down_keeps_its_own_end_time(card_ru
     exit_file = Path(running.log_paths[-1]).with_suffix(".exit")
     _until(lambda: _read_exit_file(exit_file) is not None)  # the job ended, unwatched
     time.sleep(DOWN_S)  # the node stays down after the job's end (the slip itself, not a wait)
-    CardRunner(settings, "n1", 0, "card0@n1-again", resend=lambda *a: None).adopt()
+    CardRunner(settings, "n1", 0, "card0@n1-again").adopt()
     done = ledger.store.get(job.id)
     assert done.state is (JobState.SUCCEEDED if code == 0 else JobState.FAILED) and done.exit_code == code
     ran = done.ended_at - running.started_at

@@ -73,16 +73,22 @@ def test_adopt_requeues_a_claimed_job_that_never_started(env, tmp_path):
     assert ledger.store.pending_head(5) == [job.id]
 
 
-def test_adopt_resends_assigned_jobs(env, tmp_path):
-    settings, ledger, runner, resent = env
+def test_adopt_pushes_again_a_lost_start(env, tmp_path):
+    settings, ledger, runner, listed = env
     job, token = placed(ledger, "true", tmp_path)
+    assert listed() == [(job.id, token)]  # pushed with the reservation
     runner.adopt()
-    assert resent == [(job.id, token)]
+    assert listed() == [(job.id, token)]  # still there: not pushed twice
+    ledger.r.delete(runner.starts.starts)  # lost (e.g. Redis rolled back past the push)
+    runner.adopt(resend_after=3600.0)
+    assert listed() == []  # placed just now: not yet taken for lost
+    runner.adopt()
+    assert listed() == [(job.id, token)]
 
 
 def test_adopt_reads_only_the_jobs_placed_on_its_own_card(env, tmp_path):
     """Issue 15: every card worker read every placed job of the cluster every check interval."""
-    settings, ledger, runner, resent = env
+    settings, ledger, runner, listed = env
     ledger.register_card("n1", GpuReading(index=1, uuid="u1", model="m", total=80 * GIB),
                          max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
     mine, token = placed(ledger, "true", tmp_path)
@@ -93,8 +99,9 @@ def test_adopt_reads_only_the_jobs_placed_on_its_own_card(env, tmp_path):
     read: list[int] = []
     get_many = runner.store.get_many
     runner.store.get_many = lambda ids: read.extend(ids) or get_many(ids)  # type: ignore[method-assign]
+    ledger.r.delete(runner.starts.starts)
     runner.adopt()
-    assert resent == [(mine.id, token)] and read == [mine.id]
+    assert listed() == [(mine.id, token)] and read == [mine.id]
 
 
 def _start_orphan(settings, job: Job, attempt: int, command: str) -> subprocess.Popen:

@@ -194,6 +194,9 @@ def test_terminate_kills_the_job_and_worker_controls_are_refused(node: tuple[Rig
                  f"/api/task/timeout/{TASK_START_JOB}?workername={card}&soft=1"):
         status, body = api.call(call, method="POST")
         assert status == 403 and "refused by rig" in str(body), (call, body)
+    # Flower's Shut Down button says what the worker answered, not "Shutting down!".
+    status, body = api.call(f"/api/worker/shutdown/{card}", method="POST")
+    assert status == 403 and "refused by rig" in str(body) and "Shutting down" not in str(body), body
     replies = harness.client.celery.control.broadcast("shutdown", destination=[card], reply=True, timeout=5)
     assert replies and "refused by rig" in replies[0][card]["error"], replies
     assert harness.worker_pid(card) == harness.child("card0").proc.pid

@@ -345,3 +345,41 @@ def test_zombie_reservations_are_given_back_and_live_ones_cost_no_script(cluster
     assert sorted(report.reclaimed) == sorted([("n1/0", ghost, 5 * GIB), ("n1/1", ended, 10 * GIB)])
     assert ledger.holdings("n1", 0) == {live: 10 * GIB} and ledger.holdings("n1", 1) == {}
     assert ledger.card("n1", 0).reserved == 10 * GIB and ledger.card("n1", 1).jobs == 0
+
+
+def test_fake_usage_folders_of_jobs_that_run_here_no_more_are_removed(redis_client, key_prefix, tmp_path):
+    """A card worker that dies mid-job leaves the job's fake-card usage folder (its ending is
+    recorded by another process): the node's health pass removes it, but never the folder of a
+    job running here, a young one (a new attempt may have just made it), or one a live process
+    still writes in while Redis has no record of its job."""
+    import os
+
+    from rig.gpus.fake import job_usage_dirs, jobs_dir_for
+    from workers.health import STALE_USAGE_DIR_S, HealthReport
+
+    settings = load_settings(key_prefix=key_prefix, node_name="n2", home=tmp_path, fake_gpus="1x40G")
+    ledger = Ledger(redis_client, Keys(key_prefix))
+    ledger.register_card("n2", GpuReading(index=0, uuid="GPU-n2-0", model="m", total=40 * GIB),
+                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    ended = _job(ledger, "n2", run=True)
+    assert ledger.transition(ended, JobState.SUCCEEDED)[0] == 1
+    running = _job(ledger, "n2", run=True)
+    young = _job(ledger)  # PENDING: its folder was made a moment ago
+    unrecorded_live, unrecorded_dead = 90001, 90002
+    jobs_dir = jobs_dir_for(settings.fake_usage_dir)
+    old = time.time() - STALE_USAGE_DIR_S - 5
+    for job_id, pid in ((ended, 1), (running, 1), (young, 1), (unrecorded_live, os.getpid()),
+                        (unrecorded_dead, 999999)):
+        card = jobs_dir / f"job-{job_id}" / "0"
+        card.mkdir(parents=True)
+        (card / str(pid)).write_text(str(GIB))
+        if job_id != young:
+            os.utime(card.parent, (old, old))
+    try:
+        HealthChecker(settings, redis_client)._stale_usage_dirs(HealthReport())
+        left = set(job_usage_dirs(jobs_dir))
+        assert left == {running, young, unrecorded_live}, left
+    finally:
+        import shutil
+
+        shutil.rmtree(jobs_dir, ignore_errors=True)

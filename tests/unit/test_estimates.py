@@ -36,6 +36,19 @@ def test_remaining_is_conditional_on_the_age():
     assert E.remaining([], 5) == math.inf
 
 
+def test_an_estimates_remaining_time_is_the_rules_for_its_sorted_samples():
+    """Estimate.remaining (a bisect into its sorted samples) answers as remaining() does."""
+    import random
+
+    rng = random.Random(15)
+    for size in (0, 1, 2, 3, 7, 40):
+        samples = [rng.choice([5.0, 30.0, 60.0, rng.uniform(0, 500)]) for _ in range(size)]
+        found = E.from_samples(samples, "name")
+        for age in (-1.0, 0.0, 5.0, 29.9, 30.0, 60.0, 499.0, 1e6, *samples):
+            assert found.remaining(age) == E.remaining(samples, age, fallback=found.expected), (samples, age)
+    assert E.Estimate(100.0, 150.0, "limit").remaining(30.0) == E.remaining((), 30.0, fallback=100.0) == 70.0
+
+
 def test_a_jobs_own_history_wins_over_the_prior():
     prior = E.Prior(runs([100.0] * 10))
     found = prior.estimate(user="ann", nbytes=8 * GIB, gpus=1, own=[3.0, 5.0, 4.0])

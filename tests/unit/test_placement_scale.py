@@ -85,3 +85,25 @@ def test_hold_planner_plans_what_plan_hold_s_rule_says(seed):
         assert (None if hold is None else (hold.cards, hold.until)) == expected
         if hold is not None:
             exclude.update(dict.fromkeys(hold.cards, hold))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_hold_planner_follows_cards_held_by_other_plans_and_a_new_exclude(seed):
+    """The held cards grow by holds other views' planners made (a round's views share them), and
+    a caller may pass another container: the plans are still plan_hold's rule's."""
+    rng = random.Random(seed)
+    now = 1_000_000.0
+    cards = _cluster(rng)
+    releases = _releases(rng, cards, now)
+    planner = HoldPlanner(cards, releases, now)
+    exclude: dict[str, object] = {}
+    for job_id in range(1, 40):
+        if rng.random() < 0.3:  # held meanwhile by another planner's plan
+            exclude.update(dict.fromkeys(rng.sample([c.id for c in cards], rng.choice([1, 2])), None))
+        given = exclude if rng.random() < 0.8 else (frozenset(exclude) if rng.random() < 0.5 else dict(exclude))
+        request = Request(rng.choice([12, 24, 40, 70]) * GIB, rng.choice([1, 1, 2, 4]))
+        hold = planner.plan(request, job_id, exclude=given)
+        expected = _plan_by_the_rule(cards, releases, request, now, exclude)
+        assert (None if hold is None else (hold.cards, hold.until)) == expected, job_id
+        if hold is not None and given is exclude:
+            exclude.update(dict.fromkeys(hold.cards, hold))

@@ -222,7 +222,7 @@ def test_card_runner_keeps_a_jobs_ending_until_redis_takes_it(private_redis, tmp
                                   created_at=time.time()))
     ok, token = ledger.reserve(job.id, "n1", [0], GIB)
     assert ok and ledger.claim(job.id, token, "card0@n1")[0]
-    runner = CardRunner(settings, "n1", 0, "card0@n1", resend=lambda *a: None)
+    runner = CardRunner(settings, "n1", 0, "card0@n1")
     _fill(private_redis, True)
     done: list[object] = []
     thread = threading.Thread(target=lambda: done.append(runner._finish(job.id, token, AttemptEnd(exit_code=0))))

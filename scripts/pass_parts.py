@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Where one version's dispatcher pass spends its CPU, with the shared clock frozen: on
+scripts/bench_scale.py's cluster (N x 8 nearly full cards, waiting jobs for U users), REPS idle
+passes and 3 passes after 64 jobs end, each pass's CPU (this thread's time, ms) and of it the
+dispatcher's card read, its reservations/placed-jobs read (with their ends and fair share) and
+the wait sentences with the holds closed to each job. Run it for two trees one after the other,
+alternating, for a before/after of the same passes (dispatch_sameness.py checks they decide the same).
+
+    git archive main rig workers | (mkdir -p /tmp/rig-old && tar -x -C /tmp/rig-old)
+    .venv/bin/python scripts/pass_parts.py /tmp/rig-old --cards 512 --waiting 10000 --users 10
+    .venv/bin/python scripts/pass_parts.py . --cards 512 --waiting 10000 --users 10
+
+Prints one JSON line (p50 and min of the idle passes, the parts' p50, each starting pass and its
+parts). Uses a throwaway key prefix on --url (default $RIG_BENCH_REDIS_URL or 127.0.0.1:6379).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("root", help="a folder holding the version's rig/ and workers/ ('.' for this tree)")
+    parser.add_argument("--cards", type=int, default=512)
+    parser.add_argument("--waiting", type=int, default=10000)
+    parser.add_argument("--users", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=15, help="idle passes timed")
+    parser.add_argument("--hold-now", action="store_true", help="hold_after_seconds 0: every blocked job holds")
+    parser.add_argument("--url", default=os.environ.get("RIG_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    args = parser.parse_args()
+    root = str(Path(args.root).resolve())
+    sys.path.insert(0, root)
+    # bench_scale puts its own tree first on sys.path: what it imports is imported from ``root`` first.
+    for name in ("rig.client", "rig.ledger", "rig.nodes", "workers.card_runner", "workers.dispatcher",
+                 "workers.health", "workers.outcomes"):
+        importlib.import_module(name)
+    spec = importlib.util.spec_from_file_location("bench_scale", HERE.with_name("bench_scale.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    import rig.clock
+    import workers.dispatcher
+    from workers.outcomes import AttemptEnd, conclude
+    if not workers.dispatcher.__file__.startswith(root):
+        raise SystemExit(f"the dispatcher was imported from {workers.dispatcher.__file__}, not {root}")
+
+    frozen = 1_900_000_000.0
+    cluster = bench.Cluster(args.url, args.cards // 8, args.users, Path(tempfile.mkdtemp()))
+    type(rig.clock.clock_for(cluster.r)).now = lambda self, refresh=True: frozen
+    dispatcher = cluster.dispatcher
+    if args.hold_now:
+        dispatcher.settings = cluster.settings.model_copy(update={"hold_after_seconds": 0.0})
+    parts: dict[str, float] = {}
+
+    def timed(obj: object, name: str, part: str) -> None:
+        method = getattr(obj, name)
+
+        def wrapper(*a, **kw):
+            began = time.thread_time()
+            try:
+                return method(*a, **kw)
+            finally:
+                parts[part] = parts.get(part, 0.0) + (time.thread_time() - began) * 1000
+
+        setattr(obj, name, wrapper)
+
+    if hasattr(dispatcher, "_read_cards"):  # kept between passes (passcache); before: Ledger.cards
+        timed(dispatcher, "_read_cards", "cards")
+    else:
+        timed(dispatcher.ledger, "cards", "cards")
+    timed(dispatcher, "_read_holdings", "holdings")
+    timed(dispatcher, "_note_wait", "sentences")
+
+    def one_pass() -> tuple[float, dict[str, float]]:
+        parts.clear()
+        began = time.thread_time()
+        dispatcher.dispatch_pass()
+        return (time.thread_time() - began) * 1000, dict(parts)
+
+    def end_some(count: int) -> None:  # dispatch_sameness's: ends stamped on the frozen clock
+        every = cluster.cards
+        for node, index in every[::max(1, len(every) // count)][:count]:
+            held = sorted(cluster.ledger.holdings(node, index))
+            if held:
+                job = cluster.store.get(held[0])
+                conclude(cluster.ledger, job, str(job.assignments),
+                         AttemptEnd(exit_code=0, ended_at=frozen + 30, runtime=30.0))
+
+    idle, starting = [], []
+    try:
+        cluster.build()
+        cluster.add_waiting(args.waiting)
+        for _ in range(3):  # the first passes word every reason: not the steady state
+            dispatcher.dispatch_pass()
+        idle = [one_pass() for _ in range(args.reps)]
+        for _ in range(3):
+            end_some(64)
+            cpu, its = one_pass()
+            starting.append({"cpu_ms": round(cpu, 1), "started": len(cluster.started),
+                             **{k: round(v, 1) for k, v in its.items()}})
+            for job_id, token, node, card in cluster.started:
+                cluster.ledger.claim(job_id, token, f"card{card}@{node}")
+            cluster.started.clear()
+    finally:
+        cluster.delete()
+    cpus = [cpu for cpu, _ in idle]
+    print(json.dumps({
+        "root": root, "load": round(os.getloadavg()[0], 1),
+        "idle_p50_ms": round(statistics.median(cpus), 1), "idle_min_ms": round(min(cpus), 1),
+        **{f"idle_{k}_p50_ms": round(statistics.median(p.get(k, 0.0) for _, p in idle), 1)
+           for k in ("cards", "holdings", "sentences")},
+        "after_64_ends": starting}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
