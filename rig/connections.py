@@ -8,9 +8,9 @@ worker (4 task threads), beat, Flower and the gateway. Each process has:
   the process, of at most ``rig_pool_limit(role)`` connections, handed to the process through
   ``RIG_REDIS_POOL_LIMIT``; a thread that finds them all busy waits (POOL_WAIT_S) for one. The
   bound is at least what the process's threads hold at once: in a card worker each job's
-  thread holds one for one command at a time, the kill listener one for good (pub/sub), the
-  tick loop (heartbeat, readings, adoption) one, Celery's clock one: ``c + 3``, plus one of
-  headroom. The control worker: 4 task threads, the dispatcher (BLPOP, 1 s), the forecaster,
+  thread holds one for one command at a time, the start consumer one for its blocking take
+  (BLMOVE, 1 s at a time), the kill listener one for good (pub/sub), the tick loop
+  (heartbeat, readings, adoption) one, Celery's clock one: ``c + 4``, plus one of headroom. The control worker: 4 task threads, the dispatcher (BLPOP, 1 s), the forecaster,
   the Flower bridge (pub/sub, for good), heartbeat and local health: 9, plus headroom.
 * **Celery's** (kombu's Redis transport; CLIENT LIST names them ``celery:<node>:<role>``): the
   consumer's BRPOP, the broadcast channel's PSUBSCRIBE and its replies, the commands of the
@@ -43,8 +43,9 @@ FLOWER_POOL = 4
 #: The gateway: requests are served by threads, one command at a time each; more wait.
 GATEWAY_POOL = 8
 #: A card worker's threads besides its jobs' that may hold one of rig's connections at once
-#: (tick loop, kill listener, Celery's clock) plus one of headroom.
-CARD_EXTRA = 4
+#: (the start consumer's BLMOVE, 1 s at a time: workers.start_list; the kill listener, for
+#: good; the tick loop; Celery's clock) plus one of headroom.
+CARD_EXTRA = 5
 
 
 def rig_pool_limit(role: str, settings: Settings) -> int | None:

@@ -63,7 +63,7 @@ def test_a_process_rig_up_did_not_start_is_not_bounded(monkeypatch: pytest.Monke
 def test_node_bound_is_the_sum_of_each_process_bound():
     settings = load_settings(max_task_per_gpu=4)
     card = connections.rig_pool_limit("card", settings) + connections.celery_limit(4)
-    assert card == 8 + 11
+    assert card == 9 + 11
     assert connections.node_bound(settings, 8) == 8 * card + (12 + 11) + (3 + 2 + 1) + (4 + 8) + 8
     assert connections.node_bound(settings, 0, beat=False, flower=False, gateway=False) == 12 + 11
     assert connections.rig_pool_limit("rig-up", settings) is None
