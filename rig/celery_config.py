@@ -11,6 +11,7 @@ from celery import Celery
 
 from rig import sentinel_url
 from rig.config import Settings
+from rig.connections import BROKER_POOL_LIMIT, process_label
 from rig.keys import Keys
 from rig.models import Priority
 from rig.redis_conn import client_options
@@ -59,6 +60,8 @@ def redis_forms(url: str) -> dict[str, object]:
         # (every beat loop) ends beat there, rig up restarts it, as after a crash.
         "retry_period": -1,
     }
+    if (label := process_label()) is not None:
+        beat_options["client_name"] = f"redbeat:{label}"
     if not sentinel_url.is_sentinel(url):
         return {"broker_url": url, "broker_sentinel_options": {}, "redbeat_redis_url": url,
                 "redbeat_redis_options": beat_options}
@@ -83,7 +86,12 @@ def make_celery(settings: Settings) -> Celery:
             "global_keyprefix": keys.celery_prefix,
             **REDIS_CLIENT_OPTIONS,
             **forms["broker_sentinel_options"],  # type: ignore[dict-item]
+            # CLIENT LIST names each node process's Celery connections (rig's own: rig:...).
+            **({"client_name": f"celery:{label}"} if (label := process_label()) else {}),
         },
+        # Connections kept for publishing (Celery's default: 10): a publish holds one for one
+        # LPUSH, so more publishing threads wait instead of opening more (rig.connections).
+        broker_pool_limit=BROKER_POOL_LIMIT,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # keep trying through a Redis restart
         result_backend=None,

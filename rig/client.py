@@ -242,7 +242,7 @@ class Client:
         template: str | None = None,
         pool: str | None = None,
         export: str | None = None,
-        _build_only: bool = False,
+        _batch: dict[Any, Any] | None = None,
     ) -> JobHandle:
         """Queue a job; returns a handle at once. A string command runs through ``/bin/sh -c``.
         ``pool`` restricts it to the cards of one configured pool (rig.pools).
@@ -286,7 +286,12 @@ class Client:
         if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= R.MAX_GPUS:
             raise InvalidInput(f"--gpus must be a whole number of cards from 1 to {R.MAX_GPUS}; got {gpus!r}")
         prio = Priority.parse(priority or self.settings.default_priority)
-        wd = _resolve_workdir(workdir, self.settings)
+        # submit_many (``_batch``, its memo: the same caller, environment and folders for every
+        # request) checks each distinct folder and environment once, not once per job.
+        memo: dict[Any, Any] = _batch if _batch is not None else {}
+        wd = memo.get(("workdir", workdir))
+        if wd is None:
+            wd = memo[("workdir", workdir)] = _resolve_workdir(workdir, self.settings)
         max_retries = self.settings.max_retries if retries is None else retries
         check_retries(max_retries, shown=retries)
         limit = parse_time_limit(time_limit)
@@ -294,17 +299,20 @@ class Client:
         # variables rig passes on, then --env (a value of None: the submitter's own value).
         if env is not None and not isinstance(env, Mapping):
             raise InvalidInput(f"env must be a mapping of names to values (e.g. {{'A': '1'}}), got {type(env).__name__}")
-        refused = jobenv.refuse_rig_owned(env or {})  # before resolving: rig's own are refused either way
-        if refused:
-            raise InvalidInput(refused)
-        environ = caller_environ()
-        try:
-            asked = jobenv.resolve_names({str(k): None if v is None else str(v) for k, v in (env or {}).items()},
-                                         environ)
-            passed = jobenv.exported(environ, export)  # --export ALL (default) | NONE | names
-        except ValueError as exc:
-            raise InvalidInput(str(exc)) from None
-        job_env = _checked("--env", R.as_env, {**passed, **asked})
+        given = {str(k): None if v is None else str(v) for k, v in (env or {}).items()}
+        env_key = ("env", repr(export), tuple(given.items()))
+        if env_key not in memo:
+            refused = jobenv.refuse_rig_owned(given)  # before resolving: rig's own are refused either way
+            if refused:
+                raise InvalidInput(refused)
+            environ = caller_environ()
+            try:
+                asked = jobenv.resolve_names(given, environ)
+                passed = jobenv.exported(environ, export)  # --export ALL (default) | NONE | names
+            except ValueError as exc:
+                raise InvalidInput(str(exc)) from None
+            memo[env_key] = _checked("--env", R.as_env, {**passed, **asked})
+        job_env = dict(memo[env_key])
         if not job_name:
             raise InvalidInput("--name must not be empty")
         job_name = _checked("--name", R.as_name, job_name)
@@ -331,7 +339,8 @@ class Client:
             elif self._cards_for_admission():
                 raise Unschedulable(f"job can never run: pool {pool!r} has no registered card "
                                     f"(its members: {', '.join(self.settings.pools[pool])})")
-            own = self.own_estimate(job_name, limit, template=template, command=argv)
+            # submit_many reads every job's own runs in one round trip (own_estimates).
+            own = None if _batch is not None else self.own_estimate(job_name, limit, template=template, command=argv)
             return Job(
                 id=0, name=job_name, user=who.name, uid=who.uid, command=argv, shell=is_shell,
                 gpu_memory=nbytes, gpus=gpus, priority=prio, state=JobState.PENDING,
@@ -344,7 +353,7 @@ class Client:
             )
 
         job = self._guard(_do)
-        if _build_only:
+        if _batch is not None:
             return job, extra  # type: ignore[return-value] - submit_many's internal use
         job = self._guard(self.store.create, job, extra)
         self._confirm_replicated([job])
@@ -358,6 +367,7 @@ class Client:
         one Redis transaction, in order (their ids are consecutive). For sweeps: several times
         the rate of submit() in a loop."""
         built = []
+        memo: dict[Any, Any] = {}
         for number, request in enumerate(requests):
             request = dict(request)
             try:
@@ -365,15 +375,26 @@ class Client:
             except KeyError:
                 raise InvalidInput(f"request {number}: no command") from None
             try:
-                built.append(self.submit(command, _build_only=True, **request))
+                built.append(self.submit(command, _batch=memo, **request))
             except RigError as exc:
                 raise type(exc)(f"request {number}: {exc}") from None
             except TypeError as exc:
                 raise InvalidInput(f"request {number}: {exc}") from None
+        self._guard(self._own_estimates, [job for job, _ in built])
         jobs = self._guard(self.store.create_many, built)
         self._confirm_replicated(jobs)
         self._announce(jobs)
         return [JobHandle(self, job.id, job) for job in jobs]
+
+    def _own_estimates(self, jobs: list[Job]) -> None:
+        """Fill each new job's own estimate (own_estimate's), read for all in one round trip."""
+        owns = estimates.read_own_many(self.r, self.keys,
+                                       [(job.user, job.name, job.template, job.command) for job in jobs])
+        for job, own in zip(jobs, owns, strict=True):
+            found = estimates.own_estimate(own, job.time_limit)
+            job.expected_seconds = found.expected if found else None
+            job.cautious_seconds = found.cautious if found else None
+            job.expected_source = found.source if found else None
 
     def own_estimate(self, name: str, time_limit: float | None, user: str | None = None, *,
                      template: str | None = None,
@@ -384,10 +405,7 @@ class Client:
         runs of its size (a declared time limit is not an estimate of the run time)."""
         user = user or current_identity().name
         own = estimates.read_own(self.r, self.keys, user=user, name=name, template=template, command=command)
-        history = estimates.own_history(own)
-        if history is None:
-            return None
-        return estimates.from_samples(history[1], history[0], time_limit)
+        return estimates.own_estimate(own, time_limit)
 
     def auto_memory(self, name: str, margin: float | None = None, user: str | None = None) -> tuple[int, str]:
         """``--gpu-memory auto``: the largest measured peak of the last 5 successful runs of

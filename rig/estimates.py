@@ -1,8 +1,9 @@
 """How long jobs run, estimated from what rig has seen: the one place run times are predicted.
 
 rig never needs a declared duration. Each successful run leaves its run time (s) under three
-keys of its user — its command (a digest), its name, its template — and in that user's list of
-recent runs with their size (``recent_runtimes``). A job's run-time *samples* come from the
+sources of its user — its command (a digest; the COMMANDS_KEPT commands that ran last are
+kept), its name, its template — and in that user's list of recent runs with their size
+(``recent_runtimes``). A job's run-time *samples* come from the
 most specific source that has enough of them (SOURCES, in order):
 
     command (1+ runs) -> name (3+) -> template (3+) -> the user's recent runs of a similar
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 import redis
 
 from rig.keys import Keys
+from rig.lua import source as lua_source
 
 #: Runs kept per name, template and command.
 PER_KEY_RUNS = 20
@@ -68,6 +70,9 @@ BACKFILL_SOURCES = frozenset({"history", "command", "name", "template", "user-si
 PER_USER_SIZE = 10
 #: Seconds the per-name, -template and -command lists live after their last run (30 days).
 OWN_KEYS_TTL_S = 30 * 86400
+#: Commands whose run times are kept per user (the most recently run): a sweep of distinct
+#: commands (one per learning rate) keeps Redis bounded, not one key per job for 30 days.
+COMMANDS_KEPT = 1000
 #: A sample is of "a similar size" when its request (bytes x cards) is within this factor.
 SIZE_FACTOR = 2.0
 #: The quantile of the samples a backfill decision uses (a job expected to end in time by this
@@ -195,6 +200,13 @@ def own_history(own: Mapping[str, Sequence[float]]) -> tuple[str, Sequence[float
     return None
 
 
+def own_estimate(own: Mapping[str, Sequence[float]], time_limit: float | None) -> Estimate | None:
+    """A job's estimate from its own runs (``read_own``'s sources), capped by its time limit;
+    None when no source has enough runs."""
+    history = own_history(own)
+    return from_samples(history[1], history[0], time_limit) if history else None
+
+
 class Prior:
     """Estimates from the cluster's recent runs, for many jobs at once (one dispatcher round):
     the runs are sorted by size once, so a job's similar-size runs are one bisect away, and
@@ -258,10 +270,14 @@ def record_run(pipe: redis.client.Pipeline, keys: Keys, *, user: str, name: str,
     """Queue on ``pipe`` the writes that keep one successful run's time (s) for estimates;
     ``ended_at`` (epoch s) orders the users whose runs are read."""
     seconds = round(max(0.0, seconds), 3)
-    for key in own_keys(keys, user=user, name=name, template=template, command=command).values():
+    for key in own_keys(keys, user=user, name=name, template=template).values():
         pipe.lpush(key, seconds)
         pipe.ltrim(key, 0, PER_KEY_RUNS - 1)
-        pipe.expire(key, OWN_KEYS_TTL_S)  # a sweep of unique commands leaves no key for ever
+        pipe.expire(key, OWN_KEYS_TTL_S)  # a sweep of unique names leaves no key for ever
+    # EVAL, not EVALSHA: a pipeline's registered script costs a SCRIPT EXISTS round trip per
+    # execute; Redis compiles the text once and finds it by its digest after that.
+    pipe.eval(lua_source("bounded_runs"), 2, keys.durations_of_commands(user), keys.durations_of_commands_seen(user),
+              command_digest(command), seconds, PER_KEY_RUNS, COMMANDS_KEPT, ended_at, OWN_KEYS_TTL_S)
     pipe.lpush(keys.recent_runtimes(user), RecentRun(seconds, nbytes, gpus, user).encode())
     pipe.ltrim(keys.recent_runtimes(user), 0, PER_USER_RECENT - 1)
     pipe.expire(keys.recent_runtimes(user), OWN_KEYS_TTL_S)
@@ -269,10 +285,10 @@ def record_run(pipe: redis.client.Pipeline, keys: Keys, *, user: str, name: str,
     pipe.zremrangebyrank(keys.recent_runtime_users, 0, -2 * RECENT_USERS - 1)  # bounded
 
 
-def own_keys(keys: Keys, *, user: str, name: str, template: str | None,
-             command: Sequence[str] | str) -> dict[str, str]:
-    """The keys of a job's own run times, by source name."""
-    out = {"name": keys.durations(user, name), "command": keys.durations_of_command(user, command_digest(command))}
+def own_keys(keys: Keys, *, user: str, name: str, template: str | None) -> dict[str, str]:
+    """The list keys of a job's own run times by name and template (its command's are a field
+    of ``keys.durations_of_commands``)."""
+    out = {"name": keys.durations(user, name)}
     if template:
         out["template"] = keys.durations_of_template(user, template)
     return out
@@ -281,11 +297,41 @@ def own_keys(keys: Keys, *, user: str, name: str, template: str | None,
 def read_own(r: redis.Redis, keys: Keys, *, user: str, name: str, template: str | None,
              command: Sequence[str] | str) -> dict[str, list[float]]:
     """A job's own run times by source (one round trip)."""
-    wanted = own_keys(keys, user=user, name=name, template=template, command=command)
+    return read_own_many(r, keys, [(user, name, template, command)])[0]
+
+
+def read_own_many(r: redis.Redis, keys: Keys,
+                  jobs: Sequence[tuple[str, str, str | None, Sequence[str] | str]]
+                  ) -> list[dict[str, list[float]]]:
+    """``read_own`` for many jobs, given as (user, name, template, command), in one round
+    trip: one HMGET per user for the commands, each distinct list once (a sweep's jobs share
+    their name)."""
+    digests: dict[str, dict[str, int]] = {}  # user -> command digest -> its place in the HMGET
+    lists: dict[str, int] = {}  # list key -> reply index
+    wanted = []
+    for user, name, template, command in jobs:
+        digest = command_digest(command)
+        digests.setdefault(user, {}).setdefault(digest, len(digests.get(user, ())))
+        own = own_keys(keys, user=user, name=name, template=template)
+        for key in own.values():
+            lists.setdefault(key, len(lists))
+        wanted.append((user, digest, own))
+    if not wanted:
+        return []
     pipe = r.pipeline(transaction=False)
-    for key in wanted.values():
+    for key in lists:
         pipe.lrange(key, 0, PER_KEY_RUNS - 1)
-    return {source: _floats(values) for source, values in zip(wanted, pipe.execute(), strict=True)}
+    for user, fields in digests.items():
+        pipe.hmget(keys.durations_of_commands(user), list(fields))
+    replies = pipe.execute()
+    by_user = dict(zip(digests, replies[len(lists):], strict=True))
+    out = []
+    for user, digest, own in wanted:
+        by_command = by_user[user][digests[user][digest]]
+        found = {"command": _floats((by_command or "").split())}
+        found.update({source: _floats(replies[lists[key]]) for source, key in own.items()})
+        out.append(found)
+    return out
 
 
 def read_recent(r: redis.Redis, keys: Keys) -> list[RecentRun]:

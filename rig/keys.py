@@ -16,7 +16,9 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P usage:<user>                hash     recent usage: value (GiB-hours) decayed to at (epoch s)
   P durations:<user>:<name>     list     run seconds of that user's earlier successful runs, newest first
   P durations-template:<user>:<template>  list   the same per template (rig.estimates)
-  P durations-command:<user>:<digest>     list   the same per command
+  P durations-commands:<user>   hash     command digest -> the same per command, space separated
+                                         (at most estimates.COMMANDS_KEPT per user)
+  P durations-command-seen:<user>  zset  command digest -> when it last ran (which ones leave first)
   P recent-runtimes:<user>      list     that user's recent successful runs "<s> <bytes> <cards> <user>"
   P recent-runtimes-users       zset     users with recent runs; score = when the last one ended
   P errors                      zset     the error queue: ended jobs waiting for a person; score = time
@@ -132,9 +134,13 @@ class Keys:
         """Run times of one user's jobs submitted with one template (rig.estimates)."""
         return f"{self.prefix}durations-template:{user}:{template}"
 
-    def durations_of_command(self, user: str, digest: str) -> str:
-        """Run times of one user's jobs of one command (rig.estimates.command_digest)."""
-        return f"{self.prefix}durations-command:{user}:{digest}"
+    def durations_of_commands(self, user: str) -> str:
+        """Run times of one user's jobs per command (rig.estimates.command_digest -> runs)."""
+        return f"{self.prefix}durations-commands:{user}"
+
+    def durations_of_commands_seen(self, user: str) -> str:
+        """When each command of ``durations_of_commands(user)`` last ran (the oldest leave first)."""
+        return f"{self.prefix}durations-command-seen:{user}"
 
     def recent_runtimes(self, user: str) -> str:
         """One user's recent successful runs with their sizes (rig.estimates.RecentRun)."""

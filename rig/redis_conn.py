@@ -23,6 +23,7 @@ import os
 import secrets
 import socket
 import stat
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,6 +155,69 @@ class _FollowFailover(_RetryButNotAuth):
         return super().call_with_retry(do, fail, retryable, with_failure_count)
 
 
+# -- how many connections a process of a node opens -------------------------------------------
+#: The environment variable through which ``rig up`` bounds each process it starts
+#: (rig.stack.pool_limit): at most this many connections to Redis for all the process's rig
+#: clients together (one shared pool); a command waits up to POOL_WAIT_S for a free one. Unset
+#: (a user's own program, the CLI): one pool per client, unbounded, as redis-py's default.
+POOL_LIMIT_ENV = "RIG_REDIS_POOL_LIMIT"
+#: Seconds a command waits for a free connection of its process's bounded pool before
+#: PoolExhausted: longer than any holder keeps one for a command (REPLY_TIMEOUT_S, and the
+#: 1 s blocking reads), so only connections held for good (pub/sub listeners) beyond the
+#: bound can make it fail.
+POOL_WAIT_S = 30.0
+
+
+class PoolExhausted(redis.ConnectionError):
+    """Every connection of this process's bounded pool stayed busy for POOL_WAIT_S: more
+    threads held one at once (pub/sub listeners keep theirs) than the bound allows."""
+
+
+class _BoundedPool(redis.BlockingConnectionPool):
+    """redis-py's blocking pool whose "No connection available." names the bound and the fix."""
+
+    def get_connection(self, *args: object, **options: object) -> redis.Connection:
+        try:
+            return super().get_connection(*args, **options)  # type: ignore[arg-type]
+        except redis.ConnectionError as exc:
+            if isinstance(exc, PoolExhausted) or "No connection available" not in str(exc):
+                raise
+            raise PoolExhausted(
+                f"all {self.max_connections} Redis connections of this process (pid {os.getpid()}, "
+                f"{POOL_LIMIT_ENV}={self.max_connections}) stayed busy for {self.timeout:g} s; more of its "
+                "threads held one at once than rig up allows (docs/PERFORMANCE.md, Cluster scale: connections "
+                "per node)") from None
+
+
+_SHARED_POOLS: dict[str, _BoundedPool] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def pool_limit() -> int | None:
+    """The bound rig up gave this process (POOL_LIMIT_ENV), or None: unbounded."""
+    text = os.environ.get(POOL_LIMIT_ENV, "").strip()
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def _shared_pool(url: str, limit: int, options: dict[str, object]) -> _BoundedPool:
+    """The process's one bounded pool for ``url`` (made at the first call)."""
+    key = url
+    with _SHARED_LOCK:
+        pool = _SHARED_POOLS.get(key)
+        if pool is None:
+            from rig.connections import process_label  # (rig.connections imports rig.config)
+
+            label = process_label()
+            named = {"client_name": f"rig:{label}"} if label else {}
+            pool = _BoundedPool.from_url(url, max_connections=limit, timeout=POOL_WAIT_S, **options, **named)
+            _SHARED_POOLS[key] = pool
+        return pool
+
+
 def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S,
             reply_timeout: float = REPLY_TIMEOUT_S, retry: Retry | None = None) -> redis.Redis:
     """A client with decoded responses and bounded waits (client_options). Does not connect
@@ -162,7 +226,11 @@ def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S,
     A ``sentinel://`` URL gives a client of the sentinels' current master (rig.sentinel_url).
     A server of the wrong kind (a sentinel, a cluster node) raises ConfigError at the first
     command (rig.server_kind).
-    ``retry``: instead of rig's policy (_retry), e.g. none for a probe."""
+    ``retry``: instead of rig's policy (_retry), e.g. none for a probe.
+
+    In a process rig up started (POOL_LIMIT_ENV set), every client made with the default
+    timeouts and rig's retry policy shares one pool of at most that many connections; a probe
+    (``retry`` or shorter timeouts given, closed after use) keeps its own."""
     options = client_options(connect_timeout=timeout, reply_timeout=reply_timeout)
     if urlsplit(url).scheme == "unix":  # no TCP: no keepalive options (redis-py refuses them)
         options.pop("socket_keepalive")
@@ -178,6 +246,9 @@ def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S,
     )
     if is_sentinel(url):
         return sentinel_url.parse(url).client(options)
+    limit = pool_limit()
+    if limit is not None and retry is None and (timeout, reply_timeout) == (CONNECT_TIMEOUT_S, REPLY_TIMEOUT_S):
+        return redis.Redis(connection_pool=_shared_pool(url, limit, options))
     return redis.Redis.from_url(url, **options)  # type: ignore[arg-type]
 
 

@@ -37,6 +37,7 @@ import redis
 from rig import authgate, sentinel_url
 from rig.celery_config import card_queue, dispatcher_queues
 from rig.config import Settings
+from rig.connections import rig_pool_limit
 from rig.draining import cards_to_serve, drained
 from rig.errors import (
     ConfigError,
@@ -55,6 +56,7 @@ from rig.nodes import NodeRegistry
 from rig.redis_conn import (
     FAILOVER_WINDOW_S,
     LOOPBACK,
+    POOL_LIMIT_ENV,
     client_options,
     connect,
     ensure_password_file,
@@ -573,6 +575,9 @@ class Stack:
         the run folder (rig's own: celery imports the app with the cwd on sys.path)."""
         s = self.settings
         child.log_file.parent.mkdir(parents=True, exist_ok=True)
+        limit = rig_pool_limit(child.role or child.name, s)
+        if limit is not None:  # rig's own connections in that process, all clients together
+            child.env = {**child.env, POOL_LIMIT_ENV: str(limit)}
         # PR_SET_PDEATHSIG follows the forking thread: only the main thread lives as long as
         # this process (a test harness restarts children from a helper thread).
         marks = child_marks(s.node_name, s.home, child.role or child.name,

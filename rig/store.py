@@ -87,9 +87,15 @@ class JobStore:
 
     def _queue_creates(self, pipe: Any, jobs: list[tuple[Job, dict[str, Any] | None]], first: int,
                        now: float) -> list[Job]:
-        """Queue the writes of ``jobs`` (ids from ``first`` on) on a MULTI pipeline."""
+        """Queue the writes of ``jobs`` (ids from ``first`` on) on a MULTI pipeline: per job its
+        record, spec and event; the indexes, queues and environment blobs once per batch (one
+        ZADD of every id, not one per job: a sweep's submission sends a third of the commands)."""
         out = []
         shared = shared_environments(job for job, _ in jobs)
+        blobs: dict[str, tuple[str, int]] = {}  # environment digest -> (packed blob, jobs naming it)
+        ids: dict[str, int] = {}
+        scores: dict[str, float] = {}
+        by_user: dict[str, dict[str, float]] = {}
         for offset, (job, extra) in enumerate(jobs):
             job.id = first + offset
             job.state = JobState.PENDING
@@ -99,24 +105,34 @@ class JobStore:
             record = job.to_redis()
             # Extra fields (a @rig.task payload) never replace the record's own (owner, state...).
             record.update({k: _encode(v) for k, v in (extra or {}).items() if v is not None and k not in JOB_FIELDS})
-            self._queue_record(pipe, job.id, job.user, record, shared.get(job.user))
-            pipe.zadd(self.keys.all_jobs, {str(job.id): job.id})
-            pipe.zadd(self.keys.state_index(JobState.PENDING.value), {str(job.id): job.id})
-            pipe.zadd(self.keys.pending, {str(job.id): score})
-            pipe.zadd(self.keys.pending_user(job.user), {str(job.id): score})
-            pipe.sadd(self.keys.pending_users, job.user)
+            self._queue_record(pipe, job.id, job.user, record, shared.get(job.user), blobs)
+            ids[str(job.id)] = job.id
+            scores[str(job.id)] = score
+            by_user.setdefault(job.user, {})[str(job.id)] = score
             pipe.publish(self.keys.events_channel, f"{job.id} {JobState.PENDING.value}")
             out.append(job)
+        for ref, (blob, count) in blobs.items():
+            pipe.set(self.keys.env_blob(ref), blob)
+            pipe.hincrby(self.keys.env_refs, ref, count)
+        pipe.zadd(self.keys.all_jobs, ids)
+        pipe.zadd(self.keys.state_index(JobState.PENDING.value), ids)
+        pipe.zadd(self.keys.pending, scores)
+        for user, own in by_user.items():
+            pipe.zadd(self.keys.pending_user(user), own)
+        pipe.sadd(self.keys.pending_users, *by_user)
         pipe.hincrby(self.keys.metrics_counters, "submitted", len(jobs))  # rig_jobs_submitted_total
         pipe.lpush(self.keys.sched_wake, "1")  # the dispatcher BLPOPs this: no Celery hop needed
         return out
 
     def _queue_record(self, pipe: Any, job_id: int, user: str, record: dict[str, str],
-                      shared: dict[str, str] | None = None) -> None:
+                      shared: dict[str, str] | None = None,
+                      blobs: dict[str, tuple[str, int]] | None = None) -> None:
         """Queue the writes of one stored record: the hash, its spec, its environment's blob and
         that blob's count (rig.models.SPEC_FIELDS: why they are apart). ``shared``: the
         variables all of the user's jobs in this submission share (shared_environments):
-        the blob holds those, the job's spec the rest (``env_extra``)."""
+        the blob holds those, the job's spec the rest (``env_extra``). ``blobs``: where a batch
+        gathers its blobs (digest -> packed blob, jobs naming it) to write each once; None:
+        written here."""
         spec: dict[str, Any] = {k: record.pop(k) for k in SPEC_FIELDS if k in record}
         env = record.pop(ENV_FIELD, None)
         if env is not None:
@@ -128,8 +144,12 @@ class JobStore:
                     env = json.dumps(shared)
             ref = packed.digest(user, env)
             record[ENV_REF] = ref
-            pipe.set(self.keys.env_blob(ref), packed.pack(env))
-            pipe.hincrby(self.keys.env_refs, ref, 1)
+            if blobs is None:
+                pipe.set(self.keys.env_blob(ref), packed.pack(env))
+                pipe.hincrby(self.keys.env_refs, ref, 1)
+            else:
+                blob, count = blobs.get(ref) or (packed.pack(env), 0)
+                blobs[ref] = (blob, count + 1)
         pipe.hset(self.keys.job(job_id), mapping=record)
         if spec:
             pipe.set(self.keys.job_spec(job_id), packed.pack(spec))

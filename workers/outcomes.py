@@ -207,6 +207,8 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
                 # What this kind of job really needs, for `--gpu-memory auto` next time.
                 pipe.lpush(ledger.keys.history(job.user, job.name), job.vram_peak)
                 pipe.ltrim(ledger.keys.history(job.user, job.name), 0, HISTORY_LENGTH - 1)
+                # A sweep of distinct names must not leave one list per job for ever.
+                pipe.expire(ledger.keys.history(job.user, job.name), estimates.OWN_KEYS_TTL_S)
             if ran is not None:
                 # How long it ran, for the dispatcher's estimates of when cards free (holds,
                 # backfill): by name, template, command and in the cluster's recent runs.

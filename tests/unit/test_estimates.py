@@ -130,6 +130,32 @@ def test_record_run_and_read_back_through_redis():
     assert r.ttl(keys.recent_runtimes("ann")) > 0
 
 
+def test_a_sweep_of_distinct_commands_keeps_the_last_commands_kept(monkeypatch):
+    """Run times by command live in one bounded hash per user: a million-job sweep of distinct
+    commands leaves COMMANDS_KEPT entries (the ones that ran last), not a key per job."""
+    monkeypatch.setattr(E, "COMMANDS_KEPT", 3)
+    r = fakeredis.FakeRedis(decode_responses=True)
+    keys = Keys("t:")
+    for i in range(5):
+        pipe = r.pipeline(transaction=False)
+        E.record_run(pipe, keys, user="ann", name="sweep", template=None, command=["t.py", str(i)],
+                     nbytes=GIB, gpus=1, seconds=10 + i, ended_at=1000 + i)
+        E.record_run(pipe, keys, user="ann", name="sweep", template=None, command=["t.py", "4"],
+                     nbytes=GIB, gpus=1, seconds=1, ended_at=1000 + i)
+        pipe.execute()
+    assert r.hlen(keys.durations_of_commands("ann")) == r.zcard(keys.durations_of_commands_seen("ann")) == 3
+    def own(i: int) -> list[float]:
+        return E.read_own(r, keys, user="ann", name="sweep", template=None, command=["t.py", str(i)])["command"]
+    assert [own(i) for i in range(5)] == [[], [], [12.0], [13.0], [1.0, 14.0, 1.0, 1.0, 1.0, 1.0]]
+    assert 0 < r.ttl(keys.durations_of_commands("ann")) <= E.OWN_KEYS_TTL_S
+    for _ in range(E.PER_KEY_RUNS + 5):
+        pipe = r.pipeline(transaction=False)
+        E.record_run(pipe, keys, user="ann", name="sweep", template=None, command=["t.py", "4"],
+                     nbytes=GIB, gpus=1, seconds=2, ended_at=2000)
+        pipe.execute()
+    assert own(4) == [2.0] * E.PER_KEY_RUNS
+
+
 def test_one_users_flood_of_runs_does_not_set_everyones_estimate():
     r = fakeredis.FakeRedis(decode_responses=True)
     keys = Keys("t:")
@@ -166,3 +192,21 @@ def test_own_cautious_from_submit_is_kept():
     assert found.remaining(20) == 80.0
     limited = E.Prior(()).estimate(user="ann", nbytes=GIB, gpus=1, own=[10.0], own_cautious=100.0, time_limit=50)
     assert limited.cautious == 50
+
+
+def test_read_own_many_reads_what_read_own_reads_for_each_job():
+    r = fakeredis.FakeRedis(decode_responses=True)
+    keys = Keys("t:")
+    runs = [("ann", "train", "big", ["t.py", "1"], 3.0), ("ann", "train", None, ["t.py", "2"], 5.0),
+            ("bob", "train", "big", ["t.py", "1"], 7.0), ("ann", "eval", None, ["e.py"], 1.0)]
+    for user, name, template, command, seconds in runs * 3:
+        pipe = r.pipeline(transaction=False)
+        E.record_run(pipe, keys, user=user, name=name, template=template, command=command, nbytes=GIB, gpus=1,
+                     seconds=seconds)
+        pipe.execute()
+    asked = [(u, n, t, c) for u, n, t, c, _ in runs] + [("ann", "train", "big", ["t.py", "1"]),
+                                                        ("cy", "new", None, ["x"]), ("bob", "eval", None, ["t.py", "2"])]
+    expected = [E.read_own(r, keys, user=u, name=n, template=t, command=c) for u, n, t, c in asked]
+    assert E.read_own_many(r, keys, asked) == expected
+    assert expected[0]["command"] == [3.0] * 3 and expected[5] == {"command": [], "name": []}
+    assert E.read_own_many(r, keys, []) == []
