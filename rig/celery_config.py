@@ -11,7 +11,7 @@ from celery import Celery
 
 from rig import sentinel_url
 from rig.config import Settings
-from rig.connections import BROKER_POOL_LIMIT, process_label
+from rig.connections import broker_pool_limit, process_label
 from rig.keys import Keys
 from rig.models import Priority
 from rig.redis_conn import client_options
@@ -91,7 +91,7 @@ def make_celery(settings: Settings) -> Celery:
         },
         # Connections kept for publishing (Celery's default: 10): a publish holds one for one
         # LPUSH, so more publishing threads wait instead of opening more (rig.connections).
-        broker_pool_limit=BROKER_POOL_LIMIT,
+        broker_pool_limit=broker_pool_limit(),
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # keep trying through a Redis restart
         result_backend=None,

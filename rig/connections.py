@@ -32,6 +32,10 @@ from rig.config import Settings
 
 #: Publishing connections per process (rig.celery_config passes it as broker_pool_limit).
 BROKER_POOL_LIMIT = 2
+#: Flower's: its workers page asks 8 inspect calls at once (stats, active queues, registered,
+#: scheduled, active, reserved, revoked, conf), each on a connection of this pool; with 2 they
+#: queued behind one another and the page never listed the workers. Celery's default.
+FLOWER_BROKER_POOL_LIMIT = 10
 #: Task threads of the control worker (rig.stack starts it with ``-c 4``).
 CONTROL_THREADS = 4
 #: rig's own pool of the control worker: its 9 threads that may hold one at once, plus 3.
@@ -56,11 +60,18 @@ def rig_pool_limit(role: str, settings: Settings) -> int | None:
     return {"control": CONTROL_POOL, "beat": BEAT_POOL, "flower": FLOWER_POOL, "gateway": GATEWAY_POOL}.get(role)
 
 
-def celery_limit(threads: int) -> int:
+def broker_pool_limit(role: str | None = None) -> int:
+    """Celery's ``broker_pool_limit`` for a process of ``role`` (default: this process's
+    RIG_ROLE): FLOWER_BROKER_POOL_LIMIT for Flower, else BROKER_POOL_LIMIT."""
+    role = os.environ.get("RIG_ROLE", "") if role is None else role
+    return FLOWER_BROKER_POOL_LIMIT if role == "flower" else BROKER_POOL_LIMIT
+
+
+def celery_limit(threads: int, role: str = "") -> int:
     """The most connections kombu opens in a Celery process with ``threads`` task threads:
     BRPOP, PSUBSCRIBE, the broadcast replies, the consumer channel's commands (one per thread
     that uses it at once: the task threads, the consumer and its timer), the publishers."""
-    return 1 + 1 + 1 + (threads + 2) + BROKER_POOL_LIMIT
+    return 1 + 1 + 1 + (threads + 2) + broker_pool_limit(role)
 
 
 def node_bound(settings: Settings, cards: int, *, beat: bool = True, flower: bool = True,
@@ -73,7 +84,7 @@ def node_bound(settings: Settings, cards: int, *, beat: bool = True, flower: boo
     if beat:
         total += BEAT_POOL + BROKER_POOL_LIMIT + 1  # publishes the periodic tasks; redbeat's client
     if flower:
-        total += FLOWER_POOL + celery_limit(1)  # its event consumer and broker page
+        total += FLOWER_POOL + celery_limit(1, "flower")  # its event consumer, inspect calls, broker page
     if gateway:
         total += GATEWAY_POOL
     return total

@@ -64,6 +64,13 @@ def test_node_bound_is_the_sum_of_each_process_bound():
     settings = load_settings(max_task_per_gpu=4)
     card = connections.rig_pool_limit("card", settings) + connections.celery_limit(4)
     assert card == 9 + 11
-    assert connections.node_bound(settings, 8) == 8 * card + (12 + 11) + (3 + 2 + 1) + (4 + 8) + 8
+    assert connections.node_bound(settings, 8) == 8 * card + (12 + 11) + (3 + 2 + 1) + (4 + 16) + 8
     assert connections.node_bound(settings, 0, beat=False, flower=False, gateway=False) == 12 + 11
     assert connections.rig_pool_limit("rig-up", settings) is None
+
+
+def test_flower_keeps_enough_publishing_connections_for_its_workers_page():
+    """Flower's workers page asks 8 inspect calls at once, each on a connection of its broker
+    pool: with the workers' 2 it never listed them (tests/integration/test_flower_truth.py)."""
+    assert connections.broker_pool_limit("flower") >= 8
+    assert connections.broker_pool_limit("card") == connections.BROKER_POOL_LIMIT
