@@ -93,6 +93,13 @@ REDIS_RETRY_FIRST_S = 1.0
 REDIS_RETRY_MAX_S = 30.0
 
 
+#: A worker that has not heartbeated once since it started is starting, not hung, for this long
+#: (s; health.timeout if longer): a Celery worker on a loaded 2-core host took more than 6 s to
+#: its first heartbeat, and with health.timeout 3 s it was killed as hung five times in a row,
+#: each restart backing off longer (a fault-suite run in CI).
+STARTUP_GRACE_S = 60.0
+
+
 @dataclass
 class Child:
     name: str
@@ -107,6 +114,8 @@ class Child:
     #: Monotonic time since which this live worker has had no heartbeat of its own (None: it
     #: heartbeats, or it is not a worker). See Stack.check_hung.
     silent_since: float | None = None
+    #: This process has heartbeated at least once (reset when it is started again).
+    beat_seen: bool = False
 
 
 @dataclass
@@ -588,6 +597,7 @@ class Stack:
                                       cwd=s.run_dir)
         out.close()
         child.started_at = time.monotonic()
+        child.beat_seen = False
 
     # -- supervision ----------------------------------------------------------------------
     def supervise_once(self) -> None:
@@ -670,7 +680,10 @@ class Stack:
             except (ValueError, KeyError, TypeError):
                 pid = None
             assert child.proc is not None
-            if pid == child.proc.pid or now - child.started_at < s.health.timeout:
+            child.beat_seen = child.beat_seen or pid == child.proc.pid
+            # Starting, not hung, until its first heartbeat (within STARTUP_GRACE_S).
+            grace = s.health.timeout if child.beat_seen else max(s.health.timeout, STARTUP_GRACE_S)
+            if pid == child.proc.pid or now - child.started_at < grace:
                 child.silent_since = None
                 continue
             if child.silent_since is None:
