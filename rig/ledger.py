@@ -120,13 +120,24 @@ class Ledger:
         self.record_reading(node, reading)
         return self.card(node, reading.index)
 
-    def record_reading(self, node: str, reading: GpuReading) -> None:
-        """Store what the card reports now (used memory, utilisation, temperature)."""
+    def record_reading(self, node: str, reading: GpuReading) -> bool:
+        """Store what the card reports now (used memory, utilisation, temperature), and put the
+        card's reserved/jobs counters back to what its reservations say if they were changed
+        by hand (lib_card.lua's card_recount). Returns True when it corrected them."""
         mapping: dict[str, Any] = {"updated_at": shared_now(self.r)}
         for name in ("used", "utilization", "temperature"):
             value = getattr(reading, name)
             mapping[name] = "" if value is None else int(value)
-        self._write_card(node, reading.index, mapping)
+        key = self.keys.card(node, reading.index)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(key, mapping=mapping)
+        bump_cards(pipe, [key])
+        pipe.eval(source("recount_card"), 2, key, self.keys.card_jobs(node, reading.index))
+        corrected = bool(pipe.execute()[-1])
+        if corrected:
+            log.warning("card %s/%s: its reserved/jobs counters did not match its reservations (edited by "
+                        "hand?); set back to what the reservations hold", node, reading.index)
+        return corrected
 
     def _write_card(self, node: str, index: int, mapping: dict[str, Any]) -> None:
         """Set fields of a card record and move its version, in one transaction."""

@@ -7,6 +7,13 @@
 -- 'not-allowed', 'unhealthy', 'full' (reserved + foreign + bytes > usable), 'busy'
 -- (jobs + 1 > max_jobs).
 --
+-- card_recount(card, holds): the card's 'reserved' and 'jobs' are the sum and the count of its
+-- reservations hash (holds); every script keeps them so, and this puts them back when something
+-- else changed them (an operator's HSET "freeing a leak"): reserve.lua before it checks a card,
+-- the releases after they write, rig.ledger.record_reading at each reading. Returns true when it
+-- corrected them. Garbage (not a plain integer) in a counter or a reservation is left alone:
+-- card_refusal says 'invalid' for the first, and guessing over the second is not ours.
+--
 -- card_bump(card): every script that changes a card or its reservations calls it once per card
 -- (rig.ledger.CARD_VERSION: the dispatcher re-reads only cards whose version moved). Never
 -- raises, whatever the field holds (a script must not stop after its first write); a missing
@@ -66,6 +73,31 @@ local function card_refusal(card, bytes)
     return 'busy'
   end
   return nil
+end
+
+local function card_recount(card, holds)
+  if redis.call('EXISTS', card) == 0 then
+    return false
+  end
+  local f = redis.call('HMGET', card, 'reserved', 'jobs')
+  local reserved = card_int(f[1], -CARD_MAX_BYTES, CARD_MAX_BYTES, 0)
+  local jobs = card_int(f[2], -2147483648, 2147483648, 0)
+  if reserved == nil or jobs == nil then
+    return false
+  end
+  local sum, count = 0, 0
+  for _, held in ipairs(redis.call('HVALS', holds)) do
+    local n = card_int(held, 0, CARD_MAX_BYTES, nil)
+    if n == nil then
+      return false
+    end
+    sum, count = sum + n, count + 1
+  end
+  if sum == reserved and count == jobs then
+    return false
+  end
+  redis.call('HSET', card, 'reserved', sum, 'jobs', count)
+  return true
 end
 
 local function card_bump(card)

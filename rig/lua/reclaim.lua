@@ -35,5 +35,6 @@ end
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HINCRBY', KEYS[1], 'reserved', -tonumber(amount))
 redis.call('HINCRBY', KEYS[1], 'jobs', -1)
+card_recount(KEYS[1], KEYS[2])
 card_bump(KEYS[1])
 return {1, amount}

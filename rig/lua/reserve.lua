@@ -54,6 +54,9 @@ local ncards = #cjson.decode(cards)
 local starts = KEYS[7 + 2 * ncards]  -- nil without a start list
 for i = 0, ncards - 1 do
   local card = KEYS[7 + 2 * i]
+  if card_recount(card, KEYS[8 + 2 * i]) then  -- counters edited by hand: its reservations count
+    card_bump(card)
+  end
   local refused = card_refusal(card, bytes)
   if refused then
     return {0, 'card-' .. refused .. ':' .. card}

@@ -97,6 +97,7 @@ for i = 0, ncards - 1 do
     redis.call('HDEL', holds, job_id)
     redis.call('HINCRBY', card, 'reserved', -tonumber(amount))
     redis.call('HINCRBY', card, 'jobs', -1)
+    card_recount(card, holds)  -- never below what is still reserved there (nor below 0)
     card_bump(card)
   end
 end
