@@ -182,9 +182,10 @@ class Cluster:
         self.waiting += count
         self.r.delete(self.keys.sched_wake)
 
-    def end_some(self, count: int) -> float:
+    def end_some(self, count: int, ended_at: float | None = None, runtime: float | None = None) -> float:
         """End ``count`` running jobs, one on each of ``count`` cards spread over the cluster,
-        through conclude(). Returns ends per second."""
+        through conclude(), stamped ``ended_at`` (default: just now) with ``runtime`` (s).
+        Returns ends per second."""
         cards = self.cards
         step = max(1, len(cards) // count)
         chosen = cards[::step][:count]
@@ -196,7 +197,9 @@ class Cluster:
                 self.touched.add((node, index))
         t0 = time.perf_counter()
         for job in jobs:
-            conclude(self.ledger, job, str(job.assignments), AttemptEnd(exit_code=0, ended_at=time.time() - 0.001))
+            conclude(self.ledger, job, str(job.assignments),
+                     AttemptEnd(exit_code=0, ended_at=time.time() - 0.001 if ended_at is None else ended_at,
+                                runtime=runtime))
         return len(jobs) / (time.perf_counter() - t0)
 
     def restore(self) -> None:

@@ -51,7 +51,7 @@ def main() -> int:
     spec.loader.exec_module(bench)
     import rig.clock
     import workers.dispatcher
-    from workers.outcomes import AttemptEnd, conclude
+
     if not workers.dispatcher.__file__.startswith(root):
         raise SystemExit(f"the dispatcher was imported from {workers.dispatcher.__file__}, not {root}")
 
@@ -88,14 +88,8 @@ def main() -> int:
         dispatcher.dispatch_pass()
         return (time.thread_time() - began) * 1000, dict(parts)
 
-    def end_some(count: int) -> None:  # dispatch_sameness's: ends stamped on the frozen clock
-        every = cluster.cards
-        for node, index in every[::max(1, len(every) // count)][:count]:
-            held = sorted(cluster.ledger.holdings(node, index))
-            if held:
-                job = cluster.store.get(held[0])
-                conclude(cluster.ledger, job, str(job.assignments),
-                         AttemptEnd(exit_code=0, ended_at=frozen + 30, runtime=30.0))
+    def end_some(count: int) -> None:  # bench_scale's, with the ends stamped on the frozen clock
+        cluster.end_some(count, ended_at=frozen + 30, runtime=30.0)
 
     idle, starting = [], []
     try:
