@@ -301,6 +301,12 @@ class AttemptFiles:
         return self.folder / f"attempt-{self.attempt}.pid"
 
     @property
+    def started(self) -> Path:
+        """The pid file once the attempt's ending is recorded (renamed, not rewritten): its
+        mtime is when the attempt's process started."""
+        return self.folder / f"attempt-{self.attempt}.started"
+
+    @property
     def note(self) -> Path:
         """What the log keeper could not write or cut (rig.logspace)."""
         return self.folder / f"attempt-{self.attempt}.note"

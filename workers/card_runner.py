@@ -278,8 +278,16 @@ class CardRunner:
             log.warning("job %s: attempt %s already ran on this node; concluding it, not re-running",
                         job_id, attempt)
             log_file = str(files.log)
+            fields: dict[str, object] = {}
             if log_file not in job.log_paths:
-                self.store.update(job_id, log_paths=[*job.log_paths, log_file])
+                fields["log_paths"] = [*job.log_paths, log_file]
+            # The claim just stamped started_at "now"; the attempt really started when its pid
+            # file was written (just after its process), and its end comes from the exit file.
+            started = _file_time(self.r, files.pid) or _file_time(self.r, files.started)
+            if started is not None:
+                fields["started_at"] = started
+            if fields:
+                self.store.update(job_id, **fields)
             end = self._outcome(ActiveJob(job_id, str(token), attempt, 0, None, exit_file))
             state = self._finish(job_id, str(token), end, instance=job.instance)
             return state.value if state else "unknown"
@@ -693,10 +701,8 @@ class CardRunner:
         ended unwatched), written whenever Redis takes it (rig.clock)."""
         if active.ended_mono is not None:
             return event_time(self.r, mono=active.ended_mono), max(0.0, active.ended_mono - active.started_mono)
-        try:
-            return event_time(self.r, wall=active.exit_file.stat().st_mtime), None
-        except OSError:
-            return event_time(self.r), None
+        ended = _file_time(self.r, active.exit_file)
+        return (event_time(self.r) if ended is None else ended), None
 
     def _wait_for_keeper(self, active: ActiveJob) -> None:
         """Let the log keeper write the last output before the log is read (the failure
@@ -777,7 +783,9 @@ class CardRunner:
         for folder in folders if result else []:
             for path in folder.glob("attempt-*.pid") if folder.is_dir() else []:
                 try:
-                    path.unlink(missing_ok=True)
+                    # Out of adoption's sight, but its mtime still says when the attempt began
+                    # (AttemptFiles.started), should Redis forget this ending.
+                    path.rename(path.with_suffix(".started"))
                 except OSError:
                     pass  # another home's folder this user may not write: a stale pid file only
         jobs_dir = getattr(self.backend, "jobs_dir", None)
@@ -1069,6 +1077,14 @@ def read_pid_file(path: Path) -> tuple[int, int, int, int | None, int | None] | 
     pid, start, attempt = fields[:3]
     keeper_pid, keeper_start = (fields[3] or None, fields[4] or None) if len(fields) == 5 else (None, None)
     return pid, start, attempt, keeper_pid, keeper_start
+
+
+def _file_time(client: redis.Redis, path: Path) -> float | None:
+    """When ``path`` was last written, on the shared clock (rig.clock), or None (no file)."""
+    try:
+        return event_time(client, wall=path.stat().st_mtime)
+    except OSError:
+        return None
 
 
 def _read_exit_file(path: Path) -> int | None:

@@ -388,3 +388,26 @@ def test_an_ending_whose_record_redis_lost_raises_the_unrecorded_alert(real_redi
     assert runner._finish(job.id, token, AttemptEnd(exit_code=0), instance=job.instance or "i1") is None
     line = real_redis.hget(Keys(key_prefix).node("n1"), "unrecorded_jobs")
     assert line and line.startswith(f"Redis has no record of job {job.id} whose attempt ended on n1")
+
+
+def test_an_attempt_redis_forgot_is_concluded_with_its_own_start(env, tmp_path, key_prefix):
+    """A tester's finding: Redis rolled back to before an attempt's end (a crash within the fsync
+    window), so its start comes again; the worker concludes it from what it left, not re-running
+    it, and the record must not say it started after it ended (the claim stamps "now")."""
+    settings, ledger, runner, _ = env
+    job, token = placed(ledger, "echo once >> ran", tmp_path)
+    keys = list(ledger.r.scan_iter(f"{key_prefix}*"))
+    saved = {k: ledger.r.dump(k) for k in keys}
+    assert runner.run_job(job.id, token) == "SUCCEEDED"
+    first = ledger.store.get(job.id)
+    for k in list(ledger.r.scan_iter(f"{key_prefix}*")):  # the rollback
+        if k not in saved:
+            ledger.r.delete(k)
+    for k, value in saved.items():
+        ledger.r.restore(k, 0, value, replace=True)
+    assert ledger.store.get(job.id).state is JobState.ASSIGNED
+    assert runner.run_job(job.id, token) == "SUCCEEDED"
+    again = ledger.store.get(job.id)
+    assert (tmp_path / "ran").read_text() == "once\n"  # not run twice
+    assert again.started_at <= again.ended_at
+    assert abs(again.started_at - first.started_at) < 1.0
