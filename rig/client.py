@@ -524,9 +524,13 @@ class Client:
 
     def why_waiting(self, job: Job) -> str | None:
         """For a PENDING job, a sentence a person understands (rig.waiting: the one
-        explanation); None for other states."""
+        explanation); for an ASSIGNED one slow to start, why it has not started
+        (rig.starting); None for other states."""
+        from rig.starting import why_not_started
         from rig.waiting import why_waiting
 
+        if job.state is JobState.ASSIGNED:
+            return self._guard(lambda: why_not_started(self, job))
         return why_waiting(self, job)
 
     def start_estimates(self, job_ids: Iterable[int] | None = None) -> Forecast:

@@ -1,0 +1,59 @@
+"""Why a placed job has not started yet: the sentence `rig show`, the page and the gateway give
+an ASSIGNED job whose start takes longer than a moment.
+
+A placed job starts when its first card's worker takes its start off the card's start list
+(``card:<node>:<i>:starts``, workers.start_list) and claims it, normally within milliseconds.
+When it does not, the reason is one of: the card's worker is not running (no heartbeat: the
+node's health check sends the job back to the queue once the worker has been gone for
+``health.timeout`` s), the worker is busy with ``max_task_per_gpu`` starts already, or the start
+was lost (Redis rolled back, the list deleted by hand: the worker pushes it again
+``assigned_timeout`` s after the placement). Times in epoch seconds on the shared clock.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rig.clock import shared_now
+from rig.keys import card_worker_name
+from rig.models import Job, JobState
+
+if TYPE_CHECKING:
+    from rig.client import Client
+
+#: A placed job younger than this (s) is simply starting: nothing to explain.
+SLOW_START_S = 2.0
+
+
+def why_not_started(client: Client, job: Job, *, now: float | None = None) -> str | None:
+    """One sentence for an ASSIGNED job placed more than SLOW_START_S ago, else None. Reads
+    the worker's heartbeat and the card's two start lists in one round trip."""
+    if job.state is not JobState.ASSIGNED or not job.node or not job.cards:
+        return None
+    now = shared_now(client.r) if now is None else now
+    placed = job.assigned_at or now
+    waited = now - placed
+    if waited < SLOW_START_S:
+        return None
+    node, index = job.node, job.cards[0]
+    worker = card_worker_name(node, index)
+    keys, s = client.keys, client.settings
+    pipe = client.r.pipeline(transaction=False)
+    pipe.exists(keys.worker(worker))
+    pipe.lrange(keys.card_starts(node, index), 0, -1)
+    pipe.lrange(keys.card_taking(node, index), 0, -1)
+    alive, starts, taking = pipe.execute()
+    where = f"placed on {node}/{index} {waited:.0f} s ago"
+    if not alive:
+        return (f"{where}; its card worker {worker} is not running (no heartbeat): the node's health "
+                f"check sends the job back to the queue once the worker has been gone for "
+                f"{s.health.timeout:g} s (`rig status` shows the node)")
+    mine = f"{job.id} "
+    if any(entry.startswith(mine) for entry in taking):
+        return f"{where}; its card worker {worker} has taken its start and is starting it"
+    if any(entry.startswith(mine) for entry in starts):
+        return (f"{where}; waiting for its card worker {worker} to take its start (it starts at most "
+                f"{s.max_task_per_gpu} jobs at once)")
+    resend = max(0.0, s.health.assigned_timeout - waited)
+    return (f"{where}; its start is not on the card's start list (Redis lost it?): {worker} pushes it "
+            f"again {resend:.0f} s from now ({s.health.assigned_timeout:g} s after the placement)")
