@@ -75,6 +75,7 @@ from rig.stop_mark import read_refusal, refusal_path
 from rig.supervision import (
     child_marks,
     describe,
+    hung_after,
     leftovers,
     live_supervisors,
     safe_python,
@@ -92,12 +93,6 @@ STOP_TIMEOUT_S = 20.0
 REDIS_RETRY_FIRST_S = 1.0
 REDIS_RETRY_MAX_S = 30.0
 
-
-#: A worker that has not heartbeated once since it started is starting, not hung, for this long
-#: (s; health.timeout if longer): a Celery worker on a loaded 2-core host took more than 6 s to
-#: its first heartbeat, and with health.timeout 3 s it was killed as hung five times in a row,
-#: each restart backing off longer (a fault-suite run in CI).
-STARTUP_GRACE_S = 60.0
 
 
 @dataclass
@@ -681,8 +676,7 @@ class Stack:
                 pid = None
             assert child.proc is not None
             child.beat_seen = child.beat_seen or pid == child.proc.pid
-            # Starting, not hung, until its first heartbeat (within STARTUP_GRACE_S).
-            grace = s.health.timeout if child.beat_seen else max(s.health.timeout, STARTUP_GRACE_S)
+            grace = hung_after(s.health.timeout, beat_seen=child.beat_seen)
             if pid == child.proc.pid or now - child.started_at < grace:
                 child.silent_since = None
                 continue

@@ -61,6 +61,20 @@ WATCH_INTERVAL_S = 1.0
 _PR_SET_PDEATHSIG = 1
 
 
+#: A worker that has not heartbeated once since it started is starting, not hung, for this long
+#: (s; health.timeout if longer): a Celery worker on a loaded 2-core host took more than 6 s to
+#: its first heartbeat, and with health.timeout 3 s it was killed as hung over and over, each
+#: restart backing off longer (fault-suite runs in CI, by rig up and by the node's health pass).
+STARTUP_GRACE_S = 60.0
+
+
+def hung_after(timeout: float, *, beat_seen: bool) -> float:
+    """How long (s) a live worker process may stay without a heartbeat before it is taken for
+    hung and killed: ``timeout`` (health.timeout) once it has heartbeated, else at least
+    STARTUP_GRACE_S. The one rule for `rig up` (rig.stack) and the node's health pass."""
+    return timeout if beat_seen else max(timeout, STARTUP_GRACE_S)
+
+
 def node_mark(node: str, home: Path) -> str:
     """The RIG_NODE_PROCESS value of node ``node`` with rig home ``home``."""
     return f"{node}@{Path(home).expanduser().resolve()}"

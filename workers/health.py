@@ -51,6 +51,7 @@ from rig.ledger import Ledger
 from rig.models import CardState, Job, JobState
 from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeInfo, NodeRegistry
 from rig.redis_writes import is_outage
+from rig.supervision import hung_after
 from workers.outcomes import AttemptEnd, conclude
 from workers.process_tree import environments, is_alive, is_job_process, session_members, stop_tree
 from workers.unrecorded import UNRECORDED_FIELD, running_line
@@ -87,6 +88,7 @@ class HealthChecker:
         self._unrecorded_said: str | None = None
         self._outage_at = -1e9  # when a pass last found Redis out (monotonic s)
         self._replaced: dict[int, float] = {}  # card index -> when its hung worker was killed (monotonic)
+        self._beat_pids: dict[int, int] = {}  # card index -> the pid last seen in its worker's heartbeat
 
     def run_once(self) -> HealthReport | None:
         """The cluster pass and this node's local pass; None if another holds either lock."""
@@ -253,7 +255,17 @@ class HealthChecker:
         if time.monotonic() - self._outage_at < self.settings.health.timeout:
             return  # Redis just took writes again after refusing every heartbeat: not silence
         cards = self.ledger.cards(node)
-        dead = {c.index for c in cards if needs_worker(c) and not self.r.exists(self.keys.worker(card_worker_name(node, c.index)))}
+        served = [c for c in cards if needs_worker(c)]
+        beats = self.r.mget([self.keys.worker(card_worker_name(node, c.index)) for c in served]) if served else []
+        dead = set()
+        for card, raw in zip(served, beats, strict=True):
+            if raw is None:
+                dead.add(card.index)
+                continue
+            try:  # which process heartbeats: one seen once is no longer starting (hung_after)
+                self._beat_pids[card.index] = int(json.loads(raw)["pid"])
+            except (ValueError, KeyError, TypeError):
+                pass
         for card in cards:
             if card.index in dead and card.healthy:
                 # No new jobs for a card nobody serves; its worker marks it healthy on return.
@@ -266,7 +278,8 @@ class HealthChecker:
             # for health.timeout (stopped, deadlocked) is killed so rig up starts another, which
             # adopts its jobs. Concluding them here would stop (and re-run) jobs that run on, or
             # that ended by themselves while nobody watched.
-            if age < self.settings.health.timeout:
+            # Starting, not hung, until its first heartbeat (rig.supervision.hung_after).
+            if age < hung_after(self.settings.health.timeout, beat_seen=self._beat_pids.get(index) == pid):
                 continue
             log.warning("card %s/%s: its worker (pid %s) lives but has not heartbeated for %s s (hung?); "
                         "killing it so another adopts its jobs", node, index, pid, self.settings.health.timeout)

@@ -12,7 +12,8 @@ import pytest
 
 from rig.config import load_settings
 from rig.keys import card_worker_name
-from rig.stack import STARTUP_GRACE_S, Child, Stack, UpOptions
+from rig.stack import Child, Stack, UpOptions
+from rig.supervision import STARTUP_GRACE_S
 
 
 @pytest.fixture

@@ -1,0 +1,63 @@
+"""The node's health pass kills a card worker that lives but stopped heartbeating (hung) — never
+one that is still starting: a restarted worker on a loaded host took longer than health.timeout
+to its first heartbeat and was killed as hung over and over (the fault suite's flaky
+``sigkill-worker``: traced to this pass). fakeredis and real Redis."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from rig.clock import shared_now
+from rig.config import load_settings
+from rig.gpus.base import GpuReading
+from rig.keys import Keys, card_worker_name
+from rig.ledger import Ledger
+from rig.memory import GIB
+from rig.nodes import NodeRegistry
+from rig.supervision import STARTUP_GRACE_S
+from workers import health
+from workers.health import HealthChecker, HealthReport
+
+TIMEOUT = 3.0
+PID = 424242
+
+
+@pytest.fixture
+def checker(redis_client, key_prefix, monkeypatch):
+    settings = load_settings(key_prefix=key_prefix, node_name="n1", telemetry_interval=0.5,
+                             health={"timeout": TIMEOUT, "check_interval": 1.0})
+    keys = Keys(key_prefix)
+    ledger = Ledger(redis_client, keys)
+    ledger.register_card("n1", GpuReading(index=0, uuid="GPU-0", model="m", total=40 * GIB),
+                         max_jobs=2, reserve_fraction=0.0, allowed=True, fake=True)
+    NodeRegistry(redis_client, keys).register("n1", ttl=TIMEOUT, backend="fake", cards=1)
+    redis_client.hset(keys.node("n1"), "started_at", shared_now(redis_client) - 600)  # up for long
+    killed: list[tuple[int, int]] = []
+    monkeypatch.setattr(health.os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    checker = HealthChecker(settings, redis_client)
+    age = {"s": TIMEOUT + 5}  # older than health.timeout, younger than the startup grace
+    monkeypatch.setattr(checker, "_card_worker_processes", lambda cards: {0: (PID, age["s"])} if 0 in cards else {})
+    return checker, keys, redis_client, killed, age
+
+
+def test_a_card_worker_still_starting_is_not_taken_for_hung(checker):
+    check, _keys, _r, killed, age = checker
+    check._dead_workers(HealthReport())
+    assert killed == []  # never heartbeated yet: starting
+    age["s"] = STARTUP_GRACE_S + 1
+    check._dead_workers(HealthReport())
+    assert killed == [(PID, signal.SIGKILL)]  # silent for the whole grace: hung after all
+
+
+def test_a_card_worker_that_heartbeated_then_went_silent_is_killed(checker):
+    check, keys, r, killed, _age = checker
+    beat = keys.worker(card_worker_name("n1", 0))
+    r.set(beat, json.dumps({"pid": PID}))
+    check._dead_workers(HealthReport())
+    assert killed == []  # it heartbeats
+    r.delete(beat)  # its heartbeat expired: silent for health.timeout
+    check._dead_workers(HealthReport())
+    assert killed == [(PID, signal.SIGKILL)]
