@@ -224,13 +224,15 @@ def crashed_owner_taken_over(workdir: Path) -> ScenarioResult:
         key = b.harness.keys.node_owner("a")
         remote = json.dumps({"host": "elsewhere.example", "pid": 4242, "start": 1, "home": "/srv/rig",
                              "run_dir": "/srv/rig/run", "install": "/opt/rig"}, sort_keys=True)
-        b.harness.redis.set(key, f"{remote}|{time.time():.3f}", px=4000)
+        # Long enough that the refused `rig up` below meets it live on a loaded host (it took
+        # more than 4 s there, found the claim expired and took the name).
+        b.harness.redis.set(key, f"{remote}|{time.time():.3f}", px=15000)
         refused = b.up()
         line = _one_line(refused)
         if refused.returncode != 10 or "host elsewhere.example, home /srv/rig, pid 4242" not in line:
             sc.result.problems.append(f"a live remote claim was not refused naming it: {refused.returncode} {line}")
         sc.result.notes.append(f"remote owner: {line}")
-        _wait(lambda: not b.harness.redis.exists(key), 10, "the remote claim to expire")
+        _wait(lambda: not b.harness.redis.exists(key), 30, "the remote claim to expire")
         if b.up().returncode != 0:
             sc.result.problems.append("the expired remote claim was not taken over")
         if jid not in sc.job_ids:
