@@ -15,10 +15,12 @@ workers mark each job's stages (rig.jobtrace). Then:
   3. throughput: M tiny jobs (``true``) in one submit_many(): completions/s, the CPU each
      process spent per job (utime+stime deltas from /proc; the job processes themselves as
      the card workers' reaped children), and INFO commandstats deltas per job, minus an idle
-     period of the same length.
+     period of the same length; then the card workers' CPU per job by step, exactly, from the
+     thread CPU time each mark carries (a job runs on a thread of its own), and what the rest of
+     the card workers spent beside those threads; and the dispatcher passes per job.
 
     .venv/bin/python scripts/profile_job_path.py [--jobs 30] [--monitor-jobs 5] [--tiny-jobs 500]
-        [--port 6391] [--py-spy DIR]
+        [--port 6391] [--py-spy DIR [--py-spy-gil]] [--home-in DIR]
 
 With ``--py-spy DIR`` a py-spy raw profile of the control worker and of one card worker is
 recorded during phase 3 (py-spy must be installed in the venv).
@@ -138,10 +140,16 @@ def main() -> int:  # noqa: C901, PLR0915
     parser.add_argument("--tiny-jobs", type=int, default=500)
     parser.add_argument("--port", type=int, default=6391)
     parser.add_argument("--py-spy", metavar="DIR")
+    parser.add_argument("--py-spy-gil", action="store_true",
+                        help="sample only the thread holding the GIL (default: every thread on a CPU)")
+    parser.add_argument("--home-in", metavar="DIR", default=None,
+                        help="make the throwaway rig home (job logs, pid and exit files) in DIR (default: the "
+                             "system's temporary folder). On this host creating a file on the ext4 root costs "
+                             "0.03-1 ms of CPU depending on the other tenants' I/O; /dev/shm takes that out")
     parser.add_argument("--dump-monitor", metavar="FILE", help="write the MONITOR lines of phase 2, with senders")
     args = parser.parse_args()
 
-    home = Path(tempfile.mkdtemp(prefix="rig-profile-"))
+    home = Path(tempfile.mkdtemp(prefix="rig-profile-", dir=args.home_in))
     trace_dir = home / "trace"
     trace_dir.mkdir()
     os.environ["RIG_TRACE_DIR"] = str(trace_dir)  # before rig.jobtrace is imported; workers inherit it
@@ -273,8 +281,8 @@ def main() -> int:  # noqa: C901, PLR0915
             spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
             for pid, name in ((control, "control"), (card, "card0")):
                 spies.append(subprocess.Popen(
-                    [spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "250", "--threads", "--gil",
-                     "--output", str(out / f"{name}.txt"), "--nonblocking"],
+                    [spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "250", "--threads",
+                     *(["--gil"] if args.py_spy_gil else []), "--output", str(out / f"{name}.txt"), "--nonblocking"],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             time.sleep(1.0)
         before = snapshot()
@@ -310,6 +318,24 @@ def main() -> int:  # noqa: C901, PLR0915
             total += own + (kids if name != "client" else 0)
             print(f"| {name} | {own:.2f} | {kids:.2f} |")
         print(f"| all (wall {took / n * 1000:.2f} ms per job x 2 cores = {took / n * 2000:.2f}) | {total:.2f} | |")
+        wall0, wall1 = time.time() - (time.monotonic() - begin), time.time() - (time.monotonic() - begin - took)
+        passes = sum(1 for jid, stage, t in _raw(trace_dir) if stage == "wake" and wall0 <= t <= wall1)
+        print(f"\nDispatcher passes (wake-ups that ran a pass): {passes} for {n} jobs = {passes / n:.2f} per job")
+        steps, taking = thread_cpu(trace_dir, {h.id for h in handles}, pids)
+        if steps:
+            on_threads = sum(sum(v) for v in steps.values()) / n
+            print("\nThe card workers' CPU per job by step, on each job's own thread (rig.jobtrace's thread "
+                  "CPU time; ms):\n")
+            print("| step | mean | median | p90 |")
+            print("|---|---|---|---|")
+            for name, values in steps.items():
+                print(f"| {name} | {sum(values) / len(values):.3f} | {statistics.median(values):.3f} | "
+                      f"{pct(values, 0.9):.3f} |")
+            cards = rows["card workers"][0]
+            print(f"| the jobs' threads, all steps | {on_threads:.3f} | | |")
+            print(f"| the taking threads (BLMOVE, thread start) | {taking:.3f} | | |")
+            print(f"| the rest of the card workers (Celery's loop, heartbeat, kill listener, GC, ...) "
+                  f"| {cards - on_threads - taking:.3f} | | |")
         calls = Counter()
         for cmd, v in after[1].items():
             calls[cmd] += v - before[1].get(cmd, 0)
@@ -340,10 +366,52 @@ def _is_main(pid: int, roles: dict[int, str]) -> bool:
 
 
 def _raw(trace_dir: Path):
+    for jid, stage, t, _pid, _tid, _cpu in _raw_full(trace_dir):
+        yield jid, stage, t
+
+
+def _raw_full(trace_dir: Path):
+    """(job id or None, stage, epoch s, pid, thread id, thread CPU s) of every mark."""
     for f in trace_dir.glob("*.trace"):
         for line in f.read_text().splitlines():
-            jid, stage, t, _pid = line.split()
-            yield (None if jid == "-" else int(jid)), stage, float(t)
+            jid, stage, t, pid, *thread = line.split()  # an older rig's marks carry no thread
+            tid, cpu = (int(thread[0]), float(thread[1])) if len(thread) == 2 else (0, float("nan"))
+            yield (None if jid == "-" else int(jid)), stage, float(t), int(pid), tid, cpu
+
+
+#: A card worker's marks of one job on the job's own thread, in order ("ended": the thread's last).
+THREAD_STAGES = ["claimed", "read", "checked", "keeper", "popen", "recorded", "exit_seen", "outcome",
+                 "concluded", "ended"]
+
+
+def thread_cpu(trace_dir: Path, ids: set[int], roles: dict[int, str]) -> tuple[dict[str, list[float]], float]:
+    """The card workers' CPU per job by step, from the thread CPU time in each mark: {step:
+    [ms per job]} for the steps on the job's own thread (from its start to ``claimed``, then
+    between marks), and the CPU of the taking threads (BLMOVE loop), in ms per job."""
+    # A job's thread handles that job alone, and thread ids are reused once a thread ends: its
+    # marks are keyed by the job too. The taking thread marks "taken" for every job it takes.
+    by_thread: dict[tuple[int, int, int | None], list[tuple[str, float]]] = defaultdict(list)
+    takers: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for jid, stage, _t, pid, tid, cpu in _raw_full(trace_dir):
+        if group(roles.get(pid, "")) != "card workers" or jid not in ids:
+            continue
+        if cpu != cpu:  # NaN: marks without thread CPU (an older rig)
+            continue
+        if stage == "taken":
+            takers[(pid, tid)].append(cpu)
+        elif stage in THREAD_STAGES:
+            by_thread[(pid, tid, jid)].append((stage, cpu))
+    steps: dict[str, list[float]] = defaultdict(list)
+    taking = 0.0
+    for cpus in takers.values():
+        if len(cpus) > 1:  # the first take's CPU since the thread began is not this run's
+            taking += (cpus[-1] - cpus[0]) * 1000 * len(cpus) / (len(cpus) - 1)
+    for marks in by_thread.values():
+        prev, prev_cpu = "thread start", 0.0
+        for st, cpu in sorted(marks, key=lambda m: THREAD_STAGES.index(m[0])):
+            steps[f"{prev} -> {st}"].append((cpu - prev_cpu) * 1000)
+            prev, prev_cpu = st, cpu
+    return steps, taking / max(1, len(ids))
 
 
 def read_marks(trace_dir: Path) -> dict[int, dict[str, float]]:

@@ -201,3 +201,4 @@ class StartConsumer:
             with self._lock:
                 self._handling.discard(text)
             self.slots.release()
+            jobtrace.mark(start.job_id, "ended")
