@@ -356,8 +356,7 @@ class Client:
         if _batch is not None:
             return job, extra  # type: ignore[return-value] - submit_many's internal use
         job = self._guard(self.store.create, job, extra)
-        self._confirm_replicated([job])
-        self._announce([job])
+        self._stored([job])
         return JobHandle(self, job.id, job)
 
     def submit_many(self, requests: list[dict[str, Any]]) -> list[JobHandle]:
@@ -382,8 +381,7 @@ class Client:
                 raise InvalidInput(f"request {number}: {exc}") from None
         self._guard(self._own_estimates, [job for job, _ in built])
         jobs = self._guard(self.store.create_many, built)
-        self._confirm_replicated(jobs)
-        self._announce(jobs)
+        self._stored(jobs)
         return [JobHandle(self, job.id, job) for job in jobs]
 
     def _own_estimates(self, jobs: list[Job]) -> None:
@@ -452,21 +450,18 @@ class Client:
         self.last_durability_note = self.replicas.unconfirmed_note(f"job(s) {ids}")
         log.info("%s", self.last_durability_note)  # the CLI and the gateway show it to the submitter
 
-    def _announce(self, jobs: list[Job]) -> None:
-        """Send the "submitted" message(s) of jobs just stored, before returning (rig.notify:
-        they are for Flower; the stored submission has woken the dispatcher already, so a
-        message that cannot be sent delays nothing and nothing is left to send at exit)."""
-        from rig import notify
-
+    def _stored(self, jobs: list[Job]) -> None:
+        """What a submit call does once its jobs are stored: under Sentinel, wait for a replica
+        (``_confirm_replicated``). Nothing else: no Celery message (rig.notify), the transaction
+        that stored them woke the dispatcher. A Ctrl-C meanwhile says their ids (they will run)."""
         try:
-            notify.announce(self.celery, jobs)
+            self._confirm_replicated(jobs)
         except KeyboardInterrupt:
-            # The jobs are stored and will run: whoever pressed Ctrl-C must learn their ids.
             raise SubmitInterrupted([job.id for job in jobs]) from None
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """True: a submit call sends its messages before it returns (rig.notify), so nothing
-        is ever left to send. Kept for callers of the older API."""
+        """True: a submit call leaves nothing to send (rig.notify). Kept for callers of the
+        older API."""
         return True
 
     # -- reading --------------------------------------------------------------------------
@@ -791,9 +786,7 @@ class Client:
         if code != 1:
             raise InvalidInput(f"job {job.id} could not be retried (it is {state})")
         self.wake_dispatcher()
-        job = self.get(job.id)
-        self._announce([job])
-        return job
+        return self.get(job.id)
 
     def clear_error(self, job_id: int | str) -> Job:
         """Take a job out of the error queue; it stays in its final state."""

@@ -53,7 +53,6 @@ def test_a_handle_never_reports_another_job_that_reused_its_id(redis_client, key
     from rig.testing.harness import delete_prefix
 
     client = Client(load_settings(key_prefix=key_prefix, home=tmp_path), redis_client=redis_client)
-    monkeypatch.setattr(client, "_announce", lambda jobs: None)
     mine = client.submit(["true"], gpu_memory="1G", name="mine")
     delete_prefix(redis_client, key_prefix)  # Redis came back empty
     impostor = client.submit(["false"], gpu_memory="1G", name="impostor")

@@ -33,7 +33,6 @@ def client(redis_client, key_prefix, tmp_path, monkeypatch) -> Client:
     settings = load_settings(key_prefix=key_prefix, redis_url=REDIS_URL, home=tmp_path / "home",
                              admins=["carol"])
     c = Client(settings, redis_client=redis_client)
-    monkeypatch.setattr(c, "_announce", lambda jobs: None)  # no Celery in these tests
     return c
 
 

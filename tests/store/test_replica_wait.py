@@ -54,7 +54,6 @@ def test_an_unconfirmed_submission_stands_and_says_so(lonely_redis, key_prefix, 
     settings = load_settings(key_prefix=key_prefix, home=tmp_path, redis_url=SENTINEL_URL,
                              replica_wait_seconds=0.05)
     client = Client(settings, redis_client=lonely_redis)
-    monkeypatch.setattr(client, "_announce", lambda jobs: None)  # no broker behind SENTINEL_URL
     handle = client.submit(["true"], gpu_memory="1G")
     assert client.get(handle.id).state is JobState.PENDING
     note = client.last_durability_note
@@ -66,7 +65,6 @@ def test_an_unconfirmed_submission_stands_and_says_so(lonely_redis, key_prefix, 
 
 def test_a_plain_redis_url_never_waits(real_redis, key_prefix, tmp_path, monkeypatch):
     client = Client(load_settings(key_prefix=key_prefix, home=tmp_path), redis_client=real_redis)
-    monkeypatch.setattr(client, "_announce", lambda jobs: None)
     client.submit(["true"], gpu_memory="1G")
     assert client.replicas is None and client.last_durability_note is None
 
@@ -75,7 +73,6 @@ def test_a_submission_a_failover_lost_is_refused_not_acknowledged(lonely_redis, 
     settings = load_settings(key_prefix=key_prefix, home=tmp_path, redis_url=SENTINEL_URL,
                              replica_wait_seconds=0.05)
     client = Client(settings, redis_client=lonely_redis)
-    monkeypatch.setattr(client, "_announce", lambda jobs: None)
 
     class FailoverDuringWait:
         """The master dies during the WAIT; the promoted replica never had the records."""
