@@ -25,6 +25,12 @@ def enabled() -> bool:
     return _DIR is not None
 
 
+def environ() -> dict[str, str]:
+    """What a process started without this one's environment (a log keeper) needs to mark too:
+    ``{"RIG_TRACE_DIR": dir}`` while tracing, else nothing."""
+    return {"RIG_TRACE_DIR": _DIR} if _DIR is not None else {}
+
+
 def mark(job_id: int | None, stage: str) -> None:
     """Record that ``job_id`` (None: no job, e.g. a dispatcher wake) reached ``stage`` now."""
     if _DIR is None:

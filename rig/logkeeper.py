@@ -186,6 +186,28 @@ class _Note:
             os.close(fd)
 
 
+def _trace_cpu() -> None:
+    """With RIG_TRACE_DIR set (rig.jobtrace, for scripts/profile_job_path.py): one line
+    ``- keeper_end <epoch s> <pid> 0 <CPU s>`` with this keeper's own CPU time since its fork.
+    Keepers are reaped by the kernel (the server ignores SIGCHLD), so no process's children's
+    time holds theirs. Never raises: the keeper is ending."""
+    folder = os.environ.get("RIG_TRACE_DIR")
+    if not folder:
+        return
+    import time
+
+    try:
+        cpu = time.process_time()  # this process's own, since its fork (os.times counts in 10 ms ticks)
+        fd = os.open(os.path.join(folder, f"{os.getpid()}.trace"), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                     0o644)
+        try:
+            os.write(fd, f"- keeper_end {time.time():.6f} {os.getpid()} 0 {cpu:.6f}\n".encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
 def _ignore_stop_signals() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
@@ -239,6 +261,7 @@ def serve(sock_fd: int) -> int:
                 keep(fds[0], log_path, cap)
                 code = 0
             finally:
+                _trace_cpu()
                 os._exit(code)
         os.close(fds[0])
         sock.send(str(pid).encode())

@@ -535,7 +535,7 @@ class CardRunner:
             os.close(read_fd)
 
     def _keeper_env(self, what: str) -> dict[str, str]:
-        return {logkeeper.MARK: what, "PATH": jobenv.DEFAULT_PATH}
+        return {logkeeper.MARK: what, "PATH": jobenv.DEFAULT_PATH, **jobtrace.environ()}
 
     def _keeper_server(self) -> logkeeper.KeeperServer:
         with self._lock:

@@ -109,3 +109,32 @@ def test_a_bad_request_is_refused_and_the_server_carries_on(tmp_path: Path):
         assert pid > 0
     finally:
         server.close()
+
+
+def test_a_traced_keeper_marks_its_own_cpu_time_at_its_end(tmp_path: Path):
+    """With RIG_TRACE_DIR in the server's environment (rig.jobtrace.environ), each keeper
+    writes one ``keeper_end`` line with its own CPU time as it ends (the kernel reaps keepers,
+    so no process's children's time holds it: scripts/profile_job_path.py adds it up)."""
+    from workers.process_tree import ExitWatcher
+
+    traces = tmp_path / "trace"
+    traces.mkdir()
+    server = logkeeper.KeeperServer(sys.executable, {"PATH": "/usr/bin:/bin", "RIG_TRACE_DIR": str(traces)})
+    read_fd, write_fd = os.pipe()
+    try:
+        pid = server.start(read_fd, tmp_path / "a.log", 1 << 20)
+        watcher = ExitWatcher(pid)
+    finally:
+        os.close(read_fd)
+    os.write(write_fd, b"out\n")
+    os.close(write_fd)  # end of file: the keeper ends
+    try:
+        assert watcher.wait(10)
+    finally:
+        watcher.close()
+        server.close()
+    (line,) = (traces / f"{pid}.trace").read_text().splitlines()
+    job, stage, _when, marked_pid, _thread, cpu = line.split()
+    assert (job, stage, int(marked_pid)) == ("-", "keeper_end", pid)
+    assert 0 < float(cpu) < 5  # measured finer than a clock tick: a short keeper is not 0
+    assert (tmp_path / "a.log").read_bytes() == b"out\n"
