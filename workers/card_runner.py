@@ -125,6 +125,39 @@ class ActiveJob:
         return self.exit_file.with_suffix(".pid")
 
 
+@dataclass
+class Gathered:
+    """How an attempt ended, as this node saw it (exit status, its own kill, time limit, log
+    note), before the record's kill request is weighed: the ending reads the record once
+    (``CardRunner._finish``, with the installation), and the request with it, so an ending
+    has no round trip of its own for the request."""
+
+    exit_code: int | None
+    killed_here: bool  # this worker acted on a kill request (it stopped the tree)
+    timed_out: bool = False
+    overused: int = 0
+    note: str = ""  # the log's note (rig.logspace), if any
+    ended_at: float | None = None
+    runtime: float | None = None
+    where: str = ""  # words about where it ran (adoption: files another host holds)
+
+    def end(self, kill_requested: bool, cancelled_by: str | None) -> AttemptEnd:
+        """The attempt's ending, given the record's ``cancel_requested`` and ``cancelled_by``.
+        A kill asked for but never acted on here counts only if the job did not end by itself:
+        one that exited with its own code before the kill reached it keeps that ending (it ran
+        to completion: "CANCELLED, exit 0" would be false). No exit status, not killed and
+        not timed out: it ended while no worker watched it (lost)."""
+        rc = self.exit_code
+        cancelled = self.killed_here or (kill_requested and (rc is None or rc in KILLED_CODES))
+        if rc is None and not (cancelled or self.timed_out):
+            lost = "it ended while no worker watched it; exit status unknown"
+            return AttemptEnd(exit_code=None, lost=True, ended_at=self.ended_at,
+                              note="; ".join(x for x in (self.where, lost, self.note) if x))
+        return AttemptEnd(exit_code=rc, cancelled=cancelled, timed_out=self.timed_out, cancelled_by=cancelled_by,
+                          overused=self.overused, note="; ".join(x for x in (self.where, self.note) if x),
+                          ended_at=self.ended_at, runtime=self.runtime)
+
+
 #: Under Sentinel: how many times a claim or an ending that fail-overs lost is written again.
 LOST_WRITE_TRIES = 5
 #: A claim's answer, (won, attempt or the job's state), and with a won claim what was read in
@@ -646,7 +679,10 @@ class CardRunner:
             with self._lock:
                 self._active.pop(active.job_id, None)
 
-    def _outcome(self, active: ActiveJob) -> AttemptEnd:
+    def _outcome(self, active: ActiveJob) -> Gathered:
+        """Stop what the job left running, let its keeper finish the log, and gather how it
+        ended here; the record's kill request is weighed where the ending reads the record
+        (``_finish``: ``Gathered.end``)."""
         wrapper_rc = active.popen.wait() if active.popen else None
         # Anything the job left behind in its session goes with it: no orphans on the card.
         # Daemonised children (double fork + setsid) left the session but kept the environment.
@@ -671,29 +707,12 @@ class CardRunner:
         rc = _read_exit_file(active.exit_file)
         if rc is None and wrapper_rc is not None:
             rc = wrapper_rc if wrapper_rc >= 0 else 128 - wrapper_rc
-        cancelled = active.kill_event.is_set()  # this worker acted on a kill request
-        by = None
-        try:
-            flags = self.r.hmget(self.keys.job(active.job_id), "cancel_requested", "cancelled_by")
-            by = flags[1]
-            # A kill asked for but never acted on here counts only if the job did not end by
-            # itself: one that exited with its own code before the kill reached it keeps that
-            # ending (it ran to completion: "CANCELLED, exit 0" would be false).
-            if flags[0] == "1" and (rc is None or rc in KILLED_CODES):
-                cancelled = True
-        except redis.RedisError:
-            pass
         # A log the keeper could not write whole, or cut to its cap, says so in the record;
         # the job's own exit status stays its result.
         log_note = logspace.describe_note(logspace.read_note(active.exit_file.with_suffix(".note")))
         ended_at, runtime = self._end_time(active)
-        if rc is None and not (cancelled or active.timed_out):
-            lost = "it ended while no worker watched it; exit status unknown"
-            return AttemptEnd(exit_code=None, lost=True, ended_at=ended_at,
-                              note="; ".join(x for x in (lost, log_note) if x))
-        return AttemptEnd(exit_code=rc, cancelled=cancelled, timed_out=active.timed_out,
-                          cancelled_by=by, overused=active.overused, note=log_note, ended_at=ended_at,
-                          runtime=runtime)
+        return Gathered(exit_code=rc, killed_here=active.kill_event.is_set(), timed_out=active.timed_out,
+                        overused=active.overused, note=log_note, ended_at=ended_at, runtime=runtime)
 
     def _end_time(self, active: ActiveJob) -> tuple[float, float | None]:
         """(when the attempt ended on the shared clock, its runtime in s or None): from this
@@ -727,10 +746,11 @@ class CardRunner:
         finally:
             watcher.close()
 
-    def _finish(self, job_id: int, token: str, end: AttemptEnd,
+    def _finish(self, job_id: int, token: str, end: AttemptEnd | Gathered,
                 expect: JobState | None = None, instance: str | None = None) -> JobState | None:
         """Record how the attempt ended and release its cards (retrying through a Redis
-        outage: a restart of Redis must not lose a job's ending)."""
+        outage: a restart of Redis must not lose a job's ending). A ``Gathered`` ending is
+        settled with the kill request of the record read here (``Gathered.end``)."""
         result: list[JobState] = []
 
         folders: list[Path] = []
@@ -761,7 +781,9 @@ class CardRunner:
                 mark_lost_ending(self.r, self.keys, self.node, job_id)
                 return
             folders[:] = (job_folders(job, job_folder(self.settings.job_log_dir, job_id, job.instance)))
-            code, state = conclude(self.ledger, job, token, end, expect=expect,
+            settled = end if isinstance(end, AttemptEnd) else end.end(job.cancel_requested,
+                                                                       record.get("cancelled_by") or None)
+            code, state = conclude(self.ledger, job, token, settled, expect=expect,
                                    follow_up=lambda fn: self._retry_redis(fn, f"finish recording job {job_id}"))
             if code == 1:
                 result.append(state)
@@ -903,9 +925,8 @@ class CardRunner:
                     stop_tree(pid, min(2.0, self.settings.kill_grace_seconds))
                 end = self._outcome(active)
                 if not where.reachable:
-                    end.note = "; ".join(x for x in (
-                        f"started with files in {where.files.folder} (another home or host); "
-                        "its files are not reachable here", end.note) if x)
+                    end.where = (f"started with files in {where.files.folder} (another home or host); "
+                                 "its files are not reachable here")
                 log.info("job %s: ended while no worker watched it (exit %s) %s", job.id, end.exit_code, end.note)
                 self._finish(job.id, active.token, end, expect=JobState.RUNNING)
             else:

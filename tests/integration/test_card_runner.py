@@ -368,6 +368,35 @@ def test_a_job_that_ended_before_the_kill_reached_it_keeps_its_own_ending(env, t
     assert ledger.store.get(job.id).exit_code == 0
 
 
+def test_a_kill_request_weighed_at_the_ending_is_read_with_the_record_not_asked_apart(env, tmp_path):
+    """The ending weighs the record's kill request where it reads the record (one round trip
+    with the installation): a job stopped by SIGTERM (exit 143) after a kill request this worker
+    never acted on is CANCELLED by whoever asked, and the ending asks Redis for the request in
+    no command of its own (it used to HMGET cancel_requested and cancelled_by)."""
+    settings, ledger, runner, _ = env
+    job, token = placed(ledger, "kill -TERM $$", tmp_path)
+    real_launch = runner._launch
+    asked: list[tuple] = []
+    real_hmget = runner.r.hmget
+
+    def launch_then_kill(*args, **kwargs):  # the request lands just after the start
+        active = real_launch(*args, **kwargs)
+        ledger.store.update(job.id, cancel_requested=True, cancelled_by="ana")
+        return active
+
+    def hmget(name, keys, *more):  # noqa: ANN001, ANN202
+        asked.append((name, tuple([keys] if isinstance(keys, str) else keys) + more))
+        return real_hmget(name, keys, *more)
+
+    runner._launch = launch_then_kill
+    runner.r.hmget = hmget
+    assert runner.run_job(job.id, token) == "CANCELLED"
+    done = ledger.store.get(job.id)
+    assert done.exit_code == 143 and "ana" in (done.reason or "")
+    assert not [a for a in asked if "cancelled_by" in a[1]]
+    assert ledger.card("n1", 0).reserved == 0
+
+
 @pytest.mark.parametrize("loss", ["deleted", "reused"])
 def test_an_ending_whose_record_redis_lost_raises_the_unrecorded_alert(real_redis, key_prefix, tmp_path, loss):
     """Issue 15 finding 6: Redis lost the job's record (a double fault without AOF), or the id
