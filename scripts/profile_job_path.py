@@ -4,7 +4,9 @@
 Starts a private redis-server on a spare port (no persistence, nothing else on it, so its
 command counts are rig's alone) and a throwaway node on it (8 x 80 GB fake cards,
 max_task_per_gpu 4, real Celery workers, no Flower, no beat), with RIG_TRACE_DIR set so the
-workers mark each job's stages (rig.jobtrace). Then:
+workers mark each job's stages (rig.jobtrace). Then (a phase given 0 jobs is skipped):
+
+  0. with --submit-calls N: N submit() calls one after another, the caller's CPU per call;
 
   1. timeline: N sequential jobs on an idle node (each ``sh -c 'date +%s.%N > FILE'``, as in
      scripts/bench_dispatch.py); per stage, the median and p90 of the step from the stage
@@ -19,7 +21,7 @@ workers mark each job's stages (rig.jobtrace). Then:
      thread CPU time each mark carries (a job runs on a thread of its own), and what the rest of
      the card workers spent beside those threads; and the dispatcher passes per job.
 
-    .venv/bin/python scripts/profile_job_path.py [--jobs 30] [--monitor-jobs 5] [--tiny-jobs 500]
+    .venv/bin/python scripts/profile_job_path.py [--jobs 30] [--monitor-jobs 5] [--tiny-jobs 500] [--submit-calls N]
         [--port 6391] [--py-spy DIR [--py-spy-gil]] [--home-in DIR]
 
 With ``--py-spy DIR`` a py-spy raw profile of the control worker and of one card worker is
@@ -138,6 +140,8 @@ def main() -> int:  # noqa: C901, PLR0915
     parser.add_argument("--jobs", type=int, default=30)
     parser.add_argument("--monitor-jobs", type=int, default=5)
     parser.add_argument("--tiny-jobs", type=int, default=500)
+    parser.add_argument("--submit-calls", type=int, default=0,
+                        help="first time this many submit() calls alone: the caller's CPU per call")
     parser.add_argument("--port", type=int, default=6391)
     parser.add_argument("--py-spy", metavar="DIR")
     parser.add_argument("--py-spy-gil", action="store_true",
@@ -191,6 +195,19 @@ def main() -> int:  # noqa: C901, PLR0915
         stamps = home / "stamps"
         stamps.mkdir()
 
+        # -- 0. submit() alone ---------------------------------------------------------------
+        if args.submit_calls:
+            # This thread's CPU (time.thread_time: user + system) around the calls alone; the
+            # node runs the jobs (`true`) meanwhile in its own processes.
+            cpu0, wall0 = time.thread_time(), time.monotonic()
+            calls = [client.submit("true", gpu_memory="1G") for _ in range(args.submit_calls)]
+            cpu_call = (time.thread_time() - cpu0) * 1000 / args.submit_calls
+            wall_call = (time.monotonic() - wall0) * 1000 / args.submit_calls
+            for handle in calls:
+                handle.wait(600)  # the node idle again before the next phase
+            print(f"\n## 0. {args.submit_calls} submit() calls one after another: {cpu_call:.3f} ms of the "
+                  f"caller's CPU and {wall_call:.3f} ms wall per call")
+
         # -- 1. timeline ----------------------------------------------------------------
         def one_job() -> int:
             jobtrace_begin = time.time()
@@ -202,38 +219,39 @@ def main() -> int:  # noqa: C901, PLR0915
             return handle.id
 
         begins: dict[int, float] = {}
-        ids = [one_job() for _ in range(args.jobs)]
-        marks = read_marks(trace_dir)
-        for jid in ids:
-            marks[jid]["submit"] = begins[jid]
-            marks[jid]["exec"] = float((stamps / str(jid)).read_text())
-        wakes = sorted(t for jid, stage, t in _raw(trace_dir) if stage == "wake")
-        for jid in ids:
-            # The wake that led to the reservation: the last one before it.
-            reserved = marks[jid].get("reserved")
-            before = [w for w in wakes if reserved is not None and w <= reserved]
-            if before and before[-1] >= marks[jid]["submit"]:
-                marks[jid]["wake"] = before[-1]
-        print(f"\n## 1. Timeline of {len(ids)} sequential jobs on an idle node (ms)\n")
-        print("| stage | step median | step p90 | from submit() median |")
-        print("|---|---|---|---|")
-        for stage, label, after_stage in STAGES:
-            steps, totals = [], []
+        if args.jobs:
+            ids = [one_job() for _ in range(args.jobs)]
+            marks = read_marks(trace_dir)
             for jid in ids:
-                m = marks[jid]
-                if stage not in m:
-                    continue
-                befores = (after_stage,) if isinstance(after_stage, str) else after_stage or ()
-                prev = next((m[b] for b in befores if b in m), None)
-                if prev is not None:
-                    steps.append((m[stage] - prev) * 1000)
-                totals.append((m[stage] - m["submit"]) * 1000)
-            if totals:
-                print(f"| {label} (`{stage}`) | {statistics.median(steps) if steps else 0:.2f} | "
-                      f"{pct(steps, 0.9) if steps else 0:.2f} | {statistics.median(totals):.2f} |")
-        exec_lat = [(marks[j]["exec"] - marks[j]["submit"]) * 1000 for j in ids]
-        print(f"\nsubmit -> first instruction: p50 {statistics.median(exec_lat):.1f} ms, "
-              f"p99 {pct(exec_lat, 0.99):.1f} ms, max {max(exec_lat):.1f} ms")
+                marks[jid]["submit"] = begins[jid]
+                marks[jid]["exec"] = float((stamps / str(jid)).read_text())
+            wakes = sorted(t for jid, stage, t in _raw(trace_dir) if stage == "wake")
+            for jid in ids:
+                # The wake that led to the reservation: the last one before it.
+                reserved = marks[jid].get("reserved")
+                before = [w for w in wakes if reserved is not None and w <= reserved]
+                if before and before[-1] >= marks[jid]["submit"]:
+                    marks[jid]["wake"] = before[-1]
+            print(f"\n## 1. Timeline of {len(ids)} sequential jobs on an idle node (ms)\n")
+            print("| stage | step median | step p90 | from submit() median |")
+            print("|---|---|---|---|")
+            for stage, label, after_stage in STAGES:
+                steps, totals = [], []
+                for jid in ids:
+                    m = marks[jid]
+                    if stage not in m:
+                        continue
+                    befores = (after_stage,) if isinstance(after_stage, str) else after_stage or ()
+                    prev = next((m[b] for b in befores if b in m), None)
+                    if prev is not None:
+                        steps.append((m[stage] - prev) * 1000)
+                    totals.append((m[stage] - m["submit"]) * 1000)
+                if totals:
+                    print(f"| {label} (`{stage}`) | {statistics.median(steps) if steps else 0:.2f} | "
+                          f"{pct(steps, 0.9) if steps else 0:.2f} | {statistics.median(totals):.2f} |")
+            exec_lat = [(marks[j]["exec"] - marks[j]["submit"]) * 1000 for j in ids]
+            print(f"\nsubmit -> first instruction: p50 {statistics.median(exec_lat):.1f} ms, "
+                  f"p99 {pct(exec_lat, 0.99):.1f} ms, max {max(exec_lat):.1f} ms")
 
         # -- 2. Redis commands per job, by process ---------------------------------------
         if args.monitor_jobs:
@@ -258,100 +276,101 @@ def main() -> int:  # noqa: C901, PLR0915
                 print(f"| {who} | {net_total:.1f} | {(inside - idle_in) / n:.1f} | {top} |")
 
         # -- 3. throughput, CPU and commandstats -----------------------------------------
-        roles = role_of_pids(stack)
-        redis_pid = redis_proc.pid
-        pids = {**roles, redis_pid: "redis-server"}
+        if args.tiny_jobs:
+            roles = role_of_pids(stack)
+            redis_pid = redis_proc.pid
+            pids = {**roles, redis_pid: "redis-server"}
 
-        hz = os.sysconf("SC_CLK_TCK")
+            hz = os.sysconf("SC_CLK_TCK")
 
-        def snapshot() -> tuple[dict[int, tuple[int, int]], dict[str, int], float]:
-            stats = r.info("commandstats")
-            used = r.info("cpu")
-            ticks = {p: cpu_ticks(p) for p in pids}
-            ticks[redis_pid] = (round((used["used_cpu_sys"] + used["used_cpu_user"]) * hz), 0)
-            return (ticks,
-                    {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}, time.monotonic())
+            def snapshot() -> tuple[dict[int, tuple[int, int]], dict[str, int], float]:
+                stats = r.info("commandstats")
+                used = r.info("cpu")
+                ticks = {p: cpu_ticks(p) for p in pids}
+                ticks[redis_pid] = (round((used["used_cpu_sys"] + used["used_cpu_user"]) * hz), 0)
+                return (ticks,
+                        {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}, time.monotonic())
 
-        spies = []
-        if args.py_spy:
-            out = Path(args.py_spy)
-            out.mkdir(parents=True, exist_ok=True)
-            control = next(p for p, role in roles.items() if role == "control" and _is_main(p, roles))
-            card = next(p for p, role in roles.items() if role == "card0" and _is_main(p, roles))
-            spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-            for pid, name in ((control, "control"), (card, "card0")):
-                spies.append(subprocess.Popen(
-                    [spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "250", "--threads",
-                     *(["--gil"] if args.py_spy_gil else []), "--output", str(out / f"{name}.txt"), "--nonblocking"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            time.sleep(1.0)
-        before = snapshot()
-        tiny = {"command": ["true"], "gpu_memory": "1G", "priority": "low"}
-        begin = time.monotonic()
-        handles = client.submit_many([tiny] * args.tiny_jobs)
-        finals = [client.wait(h.id, timeout=600) for h in handles]
-        took = time.monotonic() - begin
-        after = snapshot()
-        for spy in spies:
-            spy.send_signal(2)
-        for spy in spies:
-            spy.wait(30)
-        time.sleep(0.5)
-        idle_before = snapshot()
-        time.sleep(min(took, 10.0))
-        idle_after = snapshot()
-        ok = sum(1 for f in finals if f.state is JobState.SUCCEEDED)
-        n = args.tiny_jobs
-        print(f"\n## 3. {n} tiny jobs (`true`) in one submit_many(): all ended after {took:.2f} s = "
-              f"{n / took:.0f} jobs/s; succeeded {ok}/{n}\n")
-        wall0, wall1 = time.time() - (time.monotonic() - begin), time.time() - (time.monotonic() - begin - took)
-        scale = (after[2] - before[2]) / (idle_after[2] - idle_before[2])
-        rows: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-        for pid, role in pids.items():
-            busy = [a - b for a, b in zip(after[0].get(pid, (0, 0)), before[0].get(pid, (0, 0)), strict=True)]
-            idle = [a - b for a, b in zip(idle_after[0].get(pid, (0, 0)), idle_before[0].get(pid, (0, 0)), strict=True)]
-            rows[group(role)][0] += (busy[0] - idle[0] * scale) / hz * 1000 / n
-            rows[group(role)][1] += busy[1] / hz * 1000 / n
-        print("| process | CPU ms per job (idle subtracted) | reaped children's CPU ms per job |")
-        print("|---|---|---|")
-        total = 0.0
-        for name, (own, kids) in sorted(rows.items(), key=lambda x: -x[1][0] - x[1][1]):
-            total += own + (kids if name != "client" else 0)
-            print(f"| {name} | {own:.2f} | {kids:.2f} |")
-        keepers = sum(cpu for jid, stage, t, _p, _t, cpu in _raw_full(trace_dir)
-                      if stage == "keeper_end" and wall0 <= t <= wall1 + 1.0) * 1000 / n
-        if keepers:  # reaped by the kernel: in no row above (rig.logkeeper marks its own CPU)
-            total += keepers
-            print(f"| log keepers (one per job, their own CPU) | {keepers:.2f} | |")
-        print(f"| all (wall {took / n * 1000:.2f} ms per job x 2 cores = {took / n * 2000:.2f}) | {total:.2f} | |")
-        passes = sum(1 for jid, stage, t in _raw(trace_dir) if stage == "wake" and wall0 <= t <= wall1)
-        print(f"\nDispatcher passes (wake-ups that ran a pass): {passes} for {n} jobs = {passes / n:.2f} per job")
-        steps, taking = thread_cpu(trace_dir, {h.id for h in handles}, pids)
-        if steps:
-            on_threads = sum(sum(v) for v in steps.values()) / n
-            print("\nThe card workers' CPU per job by step, on each job's own thread (rig.jobtrace's thread "
-                  "CPU time; ms):\n")
-            print("| step | mean | median | p90 |")
-            print("|---|---|---|---|")
-            for name, values in steps.items():
-                print(f"| {name} | {sum(values) / len(values):.3f} | {statistics.median(values):.3f} | "
-                      f"{pct(values, 0.9):.3f} |")
-            cards = rows["card workers"][0]
-            print(f"| the jobs' threads, all steps | {on_threads:.3f} | | |")
-            print(f"| the taking threads (BLMOVE, thread start) | {taking:.3f} | | |")
-            print(f"| the rest of the card workers (Celery's loop, heartbeat, kill listener, GC, ...) "
-                  f"| {cards - on_threads - taking:.3f} | | |")
-        calls = Counter()
-        for cmd, v in after[1].items():
-            calls[cmd] += v - before[1].get(cmd, 0)
-        for cmd, v in idle_after[1].items():
-            calls[cmd] -= (v - idle_before[1].get(cmd, 0)) * scale
-        calls = Counter({k: v for k, v in calls.items() if v / n >= 0.05})
-        print(f"\nRedis commands per job (INFO commandstats, Lua's inner commands included): "
-              f"{sum(calls.values()) / n:.1f}")
-        print(", ".join(f"{k} {v / n:.1f}" for k, v in calls.most_common()))
-        if args.py_spy:
-            print(f"\npy-spy raw profiles in {args.py_spy} (control.txt, card0.txt)")
+            spies = []
+            if args.py_spy:
+                out = Path(args.py_spy)
+                out.mkdir(parents=True, exist_ok=True)
+                control = next(p for p, role in roles.items() if role == "control" and _is_main(p, roles))
+                card = next(p for p, role in roles.items() if role == "card0" and _is_main(p, roles))
+                spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+                for pid, name in ((control, "control"), (card, "card0")):
+                    spies.append(subprocess.Popen(
+                        [spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "250", "--threads",
+                         *(["--gil"] if args.py_spy_gil else []), "--output", str(out / f"{name}.txt"), "--nonblocking"],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                time.sleep(1.0)
+            before = snapshot()
+            tiny = {"command": ["true"], "gpu_memory": "1G", "priority": "low"}
+            begin = time.monotonic()
+            handles = client.submit_many([tiny] * args.tiny_jobs)
+            finals = [client.wait(h.id, timeout=600) for h in handles]
+            took = time.monotonic() - begin
+            after = snapshot()
+            for spy in spies:
+                spy.send_signal(2)
+            for spy in spies:
+                spy.wait(30)
+            time.sleep(0.5)
+            idle_before = snapshot()
+            time.sleep(min(took, 10.0))
+            idle_after = snapshot()
+            ok = sum(1 for f in finals if f.state is JobState.SUCCEEDED)
+            n = args.tiny_jobs
+            print(f"\n## 3. {n} tiny jobs (`true`) in one submit_many(): all ended after {took:.2f} s = "
+                  f"{n / took:.0f} jobs/s; succeeded {ok}/{n}\n")
+            wall0, wall1 = time.time() - (time.monotonic() - begin), time.time() - (time.monotonic() - begin - took)
+            scale = (after[2] - before[2]) / (idle_after[2] - idle_before[2])
+            rows: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+            for pid, role in pids.items():
+                busy = [a - b for a, b in zip(after[0].get(pid, (0, 0)), before[0].get(pid, (0, 0)), strict=True)]
+                idle = [a - b for a, b in zip(idle_after[0].get(pid, (0, 0)), idle_before[0].get(pid, (0, 0)), strict=True)]
+                rows[group(role)][0] += (busy[0] - idle[0] * scale) / hz * 1000 / n
+                rows[group(role)][1] += busy[1] / hz * 1000 / n
+            print("| process | CPU ms per job (idle subtracted) | reaped children's CPU ms per job |")
+            print("|---|---|---|")
+            total = 0.0
+            for name, (own, kids) in sorted(rows.items(), key=lambda x: -x[1][0] - x[1][1]):
+                total += own + (kids if name != "client" else 0)
+                print(f"| {name} | {own:.2f} | {kids:.2f} |")
+            keepers = sum(cpu for jid, stage, t, _p, _t, cpu in _raw_full(trace_dir)
+                          if stage == "keeper_end" and wall0 <= t <= wall1 + 1.0) * 1000 / n
+            if keepers:  # reaped by the kernel: in no row above (rig.logkeeper marks its own CPU)
+                total += keepers
+                print(f"| log keepers (one per job, their own CPU) | {keepers:.2f} | |")
+            print(f"| all (wall {took / n * 1000:.2f} ms per job x 2 cores = {took / n * 2000:.2f}) | {total:.2f} | |")
+            passes = sum(1 for jid, stage, t in _raw(trace_dir) if stage == "wake" and wall0 <= t <= wall1)
+            print(f"\nDispatcher passes (wake-ups that ran a pass): {passes} for {n} jobs = {passes / n:.2f} per job")
+            steps, taking = thread_cpu(trace_dir, {h.id for h in handles}, pids)
+            if steps:
+                on_threads = sum(sum(v) for v in steps.values()) / n
+                print("\nThe card workers' CPU per job by step, on each job's own thread (rig.jobtrace's thread "
+                      "CPU time; ms):\n")
+                print("| step | mean | median | p90 |")
+                print("|---|---|---|---|")
+                for name, values in steps.items():
+                    print(f"| {name} | {sum(values) / len(values):.3f} | {statistics.median(values):.3f} | "
+                          f"{pct(values, 0.9):.3f} |")
+                cards = rows["card workers"][0]
+                print(f"| the jobs' threads, all steps | {on_threads:.3f} | | |")
+                print(f"| the taking threads (BLMOVE, thread start) | {taking:.3f} | | |")
+                print(f"| the rest of the card workers (Celery's loop, heartbeat, kill listener, GC, ...) "
+                      f"| {cards - on_threads - taking:.3f} | | |")
+            calls = Counter()
+            for cmd, v in after[1].items():
+                calls[cmd] += v - before[1].get(cmd, 0)
+            for cmd, v in idle_after[1].items():
+                calls[cmd] -= (v - idle_before[1].get(cmd, 0)) * scale
+            calls = Counter({k: v for k, v in calls.items() if v / n >= 0.05})
+            print(f"\nRedis commands per job (INFO commandstats, Lua's inner commands included): "
+                  f"{sum(calls.values()) / n:.1f}")
+            print(", ".join(f"{k} {v / n:.1f}" for k, v in calls.most_common()))
+            if args.py_spy:
+                print(f"\npy-spy raw profiles in {args.py_spy} (control.txt, card0.txt)")
         return 0
     finally:
         if up:
