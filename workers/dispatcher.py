@@ -88,7 +88,7 @@ from rig.clock import shared_now
 from rig.config import Settings
 from rig.errors import InvalidRecord
 from rig.failures import FailureClass
-from rig.fairshare import TeamState, decay, exceeds_alone, over_limit
+from rig.fairshare import MIN_CHARGE_S, TeamState, decay, exceeds_alone, gib_hours, over_limit
 from rig.hashes import fields_of, queue_fields, read_fields
 from rig.keys import Keys, card_id, split_card_id
 from rig.ledger import Ledger
@@ -168,6 +168,10 @@ return 0
 
 
 class Dispatcher:
+    #: Repeat a pass that changed nothing without working it out again while its inputs and the
+    #: clock's rules allow (_repeats); False: every pass is worked out in full (tests compare both).
+    repeat_idle: bool = True
+
     def __init__(self, settings: Settings, on_start: OnStart | None = None, client: redis.Redis | None = None):
         """``on_start``: told of each start placed (its start is on the card's list already):
         for tests and benchmarks."""
@@ -218,6 +222,18 @@ class Dispatcher:
         self._running_estimates: dict[int, tuple[list, tuple, estimates.Estimate]] = {}
         self._reserved_since_read = False  # a reservation was made after the last _read_cards
         self._first_view: _View | None = None  # the last round's view before its first start
+        #: The last pass that changed nothing, what it decided from and until when (_Repeat): a
+        #: pass that finds the same inputs before that moment decides the same (_repeats).
+        self._repeat: _Repeat | None = None
+        #: Per round: every (job id, reason) _note was given, in order (a job may be given two: the
+        #: hold loop's and the run-order loop's; _note's rule makes the order matter).
+        self._decided: list[tuple[int, str]] = []
+        self._marked = False  # per round: held_at marks were written
+        self._users_read: list[str] = []  # pending users as the last _read_waiting read them
+        #: What the last _read_holdings read beside the kept cards and jobs (recent runs, unstarted
+        #: jobs' fields, users' usage), and until when its answer stays the same as the clock moves.
+        self._holdings_read: tuple = ()
+        self._holdings_steady = math.inf
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -284,7 +300,7 @@ class Dispatcher:
         return sorted(jobs, key=lambda j: (self.effective_rank(j, now), j.id))
 
     def _read_waiting(self) -> list[Waiting]:
-        users = sorted(self.r.smembers(self.keys.pending_users))
+        users = self._users_read = sorted(self.r.smembers(self.keys.pending_users))
         if len(users) <= 1:
             users = []  # one user's queue head is the global head
         # Every waiting user's head is read: with many users, fewer jobs each (at least one),
@@ -332,6 +348,7 @@ class Dispatcher:
         self._kept.clear()
         self._kept_jobs.clear()
         self._reservations = {}
+        self._repeat = None
 
     def _read_cards(self) -> list[CardState]:
         """Every registered card, sorted by node then index (as Ledger.cards), with the
@@ -443,6 +460,7 @@ class Dispatcher:
         if len(known) > len(ids):
             self._running_estimates = known = {jid: known[jid] for jid in ids if jid in known}
         info: dict[int, tuple[str, int, int, float, float, float]] = {}
+        steady = math.inf  # until when every end worked out here stays what it is now (epoch s)
         for jid in ids:
             values = kept[jid]
             try:
@@ -458,11 +476,16 @@ class Dispatcher:
                     raise ValueError(began)
                 end, sure = self._end_after(found[2], now - began, limit, now)
                 info[jid] = (user, memory, ncards, began, end, sure)
+                steady = min(steady, self._end_steady_until(found[2], began, limit, now))
             except (ValueError, TypeError):
                 info[jid] = ("?", 0, 1, now, math.inf, math.inf)
+                steady = now  # counted as begun now, whenever now is
         releases: dict[str, list[Release]] = {}
         team = TeamState()
         counted: set[int] = set()
+        #: user -> [the least, the most] its running jobs' charge can grow per second from now
+        #: (GiB-hours/s; a job younger than MIN_CHARGE_S is charged a constant until then)
+        rates: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
         for card, jobs in held:
             releases[card.id] = [Release(info[jid][4], nbytes, info[jid][5], info[jid][3])
                                  for jid, nbytes in jobs.items()]
@@ -471,18 +494,83 @@ class Dispatcher:
                     counted.add(jid)
                     user, memory, ncards, began, _end, _sure = info[jid]
                     team.load(user).add_job(memory, ncards, now - began)
+                    rate = gib_hours(memory, ncards, 1.0)
+                    rates[user][1] += rate
+                    if now - began >= MIN_CHARGE_S:
+                        rates[user][0] += rate
+        usage_read: tuple = ()
         if self.settings.fair_share:
-            users = sorted(set(team.loads) | set(self.r.smembers(self.keys.pending_users)))
+            pending = frozenset(self.r.smembers(self.keys.pending_users))
+            users = sorted(set(team.loads) | pending)
             pipe = self.r.pipeline(transaction=False)
             for user in users:
                 pipe.hmget(self.keys.usage(user), "value", "at")
             half_life = self.settings.fair_share_half_life_hours * 3600
-            for user, (value, at) in zip(users, pipe.execute(), strict=True):
+            usage_read = (tuple(users), pending, tuple(map(tuple, pipe.execute())))
+            for user, (value, at) in zip(users, usage_read[2], strict=True):
                 try:
-                    team.load(user).usage += decay(float(value or 0), float(at or now), now, half_life)
+                    stored = decay(float(value or 0), float(at or now), now, half_life)
                 except ValueError:
-                    pass
+                    continue
+                team.load(user).usage += stored
+                if half_life > 0 and stored:  # decaying: at most this fast, slower later
+                    rates[user][0] -= stored * math.log(2) / half_life
+            steady = min(steady, _order_steady_until(team, rates, users, now))
+        self._holdings_read = (recent_users, recent, tuple(stale), tuple(map(tuple, (kept[j] for j in stale))),
+                               usage_read)
+        self._holdings_steady = steady
         return releases, team
+
+    def _holdings_unchanged(self) -> bool:
+        """Does Redis hold what the last _read_holdings read beside the kept cards and placed jobs
+        (the recent runs, the unstarted placed jobs' fields, the users' usage)? One round trip."""
+        recent_users, recent, stale, values, usage_read = self._holdings_read
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zrevrange(self.keys.recent_runtime_users, 0, estimates.RECENT_USERS - 1)
+        estimates.queue_recent(pipe, self.keys, recent_users)
+        batches = queue_fields(pipe, [self.keys.job(jid) for jid in stale], RUNNING_FIELDS)
+        if usage_read:
+            pipe.smembers(self.keys.pending_users)
+            for user in usage_read[0]:
+                pipe.hmget(self.keys.usage(user), "value", "at")
+        read = pipe.execute()
+        if read[0] != recent_users or tuple(v for vs in read[1:1 + len(recent_users)] for v in vs) != recent:
+            return False
+        rest = read[1 + len(recent_users):]
+        if tuple(map(tuple, fields_of(rest[:batches]))) != values:
+            return False
+        if usage_read and (frozenset(rest[batches]) != usage_read[1]
+                           or tuple(map(tuple, rest[batches + 1:])) != usage_read[2]):
+            return False
+        return True
+
+    def _end_steady_until(self, found: estimates.Estimate, began: float, time_limit: float | None,
+                          now: float) -> float:
+        """Until when (epoch s) _end_after's answer for a job begun at ``began`` whose run time is
+        estimated ``found`` stays the same absolute (end, sure end) as at ``now``; ``now`` when it
+        moves with the clock already (it outlived every sample of its kind, or its time limit).
+        The expected end is its start plus the median of the samples longer than its age: it moves
+        only when its age passes the next sample."""
+        age = now - began
+        if age < 0:
+            return now
+        if found.samples:
+            start = bisect.bisect_right(found.samples, age)
+            if start == len(found.samples):
+                return now  # as long again as it has run: moves with the clock
+            moment = began + found.samples[start]
+        elif found.expected == math.inf:
+            moment = math.inf
+        elif found.expected > age:
+            moment = began + found.expected
+        else:
+            return now
+        if time_limit:
+            sure = began + self.surely_within(time_limit)
+            if sure <= now:
+                return now
+            moment = min(moment, sure)
+        return moment
 
     def _parse_running(self, job_id: int, values: list) -> tuple[str, int, int, float | None, float | None,
                                                                  float | None, float | None]:
@@ -641,6 +729,8 @@ class Dispatcher:
             if not waiting:
                 return started
             now = shared_now(self.r)
+            if _round == 0 and self._repeats(cards, waiting, now):
+                return started  # the last pass's decisions stand: its reasons re-stamped when due
             # The reservations held now (who holds what, when each is expected to end) are read
             # only when needed: for fair share between several users, user limits, or holds. A
             # pass over one user's queue with room for everything reads none of it.
@@ -655,6 +745,8 @@ class Dispatcher:
             self._backfill_ends = {}
             self._never = {}
             self._marks.clear()  # a round that failed before writing them: its holds are planned anew
+            self._decided = []
+            self._marked = False
             smallest = min(j.gpu_memory for j in waiting)
             progressed = refused = False
 
@@ -752,6 +844,9 @@ class Dispatcher:
                     break  # every card is full now: the jobs behind wait, their reasons as they were
             self._write_marks()
             self._flush_notes()
+            self._repeat = None
+            if _round == 0 and not progressed and not self._marked and self.repeat_idle:
+                self._repeat = self._repeat_of(cards, waiting, now, snapshot, holds)
             if not progressed or (self._read_all and not refused and not holds.by_card):
                 # Nothing changed, or every waiting job was seen and either started or has its
                 # reason, and no hold was planned (a start may make one stale: its holder over
@@ -759,6 +854,63 @@ class Dispatcher:
                 # stored meanwhile, or an end, wakes the next pass).
                 return started
         return started
+
+    def _repeat_of(self, cards: list[CardState], waiting: list[Waiting], now: float, snapshot: _Lazy,
+                   holds: _Holds) -> _Repeat | None:
+        """What a round that changed nothing (no start, no end, no held_at mark) decided from, and
+        the first moment at which the clock alone could change a decision or a sentence of it:
+        a job's aging step or hold time, a held job's backfill budget running out, a backfill's
+        estimated end passing a shadow time (_Holds.steady_until), a running job's expected end
+        moving (its age passing a sample of its kind, or outliving them) and users' fair-share
+        usage crossing (_read_holdings). None when that moment is now."""
+        until = holds.steady_until
+        if snapshot.loaded:
+            until = min(until, self._holdings_steady)
+        for job in waiting:
+            until = min(until, self._rank_steady_until(job, now))
+        if until <= now:
+            return None
+        return _Repeat(settings=self.settings, at=now, until=until, cards=cards, users=self._users_read,
+                       waiting=[_decides(job) for job in waiting], holdings=snapshot.loaded,
+                       nodes=self._nodes_token if self._nodes is not None else None, reasons=list(self._decided))
+
+    def _rank_steady_until(self, job: Waiting, now: float) -> float:
+        """The next moment (epoch s) at which ``job``'s aged rank or whether it is past its hold
+        time (hold_after) may change: its next aging step, or its hold time for any rank."""
+        moment = math.inf
+        if self.effective_rank(job, now) > 0:
+            waited = max(0.0, now - job.created_at)
+            moment = job.created_at + (waited // self.settings.aging_seconds + 1) * self.settings.aging_seconds
+        for rank in range(len(Priority)):
+            at = job.created_at + self.settings.hold_after_seconds * rank
+            if at > now:
+                moment = min(moment, at)
+        return moment
+
+    def _repeats(self, cards: list[CardState], waiting: list[Waiting], now: float) -> bool:
+        """Does this round find what the last one that changed nothing decided from (_repeat_of):
+        the very same cards and reservations (the kept ones: no version moved, no full read since),
+        the same waiting jobs read (every field a decision reads), the same users, recent runs,
+        unstarted placed jobs and usage, the same nodes, and the clock before the first moment a
+        time rule could change a decision? Then a full round would decide the same, word the same
+        sentences and start nothing: the reasons are only re-stamped when due (_note's rule), and
+        True. Costs the reads, not the cluster: O(waiting jobs read)."""
+        memo = self._repeat
+        if memo is None or memo.settings is not self.settings or not memo.at <= now < memo.until:
+            return False
+        if len(cards) != len(memo.cards) or any(a is not b for a, b in zip(cards, memo.cards, strict=True)):
+            return False
+        if self._users_read != memo.users or [_decides(job) for job in waiting] != memo.waiting:
+            return False
+        if memo.holdings and not self._holdings_unchanged():
+            return False
+        if memo.nodes is not None and self._intern(nodes_token(NodeRegistry(self.r, self.keys).read())) != memo.nodes:
+            return False
+        by_id = {job.id: job for job in waiting}
+        for job_id, reason in memo.reasons:  # as the round gave them: _note decides what is written
+            self._note(by_id[job_id], reason)
+        self._flush_notes()
+        return True
 
     def _mark_holding(self, job: Waiting, hold: Hold | None, now: float) -> None:
         """Remember that ``job`` holds cards: from the next pass on it goes first in its rank,
@@ -770,6 +922,7 @@ class Dispatcher:
         """Write the held_at marks _mark_holding collected, in one round trip (one HSET each)."""
         if not self._marks:
             return
+        self._marked = True
         pipe = self.r.pipeline(transaction=False)
         batch = JobStore(pipe, self.keys)
         for job_id, at in self._marks.items():
@@ -838,6 +991,7 @@ class Dispatcher:
         """Set a waiting job's reason (written with the round's others, in one pipeline). An
         unchanged reason is re-stamped every REFRESH_S, so readers (rig.waiting.why_waiting)
         can tell a current reason from one no dispatcher confirms any more."""
+        self._decided.append((job.id, reason))
         if reason != job.wait_reason or shared_now(self.r) - (job.wait_reason_at or 0.0) >= REFRESH_S:
             self._notes[job.id] = reason
 
@@ -881,6 +1035,9 @@ class _Holds:
         #: else, so jobs alike share one answer; a hold planned later is looked at once for it.
         self._closed: dict[tuple, list] = {}
         self._parts: dict[str, tuple] = {}  # held card id -> its rig.waiting.held_part (a hold never changes)
+        #: The first moment (epoch s) the clock alone may change what this round's holds decided:
+        #: a backfill's end (now + its estimate) passing a shadow time, a budget running out.
+        self.steady_until = math.inf
 
     def of(self, job_id: int) -> Hold | None:
         return self.by_job.get(job_id)
@@ -963,7 +1120,14 @@ class _Holds:
                 continue
             since = self.held_since.get(hold.job_id, self.now)
             if hold.job_id not in ends:
-                ends[hold.job_id] = self.dispatcher.backfill_end(job, self.now, since)
+                ends[hold.job_id] = end = self.dispatcher.backfill_end(job, self.now, since)
+                budget = self.dispatcher.settings.backfill_estimate_delay_seconds
+                if budget > 0 and self.now <= since + budget and self.dispatcher.backfill_ends(job, self.now)[1]:
+                    self.steady_until = min(self.steady_until, since + budget)  # then only sure ends
+                if end is not None and end <= hold.until < math.inf:
+                    # Its end moves with the clock, the shadow time does not: it stops ending in
+                    # time when the clock has moved by the margin.
+                    self.steady_until = min(self.steady_until, self.now + (hold.until - end))
             if not may_backfill(card, self.snapshot.get()[0].get(cid, ()), hold, request, ends[hold.job_id], since):
                 closed[cid] = hold
 
@@ -991,6 +1155,8 @@ class _Holds:
         else:
             hold = plan_hold(cards, self.snapshot.get()[0], request, self.now, job.id, exclude=self.by_card)
         if hold:
+            if hold.until <= self.now:
+                self.steady_until = self.now  # its shadow time is now, whenever now is
             self.by_card.update(dict.fromkeys(hold.cards, hold))
             self.order.extend(hold.cards)
             self.by_job[job.id] = hold
@@ -1099,6 +1265,52 @@ class _View:
                 parts[position] = card_token(view.cards[position], fits_nowhere=fits_nowhere)
             view._big[fits_nowhere] = tuple(parts)
         return self._big[fits_nowhere]
+
+
+@dataclass(frozen=True)
+class _Repeat:
+    """A dispatcher round that changed nothing: what it decided from and the reasons it gave,
+    valid from ``at`` until ``until`` (epoch s) for the same inputs (Dispatcher._repeats)."""
+
+    settings: Settings
+    at: float
+    until: float
+    cards: list[CardState]  # the kept CardState objects (the same objects while no version moves)
+    users: list[str]  # the pending users read
+    waiting: list[tuple]  # _decides of each waiting job read, in the order read
+    holdings: bool  # the round read the reservations (_read_holdings): their inputs are compared
+    nodes: Hashable | None  # the interned nodes_token the sentences read, None when none was worded
+    reasons: list[tuple[int, str]]  # (job id, reason) as the round gave them to _note, in order
+
+
+def _decides(job: Waiting) -> tuple:
+    """Every field of a waiting job that a round's decisions and sentences read (all but its
+    stored reason and that reason's stamp, which only say whether to write it again)."""
+    return (job.id, job.gpu_memory, job.gpus, job.priority, job.created_at, job.user, job.pool,
+            job.expected_seconds, job.time_limit, job.held_at, job.cautious_seconds)
+
+
+def _order_steady_until(team: TeamState, rates: Mapping[str, list[float]], users: Iterable[str],
+                        now: float) -> float:
+    """The first moment (epoch s) at which two users' fair-share usage could cross (fair_order
+    sorts users by it), from each user's usage now and the least and most it can grow per second
+    (``rates``: user -> [low, high], GiB-hours/s): the first crossing is between neighbours in
+    today's order, no sooner than their gap over how fast it can close. Users tied now keep
+    their order only when neither's usage moves; else now."""
+    def rate(user: str) -> tuple[float, float]:
+        low, high = rates.get(user, (0.0, 0.0))
+        return low, high
+
+    ordered = sorted((team.load(u).usage, u) for u in users)
+    moment = math.inf
+    for (low_usage, low), (high_usage, high) in itertools.pairwise(ordered):
+        closing = rate(low)[1] - rate(high)[0]
+        if high_usage == low_usage:
+            if rate(low) != (0.0, 0.0) or rate(high) != (0.0, 0.0):
+                return now
+        elif closing > 0:
+            moment = min(moment, now + (high_usage - low_usage) / closing)
+    return moment
 
 
 class _Lazy:
