@@ -483,9 +483,10 @@ class Dispatcher:
         releases: dict[str, list[Release]] = {}
         team = TeamState()
         counted: set[int] = set()
-        #: user -> [the least, the most] its running jobs' charge can grow per second from now
-        #: (GiB-hours/s; a job younger than MIN_CHARGE_S is charged a constant until then)
-        rates: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        #: user -> [the least, the most] its usage can grow per second from now (GiB-hours/s; a
+        #: job younger than MIN_CHARGE_S is charged a constant until then), and until when it
+        #: stays what it is (epoch s)
+        rates: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, math.inf])
         for card, jobs in held:
             releases[card.id] = [Release(info[jid][4], nbytes, info[jid][5], info[jid][3])
                                  for jid, nbytes in jobs.items()]
@@ -498,6 +499,7 @@ class Dispatcher:
                     rates[user][1] += rate
                     if now - began >= MIN_CHARGE_S:
                         rates[user][0] += rate
+                    rates[user][2] = min(rates[user][2], max(now, began + MIN_CHARGE_S) if rate else math.inf)
         usage_read: tuple = ()
         if self.settings.fair_share:
             pending = frozenset(self.r.smembers(self.keys.pending_users))
@@ -513,8 +515,11 @@ class Dispatcher:
                 except ValueError:
                     continue
                 team.load(user).usage += stored
-                if half_life > 0 and stored:  # decaying: at most this fast, slower later
+                if half_life > 0 and stored and now > float(at or now):  # decaying: at most this fast
                     rates[user][0] -= stored * math.log(2) / half_life
+                    rates[user][2] = now
+                elif half_life > 0 and stored:  # stamped ahead of now: decays from then
+                    rates[user][2] = min(rates[user][2], float(at))
             steady = min(steady, _order_steady_until(team, rates, users, now))
         self._holdings_read = (recent_users, recent, tuple(stale), tuple(map(tuple, (kept[j] for j in stale))),
                                usage_read)
@@ -1293,21 +1298,20 @@ def _decides(job: Waiting) -> tuple:
 def _order_steady_until(team: TeamState, rates: Mapping[str, list[float]], users: Iterable[str],
                         now: float) -> float:
     """The first moment (epoch s) at which two users' fair-share usage could cross (fair_order
-    sorts users by it), from each user's usage now and the least and most it can grow per second
-    (``rates``: user -> [low, high], GiB-hours/s): the first crossing is between neighbours in
-    today's order, no sooner than their gap over how fast it can close. Users tied now keep
-    their order only when neither's usage moves; else now."""
-    def rate(user: str) -> tuple[float, float]:
-        low, high = rates.get(user, (0.0, 0.0))
-        return low, high
+    sorts users by it), from each user's usage now, the least and most it can grow per second
+    and until when it stays as it is (``rates``: user -> [low, high] GiB-hours/s, epoch s): the
+    first crossing is between neighbours in today's order, no sooner than their gap over how
+    fast it can close. Users tied now stay tied while neither's usage moves."""
+    def rate(user: str) -> tuple[float, float, float]:
+        low, high, still = rates.get(user, (0.0, 0.0, math.inf))
+        return low, high, still
 
     ordered = sorted((team.load(u).usage, u) for u in users)
     moment = math.inf
     for (low_usage, low), (high_usage, high) in itertools.pairwise(ordered):
         closing = rate(low)[1] - rate(high)[0]
         if high_usage == low_usage:
-            if rate(low) != (0.0, 0.0) or rate(high) != (0.0, 0.0):
-                return now
+            moment = min(moment, rate(low)[2], rate(high)[2])
         elif closing > 0:
             moment = min(moment, now + (high_usage - low_usage) / closing)
     return moment
