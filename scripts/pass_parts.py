@@ -81,6 +81,10 @@ def main() -> int:
         timed(dispatcher.ledger, "cards", "cards")
     timed(dispatcher, "_read_holdings", "holdings")
     timed(dispatcher, "_note_wait", "sentences")
+    repeated = []  # idle passes that repeated the last one's decisions (idlepass: Dispatcher._repeats)
+    if hasattr(dispatcher, "_repeats"):
+        repeats = dispatcher._repeats
+        dispatcher._repeats = lambda *a: repeated.append(repeats(*a)) or repeated[-1]
 
     def one_pass() -> tuple[float, dict[str, float]]:
         parts.clear()
@@ -97,7 +101,9 @@ def main() -> int:
         cluster.add_waiting(args.waiting)
         for _ in range(3):  # the first passes word every reason: not the steady state
             dispatcher.dispatch_pass()
+        repeated.clear()
         idle = [one_pass() for _ in range(args.reps)]
+        idle_repeated = sum(repeated)
         for _ in range(3):
             end_some(64)
             cpu, its = one_pass()
@@ -112,6 +118,8 @@ def main() -> int:
     print(json.dumps({
         "root": root, "load": round(os.getloadavg()[0], 1),
         "idle_p50_ms": round(statistics.median(cpus), 1), "idle_min_ms": round(min(cpus), 1),
+        "idle_p95_ms": round(sorted(cpus)[min(len(cpus) - 1, int(0.95 * len(cpus)))], 1),
+        "idle_repeated": f"{idle_repeated} of {len(cpus)}",
         **{f"idle_{k}_p50_ms": round(statistics.median(p.get(k, 0.0) for _, p in idle), 1)
            for k in ("cards", "holdings", "sentences")},
         "after_64_ends": starting}))

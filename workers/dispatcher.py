@@ -60,6 +60,21 @@ vanished (Redis emptied or rolled back), a failed pass (Redis may have restarted
 FULL_READ_S read everything again. Card records and placed jobs' fields are also parsed once
 per content (a changed record is a new key).
 
+A pass that changed nothing is repeated, not worked out again (issue 15, branch idlepass): a
+round that started, ended and marked nothing keeps what it decided from (_Repeat) and the first
+moment at which the clock alone could change one of its decisions or sentences: a waiting job's
+next aging step or hold time, a held job's backfill budget running out, a backfill's estimated
+end (now + its estimate) passing a shadow time, a running job's expected end moving (its age
+passing the next run time of its kind: until then its end is its start plus the median of the
+longer runs, a fixed moment; once it has outlived them all, or its time limit, it moves with the
+clock and nothing is repeated) and two users' fair-share usage crossing (no sooner than their
+gap over how fast it can close). The next round that reads the same cards (the very objects
+kept by version), waiting jobs (every field a decision reads), users, recent runs, unstarted
+placed jobs, usage and nodes before that moment gives _note the same reasons in the same order
+and ends: what is written (a changed reason, a re-stamp every REFRESH_S) is what a full round
+writes (tests/store/test_dispatcher_repeat.py runs both side by side with the clock moving).
+Sentences name a hold's expected time as an absolute time, so they do not move with the clock.
+
 Runs as a thread in the control worker. Several dispatchers may run (several nodes): one holds
 the leader lock at a time; the reservation script keeps the ledger safe regardless.
 """
@@ -913,7 +928,7 @@ class Dispatcher:
             return False
         by_id = {job.id: job for job in waiting}
         for job_id, reason in memo.reasons:  # as the round gave them: _note decides what is written
-            self._note(by_id[job_id], reason)
+            self._note(by_id[job_id], reason, now)
         self._flush_notes()
         return True
 
@@ -992,12 +1007,14 @@ class Dispatcher:
             self._never[key] = never_fits(mine, request)
         return self._never[key]
 
-    def _note(self, job: Waiting, reason: str) -> None:
+    def _note(self, job: Waiting, reason: str, now: float | None = None) -> None:
         """Set a waiting job's reason (written with the round's others, in one pipeline). An
         unchanged reason is re-stamped every REFRESH_S, so readers (rig.waiting.why_waiting)
-        can tell a current reason from one no dispatcher confirms any more."""
+        can tell a current reason from one no dispatcher confirms any more. ``now``: the shared
+        clock, when the caller has just read it (epoch s)."""
         self._decided.append((job.id, reason))
-        if reason != job.wait_reason or shared_now(self.r) - (job.wait_reason_at or 0.0) >= REFRESH_S:
+        if reason != job.wait_reason or (
+                (shared_now(self.r) if now is None else now) - (job.wait_reason_at or 0.0) >= REFRESH_S):
             self._notes[job.id] = reason
 
     def _flush_notes(self) -> None:
