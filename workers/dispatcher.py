@@ -244,6 +244,9 @@ class Dispatcher:
         #: hold loop's and the run-order loop's; _note's rule makes the order matter).
         self._decided: list[tuple[int, str]] = []
         self._marked = False  # per round: held_at marks were written
+        #: Per round: job id -> what its wait sentence reads besides the cards (_note_wait), worded
+        #: at the round's end against its last view (_word_waits).
+        self._waits: dict[int, tuple] = {}
         self._users_read: list[str] = []  # pending users as the last _read_waiting read them
         #: What the last _read_holdings read beside the kept cards and jobs (recent runs, unstarted
         #: jobs' fields, users' usage), and until when its answer stays the same as the clock moves.
@@ -767,6 +770,7 @@ class Dispatcher:
             self._marks.clear()  # a round that failed before writing them: its holds are planned anew
             self._decided = []
             self._marked = False
+            self._waits.clear()
             smallest = min(j.gpu_memory for j in waiting)
             progressed = refused = False
 
@@ -810,6 +814,7 @@ class Dispatcher:
                 limit = over_limit(job.user, snapshot.team.load(job.user), job.gpu_memory, job.gpus,
                                    limits[job.user])
                 if limit:
+                    self._waits.pop(job.id, None)  # over its limit since it was found blocked
                     self._note(job, self._explain(WaitFacts(request=request, cards=mine, limit=limit, now=now), view,
                                                   not view.could_place(job.pool, request)))
                     continue
@@ -844,6 +849,8 @@ class Dispatcher:
                     break
                 self._reserved_since_read = True
                 self._kept_jobs.pop(job.id, None)  # placed anew: its fields are read again
+                self._waits.pop(job.id, None)  # found blocked at the round's first view, started since
+                self._notes.pop(job.id, None)
                 log.info("job %s: placed on %s/%s (token %s)", job.id, placement.node,
                          list(placement.cards), detail)
                 if self.on_start is not None:
@@ -862,6 +869,7 @@ class Dispatcher:
                 progressed = True
                 if not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
                     break  # every card is full now: the jobs behind wait, their reasons as they were
+            self._word_waits(view, now)
             self._write_marks()
             self._flush_notes()
             self._repeat = None
@@ -958,18 +966,31 @@ class Dispatcher:
 
     def _note_wait(self, job: Waiting, request: Request, ahead: int, hold: Hold | None, holds: _Holds,
                    view: _View, now: float) -> None:
-        """Word why ``job`` waits with rig.waiting.explain (the one place waits are worded),
-        from what this round knows: the cards of its pool closed to it by other jobs' holds, its
-        own hold, its place in the run order and the nodes' states (read once per round)."""
+        """Note why ``job`` waits, from what this round knows at its turn: the cards of its pool
+        closed to it by other jobs' holds, its own hold, its place in the run order and the
+        nodes' states (read once per round). Worded at the round's end (_word_waits), against
+        the cards as the round leaves them: a start later in the round only takes room (the
+        job fits there no more than it did), and the sentence is read after the round, when the
+        cards are those. One wording per body for jobs alike, not one per start (each start made
+        a new view, and every job behind it was worded again: O(starts x jobs x cards))."""
         if self._nodes is None:
             self._nodes = NodeRegistry(self.r, self.keys).read()
             self._nodes_token = self._intern(nodes_token(self._nodes))
         closed, token = holds.closed_with_token(job, request, view)
-        nowhere = not view.could_place(job.pool, request)
-        facts = WaitFacts(
-            request=request, cards=view.mine(job.pool), nodes=self._nodes, held=closed, own_hold=hold, ahead=ahead,
-            dispatcher=True, pool=job.pool, strategy=self.settings.scheduler_type, now=now, fits_nowhere=nowhere)
-        self._note(job, self._explain(facts, view, nowhere, token))
+        self._waits.pop(job.id, None)  # noted again: its place is this later one
+        self._waits[job.id] = (job, request, ahead, hold, closed, token)
+
+    def _word_waits(self, view: _View, now: float) -> None:
+        """Word the waits _note_wait collected with rig.waiting.explain (the one place waits are
+        worded), against ``view`` (the round's last), in the order they were noted."""
+        for job, request, ahead, hold, closed, token in self._waits.values():
+            nowhere = not view.could_place(job.pool, request)
+            facts = WaitFacts(
+                request=request, cards=view.mine(job.pool), nodes=self._nodes, held=closed, own_hold=hold,
+                ahead=ahead, dispatcher=True, pool=job.pool, strategy=self.settings.scheduler_type, now=now,
+                fits_nowhere=nowhere)
+            self._note(job, self._explain(facts, view, nowhere, token))
+        self._waits.clear()
 
     def _explain(self, facts: WaitFacts, view: _View, fits_nowhere: bool, held: Hashable | None = None) -> str:
         """rig.waiting.explain(facts), its body remembered by rig.waiting.body_key: worded once

@@ -143,3 +143,38 @@ def test_a_repeated_pass_leaves_redis_as_a_full_pass_does(redis_client, key_pref
 def _last_id(copy: _Copy) -> int:
     ids = [jid for state in JobState for jid in copy.ledger.store.ids_in_state(state)]
     return max(ids, default=0)
+
+
+@pytest.mark.parametrize("repeat", [False, True])
+def test_a_blocked_jobs_reason_is_the_run_order_loops_and_stays_put(redis_client, key_prefix, repeat):
+    """A job past its hold time is worded twice in a round: by the loop that plans holds (no
+    jobs ahead counted) and by the run-order loop (its place). The later one is its reason, every
+    pass: it used to alternate between the two (the first written whenever the second was
+    already stored)."""
+    ledger = Ledger(redis_client, Keys(key_prefix))
+    for index in range(2):
+        ledger.register_card("n1", GpuReading(index, f"u{index}", "m", 40 * GIB), max_jobs=2,
+                             reserve_fraction=0.0, allowed=True, fake=True)
+    dispatcher = Dispatcher(load_settings(key_prefix=key_prefix, node_name="n1", hold_after_seconds=0),
+                            lambda *a: None, client=redis_client)
+    dispatcher.repeat_idle = repeat
+    rng = random.Random(1)
+
+    def make(gib: int, priority: Priority, expected: float | None = None) -> int:
+        job = _job(rng, 1_000.0, gib * GIB, estimates=(expected,), limits=(None,))
+        job.priority, job.user, job.created_at = priority, "ann", 0.0
+        return ledger.store.create_many([(job, None)])[0].id
+
+    for index in range(2):
+        running = make(30, Priority.MEDIUM, 600.0)
+        ok, token = ledger.reserve(running, "n1", [index], 30 * GIB, user="ann")
+        assert ok, token
+        ledger.claim(running, token, f"card{index}@n1")
+    make(36, Priority.HIGH)
+    second = make(36, Priority.MEDIUM)
+    reasons = []
+    for _ in range(4):
+        assert dispatcher.dispatch_pass() == 0
+        reasons.append(ledger.store.get(second).wait_reason)
+    assert "1 job(s) ahead of it" in reasons[-1], reasons
+    assert len(set(reasons[1:])) == 1, reasons
