@@ -1031,12 +1031,16 @@ class Dispatcher:
     def _note(self, job: Waiting, reason: str, now: float | None = None) -> None:
         """Set a waiting job's reason (written with the round's others, in one pipeline). An
         unchanged reason is re-stamped every REFRESH_S, so readers (rig.waiting.why_waiting)
-        can tell a current reason from one no dispatcher confirms any more. ``now``: the shared
-        clock, when the caller has just read it (epoch s)."""
+        can tell a current reason from one no dispatcher confirms any more. The last note of a
+        job in a round wins (an earlier one is not written because the later one is stored
+        already: main alternated between a job's two sentences). ``now``: the shared clock, when
+        the caller has just read it (epoch s)."""
         self._decided.append((job.id, reason))
         if reason != job.wait_reason or (
                 (shared_now(self.r) if now is None else now) - (job.wait_reason_at or 0.0) >= REFRESH_S):
             self._notes[job.id] = reason
+        else:
+            self._notes.pop(job.id, None)
 
     def _flush_notes(self) -> None:
         if not self._notes:
