@@ -290,7 +290,19 @@ def explain_tail(facts: WaitFacts, counts_ahead: bool = True) -> str:
 
 
 def _expected(until: float, now: float) -> str:
-    return "" if until == math.inf else f" (expected free {roughly(until - now)})"
+    """When held cards are expected to have room, as an absolute time (the minute, in the
+    server's zone, with its date): a sentence stored at one pass stays true as the clock moves
+    (a relative "in ~5 min" was false a minute later), and the dispatcher need not word it again
+    while the expected time does not move (workers.dispatcher's repeated passes). ``now`` is not
+    read: kept so that every caller words it the same way."""
+    del now
+    return "" if until == math.inf else f" (expected free ~{expected_clock(until)})"
+
+
+def expected_clock(at: float) -> str:
+    """``Dec 01 14:20 UTC``: an expected time (epoch s) to the minute, in the server's zone.
+    Never relative to now, so the same time always reads the same."""
+    return time.strftime("%b %d %H:%M %Z", time.localtime(at))
 
 
 def roughly(seconds: float) -> str:

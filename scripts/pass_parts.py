@@ -38,6 +38,11 @@ def main() -> int:
     parser.add_argument("--users", type=int, default=10)
     parser.add_argument("--reps", type=int, default=15, help="idle passes timed")
     parser.add_argument("--hold-now", action="store_true", help="hold_after_seconds 0: every blocked job holds")
+    parser.add_argument("--real-clock", action="store_true",
+                        help="the clock moves (idle passes 0.5 s apart, after --settle s): what repeats then")
+    parser.add_argument("--settle", type=float, default=0.0, help="with --real-clock: seconds to wait first")
+    parser.add_argument("--ends-first", type=int, default=0,
+                        help="end this many jobs (30 s runs: the cluster's recent runs) before the idle passes")
     parser.add_argument("--url", default=os.environ.get("RIG_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args()
     root = str(Path(args.root).resolve())
@@ -57,7 +62,8 @@ def main() -> int:
 
     frozen = 1_900_000_000.0
     cluster = bench.Cluster(args.url, args.cards // 8, args.users, Path(tempfile.mkdtemp()))
-    type(rig.clock.clock_for(cluster.r)).now = lambda self, refresh=True: frozen
+    if not args.real_clock:
+        type(rig.clock.clock_for(cluster.r)).now = lambda self, refresh=True: frozen
     dispatcher = cluster.dispatcher
     if args.hold_now:
         dispatcher.settings = cluster.settings.model_copy(update={"hold_after_seconds": 0.0})
@@ -81,6 +87,10 @@ def main() -> int:
         timed(dispatcher.ledger, "cards", "cards")
     timed(dispatcher, "_read_holdings", "holdings")
     timed(dispatcher, "_note_wait", "sentences")
+    repeated = []  # idle passes that repeated the last one's decisions (idlepass: Dispatcher._repeats)
+    if hasattr(dispatcher, "_repeats"):
+        repeats = dispatcher._repeats
+        dispatcher._repeats = lambda *a: repeated.append(repeats(*a)) or repeated[-1]
 
     def one_pass() -> tuple[float, dict[str, float]]:
         parts.clear()
@@ -89,7 +99,7 @@ def main() -> int:
         return (time.thread_time() - began) * 1000, dict(parts)
 
     def end_some(count: int) -> None:  # bench_scale's, with the ends stamped on the frozen clock
-        cluster.end_some(count, ended_at=frozen + 30, runtime=30.0)
+        cluster.end_some(count, ended_at=None if args.real_clock else frozen + 30, runtime=30.0)
 
     idle, starting = [], []
     try:
@@ -97,7 +107,24 @@ def main() -> int:
         cluster.add_waiting(args.waiting)
         for _ in range(3):  # the first passes word every reason: not the steady state
             dispatcher.dispatch_pass()
-        idle = [one_pass() for _ in range(args.reps)]
+        if args.ends_first:
+            end_some(args.ends_first)
+            dispatcher.dispatch_pass()
+            for job_id, token, node, card in cluster.started:
+                cluster.ledger.claim(job_id, token, f"card{card}@{node}")
+            cluster.started.clear()
+            dispatcher.dispatch_pass()
+        if args.real_clock and args.settle:
+            time.sleep(args.settle)
+            for _ in range(2):  # what the clock changed meanwhile (holds begun, marks)
+                dispatcher.dispatch_pass()
+        repeated.clear()
+        idle = []
+        for _ in range(args.reps):
+            idle.append(one_pass())
+            if args.real_clock:
+                time.sleep(0.5)
+        idle_repeated = sum(repeated)
         for _ in range(3):
             end_some(64)
             cpu, its = one_pass()
@@ -112,6 +139,8 @@ def main() -> int:
     print(json.dumps({
         "root": root, "load": round(os.getloadavg()[0], 1),
         "idle_p50_ms": round(statistics.median(cpus), 1), "idle_min_ms": round(min(cpus), 1),
+        "idle_p95_ms": round(sorted(cpus)[min(len(cpus) - 1, int(0.95 * len(cpus)))], 1),
+        "idle_repeated": f"{idle_repeated} of {len(cpus)}",
         **{f"idle_{k}_p50_ms": round(statistics.median(p.get(k, 0.0) for _, p in idle), 1)
            for k in ("cards", "holdings", "sentences")},
         "after_64_ends": starting}))

@@ -60,6 +60,21 @@ vanished (Redis emptied or rolled back), a failed pass (Redis may have restarted
 FULL_READ_S read everything again. Card records and placed jobs' fields are also parsed once
 per content (a changed record is a new key).
 
+A pass that changed nothing is repeated, not worked out again (issue 15, branch idlepass): a
+round that started, ended and marked nothing keeps what it decided from (_Repeat) and the first
+moment at which the clock alone could change one of its decisions or sentences: a waiting job's
+next aging step or hold time, a held job's backfill budget running out, a backfill's estimated
+end (now + its estimate) passing a shadow time, a running job's expected end moving (its age
+passing the next run time of its kind: until then its end is its start plus the median of the
+longer runs, a fixed moment; once it has outlived them all, or its time limit, it moves with the
+clock and nothing is repeated) and two users' fair-share usage crossing (no sooner than their
+gap over how fast it can close). The next round that reads the same cards (the very objects
+kept by version), waiting jobs (every field a decision reads), users, recent runs, unstarted
+placed jobs, usage and nodes before that moment gives _note the same reasons in the same order
+and ends: what is written (a changed reason, a re-stamp every REFRESH_S) is what a full round
+writes (tests/store/test_dispatcher_repeat.py runs both side by side with the clock moving).
+Sentences name a hold's expected time as an absolute time, so they do not move with the clock.
+
 Runs as a thread in the control worker. Several dispatchers may run (several nodes): one holds
 the leader lock at a time; the reservation script keeps the ledger safe regardless.
 """
@@ -88,7 +103,7 @@ from rig.clock import shared_now
 from rig.config import Settings
 from rig.errors import InvalidRecord
 from rig.failures import FailureClass
-from rig.fairshare import TeamState, decay, exceeds_alone, over_limit
+from rig.fairshare import MIN_CHARGE_S, TeamState, decay, exceeds_alone, gib_hours, over_limit
 from rig.hashes import fields_of, queue_fields, read_fields
 from rig.keys import Keys, card_id, split_card_id
 from rig.ledger import Ledger
@@ -168,6 +183,10 @@ return 0
 
 
 class Dispatcher:
+    #: Repeat a pass that changed nothing without working it out again while its inputs and the
+    #: clock's rules allow (_repeats); False: every pass is worked out in full (tests compare both).
+    repeat_idle: bool = True
+
     def __init__(self, settings: Settings, on_start: OnStart | None = None, client: redis.Redis | None = None):
         """``on_start``: told of each start placed (its start is on the card's list already):
         for tests and benchmarks."""
@@ -218,6 +237,21 @@ class Dispatcher:
         self._running_estimates: dict[int, tuple[list, tuple, estimates.Estimate]] = {}
         self._reserved_since_read = False  # a reservation was made after the last _read_cards
         self._first_view: _View | None = None  # the last round's view before its first start
+        #: The last pass that changed nothing, what it decided from and until when (_Repeat): a
+        #: pass that finds the same inputs before that moment decides the same (_repeats).
+        self._repeat: _Repeat | None = None
+        #: Per round: every (job id, reason) _note was given, in order (a job may be given two: the
+        #: hold loop's and the run-order loop's; _note's rule makes the order matter).
+        self._decided: list[tuple[int, str]] = []
+        self._marked = False  # per round: held_at marks were written
+        #: Per round: job id -> what its wait sentence reads besides the cards (_note_wait), worded
+        #: at the round's end against its last view (_word_waits).
+        self._waits: dict[int, tuple] = {}
+        self._users_read: list[str] = []  # pending users as the last _read_waiting read them
+        #: What the last _read_holdings read beside the kept cards and jobs (recent runs, unstarted
+        #: jobs' fields, users' usage), and until when its answer stays the same as the clock moves.
+        self._holdings_read: tuple = ()
+        self._holdings_steady = math.inf
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -284,7 +318,7 @@ class Dispatcher:
         return sorted(jobs, key=lambda j: (self.effective_rank(j, now), j.id))
 
     def _read_waiting(self) -> list[Waiting]:
-        users = sorted(self.r.smembers(self.keys.pending_users))
+        users = self._users_read = sorted(self.r.smembers(self.keys.pending_users))
         if len(users) <= 1:
             users = []  # one user's queue head is the global head
         # Every waiting user's head is read: with many users, fewer jobs each (at least one),
@@ -332,6 +366,7 @@ class Dispatcher:
         self._kept.clear()
         self._kept_jobs.clear()
         self._reservations = {}
+        self._repeat = None
 
     def _read_cards(self) -> list[CardState]:
         """Every registered card, sorted by node then index (as Ledger.cards), with the
@@ -443,6 +478,7 @@ class Dispatcher:
         if len(known) > len(ids):
             self._running_estimates = known = {jid: known[jid] for jid in ids if jid in known}
         info: dict[int, tuple[str, int, int, float, float, float]] = {}
+        steady = math.inf  # until when every end worked out here stays what it is now (epoch s)
         for jid in ids:
             values = kept[jid]
             try:
@@ -458,11 +494,17 @@ class Dispatcher:
                     raise ValueError(began)
                 end, sure = self._end_after(found[2], now - began, limit, now)
                 info[jid] = (user, memory, ncards, began, end, sure)
+                steady = min(steady, self._end_steady_until(found[2], began, limit, now))
             except (ValueError, TypeError):
                 info[jid] = ("?", 0, 1, now, math.inf, math.inf)
+                steady = now  # counted as begun now, whenever now is
         releases: dict[str, list[Release]] = {}
         team = TeamState()
         counted: set[int] = set()
+        #: user -> [the least, the most] its usage can grow per second from now (GiB-hours/s; a
+        #: job younger than MIN_CHARGE_S is charged a constant until then), and until when it
+        #: stays what it is (epoch s)
+        rates: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, math.inf])
         for card, jobs in held:
             releases[card.id] = [Release(info[jid][4], nbytes, info[jid][5], info[jid][3])
                                  for jid, nbytes in jobs.items()]
@@ -471,18 +513,87 @@ class Dispatcher:
                     counted.add(jid)
                     user, memory, ncards, began, _end, _sure = info[jid]
                     team.load(user).add_job(memory, ncards, now - began)
+                    rate = gib_hours(memory, ncards, 1.0)
+                    rates[user][1] += rate
+                    if now - began >= MIN_CHARGE_S:
+                        rates[user][0] += rate
+                    rates[user][2] = min(rates[user][2], max(now, began + MIN_CHARGE_S) if rate else math.inf)
+        usage_read: tuple = ()
         if self.settings.fair_share:
-            users = sorted(set(team.loads) | set(self.r.smembers(self.keys.pending_users)))
+            pending = frozenset(self.r.smembers(self.keys.pending_users))
+            users = sorted(set(team.loads) | pending)
             pipe = self.r.pipeline(transaction=False)
             for user in users:
                 pipe.hmget(self.keys.usage(user), "value", "at")
             half_life = self.settings.fair_share_half_life_hours * 3600
-            for user, (value, at) in zip(users, pipe.execute(), strict=True):
+            usage_read = (tuple(users), pending, tuple(map(tuple, pipe.execute())))
+            for user, (value, at) in zip(users, usage_read[2], strict=True):
                 try:
-                    team.load(user).usage += decay(float(value or 0), float(at or now), now, half_life)
+                    stored = decay(float(value or 0), float(at or now), now, half_life)
                 except ValueError:
-                    pass
+                    continue
+                team.load(user).usage += stored
+                if half_life > 0 and stored and now > float(at or now):  # decaying: at most this fast
+                    rates[user][0] -= stored * math.log(2) / half_life
+                    rates[user][2] = now
+                elif half_life > 0 and stored:  # stamped ahead of now: decays from then
+                    rates[user][2] = min(rates[user][2], float(at))
+            steady = min(steady, _order_steady_until(team, rates, users, now))
+        self._holdings_read = (recent_users, recent, tuple(stale), tuple(map(tuple, (kept[j] for j in stale))),
+                               usage_read)
+        self._holdings_steady = steady
         return releases, team
+
+    def _holdings_unchanged(self) -> bool:
+        """Does Redis hold what the last _read_holdings read beside the kept cards and placed jobs
+        (the recent runs, the unstarted placed jobs' fields, the users' usage)? One round trip."""
+        recent_users, recent, stale, values, usage_read = self._holdings_read
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zrevrange(self.keys.recent_runtime_users, 0, estimates.RECENT_USERS - 1)
+        estimates.queue_recent(pipe, self.keys, recent_users)
+        batches = queue_fields(pipe, [self.keys.job(jid) for jid in stale], RUNNING_FIELDS)
+        if usage_read:
+            pipe.smembers(self.keys.pending_users)
+            for user in usage_read[0]:
+                pipe.hmget(self.keys.usage(user), "value", "at")
+        read = pipe.execute()
+        if read[0] != recent_users or tuple(v for vs in read[1:1 + len(recent_users)] for v in vs) != recent:
+            return False
+        rest = read[1 + len(recent_users):]
+        if tuple(map(tuple, fields_of(rest[:batches]))) != values:
+            return False
+        if usage_read and (frozenset(rest[batches]) != usage_read[1]
+                           or tuple(map(tuple, rest[batches + 1:])) != usage_read[2]):
+            return False
+        return True
+
+    def _end_steady_until(self, found: estimates.Estimate, began: float, time_limit: float | None,
+                          now: float) -> float:
+        """Until when (epoch s) _end_after's answer for a job begun at ``began`` whose run time is
+        estimated ``found`` stays the same absolute (end, sure end) as at ``now``; ``now`` when it
+        moves with the clock already (it outlived every sample of its kind, or its time limit).
+        The expected end is its start plus the median of the samples longer than its age: it moves
+        only when its age passes the next sample."""
+        age = now - began
+        if age < 0:
+            return now
+        if found.samples:
+            start = bisect.bisect_right(found.samples, age)
+            if start == len(found.samples):
+                return now  # as long again as it has run: moves with the clock
+            moment = began + found.samples[start]
+        elif found.expected == math.inf:
+            moment = math.inf
+        elif found.expected > age:
+            moment = began + found.expected
+        else:
+            return now
+        if time_limit:
+            sure = began + self.surely_within(time_limit)
+            if sure <= now:
+                return now
+            moment = min(moment, sure)
+        return moment
 
     def _parse_running(self, job_id: int, values: list) -> tuple[str, int, int, float | None, float | None,
                                                                  float | None, float | None]:
@@ -641,6 +752,8 @@ class Dispatcher:
             if not waiting:
                 return started
             now = shared_now(self.r)
+            if _round == 0 and self._repeats(cards, waiting, now):
+                return started  # the last pass's decisions stand: its reasons re-stamped when due
             # The reservations held now (who holds what, when each is expected to end) are read
             # only when needed: for fair share between several users, user limits, or holds. A
             # pass over one user's queue with room for everything reads none of it.
@@ -655,6 +768,9 @@ class Dispatcher:
             self._backfill_ends = {}
             self._never = {}
             self._marks.clear()  # a round that failed before writing them: its holds are planned anew
+            self._decided = []
+            self._marked = False
+            self._waits.clear()
             smallest = min(j.gpu_memory for j in waiting)
             progressed = refused = False
 
@@ -698,6 +814,7 @@ class Dispatcher:
                 limit = over_limit(job.user, snapshot.team.load(job.user), job.gpu_memory, job.gpus,
                                    limits[job.user])
                 if limit:
+                    self._waits.pop(job.id, None)  # over its limit since it was found blocked
                     self._note(job, self._explain(WaitFacts(request=request, cards=mine, limit=limit, now=now), view,
                                                   not view.could_place(job.pool, request)))
                     continue
@@ -732,6 +849,8 @@ class Dispatcher:
                     break
                 self._reserved_since_read = True
                 self._kept_jobs.pop(job.id, None)  # placed anew: its fields are read again
+                self._waits.pop(job.id, None)  # found blocked at the round's first view, started since
+                self._notes.pop(job.id, None)
                 log.info("job %s: placed on %s/%s (token %s)", job.id, placement.node,
                          list(placement.cards), detail)
                 if self.on_start is not None:
@@ -750,8 +869,12 @@ class Dispatcher:
                 progressed = True
                 if not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
                     break  # every card is full now: the jobs behind wait, their reasons as they were
+            self._word_waits(view, now)
             self._write_marks()
             self._flush_notes()
+            self._repeat = None
+            if _round == 0 and not progressed and not self._marked and self.repeat_idle:
+                self._repeat = self._repeat_of(cards, waiting, now, snapshot, holds)
             if not progressed or (self._read_all and not refused and not holds.by_card):
                 # Nothing changed, or every waiting job was seen and either started or has its
                 # reason, and no hold was planned (a start may make one stale: its holder over
@@ -759,6 +882,63 @@ class Dispatcher:
                 # stored meanwhile, or an end, wakes the next pass).
                 return started
         return started
+
+    def _repeat_of(self, cards: list[CardState], waiting: list[Waiting], now: float, snapshot: _Lazy,
+                   holds: _Holds) -> _Repeat | None:
+        """What a round that changed nothing (no start, no end, no held_at mark) decided from, and
+        the first moment at which the clock alone could change a decision or a sentence of it:
+        a job's aging step or hold time, a held job's backfill budget running out, a backfill's
+        estimated end passing a shadow time (_Holds.steady_until), a running job's expected end
+        moving (its age passing a sample of its kind, or outliving them) and users' fair-share
+        usage crossing (_read_holdings). None when that moment is now."""
+        until = holds.steady_until
+        if snapshot.loaded:
+            until = min(until, self._holdings_steady)
+        for job in waiting:
+            until = min(until, self._rank_steady_until(job, now))
+        if until <= now:
+            return None
+        return _Repeat(settings=self.settings, at=now, until=until, cards=cards, users=self._users_read,
+                       waiting=[_decides(job) for job in waiting], holdings=snapshot.loaded,
+                       nodes=self._nodes_token if self._nodes is not None else None, reasons=list(self._decided))
+
+    def _rank_steady_until(self, job: Waiting, now: float) -> float:
+        """The next moment (epoch s) at which ``job``'s aged rank or whether it is past its hold
+        time (hold_after) may change: its next aging step, or its hold time for any rank."""
+        moment = math.inf
+        if self.effective_rank(job, now) > 0:
+            waited = max(0.0, now - job.created_at)
+            moment = job.created_at + (waited // self.settings.aging_seconds + 1) * self.settings.aging_seconds
+        for rank in range(len(Priority)):
+            at = job.created_at + self.settings.hold_after_seconds * rank
+            if at > now:
+                moment = min(moment, at)
+        return moment
+
+    def _repeats(self, cards: list[CardState], waiting: list[Waiting], now: float) -> bool:
+        """Does this round find what the last one that changed nothing decided from (_repeat_of):
+        the very same cards and reservations (the kept ones: no version moved, no full read since),
+        the same waiting jobs read (every field a decision reads), the same users, recent runs,
+        unstarted placed jobs and usage, the same nodes, and the clock before the first moment a
+        time rule could change a decision? Then a full round would decide the same, word the same
+        sentences and start nothing: the reasons are only re-stamped when due (_note's rule), and
+        True. Costs the reads, not the cluster: O(waiting jobs read)."""
+        memo = self._repeat
+        if memo is None or memo.settings is not self.settings or not memo.at <= now < memo.until:
+            return False
+        if len(cards) != len(memo.cards) or any(a is not b for a, b in zip(cards, memo.cards, strict=True)):
+            return False
+        if self._users_read != memo.users or [_decides(job) for job in waiting] != memo.waiting:
+            return False
+        if memo.holdings and not self._holdings_unchanged():
+            return False
+        if memo.nodes is not None and self._intern(nodes_token(NodeRegistry(self.r, self.keys).read())) != memo.nodes:
+            return False
+        by_id = {job.id: job for job in waiting}
+        for job_id, reason in memo.reasons:  # as the round gave them: _note decides what is written
+            self._note(by_id[job_id], reason, now)
+        self._flush_notes()
+        return True
 
     def _mark_holding(self, job: Waiting, hold: Hold | None, now: float) -> None:
         """Remember that ``job`` holds cards: from the next pass on it goes first in its rank,
@@ -770,6 +950,7 @@ class Dispatcher:
         """Write the held_at marks _mark_holding collected, in one round trip (one HSET each)."""
         if not self._marks:
             return
+        self._marked = True
         pipe = self.r.pipeline(transaction=False)
         batch = JobStore(pipe, self.keys)
         for job_id, at in self._marks.items():
@@ -785,18 +966,31 @@ class Dispatcher:
 
     def _note_wait(self, job: Waiting, request: Request, ahead: int, hold: Hold | None, holds: _Holds,
                    view: _View, now: float) -> None:
-        """Word why ``job`` waits with rig.waiting.explain (the one place waits are worded),
-        from what this round knows: the cards of its pool closed to it by other jobs' holds, its
-        own hold, its place in the run order and the nodes' states (read once per round)."""
+        """Note why ``job`` waits, from what this round knows at its turn: the cards of its pool
+        closed to it by other jobs' holds, its own hold, its place in the run order and the
+        nodes' states (read once per round). Worded at the round's end (_word_waits), against
+        the cards as the round leaves them: a start later in the round only takes room (the
+        job fits there no more than it did), and the sentence is read after the round, when the
+        cards are those. One wording per body for jobs alike, not one per start (each start made
+        a new view, and every job behind it was worded again: O(starts x jobs x cards))."""
         if self._nodes is None:
             self._nodes = NodeRegistry(self.r, self.keys).read()
             self._nodes_token = self._intern(nodes_token(self._nodes))
         closed, token = holds.closed_with_token(job, request, view)
-        nowhere = not view.could_place(job.pool, request)
-        facts = WaitFacts(
-            request=request, cards=view.mine(job.pool), nodes=self._nodes, held=closed, own_hold=hold, ahead=ahead,
-            dispatcher=True, pool=job.pool, strategy=self.settings.scheduler_type, now=now, fits_nowhere=nowhere)
-        self._note(job, self._explain(facts, view, nowhere, token))
+        self._waits.pop(job.id, None)  # noted again: its place is this later one
+        self._waits[job.id] = (job, request, ahead, hold, closed, token)
+
+    def _word_waits(self, view: _View, now: float) -> None:
+        """Word the waits _note_wait collected with rig.waiting.explain (the one place waits are
+        worded), against ``view`` (the round's last), in the order they were noted."""
+        for job, request, ahead, hold, closed, token in self._waits.values():
+            nowhere = not view.could_place(job.pool, request)
+            facts = WaitFacts(
+                request=request, cards=view.mine(job.pool), nodes=self._nodes, held=closed, own_hold=hold,
+                ahead=ahead, dispatcher=True, pool=job.pool, strategy=self.settings.scheduler_type, now=now,
+                fits_nowhere=nowhere)
+            self._note(job, self._explain(facts, view, nowhere, token))
+        self._waits.clear()
 
     def _explain(self, facts: WaitFacts, view: _View, fits_nowhere: bool, held: Hashable | None = None) -> str:
         """rig.waiting.explain(facts), its body remembered by rig.waiting.body_key: worded once
@@ -834,12 +1028,19 @@ class Dispatcher:
             self._never[key] = never_fits(mine, request)
         return self._never[key]
 
-    def _note(self, job: Waiting, reason: str) -> None:
+    def _note(self, job: Waiting, reason: str, now: float | None = None) -> None:
         """Set a waiting job's reason (written with the round's others, in one pipeline). An
         unchanged reason is re-stamped every REFRESH_S, so readers (rig.waiting.why_waiting)
-        can tell a current reason from one no dispatcher confirms any more."""
-        if reason != job.wait_reason or shared_now(self.r) - (job.wait_reason_at or 0.0) >= REFRESH_S:
+        can tell a current reason from one no dispatcher confirms any more. The last note of a
+        job in a round wins (an earlier one is not written because the later one is stored
+        already: main alternated between a job's two sentences). ``now``: the shared clock, when
+        the caller has just read it (epoch s)."""
+        self._decided.append((job.id, reason))
+        if reason != job.wait_reason or (
+                (shared_now(self.r) if now is None else now) - (job.wait_reason_at or 0.0) >= REFRESH_S):
             self._notes[job.id] = reason
+        else:
+            self._notes.pop(job.id, None)
 
     def _flush_notes(self) -> None:
         if not self._notes:
@@ -881,6 +1082,9 @@ class _Holds:
         #: else, so jobs alike share one answer; a hold planned later is looked at once for it.
         self._closed: dict[tuple, list] = {}
         self._parts: dict[str, tuple] = {}  # held card id -> its rig.waiting.held_part (a hold never changes)
+        #: The first moment (epoch s) the clock alone may change what this round's holds decided:
+        #: a backfill's end (now + its estimate) passing a shadow time, a budget running out.
+        self.steady_until = math.inf
 
     def of(self, job_id: int) -> Hold | None:
         return self.by_job.get(job_id)
@@ -963,7 +1167,14 @@ class _Holds:
                 continue
             since = self.held_since.get(hold.job_id, self.now)
             if hold.job_id not in ends:
-                ends[hold.job_id] = self.dispatcher.backfill_end(job, self.now, since)
+                ends[hold.job_id] = end = self.dispatcher.backfill_end(job, self.now, since)
+                budget = self.dispatcher.settings.backfill_estimate_delay_seconds
+                if budget > 0 and self.now <= since + budget and self.dispatcher.backfill_ends(job, self.now)[1]:
+                    self.steady_until = min(self.steady_until, since + budget)  # then only sure ends
+                if end is not None and end <= hold.until < math.inf:
+                    # Its end moves with the clock, the shadow time does not: it stops ending in
+                    # time when the clock has moved by the margin.
+                    self.steady_until = min(self.steady_until, self.now + (hold.until - end))
             if not may_backfill(card, self.snapshot.get()[0].get(cid, ()), hold, request, ends[hold.job_id], since):
                 closed[cid] = hold
 
@@ -991,6 +1202,8 @@ class _Holds:
         else:
             hold = plan_hold(cards, self.snapshot.get()[0], request, self.now, job.id, exclude=self.by_card)
         if hold:
+            if hold.until <= self.now:
+                self.steady_until = self.now  # its shadow time is now, whenever now is
             self.by_card.update(dict.fromkeys(hold.cards, hold))
             self.order.extend(hold.cards)
             self.by_job[job.id] = hold
@@ -1099,6 +1312,51 @@ class _View:
                 parts[position] = card_token(view.cards[position], fits_nowhere=fits_nowhere)
             view._big[fits_nowhere] = tuple(parts)
         return self._big[fits_nowhere]
+
+
+@dataclass(frozen=True)
+class _Repeat:
+    """A dispatcher round that changed nothing: what it decided from and the reasons it gave,
+    valid from ``at`` until ``until`` (epoch s) for the same inputs (Dispatcher._repeats)."""
+
+    settings: Settings
+    at: float
+    until: float
+    cards: list[CardState]  # the kept CardState objects (the same objects while no version moves)
+    users: list[str]  # the pending users read
+    waiting: list[tuple]  # _decides of each waiting job read, in the order read
+    holdings: bool  # the round read the reservations (_read_holdings): their inputs are compared
+    nodes: Hashable | None  # the interned nodes_token the sentences read, None when none was worded
+    reasons: list[tuple[int, str]]  # (job id, reason) as the round gave them to _note, in order
+
+
+def _decides(job: Waiting) -> tuple:
+    """Every field of a waiting job that a round's decisions and sentences read (all but its
+    stored reason and that reason's stamp, which only say whether to write it again)."""
+    return (job.id, job.gpu_memory, job.gpus, job.priority, job.created_at, job.user, job.pool,
+            job.expected_seconds, job.time_limit, job.held_at, job.cautious_seconds)
+
+
+def _order_steady_until(team: TeamState, rates: Mapping[str, list[float]], users: Iterable[str],
+                        now: float) -> float:
+    """The first moment (epoch s) at which two users' fair-share usage could cross (fair_order
+    sorts users by it), from each user's usage now, the least and most it can grow per second
+    and until when it stays as it is (``rates``: user -> [low, high] GiB-hours/s, epoch s): the
+    first crossing is between neighbours in today's order, no sooner than their gap over how
+    fast it can close. Users tied now stay tied while neither's usage moves."""
+    def rate(user: str) -> tuple[float, float, float]:
+        low, high, still = rates.get(user, (0.0, 0.0, math.inf))
+        return low, high, still
+
+    ordered = sorted((team.load(u).usage, u) for u in users)
+    moment = math.inf
+    for (low_usage, low), (high_usage, high) in itertools.pairwise(ordered):
+        closing = rate(low)[1] - rate(high)[0]
+        if high_usage == low_usage:
+            moment = min(moment, rate(low)[2], rate(high)[2])
+        elif closing > 0:
+            moment = min(moment, now + (high_usage - low_usage) / closing)
+    return moment
 
 
 class _Lazy:

@@ -14,6 +14,7 @@ from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
+from rig.waiting import expected_clock
 from workers.dispatcher import Dispatcher
 
 
@@ -141,7 +142,9 @@ def test_short_jobs_backfill_a_held_card_when_they_end_before_its_shadow_time(ma
     assert dispatcher.dispatch_pass() == 2
     held = 0 if card_of[0] == blockers[0] else 1
     reason = ledger.store.get(big).wait_reason
-    assert f"n1/{held} held for it (expected free in ~60 s)" in reason
+    blocker = ledger.store.get(blockers[held])
+    # An absolute time, so the stored sentence stays true as the clock moves.
+    assert f"n1/{held} held for it (expected free ~{expected_clock(blocker.assigned_at + 60)})" in reason
     assert ledger.store.get(short_small).cards == [held]  # ends before the big job could start
     assert ledger.store.get(long_small).cards == [1 - held]  # would delay it: the other card
     assert ledger.store.get(guessed).state is JobState.PENDING  # 2 jobs on each card: no room left
@@ -258,7 +261,9 @@ def test_recent_runs_of_a_size_give_unknown_ends_a_shadow_time(make, redis_clien
     small = submit(ledger, 5, priority=Priority.LOW)
     assert dispatcher.dispatch_pass() == 1
     reason = ledger.store.get(big).wait_reason
-    assert "held for it (expected free in ~40 s)" in reason, reason
+    placed = [ledger.store.get(j) for j in ledger.store.ids_in_state(JobState.ASSIGNED)]
+    assert any(f"held for it (expected free ~{expected_clock(j.assigned_at + 40)})" in reason
+               for j in placed if j.gpu_memory == 30 * GIB), reason
     # Both cards have room for it; it may take either: it is expected to end long before.
     assert ledger.store.get(small).state is JobState.ASSIGNED
 
