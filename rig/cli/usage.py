@@ -37,7 +37,7 @@ CSV_FIELDS = ("key", "jobs", "failed", "cancelled", "card_hours", "reserved_gib_
 
 @click.command()
 @click.option("--since", default="7d", show_default=True, metavar="DURATION",
-              help="Jobs that ended this long ago or later (90m, 12h, 30d).")
+              help="Jobs that ended this long ago or later (90m, 12h, 30d), or 'all'.")
 @click.option("--by", type=click.Choice(GROUPS), default="user", show_default=True, help="One line per this.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV for spreadsheets.")
@@ -65,16 +65,17 @@ def usage(ctx: click.Context, since: str, by: str, as_json: bool, as_csv: bool) 
         sys.stdout.write(out.getvalue())
         return
     console = make_console()
+    window = "ever" if start is None else f"in the last {since}"
     if not lines:
-        click.echo(f"no job ended in the last {since}", err=True)
+        click.echo(f"no job ended {window}", err=True)
         return
     cols = [dataclasses.replace(USAGE_COLUMNS[0], header=by), *USAGE_COLUMNS[1:]]
     rows = [_cells(line) for line in [*lines, whole]]
-    console.print(fitted_table(cols, rows, console.width, title=f"usage of jobs that ended in the last {since}",
+    console.print(fitted_table(cols, rows, console.width, title=f"usage of jobs that ended {window}",
                                title_justify="left", caption=CAPTION, caption_justify="left"))
 
 
-def _usage(client, since: float, by: str) -> tuple[list[UsageLine], UsageLine]:  # noqa: ANN001
+def _usage(client, since: float | None, by: str) -> tuple[list[UsageLine], UsageLine]:  # noqa: ANN001
     """The lines and total: a direct client sums with rig.history's History.usage (the
     archive's rollup); a gateway client asks its node, whose Client.usage answers."""
     from rig.client import Client
@@ -89,9 +90,11 @@ def _usage(client, since: float, by: str) -> tuple[list[UsageLine], UsageLine]: 
     return lines, whole
 
 
-def since_time(text: str) -> float:
+def since_time(text: str) -> float | None:
     """The epoch time ``--since DURATION`` means: that long before now (the shared clock, as
-    ``client.ping()`` measured it; rig.clock)."""
+    ``client.ping()`` measured it; rig.clock); None for ``all`` (every finished job)."""
+    if text.strip().lower() == "all":
+        return None
     return shared_now() - parse_duration(text, what="--since")
 
 
@@ -116,9 +119,9 @@ def _failures(line: UsageLine) -> str:
 
 
 def _cells(line: UsageLine) -> dict[str, str]:
-    return {"key": line.key, "jobs": str(line.jobs), "card_h": _hours(line.card_hours),
+    return {"key": line.key, "jobs": f"{line.jobs:,}", "card_h": _hours(line.card_hours),
             "reserved": _hours(line.reserved_gib_hours), "used": _hours(line.used_gib_hours),
-            "wait": _wait(line.mean_wait_seconds), "cancelled": str(line.cancelled), "failures": _failures(line)}
+            "wait": _wait(line.mean_wait_seconds), "cancelled": f"{line.cancelled:,}", "failures": _failures(line)}
 
 
 def _csv_row(line: UsageLine) -> tuple:

@@ -201,3 +201,4 @@ def test_the_rollup_is_the_rows_sums_in_sqlite_itself(tmp_path):
     assert rolled == pytest.approx(rows)
     assert db.execute(f"SELECT SUM(jobs) FROM {USAGE_TABLE} WHERE dim = 'template'").fetchone()[0] == 50
     db.close()
+
