@@ -202,3 +202,47 @@ def test_the_rollup_is_the_rows_sums_in_sqlite_itself(tmp_path):
     assert db.execute(f"SELECT SUM(jobs) FROM {USAGE_TABLE} WHERE dim = 'template'").fetchone()[0] == 50
     db.close()
 
+
+
+def test_two_writers_of_the_same_jobs_at_once_count_them_once(archive, monkeypatch):
+    """Two archiving passes at once (a lock expired) write the same batch: the second waits
+    for the first's commit before it reads what is stored (SQLite: BEGIN IMMEDIATE;
+    PostgreSQL: an advisory lock), so it replaces the rows and their sums instead of adding
+    them again. The first holds its transaction open until the second has read what is stored
+    or a second has passed (the second cannot read before the first commits: it is the point)."""
+    import threading
+
+    rng = random.Random(21)
+    jobs = [random_job(rng, i, "i") for i in range(1, 21)]
+    other = Archive(archive.url, archive.prefix)
+    first_read, second_read = threading.Event(), threading.Event()
+    stored = Archive._stored
+
+    def watched(self, cur, keys):  # noqa: ANN001, ANN202
+        found = stored(self, cur, keys)
+        if self is archive:
+            first_read.set()
+            second_read.wait(1.0)  # only without serialization does this come before the commit
+        else:
+            second_read.set()
+        return found
+
+    monkeypatch.setattr(Archive, "_stored", watched)
+    errors: list[BaseException] = []
+
+    def second() -> None:
+        first_read.wait(10)
+        try:
+            add(other, jobs)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    add(archive, jobs)
+    thread.join(30)
+    other.close()
+    assert not errors and archive.count() == 20
+    found = archive.usage(since=None, groups=("user",))["user"]
+    assert total_of(found).jobs == 20
+    check(archive, None)
