@@ -138,8 +138,7 @@ class History:
     def accounting(self, since: float | None = None) -> list[Accounting]:
         """The accounting inputs of every finished job that ended at or after ``since``: the
         archive's and Redis', each job once (Redis' copy wins)."""
-        live = [accounting_of(j) for j in self._finished_in_redis()
-                if since is None or (j.ended_at or 0) >= since]
+        live = self._live_accounting(since)
         seen = {(a.id, a.instance) for a in live}
         archive = self.archive()
         old = archive.accounting(since=since) if archive is not None else []
@@ -150,8 +149,7 @@ class History:
         usage() and total() over accounting(), each job once (Redis' copy wins), but the
         archive's jobs added up by the archive (its daily rollup and SQL sums), not row by row
         here: O(days x groups), not O(jobs archived)."""
-        live = [accounting_of(j) for j in self._finished_in_redis()
-                if since is None or (j.ended_at or 0) >= since]
+        live = self._live_accounting(since)
         groups = (by,) if by == "user" else (by, "user")  # the total counts each job once: by user
         found = {group: tally(live, group) for group in groups}
         archive = self.archive()
@@ -166,6 +164,11 @@ class History:
         rig's rows (rig.archive: once), else None."""
         built = self._archive.rollup_built if self._archive is not None else None
         return built if built and built[0] else None
+
+    def _live_accounting(self, since: float | None) -> list[Accounting]:
+        """The accounting inputs of the finished jobs in Redis that ended at or after ``since``
+        (a job without an end time counts as ended at 0)."""
+        return [accounting_of(j) for j in self._finished_in_redis() if since is None or (j.ended_at or 0) >= since]
 
     def _finished_in_redis(self) -> list[Job]:
         pipe = self.r.pipeline(transaction=False)

@@ -10,7 +10,8 @@ record ~1.5 KB with its environment, as bench_million's), written with this tree
 rollup adds to it is printed). Then, alternating, one process per tree and round: the usage of
 each --by x --since, as ``rig usage`` computes it in that tree (this tree: the CLI's
 ``History.usage``; --old, e.g. main: ``Client.usage``), printing CPU and wall seconds per call
-and, for this tree, the Redis part alone.
+and, for this tree, the Redis part alone. Last, the rollup is dropped and built again from the
+rows (what an archive written by an older rig gets when this version first opens it), timed.
 
     .venv/bin/python scripts/bench_usage.py --jobs 100000 --port 6451
     .venv/bin/python scripts/bench_usage.py --jobs 1000000 --archive-url postgresql://postgres@127.0.0.1/rig_usage_bench
@@ -86,7 +87,10 @@ def a_job(rng: random.Random, job_id: int, ended: float, env: dict[str, str]):  
                exit_code=0 if state is JobState.SUCCEEDED else 1)
 
 
-def fill_archive(url: str, prefix: str, n: int, days: float, now: float, batch: int) -> None:
+def fill_archive(url: str, prefix: str, n: int, days: float, now: float, batch: int, fast: bool = False) -> None:
+    """``fast``: every row's record is one packed record of the same size (packed once), and
+    the rollup is left to migrate() (an older rig's archive): the time of a million rows."""
+    from rig import archive as archive_module
     from rig.archive import Archive
 
     rng = random.Random(15)
@@ -94,7 +98,11 @@ def fill_archive(url: str, prefix: str, n: int, days: float, now: float, batch: 
     archive = Archive(url, prefix)
     rolled = [0.0]
     roll = getattr(archive, "_roll", None)
-    if roll is not None:  # how much of the move's transaction the usage rollup takes
+    if fast:
+        blob = archive_module.packed.pack({k: str(v) for k, v in a_job(rng, 1, now, env).to_redis().items()})
+        archive_module.packed = type("Packed", (), {"pack": staticmethod(lambda _raw: blob)})
+        archive._roll = lambda *_a, **_k: None  # noqa: SLF001
+    elif roll is not None:  # how much of the move's transaction the usage rollup takes
         def timed(*a, **k):  # noqa: ANN002, ANN003, ANN202
             t = time.process_time()
             try:
@@ -168,6 +176,19 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(out))
 
 
+def migrate(url: str, prefix: str) -> None:
+    """Drop the rollup and open the archive: the build an older rig's archive gets, timed."""
+    from rig.archive import USAGE_TABLE, Archive
+
+    with Archive(url, prefix) as archive, archive._transaction() as cur:  # noqa: SLF001
+        cur.execute(f"DROP TABLE {USAGE_TABLE}")
+    cpu = time.process_time()
+    with Archive(url, prefix) as archive:
+        jobs, wall = archive.rollup_built or (0, 0.0)
+    print(f"rollup built from an older archive's {jobs:,} rows (every prefix in it): {wall:.1f} s wall, "
+          f"{time.process_time() - cpu:.1f} s CPU", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=100_000, help="archived jobs")
@@ -181,6 +202,12 @@ def main() -> None:
     ap.add_argument("--combos", default=",".join(f"{g}:{w}" for g in GROUPS for w in WINDOWS),
                     help="by:window,... timed in this tree")
     ap.add_argument("--old-combos", help="by:window,... timed in --old (default: --combos)")
+    ap.add_argument("--no-migrate", action="store_true",
+                    help="skip the last step: the rollup dropped and built again from the rows, as an "
+                         "archive written by an older rig gets it")
+    ap.add_argument("--fast-fill", action="store_true",
+                    help="fill with one packed record for every row and no rollup, then build the rollup "
+                         "as for an older archive (timed): a million rows in minutes")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tree", help=argparse.SUPPRESS)
     ap.add_argument("--prefix", help=argparse.SUPPRESS)
@@ -199,7 +226,9 @@ def main() -> None:
     now = time.time()
     try:
         print(f"redis: {url}; archive: {archive_url}; prefix {prefix}", flush=True)
-        fill_archive(archive_url, prefix, args.jobs, args.days, now, args.batch)
+        fill_archive(archive_url, prefix, args.jobs, args.days, now, args.batch, args.fast_fill)
+        if args.fast_fill:
+            migrate(archive_url, prefix)
         began = time.perf_counter()
         fill_redis(url, prefix, args.redis_jobs, now)
         print(f"redis: {args.redis_jobs:,} finished jobs in {time.perf_counter() - began:.0f} s", flush=True)
@@ -225,6 +254,8 @@ def main() -> None:
                 if "redis_part" in result:
                     wall, cpu, n = result["redis_part"]
                     print(f"{label:<4} {rnd + 1:>5} {'redis part':<14} {wall:>8.3f} {cpu:>8.3f} {n:>10,}", flush=True)
+        if not (args.no_migrate or args.fast_fill):
+            migrate(archive_url, prefix)
     finally:
         server.terminate()
         server.wait()
