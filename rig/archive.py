@@ -397,11 +397,19 @@ class Archive:
         if self._has_rollup():
             return
         began = time.monotonic()
-        with self._transaction("write") as cur:
-            if self._has_rollup(cur):
-                return
-            cur.execute(_ROLLUP_SCHEMA)
-            jobs = self._build_rollup(cur)
+        try:
+            with self._transaction("write") as cur:
+                if self._has_rollup(cur):
+                    return
+                cur.execute(_ROLLUP_SCHEMA)
+                jobs = self._build_rollup(cur)
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+            # Another process holds the write lock past the 30 s timeout: most likely it is
+            # building these sums (a minute or more per million jobs), once.
+            raise ConfigError(f"archive {self.path}: busy (another rig process is writing it, e.g. summing an "
+                              "older archive's jobs for rig usage, once); try again in a minute") from None
         self.rollup_built = (jobs, time.monotonic() - began)
         if jobs:
             log.warning("archive: summed the %d job(s) archived by an older rig into %s, once (%.1f s): "

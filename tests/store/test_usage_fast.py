@@ -246,3 +246,25 @@ def test_two_writers_of_the_same_jobs_at_once_count_them_once(archive, monkeypat
     found = archive.usage(since=None, groups=("user",))["user"]
     assert total_of(found).jobs == 20
     check(archive, None)
+
+
+def test_a_reader_that_finds_the_rollup_being_built_is_told_in_one_line(tmp_path, monkeypatch):
+    """An older archive being summed by another process (it holds SQLite's write lock): a
+    second process opening it says so (ConfigError, exit 6) instead of a database traceback."""
+    from rig.errors import ConfigError
+
+    with Archive(default_url(tmp_path), "p:") as arch:
+        add(arch, [random_job(random.Random(2), 1, "i")])
+        with arch._transaction() as cur:
+            cur.execute(f"DROP TABLE {USAGE_TABLE}")
+    holder = sqlite3.connect(tmp_path / "archive.sqlite3", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # the other process, mid-build
+    real = sqlite3.connect
+    with monkeypatch.context() as m:
+        m.setattr(sqlite3, "connect", lambda *a, **k: real(*a, **{**k, "timeout": 0.05}))  # not 30 s here
+        with pytest.raises(ConfigError, match="busy .*try again in a minute"):
+            Archive(default_url(tmp_path), "p:")
+    holder.execute("ROLLBACK")
+    holder.close()
+    with Archive(default_url(tmp_path), "p:") as arch:
+        assert arch.rollup_built is not None and arch.rollup_built[0] == 1
