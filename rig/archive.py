@@ -358,11 +358,16 @@ class Archive:
                 if (acc.id, acc.instance) in wanted]
 
     def _accounting_of_ids(self, cur: Any, ids: Sequence[int]) -> list[Accounting]:
+        """Inside a transaction: the accounting rows archived under any of ``ids`` (sorted),
+        whatever their instance, and maybe others between them. One range query per run of
+        ids with gaps of at most _RUN_GAP: a range is an index range scan on (prefix, id)
+        whatever the planner knows, where PostgreSQL without statistics (autovacuum off, a
+        fresh bulk load) answered 500-id IN lists by reading every row of the prefix (2.3 s per
+        100,000 rows, 20 times for Redis' 10,000 finished jobs)."""
         out: list[Accounting] = []
-        for start in range(0, len(ids), 500):
-            chunk = list(ids[start:start + 500])
+        for low, high in _runs(ids, _RUN_GAP):
             cur.execute(self.dialect.sql(f"SELECT {', '.join(_USAGE_COLUMNS)} FROM {TABLE} WHERE prefix = ? "
-                                         f"AND id IN ({', '.join('?' for _ in chunk)})"), (self.prefix, *chunk))
+                                         "AND id >= ? AND id <= ?"), (self.prefix, low, high))
             out += [_accounting(row) for row in cur.fetchall()]
         return out
 
@@ -410,6 +415,9 @@ class Archive:
             # building these sums (a minute or more per million jobs), once.
             raise ConfigError(f"archive {self.path}: busy (another rig process is writing it, e.g. summing an "
                               "older archive's jobs for rig usage, once); try again in a minute") from None
+        if self.dialect is _POSTGRES:  # its planner's statistics, should autovacuum be off
+            with self._transaction() as cur:
+                cur.execute(f"ANALYZE {TABLE}, {USAGE_TABLE}")
         self.rollup_built = (jobs, time.monotonic() - began)
         if jobs:
             log.warning("archive: summed the %d job(s) archived by an older rig into %s, once (%.1f s): "
@@ -493,12 +501,12 @@ class Archive:
 
     def keys_among(self, ids: Sequence[int]) -> list[tuple[int, str]]:
         """(id, instance) of the archived jobs whose id is one of ``ids``."""
+        wanted = set(ids)
         out: list[tuple[int, str]] = []
-        for start in range(0, len(ids), 500):
-            chunk = list(ids[start:start + 500])
-            marks = ", ".join("?" for _ in chunk)
+        for low, high in _runs(sorted(wanted), _RUN_GAP):  # ranges, not IN lists: _accounting_of_ids
             out += [(int(i), str(inst)) for i, inst in self._query(
-                f"SELECT id, instance FROM {TABLE} WHERE prefix = ? AND id IN ({marks})", (self.prefix, *chunk))]
+                f"SELECT id, instance FROM {TABLE} WHERE prefix = ? AND id >= ? AND id <= ?", (self.prefix, low, high))
+                if int(i) in wanted]
         return out
 
     def accounting(self, *, since: float | None = None) -> list[Accounting]:
@@ -568,6 +576,22 @@ class Archive:
                 clauses.append(f"{column} >= ?")
                 params.append(value)
         return " AND ".join(clauses), params
+
+
+#: Ids this far apart or less are read by one range query (_accounting_of_ids): a range
+#: also returns the archived jobs between them, at most this many per gap.
+_RUN_GAP = 16
+
+
+def _runs(ids: Sequence[int], gap: int) -> list[tuple[int, int]]:
+    """Sorted ``ids`` as (low, high) runs whose neighbours are at most ``gap`` apart."""
+    runs: list[tuple[int, int]] = []
+    for jid in ids:
+        if runs and jid - runs[-1][1] <= gap:
+            runs[-1] = (runs[-1][0], jid)
+        else:
+            runs.append((jid, jid))
+    return runs
 
 
 def _accounting(row: Sequence[Any]) -> Accounting:

@@ -268,3 +268,10 @@ def test_a_reader_that_finds_the_rollup_being_built_is_told_in_one_line(tmp_path
     holder.close()
     with Archive(default_url(tmp_path), "p:") as arch:
         assert arch.rollup_built is not None and arch.rollup_built[0] == 1
+
+
+def test_ids_are_read_by_runs_of_near_neighbours():
+    from rig.archive import _runs
+
+    assert _runs([], 16) == []
+    assert _runs([1, 2, 3, 19, 20, 40, 1000], 16) == [(1, 20), (40, 40), (1000, 1000)]
