@@ -215,6 +215,8 @@ def main() -> None:
     ap.add_argument("--fast-fill", action="store_true",
                     help="fill with one packed record for every row and no rollup, then build the rollup "
                          "as for an older archive (timed): a million rows in minutes")
+    ap.add_argument("--reuse", metavar="PREFIX",
+                    help="time over the jobs an earlier run left under PREFIX in --archive-url (PostgreSQL)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tree", help=argparse.SUPPRESS)
     ap.add_argument("--prefix", help=argparse.SUPPRESS)
@@ -228,12 +230,13 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="rig-bench-usage-"))
     server = start_redis(args.port, folder)
     url = f"redis://127.0.0.1:{args.port}/0"
-    prefix = f"rigbench:{uuid.uuid4().hex[:8]}:"
+    prefix = args.reuse or f"rigbench:{uuid.uuid4().hex[:8]}:"
     archive_url = args.archive_url or f"sqlite:///{folder / 'archive.sqlite3'}"
     now = time.time()
     try:
         print(f"redis: {url}; archive: {archive_url}; prefix {prefix}", flush=True)
-        fill_archive(archive_url, prefix, args.jobs, args.days, now, args.batch, args.fast_fill)
+        if not args.reuse:
+            fill_archive(archive_url, prefix, args.jobs, args.days, now, args.batch, args.fast_fill)
         if args.fast_fill:
             migrate(archive_url, prefix)
         began = time.perf_counter()
@@ -261,7 +264,7 @@ def main() -> None:
                 if "redis_part" in result:
                     wall, cpu, n = result["redis_part"]
                     print(f"{label:<4} {rnd + 1:>5} {'redis part':<14} {wall:>8.3f} {cpu:>8.3f} {n:>10,}", flush=True)
-        if not (args.no_migrate or args.fast_fill):
+        if not (args.no_migrate or args.fast_fill or args.reuse):
             migrate(archive_url, prefix)
     finally:
         server.terminate()
