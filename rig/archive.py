@@ -3,8 +3,9 @@ moves them; this module is all the SQL there is).
 
 Two back ends with one schema: SQLite (the standard library's ``sqlite3``, WAL mode) in a file,
 by default ``$RIG_HOME/archive.sqlite3``, and PostgreSQL (psycopg 3, imported only when the URL
-asks for it). Their only differences are the placeholder (``?`` / ``%s``) and how a connection
-is opened (:class:`_Dialect`).
+asks for it). Their differences are the placeholder (``?`` / ``%s``), how a connection is
+opened (:class:`_Dialect`) and how a transaction serializes writers or reads one snapshot
+(:meth:`Archive._transaction`).
 
 A row is one job: the fields accounting needs as real columns (rig.accounting computes the
 figures, the same way for a job still in Redis) and the whole Redis hash as JSON (``record``),
