@@ -22,9 +22,9 @@ USAGE_COLUMNS = (
     Col("jobs", "jobs", justify="right"),
     Col("card_h", "card-h", justify="right"),
     Col("reserved", "rsv GiB-h", drop=3, justify="right"),
-    Col("used", "used GiB-h", drop=1, justify="right"),
+    Col("used", "used GiB-h", drop=5, justify="right"),
     Col("wait", "wait", drop=2, justify="right"),
-    Col("cancelled", "cancelled", drop=5, justify="right"),
+    Col("cancelled", "cancelled", drop=1, justify="right"),
     Col("failures", "failures", drop=4, shrink="end", min_width=10),
 )
 CAPTION = ("card-h: cards held x hours run; GiB-h: GiB per card, declared (rsv) or measured mean (used), "
@@ -65,13 +65,13 @@ def usage(ctx: click.Context, since: str, by: str, as_json: bool, as_csv: bool) 
         sys.stdout.write(out.getvalue())
         return
     console = make_console()
-    window = "ever" if start is None else f"in the last {since}"
     if not lines:
-        click.echo(f"no job ended {window}", err=True)
+        click.echo("no finished job" if start is None else f"no job ended in the last {since}", err=True)
         return
+    window = "all finished jobs" if start is None else f"jobs that ended in the last {since}"
     cols = [dataclasses.replace(USAGE_COLUMNS[0], header=by), *USAGE_COLUMNS[1:]]
     rows = [_cells(line) for line in [*lines, whole]]
-    console.print(fitted_table(cols, rows, console.width, title=f"usage of jobs that ended {window}",
+    console.print(fitted_table(cols, rows, console.width, title=f"usage of {window}",
                                title_justify="left", caption=CAPTION, caption_justify="left"))
 
 

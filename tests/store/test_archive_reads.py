@@ -71,7 +71,8 @@ def test_show_log_metrics_jobs_and_usage_find_archived_jobs(cli_env, real_redis,
     assert [ln["key"] for ln in by_node["lines"]] == ["n1"] and by_node["total"]["jobs"] == 3
     ever = json.loads(run(cli, ["usage", "--since", "all", "--json"]).stdout)  # every finished job
     assert ever["since"] is None and ever["total"]["jobs"] == 3
-    assert "usage of jobs that ended ever" in run(cli, ["usage", "--since", "all"], env={"COLUMNS": "80"}).stdout
+    table = run(cli, ["usage", "--since", "all"], env={"COLUMNS": "80"}).stdout
+    assert "usage of all finished jobs" in table and "used GiB-h" in table  # used before cancelled at 80
 
     assert json.loads(run(cli, ["status", "--json"]).stdout)["jobs_archived"] == 3
     assert "archived (finished, out of Redis): 3" in run(cli, ["status"]).stdout
