@@ -1,7 +1,7 @@
 """Accounting (``rig usage``), like Slurm's ``sreport``: what finished jobs took, per group.
 
-The figures, each computed in one function, over jobs that ended in the window, archived or
-still in Redis alike (rig.archive stores the per-job inputs as columns, computed here by
+The figures (each computed once, by :func:`line_of`, from the jobs' sums), over jobs that ended
+in the window, archived or still in Redis alike (rig.archive stores the per-job inputs as columns, computed here by
 :func:`accounting_of`):
 
 - **card-hours reserved**: for every attempt, the cards it held x the hours it ran
@@ -213,7 +213,8 @@ def failure_class(state: str, failure: str | None) -> str | None:
 
 
 def outcome_of(row: Accounting) -> Outcome:
-    """What the figures need of a job's end: its state, and its failure class ('' is none)."""
+    """What the figures need of a job's end: its state, and its failure class (None for none,
+    an empty one included)."""
     return row.state, row.failure or None
 
 
