@@ -1,8 +1,8 @@
 """Accounting (``rig usage``), like Slurm's ``sreport``: what finished jobs took, per group.
 
 The figures (each computed once, by :func:`line_of`, from the jobs' sums), over jobs that ended
-in the window, archived or still in Redis alike (rig.archive stores the per-job inputs as columns, computed here by
-:func:`accounting_of`):
+in the window, archived or still in Redis alike (rig.archive stores the per-job inputs as
+columns, computed here by :func:`accounting_of`):
 
 - **card-hours reserved**: for every attempt, the cards it held x the hours it ran
   (started_at -> ended_at); a 2-card job that ran 3 h is 6 card-hours, whatever it used;
