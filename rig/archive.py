@@ -40,6 +40,7 @@ import threading
 import time
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -516,8 +517,8 @@ class Archive:
         rows = self._query(f"SELECT {', '.join(_USAGE_COLUMNS)} FROM {TABLE} WHERE {where}", params)
         return [_accounting(row) for row in rows]
 
-    def usage(self, *, since: float | None, groups: Sequence[str], besides: set[tuple[int, str]] = frozenset()
-              ) -> dict[str, Tally]:
+    def usage(self, *, since: float | None, groups: Sequence[str],
+              besides: AbstractSet[tuple[int, str]] = frozenset()) -> dict[str, Tally]:
         """The sums (rig.accounting.Tally) of the archived jobs that ended at or after ``since``
         (epoch s; None: all), per group of ``groups``, leaving out the jobs keyed (id, instance)
         in ``besides`` (counted from Redis). Read in one snapshot: whole days from the rollup,
