@@ -1,8 +1,8 @@
 """Accounting (``rig usage``), like Slurm's ``sreport``: what finished jobs took, per group.
 
-The figures, each computed in one function, over jobs that ended in the window, archived or
-still in Redis alike (rig.archive stores the per-job inputs as columns, computed here by
-:func:`accounting_of`):
+The figures (each computed once, by :func:`line_of`, from the jobs' sums), over jobs that ended
+in the window, archived or still in Redis alike (rig.archive stores the per-job inputs as
+columns, computed here by :func:`accounting_of`):
 
 - **card-hours reserved**: for every attempt, the cards it held x the hours it ran
   (started_at -> ended_at); a 2-card job that ran 3 h is 6 card-hours, whatever it used;
@@ -15,13 +15,20 @@ still in Redis alike (rig.archive stores the per-job inputs as columns, computed
   (rig.failures: ``cuda_oom``, ``timeout``, ...: jobs that neither succeeded nor were cancelled),
   **mean wait** (submission -> first start, of jobs that started).
 
+How they are added up: each job's :class:`Sums` (:meth:`Sums.of`, the one rule), added per
+group and outcome into a :data:`Tally`, from which :func:`line_of` computes a line. The archive
+keeps the same sums per UTC day (:func:`day_of`) and group as jobs are archived (rig.archive's
+rollup), so ``rig usage`` adds up days, not jobs: a window is its whole days from the rollup
+plus the jobs of the part-day before them (:func:`first_whole_day`) summed by the database.
+
 Pure functions: no Redis, no SQL.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -112,46 +119,135 @@ def per_node(rows: Iterable[Accounting]) -> list[Accounting]:
     return out
 
 
+#: A rollup day's length (s): days are UTC days since the epoch.
+DAY = 86400.0
+#: The rollup's day of a job without an end time (counted only without --since, as before).
+NULL_DAY = -(2**62)
+
+
+def day_of(ended_at: float | None) -> int:
+    """The rollup day of a job that ended at ``ended_at`` (epoch s): the largest d with
+    d x DAY <= ended_at, exactly (no rounding puts a job on the other side of a window's
+    first whole day, :func:`first_whole_day`); NULL_DAY for None."""
+    if ended_at is None:
+        return NULL_DAY
+    day = math.floor(ended_at / DAY)
+    if day * DAY > ended_at:
+        day -= 1
+    elif (day + 1) * DAY <= ended_at:
+        day += 1
+    return day
+
+
+def first_whole_day(since: float) -> int:
+    """The first rollup day wholly at or after ``since``: the smallest d with d x DAY >= since.
+    A job with ended_at >= since is in the rollup at a day >= this one exactly when
+    ended_at >= this day x DAY; the jobs before that are the window's part-day."""
+    day = math.ceil(since / DAY)
+    if day * DAY < since:
+        day += 1
+    elif (day - 1) * DAY >= since:
+        day -= 1
+    return max(day, NULL_DAY + 1)
+
+
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-# -- the figures, one function each ---------------------------------------------------------
-def card_hours(rows: Sequence[Accounting]) -> float:
-    """Cards held x hours run."""
-    return sum(r.card_seconds for r in rows) / 3600
+# -- the figures: per-job sums, added up by group ------------------------------------------
+#: A job's outcome as the figures need it: (state, failure class or None).
+Outcome = tuple[str, str | None]
 
 
-def reserved_gib_hours(rows: Sequence[Accounting]) -> float:
-    """Declared GiB per card x cards x hours run."""
-    return sum(r.reserved_byte_seconds for r in rows) / GIB / 3600
+@dataclass
+class Sums:
+    """The additive figures of a set of jobs (one job: :meth:`of`, the one rule). A group's
+    line (:func:`line_of`) is computed from these, whether they were added up here, job by
+    job, or by the archive's SQL (rig.archive's rollup and GROUP BY mirror :meth:`of`: SUM of
+    each column, COUNT of the non-NULL ``used`` and ``wait`` ones; tests/store/test_usage_fast.py
+    checks both against each other).
+
+    Seconds and byte-seconds, as in :class:`Accounting`."""
+
+    jobs: int = 0
+    card_seconds: float = 0.0
+    reserved_byte_seconds: float = 0.0
+    #: Over the measured jobs only (``used_jobs`` of them): unmeasured jobs count nothing.
+    used_byte_seconds: float = 0.0
+    used_jobs: int = 0
+    #: Over the jobs that started (``waited_jobs`` of them).
+    wait_seconds: float = 0.0
+    waited_jobs: int = 0
+
+    @classmethod
+    def of(cls, row: Accounting) -> Sums:
+        """One job's contribution (see the module doc for what each figure means)."""
+        used, wait = row.used_byte_seconds, row.wait_seconds
+        return cls(1, row.card_seconds, row.reserved_byte_seconds, used or 0.0, int(used is not None),
+                   wait or 0.0, int(wait is not None))
+
+    def add(self, other: Sums, sign: int = 1) -> None:
+        """Add ``other`` in place (``sign`` -1: take it away, e.g. a job counted twice)."""
+        self.jobs += sign * other.jobs
+        self.card_seconds += sign * other.card_seconds
+        self.reserved_byte_seconds += sign * other.reserved_byte_seconds
+        self.used_byte_seconds += sign * other.used_byte_seconds
+        self.used_jobs += sign * other.used_jobs
+        self.wait_seconds += sign * other.wait_seconds
+        self.waited_jobs += sign * other.waited_jobs
 
 
-def used_gib_hours(rows: Sequence[Accounting]) -> float | None:
-    """Measured mean GiB per card x cards x hours, over measured attempts; None if none was."""
-    measured = [r.used_byte_seconds for r in rows if r.used_byte_seconds is not None]
-    return sum(measured) / GIB / 3600 if measured else None
-
+#: Per group value ('(none)' where unset), per outcome: the sums. What rig usage adds up,
+#: wherever the jobs are; merged with :func:`merge_into`.
+Tally = dict[str, dict[Outcome, Sums]]
 
 #: States that are no failure: succeeded, or cancelled by a person (counted apart).
 _NOT_FAILED = (JobState.SUCCEEDED.value, JobState.CANCELLED.value)
 
 
-def failures_by_class(rows: Sequence[Accounting]) -> dict[str, int]:
-    """Jobs that failed (neither succeeded nor were cancelled), per failure class (most first)."""
-    found = Counter(r.failure or r.state.lower() for r in rows if r.state not in _NOT_FAILED)
-    return dict(found.most_common())
+def failure_class(state: str, failure: str | None) -> str | None:
+    """The class a job of this outcome counts under in ``failures`` (rig.failures' class, else
+    its state in lower case), None when it is no failure (succeeded or cancelled)."""
+    return None if state in _NOT_FAILED else (failure or state.lower())
 
 
-def cancelled(rows: Sequence[Accounting]) -> int:
-    """Jobs a person cancelled (before or while they ran): never counted as failures."""
-    return sum(1 for r in rows if r.state == JobState.CANCELLED.value)
+def outcome_of(row: Accounting) -> Outcome:
+    """What the figures need of a job's end: its state, and its failure class (None for none,
+    an empty one included)."""
+    return row.state, row.failure or None
 
 
-def mean_wait_seconds(rows: Sequence[Accounting]) -> float | None:
-    """Mean seconds from submission to first start, of the jobs that started."""
-    waits = [r.wait_seconds for r in rows if r.wait_seconds is not None]
-    return sum(waits) / len(waits) if waits else None
+def group_of(row: Accounting, by: str) -> str:
+    """The line ``row`` counts in when grouped ``by`` (group_value of its field)."""
+    return group_value(getattr(row, by))
+
+
+def group_value(value: str | None) -> str:
+    """A group's line key: its value, NONE_KEY where unset or empty."""
+    return value or NONE_KEY
+
+
+def tally(rows: Iterable[Accounting], by: str = "user", sign: int = 1, into: Tally | None = None) -> Tally:
+    """The sums of ``rows`` per value of ``by`` and outcome, added (``sign`` -1: taken away)
+    into ``into`` (a new Tally by default). Grouped by node, a job that ran on several nodes
+    counts on each (per_node)."""
+    if by not in GROUPS:
+        raise ValueError(f"unknown group {by!r}")
+    out: Tally = {} if into is None else into
+    for row in per_node(rows) if by == "node" else rows:
+        parts = out.setdefault(group_of(row, by), {})
+        parts.setdefault(outcome_of(row), Sums()).add(Sums.of(row), sign)
+    return out
+
+
+def merge_into(into: Tally, other: Tally, sign: int = 1) -> Tally:
+    """Add ``other`` to ``into`` (``sign`` -1: take it away); returns ``into``."""
+    for key, parts in other.items():
+        mine = into.setdefault(key, {})
+        for outcome, sums in parts.items():
+            mine.setdefault(outcome, Sums()).add(sums, sign)
+    return into
 
 
 @dataclass
@@ -177,21 +273,47 @@ NONE_KEY = "(none)"
 
 def usage(rows: Iterable[Accounting], by: str = "user") -> list[UsageLine]:
     """The figures per value of ``by`` (one of GROUPS), most card-hours first."""
-    if by not in GROUPS:
-        raise ValueError(f"unknown group {by!r}")
-    key: Callable[[Accounting], str | None] = lambda r: getattr(r, by)  # noqa: E731
-    groups: dict[str, list[Accounting]] = {}
-    for row in per_node(rows) if by == "node" else rows:
-        groups.setdefault(key(row) or NONE_KEY, []).append(row)
-    lines = [_line(k, g) for k, g in groups.items()]
-    return sorted(lines, key=lambda ln: (-ln.card_hours, ln.key))
+    return lines_of(tally(rows, by))
 
 
-def total(rows: Sequence[Accounting]) -> UsageLine:
-    """The whole window's figures (from the rows, so means are not means of means)."""
-    return _line("total", rows)
+def total(rows: Iterable[Accounting]) -> UsageLine:
+    """The whole window's figures (from the jobs' sums, so means are not means of means)."""
+    return total_of(tally(rows, "user"))
 
 
-def _line(key: str, rows: Sequence[Accounting]) -> UsageLine:
-    return UsageLine(key, len(rows), card_hours(rows), reserved_gib_hours(rows), used_gib_hours(rows),
-                     failures_by_class(rows), mean_wait_seconds(rows), cancelled(rows))
+def lines_of(found: Tally) -> list[UsageLine]:
+    """One line per group of ``found`` that holds jobs, most card-hours first."""
+    lines = [line_of(key, parts) for key, parts in found.items()]
+    return sorted((ln for ln in lines if ln.jobs), key=lambda ln: (-ln.card_hours, ln.key))
+
+
+def total_of(found: Tally) -> UsageLine:
+    """The total line of a Tally in which every job counts once (grouped by user, not node)."""
+    whole: dict[Outcome, Sums] = {}
+    for parts in found.values():
+        for outcome, sums in parts.items():
+            whole.setdefault(outcome, Sums()).add(sums)
+    return line_of("total", whole)
+
+
+def line_of(key: str, parts: Mapping[Outcome, Sums]) -> UsageLine:
+    """A line from its sums per outcome. The figures, each once:
+
+    - card-hours: card-seconds / 3600; GiB-hours reserved: byte-seconds / GiB / 3600;
+    - GiB-hours used: over measured jobs, None when none was;
+    - failures: jobs per failure_class, most first (ties by name); cancelled: apart;
+    - mean wait: seconds, over the jobs that started, None when none did."""
+    whole = Sums()
+    failures: Counter[str] = Counter()
+    cancelled = 0
+    for (state, failure), sums in parts.items():
+        whole.add(sums)
+        kind = failure_class(state, failure)
+        if kind is not None and sums.jobs:
+            failures[kind] += sums.jobs
+        if state == JobState.CANCELLED.value:
+            cancelled += sums.jobs
+    return UsageLine(key, whole.jobs, whole.card_seconds / 3600, whole.reserved_byte_seconds / GIB / 3600,
+                     whole.used_byte_seconds / GIB / 3600 if whole.used_jobs else None,
+                     dict(sorted(failures.items(), key=lambda kv: (-kv[1], kv[0]))),
+                     whole.wait_seconds / whole.waited_jobs if whole.waited_jobs else None, cancelled)

@@ -69,6 +69,10 @@ def test_show_log_metrics_jobs_and_usage_find_archived_jobs(cli_env, real_redis,
     assert float(ann["used_gib_hours"]) == 4.0 and rows[-1]["user"] == "total" and rows[-1]["jobs"] == "2"
     by_node = json.loads(run(cli, ["usage", "--since", "60d", "--by", "node", "--json"]).stdout)
     assert [ln["key"] for ln in by_node["lines"]] == ["n1"] and by_node["total"]["jobs"] == 3
+    ever = json.loads(run(cli, ["usage", "--since", "all", "--json"]).stdout)  # every finished job
+    assert ever["since"] is None and ever["total"]["jobs"] == 3
+    table = run(cli, ["usage", "--since", "all"], env={"COLUMNS": "80"}).stdout
+    assert "usage of all finished jobs" in table and "used GiB-h" in table  # used before cancelled at 80
 
     assert json.loads(run(cli, ["status", "--json"]).stdout)["jobs_archived"] == 3
     assert "archived (finished, out of Redis): 3" in run(cli, ["status"]).stdout
