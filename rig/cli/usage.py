@@ -76,13 +76,13 @@ def usage(ctx: click.Context, since: str, by: str, as_json: bool, as_csv: bool) 
 
 
 def _usage(client, since: float | None, by: str) -> tuple[list[UsageLine], UsageLine]:  # noqa: ANN001
-    """The lines and total: a direct client sums with rig.history's History.usage (the
-    archive's rollup); a gateway client asks its node, whose Client.usage answers."""
+    """The lines and total (Client.usage: the archive's per-day sums, rig.history); a gateway
+    client asks its node, whose Client.usage answers."""
     from rig.client import Client
 
     if not isinstance(client, Client):
         return client.usage(since=since, by=by)
-    lines, whole = client._guard(client.history.usage, since, by)  # noqa: SLF001 - Redis errors as rig's
+    lines, whole = client.usage(since=since, by=by)
     built = client.history.archive_rollup_built()
     if built is not None:
         click.echo(f"archive: summed {built[0]:,} job(s) archived by an older rig per day for rig usage, once "
