@@ -23,7 +23,10 @@ From the samples:
 * a running job that has run ``age`` s is expected to run for the median of the samples
   *longer than its age* (a conditional remaining time: a job past its estimate is not about
   to end just because the estimate says so); one older than every sample is expected to run
-  as long again as it already has.
+  as long again as it will have run at the next tick of the shared clock (a multiple of
+  OUTLIVED_TICK_S, :func:`outlived_remaining`): every such job's expected end then stays put
+  between ticks instead of moving with the clock, so a dispatcher pass that changed nothing
+  can be repeated (workers.dispatcher) while such jobs run; they all move at once, each tick.
 
 Pure functions over samples, plus the Redis reads and writes that keep them (``record_run``,
 ``read_own``, ``read_recent``). Units: seconds, bytes.
@@ -131,18 +134,18 @@ class Estimate:
         """Good enough to let its job backfill in front of a held one (BACKFILL_SOURCES)?"""
         return self.known and self.source in BACKFILL_SOURCES
 
-    def remaining(self, age: float) -> float:
+    def remaining(self, age: float, now: float | None = None) -> float:
         """Seconds still to run for a job of this kind that has run ``age`` s (see the module):
         remaining(), with the samples longer than ``age`` a bisect away, as they are sorted (the
         dispatcher asks this of every running job every pass: 2,048 sorts were ~1/3 of reading them)."""
         samples = self.samples
         if not samples:
-            return remaining(samples, age, fallback=self.expected)
+            return remaining(samples, age, fallback=self.expected, now=now)
         age = max(0.0, age)
         start = bisect.bisect_right(samples, age)
         if start < len(samples):
             return quantile(samples[start:], 0.5) - age
-        return max(age, 1.0)
+        return outlived_remaining(age, now)
 
 
 UNKNOWN = Estimate(math.inf, math.inf, "unknown")
@@ -156,20 +159,43 @@ def quantile(sorted_samples: Sequence[float], q: float) -> float:
     return sorted_samples[index]
 
 
-def remaining(samples: Sequence[float], age: float, *, fallback: float = math.inf) -> float:
+#: Outlived jobs' expected ends are worked out as of the next multiple of this on the shared
+#: clock (s): they all move together, once a tick, not each at its own moment or every pass.
+OUTLIVED_TICK_S = 30.0
+
+
+def next_tick(now: float) -> float:
+    """The first multiple of OUTLIVED_TICK_S after ``now`` (epoch s on the shared clock)."""
+    return (math.floor(now / OUTLIVED_TICK_S) + 1.0) * OUTLIVED_TICK_S
+
+
+def outlived_remaining(age: float, now: float | None) -> float:
+    """Expected seconds still to run for a job that has run ``age`` s (at ``now``, epoch s) and
+    outlived every estimate of its kind: as long again as it will have run at the next tick, so
+    its expected end (start + 2 x (tick - start)) is the same at every moment up to that tick.
+    Without ``now``: as long again as it has run (at least 1 s)."""
+    if now is None:
+        return max(age, 1.0)
+    return age + 2.0 * (next_tick(now) - now)
+
+
+def remaining(samples: Sequence[float], age: float, *, fallback: float = math.inf,
+              now: float | None = None) -> float:
     """Expected seconds still to run for a job that has run ``age`` s, whose kind ran
     ``samples`` s: the median of the samples longer than ``age``, less ``age``; as long again
-    as ``age`` when it has outlived them all. With no samples, ``fallback`` - age (a declared
-    or point estimate), or as long again once that has passed; inf when nothing is known."""
+    as ``age`` (as of the next tick after ``now``: :func:`outlived_remaining`) when it has
+    outlived them all. With no samples,
+    ``fallback`` - age (a declared or point estimate), or as long again once that has passed;
+    inf when nothing is known."""
     age = max(0.0, age)
     longer = sorted(s for s in samples if s > age)
     if longer:
         return quantile(longer, 0.5) - age
     if samples:
-        return max(age, 1.0)
+        return outlived_remaining(age, now)
     if fallback == math.inf:
         return math.inf
-    return fallback - age if fallback > age else max(age, 1.0)
+    return fallback - age if fallback > age else outlived_remaining(age, now)
 
 
 def from_samples(samples: Sequence[float], source: str, time_limit: float | None = None) -> Estimate:

@@ -571,23 +571,25 @@ class Dispatcher:
                           now: float) -> float:
         """Until when (epoch s) _end_after's answer for a job begun at ``began`` whose run time is
         estimated ``found`` stays the same absolute (end, sure end) as at ``now``; ``now`` when it
-        moves with the clock already (it outlived every sample of its kind, or its time limit).
+        moves with the clock already (it outlived its time limit).
         The expected end is its start plus the median of the samples longer than its age: it moves
-        only when its age passes the next sample."""
+        only when its age passes the next sample; once it outlived them all, at the next tick
+        (estimates.outlived_remaining)."""
         age = now - began
         if age < 0:
             return now
         if found.samples:
             start = bisect.bisect_right(found.samples, age)
-            if start == len(found.samples):
-                return now  # as long again as it has run: moves with the clock
-            moment = began + found.samples[start]
+            if start == len(found.samples):  # as long again as it will have run at the next tick
+                moment = estimates.next_tick(now)
+            else:
+                moment = began + found.samples[start]
         elif found.expected == math.inf:
             moment = math.inf
         elif found.expected > age:
             moment = began + found.expected
         else:
-            return now
+            moment = estimates.next_tick(now)
         if time_limit:
             sure = began + self.surely_within(time_limit)
             if sure <= now:
@@ -663,7 +665,7 @@ class Dispatcher:
     def _end_after(self, found: estimates.Estimate, age: float, time_limit: float | None,
                    now: float) -> tuple[float, float]:
         """running_end of a job whose run time is estimated ``found``."""
-        end = now + found.remaining(age)
+        end = now + found.remaining(age, now)
         sure = math.inf
         if time_limit:
             sure = max(now, now - age + self.surely_within(time_limit))

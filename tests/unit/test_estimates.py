@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import fakeredis
+import pytest
 
 from rig import estimates as E
 from rig.keys import Keys
@@ -34,6 +35,26 @@ def test_remaining_is_conditional_on_the_age():
     assert E.remaining([], 3, fallback=10) == 7
     assert E.remaining([], 12, fallback=10) == 12
     assert E.remaining([], 5) == math.inf
+
+
+def test_an_outlived_jobs_expected_end_moves_once_a_tick_not_with_the_clock():
+    """So that an idle dispatcher pass can be repeated while such jobs run (issue 15): as long
+    again as it will have run at the next tick; the same end at every moment up to that tick,
+    for every outlived job at once."""
+    tick = E.OUTLIVED_TICK_S
+    for began in (0.0, 1000.3, 5 * tick - 0.01):
+        for now in (began + 0.5, began + 80.0, 20 * tick, 20 * tick + tick - 1e-6, began + 86400.0):
+            if now < began:
+                continue
+            nxt = E.next_tick(now)
+            assert now < nxt <= now + tick and nxt % tick == 0
+            end = now + E.remaining([0.2], now - began, now=now)
+            assert end == pytest.approx(began + 2 * (nxt - began))  # as long again, counted to the tick
+            assert end >= now + (now - began)  # never less than as long again as it has run
+            for later in (now + (nxt - now) / 2, nxt - 1e-6):
+                assert later + E.remaining([0.2], later - began, now=later) == pytest.approx(end)
+        found = E.Estimate(5.0, 5.0, "limit")  # a point estimate it outlived
+        assert found.remaining(100.0, now=began + 100.0) == E.remaining((), 100.0, fallback=5.0, now=began + 100.0)
 
 
 def test_an_estimates_remaining_time_is_the_rules_for_its_sorted_samples():
