@@ -1039,7 +1039,7 @@ class Dispatcher:
         the caller has just read it (epoch s)."""
         self._decided.append((job.id, reason))
         if reason != job.wait_reason or (
-                (shared_now(self.r) if now is None else now) - (job.wait_reason_at or 0.0) >= REFRESH_S):
+                (shared_now(self.r) if now is None else now) - (job.wait_reason_at or 0.0) >= restamp_after(job.id)):
             self._notes[job.id] = reason
         else:
             self._notes.pop(job.id, None)
@@ -1053,6 +1053,14 @@ class Dispatcher:
             pipe.hset(self.keys.job(job_id), mapping={"wait_reason": reason, "wait_reason_at": now})
         self._notes.clear()
         pipe.execute()
+
+
+def restamp_after(job_id: int) -> float:
+    """How old (s) a waiting job's unchanged reason may get before a pass stamps it again:
+    between REFRESH_S / 2 and REFRESH_S, spread by the job's id, so the hundreds of reasons one
+    pass wrote are stamped again over several later passes, not all in one (that pass was the
+    idle p95 at 512 cards). Readers trust a stamp for STALE_AFTER_S (rig.waiting)."""
+    return REFRESH_S * (0.5 + ((job_id * 0.6180339887) % 1.0) / 2.0)
 
 
 class _Holds:
