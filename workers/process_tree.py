@@ -23,7 +23,9 @@ from collections.abc import Callable
 #: part of the script's text, so no value in it is ever parsed by this shell.
 #: With RIG_EXIT_FD=0 the card runner has opened the exit file as the wrapper's stdin (the job
 #: may run as a user who cannot open that path): the status goes there and the job itself gets
-#: /dev/null. Without it (older starts, tests) the status goes to the path, atomically.
+#: /dev/null. Without it (older starts, tests) the status goes to the path, atomically, and
+#: never over anything but a regular file (run by hand as root with RIG_EXIT_FILE=/dev/null, the
+#: mv replaced the host's /dev/null).
 #: A command that cannot start (not found, not an executable file) is found before it is run
 #: and said in a line of its own (rig.failures.CANNOT_START_LINE), so a program that runs and
 #: exits 126 or 127 itself is never taken for one that could not start.
@@ -44,7 +46,7 @@ else
 fi
 if [ "${RIG_EXIT_FD:-}" = 0 ]; then
   printf '%s\n' "$rc" >&0
-else
+elif [ -n "${RIG_EXIT_FILE:-}" ] && { [ ! -e "$RIG_EXIT_FILE" ] || [ -f "$RIG_EXIT_FILE" ]; }; then
   printf '%s\n' "$rc" > "$RIG_EXIT_FILE.tmp" && mv -f "$RIG_EXIT_FILE.tmp" "$RIG_EXIT_FILE"
 fi
 exit "$rc"

@@ -180,3 +180,20 @@ def test_pid_window_only_for_a_job_too_young_for_the_pids_to_wrap_round():
     assert window is not None and window(first) and window(later.pid)
     assert pid_window(first, 3600.0) is None  # the pid numbers may have wrapped round since
     assert pid_window(None, 0.001) is None and pid_window(first, None) is None
+
+
+def test_the_wrappers_exit_file_by_path_never_replaces_what_is_not_a_regular_file(tmp_path):
+    """Run by hand as root with RIG_EXIT_FILE=/dev/null (no RIG_EXIT_FD), the wrapper's mv
+    replaced the host's /dev/null with a file. A FIFO stands for it here."""
+    import stat
+
+    from workers.process_tree import wrapper_argv
+
+    special = tmp_path / "fifo"
+    os.mkfifo(special)
+    regular = tmp_path / "attempt-1.exit"
+    for target in (special, regular):
+        env = {"PATH": os.environ["PATH"], "RIG_EXIT_FILE": str(target)}
+        assert subprocess.run(wrapper_argv(["sh", "-c", "exit 3"]), env=env, timeout=10).returncode == 3
+    assert stat.S_ISFIFO(os.lstat(special).st_mode)  # left as it was
+    assert regular.read_text() == "3\n"  # a regular file (or none yet) still gets the status
