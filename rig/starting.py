@@ -5,13 +5,14 @@ A placed job starts when its first card's worker takes its start off the card's 
 (``card:<node>:<i>:starts``, workers.start_list) and claims it, normally within milliseconds.
 When it does not, the reason is one of: the card's worker is not running (no heartbeat: the
 node's health check sends the job back to the queue once the worker has been gone for
-``health.timeout`` s), the worker is busy with ``max_task_per_gpu`` starts already, or the start
-was lost (Redis rolled back, the list deleted by hand: the worker pushes it again
+``health.timeout`` s), it stopped heartbeating (hung, SIGSTOPped: replaced after
+``health.timeout``), it runs ``max_task_per_gpu`` jobs already, or the start was lost (Redis rolled back, the list deleted by hand: the worker pushes it again
 ``assigned_timeout`` s after the placement). Times in epoch seconds on the shared clock.
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from rig.clock import shared_now
@@ -39,21 +40,44 @@ def why_not_started(client: Client, job: Job, *, now: float | None = None) -> st
     worker = card_worker_name(node, index)
     keys, s = client.keys, client.settings
     pipe = client.r.pipeline(transaction=False)
-    pipe.exists(keys.worker(worker))
+    pipe.get(keys.worker(worker))
     pipe.lrange(keys.card_starts(node, index), 0, -1)
     pipe.lrange(keys.card_taking(node, index), 0, -1)
-    alive, starts, taking = pipe.execute()
+    raw, starts, taking = pipe.execute()
     where = f"placed on {node}/{index} {waited:.0f} s ago"
-    if not alive:
+    if not raw:
         return (f"{where}; its card worker {worker} is not running (no heartbeat): the node's health "
                 f"check sends the job back to the queue once the worker has been gone for "
                 f"{s.health.timeout:g} s (`rig status` shows the node)")
+    beat = _beat(raw)
+    silent = now - beat.get("seen_at", now)
+    if silent > max(2.0 * s.telemetry_interval, SLOW_START_S):
+        # Its heartbeat key lives on for health.timeout: a stopped or hung worker still has one.
+        return (f"{where}; its card worker {worker} has not heartbeated for {silent:.0f} s (hung, stopped or "
+                f"overloaded?): rig replaces a worker silent for {s.health.timeout:g} s, and the job then "
+                "starts or goes back to the queue")
     mine = f"{job.id} "
     if any(entry.startswith(mine) for entry in taking):
         return f"{where}; its card worker {worker} has taken its start and is starting it"
     if any(entry.startswith(mine) for entry in starts):
-        return (f"{where}; waiting for its card worker {worker} to take its start (it starts at most "
-                f"{s.max_task_per_gpu} jobs at once)")
-    resend = max(0.0, s.health.assigned_timeout - waited)
+        running = beat.get("jobs", 0)
+        if running >= s.max_task_per_gpu:
+            return (f"{where}; its card worker {worker} runs {running} jobs, the most it runs at once "
+                    f"(max_task_per_gpu = {s.max_task_per_gpu}): the start waits for one of them to end")
+        return f"{where}; waiting for its card worker {worker} to take its start"
+    resend = s.health.assigned_timeout - waited
+    when = f"{resend:.0f} s from now" if resend >= 0.5 else f"now (due {-resend:.0f} s ago)"
     return (f"{where}; its start is not on the card's start list (Redis lost it?): {worker} pushes it "
-            f"again {resend:.0f} s from now ({s.health.assigned_timeout:g} s after the placement)")
+            f"again {when} ({s.health.assigned_timeout:g} s after the placement)")
+
+
+def _beat(raw: str) -> dict:
+    """A worker's heartbeat (workers.card_runner: pid, jobs, seen_at on the shared clock);
+    an unreadable one as empty."""
+    try:
+        found = json.loads(raw)
+    except ValueError:
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    return {k: v for k, v in found.items() if k in ("jobs", "seen_at") and isinstance(v, (int, float))}

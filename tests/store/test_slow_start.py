@@ -4,6 +4,7 @@ real Redis."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -45,15 +46,29 @@ def test_a_slow_start_says_why_it_has_not_started(placed):
     # No heartbeat from card0@n1: its worker is not running.
     said = why_not_started(client, job, now=later)
     assert "card0@n1 is not running" in said and "12 s ago" in said
-    ledger.r.set(ledger.keys.worker(card_worker_name("n1", 0)), '{"pid": 1}')
-    assert "waiting for its card worker card0@n1 to take its start" in why_not_started(client, job, now=later)
-    assert "at most 3 jobs at once" in why_not_started(client, job, now=later)
+    beat = ledger.keys.worker(card_worker_name("n1", 0))
+
+    def heartbeat(at: float, jobs: int = 0) -> None:
+        ledger.r.set(beat, json.dumps({"pid": 1, "jobs": jobs, "seen_at": at}))
+
+    # A heartbeat key that lives on while the worker is stopped or hung (a tester's finding:
+    # this was called "busy" for the whole health.timeout).
+    heartbeat(later - 9)
+    assert "card0@n1 has not heartbeated for 9 s" in why_not_started(client, job, now=later)
+    heartbeat(later - 0.2)
+    said = why_not_started(client, job, now=later)
+    assert "waiting for its card worker card0@n1 to take its start" in said and "most" not in said
+    heartbeat(later - 0.2, jobs=3)  # as many as it runs at once
+    assert "runs 3 jobs, the most it runs at once" in why_not_started(client, job, now=later)
     starts = StartList(ledger.r, ledger.keys, "n1", 0)
     starts.take()
     assert "has taken its start" in why_not_started(client, job, now=later)
     ledger.r.delete(starts.taking)  # lost: the worker pushes it again after assigned_timeout
     said = why_not_started(client, job, now=later)
     assert "not on the card's start list" in said and f"{settings.health.assigned_timeout - 12:.0f} s from now" in said
+    overdue = placed_at + settings.health.assigned_timeout + 4
+    heartbeat(overdue)
+    assert "pushes it again now (due 4 s ago)" in why_not_started(client, job, now=overdue)
 
 
 def test_show_gives_the_reason_for_a_placed_job_only(placed):
