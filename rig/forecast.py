@@ -106,17 +106,26 @@ class StartEstimate:
     run: float | None = None
     run_source: str | None = None
 
-    def short(self, now: float) -> str:
-        """For a table cell: ``now``, ``~14:20``, ``after ~16:40``, ``later``, ``not yet``, ``unknown``."""
+    def overdue(self, now: float, made_at: float | None) -> bool:
+        """Was it expected to start by ``now``, but later than the forecast was made (``made_at``,
+        epoch s)? Then it is not waiting for the next pass: what it waits for runs longer than
+        expected (a tester saw "now" for a blocked job on every full card)."""
+        return self.at is not None and made_at is not None and made_at + 0.5 < self.at <= now
+
+    def short(self, now: float, made_at: float | None = None) -> str:
+        """For a table cell: ``now``, ``~14:20``, ``overdue``, ``after ~16:40``, ``later``,
+        ``not yet``, ``unknown``. ``made_at``: when the forecast was made (a stored one)."""
         if self.at is None:
             if self.after is not None:
                 return f"after ~{_clock(self.after, now)}"
             if self.not_yet:
                 return "not yet"
             return "later" if self.later else "unknown"
+        if self.overdue(now, made_at):
+            return "overdue"
         return "now" if self.at <= now else f"~{_clock(self.at, now)}"
 
-    def sentence(self, now: float) -> str:
+    def sentence(self, now: float, made_at: float | None = None) -> str:
         """For `rig show`: ``~14:20 (in ~25 min; an estimate ...)`` or why there is none."""
         if self.not_yet:
             return f"not estimated yet ({self.why_none})"
@@ -127,14 +136,17 @@ class StartEstimate:
                     f"next {MAX_PASSES} rounds are replayed; {CAVEAT})")
         if self.at is None:
             return f"unknown ({self.why_none})"
+        if self.overdue(now, made_at):
+            return (f"overdue: expected ~{_clock(self.at, now)}, but what it waits for is running longer than "
+                    "expected; it starts once that ends")
         if self.at <= now:
             return "now (waiting for the dispatcher's next pass)"
         return f"~{_clock(self.at, now)} ({roughly(self.at - now)}; {CAVEAT})"
 
-    def as_dict(self, now: float) -> dict[str, object]:
+    def as_dict(self, now: float, made_at: float | None = None) -> dict[str, object]:
         """For ``--json`` and the web page: the raw time and the words."""
-        return {"estimated_start": self.at, "estimated_start_text": self.sentence(now),
-                "estimated_start_short": self.short(now), "expected_run": self.run,
+        return {"estimated_start": self.at, "estimated_start_text": self.sentence(now, made_at),
+                "estimated_start_short": self.short(now, made_at), "expected_run": self.run,
                 "expected_run_source": self.run_source, "expected_run_text": self.run_text()}
 
     def run_text(self) -> str | None:
@@ -168,7 +180,7 @@ class Forecast:
         """``job_id``'s estimate for ``--json`` and the web page (StartEstimate.as_dict), with
         ``estimated_at`` (epoch s: when it was made, or None); a time shown says how old it is."""
         estimate = self.of(job_id)
-        out = estimate.as_dict(self.now)
+        out = estimate.as_dict(self.now, self.made_at)
         out["estimated_at"] = self.made_at
         if self.made_at is not None and (estimate.at is not None or estimate.after is not None):
             out["estimated_start_text"] = f"{out['estimated_start_text']} (as of {_ago(self.now - self.made_at)})"

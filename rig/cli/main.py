@@ -114,7 +114,8 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
     if not found and user is not None:  # not an error: nothing on stdout, a word on stderr
         click.echo(f"no jobs of user {clean(user)}" + (f" in state {st.value}" if st else ""), err=True)
         return
-    starts = {j.id: estimates.of(j.id).short(estimates.now) for j in waiting} if estimates else None
+    starts = ({j.id: estimates.of(j.id).short(estimates.now, estimates.made_at) for j in waiting}
+              if estimates else None)
     render_jobs(found, make_console(), starts)
 
 

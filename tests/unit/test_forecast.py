@@ -103,6 +103,21 @@ def test_every_view_labels_it_an_estimate():
     assert StartEstimate(1, None, later=True).short(now) == "later"
 
 
+def test_a_stored_estimate_that_passed_is_overdue_not_now():
+    """A tester saw "now (waiting for the dispatcher's next pass)" for a job blocked by full
+    cards: its stored estimate (made earlier) had passed while the jobs ahead ran on."""
+    made = time.time()
+    passed = StartEstimate(1, made + 20)
+    now = made + 42
+    assert passed.short(now, made) == "overdue"
+    assert passed.sentence(now, made).startswith("overdue: expected ~") and "running longer" in passed.sentence(now, made)
+    # Startable when the forecast was made: it is waiting for the next pass.
+    assert StartEstimate(1, made).short(now, made) == "now"
+    assert StartEstimate(1, made).sentence(now, made) == "now (waiting for the dispatcher's next pass)"
+    # Still ahead: a time.
+    assert StartEstimate(1, now + 60).short(now, made).startswith("~")
+
+
 def test_beyond_the_passes_replayed_a_job_starts_after_the_next_end(dispatcher, monkeypatch):
     import rig.forecast
 
