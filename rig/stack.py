@@ -73,6 +73,7 @@ from rig.registration import register_node
 from rig.sentinel_url import is_sentinel
 from rig.stop_mark import read_refusal, refusal_path
 from rig.supervision import (
+    beat_pid,
     child_marks,
     describe,
     hung_after,
@@ -670,10 +671,7 @@ class Stack:
                 child.silent_since = None  # silence counts from when Redis takes writes again
             return
         for child, _name, raw in zip(workers, names, beats, strict=True):
-            try:
-                pid = json.loads(raw)["pid"] if raw else None
-            except (ValueError, KeyError, TypeError):
-                pid = None
+            pid = beat_pid(raw)
             assert child.proc is not None
             child.beat_seen = child.beat_seen or pid == child.proc.pid
             grace = hung_after(s.health.timeout, beat_seen=child.beat_seen)

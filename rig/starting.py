@@ -6,8 +6,9 @@ A placed job starts when its first card's worker takes its start off the card's 
 When it does not, the reason is one of: the card's worker is not running (no heartbeat: the
 node's health check sends the job back to the queue once the worker has been gone for
 ``health.timeout`` s), it stopped heartbeating (hung, SIGSTOPped: replaced after
-``health.timeout``), it runs ``max_task_per_gpu`` jobs already, or the start was lost (Redis rolled back, the list deleted by hand: the worker pushes it again
-``assigned_timeout`` s after the placement). Times in epoch seconds on the shared clock.
+``health.timeout``), it runs ``max_task_per_gpu`` jobs already, or the start was lost (Redis
+rolled back, the list deleted by hand: the worker pushes it again ``assigned_timeout`` s after
+the placement). Times in epoch seconds on the shared clock.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 from rig.clock import shared_now
 from rig.keys import card_worker_name
 from rig.models import Job, JobState
+from workers.start_list import Start
 
 if TYPE_CHECKING:
     from rig.client import Client
@@ -56,10 +58,9 @@ def why_not_started(client: Client, job: Job, *, now: float | None = None) -> st
         return (f"{where}; its card worker {worker} has not heartbeated for {silent:.0f} s (hung, stopped or "
                 f"overloaded?): rig replaces a worker silent for {s.health.timeout:g} s, and the job then "
                 "starts or goes back to the queue")
-    mine = f"{job.id} "
-    if any(entry.startswith(mine) for entry in taking):
+    if _lists(job.id, taking):
         return f"{where}; its card worker {worker} has taken its start and is starting it"
-    if any(entry.startswith(mine) for entry in starts):
+    if _lists(job.id, starts):
         running = beat.get("jobs", 0)
         if running >= s.max_task_per_gpu:
             return (f"{where}; its card worker {worker} runs {running} jobs, the most it runs at once "
@@ -69,6 +70,11 @@ def why_not_started(client: Client, job: Job, *, now: float | None = None) -> st
     when = f"{resend:.0f} s from now" if resend >= 0.5 else f"now (due {-resend:.0f} s ago)"
     return (f"{where}; its start is not on the card's start list (Redis lost it?): {worker} pushes it "
             f"again {when} ({s.health.assigned_timeout:g} s after the placement)")
+
+
+def _lists(job_id: int, entries: list[str]) -> bool:
+    """Is a start of ``job_id`` among ``entries`` (workers.start_list's format)?"""
+    return any(start is not None and start.job_id == job_id for start in map(Start.parse, entries))
 
 
 def _beat(raw: str) -> dict:

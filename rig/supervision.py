@@ -31,6 +31,7 @@ Three rules follow:
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -73,6 +74,17 @@ def hung_after(timeout: float, *, beat_seen: bool) -> float:
     hung and killed: ``timeout`` (health.timeout) once it has heartbeated, else at least
     STARTUP_GRACE_S. The one rule for `rig up` (rig.stack) and the node's health pass."""
     return timeout if beat_seen else max(timeout, STARTUP_GRACE_S)
+
+
+def beat_pid(raw: str | None) -> int | None:
+    """The pid a worker's heartbeat (``Keys.worker``, JSON) names; None for no heartbeat or an
+    unreadable one. What both hung checks (rig.stack, workers.health) compare with a process."""
+    if not raw:
+        return None
+    try:
+        return int(json.loads(raw)["pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def node_mark(node: str, home: Path) -> str:

@@ -51,7 +51,7 @@ from rig.ledger import Ledger
 from rig.models import CardState, Job, JobState
 from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeInfo, NodeRegistry
 from rig.redis_writes import is_outage
-from rig.supervision import hung_after
+from rig.supervision import beat_pid, hung_after
 from workers.outcomes import AttemptEnd, conclude
 from workers.process_tree import environments, is_alive, is_job_process, session_members, stop_tree
 from workers.unrecorded import UNRECORDED_FIELD, running_line
@@ -262,10 +262,9 @@ class HealthChecker:
             if raw is None:
                 dead.add(card.index)
                 continue
-            try:  # which process heartbeats: one seen once is no longer starting (hung_after)
-                self._beat_pids[card.index] = int(json.loads(raw)["pid"])
-            except (ValueError, KeyError, TypeError):
-                pass
+            pid = beat_pid(raw)  # which process heartbeats: one seen once is no longer starting (hung_after)
+            if pid is not None:
+                self._beat_pids[card.index] = pid
         for card in cards:
             if card.index in dead and card.healthy:
                 # No new jobs for a card nobody serves; its worker marks it healthy on return.
