@@ -760,11 +760,13 @@ class Stack:
         from rig.redis_writes import refuses_writes
 
         client = connect(self.settings.redis_url)
-        want = [c.argv[c.argv.index("-n") + 1] for c in self.children if "-n" in c.argv]
         deadline = time.monotonic() + timeout
-        missing = want
+        missing = self._worker_names()
         checked_refusal = 0.0
         while time.monotonic() < deadline and not self._stopping:
+            # Read each round: supervise_once may retire a card's worker (its card left the node
+            # or the whitelist and its last job ended), which then never heartbeats again.
+            want = self._worker_names()
             try:
                 values = client.mget([self.keys.worker(w) for w in want]) if want else []
             except redis.RedisError:
@@ -779,6 +781,10 @@ class Stack:
             self.supervise_once()
             time.sleep(0.2)
         return missing
+
+    def _worker_names(self) -> list[str]:
+        """The Celery names (``-n``) of the workers this stack runs now."""
+        return [c.argv[c.argv.index("-n") + 1] for c in self.children if "-n" in c.argv]
 
     def poll_children(self) -> None:
         """Restart children that died (backing off when they keep dying)."""
