@@ -29,11 +29,24 @@ REAL_REDIS = _real_redis_available()
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if REAL_REDIS:
+        # The fault scenarios' tests last: the scenarios run in the background from the start
+        # (pytest_collection_finish) and those tests only collect what they found.
+        items.sort(key=lambda item: item.nodeid.startswith(FAULT_TESTS))
         return
     skip = pytest.mark.skip(reason=f"no Redis at {REDIS_URL} (set RIG_TEST_REDIS_URL); .ci/run starts one")
     for item in items:
         if "redis" in item.keywords or "slow" in item.keywords:
             item.add_marker(skip)
+
+
+FAULT_TESTS = "tests/integration/test_faults.py::"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if REAL_REDIS and any(item.nodeid.startswith(FAULT_TESTS) for item in session.items):
+        from tests.integration import test_faults
+
+        test_faults.start_early(session)
 
 
 @pytest.fixture
