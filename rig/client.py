@@ -410,7 +410,7 @@ class Client:
         the caller's (``user``'s) jobs with this name, times auto_memory_margin, rounded up to
         256 MiB. Returns the bytes and a sentence saying how they were chosen."""
         user = user or current_identity().name
-        peaks = [int(p) for p in self.r.lrange(self.keys.history(user, name), 0, 4)]
+        peaks = estimates.recent_peaks(self.r, self.keys, user=user, name=name, count=5)
         if not peaks:
             raise InvalidInput(
                 f"--gpu-memory auto: no measured run of a job named {name!r} yet; give a size such as 12G")

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 
 import redis
 
+from rig import bounded_runs
 from rig.keys import Keys
-from rig.lua import source as lua_source
 
 #: Runs kept per name, template and command.
 PER_KEY_RUNS = 20
@@ -71,11 +71,16 @@ BACKFILL_SOURCES = frozenset({"history", "command", "name", "template", "user-si
 #: flood of trivial jobs cannot set everybody's estimates (nor, through them, who backfills in
 #: front of a held job). Each user's runs are kept in a list of their own for the same reason.
 PER_USER_SIZE = 10
-#: Seconds the per-name, -template and -command lists live after their last run (30 days).
+#: Seconds the per-name, -template and -command runs (and peaks) live after their last run (30 days).
 OWN_KEYS_TTL_S = 30 * 86400
 #: Commands whose run times are kept per user (the most recently run): a sweep of distinct
 #: commands (one per learning rate) keeps Redis bounded, not one key per job for 30 days.
 COMMANDS_KEPT = 1000
+#: Names whose run times and peaks are kept per user (the most recently run), for the same
+#: reason: a sweep that names each job (`lr-0.01-seed-3`) adds a name per job.
+NAMES_KEPT = 1000
+#: Measured peaks kept per name (``--gpu-memory auto`` reads the last 5).
+PEAKS_KEPT = 20
 #: A sample is of "a similar size" when its request (bytes x cards) is within this factor.
 SIZE_FACTOR = 2.0
 #: The quantile of the samples a backfill decision uses (a job expected to end in time by this
@@ -296,14 +301,17 @@ def record_run(pipe: redis.client.Pipeline, keys: Keys, *, user: str, name: str,
     """Queue on ``pipe`` the writes that keep one successful run's time (s) for estimates;
     ``ended_at`` (epoch s) orders the users whose runs are read."""
     seconds = round(max(0.0, seconds), 3)
-    for key in own_keys(keys, user=user, name=name, template=template).values():
+    if template:
+        key = keys.durations_of_template(user, template)
         pipe.lpush(key, seconds)
         pipe.ltrim(key, 0, PER_KEY_RUNS - 1)
-        pipe.expire(key, OWN_KEYS_TTL_S)  # a sweep of unique names leaves no key for ever
-    # EVAL, not EVALSHA: a pipeline's registered script costs a SCRIPT EXISTS round trip per
-    # execute; Redis compiles the text once and finds it by its digest after that.
-    pipe.eval(lua_source("bounded_runs"), 2, keys.durations_of_commands(user), keys.durations_of_commands_seen(user),
-              command_digest(command), seconds, PER_KEY_RUNS, COMMANDS_KEPT, ended_at, OWN_KEYS_TTL_S)
+        pipe.expire(key, OWN_KEYS_TTL_S)
+    # By name and by command: bounded maps, since a sweep gives each job its own of either.
+    bounded_runs.push(pipe, keys.durations_of_names(user), keys.durations_of_names_seen(user), name, seconds,
+                      keep=PER_KEY_RUNS, fields_kept=NAMES_KEPT, at=ended_at, ttl=OWN_KEYS_TTL_S)
+    bounded_runs.push(pipe, keys.durations_of_commands(user), keys.durations_of_commands_seen(user),
+                      command_digest(command), seconds, keep=PER_KEY_RUNS, fields_kept=COMMANDS_KEPT,
+                      at=ended_at, ttl=OWN_KEYS_TTL_S)
     pipe.lpush(keys.recent_runtimes(user), RecentRun(seconds, nbytes, gpus, user).encode())
     pipe.ltrim(keys.recent_runtimes(user), 0, PER_USER_RECENT - 1)
     pipe.expire(keys.recent_runtimes(user), OWN_KEYS_TTL_S)
@@ -311,13 +319,21 @@ def record_run(pipe: redis.client.Pipeline, keys: Keys, *, user: str, name: str,
     pipe.zremrangebyrank(keys.recent_runtime_users, 0, -2 * RECENT_USERS - 1)  # bounded
 
 
-def own_keys(keys: Keys, *, user: str, name: str, template: str | None) -> dict[str, str]:
-    """The list keys of a job's own run times by name and template (its command's are a field
-    of ``keys.durations_of_commands``)."""
-    out = {"name": keys.durations(user, name)}
-    if template:
-        out["template"] = keys.durations_of_template(user, template)
-    return out
+def record_peak(pipe: redis.client.Pipeline, keys: Keys, *, user: str, name: str, peak: int,
+                ended_at: float) -> None:
+    """Queue on ``pipe`` one successful run's measured peak (bytes), for ``--gpu-memory auto``."""
+    bounded_runs.push(pipe, keys.peaks(user), keys.peaks_seen(user), name, int(peak), keep=PEAKS_KEPT,
+                      fields_kept=NAMES_KEPT, at=ended_at, ttl=OWN_KEYS_TTL_S)
+
+
+def recent_peaks(r: redis.Redis, keys: Keys, *, user: str, name: str, count: int) -> list[int]:
+    """The measured peaks (bytes) of ``user``'s last ``count`` successful runs named ``name``,
+    newest first."""
+    pipe = r.pipeline(transaction=False)
+    pipe.hget(keys.peaks(user), name)
+    pipe.lrange(keys.peaks_before_names_were_bounded(user, name), 0, count - 1)
+    kept, before = pipe.execute()
+    return [int(p) for p in (bounded_runs.split(kept) or before)[:count]]
 
 
 def read_own(r: redis.Redis, keys: Keys, *, user: str, name: str, template: str | None,
@@ -330,32 +346,35 @@ def read_own_many(r: redis.Redis, keys: Keys,
                   jobs: Sequence[tuple[str, str, str | None, Sequence[str] | str]]
                   ) -> list[dict[str, list[float]]]:
     """``read_own`` for many jobs, given as (user, name, template, command), in one round
-    trip: one HMGET per user for the commands, each distinct list once (a sweep's jobs share
-    their name)."""
-    digests: dict[str, dict[str, int]] = {}  # user -> command digest -> its place in the HMGET
-    lists: dict[str, int] = {}  # list key -> reply index
+    trip: one HMGET per user for the names and one for the commands, each template's list once
+    (a sweep's jobs share their name)."""
+    fields: dict[str, dict[str, int]] = {}  # bounded map key -> field -> its place in the HMGET
+    lists: dict[str, int] = {}  # template list key -> reply index
     wanted = []
     for user, name, template, command in jobs:
-        digest = command_digest(command)
-        digests.setdefault(user, {}).setdefault(digest, len(digests.get(user, ())))
-        own = own_keys(keys, user=user, name=name, template=template)
-        for key in own.values():
-            lists.setdefault(key, len(lists))
-        wanted.append((user, digest, own))
+        own: dict[str, tuple[str, str]] = {"command": (keys.durations_of_commands(user), command_digest(command)),
+                                           "name": (keys.durations_of_names(user), name)}
+        for key, field in own.values():
+            fields.setdefault(key, {}).setdefault(field, len(fields.get(key, ())))
+        listed = keys.durations_of_template(user, template) if template else None
+        if listed:
+            lists.setdefault(listed, len(lists))
+        wanted.append((own, listed))
     if not wanted:
         return []
     pipe = r.pipeline(transaction=False)
     for key in lists:
         pipe.lrange(key, 0, PER_KEY_RUNS - 1)
-    for user, fields in digests.items():
-        pipe.hmget(keys.durations_of_commands(user), list(fields))
+    for key, names in fields.items():
+        pipe.hmget(key, list(names))
     replies = pipe.execute()
-    by_user = dict(zip(digests, replies[len(lists):], strict=True))
+    by_key = dict(zip(fields, replies[len(lists):], strict=True))
     out = []
-    for user, digest, own in wanted:
-        by_command = by_user[user][digests[user][digest]]
-        found = {"command": _floats((by_command or "").split())}
-        found.update({source: _floats(replies[lists[key]]) for source, key in own.items()})
+    for own, listed in wanted:
+        found = {source: _floats(bounded_runs.split(by_key[key][fields[key][field]]))
+                 for source, (key, field) in own.items()}
+        if listed:
+            found["template"] = _floats(replies[lists[listed]])
         out.append(found)
     return out
 

@@ -14,7 +14,10 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P pending:user:<user>         zset     that user's waiting jobs, same scores (fair share)
   P pending:users               set      users with waiting jobs
   P usage:<user>                hash     recent usage: value (GiB-hours) decayed to at (epoch s)
-  P durations:<user>:<name>     list     run seconds of that user's earlier successful runs, newest first
+  P durations-names:<user>      hash     job name -> run seconds of that user's earlier successful
+                                         runs, newest first, space separated (rig.bounded_runs; at
+                                         most estimates.NAMES_KEPT names per user, the latest to run)
+  P durations-name-seen:<user>  zset     job name -> when it last ran (the oldest leave first)
   P durations-template:<user>:<template>  list   the same per template (rig.estimates)
   P durations-commands:<user>   hash     command digest -> the same per command, space separated
                                          (at most estimates.COMMANDS_KEPT per user)
@@ -31,7 +34,10 @@ Key schema (P = settings.key_prefix, default ``rig:``):
                                          takes them (BLMOVE) into ...:taking
   P card:<node>:<index>:taking  list     starts that card's worker has taken and not yet claimed or
                                          refused (a reliable queue: a worker that starts moves them back)
-  P history:<user>:<name>       list     measured peak bytes of earlier successful runs, newest first
+  P peaks:<user>                hash     job name -> measured peak bytes of that user's earlier
+                                         successful runs, newest first, space separated (at most
+                                         estimates.NAMES_KEPT names per user)
+  P peaks-seen:<user>           zset     job name -> when it last ran
   P nodes                       set      node names
   P node:<node>                 hash     a node's registration (cards, started_at) and liveness
                                          (last_seen, down_since, stopped_at: rig.nodes)
@@ -125,10 +131,14 @@ class Keys:
     def usage(self, user: str) -> str:
         return f"{self.prefix}usage:{user}"
 
-    def durations(self, user: str, name: str) -> str:
-        """Run times of one user's jobs of one name: another user's jobs of the same name never
-        skew them (nor the backfill estimate made from them)."""
-        return f"{self.prefix}durations:{user}:{name}"
+    def durations_of_names(self, user: str) -> str:
+        """Run times of one user's jobs per name (name -> runs; rig.bounded_runs): another
+        user's jobs of the same name never skew them (nor the backfill estimate made from them)."""
+        return f"{self.prefix}durations-names:{user}"
+
+    def durations_of_names_seen(self, user: str) -> str:
+        """When each name of ``durations_of_names(user)`` last ran (the oldest leave first)."""
+        return f"{self.prefix}durations-name-seen:{user}"
 
     def durations_of_template(self, user: str, template: str) -> str:
         """Run times of one user's jobs submitted with one template (rig.estimates)."""
@@ -155,10 +165,19 @@ class Keys:
     def errors(self) -> str:
         return f"{self.prefix}errors"
 
-    def history(self, user: str, name: str) -> str:
-        """Measured peaks of one user's jobs of one name (``--gpu-memory auto``): per user, so
-        another's run of the same name never sets what this user's job declares."""
+    def peaks(self, user: str) -> str:
+        """Measured peaks of one user's jobs per name (``--gpu-memory auto``; rig.bounded_runs):
+        per user, so another's run of the same name never sets what this user's job declares."""
+        return f"{self.prefix}peaks:{user}"
+
+    def peaks_before_names_were_bounded(self, user: str, name: str) -> str:
+        """Where rig before ``peaks(user)`` kept the same as a list per name (read only, for
+        ``--gpu-memory auto`` right after an upgrade; each expires 30 days after its last run)."""
         return f"{self.prefix}history:{user}:{name}"
+
+    def peaks_seen(self, user: str) -> str:
+        """When each name of ``peaks(user)`` last ran (the oldest leave first)."""
+        return f"{self.prefix}peaks-seen:{user}"
 
     # cards and nodes
     @property

@@ -73,9 +73,11 @@ def start_redis(port: int, folder: Path) -> subprocess.Popen:
     raise SystemExit(f"redis-server on port {port} did not start")
 
 
-def requests(first: int, n: int) -> list[dict]:
+def requests(first: int, n: int, unique_names: bool = False) -> list[dict]:
+    """A sweep: a command per job; with ``unique_names`` a name per job too (`sweep-17`)."""
     return [{"command": ["python", "train.py", "--lr", f"{(first + i) * 1e-7:.7f}"], "gpu_memory": "4G",
-             "name": "sweep", "workdir": "/tmp", "priority": "low"} for i in range(n)]
+             "name": f"sweep-{first + i}" if unique_names else "sweep", "workdir": "/tmp", "priority": "low"}
+            for i in range(n)]
 
 
 def live(client: Client, ids: list[int], card_of: int) -> None:
@@ -116,6 +118,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=6403, help="the private redis-server's port")
     ap.add_argument("--keep", type=int, default=KEEP_DEFAULT, help="archive_keep_finished")
     ap.add_argument("--archive-url", help="default: SQLite in a temporary folder")
+    ap.add_argument("--unique-names", action="store_true", help="every job its own name, as many sweeps do")
     args = ap.parse_args()
 
     folder = Path(tempfile.mkdtemp(prefix="rig-bench-million-"))
@@ -141,7 +144,7 @@ def main() -> None:
         last_done = 0
         for start in range(0, args.jobs, args.batch):
             n = min(args.batch, args.jobs - start)
-            ids = [h.id for h in client.submit_many(requests(start, n))]
+            ids = [h.id for h in client.submit_many(requests(start, n, args.unique_names))]
             live(client, ids, start)
             mover.run(shared_now(r))
             r.delete(client.keys.sched_wake)  # the nudges the leading dispatcher's pass deletes

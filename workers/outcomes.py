@@ -37,10 +37,6 @@ from rig.models import Job, JobState
 
 log = logging.getLogger(__name__)
 
-#: Measured peaks kept per job name, newest first.
-HISTORY_LENGTH = 20
-
-
 @dataclass
 class AttemptEnd:
     """What is known about how one attempt ended."""
@@ -205,10 +201,8 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
         if code == 1 and decision.state is JobState.SUCCEEDED:
             if job.vram_peak:
                 # What this kind of job really needs, for `--gpu-memory auto` next time.
-                pipe.lpush(ledger.keys.history(job.user, job.name), job.vram_peak)
-                pipe.ltrim(ledger.keys.history(job.user, job.name), 0, HISTORY_LENGTH - 1)
-                # A sweep of distinct names must not leave one list per job for ever.
-                pipe.expire(ledger.keys.history(job.user, job.name), estimates.OWN_KEYS_TTL_S)
+                estimates.record_peak(pipe, ledger.keys, user=job.user, name=job.name, peak=job.vram_peak,
+                                      ended_at=ended_at)
             if ran is not None:
                 # How long it ran, for the dispatcher's estimates of when cards free (holds,
                 # backfill): by name, template, command and in the cluster's recent runs.

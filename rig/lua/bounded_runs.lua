@@ -1,16 +1,17 @@
--- bounded_runs.lua: one run time pushed onto a bounded map of short lists: a user's run times per command
--- (rig.estimates), kept in one hash so that a sweep of a million distinct commands leaves at
--- most ARGV[4] entries, not a million keys.
+-- bounded_runs.lua: one value pushed onto a bounded map of short lists (rig.bounded_runs): a user's
+-- run times per command or per name (rig.estimates), peaks per name (--gpu-memory auto), kept in
+-- one hash so that a sweep of a million distinct commands or names leaves at most ARGV[4]
+-- entries, not a million keys.
 --
--- KEYS[1] hash   field (a command's digest) -> run seconds, newest first, space separated
+-- KEYS[1] hash   field (a command's digest, a name) -> values, newest first, space separated
 -- KEYS[2] zset   field -> when it last ran (epoch s); the fields that ran longest ago leave
 --                both keys once there are more than ARGV[4]
 -- ARGV[1] field
--- ARGV[2] run seconds (text, as it is stored)
--- ARGV[3] runs kept per field
+-- ARGV[2] the value (text, as it is stored)
+-- ARGV[3] values kept per field
 -- ARGV[4] fields kept
--- ARGV[5] when this run ended (epoch s): the field's score
--- ARGV[6] seconds both keys live after the last run
+-- ARGV[5] when this value was measured (epoch s): the field's score
+-- ARGV[6] seconds both keys live after the last push
 -- Returns the number of fields dropped.
 local keep = tonumber(ARGV[3])
 local runs = {ARGV[2]}

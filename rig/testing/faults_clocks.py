@@ -36,6 +36,7 @@ from pathlib import Path
 
 import redis
 
+from rig import estimates
 from rig.alerts import evaluate
 from rig.client import current_identity
 from rig.clock import redis_time
@@ -131,7 +132,8 @@ def _check_order(sc: Scenario, job: Job, now: float, runtime: tuple[float, float
 
 
 def _history(sc: Scenario, name: str) -> list[float]:
-    return [float(x) for x in sc.node.redis.lrange(sc.node.keys.durations(current_identity().name, name), 0, -1)]
+    return estimates.read_own(sc.node.redis, sc.node.keys, user=current_identity().name, name=name, template=None,
+                              command=[])["name"]
 
 
 def _cleanup(sc: Scenario, nodes: list[ClockNode], prefix: str) -> None:

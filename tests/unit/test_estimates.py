@@ -144,7 +144,7 @@ def test_record_run_and_read_back_through_redis():
     E.record_run(pipe, keys, user="ann", name="once", template=None, command=["x"], nbytes=GIB, gpus=1, seconds=1)
     pipe.execute()
     assert E.own_history(E.read_own(r, keys, user="ann", name="once", template=None, command=["y"])) is None
-    assert 0 < r.ttl(keys.durations("ann", "once")) <= E.OWN_KEYS_TTL_S
+    assert 0 < r.ttl(keys.durations_of_names("ann")) <= E.OWN_KEYS_TTL_S
     assert E.own_history(E.read_own(r, keys, user="bob", name="train", template="big",
                                     command=["python", "t.py"])) is None
     assert [x.seconds for x in E.read_recent(r, keys)] == [1.0, 4.0, 5.0, 3.0]  # newest first
@@ -175,6 +175,39 @@ def test_a_sweep_of_distinct_commands_keeps_the_last_commands_kept(monkeypatch):
                      nbytes=GIB, gpus=1, seconds=2, ended_at=2000)
         pipe.execute()
     assert own(4) == [2.0] * E.PER_KEY_RUNS
+
+
+def test_a_sweep_of_distinct_names_keeps_the_last_names_kept(monkeypatch):
+    """Run times and peaks by name live in one bounded hash per user, as the commands' do: a
+    sweep that names each job leaves NAMES_KEPT names (the ones that ran last), not two keys
+    per job for 30 days."""
+    monkeypatch.setattr(E, "NAMES_KEPT", 3)
+    r = fakeredis.FakeRedis(decode_responses=True)
+    keys = Keys("t:")
+    for i in range(5):
+        pipe = r.pipeline(transaction=False)
+        E.record_run(pipe, keys, user="ann", name=f"lr-{i}", template=None, command=["t.py"],
+                     nbytes=GIB, gpus=1, seconds=10 + i, ended_at=1000 + i)
+        E.record_peak(pipe, keys, user="ann", name=f"lr-{i}", peak=GIB + i, ended_at=1000 + i)
+        pipe.execute()
+    assert r.hlen(keys.durations_of_names("ann")) == r.zcard(keys.durations_of_names_seen("ann")) == 3
+    assert r.hlen(keys.peaks("ann")) == r.zcard(keys.peaks_seen("ann")) == 3
+    assert len(r.keys("t:*")) == 8  # names, peaks, commands (2 keys each), the recent runs and their users
+    def by_name(i: int) -> list[float]:
+        return E.read_own(r, keys, user="ann", name=f"lr-{i}", template=None, command=["other"])["name"]
+    assert [by_name(i) for i in range(5)] == [[], [], [12.0], [13.0], [14.0]]
+    assert [E.recent_peaks(r, keys, user="ann", name=f"lr-{i}", count=5) for i in (0, 4)] == [[], [GIB + 4]]
+    assert E.recent_peaks(r, keys, user="bob", name="lr-4", count=5) == []
+    for ttl_key in (keys.durations_of_names("ann"), keys.peaks_seen("ann")):
+        assert 0 < r.ttl(ttl_key) <= E.OWN_KEYS_TTL_S
+    for _ in range(E.PEAKS_KEPT + 5):
+        pipe = r.pipeline(transaction=False)
+        E.record_peak(pipe, keys, user="ann", name="lr-4", peak=2 * GIB, ended_at=2000)
+        pipe.execute()
+    assert E.recent_peaks(r, keys, user="ann", name="lr-4", count=100) == [2 * GIB] * E.PEAKS_KEPT
+    # Peaks an older rig kept (a list per name) still size `--gpu-memory auto` after an upgrade.
+    r.lpush(keys.peaks_before_names_were_bounded("ann", "old"), 3 * GIB, 5 * GIB)
+    assert E.recent_peaks(r, keys, user="ann", name="old", count=5) == [5 * GIB, 3 * GIB]
 
 
 def test_one_users_flood_of_runs_does_not_set_everyones_estimate():
