@@ -54,6 +54,7 @@ OWN_VARIABLES: frozenset[str] = frozenset({
     "RIG_TEST_REDIS_URL", "RIG_TEST_POSTGRES_URL", "RIG_BENCH_REDIS_URL", "RIG_GPU_CHECK_STACK", "RIG_REINSTALL", "RIG_UID",
     "RIG_TRACE_DIR",  # rig.jobtrace (scripts/profile_job_path.py)
     "RIG_FAULT_PARALLEL",  # how many fault scenarios tests/integration/test_faults.py runs at once
+    "RIG_FAULT_BACKGROUND",  # ... and how many while the rest of the suite runs
     "RIG_DEMO_REDIS_URL",  # the Redis scripts/show_mixed_load.py uses
 })
 
