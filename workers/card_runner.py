@@ -823,8 +823,7 @@ class CardRunner:
             folders[:] = (job_folders(job, job_folder(self.settings.job_log_dir, job_id, job.instance)))
             settled = end if isinstance(end, AttemptEnd) else end.end(job.cancel_requested,
                                                                        record.get("cancelled_by") or None)
-            code, state = conclude(self.ledger, job, token, settled, expect=expect,
-                                   follow_up=lambda fn: self._retry_redis(fn, f"finish recording job {job_id}"))
+            code, state = conclude(self.ledger, job, token, settled, expect=expect)
             if code == 1:
                 result.append(state)
 
