@@ -760,7 +760,9 @@ class CardRunner:
             return
         if active.keeper_done is not None:
             # The card's keeper closes the "done" pipe once this log is written to its end.
-            if not select.select([active.keeper_done], [], [], KEEPER_WAIT_S)[0]:
+            done = select.poll()  # poll, not select: a worker's descriptors may pass 1023
+            done.register(active.keeper_done, select.POLLIN)
+            if not done.poll(int(KEEPER_WAIT_S * 1000)):
                 log.warning("job %s: its log is not written to its end yet; something still holds the job's "
                             "output", active.job_id)
             return
