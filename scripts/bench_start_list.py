@@ -14,7 +14,11 @@ own CPU, marked at its end: rig.logkeeper, RIG_TRACE_DIR in the keepers' environ
         [--redis redis://127.0.0.1:6411/0] [--tree DIR]
 
 ``--tree DIR`` runs the rig and workers packages found in DIR (e.g. another commit's, from
-``git archive``) instead of this checkout's.
+``git archive``) instead of this checkout's. Each row also counts this process's Redis round
+trips per job (requests written to a connection: a pipeline is one; the BLMOVE waits of the
+list ways included). ``--modes ending`` times a job's ending alone: ``workers.outcomes.conclude``
+of each of the jobs, claimed and read beforehand (a success of ``runtime`` 0.01 s: its run
+history is written), on the calling thread's CPU clock.
 
 Use a Redis of your own (keys go under a fresh prefix and are deleted at the end).
 """
@@ -55,8 +59,20 @@ from rig.ledger import Ledger  # noqa: E402
 from rig.memory import GIB  # noqa: E402
 from rig.models import Job, JobState, Priority  # noqa: E402
 from workers.card_runner import CardRunner  # noqa: E402
+from workers.outcomes import AttemptEnd, conclude  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+ROUND_TRIPS = [0]  # requests this process wrote to a Redis connection
+
+
+def _count_round_trips() -> None:
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(self, command, check_health=True):  # noqa: ANN001, ANN202
+        ROUND_TRIPS[0] += 1
+        return send(self, command, check_health)
+
+    redis.connection.AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -87,9 +103,9 @@ def cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def one_round(url: str, jobs: int, mode: str) -> tuple[float, float, float]:
-    """(ms of CPU per job in this process, ms per job in the log keepers, jobs/s) of ``jobs`` tiny
-    jobs run ``mode`` ('direct', 'list-1', 'list-4')."""
+def one_round(url: str, jobs: int, mode: str) -> tuple[float, float, float, float]:
+    """(ms of CPU per job in this process, ms per job in the log keepers, jobs/s, round trips per
+    job) of ``jobs`` tiny jobs run ``mode`` ('direct', 'list-1', 'list-4')."""
     home = Path(tempfile.mkdtemp(prefix="rig-startlist-"))
     trace_dir = home / "trace"
     trace_dir.mkdir()
@@ -112,7 +128,18 @@ def one_round(url: str, jobs: int, mode: str) -> tuple[float, float, float]:
         assert ok, token
         placed.append((job.id, token))
     try:
+        trips0 = ROUND_TRIPS[0]
         cpu0, wall0, server0, epoch0 = cpu_s(), time.monotonic(), proc_cpu_s(server), time.time()
+        if mode == "ending":
+            for job_id, token in placed:
+                assert ledger.claim(job_id, token, "card0@n1")[0]
+            ledger.load_scripts()
+            running = [(ledger.store.get(job_id), token) for job_id, token in placed]
+            trips0, cpu0, wall0 = ROUND_TRIPS[0], time.thread_time(), time.monotonic()
+            for job, token in running:
+                assert conclude(ledger, job, token, AttemptEnd(exit_code=0, ended_at=time.time(), runtime=0.01))[0] == 1
+            cpu1, wall1 = time.thread_time(), time.monotonic()
+            return 1000 * (cpu1 - cpu0) / jobs, 0.0, jobs / (wall1 - wall0), (ROUND_TRIPS[0] - trips0) / jobs
         if mode == "direct":
             for job_id, token in placed:
                 runner.run_job(job_id, token)
@@ -121,11 +148,12 @@ def one_round(url: str, jobs: int, mode: str) -> tuple[float, float, float]:
             while r.llen(runner.starts.starts) or r.llen(runner.starts.taking) or runner.consumer.handling():
                 time.sleep(0.005)
         cpu1, wall1, server1 = cpu_s(), time.monotonic(), proc_cpu_s(server)
+        trips = (ROUND_TRIPS[0] - trips0) / jobs
         time.sleep(0.2)  # the last keepers' end marks
         keepers = server1 - server0 + keepers_ended_cpu_s(trace_dir, epoch0, time.time(), server)
         states = {job.state for job in ledger.store.get_many([j for j, _ in placed])}
         assert states == {JobState.SUCCEEDED}, states
-        return 1000 * (cpu1 - cpu0) / jobs, 1000 * keepers / jobs, jobs / (wall1 - wall0)
+        return 1000 * (cpu1 - cpu0) / jobs, 1000 * keepers / jobs, jobs / (wall1 - wall0), trips
     finally:
         runner.stop()
         for key in r.scan_iter(f"{prefix}*"):
@@ -138,17 +166,18 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--redis", default="redis://127.0.0.1:6411/0")
-    parser.add_argument("--modes", default="direct,list-1,list-4", help="comma-separated, of direct, list-1, list-4")
+    parser.add_argument("--modes", default="direct,list-1,list-4", help="comma-separated, of direct, list-1, list-4, ending")
     parser.add_argument("--tree", default=None, help="run the rig and workers packages of DIR (read at import)")
     args = parser.parse_args()
     print(f"{args.jobs} tiny jobs a round, load average {os.getloadavg()[0]:.1f} at start, code from {_tree()}")
-    print("| round | way | CPU ms per job: this process | log keepers | both | jobs/s |")
-    print("|---|---|---|---|---|---|")
+    _count_round_trips()
+    print("| round | way | CPU ms per job: this process | log keepers | both | jobs/s | round trips per job |")
+    print("|---|---|---|---|---|---|---|")
     for n in range(1, args.rounds + 1):
         for mode in args.modes.split(","):
-            per_job, keepers, rate = one_round(args.redis, args.jobs, mode)
-            print(f"| {n} | {mode} | {per_job:.2f} | {keepers:.2f} | {per_job + keepers:.2f} | {rate:.0f} |",
-                  flush=True)
+            per_job, keepers, rate, trips = one_round(args.redis, args.jobs, mode)
+            print(f"| {n} | {mode} | {per_job:.2f} | {keepers:.2f} | {per_job + keepers:.2f} | {rate:.0f} | "
+                  f"{trips:.2f} |", flush=True)
     return 0
 
 
