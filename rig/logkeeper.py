@@ -308,20 +308,36 @@ def serve(sock_fd: int) -> int:
                     sock.close()
                     sock = None  # no new logs; the ones taken go on to their end
                 continue
-            pipe: _Served = key.data
-            try:
-                data = os.read(pipe.source_fd, pipe.copy.chunk if pipe.copy is not None else READ_MAX)
-            except InterruptedError:
-                continue
-            except OSError:
-                data = b""  # an unreadable pipe ends like one at its end of file
-            if data:
-                pipe.take(data)
-            else:
-                selector.unregister(pipe.source_fd)
-                pipe.end()
+            _copy_some(key.data, selector)
     _trace_cpu()
     return 0
+
+
+def _copy_some(pipe: _Served, selector) -> None:  # noqa: ANN001 - selectors.BaseSelector
+    """One read of a ready pipe, written to its log; at its end of file, the log's end. Never
+    raises: whatever one log meets, the card's other logs go on (a keeper that stopped would
+    leave every job of the card writing into a pipe with no reader: SIGPIPE)."""
+    try:
+        try:
+            data = os.read(pipe.source_fd, pipe.copy.chunk if pipe.copy is not None else READ_MAX)
+        except InterruptedError:
+            return
+        except OSError:
+            data = b""  # an unreadable pipe ends like one at its end of file
+        if data:
+            pipe.take(data)
+            return
+        selector.unregister(pipe.source_fd)
+        pipe.end()
+    except Exception:  # noqa: BLE001
+        try:
+            selector.unregister(pipe.source_fd)
+        except (KeyError, ValueError, OSError):
+            pass
+        try:
+            pipe.end()
+        except OSError:
+            pass
 
 
 def _take_request(sock, selector) -> bool:  # noqa: ANN001 - socket.socket, selectors.BaseSelector
@@ -350,11 +366,18 @@ def _take_request(sock, selector) -> bool:  # noqa: ANN001 - socket.socket, sele
     except (ValueError, OSError) as exc:
         for fd in fds:
             os.close(fd)
-        sock.send(f"ERR {exc}".encode())
-        return True
+        return _answer(sock, f"ERR {exc}")
     pipe = _Served(fds[0], copy, fds[1] if len(fds) == 2 else -1)
     selector.register(pipe.source_fd, selectors.EVENT_READ, pipe)
-    sock.send(str(os.getpid()).encode())
+    return _answer(sock, str(os.getpid()))
+
+
+def _answer(sock, text: str) -> bool:  # noqa: ANN001 - socket.socket
+    """Answer the worker; False when it is gone (its log, if taken, is copied all the same)."""
+    try:
+        sock.send(text.encode())
+    except OSError:
+        return False
     return True
 
 

@@ -221,3 +221,23 @@ def test_a_traced_keeper_marks_its_own_cpu_time_at_its_end(tmp_path: Path):
         assert (job, stage, int(marked_pid)) == ("-", "keeper_end", pid)
         assert 0 < float(cpu) < 5  # measured finer than a clock tick: a short keeper is not 0
     assert (tmp_path / "a.log").read_bytes() == b"out\n"
+
+
+def test_a_worker_gone_before_the_answer_leaves_the_keeper_copying(tmp_path: Path):
+    """The worker dies between its request and the answer: the keeper's answer fails (EPIPE),
+    and it must not stop: it copies the log it took (and any other) to its end, then exits."""
+    import socket
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    proc = subprocess.Popen([sys.executable, "-I", "-S", logkeeper.__file__, "--serve"], stdin=theirs.fileno(),
+                            start_new_session=True, close_fds=True, env={"PATH": "/usr/bin:/bin"})
+    theirs.close()
+    read_fd, write_fd = os.pipe()
+    request = os.fsencode(str(tmp_path / "a.log")) + b"\0" + b"100000"
+    ours.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, read_fd.to_bytes(4, sys.byteorder))])
+    ours.close()  # gone before it answers
+    os.close(read_fd)
+    os.write(write_fd, b"after the worker\n")
+    os.close(write_fd)
+    assert proc.wait(10) == 0
+    assert (tmp_path / "a.log").read_bytes() == b"after the worker\n"
