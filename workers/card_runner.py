@@ -563,17 +563,22 @@ class CardRunner:
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         cap = self.settings.log_max_bytes
         try:
-            try:
-                pid, done = self._keeper_server().start(read_fd, log_path, cap)
-                return pid, None, write_fd, done
-            except OSError as exc:
-                log.warning("the card's log keeper: %s; starting a keeper of its own for %s", exc, log_path)
-                self._drop_keeper_server()
-            # A fresh pipe: a keeper that did not answer in time may still take the first one
-            # (it then ends at once, at its end of file), and a pipe has one reader.
-            os.close(read_fd)
+            pid, done = self._keeper_server().start(read_fd, log_path, cap)
+            return pid, None, write_fd, done
+        except OSError as exc:
+            log.warning("the card's log keeper: %s; starting a keeper of its own for %s", exc, log_path)
+            self._drop_keeper_server()
+            # A fresh pipe for that one: a keeper that did not answer in time may still take
+            # this one (it then ends at once, at its end of file), and a pipe has one reader.
             os.close(write_fd)
+        finally:
+            os.close(read_fd)
+        try:
             read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        except OSError as exc:
+            log.warning("log keeper for %s could not start (%s); the job writes to its log directly", log_path, exc)
+            return None, None, -1, None
+        try:
             keeper = subprocess.Popen(
                 [sys.executable, "-I", "-S", LOGKEEPER_SCRIPT, str(log_path), str(cap)],
                 stdin=read_fd, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True,

@@ -526,3 +526,24 @@ def test_an_adopted_job_ends_once_its_log_is_written_not_when_the_cards_keeper_e
         for fd in writers.values():
             os.close(fd)
         keeper.proc.wait(10)
+
+
+def test_a_job_whose_cards_keeper_does_not_answer_gets_a_keeper_of_its_own(env, tmp_path, monkeypatch):
+    """The card's keeper refused (or did not answer in time): the job's log is kept all the
+    same, by a keeper of its own, on a pipe of its own (the late keeper may hold the first)."""
+    settings, ledger, runner, _ = env
+    asked: list[int] = []
+
+    class Silent:
+        def start(self, read_fd: int, log_path, cap: int):  # noqa: ANN001, ANN201
+            asked.append(read_fd)
+            raise OSError("timed out")
+
+        def close(self, wait: float = 0.0) -> None:
+            pass
+
+    monkeypatch.setattr(runner, "_keeper_server", lambda: Silent())
+    job, token = placed(ledger, "echo one; echo two", tmp_path)
+    assert runner.run_job(job.id, token) == "SUCCEEDED"
+    assert asked
+    assert open(ledger.store.get(job.id).log_paths[0]).read() == "one\ntwo\n"
