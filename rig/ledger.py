@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+from redis.commands.core import CoreCommands
 
 from rig import jobtrace
 from rig.clock import shared_now
@@ -54,6 +55,45 @@ def bump_cards(pipe: Any, keys: list[str]) -> None:
         # EVAL, not a registered script: a pipeline holding one first asks Redis whether it
         # knows it (SCRIPT EXISTS), a round trip more for every reading a card worker writes.
         pipe.eval(source("bump_card"), len(keys), *keys)
+
+
+class Writes(CoreCommands):
+    """Writes recorded to be done by a ledger script in the step it moves a job, not sent
+    (``Ledger.transition(..., then=writes)``): an ending's run history and the dispatcher's
+    wake-up then need no round trip of their own, and are done exactly when the job moved.
+    Takes redis-py's command methods like a pipeline (so rig.estimates.record_run can queue on
+    it); the commands it can carry: :data:`SINGLE_KEY` and the EVAL of bounded_runs.lua, done as
+    lib_runs.lua's rule (transition.lua: ARGV[15], ARGV[16])."""
+
+    #: Redis commands whose one key is their first argument.
+    SINGLE_KEY = frozenset({"LPUSH", "RPUSH", "LTRIM", "EXPIRE", "ZADD", "ZREMRANGEBYRANK", "HSET", "HINCRBY",
+                            "SET", "DEL"})
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.ops: list[list[Any]] = []
+
+    def execute_command(self, *args: Any, **_options: Any) -> Writes:
+        name = str(args[0]).upper()
+        if name == "EVAL" and args[1] == source("bounded_runs"):
+            name, nkeys, rest = "bounded_runs", int(args[2]), args[3:]
+        elif name in self.SINGLE_KEY:
+            nkeys, rest = 1, args[1:]
+        else:
+            raise ValueError(f"{name} cannot be done by a ledger script")
+        places = []
+        for key in rest[:nkeys]:
+            self.keys.append(_text(key))
+            places.append(len(self.keys))
+        self.ops.append([name, nkeys, *places, *(_text(a) for a in rest[nkeys:])])
+        return self
+
+
+def _text(value: Any) -> str:
+    """A command argument as redis-py sends it (floats by repr)."""
+    if isinstance(value, bytes):
+        return value.decode()
+    return repr(value) if isinstance(value, float) else str(value)
 
 
 def _field(value: Any) -> str:
@@ -264,6 +304,7 @@ class Ledger:
         expect: JobState | None = None,
         now: float | None = None,
         read: Job | None = None,
+        then: Writes | None = None,
     ) -> tuple[int, str]:
         """Move a job to ``target`` and release everything it holds, atomically.
 
@@ -279,6 +320,8 @@ class Ledger:
 
         ``read``: the job's record as the caller has just read it (saves reading it again; the
         script's fences on state and assignment catch a record that has moved since).
+
+        ``then``: writes done by the same script when, and only when, the job moves (code 1).
         """
         extra = {k: _field(v) for k, v in (fields or {}).items()}
         for _ in range(20):
@@ -290,6 +333,8 @@ class Ledger:
             if job.node:
                 for index in job.cards:
                     keys += [self.keys.card(job.node, index), self.keys.card_jobs(job.node, index)]
+            if then is not None:
+                keys += then.keys
             code, detail = self.scripts.transition(
                 keys=keys,
                 args=[
@@ -307,6 +352,8 @@ class Ledger:
                     job.user,
                     str(job.assignments) if job.field_valid("assignments") else "",
                     self.keys.events_channel,  # the script publishes the event when it moves
+                    json.dumps(then.ops) if then is not None else "",
+                    len(then.keys) if then is not None else 0,
                 ],
             )
             if int(code) == 3:

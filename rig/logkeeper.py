@@ -6,18 +6,19 @@ A job's stdout and stderr are a pipe; this small process reads it and appends to
 place (rig.logs.enforce_size_cap: the first ``cap // 4`` bytes stay, then a marker line that
 counts what was cut, then the newest output), down to about ``3/4 * cap``, so a cut happens once
 per ``cap / 4`` bytes of output. While it cuts it does not read: the job's writes wait on the
-pipe. Disk use of the log is therefore at most ``cap`` + one read (:data:`READ_MAX`, and never
+pipe (a card's keeper reads none of its card's pipes meanwhile). Disk use of the log is therefore at most ``cap`` + one read (:data:`READ_MAX`, and never
 more than ``cap / 4`` for caps above 16 KiB) whatever the job's rate.
 
-It is started by the card worker in a session of its own, as the worker's user, so it outlives
-a worker restart (the next worker adopts the job; the keeper carries on) and is not stopped
-with the job's process tree. SIGTERM, SIGINT and SIGHUP are ignored: it ends at end of file,
-when the last process holding the job's output has exited, after writing everything it read.
+It runs in a session of its own, as the card worker's user, so it outlives a worker restart (the
+next worker adopts the job; its log goes on) and is not stopped with the job's process tree.
+SIGTERM, SIGINT and SIGHUP are ignored: a log ends at end of file, when the last process holding
+the job's output has exited, after everything read is written.
 
-Run as ``python -I -S logkeeper.py LOG_PATH CAP_BYTES``: no site, no rig package import (it
-loads rig/logs.py, which is standard library only, by path). A card worker normally gets its
-keepers from a fork server of its own (``logkeeper.py --serve``, :class:`KeeperServer`), which
-forks one per job in about a millisecond instead of starting an interpreter (~25 ms of CPU).
+A card worker normally hands every job's pipe to one keeper of its own (``logkeeper.py
+--serve``, :func:`serve`, :class:`KeeperServer`), which copies all of them from one process; a
+job gets a keeper of its own only when that one is unavailable: ``python -I -S logkeeper.py
+LOG_PATH CAP_BYTES`` (no site, no rig package import: it loads rig/logs.py, which is standard
+library only, by path).
 """
 
 from __future__ import annotations
@@ -59,55 +60,78 @@ def keep(source_fd: int, log_path: Path, cap: int, on_write: Callable[[int], Non
          note_path: Path | None = None) -> int:
     """Copy ``source_fd`` to the end of ``log_path`` until end of file, keeping the file within
     ``cap`` (+ one read). Returns the bytes of output cut in all. ``on_write(size)`` is called
-    after each write with the file's size (tests).
+    after each write with the file's size (tests). The rules are :class:`LogCopy`'s; a card's
+    keeper (:func:`serve`) applies the same to every log of its card."""
+    copy = LogCopy(log_path, cap, on_write=on_write, note_path=note_path)
+    try:
+        while True:
+            try:
+                data = os.read(source_fd, copy.chunk)
+            except InterruptedError:
+                continue
+            if not data:
+                return copy.cut
+            copy.feed(data)
+    finally:
+        copy.close()
+
+
+class LogCopy:
+    """One log's copy: what a keeper does with each read of a job's output.
 
     A write that fails (disk full, quota, read-only, I/O error) never stops the copy: the job's
     output is read on (so the job is never blocked or killed by SIGPIPE for it) and counted as
     lost; when writes work again a marker line says how much is missing. Both the loss and the
     cap's cuts are kept in the attempt's note file (``note_path``, default ``attempt-<n>.note``,
     see rig.logspace), which the card worker allocated before the job started, so that the job's
-    record can say its log is not whole."""
-    logs: ModuleType | None = None  # loaded at the first cut: most logs never need one
-    note = _Note(note_path or log_path.with_suffix(".note"), cap)
-    out = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    size = os.fstat(out).st_size
-    low_water = max(1, cap * 3 // 4)
-    chunk = read_size(cap)
-    cut = 0
-    try:
-        while True:
+    record can say its log is not whole. Opening the log raises OSError (nothing to copy to)."""
+
+    def __init__(self, log_path: Path, cap: int, *, on_write: Callable[[int], None] | None = None,
+                 note_path: Path | None = None) -> None:
+        self.log_path = log_path
+        self.cap = cap
+        self.on_write = on_write
+        self.note = _Note(note_path or log_path.with_suffix(".note"), cap)
+        self.out = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.size = os.fstat(self.out).st_size
+        self.low_water = max(1, cap * 3 // 4)
+        self.chunk = read_size(cap)
+        self.cut = 0  # bytes of output cut in all
+        self._logs: ModuleType | None = None  # loaded at the first cut: most logs never need one
+
+    def feed(self, data: bytes) -> None:
+        """Append one read of the job's output, cutting the log first if it would pass the cap."""
+        note = self.note
+        if self.size + len(data) > self.cap:
+            self._logs = self._logs or _logs_module()
             try:
-                data = os.read(source_fd, chunk)
-            except InterruptedError:
-                continue
-            if not data:
-                return cut
-            if size + len(data) > cap:
-                logs = logs or _logs_module()
-                try:
-                    cut += logs.enforce_size_cap(log_path, low_water, keep_head=cap // 4, stated_cap=cap)
-                except OSError as exc:
-                    note.failed(exc, size, 0)
-                note.cap_cut(cut)
-                size = os.fstat(out).st_size
+                self.cut += self._logs.enforce_size_cap(self.log_path, self.low_water, keep_head=self.cap // 4,
+                                                        stated_cap=self.cap)
+            except OSError as exc:
+                note.failed(exc, self.size, 0)
+            note.cap_cut(self.cut)
+            self.size = os.fstat(self.out).st_size
+        if note.pending:
+            data = note.marker() + data
+        written, error = _write_some(self.out, data)
+        if written:
+            note.line_start = error is None and data.endswith(b"\n")
+        if error is not None:
+            # What did not reach the file, less the marker (which only repeats a count).
+            lost = len(data) - written - (max(0, note.marker_len - written) if note.pending else 0)
+            note.failed(error, self.size, lost)
+            self.size = os.fstat(self.out).st_size
+        else:
             if note.pending:
-                data = note.marker() + data
-            written, error = _write_some(out, data)
-            if written:
-                note.line_start = error is None and data.endswith(b"\n")
-            if error is not None:
-                # What did not reach the file, less the marker (which only repeats a count).
-                lost = len(data) - written - (max(0, note.marker_len - written) if note.pending else 0)
-                note.failed(error, size, lost)
-                size = os.fstat(out).st_size
-            else:
-                if note.pending:
-                    note.resumed()
-                size += len(data)
-            if on_write is not None:
-                on_write(os.fstat(out).st_size)
-    finally:
-        os.close(out)
+                note.resumed()
+            self.size += len(data)
+        if self.on_write is not None:
+            self.on_write(os.fstat(self.out).st_size)
+
+    def close(self) -> None:
+        if self.out >= 0:
+            os.close(self.out)
+            self.out = -1
 
 
 def _write_some(fd: int, data: bytes) -> tuple[int, OSError | None]:
@@ -188,16 +212,15 @@ class _Note:
 
 def _trace_cpu() -> None:
     """With RIG_TRACE_DIR set (rig.jobtrace, for scripts/profile_job_path.py): one line
-    ``- keeper_end <epoch s> <pid> 0 <CPU s>`` with this keeper's own CPU time since its fork.
-    Keepers are reaped by the kernel (the server ignores SIGCHLD), so no process's children's
-    time holds theirs. Never raises: the keeper is ending."""
+    ``- keeper_end <epoch s> <pid> 0 <CPU s>`` with this keeper's own CPU time, as it ends (a
+    keeper of one log, or a card's keeper). Never raises: the keeper is ending."""
     folder = os.environ.get("RIG_TRACE_DIR")
     if not folder:
         return
     import time
 
     try:
-        cpu = time.process_time()  # this process's own, since its fork (os.times counts in 10 ms ticks)
+        cpu = time.process_time()  # this process's own (os.times counts in 10 ms ticks)
         fd = os.open(os.path.join(folder, f"{os.getpid()}.trace"), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
                      0o644)
         try:
@@ -213,62 +236,153 @@ def _ignore_stop_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-# -- the fork server ------------------------------------------------------------------------
-# Starting a Python interpreter per job costs ~25 ms of CPU; forking this small one costs ~1 ms.
-# Each card worker starts one server (``serve``) and asks it, over a socketpair, for a keeper per
-# job: the pipe's read end travels as SCM_RIGHTS. A keeper is a forked child in a session of its
-# own, independent of the server and of the worker; the server ends when its worker's end of
-# the socket closes (the worker exited), and never takes a keeper with it.
+# -- the card's keeper ------------------------------------------------------------------------
+# Each card worker starts one keeper (``serve``) and hands it, over a socketpair, the read end
+# of each job's pipe (SCM_RIGHTS). The keeper copies every pipe of its card from this one
+# process (a selector over the pipes; each log by :class:`LogCopy`'s rules, the same as a keeper
+# of one log), so a job costs neither a fork nor a process of its own (issue 13: ~1.1 ms of the
+# server's fork and ~1.65 ms of each forked keeper, a job). It runs in a session of its own,
+# independent of the worker: when the worker's end of the socket closes (the worker exited or
+# was killed) it takes no new logs and copies the ones it has to their end of file, then exits;
+# the next worker starts a keeper of its own for its new jobs.
+#
+# With each pipe comes the write end of a "done" pipe, closed once that log is written to its
+# end (the worker's wait for the last output; rig.card_runner). A worker that adopts a job after
+# a restart has no such pipe: it waits until the keeper named in the attempt's pid file no
+# longer holds the log open (workers.process_tree.holds_file).
 
 _REQUEST_MAX = 8192
 
 
+class _Served:
+    """One pipe the card's keeper copies: its log, and the "done" pipe closed at its end."""
+
+    def __init__(self, source_fd: int, copy: LogCopy | None, done_fd: int) -> None:
+        self.source_fd = source_fd
+        self.copy = copy  # None once copying failed in a way LogCopy does not handle: read on, drop
+        self.done_fd = done_fd
+
+    def take(self, data: bytes) -> None:
+        if self.copy is None:
+            return
+        try:
+            self.copy.feed(data)
+        except Exception:  # noqa: BLE001 - one log's trouble never stops the card's other logs
+            self._drop()
+
+    def end(self) -> None:
+        """End of file: everything read is written; the log is closed, then the worker told."""
+        self._drop()
+        os.close(self.source_fd)
+        if self.done_fd >= 0:
+            os.close(self.done_fd)
+
+    def _drop(self) -> None:
+        if self.copy is not None:
+            try:
+                self.copy.close()
+            except OSError:
+                pass
+            self.copy = None
+
+
 def serve(sock_fd: int) -> int:
-    """Run the fork server on ``sock_fd`` (a SOCK_SEQPACKET socket) until the other end closes.
-    Each request: ``b"<log path>\0<cap>"`` with one file descriptor (the read end of the job's
-    pipe); each answer: ``b"<keeper pid>"`` or ``b"ERR <why>"``."""
+    """Run the card's keeper on ``sock_fd`` (a SOCK_SEQPACKET socket): take requests until the
+    other end closes, and copy every pipe given until its end of file. Each request:
+    ``b"<log path>\0<cap>"`` with two file descriptors (the read end of the job's pipe, then
+    the write end of its "done" pipe) or one (the pipe alone); each answer: ``b"<keeper pid>"``
+    (this process) or ``b"ERR <why>"``."""
+    import selectors
     import socket
 
     _ignore_stop_signals()
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # keepers are reaped by the kernel
-    sock = socket.socket(fileno=sock_fd)
-    while True:
+    sock: socket.socket | None = socket.socket(fileno=sock_fd)
+    selector = selectors.DefaultSelector()
+    selector.register(sock, selectors.EVENT_READ, None)
+    while sock is not None or len(selector.get_map()):
+        for key, _events in selector.select():
+            if key.data is None:  # the worker: a request, or its end closed
+                assert sock is not None
+                if not _take_request(sock, selector):
+                    selector.unregister(sock)
+                    sock.close()
+                    sock = None  # no new logs; the ones taken go on to their end
+                continue
+            _copy_some(key.data, selector)
+    _trace_cpu()
+    return 0
+
+
+def _copy_some(pipe: _Served, selector) -> None:  # noqa: ANN001 - selectors.BaseSelector
+    """One read of a ready pipe, written to its log; at its end of file, the log's end. Never
+    raises: whatever one log meets, the card's other logs go on (a keeper that stopped would
+    leave every job of the card writing into a pipe with no reader: SIGPIPE)."""
+    try:
         try:
-            data, ancillary, _flags, _addr = sock.recvmsg(_REQUEST_MAX, socket.CMSG_SPACE(4))
+            data = os.read(pipe.source_fd, pipe.copy.chunk if pipe.copy is not None else READ_MAX)
         except InterruptedError:
-            continue
-        if not data:
-            return 0
-        fds = [int.from_bytes(d[:4], sys.byteorder) for level, kind, d in ancillary
-               if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS]
+            return
+        except OSError:
+            data = b""  # an unreadable pipe ends like one at its end of file
+        if data:
+            pipe.take(data)
+            return
+        selector.unregister(pipe.source_fd)
+        pipe.end()
+    except Exception:  # noqa: BLE001
         try:
-            path_bytes, cap_bytes = data.split(b"\0")
-            log_path, cap = Path(os.fsdecode(path_bytes)), int(cap_bytes)
-            if len(fds) != 1 or cap <= 0:
-                raise ValueError(f"bad request: {len(fds)} descriptor(s), cap {cap}")
-            pid = os.fork()
-        except (ValueError, OSError) as exc:
-            for fd in fds:
-                os.close(fd)
-            sock.send(f"ERR {exc}".encode())
-            continue
-        if pid == 0:  # the keeper
-            code = 1
-            try:
-                sock.close()
-                os.setsid()
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                keep(fds[0], log_path, cap)
-                code = 0
-            finally:
-                _trace_cpu()
-                os._exit(code)
-        os.close(fds[0])
-        sock.send(str(pid).encode())
+            selector.unregister(pipe.source_fd)
+        except (KeyError, ValueError, OSError):
+            pass
+        try:
+            pipe.end()
+        except OSError:
+            pass
+
+
+def _take_request(sock, selector) -> bool:  # noqa: ANN001 - socket.socket, selectors.BaseSelector
+    """Read one request and start copying its pipe; False when the worker's end closed."""
+    import selectors
+    import socket
+
+    try:
+        data, ancillary, _flags, _addr = sock.recvmsg(_REQUEST_MAX, socket.CMSG_SPACE(8))
+    except InterruptedError:
+        return True
+    except OSError:
+        return False
+    if not data:
+        return False
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds += [int.from_bytes(payload[i:i + 4], sys.byteorder) for i in range(0, len(payload) - 3, 4)]
+    try:
+        path_bytes, cap_bytes = data.split(b"\0")
+        log_path, cap = Path(os.fsdecode(path_bytes)), int(cap_bytes)
+        if len(fds) not in (1, 2) or cap <= 0:
+            raise ValueError(f"bad request: {len(fds)} descriptor(s), cap {cap}")
+        copy = LogCopy(log_path, cap)
+    except (ValueError, OSError) as exc:
+        for fd in fds:
+            os.close(fd)
+        return _answer(sock, f"ERR {exc}")
+    pipe = _Served(fds[0], copy, fds[1] if len(fds) == 2 else -1)
+    selector.register(pipe.source_fd, selectors.EVENT_READ, pipe)
+    return _answer(sock, str(os.getpid()))
+
+
+def _answer(sock, text: str) -> bool:  # noqa: ANN001 - socket.socket
+    """Answer the worker; False when it is gone (its log, if taken, is copied all the same)."""
+    try:
+        sock.send(text.encode())
+    except OSError:
+        return False
+    return True
 
 
 class KeeperServer:
-    """The worker's side of the fork server: ``start`` asks it for a keeper of one log."""
+    """The worker's side of its card's keeper: ``start`` hands it one job's log."""
 
     def __init__(self, python: str, env: dict[str, str]) -> None:
         import socket
@@ -289,23 +403,36 @@ class KeeperServer:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def start(self, read_fd: int, log_path: Path, cap: int) -> int:
-        """A keeper reading ``read_fd`` (which stays the caller's to close) into ``log_path``;
-        returns its pid. Raises OSError when the server cannot give one."""
+    def start(self, read_fd: int, log_path: Path, cap: int) -> tuple[int, int]:
+        """Have the keeper copy ``read_fd`` (which stays the caller's to close) into
+        ``log_path``. Returns (the keeper's pid, the read end of the "done" pipe: end of file
+        once the log is written to its end; the caller's to close). Raises OSError when the
+        keeper does not take it (then it never reads ``read_fd``: a refusal, or no answer)."""
         import socket
 
         request = os.fsencode(str(log_path)) + b"\0" + str(cap).encode()
-        with self._lock:
-            self.sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, read_fd.to_bytes(4, sys.byteorder))])
-            answer = self.sock.recv(256)
-        if not answer or answer.startswith(b"ERR"):
-            raise OSError(f"the log keeper server refused: {answer.decode(errors='replace') or 'it exited'}")
-        return int(answer)
-
-    def close(self) -> None:
-        self.sock.close()  # the server sees end of file and exits; its keepers run on
+        done_read, done_write = os.pipe2(os.O_CLOEXEC)
         try:
-            self.proc.wait(5)
+            fds = read_fd.to_bytes(4, sys.byteorder) + done_write.to_bytes(4, sys.byteorder)
+            with self._lock:
+                self.sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+                answer = self.sock.recv(256)
+        except BaseException:
+            os.close(done_read)
+            raise
+        finally:
+            os.close(done_write)
+        if not answer or answer.startswith(b"ERR"):
+            os.close(done_read)
+            raise OSError(f"the log keeper refused: {answer.decode(errors='replace') or 'it exited'}")
+        return int(answer), done_read
+
+    def close(self, wait: float = 0.0) -> None:
+        """Close the worker's end: the keeper takes no new logs and exits once those it copies
+        have ended; waits up to ``wait`` s for that (a worker with no running job: at once)."""
+        self.sock.close()
+        try:
+            self.proc.wait(wait)
         except Exception:  # noqa: BLE001 - it exits by itself; never block the worker's exit
             pass
 
@@ -317,7 +444,10 @@ def main(argv: list[str]) -> int:
         print("usage: logkeeper.py LOG_PATH CAP_BYTES | logkeeper.py --serve", file=sys.stderr)
         return 2
     _ignore_stop_signals()
-    keep(0, Path(argv[1]), int(argv[2]))
+    try:
+        keep(0, Path(argv[1]), int(argv[2]))
+    finally:
+        _trace_cpu()
     return 0
 
 

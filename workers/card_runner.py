@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import pwd
+import select
 import stat
 import subprocess
 import sys
@@ -60,6 +61,7 @@ from workers.log_space import (
 from workers.outcomes import AttemptEnd, conclude, never_started
 from workers.process_tree import (
     ExitWatcher,
+    holds_file,
     is_alive,
     is_job_process,
     job_leftovers,
@@ -87,6 +89,8 @@ LOG_CAP_POLL_S = 5.0
 KILLED_CODES = frozenset({128 + 15, 128 + 9})
 #: How long a job's end waits for its log keeper to write the last output (s).
 KEEPER_WAIT_S = 10.0
+#: How often an adopted job's end looks whether its keeper still holds the log open (s).
+KEEPER_POLL_S = 0.02
 #: The log keeper, run as a script with ``python -I -S`` (rig.logkeeper).
 LOGKEEPER_SCRIPT = str(Path(logkeeper.__file__))
 #: The most of an exit file that is read (bytes): it holds one number.
@@ -116,6 +120,9 @@ class ActiveJob:
     keeper_popen: subprocess.Popen | None = None
     keeper_pid: int | None = None
     keeper_start: int | None = None
+    #: The read end of the "done" pipe the card's keeper closes once this log is written to its
+    #: end (rig.logkeeper.serve); None when adopted, or with a keeper of its own.
+    keeper_done: int | None = None
     #: The job's instance (Job.instance): its ending is written only to the record of that
     #: job, never to a later job that reuses the id (after Redis lost its data).
     instance: str | None = None
@@ -201,7 +208,7 @@ class CardRunner:
         self._starting: set[int] = set()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._keepers: logkeeper.KeeperServer | None = None  # forks each job's log keeper
+        self._keepers: logkeeper.KeeperServer | None = None  # the card's log keeper: every job's log
         #: Takes this card out of placement while the node cannot write logs (issue 11.3).
         self.log_space = LogSpaceGuard(self.ledger, node, index, [settings.job_log_dir, settings.run_dir],
                                        settings.log_min_free_bytes)
@@ -217,15 +224,17 @@ class CardRunner:
         try:
             self._keeper_server()  # started now, not on the first job's path
         except OSError as exc:
-            log.warning("log keeper server did not start (%s); each job gets a keeper of its own", exc)
+            log.warning("the card's log keeper did not start (%s); each job gets a keeper of its own", exc)
         self._retry_redis(self.adopt, "adopt running jobs")
         self.consumer.start()
 
     def stop(self) -> None:
-        """Leave running jobs running; their supervisors return at once. The keeper server
-        ends; the keepers it forked run on with their jobs."""
+        """Leave running jobs running; their supervisors return at once. The card's log keeper
+        takes no new logs; it copies those of the running jobs to their end, then exits."""
         self.shutdown.set()
-        self._drop_keeper_server()
+        with self._lock:
+            busy = bool(self._active or self._starting)
+        self._drop_keeper_server(wait=0.0 if busy else 5.0)
 
     def active_ids(self) -> list[int]:
         with self._lock:
@@ -491,7 +500,7 @@ class CardRunner:
                 # The job writes into a pipe read by its log keeper (rig.logkeeper), which
                 # keeps the log within log_max_bytes at any rate; without one, straight to the
                 # file, capped by polling.
-                keeper_pid, keeper, job_out = self._start_keeper(log_path)
+                keeper_pid, keeper, job_out, keeper_done = self._start_keeper(log_path)
                 jobtrace.mark(job.id, "keeper")
                 forked = time.monotonic()  # its start, for the time limit (and job_leftovers)
                 try:
@@ -509,6 +518,8 @@ class CardRunner:
                     except OSError:
                         pass  # the note below says it
                     self.store.update(job.id, log_path=str(log_path), log_paths=log_paths)
+                    if keeper_done is not None:
+                        os.close(keeper_done)
                     self._finish(job.id, token, instance=job.instance, end=AttemptEnd(
                         exit_code=126, note=f"could not start in {job.workdir}{as_whom}: {detail}",
                         failure=FailureClass.START_FAILED))
@@ -540,30 +551,43 @@ class CardRunner:
                  job.id, attempt, popen.pid, self.node, job.cards, env["CUDA_VISIBLE_DEVICES"])
         return ActiveJob(job.id, str(token), attempt, popen.pid, start, exit_file, popen, instance=job.instance,
                          time_limit=job.time_limit, started_mono=forked, log_path=log_path, keeper_popen=keeper,
-                         keeper_pid=keeper_pid or None, keeper_start=keeper_start or None)
+                         keeper_pid=keeper_pid or None, keeper_start=keeper_start or None,
+                         keeper_done=keeper_done)
 
-    def _start_keeper(self, log_path: Path) -> tuple[int | None, subprocess.Popen | None, int]:
-        """Start the log keeper of one attempt (rig.logkeeper), in a session of its own, as this
-        worker's user: forked by this worker's keeper server (~1 ms), else started as a process
-        of its own. Returns (its pid, its Popen or None, the write end of its pipe: the job's
-        stdout), or (None, None, -1) when neither works (the job then writes its log directly)."""
+    def _start_keeper(self, log_path: Path) -> tuple[int | None, subprocess.Popen | None, int, int | None]:
+        """Have one attempt's log kept (rig.logkeeper), by a process in a session of its own, as
+        this worker's user: the card's keeper (no process of its own), else a keeper of its
+        own. Returns (the keeper's pid, its Popen or None, the write end of its pipe: the job's
+        stdout, the read end of the card's keeper's "done" pipe or None), or (None, None, -1,
+        None) when neither works (the job then writes its log directly)."""
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         cap = self.settings.log_max_bytes
         try:
-            try:
-                return self._keeper_server().start(read_fd, log_path, cap), None, write_fd
-            except OSError as exc:
-                log.warning("log keeper server: %s; starting a keeper of its own for %s", exc, log_path)
-                self._drop_keeper_server()
+            pid, done = self._keeper_server().start(read_fd, log_path, cap)
+            return pid, None, write_fd, done
+        except OSError as exc:
+            log.warning("the card's log keeper: %s; starting a keeper of its own for %s", exc, log_path)
+            self._drop_keeper_server()
+            # A fresh pipe for that one: a keeper that did not answer in time may still take
+            # this one (it then ends at once, at its end of file), and a pipe has one reader.
+            os.close(write_fd)
+        finally:
+            os.close(read_fd)
+        try:
+            read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        except OSError as exc:
+            log.warning("log keeper for %s could not start (%s); the job writes to its log directly", log_path, exc)
+            return None, None, -1, None
+        try:
             keeper = subprocess.Popen(
                 [sys.executable, "-I", "-S", LOGKEEPER_SCRIPT, str(log_path), str(cap)],
                 stdin=read_fd, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True,
                 env=self._keeper_env(str(log_path)))
-            return keeper.pid, keeper, write_fd
+            return keeper.pid, keeper, write_fd, None
         except OSError as exc:
             log.warning("log keeper for %s could not start (%s); the job writes to its log directly", log_path, exc)
             os.close(write_fd)
-            return None, None, -1
+            return None, None, -1, None
         finally:
             os.close(read_fd)
 
@@ -576,11 +600,13 @@ class CardRunner:
                 self._keepers = logkeeper.KeeperServer(sys.executable, self._keeper_env("server"))
             return self._keepers
 
-    def _drop_keeper_server(self) -> None:
+    def _drop_keeper_server(self, wait: float = 0.0) -> None:
+        """Close this worker's end of the card's keeper (it exits once the logs it copies have
+        ended), waiting up to ``wait`` s for it to exit."""
         with self._lock:
             server, self._keepers = self._keepers, None
         if server is not None:
-            server.close()
+            server.close(wait)
 
     def _job_env(self, job: Job, attempt: int, exit_file: Path, run_as: RunAs | None = None) -> dict[str, str]:
         """The job's environment (rig.job_env): a minimal base for the user it runs as, the
@@ -676,6 +702,9 @@ class CardRunner:
             return state.value if state else "unknown"
         finally:
             watcher.close()
+            if active.keeper_done is not None:
+                os.close(active.keeper_done)  # detached: the next worker waits through /proc
+                active.keeper_done = None
             with self._lock:
                 self._active.pop(active.job_id, None)
 
@@ -734,15 +763,33 @@ class CardRunner:
                 log.warning("job %s: its log keeper (pid %s) still runs; something still holds the job's "
                             "output", active.job_id, active.keeper_popen.pid)
             return
+        if active.keeper_done is not None:
+            # The card's keeper closes the "done" pipe once this log is written to its end.
+            done = select.poll()  # poll, not select: a worker's descriptors may pass 1023
+            done.register(active.keeper_done, select.POLLIN)
+            if not done.poll(int(KEEPER_WAIT_S * 1000)):
+                log.warning("job %s: its log is not written to its end yet; something still holds the job's "
+                            "output", active.job_id)
+            return
         if not active.keeper_pid:
             return
-        # Forked by the keeper server (not our child): watched through a pidfd, so the job's end
-        # goes on the moment the keeper exits (it used to be polled every 20 ms). The start time
-        # is checked after the pidfd is open: a pid reused since is never waited for.
+        # Adopted (the keeper named in the attempt's pid file: the card's keeper of the worker
+        # before, or a keeper of this log alone): done once it no longer holds the log open, or
+        # has exited (watched through a pidfd). The start time is checked after the pidfd is
+        # open: a pid reused since is never waited for.
         watcher = ExitWatcher(active.keeper_pid)
         try:
-            if is_alive(active.keeper_pid, active.keeper_start):
-                watcher.wait(KEEPER_WAIT_S)
+            if not is_alive(active.keeper_pid, active.keeper_start):
+                return
+            deadline = time.monotonic() + KEEPER_WAIT_S
+            while active.log_path is None or holds_file(active.keeper_pid, active.log_path):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning("job %s: its log keeper (pid %s) still holds its log; something still holds the "
+                                "job's output", active.job_id, active.keeper_pid)
+                    return
+                if watcher.wait(min(left, KEEPER_POLL_S)):
+                    return  # it exited: everything it read is written
         finally:
             watcher.close()
 
@@ -783,8 +830,7 @@ class CardRunner:
             folders[:] = (job_folders(job, job_folder(self.settings.job_log_dir, job_id, job.instance)))
             settled = end if isinstance(end, AttemptEnd) else end.end(job.cancel_requested,
                                                                        record.get("cancelled_by") or None)
-            code, state = conclude(self.ledger, job, token, settled, expect=expect,
-                                   follow_up=lambda fn: self._retry_redis(fn, f"finish recording job {job_id}"))
+            code, state = conclude(self.ledger, job, token, settled, expect=expect)
             if code == 1:
                 result.append(state)
 

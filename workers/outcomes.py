@@ -31,7 +31,7 @@ from rig.failures import (
     retry_rule,
     suggest_memory,
 )
-from rig.ledger import Ledger
+from rig.ledger import Ledger, Writes
 from rig.memory import format_memory
 from rig.models import Job, JobState
 
@@ -153,8 +153,7 @@ def never_started(job: Job, failure: str, reason: str, now: float | None = None)
 
 
 def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
-             expect: JobState | None = None,
-             follow_up: Callable[[Callable[[], None]], object] | None = None) -> tuple[int, JobState]:
+             expect: JobState | None = None) -> tuple[int, JobState]:
     """Apply ``decide`` through the ledger (fenced by ``token`` and by the RUNNING state, which
     is the only ``expect`` that applies: callers still pass the state they saw); wakes the
     dispatcher.
@@ -164,10 +163,10 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
     is not RUNNING any more, or not in that assignment, changes nothing: no attempt row (it
     would read "on None/"), no reason, no history. The ledger re-checks state and token.
 
-    The writes after the transition (the run's peak and duration for later estimates, the
-    dispatcher's wake-up) go through ``follow_up`` (by default: once): the card runner passes
-    its Redis retry, so a Redis that refuses them (full) after taking the transition does not
-    make the whole ending be tried again (it would find the job ended and record neither)."""
+    The writes that go with an ending (the run's peak and duration for later estimates, the
+    dispatcher's wake-up) are done by the transition's own script, when and only when it moves
+    the job (rig.ledger.Writes): no round trip of their own, and never half done (a Redis that
+    refuses writes refuses the whole step, which the card runner tries again)."""
     if job.state is not JobState.RUNNING:
         log.warning("job %s: an attempt's end arrived while it is %s; nothing written (stale)",
                     job.id, job.state.value)
@@ -185,34 +184,29 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
         # A new attempt measures afresh.
         decision.fields.update(vram_peak=0, vram_sum=0, vram_samples=0, util_sum=0,
                                util_samples=0, overuse=0, overuse_stop=None)
+    # The run's length as measured where it ran (monotonic), else from the shared clock.
+    ran = end.runtime if end.runtime is not None else (ended_at - job.started_at if job.started_at else None)
+    after = Writes()  # done by transition.lua only if it moves the job
+    if decision.state is JobState.SUCCEEDED:
+        if job.vram_peak:
+            # What this kind of job really needs, for `--gpu-memory auto` next time.
+            estimates.record_peak(after, ledger.keys, user=job.user, name=job.name,  # type: ignore[arg-type]
+                                  peak=job.vram_peak, ended_at=ended_at)
+        if ran is not None:
+            # How long it ran, for the dispatcher's estimates of when cards free (holds,
+            # backfill): by name, template, command and in the cluster's recent runs.
+            estimates.record_run(after, ledger.keys, user=job.user, name=job.name,  # type: ignore[arg-type]
+                                 template=job.template, command=job.command, nbytes=job.gpu_memory, gpus=job.gpus,
+                                 seconds=ran, ended_at=ended_at)
+    after.lpush(ledger.keys.sched_wake, "1")
     code, detail = ledger.transition(job.id, decision.state, token=token, fields=decision.fields,
                                      error_queue=decision.error_queue, expect=JobState.RUNNING, now=ended_at,
-                                     read=job)
+                                     read=job, then=after)
     if code == 1:
         log.info("job %s attempt %s: %s -> %s (%s)", job.id, job.attempt, detail,
                  decision.state.value, decision.fields.get("reason"))
     else:
         log.warning("job %s: not moved to %s, it is %s", job.id, decision.state.value, detail)
-    # The run's length as measured where it ran (monotonic), else from the shared clock.
-    ran = end.runtime if end.runtime is not None else (ended_at - job.started_at if job.started_at else None)
-
-    def _after() -> None:
-        pipe = ledger.r.pipeline(transaction=False)
-        if code == 1 and decision.state is JobState.SUCCEEDED:
-            if job.vram_peak:
-                # What this kind of job really needs, for `--gpu-memory auto` next time.
-                estimates.record_peak(pipe, ledger.keys, user=job.user, name=job.name, peak=job.vram_peak,
-                                      ended_at=ended_at)
-            if ran is not None:
-                # How long it ran, for the dispatcher's estimates of when cards free (holds,
-                # backfill): by name, template, command and in the cluster's recent runs.
-                estimates.record_run(pipe, ledger.keys, user=job.user, name=job.name, template=job.template,
-                                     command=job.command, nbytes=job.gpu_memory, gpus=job.gpus, seconds=ran,
-                                     ended_at=ended_at)
-        pipe.lpush(ledger.keys.sched_wake, "1")
-        pipe.execute()
-
-    (follow_up or (lambda fn: fn()))(_after)
     return code, decision.state
 
 

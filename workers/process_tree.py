@@ -14,6 +14,7 @@ import select
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 #: Runs the job's argv, then writes its exit status (0-255; 128+n when killed by signal n) to
 #: $RIG_EXIT_FILE, so a worker that restarts while the job runs can still learn how it ended.
@@ -319,6 +320,26 @@ def stop_tree(sid: int, grace: float, *, reap: Callable[[], None] | None = None)
         if not session_members(sid):
             return
         time.sleep(0.02)
+
+
+def holds_file(pid: int, path: Path) -> bool:
+    """Does process ``pid`` hold ``path`` open (any of its descriptors is that file: same
+    device and inode)? False when it is gone, the file is, or its descriptors cannot be read.
+    A card's log keeper (rig.logkeeper) holds a job's log open until it has written it to its
+    end."""
+    try:
+        wanted = os.stat(path)
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if st.st_ino == wanted.st_ino and st.st_dev == wanted.st_dev:
+            return True
+    return False
 
 
 class ExitWatcher:

@@ -12,6 +12,7 @@
 -- KEYS[8 .. 7+S]        state index zsets, one per state, in the order of ARGV[7]
 -- KEYS[8+S + 2i]        card hash of the i-th card the job holds
 -- KEYS[9+S + 2i]        its job reservations hash
+-- KEYS[#KEYS-W+1 ..]    the keys of the writes in ARGV[15] (W = ARGV[16], 0 without)
 -- ARGV[1]  job id
 -- ARGV[2]  target state
 -- ARGV[3]  now (epoch seconds)
@@ -35,6 +36,13 @@
 --          was unreadable); if it differs now, the job was placed again since the read and the
 --          card keys are stale: nothing changes, {3, current state}
 -- ARGV[14] optional: the events channel, where '<id> <target>' is published when it moved
+-- ARGV[15] optional: JSON list of writes done only when the job moved, in the same step (an
+--          ending's run history and the dispatcher's wake-up: rig.ledger.Writes). Each is
+--          [command, k, a1, a2, ...]: the first k arguments are keys, given as 1-based places
+--          among the writes' keys (KEYS[#KEYS-W+1 ..]), the rest literal strings; the command
+--          'bounded_runs' is lib_runs.lua's rule (what bounded_runs.lua runs), any other a Redis
+--          command
+-- ARGV[16] optional: W, how many keys at the end of KEYS are the writes' (default 0)
 --
 -- Returns {1, previous state} when moved, {2, 'RUNNING'} when a cancel was flagged, {0, state}
 -- when nothing changed (not allowed from this state, or token mismatch), {3, state} (see ARGV[9]).
@@ -42,11 +50,13 @@
 
 --#include lib_queue
 --#include lib_card
+--#include lib_runs
 
 local job, pending, errors = KEYS[1], KEYS[2], KEYS[3]
 local job_id, target, now, token, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[6]
 local states = cjson.decode(ARGV[7])
 local nstates = #states
+local nwrite_keys = tonumber(ARGV[16] or '0') or 0
 
 local f = redis.call('HMGET', job, 'state', 'assignments')
 local state = f[1]
@@ -89,7 +99,7 @@ for i = 1, nstates do
 end
 
 local first_card = 8 + nstates
-local ncards = (#KEYS - first_card + 1) / 2
+local ncards = (#KEYS - nwrite_keys - first_card + 1) / 2
 for i = 0, ncards - 1 do
   local card, holds = KEYS[first_card + 2 * i], KEYS[first_card + 1 + 2 * i]
   local amount = redis.call('HGET', holds, job_id)
@@ -152,5 +162,23 @@ elseif target == 'SUCCEEDED' or target == 'FAILED' or target == 'TIMEOUT' or tar
 end
 if ARGV[14] and ARGV[14] ~= '' then
   redis.call('PUBLISH', ARGV[14], job_id .. ' ' .. target)
+end
+if ARGV[15] and ARGV[15] ~= '' then
+  local base = #KEYS - nwrite_keys
+  for _, w in ipairs(cjson.decode(ARGV[15])) do
+    local args = {}
+    for i = 3, #w do
+      if i - 2 <= w[2] then
+        args[#args + 1] = KEYS[base + w[i]]
+      else
+        args[#args + 1] = w[i]
+      end
+    end
+    if w[1] == 'bounded_runs' then
+      bounded_runs(unpack(args))
+    else
+      redis.call(w[1], unpack(args))
+    end
+  end
 end
 return {1, state}

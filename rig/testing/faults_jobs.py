@@ -5,7 +5,7 @@
   user's variables and never the operator's; ``--env CUDA_VISIBLE_DEVICES=3`` is refused.
 - **a job floods its log**: 300 MB written as fast as a pipe takes it against a 1 MiB
   ``log_max_bytes``; the log file, sampled while it grows, never passes the cap + 4 KiB, the
-  job ends SUCCEEDED with its last line kept, and its log keeper is gone.
+  job ends SUCCEEDED with its last line kept, and its log keeper has let go of the log.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from rig.logs import job_folder
 from rig.models import JobState
 from rig.testing.faults import Scenario, ScenarioResult
 from workers.card_runner import read_pid_file
-from workers.process_tree import is_alive
+from workers.process_tree import holds_file, is_alive
 
 
 def operator_environment(workdir: Path) -> ScenarioResult:
@@ -111,8 +111,10 @@ def log_flood(workdir: Path, *, cap: int = 1 << 20, nbytes: int = 300_000_000) -
             sc.result.problems.append(f"job {jid} did not succeed")
         if watch.keeper is None:
             sc.result.problems.append("the job had no log keeper")
-        elif is_alive(*watch.keeper):
-            sc.result.orphans += 1  # the keeper outlived its job
+        elif is_alive(*watch.keeper) and holds_file(watch.keeper[0], log):
+            # The card's keeper serves the card's next jobs too (rig.logkeeper); once this job
+            # ended it must have let go of this job's log.
+            sc.result.orphans += 1
         return sc.result
     finally:
         sc.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -440,3 +441,109 @@ def test_an_attempt_redis_forgot_is_concluded_with_its_own_start(env, tmp_path, 
     assert (tmp_path / "ran").read_text() == "once\n"  # not run twice
     assert again.started_at <= again.ended_at
     assert abs(again.started_at - first.started_at) < 1.0
+
+
+def _until(check, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return check()
+
+
+def test_a_job_log_goes_on_through_a_worker_restart_with_the_cards_keeper(env, tmp_path):
+    """Issue 13: one keeper copies every log of the card. A worker that stops leaves it copying
+    the running job's log; the next worker adopts the job, and its log has everything, the
+    output after the restart included; then that keeper, with nothing left, is gone."""
+    import threading
+
+    from workers.card_runner import read_pid_file
+    from workers.process_tree import is_alive
+
+    settings, ledger, runner, _ = env
+    go = tmp_path / "go"
+    job, token = placed(ledger, f"echo before; while [ ! -e {go} ]; do sleep 0.02; done; echo after", tmp_path)
+    log = job_folder(settings.job_log_dir, job.id, job.instance) / "attempt-1.log"
+    results: list[str] = []
+    first = threading.Thread(target=lambda: results.append(runner.run_job(job.id, token)))
+    first.start()
+    assert _until(lambda: log.exists() and log.read_text() == "before\n")
+    noted = read_pid_file(log.with_suffix(".pid"))
+    assert noted is not None and noted[3] == runner._keepers.proc.pid  # the card's keeper
+    runner.stop()  # the worker goes; the job and its keeper run on
+    first.join(10)
+    assert results == ["detached"]
+    assert is_alive(noted[3], noted[4])
+    second = CardRunner(settings, "n1", 0, "card0@n1")
+    try:
+        second.adopt()
+        assert second.active_ids() == [job.id]
+        go.touch()
+        assert _until(lambda: ledger.store.get(job.id).state is JobState.SUCCEEDED)
+        assert log.read_text() == "before\nafter\n"
+        assert _until(lambda: not is_alive(noted[3], noted[4]))  # its last log ended: it exited
+    finally:
+        go.touch()
+        second.stop()
+
+
+def test_an_adopted_job_ends_once_its_log_is_written_not_when_the_cards_keeper_exits(env, tmp_path):
+    """A worker that adopts a job waits for its log until the keeper named in the pid file no
+    longer holds it open; that keeper (the card's, from the worker before) may go on copying
+    other jobs' logs for hours."""
+    import threading
+
+    from rig import logkeeper
+    from workers.card_runner import ActiveJob
+    from workers.process_tree import proc_start_time
+
+    settings, ledger, runner, _ = env
+    keeper = logkeeper.KeeperServer(sys.executable, {"PATH": "/usr/bin:/bin"})
+    ours, other = tmp_path / "attempt-1.log", tmp_path / "other.log"
+    writers = {}
+    try:
+        for path in (ours, other):
+            read_fd, writers[path] = os.pipe()
+            try:
+                pid, done = keeper.start(read_fd, path, 1 << 20)
+            finally:
+                os.close(read_fd)
+            os.close(done)  # the worker that asked is gone
+        keeper.close()  # ... and so is its end of the socket
+        os.write(writers[ours], b"the last words\n")
+        active = ActiveJob(job_id=1, token="1", attempt=1, pid=0, proc_start=None,
+                           exit_file=ours.with_suffix(".exit"), log_path=ours, keeper_pid=pid,
+                           keeper_start=proc_start_time(pid))
+        waiter = threading.Thread(target=runner._wait_for_keeper, args=(active,))
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive()  # the log is still open: its job's output may still come
+        os.close(writers.pop(ours))
+        waiter.join(5)
+        assert not waiter.is_alive()  # done with our log, while the keeper runs on for the other
+        assert keeper.proc.poll() is None
+        assert ours.read_bytes() == b"the last words\n"
+    finally:
+        for fd in writers.values():
+            os.close(fd)
+        keeper.proc.wait(10)
+
+
+def test_a_job_whose_cards_keeper_does_not_answer_gets_a_keeper_of_its_own(env, tmp_path, monkeypatch):
+    """The card's keeper refused (or did not answer in time): the job's log is kept all the
+    same, by a keeper of its own, on a pipe of its own (the late keeper may hold the first)."""
+    settings, ledger, runner, _ = env
+    asked: list[int] = []
+
+    class Silent:
+        def start(self, read_fd: int, log_path, cap: int):  # noqa: ANN001, ANN201
+            asked.append(read_fd)
+            raise OSError("timed out")
+
+        def close(self, wait: float = 0.0) -> None:
+            pass
+
+    monkeypatch.setattr(runner, "_keeper_server", lambda: Silent())
+    job, token = placed(ledger, "echo one; echo two", tmp_path)
+    assert runner.run_job(job.id, token) == "SUCCEEDED"
+    assert asked
+    assert open(ledger.store.get(job.id).log_paths[0]).read() == "one\ntwo\n"

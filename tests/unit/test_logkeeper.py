@@ -68,32 +68,117 @@ def test_the_keeper_script_starts_without_rig_and_ignores_sigterm(tmp_path: Path
     assert log.read_bytes() == b"before\nafter\n"
 
 
-def test_the_fork_server_gives_keepers_that_outlive_it(tmp_path: Path):
-    """A keeper forked by the server writes its log to the end even after the server (its
-    worker) is gone; the server ends when the worker's end of its socket closes."""
-    from workers.process_tree import is_alive
+def _until(check, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return check()
+
+
+def _done(fd: int, timeout: float = 10.0) -> bool:
+    """Has the card's keeper closed its "done" pipe (end of file)?"""
+    import select
+
+    return bool(select.select([fd], [], [], timeout)[0]) and os.read(fd, 1) == b""
+
+
+def test_one_keeper_copies_every_log_of_its_card_and_says_when_each_is_done(tmp_path: Path):
+    """Issue 13: the card's keeper copies every job's pipe from one process (no fork per job);
+    each log's "done" pipe closes once that log is written to its end, the others go on."""
+    server = logkeeper.KeeperServer(sys.executable, {"PATH": "/usr/bin:/bin"})
+    try:
+        writers, dones, pids = [], [], set()
+        for name in ("a", "b", "c"):
+            read_fd, write_fd = os.pipe()
+            try:
+                pid, done = server.start(read_fd, tmp_path / f"{name}.log", 1 << 20)
+            finally:
+                os.close(read_fd)
+            writers.append(write_fd)
+            dones.append(done)
+            pids.add(pid)
+        assert pids == {server.proc.pid}  # no process of its own per log
+        for i, fd in enumerate(writers):
+            os.write(fd, f"first {i}\n".encode())
+        os.close(writers[1])  # b ends first
+        assert _done(dones[1])
+        assert (tmp_path / "b.log").read_bytes() == b"first 1\n"
+        for i in (0, 2):
+            os.write(writers[i], f"second {i}\n".encode())
+            os.close(writers[i])
+            assert _done(dones[i])
+            assert (tmp_path / f"{'abc'[i]}.log").read_bytes() == f"first {i}\nsecond {i}\n".encode()
+        for fd in dones:
+            os.close(fd)
+        assert server.alive()  # it serves the next job's log
+    finally:
+        server.close(5)
+    assert server.proc.poll() is not None  # the worker's end closed, nothing left to copy: gone
+
+
+def test_the_cards_keeper_outlives_its_worker_until_its_logs_end(tmp_path: Path):
+    """A worker that exits (or is killed) closes its end: the keeper takes no new log, ignores
+    SIGTERM, writes the running jobs' logs to their end, then exits. Until then it holds each
+    log open (what a worker that adopts the job waits on: process_tree.holds_file)."""
+    from workers.process_tree import holds_file, is_alive
 
     server = logkeeper.KeeperServer(sys.executable, {"PATH": "/usr/bin:/bin"})
     read_fd, write_fd = os.pipe()
     try:
-        pid = server.start(read_fd, tmp_path / "a.log", 1 << 20)
+        pid, done = server.start(read_fd, tmp_path / "a.log", 1 << 20)
     finally:
         os.close(read_fd)
+    os.close(done)  # the worker is gone: no one waits on it
     os.write(write_fd, b"before\n")
-    deadline = time.monotonic() + 10
-    while not (tmp_path / "a.log").exists() and time.monotonic() < deadline:
-        time.sleep(0.005)  # it has forked, set its session and opened the log
+    assert _until(lambda: (tmp_path / "a.log").read_bytes() == b"before\n")
     assert os.getsid(pid) == pid  # a session of its own
     server.close()
-    assert server.proc.poll() is not None  # the server is gone ...
-    os.kill(pid, 15)  # ... the keeper ignores SIGTERM and is still there
+    os.kill(pid, 15)  # ignored
+    time.sleep(0.2)
+    assert is_alive(pid, None) and holds_file(pid, tmp_path / "a.log")
     os.write(write_fd, b"after\n")
-    os.close(write_fd)  # end of file: it finishes
-    deadline = time.monotonic() + 10
-    while is_alive(pid, None) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not is_alive(pid, None)
+    os.close(write_fd)  # end of file: it finishes, and has nothing left
+    assert _until(lambda: server.proc.poll() is not None)
+    assert not holds_file(pid, tmp_path / "a.log")
     assert (tmp_path / "a.log").read_bytes() == b"before\nafter\n"
+
+
+def test_the_cards_keeper_keeps_each_log_within_its_cap(tmp_path: Path):
+    """Two fast writers on one keeper: each log within its own cap (+ one read), ends whole."""
+    server = logkeeper.KeeperServer(sys.executable, {"PATH": "/usr/bin:/bin"})
+    caps = {"a": 64 * 1024, "b": 20_000}
+    threads, dones = [], {}
+    line = b"".join(b"line %07d of output\n" % i for i in range(1000))
+    try:
+        for name, cap in caps.items():
+            read_fd, write_fd = os.pipe()
+            try:
+                _pid, dones[name] = server.start(read_fd, tmp_path / f"{name}.log", cap)
+            finally:
+                os.close(read_fd)
+
+            def writer(fd: int = write_fd, total: int = 30 * cap) -> None:
+                with os.fdopen(fd, "wb") as out:
+                    sent = 0
+                    while sent < total:
+                        out.write(line[: total - sent])
+                        sent += min(len(line), total - sent)
+                    out.write(b"the last line\n")
+
+            threads.append(threading.Thread(target=writer))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for name, cap in caps.items():
+            assert _done(dones[name])
+            os.close(dones[name])
+            text = (tmp_path / f"{name}.log").read_bytes()
+            assert len(text) <= cap + max(0, logkeeper.read_size(cap) - cap // 4)
+            assert text.startswith(b"line 0000000 of output\n") and text.endswith(b"the last line\n")
+            assert b"bytes of output were cut here" in text
+    finally:
+        server.close(5)
 
 
 def test_a_bad_request_is_refused_and_the_server_carries_on(tmp_path: Path):
@@ -102,39 +187,57 @@ def test_a_bad_request_is_refused_and_the_server_carries_on(tmp_path: Path):
         read_fd, write_fd = os.pipe()
         with pytest.raises(OSError, match="refused"):
             server.start(read_fd, tmp_path / "a.log", 0)
-        pid = server.start(read_fd, tmp_path / "b.log", 100)
+        with pytest.raises(OSError, match="refused"):
+            server.start(read_fd, tmp_path / "no-such-folder" / "a.log", 100)  # the log cannot be opened
+        pid, done = server.start(read_fd, tmp_path / "b.log", 100)
         os.close(read_fd)
         os.write(write_fd, b"ok\n")
         os.close(write_fd)
-        assert pid > 0
+        assert pid > 0 and _done(done)
+        os.close(done)
+        assert (tmp_path / "b.log").read_bytes() == b"ok\n"
     finally:
-        server.close()
+        server.close(5)
 
 
 def test_a_traced_keeper_marks_its_own_cpu_time_at_its_end(tmp_path: Path):
-    """With RIG_TRACE_DIR in the server's environment (rig.jobtrace.environ), each keeper
-    writes one ``keeper_end`` line with its own CPU time as it ends (the kernel reaps keepers,
-    so no process's children's time holds it: scripts/profile_job_path.py adds it up)."""
-    from workers.process_tree import ExitWatcher
-
+    """With RIG_TRACE_DIR in its environment (rig.jobtrace.environ), a keeper (of one log, or a
+    card's) writes one ``keeper_end`` line with its own CPU time as it ends
+    (scripts/profile_job_path.py adds up those of keepers that end during a run)."""
     traces = tmp_path / "trace"
     traces.mkdir()
-    server = logkeeper.KeeperServer(sys.executable, {"PATH": "/usr/bin:/bin", "RIG_TRACE_DIR": str(traces)})
-    read_fd, write_fd = os.pipe()
-    try:
-        pid = server.start(read_fd, tmp_path / "a.log", 1 << 20)
-        watcher = ExitWatcher(pid)
-    finally:
-        os.close(read_fd)
-    os.write(write_fd, b"out\n")
-    os.close(write_fd)  # end of file: the keeper ends
-    try:
-        assert watcher.wait(10)
-    finally:
-        watcher.close()
-        server.close()
-    (line,) = (traces / f"{pid}.trace").read_text().splitlines()
-    job, stage, _when, marked_pid, _thread, cpu = line.split()
-    assert (job, stage, int(marked_pid)) == ("-", "keeper_end", pid)
-    assert 0 < float(cpu) < 5  # measured finer than a clock tick: a short keeper is not 0
+    env = {"PATH": "/usr/bin:/bin", "RIG_TRACE_DIR": str(traces)}
+    proc = subprocess.Popen([sys.executable, "-I", "-S", logkeeper.__file__, str(tmp_path / "a.log"), "100000"],
+                            stdin=subprocess.PIPE, env=env)
+    assert proc.stdin is not None
+    proc.stdin.write(b"out\n")
+    proc.stdin.close()
+    assert proc.wait(10) == 0
+    server = logkeeper.KeeperServer(sys.executable, env)
+    server.close(10)
+    for pid in (proc.pid, server.proc.pid):
+        (line,) = (traces / f"{pid}.trace").read_text().splitlines()
+        job, stage, _when, marked_pid, _thread, cpu = line.split()
+        assert (job, stage, int(marked_pid)) == ("-", "keeper_end", pid)
+        assert 0 < float(cpu) < 5  # measured finer than a clock tick: a short keeper is not 0
     assert (tmp_path / "a.log").read_bytes() == b"out\n"
+
+
+def test_a_worker_gone_before_the_answer_leaves_the_keeper_copying(tmp_path: Path):
+    """The worker dies between its request and the answer: the keeper's answer fails (EPIPE),
+    and it must not stop: it copies the log it took (and any other) to its end, then exits."""
+    import socket
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    proc = subprocess.Popen([sys.executable, "-I", "-S", logkeeper.__file__, "--serve"], stdin=theirs.fileno(),
+                            start_new_session=True, close_fds=True, env={"PATH": "/usr/bin:/bin"})
+    theirs.close()
+    read_fd, write_fd = os.pipe()
+    request = os.fsencode(str(tmp_path / "a.log")) + b"\0" + b"100000"
+    ours.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, read_fd.to_bytes(4, sys.byteorder))])
+    ours.close()  # gone before it answers
+    os.close(read_fd)
+    os.write(write_fd, b"after the worker\n")
+    os.close(write_fd)
+    assert proc.wait(10) == 0
+    assert (tmp_path / "a.log").read_bytes() == b"after the worker\n"
