@@ -43,6 +43,8 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=0.0, help="with --real-clock: seconds to wait first")
     parser.add_argument("--ends-first", type=int, default=0,
                         help="end this many jobs (30 s runs: the cluster's recent runs) before the idle passes")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="write a cProfile of the 3 starting passes to FILE (pstats; their CPU then includes the profiler's)")
     parser.add_argument("--url", default=os.environ.get("RIG_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args()
     root = str(Path(args.root).resolve())
@@ -101,6 +103,10 @@ def main() -> int:
     def end_some(count: int) -> None:  # bench_scale's, with the ends stamped on the frozen clock
         cluster.end_some(count, ended_at=None if args.real_clock else frozen + 30, runtime=30.0)
 
+    profiler = None
+    if args.profile:
+        import cProfile
+        profiler = cProfile.Profile()
     idle, starting = [], []
     try:
         cluster.build()
@@ -127,7 +133,11 @@ def main() -> int:
         idle_repeated = sum(repeated)
         for _ in range(3):
             end_some(64)
+            if profiler is not None:
+                profiler.enable()
             cpu, its = one_pass()
+            if profiler is not None:
+                profiler.disable()
             starting.append({"cpu_ms": round(cpu, 1), "started": len(cluster.started),
                              **{k: round(v, 1) for k, v in its.items()}})
             for job_id, token, node, card in cluster.started:
@@ -135,6 +145,8 @@ def main() -> int:
             cluster.started.clear()
     finally:
         cluster.delete()
+    if profiler is not None:
+        profiler.dump_stats(args.profile)
     cpus = [cpu for cpu, _ in idle]
     print(json.dumps({
         "root": root, "load": round(os.getloadavg()[0], 1),

@@ -110,8 +110,8 @@ from rig.ledger import Ledger
 from rig.lua import source
 from rig.models import PRIORITY_BAND, CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
+from rig.card_index import RoomIndex
 from rig.placement import (
-    Capacity,
     Hold,
     HoldPlanner,
     Release,
@@ -788,7 +788,7 @@ class Dispatcher:
                 mine = view.mine(job.pool)
                 request = Request(job.gpu_memory, job.gpus)
                 if mine and (not view.could_place(job.pool, request) or place(
-                        holds.open_to(job, mine, request, view), request, self.settings.scheduler_type) is None) \
+                        holds.fitting_open(job, request, view), request, self.settings.scheduler_type) is None) \
                         and not self._never_fits(job.pool, mine, request):
                     blocked.add(job.id)
                     hold = holds.plan(job, view, request)
@@ -825,7 +825,7 @@ class Dispatcher:
                 elif not view.could_place(job.pool, request):
                     placement = None  # no node of its pool has the room, held or not
                 else:
-                    placement = place(holds.open_to(job, mine, request, view), request, self.settings.scheduler_type,
+                    placement = place(holds.fitting_open(job, request, view), request, self.settings.scheduler_type,
                                       smallest_waiting=smallest)
                 if placement is None:
                     hold = holds.of(job.id)
@@ -1204,6 +1204,16 @@ class _Holds:
             closed = {cid: h for cid, h in closed.items() if h.job_id != job.id and cid not in behind}
         return [c for c in mine if c.id not in closed] if closed else mine
 
+    def fitting_open(self, job: Waiting, request: Request, view: _View) -> list[CardState]:
+        """The cards of ``job``'s pool in the round's ``view`` that take ``request`` now and that it
+        may take (open_to less the cards that do not fit, which place never picks): from the
+        view's index, O(log cards + fitting) instead of a walk over the pool."""
+        fitting = view.fitting(job.pool, request.nbytes)
+        if not self.by_card:
+            return fitting
+        closed = self.closed_to(job, request, view)
+        return [c for c in fitting if c.id not in closed] if closed else fitting
+
     def plan(self, job: Waiting, cards: _View | Sequence[CardState], request: Request) -> Hold | None:
         """Hold cards for ``job`` (rig.placement.plan_hold) outside those held already: from the
         round's view (its HoldPlanner), or from a list of cards (rig.forecast's simulation)."""
@@ -1246,13 +1256,18 @@ class _View:
 
     def __init__(self, cards: list[CardState], pools: Pools, snapshot: _Lazy, now: float,
                  intern: Callable[[Hashable], int], positions: dict[str, int] | None = None,
-                 last: _View | None = None) -> None:
+                 last: _View | None = None, by_id: dict[str, CardState] | None = None,
+                 pool_positions: dict[str | None, dict[str, int]] | None = None) -> None:
         """``last``: the previous round's first view; when it saw the very same card records (the
         dispatcher keeps unchanged cards between passes: the same CardState objects), its tokens
-        are this view's, not worked out again (O(cards))."""
+        are this view's, not worked out again (O(cards)). ``positions``, ``by_id`` and
+        ``pool_positions``: given by after_start (the round's first view's, or derived from the
+        view before)."""
         self.cards = cards
-        self.by_id = {c.id: c for c in cards}
+        self.by_id = by_id if by_id is not None else {c.id: c for c in cards}
         self.positions = positions if positions is not None else {c.id: i for i, c in enumerate(cards)}
+        #: pool -> card id -> its position in mine(pool): the same in every view of a round
+        self._pool_positions = pool_positions if pool_positions is not None else {}
         self.pools = pools
         self.snapshot = snapshot
         self.now = now
@@ -1269,7 +1284,7 @@ class _View:
         #: (this view's token is that view's with those cards' parts replaced: O(changed)).
         self._before: tuple[_View, list[int]] | None = None
         self._mine: dict[str | None, list[CardState]] = {}
-        self._capacity: dict[str | None, Capacity] = {}
+        self._index: dict[str | None, RoomIndex] = {}
         self._planners: dict[str | None, HoldPlanner] = {}
 
     def mine(self, pool: str | None) -> list[CardState]:
@@ -1277,14 +1292,26 @@ class _View:
         found = self._mine.get(pool)
         if found is None:
             found = self._mine[pool] = [c for c in self.cards if self.pools.contains(pool, c.node, c.index)]
+            if pool not in self._pool_positions:
+                self._pool_positions[pool] = {c.id: i for i, c in enumerate(found)}
+        return found
+
+    def index(self, pool: str | None) -> RoomIndex:
+        """The pool's cards by room (rig.card_index): made once per round and pool, then carried
+        from view to view through each start's changes."""
+        found = self._index.get(pool)
+        if found is None:
+            found = self._index[pool] = RoomIndex(self.mine(pool))
         return found
 
     def could_place(self, pool: str | None, request: Request) -> bool:
-        """Could some node of the pool take ``request`` now, holds aside? (False: place is None.)"""
-        capacity = self._capacity.get(pool)
-        if capacity is None:
-            capacity = self._capacity[pool] = Capacity(self.mine(pool))
-        return capacity.could_place(request)
+        """Could some node of the pool take ``request`` now, holds aside? (False: place is None;
+        rig.placement.Capacity's answer, from the index.)"""
+        return self.index(pool).could_place(request)
+
+    def fitting(self, pool: str | None, nbytes: int) -> list[CardState]:
+        """The pool's cards that take ``nbytes`` per card now (what place looks at)."""
+        return self.index(pool).fitting(nbytes)
 
     def planner(self, pool: str | None) -> HoldPlanner:
         found = self._planners.get(pool)
@@ -1293,9 +1320,26 @@ class _View:
         return found
 
     def after_start(self, cards: list[CardState], changed: list[str]) -> _View:
-        """The view once a job started on ``changed`` (card ids), whose records ``cards`` carry."""
-        view = _View(cards, self.pools, self.snapshot, self.now, self._intern, self.positions)
+        """The view once a job started on ``changed`` (card ids), whose records ``cards`` carry:
+        its pools' cards and indexes are this view's with those cards replaced (O(changed) steps
+        and list copies, not a walk over every card per start)."""
+        by_id = dict(self.by_id)
+        for cid in changed:
+            by_id[cid] = cards[self.positions[cid]]
+        view = _View(cards, self.pools, self.snapshot, self.now, self._intern, self.positions, by_id=by_id,
+                     pool_positions=self._pool_positions)
         view._before = (self, [self.positions[cid] for cid in changed])
+        for pool, mine in self._mine.items():
+            where = self._pool_positions[pool]
+            changes = [(where[cid], by_id[cid]) for cid in changed if cid in where]
+            if changes:
+                mine = list(mine)
+                for position, card in changes:
+                    mine[position] = card
+            view._mine[pool] = mine
+            index = self._index.get(pool)
+            if index is not None:
+                view._index[pool] = index.after(changes) if changes else index
         return view
 
     def token(self, fits_nowhere: bool) -> Hashable:
