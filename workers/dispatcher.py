@@ -99,6 +99,7 @@ import redis
 
 from rig import estimates, jobtrace
 from rig import records as R
+from rig.card_index import RoomIndex
 from rig.clock import shared_now
 from rig.config import Settings
 from rig.errors import InvalidRecord
@@ -110,7 +111,6 @@ from rig.ledger import Ledger
 from rig.lua import source
 from rig.models import PRIORITY_BAND, CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
-from rig.card_index import RoomIndex
 from rig.placement import (
     Hold,
     HoldPlanner,
