@@ -20,6 +20,7 @@ be placed somewhere (O(1) per job after O(cards log cards) once per round and po
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -358,10 +359,12 @@ def never_fits(cards: Sequence[CardState], request: Request) -> str | None:
     return None
 
 
-def only_outside_whitelist(cards: Sequence[CardState], request: Request) -> list[CardState]:
+def only_outside_whitelist(cards: Sequence[CardState], request: Request, *,
+                           all_allowed: bool | None = None) -> list[CardState]:
     """When no node's allowed cards could ever hold the job but cards outside gpu_whitelist
     could (:func:`could_take`): those cards (of the nodes where enough of them are big enough),
-    else []. The job then waits for the whitelist to name them."""
+    else []. The job then waits for the whitelist to name them. ``all_allowed``: whether every
+    card of ``cards`` is allowed, when the caller knows (CardWalk.all_allowed)."""
     def per_node(pick: Sequence[CardState]) -> dict[str, list[CardState]]:
         found: dict[str, list[CardState]] = defaultdict(list)
         for c in pick:
@@ -369,7 +372,7 @@ def only_outside_whitelist(cards: Sequence[CardState], request: Request) -> list
                 found[c.node].append(c)
         return {n: cs for n, cs in found.items() if len(cs) >= request.gpus}
 
-    if all(c.allowed for c in cards):
+    if all_allowed if all_allowed is not None else all(c.allowed for c in cards):
         return []  # (what follows returns only cards outside the whitelist: none) O(cards), no dicts
     candidates = could_take(cards)
     if per_node([c for c in candidates if c.allowed]):
@@ -377,36 +380,71 @@ def only_outside_whitelist(cards: Sequence[CardState], request: Request) -> list
     return [c for cs in per_node(candidates).values() for c in cs if not c.allowed]
 
 
-def explain_wait(cards: Sequence[CardState], request: Request) -> str:
-    """A person-readable reason why ``request`` cannot be placed now (assumes it can't)."""
-    # One walk over the cards (a pass words this for hundreds of jobs): which take jobs
-    # (CardState.eligible: allowed and healthy), their free bytes (a property) worked out once
-    # each, and which are closed (allowed but unhealthy).
-    eligible: list[CardState] = []
-    ranks: list[tuple[int, int]] = []
-    closed: list[CardState] = []
-    for c in cards:
-        if c.allowed:
-            if c.healthy:
-                eligible.append(c)
-                ranks.append((c.free, -c.index))
-            else:
-                closed.append(c)
+class CardWalk:
+    """What a wait explanation reads of one list of cards, worked out once for many
+    explanations over it (the dispatcher words hundreds a round over the same cards, each less
+    a few held ones): the cards that take jobs (CardState.eligible) from the most free memory
+    down (then the lower index, then the earlier in the list: explain_wait's "largest" first),
+    the allowed but unhealthy ones, whether every card is allowed, and the cards that take a
+    request now (``index``: anything with rig.card_index.RoomIndex's ``fitting``; else a walk).
+    An explanation over ``cards`` less a set of held card ids then costs O(held cards met from
+    the top + cards with the free memory asked for), not O(cards). Card ids are taken as unique
+    among the eligible cards (node/index: a damaged record is never eligible)."""
+
+    def __init__(self, cards: Sequence[CardState], index: object | None = None) -> None:
+        self.cards = cards
+        self.index = index
+        ranked = sorted((-c.free, c.index, position) for position, c in enumerate(cards) if c.allowed and c.healthy)
+        self.by_free = [cards[position] for _free, _index, position in ranked]
+        self.positions = [position for _free, _index, position in ranked]
+        self._less_free = [free for free, _index, _position in ranked]  # -free, ascending
+        self.closed = [c for c in cards if c.allowed and not c.healthy]
+        self.all_allowed = all(c.allowed for c in cards)
+
+    def roomy(self, nbytes: int) -> int:
+        """How many of by_free (its first ones) have at least ``nbytes`` free."""
+        return bisect.bisect_right(self._less_free, -nbytes)
+
+    def largest(self, held: Container[str]) -> CardState | None:
+        """The eligible card with the largest free block outside ``held`` (explain_wait's)."""
+        for card in self.by_free:
+            if card.id not in held:
+                return card
+        return None
+
+    def fitting(self, request: Request) -> list[CardState]:
+        """The cards that take ``request`` now (fits), in no set order."""
+        if self.index is not None:
+            return self.index.fitting(request.nbytes)  # type: ignore[attr-defined]
+        return [c for c in self.cards if fits(c, request)]
+
+
+def explain_wait(cards: Sequence[CardState], request: Request, *, walk: CardWalk | None = None,
+                 held: Container[str] = frozenset()) -> str:
+    """A person-readable reason why ``request`` cannot be placed now (assumes it can't), over
+    ``cards``. With ``walk`` (a CardWalk of some list): over that list less the cards whose ids
+    are in ``held`` (``cards`` is then those cards, read only to name closed cards per node)."""
+    if walk is None:
+        walk = CardWalk(cards)
     need = f"needs {format_memory(request.nbytes)}"
     need += " on 1 card" if request.gpus == 1 else f" on each of {request.gpus} cards of one node"
-    if not eligible:
+    closed = [c for c in walk.closed if c.id not in held] if held else walk.closed
+    largest = walk.largest(held)
+    if largest is None:
         # Name the cause (a node that cannot write logs, a stopped node, a hot card), never
         # only "no healthy card" (rig.closed_cards words it, grouped per node).
         why = closed_cards_text(closed or [c for c in cards if not c.eligible], node_cards=cards)
         return f"{need}; no card takes jobs now ({why})" if why else f"{need}; no card is registered"
-    largest = eligible[ranks.index(max(ranks))]  # the first of the largest, as max(key=) picks
     parts = [need, f"largest free block {format_memory(largest.free)} ({largest.id})"]
-    roomy = [c for c, (free, _) in zip(eligible, ranks, strict=True) if free >= request.nbytes]
-    if roomy and all(c.jobs >= c.max_jobs for c in roomy):
-        parts.append(f"cards with that much free already run their maximum of {roomy[0].max_jobs} jobs")
+    count = walk.roomy(request.nbytes)
+    roomy = [(position, c) for position, c in zip(walk.positions[:count], walk.by_free[:count], strict=True)
+             if c.id not in held]
+    if roomy and all(c.jobs >= c.max_jobs for _position, c in roomy):
+        first = min(roomy, key=lambda pc: pc[0])[1]  # the first of them in the list, as a walk meets it
+        parts.append(f"cards with that much free already run their maximum of {first.max_jobs} jobs")
     elif request.gpus > 1 and roomy:
         per_node: dict[str, int] = defaultdict(int)
-        for c in roomy:
+        for _position, c in roomy:
             if c.jobs < c.max_jobs:
                 per_node[c.node] += 1
         best = max(per_node.values(), default=0)

@@ -89,6 +89,8 @@ def main() -> int:
         timed(dispatcher.ledger, "cards", "cards")
     timed(dispatcher, "_read_holdings", "holdings")
     timed(dispatcher, "_note_wait", "sentences")
+    if hasattr(dispatcher, "_word_waits"):  # idlepass: waits worded at the round's end
+        timed(dispatcher, "_word_waits", "wording")
     repeated = []  # idle passes that repeated the last one's decisions (idlepass: Dispatcher._repeats)
     if hasattr(dispatcher, "_repeats"):
         repeats = dispatcher._repeats

@@ -112,6 +112,7 @@ from rig.lua import source
 from rig.models import PRIORITY_BAND, CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
 from rig.placement import (
+    CardWalk,
     Hold,
     HoldPlanner,
     Release,
@@ -990,7 +991,7 @@ class Dispatcher:
             facts = WaitFacts(
                 request=request, cards=view.mine(job.pool), nodes=self._nodes, held=closed, own_hold=hold,
                 ahead=ahead, dispatcher=True, pool=job.pool, strategy=self.settings.scheduler_type, now=now,
-                fits_nowhere=nowhere)
+                fits_nowhere=nowhere, walk=view.walk(job.pool))
             self._note(job, self._explain(facts, view, nowhere, token))
         self._waits.clear()
 
@@ -1285,6 +1286,7 @@ class _View:
         self._before: tuple[_View, list[int]] | None = None
         self._mine: dict[str | None, list[CardState]] = {}
         self._index: dict[str | None, RoomIndex] = {}
+        self._walks: dict[str | None, CardWalk] = {}
         self._planners: dict[str | None, HoldPlanner] = {}
 
     def mine(self, pool: str | None) -> list[CardState]:
@@ -1308,6 +1310,14 @@ class _View:
         """Could some node of the pool take ``request`` now, holds aside? (False: place is None;
         rig.placement.Capacity's answer, from the index.)"""
         return self.index(pool).could_place(request)
+
+    def walk(self, pool: str | None) -> CardWalk:
+        """The pool's cards as wait sentences read them (rig.placement.CardWalk), made once per
+        view and pool: a round words its waits against its last view, hundreds over one walk."""
+        found = self._walks.get(pool)
+        if found is None:
+            found = self._walks[pool] = CardWalk(self.mine(pool), index=self.index(pool))
+        return found
 
     def fitting(self, pool: str | None, nbytes: int) -> list[CardState]:
         """The pool's cards that take ``nbytes`` per card now (what place looks at)."""
