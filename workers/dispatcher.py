@@ -1086,11 +1086,15 @@ class _Holds:
         self._holder_orders: dict[int, list[tuple]] = {}
         self._holder_cards: dict[int, list[str]] = {}
         self.order: list[str] = []  # held card ids, in the order their holds were planned
-        #: Changes when a job starts on a held card (its room, its releases: what closed_to reads).
-        self.version = 0
-        #: (version, pool, rank, request, backfill ends) -> [closed cards, holds looked at (a
-        #: length of ``order``), interned held_token]: what closed_to answers depends on nothing
-        #: else, so jobs alike share one answer; a hold planned later is looked at once for it.
+        #: The held cards a job started on this round, in order (their room and releases, what
+        #: closed_to reads of them, changed then), and where each held card is in ``order``.
+        self._started: list[str] = []
+        self._place_in_order: dict[str, int] = {}
+        #: (pool, rank, request, backfill ends) -> [closed cards, holds looked at (a length of
+        #: ``order``), interned held_token, its parts, starts on held cards looked at (a length
+        #: of ``_started``)]: what closed_to answers depends on nothing else, so jobs alike share
+        #: one answer; a hold planned later is looked at once for it, a held card started on once
+        #: again (into a copy: an answer given out before that start stays as it was given).
         self._closed: dict[tuple, list] = {}
         self._parts: dict[str, tuple] = {}  # held card id -> its rig.waiting.held_part (a hold never changes)
         #: The first moment (epoch s) the clock alone may change what this round's holds decided:
@@ -1111,11 +1115,18 @@ class _Holds:
         if not self.by_card:
             return {}, ()
         rank = self.dispatcher.effective_rank(job, self.now)
-        key = (self.version, job.pool, rank, request, self.dispatcher.backfill_ends(job, self.now))
+        key = (job.pool, rank, request, self.dispatcher.backfill_ends(job, self.now))
         found = self._closed.get(key)
         if found is None:
-            found = self._closed[key] = [{}, 0, None, frozenset()]
-        closed, seen, token, parts = found
+            found = self._closed[key] = [{}, 0, None, frozenset(), len(self._started)]
+        closed, seen, token, parts, started = found
+        if started < len(self._started):
+            # Jobs started on held cards since: those of them looked at already are looked at again.
+            again = [cid for cid in dict.fromkeys(self._started[started:]) if self._place_in_order[cid] < seen]
+            closed = found[0] = {cid: hold for cid, hold in closed.items() if cid not in again}
+            self._close(closed, job, rank, request, view.by_id, again)
+            found[4] = len(self._started)
+            token = found[2] = None
         if seen < len(self.order) or token is None:
             before = len(closed)
             self._close(closed, job, rank, request, view.by_id, self.order[seen:])
@@ -1160,8 +1171,7 @@ class _Holds:
 
     def started_on(self, card_ids: Iterable[str]) -> None:
         """A job started on these cards: answers that read them (held ones) are out of date."""
-        if any(cid in self.by_card for cid in card_ids):
-            self.version += 1
+        self._started.extend(cid for cid in card_ids if cid in self.by_card)
 
     def _close(self, closed: dict[str, Hold], job: Waiting, rank: int, request: Request,
                by_id: Mapping[str, CardState], held: list[str]) -> None:
@@ -1226,7 +1236,9 @@ class _Holds:
             if hold.until <= self.now:
                 self.steady_until = self.now  # its shadow time is now, whenever now is
             self.by_card.update(dict.fromkeys(hold.cards, hold))
-            self.order.extend(hold.cards)
+            for cid in hold.cards:
+                self._place_in_order[cid] = len(self.order)
+                self.order.append(cid)
             self.by_job[job.id] = hold
             self.held_since[job.id] = job.held_at or self.now
             order = self.holder_order[job.id] = holding_order(job, self.now)
