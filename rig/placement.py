@@ -195,13 +195,14 @@ class HoldPlanner:
     call left it; any other container starts the heaps afresh. The same answers as plan_hold,
     by construction (tests/unit/test_placement_scale.py)."""
 
-    def __init__(self, cards: Sequence[CardState], releases: Mapping[str, Sequence[Release]], now: float) -> None:
+    def __init__(self, cards: Sequence[CardState], releases: Mapping[str, Sequence[Release]], now: float, *,
+                 node_of: dict[str, str] | None = None) -> None:
         self.cards = cards
         self.releases = releases
         self.now = now
         #: request bytes -> [(node, its options sorted: (when, missing bytes, jobs, index, card id))]
         self._options: dict[int, list[tuple[str, list[tuple[float, int, int, int, str]]]]] = {}
-        self._node_of = {card.id: card.node for card in cards}
+        self._node_of = node_of if node_of is not None else {card.id: card.node for card in cards}
         self._by_node: dict[int, dict[str, list[tuple[float, int, int, int, str]]]] = {}  # options by node
         #: (bytes, gpus) -> heap of (plan_hold's key (until, missing bytes, node), cards, version);
         #: an entry whose version is not its node's current one (_versions) is out of date.
@@ -209,17 +210,71 @@ class HoldPlanner:
         self._versions: dict[tuple[int, int, str], int] = {}
         self._exclude: object = None  # the exclude the heaps were made with, and how many of
         self._excluded = 0  # its keys they have seen
+        #: After a start (after): the planner before it and the nodes whose cards it changed;
+        #: this one's options are that one's with those nodes' worked out again.
+        self._before: tuple[HoldPlanner, frozenset[str]] | None = None
+        self._node_cards: dict[str, list[CardState]] | None = None  # the cards by node, on first use
+
+    def after(self, cards: Sequence[CardState], changed: Sequence[CardState]) -> HoldPlanner:
+        """The planner of ``cards``: this one's cards with ``changed`` (cards by id) put in place
+        of theirs, by a start that took room on them, its releases added to the same mapping.
+        Each node's options are this planner's except the changed nodes', worked out again on
+        first use (the releases are added after the start): O(nodes + changed) per request size,
+        not O(cards x releases)."""
+        planner = HoldPlanner(cards, self.releases, self.now, node_of=self._node_of)
+        planner._before = (self, frozenset(c.node for c in changed))
+        if self._node_cards is not None:
+            planner._node_cards = node_cards = dict(self._node_cards)
+            new = {c.id: c for c in changed}
+            for node in planner._before[1]:
+                node_cards[node] = [new.get(c.id, c) for c in node_cards.get(node, ())]
+        return planner
 
     def options(self, nbytes: int) -> list[tuple[str, list[tuple[float, int, int, int, str]]]]:
         found = self._options.get(nbytes)
         if found is None:
-            by_node: dict[str, list[tuple[float, int, int, int, str]]] = defaultdict(list)
-            for card in self.cards:
-                if card.eligible and card.usable >= nbytes:
-                    when = earliest_fit(card, self.releases.get(card.id, ()), Request(nbytes), self.now)
-                    by_node[card.node].append((when, max(0, nbytes - card.free), card.jobs, card.index, card.id))
-            found = self._options[nbytes] = [(node, sorted(options)) for node, options in by_node.items()]
+            found = self._options[nbytes] = list(self._options_by_node(nbytes).items())
         return found
+
+    def _options_by_node(self, nbytes: int) -> dict[str, list[tuple[float, int, int, int, str]]]:
+        """node -> its options for a request of ``nbytes`` (when, missing bytes, jobs, index, card
+        id; sorted), for the nodes that have some: from the planners before along the starts
+        (each one's changed nodes worked out again), or from every card."""
+        chain: list[HoldPlanner] = []
+        planner: HoldPlanner | None = self
+        while planner is not None and nbytes not in planner._by_node:
+            chain.append(planner)
+            planner = planner._before[0] if planner._before is not None else None
+        for planner in reversed(chain):
+            if planner._before is None or nbytes not in planner._before[0]._by_node:
+                found: dict[str, list[tuple[float, int, int, int, str]]] = defaultdict(list)
+                for card in planner.cards:
+                    if card.eligible and card.usable >= nbytes:
+                        found[card.node].append(planner._option(card, nbytes))
+                planner._by_node[nbytes] = {node: sorted(options) for node, options in found.items()}
+                continue
+            found = dict(planner._before[0]._by_node[nbytes])
+            for node in planner._before[1]:
+                options = sorted(planner._option(card, nbytes) for card in planner._cards_of(node)
+                                 if card.eligible and card.usable >= nbytes)
+                if options:
+                    found[node] = options
+                else:
+                    found.pop(node, None)
+            planner._by_node[nbytes] = found
+        return self._by_node[nbytes]
+
+    def _option(self, card: CardState, nbytes: int) -> tuple[float, int, int, int, str]:
+        when = earliest_fit(card, self.releases.get(card.id, ()), Request(nbytes), self.now)
+        return (when, max(0, nbytes - card.free), card.jobs, card.index, card.id)
+
+    def _cards_of(self, node: str) -> list[CardState]:
+        if self._node_cards is None:
+            self._node_cards = defaultdict(list)
+            for card in self.cards:
+                self._node_cards[card.node].append(card)
+            self._node_cards = dict(self._node_cards)
+        return self._node_cards.get(node, [])
 
     def plan(self, request: Request, job_id: int = 0, exclude: Container[str] = frozenset()) -> Hold | None:
         self._follow(exclude)

@@ -1362,6 +1362,9 @@ class _View:
             index = self._index.get(pool)
             if index is not None:
                 view._index[pool] = index.after(changes) if changes else index
+            planner = self._planners.get(pool)
+            if planner is not None:
+                view._planners[pool] = planner.after(mine, [card for _position, card in changes])
         return view
 
     def token(self, fits_nowhere: bool) -> Hashable:
