@@ -359,18 +359,28 @@ class Capacity:
 
 
 def may_backfill(card: CardState, releases: Sequence[Release], hold: Hold, request: Request,
-                 expected_end: float | None, held_since: float | None = None) -> bool:
+                 expected_end: float | None, held_since: float | None = None, *,
+                 room: Callable[[CardState, Sequence[Release], Hold, Request, float | None], bool] | None = None,
+                 ) -> bool:
     """May ``request`` start now on ``card``, which is held for ``hold``, without delaying it?
     Yes if it is taken to end by the hold's shadow time (``expected_end``: its time limit's end,
     or its cautious estimate while the held job's budget lasts), or if the card will still have
-    room for the held job at that time with this one on it: counting the expected ends of the
-    jobs that were there when it began to hold (``held_since``: what its shadow time waits for),
-    but of jobs that came after only their sure ends (a backfill whose estimate proves wrong
-    must not be counted on to leave). Never when the shadow time is unknown."""
+    room for the held job at that time with this one on it (:func:`leaves_room`; ``room``: the
+    same answer remembered by a caller that asks it for many jobs alike). Never when the shadow
+    time is unknown."""
     if hold.until == math.inf:
         return False
     if expected_end is not None and expected_end <= hold.until:
         return True
+    return (room or leaves_room)(card, releases, hold, request, held_since)
+
+
+def leaves_room(card: CardState, releases: Sequence[Release], hold: Hold, request: Request,
+                held_since: float | None = None) -> bool:
+    """Will ``card`` still have room for ``hold``'s job at its shadow time with ``request`` on it
+    (may_backfill's second way)? Counting the expected ends of the jobs that were there when it
+    began to hold (``held_since``: what its shadow time waits for), but of jobs that came after
+    only their sure ends (a backfill whose estimate proves wrong must not be counted on to leave)."""
     free, jobs = room_at(card, releases, hold.until, before=held_since)
     return free - request.nbytes >= hold.nbytes and jobs + 2 <= card.max_jobs
 

@@ -117,6 +117,7 @@ from rig.placement import (
     HoldPlanner,
     Release,
     Request,
+    leaves_room,
     may_backfill,
     never_fits,
     place,
@@ -1096,6 +1097,8 @@ class _Holds:
         #: one answer; a hold planned later is looked at once for it, a held card started on once
         #: again (into a copy: an answer given out before that start stays as it was given).
         self._closed: dict[tuple, list] = {}
+        #: held card id -> (its card, its releases list, their number, {request bytes: leaves_room})
+        self._rooms: dict[str, tuple[CardState, Sequence[Release], int, dict[int, bool]]] = {}
         self._parts: dict[str, tuple] = {}  # held card id -> its rig.waiting.held_part (a hold never changes)
         #: The first moment (epoch s) the clock alone may change what this round's holds decided:
         #: a backfill's end (now + its estimate) passing a shadow time, a budget running out.
@@ -1178,6 +1181,7 @@ class _Holds:
         """Add to ``closed`` those of the ``held`` cards closed to ``job`` (closed_to, worked out
         for them only); ``job``'s own holds count as another's."""
         pools = self.dispatcher.settings.pool_map
+        releases = self.snapshot.get()[0]
         ends: dict[int, float | None] = {}  # held job id -> this job's end as backfill in front of it
         for cid in held:
             hold = self.by_card[cid]
@@ -1196,8 +1200,23 @@ class _Holds:
                     # Its end moves with the clock, the shadow time does not: it stops ending in
                     # time when the clock has moved by the margin.
                     self.steady_until = min(self.steady_until, self.now + (hold.until - end))
-            if not may_backfill(card, self.snapshot.get()[0].get(cid, ()), hold, request, ends[hold.job_id], since):
+            if not may_backfill(card, releases.get(cid, ()), hold, request, ends[hold.job_id], since,
+                                room=self._leaves_room):
                 closed[cid] = hold
+
+    def _leaves_room(self, card: CardState, releases: Sequence[Release], hold: Hold, request: Request,
+                     held_since: float | None) -> bool:
+        """rig.placement.leaves_room, remembered per held card and request size while the card (the
+        very object) and its releases (the same list, as long) stay: groups of jobs alike ask it
+        of every held card (a card's hold and holder's start never change in a round)."""
+        kept = self._rooms.get(card.id)
+        if kept is None or kept[0] is not card or kept[1] is not releases or kept[2] != len(releases):
+            kept = self._rooms[card.id] = (card, releases, len(releases), {})
+        answers = kept[3]
+        found = answers.get(request.nbytes)
+        if found is None:
+            found = answers[request.nbytes] = leaves_room(card, releases, hold, request, held_since)
+        return found
 
     def open_to(self, job: Waiting, mine: list[CardState], request: Request,
                 view: _View | None = None) -> list[CardState]:

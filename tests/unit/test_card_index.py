@@ -122,3 +122,27 @@ def test_the_views_pools_answer_as_the_plain_rules_after_each_start(seed):
                  for c in cards]
         view = view.after_start(cards, sorted(chosen))
         assert view.by_id == {c.id: c for c in cards}
+
+
+def test_a_held_cards_remembered_room_is_asked_again_when_the_card_or_its_releases_change():
+    """_Holds remembers leaves_room per held card and request size (groups of jobs alike ask it
+    of every held card): a start that replaces the card or adds a release to it is seen."""
+    from rig.placement import Hold, Release, leaves_room
+    from workers.dispatcher import _Holds
+
+    holds = _Holds.__new__(_Holds)
+    holds._rooms = {}
+    card = CardState(node="n1", index=0, total=80 * GIB, usable=80 * GIB, reserved=20 * GIB, jobs=1, max_jobs=4)
+    releases = [Release(200.0, 20 * GIB)]
+    hold = Hold(1, ("n1/0",), 60 * GIB, 200.0)
+    request = Request(18 * GIB)
+    def answer(card, releases):
+        return holds._leaves_room(card, releases, hold, request, None)
+
+    assert answer(card, releases) is True and leaves_room(card, releases, hold, request)  # 80 - 18 >= 60
+    assert answer(card, releases) is True
+    started = dataclasses.replace(card, reserved=card.reserved + 10 * GIB, jobs=card.jobs + 1)
+    assert answer(started, releases) is False  # another object: 70 - 18 < 60
+    releases.append(Release(150.0, 10 * GIB))
+    assert answer(started, releases) is True  # the same list, longer: it ends first, 80 - 18 again
+    assert answer(started, list(releases[:1])) is False
