@@ -239,6 +239,9 @@ class Dispatcher:
         self._running_estimates: dict[int, tuple[list, tuple, estimates.Estimate]] = {}
         self._reserved_since_read = False  # a reservation was made after the last _read_cards
         self._first_view: _View | None = None  # the last round's view before its first start
+        #: The last round's last view's tokens and cards (_View._big, _View.cards): the next round's
+        #: first view's tokens are made from them (_View._prior).
+        self._last_tokens: tuple[dict[bool, tuple], list[CardState]] | None = None
         #: The last pass that changed nothing, what it decided from and until when (_Repeat): a
         #: pass that finds the same inputs before that moment decides the same (_repeats).
         self._repeat: _Repeat | None = None
@@ -768,6 +771,8 @@ class Dispatcher:
                 snapshot.get()
             holds = _Holds(self, snapshot, now)
             view = self._first_view = _View(cards, pools, snapshot, now, self._intern, last=self._first_view)
+            if not view._big:  # its tokens from the last round's last view's (changed cards' parts replaced)
+                view._prior = self._last_tokens
             self._nodes = None
             self._backfill_ends = {}
             self._never = {}
@@ -874,6 +879,7 @@ class Dispatcher:
                 if not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
                     break  # every card is full now: the jobs behind wait, their reasons as they were
             self._word_waits(view, now)
+            self._last_tokens = (view._big, view.cards)
             self._write_marks()
             self._flush_notes()
             self._repeat = None
@@ -1308,6 +1314,9 @@ class _View:
         #: first use: equal across views and passes that see the same cards, so what was worded
         #: for them is found again.
         self._big: dict[bool, tuple] = {}
+        #: The previous round's last view's tokens and cards (set by the dispatcher, _big not
+        #: shared): this view's token is that one's with the parts of the cards that differ replaced.
+        self._prior: tuple[dict[bool, tuple], list[CardState]] | None = None
         if last is not None and len(last.cards) == len(cards) and all(
                 a is b for a, b in zip(last.cards, cards, strict=True)):
             self._big = last._big  # shared: a token either works out serves both
@@ -1402,7 +1411,15 @@ class _View:
             view = view._before[0] if view._before is not None else None
         for view in reversed(chain):
             if view._before is None:
-                view._big[fits_nowhere] = cards_token(view.cards, fits_nowhere=fits_nowhere)
+                prior = view._prior
+                if prior is not None and fits_nowhere in prior[0] and len(prior[1]) == len(view.cards):
+                    parts = list(prior[0][fits_nowhere])
+                    for position, (was, card) in enumerate(zip(prior[1], view.cards, strict=True)):
+                        if was is not card:
+                            parts[position] = card_token(card, fits_nowhere=fits_nowhere)
+                    view._big[fits_nowhere] = tuple(parts)
+                else:
+                    view._big[fits_nowhere] = cards_token(view.cards, fits_nowhere=fits_nowhere)
                 continue
             before, changed = view._before
             parts = list(before._big[fits_nowhere])

@@ -146,3 +146,32 @@ def test_a_held_cards_remembered_room_is_asked_again_when_the_card_or_its_releas
     releases.append(Release(150.0, 10 * GIB))
     assert answer(started, releases) is True  # the same list, longer: it ends first, 80 - 18 again
     assert answer(started, list(releases[:1])) is False
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_views_card_token_made_from_the_last_rounds_is_the_cards_token(seed):
+    """The first view of a round takes its token from the last round's last view (the parts of
+    the cards that are other objects replaced), as it would have worked it out from its cards."""
+    from rig.waiting import cards_token
+
+    rng = random.Random(seed)
+    cards = sorted(_cluster(rng), key=lambda c: (c.node, c.index))
+    view = _View(cards, Pools.from_config({}), _Lazy(lambda: ({}, None)), 0.0, lambda token: hash(token))
+    for _round in range(6):
+        for _start in range(rng.randint(0, 3)):
+            spot = place(cards, Request(rng.choice([1, 8, 20]) * GIB))
+            if spot is None:
+                break
+            chosen = {f"{spot.node}/{i}" for i in spot.cards}
+            cards = [dataclasses.replace(c, jobs=c.jobs + 1) if c.id in chosen else c for c in cards]
+            view = view.after_start(cards, sorted(chosen))
+        for fits_nowhere in rng.sample([True, False], rng.randint(1, 2)):
+            assert view._cards_token(fits_nowhere) == cards_token(cards, fits_nowhere=fits_nowhere)
+        last = (view._big, view.cards)
+        if rng.random() < 0.5:  # cards read again between rounds: some are new objects
+            cards = [dataclasses.replace(c, temperature=rng.choice([None, 50, 90])) if rng.random() < 0.2 else c
+                     for c in cards]
+        view = _View(cards, Pools.from_config({}), _Lazy(lambda: ({}, None)), 0.0, lambda token: hash(token))
+        view._prior = last
+    for fits_nowhere in (True, False):
+        assert view._cards_token(fits_nowhere) == cards_token(cards, fits_nowhere=fits_nowhere)
