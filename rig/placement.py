@@ -111,15 +111,12 @@ def place(
             continue
         used_fits = sum(1 for c in fitting if c.jobs or c.reserved) >= request.gpus
 
-        def order(c: CardState, _used: bool = used_fits) -> tuple:
-            return card_key(c, request, smallest_waiting, _used)
-
-        chosen = sorted(fitting, key=order)[: request.gpus]
+        # Each card's key once (every key ends with the card's index: no two alike on a node).
+        keyed = [(card_key(c, request, smallest_waiting, used_fits), c.index) for c in fitting]
+        chosen = [min(keyed)] if request.gpus == 1 else sorted(keyed)[: request.gpus]
         # Compare nodes by the worst card they would use, then by name for determinism.
-        node_key = max(order(c) for c in chosen)
-        if strategy == "first-fit":
-            node_key = ()
-        options.append(((node_key, node), Placement(node, tuple(sorted(c.index for c in chosen)))))
+        node_key = () if strategy == "first-fit" else chosen[-1][0]
+        options.append(((node_key, node), Placement(node, tuple(sorted(index for _key, index in chosen)))))
     if not options:
         return None
     return min(options, key=lambda item: item[0])[1]
@@ -223,11 +220,10 @@ class HoldPlanner:
         not O(cards x releases)."""
         planner = HoldPlanner(cards, self.releases, self.now, node_of=self._node_of)
         planner._before = (self, frozenset(c.node for c in changed))
-        if self._node_cards is not None:
-            planner._node_cards = node_cards = dict(self._node_cards)
-            new = {c.id: c for c in changed}
-            for node in planner._before[1]:
-                node_cards[node] = [new.get(c.id, c) for c in node_cards.get(node, ())]
+        planner._node_cards = node_cards = dict(self._cards_by_node())
+        new = {c.id: c for c in changed}
+        for node in planner._before[1]:
+            node_cards[node] = [new.get(c.id, c) for c in node_cards.get(node, ())]
         return planner
 
     def options(self, nbytes: int) -> list[tuple[str, list[tuple[float, int, int, int, str]]]]:
@@ -269,12 +265,16 @@ class HoldPlanner:
         return (when, max(0, nbytes - card.free), card.jobs, card.index, card.id)
 
     def _cards_of(self, node: str) -> list[CardState]:
+        return self._cards_by_node().get(node, [])
+
+    def _cards_by_node(self) -> dict[str, list[CardState]]:
+        """node -> its cards (worked out once for a round's first planner, then carried)."""
         if self._node_cards is None:
-            self._node_cards = defaultdict(list)
+            found: dict[str, list[CardState]] = defaultdict(list)
             for card in self.cards:
-                self._node_cards[card.node].append(card)
-            self._node_cards = dict(self._node_cards)
-        return self._node_cards.get(node, [])
+                found[card.node].append(card)
+            self._node_cards = dict(found)
+        return self._node_cards
 
     def plan(self, request: Request, job_id: int = 0, exclude: Container[str] = frozenset()) -> Hold | None:
         self._follow(exclude)

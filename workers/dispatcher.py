@@ -1187,16 +1187,19 @@ class _Holds:
         """Add to ``closed`` those of the ``held`` cards closed to ``job`` (closed_to, worked out
         for them only); ``job``'s own holds count as another's."""
         pools = self.dispatcher.settings.pool_map
-        releases = self.snapshot.get()[0]
+        releases: Mapping[str, Sequence[Release]] | None = None  # the round's, read when first needed
         ends: dict[int, float | None] = {}  # held job id -> this job's end as backfill in front of it
+        by_card, rank_of, held_since = self.by_card, self.rank, self.held_since
         for cid in held:
-            hold = self.by_card[cid]
-            if self.rank[cid] > rank:
+            if rank_of[cid] > rank:
                 continue
+            hold = by_card[cid]
             card = by_id.get(cid)
-            if card is None or not pools.contains(job.pool, card.node, card.index):
+            if card is None or (job.pool is not None and not pools.contains(job.pool, card.node, card.index)):
                 continue
-            since = self.held_since.get(hold.job_id, self.now)
+            if releases is None:
+                releases = self.snapshot.get()[0]
+            since = held_since.get(hold.job_id, self.now)
             if hold.job_id not in ends:
                 ends[hold.job_id] = end = self.dispatcher.backfill_end(job, self.now, since)
                 budget = self.dispatcher.settings.backfill_estimate_delay_seconds

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections import defaultdict
+from collections.abc import Sequence
 
 import pytest
 
 from rig.card_index import RoomIndex
 from rig.memory import GIB
 from rig.models import CardState
-from rig.placement import STRATEGIES, Capacity, Request, fits, place
+from rig.placement import _CARD_ORDER, STRATEGIES, Capacity, Placement, Request, fits, place
 from rig.pools import Pools
 from workers.dispatcher import _Lazy, _View
 
@@ -175,3 +177,58 @@ def test_a_views_card_token_made_from_the_last_rounds_is_the_cards_token(seed):
         view._prior = last
     for fits_nowhere in (True, False):
         assert view._cards_token(fits_nowhere) == cards_token(cards, fits_nowhere=fits_nowhere)
+
+
+
+# place() as it was written before it worked each card's key out once (a plain reading of the rule).
+def _place_plainly(
+    cards: Sequence[CardState],
+    request: Request,
+    strategy: str = "multi-factor",
+    *,
+    smallest_waiting: int | None = None,
+) -> Placement | None:
+    """Pick ``request.gpus`` cards on one node that can all take the job now, or None.
+
+    All-or-nothing: a multi-card job gets every card it asks for on one node, or none.
+    ``smallest_waiting`` (bytes: the smallest request still waiting) lets multi-factor judge
+    which leftovers are still useful.
+    """
+    try:
+        card_key = _CARD_ORDER[strategy]
+    except KeyError:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}") from None
+    by_node: dict[str, list[CardState]] = defaultdict(list)
+    for card in cards:
+        if fits(card, request):
+            by_node[card.node].append(card)
+    options: list[tuple[tuple, Placement]] = []
+    for node, fitting in by_node.items():
+        if len(fitting) < request.gpus:
+            continue
+        used_fits = sum(1 for c in fitting if c.jobs or c.reserved) >= request.gpus
+
+        def order(c: CardState, _used: bool = used_fits) -> tuple:
+            return card_key(c, request, smallest_waiting, _used)
+
+        chosen = sorted(fitting, key=order)[: request.gpus]
+        # Compare nodes by the worst card they would use, then by name for determinism.
+        node_key = max(order(c) for c in chosen)
+        if strategy == "first-fit":
+            node_key = ()
+        options.append(((node_key, node), Placement(node, tuple(sorted(c.index for c in chosen)))))
+    if not options:
+        return None
+    return min(options, key=lambda item: item[0])[1]
+
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_place_chooses_what_its_plain_reading_chooses(seed):
+    rng = random.Random(seed)
+    cards = _cluster(rng)
+    for request in REQUESTS:
+        smallest = rng.choice([None, 4 * GIB, 16 * GIB, 30 * GIB])
+        for strategy in STRATEGIES:
+            assert place(cards, request, strategy, smallest_waiting=smallest) == _place_plainly(
+                cards, request, strategy, smallest_waiting=smallest), (request, strategy)
