@@ -14,8 +14,9 @@ one more job. Strategies differ only in which fitting cards they prefer:
                 jobs) + a tenth of the leftover (tightness) + a little per degree of
                 temperature. Priority comes first in the order the dispatcher offers jobs.
 
-Each call is O(cards log cards); the dispatcher calls it only for jobs that Capacity says could
-be placed somewhere (O(1) per job after O(cards log cards) once per round and pool).
+Each call is O(cards log cards) over the cards it is given; the dispatcher calls it only for
+jobs that Capacity's answer says could be placed somewhere, over the cards that take the request
+(rig.card_index.RoomIndex: O(log cards) per job, kept up to date through a round's starts).
 """
 
 from __future__ import annotations

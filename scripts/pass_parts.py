@@ -2,8 +2,9 @@
 """Where one version's dispatcher pass spends its CPU, with the shared clock frozen: on
 scripts/bench_scale.py's cluster (N x 8 nearly full cards, waiting jobs for U users), REPS idle
 passes and 3 passes after 64 jobs end, each pass's CPU (this thread's time, ms) and of it the
-dispatcher's card read, its reservations/placed-jobs read (with their ends and fair share) and
-the wait sentences with the holds closed to each job. Run it for two trees one after the other,
+dispatcher's card read, its reservations/placed-jobs read (with their ends and fair share),
+the waits noted with the holds closed to each job, and (since idlepass) their wording at the
+round's end. ``--profile FILE``: a cProfile of the starting passes. Run it for two trees one after the other,
 alternating, for a before/after of the same passes (dispatch_sameness.py checks they decide the same).
 
     git archive main rig workers | (mkdir -p /tmp/rig-old && tar -x -C /tmp/rig-old)
@@ -156,7 +157,7 @@ def main() -> int:
         "idle_p95_ms": round(sorted(cpus)[min(len(cpus) - 1, int(0.95 * len(cpus)))], 1),
         "idle_repeated": f"{idle_repeated} of {len(cpus)}",
         **{f"idle_{k}_p50_ms": round(statistics.median(p.get(k, 0.0) for _, p in idle), 1)
-           for k in ("cards", "holdings", "sentences")},
+           for k in ("cards", "holdings", "sentences", "wording")},
         "after_64_ends": starting}))
     return 0
 

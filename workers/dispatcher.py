@@ -35,13 +35,15 @@ Redis command (rig.hashes). Ids left in a queue whose job is no longer PENDING a
 they are met. When no card has room for anything, the pass ends after the cards are read.
 
 What a pass costs does not grow with cards x jobs read (issue 15; figures in docs/PERFORMANCE.md,
-"Cluster scale"): the cards as a round sees them (_View) answer, once per pool, which request
-sizes could be placed at all (rig.placement.Capacity), so a job that fits nowhere costs O(1)
-instead of a placement search over every card; hold plans come from per-size sorted options
+"Cluster scale"): the cards as a round sees them (_View) are indexed by room per pool
+(rig.card_index.RoomIndex, carried from view to view through each start's changes), which
+answers which request sizes could be placed at all (rig.placement.Capacity's answer), so a job
+that fits nowhere costs O(1), and which cards take a request, so place looks at those only; hold plans come from per-size sorted options
 (HoldPlanner); which held cards are closed to a job is worked out once per (holds, rank, size,
 backfill ends) over the held cards only; and the wait sentence's body (rig.waiting.explain_body)
 is remembered by what it reads (rig.waiting.body_key), so a job waiting pass after pass for the
-same reason is worded once, and jobs alike share one body. A start changes the view; the token
+same reason is worded once, and jobs alike share one body; a body is worded over the view's
+cards sorted once (rig.placement.CardWalk), less its held cards, not by walks over every card. A start changes the view; the token
 of the new view's cards is derived from the old one's. Decisions and sentences are the same as
 without these shortcuts (tests/unit/test_placement_scale.py; a frozen-clock comparison with the
 code before them found every start and every stored reason equal).
