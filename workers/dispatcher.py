@@ -38,14 +38,17 @@ What a pass costs does not grow with cards x jobs read (issue 15; figures in doc
 "Cluster scale"): the cards as a round sees them (_View) are indexed by room per pool
 (rig.card_index.RoomIndex, carried from view to view through each start's changes), which
 answers which request sizes could be placed at all (rig.placement.Capacity's answer), so a job
-that fits nowhere costs O(1), and which cards take a request, so place looks at those only; hold plans come from per-size sorted options
-(HoldPlanner); which held cards are closed to a job is worked out once per (holds, rank, size,
-backfill ends) over the held cards only; and the wait sentence's body (rig.waiting.explain_body)
-is remembered by what it reads (rig.waiting.body_key), so a job waiting pass after pass for the
-same reason is worded once, and jobs alike share one body; a body is worded over the view's
-cards sorted once (rig.placement.CardWalk), less its held cards, not by walks over every card. A start changes the view; the token
-of the new view's cards is derived from the old one's. Decisions and sentences are the same as
-without these shortcuts (tests/unit/test_placement_scale.py; a frozen-clock comparison with the
+that fits nowhere costs O(1), and which cards take a request, so place looks at those only;
+hold plans come from per-size sorted options (HoldPlanner, carried through starts too); which
+held cards are closed to a job is worked out once per (rank, size, backfill ends) over the held
+cards only, and again for a held card only when a job starts on it; and the wait sentence's body
+(rig.waiting.explain_body) is remembered by what it reads (rig.waiting.body_key), so a job
+waiting pass after pass for the same reason is worded once, and jobs alike share one body; a
+body is worded over the view's cards sorted once (rig.placement.CardWalk), less its held cards,
+not by walks over every card. A start changes the view; the token of the new view's cards is
+derived from the old one's (and a round's first view's from the last round's last view's).
+Decisions and sentences are the same as without these shortcuts (tests/unit/test_placement_scale.py,
+test_card_index.py, test_wait_walk.py; a frozen-clock comparison with the
 code before them found every start and every stored reason equal).
 
 Kept between passes (issue 15): the cards and their reservations, by version. Every write of a
