@@ -14,12 +14,14 @@ one more job. Strategies differ only in which fitting cards they prefer:
                 jobs) + a tenth of the leftover (tightness) + a little per degree of
                 temperature. Priority comes first in the order the dispatcher offers jobs.
 
-Each call is O(cards log cards); the dispatcher calls it only for jobs that Capacity says could
-be placed somewhere (O(1) per job after O(cards log cards) once per round and pool).
+Each call is O(cards log cards) over the cards it is given; the dispatcher calls it only for
+jobs that Capacity's answer says could be placed somewhere, over the cards that take the request
+(rig.card_index.RoomIndex: O(log cards) per job, kept up to date through a round's starts).
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -110,15 +112,12 @@ def place(
             continue
         used_fits = sum(1 for c in fitting if c.jobs or c.reserved) >= request.gpus
 
-        def order(c: CardState, _used: bool = used_fits) -> tuple:
-            return card_key(c, request, smallest_waiting, _used)
-
-        chosen = sorted(fitting, key=order)[: request.gpus]
+        # Each card's key once (every key ends with the card's index: no two alike on a node).
+        keyed = [(card_key(c, request, smallest_waiting, used_fits), c.index) for c in fitting]
+        chosen = [min(keyed)] if request.gpus == 1 else sorted(keyed)[: request.gpus]
         # Compare nodes by the worst card they would use, then by name for determinism.
-        node_key = max(order(c) for c in chosen)
-        if strategy == "first-fit":
-            node_key = ()
-        options.append(((node_key, node), Placement(node, tuple(sorted(c.index for c in chosen)))))
+        node_key = () if strategy == "first-fit" else chosen[-1][0]
+        options.append(((node_key, node), Placement(node, tuple(sorted(index for _key, index in chosen)))))
     if not options:
         return None
     return min(options, key=lambda item: item[0])[1]
@@ -194,13 +193,14 @@ class HoldPlanner:
     call left it; any other container starts the heaps afresh. The same answers as plan_hold,
     by construction (tests/unit/test_placement_scale.py)."""
 
-    def __init__(self, cards: Sequence[CardState], releases: Mapping[str, Sequence[Release]], now: float) -> None:
+    def __init__(self, cards: Sequence[CardState], releases: Mapping[str, Sequence[Release]], now: float, *,
+                 node_of: dict[str, str] | None = None) -> None:
         self.cards = cards
         self.releases = releases
         self.now = now
         #: request bytes -> [(node, its options sorted: (when, missing bytes, jobs, index, card id))]
         self._options: dict[int, list[tuple[str, list[tuple[float, int, int, int, str]]]]] = {}
-        self._node_of = {card.id: card.node for card in cards}
+        self._node_of = node_of if node_of is not None else {card.id: card.node for card in cards}
         self._by_node: dict[int, dict[str, list[tuple[float, int, int, int, str]]]] = {}  # options by node
         #: (bytes, gpus) -> heap of (plan_hold's key (until, missing bytes, node), cards, version);
         #: an entry whose version is not its node's current one (_versions) is out of date.
@@ -208,17 +208,74 @@ class HoldPlanner:
         self._versions: dict[tuple[int, int, str], int] = {}
         self._exclude: object = None  # the exclude the heaps were made with, and how many of
         self._excluded = 0  # its keys they have seen
+        #: After a start (after): the planner before it and the nodes whose cards it changed;
+        #: this one's options are that one's with those nodes' worked out again.
+        self._before: tuple[HoldPlanner, frozenset[str]] | None = None
+        self._node_cards: dict[str, list[CardState]] | None = None  # the cards by node, on first use
+
+    def after(self, cards: Sequence[CardState], changed: Sequence[CardState]) -> HoldPlanner:
+        """The planner of ``cards``: this one's cards with ``changed`` (cards by id) put in place
+        of theirs, by a start that took room on them, its releases added to the same mapping.
+        Each node's options are this planner's except the changed nodes', worked out again on
+        first use (the releases are added after the start): O(nodes + changed) per request size,
+        not O(cards x releases)."""
+        planner = HoldPlanner(cards, self.releases, self.now, node_of=self._node_of)
+        planner._before = (self, frozenset(c.node for c in changed))
+        planner._node_cards = node_cards = dict(self._cards_by_node())
+        new = {c.id: c for c in changed}
+        for node in planner._before[1]:
+            node_cards[node] = [new.get(c.id, c) for c in node_cards.get(node, ())]
+        return planner
 
     def options(self, nbytes: int) -> list[tuple[str, list[tuple[float, int, int, int, str]]]]:
         found = self._options.get(nbytes)
         if found is None:
-            by_node: dict[str, list[tuple[float, int, int, int, str]]] = defaultdict(list)
-            for card in self.cards:
-                if card.eligible and card.usable >= nbytes:
-                    when = earliest_fit(card, self.releases.get(card.id, ()), Request(nbytes), self.now)
-                    by_node[card.node].append((when, max(0, nbytes - card.free), card.jobs, card.index, card.id))
-            found = self._options[nbytes] = [(node, sorted(options)) for node, options in by_node.items()]
+            found = self._options[nbytes] = list(self._options_by_node(nbytes).items())
         return found
+
+    def _options_by_node(self, nbytes: int) -> dict[str, list[tuple[float, int, int, int, str]]]:
+        """node -> its options for a request of ``nbytes`` (when, missing bytes, jobs, index, card
+        id; sorted), for the nodes that have some: from the planners before along the starts
+        (each one's changed nodes worked out again), or from every card."""
+        chain: list[HoldPlanner] = []
+        planner: HoldPlanner | None = self
+        while planner is not None and nbytes not in planner._by_node:
+            chain.append(planner)
+            planner = planner._before[0] if planner._before is not None else None
+        for planner in reversed(chain):
+            if planner._before is None or nbytes not in planner._before[0]._by_node:
+                found: dict[str, list[tuple[float, int, int, int, str]]] = defaultdict(list)
+                for card in planner.cards:
+                    if card.eligible and card.usable >= nbytes:
+                        found[card.node].append(planner._option(card, nbytes))
+                planner._by_node[nbytes] = {node: sorted(options) for node, options in found.items()}
+                continue
+            found = dict(planner._before[0]._by_node[nbytes])
+            for node in planner._before[1]:
+                options = sorted(planner._option(card, nbytes) for card in planner._cards_of(node)
+                                 if card.eligible and card.usable >= nbytes)
+                if options:
+                    found[node] = options
+                else:
+                    found.pop(node, None)
+            planner._by_node[nbytes] = found
+        return self._by_node[nbytes]
+
+    def _option(self, card: CardState, nbytes: int) -> tuple[float, int, int, int, str]:
+        when = earliest_fit(card, self.releases.get(card.id, ()), Request(nbytes), self.now)
+        return (when, max(0, nbytes - card.free), card.jobs, card.index, card.id)
+
+    def _cards_of(self, node: str) -> list[CardState]:
+        return self._cards_by_node().get(node, [])
+
+    def _cards_by_node(self) -> dict[str, list[CardState]]:
+        """node -> its cards (worked out once for a round's first planner, then carried)."""
+        if self._node_cards is None:
+            found: dict[str, list[CardState]] = defaultdict(list)
+            for card in self.cards:
+                found[card.node].append(card)
+            self._node_cards = dict(found)
+        return self._node_cards
 
     def plan(self, request: Request, job_id: int = 0, exclude: Container[str] = frozenset()) -> Hold | None:
         self._follow(exclude)
@@ -303,18 +360,28 @@ class Capacity:
 
 
 def may_backfill(card: CardState, releases: Sequence[Release], hold: Hold, request: Request,
-                 expected_end: float | None, held_since: float | None = None) -> bool:
+                 expected_end: float | None, held_since: float | None = None, *,
+                 room: Callable[[CardState, Sequence[Release], Hold, Request, float | None], bool] | None = None,
+                 ) -> bool:
     """May ``request`` start now on ``card``, which is held for ``hold``, without delaying it?
     Yes if it is taken to end by the hold's shadow time (``expected_end``: its time limit's end,
     or its cautious estimate while the held job's budget lasts), or if the card will still have
-    room for the held job at that time with this one on it: counting the expected ends of the
-    jobs that were there when it began to hold (``held_since``: what its shadow time waits for),
-    but of jobs that came after only their sure ends (a backfill whose estimate proves wrong
-    must not be counted on to leave). Never when the shadow time is unknown."""
+    room for the held job at that time with this one on it (:func:`leaves_room`; ``room``: the
+    same answer remembered by a caller that asks it for many jobs alike). Never when the shadow
+    time is unknown."""
     if hold.until == math.inf:
         return False
     if expected_end is not None and expected_end <= hold.until:
         return True
+    return (room or leaves_room)(card, releases, hold, request, held_since)
+
+
+def leaves_room(card: CardState, releases: Sequence[Release], hold: Hold, request: Request,
+                held_since: float | None = None) -> bool:
+    """Will ``card`` still have room for ``hold``'s job at its shadow time with ``request`` on it
+    (may_backfill's second way)? Counting the expected ends of the jobs that were there when it
+    began to hold (``held_since``: what its shadow time waits for), but of jobs that came after
+    only their sure ends (a backfill whose estimate proves wrong must not be counted on to leave)."""
     free, jobs = room_at(card, releases, hold.until, before=held_since)
     return free - request.nbytes >= hold.nbytes and jobs + 2 <= card.max_jobs
 
@@ -358,10 +425,12 @@ def never_fits(cards: Sequence[CardState], request: Request) -> str | None:
     return None
 
 
-def only_outside_whitelist(cards: Sequence[CardState], request: Request) -> list[CardState]:
+def only_outside_whitelist(cards: Sequence[CardState], request: Request, *,
+                           all_allowed: bool | None = None) -> list[CardState]:
     """When no node's allowed cards could ever hold the job but cards outside gpu_whitelist
     could (:func:`could_take`): those cards (of the nodes where enough of them are big enough),
-    else []. The job then waits for the whitelist to name them."""
+    else []. The job then waits for the whitelist to name them. ``all_allowed``: whether every
+    card of ``cards`` is allowed, when the caller knows (CardWalk.all_allowed)."""
     def per_node(pick: Sequence[CardState]) -> dict[str, list[CardState]]:
         found: dict[str, list[CardState]] = defaultdict(list)
         for c in pick:
@@ -369,7 +438,7 @@ def only_outside_whitelist(cards: Sequence[CardState], request: Request) -> list
                 found[c.node].append(c)
         return {n: cs for n, cs in found.items() if len(cs) >= request.gpus}
 
-    if all(c.allowed for c in cards):
+    if all_allowed if all_allowed is not None else all(c.allowed for c in cards):
         return []  # (what follows returns only cards outside the whitelist: none) O(cards), no dicts
     candidates = could_take(cards)
     if per_node([c for c in candidates if c.allowed]):
@@ -377,36 +446,71 @@ def only_outside_whitelist(cards: Sequence[CardState], request: Request) -> list
     return [c for cs in per_node(candidates).values() for c in cs if not c.allowed]
 
 
-def explain_wait(cards: Sequence[CardState], request: Request) -> str:
-    """A person-readable reason why ``request`` cannot be placed now (assumes it can't)."""
-    # One walk over the cards (a pass words this for hundreds of jobs): which take jobs
-    # (CardState.eligible: allowed and healthy), their free bytes (a property) worked out once
-    # each, and which are closed (allowed but unhealthy).
-    eligible: list[CardState] = []
-    ranks: list[tuple[int, int]] = []
-    closed: list[CardState] = []
-    for c in cards:
-        if c.allowed:
-            if c.healthy:
-                eligible.append(c)
-                ranks.append((c.free, -c.index))
-            else:
-                closed.append(c)
+class CardWalk:
+    """What a wait explanation reads of one list of cards, worked out once for many
+    explanations over it (the dispatcher words hundreds a round over the same cards, each less
+    a few held ones): the cards that take jobs (CardState.eligible) from the most free memory
+    down (then the lower index, then the earlier in the list: explain_wait's "largest" first),
+    the allowed but unhealthy ones, whether every card is allowed, and the cards that take a
+    request now (``index``: anything with rig.card_index.RoomIndex's ``fitting``; else a walk).
+    An explanation over ``cards`` less a set of held card ids then costs O(held cards met from
+    the top + cards with the free memory asked for), not O(cards). Card ids are taken as unique
+    among the eligible cards (node/index: a damaged record is never eligible)."""
+
+    def __init__(self, cards: Sequence[CardState], index: object | None = None) -> None:
+        self.cards = cards
+        self.index = index
+        ranked = sorted((-c.free, c.index, position) for position, c in enumerate(cards) if c.allowed and c.healthy)
+        self.by_free = [cards[position] for _free, _index, position in ranked]
+        self.positions = [position for _free, _index, position in ranked]
+        self._less_free = [free for free, _index, _position in ranked]  # -free, ascending
+        self.closed = [c for c in cards if c.allowed and not c.healthy]
+        self.all_allowed = all(c.allowed for c in cards)
+
+    def roomy(self, nbytes: int) -> int:
+        """How many of by_free (its first ones) have at least ``nbytes`` free."""
+        return bisect.bisect_right(self._less_free, -nbytes)
+
+    def largest(self, held: Container[str]) -> CardState | None:
+        """The eligible card with the largest free block outside ``held`` (explain_wait's)."""
+        for card in self.by_free:
+            if card.id not in held:
+                return card
+        return None
+
+    def fitting(self, request: Request) -> list[CardState]:
+        """The cards that take ``request`` now (fits), in no set order."""
+        if self.index is not None:
+            return self.index.fitting(request.nbytes)  # type: ignore[attr-defined]
+        return [c for c in self.cards if fits(c, request)]
+
+
+def explain_wait(cards: Sequence[CardState], request: Request, *, walk: CardWalk | None = None,
+                 held: Container[str] = frozenset()) -> str:
+    """A person-readable reason why ``request`` cannot be placed now (assumes it can't), over
+    ``cards``. With ``walk`` (a CardWalk of some list): over that list less the cards whose ids
+    are in ``held`` (``cards`` is then those cards, read only to name closed cards per node)."""
+    if walk is None:
+        walk = CardWalk(cards)
     need = f"needs {format_memory(request.nbytes)}"
     need += " on 1 card" if request.gpus == 1 else f" on each of {request.gpus} cards of one node"
-    if not eligible:
+    closed = [c for c in walk.closed if c.id not in held] if held else walk.closed
+    largest = walk.largest(held)
+    if largest is None:
         # Name the cause (a node that cannot write logs, a stopped node, a hot card), never
         # only "no healthy card" (rig.closed_cards words it, grouped per node).
         why = closed_cards_text(closed or [c for c in cards if not c.eligible], node_cards=cards)
         return f"{need}; no card takes jobs now ({why})" if why else f"{need}; no card is registered"
-    largest = eligible[ranks.index(max(ranks))]  # the first of the largest, as max(key=) picks
     parts = [need, f"largest free block {format_memory(largest.free)} ({largest.id})"]
-    roomy = [c for c, (free, _) in zip(eligible, ranks, strict=True) if free >= request.nbytes]
-    if roomy and all(c.jobs >= c.max_jobs for c in roomy):
-        parts.append(f"cards with that much free already run their maximum of {roomy[0].max_jobs} jobs")
+    count = walk.roomy(request.nbytes)
+    roomy = [(position, c) for position, c in zip(walk.positions[:count], walk.by_free[:count], strict=True)
+             if c.id not in held]
+    if roomy and all(c.jobs >= c.max_jobs for _position, c in roomy):
+        first = min(roomy, key=lambda pc: pc[0])[1]  # the first of them in the list, as a walk meets it
+        parts.append(f"cards with that much free already run their maximum of {first.max_jobs} jobs")
     elif request.gpus > 1 and roomy:
         per_node: dict[str, int] = defaultdict(int)
-        for c in roomy:
+        for _position, c in roomy:
             if c.jobs < c.max_jobs:
                 per_node[c.node] += 1
         best = max(per_node.values(), default=0)

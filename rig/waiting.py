@@ -49,7 +49,7 @@ from rig.keys import card_id
 from rig.memory import format_memory
 from rig.models import CardState, Job, JobState
 from rig.nodes import NodeInfo, NodeRegistry, clock
-from rig.placement import Hold, Request, explain_wait, only_outside_whitelist, place
+from rig.placement import CardWalk, Hold, Request, explain_wait, only_outside_whitelist, place
 
 if TYPE_CHECKING:
     from rig.client import Client
@@ -104,6 +104,9 @@ class WaitFacts:
     #: The caller knows that no card of ``cards`` could take the job now, holds aside
     #: (rig.placement.Capacity): explain then skips looking for a placement.
     fits_nowhere: bool = False
+    #: rig.placement.CardWalk of ``cards`` (the dispatcher's, made once for a round's many
+    #: sentences), or None: made here. Only how fast a sentence is worded, never what it says.
+    walk: CardWalk | None = None
 
 
 def node_state_text(node: NodeInfo) -> str:
@@ -166,14 +169,22 @@ def explain_body(facts: WaitFacts) -> tuple[str, bool]:
         return (f"needs {format_memory(req.nbytes)} on {_cards(req)}; only cards of nodes that are not up "
                 f"could take it ({listed}); it waits until one is back"), True
 
-    outside = only_outside_whitelist(live, req)
+    # What follows reads the live cards less the held ones ("open"), through a walk of the live
+    # cards made once (CardWalk): O(held cards met + cards with the memory asked for) a sentence.
+    walk = facts.walk if facts.walk is not None and not down else CardWalk(live)
+    outside = only_outside_whitelist(live, req, all_allowed=walk.all_allowed)
     if outside:
         shown = ", ".join(c.id for c in outside[:6]) + (" …" if len(outside) > 6 else "")
         return (f"needs {format_memory(req.nbytes)} on {_cards(req)}; only cards outside gpu_whitelist "
                 f"could take it: {shown}; it waits until gpu_whitelist names them"), True
 
-    open_cards = [c for c in live if c.id not in held] if held else live
-    fitting = None if facts.fits_nowhere else place(open_cards, req, facts.strategy)
+    def opened() -> list[CardState]:
+        return [c for c in live if c.id not in held] if held else live
+
+    fitting = None
+    if not facts.fits_nowhere:
+        fitting = place([c for c in walk.fitting(req) if c.id not in held] if held else walk.fitting(req), req,
+                        facts.strategy)
     if fitting is not None and facts.ahead and (facts.ahead_unknown or facts.ahead_cards is not None):
         # Free now, but jobs ahead go first: it fits now only if it still does after them.
         later = None if facts.ahead_unknown else place(
@@ -188,20 +199,25 @@ def explain_body(facts: WaitFacts) -> tuple[str, bool]:
         where = ", ".join(card_id(fitting.node, i) for i in fitting.cards)
         then = f"; {STARTS_NEXT_PASS}" if facts.dispatcher and not facts.silent_s else ""
         return f"{FITS_NOW} ({where}){then}", True
-    if open_cards and not any(c.eligible for c in open_cards):
-        # Say why no card takes it, naming each node and card (a node that is stopped or down
-        # reads as such, even where its record still says it is up).
-        return (f"needs {format_memory(req.nbytes)} on {_cards(req)}; no card{in_pool} takes jobs now "
-                f"({closed_cards_text(open_cards)}); it starts when one does"), True
-    text = explain_wait(open_cards, req) if open_cards else (
-        f"needs {format_memory(req.nbytes)} on {_cards(req)}; every card is held for jobs ahead of it")
-    live_by_id = {c.id: c for c in live} if held else {}
-    roomy_held = [(cid, h) for cid, h in sorted(held.items())
-                  if (card := live_by_id.get(cid)) is not None and card.eligible and card.free >= req.nbytes]
+    if walk.largest(held) is None:  # no open card takes jobs
+        open_cards = opened()
+        if open_cards:
+            # Say why no card takes it, naming each node and card (a node that is stopped or down
+            # reads as such, even where its record still says it is up).
+            return (f"needs {format_memory(req.nbytes)} on {_cards(req)}; no card{in_pool} takes jobs now "
+                    f"({closed_cards_text(open_cards)}); it starts when one does"), True
+        text = f"needs {format_memory(req.nbytes)} on {_cards(req)}; every card is held for jobs ahead of it"
+    else:
+        # explain_wait reads the open cards as a list only to name closed ones per node
+        closed_open = any(c.id not in held for c in walk.closed)
+        text = explain_wait(opened() if closed_open else live, req, walk=walk, held=held)
+    # The held cards that take jobs and have the memory asked for, by id
+    roomy_held = sorted(((c.id, c) for c in walk.by_free[:walk.roomy(req.nbytes)] if c.id in held),
+                        key=lambda pair: pair[0]) if held else []
     if roomy_held:
         parts = []
-        for cid, hold in roomy_held:
-            card = live_by_id[cid]
+        for cid, card in roomy_held:
+            hold = held[cid]
             parts.append(f"{cid} ({format_memory(card.free)} free) held for job {hold.job_id}"
                          + _expected(hold.until, facts.now))
         text += "; " + ", ".join(parts)

@@ -2,8 +2,9 @@
 """Where one version's dispatcher pass spends its CPU, with the shared clock frozen: on
 scripts/bench_scale.py's cluster (N x 8 nearly full cards, waiting jobs for U users), REPS idle
 passes and 3 passes after 64 jobs end, each pass's CPU (this thread's time, ms) and of it the
-dispatcher's card read, its reservations/placed-jobs read (with their ends and fair share) and
-the wait sentences with the holds closed to each job. Run it for two trees one after the other,
+dispatcher's card read, its reservations/placed-jobs read (with their ends and fair share),
+the waits noted with the holds closed to each job, and (since idlepass) their wording at the
+round's end. ``--profile FILE``: a cProfile of the starting passes. Run it for two trees one after the other,
 alternating, for a before/after of the same passes (dispatch_sameness.py checks they decide the same).
 
     git archive main rig workers | (mkdir -p /tmp/rig-old && tar -x -C /tmp/rig-old)
@@ -43,6 +44,8 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=0.0, help="with --real-clock: seconds to wait first")
     parser.add_argument("--ends-first", type=int, default=0,
                         help="end this many jobs (30 s runs: the cluster's recent runs) before the idle passes")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="write a cProfile of the 3 starting passes to FILE (pstats; their CPU then includes the profiler's)")
     parser.add_argument("--url", default=os.environ.get("RIG_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args()
     root = str(Path(args.root).resolve())
@@ -87,6 +90,8 @@ def main() -> int:
         timed(dispatcher.ledger, "cards", "cards")
     timed(dispatcher, "_read_holdings", "holdings")
     timed(dispatcher, "_note_wait", "sentences")
+    if hasattr(dispatcher, "_word_waits"):  # idlepass: waits worded at the round's end
+        timed(dispatcher, "_word_waits", "wording")
     repeated = []  # idle passes that repeated the last one's decisions (idlepass: Dispatcher._repeats)
     if hasattr(dispatcher, "_repeats"):
         repeats = dispatcher._repeats
@@ -101,6 +106,10 @@ def main() -> int:
     def end_some(count: int) -> None:  # bench_scale's, with the ends stamped on the frozen clock
         cluster.end_some(count, ended_at=None if args.real_clock else frozen + 30, runtime=30.0)
 
+    profiler = None
+    if args.profile:
+        import cProfile
+        profiler = cProfile.Profile()
     idle, starting = [], []
     try:
         cluster.build()
@@ -127,7 +136,11 @@ def main() -> int:
         idle_repeated = sum(repeated)
         for _ in range(3):
             end_some(64)
+            if profiler is not None:
+                profiler.enable()
             cpu, its = one_pass()
+            if profiler is not None:
+                profiler.disable()
             starting.append({"cpu_ms": round(cpu, 1), "started": len(cluster.started),
                              **{k: round(v, 1) for k, v in its.items()}})
             for job_id, token, node, card in cluster.started:
@@ -135,6 +148,8 @@ def main() -> int:
             cluster.started.clear()
     finally:
         cluster.delete()
+    if profiler is not None:
+        profiler.dump_stats(args.profile)
     cpus = [cpu for cpu, _ in idle]
     print(json.dumps({
         "root": root, "load": round(os.getloadavg()[0], 1),
@@ -142,7 +157,7 @@ def main() -> int:
         "idle_p95_ms": round(sorted(cpus)[min(len(cpus) - 1, int(0.95 * len(cpus)))], 1),
         "idle_repeated": f"{idle_repeated} of {len(cpus)}",
         **{f"idle_{k}_p50_ms": round(statistics.median(p.get(k, 0.0) for _, p in idle), 1)
-           for k in ("cards", "holdings", "sentences")},
+           for k in ("cards", "holdings", "sentences", "wording")},
         "after_64_ends": starting}))
     return 0
 

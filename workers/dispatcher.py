@@ -35,15 +35,20 @@ Redis command (rig.hashes). Ids left in a queue whose job is no longer PENDING a
 they are met. When no card has room for anything, the pass ends after the cards are read.
 
 What a pass costs does not grow with cards x jobs read (issue 15; figures in docs/PERFORMANCE.md,
-"Cluster scale"): the cards as a round sees them (_View) answer, once per pool, which request
-sizes could be placed at all (rig.placement.Capacity), so a job that fits nowhere costs O(1)
-instead of a placement search over every card; hold plans come from per-size sorted options
-(HoldPlanner); which held cards are closed to a job is worked out once per (holds, rank, size,
-backfill ends) over the held cards only; and the wait sentence's body (rig.waiting.explain_body)
-is remembered by what it reads (rig.waiting.body_key), so a job waiting pass after pass for the
-same reason is worded once, and jobs alike share one body. A start changes the view; the token
-of the new view's cards is derived from the old one's. Decisions and sentences are the same as
-without these shortcuts (tests/unit/test_placement_scale.py; a frozen-clock comparison with the
+"Cluster scale"): the cards as a round sees them (_View) are indexed by room per pool
+(rig.card_index.RoomIndex, carried from view to view through each start's changes), which
+answers which request sizes could be placed at all (rig.placement.Capacity's answer), so a job
+that fits nowhere costs O(1), and which cards take a request, so place looks at those only;
+hold plans come from per-size sorted options (HoldPlanner, carried through starts too); which
+held cards are closed to a job is worked out once per (rank, size, backfill ends) over the held
+cards only, and again for a held card only when a job starts on it; and the wait sentence's body
+(rig.waiting.explain_body) is remembered by what it reads (rig.waiting.body_key), so a job
+waiting pass after pass for the same reason is worded once, and jobs alike share one body; a
+body is worded over the view's cards sorted once (rig.placement.CardWalk), less its held cards,
+not by walks over every card. A start changes the view; the token of the new view's cards is
+derived from the old one's (and a round's first view's from the last round's last view's).
+Decisions and sentences are the same as without these shortcuts (tests/unit/test_placement_scale.py,
+test_card_index.py, test_wait_walk.py; a frozen-clock comparison with the
 code before them found every start and every stored reason equal).
 
 Kept between passes (issue 15): the cards and their reservations, by version. Every write of a
@@ -99,6 +104,7 @@ import redis
 
 from rig import estimates, jobtrace
 from rig import records as R
+from rig.card_index import RoomIndex
 from rig.clock import shared_now
 from rig.config import Settings
 from rig.errors import InvalidRecord
@@ -111,11 +117,12 @@ from rig.lua import source
 from rig.models import PRIORITY_BAND, CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
 from rig.placement import (
-    Capacity,
+    CardWalk,
     Hold,
     HoldPlanner,
     Release,
     Request,
+    leaves_room,
     may_backfill,
     never_fits,
     place,
@@ -237,6 +244,9 @@ class Dispatcher:
         self._running_estimates: dict[int, tuple[list, tuple, estimates.Estimate]] = {}
         self._reserved_since_read = False  # a reservation was made after the last _read_cards
         self._first_view: _View | None = None  # the last round's view before its first start
+        #: The last round's last view's tokens and cards (_View._big, _View.cards): the next round's
+        #: first view's tokens are made from them (_View._prior).
+        self._last_tokens: tuple[dict[bool, tuple], list[CardState]] | None = None
         #: The last pass that changed nothing, what it decided from and until when (_Repeat): a
         #: pass that finds the same inputs before that moment decides the same (_repeats).
         self._repeat: _Repeat | None = None
@@ -766,6 +776,8 @@ class Dispatcher:
                 snapshot.get()
             holds = _Holds(self, snapshot, now)
             view = self._first_view = _View(cards, pools, snapshot, now, self._intern, last=self._first_view)
+            if not view._big:  # its tokens from the last round's last view's (changed cards' parts replaced)
+                view._prior = self._last_tokens
             self._nodes = None
             self._backfill_ends = {}
             self._never = {}
@@ -788,7 +800,7 @@ class Dispatcher:
                 mine = view.mine(job.pool)
                 request = Request(job.gpu_memory, job.gpus)
                 if mine and (not view.could_place(job.pool, request) or place(
-                        holds.open_to(job, mine, request, view), request, self.settings.scheduler_type) is None) \
+                        holds.fitting_open(job, request, view), request, self.settings.scheduler_type) is None) \
                         and not self._never_fits(job.pool, mine, request):
                     blocked.add(job.id)
                     hold = holds.plan(job, view, request)
@@ -825,7 +837,7 @@ class Dispatcher:
                 elif not view.could_place(job.pool, request):
                     placement = None  # no node of its pool has the room, held or not
                 else:
-                    placement = place(holds.open_to(job, mine, request, view), request, self.settings.scheduler_type,
+                    placement = place(holds.fitting_open(job, request, view), request, self.settings.scheduler_type,
                                       smallest_waiting=smallest)
                 if placement is None:
                     hold = holds.of(job.id)
@@ -872,6 +884,7 @@ class Dispatcher:
                 if not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
                     break  # every card is full now: the jobs behind wait, their reasons as they were
             self._word_waits(view, now)
+            self._last_tokens = (view._big, view.cards)
             self._write_marks()
             self._flush_notes()
             self._repeat = None
@@ -990,7 +1003,7 @@ class Dispatcher:
             facts = WaitFacts(
                 request=request, cards=view.mine(job.pool), nodes=self._nodes, held=closed, own_hold=hold,
                 ahead=ahead, dispatcher=True, pool=job.pool, strategy=self.settings.scheduler_type, now=now,
-                fits_nowhere=nowhere)
+                fits_nowhere=nowhere, walk=view.walk(job.pool))
             self._note(job, self._explain(facts, view, nowhere, token))
         self._waits.clear()
 
@@ -1085,12 +1098,18 @@ class _Holds:
         self._holder_orders: dict[int, list[tuple]] = {}
         self._holder_cards: dict[int, list[str]] = {}
         self.order: list[str] = []  # held card ids, in the order their holds were planned
-        #: Changes when a job starts on a held card (its room, its releases: what closed_to reads).
-        self.version = 0
-        #: (version, pool, rank, request, backfill ends) -> [closed cards, holds looked at (a
-        #: length of ``order``), interned held_token]: what closed_to answers depends on nothing
-        #: else, so jobs alike share one answer; a hold planned later is looked at once for it.
+        #: The held cards a job started on this round, in order (their room and releases, what
+        #: closed_to reads of them, changed then), and where each held card is in ``order``.
+        self._started: list[str] = []
+        self._place_in_order: dict[str, int] = {}
+        #: (pool, rank, request, backfill ends) -> [closed cards, holds looked at (a length of
+        #: ``order``), interned held_token, its parts, starts on held cards looked at (a length
+        #: of ``_started``)]: what closed_to answers depends on nothing else, so jobs alike share
+        #: one answer; a hold planned later is looked at once for it, a held card started on once
+        #: again (into a copy: an answer given out before that start stays as it was given).
         self._closed: dict[tuple, list] = {}
+        #: held card id -> (its card, its releases list, their number, {request bytes: leaves_room})
+        self._rooms: dict[str, tuple[CardState, Sequence[Release], int, dict[int, bool]]] = {}
         self._parts: dict[str, tuple] = {}  # held card id -> its rig.waiting.held_part (a hold never changes)
         #: The first moment (epoch s) the clock alone may change what this round's holds decided:
         #: a backfill's end (now + its estimate) passing a shadow time, a budget running out.
@@ -1110,11 +1129,18 @@ class _Holds:
         if not self.by_card:
             return {}, ()
         rank = self.dispatcher.effective_rank(job, self.now)
-        key = (self.version, job.pool, rank, request, self.dispatcher.backfill_ends(job, self.now))
+        key = (job.pool, rank, request, self.dispatcher.backfill_ends(job, self.now))
         found = self._closed.get(key)
         if found is None:
-            found = self._closed[key] = [{}, 0, None, frozenset()]
-        closed, seen, token, parts = found
+            found = self._closed[key] = [{}, 0, None, frozenset(), len(self._started)]
+        closed, seen, token, parts, started = found
+        if started < len(self._started):
+            # Jobs started on held cards since: those of them looked at already are looked at again.
+            again = [cid for cid in dict.fromkeys(self._started[started:]) if self._place_in_order[cid] < seen]
+            closed = found[0] = {cid: hold for cid, hold in closed.items() if cid not in again}
+            self._close(closed, job, rank, request, view.by_id, again)
+            found[4] = len(self._started)
+            token = found[2] = None
         if seen < len(self.order) or token is None:
             before = len(closed)
             self._close(closed, job, rank, request, view.by_id, self.order[seen:])
@@ -1131,7 +1157,10 @@ class _Holds:
             mine = dict(closed)
             for cid in drop:
                 del mine[cid]
-            return mine, self.dispatcher._intern(parts - {self._parts[cid] for cid in drop})
+            # Its token: the shared answer's and the parts taken out (the set they stand for is the
+            # one less the other: equal keys, equal sets), not a new set of every part hashed
+            # again for each holder (hundreds a round, each with hundreds of held cards closed).
+            return mine, self.dispatcher._intern((token, frozenset(self._parts[cid] for cid in drop)))
         return closed, token
 
     def _behind(self, job: Waiting, rank: int) -> list[str]:
@@ -1159,23 +1188,26 @@ class _Holds:
 
     def started_on(self, card_ids: Iterable[str]) -> None:
         """A job started on these cards: answers that read them (held ones) are out of date."""
-        if any(cid in self.by_card for cid in card_ids):
-            self.version += 1
+        self._started.extend(cid for cid in card_ids if cid in self.by_card)
 
     def _close(self, closed: dict[str, Hold], job: Waiting, rank: int, request: Request,
                by_id: Mapping[str, CardState], held: list[str]) -> None:
         """Add to ``closed`` those of the ``held`` cards closed to ``job`` (closed_to, worked out
         for them only); ``job``'s own holds count as another's."""
         pools = self.dispatcher.settings.pool_map
+        releases: Mapping[str, Sequence[Release]] | None = None  # the round's, read when first needed
         ends: dict[int, float | None] = {}  # held job id -> this job's end as backfill in front of it
+        by_card, rank_of, held_since = self.by_card, self.rank, self.held_since
         for cid in held:
-            hold = self.by_card[cid]
-            if self.rank[cid] > rank:
+            if rank_of[cid] > rank:
                 continue
+            hold = by_card[cid]
             card = by_id.get(cid)
-            if card is None or not pools.contains(job.pool, card.node, card.index):
+            if card is None or (job.pool is not None and not pools.contains(job.pool, card.node, card.index)):
                 continue
-            since = self.held_since.get(hold.job_id, self.now)
+            if releases is None:
+                releases = self.snapshot.get()[0]
+            since = held_since.get(hold.job_id, self.now)
             if hold.job_id not in ends:
                 ends[hold.job_id] = end = self.dispatcher.backfill_end(job, self.now, since)
                 budget = self.dispatcher.settings.backfill_estimate_delay_seconds
@@ -1185,8 +1217,23 @@ class _Holds:
                     # Its end moves with the clock, the shadow time does not: it stops ending in
                     # time when the clock has moved by the margin.
                     self.steady_until = min(self.steady_until, self.now + (hold.until - end))
-            if not may_backfill(card, self.snapshot.get()[0].get(cid, ()), hold, request, ends[hold.job_id], since):
+            if not may_backfill(card, releases.get(cid, ()), hold, request, ends[hold.job_id], since,
+                                room=self._leaves_room):
                 closed[cid] = hold
+
+    def _leaves_room(self, card: CardState, releases: Sequence[Release], hold: Hold, request: Request,
+                     held_since: float | None) -> bool:
+        """rig.placement.leaves_room, remembered per held card and request size while the card (the
+        very object) and its releases (the same list, as long) stay: groups of jobs alike ask it
+        of every held card (a card's hold and holder's start never change in a round)."""
+        kept = self._rooms.get(card.id)
+        if kept is None or kept[0] is not card or kept[1] is not releases or kept[2] != len(releases):
+            kept = self._rooms[card.id] = (card, releases, len(releases), {})
+        answers = kept[3]
+        found = answers.get(request.nbytes)
+        if found is None:
+            found = answers[request.nbytes] = leaves_room(card, releases, hold, request, held_since)
+        return found
 
     def open_to(self, job: Waiting, mine: list[CardState], request: Request,
                 view: _View | None = None) -> list[CardState]:
@@ -1204,6 +1251,16 @@ class _Holds:
             closed = {cid: h for cid, h in closed.items() if h.job_id != job.id and cid not in behind}
         return [c for c in mine if c.id not in closed] if closed else mine
 
+    def fitting_open(self, job: Waiting, request: Request, view: _View) -> list[CardState]:
+        """The cards of ``job``'s pool in the round's ``view`` that take ``request`` now and that it
+        may take (open_to less the cards that do not fit, which place never picks): from the
+        view's index, O(log cards + fitting) instead of a walk over the pool."""
+        fitting = view.fitting(job.pool, request.nbytes)
+        if not self.by_card:
+            return fitting
+        closed = self.closed_to(job, request, view)
+        return [c for c in fitting if c.id not in closed] if closed else fitting
+
     def plan(self, job: Waiting, cards: _View | Sequence[CardState], request: Request) -> Hold | None:
         """Hold cards for ``job`` (rig.placement.plan_hold) outside those held already: from the
         round's view (its HoldPlanner), or from a list of cards (rig.forecast's simulation)."""
@@ -1215,7 +1272,9 @@ class _Holds:
             if hold.until <= self.now:
                 self.steady_until = self.now  # its shadow time is now, whenever now is
             self.by_card.update(dict.fromkeys(hold.cards, hold))
-            self.order.extend(hold.cards)
+            for cid in hold.cards:
+                self._place_in_order[cid] = len(self.order)
+                self.order.append(cid)
             self.by_job[job.id] = hold
             self.held_since[job.id] = job.held_at or self.now
             order = self.holder_order[job.id] = holding_order(job, self.now)
@@ -1246,13 +1305,18 @@ class _View:
 
     def __init__(self, cards: list[CardState], pools: Pools, snapshot: _Lazy, now: float,
                  intern: Callable[[Hashable], int], positions: dict[str, int] | None = None,
-                 last: _View | None = None) -> None:
+                 last: _View | None = None, by_id: dict[str, CardState] | None = None,
+                 pool_positions: dict[str | None, dict[str, int]] | None = None) -> None:
         """``last``: the previous round's first view; when it saw the very same card records (the
         dispatcher keeps unchanged cards between passes: the same CardState objects), its tokens
-        are this view's, not worked out again (O(cards))."""
+        are this view's, not worked out again (O(cards)). ``positions``, ``by_id`` and
+        ``pool_positions``: given by after_start (the round's first view's, or derived from the
+        view before)."""
         self.cards = cards
-        self.by_id = {c.id: c for c in cards}
+        self.by_id = by_id if by_id is not None else {c.id: c for c in cards}
         self.positions = positions if positions is not None else {c.id: i for i, c in enumerate(cards)}
+        #: pool -> card id -> its position in mine(pool): the same in every view of a round
+        self._pool_positions = pool_positions if pool_positions is not None else {}
         self.pools = pools
         self.snapshot = snapshot
         self.now = now
@@ -1261,6 +1325,9 @@ class _View:
         #: first use: equal across views and passes that see the same cards, so what was worded
         #: for them is found again.
         self._big: dict[bool, tuple] = {}
+        #: The previous round's last view's tokens and cards (set by the dispatcher, _big not
+        #: shared): this view's token is that one's with the parts of the cards that differ replaced.
+        self._prior: tuple[dict[bool, tuple], list[CardState]] | None = None
         if last is not None and len(last.cards) == len(cards) and all(
                 a is b for a, b in zip(last.cards, cards, strict=True)):
             self._big = last._big  # shared: a token either works out serves both
@@ -1269,7 +1336,8 @@ class _View:
         #: (this view's token is that view's with those cards' parts replaced: O(changed)).
         self._before: tuple[_View, list[int]] | None = None
         self._mine: dict[str | None, list[CardState]] = {}
-        self._capacity: dict[str | None, Capacity] = {}
+        self._index: dict[str | None, RoomIndex] = {}
+        self._walks: dict[str | None, CardWalk] = {}
         self._planners: dict[str | None, HoldPlanner] = {}
 
     def mine(self, pool: str | None) -> list[CardState]:
@@ -1277,14 +1345,34 @@ class _View:
         found = self._mine.get(pool)
         if found is None:
             found = self._mine[pool] = [c for c in self.cards if self.pools.contains(pool, c.node, c.index)]
+            if pool not in self._pool_positions:
+                self._pool_positions[pool] = {c.id: i for i, c in enumerate(found)}
+        return found
+
+    def index(self, pool: str | None) -> RoomIndex:
+        """The pool's cards by room (rig.card_index): made once per round and pool, then carried
+        from view to view through each start's changes."""
+        found = self._index.get(pool)
+        if found is None:
+            found = self._index[pool] = RoomIndex(self.mine(pool))
         return found
 
     def could_place(self, pool: str | None, request: Request) -> bool:
-        """Could some node of the pool take ``request`` now, holds aside? (False: place is None.)"""
-        capacity = self._capacity.get(pool)
-        if capacity is None:
-            capacity = self._capacity[pool] = Capacity(self.mine(pool))
-        return capacity.could_place(request)
+        """Could some node of the pool take ``request`` now, holds aside? (False: place is None;
+        rig.placement.Capacity's answer, from the index.)"""
+        return self.index(pool).could_place(request)
+
+    def walk(self, pool: str | None) -> CardWalk:
+        """The pool's cards as wait sentences read them (rig.placement.CardWalk), made once per
+        view and pool: a round words its waits against its last view, hundreds over one walk."""
+        found = self._walks.get(pool)
+        if found is None:
+            found = self._walks[pool] = CardWalk(self.mine(pool), index=self.index(pool))
+        return found
+
+    def fitting(self, pool: str | None, nbytes: int) -> list[CardState]:
+        """The pool's cards that take ``nbytes`` per card now (what place looks at)."""
+        return self.index(pool).fitting(nbytes)
 
     def planner(self, pool: str | None) -> HoldPlanner:
         found = self._planners.get(pool)
@@ -1293,9 +1381,29 @@ class _View:
         return found
 
     def after_start(self, cards: list[CardState], changed: list[str]) -> _View:
-        """The view once a job started on ``changed`` (card ids), whose records ``cards`` carry."""
-        view = _View(cards, self.pools, self.snapshot, self.now, self._intern, self.positions)
+        """The view once a job started on ``changed`` (card ids), whose records ``cards`` carry:
+        its pools' cards and indexes are this view's with those cards replaced (O(changed) steps
+        and list copies, not a walk over every card per start)."""
+        by_id = dict(self.by_id)
+        for cid in changed:
+            by_id[cid] = cards[self.positions[cid]]
+        view = _View(cards, self.pools, self.snapshot, self.now, self._intern, self.positions, by_id=by_id,
+                     pool_positions=self._pool_positions)
         view._before = (self, [self.positions[cid] for cid in changed])
+        for pool, mine in self._mine.items():
+            where = self._pool_positions[pool]
+            changes = [(where[cid], by_id[cid]) for cid in changed if cid in where]
+            if changes:
+                mine = list(mine)
+                for position, card in changes:
+                    mine[position] = card
+            view._mine[pool] = mine
+            index = self._index.get(pool)
+            if index is not None:
+                view._index[pool] = index.after(changes) if changes else index
+            planner = self._planners.get(pool)
+            if planner is not None:
+                view._planners[pool] = planner.after(mine, [card for _position, card in changes])
         return view
 
     def token(self, fits_nowhere: bool) -> Hashable:
@@ -1314,7 +1422,15 @@ class _View:
             view = view._before[0] if view._before is not None else None
         for view in reversed(chain):
             if view._before is None:
-                view._big[fits_nowhere] = cards_token(view.cards, fits_nowhere=fits_nowhere)
+                prior = view._prior
+                if prior is not None and fits_nowhere in prior[0] and len(prior[1]) == len(view.cards):
+                    parts = list(prior[0][fits_nowhere])
+                    for position, (was, card) in enumerate(zip(prior[1], view.cards, strict=True)):
+                        if was is not card:
+                            parts[position] = card_token(card, fits_nowhere=fits_nowhere)
+                    view._big[fits_nowhere] = tuple(parts)
+                else:
+                    view._big[fits_nowhere] = cards_token(view.cards, fits_nowhere=fits_nowhere)
                 continue
             before, changed = view._before
             parts = list(before._big[fits_nowhere])

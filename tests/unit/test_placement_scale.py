@@ -4,6 +4,7 @@ random clusters (full, busy, unhealthy, foreign memory, several nodes)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections import defaultdict
@@ -106,4 +107,38 @@ def test_hold_planner_follows_cards_held_by_other_plans_and_a_new_exclude(seed):
         expected = _plan_by_the_rule(cards, releases, request, now, exclude)
         assert (None if hold is None else (hold.cards, hold.until)) == expected, job_id
         if hold is not None and given is exclude:
+            exclude.update(dict.fromkeys(hold.cards, hold))
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_a_planner_carried_through_starts_plans_what_plan_hold_s_rule_says(seed):
+    """HoldPlanner.after, as the dispatcher's views carry a planner from start to start: the
+    changed cards' releases added after the start (as the dispatcher adds them), some sizes asked
+    for only after a few starts: every plan is plan_hold's rule's over the cards as they are."""
+    rng = random.Random(seed)
+    now = 1_000_000.0
+    cards = _cluster(rng)
+    releases = _releases(rng, cards, now)
+    planner = HoldPlanner(cards, releases, now)
+    exclude: dict[str, object] = {}
+    for job_id in range(1, 40):
+        for _ in range(rng.choice([0, 1, 1, 2])):  # starts (each a new view and planner)
+            request = Request(rng.choice([4, 12, 24]) * GIB, rng.choice([1, 1, 2]))
+            spot = place(cards, request)
+            if spot is None:
+                continue
+            chosen = {f"{spot.node}/{i}" for i in spot.cards}
+            changed = [dataclasses.replace(c, reserved=c.reserved + request.nbytes, jobs=c.jobs + 1)
+                       for c in cards if c.id in chosen]
+            by_id = {c.id: c for c in changed}
+            cards = [by_id.get(c.id, c) for c in cards]
+            planner = planner.after(cards, changed)
+            for cid in chosen:
+                releases.setdefault(cid, []).append(Release(rng.choice([now + rng.randint(1, 900), math.inf]),
+                                                            request.nbytes))
+        request = Request(rng.choice([12, 24, 40, 70]) * GIB, rng.choice([1, 1, 2, 4]))
+        hold = planner.plan(request, job_id, exclude=exclude)
+        expected = _plan_by_the_rule(cards, releases, request, now, exclude)
+        assert (None if hold is None else (hold.cards, hold.until)) == expected, job_id
+        if hold is not None and rng.random() < 0.5:
             exclude.update(dict.fromkeys(hold.cards, hold))
