@@ -246,6 +246,23 @@ def pid_file(settings: Settings) -> Path:
     return settings.run_dir / f"up-{settings.node_name}.pid"
 
 
+def ensure_writable_home(settings: Settings) -> None:
+    """The folders ``rig up`` writes under its home (its own logs, its pid and ready files),
+    created now, or one line (exit 6) naming the folder and why: a read-only or foreign home
+    must not end in a traceback half-way through starting."""
+    from rig.errors import ConfigError
+
+    for folder in (settings.rig_log_dir, settings.run_dir):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / f".rig-write-probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(f"rig up cannot write in {folder} ({exc.strerror or exc}); it needs a writable "
+                              f"home: set RIG_HOME (now {settings.home}) or home in the config file") from None
+
+
 def running_pid(settings: Settings) -> int | None:
     """The pid of this node's live ``rig up``, or None."""
     path = pid_file(settings)

@@ -338,7 +338,7 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
     adopted by the next `rig up`. Several servers share one Redis: `rig up --node b --redis URL`."""
     from rig.cli import lossy
     from rig.cli.daemon import daemon_reason, reason_path, write_reason
-    from rig.stack import Stack, UpOptions, already_up, running_pid
+    from rig.stack import Stack, UpOptions, already_up, ensure_writable_home, running_pid
     from rig.supervision import safe_python
 
     if fake_gpus_opt:
@@ -348,6 +348,7 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
     if node_opt:
         ctx.obj["overrides"]["node_name"] = node_opt
     settings = settings_from(ctx)
+    ensure_writable_home(settings)
     if settings.fake_gpus:
         from rig.gpus import parse_fake_spec
 
@@ -372,8 +373,6 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
         argv += ["--no-gateway"] if no_gateway else []
         for part in only:
             argv += ["--only", part]
-        settings.rig_log_dir.mkdir(parents=True, exist_ok=True)
-        settings.run_dir.mkdir(parents=True, exist_ok=True)
         why_file = reason_path(settings.run_dir, settings.node_name)
         argv += ["--reason-file", str(why_file)]
         out_path = settings.rig_log_dir / "up.log"
