@@ -111,10 +111,25 @@ def mark_gone_cards(client: redis.Redis, keys: Keys, node: str, present: Iterabl
         if forget_if_idle(client, keys, node, index):
             removed.append(index)
         else:
+            # Nobody can measure a card that is not there: no reading is shown for it from now.
             _write(client, keys.card(node, index),
-                   lambda pipe, key: pipe.hset(key, mapping={"allowed": "0", "gone": "1"}))
+                   lambda pipe, key: pipe.hset(key, mapping={"allowed": "0", "gone": "1", **NO_READING}))
             kept.append(index)
     return kept, removed
+
+
+#: A card record's reading fields, emptied (rig.models.CardState reads "" as no reading).
+NO_READING = {"used": "", "utilization": "", "temperature": ""}
+
+
+def worker_retired(client: redis.Redis, keys: Keys, node: str, index: int) -> None:
+    """After `rig up` stopped a drained card's worker for good (rig.stack.Stack.retire_drained):
+    a card gone from the node leaves the ledger, as an idle one does at registration; one
+    outside gpu_whitelist keeps its record but no reading, since nothing measures it any more
+    (its last one would be shown as current for ever: a breaker's finding)."""
+    if card_is_gone(client, keys, node, index) and forget_if_idle(client, keys, node, index):
+        return
+    _write(client, keys.card(node, index), lambda pipe, key: pipe.hset(key, mapping=NO_READING))
 
 
 def _write(client: redis.Redis, key: str, write: Callable[[Any, str], object]) -> None:

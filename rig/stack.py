@@ -38,7 +38,7 @@ from rig import authgate, sentinel_url
 from rig.celery_config import card_queue, dispatcher_queues
 from rig.config import Settings
 from rig.connections import rig_pool_limit
-from rig.draining import cards_to_serve, drained
+from rig.draining import cards_to_serve, drained, worker_retired
 from rig.errors import (
     ConfigError,
     NodeInUse,
@@ -653,6 +653,10 @@ class Stack:
                 _signal_group(child.proc, signal.SIGKILL)
                 child.proc.wait(timeout=5)
             self.children.remove(child)
+            try:
+                worker_retired(self._redis(), self.keys, s.node_name, index)
+            except redis.RedisError:
+                pass  # its reading stays until the next rig up registers the node's cards anew
             self.say(f"{child.name}: its card takes no new jobs and its last job ended: worker stopped")
 
     def check_hung(self) -> None:

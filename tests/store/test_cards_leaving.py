@@ -19,6 +19,7 @@ from rig.draining import (
     needs_worker,
     send_back_unstarted,
     takes_new_jobs,
+    worker_retired,
 )
 from rig.gpus.base import GpuReading
 from rig.keys import Keys
@@ -93,6 +94,30 @@ def test_fewer_cards_marks_the_gone_ones_and_forgets_those_that_hold_nothing(led
     # The card comes back: registered afresh, not gone.
     _register(ledger, allowed={0, 1, 2, 3}, present=4)
     assert not any(c.gone for c in ledger.cards()) and all(c.allowed for c in ledger.cards())
+
+
+def _measured(ledger: Ledger, index: int) -> None:
+    ledger.record_reading("n1", GpuReading(index=index, uuid=f"u{index}", model="m", total=24 * GIB,
+                                           used=10 * GIB, utilization=100, temperature=70))
+
+
+def test_a_card_nobody_measures_any_more_shows_no_reading(ledger):
+    """A breaker's finding: cards gone from the node, or left outside the whitelist once their
+    worker retired, showed their last reading (10 GiB used, 100 %) in status and metrics for ever."""
+    gone_job, closed_job = _running(ledger, 3), _running(ledger, 1)
+    _measured(ledger, 3)
+    _register(ledger, allowed={0, 1, 2}, present=3)  # card 3 gone, its job runs on
+    gone = ledger.card("n1", 3)
+    assert gone.gone and (gone.used, gone.utilization, gone.temperature) == (None, None, None)
+    _register(ledger, allowed={0, 2}, present=3)  # card 1 out of the whitelist, its job runs on
+    _measured(ledger, 1)  # its worker still measures it while it serves its job
+    for job in (gone_job, closed_job):
+        conclude(ledger, ledger.store.get(job.id), str(job.assignments), AttemptEnd(exit_code=0))
+    for index in (1, 3):  # what rig up does once it stopped the drained card's worker
+        worker_retired(ledger.r, ledger.keys, "n1", index)
+    assert [c.index for c in ledger.cards()] == [0, 1, 2]  # the gone card left the ledger
+    closed = ledger.card("n1", 1)
+    assert not closed.allowed and (closed.used, closed.utilization, closed.temperature) == (None, None, None)
 
 
 def test_a_job_placed_but_not_started_on_a_closed_card_goes_back_to_its_place(ledger):
