@@ -758,10 +758,14 @@ class Dispatcher:
                 break
             cards = self._read_cards()
             eligible = {c.id for c in cards if c.eligible}
-            if cards and not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
-                return started  # every card is full: nothing can start, nothing to explain anew
             waiting = self._read_waiting()
             if not waiting:
+                return started
+            if cards and not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards) \
+                    and all(j.wait_reason for j in waiting):
+                # Every card full or closed: nothing can start, and every job read has its reason
+                # (one that arrived meanwhile is explained by a full round: a tester found jobs
+                # behind a whitelist naming no card with no reason in `rig jobs`).
                 return started
             now = shared_now(self.r)
             if _round == 0 and self._repeats(cards, waiting, now):

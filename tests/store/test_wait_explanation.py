@@ -220,3 +220,27 @@ def test_a_frozen_node_is_named_not_no_node_up():
     text = explain(WaitFacts(request=Request(2**30, 1), cards=[], nodes=[frozen]))
     assert text.startswith("no node takes jobs here: a is frozen (node a joined installation inst-1")
     assert "rig recover" in text and "`rig up`" not in text
+
+
+@pytest.mark.parametrize("closed", ["whitelist", "full"])
+def test_a_job_arriving_while_no_card_can_take_anything_gets_the_dispatchers_reason(world, closed):
+    """A tester's finding: with gpu_whitelist naming no card of the node, `rig jobs` showed no
+    reason for a new job (the dispatcher's pass stopped at "every card is full" before reading
+    the queue), while `rig show` worded one live. The same for a job arriving at full cards."""
+    settings, _, ledger, nodes, client = world
+    nodes.register("n1", ttl=TTL, backend="fake", cards=2)
+    for i in range(2):
+        ledger.register_card("n1", GpuReading(index=i, uuid=f"n1-u{i}", model="m", total=40 * GIB),
+                             max_jobs=1, reserve_fraction=0.0, allowed=closed != "whitelist", fake=True)
+    dispatcher = Dispatcher(settings, lambda *a: None, client=ledger.r)
+    if closed == "full":
+        for _ in range(2):
+            _submit(ledger, 4)
+        assert dispatcher.dispatch_pass() == 2
+    late = _submit(ledger, 4)
+    assert dispatcher.dispatch_pass() == 0
+    stored = client.get(late).wait_reason
+    assert stored, "no reason stored for a job that cannot start"
+    if closed == "whitelist":
+        assert "gpu_whitelist" in stored, stored
+    assert dispatcher.dispatch_pass() == 0  # and the pass after it stops early again
