@@ -14,6 +14,15 @@ key prefix, real Celery workers on fake 8x80G cards, no Flower, no beat) and pri
     job ending.
 
     .venv/bin/python scripts/bench_dispatch.py [--latency-jobs 50] [--tiny-jobs 1000]
+
+With ``--idle-passes N`` it measures only the dispatcher's pass after one submission, in this
+process, with no workers: 8 x 80 GiB cards (4 jobs a card), 0..31 running jobs (each pass starts
+the one new 2 GiB job, which is then claimed), N times over; per number of running jobs, the
+pass's CPU (this thread's, ms) and its requests written to Redis (round trips: a pipeline is
+one; the shared clock's TIME anchor counted too), and over all passes the wall time. ``--tree DIR``: the dispatcher of another
+tree (a folder holding its rig/ and workers/, e.g. main's ``git archive``), to alternate with:
+
+    .venv/bin/python scripts/bench_dispatch.py --idle-passes 5 [--tree /tmp/ip-old]
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if "--tree" in sys.argv:  # another tree's rig and workers (--idle-passes): imported from there
+    sys.path.insert(0, str(Path(sys.argv[sys.argv.index("--tree") + 1]).resolve()))
 
 import redis  # noqa: E402
 
@@ -47,7 +58,11 @@ def main() -> int:
     parser.add_argument("--latency-jobs", type=int, default=50)
     parser.add_argument("--tiny-jobs", type=int, default=1000)
     parser.add_argument("--fake-gpus", default="8x80G")
+    parser.add_argument("--idle-passes", type=int, default=0, help="only the pass after one submission, N times")
+    parser.add_argument("--tree", default="", help="with --idle-passes: the dispatcher of this tree")
     args = parser.parse_args()
+    if args.idle_passes:
+        return idle_passes(args.idle_passes, args.tree)
 
     url = os.environ.get("RIG_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
     prefix = f"rigbench:{uuid.uuid4().hex[:8]}:"
@@ -122,6 +137,77 @@ def _tiny_jobs(label: str, count: int, client: Client, submit_all) -> None:  # n
     ok = sum(1 for f in finals if f.state is JobState.SUCCEEDED)
     print(f"{count} tiny jobs{label}: submitted {count / submitted:.0f} jobs/s ({submitted:.2f} s); "
           f"all ended after {total:.2f} s = {count / total:.0f} jobs/s; succeeded {ok}/{count}")
+
+
+def idle_passes(reps: int, tree: str) -> int:
+    """The dispatcher's pass after one submission on 8 cards with 0..31 running jobs (see the
+    module doc): CPU ms and requests written per pass."""
+    import redis.connection
+
+    from rig.gpus.base import GpuReading
+    from rig.keys import Keys
+    from rig.ledger import Ledger
+    from rig.memory import GIB
+    from rig.models import Job, Priority
+    from rig.nodes import NodeRegistry
+    from workers import dispatcher as module
+    if tree and not module.__file__.startswith(str(Path(tree).resolve())):
+        raise SystemExit(f"the dispatcher was imported from {module.__file__}, not {tree}")
+    print(f"dispatcher: {module.__file__}; load average {os.getloadavg()[0]:.1f}")
+    sent = [0]
+    original = redis.connection.AbstractConnection.send_packed_command
+
+    def counting(self, command, check_health=True):  # noqa: ANN001
+        sent[0] += 1
+        return original(self, command, check_health)
+    redis.connection.AbstractConnection.send_packed_command = counting
+    url = os.environ.get("RIG_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+    cpu: dict[int, list[float]] = {}
+    wall: list[float] = []
+    trips: dict[int, list[int]] = {}
+    for _ in range(reps):
+        prefix = f"rigbench:{uuid.uuid4().hex[:8]}:"
+        settings = load_settings(home=Path(tempfile.mkdtemp(prefix="rig-bench-")), redis_url=url, key_prefix=prefix,
+                                 node_name="bench", max_task_per_gpu=4)
+        r = redis.Redis.from_url(url, decode_responses=True)
+        keys = Keys(prefix)
+        ledger = Ledger(r, keys)
+        NodeRegistry(r, keys).register("bench", ttl=3600)
+        for index in range(8):
+            ledger.register_card("bench", GpuReading(index, f"GPU-{index}", "Fake 80G", 80 * GIB, 0, 0, 40),
+                                 max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+        starts: list = []
+        dispatcher = module.Dispatcher(settings, lambda *start, starts=starts: starts.append(start), client=r)
+        try:
+            dispatcher.dispatch_pass()  # nothing waits: the cards are read and kept
+            for running in range(32):
+                ledger.store.create_many([(Job(id=0, name="idle", user="alice", command=["true"], gpu_memory=2 * GIB,
+                                               gpus=1, priority=Priority.MEDIUM, state=JobState.PENDING,
+                                               workdir="/tmp", created_at=0.0), None)])
+                sent[0] = 0
+                began, clock = time.thread_time(), time.perf_counter()
+                placed = dispatcher.dispatch_pass()
+                cpu.setdefault(running, []).append((time.thread_time() - began) * 1000)
+                wall.append((time.perf_counter() - clock) * 1000)
+                trips.setdefault(running, []).append(sent[0])
+                if placed != 1:
+                    raise SystemExit(f"the pass started {placed} jobs, not 1")
+                job_id, token, _node, card = starts[-1]
+                ok, detail = ledger.claim(job_id, token, f"card{card}@bench")
+                if not ok:
+                    raise SystemExit(f"job {job_id}: claim refused: {detail}")
+        finally:
+            _delete(r, prefix)
+    print("running jobs | pass CPU ms p50 / p90 | requests written (round trips) per pass, mean (min-max)")
+    for running in (0, 1, 4, 8, 16, 24, 31):
+        print(f"{running:12d} | {statistics.median(cpu[running]):.3f} / {percentile(cpu[running], 0.9):.3f} | "
+              f"{statistics.mean(trips[running]):.2f} ({min(trips[running])}-{max(trips[running])})")
+    every = [x for values in cpu.values() for x in values]
+    counts = [x for values in trips.values() for x in values]
+    print(f"all {len(every)} passes | {statistics.median(every):.3f} / {percentile(every, 0.9):.3f} | "
+          f"{statistics.mean(counts):.2f} ({min(counts)}-{max(counts)}); wall ms p50 / p90 "
+          f"{statistics.median(wall):.3f} / {percentile(wall, 0.9):.3f}")
+    return 0
 
 
 def _delete(r: redis.Redis, prefix: str) -> None:

@@ -102,7 +102,7 @@ from typing import Any, ClassVar
 
 import redis
 
-from rig import estimates, jobtrace
+from rig import estimates, hashes, jobtrace
 from rig import records as R
 from rig.card_index import RoomIndex
 from rig.clock import shared_now
@@ -110,7 +110,7 @@ from rig.config import Settings
 from rig.errors import InvalidRecord
 from rig.failures import FailureClass
 from rig.fairshare import MIN_CHARGE_S, TeamState, decay, exceeds_alone, gib_hours, over_limit
-from rig.hashes import fields_of, queue_fields, read_fields
+from rig.hashes import fields_of, queue_fields
 from rig.keys import Keys, card_id, split_card_id
 from rig.ledger import Ledger
 from rig.lua import source
@@ -236,6 +236,7 @@ class Dispatcher:
         self._kept_jobs: dict[int, list] = {}
         self._full_read_at = -math.inf  # time.monotonic() of the last full read
         self._read_script: Any = None  # rig/lua/read_cards.lua, registered on first use
+        self._scripts: dict[str, Any] = {}  # scripts called by SHA in pipelines (_script_sha)
         self._card_ids: list[str] = []  # the card set as _read_cards last read it, and the keys of
         self._card_keys: list[str] = []  # each card's record and reservations, in that order
         self._prior_read: tuple = ()  # the recent runs self._prior was made from (read every round)
@@ -263,6 +264,7 @@ class Dispatcher:
         self._holdings_read: tuple = ()
         self._holdings_steady = math.inf
         self._thread: threading.Thread | None = None
+        self._leading = False  # the last leader check's outcome (_led)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -277,9 +279,13 @@ class Dispatcher:
         woken = False
         while not self.stop_event.is_set():
             try:
-                # The wake-ups pushed meanwhile are drained (DEL) in the leader check's round trip.
-                if self._lead(drain_wake=woken):
+                # The wake-ups pushed meanwhile are drained (DEL) in the leader check's round trip,
+                # which rides in the pass's first reads while this dispatcher led at the last check.
+                if self._leading:
+                    self.dispatch_pass(check_lead=woken)
+                elif self._lead(drain_wake=woken):
                     self.dispatch_pass()
+                if self._leading:
                     # Block until nudged (submit, job end, kill) or a second passes, then drain.
                     woken = self.r.blpop([self.keys.sched_wake], timeout=IDLE_PASS_S) is not None
                 else:
@@ -304,13 +310,23 @@ class Dispatcher:
         """Take or renew the leader lock, in one round trip (with ``drain_wake``, the pending
         wake-ups are deleted in the same one)."""
         pipe = self.r.pipeline(transaction=False)
+        queued = self._queue_lead(pipe, drain_wake)
+        return self._led(int(pipe.execute()[queued - 1]))
+
+    def _queue_lead(self, pipe: Any, drain_wake: bool) -> int:
+        """Queue on ``pipe`` the leader check (and, with ``drain_wake``, the wake-ups' DEL before
+        it); returns how many commands were queued: the check's reply is the last of them."""
         if drain_wake:
             pipe.delete(self.keys.sched_wake)
         pipe.eval(_LEAD_SCRIPT, 1, self.keys.sched_leader, self.identity, LEADER_TTL_MS)
-        outcome = int(pipe.execute()[-1])
+        return 2 if drain_wake else 1
+
+    def _led(self, outcome: int) -> bool:
+        """Take the leader check's outcome (2 taken, 1 renewed, 0 another leads): self._leading."""
         if outcome == 2:
             log.info("dispatcher %s is now the leader", self.identity)
-        return outcome > 0
+        self._leading = outcome > 0
+        return self._leading
 
     def _resign(self) -> None:
         try:
@@ -327,22 +343,26 @@ class Dispatcher:
         jobs = self._read_waiting()
         return sorted(jobs, key=lambda j: (self.effective_rank(j, now), j.id))
 
-    def _read_waiting(self) -> list[Waiting]:
-        users = self._users_read = sorted(self.r.smembers(self.keys.pending_users))
+    def _read_waiting(self, prefetched: tuple[set, list[str], list] | None = None) -> list[Waiting]:
+        """The queue heads' jobs (global and per user, _queue_heads), parsed; ``prefetched``: the
+        pending users and the heads _first_reads read for the users it guessed (read again here
+        when the guess was wrong)."""
+        if prefetched is None:
+            found = self.r.smembers(self.keys.pending_users)
+            guessed, replies = None, []
+        else:
+            found, guessed, replies = prefetched
+        users = self._users_read = sorted(found)
         if len(users) <= 1:
             users = []  # one user's queue head is the global head
         # Every waiting user's head is read: with many users, fewer jobs each (at least one),
         # so no user is left unseen and a pass stays bounded.
-        per_user = max(1, min(USER_LOOKAHEAD, USERS_BUDGET // max(1, len(users))))
-        pipe = self.r.pipeline(transaction=False)
-        for prio in Priority:
-            low = prio.rank * PRIORITY_BAND
-            pipe.zrangebyscore(self.keys.pending, low, low + PRIORITY_BAND - 1, start=0, num=LOOKAHEAD)
-            for user in users:
-                pipe.zrangebyscore(self.keys.pending_user(user), low, low + PRIORITY_BAND - 1,
-                                   start=0, num=per_user)
+        per_user = _per_user(users)
+        if users != guessed:
+            pipe = self.r.pipeline(transaction=False)
+            self._queue_heads(pipe, users)
+            replies = pipe.execute()
         source: dict[int, str] = {}  # id -> the user queue it was read from ('' = global)
-        replies = pipe.execute()
         # Shorter replies than asked for: every waiting job was read (no need for another round
         # to see the jobs behind the ones this round starts).
         self._read_all = all(len(band) < (LOOKAHEAD if position % (len(users) + 1) == 0 else per_user)
@@ -354,7 +374,7 @@ class Dispatcher:
                     source[int(jid)] = owner
         ids = sorted(source)
         jobs = []
-        for jid, values in zip(ids, read_fields(self.r, [self.keys.job(j) for j in ids], Waiting.FIELDS), strict=True):
+        for jid, values in zip(ids, self._read_fields([self.keys.job(j) for j in ids], Waiting.FIELDS), strict=True):
             try:
                 job = Waiting.parse_cached(jid, values)
             except InvalidRecord as exc:
@@ -369,6 +389,104 @@ class Dispatcher:
                 self.ledger.unqueue(jid, source[jid] or values[Waiting.FIELDS.index("user")] or "?")
         return jobs
 
+    def _queue_heads(self, pipe: Any, users: list[str]) -> None:
+        """Queue on ``pipe`` the reads of the queue heads: per priority, the global queue's first
+        LOOKAHEAD and each of ``users``' first _per_user(users) (``users`` empty: the global
+        queue alone), in the order _read_waiting takes their replies."""
+        per_user = _per_user(users)
+        for prio in Priority:
+            low = prio.rank * PRIORITY_BAND
+            pipe.zrangebyscore(self.keys.pending, low, low + PRIORITY_BAND - 1, start=0, num=LOOKAHEAD)
+            for user in users:
+                pipe.zrangebyscore(self.keys.pending_user(user), low, low + PRIORITY_BAND - 1,
+                                   start=0, num=per_user)
+
+    def _script_sha(self, name: str) -> str:
+        """The SHA-1 of rig/lua/``name``.lua, registered on this client (loaded on first call)."""
+        script = self._scripts.get(name)
+        if script is None:
+            script = self._scripts[name] = self.r.register_script(source(name))
+        return script.sha
+
+    def _load_scripts(self) -> None:
+        """SCRIPT LOAD every script this dispatcher calls by SHA (Redis restarted, or flushed)."""
+        for script in self._scripts.values():
+            self.r.script_load(script.script)
+
+    def _execute_reads(self, queue: Callable[[Any], None]) -> list:
+        """Run the reads ``queue`` puts on a pipeline, its scripts called by EVALSHA (_script_sha),
+        in one round trip: redis-py's own script objects make a pipeline ask SCRIPT EXISTS first,
+        a round trip of its own, every time. A script Redis no longer has is loaded and the reads
+        are queued and run again (only reads: running them twice changes nothing); any other
+        error is raised."""
+        for attempt in range(2):
+            pipe = self.r.pipeline(transaction=False)
+            queue(pipe)
+            replies = pipe.execute(raise_on_error=False)
+            if attempt == 0 and any(isinstance(reply, redis.exceptions.NoScriptError) for reply in replies):
+                self._load_scripts()
+                continue
+            break
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    def _read_fields(self, keys: Sequence[str], fields: Sequence[str]) -> list[list[Any]]:
+        """rig.hashes.read_fields (rig/lua/read_hashes.lua, at most rig.hashes.BATCH keys a call)
+        in one round trip without its SCRIPT EXISTS (_execute_reads)."""
+        if not keys:
+            return []
+        sha = self._script_sha("read_hashes")
+
+        def queue(pipe: Any) -> None:
+            for start in range(0, len(keys), hashes.BATCH):
+                batch = list(keys[start:start + hashes.BATCH])
+                pipe.evalsha(sha, len(batch), *batch, *fields)
+        return fields_of(self._execute_reads(queue))
+
+    def _first_reads(self, check_lead: bool | None = None) -> tuple[list[CardState], tuple | None]:
+        """A round's cards (_read_cards) and what _read_waiting needs before the heads' fields, in
+        one round trip where they took four: the card set, the cards whose version moved
+        (read_cards.lua), the pending users and the heads of the queues of the users read last
+        time go in one pipeline (then _read_waiting(prefetched) reads the heads' fields, one more).
+        A card set that changed (or one too large for one script call, or none kept yet), or
+        pending users other than the last ones, are read again as before: the same reads, one
+        round trip more. ``check_lead`` (not None): run_forever's leader check (_lead, draining
+        the wake-ups when True) rides in the same pipeline, before the reads; when another
+        dispatcher leads, ([], None) and self._leading is False."""
+        if time.monotonic() - self._full_read_at >= FULL_READ_S:
+            self.forget()
+            self._full_read_at = time.monotonic()
+        ids = self._card_ids
+        fold = 0 < len(ids) <= CARDS_BATCH
+        guessed = self._users_read if len(self._users_read) > 1 else []
+        pipe = self.r.pipeline(transaction=False)
+        leading = self._queue_lead(pipe, check_lead) if check_lead is not None else 0
+        pipe.smembers(self.keys.cards)
+        if fold:
+            pipe.evalsha(self._script_sha("read_cards"), len(self._card_keys), *self._card_keys,
+                         *[self._kept[cid][0] if cid in self._kept else "" for cid in ids])
+        pipe.smembers(self.keys.pending_users)
+        self._queue_heads(pipe, guessed)
+        replies = pipe.execute(raise_on_error=False)
+        if leading:
+            outcome, replies = replies[leading - 1], replies[leading:]
+            if isinstance(outcome, Exception):
+                raise outcome
+            if not self._led(int(outcome)):
+                return [], None
+        card_set = replies.pop(0)
+        script_reply = replies.pop(0) if fold else None
+        for reply in (card_set, *replies):
+            if isinstance(reply, Exception):
+                raise reply
+        if fold and not isinstance(script_reply, Exception) and sorted(card_set) == ids:
+            cards = self._read_cards(prefetched=(ids, script_reply))
+        else:  # NOSCRIPT (loaded by the script object's call) or another card set: read as before
+            cards = self._read_cards()
+        return cards, (replies[0], guessed, replies[1:])
+
     def forget(self) -> None:
         """Drop what is kept between passes (cards, reservations, placed jobs): the next pass
         reads them all. After a failed pass (Redis may have restarted empty or rolled back)
@@ -378,31 +496,35 @@ class Dispatcher:
         self._reservations = {}
         self._repeat = None
 
-    def _read_cards(self) -> list[CardState]:
+    def _read_cards(self, prefetched: tuple[list[str], list] | None = None) -> list[CardState]:
         """Every registered card, sorted by node then index (as Ledger.cards), with the
         reservations of each in self._reservations: one round trip for the ids, one script call
         (rig/lua/read_cards.lua) that sends back only the cards whose version
         (rig.ledger.CARD_VERSION) moved since they were kept, record and reservations read
         together. A version that went backwards or vanished (Redis emptied or rolled back), and
         every FULL_READ_S, reads everything again. A kept card may be stale by the time it is
-        used, as a card read a moment ago may: reserve.lua checks the card itself."""
+        used, as a card read a moment ago may: reserve.lua checks the card itself. ``prefetched``:
+        the card ids and read_cards.lua's replies _first_reads read for the kept card set."""
         self._reserved_since_read = False
-        ids = sorted(self.r.smembers(self.keys.cards))
-        if time.monotonic() - self._full_read_at >= FULL_READ_S:
-            self.forget()
-            self._full_read_at = time.monotonic()
-        if ids != self._card_ids:  # the cards' keys, made again only when the set of cards changes
-            self._card_ids, self._card_keys = ids, []
-            for cid in ids:
-                node, index = split_card_id(cid)
-                self._card_keys += [self.keys.card(node, index), self.keys.card_jobs(node, index)]
-        if self._read_script is None:
-            self._read_script = self.r.register_script(source("read_cards"))
-        replies = []
-        for start in range(0, len(ids), CARDS_BATCH):  # called, not pipelined: a pipeline holding a
-            batch = ids[start:start + CARDS_BATCH]     # script asks SCRIPT EXISTS first, every time
-            replies += self._read_script(keys=self._card_keys[2 * start:2 * (start + len(batch))],
-                                         args=[self._kept[cid][0] if cid in self._kept else "" for cid in batch])
+        if prefetched is not None:  # _first_reads read them, the full read's rule applied
+            ids, replies = prefetched
+        else:
+            ids = sorted(self.r.smembers(self.keys.cards))
+            if time.monotonic() - self._full_read_at >= FULL_READ_S:
+                self.forget()
+                self._full_read_at = time.monotonic()
+            if ids != self._card_ids:  # the cards' keys, made again only when the set of cards changes
+                self._card_ids, self._card_keys = ids, []
+                for cid in ids:
+                    node, index = split_card_id(cid)
+                    self._card_keys += [self.keys.card(node, index), self.keys.card_jobs(node, index)]
+            if self._read_script is None:
+                self._read_script = self.r.register_script(source("read_cards"))
+            replies = []
+            for start in range(0, len(ids), CARDS_BATCH):  # called, not pipelined: a pipeline holding a
+                batch = ids[start:start + CARDS_BATCH]     # script asks SCRIPT EXISTS first, every time
+                replies += self._read_script(keys=self._card_keys[2 * start:2 * (start + len(batch))],
+                                             args=[self._kept[cid][0] if cid in self._kept else "" for cid in batch])
         kept: dict[str, tuple[str, CardState, dict[int, int]]] = {}
         moved: set[int] = set()  # placed jobs whose reservations changed: their fields are read again
         for cid, entry in zip(ids, replies, strict=True):
@@ -748,17 +870,20 @@ class Dispatcher:
                 if queues[user]:
                     heapq.heappush(heap, (team.load(user).usage, key(queues[user][0]), user))
 
-    def dispatch_pass(self) -> int:
+    def dispatch_pass(self, check_lead: bool | None = None) -> int:
         """Start every waiting job that fits now without delaying a job ahead of it.
-        Returns how many were started."""
+        Returns how many were started. ``check_lead`` (not None): take the leader check first,
+        in the first round trip (_first_reads); nothing is done when another dispatcher leads."""
         started = 0
         pools = self.settings.pool_map
         for _round in range(MAX_ROUNDS):  # a reservation refused again and again must not spin
             if self.stop_event.is_set():
                 break
-            cards = self._read_cards()
+            cards, heads = self._first_reads(check_lead if _round == 0 else None)
+            if heads is None:
+                return started  # another dispatcher leads
             eligible = {c.id for c in cards if c.eligible}
-            waiting = self._read_waiting()
+            waiting = self._read_waiting(prefetched=heads)
             if not waiting:
                 return started
             if cards and not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards) \
@@ -1586,6 +1711,12 @@ def holding_order(job: Waiting, now: float | None = None) -> tuple[float, int, i
     held = job.held_at or now
     assert held is not None, "holding_order of a job that holds nothing"
     return (held, job.priority.rank, job.id)
+
+
+def _per_user(users: list[str]) -> int:
+    """How many jobs of each user's queue head a pass reads per priority: USER_LOOKAHEAD, fewer
+    with many users (USERS_BUDGET in all, at least one each), so no user is left unseen."""
+    return max(1, min(USER_LOOKAHEAD, USERS_BUDGET // max(1, len(users))))
 
 
 def _later(version: str, held: str) -> bool:
