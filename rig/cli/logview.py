@@ -80,6 +80,11 @@ def never_started(job: Job, attempt: int) -> str | None:
     return None
 
 
+def ended_unstarted(job: Job) -> str:
+    """The one line for a job that ended (cancelled, failed) before any attempt started."""
+    return f"job {job.id} ended {job.state.value} before it started; no log"
+
+
 def where(job: Job, attempt: int) -> str:
     """``n1/3``: the node and cards attempt ``attempt`` ran on (or runs on, the current one)."""
     for item in job.attempts:
@@ -152,6 +157,8 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
         if asked is not None and asked not in logs and (line := never_started(job, asked)):
             say(line)
             return
+        if not logs and job.state.terminal:
+            raise InvalidInput(ended_unstarted(job))
         if not logs or (attempt is not None and attempt not in logs):
             raise InvalidInput(f"job {job.id} has no log yet (it is {job.state.value.lower()}); "
                                f"`rig log -f {job.id}` waits for it")
@@ -186,7 +193,7 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
             if job.state.terminal:
                 if attempt_logs(job):
                     break
-                raise InvalidInput(f"job {job.id} ended {job.state.value} before it started; no log")
+                raise InvalidInput(ended_unstarted(job))
             sleep(POLL_S)
             job = get()
         if skipped is None:

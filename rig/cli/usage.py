@@ -124,10 +124,21 @@ def _cells(line: UsageLine) -> dict[str, str]:
             "wait": _wait(line.mean_wait_seconds), "cancelled": f"{line.cancelled:,}", "failures": _failures(line)}
 
 
+#: What a spreadsheet takes as the start of a formula in a cell (OWASP's CSV injection list).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(value: str) -> str:
+    """A user's text (a job's name, template, user) as a CSV cell a spreadsheet shows as text:
+    one starting like a formula gets a leading ' (a job named `=HYPERLINK(...)` must not run
+    when the accounting is opened)."""
+    return "'" + value if value.startswith(FORMULA_STARTS) else value
+
+
 def _csv_row(line: UsageLine) -> tuple:
     def num(value: float | None) -> str:
         return "" if value is None else f"{value:.4f}"
 
-    return (line.key, line.jobs, line.failed, line.cancelled, num(line.card_hours), num(line.reserved_gib_hours),
+    return (csv_text(line.key), line.jobs, line.failed, line.cancelled, num(line.card_hours), num(line.reserved_gib_hours),
             num(line.used_gib_hours), num(line.mean_wait_seconds),
             ";".join(f"{k}={v}" for k, v in line.failures.items()))

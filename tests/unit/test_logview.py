@@ -97,6 +97,10 @@ def test_a_job_cancelled_before_it_started_has_no_log():
         show_log(life.get, attempt=None, follow=True, out=io.BytesIO(), say=print, sleep=lambda s: None)
     with pytest.raises(InvalidInput, match="no log yet"):
         show_log(lambda: _job(), attempt=None, follow=False, out=io.BytesIO(), say=print)
+    # Without -f the same (a tester's finding: it said "no log yet; `rig log -f` waits for it",
+    # and -f then answered at once that there would be none).
+    with pytest.raises(InvalidInput, match="ended CANCELLED before it started; no log$"):
+        show_log(lambda: _job(state=JobState.CANCELLED), attempt=None, follow=False, out=io.BytesIO(), say=print)
 
 
 def test_an_attempt_on_another_node_is_named_and_skipped(tmp_path):
