@@ -32,7 +32,7 @@ from rig.cli.render import (
 from rig.cli.submit import do_submit, submit_options
 from rig.cli.top import top
 from rig.cli.usage import since_time, usage
-from rig.errors import InvalidInput, StackError
+from rig.errors import ConfigError, InvalidInput, StackError
 from rig.models import JobState
 from rig.registration import read_notes, write_notes
 from rig.text import clean
@@ -397,9 +397,17 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
                            "`rig down` stops it")
                 for line in read_notes(settings.run_dir, settings.node_name, kind="addresses"):
                     click.echo(line)  # where Flower and /metrics listen, and where the logins are
+                from rig.redis_conn import resolve_auth
                 from rig.stack import redis_warnings  # no password, full, no fail-over in time...
 
-                for notice in redis_warnings(settings.redis_url):  # else only in up.log
+                # With the password rig uses: a private Redis the daemon started has the home's
+                # new one, which these settings (read before it existed) lack; the configured URL
+                # alone warned "no password" on a Redis that has one.
+                try:
+                    used = resolve_auth(settings.redis_url, home=settings.home).url
+                except ConfigError:
+                    used = settings.redis_url
+                for notice in redis_warnings(used):  # else only in up.log
                     click.echo(f"warning: {notice}", err=True)
                 return
             time.sleep(0.2)

@@ -68,6 +68,8 @@ def test_up_daemon_private_redis_real_work_down(tmp_path):
         assert page_status(f"http://127.0.0.1:{metrics}/api/overview", "rig:wrong") == 401
         up_log = (tmp_path / "home/logs/system/up.log").read_text()
         assert f"started a private one at redis://127.0.0.1:{port}/0" in up_log
+        # It has the generated password: no "takes clients without a password" (a tester's finding).
+        assert "without a password" not in up.stderr, up.stderr
         data = tmp_path / "home/redis"
         # Redis 7 keeps its AOF in appendonlydir/; 6.2 writes one file.
         assert (data / "appendonlydir").is_dir() or (data / "rig.aof").exists() or list(data.glob("*.aof*"))
