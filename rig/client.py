@@ -412,6 +412,10 @@ class Client:
         user = user or current_identity().name
         peaks = estimates.recent_peaks(self.r, self.keys, user=user, name=name, count=5)
         if not peaks:
+            ran = estimates.read_own(self.r, self.keys, user=user, name=name, template=None, command=[])["name"]
+            if ran:  # it ran, and measured nothing: fake cards, a CPU-only job, no NVML reading
+                raise InvalidInput(f"--gpu-memory auto: the {len(ran)} earlier run(s) of {name!r} measured no GPU "
+                                   "memory in use; give a size such as 12G")
             raise InvalidInput(
                 f"--gpu-memory auto: no measured run of a job named {name!r} yet; give a size such as 12G")
         margin = margin or self.settings.auto_memory_margin

@@ -264,3 +264,23 @@ def test_read_own_many_reads_what_read_own_reads_for_each_job():
     assert E.read_own_many(r, keys, asked) == expected
     assert expected[0]["command"] == [3.0] * 3 and expected[5] == {"command": [], "name": []}
     assert E.read_own_many(r, keys, []) == []
+
+
+def test_gpu_memory_auto_says_why_it_has_no_peak():
+    """A tester's finding: three runs of `bert` on fake cards (peak 0 B, so no peak kept) and
+    `--gpu-memory auto` said "no measured run ... yet"; it says the runs measured nothing."""
+    from rig.client import Client
+    from rig.config import load_settings
+    from rig.errors import InvalidInput
+
+    r = fakeredis.FakeRedis(decode_responses=True)
+    client = Client(load_settings(key_prefix="t:"), redis_client=r)
+    with pytest.raises(InvalidInput, match="no measured run of a job named 'bert' yet"):
+        client.auto_memory("bert", user="ann")
+    pipe = r.pipeline(transaction=False)
+    for _ in range(3):
+        E.record_run(pipe, Keys("t:"), user="ann", name="bert", template=None, command=["b"], nbytes=GIB,
+                     gpus=1, seconds=5, ended_at=1000)
+    pipe.execute()
+    with pytest.raises(InvalidInput, match="the 3 earlier run\\(s\\) of 'bert' measured no GPU memory"):
+        client.auto_memory("bert", user="ann")
