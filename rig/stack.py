@@ -511,9 +511,11 @@ class Stack:
         if not left:
             return
         dead = sorted({p.supervisor for p in left if p.supervisor is not None})
-        self.say(f"found {len(left)} process(es) left by a rig up of node {s.node_name} that is gone "
-                 f"(pid {', '.join(map(str, dead)) or '?'}): {describe(left)}; stopping them "
-                 "(running jobs keep running and are adopted)")
+        line = (f"found {len(left)} process(es) left by a rig up of node {s.node_name} that is gone "
+                f"(pid {', '.join(map(str, dead)) or '?'}): {describe(left)}; stopping them "
+                "(running jobs keep running and are adopted)")
+        self.say(line)
+        self.notes.append(line)  # said on the terminal of `rig up --daemon` too, not only in up.log
         stuck = stop_processes(left, STOP_TIMEOUT_S, say=self.say)
         if stuck:
             raise StackError(f"could not stop {describe(stuck)} left by an earlier rig up of node "
