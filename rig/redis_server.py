@@ -378,8 +378,9 @@ def _check_data(url: str, data_dir: Path, binary: RedisBinary, had_files: bool) 
         if lost:
             found = f"{keys} key(s)" + (f" and data id {held}" if held else "")
             raise StackError(
-                f"the private Redis ({binary.describe()}) came up without the data in {data_dir} "
-                f"(expected data id {expected or '-'}, found {found}) and was stopped before writing; "
+                f"the private Redis ({binary.describe()}) came up without the data rig recorded in {data_dir} "
+                f"(expected data id {expected or '-'}, found {found}): its files were lost or replaced, or "
+                f"its data was deleted while it ran (FLUSHALL, FLUSHDB); it was stopped before writing; "
                 f"see {data_dir.parent / 'logs'} and the server's log; to start afresh on purpose, "
                 f"move {data_dir} away (jobs recorded there are then forgotten)")
         if held is None:
