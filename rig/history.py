@@ -203,8 +203,8 @@ class AccountingReader:
     """Job.from_redis restricted to ACCOUNTING_FIELDS, for many records at once: each field
     parsed by the record's own check (rig.models' _JOB_CHECKS), a missing or bad required
     field given its fallback, a missing or bad optional one left at the Job's default, exactly
-    as Job.from_redis does (tests/store/test_usage_fast.py checks accounting_of of both over
-    random and damaged records). What it skips: the fields accounting never reads, the
+    as Job.from_redis does (tests/store/test_accounting_reader.py checks accounting_of of both
+    over random and damaged records). What it skips: the fields accounting never reads, the
     problems list (accounting ignores it) and, since values repeat from job to job (user,
     name, node, state...), checking a value it checked before (the checks are pure)."""
 
