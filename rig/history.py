@@ -13,6 +13,8 @@ jobs but is gone is said missing, never read as empty.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import redis
 
 from rig.accounting import (
@@ -29,7 +31,9 @@ from rig.archive_cluster import cluster_url, elsewhere, held_jobs
 from rig.config import Settings
 from rig.errors import ConfigError, JobGone, JobNotFound
 from rig.keys import Keys
-from rig.models import TERMINAL_STATES, Job, JobState
+from rig.models import _JOB_CHECKS, _REQUIRED, TERMINAL_STATES, Job, JobState, _fallback, _s
+from rig.records import BadField
+from rig.records import as_text as _as_text
 from rig.store import JobStore
 
 #: What accounting reads of a job still in Redis (never its environment or command).
@@ -167,25 +171,93 @@ class History:
 
     def _live_accounting(self, since: float | None) -> list[Accounting]:
         """The accounting inputs of the finished jobs in Redis that ended at or after ``since``
-        (a job without an end time counts as ended at 0)."""
-        return [accounting_of(j) for j in self._finished_in_redis() if since is None or (j.ended_at or 0) >= since]
+        (a job without an end time counts as ended at 0): accounting_of each, its record read
+        by :class:`AccountingReader` (only the fields accounting reads, parsed as
+        Job.from_redis parses them)."""
+        reader = AccountingReader()
+        out: list[Accounting] = []
+        for values in self._finished_records():
+            job = reader.job(values, since)
+            if job is not None:
+                out.append(accounting_of(job))
+        return out
 
-    def _finished_in_redis(self) -> list[Job]:
+    def _finished_records(self) -> Iterator[list]:
+        """HMGET ACCOUNTING_FIELDS of every job in a terminal state's index, in id order, in
+        pipelines of 2,000 (a job gone meanwhile: all None)."""
         pipe = self.r.pipeline(transaction=False)
         for state in TERMINAL_STATES:
             pipe.zrange(self.keys.state_index(state.value), 0, -1)
         ids = sorted({int(i) for part in pipe.execute() for i in part})
-        out: list[Job] = []
-        for start in range(0, len(ids), 1000):
+        for start in range(0, len(ids), 2000):
             pipe = self.r.pipeline(transaction=False)
-            chunk = ids[start:start + 1000]
-            for jid in chunk:
+            for jid in ids[start:start + 2000]:
                 pipe.hmget(self.keys.job(jid), *ACCOUNTING_FIELDS)
-            for values in pipe.execute():
-                raw = {k: v for k, v in zip(ACCOUNTING_FIELDS, values, strict=True) if v is not None}
-                if raw:
-                    out.append(Job.from_redis(raw))
-        return [j for j in out if j.state in TERMINAL_STATES]
+            yield from pipe.execute()
+
+
+_BAD = object()
+
+
+class AccountingReader:
+    """Job.from_redis restricted to ACCOUNTING_FIELDS, for many records at once: each field
+    parsed by the record's own check (rig.models' _JOB_CHECKS), a missing or bad required
+    field given its fallback, a missing or bad optional one left at the Job's default, exactly
+    as Job.from_redis does (tests/store/test_accounting_reader.py checks accounting_of of both
+    over random and damaged records). What it skips: the fields accounting never reads, the
+    problems list (accounting ignores it) and, since values repeat from job to job (user,
+    name, node, state...), checking a value it checked before (the checks are pure)."""
+
+    #: Fields whose values repeat across jobs: their checks' results are kept per reader.
+    _REPEATED = frozenset({"instance", "user", "name", "template", "pool", "node", "state", "failure", "gpus",
+                           "gpu_memory"})
+    #: Required fields that HMGET of ACCOUNTING_FIELDS never returns: always their fallback.
+    _ABSENT_REQUIRED = tuple(sorted(_REQUIRED - set(ACCOUNTING_FIELDS)))
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str], object] = {}
+
+    def job(self, values: list, since: float | None = None) -> Job | None:
+        """The Job of one HMGET of ACCOUNTING_FIELDS (bytes or str), or None when the record is
+        gone (every value None), not in a terminal state, or (``since`` given) ended before
+        ``since`` (a job without an end time counts as ended at 0)."""
+        if all(v is None for v in values):
+            return None
+        data = {name: _s(v) for name, v in zip(ACCOUNTING_FIELDS, values, strict=True) if v is not None}
+        kwargs: dict = {}
+        state = self._field("state", data.get("state"))
+        if state not in TERMINAL_STATES:
+            return None
+        ended = self._field("ended_at", data.get("ended_at"))
+        if since is not None and (0 if ended is _BAD else ended) < since:
+            return None
+        for name in ACCOUNTING_FIELDS:
+            value = state if name == "state" else ended if name == "ended_at" else self._field(name, data.get(name))
+            if value is not _BAD:
+                kwargs[name] = value
+        for name in self._ABSENT_REQUIRED:
+            kwargs[name] = _fallback(name, None)
+        return Job(**kwargs)
+
+    def _field(self, name: str, text: str | None) -> object:
+        """The value Job.from_redis gives field ``name`` for ``text``; _BAD where it leaves the
+        field at its default (an optional field missing, empty or bad)."""
+        if text is None or text == "":
+            return _fallback(name, text) if name in _REQUIRED else _BAD
+        if name in self._REPEATED:
+            key = (name, text)
+            found = self._seen.get(key)
+            if found is None:
+                found = self._seen[key] = self._check(name, text)
+            return found
+        return self._check(name, text)
+
+    @staticmethod
+    def _check(name: str, text: str) -> object:
+        try:
+            return _JOB_CHECKS.get(name, _as_text)(text)
+        except BadField:
+            return _fallback(name, text) if name in _REQUIRED else _BAD
 
 
 def merge(live: list[Job], archived: list[Job]) -> list[Job]:

@@ -14,6 +14,7 @@ and, for this tree, the Redis part alone. Last, the rollup is dropped and built 
 rows (what an archive written by an older rig gets when this version first opens it), timed.
 
     .venv/bin/python scripts/bench_usage.py --jobs 100000 --port 6451
+    .venv/bin/python scripts/bench_usage.py --jobs 100000 --port 6451 --cli all   # the whole command too
     .venv/bin/python scripts/bench_usage.py --jobs 1000000 --archive-url postgresql://postgres@127.0.0.1/rig_usage_bench
 """
 
@@ -31,6 +32,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
+import resource  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -175,12 +177,25 @@ def child(args: argparse.Namespace) -> None:
             lines, whole = client.usage(since=since, by=by)
         out["calls"][combo] = (time.perf_counter() - wall, time.process_time() - cpu, whole.jobs, len(lines))
     if fast:  # the Redis part alone: every finished job's record read and its figures computed
-        from rig.accounting import accounting_of
-
         wall, cpu = time.perf_counter(), time.process_time()
-        n = len([accounting_of(j) for j in client.history._finished_in_redis()])  # noqa: SLF001
+        n = len(client.history._live_accounting(None))  # noqa: SLF001
         out["redis_part"] = (time.perf_counter() - wall, time.process_time() - cpu, n)
     print(json.dumps(out))
+
+
+def cli_round(label: str, tree: str, combos: str, env: dict[str, str], folder: Path, rnd: int) -> None:
+    """The whole command, as a person runs it: one ``rig usage --json`` process per combo with
+    ``tree``'s rig (imports, settings, ping and rendering included), its CPU seconds (user +
+    system, from the kernel's accounting of the finished child) and wall seconds."""
+    for combo in combos.split(","):
+        by, window = combo.split(":")
+        cmd = [sys.executable, "-m", "rig.cli.main", "usage", "--since", window, "--by", by, "--json"]
+        before, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+        done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=folder)
+        after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - wall
+        cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        jobs = json.loads(done.stdout)["total"]["jobs"]
+        print(f"{label:<4} {rnd + 1:>5} {'cli ' + combo:<14} {wall:>8.3f} {cpu:>8.3f} {jobs:>10,}", flush=True)
 
 
 def migrate(url: str, prefix: str) -> None:
@@ -217,6 +232,9 @@ def main() -> None:
                          "as for an older archive (timed): a million rows in minutes")
     ap.add_argument("--reuse", metavar="PREFIX",
                     help="time over the jobs an earlier run left under PREFIX in --archive-url (PostgreSQL)")
+    ap.add_argument("--cli", metavar="BY:WINDOW,...",
+                    help="also time the whole command (`python -m rig.cli.main usage --json`, a process "
+                         "each) of each tree for these combos, e.g. user:all,node:7d ('all': every combo)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tree", help=argparse.SUPPRESS)
     ap.add_argument("--prefix", help=argparse.SUPPRESS)
@@ -264,6 +282,10 @@ def main() -> None:
                 if "redis_part" in result:
                     wall, cpu, n = result["redis_part"]
                     print(f"{label:<4} {rnd + 1:>5} {'redis part':<14} {wall:>8.3f} {cpu:>8.3f} {n:>10,}", flush=True)
+                if args.cli:
+                    cli_env = dict(env, RIG_REDIS_URL=url, RIG_KEY_PREFIX=prefix, RIG_ARCHIVE_URL=archive_url,
+                                   RIG_HOME=str(folder))
+                    cli_round(label, tree, args.combos if args.cli == "all" else args.cli, cli_env, folder, rnd)
         if not (args.no_migrate or args.fast_fill or args.reuse):
             migrate(archive_url, prefix)
     finally:
