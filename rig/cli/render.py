@@ -427,6 +427,8 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
         ("workdir", job.workdir), ("gpu memory", f"{format_memory(job.gpu_memory)} per card"),
         ("gpus", str(job.gpus)),
     ]
+    if job.pool:
+        rows.append(("pool", job.pool))  # it runs only on that pool's cards
     if why:
         rows.append(("waiting because", why))
     if estimated_start:

@@ -180,3 +180,12 @@ def test_a_newline_in_a_command_is_shown_as_one() -> None:
     lines = out.getvalue().splitlines()
     assert any(line.rstrip().endswith("echo safe") for line in lines), lines
     assert any(line.strip() == "touch /tmp/x" for line in lines), lines
+
+
+def test_rig_show_names_the_pool_a_job_was_submitted_to() -> None:
+    """A tester's finding: only --json said `pool: small`; the wait reason does not name it."""
+    from dataclasses import replace
+
+    console, out = _console()
+    render_job(replace(_job(JobState.PENDING), pool="small"), None, console)
+    assert any(line.split()[:2] == ["pool", "small"] for line in out.getvalue().splitlines()), out.getvalue()
