@@ -61,6 +61,14 @@ def marker_text(removed: int, cap_bytes: int, *, newline_before: bool) -> bytes:
     return (("\n" if newline_before else "") + line).encode()
 
 
+def find_marker(data: bytes) -> tuple[int, int, int] | None:
+    """The first cut marker in ``data`` (a log's first bytes): (where it starts, where the kept
+    newest output starts, the bytes of output it says were cut), or None. A log is only ever cut
+    after its head, so the marker's place does not move from one cut to the next."""
+    found = _MARKER_RE.search(data)
+    return (found.start(), found.end(), int(found.group(1))) if found else None
+
+
 @dataclass(frozen=True)
 class _Cut:
     """Where the kept head ends and what an earlier marker there already accounted for."""

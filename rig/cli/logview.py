@@ -36,6 +36,7 @@ from typing import BinaryIO
 
 from rig import logspace
 from rig.errors import InvalidInput
+from rig.logs import find_marker
 from rig.models import Job, JobState
 from rig.nodes import NodeInfo
 from rig.text import clean
@@ -239,11 +240,12 @@ def _follow_one(get: Callable[[], Job], job: Job, attempt: int, out: BinaryIO,
                     or (job.state is JobState.PENDING and last_attempt(job) == attempt))
             if fh is None and exists(path):
                 fh = open_log(path)  # kept open while the attempt runs
+                follower = CutFollower(fh, path)
             if fh is not None:
-                _copy(fh, out)
+                follower.copy(out)
             if over:
                 if fh is not None:
-                    _copy(fh, out)  # whatever was written before the end was seen
+                    follower.copy(out)  # whatever was written before the end was seen
                 elif not told_missing:
                     say(clean(f"(attempt {attempt} left no log file here: {path}; it ran on "
                               f"{where(job, attempt)})"))
@@ -265,3 +267,66 @@ def _copy(fh: BinaryIO, out: BinaryIO) -> None:
     while chunk := fh.read(CHUNK):
         out.write(chunk)
     out.flush()
+
+
+class CutFollower:
+    """Copies a running attempt's log while its keeper may cut it in place
+    (rig.logs.enforce_size_cap: the head stays, then a marker line, then the newest output). A
+    follower that kept its place in the *file* would, after a cut, be past the file's end or in
+    the middle of the newest output: it would skip output and miss the job's last lines. This
+    one keeps its place in the job's *output*: after a cut (the note's ``cap_cut`` moved, or the
+    file shrank under it) it finds the marker and goes on from the same output in the newest
+    part, or, when output it had not read yet was cut, prints the marker line and goes on after
+    it. A log it cannot stat or seek (one read through the gateway) is copied as it reads."""
+
+    def __init__(self, fh: BinaryIO, path: str) -> None:
+        self.fh = fh
+        self.note = Path(path).with_suffix(".note")
+        self.marker: tuple[int, int, int] | None = None  # (start, end, bytes cut) of the file now
+        self.cut_seen = self._note_cut()
+        self.fd: int | None = None
+        try:
+            fh.tell()
+            self.fd = fh.fileno()
+        except (AttributeError, OSError, ValueError):
+            pass
+
+    def _note_cut(self) -> int:
+        try:
+            return int(logspace.read_note(self.note).get("cap_cut") or 0)
+        except (TypeError, ValueError):
+            return 0
+
+    def _output_at(self, pos: int) -> int:
+        """The place in the job's output of file position ``pos``, by the marker seen last."""
+        if self.marker is None or pos <= self.marker[0]:
+            return pos
+        start, end, cut = self.marker
+        return start + cut + max(0, pos - end)
+
+    def copy(self, out: BinaryIO) -> None:
+        if self.fd is not None:
+            cut = self._note_cut()
+            if cut != self.cut_seen or os.fstat(self.fd).st_size < self.fh.tell():
+                self.cut_seen = cut
+                self._resync(out)
+        _copy(self.fh, out)
+
+    def _resync(self, out: BinaryIO) -> None:
+        done = self._output_at(self.fh.tell())
+        self.fh.seek(0)
+        head = b""
+        while len(head) < done + (1 << 16) and (chunk := self.fh.read(CHUNK)):
+            head += chunk
+            if (found := find_marker(head)) is not None and found[1] <= len(head):
+                break
+        self.marker = find_marker(head)
+        if self.marker is None or done <= self.marker[0]:
+            self.fh.seek(done)  # still in the head, which a cut never changes
+            return
+        start, end, cut = self.marker
+        resume = end + (done - start - cut)
+        if resume < end:  # output it had not read was cut: say so as the file does
+            out.write(head[start:end])
+            resume = end
+        self.fh.seek(resume)

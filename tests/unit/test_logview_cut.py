@@ -1,0 +1,103 @@
+"""`rig log -f` through a log cut in place to its cap (rig.logs.enforce_size_cap: the head, a
+marker line, the newest output): the follower goes on from the same output, never repeats or
+skips a line it could still read, prints the marker where output it had not read was cut, and
+ends with the job's last line (a tester's finding: it stopped showing output at the cap)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+from rig.cli.logview import CutFollower
+from rig.logs import enforce_size_cap
+
+CAP = 64 * 1024
+
+
+class Job:
+    """A job writing numbered lines into its log, and the keeper's cut (to 3/4 of the cap)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.n, self.cut = path, 0, 0
+
+    def write_until(self, size: int) -> None:
+        with self.path.open("ab") as f:
+            while self.path.stat().st_size < size:
+                f.write(f"line-{self.n:06d} {'y' * 40}\n".encode())
+                f.flush()
+                self.n += 1
+
+    def cut_to_cap(self, note: bool) -> None:
+        self.cut += enforce_size_cap(self.path, CAP * 3 // 4, stated_cap=CAP)
+        if note:  # what the keeper leaves beside the log (rig.logspace)
+            self.path.with_suffix(".note").write_text(json.dumps({"cap_cut": self.cut, "cap": CAP}))
+
+
+def _numbers(text: str) -> list[int]:
+    return [int(n) for n in re.findall(r"^line-(\d+) ", text, flags=re.M)]
+
+
+def _follow(tmp_path: Path, steps: list[tuple[int, bool]], note: bool) -> tuple[str, Job]:
+    """Each step: the job writes until the file has ``size`` bytes, the keeper cuts if asked,
+    then the follower copies what it finds."""
+    path = tmp_path / "attempt-1.log"
+    path.write_bytes(b"")
+    job, out = Job(path), io.BytesIO()
+    with path.open("rb") as fh:
+        follower = CutFollower(fh, str(path))
+        for size, cut in steps:
+            job.write_until(size)
+            if cut:
+                job.cut_to_cap(note)
+            follower.copy(out)
+    return out.getvalue().decode(), job
+
+
+def test_a_cut_after_everything_was_read_loses_nothing(tmp_path):
+    text, job = _follow(tmp_path, [(40_000, False), (60_000, False), (70_000, True), (90_000, False)], note=False)
+    assert _numbers(text) == list(range(job.n))  # every line once, in order: nothing of it was cut unread
+    assert "bytes of output were cut here" not in text
+
+
+def test_output_cut_before_it_was_read_is_the_marker(tmp_path):
+    """A fast writer: between two looks the job writes far past the cap and the file is cut,
+    twice; the follower's place (30 kB, past the head) is still inside the cut file, so only the
+    keeper's note tells it was cut."""
+    text, job = _follow(tmp_path, [(30_000, False), (200_000, True), (230_000, True), (240_000, False)], note=True)
+    numbers = _numbers(text)
+    assert numbers == sorted(set(numbers)), "a line repeated or out of order"
+    assert numbers[-1] == job.n - 1, "the job's last line is missing"
+    # Each cut of output it had not read yet is the marker, as in the file; between them
+    # the lines run on without a gap.
+    parts = text.split("bytes of output were cut here")
+    assert len(parts) == 3, text[:200]  # both cuts took output it had not read
+    for part in parts:
+        if found := _numbers(part):
+            assert found == list(range(found[0], found[-1] + 1))
+    assert _numbers(parts[0])[0] == 0 and _numbers(parts[-1])[-1] == job.n - 1
+
+
+def test_without_the_note_a_file_shrunk_under_it_is_a_cut(tmp_path):
+    """Where the note cannot be read (another user's log folder), a file shorter than the place
+    reached is the sign: the follower read to 60 kB, the job wrote on and the log was cut to 48 kB."""
+    text, job = _follow(tmp_path, [(60_000, False), (66_000, True), (80_000, False)], note=False)
+    numbers = _numbers(text)
+    assert numbers == sorted(set(numbers)) and numbers[-1] == job.n - 1
+
+
+def test_a_log_it_cannot_seek_is_copied_as_read():
+    class Stream(io.RawIOBase):
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buffer) -> int:  # noqa: ANN001
+            return 0
+
+        def tell(self) -> int:
+            raise OSError("not seekable")
+
+    out = io.BytesIO()
+    CutFollower(Stream(), "/nonexistent/attempt-1.log").copy(out)  # type: ignore[arg-type]
+    assert out.getvalue() == b""
