@@ -26,6 +26,7 @@ the number the record and `rig show` use; an attempt that never started (its his
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import socket
@@ -274,17 +275,27 @@ class CutFollower:
     (rig.logs.enforce_size_cap: the head stays, then a marker line, then the newest output). A
     follower that kept its place in the *file* would, after a cut, be past the file's end or in
     the middle of the newest output: it would skip output and miss the job's last lines. This
-    one keeps its place in the job's *output*: after a cut (the note's ``cap_cut`` moved, or the
-    file shrank under it) it finds the marker and goes on from the same output in the newest
-    part, or, when output it had not read yet was cut, prints the marker line and goes on after
-    it. A log it cannot stat or seek (one read through the gateway) is copied as it reads."""
+    one keeps its place in the job's *output*. It looks and reads under a shared ``flock`` (the
+    cut takes it exclusively), so no cut falls between its look and its read; it never holds the
+    lock while it writes (a paused pager must not stall the keeper, and with it the job). A cut
+    is seen when the marker's count moved, the file shrank under its place, the bytes just before
+    its place changed, or the keeper's note counts more cut; it then finds the marker and goes on
+    from the same output in the newest part, or, when output it had not read yet was cut, prints
+    the marker line and goes on after it. A log it cannot stat or seek (one read through the
+    gateway) is copied as it reads."""
+
+    #: Bytes kept from the end of what was read, to see the file change under the follower.
+    TAIL = 64
+    #: The most read under one lock (bytes); the rest right after, under the next.
+    READ_MAX = 4 << 20
 
     def __init__(self, fh: BinaryIO, path: str) -> None:
         self.fh = fh
         self.note = Path(path).with_suffix(".note")
-        self.marker: tuple[int, int, int] | None = None  # (start, end, bytes cut) of the file now
+        self.marker: tuple[int, int, int] | None = None  # (start, end, bytes cut) in the file now
         self.cut_seen = self._note_cut()
-        self.fd: int | None = None
+        self.last = b""  # the last bytes read, ending at the follower's place
+        self.fd = -1
         try:
             fh.tell()
             self.fd = fh.fileno()
@@ -305,28 +316,58 @@ class CutFollower:
         return start + cut + max(0, pos - end)
 
     def copy(self, out: BinaryIO) -> None:
-        if self.fd is not None:
-            cut = self._note_cut()
-            if cut != self.cut_seen or os.fstat(self.fd).st_size < self.fh.tell():
-                self.cut_seen = cut
-                self._resync(out)
-        _copy(self.fh, out)
+        if self.fd < 0:
+            _copy(self.fh, out)
+            return
+        while True:
+            fcntl.flock(self.fd, fcntl.LOCK_SH)
+            try:
+                said = self._resync() if self._was_cut() else b""
+                data = self.fh.read(self.READ_MAX) or b""
+            finally:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            if data:
+                self.last = (self.last + data)[-self.TAIL:]
+            out.write(said + data)
+            out.flush()
+            if len(data) < self.READ_MAX:
+                return
 
-    def _resync(self, out: BinaryIO) -> None:
+    def _was_cut(self) -> bool:
+        pos = self.fh.tell()
+        cut = self._note_cut()
+        if cut != self.cut_seen:
+            self.cut_seen = cut
+            return True
+        if os.fstat(self.fd).st_size < pos:
+            return True
+        if self.last and os.pread(self.fd, len(self.last), pos - len(self.last)) != self.last:
+            return True
+        if self.marker is not None:
+            start, end, count = self.marker
+            return find_marker(os.pread(self.fd, end - start + 32, start)) != (0, end - start, count)
+        return False
+
+    def _resync(self) -> bytes:
+        """Go on from the same output after a cut; returns the marker's bytes when output not
+        read yet was cut (written once the lock is let go)."""
         done = self._output_at(self.fh.tell())
         self.fh.seek(0)
         head = b""
         while len(head) < done + (1 << 16) and (chunk := self.fh.read(CHUNK)):
             head += chunk
-            if (found := find_marker(head)) is not None and found[1] <= len(head):
+            if find_marker(head) is not None:
                 break
         self.marker = find_marker(head)
+        self.last = b""
         if self.marker is None or done <= self.marker[0]:
             self.fh.seek(done)  # still in the head, which a cut never changes
-            return
+            return b""
         start, end, cut = self.marker
         resume = end + (done - start - cut)
+        said = b""
         if resume < end:  # output it had not read was cut: say so as the file does
-            out.write(head[start:end])
+            said = head[start:end]
             resume = end
         self.fh.seek(resume)
+        return said
