@@ -26,7 +26,6 @@ the number the record and `rig show` use; an attempt that never started (its his
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import socket
@@ -275,18 +274,18 @@ class CutFollower:
     (rig.logs.enforce_size_cap: the head stays, then a marker line, then the newest output). A
     follower that kept its place in the *file* would, after a cut, be past the file's end or in
     the middle of the newest output: it would skip output and miss the job's last lines. This
-    one keeps its place in the job's *output*. It looks and reads under a shared ``flock`` (the
-    cut takes it exclusively), so no cut falls between its look and its read; it never holds the
-    lock while it writes (a paused pager must not stall the keeper, and with it the job). A cut
-    is seen when the marker's count moved, the file shrank under its place, the bytes just before
-    its place changed, or the keeper's note counts more cut; it then finds the marker and goes on
-    from the same output in the newest part, or, when output it had not read yet was cut, prints
-    the marker line and goes on after it. A log it cannot stat or seek (one read through the
-    gateway) is copied as it reads."""
+    one keeps its place in the job's *output*. A cut is seen when the marker's count moved, the
+    file shrank under its place, the bytes just before its place changed, or the keeper's note
+    counts more cut; it then finds the marker and goes on from the same output in the newest
+    part, or, when output it had not read yet was cut, prints the marker line and goes on after
+    it. It takes no lock: the card's one keeper must never wait on a reader (a stopped
+    `rig log -f`, or a user's own, would stall every job of the card), so a read that falls in
+    the middle of a cut can still show a glitch in what it prints, never in the log. A log it
+    cannot stat or seek (one read through the gateway) is copied as it reads."""
 
     #: Bytes kept from the end of what was read, to see the file change under the follower.
     TAIL = 64
-    #: The most read under one lock (bytes); the rest right after, under the next.
+    #: The most read at once (bytes); the rest right after, each read checked for a cut first.
     READ_MAX = 4 << 20
 
     def __init__(self, fh: BinaryIO, path: str) -> None:
@@ -320,12 +319,8 @@ class CutFollower:
             _copy(self.fh, out)
             return
         while True:
-            fcntl.flock(self.fd, fcntl.LOCK_SH)
-            try:
-                said = self._resync() if self._was_cut() else b""
-                data = self.fh.read(self.READ_MAX) or b""
-            finally:
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            said = self._resync() if self._was_cut() else b""
+            data = self.fh.read(self.READ_MAX) or b""
             if data:
                 self.last = (self.last + data)[-self.TAIL:]
             out.write(said + data)
@@ -350,7 +345,7 @@ class CutFollower:
 
     def _resync(self) -> bytes:
         """Go on from the same output after a cut; returns the marker's bytes when output not
-        read yet was cut (written once the lock is let go)."""
+        read yet was cut."""
         done = self._output_at(self.fh.tell())
         self.fh.seek(0)
         head = b""
