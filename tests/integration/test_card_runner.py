@@ -466,7 +466,9 @@ def test_a_job_log_goes_on_through_a_worker_restart_with_the_cards_keeper(env, t
     results: list[str] = []
     first = threading.Thread(target=lambda: results.append(runner.run_job(job.id, token)))
     first.start()
-    assert _until(lambda: log.exists() and log.read_text() == "before\n")
+    # The job may print before its worker has written the pid file (after Popen returns).
+    assert _until(lambda: log.exists() and log.read_text() == "before\n"
+                  and read_pid_file(log.with_suffix(".pid")) is not None)
     noted = read_pid_file(log.with_suffix(".pid"))
     assert noted is not None and noted[3] == runner._keepers.proc.pid  # the card's keeper
     runner.stop()  # the worker goes; the job and its keeper run on
