@@ -462,30 +462,32 @@ def test_a_job_log_goes_on_through_a_worker_restart_with_the_cards_keeper(env, t
     settings, ledger, runner, _ = env
     go = tmp_path / "go"
     job, token = placed(ledger, f"echo before; while [ ! -e {go} ]; do sleep 0.02; done; echo after", tmp_path)
-    log = job_folder(settings.job_log_dir, job.id, job.instance) / "attempt-1.log"
-    results: list[str] = []
-    first = threading.Thread(target=lambda: results.append(runner.run_job(job.id, token)))
-    first.start()
-    # The job may print before its worker has written the pid file (after Popen returns).
-    assert _until(lambda: log.exists() and log.read_text() == "before\n"
-                  and read_pid_file(log.with_suffix(".pid")) is not None)
-    noted = read_pid_file(log.with_suffix(".pid"))
-    assert noted is not None and noted[3] == runner._keepers.proc.pid  # the card's keeper
-    runner.stop()  # the worker goes; the job and its keeper run on
-    first.join(10)
-    assert results == ["detached"]
-    assert is_alive(noted[3], noted[4])
-    second = CardRunner(settings, "n1", 0, "card0@n1")
-    try:
-        second.adopt()
-        assert second.active_ids() == [job.id]
-        go.touch()
-        assert _until(lambda: ledger.store.get(job.id).state is JobState.SUCCEEDED)
-        assert log.read_text() == "before\nafter\n"
-        assert _until(lambda: not is_alive(noted[3], noted[4]))  # its last log ended: it exited
+    try:  # the job waits for the go-file: a failed check must not leave it running for ever
+        log = job_folder(settings.job_log_dir, job.id, job.instance) / "attempt-1.log"
+        results: list[str] = []
+        first = threading.Thread(target=lambda: results.append(runner.run_job(job.id, token)))
+        first.start()
+        # The job may print before its worker has written the pid file (after Popen returns).
+        assert _until(lambda: log.exists() and log.read_text() == "before\n"
+                      and read_pid_file(log.with_suffix(".pid")) is not None)
+        noted = read_pid_file(log.with_suffix(".pid"))
+        assert noted is not None and noted[3] == runner._keepers.proc.pid  # the card's keeper
+        runner.stop()  # the worker goes; the job and its keeper run on
+        first.join(10)
+        assert results == ["detached"]
+        assert is_alive(noted[3], noted[4])
+        second = CardRunner(settings, "n1", 0, "card0@n1")
+        try:
+            second.adopt()
+            assert second.active_ids() == [job.id]
+            go.touch()
+            assert _until(lambda: ledger.store.get(job.id).state is JobState.SUCCEEDED)
+            assert log.read_text() == "before\nafter\n"
+            assert _until(lambda: not is_alive(noted[3], noted[4]))  # its last log ended: it exited
+        finally:
+            second.stop()
     finally:
         go.touch()
-        second.stop()
 
 
 def test_an_adopted_job_ends_once_its_log_is_written_not_when_the_cards_keeper_exits(env, tmp_path):
