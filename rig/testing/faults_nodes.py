@@ -275,10 +275,22 @@ def down_from_other_home(workdir: Path) -> ScenarioResult:
             sc.result.problems.append(f"rig down without --node did not name the running node a: {line}")
         sc.finish(timeout=90)
         stop = a.cli("down", "--node", "a")
-        nodes = {n.name: n for n in NodeRegistry(a.harness.redis, a.harness.keys).read()}
-        if stop.returncode != 0 or nodes["a"].state != "stopped":
+        returned = time.monotonic()
+
+        def state() -> str:
+            return {n.name: n for n in NodeRegistry(a.harness.redis, a.harness.keys).read()}["a"].state
+
+        # Seen once in 8 CI runs (under the suite's load, not explained yet): the node read "up"
+        # right after rig down returned, a heartbeat of its winding-down control worker newer
+        # than the stop mark. It must read stopped within that heartbeat's life.
+        settle = a.harness.settings.health.timeout + 2.0
+        while state() != "stopped" and time.monotonic() - returned < settle:
+            time.sleep(0.1)
+        if stop.returncode != 0 or state() != "stopped":
             sc.result.problems.append(f"rig down --node a in its home: {stop.returncode} {_one_line(stop)}; "
-                                      f"node {nodes['a'].state}")
+                                      f"node {state()}")
+        elif time.monotonic() - returned > 0.5:
+            sc.result.notes.append(f"node a read up for {time.monotonic() - returned:.1f} s after rig down returned")
         return sc.result
     finally:
         _close(sc, [a, b])
