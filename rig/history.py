@@ -31,9 +31,15 @@ from rig.archive_cluster import cluster_url, elsewhere, held_jobs
 from rig.config import Settings
 from rig.errors import ConfigError, JobGone, JobNotFound
 from rig.keys import Keys
-from rig.models import _JOB_CHECKS, _REQUIRED, TERMINAL_STATES, Job, JobState, _fallback, _s
-from rig.records import BadField
-from rig.records import as_text as _as_text
+from rig.models import (
+    DEFAULT,
+    REQUIRED_FIELDS,
+    TERMINAL_STATES,
+    Job,
+    JobState,
+    field_value,
+    text_of,
+)
 from rig.store import JobStore
 
 #: What accounting reads of a job still in Redis (never its environment or command).
@@ -196,14 +202,10 @@ class History:
             yield from pipe.execute()
 
 
-_BAD = object()
-
-
 class AccountingReader:
     """Job.from_redis restricted to ACCOUNTING_FIELDS, for many records at once: each field
-    parsed by the record's own check (rig.models' _JOB_CHECKS), a missing or bad required
-    field given its fallback, a missing or bad optional one left at the Job's default, exactly
-    as Job.from_redis does (tests/store/test_accounting_reader.py checks accounting_of of both
+    given rig.models.field_value (the value Job.from_redis gives it: a missing or bad required
+    field its fallback, a missing or bad optional one the Job's default) (tests/store/test_accounting_reader.py checks accounting_of of both
     over random and damaged records). What it skips: the fields accounting never reads, the
     problems list (accounting ignores it) and, since values repeat from job to job (user,
     name, node, state...), checking a value it checked before (the checks are pure)."""
@@ -212,7 +214,7 @@ class AccountingReader:
     _REPEATED = frozenset({"instance", "user", "name", "template", "pool", "node", "state", "failure", "gpus",
                            "gpu_memory"})
     #: Required fields that HMGET of ACCOUNTING_FIELDS never returns: always their fallback.
-    _ABSENT_REQUIRED = tuple(sorted(_REQUIRED - set(ACCOUNTING_FIELDS)))
+    _ABSENT_REQUIRED = tuple(sorted(REQUIRED_FIELDS - set(ACCOUNTING_FIELDS)))
 
     def __init__(self) -> None:
         self._seen: dict[tuple[str, str], object] = {}
@@ -223,41 +225,31 @@ class AccountingReader:
         ``since`` (a job without an end time counts as ended at 0)."""
         if all(v is None for v in values):
             return None
-        data = {name: _s(v) for name, v in zip(ACCOUNTING_FIELDS, values, strict=True) if v is not None}
+        data = {name: text_of(v) for name, v in zip(ACCOUNTING_FIELDS, values, strict=True) if v is not None}
         kwargs: dict = {}
         state = self._field("state", data.get("state"))
         if state not in TERMINAL_STATES:
             return None
         ended = self._field("ended_at", data.get("ended_at"))
-        if since is not None and (0 if ended is _BAD else ended) < since:
+        if since is not None and (0 if ended is DEFAULT else ended) < since:
             return None
         for name in ACCOUNTING_FIELDS:
             value = state if name == "state" else ended if name == "ended_at" else self._field(name, data.get(name))
-            if value is not _BAD:
+            if value is not DEFAULT:
                 kwargs[name] = value
         for name in self._ABSENT_REQUIRED:
-            kwargs[name] = _fallback(name, None)
+            kwargs[name] = field_value(name, None)
         return Job(**kwargs)
 
     def _field(self, name: str, text: str | None) -> object:
-        """The value Job.from_redis gives field ``name`` for ``text``; _BAD where it leaves the
-        field at its default (an optional field missing, empty or bad)."""
-        if text is None or text == "":
-            return _fallback(name, text) if name in _REQUIRED else _BAD
-        if name in self._REPEATED:
+        """field_value(name, text), kept per reader for the fields whose values repeat."""
+        if text is not None and name in self._REPEATED:
             key = (name, text)
             found = self._seen.get(key)
             if found is None:
-                found = self._seen[key] = self._check(name, text)
+                found = self._seen[key] = field_value(name, text)
             return found
-        return self._check(name, text)
-
-    @staticmethod
-    def _check(name: str, text: str) -> object:
-        try:
-            return _JOB_CHECKS.get(name, _as_text)(text)
-        except BadField:
-            return _fallback(name, text) if name in _REQUIRED else _BAD
+        return field_value(name, text)
 
 
 def merge(live: list[Job], archived: list[Job]) -> list[Job]:

@@ -228,26 +228,17 @@ class Job:
         listed, shown and ended. With ``strict`` the first problem raises InvalidRecord.
         An empty string means "unset" for optional fields (the ledger's scripts write '').
         """
-        data = {_s(k): _s(v) for k, v in raw.items()}
+        data = {text_of(k): text_of(v) for k, v in raw.items()}
         kwargs: dict[str, Any] = {}
         found: list[tuple[str, str]] = []
         for f in fields(cls):
             if f.name == "problems":
                 continue
-            text = data.get(f.name)
-            required = f.name in _REQUIRED
-            if text is None or text == "":
-                if required:
-                    found.append((f.name, "missing"))
-                    kwargs[f.name] = _fallback(f.name, text)
-                continue
-            check = _JOB_CHECKS.get(f.name, R.as_text)
-            try:
-                kwargs[f.name] = check(text)
-            except R.BadField as exc:
-                found.append((f.name, str(exc)))
-                if required:
-                    kwargs[f.name] = _fallback(f.name, text)
+            value, problem = _parse_field(f.name, data.get(f.name))
+            if problem is not None:
+                found.append((f.name, problem))
+            if value is not DEFAULT:
+                kwargs[f.name] = value
         job = cls(**kwargs)
         found += _consistency(job, {name for name, _ in found})
         if found and strict:
@@ -379,6 +370,33 @@ _REQUIRED = frozenset({"id", "name", "user", "command", "gpu_memory", "gpus", "p
                        "workdir", "created_at"})
 
 
+#: Fields every job record has (a missing or bad one is a problem and takes its fallback).
+REQUIRED_FIELDS = _REQUIRED
+
+#: What field_value gives an optional field that is missing, empty or bad: the Job keeps the
+#: field's default.
+DEFAULT: Any = object()
+
+
+def field_value(name: str, text: str | None) -> Any:
+    """The value Job.from_redis gives field ``name`` of a record whose stored text is ``text``
+    (None: absent): the checked value; a required field's fallback when it is missing, empty
+    or bad; DEFAULT for an optional field missing, empty or bad. Pure: the same text always
+    gives the same value (readers of many records may keep results)."""
+    return _parse_field(name, text)[0]
+
+
+def _parse_field(name: str, text: str | None) -> tuple[Any, str | None]:
+    """(field_value's value, the problem to report or None). The one rule for a field's value."""
+    required = name in _REQUIRED
+    if text is None or text == "":
+        return (_fallback(name, text), "missing") if required else (DEFAULT, None)
+    try:
+        return _JOB_CHECKS.get(name, R.as_text)(text), None
+    except R.BadField as exc:
+        return (_fallback(name, text) if required else DEFAULT), str(exc)
+
+
 def _fallback(name: str, text: str | None) -> Any:
     """The neutral value a bad or missing required field takes (display only: a job with
     problems is never run)."""
@@ -402,7 +420,8 @@ def _consistency(job: Job, bad: set[str]) -> list[tuple[str, str]]:
     return found
 
 
-def _s(value: Any) -> str:
+def text_of(value: Any) -> str:
+    """A Redis reply's value as text (bytes decoded as UTF-8)."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -499,7 +518,7 @@ class CardState:
         """Parse and check a card hash. Never raises: a card whose record is bad is returned
         unhealthy (it takes no jobs) with the first problem as its health_reason, its bad
         fields at neutral values (capacity 0, node '?', index -1)."""
-        data = {_s(k): _s(v) for k, v in raw.items()}
+        data = {text_of(k): text_of(v) for k, v in raw.items()}
         problems: list[str] = []
 
         def get(name: str, check: Callable[[Any], Any], default: Any, required: bool = False) -> Any:

@@ -125,3 +125,16 @@ def test_history_reads_redis_jobs_as_the_per_job_path_does(ledger, tmp_path, key
                 expected.append(accounting_of(job))
         assert reader._live_accounting(since) == expected  # noqa: SLF001
     reader.close()
+
+
+def test_history_uses_only_public_names_of_models():
+    """The reader follows Job.from_redis through rig.models' public field_value, not copies of
+    its private tables (a private import would let the two drift apart unnoticed)."""
+    import ast
+    import pathlib
+
+    import rig.history
+    tree = ast.parse(pathlib.Path(rig.history.__file__).read_text())
+    private = [a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module == "rig.models"
+               for a in node.names if a.name.startswith("_")]
+    assert private == []
