@@ -326,6 +326,11 @@ class CardRunner:
             # The claim just stamped started_at "now"; the attempt really started when its pid
             # file was written (just after its process), and its end comes from the exit file.
             started = _file_time(self.r, files.pid) or _file_time(self.r, files.started)
+            ended = _file_time(self.r, files.exit)
+            if started is not None and ended is not None:
+                # The worker writes the pid file after Popen returns: a short job may have
+                # ended by then (seen under load: 4 ms after the exit file).
+                started = min(started, ended)
             if started is not None:
                 fields["started_at"] = started
             if fields:
