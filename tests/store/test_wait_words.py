@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from rig.client import Client
 from rig.config import load_settings
 from rig.gpus.base import GpuReading
