@@ -27,9 +27,16 @@ What a sentence says, first match wins:
    (rig.placement.place). When they take the room: ``the free memory would hold it now
    (node/3), but the 2 job(s) ahead of it take that room first``; with more ahead than that
    bound: ``..., but 80 job(s) ahead of it go first``;
+   When every card that takes jobs is held for jobs ahead of it: ``every card that takes jobs
+   is held for jobs ahead of it; n1/0 (10.0 GiB free) held for job 3 ...``, the cards that take
+   no jobs at all (outside gpu_whitelist, unhealthy) named after, as a second fact, never as
+   the cause ("no card takes jobs (not in whitelist)" was said of a job queued behind holds);
 5. then: jobs ahead of it, the cards held for it (and when they are expected to have room),
    and ``no dispatcher is running`` when none is (or, from rig-submit's first look, that the
    dispatcher holding the lock did not answer: see :func:`first_look`).
+
+A job of a pool reads only its pool's cards, and every sentence about them says so first
+(``in pool 'a100': ...``, :func:`pool_words`); a user's limit (3.) concerns no card.
 
 Times in epoch seconds; memory in bytes.
 """
