@@ -474,14 +474,21 @@ class Settings(BaseSettings):
         # "0,1,3" from an environment variable or the CLI.
         if isinstance(value, str):
             value = value.strip()
-            if value in ("", "all", "*"):
+            if value in ("all", "*"):
                 return None
             if value.startswith("["):
                 return value
             try:
-                return [int(part) for part in value.split(",") if part.strip()]
+                indexes = [int(part) for part in value.split(",") if part.strip()]
             except ValueError:
                 raise ValueError("write card indexes like 0,1,3 (or all)") from None
+            if not indexes:
+                # Set but naming no card (RIG_GPU_WHITELIST= from an unset shell variable, a
+                # stray comma): it once meant every card, a mistake that shares the cards
+                # someone meant to keep out. "No card" is no safer a guess: refused, at load.
+                raise ValueError("set but names no card; write card indexes like 0,1,3, or all "
+                                 "for every card")
+            return indexes
         if isinstance(value, int):
             return [value]
         return value

@@ -105,48 +105,35 @@ class StartEstimate:
     #: None when unknown.
     run: float | None = None
     run_source: str | None = None
+    #: It could start at ``at`` (the forecast's own now) only once the jobs it waits for were
+    #: freed, and they were already expected to have ended then (running past their expected or
+    #: sure end: Dispatcher.running_end says "now"): the dispatcher's next pass cannot start it.
+    overrun: bool = False
 
     def overdue(self, now: float, made_at: float | None) -> bool:
-        """Was it expected to start by ``now``, but later than the forecast was made (``made_at``,
-        epoch s)? Then it is not waiting for the next pass: what it waits for runs longer than
-        expected (a tester saw "now" for a blocked job on every full card)."""
-        return self.at is not None and made_at is not None and made_at + 0.5 < self.at <= now
+        """Is it overdue at ``now``: expected to start by now, but not at the dispatcher's next
+        pass after the forecast was made (``made_at``, epoch s)? Then what it waits for runs
+        longer than expected (a tester saw "now" for a blocked job on every full card). The
+        part of :func:`start_words`' rule that says so."""
+        if self.at is None:
+            return False
+        return self.overrun or (made_at is not None and made_at < self.at <= now)
 
     def short(self, now: float, made_at: float | None = None) -> str:
-        """For a table cell: ``now``, ``~14:20``, ``overdue``, ``after ~16:40``, ``later``,
-        ``not yet``, ``unknown``. ``made_at``: when the forecast was made (a stored one)."""
-        if self.at is None:
-            if self.after is not None:
-                return f"after ~{_clock(self.after, now)}"
-            if self.not_yet:
-                return "not yet"
-            return "later" if self.later else "unknown"
-        if self.overdue(now, made_at):
-            return "overdue"
-        return "now" if self.at <= now else f"~{_clock(self.at, now)}"
+        """For a table cell (`rig jobs`, the web page): ``now``, ``~14:20``, ``overdue``,
+        ``after ~16:40``, ``later``, ``not yet``, ``unknown`` (:func:`start_words`)."""
+        return start_words(self, now, made_at)[0]
 
     def sentence(self, now: float, made_at: float | None = None) -> str:
-        """For `rig show`: ``~14:20 (in ~25 min; an estimate ...)`` or why there is none."""
-        if self.not_yet:
-            return f"not estimated yet ({self.why_none})"
-        if self.later:
-            return LATER
-        if self.after is not None:
-            return (f"after ~{_clock(self.after, now)} ({roughly(self.after - now)}: only the dispatcher's "
-                    f"next {MAX_PASSES} rounds are replayed; {CAVEAT})")
-        if self.at is None:
-            return f"unknown ({self.why_none})"
-        if self.overdue(now, made_at):
-            return (f"overdue: expected ~{_clock(self.at, now)}, but what it waits for is running longer than "
-                    "expected; it starts once that ends")
-        if self.at <= now:
-            return "now (waiting for the dispatcher's next pass)"
-        return f"~{_clock(self.at, now)} ({roughly(self.at - now)}; {CAVEAT})"
+        """For `rig show`: ``~14:20 (in ~25 min; an estimate ...)`` or why there is none
+        (:func:`start_words`)."""
+        return start_words(self, now, made_at)[1]
 
     def as_dict(self, now: float, made_at: float | None = None) -> dict[str, object]:
         """For ``--json`` and the web page: the raw time and the words."""
-        return {"estimated_start": self.at, "estimated_start_text": self.sentence(now, made_at),
-                "estimated_start_short": self.short(now, made_at), "expected_run": self.run,
+        short, sentence = start_words(self, now, made_at)
+        return {"estimated_start": self.at, "estimated_start_text": sentence,
+                "estimated_start_short": short, "expected_run": self.run,
                 "expected_run_source": self.run_source, "expected_run_text": self.run_text()}
 
     def run_text(self) -> str | None:
@@ -185,6 +172,40 @@ class Forecast:
         if self.made_at is not None and (estimate.at is not None or estimate.after is not None):
             out["estimated_start_text"] = f"{out['estimated_start_text']} (as of {_ago(self.now - self.made_at)})"
         return out
+
+
+def start_words(estimate: StartEstimate, now: float, made_at: float | None = None) -> tuple[str, str]:
+    """THE rule of what an estimated start says, as (table cell, sentence): `rig jobs` and the
+    web page show the first, `rig show` the second, both worded from one decision here, so the
+    two never disagree on the same forecast. ``now``: the reader's (epoch s, Redis' clock);
+    ``made_at``: when the forecast was made (None: just made, at ``now``).
+
+    - not estimated yet / later (beyond the head simulated) / after ~T (beyond the rounds
+      replayed) / unknown (why): no time;
+    - overdue (StartEstimate.overdue): it was to start after the forecast's first pass, by
+      now, and still waits; or that first pass could start it only by freeing jobs already past
+      their expected end. Each forecast made while the same jobs run on says so (a remake
+      moves a passed time to "now", which is where "now" and "overdue" used to alternate);
+    - now: the forecast's first pass starts it (``at`` no later than ``made_at``): it waits
+      for the dispatcher's next pass;
+    - else ~T, in so long."""
+    e = estimate
+    if e.not_yet:
+        return "not yet", f"not estimated yet ({e.why_none})"
+    if e.later:
+        return "later", LATER
+    if e.after is not None:
+        return (f"after ~{_clock(e.after, now)}",
+                f"after ~{_clock(e.after, now)} ({roughly(e.after - now)}: only the dispatcher's next "
+                f"{MAX_PASSES} rounds are replayed; {CAVEAT})")
+    if e.at is None:
+        return "unknown", f"unknown ({e.why_none})"
+    if e.overdue(now, made_at):
+        return "overdue", (f"overdue: expected ~{_clock(e.at, now)}, but what it waits for is running longer "
+                           "than expected; it starts once that ends")
+    if e.at <= (now if made_at is None else made_at):
+        return "now", "now (waiting for the dispatcher's next pass)"
+    return f"~{_clock(e.at, now)}", f"~{_clock(e.at, now)} ({roughly(e.at - now)}; {CAVEAT})"
 
 
 def _ago(seconds: float) -> str:
@@ -236,22 +257,30 @@ def simulate(dispatcher: Dispatcher, cards: Sequence[CardState], releases: Mappi
     limits: dict[str, UserLimit] = {}
     t = now
     rounds = 0
+    # The first pass at now sees the cards as the ledger has them, as the dispatcher's next pass
+    # does: a job already past its expected end (Dispatcher.running_end: "now") is freed only in
+    # a second pass at now, and a job that starts only then is marked ``overrun`` (overdue,
+    # never "now": it waits for a job that runs longer than expected).
+    overrun = False  # this is that second pass
     while pending:
         if rounds >= MAX_PASSES:  # the budget ran out: the rest start at t or after
             out.update({j.id: StartEstimate(j.id, None, after=t) for j in pending.values()})
             return out
+        first = t == now and not overrun
         for cid, rs in ends.items():  # the reservations expected to have ended by t are freed
-            gone = [r for r in rs if r.at <= t]
-            if gone and cid in state:
-                card = state[cid]
-                state[cid] = replace(card, reserved=max(0, card.reserved - sum(r.nbytes for r in gone)),
-                                     jobs=max(0, card.jobs - len(gone)))
-            ends[cid] = [r for r in rs if r.at > t]
+            gone = [r for r in rs if (r.at < t if first else r.at <= t)]
+            if gone:
+                if cid in state:
+                    card = state[cid]
+                    state[cid] = replace(card, reserved=max(0, card.reserved - sum(r.nbytes for r in gone)),
+                                         jobs=max(0, card.jobs - len(gone)))
+                ends[cid] = [r for r in rs if not (r.at < t if first else r.at <= t)]
         for jid, (end, user, nbytes) in list(running.items()):  # ended: its user's limit counts it no more
-            if end <= t:
+            if end < t if first else end <= t:
                 load = team.load(user)
                 load.jobs, load.nbytes = max(0, load.jobs - 1), max(0, load.nbytes - nbytes)
                 del running[jid]
+        before = len(out)
         # Rounds at one time, as a dispatcher pass has them: after a round that started jobs
         # while cards were held, the holds are planned afresh (holders first) and may open.
         again = True
@@ -261,9 +290,18 @@ def simulate(dispatcher: Dispatcher, cards: Sequence[CardState], releases: Mappi
                                                  snapshot, limits, t)
             if not again or rounds >= MAX_PASSES:
                 break
+        if overrun:
+            for jid in list(out)[before:]:  # started in this pass (out keeps its order of insertion)
+                if out[jid].at == t:
+                    out[jid] = replace(out[jid], overrun=True)
         if again and rounds >= MAX_PASSES:  # cut within the rounds at t: they may start at t
             out.update({j.id: StartEstimate(j.id, None, after=t) for j in pending.values()})
             return out
+        if first and pending and (any(r.at <= t for rs in ends.values() for r in rs)
+                                  or any(end <= t for end, _user, _nbytes in running.values())):
+            overrun = True  # the second pass at now, with the ends already due freed
+            continue
+        overrun = False
         upcoming = [r.at for rs in ends.values() for r in rs if r.at > t and r.at != math.inf]
         if not pending or not upcoming:
             break

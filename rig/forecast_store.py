@@ -10,7 +10,8 @@ FORECAST_EVERY_S while jobs wait (workers.forecaster) and :func:`publish`-es it 
 The hash: ``made_at`` (epoch s, Redis' clock), ``every`` (the interval it is remade at, s),
 ``complete`` ("1" when every waiting job was simulated), ``newest_id`` (the last job id handed out
 when it ran), and job id -> compact JSON of that job's StartEstimate (``a`` start, ``w`` why none,
-``l`` later, ``f`` after, ``r`` the run time assumed (s), ``s`` its source). It is replaced in
+``l`` later, ``f`` after, ``r`` the run time assumed (s), ``s`` its source, ``o`` overrun:
+rig.forecast.StartEstimate.overrun). It is replaced in
 one MULTI (DEL, HSET, EXPIRE), so a reader sees a whole forecast or the one before, never half; it expires after TTL_INTERVALS intervals, so a dead
 leader's forecast vanishes. The words ("~14:20", "in ~25 min") are made by the reader from these
 fields, in the reader's time zone and at the reader's now.
@@ -48,7 +49,7 @@ _META = ("made_at", "every", "complete", "newest_id")
 def encode(estimate: StartEstimate) -> str:
     """``estimate`` as compact JSON (its job id is the hash field)."""
     fields = {"a": estimate.at, "w": estimate.why_none, "l": 1 if estimate.later else None, "f": estimate.after,
-              "r": estimate.run, "s": estimate.run_source}
+              "r": estimate.run, "s": estimate.run_source, "o": 1 if estimate.overrun else None}
     return json.dumps({k: v for k, v in fields.items() if v is not None}, separators=(",", ":"))
 
 
@@ -60,7 +61,7 @@ def decode(job_id: int, text: str) -> StartEstimate:
     at, after, run = data.get("a"), data.get("f"), data.get("r")
     return StartEstimate(job_id, None if at is None else float(at), data.get("w"), bool(data.get("l")),
                          None if after is None else float(after), run=None if run is None else float(run),
-                         run_source=data.get("s"))
+                         run_source=data.get("s"), overrun=bool(data.get("o")))
 
 
 def publish(r: redis.Redis, keys: Keys, forecast: Forecast, every: float = FORECAST_EVERY_S) -> None:

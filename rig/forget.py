@@ -20,6 +20,7 @@ from rig.models import CardState, JobState
 from rig.nodes import NodeInfo, clock
 from rig.placement import Request, never_fits
 from rig.pools import Pools
+from rig.waiting import pool_words
 
 
 @dataclass
@@ -74,7 +75,7 @@ def unrunnable(cards: list[CardState], pools: Pools, pool: str | None, request: 
     if not mine:
         return f"no card is left in pool {pool!r}"
     why_not = never_fits(mine, request)
-    return f"in pool {pool!r}: {why_not}" if why_not and pool else why_not
+    return pool_words(pool) + why_not if why_not else None
 
 
 def _in_pool(cards: list[CardState], pools: Pools, pool: str | None) -> list[CardState]:

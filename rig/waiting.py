@@ -27,9 +27,16 @@ What a sentence says, first match wins:
    (rig.placement.place). When they take the room: ``the free memory would hold it now
    (node/3), but the 2 job(s) ahead of it take that room first``; with more ahead than that
    bound: ``..., but 80 job(s) ahead of it go first``;
+   When every card that takes jobs is held for jobs ahead of it: ``every card that takes jobs
+   is held for jobs ahead of it; n1/0 (10.0 GiB free) held for job 3 ...``, the cards that take
+   no jobs at all (outside gpu_whitelist, unhealthy) named after, as a second fact, never as
+   the cause ("no card takes jobs (not in whitelist)" was said of a job queued behind holds);
 5. then: jobs ahead of it, the cards held for it (and when they are expected to have room),
    and ``no dispatcher is running`` when none is (or, from rig-submit's first look, that the
    dispatcher holding the lock did not answer: see :func:`first_look`).
+
+A job of a pool reads only its pool's cards, and every sentence about them says so first
+(``in pool 'a100': ...``, :func:`pool_words`); a user's limit (3.) concerns no card.
 
 Times in epoch seconds; memory in bytes.
 """
@@ -129,15 +136,32 @@ def explain(facts: WaitFacts) -> str:
     return body + explain_tail(facts, counts_ahead)
 
 
+def pool_words(pool: str | None) -> str:
+    """``in pool 'a100': `` before a sentence about the cards of a job's pool ("" without a
+    pool): the one way a wait, or a job that can never run, says whose cards it read."""
+    return f"in pool {pool!r}: " if pool else ""
+
+
 def explain_body(facts: WaitFacts) -> tuple[str, bool]:
     """explain's sentence without its tail (explain_tail: the jobs ahead, its own hold, the
     dispatcher's state), and whether the tail is to count the jobs ahead (False: the body names
     them). The body reads neither ``ahead`` (unless ``ahead_unknown`` or ``ahead_cards``) nor
-    ``own_hold``: the dispatcher words it once for every job alike (rig.waiting.body_key)."""
+    ``own_hold``: the dispatcher words it once for every job alike (rig.waiting.body_key).
+
+    A job of a pool reads only that pool's cards: every sentence about cards then begins with
+    :func:`pool_words` (``in pool 'a100': ...``), so "no card takes jobs" or "largest free
+    block" is never read as the whole cluster's. A user's limit concerns no card: said as is."""
+    body, counts_ahead = _card_body(facts)
+    if facts.pool and not facts.limit:
+        body = pool_words(facts.pool) + body
+    return body, counts_ahead
+
+
+def _card_body(facts: WaitFacts) -> tuple[str, bool]:
+    """explain_body less the pool's words (see there)."""
     req = facts.request
     nodes = {n.name: n for n in facts.nodes}
     held = facts.held or {}
-    in_pool = f" of pool {facts.pool}" if facts.pool else ""
 
     down = {name for name, n in nodes.items() if not _live(n)}  # a card of a node not listed counts as up
 
@@ -156,13 +180,13 @@ def explain_body(facts: WaitFacts) -> tuple[str, bool]:
                 + (f" and {len(frozen) - 1} more node(s) too" if len(frozen) > 1 else "")), True
     if not facts.cards:
         if facts.pool:
-            return f"no card{in_pool} is registered", True
+            return "no card is registered", True
         down = [node_state_text(n) for n in facts.nodes if not _live(n)]
         return ("no cards are registered: no rig node is up"
                 + (f" ({'; '.join(down)})" if down else "") + "; it starts when one is (`rig up`)"), True
     if not live:
         listed = "; ".join(node_state_text(nodes[n]) for n in not_up)
-        return f"no rig node{in_pool} is up ({listed}); it starts when one is back (`rig up` there)", True
+        return f"no rig node is up ({listed}); it starts when one is back (`rig up` there)", True
     if down and not _big_enough(live, req) and _big_enough(facts.cards, req):  # (no node down: live is all)
         wanted = sorted({c.node for c in facts.cards if not is_live(c) and c.allowed and c.usable >= req.nbytes})
         listed = "; ".join(node_state_text(nodes[n]) for n in wanted)
@@ -199,21 +223,31 @@ def explain_body(facts: WaitFacts) -> tuple[str, bool]:
         where = ", ".join(card_id(fitting.node, i) for i in fitting.cards)
         then = f"; {STARTS_NEXT_PASS}" if facts.dispatcher and not facts.silent_s else ""
         return f"{FITS_NOW} ({where}){then}", True
+    roomy = walk.by_free[:walk.roomy(req.nbytes)] if held else []  # the held ones of these are named
+    aside = ""
     if walk.largest(held) is None:  # no open card takes jobs
         open_cards = opened()
-        if open_cards:
+        if not walk.by_free and open_cards:
             # Say why no card takes it, naming each node and card (a node that is stopped or down
             # reads as such, even where its record still says it is up).
-            return (f"needs {format_memory(req.nbytes)} on {_cards(req)}; no card{in_pool} takes jobs now "
+            return (f"needs {format_memory(req.nbytes)} on {_cards(req)}; no card takes jobs now "
                     f"({closed_cards_text(open_cards)}); it starts when one does"), True
-        text = f"needs {format_memory(req.nbytes)} on {_cards(req)}; every card is held for jobs ahead of it"
+        # Every card that takes jobs is held for jobs ahead of it: that is why it waits, and
+        # each is named (roomy or not); cards that take no jobs at all (outside gpu_whitelist,
+        # unhealthy) are a second fact, never the cause (a tester read "no card takes jobs
+        # (not in whitelist)" for a job queued behind holds on every whitelisted card).
+        every = "every card that takes jobs" if open_cards else "every card"
+        text = f"needs {format_memory(req.nbytes)} on {_cards(req)}; {every} is held for jobs ahead of it"
+        roomy = walk.by_free
+        if open_cards:
+            aside = f"; the other cards take no jobs ({closed_cards_text(open_cards, node_cards=live)})"
     else:
         # explain_wait reads the open cards as a list only to name closed ones per node
         closed_open = any(c.id not in held for c in walk.closed)
         text = explain_wait(opened() if closed_open else live, req, walk=walk, held=held)
-    # The held cards that take jobs and have the memory asked for, by id
-    roomy_held = sorted(((c.id, c) for c in walk.by_free[:walk.roomy(req.nbytes)] if c.id in held),
-                        key=lambda pair: pair[0]) if held else []
+    # The held cards that take jobs and have the memory asked for (every one, when all the cards
+    # that take jobs are held), by id
+    roomy_held = sorted(((c.id, c) for c in roomy if c.id in held), key=lambda pair: pair[0])
     if roomy_held:
         parts = []
         for cid, card in roomy_held:
@@ -221,6 +255,7 @@ def explain_body(facts: WaitFacts) -> tuple[str, bool]:
             parts.append(f"{cid} ({format_memory(card.free)} free) held for job {hold.job_id}"
                          + _expected(hold.until, facts.now))
         text += "; " + ", ".join(parts)
+    text += aside
     if not_up:
         text += "; not up: " + ", ".join(node_state_text(nodes[n]) for n in not_up)
     return text, True

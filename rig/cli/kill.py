@@ -1,25 +1,49 @@
 """``rig kill A B C``: each id on its own (issue 11, item 7).
 
-Every id was checked to be well formed before this runs (a malformed one is bad input: exit 2,
-nothing killed). Then an unknown id, or another user's job, is one line on stderr and the others
+A malformed id (``49x``) is one line on stderr (``'49x' is not a job id ...``), said before
+Redis is asked, and the well-formed ids are still handled: a tester's ``rig kill 99999 49x``
+must name both. Then an unknown id, or another user's job, is one line on stderr and the others
 are still killed (another user's job among them refuses the whole command first: exit 8,
 nothing killed); a running job that does not stop within the wait is one line too, never a
-traceback. The exit status is 0 when every job was handled, else the code of the first
+traceback. The exit status is 0 when every job was handled; else 2 when an id was malformed
+(the command line itself was wrong, whatever else happened), else the code of the first
 problem (4 unknown, 8 not yours, 1 still running: rig.errors). A job whose node is stopped
 or down is not waited for: its kill is recorded, one line says it happens when the node is
 back, and the status is 1 (it still runs)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import click
 
+from rig.cli.common import parse_job_id
 from rig.client import Client
-from rig.errors import PermissionDenied, RedisUnavailable, RigError
+from rig.errors import InvalidInput, PermissionDenied, RedisUnavailable, RigError
 from rig.models import JobState
 from rig.text import clean
 
 #: Exit status when a kill was requested but the job still ran when the wait ended.
 STILL_RUNNING_EXIT = 1
+
+
+def kill_command(connect: Callable[[], Client], texts: Sequence[str], *, wait: bool) -> int:
+    """``rig kill TEXTS``: one line per malformed id, then :func:`kill_jobs` of the others
+    (``connect`` makes the client, and checks Redis answers, only when some id is well formed).
+    Returns the exit status (see the module doc)."""
+    ids: list[int] = []
+    malformed = False
+    for text in texts:
+        try:
+            jid = parse_job_id(text)
+        except InvalidInput as exc:
+            click.echo(f"rig: error: {clean(str(exc))}", err=True)
+            malformed = True
+            continue
+        if jid not in ids:  # `rig kill 5 5` kills job 5 once
+            ids.append(jid)
+    status = kill_jobs(connect(), ids, wait=wait) if ids else 0
+    return InvalidInput.exit_code if malformed else status
 
 
 def kill_jobs(client: Client, job_ids: list[int], *, wait: bool) -> int:

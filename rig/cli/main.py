@@ -194,12 +194,15 @@ def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None) -> N
 @handle_errors
 def kill(ctx: click.Context, job_ids: tuple[str, ...], no_wait: bool) -> None:
     """Stop jobs: waiting ones are cancelled, running ones stopped with everything they spawned."""
-    ids = [parse_job_id(jid) for jid in job_ids]  # all well formed before any is killed
-    client = client_from(ctx)
-    client.ping()
-    from rig.cli.kill import kill_jobs
+    from rig.cli.kill import kill_command
 
-    status = kill_jobs(client, ids, wait=not no_wait)  # unknown ids: one line each, the rest killed
+    def connect():  # noqa: ANN202 - what client_from makes
+        client = client_from(ctx)
+        client.ping()
+        return client
+
+    # malformed and unknown ids: one line each, the rest killed
+    status = kill_command(connect, job_ids, wait=not no_wait)
     if status:
         sys.exit(status)
 

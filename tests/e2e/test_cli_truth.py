@@ -177,7 +177,7 @@ def test_a_limit_below_one_is_refused(cli_env, real_redis, args):
     assert result.stderr.count("\n") == 1 and "--limit must be 1 or more" in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize("args", [["kill", "abc"], ["kill", "1", "x2"], ["log", "abc"], ["log", "-f", "1.5"]])
+@pytest.mark.parametrize("args", [["kill", "abc"], ["kill", "1.5"], ["log", "abc"], ["log", "-f", "1.5"]])
 def test_a_malformed_job_id_is_bad_input_not_an_unknown_job(cli_env, real_redis, args):
     """`rig kill abc` exited 4 ("no job with id abc"), as for a job that does not exist."""
     result = CliRunner().invoke(cli, args)

@@ -58,7 +58,8 @@ def test_a_pool_whose_only_node_is_stopped_still_names_the_stopped_node():
     reason = f"{NODE_STOPPED_REASON} at 12:01:05: its running jobs are adopted when it returns"
     cards = [card(i, healthy=False, reason=reason) for i in range(2)]
     why = explain(WaitFacts(request=Request(GIB), cards=cards, pool="p"))
-    assert "no card of pool p takes jobs now (node vm is stopped since 12:01:05)" in why, why
+    assert why.startswith("in pool 'p': needs 1.0 GiB on 1 card; no card takes jobs now "
+                          "(node vm is stopped since 12:01:05)"), why
     assert "needs 1.0 GiB on 1 card; no card takes jobs now (node vm is stopped since 12:01:05)" == \
         explain_wait(cards, Request(GIB))
     # One card of it stopped-marked and one not closed: the card is named (not the node).

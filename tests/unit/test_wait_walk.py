@@ -88,10 +88,14 @@ def _body_plainly(facts: WaitFacts) -> tuple[str, bool]:
     dispatcher's state), and whether the tail is to count the jobs ahead (False: the body names
     them). The body reads neither ``ahead`` (unless ``ahead_unknown`` or ``ahead_cards``) nor
     ``own_hold``: the dispatcher words it once for every job alike (rig.waiting.body_key)."""
+    body, counts_ahead = _card_body_plainly(facts)
+    return (f"in pool {facts.pool!r}: {body}" if facts.pool and not facts.limit else body), counts_ahead
+
+
+def _card_body_plainly(facts: WaitFacts) -> tuple[str, bool]:
     req = facts.request
     nodes = {n.name: n for n in facts.nodes}
     held = facts.held or {}
-    in_pool = f" of pool {facts.pool}" if facts.pool else ""
 
     down = {name for name, n in nodes.items() if not _live(n)}  # a card of a node not listed counts as up
 
@@ -110,13 +114,13 @@ def _body_plainly(facts: WaitFacts) -> tuple[str, bool]:
                 + (f" and {len(frozen) - 1} more node(s) too" if len(frozen) > 1 else "")), True
     if not facts.cards:
         if facts.pool:
-            return f"no card{in_pool} is registered", True
+            return "no card is registered", True
         down = [node_state_text(n) for n in facts.nodes if not _live(n)]
         return ("no cards are registered: no rig node is up"
                 + (f" ({'; '.join(down)})" if down else "") + "; it starts when one is (`rig up`)"), True
     if not live:
         listed = "; ".join(node_state_text(nodes[n]) for n in not_up)
-        return f"no rig node{in_pool} is up ({listed}); it starts when one is back (`rig up` there)", True
+        return f"no rig node is up ({listed}); it starts when one is back (`rig up` there)", True
     if down and not _big_enough(live, req) and _big_enough(facts.cards, req):  # (no node down: live is all)
         wanted = sorted({c.node for c in facts.cards if not is_live(c) and c.allowed and c.usable >= req.nbytes})
         listed = "; ".join(node_state_text(nodes[n]) for n in wanted)
@@ -145,16 +149,25 @@ def _body_plainly(facts: WaitFacts) -> tuple[str, bool]:
         where = ", ".join(card_id(fitting.node, i) for i in fitting.cards)
         then = f"; {STARTS_NEXT_PASS}" if facts.dispatcher and not facts.silent_s else ""
         return f"{FITS_NOW} ({where}){then}", True
-    if open_cards and not any(c.eligible for c in open_cards):
+    any_eligible = any(c.eligible for c in live)
+    if open_cards and not any_eligible:
         # Say why no card takes it, naming each node and card (a node that is stopped or down
         # reads as such, even where its record still says it is up).
-        return (f"needs {format_memory(req.nbytes)} on {_cards(req)}; no card{in_pool} takes jobs now "
+        return (f"needs {format_memory(req.nbytes)} on {_cards(req)}; no card takes jobs now "
                 f"({closed_cards_text(open_cards)}); it starts when one does"), True
-    text = _explain_wait_plainly(open_cards, req) if open_cards else (
-        f"needs {format_memory(req.nbytes)} on {_cards(req)}; every card is held for jobs ahead of it")
+    all_held = not any(c.eligible for c in open_cards)
+    aside = ""
+    if all_held:
+        every = "every card that takes jobs" if open_cards else "every card"
+        text = f"needs {format_memory(req.nbytes)} on {_cards(req)}; {every} is held for jobs ahead of it"
+        if open_cards:
+            aside = f"; the other cards take no jobs ({closed_cards_text(open_cards, node_cards=live)})"
+    else:
+        text = _explain_wait_plainly(open_cards, req)
     live_by_id = {c.id: c for c in live} if held else {}
     roomy_held = [(cid, h) for cid, h in sorted(held.items())
-                  if (card := live_by_id.get(cid)) is not None and card.eligible and card.free >= req.nbytes]
+                  if (card := live_by_id.get(cid)) is not None and card.eligible
+                  and (all_held or card.free >= req.nbytes)]
     if roomy_held:
         parts = []
         for cid, hold in roomy_held:
@@ -162,6 +175,7 @@ def _body_plainly(facts: WaitFacts) -> tuple[str, bool]:
             parts.append(f"{cid} ({format_memory(card.free)} free) held for job {hold.job_id}"
                          + _expected(hold.until, facts.now))
         text += "; " + ", ".join(parts)
+    text += aside
     if not_up:
         text += "; not up: " + ", ".join(node_state_text(nodes[n]) for n in not_up)
     return text, True

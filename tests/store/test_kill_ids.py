@@ -1,0 +1,67 @@
+"""`rig kill` with a mix of ids: each one on its own (a tester's `rig kill 99999 49x` was told
+only that 49x is not a job id, exit 2, and nothing else was looked at or killed)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from rig.cli.main import cli
+from rig.keys import Keys
+from rig.ledger import Ledger
+from rig.memory import GIB
+from rig.models import Job, JobState, Priority
+
+UNKNOWN = "rig: error: no job with id 99999; `rig jobs` lists the jobs that exist"
+MALFORMED = "rig: error: '49x' is not a job id: job ids are whole numbers like 12 (`rig jobs` lists them)"
+
+
+@pytest.fixture
+def ledger(cli_env, real_redis) -> Ledger:
+    return Ledger(real_redis, Keys(cli_env))
+
+
+def _job(ledger: Ledger) -> int:
+    return ledger.store.create(Job(
+        id=0, name="t", user="u", command=["true"], gpu_memory=GIB, gpus=1,
+        priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/", created_at=time.time())).id
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.redis
+def test_an_unknown_and_a_malformed_id_are_both_named_and_the_valid_one_is_killed(ledger):
+    jid = _job(ledger)
+    result = CliRunner().invoke(cli, ["kill", "99999", "49x", str(jid)])
+    assert result.exit_code == 2, result.output  # a malformed id: the command line was wrong
+    assert sorted(_lines(result.stderr)) == sorted([UNKNOWN, MALFORMED]), result.stderr
+    assert _lines(result.stdout) == [f"job {jid} cancelled (was pending); its GPU memory is free"], result.stdout
+    assert ledger.store.get(jid).state is JobState.CANCELLED
+
+
+@pytest.mark.redis
+def test_only_an_unknown_and_a_malformed_id(ledger):
+    result = CliRunner().invoke(cli, ["kill", "99999", "49x"])
+    assert result.exit_code == 2, result.output
+    assert sorted(_lines(result.stderr)) == sorted([UNKNOWN, MALFORMED]), result.stderr
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.redis
+def test_only_malformed_ids_never_ask_redis(cli_env, monkeypatch):
+    monkeypatch.setenv("RIG_REDIS_URL", "redis://127.0.0.1:1/0")  # nothing answers there
+    result = CliRunner().invoke(cli, ["kill", "49x", "0"])
+    assert result.exit_code == 2, result.output
+    assert len(_lines(result.stderr)) == 2 and all("is not a job id" in line for line in _lines(result.stderr))
+
+
+@pytest.mark.redis
+def test_an_id_given_twice_is_killed_once(ledger):
+    jid = _job(ledger)
+    result = CliRunner().invoke(cli, ["kill", str(jid), str(jid)])
+    assert result.exit_code == 0, result.output
+    assert _lines(result.stdout) == [f"job {jid} cancelled (was pending); its GPU memory is free"], result.output
