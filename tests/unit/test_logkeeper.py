@@ -76,10 +76,12 @@ def _until(check, timeout: float = 10.0) -> bool:
 
 
 def _done(fd: int, timeout: float = 10.0) -> bool:
-    """Has the card's keeper closed its "done" pipe (end of file)?"""
+    """Has the card's keeper said its "done" (DONE, then end of file)? End of file alone would
+    mean it died."""
     import select
 
-    return bool(select.select([fd], [], [], timeout)[0]) and os.read(fd, 1) == b""
+    return (bool(select.select([fd], [], [], timeout)[0]) and os.read(fd, 1) == logkeeper.DONE
+            and os.read(fd, 1) == b"")
 
 
 def test_one_keeper_copies_every_log_of_its_card_and_says_when_each_is_done(tmp_path: Path):
