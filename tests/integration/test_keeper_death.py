@@ -113,3 +113,34 @@ def test_a_job_whose_keeper_dies_with_no_other_to_take_over_is_rigs_fault(card_r
     (row,) = again.attempts
     assert row["outcome"] == "infrastructure" and row["exit_code"] == 141  # 128 + SIGPIPE
     assert "rig's fault" in again.reason and "not counted" in again.reason
+
+
+def test_a_log_folder_deleted_while_the_job_runs_is_made_again(card_runner_env, tmp_path, caplog):
+    """Someone deletes the job's log folder while it runs: its keeper makes it again on the
+    next output, with a line in the log; the worker's log and the job's reason say so; the job
+    keeps its own exit status."""
+    import logging
+    import shutil
+
+    settings, ledger, runner, _ = card_runner_env
+    go = tmp_path / "go"
+    job, token = placed(ledger, f"echo before; while [ ! -e {go} ]; do sleep 0.02; done; echo after", tmp_path)
+    folder = job_folder(settings.job_log_dir, job.id, job.instance)
+    log = folder / "attempt-1.log"
+    results: list[str] = []
+    thread = threading.Thread(target=lambda: results.append(runner.run_job(job.id, token)))
+    thread.start()
+    try:
+        assert _until(lambda: log.exists() and log.read_bytes() == b"before\n"
+                      and read_pid_file(log.with_suffix(".pid")) is not None)
+        shutil.rmtree(folder)
+    finally:
+        go.touch()
+    with caplog.at_level(logging.WARNING, logger="workers.card_runner"):
+        thread.join(30)
+    assert results == ["SUCCEEDED"]
+    lines = log.read_bytes().splitlines()
+    assert len(lines) == 2 and lines[0].startswith(b"[rig: this log was deleted") and lines[1] == b"after"
+    assert "was deleted while it ran" in caplog.text
+    done = ledger.store.get(job.id)
+    assert done.exit_code == 0 and "log deleted while it ran (once) and made again" in done.reason
