@@ -39,6 +39,9 @@ READ_MAX = 1 << 20
 READ_MIN = 4096
 #: How long after a cut the job's own lock held off the next try waits (s).
 CUT_RETRY_S = 2.0
+#: How often (at most) a keeper looks whether its log was unlinked under it (s): at the first
+#: output after this long since the last look. Output in between goes to the unlinked file.
+UNLINK_CHECK_S = 0.2
 #: What a keeper writes into a log's "done" pipe once that log is written to its end, before it
 #: closes it: end of file without it means the keeper died (its descriptors closed with it).
 DONE = b"."
@@ -97,7 +100,8 @@ class LogCopy:
     one that died: rig.logkeeper.restart_line); the note file then counts the restart. A cut the
     job's own lock on its log holds off (rig.logs.LogLocked) is skipped, said once in the log,
     and tried again after CUT_RETRY_S. A log unlinked under the keeper (its folder deleted) is
-    made again, folder and all, with a line that says so (the note file counts it too)."""
+    made again, folder and all, with a line that says so (the note file counts it too), at the
+    first output UNLINK_CHECK_S after the last look: what came in between is lost with it."""
 
     def __init__(self, log_path: Path, cap: int, *, on_write: Callable[[int], None] | None = None,
                  note_path: Path | None = None, opening: str = "") -> None:
@@ -113,6 +117,7 @@ class LogCopy:
         self.cut = _as_int(self.note.data.get("cap_cut"))
         self._logs: ModuleType | None = None  # loaded at the first cut: most logs never need one
         self._cut_again_at = 0.0  # time.monotonic() before which a cut the job's lock held off waits
+        self._check_at = 0.0  # time.monotonic() of the next look whether the log was unlinked
         self._locked_said = False  # the log says the job's lock holds the cut off (once a spell)
         if opening:
             self.note.count("keeper_restarts")
@@ -121,9 +126,12 @@ class LogCopy:
     def feed(self, data: bytes) -> None:
         """Append one read of the job's output, cutting the log first if it would pass the cap."""
         note = self.note
-        if os.fstat(self.out).st_nlink == 0:
-            self._made_again()
-        if self.size + len(data) > self.cap and time.monotonic() >= self._cut_again_at:
+        now = time.monotonic()
+        if now >= self._check_at:  # an fstat a read costs as much as the write: a few a second
+            self._check_at = now + UNLINK_CHECK_S
+            if os.fstat(self.out).st_nlink == 0:
+                self._made_again()
+        if self.size + len(data) > self.cap and now >= self._cut_again_at:
             self._logs = self._logs or _logs_module()
             try:
                 self.cut += self._logs.enforce_size_cap(self.log_path, self.low_water, keep_head=self.cap // 4,

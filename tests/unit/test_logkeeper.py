@@ -319,9 +319,10 @@ def test_a_job_that_locks_its_own_log_never_stalls_the_cards_other_logs(tmp_path
         server.close(5)
 
 
-def test_a_log_deleted_under_its_keeper_is_made_again_with_a_note(tmp_path: Path):
+def test_a_log_deleted_under_its_keeper_is_made_again_with_a_note(tmp_path: Path, monkeypatch):
     import shutil
 
+    monkeypatch.setattr(logkeeper, "UNLINK_CHECK_S", 0.0)  # look at every output
     folder = tmp_path / "7-0123456789abcdef"
     folder.mkdir()
     log = folder / "attempt-1.log"
