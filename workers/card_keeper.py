@@ -10,11 +10,17 @@ lost (at most one read: read_size(cap), and never more than the pipe held); the 
 so in the log with one line (rig.logkeeper.restart_line) and the attempt's note file counts the
 restart (``keeper_restarts``, rig.logspace.describe_note).
 
+A worker that adopts a running job (its worker stopped) takes a read end of the job's pipe too
+(:meth:`CardKeeper.adopt`, through /proc/<job>/fd/1) and watches the worker before's keeper
+(:class:`ForeignKeeper`, a pidfd): if that one dies, the log goes to this worker's keeper.
+
 A keeper that cannot be restarted (no process can be started) leaves the job's pipe with no
 reader once the worker lets go of its end: its next write fails (SIGPIPE) and the attempt is
 rig's fault (:attr:`KeptLog.lost_reader`; rig.failures.FailureClass.INFRASTRUCTURE), retried
-without spending one of its retries. So is one whose worker had stopped when its keeper died
-(a job adopted after a worker restart has no read end here).
+without spending one of its retries; so is an adopted job whose read end could not be taken
+and whose keeper died while it ran. One window stays open: a keeper that dies while no worker
+of its card runs at all (between a worker's stop and the next one's adoption) leaves its jobs'
+pipes with no reader; such a job's SIGPIPE is counted as its own (exit 141), as before.
 
 Invariants: every :class:`KeptLog` not yet released holds ``read_fd`` open; ``keeper`` is the
 process that copies it now (the card's keeper or a keeper of its own), None only when none
@@ -34,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rig import logkeeper
-from workers.process_tree import proc_start_time
+from workers.process_tree import ExitWatcher, is_alive, proc_start_time
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +51,37 @@ LOGKEEPER_SCRIPT = str(Path(logkeeper.__file__))
 DEATH_SEEN_S = 2.0
 
 
+class ForeignKeeper:
+    """A keeper this worker did not start (the card's keeper of the worker before, named in an
+    adopted attempt's pid file): watched through a pidfd; its exit status cannot be known."""
+
+    returncode = None
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._watch = ExitWatcher(pid)
+        self._stopped = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until it has exited; subprocess.TimeoutExpired after ``timeout`` s, or once
+        :meth:`stop` was called (the worker let go of the log: nothing to watch for)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._stopped.is_set():
+            step = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+            if step <= 0:
+                break
+            if self._watch.wait(step):
+                return
+        raise subprocess.TimeoutExpired(f"keeper {self.pid}", timeout or 0.0)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def close(self) -> None:
+        """Only by the one thread that waits on it (workers.card_keeper's watch)."""
+        self._watch.close()
+
+
 @dataclass(eq=False)
 class KeptLog:
     """One job's output pipe, as the worker holds it."""
@@ -52,12 +89,15 @@ class KeptLog:
     log_path: Path
     cap: int  # bytes
     read_fd: int  # the worker's own read end of the job's pipe; -1 once released
-    keeper: subprocess.Popen | None = None  # the process that copies it now
+    keeper: subprocess.Popen | ForeignKeeper | None = None  # the process that copies it now
     keeper_start: int | None = None  # its start time (clock ticks since boot), for the pid file
     done_fd: int | None = None  # the card's keeper's "done" pipe; None with a keeper of its own
     restarts: int = 0  # keepers that died under it and were replaced
     finished: bool = False  # written to its end (DONE seen, or its own keeper exited 0)
     lost_reader: bool = False  # its keeper died and none took it over: the job's writes fail
+    #: An adopted job's process (pid, start time): with a ForeignKeeper, the log is at its end
+    #: once the job is gone and its pipe empty.
+    job: tuple[int, int | None] | None = None
     #: Called (under the lock) with the log whenever its keeper changes: the pid file follows.
     on_moved: Callable[[KeptLog], None] | None = None
     _stale: list[int] = field(default_factory=list)  # done pipes of dead keepers, closed at release
@@ -128,6 +168,35 @@ class CardKeeper:
         log.warning("no log keeper for %s; the job writes to its log directly", log_path)
         return None, -1
 
+    def adopt(self, log_path: Path, cap: int, job_pid: int, job_start: int | None, keeper_pid: int,
+              keeper_start: int | None) -> KeptLog | None:
+        """An adopted job's output (its worker stopped; the card's keeper of that worker copies
+        it on): take a read end of the job's pipe of this worker's own (through
+        /proc/<job>/fd/1, which opens the pipe itself), so that keeper's death is survived as
+        one of this worker's own would be. None when that cannot be done (the job's stdout is
+        not a pipe, or is gone): the keeper's death then stays rig's fault, watched only."""
+        import stat
+
+        try:
+            fd = os.open(f"/proc/{job_pid}/fd/1", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode) or not is_alive(job_pid, job_start) \
+                    or not is_alive(keeper_pid, keeper_start):
+                os.close(fd)
+                return None
+            os.set_blocking(fd, True)  # a keeper it is handed to reads it blocking (shared flag)
+            keeper = ForeignKeeper(keeper_pid)
+        except OSError:
+            os.close(fd)
+            return None
+        kept = KeptLog(log_path, cap, fd, keeper=keeper, keeper_start=keeper_start, job=(job_pid, job_start))
+        with self._lock:
+            self._logs.add(kept)
+        self._watch(keeper)
+        return kept
+
     def follow(self, kept: KeptLog, on_moved: Callable[[KeptLog], None]) -> None:
         """Call ``on_moved(kept)`` now and whenever its keeper changes (under the lock, so the
         pid file never names a keeper that was replaced meanwhile)."""
@@ -145,6 +214,8 @@ class CardKeeper:
                 if kept.finished or kept.keeper is None or kept.read_fd < 0:
                     return True
                 keeper, done_fd = kept.keeper, kept.done_fd
+            if isinstance(keeper, ForeignKeeper):
+                raise ValueError("an adopted log's keeper is waited for through /proc (holds_file)")
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
@@ -174,11 +245,21 @@ class CardKeeper:
                     return True
             self._keeper_died(keeper)
 
+    def keeper_exited(self, kept: KeptLog) -> None:
+        """An adopted log whose keeper (the worker before's) let go of it or exited: if it
+        exited before the log's end, the log goes to a keeper of this worker's now (the watch
+        thread may not have got there yet; either does it once)."""
+        keeper = kept.keeper
+        if isinstance(keeper, ForeignKeeper) and not is_alive(keeper.pid, kept.keeper_start):
+            self._keeper_died(keeper)
+
     def release(self, kept: KeptLog) -> None:
         """The worker is done with this log (its job ended, or the worker detaches from it):
         its read end and done pipes are closed. The keeper copies on to the pipe's end."""
         with self._lock:
             self._logs.discard(kept)
+            if isinstance(kept.keeper, ForeignKeeper):
+                kept.keeper.stop()  # its watch ends
             for fd in (kept.read_fd, kept.done_fd, *kept._stale):
                 if fd is not None and fd >= 0:
                     os.close(fd)
@@ -198,20 +279,24 @@ class CardKeeper:
             server.close(wait)
 
     # -- keepers dying --------------------------------------------------------------------
-    def _watch(self, proc: subprocess.Popen) -> None:
+    def _watch(self, proc: subprocess.Popen | ForeignKeeper) -> None:
         """Notice ``proc``'s death at once: a thread waits for it (the worker is its parent)."""
         thread = threading.Thread(target=self._wait_and_recover, args=(proc,), daemon=True,
                                   name=f"rig-keeper-{proc.pid}")
         thread.start()
 
-    def _wait_and_recover(self, proc: subprocess.Popen) -> None:
+    def _wait_and_recover(self, proc: subprocess.Popen | ForeignKeeper) -> None:
         try:
             proc.wait()
-        except Exception:  # noqa: BLE001 - a watch thread never raises
+        except Exception:  # noqa: BLE001 - a watch thread never raises (a released foreign one ends so)
             return
-        self._keeper_died(proc)
+        else:
+            self._keeper_died(proc)
+        finally:
+            if isinstance(proc, ForeignKeeper):
+                proc.close()
 
-    def _keeper_died(self, proc: subprocess.Popen) -> None:
+    def _keeper_died(self, proc: subprocess.Popen | ForeignKeeper) -> None:
         """``proc`` (a keeper) has exited: every log it copied that is not written to its end
         goes to another keeper, with the opening line. Idempotent (the watch thread and a
         waiter may both get here)."""
@@ -229,6 +314,10 @@ class CardKeeper:
                     continue
                 if kept.done_fd is None and proc.returncode == 0:
                     kept.finished = True  # a keeper of its own exits 0 only at its log's end
+                    continue
+                if isinstance(proc, ForeignKeeper) and kept.job is not None and not is_alive(*kept.job) \
+                        and not _unread(kept.read_fd):
+                    kept.finished = True  # the job is gone and its pipe empty: it ended, then exited
                     continue
                 kept.restarts += 1
                 if kept.done_fd is not None:
@@ -302,3 +391,17 @@ class CardKeeper:
                 kept.on_moved(kept)
             except Exception:  # noqa: BLE001 - the pid file is a hint; the log goes on
                 log.exception("%s: could not note its new keeper", kept.log_path)
+
+
+def _unread(fd: int) -> int:
+    """Bytes waiting in the pipe ``fd`` reads (FIONREAD); 0 when that cannot be told."""
+    import array
+    import fcntl
+    import termios
+
+    count = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, count, True)
+    except OSError:
+        return 0
+    return count[0]

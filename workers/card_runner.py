@@ -50,7 +50,7 @@ from rig.redis_writes import is_outage, refusal
 from rig.replication import replica_wait
 from rig.store import JobStore
 from workers.attempt_locate import carries_attempt, job_folders, locate
-from workers.card_keeper import CardKeeper, KeptLog
+from workers.card_keeper import CardKeeper, ForeignKeeper, KeptLog
 from workers.log_space import (
     LogSpaceGuard,
     NotStarted,
@@ -617,8 +617,17 @@ class CardRunner:
         with self._lock:
             self._active[active.job_id] = active
         watcher = ExitWatcher(active.pid)
-        # An adopted job's keeper (the worker before's): this worker holds no end of the job's
-        # output, so that keeper's death is only watched, to say whose fault what follows is.
+        if active.kept is None and active.keeper_pid and active.pid and active.log_path is not None:
+            # Adopted: a read end of the job's pipe of this worker's own, so the keeper of the
+            # worker before may die as this worker's own may (workers.card_keeper.adopt).
+            active.kept = self._keepers.adopt(active.log_path, self.settings.log_max_bytes, active.pid,
+                                              active.proc_start, active.keeper_pid, active.keeper_start)
+            if active.kept is not None:
+                files = AttemptFiles(active.exit_file.parent, active.attempt)
+                self._keepers.follow(active.kept, lambda k: write_pid_file(
+                    files, f"{active.pid} {active.proc_start or 0} {active.attempt} {k.keeper_pid or 0} "
+                           f"{k.keeper_start or 0}\n"))
+        # Without one, that keeper's death is only watched, to say whose fault what follows is.
         keeper = (ExitWatcher(active.keeper_pid) if active.kept is None and active.keeper_pid
                   and is_alive(active.keeper_pid, active.keeper_start) else None)
         next_poll = 0.0
@@ -741,13 +750,25 @@ class CardRunner:
         """Let the log keeper write the last output before the log is read (the failure
         class comes from its end). It ends at end of file, once no process of the job holds
         the pipe; a leftover that escaped the job's session could hold it longer."""
-        if active.kept is not None:
+        kept = active.kept
+        if kept is not None and isinstance(kept.keeper, ForeignKeeper):
+            # Adopted, copied by the worker before's keeper: done once it lets go of the log; if
+            # it died instead, the log went to a keeper of this worker's (waited for below).
+            self._wait_for_adopted_keeper(active)
+            self._keepers.keeper_exited(kept)
+        if kept is not None and not isinstance(kept.keeper, ForeignKeeper):
             # Through keeper restarts (workers.card_keeper): the keeper that copies it now says
             # when this log is written to its end.
-            if not self._keepers.wait_done(active.kept, KEEPER_WAIT_S):
+            if not self._keepers.wait_done(kept, KEEPER_WAIT_S):
                 log.warning("job %s: its log is not written to its end yet (keeper pid %s); something still "
-                            "holds the job's output", active.job_id, active.kept.keeper_pid)
+                            "holds the job's output", active.job_id, kept.keeper_pid)
             return
+        if kept is None:
+            self._wait_for_adopted_keeper(active)
+
+    def _wait_for_adopted_keeper(self, active: ActiveJob) -> None:
+        """The keeper named in the attempt's pid file: done once it no longer holds the log
+        open, or has exited."""
         if not active.keeper_pid:
             return
         # Adopted (the keeper named in the attempt's pid file: the card's keeper of the worker

@@ -150,3 +150,49 @@ def test_a_log_folder_deleted_while_the_job_runs_is_made_again(card_runner_env, 
     assert "was deleted while it ran" in caplog.text
     done = ledger.store.get(job.id)
     assert done.exit_code == 0 and "log deleted while it ran (once) and made again" in done.reason
+
+
+def test_an_adopted_job_outlives_the_keeper_of_the_worker_before(card_runner_env, tmp_path):
+    """The worker stops (its keeper copies on), the next one adopts the job and takes a read
+    end of its pipe through /proc; then the old keeper is killed: the new worker's keeper takes
+    the log over, and the job runs on and succeeds."""
+    from workers.card_runner import CardRunner
+    from workers.process_tree import is_alive
+
+    settings, ledger, runner, _ = card_runner_env
+    command, go = _writer(tmp_path)
+    job, token = placed(ledger, command, tmp_path)
+    log = job_folder(settings.job_log_dir, job.id, job.instance) / "attempt-1.log"
+    results: list[str] = []
+    first = threading.Thread(target=lambda: results.append(runner.run_job(job.id, token)))
+    first.start()
+    second = None
+    try:
+        assert _until(lambda: log.exists() and log.stat().st_size > 20_000
+                      and read_pid_file(log.with_suffix(".pid")) is not None)
+        old = read_pid_file(log.with_suffix(".pid"))
+        runner.stop()  # the worker goes; the job and its keeper run on
+        first.join(10)
+        assert results == ["detached"]
+        second = CardRunner(settings, "n1", 0, "card0@n1")
+        second.adopt()
+        assert second.active_ids() == [job.id]
+        assert _until(lambda: any(k.job is not None for k in second._keepers._logs))  # its read end
+        os.kill(old[3], signal.SIGKILL)
+        assert _until(lambda: (read_pid_file(log.with_suffix(".pid")) or old)[3] != old[3])
+        assert _until(lambda: RESTART.search(log.read_bytes()) is not None
+                      and len(log.read_bytes()) > RESTART.search(log.read_bytes()).end() + 20_000)
+        go.touch()
+        assert _until(lambda: ledger.store.get(job.id).state is JobState.SUCCEEDED, timeout=30)
+    finally:
+        go.touch()
+        if second is not None:
+            second.stop()
+    done = ledger.store.get(job.id)
+    assert done.attempt == 1 and done.exit_code == 0
+    text = log.read_bytes()
+    assert text.endswith(b"the-last-line\n") and len(RESTART.findall(text)) == 1
+    lines, nbytes = lost_lines(text)
+    assert nbytes <= 64 * 1024, (lines, nbytes)
+    print(f"adopted, lost across a keeper SIGKILL: {lines} line(s), {nbytes} bytes")
+    assert not is_alive(old[3], old[4])
