@@ -181,15 +181,15 @@ class CardKeeper:
             fd = os.open(f"/proc/{job_pid}/fd/1", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return None
+        keeper = ForeignKeeper(keeper_pid)  # its pidfd first, then its start time: never a reused pid
         try:
             if not stat.S_ISFIFO(os.fstat(fd).st_mode) or not is_alive(job_pid, job_start) \
                     or not is_alive(keeper_pid, keeper_start):
-                os.close(fd)
-                return None
+                raise OSError("not the job's pipe, or not its keeper")
             os.set_blocking(fd, True)  # a keeper it is handed to reads it blocking (shared flag)
-            keeper = ForeignKeeper(keeper_pid)
         except OSError:
             os.close(fd)
+            keeper.close()
             return None
         kept = KeptLog(log_path, cap, fd, keeper=keeper, keeper_start=keeper_start, job=(job_pid, job_start))
         with self._lock:
@@ -268,13 +268,11 @@ class CardKeeper:
 
     def close(self, wait: float = 0.0) -> None:
         """The worker stops: no keeper is restarted any more; the card's keeper takes no new
-        logs and copies on those it has (waits up to ``wait`` s for it to exit)."""
+        logs and copies on those it has (waits up to ``wait`` s for it to exit). Each job's
+        supervisor releases its own log as it detaches (never here: it may be waiting on it)."""
         with self._lock:
             self._closed = True
             server, self._server = self._server, None
-            logs = list(self._logs)
-        for kept in logs:
-            self.release(kept)
         if server is not None:
             server.close(wait)
 
