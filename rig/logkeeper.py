@@ -357,8 +357,9 @@ def _ignore_stop_signals() -> None:
 # writing into a pipe that still has a reader (never SIGPIPE): the worker starts a new keeper at
 # once and hands it every pipe again, with an opening line for the log (restart_line). Only what
 # the dead keeper had read and not yet written is lost. A worker that adopts a job after
-# a restart has no such pipe: it waits until the keeper named in the attempt's pid file no
-# longer holds the log open (workers.process_tree.holds_file).
+# a restart has no "done" pipe: it waits until the keeper named in the attempt's pid file no
+# longer holds the log open (workers.process_tree.holds_file); it takes a read end of the job's
+# pipe all the same (/proc/<job>/fd/1), so that keeper's death is survived too.
 
 _REQUEST_MAX = 8192
 
@@ -402,9 +403,10 @@ class _Served:
 def serve(sock_fd: int) -> int:
     """Run the card's keeper on ``sock_fd`` (a SOCK_SEQPACKET socket): take requests until the
     other end closes, and copy every pipe given until its end of file. Each request:
-    ``b"<log path>\0<cap>"`` (or ``b"<log path>\0<cap>\0<opening line>"``: a log taken over from
-    a keeper that died, LogCopy's ``opening``) with two file descriptors (the read end of the job's pipe, then
-    the write end of its "done" pipe) or one (the pipe alone); each answer: ``b"<keeper pid>"``
+    ``b"<log path>\0<cap>"`` (or ``b"<log path>\0<cap>\0<opening line>"``: a log taken over
+    from a keeper that died, LogCopy's ``opening``) with two file descriptors (the read end of
+    the job's pipe, then the write end of its "done" pipe) or one (the pipe alone); each
+    answer: ``b"<keeper pid>"``
     (this process) or ``b"ERR <why>"``."""
     import selectors
     import socket
