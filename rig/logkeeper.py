@@ -108,7 +108,8 @@ class LogCopy:
         self.log_path = log_path
         self.cap = cap
         self.on_write = on_write
-        self.note = _Note(note_path or log_path.with_suffix(".note"), cap)
+        # A keeper that takes a log over goes on from its note; a new attempt's is blank.
+        self.note = _Note(note_path or log_path.with_suffix(".note"), cap, load=bool(opening))
         self.out = os.open(log_path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)  # read: say()
         self.size = os.fstat(self.out).st_size
         self.low_water = max(1, cap * 3 // 4)
@@ -229,9 +230,9 @@ class _Note:
     note file (rig.logspace; overwritten in place, never grown past what the worker allocated
     as long as it stays under NOTE_BYTES)."""
 
-    def __init__(self, path: Path, cap: int) -> None:
+    def __init__(self, path: Path, cap: int, load: bool = False) -> None:
         self.path = path
-        self.data: dict = _read_note(path)  # a keeper that takes a log over goes on counting
+        self.data: dict = _read_note(path) if load else {}  # load: the counts so far go on
         self.cap = cap
         self.pending = 0  # bytes lost since the last marker line
         self.marker_len = 0
