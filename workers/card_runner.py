@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import pwd
+import signal
 import stat
 import subprocess
 import sys
@@ -123,6 +124,8 @@ class ActiveJob:
     #: An adopted job's keeper died while the job still ran (this worker holds no end of its
     #: output to hand to another): its writes fail from then on, through no fault of its own.
     keeper_lost: bool = False
+    #: ... or was found dead as the job's end was seen (which came first is not known then).
+    keeper_dead_at_end: bool = False
     #: The job's instance (Job.instance): its ending is written only to the record of that
     #: job, never to a later job that reuses the id (after Redis lost its data).
     instance: str | None = None
@@ -675,6 +678,8 @@ class CardRunner:
                 if active.kill_event.is_set():
                     log.info("job %s: stopping its process tree (kill requested)", active.job_id)
                     stop_tree(active.pid, self.settings.kill_grace_seconds, reap=lambda: _reap(active))
+            if keeper is not None and keeper.wait(0):
+                active.keeper_dead_at_end = True
             active.ended_mono = time.monotonic()  # when it ended, not when Redis hears of it
             jobtrace.mark(active.job_id, "exit_seen")
             end = self._outcome(active)
@@ -731,8 +736,11 @@ class CardRunner:
                         "it again: the output before that is gone", active.job_id, active.log_path)
         ended_at, runtime = self._end_time(active)
         # Its output pipe lost its reader (the keeper died, none could take over, or this
-        # worker held no end of it): a failure then is rig's, not the job's.
-        keeper_lost = (active.kept is not None and active.kept.lost_reader) or active.keeper_lost
+        # worker held no end of it): a failure then is rig's, not the job's. A keeper found
+        # dead only as the job's end was seen may have exited after it, at its end of file: it
+        # counts when the job died of SIGPIPE (a job's own broken pipe then is taken for rig's).
+        keeper_lost = ((active.kept is not None and active.kept.lost_reader) or active.keeper_lost
+                       or (active.keeper_dead_at_end and rc == 128 + signal.SIGPIPE))
         return Gathered(exit_code=rc, killed_here=active.kill_event.is_set(), timed_out=active.timed_out,
                         overused=active.overused, note=log_note, ended_at=ended_at, runtime=runtime,
                         failure=FailureClass.INFRASTRUCTURE if keeper_lost else None)

@@ -196,3 +196,40 @@ def test_an_adopted_job_outlives_the_keeper_of_the_worker_before(card_runner_env
     assert nbytes <= 64 * 1024, (lines, nbytes)
     print(f"adopted, lost across a keeper SIGKILL: {lines} line(s), {nbytes} bytes")
     assert not is_alive(old[3], old[4])
+
+
+def test_an_adopted_job_whose_read_end_could_not_be_taken_dies_of_its_keeper_as_rigs_fault(
+        card_runner_env, tmp_path, monkeypatch):
+    """Adopted without a read end of its own (none could be taken): the old keeper's death is
+    only watched; the job's SIGPIPE that follows is rig's fault and spends no retry."""
+    from workers.card_runner import CardRunner
+
+    settings, ledger, runner, _ = card_runner_env
+    command, go = _writer(tmp_path)
+    job, token = placed(ledger, command, tmp_path)
+    ledger.store.update(job.id, max_retries=0)
+    log = job_folder(settings.job_log_dir, job.id, job.instance) / "attempt-1.log"
+    first = threading.Thread(target=lambda: runner.run_job(job.id, token))
+    first.start()
+    second = None
+    try:
+        assert _until(lambda: log.exists() and log.stat().st_size > 1000
+                      and read_pid_file(log.with_suffix(".pid")) is not None)
+        old = read_pid_file(log.with_suffix(".pid"))
+        runner.stop()
+        first.join(10)
+        second = CardRunner(settings, "n1", 0, "card0@n1")
+        monkeypatch.setattr(second._keepers, "adopt", lambda *_a: None)
+        second.adopt()
+        assert second.active_ids() == [job.id]
+        os.kill(old[3], signal.SIGKILL)
+        assert _until(lambda: ledger.store.get(job.id).state is JobState.PENDING, timeout=30), (
+            ledger.store.get(job.id).state, ledger.store.get(job.id).reason, log.read_bytes()[-300:])
+    finally:
+        go.touch()
+        if second is not None:
+            second.stop()
+    again = ledger.store.get(job.id)
+    (row,) = again.attempts
+    assert row["outcome"] == "infrastructure" and row["exit_code"] == 141
+    assert "not counted" in again.reason
