@@ -126,6 +126,8 @@ class ActiveJob:
     keeper_lost: bool = False
     #: ... or was found dead as the job's end was seen (which came first is not known then).
     keeper_dead_at_end: bool = False
+    #: The worker's log said its log was deleted while it ran (said once).
+    log_deleted_said: bool = False
     #: The job's instance (Job.instance): its ending is written only to the record of that
     #: job, never to a later job that reuses the id (after Redis lost its data).
     instance: str | None = None
@@ -635,6 +637,7 @@ class CardRunner:
                   and is_alive(active.keeper_pid, active.keeper_start) else None)
         next_poll = 0.0
         next_cap = time.monotonic() + LOG_CAP_POLL_S
+        log_file = _inode(active.log_path)  # a log deleted under the job is said when seen
         try:
             while True:
                 if watcher.wait(0.1):
@@ -666,9 +669,16 @@ class CardRunner:
                                       reap=lambda: _reap(active))
                     except redis.RedisError:
                         pass  # Redis away: keep watching the process
-                if now >= next_cap and active.log_path is not None and not active.has_keeper:
+                if now >= next_cap and active.log_path is not None:
                     next_cap = now + LOG_CAP_POLL_S
-                    _cap_quietly(active, self.settings.log_max_bytes)
+                    if not active.has_keeper:
+                        _cap_quietly(active, self.settings.log_max_bytes)
+                    if log_file is not None and _inode(active.log_path) != log_file:
+                        log_file = None
+                        active.log_deleted_said = True
+                        log.warning("job %s: its log %s was deleted while it runs (its folder, or the file); its "
+                                    "keeper makes it again at its next output: the output before is gone",
+                                    active.job_id, active.log_path)
                 if (active.time_limit and not active.timed_out
                         and time.monotonic() - active.started_mono > active.time_limit):
                     active.timed_out = True
@@ -731,7 +741,7 @@ class CardRunner:
         # the job's own exit status stays its result.
         note = logspace.read_note(active.exit_file.with_suffix(".note"))
         log_note = logspace.describe_note(note)
-        if note.get("log_made_again"):
+        if note.get("log_made_again") and not active.log_deleted_said:
             log.warning("job %s: its log %s was deleted while it ran (its folder, or the file); its keeper made "
                         "it again: the output before that is gone", active.job_id, active.log_path)
         ended_at, runtime = self._end_time(active)
@@ -1209,6 +1219,15 @@ def _job_id_of(pid: int, prefix: str) -> int | None:
             except ValueError:
                 return None
     return None
+
+
+def _inode(path: Path | None) -> tuple[int, int] | None:
+    """(device, inode) of ``path``, None when it is not there."""
+    try:
+        st = os.stat(path) if path is not None else None
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if st is not None else None
 
 
 def _cap_quietly(active: ActiveJob, cap: int) -> None:
