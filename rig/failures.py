@@ -56,6 +56,7 @@ class FailureClass(str, Enum):
     RUN_AS_REFUSED = "run_as_refused"  # the job may not run as its submitter (identity refused)
     START_ERROR = "start_error"  # rig's own start of the job failed unexpectedly
     UNSCHEDULABLE = "unschedulable"  # it never started: no card of its pool could ever hold it
+    INFRASTRUCTURE = "infrastructure"  # rig's own fault, not the job's (its log keeper died under it)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,13 @@ class RetryRule:
     helps: bool
     #: For classes a retry cannot help: what the person should do (one clause, no full stop).
     advice: str = ""
+    #: Does such an attempt spend one of the job's retries? Not when rig itself failed the job
+    #: (at most FREE_RETRIES_MAX such attempts go uncounted, so a fault that repeats ends).
+    counted: bool = True
+
+
+#: The most attempts of one job that rig's own faults may take without counting them.
+FREE_RETRIES_MAX = 3
 
 
 #: THE table of which failures are retried (workers.outcomes.decide reads only this). A class
@@ -77,6 +85,7 @@ RETRY: dict[FailureClass, RetryRule] = {
     FailureClass.CUDA_ERROR: RetryRule(True),  # Xid errors, a card reset: often transient
     FailureClass.NCCL_ERROR: RetryRule(True),  # a peer or link that failed
     FailureClass.LOST: RetryRule(True),  # its worker or node died, not the job
+    FailureClass.INFRASTRUCTURE: RetryRule(True, counted=False),  # rig's own fault: a free retry
     FailureClass.CUDA_OOM: RetryRule(False, "declare more memory: `rig retry {id} --gpu-memory SIZE`"),
     FailureClass.OVER_DECLARATION: RetryRule(False, "declare what it uses: `rig retry {id} --gpu-memory SIZE`"),
     FailureClass.TIMEOUT: RetryRule(False, "raise its time limit, then `rig retry {id}`"),
@@ -102,6 +111,20 @@ RETRY: dict[FailureClass, RetryRule] = {
 def retry_rule(failure: FailureClass) -> RetryRule:
     """The retry rule of ``failure`` (RETRY)."""
     return RETRY[failure]
+
+
+def counted(outcome: str | None) -> bool:
+    """Does an attempt with this recorded outcome (a FailureClass value, "succeeded", ...)
+    spend one of the job's retries? Unknown words count (never a free retry on doubt)."""
+    try:
+        return RETRY[FailureClass(outcome)].counted
+    except (ValueError, KeyError):
+        return True
+
+
+#: The summary of an attempt rig's log keeper failed (workers.card_keeper): its output pipe
+#: lost its reader, so the job's writes failed (SIGPIPE, EPIPE) through no fault of its own.
+KEEPER_LOST_SUMMARY = "rig's log keeper died while the job wrote its output (rig's fault, not the job's)"
 
 
 #: Exit codes of ``python -m rig.call`` (a @rig.task job) that are rig.call's own verdicts, not

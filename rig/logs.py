@@ -15,10 +15,12 @@ Pure standard library (Linux/Unix: uses ``fcntl.flock``), no Redis.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +34,11 @@ _READ_CHUNK = 1 << 20
 _PAGE = 4096  # a half-done write shows up to a multiple of this (pages and folios are)
 _SETTLE_ROUNDS = 3  # re-reads of a growing tail before dropping its unfinished last line
 _HUGE_COUNT = 10**18  # more bytes than any log will ever have had cut: sizes the worst marker
+
+#: How long a cut waits for a lock another process holds on the log (s): a job that flocks its
+#: own log must never stall its card's keeper (every log of the card waits while it cuts).
+LOCK_WAIT_S = 0.05
+_LOCK_TRIES = 5  # non-blocking tries within LOCK_WAIT_S
 
 # One marker line, without the newline that separates it from a head ending mid-line.
 _MARKER_LINE = "[rig: {n} bytes of output were cut here to keep this log under {cap}]\n"
@@ -69,6 +76,11 @@ def find_marker(data: bytes) -> tuple[int, int, int] | None:
     return (found.start(), found.end(), int(found.group(1))) if found else None
 
 
+class LogLocked(BlockingIOError):
+    """Another process held a lock on the log for longer than the cut may wait (a job that
+    flocks its own log): the log was not cut this time; the caller tries again later."""
+
+
 @dataclass(frozen=True)
 class _Cut:
     """Where the kept head ends and what an earlier marker there already accounted for."""
@@ -79,7 +91,7 @@ class _Cut:
 
 
 def enforce_size_cap(path: Path, cap_bytes: int, *, keep_head: int | None = None,
-                     stated_cap: int | None = None) -> int:
+                     stated_cap: int | None = None, lock_wait: float = LOCK_WAIT_S) -> int:
     """Shrink the log at ``path`` in place to at most about ``cap_bytes`` bytes.
 
     Keeps the first ``keep_head`` bytes (default ``cap_bytes // 4``) and the last bytes, with
@@ -110,7 +122,9 @@ def enforce_size_cap(path: Path, cap_bytes: int, *, keep_head: int | None = None
       (where a half-done write shows), the unfinished last line is dropped rather than kept
       half (see ``_read_settled_tail``); rarely, half a line can still slip through.
 
-    Concurrent callers on the same file are serialised with ``flock``. The tail (at most
+    Concurrent callers on the same file are serialised with ``flock``, taken with non-blocking
+    tries over at most ``lock_wait`` seconds: a lock held longer (by the job itself, say) raises
+    :class:`LogLocked` and nothing is cut; the caller tries again later. The tail (at most
     ``cap_bytes``) is held in memory during the call. ``stated_cap`` is the cap the marker
     names (default ``cap_bytes``): the log keeper cuts below the configured cap, to 3/4 of it.
     """
@@ -121,11 +135,25 @@ def enforce_size_cap(path: Path, cap_bytes: int, *, keep_head: int | None = None
     except FileNotFoundError:
         return 0
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _lock(fd, path, lock_wait)
         return _cap_open_file(fd, cap_bytes, cap_bytes // 4 if keep_head is None else keep_head,
                               stated_cap or cap_bytes)
     finally:
         os.close(fd)  # also releases the lock
+
+
+def _lock(fd: int, path: Path, wait: float) -> None:
+    """LOCK_EX on ``fd`` within ``wait`` s (a few non-blocking tries), else :class:`LogLocked`."""
+    deadline = time.monotonic() + max(wait, 0.0)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise LogLocked(errno.EWOULDBLOCK, "another process holds a lock on the log", str(path)) from None
+            time.sleep(min(left, wait / _LOCK_TRIES))
 
 
 def _cap_open_file(fd: int, cap: int, keep_head: int, stated: int) -> int:

@@ -11,7 +11,9 @@ The note file (``attempt-<n>.note``, rig.logs.AttemptFiles.note) is allocated by
 before the job starts (:data:`NOTE_BYTES` of spaces) and overwritten in place by the log keeper,
 so writing it never needs new space on a full disk. It holds one JSON object:
 ``{"lost": bytes, "error": "ENOSPC", "strerror": ..., "at": epoch s, "log_bytes": bytes,
-"cap_cut": bytes, "cap": bytes}`` (each key optional).
+"cap_cut": bytes, "cap": bytes, "keeper_restarts": n, "cut_skipped": n, "log_made_again": n}``
+(each key optional; the counts: keepers that took the log over from one that died, cuts a lock
+on the log held off, times the log was deleted under its keeper and made again).
 
 Units: bytes, seconds since the epoch. Standard library only.
 """
@@ -182,6 +184,10 @@ def read_note(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
+
+
 def describe_note(note: dict) -> str:
     """The words the job's record gets for a log that is not whole, "" when it is:
     ``log incomplete: disk full (ENOSPC) at 12:03:04 after 3.1 MiB; 1.2 MiB of output lost``
@@ -197,6 +203,16 @@ def describe_note(note: dict) -> str:
         cut = int(note.get("cap_cut") or 0)
         if cut:
             parts.append(f"log cut: {human(cut)} of output cut to keep it under {human(int(note.get('cap') or 0))}")
+        restarts = int(note.get("keeper_restarts") or 0)
+        if restarts:
+            parts.append(f"log keeper restarted {_times(restarts)} (it died): output in flight then may be missing")
+        skipped = int(note.get("cut_skipped") or 0)
+        if skipped:
+            parts.append(f"log over its cap at times: another process's lock on it held off {_times(skipped)} "
+                         "a cut")
+        made = int(note.get("log_made_again") or 0)
+        if made:
+            parts.append(f"log deleted while it ran ({_times(made)}) and made again: the output before is gone")
     except (TypeError, ValueError):
         return "log note unreadable"
     return "; ".join(parts)

@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import pwd
-import select
+import signal
 import stat
 import subprocess
 import sys
@@ -51,6 +51,7 @@ from rig.redis_writes import is_outage, refusal
 from rig.replication import replica_wait
 from rig.store import JobStore
 from workers.attempt_locate import carries_attempt, job_folders, locate
+from workers.card_keeper import CardKeeper, ForeignKeeper, KeptLog
 from workers.log_space import (
     LogSpaceGuard,
     NotStarted,
@@ -91,8 +92,6 @@ KILLED_CODES = frozenset({128 + 15, 128 + 9})
 KEEPER_WAIT_S = 10.0
 #: How often an adopted job's end looks whether its keeper still holds the log open (s).
 KEEPER_POLL_S = 0.02
-#: The log keeper, run as a script with ``python -I -S`` (rig.logkeeper).
-LOGKEEPER_SCRIPT = str(Path(logkeeper.__file__))
 #: The most of an exit file that is read (bytes): it holds one number.
 EXIT_FILE_MAX_BYTES = 64
 
@@ -116,13 +115,19 @@ class ActiveJob:
     timed_out: bool = False
     overused: int = 0  # bytes, when rig stopped it for using more than it declared
     log_path: Path | None = None
-    #: The attempt's log keeper (rig.logkeeper), None if the job writes its log directly.
-    keeper_popen: subprocess.Popen | None = None
+    #: The job's output pipe as this worker holds it (workers.card_keeper: its keeper, restarted
+    #: when it dies); None when adopted, or when the job writes its log directly.
+    kept: KeptLog | None = None
+    #: An adopted job's keeper, from the attempt's pid file (None: no keeper).
     keeper_pid: int | None = None
     keeper_start: int | None = None
-    #: The read end of the "done" pipe the card's keeper closes once this log is written to its
-    #: end (rig.logkeeper.serve); None when adopted, or with a keeper of its own.
-    keeper_done: int | None = None
+    #: An adopted job's keeper died while the job still ran (this worker holds no end of its
+    #: output to hand to another): its writes fail from then on, through no fault of its own.
+    keeper_lost: bool = False
+    #: ... or was found dead as the job's end was seen (which came first is not known then).
+    keeper_dead_at_end: bool = False
+    #: The worker's log said its log was deleted while it ran (said once).
+    log_deleted_said: bool = False
     #: The job's instance (Job.instance): its ending is written only to the record of that
     #: job, never to a later job that reuses the id (after Redis lost its data).
     instance: str | None = None
@@ -130,6 +135,11 @@ class ActiveJob:
     @property
     def pid_file(self) -> Path:
         return self.exit_file.with_suffix(".pid")
+
+    @property
+    def has_keeper(self) -> bool:
+        """Does a log keeper write its log (else the worker caps it by polling)?"""
+        return self.kept is not None or self.keeper_pid is not None
 
 
 @dataclass
@@ -147,6 +157,8 @@ class Gathered:
     ended_at: float | None = None
     runtime: float | None = None
     where: str = ""  # words about where it ran (adoption: files another host holds)
+    #: INFRASTRUCTURE when its log keeper died under it and the job then failed (rig's fault).
+    failure: FailureClass | None = None
 
     def end(self, kill_requested: bool, cancelled_by: str | None) -> AttemptEnd:
         """The attempt's ending, given the record's ``cancel_requested`` and ``cancelled_by``.
@@ -162,7 +174,8 @@ class Gathered:
                               note="; ".join(x for x in (self.where, lost, self.note) if x))
         return AttemptEnd(exit_code=rc, cancelled=cancelled, timed_out=self.timed_out, cancelled_by=cancelled_by,
                           overused=self.overused, note="; ".join(x for x in (self.where, self.note) if x),
-                          ended_at=self.ended_at, runtime=self.runtime)
+                          ended_at=self.ended_at, runtime=self.runtime,
+                          failure=self.failure if rc not in (0, None) else None)
 
 
 #: Under Sentinel: how many times a claim or an ending that fail-overs lost is written again.
@@ -208,7 +221,8 @@ class CardRunner:
         self._starting: set[int] = set()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._keepers: logkeeper.KeeperServer | None = None  # the card's log keeper: every job's log
+        #: The card's log keeper (every job's log), restarted at once when it dies.
+        self._keepers = CardKeeper(sys.executable, self._keeper_env, what=f"card {node}/{index}")
         #: Takes this card out of placement while the node cannot write logs (issue 11.3).
         self.log_space = LogSpaceGuard(self.ledger, node, index, [settings.job_log_dir, settings.run_dir],
                                        settings.log_min_free_bytes)
@@ -222,7 +236,7 @@ class CardRunner:
             thread.start()
             self._threads.append(thread)
         try:
-            self._keeper_server()  # started now, not on the first job's path
+            self._keepers.server()  # started now, not on the first job's path
         except OSError as exc:
             log.warning("the card's log keeper did not start (%s); each job gets a keeper of its own", exc)
         self._retry_redis(self.adopt, "adopt running jobs")
@@ -234,7 +248,7 @@ class CardRunner:
         self.shutdown.set()
         with self._lock:
             busy = bool(self._active or self._starting)
-        self._drop_keeper_server(wait=0.0 if busy else 5.0)
+        self._keepers.close(wait=0.0 if busy else 5.0)
 
     def active_ids(self) -> list[int]:
         with self._lock:
@@ -505,12 +519,12 @@ class CardRunner:
                 # The job writes into a pipe read by its log keeper (rig.logkeeper), which
                 # keeps the log within log_max_bytes at any rate; without one, straight to the
                 # file, capped by polling.
-                keeper_pid, keeper, job_out, keeper_done = self._start_keeper(log_path)
+                kept, job_out = self._keepers.open(log_path, self.settings.log_max_bytes)
                 jobtrace.mark(job.id, "keeper")
                 forked = time.monotonic()  # its start, for the time limit (and job_leftovers)
                 try:
                     popen = subprocess.Popen(
-                        argv, cwd=job.workdir, env=env, stdin=exit_fd, stdout=job_out if keeper_pid else logf,
+                        argv, cwd=job.workdir, env=env, stdin=exit_fd, stdout=job_out if kept else logf,
                         stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                         **(run_as.popen_args() if run_as is not None else {}),  # type: ignore[arg-type]
                     )
@@ -523,14 +537,14 @@ class CardRunner:
                     except OSError:
                         pass  # the note below says it
                     self.store.update(job.id, log_path=str(log_path), log_paths=log_paths)
-                    if keeper_done is not None:
-                        os.close(keeper_done)
+                    if kept is not None:
+                        self._keepers.release(kept)
                     self._finish(job.id, token, instance=job.instance, end=AttemptEnd(
                         exit_code=126, note=f"could not start in {job.workdir}{as_whom}: {detail}",
                         failure=FailureClass.START_FAILED))
                     return None
                 finally:
-                    if keeper_pid:
+                    if kept is not None:
                         os.close(job_out)  # the job holds it now; the keeper ends at its EOF
         finally:
             os.close(exit_fd)
@@ -538,10 +552,13 @@ class CardRunner:
         # started (never refused as "could not start" while it runs).
         jobtrace.mark(job.id, "popen")
         start = proc_start_time(popen.pid)
-        keeper_start = proc_start_time(keeper_pid) if keeper_pid else 0
         # Written before anything else: the node's own record that this attempt runs (over the
-        # allocated file: needs no new space).
-        write_pid_file(files, f"{popen.pid} {start} {attempt} {keeper_pid or 0} {keeper_start or 0}\n")
+        # allocated file: needs no new space); again whenever its log keeper is replaced.
+        if kept is not None:
+            self._keepers.follow(kept, lambda k: write_pid_file(
+                files, f"{popen.pid} {start} {attempt} {k.keeper_pid or 0} {k.keeper_start or 0}\n"))
+        else:
+            write_pid_file(files, f"{popen.pid} {start} {attempt} 0 0\n")
         try:
             self.store.update(
                 job.id, pid=popen.pid, proc_start=start, log_path=str(log_path), log_paths=log_paths,
@@ -555,63 +572,14 @@ class CardRunner:
         log.info("job %s attempt %s: started pid %s on %s/%s (CUDA_VISIBLE_DEVICES=%s)",
                  job.id, attempt, popen.pid, self.node, job.cards, env["CUDA_VISIBLE_DEVICES"])
         return ActiveJob(job.id, str(token), attempt, popen.pid, start, exit_file, popen, instance=job.instance,
-                         time_limit=job.time_limit, started_mono=forked, log_path=log_path, keeper_popen=keeper,
-                         keeper_pid=keeper_pid or None, keeper_start=keeper_start or None,
-                         keeper_done=keeper_done)
-
-    def _start_keeper(self, log_path: Path) -> tuple[int | None, subprocess.Popen | None, int, int | None]:
-        """Have one attempt's log kept (rig.logkeeper), by a process in a session of its own, as
-        this worker's user: the card's keeper (no process of its own), else a keeper of its
-        own. Returns (the keeper's pid, its Popen or None, the write end of its pipe: the job's
-        stdout, the read end of the card's keeper's "done" pipe or None), or (None, None, -1,
-        None) when neither works (the job then writes its log directly)."""
-        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-        cap = self.settings.log_max_bytes
-        try:
-            pid, done = self._keeper_server().start(read_fd, log_path, cap)
-            return pid, None, write_fd, done
-        except OSError as exc:
-            log.warning("the card's log keeper: %s; starting a keeper of its own for %s", exc, log_path)
-            self._drop_keeper_server()
-            # A fresh pipe for that one: a keeper that did not answer in time may still take
-            # this one (it then ends at once, at its end of file), and a pipe has one reader.
-            os.close(write_fd)
-        finally:
-            os.close(read_fd)
-        try:
-            read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-        except OSError as exc:
-            log.warning("log keeper for %s could not start (%s); the job writes to its log directly", log_path, exc)
-            return None, None, -1, None
-        try:
-            keeper = subprocess.Popen(
-                [sys.executable, "-I", "-S", LOGKEEPER_SCRIPT, str(log_path), str(cap)],
-                stdin=read_fd, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True,
-                env=self._keeper_env(str(log_path)))
-            return keeper.pid, keeper, write_fd, None
-        except OSError as exc:
-            log.warning("log keeper for %s could not start (%s); the job writes to its log directly", log_path, exc)
-            os.close(write_fd)
-            return None, None, -1, None
-        finally:
-            os.close(read_fd)
+                         time_limit=job.time_limit, started_mono=forked, log_path=log_path, kept=kept)
 
     def _keeper_env(self, what: str) -> dict[str, str]:
         return {logkeeper.MARK: what, "PATH": jobenv.DEFAULT_PATH, **jobtrace.environ()}
 
     def _keeper_server(self) -> logkeeper.KeeperServer:
-        with self._lock:
-            if self._keepers is None or not self._keepers.alive():
-                self._keepers = logkeeper.KeeperServer(sys.executable, self._keeper_env("server"))
-            return self._keepers
-
-    def _drop_keeper_server(self, wait: float = 0.0) -> None:
-        """Close this worker's end of the card's keeper (it exits once the logs it copies have
-        ended), waiting up to ``wait`` s for it to exit."""
-        with self._lock:
-            server, self._keepers = self._keepers, None
-        if server is not None:
-            server.close(wait)
+        """The card's log keeper, started if need be (workers.card_keeper)."""
+        return self._keepers.server()
 
     def _job_env(self, job: Job, attempt: int, exit_file: Path, run_as: RunAs | None = None) -> dict[str, str]:
         """The job's environment (rig.job_env): a minimal base for the user it runs as, the
@@ -659,12 +627,34 @@ class CardRunner:
         with self._lock:
             self._active[active.job_id] = active
         watcher = ExitWatcher(active.pid)
+        if active.kept is None and active.keeper_pid and active.pid and active.log_path is not None:
+            # Adopted: a read end of the job's pipe of this worker's own, so the keeper of the
+            # worker before may die as this worker's own may (workers.card_keeper.adopt).
+            active.kept = self._keepers.adopt(active.log_path, self.settings.log_max_bytes, active.pid,
+                                              active.proc_start, active.keeper_pid, active.keeper_start)
+            if active.kept is not None:
+                files = AttemptFiles(active.exit_file.parent, active.attempt)
+                self._keepers.follow(active.kept, lambda k: write_pid_file(
+                    files, f"{active.pid} {active.proc_start or 0} {active.attempt} {k.keeper_pid or 0} "
+                           f"{k.keeper_start or 0}\n"))
+        # Without one, that keeper's death is only watched, to say whose fault what follows is.
+        keeper = (ExitWatcher(active.keeper_pid) if active.kept is None and active.keeper_pid
+                  and is_alive(active.keeper_pid, active.keeper_start) else None)
         next_poll = 0.0
         next_cap = time.monotonic() + LOG_CAP_POLL_S
+        log_file = _inode(active.log_path)  # a log deleted under the job is said when seen
         try:
             while True:
                 if watcher.wait(0.1):
                     break
+                if keeper is not None and keeper.wait(0) and not watcher.wait(0):
+                    # Dead while the job runs (it ends only after the job's output ends).
+                    active.keeper_lost = True
+                    keeper.close()
+                    keeper = None
+                    log.error("job %s: its log keeper (pid %s) died while it ran; this worker (which adopted it) "
+                              "holds no end of its output: its next write fails (rig's fault, not the job's)",
+                              active.job_id, active.keeper_pid)
                 if self.shutdown.is_set():
                     log.info("job %s: worker stopping; the job keeps running and will be adopted",
                              active.job_id)
@@ -684,9 +674,16 @@ class CardRunner:
                                       reap=lambda: _reap(active))
                     except redis.RedisError:
                         pass  # Redis away: keep watching the process
-                if now >= next_cap and active.log_path is not None and active.keeper_pid is None:
+                if now >= next_cap and active.log_path is not None:
                     next_cap = now + LOG_CAP_POLL_S
-                    _cap_quietly(active, self.settings.log_max_bytes)
+                    if not active.has_keeper:
+                        _cap_quietly(active, self.settings.log_max_bytes)
+                    if log_file is not None and _inode(active.log_path) != log_file:
+                        log_file = None
+                        active.log_deleted_said = True
+                        log.warning("job %s: its log %s was deleted while it runs (its folder, or the file); its "
+                                    "keeper makes it again at its next output: the output before is gone",
+                                    active.job_id, active.log_path)
                 if (active.time_limit and not active.timed_out
                         and time.monotonic() - active.started_mono > active.time_limit):
                     active.timed_out = True
@@ -696,20 +693,24 @@ class CardRunner:
                 if active.kill_event.is_set():
                     log.info("job %s: stopping its process tree (kill requested)", active.job_id)
                     stop_tree(active.pid, self.settings.kill_grace_seconds, reap=lambda: _reap(active))
+            if keeper is not None and keeper.wait(0):
+                active.keeper_dead_at_end = True
             active.ended_mono = time.monotonic()  # when it ended, not when Redis hears of it
             jobtrace.mark(active.job_id, "exit_seen")
             end = self._outcome(active)
             jobtrace.mark(active.job_id, "outcome")
-            if active.log_path is not None and active.keeper_pid is None:
+            if active.log_path is not None and not active.has_keeper:
                 _cap_quietly(active, self.settings.log_max_bytes)
             state = self._finish(active.job_id, active.token, end, instance=active.instance)
             jobtrace.mark(active.job_id, "concluded")
             return state.value if state else "unknown"
         finally:
             watcher.close()
-            if active.keeper_done is not None:
-                os.close(active.keeper_done)  # detached: the next worker waits through /proc
-                active.keeper_done = None
+            if keeper is not None:
+                keeper.close()
+            if active.kept is not None:
+                # Ended, or detached (the next worker waits through /proc): the keeper copies on.
+                self._keepers.release(active.kept)
             with self._lock:
                 self._active.pop(active.job_id, None)
 
@@ -743,10 +744,21 @@ class CardRunner:
             rc = wrapper_rc if wrapper_rc >= 0 else 128 - wrapper_rc
         # A log the keeper could not write whole, or cut to its cap, says so in the record;
         # the job's own exit status stays its result.
-        log_note = logspace.describe_note(logspace.read_note(active.exit_file.with_suffix(".note")))
+        note = logspace.read_note(active.exit_file.with_suffix(".note"))
+        log_note = logspace.describe_note(note)
+        if note.get("log_made_again") and not active.log_deleted_said:
+            log.warning("job %s: its log %s was deleted while it ran (its folder, or the file); its keeper made "
+                        "it again: the output before that is gone", active.job_id, active.log_path)
         ended_at, runtime = self._end_time(active)
+        # Its output pipe lost its reader (the keeper died, none could take over, or this
+        # worker held no end of it): a failure then is rig's, not the job's. A keeper found
+        # dead only as the job's end was seen may have exited after it, at its end of file: it
+        # counts when the job died of SIGPIPE (a job's own broken pipe then is taken for rig's).
+        keeper_lost = ((active.kept is not None and active.kept.lost_reader) or active.keeper_lost
+                       or (active.keeper_dead_at_end and rc == 128 + signal.SIGPIPE))
         return Gathered(exit_code=rc, killed_here=active.kill_event.is_set(), timed_out=active.timed_out,
-                        overused=active.overused, note=log_note, ended_at=ended_at, runtime=runtime)
+                        overused=active.overused, note=log_note, ended_at=ended_at, runtime=runtime,
+                        failure=FailureClass.INFRASTRUCTURE if keeper_lost else None)
 
     def _end_time(self, active: ActiveJob) -> tuple[float, float | None]:
         """(when the attempt ended on the shared clock, its runtime in s or None): from this
@@ -761,21 +773,25 @@ class CardRunner:
         """Let the log keeper write the last output before the log is read (the failure
         class comes from its end). It ends at end of file, once no process of the job holds
         the pipe; a leftover that escaped the job's session could hold it longer."""
-        if active.keeper_popen is not None:
-            try:
-                active.keeper_popen.wait(KEEPER_WAIT_S)
-            except subprocess.TimeoutExpired:
-                log.warning("job %s: its log keeper (pid %s) still runs; something still holds the job's "
-                            "output", active.job_id, active.keeper_popen.pid)
+        kept = active.kept
+        if kept is not None and isinstance(kept.keeper, ForeignKeeper):
+            # Adopted, copied by the worker before's keeper: done once it lets go of the log; if
+            # it died instead, the log went to a keeper of this worker's (waited for below).
+            self._wait_for_adopted_keeper(active)
+            self._keepers.keeper_exited(kept)
+        if kept is not None and not isinstance(kept.keeper, ForeignKeeper):
+            # Through keeper restarts (workers.card_keeper): the keeper that copies it now says
+            # when this log is written to its end.
+            if not self._keepers.wait_done(kept, KEEPER_WAIT_S):
+                log.warning("job %s: its log is not written to its end yet (keeper pid %s); something still "
+                            "holds the job's output", active.job_id, kept.keeper_pid)
             return
-        if active.keeper_done is not None:
-            # The card's keeper closes the "done" pipe once this log is written to its end.
-            done = select.poll()  # poll, not select: a worker's descriptors may pass 1023
-            done.register(active.keeper_done, select.POLLIN)
-            if not done.poll(int(KEEPER_WAIT_S * 1000)):
-                log.warning("job %s: its log is not written to its end yet; something still holds the job's "
-                            "output", active.job_id)
-            return
+        if kept is None:
+            self._wait_for_adopted_keeper(active)
+
+    def _wait_for_adopted_keeper(self, active: ActiveJob) -> None:
+        """The keeper named in the attempt's pid file: done once it no longer holds the log
+        open, or has exited."""
         if not active.keeper_pid:
             return
         # Adopted (the keeper named in the attempt's pid file: the card's keeper of the worker
@@ -1208,6 +1224,15 @@ def _job_id_of(pid: int, prefix: str) -> int | None:
             except ValueError:
                 return None
     return None
+
+
+def _inode(path: Path | None) -> tuple[int, int] | None:
+    """(device, inode) of ``path``, None when it is not there."""
+    try:
+        st = os.stat(path) if path is not None else None
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if st is not None else None
 
 
 def _cap_quietly(active: ActiveJob, cap: int) -> None:

@@ -385,6 +385,11 @@ class HealthChecker:
                 continue
             if job.state is JobState.RUNNING and job.pid is None:
                 continue  # just claimed; its pid is being recorded
+            if not session_members(sid):
+                # It ended by itself between the scan of /proc and the read of its record (its
+                # card worker records an ending only once the job's session is empty): not an
+                # orphan, nothing to stop or to say (was a false "stopping orphan" line).
+                continue
             log.warning("health: stopping orphan process tree %s of job %s attempt %s (job is %s)",
                         sid, job_id, attempt, job.state.value)
             stop_tree(sid, self.settings.kill_grace_seconds)

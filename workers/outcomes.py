@@ -10,6 +10,9 @@ Policy (MISSION M15, M16):
   error queue at once with the reason and what to do, whatever retries are left.
 - any other failure, lost jobs included: requeued while ``attempt <= max_retries``, then FAILED
   in the error queue.
+- rig's own fault (rig.failures.INFRASTRUCTURE: its log keeper died under the job): requeued
+  without spending a retry (attempts of uncounted classes are left out of the count, at most
+  rig.failures.FREE_RETRIES_MAX of them).
 Every attempt is appended to the job's ``attempts`` list with its class and evidence, and its log
 file is never reused, so a retry never overwrites the evidence.
 """
@@ -24,9 +27,12 @@ from dataclasses import dataclass
 from rig import estimates
 from rig.clock import shared_now
 from rig.failures import (
+    FREE_RETRIES_MAX,
+    KEEPER_LOST_SUMMARY,
     Classification,
     FailureClass,
     classify,
+    counted,
     read_tail,
     retry_rule,
     suggest_memory,
@@ -77,8 +83,8 @@ def decide(job: Job, end: AttemptEnd, largest_usable: int | Callable[[], int],
     found = classify(exit_code=end.exit_code, cancelled=end.cancelled, timed_out=end.timed_out,
                      lost=end.lost, log_tail=tail, python_call=job.kind == "python")
     if end.failure is not None and not (end.cancelled or end.timed_out):
-        found = Classification(end.failure, end.failure.value.replace("_", " "),
-                               found.evidence if found else ())
+        words = {FailureClass.INFRASTRUCTURE: KEEPER_LOST_SUMMARY}.get(end.failure, end.failure.value.replace("_", " "))
+        found = Classification(end.failure, words, found.evidence if found else ())
     if end.overused and not end.cancelled:
         found = Classification(
             FailureClass.OVER_DECLARATION,
@@ -112,7 +118,11 @@ def decide(job: Job, end: AttemptEnd, largest_usable: int | Callable[[], int],
         return Decision(JobState.CANCELLED, False, fields, found)
     if found.failure is FailureClass.TIMEOUT:
         return Decision(JobState.TIMEOUT, True, fields, found)
-    retries_left = job.attempt <= job.max_retries
+    free = [a for a in job.attempts if isinstance(a, dict) and not counted(a.get("outcome"))]
+    this_free = not retry_rule(found.failure).counted and len(free) < FREE_RETRIES_MAX
+    # Attempts that spent a retry: rig's own faults (up to FREE_RETRIES_MAX) spend none.
+    spent = job.attempt - min(len(free), FREE_RETRIES_MAX) - (1 if this_free else 0)
+    retries_left = spent <= job.max_retries
     if found.failure is FailureClass.OVER_DECLARATION:
         suggestion = suggest_memory(job.gpu_memory, end.overused, _value(largest_usable))
         fields["suggested_gpu_memory"] = suggestion
@@ -134,8 +144,12 @@ def decide(job: Job, end: AttemptEnd, largest_usable: int | Callable[[], int],
         fields["reason"] = (f"{summary}; not retried, another attempt would fail the same way: "
                             f"{rule.advice.format(id=job.id)}")
         return Decision(JobState.FAILED, True, fields, found)
+    if this_free:
+        fields["reason"] = (f"attempt {job.attempt} failed: {summary}; retried, not counted against its "
+                            f"{job.max_retries} retries")
+        return Decision(JobState.PENDING, False, fields, found)
     if retries_left:
-        fields["reason"] = f"attempt {job.attempt} failed: {summary}; retry {job.attempt} of {job.max_retries}"
+        fields["reason"] = f"attempt {job.attempt} failed: {summary}; retry {spent} of {job.max_retries}"
         return Decision(JobState.PENDING, False, fields, found)
     if job.max_retries:
         fields["reason"] = f"{summary}; gave up after {job.attempt} attempts"

@@ -471,7 +471,7 @@ def test_a_job_log_goes_on_through_a_worker_restart_with_the_cards_keeper(env, t
         assert _until(lambda: log.exists() and log.read_text() == "before\n"
                       and read_pid_file(log.with_suffix(".pid")) is not None)
         noted = read_pid_file(log.with_suffix(".pid"))
-        assert noted is not None and noted[3] == runner._keepers.proc.pid  # the card's keeper
+        assert noted is not None and noted[3] == runner._keepers.server().proc.pid  # the card's keeper
         runner.stop()  # the worker goes; the job and its keeper run on
         first.join(10)
         assert results == ["detached"]
@@ -539,14 +539,14 @@ def test_a_job_whose_cards_keeper_does_not_answer_gets_a_keeper_of_its_own(env, 
     asked: list[int] = []
 
     class Silent:
-        def start(self, read_fd: int, log_path, cap: int):  # noqa: ANN001, ANN201
+        def start(self, read_fd: int, log_path, cap: int, opening: str = ""):  # noqa: ANN001, ANN201
             asked.append(read_fd)
             raise OSError("timed out")
 
         def close(self, wait: float = 0.0) -> None:
             pass
 
-    monkeypatch.setattr(runner, "_keeper_server", lambda: Silent())
+    monkeypatch.setattr(runner._keepers, "server", lambda: Silent())
     job, token = placed(ledger, "echo one; echo two", tmp_path)
     assert runner.run_job(job.id, token) == "SUCCEEDED"
     assert asked

@@ -548,7 +548,7 @@ def test_classification_is_frozen_and_the_enum_is_a_string():
     assert {f.value for f in FailureClass} == {
         "nonzero_exit", "signal", "cuda_oom", "cuda_error", "nccl_error", "timeout", "cancelled",
         "lost", "command_not_found", "over_declaration", "start_failed", "bad_call", "bad_result",
-        "invalid_record", "run_as_refused", "start_error", "unschedulable"}
+        "invalid_record", "run_as_refused", "start_error", "unschedulable", "infrastructure"}
 
 
 def test_classify_failure_is_log_only():

@@ -76,10 +76,12 @@ def _until(check, timeout: float = 10.0) -> bool:
 
 
 def _done(fd: int, timeout: float = 10.0) -> bool:
-    """Has the card's keeper closed its "done" pipe (end of file)?"""
+    """Has the card's keeper said its "done" (DONE, then end of file)? End of file alone would
+    mean it died."""
     import select
 
-    return bool(select.select([fd], [], [], timeout)[0]) and os.read(fd, 1) == b""
+    return (bool(select.select([fd], [], [], timeout)[0]) and os.read(fd, 1) == logkeeper.DONE
+            and os.read(fd, 1) == b"")
 
 
 def test_one_keeper_copies_every_log_of_its_card_and_says_when_each_is_done(tmp_path: Path):
@@ -241,3 +243,121 @@ def test_a_worker_gone_before_the_answer_leaves_the_keeper_copying(tmp_path: Pat
     os.close(write_fd)
     assert proc.wait(10) == 0
     assert (tmp_path / "a.log").read_bytes() == b"after the worker\n"
+
+
+def _hold_lock(path: Path) -> subprocess.Popen:
+    """Another process (the job itself, say) holding LOCK_EX on ``path`` until its stdin closes."""
+    code = ("import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+            "print('locked', flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"locked\n"
+    return proc
+
+
+def test_a_cut_waits_a_bounded_time_for_a_lock_on_the_log(tmp_path: Path):
+    from rig.logs import LOCK_WAIT_S, LogLocked, enforce_size_cap
+
+    log = tmp_path / "a.log"
+    log.write_bytes(b"x" * 10_000)
+    holder = _hold_lock(log)
+    try:
+        started = time.monotonic()
+        with pytest.raises(LogLocked):
+            enforce_size_cap(log, 1000)
+        assert time.monotonic() - started < LOCK_WAIT_S + 0.5
+        assert log.stat().st_size == 10_000  # nothing cut
+    finally:
+        holder.communicate(b"")
+    assert enforce_size_cap(log, 1000) > 0  # once the lock is gone, it cuts
+
+
+def test_a_job_that_locks_its_own_log_never_stalls_the_cards_other_logs(tmp_path: Path):
+    """Issue: enforce_size_cap took a blocking LOCK_EX; a job that flocks its own log stalled its
+    card's keeper, and every other log of the card with it. Now the cut is skipped (said once
+    in that log, counted in its note) and tried again later; the other logs flow on."""
+    cap = 20_000
+    server = logkeeper.KeeperServer(sys.executable, {"PATH": "/usr/bin:/bin"})
+    locked, other = tmp_path / "locked.log", tmp_path / "other.log"
+    writers, dones = {}, {}
+    holder = None
+    try:
+        for path in (locked, other):
+            read_fd, writers[path] = os.pipe()
+            try:
+                _pid, dones[path] = server.start(read_fd, path, cap)
+            finally:
+                os.close(read_fd)
+        locked.touch()
+        holder = _hold_lock(locked)
+        line = b"a line of the job that locks its log\n"
+        for _ in range(3 * cap // len(line)):  # well past the cap: the keeper must try to cut
+            os.write(writers[locked], line)
+        assert _until(lambda: locked.stat().st_size > cap)
+        os.write(writers[other], b"still flowing\n")
+        assert _until(lambda: other.read_bytes() == b"still flowing\n")  # never, with a blocking lock
+        text = locked.read_bytes()
+        assert text.count(b"was not cut: another process holds a lock on it") == 1
+        holder.communicate(b"")  # the job lets go of its lock
+        holder = None
+
+        def cut_again() -> bool:  # the next try comes CUT_RETRY_S after the last, with output
+            os.write(writers[locked], line)
+            return b"bytes of output were cut here" in locked.read_bytes()
+
+        assert _until(cut_again, timeout=10 + logkeeper.CUT_RETRY_S)
+        for path in (locked, other):
+            os.close(writers.pop(path))
+            assert _done(dones[path])
+        assert locked.stat().st_size <= cap + logkeeper.read_size(cap)
+        assert b"bytes of output were cut here" in locked.read_bytes()
+        from rig.logspace import describe_note, read_note
+
+        note = read_note(locked.with_suffix(".note"))
+        assert note["cut_skipped"] >= 1 and "lock on it held off" in describe_note(note)
+    finally:
+        if holder is not None:
+            holder.communicate(b"")
+        for fd in (*writers.values(), *dones.values()):
+            os.close(fd)
+        server.close(5)
+
+
+def test_a_log_deleted_under_its_keeper_is_made_again_with_a_note(tmp_path: Path, monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(logkeeper, "UNLINK_CHECK_S", 0.0)  # look at every output
+    folder = tmp_path / "7-0123456789abcdef"
+    folder.mkdir()
+    log = folder / "attempt-1.log"
+    copy = logkeeper.LogCopy(log, 1 << 20)
+    try:
+        copy.feed(b"before\n")
+        shutil.rmtree(folder)  # someone deletes the job's folder while it runs
+        copy.feed(b"after\n")
+    finally:
+        copy.close()
+    lines = log.read_bytes().splitlines()
+    assert lines[0].startswith(b"[rig: this log was deleted") and b"made it again here" in lines[0]
+    assert lines[1:] == [b"after"]
+    from rig.logspace import describe_note, read_note
+
+    assert "log deleted while it ran (once) and made again" in describe_note(read_note(log.with_suffix(".note")))
+
+
+def test_a_keeper_that_takes_a_log_over_goes_on_counting_and_says_so(tmp_path: Path):
+    log = tmp_path / "attempt-1.log"
+    first = logkeeper.LogCopy(log, 1000)
+    first.feed(b"x" * 1500 + b"\n")  # cut once
+    first.feed(b"half a line")  # it dies here: the log ends mid-line
+    first.close()
+    cut = first.cut
+    second = logkeeper.LogCopy(log, 1000, opening=logkeeper.restart_line(4242))
+    second.feed(b"more\n")
+    second.close()
+    text = log.read_bytes()
+    assert b"half a line\n[rig: the log keeper (pid 4242) died at " in text  # a line of its own
+    assert text.endswith(b"output it had read but not yet written, if any, is missing here]\nmore\n")
+    from rig.logspace import read_note
+
+    note = read_note(log.with_suffix(".note"))
+    assert note["keeper_restarts"] == 1 and note["cap_cut"] == cut == second.cut > 0

@@ -115,3 +115,26 @@ def test_every_failure_class_has_a_retry_rule():
 
     assert set(RETRY) == set(FailureClass)
     assert all(rule.advice for rule in RETRY.values() if not rule.helps)
+
+
+def test_rigs_own_fault_spends_no_retry_but_only_up_to_a_bound(tmp_path):
+    """An attempt its log keeper failed (FailureClass.INFRASTRUCTURE) is retried without counting
+    against the job's retries; FREE_RETRIES_MAX such attempts at most go uncounted."""
+    from rig.failures import FREE_RETRIES_MAX, FailureClass
+
+    rig_fault = AttemptEnd(exit_code=141, failure=FailureClass.INFRASTRUCTURE)
+    first = decide(job(tmp_path, max_retries=0), rig_fault, 80 * GIB)
+    assert first.state is JobState.PENDING and first.fields["failure"] == "infrastructure"
+    assert "rig's fault" in first.fields["reason"] and "not counted" in first.fields["reason"]
+    # The next attempt then fails by itself: the job had no retries, and still has none to spend.
+    then = job(tmp_path, attempt=2, max_retries=0)
+    then.attempts = first.fields["attempts"]
+    own = decide(then, AttemptEnd(exit_code=3), 80 * GIB)
+    assert own.state is JobState.FAILED and own.error_queue
+    # ... whereas with one retry it is retried, as "retry 1 of 1".
+    then.max_retries = 1
+    assert "retry 1 of 1" in decide(then, AttemptEnd(exit_code=3), 80 * GIB).fields["reason"]
+    # A fault that keeps coming ends: past FREE_RETRIES_MAX it counts like any failure.
+    many = job(tmp_path, attempt=FREE_RETRIES_MAX + 1, max_retries=0)
+    many.attempts = [{"attempt": n, "outcome": "infrastructure"} for n in range(1, FREE_RETRIES_MAX + 1)]
+    assert decide(many, rig_fault, 80 * GIB).state is JobState.FAILED

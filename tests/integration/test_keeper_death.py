@@ -1,0 +1,239 @@
+"""A card's log keeper that dies (SIGKILL) never takes its jobs with it: the card worker holds a
+read end of every job's pipe, starts a new keeper at once and hands it every log; the log says
+so in one line; the job runs on and succeeds on its first attempt. A job that dies of it anyway
+(no keeper could take its log over) is rig's fault and keeps its retries."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rig.logs import job_folder
+from rig.models import JobState
+from tests.integration.test_card_runner import placed
+from workers.card_runner import read_pid_file
+
+pytestmark = pytest.mark.redis
+
+RESTART = re.compile(rb"\[rig: the log keeper \(pid (\d+)\) died at [0-9:]+; a new one took this log over")
+
+
+def _until(check, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return bool(check())
+
+
+def _numbers(text: bytes) -> list[int]:
+    return [int(m) for m in re.findall(rb"^line (\d+)$", text, re.M)]
+
+
+def lost_lines(text: bytes) -> tuple[int, int]:
+    """(lines missing from the numbered output, their bytes): what a keeper's death cost."""
+    numbers = _numbers(text)
+    missing = sorted(set(range(numbers[0], numbers[-1] + 1)) - set(numbers))
+    return len(missing), sum(len(b"line %d\n" % n) for n in missing)
+
+
+def _writer(tmp_path: Path) -> tuple[str, Path]:
+    """A job that writes numbered lines without pause until a go-file appears."""
+    go = tmp_path / "go"
+    return (f"i=0; while [ ! -e {go} ]; do echo line $i; i=$((i+1)); done; echo the-last-line", go)
+
+
+def test_a_job_outlives_its_cards_keeper_killed_under_it(card_runner_env, tmp_path):
+    settings, ledger, runner, _ = card_runner_env
+    command, go = _writer(tmp_path)
+    job, token = placed(ledger, command, tmp_path)
+    log = job_folder(settings.job_log_dir, job.id, job.instance) / "attempt-1.log"
+    results: list[str] = []
+    thread = threading.Thread(target=lambda: results.append(runner.run_job(job.id, token)))
+    thread.start()
+    try:
+        assert _until(lambda: log.exists() and log.stat().st_size > 20_000
+                      and read_pid_file(log.with_suffix(".pid")) is not None)
+        first = read_pid_file(log.with_suffix(".pid"))[3]
+        assert first == runner._keepers.server().proc.pid
+        os.kill(first, signal.SIGKILL)
+        # A new keeper takes the log over at once; the pid file names it (a worker that adopts
+        # the job waits on that one).
+        assert _until(lambda: (read_pid_file(log.with_suffix(".pid")) or (0, 0, 0, first))[3] not in (first, None))
+        assert _until(lambda: RESTART.search(log.read_bytes()) is not None
+                      and len(log.read_bytes()) > RESTART.search(log.read_bytes()).end() + 20_000)
+    finally:
+        go.touch()
+    thread.join(30)
+    assert results == ["SUCCEEDED"]
+    done = ledger.store.get(job.id)
+    assert done.state is JobState.SUCCEEDED and done.attempt == 1 and done.exit_code == 0
+    assert "log keeper restarted once" in done.reason
+    text = log.read_bytes()
+    assert text.endswith(b"the-last-line\n")
+    (note,) = RESTART.finditer(text)
+    assert int(note.group(1)) == first
+    before, after = _numbers(text[:note.start()]), _numbers(text[note.end():])
+    assert before and after and before[0] == 0  # output from before and after the death
+    lines, nbytes = lost_lines(text)
+    # At most what the dead keeper had read and not written: one read (the pipe holds 64 KiB).
+    assert nbytes <= 64 * 1024, (lines, nbytes)
+    print(f"lost across a keeper SIGKILL: {lines} line(s), {nbytes} bytes")
+
+
+def test_a_job_whose_keeper_dies_with_no_other_to_take_over_is_rigs_fault(card_runner_env, tmp_path, monkeypatch):
+    """The window that cannot be closed: the keeper dies and none can be started. The worker
+    lets go of the pipe (else the job would block on it for ever); the job dies of SIGPIPE; that
+    attempt is rig's fault and spends none of the job's retries."""
+    settings, ledger, runner, _ = card_runner_env
+    command, go = _writer(tmp_path)
+    job, token = placed(ledger, command, tmp_path)
+    ledger.store.update(job.id, max_retries=0)  # a retry that counted would leave none
+    log = job_folder(settings.job_log_dir, job.id, job.instance) / "attempt-1.log"
+    results: list[str] = []
+    thread = threading.Thread(target=lambda: results.append(runner.run_job(job.id, token)))
+    thread.start()
+    try:
+        assert _until(lambda: log.exists() and log.stat().st_size > 1000
+                      and read_pid_file(log.with_suffix(".pid")) is not None)
+        keepers = runner._keepers
+        monkeypatch.setattr(keepers, "_to_server", lambda kept, opening: False)
+        monkeypatch.setattr(keepers, "_to_own", lambda kept, opening: False)
+        os.kill(read_pid_file(log.with_suffix(".pid"))[3], signal.SIGKILL)
+        thread.join(30)
+    finally:
+        go.touch()
+    assert results == ["PENDING"]
+    again = ledger.store.get(job.id)
+    (row,) = again.attempts
+    assert row["outcome"] == "infrastructure" and row["exit_code"] == 141  # 128 + SIGPIPE
+    assert "rig's fault" in again.reason and "not counted" in again.reason
+
+
+def test_a_log_folder_deleted_while_the_job_runs_is_made_again(card_runner_env, tmp_path, caplog, monkeypatch):
+    """Someone deletes the job's log folder while it runs: its keeper makes it again on the
+    next output, with a line in the log; the worker's log says so as it sees it (once), the
+    job's reason at its end; the job keeps its own exit status."""
+    import logging
+    import shutil
+
+    from workers import card_runner
+
+    monkeypatch.setattr(card_runner, "LOG_CAP_POLL_S", 0.05)  # the worker's look at its log
+    caplog.set_level(logging.WARNING, logger="workers.card_runner")
+    settings, ledger, runner, _ = card_runner_env
+    go, end = tmp_path / "go", tmp_path / "end"
+    # After the deletion it writes until told to end: the keeper looks at most every
+    # UNLINK_CHECK_S whether its log is gone (what it wrote before the look is lost with it).
+    job, token = placed(ledger, f"echo before; while [ ! -e {go} ]; do sleep 0.02; done; "
+                                f"while [ ! -e {end} ]; do echo after; sleep 0.02; done", tmp_path)
+    folder = job_folder(settings.job_log_dir, job.id, job.instance)
+    log = folder / "attempt-1.log"
+    results: list[str] = []
+    thread = threading.Thread(target=lambda: results.append(runner.run_job(job.id, token)))
+    thread.start()
+    try:
+        assert _until(lambda: log.exists() and log.read_bytes() == b"before\n"
+                      and read_pid_file(log.with_suffix(".pid")) is not None)
+        shutil.rmtree(folder)
+        assert _until(lambda: "was deleted while it runs" in caplog.text)  # said while it runs
+        go.touch()
+        assert _until(lambda: log.exists() and log.read_bytes().endswith(b"after\n"))
+    finally:
+        go.touch()
+        end.touch()
+    thread.join(30)
+    assert results == ["SUCCEEDED"]
+    lines = log.read_bytes().splitlines()
+    assert lines[0].startswith(b"[rig: this log was deleted") and set(lines[1:]) == {b"after"}
+    assert caplog.text.count("was deleted while it") == 1  # once, not again at its end
+    done = ledger.store.get(job.id)
+    assert done.exit_code == 0 and "log deleted while it ran (once) and made again" in done.reason
+
+
+def test_an_adopted_job_outlives_the_keeper_of_the_worker_before(card_runner_env, tmp_path):
+    """The worker stops (its keeper copies on), the next one adopts the job and takes a read
+    end of its pipe through /proc; then the old keeper is killed: the new worker's keeper takes
+    the log over, and the job runs on and succeeds."""
+    from workers.card_runner import CardRunner
+    from workers.process_tree import is_alive
+
+    settings, ledger, runner, _ = card_runner_env
+    command, go = _writer(tmp_path)
+    job, token = placed(ledger, command, tmp_path)
+    log = job_folder(settings.job_log_dir, job.id, job.instance) / "attempt-1.log"
+    results: list[str] = []
+    first = threading.Thread(target=lambda: results.append(runner.run_job(job.id, token)))
+    first.start()
+    second = None
+    try:
+        assert _until(lambda: log.exists() and log.stat().st_size > 20_000
+                      and read_pid_file(log.with_suffix(".pid")) is not None)
+        old = read_pid_file(log.with_suffix(".pid"))
+        runner.stop()  # the worker goes; the job and its keeper run on
+        first.join(10)
+        assert results == ["detached"]
+        second = CardRunner(settings, "n1", 0, "card0@n1")
+        second.adopt()
+        assert second.active_ids() == [job.id]
+        assert _until(lambda: any(k.job is not None for k in second._keepers._logs))  # its read end
+        os.kill(old[3], signal.SIGKILL)
+        assert _until(lambda: (read_pid_file(log.with_suffix(".pid")) or old)[3] != old[3])
+        assert _until(lambda: RESTART.search(log.read_bytes()) is not None
+                      and len(log.read_bytes()) > RESTART.search(log.read_bytes()).end() + 20_000)
+        go.touch()
+        assert _until(lambda: ledger.store.get(job.id).state is JobState.SUCCEEDED, timeout=30)
+    finally:
+        go.touch()
+        if second is not None:
+            second.stop()
+    done = ledger.store.get(job.id)
+    assert done.attempt == 1 and done.exit_code == 0
+    text = log.read_bytes()
+    assert text.endswith(b"the-last-line\n") and len(RESTART.findall(text)) == 1
+    lines, nbytes = lost_lines(text)
+    assert nbytes <= 64 * 1024, (lines, nbytes)
+    print(f"adopted, lost across a keeper SIGKILL: {lines} line(s), {nbytes} bytes")
+    assert not is_alive(old[3], old[4])
+
+
+def test_an_adopted_job_whose_read_end_could_not_be_taken_dies_of_its_keeper_as_rigs_fault(
+        card_runner_env, tmp_path, monkeypatch):
+    """Adopted without a read end of its own (none could be taken): the old keeper's death is
+    only watched; the job's SIGPIPE that follows is rig's fault and spends no retry."""
+    from workers.card_runner import CardRunner
+
+    settings, ledger, runner, _ = card_runner_env
+    command, go = _writer(tmp_path)
+    job, token = placed(ledger, command, tmp_path)
+    ledger.store.update(job.id, max_retries=0)
+    log = job_folder(settings.job_log_dir, job.id, job.instance) / "attempt-1.log"
+    first = threading.Thread(target=lambda: runner.run_job(job.id, token))
+    first.start()
+    second = None
+    try:
+        assert _until(lambda: log.exists() and log.stat().st_size > 1000
+                      and read_pid_file(log.with_suffix(".pid")) is not None)
+        old = read_pid_file(log.with_suffix(".pid"))
+        runner.stop()
+        first.join(10)
+        second = CardRunner(settings, "n1", 0, "card0@n1")
+        monkeypatch.setattr(second._keepers, "adopt", lambda *_a: None)
+        second.adopt()
+        assert second.active_ids() == [job.id]
+        os.kill(old[3], signal.SIGKILL)
+        assert _until(lambda: ledger.store.get(job.id).state is JobState.PENDING, timeout=30), (
+            ledger.store.get(job.id).state, ledger.store.get(job.id).reason, log.read_bytes()[-300:])
+    finally:
+        go.touch()
+        if second is not None:
+            second.stop()
+    again = ledger.store.get(job.id)
+    (row,) = again.attempts
+    assert row["outcome"] == "infrastructure" and row["exit_code"] == 141
+    assert "not counted" in again.reason

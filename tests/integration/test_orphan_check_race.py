@@ -1,0 +1,53 @@
+"""The node's orphan check against a job that ends on its own while the check runs: the check
+lists the node's job processes (a scan of /proc), then reads their records; a job that ended
+in between reads SUCCEEDED with no process left. That is no orphan: nothing is stopped and
+nothing is said (it was a false "stopping orphan process tree" line ~0.1 s after a normal end)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+
+import pytest
+
+from tests.integration.test_card_runner import placed
+from workers import health
+from workers.health import HealthChecker, HealthReport, JobProcess
+
+pytestmark = pytest.mark.redis
+
+
+def _with_scan(monkeypatch: pytest.MonkeyPatch, found: dict[int, JobProcess]) -> None:
+    """The scan of /proc as it was a moment ago (the race, made certain)."""
+    monkeypatch.setattr(health, "node_job_processes", lambda *_a, **_k: dict(found))
+
+
+def test_a_job_that_ended_between_the_scan_and_the_record_read_is_no_orphan(
+        card_runner_env, tmp_path, monkeypatch, caplog):
+    settings, ledger, runner, _ = card_runner_env
+    job, token = placed(ledger, "true", tmp_path)
+    assert runner.run_job(job.id, token) == "SUCCEEDED"
+    ended = subprocess.Popen(["true"], start_new_session=True)
+    ended.wait()  # its session is empty now, as the job's is once its ending is recorded
+    _with_scan(monkeypatch, {ended.pid: JobProcess(job.id, 1, job.instance)})
+    report = HealthReport()
+    with caplog.at_level(logging.WARNING, logger="workers.health"):
+        HealthChecker(settings, ledger.r)._orphan_processes(report)
+    assert report.orphans_stopped == []
+    assert "orphan" not in caplog.text
+
+
+def test_a_live_process_of_an_ended_job_is_still_stopped(card_runner_env, tmp_path, monkeypatch):
+    settings, ledger, runner, _ = card_runner_env
+    job, token = placed(ledger, "true", tmp_path)
+    assert runner.run_job(job.id, token) == "SUCCEEDED"
+    left = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        _with_scan(monkeypatch, {left.pid: JobProcess(job.id, 1, job.instance)})
+        report = HealthReport()
+        HealthChecker(settings, ledger.r)._orphan_processes(report)
+        assert report.orphans_stopped == [left.pid]
+        assert left.wait(10) is not None
+    finally:
+        left.kill()
+        left.wait()
