@@ -48,11 +48,12 @@ def _watch(r, keys: Keys, done: threading.Event, seen: list[str]) -> None:  # no
         pipe.get(keys.node_owner("a"))
         stopped_at, alive, owner = pipe.execute()
         if stopped_at is not None and (alive, owner) != last and (alive or owner):
-            beat = json.loads(alive) if alive else {}
+            beat = json.loads(alive) if alive else None
             claim = json.loads(owner.rpartition("|")[0]).get("pid") if owner else None
-            seen.append(f"after the stop mark: heartbeat by {beat.get('by')} (pid {beat.get('pid')}, seen_at "
-                        f"{float(beat.get('seen_at', 0)) - float(stopped_at):+.3f} s from the mark), "
-                        f"name claim of pid {claim}")
+            said = (f"heartbeat by {beat.get('by')} (pid {beat.get('pid')}, seen_at "
+                    f"{float(beat.get('seen_at', 0)) - float(stopped_at):+.3f} s from the mark)" if beat
+                    else "no heartbeat")
+            seen.append(f"after the stop mark: {said}, name claim of pid {claim}")
         last = (alive, owner) if stopped_at is not None else (None, None)
         time.sleep(0.01)
 
