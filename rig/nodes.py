@@ -131,8 +131,7 @@ class NodeInfo:
         if not self.presumed_down:
             return "not yet declared down"
         life = f"{self.beat_ttl:g} s " if self.beat_ttl else ""
-        return (f"its heartbeat's {life}life is over; no health check has declared it down, so its running "
-                "jobs are left as they are until one does or the node returns")
+        return f"past its heartbeat's {life}life; no health check declared it down, so its jobs stay as they are"
 
 
 def clock(ts: float | None) -> str:

@@ -113,7 +113,7 @@ def test_a_node_silent_past_its_heartbeats_life_is_presumed_down_by_the_reader(r
     console = Console(width=400, record=True, file=io.StringIO(), color_system=None)
     console.print(node_title(node, "a", 1))
     text = console.export_text()
-    assert "presumed down" in text and "not yet declared down" not in text and "4 s life is over" in text
+    assert "presumed down" in text and "not yet declared down" not in text and "past its heartbeat's 4 s life" in text
 
 
 def test_a_heartbeat_missing_within_its_life_is_only_silent(reg):
