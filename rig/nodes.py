@@ -10,12 +10,19 @@ What a person sees (``NodeInfo.state``):
 
 - ``up``: alive.
 - ``silent``: no heartbeat for ``health.timeout`` s; the next health passes confirm it (a
-  Redis restart makes every heartbeat expire at once, so one missed look is not enough).
+  Redis restart makes every heartbeat expire at once, so one missed look is not enough). A
+  silent node whose last heartbeat is older than the life it declared (``beat_ttl``, the
+  beater's ``health.timeout``) is *presumed down* (``NodeInfo.presumed_down``): computed by
+  each reader from the heartbeat's age, so it is said even where no health check runs to
+  declare it down (a one-node cluster whose ``rig up`` was SIGKILLed).
 - ``down``: declared down at ``down_since``: its cards take no jobs; its running jobs were
   marked lost and retried elsewhere by their retry policy; placed-but-unstarted ones went back
   to the queue.
 - ``stopped``: stopped on purpose (``rig down``, Ctrl-C) at ``stopped_at``: its cards take no
-  jobs, its running jobs keep running on it and are adopted when it comes back.
+  jobs, its running jobs keep running on it and are adopted when it comes back. The mark names
+  the ``rig up`` that wrote it (``stopped_by``, its rig.node_claim identity); from then on a
+  heartbeat of that ``rig up`` or of its workers (winding down) is refused in the same Lua step
+  that would write it, so a stopped node never reads "up" again until a ``rig up`` registers it.
 
 A node gone for good stays in that list until an admin forgets it (``rig forget-node``,
 ``NodeRegistry.forget``); a forgotten node that comes back simply registers again.
@@ -32,11 +39,32 @@ import time
 from dataclasses import dataclass
 
 import redis
+from redis.commands.core import Script
 
 from rig.clock import DEFAULT_MAX_SKEW_S, record_clock_offset, shared_now
 from rig.errors import InvalidInput, NodeInUse
 from rig.keys import Keys, split_card_id
 from rig.models import JobState
+
+#: A heartbeat: KEYS[1] the node's record, KEYS[2] its heartbeat key. ARGV[1] the heartbeat's
+#: value (JSON), ARGV[2] its life (ms), ARGV[3] seen_at (shared clock, epoch s), ARGV[4] its life
+#: (s, kept as beat_ttl for readers), ARGV[5] the beater's owner identity (rig.node_claim; ""
+#: for none). Refused (nothing written, returns 0) when the record's stop mark was written by
+#: that same owner: the check and the write are one step, so a beat that started before
+#: `rig down` marked the node and arrives after it cannot make the stopped node read up.
+#: Returns 1 when written.
+_BEAT_LUA = """
+if ARGV[5] ~= '' and redis.call('HGET', KEYS[1], 'stopped_by') == ARGV[5] then
+  return 0
+end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+redis.call('HSET', KEYS[1], 'last_seen', ARGV[3], 'beat_ttl', ARGV[4])
+return 1
+"""
+
+#: The life assumed for a heartbeat whose record does not say it (written by an older rig):
+#: health.timeout's default (s).
+DEFAULT_BEAT_TTL_S = 30.0
 
 #: Prefixes of the card health reasons the node checks write, so a rejoin clears only those.
 NODE_DOWN_REASON = "node down"
@@ -56,6 +84,11 @@ class NodeInfo:
     down_since: float | None = None
     stopped_at: float | None = None
     missing_since: float | None = None  # when the health check first found it silent
+    #: The life its last heartbeat declared (s; the beater's health.timeout).
+    beat_ttl: float | None = None
+    #: Silent beyond that life, as the reader computed it when it read the record (never
+    #: declared down: that is the health check's act, with its consequences for the jobs).
+    presumed_down: bool = False
     backend: str = ""
     cards: int = 0
     host: str = ""
@@ -86,7 +119,19 @@ class NodeInfo:
             return self.writes_refused
         label = {"up": "up", "silent": "silent", "down": "DOWN", "stopped": "stopped"}[self.state]
         text = f"{label} since {clock(self.since)}" if self.since else label
+        if self.presumed_down:
+            text += ", presumed down"
         return f"{text}: {self.auth_refused}" if self.auth_refused else text
+
+    @property
+    def silent_note(self) -> str:
+        """What a silent node's state means (``rig status``, the web page): either that the
+        health check has yet to confirm it, or, past its heartbeat's life, that it is presumed
+        down and why nothing declared it."""
+        if not self.presumed_down:
+            return "not yet declared down"
+        life = f"{self.beat_ttl:g} s " if self.beat_ttl else ""
+        return f"past its heartbeat's {life}life; no health check declared it down, so its jobs stay as they are"
 
 
 def clock(ts: float | None) -> str:
@@ -103,6 +148,7 @@ class NodeRegistry:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.r = client
         self.keys = keys
+        self._beat_script: Script | None = None
 
     # -- written by the node itself -----------------------------------------------------------
     def register(self, node: str, *, ttl: float, **fields: object) -> None:
@@ -113,22 +159,29 @@ class NodeRegistry:
         pipe.hset(self.keys.node(node), mapping={**{k: str(v) for k, v in fields.items()},
                                                  "started_at": now, "host": socket.gethostname()})
         # down_since stays until the cluster health check sees the node back (it reports it).
-        pipe.hdel(self.keys.node(node), "stopped_at")
+        pipe.hdel(self.keys.node(node), "stopped_at", "stopped_by")
         pipe.execute()
         self.beat(node, ttl=ttl, source="rig up")
 
     def beat(self, node: str, *, ttl: float, source: str, pid: int | None = None,
-             max_skew: float = DEFAULT_MAX_SKEW_S) -> None:
+             max_skew: float = DEFAULT_MAX_SKEW_S, owner: str | None = None) -> bool:
         """Refresh the node's heartbeat; it expires after ``ttl`` seconds. Also records how
-        far this machine's clock is off Redis' (rig.clock; reported beyond ``max_skew`` s)."""
+        far this machine's clock is off Redis' (rig.clock; reported beyond ``max_skew`` s).
+
+        ``owner`` is the rig.node_claim identity of the ``rig up`` the beater belongs to (itself,
+        or the one that started this worker): once that ``rig up`` marked the node stopped, the
+        beat is refused atomically (_BEAT_LUA) and False is returned. True when written."""
         now = shared_now(self.r)
         record_clock_offset(self.r, self.keys.node(node), max_skew)
         value = json.dumps({"host": socket.gethostname(), "pid": pid or os.getpid(), "by": source,
                             "seen_at": now})
-        pipe = self.r.pipeline(transaction=False)
-        pipe.set(self.keys.node_alive(node), value, px=max(1000, int(ttl * 1000)))
-        pipe.hset(self.keys.node(node), "last_seen", now)
-        pipe.execute()
+        life_ms = max(1000, int(ttl * 1000))
+        if self._beat_script is None:
+            self._beat_script = self.r.register_script(_BEAT_LUA)
+        written = self._beat_script(
+            keys=[self.keys.node(node), self.keys.node_alive(node)],
+            args=[value, life_ms, repr(now), repr(life_ms / 1000), owner or ""])
+        return bool(int(written))
 
     def mark_stopped(self, node: str, *, owner: str | None = None, attempts: int = 5) -> bool:
         """The node was stopped on purpose: its jobs keep running and are adopted on return.
@@ -136,7 +189,9 @@ class NodeRegistry:
         With ``owner`` (the rig.node_claim identity of the stopping rig up), only while no other
         process holds the node name, and the claim is given up in the same transaction: a
         second claimant, or a rig up that lost the name, never marks the live owner stopped.
-        Returns False (nothing written) when another process holds the name."""
+        The mark names ``owner`` (``stopped_by``): heartbeats of that rig up and its workers are
+        refused from then on (:meth:`beat`). Returns False (nothing written) when another
+        process holds the name."""
         owner_key = self.keys.node_owner(node)
         for _ in range(attempts):
             with self.r.pipeline(transaction=True) as pipe:
@@ -148,6 +203,10 @@ class NodeRegistry:
                             return False
                     pipe.multi()
                     pipe.hset(self.keys.node(node), "stopped_at", shared_now(self.r))
+                    if owner is not None:
+                        pipe.hset(self.keys.node(node), "stopped_by", owner)
+                    else:
+                        pipe.hdel(self.keys.node(node), "stopped_by")
                     pipe.delete(self.keys.node_alive(node))
                     if owner is not None:
                         pipe.delete(owner_key)
@@ -264,7 +323,8 @@ class NodeRegistry:
             pipe.exists(self.keys.node_alive(name))
         replies = pipe.execute()
         live_workers = self._live_workers_by_node()
-        return [_info(name, replies[2 * i] or {}, bool(replies[2 * i + 1]), live_workers.get(name, 0))
+        now = shared_now(self.r)
+        return [_info(name, replies[2 * i] or {}, bool(replies[2 * i + 1]), live_workers.get(name, 0), now)
                 for i, name in enumerate(names)]
 
     def _live_workers_by_node(self) -> dict[str, int]:
@@ -289,7 +349,8 @@ def _positive(value: str | None) -> bool:
         return True
 
 
-def _info(name: str, raw: dict, heartbeat: bool, workers: int) -> NodeInfo:
+def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float) -> NodeInfo:
+    """One node's record read at ``now`` (shared clock, epoch s): its state and liveness."""
     def num(key: str) -> float | None:
         value = raw.get(key)
         try:
@@ -309,11 +370,14 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int) -> NodeInfo:
         state, since = "down", down
     else:
         state, since = "silent", seen or started
+    ttl = num("beat_ttl")
+    # The reader's own judgement, from the record alone: no live beat or health check needed.
+    presumed = state == "silent" and now - (seen or started or now) > (ttl or DEFAULT_BEAT_TTL_S)
     pid = num("pid")
     return NodeInfo(
         name=name, alive=alive and state != "stopped", state=state, since=since, last_seen=seen,
         started_at=started, down_since=down, stopped_at=stopped, missing_since=missing,
-        backend=raw.get("backend", ""), cards=int(num("cards") or 0), host=raw.get("host", ""),
+        beat_ttl=ttl, presumed_down=presumed, backend=raw.get("backend", ""), cards=int(num("cards") or 0), host=raw.get("host", ""),
         pid=int(pid) if pid is not None else None, workers=workers,
         mismatch=raw.get("installation_mismatch") or None,
         unrecorded=raw.get("unrecorded_jobs") or None,

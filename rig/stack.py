@@ -295,6 +295,8 @@ class Stack:
         self._registered = False  # this Stack registered the node (it runs cards or control)
         #: This process's identity as owner of the node name (rig.node_claim), once claimed.
         self._owner: str | None = None
+        #: The identity the stop mark was written as (rig.stop_mark.confirm_stopped).
+        self._stopped_as: str | None = None
         #: Set when another process took the node name while this one ran: the line saying so.
         self.lost_name: str | None = None
         self._client: redis.Redis | None = None
@@ -733,7 +735,7 @@ class Stack:
         try:
             NodeRegistry(self._redis(), self.keys).beat(self.settings.node_name,
                                                         ttl=self.settings.health.timeout, source="rig up",
-                                                        max_skew=self.settings.max_clock_skew)
+                                                        max_skew=self.settings.max_clock_skew, owner=self._owner)
         except redis.RedisError as exc:
             log.debug("node heartbeat skipped: %s", exc)
         self._watch_auth()
@@ -901,6 +903,7 @@ class Stack:
             if not mark_stopped_retrying(NodeRegistry(self._redis(), self.keys), node, owner=self._owner,
                                          timeout=STOP_TIMEOUT_S, between=self.supervise_once):
                 log.warning("node %s not marked stopped: another process owns the name now", node)
+            self._stopped_as = self._owner  # its workers may renew the claim until they stop
             self._owner = None
             self._marked_stopped = True
             return True
@@ -930,7 +933,7 @@ class Stack:
         if self._marked_stopped:
             from rig.stop_mark import confirm_stopped
 
-            confirm_stopped(NodeRegistry(self._redis(), self.keys), self.settings.node_name)
+            confirm_stopped(NodeRegistry(self._redis(), self.keys), self.settings.node_name, self._stopped_as)
         elif self._registered and self.wants("cards") and self.lost_name is None:
             # On purpose: the other nodes leave this node's running jobs alone (they keep
             # running and are adopted when it comes back) and place nothing on its cards.

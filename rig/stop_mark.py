@@ -79,23 +79,29 @@ def mark_stopped_retrying(registry: NodeRegistry, node: str, *, owner: str | Non
         time.sleep(pause)
 
 
-def confirm_stopped(registry: NodeRegistry, node: str) -> None:
-    """Once the node's workers have stopped, stamp the mark again and drop the node heartbeat
-    its workers may have renewed while they wound down (else the node reads "up" until that
-    heartbeat expires). Only while the mark is still there: a rig up that claimed the name
-    since removed it and is not touched. Best effort: the mark written first already holds."""
+def confirm_stopped(registry: NodeRegistry, node: str, owner: str | None) -> None:
+    """Once the node's workers have stopped: take away what they may have written after the
+    stop mark while they wound down. The control worker renews the name claim as its ``rig up``
+    (``owner``, rig.node_claim.renew_as) and so re-creates the claim the mark gave up; left
+    there, it names a stopped node's owner until it expires. (Its heartbeats are refused by the
+    mark itself: NodeRegistry.beat.) Only while the mark is still there and the claim, if any,
+    is ``owner``'s: a rig up that claimed the name since is not touched. Best effort: the mark
+    written first already holds."""
     keys = registry.keys
     try:
         with registry.r.pipeline(transaction=True) as pipe:
             pipe.watch(keys.node(node), keys.node_owner(node))
-            if not pipe.hexists(keys.node(node), "stopped_at") or pipe.exists(keys.node_owner(node)):
+            if not pipe.hexists(keys.node(node), "stopped_at"):
                 return
-            from rig.clock import shared_now
-
-            now = shared_now(registry.r)
+            held = pipe.get(keys.node_owner(node))
+            ours = held is not None and owner is not None and held.rpartition("|")[0] == owner
+            if held is not None and not ours:
+                return
             pipe.multi()
-            pipe.hset(keys.node(node), "stopped_at", now)
+            # A heartbeat by a writer that names no owner (a worker of an older rig) is not refused.
             pipe.delete(keys.node_alive(node))
+            if ours:
+                pipe.delete(keys.node_owner(node))
             pipe.execute()
     except redis.RedisError as exc:  # WatchError among them: someone else acted; leave it
         log.debug("stop mark of %s not confirmed: %s", node, exc)

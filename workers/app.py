@@ -50,6 +50,7 @@ from rig.config import load_settings
 from rig.gpus import detect_backend
 from rig.keys import Keys
 from rig.lograte import Throttle
+from rig.node_claim import OWNER_ENV
 from rig.nodes import NodeRegistry
 from rig.redis_conn import connect
 from rig.redis_writes import FullWatch, is_outage
@@ -241,8 +242,9 @@ def _control_heartbeat(name: str) -> None:
                     "pid": os.getpid(), "jobs": 0, "seen_at": shared_now(nodes.r)}
             _redis.set(keys.worker(name), json.dumps(beat), ex=ttl)
             _redis.sadd(keys.workers, name)
+            # As its rig up (RIG_NODE_OWNER): refused once that rig up marked the node stopped.
             nodes.beat(settings.node_name, ttl=settings.health.timeout, source=name,
-                       max_skew=settings.max_clock_skew)
+                       max_skew=settings.max_clock_skew, owner=os.environ.get(OWNER_ENV))
         except Exception as exc:  # noqa: BLE001
             log.debug("control heartbeat skipped: %s", exc)
         _control_stop.wait(settings.telemetry_interval)

@@ -78,9 +78,9 @@ def when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 
 
-#: What a node in each state means for its jobs (`rig status`, and the web page beside its state).
+#: What a node in each state means for its jobs (`rig status`, and the web page beside its state);
+#: a silent node's depends on its heartbeat's age: NodeInfo.silent_note.
 NODE_STATE_NOTES = {
-    "silent": "not yet declared down",
     "down": "takes no jobs; its running jobs were retried by their policy",
     "stopped": "takes no jobs; its running jobs run on, adopted on return",
 }
@@ -98,7 +98,7 @@ def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
     elif node.writes_refused:  # rig.refused_beats: not silent, refused
         line = f"[bold yellow]{line}[/]"
     elif node.state == "silent":
-        line = f"[bold yellow]{line}[/] (no heartbeat since {clock(node.last_seen)}; {NODE_STATE_NOTES['silent']})"
+        line = f"[bold yellow]{line}[/] (no heartbeat since {clock(node.last_seen)}; {node.silent_note})"
     elif node.state == "down":
         line = f"[bold red]{line}[/] (last heartbeat {clock(node.last_seen)}): {NODE_STATE_NOTES['down']}"
     else:

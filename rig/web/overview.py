@@ -88,7 +88,7 @@ def _nodes(report: StatusReport) -> list[dict[str, Any]]:
         rows.append({
             "name": clean(n.name), "state": n.state, "describe": clean(n.describe), "label": label,
             "since": None if n.mismatch or n.writes_refused else n.since, "last_seen": n.last_seen,
-            "note": NODE_STATE_NOTES.get(n.state, ""),
+            "note": n.silent_note if n.state == "silent" else NODE_STATE_NOTES.get(n.state, ""),
             "alerts": [clean(line) for line in (f"FROZEN: {n.mismatch}" if n.mismatch else None, n.unrecorded)
                        if line],
             "warnings": [clean(line) for line in (n.writes_refused, n.auth_refused, n.clock_skew) if line],

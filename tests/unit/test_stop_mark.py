@@ -65,14 +65,16 @@ def test_refusal_file_is_read_only_for_the_pid_that_wrote_it(tmp_path, monkeypat
     assert S.read_refusal(tmp_path, "b", 4242) is None
 
 
-def test_confirm_restamps_the_mark_and_drops_a_heartbeat_renewed_while_winding_down(redis_client, key_prefix):
+def test_confirm_drops_a_heartbeat_renewed_while_winding_down_by_a_worker_naming_no_owner(redis_client, key_prefix):
+    """Heartbeats naming their rig up are refused by the mark (tests/store/test_node_stop_truth.py);
+    one that names none (a worker of an older rig) is taken away once the workers stopped."""
     keys = Keys(key_prefix)
     reg = NodeRegistry(redis_client, keys)
     reg.register("a", ttl=30)
     assert reg.mark_stopped("a")
-    reg.beat("a", ttl=30, source="card0")  # a worker still winding down
+    assert reg.beat("a", ttl=30, source="card0")  # a worker still winding down
     assert [n.state for n in reg.read()] == ["up"]
-    S.confirm_stopped(reg, "a")
+    S.confirm_stopped(reg, "a", None)
     assert [n.state for n in reg.read()] == ["stopped"]
 
 
@@ -82,7 +84,7 @@ def test_confirm_leaves_a_node_that_was_claimed_again_alone(redis_client, key_pr
     reg.register("a", ttl=30)
     assert reg.mark_stopped("a")
     reg.register("a", ttl=30)  # a new rig up of the name: no stop mark any more
-    S.confirm_stopped(reg, "a")
+    S.confirm_stopped(reg, "a", None)
     assert [n.state for n in reg.read()] == ["up"]
 
 
