@@ -68,6 +68,21 @@ end
 return 0
 """
 
+#: KEYS[1] owner key. ARGV[1]: our identity, ARGV[2]: ttl ms. Extends the claim only if it is
+#: ours (1); never creates one (2: nobody holds it); {0, value}: another holds it.
+_RENEW_LUA = """
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  return {2, ''}
+end
+local mine = ARGV[1] .. '|'
+if string.sub(cur, 1, string.len(mine)) == mine then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, cur}
+end
+return {0, cur}
+"""
+
 #: Variable carrying the owner identity from ``rig up`` to its workers.
 OWNER_ENV = "RIG_NODE_OWNER"
 
@@ -190,7 +205,12 @@ def renew_as(client: redis.Redis, keys: Keys, node: str, ttl: float) -> bool:
     ident = os.environ.get(OWNER_ENV)
     if not ident:
         return True
-    return claim(client, keys, node, ident, ttl) is None
+    # Extend only: a claim nobody holds is rig up's to take again (it renews its own; Redis
+    # restarted empty), never a worker's. A worker that re-created it re-took a name its rig
+    # up had just given up at `rig down` (the stop mark), and the node read "up" after it.
+    ttl_ms = str(max(1000, int(ttl * 1000)))
+    found, _ = client.register_script(_RENEW_LUA)(keys=[keys.node_owner(node)], args=[ident, ttl_ms])
+    return int(found) != 0
 
 
 def held_by_other(client: redis.Redis, keys: Keys, node: str, ident: str) -> Holder | None:

@@ -125,8 +125,9 @@ def node_state_text(node: NodeInfo) -> str:
     if node.writes_refused:
         return f"node {node.name}: {node.writes_refused}"
     if node.state == "silent":
-        return (f"node {node.name}: silent since {clock(node.last_seen or node.since)} "
-                "(no heartbeat; not yet declared down)")
+        presumed = ", presumed down" if node.presumed_down else ""
+        return (f"node {node.name}: silent since {clock(node.last_seen or node.since)}{presumed} "
+                f"(no heartbeat; {node.silent_note})")
     return f"node {node.name}: {node.describe}"
 
 

@@ -47,14 +47,16 @@ def _node(reg: NodeRegistry) -> N.NodeInfo:
 def test_a_worker_winding_down_after_the_mark_neither_beats_nor_keeps_the_name(reg, monkeypatch):
     k = reg.keys
     assert reg.mark_stopped("a", owner=ME)
-    # The control worker, not yet told to stop: its claim renewal takes the name nobody holds
-    # now (as its rig up), and its heartbeat follows.
+    # The control worker, not yet told to stop: its claim renewal does not re-take the name its
+    # rig up gave up (it only extends a claim that is its own), and its heartbeat is refused.
     monkeypatch.setenv(OWNER_ENV, ME)
     assert renew_as(reg.r, k, "a", TTL)
+    assert reg.r.get(k.node_owner("a")) is None
     assert reg.beat("a", ttl=TTL, source="control@a", owner=ME) is False
     node = _node(reg)
     assert node.state == "stopped" and not node.alive and not reg.r.exists(k.node_alive("a"))
-    # Once the workers are gone, rig up confirms the mark: the re-created claim goes too.
+    # Once the workers are gone, rig up confirms the mark (it would remove a claim of its own).
+    claim(reg.r, k, "a", ME, TTL)
     confirm_stopped(reg, "a", ME)
     assert reg.r.get(k.node_owner("a")) is None and _node(reg).state == "stopped"
 
@@ -114,6 +116,9 @@ def test_a_node_silent_past_its_heartbeats_life_is_presumed_down_by_the_reader(r
     console.print(node_title(node, "a", 1))
     text = console.export_text()
     assert "presumed down" in text and "not yet declared down" not in text and "past its heartbeat's 4 s life" in text
+    from rig.waiting import node_state_text  # a waiting job's sentence says the same
+    said = node_state_text(node)
+    assert "presumed down" in said and "not yet declared down" not in said
 
 
 def test_a_heartbeat_missing_within_its_life_is_only_silent(reg):
@@ -130,3 +135,13 @@ def test_a_record_without_the_heartbeats_life_uses_the_default(reg):
     assert not _node(reg).presumed_down
     _age(reg, 40)
     assert _node(reg).presumed_down
+
+
+def test_a_workers_renewal_extends_its_own_claim_and_leaves_anothers(reg, monkeypatch):
+    k = reg.keys
+    monkeypatch.setenv(OWNER_ENV, ME)
+    assert claim(reg.r, k, "a", ME, TTL) is None
+    reg.r.pexpire(k.node_owner("a"), 500)
+    assert renew_as(reg.r, k, "a", TTL) and reg.r.pttl(k.node_owner("a")) > 1000
+    monkeypatch.setenv(OWNER_ENV, "someone-else")
+    assert renew_as(reg.r, k, "a", TTL) is False
