@@ -42,6 +42,7 @@ import redis
 from redis.commands.core import Script
 
 from rig.clock import DEFAULT_MAX_SKEW_S, record_clock_offset, shared_now
+from rig.data_format import DATA_FORMAT
 from rig.errors import InvalidInput, NodeInUse
 from rig.keys import Keys, split_card_id
 from rig.models import JobState
@@ -109,6 +110,8 @@ class NodeInfo:
     writes_refused: str | None = None
     #: Set by the node (rig.authgate) while Redis refuses its NEW logins: wall time of the first.
     auth_refused_since: float | None = None
+    #: The data format its rig writes (rig.data_format; 0: a rig from before the number).
+    data_format: int = 0
 
     @property
     def describe(self) -> str:
@@ -157,7 +160,8 @@ class NodeRegistry:
         pipe = self.r.pipeline(transaction=True)
         pipe.sadd(self.keys.nodes, node)
         pipe.hset(self.keys.node(node), mapping={**{k: str(v) for k, v in fields.items()},
-                                                 "started_at": now, "host": socket.gethostname()})
+                                                 "started_at": now, "host": socket.gethostname(),
+                                                 "data_format": DATA_FORMAT})
         # down_since stays until the cluster health check sees the node back (it reports it).
         pipe.hdel(self.keys.node(node), "stopped_at", "stopped_by")
         pipe.execute()
@@ -383,4 +387,5 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float) -> No
         unrecorded=raw.get("unrecorded_jobs") or None,
         clock_skew=raw.get("clock_skew") or None,
         auth_refused_since=num("auth_refused_since"),
+        data_format=int(num("data_format") or 0),
     )

@@ -348,6 +348,8 @@ class Stack:
         # After the claim: a rig up refused the name never replaces the owner's pid file.
         pid_file(s).write_text(f"{os.getpid()}\n")
         self._check_installation()
+        if self.wants("cards") or self.wants("control"):
+            self._check_data_format()
         if self.wants("control"):
             # The control workers move finished jobs into the archive: a wrong archive_url, a
             # missing psycopg or an unwritable folder is said now (exit 6), not in a worker's log.
@@ -546,6 +548,16 @@ class Stack:
                 self.say(f"warning: {verdict.explain(s.node_name)}; no job of it runs here: joining this Redis "
                          "as a new installation")
         found.installation.join()
+
+    def _check_data_format(self) -> None:
+        """Refuse to run beside nodes of an older or newer rig on one Redis (rig.data_format):
+        their records would be misread without a word. Nothing is changed when refused."""
+        from rig.data_format import refusal
+
+        line = refusal(self._redis(), self.keys, self.settings.node_name,
+                       NodeRegistry(self._redis(), self.keys).read())
+        if line:
+            raise StackError(line)
 
     def _claim_name(self) -> None:
         """Own the node name before anything of the node is written (rig.node_claim): a live

@@ -1,0 +1,87 @@
+"""Nodes of one cluster run one data format (rig.data_format): rig up refuses to run beside a
+live node of an older rig, or on data of a newer one, and stamps the format otherwise
+(fakeredis and real Redis)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import fields
+
+import pytest
+
+import rig.keys
+from rig.data_format import DATA_FORMAT, FIELD, refusal
+from rig.keys import Keys
+from rig.models import Job
+from rig.nodes import NodeRegistry
+
+#: The fingerprint (schema_fingerprint) of each format's key schema and job record, and of the
+#: changes since declared compatible (an older rig reads them right). A change of rig.keys'
+#: schema table or of the Job's fields fails here until it is listed: under a new DATA_FORMAT
+#: when an older rig would misread the data, else under the same one.
+FINGERPRINTS = {
+    1: {"d9e95e666b68"},
+}
+
+
+def schema_fingerprint() -> str:
+    """sha256 (12 hex) of rig.keys' key schema table (whitespace folded) and the Job's field names."""
+    doc = rig.keys.__doc__ or ""
+    table = re.sub(r"\s+", " ", doc[doc.index("Key schema"):])
+    names = ",".join(f.name for f in fields(Job))
+    return hashlib.sha256(f"{table}|{names}".encode()).hexdigest()[:12]
+
+
+def test_the_format_number_follows_the_schema():
+    assert schema_fingerprint() in FINGERPRINTS.get(DATA_FORMAT, set()), (
+        f"the key schema (rig.keys) or the job record (rig.models.Job) changed (fingerprint "
+        f"{schema_fingerprint()}): if a rig of format {DATA_FORMAT} would misread the new data, bump "
+        "rig.data_format.DATA_FORMAT (and say what converts the old data); else add the fingerprint "
+        f"under {DATA_FORMAT} in this test's FINGERPRINTS")
+
+
+@pytest.fixture
+def reg(redis_client, key_prefix) -> NodeRegistry:
+    return NodeRegistry(redis_client, Keys(key_prefix))
+
+
+def _older_node(reg: NodeRegistry, name: str, fmt: int | None) -> None:
+    """A live node whose rig wrote ``fmt`` (None: a rig from before the number)."""
+    reg.register(name, ttl=30)
+    if fmt is None:
+        reg.r.hdel(reg.keys.node(name), FIELD)
+    else:
+        reg.r.hset(reg.keys.node(name), FIELD, fmt)
+
+
+def test_first_node_stamps_the_cluster(reg):
+    assert refusal(reg.r, reg.keys, "a", reg.read()) is None
+    assert reg.r.hget(reg.keys.installation, FIELD) == str(DATA_FORMAT)
+    reg.register("a", ttl=30)
+    assert refusal(reg.r, reg.keys, "b", reg.read()) is None  # a peer of the same rig
+
+
+def test_data_of_a_newer_rig_is_refused_unchanged(reg):
+    reg.r.hset(reg.keys.installation, FIELD, DATA_FORMAT + 1)
+    line = refusal(reg.r, reg.keys, "a", reg.read())
+    assert line and "newer rig" in line and "upgrade rig on this server" in line
+    assert reg.r.hget(reg.keys.installation, FIELD) == str(DATA_FORMAT + 1)
+
+
+@pytest.mark.parametrize("fmt", [None, DATA_FORMAT - 1])
+def test_a_live_node_of_an_older_rig_is_named_and_nothing_changes(reg, fmt):
+    reg.r.hset(reg.keys.installation, FIELD, max(0, DATA_FORMAT - 1))
+    _older_node(reg, "old1", fmt)
+    line = refusal(reg.r, reg.keys, "a", reg.read())
+    assert line and "old1 still run an older rig" in line and "rig down" in line
+    assert reg.r.hget(reg.keys.installation, FIELD) == str(max(0, DATA_FORMAT - 1))
+    # Its own name is not "another node": the same node upgraded and started again.
+    assert refusal(reg.r, reg.keys, "old1", reg.read()) is None
+
+
+def test_once_the_older_nodes_are_stopped_the_new_rig_takes_the_data_over(reg):
+    _older_node(reg, "old1", None)
+    assert reg.mark_stopped("old1")
+    assert refusal(reg.r, reg.keys, "a", reg.read()) is None
+    assert reg.r.hget(reg.keys.installation, FIELD) == str(DATA_FORMAT)
