@@ -936,6 +936,11 @@ class Dispatcher:
                     self._note_wait(job, request, 0, hold, holds, view, now)  # the main loop may stop early
                     self._mark_holding(job, hold, now)
             started_before = started
+            # (pool, request, stand-in of the held cards closed to the job) that place found no
+            # cards for this round: within a round cards only lose room (each start takes some)
+            # and a held card closed to a job stays closed (_Holds.started_on), so the same
+            # request with the same closed cards finds none in any later view either.
+            nowhere: set[tuple[str | None, Request, Hashable]] = set()
             for position, job in enumerate(self.fair_order(waiting, snapshot.team, now)):
                 request = Request(job.gpu_memory, job.gpus)
                 if job.pool is not None and job.pool not in pools.members:
@@ -966,8 +971,13 @@ class Dispatcher:
                 elif not view.could_place(job.pool, request):
                     placement = None  # no node of its pool has the room, held or not
                 else:
-                    placement = place(holds.fitting_open(job, request, view), request, self.settings.scheduler_type,
-                                      smallest_waiting=smallest)
+                    fitting, closed_token = holds.fitting_open_with_token(job, request, view)
+                    if (job.pool, request, closed_token) in nowhere:
+                        placement = None
+                    else:
+                        placement = place(fitting, request, self.settings.scheduler_type, smallest_waiting=smallest)
+                        if placement is None:
+                            nowhere.add((job.pool, request, closed_token))
                 if placement is None:
                     hold = holds.of(job.id)
                     if hold is None and now - job.created_at >= self.hold_after(job, now):
@@ -998,7 +1008,7 @@ class Dispatcher:
                          list(placement.cards), detail)
                 if self.on_start is not None:
                     self.on_start(job.id, detail, placement.node, placement.cards[0])
-                cards = _with_reservation(cards, placement.node, placement.cards, job.gpu_memory)
+                cards = _with_reservation(cards, placement.node, placement.cards, job.gpu_memory, view.positions)
                 view = view.after_start(cards, [card_id(placement.node, i) for i in placement.cards])
                 holds.started_on(card_id(placement.node, i) for i in placement.cards)
                 if snapshot.loaded:  # else a later read sees this reservation in Redis
@@ -1384,11 +1394,17 @@ class _Holds:
         """The cards of ``job``'s pool in the round's ``view`` that take ``request`` now and that it
         may take (open_to less the cards that do not fit, which place never picks): from the
         view's index, O(log cards + fitting) instead of a walk over the pool."""
+        return self.fitting_open_with_token(job, request, view)[0]
+
+    def fitting_open_with_token(self, job: Waiting, request: Request,
+                                view: _View) -> tuple[list[CardState], Hashable]:
+        """fitting_open, and the stand-in of the held cards closed to ``job`` (closed_with_token's:
+        equal stand-ins, equal sets of closed cards)."""
         fitting = view.fitting(job.pool, request.nbytes)
         if not self.by_card:
-            return fitting
-        closed = self.closed_to(job, request, view)
-        return [c for c in fitting if c.id not in closed] if closed else fitting
+            return fitting, ()
+        closed, token = self.closed_with_token(job, request, view)
+        return ([c for c in fitting if c.id not in closed] if closed else fitting), token
 
     def plan(self, job: Waiting, cards: _View | Sequence[CardState], request: Request) -> Hold | None:
         """Hold cards for ``job`` (rig.placement.plan_hold) outside those held already: from the
@@ -1782,7 +1798,19 @@ _WAITING_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
 )
 
 
-def _with_reservation(cards: list[CardState], node: str, indexes: tuple[int, ...], nbytes: int) -> list[CardState]:
+def _with_reservation(cards: list[CardState], node: str, indexes: tuple[int, ...], nbytes: int,
+                      positions: Mapping[str, int] | None = None) -> list[CardState]:
+    """``cards`` with a reservation of ``nbytes`` (and one job) on ``node``'s cards ``indexes``:
+    a new list, the reserved cards new records. ``positions`` (card id -> its place in ``cards``,
+    one entry per card: no two cards alike) finds them without a walk over every card."""
+    if positions is not None and len(positions) == len(cards):
+        found = list(cards)
+        for index in indexes:
+            at = positions.get(card_id(node, index))
+            if at is not None:
+                card = cards[at]
+                found[at] = replace(card, reserved=card.reserved + nbytes, jobs=card.jobs + 1)
+        return found
     chosen = set(indexes)
     return [
         replace(c, reserved=c.reserved + nbytes, jobs=c.jobs + 1)
