@@ -193,6 +193,10 @@ class Dispatcher:
     #: Repeat a pass that changed nothing without working it out again while its inputs and the
     #: clock's rules allow (_repeats); False: every pass is worked out in full (tests compare both).
     repeat_idle: bool = True
+    #: A round's shortcuts that give the plain rule's answers (a request that found no cards is not
+    #: placed again with the same closed held cards; a start's cards found by position); False:
+    #: the plain way (tests/store/test_dispatcher_shortcuts.py compares both).
+    shortcuts: bool = True
 
     def __init__(self, settings: Settings, on_start: OnStart | None = None, client: redis.Redis | None = None):
         """``on_start``: told of each start placed (its start is on the card's list already):
@@ -972,7 +976,7 @@ class Dispatcher:
                     placement = None  # no node of its pool has the room, held or not
                 else:
                     fitting, closed_token = holds.fitting_open_with_token(job, request, view)
-                    if (job.pool, request, closed_token) in nowhere:
+                    if self.shortcuts and (job.pool, request, closed_token) in nowhere:
                         placement = None
                     else:
                         placement = place(fitting, request, self.settings.scheduler_type, smallest_waiting=smallest)
@@ -1008,7 +1012,8 @@ class Dispatcher:
                          list(placement.cards), detail)
                 if self.on_start is not None:
                     self.on_start(job.id, detail, placement.node, placement.cards[0])
-                cards = _with_reservation(cards, placement.node, placement.cards, job.gpu_memory, view.positions)
+                cards = _with_reservation(cards, placement.node, placement.cards, job.gpu_memory,
+                                          view.positions if self.shortcuts else None)
                 view = view.after_start(cards, [card_id(placement.node, i) for i in placement.cards])
                 holds.started_on(card_id(placement.node, i) for i in placement.cards)
                 if snapshot.loaded:  # else a later read sees this reservation in Redis
