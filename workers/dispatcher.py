@@ -39,16 +39,19 @@ What a pass costs does not grow with cards x jobs read (issue 15; figures in doc
 (rig.card_index.RoomIndex, carried from view to view through each start's changes), which
 answers which request sizes could be placed at all (rig.placement.Capacity's answer), so a job
 that fits nowhere costs O(1), and which cards take a request, so place looks at those only;
-hold plans come from per-size sorted options (HoldPlanner, carried through starts too); which
-held cards are closed to a job is worked out once per (rank, size, backfill ends) over the held
-cards only, and again for a held card only when a job starts on it; and the wait sentence's body
+hold plans come from per-size sorted options (HoldPlanner, its per-node heaps carried through
+starts too, each card's release steps worked out once for every request size); a request that
+found no cards in a round is not placed again with the same closed held cards (cards only lose
+room within a round); which held cards are closed to a job is worked out once per (rank, size,
+backfill ends) over the held cards only, and again for a held card only when a job starts on it;
+and the wait sentence's body
 (rig.waiting.explain_body) is remembered by what it reads (rig.waiting.body_key), so a job
 waiting pass after pass for the same reason is worded once, and jobs alike share one body; a
 body is worded over the view's cards sorted once (rig.placement.CardWalk), less its held cards,
 not by walks over every card. A start changes the view; the token of the new view's cards is
 derived from the old one's (and a round's first view's from the last round's last view's).
 Decisions and sentences are the same as without these shortcuts (tests/unit/test_placement_scale.py,
-test_card_index.py, test_wait_walk.py; a frozen-clock comparison with the
+test_card_index.py, test_wait_walk.py, tests/store/test_dispatcher_shortcuts.py; a frozen-clock comparison with the
 code before them found every start and every stored reason equal).
 
 Kept between passes (issue 15): the cards and their reservations, by version. Every write of a
@@ -58,7 +61,9 @@ same script or transaction, and a round reads back only the cards whose version 
 fields (for fair share and the holds' shadow times) are read again only when their card's
 reservations of them change, while they have not started (the claim sets started_at without
 touching a card), and when this dispatcher places them; their estimate is worked out again only
-when those fields or the cluster's recent runs change (what depends on now, every round). A
+when those fields or the cluster's recent runs change, and their expected and sure ends only
+once the clock passes the first moment either could move (_end_steady_until; the rest of what
+depends on now, their age and fair-share charge, every round). A
 kept card may be stale, as one read a moment ago may: reserve.lua checks the card itself, and a
 refused reservation makes the next round read every card again. A version gone backwards or
 vanished (Redis emptied or rolled back), a failed pass (Redis may have restarted) and every
@@ -194,8 +199,9 @@ class Dispatcher:
     #: clock's rules allow (_repeats); False: every pass is worked out in full (tests compare both).
     repeat_idle: bool = True
     #: A round's shortcuts that give the plain rule's answers (a request that found no cards is not
-    #: placed again with the same closed held cards; a start's cards found by position); False:
-    #: the plain way (tests/store/test_dispatcher_shortcuts.py compares both).
+    #: placed again with the same closed held cards; a start's cards found by position; a placed
+    #: job's expected and sure ends kept until the first moment they could move); False: the
+    #: plain way (tests/store/test_dispatcher_shortcuts.py compares both).
     shortcuts: bool = True
 
     def __init__(self, settings: Settings, on_start: OnStart | None = None, client: redis.Redis | None = None):
@@ -247,6 +253,10 @@ class Dispatcher:
         #: Placed job id -> (its kept fields (the list itself), their parse, its Estimate under
         #: self._prior): worked out again when either changes; what depends on now, every round.
         self._running_estimates: dict[int, tuple[list, tuple, estimates.Estimate]] = {}
+        #: placed job id -> (its _running_estimates entry, the settings, the clock when worked out,
+        #: until when its ends stay put (_end_steady_until), its _read_holdings info): kept while
+        #: the entry and settings are the very same objects and the clock is within that span
+        self._ends_kept: dict[int, tuple[tuple, Settings, float, float, tuple]] = {}
         self._reserved_since_read = False  # a reservation was made after the last _read_cards
         self._first_view: _View | None = None  # the last round's view before its first start
         #: The last round's last view's tokens and cards (_View._big, _View.cards): the next round's
@@ -497,6 +507,7 @@ class Dispatcher:
         and after a refused reservation (what was kept may be stale)."""
         self._kept.clear()
         self._kept_jobs.clear()
+        self._ends_kept.clear()
         self._reservations = {}
         self._repeat = None
 
@@ -615,6 +626,10 @@ class Dispatcher:
             self._running_estimates = known = {jid: known[jid] for jid in ids if jid in known}
         info: dict[int, tuple[str, int, int, float, float, float]] = {}
         steady = math.inf  # until when every end worked out here stays what it is now (epoch s)
+        ends = self._ends_kept
+        if len(ends) > len(ids) or not self.shortcuts:
+            self._ends_kept = ends = {jid: ends[jid] for jid in ids if jid in ends} if self.shortcuts else {}
+        settings = self.settings
         for jid in ids:
             values = kept[jid]
             try:
@@ -624,13 +639,24 @@ class Dispatcher:
                     user, memory, ncards, _stamp, expected, cautious, limit = parsed
                     found = known[jid] = (values, parsed,
                                           self.estimate_of(user, memory, ncards, expected, cautious, limit))
+                end_kept = ends.get(jid)
+                if end_kept is not None and end_kept[0] is found and end_kept[1] is settings \
+                        and end_kept[2] <= now < end_kept[3]:
+                    # Its end and sure end as worked out at an earlier round, before the first
+                    # moment they could move (_end_steady_until): the same absolute times.
+                    info[jid] = end_kept[4]
+                    steady = min(steady, end_kept[3])
+                    continue
                 user, memory, ncards, stamp, _expected, _cautious, limit = found[1]
                 began = now if stamp is None else stamp
                 if not 0.0 < began <= now + 3600:  # a damaged stamp: its end is unknown, never "inf ago"
                     raise ValueError(began)
                 end, sure = self._end_after(found[2], now - began, limit, now)
                 info[jid] = (user, memory, ncards, began, end, sure)
-                steady = min(steady, self._end_steady_until(found[2], began, limit, now))
+                moment = self._end_steady_until(found[2], began, limit, now)
+                steady = min(steady, moment)
+                if stamp is not None and self.shortcuts:  # (one begun "now" moves with the clock)
+                    ends[jid] = (found, settings, now, moment, info[jid])
             except (ValueError, TypeError):
                 info[jid] = ("?", 0, 1, now, math.inf, math.inf)
                 steady = now  # counted as begun now, whenever now is
