@@ -28,6 +28,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from rig.closed_cards import closed_cards_text
 from rig.memory import format_memory
@@ -123,11 +124,12 @@ def place(
     return min(options, key=lambda item: item[0])[1]
 
 
-@dataclass(frozen=True)
-class Release:
+class Release(NamedTuple):
     """A reservation on a card expected to end: ``nbytes`` given back at epoch ``at``
     (an estimate; math.inf when the job's running time is unknown), and surely by ``sure_at``
-    (its time limit's end; math.inf without one). ``since``: when its job began (epoch s)."""
+    (its time limit's end; math.inf without one). ``since``: when its job began (epoch s).
+    A named tuple, not a frozen dataclass: the dispatcher makes one per reservation per round
+    (8,192 at 512 cards), and a frozen dataclass' __init__ cost ~3x as much."""
 
     at: float
     nbytes: int
@@ -159,15 +161,37 @@ def room_at(card: CardState, releases: Sequence[Release], at: float, *,
 def earliest_fit(card: CardState, releases: Sequence[Release], request: Request, now: float) -> float:
     """When ``card`` is expected to have room for ``request`` (epoch s): ``now`` if it has now,
     the release that makes room, or math.inf (never with the releases known)."""
+    return fit_time(card, release_steps(card, releases), request.nbytes, now)
+
+
+def release_steps(card: CardState, releases: Sequence[Release]) -> list[tuple[float, int, int]]:
+    """(when, free bytes, jobs) on ``card`` after each of its ``releases`` in time order (a
+    stable sort by ``at``), up to the first unknown one: what :func:`fit_time` reads, worked out
+    once per card for every request size (HoldPlanner asks ~5 sizes of every card a round)."""
     free, jobs = card.free, card.jobs
-    if free >= request.nbytes and jobs < card.max_jobs:
-        return now
-    for release in sorted(releases, key=lambda r: r.at):
+    steps = []
+    for release in sorted(releases, key=_release_at):
         if release.at == math.inf:
             break
         free, jobs = free + release.nbytes, jobs - 1
-        if free >= request.nbytes and jobs < card.max_jobs:
-            return max(now, release.at)
+        steps.append((release.at, free, jobs))
+    return steps
+
+
+def _release_at(release: Release) -> float:
+    return release.at
+
+
+def fit_time(card: CardState, steps: Sequence[tuple[float, int, int]], nbytes: int, now: float,
+             free: int | None = None) -> float:
+    """earliest_fit of a request of ``nbytes`` on ``card`` from its :func:`release_steps`
+    (``free``: ``card.free``, when the caller has it)."""
+    if (card.free if free is None else free) >= nbytes and card.jobs < card.max_jobs:
+        return now
+    max_jobs = card.max_jobs
+    for at, free, jobs in steps:
+        if free >= nbytes and jobs < max_jobs:
+            return max(now, at)
     return math.inf
 
 
@@ -184,30 +208,37 @@ def plan_hold(cards: Sequence[CardState], releases: Mapping[str, Sequence[Releas
 
 class HoldPlanner:
     """:func:`plan_hold` for many requests over the same cards, releases and ``now`` (one
-    dispatcher round, until a start changes the cards): each card's expected time for a request
-    size is worked out once and each node's options sorted once; each node's plan for a request
-    (its first ``gpus`` options outside ``exclude``) is kept in a heap by plan_hold's key, so a
-    plan is the heap's top: O(log nodes), not a walk over every node. A node's plan is made
-    again when ``exclude`` gains one of its cards: a dict that only grows between calls (the
-    dispatcher's held cards in a round: its new keys are its last), read from where the last
-    call left it; any other container starts the heaps afresh. The same answers as plan_hold,
-    by construction (tests/unit/test_placement_scale.py)."""
+    dispatcher round, until a start changes the cards): each card's release steps are worked out
+    once (:func:`release_steps`) and its expected time per request size read from them, and each
+    node's options sorted once per size; each node's plan for a request (its first ``gpus``
+    options outside ``exclude``) is kept in a heap by plan_hold's key, so a plan is the heap's
+    top: O(log nodes), not a walk over every node. A node's plan is made again when ``exclude``
+    gains one of its cards: a dict that only grows between calls (the dispatcher's held cards in
+    a round: its new keys are its last), read from where the heap last left it; any other
+    container starts the heaps afresh. A planner after a start (:meth:`after`) takes each heap
+    from the planner before it, with the plans of the nodes the start changed made again (not
+    one push per node per view). The same answers as plan_hold, by construction
+    (tests/unit/test_placement_scale.py)."""
 
     def __init__(self, cards: Sequence[CardState], releases: Mapping[str, Sequence[Release]], now: float, *,
-                 node_of: dict[str, str] | None = None) -> None:
+                 node_of: dict[str, str] | None = None,
+                 steps: dict[str, tuple[CardState, Sequence[Release], int, list[tuple[float, int, int]]]] | None = None,
+                 ) -> None:
         self.cards = cards
         self.releases = releases
         self.now = now
         #: request bytes -> [(node, its options sorted: (when, missing bytes, jobs, index, card id))]
         self._options: dict[int, list[tuple[str, list[tuple[float, int, int, int, str]]]]] = {}
         self._node_of = node_of if node_of is not None else {card.id: card.node for card in cards}
+        #: card id -> (its card, its releases list, their number, release_steps): shared along the
+        #: starts (a card replaced, or its list grown, is worked out again)
+        self._steps = steps if steps is not None else {}
         self._by_node: dict[int, dict[str, list[tuple[float, int, int, int, str]]]] = {}  # options by node
-        #: (bytes, gpus) -> heap of (plan_hold's key (until, missing bytes, node), cards, version);
-        #: an entry whose version is not its node's current one (_versions) is out of date.
-        self._heaps: dict[tuple[int, int], list[tuple[tuple[float, int, str], tuple[str, ...], int]]] = {}
-        self._versions: dict[tuple[int, int, str], int] = {}
-        self._exclude: object = None  # the exclude the heaps were made with, and how many of
-        self._excluded = 0  # its keys they have seen
+        #: (bytes, gpus) -> [heap of (plan_hold's key (until, missing bytes, node), cards, version),
+        #: node -> its current version, how many of ``exclude``'s keys the heap has seen]; an
+        #: entry whose version is not its node's current one is out of date.
+        self._heaps: dict[tuple[int, int], list] = {}
+        self._exclude: object = None  # the exclude the heaps were made with
         #: After a start (after): the planner before it and the nodes whose cards it changed;
         #: this one's options are that one's with those nodes' worked out again.
         self._before: tuple[HoldPlanner, frozenset[str]] | None = None
@@ -216,11 +247,12 @@ class HoldPlanner:
     def after(self, cards: Sequence[CardState], changed: Sequence[CardState]) -> HoldPlanner:
         """The planner of ``cards``: this one's cards with ``changed`` (cards by id) put in place
         of theirs, by a start that took room on them, its releases added to the same mapping.
-        Each node's options are this planner's except the changed nodes', worked out again on
-        first use (the releases are added after the start): O(nodes + changed) per request size,
-        not O(cards x releases)."""
-        planner = HoldPlanner(cards, self.releases, self.now, node_of=self._node_of)
+        Each node's options and plans are this planner's except the changed nodes', worked out
+        again on first use (the releases are added after the start): O(nodes + changed) per
+        request size (list and dict copies), not O(cards x releases)."""
+        planner = HoldPlanner(cards, self.releases, self.now, node_of=self._node_of, steps=self._steps)
         planner._before = (self, frozenset(c.node for c in changed))
+        planner._exclude = self._exclude
         planner._node_cards = node_cards = dict(self._cards_by_node())
         new = {c.id: c for c in changed}
         for node in planner._before[1]:
@@ -262,8 +294,13 @@ class HoldPlanner:
         return self._by_node[nbytes]
 
     def _option(self, card: CardState, nbytes: int) -> tuple[float, int, int, int, str]:
-        when = earliest_fit(card, self.releases.get(card.id, ()), Request(nbytes), self.now)
-        return (when, max(0, nbytes - card.free), card.jobs, card.index, card.id)
+        releases = self.releases.get(card.id, ())
+        kept = self._steps.get(card.id)
+        if kept is None or kept[0] is not card or kept[1] is not releases or kept[2] != len(releases):
+            kept = self._steps[card.id] = (card, releases, len(releases), release_steps(card, releases))
+        free = card.free
+        return (fit_time(card, kept[3], nbytes, self.now, free), max(0, nbytes - free), card.jobs, card.index,
+                card.id)
 
     def _cards_of(self, node: str) -> list[CardState]:
         return self._cards_by_node().get(node, [])
@@ -278,51 +315,78 @@ class HoldPlanner:
         return self._node_cards
 
     def plan(self, request: Request, job_id: int = 0, exclude: Container[str] = frozenset()) -> Hold | None:
-        self._follow(exclude)
+        if exclude is not self._exclude or not isinstance(exclude, dict):
+            self._heaps.clear()  # another container: nothing kept says what it holds
+            self._exclude = exclude
         size = (request.nbytes, request.gpus)
-        heap = self._heaps.get(size)
-        if heap is None:
-            heap = self._heaps[size] = []
-            for node, options in self.options(request.nbytes):
-                self._push(heap, size, node, options, exclude)
+        state = self._heaps.get(size) or self._carried(size, exclude)
+        if isinstance(exclude, dict) and len(exclude) < state[2]:  # (it only grows in a round)
+            state = self._made(size, exclude)
+        heap, versions, seen = state
+        if isinstance(exclude, dict) and len(exclude) != seen:
+            # The nodes whose cards ``exclude`` gained since this heap last looked: plans made again.
+            nodes = {self._node_of.get(cid) for cid in itertools.islice(exclude, seen, None)}
+            state[2] = len(exclude)
+            by_node = self._options_by_node(request.nbytes)
+            for node in nodes & by_node.keys():
+                self._push(heap, versions, size, node, by_node[node], exclude)
         while heap:
             key, chosen, version = heap[0]
-            if version == self._versions[(*size, key[2])]:
+            if version == versions[key[2]]:
                 return Hold(job_id, chosen, request.nbytes, key[0])
-            heapq.heappop(heap)  # made before its node lost a card to exclude: a newer one follows
+            heapq.heappop(heap)  # made before its node changed: a newer one follows
         return None
 
-    def _follow(self, exclude: Container[str]) -> None:
-        """Make again the kept plans of the nodes whose cards ``exclude`` gained since the last call."""
-        if exclude is not self._exclude or not isinstance(exclude, dict) or len(exclude) < self._excluded:
-            self._heaps.clear()
-            self._versions.clear()
-            self._exclude, self._excluded = exclude, len(exclude) if isinstance(exclude, dict) else 0
-            return
-        if len(exclude) == self._excluded:
-            return
-        nodes = {self._node_of.get(cid) for cid in itertools.islice(exclude, self._excluded, None)}
-        self._excluded = len(exclude)
-        for size, heap in self._heaps.items():
-            by_node = self._by_node.get(size[0])
-            if by_node is None:
-                by_node = self._by_node[size[0]] = dict(self.options(size[0]))
-            for node in nodes & by_node.keys():
-                self._push(heap, size, node, by_node[node], exclude)
+    def _carried(self, size: tuple[int, int], exclude: Container[str]) -> list:
+        """This planner's heap state for ``size``: the nearest planner's before it along the
+        starts (same ``exclude``) copied, with the plans of the nodes changed since made again;
+        else made from every node's options."""
+        changed: set[str] = set()
+        planner = self
+        found = None
+        while planner._before is not None and isinstance(exclude, dict):
+            changed |= planner._before[1]
+            planner = planner._before[0]
+            if planner._exclude is not exclude:
+                break
+            found = planner._heaps.get(size)
+            if found is not None:
+                break
+        if found is None or len(exclude) < found[2]:  # type: ignore[arg-type]
+            return self._made(size, exclude)
+        state = self._heaps[size] = [list(found[0]), dict(found[1]), found[2]]
+        by_node = self._options_by_node(size[0])
+        for node in changed:  # (one with no options any more: its old plan goes out of date)
+            self._push(state[0], state[1], size, node, by_node.get(node, ()), exclude)
+        return state
 
-    def _push(self, heap: list, size: tuple[int, int], node: str, options: list[tuple[float, int, int, int, str]],
-              exclude: Container[str]) -> None:
+    def _made(self, size: tuple[int, int], exclude: Container[str]) -> list:
+        """A heap state for ``size`` made from every node's options (plan's)."""
+        heap: list = []
+        versions: dict[str, int] = {}
+        state = self._heaps[size] = [heap, versions, len(exclude) if isinstance(exclude, dict) else 0]
+        for node, options in self.options(size[0]):
+            self._push(heap, versions, size, node, options, exclude)
+        return state
+
+    @staticmethod
+    def _push(heap: list, versions: dict[str, int], size: tuple[int, int], node: str,
+              options: Sequence[tuple[float, int, int, int, str]], exclude: Container[str]) -> None:
         """Push ``node``'s plan for ``size`` (its first options outside ``exclude``), the node's
         earlier one out of date; none when it has too few."""
-        version = self._versions[(*size, node)] = self._versions.get((*size, node), -1) + 1
+        version = versions[node] = versions.get(node, -1) + 1
+        gpus = size[1]
         chosen = []
         for option in options:
             if option[4] not in exclude:
                 chosen.append(option)
-                if len(chosen) == size[1]:
+                if len(chosen) == gpus:
                     break
-        if len(chosen) == size[1]:
-            key = (max(o[0] for o in chosen), sum(o[1] for o in chosen), node)
+        if len(chosen) == gpus:
+            if gpus == 1:
+                key = (chosen[0][0], chosen[0][1], node)
+            else:  # options are sorted by time: the last chosen is the latest
+                key = (chosen[-1][0], sum(o[1] for o in chosen), node)
             heapq.heappush(heap, (key, tuple(o[4] for o in chosen), version))
 
 

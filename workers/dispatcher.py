@@ -39,16 +39,19 @@ What a pass costs does not grow with cards x jobs read (issue 15; figures in doc
 (rig.card_index.RoomIndex, carried from view to view through each start's changes), which
 answers which request sizes could be placed at all (rig.placement.Capacity's answer), so a job
 that fits nowhere costs O(1), and which cards take a request, so place looks at those only;
-hold plans come from per-size sorted options (HoldPlanner, carried through starts too); which
-held cards are closed to a job is worked out once per (rank, size, backfill ends) over the held
-cards only, and again for a held card only when a job starts on it; and the wait sentence's body
+hold plans come from per-size sorted options (HoldPlanner, its per-node heaps carried through
+starts too, each card's release steps worked out once for every request size); a request that
+found no cards in a round is not placed again with the same closed held cards (cards only lose
+room within a round); which held cards are closed to a job is worked out once per (rank, size,
+backfill ends) over the held cards only, and again for a held card only when a job starts on it;
+and the wait sentence's body
 (rig.waiting.explain_body) is remembered by what it reads (rig.waiting.body_key), so a job
 waiting pass after pass for the same reason is worded once, and jobs alike share one body; a
 body is worded over the view's cards sorted once (rig.placement.CardWalk), less its held cards,
 not by walks over every card. A start changes the view; the token of the new view's cards is
 derived from the old one's (and a round's first view's from the last round's last view's).
 Decisions and sentences are the same as without these shortcuts (tests/unit/test_placement_scale.py,
-test_card_index.py, test_wait_walk.py; a frozen-clock comparison with the
+test_card_index.py, test_wait_walk.py, tests/store/test_dispatcher_shortcuts.py; a frozen-clock comparison with the
 code before them found every start and every stored reason equal).
 
 Kept between passes (issue 15): the cards and their reservations, by version. Every write of a
@@ -58,7 +61,9 @@ same script or transaction, and a round reads back only the cards whose version 
 fields (for fair share and the holds' shadow times) are read again only when their card's
 reservations of them change, while they have not started (the claim sets started_at without
 touching a card), and when this dispatcher places them; their estimate is worked out again only
-when those fields or the cluster's recent runs change (what depends on now, every round). A
+when those fields or the cluster's recent runs change, and their expected and sure ends only
+once the clock passes the first moment either could move (_end_steady_until; the rest of what
+depends on now, their age and fair-share charge, every round). A
 kept card may be stale, as one read a moment ago may: reserve.lua checks the card itself, and a
 refused reservation makes the next round read every card again. A version gone backwards or
 vanished (Redis emptied or rolled back), a failed pass (Redis may have restarted) and every
@@ -193,6 +198,11 @@ class Dispatcher:
     #: Repeat a pass that changed nothing without working it out again while its inputs and the
     #: clock's rules allow (_repeats); False: every pass is worked out in full (tests compare both).
     repeat_idle: bool = True
+    #: A round's shortcuts that give the plain rule's answers (a request that found no cards is not
+    #: placed again with the same closed held cards; a start's cards found by position; a placed
+    #: job's expected and sure ends kept until the first moment they could move); False: the
+    #: plain way (tests/store/test_dispatcher_shortcuts.py compares both).
+    shortcuts: bool = True
 
     def __init__(self, settings: Settings, on_start: OnStart | None = None, client: redis.Redis | None = None):
         """``on_start``: told of each start placed (its start is on the card's list already):
@@ -243,6 +253,10 @@ class Dispatcher:
         #: Placed job id -> (its kept fields (the list itself), their parse, its Estimate under
         #: self._prior): worked out again when either changes; what depends on now, every round.
         self._running_estimates: dict[int, tuple[list, tuple, estimates.Estimate]] = {}
+        #: placed job id -> (its _running_estimates entry, the settings, the clock when worked out,
+        #: until when its ends stay put (_end_steady_until), its _read_holdings info): kept while
+        #: the entry and settings are the very same objects and the clock is within that span
+        self._ends_kept: dict[int, tuple[tuple, Settings, float, float, tuple]] = {}
         self._reserved_since_read = False  # a reservation was made after the last _read_cards
         self._first_view: _View | None = None  # the last round's view before its first start
         #: The last round's last view's tokens and cards (_View._big, _View.cards): the next round's
@@ -493,6 +507,7 @@ class Dispatcher:
         and after a refused reservation (what was kept may be stale)."""
         self._kept.clear()
         self._kept_jobs.clear()
+        self._ends_kept.clear()
         self._reservations = {}
         self._repeat = None
 
@@ -611,6 +626,10 @@ class Dispatcher:
             self._running_estimates = known = {jid: known[jid] for jid in ids if jid in known}
         info: dict[int, tuple[str, int, int, float, float, float]] = {}
         steady = math.inf  # until when every end worked out here stays what it is now (epoch s)
+        ends = self._ends_kept
+        if len(ends) > len(ids) or not self.shortcuts:
+            self._ends_kept = ends = {jid: ends[jid] for jid in ids if jid in ends} if self.shortcuts else {}
+        settings = self.settings
         for jid in ids:
             values = kept[jid]
             try:
@@ -620,13 +639,24 @@ class Dispatcher:
                     user, memory, ncards, _stamp, expected, cautious, limit = parsed
                     found = known[jid] = (values, parsed,
                                           self.estimate_of(user, memory, ncards, expected, cautious, limit))
+                end_kept = ends.get(jid)
+                if end_kept is not None and end_kept[0] is found and end_kept[1] is settings \
+                        and end_kept[2] <= now < end_kept[3]:
+                    # Its end and sure end as worked out at an earlier round, before the first
+                    # moment they could move (_end_steady_until): the same absolute times.
+                    info[jid] = end_kept[4]
+                    steady = min(steady, end_kept[3])
+                    continue
                 user, memory, ncards, stamp, _expected, _cautious, limit = found[1]
                 began = now if stamp is None else stamp
                 if not 0.0 < began <= now + 3600:  # a damaged stamp: its end is unknown, never "inf ago"
                     raise ValueError(began)
                 end, sure = self._end_after(found[2], now - began, limit, now)
                 info[jid] = (user, memory, ncards, began, end, sure)
-                steady = min(steady, self._end_steady_until(found[2], began, limit, now))
+                moment = self._end_steady_until(found[2], began, limit, now)
+                steady = min(steady, moment)
+                if stamp is not None and self.shortcuts:  # (one begun "now" moves with the clock)
+                    ends[jid] = (found, settings, now, moment, info[jid])
             except (ValueError, TypeError):
                 info[jid] = ("?", 0, 1, now, math.inf, math.inf)
                 steady = now  # counted as begun now, whenever now is
@@ -936,6 +966,11 @@ class Dispatcher:
                     self._note_wait(job, request, 0, hold, holds, view, now)  # the main loop may stop early
                     self._mark_holding(job, hold, now)
             started_before = started
+            # (pool, request, stand-in of the held cards closed to the job) that place found no
+            # cards for this round: within a round cards only lose room (each start takes some)
+            # and a held card closed to a job stays closed (_Holds.started_on), so the same
+            # request with the same closed cards finds none in any later view either.
+            nowhere: set[tuple[str | None, Request, Hashable]] = set()
             for position, job in enumerate(self.fair_order(waiting, snapshot.team, now)):
                 request = Request(job.gpu_memory, job.gpus)
                 if job.pool is not None and job.pool not in pools.members:
@@ -966,8 +1001,13 @@ class Dispatcher:
                 elif not view.could_place(job.pool, request):
                     placement = None  # no node of its pool has the room, held or not
                 else:
-                    placement = place(holds.fitting_open(job, request, view), request, self.settings.scheduler_type,
-                                      smallest_waiting=smallest)
+                    fitting, closed_token = holds.fitting_open_with_token(job, request, view)
+                    if self.shortcuts and (job.pool, request, closed_token) in nowhere:
+                        placement = None
+                    else:
+                        placement = place(fitting, request, self.settings.scheduler_type, smallest_waiting=smallest)
+                        if placement is None:
+                            nowhere.add((job.pool, request, closed_token))
                 if placement is None:
                     hold = holds.of(job.id)
                     if hold is None and now - job.created_at >= self.hold_after(job, now):
@@ -998,7 +1038,8 @@ class Dispatcher:
                          list(placement.cards), detail)
                 if self.on_start is not None:
                     self.on_start(job.id, detail, placement.node, placement.cards[0])
-                cards = _with_reservation(cards, placement.node, placement.cards, job.gpu_memory)
+                cards = _with_reservation(cards, placement.node, placement.cards, job.gpu_memory,
+                                          view.positions if self.shortcuts else None)
                 view = view.after_start(cards, [card_id(placement.node, i) for i in placement.cards])
                 holds.started_on(card_id(placement.node, i) for i in placement.cards)
                 if snapshot.loaded:  # else a later read sees this reservation in Redis
@@ -1384,11 +1425,17 @@ class _Holds:
         """The cards of ``job``'s pool in the round's ``view`` that take ``request`` now and that it
         may take (open_to less the cards that do not fit, which place never picks): from the
         view's index, O(log cards + fitting) instead of a walk over the pool."""
+        return self.fitting_open_with_token(job, request, view)[0]
+
+    def fitting_open_with_token(self, job: Waiting, request: Request,
+                                view: _View) -> tuple[list[CardState], Hashable]:
+        """fitting_open, and the stand-in of the held cards closed to ``job`` (closed_with_token's:
+        equal stand-ins, equal sets of closed cards)."""
         fitting = view.fitting(job.pool, request.nbytes)
         if not self.by_card:
-            return fitting
-        closed = self.closed_to(job, request, view)
-        return [c for c in fitting if c.id not in closed] if closed else fitting
+            return fitting, ()
+        closed, token = self.closed_with_token(job, request, view)
+        return ([c for c in fitting if c.id not in closed] if closed else fitting), token
 
     def plan(self, job: Waiting, cards: _View | Sequence[CardState], request: Request) -> Hold | None:
         """Hold cards for ``job`` (rig.placement.plan_hold) outside those held already: from the
@@ -1782,7 +1829,19 @@ _WAITING_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
 )
 
 
-def _with_reservation(cards: list[CardState], node: str, indexes: tuple[int, ...], nbytes: int) -> list[CardState]:
+def _with_reservation(cards: list[CardState], node: str, indexes: tuple[int, ...], nbytes: int,
+                      positions: Mapping[str, int] | None = None) -> list[CardState]:
+    """``cards`` with a reservation of ``nbytes`` (and one job) on ``node``'s cards ``indexes``:
+    a new list, the reserved cards new records. ``positions`` (card id -> its place in ``cards``,
+    one entry per card: no two cards alike) finds them without a walk over every card."""
+    if positions is not None and len(positions) == len(cards):
+        found = list(cards)
+        for index in indexes:
+            at = positions.get(card_id(node, index))
+            if at is not None:
+                card = cards[at]
+                found[at] = replace(card, reserved=card.reserved + nbytes, jobs=card.jobs + 1)
+        return found
     chosen = set(indexes)
     return [
         replace(c, reserved=c.reserved + nbytes, jobs=c.jobs + 1)

@@ -142,3 +142,35 @@ def test_a_planner_carried_through_starts_plans_what_plan_hold_s_rule_says(seed)
         assert (None if hold is None else (hold.cards, hold.until)) == expected, job_id
         if hold is not None and rng.random() < 0.5:
             exclude.update(dict.fromkeys(hold.cards, hold))
+
+
+def _earliest_fit_plainly(card, releases, request, now):
+    """earliest_fit's rule read plainly (as it was written before release_steps)."""
+    free, jobs = card.free, card.jobs
+    if free >= request.nbytes and jobs < card.max_jobs:
+        return now
+    for release in sorted(releases, key=lambda r: r.at):
+        if release.at == math.inf:
+            break
+        free, jobs = free + release.nbytes, jobs - 1
+        if free >= request.nbytes and jobs < card.max_jobs:
+            return max(now, release.at)
+    return math.inf
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_release_steps_answer_every_size_as_earliest_fit_s_rule(seed):
+    """HoldPlanner reads one card's release steps for every request size: each answer is the
+    plain rule's (ties in time kept in the releases' order; releases in the past; unknown ends)."""
+    from rig.placement import fit_time, release_steps
+
+    rng = random.Random(seed)
+    now = 1_000_000.0
+    for card in _cluster(rng, nodes=6):
+        releases = [Release(rng.choice([now - 5, now + rng.choice([10, 10, 300]), math.inf]),
+                            rng.choice([4, 10, 20]) * GIB) for _ in range(rng.randint(0, 5))]
+        steps = release_steps(card, releases)
+        for gib in (1, 4, 8, 12, 20, 30, 40, 60, 80, 81):
+            request = Request(gib * GIB)
+            assert fit_time(card, steps, request.nbytes, now) == _earliest_fit_plainly(card, releases, request, now)
+            assert earliest_fit(card, releases, request, now) == _earliest_fit_plainly(card, releases, request, now)

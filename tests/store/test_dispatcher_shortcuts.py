@@ -1,0 +1,90 @@
+"""The starting round's shortcuts (Dispatcher.shortcuts: a request that found no cards in a round
+is not placed again with the same closed held cards; a start's cards found by position) decide
+as the plain round does: two copies of one randomized cluster under two key prefixes, one
+dispatcher with the shortcuts, one without, through passes where jobs end (so several start in a
+round, behind holds: hold_after_seconds 0 for some seeds, every blocked job holds) and arrive.
+After every pass every job's state, placement, stored reason and held_at mark are the same, and
+the shortcut copy called place fewer times at least once (else the comparison proved nothing)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import workers.dispatcher as dispatcher_module
+from rig.clock import clock_for
+from rig.gpus.base import GpuReading
+from rig.memory import GIB
+from rig.models import JobState
+from tests.store.test_dispatcher_repeat import START, _apply, _Clock, _Copy, _job, _last_id, _state
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_round_s_shortcuts_decide_as_the_plain_round(redis_client, key_prefix, monkeypatch, seed):
+    r = redis_client
+    clock = _Clock()
+    monkeypatch.setattr(type(clock_for(r)), "now", lambda self, refresh=True: clock.t)
+    calls = {"place": 0}
+    real_place = dispatcher_module.place
+
+    def counted_place(*a, **kw):  # noqa: ANN002, ANN003
+        calls["place"] += 1
+        return real_place(*a, **kw)
+
+    monkeypatch.setattr(dispatcher_module, "place", counted_place)
+    rng = random.Random(seed)
+    update = {"hold_after_seconds": rng.choice([0.0, 0.0, 60.0]), "aging_seconds": 1800.0,
+              "backfill_estimate_delay_seconds": rng.choice([0.0, 300.0]),
+              "fair_share": rng.random() < 0.7, "kill_grace_seconds": 5.0}
+    copies = [_Copy(r, f"{key_prefix}plain:", False, update), _Copy(r, f"{key_prefix}short:", False, update)]
+    copies[0].dispatcher.shortcuts = False
+    nodes = ("n0", "n1", "n2")
+    seeds = rng.random()
+    for copy in copies:
+        local = random.Random(seeds)
+        for node in nodes:
+            for index in range(4):
+                copy.ledger.register_card(node, GpuReading(index, f"u-{node}-{index}", "m", 40 * GIB),
+                                          max_jobs=local.choice([3, 5]), reserve_fraction=0.0, allowed=True,
+                                          fake=True)
+        for node in nodes:
+            for index in range(4):
+                for size in [local.choice([6, 10, 14]) for _ in range(local.randint(1, 3))]:
+                    clock.t = START - local.uniform(5, 900)
+                    made = _job(local, clock.t, size * GIB, estimates=(None, 900.0, 1500.0, 3600.0),
+                                limits=(None, 3600.0))
+                    job = copy.ledger.store.create_many([(made, None)])[0]
+                    ok, token = copy.ledger.reserve(job.id, node, [index], job.gpu_memory, user=job.user)
+                    if ok:
+                        copy.ledger.claim(job.id, token, f"card{index}@{node}")
+                    else:
+                        copy.ledger.transition(job.id, JobState.FAILED)
+        clock.t = START
+        copy.ledger.store.create_many([(_job(local, clock.t, local.choice([4, 8, 12, 20, 30, 36]) * GIB,
+                                             local.choice([1, 1, 1, 2, 3])), None) for _ in range(40)])
+
+    fewer = False
+    for step in range(25):
+        clock.t += rng.choice([1.0, 9.0, 31.0, 75.0])
+        running = sorted(copies[0].ledger.store.ids_in_state(JobState.RUNNING))
+        for gone in rng.sample(running, min(len(running), rng.choice([0, 2, 4, 6]))):  # several end at once
+            _apply(copies, clock, lambda c, _clk, j=gone: c.ledger.transition(j, JobState.SUCCEEDED))
+        if rng.random() < 0.3:  # a job arrives
+            drawn = rng.random()
+            _apply(copies, clock, lambda c, clk, d=drawn: c.ledger.store.create_many(
+                [(_job(random.Random(d), clk.t, (4 + int(d * 30)) * GIB), None)]))
+        results, placed = [], []
+        for copy in copies:
+            calls["place"] = 0
+            results.append(copy.dispatcher.dispatch_pass())
+            placed.append(calls["place"])
+        fewer = fewer or placed[1] < placed[0]
+        assert results[0] == results[1], (step, results)
+        assert [s[0] for s in copies[0].started] == [s[0] for s in copies[1].started], step
+        for copy in copies:
+            for job_id, token, node, card in copy.started:
+                copy.ledger.claim(job_id, token, f"card{card}@{node}")
+            copy.started.clear()
+        last_id = _last_id(copies[0])
+        assert _state(r, copies[0], last_id) == _state(r, copies[1], last_id), (seed, step)
+    assert fewer, "the shortcut never skipped a place: the comparison proved nothing"
