@@ -235,17 +235,18 @@ def _follow_one(get: Callable[[], Job], job: Job, attempt: int, out: BinaryIO,
     path = attempt_logs(job)[attempt]
     fh = None
     follower: CutFollower | None = None
+    opened = False  # the log was here once: never said to be elsewhere after
     told_missing = False
     missing_since: float | None = None
 
     def open_if_there() -> None:
-        nonlocal fh, follower
+        nonlocal fh, follower, opened
         if fh is None and exists(path):
             try:
                 fh = open_log(path)  # kept open while the attempt runs
             except FileNotFoundError:
                 return  # deleted again between the look and the open: the next poll looks again
-            follower = CutFollower(fh, path)
+            follower, opened = CutFollower(fh, path), True
 
     def copy() -> None:
         """Print what the log has now; if its keeper made it again (it was deleted), print the
@@ -276,11 +277,11 @@ def _follow_one(get: Callable[[], Job], job: Job, attempt: int, out: BinaryIO,
             if over:
                 if fh is not None:
                     copy()  # whatever was written before the end was seen
-                elif not told_missing:
+                elif not told_missing and not opened:
                     say(clean(f"(attempt {attempt} left no log file here: {path}; it ran on "
                               f"{where(job, attempt)})"))
                 return job
-            if fh is None and follower is None and job.state is JobState.RUNNING:
+            if fh is None and not opened and job.state is JobState.RUNNING:
                 missing_since = missing_since or time.monotonic()
             if fh is None and missing_since and not told_missing and time.monotonic() - missing_since >= MISSING_SAY_S:
                 told_missing = True

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from rig import logkeeper
+from rig.cli import logview
 from rig.cli.logview import show_log
 from rig.logkeeper import LogCopy
 from rig.memory import GIB
@@ -49,9 +50,11 @@ class Keeper:
         self.copy._check_at = 0.0 if yes else float("inf")
 
 
-def _follow(log: Path, moments: list[Callable[[], None] | None], final_at: int) -> tuple[str, list[str], dict]:
+def _follow(log: Path, moments: list[Callable[[], None] | None], final_at: int,
+            lost_opens: frozenset[int] = frozenset()) -> tuple[str, list[str], dict]:
     """Follow the job: before poll i, ``moments[i]`` runs; the record says SUCCEEDED from
-    ``final_at`` on. Returns (stdout, rig's lines, counts of polls, sleeps and opens)."""
+    ``final_at`` on; the opens numbered in ``lost_opens`` (1 first) find the file gone.
+    Returns (stdout, rig's lines, counts of polls, sleeps and opens)."""
     counts = {"gets": 0, "sleeps": 0, "opens": 0}
 
     def get() -> Job:
@@ -68,6 +71,8 @@ def _follow(log: Path, moments: list[Callable[[], None] | None], final_at: int) 
 
     def open_log(path: str):  # noqa: ANN202
         counts["opens"] += 1
+        if counts["opens"] in lost_opens:
+            raise FileNotFoundError(path)  # deleted again between the follower's look and its open
         return open(path, "rb")  # noqa: SIM115 - show_log closes it
 
     out, said = io.BytesIO(), []
@@ -123,6 +128,27 @@ def test_a_log_made_again_as_the_job_ends_is_printed_to_its_end(tmp_path):
     text, said, counts = _follow(log, [None, deleted_made_again_and_ended], final_at=1)
     assert _numbers(text) == list(range(7))
     assert sum(MADE_AGAIN in line for line in said) == 1 and counts["opens"] == 2
+    keeper.copy.close()
+
+
+def test_a_log_gone_again_as_it_is_reopened_is_opened_at_the_next_poll(tmp_path, monkeypatch):
+    """The new file vanishes between the follower's look and its open: the next poll opens it
+    (from its start); the log is never said to be on another machine."""
+    log = tmp_path / "jobs" / "7" / "attempt-1.log"
+    keeper = Keeper(log)
+    keeper.write(3)
+
+    def made_again() -> None:
+        log.unlink()
+        keeper.looks_at_once(True)
+        keeper.write(3)
+
+    monkeypatch.setattr(logview, "MISSING_SAY_S", 0.0)  # a log missing that long is said to be elsewhere
+    moments = [None, made_again, None, lambda: keeper.write(2)]
+    text, said, counts = _follow(log, moments, final_at=len(moments) - 1, lost_opens=frozenset({2}))
+    assert _numbers(text) == list(range(8))
+    assert sum(MADE_AGAIN in line for line in said) == 1 and counts["opens"] == 3
+    assert not [line for line in said if "waiting for" in line or "left no log" in line], said
     keeper.copy.close()
 
 
