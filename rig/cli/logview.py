@@ -9,7 +9,10 @@ asked for by name, so it is not filtered). rig's own lines go to stderr, so
 - with ``-f``, when the job is final: ``--- job 12 SUCCEEDED after 2 attempt(s) ---``;
 - with ``-f`` on a job that is waiting (at first, and again when a retry puts it back in the
   queue), at once: ``--- job 12 is waiting: <why> ---``, the one wait explanation
-  (rig.waiting), so following a job that cannot start is never silent.
+  (rig.waiting), so following a job that cannot start is never silent;
+- with ``-f``, when the log was deleted while the attempt runs and its keeper made it again:
+  ``--- job 12, attempt 1: its log PATH was deleted and made again (seen at 14:20:03);
+  following the new file from its start ---`` (:meth:`CutFollower.replaced`).
 
 ``-f`` follows the latest attempt, and when that attempt fails and is retried, the next one
 (a retried job goes back to PENDING and gets a new log file), until the job is final:
@@ -231,26 +234,54 @@ def _follow_one(get: Callable[[], Job], job: Job, attempt: int, out: BinaryIO,
     has a log, or the job is final); then print what is left and return the job as last read."""
     path = attempt_logs(job)[attempt]
     fh = None
+    follower: CutFollower | None = None
+    opened = False  # the log was here once: never said to be elsewhere after
     told_missing = False
     missing_since: float | None = None
+
+    def open_if_there() -> None:
+        nonlocal fh, follower, opened
+        if fh is None and exists(path):
+            try:
+                fh = open_log(path)  # kept open while the attempt runs
+            except FileNotFoundError:
+                return  # deleted again between the look and the open: the next poll looks again
+            follower, opened = CutFollower(fh, path), True
+
+    def copy() -> None:
+        """Print what the log has now; if its keeper made it again (it was deleted), print the
+        old file to its end, then the new one from its start (rig.logkeeper.LogCopy)."""
+        nonlocal fh, follower
+        if fh is None or follower is None:
+            return
+        follower.copy(out)
+        if not follower.replaced(path):
+            return
+        # Seen after the new file's name: the keeper writes no more into the old one.
+        follower.copy(out)
+        fh.close()
+        fh = follower = None
+        say(clean(f"--- job {job.id}, attempt {attempt}: its log {path} was deleted and made again "
+                  f"(seen at {time.strftime('%H:%M:%S')}); following the new file from its start ---"))
+        open_if_there()
+        if follower is not None:
+            follower.copy(out)
+
     try:
         while True:
             # Over: final, a later attempt has a log, or the job is back in the queue for a retry.
             over = (job.state.terminal or last_attempt(job) > attempt
                     or (job.state is JobState.PENDING and last_attempt(job) == attempt))
-            if fh is None and exists(path):
-                fh = open_log(path)  # kept open while the attempt runs
-                follower = CutFollower(fh, path)
-            if fh is not None:
-                follower.copy(out)
+            open_if_there()
+            copy()
             if over:
                 if fh is not None:
-                    follower.copy(out)  # whatever was written before the end was seen
-                elif not told_missing:
+                    copy()  # whatever was written before the end was seen
+                elif not told_missing and not opened:
                     say(clean(f"(attempt {attempt} left no log file here: {path}; it ran on "
                               f"{where(job, attempt)})"))
                 return job
-            if fh is None and job.state is JobState.RUNNING:
+            if fh is None and not opened and job.state is JobState.RUNNING:
                 missing_since = missing_since or time.monotonic()
             if fh is None and missing_since and not told_missing and time.monotonic() - missing_since >= MISSING_SAY_S:
                 told_missing = True
@@ -300,6 +331,24 @@ class CutFollower:
             self.fd = fh.fileno()
         except (AttributeError, OSError, ValueError):
             pass
+
+    def replaced(self, path: str) -> bool:
+        """Was the log deleted and made again under the follower? True when the file it reads
+        has no name any more (``st_nlink`` 0) and ``path`` names another file (device, inode):
+        the keeper makes the log again only once the old one has no name (rig.logkeeper.LogCopy),
+        and then writes only into the new one. A log renamed away still has a name, and its
+        keeper still writes there: it is followed on. Two stats a poll at most (one while the
+        log is whole); False for a log it cannot stat (one read through the gateway)."""
+        if self.fd < 0:
+            return False
+        try:
+            mine = os.fstat(self.fd)
+            if mine.st_nlink:
+                return False
+            now = os.stat(path)
+        except OSError:
+            return False  # not made again yet: the keeper may still write into the old file
+        return (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino)
 
     def _note_cut(self) -> int:
         try:

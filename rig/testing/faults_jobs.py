@@ -6,18 +6,26 @@
 - **a job floods its log**: 300 MB written as fast as a pipe takes it against a 1 MiB
   ``log_max_bytes``; the log file, sampled while it grows, never passes the cap + 4 KiB, the
   job ends SUCCEEDED with its last line kept, and its log keeper has let go of the log.
+- **a card's log keeper SIGKILLed**: two jobs on one card each write a numbered line every few
+  ms; the card's keeper is SIGKILLed while both run. Both must end SUCCEEDED on attempt 1, each
+  log holding lines from before and after with one line saying the keeper was replaced, and at
+  most one read of output (rig.logkeeper.read_size, and never more than the pipe held)
+  missing, in one gap.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import signal
 import threading
 from pathlib import Path
 
 from rig.errors import InvalidInput
+from rig.logkeeper import read_size
 from rig.logs import job_folder
 from rig.models import JobState
-from rig.testing.faults import Scenario, ScenarioResult
+from rig.testing.faults import Scenario, ScenarioResult, _wait
 from workers.card_runner import read_pid_file
 from workers.process_tree import holds_file, is_alive
 
@@ -120,7 +128,111 @@ def log_flood(workdir: Path, *, cap: int = 1 << 20, nbytes: int = 300_000_000) -
         sc.close()
 
 
+#: A numbered line ("line <n>") every 5 ms or so, until the go-file; then the last line.
+COUNTER = 'i=0; while [ ! -f "$GO" ]; do echo "line $i"; i=$((i+1)); sleep 0.005; done; echo last-line'
+#: rig.logkeeper.restart_line, as it reads in a log.
+RESTARTED = re.compile(rb"\[rig: the log keeper \(pid (\d+)\) died at [0-9:]+; a new one took this log over")
+#: A job's output pipe's capacity (bytes): Linux's default, which rig never changes.
+PIPE_BYTES = 64 << 10
+#: Numbered lines each log must hold before the kill, and after the new keeper's line.
+LINES_EACH_SIDE = 200
+
+
+def counters(text: bytes) -> list[int]:
+    """The numbers of the "line <n>" lines of a log, in the order they are in it."""
+    return [int(n) for n in re.findall(rb"^line (\d+)$", text, re.M)]
+
+
+def missing_counters(numbers: list[int]) -> tuple[list[int], int]:
+    """(the counters missing between the first and the last, the number of gaps they form)."""
+    seen = set(numbers)
+    missing = [n for n in range(numbers[0], numbers[-1] + 1) if n not in seen] if numbers else []
+    gaps = sum(1 for i, n in enumerate(missing) if i == 0 or missing[i - 1] != n - 1)
+    return missing, gaps
+
+
+def keeper_sigkill(workdir: Path) -> ScenarioResult:
+    sc = Scenario(workdir, "a card's log keeper SIGKILLed under two jobs", "SIGKILL of card0's log keeper",
+                  fake_gpus="1x80G")
+    try:
+        sc.node.up()
+        ids = [sc.submit(body=COUNTER, gpu_memory="10G") for _ in range(2)]
+        sc.wait_running(ids)
+        store = sc.node.client.store
+        logs = {j.id: job_folder(sc.node.settings.job_log_dir, j.id, j.instance) / "attempt-1.log"
+                for j in store.get_many(ids)}
+        cards = {tuple(j.cards) for j in store.get_many(ids)}
+        if cards != {(0,)}:
+            sc.result.problems.append(f"the two jobs are not both on card 0: {cards}")
+
+        def keepers() -> set[tuple[int, int]]:
+            noted = [read_pid_file(log.with_suffix(".pid")) for log in logs.values()]
+            return {(n[3], n[4] or 0) for n in noted if n and n[3]}
+
+        def lines(log: Path, after_restart: bool = False) -> int:
+            """Numbered lines in ``log`` (after the new keeper's line, with ``after_restart``)."""
+            text = log.read_bytes() if log.exists() else b""
+            if after_restart:
+                found = RESTARTED.search(text)
+                text = text[found.end():] if found else b""
+            return len(counters(text))
+
+        _wait(lambda: len(keepers()) == 1 and all(lines(log) >= LINES_EACH_SIDE for log in logs.values()),
+              60, "both jobs to write through one keeper")
+        ((dead, dead_start),) = keepers()  # the card's keeper copies both logs
+        if not is_alive(dead, dead_start):
+            sc.result.problems.append(f"the card's keeper {dead} was gone before the kill")
+        os.kill(dead, signal.SIGKILL)
+        try:
+            _wait(lambda: all(lines(log, after_restart=True) >= LINES_EACH_SIDE for log in logs.values()), 60,
+                  "both logs to go on under a new keeper")
+        except TimeoutError as exc:
+            sc.result.problems.append(str(exc))  # and the jobs are still counted as they end
+        replaced_by = keepers()
+        finals = sc.finish(timeout=60)
+        if is_alive(dead, dead_start):
+            sc.result.problems.append(f"the SIGKILLed keeper {dead} is still alive")
+        if not replaced_by or any(pid == dead for pid, _ in replaced_by):
+            sc.result.problems.append(f"the pid files do not name a new keeper (still {dead})")
+        # What the dead keeper can have read and not written: one read, never more than the
+        # pipe held (Linux's default 64 KiB; rig never resizes a job's pipe).
+        limit = min(read_size(sc.node.settings.log_max_bytes), PIPE_BYTES)
+        for jid, log in logs.items():
+            job = finals.get(jid)
+            if job is None or job.state is not JobState.SUCCEEDED or job.attempt != 1:
+                sc.result.problems.append(f"job {jid} did not succeed on attempt 1: "
+                                          f"{job and (job.state.value, job.attempt, job.reason)}")
+            elif "log keeper restarted once" not in (job.reason or ""):
+                sc.result.problems.append(f"job {jid}'s reason does not say its keeper was replaced: {job.reason!r}")
+            text = log.read_bytes() if log.exists() else b""
+            said = list(RESTARTED.finditer(text))
+            if [int(m.group(1)) for m in said] != [dead]:
+                sc.result.problems.append(f"job {jid}'s log says {len(said)} keeper restart(s), not one of {dead}")
+                continue
+            before, after = counters(text[:said[0].start()]), counters(text[said[0].end():])
+            if not before or before[0] != 0 or not after:
+                sc.result.problems.append(f"job {jid}'s log lacks lines from before or after the kill")
+            if not text.endswith(b"last-line\n"):
+                sc.result.problems.append(f"job {jid}'s log lost its last line")
+            if before + after != sorted(set(before + after)):
+                sc.result.problems.append(f"job {jid}'s log repeats lines or has them out of order")
+            missing, gaps = missing_counters(before + after)
+            lost = sum(len(b"line %d\n" % n) for n in missing)
+            sc.result.notes.append(f"job {jid}: {len(before)} lines before the kill, {len(after)} after, "
+                                   f"{len(missing)} missing ({lost} bytes, {gaps} gap(s); one read: {limit})")
+            if lost > limit or gaps > 1:
+                sc.result.problems.append(f"job {jid} lost {len(missing)} line(s), {lost} bytes in {gaps} "
+                                          f"gap(s): more than one read ({limit} bytes)")
+            for pid, start in replaced_by:
+                if is_alive(pid, start) and holds_file(pid, log):
+                    sc.result.orphans += 1  # the new keeper must have let go of an ended job's log
+        return sc.result
+    finally:
+        sc.close()
+
+
 SCENARIOS = [
     ("operator-environment", operator_environment),
     ("log-flood", log_flood),
+    ("keeper-sigkill", keeper_sigkill),
 ]
