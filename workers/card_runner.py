@@ -678,7 +678,12 @@ class CardRunner:
                     next_cap = now + LOG_CAP_POLL_S
                     if not active.has_keeper:
                         _cap_quietly(active, self.settings.log_max_bytes)
-                    if log_file is not None and _inode(active.log_path) != log_file:
+                    current = _inode(active.log_path)
+                    if log_file is None and not active.log_deleted_said:
+                        # The keeper makes the file at the job's first output, which may come
+                        # after supervision began (seen under load): watch it from then on.
+                        log_file = current
+                    elif log_file is not None and current != log_file:
                         log_file = None
                         active.log_deleted_said = True
                         log.warning("job %s: its log %s was deleted while it runs (its folder, or the file); its "
