@@ -103,12 +103,13 @@ def header(job: Job, attempt: int, of: int | None = None) -> str:
     return clean(f"--- job {job.id}, attempt {attempt}{count} ({where(job, attempt)}) ---")
 
 
-def cut_note(job: Job, attempt: int, path: str) -> str | None:
+def cut_note(job: Job, attempt: int, path: str, words: str = "") -> str | None:
     """``--- job 4, attempt 1: log incomplete: disk full (ENOSPC) ...; 1.2 MiB of output lost ---``
     for an attempt whose log is not whole (a full disk, or cut to ``log_max_bytes``), None for a
     whole one: from the note file beside the log (rig.logspace, current while it runs), else
-    the words the attempt's history row carries."""
-    text = logspace.describe_note(logspace.read_note(Path(path).with_suffix(".note")))
+    ``words`` (the note as the gateway read it: :func:`note_words`), else the words the
+    attempt's history row carries."""
+    text = logspace.describe_note(logspace.read_note(Path(path).with_suffix(".note"))) or words
     if not text:
         for item in job.attempts:
             if item.get("attempt") == attempt:
@@ -119,6 +120,13 @@ def cut_note(job: Job, attempt: int, path: str) -> str | None:
 
 #: The note as rig.logspace.describe_note words it, inside an attempt row's summary "(...)".
 _NOTE_WORDS = re.compile(r"(log (?:incomplete|cut): .*?)\)?$")
+
+
+def note_words(fh: object) -> str:
+    """The keeper's note in words for a log read through the gateway (one request:
+    rig.gateway.client._RemoteLog.note_words), "" for a file read here (cut_note reads its note)."""
+    words = getattr(fh, "note_words", None)
+    return words() if callable(words) else ""
 
 
 def ran_here(job: Job, attempt: int, here: Callable[[str], bool] | None) -> bool:
@@ -175,10 +183,10 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
                                    f"attempt {n} ran on {where(job, n)}, this machine")
             raise InvalidInput(f"log file {path} is not on this machine (attempt {n} ran on "
                                f"{where(job, n)}; logs stay on the node that ran the job)")
-        say(header(job, n, last))
-        if note := cut_note(job, n, path):
-            say(note)
         with contextlib.closing(open_log(path)) as fh:
+            say(header(job, n, last))
+            if note := cut_note(job, n, path, note_words(fh)):
+                say(note)
             _copy(fh, out)
         return
 
@@ -205,8 +213,8 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
             if current not in attempt_logs(job):  # final, and no such attempt
                 break
             say(header(job, current))
-            job = _follow_one(get, job, current, out, say, sleep, open_log, exists)
-            if note := cut_note(job, current, attempt_logs(job)[current]):
+            job, words = _follow_one(get, job, current, out, say, sleep, open_log, exists)
+            if note := cut_note(job, current, attempt_logs(job)[current], words):
                 say(note)
         if attempt is not None or (job.state.terminal and last_attempt(job) <= current):
             break
@@ -230,9 +238,10 @@ def _waiting_line(job: Job, why: Callable[[Job], str | None]) -> str:
 def _follow_one(get: Callable[[], Job], job: Job, attempt: int, out: BinaryIO,
                 say: Callable[[str], None], sleep: Callable[[float], None],
                 open_log: Callable[[str], BinaryIO] = _open_file,
-                exists: Callable[[str], bool] = os.path.exists) -> Job:
+                exists: Callable[[str], bool] = os.path.exists) -> tuple[Job, str]:
     """Print attempt ``attempt``'s log as it grows, until that attempt is over (a later one
-    has a log, or the job is final); then print what is left and return the job as last read."""
+    has a log, or the job is final); then print what is left and return the job as last read,
+    and the keeper's note in words as the gateway read it at the end ("" read here: note_words)."""
     path = attempt_logs(job)[attempt]
     fh = None
     follower: CutFollower | None = None
@@ -281,7 +290,7 @@ def _follow_one(get: Callable[[], Job], job: Job, attempt: int, out: BinaryIO,
                 elif not told_missing and not opened:
                     say(clean(f"(attempt {attempt} left no log file here: {path}; it ran on "
                               f"{where(job, attempt)})"))
-                return job
+                return job, note_words(fh) if fh is not None else ""
             if fh is None and not opened and job.state is JobState.RUNNING:
                 missing_since = missing_since or time.monotonic()
             if fh is None and missing_since and not told_missing and time.monotonic() - missing_since >= MISSING_SAY_S:

@@ -392,6 +392,14 @@ class _RemoteLog(io.RawIOBase):
                     probe=base64.b64decode(answer.get("probe") or ""), data=data,
                     ident=(int(answer["dev"]), int(answer["ino"])))
 
+    def note_words(self) -> str:
+        """The keeper's note beside the log in words (rig.logspace.describe_note), "" for a whole
+        log, a gone one, or from a gateway too old to say (cut_note then uses the job's record)."""
+        offset = self.offset
+        look = self.look(offset, 0, None, 1)
+        self.offset = offset  # read() goes on from where it was
+        return self.note if look is not None and not look.gone else ""
+
     def readinto(self, buffer) -> int:  # noqa: ANN001
         data = self.read(len(buffer))
         buffer[:len(data)] = data

@@ -21,7 +21,7 @@ from pathlib import Path
 import fakeredis
 import pytest
 
-from rig import logkeeper
+from rig import logkeeper, logspace
 from rig.cli.logview import show_log
 from rig.client import Client
 from rig.config import load_settings
@@ -195,19 +195,26 @@ def test_a_log_gone_a_while_before_it_is_made_again(gateway):
 
 
 @pytest.mark.parametrize("fast", [False, True], ids=["read-before-cut", "cut-before-read"])
-def test_a_log_cut_to_its_cap_is_followed_as_when_read_directly(gateway, fast):
+def test_a_log_cut_to_its_cap_is_followed_as_when_read_directly(gateway, fast, monkeypatch):
     """The keeper cuts the log in place (head, marker, newest output). Read before the cut:
     every line once; a fast writer, whose output was cut before it was read: the marker where
-    the file has it, then the lines on without a gap, to the job's last."""
+    the file has it, then the lines on without a gap, to the job's last. rig's note that the
+    log was cut comes through the gateway too."""
     gw, client, job_id = gateway
+    read_note = logspace.read_note
+    # The follower's process cannot read the note itself (as a user outside the log folder);
+    # the gateway reads it through its own descriptor.
+    monkeypatch.setattr(logspace, "read_note",
+                        lambda path: read_note(path) if str(path).startswith("/proc/self/fd/") else {})
     step = 2000 if fast else 300  # lines between two polls: ~110 kB (past the cap) or ~16 kB
 
     def script(keeper: Keeper, log: Path) -> list[Callable[[], None] | None]:
         return [None, *[(lambda: keeper.write(step)) for _ in range(6)], lambda: keeper.write(5)]
 
-    (direct, _, _, _), (gated, said, counts, keeper) = _both(gw, client, job_id, script, cap=CAP)
+    (direct, said_d, _, _), (gated, said, counts, keeper) = _both(gw, client, job_id, script, cap=CAP)
     assert keeper.copy.cut > 0, "the log was never cut: the test tests nothing"
     assert _same(gated, direct)
+    assert sum("log cut:" in line for line in said) == 1, said  # the one line after the attempt
     numbers = _numbers(gated)
     assert numbers == sorted(set(numbers)) and numbers[-1] == keeper.n - 1
     if fast:
@@ -230,6 +237,7 @@ def test_an_older_gateway_without_log_look_is_followed_as_before(gateway, monkey
     text, said, counts = _follow(log, [None, lambda: keeper.write(5), None, lambda: keeper.write(5)],
                                  client=client, job_id=job_id)
     assert _numbers(text) == list(range(15))
+    assert not [line for line in said if "Traceback" in line or "no operation" in line], said
     assert counts["sleeps"] == counts["gets"] - 1
     keeper.copy.close()
 
