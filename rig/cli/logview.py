@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol, cast
 
 from rig import logspace
 from rig.errors import InvalidInput
@@ -328,6 +328,17 @@ class Look:
     gone: bool = False
 
 
+class LogSource(Protocol):
+    """What CutFollower reads a log through: the open file (_OpenFile) or the gateway
+    (rig.gateway.client._RemoteLog)."""
+
+    def look(self, pos: int, back: int, probe: tuple[int, int] | None, want: int) -> Look | None:
+        """The facts at ``pos`` (see Look); None where they cannot be had (an older gateway)."""
+
+    def read_at(self, pos: int, size: int) -> bytes:
+        """Up to ``size`` bytes from ``pos`` (b"" past the end, or while the log is gone)."""
+
+
 class _OpenFile:
     """A log this process reads itself: an open file (kept open, so a log deleted under it is
     read to its end) and its note beside it."""
@@ -382,9 +393,9 @@ class CutFollower:
         self.fd = -1
         self.ident: tuple[int, int] | None = None  # the file read, where a look names it (gateway)
         self.remade = False  # a look found another file under the path (gateway)
-        self.source: _OpenFile | None | object = None  # has look() and read_at(); None: copied as read
+        self.source: LogSource | None = None  # None: copied as read
         if hasattr(fh, "look") and hasattr(fh, "read_at"):
-            self.source = fh
+            self.source = cast(LogSource, fh)
             return
         try:
             fh.tell()
@@ -428,7 +439,8 @@ class CutFollower:
         ``remade``), or the source cannot look (an old gateway: the follower copies as read)."""
         source = self.source
         probe = None if self.marker is None else (self.marker[0], self.marker[1] - self.marker[0] + 32)
-        look = source.look(self.pos, len(self.last), probe, self.READ_MAX)  # type: ignore[union-attr]
+        assert source is not None
+        look = source.look(self.pos, len(self.last), probe, self.READ_MAX)
         if look is None:
             self.source = None
             return None
@@ -487,7 +499,8 @@ class CutFollower:
         read yet was cut."""
         done = self._output_at(self.pos)
         head = b""
-        while len(head) < done + (1 << 16) and (chunk := self.source.read_at(len(head), CHUNK)):  # type: ignore[union-attr]
+        assert self.source is not None
+        while len(head) < done + (1 << 16) and (chunk := self.source.read_at(len(head), CHUNK)):
             head += chunk
             if find_marker(head) is not None:
                 break

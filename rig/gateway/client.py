@@ -355,16 +355,25 @@ class _RemoteLog(io.RawIOBase):
         want = LOG_READ if size is None or size < 0 else min(size, LOG_READ)
         chunks = []
         while True:
-            data = self.read_at(self.offset, want)
+            data = self._read(self.offset, want)
             self.offset += len(data)
             chunks.append(data)
             if size is not None and size >= 0 or len(data) < want:
                 return b"".join(chunks)
 
-    def read_at(self, pos: int, size: int) -> bytes:
-        """Up to ``size`` bytes (at most LOG_READ) from ``pos``."""
+    def _read(self, pos: int, size: int) -> bytes:
         return base64.b64decode(self.client.call("log_read", job_id=self.job_id, path=self.path,
                                                  offset=pos, size=min(size, LOG_READ)))
+
+    def read_at(self, pos: int, size: int) -> bytes:
+        """Up to ``size`` bytes (at most LOG_READ) from ``pos``, for the follower's look back
+        after a cut; b"" while the log is gone (it looks again at its next poll)."""
+        offset = self.offset
+        look = self.look(pos, 0, None, size)
+        self.offset = offset
+        if look is None:
+            return self._read(pos, size)
+        return look.data
 
     def look(self, pos: int, back: int, probe: tuple[int, int] | None, want: int) -> Look | None:
         """One look at the log from ``pos`` (rig.gateway.server.Gateway.op_log_look); None from a
