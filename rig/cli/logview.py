@@ -14,6 +14,12 @@ asked for by name, so it is not filtered). rig's own lines go to stderr, so
   ``--- job 12, attempt 1: its log PATH was deleted and made again (seen at 14:20:03);
   following the new file from its start ---`` (:meth:`CutFollower.replaced`).
 
+A user who cannot read the log folder reads through the gateway (rig.gateway.client._RemoteLog):
+each poll is one request that brings the file's size, identity and the keeper's note with the
+bytes (Gateway.op_log_look), and the same CutFollower rules see a cut or a log made again. The
+gateway opens the log by its name at each request, so what a deleted file got after the last
+poll is not shown there; a gateway older than log_look is read as before (neither is seen).
+
 ``-f`` follows the latest attempt, and when that attempt fails and is retried, the next one
 (a retried job goes back to PENDING and gets a new log file), until the job is final:
 SUCCEEDED, FAILED, CANCELLED or TIMEOUT, none of which has a retry pending. Ctrl-C stops
