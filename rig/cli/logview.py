@@ -14,6 +14,12 @@ asked for by name, so it is not filtered). rig's own lines go to stderr, so
   ``--- job 12, attempt 1: its log PATH was deleted and made again (seen at 14:20:03);
   following the new file from its start ---`` (:meth:`CutFollower.replaced`).
 
+A user who cannot read the log folder reads through the gateway (rig.gateway.client._RemoteLog):
+each poll is one request that brings the file's size, identity and the keeper's note with the
+bytes (Gateway.op_log_look), and the same CutFollower rules see a cut or a log made again. The
+gateway opens the log by its name at each request, so what a deleted file got after the last
+poll is not shown there; a gateway older than log_look is read as before (neither is seen).
+
 ``-f`` follows the latest attempt, and when that attempt fails and is retried, the next one
 (a retried job goes back to PENDING and gets a new log file), until the job is final:
 SUCCEEDED, FAILED, CANCELLED or TIMEOUT, none of which has a retry pending. Ctrl-C stops
@@ -34,8 +40,9 @@ import re
 import socket
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol, cast
 
 from rig import logspace
 from rig.errors import InvalidInput
@@ -102,12 +109,13 @@ def header(job: Job, attempt: int, of: int | None = None) -> str:
     return clean(f"--- job {job.id}, attempt {attempt}{count} ({where(job, attempt)}) ---")
 
 
-def cut_note(job: Job, attempt: int, path: str) -> str | None:
+def cut_note(job: Job, attempt: int, path: str, words: str = "") -> str | None:
     """``--- job 4, attempt 1: log incomplete: disk full (ENOSPC) ...; 1.2 MiB of output lost ---``
     for an attempt whose log is not whole (a full disk, or cut to ``log_max_bytes``), None for a
     whole one: from the note file beside the log (rig.logspace, current while it runs), else
-    the words the attempt's history row carries."""
-    text = logspace.describe_note(logspace.read_note(Path(path).with_suffix(".note")))
+    ``words`` (the note as the gateway read it: :func:`note_words`), else the words the
+    attempt's history row carries."""
+    text = logspace.describe_note(logspace.read_note(Path(path).with_suffix(".note"))) or words
     if not text:
         for item in job.attempts:
             if item.get("attempt") == attempt:
@@ -118,6 +126,13 @@ def cut_note(job: Job, attempt: int, path: str) -> str | None:
 
 #: The note as rig.logspace.describe_note words it, inside an attempt row's summary "(...)".
 _NOTE_WORDS = re.compile(r"(log (?:incomplete|cut): .*?)\)?$")
+
+
+def note_words(fh: object) -> str:
+    """The keeper's note in words for a log read through the gateway (one request:
+    rig.gateway.client._RemoteLog.note_words), "" for a file read here (cut_note reads its note)."""
+    words = getattr(fh, "note_words", None)
+    return words() if callable(words) else ""
 
 
 def ran_here(job: Job, attempt: int, here: Callable[[str], bool] | None) -> bool:
@@ -174,10 +189,10 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
                                    f"attempt {n} ran on {where(job, n)}, this machine")
             raise InvalidInput(f"log file {path} is not on this machine (attempt {n} ran on "
                                f"{where(job, n)}; logs stay on the node that ran the job)")
-        say(header(job, n, last))
-        if note := cut_note(job, n, path):
-            say(note)
         with contextlib.closing(open_log(path)) as fh:
+            say(header(job, n, last))
+            if note := cut_note(job, n, path, note_words(fh)):
+                say(note)
             _copy(fh, out)
         return
 
@@ -204,8 +219,8 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
             if current not in attempt_logs(job):  # final, and no such attempt
                 break
             say(header(job, current))
-            job = _follow_one(get, job, current, out, say, sleep, open_log, exists)
-            if note := cut_note(job, current, attempt_logs(job)[current]):
+            job, words = _follow_one(get, job, current, out, say, sleep, open_log, exists)
+            if note := cut_note(job, current, attempt_logs(job)[current], words):
                 say(note)
         if attempt is not None or (job.state.terminal and last_attempt(job) <= current):
             break
@@ -229,9 +244,10 @@ def _waiting_line(job: Job, why: Callable[[Job], str | None]) -> str:
 def _follow_one(get: Callable[[], Job], job: Job, attempt: int, out: BinaryIO,
                 say: Callable[[str], None], sleep: Callable[[float], None],
                 open_log: Callable[[str], BinaryIO] = _open_file,
-                exists: Callable[[str], bool] = os.path.exists) -> Job:
+                exists: Callable[[str], bool] = os.path.exists) -> tuple[Job, str]:
     """Print attempt ``attempt``'s log as it grows, until that attempt is over (a later one
-    has a log, or the job is final); then print what is left and return the job as last read."""
+    has a log, or the job is final); then print what is left and return the job as last read,
+    and the keeper's note in words as the gateway read it at the end ("" read here: note_words)."""
     path = attempt_logs(job)[attempt]
     fh = None
     follower: CutFollower | None = None
@@ -280,7 +296,7 @@ def _follow_one(get: Callable[[], Job], job: Job, attempt: int, out: BinaryIO,
                 elif not told_missing and not opened:
                     say(clean(f"(attempt {attempt} left no log file here: {path}; it ran on "
                               f"{where(job, attempt)})"))
-                return job
+                return job, note_words(fh) if fh is not None else ""
             if fh is None and not opened and job.state is JobState.RUNNING:
                 missing_since = missing_since or time.monotonic()
             if fh is None and missing_since and not told_missing and time.monotonic() - missing_since >= MISSING_SAY_S:
@@ -300,19 +316,74 @@ def _copy(fh: BinaryIO, out: BinaryIO) -> None:
     out.flush()
 
 
+@dataclass(frozen=True)
+class Look:
+    """What one look at a followed log finds (one fstat and a few preads, or one gateway request:
+    rig.gateway.server.Gateway.op_log_look). Positions and sizes in bytes.
+
+    ``ident`` is the (device, inode) of the file the path names now, where the reader cannot
+    hold the file itself open (the gateway opens the log by name at each request), else None
+    (an open file is its own identity). ``gone``: the path names no file just now."""
+
+    size: int = 0  # the file's size now
+    cap_cut: int = 0  # bytes of output the keeper's note says were cut in all
+    before: bytes = b""  # the bytes just before the place asked for (at most ``back``)
+    probe: bytes = b""  # the bytes at the range asked for (the marker's place)
+    data: bytes = b""  # the bytes from the place asked for (at most ``want``)
+    ident: tuple[int, int] | None = None
+    gone: bool = False
+
+
+class LogSource(Protocol):
+    """What CutFollower reads a log through: the open file (_OpenFile) or the gateway
+    (rig.gateway.client._RemoteLog)."""
+
+    def look(self, pos: int, back: int, probe: tuple[int, int] | None, want: int) -> Look | None:
+        """The facts at ``pos`` (see Look); None where they cannot be had (an older gateway)."""
+
+    def read_at(self, pos: int, size: int) -> bytes:
+        """Up to ``size`` bytes from ``pos`` (b"" past the end, or while the log is gone)."""
+
+
+class _OpenFile:
+    """A log this process reads itself: an open file (kept open, so a log deleted under it is
+    read to its end) and its note beside it."""
+
+    def __init__(self, fd: int, path: str) -> None:
+        self.fd, self.note = fd, Path(path).with_suffix(".note")
+
+    def look(self, pos: int, back: int, probe: tuple[int, int] | None, want: int) -> Look:
+        try:
+            cut = int(logspace.read_note(self.note).get("cap_cut") or 0)
+        except (TypeError, ValueError):
+            cut = 0
+        return Look(size=os.fstat(self.fd).st_size, cap_cut=cut,
+                    before=os.pread(self.fd, back, pos - back) if back else b"",
+                    probe=os.pread(self.fd, probe[1], probe[0]) if probe else b"",
+                    data=os.pread(self.fd, want, pos) if want else b"")
+
+    def read_at(self, pos: int, size: int) -> bytes:
+        return os.pread(self.fd, size, pos)
+
+
 class CutFollower:
     """Copies a running attempt's log while its keeper may cut it in place
-    (rig.logs.enforce_size_cap: the head stays, then a marker line, then the newest output). A
-    follower that kept its place in the *file* would, after a cut, be past the file's end or in
-    the middle of the newest output: it would skip output and miss the job's last lines. This
-    one keeps its place in the job's *output*. A cut is seen when the marker's count moved, the
-    file shrank under its place, the bytes just before its place changed, or the keeper's note
-    counts more cut; it then finds the marker and goes on from the same output in the newest
-    part, or, when output it had not read yet was cut, prints the marker line and goes on after
-    it. It takes no lock: the card's one keeper must never wait on a reader (a stopped
-    `rig log -f`, or a user's own, would stall every job of the card), so a read that falls in
-    the middle of a cut can still show a glitch in what it prints, never in the log. A log it
-    cannot stat or seek (one read through the gateway) is copied as it reads."""
+    (rig.logs.enforce_size_cap: the head stays, then a marker line, then the newest output), or
+    delete it and make it again (rig.logkeeper.LogCopy). A follower that kept its place in the
+    *file* would, after a cut, be past the file's end or in the middle of the newest output: it
+    would skip output and miss the job's last lines. This one keeps its place in the job's
+    *output*. A cut is seen when the marker's count moved, the file shrank under its place, the
+    bytes just before its place changed, or the keeper's note counts more cut; it then finds the
+    marker and goes on from the same output in the newest part, or, when output it had not read
+    yet was cut, prints the marker line and goes on after it. It takes no lock: the card's one
+    keeper must never wait on a reader (a stopped `rig log -f`, or a user's own, would stall
+    every job of the card), so a read that falls in the middle of a cut can still show a glitch
+    in what it prints, never in the log.
+
+    The same rules hold for a log read through the gateway (rig.gateway.client._RemoteLog, which
+    has ``look`` and ``read_at``): each look is one request that brings the facts with the bytes.
+    A gateway too old to give them (``look`` returns None), or a log that cannot be seeked, is
+    copied as read, as before."""
 
     #: Bytes kept from the end of what was read, to see the file change under the follower.
     TAIL = 64
@@ -321,24 +392,36 @@ class CutFollower:
 
     def __init__(self, fh: BinaryIO, path: str) -> None:
         self.fh = fh
-        self.note = Path(path).with_suffix(".note")
+        self.pos = 0  # the follower's place in the file (bytes)
         self.marker: tuple[int, int, int] | None = None  # (start, end, bytes cut) in the file now
-        self.cut_seen = self._note_cut()
+        self.cut_seen: int | None = None  # the note's count at the first look, then as seen
         self.last = b""  # the last bytes read, ending at the follower's place
         self.fd = -1
+        self.ident: tuple[int, int] | None = None  # the file read, where a look names it (gateway)
+        self.remade = False  # a look found another file under the path (gateway)
+        self.source: LogSource | None = None  # None: copied as read
+        if hasattr(fh, "look") and hasattr(fh, "read_at"):
+            self.source = cast(LogSource, fh)
+            return
         try:
             fh.tell()
             self.fd = fh.fileno()
         except (AttributeError, OSError, ValueError):
-            pass
+            return
+        self.pos = fh.tell()
+        self.source = _OpenFile(self.fd, path)
 
     def replaced(self, path: str) -> bool:
-        """Was the log deleted and made again under the follower? True when the file it reads
-        has no name any more (``st_nlink`` 0) and ``path`` names another file (device, inode):
-        the keeper makes the log again only once the old one has no name (rig.logkeeper.LogCopy),
-        and then writes only into the new one. A log renamed away still has a name, and its
-        keeper still writes there: it is followed on. Two stats a poll at most (one while the
-        log is whole); False for a log it cannot stat (one read through the gateway)."""
+        """Was the log deleted and made again under the follower? For a file it holds open: True
+        when that file has no name any more (``st_nlink`` 0) and ``path`` names another file
+        (device, inode): the keeper makes the log again only once the old one has no name
+        (rig.logkeeper.LogCopy), and then writes only into the new one. A log renamed away still
+        has a name, and its keeper still writes there: it is followed on. Two stats a poll at
+        most (one while the log is whole). For a log read by name (the gateway): True once a
+        look found another file under ``path`` than the one it read (the old one's last output,
+        unnamed, cannot be reached through the gateway)."""
+        if self.remade:
+            return True
         if self.fd < 0:
             return False
         try:
@@ -350,12 +433,6 @@ class CutFollower:
             return False  # not made again yet: the keeper may still write into the old file
         return (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino)
 
-    def _note_cut(self) -> int:
-        try:
-            return int(logspace.read_note(self.note).get("cap_cut") or 0)
-        except (TypeError, ValueError):
-            return 0
-
     def _output_at(self, pos: int) -> int:
         """The place in the job's output of file position ``pos``, by the marker seen last."""
         if self.marker is None or pos <= self.marker[0]:
@@ -363,49 +440,80 @@ class CutFollower:
         start, end, cut = self.marker
         return start + cut + max(0, pos - end)
 
+    def _look(self) -> Look | None:
+        """One look at the place reached; None when the file is gone, another one now (then
+        ``remade``), or the source cannot look (an old gateway: the follower copies as read)."""
+        source = self.source
+        probe = None if self.marker is None else (self.marker[0], self.marker[1] - self.marker[0] + 32)
+        assert source is not None
+        look = source.look(self.pos, len(self.last), probe, self.READ_MAX)
+        if look is None:
+            self.source = None
+            return None
+        if look.gone:
+            return None  # deleted, not made again yet: the next poll looks again
+        if look.ident is not None:
+            if self.ident is None:
+                self.ident = look.ident
+            elif look.ident != self.ident:
+                self.remade = True
+                return None
+        return look
+
     def copy(self, out: BinaryIO) -> None:
-        if self.fd < 0:
-            _copy(self.fh, out)
-            return
-        while True:
-            said = self._resync() if self._was_cut() else b""
-            data = self.fh.read(self.READ_MAX) or b""
+        while self.source is not None:
+            look = self._look()
+            if look is None:
+                if self.source is None:
+                    break  # copied as read from here on
+                return
+            said = b""
+            if self._was_cut(look):
+                said = self._resync()
+                look = self._look()
+                if look is None:
+                    out.write(said)
+                    out.flush()
+                    return
+            data = look.data
             if data:
+                self.pos += len(data)
                 self.last = (self.last + data)[-self.TAIL:]
             out.write(said + data)
             out.flush()
             if len(data) < self.READ_MAX:
                 return
+        _copy(self.fh, out)
 
-    def _was_cut(self) -> bool:
-        pos = self.fh.tell()
-        cut = self._note_cut()
-        if cut != self.cut_seen:
-            self.cut_seen = cut
+    def _was_cut(self, look: Look) -> bool:
+        if self.cut_seen is None:
+            self.cut_seen = look.cap_cut  # cut before the first look: the file is read in order
+        elif look.cap_cut != self.cut_seen:
+            self.cut_seen = look.cap_cut
             return True
-        if os.fstat(self.fd).st_size < pos:
+        if look.size < self.pos:
             return True
-        if self.last and os.pread(self.fd, len(self.last), pos - len(self.last)) != self.last:
+        if self.last and look.before != self.last:
             return True
         if self.marker is not None:
             start, end, count = self.marker
-            return find_marker(os.pread(self.fd, end - start + 32, start)) != (0, end - start, count)
+            return find_marker(look.probe) != (0, end - start, count)
         return False
 
     def _resync(self) -> bytes:
         """Go on from the same output after a cut; returns the marker's bytes when output not
         read yet was cut."""
-        done = self._output_at(self.fh.tell())
-        self.fh.seek(0)
+        done = self._output_at(self.pos)
         head = b""
-        while len(head) < done + (1 << 16) and (chunk := self.fh.read(CHUNK)):
+        assert self.source is not None
+        while len(head) < done + (1 << 16) and (chunk := self.source.read_at(len(head), CHUNK)):
             head += chunk
             if find_marker(head) is not None:
                 break
         self.marker = find_marker(head)
         self.last = b""
         if self.marker is None or done <= self.marker[0]:
-            self.fh.seek(done)  # still in the head, which a cut never changes
+            self.pos = done  # still in the head, which a cut never changes
             return b""
         start, end, cut = self.marker
         resume = end + (done - start - cut)
@@ -413,5 +521,5 @@ class CutFollower:
         if resume < end:  # output it had not read was cut: say so as the file does
             said = head[start:end]
             resume = end
-        self.fh.seek(resume)
+        self.pos = resume
         return said

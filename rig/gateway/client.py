@@ -9,6 +9,7 @@ decided in rig.gateway.choice.
 
 from __future__ import annotations
 
+import base64
 import io
 import os
 import socket
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from rig import errors as E
 from rig import job_env as jobenv
+from rig.cli.logview import Look
 from rig.client import Client, Identity, JobHandle, StatusReport, caller_environ
 from rig.config import Settings, Template
 from rig.errors import InvalidInput, JobGone, RigError
@@ -335,27 +337,77 @@ class GatewayClient:
 
 class _RemoteLog(io.RawIOBase):
     """A log file read through the gateway, chunk by chunk from where the last read ended (a
-    file that grows, as `rig log -f` follows it)."""
+    file that grows, as `rig log -f` follows it). For `rig log -f`'s follower it also has
+    ``look`` and ``read_at`` (rig.cli.logview.CutFollower): each look is one request that
+    brings, with the bytes, the file's size, identity and the keeper's note, so a cut or a log
+    made again is seen as when the follower reads the file itself."""
 
     def __init__(self, client: GatewayClient, job_id: int, path: str) -> None:
         super().__init__()
         self.client, self.job_id, self.path, self.offset = client, job_id, path, 0
+        self.facts = True  # the gateway answers log_look (False: too old, read as before)
+        self.note = ""  # the keeper's note in words at the last look (rig.logspace.describe_note)
 
     def readable(self) -> bool:
         return True
 
     def read(self, size: int = -1) -> bytes:
-        import base64
-
         want = LOG_READ if size is None or size < 0 else min(size, LOG_READ)
         chunks = []
         while True:
-            data = base64.b64decode(self.client.call("log_read", job_id=self.job_id, path=self.path,
-                                                     offset=self.offset, size=want))
+            data = self._read(self.offset, want)
             self.offset += len(data)
             chunks.append(data)
             if size is not None and size >= 0 or len(data) < want:
                 return b"".join(chunks)
+
+    def _read(self, pos: int, size: int) -> bytes:
+        return base64.b64decode(self.client.call("log_read", job_id=self.job_id, path=self.path,
+                                                 offset=pos, size=min(size, LOG_READ)))
+
+    def read_at(self, pos: int, size: int) -> bytes:
+        """Up to ``size`` bytes (at most LOG_READ) from ``pos``, for the follower's look back
+        after a cut; b"" while the log is gone (it looks again at its next poll)."""
+        offset = self.offset
+        look = self.look(pos, 0, None, size)
+        self.offset = offset
+        if look is None:
+            return self._read(pos, size)
+        return look.data
+
+    def look(self, pos: int, back: int, probe: tuple[int, int] | None, want: int) -> Look | None:
+        """One look at the log from ``pos`` (rig.gateway.server.Gateway.op_log_look); None from a
+        gateway older than that: the follower then reads on as before, from where it is."""
+        if not self.facts:
+            return None
+        try:
+            answer = self.client.call("log_look", job_id=self.job_id, path=self.path, offset=pos, back=back,
+                                      probe=list(probe) if probe else None, size=min(want, LOG_READ))
+        except InvalidInput as exc:
+            if "has no operation 'log_look'" not in str(exc):
+                raise
+            self.facts, self.offset = False, pos
+            return None
+        if not isinstance(answer, dict):
+            raise GatewayUnavailable(f"rig's gateway at {self.client.path} answered a log look with "
+                                     f"{type(answer).__name__}; is it rig's gateway?")
+        if answer.get("gone"):
+            return Look(gone=True)
+        self.note = str(answer.get("note") or "")
+        data = base64.b64decode(answer.get("data") or "")
+        self.offset = pos + len(data)  # read on from here if the gateway turns out old later
+        return Look(size=int(answer["size"]), cap_cut=int(answer.get("cap_cut") or 0),
+                    before=base64.b64decode(answer.get("before") or ""),
+                    probe=base64.b64decode(answer.get("probe") or ""), data=data,
+                    ident=(int(answer["dev"]), int(answer["ino"])))
+
+    def note_words(self) -> str:
+        """The keeper's note beside the log in words (rig.logspace.describe_note), "" for a whole
+        log, a gone one, or from a gateway too old to say (cut_note then uses the job's record)."""
+        offset = self.offset
+        look = self.look(offset, 0, None, 1)
+        self.offset = offset  # read() goes on from where it was
+        return self.note if look is not None and not look.gone else ""
 
     def readinto(self, buffer) -> int:  # noqa: ANN001
         data = self.read(len(buffer))

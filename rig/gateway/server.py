@@ -16,6 +16,7 @@ IDLE_TIMEOUT_S between requests is dropped.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import signal
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rig import __version__
+from rig import __version__, logspace
 from rig.client import Client, Identity, acting_as, identity_of
 from rig.config import Settings, load_settings
 from rig.errors import InvalidInput, PermissionDenied, RigError
@@ -55,6 +56,10 @@ MAX_BYTES_PER_USER = 16 * 2**20
 MAX_BYTES_TOTAL = 48 * 2**20
 #: The most of a log one request returns (bytes).
 LOG_CHUNK = 4 * 2**20
+#: The most a log look returns from before its place, and from its probe (bytes; the follower
+#: asks for 64 and for the marker line: rig.cli.logview.CutFollower).
+TAIL_MAX = 4096
+PROBE_MAX = 64 * 2**10
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _stopping = False  # set by SIGTERM/SIGINT: a stop asked for, not a lost socket
@@ -264,23 +269,53 @@ class Gateway:
 
     def op_log_read(self, peer: Peer, job_id: int, path: str, offset: int = 0, size: int = LOG_CHUNK) -> str:
         """Up to ``size`` bytes (at most LOG_CHUNK) from ``offset``, base64; "" at the end."""
-        import base64
-
         file = self._log_file(job_id, path)
-        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < 2**62:
-            raise InvalidInput(f"offset must be a whole number of bytes, got {offset!r}")
+        _check_offset(offset)
         try:
-            fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = _open_log(file)
         except FileNotFoundError:
             raise InvalidInput(f"the log file {file} is not on this node") from None
-        except OSError as exc:
-            raise InvalidInput(f"the log file {file} cannot be read: {exc.strerror}") from None
-        with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                raise InvalidInput(f"{file} is no regular file")
-            fh.seek(offset)
-            data = fh.read(min(_bounded(size, LOG_CHUNK), LOG_CHUNK))
-        return base64.b64encode(data).decode()
+        try:
+            return _b64(os.pread(fd, min(_bounded(size, LOG_CHUNK), LOG_CHUNK), offset))
+        finally:
+            os.close(fd)
+
+    def op_log_look(self, peer: Peer, job_id: int, path: str, offset: int = 0, back: int = 0,
+                    probe: list[int] | None = None, size: int = LOG_CHUNK) -> dict[str, Any]:
+        """One look of `rig log -f` at a log it follows (rig.cli.logview.CutFollower): the bytes
+        from ``offset`` (at most ``size``, at most LOG_CHUNK), the ``back`` bytes before it (at
+        most TAIL_MAX), the ``probe`` range ``[start, length]`` (at most PROBE_MAX), all base64,
+        with what the follower needs to see a cut or a log made again: the file's size, its
+        (dev, ino), the keeper's note's ``cap_cut`` and its words. ``{"gone": true}`` when the
+        path names no file just now (deleted, not made again yet). Read under the same rule as
+        op_log_read (_log_file: the caller's own job's log, in this node's log folder)."""
+        file = self._log_file(job_id, path)
+        _check_offset(offset)
+        if isinstance(back, bool) or not isinstance(back, int) or not 0 <= back <= TAIL_MAX:
+            raise InvalidInput(f"back must be 0..{TAIL_MAX} bytes, got {back!r}")
+        if probe is not None and not (isinstance(probe, list) and len(probe) == 2
+                                      and all(isinstance(n, int) and not isinstance(n, bool) for n in probe)
+                                      and 0 <= probe[0] < 2**62 and 0 <= probe[1] <= PROBE_MAX):
+            raise InvalidInput(f"probe must be [start, length] with a length of at most {PROBE_MAX} bytes")
+        try:
+            fd = _open_log(file)
+        except FileNotFoundError:
+            return {"gone": True}
+        try:
+            info = os.fstat(fd)
+            back = min(back, offset)
+            note = _read_note(file.with_suffix(".note"))
+            try:
+                cut = int(note.get("cap_cut") or 0)
+            except (TypeError, ValueError):
+                cut = 0
+            return {"size": info.st_size, "dev": info.st_dev, "ino": info.st_ino, "cap_cut": cut,
+                    "note": logspace.describe_note(note),
+                    "before": _b64(os.pread(fd, back, offset - back) if back else b""),
+                    "probe": _b64(os.pread(fd, probe[1], probe[0]) if probe else b""),
+                    "data": _b64(os.pread(fd, min(_bounded(size, LOG_CHUNK), LOG_CHUNK), offset))}
+        finally:
+            os.close(fd)
 
     def op_result(self, peer: Peer, job_id: int) -> str | None:
         return self.client.result_of(_job_id(job_id))
@@ -312,6 +347,43 @@ class Gateway:
             raise PermissionDenied(f"only job {job.id}'s own running process may read its call or store its "
                                    "result")
         return job
+
+
+def _check_offset(offset: Any) -> None:  # noqa: ANN401
+    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < 2**62:
+        raise InvalidInput(f"offset must be a whole number of bytes, got {offset!r}")
+
+
+def _open_log(file: Path) -> int:
+    """A read-only descriptor of the log ``file``: never through a symbolic link, never a FIFO or
+    device (its owner could put one there). FileNotFoundError when it is not there."""
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise InvalidInput(f"the log file {file} cannot be read: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InvalidInput(f"{file} is no regular file")
+    return fd
+
+
+def _read_note(note: Path) -> dict[str, Any]:
+    """The keeper's note beside a log (rig.logspace), {} when none: opened as the log is
+    (_open_log), so a link put in its place reads nothing of elsewhere."""
+    try:
+        fd = _open_log(note)
+    except (FileNotFoundError, InvalidInput):
+        return {}
+    try:
+        return logspace.read_note(Path(f"/proc/self/fd/{fd}"))
+    finally:
+        os.close(fd)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
 def _error(exc: RigError) -> dict[str, Any]:

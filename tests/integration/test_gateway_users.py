@@ -169,3 +169,44 @@ def test_a_user_kills_their_own_job_and_runs_a_task(node, users, user_venv):
     script.chmod(0o644)
     ran = _as(alice, user_venv, node, "python", str(script), timeout=120)
     assert ran.returncode == 0 and ran.stdout.strip() == "42", ran.stderr
+
+
+def test_a_user_follows_their_log_through_a_remake(node, users, user_venv, tmp_path):
+    """`rig log -f` as a real user (log_dir is root's: it reads through the gateway) while the
+    job's log folder is deleted: the keeper makes the log again and the follower prints the new
+    file from its start, with one line on stderr, to the job's last line."""
+    harness, url, shared = node
+    alice = users["rigtest-alice"]
+    started = _as(alice, user_venv, node, "rig-submit", "--gpu-memory", "1G", "--cmd",
+                  'echo before; while [ ! -e "$OUT/go" ]; do sleep 0.02; done; i=0; '
+                  'while [ ! -e "$OUT/end" ]; do echo after $i; i=$((i+1)); sleep 0.02; done; echo the-last-line')
+    assert started.returncode == 0, started.stderr
+    jid = int(started.stdout.split()[0])
+    harness.wait_for_state(jid, {JobState.RUNNING}, timeout=60)
+    log = Path(harness.client.get(jid).log_paths[0])
+    out, err = tmp_path / "out", tmp_path / "err"
+    env = {"HOME": alice.pw_dir, "PATH": f"{user_venv}/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "RIG_REDIS_URL": url,
+           "RIG_GATEWAY_SOCKET": str(harness.settings.gateway_socket)}
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        follower = subprocess.Popen(["rig", "log", "-f", str(jid)], user=alice.pw_uid, group=alice.pw_gid,
+                                    extra_groups=os.getgrouplist(alice.pw_name, alice.pw_gid), env=env, cwd=shared,
+                                    stdout=stdout, stderr=stderr)
+    try:
+        _wait(lambda: out.read_bytes() == b"before\n", 60, "the log's first line")
+        shutil.rmtree(log.parent)
+        (shared / "go").touch()
+        _wait(lambda: b"was deleted and made again" in err.read_bytes() and out.read_bytes().count(b"after") >= 20,
+              60, "the follower to go on in the new file")
+    finally:
+        (shared / "go").touch()
+        (shared / "end").touch()
+        try:
+            follower.wait(60)
+        finally:
+            follower.kill()
+    text, said = out.read_bytes(), err.read_text()
+    assert follower.returncode == 0, said
+    new = log.read_bytes()  # the new file whole, from the keeper's line to the job's last
+    assert new.startswith(b"[rig: this log was deleted") and text.endswith(new), (text[-300:], new[-300:], said)
+    assert text.startswith(b"before\n") and text.endswith(b"the-last-line\n")
+    assert said.count("was deleted and made again") == 1 and "Traceback" not in said, said
