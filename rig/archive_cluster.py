@@ -16,9 +16,11 @@ SQLite file deleted under rig is told from one never written (rig.archive).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import redis
 
-from rig.archive import safe_url
+from rig.archive import Archive, ArchiveUnreachable, count_jobs, safe_url, same_archive
 from rig.errors import ConfigError
 from rig.keys import Keys
 
@@ -36,6 +38,13 @@ def cluster_url(client: redis.Redis, keys: Keys) -> str | None:
     return _text(client.get(keys.archive_url))
 
 
+def connectable(recorded: str) -> str:
+    """A recorded archive URL as one to connect to: its masked password (safe_url's ``:***``)
+    left out, so libpq takes the password from ~/.pgpass or PGPASSWORD."""
+    head, sep, tail = recorded.partition("@")
+    return head.removesuffix(":***") + sep + tail if sep else recorded
+
+
 def record_if_absent(client: redis.Redis, keys: Keys, url: str) -> str:
     """Record ``url`` as the cluster's archive unless one is; the cluster's archive (no password)."""
     client.set(keys.archive_url, safe_url(url), nx=True)
@@ -47,7 +56,7 @@ def require_cluster(client: redis.Redis, keys: Keys, url: str, *, record: bool =
     ``record``: once the archive opened); raise NotClusterArchive (its line: elsewhere())
     when the cluster's archive is another one."""
     cluster = record_if_absent(client, keys, url) if record else cluster_url(client, keys)
-    if cluster is not None and cluster != safe_url(url):
+    if cluster is not None and not same_archive(cluster, url):
         raise NotClusterArchive(elsewhere(cluster, url))
 
 
@@ -63,7 +72,7 @@ def claim(client: redis.Redis, keys: Keys, url: str, *, alone: bool) -> str | No
     if none is, or re-record it when this node is the only one up (the operator moved it).
     Returns the line to show (a move, or this node will not archive), None when all agree."""
     cluster = record_if_absent(client, keys, url)
-    if cluster == safe_url(url):
+    if same_archive(cluster, url):
         return None
     if alone:
         client.set(keys.archive_url, safe_url(url))
@@ -78,6 +87,30 @@ def claim_at_up(client: redis.Redis, keys: Keys, url: str, node: str) -> str | N
 
     others_up = any(n.alive and n.name != node for n in NodeRegistry(client, keys).read())
     return claim(client, keys, url, alone=not others_up)
+
+
+def check_at_up(client: redis.Redis, keys: Keys, url: str, prefix: str, node: str, *, home: Path) -> list[str]:
+    """``rig up`` of a node with a control worker: open its archive (ConfigError, exit 6, for a
+    certain mistake: a malformed URL, no psycopg, an unwritable folder) and claim_at_up. A
+    server that does not answer now is a warning, not a refusal: the node runs jobs, finished
+    jobs stay in Redis and each pass retries (rig.archiving). Returns the lines to say."""
+    lines: list[str] = []
+    try:
+        Archive(url, prefix, home=home).close()
+    except ArchiveUnreachable as exc:
+        lines.append(f"warning: archive {safe_url(url)} unreachable now ({exc.reason}): finished jobs stay in "
+                     "Redis until it answers")
+    before = cluster_url(client, keys)
+    line = claim_at_up(client, keys, url, node)
+    if line:
+        if before is not None and not same_archive(before, url) and line.startswith("archive:"):
+            # A move hides the old archive's jobs from every reader: how many, if cheap to know.
+            held = count_jobs(connectable(before), prefix)
+            line = (f"warning: {line.removeprefix('archive: ')}: the {'' if held is None else f'{held:,} '}"
+                    f"job(s) in {before} are no longer shown by rig jobs/show/usage (set archive_url back "
+                    "to read them)")
+        lines.append(line)
+    return lines
 
 
 def mark_pass_ok(client: redis.Redis, keys: Keys, now: float) -> None:
