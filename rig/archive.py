@@ -178,6 +178,11 @@ class ArchiveMissing(ConfigError):
     """The SQLite file is gone or replaced (deleted or moved while rig was up)."""
 
 
+class ArchiveEmptied(ArchiveMissing):
+    """The archive holds none of this cluster's jobs though the cluster archived some to it: a
+    database dropped and recreated (rig made its tables again), or an empty file put in place."""
+
+
 def missing(path: Path) -> ArchiveMissing:
     return ArchiveMissing(f"archive missing at {path} (deleted or moved?): put the file back; finished jobs "
                           "stay in Redis until it is there")
@@ -576,6 +581,10 @@ class Archive:
 
     def count(self) -> int:
         return int(self._query(f"SELECT COUNT(*) FROM {TABLE} WHERE prefix = ?", (self.prefix,))[0][0])
+
+    def empty(self) -> bool:
+        """Does it hold no job of this installation? (One index probe, not a COUNT.)"""
+        return not self._query(f"SELECT 1 FROM {TABLE} WHERE prefix = ? LIMIT 1", (self.prefix,))
 
     def keys_among(self, ids: Sequence[int]) -> list[tuple[int, str]]:
         """(id, instance) of the archived jobs whose id is one of ``ids``."""

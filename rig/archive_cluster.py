@@ -20,7 +20,14 @@ from pathlib import Path
 
 import redis
 
-from rig.archive import Archive, ArchiveUnreachable, count_jobs, safe_url, same_archive
+from rig.archive import (
+    Archive,
+    ArchiveEmptied,
+    ArchiveUnreachable,
+    count_jobs,
+    safe_url,
+    same_archive,
+)
 from rig.errors import ConfigError
 from rig.keys import Keys
 
@@ -96,7 +103,9 @@ def check_at_up(client: redis.Redis, keys: Keys, url: str, prefix: str, node: st
     jobs stay in Redis and each pass retries (rig.archiving). Returns the lines to say."""
     lines: list[str] = []
     try:
-        Archive(url, prefix, home=home).close()
+        with Archive(url, prefix, home=home) as archive:
+            if (gone := emptied(client, keys, archive)) is not None and same_archive(cluster_url(client, keys) or url, url):
+                lines.append(f"warning: {gone}")
     except ArchiveUnreachable as exc:
         lines.append(f"warning: archive {safe_url(url)} unreachable now ({exc.reason}): finished jobs stay in "
                      "Redis until it answers")
@@ -120,12 +129,42 @@ def mark_pass_ok(client: redis.Redis, keys: Keys, now: float) -> None:
 
 def mark_held(client: redis.Redis, keys: Keys) -> None:
     """Before the archive is first given jobs: from now on a missing SQLite file is a loss."""
-    client.set(keys.archive_held, "1")
+    client.set(keys.archive_held, "0", nx=True)
+
+
+def add_held(client: redis.Redis, keys: Keys, jobs: int) -> None:
+    """After ``jobs`` jobs moved into the archive (committed there, gone from Redis): counted,
+    so an archive found empty later is told from one never written (:func:`emptied`)."""
+    if jobs:
+        client.incrby(keys.archive_held, jobs)
 
 
 def held_jobs(client: redis.Redis, keys: Keys) -> bool:
     """Has the cluster's archive ever been given jobs (so a missing SQLite file is a loss)?"""
     return bool(client.exists(keys.archive_held))
+
+
+def held_count(client: redis.Redis, keys: Keys) -> int:
+    """How many jobs the cluster moved into its archive (a lower bound: ``archive:held`` was a
+    flag, 1, before rig counted), 0 when none or unknown."""
+    try:
+        return int(_text(client.get(keys.archive_held)) or 0)
+    except ValueError:
+        return 0
+
+
+def emptied(client: redis.Redis, keys: Keys, archive: Archive) -> ArchiveEmptied | None:
+    """The error for an archive that holds none of this cluster's jobs though the cluster moved
+    some there (a PostgreSQL database dropped and recreated: its tables made again, empty),
+    else None. Such an archive is not used as the history: the pass leaves jobs in Redis,
+    readers warn, rig up and rig status say it."""
+    held = held_count(client, keys)
+    if held <= 0 or not archive.empty():
+        return None
+    return ArchiveEmptied(
+        f"archive {safe_url(archive.url)} holds none of this cluster's jobs but {held:,} were archived to it "
+        "(database dropped and recreated, or the file replaced?): finished jobs stay in Redis; restore it, or "
+        f"to start a new history there, `redis-cli DEL {keys.archive_held}`")
 
 
 def late(client: redis.Redis, keys: Keys, now: float, interval: float) -> str | None:

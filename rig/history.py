@@ -28,7 +28,7 @@ from rig.accounting import (
     total_of,
 )
 from rig.archive import Archive, ArchiveMissing, missing, same_archive, sqlite_path, unreadable
-from rig.archive_cluster import cluster_url, connectable, elsewhere, held_jobs
+from rig.archive_cluster import cluster_url, connectable, elsewhere, emptied, held_jobs
 from rig.config import Settings
 from rig.errors import ConfigError, JobGone, JobNotFound
 from rig.keys import Keys
@@ -92,7 +92,11 @@ class History:
             # rig keeps it its owner's only (jobs' environments): another user reads Redis' jobs.
             raise ArchiveMissing(f"archive {path} is not readable by this user (it is the cluster "
                                  "owner's only: it holds jobs' environments)")
-        self._archive = Archive(own, self.keys.prefix)
+        archive = Archive(own, self.keys.prefix)
+        if (gone := emptied(self.r, self.keys, archive)) is not None:
+            archive.close()
+            raise gone  # an archive recreated empty is not the history: Redis' jobs, one warning
+        self._archive = archive
         return self._archive
 
     def readable_archive(self) -> Archive | None:

@@ -153,3 +153,53 @@ def test_a_dropped_postgresql_database_lists_redis_jobs_with_one_warning(ledger,
     assert [j.id for j in reader.list()] == [live.id] and "could not be read" in reader.unread_line()
     with pytest.raises(ArchiveUnread):
         reader.get(old.id)
+
+
+def _recreated_case(ledger, key_prefix, tmp_path, url: str, recreate) -> None:
+    """Archive one job to ``url``, ``recreate()`` the database empty, and check that nothing
+    takes the empty one as the history: the pass, rig up, readers."""
+    from rig.archiving import archive_pass
+
+    r, keys = ledger.store.r, ledger.keys
+    old = finished(ledger, ended=NOW - 2 * DAY)
+    with Archive(url, key_prefix) as archive:
+        require_cluster(r, keys, archive.url)
+        assert archive_pass(r, keys, archive, after_seconds=DAY, keep=0, now=NOW).archived == 1
+    recreate()
+    waiting = finished(ledger, ended=NOW - 2 * DAY)
+    with Archive(url, key_prefix) as archive:  # rig makes its tables again: empty
+        with pytest.raises(ConfigError, match="holds none of this cluster's jobs but 1 were archived to it"):
+            archive_pass(r, keys, archive, after_seconds=DAY, keep=0, now=NOW)
+    assert in_redis(ledger, waiting.id)  # not moved into the recreated archive
+    (line,) = check_at_up(r, keys, url, key_prefix, "n1", home=tmp_path)
+    assert line.startswith("warning: archive ") and "holds none of this cluster's jobs" in line
+    reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path, archive_url=url))
+    assert [j.id for j in reader.list()] == [waiting.id] and "holds none" in reader.unread_line()
+    with pytest.raises(ArchiveUnread):
+        reader.get(old.id)
+
+
+def test_a_sqlite_archive_replaced_by_an_empty_one_is_said_not_used(ledger, key_prefix, tmp_path):
+    url = default_url(tmp_path)
+
+    def recreate() -> None:
+        for name in ("archive.sqlite3", "archive.sqlite3-wal", "archive.sqlite3-shm"):
+            (tmp_path / name).unlink(missing_ok=True)
+        Archive(url, key_prefix).close()  # an empty archive put in its place
+
+    _recreated_case(ledger, key_prefix, tmp_path, url, recreate)
+
+
+def test_a_postgresql_database_dropped_and_recreated_is_said_not_used(ledger, key_prefix, tmp_path,
+                                                                    pg_url):  # noqa: F811
+    import psycopg
+
+    from tests.store.test_archive_postgres import ADMIN_URL
+
+    def recreate() -> None:
+        name = pg_url.rsplit("/", 1)[1]
+        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+            admin.execute(f"CREATE DATABASE {name}")
+
+    _recreated_case(ledger, key_prefix, tmp_path, pg_url, recreate)
