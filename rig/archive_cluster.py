@@ -167,9 +167,10 @@ def emptied(client: redis.Redis, keys: Keys, archive: Archive) -> ArchiveEmptied
         f"to start a new history there, `redis-cli DEL {keys.archive_held}`")
 
 
-def late(client: redis.Redis, keys: Keys, now: float, interval: float) -> str | None:
+def late(client: redis.Redis, keys: Keys, now: float, interval: float, *, control_up: bool = True) -> str | None:
     """A line for ``rig status`` when no pass succeeded for over 3 intervals + a minute (a
-    pass is skipped, failing, or its lock is held), None when on time or never run."""
+    pass is skipped, failing, or its lock is held), None when on time or never run.
+    ``control_up``: is any control worker alive (they run the passes)? If not, that is why."""
     ok_at = _text(client.get(keys.archive_ok_at))
     if ok_at is None:
         return None
@@ -179,5 +180,8 @@ def late(client: redis.Redis, keys: Keys, now: float, interval: float) -> str | 
         return None
     if ago <= 3 * interval + 60:
         return None
+    if not control_up:
+        return (f"archiving last succeeded {ago / 60:.0f} min ago: no control worker is up to run it "
+                "(`rig up` on a node starts one)")
     return (f"archiving last succeeded {ago / 60:.0f} min ago: see the control workers' log "
             "(control.log in rig's log folder) for why passes are skipped")

@@ -89,7 +89,10 @@ def test_the_lock_is_short_renewed_per_batch_and_a_killed_pass_blocks_it_briefly
         assert one_pass(ledger, archive) is None
     # rig status tells when archiving is late (ok_at was set by the pass above, at NOW).
     assert late(r, keys, NOW + 60, 60.0) is None
-    assert "archiving last succeeded 10 min ago" in late(r, keys, NOW + 600, 60.0)
+    assert "archiving last succeeded 10 min ago: see the control" in late(r, keys, NOW + 600, 60.0)
+    # No control worker up (no node): that is why, not "see the control workers' log".
+    assert late(r, keys, NOW + 600, 60.0, control_up=False) == (
+        "archiving last succeeded 10 min ago: no control worker is up to run it (`rig up` on a node starts one)")
 
 
 def test_a_sqlite_file_deleted_or_replaced_under_rig_keeps_the_jobs_in_redis(ledger, tmp_path, key_prefix):
