@@ -27,7 +27,16 @@ from rig.accounting import (
     tally,
     total_of,
 )
-from rig.archive import Archive, ArchiveMissing, missing, same_archive, sqlite_path, unreadable
+from rig.archive import (
+    Archive,
+    ArchiveMissing,
+    ArchiveUnreachable,
+    missing,
+    safe_url,
+    same_archive,
+    sqlite_path,
+    unreadable,
+)
 from rig.archive_cluster import cluster_url, connectable, elsewhere, emptied, held_jobs
 from rig.config import Settings
 from rig.errors import ConfigError, JobGone, JobNotFound
@@ -333,9 +342,12 @@ class ArchiveUnread(ConfigError):
 
 
 def first_line(exc: BaseException) -> str:
-    """An error's first line (at most 200 characters), for a one-line warning."""
+    """Why the archive could not be read, in one line for a warning (a server's own reason
+    without the advice for rig up's archive_url)."""
+    if isinstance(exc, ArchiveUnreachable):
+        return f"{safe_url(exc.url)} unreachable now: {exc.reason}"
     text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def merge(live: list[Job], archived: list[Job]) -> list[Job]:
