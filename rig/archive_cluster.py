@@ -3,15 +3,20 @@
 The first node up (or the first archiving pass) records its ``archive_url`` (password left out)
 under ``archive:url`` with SET NX; it never flips after that. Only a control worker whose own
 archive is that one runs the archiving pass (rig.archiving); a node configured for another one
-is told at ``rig up`` in one line and does not archive; a reader configured for another one is
-told so in one line (rig.history) instead of "no job".
+is told at ``rig up`` in one line and does not archive; a reader that set another one itself is
+told so in one line (rig.history) instead of "no job"; a reader that set none reads this one.
+URLs are compared by identity (rig.archive.same_archive: port, trailing slash and password
+make no difference), never as text.
 
 Moving on purpose (a single-node operator changes ``archive_url``): ``rig up`` re-records the
-cluster's archive when no other node is up (rig.stack calls :func:`claim` with ``alone``).
+cluster's archive when no other node is up (:func:`check_at_up` calls :func:`claim` with
+``alone``) and says so with the old archive's job count, on the terminal too.
 
 Also here, because the pass and ``rig status`` share them: when the pass last succeeded
-(``archive:ok_at``, epoch s) and whether the archive has ever held jobs (``archive:held``), so a
-SQLite file deleted under rig is told from one never written (rig.archive).
+(``archive:ok_at``, epoch s) and how many jobs the pass moved into the archive
+(``archive:held``: present from the first batch on; a lower bound, it was a flag ``1`` before),
+so a SQLite file deleted under rig, or an archive recreated empty, is told from one never
+written (:func:`emptied`).
 """
 
 from __future__ import annotations

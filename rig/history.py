@@ -5,10 +5,14 @@ Redis is read first and wins: a job that is in both (the archiving pass stopped 
 commit and its forget, rig.archiving) is shown once, as Redis has it. A job is the same job in
 both when its id and instance match (ids restart when Redis loses its data).
 
-Which archive: this process's ``archive_url`` (default: SQLite under ``$RIG_HOME``). The cluster
-records its one archive in Redis (rig.archive_cluster); a reader configured for another archive
-is told so in one line instead of silently showing fewer jobs, and a SQLite archive that held
-jobs but is gone is said missing, never read as empty.
+Which archive: this process's ``archive_url`` when it set one, else the cluster's recorded one
+(rig.archive_cluster), else the default SQLite file under ``$RIG_HOME``. A reader that set
+another archive than the cluster's is told so in one line instead of silently showing fewer
+jobs, and a SQLite archive that held jobs but is gone, or an archive recreated empty, is said,
+never read as empty. An archive that cannot be read now (server down, database dropped, file
+moved or not readable to this user) leaves listings with Redis' jobs and ``unread`` set, which
+the command says in one warning line; a job asked for by id that is not in Redis then raises
+ArchiveUnread (never "no job").
 """
 
 from __future__ import annotations
