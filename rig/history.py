@@ -70,7 +70,7 @@ class History:
         self.keys: Keys = store.keys
         self.settings = settings
         self._archive: Archive | None = None
-        #: Why the archive could not be read by the last listing (one line), else None: the
+        #: Why the archive could not be read by the latest listing (one line), else None: the
         #: listing then holds Redis' jobs only, and the command says so (unread_line()).
         self.unread: str | None = None
 
@@ -210,6 +210,7 @@ class History:
     def _read_or_note(self, read, empty):  # noqa: ANN001, ANN202 - read: Archive -> T; empty: T
         """``read(archive)``, or ``empty`` with ``unread`` set when the archive cannot be read
         (readable_archive(), or a query failing: a table dropped, the connection lost)."""
+        self.unread = None  # of this listing only: a long-lived client's archive may be back
         archive = self.readable_archive()
         if archive is None:
             return empty

@@ -108,6 +108,8 @@ def test_an_unreadable_sqlite_archive_lists_redis_jobs_with_one_warning(ledger, 
     with pytest.raises(ArchiveUnread, match=f"job {old.id} is not in Redis and the archive could not be read"):
         reader.get(old.id)  # never "no job with id N"
     assert reader.get(live.id).id == live.id
+    (tmp_path / "moved.sqlite3").rename(tmp_path / "archive.sqlite3")  # back: the next listing has it all
+    assert [j.id for j in reader.list()] == [live.id, old.id] and reader.unread_line() is None
 
 
 def test_rig_jobs_and_usage_exit_0_with_one_warning_when_the_archive_is_gone(ledger, key_prefix, tmp_path):
