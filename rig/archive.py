@@ -178,6 +178,11 @@ class ArchiveMissing(ConfigError):
     """The SQLite file is gone or replaced (deleted or moved while rig was up)."""
 
 
+class ArchiveEmptied(ArchiveMissing):
+    """The archive holds none of this cluster's jobs though the cluster archived some to it: a
+    database dropped and recreated (rig made its tables again), or an empty file put in place."""
+
+
 def missing(path: Path) -> ArchiveMissing:
     return ArchiveMissing(f"archive missing at {path} (deleted or moved?): put the file back; finished jobs "
                           "stay in Redis until it is there")
@@ -221,11 +226,87 @@ def _connect(url: str, *, create: bool = True, home: Path | None = None) -> tupl
             raise ConfigError(f"archive_url is a PostgreSQL URL but psycopg is not installed; {PSYCOPG_HINT}") from None
         try:
             conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
+        except psycopg.OperationalError as exc:
+            # The server did not answer, refused us, or has no such database (now): maybe a
+            # moment's outage, not certainly a mistake; callers that can go on without the
+            # archive (rig up, readers) catch ArchiveUnreachable.
+            raise ArchiveUnreachable(url, _first_line(exc)) from None
         except psycopg.Error as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ConfigError(f"archive {safe_url(url)}: cannot connect ({first}); check archive_url") from None
+            raise ConfigError(f"archive {safe_url(url)}: cannot connect ({_first_line(exc)}); check archive_url") from None
         return _POSTGRES, conn
     raise ConfigError(f"archive_url {safe_url(url)!r}: expected sqlite:////ABSOLUTE/PATH or postgresql://USER@HOST/DB")
+
+
+class ArchiveUnreachable(ConfigError):
+    """The PostgreSQL server did not let us in now (down, refusing, no such database): unlike
+    a malformed URL or a missing psycopg, possibly a passing outage. ``reason``: its first line."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"archive {safe_url(url)}: cannot connect ({reason}); check archive_url and that "
+                         "the server is up")
+        self.url = url
+        self.reason = reason
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def unreadable(exc: BaseException) -> bool:
+    """Is ``exc`` the archive failing to be read (missing file, server gone, database error),
+    as opposed to a configuration mistake or a bug? Readers list Redis' jobs and warn then."""
+    return isinstance(exc, (ArchiveMissing, ArchiveUnreachable)) or is_database_error(exc)
+
+
+def identity(url: str) -> str:
+    """``url`` as one archive's identity, for telling whether two URLs name the same archive:
+    PostgreSQL: scheme, user, host (lower case), port (default 5432) and database (default:
+    the user's name), never the password nor query options; SQLite: the path resolved
+    (symbolic links, ``..``). Any other text is returned as it is (safe_url)."""
+    path = sqlite_path(url)
+    if path is not None:
+        return f"sqlite:///{os.path.realpath(path.expanduser())}"
+    if url.startswith(("postgresql://", "postgres://")):
+        from urllib.parse import unquote, urlsplit
+
+        try:
+            part = urlsplit(url)
+            port = part.port or 5432
+        except ValueError:
+            return safe_url(url)
+        user = unquote(part.username or "")
+        host = (part.hostname or "").lower()
+        database = unquote(part.path.strip("/")) or user
+        return f"postgresql://{user}@{host}:{port}/{database}"
+    return safe_url(url)
+
+
+def same_archive(one: str, other: str) -> bool:
+    """Do URLs ``one`` and ``other`` (either may be a recorded safe_url) name the same archive?"""
+    return identity(one) == identity(other)
+
+
+def count_jobs(url: str, prefix: str) -> int | None:
+    """How many jobs of installation ``prefix`` the archive at ``url`` holds (one COUNT, opening
+    nothing new: no table or file is made), or None when it cannot be read now."""
+    try:
+        dialect, conn = _connect(url, create=False)
+    except ConfigError:
+        return None
+    try:
+        cur = conn.cursor()
+        cur.execute(dialect.sql(f"SELECT COUNT(*) FROM {TABLE} WHERE prefix = ?"), (prefix,))
+        return int(cur.fetchone()[0])
+    except Exception as exc:  # noqa: BLE001 - no table (never written), a lost connection: unknown
+        if is_database_error(exc):
+            return None
+        raise
+    finally:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001 - it is dropped either way
+            pass
 
 
 def is_database_error(exc: BaseException) -> bool:
@@ -500,6 +581,10 @@ class Archive:
 
     def count(self) -> int:
         return int(self._query(f"SELECT COUNT(*) FROM {TABLE} WHERE prefix = ?", (self.prefix,))[0][0])
+
+    def empty(self) -> bool:
+        """Does it hold no job of this installation? (One index probe, not a COUNT.)"""
+        return not self._query(f"SELECT 1 FROM {TABLE} WHERE prefix = ? LIMIT 1", (self.prefix,))
 
     def keys_among(self, ids: Sequence[int]) -> list[tuple[int, str]]:
         """(id, instance) of the archived jobs whose id is one of ``ids``."""

@@ -3,22 +3,36 @@
 The first node up (or the first archiving pass) records its ``archive_url`` (password left out)
 under ``archive:url`` with SET NX; it never flips after that. Only a control worker whose own
 archive is that one runs the archiving pass (rig.archiving); a node configured for another one
-is told at ``rig up`` in one line and does not archive; a reader configured for another one is
-told so in one line (rig.history) instead of "no job".
+is told at ``rig up`` in one line and does not archive; a reader that set another one itself is
+told so in one line (rig.history) instead of "no job"; a reader that set none reads this one.
+URLs are compared by identity (rig.archive.same_archive: port, trailing slash and password
+make no difference), never as text.
 
 Moving on purpose (a single-node operator changes ``archive_url``): ``rig up`` re-records the
-cluster's archive when no other node is up (rig.stack calls :func:`claim` with ``alone``).
+cluster's archive when no other node is up (:func:`check_at_up` calls :func:`claim` with
+``alone``) and says so with the old archive's job count, on the terminal too.
 
 Also here, because the pass and ``rig status`` share them: when the pass last succeeded
-(``archive:ok_at``, epoch s) and whether the archive has ever held jobs (``archive:held``), so a
-SQLite file deleted under rig is told from one never written (rig.archive).
+(``archive:ok_at``, epoch s) and how many jobs the pass moved into the archive
+(``archive:held``: present from the first batch on; a lower bound, it was a flag ``1`` before),
+so a SQLite file deleted under rig, or an archive recreated empty, is told from one never
+written (:func:`emptied`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import redis
 
-from rig.archive import safe_url
+from rig.archive import (
+    Archive,
+    ArchiveEmptied,
+    ArchiveUnreachable,
+    count_jobs,
+    safe_url,
+    same_archive,
+)
 from rig.errors import ConfigError
 from rig.keys import Keys
 
@@ -36,6 +50,13 @@ def cluster_url(client: redis.Redis, keys: Keys) -> str | None:
     return _text(client.get(keys.archive_url))
 
 
+def connectable(recorded: str) -> str:
+    """A recorded archive URL as one to connect to: its masked password (safe_url's ``:***``)
+    left out, so libpq takes the password from ~/.pgpass or PGPASSWORD."""
+    head, sep, tail = recorded.partition("@")
+    return head.removesuffix(":***") + sep + tail if sep else recorded
+
+
 def record_if_absent(client: redis.Redis, keys: Keys, url: str) -> str:
     """Record ``url`` as the cluster's archive unless one is; the cluster's archive (no password)."""
     client.set(keys.archive_url, safe_url(url), nx=True)
@@ -47,7 +68,7 @@ def require_cluster(client: redis.Redis, keys: Keys, url: str, *, record: bool =
     ``record``: once the archive opened); raise NotClusterArchive (its line: elsewhere())
     when the cluster's archive is another one."""
     cluster = record_if_absent(client, keys, url) if record else cluster_url(client, keys)
-    if cluster is not None and cluster != safe_url(url):
+    if cluster is not None and not same_archive(cluster, url):
         raise NotClusterArchive(elsewhere(cluster, url))
 
 
@@ -63,7 +84,7 @@ def claim(client: redis.Redis, keys: Keys, url: str, *, alone: bool) -> str | No
     if none is, or re-record it when this node is the only one up (the operator moved it).
     Returns the line to show (a move, or this node will not archive), None when all agree."""
     cluster = record_if_absent(client, keys, url)
-    if cluster == safe_url(url):
+    if same_archive(cluster, url):
         return None
     if alone:
         client.set(keys.archive_url, safe_url(url))
@@ -80,6 +101,32 @@ def claim_at_up(client: redis.Redis, keys: Keys, url: str, node: str) -> str | N
     return claim(client, keys, url, alone=not others_up)
 
 
+def check_at_up(client: redis.Redis, keys: Keys, url: str, prefix: str, node: str, *, home: Path) -> list[str]:
+    """``rig up`` of a node with a control worker: open its archive (ConfigError, exit 6, for a
+    certain mistake: a malformed URL, no psycopg, an unwritable folder) and claim_at_up. A
+    server that does not answer now is a warning, not a refusal: the node runs jobs, finished
+    jobs stay in Redis and each pass retries (rig.archiving). Returns the lines to say."""
+    lines: list[str] = []
+    try:
+        with Archive(url, prefix, home=home) as archive:
+            if (gone := emptied(client, keys, archive)) is not None and same_archive(cluster_url(client, keys) or url, url):
+                lines.append(f"warning: {gone}")
+    except ArchiveUnreachable as exc:
+        lines.append(f"warning: archive {safe_url(url)} unreachable now ({exc.reason}): finished jobs stay in "
+                     "Redis until it answers")
+    before = cluster_url(client, keys)
+    line = claim_at_up(client, keys, url, node)
+    if line:
+        if before is not None and not same_archive(before, url) and line.startswith("archive:"):
+            # A move hides the old archive's jobs from every reader: how many, if cheap to know.
+            held = count_jobs(connectable(before), prefix)
+            line = (f"warning: {line.removeprefix('archive: ')}: the {'' if held is None else f'{held:,} '}"
+                    f"job(s) in {before} are no longer shown by rig jobs/show/usage (set archive_url back "
+                    "to read them)")
+        lines.append(line)
+    return lines
+
+
 def mark_pass_ok(client: redis.Redis, keys: Keys, now: float) -> None:
     """After a pass that finished: when (epoch s)."""
     client.set(keys.archive_ok_at, repr(now))
@@ -87,7 +134,14 @@ def mark_pass_ok(client: redis.Redis, keys: Keys, now: float) -> None:
 
 def mark_held(client: redis.Redis, keys: Keys) -> None:
     """Before the archive is first given jobs: from now on a missing SQLite file is a loss."""
-    client.set(keys.archive_held, "1")
+    client.set(keys.archive_held, "0", nx=True)
+
+
+def add_held(client: redis.Redis, keys: Keys, jobs: int) -> None:
+    """After ``jobs`` jobs moved into the archive (committed there, gone from Redis): counted,
+    so an archive found empty later is told from one never written (:func:`emptied`)."""
+    if jobs:
+        client.incrby(keys.archive_held, jobs)
 
 
 def held_jobs(client: redis.Redis, keys: Keys) -> bool:
@@ -95,9 +149,33 @@ def held_jobs(client: redis.Redis, keys: Keys) -> bool:
     return bool(client.exists(keys.archive_held))
 
 
-def late(client: redis.Redis, keys: Keys, now: float, interval: float) -> str | None:
+def held_count(client: redis.Redis, keys: Keys) -> int:
+    """How many jobs the cluster moved into its archive (a lower bound: ``archive:held`` was a
+    flag, 1, before rig counted), 0 when none or unknown."""
+    try:
+        return int(_text(client.get(keys.archive_held)) or 0)
+    except ValueError:
+        return 0
+
+
+def emptied(client: redis.Redis, keys: Keys, archive: Archive) -> ArchiveEmptied | None:
+    """The error for an archive that holds none of this cluster's jobs though the cluster moved
+    some there (a PostgreSQL database dropped and recreated: its tables made again, empty),
+    else None. Such an archive is not used as the history: the pass leaves jobs in Redis,
+    readers warn, rig up and rig status say it."""
+    held = held_count(client, keys)
+    if held <= 0 or not archive.empty():
+        return None
+    return ArchiveEmptied(
+        f"archive {safe_url(archive.url)} holds none of this cluster's jobs but {held:,} were archived to it "
+        "(database dropped and recreated, or the file replaced?): finished jobs stay in Redis; restore it, or "
+        f"to start a new history there, `redis-cli DEL {keys.archive_held}`")
+
+
+def late(client: redis.Redis, keys: Keys, now: float, interval: float, *, control_up: bool = True) -> str | None:
     """A line for ``rig status`` when no pass succeeded for over 3 intervals + a minute (a
-    pass is skipped, failing, or its lock is held), None when on time or never run."""
+    pass is skipped, failing, or its lock is held), None when on time or never run.
+    ``control_up``: is any control worker alive (they run the passes)? If not, that is why."""
     ok_at = _text(client.get(keys.archive_ok_at))
     if ok_at is None:
         return None
@@ -107,5 +185,8 @@ def late(client: redis.Redis, keys: Keys, now: float, interval: float) -> str | 
         return None
     if ago <= 3 * interval + 60:
         return None
+    if not control_up:
+        return (f"archiving last succeeded {ago / 60:.0f} min ago: no control worker is up to run it "
+                "(`rig up` on a node starts one)")
     return (f"archiving last succeeded {ago / 60:.0f} min ago: see the control workers' log "
             "(control.log in rig's log folder) for why passes are skipped")

@@ -35,6 +35,8 @@ import redis
 
 from rig.archive import Archive, is_database_error
 from rig.archive_cluster import (
+    add_held,
+    emptied,
     held_jobs,
     mark_held,
     mark_pass_ok,
@@ -122,7 +124,9 @@ class Archiver:
                 mark_held(self.r, self.keys)
             self.archive.add(entries, now=now)
             self.archive.check_file()  # on disk still, the file written to: else Redis keeps them
+            before = report.archived
             self._forget_archived(entries, report)
+            add_held(self.r, self.keys, report.archived - before)
         return report
 
     def _read(self, ids: list[int]) -> list[tuple[Job, dict[str, str]]]:
@@ -158,6 +162,8 @@ def archive_pass(client: redis.Redis, keys: Keys, archive: Archive, *, after_sec
     """One pass under the cluster-wide lock (one control worker at a time); None if another
     holds it. Raises NotClusterArchive when ``archive`` is not the cluster's archive."""
     require_cluster(client, keys, archive.url)
+    if (gone := emptied(client, keys, archive)) is not None:
+        raise gone  # not silently the history from now on: jobs stay in Redis, said each pass
     lock = client.lock(keys.archive_lock, timeout=lock_s, blocking=False)
     if not lock.acquire():
         return None

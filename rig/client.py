@@ -590,11 +590,14 @@ class Client:
                 notices.append(f"the archive cannot be read: {exc}")
             from rig.archive_cluster import late
 
-            if (line := late(self.r, self.keys, now, self.settings.archive_interval)) is not None:
+            workers = self.workers()
+            control_up = any(w.role == "control" for w in workers)  # they run the archiving passes
+            if (line := late(self.r, self.keys, now, self.settings.archive_interval,
+                             control_up=control_up)) is not None:
                 notices.append(line)
             return StatusReport(beats_refused=beats_refused,
                 cards=cards, running=running, pending=pending, oldest_wait=oldest,
-                workers=self.workers(), counts=self.store.count_by_state(),
+                workers=workers, counts=self.store.count_by_state(),
                 nodes=nodes, users=self._users(running, now), pool=pool,
                 notices=notices, archived=archived,
             )

@@ -5,14 +5,19 @@ Redis is read first and wins: a job that is in both (the archiving pass stopped 
 commit and its forget, rig.archiving) is shown once, as Redis has it. A job is the same job in
 both when its id and instance match (ids restart when Redis loses its data).
 
-Which archive: this process's ``archive_url`` (default: SQLite under ``$RIG_HOME``). The cluster
-records its one archive in Redis (rig.archive_cluster); a reader configured for another archive
-is told so in one line instead of silently showing fewer jobs, and a SQLite archive that held
-jobs but is gone is said missing, never read as empty.
+Which archive: this process's ``archive_url`` when it set one, else the cluster's recorded one
+(rig.archive_cluster), else the default SQLite file under ``$RIG_HOME``. A reader that set
+another archive than the cluster's is told so in one line instead of silently showing fewer
+jobs, and a SQLite archive that held jobs but is gone, or an archive recreated empty, is said,
+never read as empty. An archive that cannot be read now (server down, database dropped, file
+moved or not readable to this user) leaves listings with Redis' jobs and ``unread`` set, which
+the command says in one warning line; a job asked for by id that is not in Redis then raises
+ArchiveUnread (never "no job").
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import redis
@@ -26,8 +31,17 @@ from rig.accounting import (
     tally,
     total_of,
 )
-from rig.archive import Archive, missing, safe_url, sqlite_path
-from rig.archive_cluster import cluster_url, elsewhere, held_jobs
+from rig.archive import (
+    Archive,
+    ArchiveMissing,
+    ArchiveUnreachable,
+    missing,
+    safe_url,
+    same_archive,
+    sqlite_path,
+    unreadable,
+)
+from rig.archive_cluster import cluster_url, connectable, elsewhere, emptied, held_jobs
 from rig.config import Settings
 from rig.errors import ConfigError, JobGone, JobNotFound
 from rig.keys import Keys
@@ -56,25 +70,65 @@ class History:
         self.keys: Keys = store.keys
         self.settings = settings
         self._archive: Archive | None = None
+        #: Why the archive could not be read by the latest listing (one line), else None: the
+        #: listing then holds Redis' jobs only, and the command says so (unread_line()).
+        self.unread: str | None = None
+
+    def location(self) -> str:
+        """The archive this reader reads: its own ``archive_url`` when it set one (ConfigError
+        when that is not the cluster's), else the cluster's recorded one (else the default)."""
+        cluster = cluster_url(self.r, self.keys)
+        if self.settings.archive_url and self.settings.archive_url.strip():
+            own = self.settings.archive_location
+            if cluster and not same_archive(cluster, own):
+                raise ConfigError(elsewhere(cluster, own))
+            return own
+        # No archive_url of its own (any user's rig jobs): the cluster's, whatever this
+        # reader's RIG_HOME; its recorded URL has no password (libpq's ~/.pgpass gives one).
+        return connectable(cluster) if cluster else self.settings.archive_location
 
     def archive(self) -> Archive | None:
         """This installation's archive, or None when nothing was ever archived here (a SQLite
         file that does not exist is not created by a reader). Raises ConfigError when the
-        cluster's archive is another one than this process would read, or when the SQLite
-        file is missing though the cluster's archive held jobs."""
+        reader set an archive_url that is not the cluster's, ArchiveMissing when the SQLite file
+        is missing though the cluster's archive held jobs (or cannot be read by this user), and
+        ArchiveUnreachable / a database error when the server cannot be read."""
         if self._archive is not None:
             return self._archive
-        own = self.settings.archive_location
-        cluster = cluster_url(self.r, self.keys)
-        if cluster and cluster != safe_url(own):
-            raise ConfigError(elsewhere(cluster, own))
+        own = self.location()
         path = sqlite_path(own)
         if path is not None and not path.exists():
             if held_jobs(self.r, self.keys):
                 raise missing(path)
             return None
-        self._archive = Archive(own, self.keys.prefix)
+        if path is not None and not os.access(path, os.R_OK | os.W_OK):
+            # rig keeps it its owner's only (jobs' environments): another user reads Redis' jobs.
+            raise ArchiveMissing(f"archive {path} is not readable by this user (it is the cluster "
+                                 "owner's only: it holds jobs' environments)")
+        archive = Archive(own, self.keys.prefix)
+        if (gone := emptied(self.r, self.keys, archive)) is not None:
+            archive.close()
+            raise gone  # an archive recreated empty is not the history: Redis' jobs, one warning
+        self._archive = archive
         return self._archive
+
+    def readable_archive(self) -> Archive | None:
+        """archive(), or None (and ``unread`` set to why) when it cannot be read now: a missing
+        or unreadable SQLite file, a server down, a database dropped. A reader's own
+        misconfiguration (another archive than the cluster's) still raises."""
+        try:
+            return self.archive()
+        except Exception as exc:
+            if not unreadable(exc):
+                raise
+            self._drop()
+            self.unread = first_line(exc)
+            return None
+
+    def _drop(self) -> None:
+        if self._archive is not None:
+            self._archive.close_quietly()
+            self._archive = None
 
     def close(self) -> None:
         if self._archive is not None:
@@ -92,9 +146,16 @@ class History:
         if job is not None and (instance is None or (job.instance or "").startswith(instance)):
             return job
         job = None  # Redis' job is another instance: only the archive may have the one asked for
-        archive = self.archive()
-        if archive is not None:
-            job = archive.get(job_id) if instance is None else archive.get_instance(job_id, instance)
+        try:
+            archive = self.archive()
+            if archive is not None:
+                job = archive.get(job_id) if instance is None else archive.get_instance(job_id, instance)
+        except Exception as exc:
+            if not unreadable(exc):
+                raise
+            self._drop()
+            raise ArchiveUnread(f"job {job_id} is not in Redis and the archive could not be read, so whether it "
+                                f"was archived is unknown: {first_line(exc)}") from None
         if job is None:
             if instance is not None:
                 raise JobGone(job_id, f"no job {job_id} of instance {instance}; `rig jobs --since 30d` shows each "
@@ -141,9 +202,30 @@ class History:
         live = self.store.list(state, limit=limit, user=user)
         if since is not None:
             live = [j for j in live if j.created_at >= since]
-        archive = self.archive() if state is None or state in TERMINAL_STATES else None
-        old = archive.list(state=state, user=user, since=since, limit=limit) if archive is not None else []
+        old: list[Job] = []
+        if state is None or state in TERMINAL_STATES:
+            old = self._read_or_note(lambda a: a.list(state=state, user=user, since=since, limit=limit), [])
         return merge(live, old)[:limit]
+
+    def _read_or_note(self, read, empty):  # noqa: ANN001, ANN202 - read: Archive -> T; empty: T
+        """``read(archive)``, or ``empty`` with ``unread`` set when the archive cannot be read
+        (readable_archive(), or a query failing: a table dropped, the connection lost)."""
+        self.unread = None  # of this listing only: a long-lived client's archive may be back
+        archive = self.readable_archive()
+        if archive is None:
+            return empty
+        try:
+            return read(archive)
+        except Exception as exc:
+            if not unreadable(exc):
+                raise
+            self._drop()
+            self.unread = first_line(exc)
+            return empty
+
+    def unread_line(self, what: str = "older finished jobs are not shown") -> str | None:
+        """The one warning line for a command whose listing lacked the archive, else None."""
+        return None if self.unread is None else f"warning: the archive could not be read ({self.unread}): {what}"
 
     def accounting(self, since: float | None = None) -> list[Accounting]:
         """The accounting inputs of every finished job that ended at or after ``since``: the
@@ -162,9 +244,9 @@ class History:
         live = self._live_accounting(since)
         groups = (by,) if by == "user" else (by, "user")  # the total counts each job once: by user
         found = {group: tally(live, group) for group in groups}
-        archive = self.archive()
-        if archive is not None:
-            old = archive.usage(since=since, groups=groups, besides={(a.id, a.instance) for a in live})
+        besides = {(a.id, a.instance) for a in live}
+        old = self._read_or_note(lambda a: a.usage(since=since, groups=groups, besides=besides), None)
+        if old is not None:
             for group in groups:
                 merge_into(found[group], old[group])
         return lines_of(found[by]), total_of(found["user"])
@@ -250,6 +332,27 @@ class AccountingReader:
                 found = self._seen[key] = field_value(name, text)
             return found
         return field_value(name, text)
+
+
+def archive_warning(client, what: str = "older finished jobs are not shown") -> str | None:  # noqa: ANN001
+    """The one stderr line for a listing by ``client`` that lacked the archive (History.unread),
+    else None (and for a gateway client, whose node read it)."""
+    from rig.client import Client
+
+    return client.history.unread_line(what) if isinstance(client, Client) else None
+
+
+class ArchiveUnread(ConfigError):
+    """A job asked for by id is not in Redis and the archive cannot be read (exit 6)."""
+
+
+def first_line(exc: BaseException) -> str:
+    """Why the archive could not be read, in one line for a warning (a server's own reason
+    without the advice for rig up's archive_url)."""
+    if isinstance(exc, ArchiveUnreachable):
+        return f"{safe_url(exc.url)} unreachable now: {exc.reason}"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def merge(live: list[Job], archived: list[Job]) -> list[Job]:

@@ -270,7 +270,7 @@ class Keys:
 
     @property
     def archive_held(self) -> str:
-        """String: present once the cluster's archive was given jobs."""
+        """String: present once the cluster's archive was given jobs; how many it took (rig.archive_cluster)."""
         return f"{self.prefix}archive:held"
 
     @property

@@ -353,13 +353,12 @@ class Stack:
         if self.wants("control"):
             # The control workers move finished jobs into the archive: a wrong archive_url, a
             # missing psycopg or an unwritable folder is said now (exit 6), not in a worker's log.
-            from rig.archive import Archive
-            from rig.archive_cluster import claim_at_up
+            from rig.archive_cluster import check_at_up
 
-            Archive(s.archive_location, s.key_prefix, home=s.home).close()
-            line = claim_at_up(self._redis(), self.keys, s.archive_location, s.node_name)
-            if line:  # one archive per cluster: a node configured for another one does not archive
+            for line in check_at_up(self._redis(), self.keys, s.archive_location, s.key_prefix, s.node_name,
+                                    home=s.home):
                 self.say(line)
+                self.notes.append(line)  # on the terminal of `rig up --daemon` too, not only in up.log
         for warning in open_doors(s, self.wants):
             self.say(warning)
         from rig.logspace import never_enough  # here: the one edit of this file for it

@@ -103,6 +103,10 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
     st = JobState.parse(state) if state else None
     client.ping()
     found = client.jobs(st, limit=limit, user=user, since=since_time(since) if since else None)
+    from rig.history import archive_warning
+
+    if warning := archive_warning(client):  # Redis' jobs listed all the same (rig.history)
+        click.echo(warning, err=True)
     waiting = [j for j in found if j.state is JobState.PENDING]
     # rig.forecast, the one estimate, as the leading dispatcher stored it (rig.forecast_store)
     estimates = client.start_estimates([j.id for j in waiting]) if waiting else None

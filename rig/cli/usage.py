@@ -83,6 +83,10 @@ def _usage(client, since: float | None, by: str) -> tuple[list[UsageLine], Usage
     if not isinstance(client, Client):
         return client.usage(since=since, by=by)
     lines, whole = client.usage(since=since, by=by)
+    from rig.history import archive_warning
+
+    if warning := archive_warning(client, "the totals cover only the finished jobs Redis holds"):
+        click.echo(warning, err=True)  # exit 0 all the same: README, rig usage
     built = client.history.archive_rollup_built()
     if built is not None:
         click.echo(f"archive: summed {built[0]:,} job(s) archived by an older rig per day for rig usage, once "

@@ -199,7 +199,8 @@ def test_bad_archive_urls_and_a_reader_pointed_elsewhere_get_one_line(ledger, ar
         Archive("postgresql://postgres@127.0.0.1/x", key_prefix)
     finished(ledger, ended=NOW - 2 * DAY)
     archive_pass(ledger.store.r, ledger.keys, archive, after_seconds=DAY, keep=0, now=NOW)  # records it
-    elsewhere = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path / "other"))
+    other = default_url(tmp_path / "other")  # set by the reader itself: its mistake is said
+    elsewhere = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path / "other", archive_url=other))
     with pytest.raises(ConfigError, match="this cluster archives finished jobs to sqlite:///.*but this rig's"):
         elsewhere.list()
 

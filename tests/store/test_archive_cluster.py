@@ -45,9 +45,11 @@ def test_two_nodes_with_their_own_sqlite_split_nothing_and_the_other_is_told(led
     assert cluster_url(r, keys).endswith("/a/archive.sqlite3")  # never flips
     (b_home / "archive.sqlite3").unlink()  # B's own file is not the cluster's: its absence is no loss
     assert b_task.run(NOW).startswith("skipped: this cluster archives")
-    reader_b = History(ledger.store, load_settings(key_prefix=key_prefix, home=b_home))
+    reader_b = History(ledger.store, load_settings(key_prefix=key_prefix, home=b_home, archive_url=b.url))
     with pytest.raises(ConfigError, match="this cluster archives finished jobs to .* but this rig's archive_url"):
-        reader_b.get(job.id)  # never "no job"
+        reader_b.get(job.id)  # it set another archive itself: told, never "no job"
+    # A reader who set no archive_url (another RIG_HOME) reads the cluster's archive.
+    assert History(ledger.store, load_settings(key_prefix=key_prefix, home=b_home)).get(job.id).id == job.id
     reader_a = History(ledger.store, load_settings(key_prefix=key_prefix, home=a_home))
     assert reader_a.get(job.id).id == job.id
     # rig up of B while A is up: B will not archive, the record stays A's.
@@ -87,7 +89,10 @@ def test_the_lock_is_short_renewed_per_batch_and_a_killed_pass_blocks_it_briefly
         assert one_pass(ledger, archive) is None
     # rig status tells when archiving is late (ok_at was set by the pass above, at NOW).
     assert late(r, keys, NOW + 60, 60.0) is None
-    assert "archiving last succeeded 10 min ago" in late(r, keys, NOW + 600, 60.0)
+    assert "archiving last succeeded 10 min ago: see the control" in late(r, keys, NOW + 600, 60.0)
+    # No control worker up (no node): that is why, not "see the control workers' log".
+    assert late(r, keys, NOW + 600, 60.0, control_up=False) == (
+        "archiving last succeeded 10 min ago: no control worker is up to run it (`rig up` on a node starts one)")
 
 
 def test_a_sqlite_file_deleted_or_replaced_under_rig_keeps_the_jobs_in_redis(ledger, tmp_path, key_prefix):

@@ -1,0 +1,207 @@
+"""An archive that cannot be reached or read never stops a node or hides Redis' jobs; URLs of
+one archive written differently are one archive; a move and a recreated database are said
+(rig.archive, rig.archive_cluster, rig.history). SQLite in tmp_path, fakeredis and real Redis;
+the PostgreSQL cases in a database of their own (skipped without one)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rig.archive import Archive, ArchiveUnreachable, default_url, identity, same_archive
+from rig.archive_cluster import check_at_up, claim, cluster_url, require_cluster
+from rig.config import load_settings
+from rig.errors import ConfigError
+from rig.history import ArchiveUnread, History
+from tests.store.test_archive import DAY, NOW, finished, in_redis, mover
+from tests.store.test_archive_postgres import pg_url  # noqa: F401 - the fixture
+
+#: Nothing listens there (a port below the ephemeral range that no test opens).
+DOWN = "postgresql://postgres@127.0.0.1:5999/x"
+
+
+@pytest.fixture
+def ledger(redis_client, key_prefix):
+    from rig.keys import Keys
+    from rig.ledger import Ledger
+
+    return Ledger(redis_client, Keys(key_prefix))
+
+
+@pytest.mark.parametrize("other", [
+    "postgresql://postgres@127.0.0.1:5432/db", "postgresql://postgres@127.0.0.1/db/",
+    "postgresql://postgres:pw@127.0.0.1/db", "postgres://postgres@127.0.0.1/db",
+    "postgresql://postgres:***@127.0.0.1:5432/db?sslmode=require"])
+def test_one_postgresql_archive_written_differently_is_one_archive(other):
+    assert same_archive("postgresql://postgres@127.0.0.1/db", other)
+
+
+@pytest.mark.parametrize("other", [
+    "postgresql://postgres@127.0.0.1:5433/db", "postgresql://postgres@127.0.0.1/db2",
+    "postgresql://rig@127.0.0.1/db", "postgresql://postgres@10.0.0.1/db"])
+def test_another_server_database_or_user_is_another_archive(other):
+    assert not same_archive("postgresql://postgres@127.0.0.1/db", other)
+
+
+def test_a_sqlite_path_is_compared_resolved(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert same_archive(f"sqlite:///{tmp_path}/real/a.sqlite3", f"sqlite:///{tmp_path}/link/../real/a.sqlite3")
+    assert same_archive(f"sqlite:///{tmp_path}/real/a.sqlite3", f"sqlite:///{tmp_path}/link/a.sqlite3")
+    assert identity(f"sqlite:///{tmp_path}/real/a.sqlite3") != identity(f"sqlite:///{tmp_path}/real/b.sqlite3")
+
+
+def test_the_cluster_check_takes_a_port_a_slash_or_a_password_as_the_same(ledger):
+    r, keys = ledger.store.r, ledger.keys
+    assert claim(r, keys, "postgresql://postgres@127.0.0.1/db", alone=True) is None
+    for url in ("postgresql://postgres@127.0.0.1:5432/db", "postgresql://postgres:pw@127.0.0.1/db/"):
+        require_cluster(r, keys, url)  # no NotClusterArchive
+        assert claim(r, keys, url, alone=False) is None
+    with pytest.raises(ConfigError, match="this cluster archives finished jobs to"):
+        require_cluster(r, keys, "postgresql://postgres@127.0.0.1/other")
+
+
+def test_a_server_down_at_rig_up_is_a_warning_and_a_mistake_still_refuses(ledger, key_prefix, tmp_path):
+    pytest.importorskip("psycopg")
+    r, keys = ledger.store.r, ledger.keys
+    with pytest.raises(ArchiveUnreachable):
+        Archive(DOWN, key_prefix)
+    lines = check_at_up(r, keys, DOWN, key_prefix, "n1", home=tmp_path)
+    assert lines == ["warning: archive postgresql://postgres@127.0.0.1:5999/x unreachable now (" + lines[0].split(
+        "unreachable now (", 1)[1]] and lines[0].endswith("finished jobs stay in Redis until it answers")
+    assert cluster_url(r, keys) == DOWN  # the node is the cluster's archiver: each pass retries
+    for bad in ("mysql://x", "sqlite:///relative.db", f"sqlite:///{tmp_path}/no/such/folder/a.sqlite3"):
+        with pytest.raises(ConfigError) as caught:
+            check_at_up(r, keys, bad, key_prefix, "n1", home=tmp_path / "home")
+        assert not isinstance(caught.value, ArchiveUnreachable)
+
+
+def test_a_move_is_said_with_the_old_archives_count(ledger, key_prefix, tmp_path):
+    r, keys = ledger.store.r, ledger.keys
+    a_url, b_url = default_url(tmp_path / "a"), default_url(tmp_path / "b")
+    assert check_at_up(r, keys, a_url, key_prefix, "n1", home=tmp_path) == []
+    finished(ledger, ended=NOW - 2 * DAY)
+    finished(ledger, ended=NOW - 2 * DAY)
+    with Archive(a_url, key_prefix) as a:
+        assert mover(ledger, a).run(NOW).archived == 2
+    (line,) = check_at_up(r, keys, b_url, key_prefix, "n1", home=tmp_path)
+    assert line.startswith(f"warning: this cluster's finished jobs now go to {b_url} (they went to {a_url}): "
+                           f"the 2 job(s) in {a_url} are no longer shown")
+
+
+def test_an_unreadable_sqlite_archive_lists_redis_jobs_with_one_warning(ledger, key_prefix, tmp_path):
+    old = finished(ledger, ended=NOW - 2 * DAY, user="ann")
+    with Archive(default_url(tmp_path), key_prefix) as archive:
+        require_cluster(ledger.store.r, ledger.keys, archive.url)
+        mover(ledger, archive).run(NOW)
+    live = finished(ledger, ended=NOW - 60, user="bob")
+    assert not in_redis(ledger, old.id) and in_redis(ledger, live.id)
+    reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path))
+    assert [j.id for j in reader.list()] == [live.id, old.id] and reader.unread is None
+    reader.close()
+    (tmp_path / "archive.sqlite3").rename(tmp_path / "moved.sqlite3")
+    reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path))
+    assert [j.id for j in reader.list()] == [live.id]
+    assert reader.unread_line().startswith("warning: the archive could not be read (archive missing at ")
+    assert reader.unread_line().endswith("older finished jobs are not shown")
+    lines, total = reader.usage(since=None)
+    assert total.jobs == 1 and [line.key for line in lines] == ["bob"]  # what Redis holds
+    with pytest.raises(ArchiveUnread, match=f"job {old.id} is not in Redis and the archive could not be read"):
+        reader.get(old.id)  # never "no job with id N"
+    assert reader.get(live.id).id == live.id
+    (tmp_path / "moved.sqlite3").rename(tmp_path / "archive.sqlite3")  # back: the next listing has it all
+    assert [j.id for j in reader.list()] == [live.id, old.id] and reader.unread_line() is None
+
+
+def test_rig_jobs_and_usage_exit_0_with_one_warning_when_the_archive_is_gone(ledger, key_prefix, tmp_path):
+    from click.testing import CliRunner
+
+    from rig.cli.main import cli
+    from tests.conftest import REAL_REDIS, REDIS_URL
+
+    if not REAL_REDIS or not hasattr(ledger.store.r, "connection_pool") or "Fake" in type(ledger.store.r).__name__:
+        pytest.skip("the CLI reads a real Redis")
+    old = finished(ledger, ended=NOW - 2 * DAY)
+    with Archive(default_url(tmp_path), key_prefix) as archive:
+        require_cluster(ledger.store.r, ledger.keys, archive.url)
+        mover(ledger, archive).run(NOW)
+    live = finished(ledger, ended=NOW - 60)
+    (tmp_path / "archive.sqlite3").unlink()
+    env = {"RIG_REDIS_URL": REDIS_URL, "RIG_KEY_PREFIX": key_prefix, "RIG_HOME": str(tmp_path), "COLUMNS": "200"}
+    jobs = CliRunner().invoke(cli, ["jobs", "--json"], env=env)
+    assert jobs.exit_code == 0, jobs.output
+    assert [j["id"] for j in __import__("json").loads(jobs.stdout)] == [live.id]
+    assert jobs.stderr.count("warning: the archive could not be read") == 1
+    usage = CliRunner().invoke(cli, ["usage", "--since", "all"], env=env)
+    assert usage.exit_code == 0, usage.output
+    assert "the totals cover only the finished jobs Redis holds" in usage.stderr
+    show = CliRunner().invoke(cli, ["show", str(old.id)], env=env)
+    assert show.exit_code == 6 and "the archive could not be read" in show.stderr
+
+
+def test_a_dropped_postgresql_database_lists_redis_jobs_with_one_warning(ledger, key_prefix, tmp_path,
+                                                                       pg_url):  # noqa: F811
+    import psycopg
+
+    from tests.store.test_archive_postgres import ADMIN_URL
+
+    old = finished(ledger, ended=NOW - 2 * DAY)
+    with Archive(pg_url, key_prefix) as archive:
+        require_cluster(ledger.store.r, ledger.keys, archive.url)
+        mover(ledger, archive).run(NOW)
+    live = finished(ledger, ended=NOW - 60)
+    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE {pg_url.rsplit('/', 1)[1]} WITH (FORCE)")
+    reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path, archive_url=pg_url))
+    assert [j.id for j in reader.list()] == [live.id] and "could not be read" in reader.unread_line()
+    with pytest.raises(ArchiveUnread):
+        reader.get(old.id)
+
+
+def _recreated_case(ledger, key_prefix, tmp_path, url: str, recreate) -> None:
+    """Archive one job to ``url``, ``recreate()`` the database empty, and check that nothing
+    takes the empty one as the history: the pass, rig up, readers."""
+    from rig.archiving import archive_pass
+
+    r, keys = ledger.store.r, ledger.keys
+    old = finished(ledger, ended=NOW - 2 * DAY)
+    with Archive(url, key_prefix) as archive:
+        require_cluster(r, keys, archive.url)
+        assert archive_pass(r, keys, archive, after_seconds=DAY, keep=0, now=NOW).archived == 1
+    recreate()
+    waiting = finished(ledger, ended=NOW - 2 * DAY)
+    with Archive(url, key_prefix) as archive:  # rig makes its tables again: empty
+        with pytest.raises(ConfigError, match="holds none of this cluster's jobs but 1 were archived to it"):
+            archive_pass(r, keys, archive, after_seconds=DAY, keep=0, now=NOW)
+    assert in_redis(ledger, waiting.id)  # not moved into the recreated archive
+    (line,) = check_at_up(r, keys, url, key_prefix, "n1", home=tmp_path)
+    assert line.startswith("warning: archive ") and "holds none of this cluster's jobs" in line
+    reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path, archive_url=url))
+    assert [j.id for j in reader.list()] == [waiting.id] and "holds none" in reader.unread_line()
+    with pytest.raises(ArchiveUnread):
+        reader.get(old.id)
+
+
+def test_a_sqlite_archive_replaced_by_an_empty_one_is_said_not_used(ledger, key_prefix, tmp_path):
+    url = default_url(tmp_path)
+
+    def recreate() -> None:
+        for name in ("archive.sqlite3", "archive.sqlite3-wal", "archive.sqlite3-shm"):
+            (tmp_path / name).unlink(missing_ok=True)
+        Archive(url, key_prefix).close()  # an empty archive put in its place
+
+    _recreated_case(ledger, key_prefix, tmp_path, url, recreate)
+
+
+def test_a_postgresql_database_dropped_and_recreated_is_said_not_used(ledger, key_prefix, tmp_path,
+                                                                    pg_url):  # noqa: F811
+    import psycopg
+
+    from tests.store.test_archive_postgres import ADMIN_URL
+
+    def recreate() -> None:
+        name = pg_url.rsplit("/", 1)[1]
+        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+            admin.execute(f"CREATE DATABASE {name}")
+
+    _recreated_case(ledger, key_prefix, tmp_path, pg_url, recreate)
