@@ -299,10 +299,9 @@ def config(ctx: click.Context) -> None:
     flag)."""
     settings = settings_from(ctx)
     click.echo(f"# config file: {settings.config_file or 'none (defaults and RIG_* variables)'}")
-    from rig.config import PATH_FIELDS
+    from rig.config import PATH_FIELDS, setting_origins, shown_setting
 
-    click.echo(f"# relative paths ({', '.join(PATH_FIELDS)}) are taken under home, {settings.home}")
-    from rig.config import setting_origins
+    click.echo(f"# relative paths ({', '.join(PATH_FIELDS)}) are taken under home, {shown_setting(settings.home)}")
     from rig.redis_conn import password_source, strip_password
 
     origins = setting_origins(settings)
@@ -312,7 +311,7 @@ def config(ctx: click.Context) -> None:
             source = password_source(value)
             value = strip_password(value) + (f" (password from {source})" if source else " (no password)")
         if key != "config_file":
-            click.echo(f"{key} = {value!r}" + (f"  # {origins[key]}" if key in origins else ""))
+            click.echo(f"{key} = {shown_setting(value)}" + (f"  # {origins[key]}" if key in origins else ""))
 
 
 # -- the stack ----------------------------------------------------------------------------------
