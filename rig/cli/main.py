@@ -301,7 +301,7 @@ def config(ctx: click.Context) -> None:
     click.echo(f"# config file: {settings.config_file or 'none (defaults and RIG_* variables)'}")
     from rig.config import PATH_FIELDS, setting_origins, shown_setting
 
-    click.echo(f"# relative paths ({', '.join(PATH_FIELDS)}) are taken under home, {shown_setting(settings.home)}")
+    click.echo(f"# relative paths ({', '.join(PATH_FIELDS)}) are taken under home, {shown_setting(settings.home, quoted=False)}")
     from rig.redis_conn import password_source, strip_password
 
     origins = setting_origins(settings)
