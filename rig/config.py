@@ -708,3 +708,15 @@ def setting_origins(settings: Settings) -> dict[str, str]:
     if sources is None:
         return {}
     return config_check.origins(settings, sources)
+
+
+def shown_setting(value: object, *, quoted: bool = True) -> str:
+    """A setting's value as `rig config` prints it: a path as text, absolute and resolved (a
+    relative one, from a relative RIG_HOME, is said to be taken from the current folder, as
+    every rig command started there takes it); anything else as its repr. ``quoted=False``:
+    a path without quotes, for a sentence."""
+    if isinstance(value, Path):
+        text = str(value.expanduser().resolve())
+        text = repr(text) if quoted else text
+        return text if value.expanduser().is_absolute() else f"{text} ({str(value)!r} relative to the current folder)"
+    return repr(value)

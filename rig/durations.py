@@ -1,4 +1,5 @@
-"""Durations people type: ``90s``, ``30m``, ``2h``, ``1d``, ``1h30m``, or plain seconds."""
+"""Durations people type: ``90s``, ``30m``, ``2h``, ``1d``, ``1h30m``, or plain seconds where a
+bare number is taken as seconds (``--time-limit``; ``--since`` refuses one: ``unit_required``)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,23 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])", re.IGNORECASE)
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def parse_duration(text: str | int | float, *, what: str = "--time-limit") -> float:
-    """Seconds in ``text``; raises InvalidInput (one line, with an example) otherwise."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
+def parse_duration(text: str | int | float, *, what: str = "--time-limit", unit_required: bool = False) -> float:
+    """Seconds in ``text`` (more than 0); raises InvalidInput (one line naming ``what`` and,
+    in the same words each time, the value given, with an example) otherwise. With
+    ``unit_required`` a bare number is refused: ``--since 7`` meant 7 days to the person who
+    typed it far more often than 7 seconds, and silently reading it as seconds answered "no
+    jobs"."""
+    number = isinstance(text, int | float) and not isinstance(text, bool)
+    raw = str(text).strip().lower()
+    if number or re.fullmatch(r"\d+(\.\d+)?", raw):
+        if unit_required:
+            raise InvalidInput(f"{what} needs a unit: 90s, 30m, 12h, 7d (got {str(text)!r})")
         seconds = float(text)
     else:
-        raw = str(text).strip().lower()
-        if re.fullmatch(r"\d+(\.\d+)?", raw):
-            seconds = float(raw)
-        else:
-            parts = _PART.findall(raw)
-            if not parts or _PART.sub("", raw).strip():
-                raise InvalidInput(f"{what}: cannot read {text!r}; write it like 90s, 30m, 2h, 7d or 1h30m")
-            seconds = sum(float(n) * _UNIT[u.lower()] for n, u in parts)
+        parts = _PART.findall(raw)
+        if not parts or _PART.sub("", raw).strip():
+            raise InvalidInput(f"{what}: cannot read {text!r}; write it like 90s, 30m, 2h, 7d or 1h30m")
+        seconds = sum(float(n) * _UNIT[u.lower()] for n, u in parts)
     if seconds <= 0:
-        raise InvalidInput(f"{what} must be more than 0 seconds, got {text!r}")
+        raise InvalidInput(f"{what} must be more than 0 seconds (got {text!r})")
     return seconds

@@ -83,7 +83,10 @@ NO_CARDS = "no estimate: no cards are registered (is `rig up` running?)"
 LATER = f"later (more than {FORECAST_JOBS} jobs ahead of it by priority and age; only those are estimated)"
 #: What every time shown says it is: the ends of the jobs ahead come from their time limits or
 #: earlier runs (each job's own is its StartEstimate.run_text).
-CAVEAT = "an estimate from the run times expected of the jobs ahead, assumes no higher-priority submissions"
+#: "No higher-priority submissions" was no assumption for a high-priority job (there is none
+#: higher); what every estimate assumes is that nothing submitted later is put ahead of it
+#: (a higher priority, or fair share within its own).
+CAVEAT = "an estimate from the run times expected of the jobs ahead, assumes nothing submitted later goes first"
 
 
 @dataclass(frozen=True)

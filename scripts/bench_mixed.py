@@ -2,8 +2,8 @@
 """The mixed-load benchmark: a real rig on fake cards, a seeded mixed trace replayed in real time,
 once per scheduling strategy, side by side.
 
-For each strategy it starts a throwaway node (real Redis at $RIG_BENCH_REDIS_URL or
-127.0.0.1:6379 under a private key prefix, real Celery workers on fake 8x80G cards, max 4 jobs a
+For each strategy it starts a throwaway node (real Redis at $RIG_BENCH_REDIS_URL, else
+$RIG_REDIS_URL, else 127.0.0.1:6379, under a private key prefix, real Celery workers on fake 8x80G cards, max 4 jobs a
 card), replays the trace of rig.testing.trace (inference, finetunes, large jobs, some 2-card jobs,
 priorities mixed; half at 0 s, the rest over 20 s; every job a shell command that writes its
 memory into the fake card's usage files and sleeps) and prints:
@@ -57,6 +57,7 @@ from rig.gpus.base import GpuReading  # noqa: E402
 from rig.keys import Keys  # noqa: E402
 from rig.ledger import Ledger  # noqa: E402
 from rig.models import CardState, Job, JobState, Priority  # noqa: E402
+from rig.testing.bench_redis import bench_redis_url, described  # noqa: E402
 from rig.testing.harness import RigHarness, delete_prefix  # noqa: E402
 from rig.testing.trace import (  # noqa: E402
     GIB,
@@ -92,7 +93,9 @@ USAGE_EVERY = 5
 
 
 def redis_url() -> str:
-    return os.environ.get("RIG_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+    """The Redis of the throwaway nodes (rig.testing.bench_redis: $RIG_BENCH_REDIS_URL, else
+    $RIG_REDIS_URL, else 127.0.0.1:6379)."""
+    return bench_redis_url()[0]
 
 
 def strategy_problem(strategy: str) -> str | None:
@@ -488,7 +491,7 @@ def _clean(value: Any) -> Any:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(description=__doc__, epilog=described(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
                         help="comma list of scheduler_type values to compare")

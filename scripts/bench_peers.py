@@ -21,15 +21,16 @@ same way for every system (rig.testing.peers):
     instruction (p50 / p99).
 
 The systems:
-  * rig: a throwaway node (scripts/bench_mixed.py's run_trace and run_latency), default
+  * rig: a throwaway node (scripts/bench_mixed.py's run_trace and run_latency; Redis at
+    $RIG_BENCH_REDIS_URL, else $RIG_REDIS_URL, else 127.0.0.1:6379), default
     strategy; with --time-limits F each job declares --time-limit = duration x F + 0.5 s; with
     --history on, names repeat per kind and memory bucket ("ft-24g");
   * ray: ray.init(num_gpus=8), fractional GPUs by memory (num_gpus = GiB / 80 for a 1-card job,
     2 for a 2-card job), the command run by subprocess with CUDA_VISIBLE_DEVICES from
     ray.get_gpu_ids(); no priorities (submitted in arrival order); no job cap per card; Ray's
     start and worker warm-up are not in the figures. `pip install '.[bench]'` installs it;
-  * celery: a throwaway Celery app on Redis ($PEERS_BROKER_URL, default DB 11 of
-    127.0.0.1:6379; a private key prefix, deleted at the end), 8 workers
+  * celery: a throwaway Celery app on Redis ($PEERS_BROKER_URL, else DB 11 of the Redis rig's
+    node uses, below; a private key prefix, deleted at the end), 8 workers
     (-P solo, concurrency 1, prefetch 1, acks_late) on one shared queue, each running its jobs
     on its own card; priorities by Celery's Redis priority steps; a 2-card job runs on its
     worker's card and the next one, the second taken unreserved (rig.testing.peers_celery);
@@ -70,6 +71,7 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 
 from rig.config import load_settings  # noqa: E402
+from rig.testing.bench_redis import bench_redis_url, described, with_db  # noqa: E402
 from rig.testing.harness import delete_prefix  # noqa: E402
 from rig.testing.peers import (  # noqa: E402
     Stamp,
@@ -545,10 +547,33 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def seed_list(text: str) -> list[int]:
+    """``--seeds 8,3,5``: whole numbers, comma-separated (``""``: none, only the tiny jobs'
+    figures); anything else is refused by argparse in one line, exit 2."""
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give whole numbers separated by commas, e.g. 8,3,5 (got {text!r})") from None
+
+
+def broker_url() -> tuple[str, str]:
+    """The Celery peer's broker and where it came from: $PEERS_BROKER_URL, else DB 11 of the
+    Redis rig's nodes use (rig.testing.bench_redis)."""
+    if os.environ.get("PEERS_BROKER_URL", "").strip():
+        return os.environ["PEERS_BROKER_URL"].strip(), "$PEERS_BROKER_URL"
+    url, source = bench_redis_url()
+    return with_db(url, 11), f"DB 11 of {'$' + source if source != 'default' else 'the default'}"
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="8,3,5")
+    from rig.redis_conn import strip_password
+
+    broker, broker_source = broker_url()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"{described()}\nCelery's broker: $PEERS_BROKER_URL, else DB 11 of that Redis; now "
+               f"{broker_source}: {strip_password(broker)}")
+    parser.add_argument("--seeds", type=seed_list, default="8,3,5", help="comma list of trace seeds")
     have_sgs = importlib.util.find_spec("simple_gpu_scheduler") is not None
     parser.add_argument("--systems", default=",".join(s for s in SYSTEMS if s != "sgs" or have_sgs),
                         help=f"comma list of {', '.join(SYSTEMS)} (default: all installed)")
@@ -573,14 +598,17 @@ def main() -> int:
         print(message, file=sys.stderr, flush=True)
 
     print("$ " + " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]))
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    seeds: list[int] = args.seeds
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         parser.error(f"unknown systems {unknown}; known: {', '.join(SYSTEMS)}")
-    factors = [0.0, 1.5] if args.time_limits == "both" else [float(args.time_limits)]
+    try:
+        factors = [0.0, 1.5] if args.time_limits == "both" else [float(args.time_limits)]
+    except ValueError:
+        parser.error(f"--time-limits: give both or a factor such as 1.5 (got {args.time_limits!r})")
     histories = {"both": [False, True], "off": [False], "on": [True]}[args.history]
-    url = os.environ.get("PEERS_BROKER_URL", "redis://127.0.0.1:6379/11")
+    url = broker
     try:
         commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                                 capture_output=True, text=True, check=False).stdout.strip()

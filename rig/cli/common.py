@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -75,6 +76,20 @@ def quiet_broken_pipe() -> None:
     sys.exit(0)
 
 
+def _check_instance(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--instance HEX``: the first 1 to 16 lowercase hex digits of a job's instance (the
+    rule rig.history.History.get matches a prefix of), else a one-line usage error (exit 2)."""
+    if value is not None and not re.fullmatch(r"[0-9a-f]{1,16}", value):
+        raise click.BadParameter("give the first hex digits of the instance, e.g. 3fa9c2", ctx, param)
+    return value
+
+
+#: ``--instance HEX`` of every command that reads one job (show, log, metrics): the same
+#: option, check and words everywhere; the command passes it to ``client.get(job_id, instance)``.
+INSTANCE_OPTION = click.option(
+    "--instance", metavar="HEX", callback=_check_instance,
+    help="That very job where its id was given again after Redis lost its data: the first digits "
+         "of its instance, as `rig jobs` shows them.")
 
 
 def parse_job_id(text: str) -> int:

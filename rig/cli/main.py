@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import click
 
 from rig.cli import as_json as J
 from rig.cli.common import (
+    INSTANCE_OPTION,
     check_limit,
     client_from,
     fail,
@@ -125,8 +125,7 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
 
 @cli.command()
 @click.argument("job_id")
-@click.option("--instance", metavar="HEX", help="That very job where its id was given again after Redis lost "
-              "its data: the first digits of its instance, as `rig jobs` shows them.")
+@INSTANCE_OPTION
 @JSON_OPTION
 @click.pass_context
 @handle_errors
@@ -134,8 +133,6 @@ def show(ctx: click.Context, job_id: str, instance: str | None, as_json: bool) -
     """Everything about one job; for a waiting job, why it waits and its estimated start."""
     client = client_from(ctx)
     client.ping()
-    if instance is not None and not re.fullmatch(r"[0-9a-f]{1,16}", instance):
-        raise click.BadParameter("give the first hex digits of the instance, e.g. 3fa9c2", param_hint="--instance")
     job = client.get(job_id, instance)
     why = client.why_waiting(job)  # the one explanation (rig.waiting), for the table and JSON alike
     start: dict[str, object] = {}
@@ -151,14 +148,15 @@ def show(ctx: click.Context, job_id: str, instance: str | None, as_json: bool) -
 
 @cli.command()
 @click.argument("job_id")
+@INSTANCE_OPTION
 @JSON_OPTION
 @click.pass_context
 @handle_errors
-def metrics(ctx: click.Context, job_id: str, as_json: bool) -> None:
+def metrics(ctx: click.Context, job_id: str, instance: str | None, as_json: bool) -> None:
     """Declared vs measured GPU memory (peak, mean), GPU utilisation and duration, per attempt."""
     client = client_from(ctx)
     client.ping()
-    job = client.get(job_id)
+    job = client.get(job_id, instance)
     if as_json:
         current = None
         if job.state is JobState.RUNNING:
@@ -174,17 +172,21 @@ def metrics(ctx: click.Context, job_id: str, as_json: bool) -> None:
 @click.option("--follow", "-f", is_flag=True,
               help="Keep printing new output, through every retried attempt, until the job is final.")
 @click.option("--attempt", "-a", type=int, help="Which attempt's log (default: the latest).")
+@INSTANCE_OPTION
 @click.pass_context
 @handle_errors
-def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None) -> None:
+def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None, instance: str | None) -> None:
     """Print a job's output (stdout and stderr) on stdout; which attempt, on stderr. With -f,
     follow it, retried attempts included, until the job is final (rig.cli.logview)."""
     from rig.cli.logview import show_log, this_machine
 
     client = client_from(ctx)
     client.ping()
-    job = client.get(parse_job_id(job_id))
-    show_log(lambda: client.get(job.id), attempt=attempt, follow=follow, out=sys.stdout.buffer,
+    job = client.get(parse_job_id(job_id), instance)
+    # With --instance, every later read is of that very job (its whole instance), never the
+    # other job now holding the id.
+    picked = (job.instance or instance) if instance is not None else None
+    show_log(lambda: client.get(job.id, picked), attempt=attempt, follow=follow, out=sys.stdout.buffer,
              say=lambda line: click.echo(line, err=True), why=client.why_waiting,
              here=this_machine(client.settings.node_name, client.nodes()),
              open_log=lambda path: client.open_log(job.id, path), exists=lambda path: client.log_exists(job.id, path))
@@ -301,10 +303,9 @@ def config(ctx: click.Context) -> None:
     flag)."""
     settings = settings_from(ctx)
     click.echo(f"# config file: {settings.config_file or 'none (defaults and RIG_* variables)'}")
-    from rig.config import PATH_FIELDS
+    from rig.config import PATH_FIELDS, setting_origins, shown_setting
 
-    click.echo(f"# relative paths ({', '.join(PATH_FIELDS)}) are taken under home, {settings.home}")
-    from rig.config import setting_origins
+    click.echo(f"# relative paths ({', '.join(PATH_FIELDS)}) are taken under home, {shown_setting(settings.home, quoted=False)}")
     from rig.redis_conn import password_source, strip_password
 
     origins = setting_origins(settings)
@@ -314,7 +315,7 @@ def config(ctx: click.Context) -> None:
             source = password_source(value)
             value = strip_password(value) + (f" (password from {source})" if source else " (no password)")
         if key != "config_file":
-            click.echo(f"{key} = {value!r}" + (f"  # {origins[key]}" if key in origins else ""))
+            click.echo(f"{key} = {shown_setting(value)}" + (f"  # {origins[key]}" if key in origins else ""))
 
 
 # -- the stack ----------------------------------------------------------------------------------

@@ -55,6 +55,14 @@ def _gib(value: int | None) -> str:
     return "-" if value is None else f"{value / 2**30:.1f}"
 
 
+def measured_memory(nbytes: int | float | None) -> str:
+    """A measured memory figure (peak or mean, bytes per card) as `rig show` and `rig metrics`
+    both print it: "-" when nothing was measured: None, or 0 (no sample saw memory of the
+    job's processes; the record keeps 0 until one does, and an attempt stores it as None,
+    workers.outcomes), so "0 B" would claim a measurement there was not."""
+    return format_memory(nbytes) if nbytes else "-"
+
+
 def ago(ts: float | None) -> str:
     if not ts:
         return "-"
@@ -368,7 +376,7 @@ def render_metrics(job: Job, console: Console) -> None:
         over = bool(peak and declared and peak > declared)
         ratio = f"{peak / declared:.0%}" + (" over" if over else "") if peak and declared else "-"
         rows.append({"attempt": str(n), "outcome": str(outcome), "declared": format_memory(declared),
-                     "peak": format_memory(peak or None), "mean": format_memory(mean),
+                     "peak": measured_memory(peak), "mean": measured_memory(mean),
                      "ratio": Cell(ratio, style="bold red" if over else ""),
                      "util": "-" if util is None else f"{util:.0f}%", "duration": duration(seconds)})
 
@@ -448,7 +456,7 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
     for problem in job.problems:  # a damaged record: what is wrong with it
         rows.append(("invalid record", problem))
     if job.vram_samples:
-        rows.append(("measured", f"peak {format_memory(job.vram_peak)}, mean {format_memory(job.vram_mean)}"
+        rows.append(("measured", f"peak {measured_memory(job.vram_peak)}, mean {measured_memory(job.vram_mean)}"
                      + (f", util {job.util_mean:.0f}%" if job.util_mean is not None else "")))
     if job.overuse:
         rows.append(("over its declaration", f"[bold red]used up to {format_memory(job.overuse)}[/]"))

@@ -99,7 +99,7 @@ def since_time(text: str) -> float | None:
     ``client.ping()`` measured it; rig.clock); None for ``all`` (every finished job)."""
     if text.strip().lower() == "all":
         return None
-    return shared_now() - parse_duration(text, what="--since")
+    return shared_now() - parse_duration(text, what="--since", unit_required=True)
 
 
 def _plain(line: UsageLine) -> dict:

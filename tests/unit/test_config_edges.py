@@ -282,7 +282,7 @@ def test_relative_paths_are_under_rigs_home(tmp_path, monkeypatch):
     result = CliRunner().invoke(cli, ["config"])
     assert result.exit_code == 0, result.output
     assert f"are taken under home, {tmp_path / 'home'}" in result.output
-    assert f"log_dir = {tmp_path / 'home' / 'relogs'!r}  # file" in result.output.splitlines()
+    assert f"log_dir = {str(tmp_path / 'home' / 'relogs')!r}  # file" in result.output.splitlines()  # text
 
 
 def test_a_log_dir_that_is_a_file_or_the_system_log_dir_is_refused(tmp_path, monkeypatch):

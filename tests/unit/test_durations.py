@@ -13,3 +13,19 @@ def test_days_hours_and_plain_seconds_read_and_the_error_names_days():
     assert parse_duration("1h30m") == 5400 and parse_duration("90") == 90
     with pytest.raises(InvalidInput, match=r"--since: cannot read '7x'; write it like 90s, 30m, 2h, 7d or 1h30m"):
         parse_duration("7x", what="--since")
+
+
+@pytest.mark.parametrize("text", ["7", "30", "0", "1.5", " 12 ", 7, 0.5])
+def test_since_refuses_a_bare_number_in_one_line_naming_the_units(text):
+    with pytest.raises(InvalidInput) as err:
+        parse_duration(text, what="--since", unit_required=True)
+    assert str(err.value) == f"--since needs a unit: 90s, 30m, 12h, 7d (got {str(text)!r})"
+    assert parse_duration(text if text not in ("0", 0) else "1") > 0  # --time-limit still takes seconds
+
+
+@pytest.mark.parametrize("text", ["0s", "0m", "0d", "0h0m"])
+def test_zero_is_refused_quoting_the_value_as_every_other_refusal_does(text):
+    with pytest.raises(InvalidInput) as err:
+        parse_duration(text, what="--since", unit_required=True)
+    assert str(err.value) == f"--since must be more than 0 seconds (got {text!r})"
+    assert parse_duration("7d", what="--since", unit_required=True) == 7 * 86400

@@ -1,0 +1,67 @@
+"""`rig show`, `rig log` and `rig metrics` take the same `--instance HEX` (rig.cli.common.
+INSTANCE_OPTION): after Redis lost its data and an id was given again, each reads the job asked
+for, archived or live, and each refuses a malformed or unknown instance with the same words."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from rig.cli.main import cli
+from rig.clock import shared_now
+from rig.keys import Keys
+from rig.ledger import Ledger
+from tests.store.test_archive import DAY, finished
+from tests.store.test_archive_reads import _archive_all
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def two_of_one_id(cli_env, real_redis, tmp_path):
+    """Job N archived ('before', its log saying "old"), then Redis restarted empty and job N
+    given again ('after', live, its log saying "new")."""
+    ledger = Ledger(real_redis, Keys(cli_env))
+    now = shared_now(real_redis)
+    old = finished(ledger, ended=now - 3 * DAY, name="before", mean=3 * 2**30)
+    (tmp_path / "old.log").write_text("old\n")
+    ledger.store.update(old.id, log_paths=[str(tmp_path / "old.log")])
+    assert _archive_all(real_redis, cli_env) == 1
+    real_redis.delete(Keys(cli_env).next_job_id)  # ids start again at 1
+    new = finished(ledger, ended=now - 60, name="after", mean=5 * 2**30)
+    (tmp_path / "new.log").write_text("new\n")
+    ledger.store.update(new.id, log_paths=[str(tmp_path / "new.log")])
+    assert new.id == old.id and new.instance != old.instance
+    return old, new
+
+
+def test_log_and_metrics_pick_the_instance_show_picks(two_of_one_id):
+    old, new = two_of_one_id
+    run = CliRunner().invoke
+    for inst, name, text, mean in ((old.instance[:6], "before", "old\n", 3 * 2**30),
+                                   (new.instance[:6], "after", "new\n", 5 * 2**30),
+                                   (None, "after", "new\n", 5 * 2**30)):  # without it: the live one
+        extra = [] if inst is None else ["--instance", inst]
+        assert json.loads(run(cli, ["show", str(old.id), *extra, "--json"]).stdout)["name"] == name
+        got = run(cli, ["log", str(old.id), *extra])
+        assert got.exit_code == 0 and got.stdout == text, got.output
+        metrics = json.loads(run(cli, ["metrics", str(old.id), *extra, "--json"]).stdout)
+        assert (metrics["name"], metrics["attempts"][0]["vram_mean"]) == (name, mean)
+
+
+def test_an_unknown_or_malformed_instance_is_refused_alike_by_show_log_and_metrics(two_of_one_id):
+    old, new = two_of_one_id
+    bad = next(h for h in ("ffff", "0000", "1234") if not old.instance.startswith(h)
+               and not new.instance.startswith(h))
+    run = CliRunner().invoke
+    answers = {cmd: run(cli, [cmd, str(old.id), "--instance", bad]) for cmd in ("show", "log", "metrics")}
+    for cmd, got in answers.items():
+        assert got.exit_code == 4, (cmd, got.output)
+        assert got.stderr.strip() == (f"rig: error: no job {old.id} of instance {bad}; `rig jobs --since 30d` "
+                                      "shows each job's instance where ids repeat"), (cmd, got.output)
+    for cmd in ("show", "log", "metrics"):
+        got = run(cli, [cmd, str(old.id), "--instance", "XYZ!"])
+        assert got.exit_code == 2 and "Invalid value for '--instance': give the first hex digits of the " \
+            "instance, e.g. 3fa9c2" in got.stderr, (cmd, got.output)
