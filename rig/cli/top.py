@@ -355,7 +355,7 @@ def _job_lines(jobs: list[Job], width: int, now: float) -> tuple[Text, list[Text
     for job in jobs:
         over = _over(job)
         elapsed = duration(now - job.started_at) if job.started_at else "-"
-        peak = _g(job.vram_peak) if job.vram_samples or job.vram_peak else "-"
+        peak = _g(job.vram_peak) if job.vram_peak else "-"  # 0: nothing measured (render.measured_memory)
         mem = Text(f"{_g(job.gpu_memory)}/")
         mem.append(peak, style="bold red" if over else "")
         state = job.state.value.lower() if job.state is not JobState.RUNNING else "running"
