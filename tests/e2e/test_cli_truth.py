@@ -156,11 +156,11 @@ def test_log_follow_of_a_waiting_job_says_why(cli_env, real_redis, monkeypatch):
         priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/", created_at=time.time()))
     real_get, reads = Client.get, []
 
-    def get(self, job_id):  # noqa: ANN001 - the job is cancelled after rig log has looked twice
+    def get(self, job_id, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003 - cancelled after rig log looked twice
         reads.append(job_id)
         if len(reads) == 3:
             ledger.transition(job.id, JobState.CANCELLED, expect=JobState.PENDING, fields={"reason": "x"})
-        return real_get(self, job_id)
+        return real_get(self, job_id, *args, **kwargs)
 
     monkeypatch.setattr(Client, "get", get)
     result = CliRunner().invoke(cli, ["log", "-f", str(job.id)])
