@@ -46,6 +46,7 @@ from rig.data_format import DATA_FORMAT
 from rig.errors import InvalidInput, NodeInUse
 from rig.keys import Keys, split_card_id
 from rig.models import JobState
+from rig.redis_writes import refusal
 
 #: A heartbeat: KEYS[1] the node's record, KEYS[2] its heartbeat key. ARGV[1] the heartbeat's
 #: value (JSON), ARGV[2] its life (ms), ARGV[3] seen_at (shared clock, epoch s), ARGV[4] its life
@@ -165,7 +166,14 @@ class NodeRegistry:
         # down_since stays until the cluster health check sees the node back (it reports it).
         pipe.hdel(self.keys.node(node), "stopped_at", "stopped_by")
         pipe.execute()
-        self.beat(node, ttl=ttl, source="rig up")
+        try:
+            self.beat(node, ttl=ttl, source="rig up")
+        except redis.ResponseError as exc:
+            # Redis filled (or turned read-only) between the record and its first beat: the
+            # node is registered; rig up's heartbeat loop says Redis refuses writes and beats
+            # once it takes them again (fault scenario redis-full-down).
+            if refusal(exc) is None:
+                raise
 
     def beat(self, node: str, *, ttl: float, source: str, pid: int | None = None,
              max_skew: float = DEFAULT_MAX_SKEW_S, owner: str | None = None) -> bool:

@@ -145,3 +145,23 @@ def test_a_workers_renewal_extends_its_own_claim_and_leaves_anothers(reg, monkey
     assert renew_as(reg.r, k, "a", TTL) and reg.r.pttl(k.node_owner("a")) > 1000
     monkeypatch.setenv(OWNER_ENV, "someone-else")
     assert renew_as(reg.r, k, "a", TTL) is False
+
+
+def test_a_node_registers_when_redis_refuses_its_first_beat(redis_client, key_prefix, monkeypatch):
+    """Redis filled between the node's record and its first beat (a script's OOM reply, seen in
+    CI in the redis-full-down scenario): the node is registered, rig up goes on; any other error
+    of the beat is still raised."""
+    import redis
+
+    registry = NodeRegistry(redis_client, Keys(key_prefix))
+    oom = redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'. script: x, on @user_script:5.")
+
+    def refused(*_args, **_kwargs):  # noqa: ANN002, ANN003
+        raise oom
+
+    monkeypatch.setattr(NodeRegistry, "beat", refused)
+    registry.register("a", ttl=TTL)
+    assert redis_client.hget(registry.keys.node("a"), "started_at")
+    oom = redis.ResponseError("ERR something else")
+    with pytest.raises(redis.ResponseError):
+        registry.register("a", ttl=TTL)
