@@ -119,11 +119,16 @@ class History:
         try:
             return self.archive()
         except Exception as exc:
-            if not unreadable(exc):
-                raise
-            self._drop()
-            self.unread = first_line(exc)
+            self._note_unreadable(exc)
             return None
+
+    def _note_unreadable(self, exc: Exception) -> None:
+        """Set ``unread`` to why the archive cannot be read and let it go; re-raise ``exc`` when
+        it is not that (a reader's own misconfiguration, a bug)."""
+        if not unreadable(exc):
+            raise exc
+        self._drop()
+        self.unread = first_line(exc)
 
     def _drop(self) -> None:
         if self._archive is not None:
@@ -217,10 +222,7 @@ class History:
         try:
             return read(archive)
         except Exception as exc:
-            if not unreadable(exc):
-                raise
-            self._drop()
-            self.unread = first_line(exc)
+            self._note_unreadable(exc)
             return empty
 
     def unread_line(self, what: str = "older finished jobs are not shown") -> str | None:
