@@ -55,6 +55,8 @@ OWN_VARIABLES: frozenset[str] = frozenset({
     "RIG_TRACE_DIR",  # rig.jobtrace (scripts/profile_job_path.py)
     "RIG_FAULT_PARALLEL",  # how many fault scenarios tests/integration/test_faults.py runs at once
     "RIG_FAULT_BACKGROUND",  # ... and how many while the rest of the suite runs
+    # tests/background.py: off switch, the child's bound, the child's results file
+    "RIG_TEST_BACKGROUND", "RIG_TEST_BACKGROUND_TIMEOUT", "RIG_TEST_BACKGROUND_RESULTS",
     "RIG_DEMO_REDIS_URL",  # the Redis scripts/show_mixed_load.py uses
 })
 

@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from rig.testing.harness import delete_prefix
+from tests import background
 
 REDIS_URL = os.environ.get("RIG_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 __all__ = ["REDIS_URL", "delete_prefix"]
@@ -27,8 +28,12 @@ def _real_redis_available() -> bool:
 REAL_REDIS = _real_redis_available()
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """After -m/-k selection (trylast), with a real Redis: the background-marked tests go to a
+    child pytest started now (tests/background.py), their stand-ins near the end."""
     if REAL_REDIS:
+        background.move(config, items)
         # The fault scenarios' tests last: the scenarios run in the background from the start
         # (pytest_collection_finish) and those tests only collect what they found.
         items.sort(key=lambda item: item.nodeid.startswith(FAULT_TESTS))
@@ -40,6 +45,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 FAULT_TESTS = "tests/integration/test_faults.py::"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """In the background child (tests/background.py): each phase's result for the parent."""
+    background.record(report)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -44,6 +44,7 @@ def rig(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.Com
                           timeout=timeout)
 
 
+@pytest.mark.background
 def test_up_daemon_private_redis_real_work_down(tmp_path):
     port, flower, metrics = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}

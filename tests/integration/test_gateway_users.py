@@ -28,7 +28,7 @@ from rig.testing.harness import RigHarness
 from rig.testing.user_venv import SYSTEM_PYTHON
 from rig.testing.user_venv import user_venv as build_user_venv
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.background]
 
 REPO = Path(__file__).resolve().parents[2]
 USERS = ("rigtest-alice", "rigtest-bob")

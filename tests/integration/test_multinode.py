@@ -22,7 +22,7 @@ from rig.nodes import NODE_STOPPED_REASON, NodeRegistry
 from rig.testing.faults import DONE, GATE, TRACED, _done_lines, _wait, duplicated_jobs
 from rig.testing.harness import RigCluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.background]
 
 
 def _rig(cluster: RigCluster, *args: str) -> str:

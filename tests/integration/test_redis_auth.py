@@ -49,6 +49,7 @@ def client(port: int, password: str | None = None) -> redis.Redis:
     return redis.Redis(port=port, password=password, decode_responses=True, retry=Retry(NoBackoff(), 0))
 
 
+@pytest.mark.background
 def test_private_redis_requires_its_generated_password(tmp_path):
     try:
         redis_binary()

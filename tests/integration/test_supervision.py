@@ -14,6 +14,7 @@ pytestmark = pytest.mark.slow
 SHADOW = "raise SystemExit('imported {name} from the working directory')\n"
 
 
+@pytest.mark.background
 def test_a_rig_folder_in_the_working_directory_does_not_break_rig_up(tmp_path):
     """Item 8: the operator stands in the parent of a clone (a `rig` folder), or beside folders
     named workers or celery. rig's own processes import nothing from there."""
