@@ -869,11 +869,12 @@ class Client:
         self.check_control(job, "read the result of")
         return self._guard(self.history.stored_field, job, "result")
 
-    def open_log(self, job_id: int, path: str) -> BinaryIO:
-        """One of the job's log files, opened for reading with this process's own rights."""
+    def open_log(self, job_id: int, path: str, instance: str | None = None) -> BinaryIO:
+        """One of the job's log files, opened for reading with this process's own rights
+        (``instance``: the gateway's check of whose log it is; the path is the record's here)."""
         return open(path, "rb")  # noqa: SIM115 - the caller closes it
 
-    def log_exists(self, job_id: int, path: str) -> bool:
+    def log_exists(self, job_id: int, path: str, instance: str | None = None) -> bool:
         return os.path.exists(path)
 
     def read_log(self, job_id: int | str, attempt: int | None = None) -> str:
