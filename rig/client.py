@@ -867,7 +867,14 @@ class Client:
         well. Its owner's and admins' only (check_control)."""
         job = self.get(job_id)
         self.check_control(job, "read the result of")
-        return self._guard(self.history.stored_field, job, "result")
+        result = self._guard(self.history.stored_field, job, "result")
+        if result is None and self.history.unread is not None:
+            from rig.history import ArchiveUnread
+
+            # None would read as the function's return value: refuse in one line instead.
+            raise ArchiveUnread(f"job {job.id}'s result is not in Redis and the archive could not be read: "
+                                f"{self.history.unread}")
+        return result
 
     def open_log(self, job_id: int, path: str, instance: str | None = None) -> BinaryIO:
         """One of the job's log files, opened for reading with this process's own rights

@@ -69,6 +69,9 @@ class GatewayClient:
         self._lock = threading.Lock()
         self.last_auto_note: str | None = None
         self.last_durability_note: str | None = None
+        #: Why the node could not read the archive for the last answer (a listing: `rig jobs`,
+        #: `rig usage`), else None: rig.history.archive_warning says it in one line.
+        self.archive_unread: str | None = None
         self._who: tuple[Identity, bool] | None = None
         self._compared = False  # the gateway's installation checked against this caller's settings
 
@@ -115,6 +118,8 @@ class GatewayClient:
                 break
         if not answer.get("ok"):
             raise _rebuild_error(answer.get("error"))
+        unread = answer.get("archive_unread")  # a listing without the archive (rig.history)
+        self.archive_unread = unread if isinstance(unread, str) else None
         return wire.decode(answer.get("result"))
 
     def close_locked(self) -> None:

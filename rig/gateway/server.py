@@ -61,6 +61,10 @@ LOG_CHUNK = 4 * 2**20
 TAIL_MAX = 4096
 PROBE_MAX = 64 * 2**10
 
+#: Operations whose answer lacks the archive's part when it cannot be read (rig.history:
+#: Redis' jobs all the same): their answer carries why (``archive_unread``), for the one line.
+ARCHIVE_LISTINGS = frozenset({"jobs", "usage"})
+
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _stopping = False  # set by SIGTERM/SIGINT: a stop asked for, not a lost socket
 
@@ -124,7 +128,12 @@ class Gateway:
                 raise InvalidInput("environ must map names to strings")
             with acting_as(peer.identity, environ):
                 result = fn(peer, **args)
-            return {"ok": True, "result": wire.encode(result)}
+            answer = {"ok": True, "result": wire.encode(result)}
+            if op in ARCHIVE_LISTINGS and (unread := self.client.history.unread) is not None:
+                # What `rig jobs` / `rig usage` say in one warning line when they read the archive
+                # themselves (rig.history.archive_warning): this thread's listing's own.
+                answer["archive_unread"] = unread
+            return answer
         except RecursionError:
             return _error(InvalidInput("a request nested too deeply"))
         except RigError as exc:

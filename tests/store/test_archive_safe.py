@@ -138,6 +138,73 @@ def test_rig_jobs_and_usage_exit_0_with_one_warning_when_the_archive_is_gone(led
     assert show.exit_code == 6 and "the archive could not be read" in show.stderr
 
 
+def test_accounting_and_a_stored_field_answer_from_redis_when_the_archive_cannot_be_read(ledger, key_prefix,
+                                                                                      tmp_path):
+    """History.accounting() and stored_field() as `rig jobs` does: Redis' part, ``unread`` set
+    for the one warning line, never the database's exception."""
+    old = finished(ledger, ended=NOW - 2 * DAY, user="ann")
+    with Archive(default_url(tmp_path), key_prefix) as archive:
+        require_cluster(ledger.store.r, ledger.keys, archive.url)
+        mover(ledger, archive).run(NOW)
+    live = finished(ledger, ended=NOW - 60, user="bob")
+    reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path))
+    assert {a.id for a in reader.accounting()} == {old.id, live.id} and reader.unread is None
+    archived = reader.get(old.id)
+    assert reader.stored_field(archived, "name") == old.name and reader.unread is None
+    reader.close()
+    (tmp_path / "archive.sqlite3").rename(tmp_path / "moved.sqlite3")
+    reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path))
+    assert [a.id for a in reader.accounting()] == [live.id]
+    assert reader.unread_line().startswith("warning: the archive could not be read (archive missing at ")
+    assert reader.stored_field(archived, "name") is None and reader.unread is not None
+    assert reader.stored_field(reader.get(live.id), "name") == live.name and reader.unread is None  # from Redis
+    (tmp_path / "moved.sqlite3").rename(tmp_path / "archive.sqlite3")
+
+
+def test_rig_jobs_and_usage_through_the_gateway_say_the_archive_could_not_be_read(ledger, key_prefix, tmp_path,
+                                                                                monkeypatch):
+    """A user who reads through the gateway gets the same one warning line as one who reads the
+    archive directly: the node's answer carries why its archive could not be read."""
+    import json
+    import os
+    import threading
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from rig.cli.main import cli
+    from rig.client import Client
+    from rig.gateway.client import GatewayClient
+    from rig.gateway.server import Gateway, bind
+
+    finished(ledger, ended=NOW - 2 * DAY)
+    with Archive(default_url(tmp_path), key_prefix) as archive:
+        require_cluster(ledger.store.r, ledger.keys, archive.url)
+        mover(ledger, archive).run(NOW)
+    live = finished(ledger, ended=NOW - 60)
+    (tmp_path / "archive.sqlite3").unlink()
+    settings = load_settings(key_prefix=key_prefix, home=tmp_path, admins=[])
+    gw = Gateway(settings, Client(settings, redis_client=ledger.store.r))
+    path = Path(f"/tmp/rig-test-gateways/{os.getpid()}-unread.sock")
+    server = bind(path, gw)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        for module in ("rig.cli.main", "rig.cli.usage"):
+            monkeypatch.setattr(f"{module}.client_from", lambda ctx: GatewayClient(settings, path))
+        jobs = CliRunner().invoke(cli, ["jobs", "--json"], env={"COLUMNS": "200"})
+        assert jobs.exit_code == 0, jobs.output
+        assert [j["id"] for j in json.loads(jobs.stdout)] == [live.id]
+        assert jobs.stderr.count("warning: the archive could not be read (archive missing at ") == 1, jobs.stderr
+        usage = CliRunner().invoke(cli, ["usage", "--since", "all"], env={"COLUMNS": "200"})
+        assert usage.exit_code == 0, usage.output
+        assert usage.stderr.count("warning: the archive could not be read") == 1, usage.stderr
+        assert "the totals cover only the finished jobs Redis holds" in usage.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+        path.unlink(missing_ok=True)
+
+
 def test_a_dropped_postgresql_database_lists_redis_jobs_with_one_warning(ledger, key_prefix, tmp_path,
                                                                        pg_url):  # noqa: F811
     import psycopg
