@@ -35,6 +35,7 @@ from rig.accounting import (
 from rig.archive import (
     Archive,
     ArchiveMissing,
+    ArchiveRefused,
     ArchiveUnreachable,
     missing,
     safe_url,
@@ -373,6 +374,8 @@ class ArchiveUnread(ConfigError):
 def first_line(exc: BaseException) -> str:
     """Why the archive could not be read, in one line for a warning (a server's own reason
     without the advice for rig up's archive_url)."""
+    if isinstance(exc, ArchiveRefused):
+        return f"{safe_url(exc.url)} refused the login: {exc.reason}"
     if isinstance(exc, ArchiveUnreachable):
         return f"{safe_url(exc.url)} unreachable now: {exc.reason}"
     text = str(exc).strip()

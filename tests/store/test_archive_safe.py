@@ -75,6 +75,79 @@ def test_a_server_down_at_rig_up_is_a_warning_and_a_mistake_still_refuses(ledger
         assert not isinstance(caught.value, ArchiveUnreachable)
 
 
+class RefusingServer:
+    """A PostgreSQL server that refuses every login, as a real one does with a wrong password: it
+    declines SSL and GSS encryption, reads the startup message and answers with a FATAL
+    ErrorResponse (SQLSTATE ``code``), then closes. The tests' own server trusts every login."""
+
+    def __init__(self, code: str = "28P01", message: str = 'password authentication failed for user "rig"') -> None:
+        import socket
+        import threading
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"postgresql://rig:wrong@127.0.0.1:{self.sock.getsockname()[1]}/rig"
+        fields = b"SFATAL\0VFATAL\0C" + code.encode() + b"\0M" + message.encode() + b"\0\0"
+        self.error = b"E" + (len(fields) + 4).to_bytes(4, "big") + fields
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                try:
+                    while True:
+                        head = conn.recv(8, 0x100)  # MSG_WAITALL
+                        if len(head) < 8:
+                            break
+                        length, code = int.from_bytes(head[:4], "big"), int.from_bytes(head[4:], "big")
+                        if code in (80877103, 80877104):  # SSLRequest, GSSENCRequest: not here
+                            conn.sendall(b"N")
+                            continue
+                        conn.recv(max(0, length - 8), 0x100)  # the startup message's parameters
+                        conn.sendall(self.error)
+                        break
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_login_refused_at_rig_up_is_refused_in_one_line(ledger, key_prefix, tmp_path):
+    """A wrong password (the server answered: authentication failed) is the operator's mistake:
+    rig up refuses it in one line that says what to fix (exit 6), unlike a server that is down
+    (a warning, above); a reader without the password still lists Redis' jobs with one warning."""
+    pytest.importorskip("psycopg")
+    from rig.archive import ArchiveRefused, unreadable
+
+    r, keys = ledger.store.r, ledger.keys
+    for code, words in (("28P01", 'password authentication failed for user "rig"'),
+                        ("28000", 'role "rig" does not exist')):
+        server = RefusingServer(code, words)
+        try:
+            with pytest.raises(ArchiveRefused) as caught:
+                check_at_up(r, keys, server.url, key_prefix, "n1", home=tmp_path)
+            assert caught.value.exit_code == 6 and unreadable(caught.value)
+            message = str(caught.value)
+            assert "\n" not in message and words in message and "wrong" not in message  # no password shown
+            assert message.startswith(f"archive postgresql://rig:***@127.0.0.1:{server.url.rsplit(':', 1)[1]}: "
+                                      "the server refused the login (")
+            assert message.endswith("fix the user or password in archive_url (RIG_ARCHIVE_URL), ~/.pgpass or "
+                                    "PGPASSWORD, then run rig up again")
+            assert cluster_url(r, keys) is None  # refused before the node claimed anything
+            live = finished(ledger, ended=NOW - 60)
+            reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path,
+                                                         archive_url=server.url))
+            assert live.id in [j.id for j in reader.list()]
+            assert reader.unread_line().startswith("warning: the archive could not be read (postgresql://rig:***@")
+            assert "refused the login" in reader.unread_line()
+        finally:
+            server.close()
+
+
 def test_a_move_is_said_with_the_old_archives_count(ledger, key_prefix, tmp_path):
     r, keys = ledger.store.r, ledger.keys
     a_url, b_url = default_url(tmp_path / "a"), default_url(tmp_path / "b")
