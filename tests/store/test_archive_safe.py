@@ -231,7 +231,16 @@ def test_accounting_and_a_stored_field_answer_from_redis_when_the_archive_cannot
     assert reader.unread_line().startswith("warning: the archive could not be read (archive missing at ")
     assert reader.stored_field(archived, "name") is None and reader.unread is not None
     assert reader.stored_field(reader.get(live.id), "name") == live.name and reader.unread is None  # from Redis
+    # A @rig.task's result read as None would be taken for the function's return value: the
+    # client says the archive could not be read instead (the archive went between the two reads).
+    from rig.client import Client
+
+    client = Client(load_settings(key_prefix=key_prefix, home=tmp_path), redis_client=ledger.store.r)
+    client.get = lambda job_id, instance=None: archived  # type: ignore[method-assign]
+    with pytest.raises(ArchiveUnread, match=f"job {old.id}'s result is not in Redis and the archive could not"):
+        client.result_of(old.id)
     (tmp_path / "moved.sqlite3").rename(tmp_path / "archive.sqlite3")
+    assert client.result_of(old.id) is None  # readable again: the archived record has no result
 
 
 def test_rig_jobs_and_usage_through_the_gateway_say_the_archive_could_not_be_read(ledger, key_prefix, tmp_path,
