@@ -2,7 +2,12 @@
 """What the job wrapper's read end of its own output pipe costs at launch (workers.card_keeper.job_fds):
 Popen with and without pass_fds=(a pipe's read end,), in random order, in one process.
 argv: N [MiB of RSS to hold, as a large worker would]."""
-import os, random, subprocess, sys, time
+import os
+import random
+import subprocess
+import sys
+import time
+
 argv = ["/bin/sh", "-c", "exit 0"]
 r, w = os.pipe2(os.O_CLOEXEC)
 ballast = bytearray(int(sys.argv[2]) << 20) if len(sys.argv) > 2 else b""
