@@ -229,8 +229,12 @@ def _connect(url: str, *, create: bool = True, home: Path | None = None) -> tupl
         except psycopg.OperationalError as exc:
             # The server did not answer, refused us, or has no such database (now): maybe a
             # moment's outage, not certainly a mistake; callers that can go on without the
-            # archive (rig up, readers) catch ArchiveUnreachable.
-            raise ArchiveUnreachable(url, _first_line(exc)) from None
+            # archive (rig up, readers) catch ArchiveUnreachable. A login it refused is no
+            # outage: ArchiveRefused (rig up refuses; readers warn as for any unreachable one).
+            reason = _first_line(exc)
+            if login_refused(exc):
+                raise ArchiveRefused(url, reason) from None
+            raise ArchiveUnreachable(url, reason) from None
         except psycopg.Error as exc:
             raise ConfigError(f"archive {safe_url(url)}: cannot connect ({_first_line(exc)}); check archive_url") from None
         return _POSTGRES, conn
@@ -246,6 +250,35 @@ class ArchiveUnreachable(ConfigError):
                          "the server is up")
         self.url = url
         self.reason = reason
+
+
+class ArchiveRefused(ArchiveUnreachable):
+    """The PostgreSQL server answered and refused the login (a wrong or missing password, a
+    role it does not know): an operator's mistake, which ``rig up`` refuses (exit 6), while a
+    reader (another user without the password) still lists Redis' jobs with one warning."""
+
+    def __init__(self, url: str, reason: str) -> None:  # noqa: D107 - its own words, the same fields
+        ConfigError.__init__(self, f"archive {safe_url(url)}: the server refused the login ({reason}); fix the "
+                                   "user or password in archive_url (RIG_ARCHIVE_URL), ~/.pgpass or PGPASSWORD, "
+                                   "then run rig up again")
+        self.url = url
+        self.reason = reason
+
+
+#: SQLSTATE class 28: invalid authorization specification (28000), invalid password (28P01).
+_LOGIN_SQLSTATES = ("28000", "28P01")
+
+
+def login_refused(exc: BaseException) -> bool:
+    """Did the server refuse the login (rather than not answer)? By SQLSTATE where psycopg has
+    one, else by libpq's words (a refusal before any SQLSTATE: no password offered at all)."""
+    if getattr(exc, "sqlstate", None) in _LOGIN_SQLSTATES:
+        return True
+    text = str(exc)
+    if "password authentication failed" in text or "no password supplied" in text \
+            or "authentication failed for user" in text:
+        return True
+    return "role \"" in text and "does not exist" in text
 
 
 def _first_line(exc: BaseException) -> str:

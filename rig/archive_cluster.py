@@ -28,6 +28,7 @@ import redis
 from rig.archive import (
     Archive,
     ArchiveEmptied,
+    ArchiveRefused,
     ArchiveUnreachable,
     count_jobs,
     safe_url,
@@ -103,7 +104,8 @@ def claim_at_up(client: redis.Redis, keys: Keys, url: str, node: str) -> str | N
 
 def check_at_up(client: redis.Redis, keys: Keys, url: str, prefix: str, node: str, *, home: Path) -> list[str]:
     """``rig up`` of a node with a control worker: open its archive (ConfigError, exit 6, for a
-    certain mistake: a malformed URL, no psycopg, an unwritable folder) and claim_at_up. A
+    certain mistake: a malformed URL, no psycopg, an unwritable folder, a login the server
+    refused: ArchiveRefused) and claim_at_up. A
     server that does not answer now is a warning, not a refusal: the node runs jobs, finished
     jobs stay in Redis and each pass retries (rig.archiving). Returns the lines to say."""
     lines: list[str] = []
@@ -111,6 +113,8 @@ def check_at_up(client: redis.Redis, keys: Keys, url: str, prefix: str, node: st
         with Archive(url, prefix, home=home) as archive:
             if (gone := emptied(client, keys, archive)) is not None and same_archive(cluster_url(client, keys) or url, url):
                 lines.append(f"warning: {gone}")
+    except ArchiveRefused:
+        raise  # the server answered: a wrong password is the operator's to fix, not an outage
     except ArchiveUnreachable as exc:
         lines.append(f"warning: archive {safe_url(url)} unreachable now ({exc.reason}): finished jobs stay in "
                      "Redis until it answers")

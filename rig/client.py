@@ -867,13 +867,21 @@ class Client:
         well. Its owner's and admins' only (check_control)."""
         job = self.get(job_id)
         self.check_control(job, "read the result of")
-        return self._guard(self.history.stored_field, job, "result")
+        result = self._guard(self.history.stored_field, job, "result")
+        if result is None and self.history.unread is not None:
+            from rig.history import ArchiveUnread
 
-    def open_log(self, job_id: int, path: str) -> BinaryIO:
-        """One of the job's log files, opened for reading with this process's own rights."""
+            # None would read as the function's return value: refuse in one line instead.
+            raise ArchiveUnread(f"job {job.id}'s result is not in Redis and the archive could not be read: "
+                                f"{self.history.unread}")
+        return result
+
+    def open_log(self, job_id: int, path: str, instance: str | None = None) -> BinaryIO:
+        """One of the job's log files, opened for reading with this process's own rights
+        (``instance``: the gateway's check of whose log it is; the path is the record's here)."""
         return open(path, "rb")  # noqa: SIM115 - the caller closes it
 
-    def log_exists(self, job_id: int, path: str) -> bool:
+    def log_exists(self, job_id: int, path: str, instance: str | None = None) -> bool:
         return os.path.exists(path)
 
     def read_log(self, job_id: int | str, attempt: int | None = None) -> str:

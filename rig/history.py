@@ -18,6 +18,7 @@ ArchiveUnread (never "no job").
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 
 import redis
@@ -34,6 +35,7 @@ from rig.accounting import (
 from rig.archive import (
     Archive,
     ArchiveMissing,
+    ArchiveRefused,
     ArchiveUnreachable,
     missing,
     safe_url,
@@ -70,9 +72,18 @@ class History:
         self.keys: Keys = store.keys
         self.settings = settings
         self._archive: Archive | None = None
-        #: Why the archive could not be read by the latest listing (one line), else None: the
-        #: listing then holds Redis' jobs only, and the command says so (unread_line()).
-        self.unread: str | None = None
+        self._local = threading.local()  # ``unread`` is each thread's own (a gateway's threads share one)
+
+    @property
+    def unread(self) -> str | None:
+        """Why the archive could not be read by this thread's latest listing (one line), else
+        None: the listing then holds Redis' jobs only, and the command says so (unread_line();
+        through the gateway too: rig.gateway.server carries it)."""
+        return getattr(self._local, "unread", None)
+
+    @unread.setter
+    def unread(self, why: str | None) -> None:
+        self._local.unread = why
 
     def location(self) -> str:
         """The archive this reader reads: its own ``archive_url`` when it set one (ConfigError
@@ -189,21 +200,23 @@ class History:
 
     def stored_field(self, job: Job, name: str) -> str | None:
         """A field of ``job``'s stored record that is no Job field (a @rig.task's ``result``):
-        from Redis while the job is there, else from its archived record."""
+        from Redis while the job is there, else from its archived record; None, with ``unread``
+        set, when the archive cannot be read (a caller for whom None is an answer checks it)."""
+        self.unread = None
         pipe = self.r.pipeline(transaction=False)
         pipe.exists(self.keys.job(job.id))
         pipe.hget(self.keys.job(job.id), name)
         there, value = pipe.execute()
         if there:
             return value
-        archive = self.archive()
-        record = archive.record(job.id, job.instance or "") if archive is not None else None
+        record = self._read_or_note(lambda a: a.record(job.id, job.instance or ""), None)
         return record.get(name) if record else None
 
     def list(self, state: JobState | None = None, *, limit: int = 50, user: str | None = None,
              since: float | None = None) -> list[Job]:
         """Newest submitted first, at most ``limit``: Redis' jobs and the archive's, each once;
         ``since`` (epoch s): only jobs submitted then or later."""
+        self.unread = None  # a listing without the archive's part reads it not: nothing unread
         live = self.store.list(state, limit=limit, user=user)
         if since is not None:
             live = [j for j in live if j.created_at >= since]
@@ -227,15 +240,15 @@ class History:
 
     def unread_line(self, what: str = "older finished jobs are not shown") -> str | None:
         """The one warning line for a command whose listing lacked the archive, else None."""
-        return None if self.unread is None else f"warning: the archive could not be read ({self.unread}): {what}"
+        return unread_line(self.unread, what)
 
     def accounting(self, since: float | None = None) -> list[Accounting]:
         """The accounting inputs of every finished job that ended at or after ``since``: the
-        archive's and Redis', each job once (Redis' copy wins)."""
+        archive's and Redis', each job once (Redis' copy wins); Redis' alone, with ``unread``
+        set, when the archive cannot be read."""
         live = self._live_accounting(since)
         seen = {(a.id, a.instance) for a in live}
-        archive = self.archive()
-        old = archive.accounting(since=since) if archive is not None else []
+        old = self._read_or_note(lambda a: a.accounting(since=since), [])
         return live + [a for a in old if (a.id, a.instance) not in seen]
 
     def usage(self, since: float | None = None, by: str = "user") -> tuple[list[UsageLine], UsageLine]:
@@ -243,6 +256,7 @@ class History:
         usage() and total() over accounting(), each job once (Redis' copy wins), but the
         archive's jobs added up by the archive (its daily rollup and SQL sums), not row by row
         here: O(days x groups), not O(jobs archived)."""
+        self.unread = None
         live = self._live_accounting(since)
         groups = (by,) if by == "user" else (by, "user")  # the total counts each job once: by user
         found = {group: tally(live, group) for group in groups}
@@ -336,12 +350,21 @@ class AccountingReader:
         return field_value(name, text)
 
 
+def unread_line(unread: str | None, what: str = "older finished jobs are not shown") -> str | None:
+    """The one warning line for a command whose listing lacked the archive because of
+    ``unread`` (History.unread), else None."""
+    return None if unread is None else f"warning: the archive could not be read ({unread}): {what}"
+
+
 def archive_warning(client, what: str = "older finished jobs are not shown") -> str | None:  # noqa: ANN001
     """The one stderr line for a listing by ``client`` that lacked the archive (History.unread),
-    else None (and for a gateway client, whose node read it)."""
+    else None. A gateway client's node read it and sent why with its answer
+    (rig.gateway.client.GatewayClient.archive_unread)."""
     from rig.client import Client
 
-    return client.history.unread_line(what) if isinstance(client, Client) else None
+    if isinstance(client, Client):
+        return client.history.unread_line(what)
+    return unread_line(getattr(client, "archive_unread", None), what)
 
 
 class ArchiveUnread(ConfigError):
@@ -351,6 +374,8 @@ class ArchiveUnread(ConfigError):
 def first_line(exc: BaseException) -> str:
     """Why the archive could not be read, in one line for a warning (a server's own reason
     without the advice for rig up's archive_url)."""
+    if isinstance(exc, ArchiveRefused):
+        return f"{safe_url(exc.url)} refused the login: {exc.reason}"
     if isinstance(exc, ArchiveUnreachable):
         return f"{safe_url(exc.url)} unreachable now: {exc.reason}"
     text = str(exc).strip()

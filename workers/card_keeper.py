@@ -2,30 +2,41 @@
 the card's keeper, keeps a read end of every pipe of its own, and when a keeper dies (SIGKILL,
 the OOM killer, a crash) starts a new one at once and hands it every log the dead one had.
 
-Why the worker keeps a read end: a pipe whose last reader is gone kills its writer with SIGPIPE
-on its next write. With the worker's read end the job's writes never fail; at worst they wait
-(the pipe's 64 KiB buffer full) until the new keeper reads on: one keeper's start, 0.17-0.48 s
-on a loaded 2-core host (scripts/measure_keeper_death.py). The worker never
-reads from its ends; it only holds them. What the dead keeper had read and not yet written is
-lost (at most one read: read_size(cap), and never more than the pipe held); the new keeper says
-so in the log with one line (rig.logkeeper.restart_line) and the attempt's note file counts the
-restart (``keeper_restarts``, rig.logspace.describe_note).
+Why read ends are kept: a pipe whose last reader is gone kills its writer with SIGPIPE on its
+next write. Two processes besides the keeper hold one, so that no keeper's death ever does:
+
+- the worker (``KeptLog.read_fd``), which it hands to the next keeper when one dies; the job's
+  writes never fail, at worst they wait (the pipe's 64 KiB buffer full) until the new keeper
+  reads on: one keeper's start, 0.17-0.48 s on a loaded 2-core host
+  (scripts/measure_keeper_death.py);
+- the job's own wrapper (workers.process_tree.WRAPPER, which outlives every process of the
+  job's command): the worker passes it the same read end (:func:`job_fds`). It never reads;
+  it only holds. So a keeper that dies while no worker of its card runs at all (the worker
+  restarting, or SIGKILLed) leaves the job blocked on a full pipe at worst, never killed: the
+  next worker takes a read end through /proc/<job>/fd/1 and hands the log to a new keeper of
+  its own (:meth:`CardKeeper.adopt`).
+
+Neither reads from its end. What the dead keeper had read and not yet written is lost (at most
+one read: read_size(cap), and never more than the pipe held); the new keeper says so in the log
+with one line (rig.logkeeper.restart_line) and the attempt's note file counts the restart
+(``keeper_restarts``, rig.logspace.describe_note).
 
 A worker that adopts a running job (its worker stopped) takes a read end of the job's pipe too
-(:meth:`CardKeeper.adopt`, through /proc/<job>/fd/1) and watches the worker before's keeper
-(:class:`ForeignKeeper`, a pidfd): if that one dies, the log goes to this worker's keeper.
+(:meth:`CardKeeper.adopt`, through /proc/<job>/fd/1, which opens the pipe itself) and watches
+the worker before's keeper (:class:`ForeignKeeper`, a pidfd): if that one dies, the log goes to
+this worker's keeper; if it is dead already, the log goes to one at once.
 
-A keeper that cannot be restarted (no process can be started) leaves the job's pipe with no
-reader once the worker lets go of its end: its next write fails (SIGPIPE) and the attempt is
-rig's fault (:attr:`KeptLog.lost_reader`; rig.failures.FailureClass.INFRASTRUCTURE), retried
-without spending one of its retries; so is an adopted job whose read end could not be taken
-and whose keeper died while it ran. One window stays open: a keeper that dies while no worker
-of its card runs at all (between a worker's stop and the next one's adoption) leaves its jobs'
-pipes with no reader; such a job's SIGPIPE is counted as its own (exit 141), as before.
+A keeper that cannot be restarted (no process can be started) is replaced by a thread of the
+worker that copies the log itself (:class:`ThreadKeeper`), with a line that says so; if even
+the log cannot be opened, the output is read and dropped, with that line in the log where it
+can be written. The job is never blocked for ever nor killed for it. Jobs started by an older
+rig (their wrapper holds no read end) and adopted without a read end of this worker's own keep
+the old rule: the SIGPIPE that follows their keeper's death is rig's fault
+(rig.failures.FailureClass.INFRASTRUCTURE), retried without spending one of its retries.
 
 Invariants: every :class:`KeptLog` not yet released holds ``read_fd`` open; ``keeper`` is the
-process that copies it now (the card's keeper or a keeper of its own), None only when none
-could be had; all of a KeptLog's fields change under :attr:`CardKeeper._lock`.
+process that copies it now (the card's keeper, a keeper of its own, or this worker's
+ThreadKeeper), None only when not even a thread could be had; all of a KeptLog's fields change under :attr:`CardKeeper._lock`.
 """
 
 from __future__ import annotations
@@ -50,6 +61,72 @@ LOGKEEPER_SCRIPT = str(Path(logkeeper.__file__))
 #: How long a keeper whose "done" pipe ended without DONE is given to be seen dead (s): its
 #: descriptors close as it exits, a moment before it can be waited for.
 DEATH_SEEN_S = 2.0
+
+
+def job_fds(kept: KeptLog | None) -> tuple[int, ...]:
+    """Descriptors the job's wrapper is to inherit (subprocess.Popen's ``pass_fds``): a read end
+    of its own output pipe, held (never read) for the job's whole life, so that no keeper's death
+    while no worker runs ends the job with SIGPIPE (see the module's docstring). () without a
+    keeper (the job then writes its log directly)."""
+    return (kept.read_fd,) if kept is not None and kept.read_fd >= 0 else ()
+
+
+class ThreadKeeper:
+    """The last resort when no keeper process can be started: a thread of this worker copies
+    the log (rig.logkeeper.LogCopy, the same rules), from a duplicate of the worker's read end,
+    until the pipe's end of file. If the log cannot be opened the output is read and dropped (the
+    job is never blocked for ever for it). It ends with the worker: the next worker, which
+    adopts the job, finds this worker (named as the log's keeper) gone and hands the log to a
+    keeper of its own."""
+
+    def __init__(self, read_fd: int, log_path: Path, cap: int, opening: str) -> None:
+        self.pid = os.getpid()  # the pid file names this worker as the log's keeper
+        self.returncode: int | None = None
+        self._fd = os.dup(read_fd)  # its own: the worker's release closes read_fd meanwhile
+        self._thread = threading.Thread(target=self._copy, args=(log_path, cap, opening), daemon=True,
+                                        name=f"rig-keeper-thread-{log_path.name}")
+        try:
+            self._thread.start()
+        except RuntimeError:
+            os.close(self._fd)
+            raise OSError("no thread could be started") from None
+
+    def _copy(self, log_path: Path, cap: int, opening: str) -> None:
+        copy: logkeeper.LogCopy | None = None
+        try:
+            try:
+                copy = logkeeper.LogCopy(log_path, cap, opening=opening)
+            except OSError as exc:
+                log.error("%s: no log keeper and the log cannot be opened (%s): the job's output is dropped",
+                          log_path, exc)
+            chunk = logkeeper.read_size(cap)
+            while data := _read(self._fd, chunk):
+                if copy is not None:
+                    copy.feed(data)
+        finally:
+            if copy is not None:
+                copy.close()
+            os.close(self._fd)
+            self.returncode = 0
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """subprocess.Popen.wait's contract: 0 once the log is written to its end."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise subprocess.TimeoutExpired(f"keeper thread {self._thread.name}", timeout or 0.0)
+        return self.returncode
+
+
+def _read(fd: int, size: int) -> bytes:
+    """One read of a pipe, b"" at its end (or when it fails: nothing more can come of it)."""
+    while True:
+        try:
+            return os.read(fd, size)
+        except InterruptedError:
+            continue
+        except OSError as exc:
+            log.warning("a job's output pipe could not be read (%s); its copy ends", exc)
+            return b""
 
 
 class ForeignKeeper:
@@ -90,12 +167,12 @@ class KeptLog:
     log_path: Path
     cap: int  # bytes
     read_fd: int  # the worker's own read end of the job's pipe; -1 once released
-    keeper: subprocess.Popen | ForeignKeeper | None = None  # the process that copies it now
+    keeper: subprocess.Popen | ForeignKeeper | ThreadKeeper | None = None  # what copies it now
     keeper_start: int | None = None  # its start time (clock ticks since boot), for the pid file
     done_fd: int | None = None  # the card's keeper's "done" pipe; None with a keeper of its own
     restarts: int = 0  # keepers that died under it and were replaced
     finished: bool = False  # written to its end (DONE seen, or its own keeper exited 0)
-    lost_reader: bool = False  # its keeper died and none took it over: the job's writes fail
+    lost_reader: bool = False  # its keeper died and nothing took it over (not even a thread)
     #: An adopted job's process (pid, start time): with a ForeignKeeper, the log is at its end
     #: once the job is gone and its pipe empty.
     job: tuple[int, int | None] | None = None
@@ -174,7 +251,9 @@ class CardKeeper:
         """An adopted job's output (its worker stopped; the card's keeper of that worker copies
         it on): take a read end of the job's pipe of this worker's own (through
         /proc/<job>/fd/1, which opens the pipe itself), so that keeper's death is survived as
-        one of this worker's own would be. None when that cannot be done (the job's stdout is
+        one of this worker's own would be. A keeper found dead already (it died while no worker
+        of the card ran; the job's wrapper held its pipe meanwhile, :func:`job_fds`) is replaced
+        at once, with the line that says so. None when that cannot be done (the job's stdout is
         not a pipe, or is gone): the keeper's death then stays rig's fault, watched only."""
         import stat
 
@@ -184,9 +263,8 @@ class CardKeeper:
             return None
         keeper = ForeignKeeper(keeper_pid)  # its pidfd first, then its start time: never a reused pid
         try:
-            if not stat.S_ISFIFO(os.fstat(fd).st_mode) or not is_alive(job_pid, job_start) \
-                    or not is_alive(keeper_pid, keeper_start):
-                raise OSError("not the job's pipe, or not its keeper")
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode) or not is_alive(job_pid, job_start):
+                raise OSError("not the job's pipe")
             os.set_blocking(fd, True)  # a keeper it is handed to reads it blocking (shared flag)
         except OSError:
             os.close(fd)
@@ -195,7 +273,11 @@ class CardKeeper:
         kept = KeptLog(log_path, cap, fd, keeper=keeper, keeper_start=keeper_start, job=(job_pid, job_start))
         with self._lock:
             self._logs.add(kept)
-        self._watch(keeper)
+        if is_alive(keeper_pid, keeper_start):
+            self._watch(keeper)
+        else:  # dead before this worker came: its log goes to a keeper of this worker's now
+            self._keeper_died(keeper)
+            keeper.close()
         return kept
 
     def follow(self, kept: KeptLog, on_moved: Callable[[KeptLog], None]) -> None:
@@ -324,13 +406,16 @@ class CardKeeper:
                     kept.done_fd = None
                 if self._hand(kept, logkeeper.restart_line(proc.pid)):
                     moved.append(kept)
+                elif self._to_thread(kept, proc.pid):
+                    log.error("%s: its log keeper (pid %s) died and no other could be started; this worker "
+                              "copies the log itself", kept.log_path, proc.pid)
                 else:
                     kept.keeper, kept.lost_reader = None, True
                     self._logs.discard(kept)
-                    os.close(kept.read_fd)  # no keeper: rather SIGPIPE than a job blocked for ever
+                    os.close(kept.read_fd)  # nothing to read it: rather SIGPIPE than a job blocked for ever
                     kept.read_fd = -1
-                    log.error("%s: its log keeper (pid %s) died and no other could be started; the job's "
-                              "writes now fail (rig's fault, not the job's)", kept.log_path, proc.pid)
+                    log.error("%s: its log keeper (pid %s) died and nothing could take it over; the job's "
+                              "writes may now fail (rig's fault, not the job's)", kept.log_path, proc.pid)
         if moved:
             log.warning("the %s's log keeper (pid %s) died (exit %s); pid %s took over %d running job log(s): %s",
                         self.what, proc.pid, proc.returncode, moved[0].keeper_pid, len(moved),
@@ -382,6 +467,17 @@ class CardKeeper:
         self._moved(kept)
         return True
 
+    def _to_thread(self, kept: KeptLog, dead_pid: int | None) -> bool:
+        """The last resort (under the lock): this worker copies the log itself (ThreadKeeper)."""
+        try:
+            kept.keeper = ThreadKeeper(kept.read_fd, kept.log_path, kept.cap, thread_line(dead_pid))
+        except OSError as exc:
+            log.warning("%s: no thread to copy its log (%s)", kept.log_path, exc)
+            return False
+        kept.done_fd = None
+        self._moved(kept)
+        return True
+
     def _moved(self, kept: KeptLog) -> None:
         assert kept.keeper is not None
         kept.keeper_start = proc_start_time(kept.keeper.pid)
@@ -390,6 +486,12 @@ class CardKeeper:
                 kept.on_moved(kept)
             except Exception:  # noqa: BLE001 - the pid file is a hint; the log goes on
                 log.exception("%s: could not note its new keeper", kept.log_path)
+
+
+def thread_line(dead_pid: int | None) -> str:
+    """The line a log copied by its worker's ThreadKeeper opens with (one line, no newline)."""
+    return logkeeper.restart_line(dead_pid).replace(
+        "a new one took this log over", "none other could be started and the card worker copies this log itself")
 
 
 def _unread(fd: int) -> int:

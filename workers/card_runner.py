@@ -51,7 +51,7 @@ from rig.redis_writes import is_outage, refusal
 from rig.replication import replica_wait
 from rig.store import JobStore
 from workers.attempt_locate import carries_attempt, job_folders, locate
-from workers.card_keeper import CardKeeper, ForeignKeeper, KeptLog
+from workers.card_keeper import CardKeeper, ForeignKeeper, KeptLog, job_fds
 from workers.log_space import (
     LogSpaceGuard,
     NotStarted,
@@ -526,6 +526,7 @@ class CardRunner:
                     popen = subprocess.Popen(
                         argv, cwd=job.workdir, env=env, stdin=exit_fd, stdout=job_out if kept else logf,
                         stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                        pass_fds=job_fds(kept),  # its pipe's reader of last resort (card_keeper)
                         **(run_as.popen_args() if run_as is not None else {}),  # type: ignore[arg-type]
                     )
                 except (OSError, ValueError, subprocess.SubprocessError) as exc:
@@ -627,16 +628,7 @@ class CardRunner:
         with self._lock:
             self._active[active.job_id] = active
         watcher = ExitWatcher(active.pid)
-        if active.kept is None and active.keeper_pid and active.pid and active.log_path is not None:
-            # Adopted: a read end of the job's pipe of this worker's own, so the keeper of the
-            # worker before may die as this worker's own may (workers.card_keeper.adopt).
-            active.kept = self._keepers.adopt(active.log_path, self.settings.log_max_bytes, active.pid,
-                                              active.proc_start, active.keeper_pid, active.keeper_start)
-            if active.kept is not None:
-                files = AttemptFiles(active.exit_file.parent, active.attempt)
-                self._keepers.follow(active.kept, lambda k: write_pid_file(
-                    files, f"{active.pid} {active.proc_start or 0} {active.attempt} {k.keeper_pid or 0} "
-                           f"{k.keeper_start or 0}\n"))
+        self._take_log(active)
         # Without one, that keeper's death is only watched, to say whose fault what follows is.
         keeper = (ExitWatcher(active.keeper_pid) if active.kept is None and active.keeper_pid
                   and is_alive(active.keeper_pid, active.keeper_start) else None)
@@ -649,12 +641,14 @@ class CardRunner:
                     break
                 if keeper is not None and keeper.wait(0) and not watcher.wait(0):
                     # Dead while the job runs (it ends only after the job's output ends).
-                    active.keeper_lost = True
                     keeper.close()
                     keeper = None
+                    if self._take_log(active):  # the log goes to a keeper of this worker's
+                        continue
+                    active.keeper_lost = True
                     log.error("job %s: its log keeper (pid %s) died while it ran; this worker (which adopted it) "
-                              "holds no end of its output: its next write fails (rig's fault, not the job's)",
-                              active.job_id, active.keeper_pid)
+                              "could take no end of its output: its writes wait on its wrapper's read end, or fail "
+                              "(started by an older rig; rig's fault, not the job's)", active.job_id, active.keeper_pid)
                 if self.shutdown.is_set():
                     log.info("job %s: worker stopping; the job keeps running and will be adopted",
                              active.job_id)
@@ -718,6 +712,20 @@ class CardRunner:
                 self._keepers.release(active.kept)
             with self._lock:
                 self._active.pop(active.job_id, None)
+
+    def _take_log(self, active: ActiveJob) -> bool:
+        """Adopted: a read end of the job's pipe of this worker's own, so the keeper of the
+        worker before may die as this worker's own may; one found dead is replaced at once
+        (workers.card_keeper.adopt). True when this worker holds the log now."""
+        if active.kept is None and active.keeper_pid and active.pid and active.log_path is not None:
+            active.kept = self._keepers.adopt(active.log_path, self.settings.log_max_bytes, active.pid,
+                                              active.proc_start, active.keeper_pid, active.keeper_start)
+            if active.kept is not None:
+                files = AttemptFiles(active.exit_file.parent, active.attempt)
+                self._keepers.follow(active.kept, lambda k: write_pid_file(
+                    files, f"{active.pid} {active.proc_start or 0} {active.attempt} {k.keeper_pid or 0} "
+                           f"{k.keeper_start or 0}\n"))
+        return active.kept is not None
 
     def _outcome(self, active: ActiveJob) -> Gathered:
         """Stop what the job left running, let its keeper finish the log, and gather how it

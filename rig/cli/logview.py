@@ -19,6 +19,9 @@ each poll is one request that brings the file's size, identity and the keeper's 
 bytes (Gateway.op_log_look), and the same CutFollower rules see a cut or a log made again. The
 gateway opens the log by its name at each request, so what a deleted file got after the last
 poll is not shown there; a gateway older than log_look is read as before (neither is seen).
+A log renamed away (or replaced by another file) is told from one its keeper made again by the
+keeper's count of those (the note): the gateway cannot reach the renamed file, so the follower
+says so in one line and follows that attempt no further (a reader of the file goes on in it).
 
 ``-f`` follows the latest attempt, and when that attempt fails and is retried, the next one
 (a retried job goes back to PENDING and gets a new log file), until the job is final:
@@ -255,9 +258,11 @@ def _follow_one(get: Callable[[], Job], job: Job, attempt: int, out: BinaryIO,
     told_missing = False
     missing_since: float | None = None
 
+    lost = False  # the file its keeper writes is no longer at the path (gateway): not reopened
+
     def open_if_there() -> None:
         nonlocal fh, follower, opened
-        if fh is None and exists(path):
+        if fh is None and not lost and exists(path):
             try:
                 fh = open_log(path)  # kept open while the attempt runs
             except FileNotFoundError:
@@ -267,10 +272,18 @@ def _follow_one(get: Callable[[], Job], job: Job, attempt: int, out: BinaryIO,
     def copy() -> None:
         """Print what the log has now; if its keeper made it again (it was deleted), print the
         old file to its end, then the new one from its start (rig.logkeeper.LogCopy)."""
-        nonlocal fh, follower
+        nonlocal fh, follower, lost
         if fh is None or follower is None:
             return
         follower.copy(out)
+        if follower.moved:
+            fh.close()
+            fh = follower = None
+            lost = True
+            say(clean(f"--- job {job.id}, attempt {attempt}: its log {path} was renamed away or replaced by "
+                      f"another file (seen at {time.strftime('%H:%M:%S')}); its keeper writes on into the old "
+                      "file, which the gateway cannot read: not followed further ---"))
+            return
         if not follower.replaced(path):
             return
         # Seen after the new file's name: the keeper writes no more into the old one.
@@ -332,6 +345,10 @@ class Look:
     data: bytes = b""  # the bytes from the place asked for (at most ``want``)
     ident: tuple[int, int] | None = None
     gone: bool = False
+    #: How many times the keeper made the log again (its note), where a look says (the
+    #: gateway); None: not said. Another file under the path without a new count is not one
+    #: the keeper made: the log was renamed away or replaced, and its keeper writes on elsewhere.
+    made_again: int | None = None
 
 
 class LogSource(Protocol):
@@ -399,6 +416,11 @@ class CutFollower:
         self.fd = -1
         self.ident: tuple[int, int] | None = None  # the file read, where a look names it (gateway)
         self.remade = False  # a look found another file under the path (gateway)
+        #: A look found another file under the path that its keeper did not make (gateway): the
+        #: log was renamed away or replaced; the keeper writes on into the file read so far.
+        self.moved = False
+        self.made_seen: int | None = None  # the keeper's made-again count at the last look
+        self._other_once = False  # the last look found another file, its count not moved yet
         self.source: LogSource | None = None  # None: copied as read
         if hasattr(fh, "look") and hasattr(fh, "read_at"):
             self.source = cast(LogSource, fh)
@@ -456,8 +478,15 @@ class CutFollower:
             if self.ident is None:
                 self.ident = look.ident
             elif look.ident != self.ident:
-                self.remade = True
+                if look.made_again is None or self.made_seen is None or look.made_again > self.made_seen:
+                    self.remade = True
+                elif self._other_once:
+                    self.moved = True  # two looks, and its keeper counts no log made again
+                else:
+                    self._other_once = True  # the keeper counts one just after making it: look again
                 return None
+            self._other_once = False
+            self.made_seen = look.made_again
         return look
 
     def copy(self, out: BinaryIO) -> None:

@@ -189,7 +189,8 @@ def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None, inst
     show_log(lambda: client.get(job.id, picked), attempt=attempt, follow=follow, out=sys.stdout.buffer,
              say=lambda line: click.echo(line, err=True), why=client.why_waiting,
              here=this_machine(client.settings.node_name, client.nodes()),
-             open_log=lambda path: client.open_log(job.id, path), exists=lambda path: client.log_exists(job.id, path))
+             open_log=lambda path: client.open_log(job.id, path, picked),
+             exists=lambda path: client.log_exists(job.id, path, picked))
 
 
 # -- controlling ------------------------------------------------------------------------------

@@ -79,14 +79,13 @@ def _usage(client, since: float | None, by: str) -> tuple[list[UsageLine], Usage
     """The lines and total (Client.usage: the archive's per-day sums, rig.history); a gateway
     client asks its node, whose Client.usage answers."""
     from rig.client import Client
-
-    if not isinstance(client, Client):
-        return client.usage(since=since, by=by)
-    lines, whole = client.usage(since=since, by=by)
     from rig.history import archive_warning
 
+    lines, whole = client.usage(since=since, by=by)
     if warning := archive_warning(client, "the totals cover only the finished jobs Redis holds"):
         click.echo(warning, err=True)  # exit 0 all the same: README, rig usage
+    if not isinstance(client, Client):
+        return lines, whole
     built = client.history.archive_rollup_built()
     if built is not None:
         click.echo(f"archive: summed {built[0]:,} job(s) archived by an older rig per day for rig usage, once "

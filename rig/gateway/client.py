@@ -69,6 +69,9 @@ class GatewayClient:
         self._lock = threading.Lock()
         self.last_auto_note: str | None = None
         self.last_durability_note: str | None = None
+        #: Why the node could not read the archive for the last answer (a listing: `rig jobs`,
+        #: `rig usage`), else None: rig.history.archive_warning says it in one line.
+        self.archive_unread: str | None = None
         self._who: tuple[Identity, bool] | None = None
         self._compared = False  # the gateway's installation checked against this caller's settings
 
@@ -115,6 +118,8 @@ class GatewayClient:
                 break
         if not answer.get("ok"):
             raise _rebuild_error(answer.get("error"))
+        unread = answer.get("archive_unread")  # a listing without the archive (rig.history)
+        self.archive_unread = unread if isinstance(unread, str) else None
         return wire.decode(answer.get("result"))
 
     def close_locked(self) -> None:
@@ -265,12 +270,14 @@ class GatewayClient:
     log_path = Client.log_path
     read_log = Client.read_log
 
-    def log_exists(self, job_id: int, path: str) -> bool:
-        return bool(self.call("log_exists", job_id=job_id, path=path))
+    def log_exists(self, job_id: int, path: str, instance: str | None = None) -> bool:
+        """``instance`` (a prefix): a log of that very job where its id was given again."""
+        return bool(self.call("log_exists", job_id=job_id, path=path, **_picked(instance)))
 
-    def open_log(self, job_id: int, path: str) -> _RemoteLog:
-        """The log file as the gateway reads it (the caller's own rights may not reach it)."""
-        return _RemoteLog(self, job_id, path)
+    def open_log(self, job_id: int, path: str, instance: str | None = None) -> _RemoteLog:
+        """The log file as the gateway reads it (the caller's own rights may not reach it);
+        ``instance`` (a prefix): of that very job where its id was given again."""
+        return _RemoteLog(self, job_id, path, instance)
 
     # -- control --------------------------------------------------------------------------
     def kill(self, job_id: int | str, *, wait: bool = True, timeout: float | None = None) -> Job:
@@ -342,9 +349,10 @@ class _RemoteLog(io.RawIOBase):
     brings, with the bytes, the file's size, identity and the keeper's note, so a cut or a log
     made again is seen as when the follower reads the file itself."""
 
-    def __init__(self, client: GatewayClient, job_id: int, path: str) -> None:
+    def __init__(self, client: GatewayClient, job_id: int, path: str, instance: str | None = None) -> None:
         super().__init__()
         self.client, self.job_id, self.path, self.offset = client, job_id, path, 0
+        self.picked = _picked(instance)  # the instance argument, only when given (older gateways)
         self.facts = True  # the gateway answers log_look (False: too old, read as before)
         self.note = ""  # the keeper's note in words at the last look (rig.logspace.describe_note)
 
@@ -363,7 +371,7 @@ class _RemoteLog(io.RawIOBase):
 
     def _read(self, pos: int, size: int) -> bytes:
         return base64.b64decode(self.client.call("log_read", job_id=self.job_id, path=self.path,
-                                                 offset=pos, size=min(size, LOG_READ)))
+                                                 offset=pos, size=min(size, LOG_READ), **self.picked))
 
     def read_at(self, pos: int, size: int) -> bytes:
         """Up to ``size`` bytes (at most LOG_READ) from ``pos``, for the follower's look back
@@ -382,7 +390,8 @@ class _RemoteLog(io.RawIOBase):
             return None
         try:
             answer = self.client.call("log_look", job_id=self.job_id, path=self.path, offset=pos, back=back,
-                                      probe=list(probe) if probe else None, size=min(want, LOG_READ))
+                                      probe=list(probe) if probe else None, size=min(want, LOG_READ),
+                                      **self.picked)
         except InvalidInput as exc:
             if "has no operation 'log_look'" not in str(exc):
                 raise
@@ -399,7 +408,8 @@ class _RemoteLog(io.RawIOBase):
         return Look(size=int(answer["size"]), cap_cut=int(answer.get("cap_cut") or 0),
                     before=base64.b64decode(answer.get("before") or ""),
                     probe=base64.b64decode(answer.get("probe") or ""), data=data,
-                    ident=(int(answer["dev"]), int(answer["ino"])))
+                    ident=(int(answer["dev"]), int(answer["ino"])),
+                    made_again=int(answer["made_again"]) if "made_again" in answer else None)
 
     def note_words(self) -> str:
         """The keeper's note beside the log in words (rig.logspace.describe_note), "" for a whole
@@ -413,6 +423,12 @@ class _RemoteLog(io.RawIOBase):
         data = self.read(len(buffer))
         buffer[:len(data)] = data
         return len(data)
+
+
+def _picked(instance: str | None) -> dict[str, str]:
+    """The ``instance`` argument of a log request, sent only when given: a gateway older than it
+    refuses an argument it does not know, and reads the live job's logs as before."""
+    return {} if instance is None else {"instance": instance}
 
 
 #: The most one log request asks for (bytes; the gateway's LOG_CHUNK).

@@ -61,6 +61,10 @@ LOG_CHUNK = 4 * 2**20
 TAIL_MAX = 4096
 PROBE_MAX = 64 * 2**10
 
+#: Operations whose answer lacks the archive's part when it cannot be read (rig.history:
+#: Redis' jobs all the same): their answer carries why (``archive_unread``), for the one line.
+ARCHIVE_LISTINGS = frozenset({"jobs", "usage"})
+
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _stopping = False  # set by SIGTERM/SIGINT: a stop asked for, not a lost socket
 
@@ -124,7 +128,12 @@ class Gateway:
                 raise InvalidInput("environ must map names to strings")
             with acting_as(peer.identity, environ):
                 result = fn(peer, **args)
-            return {"ok": True, "result": wire.encode(result)}
+            answer = {"ok": True, "result": wire.encode(result)}
+            if op in ARCHIVE_LISTINGS and (unread := self.client.history.unread) is not None:
+                # What `rig jobs` / `rig usage` say in one warning line when they read the archive
+                # themselves (rig.history.archive_warning): this thread's listing's own.
+                answer["archive_unread"] = unread
+            return answer
         except RecursionError:
             return _error(InvalidInput("a request nested too deeply"))
         except RigError as exc:
@@ -252,8 +261,12 @@ class Gateway:
 
     # A job's log: its owner's and admins' (the files are under rig's log_dir, which users
     # need not be able to enter); only paths the record names as its attempts' logs.
-    def _log_file(self, job_id: int, path: str) -> Path:
-        job = self.client.get(_job_id(job_id))
+    def _log_file(self, job_id: int, path: str, instance: str | None = None) -> Path:
+        """``instance``: a prefix of the job's instance (``rig log --instance``): the log of that
+        very job, archived or live, where its id was given again (Client.get's rule)."""
+        if instance is not None and not isinstance(instance, str):
+            raise InvalidInput("instance must be a string (a prefix of a job's instance)")
+        job = self.client.get(_job_id(job_id), instance)
         self.client.check_control(job, "read the log of")
         named = set(job.log_paths) | ({job.log_path} if job.log_path else set())
         if not isinstance(path, str) or path not in named:
@@ -264,12 +277,13 @@ class Gateway:
             raise InvalidInput(f"{path!r} is not in this node's log folder; logs stay on the node that ran the job")
         return Path(path)
 
-    def op_log_exists(self, peer: Peer, job_id: int, path: str) -> bool:
-        return self._log_file(job_id, path).exists()
+    def op_log_exists(self, peer: Peer, job_id: int, path: str, instance: str | None = None) -> bool:
+        return self._log_file(job_id, path, instance).exists()
 
-    def op_log_read(self, peer: Peer, job_id: int, path: str, offset: int = 0, size: int = LOG_CHUNK) -> str:
+    def op_log_read(self, peer: Peer, job_id: int, path: str, offset: int = 0, size: int = LOG_CHUNK,
+                    instance: str | None = None) -> str:
         """Up to ``size`` bytes (at most LOG_CHUNK) from ``offset``, base64; "" at the end."""
-        file = self._log_file(job_id, path)
+        file = self._log_file(job_id, path, instance)
         _check_offset(offset)
         try:
             fd = _open_log(file)
@@ -281,15 +295,18 @@ class Gateway:
             os.close(fd)
 
     def op_log_look(self, peer: Peer, job_id: int, path: str, offset: int = 0, back: int = 0,
-                    probe: list[int] | None = None, size: int = LOG_CHUNK) -> dict[str, Any]:
+                    probe: list[int] | None = None, size: int = LOG_CHUNK,
+                    instance: str | None = None) -> dict[str, Any]:
         """One look of `rig log -f` at a log it follows (rig.cli.logview.CutFollower): the bytes
         from ``offset`` (at most ``size``, at most LOG_CHUNK), the ``back`` bytes before it (at
         most TAIL_MAX), the ``probe`` range ``[start, length]`` (at most PROBE_MAX), all base64,
         with what the follower needs to see a cut or a log made again: the file's size, its
-        (dev, ino), the keeper's note's ``cap_cut`` and its words. ``{"gone": true}`` when the
+        (dev, ino), the keeper's note's ``cap_cut``, ``made_again`` (how many times its keeper made
+        the log again: another file under the path without it is not the keeper's) and its words.
+        ``{"gone": true}`` when the
         path names no file just now (deleted, not made again yet). Read under the same rule as
         op_log_read (_log_file: the caller's own job's log, in this node's log folder)."""
-        file = self._log_file(job_id, path)
+        file = self._log_file(job_id, path, instance)
         _check_offset(offset)
         if isinstance(back, bool) or not isinstance(back, int) or not 0 <= back <= TAIL_MAX:
             raise InvalidInput(f"back must be 0..{TAIL_MAX} bytes, got {back!r}")
@@ -307,9 +324,11 @@ class Gateway:
             note = _read_note(file.with_suffix(".note"))
             try:
                 cut = int(note.get("cap_cut") or 0)
+                made_again = int(note.get("log_made_again") or 0)
             except (TypeError, ValueError):
-                cut = 0
+                cut = made_again = 0
             return {"size": info.st_size, "dev": info.st_dev, "ino": info.st_ino, "cap_cut": cut,
+                    "made_again": made_again,
                     "note": logspace.describe_note(note),
                     "before": _b64(os.pread(fd, back, offset - back) if back else b""),
                     "probe": _b64(os.pread(fd, probe[1], probe[0]) if probe else b""),

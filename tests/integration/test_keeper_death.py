@@ -1,7 +1,9 @@
 """A card's log keeper that dies (SIGKILL) never takes its jobs with it: the card worker holds a
 read end of every job's pipe, starts a new keeper at once and hands it every log; the log says
-so in one line; the job runs on and succeeds on its first attempt. A job that dies of it anyway
-(no keeper could take its log over) is rig's fault and keeps its retries."""
+so in one line; the job runs on and succeeds on its first attempt. The job's wrapper holds a read
+end of its own pipe too, so a keeper that dies while no worker runs leaves the job waiting on a
+full pipe, never killed, until the next worker takes its log over. No keeper at all: the worker
+copies the log itself."""
 
 from __future__ import annotations
 
@@ -86,14 +88,15 @@ def test_a_job_outlives_its_cards_keeper_killed_under_it(card_runner_env, tmp_pa
     print(f"lost across a keeper SIGKILL: {lines} line(s), {nbytes} bytes")
 
 
-def test_a_job_whose_keeper_dies_with_no_other_to_take_over_is_rigs_fault(card_runner_env, tmp_path, monkeypatch):
-    """The window that cannot be closed: the keeper dies and none can be started. The worker
-    lets go of the pipe (else the job would block on it for ever); the job dies of SIGPIPE; that
-    attempt is rig's fault and spends none of the job's retries."""
+def test_a_job_whose_keeper_dies_with_no_other_to_take_over_is_copied_by_its_worker(card_runner_env, tmp_path,
+                                                                                   monkeypatch):
+    """The keeper dies and no other can be started (no process): the worker copies the log
+    itself in a thread (workers.card_keeper.ThreadKeeper), with a line that says so; the job is
+    neither killed (SIGPIPE) nor blocked, and succeeds on its first attempt."""
     settings, ledger, runner, _ = card_runner_env
     command, go = _writer(tmp_path)
     job, token = placed(ledger, command, tmp_path)
-    ledger.store.update(job.id, max_retries=0)  # a retry that counted would leave none
+    ledger.store.update(job.id, max_retries=0)
     log = job_folder(settings.job_log_dir, job.id, job.instance) / "attempt-1.log"
     results: list[str] = []
     thread = threading.Thread(target=lambda: results.append(runner.run_job(job.id, token)))
@@ -105,14 +108,20 @@ def test_a_job_whose_keeper_dies_with_no_other_to_take_over_is_rigs_fault(card_r
         monkeypatch.setattr(keepers, "_to_server", lambda kept, opening: False)
         monkeypatch.setattr(keepers, "_to_own", lambda kept, opening: False)
         os.kill(read_pid_file(log.with_suffix(".pid"))[3], signal.SIGKILL)
-        thread.join(30)
+        # The pid file names the worker itself as the log's keeper now.
+        assert _until(lambda: (read_pid_file(log.with_suffix(".pid")) or (0,) * 4)[3] == os.getpid())
+        assert _until(lambda: b"the card worker copies this log itself" in log.read_bytes()
+                      and len(log.read_bytes().split(b"copies this log itself", 1)[1]) > 20_000)
     finally:
         go.touch()
-    assert results == ["PENDING"]
-    again = ledger.store.get(job.id)
-    (row,) = again.attempts
-    assert row["outcome"] == "infrastructure" and row["exit_code"] == 141  # 128 + SIGPIPE
-    assert "rig's fault" in again.reason and "not counted" in again.reason
+    thread.join(30)
+    assert results == ["SUCCEEDED"]
+    done = ledger.store.get(job.id)
+    assert done.attempt == 1 and done.exit_code == 0 and "log keeper restarted once" in done.reason
+    text = log.read_bytes()
+    assert text.endswith(b"the-last-line\n")
+    lines, nbytes = lost_lines(text)
+    assert nbytes <= 64 * 1024, (lines, nbytes)
 
 
 def test_a_log_folder_deleted_while_the_job_runs_is_made_again(card_runner_env, tmp_path, caplog, monkeypatch):
@@ -202,10 +211,11 @@ def test_an_adopted_job_outlives_the_keeper_of_the_worker_before(card_runner_env
     assert not is_alive(old[3], old[4])
 
 
-def test_an_adopted_job_whose_read_end_could_not_be_taken_dies_of_its_keeper_as_rigs_fault(
+def test_an_adopted_job_whose_read_end_could_not_be_taken_is_taken_when_its_keeper_dies(
         card_runner_env, tmp_path, monkeypatch):
-    """Adopted without a read end of its own (none could be taken): the old keeper's death is
-    only watched; the job's SIGPIPE that follows is rig's fault and spends no retry."""
+    """Adopted without a read end of its own (none could be taken then): the old keeper's death
+    is watched, and at it the worker takes the job's pipe again and hands the log to a keeper of
+    its own (the job's wrapper held the pipe meanwhile). The job succeeds on its first attempt."""
     from workers.card_runner import CardRunner
 
     settings, ledger, runner, _ = card_runner_env
@@ -223,17 +233,95 @@ def test_an_adopted_job_whose_read_end_could_not_be_taken_dies_of_its_keeper_as_
         runner.stop()
         first.join(10)
         second = CardRunner(settings, "n1", 0, "card0@n1")
-        monkeypatch.setattr(second._keepers, "adopt", lambda *_a: None)
+        adopt = second._keepers.adopt
+        tries: list[int] = []
+
+        def once_refused(*args):
+            tries.append(1)
+            return None if len(tries) == 1 else adopt(*args)
+
+        monkeypatch.setattr(second._keepers, "adopt", once_refused)
         second.adopt()
         assert second.active_ids() == [job.id]
         os.kill(old[3], signal.SIGKILL)
-        assert _until(lambda: ledger.store.get(job.id).state is JobState.PENDING, timeout=30), (
+        assert _until(lambda: RESTART.search(log.read_bytes()) is not None
+                      and len(log.read_bytes()) > RESTART.search(log.read_bytes()).end() + 20_000)
+        go.touch()
+        assert _until(lambda: ledger.store.get(job.id).state is JobState.SUCCEEDED, timeout=30), (
             ledger.store.get(job.id).state, ledger.store.get(job.id).reason, log.read_bytes()[-300:])
     finally:
         go.touch()
         if second is not None:
             second.stop()
-    again = ledger.store.get(job.id)
-    (row,) = again.attempts
-    assert row["outcome"] == "infrastructure" and row["exit_code"] == 141
-    assert "not counted" in again.reason
+    assert len(tries) == 2
+    done = ledger.store.get(job.id)
+    assert done.attempt == 1 and done.exit_code == 0 and log.read_bytes().endswith(b"the-last-line\n")
+
+
+_WORKER = """
+import sys
+from pathlib import Path
+from rig.config import load_settings
+from workers.card_runner import CardRunner
+prefix, url, home, job_id, token = sys.argv[1:]
+settings = load_settings(key_prefix=prefix, redis_url=url, home=Path(home), node_name="n1", kill_grace_seconds=1.0)
+print(CardRunner(settings, "n1", 0, "card0@n1").run_job(int(job_id), token), flush=True)
+"""
+
+
+def test_a_job_outlives_its_worker_and_then_its_keeper_killed_until_the_next_worker(card_runner_env, tmp_path):
+    """The window no worker covers: the card worker is SIGKILLed (a real process), then its
+    keeper too, while the job writes on. The job's wrapper holds a read end of its own pipe, so
+    the job is never killed by SIGPIPE: it waits on the full pipe until the next worker adopts
+    it, takes a read end through /proc and hands the log to a keeper of its own (with the line
+    that says what may be missing). The job succeeds on its first attempt."""
+    import subprocess
+    import sys
+
+    from workers.card_runner import CardRunner
+    from workers.process_tree import is_alive
+
+    settings, ledger, runner, _ = card_runner_env
+    runner.stop()  # this test's workers are its own
+    command, go = _writer(tmp_path)
+    job, token = placed(ledger, command, tmp_path)
+    log = job_folder(settings.job_log_dir, job.id, job.instance) / "attempt-1.log"
+    worker = subprocess.Popen([sys.executable, "-c", _WORKER, settings.key_prefix, settings.redis_url,
+                               str(settings.home), str(job.id), token], stdout=subprocess.PIPE)
+    second = None
+    try:
+        assert _until(lambda: log.exists() and log.stat().st_size > 20_000
+                      and read_pid_file(log.with_suffix(".pid")) is not None, timeout=60)
+        pid, start, _attempt, keeper, keeper_start = read_pid_file(log.with_suffix(".pid"))
+        worker.kill()
+        worker.wait(10)
+        os.kill(keeper, signal.SIGKILL)
+        assert _until(lambda: not is_alive(keeper, keeper_start))
+        # Nobody reads its pipe now: the job writes until the pipe is full and waits there.
+        assert is_alive(pid, start)
+        second = CardRunner(settings, "n1", 0, "card0@n1")
+        second.adopt()
+        assert second.active_ids() == [job.id]
+        assert _until(lambda: (read_pid_file(log.with_suffix(".pid")) or (0, 0, 0, keeper))[3] not in (keeper, 0))
+        assert _until(lambda: RESTART.search(log.read_bytes()) is not None
+                      and len(log.read_bytes()) > RESTART.search(log.read_bytes()).end() + 20_000)
+        go.touch()
+        assert _until(lambda: ledger.store.get(job.id).state is JobState.SUCCEEDED, timeout=30), (
+            ledger.store.get(job.id).state, ledger.store.get(job.id).reason)
+    finally:
+        go.touch()
+        if worker.poll() is None:
+            worker.kill()
+        worker.wait(10)
+        if second is not None:
+            second.stop()
+    done = ledger.store.get(job.id)
+    assert done.attempt == 1 and done.exit_code == 0
+    assert "log keeper restarted once" in done.reason
+    text = log.read_bytes()
+    assert text.endswith(b"the-last-line\n")
+    (note,) = RESTART.finditer(text)
+    assert int(note.group(1)) == keeper
+    lines, nbytes = lost_lines(text)
+    assert nbytes <= 64 * 1024, (lines, nbytes)
+    print(f"worker and keeper SIGKILLed, adopted: lost {lines} line(s), {nbytes} bytes")

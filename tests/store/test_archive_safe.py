@@ -75,6 +75,79 @@ def test_a_server_down_at_rig_up_is_a_warning_and_a_mistake_still_refuses(ledger
         assert not isinstance(caught.value, ArchiveUnreachable)
 
 
+class RefusingServer:
+    """A PostgreSQL server that refuses every login, as a real one does with a wrong password: it
+    declines SSL and GSS encryption, reads the startup message and answers with a FATAL
+    ErrorResponse (SQLSTATE ``code``), then closes. The tests' own server trusts every login."""
+
+    def __init__(self, code: str = "28P01", message: str = 'password authentication failed for user "rig"') -> None:
+        import socket
+        import threading
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"postgresql://rig:wrong@127.0.0.1:{self.sock.getsockname()[1]}/rig"
+        fields = b"SFATAL\0VFATAL\0C" + code.encode() + b"\0M" + message.encode() + b"\0\0"
+        self.error = b"E" + (len(fields) + 4).to_bytes(4, "big") + fields
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                try:
+                    while True:
+                        head = conn.recv(8, 0x100)  # MSG_WAITALL
+                        if len(head) < 8:
+                            break
+                        length, code = int.from_bytes(head[:4], "big"), int.from_bytes(head[4:], "big")
+                        if code in (80877103, 80877104):  # SSLRequest, GSSENCRequest: not here
+                            conn.sendall(b"N")
+                            continue
+                        conn.recv(max(0, length - 8), 0x100)  # the startup message's parameters
+                        conn.sendall(self.error)
+                        break
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_login_refused_at_rig_up_is_refused_in_one_line(ledger, key_prefix, tmp_path):
+    """A wrong password (the server answered: authentication failed) is the operator's mistake:
+    rig up refuses it in one line that says what to fix (exit 6), unlike a server that is down
+    (a warning, above); a reader without the password still lists Redis' jobs with one warning."""
+    pytest.importorskip("psycopg")
+    from rig.archive import ArchiveRefused, unreadable
+
+    r, keys = ledger.store.r, ledger.keys
+    for code, words in (("28P01", 'password authentication failed for user "rig"'),
+                        ("28000", 'role "rig" does not exist')):
+        server = RefusingServer(code, words)
+        try:
+            with pytest.raises(ArchiveRefused) as caught:
+                check_at_up(r, keys, server.url, key_prefix, "n1", home=tmp_path)
+            assert caught.value.exit_code == 6 and unreadable(caught.value)
+            message = str(caught.value)
+            assert "\n" not in message and words in message and "wrong" not in message  # no password shown
+            assert message.startswith(f"archive postgresql://rig:***@127.0.0.1:{server.url.rsplit(':', 1)[1]}: "
+                                      "the server refused the login (")
+            assert message.endswith("fix the user or password in archive_url (RIG_ARCHIVE_URL), ~/.pgpass or "
+                                    "PGPASSWORD, then run rig up again")
+            assert cluster_url(r, keys) is None  # refused before the node claimed anything
+            live = finished(ledger, ended=NOW - 60)
+            reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path,
+                                                         archive_url=server.url))
+            assert live.id in [j.id for j in reader.list()]
+            assert reader.unread_line().startswith("warning: the archive could not be read (postgresql://rig:***@")
+            assert "refused the login" in reader.unread_line()
+        finally:
+            server.close()
+
+
 def test_a_move_is_said_with_the_old_archives_count(ledger, key_prefix, tmp_path):
     r, keys = ledger.store.r, ledger.keys
     a_url, b_url = default_url(tmp_path / "a"), default_url(tmp_path / "b")
@@ -136,6 +209,82 @@ def test_rig_jobs_and_usage_exit_0_with_one_warning_when_the_archive_is_gone(led
     assert "the totals cover only the finished jobs Redis holds" in usage.stderr
     show = CliRunner().invoke(cli, ["show", str(old.id)], env=env)
     assert show.exit_code == 6 and "the archive could not be read" in show.stderr
+
+
+def test_accounting_and_a_stored_field_answer_from_redis_when_the_archive_cannot_be_read(ledger, key_prefix,
+                                                                                      tmp_path):
+    """History.accounting() and stored_field() as `rig jobs` does: Redis' part, ``unread`` set
+    for the one warning line, never the database's exception."""
+    old = finished(ledger, ended=NOW - 2 * DAY, user="ann")
+    with Archive(default_url(tmp_path), key_prefix) as archive:
+        require_cluster(ledger.store.r, ledger.keys, archive.url)
+        mover(ledger, archive).run(NOW)
+    live = finished(ledger, ended=NOW - 60, user="bob")
+    reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path))
+    assert {a.id for a in reader.accounting()} == {old.id, live.id} and reader.unread is None
+    archived = reader.get(old.id)
+    assert reader.stored_field(archived, "name") == old.name and reader.unread is None
+    reader.close()
+    (tmp_path / "archive.sqlite3").rename(tmp_path / "moved.sqlite3")
+    reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path))
+    assert [a.id for a in reader.accounting()] == [live.id]
+    assert reader.unread_line().startswith("warning: the archive could not be read (archive missing at ")
+    assert reader.stored_field(archived, "name") is None and reader.unread is not None
+    assert reader.stored_field(reader.get(live.id), "name") == live.name and reader.unread is None  # from Redis
+    # A @rig.task's result read as None would be taken for the function's return value: the
+    # client says the archive could not be read instead (the archive went between the two reads).
+    from rig.client import Client
+
+    client = Client(load_settings(key_prefix=key_prefix, home=tmp_path), redis_client=ledger.store.r)
+    client.get = lambda job_id, instance=None: archived  # type: ignore[method-assign]
+    with pytest.raises(ArchiveUnread, match=f"job {old.id}'s result is not in Redis and the archive could not"):
+        client.result_of(old.id)
+    (tmp_path / "moved.sqlite3").rename(tmp_path / "archive.sqlite3")
+    assert client.result_of(old.id) is None  # readable again: the archived record has no result
+
+
+def test_rig_jobs_and_usage_through_the_gateway_say_the_archive_could_not_be_read(ledger, key_prefix, tmp_path,
+                                                                                monkeypatch):
+    """A user who reads through the gateway gets the same one warning line as one who reads the
+    archive directly: the node's answer carries why its archive could not be read."""
+    import json
+    import os
+    import threading
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from rig.cli.main import cli
+    from rig.client import Client
+    from rig.gateway.client import GatewayClient
+    from rig.gateway.server import Gateway, bind
+
+    finished(ledger, ended=NOW - 2 * DAY)
+    with Archive(default_url(tmp_path), key_prefix) as archive:
+        require_cluster(ledger.store.r, ledger.keys, archive.url)
+        mover(ledger, archive).run(NOW)
+    live = finished(ledger, ended=NOW - 60)
+    (tmp_path / "archive.sqlite3").unlink()
+    settings = load_settings(key_prefix=key_prefix, home=tmp_path, admins=[])
+    gw = Gateway(settings, Client(settings, redis_client=ledger.store.r))
+    path = Path(f"/tmp/rig-test-gateways/{os.getpid()}-unread.sock")
+    server = bind(path, gw)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        for module in ("rig.cli.main", "rig.cli.usage"):
+            monkeypatch.setattr(f"{module}.client_from", lambda ctx: GatewayClient(settings, path))
+        jobs = CliRunner().invoke(cli, ["jobs", "--json"], env={"COLUMNS": "200"})
+        assert jobs.exit_code == 0, jobs.output
+        assert [j["id"] for j in json.loads(jobs.stdout)] == [live.id]
+        assert jobs.stderr.count("warning: the archive could not be read (archive missing at ") == 1, jobs.stderr
+        usage = CliRunner().invoke(cli, ["usage", "--since", "all"], env={"COLUMNS": "200"})
+        assert usage.exit_code == 0, usage.output
+        assert usage.stderr.count("warning: the archive could not be read") == 1, usage.stderr
+        assert "the totals cover only the finished jobs Redis holds" in usage.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+        path.unlink(missing_ok=True)
 
 
 def test_a_dropped_postgresql_database_lists_redis_jobs_with_one_warning(ledger, key_prefix, tmp_path,

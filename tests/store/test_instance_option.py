@@ -65,3 +65,52 @@ def test_an_unknown_or_malformed_instance_is_refused_alike_by_show_log_and_metri
         got = run(cli, [cmd, str(old.id), "--instance", "XYZ!"])
         assert got.exit_code == 2 and "Invalid value for '--instance': give the first hex digits of the " \
             "instance, e.g. 3fa9c2" in got.stderr, (cmd, got.output)
+
+
+def test_log_of_an_archived_instance_through_the_gateway(cli_env, real_redis, monkeypatch):
+    """`rig log ID --instance HEX` of a user who reads through the gateway: the gateway checks
+    the path against the picked job's record (the archived one), not the live job now holding
+    the id, whose record names other logs."""
+    import os
+    import threading
+    from pathlib import Path
+
+    from rig.client import Client
+    from rig.config import load_settings
+    from rig.gateway.client import GatewayClient
+    from rig.gateway.server import Gateway, bind
+
+    settings = load_settings()
+    ledger = Ledger(real_redis, Keys(cli_env))
+    now = shared_now(real_redis)
+
+    def with_log(job, text: str) -> None:
+        path = settings.job_log_dir / f"{job.id}-{job.instance}" / "attempt-1.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        ledger.store.update(job.id, log_paths=[str(path)])
+
+    old = finished(ledger, ended=now - 3 * DAY, name="before")
+    with_log(old, "old\n")
+    assert _archive_all(real_redis, cli_env) == 1
+    real_redis.delete(Keys(cli_env).next_job_id)  # ids start again at 1
+    new = finished(ledger, ended=now - 60, name="after")
+    with_log(new, "new\n")
+    assert new.id == old.id and new.instance != old.instance
+    gw = Gateway(settings, Client(settings))
+    socket_path = Path(f"/tmp/rig-test-gateways/{os.getpid()}-instance.sock")
+    server = bind(socket_path, gw)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        monkeypatch.setattr("rig.cli.main.client_from", lambda ctx: GatewayClient(settings, socket_path))
+        run = CliRunner().invoke
+        for extra, text in ((["--instance", old.instance[:6]], "old\n"), (["--instance", new.instance[:6]], "new\n"),
+                            ([], "new\n")):
+            got = run(cli, ["log", str(old.id), *extra])
+            assert got.exit_code == 0 and got.stdout == text, (extra, got.output)
+            got = run(cli, ["log", "-f", str(old.id), *extra])
+            assert got.exit_code == 0 and got.stdout == text, (extra, got.output)
+    finally:
+        server.shutdown()
+        server.server_close()
+        socket_path.unlink(missing_ok=True)

@@ -194,6 +194,32 @@ def test_a_log_gone_a_while_before_it_is_made_again(gateway):
     keeper.copy.close()
 
 
+def test_a_log_renamed_away_is_not_taken_for_one_made_again(gateway):
+    """`mv attempt-1.log elsewhere` and another file put in its place: the keeper writes on into
+    the renamed file (it still has a name), which the gateway cannot reach. The follower must not
+    say the log was made again nor print the stranger file as the job's output: it says what
+    happened in one line and follows that attempt no further."""
+    gw, client, job_id = gateway
+    log = _log(gw, job_id)
+    keeper = Keeper(log)
+    keeper.write(3)
+
+    def renamed() -> None:
+        log.rename(log.with_name("kept.log"))
+        log.write_bytes(b"a stranger's file\n")
+        keeper.looks_at_once(True)
+        keeper.write(3)  # into kept.log: the keeper makes nothing again
+
+    text, said, counts = _follow(log, [None, renamed, None, None, lambda: keeper.write(2), None],
+                                 client=client, job_id=job_id)
+    assert _numbers(text) == [0, 1, 2] and b"stranger" not in text
+    assert not any(MADE_AGAIN in line for line in said), said
+    assert sum("was renamed away or replaced by another file" in line for line in said) == 1, said
+    assert counts["sleeps"] == counts["gets"] - 1
+    assert _numbers(log.with_name("kept.log").read_bytes()) == list(range(8))
+    keeper.copy.close()
+
+
 @pytest.mark.parametrize("fast", [False, True], ids=["read-before-cut", "cut-before-read"])
 def test_a_log_cut_to_its_cap_is_followed_as_when_read_directly(gateway, fast, monkeypatch):
     """The keeper cuts the log in place (head, marker, newest output). Read before the cut:
