@@ -551,3 +551,24 @@ def test_a_job_whose_cards_keeper_does_not_answer_gets_a_keeper_of_its_own(env, 
     assert runner.run_job(job.id, token) == "SUCCEEDED"
     assert asked
     assert open(ledger.store.get(job.id).log_paths[0]).read() == "one\ntwo\n"
+
+
+def test_what_a_short_job_leaves_running_is_stopped_at_its_end(env, tmp_path):
+    """A job that exits at once, leaving a child in its session and a daemon that left it with
+    setsid: both are stopped before its cards are released (its end walks the few pids handed
+    out since the job's own, workers.process_tree.job_leftovers)."""
+    settings, ledger, runner, _ = env
+    marker = "419.731"
+    job, token = placed(ledger, f"sleep {marker} & setsid sleep {marker} </dev/null >/dev/null 2>&1 & exit 0", tmp_path)
+    assert runner.run_job(job.id, token) == "SUCCEEDED"
+    left = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).endswith(f"sleep\0{marker}\0")]
+    assert left == []
+    assert ledger.card("n1", 0).reserved == 0
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline") as fh:
+            return fh.read()
+    except OSError:
+        return ""

@@ -197,3 +197,55 @@ def test_the_wrappers_exit_file_by_path_never_replaces_what_is_not_a_regular_fil
         assert subprocess.run(wrapper_argv(["sh", "-c", "exit 3"]), env=env, timeout=10).returncode == 3
     assert stat.S_ISFIFO(os.lstat(special).st_mode)  # left as it was
     assert regular.read_text() == "3\n"  # a regular file (or none yet) still gets the status
+
+
+def test_job_leftovers_walks_a_small_window_without_listing_proc_and_never_reports_a_thread(tmp_path, monkeypatch):
+    """A young job's pid window is walked pid by pid (no listing of /proc, which costs every
+    process on the machine); that walk meets thread ids too, which must not be reported: a
+    left-over Python process with a second thread is one member, and a daemon with a thread is
+    one daemon, as the full scans say."""
+    import sys
+
+    import workers.process_tree as pt
+
+    threaded = f"{sys.executable} -c 'import threading, time; threading.Thread(target=time.sleep, args=(30,)).start(); time.sleep(30)'"
+    began = time.monotonic()
+    proc, exit_file = start(["sh", "-c", f"setsid {threaded} </dev/null >/dev/null 2>&1 & {threaded} & exit 0"],
+                            tmp_path)
+    try:
+        assert proc.wait(10) == 0
+        needle = ("RIG_EXIT_FILE", str(exit_file))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            found = pids_with_environ(*needle)
+            if len(found) == 2 and all(len(os.listdir(f"/proc/{p}/task")) == 2 for p in found):
+                break
+            time.sleep(0.01)
+        members_full = session_members(proc.pid)
+        daemons_full = [p for p in pids_with_environ(*needle) if p not in members_full]
+
+        def no_listing(path):
+            raise AssertionError(f"listed {path}: a small window is walked")
+
+        # This test's processes take a Python start each (longer than the ~80 ms a window is
+        # trusted for at the real rate), and other tenants' pids widen the window: both lifted.
+        monkeypatch.setattr(pt, "PID_RATE_PER_CPU", 1)
+        monkeypatch.setattr(pt, "WINDOW_WALK_MAX", 1 << 30)
+        monkeypatch.setattr(pt.os, "listdir", no_listing)
+        members, daemons = job_leftovers(proc.pid, *needle, None, first_pid=proc.pid, age=time.monotonic() - began)
+        assert members == members_full and len(members) == 1
+        assert daemons == daemons_full and len(daemons) == 1
+    finally:
+        monkeypatch.undo()
+        for pid in pids_with_environ("RIG_EXIT_FILE", str(exit_file)):
+            stop_tree(os.getsid(pid), 1)
+
+
+def test_window_pids_wraps_past_pid_max_and_gives_up_on_a_wide_window(monkeypatch):
+    import workers.process_tree as pt
+
+    monkeypatch.setattr(pt, "_PID_MAX", 1000)
+    assert pt._window_pids((990, 305)) == [*range(990, 1000), *range(300, 306)]
+    assert pt._window_pids((10, 10 + pt.WINDOW_WALK_MAX)) is None
+    assert pt._window_pids((10, 9 + pt.WINDOW_WALK_MAX)) == list(range(10, 10 + pt.WINDOW_WALK_MAX))
+    assert pt._window_pids((700, 650)) is None  # wrapped: 300 + 351 pids
