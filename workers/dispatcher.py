@@ -175,6 +175,14 @@ RUNNING_PARSE_CACHE = 100_000
 #: the versions say: the backstop for a write that moved no version (a person's redis-cli; Redis
 #: rolled back to a snapshot and changed since until a version came back to the one held).
 FULL_READ_S = 30.0
+#: A pass's rounds decide at the instant its first round read the shared clock while the pass is
+#: younger than this (s; then a round reads it again): the rounds after a start decide with the
+#: same ``now`` as the starts, so what depends only on now and unchanged inputs (hold plans'
+#: options, HoldPlanner's memo) is carried from round to round instead of worked out again.
+PASS_INSTANT_S = 1.0
+#: Hold plan options remembered between rounds (HoldPlanner's memo: request sizes per pool); then
+#: all are forgotten.
+PLAN_MEMO_SIZES = 64
 #: Cards per read_cards.lua call (two keys each): a bounded script, as rig.hashes.BATCH.
 CARDS_BATCH = 1000
 #: The fields of a placed or running job that _read_holdings reads (_parse_running parses them).
@@ -277,6 +285,10 @@ class Dispatcher:
         #: jobs' fields, users' usage), and until when its answer stays the same as the clock moves.
         self._holdings_read: tuple = ()
         self._holdings_steady = math.inf
+        #: pool -> HoldPlanner's memo (request bytes -> node -> (now, its option_inputs, its
+        #: options)): a round's first planner takes the options of each node whose inputs and now
+        #: are those of an earlier round's (the round after a start, within the pass's instant).
+        self._plan_memo: dict[str | None, dict[int, dict[str, tuple[float, tuple, list]]]] = {}
         self._thread: threading.Thread | None = None
         self._leading = False  # the last leader check's outcome (_led)
 
@@ -510,6 +522,7 @@ class Dispatcher:
         self._ends_kept.clear()
         self._reservations = {}
         self._repeat = None
+        self._plan_memo.clear()
 
     def _read_cards(self, prefetched: tuple[list[str], list] | None = None) -> list[CardState]:
         """Every registered card, sorted by node then index (as Ledger.cards), with the
@@ -906,6 +919,7 @@ class Dispatcher:
         in the first round trip (_first_reads); nothing is done when another dispatcher leads."""
         started = 0
         pools = self.settings.pool_map
+        instant: tuple[float, float] | None = None  # (the pass's now, time.monotonic() when read)
         for _round in range(MAX_ROUNDS):  # a reservation refused again and again must not spin
             if self.stop_event.is_set():
                 break
@@ -922,7 +936,9 @@ class Dispatcher:
                 # (one that arrived meanwhile is explained by a full round: a tester found jobs
                 # behind a whitelist naming no card with no reason in `rig jobs`).
                 return started
-            now = shared_now(self.r)
+            if instant is None or time.monotonic() - instant[1] >= PASS_INSTANT_S:
+                instant = (shared_now(self.r), time.monotonic())
+            now = instant[0]  # every round of the pass at one instant (PASS_INSTANT_S)
             if _round == 0 and self._repeats(cards, waiting, now):
                 return started  # the last pass's decisions stand: its reasons re-stamped when due
             # The reservations held now (who holds what, when each is expected to end) are read
@@ -934,7 +950,10 @@ class Dispatcher:
                     self.settings.fair_share and len(limits) > 1):
                 snapshot.get()
             holds = _Holds(self, snapshot, now)
-            view = self._first_view = _View(cards, pools, snapshot, now, self._intern, last=self._first_view)
+            if sum(map(len, self._plan_memo.values())) > PLAN_MEMO_SIZES:
+                self._plan_memo.clear()
+            view = self._first_view = _View(cards, pools, snapshot, now, self._intern, last=self._first_view,
+                                            plan_memo=self._plan_memo if self.shortcuts else None)
             if not view._big:  # its tokens from the last round's last view's (changed cards' parts replaced)
                 view._prior = self._last_tokens
             self._nodes = None
@@ -1482,12 +1501,14 @@ class _View:
     def __init__(self, cards: list[CardState], pools: Pools, snapshot: _Lazy, now: float,
                  intern: Callable[[Hashable], int], positions: dict[str, int] | None = None,
                  last: _View | None = None, by_id: dict[str, CardState] | None = None,
-                 pool_positions: dict[str | None, dict[str, int]] | None = None) -> None:
+                 pool_positions: dict[str | None, dict[str, int]] | None = None,
+                 plan_memo: dict[str | None, dict] | None = None) -> None:
         """``last``: the previous round's first view; when it saw the very same card records (the
         dispatcher keeps unchanged cards between passes: the same CardState objects), its tokens
         are this view's, not worked out again (O(cards)). ``positions``, ``by_id`` and
         ``pool_positions``: given by after_start (the round's first view's, or derived from the
-        view before)."""
+        view before). ``plan_memo``: the dispatcher's HoldPlanner memo per pool (a round's first
+        view only)."""
         self.cards = cards
         self.by_id = by_id if by_id is not None else {c.id: c for c in cards}
         self.positions = positions if positions is not None else {c.id: i for i, c in enumerate(cards)}
@@ -1515,6 +1536,7 @@ class _View:
         self._index: dict[str | None, RoomIndex] = {}
         self._walks: dict[str | None, CardWalk] = {}
         self._planners: dict[str | None, HoldPlanner] = {}
+        self._plan_memo = plan_memo
 
     def mine(self, pool: str | None) -> list[CardState]:
         """The cards a job of ``pool`` may use (all of them without a pool)."""
@@ -1553,7 +1575,8 @@ class _View:
     def planner(self, pool: str | None) -> HoldPlanner:
         found = self._planners.get(pool)
         if found is None:
-            found = self._planners[pool] = HoldPlanner(self.mine(pool), self.snapshot.get()[0], self.now)
+            memo = self._plan_memo.setdefault(pool, {}) if self._plan_memo is not None else None
+            found = self._planners[pool] = HoldPlanner(self.mine(pool), self.snapshot.get()[0], self.now, memo=memo)
         return found
 
     def after_start(self, cards: list[CardState], changed: list[str]) -> _View:
