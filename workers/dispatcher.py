@@ -232,7 +232,10 @@ class Dispatcher:
         #: Wait sentence bodies by what they read (rig.waiting.body_key): jobs that wait pass after
         #: pass for the same reasons are worded once, not once each per pass.
         self._explained: dict[Hashable, tuple[str, bool]] = {}
-        self._never: dict[tuple[str | None, Request], str | None] = {}  # per round: never_fits by pool
+        #: never_fits by (pool, request) -> (the stand-in of what it reads of the pool's cards, its
+        #: answer): kept while the cards' sizes do not change (a start never changes them).
+        self._never: dict[tuple[str | None, Request], tuple[Hashable, str | None]] = {}
+        self._never_inputs: dict[str | None, tuple[list[CardState], Hashable]] = {}  # per round: pool -> its cards, stand-in
         self._versions = itertools.count()  # tokens of the card views a start makes, and interned ones
         self._interned: dict[Hashable, int] = {}  # large tokens -> small stand-ins (_intern)
         self._prior = estimates.Prior(())  # the cluster's recent runs, read with the round's holdings
@@ -958,7 +961,9 @@ class Dispatcher:
                 view._prior = self._last_tokens
             self._nodes = None
             self._backfill_ends = {}
-            self._never = {}
+            self._never_inputs = {}
+            if len(self._never) > EXPLAINED_CACHE:
+                self._never.clear()
             self._marks.clear()  # a round that failed before writing them: its holds are planned anew
             self._decided = []
             self._marked = False
@@ -1225,12 +1230,20 @@ class Dispatcher:
         return found
 
     def _never_fits(self, pool: str | None, mine: list[CardState], request: Request) -> str | None:
-        """rig.placement.never_fits, once per pool and request in a round (it reads only what a
-        start leaves as it was: the cards' sizes and whether they are gone)."""
+        """rig.placement.never_fits, once per pool and request while what it reads of the cards
+        (their sizes and whether they are gone: a start leaves them as they were) does not change,
+        across rounds and passes."""
+        inputs = self._never_inputs.get(pool)
+        if inputs is None:  # the round's first view's cards: a start later in it changes none of this
+            # What never_fits reads of each card (could_take's gone, its node, usable and total
+            # bytes, id): the same stand-in, the same answer, in any round.
+            inputs = self._never_inputs[pool] = (
+                mine, self._intern(tuple((c.id, c.node, c.gone, c.usable, c.total) for c in mine)))
         key = (pool, request)
-        if key not in self._never:
-            self._never[key] = never_fits(mine, request)
-        return self._never[key]
+        found = self._never.get(key)
+        if found is None or found[0] != inputs[1]:
+            found = self._never[key] = (inputs[1], never_fits(mine, request))
+        return found[1]
 
     def _note(self, job: Waiting, reason: str, now: float | None = None) -> None:
         """Set a waiting job's reason (written with the round's others, in one pipeline). An
