@@ -50,7 +50,12 @@ waiting pass after pass for the same reason is worded once, and jobs alike share
 body is worded over the view's cards sorted once (rig.placement.CardWalk), less its held cards,
 not by walks over every card. A start changes the view; the token of the new view's cards is
 derived from the old one's (and a round's first view's from the last round's last view's).
-Decisions and sentences are the same as without these shortcuts (tests/unit/test_placement_scale.py,
+A pass's rounds decide at one instant (the first round's clock reading, for up to
+PASS_INSTANT_S): the round after the starts (another round runs after any start while holds exist
+or jobs wait beyond the heads read) then takes from the rounds before what depends only on now and
+on inputs that did not change: each node's hold plan options (HoldPlanner's memo, kept while the
+node's rig.placement.option_inputs are equal) and never_fits' answers (kept while the cards'
+sizes are). Decisions and sentences are the same as without these shortcuts (tests/unit/test_placement_scale.py,
 test_card_index.py, test_wait_walk.py, tests/store/test_dispatcher_shortcuts.py; a frozen-clock comparison with the
 code before them found every start and every stored reason equal).
 
