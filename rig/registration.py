@@ -15,6 +15,7 @@ from rig.gpus import GpuBackend
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeRegistry
+from rig.pools import encode as encode_pools
 
 
 def register_node(settings: Settings, client: redis.Redis, backend: GpuBackend,
@@ -41,7 +42,8 @@ def register_node(settings: Settings, client: redis.Redis, backend: GpuBackend,
         say(f"gpus: card(s) {removed} of {settings.node_name} are gone from the node: forgotten")
     NodeRegistry(client, keys).register(
         settings.node_name, ttl=settings.health.timeout, backend=backend.kind, cards=len(readings),
-        pid=pid or os.getpid(), fake_spec=getattr(backend, "spec", "") or "")
+        pid=pid or os.getpid(), fake_spec=getattr(backend, "spec", "") or "",
+        pools=encode_pools(settings.pools))  # the cluster's pools are the nodes' (rig.pools)
     # The node is up again: a "node stopped/down" mark on any of its cards is false now. An
     # allowed card's worker would clear it too, but a card outside gpu_whitelist (or gone) has
     # no worker, so the mark would stay for ever (issue 11: `[UNHEALTHY: node stopped ...]` on
