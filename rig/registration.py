@@ -10,7 +10,7 @@ from pathlib import Path
 import redis
 
 from rig.config import Settings
-from rig.draining import mark_gone_cards
+from rig.draining import NO_WORKER_REASON, mark_gone_cards, needs_worker
 from rig.gpus import GpuBackend
 from rig.keys import Keys
 from rig.ledger import Ledger
@@ -59,12 +59,16 @@ def register_node(settings: Settings, client: redis.Redis, backend: GpuBackend,
 
 def clear_node_marks(ledger: Ledger, node: str) -> list[int]:
     """Make every card of ``node`` healthy again whose only fault was its node being stopped or
-    down (rig.nodes reasons, written by the other nodes' health checks); other faults (heat, a
-    full log disk) stay. Called when the node registers, i.e. when it is up. Returns the indexes."""
+    down (rig.nodes reasons, written by the other nodes' health checks), or, on a card that
+    needs no worker (outside gpu_whitelist, no job: rig.draining.needs_worker), its worker not
+    running: none is started for it by design, so nothing else would ever clear that mark. Other
+    faults (heat, a full log disk) stay. Called when the node registers, i.e. when it is up.
+    Returns the indexes."""
     cleared = []
     for card in ledger.cards():
-        if card.node == node and not card.healthy and card.health_reason.startswith(
-                (NODE_DOWN_REASON, NODE_STOPPED_REASON)):
+        if card.node == node and not card.healthy and (card.health_reason.startswith(
+                (NODE_DOWN_REASON, NODE_STOPPED_REASON))
+                or (card.health_reason == NO_WORKER_REASON and not needs_worker(card))):
             ledger.set_healthy(node, card.index, True)
             cleared.append(card.index)
     return cleared
