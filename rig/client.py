@@ -787,11 +787,11 @@ class Client:
             bad, _, problem = job.problems[0].removeprefix("field ").partition(": ")
             raise InvalidRecord(f"job {job.id} cannot be retried, resubmit it", bad, problem)
         if job.pool is not None:
-            try:
-                self.cluster_pools().check(job.pool)
-            except ValueError as exc:  # it would only be failed again: nothing is changed
-                raise Unschedulable(f"job {job.id} cannot be retried, it could never run: its {exc}; "
-                                    "resubmit it with another --pool (or none)") from None
+            found = self.cluster_pools()
+            if job.pool not in found.pools.members:  # it would only be failed again: nothing is changed
+                raise Unschedulable(f"job {job.id} cannot be retried, it could never run: its pool {job.pool!r} "
+                                    f"is none of the cluster's pools now ({found.known}); resubmit it with "
+                                    "another --pool (or none)")
         fields: dict[str, Any] = {
             "reason": f"retried by {current_identity().name}", "cancelled_by": None, "overuse_stop": None,
             "vram_peak": 0, "vram_sum": 0, "vram_samples": 0, "util_sum": 0, "util_samples": 0,

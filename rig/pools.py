@@ -144,7 +144,9 @@ class ClusterPools:
     #: The node ``rig up`` registered last among those that recorded pools; None: none did.
     node: str | None
 
-    def _known(self) -> str:
+    @property
+    def known(self) -> str:
+        """The cluster's pools in words, and whose they are (for one-line refusals)."""
         if self.node is None:
             return ("no node has recorded any: `rig up` records a node's [pools] (its own config), "
                     "a submitter's config does not count")
@@ -155,7 +157,7 @@ class ClusterPools:
     def check(self, pool: str | None) -> None:
         """Raise ValueError, one line, unless ``pool`` is None or one of the cluster's pools."""
         if pool is not None and pool not in self.pools.members:
-            raise ValueError(f"unknown pool {pool!r}; the cluster's pools: {self._known()}")
+            raise ValueError(f"unknown pool {pool!r}; the cluster's pools: {self.known}")
 
 
 def cluster_pools(nodes: Iterable[NodeInfo]) -> ClusterPools:

@@ -77,8 +77,9 @@ def test_a_retry_of_a_job_whose_pool_is_gone_is_refused_and_changes_nothing(node
     assert client.retry(kept).state is JobState.PENDING
     # The node comes back with other pools: 'big' is gone from the cluster.
     register_node(node.model_copy(update={"pools": {"small": ["vm:2"]}}), redis_client, FakeGpuBackend("4x24G"))
-    with pytest.raises(Unschedulable, match=rf"^job {gone} cannot be retried, it could never run: its unknown pool "
-                                            r"'big'; the cluster's pools: small .*resubmit it with another --pool"):
+    with pytest.raises(Unschedulable, match=rf"^job {gone} cannot be retried, it could never run: its pool 'big' "
+                                            r"is none of the cluster's pools now \(small \(node vm's \[pools\], "
+                                            r"started last\)\); resubmit it with another --pool \(or none\)$"):
         client.retry(gone)
     assert client.get(gone).state is JobState.FAILED and client.store.in_error_queue(gone)
 
