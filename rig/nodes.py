@@ -113,6 +113,8 @@ class NodeInfo:
     auth_refused_since: float | None = None
     #: The data format its rig writes (rig.data_format; 0: a rig from before the number).
     data_format: int = 0
+    #: Its config's [pools] as its rig up recorded them (rig.pools.encode; None: not recorded).
+    pools: str | None = None
 
     @property
     def describe(self) -> str:
@@ -396,4 +398,5 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float) -> No
         clock_skew=raw.get("clock_skew") or None,
         auth_refused_since=num("auth_refused_since"),
         data_format=int(num("data_format") or 0),
+        pools=raw.get("pools"),
     )

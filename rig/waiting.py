@@ -58,6 +58,7 @@ from rig.memory import format_memory
 from rig.models import CardState, Job, JobState
 from rig.nodes import NodeInfo, NodeRegistry, clock
 from rig.placement import CardWalk, Hold, Request, explain_wait, only_outside_whitelist, place
+from rig.pools import cluster_pools
 
 if TYPE_CHECKING:
     from rig.client import Client
@@ -421,7 +422,7 @@ def why_waiting(client: Client, job: Job, *, now: float | None = None, silent_s:
     if (leader and not silent_s and job.wait_reason and now - stamped <= STALE_AFTER_S
             and stamped >= latest_node_change(nodes)):
         return job.wait_reason
-    pools = client.settings.pool_map
+    pools = cluster_pools(nodes).pools  # the nodes' pools, not this client's config (rig.pools)
     every = client.ledger.cards()
     ahead = int(rank or 0)
     after: list[CardState] | None = None
