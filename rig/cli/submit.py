@@ -122,7 +122,8 @@ def _wait(client, job_id: int, instance: str | None = None) -> None:  # noqa: AN
         attempt = f" (attempt {job.attempt})" if job.attempt > 1 else ""
         click.echo(f"job {job.id}: {job.state.value.lower()}{where}{attempt}", err=True)
 
-    final = client.wait(job_id, on_change=show, instance=instance)  # Ctrl-C: do_submit says what it means
+    # Ctrl-C: do_submit says what it means. A Redis blip is ridden out (rig.reconnect).
+    final = client.wait(job_id, on_change=show, instance=instance, say=lambda line: click.echo(line, err=True))
     click.echo(f"job {final.id} {final.state.value}: {clean(final.reason or '')}".rstrip(": "), err=True)
     if final.state is JobState.SUCCEEDED:
         sys.exit(0)
