@@ -113,9 +113,30 @@ def where(job: Job, attempt: int) -> str:
     return f"{job.node}/{','.join(map(str, job.cards))}" if job.node else "not placed yet"
 
 
-def header(job: Job, attempt: int, of: int | None = None) -> str:
+def header(job: Job, attempt: int, of: int | None = None, *, name_instance: bool = False) -> str:
+    """``--- job 12, attempt 2 of 3 (n1/0) ---``; with ``name_instance`` (the id was given to
+    more than one job: :func:`id_given_again`) ``--- job 12 (instance 3fa9c2), ...`` with the
+    six hex digits `rig jobs` shows where ids repeat."""
     count = f" of {of}" if of else ""
-    return clean(f"--- job {job.id}, attempt {attempt}{count} ({where(job, attempt)}) ---")
+    which = f" (instance {job.instance[:6]})" if name_instance and job.instance else ""
+    return clean(f"--- job {job.id}{which}, attempt {attempt}{count} ({where(job, attempt)}) ---")
+
+
+def id_given_again(client: object, job: Job) -> bool:
+    """Does another job hold, or once hold, ``job``'s id (Redis lost its data and gave it again)?
+    Redis' record of the id, then the archive's instances of it. False when that cannot be
+    told (a gateway client, an archive that cannot be read): it only decides a header's words."""
+    history = getattr(client, "history", None)
+    if history is None or not job.instance:
+        return False
+    try:
+        live = history.get(job.id)
+        if live.instance and live.instance != job.instance:
+            return True
+        archive = history.readable_archive()
+        return archive is not None and any(inst != job.instance for _, inst in archive.keys_among([job.id]))
+    except Exception:  # noqa: BLE001 - a header's words are not worth failing `rig log` for
+        return False
 
 
 def cut_note(job: Job, attempt: int, path: str, words: str = "") -> str | None:
@@ -178,13 +199,14 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
              why: Callable[[Job], str | None] | None = None,
              here: Callable[[str], bool] | None = None,
              open_log: Callable[[str], BinaryIO] = _open_file,
-             exists: Callable[[str], bool] = os.path.exists) -> None:
+             exists: Callable[[str], bool] = os.path.exists, name_instance: bool = False) -> None:
     """Print the log of ``attempt`` (default: the latest) of the job ``get()`` reads, to
     ``out``; with ``follow``, keep printing that attempt and, when no attempt was named, every
     later one, until the job is final. ``say`` prints rig's own lines (stderr); ``why`` words
     why a PENDING job waits (rig.waiting.why_waiting), said once per wait for an attempt.
     ``open_log`` and ``exists`` reach the files (through the gateway for a user who cannot
-    read them: rig.gateway.client)."""
+    read them: rig.gateway.client). ``name_instance``: the headers name the job's instance (its
+    id was given to another job too: :func:`id_given_again`)."""
     job = get()
     logs, last = attempt_logs(job), last_attempt(job)
     if attempt is not None and not 1 <= attempt <= max(last, 1):
@@ -205,7 +227,7 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
         if not exists(path):
             raise LogMissing(missing_words(job, n, path, here))
         with contextlib.closing(open_log(path)) as fh:
-            say(header(job, n, last))
+            say(header(job, n, last, name_instance=name_instance))
             if note := cut_note(job, n, path, note_words(fh)):
                 say(note)
             _copy(fh, out)
@@ -234,7 +256,7 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
         if skipped is None:
             if current not in attempt_logs(job):  # final, and no such attempt
                 break
-            say(header(job, current))
+            say(header(job, current, name_instance=name_instance))
             job, words, shown = _follow_one(get, job, current, out, say, sleep, open_log, exists)
             if note := cut_note(job, current, attempt_logs(job)[current], words):
                 say(note)

@@ -178,7 +178,7 @@ def metrics(ctx: click.Context, job_id: str, instance: str | None, as_json: bool
 def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None, instance: str | None) -> None:
     """Print a job's output (stdout and stderr) on stdout; which attempt, on stderr. With -f,
     follow it, retried attempts included, until the job is final (rig.cli.logview)."""
-    from rig.cli.logview import show_log, this_machine
+    from rig.cli.logview import id_given_again, show_log, this_machine
     from rig.reconnect import WATCH_RECONNECT_S, RideOut
 
     client = client_from(ctx)
@@ -193,7 +193,8 @@ def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None, inst
              say=lambda line: click.echo(line, err=True), why=client.why_waiting,
              here=this_machine(client.settings.node_name, client.nodes()),
              open_log=lambda path: client.open_log(job.id, path, picked),
-             exists=lambda path: client.log_exists(job.id, path, picked))
+             exists=lambda path: client.log_exists(job.id, path, picked),
+             name_instance=instance is not None or id_given_again(client, job))
 
 
 # -- controlling ------------------------------------------------------------------------------

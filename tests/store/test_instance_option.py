@@ -116,3 +116,20 @@ def test_log_of_an_archived_instance_through_the_gateway(cli_env, real_redis, mo
         server.shutdown()
         server.server_close()
         socket_path.unlink(missing_ok=True)
+
+
+def test_the_log_header_names_the_instance_where_the_id_repeats(two_of_one_id, real_redis, cli_env, tmp_path):
+    """`--- job 5, attempt 1 of 1 ---` did not say which job 5 (a tester's finding)."""
+    old, new = two_of_one_id
+    run = CliRunner().invoke
+    for extra, job in (([], new), (["--instance", old.instance[:6]], old)):
+        got = run(cli, ["log", str(old.id), *extra])
+        assert got.exit_code == 0, got.output
+        assert got.stderr.startswith(f"--- job {old.id} (instance {job.instance[:6]}), attempt 1 of 1 ("), got.stderr
+    # An id given once: the header as before.
+    ledger = Ledger(real_redis, Keys(cli_env))
+    single = finished(ledger, ended=shared_now(real_redis) - 60, name="single", mean=2**30)
+    (tmp_path / "single.log").write_text("one\n")
+    ledger.store.update(single.id, log_paths=[str(tmp_path / "single.log")])
+    got = run(cli, ["log", str(single.id)])
+    assert got.exit_code == 0 and got.stderr.startswith(f"--- job {single.id}, attempt 1 of 1 ("), got.output
