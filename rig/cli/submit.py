@@ -42,7 +42,8 @@ def submit_options(fn):  # noqa: ANN001, ANN201
         click.option("--retries", type=int, metavar="N",
                      help="Retries after a failed attempt before the error queue (default: max_retries)."),
         click.option("--time-limit", "time_limit", metavar="DURATION",
-                     help="Stop the job after this much running time (90s, 30m, 2h): it ends TIMEOUT."),
+                     help="Stop the job after this much running time (90s, 30m, 2h; a bare number is seconds, "
+                          "as it always was): it ends TIMEOUT."),
         click.option("--oom-retry-grow", is_flag=True, default=None,
                      help="After a CUDA out-of-memory, retry with a larger declaration."),
         click.option("--template", "-t", metavar="NAME",
