@@ -821,22 +821,28 @@ class Client:
         return job
 
     def wait(self, job_id: int | str, *, timeout: float | None = None,
-             on_change: Callable[[Job], None] | None = None, instance: str | None = None) -> Job:
+             on_change: Callable[[Job], None] | None = None, instance: str | None = None,
+             say: Callable[[str], None] | None = None) -> Job:
         """Block until the job reaches a terminal state; returns it. Raises TimeoutError.
         ``on_change`` is called with the job each time its state (or attempt) changes. With
         ``instance`` (Job.instance, known since submit), a record that now belongs to another
         job (Redis lost its data and the id was given again) raises JobGone instead of
-        reporting that job's result."""
+        reporting that job's result. A lost connection to Redis is tried again for up to
+        rig.reconnect.WATCH_RECONNECT_S seconds, with one line to ``say`` (default: the log)
+        when it is lost and one when it is back, before RedisUnavailable is raised."""
+        from rig.reconnect import RideOut
+
+        ride = RideOut(say)
         jid = int(job_id)
         seen: tuple[JobState, int] | None = None
         known = False  # the record was read once: its disappearance means Redis lost it
         deadline = None if timeout is None else time.monotonic() + timeout
         pubsub = self.r.pubsub(ignore_subscribe_messages=True)
         try:
-            self._guard(pubsub.subscribe, self.keys.events_channel)
+            ride.call(self._guard, pubsub.subscribe, self.keys.events_channel)
             while True:
                 try:
-                    job = self.get_instance(jid, instance)
+                    job = ride.call(self.get_instance, jid, instance)
                 except JobGone:
                     raise
                 except RigError as exc:
@@ -858,7 +864,7 @@ class Client:
                 step = 1.0 if remaining is None else min(1.0, remaining)
                 end = time.monotonic() + step
                 while time.monotonic() < end:
-                    msg = self._guard(pubsub.get_message, timeout=max(0.0, end - time.monotonic()))
+                    msg = ride.call(self._guard, pubsub.get_message, timeout=max(0.0, end - time.monotonic()))
                     if msg and str(msg.get("data", "")).split(" ", 1)[0] == str(jid):
                         break
         finally:

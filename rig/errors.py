@@ -153,3 +153,11 @@ class SubmitInterrupted(KeyboardInterrupt):
     def __init__(self, job_ids: list[int]) -> None:
         super().__init__(f"interrupted after submitting job(s) {', '.join(map(str, job_ids))}")
         self.job_ids = job_ids
+
+
+class LogMissing(RigError):
+    """A job's log file is not where rig wrote it: moved or deleted (on this machine), or on
+    the node that ran the attempt. Not bad input (the request was fine) and not an unknown job:
+    the general failure code, the same for ``rig log`` and ``rig log -f``."""
+
+    exit_code = 1

@@ -229,12 +229,18 @@ _JOB_ID_TEXT_RE = re.compile(r"[0-9]{1,18}")
 def parse_job_id(value: object) -> int:
     """A job id as a person gives it (12, "12"): a whole number. Anything else is bad input
     (InvalidInput, exit 2), not an unknown job (JobNotFound, exit 4, kept for a well-formed id
-    that does not exist)."""
+    that does not exist, which includes a whole number too long to be any job's id)."""
     from rig.errors import InvalidInput
 
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     text = str(value).strip()
+    if text.isascii() and text.isdigit() and int(text) >= 10**18:
+        # A whole number, but longer than any id rig gives (ids are 18 digits at most): it
+        # is well formed, so it is no job (exit 4), not bad input.
+        from rig.errors import JobNotFound
+
+        raise JobNotFound(text)
     if not _JOB_ID_TEXT_RE.fullmatch(text) or int(text) == 0:
         raise InvalidInput(f"{str(value)!r} is not a job id: job ids are whole numbers like 12 (`rig jobs` lists them)")
     return int(text)

@@ -78,9 +78,11 @@ def quiet_broken_pipe() -> None:
 
 def _check_instance(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """``--instance HEX``: the first 1 to 16 lowercase hex digits of a job's instance (the
-    rule rig.history.History.get matches a prefix of), else a one-line usage error (exit 2)."""
+    rule rig.history.History.get matches a prefix of), else one line, as every other bad value
+    is (:func:`fail`, exit 2; click's own three-line Usage/Error form was the odd one out)."""
     if value is not None and not re.fullmatch(r"[0-9a-f]{1,16}", value):
-        raise click.BadParameter("give the first hex digits of the instance, e.g. 3fa9c2", ctx, param)
+        fail(f"--instance: give the first hex digits of the instance, e.g. 3fa9c2 (got {value!r}; "
+             "`rig jobs --since 30d` shows them)", InvalidInput.exit_code)
     return value
 
 

@@ -1,15 +1,16 @@
-"""``rig kill A B C``: each id on its own (issue 11, item 7).
+"""``rig kill A B C``: every id is checked before anything is killed.
 
 A malformed id (``49x``) is one line on stderr (``'49x' is not a job id ...``), said before
-Redis is asked, and the well-formed ids are still handled: a tester's ``rig kill 99999 49x``
-must name both. Then an unknown id, or another user's job, is one line on stderr and the others
-are still killed (another user's job among them refuses the whole command first: exit 8,
-nothing killed); a running job that does not stop within the wait is one line too, never a
-traceback. The exit status is 0 when every job was handled; else 2 when an id was malformed
-(the command line itself was wrong, whatever else happened), else the code of the first
-problem (4 unknown, 8 not yours, 1 still running: rig.errors). A job whose node is stopped
-or down is not waited for: its kill is recorded, one line says it happens when the node is
-back, and the status is 1 (it still runs)."""
+Redis is asked, and then nothing at all is killed (exit 2): a mistyped list is a slip, and
+half-acting on it (a tester's ``rig kill 13 abc`` cancelled 13, then refused abc) leaves the
+user to work out what happened. With only well-formed ids, an unknown id (or one too long to
+be any job's), or another user's job, is one line on stderr and the others are still killed
+(another user's job among them refuses the whole command first: exit 8, nothing killed); a
+running job that does not stop within the wait is one line too, never a traceback. The exit
+status is 0 when every job was handled; else 2 when an id was malformed (nothing killed),
+else the code of the first problem (4 unknown, 8 not yours, 1 still running: rig.errors). A
+job whose node is stopped or down is not waited for: its kill is recorded, one line says it
+happens when the node is back, and the status is 1 (it still runs)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import click
 
 from rig.cli.common import parse_job_id
 from rig.client import Client
-from rig.errors import InvalidInput, PermissionDenied, RedisUnavailable, RigError
+from rig.errors import InvalidInput, JobNotFound, PermissionDenied, RedisUnavailable, RigError
 from rig.models import JobState
 from rig.text import clean
 
@@ -28,22 +29,32 @@ STILL_RUNNING_EXIT = 1
 
 
 def kill_command(connect: Callable[[], Client], texts: Sequence[str], *, wait: bool) -> int:
-    """``rig kill TEXTS``: one line per malformed id, then :func:`kill_jobs` of the others
-    (``connect`` makes the client, and checks Redis answers, only when some id is well formed).
-    Returns the exit status (see the module doc)."""
+    """``rig kill TEXTS``: every id is parsed first; a malformed one is one line each and
+    nothing is killed (exit 2, Redis never asked); else :func:`kill_jobs` of them (``connect``
+    makes the client and checks Redis answers). Returns the exit status (see the module doc)."""
     ids: list[int] = []
-    malformed = False
+    unknown: list[JobNotFound] = []
+    malformed: list[InvalidInput] = []
     for text in texts:
         try:
             jid = parse_job_id(text)
+        except JobNotFound as exc:  # digits, but more than any job id has: no such job
+            unknown.append(exc)
+            continue
         except InvalidInput as exc:
-            click.echo(f"rig: error: {clean(str(exc))}", err=True)
-            malformed = True
+            malformed.append(exc)
             continue
         if jid not in ids:  # `rig kill 5 5` kills job 5 once
             ids.append(jid)
+    if malformed:
+        others = len(texts) > len(malformed)
+        for exc in malformed:
+            click.echo(f"rig: error: {clean(str(exc))}{'; nothing was killed' if others else ''}", err=True)
+        return InvalidInput.exit_code
+    for exc in unknown:
+        click.echo(f"rig: error: {clean(str(exc))}", err=True)
     status = kill_jobs(connect(), ids, wait=wait) if ids else 0
-    return InvalidInput.exit_code if malformed else status
+    return status or (JobNotFound.exit_code if unknown else 0)
 
 
 def kill_jobs(client: Client, job_ids: list[int], *, wait: bool) -> int:

@@ -10,6 +10,10 @@ asked for by name, so it is not filtered). rig's own lines go to stderr, so
 - with ``-f`` on a job that is waiting (at first, and again when a retry puts it back in the
   queue), at once: ``--- job 12 is waiting: <why> ---``, the one wait explanation
   (rig.waiting), so following a job that cannot start is never silent;
+- with ``-f``, when something other than rig truncated the log under the follower (a
+  copy-truncate rotation, ``: > attempt-1.log``): ``--- job 12, attempt 1: its log PATH was
+  truncated by something other than rig ...; reading it again from its start ---``, and the
+  file is printed again from its start (:meth:`CutFollower._resync`);
 - with ``-f``, when the log was deleted while the attempt runs and its keeper made it again:
   ``--- job 12, attempt 1: its log PATH was deleted and made again (seen at 14:20:03);
   following the new file from its start ---`` (:meth:`CutFollower.replaced`).
@@ -27,7 +31,9 @@ says so in one line and follows that attempt no further (a reader of the file go
 (a retried job goes back to PENDING and gets a new log file), until the job is final:
 SUCCEEDED, FAILED, CANCELLED or TIMEOUT, none of which has a retry pending. Ctrl-C stops
 following (exit 130, the job is untouched). Log files stay on the node that ran the attempt;
-an attempt whose file is not on this machine is named with its node and skipped once it ends.
+an attempt whose file is not on this machine is named with its node and skipped once it ends;
+when that is the last attempt (or the one asked for), ``-f`` ends as ``rig log`` does without
+it: one line naming where rig expected the file, exit 1 (rig.errors.LogMissing).
 
 The paths come from the job record (``log_paths``, oldest first; else ``log_path``): nothing
 here builds a path. An attempt's number is the one in its file's name (``attempt-<n>.log``),
@@ -48,7 +54,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol, cast
 
 from rig import logspace
-from rig.errors import InvalidInput
+from rig.errors import InvalidInput, LogMissing
 from rig.logs import find_marker
 from rig.models import Job, JobState
 from rig.nodes import NodeInfo
@@ -107,9 +113,30 @@ def where(job: Job, attempt: int) -> str:
     return f"{job.node}/{','.join(map(str, job.cards))}" if job.node else "not placed yet"
 
 
-def header(job: Job, attempt: int, of: int | None = None) -> str:
+def header(job: Job, attempt: int, of: int | None = None, *, name_instance: bool = False) -> str:
+    """``--- job 12, attempt 2 of 3 (n1/0) ---``; with ``name_instance`` (the id was given to
+    more than one job: :func:`id_given_again`) ``--- job 12 (instance 3fa9c2), ...`` with the
+    six hex digits `rig jobs` shows where ids repeat."""
     count = f" of {of}" if of else ""
-    return clean(f"--- job {job.id}, attempt {attempt}{count} ({where(job, attempt)}) ---")
+    which = f" (instance {job.instance[:6]})" if name_instance and job.instance else ""
+    return clean(f"--- job {job.id}{which}, attempt {attempt}{count} ({where(job, attempt)}) ---")
+
+
+def id_given_again(client: object, job: Job) -> bool:
+    """Does another job hold, or once hold, ``job``'s id (Redis lost its data and gave it again)?
+    Redis' record of the id, then the archive's instances of it. False when that cannot be
+    told (a gateway client, an archive that cannot be read): it only decides a header's words."""
+    history = getattr(client, "history", None)
+    if history is None or not job.instance:
+        return False
+    try:
+        live = history.get(job.id)
+        if live.instance and live.instance != job.instance:
+            return True
+        archive = history.readable_archive()
+        return archive is not None and any(inst != job.instance for _, inst in archive.keys_among([job.id]))
+    except Exception:  # noqa: BLE001 - a header's words are not worth failing `rig log` for
+        return False
 
 
 def cut_note(job: Job, attempt: int, path: str, words: str = "") -> str | None:
@@ -153,6 +180,16 @@ def this_machine(node_name: str, nodes: Iterable[NodeInfo]) -> Callable[[str], b
     return mine.__contains__
 
 
+def missing_words(job: Job, attempt: int, path: str, here: Callable[[str], bool] | None) -> str:
+    """The one line for an attempt's log that is not at ``path`` (rig.errors.LogMissing, exit 1
+    with or without ``-f``): moved or deleted, where it ran here; else on the node that ran it."""
+    if ran_here(job, attempt, here):
+        return (f"the log of job {job.id}, attempt {attempt} is not where rig wrote it, {path}: moved or "
+                f"deleted (attempt {attempt} ran on {where(job, attempt)}, this machine)")
+    return (f"log file {path} is not on this machine (attempt {attempt} ran on {where(job, attempt)}; "
+            "logs stay on the node that ran the job)")
+
+
 def _open_file(path: str) -> BinaryIO:
     return open(path, "rb")  # noqa: SIM115 - the caller closes it
 
@@ -162,13 +199,14 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
              why: Callable[[Job], str | None] | None = None,
              here: Callable[[str], bool] | None = None,
              open_log: Callable[[str], BinaryIO] = _open_file,
-             exists: Callable[[str], bool] = os.path.exists) -> None:
+             exists: Callable[[str], bool] = os.path.exists, name_instance: bool = False) -> None:
     """Print the log of ``attempt`` (default: the latest) of the job ``get()`` reads, to
     ``out``; with ``follow``, keep printing that attempt and, when no attempt was named, every
     later one, until the job is final. ``say`` prints rig's own lines (stderr); ``why`` words
     why a PENDING job waits (rig.waiting.why_waiting), said once per wait for an attempt.
     ``open_log`` and ``exists`` reach the files (through the gateway for a user who cannot
-    read them: rig.gateway.client)."""
+    read them: rig.gateway.client). ``name_instance``: the headers name the job's instance (its
+    id was given to another job too: :func:`id_given_again`)."""
     job = get()
     logs, last = attempt_logs(job), last_attempt(job)
     if attempt is not None and not 1 <= attempt <= max(last, 1):
@@ -187,19 +225,16 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
         n = attempt or max(logs)
         path = logs[n]
         if not exists(path):
-            if ran_here(job, n, here):
-                raise InvalidInput(f"the log file {path} of attempt {n} no longer exists (deleted?); "
-                                   f"attempt {n} ran on {where(job, n)}, this machine")
-            raise InvalidInput(f"log file {path} is not on this machine (attempt {n} ran on "
-                               f"{where(job, n)}; logs stay on the node that ran the job)")
+            raise LogMissing(missing_words(job, n, path, here))
         with contextlib.closing(open_log(path)) as fh:
-            say(header(job, n, last))
+            say(header(job, n, last, name_instance=name_instance))
             if note := cut_note(job, n, path, note_words(fh)):
                 say(note)
             _copy(fh, out)
         return
 
     current = attempt or max(logs, default=1)
+    missing_last = ""  # the last attempt followed left no log here: exit 1, as without -f
     while True:
         # Wait for this attempt's log to be recorded (a job still waiting, or being retried).
         told_waiting = False
@@ -221,17 +256,26 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
         if skipped is None:
             if current not in attempt_logs(job):  # final, and no such attempt
                 break
-            say(header(job, current))
-            job, words = _follow_one(get, job, current, out, say, sleep, open_log, exists)
+            say(header(job, current, name_instance=name_instance))
+            job, words, shown = _follow_one(get, job, current, out, say, sleep, open_log, exists)
             if note := cut_note(job, current, attempt_logs(job)[current], words):
                 say(note)
-        if attempt is not None or (job.state.terminal and last_attempt(job) <= current):
+        ending = attempt is not None or (job.state.terminal and last_attempt(job) <= current)
+        if skipped is None and not shown:
+            missing = missing_words(job, current, attempt_logs(job)[current], here)
+            if ending:  # the attempt asked for (or the last): its log is missing, as without -f
+                missing_last = missing
+            else:
+                say(clean(f"({missing}; skipped)"))
+        if ending:
             break
         current += 1
     if job.state.terminal:
         n = last_attempt(job)
         reason = f": {job.reason}" if job.reason and job.state is not JobState.SUCCEEDED else ""
         say(clean(f"--- job {job.id} {job.state.value} after {n} attempt(s){reason} ---"))
+    if missing_last:
+        raise LogMissing(missing_last)
 
 
 def _waiting_line(job: Job, why: Callable[[Job], str | None]) -> str:
@@ -247,10 +291,11 @@ def _waiting_line(job: Job, why: Callable[[Job], str | None]) -> str:
 def _follow_one(get: Callable[[], Job], job: Job, attempt: int, out: BinaryIO,
                 say: Callable[[str], None], sleep: Callable[[float], None],
                 open_log: Callable[[str], BinaryIO] = _open_file,
-                exists: Callable[[str], bool] = os.path.exists) -> tuple[Job, str]:
+                exists: Callable[[str], bool] = os.path.exists) -> tuple[Job, str, bool]:
     """Print attempt ``attempt``'s log as it grows, until that attempt is over (a later one
     has a log, or the job is final); then print what is left and return the job as last read,
-    and the keeper's note in words as the gateway read it at the end ("" read here: note_words)."""
+    the keeper's note in words as the gateway read it at the end ("" read here: note_words),
+    and whether the log was found here at all (the caller says so when it was not)."""
     path = attempt_logs(job)[attempt]
     fh = None
     follower: CutFollower | None = None
@@ -268,6 +313,9 @@ def _follow_one(get: Callable[[], Job], job: Job, attempt: int, out: BinaryIO,
             except FileNotFoundError:
                 return  # deleted again between the look and the open: the next poll looks again
             follower, opened = CutFollower(fh, path), True
+            follower.on_foreign = lambda: say(clean(
+                f"--- job {job.id}, attempt {attempt}: its log {path} was truncated by something other than "
+                f"rig (a log rotation? seen at {time.strftime('%H:%M:%S')}); reading it again from its start ---"))
 
     def copy() -> None:
         """Print what the log has now; if its keeper made it again (it was deleted), print the
@@ -306,10 +354,7 @@ def _follow_one(get: Callable[[], Job], job: Job, attempt: int, out: BinaryIO,
             if over:
                 if fh is not None:
                     copy()  # whatever was written before the end was seen
-                elif not told_missing and not opened:
-                    say(clean(f"(attempt {attempt} left no log file here: {path}; it ran on "
-                              f"{where(job, attempt)})"))
-                return job, note_words(fh) if fh is not None else ""
+                return job, note_words(fh) if fh is not None else "", opened
             if fh is None and not opened and job.state is JobState.RUNNING:
                 missing_since = missing_since or time.monotonic()
             if fh is None and missing_since and not told_missing and time.monotonic() - missing_since >= MISSING_SAY_S:
@@ -420,6 +465,12 @@ class CutFollower:
         #: log was renamed away or replaced; the keeper writes on into the file read so far.
         self.moved = False
         self.made_seen: int | None = None  # the keeper's made-again count at the last look
+        #: Times the log was truncated or rewritten by something other than its keeper (no
+        #: marker, and the bytes before the follower's place are gone: ``cp f f.1; : > f``); the
+        #: follower then reads it again from its start and its caller says so (one line each).
+        self.foreign_cuts = 0
+        self._foreign_once = False  # the last look saw that, not yet confirmed by a second
+        self.on_foreign: Callable[[], None] | None = None  # called then, before the re-read
         self._other_once = False  # the last look found another file, its count not moved yet
         self.source: LogSource | None = None  # None: copied as read
         if hasattr(fh, "look") and hasattr(fh, "read_at"):
@@ -498,7 +549,10 @@ class CutFollower:
                 return
             said = b""
             if self._was_cut(look):
-                said = self._resync()
+                resynced = self._resync()
+                if resynced is None:
+                    return  # a rewrite by someone else, maybe: the next poll looks again
+                said = resynced
                 look = self._look()
                 if look is None:
                     out.write(said)
@@ -529,9 +583,14 @@ class CutFollower:
             return find_marker(look.probe) != (0, end - start, count)
         return False
 
-    def _resync(self) -> bytes:
+    def _resync(self) -> bytes | None:
         """Go on from the same output after a cut; returns the marker's bytes when output not
-        read yet was cut."""
+        read yet was cut. A file with no marker whose bytes before the follower's place are gone
+        was not cut by its keeper (whose cut keeps the head and writes a marker) but truncated
+        or rewritten by something else (a copy-truncate log rotation): seen on two looks in a
+        row (the keeper's own cut has a moment between its truncate and its append where the
+        marker is not there yet), it is read again from its start (``foreign_cuts`` counts it);
+        on the first look, None: nothing moves and the next poll looks again."""
         done = self._output_at(self.pos)
         head = b""
         assert self.source is not None
@@ -539,7 +598,19 @@ class CutFollower:
             head += chunk
             if find_marker(head) is not None:
                 break
-        self.marker = find_marker(head)
+        marker = find_marker(head)
+        if marker is None and (len(head) < self.pos or head[self.pos - len(self.last):self.pos] != self.last):
+            if not self._foreign_once:
+                self._foreign_once = True
+                return None
+            self._foreign_once = False
+            self.foreign_cuts += 1
+            self.pos, self.marker, self.last = 0, None, b""
+            if self.on_foreign is not None:
+                self.on_foreign()
+            return b""
+        self._foreign_once = False
+        self.marker = marker
         self.last = b""
         if self.marker is None or done <= self.marker[0]:
             self.pos = done  # still in the head, which a cut never changes

@@ -178,7 +178,8 @@ def metrics(ctx: click.Context, job_id: str, instance: str | None, as_json: bool
 def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None, instance: str | None) -> None:
     """Print a job's output (stdout and stderr) on stdout; which attempt, on stderr. With -f,
     follow it, retried attempts included, until the job is final (rig.cli.logview)."""
-    from rig.cli.logview import show_log, this_machine
+    from rig.cli.logview import id_given_again, show_log, this_machine
+    from rig.reconnect import WATCH_RECONNECT_S, RideOut
 
     client = client_from(ctx)
     client.ping()
@@ -186,11 +187,14 @@ def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None, inst
     # With --instance, every later read is of that very job (its whole instance), never the
     # other job now holding the id.
     picked = (job.instance or instance) if instance is not None else None
-    show_log(lambda: client.get(job.id, picked), attempt=attempt, follow=follow, out=sys.stdout.buffer,
+    # Following rides out a Redis blip (rig.reconnect); one look without -f does not.
+    ride = RideOut(lambda line: click.echo(line, err=True), WATCH_RECONNECT_S if follow else 0.0)
+    show_log(lambda: ride.call(client.get, job.id, picked), attempt=attempt, follow=follow, out=sys.stdout.buffer,
              say=lambda line: click.echo(line, err=True), why=client.why_waiting,
              here=this_machine(client.settings.node_name, client.nodes()),
              open_log=lambda path: client.open_log(job.id, path, picked),
-             exists=lambda path: client.log_exists(job.id, path, picked))
+             exists=lambda path: client.log_exists(job.id, path, picked),
+             name_instance=instance is not None or id_given_again(client, job))
 
 
 # -- controlling ------------------------------------------------------------------------------

@@ -42,7 +42,8 @@ def submit_options(fn):  # noqa: ANN001, ANN201
         click.option("--retries", type=int, metavar="N",
                      help="Retries after a failed attempt before the error queue (default: max_retries)."),
         click.option("--time-limit", "time_limit", metavar="DURATION",
-                     help="Stop the job after this much running time (90s, 30m, 2h): it ends TIMEOUT."),
+                     help="Stop the job after this much running time (90s, 30m, 2h; a bare number is seconds, "
+                          "as it always was): it ends TIMEOUT."),
         click.option("--oom-retry-grow", is_flag=True, default=None,
                      help="After a CUDA out-of-memory, retry with a larger declaration."),
         click.option("--template", "-t", metavar="NAME",
@@ -122,7 +123,8 @@ def _wait(client, job_id: int, instance: str | None = None) -> None:  # noqa: AN
         attempt = f" (attempt {job.attempt})" if job.attempt > 1 else ""
         click.echo(f"job {job.id}: {job.state.value.lower()}{where}{attempt}", err=True)
 
-    final = client.wait(job_id, on_change=show, instance=instance)  # Ctrl-C: do_submit says what it means
+    # Ctrl-C: do_submit says what it means. A Redis blip is ridden out (rig.reconnect).
+    final = client.wait(job_id, on_change=show, instance=instance, say=lambda line: click.echo(line, err=True))
     click.echo(f"job {final.id} {final.state.value}: {clean(final.reason or '')}".rstrip(": "), err=True)
     if final.state is JobState.SUCCEEDED:
         sys.exit(0)

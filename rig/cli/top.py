@@ -23,7 +23,7 @@ from rich.text import Text
 
 from rig.cli.common import client_from, handle_errors
 from rig.cli.fit import shorten_middle, shorten_names
-from rig.cli.render import RigConsole, duration, job_reason, make_console
+from rig.cli.render import duration, job_reason, make_console
 from rig.client import StatusReport
 from rig.clock import shared_now
 from rig.draining import why_closed
@@ -745,9 +745,11 @@ class _Keys:
 
 def run_top(client, interval: float = 1.0, once: bool = False, *,  # noqa: ANN001
             console: Console | None = None) -> None:
-    """Show the view until `q` (or Ctrl-C); with ``once``, print one frame and return."""
-    if once:
-        console = console or make_console()
+    """Show the view until `q` (or Ctrl-C); with ``once``, or when the output is not a terminal
+    (``rig top > f``, ``rig top | head``: a full-screen redraw there would only hang and print
+    nothing), print one frame and return."""
+    console = console or make_console()  # piped: laid out as every piped table is (180 columns)
+    if once or not console.is_terminal:
         report, errors = _read(client)
         waiting, error_jobs = _read_lists(client)
         height = console.height if console.is_terminal else 10_000
@@ -755,7 +757,6 @@ def run_top(client, interval: float = 1.0, once: bool = False, *,  # noqa: ANN00
                                  waiting=waiting, error_jobs=error_jobs))
         return
 
-    console = console or RigConsole()
     poller = _Poller(client, interval)
     poller.start()
 
@@ -785,7 +786,7 @@ def run_top(client, interval: float = 1.0, once: bool = False, *,  # noqa: ANN00
 
 @click.command("top")
 @click.option("--interval", type=float, default=1.0, show_default=True)
-@click.option("--once", is_flag=True, help="Print one frame and exit (no full screen).")
+@click.option("--once", is_flag=True, help="Print one frame and exit (no full screen; the default when stdout is not a terminal).")
 @click.pass_context
 @handle_errors
 def top(ctx: click.Context, interval: float, once: bool) -> None:

@@ -318,14 +318,19 @@ class GatewayClient:
             raise refused
 
     def wait(self, job_id: int | str, *, timeout: float | None = None,
-             on_change: Callable[[Job], None] | None = None, instance: str | None = None) -> Job:
-        """Client.wait, polling the gateway (a few requests a second)."""
+             on_change: Callable[[Job], None] | None = None, instance: str | None = None,
+             say: Callable[[str], None] | None = None) -> Job:
+        """Client.wait, polling the gateway (a few requests a second); a lost Redis (or
+        gateway) is ridden out as there (rig.reconnect.RideOut)."""
+        from rig.reconnect import RideOut
+
+        ride = RideOut(say)
         deadline = None if timeout is None else time.monotonic() + timeout
         seen: tuple[JobState, int] | None = None
         delay = 0.05
         while True:
             try:
-                job = self.get_instance(job_id, instance)
+                job = ride.call(self.get_instance, job_id, instance)
             except JobGone:
                 raise
             now = (job.state, job.attempt)

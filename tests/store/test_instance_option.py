@@ -63,8 +63,10 @@ def test_an_unknown_or_malformed_instance_is_refused_alike_by_show_log_and_metri
                                       "shows each job's instance where ids repeat"), (cmd, got.output)
     for cmd in ("show", "log", "metrics"):
         got = run(cli, [cmd, str(old.id), "--instance", "XYZ!"])
-        assert got.exit_code == 2 and "Invalid value for '--instance': give the first hex digits of the " \
-            "instance, e.g. 3fa9c2" in got.stderr, (cmd, got.output)
+        # One line, as every other bad value (a tester got click's Usage/Try/Error form).
+        assert got.exit_code == 2 and got.stderr.splitlines() == [
+            "rig: error: --instance: give the first hex digits of the instance, e.g. 3fa9c2 (got 'XYZ!'; "
+            "`rig jobs --since 30d` shows them)"], (cmd, got.output)
 
 
 def test_log_of_an_archived_instance_through_the_gateway(cli_env, real_redis, monkeypatch):
@@ -114,3 +116,20 @@ def test_log_of_an_archived_instance_through_the_gateway(cli_env, real_redis, mo
         server.shutdown()
         server.server_close()
         socket_path.unlink(missing_ok=True)
+
+
+def test_the_log_header_names_the_instance_where_the_id_repeats(two_of_one_id, real_redis, cli_env, tmp_path):
+    """`--- job 5, attempt 1 of 1 ---` did not say which job 5 (a tester's finding)."""
+    old, new = two_of_one_id
+    run = CliRunner().invoke
+    for extra, job in (([], new), (["--instance", old.instance[:6]], old)):
+        got = run(cli, ["log", str(old.id), *extra])
+        assert got.exit_code == 0, got.output
+        assert got.stderr.startswith(f"--- job {old.id} (instance {job.instance[:6]}), attempt 1 of 1 ("), got.stderr
+    # An id given once: the header as before.
+    ledger = Ledger(real_redis, Keys(cli_env))
+    single = finished(ledger, ended=shared_now(real_redis) - 60, name="single", mean=2**30)
+    (tmp_path / "single.log").write_text("one\n")
+    ledger.store.update(single.id, log_paths=[str(tmp_path / "single.log")])
+    got = run(cli, ["log", str(single.id)])
+    assert got.exit_code == 0 and got.stderr.startswith(f"--- job {single.id}, attempt 1 of 1 ("), got.output

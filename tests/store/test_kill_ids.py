@@ -1,5 +1,6 @@
-"""`rig kill` with a mix of ids: each one on its own (a tester's `rig kill 99999 49x` was told
-only that 49x is not a job id, exit 2, and nothing else was looked at or killed)."""
+"""`rig kill` with a mix of ids: every id is checked before anything is killed (a tester's
+`rig kill 13 abc` cancelled 13, then said abc is not a job id, exit 2); among well-formed ids,
+an unknown one is named and the others are still killed."""
 
 from __future__ import annotations
 
@@ -34,12 +35,32 @@ def _lines(text: str) -> list[str]:
 
 
 @pytest.mark.redis
-def test_an_unknown_and_a_malformed_id_are_both_named_and_the_valid_one_is_killed(ledger):
+def test_a_malformed_id_kills_nothing(ledger):
     jid = _job(ledger)
-    result = CliRunner().invoke(cli, ["kill", "99999", "49x", str(jid)])
+    result = CliRunner().invoke(cli, ["kill", str(jid), "49x"])
     assert result.exit_code == 2, result.output  # a malformed id: the command line was wrong
-    assert sorted(_lines(result.stderr)) == sorted([UNKNOWN, MALFORMED]), result.stderr
+    assert _lines(result.stderr) == [MALFORMED + "; nothing was killed"], result.stderr
+    assert result.stdout == "", result.stdout
+    assert ledger.store.get(jid).state is JobState.PENDING
+
+
+@pytest.mark.redis
+def test_an_unknown_id_is_named_and_the_valid_one_is_killed(ledger):
+    jid = _job(ledger)
+    result = CliRunner().invoke(cli, ["kill", "99999", str(jid)])
+    assert result.exit_code == 4, result.output
+    assert _lines(result.stderr) == [UNKNOWN], result.stderr
     assert _lines(result.stdout) == [f"job {jid} cancelled (was pending); its GPU memory is free"], result.stdout
+    assert ledger.store.get(jid).state is JobState.CANCELLED
+
+
+@pytest.mark.redis
+def test_an_id_too_long_for_any_job_is_no_such_job(ledger):
+    jid = _job(ledger)
+    result = CliRunner().invoke(cli, ["kill", "99999999999999999999999", str(jid)])
+    assert result.exit_code == 4, result.output
+    assert _lines(result.stderr) == [
+        "rig: error: no job with id 99999999999999999999999; `rig jobs` lists the jobs that exist"], result.stderr
     assert ledger.store.get(jid).state is JobState.CANCELLED
 
 
@@ -47,7 +68,7 @@ def test_an_unknown_and_a_malformed_id_are_both_named_and_the_valid_one_is_kille
 def test_only_an_unknown_and_a_malformed_id(ledger):
     result = CliRunner().invoke(cli, ["kill", "99999", "49x"])
     assert result.exit_code == 2, result.output
-    assert sorted(_lines(result.stderr)) == sorted([UNKNOWN, MALFORMED]), result.stderr
+    assert _lines(result.stderr) == [MALFORMED + "; nothing was killed"], result.stderr
     assert "Traceback" not in result.output
 
 

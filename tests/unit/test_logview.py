@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rig.cli.logview import show_log
-from rig.errors import InvalidInput
+from rig.errors import InvalidInput, LogMissing
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 
@@ -111,8 +111,9 @@ def test_an_attempt_on_another_node_is_named_and_skipped(tmp_path):
     job = _job(state=JobState.FAILED, attempt=2, node="a", cards=[0], log_paths=[elsewhere, str(here)],
                attempts=[ended, {"attempt": 2, "node": "a", "cards": [0]}], reason="exit 1")
     out, said = io.BytesIO(), []
-    show_log(lambda: job, attempt=1, follow=True, out=out, say=said.append, sleep=lambda s: None)
-    assert said[1].startswith("(attempt 1 left no log file here") and "b/1" in said[1]
+    # The attempt asked for left no log here: -f ends as `rig log` without it does (exit 1).
+    with pytest.raises(LogMissing, match="is not on this machine .*b/1"):
+        show_log(lambda: job, attempt=1, follow=True, out=out, say=said.append, sleep=lambda s: None)
     out, said = io.BytesIO(), []
     show_log(lambda: job, attempt=None, follow=True, out=out, say=said.append, sleep=lambda s: None)
     assert out.getvalue() == b"two\n" and said[-1] == "--- job 12 FAILED after 2 attempt(s): exit 1 ---"

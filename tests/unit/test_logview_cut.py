@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 from pathlib import Path
 
 from rig.cli.logview import CutFollower
-from rig.logs import enforce_size_cap
+from rig.logs import enforce_size_cap, find_marker
 
 CAP = 64 * 1024
 
@@ -101,3 +102,53 @@ def test_a_log_it_cannot_seek_is_copied_as_read():
     out = io.BytesIO()
     CutFollower(Stream(), "/nonexistent/attempt-1.log").copy(out)  # type: ignore[arg-type]
     assert out.getvalue() == b""
+
+
+def test_the_keepers_cut_seen_between_its_truncate_and_its_append_is_not_a_foreign_truncation(tmp_path):
+    """The keeper truncates to the head, then appends marker and tail: a look in between sees a
+    short file with no marker. That is not a rotation by someone else (which is read again from
+    the start, with a line): the follower looks again and finds the keeper's marker."""
+    path = tmp_path / "attempt-1.log"
+    path.write_bytes(b"")
+    job, out = Job(path), io.BytesIO()
+    with path.open("rb") as fh:
+        follower = CutFollower(fh, str(path))
+        job.write_until(60_000)
+        follower.copy(out)
+        job.write_until(70_000)
+        cut = tmp_path / "cut.log"  # what the keeper's cut leaves, made aside
+        cut.write_bytes(path.read_bytes())
+        enforce_size_cap(cut, CAP * 3 // 4, stated_cap=CAP)
+        after = cut.read_bytes()
+        head = find_marker(after)[0]
+        os.truncate(path, head)  # the keeper's truncate ...
+        follower.copy(out)  # ... a look right then
+        with path.open("ab") as f:
+            f.write(after[head:])  # ... and its append
+        job.write_until(path.stat().st_size + 5_000)
+        follower.copy(out)
+    assert follower.foreign_cuts == 0
+    numbers = _numbers(out.getvalue().decode())
+    assert numbers == sorted(set(numbers)) and numbers[-1] == job.n - 1
+
+
+def test_a_file_truncated_by_someone_else_is_read_again_from_its_start(tmp_path):
+    """`: > attempt-1.log` (a copy-truncate rotation): two looks agree, then the file is read
+    from its start (the follower used to wait until the file grew past its old place)."""
+    path = tmp_path / "attempt-1.log"
+    path.write_bytes(b"")
+    job, out = Job(path), io.BytesIO()
+    with path.open("rb") as fh:
+        follower = CutFollower(fh, str(path))
+        told: list[int] = []
+        follower.on_foreign = lambda: told.append(follower.foreign_cuts)
+        job.write_until(10_000)
+        follower.copy(out)
+        os.truncate(path, 0)
+        job.write_until(500)
+        follower.copy(out)
+        follower.copy(out)
+        job.write_until(1_000)
+        follower.copy(out)
+    assert told == [1]
+    assert _numbers(out.getvalue().decode()) == list(range(job.n))

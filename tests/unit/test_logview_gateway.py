@@ -286,3 +286,26 @@ def test_log_look_reads_only_the_callers_own_logs(gateway):
 @pytest.fixture(autouse=True)
 def _keeper_looks_when_told(monkeypatch):
     monkeypatch.setattr(logkeeper, "UNLINK_CHECK_S", 0.0)
+
+
+TRUNCATED = "was truncated by something other than rig"
+
+
+@pytest.mark.parametrize("written_after", [3, 40])  # the file shorter than the place reached, or longer again
+def test_a_log_truncated_by_a_copy_truncate_rotation_is_read_again_from_its_start(gateway, written_after):
+    """`cp attempt-1.log attempt-1.log.1; : > attempt-1.log` while the job prints: a tester's
+    follower printed `tick 13`, an empty line, `tick 26` (14-25 lost, nothing said). Directly and
+    through the gateway, the new file is read from its start, with one line on stderr."""
+    gw, client, job_id = gateway
+
+    def script(keeper: Keeper, log: Path) -> list[Callable[[], None] | None]:
+        def rotated() -> None:
+            shutil.copy(log, log.with_name(log.name + ".1"))
+            os.truncate(log, 0)
+            keeper.write(written_after)  # the keeper writes O_APPEND: from the new start
+
+        return [None, lambda: keeper.write(20), rotated, None, lambda: keeper.write(3), None]
+
+    for output, said, _, keeper in _both(gw, client, job_id, script):
+        assert _numbers(output) == list(range(keeper.n)), output  # every line once, in order
+        assert sum(TRUNCATED in line for line in said) == 1, said

@@ -13,7 +13,7 @@ import pytest
 
 from rig import logspace
 from rig.cli.logview import show_log, this_machine
-from rig.errors import InvalidInput
+from rig.errors import LogMissing
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.nodes import NodeInfo
@@ -71,17 +71,25 @@ def test_a_whole_log_has_no_note(tmp_path):
     assert out == b"all\n" and len(said) == 1 and said[0].startswith("--- job 4, attempt 1 of 1 (vm/0)")
 
 
-def test_a_deleted_log_of_an_attempt_that_ran_here_says_deleted(tmp_path):
+def test_a_deleted_log_of_an_attempt_that_ran_here_says_moved_or_deleted(tmp_path):
+    """`mv` rotation: the log is not where rig wrote it. A missing log is not bad input: exit 1
+    (rig.errors.LogMissing), with -f as without (a tester saw exit 2 without -f, 0 with it)."""
     job = _job(tmp_path / "attempt-1.log")
-    with pytest.raises(InvalidInput) as here:
+    with pytest.raises(LogMissing) as here:
         _show(job, attempt=1, here=this_machine("vm", []))
-    assert "no longer exists (deleted?)" in str(here.value) and "not on this machine" not in str(here.value)
-    assert "\n" not in str(here.value)
+    assert here.value.exit_code == 1
+    assert "moved or deleted" in str(here.value) and str(tmp_path / "attempt-1.log") in str(here.value)
+    assert "not on this machine" not in str(here.value) and "\n" not in str(here.value)
+    said: list[str] = []
+    with pytest.raises(LogMissing, match="moved or deleted"):
+        show_log(lambda: job, attempt=None, follow=True, out=io.BytesIO(), say=said.append,
+                 sleep=lambda s: None, here=this_machine("vm", []))
+    assert said[-1].startswith("--- job 4 SUCCEEDED after 1 attempt(s)"), said
     # Named by a node record of this host (a node name other than this home's).
 
     by_host = this_machine("other", [NodeInfo(name="vm", state="up", alive=True, since=0.0, host=socket.gethostname())])
-    with pytest.raises(InvalidInput, match="deleted"):
+    with pytest.raises(LogMissing, match="deleted"):
         _show(job, attempt=1, here=by_host)
     # Ran elsewhere: still "not on this machine".
-    with pytest.raises(InvalidInput, match="is not on this machine"):
+    with pytest.raises(LogMissing, match="is not on this machine"):
         _show(job, attempt=1, here=this_machine("b", [NodeInfo(name="vm", state="up", alive=True, since=0.0, host="elsewhere")]))

@@ -207,3 +207,23 @@ def test_poller_goes_on_when_the_lists_cannot_be_read() -> None:
     poller.poll()
     assert poller.snapshot.report is client.report and poller.snapshot.problem is None
     assert poller.snapshot.waiting == []
+
+
+def test_run_top_off_a_terminal_prints_one_frame_and_returns() -> None:
+    """`rig top > f` (or `| head -1`) hung with 0 bytes: without a terminal there is no live
+    screen to redraw, so one frame is printed, as `--once` does."""
+    import threading
+
+    out = io.StringIO()  # not a terminal
+    console = Console(width=100, height=30, file=out, color_system=None)
+    done = threading.Event()
+
+    def show() -> None:
+        run_top(_FakeClient(_report()), console=console)
+        done.set()
+
+    threading.Thread(target=show, daemon=True).start()
+    # A bound on a hang, not a timing: one frame takes milliseconds; the old loop never ended.
+    assert done.wait(60), "rig top off a terminal did not return"
+    text = out.getvalue()
+    assert "gpu01/7" in text and "errors 2" in text and "quits" not in text
