@@ -173,7 +173,15 @@ def emptied(client: redis.Redis, keys: Keys, archive: Archive) -> ArchiveEmptied
     return ArchiveEmptied(
         f"archive {safe_url(archive.url)} holds none of this cluster's jobs but {held:,} were archived to it "
         "(database dropped and recreated, or the file replaced?): finished jobs stay in Redis; restore it, or "
-        f"to start a new history there, `redis-cli DEL {keys.archive_held}`")
+        f"to start a new history there, `{_cli(client, 'DEL ' + keys.archive_held)}`")
+
+
+def _cli(client: redis.Redis, command: str) -> str:
+    """rig.redis_conn.redis_cli for ``client``'s Redis (its URL read back from the client)."""
+    from rig.redis_conn import client_url, redis_cli
+
+    url = client_url(client)
+    return redis_cli(url, command) if url else f"redis-cli -h MASTER -p PORT {command}"
 
 
 def late(client: redis.Redis, keys: Keys, now: float, interval: float, *, control_up: bool = True) -> str | None:

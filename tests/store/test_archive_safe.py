@@ -324,6 +324,9 @@ def _recreated_case(ledger, key_prefix, tmp_path, url: str, recreate) -> None:
     assert in_redis(ledger, waiting.id)  # not moved into the recreated archive
     (line,) = check_at_up(r, keys, url, key_prefix, "n1", home=tmp_path)
     assert line.startswith("warning: archive ") and "holds none of this cluster's jobs" in line
+    # The command printed acts on rig's Redis and key, not on whatever 127.0.0.1:6379 holds.
+    url_told = f"{r.connection_pool.connection_kwargs['host']}:{r.connection_pool.connection_kwargs['port']}"
+    assert f"`redis-cli -u redis://{url_told}/" in line and f" DEL {keys.archive_held}`" in line, line
     reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path, archive_url=url))
     assert [j.id for j in reader.list()] == [waiting.id] and "holds none" in reader.unread_line()
     with pytest.raises(ArchiveUnread):
