@@ -101,7 +101,9 @@ def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
     line = f"node {M(name)}: {M(node.describe)}"
     if node.mismatch:
         return f"[bold red]{line}[/]"  # both parts cleaned and escaped above
-    if node.state == "up":
+    if node.no_worker:  # up, but nothing runs its jobs: not said plainly "up"
+        line = f"[bold yellow]{line}[/], {cards} card(s): they run no job until a worker of it starts"
+    elif node.state == "up":
         line += f", {cards} card(s), {node.workers} worker(s)"
     elif node.writes_refused:  # rig.refused_beats: not silent, refused
         line = f"[bold yellow]{line}[/]"
