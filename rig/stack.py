@@ -65,6 +65,7 @@ from rig.redis_conn import (
     resolve_auth,
     strip_password,
     url_password,
+    without_credentials,
 )
 from rig.redis_server import is_local, private_redis_dir, probe, start_private_redis
 from rig.redis_writes import notices_at as redis_notices_at
@@ -243,7 +244,27 @@ def already_up(node: str, pid: int, only: tuple[str, ...] = ()) -> str:
 
 
 def pid_file(settings: Settings) -> Path:
+    """``up-<node>.pid`` in the run folder: the live ``rig up``'s pid on its first line, the
+    Redis it uses (rig.redis_conn.without_credentials: no password) on its second."""
     return settings.run_dir / f"up-{settings.node_name}.pid"
+
+
+def write_pid_file(settings: Settings) -> None:
+    """This process is the node's ``rig up``, on ``settings.redis_url`` (see pid_file)."""
+    pid_file(settings).write_text(f"{os.getpid()}\n{without_credentials(settings.redis_url)}\n")
+
+
+def up_redis_elsewhere(settings: Settings) -> str | None:
+    """The Redis the node's running ``rig up`` uses (no password) when it is not
+    ``settings.redis_url`` (a `rig down` with another RIG_REDIS_URL), else None (the same one,
+    or not recorded: a pid file of an older rig)."""
+    try:
+        lines = pid_file(settings).read_text().split()
+    except OSError:
+        return None
+    if len(lines) < 2 or lines[1] == without_credentials(settings.redis_url):
+        return None
+    return lines[1]
 
 
 def ensure_writable_home(settings: Settings) -> None:
@@ -346,7 +367,7 @@ class Stack:
         if self.wants("cards") or self.wants("control"):
             self._claim_name()
         # After the claim: a rig up refused the name never replaces the owner's pid file.
-        pid_file(s).write_text(f"{os.getpid()}\n")
+        write_pid_file(s)
         self._check_installation()
         if self.wants("cards") or self.wants("control"):
             self._check_data_format()
@@ -1093,7 +1114,9 @@ def stop_node(settings: Settings, timeout: float = 60.0,
             raise PermissionDenied(f"rig up of node {settings.node_name} (pid {pid}) runs as {_owner(pid)}: "
                                    "run rig down as that user or as root") from None
     deadline = time.monotonic() + timeout
-    if report.supervisors and say is not None:
+    # rig up marks itself stopped in its own Redis: only that one's outage makes it wait.
+    elsewhere = up_redis_elsewhere(settings)
+    if report.supervisors and say is not None and elsewhere is None:
         from rig.redis_up import RedisUp
 
         down = RedisUp(settings.redis_url).down()
@@ -1110,7 +1133,7 @@ def stop_node(settings: Settings, timeout: float = 60.0,
                 if is_stopped(pid):  # a plain kill does nothing to it: say what does
                     raise StackError(f"rig up (pid {pid}) is stopped (SIGSTOP) and cannot stop itself; "
                                      f"`kill -CONT {pid}` (it then stops), or `kill -9 {pid}` and `rig down` again")
-                raise _not_stopped(settings, pid, timeout)
+                raise _not_stopped(settings, pid, timeout, elsewhere)
             time.sleep(0.1)
     left = leftovers(settings.node_name, settings.home)
     if left:
@@ -1122,12 +1145,18 @@ def stop_node(settings: Settings, timeout: float = 60.0,
     return report
 
 
-def _not_stopped(settings: Settings, pid: int, timeout: float) -> RigError:
+def _not_stopped(settings: Settings, pid: int, timeout: float, elsewhere: str | None = None) -> RigError:
     """Why ``rig up`` (pid) is still running after ``timeout`` s, and what to do. While Redis
     does not answer it cannot mark the node stopped and waits for it (on purpose): a kill would
-    get its running jobs declared lost and maybe run twice, so that case never advises one."""
+    get its running jobs declared lost and maybe run twice, so that case never advises one.
+    ``elsewhere``: the Redis that rig up uses when it is not ``settings.redis_url``
+    (up_redis_elsewhere): then this Redis' state says nothing about it."""
     from rig.redis_up import RedisUp
 
+    if elsewhere is not None:
+        return StackError(f"rig up (pid {pid}) did not stop within {timeout:.0f} s (it uses Redis at {elsewhere}, "
+                          f"not {strip_password(settings.redis_url)}); if that Redis does not answer it waits for "
+                          f"it, do not kill it then; else `kill {pid}`, then `rig down` again")
     down = RedisUp(settings.redis_url).down()
     if down:
         return RedisUnavailable.said(
