@@ -22,6 +22,7 @@ written (:func:`emptied`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -36,6 +37,9 @@ from rig.archive import (
 )
 from rig.errors import ConfigError
 from rig.keys import Keys
+
+if TYPE_CHECKING:
+    from rig.config import Settings
 
 
 class NotClusterArchive(ConfigError):
@@ -56,6 +60,18 @@ def connectable(recorded: str) -> str:
     left out, so libpq takes the password from ~/.pgpass or PGPASSWORD."""
     head, sep, tail = recorded.partition("@")
     return head.removesuffix(":***") + sep + tail if sep else recorded
+
+
+def archive_of(client: redis.Redis, keys: Keys, settings: Settings) -> str:
+    """The archive a node or reader uses: its own ``archive_url`` when it set one, else the
+    cluster's recorded one (whatever its RIG_HOME or working folder: a `rig up` from a folder
+    without the rig.toml must not move the cluster's archive to a SQLite file), else the
+    default (a SQLite file in its home). Only an ``archive_url`` set on purpose moves the
+    cluster's archive (:func:`claim`)."""
+    if settings.archive_url and settings.archive_url.strip():
+        return settings.archive_location
+    cluster = cluster_url(client, keys)
+    return connectable(cluster) if cluster else settings.archive_location
 
 
 def record_if_absent(client: redis.Redis, keys: Keys, url: str) -> str:

@@ -357,3 +357,29 @@ def test_a_postgresql_database_dropped_and_recreated_is_said_not_used(ledger, ke
             admin.execute(f"CREATE DATABASE {name}")
 
     _recreated_case(ledger, key_prefix, tmp_path, pg_url, recreate)
+
+
+def test_a_node_without_archive_url_uses_the_clusters_archive(ledger, key_prefix, tmp_path):
+    """A tester ran `rig up` from a folder without the rig.toml: the cluster's archive moved
+    from PostgreSQL to this home's SQLite file with one warning. A node that set no
+    archive_url uses the cluster's recorded one, as readers do; its archiving pass too."""
+    from rig.archive_cluster import archive_of
+    from rig.archiving import PeriodicArchiver
+
+    r, keys = ledger.store.r, ledger.keys
+    a_url = default_url(tmp_path / "a")
+    assert check_at_up(r, keys, a_url, key_prefix, "n1", home=tmp_path / "a") == []  # the cluster's: a
+    bare = load_settings(key_prefix=key_prefix, home=tmp_path / "b", archive_url=None)  # no rig.toml
+    assert archive_of(r, keys, bare) == a_url
+    assert check_at_up(r, keys, archive_of(r, keys, bare), key_prefix, "n1", home=bare.home) == []
+    assert cluster_url(r, keys) == a_url  # not moved
+    job = finished(ledger, ended=NOW - 2 * DAY)
+    said = PeriodicArchiver(bare.model_copy(update={"archive_after_days": 1}), r).run(NOW)
+    assert not said.startswith("skipped"), said
+    with Archive(a_url, key_prefix) as a:
+        assert a.get(job.id) is not None  # archived into the cluster's archive, not b's
+    # Set on purpose, another archive still moves the cluster (said, with the count).
+    b_url = default_url(tmp_path / "b")
+    moved = load_settings(key_prefix=key_prefix, home=tmp_path / "b", archive_url=b_url)
+    (line,) = check_at_up(r, keys, archive_of(r, keys, moved), key_prefix, "n1", home=moved.home)
+    assert line.startswith(f"warning: this cluster's finished jobs now go to {b_url}"), line
