@@ -245,13 +245,39 @@ def already_up(node: str, pid: int, only: tuple[str, ...] = ()) -> str:
 
 def pid_file(settings: Settings) -> Path:
     """``up-<node>.pid`` in the run folder: the live ``rig up``'s pid on its first line, the
-    Redis it uses (rig.redis_conn.without_credentials: no password) on its second."""
+    Redis it uses (rig.redis_conn.without_credentials: no password) on its second, on its third
+    ``node`` when it runs cards or control workers, ``addon`` when it does not (``--only
+    flower``: rig.stack.second_node)."""
     return settings.run_dir / f"up-{settings.node_name}.pid"
 
 
-def write_pid_file(settings: Settings) -> None:
+def write_pid_file(settings: Settings, *, node: bool = True) -> None:
     """This process is the node's ``rig up``, on ``settings.redis_url`` (see pid_file)."""
-    pid_file(settings).write_text(f"{os.getpid()}\n{without_credentials(settings.redis_url)}\n")
+    kind = "node" if node else "addon"
+    pid_file(settings).write_text(f"{os.getpid()}\n{without_credentials(settings.redis_url)}\n{kind}\n")
+
+
+def second_node(settings: Settings) -> str | None:
+    """Why a ``rig up`` with cards or control workers must not start in this RIG_HOME: one
+    already runs another node with them there. Their own logs (logs/system/card0.log,
+    control.log, beat.log, up.log, ...) and run files have one name per home, so two nodes
+    would write the same files: one node per RIG_HOME is the rule (a ``--only flower`` add-on
+    under a name of its own is allowed: docs/FLOWER.md). None when none runs."""
+    from rig.cli.daemon import home_nodes
+
+    for other, pid in sorted(home_nodes(settings.run_dir).items()):
+        if other == settings.node_name:
+            continue
+        try:
+            kind = (settings.run_dir / f"up-{other}.pid").read_text().split()[2:3]
+        except OSError:
+            continue
+        if kind != ["addon"]:  # a pid file of an older rig says nothing: counted as a node
+            return (f"this RIG_HOME ({settings.home}) already runs node {other} (pid {pid}); a second node "
+                    f"there would write the same logs ({settings.rig_log_dir}): start node {settings.node_name} "
+                    f"with a home of its own (`RIG_HOME=/another/folder rig up --node {settings.node_name}`), "
+                    f"or `rig down --node {other}` first")
+    return None
 
 
 def up_redis_elsewhere(settings: Settings) -> str | None:
@@ -360,6 +386,9 @@ class Stack:
         if others:
             raise StackError(f"rig is already up on node {s.node_name} (pid {min(others)}, its pid file "
                              f"is gone); `rig down --node {s.node_name}` stops it")
+        runs_node = self.wants("cards") or self.wants("control")
+        if runs_node and (why := second_node(s)) is not None:
+            raise StackError(why)
         if self.wants("flower") or self.wants("metrics"):
             flower_credentials(s)  # a login Flower would read otherwise: said before anything starts
         self.stop_leftovers()
@@ -367,7 +396,7 @@ class Stack:
         if self.wants("cards") or self.wants("control"):
             self._claim_name()
         # After the claim: a rig up refused the name never replaces the owner's pid file.
-        write_pid_file(s)
+        write_pid_file(s, node=runs_node)
         self._check_installation()
         if self.wants("cards") or self.wants("control"):
             self._check_data_format()
@@ -479,8 +508,10 @@ class Stack:
             self.metrics_server = start_web_server(Client(s), s.metrics_address, s.metrics_port,
                                                    flower_credentials(s))
         except OSError as exc:  # the port taken, or the address not this machine's
-            self.say(f"metrics and web page: not served, cannot listen on {s.metrics_address}:{s.metrics_port} "
-                     f"({exc}); set RIG_METRICS_ADDRESS / RIG_METRICS_PORT (metrics_port = 0: none)")
+            # A warning: on the terminal of `rig up --daemon` too (README: one line at rig up).
+            self._say_noted(f"warning: metrics and web page: not served, cannot listen on {s.metrics_address}:"
+                            f"{s.metrics_port} ({exc}); set RIG_METRICS_ADDRESS / RIG_METRICS_PORT (metrics_port = 0: "
+                            "none)")
             return
         port = self.metrics_server.server_port
         if answers(s.metrics_address, port):  # the URLs are printed only once it answers
