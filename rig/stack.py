@@ -332,6 +332,7 @@ class Stack:
         self.metrics_url: str | None = None  # set once the endpoint answers
         self.page_url: str | None = None  # rig's web page, same server (rig.web.server)
         self.flower_url: str | None = None  # set once this rig up starts a Flower
+        self.gateway_path: Path | None = None  # the gateway socket this rig up serves, once chosen
         self.keys = Keys(settings.key_prefix)
         self.children: list[Child] = []
         self.redis_proc: subprocess.Popen | None = None
@@ -419,12 +420,17 @@ class Stack:
         if self.wants("gateway"):
             # Resolved once, here: every child (and so every job: RIG_GATEWAY_SOCKET) gets it.
             from rig.gateway.paths import node_socket
-            from rig.gateway.server import path_problem
+            from rig.gateway.server import path_problem, socket_in_use
 
             s.gateway_socket = node_socket(s)
             problem = path_problem(s.gateway_socket)
             if problem:
                 raise StackError(f"{problem} (or `rig up --no-gateway`)")
+            if socket_in_use(s.gateway_socket):  # never moved elsewhere in silence: one rule (rig.gateway.paths)
+                raise StackError(f"another gateway answers at {s.gateway_socket} (another rig up of this host?); "
+                                 "stop it, or set gateway_socket (RIG_GATEWAY_SOCKET) to another path for this "
+                                 "node (or `rig up --no-gateway`)")
+            self.gateway_path = s.gateway_socket
         env = self._child_env()
         if self.wants("cards") or self.wants("control"):
             allowed = self._register_cards()
@@ -1045,6 +1051,14 @@ class Stack:
         this `rig up` serves and what answers."""
         s = self.settings
         out = []
+        if self.gateway_path is not None:  # which socket: the host's, or this home's (rig.gateway.paths)
+            from rig.gateway.server import socket_in_use
+
+            if socket_in_use(self.gateway_path):
+                out.append(f"gateway: {self.gateway_path} (users without the Redis password and jobs reach rig "
+                           "there: RIG_GATEWAY_SOCKET)")
+            else:
+                out.append(f"gateway: {self.gateway_path}, not answering yet; see {s.rig_log_dir / 'gateway.out'}")
         if self.flower_url:
             out.append(f"flower: {self.flower_url} (an admin login: {login_place(s)})")
         if self.page_url:
