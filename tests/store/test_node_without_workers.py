@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from rig.cli.render import node_title
+from rig.cli.render import NO_WORKER_NOTE, node_title
 from rig.client import Client
 from rig.config import load_settings
 from rig.gpus.base import GpuReading
@@ -75,7 +75,7 @@ def test_a_node_with_no_live_worker_is_no_place_a_job_fits_now(world, redis_clie
     (node,) = nodes.read()
     assert node.no_worker and node.describe.startswith("started ") and "no worker alive" in node.describe
     title = node_title(node, "vm", 2)
-    assert "up since" not in title and "0 worker(s)" not in title, title
+    assert "up since" not in title and "0 worker(s)" not in title and NO_WORKER_NOTE in title, title
     job = client.get(_submit(ledger))
     why = why_waiting(client, job)
     assert FITS_NOW not in why and "no worker alive" in why, why
