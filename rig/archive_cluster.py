@@ -147,6 +147,24 @@ def check_at_up(client: redis.Redis, keys: Keys, url: str, prefix: str, node: st
     return lines
 
 
+def check_node_at_up(client: redis.Redis, keys: Keys, settings: Settings) -> list[str]:
+    """:func:`check_at_up` of the archive this node uses (:func:`archive_of`). An archive_url
+    set here that cannot be used is the operator's mistake: ConfigError (exit 6), as before. The
+    cluster's archive, used because none is set here, that cannot be used from this node (a
+    SQLite file of another host, a PostgreSQL login this user lacks) stops nothing: one warning
+    line; the node runs jobs, does not archive (its passes skip, saying why), and moves nothing."""
+    url = archive_of(client, keys, settings)
+    configured = bool(settings.archive_url and settings.archive_url.strip())
+    try:
+        return check_at_up(client, keys, url, settings.key_prefix, settings.node_name, home=settings.home)
+    except ConfigError as exc:
+        if configured or cluster_url(client, keys) is None:
+            raise
+        return [f"warning: this node does not archive: the cluster's archive {safe_url(url)} cannot be used "
+                f"here ({str(exc).strip().splitlines()[0][:200]}); set archive_url (RIG_ARCHIVE_URL) to it as "
+                "this node reaches it"]
+
+
 def mark_pass_ok(client: redis.Redis, keys: Keys, now: float) -> None:
     """After a pass that finished: when (epoch s)."""
     client.set(keys.archive_ok_at, repr(now))

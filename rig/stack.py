@@ -404,11 +404,10 @@ class Stack:
         if self.wants("control"):
             # The control workers move finished jobs into the archive: a wrong archive_url, a
             # missing psycopg or an unwritable folder is said now (exit 6), not in a worker's log.
-            from rig.archive_cluster import archive_of, check_at_up
+            from rig.archive_cluster import check_node_at_up
 
             # No archive_url set here: the cluster's archive, never a move to this home's SQLite.
-            archive = archive_of(self._redis(), self.keys, s)
-            for line in check_at_up(self._redis(), self.keys, archive, s.key_prefix, s.node_name, home=s.home):
+            for line in check_node_at_up(self._redis(), self.keys, s):
                 self.say(line)
                 self.notes.append(line)  # on the terminal of `rig up --daemon` too, not only in up.log
         for warning in open_doors(s, self.wants):

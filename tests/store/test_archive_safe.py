@@ -383,3 +383,21 @@ def test_a_node_without_archive_url_uses_the_clusters_archive(ledger, key_prefix
     moved = load_settings(key_prefix=key_prefix, home=tmp_path / "b", archive_url=b_url)
     (line,) = check_at_up(r, keys, archive_of(r, keys, moved), key_prefix, "n1", home=moved.home)
     assert line.startswith(f"warning: this cluster's finished jobs now go to {b_url}"), line
+
+
+def test_the_clusters_archive_unusable_here_is_a_warning_not_a_move(ledger, key_prefix, tmp_path):
+    """The cluster's archive, used because this node set none, may be out of its reach (a
+    SQLite file of another host): rig up goes on with one warning and moves nothing. The same
+    archive set here on purpose is the operator's mistake: exit 6, as before."""
+    from rig.archive_cluster import check_node_at_up
+
+    r, keys = ledger.store.r, ledger.keys
+    far = default_url(tmp_path / "other-host" / "home")  # its folder does not exist here
+    r.set(keys.archive_url, far)
+    bare = load_settings(key_prefix=key_prefix, home=tmp_path / "b", archive_url=None, node_name="n1")
+    (line,) = check_node_at_up(r, keys, bare)
+    assert line.startswith(f"warning: this node does not archive: the cluster's archive {far} cannot be used "
+                           "here (") and "set archive_url" in line, line
+    assert cluster_url(r, keys) == far  # not moved to b's own file
+    with pytest.raises(ConfigError):
+        check_node_at_up(r, keys, load_settings(key_prefix=key_prefix, home=tmp_path / "b", archive_url=far))
