@@ -45,6 +45,7 @@ from rig.memory import format_memory, parse_memory
 from rig.models import CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
 from rig.placement import Request, never_fits
+from rig.pools import ClusterPools, Pools, cluster_pools
 from rig.redis_conn import check, connect, is_setup_error, unavailable
 from rig.redis_writes import is_outage, refusal, refused_error
 from rig.redis_writes import notices as redis_notices
@@ -323,11 +324,8 @@ class Client:
         if alone:
             raise Unschedulable(f"job can never run: {alone}")
 
-        pools = self.settings.pool_map
-        try:
-            pools.check(pool)
-        except ValueError as exc:
-            raise InvalidInput(f"--pool: {exc}") from None
+        # The cluster's pools, not this process's config (rig.pools); read only for a pool job.
+        pools = self._pool_of(pool, memo) if pool is not None else Pools({})
 
         def _do() -> Job:
             cards = [c for c in self._cards_for_admission() if pools.contains(pool, c.node, c.index)]
@@ -338,7 +336,7 @@ class Client:
                     raise Unschedulable(f"job can never run{where}: {reason}")
             elif self._cards_for_admission():
                 raise Unschedulable(f"job can never run: pool {pool!r} has no registered card "
-                                    f"(its members: {', '.join(self.settings.pools[pool])})")
+                                    f"(its members: {', '.join(pools.specs[pool])})")
             # submit_many reads every job's own runs in one round trip (own_estimates).
             own = None if _batch is not None else self.own_estimate(job_name, limit, template=template, command=argv)
             return Job(
@@ -549,11 +547,7 @@ class Client:
     def status(self, pool: str | None = None) -> StatusReport:
         """Cards, queues, workers, nodes and users; with ``pool``, only that pool's cards and
         the waiting jobs submitted to it."""
-        pools = self.settings.pool_map
-        try:
-            pools.check(pool)
-        except ValueError as exc:
-            raise InvalidInput(f"--pool: {exc}") from None
+        pools = self._pool_of(pool, {}) if pool is not None else Pools({})
 
         def _do() -> StatusReport:
             cards = [c for c in self.ledger.cards() if pools.contains(pool, c.node, c.index)]
@@ -744,7 +738,7 @@ class Client:
         if not NODE_NAME.fullmatch(name):
             raise InvalidInput(f"{name!r} is not a node name; `rig status` lists the nodes")
         registry = NodeRegistry(self.r, self.keys)
-        pools = self.settings.pool_map
+        pools = self.cluster_pools().pools
         ahead = self._guard(plan, self.ledger, pools, name)
         info = next((n for n in self._guard(registry.read) if n.name == name), None)
         if info is not None and info.state == "stopped" and not force:
@@ -754,6 +748,23 @@ class Client:
         if failed is not None:
             failed.update(done)
         return cards
+
+    def cluster_pools(self) -> ClusterPools:
+        """The pools the cluster's nodes serve (rig.pools.cluster_pools): what --pool is judged
+        by, wherever this client runs; this process's own [pools] do not count."""
+        return cluster_pools(self._guard(NodeRegistry(self.r, self.keys).read))
+
+    def _pool_of(self, pool: str, memo: dict[Any, Any]) -> Pools:
+        """The cluster's pools, once ``pool`` is known to be one of them (else InvalidInput, one
+        line naming the known ones). ``memo``: a submit_many batch reads them once."""
+        found = memo.get("cluster_pools")
+        if found is None:
+            found = memo["cluster_pools"] = self.cluster_pools()
+        try:
+            found.check(pool)
+        except ValueError as exc:
+            raise InvalidInput(f"--pool: {exc}") from None
+        return found.pools
 
     def templates(self) -> dict:
         """The submission presets in force (name -> rig.config.Template)."""
@@ -775,6 +786,12 @@ class Client:
         if job.problems:
             bad, _, problem = job.problems[0].removeprefix("field ").partition(": ")
             raise InvalidRecord(f"job {job.id} cannot be retried, resubmit it", bad, problem)
+        if job.pool is not None:
+            found = self.cluster_pools()
+            if job.pool not in found.pools.members:  # it would only be failed again: nothing is changed
+                raise Unschedulable(f"job {job.id} cannot be retried, it could never run: its pool {job.pool!r} "
+                                    f"is none of the cluster's pools now ({found.known}); resubmit it with "
+                                    "another --pool (or none)")
         fields: dict[str, Any] = {
             "reason": f"retried by {current_identity().name}", "cancelled_by": None, "overuse_stop": None,
             "vram_peak": 0, "vram_sum": 0, "vram_samples": 0, "util_sum": 0, "util_samples": 0,

@@ -108,7 +108,8 @@ flower_port = {flower_port}
 # max_jobs = 8
 # max_gpu_memory = "320G"
 
-# Pools: named sets of nodes or cards; `rig-submit --pool a100` runs only there.
+# Pools: named sets of nodes or cards; `rig-submit --pool a100` runs only there. A node's
+# `rig up` records them: give every node the same (a submitter's own [pools] do not count).
 # [pools]
 # a100 = ["gpu1", "gpu2:0-3"]
 

@@ -62,6 +62,11 @@ def cards_to_serve(client: redis.Redis, keys: Keys, node: str, allowed: Iterable
     return sorted(set(allowed) | cards_with_jobs(client, keys, node))
 
 
+#: The health reason the node's health check gives a card that needs a worker (needs_worker)
+#: and has none heartbeating (workers.health); the card's worker clears it when it returns.
+NO_WORKER_REASON = "its worker is not running"
+
+
 def needs_worker(card: CardState) -> bool:
     """Is a missing worker of ``card`` a dead one (its jobs then handled by the health check)?
     Yes for a card rig may use, and for any card still holding a job."""

@@ -268,7 +268,9 @@ _ALLOC_SIZE = re.compile(
     re.IGNORECASE,
 )
 
-# The kernel's OOM killer (and the shell reporting the SIGKILL it sent): (finder, line check).
+# The kernel's OOM killer (its log lines, a cgroup's, a container runtime's): (finder, line
+# check). Not the shell's "Killed" / "line 5: 12345 Killed": it reports any SIGKILL (`kill -9`,
+# rig's own stop), which is no evidence of memory running out.
 _KERNEL_OOM: tuple[tuple[re.Pattern[str], re.Pattern[str] | None], ...] = (
     (re.compile(r"Out of memory: Kill(?:ed)? process \d+"), None),
     (re.compile(r"invoked oom-killer"), None),
@@ -276,8 +278,6 @@ _KERNEL_OOM: tuple[tuple[re.Pattern[str], re.Pattern[str] | None], ...] = (
     (re.compile(r"oom_reaper"), None),
     (re.compile(r"Memory cgroup out of memory"), None),
     (re.compile(r"OOMKilled\b"), None),
-    # bash: "Killed" alone, or "/path/script.sh: line 5: 12345 Killed    python train.py"
-    (re.compile(r"Killed\b"), re.compile(r"^\s*Killed\s*$|: line \d+:\s+\d+ Killed\b")),
 )
 
 # Host (CPU) memory exhausted inside the program: (finder, line check).

@@ -77,8 +77,13 @@ HOLD_GRID_S = 5.0
 #: Reasons for no estimate (the end of "estimated start: unknown (...)").
 NO_RUNS = ("no estimate: no earlier runs of similar jobs (nor a time limit) for a job that must end "
            "before it; jobs submitted with --time-limit, or a few finished runs, give one")
-NO_CARD_OPEN = ("no estimate: no card of its pool that could hold it takes jobs now (closed, draining, "
+NO_CARD_OPEN = ("no estimate: no card that could hold it takes jobs now (closed, draining, "
                 "unhealthy, or its node is not up)")
+
+
+def no_card_open(pool: str | None) -> str:
+    """NO_CARD_OPEN, naming the job's pool when it has one."""
+    return NO_CARD_OPEN if not pool else NO_CARD_OPEN.replace("no card ", f"no card of pool '{pool}' ", 1)
 NO_CARDS = "no estimate: no cards are registered (is `rig up` running?)"
 LATER = f"later (more than {FORECAST_JOBS} jobs ahead of it by priority and age; only those are estimated)"
 #: What every time shown says it is: the ends of the jobs ahead come from their time limits or
@@ -451,12 +456,12 @@ def _why_none(dispatcher: Dispatcher, pools: Pools, state: Mapping[str, CardStat
     if not own:
         return NO_CARDS
     if not any(c.eligible for c in own):
-        return NO_CARD_OPEN
+        return no_card_open(job.pool)
     limit = over_limit(job.user, team.load(job.user), job.gpu_memory, job.gpus, settings.user_limit(job.user))
     if limit:
         return f"no estimate: {limit}, and none of them has an estimated end"
     if not _big_enough_open(own, request):
-        return NO_CARD_OPEN
+        return no_card_open(job.pool)
     return NO_RUNS
 
 

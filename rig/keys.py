@@ -39,7 +39,8 @@ Key schema (P = settings.key_prefix, default ``rig:``):
                                          estimates.NAMES_KEPT names per user)
   P peaks-seen:<user>           zset     job name -> when it last ran
   P nodes                       set      node names
-  P node:<node>                 hash     a node's registration (cards, started_at) and liveness
+  P node:<node>                 hash     a node's registration (cards, started_at, pools: its
+                                         config's [pools] as JSON, rig.pools) and liveness
                                          (last_seen, down_since, stopped_at: rig.nodes)
   P node:<node>:alive           string   node heartbeat, expires after health.timeout
   P node:<node>:health:lock     string   the control worker running that node's local checks (PX)

@@ -122,6 +122,8 @@ class NodeInfo:
     auth_refused_since: float | None = None
     #: The data format its rig writes (rig.data_format; 0: a rig from before the number).
     data_format: int = 0
+    #: Its config's [pools] as its rig up recorded them (rig.pools.encode; None: not recorded).
+    pools: str | None = None
     #: Set by a reader on the node's host when the node's ``rig up`` (``pid``) no longer runs
     #: there and none of its workers is alive: the words saying so. The node is then silent and
     #: presumed down though its last heartbeat has not expired yet.
@@ -433,4 +435,5 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float, *, he
         clock_skew=raw.get("clock_skew") or None,
         auth_refused_since=num("auth_refused_since"),
         data_format=int(num("data_format") or 0), gone=gone if state == "silent" else None,
+        pools=raw.get("pools"),
     )

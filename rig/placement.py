@@ -223,7 +223,13 @@ class HoldPlanner:
     def __init__(self, cards: Sequence[CardState], releases: Mapping[str, Sequence[Release]], now: float, *,
                  node_of: dict[str, str] | None = None,
                  steps: dict[str, tuple[CardState, Sequence[Release], int, list[tuple[float, int, int]]]] | None = None,
+                 memo: dict[int, dict[str, tuple[float, tuple, list]]] | None = None,
                  ) -> None:
+        """``memo``: request bytes -> node -> (now, the node's :func:`option_inputs`, its options),
+        kept by the caller between planners over other card lists (the dispatcher's next round):
+        a node whose inputs and ``now`` are equal takes its options from it (they are a function
+        of those alone), the others are worked out and stored in it. Only a round's first planner
+        reads and fills it; its planners after starts carry their own."""
         self.cards = cards
         self.releases = releases
         self.now = now
@@ -243,6 +249,9 @@ class HoldPlanner:
         #: this one's options are that one's with those nodes' worked out again.
         self._before: tuple[HoldPlanner, frozenset[str]] | None = None
         self._node_cards: dict[str, list[CardState]] | None = None  # the cards by node, on first use
+        self._memo = memo
+        self._inputs: dict[str, tuple] = {}  # node -> its option_inputs (with a memo), on first use
+        self._input_steps: dict[str, tuple[tuple, list]] = {}  # card id -> (its inputs, their release_steps)
 
     def after(self, cards: Sequence[CardState], changed: Sequence[CardState]) -> HoldPlanner:
         """The planner of ``cards``: this one's cards with ``changed`` (cards by id) put in place
@@ -275,6 +284,9 @@ class HoldPlanner:
             chain.append(planner)
             planner = planner._before[0] if planner._before is not None else None
         for planner in reversed(chain):
+            if planner._before is None and planner._memo is not None:
+                planner._by_node[nbytes] = planner._remembered(nbytes)
+                continue
             if planner._before is None or nbytes not in planner._before[0]._by_node:
                 found: dict[str, list[tuple[float, int, int, int, str]]] = defaultdict(list)
                 for card in planner.cards:
@@ -292,6 +304,41 @@ class HoldPlanner:
                     found.pop(node, None)
             planner._by_node[nbytes] = found
         return self._by_node[nbytes]
+
+    def _remembered(self, nbytes: int) -> dict[str, list[tuple[float, int, int, int, str]]]:
+        """_options_by_node's answer from every card, each node's options taken from the memo
+        when its option_inputs and ``now`` are those they were worked out from, else worked out
+        from those inputs and remembered: the same function of the same values, so the same
+        options. A node's inputs are taken once per planner, at their first use (its releases as
+        they are then; a start's later appends are its changed nodes', which the planner after it
+        works out again), and every size is worked out from them. Node order as the cards'."""
+        memo = self._memo
+        assert memo is not None
+        kept = memo.setdefault(nbytes, {})
+        found: dict[str, list[tuple[float, int, int, int, str]]] = {}
+        for node, cards in self._cards_by_node().items():
+            inputs = self._inputs.get(node)
+            if inputs is None:
+                inputs = self._inputs[node] = tuple(option_inputs(card, self.releases.get(card.id, ()))
+                                                    for card in cards)
+            was = kept.get(node)
+            if was is not None and was[0] == self.now and was[1] == inputs:
+                options = was[2]  # never changed in place: shared with the planners that took it
+            else:
+                options = []
+                for card, its in zip(cards, inputs, strict=True):
+                    if card.eligible and card.usable >= nbytes:
+                        steps = self._input_steps.get(card.id)
+                        if steps is None or steps[0] is not its:
+                            steps = self._input_steps[card.id] = (its, release_steps(card, its[-1]))
+                        free = card.free
+                        options.append((fit_time(card, steps[1], nbytes, self.now, free), max(0, nbytes - free),
+                                        card.jobs, card.index, card.id))
+                options.sort()
+                kept[node] = (self.now, inputs, options)
+            if options:
+                found[node] = options
+        return found
 
     def _option(self, card: CardState, nbytes: int) -> tuple[float, int, int, int, str]:
         releases = self.releases.get(card.id, ())
@@ -388,6 +435,15 @@ class HoldPlanner:
             else:  # options are sorted by time: the last chosen is the latest
                 key = (chosen[-1][0], sum(o[1] for o in chosen), node)
             heapq.heappush(heap, (key, tuple(o[4] for o in chosen), version))
+
+
+def option_inputs(card: CardState, releases: Sequence[Release]) -> tuple:
+    """Everything HoldPlanner reads of ``card`` and its ``releases`` to make its option for a
+    request (besides the request and ``now``): whether it is eligible, usable and free bytes, jobs
+    and their cap, its index and id (release_steps and fit_time read free, jobs and max_jobs; the
+    releases every field). Equal inputs, equal options: what a round may take from an earlier
+    one's planner (HoldPlanner's ``memo``). Kept beside _option: a field it comes to read goes here."""
+    return (card.id, card.index, card.eligible, card.usable, card.free, card.jobs, card.max_jobs, tuple(releases))
 
 
 def room_for_one(card: CardState) -> int | None:

@@ -10,11 +10,12 @@ from pathlib import Path
 import redis
 
 from rig.config import Settings
-from rig.draining import mark_gone_cards
+from rig.draining import NO_WORKER_REASON, mark_gone_cards, needs_worker
 from rig.gpus import GpuBackend
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeRegistry
+from rig.pools import encode as encode_pools
 
 
 def register_node(settings: Settings, client: redis.Redis, backend: GpuBackend,
@@ -41,7 +42,8 @@ def register_node(settings: Settings, client: redis.Redis, backend: GpuBackend,
         say(f"gpus: card(s) {removed} of {settings.node_name} are gone from the node: forgotten")
     NodeRegistry(client, keys).register(
         settings.node_name, ttl=settings.health.timeout, backend=backend.kind, cards=len(readings),
-        pid=pid or os.getpid(), fake_spec=getattr(backend, "spec", "") or "")
+        pid=pid or os.getpid(), fake_spec=getattr(backend, "spec", "") or "",
+        pools=encode_pools(settings.pools))  # the cluster's pools are the nodes' (rig.pools)
     # The node is up again: a "node stopped/down" mark on any of its cards is false now. An
     # allowed card's worker would clear it too, but a card outside gpu_whitelist (or gone) has
     # no worker, so the mark would stay for ever (issue 11: `[UNHEALTHY: node stopped ...]` on
@@ -57,12 +59,16 @@ def register_node(settings: Settings, client: redis.Redis, backend: GpuBackend,
 
 def clear_node_marks(ledger: Ledger, node: str) -> list[int]:
     """Make every card of ``node`` healthy again whose only fault was its node being stopped or
-    down (rig.nodes reasons, written by the other nodes' health checks); other faults (heat, a
-    full log disk) stay. Called when the node registers, i.e. when it is up. Returns the indexes."""
+    down (rig.nodes reasons, written by the other nodes' health checks), or, on a card that
+    needs no worker (outside gpu_whitelist, no job: rig.draining.needs_worker), its worker not
+    running: none is started for it by design, so nothing else would ever clear that mark. Other
+    faults (heat, a full log disk) stay. Called when the node registers, i.e. when it is up.
+    Returns the indexes."""
     cleared = []
     for card in ledger.cards():
-        if card.node == node and not card.healthy and card.health_reason.startswith(
-                (NODE_DOWN_REASON, NODE_STOPPED_REASON)):
+        if card.node == node and not card.healthy and (card.health_reason.startswith(
+                (NODE_DOWN_REASON, NODE_STOPPED_REASON))
+                or (card.health_reason == NO_WORKER_REASON and not needs_worker(card))):
             ledger.set_healthy(node, card.index, True)
             cleared.append(card.index)
     return cleared

@@ -401,6 +401,7 @@ class Stack:
         self._check_installation()
         if self.wants("cards") or self.wants("control"):
             self._check_data_format()
+            self._check_pools()
         if self.wants("control"):
             # The control workers move finished jobs into the archive: a wrong archive_url, a
             # missing psycopg or an unwritable folder is said now (exit 6), not in a worker's log.
@@ -613,6 +614,16 @@ class Stack:
 
         line = refusal(self._redis(), self.keys, self.settings.node_name,
                        NodeRegistry(self._redis(), self.keys).read())
+        if line:
+            raise StackError(line)
+
+    def _check_pools(self) -> None:
+        """Refuse to run beside a node up with other [pools] (rig.pools.disagreement): the
+        leading dispatcher places by its own node's pools. Nothing is changed when refused."""
+        from rig.pools import disagreement
+
+        line = disagreement(self.settings.node_name, self.settings.pools,
+                            NodeRegistry(self._redis(), self.keys).read())
         if line:
             raise StackError(line)
 

@@ -4,7 +4,7 @@ scripts/bench_scale.py's cluster (N x 8 nearly full cards, waiting jobs for U us
 passes and 3 passes after 64 jobs end, each pass's CPU (this thread's time, ms) and of it the
 dispatcher's card read, its reservations/placed-jobs read (with their ends and fair share),
 the waits noted with the holds closed to each job, and (since idlepass) their wording at the
-round's end. ``--profile FILE``: a cProfile of the starting passes. Run it for two trees one after the other,
+round's end, and each round's CPU and starts ("rounds": a pass is 1-3 rounds). ``--profile FILE``: a cProfile of the starting passes. Run it for two trees one after the other,
 alternating, for a before/after of the same passes (dispatch_sameness.py checks they decide the same).
 
     git archive main rig workers | (mkdir -p /tmp/rig-old && tar -x -C /tmp/rig-old)
@@ -97,11 +97,27 @@ def main() -> int:
         repeats = dispatcher._repeats
         dispatcher._repeats = lambda *a: repeated.append(repeats(*a)) or repeated[-1]
 
+    # Each round's start (the dispatcher thread's CPU then, jobs started so before it): a pass is
+    # 1-3 rounds (after a round that started jobs while holds exist, another reads and decides again).
+    round_marks: list[tuple[float, int]] = []
+    first_reads = dispatcher._first_reads
+
+    def marked_first_reads(*a, **kw):
+        round_marks.append((time.thread_time(), len(cluster.started)))
+        return first_reads(*a, **kw)
+
+    dispatcher._first_reads = marked_first_reads
+
     def one_pass() -> tuple[float, dict[str, float]]:
         parts.clear()
+        round_marks.clear()
         began = time.thread_time()
         dispatcher.dispatch_pass()
-        return (time.thread_time() - began) * 1000, dict(parts)
+        ended = time.thread_time()
+        marks = [*round_marks, (ended, len(cluster.started))]
+        # "rounds": [CPU ms, jobs it started] of each round, in order
+        parts["rounds"] = [[round((b[0] - a[0]) * 1000, 1), b[1] - a[1]] for a, b in zip(marks, marks[1:], strict=False)]
+        return (ended - began) * 1000, dict(parts)
 
     def end_some(count: int) -> None:  # bench_scale's, with the ends stamped on the frozen clock
         cluster.end_some(count, ended_at=None if args.real_clock else frozen + 30, runtime=30.0)
@@ -142,7 +158,7 @@ def main() -> int:
             if profiler is not None:
                 profiler.disable()
             starting.append({"cpu_ms": round(cpu, 1), "started": len(cluster.started),
-                             **{k: round(v, 1) for k, v in its.items()}})
+                             **{k: v if k == "rounds" else round(v, 1) for k, v in its.items()}})
             for job_id, token, node, card in cluster.started:
                 cluster.ledger.claim(job_id, token, f"card{card}@{node}")
             cluster.started.clear()
@@ -158,6 +174,7 @@ def main() -> int:
         "idle_repeated": f"{idle_repeated} of {len(cpus)}",
         **{f"idle_{k}_p50_ms": round(statistics.median(p.get(k, 0.0) for _, p in idle), 1)
            for k in ("cards", "holdings", "sentences", "wording")},
+        "idle_rounds_p50": statistics.median(len(p["rounds"]) for _, p in idle),
         "after_64_ends": starting}))
     return 0
 

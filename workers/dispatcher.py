@@ -50,7 +50,12 @@ waiting pass after pass for the same reason is worded once, and jobs alike share
 body is worded over the view's cards sorted once (rig.placement.CardWalk), less its held cards,
 not by walks over every card. A start changes the view; the token of the new view's cards is
 derived from the old one's (and a round's first view's from the last round's last view's).
-Decisions and sentences are the same as without these shortcuts (tests/unit/test_placement_scale.py,
+A pass's rounds decide at one instant (the first round's clock reading, for up to
+PASS_INSTANT_S): the round after the starts (another round runs after any start while holds exist
+or jobs wait beyond the heads read) then takes from the rounds before what depends only on now and
+on inputs that did not change: each node's hold plan options (HoldPlanner's memo, kept while the
+node's rig.placement.option_inputs are equal) and never_fits' answers (kept while the cards'
+sizes are). Decisions and sentences are the same as without these shortcuts (tests/unit/test_placement_scale.py,
 test_card_index.py, test_wait_walk.py, tests/store/test_dispatcher_shortcuts.py; a frozen-clock comparison with the
 code before them found every start and every stored reason equal).
 
@@ -175,6 +180,14 @@ RUNNING_PARSE_CACHE = 100_000
 #: the versions say: the backstop for a write that moved no version (a person's redis-cli; Redis
 #: rolled back to a snapshot and changed since until a version came back to the one held).
 FULL_READ_S = 30.0
+#: A pass's rounds decide at the instant its first round read the shared clock while the pass is
+#: younger than this (s; then a round reads it again): the rounds after a start decide with the
+#: same ``now`` as the starts, so what depends only on now and unchanged inputs (hold plans'
+#: options, HoldPlanner's memo) is carried from round to round instead of worked out again.
+PASS_INSTANT_S = 1.0
+#: Hold plan options remembered between rounds (HoldPlanner's memo: request sizes per pool); then
+#: all are forgotten.
+PLAN_MEMO_SIZES = 64
 #: Cards per read_cards.lua call (two keys each): a bounded script, as rig.hashes.BATCH.
 CARDS_BATCH = 1000
 #: The fields of a placed or running job that _read_holdings reads (_parse_running parses them).
@@ -224,7 +237,10 @@ class Dispatcher:
         #: Wait sentence bodies by what they read (rig.waiting.body_key): jobs that wait pass after
         #: pass for the same reasons are worded once, not once each per pass.
         self._explained: dict[Hashable, tuple[str, bool]] = {}
-        self._never: dict[tuple[str | None, Request], str | None] = {}  # per round: never_fits by pool
+        #: never_fits by (pool, request) -> (the stand-in of what it reads of the pool's cards, its
+        #: answer): kept while the cards' sizes do not change (a start never changes them).
+        self._never: dict[tuple[str | None, Request], tuple[Hashable, str | None]] = {}
+        self._never_inputs: dict[str | None, tuple[list[CardState], Hashable]] = {}  # per round: pool -> its cards, stand-in
         self._versions = itertools.count()  # tokens of the card views a start makes, and interned ones
         self._interned: dict[Hashable, int] = {}  # large tokens -> small stand-ins (_intern)
         self._prior = estimates.Prior(())  # the cluster's recent runs, read with the round's holdings
@@ -277,6 +293,10 @@ class Dispatcher:
         #: jobs' fields, users' usage), and until when its answer stays the same as the clock moves.
         self._holdings_read: tuple = ()
         self._holdings_steady = math.inf
+        #: pool -> HoldPlanner's memo (request bytes -> node -> (now, its option_inputs, its
+        #: options)): a round's first planner takes the options of each node whose inputs and now
+        #: are those of an earlier round's (the round after a start, within the pass's instant).
+        self._plan_memo: dict[str | None, dict[int, dict[str, tuple[float, tuple, list]]]] = {}
         self._thread: threading.Thread | None = None
         self._leading = False  # the last leader check's outcome (_led)
 
@@ -510,6 +530,7 @@ class Dispatcher:
         self._ends_kept.clear()
         self._reservations = {}
         self._repeat = None
+        self._plan_memo.clear()
 
     def _read_cards(self, prefetched: tuple[list[str], list] | None = None) -> list[CardState]:
         """Every registered card, sorted by node then index (as Ledger.cards), with the
@@ -906,6 +927,7 @@ class Dispatcher:
         in the first round trip (_first_reads); nothing is done when another dispatcher leads."""
         started = 0
         pools = self.settings.pool_map
+        instant: tuple[float, float] | None = None  # (the pass's now, time.monotonic() when read)
         for _round in range(MAX_ROUNDS):  # a reservation refused again and again must not spin
             if self.stop_event.is_set():
                 break
@@ -922,7 +944,9 @@ class Dispatcher:
                 # (one that arrived meanwhile is explained by a full round: a tester found jobs
                 # behind a whitelist naming no card with no reason in `rig jobs`).
                 return started
-            now = shared_now(self.r)
+            if instant is None or time.monotonic() - instant[1] >= PASS_INSTANT_S:
+                instant = (shared_now(self.r), time.monotonic())
+            now = instant[0]  # every round of the pass at one instant (PASS_INSTANT_S)
             if _round == 0 and self._repeats(cards, waiting, now):
                 return started  # the last pass's decisions stand: its reasons re-stamped when due
             # The reservations held now (who holds what, when each is expected to end) are read
@@ -934,12 +958,17 @@ class Dispatcher:
                     self.settings.fair_share and len(limits) > 1):
                 snapshot.get()
             holds = _Holds(self, snapshot, now)
-            view = self._first_view = _View(cards, pools, snapshot, now, self._intern, last=self._first_view)
+            if sum(map(len, self._plan_memo.values())) > PLAN_MEMO_SIZES:
+                self._plan_memo.clear()
+            view = self._first_view = _View(cards, pools, snapshot, now, self._intern, last=self._first_view,
+                                            plan_memo=self._plan_memo if self.shortcuts else None)
             if not view._big:  # its tokens from the last round's last view's (changed cards' parts replaced)
                 view._prior = self._last_tokens
             self._nodes = None
             self._backfill_ends = {}
-            self._never = {}
+            self._never_inputs = {}
+            if len(self._never) > EXPLAINED_CACHE:
+                self._never.clear()
             self._marks.clear()  # a round that failed before writing them: its holds are planned anew
             self._decided = []
             self._marked = False
@@ -1206,12 +1235,20 @@ class Dispatcher:
         return found
 
     def _never_fits(self, pool: str | None, mine: list[CardState], request: Request) -> str | None:
-        """rig.placement.never_fits, once per pool and request in a round (it reads only what a
-        start leaves as it was: the cards' sizes and whether they are gone)."""
+        """rig.placement.never_fits, once per pool and request while what it reads of the cards
+        (their sizes and whether they are gone: a start leaves them as they were) does not change,
+        across rounds and passes."""
+        inputs = self._never_inputs.get(pool)
+        if inputs is None:  # the round's first view's cards: a start later in it changes none of this
+            # What never_fits reads of each card (could_take's gone, its node, usable and total
+            # bytes, id): the same stand-in, the same answer, in any round.
+            inputs = self._never_inputs[pool] = (
+                mine, self._intern(tuple((c.id, c.node, c.gone, c.usable, c.total) for c in mine)))
         key = (pool, request)
-        if key not in self._never:
-            self._never[key] = never_fits(mine, request)
-        return self._never[key]
+        found = self._never.get(key)
+        if found is None or found[0] != inputs[1]:
+            found = self._never[key] = (inputs[1], never_fits(mine, request))
+        return found[1]
 
     def _note(self, job: Waiting, reason: str, now: float | None = None) -> None:
         """Set a waiting job's reason (written with the round's others, in one pipeline). An
@@ -1482,12 +1519,14 @@ class _View:
     def __init__(self, cards: list[CardState], pools: Pools, snapshot: _Lazy, now: float,
                  intern: Callable[[Hashable], int], positions: dict[str, int] | None = None,
                  last: _View | None = None, by_id: dict[str, CardState] | None = None,
-                 pool_positions: dict[str | None, dict[str, int]] | None = None) -> None:
+                 pool_positions: dict[str | None, dict[str, int]] | None = None,
+                 plan_memo: dict[str | None, dict] | None = None) -> None:
         """``last``: the previous round's first view; when it saw the very same card records (the
         dispatcher keeps unchanged cards between passes: the same CardState objects), its tokens
         are this view's, not worked out again (O(cards)). ``positions``, ``by_id`` and
         ``pool_positions``: given by after_start (the round's first view's, or derived from the
-        view before)."""
+        view before). ``plan_memo``: the dispatcher's HoldPlanner memo per pool (a round's first
+        view only)."""
         self.cards = cards
         self.by_id = by_id if by_id is not None else {c.id: c for c in cards}
         self.positions = positions if positions is not None else {c.id: i for i, c in enumerate(cards)}
@@ -1515,6 +1554,7 @@ class _View:
         self._index: dict[str | None, RoomIndex] = {}
         self._walks: dict[str | None, CardWalk] = {}
         self._planners: dict[str | None, HoldPlanner] = {}
+        self._plan_memo = plan_memo
 
     def mine(self, pool: str | None) -> list[CardState]:
         """The cards a job of ``pool`` may use (all of them without a pool)."""
@@ -1553,7 +1593,8 @@ class _View:
     def planner(self, pool: str | None) -> HoldPlanner:
         found = self._planners.get(pool)
         if found is None:
-            found = self._planners[pool] = HoldPlanner(self.mine(pool), self.snapshot.get()[0], self.now)
+            memo = self._plan_memo.setdefault(pool, {}) if self._plan_memo is not None else None
+            found = self._planners[pool] = HoldPlanner(self.mine(pool), self.snapshot.get()[0], self.now, memo=memo)
         return found
 
     def after_start(self, cards: list[CardState], changed: list[str]) -> _View:

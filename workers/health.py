@@ -44,7 +44,7 @@ import redis
 from rig import timeline
 from rig.clock import shared_now
 from rig.config import Settings
-from rig.draining import needs_worker
+from rig.draining import NO_WORKER_REASON, needs_worker
 from rig.installation import JOIN, NEW, Installation, Verdict
 from rig.keys import Keys, card_worker_name, split_card_id
 from rig.ledger import Ledger
@@ -268,7 +268,7 @@ class HealthChecker:
         for card in cards:
             if card.index in dead and card.healthy:
                 # No new jobs for a card nobody serves; its worker marks it healthy on return.
-                self.ledger.set_healthy(node, card.index, False, "its worker is not running")
+                self.ledger.set_healthy(node, card.index, False, NO_WORKER_REASON)
         if not dead:
             return
         living = self._card_worker_processes(dead)

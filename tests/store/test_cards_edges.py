@@ -45,6 +45,24 @@ def test_registration_clears_node_stopped_on_every_card_even_outside_the_whiteli
         "until gpu_whitelist names one" in said
 
 
+def test_a_card_that_left_the_whitelist_is_not_said_to_miss_its_worker(redis_client, key_prefix, tmp_path):
+    """A tester's finding: cards outside gpu_whitelist showed `[UNHEALTHY: its worker is not
+    running]` in rig status for ever: marked while they still had a worker (the last `rig down`),
+    then never served again, by design. `rig up` clears that mark on a card that needs no worker."""
+    from rig.cli.render import card_flag_words
+    from rig.draining import NO_WORKER_REASON
+
+    ledger = Ledger(redis_client, Keys(key_prefix))
+    register_node(_settings(key_prefix, tmp_path, None, "2x24G"), redis_client, FakeGpuBackend("2x24G"))
+    for index in (0, 1):
+        ledger.set_healthy("lonely", index, False, NO_WORKER_REASON)
+    register_node(_settings(key_prefix, tmp_path, [0], "2x24G"), redis_client, FakeGpuBackend("2x24G"))
+    outside = ledger.card("lonely", 1)
+    assert outside.healthy and card_flag_words(outside) == ["not in whitelist"]
+    # Card 0 is served: its worker, which rig up starts now, clears it when it heartbeats.
+    assert ledger.card("lonely", 0).health_reason == NO_WORKER_REASON
+
+
 def test_registration_keeps_other_faults(redis_client, key_prefix, tmp_path):
     s = _settings(key_prefix, tmp_path, None)
     ledger = Ledger(redis_client, Keys(key_prefix))

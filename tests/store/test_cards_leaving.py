@@ -27,6 +27,7 @@ from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.nodes import NODE_STOPPED_REASON, NodeRegistry
+from rig.pools import encode
 from rig.waiting import why_waiting
 from workers.outcomes import AttemptEnd, conclude
 
@@ -154,10 +155,10 @@ def test_a_stale_ending_writes_no_attempt_row_and_no_reason(ledger, fresh):
 def test_a_wait_on_a_pool_whose_only_node_is_stopped_names_the_node(ledger, redis_client, key_prefix):
     """Its cards were closed by the node checks (node stopped) while the node's record still
     read as up: the reason was "no healthy allowed card is available"."""
-    settings = load_settings(key_prefix=key_prefix, node_name="a", pools={"p": ["n1"]})
+    settings = load_settings(key_prefix=key_prefix, node_name="a")
     client = Client(settings, redis_client=redis_client)
     nodes = NodeRegistry(redis_client, ledger.keys)
-    nodes.register("n1", ttl=30, backend="fake", cards=4)
+    nodes.register("n1", ttl=30, backend="fake", cards=4, pools=encode({"p": ["n1"]}))  # the cluster's pools
     for i in range(4):
         ledger.set_healthy("n1", i, False, f"{NODE_STOPPED_REASON} at 12:01:05: its running jobs are "
                            "adopted when it returns")

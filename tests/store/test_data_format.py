@@ -21,7 +21,9 @@ from rig.nodes import NodeRegistry
 #: schema table or of the Job's fields fails here until it is listed: under a new DATA_FORMAT
 #: when an older rig would misread the data, else under the same one.
 FINGERPRINTS = {
-    1: {"d9e95e666b68"},
+    # 2bf4068303b9: node records carry their config's [pools] (rig.pools); an older rig ignores
+    # the field, and a record without it tells nothing.
+    1: {"d9e95e666b68", "2bf4068303b9"},
 }
 
 

@@ -1,16 +1,19 @@
 """The starting round's shortcuts (Dispatcher.shortcuts: a request that found no cards in a round
-is not placed again with the same closed held cards; a start's cards found by position) decide
+is not placed again with the same closed held cards; a start's cards found by position; hold
+plan options carried from round to round by HoldPlanner's memo) decide
 as the plain round does: two copies of one randomized cluster under two key prefixes, one
 dispatcher with the shortcuts, one without, through passes where jobs end (so several start in a
 round, behind holds: hold_after_seconds 0 for some seeds, every blocked job holds) and arrive.
 After every pass every job's state, placement, stored reason and held_at mark are the same, and
-the shortcut copy called place fewer times at least once (else the comparison proved nothing)."""
+the shortcut copy called place fewer times at least once and worked out fewer hold plan options
+(rig.placement.fit_time) at least once (else the comparison proved nothing)."""
 from __future__ import annotations
 
 import random
 
 import pytest
 
+import rig.placement as placement_module
 import workers.dispatcher as dispatcher_module
 from rig.clock import clock_for
 from rig.gpus.base import GpuReading
@@ -32,6 +35,13 @@ def test_the_round_s_shortcuts_decide_as_the_plain_round(redis_client, key_prefi
         return real_place(*a, **kw)
 
     monkeypatch.setattr(dispatcher_module, "place", counted_place)
+    real_fit_time = placement_module.fit_time
+
+    def counted_fit_time(*a, **kw):  # noqa: ANN002, ANN003
+        calls["fit_time"] += 1
+        return real_fit_time(*a, **kw)
+
+    monkeypatch.setattr(placement_module, "fit_time", counted_fit_time)
     rng = random.Random(seed)
     update = {"hold_after_seconds": rng.choice([0.0, 0.0, 60.0]), "aging_seconds": 1800.0,
               "backfill_estimate_delay_seconds": rng.choice([0.0, 300.0]),
@@ -63,7 +73,7 @@ def test_the_round_s_shortcuts_decide_as_the_plain_round(redis_client, key_prefi
         copy.ledger.store.create_many([(_job(local, clock.t, local.choice([4, 8, 12, 20, 30, 36]) * GIB,
                                              local.choice([1, 1, 1, 2, 3])), None) for _ in range(40)])
 
-    fewer = False
+    fewer = carried = False
     for step in range(25):
         clock.t += rng.choice([1.0, 9.0, 31.0, 75.0])
         running = sorted(copies[0].ledger.store.ids_in_state(JobState.RUNNING))
@@ -73,12 +83,14 @@ def test_the_round_s_shortcuts_decide_as_the_plain_round(redis_client, key_prefi
             drawn = rng.random()
             _apply(copies, clock, lambda c, clk, d=drawn: c.ledger.store.create_many(
                 [(_job(random.Random(d), clk.t, (4 + int(d * 30)) * GIB), None)]))
-        results, placed = [], []
+        results, placed, options = [], [], []
         for copy in copies:
-            calls["place"] = 0
+            calls["place"] = calls["fit_time"] = 0
             results.append(copy.dispatcher.dispatch_pass())
             placed.append(calls["place"])
+            options.append(calls["fit_time"])
         fewer = fewer or placed[1] < placed[0]
+        carried = carried or options[1] < options[0]
         assert results[0] == results[1], (step, results)
         assert [s[0] for s in copies[0].started] == [s[0] for s in copies[1].started], step
         for copy in copies:
@@ -88,3 +100,4 @@ def test_the_round_s_shortcuts_decide_as_the_plain_round(redis_client, key_prefi
         last_id = _last_id(copies[0])
         assert _state(r, copies[0], last_id) == _state(r, copies[1], last_id), (seed, step)
     assert fewer, "the shortcut never skipped a place: the comparison proved nothing"
+    assert carried, "no hold plan option came from an earlier round: the comparison proved nothing"

@@ -17,6 +17,7 @@ from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeRegistry
+from rig.pools import NODE_FIELD, encode
 from workers.dispatcher import Dispatcher
 from workers.health import HealthChecker
 
@@ -274,8 +275,9 @@ def test_forgetting_a_stopped_node_is_refused_unless_forced_and_failed_jobs_get_
     from rig.failures import FailureClass
 
     settings, keys, ledger, nodes, checker = cluster
-    settings = settings.model_copy(update={"pools": {"only1": ["n1"], "both": ["n1", "n2"]}})
-    client = Client(settings, redis_client=redis_client)
+    for node in ("n1", "n2"):  # the cluster's pools, as each node's rig up records them (rig.pools)
+        redis_client.hset(keys.node(node), NODE_FIELD, encode({"only1": ["n1"], "both": ["n1", "n2"]}))
+    client = Client(settings, redis_client=redis_client)  # its own config has no [pools]
     monkeypatch.setattr("rig.client.current_identity", lambda: Identity("root", 0))
     stranded = ledger.store.create(Job(
         id=0, name="t", user="u", command=["true"], gpu_memory=10 * GIB, gpus=1, max_retries=2,

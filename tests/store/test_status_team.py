@@ -9,15 +9,19 @@ from rig.client import Client
 from rig.config import load_settings
 from rig.errors import InvalidInput
 from rig.gpus.base import GpuReading
+from rig.keys import Keys
 from rig.memory import GIB
+from rig.nodes import NodeRegistry
+from rig.pools import encode
 from tests.store.test_dispatcher_team import make, submit  # noqa: F401 - make is a fixture
 
 
 @pytest.fixture
 def team(redis_client, key_prefix, make):  # noqa: F811 - make is the imported fixture
     ledger, dispatcher, _ = make(pools={"left": ["n1:0"]})
-    client = Client(load_settings(key_prefix=key_prefix, node_name="n1", pools={"left": ["n1:0"]}),
-                    redis_client=redis_client)
+    # The pools are the cluster's, as node n1's rig up records them (rig.pools), not the client's.
+    NodeRegistry(redis_client, Keys(key_prefix)).register("n1", ttl=30, pools=encode({"left": ["n1:0"]}))
+    client = Client(load_settings(key_prefix=key_prefix, node_name="n1"), redis_client=redis_client)
     return ledger, dispatcher, client
 
 

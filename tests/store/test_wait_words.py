@@ -13,6 +13,7 @@ from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.nodes import NodeRegistry
+from rig.pools import NODE_FIELD, encode
 from workers.dispatcher import Dispatcher
 
 TTL = 30.0
@@ -66,7 +67,8 @@ def test_a_job_of_a_pool_says_its_cards_are_the_pools_in_the_dispatchers_and_the
     _, ledger, client = _whitelisted_world(redis_client, key_prefix, allowed=(0, 1, 2, 3))
     settings = load_settings(key_prefix=key_prefix, scheduler_type="best-fit", node_name="n1",
                              hold_after_seconds=3600, pools={"a100": ["n1:0-1"]})
-    client = Client(settings, redis_client=redis_client)
+    client = Client(settings.model_copy(update={"pools": {}}), redis_client=redis_client)  # not its own
+    redis_client.hset(client.keys.node("n1"), NODE_FIELD, encode(settings.pools))  # n1's rig up records them
     dispatcher = Dispatcher(settings, lambda *a: None, client=client.r)
     for _ in range(2):
         _submit(ledger, 30, pool="a100")

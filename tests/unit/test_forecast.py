@@ -132,3 +132,10 @@ def test_a_user_limit_is_lifted_by_the_simulated_end_of_their_job(tmp_path):
     dispatcher = Dispatcher(settings, lambda *a: None, client=fakeredis.FakeRedis(decode_responses=True))
     got = simulate(dispatcher, [card(0, 0)], {}, TeamState(), [job(1, 10, runs=30.0), job(2, 10)], NOW)
     assert got[1].at == NOW and got[2].at == NOW + 30  # room for both, but one job at a time
+
+
+def test_no_card_open_names_the_pool_only_of_a_pool_job():
+    from rig.forecast import no_card_open
+
+    assert no_card_open(None) == NO_CARD_OPEN and "pool" not in NO_CARD_OPEN
+    assert "no card of pool 'a100' that could hold it" in no_card_open("a100")

@@ -174,3 +174,62 @@ def test_release_steps_answer_every_size_as_earliest_fit_s_rule(seed):
             request = Request(gib * GIB)
             assert fit_time(card, steps, request.nbytes, now) == _earliest_fit_plainly(card, releases, request, now)
             assert earliest_fit(card, releases, request, now) == _earliest_fit_plainly(card, releases, request, now)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_planners_sharing_a_memo_across_rounds_plan_what_plan_hold_s_rule_says(seed):
+    """HoldPlanner's ``memo``, as the dispatcher shares it between a round's first planners:
+    between rounds some cards change (a start, an end, a card back as it was before a round's
+    start: an end of what it started), some releases lists are new lists of equal values, others
+    change, and ``now`` sometimes moves; within a round jobs start (planners carried with after,
+    releases appended after the start) and some sizes are first asked after starts. Every plan
+    is plan_hold's rule's over the cards and releases as they are, and some nodes' options were
+    taken from the memo (else the comparison proved nothing)."""
+    rng = random.Random(seed)
+    now = 1_000_000.0
+    cards = _cluster(rng)
+    releases = _releases(rng, cards, now)
+    memo: dict = {}
+    taken = 0
+    for _round in range(12):
+        planner = first = HoldPlanner(cards, releases, now, memo=memo)
+        before = {nbytes: {node: kept[2] for node, kept in nodes.items()} for nbytes, nodes in memo.items()}
+        exclude: dict[str, object] = {}
+        started_from, releases_from = list(cards), {cid: list(found) for cid, found in releases.items()}
+        for job_id in range(1, 12):
+            if rng.random() < 0.4:  # a start: a new planner after it, its releases added after it
+                request = Request(rng.choice([4, 12, 24]) * GIB, rng.choice([1, 1, 2]))
+                spot = place(cards, request)
+                if spot is not None:
+                    chosen = {f"{spot.node}/{i}" for i in spot.cards}
+                    changed = [dataclasses.replace(c, reserved=c.reserved + request.nbytes, jobs=c.jobs + 1)
+                               for c in cards if c.id in chosen]
+                    by_id = {c.id: c for c in changed}
+                    cards = [by_id.get(c.id, c) for c in cards]
+                    planner = planner.after(cards, changed)
+                    for cid in chosen:
+                        releases.setdefault(cid, []).append(
+                            Release(rng.choice([now + rng.randint(1, 900), math.inf]), request.nbytes))
+            request = Request(rng.choice([12, 24, 40, 70]) * GIB, rng.choice([1, 1, 2, 4]))
+            hold = planner.plan(request, job_id, exclude=exclude)
+            expected = _plan_by_the_rule(cards, releases, request, now, exclude)
+            assert (None if hold is None else (hold.cards, hold.until)) == expected, (_round, job_id)
+            if hold is not None and rng.random() < 0.5:
+                exclude.update(dict.fromkeys(hold.cards, hold))
+        taken += sum(1 for nbytes, nodes in first._by_node.items() for node, options in nodes.items()
+                     if before.get(nbytes, {}).get(node) is options)
+        # Between rounds: the next round reads the cards and releases again (new lists).
+        releases = {cid: list(found) for cid, found in releases.items()}
+        for position, card in enumerate(cards):
+            drawn = rng.random()
+            if drawn < 0.05:  # back as before this round's starts (what it started ended)
+                cards[position] = started_from[position]
+                releases[card.id] = list(releases_from.get(card.id, ()))
+            elif drawn < 0.1 and card.jobs:  # a job on it ended
+                cards[position] = dataclasses.replace(card, jobs=card.jobs - 1)
+                releases[card.id] = releases.get(card.id, [])[1:]
+            elif drawn < 0.15:  # the same job, its expected end worked out again
+                releases[card.id] = [r._replace(at=r.at + 60) for r in releases.get(card.id, ())]
+        if rng.random() < 0.25:
+            now += rng.choice([0.5, 30.0])
+    assert taken, "no node's options came from the memo: the comparison proved nothing"

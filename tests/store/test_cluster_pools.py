@@ -1,0 +1,136 @@
+"""Pools are the cluster's, not the submitter's (rig.pools: the nodes' `rig up` record their
+[pools]): submit, retry and `rig status --pool` judge --pool by them, and `rig up` refuses a node
+whose pools differ from a running node's. A tester's finding: `rig-submit --pool big` was refused
+by a submitter without the node's config file, and a RIG_POOLS of the submitter's own was accepted
+for jobs that then failed "no longer configured" (fakeredis and real Redis)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from rig.client import Client
+from rig.config import load_settings
+from rig.errors import InvalidInput, Unschedulable
+from rig.failures import FailureClass
+from rig.gpus.fake import FakeGpuBackend
+from rig.keys import Keys
+from rig.models import JobState
+from rig.nodes import NodeInfo, NodeRegistry
+from rig.pools import NODE_FIELD, cluster_pools, disagreement, encode
+from rig.registration import register_node
+
+NODE_POOLS = {"big": ["vm:0-1"]}
+
+
+@pytest.fixture
+def node(redis_client, key_prefix, tmp_path):
+    """Node vm (4 fake cards) registered as `rig up` does, its config's [pools] NODE_POOLS."""
+    settings = load_settings(key_prefix=key_prefix, node_name="vm", fake_gpus="4x24G", pools=NODE_POOLS,
+                             home=tmp_path / "node")
+    register_node(settings, redis_client, FakeGpuBackend("4x24G"))
+    return settings
+
+
+def _submitter(redis_client, key_prefix, tmp_path, **settings) -> Client:
+    """A client whose own config is not the node's (another user's machine, RIG_POOLS)."""
+    return Client(load_settings(key_prefix=key_prefix, node_name="laptop", home=tmp_path / "me", **settings),
+                  redis_client=redis_client)
+
+
+def test_the_node_records_its_pools(node, redis_client, key_prefix):
+    assert redis_client.hget(Keys(key_prefix).node("vm"), NODE_FIELD) == encode(NODE_POOLS)
+
+
+def test_a_pool_of_the_cluster_is_accepted_without_the_nodes_config(node, redis_client, key_prefix, tmp_path):
+    client = _submitter(redis_client, key_prefix, tmp_path)
+    job = client.submit(["true"], gpu_memory="1G", pool="big").record
+    assert job.pool == "big" and job.state is JobState.PENDING
+    assert [c.id for c in client.status(pool="big").cards] == ["vm/0", "vm/1"]
+
+
+def test_a_pool_of_the_submitters_own_config_only_is_refused_naming_the_clusters(
+        node, redis_client, key_prefix, tmp_path):
+    client = _submitter(redis_client, key_prefix, tmp_path, pools={"x": ["vm:3"]})
+    with pytest.raises(InvalidInput, match=r"^--pool: unknown pool 'x'; the cluster's pools: big \(node vm's "
+                                           r"\[pools\], started last\)$"):
+        client.submit(["true"], gpu_memory="1G", pool="x")
+    assert client.store.ids_in_state(JobState.PENDING) == []  # nothing was written
+    with pytest.raises(InvalidInput, match="unknown pool 'x'"):
+        client.status(pool="x")
+
+
+def test_with_no_node_recorded_a_pool_job_is_refused_saying_so(redis_client, key_prefix, tmp_path):
+    client = _submitter(redis_client, key_prefix, tmp_path, pools={"x": ["vm:3"]})
+    with pytest.raises(InvalidInput, match="no node has recorded any: `rig up` records a node's"):
+        client.submit(["true"], gpu_memory="1G", pool="x")
+
+
+def test_a_retry_of_a_job_whose_pool_is_gone_is_refused_and_changes_nothing(node, redis_client, key_prefix,
+                                                                            tmp_path):
+    client = _submitter(redis_client, key_prefix, tmp_path)
+    kept = client.submit(["true"], gpu_memory="1G", pool="big").id
+    gone = client.submit(["true"], gpu_memory="1G", pool="big").id
+    for jid in (kept, gone):
+        client.ledger.transition(jid, JobState.FAILED, error_queue=True, expect=JobState.PENDING,
+                                 fields={"reason": "unschedulable: test", "failure": FailureClass.UNSCHEDULABLE.value})
+    assert client.retry(kept).state is JobState.PENDING
+    # The node comes back with other pools: 'big' is gone from the cluster.
+    register_node(node.model_copy(update={"pools": {"small": ["vm:2"]}}), redis_client, FakeGpuBackend("4x24G"))
+    with pytest.raises(Unschedulable, match=rf"^job {gone} cannot be retried, it could never run: its pool 'big' "
+                                            r"is none of the cluster's pools now \(small \(node vm's \[pools\], "
+                                            r"started last\)\); resubmit it with another --pool \(or none\)$"):
+        client.retry(gone)
+    assert client.get(gone).state is JobState.FAILED and client.store.in_error_queue(gone)
+
+
+def _info(name: str, pools: dict | None, started: float, state: str = "up") -> NodeInfo:
+    return NodeInfo(name=name, alive=state == "up", state=state, since=started, started_at=started,
+                    pools=None if pools is None else encode(pools))
+
+
+def test_the_clusters_pools_are_the_last_registered_nodes():
+    found = cluster_pools([_info("a", {"p": ["a"]}, 10), _info("b", {"q": ["b"]}, 20, "stopped"),
+                           _info("c", None, 30)])  # c: an older rig, it records none
+    assert found.node == "b" and found.pools.names == ["q"]
+    damaged = NodeInfo(name="d", alive=True, state="up", since=40, started_at=40, pools="{not json")
+    assert cluster_pools([_info("a", {"p": ["a"]}, 10), damaged]).node == "a"
+    assert cluster_pools([_info("a", {}, 10)]).pools.names == []
+    with pytest.raises(ValueError, match=r"the cluster's pools: none \(node a, started last, has no \[pools\]"):
+        cluster_pools([_info("a", {}, 10)]).check("p")
+
+
+def test_rig_up_is_refused_beside_a_running_node_with_other_pools():
+    nodes = [_info("a", {"p": ["a"]}, 10), _info("b", {"p": ["a", "b"]}, 20, "stopped")]
+    line = disagreement("c", {"p": ["a", "c"]}, nodes)
+    assert line and line.startswith('node(s) a run with other pools (a: {"p":["a"]}) than this node\'s config')
+    assert "nothing was changed" in line and "give every node the same [pools]" in line and "\n" not in line
+    assert disagreement("c", {"p": ["a"]}, nodes) is None  # the same as the running node's
+    assert disagreement("a", {"q": ["a"]}, nodes) is None  # its own earlier record: a config change
+    assert disagreement("c", {}, [_info("a", None, 10)]) is None  # an older rig tells nothing
+
+
+def test_a_node_started_with_other_pools_is_refused_by_rig_up(node, redis_client, key_prefix):
+    from rig.stack import Stack, StackError, UpOptions
+
+    stack = Stack(node.model_copy(update={"node_name": "vm2", "pools": {}}), UpOptions())
+    stack._client = redis_client  # only its pools check is called: no process is started
+    with pytest.raises(StackError, match=r"node\(s\) vm run with other pools"):
+        stack._check_pools()
+    NodeRegistry(redis_client, stack.keys).mark_stopped("vm")
+    stack._check_pools()  # a stopped node is asked when it comes back
+
+
+@pytest.mark.redis
+def test_rig_submit_from_another_config_uses_the_clusters_pools(cli_env, real_redis, tmp_path, monkeypatch):
+    from rig.cli.submit import main as submit_main
+
+    register_node(load_settings(key_prefix=cli_env, node_name="vm", fake_gpus="2x24G", pools=NODE_POOLS,
+                                home=tmp_path / "node"), real_redis, FakeGpuBackend("2x24G"))
+    ok = CliRunner().invoke(submit_main, ["--pool", "big", "--gpu-memory", "1G", "--", "true"])
+    assert ok.exit_code == 0, ok.output
+    monkeypatch.setenv("RIG_POOLS", '{"x": ["vm:5"]}')
+    refused = CliRunner().invoke(submit_main, ["--pool", "x", "--gpu-memory", "1G", "--", "true"])
+    assert refused.exit_code == 2
+    assert refused.output.strip().splitlines() == [
+        "rig: error: --pool: unknown pool 'x'; the cluster's pools: big (node vm's [pools], started last)"]
