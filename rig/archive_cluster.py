@@ -22,6 +22,7 @@ written (:func:`emptied`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -36,6 +37,9 @@ from rig.archive import (
 )
 from rig.errors import ConfigError
 from rig.keys import Keys
+
+if TYPE_CHECKING:
+    from rig.config import Settings
 
 
 class NotClusterArchive(ConfigError):
@@ -56,6 +60,18 @@ def connectable(recorded: str) -> str:
     left out, so libpq takes the password from ~/.pgpass or PGPASSWORD."""
     head, sep, tail = recorded.partition("@")
     return head.removesuffix(":***") + sep + tail if sep else recorded
+
+
+def archive_of(client: redis.Redis, keys: Keys, settings: Settings) -> str:
+    """The archive a node or reader uses: its own ``archive_url`` when it set one, else the
+    cluster's recorded one (whatever its RIG_HOME or working folder: a `rig up` from a folder
+    without the rig.toml must not move the cluster's archive to a SQLite file), else the
+    default (a SQLite file in its home). Only an ``archive_url`` set on purpose moves the
+    cluster's archive (:func:`claim`)."""
+    if settings.archive_url and settings.archive_url.strip():
+        return settings.archive_location
+    cluster = cluster_url(client, keys)
+    return connectable(cluster) if cluster else settings.archive_location
 
 
 def record_if_absent(client: redis.Redis, keys: Keys, url: str) -> str:
@@ -131,6 +147,24 @@ def check_at_up(client: redis.Redis, keys: Keys, url: str, prefix: str, node: st
     return lines
 
 
+def check_node_at_up(client: redis.Redis, keys: Keys, settings: Settings) -> list[str]:
+    """:func:`check_at_up` of the archive this node uses (:func:`archive_of`). An archive_url
+    set here that cannot be used is the operator's mistake: ConfigError (exit 6), as before. The
+    cluster's archive, used because none is set here, that cannot be used from this node (a
+    SQLite file of another host, a PostgreSQL login this user lacks) stops nothing: one warning
+    line; the node runs jobs, does not archive (its passes skip, saying why), and moves nothing."""
+    url = archive_of(client, keys, settings)
+    configured = bool(settings.archive_url and settings.archive_url.strip())
+    try:
+        return check_at_up(client, keys, url, settings.key_prefix, settings.node_name, home=settings.home)
+    except ConfigError as exc:
+        if configured or cluster_url(client, keys) is None:
+            raise
+        return [f"warning: this node does not archive: the cluster's archive {safe_url(url)} cannot be used "
+                f"here ({str(exc).strip().splitlines()[0][:200]}); set archive_url (RIG_ARCHIVE_URL) to it as "
+                "this node reaches it"]
+
+
 def mark_pass_ok(client: redis.Redis, keys: Keys, now: float) -> None:
     """After a pass that finished: when (epoch s)."""
     client.set(keys.archive_ok_at, repr(now))
@@ -173,7 +207,15 @@ def emptied(client: redis.Redis, keys: Keys, archive: Archive) -> ArchiveEmptied
     return ArchiveEmptied(
         f"archive {safe_url(archive.url)} holds none of this cluster's jobs but {held:,} were archived to it "
         "(database dropped and recreated, or the file replaced?): finished jobs stay in Redis; restore it, or "
-        f"to start a new history there, `redis-cli DEL {keys.archive_held}`")
+        f"to start a new history there, `{_cli(client, 'DEL ' + keys.archive_held)}`")
+
+
+def _cli(client: redis.Redis, command: str) -> str:
+    """rig.redis_conn.redis_cli for ``client``'s Redis (its URL read back from the client)."""
+    from rig.redis_conn import client_url, redis_cli
+
+    url = client_url(client)
+    return redis_cli(url, command) if url else f"redis-cli -h MASTER -p PORT {command}"
 
 
 def late(client: redis.Redis, keys: Keys, now: float, interval: float, *, control_up: bool = True) -> str | None:

@@ -36,6 +36,7 @@ import redis
 from rig.archive import Archive, is_database_error
 from rig.archive_cluster import (
     add_held,
+    archive_of,
     emptied,
     held_jobs,
     mark_held,
@@ -196,12 +197,13 @@ class PeriodicArchiver:
         """One pass (archive_pass); what it did, as the task's result."""
         s = self.settings
         try:
+            url = archive_of(self.r, self.keys, s)  # none set here: the cluster's
             # First: another node's missing file is no loss; recorded only once it opens (below).
-            require_cluster(self.r, self.keys, s.archive_location, record=False)
+            require_cluster(self.r, self.keys, url, record=False)
             if self.archive is None:
                 # A missing SQLite file is created only while the archive never held jobs: one
                 # deleted under rig is said, not silently replaced by an empty one.
-                self.archive = Archive(s.archive_location, s.key_prefix,
+                self.archive = Archive(url, s.key_prefix,
                                        create=not held_jobs(self.r, self.keys), home=s.home)
             report = archive_pass(self.r, self.keys, self.archive, after_seconds=s.archive_after_days * 86400,
                                   keep=s.archive_keep_finished, now=now)

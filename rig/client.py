@@ -573,7 +573,7 @@ class Client:
             from rig.refused_beats import annotate as annotate_refused  # not silent: refused
 
             beats_refused = annotate_refused(self.r, nodes)
-            notices = redis_notices(self.r)  # Redis full; an evicting policy; no persistence
+            notices = redis_notices(self.r, url=self.settings.redis_url)  # Redis full; an evicting policy; no persistence
             alone = no_replica_note(self.r, self.settings.redis_url)  # under Sentinel, no replica
             if alone:
                 notices.append(alone)

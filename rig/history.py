@@ -43,7 +43,7 @@ from rig.archive import (
     sqlite_path,
     unreadable,
 )
-from rig.archive_cluster import cluster_url, connectable, elsewhere, emptied, held_jobs
+from rig.archive_cluster import archive_of, cluster_url, elsewhere, emptied, held_jobs
 from rig.config import Settings
 from rig.errors import ConfigError, JobGone, JobNotFound
 from rig.keys import Keys
@@ -96,7 +96,7 @@ class History:
             return own
         # No archive_url of its own (any user's rig jobs): the cluster's, whatever this
         # reader's RIG_HOME; its recorded URL has no password (libpq's ~/.pgpass gives one).
-        return connectable(cluster) if cluster else self.settings.archive_location
+        return archive_of(self.r, self.keys, self.settings)
 
     def archive(self) -> Archive | None:
         """This installation's archive, or None when nothing was ever archived here (a SQLite

@@ -8,7 +8,15 @@ stays silent into a *down* node.
 
 What a person sees (``NodeInfo.state``):
 
-- ``up``: alive.
+- ``up``: alive. A node that ``rig up`` runs (its record has a pid) with no live worker is up
+  but runs nothing (``NodeInfo.no_worker``): it reads ``started ..., no worker alive``, and
+  its cards are no place a job "fits now" (rig.waiting).
+- A node whose ``rig up`` is gone while its heartbeat key has yet to expire (SIGKILLed: its
+  workers died with it) is not up: a reader on the node's own host sees that the recorded pid
+  no longer runs, and with no live worker left the node reads silent and presumed down at
+  once (``NodeInfo.gone``) instead of "up" for the rest of the heartbeat's life. A reader on
+  another host cannot see that pid: for it the heartbeat's life decides, and no worker is
+  alive (above).
 - ``silent``: no heartbeat for ``health.timeout`` s; the next health passes confirm it (a
   Redis restart makes every heartbeat expire at once, so one missed look is not enough). A
   silent node whose last heartbeat is older than the life it declared (``beat_ttl``, the
@@ -47,6 +55,7 @@ from rig.errors import InvalidInput, NodeInUse
 from rig.keys import Keys, split_card_id
 from rig.models import JobState
 from rig.redis_writes import refusal
+from workers.process_tree import is_alive
 
 #: A heartbeat: KEYS[1] the node's record, KEYS[2] its heartbeat key. ARGV[1] the heartbeat's
 #: value (JSON), ARGV[2] its life (ms), ARGV[3] seen_at (shared clock, epoch s), ARGV[4] its life
@@ -115,6 +124,17 @@ class NodeInfo:
     data_format: int = 0
     #: Its config's [pools] as its rig up recorded them (rig.pools.encode; None: not recorded).
     pools: str | None = None
+    #: Set by a reader on the node's host when the node's ``rig up`` (``pid``) no longer runs
+    #: there and none of its workers is alive: the words saying so. The node is then silent and
+    #: presumed down though its last heartbeat has not expired yet.
+    gone: str | None = None
+
+    @property
+    def no_worker(self) -> bool:
+        """Up, run by a ``rig up`` (its record has a pid: a record without one was written by a
+        tool or a test, never by a node that starts workers), and no worker of it alive: its
+        cards run nothing now (starting, or its workers died)."""
+        return self.state == "up" and self.workers == 0 and self.pid is not None
 
     @property
     def describe(self) -> str:
@@ -123,10 +143,16 @@ class NodeInfo:
             return f"FROZEN: {self.mismatch}"
         if self.writes_refused:
             return self.writes_refused
+        if self.no_worker:
+            # Not plainly "up": nothing runs its jobs (rig up starting them, or they died).
+            text = f"started {clock(self.since)}, no worker alive" if self.since else "no worker alive"
+            return f"{text}: {self.auth_refused}" if self.auth_refused else text
         label = {"up": "up", "silent": "silent", "down": "DOWN", "stopped": "stopped"}[self.state]
         text = f"{label} since {clock(self.since)}" if self.since else label
         if self.presumed_down:
             text += ", presumed down"
+        if self.gone:
+            text += f" ({self.gone})"
         return f"{text}: {self.auth_refused}" if self.auth_refused else text
 
     @property
@@ -136,6 +162,8 @@ class NodeInfo:
         down and why nothing declared it."""
         if not self.presumed_down:
             return "not yet declared down"
+        if self.gone:
+            return f"{self.gone}; no health check declared it down, so its jobs stay as they are"
         life = f"{self.beat_ttl:g} s " if self.beat_ttl else ""
         return f"past its heartbeat's {life}life; no health check declared it down, so its jobs stay as they are"
 
@@ -338,7 +366,9 @@ class NodeRegistry:
         replies = pipe.execute()
         live_workers = self._live_workers_by_node()
         now = shared_now(self.r)
-        return [_info(name, replies[2 * i] or {}, bool(replies[2 * i + 1]), live_workers.get(name, 0), now)
+        here = socket.gethostname()
+        return [_info(name, replies[2 * i] or {}, bool(replies[2 * i + 1]), live_workers.get(name, 0), now,
+                      here=here)
                 for i, name in enumerate(names)]
 
     def _live_workers_by_node(self) -> dict[str, int]:
@@ -363,8 +393,10 @@ def _positive(value: str | None) -> bool:
         return True
 
 
-def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float) -> NodeInfo:
-    """One node's record read at ``now`` (shared clock, epoch s): its state and liveness."""
+def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float, *, here: str | None = None) -> NodeInfo:
+    """One node's record read at ``now`` (shared clock, epoch s): its state and liveness.
+    ``here``: the reader's host name; on the node's own host a heartbeat whose ``rig up`` no
+    longer runs (and no worker alive) does not count (see the module doc)."""
     def num(key: str) -> float | None:
         value = raw.get(key)
         try:
@@ -372,6 +404,12 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float) -> No
         except ValueError:
             return None
 
+    pid = num("pid")
+    gone = None
+    if heartbeat and workers == 0 and pid is not None and here and raw.get("host") == here \
+            and not is_alive(int(pid), None):  # not os.kill(pid, 0): a zombie answers it
+        heartbeat = False  # its last beat outlives it: SIGKILLed, its workers with it
+        gone = f"its rig up (pid {int(pid)}) no longer runs on {here}"
     alive = heartbeat or workers > 0
     started, seen = num("started_at"), num("last_seen")
     down, stopped, missing = num("down_since"), num("stopped_at"), num("missing_since")
@@ -386,8 +424,7 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float) -> No
         state, since = "silent", seen or started
     ttl = num("beat_ttl")
     # The reader's own judgement, from the record alone: no live beat or health check needed.
-    presumed = state == "silent" and now - (seen or started or now) > (ttl or DEFAULT_BEAT_TTL_S)
-    pid = num("pid")
+    presumed = state == "silent" and (gone is not None or now - (seen or started or now) > (ttl or DEFAULT_BEAT_TTL_S))
     return NodeInfo(
         name=name, alive=alive and state != "stopped", state=state, since=since, last_seen=seen,
         started_at=started, down_since=down, stopped_at=stopped, missing_since=missing,
@@ -397,6 +434,6 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float) -> No
         unrecorded=raw.get("unrecorded_jobs") or None,
         clock_skew=raw.get("clock_skew") or None,
         auth_refused_since=num("auth_refused_since"),
-        data_format=int(num("data_format") or 0),
+        data_format=int(num("data_format") or 0), gone=gone if state == "silent" else None,
         pools=raw.get("pools"),
     )

@@ -328,7 +328,7 @@ def unavailable(url: str, exc: BaseException) -> RedisUnavailable:
         # Connected, then no answer: a Redis runs there (stopped with SIGSTOP, or stuck), and `rig up` is no cure.
         return RedisUnavailable.said(
             url, f"Redis at {strip_password(url)} does not answer ({_short(exc)}): it is up but hung or "
-            f"overloaded (stopped, swapping, a slow command); check it with `redis-cli -u {strip_password(url)} ping`")
+            f"overloaded (stopped, swapping, a slow command); check it with `{redis_cli(url, 'ping')}`")
     return RedisUnavailable(url, _short(exc))
 
 
@@ -395,6 +395,41 @@ def strip_password(url: str) -> str:
         return url
     user, hostport = _split_netloc(url)
     return urlunsplit(parts._replace(netloc=f"{user}@{hostport}" if user else hostport))
+
+
+def redis_cli(url: str, command: str) -> str:
+    """The `redis-cli` command line that runs ``command`` on rig's Redis at ``url``: the one
+    rule for every command rig suggests, so a copied line never acts on another Redis (a bare
+    `redis-cli` means 127.0.0.1:6379). The password is never printed: ``PASSWORD`` stands in
+    for it when the URL has one. Behind Sentinel (which redis-cli cannot follow) the master is
+    named by its role: ``-h MASTER -p PORT``, with the Sentinel URL said."""
+    shown = strip_password(url)
+    if is_sentinel(url):
+        return f"redis-cli -h MASTER -p PORT {command} (MASTER: the master behind {shown})"
+    parts = urlsplit(url)
+    if parts.scheme == "unix":  # redis-cli -u takes redis:// and rediss:// only
+        db = dict(parse_qsl(parts.query)).get("db", "0")
+        auth = " -a PASSWORD" if url_password(url) is not None else ""
+        return f"redis-cli -s {parts.path} -n {db}{auth} {command}"
+    if url_password(url) is not None:
+        shown = with_password(shown, "PASSWORD")
+    return f"redis-cli -u {shown} {command}"
+
+
+def client_url(client: redis.Redis) -> str | None:
+    """The URL ``client`` connects to, read back from its pool (``PASSWORD`` in place of a
+    password), for a message made where only the client is at hand; None when it cannot be
+    said (a Sentinel client: its master moves)."""
+    kwargs = client.connection_pool.connection_kwargs
+    db = kwargs.get("db", 0)
+    if kwargs.get("path"):
+        return f"unix://{kwargs['path']}?db={db}"
+    if "host" not in kwargs:
+        return None
+    user = kwargs.get("username") or ""
+    creds = f"{quote(user, safe='')}:PASSWORD@" if kwargs.get("password") else (f"{quote(user, safe='')}@" if user else "")
+    scheme = "rediss" if issubclass(client.connection_pool.connection_class, redis.SSLConnection) else "redis"
+    return f"{scheme}://{creds}{kwargs['host']}:{kwargs.get('port', 6379)}/{db}"
 
 
 def without_credentials(url: str) -> str:

@@ -28,7 +28,7 @@ import redis
 
 from rig.errors import RedisFull, RedisRefusesWrites
 from rig.memory import format_memory
-from rig.redis_conn import strip_password
+from rig.redis_conn import redis_cli, strip_password
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +111,8 @@ def refused_error(url: str, exc: BaseException, client: redis.Redis | None = Non
         figures = state.describe() if state is not None else "maxmemory reached, policy noeviction"
         return RedisFull(
             f"Redis at {shown} is full ({figures}) and refused rig's write; nothing was changed. "
-            "Raise its maxmemory (redis-cli CONFIG SET maxmemory <size>, and in its config file) "
-            "or free memory in it, then try again", url)
+            f"Raise its maxmemory (`{redis_cli(url, 'CONFIG SET maxmemory <size>')}`, and in its config "
+            "file) or free memory in it, then try again", url)
     if kind == READ_ONLY:
         return RedisRefusesWrites(
             f"Redis at {shown} is a read-only replica and refused rig's write; nothing was changed. "
@@ -142,9 +142,10 @@ def _config(client: redis.Redis, name: str) -> str | None:
         return None
 
 
-def warnings(client: redis.Redis, *, private: bool = False) -> list[str]:
+def warnings(client: redis.Redis, *, url: str, private: bool = False) -> list[str]:
     """One line per way this Redis may lose rig's data: an evicting maxmemory-policy, and
-    (unless ``private``: the Redis `rig up` starts keeps an AOF) no persistence at all. Read
+    (unless ``private``: the Redis `rig up` starts keeps an AOF) no persistence at all, each
+    with the `redis-cli` command that mends it on ``url`` (``client``'s URL). Read
     with CONFIG GET when allowed, INFO otherwise; a fact that cannot be read is not guessed:
     nothing is said about it. Never raises."""
     out: list[str] = []
@@ -156,7 +157,7 @@ def warnings(client: redis.Redis, *, private: bool = False) -> list[str]:
         if policy and policy != NOEVICTION:
             out.append(f"Redis' maxmemory-policy is {policy}: when it fills it silently deletes keys, "
                        "rig's job records and reservations among them; set it to noeviction "
-                       "(redis-cli CONFIG SET maxmemory-policy noeviction, and in its config file)")
+                       f"(`{redis_cli(url, 'CONFIG SET maxmemory-policy noeviction')}`, and in its config file)")
         if not private:
             save, aof = _config(client, "save"), _config(client, "appendonly")
             if aof is None:
@@ -167,8 +168,8 @@ def warnings(client: redis.Redis, *, private: bool = False) -> list[str]:
             # Without CONFIG, whether RDB saves are configured cannot be read: say nothing.
             if save is not None and not save.strip() and aof == "no":
                 out.append("Redis keeps no copy on disk (no RDB save, no AOF): a restart of it loses "
-                           "every job and reservation; turn on AOF (redis-cli CONFIG SET appendonly "
-                           "yes, and in its config file)")
+                           "every job and reservation; turn on AOF "
+                           f"(`{redis_cli(url, 'CONFIG SET appendonly yes')}`, and in its config file)")
     except Exception as exc:  # noqa: BLE001 - a warning must never fail the command that asks
         log.debug("Redis durability check failed: %s", exc)
     return out
@@ -190,11 +191,13 @@ def refused_at(url: str, exc: BaseException) -> RedisRefusesWrites:
 
 
 #: The short form of a notice, for a narrow screen (`rig top` at 80 columns): what is wrong and
-#: the command that mends it; the consequence is dropped. Keyed by how the long form starts.
+#: the setting that mends it; the consequence is dropped, and so is the redis-cli command line
+#: (with rig's Redis URL it does not fit): `rig status` prints it whole. Keyed by how the long
+#: form starts.
 _SHORT_NOTICES = (
-    ("Redis keeps no copy on disk", lambda _: "Redis keeps no copy on disk: redis-cli CONFIG SET appendonly yes"),
-    ("Redis' maxmemory-policy is ", lambda _: "Redis may evict rig's keys: redis-cli CONFIG SET maxmemory-policy "
-                                               "noeviction"),
+    ("Redis keeps no copy on disk", lambda _: "Redis keeps no copy on disk: CONFIG SET appendonly yes (rig status)"),
+    ("Redis' maxmemory-policy is ", lambda _: "Redis may evict rig's keys: CONFIG SET maxmemory-policy noeviction "
+                                               "(rig status)"),
     ("Redis is full", lambda _: "Redis is full and refuses rig's writes: raise its maxmemory"),
 )
 
@@ -208,14 +211,14 @@ def short_notice(notice: str) -> str:
     return notice
 
 
-def notices(client: redis.Redis, *, private: bool = False) -> list[str]:
-    """What `rig status` and `rig up` say about rig's Redis: :func:`refusal_notice` first, then
-    :func:`warnings`. Never raises."""
+def notices(client: redis.Redis, *, url: str, private: bool = False) -> list[str]:
+    """What `rig status` and `rig up` say about rig's Redis (``client``, at ``url``):
+    :func:`refusal_notice` first, then :func:`warnings`. Never raises."""
     try:
         refused = refusal_notice(client)
     except Exception:  # noqa: BLE001 - a notice must never fail the command that asks
         refused = None
-    return ([refused] if refused else []) + warnings(client, private=private)
+    return ([refused] if refused else []) + warnings(client, url=url, private=private)
 
 
 def notices_at(url: str) -> list[str]:
@@ -227,7 +230,7 @@ def notices_at(url: str) -> list[str]:
     except (redis.RedisError, OSError, ValueError):
         return []
     try:
-        return notices(client)
+        return notices(client, url=url)
     finally:
         client.close()
 

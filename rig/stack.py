@@ -65,6 +65,7 @@ from rig.redis_conn import (
     resolve_auth,
     strip_password,
     url_password,
+    without_credentials,
 )
 from rig.redis_server import is_local, private_redis_dir, probe, start_private_redis
 from rig.redis_writes import notices_at as redis_notices_at
@@ -243,7 +244,53 @@ def already_up(node: str, pid: int, only: tuple[str, ...] = ()) -> str:
 
 
 def pid_file(settings: Settings) -> Path:
+    """``up-<node>.pid`` in the run folder: the live ``rig up``'s pid on its first line, the
+    Redis it uses (rig.redis_conn.without_credentials: no password) on its second, on its third
+    ``node`` when it runs cards or control workers, ``addon`` when it does not (``--only
+    flower``: rig.stack.second_node)."""
     return settings.run_dir / f"up-{settings.node_name}.pid"
+
+
+def write_pid_file(settings: Settings, *, node: bool = True) -> None:
+    """This process is the node's ``rig up``, on ``settings.redis_url`` (see pid_file)."""
+    kind = "node" if node else "addon"
+    pid_file(settings).write_text(f"{os.getpid()}\n{without_credentials(settings.redis_url)}\n{kind}\n")
+
+
+def second_node(settings: Settings) -> str | None:
+    """Why a ``rig up`` with cards or control workers must not start in this RIG_HOME: one
+    already runs another node with them there. Their own logs (logs/system/card0.log,
+    control.log, beat.log, up.log, ...) and run files have one name per home, so two nodes
+    would write the same files: one node per RIG_HOME is the rule (a ``--only flower`` add-on
+    under a name of its own is allowed: docs/FLOWER.md). None when none runs."""
+    from rig.cli.daemon import home_nodes
+
+    for other, pid in sorted(home_nodes(settings.run_dir).items()):
+        if other == settings.node_name:
+            continue
+        try:
+            kind = (settings.run_dir / f"up-{other}.pid").read_text().split()[2:3]
+        except OSError:
+            continue
+        if kind != ["addon"]:  # a pid file of an older rig says nothing: counted as a node
+            return (f"this RIG_HOME ({settings.home}) already runs node {other} (pid {pid}); a second node "
+                    f"there would write the same logs ({settings.rig_log_dir}): start node {settings.node_name} "
+                    f"with a home of its own (`RIG_HOME=/another/folder rig up --node {settings.node_name}`), "
+                    f"or `rig down --node {other}` first")
+    return None
+
+
+def up_redis_elsewhere(settings: Settings) -> str | None:
+    """The Redis the node's running ``rig up`` uses (no password) when it is not
+    ``settings.redis_url`` (a `rig down` with another RIG_REDIS_URL), else None (the same one,
+    or not recorded: a pid file of an older rig)."""
+    try:
+        lines = pid_file(settings).read_text().split()
+    except OSError:
+        return None
+    if len(lines) < 2 or lines[1] == without_credentials(settings.redis_url):
+        return None
+    return lines[1]
 
 
 def ensure_writable_home(settings: Settings) -> None:
@@ -285,6 +332,7 @@ class Stack:
         self.metrics_url: str | None = None  # set once the endpoint answers
         self.page_url: str | None = None  # rig's web page, same server (rig.web.server)
         self.flower_url: str | None = None  # set once this rig up starts a Flower
+        self.gateway_path: Path | None = None  # the gateway socket this rig up serves, once chosen
         self.keys = Keys(settings.key_prefix)
         self.children: list[Child] = []
         self.redis_proc: subprocess.Popen | None = None
@@ -339,6 +387,9 @@ class Stack:
         if others:
             raise StackError(f"rig is already up on node {s.node_name} (pid {min(others)}, its pid file "
                              f"is gone); `rig down --node {s.node_name}` stops it")
+        runs_node = self.wants("cards") or self.wants("control")
+        if runs_node and (why := second_node(s)) is not None:
+            raise StackError(why)
         if self.wants("flower") or self.wants("metrics"):
             flower_credentials(s)  # a login Flower would read otherwise: said before anything starts
         self.stop_leftovers()
@@ -346,7 +397,7 @@ class Stack:
         if self.wants("cards") or self.wants("control"):
             self._claim_name()
         # After the claim: a rig up refused the name never replaces the owner's pid file.
-        pid_file(s).write_text(f"{os.getpid()}\n")
+        write_pid_file(s, node=runs_node)
         self._check_installation()
         if self.wants("cards") or self.wants("control"):
             self._check_data_format()
@@ -354,10 +405,10 @@ class Stack:
         if self.wants("control"):
             # The control workers move finished jobs into the archive: a wrong archive_url, a
             # missing psycopg or an unwritable folder is said now (exit 6), not in a worker's log.
-            from rig.archive_cluster import check_at_up
+            from rig.archive_cluster import check_node_at_up
 
-            for line in check_at_up(self._redis(), self.keys, s.archive_location, s.key_prefix, s.node_name,
-                                    home=s.home):
+            # No archive_url set here: the cluster's archive, never a move to this home's SQLite.
+            for line in check_node_at_up(self._redis(), self.keys, s):
                 self.say(line)
                 self.notes.append(line)  # on the terminal of `rig up --daemon` too, not only in up.log
         for warning in open_doors(s, self.wants):
@@ -369,12 +420,17 @@ class Stack:
         if self.wants("gateway"):
             # Resolved once, here: every child (and so every job: RIG_GATEWAY_SOCKET) gets it.
             from rig.gateway.paths import node_socket
-            from rig.gateway.server import path_problem
+            from rig.gateway.server import path_problem, socket_in_use
 
             s.gateway_socket = node_socket(s)
             problem = path_problem(s.gateway_socket)
             if problem:
                 raise StackError(f"{problem} (or `rig up --no-gateway`)")
+            if socket_in_use(s.gateway_socket):  # never moved elsewhere in silence: one rule (rig.gateway.paths)
+                raise StackError(f"another gateway answers at {s.gateway_socket} (another rig up of this host?); "
+                                 "stop it, or set gateway_socket (RIG_GATEWAY_SOCKET) to another path for this "
+                                 "node (or `rig up --no-gateway`)")
+            self.gateway_path = s.gateway_socket
         env = self._child_env()
         if self.wants("cards") or self.wants("control"):
             allowed = self._register_cards()
@@ -458,8 +514,10 @@ class Stack:
             self.metrics_server = start_web_server(Client(s), s.metrics_address, s.metrics_port,
                                                    flower_credentials(s))
         except OSError as exc:  # the port taken, or the address not this machine's
-            self.say(f"metrics and web page: not served, cannot listen on {s.metrics_address}:{s.metrics_port} "
-                     f"({exc}); set RIG_METRICS_ADDRESS / RIG_METRICS_PORT (metrics_port = 0: none)")
+            # A warning: on the terminal of `rig up --daemon` too (README: one line at rig up).
+            self._say_noted(f"warning: metrics and web page: not served, cannot listen on {s.metrics_address}:"
+                            f"{s.metrics_port} ({exc}); set RIG_METRICS_ADDRESS / RIG_METRICS_PORT (metrics_port = 0: "
+                            "none)")
             return
         port = self.metrics_server.server_port
         if answers(s.metrics_address, port):  # the URLs are printed only once it answers
@@ -1003,6 +1061,14 @@ class Stack:
         this `rig up` serves and what answers."""
         s = self.settings
         out = []
+        if self.gateway_path is not None:  # which socket: the host's, or this home's (rig.gateway.paths)
+            from rig.gateway.server import socket_in_use
+
+            if socket_in_use(self.gateway_path):
+                out.append(f"gateway: {self.gateway_path} (users without the Redis password and jobs reach rig "
+                           "there: RIG_GATEWAY_SOCKET)")
+            else:
+                out.append(f"gateway: {self.gateway_path}, not answering yet; see {s.rig_log_dir / 'gateway.out'}")
         if self.flower_url:
             out.append(f"flower: {self.flower_url} (an admin login: {login_place(s)})")
         if self.page_url:
@@ -1104,7 +1170,9 @@ def stop_node(settings: Settings, timeout: float = 60.0,
             raise PermissionDenied(f"rig up of node {settings.node_name} (pid {pid}) runs as {_owner(pid)}: "
                                    "run rig down as that user or as root") from None
     deadline = time.monotonic() + timeout
-    if report.supervisors and say is not None:
+    # rig up marks itself stopped in its own Redis: only that one's outage makes it wait.
+    elsewhere = up_redis_elsewhere(settings)
+    if report.supervisors and say is not None and elsewhere is None:
         from rig.redis_up import RedisUp
 
         down = RedisUp(settings.redis_url).down()
@@ -1121,7 +1189,7 @@ def stop_node(settings: Settings, timeout: float = 60.0,
                 if is_stopped(pid):  # a plain kill does nothing to it: say what does
                     raise StackError(f"rig up (pid {pid}) is stopped (SIGSTOP) and cannot stop itself; "
                                      f"`kill -CONT {pid}` (it then stops), or `kill -9 {pid}` and `rig down` again")
-                raise _not_stopped(settings, pid, timeout)
+                raise _not_stopped(settings, pid, timeout, elsewhere)
             time.sleep(0.1)
     left = leftovers(settings.node_name, settings.home)
     if left:
@@ -1133,12 +1201,18 @@ def stop_node(settings: Settings, timeout: float = 60.0,
     return report
 
 
-def _not_stopped(settings: Settings, pid: int, timeout: float) -> RigError:
+def _not_stopped(settings: Settings, pid: int, timeout: float, elsewhere: str | None = None) -> RigError:
     """Why ``rig up`` (pid) is still running after ``timeout`` s, and what to do. While Redis
     does not answer it cannot mark the node stopped and waits for it (on purpose): a kill would
-    get its running jobs declared lost and maybe run twice, so that case never advises one."""
+    get its running jobs declared lost and maybe run twice, so that case never advises one.
+    ``elsewhere``: the Redis that rig up uses when it is not ``settings.redis_url``
+    (up_redis_elsewhere): then this Redis' state says nothing about it."""
     from rig.redis_up import RedisUp
 
+    if elsewhere is not None:
+        return StackError(f"rig up (pid {pid}) did not stop within {timeout:.0f} s (it uses Redis at {elsewhere}, "
+                          f"not {strip_password(settings.redis_url)}); if that Redis does not answer it waits for "
+                          f"it, do not kill it then; else `kill {pid}`, then `rig down` again")
     down = RedisUp(settings.redis_url).down()
     if down:
         return RedisUnavailable.said(

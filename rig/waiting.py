@@ -321,8 +321,9 @@ def body_key(facts: WaitFacts, cards: Hashable, nodes: Hashable, held: Hashable 
 def _live(node: NodeInfo | None) -> bool:
     """Do this node's cards count as available? Yes when it is up, and when nothing is known
     about it (no record, or one that never heartbeated: cards registered without ``rig up``,
-    as in tests), since then nothing says it is not."""
-    if node is None or node.state not in NOT_UP:
+    as in tests), since then nothing says it is not. An up node with no live worker runs
+    nothing: no place a job fits now (NodeInfo.no_worker)."""
+    if node is None or (node.state not in NOT_UP and not node.no_worker):
         return True
     return node.state == "silent" and not (node.started_at or node.last_seen)
 

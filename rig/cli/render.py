@@ -94,6 +94,10 @@ NODE_STATE_NOTES = {
 }
 
 
+#: What a node up with no live worker (NodeInfo.no_worker) means for its cards.
+NO_WORKER_NOTE = "no worker alive: its cards run no job until one starts"
+
+
 def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
     """``node n1: up since 12:01:05, 2 cards, 3 workers`` (rich markup: a down node in red)."""
     if node is None:
@@ -101,7 +105,9 @@ def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
     line = f"node {M(name)}: {M(node.describe)}"
     if node.mismatch:
         return f"[bold red]{line}[/]"  # both parts cleaned and escaped above
-    if node.state == "up":
+    if node.no_worker:  # up, but nothing runs its jobs: not said plainly "up"
+        line = f"[bold yellow]{line}[/], {cards} card(s): {NO_WORKER_NOTE}"
+    elif node.state == "up":
         line += f", {cards} card(s), {node.workers} worker(s)"
     elif node.writes_refused:  # rig.refused_beats: not silent, refused
         line = f"[bold yellow]{line}[/]"

@@ -1,9 +1,12 @@
 """Where a node's gateway listens, and where a client looks for one: the one rule.
 
-A node (``rig up``) listens on ``gateway_socket`` when it is set; else a root node on the
-well-known :data:`SYSTEM_SOCKET` (so a teammate configures nothing), unless another node of
-this host already answers there; else ``$RIG_HOME/run/gateway-NODE.sock``. A Unix socket path
-is at most :data:`MAX_PATH` bytes: a longer default moves to ``/tmp/rig-UID/``.
+A node (``rig up``) listens on ``gateway_socket`` when it is set; else a root node of the
+default home (``~/.rig``: the host's installation) on the well-known :data:`SYSTEM_SOCKET` (so a
+teammate configures nothing); else ``$RIG_HOME/run/gateway-NODE.sock``. The choice depends on
+nothing else: a root test install with a ``RIG_HOME`` of its own never takes the host's socket,
+and the host's node never moves off it (a gateway already answering there is an error that says
+so: rig.gateway.server.bind). ``rig up`` says on the terminal which socket it serves. A Unix
+socket path is at most :data:`MAX_PATH` bytes: a longer default moves to ``/tmp/rig-UID/``.
 
 A client without Redis credentials (rig.gateway.choice) uses ``gateway_socket`` when set
 (``RIG_GATEWAY_SOCKET``: every job gets it), else its own home's socket if one is there, else
@@ -33,15 +36,17 @@ def home_socket(settings: Settings) -> Path:
     return Path(f"/tmp/rig-{os.geteuid()}/gateway-{digest}-{settings.node_name[:40]}.sock")
 
 
-def node_socket(settings: Settings, *, in_use=None) -> Path:  # noqa: ANN001 - Callable[[Path], bool]
-    """Where this node's gateway listens (see the module's docstring)."""
+def is_default_home(home: Path) -> bool:
+    """Is ``home`` the default ``~/.rig`` (no RIG_HOME of its own), symlinks resolved?"""
+    return home.expanduser().resolve() == (Path.home() / ".rig").resolve()
+
+
+def node_socket(settings: Settings) -> Path:
+    """Where this node's gateway listens (see the module's docstring): the one rule."""
     if settings.gateway_socket is not None:
         return settings.gateway_socket
-    if os.geteuid() == 0:
-        from rig.gateway.server import socket_in_use
-
-        if not (in_use or socket_in_use)(SYSTEM_SOCKET):
-            return SYSTEM_SOCKET
+    if os.geteuid() == 0 and is_default_home(settings.home):
+        return SYSTEM_SOCKET
     return home_socket(settings)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from rig import timeline
-from rig.cli.render import NODE_STATE_NOTES, card_flag_words, job_reason
+from rig.cli.render import NO_WORKER_NOTE, NODE_STATE_NOTES, card_flag_words, job_reason
 from rig.client import Client, StatusReport
 from rig.clock import shared_now
 from rig.models import Job, JobState, Priority
@@ -91,7 +91,8 @@ def _nodes(report: StatusReport) -> list[dict[str, Any]]:
             "note": n.silent_note if n.state == "silent" else NODE_STATE_NOTES.get(n.state, ""),
             "alerts": [clean(line) for line in (f"FROZEN: {n.mismatch}" if n.mismatch else None, n.unrecorded)
                        if line],
-            "warnings": [clean(line) for line in (n.writes_refused, n.auth_refused, n.clock_skew) if line],
+            "warnings": [clean(line) for line in (n.writes_refused, n.auth_refused, n.clock_skew,
+                                                  NO_WORKER_NOTE if n.no_worker else None) if line],
             "cards": sum(1 for c in report.cards if c.node == n.name and not c.gone), "workers": n.workers})
     return rows
 

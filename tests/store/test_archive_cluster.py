@@ -39,7 +39,9 @@ def test_two_nodes_with_their_own_sqlite_split_nothing_and_the_other_is_told(led
     with pytest.raises(NotClusterArchive, match="this cluster archives finished jobs to sqlite:///.*/a/"):
         one_pass(ledger, b)
     assert in_redis(ledger, job.id) and b.count() == 0 and cluster_url(r, keys).endswith("/a/archive.sqlite3")
-    b_task = PeriodicArchiver(load_settings(key_prefix=key_prefix, home=b_home, archive_after_days=1), r)
+    # B set its own archive_url (a node that set none archives to the cluster's: rig.archive_cluster.archive_of).
+    b_task = PeriodicArchiver(load_settings(key_prefix=key_prefix, home=b_home, archive_url=b.url,
+                                            archive_after_days=1), r)
     assert b_task.run(NOW).startswith("skipped: this cluster archives") and in_redis(ledger, job.id)
     assert str(one_pass(ledger, a)) == "archived 1 finished job(s)" and a.count() == 1
     assert cluster_url(r, keys).endswith("/a/archive.sqlite3")  # never flips

@@ -324,6 +324,9 @@ def _recreated_case(ledger, key_prefix, tmp_path, url: str, recreate) -> None:
     assert in_redis(ledger, waiting.id)  # not moved into the recreated archive
     (line,) = check_at_up(r, keys, url, key_prefix, "n1", home=tmp_path)
     assert line.startswith("warning: archive ") and "holds none of this cluster's jobs" in line
+    # The command printed acts on rig's Redis and key, not on whatever 127.0.0.1:6379 holds.
+    url_told = f"{r.connection_pool.connection_kwargs['host']}:{r.connection_pool.connection_kwargs['port']}"
+    assert f"`redis-cli -u redis://{url_told}/" in line and f" DEL {keys.archive_held}`" in line, line
     reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path, archive_url=url))
     assert [j.id for j in reader.list()] == [waiting.id] and "holds none" in reader.unread_line()
     with pytest.raises(ArchiveUnread):
@@ -354,3 +357,47 @@ def test_a_postgresql_database_dropped_and_recreated_is_said_not_used(ledger, ke
             admin.execute(f"CREATE DATABASE {name}")
 
     _recreated_case(ledger, key_prefix, tmp_path, pg_url, recreate)
+
+
+def test_a_node_without_archive_url_uses_the_clusters_archive(ledger, key_prefix, tmp_path):
+    """A tester ran `rig up` from a folder without the rig.toml: the cluster's archive moved
+    from PostgreSQL to this home's SQLite file with one warning. A node that set no
+    archive_url uses the cluster's recorded one, as readers do; its archiving pass too."""
+    from rig.archive_cluster import archive_of
+    from rig.archiving import PeriodicArchiver
+
+    r, keys = ledger.store.r, ledger.keys
+    a_url = default_url(tmp_path / "a")
+    assert check_at_up(r, keys, a_url, key_prefix, "n1", home=tmp_path / "a") == []  # the cluster's: a
+    bare = load_settings(key_prefix=key_prefix, home=tmp_path / "b", archive_url=None)  # no rig.toml
+    assert archive_of(r, keys, bare) == a_url
+    assert check_at_up(r, keys, archive_of(r, keys, bare), key_prefix, "n1", home=bare.home) == []
+    assert cluster_url(r, keys) == a_url  # not moved
+    job = finished(ledger, ended=NOW - 2 * DAY)
+    said = PeriodicArchiver(bare.model_copy(update={"archive_after_days": 1}), r).run(NOW)
+    assert not said.startswith("skipped"), said
+    with Archive(a_url, key_prefix) as a:
+        assert a.get(job.id) is not None  # archived into the cluster's archive, not b's
+    # Set on purpose, another archive still moves the cluster (said, with the count).
+    b_url = default_url(tmp_path / "b")
+    moved = load_settings(key_prefix=key_prefix, home=tmp_path / "b", archive_url=b_url)
+    (line,) = check_at_up(r, keys, archive_of(r, keys, moved), key_prefix, "n1", home=moved.home)
+    assert line.startswith(f"warning: this cluster's finished jobs now go to {b_url}"), line
+
+
+def test_the_clusters_archive_unusable_here_is_a_warning_not_a_move(ledger, key_prefix, tmp_path):
+    """The cluster's archive, used because this node set none, may be out of its reach (a
+    SQLite file of another host): rig up goes on with one warning and moves nothing. The same
+    archive set here on purpose is the operator's mistake: exit 6, as before."""
+    from rig.archive_cluster import check_node_at_up
+
+    r, keys = ledger.store.r, ledger.keys
+    far = default_url(tmp_path / "other-host" / "home")  # its folder does not exist here
+    r.set(keys.archive_url, far)
+    bare = load_settings(key_prefix=key_prefix, home=tmp_path / "b", archive_url=None, node_name="n1")
+    (line,) = check_node_at_up(r, keys, bare)
+    assert line.startswith(f"warning: this node does not archive: the cluster's archive {far} cannot be used "
+                           "here (") and "set archive_url" in line, line
+    assert cluster_url(r, keys) == far  # not moved to b's own file
+    with pytest.raises(ConfigError):
+        check_node_at_up(r, keys, load_settings(key_prefix=key_prefix, home=tmp_path / "b", archive_url=far))

@@ -112,6 +112,9 @@ def test_a_narrowed_whitelist_keeps_jobs_that_fit_only_cards_outside_it(redis_cl
 
     s = load_settings(key_prefix=key_prefix, node_name="a", fake_gpus="2x24G", gpu_whitelist=[0], home=tmp_path)
     register_node(s, redis_client, FakeGpuBackend("2x24G"))
+    keys = Keys(key_prefix)  # a/0's worker is alive (a node with none runs nothing: rig.nodes)
+    redis_client.sadd(keys.workers, "card0@a")
+    redis_client.set(keys.worker("card0@a"), "{}", ex=60)
     client = Client(s, redis_client=redis_client)
     job = client.submit(["true"], gpu_memory="4G", gpus=2)  # accepted: a/1 may be named again
     why = why_waiting(client, client.get(job.id))

@@ -52,3 +52,33 @@ def test_rig_down_while_redis_is_away_says_it_stops_once_redis_is_back(tmp_path)
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_rig_down_with_another_redis_url_does_not_say_rig_up_waits_for_it(tmp_path):
+    """A tester ran `rig down` with a wrong RIG_REDIS_URL (nothing listening there): it said
+    rig up would stop once it could mark the node stopped *there*, then `rig stopped` at once:
+    the node marks itself stopped in its own Redis, which rig up records in its pid file."""
+    settings = load_settings(home=tmp_path / "home", node_name="a", redis_url="redis://127.0.0.1:1/0")
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # stops on SIGTERM
+    try:
+        pid_file(settings).write_text(f"{proc.pid}\nredis://127.0.0.1:6379/0\n")  # its own Redis
+        said: list[str] = []
+        report = stop_node(settings, timeout=10, say=said.append)
+        assert report.supervisors == [proc.pid]
+        assert not any("Redis does not answer" in line or "stopped there" in line for line in said), said
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_rig_up_records_the_redis_it_uses_in_its_pid_file(tmp_path):
+    from rig.stack import up_redis_elsewhere, write_pid_file
+
+    up = load_settings(home=tmp_path / "home", node_name="a", redis_url="redis://:pw@127.0.0.1:6380/2")
+    up.run_dir.mkdir(parents=True, exist_ok=True)
+    write_pid_file(up)
+    assert "pw" not in pid_file(up).read_text()
+    assert up_redis_elsewhere(up) is None  # the same Redis (its password aside)
+    other = load_settings(home=tmp_path / "home", node_name="a", redis_url="redis://127.0.0.1:1/0")
+    assert up_redis_elsewhere(other) == "redis://127.0.0.1:6380/2"

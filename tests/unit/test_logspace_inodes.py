@@ -65,15 +65,17 @@ def test_on_a_real_file_system_out_of_inodes(tiny_tmpfs: Path):
         f"warning: the file system of log_dir ({tiny_tmpfs}) holds 1.0 MiB in all")
 
 
-def test_rig_up_says_it_once_before_starting_anything(tmp_path, monkeypatch):
-    """Stack.up's bring-up, cut short once the warnings are said (no Redis, no children)."""
+def test_rig_up_says_it_once_before_starting_anything(tmp_path, monkeypatch, key_prefix):
+    """Stack.up's bring-up, cut short once the warnings are said (no children). Its own key
+    prefix: the archive check reads (and records) the cluster's archive in the real Redis."""
     from rig.config import load_settings
     from rig.stack import Stack, UpOptions
 
     class Stop(Exception):
         pass
 
-    settings = load_settings(home=tmp_path / "home", node_name="n1", log_min_free_bytes=1 << 62)
+    settings = load_settings(home=tmp_path / "home", node_name="n1", log_min_free_bytes=1 << 62,
+                             key_prefix=key_prefix)
     said: list[str] = []
     stack = Stack(settings, UpOptions(no_flower=True, no_beat=True, no_metrics=True), say=said.append)
     for name in ("stop_leftovers", "_ensure_redis", "_claim_name", "_check_installation"):

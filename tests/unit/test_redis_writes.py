@@ -26,6 +26,7 @@ from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
+from rig.redis_conn import redis_cli
 
 OOM = redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
 
@@ -73,19 +74,37 @@ class _FakeInfo:
 def test_warnings_evicting_policy_and_no_persistence():
     memory = {"used_memory": 10, "maxmemory": 0, "maxmemory_policy": "allkeys-lru"}
     client = _FakeInfo({"maxmemory-policy": "allkeys-lru", "save": "", "appendonly": "no"}, memory)
-    lines = W.warnings(client)  # type: ignore[arg-type]
+    lines = W.warnings(client, url=URL)  # type: ignore[arg-type]
     assert len(lines) == 2
     assert "allkeys-lru" in lines[0] and "noeviction" in lines[0]
     assert "no RDB save, no AOF" in lines[1]
     # Kept on disk by either: nothing said. The private Redis: persistence not asked.
     assert W.warnings(_FakeInfo({"maxmemory-policy": "noeviction", "save": "3600 1", "appendonly": "no"},
-                                memory)) == []  # type: ignore[arg-type]
-    assert len(W.warnings(client, private=True)) == 1  # type: ignore[arg-type]
+                                memory), url=URL) == []  # type: ignore[arg-type]
+    assert len(W.warnings(client, url=URL, private=True)) == 1  # type: ignore[arg-type]
+
+
+#: rig's Redis in these tests: not the 127.0.0.1:6379 a bare `redis-cli` would act on.
+URL = "redis://:secret@10.0.0.7:6400/3"
+
+
+def test_the_commands_rig_suggests_name_rigs_redis_and_hide_its_password():
+    """A tester copied `redis-cli CONFIG SET appendonly yes` as printed: it acted on
+    127.0.0.1:6379, maybe another installation. Every suggested command names rig's URL."""
+    memory = {"used_memory": 10, "maxmemory": 0, "maxmemory_policy": "allkeys-lru"}
+    client = _FakeInfo({"maxmemory-policy": "allkeys-lru", "save": "", "appendonly": "no"}, memory)
+    lines = W.warnings(client, url=URL)  # type: ignore[arg-type]
+    full = W.refused_error(URL, redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'."))
+    for line in [*lines, str(full)]:
+        assert "`redis-cli -u redis://:PASSWORD@10.0.0.7:6400/3 CONFIG SET " in line, line
+        assert "secret" not in line, line
+    assert redis_cli("redis://10.0.0.7:6400/0", "PING") == "redis-cli -u redis://10.0.0.7:6400/0 PING"
+    assert redis_cli("unix:///run/r.sock?db=2", "PING") == "redis-cli -s /run/r.sock -n 2 PING"
 
 
 def test_warnings_without_config_read_info_and_guess_nothing():
     memory = {"used_memory": 10, "maxmemory": 100, "maxmemory_policy": "volatile-lru"}
-    lines = W.warnings(_FakeInfo(None, memory, {"aof_enabled": 0}))  # type: ignore[arg-type]
+    lines = W.warnings(_FakeInfo(None, memory, {"aof_enabled": 0}), url=URL)  # type: ignore[arg-type]
     assert len(lines) == 1 and "volatile-lru" in lines[0]  # save unknown: no persistence line
 
 

@@ -79,7 +79,9 @@ def test_a_taken_port_is_one_line_and_no_url(home):
         said: list[str] = []
         stack = Stack(load_settings(metrics_port=port), UpOptions(), say=said.append)
         stack._serve_web()
-    assert len(said) == 1 and said[0].startswith(f"metrics and web page: not served, cannot listen on 127.0.0.1:{port}")
+    assert len(said) == 1 and said[0].startswith(f"warning: metrics and web page: not served, cannot listen on "
+                                                 f"127.0.0.1:{port}")
+    assert stack.notes == said  # `rig up --daemon` repeats it on the terminal, not only in up.log
     assert "RIG_METRICS_PORT" in said[0]
     assert not any(line.startswith(("web page", "metrics")) for line in stack.addresses())
 

@@ -1,0 +1,86 @@
+"""A node that runs nothing never reads plainly "up", and its cards are no place a job "fits
+now" (rig.nodes NodeInfo.no_worker and .gone). A tester SIGKILLed `rig up` while a job ran:
+its workers died with it, yet for the heartbeat's life (30 s) `rig status` said `node vm: up
+since ..., 8 card(s), 0 worker(s)` and rig-submit `it fits now (vm/0)`. fakeredis and real Redis."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rig.cli.render import NO_WORKER_NOTE, node_title
+from rig.client import Client
+from rig.config import load_settings
+from rig.gpus.base import GpuReading
+from rig.keys import Keys
+from rig.ledger import Ledger
+from rig.memory import GIB
+from rig.models import Job, JobState, Priority
+from rig.nodes import NodeRegistry
+from rig.waiting import FITS_NOW, why_waiting
+
+TTL = 30.0
+
+
+@pytest.fixture
+def world(redis_client, key_prefix):
+    settings = load_settings(key_prefix=key_prefix, node_name="vm", hold_after_seconds=0)
+    keys = Keys(key_prefix)
+    ledger = Ledger(redis_client, keys)
+    for i in range(2):
+        ledger.register_card("vm", GpuReading(index=i, uuid=f"vm-u{i}", model="m", total=24 * GIB),
+                             max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    return keys, ledger, NodeRegistry(redis_client, keys), Client(settings, redis_client=redis_client)
+
+
+def _submit(ledger: Ledger) -> int:
+    return ledger.store.create(Job(
+        id=0, name="t", user="u", command=["true"], gpu_memory=4 * GIB, gpus=1,
+        priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/", created_at=time.time(),
+    )).id
+
+
+def _worker_beat(redis_client, keys: Keys, name: str) -> None:
+    """A live worker heartbeat, as workers/app.py writes it (role@node)."""
+    redis_client.sadd(keys.workers, name)
+    redis_client.set(keys.worker(name), "{}", ex=int(TTL))
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_node_whose_rig_up_is_gone_here_is_not_up_while_its_heartbeat_lingers(world, redis_client):
+    keys, ledger, nodes, client = world
+    nodes.register("vm", ttl=TTL, backend="fake", cards=2, pid=_dead_pid())  # the heartbeat is fresh
+    (node,) = nodes.read()
+    assert node.host == socket.gethostname()
+    assert node.state == "silent" and node.presumed_down and not node.alive, node
+    assert "no longer runs" in node.describe and "up since" not in node_title(node, "vm", 2)
+    why = why_waiting(client, client.get(_submit(ledger)))
+    assert FITS_NOW not in why and "no longer runs" in why, why
+
+
+def test_a_node_with_no_live_worker_is_no_place_a_job_fits_now(world, redis_client):
+    """Seen from any host (its pid alive, or not checkable): up, but no worker runs its jobs."""
+    keys, ledger, nodes, client = world
+    nodes.register("vm", ttl=TTL, backend="fake", cards=2, pid=1)  # pid 1 runs (and on every host)
+    (node,) = nodes.read()
+    assert node.no_worker and node.describe.startswith("started ") and "no worker alive" in node.describe
+    title = node_title(node, "vm", 2)
+    assert "up since" not in title and "0 worker(s)" not in title and NO_WORKER_NOTE in title, title
+    job = client.get(_submit(ledger))
+    why = why_waiting(client, job)
+    assert FITS_NOW not in why and "no worker alive" in why, why
+    # Its card worker comes: the same card is a place the job fits now.
+    _worker_beat(redis_client, keys, "card0@vm")
+    (node,) = nodes.read()
+    assert not node.no_worker and node.describe.startswith("up since ")
+    assert why_waiting(client, job).startswith(f"{FITS_NOW} (vm/"), why_waiting(client, job)
