@@ -102,11 +102,17 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
     client = client_from(ctx)
     st = JobState.parse(state) if state else None
     client.ping()
-    found = client.jobs(st, limit=limit, user=user, since=since_time(since) if since else None)
+    # One more than shown: whether the list was cut is said, never left to be guessed.
+    found = client.jobs(st, limit=limit + 1, user=user, since=since_time(since) if since else None)
+    cut = len(found) > limit
+    found = found[:limit]
     from rig.history import archive_warning
 
     if warning := archive_warning(client):  # Redis' jobs listed all the same (rig.history)
         click.echo(warning, err=True)
+    if cut:
+        click.echo(f"the newest {limit} shown; more jobs match: --limit N shows more"
+                   + ("" if since else ", --since (e.g. 2h) fewer"), err=True)
     waiting = [j for j in found if j.state is JobState.PENDING]
     # rig.forecast, the one estimate, as the leading dispatcher stored it (rig.forecast_store)
     estimates = client.start_estimates([j.id for j in waiting]) if waiting else None
