@@ -49,6 +49,20 @@ def home_nodes(run_dir: Path) -> dict[str, int]:
     return found
 
 
+def _name_origin(settings) -> str:  # noqa: ANN001 - rig.config.Settings
+    """Where the node name came from when no --node was given: "the default name", "from
+    RIG_NODE_NAME", "from the config file" (rig.config.setting_origins, the rule `rig config` shows)."""
+    from rig.config import setting_origins
+
+    try:
+        origin = setting_origins(settings).get("node_name", "default")
+    except Exception:  # noqa: BLE001 - only words: the default's
+        origin = "default"
+    if origin == "default":
+        return "the default name"
+    return "from the config file" if origin == "file" else f"from {origin}"
+
+
 def not_up(settings, *, named: bool) -> tuple[str, int]:  # noqa: ANN001 - rig.config.Settings
     """What ``rig down`` says when this home runs no rig up of the node asked for, and its exit
     code: another node of this home runs (say which, and what to type: 2); the node name is
@@ -59,7 +73,7 @@ def not_up(settings, *, named: bool) -> tuple[str, int]:  # noqa: ANN001 - rig.c
     if others:
         which = ", ".join(f"{n} (pid {p})" for n, p in sorted(others.items()))
         what = " or ".join(f"`rig down --node {n}`" for n in sorted(others))
-        asked = f"node {node}" + ("" if named else " (the default name: no --node given)")
+        asked = f"node {node}" + ("" if named else f" ({_name_origin(settings)}: no --node given)")
         return (f"rig is not up on {asked} from this home; this home runs node {which}: {what}", 2)
     try:
         from rig.keys import Keys
