@@ -710,6 +710,24 @@ def setting_origins(settings: Settings) -> dict[str, str]:
     return config_check.origins(settings, sources)
 
 
+def shadowed_settings(settings: Settings) -> list[str]:
+    """One line for each setting a RIG_* variable sets while the config file sets it too: the
+    variable wins (a value left in the operator's shell changes what rig.toml says, silently
+    otherwise). `rig up` says them; `rig config` shows every origin."""
+    sources = settings.__dict__.get("_sources")
+    if sources is None or sources.file is None:
+        return []
+    lines = []
+    for name, inner in (sources.shape.fields or {}).items():
+        for path in [(name,)] + [(name, sub) for sub in (inner.fields or {})]:
+            var = sources.env_var(path)
+            if var and path[0] not in sources.overrides and sources.in_file(path):
+                lines.append(f"note: ${var} (in the environment) overrides {'.'.join(path)} in {sources.file}; "
+                             f"unset it to use the file's value")
+                break
+    return lines
+
+
 def shown_setting(value: object, *, quoted: bool = True) -> str:
     """A setting's value as `rig config` prints it: a path as text, absolute and resolved (a
     relative one, from a relative RIG_HOME, is said to be taken from the current folder, as

@@ -331,7 +331,7 @@ class Sources:
             return "flag"
         if self.env_var(path):
             return "env"
-        if self._in_file(path):
+        if self.in_file(path):
             return "file"
         return "default"
 
@@ -342,7 +342,8 @@ class Sources:
                 return name
         return None
 
-    def _in_file(self, path: tuple[str, ...]) -> bool:
+    def in_file(self, path: tuple[str, ...]) -> bool:
+        """Does the config file set the value at ``path``?"""
         node: Any = self.file_data
         for part in path:
             if not isinstance(node, Mapping) or part not in node:

@@ -413,6 +413,11 @@ class Stack:
                 self.notes.append(line)  # on the terminal of `rig up --daemon` too, not only in up.log
         for warning in open_doors(s, self.wants):
             self.say(warning)
+        from rig.config import shadowed_settings
+
+        for line in shadowed_settings(s):  # a variable left in the shell beats rig.toml: said
+            self.say(line)
+            self.notes.append(line)
         from rig.logspace import never_enough  # here: the one edit of this file for it
         if self.wants("cards") and (small := never_enough(
                 {"log_dir": s.job_log_dir, "run_dir": s.run_dir}, s.log_min_free_bytes)):
