@@ -441,9 +441,9 @@ class Archive:
             except ArchiveMissing:
                 raise
             except ConfigError as exc:
-                raise ArchiveUnreadable(f"archive {self.path} was written by an older rig and this user cannot "
-                                        f"add its new tables ({str(exc).splitlines()[0]}); `rig up` of this "
-                                        "version adds them") from None
+                raise ArchiveUnreadable(f"archive {self.path} was written by an older rig and adding this "
+                                        f"version's tables to it failed here ({str(exc).splitlines()[0]}); "
+                                        "`rig up` of this version adds them") from None
         else:
             self._open_writable(create=create, home=home)
 

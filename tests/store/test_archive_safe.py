@@ -487,3 +487,35 @@ def test_the_archiving_pass_on_a_file_it_may_not_write_logs_one_line_with_the_os
     assert first == second and first.startswith("skipped: ") and "[Errno 1] Operation not permitted" in first
     lines = [r.getMessage() for r in caplog.records if "archiving pass skipped" in r.getMessage()]
     assert len(lines) == 1 and "Operation not permitted" in lines[0]
+
+
+def test_a_reader_of_an_older_archive_adds_its_tables_or_says_why_it_cannot(ledger, key_prefix, tmp_path,
+                                                                          monkeypatch):
+    """Read-only readers still read an archive an older rig wrote (no usage rollup): they add
+    the tables as the writer would when they may write it, and say why not when they may not."""
+    import errno
+    import os
+
+    from rig.archive import USAGE_TABLE
+
+    old = _archived_one(ledger, key_prefix, tmp_path)
+    with Archive(default_url(tmp_path), key_prefix) as archive, archive._transaction() as cur:
+        cur.execute(f"DROP TABLE {USAGE_TABLE}")
+    path = str(tmp_path / "archive.sqlite3")
+    real_open = os.open
+
+    def no_writes(file, flags, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if str(file) == path and flags & (os.O_RDWR | os.O_WRONLY | os.O_CREAT):
+            raise PermissionError(errno.EPERM, "Operation not permitted", path)
+        return real_open(file, flags, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "open", no_writes)
+        reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path))
+        assert reader.list() == []
+        assert "was written by an older rig and adding this version's tables to it failed here" in reader.unread
+        assert "Operation not permitted" in reader.unread
+    reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path))
+    assert [j.id for j in reader.list()] == [old.id] and reader.unread is None
+    assert reader.archive().rollup_built is not None  # summed once, by this reader
+    reader.close()
