@@ -32,6 +32,7 @@ Times are epoch seconds (float); memory in bytes; durations in seconds.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -188,11 +189,56 @@ def missing(path: Path) -> ArchiveMissing:
                           "stay in Redis until it is there")
 
 
-def _connect(url: str, *, create: bool = True, home: Path | None = None) -> tuple[_Dialect, Any]:
+class ArchiveUnreadable(ArchiveMissing):
+    """The SQLite file is there but this process cannot read it (its permissions, a mount): a
+    reader lists Redis' jobs with one warning, as for a missing file. Its text is the OS's."""
+
+
+def cannot_read(path: Path, exc: OSError) -> ArchiveUnreadable:
+    """Why ``path`` cannot be opened to read, in the OS's words (``exc``), and what to do. The
+    file's owner is named only when it is not this user and the OS said "permission denied"
+    (rig keeps the file its owner's only: it holds jobs' environments), a fact, not a guess."""
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.EACCES:
+        try:
+            owner = path.stat().st_uid
+        except OSError:
+            owner = None
+        if owner is not None and owner != os.geteuid():
+            reason += (f"; it is uid {owner}'s only: it holds jobs' environments, so only its owner "
+                       "(the cluster's) reads the archived jobs")
+    return ArchiveUnreadable(f"archive {path} cannot be read by this user ([Errno {exc.errno}] {reason}); "
+                             "read it as its owner, or fix its permissions")
+
+
+def _open_readonly(path: Path) -> sqlite3.Connection:
+    """A read-only connection to the SQLite file ``path`` (``mode=ro``: nothing is created or
+    written, so a read-only file, mount or an immutable file reads). ArchiveUnreadable, with
+    the OS's reason, when it cannot be opened (SQLite's own "unable to open" hides that)."""
+    try:
+        os.close(os.open(path, os.O_RDONLY))
+    except FileNotFoundError:
+        raise missing(path) from None
+    except OSError as exc:
+        raise cannot_read(path, exc) from None
+    try:
+        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=30.0, check_same_thread=False,
+                               isolation_level=None)
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1")  # opens the file (and a WAL's -shm) now
+    except sqlite3.Error as exc:
+        raise ArchiveUnreadable(f"archive {path} cannot be read by this user ({exc}); read it as its owner, "
+                                "or fix the permissions of it and its folder (SQLite reads a WAL archive's "
+                                f"{path.name}-shm beside it)") from None
+    return conn
+
+
+def _connect(url: str, *, create: bool = True, home: Path | None = None,
+             readonly: bool = False) -> tuple[_Dialect, Any]:
     """Open ``url``: ``sqlite:///ABSOLUTE/PATH`` or ``postgresql://...``. Bad URLs, a folder that
     does not exist, a missing file when not ``create`` and a missing psycopg each raise
     ConfigError saying what to do. Missing folders are made only inside ``home`` (rig's own
-    folder): a mistyped path elsewhere is said, not made."""
+    folder): a mistyped path elsewhere is said, not made. ``readonly`` (SQLite): open an
+    existing file to read only (_open_readonly); PostgreSQL ignores it."""
     path = sqlite_path(url)
     if path is not None:
         if not path.is_absolute() or str(path) == "/":
@@ -207,6 +253,8 @@ def _connect(url: str, *, create: bool = True, home: Path | None = None) -> tupl
                               "archive_url (RIG_ARCHIVE_URL)")
         if not create and not path.exists():
             raise missing(path)
+        if readonly:
+            return _SQLITE, _open_readonly(path)
         try:
             # Records hold the jobs' environments (tokens): the file is its owner's only, and
             # SQLite gives its -wal and -shm files the same mode.
@@ -216,8 +264,9 @@ def _connect(url: str, *, create: bool = True, home: Path | None = None) -> tupl
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: durable at each checkpoint, never corrupt
         except (OSError, sqlite3.Error) as exc:
-            raise ConfigError(f"archive {path}: cannot open it ({exc}); set archive_url to a file you may write, "
-                              "or fix the folder's permissions") from None
+            # The OS's reason as it is (permissions, an immutable file, a read-only mount).
+            raise ConfigError(f"archive {path}: cannot open it to write ({exc}); make it and its folder writable "
+                              "to this user, or set archive_url to a file you may write") from None
         return _SQLITE, conn
     if url.startswith(("postgresql://", "postgres://")):
         try:
@@ -368,23 +417,53 @@ class Archive:
     """Archived jobs of one installation (key prefix) in one database. Thread-safe (one lock
     around the connection); each write is one transaction."""
 
-    def __init__(self, url: str, prefix: str, *, create: bool = True, home: Path | None = None) -> None:
+    def __init__(self, url: str, prefix: str, *, create: bool = True, home: Path | None = None,
+                 readonly: bool = False) -> None:
         """``create``: make a missing SQLite file (else ArchiveMissing); ``home``: rig's folder,
-        the only place where missing folders are made."""
+        the only place where missing folders are made. ``readonly``: a reader's open (rig
+        show, jobs, usage, status): a SQLite file is opened read-only and written never, unless
+        it lacks this version's tables (an older rig's file): then it is opened to write, as
+        the writer would, to add them, and ArchiveUnreadable says why when it cannot be."""
         self.url = url
         self.prefix = prefix
         self.path = sqlite_path(url)
-        self.dialect, self._conn = _connect(url, create=create, home=home)
+        self._lock = threading.Lock()
+        #: (jobs summed, seconds) when this open built the usage rollup of an older archive.
+        self.rollup_built: tuple[int, float] | None = None
+        if readonly and self.path is not None:
+            self.dialect, self._conn = _connect(url, create=False, readonly=True)
+            self._identity = _identity(self.path)
+            if self._schema_current():
+                return
+            self._conn.close()  # an older rig's file: opened to write, once, to add the tables
+            try:
+                self._open_writable(create=False, home=home)
+            except ArchiveMissing:
+                raise
+            except ConfigError as exc:
+                raise ArchiveUnreadable(f"archive {self.path} was written by an older rig and adding this "
+                                        f"version's tables to it failed here ({str(exc).splitlines()[0]}); "
+                                        "`rig up` of this version adds them") from None
+        else:
+            self._open_writable(create=create, home=home)
+
+    def _open_writable(self, *, create: bool, home: Path | None) -> None:
+        """Connect to write, and make or update the tables (the writer's open)."""
+        self.dialect, self._conn = _connect(self.url, create=create, home=home)
         #: The SQLite file opened, as (device, inode): check_file() tells it from a new one.
         self._identity = _identity(self.path) if self.path is not None else None
-        self._lock = threading.Lock()
         with self._transaction() as cur:
             for statement in _SCHEMA:
                 cur.execute(statement)
         self._add_columns()
-        #: (jobs summed, seconds) when this open built the usage rollup of an older archive.
-        self.rollup_built: tuple[int, float] | None = None
         self._ensure_rollup()
+
+    def _schema_current(self) -> bool:
+        """Does this SQLite file hold every table and column this version reads?"""
+        if not self._has_rollup():
+            return False
+        have = {row[1] for row in self._query(f"PRAGMA table_info({TABLE})")}
+        return bool(have) and all(name in have for name, _ in _ADDED)
 
     def _add_columns(self) -> None:
         """Give a table made by an older rig the columns added since (another process doing

@@ -149,6 +149,8 @@ class StatusReport:
     nodes: list[NodeInfo] = field(default_factory=list)  # every node, with its liveness
     users: list[UserUsage] = field(default_factory=list)  # who holds and waits for what
     pool: str | None = None  # the pool this report is limited to (cards and waiting jobs)
+    #: With ``pool``: why it shows no card (Pools.no_card), else None.
+    pool_empty: str | None = None
     #: While Redis refuses writes: why ("Redis full"); heartbeats are refused (rig.refused_beats).
     beats_refused: str | None = None
     #: Finished jobs moved to the archive (counts: those still in Redis); None: no archive read.
@@ -335,8 +337,7 @@ class Client:
                     where = f" in pool {pool!r}" if pool else ""
                     raise Unschedulable(f"job can never run{where}: {reason}")
             elif self._cards_for_admission():
-                raise Unschedulable(f"job can never run: pool {pool!r} has no registered card "
-                                    f"(its members: {', '.join(pools.specs[pool])})")
+                raise Unschedulable(f"job can never run: {pools.no_card(pool)}")
             # submit_many reads every job's own runs in one round trip (own_estimates).
             own = None if _batch is not None else self.own_estimate(job_name, limit, template=template, command=argv)
             return Job(
@@ -593,6 +594,7 @@ class Client:
                 cards=cards, running=running, pending=pending, oldest_wait=oldest,
                 workers=workers, counts=self.store.count_by_state(),
                 nodes=nodes, users=self._users(running, now), pool=pool,
+                pool_empty=pools.no_card(pool) if pool is not None and not cards else None,
                 notices=notices, archived=archived,
             )
 

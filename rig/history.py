@@ -17,7 +17,6 @@ ArchiveUnread (never "no job").
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 
@@ -34,7 +33,6 @@ from rig.accounting import (
 )
 from rig.archive import (
     Archive,
-    ArchiveMissing,
     ArchiveRefused,
     ArchiveUnreachable,
     missing,
@@ -112,11 +110,9 @@ class History:
             if held_jobs(self.r, self.keys):
                 raise missing(path)
             return None
-        if path is not None and not os.access(path, os.R_OK | os.W_OK):
-            # rig keeps it its owner's only (jobs' environments): another user reads Redis' jobs.
-            raise ArchiveMissing(f"archive {path} is not readable by this user (it is the cluster "
-                                 "owner's only: it holds jobs' environments)")
-        archive = Archive(own, self.keys.prefix)
+        # Read-only: a reader never writes the archive (a read-only file or mount reads), and
+        # one it cannot open is ArchiveUnreadable in the OS's words (rig.archive.cannot_read).
+        archive = Archive(own, self.keys.prefix, create=False, readonly=True)
         if (gone := emptied(self.r, self.keys, archive)) is not None:
             archive.close()
             raise gone  # an archive recreated empty is not the history: Redis' jobs, one warning

@@ -111,6 +111,25 @@ class Pools:
             return True
         return any(m.contains(node, index) for m in self.members.get(pool, ()))
 
+    def no_card(self, pool: str) -> str:
+        """Why ``pool`` (configured) has no card to place on, with its members, for submit's
+        refusal and ``rig status --pool``: the one wording."""
+        return f"pool {pool!r} has no registered card (its members: {', '.join(self.specs.get(pool, ()))})"
+
+    def unmatched(self, node: str, indexes: Iterable[int]) -> str | None:
+        """One warning line for ``rig up`` of ``node``, whose cards are ``indexes``, naming every
+        member of a pool that names cards of this node that it does not have (``n1:1`` on a
+        one-card n1), else None. Members naming other nodes are theirs to check."""
+        have = set(indexes)
+        wrong = [f"{name}: {spec}" for name in self.names
+                 for member, spec in zip(self.members[name], self.specs.get(name, ()), strict=False)
+                 if member.node == node and member.cards is not None and not member.cards <= have]
+        if not wrong:
+            return None
+        cards = ", ".join(map(str, sorted(have))) or "none"
+        return (f"warning: [pools] member(s) {'; '.join(wrong)} name cards node {node} does not have (its "
+                f"cards: {cards}): no job runs on them; fix [pools] (config file or RIG_POOLS)")
+
     def check(self, pool: str | None) -> None:
         """Raise ValueError unless ``pool`` is None or configured."""
         if pool is not None and pool not in self.members:

@@ -656,6 +656,10 @@ class Stack:
         client = connect(s.redis_url)
         allowed = register_node(s, client, backend, self._say_noted)
         self._registered = True
+        from rig.pools import Pools  # a pool member naming a card this node lacks: said, once
+
+        if s.pools and (line := Pools.from_config(s.pools).unmatched(s.node_name, range(backend.count()))):
+            self._say_noted(line)
         return allowed
 
     def _say_noted(self, line: str) -> None:

@@ -739,6 +739,7 @@ class CardRunner:
         members, daemons = job_leftovers(
             active.pid if ours else 0, "RIG_EXIT_FILE", str(active.exit_file), active.proc_start if ours else None,
             first_pid=active.pid if ours else None, age=time.monotonic() - active.started_mono)
+        stopped = list(members)  # what the job left running and rig stopped: said in its log and reason
         if members:
             log.info("job %s: stopping processes it left running", active.job_id)
             stop_tree(active.pid, min(2.0, self.settings.kill_grace_seconds))
@@ -751,7 +752,11 @@ class CardRunner:
                 continue
             log.info("job %s: stopping daemonised leftover pid %s (session %s)", active.job_id, pid, sid)
             stop_tree(sid, min(2.0, self.settings.kill_grace_seconds))
+            stopped.append(pid)
         self._wait_for_keeper(active)
+        leftovers = leftovers_note(stopped)
+        if leftovers:
+            _say_in_log(active, leftovers)  # after its keeper finished: the log's last line
         rc = _read_exit_file(active.exit_file)
         if rc is None and wrapper_rc is not None:
             rc = wrapper_rc if wrapper_rc >= 0 else 128 - wrapper_rc
@@ -770,7 +775,8 @@ class CardRunner:
         keeper_lost = ((active.kept is not None and active.kept.lost_reader) or active.keeper_lost
                        or (active.keeper_dead_at_end and rc == 128 + signal.SIGPIPE))
         return Gathered(exit_code=rc, killed_here=active.kill_event.is_set(), timed_out=active.timed_out,
-                        overused=active.overused, note=log_note, ended_at=ended_at, runtime=runtime,
+                        overused=active.overused, note="; ".join(x for x in (leftovers, log_note) if x),
+                        ended_at=ended_at, runtime=runtime,
                         failure=FailureClass.INFRASTRUCTURE if keeper_lost else None)
 
     def _end_time(self, active: ActiveJob) -> tuple[float, float | None]:
@@ -1256,6 +1262,29 @@ def _cap_quietly(active: ActiveJob, cap: int) -> None:
         enforce_size_cap(active.log_path, cap)
     except OSError as exc:
         log.warning("job %s: could not cut its log %s: %s", active.job_id, active.log_path, exc)
+
+
+def leftovers_note(pids: list[int]) -> str:
+    """The words for the job's log and reason when rig stopped ``pids``, processes the job left
+    running once its own process ended ("" for none): a job's processes end with it, so none
+    holds its card's memory for the next job (docs/RELIABILITY.md, "a job leaves children behind")."""
+    if not pids:
+        return ""
+    shown = ", ".join(map(str, sorted(set(pids))[:10])) + (", ..." if len(set(pids)) > 10 else "")
+    return (f"rig stopped {len(set(pids))} process(es) the job left running when it ended, pid {shown}: a job's "
+            "processes end with it (its session, and daemons that left it)")
+
+
+def _say_in_log(active: ActiveJob, words: str) -> None:
+    """Append ``[rig: words]`` to the job's log (its keeper has finished it), as rig's other
+    notes in a log; a log that cannot be written is only logged here (the reason has it too)."""
+    if active.log_path is None:
+        return
+    try:
+        with open(active.log_path, "ab") as out:
+            out.write(f"[rig: {words}]\n".encode())
+    except OSError as exc:
+        log.warning("job %s: could not add a note to its log %s: %s", active.job_id, active.log_path, exc)
 
 
 def _reap(active: ActiveJob) -> None:

@@ -55,6 +55,7 @@ def status_dict(report: StatusReport) -> dict[str, Any]:
         "jobs_archived": report.archived,
         "users": _plain(report.users),
         "pool": report.pool,
+        "pool_empty": report.pool_empty,
         "notices": list(report.notices),
     }
 

@@ -275,7 +275,9 @@ def render_status(report: StatusReport, console: Console) -> None:
     for node in report.nodes:
         if node.name not in by_node:  # e.g. a control-only node
             console.print(node_title(node, node.name, 0))
-    if not report.cards and not report.nodes:  # a node without cards (FROZEN, control-only) is said above
+    if report.pool_empty:  # the pool's own truth: its nodes may well be up (their nodes are listed only by card)
+        console.print(escape(report.pool_empty))
+    elif not report.cards and not report.nodes:  # a node without cards (FROZEN, control-only) is said above
         console.print("no cards registered: no rig node is up (start one with `rig up`)")
 
     if report.pool:

@@ -564,6 +564,12 @@ def test_what_a_short_job_leaves_running_is_stopped_at_its_end(env, tmp_path):
     left = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).endswith(f"sleep\0{marker}\0")]
     assert left == []
     assert ledger.card("n1", 0).reserved == 0
+    # Said, not silent: the log's last line and the reason name how many were stopped, and why.
+    done = ledger.store.get(job.id)
+    last = open(done.log_paths[0]).read().splitlines()[-1]
+    assert last.startswith("[rig: rig stopped 2 process(es) the job left running when it ended, pid ")
+    assert last.endswith(": a job's processes end with it (its session, and daemons that left it)]")
+    assert done.reason.startswith("exit code 0 (rig stopped 2 process(es) the job left running")
 
 
 def _cmdline(pid: str) -> str:

@@ -401,3 +401,121 @@ def test_the_clusters_archive_unusable_here_is_a_warning_not_a_move(ledger, key_
     assert cluster_url(r, keys) == far  # not moved to b's own file
     with pytest.raises(ConfigError):
         check_node_at_up(r, keys, load_settings(key_prefix=key_prefix, home=tmp_path / "b", archive_url=far))
+
+
+def _archived_one(ledger, key_prefix, tmp_path):
+    """One job moved into the default SQLite archive under ``tmp_path``; returns it."""
+    old = finished(ledger, ended=NOW - 2 * DAY, user="ann")
+    with Archive(default_url(tmp_path), key_prefix) as archive:
+        require_cluster(ledger.store.r, ledger.keys, archive.url)
+        mover(ledger, archive).run(NOW)
+    assert not in_redis(ledger, old.id)
+    return old
+
+
+def test_a_reader_reads_an_archive_it_may_not_write(ledger, key_prefix, tmp_path, monkeypatch):
+    """A reader opens the SQLite file read-only: one that refuses every open to write (an
+    immutable file, a read-only mount: EPERM/EROFS, even for its owner) still reads."""
+    import errno
+    import os
+
+    old = _archived_one(ledger, key_prefix, tmp_path)
+    path = str(tmp_path / "archive.sqlite3")
+    real_open = os.open
+
+    def no_writes(file, flags, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if str(file) == path and flags & (os.O_RDWR | os.O_WRONLY | os.O_CREAT):
+            raise PermissionError(errno.EPERM, "Operation not permitted", path)
+        return real_open(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_writes)
+    reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path))
+    assert reader.get(old.id).id == old.id
+    assert [j.id for j in reader.list()] == [old.id] and reader.unread is None
+    reader.close()
+
+
+def test_an_archive_that_cannot_be_opened_is_said_in_the_oss_words(ledger, key_prefix, tmp_path, monkeypatch):
+    """Never a guess at ownership: the OS's reason, and the owner named only when another user
+    owns the file and the OS said permission denied."""
+    import errno
+    import os
+
+    old = _archived_one(ledger, key_prefix, tmp_path)
+    path = str(tmp_path / "archive.sqlite3")
+    real_open = os.open
+    raised = {"errno": errno.EIO, "text": "Input/output error"}
+
+    def failing(file, flags, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if str(file) == path:
+            raise OSError(raised["errno"], raised["text"], path)
+        return real_open(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", failing)
+    reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path))
+    with pytest.raises(ArchiveUnread, match=r"cannot be read by this user \(\[Errno 5\] Input/output error\)") as e:
+        reader.get(old.id)
+    assert "owner" not in str(e.value).split("(", 1)[1].split(")")[0]
+    raised.update(errno=errno.EACCES, text="Permission denied")
+    monkeypatch.setattr(os, "geteuid", lambda: os.stat(path).st_uid + 1)  # another user than the file's
+    assert reader.list() == []  # Redis holds none: the one job is archived
+    assert "[Errno 13] Permission denied; it is uid" in reader.unread and "jobs' environments" in reader.unread
+
+
+def test_the_archiving_pass_on_a_file_it_may_not_write_logs_one_line_with_the_oss_reason(
+        ledger, key_prefix, tmp_path, monkeypatch, caplog):
+    import errno
+    import os
+
+    from rig.archiving import PeriodicArchiver
+
+    _archived_one(ledger, key_prefix, tmp_path)
+    finished(ledger, ended=NOW - 2 * DAY)
+    path = str(tmp_path / "archive.sqlite3")
+    real_open = os.open
+
+    def no_writes(file, flags, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if str(file) == path and flags & (os.O_RDWR | os.O_WRONLY | os.O_CREAT):
+            raise PermissionError(errno.EPERM, "Operation not permitted", path)
+        return real_open(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_writes)
+    archiver = PeriodicArchiver(load_settings(key_prefix=key_prefix, home=tmp_path), ledger.store.r)
+    with caplog.at_level("ERROR", logger="rig.archiving"):
+        first = archiver.run(NOW)
+        second = archiver.run(NOW + 60)
+    assert first == second and first.startswith("skipped: ") and "[Errno 1] Operation not permitted" in first
+    lines = [r.getMessage() for r in caplog.records if "archiving pass skipped" in r.getMessage()]
+    assert len(lines) == 1 and "Operation not permitted" in lines[0]
+
+
+def test_a_reader_of_an_older_archive_adds_its_tables_or_says_why_it_cannot(ledger, key_prefix, tmp_path,
+                                                                          monkeypatch):
+    """Read-only readers still read an archive an older rig wrote (no usage rollup): they add
+    the tables as the writer would when they may write it, and say why not when they may not."""
+    import errno
+    import os
+
+    from rig.archive import USAGE_TABLE
+
+    old = _archived_one(ledger, key_prefix, tmp_path)
+    with Archive(default_url(tmp_path), key_prefix) as archive, archive._transaction() as cur:
+        cur.execute(f"DROP TABLE {USAGE_TABLE}")
+    path = str(tmp_path / "archive.sqlite3")
+    real_open = os.open
+
+    def no_writes(file, flags, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if str(file) == path and flags & (os.O_RDWR | os.O_WRONLY | os.O_CREAT):
+            raise PermissionError(errno.EPERM, "Operation not permitted", path)
+        return real_open(file, flags, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "open", no_writes)
+        reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path))
+        assert reader.list() == []
+        assert "was written by an older rig and adding this version's tables to it failed here" in reader.unread
+        assert "Operation not permitted" in reader.unread
+    reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path))
+    assert [j.id for j in reader.list()] == [old.id] and reader.unread is None
+    assert reader.archive().rollup_built is not None  # summed once, by this reader
+    reader.close()

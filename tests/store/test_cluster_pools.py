@@ -134,3 +134,43 @@ def test_rig_submit_from_another_config_uses_the_clusters_pools(cli_env, real_re
     assert refused.exit_code == 2
     assert refused.output.strip().splitlines() == [
         "rig: error: --pool: unknown pool 'x'; the cluster's pools: big (node vm's [pools], started last)"]
+
+
+def test_status_of_a_pool_without_cards_says_the_pools_truth_not_that_no_node_is_up(redis_client, key_prefix,
+                                                                                    tmp_path):
+    """A tester's finding: [pools] b = ["n1:1"] on a one-card n1: `rig status --pool b` said "no
+    rig node is up" though n1 was; it says what submit says (Pools.no_card)."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from rig.cli.as_json import status_dict
+    from rig.cli.render import render_status
+
+    pools = {"a": ["n1:0"], "b": ["n1:1"]}
+    settings = load_settings(key_prefix=key_prefix, node_name="n1", fake_gpus="1x80G", pools=pools,
+                             home=tmp_path / "node")
+    register_node(settings, redis_client, FakeGpuBackend("1x80G"))
+    client = _submitter(redis_client, key_prefix, tmp_path)
+    report = client.status(pool="b")
+    assert report.cards == [] and report.pool_empty == "pool 'b' has no registered card (its members: n1:1)"
+    out = StringIO()
+    render_status(report, Console(file=out, width=200))
+    assert "pool 'b' has no registered card (its members: n1:1)" in out.getvalue()
+    assert "no rig node is up" not in out.getvalue()
+    assert status_dict(report)["pool_empty"] == report.pool_empty
+    assert client.status(pool="a").pool_empty is None
+    with pytest.raises(Unschedulable, match=r"^job can never run: pool 'b' has no registered card \(its members: "
+                                            r"n1:1\)$"):
+        client.submit(["true"], gpu_memory="1G", pool="b")
+
+
+def test_rig_up_warns_in_one_line_of_a_pool_member_naming_a_card_the_node_lacks():
+    from rig.pools import Pools
+
+    pools = Pools.from_config({"a": ["n1:0"], "b": ["n1:1"], "c": ["n1:0-2", "n2:5"], "d": ["n1"]})
+    line = pools.unmatched("n1", range(1))
+    assert line == ("warning: [pools] member(s) b: n1:1; c: n1:0-2 name cards node n1 does not have (its cards: "
+                    "0): no job runs on them; fix [pools] (config file or RIG_POOLS)")
+    assert pools.unmatched("n1", range(3)) is None  # n2:5 is n2's to check
+    assert pools.unmatched("n2", range(1)) is not None and Pools({}).unmatched("n1", range(1)) is None
