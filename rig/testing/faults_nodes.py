@@ -339,8 +339,11 @@ def sigkill_lone_node(workdir: Path) -> ScenarioResult:
         line = flat[flat.find("node a:"):].split(" ┏")[0][:300]  # up to its table's top edge
         sc.result.notes.append(f"rig status: {line}")
         want = f"node a: silent since {clock(node.last_seen)}, presumed down"
+        # Why: its rig up's pid is gone (a reader on its host sees it at once), else its last
+        # heartbeat is past its life.
+        why = (f"(its rig up (pid {supervisor}) no longer runs on ", f"past its heartbeat's {life:g} s life")
         if node.down_since is not None or want not in line or "not yet declared down" in line \
-                or f"past its heartbeat's {life:g} s life" not in line:
+                or not any(reason in line for reason in why) or line.count("no longer runs") > 1:
             sc.result.problems.append(f"rig status of the SIGKILLed lone node: {line!r} (down_since {node.down_since})")
         as_json = json.loads(a.cli("status", "--json").stdout or "{}")
         if [(n.get("name"), n.get("presumed_down")) for n in as_json.get("nodes", [])] != [("a", True)]:
