@@ -162,8 +162,8 @@ class NodeInfo:
         down and why nothing declared it."""
         if not self.presumed_down:
             return "not yet declared down"
-        if self.gone:  # the reason itself is in describe, beside "presumed down"
-            return "no health check declared it down, so its jobs stay as they are"
+        if self.gone:
+            return f"{self.gone}; no health check declared it down, so its jobs stay as they are"
         life = f"{self.beat_ttl:g} s " if self.beat_ttl else ""
         return f"past its heartbeat's {life}life; no health check declared it down, so its jobs stay as they are"
 

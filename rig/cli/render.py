@@ -112,7 +112,9 @@ def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
     elif node.writes_refused:  # rig.refused_beats: not silent, refused
         line = f"[bold yellow]{line}[/]"
     elif node.state == "silent":
-        line = f"[bold yellow]{line}[/] (no heartbeat since {clock(node.last_seen)}; {node.silent_note})"
+        # A gone rig up's reason is in describe already: said once on the line.
+        note = node.silent_note.removeprefix(f"{node.gone}; ") if node.gone else node.silent_note
+        line = f"[bold yellow]{line}[/] (no heartbeat since {clock(node.last_seen)}; {note})"
     elif node.state == "down":
         line = f"[bold red]{line}[/] (last heartbeat {clock(node.last_seen)}): {NODE_STATE_NOTES['down']}"
     else:
