@@ -17,7 +17,7 @@ from rig.memory import GIB
 from rig.models import TERMINAL_STATES, JobState
 from tests.integration.harness import RigHarness
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.background]
 
 
 @pytest.fixture(scope="module")
@@ -384,7 +384,6 @@ def test_json_output_for_scripts(node):
     assert metrics["attempts"][0]["outcome"] == "succeeded"
 
 
-@pytest.mark.background
 def test_cartpole_rl_job_end_to_end(node, tmp_path):
     """The seed's smoke test (M29): a real RL training job through rig, PENDING -> RUNNING ->
     SUCCEEDED, its log and its model file."""
