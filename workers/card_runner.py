@@ -632,6 +632,10 @@ class CardRunner:
         # Without one, that keeper's death is only watched, to say whose fault what follows is.
         keeper = (ExitWatcher(active.keeper_pid) if active.kept is None and active.keeper_pid
                   and is_alive(active.keeper_pid, active.keeper_start) else None)
+        if keeper is None and active.kept is None and active.keeper_pid:
+            # That keeper died before it could be watched (between the first try and here):
+            # its death would never be seen, so the log is taken now.
+            self._take_log(active)
         next_poll = 0.0
         next_cap = time.monotonic() + LOG_CAP_POLL_S
         log_file = _inode(active.log_path)  # a log deleted under the job is said when seen
