@@ -44,14 +44,15 @@ LONGEST_FIRST = ("password-change-storm", "redis-full-down", "clock-skewed-nodes
                  "card-leaves-whitelist")
 
 
-def same_terminal(columns: str | None, lines: str | None) -> None:
-    """The pool's process sees the terminal size variables the suite has: a spawned Python
-    finds COLUMNS=80 / LINES=24 set, and `rig status` would lay out its lines for 80 columns."""
-    for name, value in (("COLUMNS", columns), ("LINES", lines)):
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+def same_start(environ: dict[str, str], cwd: str) -> None:
+    """Each pool process starts from the suite's environment and working folder as they were
+    when the pool was made: a process spawned later (one per scenario) would otherwise take a
+    test's monkeypatched RIG_* variables or its folder (whose rig.toml a scenario's settings then
+    read: CI failed once on a test's bad [templates]); the terminal size variables included (a
+    spawned Python finds COLUMNS=80 / LINES=24 set, and `rig status` would lay out 80 columns)."""
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
 
 
 def run_scenario(name: str, folder: str) -> faults.ScenarioResult:
@@ -74,8 +75,8 @@ class Scenarios:
         self._closed = False
         self._changed = threading.Condition()
         self._pool = ProcessPoolExecutor(max_workers=PARALLEL, mp_context=multiprocessing.get_context("spawn"),
-                                         max_tasks_per_child=1, initializer=same_terminal,
-                                         initargs=(os.environ.get("COLUMNS"), os.environ.get("LINES")))
+                                         max_tasks_per_child=1, initializer=same_start,
+                                         initargs=(dict(os.environ), os.getcwd()))
         self._feeder = threading.Thread(target=self._feed, name="fault-scenarios", daemon=True)
         self._feeder.start()
 
