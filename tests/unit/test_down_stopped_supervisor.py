@@ -6,12 +6,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from rig.config import load_settings
 from rig.errors import RedisUnavailable
 from rig.stack import StackError, pid_file, stop_node
+from workers.process_tree import is_stopped
 
 
 def test_rig_down_of_a_stopped_rig_up_says_kill_cont(tmp_path):
@@ -20,6 +22,12 @@ def test_rig_down_of_a_stopped_rig_up_says_kill_cont(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         proc.send_signal(signal.SIGSTOP)
+        # The stop takes effect when the child next runs; a SIGTERM that arrived first would
+        # be taken first (lower number) and end it (CI, once, under load): wait for state T.
+        deadline = time.monotonic() + 30
+        while not is_stopped(proc.pid):
+            assert time.monotonic() < deadline, "the child never stopped"
+            time.sleep(0.01)
         pid_file(settings).write_text(f"{proc.pid}\n")
         with pytest.raises(StackError) as err:
             stop_node(settings, timeout=0.3)
