@@ -55,6 +55,8 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P health:lock                 string   the control worker running a health check (PX)
   P logs:lock                   string   the control worker sweeping old logs (PX)
   P archive:lock                string   the control worker moving finished jobs to the archive (PX)
+  P join:lock                   string   a rig up checking the cluster's pools and registering its
+                                         node (redis-py Lock, PX): two at once cannot both pass
   P archive:url                 string   the cluster's one archive (first node's archive_url, no password; SET NX)
   P archive:ok_at               string   when an archiving pass last finished (epoch s)
   P archive:held                string   set once the cluster's archive was given jobs (a missing file is a loss)
@@ -258,6 +260,11 @@ class Keys:
     @property
     def archive_lock(self) -> str:
         return f"{self.prefix}archive:lock"
+
+    @property
+    def join_lock(self) -> str:
+        """A rig up's pools check and its node's registration, one rig up at a time (rig.stack)."""
+        return f"{self.prefix}join:lock"
 
     @property
     def archive_url(self) -> str:

@@ -91,6 +91,9 @@ log = logging.getLogger(__name__)
 COMPONENTS = ("redis", "cards", "control", "beat", "flower", "metrics", "gateway")
 #: How long children get to stop after SIGTERM before SIGKILL (s).
 STOP_TIMEOUT_S = 20.0
+#: Longest a rig up waits for another's pools check and registration (the join lock), and that
+#: lock's life (a rig up killed while holding it blocks the next for at most this long), s.
+JOIN_LOCK_S = 30.0
 #: Backoff between attempts to restart the private Redis (s): doubling from the first, capped.
 REDIS_RETRY_FIRST_S = 1.0
 REDIS_RETRY_MAX_S = 30.0
@@ -273,11 +276,40 @@ def second_node(settings: Settings) -> str | None:
         except OSError:
             continue
         if kind != ["addon"]:  # a pid file of an older rig says nothing: counted as a node
-            return (f"this RIG_HOME ({settings.home}) already runs node {other} (pid {pid}); a second node "
-                    f"there would write the same logs ({settings.rig_log_dir}): start node {settings.node_name} "
-                    f"with a home of its own (`RIG_HOME=/another/folder rig up --node {settings.node_name}`), "
-                    f"or `rig down --node {other}` first")
+            return _second_node_line(settings, other, pid)
     return None
+
+
+def _second_node_line(settings: Settings, other: str, pid: int) -> str:
+    """The refusal of a second node in a RIG_HOME where node ``other`` (pid) runs."""
+    return (f"this RIG_HOME ({settings.home}) already runs node {other} (pid {pid}); a second node "
+            f"there would write the same logs ({settings.rig_log_dir}): start node {settings.node_name} "
+            f"with a home of its own (`RIG_HOME=/another/folder rig up --node {settings.node_name}`), "
+            f"or `rig down --node {other}` first")
+
+
+def hold_home_lock(settings: Settings, only: tuple[str, ...] = ()) -> int:
+    """Lock this RIG_HOME for the node this process runs: flock on its run folder, held while
+    the returned descriptor is open (the kernel lets go when the process dies, SIGKILL
+    included; nothing is written, so a refused rig up leaves no file). One node per home
+    (second_node) and one rig up per node (already_up) read pid files, which two rig ups started
+    at once both read before either wrote its own: the lock refuses the second, with the line
+    those checks give once the first wrote its pid file."""
+    import fcntl
+
+    fd = os.open(settings.run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        other = running_pid(settings)
+        if other is not None:
+            raise StackError(already_up(settings.node_name, other, only)) from None
+        why = second_node(settings)
+        raise StackError(why or f"another rig up is starting in this RIG_HOME ({settings.home}) right now: "
+                                "`rig status` once it is up, or start this node with a home of its own "
+                                "(RIG_HOME=/another/folder)") from None
+    return fd
 
 
 def up_redis_elsewhere(settings: Settings) -> str | None:
@@ -354,6 +386,7 @@ class Stack:
         self._next_retire_check = 0.0  # ... and for drained closed cards' workers (retire_drained)
         self._drained_seen: set[str] = set()  # card workers found drained at the last look
         self._usable_cards: set[int] = set()  # registered usable by this rig up: never retired
+        self._home_lock: int | None = None  # the RIG_HOME's node lock while held (hold_home_lock)
         # The private Redis (when this Stack started one): restart attempts after it died.
         self._private_redis = False
         self._redis_failures = 0  # failed restarts in a row
@@ -380,6 +413,9 @@ class Stack:
         absolute_paths(s)  # children run from the run folder: a relative path would move
         for folder in (s.home, s.run_dir, s.job_log_dir, s.rig_log_dir):
             folder.mkdir(parents=True, exist_ok=True)
+        runs_node = self.wants("cards") or self.wants("control")
+        if runs_node:  # before the checks: two rig ups started at once both passed them
+            self._home_lock = hold_home_lock(s, self.options.only)
         other = running_pid(s)
         if other and other != os.getpid():
             raise StackError(already_up(s.node_name, other, self.options.only))
@@ -387,7 +423,6 @@ class Stack:
         if others:
             raise StackError(f"rig is already up on node {s.node_name} (pid {min(others)}, its pid file "
                              f"is gone); `rig down --node {s.node_name}` stops it")
-        runs_node = self.wants("cards") or self.wants("control")
         if runs_node and (why := second_node(s)) is not None:
             raise StackError(why)
         if self.wants("flower") or self.wants("metrics"):
@@ -654,7 +689,20 @@ class Stack:
         if notice:
             self.say(f"gpus: {notice}")
         client = connect(s.redis_url)
-        allowed = register_node(s, client, backend, self._say_noted)
+        # The pools check and the registration that records this node's pools, one rig up at a
+        # time: two nodes with different pools started at once both passed the first check.
+        lock = self._redis().lock(self.keys.join_lock, timeout=JOIN_LOCK_S, blocking_timeout=JOIN_LOCK_S)
+        if not lock.acquire():
+            raise StackError(f"another rig up has been registering its node in this Redis for {JOIN_LOCK_S:.0f} s "
+                             "(it holds the join lock); try `rig up` again")
+        try:
+            self._check_pools()
+            allowed = register_node(s, client, backend, self._say_noted)
+        finally:
+            try:
+                lock.release()
+            except redis.exceptions.LockError:  # it expired (a very slow registration): nothing to give back
+                pass
         self._registered = True
         from rig.pools import Pools  # a pool member naming a card this node lacks: said, once
 
@@ -1058,6 +1106,9 @@ class Stack:
                 path.unlink()
         except (FileNotFoundError, IndexError):
             pass
+        if self._home_lock is not None:  # last: the home is this node's until everything stopped
+            os.close(self._home_lock)
+            self._home_lock = None
 
     def started_anything(self) -> bool:
         """Did up() start a process or register the node (so down() has something to stop)?"""

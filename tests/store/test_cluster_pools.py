@@ -174,3 +174,63 @@ def test_rig_up_warns_in_one_line_of_a_pool_member_naming_a_card_the_node_lacks(
                     "0): no job runs on them; fix [pools] (config file or RIG_POOLS)")
     assert pools.unmatched("n1", range(3)) is None  # n2:5 is n2's to check
     assert pools.unmatched("n2", range(1)) is not None and Pools({}).unmatched("n1", range(1)) is None
+
+
+def test_two_rig_ups_with_other_pools_at_once_cannot_both_join(redis_client, key_prefix, tmp_path, monkeypatch):
+    """Two nodes with different [pools] started at the same moment both read no other node's
+    pools before either recorded its own, and both joined. The check and the registration now
+    hold the join lock: the second is refused."""
+    import threading
+
+    import rig.stack
+    from rig.stack import Stack, StackError, UpOptions
+
+    real_register = rig.stack.register_node
+    both_checked = threading.Barrier(2, timeout=1.0)  # met only when both passed the check at once
+
+    def register_after_the_other_checked(settings, _client, backend, say=None):
+        try:
+            both_checked.wait()
+        except threading.BrokenBarrierError:  # the other waits on the lock: the fix
+            pass
+        return real_register(settings, redis_client, backend, say)
+
+    monkeypatch.setattr(rig.stack, "register_node", register_after_the_other_checked)
+    outcomes: dict[str, str] = {}
+
+    def up(name: str, pools: dict) -> None:
+        settings = load_settings(key_prefix=key_prefix, node_name=name, fake_gpus="2x24G", pools=pools,
+                                 home=tmp_path / name)
+        stack = Stack(settings, UpOptions(), say=lambda _line: None)
+        stack._client = redis_client  # only the registration is called: no process is started
+        try:
+            stack._register_cards()
+            outcomes[name] = "joined"
+        except StackError as exc:
+            outcomes[name] = str(exc)
+
+    threads = [threading.Thread(target=up, args=("x", {"p": ["x:0"]})),
+               threading.Thread(target=up, args=("y", {"p": ["y:1"]}))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(outcomes) == ["x", "y"]
+    joined = [name for name, outcome in outcomes.items() if outcome == "joined"]
+    assert len(joined) == 1, outcomes
+    refused = outcomes["y" if joined == ["x"] else "x"]
+    assert "run with other pools" in refused, refused
+
+
+def test_a_held_join_lock_refuses_rig_up_in_one_line(redis_client, key_prefix, tmp_path, monkeypatch):
+    import rig.stack
+    from rig.stack import Stack, StackError, UpOptions
+
+    monkeypatch.setattr(rig.stack, "JOIN_LOCK_S", 0.2)
+    settings = load_settings(key_prefix=key_prefix, node_name="x", fake_gpus="1x24G", home=tmp_path / "x")
+    stack = Stack(settings, UpOptions(), say=lambda _line: None)
+    stack._client = redis_client
+    redis_client.set(stack.keys.join_lock, "another-rig-up", px=10_000)
+    with pytest.raises(StackError, match=r"^another rig up has been registering its node in this Redis for 0 s"):
+        stack._register_cards()
+    assert not redis_client.exists(stack.keys.node("x"))  # nothing was registered

@@ -39,3 +39,43 @@ def test_a_flower_add_on_is_no_second_node_and_may_run_beside_one(tmp_path):
     _running(tmp_path / "home", "vm")
     assert second_node(load_settings(home=tmp_path / "home", node_name="vm")) is None  # itself
     assert "already runs node vm " in second_node(load_settings(home=tmp_path / "home", node_name="b"))
+
+
+def test_two_rig_ups_started_at_once_in_one_home_cannot_both_pass(tmp_path):
+    """The pid files are written after the checks that read them: two rig ups started at the
+    same moment both passed. The home's node lock, taken before them, refuses the second with
+    the same line, whether it names the same node or another; an add-on takes no lock."""
+    import subprocess
+    import sys
+
+    from rig.stack import hold_home_lock
+
+    home = tmp_path / "home"
+    vm = load_settings(home=home, node_name="vm")
+    vm.run_dir.mkdir(parents=True, exist_ok=True)
+    # Another process holds it, as another rig up would (flock is per open file).
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys; from rig.config import load_settings; from rig.stack import hold_home_lock; "
+        f"hold_home_lock(load_settings(home={str(home)!r}, node_name='vm')); print(flush=True); sys.stdin.read()")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline()  # it holds the lock, before it wrote its pid file
+        with pytest.raises(StackError, match=r"^another rig up is starting in this RIG_HOME \(.*\) right now"):
+            hold_home_lock(vm)
+        pid_file(vm).write_text(f"{holder.pid}\nredis://127.0.0.1:6379/0\nnode\n")  # then it writes it
+        with pytest.raises(StackError, match=rf"^rig is already up on node vm \(pid {holder.pid}\)"):
+            hold_home_lock(vm)
+        other = load_settings(home=home, node_name="other", fake_gpus="2x24G")
+        with pytest.raises(StackError) as err:
+            Stack(other, UpOptions(), say=lambda _: None).up()
+        assert f"already runs node vm (pid {holder.pid})" in str(err.value) and err.value.exit_code == 7
+        assert not pid_file(other).exists()
+        pid_file(vm).unlink()
+        # The pid-file checks alone would have let it start: the lock refuses it.
+        with pytest.raises(StackError, match="another rig up is starting in this RIG_HOME"):
+            Stack(other, UpOptions(), say=lambda _: None).up()
+    finally:
+        holder.kill()
+        holder.wait(10)
+    fd = hold_home_lock(vm)  # the kernel let go when its holder died (SIGKILL)
+    os.close(fd)
