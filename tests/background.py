@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -137,9 +138,17 @@ class Child:
             return ""
 
     def stop(self) -> None:
+        """Kill the child if it still runs; remove its folder unless a test failed or the child
+        did not finish (a failure's text points at its log there)."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        try:
+            found = self._read()
+        except (OSError, ValueError):
+            return
+        if self.proc.returncode == 0 and all(o.outcome != "failed" for o in found.values()):
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 class BackgroundFailure(Exception):

@@ -95,3 +95,16 @@ def test_outcomes_wait_for_the_teardown_and_keep_every_failed_phase():
     lines.append({"nodeid": "a", "when": "teardown", "outcome": "failed", "text": "leak"})
     (done,) = outcomes(lines).values()
     assert done.outcome == "failed" and "boom" in done.text and "leak" in done.text
+
+
+def test_the_childs_folder_is_removed_after_a_passing_run_and_kept_after_a_failure(tmp_path):
+    """Every session left a /tmp/rig-test-background-* folder behind."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    passing = _run(tmp_path, "-k", "test_here or passes_in_the_child", TMPDIR=str(temp))
+    assert "2 passed" in passing.stdout, passing.stdout
+    assert not list(temp.glob("rig-test-background-*"))
+    failing = _run(tmp_path, TMPDIR=str(temp))
+    assert failing.returncode == 1
+    (kept,) = temp.glob("rig-test-background-*")
+    assert (kept / "child.log").exists()  # the failure's text points at it
