@@ -413,14 +413,12 @@ def _archived_one(ledger, key_prefix, tmp_path):
     return old
 
 
-def test_a_reader_reads_an_archive_it_may_not_write(ledger, key_prefix, tmp_path, monkeypatch):
-    """A reader opens the SQLite file read-only: one that refuses every open to write (an
-    immutable file, a read-only mount: EPERM/EROFS, even for its owner) still reads."""
+def _refuse_writes(patcher: pytest.MonkeyPatch, path: str) -> None:
+    """Every open of ``path`` to write fails EPERM (an immutable file, a read-only mount), even
+    for its owner; opens to read and other files are left alone."""
     import errno
     import os
 
-    old = _archived_one(ledger, key_prefix, tmp_path)
-    path = str(tmp_path / "archive.sqlite3")
     real_open = os.open
 
     def no_writes(file, flags, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
@@ -428,7 +426,16 @@ def test_a_reader_reads_an_archive_it_may_not_write(ledger, key_prefix, tmp_path
             raise PermissionError(errno.EPERM, "Operation not permitted", path)
         return real_open(file, flags, *args, **kwargs)
 
-    monkeypatch.setattr(os, "open", no_writes)
+    patcher.setattr(os, "open", no_writes)
+
+
+def test_a_reader_reads_an_archive_it_may_not_write(ledger, key_prefix, tmp_path, monkeypatch):
+    """A reader opens the SQLite file read-only: one that refuses every open to write (an
+    immutable file, a read-only mount: EPERM/EROFS, even for its owner) still reads."""
+
+    old = _archived_one(ledger, key_prefix, tmp_path)
+    path = str(tmp_path / "archive.sqlite3")
+    _refuse_writes(monkeypatch, path)
     reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path))
     assert reader.get(old.id).id == old.id
     assert [j.id for j in reader.list()] == [old.id] and reader.unread is None
@@ -464,22 +471,13 @@ def test_an_archive_that_cannot_be_opened_is_said_in_the_oss_words(ledger, key_p
 
 def test_the_archiving_pass_on_a_file_it_may_not_write_logs_one_line_with_the_oss_reason(
         ledger, key_prefix, tmp_path, monkeypatch, caplog):
-    import errno
-    import os
 
     from rig.archiving import PeriodicArchiver
 
     _archived_one(ledger, key_prefix, tmp_path)
     finished(ledger, ended=NOW - 2 * DAY)
     path = str(tmp_path / "archive.sqlite3")
-    real_open = os.open
-
-    def no_writes(file, flags, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        if str(file) == path and flags & (os.O_RDWR | os.O_WRONLY | os.O_CREAT):
-            raise PermissionError(errno.EPERM, "Operation not permitted", path)
-        return real_open(file, flags, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", no_writes)
+    _refuse_writes(monkeypatch, path)
     archiver = PeriodicArchiver(load_settings(key_prefix=key_prefix, home=tmp_path), ledger.store.r)
     with caplog.at_level("ERROR", logger="rig.archiving"):
         first = archiver.run(NOW)
@@ -493,8 +491,6 @@ def test_a_reader_of_an_older_archive_adds_its_tables_or_says_why_it_cannot(ledg
                                                                           monkeypatch):
     """Read-only readers still read an archive an older rig wrote (no usage rollup): they add
     the tables as the writer would when they may write it, and say why not when they may not."""
-    import errno
-    import os
 
     from rig.archive import USAGE_TABLE
 
@@ -502,15 +498,8 @@ def test_a_reader_of_an_older_archive_adds_its_tables_or_says_why_it_cannot(ledg
     with Archive(default_url(tmp_path), key_prefix) as archive, archive._transaction() as cur:
         cur.execute(f"DROP TABLE {USAGE_TABLE}")
     path = str(tmp_path / "archive.sqlite3")
-    real_open = os.open
-
-    def no_writes(file, flags, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        if str(file) == path and flags & (os.O_RDWR | os.O_WRONLY | os.O_CREAT):
-            raise PermissionError(errno.EPERM, "Operation not permitted", path)
-        return real_open(file, flags, *args, **kwargs)
-
     with monkeypatch.context() as m:
-        m.setattr(os, "open", no_writes)
+        _refuse_writes(m, path)
         reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path))
         assert reader.list() == []
         assert "was written by an older rig and adding this version's tables to it failed here" in reader.unread
