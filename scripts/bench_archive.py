@@ -55,18 +55,10 @@ def free_port() -> int:
 
 
 def private_redis(folder: Path) -> tuple[subprocess.Popen, str]:
+    from rig.testing.throwaway_redis import start_redis
+
     port = free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(folder)], stdout=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    for _ in range(100):
-        try:
-            redis.Redis.from_url(url).ping()
-            return proc, url
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("redis-server did not start")
+    return start_redis(port, folder), f"redis://127.0.0.1:{port}/0"
 
 
 def used(r: redis.Redis) -> int:

@@ -61,16 +61,9 @@ NODE = "n1"
 
 
 def start_redis(port: int, folder: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(folder)], stdout=subprocess.DEVNULL)
-    for _ in range(100):
-        try:
-            redis.Redis(port=port).ping()
-            return proc
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"redis-server on port {port} did not start")
+    from rig.testing.throwaway_redis import start_redis as start
+
+    return start(port, folder)
 
 
 def requests(first: int, n: int, unique_names: bool = False) -> list[dict]:

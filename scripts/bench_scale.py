@@ -44,7 +44,6 @@ import random
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -360,28 +359,19 @@ def wake_latency(url: str, dispatchers: int, samples: int, home: Path) -> tuple[
 
 @contextmanager
 def private_redis() -> Iterator[str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("--private-redis: no redis-server on PATH; install it (apt-get install redis-server) "
-                         "or leave the flag out to use the shared Redis")
+    from rig.testing.throwaway_redis import start_redis
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
+    folder = Path(tempfile.mkdtemp(prefix="rig-scale-redis-"))
+    proc = start_redis(port, folder)
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                redis.Redis.from_url(url).ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        yield url
+        yield f"redis://127.0.0.1:{port}/0"
     finally:
         proc.terminate()
         proc.wait(10)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main() -> int:

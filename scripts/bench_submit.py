@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,16 +39,11 @@ def main() -> None:
     from rig.gpus import GpuReading
 
     folder = Path(tempfile.mkdtemp(prefix="rig-bench-submit-"))
-    server = subprocess.Popen(["redis-server", "--port", str(args.port), "--bind", "127.0.0.1", "--save", "",
-                               "--appendonly", "no", "--dir", str(folder)], stdout=subprocess.DEVNULL)
+    from rig.testing.throwaway_redis import start_redis
+
+    server = start_redis(args.port, folder)
     url = f"redis://127.0.0.1:{args.port}/0"
     r = redis.Redis.from_url(url, decode_responses=True)
-    for _ in range(100):
-        try:
-            r.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
     try:
         client = Client(load_settings(key_prefix="rig:", home=folder, redis_url=url), redis_client=r)
         for index in range(8):

@@ -46,17 +46,9 @@ GROUPS = ("user", "name", "template", "pool", "node")
 
 
 def start_redis(port: int, folder: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(folder)], stdout=subprocess.DEVNULL)
-    r = redis.Redis(port=port)
-    for _ in range(200):
-        try:
-            r.ping()
-            return proc
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"redis-server did not start on port {port}")
+    from rig.testing.throwaway_redis import start_redis as start
+
+    return start(port, folder)
 
 
 def a_job(rng: random.Random, job_id: int, ended: float, env: dict[str, str]):  # noqa: ANN201

@@ -71,19 +71,14 @@ def main() -> int:
     parser.add_argument("--dir", default="/tmp", help="where the attempt files are made (the log dir's file system)")
     args = parser.parse_args()
     n, rounds = args.n, args.rounds
-    server = subprocess.Popen(["redis-server", "--port", str(args.port), "--save", "", "--appendonly", "no"],
-                              stdout=subprocess.DEVNULL)
+    from rig.testing.throwaway_redis import start_redis
+
     work = Path(tempfile.mkdtemp(prefix="rig-floor-", dir=args.dir))
+    server = start_redis(args.port, work / "redis")
     shm = Path(tempfile.mkdtemp(prefix="rig-floor-", dir="/dev/shm"))
     rows: dict[str, tuple[float, float]] = {}
     try:
         r = redis.Redis(port=args.port, decode_responses=True)
-        for _ in range(100):
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
         print(f"load average {os.getloadavg()[0]:.1f} at start; {n} calls a round, median of {rounds} rounds")
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "RIG_EXIT_FD": "0", "RIG_EXIT_FILE": str(work / "x")}
 

