@@ -405,7 +405,16 @@ def redis_cli(url: str, command: str) -> str:
     named by its role: ``-h MASTER -p PORT``, with the Sentinel URL said."""
     shown = strip_password(url)
     if is_sentinel(url):
-        return f"redis-cli -h MASTER -p PORT {command} (MASTER: the master behind {shown})"
+        try:
+            parsed = sentinel_url.parse(url)
+        except ValueError:
+            return f"redis-cli -h MASTER -p PORT {command} (MASTER PORT: the master behind {shown})"
+        host, port = parsed.sentinels[0]
+        ask = f"redis-cli -h {host} -p {port}{' -a SENTINEL_PASSWORD' if parsed.sentinel_password else ''}"
+        auth = " -a PASSWORD" if parsed.password is not None else ""
+        db = f" -n {parsed.db}" if parsed.db else ""
+        return (f"redis-cli -h MASTER -p PORT{db}{auth} {command} (MASTER PORT: the master's address, from "
+                f"`{ask} SENTINEL get-master-addr-by-name {parsed.master_name}`)")
     parts = urlsplit(url)
     if parts.scheme == "unix":  # redis-cli -u takes redis:// and rediss:// only
         db = dict(parse_qsl(parts.query)).get("db", "0")

@@ -102,6 +102,18 @@ def test_the_commands_rig_suggests_name_rigs_redis_and_hide_its_password():
     assert redis_cli("unix:///run/r.sock?db=2", "PING") == "redis-cli -s /run/r.sock -n 2 PING"
 
 
+def test_the_redis_cli_line_behind_sentinel_says_how_to_find_the_master():
+    """redis-cli cannot follow Sentinel: the line names the master by role and gives the one
+    command that finds it, with no password of either kind printed."""
+    line = redis_cli("sentinel://:pw@10.0.0.1:26379,10.0.0.2:26379/mymaster/2?sentinel_password=sp", "PING")
+    assert line == ("redis-cli -h MASTER -p PORT -n 2 -a PASSWORD PING (MASTER PORT: the master's address, from "
+                    "`redis-cli -h 10.0.0.1 -p 26379 -a SENTINEL_PASSWORD SENTINEL get-master-addr-by-name "
+                    "mymaster`)")
+    plain = redis_cli("sentinel://10.0.0.1:26379/mymaster", "INFO memory")
+    assert plain.startswith("redis-cli -h MASTER -p PORT INFO memory (") and " -a " not in plain, plain
+    assert "pw" not in line and "sp" not in line.replace("SENTINEL", "")
+
+
 def test_warnings_without_config_read_info_and_guess_nothing():
     memory = {"used_memory": 10, "maxmemory": 100, "maxmemory_policy": "volatile-lru"}
     lines = W.warnings(_FakeInfo(None, memory, {"aof_enabled": 0}), url=URL)  # type: ignore[arg-type]
