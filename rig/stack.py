@@ -1106,7 +1106,11 @@ class Stack:
                 path.unlink()
         except (FileNotFoundError, IndexError):
             pass
-        if self._home_lock is not None:  # last: the home is this node's until everything stopped
+        self.release_home()  # last: the home is this node's until everything stopped
+
+    def release_home(self) -> None:
+        """Give up the RIG_HOME's node lock (hold_home_lock), as this process's death would."""
+        if self._home_lock is not None:
             os.close(self._home_lock)
             self._home_lock = None
 

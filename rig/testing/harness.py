@@ -146,6 +146,7 @@ class RigHarness:
                     child.proc.wait(timeout)
             if stack.backend is not None:
                 stack.backend.close()
+            stack.release_home()  # a killed rig up's lock dies with it
         return self.kill_jobs(timeout) if jobs else []
 
     def kill_jobs(self, timeout: float = 10.0) -> list[tuple[int, int]]:

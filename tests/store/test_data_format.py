@@ -23,7 +23,9 @@ from rig.nodes import NodeRegistry
 FINGERPRINTS = {
     # 2bf4068303b9: node records carry their config's [pools] (rig.pools); an older rig ignores
     # the field, and a record without it tells nothing.
-    1: {"d9e95e666b68", "2bf4068303b9"},
+    # 17ab44445fb1: join:lock, held by a rig up while it checks the pools and registers; an
+    # older rig does not take it (it only loses the protection against a simultaneous rig up).
+    1: {"d9e95e666b68", "2bf4068303b9", "17ab44445fb1"},
 }
 
 
