@@ -86,3 +86,36 @@ def test_an_id_given_twice_is_killed_once(ledger):
     result = CliRunner().invoke(cli, ["kill", str(jid), str(jid)])
     assert result.exit_code == 0, result.output
     assert _lines(result.stdout) == [f"job {jid} cancelled (was pending); its GPU memory is free"], result.output
+
+
+@pytest.mark.redis
+def test_a_sweep_of_waiting_jobs_is_cancelled_together_and_a_placed_one_the_usual_way(ledger, monkeypatch):
+    """A tester's `rig kill --no-wait $(seq 20 10018)` took 86 s: two reads, a write, a script
+    and a nudge per job. The records are now read KILL_BATCH at a time and the waiting ones
+    cancelled with one script call each and one nudge; a job placed after the read is killed
+    as before (it is not cancelled as if it still waited)."""
+    import rig.client
+    from rig.client import Client
+
+    monkeypatch.setattr(rig.client, "KILL_BATCH", 7)  # several batches
+    ids = [_job(ledger) for _ in range(20)]
+    moved = ids[5]
+    real_records = Client.records
+
+    def records_then_placed(self, job_ids):  # noqa: ANN001, ANN202
+        found = real_records(self, job_ids)
+        ledger.r.hset(ledger.keys.job(moved), "state", JobState.ASSIGNED.value)  # placed right after the read
+        return found
+
+    monkeypatch.setattr(Client, "records", records_then_placed)
+    reads: list[int] = []
+    real_get = Client.get
+    monkeypatch.setattr(Client, "get", lambda self, jid, instance=None: reads.append(jid) or real_get(self, jid, instance))
+    wakes = ledger.r.llen(ledger.keys.sched_wake)
+    result = CliRunner().invoke(cli, ["kill", "--no-wait", *map(str, ids)])
+    assert result.exit_code == 0, result.output
+    assert all(ledger.store.get(j).state is JobState.CANCELLED for j in ids if j != moved)
+    assert set(reads) == {moved}  # only the one that moved was read again: the usual kill
+    assert ledger.r.llen(ledger.keys.sched_wake) - wakes <= 2  # one nudge for the 19 (and the usual path's)
+    assert ledger.r.hget(ledger.keys.job(ids[0]), "cancelled_by") and ledger.store.get(ids[0]).reason.startswith("cancelled by ")
+    assert len(_lines(result.stdout)) == 20
