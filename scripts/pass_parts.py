@@ -46,6 +46,10 @@ def main() -> int:
                         help="end this many jobs (30 s runs: the cluster's recent runs) before the idle passes")
     parser.add_argument("--profile", metavar="FILE",
                         help="write a cProfile of the 3 starting passes to FILE (pstats; their CPU then includes the profiler's)")
+    parser.add_argument("--profile-idle", metavar="FILE",
+                        help="write a cProfile of the idle passes to FILE (pstats; their CPU then includes the profiler's)")
+    parser.add_argument("--top", type=int, default=0,
+                        help="also print the N costliest idle passes: CPU ms, repeated or not, their parts")
     parser.add_argument("--url", default=os.environ.get("RIG_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args()
     root = str(Path(args.root).resolve())
@@ -92,6 +96,30 @@ def main() -> int:
     timed(dispatcher, "_note_wait", "sentences")
     if hasattr(dispatcher, "_word_waits"):  # idlepass: waits worded at the round's end
         timed(dispatcher, "_word_waits", "wording")
+    timed(dispatcher, "_first_reads", "first_reads")
+    timed(dispatcher, "_read_waiting", "heads")
+    timed(dispatcher, "_flush_notes", "flush")
+    if hasattr(dispatcher, "_holdings_unchanged"):
+        timed(dispatcher, "_holdings_unchanged", "holdings_check")
+    flush = dispatcher._flush_notes
+
+    def counted_flush(*a, **kw):  # reasons written (changed or re-stamped) in the pass
+        parts["written"] = parts.get("written", 0) + len(dispatcher._notes)
+        return flush(*a, **kw)
+
+    dispatcher._flush_notes = counted_flush
+    import gc
+    gc_began: list[float] = []
+
+    def gc_timed(phase: str, info: dict) -> None:  # the collector's CPU within a pass ("gc", ms; "gc2": full ones)
+        if phase == "start":
+            gc_began[:] = [time.thread_time()]
+        elif gc_began:
+            parts["gc"] = parts.get("gc", 0.0) + (time.thread_time() - gc_began.pop()) * 1000
+            if info.get("generation") == 2:
+                parts["gc2"] = parts.get("gc2", 0) + 1
+
+    gc.callbacks.append(gc_timed)
     repeated = []  # idle passes that repeated the last one's decisions (idlepass: Dispatcher._repeats)
     if hasattr(dispatcher, "_repeats"):
         repeats = dispatcher._repeats
@@ -122,6 +150,10 @@ def main() -> int:
     def end_some(count: int) -> None:  # bench_scale's, with the ends stamped on the frozen clock
         cluster.end_some(count, ended_at=None if args.real_clock else frozen + 30, runtime=30.0)
 
+    idle_profiler = None
+    if args.profile_idle:
+        import cProfile
+        idle_profiler = cProfile.Profile()
     profiler = None
     if args.profile:
         import cProfile
@@ -145,8 +177,15 @@ def main() -> int:
                 dispatcher.dispatch_pass()
         repeated.clear()
         idle = []
+        idle_repeats: list[bool | None] = []  # per idle pass: repeated (None: no _repeats in this tree)
         for _ in range(args.reps):
+            before = len(repeated)
+            if idle_profiler is not None:
+                idle_profiler.enable()
             idle.append(one_pass())
+            if idle_profiler is not None:
+                idle_profiler.disable()
+            idle_repeats.append(repeated[-1] if len(repeated) > before else None)
             if args.real_clock:
                 time.sleep(0.5)
         idle_repeated = sum(repeated)
@@ -166,6 +205,8 @@ def main() -> int:
         cluster.delete()
     if profiler is not None:
         profiler.dump_stats(args.profile)
+    if idle_profiler is not None:
+        idle_profiler.dump_stats(args.profile_idle)
     cpus = [cpu for cpu, _ in idle]
     print(json.dumps({
         "root": root, "load": round(os.getloadavg()[0], 1),
@@ -175,7 +216,11 @@ def main() -> int:
         **{f"idle_{k}_p50_ms": round(statistics.median(p.get(k, 0.0) for _, p in idle), 1)
            for k in ("cards", "holdings", "sentences", "wording")},
         "idle_rounds_p50": statistics.median(len(p["rounds"]) for _, p in idle),
-        "after_64_ends": starting}))
+        "after_64_ends": starting,
+        **({"idle_top": [{"cpu_ms": round(cpu, 1), "pass": i, "repeated": idle_repeats[i],
+                          **{k: v if k == "rounds" else round(v, 1) for k, v in p.items()}}
+                         for i, (cpu, p) in sorted(enumerate(idle), key=lambda e: -e[1][0])[:args.top]]}
+           if args.top else {})}))
     return 0
 
 
