@@ -596,7 +596,13 @@ class Dispatcher:
                 return self._read_cards()
             if not flat:
                 continue  # listed but no record (not registered yet, or removed meanwhile)
-            card = self._parse_card(dict(zip(flat[::2], flat[1::2], strict=True)))
+            # The record as sent back is a key too (one tuple, not a dict and a frozenset: the
+            # full read every FULL_READ_S parses every card); the same record in another field
+            # order misses here and finds the same object by its fields.
+            card = self._card_parses.get(flat_key := tuple(flat))
+            if card is None:
+                card = self._parse_card(dict(zip(flat[::2], flat[1::2], strict=True)))
+                self._card_parses[flat_key] = card  # (cleared with the parses, CARD_PARSE_CACHE)
             reservations = {int(k): int(v) for k, v in zip(held[::2], held[1::2], strict=True)}
             if before is not None and before[2] != reservations:
                 moved.update(reservations, before[2])
