@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
@@ -50,6 +51,11 @@ def main() -> int:
                         help="write a cProfile of the idle passes to FILE (pstats; their CPU then includes the profiler's)")
     parser.add_argument("--top", type=int, default=0,
                         help="also print the N costliest idle passes: CPU ms, repeated or not, their parts")
+    parser.add_argument("--full-reads", action="store_true",
+                        help="FULL_READ_S's full read (every card and placed job read again) before every idle pass")
+    parser.add_argument("--gc-census", action="store_true",
+                        help="after the idle passes: the objects the cycle collector tracks, in all and by type "
+                             "(what a full collection walks), and those the dispatcher's own caches hold")
     parser.add_argument("--url", default=os.environ.get("RIG_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args()
     root = str(Path(args.root).resolve())
@@ -180,6 +186,8 @@ def main() -> int:
         idle_repeats: list[bool | None] = []  # per idle pass: repeated (None: no _repeats in this tree)
         for _ in range(args.reps):
             before = len(repeated)
+            if args.full_reads:
+                dispatcher._full_read_at = -float("inf")
             if idle_profiler is not None:
                 idle_profiler.enable()
             idle.append(one_pass())
@@ -189,6 +197,7 @@ def main() -> int:
             if args.real_clock:
                 time.sleep(0.5)
         idle_repeated = sum(repeated)
+        census = _gc_census(dispatcher, one_pass) if args.gc_census else {}
         for _ in range(3):
             end_some(64)
             if profiler is not None:
@@ -217,11 +226,54 @@ def main() -> int:
            for k in ("cards", "holdings", "sentences", "wording")},
         "idle_rounds_p50": statistics.median(len(p["rounds"]) for _, p in idle),
         "after_64_ends": starting,
+        **census,
         **({"idle_top": [{"cpu_ms": round(cpu, 1), "pass": i, "repeated": idle_repeats[i],
                           **{k: v if k == "rounds" else round(v, 1) for k, v in p.items()}}
                          for i, (cpu, p) in sorted(enumerate(idle), key=lambda e: -e[1][0])[:args.top]]}
            if args.top else {})}))
     return 0
+
+
+def _gc_census(dispatcher: object, one_pass: Callable[[], object]) -> dict:
+    """The objects the cycle collector tracks now (a full collection walks them all): their
+    number, the most common types, and how many the dispatcher's caches reach (its attributes'
+    dicts and lists, one level down); and the garbage in reference cycles that 5 more idle passes
+    leave (only a collection frees it), by type."""
+    import collections
+    import gc
+
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    began = time.thread_time()
+    gc.collect()
+    first = [round((time.thread_time() - began) * 1000, 1), len(gc.garbage),
+             collections.Counter(type(o).__name__ for o in gc.garbage).most_common(6)]
+    gc.garbage.clear()
+    gc.set_debug(0)
+    began = time.thread_time()
+    gc.collect()
+    clean_ms = round((time.thread_time() - began) * 1000, 1)
+    gc.disable()
+    try:
+        for _ in range(5):
+            one_pass()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        cyclic = collections.Counter(type(o).__name__ for o in gc.garbage)
+        gc.garbage.clear()
+    finally:
+        gc.set_debug(0)
+        gc.enable()
+    tracked = gc.get_objects()
+    kinds = collections.Counter(type(o).__name__ for o in tracked)
+    mine = {}
+    for name, value in vars(dispatcher).items():
+        if isinstance(value, dict | list | set) and len(value) > 100:
+            inner = value.items() if isinstance(value, dict) else ((v, None) for v in value)
+            mine[name] = [len(value), sum(gc.is_tracked(k) + gc.is_tracked(v) for k, v in inner)]
+    return {"gc_first_full_collection_ms_freed_types": first, "gc_full_collection_clean_ms": clean_ms,
+            "gc_cyclic_garbage_of_5_passes": [sum(cyclic.values()), cyclic.most_common(10)],
+            "gc_tracked": len(tracked), "gc_top_types": kinds.most_common(8),
+            "dispatcher_caches_len_tracked": mine}
 
 
 if __name__ == "__main__":
