@@ -9,6 +9,7 @@ and clock, so a before/after of the pass's cost is not swayed by a moving clock.
     git archive main rig workers | (mkdir -p /tmp/rig-old && tar -x -C /tmp/rig-old)
     .venv/bin/python scripts/dispatch_sameness.py /tmp/rig-old                      # this tree vs that one
     .venv/bin/python scripts/dispatch_sameness.py /tmp/rig-old --cards 128 --waiting 5000 --users 1 --hold-now
+    .venv/bin/python scripts/dispatch_sameness.py /tmp/rig-old --full-reads     # FULL_READ_S's read before each pass
 
 Exit 0 when every pass is the same, 1 with the first differences otherwise. Uses a throwaway
 key prefix on $RIG_BENCH_REDIS_URL (default 127.0.0.1:6379), deleted afterwards.
@@ -29,17 +30,19 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 
 
-def run_one(root: str, url: str, cards: int, waiting: int, users: int, hold_now: bool) -> list[dict]:
+def run_one(root: str, url: str, cards: int, waiting: int, users: int, hold_now: bool,
+            full_reads: bool = False) -> list[dict]:
     """One tree's decisions (this script re-run with --child under that tree's rig)."""
     out = subprocess.run([sys.executable, str(HERE), "--child", root, "--url", url, "--cards", str(cards),
-                          "--waiting", str(waiting), "--users", str(users)] + (["--hold-now"] if hold_now else []),
+                          "--waiting", str(waiting), "--users", str(users)] + (["--hold-now"] if hold_now else [])
+                         + (["--full-reads"] if full_reads else []),
                          capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"{root}: the run failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout)
 
 
-def child(root: str, url: str, cards: int, waiting: int, users: int, hold_now: bool) -> None:
+def child(root: str, url: str, cards: int, waiting: int, users: int, hold_now: bool, full_reads: bool = False) -> None:
     sys.path.insert(0, root)
     import importlib.util
 
@@ -71,6 +74,8 @@ def child(root: str, url: str, cards: int, waiting: int, users: int, hold_now: b
 
     def timed_pass() -> float:
         """One dispatcher pass; its CPU ms (this thread's: less swayed by other load than wall time)."""
+        if full_reads:  # FULL_READ_S since the last full read: this pass reads every card and placed job
+            cluster.dispatcher._full_read_at = -float("inf")
         began = time.thread_time()
         cluster.dispatcher.dispatch_pass()
         return (time.thread_time() - began) * 1000
@@ -115,11 +120,13 @@ def main() -> int:
     parser.add_argument("--waiting", type=int, default=3000)
     parser.add_argument("--users", type=int, default=10)
     parser.add_argument("--hold-now", action="store_true", help="hold_after_seconds 0: every blocked job holds")
+    parser.add_argument("--full-reads", action="store_true",
+                        help="the full read every FULL_READ_S falls before every pass (idlepass2: the repeat outlives it)")
     parser.add_argument("--url", default=os.environ.get("RIG_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.url, args.cards, args.waiting, args.users, args.hold_now)
+        child(args.child, args.url, args.cards, args.waiting, args.users, args.hold_now, args.full_reads)
         return 0
     if not (Path(args.other) / "rig").is_dir():
         parser.error(f"{args.other}: no rig/ folder there (git archive COMMIT rig workers | tar -x -C {args.other})")
@@ -129,8 +136,8 @@ def main() -> int:
         redis.Redis.from_url(args.url, socket_connect_timeout=3).ping()
     except (redis.RedisError, ValueError) as exc:
         parser.error(f"cannot use Redis at {args.url} ({exc}); start it or give --url")
-    mine = run_one(str(HERE.parents[1]), args.url, args.cards, args.waiting, args.users, args.hold_now)
-    theirs = run_one(args.other, args.url, args.cards, args.waiting, args.users, args.hold_now)
+    mine = run_one(str(HERE.parents[1]), args.url, args.cards, args.waiting, args.users, args.hold_now, args.full_reads)
+    theirs = run_one(args.other, args.url, args.cards, args.waiting, args.users, args.hold_now, args.full_reads)
     same = True
     for a, b in zip(theirs, mine, strict=True):
         differ = [k for k in a["reasons"] if a["reasons"][k] != b["reasons"].get(k)]

@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
@@ -46,6 +47,15 @@ def main() -> int:
                         help="end this many jobs (30 s runs: the cluster's recent runs) before the idle passes")
     parser.add_argument("--profile", metavar="FILE",
                         help="write a cProfile of the 3 starting passes to FILE (pstats; their CPU then includes the profiler's)")
+    parser.add_argument("--profile-idle", metavar="FILE",
+                        help="write a cProfile of the idle passes to FILE (pstats; their CPU then includes the profiler's)")
+    parser.add_argument("--top", type=int, default=0,
+                        help="also print the N costliest idle passes: CPU ms, repeated or not, their parts")
+    parser.add_argument("--full-reads", action="store_true",
+                        help="FULL_READ_S's full read (every card and placed job read again) before every idle pass")
+    parser.add_argument("--gc-census", action="store_true",
+                        help="after the idle passes: the objects the cycle collector tracks, in all and by type "
+                             "(what a full collection walks), and those the dispatcher's own caches hold")
     parser.add_argument("--url", default=os.environ.get("RIG_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args()
     root = str(Path(args.root).resolve())
@@ -92,6 +102,30 @@ def main() -> int:
     timed(dispatcher, "_note_wait", "sentences")
     if hasattr(dispatcher, "_word_waits"):  # idlepass: waits worded at the round's end
         timed(dispatcher, "_word_waits", "wording")
+    timed(dispatcher, "_first_reads", "first_reads")
+    timed(dispatcher, "_read_waiting", "heads")
+    timed(dispatcher, "_flush_notes", "flush")
+    if hasattr(dispatcher, "_holdings_unchanged"):
+        timed(dispatcher, "_holdings_unchanged", "holdings_check")
+    flush = dispatcher._flush_notes
+
+    def counted_flush(*a, **kw):  # reasons written (changed or re-stamped) in the pass
+        parts["written"] = parts.get("written", 0) + len(dispatcher._notes)
+        return flush(*a, **kw)
+
+    dispatcher._flush_notes = counted_flush
+    import gc
+    gc_began: list[float] = []
+
+    def gc_timed(phase: str, info: dict) -> None:  # the collector's CPU within a pass ("gc", ms; "gc2": full ones)
+        if phase == "start":
+            gc_began[:] = [time.thread_time()]
+        elif gc_began:
+            parts["gc"] = parts.get("gc", 0.0) + (time.thread_time() - gc_began.pop()) * 1000
+            if info.get("generation") == 2:
+                parts["gc2"] = parts.get("gc2", 0) + 1
+
+    gc.callbacks.append(gc_timed)
     repeated = []  # idle passes that repeated the last one's decisions (idlepass: Dispatcher._repeats)
     if hasattr(dispatcher, "_repeats"):
         repeats = dispatcher._repeats
@@ -122,6 +156,10 @@ def main() -> int:
     def end_some(count: int) -> None:  # bench_scale's, with the ends stamped on the frozen clock
         cluster.end_some(count, ended_at=None if args.real_clock else frozen + 30, runtime=30.0)
 
+    idle_profiler = None
+    if args.profile_idle:
+        import cProfile
+        idle_profiler = cProfile.Profile()
     profiler = None
     if args.profile:
         import cProfile
@@ -145,11 +183,21 @@ def main() -> int:
                 dispatcher.dispatch_pass()
         repeated.clear()
         idle = []
+        idle_repeats: list[bool | None] = []  # per idle pass: repeated (None: no _repeats in this tree)
         for _ in range(args.reps):
+            before = len(repeated)
+            if args.full_reads:
+                dispatcher._full_read_at = -float("inf")
+            if idle_profiler is not None:
+                idle_profiler.enable()
             idle.append(one_pass())
+            if idle_profiler is not None:
+                idle_profiler.disable()
+            idle_repeats.append(repeated[-1] if len(repeated) > before else None)
             if args.real_clock:
                 time.sleep(0.5)
         idle_repeated = sum(repeated)
+        census = _gc_census(dispatcher, one_pass) if args.gc_census else {}
         for _ in range(3):
             end_some(64)
             if profiler is not None:
@@ -166,6 +214,8 @@ def main() -> int:
         cluster.delete()
     if profiler is not None:
         profiler.dump_stats(args.profile)
+    if idle_profiler is not None:
+        idle_profiler.dump_stats(args.profile_idle)
     cpus = [cpu for cpu, _ in idle]
     print(json.dumps({
         "root": root, "load": round(os.getloadavg()[0], 1),
@@ -175,8 +225,55 @@ def main() -> int:
         **{f"idle_{k}_p50_ms": round(statistics.median(p.get(k, 0.0) for _, p in idle), 1)
            for k in ("cards", "holdings", "sentences", "wording")},
         "idle_rounds_p50": statistics.median(len(p["rounds"]) for _, p in idle),
-        "after_64_ends": starting}))
+        "after_64_ends": starting,
+        **census,
+        **({"idle_top": [{"cpu_ms": round(cpu, 1), "pass": i, "repeated": idle_repeats[i],
+                          **{k: v if k == "rounds" else round(v, 1) for k, v in p.items()}}
+                         for i, (cpu, p) in sorted(enumerate(idle), key=lambda e: -e[1][0])[:args.top]]}
+           if args.top else {})}))
     return 0
+
+
+def _gc_census(dispatcher: object, one_pass: Callable[[], object]) -> dict:
+    """The objects the cycle collector tracks now (a full collection walks them all): their
+    number, the most common types, and how many the dispatcher's caches reach (its attributes'
+    dicts and lists, one level down); and the garbage in reference cycles that 5 more idle passes
+    leave (only a collection frees it), by type."""
+    import collections
+    import gc
+
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    began = time.thread_time()
+    gc.collect()
+    first = [round((time.thread_time() - began) * 1000, 1), len(gc.garbage),
+             collections.Counter(type(o).__name__ for o in gc.garbage).most_common(6)]
+    gc.garbage.clear()
+    gc.set_debug(0)
+    began = time.thread_time()
+    gc.collect()
+    clean_ms = round((time.thread_time() - began) * 1000, 1)
+    gc.disable()
+    try:
+        for _ in range(5):
+            one_pass()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        cyclic = collections.Counter(type(o).__name__ for o in gc.garbage)
+        gc.garbage.clear()
+    finally:
+        gc.set_debug(0)
+        gc.enable()
+    tracked = gc.get_objects()
+    kinds = collections.Counter(type(o).__name__ for o in tracked)
+    mine = {}
+    for name, value in vars(dispatcher).items():
+        if isinstance(value, dict | list | set) and len(value) > 100:
+            inner = value.items() if isinstance(value, dict) else ((v, None) for v in value)
+            mine[name] = [len(value), sum(gc.is_tracked(k) + gc.is_tracked(v) for k, v in inner)]
+    return {"gc_first_full_collection_ms_freed_types": first, "gc_full_collection_clean_ms": clean_ms,
+            "gc_cyclic_garbage_of_5_passes": [sum(cyclic.values()), cyclic.most_common(10)],
+            "gc_tracked": len(tracked), "gc_top_types": kinds.most_common(8),
+            "dispatcher_caches_len_tracked": mine}
 
 
 if __name__ == "__main__":

@@ -88,6 +88,10 @@ kept by version), waiting jobs (every field a decision reads), users, recent run
 placed jobs, usage and nodes before that moment gives _note the same reasons in the same order
 and ends: what is written (a changed reason, a re-stamp every REFRESH_S) is what a full round
 writes (tests/store/test_dispatcher_repeat.py runs both side by side with the clock moving).
+The cards' reservations are compared too (a record alike may hold other jobs). FULL_READ_S's
+full read keeps this memo (_full_read): the next pass compares it with the cards, reservations
+and every placed job's fields read afresh, so an idle cluster is not worked out in full each
+FULL_READ_S, and a write that moved no version is still seen then (test_dispatcher_full_read.py).
 Sentences name a hold's expected time as an absolute time, so they do not move with the clock.
 
 Runs as a thread in the control worker. Several dispatchers may run (several nodes): one holds
@@ -281,6 +285,9 @@ class Dispatcher:
         #: The last pass that changed nothing, what it decided from and until when (_Repeat): a
         #: pass that finds the same inputs before that moment decides the same (_repeats).
         self._repeat: _Repeat | None = None
+        #: The repeat memo outlived a full read (_full_read): what that read dropped (the placed
+        #: jobs' fields) is read and compared at the next _repeats, as a full round would read it.
+        self._recheck_placed = False
         #: Per round: every (job id, reason) _note was given, in order (a job may be given two: the
         #: hold loop's and the run-order loop's; _note's rule makes the order matter).
         self._decided: list[tuple[int, str]] = []
@@ -490,8 +497,7 @@ class Dispatcher:
         the wake-ups when True) rides in the same pipeline, before the reads; when another
         dispatcher leads, ([], None) and self._leading is False."""
         if time.monotonic() - self._full_read_at >= FULL_READ_S:
-            self.forget()
-            self._full_read_at = time.monotonic()
+            self._full_read()
         ids = self._card_ids
         fold = 0 < len(ids) <= CARDS_BATCH
         guessed = self._users_read if len(self._users_read) > 1 else []
@@ -530,7 +536,19 @@ class Dispatcher:
         self._ends_kept.clear()
         self._reservations = {}
         self._repeat = None
+        self._recheck_placed = False
         self._plan_memo.clear()
+
+    def _full_read(self) -> None:
+        """FULL_READ_S's backstop: forget what is kept (every card, reservation and placed job is
+        read again), but not the repeat memo: the next _repeats compares it with all of that read
+        afresh (the cards by content, their reservations, every placed job's fields), so a pass
+        that finds everything as it was is still repeated (it was worked out in full: the idle
+        p95 at 512 cards), and one that finds a write that moved no version is not."""
+        memo = self._repeat
+        self.forget()
+        self._repeat, self._recheck_placed = memo, memo is not None
+        self._full_read_at = time.monotonic()
 
     def _read_cards(self, prefetched: tuple[list[str], list] | None = None) -> list[CardState]:
         """Every registered card, sorted by node then index (as Ledger.cards), with the
@@ -547,8 +565,7 @@ class Dispatcher:
         else:
             ids = sorted(self.r.smembers(self.keys.cards))
             if time.monotonic() - self._full_read_at >= FULL_READ_S:
-                self.forget()
-                self._full_read_at = time.monotonic()
+                self._full_read()
             if ids != self._card_ids:  # the cards' keys, made again only when the set of cards changes
                 self._card_ids, self._card_keys = ids, []
                 for cid in ids:
@@ -579,7 +596,13 @@ class Dispatcher:
                 return self._read_cards()
             if not flat:
                 continue  # listed but no record (not registered yet, or removed meanwhile)
-            card = self._parse_card(dict(zip(flat[::2], flat[1::2], strict=True)))
+            # The record as sent back is a key too (one tuple, not a dict and a frozenset: the
+            # full read every FULL_READ_S parses every card); the same record in another field
+            # order misses here and finds the same object by its fields.
+            card = self._card_parses.get(flat_key := tuple(flat))
+            if card is None:
+                card = self._parse_card(dict(zip(flat[::2], flat[1::2], strict=True)))
+                self._card_parses[flat_key] = card  # (cleared with the parses, CARD_PARSE_CACHE)
             reservations = {int(k): int(v) for k, v in zip(held[::2], held[1::2], strict=True)}
             if before is not None and before[2] != reservations:
                 moved.update(reservations, before[2])
@@ -722,7 +745,10 @@ class Dispatcher:
                 elif half_life > 0 and stored:  # stamped ahead of now: decays from then
                     rates[user][2] = min(rates[user][2], float(at))
             steady = min(steady, _order_steady_until(team, rates, users, now))
-        self._holdings_read = (recent_users, recent, tuple(stale), tuple(map(tuple, (kept[j] for j in stale))),
+        # A repeat compares what the next round would read again: the unstarted jobs (a started one
+        # is kept while its card's reservations are the same, which _repeats compares).
+        unstarted = tuple(jid for jid in stale if not kept[jid][3])
+        self._holdings_read = (recent_users, recent, unstarted, tuple(map(tuple, (kept[j] for j in unstarted))),
                                usage_read)
         self._holdings_steady = steady
         return releases, team
@@ -749,6 +775,12 @@ class Dispatcher:
                            or tuple(map(tuple, rest[batches + 1:])) != usage_read[2]):
             return False
         return True
+
+    def _placed_unchanged(self, placed: Mapping[int, list]) -> bool:
+        """Does Redis hold ``placed``'s fields (placed job id -> its RUNNING_FIELDS as a round read
+        them) for every one of those jobs? One script call per rig.hashes.BATCH jobs."""
+        ids = list(placed)
+        return self._read_fields([self.keys.job(jid) for jid in ids], RUNNING_FIELDS) == [placed[j] for j in ids]
 
     def _end_steady_until(self, found: estimates.Estimate, began: float, time_limit: float | None,
                           now: float) -> float:
@@ -1086,7 +1118,7 @@ class Dispatcher:
             self._last_tokens = (view._big, view.cards)
             self._write_marks()
             self._flush_notes()
-            self._repeat = None
+            self._repeat, self._recheck_placed = None, False
             if _round == 0 and not progressed and not self._marked and self.repeat_idle:
                 self._repeat = self._repeat_of(cards, waiting, now, snapshot, holds)
             if not progressed or (self._read_all and not refused and not holds.by_card):
@@ -1113,6 +1145,7 @@ class Dispatcher:
         if until <= now:
             return None
         return _Repeat(settings=self.settings, at=now, until=until, cards=cards, users=self._users_read,
+                       reservations=self._reservations, placed=dict(self._kept_jobs) if snapshot.loaded else {},
                        waiting=[_decides(job) for job in waiting], holdings=snapshot.loaded,
                        nodes=self._nodes_token if self._nodes is not None else None, reasons=list(self._decided))
 
@@ -1142,10 +1175,16 @@ class Dispatcher:
             return False
         if len(cards) != len(memo.cards) or any(a is not b for a, b in zip(cards, memo.cards, strict=True)):
             return False
+        if self._reservations != memo.reservations:  # (a card's record alike with other jobs on it)
+            return False
         if self._users_read != memo.users or [_decides(job) for job in waiting] != memo.waiting:
             return False
         if memo.holdings and not self._holdings_unchanged():
             return False
+        if self._recheck_placed:  # a full read dropped the placed jobs' fields: read, compared
+            if memo.holdings and not self._placed_unchanged(memo.placed):
+                return False
+            self._kept_jobs, self._recheck_placed = dict(memo.placed), False
         if memo.nodes is not None and self._intern(nodes_token(NodeRegistry(self.r, self.keys).read())) != memo.nodes:
             return False
         by_id = {job.id: job for job in waiting}
@@ -1667,6 +1706,8 @@ class _Repeat:
     until: float
     cards: list[CardState]  # the kept CardState objects (the same objects while no version moves)
     users: list[str]  # the pending users read
+    reservations: dict[str, dict[int, int]]  # card id -> {job id: bytes} as the round read them
+    placed: dict[int, list]  # placed job id -> its fields as the round read them ({}: not read)
     waiting: list[tuple]  # _decides of each waiting job read, in the order read
     holdings: bool  # the round read the reservations (_read_holdings): their inputs are compared
     nodes: Hashable | None  # the interned nodes_token the sentences read, None when none was worded

@@ -7,6 +7,7 @@ ends and fair-share usage all move), jobs ending and arriving between passes. Af
 every job's state, placement, stored wait reason, its stamp and held_at mark are the same."""
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -66,10 +67,15 @@ def _state(r, copy: _Copy, last_id: int) -> list[tuple]:  # noqa: ANN001
     return [tuple(values) for values in pipe.execute()]
 
 
-@pytest.mark.parametrize(("seed", "outlive"), [(seed, False) for seed in range(5)] + [(5, True), (6, True)])
-def test_a_repeated_pass_leaves_redis_as_a_full_pass_does(redis_client, key_prefix, monkeypatch, seed, outlive):
+@pytest.mark.parametrize(("seed", "outlive", "full_reads"),
+                         [(seed, False, False) for seed in range(5)] + [(5, True, False), (6, True, False),
+                                                                         (7, False, True), (8, True, True)])
+def test_a_repeated_pass_leaves_redis_as_a_full_pass_does(redis_client, key_prefix, monkeypatch, seed, outlive,
+                                                          full_reads):
     """``outlive``: running jobs run on past every estimate of theirs (their expected end moves
-    in steps, rig.estimates.outlived_total), ended only by their time limit or at random."""
+    in steps, rig.estimates.outlived_total), ended only by their time limit or at random.
+    ``full_reads``: FULL_READ_S's full read falls before about a third of the passes (the repeat
+    memo outlives it, Dispatcher._full_read)."""
     r = redis_client
     clock = _Clock()
     monkeypatch.setattr(type(clock_for(r)), "now", lambda self, refresh=True: clock.t)
@@ -127,6 +133,9 @@ def test_a_repeated_pass_leaves_redis_as_a_full_pass_does(redis_client, key_pref
             drawn = rng.random()
             _apply(copies, clock, lambda c, clk, d=drawn: c.ledger.store.create_many(
                 [(_job(random.Random(d), clk.t, (6 + int(d * 30)) * GIB), None)]))
+        if full_reads and rng.random() < 0.35:
+            for copy in copies:
+                copy.dispatcher._full_read_at = -math.inf
         results = [copy.dispatcher.dispatch_pass() for copy in copies]
         assert results[0] == results[1], (step, results)
         assert [s[0] for s in copies[0].started] == [s[0] for s in copies[1].started], step
