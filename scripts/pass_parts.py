@@ -56,6 +56,9 @@ def main() -> int:
     parser.add_argument("--gc-census", action="store_true",
                         help="after the idle passes: the objects the cycle collector tracks, in all and by type "
                              "(what a full collection walks), and those the dispatcher's own caches hold")
+    parser.add_argument("--freeze", action="store_true",
+                        help="gc.freeze() after the imports, as the control worker does once ready "
+                             "(workers.app): start-up's objects out of the cycle collector's walk")
     parser.add_argument("--url", default=os.environ.get("RIG_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args()
     root = str(Path(args.root).resolve())
@@ -73,6 +76,11 @@ def main() -> int:
     if not workers.dispatcher.__file__.startswith(root):
         raise SystemExit(f"the dispatcher was imported from {workers.dispatcher.__file__}, not {root}")
 
+    if args.freeze:
+        import gc
+
+        gc.collect()
+        gc.freeze()
     frozen = 1_900_000_000.0
     cluster = bench.Cluster(args.url, args.cards // 8, args.users, Path(tempfile.mkdtemp()))
     if not args.real_clock:

@@ -24,6 +24,7 @@ workers of one card or two control workers, across processes (``_bind_to_node`` 
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -315,6 +316,12 @@ def _alert_redis_full(watch: FullWatch) -> None:
 @worker_ready.connect
 def _on_worker_ready(sender=None, **_: object) -> None:
     global _runner, _dispatcher, _forecaster
+    # What start-up made (modules, classes, Celery's own objects: ~65,000, kept for the
+    # process's life) leaves the cyclic collector's walk: a full collection, which falls in a
+    # dispatcher pass or a job's start now and then, walks only what was made since
+    # (measured alone: 38 ms for those objects, ~0 once frozen; PERFORMANCE: idlepass2).
+    gc.collect()
+    gc.freeze()
     role = os.environ.get("RIG_ROLE", "")
     name = getattr(sender, "hostname", None) or f"{role}@{settings.node_name}"
     if role == "card":
