@@ -154,8 +154,12 @@ def not_here(client: redis.Redis, keys: Keys, url: str) -> Host | None:
 
 def on_other_host(host: Host, url: str) -> str:
     """The words for a SQLite archive on ``host``, seen from this one (no advice)."""
-    return (f"this cluster archives finished jobs to a SQLite file on host {host.name} ({safe_url(url)}), "
-            f"which this host ({this_host().name}) cannot share")
+    mine = this_host()
+    # Two hosts of one name (cloned machines, containers) are told apart by their machine ids.
+    theirs, ours = (f"{host.name}, machine id {host.id[:12]}", f"{mine.name}, machine id {mine.id[:12]}") \
+        if host.name == mine.name else (host.name, mine.name)
+    return (f"this cluster archives finished jobs to a SQLite file on host {theirs} ({safe_url(url)}), "
+            f"which this host ({ours}) cannot share")
 
 
 #: What to do when a cluster of several hosts needs one archive all of them use.

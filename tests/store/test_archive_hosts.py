@@ -75,6 +75,10 @@ def test_a_sqlite_archive_is_one_hosts_and_another_host_never_writes_or_reads_it
         reader.get(job.id)  # says where the archive is, never "holds none ... DEL"
     assert reader.list()[0].id == later.id and "SQLite file on host sa" in reader.unread_line()
 
+    on_host(Host("machine-c", "sa"))  # another host of the same name: told apart by machine id
+    assert "on host sa, machine id machine-a (" in check_node_at_up(r, keys, sc)[0]
+    assert "which this host (sa, machine id machine-c) cannot share" in check_node_at_up(r, keys, sc)[0]
+
     # Back on sa: its file, its jobs; sc's node left them all to it.
     on_host(SA)
     (tmp_path / "sa-file").rename(home / "archive.sqlite3")
