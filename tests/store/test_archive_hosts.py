@@ -7,6 +7,7 @@ tmp_path; another host is this_host() made to answer another machine id."""
 from __future__ import annotations
 
 import sqlite3
+from datetime import datetime
 
 import pytest
 
@@ -136,8 +137,6 @@ def test_a_failing_pass_is_said_with_its_cause_by_the_archiving_nodes_interval(l
     assert "database or disk is full" in late(r, keys, NOW + 11, 60)  # one interval late
     task.run(NOW + 10)
     line = late(r, keys, NOW + 10, 60)
-    from datetime import datetime
-
     assert line == (f"archiving skipped since {datetime.fromtimestamp(NOW + 5):%H:%M}: database or disk is full "
                     f"({default_url(tmp_path)})")
     monkeypatch.undo()
@@ -149,7 +148,8 @@ def test_skips_said_without_control_workers_say_no_control_worker_is_up(ledger):
     r, keys = ledger.store.r, ledger.keys
     note_pass(r, keys, NOW, interval=5, node="sa", skipped="database or disk is full", url="sqlite:////x/a")
     note_pass(r, keys, NOW + 5, interval=5, node="sa", skipped="database or disk is full", url="sqlite:////x/a")
-    assert late(r, keys, NOW + 6, 60) == f"archiving skipped since {__import__('datetime').datetime.fromtimestamp(NOW):%H:%M}: database or disk is full (sqlite:////x/a)"
+    assert late(r, keys, NOW + 6, 60) == (f"archiving skipped since {datetime.fromtimestamp(NOW):%H:%M}: "
+                                          "database or disk is full (sqlite:////x/a)")
     r.set(keys.archive_ok_at, repr(NOW - 600))
     assert "no control worker is up" in late(r, keys, NOW + 6, 60, control_up=False)
 
