@@ -242,7 +242,8 @@ def _connect(url: str, *, create: bool = True, home: Path | None = None,
     path = sqlite_path(url)
     if path is not None:
         if not path.is_absolute() or str(path) == "/":
-            raise ConfigError(f"archive_url {url!r}: give an absolute path, e.g. sqlite:////var/lib/rig/archive.sqlite3")
+            raise ConfigError(f"archive_url {url!r}: give an absolute path{slashes_note(url)}, e.g. "
+                              "sqlite:////var/lib/rig/archive.sqlite3")
         if create and home is not None and path.parent.is_relative_to(home.expanduser()):
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -280,12 +281,12 @@ def _connect(url: str, *, create: bool = True, home: Path | None = None,
             # moment's outage, not certainly a mistake; callers that can go on without the
             # archive (rig up, readers) catch ArchiveUnreachable. A login it refused is no
             # outage: ArchiveRefused (rig up refuses; readers warn as for any unreachable one).
-            reason = _first_line(exc)
+            reason = one_line(exc)
             if login_refused(exc):
                 raise ArchiveRefused(url, reason) from None
             raise ArchiveUnreachable(url, reason) from None
         except psycopg.Error as exc:
-            raise ConfigError(f"archive {safe_url(url)}: cannot connect ({_first_line(exc)}); check archive_url") from None
+            raise ConfigError(f"archive {safe_url(url)}: cannot connect ({one_line(exc)}); check archive_url") from None
         return _POSTGRES, conn
     raise ConfigError(f"archive_url {safe_url(url)!r}: expected sqlite:////ABSOLUTE/PATH or postgresql://USER@HOST/DB")
 
@@ -330,9 +331,13 @@ def login_refused(exc: BaseException) -> bool:
     return "role \"" in text and "does not exist" in text
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def one_line(error: BaseException | str) -> str:
+    """An error's text as one line, for rig's one-line archive warnings: its lines folded into
+    one and runs of spaces made one (psycopg's "connection ... failed:\nFATAL:  database ...
+    does not exist" keeps its cause, the FATAL line, and no longer breaks the warning in two);
+    an exception without text gives its class name."""
+    text = " ".join(str(error).split())
+    return text or (type(error).__name__ if isinstance(error, BaseException) else "")
 
 
 def unreadable(exc: BaseException) -> bool:
@@ -404,6 +409,17 @@ def sqlite_path(url: str) -> Path | None:
     return Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
 
 
+def slashes_note(url: str) -> str:
+    """For a SQLite URL with a relative path (three slashes: ``sqlite:///tmp/x`` is ``tmp/x``,
+    relative), the words that say so and give the absolute one (four slashes); else ''. Said
+    wherever such a URL is refused or compared with the cluster's."""
+    path = sqlite_path(url)
+    if path is None or path.is_absolute():
+        return ""
+    return (f" (sqlite:/// with three slashes is a relative path, {path}; an absolute one takes four: "
+            f"sqlite:////{path})")
+
+
 def safe_url(url: str) -> str:
     """``url`` without its password, for messages."""
     head, sep, tail = url.partition("@")
@@ -442,7 +458,7 @@ class Archive:
                 raise
             except ConfigError as exc:
                 raise ArchiveUnreadable(f"archive {self.path} was written by an older rig and adding this "
-                                        f"version's tables to it failed here ({str(exc).splitlines()[0]}); "
+                                        f"version's tables to it failed here ({one_line(exc)}); "
                                         "`rig up` of this version adds them") from None
         else:
             self._open_writable(create=create, home=home)

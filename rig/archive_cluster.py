@@ -12,11 +12,21 @@ Moving on purpose (a single-node operator changes ``archive_url``): ``rig up`` r
 cluster's archive when no other node is up (:func:`check_at_up` calls :func:`claim` with
 ``alone``) and says so with the old archive's job count, on the terminal too.
 
+A SQLite archive is one host's (rig.archive_host): its record says which (``archive:host``,
+written with ``archive:url`` in one script; a record of an older rig gets the host of the first
+node that opens the file, :func:`settle_host`). On another host the same path is another file:
+there ``rig up`` says so in one line and the node comes up without archiving (the archive's
+host archives every node's finished jobs: nothing is lost, nothing split), its passes never
+open the file (:func:`require_cluster`), and readers say where the archive is
+(:func:`not_here`). A move records the archive it left (``archive:previous``), so a job id
+found in neither Redis nor the archive is told it may be there (rig.history).
+
 Also here, because the pass and ``rig status`` share them: when the pass last succeeded
-(``archive:ok_at``, epoch s) and how many jobs the pass moved into the archive
-(``archive:held``: present from the first batch on; a lower bound, it was a flag ``1`` before),
-so a SQLite file deleted under rig, or an archive recreated empty, is told from one never
-written (:func:`emptied`).
+(``archive:ok_at``, epoch s), the passes' interval and, while they fail, why and since when
+(``archive:pass``, :func:`note_pass`, :func:`late`), and how many jobs the pass moved into the
+archive (``archive:held``: present from the first batch on; a lower bound, it was a flag ``1``
+before), so a SQLite file deleted under rig, or an archive recreated empty, is told from one
+never written (:func:`emptied`).
 """
 
 from __future__ import annotations
@@ -29,12 +39,17 @@ import redis
 from rig.archive import (
     Archive,
     ArchiveEmptied,
+    ArchiveMissing,
     ArchiveRefused,
     ArchiveUnreachable,
     count_jobs,
+    one_line,
     safe_url,
     same_archive,
+    slashes_note,
+    sqlite_path,
 )
+from rig.archive_host import Host, parse, this_host
 from rig.errors import ConfigError
 from rig.keys import Keys
 
@@ -44,6 +59,11 @@ if TYPE_CHECKING:
 
 class NotClusterArchive(ConfigError):
     """This node's archive is not the cluster's: it does not archive (exit 6 for a command)."""
+
+
+class ArchiveOnOtherHost(ArchiveMissing):
+    """The cluster's archive is a SQLite file on another host: not readable from here (a
+    reader lists Redis' jobs with one warning, as for a missing file, and says where it is)."""
 
 
 def _text(value: str | bytes | None) -> str | None:
@@ -74,26 +94,102 @@ def archive_of(client: redis.Redis, keys: Keys, settings: Settings) -> str:
     return connectable(cluster) if cluster else settings.archive_location
 
 
+#: archive:url SET NX and, only when it was set, archive:host set (ARGV[2]) or deleted (''):
+#: a node never reads a new URL beside an old one's host. Returns the recorded URL.
+_RECORD = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
+  if ARGV[2] == '' then redis.call('DEL', KEYS[2]) else redis.call('SET', KEYS[2], ARGV[2]) end
+end
+return redis.call('GET', KEYS[1])
+"""
+
+
+def host_record(url: str) -> str:
+    """The ``archive:host`` value for archive ``url`` recorded by this host: this host for a
+    SQLite file, '' (none) for PostgreSQL, which every host reaches alike."""
+    return this_host().record(safe_url(url)) if sqlite_path(url) is not None else ""
+
+
 def record_if_absent(client: redis.Redis, keys: Keys, url: str) -> str:
-    """Record ``url`` as the cluster's archive unless one is; the cluster's archive (no password)."""
-    client.set(keys.archive_url, safe_url(url), nx=True)
-    return cluster_url(client, keys) or safe_url(url)
+    """Record ``url`` (and, for SQLite, this host) as the cluster's archive unless one is; the
+    cluster's archive (no password)."""
+    recorded = client.eval(_RECORD, 2, keys.archive_url, keys.archive_host, safe_url(url), host_record(url))
+    return _text(recorded) or safe_url(url)
+
+
+def archive_host(client: redis.Redis, keys: Keys) -> Host | None:
+    """The host whose disk holds the cluster's SQLite archive; None for PostgreSQL, for no
+    record, and for a record without a host (an older rig's) or with a host recorded for
+    another URL (left by an older rig's move)."""
+    cluster = cluster_url(client, keys)
+    raw = _text(client.get(keys.archive_host))
+    if cluster is None or raw is None or sqlite_path(cluster) is None:
+        return None
+    found = parse(raw)
+    return found[0] if found is not None and same_archive(found[1], cluster) else None
+
+
+def settle_host(client: redis.Redis, keys: Keys, url: str) -> None:
+    """After this node opened ``url``, the cluster's SQLite archive, here and found it whole: a
+    record without a host (an older rig's) gets this one (the first such node's is kept)."""
+    cluster = cluster_url(client, keys)
+    if sqlite_path(url) is None or cluster is None or not same_archive(cluster, url):
+        return
+    if archive_host(client, keys) is None:
+        stale = client.exists(keys.archive_host)  # a host for another URL: replaced, not kept
+        client.set(keys.archive_host, this_host().record(cluster), nx=not stale)
+
+
+def not_here(client: redis.Redis, keys: Keys, url: str) -> Host | None:
+    """The archive's host when ``url`` is the cluster's SQLite archive and that host is not this
+    one (the same path here is another file), else None."""
+    if sqlite_path(url) is None:
+        return None
+    cluster = cluster_url(client, keys)
+    if cluster is None or not same_archive(cluster, url):
+        return None
+    host = archive_host(client, keys)
+    return host if host is not None and host.id != this_host().id else None
+
+
+def on_other_host(host: Host, url: str) -> str:
+    """The words for a SQLite archive on ``host``, seen from this one (no advice)."""
+    mine = this_host()
+    # Two hosts of one name (cloned machines, containers) are told apart by their machine ids.
+    theirs, ours = (f"{host.name}, machine id {host.id[:12]}", f"{mine.name}, machine id {mine.id[:12]}") \
+        if host.name == mine.name else (host.name, mine.name)
+    return (f"this cluster archives finished jobs to a SQLite file on host {theirs} ({safe_url(url)}), "
+            f"which this host ({ours}) cannot share")
+
+
+#: What to do when a cluster of several hosts needs one archive all of them use.
+SHARED_ARCHIVE = ('for one archive every node writes and reads, set archive_url = "postgresql://USER@HOST/DB" '
+                  "(RIG_ARCHIVE_URL) on every node")
+
+
+def reader_not_here(host: Host, url: str) -> ArchiveOnOtherHost:
+    """The error of a reader on another host than the SQLite archive's."""
+    return ArchiveOnOtherHost(f"{on_other_host(host, url)}: read archived jobs on {host.name}, or "
+                              f"{SHARED_ARCHIVE}")
 
 
 def require_cluster(client: redis.Redis, keys: Keys, url: str, *, record: bool = True) -> None:
     """Before an archiving pass: record ``url`` if no archive is recorded (only with
     ``record``: once the archive opened); raise NotClusterArchive (its line: elsewhere())
-    when the cluster's archive is another one."""
+    when the cluster's archive is another one, or is a SQLite file on another host (never
+    opened here: the same path is another file)."""
     cluster = record_if_absent(client, keys, url) if record else cluster_url(client, keys)
     if cluster is not None and not same_archive(cluster, url):
         raise NotClusterArchive(elsewhere(cluster, url))
+    if (host := not_here(client, keys, url)) is not None:
+        raise NotClusterArchive(f"{on_other_host(host, url)}: {host.name}'s control workers archive")
 
 
 def elsewhere(cluster: str, own: str) -> str:
     """The one line for a node or reader whose archive is not the cluster's."""
-    return (f"this cluster archives finished jobs to {cluster} but this rig's archive_url is {safe_url(own)}: "
-            f"set archive_url (RIG_ARCHIVE_URL) to {cluster}, or `rig down` every node and `rig up` "
-            "with the new one to move the cluster to it")
+    return (f"this cluster archives finished jobs to {cluster} but this rig's archive_url is "
+            f"{safe_url(own)}{slashes_note(own)}: set archive_url (RIG_ARCHIVE_URL) to {cluster}, or `rig down` "
+            "every node and `rig up` with the new one to move the cluster to it")
 
 
 def claim(client: redis.Redis, keys: Keys, url: str, *, alone: bool) -> str | None:
@@ -104,8 +200,15 @@ def claim(client: redis.Redis, keys: Keys, url: str, *, alone: bool) -> str | No
     if same_archive(cluster, url):
         return None
     if alone:
-        client.set(keys.archive_url, safe_url(url))
-        client.delete(keys.archive_held)  # the new archive has not held anything yet
+        pipe = client.pipeline(transaction=True)
+        pipe.set(keys.archive_url, safe_url(url))
+        if host := host_record(url):
+            pipe.set(keys.archive_host, host)
+        else:
+            pipe.delete(keys.archive_host)
+        pipe.set(keys.archive_previous, cluster)  # its jobs are there: rig show of one says so
+        pipe.delete(keys.archive_held)  # the new archive has not held anything yet
+        pipe.execute()
         return f"archive: this cluster's finished jobs now go to {safe_url(url)} (they went to {cluster})"
     return f"warning: this node will not archive: {elsewhere(cluster, url)}"
 
@@ -129,6 +232,8 @@ def check_at_up(client: redis.Redis, keys: Keys, url: str, prefix: str, node: st
         with Archive(url, prefix, home=home) as archive:
             if (gone := emptied(client, keys, archive)) is not None and same_archive(cluster_url(client, keys) or url, url):
                 lines.append(f"warning: {gone}")
+            elif gone is None:
+                settle_host(client, keys, url)  # an older rig's record: the file is this host's
     except ArchiveRefused:
         raise  # the server answered: a wrong password is the operator's to fix, not an outage
     except ArchiveUnreachable as exc:
@@ -154,6 +259,11 @@ def check_node_at_up(client: redis.Redis, keys: Keys, settings: Settings) -> lis
     SQLite file of another host, a PostgreSQL login this user lacks) stops nothing: one warning
     line; the node runs jobs, does not archive (its passes skip, saying why), and moves nothing."""
     url = archive_of(client, keys, settings)
+    if (host := not_here(client, keys, url)) is not None:
+        # Not refused: the archive's host archives every node's jobs; this node runs jobs.
+        return [f"warning: this node does not archive: {on_other_host(host, url)}; {host.name}'s control workers "
+                f"archive every node's finished jobs, and rig jobs/show/usage on this host do not see archived "
+                f"ones: {SHARED_ARCHIVE}"]
     configured = bool(settings.archive_url and settings.archive_url.strip())
     try:
         return check_at_up(client, keys, url, settings.key_prefix, settings.node_name, home=settings.home)
@@ -161,8 +271,7 @@ def check_node_at_up(client: redis.Redis, keys: Keys, settings: Settings) -> lis
         if configured or cluster_url(client, keys) is None:
             raise
         return [f"warning: this node does not archive: the cluster's archive {safe_url(url)} cannot be used "
-                f"here ({str(exc).strip().splitlines()[0][:200]}); set archive_url (RIG_ARCHIVE_URL) to it as "
-                "this node reaches it"]
+                f"here ({one_line(exc)[:300]}); set archive_url (RIG_ARCHIVE_URL) to it as this node reaches it"]
 
 
 def mark_pass_ok(client: redis.Redis, keys: Keys, now: float) -> None:
@@ -218,19 +327,61 @@ def _cli(client: redis.Redis, command: str) -> str:
     return redis_cli(url, command) if url else f"redis-cli -h MASTER -p PORT {command}"
 
 
-def late(client: redis.Redis, keys: Keys, now: float, interval: float, *, control_up: bool = True) -> str | None:
-    """A line for ``rig status`` when no pass succeeded for over 3 intervals + a minute (a
-    pass is skipped, failing, or its lock is held), None when on time or never run.
-    ``control_up``: is any control worker alive (they run the passes)? If not, that is why."""
-    ok_at = _text(client.get(keys.archive_ok_at))
-    if ok_at is None:
-        return None
+#: archive:pass' fields that describe a run of skipped passes (a pass that succeeds deletes them).
+_SKIP_FIELDS = ("skips", "skipped_since", "skipped_at", "reason", "url")
+
+
+def note_pass(client: redis.Redis, keys: Keys, now: float, *, interval: float, node: str,
+              skipped: str | None = None, url: str = "") -> None:
+    """After a pass of the cluster's archive by ``node`` (its ``interval``, s, is the one rig
+    status measures lateness by): ``skipped`` None, it succeeded (the skips are forgotten);
+    else why it was skipped, one line (counted, with the first skip's time kept, epoch s)."""
+    pipe = client.pipeline(transaction=True)
+    pipe.hset(keys.archive_pass, mapping={"interval": repr(float(interval)), "node": node})
+    if skipped is None:
+        pipe.hdel(keys.archive_pass, *_SKIP_FIELDS)
+    else:
+        pipe.hset(keys.archive_pass, mapping={"skipped_at": repr(now), "reason": skipped, "url": safe_url(url)})
+        pipe.hsetnx(keys.archive_pass, "skipped_since", repr(now))
+        pipe.hincrby(keys.archive_pass, "skips", 1)
+    pipe.execute()
+
+
+def _number(value: str | None) -> float | None:
     try:
-        ago = now - float(ok_at)
+        return float(value) if value is not None else None
     except ValueError:
         return None
-    if ago <= 3 * interval + 60:
+
+
+def skipping(state: dict[str, str], now: float, interval: float) -> str | None:
+    """The line for passes being skipped (``state``: archive:pass), once two were in a row or
+    the first is one ``interval`` (s) old without a pass succeeding since; else None."""
+    skips, since = _number(state.get("skips")) or 0, _number(state.get("skipped_since"))
+    if not skips or since is None or (skips < 2 and now - since <= interval):
         return None
+    from datetime import datetime
+
+    reason, url = state.get("reason") or "unknown", state.get("url") or ""
+    where = f" ({url})" if url and url not in reason else ""
+    return f"archiving skipped since {datetime.fromtimestamp(since):%H:%M}: {reason}{where}"
+
+
+def late(client: redis.Redis, keys: Keys, now: float, interval: float, *, control_up: bool = True) -> str | None:
+    """A line for ``rig status`` when passes are skipped (:func:`skipping`: why, since when) or
+    no pass succeeded for over 3 intervals + a minute (a pass failing, or its lock held), None
+    when on time or never run. The interval is the archiving node's (archive:pass), else
+    ``interval`` (this reader's, s). ``control_up``: is any control worker alive (they run the
+    passes)? If not, that is why."""
+    state = {_text(k) or "": _text(v) or "" for k, v in client.hgetall(keys.archive_pass).items()}
+    interval = _number(state.get("interval")) or interval
+    skipped = skipping(state, now, interval)
+    ok_at = _number(_text(client.get(keys.archive_ok_at)))
+    ago = None if ok_at is None else now - ok_at
+    if ago is None or ago <= 3 * interval + 60:
+        return skipped if control_up else None
+    if skipped and control_up:
+        return skipped
     if not control_up:
         return (f"archiving last succeeded {ago / 60:.0f} min ago: no control worker is up to run it "
                 "(`rig up` on a node starts one)")

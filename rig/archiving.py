@@ -33,15 +33,18 @@ from dataclasses import dataclass, field
 
 import redis
 
-from rig.archive import Archive, is_database_error
+from rig.archive import Archive, is_database_error, one_line
 from rig.archive_cluster import (
+    NotClusterArchive,
     add_held,
     archive_of,
     emptied,
     held_jobs,
     mark_held,
     mark_pass_ok,
+    note_pass,
     require_cluster,
+    settle_host,
 )
 from rig.config import Settings
 from rig.errors import ConfigError
@@ -165,6 +168,7 @@ def archive_pass(client: redis.Redis, keys: Keys, archive: Archive, *, after_sec
     require_cluster(client, keys, archive.url)
     if (gone := emptied(client, keys, archive)) is not None:
         raise gone  # not silently the history from now on: jobs stay in Redis, said each pass
+    settle_host(client, keys, archive.url)  # a record of an older rig: this file, this host's
     lock = client.lock(keys.archive_lock, timeout=lock_s, blocking=False)
     if not lock.acquire():
         return None
@@ -196,6 +200,7 @@ class PeriodicArchiver:
     def run(self, now: float) -> str:
         """One pass (archive_pass); what it did, as the task's result."""
         s = self.settings
+        url = ""
         try:
             url = archive_of(self.r, self.keys, s)  # none set here: the cluster's
             # First: another node's missing file is no loss; recorded only once it opens (below).
@@ -215,10 +220,15 @@ class PeriodicArchiver:
             if self.archive is not None:
                 self.archive.close_quietly()
             self.archive = None
-            line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            line = one_line(exc)[:300]
             if self.quiet.due(line):
                 log.error("archiving pass skipped: %s (said again in %.0f s while it lasts)", line, self.quiet.every)
+            if not isinstance(exc, NotClusterArchive):
+                # The cluster's archive failing, not this node's being another: rig status says it.
+                note_pass(self.r, self.keys, now, interval=s.archive_interval, node=s.node_name, skipped=line, url=url)
             return f"skipped: {line}"
+        if report is not None:
+            note_pass(self.r, self.keys, now, interval=s.archive_interval, node=s.node_name)
         return "skipped (another pass runs)" if report is None else str(report)
 
 

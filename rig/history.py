@@ -36,14 +36,23 @@ from rig.archive import (
     ArchiveRefused,
     ArchiveUnreachable,
     missing,
+    one_line,
     safe_url,
     same_archive,
     sqlite_path,
     unreadable,
 )
-from rig.archive_cluster import archive_of, cluster_url, elsewhere, emptied, held_jobs
+from rig.archive_cluster import (
+    archive_of,
+    cluster_url,
+    elsewhere,
+    emptied,
+    held_jobs,
+    not_here,
+    reader_not_here,
+)
 from rig.config import Settings
-from rig.errors import ConfigError, JobGone, JobNotFound
+from rig.errors import ConfigError, JobGone, JobNotFound, RigError
 from rig.keys import Keys
 from rig.models import (
     DEFAULT,
@@ -105,6 +114,8 @@ class History:
         if self._archive is not None:
             return self._archive
         own = self.location()
+        if (host := not_here(self.r, self.keys, own)) is not None:
+            raise reader_not_here(host, own)  # the same path here is another file: never read as the archive
         path = sqlite_path(own)
         if path is not None and not path.exists():
             if held_jobs(self.r, self.keys):
@@ -172,8 +183,33 @@ class History:
             if instance is not None:
                 raise JobGone(job_id, f"no job {job_id} of instance {instance}; `rig jobs --since 30d` shows each "
                                       "job's instance where ids repeat")
-            raise JobNotFound(job_id)
+            raise self._not_found(job_id)
         return job
+
+    def _not_found(self, job_id: int) -> JobNotFound:
+        """JobNotFound for an id in neither Redis nor the archive, saying the job may be in the
+        archive the cluster used before when it moved archives (archive:previous, named), or
+        when the id is below every id Redis still knows yet was handed out (an earlier archive,
+        unnamed: the cluster's record of it is gone)."""
+        previous = self.r.get(self.keys.archive_previous)
+        if previous is not None:
+            url = previous.decode() if isinstance(previous, bytes) else previous
+            return JobElsewhere(job_id, f"no job {job_id} in Redis or in the cluster's archive "
+                                        f"{safe_url(self.location())}: it may be in the archive the cluster used "
+                                        f"before, {url} (set archive_url (RIG_ARCHIVE_URL) to it to read it)")
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zrange(self.keys.all_jobs, 0, 0)
+        pipe.get(self.keys.next_job_id)
+        lowest, given = pipe.execute()
+        try:
+            below = bool(lowest) and job_id < int(lowest[0]) and job_id <= int(given or 0)
+        except ValueError:
+            below = False
+        if below:
+            return JobElsewhere(job_id, f"no job {job_id} in Redis or in the cluster's archive "
+                                        f"{safe_url(self.location())}, though the id was handed out: it may be in "
+                                        "an archive the cluster used before (set archive_url to it to read it)")
+        return JobNotFound(job_id)
 
     def archived_count(self) -> int:
         """Jobs in the archive only: a job also still in Redis (the pass stopped between its
@@ -363,6 +399,14 @@ def archive_warning(client, what: str = "older finished jobs are not shown") -> 
     return unread_line(getattr(client, "archive_unread", None), what)
 
 
+class JobElsewhere(JobNotFound):
+    """A job in neither Redis nor the cluster's archive that may be in an earlier archive (exit 4)."""
+
+    def __init__(self, job_id: int, message: str) -> None:
+        RigError.__init__(self, message)
+        self.job_id = job_id
+
+
 class ArchiveUnread(ConfigError):
     """A job asked for by id is not in Redis and the archive cannot be read (exit 6)."""
 
@@ -374,8 +418,7 @@ def first_line(exc: BaseException) -> str:
         return f"{safe_url(exc.url)} refused the login: {exc.reason}"
     if isinstance(exc, ArchiveUnreachable):
         return f"{safe_url(exc.url)} unreachable now: {exc.reason}"
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return one_line(exc)
 
 
 def merge(live: list[Job], archived: list[Job]) -> list[Job]:

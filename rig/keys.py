@@ -60,6 +60,12 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P archive:url                 string   the cluster's one archive (first node's archive_url, no password; SET NX)
   P archive:ok_at               string   when an archiving pass last finished (epoch s)
   P archive:held                string   set once the cluster's archive was given jobs (a missing file is a loss)
+  P archive:host                string   a SQLite archive's host: JSON {id: machine id, name, url}, set with
+                                         archive:url (rig.archive_host); absent for PostgreSQL or an older record
+  P archive:previous            string   the archive the cluster used before its last move (no password)
+  P archive:pass                hash     the archiving passes: interval (s, the archiving node's), node, and
+                                         while passes fail: skips (in a row), skipped_since, skipped_at (epoch
+                                         s), reason (one line), url; a pass that succeeds deletes the last five
   P alerts:active               hash     alert key -> JSON of the alert now firing
   P alerts:since                hash     condition -> when it was first seen (epoch s)
   P flower:told                 hash     job id -> "<STATE>:<attempt>" last told to Flower, for jobs
@@ -280,6 +286,21 @@ class Keys:
     def archive_held(self) -> str:
         """String: present once the cluster's archive was given jobs; how many it took (rig.archive_cluster)."""
         return f"{self.prefix}archive:held"
+
+    @property
+    def archive_host(self) -> str:
+        """String: the host of the cluster's SQLite archive, JSON (rig.archive_host.Host.record)."""
+        return f"{self.prefix}archive:host"
+
+    @property
+    def archive_previous(self) -> str:
+        """String: the archive the cluster used before its last move (no password)."""
+        return f"{self.prefix}archive:previous"
+
+    @property
+    def archive_pass(self) -> str:
+        """Hash: the archiving passes' interval and, while they fail, why (rig.archive_cluster)."""
+        return f"{self.prefix}archive:pass"
 
     @property
     def alerts_active(self) -> str:

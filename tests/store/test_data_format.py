@@ -25,7 +25,11 @@ FINGERPRINTS = {
     # the field, and a record without it tells nothing.
     # 17ab44445fb1: join:lock, held by a rig up while it checks the pools and registers; an
     # older rig does not take it (it only loses the protection against a simultaneous rig up).
-    1: {"d9e95e666b68", "2bf4068303b9", "17ab44445fb1"},
+    # f6cb4f2d5bc8: archive:host, archive:previous and archive:pass (rig.archive_cluster); an
+    # older rig neither reads nor writes them: it archives as before (no host check), a move by
+    # it leaves archive:host naming the old URL, which is then ignored (the host record carries
+    # its URL), and rig status falls back to the reader's interval without archive:pass.
+    1: {"d9e95e666b68", "2bf4068303b9", "17ab44445fb1", "f6cb4f2d5bc8"},
 }
 
 
