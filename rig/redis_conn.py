@@ -148,11 +148,26 @@ class _FollowFailover(_RetryButNotAuth):
 
     def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):  # type: ignore[no-untyped-def, override]
         def retryable(error: Exception) -> bool:
-            if isinstance(error, MasterNotFoundError) and not self.target.diagnose(client_options())[1]:
+            if isinstance(error, MasterNotFoundError) and not sentinel_diagnosis(error, self.target)[1]:
                 return False
             return is_retryable is None or is_retryable(error)
 
         return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
+#: The attribute of a MasterNotFoundError that holds its diagnosis (rig.sentinel_url.diagnose).
+_DIAGNOSIS = "rig_sentinel_diagnosis"
+
+
+def sentinel_diagnosis(error: BaseException, target: sentinel_url.SentinelUrl) -> tuple[str, bool]:
+    """``target.diagnose()`` for ``error``, asked once per error: the retry policy asks (to
+    decide) and the error message asks again (to say why); each asking waits up to
+    SENTINEL_TIMEOUT_S when the sentinels are hung."""
+    known = getattr(error, _DIAGNOSIS, None)
+    if known is None:
+        known = target.diagnose(client_options())
+        setattr(error, _DIAGNOSIS, known)
+    return known
 
 
 # -- how many connections a process of a node opens -------------------------------------------
@@ -318,7 +333,7 @@ def unavailable(url: str, exc: BaseException) -> RedisUnavailable:
             url, f"the server at {strip_password(url)} does not answer as Redis does ({_short(exc)}); "
             "check the host and port of the Redis URL (RIG_REDIS_URL or redis_url)")
     if isinstance(exc, MasterNotFoundError) and is_sentinel(url):
-        why, _ = sentinel_url.parse(url).diagnose(client_options())
+        why, _ = sentinel_diagnosis(exc, sentinel_url.parse(url))
         return RedisUnavailable.said(url, f"no Redis master behind {strip_password(url)}: {why}")
     if is_setup_error(exc):
         return RedisUnavailable.said(

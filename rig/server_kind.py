@@ -73,21 +73,71 @@ def server_mode(conn: AbstractConnection) -> str | None:
 
 
 def _mode_without_auth(conn: AbstractConnection) -> str | None:
-    """redis_mode asked on a fresh TCP connection without credentials (None: it wants them too,
-    or the connection is not plain TCP: a Unix socket, TLS)."""
+    """:func:`probe_mode` of the server ``conn`` reached (None: the connection is not plain
+    TCP: a Unix socket, TLS)."""
     if type(conn) is not redis.Connection and not hasattr(conn, "connection_pool"):
         return None  # (a sentinel-managed connection is plain TCP too)
-    kwargs = {k: getattr(conn, k) for k in ("host", "port", "socket_connect_timeout", "socket_timeout")
-              if hasattr(conn, k)}
-    probe = redis.Connection(**kwargs)
+    host, port = getattr(conn, "host", None), getattr(conn, "port", None)
+    if host is None or port is None:
+        return None
+    timeout = getattr(conn, "socket_timeout", None) or PROBE_TIMEOUT_S
+    return probe_mode(host, int(port), min(timeout, PROBE_TIMEOUT_S))
+
+
+#: Longest wait for each reply of :func:`probe_mode` (s): a server of either kind answers these
+#: two small commands at once.
+PROBE_TIMEOUT_S = 1.0
+
+
+def probe_mode(host: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """The ``redis_mode`` of the server at host:port, asked without credentials (None: it
+    cannot be told, or nothing answers). INFO server where the server answers it; where it
+    wants a password first (NOAUTH for INFO from both kinds), by its command table, which a
+    server consults before the password: a plain Redis knows no SENTINEL ("unknown command"),
+    a sentinel does (NOAUTH). The connection skips redis-py's handshake: redis-py 8 opens with
+    HELLO, which a server with a password refuses before anything else, whatever its kind."""
+    probe = redis.Connection(host=host, port=port, socket_connect_timeout=timeout_s, socket_timeout=timeout_s,
+                             redis_connect_func=_bare)
     setattr(probe, NOT_GATED, True)  # its refusal is no news about rig's password (rig.authgate)
     try:
         probe.connect()
-        return server_mode(probe)
+        reply = _ask(probe, "INFO", "server")
+        if not isinstance(reply, Exception):
+            text = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
+            modes = [line.partition(":")[2].strip() for line in text.splitlines() if line.startswith("redis_mode:")]
+            return modes[0] if modes else None
+        if not _wants_password(reply):
+            return None
+        reply = _ask(probe, "SENTINEL", "MYID")
+        if _wants_password(reply):
+            return SENTINEL
+        if isinstance(reply, redis.ResponseError) and "unknown command" in str(reply).lower():
+            return DATA
+        return None
     except (redis.RedisError, OSError):
         return None
     finally:
         probe.disconnect()
+
+
+def _bare(conn: AbstractConnection) -> None:
+    """A connection's set-up without any command: only the reply parser (redis-py's private
+    ``_parser``; its on_connect sends HELLO, CLIENT SETINFO, AUTH first)."""
+    conn._parser.on_connect(conn)  # noqa: SLF001
+
+
+def _ask(conn: AbstractConnection, *args: str) -> object:
+    """The reply to one command, or the error the server answered with (returned, not raised)."""
+    conn.send_command(*args)
+    try:
+        return conn.read_response()
+    except (redis.AuthenticationError, redis.ResponseError) as exc:
+        return exc
+
+
+def _wants_password(reply: object) -> bool:
+    """True for a NOAUTH refusal (redis-py raises it as AuthenticationError or ResponseError)."""
+    return isinstance(reply, Exception) and ("NOAUTH" in str(reply) or "Authentication required" in str(reply))
 
 
 def wrong_kind(mode: str, expected: str, where: str, conn: AbstractConnection | None = None) -> str:
