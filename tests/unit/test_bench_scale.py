@@ -18,6 +18,12 @@ SCRIPT = ROOT / "scripts" / "bench_scale.py"
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The script with ``args``; by default pointed at a port where nothing listens, so an
+    argument it accepts by mistake ends at its Redis check instead of benchmarking the shared
+    Redis (the unfixed script ran the full benchmark there for --dispatchers 0)."""
+    from rig.testing.sentinel_set import free_port
+
+    env = env or {**os.environ, "RIG_BENCH_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60,
                           env=env)
 
