@@ -136,8 +136,11 @@ def _ask(conn: AbstractConnection, *args: str) -> object:
 
 
 def _wants_password(reply: object) -> bool:
-    """True for a NOAUTH refusal (redis-py raises it as AuthenticationError or ResponseError)."""
-    return isinstance(reply, Exception) and ("NOAUTH" in str(reply) or "Authentication required" in str(reply))
+    """True for a NOAUTH refusal: redis-py raises it as AuthenticationError (its text without
+    the NOAUTH code), older versions as a ResponseError. (No AUTH is sent here, so no WRONGPASS.)"""
+    if isinstance(reply, redis.AuthenticationError):
+        return True
+    return isinstance(reply, redis.ResponseError) and ("NOAUTH" in str(reply) or "Authentication required" in str(reply))
 
 
 def wrong_kind(mode: str, expected: str, where: str, conn: AbstractConnection | None = None) -> str:
