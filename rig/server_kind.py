@@ -160,16 +160,34 @@ def wrong_kind(mode: str, expected: str, where: str, conn: AbstractConnection | 
 
 
 def _monitored_name(conn: AbstractConnection) -> str | None:
-    """The master name a sentinel monitors, when it monitors exactly one (for the hint)."""
-    kwargs = {k: getattr(conn, k) for k in ("host", "port", "socket_connect_timeout", "socket_timeout")
-              if hasattr(conn, k)}
-    client = redis.Redis(**kwargs, password=getattr(conn, "password", None), decode_responses=True)
+    """The master name a sentinel monitors, when it monitors exactly one (for the hint), asked
+    on a bare connection (:func:`probe_mode`'s) with the password ``conn`` has, if any: through
+    a client of redis-py, a sentinel that wants a password refused its HELLO and rig.authgate
+    held the next login back, 5 s before the one line (issue 15)."""
+    host, port = getattr(conn, "host", None), getattr(conn, "port", None)
+    if host is None or port is None:
+        return None
+    probe = redis.Connection(host=host, port=int(port), socket_connect_timeout=PROBE_TIMEOUT_S,
+                             socket_timeout=PROBE_TIMEOUT_S, redis_connect_func=_bare)
+    setattr(probe, NOT_GATED, True)  # its refusal is no news about rig's password (rig.authgate)
     try:
-        names = list(client.sentinel_masters())
+        probe.connect()
+        password = getattr(conn, "password", None)
+        if password:
+            _ask(probe, "AUTH", password)  # refused: the next reply says NOAUTH, and no name is given
+        reply = _ask(probe, "SENTINEL", "MASTERS")
     except (redis.RedisError, OSError):
         return None
     finally:
-        client.close()
+        probe.disconnect()
+    if not isinstance(reply, list):
+        return None
+    names = []
+    for master in reply:  # RESP2: each master a flat list of field, value, field, value ...
+        fields = dict(zip(master[::2], master[1::2], strict=False)) if isinstance(master, list) else {}
+        name = fields.get(b"name", fields.get("name"))
+        if name is not None:
+            names.append(name.decode(errors="replace") if isinstance(name, bytes) else str(name))
     return names[0] if len(names) == 1 else None
 
 

@@ -113,9 +113,12 @@ def test_sentinel_url_on_a_plain_redis_with_a_password_says_it_is_no_sentinel(se
     assert "is a plain Redis" in why and not failover
 
 
-def test_redis_url_on_a_sentinel_port_with_a_password_names_the_sentinel_form(servers):
+@pytest.mark.parametrize(("creds", "name"), [("", "MASTER_NAME"), (":spw@", "rigm"), (":wrong@", "MASTER_NAME")])
+def test_redis_url_on_a_sentinel_port_with_a_password_names_the_sentinel_form(servers, creds, name):
+    """The master's name is read only with the sentinel's own password (rig's, in the URL)."""
     port = servers["sentinel_pw"]
-    assert _refused(f"redis://127.0.0.1:{port}/0").startswith("that port is a Redis Sentinel")
+    text = _refused(f"redis://{creds}127.0.0.1:{port}/0")
+    assert text.startswith("that port is a Redis Sentinel") and f"sentinel://127.0.0.1:{port}/{name}/0" in text
 
 
 def test_the_kind_is_told_without_the_password(servers):
