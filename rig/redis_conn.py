@@ -148,11 +148,26 @@ class _FollowFailover(_RetryButNotAuth):
 
     def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):  # type: ignore[no-untyped-def, override]
         def retryable(error: Exception) -> bool:
-            if isinstance(error, MasterNotFoundError) and not self.target.diagnose(client_options())[1]:
+            if isinstance(error, MasterNotFoundError) and not sentinel_diagnosis(error, self.target)[1]:
                 return False
             return is_retryable is None or is_retryable(error)
 
         return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
+#: The attribute of a MasterNotFoundError that holds its diagnosis (rig.sentinel_url.diagnose).
+_DIAGNOSIS = "rig_sentinel_diagnosis"
+
+
+def sentinel_diagnosis(error: BaseException, target: sentinel_url.SentinelUrl) -> tuple[str, bool]:
+    """``target.diagnose()`` for ``error``, asked once per error: the retry policy asks (to
+    decide) and the error message asks again (to say why); each asking waits up to
+    SENTINEL_TIMEOUT_S when the sentinels are hung."""
+    known = getattr(error, _DIAGNOSIS, None)
+    if known is None:
+        known = target.diagnose(client_options())
+        setattr(error, _DIAGNOSIS, known)
+    return known
 
 
 # -- how many connections a process of a node opens -------------------------------------------
@@ -318,7 +333,7 @@ def unavailable(url: str, exc: BaseException) -> RedisUnavailable:
             url, f"the server at {strip_password(url)} does not answer as Redis does ({_short(exc)}); "
             "check the host and port of the Redis URL (RIG_REDIS_URL or redis_url)")
     if isinstance(exc, MasterNotFoundError) and is_sentinel(url):
-        why, _ = sentinel_url.parse(url).diagnose(client_options())
+        why, _ = sentinel_diagnosis(exc, sentinel_url.parse(url))
         return RedisUnavailable.said(url, f"no Redis master behind {strip_password(url)}: {why}")
     if is_setup_error(exc):
         return RedisUnavailable.said(
@@ -328,7 +343,7 @@ def unavailable(url: str, exc: BaseException) -> RedisUnavailable:
         # Connected, then no answer: a Redis runs there (stopped with SIGSTOP, or stuck), and `rig up` is no cure.
         return RedisUnavailable.said(
             url, f"Redis at {strip_password(url)} does not answer ({_short(exc)}): it is up but hung or "
-            f"overloaded (stopped, swapping, a slow command); check it with `{redis_cli(url, 'ping')}`")
+            f"overloaded (stopped, swapping, a slow command); check it with {suggest_cli(url, 'ping')}")
     return RedisUnavailable(url, _short(exc))
 
 
@@ -401,20 +416,18 @@ def redis_cli(url: str, command: str) -> str:
     """The `redis-cli` command line that runs ``command`` on rig's Redis at ``url``: the one
     rule for every command rig suggests, so a copied line never acts on another Redis (a bare
     `redis-cli` means 127.0.0.1:6379). The password is never printed: ``PASSWORD`` stands in
-    for it when the URL has one. Behind Sentinel (which redis-cli cannot follow) the master is
-    named by its role: ``-h MASTER -p PORT``, with the Sentinel URL said."""
+    for it when the URL has one. Only the command, to be quoted as it is: behind Sentinel
+    (which redis-cli cannot follow) the master is named by its role, ``-h MASTER -p PORT``,
+    and :func:`redis_cli_note` says how to find it (:func:`suggest_cli` puts the two together)."""
     shown = strip_password(url)
     if is_sentinel(url):
         try:
             parsed = sentinel_url.parse(url)
         except ValueError:
-            return f"redis-cli -h MASTER -p PORT {command} (MASTER PORT: the master behind {shown})"
-        host, port = parsed.sentinels[0]
-        ask = f"redis-cli -h {host} -p {port}{' -a SENTINEL_PASSWORD' if parsed.sentinel_password else ''}"
+            return f"redis-cli -h MASTER -p PORT {command}"
         auth = " -a PASSWORD" if parsed.password is not None else ""
         db = f" -n {parsed.db}" if parsed.db else ""
-        return (f"redis-cli -h MASTER -p PORT{db}{auth} {command} (MASTER PORT: the master's address, from "
-                f"`{ask} SENTINEL get-master-addr-by-name {parsed.master_name}`)")
+        return f"redis-cli -h MASTER -p PORT{db}{auth} {command}"
     parts = urlsplit(url)
     if parts.scheme == "unix":  # redis-cli -u takes redis:// and rediss:// only
         db = dict(parse_qsl(parts.query)).get("db", "0")
@@ -423,6 +436,29 @@ def redis_cli(url: str, command: str) -> str:
     if url_password(url) is not None:
         shown = with_password(shown, "PASSWORD")
     return f"redis-cli -u {shown} {command}"
+
+
+def redis_cli_note(url: str) -> str:
+    """What the MASTER and PORT of :func:`redis_cli`'s line are, for a ``sentinel://`` URL:
+    ``(MASTER PORT: the master's address, from `redis-cli ... SENTINEL get-master-addr-by-name
+    NAME`)``, no password printed; "" for any other URL (its line names the server itself)."""
+    if not is_sentinel(url):
+        return ""
+    try:
+        parsed = sentinel_url.parse(url)
+    except ValueError:
+        return f"(MASTER PORT: the master behind {strip_password(url)})"
+    host, port = parsed.sentinels[0]
+    ask = f"redis-cli -h {host} -p {port}{' -a SENTINEL_PASSWORD' if parsed.sentinel_password else ''}"
+    return f"(MASTER PORT: the master's address, from `{ask} SENTINEL get-master-addr-by-name {parsed.master_name}`)"
+
+
+def suggest_cli(url: str, command: str) -> str:
+    """:func:`redis_cli`'s line in backticks, followed by :func:`redis_cli_note` when there is
+    one: how every message words a command to run (the note outside the backticks, so the
+    quoted part can be copied and run)."""
+    note = redis_cli_note(url)
+    return f"`{redis_cli(url, command)}`" + (f" {note}" if note else "")
 
 
 def client_url(client: redis.Redis) -> str | None:

@@ -28,7 +28,7 @@ import redis
 
 from rig.errors import RedisFull, RedisRefusesWrites
 from rig.memory import format_memory
-from rig.redis_conn import redis_cli, strip_password
+from rig.redis_conn import strip_password, suggest_cli
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def refused_error(url: str, exc: BaseException, client: redis.Redis | None = Non
         figures = state.describe() if state is not None else "maxmemory reached, policy noeviction"
         return RedisFull(
             f"Redis at {shown} is full ({figures}) and refused rig's write; nothing was changed. "
-            f"Raise its maxmemory (`{redis_cli(url, 'CONFIG SET maxmemory <size>')}`, and in its config "
+            f"Raise its maxmemory ({suggest_cli(url, 'CONFIG SET maxmemory <size>')}, and in its config "
             "file) or free memory in it, then try again", url)
     if kind == READ_ONLY:
         return RedisRefusesWrites(
@@ -157,7 +157,7 @@ def warnings(client: redis.Redis, *, url: str, private: bool = False) -> list[st
         if policy and policy != NOEVICTION:
             out.append(f"Redis' maxmemory-policy is {policy}: when it fills it silently deletes keys, "
                        "rig's job records and reservations among them; set it to noeviction "
-                       f"(`{redis_cli(url, 'CONFIG SET maxmemory-policy noeviction')}`, and in its config file)")
+                       f"({suggest_cli(url, 'CONFIG SET maxmemory-policy noeviction')}, and in its config file)")
         if not private:
             save, aof = _config(client, "save"), _config(client, "appendonly")
             if aof is None:
@@ -169,7 +169,7 @@ def warnings(client: redis.Redis, *, url: str, private: bool = False) -> list[st
             if save is not None and not save.strip() and aof == "no":
                 out.append("Redis keeps no copy on disk (no RDB save, no AOF): a restart of it loses "
                            "every job and reservation; turn on AOF "
-                           f"(`{redis_cli(url, 'CONFIG SET appendonly yes')}`, and in its config file)")
+                           f"({suggest_cli(url, 'CONFIG SET appendonly yes')}, and in its config file)")
     except Exception as exc:  # noqa: BLE001 - a warning must never fail the command that asks
         log.debug("Redis durability check failed: %s", exc)
     return out

@@ -35,6 +35,11 @@ DEFAULT_SENTINEL_PORT = 26379
 SENTINEL_PASSWORD_PARAM = "sentinel_password"
 #: What a password with URL delimiters in it needs (finding 11 of issue 15).
 ENCODE_HINT = "percent-encode @ : / ? # in passwords (p@ss:w/rd is p%40ss%3Aw%2Frd)"
+#: Longest wait for a sentinel to accept a connection, and for each of its replies (s). A
+#: sentinel answers its few small commands at once; a longer wait only delays the next sentinel
+#: when one is hung (SIGSTOP, swapping: it accepts, never answers): with rig's 10 s reply
+#: timeout one hung sentinel cost every command 10 s, all three 90 s (issue 15).
+SENTINEL_TIMEOUT_S = 1.0
 FORM = ("sentinel://[:PASSWORD@]HOST:PORT,HOST:PORT,HOST:PORT/MASTER_NAME/DB "
         "(?sentinel_password=PW for sentinels with their own password)")
 
@@ -56,14 +61,16 @@ class SentinelUrl:
 
     def sentinel_kwargs(self, options: dict[str, Any]) -> dict[str, Any]:
         """Options of the connections to the sentinels themselves: the socket timeouts of
-        ``options`` (rig.redis_conn.client_options), their own password, never the master's,
-        and no retry of their own: a master lookup asks each sentinel once, and the lookup is
-        retried by the master client's policy (redis-py's default retried each dead sentinel
-        3 times with backoff: 9 s before "no sentinel answers")."""
+        ``options`` (rig.redis_conn.client_options) capped at SENTINEL_TIMEOUT_S, their own
+        password, never the master's, and no retry of their own: a master lookup asks each
+        sentinel once, and the lookup is retried by the master client's policy (redis-py's
+        default retried each dead sentinel 3 times with backoff: 9 s before "no sentinel
+        answers")."""
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
-        kwargs: dict[str, Any] = {k: v for k, v in options.items() if k in ("socket_connect_timeout", "socket_timeout")}
+        kwargs: dict[str, Any] = {key: min(options.get(key) or SENTINEL_TIMEOUT_S, SENTINEL_TIMEOUT_S)
+                                  for key in ("socket_connect_timeout", "socket_timeout")}
         kwargs["retry"] = Retry(NoBackoff(), 0)
         if self.sentinel_password:
             kwargs["password"] = self.sentinel_password
@@ -84,61 +91,67 @@ class SentinelUrl:
                                    password=self.password, connection_class=_master_connection_class())
 
     def diagnose(self, options: dict[str, Any] | None = None) -> tuple[str, bool]:
-        """Why no master can be found, asking each sentinel once (no retry): (one sentence for
-        the operator, whether it is a fail-over in progress that retrying rides out). Only a
+        """Why no master can be found, asking every sentinel once, all at the same time (so all
+        of them hung cost SENTINEL_TIMEOUT_S twice, not that per sentinel): (one sentence for the
+        operator, whether it is a fail-over in progress that retrying rides out). Only a
         sentinel that answers and monitors MASTER_NAME means a fail-over; none answering, a
-        refused sentinel password or an unknown name is the configuration's fault."""
-        import redis
+        refused sentinel password, a listed address that is no sentinel or an unknown name is
+        the configuration's fault."""
+        from concurrent.futures import ThreadPoolExecutor
 
-        kwargs = {"socket_connect_timeout": 1.0, "socket_timeout": 1.0,
-                  **self.sentinel_kwargs(options or {}), "decode_responses": True}
-        unreachable, refused, named = [], [], set()
-        for host, port in self.sentinels:
-            where = _hostport((host, port))
-            client = redis.Redis(host=host, port=port, **kwargs)
-            try:
-                masters = client.sentinel_masters()
-            except redis.AuthenticationError:
-                refused.append(where)
-                continue
-            except (redis.ConnectionError, redis.TimeoutError, OSError):
-                unreachable.append(where)
-                continue
-            except redis.ResponseError as exc:
-                if str(exc).split(" ", 1)[0] in ("NOAUTH", "WRONGPASS"):
-                    refused.append(where)
-                else:
-                    unreachable.append(f"{where} (not a sentinel: {exc})")
-                continue
-            finally:
-                client.close()
-            if self.master_name in masters:
-                return (f"the sentinels know master {self.master_name!r} but it is down and no replica is "
-                        "promoted yet (a fail-over in progress, or no replica to promote)", True)
-            named.update(masters)
-        if refused:
-            return (f"the sentinel(s) at {', '.join(refused)} refused the sentinel password; give theirs as "
-                    f"?{SENTINEL_PASSWORD_PARAM}=PW at the end of redis_url", False)
+        kwargs = {**self.sentinel_kwargs(options or {}), "decode_responses": True}
+        with ThreadPoolExecutor(max_workers=len(self.sentinels), thread_name_prefix="rig-sentinel-ask") as pool:
+            answers = list(pool.map(lambda hp: _ask_sentinel(hp, kwargs), self.sentinels))
+        by_kind: dict[str, list[str]] = {}
+        named: set[str] = set()
+        for (kind, detail), hp in zip(answers, self.sentinels, strict=True):
+            if kind == "masters":
+                if self.master_name in detail:
+                    return (f"the sentinels know master {self.master_name!r} but it is down and no replica is "
+                            "promoted yet (a fail-over in progress, or no replica to promote)", True)
+                named.update(detail)
+            else:
+                by_kind.setdefault(kind, []).append(detail if kind == "not_sentinel" else _hostport(hp))
+        if "not_sentinel" in by_kind:
+            return "; ".join(by_kind["not_sentinel"]), False
+        if "refused" in by_kind:
+            return (f"the sentinel(s) at {', '.join(by_kind['refused'])} refused the sentinel password; give theirs "
+                    f"as ?{SENTINEL_PASSWORD_PARAM}=PW at the end of redis_url", False)
         if named:
             return (f"the sentinels monitor no master named {self.master_name!r} (they monitor "
                     f"{', '.join(sorted(named))}); write that name after the hosts in redis_url", False)
-        if unreachable and len(unreachable) == len(self.sentinels):
-            return (f"no sentinel answers at {', '.join(unreachable)}; start them, or fix the hosts and ports "
+        hung, down = by_kind.get("hung", []), by_kind.get("down", [])
+        if hung and len(hung) + len(down) == len(self.sentinels):
+            line = (f"the sentinel(s) at {', '.join(hung)} accept connections but do not answer within "
+                    f"{SENTINEL_TIMEOUT_S:g} s (hung, or stopped with SIGSTOP? `kill -CONT` them, or restart them)")
+            return line + (f"; none answers at {', '.join(down)} either" if down else ""), False
+        if down and len(down) == len(self.sentinels):
+            return (f"no sentinel answers at {', '.join(down)}; start them, or fix the hosts and ports "
                     "in redis_url", False)
         return f"the sentinels monitor no master named {self.master_name!r}", False
 
     def notices(self, window_s: float, options: dict[str, Any] | None = None) -> list[str]:
         """Warnings for `rig up` about a Sentinel setup that would not fail over in time, from
         the first sentinel that answers (``SENTINEL MASTER``): fewer than two sentinels listed,
-        no replica to promote, a master called down later than rig's clients wait (``window_s``)."""
+        a listed address that is no sentinel (a plain Redis among them: found only when it is
+        asked first, so said here for each), no replica to promote, a master called down later
+        than rig's clients wait (``window_s``)."""
+        from concurrent.futures import ThreadPoolExecutor
+
         import redis
+
+        from rig import server_kind
 
         out = []
         if len(self.sentinels) < 2:
             out.append(f"redis_url lists one sentinel: while it is down rig cannot find the master; list "
                        f"every sentinel (sentinel://h1:26379,h2:26379,h3:26379/{self.master_name}/{self.db})")
-        kwargs = {"socket_connect_timeout": 1.0, "socket_timeout": 1.0, **self.sentinel_kwargs(options or {}),
-                  "decode_responses": True}
+        with ThreadPoolExecutor(max_workers=len(self.sentinels), thread_name_prefix="rig-sentinel-kind") as pool:
+            modes = list(pool.map(lambda hp: server_kind.probe_mode(*hp, SENTINEL_TIMEOUT_S), self.sentinels))
+        out += [server_kind.wrong_kind(mode, server_kind.SENTINEL, _hostport(hp))
+                for mode, hp in zip(modes, self.sentinels, strict=True)
+                if mode is not None and mode != server_kind.SENTINEL]
+        kwargs = {**self.sentinel_kwargs(options or {}), "decode_responses": True}
         for host, port in self.sentinels:
             client = redis.Redis(host=host, port=port, **kwargs)
             try:
@@ -192,6 +205,33 @@ class SentinelUrl:
         if self.username:
             out["username"] = self.username
         return out
+
+
+def _ask_sentinel(hp: tuple[str, int], kwargs: dict[str, Any]) -> tuple[str, Any]:
+    """One sentinel's SENTINEL MASTERS, classified: ("masters", {name: state}), ("refused", ""),
+    ("hung", "") (it accepted the connection, then no reply in time), ("down", "") (nothing
+    accepts: refused, unreachable, connect timeout) or ("not_sentinel", the one line saying so)."""
+    import redis
+
+    from rig import server_kind
+
+    host, port = hp
+    client = redis.Redis(host=host, port=port, **kwargs)
+    try:
+        return "masters", client.sentinel_masters()
+    except (redis.AuthenticationError, redis.ResponseError) as exc:
+        mode = server_kind.probe_mode(host, port, SENTINEL_TIMEOUT_S)
+        if mode is not None and mode != server_kind.SENTINEL:
+            return "not_sentinel", server_kind.wrong_kind(mode, server_kind.SENTINEL, _hostport(hp))
+        if isinstance(exc, redis.AuthenticationError) or str(exc).split(" ", 1)[0] in ("NOAUTH", "WRONGPASS"):
+            return "refused", ""
+        return "not_sentinel", f"the server at {_hostport(hp)} is not a sentinel ({exc})"
+    except redis.TimeoutError as exc:
+        return ("down" if "connect" in str(exc).lower() else "hung"), ""
+    except (redis.ConnectionError, OSError):
+        return "down", ""
+    finally:
+        client.close()
 
 
 #: Sentinel's flags of a replica it cannot use: subjectively / objectively down, disconnected.

@@ -73,21 +73,74 @@ def server_mode(conn: AbstractConnection) -> str | None:
 
 
 def _mode_without_auth(conn: AbstractConnection) -> str | None:
-    """redis_mode asked on a fresh TCP connection without credentials (None: it wants them too,
-    or the connection is not plain TCP: a Unix socket, TLS)."""
+    """:func:`probe_mode` of the server ``conn`` reached (None: the connection is not plain
+    TCP: a Unix socket, TLS)."""
     if type(conn) is not redis.Connection and not hasattr(conn, "connection_pool"):
         return None  # (a sentinel-managed connection is plain TCP too)
-    kwargs = {k: getattr(conn, k) for k in ("host", "port", "socket_connect_timeout", "socket_timeout")
-              if hasattr(conn, k)}
-    probe = redis.Connection(**kwargs)
+    host, port = getattr(conn, "host", None), getattr(conn, "port", None)
+    if host is None or port is None:
+        return None
+    timeout = getattr(conn, "socket_timeout", None) or PROBE_TIMEOUT_S
+    return probe_mode(host, int(port), min(timeout, PROBE_TIMEOUT_S))
+
+
+#: Longest wait for each reply of :func:`probe_mode` (s): a server of either kind answers these
+#: two small commands at once.
+PROBE_TIMEOUT_S = 1.0
+
+
+def probe_mode(host: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """The ``redis_mode`` of the server at host:port, asked without credentials (None: it
+    cannot be told, or nothing answers). INFO server where the server answers it; where it
+    wants a password first (NOAUTH for INFO from both kinds), by its command table, which a
+    server consults before the password: a plain Redis knows no SENTINEL ("unknown command"),
+    a sentinel does (NOAUTH). The connection skips redis-py's handshake: redis-py 8 opens with
+    HELLO, which a server with a password refuses before anything else, whatever its kind."""
+    probe = redis.Connection(host=host, port=port, socket_connect_timeout=timeout_s, socket_timeout=timeout_s,
+                             redis_connect_func=_bare)
     setattr(probe, NOT_GATED, True)  # its refusal is no news about rig's password (rig.authgate)
     try:
         probe.connect()
-        return server_mode(probe)
+        reply = _ask(probe, "INFO", "server")
+        if not isinstance(reply, Exception):
+            text = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
+            modes = [line.partition(":")[2].strip() for line in text.splitlines() if line.startswith("redis_mode:")]
+            return modes[0] if modes else None
+        if not _wants_password(reply):
+            return None
+        reply = _ask(probe, "SENTINEL", "MYID")
+        if _wants_password(reply):
+            return SENTINEL
+        if isinstance(reply, redis.ResponseError) and "unknown command" in str(reply).lower():
+            return DATA
+        return None
     except (redis.RedisError, OSError):
         return None
     finally:
         probe.disconnect()
+
+
+def _bare(conn: AbstractConnection) -> None:
+    """A connection's set-up without any command: only the reply parser (redis-py's private
+    ``_parser``; its on_connect sends HELLO, CLIENT SETINFO, AUTH first)."""
+    conn._parser.on_connect(conn)  # noqa: SLF001
+
+
+def _ask(conn: AbstractConnection, *args: str) -> object:
+    """The reply to one command, or the error the server answered with (returned, not raised)."""
+    conn.send_command(*args)
+    try:
+        return conn.read_response()
+    except (redis.AuthenticationError, redis.ResponseError) as exc:
+        return exc
+
+
+def _wants_password(reply: object) -> bool:
+    """True for a NOAUTH refusal: redis-py raises it as AuthenticationError (its text without
+    the NOAUTH code), older versions as a ResponseError. (No AUTH is sent here, so no WRONGPASS.)"""
+    if isinstance(reply, redis.AuthenticationError):
+        return True
+    return isinstance(reply, redis.ResponseError) and ("NOAUTH" in str(reply) or "Authentication required" in str(reply))
 
 
 def wrong_kind(mode: str, expected: str, where: str, conn: AbstractConnection | None = None) -> str:
@@ -107,16 +160,34 @@ def wrong_kind(mode: str, expected: str, where: str, conn: AbstractConnection | 
 
 
 def _monitored_name(conn: AbstractConnection) -> str | None:
-    """The master name a sentinel monitors, when it monitors exactly one (for the hint)."""
-    kwargs = {k: getattr(conn, k) for k in ("host", "port", "socket_connect_timeout", "socket_timeout")
-              if hasattr(conn, k)}
-    client = redis.Redis(**kwargs, password=getattr(conn, "password", None), decode_responses=True)
+    """The master name a sentinel monitors, when it monitors exactly one (for the hint), asked
+    on a bare connection (:func:`probe_mode`'s) with the password ``conn`` has, if any: through
+    a client of redis-py, a sentinel that wants a password refused its HELLO and rig.authgate
+    held the next login back, 5 s before the one line (issue 15)."""
+    host, port = getattr(conn, "host", None), getattr(conn, "port", None)
+    if host is None or port is None:
+        return None
+    probe = redis.Connection(host=host, port=int(port), socket_connect_timeout=PROBE_TIMEOUT_S,
+                             socket_timeout=PROBE_TIMEOUT_S, redis_connect_func=_bare)
+    setattr(probe, NOT_GATED, True)  # its refusal is no news about rig's password (rig.authgate)
     try:
-        names = list(client.sentinel_masters())
+        probe.connect()
+        password = getattr(conn, "password", None)
+        if password:
+            _ask(probe, "AUTH", password)  # refused: the next reply says NOAUTH, and no name is given
+        reply = _ask(probe, "SENTINEL", "MASTERS")
     except (redis.RedisError, OSError):
         return None
     finally:
-        client.close()
+        probe.disconnect()
+    if not isinstance(reply, list):
+        return None
+    names = []
+    for master in reply:  # RESP2: each master a flat list of field, value, field, value ...
+        fields = dict(zip(master[::2], master[1::2], strict=False)) if isinstance(master, list) else {}
+        name = fields.get(b"name", fields.get("name"))
+        if name is not None:
+            names.append(name.decode(errors="replace") if isinstance(name, bytes) else str(name))
     return names[0] if len(names) == 1 else None
 
 

@@ -43,6 +43,7 @@ from rig.client import Client  # noqa: E402
 from rig.config import Settings, load_settings  # noqa: E402
 from rig.models import JobState  # noqa: E402
 from rig.testing.harness import delete_prefix  # noqa: E402
+from rig.testing.sigterm import exit_on_sigterm  # noqa: E402
 
 KEEP_DEFAULT = Settings.model_fields["archive_keep_finished"].default
 AFTER_DEFAULT_S = Settings.model_fields["archive_after_days"].default * 86400
@@ -91,6 +92,7 @@ def main() -> None:
     ap.add_argument("--redis-url", help="use this Redis (a private prefix) instead of a private redis-server")
     ap.add_argument("--archive-url", help="default: SQLite in a temporary folder")
     args = ap.parse_args()
+    exit_on_sigterm()  # `timeout` / kill: the finally below stops the redis-server, deletes the folder
 
     folder = Path(tempfile.mkdtemp(prefix="rig-bench-archive-"))
     server = None

@@ -51,6 +51,7 @@ from rig.clock import shared_now  # noqa: E402
 from rig.config import Settings, load_settings  # noqa: E402
 from rig.gpus import GpuReading  # noqa: E402
 from rig.models import JobState  # noqa: E402
+from rig.testing.sigterm import exit_on_sigterm  # noqa: E402
 from workers.outcomes import AttemptEnd, conclude  # noqa: E402
 
 KEEP_DEFAULT = Settings.model_fields["archive_keep_finished"].default
@@ -113,6 +114,7 @@ def main() -> None:
     ap.add_argument("--archive-url", help="default: SQLite in a temporary folder")
     ap.add_argument("--unique-names", action="store_true", help="every job its own name, as many sweeps do")
     args = ap.parse_args()
+    exit_on_sigterm()  # `timeout` / kill: the finally below stops the redis-server, deletes the folder
 
     folder = Path(tempfile.mkdtemp(prefix="rig-bench-million-"))
     server = start_redis(args.port, folder)

@@ -26,11 +26,17 @@ the script registers the cards in the ledger, fills every card nearly full with 
 
 Then, per number of dispatchers D (one leader, D - 1 standing by, each a thread running the
 real Dispatcher.run_forever with its own connection, on a small empty cluster): submit ->
-placement (the dispatcher's on_start, right after the reservation that pushes the start) latency, p50 / p95 ms.
+placement (the dispatcher's on_start, right after the reservation that pushes the start) latency, p50 / p95 ms
+of the jobs placed within WAKE_TIMEOUT_S; those not placed by then are counted as timed out, never
+as a latency.
 
-Every key is under a private prefix, deleted at the end (SCAN + DEL; never FLUSHALL). With the
-shared Redis, commandstats and used_memory include other clients' traffic: ``--private-redis``
-starts a throwaway redis-server on a free port for clean figures.
+Which Redis: $RIG_BENCH_REDIS_URL, else $RIG_REDIS_URL (the Redis rig is told to use), else
+redis://127.0.0.1:6379/0 (rig.testing.bench_redis, the rule of every benchmark here), or a
+throwaway redis-server with ``--private-redis``. Every key is under a private prefix
+(rigscale:<id>:), deleted at the end (SCAN + DEL; never FLUSHALL), also when the run is stopped
+by Ctrl-C or SIGTERM (`timeout`, `kill`: rig.testing.sigterm), as are its temporary folders
+(/tmp/rig-scale-*). With a shared Redis, commandstats and used_memory include other clients'
+traffic: ``--private-redis`` gives clean figures.
 
     .venv/bin/python scripts/bench_scale.py --quick            # < 1 min: 8 and 64 cards, 1k waiting
     .venv/bin/python scripts/bench_scale.py --private-redis    # the full table (several minutes)
@@ -65,6 +71,8 @@ from rig.ledger import Ledger  # noqa: E402
 from rig.memory import GIB  # noqa: E402
 from rig.models import Job, JobState, Priority  # noqa: E402
 from rig.nodes import NodeRegistry  # noqa: E402
+from rig.testing.bench_redis import bench_redis_url, described  # noqa: E402
+from rig.testing.sigterm import exit_on_sigterm  # noqa: E402
 from workers.card_runner import CardRunner  # noqa: E402
 from workers.dispatcher import Dispatcher  # noqa: E402
 from workers.health import HealthChecker  # noqa: E402
@@ -78,6 +86,9 @@ RUNNING_BYTES = 18 * GIB  # 4 x 18 = 72 of 80 GiB: 8 GiB and one slot left on ev
 WAITING_SIZES_GIB = (12, 16, 20, 24, 40)  # none fits in 8 GiB; 12-24 fit a card one end frees
 ENDS_PER_ROUND = 64
 SUBMIT_BATCH = 1000
+#: How long wake_latency waits for one submitted job to be placed (s); a job not placed by then
+#: is counted as timed out (with 0 dispatchers nothing ever is).
+WAKE_TIMEOUT_S = 5.0
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -214,10 +225,13 @@ class Cluster:
         self.touched.clear()
 
     def delete(self) -> None:
-        delete_prefix(self.r, self.prefix)
+        delete_prefix(self.settings.redis_url, self.prefix)
 
 
-def delete_prefix(r: redis.Redis, prefix: str) -> None:
+def delete_prefix(url: str, prefix: str) -> None:
+    """Delete every key under ``prefix`` over a connection of its own: the run's may have been
+    cut mid-reply (SIGTERM, Ctrl-C) and would read that reply as the answer to SCAN."""
+    r = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30)
     batch = []
     for key in r.scan_iter(match=f"{prefix}*", count=2000):
         batch.append(key)
@@ -226,6 +240,7 @@ def delete_prefix(r: redis.Redis, prefix: str) -> None:
             batch = []
     if batch:
         r.delete(*batch)
+    r.close()
 
 
 def timed(fn: Callable[[], object], reps: int, cpu: list[float] | None = None) -> list[float]:
@@ -306,8 +321,9 @@ def adopt_cost(cluster: Cluster, meter: RedisMeter) -> dict[str, float]:
     return min(costs, key=lambda c: c["usec"]) if len(costs) < 3 else sorted(costs, key=lambda c: c["usec"])[1]
 
 
-def wake_latency(url: str, dispatchers: int, samples: int, home: Path) -> tuple[float, float]:
-    """Submit -> reservation (on_start) with ``dispatchers`` dispatchers on one small empty cluster (ms)."""
+def wake_latency(url: str, dispatchers: int, samples: int, home: Path) -> tuple[list[float], int]:
+    """Submit -> reservation (on_start) with ``dispatchers`` dispatchers on one small empty
+    cluster: (the latencies of the jobs placed within WAKE_TIMEOUT_S, in ms; how many were not)."""
     prefix = f"rigscale:{uuid.uuid4().hex[:8]}:"
     settings = load_settings(home=home, redis_url=url, key_prefix=prefix, node_name="bench-control",
                              max_task_per_gpu=MAX_JOBS)
@@ -334,27 +350,55 @@ def wake_latency(url: str, dispatchers: int, samples: int, home: Path) -> tuple[
         while not r.exists(keys.sched_leader) and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(1.5)  # every dispatcher past its first pass and waiting
-        latencies = []
+        latencies, timed_out = [], 0
         for _ in range(samples):
             job = Job(id=0, name="wake", user="user0", command=["true"], gpu_memory=GIB, gpus=1,
                       priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/tmp", created_at=0.0)
             t0 = time.perf_counter()
             (job,) = ledger.store.create_many([(job, None)])
             with arrived:
-                if not arrived.wait_for(lambda job=job: job.id in placed, timeout=5):
-                    latencies.append(5000.0)
+                if not arrived.wait_for(lambda job=job: job.id in placed, timeout=WAKE_TIMEOUT_S):
+                    timed_out += 1  # never a latency: it is how long we waited, not how long it took
                     continue
             latencies.append((placed[job.id] - t0) * 1000)
             ledger.transition(job.id, JobState.SUCCEEDED)
             time.sleep(random.uniform(0.01, 0.05))  # pacing: submissions do not come in lockstep
-        return statistics.median(latencies), percentile(latencies, 0.95)
+        return latencies, timed_out
     finally:
         for runner in runners:
             runner.stop()
         for runner in runners:
             if runner._thread is not None:
                 runner._thread.join(5)
-        delete_prefix(r, prefix)
+        delete_prefix(url, prefix)
+
+
+def latency_row(dispatchers: int, latencies: list[float], timed_out: int) -> str:
+    """One row of the wake latency table: p50 / p95 of the placed jobs, "timed out" where none
+    was placed, and how many of them timed out."""
+    if latencies:
+        p50, p95 = f"{statistics.median(latencies):.1f}", f"{percentile(latencies, 0.95):.1f}"
+    else:
+        p50 = p95 = "timed out"
+    return f"| {dispatchers} | {p50} | {p95} | {timed_out} of {len(latencies) + timed_out} |"
+
+
+def counts(example: str, *, multiple_of: int = 1) -> Callable[[str], list[int]]:
+    """An argparse type: whole numbers above 0 (multiples of ``multiple_of``), comma-separated."""
+    def parse(text: str) -> list[int]:
+        items = text.split(",")
+        if not all(item.strip().isdigit() and int(item) > 0 and int(item) % multiple_of == 0 for item in items):
+            what = f"multiples of {multiple_of}" if multiple_of > 1 else "whole numbers above 0"
+            raise argparse.ArgumentTypeError(f"{text!r}: give {what}, comma-separated, like {example}")
+        return [int(item) for item in items]
+    return parse
+
+
+def positive(text: str) -> int:
+    """An argparse type: a whole number above 0."""
+    if not text.strip().isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number above 0, like 20")
+    return int(text)
 
 
 @contextmanager
@@ -374,40 +418,43 @@ def private_redis() -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    exit_on_sigterm()  # `timeout` / kill: the finally blocks delete the keys and folders
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=described() + "; RIG_REDIS_URL is used only when RIG_BENCH_REDIS_URL "
+                                     "is unset; --private-redis ignores both")
     parser.add_argument("--quick", action="store_true", help="8 and 64 cards, 1k waiting, 10 users, 8 dispatchers")
-    parser.add_argument("--cards", default="8,64,512", help="cluster sizes (cards; multiples of 8)")
-    parser.add_argument("--waiting", default="1000,10000,100000", help="waiting jobs, ascending")
-    parser.add_argument("--users", default="1,10")
-    parser.add_argument("--dispatchers", default="1,8,64")
-    parser.add_argument("--reps", type=int, default=20, help="passes timed per figure")
+    parser.add_argument("--cards", default=[8, 64, 512], type=counts("8,64,512", multiple_of=CARDS_PER_NODE),
+                        help=f"cluster sizes (cards; multiples of {CARDS_PER_NODE}), comma-separated")
+    parser.add_argument("--waiting", default=[1000, 10000, 100000], type=counts("1000,10000,100000"),
+                        help="waiting jobs, comma-separated (whole numbers: 1000, not 1k)")
+    parser.add_argument("--users", default=[1, 10], type=counts("1,10"), help="users, comma-separated")
+    parser.add_argument("--dispatchers", default=[1, 8, 64], type=counts("1,8,64"),
+                        help="dispatchers for the wake latency, comma-separated, each at least 1")
+    parser.add_argument("--reps", type=positive, default=20, help="passes timed per figure")
     parser.add_argument("--private-redis", action="store_true", help="a throwaway redis-server on a free port")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
-        args.cards, args.waiting, args.users, args.dispatchers, args.reps = "8,64", "1000", "10", "1,8", 10
-    cards = [int(c) for c in args.cards.split(",")]
-    if any(c % CARDS_PER_NODE or c <= 0 for c in cards):
-        parser.error(f"--cards: each size must be a positive multiple of {CARDS_PER_NODE}")
-    steps = sorted(int(w) for w in args.waiting.split(","))
+        args.cards, args.waiting, args.users, args.dispatchers, args.reps = [8, 64], [1000], [10], [1, 8], 10
+    steps = sorted(args.waiting)
     home = Path(tempfile.mkdtemp(prefix="rig-scale-"))
-    with (private_redis() if args.private_redis else _shared(os.environ.get("RIG_BENCH_REDIS_URL",
-                                                                            "redis://127.0.0.1:6379/0"))) as url:
-        try:
-            redis.Redis.from_url(url, socket_connect_timeout=3).ping()
-        except (redis.RedisError, ValueError) as exc:
-            raise SystemExit(f"bench_scale: cannot use Redis at {url} ({exc}); start it, set "
-                             "RIG_BENCH_REDIS_URL, or pass --private-redis") from None
-        print(f"Redis {url}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
-        for ncards in cards:
-            for users in (int(u) for u in args.users.split(",")):
-                measure_size(url, ncards // CARDS_PER_NODE, users, steps, args.reps, home)
-        print("\n## wake latency: submit -> placement, one leader and the others standing by")
-        print("| dispatchers | p50 ms | p95 ms |\n|---|---|---|")
-        for count in (int(d) for d in args.dispatchers.split(",")):
-            p50, p95 = wake_latency(url, count, 10 if args.quick else 30, home)
-            print(f"| {count} | {p50:.1f} | {p95:.1f} |", flush=True)
-    shutil.rmtree(home, ignore_errors=True)
+    try:
+        with private_redis() if args.private_redis else _shared(bench_redis_url()[0]) as url:
+            try:
+                redis.Redis.from_url(url, socket_connect_timeout=3).ping()
+            except (redis.RedisError, ValueError) as exc:
+                raise SystemExit(f"bench_scale: cannot use Redis at {url} ({exc}); start it, set "
+                                 "RIG_BENCH_REDIS_URL, or pass --private-redis") from None
+            print(f"Redis {url}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
+            for ncards in args.cards:
+                for users in args.users:
+                    measure_size(url, ncards // CARDS_PER_NODE, users, steps, args.reps, home)
+            print("\n## wake latency: submit -> placement, one leader and the others standing by")
+            print(f"| dispatchers | p50 ms | p95 ms | not placed within {WAKE_TIMEOUT_S:g} s |\n|---|---|---|---|")
+            for count in args.dispatchers:
+                print(latency_row(count, *wake_latency(url, count, 10 if args.quick else 30, home)), flush=True)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
     return 0
 
 

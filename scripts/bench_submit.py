@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -30,6 +32,9 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=6415)
     ap.add_argument("--tree", help="the rig tree to import (default: this one)")
     args = ap.parse_args()
+    # rig.testing.sigterm's rule, written out: --tree may name an older rig without that module.
+    # SIGTERM (`timeout`, kill) raises SystemExit, so the finally below stops the redis-server.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     sys.path.insert(0, args.tree or str(Path(__file__).resolve().parents[1]))
 
     import redis
@@ -76,6 +81,7 @@ def main() -> None:
     finally:
         server.kill()
         server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -236,6 +236,9 @@ def main() -> None:
     if args.child:
         child(args)
         return
+    from rig.testing.sigterm import exit_on_sigterm
+
+    exit_on_sigterm()  # `timeout` / kill: the finally below stops the redis-server (a running child with it)
 
     folder = Path(tempfile.mkdtemp(prefix="rig-bench-usage-"))
     server = start_redis(args.port, folder)

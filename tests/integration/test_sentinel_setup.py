@@ -77,3 +77,21 @@ def test_flower_gets_a_live_sentinel_first(redis_set):
     assert reordered.sentinels[0] == ("127.0.0.1", first_live) and ("127.0.0.1", dead) in reordered.sentinels
     assert reordered.password == sentinel_url.parse(url).password and reordered.sentinel_password == SENTINEL_PASSWORD
     assert sentinel_url.live_first(redis_set.url) == redis_set.url  # the first answers: unchanged
+
+
+def test_a_hung_sentinel_listed_first_costs_one_short_timeout(redis_set, tmp_path):
+    """Issue 15: with the first-listed sentinel stopped (SIGSTOP), every command waited rig's
+    10 s reply timeout for it. A socket that accepts and never answers stands in for it."""
+    import socket
+
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(8)
+    try:
+        url = redis_set.url.replace("@127.0.0.1:", f"@127.0.0.1:{hung.getsockname()[1]},127.0.0.1:", 1)
+        client = Client(load_settings(redis_url=url, home=tmp_path, key_prefix="setup-test:"))
+        began = time.monotonic()
+        client.ping()
+        assert time.monotonic() - began < 2 * sentinel_url.SENTINEL_TIMEOUT_S + 1.0  # it was 10 s
+    finally:
+        hung.close()

@@ -26,7 +26,7 @@ from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
-from rig.redis_conn import redis_cli
+from rig.redis_conn import redis_cli, redis_cli_note, suggest_cli, unavailable
 
 OOM = redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
 
@@ -103,15 +103,31 @@ def test_the_commands_rig_suggests_name_rigs_redis_and_hide_its_password():
 
 
 def test_the_redis_cli_line_behind_sentinel_says_how_to_find_the_master():
-    """redis-cli cannot follow Sentinel: the line names the master by role and gives the one
-    command that finds it, with no password of either kind printed."""
-    line = redis_cli("sentinel://:pw@10.0.0.1:26379,10.0.0.2:26379/mymaster/2?sentinel_password=sp", "PING")
-    assert line == ("redis-cli -h MASTER -p PORT -n 2 -a PASSWORD PING (MASTER PORT: the master's address, from "
-                    "`redis-cli -h 10.0.0.1 -p 26379 -a SENTINEL_PASSWORD SENTINEL get-master-addr-by-name "
-                    "mymaster`)")
+    """redis-cli cannot follow Sentinel: the line names the master by role and a note gives the
+    one command that finds it, with no password of either kind printed. The line is only the
+    command (callers quote it in backticks); the note goes after the closing backtick."""
+    url = "sentinel://:pw@10.0.0.1:26379,10.0.0.2:26379/mymaster/2?sentinel_password=sp"
+    assert redis_cli(url, "PING") == "redis-cli -h MASTER -p PORT -n 2 -a PASSWORD PING"
+    note = ("(MASTER PORT: the master's address, from `redis-cli -h 10.0.0.1 -p 26379 -a SENTINEL_PASSWORD "
+            "SENTINEL get-master-addr-by-name mymaster`)")
+    assert redis_cli_note(url) == note
+    assert suggest_cli(url, "PING") == f"`redis-cli -h MASTER -p PORT -n 2 -a PASSWORD PING` {note}"
     plain = redis_cli("sentinel://10.0.0.1:26379/mymaster", "INFO memory")
-    assert plain.startswith("redis-cli -h MASTER -p PORT INFO memory (") and " -a " not in plain, plain
-    assert "pw" not in line and "sp" not in line.replace("SENTINEL", "")
+    assert plain == "redis-cli -h MASTER -p PORT INFO memory"
+    assert " -a " not in redis_cli_note("sentinel://10.0.0.1:26379/mymaster")
+    assert "pw" not in note and "sp" not in note.replace("SENTINEL", "")
+    # Plain URLs: no note, the quoted line is all.
+    assert redis_cli_note("redis://10.0.0.7:6400/0") == ""
+    assert suggest_cli("redis://10.0.0.7:6400/0", "PING") == "`redis-cli -u redis://10.0.0.7:6400/0 PING`"
+
+
+def test_the_hung_redis_message_behind_sentinel_quotes_only_the_command():
+    """Issue 15: the parenthetical was inside the backticks (`redis-cli ... ping (MASTER ...`)."""
+    url = "sentinel://10.0.0.1:26379/mymaster/0"
+    line = str(unavailable(url, redis.TimeoutError("Timeout reading from socket")))
+    assert "check it with `redis-cli -h MASTER -p PORT ping` (MASTER PORT: the master's address, from " in line
+    full = str(W.refused_error(url, redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'.")))
+    assert "(`redis-cli -h MASTER -p PORT CONFIG SET maxmemory <size>` (MASTER PORT: " in full
 
 
 def test_warnings_without_config_read_info_and_guess_nothing():

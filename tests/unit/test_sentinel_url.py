@@ -19,7 +19,14 @@ from rig.celery_config import make_celery
 from rig.config import load_settings
 from rig.errors import ConfigError, redact_url
 from rig.init_config import init_config
-from rig.redis_conn import connect, strip_password, unavailable, without_credentials
+from rig.redis_conn import (
+    REPLY_TIMEOUT_S,
+    client_options,
+    connect,
+    strip_password,
+    unavailable,
+    without_credentials,
+)
 
 URL = "sentinel://:m%40ster@10.0.0.1:26379,10.0.0.2,[::1]:26380/rigmaster/2?sentinel_password=sent"
 
@@ -143,3 +150,38 @@ def test_rig_init_never_writes_a_password_into_the_config(tmp_path, monkeypatch)
 def test_a_url_without_credentials_still_works_but_holds_no_password():
     assert without_credentials(URL) == "sentinel://10.0.0.1:26379,10.0.0.2,[::1]:26380/rigmaster/2"
     assert without_credentials("redis://:pw@h:6379/0") == "redis://h:6379/0"
+
+
+def test_sentinels_are_asked_with_short_timeouts_whatever_rigs_reply_timeout():
+    """Issue 15: a sentinel that accepts and never answers (SIGSTOP) cost every command rig's
+    10 s reply timeout per sentinel (90 s with three hung)."""
+    kwargs = sentinel_url.parse(URL).sentinel_kwargs(client_options())
+    assert kwargs["socket_timeout"] <= sentinel_url.SENTINEL_TIMEOUT_S
+    assert kwargs["socket_connect_timeout"] <= sentinel_url.SENTINEL_TIMEOUT_S
+    pool = connect(URL).connection_pool
+    for sentinel in pool.sentinel_manager.sentinels:
+        assert sentinel.connection_pool.connection_kwargs["socket_timeout"] <= sentinel_url.SENTINEL_TIMEOUT_S
+
+
+@pytest.mark.slow
+def test_hung_sentinels_are_said_to_be_hung_within_the_documented_bound():
+    """Listening sockets never accepted from: the kernel completes the connection, nothing
+    ever answers, as with a sentinel stopped by SIGSTOP."""
+    hung = [socket.socket() for _ in range(3)]
+    try:
+        for s in hung:
+            s.bind(("127.0.0.1", 0))
+            s.listen(8)
+        hosts = ",".join(f"127.0.0.1:{s.getsockname()[1]}" for s in hung)
+        url = f"sentinel://{hosts}/rigmaster/0"
+        began = time.monotonic()
+        with pytest.raises(MasterNotFoundError) as info:
+            connect(url).ping()
+        message = str(unavailable(url, info.value))
+        # The README's bound for a Redis host that vanished (REPLY_TIMEOUT_S); it took 90 s.
+        assert time.monotonic() - began < REPLY_TIMEOUT_S
+        assert f"the sentinel(s) at {hosts.replace(',', ', ')} accept connections but do not answer" in message
+        assert "SIGSTOP" in message
+    finally:
+        for s in hung:
+            s.close()

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from rig import sentinel_url
 from rig.errors import ConfigError
 from rig.redis_conn import connect
+from rig.server_kind import probe_mode
 from rig.testing.sentinel_set import free_port, redis_server_binary
 
 pytestmark = pytest.mark.slow
@@ -24,14 +26,20 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory) -> Iterator[dict[str, int]]:  # noqa: ANN001
-    """Ports of a plain Redis, a sentinel (no password) monitoring it as 'rigm', a cluster node."""
+    """Ports of a plain Redis, a sentinel (no password) monitoring it as 'rigm', a cluster node,
+    and a plain Redis and a sentinel that want a password ('pw', 'spw': *_pw)."""
     work = tmp_path_factory.mktemp("kinds")
-    ports = {"plain": free_port(), "sentinel": free_port(), "cluster": _cluster_port()}
+    ports = {"plain": free_port(), "sentinel": free_port(), "cluster": _cluster_port(),
+             "plain_pw": free_port(), "sentinel_pw": free_port()}
     (work / "s.conf").write_text(f"port {ports['sentinel']}\nbind 127.0.0.1\n"
                                  f"sentinel monitor rigm 127.0.0.1 {ports['plain']} 1\n")
+    (work / "s_pw.conf").write_text(f"port {ports['sentinel_pw']}\nbind 127.0.0.1\nrequirepass spw\n"
+                                    f"sentinel monitor rigm 127.0.0.1 {ports['plain']} 1\n")
     common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     args = {"plain": ["--port", str(ports["plain"]), *common],
             "sentinel": [str(work / "s.conf"), "--sentinel"],
+            "plain_pw": ["--port", str(ports["plain_pw"]), *common, "--requirepass", "pw"],
+            "sentinel_pw": [str(work / "s_pw.conf"), "--sentinel"],
             "cluster": ["--port", str(ports["cluster"]), *common, "--cluster-enabled", "yes",
                         "--cluster-config-file", str(work / "nodes.conf")]}
     procs = {name: subprocess.Popen([redis_server_binary(), *a], cwd=work, stdout=(work / f"{name}.log").open("w"),
@@ -40,7 +48,8 @@ def servers(tmp_path_factory) -> Iterator[dict[str, int]]:  # noqa: ANN001
         deadline = time.monotonic() + 20
         for name, port in ports.items():
             while True:
-                with contextlib.suppress(redis.ConnectionError), redis.Redis(port=port) as probe:
+                password = {"plain_pw": "pw", "sentinel_pw": "spw"}.get(name)
+                with contextlib.suppress(redis.ConnectionError), redis.Redis(port=port, password=password) as probe:
                     probe.ping()
                     break
                 log = (work / f"{name}.log").read_text()[-500:]
@@ -91,6 +100,40 @@ def test_sentinel_url_on_a_plain_redis_says_it_is_no_sentinel(servers, query):
     port = servers["plain"]
     text = _refused(f"sentinel://127.0.0.1:{port}/rigm/0{query}")
     assert "is a plain Redis" in text and f"redis://127.0.0.1:{port}/0" in text
+
+
+@pytest.mark.parametrize("query", ["", "?sentinel_password=wrong", "?sentinel_password=pw"])
+def test_sentinel_url_on_a_plain_redis_with_a_password_says_it_is_no_sentinel(servers, query):
+    """Issue 15: it said "refused the sentinel password" (redis-py's HELLO is refused by both
+    kinds alike before anything; the command table tells them apart)."""
+    port = servers["plain_pw"]
+    text = _refused(f"sentinel://127.0.0.1:{port}/rigm/0{query}")
+    assert "is a plain Redis" in text and f"redis://127.0.0.1:{port}/0" in text
+    why, failover = sentinel_url.parse(f"sentinel://127.0.0.1:{port}/rigm/0{query}").diagnose()
+    assert "is a plain Redis" in why and not failover
+
+
+@pytest.mark.parametrize(("creds", "name"), [("", "MASTER_NAME"), (":spw@", "rigm"), (":wrong@", "MASTER_NAME")])
+def test_redis_url_on_a_sentinel_port_with_a_password_names_the_sentinel_form(servers, creds, name):
+    """The master's name is read only with the sentinel's own password (rig's, in the URL)."""
+    port = servers["sentinel_pw"]
+    text = _refused(f"redis://{creds}127.0.0.1:{port}/0")
+    assert text.startswith("that port is a Redis Sentinel") and f"sentinel://127.0.0.1:{port}/{name}/0" in text
+
+
+def test_the_kind_is_told_without_the_password(servers):
+    kinds = {name: probe_mode("127.0.0.1", port) for name, port in servers.items() if name != "cluster"}
+    assert kinds == {"plain": "standalone", "sentinel": "sentinel", "plain_pw": "standalone",
+                     "sentinel_pw": "sentinel"}
+
+
+def test_a_plain_redis_among_the_sentinels_is_warned_about_at_rig_up(servers):
+    """A plain Redis listed after a sentinel is never asked (the sentinel answers first):
+    `rig up` names it."""
+    url = f"sentinel://127.0.0.1:{servers['sentinel']},127.0.0.1:{servers['plain_pw']}/rigm/0"
+    assert connect(url).ping()
+    lines = [n for n in sentinel_url.parse(url).notices(30.0) if "is a plain Redis" in n]
+    assert len(lines) == 1 and f"127.0.0.1:{servers['plain_pw']}, listed as a sentinel" in lines[0]
 
 
 def test_a_cluster_node_is_refused(servers):
