@@ -1,0 +1,82 @@
+"""A hold stays on its cards while they are about as good as the best plan (issue 13, item 1:
+rig.placement.keeps_hold): with 8 equal blockers whose expected ends reorder as their ages cross
+the samples of their kind, the held card named in the waiting job's reason used to change every
+~10 s. The shared clock is frozen and stepped by the test."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from rig.clock import clock_for
+from rig.config import load_settings
+from rig.estimates import record_run
+from rig.gpus.base import GpuReading
+from rig.keys import Keys
+from rig.ledger import Ledger
+from rig.memory import GIB
+from rig.models import Job, JobState, Priority
+from workers.dispatcher import Dispatcher
+
+START = 1_900_000_000.0
+
+
+class _Clock:
+    """The shared clock every rig call of the test reads (epoch s), moved by the test."""
+
+    def __init__(self) -> None:
+        self.t = START
+
+
+def _job(user: str, gib: int, created: float, priority: Priority = Priority.MEDIUM) -> Job:
+    return Job(id=0, name="new-cmd", user=user, command=["sleep", "150"], gpu_memory=gib * GIB, gpus=1,
+               priority=priority, state=JobState.PENDING, workdir="/tmp", created_at=created)
+
+
+@pytest.fixture
+def blocked(redis_client, key_prefix, monkeypatch):
+    """8 x 80 GiB cards on n7, each running a 60 GiB job begun 20-23.5 s before START (0.5 s
+    apart), whose kind ran 60, 70, ..., 240 s (the user's recent runs of that size); a high
+    70 GiB job submitted at START holds a card at once."""
+    r = redis_client
+    clock = _Clock()
+    monkeypatch.setattr(type(clock_for(r)), "now", lambda self, refresh=True: clock.t)
+    keys = Keys(key_prefix)
+    ledger = Ledger(r, keys)
+    pipe = r.pipeline(transaction=False)
+    for seconds in range(60, 250, 10):
+        record_run(pipe, keys, user="ann", name="earlier", template=None, command=["other"], nbytes=60 * GIB,
+                   gpus=1, seconds=float(seconds), ended_at=START - 1000)
+    pipe.execute()
+    for index in range(8):
+        ledger.register_card("n7", GpuReading(index, f"u{index}", "m", 80 * GIB), max_jobs=4,
+                             reserve_fraction=0.0, allowed=True, fake=True)
+    for index in range(8):
+        clock.t = START - 20.0 - 0.5 * index
+        job = ledger.store.create_many([(_job("ann", 60, clock.t), None)])[0]
+        ok, token = ledger.reserve(job.id, "n7", [index], job.gpu_memory, user="ann")
+        assert ok, token
+        ledger.claim(job.id, token, f"card{index}@n7")
+    clock.t = START
+    dispatcher = Dispatcher(load_settings(key_prefix=key_prefix, node_name="n7", hold_after_seconds=20.0),
+                            lambda *a: None, client=r)
+    high = ledger.store.create_many([(_job("bob", 70, START, Priority.HIGH), None)])[0].id
+    return clock, ledger, dispatcher, high
+
+
+def _held(ledger: Ledger, job_id: int) -> str:
+    reason = ledger.store.get(job_id).wait_reason or ""
+    found = re.search(r"(n7/\d) held for it", reason)
+    assert found, reason
+    return found[1]
+
+
+def test_the_held_card_stays_while_the_blockers_ends_reorder(blocked):
+    clock, ledger, dispatcher, high = blocked
+    seen = []
+    for _ in range(50):  # 100 s: the blockers' ages cross a sample of their kind every ~1 s
+        assert dispatcher.dispatch_pass() == 0
+        seen.append(_held(ledger, high))
+        clock.t += 2.0
+    assert set(seen) == {seen[0]}, seen
+    assert ledger.store.get(high).held_at == START
