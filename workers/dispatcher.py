@@ -16,8 +16,9 @@ it start on any card that fits them — until it has waited long enough (at once
 priority, ``hold_after_seconds`` for medium, twice that for low). From then on it holds the
 card(s) expected to have room for it first; its shadow time comes from the expected ends of the
 jobs on them (rig.estimates: their own history, or recent runs of their size, and for a job
-already running its conditional remaining time; never later than a time limit's end). A job
-behind it may still start on a held card if it ends by the shadow time — surely (its time limit)
+already running its conditional remaining time; never later than a time limit's end). It keeps
+those cards from pass to pass (its record's ``held_cards``) while rig.placement.keeps_hold says
+they are about as good as the best plan. A job behind it may still start on a held card if it ends by the shadow time — surely (its time limit)
 or, for backfill_estimate_delay_seconds after the hold began, by its cautious estimate — or if
 it leaves room for the held job (counting the expected ends of jobs there before the hold, only
 the sure ends of later ones); where the shadow time is unknown, nothing starts on the held card.

@@ -110,3 +110,18 @@ def test_the_forecast_holds_the_cards_the_dispatcher_holds(blocked, monkeypatch)
         monkeypatch.setattr(_Holds, "plan", real)
         assert planned and planned[0] == (held,), (clock.t - START, held, planned[:3])
         clock.t += 2.0
+
+
+def test_a_damaged_held_cards_is_only_a_preference_lost(blocked):
+    """held_cards is rig's own bookkeeping: cards that are not the job's to hold (unknown, on
+    two nodes, too many) are ignored, the hold planned afresh and the field written again."""
+    clock, ledger, dispatcher, high = blocked
+    dispatcher.dispatch_pass()
+    held = _held(ledger, high)
+    assert ledger.r.hget(dispatcher.keys.job(high), "held_cards") == held
+    for damaged in ("zz/9", "n7/1,n7/2", "n7/1,x/0", ","):
+        ledger.store.update(high, held_cards=damaged)
+        clock.t += 1.0
+        assert dispatcher.dispatch_pass() == 0
+        assert ledger.store.get(high).state == JobState.PENDING
+        assert ledger.r.hget(dispatcher.keys.job(high), "held_cards") == _held(ledger, high)
