@@ -51,7 +51,7 @@ from rig.fairshare import TeamState, UserLimit, exceeds_alone, over_limit
 from rig.keys import Keys, card_id
 from rig.models import PRIORITY_BAND, CardState, Priority
 from rig.nodes import NodeRegistry
-from rig.placement import Release, Request, never_fits, place
+from rig.placement import Hold, Release, Request, never_fits, place
 from rig.waiting import NO_DISPATCHER, _live, roughly
 
 if TYPE_CHECKING:
@@ -366,8 +366,7 @@ def _one_round(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState]
         room = roomy(job, request)
         if not room or place(holds.open_to(job, room, request), request, strategy) is None:
             blocked.add(job.id)
-            if holds.plan(job, own, request) is not None and not job.held_at:
-                pending[job.id] = replace(job, held_at=t)  # it goes first in its rank from now on
+            _replay_hold(pending, job, holds.plan(job, own, request), t)  # first in its rank from now on
     jobs = list(pending.values())
     smallest = min(j.gpu_memory for j in jobs)
     started = False
@@ -382,8 +381,7 @@ def _one_round(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState]
             placement = place(holds.open_to(job, room, request), request, strategy, smallest_waiting=smallest)
         if placement is None:
             if holds.of(job.id) is None and t - job.created_at >= dispatcher.hold_after(job, t):
-                if holds.plan(job, own, request) is not None and not job.held_at:
-                    pending[job.id] = replace(job, held_at=t)
+                _replay_hold(pending, job, holds.plan(job, own, request), t)
             continue
         run = dispatcher.estimate(job)
         sure = dispatcher.sure_end(job, t) or math.inf
@@ -403,6 +401,16 @@ def _one_round(dispatcher: Dispatcher, pools: Pools, state: dict[str, CardState]
         if not any(c.eligible and c.free > 0 and c.jobs < c.max_jobs for c in cards):
             break  # every card is full: the jobs behind wait for the next end
     return started and bool(holds.by_card)
+
+
+def _replay_hold(pending: dict[int, Waiting], job: Waiting, hold: Hold | None, t: float) -> None:
+    """What the dispatcher writes of a hold of ``job`` at ``t`` (workers.dispatcher.holding_marks:
+    when it began to hold, the cards it holds, which its next hold prefers), in ``pending``."""
+    from workers.dispatcher import holding_marks
+
+    marks = holding_marks(job, hold, t)
+    if marks:
+        pending[job.id] = replace(job, **marks)
 
 
 def _hold_times(dispatcher: Dispatcher, pending: Collection[Waiting], now: float, t: float) -> list[float]:

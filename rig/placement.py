@@ -195,15 +195,38 @@ def fit_time(card: CardState, steps: Sequence[tuple[float, int, int]], nbytes: i
     return math.inf
 
 
+#: A job that holds cards keeps them while they are expected to have room no later than the
+#: best plan's time plus the larger of HOLD_KEEP_S (s) and HOLD_KEEP_FRACTION of the best plan's
+#: wait from now (:func:`keeps_hold`): estimates of equal blockers reorder as their ages cross
+#: the samples of their kind, and a hold that followed them moved every few seconds.
+HOLD_KEEP_S = 10.0
+HOLD_KEEP_FRACTION = 0.10
+
+
+def keeps_hold(kept_until: float, best_until: float, now: float) -> bool:
+    """Does a job keep the cards it holds, expected to have room at epoch ``kept_until``, when
+    the best plan's cards are expected to at ``best_until`` (epoch s; math.inf: unknown)? Yes
+    while ``kept_until`` is within max(HOLD_KEEP_S, HOLD_KEEP_FRACTION x (best_until - now)) of
+    ``best_until``, and always when the best's time is unknown or equal: it moves only to
+    cards clearly earlier. THE rule for a hold's stability (the dispatcher's and the forecast's
+    holds, both through HoldPlanner.plan)."""
+    if kept_until <= best_until:
+        return True
+    return kept_until <= best_until + max(HOLD_KEEP_S, HOLD_KEEP_FRACTION * max(0.0, best_until - now))
+
+
 def plan_hold(cards: Sequence[CardState], releases: Mapping[str, Sequence[Release]], request: Request,
-              now: float, job_id: int = 0, exclude: Container[str] = frozenset()) -> Hold | None:
+              now: float, job_id: int = 0, exclude: Container[str] = frozenset(),
+              prefer: Sequence[str] = ()) -> Hold | None:
     """The cards to hold for a job that cannot start now (EASY backfilling's reservation): on one
     node, the ``gpus`` cards big enough for it that are expected to have room first; ties (and
     unknown times) go to the cards closest to fitting now (smallest missing memory, then fewest
     jobs). ``until`` is the latest of the chosen cards' expected times. None when no node has
-    enough such cards outside ``exclude``. O(cards x releases per card); HoldPlanner answers
-    many requests over the same cards for that cost once per request size."""
-    return HoldPlanner(cards, releases, now).plan(request, job_id, exclude)
+    enough such cards outside ``exclude``. ``prefer``: the cards the job holds already (card
+    ids), kept while they can serve it and :func:`keeps_hold` says so. O(cards x releases per
+    card); HoldPlanner answers many requests over the same cards for that cost once per request
+    size."""
+    return HoldPlanner(cards, releases, now).plan(request, job_id, exclude, prefer)
 
 
 class HoldPlanner:
@@ -361,7 +384,38 @@ class HoldPlanner:
             self._node_cards = dict(found)
         return self._node_cards
 
-    def plan(self, request: Request, job_id: int = 0, exclude: Container[str] = frozenset()) -> Hold | None:
+    def plan(self, request: Request, job_id: int = 0, exclude: Container[str] = frozenset(),
+             prefer: Sequence[str] = ()) -> Hold | None:
+        """plan_hold's answer: the best plan, or ``prefer`` (the cards the job holds already)
+        where it can still serve the job and keeps_hold says it is about as good."""
+        best = self._best(request, job_id, exclude)
+        if not prefer or best is None or best.cards == tuple(prefer):
+            return best
+        kept = self._kept(request, prefer, exclude)
+        if kept is None or not keeps_hold(kept, best.until, self.now):
+            return best
+        return Hold(job_id, tuple(prefer), request.nbytes, kept)
+
+    def _kept(self, request: Request, prefer: Sequence[str], exclude: Container[str]) -> float | None:
+        """When the cards ``prefer`` are expected to have room for ``request`` (epoch s; the latest
+        of theirs, math.inf when unknown), or None when they cannot serve it: not ``request.gpus``
+        distinct cards of one node of these cards, one held for another job (in ``exclude``),
+        closed, or too small."""
+        if len(set(prefer)) != request.gpus:
+            return None
+        nodes = {self._node_of.get(cid) for cid in prefer}
+        if len(nodes) != 1 or None in nodes:
+            return None
+        by_id = {card.id: card for card in self._cards_of(next(iter(nodes)))}  # type: ignore[arg-type]
+        until = -math.inf
+        for cid in prefer:
+            card = by_id.get(cid)
+            if card is None or cid in exclude or not card.eligible or card.usable < request.nbytes:
+                return None
+            until = max(until, self._option(card, request.nbytes)[0])
+        return until
+
+    def _best(self, request: Request, job_id: int, exclude: Container[str]) -> Hold | None:
         if exclude is not self._exclude or not isinstance(exclude, dict):
             self._heaps.clear()  # another container: nothing kept says what it holds
             self._exclude = exclude

@@ -141,7 +141,8 @@ def main() -> int:
     same = True
     for a, b in zip(theirs, mine, strict=True):
         differ = [k for k in a["reasons"] if a["reasons"][k] != b["reasons"].get(k)]
-        print(f"{a['tag']}: {len(a['started'])} started, {'same' if a['started'] == b['started'] else 'DIFFERENT'} "
+        print(f"{a['tag']}: {len(a['started'])} started there, {len(b['started'])} here, "
+              f"{'same' if a['started'] == b['started'] else 'DIFFERENT'} "
               f"starts; {len(differ)} of {len(a['reasons'])} stored reasons differ; pass CPU ms "
               f"{a['cpu_ms']:.0f} there, {b['cpu_ms']:.0f} here")
         for k in differ[:3]:

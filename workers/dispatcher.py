@@ -16,8 +16,9 @@ it start on any card that fits them — until it has waited long enough (at once
 priority, ``hold_after_seconds`` for medium, twice that for low). From then on it holds the
 card(s) expected to have room for it first; its shadow time comes from the expected ends of the
 jobs on them (rig.estimates: their own history, or recent runs of their size, and for a job
-already running its conditional remaining time; never later than a time limit's end). A job
-behind it may still start on a held card if it ends by the shadow time — surely (its time limit)
+already running its conditional remaining time; never later than a time limit's end). It keeps
+those cards from pass to pass (its record's ``held_cards``) while rig.placement.keeps_hold says
+they are about as good as the best plan. A job behind it may still start on a held card if it ends by the shadow time — surely (its time limit)
 or, for backfill_estimate_delay_seconds after the hold began, by its cautious estimate — or if
 it leaves room for the held job (counting the expected ends of jobs there before the hold, only
 the sure ends of later ones); where the shadow time is unknown, nothing starts on the held card.
@@ -233,9 +234,10 @@ class Dispatcher:
         self.identity = f"{settings.node_name}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stop_event = threading.Event()
         self._notes: dict[int, str] = {}  # job id -> wait reason, written at the end of a round
-        #: job id -> when it began to hold cards (held_at): written in one round trip before the
-        #: round's next reservation and at its end, so every mark precedes any start, as one by one.
-        self._marks: dict[int, float] = {}
+        #: job id -> the hold fields to write (held_at: when it began to hold cards; held_cards:
+        #: the cards it holds, where they changed), in one round trip before the round's next
+        #: reservation and at its end, so every mark precedes any start, as one by one.
+        self._marks: dict[int, dict[str, Any]] = {}
         self._nodes: list[NodeInfo] | None = None  # read once per round, when a wait is explained
         self._nodes_token: Hashable = ()  # rig.waiting.nodes_token of _nodes
         #: Wait sentence bodies by what they read (rig.waiting.body_key): jobs that wait pass after
@@ -1194,10 +1196,12 @@ class Dispatcher:
         return True
 
     def _mark_holding(self, job: Waiting, hold: Hold | None, now: float) -> None:
-        """Remember that ``job`` holds cards: from the next pass on it goes first in its rank,
-        and its backfill delay budget counts from now."""
-        if hold is not None and not job.held_at:
-            self._marks[job.id] = now
+        """Remember that ``job`` holds cards (holding_marks): from the next pass on it goes
+        first in its rank, its backfill delay budget counts from its first hold, and its next
+        hold prefers the cards it holds now."""
+        marks = holding_marks(job, hold, now)
+        if marks:
+            self._marks[job.id] = marks
 
     def _write_marks(self) -> None:
         """Write the held_at marks _mark_holding collected, in one round trip (one HSET each)."""
@@ -1206,8 +1210,9 @@ class Dispatcher:
         self._marked = True
         pipe = self.r.pipeline(transaction=False)
         batch = JobStore(pipe, self.keys)
-        for job_id, at in self._marks.items():
-            batch.update(job_id, held_at=at)
+        for job_id, marks in self._marks.items():
+            batch.update(job_id, **{name: ",".join(value) if name == "held_cards" else value
+                                    for name, value in marks.items()})
         self._marks.clear()
         pipe.execute()
 
@@ -1516,10 +1521,14 @@ class _Holds:
     def plan(self, job: Waiting, cards: _View | Sequence[CardState], request: Request) -> Hold | None:
         """Hold cards for ``job`` (rig.placement.plan_hold) outside those held already: from the
         round's view (its HoldPlanner), or from a list of cards (rig.forecast's simulation)."""
+        # A job that holds cards already prefers them (rig.placement.keeps_hold): a hold that
+        # followed every reordering of equal blockers' estimates moved every few seconds.
+        prefer = job.held_cards if job.held_at else ()
         if isinstance(cards, _View):
-            hold = cards.planner(job.pool).plan(request, job.id, exclude=self.by_card)
+            hold = cards.planner(job.pool).plan(request, job.id, exclude=self.by_card, prefer=prefer)
         else:
-            hold = plan_hold(cards, self.snapshot.get()[0], request, self.now, job.id, exclude=self.by_card)
+            hold = plan_hold(cards, self.snapshot.get()[0], request, self.now, job.id, exclude=self.by_card,
+                             prefer=prefer)
         if hold:
             if hold.until <= self.now:
                 self.steady_until = self.now  # its shadow time is now, whenever now is
@@ -1718,7 +1727,7 @@ def _decides(job: Waiting) -> tuple:
     """Every field of a waiting job that a round's decisions and sentences read (all but its
     stored reason and that reason's stamp, which only say whether to write it again)."""
     return (job.id, job.gpu_memory, job.gpus, job.priority, job.created_at, job.user, job.pool,
-            job.expected_seconds, job.time_limit, job.held_at, job.cautious_seconds)
+            job.expected_seconds, job.time_limit, job.held_at, job.cautious_seconds, job.held_cards)
 
 
 def _order_steady_until(team: TeamState, rates: Mapping[str, list[float]], users: Iterable[str],
@@ -1771,7 +1780,7 @@ class Waiting:
 
     FIELDS = ("state", "gpu_memory", "gpus", "priority", "created_at", "wait_reason", "user", "pool",
               "expected_seconds", "time_limit", "held_at", "assignments", "attempt", "wait_reason_at",
-              "cautious_seconds")
+              "cautious_seconds", "held_cards")
 
     id: int
     gpu_memory: int
@@ -1786,6 +1795,9 @@ class Waiting:
     held_at: float | None = None  # when it first held cards (blocked past its hold time)
     cautious_seconds: float | None = None  # the 80th percentile of its own runs (with expected_seconds)
     wait_reason_at: float | None = None  # when the dispatcher last wrote or confirmed wait_reason
+    #: The cards it held at the dispatcher's last hold (card ids; the record's ``held_cards``,
+    #: comma-separated): its next hold keeps them while rig.placement.keeps_hold says so.
+    held_cards: tuple[str, ...] = ()
 
     #: (job id, the values read) -> the parse of a valid record: most jobs a pass reads are the
     #: ones it read the pass before, unchanged (at most PARSE_CACHE entries, then it restarts).
@@ -1811,7 +1823,7 @@ class Waiting:
         """None for a job no longer PENDING (or gone); InvalidRecord for a PENDING record whose
         fields are not what submit() writes."""
         (state, memory, gpus, priority, created, reason, user, pool, expected, limit, held, assignments, attempt,
-         reason_at, cautious) = values
+         reason_at, cautious, held_cards) = values
         if state != JobState.PENDING.value:
             return None
         raw = {"gpu_memory": memory, "gpus": gpus or 1, "priority": priority, "created_at": created or 0,
@@ -1830,7 +1842,31 @@ class Waiting:
             stamped = float(reason_at) if reason_at else None
         except ValueError:
             stamped = None  # rig's own bookkeeping: a bad stamp only makes the reason re-written
-        return cls(job_id, wait_reason=reason, wait_reason_at=stamped, **out)
+        # rig's own bookkeeping too: a damaged list is only a preference lost (the hold is planned
+        # afresh), never a reason to end the job.
+        held_on = tuple(held_cards.split(",")) if held_cards and len(held_cards) <= MAX_HELD_CARDS_TEXT else ()
+        return cls(job_id, wait_reason=reason, wait_reason_at=stamped, held_cards=held_on, **out)
+
+
+#: The longest ``held_cards`` text a waiting job's record is read with (characters): more than
+#: any real hold's (R.MAX_GPUS card ids); a longer one is ignored.
+MAX_HELD_CARDS_TEXT = 8192
+
+
+def holding_marks(job: Waiting, hold: Hold | None, now: float) -> dict[str, Any]:
+    """The Waiting fields a hold of ``job`` at ``now`` (epoch s) changes: ``held_at`` at its
+    first hold (it then goes first in its rank: holding_order), ``held_cards`` whenever its
+    cards differ from those it held (its next hold prefers them: rig.placement.keeps_hold;
+    stored comma-separated). THE rule for both the dispatcher's writes (_write_marks) and the
+    forecast's replayed holds (``dataclasses.replace(job, **marks)``)."""
+    if hold is None:
+        return {}
+    marks: dict[str, Any] = {}
+    if not job.held_at:
+        marks["held_at"] = now
+    if hold.cards != job.held_cards:
+        marks["held_cards"] = hold.cards
+    return marks
 
 
 def holding_order(job: Waiting, now: float | None = None) -> tuple[float, int, int]:

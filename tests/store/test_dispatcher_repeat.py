@@ -4,7 +4,8 @@ in full would: two copies of one randomized cluster under two key prefixes, one 
 working every pass out in full, the other repeating where it may, the shared clock moving by
 random steps (sub-second to minutes: aging, hold times, backfill budgets and margins, expected
 ends and fair-share usage all move), jobs ending and arriving between passes. After every pass
-every job's state, placement, stored wait reason, its stamp and held_at mark are the same."""
+every job's state, placement, stored wait reason, its stamp and held_at and held_cards marks are the
+same."""
 from __future__ import annotations
 
 import math
@@ -21,7 +22,7 @@ from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from workers.dispatcher import Dispatcher
 
-COMPARED = ("state", "node", "cards", "wait_reason", "wait_reason_at", "held_at", "assignments")
+COMPARED = ("state", "node", "cards", "wait_reason", "wait_reason_at", "held_at", "held_cards", "assignments")
 START = 1_900_000_000.0
 
 

@@ -10,6 +10,7 @@ from rig.placement import (
     earliest_fit,
     explain_wait,
     fits,
+    keeps_hold,
     may_backfill,
     never_fits,
     only_outside_whitelist,
@@ -181,3 +182,37 @@ def test_backfill_on_a_held_card_only_when_it_cannot_delay_the_held_job():
     assert may_backfill(roomy, [], hold, Request(GIB), expected_end=None)
     crowded = card(1, 70, jobs=3)
     assert not may_backfill(crowded, [], hold, Request(GIB), expected_end=None)
+
+
+def test_keeps_hold_within_ten_seconds_or_ten_percent_of_the_best():
+    now = 1000.0
+    assert keeps_hold(1060.0, 1055.0, now)  # 5 s later: within 10 s
+    assert not keeps_hold(1066.0, 1055.0, now)  # 11 s later, 10 % of 55 s is 5.5 s
+    assert keeps_hold(1000.0 + 330.0, 1000.0 + 300.0, now)  # 30 s later, 10 % of 300 s
+    assert not keeps_hold(1000.0 + 331.0, 1000.0 + 300.0, now)
+    assert keeps_hold(math.inf, math.inf, now)  # the best's time unknown: it keeps its cards
+    assert not keeps_hold(math.inf, 2000.0, now)  # a known time is clearly earlier than none
+    assert keeps_hold(1010.0, 1010.0, now)
+
+
+def test_a_hold_keeps_its_cards_until_others_are_clearly_earlier_or_it_cannot_use_them():
+    cards = [card(i, 20) for i in range(4)]  # 60 GiB jobs on each; card 2 frees first
+
+    def releases(ends):
+        return {f"n1/{i}": [Release(at, 60 * GIB)] for i, at in enumerate(ends)}
+
+    request = Request(70 * GIB)
+    assert plan_hold(cards, releases([208, 205, 200, 209]), request, 100.0).cards == ("n1/2",)
+    kept = plan_hold(cards, releases([208, 205, 200, 209]), request, 100.0, prefer=("n1/0",))
+    assert kept.cards == ("n1/0",) and kept.until == 208.0  # 8 s later than the best: kept
+    moved = plan_hold(cards, releases([240, 205, 200, 209]), request, 100.0, prefer=("n1/0",))
+    assert moved.cards == ("n1/2",)  # 40 s later (10 % of 100 s is 10 s): it moves
+    assert plan_hold(cards, releases([208, 205, 200, 209]), request, 100.0, exclude={"n1/0"},
+                     prefer=("n1/0",)).cards == ("n1/2",)  # held for a job ahead of it now
+    closed = [dataclasses.replace(c, allowed=False) if c.index == 0 else c for c in cards]
+    assert plan_hold(closed, releases([208, 205, 200, 209]), request, 100.0,
+                     prefer=("n1/0",)).cards == ("n1/2",)  # its card closed
+    assert plan_hold(cards, releases([208, 205, 200, 209]), Request(70 * GIB, gpus=2), 100.0,
+                     prefer=("n1/0",)).cards != ("n1/0",)  # one card no longer serves a 2-card job
+    unknown = {f"n1/{i}": [Release(math.inf, 60 * GIB)] for i in range(4)}
+    assert plan_hold(cards, unknown, request, 100.0, prefer=("n1/3",)).cards == ("n1/3",)
