@@ -141,7 +141,7 @@ if target == 'PENDING' then
   redis.call('ZADD', KEYS[4], tonumber(ARGV[8]), job_id)
   redis.call('SADD', KEYS[5], ARGV[12])
   redis.call('HDEL', job, 'node', 'cards', 'pid', 'proc_start', 'worker', 'cancel_requested',
-             'ended_at', 'exit_code', 'started_at', 'held_at')
+             'ended_at', 'exit_code', 'started_at', 'held_at', 'held_cards')
 else
   leave_queues(pending, KEYS[4], KEYS[5], ARGV[12], job_id)
   redis.call('HSET', job, 'ended_at', now)
