@@ -52,7 +52,7 @@ from rig.keys import Keys, card_id
 from rig.models import PRIORITY_BAND, CardState, Priority
 from rig.nodes import NodeRegistry
 from rig.placement import Hold, Release, Request, never_fits, place
-from rig.waiting import NO_DISPATCHER, _live, roughly
+from rig.waiting import NO_DISPATCHER, _live, nearest_minute, roughly
 
 if TYPE_CHECKING:
     import redis
@@ -230,7 +230,9 @@ def _span(seconds: float) -> str:
 
 
 def _clock(at: float, now: float) -> str:
-    """``14:20`` today, ``Wed 14:20`` within a week, else ``2026-12-09 14:20`` (local time)."""
+    """``14:20`` today, ``Wed 14:20`` within a week, else ``2026-12-09 14:20`` (local time), to
+    the nearest minute (rig.waiting.nearest_minute, the one rule)."""
+    at = nearest_minute(at)
     day = time.localtime(at)
     if day[:3] == time.localtime(now)[:3]:
         return time.strftime("%H:%M", day)

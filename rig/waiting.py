@@ -354,12 +354,19 @@ def _expected(until: float, now: float) -> str:
     return "" if until == math.inf else f" (expected free ~{expected_clock(until)})"
 
 
+def nearest_minute(at: float) -> float:
+    """``at`` (epoch s) rounded to the nearest whole minute (half a minute rounds up): the one
+    rule every "~14:20" of rig words a time by, so that the clock time and the "in ~N min" beside
+    it agree (12:30:58 reads ~12:31, not 12:30; the "~" says it is approximate)."""
+    return math.floor(at / 60 + 0.5) * 60.0
+
+
 def expected_clock(at: float) -> str:
-    """``Dec 01 14:20 UTC``: an expected time (epoch s) to the minute, in the server's zone.
-    Never relative to now, so the same time always reads the same: remembered per time and zone
-    (the dispatcher words the same hundreds of shadow times round after round; localtime and
-    strftime were ~5 % of a round after the starts at 512 cards)."""
-    return _clock_text(at, time.tzname)
+    """``Dec 01 14:20 UTC``: an expected time (epoch s) to the nearest minute (:func:`nearest_minute`),
+    in the server's zone. Never relative to now, so the same time always reads the same: remembered
+    per time and zone (the dispatcher words the same hundreds of shadow times round after round;
+    localtime and strftime were ~5 % of a round after the starts at 512 cards)."""
+    return _clock_text(nearest_minute(at), time.tzname)
 
 
 @functools.lru_cache(maxsize=4096)

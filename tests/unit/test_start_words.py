@@ -62,3 +62,18 @@ def test_the_flag_survives_the_store():
     late = StartEstimate(4, MADE, overrun=True, run=60.0, run_source="limit")
     assert decode(4, encode(late)) == late
     assert '"o"' not in encode(StartEstimate(4, MADE))
+
+
+def test_a_time_is_worded_to_the_nearest_minute_so_the_clock_and_the_wait_agree():
+    """Issue 13: a start at 12:30:58 estimated at 12:29:19 read "~12:30 (in ~2 min ...)" (the
+    minute was cut, the wait rounded); and a hold's "expected free ~12:42" sat beside a start
+    "~12:41" for one time. Every "~HH:MM" rounds (rig.waiting.nearest_minute)."""
+    from rig.waiting import expected_clock
+
+    base = time.mktime((2026, 12, 7, 12, 29, 19, 0, 0, -1))
+    at = base + 99.0  # 12:30:58
+    short, sentence = start_words(StartEstimate(1, at), base, base)
+    assert short == "~12:31" and sentence.startswith("~12:31 (in ~2 min"), (short, sentence)
+    assert " 12:31 " in expected_clock(at), expected_clock(at)
+    assert " 12:30 " in expected_clock(base + 70.0)  # 12:30:29 rounds down
+    assert " 12:31 " in expected_clock(base + 71.0)  # 12:30:30 rounds up
