@@ -1,4 +1,4 @@
-"""Durations people type: ``90s``, ``30m``, ``2h``, ``1d``, ``1h30m``, or plain seconds where a
+"""Durations people type: ``90s``, ``30m``, ``2h``, ``1d``, ``1h30m``, ``500ms``, or plain seconds where a
 bare number is taken as seconds (``--time-limit``; ``--since`` refuses one: ``unit_required``)."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import re
 
 from rig.errors import InvalidInput
 
-_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])", re.IGNORECASE)
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: "ms" is tried before "m" (a minute): ``5ms`` is 0.005 s, ``1m5s`` is 65 s.
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|[smhd])", re.IGNORECASE)
+_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(text: str | int | float, *, what: str = "--time-limit", unit_required: bool = False) -> float:

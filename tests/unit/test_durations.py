@@ -29,3 +29,14 @@ def test_zero_is_refused_quoting_the_value_as_every_other_refusal_does(text):
         parse_duration(text, what="--since", unit_required=True)
     assert str(err.value) == f"--since must be more than 0 seconds (got {text!r})"
     assert parse_duration("7d", what="--since", unit_required=True) == 7 * 86400
+
+
+def test_milliseconds_read_as_the_time_limit_refusal_asks_for_them():
+    """Issue 13: ``--time-limit 0.0001`` said "give at least 1ms", and ``1ms`` was then refused
+    ("cannot read '1ms'"): the message and the parser disagreed."""
+    from rig.request_rules import parse_time_limit
+
+    with pytest.raises(InvalidInput, match="give at least 1ms"):
+        parse_time_limit("0.0001")
+    assert parse_time_limit("1ms") == pytest.approx(0.001) and parse_time_limit("5ms") == pytest.approx(0.005)
+    assert parse_duration("1m5s") == 65 and parse_duration("1m") == 60  # "ms" is not read as minutes
