@@ -18,10 +18,25 @@ from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeRegistry
 from rig.pools import encode as encode_pools
 
 
+def up_pid(settings: Settings) -> int | None:
+    """The pid of this node's ``rig up`` as one of its children sees it: RIG_SUPERVISOR_PID
+    (rig.supervision: rig up gives it to every child) when set, else the live ``rig up`` of the
+    node's pid file (rig.stack.running_pid), else None. Never the caller's own pid: a worker that
+    rejoined the node recorded itself as its rig up, and once rig up was killed `rig status`
+    said "its rig up (pid <the worker>) no longer runs" (issue 13)."""
+    from rig.stack import running_pid  # rig.stack imports this module
+    from rig.supervision import SUPERVISOR_PID
+
+    raw = os.environ.get(SUPERVISOR_PID, "")
+    return int(raw) if raw.isdigit() else running_pid(settings)
+
+
 def register_node(settings: Settings, client: redis.Redis, backend: GpuBackend,
                   say: Callable[[str], None] = lambda _line: None, *, pid: int | None = None) -> list[int]:
     """Write every card of this node (``allowed`` by gpu_whitelist) and the node record;
-    returns the indexes rig may use. ``pid`` is the node's ``rig up`` (default: this process)."""
+    returns the indexes rig may use. ``pid`` is the node's ``rig up`` (default: this process,
+    so only rig up itself may leave it out; its children and `rig recover` pass :func:`up_pid`
+    or rig.stack.running_pid)."""
     keys = Keys(settings.key_prefix)
     ledger = Ledger(client, keys)
     readings = backend.read_all()

@@ -141,11 +141,11 @@ class HealthChecker:
                else f"no job runs on {node}")
         log.critical("%s; %s: joining it and registering the node's cards again", verdict.explain(node), why)
         from rig.gpus import detect_backend
-        from rig.registration import register_node
+        from rig.registration import register_node, up_pid
 
         backend, _notice = detect_backend(self.settings.fake_gpus, self.settings.fake_usage_dir, node=node)
         inst.join()
-        register_node(self.settings, self.r, backend, log.warning)
+        register_node(self.settings, self.r, backend, log.warning, pid=up_pid(self.settings))
         self._mismatch_said = None
         return None
 

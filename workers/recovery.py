@@ -100,10 +100,12 @@ def stop_and_join(settings: Settings, say: Callable[[str], None] = print) -> Rec
     if not found.verdict.mismatch:
         return found
     found.joined = Installation(client, Keys(settings.key_prefix), settings.run_dir, settings.node_name).join()
-    if running_pid(settings) is not None:
+    up = running_pid(settings)
+    if up is not None:
         # rig up runs: its cards take jobs again at once. Otherwise the next rig up registers
-        # them (registering now would show the node up with no workers).
+        # them (registering now would show the node up with no workers). The node record names
+        # that rig up, not this short-lived `rig recover`.
         backend, _notice = detect_backend(settings.fake_gpus, settings.fake_usage_dir, node=settings.node_name)
-        register_node(settings, client, backend, say)
+        register_node(settings, client, backend, say, pid=up)
         found.registered = True
     return found
