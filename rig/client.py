@@ -823,6 +823,11 @@ class Client:
         job = self.get(job_id)
         self.check_control(job, "retry")
         if not self._guard(self.store.in_error_queue, job.id):
+            if job.state is JobState.CANCELLED:  # by a person: retry is for failures (M15), not for undoing a kill
+                how = job.reason if (job.reason or "").startswith("cancelled") else "cancelled"
+                raise InvalidInput(f"job {job.id} was {how}; `rig retry` only sends back failed jobs "
+                                   f"(`rig errors`): to run it again, submit it again (`rig show {job.id}` "
+                                   "gives its command)")
             raise InvalidInput(
                 f"job {job.id} is {job.state.value}, not in the error queue; `rig errors` lists those")
         if job.problems:

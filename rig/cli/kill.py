@@ -96,7 +96,7 @@ def kill_jobs(client: Client, job_ids: list[int], *, wait: bool) -> int:
     cancelled = set(client.cancel_waiting(waiting)) if waiting else set()
     for jid in known:
         if jid in cancelled:
-            click.echo(f"job {jid} cancelled (was pending); its GPU memory is free")
+            click.echo(f"job {jid} cancelled (was pending); {_memory_words(JobState.PENDING)}")
             continue
         try:
             before = client.get(jid)
@@ -127,12 +127,22 @@ def kill_jobs(client: Client, job_ids: list[int], *, wait: bool) -> int:
                     "`rig status` shows its card workers)", STILL_RUNNING_EXIT)
             continue
         if after.state is JobState.CANCELLED:
-            click.echo(f"job {after.id} cancelled (was {before.state.value.lower()}); its GPU memory is free")
+            click.echo(f"job {after.id} cancelled (was {before.state.value.lower()}); {_memory_words(before.state)}")
         elif after.state.terminal:
             click.echo(f"job {after.id} ended {after.state.value} before the kill reached it")
         else:
             click.echo(f"job {after.id}: kill requested; it is still {after.state.value.lower()}")
     return status
+
+
+def _memory_words(was: JobState) -> str:
+    """What cancelling a job in state ``was`` did to GPU memory: a waiting job never held any
+    (issue 13: "its GPU memory is free" was said of pending jobs too)."""
+    if was is JobState.PENDING:
+        return "it held no GPU memory"
+    if was is JobState.ASSIGNED:
+        return "the GPU memory reserved for it is free"
+    return "its GPU memory is free"
 
 
 def _node_away(client: Client, job) -> str | None:  # noqa: ANN001 - rig.models.Job

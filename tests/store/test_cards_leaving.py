@@ -195,8 +195,8 @@ def test_kill_of_several_ids_kills_the_known_ones_and_names_each_unknown(cli_led
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert "rig: error: no job with id 987654; `rig jobs` lists the jobs that exist" in lines
     assert "rig: error: no job with id 987655; `rig jobs` lists the jobs that exist" in lines
-    assert f"job {a} cancelled (was pending); its GPU memory is free" in lines
-    assert f"job {b} cancelled (was pending); its GPU memory is free" in lines
+    assert f"job {a} cancelled (was pending); it held no GPU memory" in lines
+    assert f"job {b} cancelled (was pending); it held no GPU memory" in lines
     assert len(lines) == 4 and "Traceback" not in result.output
     assert {cli_ledger.store.get(j).state for j in (a, b)} == {JobState.CANCELLED}
 

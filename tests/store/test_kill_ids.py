@@ -50,7 +50,7 @@ def test_an_unknown_id_is_named_and_the_valid_one_is_killed(ledger):
     result = CliRunner().invoke(cli, ["kill", "99999", str(jid)])
     assert result.exit_code == 4, result.output
     assert _lines(result.stderr) == [UNKNOWN], result.stderr
-    assert _lines(result.stdout) == [f"job {jid} cancelled (was pending); its GPU memory is free"], result.stdout
+    assert _lines(result.stdout) == [f"job {jid} cancelled (was pending); it held no GPU memory"], result.stdout
     assert ledger.store.get(jid).state is JobState.CANCELLED
 
 
@@ -85,7 +85,7 @@ def test_an_id_given_twice_is_killed_once(ledger):
     jid = _job(ledger)
     result = CliRunner().invoke(cli, ["kill", str(jid), str(jid)])
     assert result.exit_code == 0, result.output
-    assert _lines(result.stdout) == [f"job {jid} cancelled (was pending); its GPU memory is free"], result.output
+    assert _lines(result.stdout) == [f"job {jid} cancelled (was pending); it held no GPU memory"], result.output
 
 
 @pytest.mark.redis

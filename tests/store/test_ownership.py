@@ -101,6 +101,22 @@ def test_retry_and_clear_of_another_users_job_are_refused(client, monkeypatch):
     assert client.retry(job.id).state is JobState.PENDING
 
 
+def test_retry_of_a_cancelled_job_says_it_was_cancelled_and_how_to_run_it_again(client, monkeypatch):
+    """Issue 13: it said "not in the error queue; `rig errors` lists those", which did not say
+    why nor what to do. Retry stays for failures (M15): a cancelled job is submitted again."""
+    from rig.errors import InvalidInput
+
+    job = job_of(client, "alice")
+    as_user(monkeypatch, ALICE)
+    client.kill(job.id, wait=False)
+    with pytest.raises(InvalidInput) as err:
+        client.retry(job.id)
+    assert str(err.value) == (f"job {job.id} was cancelled by alice; `rig retry` only sends back failed jobs "
+                              f"(`rig errors`): to run it again, submit it again (`rig show {job.id}` gives "
+                              "its command)")
+    assert err.value.exit_code == 2 and client.get(job.id).state is JobState.CANCELLED
+
+
 def test_an_admin_may_clear_anyones_error(client, monkeypatch):
     job = failed_job_of(client, "alice")
     as_user(monkeypatch, CAROL)
