@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -72,6 +73,24 @@ def default_node_name() -> str:
     return name if len(name) <= 63 else name.split(".")[0][:63]
 
 
+#: The longest a duration setting in seconds may be (30 days). A longer one only turns its
+#: rule off without saying so: ``hold_after_seconds = 1e300`` meant no job ever held cards,
+#: so big jobs could starve (issue 13).
+MAX_SETTING_SECONDS = 30 * 86400
+
+
+def check_setting_seconds(value: float) -> float:
+    """``value`` (s) if it is at most MAX_SETTING_SECONDS; ValueError saying the bound otherwise
+    (the one rule for every duration setting in seconds: :data:`Seconds`)."""
+    if value > MAX_SETTING_SECONDS:
+        raise ValueError(f"give at most 30 days ({MAX_SETTING_SECONDS} s)")
+    return value
+
+
+#: A duration setting in seconds: at most MAX_SETTING_SECONDS (its lower bound is the field's).
+Seconds = Annotated[float, AfterValidator(check_setting_seconds)]
+
+
 def default_home() -> Path:
     return Path(os.environ.get("RIG_HOME", Path.home() / ".rig")).expanduser()
 
@@ -83,10 +102,10 @@ class HealthSettings(BaseModel):
     # A misspelt key is refused, never ignored; inf and NaN are no durations.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    check_interval: float = Field(5.0, gt=0, description="seconds between health checks")
-    timeout: float = Field(30.0, gt=0, description="a worker silent this long is dead (s)")
+    check_interval: Seconds = Field(5.0, gt=0, description="seconds between health checks")
+    timeout: Seconds = Field(30.0, gt=0, description="a worker silent this long is dead (s)")
     max_temperature: int = Field(90, description="a card hotter than this (C) takes no new jobs")
-    assigned_timeout: float = Field(
+    assigned_timeout: Seconds = Field(
         30.0, gt=0, description="a placed job not started after this long is re-sent (s)"
     )
 
@@ -98,11 +117,11 @@ class AlertSettings(BaseModel):
 
     max_queue: int = Field(50, ge=0, description="waiting jobs per priority")
     max_temperature: int = Field(85, description="card temperature, Celsius")
-    failure_window: float = Field(900.0, gt=0, description="seconds the failure rate covers")
+    failure_window: Seconds = Field(900.0, gt=0, description="seconds the failure rate covers")
     min_ended: int = Field(5, ge=1, description="ended jobs in the window before the rate counts")
     max_failure_rate: float = Field(0.2, ge=0, le=1)
-    idle_wait_seconds: float = Field(60.0, ge=0, description="cards idle while a job waits this long")
-    reserved_idle_seconds: float = Field(600.0, ge=0, description="reserved but idle this long")
+    idle_wait_seconds: Seconds = Field(60.0, ge=0, description="cards idle while a job waits this long")
+    reserved_idle_seconds: Seconds = Field(600.0, ge=0, description="reserved but idle this long")
     max_fragmentation: float = Field(0.5, ge=0, le=1)
 
 
@@ -242,7 +261,7 @@ class Settings(BaseSettings):
         None, description="with a sentinel:// redis_url: file holding the sentinels' own password (one line, "
         "no access for others), when the URL has no sentinel_password",
     )
-    replica_wait_seconds: float = Field(
+    replica_wait_seconds: Seconds = Field(
         2.0, ge=0,
         description="with a sentinel:// redis_url: how long a submission, a job's start and a job's "
         "ending wait for a replica to have them (WAIT) before going on with a warning; 0: never wait "
@@ -255,15 +274,15 @@ class Settings(BaseSettings):
     key_prefix: str = Field("rig:", description="prefix of every Redis key rig writes")
     node_name: str = Field(default_factory=default_node_name, description="this server's name")
     scheduler_type: SchedulerType = "multi-factor"
-    aging_seconds: float = Field(
+    aging_seconds: Seconds = Field(
         600.0, gt=0, description="a waiting job moves up one priority level per this many seconds"
     )
-    hold_after_seconds: float = Field(
+    hold_after_seconds: Seconds = Field(
         20.0, ge=0,
         description="a blocked medium job holds the cards closest to fitting it after this long "
         "(high: at once; low: twice this)",
     )
-    backfill_estimate_delay_seconds: float = Field(
+    backfill_estimate_delay_seconds: Seconds = Field(
         0.0, ge=0,
         description="for this long after a job starts holding cards, jobs without a time limit may "
         "also backfill in front of it on their estimated ends (rig.estimates), which may delay it by "
@@ -308,7 +327,7 @@ class Settings(BaseSettings):
     log_dir: Path | None = Field(None, description="job logs (default $RIG_HOME/logs/jobs; relative: under home)")
     system_log_dir: Path | None = Field(None, description="rig's own logs (default $RIG_HOME/logs/system)")
     fake_gpus: str | None = Field(None, description="e.g. 8x80G: fake cards instead of NVML")
-    kill_grace_seconds: float = Field(10.0, ge=0, description="SIGTERM to SIGKILL delay")
+    kill_grace_seconds: Seconds = Field(10.0, ge=0, description="SIGTERM to SIGKILL delay")
     log_max_bytes: int = Field(
         256 * 1024**2, gt=4096, description="one attempt's log is cut (marked) beyond this size"
     )
@@ -326,9 +345,9 @@ class Settings(BaseSettings):
         7.0, gt=0, description="finished jobs that ended this long ago move from Redis to the archive")
     archive_keep_finished: int = Field(
         10_000, ge=0, description="at most this many finished jobs stay in Redis; the oldest move first (0: no limit)")
-    archive_interval: float = Field(60.0, gt=0, description="seconds between two archiving passes")
-    telemetry_interval: float = Field(2.0, gt=0, description="seconds between card readings")
-    max_clock_skew: float = Field(
+    archive_interval: Seconds = Field(60.0, gt=0, description="seconds between two archiving passes")
+    telemetry_interval: Seconds = Field(2.0, gt=0, description="seconds between card readings")
+    max_clock_skew: Seconds = Field(
         2.0, gt=0, description="a node whose clock is off Redis' by more than this (s) is reported"
     )
     flower_address: str = "127.0.0.1"
@@ -336,7 +355,7 @@ class Settings(BaseSettings):
     metrics_address: str = Field("127.0.0.1", description="Prometheus endpoint address")
     metrics_port: int = Field(9840, ge=0, le=65535, description="Prometheus endpoint port (0: don't serve)")
     alert_webhook: str | None = Field(None, description="alerts are POSTed here as JSON")
-    alert_interval: float = Field(30.0, gt=0, description="seconds between alert checks")
+    alert_interval: Seconds = Field(30.0, gt=0, description="seconds between alert checks")
     alerts: AlertSettings = Field(default_factory=AlertSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     templates: dict[str, Template] = Field(default_factory=lambda: dict(DEFAULT_TEMPLATES))

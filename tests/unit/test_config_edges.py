@@ -306,3 +306,19 @@ def test_a_check_interval_not_below_the_timeout_is_refused(tmp_path):
     (tmp_path / "rig.toml").write_text("[health]\ncheck_interval = 100\ntimeout = 30\n")
     refused("health.check_interval = 100 (")
     refused("set health.check_interval below 30")
+
+
+@pytest.mark.parametrize("name", ["hold_after_seconds", "aging_seconds", "backfill_estimate_delay_seconds",
+                                  "kill_grace_seconds", "alert_interval", "health.assigned_timeout",
+                                  "alerts.failure_window"])
+def test_a_duration_setting_longer_than_30_days_is_refused_in_one_line_naming_it(name, monkeypatch):
+    """Issue 13: ``hold_after_seconds = 1e300`` was taken silently and turned holds off (big
+    jobs could starve). Every duration setting in seconds is bounded by one rule
+    (rig.config.MAX_SETTING_SECONDS), refused as other bad values are (exit 6)."""
+    monkeypatch.setenv("RIG_" + name.upper().replace(".", "__"), "1e300")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert str(info.value).startswith(f"RIG_{name.upper().replace('.', '__')}: give at most 30 days (2592000 s)")
+    assert info.value.exit_code == 6 and "\n" not in str(info.value)
+    monkeypatch.setenv("RIG_" + name.upper().replace(".", "__"), str(30 * 86400))
+    load_settings()  # the bound itself is allowed
