@@ -14,8 +14,10 @@ same way for every system (rig.testing.peers):
   * makespan (first submission -> last end stamp) and x the lower bound of the trace;
   * VRAM-time utilisation: declared bytes x stamped run time / (8 x 76 GiB x makespan);
   * waits (submit -> start stamp) p50 / p95 of high and low priority, and of the 2-card jobs;
-  * rule breaks: card-seconds with more than 80 GiB declared on a card (oversubscription) and
-    with more than 4 jobs on a card (cap), from the stamped intervals and cards;
+  * rule breaks: card-seconds with more than 80 GiB declared on a card (oversubscription; a
+    real card's OOM), with more than rig's usable 76 GiB (80 GiB less vram_reserve_fraction
+    0.05: the bound rig keeps itself to) and with more than 4 jobs on a card (cap), from the
+    stamped intervals and cards;
   * 500 tiny jobs (``true``) submitted as fast as the API allows: jobs/s, first submission ->
     last completion; idle latency: 50 jobs one at a time, submit call -> the job's first
     instruction (p50 / p99).
@@ -78,6 +80,7 @@ from rig.testing.peers import (  # noqa: E402
     job_name,
     parse_stamp,
     records_from_stamps,
+    rule_breaks,
     stamped_command,
     trace_metrics,
 )
@@ -193,6 +196,10 @@ def stamped_metrics(trace: list[TraceJob], submitted: dict[int, float], stamp_di
     records = records_from_stamps(trace, submitted, read_stamps(stamp_dir, trace))
     out = trace_metrics(records, bound, capacity_bytes=CARDS * USABLE_BYTES,
                         card_bytes=CARD_BYTES, max_jobs=MAX_JOBS)
+    # Also against rig's usable memory (the card less vram_reserve_fraction), the bound rig
+    # keeps itself to: above 80 GiB alone, a rig that broke its own reserve read as clean.
+    out["rule_breaks"]["oversub_usable_card_s"] = rule_breaks(
+        records, card_bytes=USABLE_BYTES, max_jobs=MAX_JOBS)["oversub_card_s"]
     if codes is not None:
         out["exit_codes_nonzero"] = sum(1 for c in codes if c != 0)
     return out
@@ -512,8 +519,10 @@ def print_table(title: str, columns: dict[str, dict[str, Any] | None],
             lambda d, p=p: f"{_f(d['wait_s'][p]['p50'])} / {_f(d['wait_s'][p]['p95'])}")
     row("wait 2-card jobs p50 / p95 (s)",
         lambda d: f"{_f(d['two_card_wait_s']['p50'])} / {_f(d['two_card_wait_s']['p95'])}")
-    row("oversubscription > 80 GiB (card-s)",
+    row(f"oversubscription > {CARD_BYTES / GIB:.0f} GiB (card-s)",
         lambda d: _f(d["rule_breaks"]["oversub_card_s"], "{:.2f}"))
+    row(f"  > rig's usable {USABLE_BYTES / GIB:.0f} GiB (card-s)",
+        lambda d: _f(d["rule_breaks"]["oversub_usable_card_s"], "{:.2f}"))
     row(f"cap breaks > {MAX_JOBS} jobs (card-s)",
         lambda d: _f(d["rule_breaks"]["cap_card_s"], "{:.2f}"))
     row("peak on a card: GiB / jobs",
@@ -537,6 +546,32 @@ def print_table(title: str, columns: dict[str, dict[str, Any] | None],
             print(f"  {n}: {data['error']}")
 
 
+def print_ratios(systems: list[str], seeds: list[int], factors: list[float], histories: list[bool],
+                 column: Callable[[str, int, float, bool], dict[str, Any] | None]) -> dict[str, Any]:
+    """Print rig's makespan over each peer's, per seed, and return them ("limits ..., history
+    ... / peer" -> seed -> ratio). Nothing, not even the heading, without rig and a peer."""
+    summary: dict[str, Any] = {}
+    peers = [s for s in systems if s != "rig"]
+    if "rig" not in systems or not peers:  # a ratio needs both: a lone heading said nothing
+        return summary
+    print("\nmakespan ratio rig / peer per seed (below 1: rig ends first)")
+    for factor in factors:
+        for history in histories:
+            label = f"limits {'x' + str(factor) if factor else 'none'}, history " \
+                    f"{'on' if history else 'off'}"
+            for peer in peers:
+                ratios = {}
+                for seed in seeds:
+                    a, b = column("rig", seed, factor, history), column(peer, seed, 0, False)
+                    if a and b and "error" not in a and "error" not in b:
+                        ratios[seed] = a["makespan_s"] / b["makespan_s"]
+                summary[f"{label} / {peer}"] = ratios
+                cells = ", ".join(f"seed {s}: {r:.2f}" for s, r in ratios.items())
+                mean = sum(ratios.values()) / len(ratios) if ratios else math.nan
+                print(f"  {label:<28} rig / {peer:<7} {cells}; mean {_f(mean, '{:.2f}')}")
+    return summary
+
+
 def _clean(value: Any) -> Any:
     if isinstance(value, float) and math.isnan(value):
         return None
@@ -554,6 +589,43 @@ def seed_list(text: str) -> list[int]:
         return [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"give whole numbers separated by commas, e.g. 8,3,5 (got {text!r})") from None
+
+
+def count_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``low`` (``--jobs 0`` ended every run in
+    ``min() arg is an empty sequence``); anything else is one argparse line, exit 2."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"give a whole number of at least {low} (got {text!r})")
+        return value
+    return parse
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: seconds, more than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"give a number of seconds above 0 (got {text!r})")
+    return value
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (``timeout``, a CI job's end) raises SystemExit(143) in the main thread, so the
+    finally blocks run: the throwaway node stops and its key prefix leaves Redis (by default
+    the shared one; killed outright, 57 keys stayed). A second SIGTERM during that cleanup is
+    ignored, so it is not cut short."""
+    def stop(signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def broker_url() -> tuple[str, str]:
@@ -583,16 +655,17 @@ def main() -> int:
     parser.add_argument("--history", default="both", choices=("both", "off", "on"),
                         help="off: every job a new name; on: names repeat per kind and memory "
                         "bucket, so rig can learn from earlier jobs of the run")
-    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--jobs", type=count_at_least(1), default=200)
     parser.add_argument("--skip-tiny", action="store_true",
                         help="skip the tiny jobs' throughput and the idle latency")
-    parser.add_argument("--tiny-jobs", type=int, default=500)
-    parser.add_argument("--latency-jobs", type=int, default=50)
-    parser.add_argument("--ray-warm-workers", type=int, default=128,
+    parser.add_argument("--tiny-jobs", type=count_at_least(1), default=500)
+    parser.add_argument("--latency-jobs", type=count_at_least(1), default=50)
+    parser.add_argument("--ray-warm-workers", type=count_at_least(0), default=128,
                         help="Ray workers started before the trace (not timed)")
-    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--timeout", type=positive_seconds, default=600.0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    stop_on_sigterm()
 
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -696,23 +769,7 @@ def main() -> int:
                 print_table(title, {n: column(n, seed, factor, history) for n in systems},
                             small, bounds[seed])
 
-    summary: dict[str, Any] = {}
-    if "rig" in systems:
-        print("\nmakespan ratio rig / peer per seed (below 1: rig ends first)")
-        for factor in factors:
-            for history in histories:
-                label = f"limits {'x' + str(factor) if factor else 'none'}, history " \
-                        f"{'on' if history else 'off'}"
-                for peer in (s for s in systems if s != "rig"):
-                    ratios = {}
-                    for seed in seeds:
-                        a, b = column("rig", seed, factor, history), column(peer, seed, 0, False)
-                        if a and b and "error" not in a and "error" not in b:
-                            ratios[seed] = a["makespan_s"] / b["makespan_s"]
-                    summary[f"{label} / {peer}"] = ratios
-                    cells = ", ".join(f"seed {s}: {r:.2f}" for s, r in ratios.items())
-                    mean = sum(ratios.values()) / len(ratios) if ratios else math.nan
-                    print(f"  {label:<28} rig / {peer:<7} {cells}; mean {_f(mean, '{:.2f}')}")
+    summary = print_ratios(systems, seeds, factors, histories, column)
 
     if args.json:
         report = {

@@ -1,0 +1,78 @@
+"""scripts/bench_peers.py from outside (issue 13): a SIGTERM cleans up as an exception does, a
+count of 0 is one argparse line, the ratio heading needs a peer, and oversubscription is also
+counted against rig's own usable memory."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rig.testing.trace import GIB, LowerBound, TraceJob
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def peers():
+    spec = importlib.util.spec_from_file_location("bench_peers", ROOT / "scripts" / "bench_peers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("flag", ["--jobs", "--tiny-jobs", "--latency-jobs"])
+@pytest.mark.parametrize("value", ["0", "-3", "x"])
+def test_a_count_below_one_is_one_argparse_line_and_exit_2(flag, value):
+    """``--jobs 0`` ran every system and failed each run with ``min() arg is an empty sequence``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("RIG_", "PEERS_"))}
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_peers.py"), flag, value],
+                         capture_output=True, text=True, env=clean, timeout=120, check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.splitlines()[-1] == (f"bench_peers.py: error: argument {flag}: give a whole number of at "
+                                           f"least 1 (got {value!r})")
+
+
+def test_sigterm_runs_the_finally_blocks_that_delete_the_key_prefix(peers):
+    """Killed by `timeout` (SIGTERM) it left its key prefix (57 keys) in the shared Redis: the
+    cleanup is in finally blocks, which a default SIGTERM skips."""
+    before = signal.getsignal(signal.SIGTERM)
+    cleaned = []
+    try:
+        peers.stop_on_sigterm()
+        with pytest.raises(SystemExit) as stop:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                signal.sigtimedwait([], 0)  # let the handler run here, before the finally
+                raise AssertionError("SIGTERM did not stop the run")
+            finally:
+                cleaned.append(True)
+        assert stop.value.code == 128 + signal.SIGTERM and cleaned == [True]
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # a second one cannot cut the cleanup short
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_the_ratio_heading_is_printed_only_with_a_peer(peers, capsys):
+    run = {"makespan_s": 10.0}
+    assert peers.print_ratios(["rig"], [8], [0.0], [False], lambda *_: run) == {}
+    assert capsys.readouterr().out == ""
+    got = peers.print_ratios(["rig", "ray"], [8], [0.0], [False], lambda *_: run)
+    assert got == {"limits none, history off / ray": {8: 1.0}}
+    assert "makespan ratio rig / peer per seed" in capsys.readouterr().out
+
+
+def test_oversubscription_is_counted_against_rigs_usable_memory_too(peers, tmp_path):
+    """Two jobs of 40 and 38 GiB on one 80 GiB card for 10 s: no break of the card's 80 GiB,
+    10 card-s above rig's usable 76 GiB (vram_reserve_fraction 0.05)."""
+    trace = [TraceJob(0, "large", 40 * GIB, 1, "low", 0.0, 10.0), TraceJob(1, "large", 38 * GIB, 1, "low", 0.0, 10.0)]
+    for job in trace:
+        (tmp_path / str(job.index)).write_text("S 100.0 0\nE 110.0\n")
+    out = peers.stamped_metrics(trace, {0: 100.0, 1: 100.0}, tmp_path, LowerBound(10.0, 10.0, 10.0))
+    assert out["rule_breaks"]["oversub_card_s"] == 0
+    assert out["rule_breaks"]["oversub_usable_card_s"] == pytest.approx(10.0)
