@@ -533,6 +533,22 @@ class Client:
             return self._guard(lambda: why_not_started(self, job))
         return why_waiting(self, job)
 
+    def jobs_ahead(self, job_ids: Iterable[int]) -> dict[int, int]:
+        """How many jobs are ahead of each of ``job_ids`` in the queue: its rank in the pending
+        queue, the count `rig show` gives ("N job(s) ahead of it", rig.waiting.why_waiting). A
+        job not in the queue (placed, ended) is left out. One round trip for all of them."""
+        ids = list(job_ids)
+        if not ids:
+            return {}
+
+        def read() -> list[Any]:
+            pipe = self.r.pipeline(transaction=False)
+            for jid in ids:
+                pipe.zrank(self.keys.pending, str(jid))
+            return pipe.execute()
+
+        return {jid: int(rank) for jid, rank in zip(ids, self._guard(read), strict=True) if rank is not None}
+
     def start_estimates(self, job_ids: Iterable[int] | None = None) -> Forecast:
         """The estimated start of each of ``job_ids`` (all the stored forecast holds when None),
         as the leading dispatcher last worked it out (rig.forecast: its passes replayed at every
