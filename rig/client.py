@@ -55,7 +55,7 @@ from rig.store import JobStore
 
 if TYPE_CHECKING:
     from rig.accounting import UsageLine
-    from rig.forecast import Forecast
+    from rig.forecast import Forecast, RunningEnd
     from rig.history import History
 
 log = logging.getLogger(__name__)
@@ -548,6 +548,12 @@ class Client:
             return pipe.execute()
 
         return {jid: int(rank) for jid, rank in zip(ids, self._guard(read), strict=True) if rank is not None}
+
+    def running_end(self, job: Job) -> RunningEnd:
+        """A placed or running job's expected end, as the dispatcher works it out (rig.forecast.running_end)."""
+        from rig.forecast import running_end
+
+        return self._guard(running_end, self, job)
 
     def start_estimates(self, job_ids: Iterable[int] | None = None) -> Forecast:
         """The estimated start of each of ``job_ids`` (all the stored forecast holds when None),

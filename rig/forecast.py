@@ -49,7 +49,7 @@ from rig.errors import InvalidRecord
 from rig.estimates import SOURCE_WORDS
 from rig.fairshare import TeamState, UserLimit, exceeds_alone, over_limit
 from rig.keys import Keys, card_id
-from rig.models import PRIORITY_BAND, CardState, Priority
+from rig.models import PRIORITY_BAND, CardState, Job, Priority
 from rig.nodes import NodeRegistry
 from rig.placement import Hold, Release, Request, never_fits, place
 from rig.waiting import NO_DISPATCHER, _live, nearest_minute, roughly
@@ -559,11 +559,61 @@ def assumed_run(dispatcher: Dispatcher, job: Waiting, own_source: str | None = N
     found = dispatcher.estimate(job)
     if not found.known:
         return None, None
-    if job.time_limit and found.expected >= job.time_limit:
-        return found.expected, "limit"
-    if found.source == "history" and own_source:
-        return found.expected, own_source
-    return found.expected, found.source
+    return found.expected, _source(found.source, job.time_limit is not None and found.expected >= job.time_limit,
+                                   own_source)
+
+
+def _source(source: str, by_limit: bool, own_source: str | None) -> str:
+    """Where an estimate came from, as SOURCE_WORDS names it: "limit" when the time limit set it
+    (``by_limit``), the job's own runs by the name submit stored (``own_source``) for "history"."""
+    if by_limit:
+        return "limit"
+    return own_source if source == "history" and own_source else source
+
+
+@dataclass(frozen=True)
+class RunningEnd:
+    """A placed or running job's expected end, as the dispatcher works it out for the holds
+    (Dispatcher.running_end: its conditional remaining time from rig.estimates, never later than
+    its time limit's sure end). ``at``: epoch s, None when unknown (no runs to go by, no time
+    limit); ``source``: a key of rig.estimates.SOURCE_WORDS ("limit" when the limit set it)."""
+
+    at: float | None
+    source: str | None
+
+    def sentence(self, now: float) -> str:
+        """For `rig show`: ``expected to end ~14:20 (in ~25 min; an estimate from earlier runs
+        of this command)``, or ``unknown (...)``."""
+        if self.at is None:
+            return "unknown (no earlier runs to go by, and no time limit)"
+        words = SOURCE_WORDS.get(self.source or "", self.source or "earlier runs")
+        return f"expected to end ~{_clock(self.at, now)} ({roughly(self.at - now)}; an estimate from {words})"
+
+    def as_dict(self, now: float) -> dict[str, object]:
+        """For ``--json``: the raw time (epoch s), its source and the sentence."""
+        return {"expected_end": self.at, "expected_end_source": self.source,
+                "expected_end_text": self.sentence(now)}
+
+
+def running_end(client: Client, job: Job, now: float | None = None) -> RunningEnd:
+    """``job``'s (placed or running) expected end as the dispatcher works it out (read only:
+    the cluster's recent runs as a round reads them, then Dispatcher.running_end, as
+    :func:`read_running_loads` does for every running job)."""
+    from workers.dispatcher import Dispatcher
+
+    r = client.r
+    now = shared_now(r) if now is None else now
+    dispatcher = Dispatcher(client.settings, on_start=_never_start, client=r)
+    dispatcher._read_holdings([], now)  # noqa: SLF001 - the round's read of the cluster's recent runs
+    began = job.started_at or job.assigned_at or now
+    ncards = max(1, len(job.cards) or job.gpus)
+    end, sure = dispatcher.running_end(job.user, job.gpu_memory, ncards, now - began, job.expected_seconds,
+                                       job.cautious_seconds, job.time_limit, now)
+    if end == math.inf:
+        return RunningEnd(None, None)
+    found = dispatcher.estimate_of(job.user, job.gpu_memory, ncards, job.expected_seconds, job.cautious_seconds,
+                                   job.time_limit)
+    return RunningEnd(end, _source(found.source, end >= sure, job.expected_source))
 
 
 def read_running_loads(r: redis.Redis, keys: Keys, dispatcher: Dispatcher, cards: Sequence[CardState],

@@ -33,6 +33,7 @@ from rig.cli.render import (
 from rig.cli.submit import do_submit, submit_options
 from rig.cli.top import top
 from rig.cli.usage import since_time, usage
+from rig.clock import shared_now
 from rig.errors import ConfigError, InvalidInput, StackError
 from rig.models import JobState
 from rig.registration import read_notes, write_notes
@@ -148,12 +149,15 @@ def show(ctx: click.Context, job_id: str, instance: str | None, as_json: bool) -
     start: dict[str, object] = {}
     if job.state is JobState.PENDING:  # rig.forecast: the one estimate, worded in one place
         start = client.start_estimates([job.id]).row(job.id)
+    elif job.state in (JobState.ASSIGNED, JobState.RUNNING):  # its end as the dispatcher expects it
+        start = client.running_end(job).as_dict(shared_now(client.r))
     if as_json:
         click.echo(J.dumps(J.job_dict(job, waiting_because=why, **start,
                                       in_error_queue=client.in_error_queue(job.id))))
         return
     render_job(job, why, make_console(), in_error_queue=client.in_error_queue(job.id),
-               estimated_start=start.get("estimated_start_text"), expected_run=start.get("expected_run_text"))
+               estimated_start=start.get("estimated_start_text"), expected_run=start.get("expected_run_text"),
+               expected_end=start.get("expected_end_text"))
 
 
 @cli.command()

@@ -447,9 +447,11 @@ def render_errors(jobs: list[Job], console: Console, *, total: int | None = None
 
 
 def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: bool = False,
-               estimated_start: str | None = None, expected_run: str | None = None) -> None:
+               estimated_start: str | None = None, expected_run: str | None = None,
+               expected_end: str | None = None) -> None:
     """`rig show`: ``why`` a waiting job waits (rig.waiting), its ``estimated_start`` and the
-    ``expected_run`` that assumed (rig.forecast's sentences), then its record."""
+    ``expected_run`` that assumed (rig.forecast's sentences); a running job's ``expected_end``
+    (rig.forecast.RunningEnd); then its record."""
     rows: list[tuple[str, str]] = [
         ("id", str(job.id)), ("name", job.name), ("user", job.user),
         ("state", f"[{STATE_STYLE[job.state]}]{job.state.value}[/]"),
@@ -471,6 +473,8 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
              ("started", when(job.started_at)), ("ended", when(job.ended_at))]
     if job.started_at:
         rows.append(("runtime", duration((job.ended_at or shared_now()) - job.started_at)))
+    if expected_end:
+        rows.append(("expected end", expected_end))
     if job.exit_code is not None:
         rows.append(("exit code", str(job.exit_code)))
     if job.reason:
