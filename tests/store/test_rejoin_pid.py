@@ -42,3 +42,28 @@ def test_up_pid_is_the_supervisor_else_the_pid_files_live_rig_up_never_the_calle
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     (settings.run_dir / "up-n1.pid").write_text(f"{os.getpid()}\nredis://x\nnode\n")
     assert up_pid(settings) == os.getpid()  # the pid file's live rig up (here: this test)
+
+
+@pytest.mark.redis
+def test_rig_recover_records_the_running_rig_ups_pid_not_its_own(key_prefix, rig_home, real_redis):
+    """`rig recover` registers the node when its rig up runs: the record names that rig up (the
+    pid file's), never the short-lived `rig recover` process."""
+    import subprocess
+
+    from tests.conftest import REDIS_URL
+    from workers.recovery import stop_and_join
+
+    settings = load_settings(key_prefix=key_prefix, node_name="n1", fake_gpus="1x40G", redis_url=REDIS_URL)
+    keys = Keys(key_prefix)
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    Installation(real_redis, keys, settings.run_dir, "n1").join()
+    real_redis.delete(keys.installation)  # Redis restarted empty
+    up = subprocess.Popen(["sleep", "60"])  # stands for the node's live rig up
+    try:
+        (settings.run_dir / "up-n1.pid").write_text(f"{up.pid}\n{REDIS_URL}\nnode\n")
+        found = stop_and_join(settings, say=lambda _line: None)
+        assert found.registered
+        assert real_redis.hget(keys.node("n1"), "pid") in (str(up.pid), str(up.pid).encode())
+    finally:
+        up.kill()
+        up.wait()
