@@ -31,7 +31,11 @@ def peers():
 def test_a_count_below_one_is_one_argparse_line_and_exit_2(flag, value):
     """``--jobs 0`` ran every system and failed each run with ``min() arg is an empty sequence``."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("RIG_", "PEERS_"))}
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_peers.py"), flag, value],
+    # Should the count pass, nothing runs (no seeds, no tiny jobs) and no Redis is reachable:
+    # a regression fails at once instead of benchmarking on the shared Redis.
+    clean.update(RIG_BENCH_REDIS_URL="redis://127.0.0.1:1/0", PEERS_BROKER_URL="redis://127.0.0.1:1/11")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_peers.py"), "--systems", "rig",
+                          "--seeds", "", "--skip-tiny", flag, value],
                          capture_output=True, text=True, env=clean, timeout=120, check=False)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.splitlines()[-1] == (f"bench_peers.py: error: argument {flag}: give a whole number of at "
