@@ -576,23 +576,25 @@ class RunningEnd:
     """A placed or running job's expected end, as the dispatcher works it out for the holds
     (Dispatcher.running_end: its conditional remaining time from rig.estimates, never later than
     its time limit's sure end). ``at``: epoch s, None when unknown (no runs to go by, no time
-    limit); ``source``: a key of rig.estimates.SOURCE_WORDS ("limit" when the limit set it)."""
+    limit); ``source``: a key of rig.estimates.SOURCE_WORDS ("limit" when the limit set it);
+    ``now``: when it was worked out (epoch s, Redis' clock), the moment its words are said at."""
 
     at: float | None
     source: str | None
+    now: float
 
-    def sentence(self, now: float) -> str:
+    def sentence(self) -> str:
         """For `rig show`: ``expected to end ~14:20 (in ~25 min; an estimate from earlier runs
         of this command)``, or ``unknown (...)``."""
         if self.at is None:
             return "unknown (no earlier runs to go by, and no time limit)"
         words = SOURCE_WORDS.get(self.source or "", self.source or "earlier runs")
-        return f"expected to end ~{_clock(self.at, now)} ({roughly(self.at - now)}; an estimate from {words})"
+        return f"expected to end ~{_clock(self.at, self.now)} ({roughly(self.at - self.now)}; an estimate from {words})"
 
-    def as_dict(self, now: float) -> dict[str, object]:
+    def as_dict(self) -> dict[str, object]:
         """For ``--json``: the raw time (epoch s), its source and the sentence."""
         return {"expected_end": self.at, "expected_end_source": self.source,
-                "expected_end_text": self.sentence(now)}
+                "expected_end_text": self.sentence()}
 
 
 def running_end(client: Client, job: Job, now: float | None = None) -> RunningEnd:
@@ -610,10 +612,10 @@ def running_end(client: Client, job: Job, now: float | None = None) -> RunningEn
     end, sure = dispatcher.running_end(job.user, job.gpu_memory, ncards, now - began, job.expected_seconds,
                                        job.cautious_seconds, job.time_limit, now)
     if end == math.inf:
-        return RunningEnd(None, None)
+        return RunningEnd(None, None, now)
     found = dispatcher.estimate_of(job.user, job.gpu_memory, ncards, job.expected_seconds, job.cautious_seconds,
                                    job.time_limit)
-    return RunningEnd(end, _source(found.source, end >= sure, job.expected_source))
+    return RunningEnd(end, _source(found.source, end >= sure, job.expected_source), now)
 
 
 def read_running_loads(r: redis.Redis, keys: Keys, dispatcher: Dispatcher, cards: Sequence[CardState],

@@ -33,7 +33,6 @@ from rig.cli.render import (
 from rig.cli.submit import do_submit, submit_options
 from rig.cli.top import top
 from rig.cli.usage import since_time, usage
-from rig.clock import shared_now
 from rig.errors import ConfigError, InvalidInput, StackError
 from rig.models import JobState
 from rig.registration import read_notes, write_notes
@@ -150,7 +149,8 @@ def show(ctx: click.Context, job_id: str, instance: str | None, as_json: bool) -
     if job.state is JobState.PENDING:  # rig.forecast: the one estimate, worded in one place
         start = client.start_estimates([job.id]).row(job.id)
     elif job.state in (JobState.ASSIGNED, JobState.RUNNING):  # its end as the dispatcher expects it
-        start = client.running_end(job).as_dict(shared_now(client.r))
+        end = client.running_end(job)  # None: a gateway older than this client cannot say
+        start = end.as_dict() if end is not None else {}
     if as_json:
         click.echo(J.dumps(J.job_dict(job, waiting_because=why, **start,
                                       in_error_queue=client.in_error_queue(job.id))))

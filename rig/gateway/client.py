@@ -31,7 +31,7 @@ from rig.models import Job, JobState
 from rig.ownership import refusal
 
 if TYPE_CHECKING:
-    from rig.forecast import Forecast
+    from rig.forecast import Forecast, RunningEnd
 
 #: Seconds to connect, and to wait for one answer (a submit_many of thousands takes a while).
 CONNECT_TIMEOUT_S = 5.0
@@ -241,6 +241,30 @@ class GatewayClient:
             if "wrong arguments for start_estimates" not in str(exc):
                 raise
             return self.call("start_estimates")
+
+    def jobs_ahead(self, job_ids: Iterable[int]) -> dict[int, int]:
+        ids = [int(j) for j in job_ids]
+        if not ids:
+            return {}
+        try:
+            found = self.call("jobs_ahead", job_ids=ids)
+        except InvalidInput as exc:  # a gateway older than this client: no place known, no reason made up
+            if "has no operation" not in str(exc):
+                raise
+            return {}
+        return {int(k): int(v) for k, v in found.items()}
+
+    def running_end(self, job: Job) -> RunningEnd | None:
+        """None from a gateway older than this client (it cannot say)."""
+        from rig.forecast import RunningEnd
+
+        try:
+            at, source, now = self.call("running_end", job_id=job.id)
+        except InvalidInput as exc:
+            if "has no operation" not in str(exc):
+                raise
+            return None
+        return RunningEnd(at, source, now)
 
     def first_look(self, job_id: int) -> str | None:
         return self.call("first_look", job_id=job_id)

@@ -221,6 +221,17 @@ class Gateway:
             raise InvalidInput("job_ids must be a list of at most 10000 job ids")
         return self.client.start_estimates(None if job_ids is None else [_job_id(j) for j in job_ids])
 
+    def op_jobs_ahead(self, peer: Peer, job_ids: list[int]) -> dict[int, int]:
+        """Places in the queue are public, as why_waiting's "N job(s) ahead of it" is."""
+        if not isinstance(job_ids, list) or len(job_ids) > 10_000:
+            raise InvalidInput("job_ids must be a list of at most 10000 job ids")
+        return self.client.jobs_ahead([_job_id(j) for j in job_ids])
+
+    def op_running_end(self, peer: Peer, job_id: int) -> list:
+        """A running job's expected end (at, source, now), public as the start estimates are."""
+        end = self.client.running_end(self.client.get(_job_id(job_id)))
+        return [end.at, end.source, end.now]
+
     def op_first_look(self, peer: Peer, job_id: int) -> str | None:
         return self.client.first_look(_job_id(job_id))
 

@@ -424,3 +424,24 @@ def test_a_job_picked_by_its_instance_through_the_socket(gateway):
         client.get(job.id, "zz" if not job.instance.startswith("zz") else "yy")
     answer = _as(gw, ALICE, "get", job_id=job.id, pick=7)
     assert "pick must be a string" in str(answer), answer
+
+
+def test_places_in_the_queue_and_a_running_jobs_end_come_through_the_gateway(gateway):
+    """`rig jobs`' "queued: N job(s) ahead of it" and `rig show`'s expected end of a running job
+    (issue 13) for a user who reaches rig through the gateway; another user's job included."""
+    gw, path = gateway
+    client = GatewayClient(gw.settings, path)
+    first, second = _submit_as(gw, ALICE), _submit_as(gw, ALICE)
+    assert client.jobs_ahead([first.id, second.id, 999]) == {first.id: 0, second.id: 1}
+    from rig.gpus.base import GpuReading
+
+    ledger = gw.client.ledger
+    ledger.register_card("n1", GpuReading(index=0, uuid="u0", model="m", total=24 * 2**30),
+                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    ledger.store.update(first.id, time_limit=3600.0)
+    ok, token = ledger.reserve(first.id, "n1", [0], 2**30)
+    assert ok and ledger.claim(first.id, token, "w")[0]
+    end = client.running_end(client.get(first.id))
+    assert end is not None and end.source == "limit" and end.at is not None
+    assert end.at == pytest.approx(gw.client.get(first.id).started_at + 3600.0, abs=2.0)
+    assert end.sentence().startswith("expected to end ~") and "its time limit" in end.sentence()
