@@ -84,6 +84,7 @@ from rig.testing.peers import (  # noqa: E402
     stamped_command,
     trace_metrics,
 )
+from rig.testing.sigterm import exit_on_sigterm  # noqa: E402
 from rig.testing.trace import (  # noqa: E402
     GIB,
     LowerBound,
@@ -616,18 +617,6 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def stop_on_sigterm() -> None:
-    """SIGTERM (``timeout``, a CI job's end) raises SystemExit(143) in the main thread, so the
-    finally blocks run: the throwaway node stops and its key prefix leaves Redis (by default
-    the shared one; killed outright, 57 keys stayed). A second SIGTERM during that cleanup is
-    ignored, so it is not cut short."""
-    def stop(signum: int, _frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stop)
-
-
 def broker_url() -> tuple[str, str]:
     """The Celery peer's broker and where it came from: $PEERS_BROKER_URL, else DB 11 of the
     Redis rig's nodes use (rig.testing.bench_redis)."""
@@ -665,7 +654,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=positive_seconds, default=600.0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    stop_on_sigterm()
+    # SIGTERM (`timeout`) runs the finally blocks: the throwaway node stops and its key prefix
+    # leaves Redis (by default the shared one; killed outright, 57 keys stayed).
+    exit_on_sigterm()
 
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)

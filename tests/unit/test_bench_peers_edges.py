@@ -42,13 +42,23 @@ def test_a_count_below_one_is_one_argparse_line_and_exit_2(flag, value):
                                            f"least 1 (got {value!r})")
 
 
-def test_sigterm_runs_the_finally_blocks_that_delete_the_key_prefix(peers):
+def test_sigterm_runs_the_finally_blocks_that_delete_the_key_prefix(peers, monkeypatch):
     """Killed by `timeout` (SIGTERM) it left its key prefix (57 keys) in the shared Redis: the
-    cleanup is in finally blocks, which a default SIGTERM skips."""
+    cleanup is in finally blocks, which a default SIGTERM skips. main() installs the benchmarks'
+    one SIGTERM rule (rig.testing.sigterm) before anything runs."""
+    from rig.testing import sigterm
+
+    assert peers.exit_on_sigterm is sigterm.exit_on_sigterm  # the shared rule, not a copy
+    installed = []
+    monkeypatch.setattr(peers, "exit_on_sigterm", lambda: installed.append(True))
+    monkeypatch.setattr(sys, "argv", ["bench_peers.py", "--systems", "rig", "--seeds", "", "--skip-tiny"])
+    monkeypatch.setenv("RIG_BENCH_REDIS_URL", "redis://127.0.0.1:1/0")
+    peers.main()  # nothing to run: no seeds, no tiny jobs
+    assert installed == [True]
     before = signal.getsignal(signal.SIGTERM)
     cleaned = []
     try:
-        peers.stop_on_sigterm()
+        sigterm.exit_on_sigterm()
         with pytest.raises(SystemExit) as stop:
             try:
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -57,7 +67,6 @@ def test_sigterm_runs_the_finally_blocks_that_delete_the_key_prefix(peers):
             finally:
                 cleaned.append(True)
         assert stop.value.code == 128 + signal.SIGTERM and cleaned == [True]
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # a second one cannot cut the cleanup short
     finally:
         signal.signal(signal.SIGTERM, before)
 
