@@ -16,7 +16,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -310,6 +310,29 @@ class GatewayClient:
             limit = timeout if timeout is not None else self.settings.kill_grace_seconds + 20
             return self.wait(job.id, timeout=limit)
         return job
+
+    def records(self, job_ids: Sequence[int]) -> dict[int, Job | E.RigError]:
+        """Client.records through the gateway: one ``get`` each (the gateway has no batch
+        read); an error is that id's, outages raise."""
+        found: dict[int, Job | E.RigError] = {}
+        for jid in job_ids:
+            try:
+                found[jid] = self.get(jid)
+            except (E.RedisUnavailable, GatewayUnavailable):
+                raise
+            except E.RigError as exc:
+                found[jid] = exc
+        return found
+
+    def cancel_waiting(self, jobs: Sequence[Job]) -> list[int]:
+        """Client.cancel_waiting through the gateway: its ``kill`` of each (which checks who
+        may); the ids that ended CANCELLED. One that moved meanwhile is left to :meth:`kill`."""
+        cancelled: list[int] = []
+        for job in jobs:
+            after = self.kill(job.id, wait=False)
+            if after.state is JobState.CANCELLED:
+                cancelled.append(job.id)
+        return cancelled
 
     def retry(self, job_id: int | str, *, gpu_memory: str | int | None = None) -> Job:
         return self.call("retry", job_id=_id(job_id), gpu_memory=gpu_memory)

@@ -92,6 +92,21 @@ def test_submit_watch_and_kill_through_the_socket(gateway):
         client.submit(["true"], gpu_memory="12Q")
 
 
+def test_rig_kill_of_several_ids_through_the_socket(gateway, capsys):
+    """`rig kill A B C` reads the records together and cancels the waiting ones together
+    (Client.records, cancel_waiting): a user without Redis' password reaches rig through the
+    gateway, whose client must answer both (CI: 'GatewayClient' object has no attribute 'records')."""
+    from rig.cli.kill import kill_jobs
+
+    gw, path = gateway
+    client = GatewayClient(gw.settings, path)
+    ids = [h.id for h in client.submit_many([{"command": ["true"], "gpu_memory": "1G"} for _ in range(3)])]
+    assert kill_jobs(client, [*ids, 999], wait=False) == JobNotFound.exit_code
+    assert [client.get(j).state for j in ids] == [JobState.CANCELLED] * 3
+    out = capsys.readouterr()
+    assert out.out.count("cancelled (was pending)") == 3 and "no job with id 999" in out.err
+
+
 def test_another_user_sees_that_a_job_exists_not_what_it_carries(gateway):
     gw, _ = gateway
     job = _submit_as(gw, ALICE)
