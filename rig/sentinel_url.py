@@ -136,21 +136,15 @@ class SentinelUrl:
         a listed address that is no sentinel (a plain Redis among them: found only when it is
         asked first, so said here for each), no replica to promote, a master called down later
         than rig's clients wait (``window_s``)."""
-        from concurrent.futures import ThreadPoolExecutor
 
         import redis
 
-        from rig import server_kind
 
         out = []
         if len(self.sentinels) < 2:
             out.append(f"redis_url lists one sentinel: while it is down rig cannot find the master; list "
                        f"every sentinel (sentinel://h1:26379,h2:26379,h3:26379/{self.master_name}/{self.db})")
-        with ThreadPoolExecutor(max_workers=len(self.sentinels), thread_name_prefix="rig-sentinel-kind") as pool:
-            modes = list(pool.map(lambda hp: server_kind.probe_mode(*hp, SENTINEL_TIMEOUT_S), self.sentinels))
-        out += [server_kind.wrong_kind(mode, server_kind.SENTINEL, _hostport(hp))
-                for mode, hp in zip(modes, self.sentinels, strict=True)
-                if mode is not None and mode != server_kind.SENTINEL]
+        out += self.not_sentinels()
         kwargs = {**self.sentinel_kwargs(options or {}), "decode_responses": True}
         for host, port in self.sentinels:
             client = redis.Redis(host=host, port=port, **kwargs)
@@ -172,6 +166,20 @@ class SentinelUrl:
                            f"set `sentinel down-after-milliseconds {self.master_name} 5000` (docs/RELIABILITY.md)")
             break
         return out
+
+    def not_sentinels(self) -> list[str]:
+        """One line for each listed address that answers as another kind of server than a
+        sentinel (a plain Redis, a cluster node), all asked at once (SENTINEL_TIMEOUT_S each);
+        an address that does not answer is not judged here."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from rig import server_kind
+
+        with ThreadPoolExecutor(max_workers=len(self.sentinels), thread_name_prefix="rig-sentinel-kind") as pool:
+            modes = list(pool.map(lambda hp: server_kind.probe_mode(*hp, SENTINEL_TIMEOUT_S), self.sentinels))
+        return [server_kind.wrong_kind(mode, server_kind.SENTINEL, _hostport(hp))
+                for mode, hp in zip(modes, self.sentinels, strict=True)
+                if mode is not None and mode != server_kind.SENTINEL]
 
     def kombu_url(self) -> str:
         """kombu's form (Celery's broker; Flower reads the first): one ``sentinel://`` URL per

@@ -573,6 +573,13 @@ class Stack:
         that answers but refuses the credentials is an error (RedisAuthFailed, exit 5)."""
         url = self.settings.redis_url
         shown = strip_password(url)
+        if is_sentinel(url) and (wrong := sentinel_url.parse(url).not_sentinels()):
+            # Asked only once the sentinels before it fail, i.e. in a fail-over: the node would
+            # then read a wrong-kind error and stop (a tester's node did). Refused now instead.
+            from rig.errors import ConfigError
+
+            raise ConfigError(f"{wrong[0]}; rig up refuses it: in a fail-over rig would ask it for the master "
+                              "and stop")
         if probe(url):
             self.say(f"redis: using the one at {shown}")
             for line in redis_warnings(url):

@@ -136,6 +136,22 @@ def test_a_plain_redis_among_the_sentinels_is_warned_about_at_rig_up(servers):
     assert len(lines) == 1 and f"127.0.0.1:{servers['plain_pw']}, listed as a sentinel" in lines[0]
 
 
+def test_rig_up_refuses_a_plain_redis_among_the_sentinels(servers, tmp_path):
+    """Warned of only, it was asked for the master at the first fail-over (the sentinels before
+    it not answering then): every command said exit 6 and rig up stopped, leaving its job."""
+    from rig.config import load_settings
+    from rig.errors import ConfigError
+    from rig.stack import Stack, UpOptions
+
+    url = f"sentinel://127.0.0.1:{servers['sentinel']},127.0.0.1:{servers['plain_pw']}/rigm/0"
+    stack = Stack(load_settings(home=tmp_path / "home", redis_url=url), UpOptions(), say=lambda _line: None)
+    with pytest.raises(ConfigError) as refused:
+        stack._ensure_redis()
+    line = str(refused.value)
+    assert f"127.0.0.1:{servers['plain_pw']}, listed as a sentinel" in line and "rig up refuses it" in line
+    assert refused.value.exit_code == 6 and "\n" not in line
+
+
 def test_a_cluster_node_is_refused(servers):
     assert "Redis Cluster node" in _refused(f"redis://127.0.0.1:{servers['cluster']}/0")
 
