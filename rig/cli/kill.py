@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 import click
 
+import rig.client as rig_client
 from rig.cli.common import parse_job_id
 from rig.client import Client
 from rig.errors import InvalidInput, JobNotFound, PermissionDenied, RedisUnavailable, RigError
@@ -91,12 +92,17 @@ def kill_jobs(client: Client, job_ids: list[int], *, wait: bool) -> int:
     if denied:
         # Another user's job among them: a slip of the id list, so nothing is killed (exit 8).
         raise denied[0]
-    # Waiting jobs are cancelled together (one script call each, one nudge); one placed or
-    # started meanwhile is killed below like any other.
-    cancelled = set(client.cancel_waiting(waiting)) if waiting else set()
+    # Waiting jobs are cancelled together (one script call each, one nudge a batch); one placed
+    # or started meanwhile is killed below like any other. Said batch by batch: a sweep cut
+    # short (Redis stopped answering half-way) has said which jobs it cancelled before the error.
+    cancelled: set[int] = set()
+    batch = rig_client.KILL_BATCH
+    for start in range(0, len(waiting), batch):
+        for jid in client.cancel_waiting(waiting[start:start + batch]):
+            click.echo(f"job {jid} cancelled (was pending); {_memory_words(JobState.PENDING)}")
+            cancelled.add(jid)
     for jid in known:
         if jid in cancelled:
-            click.echo(f"job {jid} cancelled (was pending); {_memory_words(JobState.PENDING)}")
             continue
         try:
             before = client.get(jid)
