@@ -24,6 +24,7 @@ import secrets
 import socket
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,7 +148,13 @@ class _FollowFailover(_RetryButNotAuth):
         self.target = target
 
     def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):  # type: ignore[no-untyped-def, override]
+        # The window is a time, not a count of tries: each try asks the sentinels (up to
+        # SENTINEL_TIMEOUT_S when one is hung), and 33 tries took a tester's command 100 s.
+        deadline = time.monotonic() + FAILOVER_WINDOW_S
+
         def retryable(error: Exception) -> bool:
+            if time.monotonic() >= deadline:
+                return False
             if isinstance(error, MasterNotFoundError) and not sentinel_diagnosis(error, self.target)[1]:
                 return False
             return is_retryable is None or is_retryable(error)

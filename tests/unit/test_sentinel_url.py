@@ -185,3 +185,26 @@ def test_hung_sentinels_are_said_to_be_hung_within_the_documented_bound():
     finally:
         for s in hung:
             s.close()
+
+
+def test_the_failover_retry_stops_at_its_window_not_at_a_count(monkeypatch):
+    """Each try asks the sentinels (up to 1 s each when one is hung): a count of tries made of
+    the 30 s window was 100 s for a tester's command. The window is now a deadline."""
+    import redis
+
+    import rig.redis_conn as rc
+
+    clock = [0.0]
+    monkeypatch.setattr(rc.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr("redis.retry.sleep", lambda _s: None)
+    retry = rc._retry("sentinel://127.0.0.1:1,127.0.0.1:2/rigm/0")
+    tries = []
+
+    def do():  # noqa: ANN202 - each try costs 3 s of the (fake) clock: a hung sentinel and the backoff
+        tries.append(clock[0])
+        clock[0] += 3.0
+        raise redis.ConnectionError("connection refused")
+
+    with pytest.raises(redis.ConnectionError):
+        retry.call_with_retry(do, lambda _error: None)
+    assert len(tries) == 10 and tries[-1] == 27.0, tries  # at 0, 3, ..., 27 s: at 30 s the window is over (was 33 tries)
