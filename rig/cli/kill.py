@@ -132,7 +132,11 @@ def kill_jobs(client: Client, job_ids: list[int], *, wait: bool) -> int:
                     f"{waited:.0f} s; its card worker stops it when it sees the request (is that node up? "
                     "`rig status` shows its card workers)", STILL_RUNNING_EXIT)
             continue
-        if after.state is JobState.CANCELLED:
+        if after.state is JobState.CANCELLED and before.cancel_requested:
+            # Another `rig kill` (or Flower's Terminate) asked first: it says the cancel; this
+            # one saw it happen (two kills of one sweep both said "cancelled").
+            click.echo(f"job {after.id} cancelled (a kill was already requested when this one came)")
+        elif after.state is JobState.CANCELLED:
             click.echo(f"job {after.id} cancelled (was {before.state.value.lower()}); {_memory_words(before.state)}")
         elif after.state.terminal:
             click.echo(f"job {after.id} ended {after.state.value} before the kill reached it")

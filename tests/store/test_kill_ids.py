@@ -144,3 +144,20 @@ def test_a_sweep_cut_short_by_redis_says_what_it_cancelled_before(ledger, monkey
     result = CliRunner().invoke(cli, ["kill", "--no-wait", *map(str, ids)])
     assert result.exit_code == RedisUnavailable.exit_code, result.output
     assert _lines(result.stdout) == [f"job {j} cancelled (was pending); it held no GPU memory" for j in ids[:3]]
+
+
+@pytest.mark.redis
+def test_a_second_kill_of_a_running_job_does_not_claim_the_cancel(ledger, monkeypatch):
+    """Two `rig kill` of one sweep at once: both said "job N cancelled (was running)" for the
+    running jobs. The one that came after the first request says it saw it happen."""
+    import dataclasses
+
+    from rig.client import Client
+
+    jid = _job(ledger)
+    ledger.r.hset(ledger.keys.job(jid), mapping={"state": JobState.RUNNING.value, "cancel_requested": "1"})
+    monkeypatch.setattr(Client, "kill", lambda self, job_id, **kw: dataclasses.replace(
+        self.get(job_id), state=JobState.CANCELLED))
+    result = CliRunner().invoke(cli, ["kill", str(jid)])
+    assert result.exit_code == 0, result.output
+    assert _lines(result.stdout) == [f"job {jid} cancelled (a kill was already requested when this one came)"]
