@@ -219,11 +219,20 @@ def _render_cards(report: StatusReport, cards_of_node: list[CardState], title: s
                          caption="memory in GiB", caption_justify="left")
     console.print(cards)
     watched = {(w.node, w.card) for w in report.workers if w.role == "card"}
+    # Also below the table: on a narrow screen the flags column is the first to go. Cards
+    # closed for the same words are said in one line (a stopped node's 8 cards: 8 lines).
+    said: dict[str, list[str]] = {}
     for card in cards_of_node:
-        # Also below the table: on a narrow screen the flags column is the first to go.
         line = closed_card_line(card, len(report.running.get(card.id, [])), (card.node, card.index) in watched)
         if line:
-            console.print(M(line))
+            said.setdefault(line.removeprefix(f"{card.id} takes "), []).append(card.id)
+    for rest, ids in said.items():
+        if len(ids) == 1:
+            console.print(M(f"{ids[0]} takes {rest}"))
+        else:
+            every = len(ids) == len(cards_of_node)
+            who = f"all {len(ids)} cards of {cards_of_node[0].node}" if every else ", ".join(ids)
+            console.print(M(f"{who} take {rest}"))
 
 
 def closed_card_line(card: CardState, running: int, watched: bool = True) -> str | None:

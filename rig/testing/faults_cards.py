@@ -8,7 +8,7 @@ and `rig up` again with the card(s) taken away, and checks:
   true result (a job whose command exits 7 is FAILED with exit code 7, the others SUCCEEDED);
 - nothing new is placed on those cards (a job submitted after the restart runs on the others);
 - every reservation is given back (0 leaked), no process is left (0 orphans);
-- the operator is told: `rig status` prints one line per card saying why it takes no new jobs.
+- the operator is told: `rig status` says why each card takes no new jobs (cards closed for the same words share a line).
 
 Scenarios:
 
@@ -26,6 +26,7 @@ Scenarios:
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -108,11 +109,21 @@ def _watch_closed(sc: Scenario, where: dict[int, int], closed: set[int]) -> None
             sc.result.problems.append(f"card {card} has no worker while its job runs")
 
 
+def _says(line: str, node: str, card: int, why: str) -> bool:
+    """Does this line of `rig status` say ``card`` takes no new jobs for ``why``? Cards closed
+    for the same words share a line ("n/2, n/3 take no ..."; "all 4 cards of n take no ...")."""
+    found = re.match(r"^(.+?) takes? no new jobs: (.*)$", line)
+    if found is None or not found.group(2).startswith(why):
+        return False
+    who = found.group(1)
+    return f"{node}/{card}" in who.split(", ") or (who.startswith("all ") and who.endswith(f" cards of {node}"))
+
+
 def _status_says(sc: Scenario, card: int, why: str) -> None:
     """`rig status` must say why ``card`` takes no jobs, on a line of its own."""
     status = _cli(sc, "status")
     want = f"{sc.node.name}/{card} takes no new jobs: {why}"
-    lines = [line.strip() for line in status.stdout.splitlines() if line.strip().startswith(want)]
+    lines = [line.strip() for line in status.stdout.splitlines() if _says(line.strip(), sc.node.name, card, why)]
     if status.returncode != 0 or not lines:
         sc.result.problems.append(f"rig status (exit {status.returncode}) does not say {want!r}: "
                                   f"{status.stdout[-600:]}{status.stderr[-300:]}")

@@ -89,3 +89,13 @@ def test_a_node_without_cards_is_not_called_absent():
     render_status(StatusReport(cards=[], running={}, pending={}, oldest_wait={}, workers=[], counts={},
                                nodes=[frozen]), Console(file=out, width=200, color_system=None))
     assert "node bwnode2: FROZEN: Redis lost its data" in out.getvalue() and "no rig node is up" not in out.getvalue()
+
+
+def test_cards_closed_for_the_same_words_are_said_in_one_line():
+    """A stopped node's 8 cards gave 8 identical lines under its table."""
+    reason = "node n1 is stopped since 12:00:00"
+    text = " ".join(_status([_card(i, healthy=False, health_reason=reason) for i in range(3)], width=200).split())
+    assert f"all 3 cards of n1 take no new jobs: unhealthy ({reason})" in text
+    assert text.count("take no new jobs") + text.count("takes no new jobs") == 1
+    mixed = " ".join(_status([_card(0, allowed=False), _card(1), _card(2, allowed=False)], width=200).split())
+    assert "n1/0, n1/2 take no new jobs: not in whitelist" in mixed
