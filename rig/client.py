@@ -484,6 +484,11 @@ class Client:
         ``instance`` (a prefix of it), that very job where the id was given again."""
         return self._guard(self.history.get, R.parse_job_id(job_id), instance)
 
+    def other_instance(self, job: Job) -> Job | None:
+        """The archived job with ``job``'s id and another instance (ids restarted after Redis
+        lost its data), or None (rig.history.History.other_instance)."""
+        return self._guard(self.history.other_instance, job)
+
     def get_instance(self, job_id: int | str, instance: str | None) -> Job:
         """The record of job ``job_id``, which must be that very job when ``instance`` is given:
         after Redis lost its data, ids restart and an old id names another job. Raises JobGone

@@ -186,6 +186,21 @@ class History:
             raise self._not_found(job_id)
         return job
 
+    def other_instance(self, job: Job) -> Job | None:
+        """The archived job with ``job``'s id but another instance (Redis lost its data and the
+        id was given again), or None; None too when the archive cannot be read (a hint, not a
+        failure)."""
+        try:
+            archive = self.archive()
+            found = archive.get(job.id) if archive is not None else None
+        except Exception as exc:  # noqa: BLE001 - the archive's own errors are said elsewhere
+            if not unreadable(exc):
+                raise
+            return None
+        if found is None or not found.instance or found.instance == job.instance:
+            return None
+        return found
+
     def _not_found(self, job_id: int) -> JobNotFound:
         """JobNotFound for an id in neither Redis nor the archive, saying the job may be in the
         archive the cluster used before when it moved archives (archive:previous, named), or

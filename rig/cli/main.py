@@ -158,6 +158,11 @@ def show(ctx: click.Context, job_id: str, instance: str | None, as_json: bool) -
     render_job(job, why, make_console(), in_error_queue=client.in_error_queue(job.id),
                estimated_start=start.get("estimated_start_text"), expected_run=start.get("expected_run_text"),
                expected_end=start.get("expected_end_text"))
+    if instance is None and (other := client.other_instance(job)) is not None:
+        # Redis lost its data and ids restarted: the id names two jobs (a tester saw only one).
+        click.echo(f"note: the archive also holds an earlier job {job.id} ('{clean(other.name)}' by "
+                   f"{clean(other.user)}, {other.state.value}, instance {other.instance[:8]}): "
+                   f"`rig show {job.id} --instance {other.instance[:8]}`", err=True)
 
 
 @cli.command()

@@ -209,6 +209,10 @@ class GatewayClient:
             return self.call("get", job_id=_id(job_id))
         return self.call("get", job_id=_id(job_id), pick=instance)
 
+    def other_instance(self, job: Job) -> Job | None:
+        """Not asked through the gateway (no such operation): no hint, never a made-up one."""
+        return None
+
     def get_instance(self, job_id: int | str, instance: str | None) -> Job:
         return self.call("get", job_id=_id(job_id), instance=instance)
 

@@ -51,6 +51,19 @@ def test_log_and_metrics_pick_the_instance_show_picks(two_of_one_id):
         assert (metrics["name"], metrics["attempts"][0]["vram_mean"]) == (name, mean)
 
 
+def test_show_of_a_repeated_id_says_the_archive_holds_an_earlier_job_of_it(two_of_one_id):
+    """A tester's `rig show 1` after Redis restarted empty showed the new job 1 only; the
+    quickstart's job 1 was in the archive, found only by `rig jobs --since 30d`."""
+    old, new = two_of_one_id
+    got = CliRunner().invoke(cli, ["show", str(old.id)])
+    assert got.exit_code == 0, got.output
+    assert got.stderr.strip() == (f"note: the archive also holds an earlier job {old.id} ('before' by {old.user}, "
+                                  f"SUCCEEDED, instance {old.instance[:8]}): `rig show {old.id} --instance "
+                                  f"{old.instance[:8]}`"), got.stderr
+    asked = CliRunner().invoke(cli, ["show", str(old.id), "--instance", new.instance[:6]])
+    assert asked.exit_code == 0 and "note:" not in asked.stderr  # the one asked for by its instance
+
+
 def test_an_unknown_or_malformed_instance_is_refused_alike_by_show_log_and_metrics(two_of_one_id):
     old, new = two_of_one_id
     bad = next(h for h in ("ffff", "0000", "1234") if not old.instance.startswith(h)
