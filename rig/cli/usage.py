@@ -52,7 +52,7 @@ def usage(ctx: click.Context, since: str, by: str, as_json: bool, as_csv: bool) 
     client = client_from(ctx)
     client.ping()
     start = since_time(since)
-    lines, whole = _usage(client, start, by)
+    lines, whole, partial = _usage(client, start, by)
     if as_json:
         click.echo(J.dumps({"since": start, "by": by, "lines": [_plain(ln) for ln in lines], "total": _plain(whole)}))
         return
@@ -69,28 +69,32 @@ def usage(ctx: click.Context, since: str, by: str, as_json: bool, as_csv: bool) 
         click.echo("no finished job" if start is None else f"no job ended in the last {since}", err=True)
         return
     window = "all finished jobs" if start is None else f"jobs that ended in the last {since}"
+    if partial:  # the archive was not read: the title must not claim all of them (a tester's)
+        window += " that Redis holds (the archive was not read: see above)"
     cols = [dataclasses.replace(USAGE_COLUMNS[0], header=by), *USAGE_COLUMNS[1:]]
     rows = [_cells(line) for line in [*lines, whole]]
     console.print(fitted_table(cols, rows, console.width, title=f"usage of {window}",
                                title_justify="left", caption=CAPTION, caption_justify="left"))
 
 
-def _usage(client, since: float | None, by: str) -> tuple[list[UsageLine], UsageLine]:  # noqa: ANN001
-    """The lines and total (Client.usage: the archive's per-day sums, rig.history); a gateway
-    client asks its node, whose Client.usage answers."""
+def _usage(client, since: float | None, by: str) -> tuple[list[UsageLine], UsageLine, bool]:  # noqa: ANN001
+    """The lines and total (Client.usage: the archive's per-day sums, rig.history), and
+    whether they lack the archive (its warning said on stderr); a gateway client asks its
+    node, whose Client.usage answers."""
     from rig.client import Client
     from rig.history import archive_warning
 
     lines, whole = client.usage(since=since, by=by)
-    if warning := archive_warning(client, "the totals cover only the finished jobs Redis holds"):
+    warning = archive_warning(client, "the totals cover only the finished jobs Redis holds")
+    if warning:
         click.echo(warning, err=True)  # exit 0 all the same: README, rig usage
     if not isinstance(client, Client):
-        return lines, whole
+        return lines, whole, bool(warning)
     built = client.history.archive_rollup_built()
     if built is not None:
         click.echo(f"archive: summed {built[0]:,} job(s) archived by an older rig per day for rig usage, once "
                    f"({built[1]:.1f} s)", err=True)
-    return lines, whole
+    return lines, whole, bool(warning)
 
 
 def since_time(text: str) -> float | None:

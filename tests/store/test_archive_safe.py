@@ -207,6 +207,7 @@ def test_rig_jobs_and_usage_exit_0_with_one_warning_when_the_archive_is_gone(led
     usage = CliRunner().invoke(cli, ["usage", "--since", "all"], env=env)
     assert usage.exit_code == 0, usage.output
     assert "the totals cover only the finished jobs Redis holds" in usage.stderr
+    assert "usage of all finished jobs that Redis holds (the archive was not read" in " ".join(usage.stdout.split())
     show = CliRunner().invoke(cli, ["show", str(old.id)], env=env)
     assert show.exit_code == 6 and "the archive could not be read" in show.stderr
 
@@ -281,6 +282,7 @@ def test_rig_jobs_and_usage_through_the_gateway_say_the_archive_could_not_be_rea
         assert usage.exit_code == 0, usage.output
         assert usage.stderr.count("warning: the archive could not be read") == 1, usage.stderr
         assert "the totals cover only the finished jobs Redis holds" in usage.stderr
+        assert "that Redis holds (the archive was not read" in " ".join(usage.stdout.split()), usage.stdout
     finally:
         server.shutdown()
         server.server_close()
