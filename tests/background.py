@@ -93,6 +93,7 @@ class Child:
     """The child pytest running ``nodeids`` from ``rootdir``; :meth:`outcome` waits for one."""
 
     def __init__(self, nodeids: list[str], rootdir: Path) -> None:
+        self.nodeids = list(nodeids)
         self.folder = Path(tempfile.mkdtemp(prefix="rig-test-background-"))
         self.results = self.folder / "results.jsonl"
         self.results.touch()
@@ -138,16 +139,23 @@ class Child:
             return ""
 
     def stop(self) -> None:
-        """Kill the child if it still runs; remove its folder unless a test failed or the child
-        did not finish (a failure's text points at its log there)."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        """Stop the child: one that gave every result is let finish its session (a few
+        seconds at most), else it is killed (an interrupted or -x session). Its folder is
+        removed when every test passed or was skipped (a failure's text points at its log)."""
         try:
             found = self._read()
         except (OSError, ValueError):
-            return
-        if self.proc.returncode == 0 and all(o.outcome != "failed" for o in found.values()):
+            found = {}
+        complete = set(self.nodeids) <= set(found)
+        if self.proc.poll() is None and complete:
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if complete and all(o.outcome != "failed" for o in found.values()):
             shutil.rmtree(self.folder, ignore_errors=True)
 
 

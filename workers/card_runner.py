@@ -677,11 +677,15 @@ class CardRunner:
                     if not active.has_keeper:
                         _cap_quietly(active, self.settings.log_max_bytes)
                     current = _inode(active.log_path)
-                    if log_file is None and not active.log_deleted_said:
+                    # The attempt's folder is made before the job starts: gone, it was deleted,
+                    # even before this loop first saw the log file (CI, under load: the file
+                    # lived a few ms before a test deleted the folder).
+                    folder_gone = current is None and not active.log_path.parent.exists()
+                    if log_file is None and not active.log_deleted_said and not folder_gone:
                         # The keeper makes the file at the job's first output, which may come
                         # after supervision began (seen under load): watch it from then on.
                         log_file = current
-                    elif log_file is not None and current != log_file:
+                    elif not active.log_deleted_said and (folder_gone or current != log_file):
                         log_file = None
                         active.log_deleted_said = True
                         log.warning("job %s: its log %s was deleted while it runs (its folder, or the file); its "

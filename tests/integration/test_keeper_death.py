@@ -165,6 +165,40 @@ def test_a_log_folder_deleted_while_the_job_runs_is_made_again(card_runner_env, 
     assert done.exit_code == 0 and "log deleted while it ran (once) and made again" in done.reason
 
 
+def test_a_log_folder_deleted_before_the_worker_saw_its_file_is_said_too(card_runner_env, tmp_path, caplog,
+                                                                       monkeypatch):
+    """CI, under load: the file lived a few ms before the folder went, and the worker, whose
+    look had not come yet, never said the deletion. The attempt's folder is made before the
+    job starts: its absence says it was deleted."""
+    import logging
+    import shutil
+
+    from workers import card_runner
+
+    monkeypatch.setattr(card_runner, "LOG_CAP_POLL_S", 0.05)
+    real_inode = card_runner._inode
+    monkeypatch.setattr(card_runner, "_inode", lambda path: None)  # the worker has not seen the file yet
+    caplog.set_level(logging.WARNING, logger="workers.card_runner")
+    settings, ledger, runner, _ = card_runner_env
+    end = tmp_path / "end"
+    job, token = placed(ledger, f"echo before; while [ ! -e {end} ]; do sleep 0.02; done", tmp_path)
+    folder = job_folder(settings.job_log_dir, job.id, job.instance)
+    log = folder / "attempt-1.log"
+    results: list[str] = []
+    thread = threading.Thread(target=lambda: results.append(runner.run_job(job.id, token)))
+    thread.start()
+    try:
+        assert _until(lambda: log.exists() and log.read_bytes() == b"before\n")
+        shutil.rmtree(folder)
+        monkeypatch.setattr(card_runner, "_inode", real_inode)
+        assert _until(lambda: "was deleted while it runs" in caplog.text)
+    finally:
+        end.touch()
+    thread.join(30)
+    assert results == ["SUCCEEDED"]
+    assert caplog.text.count("was deleted while it") == 1
+
+
 def test_an_adopted_job_outlives_the_keeper_of_the_worker_before(card_runner_env, tmp_path):
     """The worker stops (its keeper copies on), the next one adopts the job and takes a read
     end of its pipe through /proc; then the old keeper is killed: the new worker's keeper takes
