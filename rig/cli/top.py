@@ -8,11 +8,12 @@ jobs, submitters or nodes supplied goes through ``rig.text.clean`` (``C``) on it
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import click
@@ -376,8 +377,10 @@ def _job_lines(jobs: list[Job], width: int, now: float) -> tuple[Text, list[Text
     return _header(cols), _rows(cols, table)
 
 
-def _waiting_lines(jobs: Sequence[Job], width: int, now: float) -> tuple[Text, list[Text]]:
-    """Waiting jobs in run order (priority, then age), each with why it waits."""
+def _waiting_lines(jobs: Sequence[Job], width: int, now: float,
+                   ahead: Mapping[int, int] | None = None) -> tuple[Text, list[Text]]:
+    """Waiting jobs in run order (priority, then age), each with why it waits (``ahead``: job
+    id -> jobs ahead of it, for those the dispatcher has not worded: render.job_reason)."""
     wide = width >= 140
     id_w = max(2, *(len(str(j.id)) for j in jobs)) if jobs else 2
     user_w = min(max((len(j.user) for j in jobs), default=4), 16 if wide else 8)
@@ -399,7 +402,7 @@ def _waiting_lines(jobs: Sequence[Job], width: int, now: float) -> tuple[Text, l
         values: dict[str, str | Text] = {
             "id": str(job.id), "user": C(job.user), "name": C(job.name), "prio": job.priority.value,
             "mem": mem, "wait": duration(now - job.created_at),
-            "why": Text(C(job_reason(job)), style="dim" if not job.wait_reason else ""),
+            "why": Text(C(job_reason(job, (ahead or {}).get(job.id))), style="dim" if not job.wait_reason else ""),
         }
         table.append(values)
     return _header(cols), _rows(cols, table)
@@ -486,7 +489,7 @@ def _clip(lines: list[Text], room: int, what: str) -> list[Text]:
 # -- the frame ----------------------------------------------------------------------------------
 def build_view(report: StatusReport | None, errors: int, width: int, height: int, now: float,
                *, problem: str | None = None, hint: str = "q quits", waiting: Sequence[Job] = (),
-               error_jobs: Sequence[Job] = ()) -> RenderableType:
+               error_jobs: Sequence[Job] = (), ahead: Mapping[int, int] | None = None) -> RenderableType:
     """One frame of ``rig top``, exactly fitting ``width`` x ``height`` (at most).
 
     ``waiting``: some waiting jobs (any order: shown in run order, priority then age, each with
@@ -534,7 +537,8 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
             show_cards = need_cards
     total_waiting = sum(report.pending.values())
     queued = sorted(waiting, key=lambda j: (j.priority.rank, j.created_at, j.id))
-    lists = [_List(f"waiting jobs ({total_waiting}), next first", total_waiting, queued, _waiting_lines,
+    lists = [_List(f"waiting jobs ({total_waiting}), next first", total_waiting, queued,
+                   functools.partial(_waiting_lines, ahead=ahead),
                    "waiting jobs", _waiting_summary),
              _List(f"error queue ({errors}): `rig errors`", errors, list(error_jobs), _error_lines,
                    "in the error queue", None)]
@@ -648,6 +652,7 @@ class _Snapshot:
     problem: str | None = None
     waiting: list[Job] = field(default_factory=list)
     error_jobs: list[Job] = field(default_factory=list)
+    ahead: dict[int, int] = field(default_factory=dict)  # waiting job id -> jobs ahead (_read_lists)
 
 
 def _read(client) -> tuple[StatusReport, int]:  # noqa: ANN001
@@ -655,12 +660,16 @@ def _read(client) -> tuple[StatusReport, int]:  # noqa: ANN001
     return report, client.error_count()
 
 
-def _read_lists(client, old: tuple[list[Job], list[Job]] = ([], [])) -> tuple[list[Job], list[Job]]:  # noqa: ANN001
-    """The head of the queue and the oldest of the error queue (what the frame lists). They
-    are extras: when they cannot be read (e.g. a gateway older than `waiting`), the last ones
-    read stay and the frame's cards, counts and running jobs go on."""
+def _read_lists(client, old: tuple[list[Job], list[Job], dict[int, int]] = ([], [], {}),  # noqa: ANN001
+                ) -> tuple[list[Job], list[Job], dict[int, int]]:
+    """The head of the queue, the oldest of the error queue (what the frame lists) and, for the
+    waiting jobs the dispatcher has not worded, their place in the queue (Client.jobs_ahead, as
+    `rig jobs` shows it). They are extras: when they cannot be read (e.g. a gateway older than
+    `waiting`), the last ones read stay and the frame's cards, counts and running jobs go on."""
     try:
-        return client.waiting(limit=WAITING_READ), client.errors(limit=ERRORS_READ)
+        waiting = client.waiting(limit=WAITING_READ)
+        errors = client.errors(limit=ERRORS_READ)
+        return waiting, errors, client.jobs_ahead([j.id for j in waiting if not j.wait_reason])
     except (RigError, redis.RedisError, OSError):
         return old
 
@@ -687,11 +696,12 @@ class _Poller(threading.Thread):
         try:
             report, errors = _read(self.client)
             old = self.snapshot
-            waiting, error_jobs = _read_lists(self.client, (old.waiting, old.error_jobs))
-            self.snapshot = _Snapshot(report, errors, None, waiting, error_jobs)
+            waiting, error_jobs, ahead = _read_lists(self.client, (old.waiting, old.error_jobs, old.ahead))
+            self.snapshot = _Snapshot(report, errors, None, waiting, error_jobs, ahead)
         except (RigError, redis.RedisError, OSError) as exc:
             old = self.snapshot
-            self.snapshot = _Snapshot(old.report, old.errors, _problem_text(exc), old.waiting, old.error_jobs)
+            self.snapshot = _Snapshot(old.report, old.errors, _problem_text(exc), old.waiting, old.error_jobs,
+                                      old.ahead)
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -751,10 +761,10 @@ def run_top(client, interval: float = 1.0, once: bool = False, *,  # noqa: ANN00
     console = console or make_console()  # piped: laid out as every piped table is (180 columns)
     if once or not console.is_terminal:
         report, errors = _read(client)
-        waiting, error_jobs = _read_lists(client)
+        waiting, error_jobs, ahead = _read_lists(client)
         height = console.height if console.is_terminal else 10_000
         console.print(build_view(report, errors, console.width, height, shared_now(), hint="",
-                                 waiting=waiting, error_jobs=error_jobs))
+                                 waiting=waiting, error_jobs=error_jobs, ahead=ahead))
         return
 
     poller = _Poller(client, interval)
@@ -769,7 +779,7 @@ def run_top(client, interval: float = 1.0, once: bool = False, *,  # noqa: ANN00
                 width, height = console.size
                 return build_view(snap.report, snap.errors, width, height, shared_now(),
                                   problem=snap.problem, hint=hint, waiting=snap.waiting,
-                                  error_jobs=snap.error_jobs)
+                                  error_jobs=snap.error_jobs, ahead=snap.ahead)
 
             with Live(get_renderable=frame, console=console, screen=True,
                       refresh_per_second=REFRESH_PER_SECOND,

@@ -565,3 +565,16 @@ def test_a_retried_running_job_says_which_attempt_its_reason_is_from():
     assert job_reason(job) == "attempt 2; attempt 1: exit code 7"
     job.attempts, job.attempt = [], 1
     assert job_reason(job) == "-"
+
+
+def test_top_gives_unworded_waiting_jobs_their_place_in_the_queue() -> None:
+    """`rig jobs` said "queued: N job(s) ahead of it" where the dispatcher had worded nothing;
+    `rig top` still said "-" (a helper's leftover)."""
+    report = _cluster()
+    waiting = _waiting()[:3]
+    for job in waiting:
+        job.wait_reason = None
+    ahead = {waiting[0].id: 0, waiting[1].id: 7}
+    lines = _screen(160, lambda c: c.print(build_view(report, 0, 160, 40, NOW, waiting=waiting, ahead=ahead)), 40)
+    text = " ".join(" ".join(lines).split())
+    assert "queued: first in line" in text and "queued: 7 job(s) ahead of it" in text

@@ -166,6 +166,9 @@ class _FakeClient:
     def errors(self, *, limit: int = 100) -> list[Job]:
         return []
 
+    def jobs_ahead(self, job_ids) -> dict[int, int]:  # noqa: ANN001
+        return {}
+
 
 def test_run_top_once_prints_one_frame() -> None:
     out = io.StringIO()
