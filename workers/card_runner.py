@@ -217,8 +217,12 @@ class CardRunner:
         self.consumer = StartConsumer(self.starts, self.run_job, slots=settings.max_task_per_gpu,
                                       shutdown=self.shutdown, may_take=may_take)
         self._active: dict[int, ActiveJob] = {}
-        #: Jobs this process is claiming or starting: adoption must leave them alone.
-        self._starting: set[int] = set()
+        #: Jobs this process is claiming or starting (job id -> threads doing so): adoption must
+        #: leave them alone. A count, not a set: a job's next attempt can be claimed on this card
+        #: by another thread while the thread of its last one is still ending, and that ending
+        #: must not take the new one out (CI, under load: adoption then sent the new attempt
+        #: back as "never started" while it ran, and the attempt ran twice).
+        self._starting: dict[int, int] = {}
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         #: The card's log keeper (every job's log), restarted at once when it dies.
@@ -265,12 +269,14 @@ class CardRunner:
         answered (shutting down, Redis away): the start stays taken and goes back to the list.
         """
         with self._lock:
-            self._starting.add(job_id)
+            self._starting[job_id] = self._starting.get(job_id, 0) + 1
         try:
             return self._run_job(job_id, token, release or (lambda _pipe=None: None))
         finally:
             with self._lock:
-                self._starting.discard(job_id)
+                left = self._starting.pop(job_id) - 1
+                if left:
+                    self._starting[job_id] = left
 
     def _run_job(self, job_id: int, token: str, release: Callable[[Pipeline | None], None]) -> str:
         try:
@@ -719,7 +725,8 @@ class CardRunner:
                 # Ended, or detached (the next worker waits through /proc): the keeper copies on.
                 self._keepers.release(active.kept)
             with self._lock:
-                self._active.pop(active.job_id, None)
+                if self._active.get(active.job_id) is active:  # not a later attempt's, started meanwhile
+                    del self._active[active.job_id]
 
     def _take_log(self, active: ActiveJob) -> bool:
         """Adopted: a read end of the job's pipe of this worker's own, so the keeper of the

@@ -578,3 +578,38 @@ def _cmdline(pid: str) -> str:
             return fh.read()
     except OSError:
         return ""
+
+
+def test_a_retry_claimed_here_while_the_last_attempts_thread_ends_is_not_sent_back(env, tmp_path, monkeypatch):
+    """CI, under load (random-failures: "duplicated 1"): attempt 2 of a job ran twice. Its
+    claim came on a second thread of this worker while the thread of attempt 1 was still
+    ending; that ending took the job id out of the worker's "starting" set, so adoption found
+    a RUNNING job of this card with no process and no files yet, sent it back as never
+    started (its attempt uncounted), and it ran again. The starting count is per thread."""
+    import threading
+
+    _, ledger, runner, _ = env
+    job, token = placed(ledger, "true", tmp_path)
+    ok, attempt = ledger.claim(job.id, token, "card0@n1")  # the retry's claim, on the second thread
+    assert ok and attempt == "1"
+    inside, release = threading.Event(), threading.Event()
+
+    def run(job_id, tok, _release):  # noqa: ANN001, ANN202 - the second thread: between claim and start
+        if tok == "second":
+            inside.set()
+            release.wait(30)
+        return "done"
+
+    monkeypatch.setattr(runner, "_run_job", run)
+    second = threading.Thread(target=runner.run_job, args=(job.id, "second"))
+    second.start()
+    try:
+        assert inside.wait(30)
+        runner.run_job(job.id, "first")  # the last attempt's thread ends meanwhile
+        runner.adopt()
+        after = ledger.store.get(job.id)
+        assert after.state is JobState.RUNNING and after.attempt == 1, (after.state, after.attempt, after.reason)
+    finally:
+        release.set()
+        second.join(30)
+    assert job.id not in runner._starting  # both threads done
