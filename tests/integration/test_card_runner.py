@@ -153,7 +153,7 @@ def test_adopt_leaves_a_job_being_started_alone(env, tmp_path):
     yet launched, and the job then ran twice."""
     settings, ledger, runner, _ = env
     job, token = placed(ledger, "true", tmp_path)
-    runner._starting.add(job.id)  # as run_job does before its claim
+    runner._starting[job.id] = 1  # as run_job does before its claim
     ledger.claim(job.id, token, "card0@n1")
     runner.adopt()
     assert ledger.store.get(job.id).state is JobState.RUNNING
