@@ -59,6 +59,8 @@ def main() -> int:
     parser.add_argument("--freeze", action="store_true",
                         help="gc.freeze() after the imports, as the control worker does once ready "
                              "(workers.app): start-up's objects out of the cycle collector's walk")
+    parser.add_argument("--gc-threshold", type=int, nargs=3, metavar=("G0", "G1", "G2"),
+                        help="gc.set_threshold(G0, G1, G2) before the passes (Python's default: 700 10 10)")
     parser.add_argument("--url", default=os.environ.get("RIG_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args()
     root = str(Path(args.root).resolve())
@@ -81,6 +83,10 @@ def main() -> int:
 
         gc.collect()
         gc.freeze()
+    if args.gc_threshold:
+        import gc
+
+        gc.set_threshold(*args.gc_threshold)
     frozen = 1_900_000_000.0
     cluster = bench.Cluster(args.url, args.cards // 8, args.users, Path(tempfile.mkdtemp()))
     if not args.real_clock:

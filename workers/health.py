@@ -185,6 +185,7 @@ class HealthChecker:
                         log.warning("node %s is back (it was down since %s)", node.name, node.down_since)
                         report.nodes_back.append(node.name)
                 self._restore_cards(node.name, cards)
+                self._workerless(node, cards, report, now)
                 continue
             if node.state == "stopped":
                 since = time.strftime("%H:%M:%S", time.localtime(node.stopped_at or now))
@@ -208,6 +209,24 @@ class HealthChecker:
             # before its cards were disabled.
             self._requeue_assigned(node, report, "down")
             self._conclude_running(node, report)
+
+    def _workerless(self, node: NodeInfo, cards: list[CardState], report: HealthReport, now: float) -> None:
+        """A node up (its ``rig up`` heartbeats) with no live worker of its own for
+        ``health.timeout`` past its start (NodeInfo.no_worker: a worker's heartbeat outlives it
+        by that long, so none beat for that long): nothing there runs what is placed on its
+        cards, and its own local pass, which would close them (_dead_workers), runs in the very
+        control worker that is missing. Its cards that need a worker take no new jobs (each
+        card's worker makes it healthy again at its first reading) and its placed-but-unstarted
+        jobs go back to their place in the queue. Running ones are left alone: their processes
+        may run on, and a worker that returns adopts them."""
+        if not node.no_worker or node.started_at is None or now - node.started_at < self.settings.health.timeout:
+            return
+        served = [c for c in cards if c.node == node.name and c.healthy and needs_worker(c)]
+        if served:
+            log.warning("node %s is up but none of its workers has heartbeated for %s s: its cards "
+                        "take no new jobs until their workers return", node.name, self.settings.health.timeout)
+        self._disable_cards(node.name, served, NO_WORKER_REASON)
+        self._requeue_assigned(node, report, "up with no worker alive")
 
     def _node_jobs(self, node: str) -> list[Job]:
         ids = self.store.ids_in_state(JobState.RUNNING) + self.store.ids_in_state(JobState.ASSIGNED)

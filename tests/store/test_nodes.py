@@ -5,6 +5,7 @@ retry policy, and it rejoins cleanly; a node stopped on purpose keeps its runnin
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -385,3 +386,43 @@ def test_fake_usage_folders_of_jobs_that_run_here_no_more_are_removed(redis_clie
         import shutil
 
         shutil.rmtree(jobs_dir, ignore_errors=True)
+
+
+def test_a_node_up_with_no_live_worker_takes_no_new_jobs_and_gives_back_its_placed_ones(cluster, redis_client):
+    """A node whose rig up heartbeats while none of its workers does (they keep failing to
+    start) runs nothing: its own local pass runs in the missing control worker, so the cluster
+    pass closes its cards and requeues what was placed there; a running job is left alone."""
+    settings, keys, ledger, nodes, checker = cluster
+    nodes.register("n1", ttl=TTL, backend="fake", cards=2, pid=os.getpid())  # a rig up that runs (its record has its pid)
+    running, assigned = _job(ledger, "n1", 0, run=True), _job(ledger, "n1", 1)
+    now = time.time()
+
+    assert checker.run_cluster(now=now).requeued == []  # just started: its workers may be starting
+    assert all(c.eligible for c in ledger.cards() if c.node == "n1")
+
+    nodes.beat("n1", ttl=TTL, source="test")  # its rig up goes on heartbeating (a slow host: TTL is short)
+    report = checker.run_cluster(now=now + settings.health.timeout + 1)
+    assert report.requeued == [assigned] and report.lost == []
+    assert ledger.store.get(assigned).state is JobState.PENDING
+    assert "no worker alive" in ledger.store.get(assigned).reason
+    assert ledger.store.get(running).state is JobState.RUNNING
+    assert not any(c.eligible for c in ledger.cards() if c.node == "n1")
+    started: list[tuple] = []
+    Dispatcher(settings, lambda *a: started.append(a), client=redis_client).dispatch_pass()
+    assert {s[2] for s in started} <= {"n2"}  # nothing placed on n1 again
+
+    _worker_beat(redis_client, keys, "card0@n1")  # a worker is back: the node is left to it
+    ledger.set_healthy("n1", 0, True)  # as that card worker's first reading does
+    nodes.beat("n1", ttl=TTL, source="test")
+    assert checker.run_cluster(now=now + settings.health.timeout + 2).requeued == []
+    assert ledger.card("n1", 0).eligible
+
+
+def test_a_node_with_a_live_worker_keeps_its_placed_jobs(cluster, redis_client):
+    settings, keys, ledger, nodes, checker = cluster
+    nodes.register("n1", ttl=TTL, backend="fake", cards=2, pid=os.getpid())
+    _worker_beat(redis_client, keys, "control@n1")
+    assigned = _job(ledger, "n1", 1)
+    report = checker.run_cluster(now=time.time() + settings.health.timeout + 1)
+    assert report.requeued == [] and ledger.store.get(assigned).state is JobState.ASSIGNED
+    assert all(c.eligible for c in ledger.cards() if c.node == "n1")
