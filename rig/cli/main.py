@@ -212,7 +212,7 @@ def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None, inst
              say=lambda line: click.echo(line, err=True), why=client.why_waiting,
              here=this_machine(client.settings.node_name, client.nodes()),
              open_log=lambda path: client.open_log(job.id, path, picked),
-             exists=lambda path: client.log_exists(job.id, path, picked),
+             exists=lambda path: ride.call(client.log_exists, job.id, path, picked),
              name_instance=instance is not None or id_given_again(client, job))
 
 

@@ -26,6 +26,7 @@ import stat
 import struct
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,8 @@ LOG_CHUNK = 4 * 2**20
 #: asks for 64 and for the marker line: rig.cli.logview.CutFollower).
 TAIL_MAX = 4096
 PROBE_MAX = 64 * 2**10
+#: Log files remembered as allowed to a peer's user (Gateway._log_file), the most recent kept.
+LOG_GRANTS = 1024
 
 #: Operations whose answer lacks the archive's part when it cannot be read (rig.history:
 #: Redis' jobs all the same): their answer carries why (``archive_unread``), for the one line.
@@ -98,6 +101,9 @@ class Gateway:
         self.settings = settings
         self.client = client or Client(settings)
         self._submit_lock = threading.Lock()
+        #: (peer uid, job id, path, instance) -> the log file allowed to it (_log_file), oldest first.
+        self._grants: OrderedDict[tuple, Path] = OrderedDict()
+        self._grants_lock = threading.Lock()
         self.ops: dict[str, Callable[..., Any]] = {
             name.removeprefix("op_"): getattr(self, name) for name in dir(self) if name.startswith("op_")}
 
@@ -272,11 +278,32 @@ class Gateway:
 
     # A job's log: its owner's and admins' (the files are under rig's log_dir, which users
     # need not be able to enter); only paths the record names as its attempts' logs.
-    def _log_file(self, job_id: int, path: str, instance: str | None = None) -> Path:
+    def _log_file(self, peer: Peer, job_id: int, path: str, instance: str | None = None) -> Path:
         """``instance``: a prefix of the job's instance (``rig log --instance``): the log of that
-        very job, archived or live, where its id was given again (Client.get's rule)."""
+        very job, archived or live, where its id was given again (Client.get's rule).
+
+        A path once allowed to a peer's user stays allowed (a job's owner, its instance and the
+        logs it names never change; admins are this gateway's settings): it is remembered
+        (LOG_GRANTS), so `rig log -f` reads on through the gateway while Redis is lost for a
+        moment, as it does where it reads the file itself."""
         if instance is not None and not isinstance(instance, str):
             raise InvalidInput("instance must be a string (a prefix of a job's instance)")
+        if not isinstance(path, str):
+            raise InvalidInput(f"a log path must be a string, got {type(path).__name__}")
+        grant = (peer.uid, _job_id(job_id), path, instance)
+        with self._grants_lock:
+            file = self._grants.get(grant)
+            if file is not None:
+                self._grants.move_to_end(grant)
+                return file
+        file = self._allowed_log_file(job_id, path, instance)
+        with self._grants_lock:
+            self._grants[grant] = file
+            while len(self._grants) > LOG_GRANTS:
+                self._grants.popitem(last=False)
+        return file
+
+    def _allowed_log_file(self, job_id: int, path: str, instance: str | None) -> Path:
         job = self.client.get(_job_id(job_id), instance)
         self.client.check_control(job, "read the log of")
         named = set(job.log_paths) | ({job.log_path} if job.log_path else set())
@@ -289,12 +316,12 @@ class Gateway:
         return Path(path)
 
     def op_log_exists(self, peer: Peer, job_id: int, path: str, instance: str | None = None) -> bool:
-        return self._log_file(job_id, path, instance).exists()
+        return self._log_file(peer, job_id, path, instance).exists()
 
     def op_log_read(self, peer: Peer, job_id: int, path: str, offset: int = 0, size: int = LOG_CHUNK,
                     instance: str | None = None) -> str:
         """Up to ``size`` bytes (at most LOG_CHUNK) from ``offset``, base64; "" at the end."""
-        file = self._log_file(job_id, path, instance)
+        file = self._log_file(peer, job_id, path, instance)
         _check_offset(offset)
         try:
             fd = _open_log(file)
@@ -317,7 +344,7 @@ class Gateway:
         ``{"gone": true}`` when the
         path names no file just now (deleted, not made again yet). Read under the same rule as
         op_log_read (_log_file: the caller's own job's log, in this node's log folder)."""
-        file = self._log_file(job_id, path, instance)
+        file = self._log_file(peer, job_id, path, instance)
         _check_offset(offset)
         if isinstance(back, bool) or not isinstance(back, int) or not 0 <= back <= TAIL_MAX:
             raise InvalidInput(f"back must be 0..{TAIL_MAX} bytes, got {back!r}")

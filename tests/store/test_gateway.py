@@ -460,3 +460,30 @@ def test_places_in_the_queue_and_a_running_jobs_end_come_through_the_gateway(gat
     assert end is not None and end.source == "limit" and end.at is not None
     assert end.at == pytest.approx(gw.client.get(first.id).started_at + 3600.0, abs=2.0)
     assert end.sentence().startswith("expected to end ~") and "its time limit" in end.sentence()
+
+
+def test_a_log_allowed_once_reads_on_while_redis_is_lost(gateway, monkeypatch):
+    """`rig log -f` through the gateway: each read checks the job's record in Redis the first
+    time; a path allowed to that user is remembered, so a Redis blip does not end the follow
+    (the direct client reads the file itself and never needed Redis for it)."""
+    from rig.errors import RedisUnavailable
+
+    gw, _ = gateway
+    job = _submit_as(gw, ALICE)
+    log = gw.settings.job_log_dir / f"job-{job.id}" / "attempt-1.log"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(b"step 1\n")
+    gw.client.store.update(job.id, log_paths=[str(log)], log_path=str(log))
+    assert _as(gw, ALICE, "log_read", job_id=job.id, path=str(log)) == "c3RlcCAxCg=="  # b"step 1\n"
+
+    def lost(*a, **kw):
+        raise RedisUnavailable("Redis at 127.0.0.1:6379 cannot be reached")
+
+    monkeypatch.setattr(gw.client, "get", lost)
+    log.write_bytes(b"step 1\nstep 2\n")
+    assert _as(gw, ALICE, "log_read", job_id=job.id, path=str(log), offset=7) == "c3RlcCAyCg=="  # b"step 2\n"
+    assert _as(gw, ALICE, "log_look", job_id=job.id, path=str(log), offset=14)["data"] == ""
+    # Only what was allowed, to whom it was allowed: anything else still needs the record.
+    assert _as(gw, BOB, "log_read", job_id=job.id, path=str(log))["type"] == "RedisUnavailable"
+    assert _as(gw, ALICE, "log_read", job_id=job.id, path=str(log) + ".x")["type"] == "RedisUnavailable"
+    assert _as(gw, ALICE, "log_read", job_id=job.id, path=["a"])["type"] == "InvalidInput"
