@@ -612,7 +612,7 @@ class CardRunner:
             # of another user than this worker's through the gateway, as itself, without Redis'
             # password (rig.gateway); one of the worker's own user (who can read the password
             # file anyway) straight to Redis.
-            "RIG_REDIS_URL": without_credentials(self.settings.redis_url) if run_as is not None else self.settings.redis_url,
+            "RIG_REDIS_URL": self.settings.redis_url if _holds_password(run_as) else without_credentials(self.settings.redis_url),
             "RIG_KEY_PREFIX": self.settings.key_prefix,
             # Which node's job this is: a node's orphan check stops only its own (health.py).
             "RIG_NODE_NAME": self.node,
@@ -1228,6 +1228,13 @@ def _read_exit_file(path: Path) -> int | None:
         return R.as_int(text, -(2**31), 2**31 - 1) if text else None
     except R.BadField:
         return None
+
+
+def _holds_password(run_as: RunAs | None) -> bool:
+    """Does a job run as ``run_as`` get Redis' password in its RIG_REDIS_URL? Only a job of the
+    worker's own user (no switch, or a switch to this very uid: root's job on a root node), who
+    can read the password file anyway; its own HOME may not lead to rig's (RIG_HOME elsewhere)."""
+    return run_as is None or run_as.uid == os.geteuid()
 
 
 def _login_shell(uid: int) -> str | None:

@@ -98,3 +98,19 @@ def test_the_job_environment_takes_the_identity(tmp_path: Path, monkeypatch):
     # the operator's shell variables nor the record's claim to be someone else.
     me = pwd.getpwuid(os.geteuid()).pw_name
     assert "XDG_RUNTIME_DIR" not in plain and plain["USER"] == me and plain["LOGNAME"] == me
+
+
+def test_a_job_of_the_workers_own_user_gets_the_password_and_another_not(tmp_path: Path):
+    # rig's home need not be the job user's ~/.rig (RIG_HOME elsewhere, a root node whose
+    # admin's HOME differs): the password must come with the URL, as the README says.
+    settings = load_settings(home=tmp_path, redis_url="redis://:s3cret@127.0.0.1:1/0", key_prefix="t:")
+    runner = CardRunner(settings, "n1", 0, "card0@n1")
+    job = Job(id=3, name="t", user="alice", command=["true"], gpu_memory=1, gpus=1,
+              priority=Priority.LOW, state=JobState.RUNNING, workdir="/", created_at=0.0,
+              cards=[0], node="n1")
+    me = os.geteuid()
+    own = RunAs(user="me", uid=me, gid=os.getegid(), groups=(), home="/elsewhere")
+    other = RunAs(user="alice", uid=me + 1001, gid=1001, groups=(), home="/home/alice")
+    for run_as in (None, own):
+        assert runner._job_env(job, 1, tmp_path / "x.exit", run_as)["RIG_REDIS_URL"] == settings.redis_url
+    assert runner._job_env(job, 1, tmp_path / "x.exit", other)["RIG_REDIS_URL"] == "redis://127.0.0.1:1/0"
