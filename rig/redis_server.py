@@ -51,7 +51,7 @@ from rig.redis_conn import (
 )
 from workers.process_tree import is_alive, proc_start_time
 
-__all__ = ["LOOPBACK", "RedisBinary", "choose_binary", "data_writer", "is_local", "is_reachable",
+__all__ = ["LOOPBACK", "RedisBinary", "choose_binary", "data_writer", "is_local", "is_reachable", "keep_data_id",
            "private_config", "private_redis_dir", "probe", "recorded_server", "redis_binary",
            "start_private_redis"]
 
@@ -384,11 +384,7 @@ def _check_data(url: str, data_dir: Path, binary: RedisBinary, had_files: bool) 
                 f"see {data_dir.parent / 'logs'} and the server's log; to start afresh on purpose, "
                 f"move {data_dir} away (jobs recorded there are then forgotten)")
         if held is None:
-            held = secrets.token_hex(16)
-            # Durable before the id file claims it: fsync this one write (appendfsync always).
-            client.config_set("appendfsync", "always")
-            client.set(DATA_ID_KEY, held)
-            client.config_set("appendfsync", "everysec")
+            held = _record_data_id(client)
         if expected != held:
             write_private(id_file, held + "\n")
         write_private(data_dir / VERSION_FILE, show_version(binary.version) + "\n")
@@ -397,3 +393,34 @@ def _check_data(url: str, data_dir: Path, binary: RedisBinary, had_files: bool) 
                          f"data was checked: {exc}") from None
     finally:
         client.close()
+
+
+def _record_data_id(client: redis.Redis) -> str:
+    """A new data id, stored durably in the server (fsynced: appendfsync always for this one
+    write) before anyone writes it next to the files."""
+    held = secrets.token_hex(16)
+    client.config_set("appendfsync", "always")
+    client.set(DATA_ID_KEY, held)
+    client.config_set("appendfsync", "everysec")
+    return held
+
+
+def keep_data_id(url: str, data_dir: Path) -> str | None:
+    """While the private Redis of ``data_dir`` runs: if its data id is gone (FLUSHALL or
+    FLUSHDB while it ran), record a new one in it and next to its files, since what it holds
+    now is what the node goes on with and what its next start must find (else every restart is
+    refused and its jobs are only kept by moving the folder away, which forgets them). Returns
+    one line saying so, else None (also when Redis does not answer: checked again later)."""
+    client = redis.Redis.from_url(url, socket_timeout=5, decode_responses=True, retry=Retry(NoBackoff(), 0))
+    try:
+        if client.get(DATA_ID_KEY) is not None:
+            return None
+        held = _record_data_id(client)
+    except redis.RedisError:
+        return None
+    finally:
+        client.close()
+    write_private(data_dir / DATA_ID_FILE, held + "\n")
+    return (f"the private Redis lost its data while it ran (FLUSHALL or FLUSHDB: the jobs it held are "
+            f"gone); rig recorded a new data id in {data_dir / DATA_ID_FILE}, so a restart keeps what it "
+            "holds from now on")

@@ -67,7 +67,7 @@ from rig.redis_conn import (
     url_password,
     without_credentials,
 )
-from rig.redis_server import is_local, private_redis_dir, probe, start_private_redis
+from rig.redis_server import is_local, keep_data_id, private_redis_dir, probe, start_private_redis
 from rig.redis_writes import notices_at as redis_notices_at
 from rig.redis_writes import refusal_notice as redis_refusal_notice
 from rig.registration import register_node
@@ -97,6 +97,8 @@ JOIN_LOCK_S = 30.0
 #: Backoff between attempts to restart the private Redis (s): doubling from the first, capped.
 REDIS_RETRY_FIRST_S = 1.0
 REDIS_RETRY_MAX_S = 30.0
+#: How often a running private Redis is asked whether its data id is still there (s).
+DATA_ID_CHECK_S = 5.0
 
 
 
@@ -393,6 +395,7 @@ class Stack:
         self._redis_refusing = False  # Redis refused writes at the last hung check (said once)
         self._redis_next_try = 0.0  # monotonic time of the next attempt
         self._redis_last_error = ""  # said once per change
+        self._next_data_id_check = 0.0  # monotonic time of the next look at its data id
 
     def wants(self, component: str) -> bool:
         if self.options.only:
@@ -989,6 +992,7 @@ class Stack:
         proc = self.redis_proc
         if proc is not None:
             if proc.poll() is None:
+                self._keep_data_id(now)
                 return
             self.redis_proc = None
             self._redis_failures, self._redis_next_try, self._redis_last_error = 0, now, ""
@@ -1015,6 +1019,16 @@ class Stack:
         else:
             self.say(f"the private Redis is back (pid {self.redis_proc.pid})")
         self._redis_failures, self._redis_last_error = 0, ""
+
+    def _keep_data_id(self, now: float) -> None:
+        """Every few seconds while the private Redis runs: a data id FLUSHALL deleted is
+        recorded again (rig.redis_server.keep_data_id), said in one line."""
+        if now < self._next_data_id_check:
+            return
+        self._next_data_id_check = now + DATA_ID_CHECK_S
+        line = keep_data_id(self.settings.redis_url, private_redis_dir(self.settings.home))
+        if line:
+            self.say(line)
 
     def run_until_signalled(self) -> None:
         stop = {"flag": False}

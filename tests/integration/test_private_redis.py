@@ -91,3 +91,55 @@ def test_a_first_start_records_its_data_id_durably(tmp_path, binaries):
         assert redis.Redis.from_url(url, decode_responses=True).get(rs.DATA_ID_KEY) == data_id
     finally:
         stop(proc)
+
+
+def test_a_flush_while_it_runs_is_recorded_so_a_restart_keeps_what_came_after(tmp_path):
+    # FLUSHALL while rig runs: the node goes on with the emptied Redis (it joins it as a new
+    # installation), so what it holds from then on is the data; its next start (a reboot, a
+    # SIGKILLed rig up) must not be refused as "came up without the data" for ever.
+    if not rs.candidate_binaries():
+        pytest.skip("needs a redis-server")
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    data, log = tmp_path / "data", tmp_path / "redis.log"
+    proc = rs.start_private_redis(url, data, log)
+    try:
+        assert rs.keep_data_id(url, data) is None  # nothing lost: nothing said
+        client = redis.Redis.from_url(url, decode_responses=True)
+        client.flushall()
+        client.set("job:1", "after the flush")
+        line = rs.keep_data_id(url, data)
+        assert line and "\n" not in line and "FLUSHALL" in line
+        assert rs.keep_data_id(url, data) is None  # said once
+    finally:
+        proc.kill()  # no shutdown fsync: the new id must already be on disk
+        proc.wait()
+    proc = rs.start_private_redis(url, data, log)
+    try:
+        assert redis.Redis.from_url(url, decode_responses=True).get("job:1") == "after the flush"
+    finally:
+        stop(proc)
+
+
+def test_rig_up_records_a_flushed_data_id_as_it_supervises(tmp_path, monkeypatch):
+    import rig.stack as stack_module
+    from rig.config import load_settings
+    from rig.stack import Stack, UpOptions
+
+    if not rs.candidate_binaries():
+        pytest.skip("needs a redis-server")
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    settings = load_settings(home=tmp_path, redis_url=url, key_prefix="t:", node_name="n1")
+    said: list[str] = []
+    stack = Stack(settings, UpOptions(), say=said.append)
+    stack.redis_proc = stack._start_private_redis()
+    try:
+        stack._private_redis = True
+        redis.Redis.from_url(url).flushall()
+        stack.keep_redis_up(100.0)
+        assert said and "FLUSHALL" in said[-1]
+        assert redis.Redis.from_url(url, decode_responses=True).get(rs.DATA_ID_KEY) == (
+            rs.private_redis_dir(tmp_path) / rs.DATA_ID_FILE).read_text().strip()
+        monkeypatch.setattr(stack_module, "keep_data_id", lambda *_a: pytest.fail("asked again at once"))
+        stack.keep_redis_up(101.0)  # every DATA_ID_CHECK_S, not at each round
+    finally:
+        stop(stack.redis_proc)
