@@ -38,6 +38,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import redis
 
@@ -50,6 +51,7 @@ from rig.keys import Keys, card_worker_name, split_card_id
 from rig.ledger import Ledger
 from rig.models import CardState, Job, JobState
 from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeInfo, NodeRegistry
+from rig.redis_conn import without_credentials
 from rig.redis_writes import is_outage
 from rig.supervision import beat_pid, hung_after
 from workers.outcomes import AttemptEnd, conclude
@@ -384,7 +386,7 @@ class HealthChecker:
         Never one of another installation (rig.installation)."""
         current = Installation(self.r, self.keys, self.settings.run_dir, self.settings.node_name).on_node()
         mine = {sid: p for sid, p in node_job_processes(self.settings.key_prefix, self.settings.node_name,
-                                                        self.settings.redis_url).items()
+                                                        self.settings.redis_url, self.settings.job_log_dir).items()
                 if p.installation is None or p.installation == current}
         jobs = {j.id: j for j in self.store.get_many(sorted({p.job_id for p in mine.values()}))} if mine else {}
         unrecorded: list[int] = []
@@ -467,18 +469,27 @@ class JobProcess:
     installation: str | None = None  # RIG_INSTALLATION: the installation it was started under
 
 
-def node_job_processes(prefix: str, node: str, redis_url: str | None = None) -> dict[int, JobProcess]:
+def node_job_processes(prefix: str, node: str, redis_url: str | None = None,
+                       log_dir: Path | None = None) -> dict[int, JobProcess]:
     """Session id -> what the job processes of this key prefix and node on this machine are
     (several nodes of one cluster may share a machine, e.g. in tests: each sees only its own).
-    With ``redis_url``, only those started against that URL."""
+    With ``redis_url``, only those started against that Redis (its password aside: a job run as
+    another user gets the URL without it). With ``log_dir``, only those started by this home's
+    workers (their exit file is under it): another rig on this machine with its own Redis and
+    home may use the same node name, and its jobs are not this node's to judge or stop."""
     want = [f"RIG_KEY_PREFIX={prefix}".encode(), f"RIG_NODE_NAME={node}".encode()]
-    if redis_url is not None:
-        want.append(f"RIG_REDIS_URL={redis_url}".encode())
+    url = without_credentials(redis_url) if redis_url is not None else None
+    logs = os.fsencode(str(log_dir)).rstrip(b"/") + b"/" if log_dir is not None else None
     found: dict[int, JobProcess] = {}
     for pid, env in environments():
         if not all(item in env for item in want):
             continue
         values = dict(item.split(b"=", 1) for item in env if b"=" in item)
+        if url is not None and without_credentials(values.get(b"RIG_REDIS_URL", b"").decode("utf-8", "replace")) != url:
+            continue
+        exit_file = values.get(b"RIG_EXIT_FILE")
+        if logs is not None and exit_file is not None and not exit_file.startswith(logs):
+            continue
         try:
             job_id, attempt = int(values[b"RIG_JOB_ID"]), int(values[b"RIG_ATTEMPT"])
             instance = values.get(b"RIG_JOB_INSTANCE", b"").decode("ascii", "replace") or None
@@ -512,7 +523,7 @@ def node_identity(settings: Settings, client: redis.Redis) -> NodeIdentity:
     recorded belongs to the installation the node joined)."""
     inst = Installation(client, Keys(settings.key_prefix), settings.run_dir, settings.node_name)
     verdict = inst.check()
-    running = node_job_processes(settings.key_prefix, settings.node_name)
+    running = node_job_processes(settings.key_prefix, settings.node_name, log_dir=settings.job_log_dir)
 
     def belongs(proc: JobProcess) -> bool:
         started_under = proc.installation or verdict.expected
