@@ -316,7 +316,11 @@ class Client:
                 passed = jobenv.exported(environ, export)  # --export ALL (default) | NONE | names
             except ValueError as exc:
                 raise InvalidInput(str(exc)) from None
-            memo[env_key] = _checked("--env", R.as_env, {**passed, **asked})
+            _checked("--env", R.as_env, asked)
+            # What is left to refuse is the size of the whole (your variables count too).
+            memo[env_key] = _checked("the job's environment (your variables as --export passes them, and --env)",
+                                     R.as_env, {**passed, **asked},
+                                     "; pass fewer: --export NONE, or --export NAME,NAME")
         job_env = dict(memo[env_key])
         if not job_name:
             raise InvalidInput("--name must not be empty")
@@ -1159,9 +1163,10 @@ def _round_up(nbytes: int, step: int = 256 * 2**20) -> int:
     return -(-nbytes // step) * step
 
 
-def _checked(what: str, check: Callable[[Any], Any], value: Any) -> Any:
-    """``check(value)`` (a rig.records check), its complaint as one InvalidInput line."""
+def _checked(what: str, check: Callable[[Any], Any], value: Any, then: str = "") -> Any:
+    """``check(value)`` (a rig.records check), its complaint as one InvalidInput line
+    (``then``: what to do, after it)."""
     try:
         return check(value)
     except R.BadField as exc:
-        raise InvalidInput(f"{what}: {exc}") from None
+        raise InvalidInput(f"{what}: {exc}{then}") from None

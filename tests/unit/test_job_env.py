@@ -102,3 +102,23 @@ def test_a_bad_export_is_one_line(mode, words):
     with pytest.raises(ValueError, match=words) as caught:
         job_env.parse_export(mode)
     assert "\n" not in str(caught.value)
+
+
+def test_an_environment_too_large_from_your_shell_names_the_shell_not_env(tmp_path, monkeypatch):
+    """Breaker: nine exported 120 KB variables and no --env were refused as '--env: longer
+    than 1048576 bytes in all', naming an option the user never gave."""
+    import fakeredis
+
+    from rig.client import Client
+    from rig.config import load_settings
+    from rig.errors import InvalidInput
+
+    client = Client(load_settings(home=tmp_path, key_prefix="t:", redis_url="redis://127.0.0.1:1/0"),
+                    redis_client=fakeredis.FakeRedis(decode_responses=True))
+    for i in range(9):
+        monkeypatch.setenv(f"BIG{i}", "x" * 120_000)
+    with pytest.raises(InvalidInput) as err:
+        client.submit(["true"], gpu_memory="1G")
+    assert str(err.value).startswith("the job's environment (your variables") and "--export NONE" in str(err.value)
+    with pytest.raises(InvalidInput, match="^--env: bad variable name"):
+        client.submit(["true"], gpu_memory="1G", env={"1A": "x"})
