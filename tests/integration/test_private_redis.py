@@ -44,6 +44,15 @@ def stop(proc) -> None:
     proc.wait(15)
 
 
+def restart_holds(url: str, data: Path, log: Path, value: str) -> None:
+    """The private Redis starts again on ``data`` and holds ``value`` under job:1."""
+    proc = rs.start_private_redis(url, data, log)
+    try:
+        assert redis.Redis.from_url(url, decode_responses=True).get("job:1") == value
+    finally:
+        stop(proc)
+
+
 def test_an_older_server_never_starts_empty_over_newer_data(tmp_path, binaries, monkeypatch):
     new, old = binaries
     url = f"redis://127.0.0.1:{free_port()}/0"
@@ -72,11 +81,7 @@ def test_an_older_server_never_starts_empty_over_newer_data(tmp_path, binaries, 
     assert digest(data) == before
 
     monkeypatch.undo()
-    proc = rs.start_private_redis(url, data, log)
-    try:
-        assert redis.Redis.from_url(url, decode_responses=True).get("job:1") == "precious"
-    finally:
-        stop(proc)
+    restart_holds(url, data, log, "precious")
 
 
 def test_a_first_start_records_its_data_id_durably(tmp_path, binaries):
@@ -113,11 +118,7 @@ def test_a_flush_while_it_runs_is_recorded_so_a_restart_keeps_what_came_after(tm
     finally:
         proc.kill()  # no shutdown fsync: the new id must already be on disk
         proc.wait()
-    proc = rs.start_private_redis(url, data, log)
-    try:
-        assert redis.Redis.from_url(url, decode_responses=True).get("job:1") == "after the flush"
-    finally:
-        stop(proc)
+    restart_holds(url, data, log, "after the flush")
 
 
 def test_rig_up_records_a_flushed_data_id_as_it_supervises(tmp_path, monkeypatch):
