@@ -119,9 +119,7 @@ def _wait(client, job_id: int, instance: str | None = None) -> None:  # noqa: AN
     """--wait: follow the job to its end and exit with its code. Ctrl-C stops the waiting, not
     the job: say so, and how to stop it, then exit 130 (as a shell does for SIGINT)."""
     def show(job) -> None:  # noqa: ANN001
-        where = f" on {clean(job.node)}/{','.join(map(str, job.cards))}" if job.node else ""
-        attempt = f" (attempt {job.attempt})" if job.attempt > 1 else ""
-        click.echo(f"job {job.id}: {job.state.value.lower()}{where}{attempt}", err=True)
+        click.echo(wait_line(job), err=True)
 
     # Ctrl-C: do_submit says what it means. A Redis blip is ridden out (rig.reconnect).
     final = client.wait(job_id, on_change=show, instance=instance, say=lambda line: click.echo(line, err=True))
@@ -131,6 +129,16 @@ def _wait(client, job_id: int, instance: str | None = None) -> None:  # noqa: AN
     if final.state is JobState.TIMEOUT:
         sys.exit(124)  # as timeout(1) does
     sys.exit(final.exit_code if final.exit_code not in (None, 0) else 1)
+
+
+def wait_line(job) -> str:  # noqa: ANN001 - rig.models.Job
+    """One --wait line for a change of ``job``'s state. A job waiting or placed again after a
+    failed attempt is at its next attempt (``job.attempt`` counts those started): "pending
+    (attempt 2)" was said while attempt 3 waited."""
+    where = f" on {clean(job.node)}/{','.join(map(str, job.cards))}" if job.node else ""
+    number = job.attempt + (1 if job.state in (JobState.PENDING, JobState.ASSIGNED) else 0)
+    attempt = f" (attempt {number})" if number > 1 else ""
+    return f"job {job.id}: {job.state.value.lower()}{where}{attempt}"
 
 
 def interrupted_line(client, job_id: int) -> str:  # noqa: ANN001
