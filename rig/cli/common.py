@@ -134,3 +134,23 @@ def parse_env_items(items: tuple[str, ...]) -> dict[str, str | None]:
         # --env NAME (no "="): the submitter's own value of NAME (rig.job_env.resolve_names).
         env[key] = value if eq else None
     return env
+
+
+def no_node_note(client) -> str | None:  # noqa: ANN001 - rig.client.Client or the gateway's
+    """One line naming the Redis this command used, for when no rig node has ever registered
+    there: a RIG_HOME, RIG_CONFIG or RIG_REDIS_URL left in the shell (or mistyped) sends every
+    command to another Redis than the node's, where jobs wait for ever and `rig status` says no
+    node is up while rig runs. None through the gateway (the node's own Redis) or once any node
+    is known there (up, down or stopped)."""
+    from rig.config import find_config_file
+    from rig.nodes import NodeRegistry
+    from rig.redis_conn import strip_password
+
+    if getattr(client, "via_gateway", False) or NodeRegistry(client.r, client.keys).read():
+        return None
+    settings = client.settings
+    found = find_config_file()
+    read = f"settings from {found}" if found else "no config file found: defaults"
+    return (f"note: no rig node has ever registered with the Redis at {strip_password(settings.redis_url)} "
+            f"(key prefix {settings.key_prefix!r}; {read}); if rig is up elsewhere, check RIG_HOME, "
+            "RIG_CONFIG and RIG_REDIS_URL in your shell")

@@ -17,6 +17,7 @@ from rig.cli.common import (
     client_from,
     fail,
     handle_errors,
+    no_node_note,
     parse_job_id,
     settings_from,
 )
@@ -77,6 +78,8 @@ def status(ctx: click.Context, as_json: bool, pool: str | None) -> None:
         click.echo(J.dumps(J.status_dict(report)))
         return
     render_status(report, make_console())
+    if not report.cards and not report.nodes and (note := no_node_note(client)):
+        click.echo(note, err=True)
 
 
 @cli.command()

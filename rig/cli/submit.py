@@ -11,7 +11,7 @@ import sys
 import click
 import redis
 
-from rig.cli.common import client_from, handle_errors, parse_env_items
+from rig.cli.common import client_from, handle_errors, no_node_note, parse_env_items
 from rig.errors import InvalidInput, RigError, SubmitInterrupted
 from rig.memory import format_memory
 from rig.models import JobState
@@ -113,6 +113,12 @@ def _say_why_waiting(client, job_id: int) -> None:  # noqa: ANN001
         return  # the job is submitted; an explanation that cannot be read is not an error
     if worth_saying(why):
         click.echo(f"job {job_id} waits: {clean(why)}", err=True)
+        try:
+            note = no_node_note(client)
+        except redis.RedisError:
+            return
+        if note:
+            click.echo(note, err=True)
 
 
 def _wait(client, job_id: int, instance: str | None = None) -> None:  # noqa: ANN001

@@ -210,3 +210,21 @@ def test_a_closed_stdout_pipe_ends_quietly(cli_env, real_redis, args):
     stderr = proc.stderr.decode()
     assert proc.returncode == 0, stderr
     assert "BrokenPipe" not in stderr and "Traceback" not in stderr, stderr
+
+
+def test_a_redis_no_node_ever_used_is_named(cli_env, real_redis):
+    """Breaker: RIG_HOME=/typo rig-submit ... found no config, went to the default Redis (one
+    that answered, without rig), took job 1 there, and said only 'no rig node is up' while rig
+    was up elsewhere; `rig status` said the same. Now both name the Redis and where to look."""
+    result = CliRunner().invoke(submit_main, ["--gpu-memory", "4G", "--", "true"])
+    assert result.exit_code == 0, result.output
+    note = [x for x in result.stderr.splitlines() if x.startswith("note: ")]
+    assert len(note) == 1 and "no rig node has ever registered with the Redis at redis://" in note[0]
+    assert f"key prefix '{cli_env}'" in note[0] and "no config file found" in note[0] and "RIG_HOME" in note[0]
+    status = CliRunner().invoke(cli, ["status"])
+    assert status.exit_code == 0 and status.stderr.count("note: no rig node has ever registered") == 1
+    # A node known there (even stopped): no note, the wait reason says what it is.
+    _, nodes = _node(real_redis, cli_env)
+    nodes.mark_stopped("n1")
+    again = CliRunner().invoke(submit_main, ["--gpu-memory", "4G", "--", "true"])
+    assert again.exit_code == 0 and "note: " not in again.stderr
