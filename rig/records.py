@@ -242,7 +242,7 @@ def parse_job_id(value: object) -> int:
 
         raise JobNotFound(text)
     if not _JOB_ID_TEXT_RE.fullmatch(text) or int(text) == 0:
-        raise InvalidInput(f"{str(value)!r} is not a job id: job ids are whole numbers like 12 (`rig jobs` lists them)")
+        raise InvalidInput(f"{str(value)!r} is not a job id: job ids are whole numbers from 1, like 12 (`rig jobs` lists them)")
     return int(text)
 
 

@@ -16,7 +16,7 @@ from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 
 UNKNOWN = "rig: error: no job with id 99999; `rig jobs` lists the jobs that exist"
-MALFORMED = "rig: error: '49x' is not a job id: job ids are whole numbers like 12 (`rig jobs` lists them)"
+MALFORMED = "rig: error: '49x' is not a job id: job ids are whole numbers from 1, like 12 (`rig jobs` lists them)"
 
 
 @pytest.fixture

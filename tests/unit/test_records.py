@@ -179,3 +179,13 @@ def test_a_bad_card_record_makes_an_unhealthy_card_not_a_crash(field, value):
 def test_a_card_record_without_its_identity():
     card = CardState.from_redis({"reserved": "0"})
     assert (card.node, card.index, card.usable, card.free) == ("?", -1, 0, 0) and not card.eligible
+
+
+def test_job_id_zero_is_refused_saying_ids_start_at_1():
+    # Breaker: `rig show 0` said "'0' is not a job id: job ids are whole numbers like 12";
+    # 0 is a whole number.
+    from rig.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="whole numbers from 1"):
+        R.parse_job_id("0")
+    assert R.parse_job_id("12") == 12
