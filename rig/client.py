@@ -36,6 +36,7 @@ from rig.errors import (
     RigError,
     SubmitInterrupted,
     Unschedulable,
+    record_vanished,
 )
 from rig.fairshare import exceeds_alone
 from rig.hashes import read_fields
@@ -925,9 +926,7 @@ class Client:
                     raise
                 except RigError as exc:
                     if known and instance is not None and getattr(exc, "job_id", None) is not None:
-                        raise JobGone(jid, f"job {jid} is gone: its record vanished from rig's Redis while "
-                                           "it was being waited for (Redis lost its data?); `rig status` says "
-                                           "what the node did with it") from None
+                        raise record_vanished(jid, "being waited for") from None
                     raise
                 known = True
                 if on_change is not None and (job.state, job.attempt) != seen:

@@ -43,6 +43,13 @@ class JobGone(JobNotFound):
         self.job_id = job_id
 
 
+def record_vanished(job_id: object, doing: str) -> JobGone:
+    """The error for a job whose record was read once and is gone now, ``doing`` what (Redis
+    lost its data: the job may still run, unknown to this Redis)."""
+    return JobGone(job_id, f"job {job_id} is gone: its record vanished from rig's Redis while it was {doing} "
+                           "(Redis lost its data?); `rig status` says what the node did with it")
+
+
 class RedisUnavailable(RigError):
     """The Redis server that holds rig's state cannot be reached."""
 

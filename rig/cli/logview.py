@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol, cast
 
 from rig import logspace
-from rig.errors import InvalidInput, LogMissing
+from rig.errors import InvalidInput, JobGone, JobNotFound, LogMissing, record_vanished
 from rig.logs import find_marker
 from rig.models import Job, JobState
 from rig.nodes import NodeInfo
@@ -192,6 +192,18 @@ def missing_words(job: Job, attempt: int, path: str, here: Callable[[str], bool]
 
 def _open_file(path: str) -> BinaryIO:
     return open(path, "rb")  # noqa: SIM115 - the caller closes it
+
+
+def followed(client, job_id: int, instance: str | None) -> Job:  # noqa: ANN001 - Client or GatewayClient
+    """The record of the job `rig log -f` follows (``instance``: its own, read at the start):
+    one that vanished, or whose id now names another job (Redis lost its data), raises JobGone
+    saying so (it said "no job with id N" of a job still running, or followed the new job's log)."""
+    try:
+        return client.get_instance(job_id, instance)
+    except JobGone:
+        raise
+    except JobNotFound:
+        raise record_vanished(job_id, "followed") from None
 
 
 def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: BinaryIO,

@@ -200,7 +200,7 @@ def metrics(ctx: click.Context, job_id: str, instance: str | None, as_json: bool
 def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None, instance: str | None) -> None:
     """Print a job's output (stdout and stderr) on stdout; which attempt, on stderr. With -f,
     follow it, retried attempts included, until the job is final (rig.cli.logview)."""
-    from rig.cli.logview import id_given_again, show_log, this_machine
+    from rig.cli.logview import followed, id_given_again, show_log, this_machine
     from rig.reconnect import WATCH_RECONNECT_S, RideOut
 
     client = client_from(ctx)
@@ -211,7 +211,11 @@ def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None, inst
     picked = (job.instance or instance) if instance is not None else None
     # Following rides out a Redis blip (rig.reconnect); one look without -f does not.
     ride = RideOut(lambda line: click.echo(line, err=True), WATCH_RECONNECT_S if follow else 0.0)
-    show_log(lambda: ride.call(client.get, job.id, picked), attempt=attempt, follow=follow, out=sys.stdout.buffer,
+    # Without it, the job read now (its instance): after Redis lost its data the id may name
+    # another job, whose log is not this one's (rig.cli.logview.followed).
+    current = ((lambda: ride.call(client.get, job.id, picked)) if picked is not None
+               else (lambda: ride.call(followed, client, job.id, job.instance)))
+    show_log(current, attempt=attempt, follow=follow, out=sys.stdout.buffer,
              say=lambda line: click.echo(line, err=True), why=client.why_waiting,
              here=this_machine(client.settings.node_name, client.nodes()),
              open_log=lambda path: client.open_log(job.id, path, picked),

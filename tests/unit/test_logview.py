@@ -149,3 +149,27 @@ def test_a_wait_that_cannot_be_explained_does_not_stop_following():
         show_log(life.get, attempt=None, follow=True, out=io.BytesIO(), say=said.append,
                  sleep=lambda s: None, why=broken)
     assert said == ["--- job 12 is waiting: in the queue (why could not be read: redis went away) ---"]
+
+
+def test_follow_reads_only_the_job_it_began_with(tmp_path):
+    """Breaker: `rig log -f 152` while Redis was flushed said "no job with id 152" (exit 4) of
+    a job still running; and once the id was given again it would have followed the new job."""
+    import fakeredis
+
+    from rig.cli.logview import followed
+    from rig.client import Client
+    from rig.config import load_settings
+    from rig.errors import JobGone
+
+    r = fakeredis.FakeRedis(decode_responses=True)
+    client = Client(load_settings(home=tmp_path, key_prefix="t:", redis_url="redis://127.0.0.1:1/0"), redis_client=r)
+    first = client.submit(["true"], gpu_memory="1G")
+    assert followed(client, first.id, first.instance).id == first.id
+    for key in r.keys("t:*"):
+        r.delete(key)  # what FLUSHALL does to it
+    with pytest.raises(JobGone, match=f"job {first.id} is gone: its record vanished from rig's Redis while it was followed"):
+        followed(client, first.id, first.instance)
+    again = client.submit(["true"], gpu_memory="1G")
+    assert again.id == first.id and again.instance != first.instance
+    with pytest.raises(JobGone, match="now belongs to another job"):
+        followed(client, first.id, first.instance)
