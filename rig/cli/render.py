@@ -7,7 +7,7 @@ sequences stripped, rich markup escaped. Only rig's own markup reaches rich unes
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from rich.console import Console
@@ -433,8 +433,14 @@ ERRORS_HINT = ("`rig retry JOB [--gpu-memory SIZE]` sends one back;", "`rig erro
 def _errors_hint(width: int) -> list[str]:
     """:data:`ERRORS_HINT` on one line when it fits ``width``, else one line each (never wrapped
     mid-sentence)."""
-    one = " ".join(ERRORS_HINT)
-    return [one] if len(one) <= width else list(ERRORS_HINT)
+    return _parts_fitted(ERRORS_HINT, width)
+
+
+def _parts_fitted(parts: Sequence[str], width: int) -> list[str]:
+    """``parts`` on one line when it fits ``width``, else one line each: a terminal's wrap would
+    cut a command inside them (`rig errors --limit` / `N` shows more)."""
+    one = " ".join(parts)
+    return [one] if len(one) <= width else list(parts)
 
 
 def render_errors(jobs: list[Job], console: Console, *, total: int | None = None) -> None:
@@ -446,8 +452,9 @@ def render_errors(jobs: list[Job], console: Console, *, total: int | None = None
              "state": Cell(job.state.value, style=STATE_STYLE[job.state]), "class": job.failure or "-",
              "attempts": str(job.attempt), "ended": ago(job.ended_at), "reason": job.reason or "-"} for job in jobs]
     if total is not None and total > len(jobs):
-        console.print(f"error queue: {total:,} job(s) waiting for a person, {len(jobs):,} of {total:,} shown "
-                      "(`rig errors --limit N` shows more)")
+        for line in _parts_fitted((f"error queue: {total:,} job(s) waiting for a person, {len(jobs):,} of "
+                                   f"{total:,} shown", "(`rig errors --limit N` shows more)"), console.width):
+            console.print(line)
     else:
         console.print(f"error queue: {len(jobs)} job(s) waiting for a person")
     console.print(fitted_table(ERROR_COLUMNS, rows, console.width))

@@ -330,6 +330,10 @@ def test_errors_say_how_many_wait_when_more_than_shown() -> None:
     head = _screen(120, lambda c: render_errors(jobs, c, total=2016))[0]
     assert head.startswith("error queue: 2,016 job(s) waiting for a person, 3 of 2,016 shown")
     assert _screen(120, lambda c: render_errors(jobs, c, total=3))[0] == "error queue: 3 job(s) waiting for a person"
+    # Breaker, at 80 columns: "... shown (`rig errors --limit" / "N` shows more)": the command
+    # cut by the wrap. It goes on a line of its own.
+    assert _screen(80, lambda c: render_errors(jobs, c, total=2016))[:2] == [
+        "error queue: 2,016 job(s) waiting for a person, 3 of 2,016 shown", "(`rig errors --limit N` shows more)"]
 
 
 def test_jobs_with_a_repeated_id_show_their_instance() -> None:
