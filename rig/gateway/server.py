@@ -275,6 +275,13 @@ class Gateway:
     def _log_file(self, job_id: int, path: str, instance: str | None = None) -> Path:
         """``instance``: a prefix of the job's instance (``rig log --instance``): the log of that
         very job, archived or live, where its id was given again (Client.get's rule)."""
+        file = self._named_log(job_id, path, instance)
+        if not self._in_log_folder(file):
+            raise InvalidInput(f"{path!r} is not in this node's log folder; logs stay on the node that ran the job")
+        return file
+
+    def _named_log(self, job_id: int, path: str, instance: str | None) -> Path:
+        """``path``, checked to be one of the job's attempt logs, which the peer may read."""
         if instance is not None and not isinstance(instance, str):
             raise InvalidInput("instance must be a string (a prefix of a job's instance)")
         job = self.client.get(_job_id(job_id), instance)
@@ -282,14 +289,21 @@ class Gateway:
         named = set(job.log_paths) | ({job.log_path} if job.log_path else set())
         if not isinstance(path, str) or path not in named:
             raise InvalidInput(f"{path!r} is no log of job {job.id}; `rig log {job.id}` finds them")
-        # And only a file in this node's job log folder (a record is no proof: rig.records).
-        root = self.settings.job_log_dir.resolve()
-        if not Path(os.path.normpath(path)).is_relative_to(root) or Path(path).resolve() != Path(os.path.normpath(path)):
-            raise InvalidInput(f"{path!r} is not in this node's log folder; logs stay on the node that ran the job")
         return Path(path)
 
+    def _in_log_folder(self, path: Path) -> bool:
+        """Only a file in this node's job log folder is served (a record is no proof: rig.records)."""
+        root = self.settings.job_log_dir.resolve()
+        plain = Path(os.path.normpath(path))
+        return plain.is_relative_to(root) and path.resolve() == plain
+
     def op_log_exists(self, peer: Peer, job_id: int, path: str, instance: str | None = None) -> bool:
-        return self._log_file(job_id, path, instance).exists()
+        """Whether this node has that log. One of another node's (an attempt that ran there, or
+        any log seen from a login node's gateway) is not here: False, so that ``rig log`` says
+        where the attempt ran (exit 1, rig.cli.logview.missing_words) as it does without the
+        gateway, and ``rig log -f`` waits for it, instead of failing as bad input."""
+        file = self._named_log(job_id, path, instance)
+        return self._in_log_folder(file) and file.exists()
 
     def op_log_read(self, peer: Peer, job_id: int, path: str, offset: int = 0, size: int = LOG_CHUNK,
                     instance: str | None = None) -> str:
