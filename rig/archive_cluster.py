@@ -134,11 +134,8 @@ def restore(client: redis.Redis, keys: Keys, settings: Settings) -> str | None:
     as the first node's `rig up` or pass would otherwise record its own default (a SQLite file
     in its home: a new, empty history hiding every archived job, and a SQLite archive of
     another host taken for this host's). Returns the cluster's archive now, or None."""
-    try:
-        data = json.loads((settings.run_dir / MEMORY_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("cluster") != _memory_of(settings) or not data.get("url"):
+    data = _remembered(settings)
+    if data is None:
         return None
     try:
         recorded = client.eval(_RECORD, 2, keys.archive_url, keys.archive_host, str(data["url"]),
@@ -315,9 +312,36 @@ def check_node_at_up(client: redis.Redis, keys: Keys, settings: Settings) -> lis
     restored = None if set_here(settings) or cluster_url(client, keys) is not None else restore(client, keys, settings)
     lines = [f"archive: Redis held no record of this cluster's archive (it lost its data?): {restored} recorded "
              "again, as this node last saw it"] if restored else []
+    if not set_here(settings) and (moved := moved_since(client, keys, settings)):
+        lines.append(moved)
     lines += _check_node_at_up(client, keys, settings)
     remember(client, keys, settings)
     return lines
+
+
+def _remembered(settings: Settings) -> dict | None:
+    """This home's memory of the cluster's archive record (:func:`remember`) for this Redis and
+    prefix, or None."""
+    try:
+        data = json.loads((settings.run_dir / MEMORY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("cluster") != _memory_of(settings) or not data.get("url"):
+        return None
+    return data
+
+
+def moved_since(client: redis.Redis, keys: Keys, settings: Settings) -> str | None:
+    """At `rig up` of a node that set no archive_url: the line saying that the cluster's archive
+    is another one than this node last saw (moved while it was down: by a `rig up` alone with
+    another archive_url, or by an older rig that took its own default for a move), else None.
+    The node follows the record either way; the jobs of the archive it knew are no longer shown."""
+    known, cluster = _remembered(settings), cluster_url(client, keys)
+    if known is None or cluster is None or same_archive(str(known["url"]), cluster):
+        return None
+    return (f"warning: this cluster's finished jobs now go to {cluster}, but this node last saw them go to "
+            f"{known['url']}: its jobs are no longer shown by rig jobs/show/usage; if that move was not meant, "
+            f"`rig down` every node and `rig up` with archive_url = \"{connectable(str(known['url']))}\" (RIG_ARCHIVE_URL)")
 
 
 def _check_node_at_up(client: redis.Redis, keys: Keys, settings: Settings) -> list[str]:

@@ -156,3 +156,21 @@ def test_redis_back_empty_gets_the_cluster_archive_back_from_a_node_not_its_own_
     task = PeriodicArchiver(load_settings(key_prefix=key_prefix, home=tmp_path / "c", archive_after_days=1), r)
     task.run(NOW)
     assert cluster_url(r, keys).endswith("/a/archive.sqlite3") and not (c_set.home / "archive.sqlite3").exists()
+
+
+def test_a_node_is_told_when_the_cluster_archive_moved_while_it_was_down(ledger, tmp_path, key_prefix):
+    """An older rig up alone (no archive_url) took its own default for a move and recorded its
+    home's SQLite file; the next rig up of a newer node followed it without a word, and
+    rig usage --since all went from 433 jobs to 15."""
+    from rig.archive_cluster import check_node_at_up
+
+    r, keys = ledger.store.r, ledger.keys
+    a_set = load_settings(key_prefix=key_prefix, home=tmp_path / "a")
+    assert check_node_at_up(r, keys, a_set) == []
+    (tmp_path / "d").mkdir()
+    r.set(keys.archive_url, default_url(tmp_path / "d"))  # what the older rig recorded
+    r.delete(keys.archive_host)
+    (line,) = check_node_at_up(r, keys, a_set)
+    assert line.startswith("warning: this cluster's finished jobs now go to sqlite:///") and "/d/" in line
+    assert f'archive_url = "{default_url(tmp_path / "a")}"' in line
+    assert check_node_at_up(r, keys, a_set) == []  # said once: it is what this node knows now
