@@ -33,7 +33,7 @@ from typing import Any
 from rig import __version__, logspace
 from rig.client import Client, Identity, acting_as, identity_of
 from rig.config import Settings, load_settings
-from rig.errors import InvalidInput, PermissionDenied, RigError
+from rig.errors import InvalidInput, LogMissing, PermissionDenied, RigError
 from rig.gateway import privacy, wire
 from rig.models import Job, JobState
 from rig.ownership import owns
@@ -298,12 +298,21 @@ class Gateway:
         return plain.is_relative_to(root) and path.resolve() == plain
 
     def op_log_exists(self, peer: Peer, job_id: int, path: str, instance: str | None = None) -> bool:
-        """Whether this node has that log. One of another node's (an attempt that ran there, or
-        any log seen from a login node's gateway) is not here: False, so that ``rig log`` says
-        where the attempt ran (exit 1, rig.cli.logview.missing_words) as it does without the
-        gateway, and ``rig log -f`` waits for it, instead of failing as bad input."""
+        """Whether this node has that log. One outside its log folder (an attempt that ran on
+        another node, or any log asked of a login node's gateway) is one this gateway never
+        serves: LogMissing (exit 1, as ``rig log`` of a log not on this machine) naming where
+        the attempt ran, not bad input (exit 2), and never a wait for it in ``rig log -f``."""
         file = self._named_log(job_id, path, instance)
-        return self._in_log_folder(file) and file.exists()
+        if not self._in_log_folder(file):
+            from rig.cli.logview import attempt_logs, where
+
+            job = self.client.get(_job_id(job_id), instance)
+            ran = next((f"attempt {n} ran on {where(job, n)}" for n, p in attempt_logs(job).items() if p == path),
+                       "no attempt of it ran here")
+            raise LogMissing(f"log file {path} is not in node {self.settings.node_name}'s log folder, the only one its "
+                             f"gateway serves ({ran}); logs stay on the node that ran the job: read it there, "
+                             "through that node's gateway (RIG_GATEWAY_SOCKET)")
+        return file.exists()
 
     def op_log_read(self, peer: Peer, job_id: int, path: str, offset: int = 0, size: int = LOG_CHUNK,
                     instance: str | None = None) -> str:
