@@ -24,7 +24,9 @@ def recover(ctx: click.Context, node: str | None, stop: bool) -> None:
     settings = settings_from(ctx)
     if node:
         settings.node_name = node
-    other = another_home_node(settings, named=bool(node), command="recover")
+    # No --node: the default name may not be the node this home runs (`rig up --node a`). A
+    # name given is checked by recovery.inspect against its owner (another home, host).
+    other = None if node else another_home_node(settings, named=False, command="recover")
     if other:
         fail(other, 2)
     found = recovery.inspect(settings)
