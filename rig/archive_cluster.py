@@ -31,6 +31,8 @@ never written (:func:`emptied`).
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -85,13 +87,62 @@ def connectable(recorded: str) -> str:
 def archive_of(client: redis.Redis, keys: Keys, settings: Settings) -> str:
     """The archive a node or reader uses: its own ``archive_url`` when it set one, else the
     cluster's recorded one (whatever its RIG_HOME or working folder: a `rig up` from a folder
-    without the rig.toml must not move the cluster's archive to a SQLite file), else the
+    without the rig.toml must not move the cluster's archive to a SQLite file), else the one
+    this home remembers for this Redis (:func:`restore`: Redis lost its data), else the
     default (a SQLite file in its home). Only an ``archive_url`` set on purpose moves the
     cluster's archive (:func:`claim`)."""
-    if settings.archive_url and settings.archive_url.strip():
+    if set_here(settings):
         return settings.archive_location
-    cluster = cluster_url(client, keys)
+    cluster = cluster_url(client, keys) or restore(client, keys, settings)
     return connectable(cluster) if cluster else settings.archive_location
+
+
+def set_here(settings: Settings) -> bool:
+    """Did this rig set an ``archive_url`` itself (not the cluster's record, not the default)?"""
+    return bool(settings.archive_url and settings.archive_url.strip())
+
+
+#: In a node's run folder: the cluster's archive record (URL and host) as its last `rig up` saw it.
+MEMORY_FILE = "archive-record.json"
+
+
+def _memory_of(settings: Settings) -> str:
+    """Which cluster a remembered record is of: its Redis (no password) and key prefix."""
+    return f"{safe_url(settings.redis_url)}|{settings.key_prefix}"
+
+
+def remember(client: redis.Redis, keys: Keys, settings: Settings) -> None:
+    """At `rig up`, once the archive is claimed: keep the cluster's record (``archive:url`` and
+    ``archive:host``) in this node's run folder for :func:`restore`. Best effort."""
+    url = cluster_url(client, keys)
+    if url is None:
+        return
+    data = {"cluster": _memory_of(settings), "url": url, "host": _text(client.get(keys.archive_host)) or ""}
+    path = settings.run_dir / MEMORY_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{MEMORY_FILE}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
+def restore(client: redis.Redis, keys: Keys, settings: Settings) -> str | None:
+    """When Redis holds no record of the cluster's archive (it came back empty) and this home
+    remembers one for this Redis and prefix (:func:`remember`): record it again, with its host,
+    as the first node's `rig up` or pass would otherwise record its own default (a SQLite file
+    in its home: a new, empty history hiding every archived job, and a SQLite archive of
+    another host taken for this host's). Returns the cluster's archive now, or None."""
+    data = _remembered(settings)
+    if data is None:
+        return None
+    try:
+        recorded = client.eval(_RECORD, 2, keys.archive_url, keys.archive_host, str(data["url"]),
+                               str(data.get("host") or ""))
+    except redis.RedisError:
+        return None  # a reader that may not write: it reads the default, as before
+    return _text(recorded)
 
 
 #: archive:url SET NX and, only when it was set, archive:host set (ARGV[2]) or deleted (''):
@@ -258,13 +309,50 @@ def check_node_at_up(client: redis.Redis, keys: Keys, settings: Settings) -> lis
     cluster's archive, used because none is set here, that cannot be used from this node (a
     SQLite file of another host, a PostgreSQL login this user lacks) stops nothing: one warning
     line; the node runs jobs, does not archive (its passes skip, saying why), and moves nothing."""
+    restored = None if set_here(settings) or cluster_url(client, keys) is not None else restore(client, keys, settings)
+    lines = [f"archive: Redis held no record of this cluster's archive (it lost its data?): {restored} recorded "
+             "again, as this node last saw it"] if restored else []
+    if not set_here(settings) and (moved := moved_since(client, keys, settings)):
+        lines.append(moved)
+    lines += _check_node_at_up(client, keys, settings)
+    remember(client, keys, settings)
+    return lines
+
+
+def _remembered(settings: Settings) -> dict | None:
+    """This home's memory of the cluster's archive record (:func:`remember`) for this Redis and
+    prefix, or None."""
+    try:
+        data = json.loads((settings.run_dir / MEMORY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("cluster") != _memory_of(settings) or not data.get("url"):
+        return None
+    return data
+
+
+def moved_since(client: redis.Redis, keys: Keys, settings: Settings) -> str | None:
+    """At `rig up` of a node that set no archive_url: the line saying that the cluster's archive
+    is another one than this node last saw (moved while it was down: by a `rig up` alone with
+    another archive_url, or by an older rig that took its own default for a move), else None.
+    The node follows the record either way; the jobs of the archive it knew are no longer shown."""
+    known, cluster = _remembered(settings), cluster_url(client, keys)
+    if known is None or cluster is None or same_archive(str(known["url"]), cluster):
+        return None
+    return (f"warning: this cluster's finished jobs now go to {cluster}, but this node last saw them go to "
+            f"{known['url']}: its jobs are no longer shown by rig jobs/show/usage; if that move was not meant, "
+            f"`rig down` every node and `rig up` with archive_url = \"{connectable(str(known['url']))}\" (RIG_ARCHIVE_URL)")
+
+
+def _check_node_at_up(client: redis.Redis, keys: Keys, settings: Settings) -> list[str]:
+    """check_node_at_up's checks (its doc), once the record is what it will be."""
     url = archive_of(client, keys, settings)
     if (host := not_here(client, keys, url)) is not None:
         # Not refused: the archive's host archives every node's jobs; this node runs jobs.
         return [f"warning: this node does not archive: {on_other_host(host, url)}; {host.name}'s control workers "
                 f"archive every node's finished jobs, and rig jobs/show/usage on this host do not see archived "
                 f"ones: {SHARED_ARCHIVE}"]
-    configured = bool(settings.archive_url and settings.archive_url.strip())
+    configured = set_here(settings)
     try:
         return check_at_up(client, keys, url, settings.key_prefix, settings.node_name, home=settings.home)
     except ConfigError as exc:

@@ -61,6 +61,18 @@ def refusal(client: redis.Redis, keys: Keys, node: str, nodes: Iterable[NodeInfo
     return None
 
 
+def mixed_note(node: NodeInfo) -> str | None:
+    """The line ``rig status`` gives under a node that may still be writing (up, or silent
+    within its heartbeat's life) and runs a rig of another data format than this one, else
+    None. :func:`refusal` keeps a newer rig from starting beside an older node, but an older
+    rig started beside newer nodes cannot know to refuse: only its readers can say it."""
+    if not _up(node) or node.data_format == DATA_FORMAT:
+        return None
+    which = "an older" if node.data_format < DATA_FORMAT else "a newer"
+    return (f"node {node.name} runs {which} rig (data format {node.data_format}; this rig: {DATA_FORMAT}): nodes of "
+            f"one cluster must run the same rig: `rig down` every node, upgrade rig on each, then `rig up`")
+
+
 def _up(node: NodeInfo) -> bool:
     """A node that may still be writing: up, or silent within its heartbeat's life."""
     return node.state == "up" or (node.state == "silent" and not node.presumed_down)

@@ -5,17 +5,18 @@ the Redis that answers now and register the node's cards in it."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import redis
+
 from rig.config import Settings
 from rig.errors import ConfigError, PermissionDenied
-from rig.gpus import detect_backend
 from rig.installation import Installation, Verdict
 from rig.keys import Keys
 from rig.node_claim import refuse_unless_ours
 from rig.redis_conn import connect
-from rig.registration import register_node
 from rig.stack import running_pid
 from rig.store import JobStore
 from workers.health import JobProcess, node_identity
@@ -99,13 +100,37 @@ def stop_and_join(settings: Settings, say: Callable[[str], None] = print) -> Rec
     client.hdel(Keys(settings.key_prefix).node(settings.node_name), UNRECORDED_FIELD)
     if not found.verdict.mismatch:
         return found
-    found.joined = Installation(client, Keys(settings.key_prefix), settings.run_dir, settings.node_name).join()
-    up = running_pid(settings)
-    if up is not None:
-        # rig up runs: its cards take jobs again at once. Otherwise the next rig up registers
-        # them (registering now would show the node up with no workers). The node record names
-        # that rig up, not this short-lived `rig recover`.
-        backend, _notice = detect_backend(settings.fake_gpus, settings.fake_usage_dir, node=settings.node_name)
-        register_node(settings, client, backend, say, pid=up)
-        found.registered = True
+    installation = Installation(client, Keys(settings.key_prefix), settings.run_dir, settings.node_name)
+    if running_pid(settings) is not None:
+        # rig up runs: its control worker, which has rig up's own settings (--fake-gpus, a
+        # gpu_whitelist or max_task_per_gpu in its environment), finds no job of another
+        # installation left at its next check, joins and registers the node's cards
+        # (workers.health). Registering them here, with this command's settings, gave the
+        # node other cards than its workers run (8 fake 80G cards for rig up --fake-gpus 2x24G).
+        joined = wait_joined(installation, client, Keys(settings.key_prefix).node(settings.node_name),
+                             timeout=JOIN_WAIT_FACTOR * settings.health.check_interval + settings.kill_grace_seconds)
+        if joined is not None:
+            found.joined, found.registered = joined, True
+            return found
+    # No rig up (or no control worker of it): joined now; the next rig up registers the cards.
+    found.joined = installation.join()
     return found
+
+
+#: How many of the node's health checks `rig recover --stop` waits for its control worker to join.
+JOIN_WAIT_FACTOR = 3
+
+
+def wait_joined(installation: Installation, client: redis.Redis, node_key: str, *, timeout: float,
+                pause: float = 0.2) -> str | None:
+    """Wait up to ``timeout`` s for the node's control worker to have joined the installation in
+    Redis and registered the node (its record's ``backend``, which only a registration writes:
+    a frozen node's record holds its mismatch and heartbeats); the installation id, or None."""
+    deadline = time.monotonic() + timeout
+    while True:
+        verdict = installation.check()
+        if not verdict.mismatch and verdict.found is not None and client.hexists(node_key, "backend"):
+            return verdict.found
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(pause)

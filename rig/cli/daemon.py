@@ -63,18 +63,30 @@ def _name_origin(settings) -> str:  # noqa: ANN001 - rig.config.Settings
     return "from the config file" if origin == "file" else f"from {origin}"
 
 
+def another_home_node(settings, *, named: bool, command: str) -> str | None:  # noqa: ANN001 - rig.config.Settings
+    """When this home runs no rig up of the node asked for but runs another node, the one line
+    that says so and what to type (``rig COMMAND --node OTHER``); else None. A command of one
+    node (``rig down``, ``rig recover``) typed without --node in a home whose rig up was given
+    ``--node a`` would otherwise act on, or report about, the hostname's node."""
+    node = settings.node_name
+    others = {n: p for n, p in home_nodes(settings.run_dir).items() if n != node}
+    if not others:
+        return None
+    which = ", ".join(f"{n} (pid {p})" for n, p in sorted(others.items()))
+    what = " or ".join(f"`rig {command} --node {n}`" for n in sorted(others))
+    asked = f"node {node}" + ("" if named else f" ({_name_origin(settings)}: no --node given)")
+    return f"rig is not up on {asked} from this home; this home runs node {which}: {what}"
+
+
 def not_up(settings, *, named: bool) -> tuple[str, int]:  # noqa: ANN001 - rig.config.Settings
     """What ``rig down`` says when this home runs no rig up of the node asked for, and its exit
     code: another node of this home runs (say which, and what to type: 2); the node name is
     owned by a rig up of another home or host (name it, and where to type what: 10); else
     plainly not up (0)."""
     node = settings.node_name
-    others = {n: p for n, p in home_nodes(settings.run_dir).items() if n != node}
-    if others:
-        which = ", ".join(f"{n} (pid {p})" for n, p in sorted(others.items()))
-        what = " or ".join(f"`rig down --node {n}`" for n in sorted(others))
-        asked = f"node {node}" + ("" if named else f" ({_name_origin(settings)}: no --node given)")
-        return (f"rig is not up on {asked} from this home; this home runs node {which}: {what}", 2)
+    other = another_home_node(settings, named=named, command="down")
+    if other:
+        return (other, 2)
     try:
         from rig.keys import Keys
         from rig.node_claim import holder, there

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from rig.cli.common import handle_errors, settings_from
+from rig.cli.common import fail, handle_errors, settings_from
 
 
 @click.command("recover")
@@ -18,11 +18,17 @@ def recover(ctx: click.Context, node: str | None, stop: bool) -> None:
     Redis answers), the node freezes: its jobs run on, nothing is concluded or killed, its
     cards take no jobs. Without --stop this says what was found; with --stop their
     processes are stopped (logs stay on disk) and the node joins the Redis that answers now."""
+    from rig.cli.daemon import another_home_node
     from workers import recovery
 
     settings = settings_from(ctx)
     if node:
         settings.node_name = node
+    # No --node: the default name may not be the node this home runs (`rig up --node a`). A
+    # name given is checked by recovery.inspect against its owner (another home, host).
+    other = None if node else another_home_node(settings, named=False, command="recover")
+    if other:
+        fail(other, 2)
     found = recovery.inspect(settings)
     verdict = found.verdict
     if not found.needed:

@@ -18,6 +18,7 @@ from rig.cli.fit import Cell, Col, fitted_table
 from rig.cli.logview import attempt_logs
 from rig.client import StatusReport
 from rig.clock import shared_now
+from rig.data_format import mixed_note
 from rig.draining import why_closed
 from rig.memory import format_memory
 from rig.models import CardState, Job, JobState, Priority
@@ -123,6 +124,9 @@ def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
         line += f"\n[bold red]{M(node.unrecorded)}[/]"
     if node.clock_skew:
         line += f"\n[bold yellow]{M(node.clock_skew)}[/]"
+    mixed = mixed_note(node)
+    if mixed:
+        line += f"\n[bold red]{M(mixed)}[/]"
     return line
 
 

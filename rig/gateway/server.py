@@ -34,7 +34,7 @@ from typing import Any
 from rig import __version__, logspace
 from rig.client import Client, Identity, acting_as, identity_of
 from rig.config import Settings, load_settings
-from rig.errors import InvalidInput, PermissionDenied, RigError
+from rig.errors import InvalidInput, LogMissing, PermissionDenied, RigError
 from rig.gateway import privacy, wire
 from rig.models import Job, JobState
 from rig.ownership import owns
@@ -280,7 +280,14 @@ class Gateway:
     # need not be able to enter); only paths the record names as its attempts' logs.
     def _log_file(self, peer: Peer, job_id: int, path: str, instance: str | None = None) -> Path:
         """``instance``: a prefix of the job's instance (``rig log --instance``): the log of that
-        very job, archived or live, where its id was given again (Client.get's rule).
+        very job, archived or live, where its id was given again (Client.get's rule)."""
+        file = self._named_log(peer, job_id, path, instance)
+        if not self._in_log_folder(file):
+            raise InvalidInput(f"{path!r} is not in this node's log folder; logs stay on the node that ran the job")
+        return file
+
+    def _named_log(self, peer: Peer, job_id: int, path: str, instance: str | None) -> Path:
+        """``path``, checked to be one of the job's attempt logs, which the peer may read.
 
         A path once allowed to a peer's user stays allowed (a job's owner, its instance and the
         logs it names never change; admins are this gateway's settings): it is remembered
@@ -309,14 +316,30 @@ class Gateway:
         named = set(job.log_paths) | ({job.log_path} if job.log_path else set())
         if not isinstance(path, str) or path not in named:
             raise InvalidInput(f"{path!r} is no log of job {job.id}; `rig log {job.id}` finds them")
-        # And only a file in this node's job log folder (a record is no proof: rig.records).
-        root = self.settings.job_log_dir.resolve()
-        if not Path(os.path.normpath(path)).is_relative_to(root) or Path(path).resolve() != Path(os.path.normpath(path)):
-            raise InvalidInput(f"{path!r} is not in this node's log folder; logs stay on the node that ran the job")
         return Path(path)
 
+    def _in_log_folder(self, path: Path) -> bool:
+        """Only a file in this node's job log folder is served (a record is no proof: rig.records)."""
+        root = self.settings.job_log_dir.resolve()
+        plain = Path(os.path.normpath(path))
+        return plain.is_relative_to(root) and path.resolve() == plain
+
     def op_log_exists(self, peer: Peer, job_id: int, path: str, instance: str | None = None) -> bool:
-        return self._log_file(peer, job_id, path, instance).exists()
+        """Whether this node has that log. One outside its log folder (an attempt that ran on
+        another node, or any log asked of a login node's gateway) is one this gateway never
+        serves: LogMissing (exit 1, as ``rig log`` of a log not on this machine) naming where
+        the attempt ran, not bad input (exit 2), and never a wait for it in ``rig log -f``."""
+        file = self._named_log(peer, job_id, path, instance)
+        if not self._in_log_folder(file):
+            from rig.cli.logview import attempt_logs, where
+
+            job = self.client.get(_job_id(job_id), instance)
+            ran = next((f"attempt {n} ran on {where(job, n)}" for n, p in attempt_logs(job).items() if p == path),
+                       "no attempt of it ran here")
+            raise LogMissing(f"log file {path} is not in node {self.settings.node_name}'s log folder, the only one its "
+                             f"gateway serves ({ran}); logs stay on the node that ran the job: read it there, "
+                             "through that node's gateway (RIG_GATEWAY_SOCKET)")
+        return file.exists()
 
     def op_log_read(self, peer: Peer, job_id: int, path: str, offset: int = 0, size: int = LOG_CHUNK,
                     instance: str | None = None) -> str:

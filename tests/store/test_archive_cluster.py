@@ -124,3 +124,53 @@ def test_a_mistyped_sqlite_folder_is_said_not_created(tmp_path, key_prefix):
     with pytest.raises(ConfigError, match="folder .*/nonexistent/dir does not exist"):
         Archive(url, key_prefix)
     assert not (tmp_path / "nonexistent").exists()
+
+
+def test_redis_back_empty_gets_the_cluster_archive_back_from_a_node_not_its_own_default(ledger, tmp_path,
+                                                                                         key_prefix):
+    """Redis came back empty; node c (no archive_url of its own, following the record) was up
+    first: it recorded its own home's SQLite file, and every reader showed 0 archived jobs,
+    silently (the history was in node a's archive)."""
+    from rig.archive_cluster import MEMORY_FILE, archive_of, check_node_at_up
+
+    r, keys = ledger.store.r, ledger.keys
+    a_set = load_settings(key_prefix=key_prefix, home=tmp_path / "a")
+    c_set = load_settings(key_prefix=key_prefix, home=tmp_path / "c")
+    assert check_node_at_up(r, keys, a_set) == []  # the first node up records its archive
+    assert check_node_at_up(r, keys, c_set) == []  # c follows the record
+    job = finished(ledger, ended=NOW - 2 * DAY)
+    with Archive(default_url(a_set.home), key_prefix) as a:
+        assert str(one_pass(ledger, a)) == "archived 1 finished job(s)"
+    assert (c_set.run_dir / MEMORY_FILE).exists()
+    for key in r.scan_iter(match=f"{key_prefix}*"):  # Redis restarted empty (this test's keys only)
+        r.delete(key)
+    # Another cluster (another prefix) on the same home is not given this one's archive.
+    other = load_settings(key_prefix=key_prefix + "other:", home=tmp_path / "c")
+    assert archive_of(r, Keys(other.key_prefix), other) == other.archive_location
+    assert cluster_url(r, Keys(other.key_prefix)) is None
+    (line,) = check_node_at_up(r, keys, c_set)  # c's rig up, first after the loss
+    assert "recorded again" in line and "/a/archive.sqlite3" in line
+    assert cluster_url(r, keys).endswith("/a/archive.sqlite3")
+    assert History(ledger.store, c_set).get(job.id).id == job.id
+    r.delete(keys.archive_url, keys.archive_host)  # lost again; a pass of c before any rig up
+    task = PeriodicArchiver(load_settings(key_prefix=key_prefix, home=tmp_path / "c", archive_after_days=1), r)
+    task.run(NOW)
+    assert cluster_url(r, keys).endswith("/a/archive.sqlite3") and not (c_set.home / "archive.sqlite3").exists()
+
+
+def test_a_node_is_told_when_the_cluster_archive_moved_while_it_was_down(ledger, tmp_path, key_prefix):
+    """An older rig up alone (no archive_url) took its own default for a move and recorded its
+    home's SQLite file; the next rig up of a newer node followed it without a word, and
+    rig usage --since all went from 433 jobs to 15."""
+    from rig.archive_cluster import check_node_at_up
+
+    r, keys = ledger.store.r, ledger.keys
+    a_set = load_settings(key_prefix=key_prefix, home=tmp_path / "a")
+    assert check_node_at_up(r, keys, a_set) == []
+    (tmp_path / "d").mkdir()
+    r.set(keys.archive_url, default_url(tmp_path / "d"))  # what the older rig recorded
+    r.delete(keys.archive_host)
+    (line,) = check_node_at_up(r, keys, a_set)
+    assert line.startswith("warning: this cluster's finished jobs now go to sqlite:///") and "/d/" in line
+    assert f'archive_url = "{default_url(tmp_path / "a")}"' in line
+    assert check_node_at_up(r, keys, a_set) == []  # said once: it is what this node knows now

@@ -93,3 +93,20 @@ def test_once_the_older_nodes_are_stopped_the_new_rig_takes_the_data_over(reg):
     assert reg.mark_stopped("old1")
     assert refusal(reg.r, reg.keys, "a", reg.read()) is None
     assert reg.r.hget(reg.keys.installation, FIELD) == str(DATA_FORMAT)
+
+
+def test_status_names_an_older_node_started_beside_newer_ones(reg):
+    """An older rig cannot know to refuse: started after the newer nodes (the upgrade done in
+    the wrong order), it joined and rig status said plainly `node d: up since ...`."""
+    from rig.cli.render import node_title
+    from rig.data_format import mixed_note
+
+    assert refusal(reg.r, reg.keys, "a", reg.read()) is None
+    reg.register("a", ttl=30)
+    _older_node(reg, "d", None)
+    found = {n.name: n for n in reg.read()}
+    assert mixed_note(found["a"]) is None and "rig (data format" not in node_title(found["a"], "a", 0)
+    title = node_title(found["d"], "d", 0)
+    assert f"node d runs an older rig (data format 0; this rig: {DATA_FORMAT})" in title and "upgrade" in title
+    assert reg.mark_stopped("d")
+    assert mixed_note(next(n for n in reg.read() if n.name == "d")) is None

@@ -254,7 +254,33 @@ def test_a_log_outside_the_log_folder_is_never_read(gateway):
     assert error["type"] == "InvalidInput" and "not in this node's log folder" in error["message"]
     inside = gw.settings.job_log_dir / "x" / ".." / ".." / "escape.log"
     gw.client.store.update(job.id, log_paths=[str(inside)])
-    assert _as(gw, ALICE, "log_exists", job_id=job.id, path=str(inside))["type"] == "InvalidInput"
+    assert _as(gw, ALICE, "log_read", job_id=job.id, path=str(inside))["type"] == "InvalidInput"
+    # Asked whether it exists: not served here (the answer is the same for a file that exists).
+    assert _as(gw, ALICE, "log_exists", job_id=job.id, path=str(inside))["type"] == "LogMissing"
+
+
+def test_a_log_of_another_node_is_said_to_be_there_exit_1(gateway):
+    """A user on a node (or a login node) asked `rig log` for a job that ran on node c: the
+    gateway called c's log path bad input (exit 2, no node named); rig log says where it ran."""
+    import io
+
+    from rig.cli.logview import show_log
+    from rig.errors import LogMissing
+
+    gw, path = gateway
+    job = _submit_as(gw, ALICE)
+    other = "/srv/c/.rig/logs/jobs/1-x/attempt-1.log"
+    gw.client.store.update(job.id, log_paths=[other], log_path=other, attempt=1,
+                           attempts=[{"attempt": 1, "node": "c", "cards": [0], "outcome": "succeeded",
+                                      "log_path": other}])
+    error = _as(gw, ALICE, "log_exists", job_id=job.id, path=other)
+    assert error["type"] == "LogMissing" and "attempt 1 ran on c/0" in error["message"]
+    client = GatewayClient(gw.settings, path)
+    for follow in (False, True):  # -f: said at once, never a wait for a log this gateway never serves
+        with pytest.raises(LogMissing) as caught:
+            show_log(lambda: client.get(job.id), attempt=None, follow=follow, out=io.BytesIO(), say=lambda m: None,
+                     here=lambda node: node == "a", exists=lambda p: client.log_exists(job.id, p))
+        assert caught.value.exit_code == 1 and "ran on c/0" in str(caught.value)
 
 
 def test_a_gateway_not_run_by_root_serves_only_its_own_user(gateway, monkeypatch):

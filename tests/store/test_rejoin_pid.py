@@ -45,15 +45,21 @@ def test_up_pid_is_the_supervisor_else_the_pid_files_live_rig_up_never_the_calle
 
 
 @pytest.mark.redis
-def test_rig_recover_records_the_running_rig_ups_pid_not_its_own(key_prefix, rig_home, real_redis):
-    """`rig recover` registers the node when its rig up runs: the record names that rig up (the
-    pid file's), never the short-lived `rig recover` process."""
+def test_rig_recover_leaves_the_cards_to_the_node_s_control_worker(key_prefix, rig_home, real_redis, monkeypatch):
+    """`rig recover --stop` while the node's rig up runs: the node's control worker (rig up's
+    settings) joins and registers the cards; recover waits for it. It registered them itself,
+    with its own settings: 8 fake 80G cards on a node run with --fake-gpus 2x24G (a 60G job
+    then ran on a 24G card), and its own pid as the node's rig up before that."""
     import subprocess
+    import threading
 
     from tests.conftest import REDIS_URL
     from workers.recovery import stop_and_join
 
-    settings = load_settings(key_prefix=key_prefix, node_name="n1", fake_gpus="1x40G", redis_url=REDIS_URL)
+    quick = {"kill_grace_seconds": 1, "health": {"check_interval": 1, "timeout": 30}}
+    # The command's settings: no --fake-gpus (rig up had it on its command line).
+    settings = load_settings(key_prefix=key_prefix, node_name="n1", redis_url=REDIS_URL, **quick)
+    node = load_settings(key_prefix=key_prefix, node_name="n1", fake_gpus="2x24G", redis_url=REDIS_URL, **quick)
     keys = Keys(key_prefix)
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     Installation(real_redis, keys, settings.run_dir, "n1").join()
@@ -61,9 +67,19 @@ def test_rig_recover_records_the_running_rig_ups_pid_not_its_own(key_prefix, rig
     up = subprocess.Popen(["sleep", "60"])  # stands for the node's live rig up
     try:
         (settings.run_dir / "up-n1.pid").write_text(f"{up.pid}\n{REDIS_URL}\nnode\n")
+        # No control worker: recover joins, and the cards wait for the next rig up.
         found = stop_and_join(settings, say=lambda _line: None)
-        assert found.registered
+        assert found.joined and not found.registered and not real_redis.hexists(keys.node("n1"), "backend")
+        real_redis.delete(keys.installation)  # empty again; now the node's control worker acts
+        monkeypatch.setenv(SUPERVISOR_PID, str(up.pid))
+        worker = threading.Timer(0.5, lambda: HealthChecker(node, real_redis).installation_mismatch())
+        worker.start()
+        found = stop_and_join(settings, say=lambda _line: None)
+        worker.join()
+        assert found.registered and found.joined
         assert real_redis.hget(keys.node("n1"), "pid") in (str(up.pid), str(up.pid).encode())
+        totals = {int(real_redis.hget(keys.card("n1", i), "total")) for i in (0, 1)}
+        assert real_redis.hget(keys.node("n1"), "cards") in ("2", b"2") and totals == {24 * 1024**3}
     finally:
         up.kill()
         up.wait()

@@ -27,3 +27,17 @@ def test_the_name_s_origin_is_said(rig_home, monkeypatch):
     assert "node n7 (from the config file: no --node given)" in line
     line, _ = not_up(load_settings(), named=True)
     assert "no --node given" not in line
+
+
+def test_recover_without_node_in_a_home_of_another_node_names_it(rig_home):
+    """`rig recover` typed as the FROZEN line says, in the home whose rig up was given --node a,
+    looked at the hostname's node and said "nothing to recover" while node a's jobs were frozen."""
+    from click.testing import CliRunner
+
+    from rig.cli.main import cli
+
+    _another_node_up(load_settings())
+    for args in (["recover"], ["recover", "--stop"]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2, result.output
+        assert "rig recover --node other" in result.output and "nothing to recover" not in result.output
