@@ -11,8 +11,10 @@ What a person sees (``NodeInfo.state``):
 - ``up``: alive. A node that ``rig up`` runs (its record has a pid) with no live worker is up
   but runs nothing (``NodeInfo.no_worker``): it reads ``started ..., no worker alive``, and
   its cards are no place a job "fits now" (rig.waiting).
-- A node whose ``rig up`` is gone while its heartbeat key has yet to expire (SIGKILLed: its
-  workers died with it) is not up: a reader on the node's own host sees that the recorded pid
+- A node whose ``rig up`` died (SIGKILLed) is normally *stopped*: its workers, following it,
+  mark it so as they go (workers.app, NodeRegistry.mark_stopped with ``why``), since its jobs
+  run on. Where that mark could not be written, a node whose ``rig up`` is gone while its
+  heartbeat key has yet to expire (its workers died with it) is not up: a reader on the node's own host sees that the recorded pid
   no longer runs, and with no live worker left the node reads silent and presumed down at
   once (``NodeInfo.gone``) instead of "up" for the rest of the heartbeat's life. A reader on
   another host cannot see that pid: for it the heartbeat's life decides, and no worker is
@@ -124,6 +126,8 @@ class NodeInfo:
     data_format: int = 0
     #: Its config's [pools] as its rig up recorded them (rig.pools.encode; None: not recorded).
     pools: str | None = None
+    #: Why a stopped node stopped when it was not ``rig down`` (its rig up died: NodeRegistry.mark_stopped).
+    stopped_why: str | None = None
     #: Set by a reader on the node's host when the node's ``rig up`` (``pid``) no longer runs
     #: there and none of its workers is alive: the words saying so. The node is then silent and
     #: presumed down though its last heartbeat has not expired yet.
@@ -153,6 +157,8 @@ class NodeInfo:
             text += ", presumed down"
         if self.gone:
             text += f" ({self.gone})"
+        if self.stopped_why:
+            text += f" ({self.stopped_why})"
         return f"{text}: {self.auth_refused}" if self.auth_refused else text
 
     @property
@@ -194,7 +200,7 @@ class NodeRegistry:
                                                  "started_at": now, "host": socket.gethostname(),
                                                  "data_format": DATA_FORMAT})
         # down_since stays until the cluster health check sees the node back (it reports it).
-        pipe.hdel(self.keys.node(node), "stopped_at", "stopped_by")
+        pipe.hdel(self.keys.node(node), "stopped_at", "stopped_by", "stopped_why")
         pipe.execute()
         try:
             self.beat(node, ttl=ttl, source="rig up")
@@ -225,8 +231,11 @@ class NodeRegistry:
             args=[value, life_ms, repr(now), repr(life_ms / 1000), owner or ""])
         return bool(int(written))
 
-    def mark_stopped(self, node: str, *, owner: str | None = None, attempts: int = 5) -> bool:
+    def mark_stopped(self, node: str, *, owner: str | None = None, why: str | None = None,
+                     attempts: int = 5) -> bool:
         """The node was stopped on purpose: its jobs keep running and are adopted on return.
+        ``why``: said beside the state (``stopped_why``) when it was not ``rig down`` (its ``rig
+        up`` died and its workers, winding down, marked it: rig.supervision.supervisor_gone).
 
         With ``owner`` (the rig.node_claim identity of the stopping rig up), only while no other
         process holds the node name, and the claim is given up in the same transaction: a
@@ -245,6 +254,10 @@ class NodeRegistry:
                             return False
                     pipe.multi()
                     pipe.hset(self.keys.node(node), "stopped_at", shared_now(self.r))
+                    if why:
+                        pipe.hset(self.keys.node(node), "stopped_why", why)
+                    else:
+                        pipe.hdel(self.keys.node(node), "stopped_why")
                     if owner is not None:
                         pipe.hset(self.keys.node(node), "stopped_by", owner)
                     else:
@@ -435,5 +448,5 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float, *, he
         clock_skew=raw.get("clock_skew") or None,
         auth_refused_since=num("auth_refused_since"),
         data_format=int(num("data_format") or 0), gone=gone if state == "silent" else None,
-        pools=raw.get("pools"),
+        pools=raw.get("pools"), stopped_why=(raw.get("stopped_why") or None) if state == "stopped" else None,
     )

@@ -268,6 +268,16 @@ def watch_supervisor(*, interval: float = WATCH_INTERVAL_S,
     return supervisor
 
 
+def supervisor_gone() -> int | None:
+    """The pid of the ``rig up`` that started this process (RIG_SUPERVISOR_PID) when that rig up
+    is no longer its parent (it died: SIGKILLed, OOM-killed), else None (alive, or this process
+    was not started by a rig up). A process ``rig down`` or Ctrl-C stops still has its parent."""
+    raw = os.environ.get(SUPERVISOR_PID)
+    if not raw or not raw.isdigit():
+        return None
+    return int(raw) if os.getppid() != int(raw) else None
+
+
 def _set_pdeathsig(sig: int) -> bool:
     """prctl(PR_SET_PDEATHSIG, sig); False where unavailable (not Linux)."""
     try:

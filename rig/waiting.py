@@ -121,7 +121,8 @@ class WaitFacts:
 def node_state_text(node: NodeInfo) -> str:
     """``node a: stopped since 12:01:05 (rig down)`` and the like, for a node that is not up."""
     if node.state == "stopped":
-        return f"node {node.name}: stopped since {clock(node.stopped_at or node.since)} by `rig down`"
+        how = f" ({node.stopped_why})" if node.stopped_why else " by `rig down`"
+        return f"node {node.name}: stopped since {clock(node.stopped_at or node.since)}{how}"
     if node.state == "down":
         return f"node {node.name}: DOWN since {clock(node.down_since or node.since)}, no heartbeat"
     if node.writes_refused:

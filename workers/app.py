@@ -55,7 +55,7 @@ from rig.node_claim import OWNER_ENV
 from rig.nodes import NodeRegistry
 from rig.redis_conn import connect
 from rig.redis_writes import FullWatch, is_outage
-from rig.supervision import watch_supervisor
+from rig.supervision import supervisor_gone, watch_supervisor
 from rig.worker_lock import EXIT_LOCK_HELD, LockHeld, acquire, lock_path, worker_lock_name
 from workers import broker_quiet, celery_clock, kombu_patches, remote_control
 from workers.card_runner import CardRunner
@@ -358,8 +358,32 @@ def _start_bridge(consumer: object, name: str, dispatcher: Dispatcher) -> None:
     _bridge.start()
 
 
+def _stopped_with_supervisor() -> None:
+    """This worker stops because its ``rig up`` died (SIGKILLed, OOM-killed): mark the node
+    stopped, as ``rig down`` would have, naming why. Its running jobs run on in their own
+    sessions; unmarked, the other nodes would declare it down after health.timeout and run
+    those jobs again beside them (a breaker's job ran twice). Stopped, its cards take no jobs,
+    its placed-but-unstarted jobs go back to the queue, and the next ``rig up`` adopts the rest.
+    Only as that rig up (RIG_NODE_OWNER), while it still holds the node's name: a ``rig up``
+    that took the name meanwhile is never marked (NodeRegistry.mark_stopped)."""
+    supervisor, owner = supervisor_gone(), os.environ.get(OWNER_ENV)
+    if supervisor is None or not owner:
+        return
+    try:
+        nodes = NodeRegistry(_redis, keys)
+        if _redis.hget(keys.node(settings.node_name), "stopped_by") == owner:
+            return  # another worker of that rig up marked it first
+        if nodes.mark_stopped(settings.node_name, owner=owner,
+                              why=f"its rig up (pid {supervisor}) died; `rig up` adopts its running jobs"):
+            log.warning("rig up (pid %s) died: node %s marked stopped, its running jobs left running "
+                        "for the next rig up to adopt", supervisor, settings.node_name)
+    except Exception as exc:  # noqa: BLE001 - Redis may be gone too: the node then goes silent
+        log.warning("could not mark node %s stopped after its rig up died: %s", settings.node_name, exc)
+
+
 @worker_shutting_down.connect
 def _on_worker_shutting_down(**_: object) -> None:
+    _stopped_with_supervisor()
     if _bridge is not None:
         _bridge.stop()
     if _runner is not None:

@@ -119,7 +119,8 @@ def node_title(node: NodeInfo | None, name: str, cards: int) -> str:
     elif node.state == "down":
         line = f"[bold red]{line}[/] (last heartbeat {clock(node.last_seen)}): {NODE_STATE_NOTES['down']}"
     else:
-        line = f"[yellow]{line}[/] (rig down): {NODE_STATE_NOTES['stopped']}"
+        how = "" if node.stopped_why else " (rig down)"  # describe says why otherwise
+        line = f"[yellow]{line}[/]{how}: {NODE_STATE_NOTES['stopped']}"
     if node.unrecorded:
         line += f"\n[bold red]{M(node.unrecorded)}[/]"
     if node.clock_skew:

@@ -14,10 +14,14 @@ usual traced, gated ones (rig.testing.faults).
   are refused naming the owner and what to type where; the node is not marked stopped and its
   job runs on; ``rig down`` without ``--node`` in the owner's home names the node it runs.
 - ``sigkill-lone-node``: the only node's ``rig up`` is SIGKILLed while a job runs (its workers
-  follow it): nobody is left to declare it down, yet once its last heartbeat is older than its
-  life ``rig status`` says ``silent since T, presumed down`` (and ``--json`` ``presumed_down``),
-  never "not yet declared down"; ``rig up`` again reads up at once and adopts the job, which
+  follow it, and mark the node stopped as they go): ``rig status`` says ``stopped since T (its
+  rig up (pid N) died; `rig up` adopts its running jobs)`` (``--json`` state ``stopped``), the
+  job runs on in its first attempt; ``rig up`` again reads up at once and adopts the job, which
   ends once.
+- ``supervisor-sigkill-beside-others``: node b's ``rig up`` alone is SIGKILLed while its job runs
+  and node a runs the health checks: b reads stopped, never down, past health.timeout, so a never
+  runs b's job again beside its first attempt (a breaker saw one run twice); b's ``rig up`` again
+  adopts it and it ends once.
 - ``name-taken-over-adopts``: home A's ``rig up`` is SIGKILLed while two jobs run; home B takes
   the name and adopts both (never re-runs them); B starts a third, then stops cleanly
   (``rig down``); two jobs end while the node is down; A takes the name back and concludes each
@@ -329,25 +333,24 @@ def sigkill_lone_node(workdir: Path) -> ScenarioResult:
         os.kill(supervisor, signal.SIGKILL)
         _wait(lambda: not node_processes("a", a.home), 30, "the dead rig up's workers to stop")
         registry = NodeRegistry(a.harness.redis, a.harness.keys)
-        life = a.settings.health.timeout
-        # The reader's verdict needs no one else: it comes once the last heartbeat is past its
-        # life (health.timeout), however long nobody declares the node down.
-        _wait(lambda: registry.read()[0].presumed_down, life + 30, "node a to read presumed down")
+        # Its workers, stopping because their rig up died, mark the node stopped (as rig down
+        # would), saying why: nobody has to declare it down, and no one may run its job again.
+        _wait(lambda: registry.read()[0].state == "stopped", 30, "node a to read stopped")
         node = registry.read()[0]
         text = a.cli("status", env=status_env)
         flat = " ".join(text.stdout.split())  # the node's line heads its card table and may wrap
         line = flat[flat.find("node a:"):].split(" ┏")[0][:300]  # up to its table's top edge
         sc.result.notes.append(f"rig status: {line}")
-        want = f"node a: silent since {clock(node.last_seen)}, presumed down"
-        # Why: its rig up's pid is gone (a reader on its host sees it at once), else its last
-        # heartbeat is past its life.
-        why = (f"(its rig up (pid {supervisor}) no longer runs on ", f"past its heartbeat's {life:g} s life")
-        if node.down_since is not None or want not in line or "not yet declared down" in line \
-                or not any(reason in line for reason in why) or line.count("no longer runs") > 1:
+        want = (f"node a: stopped since {clock(node.stopped_at)} (its rig up (pid {supervisor}) died; "
+                "`rig up` adopts its running jobs)")
+        if node.down_since is not None or want not in line or "(rig down)" in line or node.presumed_down:
             sc.result.problems.append(f"rig status of the SIGKILLed lone node: {line!r} (down_since {node.down_since})")
         as_json = json.loads(a.cli("status", "--json").stdout or "{}")
-        if [(n.get("name"), n.get("presumed_down")) for n in as_json.get("nodes", [])] != [("a", True)]:
+        if [(n.get("name"), n.get("state")) for n in as_json.get("nodes", [])] != [("a", "stopped")]:
             sc.result.problems.append(f"rig status --json: {as_json.get('nodes')}")
+        job = a.harness.client.get(jid)
+        if job.state is not JobState.RUNNING or job.attempt != 1:
+            sc.result.problems.append(f"job {jid} after the SIGKILL: {job.state.value}, attempt {job.attempt}")
         if a.up().returncode != 0:
             sc.result.problems.append("rig up after the SIGKILL failed")
             return sc.result
@@ -555,6 +558,58 @@ def name_taken_over_adopts(workdir: Path) -> ScenarioResult:
         _close(sc, [a, b])
 
 
+def supervisor_sigkill_beside_others(workdir: Path) -> ScenarioResult:
+    prefix = new_prefix()
+    a = Home(workdir, "homeA", node="a", fake_gpus="1x80G", prefix=prefix)
+    b = Home(workdir, "homeB", node="b", fake_gpus="1x80G", prefix=prefix)
+    sc = Scenario(workdir, "one node's rig up SIGKILLed beside another", "SIGKILL of b's rig up alone (its job runs on)",
+                  node=a.harness)
+    try:
+        if b.up().returncode != 0:
+            sc.result.problems.append("b's rig up failed")
+            return sc.result
+        sc.node = b.harness
+        jid = sc.submit(gpu_memory="60G")  # on b: a is not up yet
+        sc.wait_running([jid])
+        if a.up(beat=True).returncode != 0:  # a runs the cluster's health checks, and could run the job
+            sc.result.problems.append("a's rig up failed")
+            return sc.result
+        sc.node = a.harness
+        supervisor = b.supervisor()
+        assert supervisor is not None
+        os.kill(supervisor, signal.SIGKILL)
+        _wait(lambda: not node_processes("b", b.home), 30, "the dead rig up's workers to stop")
+        registry = NodeRegistry(a.harness.redis, a.harness.keys)
+        _wait(lambda: _info(registry, "b").state == "stopped", 30, "node b to read stopped")
+        # A declared-down node is one silent for health.timeout, confirmed a pass later: a's
+        # health passes (every check_interval) have had time for that, with room for a slow host.
+        health = a.settings.health
+        time.sleep(health.timeout + 4 * health.check_interval + 2)
+        node, job = _info(registry, "b"), a.harness.client.get(jid)
+        if node.state != "stopped" or node.down_since is not None:
+            sc.result.problems.append(f"node b after its rig up's SIGKILL: {node.describe} (down_since {node.down_since})")
+        if job.state is not JobState.RUNNING or job.attempt != 1 or job.node != "b":
+            sc.result.problems.append(f"job {jid} while b's rig up is gone: {job.state.value}, attempt {job.attempt} "
+                                      f"on {job.node} (its first attempt still runs on b)")
+        if b.up().returncode != 0:
+            sc.result.problems.append("b's rig up after the SIGKILL failed")
+            return sc.result
+        if _info(registry, "b").state != "up":
+            sc.result.problems.append(f"node b back: {_info(registry, 'b').describe}")
+        finals = sc.finish(timeout=90)
+        final = finals.get(jid)
+        if final is None or final.state is not JobState.SUCCEEDED or final.attempt != 1:
+            sc.result.problems.append(f"job {jid}: {final.state.value if final else 'unfinished'}, "
+                                      f"attempt {final.attempt if final else None}")
+        return sc.result
+    finally:
+        _close(sc, [a, b])
+
+
+def _info(registry: NodeRegistry, name: str):  # noqa: ANN202 - rig.nodes.NodeInfo
+    return next(n for n in registry.read() if n.name == name)
+
+
 def _trace_ends(trace: Path, job_id: int) -> list[str]:
     """The trace's end lines of job ``job_id``."""
     try:
@@ -569,6 +624,7 @@ SCENARIOS = [
     ("crashed-owner-taken-over", crashed_owner_taken_over),
     ("down-from-other-home", down_from_other_home),
     ("sigkill-lone-node", sigkill_lone_node),
+    ("supervisor-sigkill-beside-others", supervisor_sigkill_beside_others),
     ("forget-stopped-node", forget_stopped_node),
     ("password-changed", password_changed),
     ("name-taken-over-adopts", name_taken_over_adopts),

@@ -426,3 +426,21 @@ def test_a_node_with_a_live_worker_keeps_its_placed_jobs(cluster, redis_client):
     report = checker.run_cluster(now=time.time() + settings.health.timeout + 1)
     assert report.requeued == [] and ledger.store.get(assigned).state is JobState.ASSIGNED
     assert all(c.eligible for c in ledger.cards() if c.node == "n1")
+
+
+def test_a_node_marked_stopped_because_its_rig_up_died_says_so_until_it_registers(cluster, redis_client):
+    from rig.waiting import node_state_text
+
+    settings, keys, ledger, nodes, checker = cluster
+    why = "its rig up (pid 4242) died; `rig up` adopts its running jobs"
+    assert nodes.mark_stopped("n1", why=why)
+    info = next(n for n in nodes.read() if n.name == "n1")
+    assert info.state == "stopped" and info.stopped_why == why
+    assert info.describe.startswith("stopped since ") and info.describe.endswith(f"({why})")
+    assert node_state_text(info).endswith(f"({why})") and "rig down" not in node_state_text(info)
+    nodes.register("n1", ttl=TTL, backend="fake", cards=2)  # its rig up again
+    info = next(n for n in nodes.read() if n.name == "n1")
+    assert info.state == "up" and info.stopped_why is None
+    assert nodes.mark_stopped("n1")  # rig down: no reason kept from before
+    info = next(n for n in nodes.read() if n.name == "n1")
+    assert info.stopped_why is None and "rig down" in node_state_text(info)

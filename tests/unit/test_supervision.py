@@ -150,3 +150,16 @@ def test_rigs_children_never_import_from_the_working_directory(tmp_path):
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert str(tmp_path) not in result.stdout
+
+
+def test_supervisor_gone_names_a_dead_rig_up_only(monkeypatch):
+    from rig.supervision import SUPERVISOR_PID, supervisor_gone
+
+    monkeypatch.delenv(SUPERVISOR_PID, raising=False)
+    assert supervisor_gone() is None  # not started by a rig up: nothing to say
+    monkeypatch.setenv(SUPERVISOR_PID, str(os.getppid()))
+    assert supervisor_gone() is None  # its rig up is still its parent (rig down, Ctrl-C)
+    monkeypatch.setenv(SUPERVISOR_PID, "999999999")
+    assert supervisor_gone() == 999999999  # reparented: that rig up died
+    monkeypatch.setenv(SUPERVISOR_PID, "x1")
+    assert supervisor_gone() is None
