@@ -31,7 +31,7 @@ HOLD = Hold(job_id=7, cards=("n1/0",), nbytes=20 * GIB, until=math.inf)
 PATHS: dict[str, tuple[WaitFacts, str]] = {
     "no card registered": (WaitFacts(request=Request(GIB), cards=[]), "registered"),
     "no node of it up": (WaitFacts(request=Request(GIB), cards=[card(0, node="n2")], nodes=[STOPPED]),
-                         "no rig node is up (node n2: stopped since"),
+                         "node is up (node n2: stopped since"),
     "only stopped nodes big enough": (
         WaitFacts(request=Request(40 * GIB), cards=[card(0), card(0, node="n2", total_gib=80, free_gib=80)],
                   nodes=[UP, STOPPED]), "only cards of nodes that are not up could take it"),
@@ -70,3 +70,10 @@ def test_a_users_limit_is_not_said_to_be_the_pools():
 
 def test_pool_words():
     assert pool_words(None) == "" and pool_words("a100") == "in pool 'a100': "
+
+
+def test_a_pools_job_is_not_told_no_rig_node_is_up_while_others_are():
+    # Its pool's nodes are stopped; nodes outside the pool may well be up (a breaker's finding).
+    said = explain(dataclasses.replace(PATHS["no node of it up"][0], pool="a100"))
+    assert said.startswith("in pool 'a100': no node is up (node n2: stopped since"), said
+    assert "no rig node" not in said

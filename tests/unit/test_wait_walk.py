@@ -120,7 +120,8 @@ def _card_body_plainly(facts: WaitFacts) -> tuple[str, bool]:
                 + (f" ({'; '.join(down)})" if down else "") + "; it starts when one is (`rig up`)"), True
     if not live:
         listed = "; ".join(node_state_text(nodes[n]) for n in not_up)
-        return f"no rig node is up ({listed}); it starts when one is back (`rig up` there)", True
+        which = "no node is up" if facts.pool else "no rig node is up"
+        return f"{which} ({listed}); it starts when one is back (`rig up` there)", True
     if down and not _big_enough(live, req) and _big_enough(facts.cards, req):  # (no node down: live is all)
         wanted = sorted({c.node for c in facts.cards if not is_live(c) and c.allowed and c.usable >= req.nbytes})
         listed = "; ".join(node_state_text(nodes[n]) for n in wanted)
