@@ -73,6 +73,7 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 
 from rig.config import load_settings  # noqa: E402
+from rig.testing.bench_args import count_at_least, positive_seconds, time_limit_factor  # noqa: E402
 from rig.testing.bench_redis import bench_redis_url, described, with_db  # noqa: E402
 from rig.testing.harness import delete_prefix  # noqa: E402
 from rig.testing.peers import (  # noqa: E402
@@ -592,31 +593,6 @@ def seed_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"give whole numbers separated by commas, e.g. 8,3,5 (got {text!r})") from None
 
 
-def count_at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: a whole number >= ``low`` (``--jobs 0`` ended every run in
-    ``min() arg is an empty sequence``); anything else is one argparse line, exit 2."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if value < low:
-            raise argparse.ArgumentTypeError(f"give a whole number of at least {low} (got {text!r})")
-        return value
-    return parse
-
-
-def positive_seconds(text: str) -> float:
-    """An argparse type: seconds, more than 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"give a number of seconds above 0 (got {text!r})")
-    return value
-
-
 def broker_url() -> tuple[str, str]:
     """The Celery peer's broker and where it came from: $PEERS_BROKER_URL, else DB 11 of the
     Redis rig's nodes use (rig.testing.bench_redis)."""
@@ -667,10 +643,15 @@ def main() -> int:
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         parser.error(f"unknown systems {unknown}; known: {', '.join(SYSTEMS)}")
-    try:
-        factors = [0.0, 1.5] if args.time_limits == "both" else [float(args.time_limits)]
-    except ValueError:
-        parser.error(f"--time-limits: give both or a factor such as 1.5 (got {args.time_limits!r})")
+    if not systems:
+        parser.error(f"--systems: give one or more of {', '.join(SYSTEMS)} (got {args.systems!r})")
+    if args.time_limits == "both":
+        factors = [0.0, 1.5]
+    else:
+        try:
+            factors = [time_limit_factor(args.time_limits)]
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"--time-limits: give both, or {str(exc).removeprefix('give ')}")
     histories = {"both": [False, True], "off": [False], "on": [True]}[args.history]
     url = broker
     try:

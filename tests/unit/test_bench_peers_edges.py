@@ -89,3 +89,20 @@ def test_oversubscription_is_counted_against_rigs_usable_memory_too(peers, tmp_p
     out = peers.stamped_metrics(trace, {0: 100.0, 1: 100.0}, tmp_path, LowerBound(10.0, 10.0, 10.0))
     assert out["rule_breaks"]["oversub_card_s"] == 0
     assert out["rule_breaks"]["oversub_usable_card_s"] == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--systems", ""], "--systems: give one or more of rig, ray, celery, sgs (got '')"),
+    (["--time-limits", "nan"], "--time-limits: give both, or a factor of 0 (no limits) or more, such as 1.5 (got 'nan')"),
+    (["--time-limits", "-1"], "--time-limits: give both, or a factor of 0 (no limits) or more, such as 1.5 (got '-1')"),
+    (["--time-limits", "inf"], "--time-limits: give both, or a factor of 0 (no limits) or more, such as 1.5 (got 'inf')"),
+])
+def test_no_system_or_a_factor_that_is_no_number_is_one_line_and_exit_2(args, says):
+    """``--systems ''`` ended in a TypeError traceback after the heading; ``--time-limits nan``,
+    ``-1`` and ``inf`` ran rig with limits of nan, none or inf s."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("RIG_", "PEERS_"))}
+    clean.update(RIG_BENCH_REDIS_URL="redis://127.0.0.1:1/0", PEERS_BROKER_URL="redis://127.0.0.1:1/11")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_peers.py"), "--seeds", "1", "--skip-tiny",
+                          *args], capture_output=True, text=True, env=clean, timeout=120, check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.splitlines()[-1] == f"bench_peers.py: error: {says}"
