@@ -5,23 +5,16 @@ folder and sometimes its control worker behind)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.bench_scripts import load_script, run_script
 
 
 @pytest.fixture(scope="module")
 def mixed():
-    spec = importlib.util.spec_from_file_location("bench_mixed_under_test", ROOT / "scripts" / "bench_mixed.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_mixed.py")
 
 
 @pytest.mark.parametrize(("args", "says"), [
@@ -46,12 +39,7 @@ def mixed():
 def test_a_bad_argument_is_one_line_and_exit_2_before_anything_runs(args, says):
     """Each of these ran (a ZeroDivisionError, a traceback mid-run, a run with a limit of nan s,
     or every strategy "unavailable"/"failed" and exit 0)."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
-    # Should the argument pass, the run fails at once on an unreachable Redis, never on the shared one.
-    clean["RIG_BENCH_REDIS_URL"] = "redis://127.0.0.1:1/0"
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_mixed.py"), "--skip-latency",
-                          "--skip-decision", *args], capture_output=True, text=True, env=clean, timeout=120,
-                         check=False)
+    out = run_script("bench_mixed.py", "--skip-latency", "--skip-decision", *args)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     last = out.stderr.splitlines()[-1]
     assert last.startswith(f"bench_mixed.py: error: {says}"), last
