@@ -57,8 +57,14 @@ from rig.gpus.base import GpuReading  # noqa: E402
 from rig.keys import Keys  # noqa: E402
 from rig.ledger import Ledger  # noqa: E402
 from rig.models import CardState, Job, JobState, Priority  # noqa: E402
-from rig.testing.bench_args import count_at_least, count_list, positive_seconds, time_limit_factor  # noqa: E402
-from rig.testing.bench_redis import bench_redis_url, described  # noqa: E402
+from rig.testing.bench_args import (  # noqa: E402
+    count_at_least,
+    count_list,
+    positive_seconds,
+    time_limit_factor,
+    writable_file,
+)
+from rig.testing.bench_redis import REDIS_EXIT, bench_redis_url, described, redis_problem  # noqa: E402
 from rig.testing.harness import RigHarness, delete_prefix  # noqa: E402
 from rig.testing.sigterm import exit_on_sigterm  # noqa: E402
 from rig.testing.trace import (  # noqa: E402
@@ -532,7 +538,7 @@ def main() -> int:
     parser.add_argument("--decision-passes", type=count_at_least(1), default=30)
     parser.add_argument("--timeout", type=positive_seconds, default=600.0,
                         help="per strategy: seconds to wait for the trace's jobs to end")
-    parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    parser.add_argument("--json", type=writable_file, help="also write every figure to this file")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a rig setting for the trace's node, e.g. backfill_estimate_delay_seconds=0")
     args = parser.parse_args()
@@ -549,6 +555,10 @@ def main() -> int:
     if not strategies or unavailable:
         parser.error("--strategies: " + ("; ".join(f"{s}: {p}" for s, p in unavailable.items())
                                          or f"give one or more of {', '.join(DEFAULT_STRATEGIES)}"))
+    unusable = redis_problem(redis_url())
+    if unusable:
+        print(f"bench_mixed.py: {unusable}", file=sys.stderr)
+        return REDIS_EXIT
     # SIGTERM (`timeout`, `kill`) runs the finally blocks: the throwaway node's workers stop, its
     # key prefix leaves Redis (by default the shared one) and its folder goes (killed outright,
     # a run left ~390 keys, its home folder and sometimes its control worker behind).

@@ -73,8 +73,13 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 
 from rig.config import load_settings  # noqa: E402
-from rig.testing.bench_args import count_at_least, positive_seconds, time_limit_factor  # noqa: E402
-from rig.testing.bench_redis import bench_redis_url, described, with_db  # noqa: E402
+from rig.testing.bench_args import (  # noqa: E402
+    count_at_least,
+    positive_seconds,
+    time_limit_factor,
+    writable_file,
+)
+from rig.testing.bench_redis import REDIS_EXIT, bench_redis_url, described, redis_problem, with_db  # noqa: E402
 from rig.testing.harness import delete_prefix  # noqa: E402
 from rig.testing.peers import (  # noqa: E402
     Stamp,
@@ -628,7 +633,7 @@ def main() -> int:
     parser.add_argument("--ray-warm-workers", type=count_at_least(0), default=128,
                         help="Ray workers started before the trace (not timed)")
     parser.add_argument("--timeout", type=positive_seconds, default=600.0)
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=writable_file)
     args = parser.parse_args()
     # SIGTERM (`timeout`) runs the finally blocks: the throwaway node stops and its key prefix
     # leaves Redis (by default the shared one; killed outright, 57 keys stayed).
@@ -654,6 +659,12 @@ def main() -> int:
             parser.error(f"--time-limits: give both, or {str(exc).removeprefix('give ')}")
     histories = {"both": [False, True], "off": [False], "on": [True]}[args.history]
     url = broker
+    if seeds or not args.skip_tiny:  # something will run: on rig's Redis and Celery's broker
+        used = ([bench_redis_url()[0]] if "rig" in systems else []) + ([broker] if "celery" in systems else [])
+        unusable = next(filter(None, map(redis_problem, used)), None)
+        if unusable:
+            print(f"bench_peers.py: {unusable}", file=sys.stderr)
+            return REDIS_EXIT
     try:
         commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                                 capture_output=True, text=True, check=False).stdout.strip()

@@ -35,10 +35,14 @@ def mixed():
     (["--set", "nosuch=1"], "--set: unknown setting 'nosuch'; correct or remove it"),
     (["--set", "max_task_per_gpu=2"], "--set: max_task_per_gpu: the benchmark sets it itself; leave it out"),
     (["--set", "hold_after_seconds=abc"], "--set: hold_after_seconds (given to load_settings): "),
+    (["--json", "/nonexistent-folder/x.json"], "argument --json: folder '/nonexistent-folder' does not exist; "
+                                               "create it or give another path"),
+    (["--json", "/"], "argument --json: '/' is a folder; give a file name in it"),
 ])
 def test_a_bad_argument_is_one_line_and_exit_2_before_anything_runs(args, says):
     """Each of these ran (a ZeroDivisionError, a traceback mid-run, a run with a limit of nan s,
-    or every strategy "unavailable"/"failed" and exit 0)."""
+    every strategy "unavailable"/"failed" and exit 0, or a whole run, then a traceback writing
+    its figures)."""
     out = run_script("bench_mixed.py", "--skip-latency", "--skip-decision", *args)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     last = out.stderr.splitlines()[-1]
@@ -61,8 +65,23 @@ def test_sigterm_runs_the_clean_up_and_a_failed_strategy_exits_1(mixed, monkeypa
         raise RuntimeError("node did not come up")
 
     monkeypatch.setattr(mixed, "run_trace", failing_run)
+    monkeypatch.setattr(mixed, "redis_problem", lambda url: None)  # no Redis is used: run_trace stands in
     monkeypatch.setattr(sys, "argv", ["bench_mixed.py", "--strategies", "best-fit", "--jobs", "3",
                                       "--skip-latency", "--skip-decision"])
     assert mixed.main() == 1
     assert events == ["sigterm rule", "run best-fit"]
     assert "[best-fit] failed: RuntimeError('node did not come up')" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script", ["bench_mixed.py", "bench_peers.py"])
+def test_no_redis_at_the_url_is_one_line_and_exit_5_before_a_node_starts(script):
+    """Where nothing answered, each throwaway node's `rig up` started a private Redis with a
+    password of its own on that port, the benchmark's client was refused by it, every run
+    "failed: RedisAuthFailed" and the idle-latency part ended in a traceback."""
+    args = ["--jobs", "1"] + (["--systems", "rig", "--seeds", "1", "--skip-tiny"] if script == "bench_peers.py"
+                              else ["--skip-latency", "--skip-decision"])
+    out = run_script(script, *args)  # RIG_BENCH_REDIS_URL: a port where nothing listens
+    assert out.returncode == 5 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.splitlines()[-1].startswith(
+        f"{script}: no Redis answers at redis://127.0.0.1:1/0 (") and "set RIG_BENCH_REDIS_URL" in out.stderr
+    assert "node up" not in out.stderr

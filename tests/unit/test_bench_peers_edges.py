@@ -85,6 +85,8 @@ def test_oversubscription_is_counted_against_rigs_usable_memory_too(peers, tmp_p
     (["--time-limits", "nan"], "--time-limits: give both, or a factor of 0 (no limits) or more, such as 1.5 (got 'nan')"),
     (["--time-limits", "-1"], "--time-limits: give both, or a factor of 0 (no limits) or more, such as 1.5 (got '-1')"),
     (["--time-limits", "inf"], "--time-limits: give both, or a factor of 0 (no limits) or more, such as 1.5 (got 'inf')"),
+    (["--json", "/nonexistent-folder/x.json"], "argument --json: folder '/nonexistent-folder' does not exist; "
+                                               "create it or give another path"),
 ])
 def test_no_system_or_a_factor_that_is_no_number_is_one_line_and_exit_2(args, says):
     """``--systems ''`` ended in a TypeError traceback after the heading; ``--time-limits nan``,
