@@ -57,8 +57,16 @@ from rig.gpus.base import GpuReading  # noqa: E402
 from rig.keys import Keys  # noqa: E402
 from rig.ledger import Ledger  # noqa: E402
 from rig.models import CardState, Job, JobState, Priority  # noqa: E402
-from rig.testing.bench_redis import bench_redis_url, described  # noqa: E402
+from rig.testing.bench_args import (  # noqa: E402
+    count_at_least,
+    count_list,
+    positive_seconds,
+    time_limit_factor,
+    writable_file,
+)
+from rig.testing.bench_redis import REDIS_EXIT, bench_redis_url, described, redis_problem  # noqa: E402
 from rig.testing.harness import RigHarness, delete_prefix  # noqa: E402
+from rig.testing.sigterm import exit_on_sigterm  # noqa: E402
 from rig.testing.trace import (  # noqa: E402
     GIB,
     PRIORITIES,
@@ -108,6 +116,25 @@ def strategy_problem(strategy: str) -> str | None:
 
     if strategy not in getattr(placement, "STRATEGIES", ()):
         return "unavailable: rig.placement does not know it"
+    return None
+
+
+#: Settings the benchmark fixes itself for every node it starts (``--set`` cannot change them).
+FIXED_SETTINGS = frozenset({"fake_gpus", "redis_url", "key_prefix", "home", "scheduler_type", "max_task_per_gpu",
+                            "vram_reserve_fraction", "telemetry_interval", "max_retries", "node_name"})
+
+
+def settings_problem(extra: dict[str, str]) -> str | None:
+    """Why ``--set``'s settings cannot be used (None when they can): one the benchmark fixes,
+    or one rig refuses (unknown, a bad value). Each run would otherwise fail the same way, or
+    silently measure rig with the setting left out."""
+    fixed = sorted(FIXED_SETTINGS & set(extra))
+    if fixed:
+        return f"{', '.join(fixed)}: the benchmark sets it itself; leave it out"
+    try:
+        load_settings(home=Path(tempfile.gettempdir()), **extra)
+    except ConfigError as exc:
+        return str(exc)
     return None
 
 
@@ -495,8 +522,8 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
                         help="comma list of scheduler_type values to compare")
-    parser.add_argument("--jobs", type=int, default=200, help="jobs in the mixed trace")
-    parser.add_argument("--time-limits", type=float, default=1.5, metavar="FACTOR",
+    parser.add_argument("--jobs", type=count_at_least(1), default=200, help="jobs in the mixed trace")
+    parser.add_argument("--time-limits", type=time_limit_factor, default=1.5, metavar="FACTOR",
                         help="each job declares --time-limit = planned duration x FACTOR + 0.5 s, "
                         "as users declare limits (0: none; the dispatcher then knows no end times)")
     parser.add_argument("--seed", type=int, default=8, help="seed of the mixed trace")
@@ -504,14 +531,14 @@ def main() -> int:
                         help="skip idle dispatch latency and tiny-job throughput")
     parser.add_argument("--skip-decision", action="store_true",
                         help="skip the decision time with many waiting jobs")
-    parser.add_argument("--latency-jobs", type=int, default=50)
-    parser.add_argument("--tiny-jobs", type=int, default=1000)
-    parser.add_argument("--decision-sizes", default="1000,10000",
+    parser.add_argument("--latency-jobs", type=count_at_least(1), default=50)
+    parser.add_argument("--tiny-jobs", type=count_at_least(1), default=1000)
+    parser.add_argument("--decision-sizes", type=count_list, default="1000,10000",
                         help="comma list of waiting-queue sizes")
-    parser.add_argument("--decision-passes", type=int, default=30)
-    parser.add_argument("--timeout", type=float, default=600.0,
+    parser.add_argument("--decision-passes", type=count_at_least(1), default=30)
+    parser.add_argument("--timeout", type=positive_seconds, default=600.0,
                         help="per strategy: seconds to wait for the trace's jobs to end")
-    parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    parser.add_argument("--json", type=writable_file, help="also write every figure to this file")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a rig setting for the trace's node, e.g. backfill_estimate_delay_seconds=0")
     args = parser.parse_args()
@@ -520,12 +547,27 @@ def main() -> int:
         if not sep:
             parser.error(f"--set {item!r}: write it as NAME=VALUE")
         EXTRA_SETTINGS[name.strip()] = value.strip()
+    problem = settings_problem(EXTRA_SETTINGS)
+    if problem:
+        parser.error(f"--set: {problem}")
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    unavailable = {s: p for s in strategies if (p := strategy_problem(s))}
+    if not strategies or unavailable:
+        parser.error("--strategies: " + ("; ".join(f"{s}: {p}" for s, p in unavailable.items())
+                                         or f"give one or more of {', '.join(DEFAULT_STRATEGIES)}"))
+    unusable = redis_problem(redis_url())
+    if unusable:
+        print(f"bench_mixed.py: {unusable}", file=sys.stderr)
+        return REDIS_EXIT
+    # SIGTERM (`timeout`, `kill`) runs the finally blocks: the throwaway node's workers stop, its
+    # key prefix leaves Redis (by default the shared one) and its folder goes (killed outright,
+    # a run left ~390 keys, its home folder and sometimes its control worker behind).
+    exit_on_sigterm()
 
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
     print("$ " + " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]))
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     trace = generate_trace(args.jobs, args.seed)
     bound = lower_bound(trace, cards=CARDS, usable_per_card=USABLE_BYTES,
                         max_jobs_per_card=MAX_JOBS)
@@ -556,14 +598,7 @@ def main() -> int:
     sys.stdout.flush()
 
     results: dict[str, dict[str, Any]] = {}
-    available = []
-    for strategy in strategies:
-        problem = strategy_problem(strategy)
-        if problem:
-            results[strategy] = {"strategy": strategy, "error": problem}
-            say(f"  [{strategy}] {problem}")
-            continue
-        available.append(strategy)
+    for strategy in strategies:  # each one checked by strategy_problem above
         try:
             results[strategy] = run_trace(strategy, trace, bound, args.timeout, say, args.time_limits)
         except Exception as exc:  # noqa: BLE001 - one broken strategy must not hide the others
@@ -590,9 +625,8 @@ def main() -> int:
               f"{lat['completed_per_s']:.0f} jobs/s; succeeded {lat['succeeded']}/"
               f"{lat['tiny_jobs']}")
 
-    if not args.skip_decision and available:
-        sizes = [int(s) for s in args.decision_sizes.split(",") if s.strip()]
-        decision = run_decision(available, sizes, args.seed, args.decision_passes, say)
+    if not args.skip_decision:
+        decision = run_decision(strategies, args.decision_sizes, args.seed, args.decision_passes, say)
         report["decision"] = decision
         print()
         print(f"decision time, cards nearly full (one dispatcher pass, median / p95 of "
@@ -608,8 +642,9 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(_clean(report), indent=2))
         print(f"\nfigures written to {args.json}")
-    bad = [n for n, d in results.items() if "error" not in d and (
-        d["succeeded"] != d["jobs"] or any(v > 0 for v in d["oversubscription_card_s"].values()))]
+    # A strategy that could not run is a failed run too (its row says why), not exit 0.
+    bad = [n for n, d in results.items() if "error" in d or d["succeeded"] != d["jobs"]
+           or any(v > 0 for v in d["oversubscription_card_s"].values())]
     return 1 if bad else 0
 
 

@@ -73,7 +73,13 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 
 from rig.config import load_settings  # noqa: E402
-from rig.testing.bench_redis import bench_redis_url, described, with_db  # noqa: E402
+from rig.testing.bench_args import (  # noqa: E402
+    count_at_least,
+    positive_seconds,
+    time_limit_factor,
+    writable_file,
+)
+from rig.testing.bench_redis import REDIS_EXIT, bench_redis_url, described, redis_problem, with_db  # noqa: E402
 from rig.testing.harness import delete_prefix  # noqa: E402
 from rig.testing.peers import (  # noqa: E402
     Stamp,
@@ -592,31 +598,6 @@ def seed_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"give whole numbers separated by commas, e.g. 8,3,5 (got {text!r})") from None
 
 
-def count_at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: a whole number >= ``low`` (``--jobs 0`` ended every run in
-    ``min() arg is an empty sequence``); anything else is one argparse line, exit 2."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if value < low:
-            raise argparse.ArgumentTypeError(f"give a whole number of at least {low} (got {text!r})")
-        return value
-    return parse
-
-
-def positive_seconds(text: str) -> float:
-    """An argparse type: seconds, more than 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"give a number of seconds above 0 (got {text!r})")
-    return value
-
-
 def broker_url() -> tuple[str, str]:
     """The Celery peer's broker and where it came from: $PEERS_BROKER_URL, else DB 11 of the
     Redis rig's nodes use (rig.testing.bench_redis)."""
@@ -652,7 +633,7 @@ def main() -> int:
     parser.add_argument("--ray-warm-workers", type=count_at_least(0), default=128,
                         help="Ray workers started before the trace (not timed)")
     parser.add_argument("--timeout", type=positive_seconds, default=600.0)
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=writable_file)
     args = parser.parse_args()
     # SIGTERM (`timeout`) runs the finally blocks: the throwaway node stops and its key prefix
     # leaves Redis (by default the shared one; killed outright, 57 keys stayed).
@@ -667,12 +648,23 @@ def main() -> int:
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         parser.error(f"unknown systems {unknown}; known: {', '.join(SYSTEMS)}")
-    try:
-        factors = [0.0, 1.5] if args.time_limits == "both" else [float(args.time_limits)]
-    except ValueError:
-        parser.error(f"--time-limits: give both or a factor such as 1.5 (got {args.time_limits!r})")
+    if not systems:
+        parser.error(f"--systems: give one or more of {', '.join(SYSTEMS)} (got {args.systems!r})")
+    if args.time_limits == "both":
+        factors = [0.0, 1.5]
+    else:
+        try:
+            factors = [time_limit_factor(args.time_limits)]
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"--time-limits: give both, or {str(exc).removeprefix('give ')}")
     histories = {"both": [False, True], "off": [False], "on": [True]}[args.history]
     url = broker
+    if seeds or not args.skip_tiny:  # something will run: on rig's Redis and Celery's broker
+        used = ([bench_redis_url()[0]] if "rig" in systems else []) + ([broker] if "celery" in systems else [])
+        unusable = next(filter(None, map(redis_problem, used)), None)
+        if unusable:
+            print(f"bench_peers.py: {unusable}", file=sys.stderr)
+            return REDIS_EXIT
     try:
         commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                                 capture_output=True, text=True, check=False).stdout.strip()

@@ -320,7 +320,14 @@ def fit_widths(cols: Sequence[Col], rows: Sequence[Row], width: int) -> list[tup
     phases = (["roomy"] if roomy else []) + ["comfortable", "least"]
     for phase in phases:
         kept = list(cols)
+        if phase != "roomy" and below is not None:
+            # The roomy layout did not fit: what grows first will be cut, so the columns ranked
+            # below its first_over go before it is (at 160 columns a waiting job's reason read 25
+            # cells beside age, exit, gpus and runtime; at 180, 65 without them).
+            kept = [c for c in kept if c.drop is None or c.drop >= below]
         for col in droppable:
+            if col not in kept:
+                continue
             if least_total(kept, phase) <= width:
                 break
             if phase == "roomy" and (below is None or col.drop >= below):  # type: ignore[operator]

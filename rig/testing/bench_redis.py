@@ -41,3 +41,30 @@ def with_db(url: str, db: int) -> str:
     if parts.scheme not in ("redis", "rediss") or "db=" in parts.query:
         return url
     return urlunsplit(parts._replace(path=f"/{db}"))
+
+
+#: Exit status of a benchmark whose Redis cannot be used (rig's own: Redis unreachable or refusing).
+REDIS_EXIT = 5
+
+
+def redis_problem(url: str) -> str | None:
+    """Why a benchmark cannot use the Redis at ``url`` (one line), None when it answers PING.
+    Checked before a node starts: where nothing answered, each throwaway node's `rig up`
+    started a private Redis with a password of its own on that port, which the benchmark's
+    client was then refused by (every run "failed: RedisAuthFailed", then a traceback)."""
+    import redis
+
+    from rig.redis_conn import is_auth_error, strip_password
+
+    shown = strip_password(url)
+    client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except (redis.RedisError, OSError, ValueError) as exc:
+        if is_auth_error(exc):
+            return (f"the Redis at {shown} refuses this benchmark's login; give its password in the URL: "
+                    f"RIG_BENCH_REDIS_URL=redis://:PASSWORD@HOST:PORT/DB")
+        return f"no Redis answers at {shown} ({exc}); start one there, or set RIG_BENCH_REDIS_URL to one"
+    finally:
+        client.close()
+    return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -116,12 +117,24 @@ class RigHarness:
             self.kill_jobs()
         except TimeoutError:
             pass
+        self.drop_fake_jobs_dir()
         if not self.owns_prefix:
             return  # the cluster's keys go with the cluster
         try:
             delete_prefix(self.redis, self.prefix)
         except redis.RedisError:
             pass
+
+    def drop_fake_jobs_dir(self) -> None:
+        """Remove this node's folder of the jobs' fake-card usage (rig.gpus.fake.jobs_dir_for:
+        on a root host /run/rig/fake-gpus-<digest>, outside its home): its card workers drop a
+        job's folder when the attempt ends, but the jobs killed with the node never end there,
+        and every benchmark stopped mid-run left one folder with a job-N folder per running job."""
+        if not self.settings.fake_gpus:
+            return
+        from rig.gpus.fake import jobs_dir_for
+
+        shutil.rmtree(jobs_dir_for(self.settings.fake_usage_dir), ignore_errors=True)
 
     def kill(self, timeout: float = 10.0, *, jobs: bool = True) -> list[tuple[int, int]]:
         """Take this node away as a power cut would: SIGKILL every process group rig started

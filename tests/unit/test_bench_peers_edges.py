@@ -4,39 +4,28 @@ counted against rig's own usable memory."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from rig.testing.trace import GIB, LowerBound, TraceJob
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.bench_scripts import load_script, run_script
 
 
 @pytest.fixture(scope="module")
 def peers():
-    spec = importlib.util.spec_from_file_location("bench_peers", ROOT / "scripts" / "bench_peers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_peers.py")
 
 
 @pytest.mark.parametrize("flag", ["--jobs", "--tiny-jobs", "--latency-jobs"])
 @pytest.mark.parametrize("value", ["0", "-3", "x"])
 def test_a_count_below_one_is_one_argparse_line_and_exit_2(flag, value):
     """``--jobs 0`` ran every system and failed each run with ``min() arg is an empty sequence``."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("RIG_", "PEERS_"))}
     # Should the count pass, nothing runs (no seeds, no tiny jobs) and no Redis is reachable:
     # a regression fails at once instead of benchmarking on the shared Redis.
-    clean.update(RIG_BENCH_REDIS_URL="redis://127.0.0.1:1/0", PEERS_BROKER_URL="redis://127.0.0.1:1/11")
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_peers.py"), "--systems", "rig",
-                          "--seeds", "", "--skip-tiny", flag, value],
-                         capture_output=True, text=True, env=clean, timeout=120, check=False)
+    out = run_script("bench_peers.py", "--systems", "rig", "--seeds", "", "--skip-tiny", flag, value)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.splitlines()[-1] == (f"bench_peers.py: error: argument {flag}: give a whole number of at "
                                            f"least 1 (got {value!r})")
@@ -89,3 +78,19 @@ def test_oversubscription_is_counted_against_rigs_usable_memory_too(peers, tmp_p
     out = peers.stamped_metrics(trace, {0: 100.0, 1: 100.0}, tmp_path, LowerBound(10.0, 10.0, 10.0))
     assert out["rule_breaks"]["oversub_card_s"] == 0
     assert out["rule_breaks"]["oversub_usable_card_s"] == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--systems", ""], "--systems: give one or more of rig, ray, celery, sgs (got '')"),
+    (["--time-limits", "nan"], "--time-limits: give both, or a factor of 0 (no limits) or more, such as 1.5 (got 'nan')"),
+    (["--time-limits", "-1"], "--time-limits: give both, or a factor of 0 (no limits) or more, such as 1.5 (got '-1')"),
+    (["--time-limits", "inf"], "--time-limits: give both, or a factor of 0 (no limits) or more, such as 1.5 (got 'inf')"),
+    (["--json", "/nonexistent-folder/x.json"], "argument --json: folder '/nonexistent-folder' does not exist; "
+                                               "create it or give another path"),
+])
+def test_no_system_or_a_factor_that_is_no_number_is_one_line_and_exit_2(args, says):
+    """``--systems ''`` ended in a TypeError traceback after the heading; ``--time-limits nan``,
+    ``-1`` and ``inf`` ran rig with limits of nan, none or inf s."""
+    out = run_script("bench_peers.py", "--seeds", "1", "--skip-tiny", *args)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.splitlines()[-1] == f"bench_peers.py: error: {says}"

@@ -3,15 +3,10 @@ the URL, said in --help, and a bad --seeds as one argparse line, never a traceba
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from rig.testing.bench_redis import DEFAULT_URL, bench_redis_url, described, with_db
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.bench_scripts import load_script, run_script
 
 
 @pytest.mark.parametrize("bench, plain, expected", [
@@ -37,36 +32,24 @@ def test_help_names_the_rule_and_the_url_in_use_without_its_password(monkeypatch
     assert with_db("redis://:pw@h:1/0", 11) == "redis://:pw@h:1/11" and with_db("redis://h:1", 11) == "redis://h:1/11"
 
 
-def _script(name: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    import os
-
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("RIG_", "PEERS_"))}
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], capture_output=True, text=True,
-                          env={**clean, **env}, timeout=120, check=False)
-
-
 def test_both_benchmarks_help_says_which_redis_they_use():
     env = {"RIG_REDIS_URL": "redis://127.0.0.1:6999/4"}
     for name in ("bench_mixed.py", "bench_peers.py"):
-        out = _script(name, "--help", env=env)
+        out = run_script(name, "--help", env=env)
         assert out.returncode == 0 and "now $RIG_REDIS_URL: redis://127.0.0.1:6999/4" in out.stdout, out.stderr
     assert "Celery's broker: $PEERS_BROKER_URL, else DB 11 of that Redis; now DB 11 of $RIG_REDIS_URL: " \
-        "redis://127.0.0.1:6999/11" in _script("bench_peers.py", "--help", env=env).stdout
+        "redis://127.0.0.1:6999/11" in run_script("bench_peers.py", "--help", env=env).stdout
 
 
 @pytest.mark.parametrize("seeds", ["abc", "8,x", "1.5"])
 def test_bad_seeds_are_one_argparse_line_and_exit_2(seeds):
-    out = _script("bench_peers.py", "--seeds", seeds, env={})
+    out = run_script("bench_peers.py", "--seeds", seeds, env={})
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.splitlines()[-1] == ("bench_peers.py: error: argument --seeds: give whole numbers separated "
                                            f"by commas, e.g. 8,3,5 (got {seeds!r})")
 
 
 def test_seeds_read_as_before_and_none_is_allowed():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_peers", ROOT / "scripts" / "bench_peers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("bench_peers.py")
     assert module.seed_list("8,3,5") == [8, 3, 5] and module.seed_list(" 8, 3 ,") == [8, 3]
     assert module.seed_list("") == []  # docs/PERFORMANCE.md: --seeds "" runs only the tiny jobs' figures

@@ -237,11 +237,35 @@ def test_jobs_estimated_start_shows_at_160_and_goes_first_at_80(width: int) -> N
     lines = _screen(width, lambda c: render_jobs(listed, c, starts))
     _fits(lines, width)
     heads = _headings(lines)[0]
-    if width == 160:  # beside every other column
-        assert set(heads) == {c.header for c in JOB_COLUMNS}, heads
+    if width == 160:  # beside the reason: age, exit, gpus and runtime went before it was cut
+        assert set(heads) == {c.header for c in JOB_COLUMNS} - {"age", "exit", "gpus", "runtime"}, heads
         assert sum("~14:20" in line for line in lines) == len(starts)
+        assert _reason_width(lines) >= 56
     else:
         assert "est. start" not in heads and "reason" in heads
+
+
+def _reason_width(lines: list[str]) -> int:
+    """How much of WAIT_REASON a waiting job's row shows."""
+    row = next(line for line in lines if "needs 24.0" in line)
+    return len(row.split("│")[-2].strip())
+
+
+def test_age_exit_gpus_and_runtime_never_stand_beside_a_cut_reason() -> None:
+    """The README's rule: age, exit, gpus and runtime go before a waiting job's reason is cut
+    below 64 characters. With estimated starts, 160 columns kept all four and cut the reason to
+    25 cells while 180 showed 65 without them (and 140 brought exit back beside 16 cells)."""
+    listed = _listed()
+    starts = {j.id: "~14:20" for j in listed if j.state is JobState.PENDING}
+    early = {"age", "exit", "gpus", "runtime"}
+    last_early: set[str] = set()
+    for width in range(80, 221, 10):
+        lines = _screen(width, lambda c, w=width: render_jobs(listed, c, starts))
+        shown = set(_headings(lines)[0])
+        if _reason_width(lines) < min(64, len(WAIT_REASON)):  # cut: none of them is beside it
+            assert not early & shown, (width, shown, _reason_width(lines))
+        assert early & shown >= last_early, (width, shown)  # a wider screen never takes one back
+        last_early = early & shown
 
 
 def test_jobs_never_wrap_a_cell() -> None:
