@@ -1,0 +1,35 @@
+"""The console scripts ``rig`` and ``rig-submit``: Ctrl-C while rig is still being imported
+(a second or more on a busy machine) ends the command quietly with exit status 130, as it does
+once the command runs, instead of a Python traceback. This module imports nothing of rig's
+before the handler is in place (rig's package imports its names lazily)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+#: Exit status of a command interrupted by Ctrl-C (128 + SIGINT), as the shell reports it.
+INTERRUPTED_EXIT = 130
+
+
+def _interrupted(_signum: int, _frame: object) -> None:
+    sys.stderr.write("\n")
+    sys.stderr.flush()
+    os._exit(INTERRUPTED_EXIT)
+
+
+def _quietly_imported(module: str):  # noqa: ANN202 - the module's main
+    previous = signal.signal(signal.SIGINT, _interrupted)
+    try:
+        return __import__(module, fromlist=["main"]).main
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def rig() -> None:
+    _quietly_imported("rig.cli.main")()
+
+
+def rig_submit() -> None:
+    _quietly_imported("rig.cli.submit")()
