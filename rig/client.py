@@ -24,6 +24,7 @@ import redis
 from rig import estimates
 from rig import job_env as jobenv
 from rig import records as R
+from rig.argnames import in_callers_words
 from rig.clock import clock_for, shared_now
 from rig.config import Settings, load_settings
 from rig.errors import (
@@ -229,6 +230,7 @@ class Client:
             raise refused_error(self.settings.redis_url, exc, self.r) from None
 
     # -- submitting -----------------------------------------------------------------------
+    @in_callers_words
     def submit(
         self,
         command: str | list[str] | tuple[str, ...],
@@ -365,15 +367,20 @@ class Client:
         self._stored([job])
         return JobHandle(self, job.id, job)
 
+    @in_callers_words
     def submit_many(self, requests: list[dict[str, Any]]) -> list[JobHandle]:
         """Queue several jobs at once: each request is submit()'s arguments as a dict
         (``{"command": [...], "gpu_memory": "4G", ...}``). Every request is checked first; if
         one is refused (InvalidInput, Unschedulable) nothing is written. Then all are stored in
         one Redis transaction, in order (their ids are consecutive). For sweeps: several times
         the rate of submit() in a loop."""
+        if not isinstance(requests, (list, tuple)):
+            raise InvalidInput(f"submit_many takes a list of dicts of submit()'s arguments, got {type(requests).__name__}")
         built = []
         memo: dict[Any, Any] = {}
         for number, request in enumerate(requests):
+            if not isinstance(request, Mapping):
+                raise InvalidInput(f"request {number}: expected a dict of submit()'s arguments")
             request = dict(request)
             try:
                 command = request.pop("command")
@@ -849,6 +856,7 @@ class Client:
         with ``newest_first``: the web page's, where new failures must not hide behind old ones)."""
         return self._guard(lambda: self.store.get_many(self.store.error_ids(limit, newest_first=newest_first)))
 
+    @in_callers_words
     def retry(self, job_id: int | str, *, gpu_memory: str | int | None = None) -> Job:
         """Send a job from the error queue back to its place in the queue, optionally with a
         new memory declaration. Its earlier attempts and logs are kept."""
@@ -1113,6 +1121,8 @@ def _normalise_command(command: Any, shell: bool | None) -> tuple[list[str], boo
 
             return shlex.split(text), False
         return ["/bin/sh", "-c", text], True
+    if command is not None and not isinstance(command, (list, tuple)):
+        raise InvalidInput(f"the command must be a string or a list of strings, got {type(command).__name__}")
     argv = [str(a) for a in (command or [])]
     if not argv or not argv[0].strip():
         raise InvalidInput("the command is empty; give it after `--` or with --cmd \"...\"")
