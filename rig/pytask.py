@@ -106,6 +106,7 @@ class RigTask(Generic[P, R]):
         _check_importable(self, payload)
         _check_guarded(self.fn, payload)
         _check_defined_outside_guard(self.fn.__name__, f"{self.fn.__name__}()", payload)
+        _check_arguments(self.fn, args, kwargs or {})
         client = overrides.pop("client", None) or default_client()
         options = {**self.options, **overrides}
         try:
@@ -158,6 +159,27 @@ def call_argv(executable: str = sys.executable) -> list[str]:
         return [executable, "-P", "-m", "rig.call"]
     return [executable, "-c",
             "import sys; del sys.path[0]; import runpy; runpy.run_module('rig.call', run_name='__main__')"]
+
+
+#: The job options @rig.task and .apply_async take (a keyword of .delay() is the function's).
+JOB_OPTIONS = frozenset({"gpu_memory", "gpus", "priority", "name", "workdir", "env", "template", "retries",
+                         "time_limit", "pool", "oom_retry_grow", "export"})
+
+
+def _check_arguments(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> None:
+    """Refuse at once (InvalidInput) a call the function cannot take: in the job it would fail
+    each attempt with the same TypeError. A job option given to .delay() is named as such."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (a builtin): the job will say
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        options = sorted(set(kwargs) & JOB_OPTIONS - set(signature.parameters))
+        hint = (f"; {options[0]}= is a job option: give it to @rig.task(...) or "
+                f"{fn.__name__}.apply_async(args, kwargs, {options[0]}=...)") if options else ""
+        raise InvalidInput(f"{fn.__name__}() cannot take these arguments ({exc}); nothing was submitted{hint}") from None
 
 
 class _NotImportable(InvalidInput):

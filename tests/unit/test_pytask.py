@@ -39,6 +39,22 @@ def test_a_top_level_function_is_submitted_with_the_safe_command_line():
     assert "PYTHONPATH" not in kwargs["env"]  # rig.call adds the function's folder itself
 
 
+@pytest.mark.parametrize(("args", "kwargs", "said"), [
+    ((1,), {"gpus": 2}, r"^top_level\(\) cannot take these arguments \(got an unexpected keyword argument 'gpus'\); "
+                        r"nothing was submitted; gpus= is a job option: give it to @rig.task\(...\) or "
+                        r"top_level.apply_async\(args, kwargs, gpus=...\)$"),
+    ((), {}, r"^top_level\(\) cannot take these arguments \(missing a required argument: 'x'\); nothing was submitted$"),
+    ((1, 2), {}, r"too many positional arguments"),
+])
+def test_a_call_the_function_cannot_take_is_refused_at_delay_not_failed_in_the_job(args, kwargs, said):
+    """Breaker: ``train.delay(3e-4, gpus=2)`` was queued, and failed each of its attempts with
+    the TypeError, minutes later."""
+    client = StubClient()
+    with pytest.raises(InvalidInput, match=said):
+        top_level.apply_async(args, kwargs, client=client)
+    assert client.submitted == []
+
+
 def test_a_lambda_is_refused_at_delay_with_what_to_write():
     client = StubClient()
     task = RigTask(lambda: 1, {})
