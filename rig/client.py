@@ -1062,25 +1062,34 @@ class JobHandle:
 
         job = self.wait(timeout)
         if job.state is not JobState.SUCCEEDED:
-            output = self.log()
+            try:
+                output = self.log()
+            except RigError:  # its log unreadable here (another node's, gone): the job's end still is
+                output = ""
             start = output.rfind("Traceback (most recent call last)")
-            remote = output[start:].strip() if start >= 0 else output[-4000:].strip()
-            raise RemoteError(self.id, job, remote)
+            if start >= 0:
+                raise RemoteError(self.id, job, output[start:].strip())
+            raise RemoteError(self.id, job, "", output=output[-4000:].strip())
         raw = self.client.result_of(self.id)
         return pickle.loads(base64.b64decode(raw)) if raw else None
 
 
 class RemoteError(RigError):
-    """A ``@rig.task`` call failed on its card; ``traceback`` is the traceback it printed."""
+    """A ``@rig.task`` call failed on its card; ``traceback`` is the traceback it printed ("" when
+    it printed none: killed, timed out, stopped before the call), ``output`` then the end of
+    what it printed (never shown as a traceback)."""
 
-    def __init__(self, job_id: int, job: Job, traceback: str) -> None:
+    def __init__(self, job_id: int, job: Job, traceback: str, output: str = "") -> None:
         reason = job.reason or f"see `rig log {job_id}`"
         message = f"job {job_id} ended {job.state.value}: {reason}"
         if traceback:
             message += f"\n--- remote traceback (job {job_id}) ---\n{traceback}"
+        elif output:
+            message += f"\n--- end of its output, no traceback (job {job_id}) ---\n{output}"
         super().__init__(message)
         self.job = job
         self.traceback = traceback
+        self.output = output
 
 
 # -- module-level convenience ---------------------------------------------------------------
