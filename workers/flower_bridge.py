@@ -112,6 +112,8 @@ class FlowerBridge:
         #: told). Kept here, not in Redis: a Redis that lost its data lost ``flower:told`` too,
         #: and these are what Flower would show waiting or running for ever (tell_lost).
         self.live: dict[int, tuple[str, str, str, str | None]] = {}
+        #: The losses told (tell_lost), by job id and task id: (worker, event fields, when).
+        self.lost: dict[int, dict[str, tuple[str, dict[str, Any], float]]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -169,6 +171,8 @@ class FlowerBridge:
         (``flower:ended``). Returns how many were queued."""
         self.forget_old_ends()
         ids = set(self.r.hkeys(self.keys.flower_told)) | {str(i) for i in list(self.live)}
+        if again:
+            ids.update(str(i) for i in list(self.lost))
         for state in (JobState.PENDING, JobState.ASSIGNED, JobState.RUNNING):
             ids.update(str(i) for i in self.store.ids_in_state(state))
         if again:
@@ -251,6 +255,7 @@ class FlowerBridge:
         ``again`` (a Flower (re)started): told even so; a job whose end was told lately is
         told that same end event again (``flower:ended_events``). Returns whether an event
         was sent."""
+        retold = again and self._retell_lost(job_id)
         if again and (saved := self.r.hget(self.keys.flower_ended_events, job_id)):
             hostname, kind, fields = json.loads(saved)
             self._dispatcher(hostname).send(kind, **fields)
@@ -260,7 +265,7 @@ class FlowerBridge:
             job = self.store.get(job_id, without=("env",))
         except JobNotFound:
             self.r.hdel(self.keys.flower_told, job_id)
-            return self.tell_lost(job_id)
+            return self.tell_lost(job_id) or retold
         if job.problems:
             return False  # nothing of a damaged record is shown
         if job_id in self.live and self.live[job_id][0] != task_id(job):
@@ -306,10 +311,26 @@ class FlowerBridge:
             still = None
         if still is None and now is not None and now == installation:
             return False
-        self._dispatcher(hostname).send(
-            "task-revoked", uuid=uuid, name=name, terminated=False, signum=None, expired=False,
-            exception=LOST)
+        fields = {"uuid": uuid, "name": name, "terminated": False, "signum": None, "expired": False,
+                  "exception": LOST}
+        # Kept before sending, to be told again to a Flower that (re)starts or reconnects: one
+        # that lost Redis too may not have been listening yet (listener_joined).
+        self.lost.setdefault(job_id, {})[uuid] = (hostname, fields, time.time())
+        self._dispatcher(hostname).send("task-revoked", **fields)
         self.sent += 1
+        return True
+
+    def _retell_lost(self, job_id: int) -> bool:
+        """Tell again the losses of ``job_id`` told in the last ENDED_KEEP_S (tell_lost)."""
+        kept = {uuid: told for uuid, told in self.lost.get(job_id, {}).items()
+                if told[2] > time.time() - ENDED_KEEP_S}
+        if not kept:
+            self.lost.pop(job_id, None)
+            return False
+        self.lost[job_id] = kept
+        for hostname, fields, _ in kept.values():
+            self._dispatcher(hostname).send("task-revoked", **fields)
+            self.sent += 1
         return True
 
     def _installation(self) -> str | None:

@@ -175,6 +175,13 @@ def test_a_job_whose_record_redis_lost_is_told_revoked_not_left_running_in_flowe
     assert all(f["exception"] == flower_bridge.LOST and not f["terminated"] for f in revoked.values())
     assert [f["uuid"] for _, kind, f in _Dispatcher.sent if kind == "task-received"][-1] == task_id(reused)
     assert bridge.live == {reused.id: bridge.live[reused.id]}
+    # A Flower that reconnects after the same Redis restart may have missed that: told again.
+    _Dispatcher.sent = []
+    assert bridge.resync(again=True) == 2
+    for _ in range(2):
+        bridge.tell(*bridge.moves.get_nowait())
+    again = {f["uuid"] for _, kind, f in _Dispatcher.sent if kind == "task-revoked"}
+    assert again == {told[waiting.id], told[running.id]}
 
 
 def test_a_full_queue_drops_moves_and_never_blocks(monkeypatch: pytest.MonkeyPatch):
