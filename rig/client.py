@@ -1038,7 +1038,20 @@ class JobHandle:
         return self.record.state
 
     def wait(self, timeout: float | None = None) -> Job:
-        self._job = self.client.wait(self.id, timeout=timeout, instance=self.instance)
+        """Block until the job ends (at most ``timeout`` s: TimeoutError). Ctrl-C stops the
+        waiting, not the job: one stderr line says so, then KeyboardInterrupt goes on."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                    or not timeout >= 0):
+            raise InvalidInput(f"timeout must be a number of seconds, 0 or more (None: until the job ends); "
+                               f"got {timeout!r}")
+        try:
+            self._job = self.client.wait(self.id, timeout=timeout, instance=self.instance)
+        except KeyboardInterrupt:
+            import sys
+
+            print(f"rig: job {self.id} goes on (only the waiting stopped); .kill() or `rig kill {self.id}` "
+                  "stops it", file=sys.stderr)
+            raise
         return self._job
 
     def kill(self) -> Job:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rig.client import JobHandle, RemoteError
-from rig.errors import LogMissing
+from rig.errors import InvalidInput, LogMissing
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 
@@ -49,3 +49,25 @@ def test_a_printed_traceback_is_the_remote_traceback():
 def test_a_log_that_cannot_be_read_still_raises_the_jobs_end():
     err = _raised(StubClient(JobState.TIMEOUT, "time limit exceeded", LogMissing("job 7's log is on node b")))
     assert str(err) == "job 7 ended TIMEOUT: time limit exceeded"
+
+
+@pytest.mark.parametrize("timeout", ["x", -1, True, float("nan")])
+def test_a_timeout_that_is_no_number_of_seconds_is_refused_in_one_line(timeout):
+    """Breaker: wait(timeout="x") raised a TypeError from inside the wait; get(-1) said
+    'still PENDING after -1 s'."""
+    client = StubClient(JobState.PENDING, "", "")
+    with pytest.raises(InvalidInput, match=r"^timeout must be a number of seconds, 0 or more \(None: until the job "
+                                           r"ends\); got "):
+        JobHandle(client, 7, client.job).get(timeout)
+
+
+def test_ctrl_c_while_waiting_says_the_job_goes_on(capsys):
+    client = StubClient(JobState.RUNNING, "", "")
+
+    def interrupted(*_args, **_kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise KeyboardInterrupt
+
+    client.wait = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        JobHandle(client, 7, client.job).wait()
+    assert capsys.readouterr().err == "rig: job 7 goes on (only the waiting stopped); .kill() or `rig kill 7` stops it\n"
