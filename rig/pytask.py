@@ -135,13 +135,15 @@ def task(
     fn: Callable[P, R] | None = None, *, gpu_memory: str | int | None = None, gpus: int = 1,
     priority: str | None = None, name: str | None = None, workdir: str | None = None,
     env: dict[str, str] | None = None, template: str | None = None, retries: int | None = None,
-    time_limit: str | None = None, pool: str | None = None,
+    time_limit: str | None = None, pool: str | None = None, oom_retry_grow: bool | None = None,
+    export: str | None = None,
 ) -> Any:
-    """Decorator: ``@rig.task(gpu_memory="4G")`` or ``@rig.task(template="test")``."""
+    """Decorator: ``@rig.task(gpu_memory="4G")`` or ``@rig.task(template="test")``; takes
+    every job option rig.submit takes (JOB_OPTIONS)."""
     options: dict[str, Any] = {"gpu_memory": gpu_memory, "gpus": gpus}
     for key, value in (("priority", priority), ("name", name), ("workdir", workdir), ("env", env),
                        ("template", template), ("retries", retries), ("time_limit", time_limit),
-                       ("pool", pool)):
+                       ("pool", pool), ("oom_retry_grow", oom_retry_grow), ("export", export)):
         if value is not None:
             options[key] = value
 

@@ -55,6 +55,24 @@ def test_a_call_the_function_cannot_take_is_refused_at_delay_not_failed_in_the_j
     assert client.submitted == []
 
 
+def test_task_takes_every_job_option_submit_takes():
+    """Breaker: ``@rig.task(gpu_memory="1G", oom_retry_grow=True)`` was a TypeError, though
+    rig.submit and rig-submit take it (and export)."""
+    import inspect
+
+    from rig.client import Client
+    from rig.pytask import JOB_OPTIONS
+
+    submit = set(inspect.signature(Client.submit).parameters) - {"self", "command", "shell", "kind", "extra", "_batch"}
+    assert submit == JOB_OPTIONS
+    assert JOB_OPTIONS <= set(inspect.signature(rig.task).parameters)
+
+    @rig.task(gpu_memory="1G", oom_retry_grow=True, export="NONE")
+    def nested() -> None: ...
+
+    assert nested.options["oom_retry_grow"] is True and nested.options["export"] == "NONE"
+
+
 def test_a_lambda_is_refused_at_delay_with_what_to_write():
     client = StubClient()
     task = RigTask(lambda: 1, {})
