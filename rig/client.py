@@ -992,6 +992,7 @@ class Client:
     def log_exists(self, job_id: int, path: str, instance: str | None = None) -> bool:
         return os.path.exists(path)
 
+    @in_callers_words
     def read_log(self, job_id: int | str, attempt: int | None = None) -> str:
         """The output of one attempt (the latest by default), "" when it has none here."""
         path = self.log_path(job_id, attempt)

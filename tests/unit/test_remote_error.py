@@ -71,3 +71,19 @@ def test_ctrl_c_while_waiting_says_the_job_goes_on(capsys):
     with pytest.raises(KeyboardInterrupt):
         JobHandle(client, 7, client.job).wait()
     assert capsys.readouterr().err == "rig: job 7 goes on (only the waiting stopped); .kill() or `rig kill 7` stops it\n"
+
+
+def test_a_log_attempt_out_of_range_names_the_keyword(tmp_path):
+    """Breaker: handle.log(attempt=9) said 'pick --attempt 1..1'."""
+    import fakeredis
+
+    from rig.client import Client
+    from rig.config import load_settings
+
+    client = Client(load_settings(home=tmp_path, key_prefix="t:", redis_url="redis://127.0.0.1:1/0"),
+                    redis_client=fakeredis.FakeRedis(decode_responses=True))
+    handle = client.submit(["true"], gpu_memory="1G")
+    client.r.hset(client.keys.job(handle.id), mapping={"log_path": str(tmp_path / "1.log")})
+    with pytest.raises(InvalidInput) as err:
+        handle.log(attempt=9)
+    assert "--attempt" not in str(err.value) and "attempt 1.." in str(err.value)
