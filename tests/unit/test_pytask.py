@@ -73,6 +73,28 @@ def test_task_takes_every_job_option_submit_takes():
     assert nested.options["oom_retry_grow"] is True and nested.options["export"] == "NONE"
 
 
+@rig.task(gpu_memory="1G")
+def big_result(n: int) -> bytes:
+    return b"x" * n
+
+
+def test_a_result_too_large_to_store_fails_the_call_as_bad_result_not_retried(monkeypatch, capsys):
+    """Breaker: a result over Redis' 512 MB was refused by Redis after the work was done, as
+    'Redis unavailable' (exit 75, retried: the whole work again, each time)."""
+    from rig import call, pytask
+    from rig.failures import CALL_BAD_RESULT_EXIT
+
+    client = StubClient()
+    big_result.apply_async((2000,), client=client)
+    payload = client.submitted[0][1]["extra"]["payload"]
+    monkeypatch.setattr(pytask, "MAX_PAYLOAD_BYTES", 1000)
+    assert call.run_call("7", payload) == (CALL_BAD_RESULT_EXIT, None)
+    assert "job 7: the function returned a bytes that pickles to 20" in capsys.readouterr().err
+    monkeypatch.setattr(pytask, "MAX_PAYLOAD_BYTES", 10_000)
+    code, encoded = call.run_call("7", payload)
+    assert code == 0 and encoded
+
+
 def test_a_lambda_is_refused_at_delay_with_what_to_write():
     client = StubClient()
     task = RigTask(lambda: 1, {})
