@@ -52,7 +52,7 @@ from rig.redis_conn import check, connect, is_setup_error, unavailable
 from rig.redis_writes import is_outage, refusal, refused_error
 from rig.redis_writes import notices as redis_notices
 from rig.replication import no_replica_note, replica_wait
-from rig.request_rules import check_gpu_memory, check_retries, parse_time_limit
+from rig.request_rules import check_gpu_memory, check_gpus, check_retries, parse_time_limit
 from rig.store import JobStore
 
 if TYPE_CHECKING:
@@ -291,8 +291,7 @@ class Client:
             if margin and margin != 1.0:
                 nbytes = _round_up(int(nbytes * margin))
         check_gpu_memory(nbytes)  # rig.request_rules: the rule templates are checked with too
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= R.MAX_GPUS:
-            raise InvalidInput(f"--gpus must be a whole number of cards from 1 to {R.MAX_GPUS}; got {gpus!r}")
+        check_gpus(gpus)
         prio = Priority.parse(priority or self.settings.default_priority)
         # submit_many (``_batch``, its memo: the same caller, environment and folders for every
         # request) checks each distinct folder and environment once, not once per job.

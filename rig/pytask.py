@@ -147,10 +147,26 @@ def task(
         if value is not None:
             options[key] = value
 
+    _check_options(options)
+
     def wrap(f: Callable[P, R]) -> RigTask[P, R]:
         return RigTask(f, options)
 
     return wrap(fn) if fn is not None else wrap
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    """Refuse a malformed option where it is written, at decoration (the rules rig.submit
+    applies, rig.request_rules), not at the first .delay(). What depends on the cluster (a
+    template's or pool's name, a size no card has, ``"auto"``) is checked at .delay()."""
+    from rig.request_rules import check_gpus, check_retries, parse_gpu_memory, parse_time_limit
+
+    check_gpus(options["gpus"], what="gpus")
+    if options["gpu_memory"] is not None:
+        parse_gpu_memory(options["gpu_memory"], what="gpu_memory")
+    if "retries" in options:
+        check_retries(options["retries"], what="retries")
+    parse_time_limit(options.get("time_limit"), what="time_limit")
 
 
 def call_argv(executable: str = sys.executable) -> list[str]:

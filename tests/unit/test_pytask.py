@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +94,20 @@ def test_a_result_too_large_to_store_fails_the_call_as_bad_result_not_retried(mo
     monkeypatch.setattr(pytask, "MAX_PAYLOAD_BYTES", 10_000)
     code, encoded = call.run_call("7", payload)
     assert code == 0 and encoded
+
+
+@pytest.mark.parametrize(("options", "said"), [
+    ({"gpu_memory": "lots"}, "gpu_memory: cannot read 'lots' as a size"),
+    ({"gpu_memory": 4}, "gpu_memory 4 is a number of bytes"),
+    ({"gpu_memory": "1G", "gpus": 0}, "gpus must be a whole number of cards from 1 to 256; got 0"),
+    ({"gpu_memory": "1G", "retries": -1}, "retries must be a whole number from 0 to 100; got -1"),
+    ({"gpu_memory": "1G", "time_limit": "soon"}, "time_limit: cannot read 'soon'"),
+])
+def test_a_malformed_option_is_refused_where_the_decorator_is_written(options, said):
+    """Breaker: ``@rig.task(gpu_memory="lots")`` was accepted; the first .delay() refused it."""
+    with pytest.raises(InvalidInput, match=f"^{re.escape(said)}"):
+        rig.task(**options)
+    assert rig.task(gpu_memory="auto") and rig.task(template="test")  # the cluster's: at .delay()
 
 
 def test_a_lambda_is_refused_at_delay_with_what_to_write():
