@@ -239,12 +239,18 @@ def run_call(job_id: str, raw: bytes | str) -> tuple[int, str | None]:
         return 1, None
     try:
         # The script's classes in the result travel back to the submitter's __main__.
-        encoded = base64.b64encode(callpickle.dumps(result)[0]).decode()
+        pickled = callpickle.dumps(result)[0]
     except Exception as exc:  # noqa: BLE001
         _say(f"job {job_id}: the function returned a {type(result).__name__} that cannot be pickled "
              f"({type(exc).__name__}: {exc}); return plain data, or write it to a file and return the path")
         return BAD_RESULT_EXIT, None
-    return 0, encoded
+    if len(pickled) > pytask.MAX_PAYLOAD_BYTES:
+        # Kept in the job's record in Redis: one this large would fill it, or be refused by it
+        # (512 MB at most) after the work was done, and each retry would do it all again.
+        _say(f"job {job_id}: the function returned a {type(result).__name__} that pickles to {len(pickled)} "
+             f"bytes, over {pytask.MAX_PAYLOAD_BYTES}; write it to a file and return the path")
+        return BAD_RESULT_EXIT, None
+    return 0, base64.b64encode(pickled).decode()
 
 
 def main() -> int:

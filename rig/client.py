@@ -24,6 +24,7 @@ import redis
 from rig import estimates
 from rig import job_env as jobenv
 from rig import records as R
+from rig.argnames import in_callers_words
 from rig.clock import clock_for, shared_now
 from rig.config import Settings, load_settings
 from rig.errors import (
@@ -51,7 +52,7 @@ from rig.redis_conn import check, connect, is_setup_error, unavailable
 from rig.redis_writes import is_outage, refusal, refused_error
 from rig.redis_writes import notices as redis_notices
 from rig.replication import no_replica_note, replica_wait
-from rig.request_rules import check_gpu_memory, check_retries, parse_time_limit
+from rig.request_rules import check_gpu_memory, check_gpus, check_retries, parse_time_limit
 from rig.store import JobStore
 
 if TYPE_CHECKING:
@@ -229,6 +230,7 @@ class Client:
             raise refused_error(self.settings.redis_url, exc, self.r) from None
 
     # -- submitting -----------------------------------------------------------------------
+    @in_callers_words
     def submit(
         self,
         command: str | list[str] | tuple[str, ...],
@@ -289,8 +291,7 @@ class Client:
             if margin and margin != 1.0:
                 nbytes = _round_up(int(nbytes * margin))
         check_gpu_memory(nbytes)  # rig.request_rules: the rule templates are checked with too
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= R.MAX_GPUS:
-            raise InvalidInput(f"--gpus must be a whole number of cards from 1 to {R.MAX_GPUS}; got {gpus!r}")
+        check_gpus(gpus)
         prio = Priority.parse(priority or self.settings.default_priority)
         # submit_many (``_batch``, its memo: the same caller, environment and folders for every
         # request) checks each distinct folder and environment once, not once per job.
@@ -365,15 +366,20 @@ class Client:
         self._stored([job])
         return JobHandle(self, job.id, job)
 
+    @in_callers_words
     def submit_many(self, requests: list[dict[str, Any]]) -> list[JobHandle]:
         """Queue several jobs at once: each request is submit()'s arguments as a dict
         (``{"command": [...], "gpu_memory": "4G", ...}``). Every request is checked first; if
         one is refused (InvalidInput, Unschedulable) nothing is written. Then all are stored in
         one Redis transaction, in order (their ids are consecutive). For sweeps: several times
         the rate of submit() in a loop."""
+        if not isinstance(requests, (list, tuple)):
+            raise InvalidInput(f"submit_many takes a list of dicts of submit()'s arguments, got {type(requests).__name__}")
         built = []
         memo: dict[Any, Any] = {}
         for number, request in enumerate(requests):
+            if not isinstance(request, Mapping):
+                raise InvalidInput(f"request {number}: expected a dict of submit()'s arguments")
             request = dict(request)
             try:
                 command = request.pop("command")
@@ -849,6 +855,7 @@ class Client:
         with ``newest_first``: the web page's, where new failures must not hide behind old ones)."""
         return self._guard(lambda: self.store.get_many(self.store.error_ids(limit, newest_first=newest_first)))
 
+    @in_callers_words
     def retry(self, job_id: int | str, *, gpu_memory: str | int | None = None) -> Job:
         """Send a job from the error queue back to its place in the queue, optionally with a
         new memory declaration. Its earlier attempts and logs are kept."""
@@ -984,6 +991,7 @@ class Client:
     def log_exists(self, job_id: int, path: str, instance: str | None = None) -> bool:
         return os.path.exists(path)
 
+    @in_callers_words
     def read_log(self, job_id: int | str, attempt: int | None = None) -> str:
         """The output of one attempt (the latest by default), "" when it has none here."""
         path = self.log_path(job_id, attempt)
@@ -1030,7 +1038,20 @@ class JobHandle:
         return self.record.state
 
     def wait(self, timeout: float | None = None) -> Job:
-        self._job = self.client.wait(self.id, timeout=timeout, instance=self.instance)
+        """Block until the job ends (at most ``timeout`` s: TimeoutError). Ctrl-C stops the
+        waiting, not the job: one stderr line says so, then KeyboardInterrupt goes on."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                    or not timeout >= 0):
+            raise InvalidInput(f"timeout must be a number of seconds, 0 or more (None: until the job ends); "
+                               f"got {timeout!r}")
+        try:
+            self._job = self.client.wait(self.id, timeout=timeout, instance=self.instance)
+        except KeyboardInterrupt:
+            import sys
+
+            print(f"rig: job {self.id} goes on (only the waiting stopped); .kill() or `rig kill {self.id}` "
+                  "stops it", file=sys.stderr)
+            raise
         return self._job
 
     def kill(self) -> Job:
@@ -1054,25 +1075,34 @@ class JobHandle:
 
         job = self.wait(timeout)
         if job.state is not JobState.SUCCEEDED:
-            output = self.log()
+            try:
+                output = self.log()
+            except RigError:  # its log unreadable here (another node's, gone): the job's end still is
+                output = ""
             start = output.rfind("Traceback (most recent call last)")
-            remote = output[start:].strip() if start >= 0 else output[-4000:].strip()
-            raise RemoteError(self.id, job, remote)
+            if start >= 0:
+                raise RemoteError(self.id, job, output[start:].strip())
+            raise RemoteError(self.id, job, "", output=output[-4000:].strip())
         raw = self.client.result_of(self.id)
         return pickle.loads(base64.b64decode(raw)) if raw else None
 
 
 class RemoteError(RigError):
-    """A ``@rig.task`` call failed on its card; ``traceback`` is the traceback it printed."""
+    """A ``@rig.task`` call failed on its card; ``traceback`` is the traceback it printed ("" when
+    it printed none: killed, timed out, stopped before the call), ``output`` then the end of
+    what it printed (never shown as a traceback)."""
 
-    def __init__(self, job_id: int, job: Job, traceback: str) -> None:
+    def __init__(self, job_id: int, job: Job, traceback: str, output: str = "") -> None:
         reason = job.reason or f"see `rig log {job_id}`"
         message = f"job {job_id} ended {job.state.value}: {reason}"
         if traceback:
             message += f"\n--- remote traceback (job {job_id}) ---\n{traceback}"
+        elif output:
+            message += f"\n--- end of its output, no traceback (job {job_id}) ---\n{output}"
         super().__init__(message)
         self.job = job
         self.traceback = traceback
+        self.output = output
 
 
 # -- module-level convenience ---------------------------------------------------------------
@@ -1113,6 +1143,8 @@ def _normalise_command(command: Any, shell: bool | None) -> tuple[list[str], boo
 
             return shlex.split(text), False
         return ["/bin/sh", "-c", text], True
+    if command is not None and not isinstance(command, (list, tuple)):
+        raise InvalidInput(f"the command must be a string or a list of strings, got {type(command).__name__}")
     argv = [str(a) for a in (command or [])]
     if not argv or not argv[0].strip():
         raise InvalidInput("the command is empty; give it after `--` or with --cmd \"...\"")

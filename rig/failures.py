@@ -136,7 +136,8 @@ CALL_BAD_RESULT_EXIT = 3
 _CALL_EXITS: dict[int, tuple[FailureClass, str]] = {
     CALL_BAD_EXIT: (FailureClass.BAD_CALL, "the @rig.task call could not be loaded (exit 2)"),
     CALL_BAD_RESULT_EXIT: (FailureClass.BAD_RESULT,
-                           "the @rig.task call ran, but its return value cannot be pickled (exit 3)"),
+                           "the @rig.task call ran, but its return value cannot be pickled or is too large to "
+                           "store (exit 3)"),
 }
 
 

@@ -33,10 +33,13 @@ def parse_memory(text: str | int | float, *, what: str = "--gpu-memory") -> int:
     if isinstance(text, bool):
         raise InvalidInput(f"{what}: expected a size such as 12G, got {text!r}")
     if isinstance(text, int | float):
-        value = int(text)
-        if value <= 0:
+        if not text > 0:  # also NaN
             raise InvalidInput(f"{what} must be more than 0 bytes, got {text!r}")
-        return value
+        if text != int(text) or text < MIB:
+            # A number is bytes: 4 or 1.5 meant as GiB would declare a few bytes and run.
+            raise InvalidInput(f"{what} {text!r} is a number of bytes; give a whole number of at least {MIB} "
+                               f"(1 MiB), or a size such as '{text:g}G'")
+        return int(text)
     match = _SIZE.match(str(text))
     if not match:
         raise InvalidInput(f"{what}: cannot read {text!r} as a size; write it like 12G, 512M or 1.5T")

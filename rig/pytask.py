@@ -106,6 +106,7 @@ class RigTask(Generic[P, R]):
         _check_importable(self, payload)
         _check_guarded(self.fn, payload)
         _check_defined_outside_guard(self.fn.__name__, f"{self.fn.__name__}()", payload)
+        _check_arguments(self.fn, args, kwargs or {})
         client = overrides.pop("client", None) or default_client()
         options = {**self.options, **overrides}
         try:
@@ -134,20 +135,38 @@ def task(
     fn: Callable[P, R] | None = None, *, gpu_memory: str | int | None = None, gpus: int = 1,
     priority: str | None = None, name: str | None = None, workdir: str | None = None,
     env: dict[str, str] | None = None, template: str | None = None, retries: int | None = None,
-    time_limit: str | None = None, pool: str | None = None,
+    time_limit: str | None = None, pool: str | None = None, oom_retry_grow: bool | None = None,
+    export: str | None = None,
 ) -> Any:
-    """Decorator: ``@rig.task(gpu_memory="4G")`` or ``@rig.task(template="test")``."""
+    """Decorator: ``@rig.task(gpu_memory="4G")`` or ``@rig.task(template="test")``; takes
+    every job option rig.submit takes (JOB_OPTIONS)."""
     options: dict[str, Any] = {"gpu_memory": gpu_memory, "gpus": gpus}
     for key, value in (("priority", priority), ("name", name), ("workdir", workdir), ("env", env),
                        ("template", template), ("retries", retries), ("time_limit", time_limit),
-                       ("pool", pool)):
+                       ("pool", pool), ("oom_retry_grow", oom_retry_grow), ("export", export)):
         if value is not None:
             options[key] = value
+
+    _check_options(options)
 
     def wrap(f: Callable[P, R]) -> RigTask[P, R]:
         return RigTask(f, options)
 
     return wrap(fn) if fn is not None else wrap
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    """Refuse a malformed option where it is written, at decoration (the rules rig.submit
+    applies, rig.request_rules), not at the first .delay(). What depends on the cluster (a
+    template's or pool's name, a size no card has, ``"auto"``) is checked at .delay()."""
+    from rig.request_rules import check_gpus, check_retries, parse_gpu_memory, parse_time_limit
+
+    check_gpus(options["gpus"], what="gpus")
+    if options["gpu_memory"] is not None:
+        parse_gpu_memory(options["gpu_memory"], what="gpu_memory")
+    if "retries" in options:
+        check_retries(options["retries"], what="retries")
+    parse_time_limit(options.get("time_limit"), what="time_limit")
 
 
 def call_argv(executable: str = sys.executable) -> list[str]:
@@ -158,6 +177,27 @@ def call_argv(executable: str = sys.executable) -> list[str]:
         return [executable, "-P", "-m", "rig.call"]
     return [executable, "-c",
             "import sys; del sys.path[0]; import runpy; runpy.run_module('rig.call', run_name='__main__')"]
+
+
+#: The job options @rig.task and .apply_async take (a keyword of .delay() is the function's).
+JOB_OPTIONS = frozenset({"gpu_memory", "gpus", "priority", "name", "workdir", "env", "template", "retries",
+                         "time_limit", "pool", "oom_retry_grow", "export"})
+
+
+def _check_arguments(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> None:
+    """Refuse at once (InvalidInput) a call the function cannot take: in the job it would fail
+    each attempt with the same TypeError. A job option given to .delay() is named as such."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (a builtin): the job will say
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        options = sorted(set(kwargs) & JOB_OPTIONS - set(signature.parameters))
+        hint = (f"; {options[0]}= is a job option: give it to @rig.task(...) or "
+                f"{fn.__name__}.apply_async(args, kwargs, {options[0]}=...)") if options else ""
+        raise InvalidInput(f"{fn.__name__}() cannot take these arguments ({exc}); nothing was submitted{hint}") from None
 
 
 class _NotImportable(InvalidInput):

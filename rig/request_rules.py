@@ -10,7 +10,7 @@ from __future__ import annotations
 from rig.durations import parse_duration
 from rig.errors import InvalidInput
 from rig.memory import format_memory, parse_memory
-from rig.records import MAX_GPU_MEMORY, MAX_RETRIES, MAX_TIME_LIMIT
+from rig.records import MAX_GPU_MEMORY, MAX_GPUS, MAX_RETRIES, MAX_TIME_LIMIT
 
 
 def check_gpu_memory(nbytes: int, what: str = "--gpu-memory") -> int:
@@ -46,4 +46,11 @@ def check_retries(value: object, shown: object = None, what: str = "--retries") 
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRIES:
         quoted = value if shown is None else shown
         raise InvalidInput(f"{what} must be a whole number from 0 to {MAX_RETRIES}; got {quoted!r}")
+    return value
+
+
+def check_gpus(value: object, what: str = "--gpus") -> int:
+    """A number of cards: a whole number 1..MAX_GPUS."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GPUS:
+        raise InvalidInput(f"{what} must be a whole number of cards from 1 to {MAX_GPUS}; got {value!r}")
     return value

@@ -55,7 +55,7 @@ from rig.keys import Keys
 from rig.lograte import Throttle
 from rig.models import JobState
 from rig.store import JobStore
-from rig.task_events import event_for, worker_of
+from rig.task_events import event_for, task_id, worker_of
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,10 @@ RESYNC_S = 60.0
 #: (re)starts: one down longer, or more jobs ended meanwhile, shows the older ends as they were.
 ENDED_KEEP_S = 3600.0
 ENDED_MAX = 2000
+
+#: What Flower says of a job whose record Redis lost while it waited or ran (tell_lost).
+LOST = ("its record is gone from rig's Redis (Redis lost its data, or an older copy was put back): "
+        "rig no longer knows this job; `rig status` says what the node did with it")
 
 #: One move to tell: (job id, the state it moved to, None: the state its record says when told;
 #: again: told even if told already, a Flower (re)started).
@@ -104,6 +108,12 @@ class FlowerBridge:
         self._connection: Any = None
         self._dispatchers: dict[str, Any] = {}
         self._quiet = Throttle()
+        #: The jobs told as not ended, by id: (task id, task name, worker, installation id when
+        #: told). Kept here, not in Redis: a Redis that lost its data lost ``flower:told`` too,
+        #: and these are what Flower would show waiting or running for ever (tell_lost).
+        self.live: dict[int, tuple[str, str, str, str | None]] = {}
+        #: The losses told (tell_lost), by job id and task id: (worker, event fields, when).
+        self.lost: dict[int, dict[str, tuple[str, dict[str, Any], float]]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -160,7 +170,9 @@ class FlowerBridge:
         so all of that is told even if told already, and the recent ends too
         (``flower:ended``). Returns how many were queued."""
         self.forget_old_ends()
-        ids = set(self.r.hkeys(self.keys.flower_told))
+        ids = set(self.r.hkeys(self.keys.flower_told)) | {str(i) for i in list(self.live)}
+        if again:
+            ids.update(str(i) for i in list(self.lost))
         for state in (JobState.PENDING, JobState.ASSIGNED, JobState.RUNNING):
             ids.update(str(i) for i in self.store.ids_in_state(state))
         if again:
@@ -243,6 +255,7 @@ class FlowerBridge:
         ``again`` (a Flower (re)started): told even so; a job whose end was told lately is
         told that same end event again (``flower:ended_events``). Returns whether an event
         was sent."""
+        retold = again and self._retell_lost(job_id)
         if again and (saved := self.r.hget(self.keys.flower_ended_events, job_id)):
             hostname, kind, fields = json.loads(saved)
             self._dispatcher(hostname).send(kind, **fields)
@@ -252,9 +265,11 @@ class FlowerBridge:
             job = self.store.get(job_id, without=("env",))
         except JobNotFound:
             self.r.hdel(self.keys.flower_told, job_id)
-            return False
+            return self.tell_lost(job_id) or retold
         if job.problems:
             return False  # nothing of a damaged record is shown
+        if job_id in self.live and self.live[job_id][0] != task_id(job):
+            self.tell_lost(job_id)  # the id is another job's now: the one Flower shows is gone
         state = state or (JobState.PENDING if job.state is JobState.ASSIGNED else job.state)
         told = f"{state.value}:{job.attempt}"
         if not again and not state.terminal and self.r.hget(self.keys.flower_told, job_id) == told:
@@ -268,14 +283,59 @@ class FlowerBridge:
         self.sent += 1
         pipe = self.r.pipeline(transaction=False)
         if state.terminal:
+            self.live.pop(job_id, None)
             pipe.hdel(self.keys.flower_told, job_id)  # nothing more to tell: the hash holds live jobs
             # ... but a Flower that (re)starts is told it again (listener_joined).
             pipe.hset(self.keys.flower_ended_events, job_id, json.dumps([hostname, kind, fields]))
             pipe.zadd(self.keys.flower_ended, {str(job_id): time.time()})
         else:
+            self.live[job_id] = (fields["uuid"], fields["name"], hostname, self._installation())
             pipe.hset(self.keys.flower_told, job_id, told)
         pipe.execute()
         return True
+
+    def tell_lost(self, job_id: int) -> bool:
+        """A job told as waiting or running whose record Redis no longer has, or that its id now
+        names another job of: Redis lost its data (restarted empty, an older copy put back), so
+        no move of that job will come and Flower would show it waiting or running for ever. Tell
+        Flower it is revoked, saying why. A record gone from the same installation (archived,
+        forgotten) is no loss: nothing is told. Returns whether an event was sent."""
+        known = self.live.pop(job_id, None)
+        if known is None:
+            return False
+        uuid, name, hostname, installation = known
+        now = self._installation()
+        try:
+            still = self.store.get(job_id, without=("env",))
+        except JobNotFound:
+            still = None
+        if still is None and now is not None and now == installation:
+            return False
+        fields = {"uuid": uuid, "name": name, "terminated": False, "signum": None, "expired": False,
+                  "exception": LOST}
+        # Kept before sending, to be told again to a Flower that (re)starts or reconnects: one
+        # that lost Redis too may not have been listening yet (listener_joined).
+        self.lost.setdefault(job_id, {})[uuid] = (hostname, fields, time.time())
+        self._dispatcher(hostname).send("task-revoked", **fields)
+        self.sent += 1
+        return True
+
+    def _retell_lost(self, job_id: int) -> bool:
+        """Tell again the losses of ``job_id`` told in the last ENDED_KEEP_S (tell_lost)."""
+        kept = {uuid: told for uuid, told in self.lost.get(job_id, {}).items()
+                if told[2] > time.time() - ENDED_KEEP_S}
+        if not kept:
+            self.lost.pop(job_id, None)
+            return False
+        self.lost[job_id] = kept
+        for hostname, fields, _ in kept.values():
+            self._dispatcher(hostname).send("task-revoked", **fields)
+            self.sent += 1
+        return True
+
+    def _installation(self) -> str | None:
+        """This Redis' installation id (rig.installation), None when it holds none."""
+        return self.r.hget(self.keys.installation, "id")
 
     def _dispatcher(self, hostname: str) -> Any:  # noqa: ANN401 - celery.events.EventDispatcher
         """An event dispatcher sending as ``hostname`` (one per worker name, on one

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import click
 import redis
 
+from rig.argnames import cli_words
 from rig.config import Settings, load_settings
 from rig.errors import InvalidInput, RigError
 from rig.redis_conn import is_unusable, unavailable
@@ -36,7 +37,8 @@ def handle_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            result = fn(*args, **kwargs)
+            with cli_words():  # refusals name the options typed (rig.argnames)
+                result = fn(*args, **kwargs)
             sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
             return result
         except BrokenPipeError:

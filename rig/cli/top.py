@@ -301,7 +301,8 @@ def _node_line(report: StatusReport, name: str) -> Text:
     if node is None:
         line.append("never heartbeated", style="yellow")
     else:
-        style = {"up": "green", "silent": "bold yellow", "down": "bold red", "stopped": "yellow"}[node.state]
+        style = "bold red" if node.mismatch else {"up": "green", "silent": "bold yellow", "down": "bold red",
+                                                  "stopped": "yellow"}[node.state]
         line.append(C(node.describe), style=style)
         if node.state == "down":
             line.append(f"  (last heartbeat {clock(node.last_seen)}; its jobs were retried)", style="dim")
@@ -309,6 +310,24 @@ def _node_line(report: StatusReport, name: str) -> Text:
             line.append("  (rig down; its jobs run on)", style="dim")
     line.append(f"  {count} card(s)", style="dim")
     return line
+
+
+def _node_alerts(report: StatusReport, width: int) -> list[Text]:
+    """rig status' red lines under a node (FROZEN: its Redis is not its installation; jobs Redis
+    has no record of) as the lines under the title, whole when they fit, else in a short form
+    that keeps where to run `rig recover`. At most two."""
+    lines = []
+    for node in report.nodes:
+        name = C(node.name)
+        if node.mismatch:
+            whole = f"node {name} FROZEN: {C(node.mismatch)}"
+            short = f"node {name} FROZEN: `rig recover` on {name} says why"
+            lines.append(Text(whole if len(whole) <= width else short, style="bold red"))
+        if node.unrecorded:
+            whole = C(node.unrecorded)
+            short = f"node {name}: jobs Redis has no record of: `rig recover` on {name}"
+            lines.append(Text(whole if len(whole) <= width else short, style="bold red"))
+    return lines[:2]
 
 
 def _running_jobs(report: StatusReport) -> list[Job]:
@@ -511,9 +530,13 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
     top.append(_queue_line(report, width))
     # A notice too long for the screen says what is wrong and what mends it (rig.redis_writes).
     top += [Text(C(n if len(n) <= width else short_notice(n)), style="yellow") for n in report.notices[:2]]
+    top += _node_alerts(report, width)
 
     if report.cards:
         card_head, card_rows = _card_lines(report, width)
+    elif report.nodes:  # up (a FROZEN one registers no card in this Redis), stopped, down: said, never "no node"
+        card_head = Text("no cards registered", style="yellow")
+        card_rows = [_node_line(report, n.name) for n in report.nodes]
     else:
         card_head, card_rows = Text(NO_CARDS, style="yellow"), []
     jobs = _running_jobs(report)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from rig import errors as E
 from rig import job_env as jobenv
+from rig.argnames import in_callers_words
 from rig.cli.logview import Look
 from rig.client import Client, Identity, JobHandle, StatusReport, caller_environ
 from rig.config import Settings, Template
@@ -145,6 +146,7 @@ class GatewayClient:
         """The gateway's submit already woke it."""
 
     # -- submitting -----------------------------------------------------------------------
+    @in_callers_words
     def submit(self, command: str | list[str] | tuple[str, ...], *, workdir: str | os.PathLike[str] | None = None,
                env: Mapping[str, str | None] | None = None, export: str | None = None,
                **options: Any) -> JobHandle:
@@ -162,6 +164,7 @@ class GatewayClient:
         job: Job = answer["job"]
         return JobHandle(self, job.id, job)  # type: ignore[arg-type]
 
+    @in_callers_words
     def submit_many(self, requests: list[dict[str, Any]]) -> list[JobHandle]:
         out = []
         environ_by_mode: dict[str | None, dict[str, str]] = {}

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from rig import __version__, logspace
+from rig.argnames import cli_words
 from rig.client import Client, Identity, acting_as, identity_of
 from rig.config import Settings, load_settings
 from rig.errors import InvalidInput, LogMissing, PermissionDenied, RigError
@@ -132,7 +133,8 @@ class Gateway:
             if not isinstance(environ, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                         for k, v in environ.items()):
                 raise InvalidInput("environ must map names to strings")
-            with acting_as(peer.identity, environ):
+            # CLI words: the caller's own client words a refusal for its caller (rig.argnames).
+            with acting_as(peer.identity, environ), cli_words():
                 result = fn(peer, **args)
             answer = {"ok": True, "result": wire.encode(result)}
             if op in ARCHIVE_LISTINGS and (unread := self.client.history.unread) is not None:

@@ -52,7 +52,7 @@ def test_a_pool_of_the_cluster_is_accepted_without_the_nodes_config(node, redis_
 def test_a_pool_of_the_submitters_own_config_only_is_refused_naming_the_clusters(
         node, redis_client, key_prefix, tmp_path):
     client = _submitter(redis_client, key_prefix, tmp_path, pools={"x": ["vm:3"]})
-    with pytest.raises(InvalidInput, match=r"^--pool: unknown pool 'x'; the cluster's pools: big \(node vm's "
+    with pytest.raises(InvalidInput, match=r"^pool: unknown pool 'x'; the cluster's pools: big \(node vm's "
                                            r"\[pools\], started last\)$"):
         client.submit(["true"], gpu_memory="1G", pool="x")
     assert client.store.ids_in_state(JobState.PENDING) == []  # nothing was written
@@ -79,7 +79,7 @@ def test_a_retry_of_a_job_whose_pool_is_gone_is_refused_and_changes_nothing(node
     register_node(node.model_copy(update={"pools": {"small": ["vm:2"]}}), redis_client, FakeGpuBackend("4x24G"))
     with pytest.raises(Unschedulable, match=rf"^job {gone} cannot be retried, it could never run: its pool 'big' "
                                             r"is none of the cluster's pools now \(small \(node vm's \[pools\], "
-                                            r"started last\)\); resubmit it with another --pool \(or none\)$"):
+                                            r"started last\)\); resubmit it with another pool \(or none\)$"):
         client.retry(gone)
     assert client.get(gone).state is JobState.FAILED and client.store.in_error_queue(gone)
 

@@ -45,7 +45,7 @@ def test_template_with_its_own_memory_and_shipped_ones_remain(client):
 def test_unknown_template_and_missing_memory(client):
     with pytest.raises(InvalidInput, match="unknown template 'huge'; known: finetune"):
         client.submit("x", gpu_memory="1G", template="huge")
-    with pytest.raises(InvalidInput, match="--gpu-memory is required"):
+    with pytest.raises(InvalidInput, match="gpu_memory is required"):
         client.submit("x", template="finetune")
 
 

@@ -9,7 +9,7 @@ from rig.memory import GIB, MIB, format_memory, parse_memory
     [
         ("12G", 12 * GIB), ("12g", 12 * GIB), ("12GB", 12 * GIB), ("12GiB", 12 * GIB),
         ("512M", 512 * MIB), ("1.5G", int(1.5 * GIB)), (" 2 T ", 2 * 1024 * GIB), ("0.5g", GIB // 2),
-        (4096, 4096),
+        (4 * MIB, 4 * MIB), (float(GIB), GIB),
     ],
 )
 def test_parse_memory_accepts_common_spellings(text, expected):
@@ -32,6 +32,18 @@ def test_parse_memory_rejects_nonpositive_numbers():
         parse_memory(-5)
     with pytest.raises(InvalidInput):
         parse_memory(True)
+
+
+@pytest.mark.parametrize("number", [4, 1.5, 4096, MIB - 1, GIB + 0.5, float("nan")])
+def test_a_number_that_cannot_be_meant_as_bytes_is_refused(number):
+    """Breaker: ``rig.submit(..., gpu_memory=4)`` (or 1.5) meant GiB, declared 4 bytes (or 1) and
+    ran; the command line refuses a bare 4 ('has no unit')."""
+    with pytest.raises(InvalidInput) as err:
+        parse_memory(number)
+    assert "\n" not in str(err.value)
+    if number > 0:
+        assert f"{number!r} is a number of bytes; give a whole number of at least 1048576 (1 MiB), or a size " \
+               f"such as '{number:g}G'" in str(err.value)
 
 
 def test_error_says_what_to_do():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,76 @@ def test_a_top_level_function_is_submitted_with_the_safe_command_line():
     command, kwargs = client.submitted[0]
     assert command == call_argv() and command[1:] == ["-P", "-m", "rig.call"]
     assert "PYTHONPATH" not in kwargs["env"]  # rig.call adds the function's folder itself
+
+
+@pytest.mark.parametrize(("args", "kwargs", "said"), [
+    ((1,), {"gpus": 2}, r"^top_level\(\) cannot take these arguments \(got an unexpected keyword argument 'gpus'\); "
+                        r"nothing was submitted; gpus= is a job option: give it to @rig.task\(...\) or "
+                        r"top_level.apply_async\(args, kwargs, gpus=...\)$"),
+    ((), {}, r"^top_level\(\) cannot take these arguments \(missing a required argument: 'x'\); nothing was submitted$"),
+    ((1, 2), {}, r"too many positional arguments"),
+])
+def test_a_call_the_function_cannot_take_is_refused_at_delay_not_failed_in_the_job(args, kwargs, said):
+    """Breaker: ``train.delay(3e-4, gpus=2)`` was queued, and failed each of its attempts with
+    the TypeError, minutes later."""
+    client = StubClient()
+    with pytest.raises(InvalidInput, match=said):
+        top_level.apply_async(args, kwargs, client=client)
+    assert client.submitted == []
+
+
+def test_task_takes_every_job_option_submit_takes():
+    """Breaker: ``@rig.task(gpu_memory="1G", oom_retry_grow=True)`` was a TypeError, though
+    rig.submit and rig-submit take it (and export)."""
+    import inspect
+
+    from rig.client import Client
+    from rig.pytask import JOB_OPTIONS
+
+    submit = set(inspect.signature(Client.submit).parameters) - {"self", "command", "shell", "kind", "extra", "_batch"}
+    assert submit == JOB_OPTIONS
+    assert JOB_OPTIONS <= set(inspect.signature(rig.task).parameters)
+
+    @rig.task(gpu_memory="1G", oom_retry_grow=True, export="NONE")
+    def nested() -> None: ...
+
+    assert nested.options["oom_retry_grow"] is True and nested.options["export"] == "NONE"
+
+
+@rig.task(gpu_memory="1G")
+def big_result(n: int) -> bytes:
+    return b"x" * n
+
+
+def test_a_result_too_large_to_store_fails_the_call_as_bad_result_not_retried(monkeypatch, capsys):
+    """Breaker: a result over Redis' 512 MB was refused by Redis after the work was done, as
+    'Redis unavailable' (exit 75, retried: the whole work again, each time)."""
+    from rig import call, pytask
+    from rig.failures import CALL_BAD_RESULT_EXIT
+
+    client = StubClient()
+    big_result.apply_async((2000,), client=client)
+    payload = client.submitted[0][1]["extra"]["payload"]
+    monkeypatch.setattr(pytask, "MAX_PAYLOAD_BYTES", 1000)
+    assert call.run_call("7", payload) == (CALL_BAD_RESULT_EXIT, None)
+    assert "job 7: the function returned a bytes that pickles to 20" in capsys.readouterr().err
+    monkeypatch.setattr(pytask, "MAX_PAYLOAD_BYTES", 10_000)
+    code, encoded = call.run_call("7", payload)
+    assert code == 0 and encoded
+
+
+@pytest.mark.parametrize(("options", "said"), [
+    ({"gpu_memory": "lots"}, "gpu_memory: cannot read 'lots' as a size"),
+    ({"gpu_memory": 4}, "gpu_memory 4 is a number of bytes"),
+    ({"gpu_memory": "1G", "gpus": 0}, "gpus must be a whole number of cards from 1 to 256; got 0"),
+    ({"gpu_memory": "1G", "retries": -1}, "retries must be a whole number from 0 to 100; got -1"),
+    ({"gpu_memory": "1G", "time_limit": "soon"}, "time_limit: cannot read 'soon'"),
+])
+def test_a_malformed_option_is_refused_where_the_decorator_is_written(options, said):
+    """Breaker: ``@rig.task(gpu_memory="lots")`` was accepted; the first .delay() refused it."""
+    with pytest.raises(InvalidInput, match=f"^{re.escape(said)}"):
+        rig.task(**options)
+    assert rig.task(gpu_memory="auto") and rig.task(template="test")  # the cluster's: at .delay()
 
 
 def test_a_lambda_is_refused_at_delay_with_what_to_write():

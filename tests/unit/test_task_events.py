@@ -143,6 +143,47 @@ def test_the_bridge_tells_only_when_wanted_and_as_the_card_worker(monkeypatch: p
     assert sorted(r.hkeys(keys.flower_told)) == sorted([str(job.id), str(waiting.id)])  # ended: forgotten
 
 
+def test_a_job_whose_record_redis_lost_is_told_revoked_not_left_running_in_flower():
+    """Breaker: Redis restarted empty (or an older copy put back) while jobs waited and ran:
+    Flower showed them RECEIVED / STARTED for ever, though rig knew nothing of them."""
+    r = fakeredis.FakeRedis(decode_responses=True)
+    keys = Keys("t:")
+    store = JobStore(r, keys)
+    r.hset(keys.installation, "id", "inst-a")
+    waiting, running, archived = (store.create(_job(name=n, instance=f"{i}" * 16))
+                                  for i, n in enumerate(("waits", "runs", "archived")))
+    _Dispatcher.sent = []
+    bridge = FlowerBridge(r, keys, hostname="control@n1", events_on=lambda: True, leads=lambda: True,
+                          connect=object, dispatcher_cls=_Dispatcher)
+    for job in (waiting, running, archived):
+        assert bridge.tell(job.id, JobState.PENDING)
+    told = {job.id: task_id(job) for job in (waiting, running, archived)}
+    # The same installation drops a record (archived, forgotten): no loss, nothing told.
+    r.delete(keys.job(archived.id))
+    assert not bridge.tell(archived.id, None) and archived.id not in bridge.live
+    # Redis comes back empty, then a new job takes the running one's id.
+    for key in r.keys("t:*"):
+        r.delete(key)
+    r.hset(keys.installation, "id", "inst-b")
+    reused = store.create(_job(name="new", instance="b" * 16))
+    assert reused.id == waiting.id and task_id(reused) != told[waiting.id]
+    assert bridge.resync() == 2  # both are still remembered, though Redis forgot it told them
+    for _ in range(2):
+        bridge.tell(*bridge.moves.get_nowait())
+    revoked = {f["uuid"]: f for _, kind, f in _Dispatcher.sent if kind == "task-revoked"}
+    assert set(revoked) == {told[waiting.id], told[running.id]}
+    assert all(f["exception"] == flower_bridge.LOST and not f["terminated"] for f in revoked.values())
+    assert [f["uuid"] for _, kind, f in _Dispatcher.sent if kind == "task-received"][-1] == task_id(reused)
+    assert bridge.live == {reused.id: bridge.live[reused.id]}
+    # A Flower that reconnects after the same Redis restart may have missed that: told again.
+    _Dispatcher.sent = []
+    assert bridge.resync(again=True) == 2
+    for _ in range(2):
+        bridge.tell(*bridge.moves.get_nowait())
+    again = {f["uuid"] for _, kind, f in _Dispatcher.sent if kind == "task-revoked"}
+    assert again == {told[waiting.id], told[running.id]}
+
+
 def test_a_full_queue_drops_moves_and_never_blocks(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(flower_bridge, "QUEUE_MAX", 2)
     r = fakeredis.FakeRedis(decode_responses=True)

@@ -135,6 +135,31 @@ def test_empty_report_points_to_rig_up() -> None:
     assert "0 alive" in text
 
 
+FROZEN_LINE = ("node vm joined installation inst-35d821716124, but this Redis holds no rig installation (it lost "
+               "its data, or it is another Redis or database than the one the node used: check RIG_REDIS_URL / "
+               "--redis); 1 job(s) of another installation still run here (1), untouched; on vm: `rig recover` "
+               "says more, `rig recover --stop` stops them and joins this Redis")
+
+
+@pytest.mark.parametrize(("width", "height", "with_cards"), [(80, 24, False), (60, 20, False), (80, 24, True)])
+def test_a_frozen_node_is_said_never_no_node_is_up(width: int, height: int, with_cards: bool) -> None:
+    """Breaker: with Redis restarted empty, `rig status` said node vm FROZEN while `rig top`
+    said "no cards registered: no rig node is up (start one with `rig up`)" and nothing of it."""
+    from rig.nodes import NodeInfo
+
+    base = _report() if with_cards else StatusReport(cards=[], running={}, pending={}, oldest_wait={},
+                                                     workers=[], counts={})
+    base.nodes = [NodeInfo(name="vm", alive=True, state="up", since=NOW - 60, workers=3, mismatch=FROZEN_LINE)]
+    lines = _render(base, width, height)
+    _check_fits(lines, width, height)
+    text = "\n".join(lines)
+    assert NO_CARDS not in text and "rig up" not in text
+    assert lines[2] == "node vm FROZEN: `rig recover` on vm says why"
+    if not with_cards:
+        assert "no cards registered" in text and any(line.startswith("node vm  FROZEN: node vm joined")
+                                                     for line in lines)
+
+
 def test_redis_problem_shown_in_one_line() -> None:
     problem = "cannot reach Redis at redis://x:6379/0; retrying"
     lines = _render(None, 80, 24, problem=problem)

@@ -1,0 +1,65 @@
+"""A refused request names what its caller typed: the Python API's keyword arguments
+(``gpus``, ``gpu_memory``) from rig.submit / submit_many / @rig.task, rig-submit's options
+(``--gpus``) from the command line (rig.argnames)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from rig.argnames import python_words
+from rig.client import Client
+from rig.config import load_settings
+from rig.errors import InvalidInput
+
+
+@pytest.fixture
+def client(real_redis, key_prefix, tmp_path):
+    api = Client(load_settings(key_prefix=key_prefix, home=tmp_path), redis_client=real_redis)
+    yield api
+    api.flush(10)
+
+
+@pytest.mark.parametrize(("kwargs", "said"), [
+    ({"gpu_memory": "4G", "gpus": 0}, "gpus must be a whole number of cards from 1 to 256; got 0"),
+    ({"gpu_memory": "lots"}, "gpu_memory: cannot read 'lots' as a size"),
+    ({}, "gpu_memory is required"),
+    ({"gpu_memory": "4G", "retries": -1}, "retries must be a whole number from 0 to 100; got -1"),
+    ({"gpu_memory": "4G", "time_limit": "forever"}, "time_limit: cannot read 'forever'"),
+    ({"gpu_memory": "4G", "env": {"CUDA_VISIBLE_DEVICES": "0"}},
+     "env CUDA_VISIBLE_DEVICES: rig sets it to the cards it gives the job; ask for cards with gpus (and pool)"),
+    ({"gpu_memory": "4G", "export": "!!"}, "export: '!!' is not a variable name"),
+])
+def test_python_callers_are_told_the_keyword_arguments(client, kwargs, said):
+    with pytest.raises(InvalidInput) as refused:
+        client.submit(["true"], **kwargs)
+    assert said in str(refused.value)
+    assert "--" not in str(refused.value)
+
+
+def test_submit_many_and_bad_commands_speak_python(client):
+    with pytest.raises(InvalidInput, match=r"^request 1: gpus must be a whole number"):
+        client.submit_many([{"command": ["true"], "gpu_memory": "1G"},
+                            {"command": ["true"], "gpu_memory": "1G", "gpus": 0}])
+    with pytest.raises(InvalidInput, match=r"^the command is empty; pass a string \(run by /bin/sh\) or a list"):
+        client.submit("", gpu_memory="1G")
+    with pytest.raises(InvalidInput, match=r"^the command must be a string or a list of strings, got int$"):
+        client.submit(5, gpu_memory="1G")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match=r"^submit_many takes a list of dicts .*, got str$"):
+        client.submit_many("true")  # type: ignore[arg-type]
+
+
+def test_a_jobs_own_options_in_a_message_are_left_alone():
+    assert python_words("--gpus 0; `rig templates`; python t.py --gpus-per-node 2 --cmd x") == \
+        "gpus 0; `rig templates`; python t.py --gpus-per-node 2 --cmd x"
+
+
+def test_the_command_line_keeps_its_options(cli_env):
+    from rig.cli.submit import main
+
+    result = CliRunner().invoke(main, ["--gpu-memory", "1G", "--gpus", "0", "--", "true"])
+    assert result.exit_code == 2, result.output
+    assert "rig: error: --gpus must be a whole number of cards from 1 to 256; got 0" in result.output
+    result = CliRunner().invoke(main, ["--gpu-memory", "1G", "--cmd", ""])
+    assert result.exit_code == 2, result.output
+    assert "give it after `--` or with --cmd" in result.output
