@@ -94,6 +94,15 @@ class Home:
     def down(self) -> subprocess.CompletedProcess:
         return self.cli("down", timeout=90)
 
+    def sigkill_up(self) -> int:
+        """SIGKILL this home's ``rig up`` and wait for its workers to follow it (rig.supervision);
+        returns the killed pid."""
+        supervisor = self.supervisor()
+        assert supervisor is not None
+        os.kill(supervisor, signal.SIGKILL)
+        _wait(lambda: not node_processes(self.settings.node_name, self.home), 30, "the dead rig up's workers to stop")
+        return supervisor
+
 
 def _me() -> str:
     import pwd
@@ -208,11 +217,7 @@ def crashed_owner_taken_over(workdir: Path) -> ScenarioResult:
         if a.up().returncode != 0:
             sc.result.problems.append("home A's rig up failed")
             return sc.result
-        supervisor = a.supervisor()
-        assert supervisor is not None
-        os.kill(supervisor, signal.SIGKILL)
-        # Its workers follow it (rig.supervision); its claim stays in Redis until it expires.
-        _wait(lambda: not node_processes("a", a.home), 30, "the dead owner's workers to stop")
+        a.sigkill_up()  # its claim stays in Redis until it expires (or its workers give it up)
         if holder(a.harness.redis, a.harness.keys, "a") is None:
             sc.result.notes.append("the dead owner's claim had expired already (slow machine)")
         took = b.up()  # at once: same host, the owner's pid is gone
@@ -328,10 +333,7 @@ def sigkill_lone_node(workdir: Path) -> ScenarioResult:
             return sc.result
         jid = sc.submit(gpu_memory="10G")
         sc.wait_running([jid])
-        supervisor = a.supervisor()
-        assert supervisor is not None
-        os.kill(supervisor, signal.SIGKILL)
-        _wait(lambda: not node_processes("a", a.home), 30, "the dead rig up's workers to stop")
+        supervisor = a.sigkill_up()
         registry = NodeRegistry(a.harness.redis, a.harness.keys)
         # Its workers, stopping because their rig up died, mark the node stopped (as rig down
         # would), saying why: nobody has to declare it down, and no one may run its job again.
@@ -513,10 +515,7 @@ def name_taken_over_adopts(workdir: Path) -> ScenarioResult:
             return sc.result
         j1, j2 = submit(1, sc.go), submit(2, gates[2])
         sc.wait_running([j1, j2])
-        supervisor = a.supervisor()
-        assert supervisor is not None
-        os.kill(supervisor, signal.SIGKILL)
-        _wait(lambda: not node_processes("a", a.home), 30, "the dead owner's workers to stop")
+        a.sigkill_up()
         took = b.up()
         if took.returncode != 0:
             sc.result.problems.append(f"home B could not take the name over: {_one_line(took)}")
@@ -575,10 +574,7 @@ def supervisor_sigkill_beside_others(workdir: Path) -> ScenarioResult:
             sc.result.problems.append("a's rig up failed")
             return sc.result
         sc.node = a.harness
-        supervisor = b.supervisor()
-        assert supervisor is not None
-        os.kill(supervisor, signal.SIGKILL)
-        _wait(lambda: not node_processes("b", b.home), 30, "the dead rig up's workers to stop")
+        b.sigkill_up()
         registry = NodeRegistry(a.harness.redis, a.harness.keys)
         _wait(lambda: _info(registry, "b").state == "stopped", 30, "node b to read stopped")
         # A declared-down node is one silent for health.timeout, confirmed a pass later: a's
