@@ -220,13 +220,21 @@ class HealthChecker:
         control worker that is missing. Its cards that need a worker take no new jobs (each
         card's worker makes it healthy again at its first reading) and its placed-but-unstarted
         jobs go back to their place in the queue. Running ones are left alone: their processes
-        may run on, and a worker that returns adopts them."""
-        if not node.no_worker or node.started_at is None or now - node.started_at < self.settings.health.timeout:
+        may run on, and a worker that returns adopts them.
+
+        Its ``rig up`` heartbeats only while a worker process of it lives, so none heartbeating
+        is a worker still starting (given STARTUP_GRACE_S past the node's start, as the node's
+        own pass gives it: hung_after) or one silenced by a Redis that refused every write
+        (given health.timeout after it, as _dead_workers does)."""
+        timeout = self.settings.health.timeout
+        if not node.no_worker or node.started_at is None or now - node.started_at < hung_after(timeout, beat_seen=False):
+            return
+        if time.monotonic() - self._outage_at < timeout:
             return
         served = [c for c in cards if c.node == node.name and c.healthy and needs_worker(c)]
         if served:
             log.warning("node %s is up but none of its workers has heartbeated for %s s: its cards "
-                        "take no new jobs until their workers return", node.name, self.settings.health.timeout)
+                        "take no new jobs until their workers return", node.name, timeout)
         self._disable_cards(node.name, served, NO_WORKER_REASON)
         self._requeue_assigned(node, report, "up with no worker alive")
 

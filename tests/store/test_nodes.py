@@ -19,6 +19,7 @@ from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeRegistry
 from rig.pools import NODE_FIELD, encode
+from rig.supervision import STARTUP_GRACE_S
 from workers.dispatcher import Dispatcher
 from workers.health import HealthChecker
 
@@ -401,7 +402,7 @@ def test_a_node_up_with_no_live_worker_takes_no_new_jobs_and_gives_back_its_plac
     assert all(c.eligible for c in ledger.cards() if c.node == "n1")
 
     nodes.beat("n1", ttl=TTL, source="test")  # its rig up goes on heartbeating (a slow host: TTL is short)
-    report = checker.run_cluster(now=now + settings.health.timeout + 1)
+    report = checker.run_cluster(now=now + STARTUP_GRACE_S + 1)  # past a starting worker's grace
     assert report.requeued == [assigned] and report.lost == []
     assert ledger.store.get(assigned).state is JobState.PENDING
     assert "no worker alive" in ledger.store.get(assigned).reason
@@ -414,7 +415,7 @@ def test_a_node_up_with_no_live_worker_takes_no_new_jobs_and_gives_back_its_plac
     _worker_beat(redis_client, keys, "card0@n1")  # a worker is back: the node is left to it
     ledger.set_healthy("n1", 0, True)  # as that card worker's first reading does
     nodes.beat("n1", ttl=TTL, source="test")
-    assert checker.run_cluster(now=now + settings.health.timeout + 2).requeued == []
+    assert checker.run_cluster(now=now + STARTUP_GRACE_S + 2).requeued == []
     assert ledger.card("n1", 0).eligible
 
 
@@ -444,3 +445,32 @@ def test_a_node_marked_stopped_because_its_rig_up_died_says_so_until_it_register
     assert nodes.mark_stopped("n1")  # rig down: no reason kept from before
     info = next(n for n in nodes.read() if n.name == "n1")
     assert info.stopped_why is None and "rig down" in node_state_text(info)
+
+
+def test_a_node_whose_workers_are_still_starting_keeps_its_placed_jobs(cluster, redis_client):
+    """Its rig up heartbeats only while a worker process of it lives: none heartbeating yet is a
+    worker still starting, which the node's own pass leaves alone for STARTUP_GRACE_S
+    (rig.supervision.hung_after). The cluster pass gives it as long before it requeues."""
+    settings, keys, ledger, nodes, checker = cluster
+    assert settings.health.timeout < STARTUP_GRACE_S
+    nodes.register("n1", ttl=TTL, backend="fake", cards=2, pid=os.getpid())
+    assigned = _job(ledger, "n1", 1)
+    started = next(n for n in nodes.read() if n.name == "n1").started_at
+    report = checker.run_cluster(now=started + settings.health.timeout + 1)
+    assert report.requeued == [] and ledger.store.get(assigned).state is JobState.ASSIGNED
+    assert all(c.eligible for c in ledger.cards() if c.node == "n1")
+    nodes.beat("n1", ttl=TTL, source="test")
+    assert checker.run_cluster(now=started + STARTUP_GRACE_S + 1).requeued == [assigned]
+
+
+def test_a_node_whose_workers_were_silent_in_a_redis_outage_keeps_its_placed_jobs(cluster, redis_client):
+    """Redis refused every heartbeat for a while: as writes come back, the node's rig up may
+    beat before its workers do. That is no node without workers (the node's own pass waits
+    health.timeout after an outage too: _dead_workers)."""
+    settings, keys, ledger, nodes, checker = cluster
+    nodes.register("n1", ttl=TTL, backend="fake", cards=2, pid=os.getpid())
+    assigned = _job(ledger, "n1", 1)
+    checker._outage_at = time.monotonic()  # this checker's pass was refused by Redis just now
+    report = checker.run_cluster(now=time.time() + 120)
+    assert report.requeued == [] and ledger.store.get(assigned).state is JobState.ASSIGNED
+    assert all(c.eligible for c in ledger.cards() if c.node == "n1")
