@@ -391,10 +391,12 @@ class HealthChecker:
         elsewhere, or is in another attempt). Never one whose record is missing: Redis then
         lost it (rolled back to an older copy, or lost its data), and killing a job rig cannot
         account for is not rig's call: the node is marked and `rig recover --stop` offered.
-        Never one of another installation (rig.installation)."""
+        Never one of another installation (rig.installation). Not limited to this home's
+        log_dir: a rig up of another home that took the node name over adopted its jobs (same
+        Redis, prefix and name), and another rig's own Redis is told apart by URL and installation."""
         current = Installation(self.r, self.keys, self.settings.run_dir, self.settings.node_name).on_node()
         mine = {sid: p for sid, p in node_job_processes(self.settings.key_prefix, self.settings.node_name,
-                                                        self.settings.redis_url, self.settings.job_log_dir).items()
+                                                        self.settings.redis_url).items()
                 if p.installation is None or p.installation == current}
         jobs = {j.id: j for j in self.store.get_many(sorted({p.job_id for p in mine.values()}))} if mine else {}
         unrecorded: list[int] = []

@@ -51,3 +51,25 @@ def test_a_live_process_of_an_ended_job_is_still_stopped(card_runner_env, tmp_pa
     finally:
         left.kill()
         left.wait()
+
+
+def test_an_ended_jobs_process_started_from_the_nodes_former_home_is_still_stopped(card_runner_env, tmp_path):
+    """The node name taken over by a rig up of another home on this host (rig.node_claim): the
+    jobs its former home's workers started are still this node's (same Redis, prefix and name;
+    attempt_locate.job_folders adopts them) though their exit files lie in that home's log_dir."""
+    settings, ledger, runner, _ = card_runner_env
+    job, token = placed(ledger, "true", tmp_path)
+    assert runner.run_job(job.id, token) == "SUCCEEDED"
+    former = tmp_path / "former-home" / "logs" / "jobs" / f"{job.id}-{job.instance}"
+    env = {"PATH": "/usr/bin:/bin", "RIG_KEY_PREFIX": settings.key_prefix, "RIG_NODE_NAME": settings.node_name,
+           "RIG_JOB_ID": str(job.id), "RIG_ATTEMPT": "1", "RIG_JOB_INSTANCE": job.instance or "",
+           "RIG_REDIS_URL": settings.redis_url, "RIG_EXIT_FILE": str(former / "attempt-1.exit")}
+    left = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+    try:
+        report = HealthReport()
+        HealthChecker(settings, ledger.r)._orphan_processes(report)
+        assert report.orphans_stopped == [left.pid]
+        assert left.wait(10) is not None
+    finally:
+        left.kill()
+        left.wait()
