@@ -35,6 +35,8 @@ def parse_memory(text: str | int | float, *, what: str = "--gpu-memory") -> int:
     if isinstance(text, int | float):
         if not text > 0:  # also NaN
             raise InvalidInput(f"{what} must be more than 0 bytes, got {text!r}")
+        if text == float("inf"):
+            raise InvalidInput(f"{what} {text!r} is no number of bytes; give a size such as '12G'")
         if text != int(text) or text < MIB:
             # A number is bytes: 4 or 1.5 meant as GiB would declare a few bytes and run.
             raise InvalidInput(f"{what} {text!r} is a number of bytes; give a whole number of at least {MIB} "

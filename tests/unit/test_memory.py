@@ -34,6 +34,13 @@ def test_parse_memory_rejects_nonpositive_numbers():
         parse_memory(True)
 
 
+def test_an_infinite_number_is_refused_in_one_line():
+    """float('inf') passed the > 0 check and ended in int(): OverflowError (a traceback from
+    rig.submit / @rig.task), not the one line."""
+    with pytest.raises(InvalidInput, match="is no number of bytes; give a size such as '12G'"):
+        parse_memory(float("inf"))
+
+
 @pytest.mark.parametrize("number", [4, 1.5, 4096, MIB - 1, GIB + 0.5, float("nan")])
 def test_a_number_that_cannot_be_meant_as_bytes_is_refused(number):
     """Breaker: ``rig.submit(..., gpu_memory=4)`` (or 1.5) meant GiB, declared 4 bytes (or 1) and
