@@ -42,8 +42,13 @@ def test_a_live_process_of_an_ended_job_is_still_stopped(card_runner_env, tmp_pa
     job, token = placed(ledger, "true", tmp_path)
     assert runner.run_job(job.id, token) == "SUCCEEDED"
     left = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    _with_scan(monkeypatch, {left.pid: JobProcess(job.id, 1, job.instance)})
+    _stopped_as_orphan(settings, ledger, left)
+
+
+def _stopped_as_orphan(settings, ledger, left: subprocess.Popen) -> None:  # noqa: ANN001 - the fixture's
+    """The node's orphan check stops ``left`` (and says so in its report)."""
     try:
-        _with_scan(monkeypatch, {left.pid: JobProcess(job.id, 1, job.instance)})
         report = HealthReport()
         HealthChecker(settings, ledger.r)._orphan_processes(report)
         assert report.orphans_stopped == [left.pid]
@@ -64,12 +69,4 @@ def test_an_ended_jobs_process_started_from_the_nodes_former_home_is_still_stopp
     env = {"PATH": "/usr/bin:/bin", "RIG_KEY_PREFIX": settings.key_prefix, "RIG_NODE_NAME": settings.node_name,
            "RIG_JOB_ID": str(job.id), "RIG_ATTEMPT": "1", "RIG_JOB_INSTANCE": job.instance or "",
            "RIG_REDIS_URL": settings.redis_url, "RIG_EXIT_FILE": str(former / "attempt-1.exit")}
-    left = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
-    try:
-        report = HealthReport()
-        HealthChecker(settings, ledger.r)._orphan_processes(report)
-        assert report.orphans_stopped == [left.pid]
-        assert left.wait(10) is not None
-    finally:
-        left.kill()
-        left.wait()
+    _stopped_as_orphan(settings, ledger, subprocess.Popen(["sleep", "300"], env=env, start_new_session=True))
