@@ -400,8 +400,12 @@ def _record_data_id(client: redis.Redis) -> str:
     write) before anyone writes it next to the files."""
     held = secrets.token_hex(16)
     client.config_set("appendfsync", "always")
-    client.set(DATA_ID_KEY, held)
-    client.config_set("appendfsync", "everysec")
+    try:
+        client.set(DATA_ID_KEY, held)
+    finally:
+        # Also when the write is refused (a full disk, OOM; keep_data_id asks again in a few
+        # seconds): left at "always", every later write of the node would be fsynced.
+        client.config_set("appendfsync", "everysec")
     return held
 
 
