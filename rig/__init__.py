@@ -41,7 +41,14 @@ __all__ = [
 if TYPE_CHECKING:  # what a type checker and an editor see
     from rig.client import Client, JobHandle, RemoteError, get_job, submit, submit_many
     from rig.config import Settings, load_settings
-    from rig.errors import InvalidInput, JobNotFound, RedisFull, RedisUnavailable, RigError, Unschedulable
+    from rig.errors import (
+        InvalidInput,
+        JobNotFound,
+        RedisFull,
+        RedisUnavailable,
+        RigError,
+        Unschedulable,
+    )
     from rig.models import Job, JobState, Priority
     from rig.pytask import RigTask, task
 

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from rig.clock import shared_now
 from rig.config import load_settings
 from rig.gpus.base import GpuReading
 from rig.keys import Keys
@@ -32,7 +33,7 @@ def setup(redis_client, key_prefix):
 def submit(ledger: Ledger, gib: float, priority=Priority.MEDIUM, gpus=1) -> int:
     return ledger.store.create(Job(
         id=0, name="t", user="u", command=["true"], gpu_memory=int(gib * GIB), gpus=gpus,
-        priority=priority, state=JobState.PENDING, workdir="/", created_at=time.time(),
+        priority=priority, state=JobState.PENDING, workdir="/", created_at=shared_now(ledger.r),
     )).id
 
 

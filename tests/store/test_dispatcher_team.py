@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from rig.clock import shared_now
 from rig.config import load_settings
 from rig.gpus.base import GpuReading
 from rig.keys import Keys
@@ -41,7 +42,7 @@ def submit(ledger: Ledger, gib: float, user: str = "alice", priority=Priority.ME
            **fields) -> int:
     return ledger.store.create(Job(
         id=0, name="t", user=user, command=["true"], gpu_memory=int(gib * GIB), gpus=gpus,
-        priority=priority, state=JobState.PENDING, workdir="/", created_at=time.time(), **fields,
+        priority=priority, state=JobState.PENDING, workdir="/", created_at=shared_now(ledger.r), **fields,
     )).id
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import rig.forecast
 from rig.client import Client
-from rig.clock import clock_for
+from rig.clock import clock_for, shared_now
 from rig.config import load_settings
 from rig.forecast import CAVEAT, forecast
 from rig.gpus.base import GpuReading
@@ -36,7 +36,7 @@ def world(redis_client, key_prefix, tmp_path):
 def submit(ledger: Ledger, gib: float, expected: float | None) -> int:
     return ledger.store.create(Job(
         id=0, name="t", user="u", command=["true"], gpu_memory=int(gib * GIB), gpus=1,
-        priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/", created_at=time.time(),
+        priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/", created_at=shared_now(ledger.r),
         expected_seconds=expected,
     )).id
 

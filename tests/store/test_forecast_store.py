@@ -12,6 +12,7 @@ import pytest
 
 import workers.forecaster
 from rig.client import Client
+from rig.clock import shared_now
 from rig.config import load_settings
 from rig.forecast import LATER, Forecast, StartEstimate
 from rig.forecast_store import FORECAST_EVERY_S, NOT_MADE_YET, TTL_INTERVALS, publish, read
@@ -126,7 +127,7 @@ def leader(redis_client, key_prefix, tmp_path):
 def _submit(ledger: Ledger, gib: float) -> int:
     return ledger.store.create(Job(
         id=0, name="t", user="u", command=["true"], gpu_memory=int(gib * GIB), gpus=1, priority=Priority.MEDIUM,
-        state=JobState.PENDING, workdir="/", created_at=time.time(), expected_seconds=60.0)).id
+        state=JobState.PENDING, workdir="/", created_at=shared_now(ledger.r), expected_seconds=60.0)).id
 
 
 def test_only_the_leader_publishes_and_only_while_jobs_wait(leader):

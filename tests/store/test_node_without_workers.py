@@ -8,12 +8,12 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
 from rig.cli.render import NO_WORKER_NOTE, node_title
 from rig.client import Client
+from rig.clock import shared_now
 from rig.config import load_settings
 from rig.gpus.base import GpuReading
 from rig.keys import Keys
@@ -40,7 +40,7 @@ def world(redis_client, key_prefix):
 def _submit(ledger: Ledger) -> int:
     return ledger.store.create(Job(
         id=0, name="t", user="u", command=["true"], gpu_memory=4 * GIB, gpus=1,
-        priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/", created_at=time.time(),
+        priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/", created_at=shared_now(ledger.r),
     )).id
 
 

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from rig.clock import shared_now
 from rig.config import load_settings
 from rig.errors import InvalidInput, NodeInUse, PermissionDenied
 from rig.gpus.base import GpuReading
@@ -47,7 +48,7 @@ def _job(ledger: Ledger, node: str | None = None, card: int = 0, *, run: bool = 
     """A job, placed on ``node``/``card`` (ASSIGNED) and, with ``run``, claimed (RUNNING)."""
     job_id = ledger.store.create(Job(
         id=0, name="t", user="u", command=["true"], gpu_memory=10 * GIB, gpus=1, max_retries=2,
-        priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/", created_at=time.time(),
+        priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/", created_at=shared_now(ledger.r),
     )).id
     if node is not None:
         ok, token = ledger.reserve(job_id, node, [card], 10 * GIB)

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from rig.client import Client
+from rig.clock import shared_now
 from rig.config import load_settings
 from rig.forecast import forecast, start_words
 from rig.forecast_store import publish, read
@@ -35,7 +36,7 @@ def world(redis_client, key_prefix, tmp_path):
 def _submit(ledger: Ledger, gib: float, time_limit: float | None = None) -> int:
     return ledger.store.create(Job(
         id=0, name="t", user="u", command=["true"], gpu_memory=int(gib * GIB), gpus=1,
-        priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/", created_at=time.time(),
+        priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/", created_at=shared_now(ledger.r),
         time_limit=time_limit)).id
 
 

@@ -42,7 +42,7 @@ def _cards(ledger: Ledger, node: str, count: int = 2, gib: int = 40) -> None:
 def _submit(ledger: Ledger, gib: float, priority: Priority = Priority.MEDIUM) -> int:
     return ledger.store.create(Job(
         id=0, name="t", user="u", command=["true"], gpu_memory=int(gib * GIB), gpus=1,
-        priority=priority, state=JobState.PENDING, workdir="/", created_at=time.time(),
+        priority=priority, state=JobState.PENDING, workdir="/", created_at=shared_now(ledger.r),
     )).id
 
 

@@ -3,9 +3,8 @@ gpu_whitelist behind held cards, a job of a pool. fakeredis and real Redis."""
 
 from __future__ import annotations
 
-import time
-
 from rig.client import Client
+from rig.clock import shared_now
 from rig.config import load_settings
 from rig.gpus.base import GpuReading
 from rig.keys import Keys
@@ -22,7 +21,7 @@ TTL = 30.0
 def _submit(ledger: Ledger, gib: float, priority: Priority = Priority.MEDIUM, pool: str | None = None) -> int:
     return ledger.store.create(Job(
         id=0, name="t", user="u", command=["true"], gpu_memory=int(gib * GIB), gpus=1,
-        priority=priority, state=JobState.PENDING, workdir="/", created_at=time.time(), pool=pool,
+        priority=priority, state=JobState.PENDING, workdir="/", created_at=shared_now(ledger.r), pool=pool,
     )).id
 
 
