@@ -17,6 +17,12 @@ from typing import Any
 from rig import records as R
 
 TAG = "z1:"
+
+# base64's base85 tables are built on first use, and b85decode's is published before it is
+# filled: two threads decoding at once in a fresh process (a card worker starting two jobs)
+# could read a half-built table and take a sound spec for "bad base85 character" (a job failed
+# to start so in CI). Built here, once, at import (under the import lock).
+base64.b85decode(base64.b85encode(b"rig"))
 #: The most a packed string may unpack to (bytes): a command and an environment at their limits.
 MAX_UNPACKED = 4 * R.MAX_COMMAND_BYTES + 4 * R.MAX_ENV_BYTES
 
