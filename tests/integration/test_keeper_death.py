@@ -50,14 +50,22 @@ def _writer(tmp_path: Path) -> tuple[str, Path]:
     return (f"i=0; while [ ! -e {go} ]; do echo line $i; i=$((i+1)); done; echo the-last-line", go)
 
 
-def test_a_job_outlives_its_cards_keeper_killed_under_it(card_runner_env, tmp_path):
+def _start(card_runner_env, command: str, tmp_path: Path) -> tuple[object, Path, list[str], threading.Thread]:
+    """``command`` placed on the env's card and run by its worker in a thread: the job, its
+    attempt's log folder, the list the thread puts the attempt's end state in, the thread."""
     settings, ledger, runner, _ = card_runner_env
-    command, go = _writer(tmp_path)
     job, token = placed(ledger, command, tmp_path)
-    log = job_folder(settings.job_log_dir, job.id, job.instance) / "attempt-1.log"
     results: list[str] = []
     thread = threading.Thread(target=lambda: results.append(runner.run_job(job.id, token)))
     thread.start()
+    return job, job_folder(settings.job_log_dir, job.id, job.instance), results, thread
+
+
+def test_a_job_outlives_its_cards_keeper_killed_under_it(card_runner_env, tmp_path):
+    settings, ledger, runner, _ = card_runner_env
+    command, go = _writer(tmp_path)
+    job, folder, results, thread = _start(card_runner_env, command, tmp_path)
+    log = folder / "attempt-1.log"
     try:
         assert _until(lambda: log.exists() and log.stat().st_size > 20_000
                       and read_pid_file(log.with_suffix(".pid")) is not None)
@@ -139,13 +147,9 @@ def test_a_log_folder_deleted_while_the_job_runs_is_made_again(card_runner_env, 
     go, end = tmp_path / "go", tmp_path / "end"
     # After the deletion it writes until told to end: the keeper looks at most every
     # UNLINK_CHECK_S whether its log is gone (what it wrote before the look is lost with it).
-    job, token = placed(ledger, f"echo before; while [ ! -e {go} ]; do sleep 0.02; done; "
-                                f"while [ ! -e {end} ]; do echo after; sleep 0.02; done", tmp_path)
-    folder = job_folder(settings.job_log_dir, job.id, job.instance)
+    job, folder, results, thread = _start(card_runner_env, f"echo before; while [ ! -e {go} ]; do sleep 0.02; done; "
+                                          f"while [ ! -e {end} ]; do echo after; sleep 0.02; done", tmp_path)
     log = folder / "attempt-1.log"
-    results: list[str] = []
-    thread = threading.Thread(target=lambda: results.append(runner.run_job(job.id, token)))
-    thread.start()
     try:
         assert _until(lambda: log.exists() and log.read_bytes() == b"before\n"
                       and read_pid_file(log.with_suffix(".pid")) is not None)
@@ -181,12 +185,9 @@ def test_a_log_folder_deleted_before_the_worker_saw_its_file_is_said_too(card_ru
     caplog.set_level(logging.WARNING, logger="workers.card_runner")
     settings, ledger, runner, _ = card_runner_env
     end = tmp_path / "end"
-    job, token = placed(ledger, f"echo before; while [ ! -e {end} ]; do sleep 0.02; done", tmp_path)
-    folder = job_folder(settings.job_log_dir, job.id, job.instance)
+    job, folder, results, thread = _start(card_runner_env, f"echo before; while [ ! -e {end} ]; do sleep 0.02; done",
+                                          tmp_path)
     log = folder / "attempt-1.log"
-    results: list[str] = []
-    thread = threading.Thread(target=lambda: results.append(runner.run_job(job.id, token)))
-    thread.start()
     try:
         assert _until(lambda: log.exists() and log.read_bytes() == b"before\n")
         shutil.rmtree(folder)
