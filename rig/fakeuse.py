@@ -28,7 +28,10 @@ def main(argv: list[str]) -> int:
         for card in cards:
             path = Path(folder) / card.strip() / str(os.getpid())
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(str(nbytes))
+            # Written aside and renamed in: a reader never sees the file empty (a 0-byte use).
+            aside = path.with_name(f".{path.name}.new")
+            aside.write_text(str(nbytes))
+            os.replace(aside, path)
             files.append(path)
     try:
         time.sleep(seconds)

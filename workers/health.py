@@ -200,13 +200,14 @@ class HealthChecker:
                 continue
             if now - node.missing_since < confirm:
                 continue
+            seen = time.strftime("%H:%M:%S", time.localtime(node.last_seen or now))
+            # Its cards close before the node is said down: whoever reads "down" finds them closed.
+            self._disable_cards(node.name, cards, f"{NODE_DOWN_REASON}: no heartbeat since {seen}")
             if node.down_since is None:
                 self.nodes.set_down(node.name, now)
                 report.nodes_down.append(node.name)
                 log.warning("node %s is down: no heartbeat since %s; its jobs are handled by their "
                             "retry policy on the other nodes", node.name, node.last_seen)
-            seen = time.strftime("%H:%M:%S", time.localtime(node.last_seen or now))
-            self._disable_cards(node.name, cards, f"{NODE_DOWN_REASON}: no heartbeat since {seen}")
             # Every pass, not only the first: a dispatcher may have placed a job there just
             # before its cards were disabled.
             self._requeue_assigned(node, report, "down")

@@ -48,9 +48,16 @@ def start(ledger: Ledger, runner: CardRunner, command: str, declared: int, name:
     return job, thread, result
 
 
-def wait_for_use(backend: FakeGpuBackend, timeout: float = 10.0) -> None:
+def _recorded_running(job: Job) -> bool:
+    return job.state is JobState.RUNNING and bool(job.pid)
+
+
+def wait_for_use(backend: FakeGpuBackend, ledger: Ledger, job: Job, timeout: float = 10.0) -> None:
+    """Until the job's process reports its memory on the card *and* the job's record names its
+    process (RUNNING with a pid): the runner attributes use only to jobs whose pid it wrote, and
+    under load the fake use can be reported before that write."""
     deadline = time.monotonic() + timeout
-    while not backend.read(0).processes:
+    while not any(backend.read(0).processes.values()) or not _recorded_running(ledger.store.get(job.id)):
         assert time.monotonic() < deadline, "the job never reported its use"
         time.sleep(0.02)
 
@@ -61,7 +68,7 @@ def test_measured_use_counts_in_the_ledger_and_is_flagged(real_redis, key_prefix
     job, thread, result = start(
         ledger, runner, f"{PY} -m rig.fakeuse 12G 30 & while [ ! -f {go} ]; do sleep 0.02; done; kill $!",
         10 * GIB, "bert", tmp_path)
-    wait_for_use(backend)
+    wait_for_use(backend, ledger, job)
     runner._observe_jobs(backend.read(0))
     assert ledger.holdings("n1", 0)[job.id] == 12 * GIB  # max(declared 10, used 12)
     assert ledger.card("n1", 0).reserved == 12 * GIB
@@ -81,7 +88,7 @@ def test_measured_use_counts_in_the_ledger_and_is_flagged(real_redis, key_prefix
 def test_over_declaration_stopped_when_policy_says_so(real_redis, key_prefix, tmp_path):
     settings, backend, ledger, runner = make(real_redis, key_prefix, tmp_path, overuse_policy="stop")
     job, thread, result = start(ledger, runner, f"{PY} -m rig.fakeuse 20G 60", 10 * GIB, "greedy", tmp_path)
-    wait_for_use(backend)
+    wait_for_use(backend, ledger, job)
     runner._observe_jobs(backend.read(0))
     thread.join(30)
     done = ledger.store.get(job.id)
@@ -124,7 +131,7 @@ def test_metrics_command_shows_declared_vs_peak(real_redis, key_prefix, tmp_path
     job, thread, _ = start(ledger, runner,
                            f"{PY} -m rig.fakeuse 6G 30 & while [ ! -f {go} ]; do sleep 0.02; done; kill $!",
                            8 * GIB, "eval", tmp_path)
-    wait_for_use(backend)
+    wait_for_use(backend, ledger, job)
     for _ in range(3):
         runner._observe_jobs(backend.read(0))
     go.touch()

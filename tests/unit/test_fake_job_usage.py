@@ -76,3 +76,26 @@ def test_the_backend_sums_the_jobs_folders_and_follows_no_link(tmp_path: Path, c
     assert not mine.exists() and (secret / str(os.getpid())).exists()
     assert not jobs.exists()  # the last job's: nothing left behind
     assert backend.read(0).used == 1 * GIB
+
+
+def test_fakeuse_never_shows_an_empty_usage_file(tmp_path, monkeypatch):
+    """`python -m rig.fakeuse` writes its use aside and renames it in: a backend reading the card
+    while it starts sees the full use or nothing, never a 0-byte use (the job looked idle)."""
+    from rig import fakeuse
+
+    monkeypatch.setenv("RIG_FAKE_GPU_DIR", str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    backend = FakeGpuBackend("1x80G", tmp_path)
+    seen: list[dict[int, int]] = []
+    real_replace = os.replace
+
+    def replace(src, dst):  # noqa: ANN001 - os.replace's shape
+        seen.append(backend.read(0).processes)  # just before the use appears
+        real_replace(src, dst)
+        seen.append(backend.read(0).processes)
+
+    monkeypatch.setattr(fakeuse.os, "replace", replace)
+    monkeypatch.setattr(fakeuse.time, "sleep", lambda s: None)
+    assert fakeuse.main(["6G", "0"]) == 0
+    assert seen == [{}, {os.getpid(): 6 * GIB}]
+    assert backend.read(0).processes == {}  # removed at its end
