@@ -40,7 +40,8 @@ CSV_FIELDS = ("key", "jobs", "failed", "cancelled", "card_hours", "reserved_gib_
               help="Jobs that ended this long ago or later (90m, 12h, 30d), or 'all'.")
 @click.option("--by", type=click.Choice(GROUPS), default="user", show_default=True, help="One line per this.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-@click.option("--csv", "as_csv", is_flag=True, help="Print CSV for spreadsheets.")
+@click.option("--csv", "as_csv", is_flag=True,
+              help="Print CSV for spreadsheets; the last row, its first cell empty, is the total.")
 @click.pass_context
 @handle_errors
 def usage(ctx: click.Context, since: str, by: str, as_json: bool, as_csv: bool) -> None:
@@ -60,8 +61,11 @@ def usage(ctx: click.Context, since: str, by: str, as_json: bool, as_csv: bool) 
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow((by, *CSV_FIELDS[1:]))
-        for line in [*lines, whole]:
+        for line in lines:
             writer.writerow(_csv_row(line))
+        # The total's first cell is empty, a value no group has (rig.accounting.group_value): a
+        # user or job named "total" stays apart from it.
+        writer.writerow(("", *_csv_row(whole)[1:]))
         sys.stdout.write(out.getvalue())
         return
     console = make_console()

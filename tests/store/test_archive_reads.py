@@ -66,7 +66,7 @@ def test_show_log_metrics_jobs_and_usage_find_archived_jobs(cli_env, real_redis,
     rows = list(csv.DictReader(io.StringIO(run(cli, ["usage", "--since", "30d", "--csv"]).stdout)))
     ann = next(r for r in rows if r["user"] == "ann")
     assert (ann["jobs"], float(ann["card_hours"]), float(ann["reserved_gib_hours"])) == ("1", 1.0, 8.0)
-    assert float(ann["used_gib_hours"]) == 4.0 and rows[-1]["user"] == "total" and rows[-1]["jobs"] == "2"
+    assert float(ann["used_gib_hours"]) == 4.0 and rows[-1]["user"] == "" and rows[-1]["jobs"] == "2"
     by_node = json.loads(run(cli, ["usage", "--since", "60d", "--by", "node", "--json"]).stdout)
     assert [ln["key"] for ln in by_node["lines"]] == ["n1"] and by_node["total"]["jobs"] == 3
     ever = json.loads(run(cli, ["usage", "--since", "all", "--json"]).stdout)  # every finished job
@@ -79,6 +79,16 @@ def test_show_log_metrics_jobs_and_usage_find_archived_jobs(cli_env, real_redis,
 
     bad = run(cli, ["usage", "--since", "a week"])
     assert bad.exit_code == 2 and "--since: cannot read 'a week'" in bad.output
+
+
+def test_usage_csv_keeps_a_user_named_total_apart_from_the_total(cli_env, real_redis):
+    ledger = Ledger(real_redis, Keys(cli_env))
+    now = shared_now(real_redis)
+    finished(ledger, ended=now - 60, user="total")
+    finished(ledger, ended=now - 60, user="ann")
+    rows = list(csv.DictReader(io.StringIO(CliRunner().invoke(cli, ["usage", "--csv"]).stdout)))
+    assert [(r["user"], r["jobs"]) for r in rows] in ([("ann", "1"), ("total", "1"), ("", "2")],
+                                                      [("total", "1"), ("ann", "1"), ("", "2")])
 
 
 def test_the_gateway_hides_an_archived_job_of_another_user_as_a_live_one(real_redis, key_prefix, tmp_path):
