@@ -413,7 +413,14 @@ class LogSource(Protocol):
     (rig.gateway.client._RemoteLog)."""
 
     def look(self, pos: int, back: int, probe: tuple[int, int] | None, want: int) -> Look | None:
-        """The facts at ``pos`` (see Look); None where they cannot be had (an older gateway)."""
+        """The facts at ``pos`` (see Look); None where they cannot be had (an older gateway).
+
+        Read in this order: the data first, then the bytes before it, the marker's place, the
+        size, and last the keeper's note (which it writes after a cut). A cut that falls before
+        or while the data is read then shows in what is read after it, and CutFollower drops
+        that data and finds its place again. Read the other way round, a cut between the checks
+        and the data gave bytes of the new file at the old place, taken as the next output:
+        lines shown twice (CI saw 972 under load)."""
 
     def read_at(self, pos: int, size: int) -> bytes:
         """Up to ``size`` bytes from ``pos`` (b"" past the end, or while the log is gone)."""
@@ -427,14 +434,16 @@ class _OpenFile:
         self.fd, self.note = fd, Path(path).with_suffix(".note")
 
     def look(self, pos: int, back: int, probe: tuple[int, int] | None, want: int) -> Look:
+        # The data first, then what tells a cut (LogSource.look).
+        data = os.pread(self.fd, want, pos) if want else b""
+        before = os.pread(self.fd, back, pos - back) if back else b""
+        probed = os.pread(self.fd, probe[1], probe[0]) if probe else b""
+        size = os.fstat(self.fd).st_size
         try:
             cut = int(logspace.read_note(self.note).get("cap_cut") or 0)
         except (TypeError, ValueError):
             cut = 0
-        return Look(size=os.fstat(self.fd).st_size, cap_cut=cut,
-                    before=os.pread(self.fd, back, pos - back) if back else b"",
-                    probe=os.pread(self.fd, probe[1], probe[0]) if probe else b"",
-                    data=os.pread(self.fd, want, pos) if want else b"")
+        return Look(size=size, cap_cut=cut, before=before, probe=probed, data=data)
 
     def read_at(self, pos: int, size: int) -> bytes:
         return os.pread(self.fd, size, pos)

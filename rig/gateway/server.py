@@ -382,8 +382,12 @@ class Gateway:
         except FileNotFoundError:
             return {"gone": True}
         try:
-            info = os.fstat(fd)
+            # The data first, the checks after it, the keeper's note last (rig.cli.logview.LogSource.look).
+            data = os.pread(fd, min(_bounded(size, LOG_CHUNK), LOG_CHUNK), offset)
             back = min(back, offset)
+            before = os.pread(fd, back, offset - back) if back else b""
+            probed = os.pread(fd, probe[1], probe[0]) if probe else b""
+            info = os.fstat(fd)
             note = _read_note(file.with_suffix(".note"))
             try:
                 cut = int(note.get("cap_cut") or 0)
@@ -391,11 +395,8 @@ class Gateway:
             except (TypeError, ValueError):
                 cut = made_again = 0
             return {"size": info.st_size, "dev": info.st_dev, "ino": info.st_ino, "cap_cut": cut,
-                    "made_again": made_again,
-                    "note": logspace.describe_note(note),
-                    "before": _b64(os.pread(fd, back, offset - back) if back else b""),
-                    "probe": _b64(os.pread(fd, probe[1], probe[0]) if probe else b""),
-                    "data": _b64(os.pread(fd, min(_bounded(size, LOG_CHUNK), LOG_CHUNK), offset))}
+                    "made_again": made_again, "note": logspace.describe_note(note),
+                    "before": _b64(before), "probe": _b64(probed), "data": _b64(data)}
         finally:
             os.close(fd)
 

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -102,13 +103,29 @@ def test_up_daemon_private_redis_real_work_down(tmp_path):
         for name in ("e2e-flower", "e2e-taken"):
             assert rig(env, "down", "--node", name).returncode == 0
 
-        sub = subprocess.run([str(BIN / "rig-submit"), "--name", "hello", "--gpu-memory", "4G", "--wait",
-                              "--", "sh", "-c", "echo hi from $CUDA_VISIBLE_DEVICES; sleep 1"],
-                             env=env, capture_output=True, text=True, timeout=120)
-        assert sub.returncode == 0, sub.stderr
-        job_id = sub.stdout.strip()
-        assert f"job {job_id}: running on e2e/" in sub.stderr  # --wait shows the state changes
-        assert f"job {job_id}: succeeded on e2e/" in sub.stderr
+        # The job ends once --wait has said it runs (a 1 s job on a loaded host could end
+        # between two of its reads, and "running" was never said).
+        go = tmp_path / "go"
+        sub = subprocess.Popen([str(BIN / "rig-submit"), "--name", "hello", "--gpu-memory", "4G", "--wait", "--",
+                                "sh", "-c", f"echo hi from $CUDA_VISIBLE_DEVICES; while [ ! -e {go} ]; do sleep 0.05; done"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        said: list[str] = []
+        never = threading.Timer(60, go.touch)  # "running" never said: the job ends, the assert says so
+        never.start()
+        try:
+            for line in sub.stderr:  # --wait shows the state changes
+                said.append(line)
+                if ": running on e2e/" in line:
+                    go.touch()
+            job_id = sub.stdout.read().strip()
+            assert sub.wait(timeout=120) == 0, "".join(said)
+        finally:
+            never.cancel()
+            go.touch()
+            if sub.poll() is None:
+                sub.kill()
+        assert f"job {job_id}: running on e2e/" in "".join(said), said
+        assert f"job {job_id}: succeeded on e2e/" in "".join(said), said
         log = rig(env, "log", job_id)
         assert log.stdout.strip() in ("hi from 0", "hi from 1")
         status = rig(env, "status")

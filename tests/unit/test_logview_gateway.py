@@ -22,7 +22,7 @@ import fakeredis
 import pytest
 
 from rig import logkeeper, logspace
-from rig.cli.logview import show_log
+from rig.cli.logview import CutFollower, show_log
 from rig.client import Client
 from rig.config import load_settings
 from rig.gateway import wire
@@ -309,3 +309,36 @@ def test_a_log_truncated_by_a_copy_truncate_rotation_is_read_again_from_its_star
     for output, said, _, keeper in _both(gw, client, job_id, script):
         assert _numbers(output) == list(range(keeper.n)), output  # every line once, in order
         assert sum(TRUNCATED in line for line in said) == 1, said
+
+
+def test_a_cut_in_the_middle_of_a_look_repeats_no_line(gateway, monkeypatch):
+    """The keeper cuts the log while a look reads it, just before the look reads the data (a
+    loaded host, where a thread can stall there: CI saw 972 lines shown twice). The data is read
+    first and the checks after it (rig.cli.logview.LogSource.look), so the cut shows in the checks
+    and the data read at the old place in the new file is dropped: every line once, in order, to
+    the last, directly and through the gateway."""
+    gw, client, job_id = gateway
+    real_pread = os.pread
+    armed: list[Keeper] = []
+    fired: list[int] = []
+
+    def pread(fd: int, size: int, offset: int) -> bytes:
+        if armed and size > CutFollower.TAIL:  # the look's read of the data (the others are short)
+            keeper = armed.pop()
+            cut_before = keeper.copy.cut
+            keeper.write(800)  # ~42 kB past the follower's place at ~37 kB: cut to 48 kB once
+            fired.append(keeper.copy.cut - cut_before)
+        return real_pread(fd, size, offset)
+
+    monkeypatch.setattr(os, "pread", pread)
+
+    def script(keeper: Keeper, log: Path) -> list[Callable[[], None] | None]:
+        return [None, lambda: keeper.write(700), lambda: armed.append(keeper), lambda: keeper.write(100),
+                lambda: keeper.write(5)]
+
+    for text, _said, _counts, keeper in _both(gw, client, job_id, script, cap=CAP):
+        assert fired.pop(0) > 0, "no cut during the look: the test tests nothing"
+        numbers = _numbers(text)
+        assert numbers == sorted(set(numbers)), "a line repeated or out of order"
+        # The cut took only output it had read (the head's end to ~32 kB): nothing is missing.
+        assert numbers == list(range(keeper.n)) and MARKER not in text
