@@ -472,11 +472,11 @@ def skipping(state: dict[str, str], now: float, interval: float) -> str | None:
     skips, since = _number(state.get("skips")) or 0, _number(state.get("skipped_since"))
     if not skips or since is None or (skips < 2 and now - since <= interval):
         return None
-    from datetime import datetime
+    from rig.nodes import clock  # the time of day today, with its date on another day
 
     reason, url = state.get("reason") or "unknown", state.get("url") or ""
     where = f" ({url})" if url and url not in reason else ""
-    return f"archiving skipped since {datetime.fromtimestamp(since):%H:%M}: {reason}{where}"
+    return f"archiving skipped since {clock(since)}: {reason}{where}"
 
 
 def late(client: redis.Redis, keys: Keys, now: float, interval: float, *, control_up: bool = True) -> str | None:
