@@ -867,11 +867,14 @@ class Client:
         job = self.get(job_id)
         self.check_control(job, "retry")
         if not self._guard(self.store.in_error_queue, job.id):
+            again = f"to run it again, submit it again (`rig show {job.id}` gives its command)"
             if job.state is JobState.CANCELLED:  # by a person: retry is for failures (M15), not for undoing a kill
                 how = job.reason if (job.reason or "").startswith("cancelled") else "cancelled"
                 raise InvalidInput(f"job {job.id} was {how}; `rig retry` only sends back failed jobs "
-                                   f"(`rig errors`): to run it again, submit it again (`rig show {job.id}` "
-                                   "gives its command)")
+                                   f"(`rig errors`): {again}")
+            if job.state.terminal:  # cleared from the error queue (then archived), or it succeeded
+                raise InvalidInput(f"job {job.id} is {job.state.value}, not in the error queue, the only jobs "
+                                   f"`rig retry` sends back: {again}")
             raise InvalidInput(
                 f"job {job.id} is {job.state.value}, not in the error queue; `rig errors` lists those")
         if job.problems:
