@@ -309,14 +309,38 @@ def check_node_at_up(client: redis.Redis, keys: Keys, settings: Settings) -> lis
     cluster's archive, used because none is set here, that cannot be used from this node (a
     SQLite file of another host, a PostgreSQL login this user lacks) stops nothing: one warning
     line; the node runs jobs, does not archive (its passes skip, saying why), and moves nothing."""
-    restored = None if set_here(settings) or cluster_url(client, keys) is not None else restore(client, keys, settings)
+    fresh = cluster_url(client, keys) is None  # no record yet: this rig up makes the first
+    restored = None if set_here(settings) or not fresh else restore(client, keys, settings)
     lines = [f"archive: Redis held no record of this cluster's archive (it lost its data?): {restored} recorded "
              "again, as this node last saw it"] if restored else []
     if not set_here(settings) and (moved := moved_since(client, keys, settings)):
         lines.append(moved)
     lines += _check_node_at_up(client, keys, settings)
+    if fresh and not restored and (foreign := unknown_history(client, keys, settings)):
+        lines.append(foreign)
     remember(client, keys, settings)
     return lines
+
+
+def unknown_history(client: redis.Redis, keys: Keys, settings: Settings) -> str | None:
+    """At the `rig up` that first records the cluster's archive: the warning line when that
+    archive already holds jobs under this key prefix that this node never saw archived there
+    (:func:`remember`), else None. Rows are told apart by key prefix only, so a second rig
+    cluster (its own Redis) with the same key_prefix and archive_url (the default ``rig:`` and
+    a team's one PostgreSQL database) would list, show and count the first one's jobs as its
+    own, and the first the second's, without a word."""
+    cluster = cluster_url(client, keys)
+    known = _remembered(settings)
+    if cluster is None or (known is not None and same_archive(str(known["url"]), cluster)):
+        return None
+    held = count_jobs(connectable(cluster), settings.key_prefix)
+    if not held:
+        return None
+    return (f"warning: archive {cluster} already holds {held:,} job(s) under key prefix {settings.key_prefix!r} that "
+            "this node never saw this cluster archive: if another rig cluster (another Redis) archives there with "
+            "the same key_prefix, rig jobs/show/usage of each show the other's jobs as its own: give each cluster "
+            "its own key_prefix (RIG_KEY_PREFIX) or database; if they are this cluster's (Redis and this node's run "
+            "folder both lost their data), nothing to do")
 
 
 def _remembered(settings: Settings) -> dict | None:
@@ -448,11 +472,11 @@ def skipping(state: dict[str, str], now: float, interval: float) -> str | None:
     skips, since = _number(state.get("skips")) or 0, _number(state.get("skipped_since"))
     if not skips or since is None or (skips < 2 and now - since <= interval):
         return None
-    from datetime import datetime
+    from rig.nodes import clock  # the time of day today, with its date on another day
 
     reason, url = state.get("reason") or "unknown", state.get("url") or ""
     where = f" ({url})" if url and url not in reason else ""
-    return f"archiving skipped since {datetime.fromtimestamp(since):%H:%M}: {reason}{where}"
+    return f"archiving skipped since {clock(since)}: {reason}{where}"
 
 
 def late(client: redis.Redis, keys: Keys, now: float, interval: float, *, control_up: bool = True) -> str | None:

@@ -64,15 +64,18 @@ LOCK_S = 30.0
 
 @dataclass
 class MoveReport:
-    """What one pass did: jobs archived (and forgotten in Redis), and jobs archived but left in
-    Redis because their record changed meanwhile (they move again later)."""
+    """What one pass did: jobs archived (and forgotten in Redis), jobs archived but left in
+    Redis because their record changed meanwhile (they move again later), and jobs it wrote
+    that another pass (its lock lapsed) had already forgotten in Redis (archived by that one)."""
 
     archived: int = 0
     changed: list[int] = field(default_factory=list)
+    gone: int = 0
 
     def __str__(self) -> str:
         left = f", {len(self.changed)} changed meanwhile and left in Redis" if self.changed else ""
-        return f"archived {self.archived} finished job(s){left}"
+        other = f", {self.gone} already moved by another pass" if self.gone else ""
+        return f"archived {self.archived} finished job(s){left}{other}"
 
 
 class Archiver:
@@ -154,9 +157,11 @@ class Archiver:
                                self.keys.env_blob(ref or "-")],
                          args=[job.id, raw["state"], raw.get("ended_at", ""), raw.get("attempt", ""),
                                raw.get("instance", ""), ref], client=pipe)
-        for (job, _), gone in zip(entries, pipe.execute(), strict=True):
-            if gone:
+        for (job, _), done in zip(entries, pipe.execute(), strict=True):
+            if done == 1:
                 report.archived += 1
+            elif done == 2:
+                report.gone += 1
             else:
                 report.changed.append(job.id)
 
@@ -176,7 +181,7 @@ def archive_pass(client: redis.Redis, keys: Keys, archive: Archive, *, after_sec
         report = Archiver(client, keys, archive, after_seconds=after_seconds, keep=keep,
                           batch=batch).run(now, lock.reacquire)
         mark_pass_ok(client, keys, now)
-        if report.archived or report.changed:
+        if report.archived or report.changed or report.gone:
             log.info("archive: %s", report)
         return report
     finally:

@@ -159,6 +159,8 @@ class StatusReport:
     beats_refused: str | None = None
     #: Finished jobs moved to the archive (counts: those still in Redis); None: no archive read.
     archived: int | None = None
+    #: Where they are: the archive's URL (no password), read with ``archived``; None: not read.
+    archive: str | None = None
 
 
 @dataclass
@@ -618,9 +620,12 @@ class Client:
             alone = no_replica_note(self.r, self.settings.redis_url)  # under Sentinel, no replica
             if alone:
                 notices.append(alone)
-            archived = None
+            from rig.archive import safe_url
+
+            archived = archive = None
             try:
                 archived = self.history.archived_count()
+                archive = safe_url(self.history.location())  # where the history is (README, Archive)
             except ConfigError as exc:  # the rest of the status is still true: say it, go on
                 notices.append(f"the archive cannot be read: {exc}")
             from rig.archive_cluster import late
@@ -635,7 +640,7 @@ class Client:
                 workers=workers, counts=self.store.count_by_state(),
                 nodes=nodes, users=self._users(running, now), pool=pool,
                 pool_empty=pools.no_card(pool) if pool is not None and not cards else None,
-                notices=notices, archived=archived,
+                notices=notices, archived=archived, archive=archive,
             )
 
         return self._guard(_do)
@@ -862,11 +867,14 @@ class Client:
         job = self.get(job_id)
         self.check_control(job, "retry")
         if not self._guard(self.store.in_error_queue, job.id):
+            again = f"to run it again, submit it again (`rig show {job.id}` gives its command)"
             if job.state is JobState.CANCELLED:  # by a person: retry is for failures (M15), not for undoing a kill
                 how = job.reason if (job.reason or "").startswith("cancelled") else "cancelled"
                 raise InvalidInput(f"job {job.id} was {how}; `rig retry` only sends back failed jobs "
-                                   f"(`rig errors`): to run it again, submit it again (`rig show {job.id}` "
-                                   "gives its command)")
+                                   f"(`rig errors`): {again}")
+            if job.state.terminal:  # cleared from the error queue (then archived), or it succeeded
+                raise InvalidInput(f"job {job.id} is {job.state.value}, not in the error queue, the only jobs "
+                                   f"`rig retry` sends back: {again}")
             raise InvalidInput(
                 f"job {job.id} is {job.state.value}, not in the error queue; `rig errors` lists those")
         if job.problems:

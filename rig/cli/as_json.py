@@ -53,6 +53,7 @@ def status_dict(report: StatusReport) -> dict[str, Any]:
         "nodes": _plain(report.nodes),
         "jobs_by_state": _plain(report.counts),
         "jobs_archived": report.archived,
+        "archive_url": report.archive,
         "users": _plain(report.users),
         "pool": report.pool,
         "pool_empty": report.pool_empty,

@@ -325,6 +325,8 @@ def render_status(report: StatusReport, console: Console) -> None:
     if len(counts) + 6 > console.width:  # one line: the states with no job go first
         counts = "  ".join(f"{s.value.lower()}={n}" for s, n in report.counts.items() if n) or "none"
     archived = "" if report.archived is None else f"; archived (finished, out of Redis): {report.archived}"
+    if report.archived is not None and report.archive:
+        archived += f" in {report.archive}"
     console.print(f"jobs: {counts}{archived}")
     for notice in report.notices:  # rig's Redis: full, or set up to lose rig's data
         console.print(M(f"warning: {notice}"), style="yellow")

@@ -18,8 +18,12 @@
 -- ARGV[6]  env_ref as archived ('' if it had none)
 --
 -- Returns 1 when the job was forgotten (and its environment blob with its last job), 0 when its
--- record changed or it is in the error queue (left alone).
+-- record changed or it is in the error queue (left alone), 2 when it was gone already (another
+-- pass, whose lock lapsed, forgot it first).
 
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 2
+end
 local f = redis.call('HMGET', KEYS[1], 'state', 'ended_at', 'attempt', 'instance', 'env_ref')
 if f[1] ~= ARGV[2] or (f[2] or '') ~= ARGV[3] or (f[3] or '') ~= ARGV[4] or (f[4] or '') ~= ARGV[5]
     or (f[5] or '') ~= ARGV[6] then

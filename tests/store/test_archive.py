@@ -161,6 +161,25 @@ def test_a_job_retried_after_it_was_archived_stays_in_redis_and_is_archived_agai
     assert archive.count() == 1 and archive.get(job.id).ended_at == NOW - DAY - 5  # the row was replaced
 
 
+def test_a_job_another_pass_moved_meanwhile_is_not_said_to_be_left_in_redis(ledger, archive, monkeypatch):
+    """Two passes at once (a lapsed lock): the slower one logged the jobs the other had already
+    moved as 'changed meanwhile and left in Redis', though Redis no longer held them."""
+    jobs = [finished(ledger, ended=NOW - 2 * DAY) for _ in range(3)]
+    real_add = Archive.add
+
+    def add_then_other_pass(self, entries, *, now):
+        done = real_add(self, entries, now=now)
+        monkeypatch.setattr(Archive, "add", real_add)
+        assert mover(ledger, archive).run(NOW).archived == 3  # the other pass, all of them
+        return done
+
+    monkeypatch.setattr(Archive, "add", add_then_other_pass)
+    report = mover(ledger, archive).run(NOW)
+    assert (report.archived, report.changed, report.gone) == (0, [], 3)
+    assert str(report) == "archived 0 finished job(s), 3 already moved by another pass"
+    assert archive.count() == 3 and not any(in_redis(ledger, j.id) for j in jobs)
+
+
 def test_usage_counts_archived_and_live_jobs_with_one_rule(ledger, archive, tmp_path, key_prefix):
     finished(ledger, ended=NOW - 3 * DAY, user="ann", gib=20, gpus=2, run_s=7200, wait_s=100, mean=10 * GIB)
     finished(ledger, ended=NOW - 3 * DAY, user="ann", state=JobState.FAILED, failure="cuda_oom", run_s=1800,

@@ -158,6 +158,34 @@ def test_redis_back_empty_gets_the_cluster_archive_back_from_a_node_not_its_own_
     assert cluster_url(r, keys).endswith("/a/archive.sqlite3") and not (c_set.home / "archive.sqlite3").exists()
 
 
+def test_a_second_cluster_with_the_same_prefix_on_one_archive_is_told_at_rig_up(ledger, tmp_path, key_prefix):
+    """Two rig clusters (each its own Redis) with the default key prefix and one team PostgreSQL
+    database: the second one's rig up said nothing, and its rig jobs/show/usage listed the
+    first one's archived jobs (on nodes it never had) as its own."""
+    from rig.archive_cluster import check_node_at_up
+
+    r, keys = ledger.store.r, ledger.keys
+    (tmp_path / "db").mkdir()
+    shared = default_url(tmp_path / "db")
+    first = load_settings(key_prefix=key_prefix, home=tmp_path / "a", archive_url=shared)
+    assert check_node_at_up(r, keys, first) == []  # an archive holding nothing yet: nothing to say
+    job = finished(ledger, ended=NOW - 2 * DAY)
+    with Archive(shared, key_prefix) as a:
+        assert str(one_pass(ledger, a)) == "archived 1 finished job(s)"
+    for key in r.scan_iter(match=f"{key_prefix}*"):  # the second cluster's Redis: none of these keys
+        r.delete(key)
+    second = load_settings(key_prefix=key_prefix, home=tmp_path / "b", archive_url=shared)
+    (line,) = check_node_at_up(r, keys, second)
+    assert line.startswith(f"warning: archive {shared} already holds 1 job(s) under key prefix {key_prefix!r}")
+    assert "give each cluster its own key_prefix (RIG_KEY_PREFIX) or database" in line
+    assert History(ledger.store, second).get(job.id).id == job.id  # what it warns of
+    assert check_node_at_up(r, keys, second) == []  # said once: the record is this node's now
+    # Redis lost its data under the first cluster: its node remembers the archive, no warning.
+    for key in r.scan_iter(match=f"{key_prefix}*"):
+        r.delete(key)
+    assert check_node_at_up(r, keys, first) == []
+
+
 def test_a_node_is_told_when_the_cluster_archive_moved_while_it_was_down(ledger, tmp_path, key_prefix):
     """An older rig up alone (no archive_url) took its own default for a move and recorded its
     home's SQLite file; the next rig up of a newer node followed it without a word, and

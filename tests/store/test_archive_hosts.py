@@ -7,7 +7,7 @@ tmp_path; another host is this_host() made to answer another machine id."""
 from __future__ import annotations
 
 import sqlite3
-from datetime import datetime
+import time
 
 import pytest
 
@@ -27,6 +27,7 @@ from rig.errors import ConfigError, JobNotFound
 from rig.history import ArchiveUnread, History
 from rig.keys import Keys
 from rig.ledger import Ledger
+from rig.nodes import clock
 from tests.store.test_archive import DAY, NOW, finished, in_redis
 
 SA = Host("machine-a", "sa")
@@ -137,7 +138,7 @@ def test_a_failing_pass_is_said_with_its_cause_by_the_archiving_nodes_interval(l
     assert "database or disk is full" in late(r, keys, NOW + 11, 60)  # one interval late
     task.run(NOW + 10)
     line = late(r, keys, NOW + 10, 60)
-    assert line == (f"archiving skipped since {datetime.fromtimestamp(NOW + 5):%H:%M}: database or disk is full "
+    assert line == (f"archiving skipped since {clock(NOW + 5)}: database or disk is full "
                     f"({default_url(tmp_path)})")
     monkeypatch.undo()
     assert task.run(NOW + 15) == "archived 1 finished job(s)"
@@ -148,10 +149,23 @@ def test_skips_said_without_control_workers_say_no_control_worker_is_up(ledger):
     r, keys = ledger.store.r, ledger.keys
     note_pass(r, keys, NOW, interval=5, node="sa", skipped="database or disk is full", url="sqlite:////x/a")
     note_pass(r, keys, NOW + 5, interval=5, node="sa", skipped="database or disk is full", url="sqlite:////x/a")
-    assert late(r, keys, NOW + 6, 60) == (f"archiving skipped since {datetime.fromtimestamp(NOW):%H:%M}: "
+    assert late(r, keys, NOW + 6, 60) == (f"archiving skipped since {clock(NOW)}: "
                                           "database or disk is full (sqlite:////x/a)")
     r.set(keys.archive_ok_at, repr(NOW - 600))
     assert "no control worker is up" in late(r, keys, NOW + 6, 60, control_up=False)
+
+
+def test_skips_since_an_earlier_day_say_its_date(ledger):
+    """Passes skipped for three days read `archiving skipped since 17:42`: today's time, not the
+    day the archive stopped taking jobs."""
+    r, keys = ledger.store.r, ledger.keys
+    now = time.time()
+    for at in (now - 3 * DAY, now - 3 * DAY + 60):
+        note_pass(r, keys, at, interval=60, node="sa", skipped="database or disk is full", url="sqlite:////x/a")
+    line = late(r, keys, now, 60)
+    day = time.strftime("%Y-%m-%d", time.localtime(now - 3 * DAY))
+    assert line.startswith(f"archiving skipped since {day} ") and line.endswith(": database or disk is full "
+                                                                               "(sqlite:////x/a)")
 
 
 def test_a_three_slash_sqlite_url_is_said_to_be_relative(ledger, tmp_path, key_prefix):

@@ -74,8 +74,10 @@ def test_show_log_metrics_jobs_and_usage_find_archived_jobs(cli_env, real_redis,
     table = run(cli, ["usage", "--since", "all"], env={"COLUMNS": "80"}).stdout
     assert "usage of all finished jobs" in table and "used GiB-h" in table  # used before cancelled at 80
 
-    assert json.loads(run(cli, ["status", "--json"]).stdout)["jobs_archived"] == 3
-    assert "archived (finished, out of Redis): 3" in run(cli, ["status"]).stdout
+    status = json.loads(run(cli, ["status", "--json"]).stdout)
+    where = load_settings().archive_location  # where the history is: said, not left to the README
+    assert (status["jobs_archived"], status["archive_url"]) == (3, where)
+    assert f"archived (finished, out of Redis): 3 in {where}" in run(cli, ["status"], env={"COLUMNS": "400"}).stdout
 
     bad = run(cli, ["usage", "--since", "a week"])
     assert bad.exit_code == 2 and "--since: cannot read 'a week'" in bad.output

@@ -117,6 +117,24 @@ def test_retry_of_a_cancelled_job_says_it_was_cancelled_and_how_to_run_it_again(
     assert err.value.exit_code == 2 and client.get(job.id).state is JobState.CANCELLED
 
 
+def test_retry_of_a_job_cleared_from_the_error_queue_says_how_to_run_it_again(client, monkeypatch):
+    """A failed job cleared from the error queue (then archived) said "not in the error queue;
+    `rig errors` lists those": it never will be there again, and nothing said what to do."""
+    from rig.errors import InvalidInput
+
+    job = failed_job_of(client, "alice")
+    as_user(monkeypatch, ALICE)
+    client.clear_error(job.id)
+    with pytest.raises(InvalidInput) as err:
+        client.retry(job.id)
+    assert str(err.value) == (f"job {job.id} is FAILED, not in the error queue, the only jobs `rig retry` sends "
+                              f"back: to run it again, submit it again (`rig show {job.id}` gives its command)")
+    assert err.value.exit_code == 2
+    waiting = job_of(client, "alice")  # not finished: nothing to submit again
+    with pytest.raises(InvalidInput, match="is PENDING, not in the error queue; `rig errors` lists those"):
+        client.retry(waiting.id)
+
+
 def test_an_admin_may_clear_anyones_error(client, monkeypatch):
     job = failed_job_of(client, "alice")
     as_user(monkeypatch, CAROL)
