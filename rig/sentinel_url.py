@@ -115,7 +115,9 @@ class SentinelUrl:
         if "not_sentinel" in by_kind:
             return "; ".join(by_kind["not_sentinel"]), False
         if "refused" in by_kind:
-            return (f"the sentinel(s) at {', '.join(by_kind['refused'])} refused the sentinel password; give theirs "
+            # None sent: saying it was refused sent the operator looking for a wrong password.
+            said = "refused the sentinel password" if self.sentinel_password else "require a password and rig sent none"
+            return (f"the sentinel(s) at {', '.join(by_kind['refused'])} {said}; give theirs "
                     f"as ?{SENTINEL_PASSWORD_PARAM}=PW at the end of redis_url", False)
         if named:
             return (f"the sentinels monitor no master named {self.master_name!r} (they monitor "

@@ -139,6 +139,21 @@ def test_the_sentinel_password_file_fills_the_sentinels_password(tmp_path):
         load_settings(redis_url="sentinel://h1/rigmaster/0", redis_sentinel_password_file=tmp_path / "none")
 
 
+def test_a_bad_sentinel_password_file_is_named_as_such(tmp_path):
+    # It was "the Redis password file ... set RIG_REDIS_PASSWORD / delete it to have `rig up`
+    # generate one": the master's file, which this is not, and rig up generates no sentinel password.
+    secret = tmp_path / "sentinel.password"
+    secret.write_text("from-file\n")
+    secret.chmod(0o644)
+    with pytest.raises(ConfigError, match=r"^the sentinel password file \(redis_sentinel_password_file\) .* is open"):
+        load_settings(redis_url="sentinel://h1/rigmaster/0", redis_sentinel_password_file=secret)
+    secret.write_text("\n")
+    secret.chmod(0o600)
+    with pytest.raises(ConfigError, match="is empty; write the sentinels' password") as info:
+        load_settings(redis_url="sentinel://h1/rigmaster/0", redis_sentinel_password_file=secret)
+    assert "rig up" not in str(info.value)
+
+
 def test_rig_init_never_writes_a_password_into_the_config(tmp_path, monkeypatch):
     monkeypatch.setenv("RIG_REDIS_URL", URL)
     written = init_config(str(tmp_path / "config.toml"), "n1", force=False)
