@@ -126,6 +126,22 @@ def test_no_sentinel_answering_is_said_at_once_not_retried_for_a_failover_window
     assert message.startswith(f"no Redis master behind {url}: no sentinel answers at 127.0.0.1:{ports[0]}")
 
 
+def test_rig_up_without_a_usable_sentinel_exits_5_like_every_command(tmp_path):
+    # It exited 7 (bring-up failed) where rig status, rig-submit and the rest say 5 (README:
+    # sentinels that cannot be used are one line and exit 5); a wrong password was 5 there too.
+    from rig.errors import RedisUnavailable
+    from rig.stack import Stack, UpOptions
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    url = f"sentinel://127.0.0.1:{port}/rigmaster/0"
+    stack = Stack(load_settings(home=tmp_path / "home", redis_url=url), UpOptions(), say=lambda _line: None)
+    with pytest.raises(RedisUnavailable) as info:
+        stack._ensure_redis()
+    assert info.value.exit_code == 5 and str(info.value).startswith(f"no Redis master behind {url}: no sentinel")
+
+
 def test_the_sentinel_password_file_fills_the_sentinels_password(tmp_path):
     secret = tmp_path / "sentinel.password"
     secret.write_text("from-file\n")
