@@ -554,7 +554,7 @@ def resolve_auth(url: str, *, home: Path, password: str | None = None,
         if not path.exists():
             raise ConfigError(f"redis_sentinel_password_file names {path}, which does not exist; create it "
                               "(one line, mode 0600) or unset RIG_REDIS_SENTINEL_PASSWORD_FILE")
-        url = sentinel_url.with_sentinel_password(url, read_password_file(path))
+        url = sentinel_url.with_sentinel_password(url, read_password_file(path, sentinels=True))
     home_file = home_password_file(home) if is_local(url) else None
     if url_password(url):
         auth = RedisAuth(url, "the URL (RIG_REDIS_URL / redis_url)", home_file)
@@ -588,24 +588,32 @@ def password_source(url: str) -> str:
     return "the URL (RIG_REDIS_URL / redis_url)" if url_password(url) else ""
 
 
-def read_password_file(path: Path) -> str:
-    """The password in ``path`` (its first line, surrounding blanks removed).
+def read_password_file(path: Path, *, sentinels: bool = False) -> str:
+    """The password in ``path`` (its first line, surrounding blanks removed); ``sentinels``:
+    the sentinels' own password file (redis_sentinel_password_file), which the errors name as
+    such (they said "the Redis password file", "set RIG_REDIS_PASSWORD" and "delete it to have
+    `rig up` generate one", none of which is true of it).
 
     The file must not be open to every user (no permission bits for "other"); group-readable
     is allowed so that a team can share a file through a Unix group.
     """
+    what = "sentinel password file (redis_sentinel_password_file)" if sentinels else "Redis password file"
     try:
         mode = path.stat().st_mode
         text = path.read_text()
     except OSError as exc:
-        raise ConfigError(f"cannot read the Redis password file {path} ({exc.strerror}); ask its owner "
-                          "for the password, or set RIG_REDIS_PASSWORD") from None
+        instead = (f"or give it as ?{sentinel_url.SENTINEL_PASSWORD_PARAM}=PW at the end of redis_url" if sentinels
+                   else "or set RIG_REDIS_PASSWORD")
+        raise ConfigError(f"cannot read the {what} {path} ({exc.strerror}); ask its owner for the password, "
+                          f"{instead}") from None
     if mode & stat.S_IRWXO:
-        raise ConfigError(f"the Redis password file {path} is open to every user (mode "
+        raise ConfigError(f"the {what} {path} is open to every user (mode "
                           f"{stat.S_IMODE(mode):04o}); run `chmod 600 {path}` and change the password")
     lines = text.strip().splitlines()
     if not lines or not lines[0].strip():
-        raise ConfigError(f"the Redis password file {path} is empty; write the password on its first "
+        raise ConfigError(f"the {what} {path} is empty; write the sentinels' password (their requirepass) on its "
+                          "first line" if sentinels else
+                          f"the {what} {path} is empty; write the password on its first "
                           f"line, or delete it to have `rig up` generate one")
     return lines[0].strip()
 

@@ -53,13 +53,17 @@ class ReplicaWait:
         ``timeout_s`` without one. Raises redis errors (the master died in between: the caller
         retries its write, which its fencing makes safe, then confirms again)."""
         if connected_replicas(self.client) == 0:
+            follow_master(self.client)
             return False  # nothing could confirm it: do not wait out the timeout on every write
         pipe = self.client.pipeline(transaction=False)
         pipe.incr(self.keys.replication_mark)
         # WAIT 0 would block for ever: at least 1 ms.
         pipe.wait(REPLICAS, max(1, round(self.timeout_s * 1000)))
         _, acked = pipe.execute()
-        return int(acked) >= REPLICAS
+        if int(acked) >= REPLICAS:
+            return True
+        follow_master(self.client)
+        return False
 
     def unconfirmed_note(self, what: str) -> str:
         """The warning line when confirm() returned False: why (no replica connected, so it did
@@ -72,6 +76,25 @@ class ReplicaWait:
                f"no replica confirmed it within {self.timeout_s:g} s (replica down, or a fail-over just happened)")
         return (f"warning: {what} stored on the Redis master, but {why}: if the master failed now it would be "
                 "lost (docs/RELIABILITY.md)")
+
+
+def follow_master(client: redis.Redis) -> None:
+    """After a write no replica confirmed: ask the sentinels for the master now, so that the
+    caller's read-back (is the write still there?) goes to the master they name. A master that
+    was hung or cut off (SIGSTOP, a partition) while the sentinels promoted its replica answers
+    again as a master, with no replica, until the sentinels turn it into a replica (~10 s) and
+    it drops everything written meanwhile; rig's connections to it are healthy, so nothing made
+    them ask the sentinels: submissions were acknowledged there (with the no-replica warning)
+    and lost, and a card worker started a job whose claim was lost, which then ran twice.
+    redis-py's pool, told of a new master address, closes its idle connections to the old one
+    and drops the busy ones as they come back. Not under Sentinel (no such pool): nothing."""
+    ask = getattr(client.connection_pool, "get_master_address", None)
+    if ask is None or not getattr(client.connection_pool, "is_master", False):
+        return
+    try:
+        ask()
+    except (redis.RedisError, OSError):
+        pass  # no sentinel answers now: the read-back's own connection asks again
 
 
 def replica_wait(client: redis.Redis, keys: Keys, url: str, timeout_s: float) -> ReplicaWait | None:

@@ -97,11 +97,7 @@ class SentinelUrl:
         sentinel that answers and monitors MASTER_NAME means a fail-over; none answering, a
         refused sentinel password, a listed address that is no sentinel or an unknown name is
         the configuration's fault."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        kwargs = {**self.sentinel_kwargs(options or {}), "decode_responses": True}
-        with ThreadPoolExecutor(max_workers=len(self.sentinels), thread_name_prefix="rig-sentinel-ask") as pool:
-            answers = list(pool.map(lambda hp: _ask_sentinel(hp, kwargs), self.sentinels))
+        answers = self._ask_all(options)
         by_kind: dict[str, list[str]] = {}
         named: set[str] = set()
         for (kind, detail), hp in zip(answers, self.sentinels, strict=True):
@@ -115,7 +111,9 @@ class SentinelUrl:
         if "not_sentinel" in by_kind:
             return "; ".join(by_kind["not_sentinel"]), False
         if "refused" in by_kind:
-            return (f"the sentinel(s) at {', '.join(by_kind['refused'])} refused the sentinel password; give theirs "
+            # None sent: saying it was refused sent the operator looking for a wrong password.
+            said = "refused the sentinel password" if self.sentinel_password else "require a password and rig sent none"
+            return (f"the sentinel(s) at {', '.join(by_kind['refused'])} {said}; give theirs "
                     f"as ?{SENTINEL_PASSWORD_PARAM}=PW at the end of redis_url", False)
         if named:
             return (f"the sentinels monitor no master named {self.master_name!r} (they monitor "
@@ -130,10 +128,32 @@ class SentinelUrl:
                     "in redis_url", False)
         return f"the sentinels monitor no master named {self.master_name!r}", False
 
+    def _ask_all(self, options: dict[str, Any] | None) -> list[tuple[str, Any]]:
+        """Every listed sentinel asked once, all at the same time: _ask_sentinel's answers, in
+        the URL's order."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        kwargs = {**self.sentinel_kwargs(options or {}), "decode_responses": True}
+        with ThreadPoolExecutor(max_workers=len(self.sentinels), thread_name_prefix="rig-sentinel-ask") as pool:
+            return list(pool.map(lambda hp: _ask_sentinel(hp, kwargs), self.sentinels))
+
+    def silent(self, options: dict[str, Any] | None = None) -> list[str]:
+        """A warning for each listed sentinel that does not answer while another does: rig works,
+        so nothing else said that one of them (a typo in its port, one never started) leaves
+        fewer sentinels than the operator counts on."""
+        answers = self._ask_all(options)
+        if not any(kind == "masters" for kind, _ in answers):
+            return []  # none answers: rig up's own error says so
+        return [f"the sentinel at {_hostport(hp)} listed in redis_url does not answer"
+                f"{' (it accepts connections, then is silent: hung?)' if kind == 'hung' else ''}: rig finds the "
+                "master through the others, and one fewer can fail before it cannot; start it, or fix its host "
+                "and port in redis_url"
+                for (kind, _), hp in zip(answers, self.sentinels, strict=True) if kind in ("down", "hung")]
+
     def notices(self, window_s: float, options: dict[str, Any] | None = None) -> list[str]:
         """Warnings for `rig up` about a Sentinel setup that would not fail over in time, from
         the first sentinel that answers (``SENTINEL MASTER``): fewer than two sentinels listed,
-        a listed address that is no sentinel (a plain Redis among them: found only when it is
+        a listed sentinel that does not answer, a listed address that is no sentinel (a plain Redis among them: found only when it is
         asked first, so said here for each), no replica to promote, a master called down later
         than rig's clients wait (``window_s``)."""
 
@@ -145,6 +165,7 @@ class SentinelUrl:
             out.append(f"redis_url lists one sentinel: while it is down rig cannot find the master; list "
                        f"every sentinel (sentinel://h1:26379,h2:26379,h3:26379/{self.master_name}/{self.db})")
         out += self.not_sentinels()
+        out += self.silent(options)
         kwargs = {**self.sentinel_kwargs(options or {}), "decode_responses": True}
         for host, port in self.sentinels:
             client = redis.Redis(host=host, port=port, **kwargs)

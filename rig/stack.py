@@ -590,10 +590,12 @@ class Stack:
             return
         if not self.wants("redis") and self.options.only:
             raise StackError(f"no Redis answers at {shown}")
+        # Redis unreachable: exit 5, as from every command (StackError's 7 said "bring-up failed").
         if is_sentinel(url):  # which of the sentinels, their password or the master's name is wrong
-            raise StackError(f"no Redis master behind {shown}: {sentinel_url.parse(url).diagnose(client_options())[0]}")
+            raise RedisUnavailable.said(
+                url, f"no Redis master behind {shown}: {sentinel_url.parse(url).diagnose(client_options())[0]}")
         if not is_local(url):
-            raise StackError(f"no Redis answers at {shown}; start it, or point RIG_REDIS_URL at one")
+            raise RedisUnavailable.said(url, f"no Redis answers at {shown}; start it, or point RIG_REDIS_URL at one")
         if url_password(url) is None:
             # No password configured (else the URL would carry it): generate or reuse the
             # home one, which resolve_auth then finds like any client on this machine will.

@@ -9,8 +9,10 @@ its link closed: the master's writes from then on never reach it), LAG_JOBS more
 acknowledge them *with* the no-replica warning), the master is SIGKILLed, the replica continued,
 and submitting goes on. Then:
 
-- lost: a job acknowledged without the warning that does not end SUCCEEDED (a warned job the
-  fail-over lost is what the warning said: counted in the notes, not here);
+- lost: an acknowledged job that does not end SUCCEEDED, except one acknowledged with the
+  no-replica warning before the kill (a warned job the fail-over lost is what the warning said:
+  counted in the notes, not here); jobs acknowledged after the kill count, warned or not (the
+  new master has no replica, but no second failure comes: see _verdict);
 - duplicated: a job (id and instance) with more than one line in the runs file;
 - leaked: bytes still reserved on a card after every job ended; orphans: job processes left;
 - problems: the lag batch acknowledged without a warning, a node that froze as "Redis lost its
@@ -23,6 +25,7 @@ and submitting goes on. Then:
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -92,23 +95,14 @@ class _Submitter(threading.Thread):
 
 def sentinel_failover(workdir: Path) -> ScenarioResult:
     """See the module docstring."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    result = ScenarioResult("sentinel_failover", jobs=0,
-                            faults="replica cut off, then SIGKILL of the Redis master under load; "
-                                   "Sentinel promotes the replica")
-    began = time.monotonic()
-    redis_set = SentinelSet(workdir / "redis")
+    result, began, redis_set = _begin(workdir, "sentinel_failover",
+                                      "replica cut off, then SIGKILL of the Redis master under load; "
+                                      "Sentinel promotes the replica")
     node: RigHarness | None = None
     try:
         redis_set.start()
         phases = [("sentinels up", time.monotonic())]
-        # replica_wait_seconds short: while the replica is stopped, and after the kill (the new
-        # master has no replica), each WAIT runs out and says so. assigned_timeout short: a
-        # start message lost with the master is re-sent after it (docs/RELIABILITY.md).
-        node = RigHarness(workdir / "home", fake_gpus=f"{CARDS}x80G", redis_url=redis_set.url, node_name="sn1",
-                          replica_wait_seconds=0.25, health={"timeout": 15.0, "check_interval": 2.0,
-                                                             "assigned_timeout": 5.0})
-        node.up()
+        node = _node(workdir, redis_set, "sn1")
         phases.append(("node up", time.monotonic()))
         runs = workdir / "runs.txt"
         command = JOB.format(runs=runs, seconds=JOB_SECONDS)
@@ -157,16 +151,14 @@ def sentinel_failover(workdir: Path) -> ScenarioResult:
         result.notes.append("phases: " + ", ".join(f"{name} {at - prev:.1f} s"
                                                    for prev, (name, at) in zip(since, phases, strict=False)))
         starts = _starts(runs)
-        kept = [a for a in acks if not a.warned]
-        result.lost = sum(1 for a in kept if finals.get(a) != JobState.SUCCEEDED)
-        gone_warned = [a.job_id for a in acks if a.warned and a not in finals]
-        unfinished_warned = [a.job_id for a in acks if a.warned and a in finals and finals[a] != JobState.SUCCEEDED]
-        if unfinished_warned:
-            result.problems.append(f"warned jobs kept by the new master that did not succeed: {unfinished_warned}")
-        result.duplicated = sum(1 for times in starts.values() if len(times) > 1)
-        never_ran = [a.job_id for a in kept if not starts.get((a.job_id, a.instance))]
-        if never_ran:
-            result.problems.append(f"acknowledged jobs that never ran: {never_ran[:10]}")
+        verdict = _verdict(acks, finals, starts, kill_wall)
+        result.lost, result.duplicated = len(verdict.lost), verdict.duplicated
+        gone_warned = verdict.gone_as_warned
+        if verdict.unfinished_warned:
+            result.problems.append("warned jobs kept by the new master that did not succeed: "
+                                   f"{verdict.unfinished_warned}")
+        if verdict.never_ran:
+            result.problems.append(f"acknowledged jobs that never ran: {verdict.never_ran[:10]}")
         result.leaked = node.leaked_bytes()
         mismatch = node.redis.hget(node.keys.node(node.name), "installation_mismatch")
         if mismatch:
@@ -195,12 +187,119 @@ def sentinel_failover(workdir: Path) -> ScenarioResult:
     except Exception as exc:  # noqa: BLE001 - reported as the scenario's problem, then cleaned up
         result.problems.append(f"{type(exc).__name__}: {exc}")
     finally:
-        if node is not None:
-            result.orphans = len(node.orphans())
-            node.cleanup()
-        redis_set.stop()
-        result.seconds = round(time.monotonic() - began, 1)
+        _clean_up(result, node, redis_set, began)
     return result
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the acknowledgements, the final states and the runs file say (job ids)."""
+
+    lost: list[int]  # acknowledged jobs that did not end SUCCEEDED, save those the warning covered
+    gone_as_warned: list[int]  # jobs warned before the kill that the new master does not hold
+    unfinished_warned: list[int]  # jobs warned before the kill, kept, that did not succeed
+    never_ran: list[int]  # jobs that had to run and have no line in the runs file
+    duplicated: int  # (id, instance) pairs with more than one line in the runs file
+
+
+def _verdict(acks: list[Ack], finals: dict[Ack, JobState], starts: dict[tuple[int, str], list[float]],
+             kill_wall: float) -> Verdict:
+    """Only a job acknowledged *with* the no-replica warning before the kill may be gone: the
+    warning says the master's failure could lose it, and the master failed. A job acknowledged
+    after the kill is warned too (the new master has no replica yet), but no second failure
+    came, so it must end SUCCEEDED and run once like the rest (counting every warned job as
+    excused left the 18 jobs submitted after the kill unchecked: one lost would have read
+    "4 of them lost with the master, as warned")."""
+    covered = [a for a in acks if a.warned and a.at <= kill_wall]
+    bound = [a for a in acks if a not in covered]
+    return Verdict(
+        lost=[a.job_id for a in bound if finals.get(a) != JobState.SUCCEEDED],
+        gone_as_warned=[a.job_id for a in covered if a not in finals],
+        unfinished_warned=[a.job_id for a in covered if a in finals and finals[a] != JobState.SUCCEEDED],
+        never_ran=[a.job_id for a in bound if not starts.get((a.job_id, a.instance))],
+        duplicated=sum(1 for times in starts.values() if len(times) > 1))
+
+
+#: How long the master stays stopped once the sentinels promoted its replica (s): shorter than
+#: rig's reply timeout, so calls sent to it meanwhile are answered by it when it continues.
+HUNG_EXTRA_S = 2.0
+
+
+def sentinel_hung_master(workdir: Path) -> ScenarioResult:
+    """The master hangs (SIGSTOP) under load until the sentinels promote its replica, then
+    answers again (SIGCONT; a partition that heals): a master with no replica, until the
+    sentinels demote it (~10 s) and it drops what it took meanwhile. The submitter never
+    pauses; every acknowledged job must end SUCCEEDED and run once (no warning excuses one: no
+    write was acknowledged before the fault with the warning), every card freed, nothing left."""
+    result, began, redis_set = _begin(workdir, "sentinel_hung_master",
+                                      "Redis master stopped under load until its replica is promoted, then "
+                                      "continued (a deposed master answering as one)")
+    node: RigHarness | None = None
+    try:
+        redis_set.start()
+        node = _node(workdir, redis_set, "sh1")
+        runs = workdir / "runs.txt"
+        submitter = _Submitter(node, JOB.format(runs=runs, seconds=JOB_SECONDS), workdir)
+        submitter.go_on.set()  # no pause: submissions are in flight through the whole fault
+        submitter.start()
+        if not submitter.reached.wait(60):
+            result.problems.append(f"only {len(submitter.acked)} submissions before the fault")
+            return result
+        master = redis_set.procs["master"]
+        stop_wall = time.time()
+        master.send_signal(signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + FAILOVER_WINDOW_S
+            while redis_set.master_port_now() != redis_set.replica_port and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(HUNG_EXTRA_S)
+        finally:
+            master.send_signal(signal.SIGCONT)
+        if redis_set.master_port_now() != redis_set.replica_port:
+            result.problems.append("no fail-over: the sentinels never promoted the replica")
+        submitter.join(FAILOVER_WINDOW_S + 60)
+        if submitter.is_alive():
+            result.problems.append("the submitter hung after the fault")
+        acks = submitter.acked
+        result.jobs = len(acks)
+        verdict = _verdict(acks, _finals(node, acks, timeout=90), _starts(runs), stop_wall)
+        result.lost, result.duplicated = len(verdict.lost), verdict.duplicated
+        if verdict.never_ran:
+            result.problems.append(f"acknowledged jobs that never ran: {verdict.never_ran[:10]}")
+        result.leaked = node.leaked_bytes()
+        result.notes.append(f"{len(acks)} acknowledged ({sum(a.at > stop_wall for a in acks)} after the stop), "
+                            f"{len(submitter.refused)} refused (nothing promised): {submitter.refused[:1]}")
+    except Exception as exc:  # noqa: BLE001 - reported as the scenario's problem, then cleaned up
+        result.problems.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        _clean_up(result, node, redis_set, began)
+    return result
+
+
+def _begin(workdir: Path, name: str, faults: str) -> tuple[ScenarioResult, float, SentinelSet]:
+    """A scenario's result, its start (monotonic s) and its Redis set (not started yet)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    return ScenarioResult(name, jobs=0, faults=faults), time.monotonic(), SentinelSet(workdir / "redis")
+
+
+def _node(workdir: Path, redis_set: SentinelSet, name: str) -> RigHarness:
+    """The scenarios' node, up. replica_wait_seconds short: while no replica can confirm, each
+    WAIT runs out and says so. assigned_timeout short: a start message lost with the master is
+    re-sent after it (docs/RELIABILITY.md)."""
+    node = RigHarness(workdir / "home", fake_gpus=f"{CARDS}x80G", redis_url=redis_set.url, node_name=name,
+                      replica_wait_seconds=0.25, health={"timeout": 15.0, "check_interval": 2.0,
+                                                         "assigned_timeout": 5.0})
+    node.up()
+    return node
+
+
+def _clean_up(result: ScenarioResult, node: RigHarness | None, redis_set: SentinelSet, began: float) -> None:
+    """Count the job processes left, stop the node and the Redis set, note the duration."""
+    if node is not None:
+        result.orphans = len(node.orphans())
+        node.cleanup()
+    redis_set.stop()
+    result.seconds = round(time.monotonic() - began, 1)
 
 
 def _finals(node: RigHarness, acks: list[Ack], timeout: float) -> dict[Ack, JobState]:
@@ -263,4 +362,4 @@ class _HeartbeatWatch(threading.Thread):
             self.seconds = max(first.values()) - self.since
 
 
-SCENARIOS = [("sentinel_failover", sentinel_failover)]
+SCENARIOS = [("sentinel_failover", sentinel_failover), ("sentinel_hung_master", sentinel_hung_master)]

@@ -45,7 +45,7 @@ def test_the_right_url_works_and_warns_of_nothing(redis_set, tmp_path):
 @pytest.mark.parametrize(("change", "said"), [
     (("rigmaster/", "rigmastr/"), "the sentinels monitor no master named 'rigmastr' (they monitor rigmaster)"),
     ((f"sentinel_password={SENTINEL_PASSWORD}", "sentinel_password=nope"), "refused the sentinel password"),
-    ((f"?sentinel_password={SENTINEL_PASSWORD}", ""), "refused the sentinel password"),
+    ((f"?sentinel_password={SENTINEL_PASSWORD}", ""), "require a password and rig sent none"),
 ])
 def test_a_wrong_sentinel_setting_is_one_line_at_once(redis_set, tmp_path, change, said):
     error, seconds = refusal(redis_set.url.replace(*change), tmp_path)

@@ -126,6 +126,22 @@ def test_no_sentinel_answering_is_said_at_once_not_retried_for_a_failover_window
     assert message.startswith(f"no Redis master behind {url}: no sentinel answers at 127.0.0.1:{ports[0]}")
 
 
+def test_rig_up_without_a_usable_sentinel_exits_5_like_every_command(tmp_path):
+    # It exited 7 (bring-up failed) where rig status, rig-submit and the rest say 5 (README:
+    # sentinels that cannot be used are one line and exit 5); a wrong password was 5 there too.
+    from rig.errors import RedisUnavailable
+    from rig.stack import Stack, UpOptions
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    url = f"sentinel://127.0.0.1:{port}/rigmaster/0"
+    stack = Stack(load_settings(home=tmp_path / "home", redis_url=url), UpOptions(), say=lambda _line: None)
+    with pytest.raises(RedisUnavailable) as info:
+        stack._ensure_redis()
+    assert info.value.exit_code == 5 and str(info.value).startswith(f"no Redis master behind {url}: no sentinel")
+
+
 def test_the_sentinel_password_file_fills_the_sentinels_password(tmp_path):
     secret = tmp_path / "sentinel.password"
     secret.write_text("from-file\n")
@@ -137,6 +153,21 @@ def test_the_sentinel_password_file_fills_the_sentinels_password(tmp_path):
     assert sentinel_url.parse(settings.redis_url).sentinel_password == "url"  # the URL's own wins
     with pytest.raises(ConfigError, match="redis_sentinel_password_file names .* which does not exist"):
         load_settings(redis_url="sentinel://h1/rigmaster/0", redis_sentinel_password_file=tmp_path / "none")
+
+
+def test_a_bad_sentinel_password_file_is_named_as_such(tmp_path):
+    # It was "the Redis password file ... set RIG_REDIS_PASSWORD / delete it to have `rig up`
+    # generate one": the master's file, which this is not, and rig up generates no sentinel password.
+    secret = tmp_path / "sentinel.password"
+    secret.write_text("from-file\n")
+    secret.chmod(0o644)
+    with pytest.raises(ConfigError, match=r"^the sentinel password file \(redis_sentinel_password_file\) .* is open"):
+        load_settings(redis_url="sentinel://h1/rigmaster/0", redis_sentinel_password_file=secret)
+    secret.write_text("\n")
+    secret.chmod(0o600)
+    with pytest.raises(ConfigError, match="is empty; write the sentinels' password") as info:
+        load_settings(redis_url="sentinel://h1/rigmaster/0", redis_sentinel_password_file=secret)
+    assert "rig up" not in str(info.value)
 
 
 def test_rig_init_never_writes_a_password_into_the_config(tmp_path, monkeypatch):

@@ -136,6 +136,21 @@ def test_a_plain_redis_among_the_sentinels_is_warned_about_at_rig_up(servers):
     assert len(lines) == 1 and f"127.0.0.1:{servers['plain_pw']}, listed as a sentinel" in lines[0]
 
 
+def test_a_listed_sentinel_that_does_not_answer_is_warned_about_at_rig_up(servers):
+    """One dead sentinel among live ones: rig works, and nothing said that a typo in its port
+    (or one never started) leaves fewer sentinels than the operator counts on."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # closed again: nothing listens there
+    url = f"sentinel://127.0.0.1:{dead},127.0.0.1:{servers['sentinel']}/rigm/0"
+    assert connect(url).ping()
+    lines = [n for n in sentinel_url.parse(url).notices(30.0) if "does not answer" in n]
+    assert len(lines) == 1 and lines[0].startswith(f"the sentinel at 127.0.0.1:{dead} listed in redis_url")
+    assert f"127.0.0.1:{servers['sentinel']}" not in lines[0]
+
+
 def test_rig_up_refuses_a_plain_redis_among_the_sentinels(servers, tmp_path):
     """Warned of only, it was asked for the master at the first fail-over (the sentinels before
     it not answering then): every command said exit 6 and rig up stopped, leaving its job."""
