@@ -451,11 +451,13 @@ class Stack:
                 self.notes.append(line)  # on the terminal of `rig up --daemon` too, not only in up.log
         for warning in open_doors(s, self.wants):
             self.say(warning)
+        from rig.celery_config import celery_variables_note
         from rig.config import shadowed_settings
 
-        for line in shadowed_settings(s):  # a variable left in the shell beats rig.toml: said
-            self.say(line)
-            self.notes.append(line)
+        for line in [*shadowed_settings(s), celery_variables_note(dict(os.environ))]:
+            if line:  # a variable left in the shell beats rig.toml / is left out: said
+                self.say(line)
+                self.notes.append(line)
         from rig.logspace import never_enough  # here: the one edit of this file for it
         if self.wants("cards") and (small := never_enough(
                 {"log_dir": s.job_log_dir, "run_dir": s.run_dir}, s.log_min_free_bytes)):
@@ -729,8 +731,13 @@ class Stack:
 
     def _child_env(self) -> dict[str, str]:
         """The children's environment: the settings this process resolved (from flags, env
-        and file) exported as RIG_* variables, so every child sees exactly the same ones."""
+        and file) exported as RIG_* variables, so every child sees exactly the same ones; none
+        of Celery's own variables, which would beat rig's configuration (rig up says so)."""
+        from rig.celery_config import celery_variables
+
         env = dict(os.environ)
+        for name in celery_variables(env):
+            del env[name]
         env.update(self.options.env_overrides)
         env.update(settings_env(self.settings))
         if self._owner is not None:
