@@ -109,3 +109,25 @@ def test_a_second_quickstart_waits_for_the_first(tmp_path):
     calls = (tmp_path / "calls").read_text().splitlines()
     # the installs never overlap: the first's pip and rig status, then the second's
     assert calls == [calls[0], "rig status", "rig up --daemon"] * 2, calls
+
+
+def test_ctrl_c_during_the_install_stops_quickstart(tmp_path):
+    """pip catches SIGINT and may end with status 0: bash then went on, and a quickstart
+    interrupted during its install brought rig up anyway."""
+    tree = _copy(tmp_path, "", 0)
+    stub = tree / ".venv" / "bin" / "python"
+    stub.write_text(stub.read_text().replace('sleep "${STUB_PIP_SECONDS:-0}"',
+                                             'trap "exit 0" INT; touch ' + str(tmp_path / "began") + '; sleep 5 & wait'))
+    proc = subprocess.Popen(["bash", str(tree / "scripts" / "quickstart")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={k: v for k, v in os.environ.items() if not k.startswith("RIG_")})
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "began").exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(proc.pid, 2)  # Ctrl-C: the terminal signals the whole foreground process group
+    _, err = proc.communicate(timeout=60)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert proc.returncode == 130, err
+    assert not [c for c in calls if c.startswith("rig ")], calls
+    assert "interrupted" in err
