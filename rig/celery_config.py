@@ -38,6 +38,30 @@ LOG_SWEEP_INTERVAL_S = 3600.0
 REDIS_CLIENT_OPTIONS = client_options()
 
 
+#: Variables of the ``celery`` command line that set an app's broker, result backend, loader or
+#: config module over the app's own settings (its -b, --result-backend, --loader and --config);
+#: every ``CELERY_*`` variable is Celery's too (``CELERY_BROKER_URL`` beats ``broker_url``).
+CELERY_COMMAND_VARIABLES = ("BROKER_URL", "RESULT_BACKEND", "LOADER", "CONFIG_MODULE")
+
+
+def celery_variables(environ: dict[str, str]) -> list[str]:
+    """The variables of ``environ`` with which Celery would override rig's own configuration:
+    a ``CELERY_BROKER_URL`` left in the operator's shell by another Celery project made rig's
+    workers consume from that broker (a dead one: `rig up` said "rig is up", no worker ever
+    came up, jobs waited for ever). rig up starts its Celery processes without them."""
+    return sorted(name for name in environ if name.startswith("CELERY_") or name in CELERY_COMMAND_VARIABLES)
+
+
+def celery_variables_note(environ: dict[str, str]) -> str | None:
+    """`rig up`'s one line naming the variables it leaves out, or None."""
+    names = celery_variables(environ)
+    if not names:
+        return None
+    listed = ", ".join(f"${n}" for n in names)
+    return (f"note: {listed} (in the environment) {'is' if len(names) == 1 else 'are'} not passed to rig's "
+            f"workers, beat and Flower: they use rig's Redis (redis_url) only")
+
+
 def card_queue(node: str, index: int) -> str:
     """The queue only the worker of that one card consumes."""
     return f"rig.card.{node}.{index}"

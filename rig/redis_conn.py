@@ -276,11 +276,18 @@ def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S,
 
 def check(client: redis.Redis, url: str) -> None:
     """Raise RedisUnavailable (naming the URL) unless the server answers PING; RedisAuthFailed
-    if it answers but refuses rig's credentials."""
+    if it answers but refuses rig's credentials. A Redis that refuses writes because it cannot
+    save (MISCONF: its disk full) refuses PING too, on purpose, but still reads: it answered.
+    Every view (`rig status`, `jobs`, `show`, `log`) failed then with the refusal, exactly when
+    the operator needed them; a write still says it (rig.redis_writes)."""
     try:
         client.ping()
     except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError, redis.exceptions.InvalidResponse,
             OSError) as exc:
+        from rig.redis_writes import refusal  # it imports this module
+
+        if refusal(exc) is not None:
+            return
         if not is_unusable(exc):
             raise
         raise unavailable(url, exc) from None

@@ -117,8 +117,11 @@ def refused_error(url: str, exc: BaseException, client: redis.Redis | None = Non
         return RedisRefusesWrites(
             f"Redis at {shown} is a read-only replica and refused rig's write; nothing was changed. "
             "Point RIG_REDIS_URL at the primary", url)
+    # Redis' own reason: a failed RDB snapshot, or "Errors writing to the AOF file: No space left
+    # on device" (a full disk under the private Redis' AOF), which is no snapshot.
+    why = "it could not write to its AOF file" if "AOF" in str(exc) else "it could not save its snapshot"
     return RedisRefusesWrites(
-        f"Redis at {shown} refuses writes because it could not save its snapshot (MISCONF); "
+        f"Redis at {shown} refuses writes because {why} (MISCONF); "
         "nothing was changed. Free disk space where it saves (its `dir`) and see its log", url)
 
 
@@ -302,6 +305,12 @@ def refusal_notice(client: redis.Redis) -> str | None:
             return ("Redis is a read-only replica: it refuses rig's writes, so nothing can be "
                     "submitted, placed or concluded; point RIG_REDIS_URL at the primary")
         persistence = client.info("persistence")
+        if str(persistence.get("aof_enabled", 0)) == "1" and persistence.get("aof_last_write_status") == "err":
+            # Always refused (no setting turns it off) until a write to the AOF succeeds; the
+            # private Redis keeps its AOF under RIG_HOME, so a full RIG_HOME does this.
+            return ("Redis refuses writes: it cannot write its AOF file (MISCONF; its disk full?), so nothing "
+                    "can be submitted, placed or concluded; free disk space where it saves (its `dir`) and "
+                    "see its log")
         if persistence.get("rdb_last_bgsave_status") == "err":
             # MISCONF needs save points and stop-writes-on-bgsave-error (both unknown without
             # CONFIG: Redis' defaults, which refuse).

@@ -17,7 +17,7 @@ from rig.redis_writes import memory_state, refusal_notice
 #: first words of rig.redis_writes.refusal_notice's line.
 _REASONS = (("Redis is full", "full", "Redis full"),
             ("Redis is a read-only replica", "read-only", "Redis is a read-only replica"),
-            ("Redis refuses writes", "cannot-persist", "Redis cannot save its snapshot: MISCONF"))
+            ("Redis refuses writes", "cannot-persist", "Redis cannot save to disk: MISCONF"))
 #: Every reason label of rig_redis_refuses_writes (rig.metrics), "refused" for an unknown one.
 REASON_LABELS = (*(label for _, label, _ in _REASONS), "refused")
 

@@ -361,8 +361,9 @@ class Stack:
     def __init__(self, settings: Settings, options: UpOptions, say: Callable[[str], None] = print):
         self.settings = settings
         self.options = options
-        self.say = say
+        self._print = say
         self.notes: list[str] = []  # warnings a `rig up --daemon` parent says on the terminal
+        self._noting = True  # until take_notes(): bring-up's warnings, not those of the run
         self.metrics_url: str | None = None  # set once the endpoint answers
         self.page_url: str | None = None  # rig's web page, same server (rig.web.server)
         self.flower_url: str | None = None  # set once this rig up starts a Flower
@@ -447,15 +448,15 @@ class Stack:
 
             # No archive_url set here: the cluster's archive, never a move to this home's SQLite.
             for line in check_node_at_up(self._redis(), self.keys, s):
-                self.say(line)
-                self.notes.append(line)  # on the terminal of `rig up --daemon` too, not only in up.log
+                self._say_kept(line)  # on the terminal of `rig up --daemon` too, not only in up.log
         for warning in open_doors(s, self.wants):
             self.say(warning)
+        from rig.celery_config import celery_variables_note
         from rig.config import shadowed_settings
 
-        for line in shadowed_settings(s):  # a variable left in the shell beats rig.toml: said
-            self.say(line)
-            self.notes.append(line)
+        for line in [*shadowed_settings(s), celery_variables_note(dict(os.environ))]:
+            if line:  # a variable left in the shell beats rig.toml / is left out: said
+                self._say_kept(line)  # on the terminal of `rig up --daemon` too, not only in up.log
         from rig.logspace import never_enough  # here: the one edit of this file for it
         if self.wants("cards") and (small := never_enough(
                 {"log_dir": s.job_log_dir, "run_dir": s.run_dir}, s.log_min_free_bytes)):
@@ -515,7 +516,7 @@ class Stack:
             if is_sentinel(s.redis_url):  # Flower's Broker page asks only the first sentinel
                 flower_env["RIG_REDIS_URL"] = sentinel_url.live_first(s.redis_url)
             if ignored:
-                self._say_noted(f"warning: flower: ignoring {', '.join(ignored)} from the environment (rig sets "
+                self.say(f"warning: flower: ignoring {', '.join(ignored)} from the environment (rig sets "
                                 "Flower's options; docs/FLOWER.md)")
             self.flower_url = http_url(s.flower_address, s.flower_port)
             self.children.append(Child(
@@ -542,7 +543,7 @@ class Stack:
         s = self.settings
         if not answers(s.flower_address, s.flower_port):
             return True
-        self._say_noted(f"warning: flower: not started, something already listens on {s.flower_address}:"
+        self.say(f"warning: flower: not started, something already listens on {s.flower_address}:"
                         f"{s.flower_port} (another Flower?); set RIG_FLOWER_PORT (flower_port) to a free port")
         return False
 
@@ -558,7 +559,7 @@ class Stack:
                                                    flower_credentials(s))
         except OSError as exc:  # the port taken, or the address not this machine's
             # A warning: on the terminal of `rig up --daemon` too (README: one line at rig up).
-            self._say_noted(f"warning: metrics and web page: not served, cannot listen on {s.metrics_address}:"
+            self.say(f"warning: metrics and web page: not served, cannot listen on {s.metrics_address}:"
                             f"{s.metrics_port} ({exc}); set RIG_METRICS_ADDRESS / RIG_METRICS_PORT (metrics_port = 0: "
                             "none)")
             return
@@ -628,8 +629,7 @@ class Stack:
         line = (f"found {len(left)} process(es) left by a rig up of node {s.node_name} that is gone "
                 f"(pid {', '.join(map(str, dead)) or '?'}): {describe(left)}; stopping them "
                 "(running jobs keep running and are adopted)")
-        self.say(line)
-        self.notes.append(line)  # said on the terminal of `rig up --daemon` too, not only in up.log
+        self._say_kept(line)  # on the terminal of `rig up --daemon` too, not only in up.log
         stuck = stop_processes(left, STOP_TIMEOUT_S, say=self.say)
         if stuck:
             raise StackError(f"could not stop {describe(stuck)} left by an earlier rig up of node "
@@ -709,7 +709,7 @@ class Stack:
                              "(it holds the join lock); try `rig up` again")
         try:
             self._check_pools()
-            allowed = register_node(s, client, backend, self._say_noted)
+            allowed = register_node(s, client, backend, self.say)
         finally:
             try:
                 lock.release()
@@ -719,20 +719,38 @@ class Stack:
         from rig.pools import Pools  # a pool member naming a card this node lacks: said, once
 
         if s.pools and (line := Pools.from_config(s.pools).unmatched(s.node_name, range(backend.count()))):
-            self._say_noted(line)
+            self.say(line)
         return allowed
 
-    def _say_noted(self, line: str) -> None:
-        """Say ``line``; a warning is also kept for a `rig up --daemon` parent to repeat on the
-        terminal (rig.registration.read_notes), since this process's output goes to up.log."""
-        self.say(line)
-        if line.startswith("warning:"):
+    def say(self, line: str) -> None:
+        """Say ``line``; a warning said while rig comes up is also kept for a `rig up --daemon`
+        parent to repeat on the terminal (rig.registration.read_notes), since this process's
+        output goes to up.log (a Redis that evicts or keeps no copy on disk, Flower or the web
+        page beyond loopback, a log folder too small for any job were said in up.log alone)."""
+        self._print(line)
+        if self._noting and line.startswith("warning:") and line not in self.notes:
             self.notes.append(line)
+
+    def _say_kept(self, line: str) -> None:
+        """Say ``line`` and keep it for `rig up --daemon`'s terminal, warning or not."""
+        self.say(line)
+        if line not in self.notes:
+            self.notes.append(line)
+
+    def take_notes(self) -> list[str]:
+        """What `rig up --daemon`'s terminal is to repeat; later warnings go to up.log only."""
+        self._noting = False
+        return self.notes
 
     def _child_env(self) -> dict[str, str]:
         """The children's environment: the settings this process resolved (from flags, env
-        and file) exported as RIG_* variables, so every child sees exactly the same ones."""
+        and file) exported as RIG_* variables, so every child sees exactly the same ones; none
+        of Celery's own variables, which would beat rig's configuration (rig up says so)."""
+        from rig.celery_config import celery_variables
+
         env = dict(os.environ)
+        for name in celery_variables(env):
+            del env[name]
         env.update(self.options.env_overrides)
         env.update(settings_env(self.settings))
         if self._owner is not None:

@@ -19,7 +19,21 @@ def _interrupted(_signum: int, _frame: object) -> None:
     os._exit(INTERRUPTED_EXIT)
 
 
+def _working_folder_last() -> None:
+    """Move to the end of sys.path the entries PYTHONPATH gave relative to the working folder
+    (Python made them absolute): ``export PYTHONPATH=$PYTHONPATH:/x`` with PYTHONPATH unset
+    gives ``:/x``, whose empty entry is the working folder, ahead of site-packages. A
+    ``redis.py``, ``celery.py`` or ``click/`` where the operator stood then replaced rig's own
+    packages, and rig failed with that file's error. Moved, not dropped: the same folder may
+    also be rig's own (an editable install's .pth entry is not added twice)."""
+    given = os.environ.get("PYTHONPATH", "")
+    relative = {os.path.abspath(entry) for entry in given.split(os.pathsep) if not os.path.isabs(entry)}
+    if given and relative:
+        sys.path[:] = [e for e in sys.path if e not in relative] + [e for e in sys.path if e in relative]
+
+
 def _quietly_imported(module: str):  # noqa: ANN202 - the module's main
+    _working_folder_last()
     previous = signal.signal(signal.SIGINT, _interrupted)
     try:
         return __import__(module, fromlist=["main"]).main

@@ -467,7 +467,7 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
             lossy.say(line)
         lossy.say(f"rig is up on {settings.node_name}. Submit with `rig-submit --gpu-memory 4G -- CMD`; "
                   "Ctrl-C stops rig (running jobs keep running).")
-        write_notes(settings.run_dir, settings.node_name, stack.notes)
+        write_notes(settings.run_dir, settings.node_name, stack.take_notes())
         write_notes(settings.run_dir, settings.node_name, stack.addresses(), kind="addresses")
         ready.write_text(f"{os.getpid()}\n")
         wrote_ready = True

@@ -37,3 +37,27 @@ def test_the_entry_imports_no_more_of_rig_than_it_needs() -> None:
             "if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
+
+
+def test_pythonpaths_empty_entry_does_not_let_the_working_folder_replace_rigs_packages(tmp_path: Path) -> None:
+    # `export PYTHONPATH=$PYTHONPATH:/x` with PYTHONPATH unset leaves ":/x": its empty entry is
+    # the working folder, ahead of site-packages. An operator's redis.py or click/ there
+    # replaced rig's own (`rig status` failed with that file's error).
+    shadow = "raise SystemExit('imported {} from the working folder')\n"
+    (tmp_path / "redis.py").write_text(shadow.format("redis"))
+    (tmp_path / "click").mkdir()
+    (tmp_path / "click" / "__init__.py").write_text(shadow.format("click"))
+    (tmp_path / "mine.py").write_text("VALUE = 7\n")
+    rig = Path(sys.executable).parent / "rig"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
+    for pythonpath in (os.pathsep + "/nonexistent", "." + os.pathsep, "sub/.."):
+        out = subprocess.run([str(rig), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                             env={**env, "PYTHONPATH": pythonpath})
+        assert out.returncode == 0 and "working folder" not in out.stderr, (pythonpath, out.stderr)
+        assert "Usage" in out.stdout
+    # moved to the end, not dropped: what only that folder holds still imports
+    code = ("import sys; from rig.cli import entry; entry._working_folder_last(); "
+            "import redis, mine; print(mine.VALUE, redis.__file__.startswith(sys.prefix))")
+    out = subprocess.run([sys.executable, "-P", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={**env, "PYTHONPATH": os.pathsep + "/nonexistent"})
+    assert out.stdout.split() == ["7", "True"], out.stderr

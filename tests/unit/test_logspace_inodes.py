@@ -89,3 +89,6 @@ def test_rig_up_says_it_once_before_starting_anything(tmp_path, monkeypatch, key
         stack.up()
     small = [line for line in said if "log_min_free_bytes" in line]
     assert len(small) == 1 and small[0].startswith("warning: the file system of log_dir"), said
+    # `rig up --daemon` (quickstart's) repeats it on the terminal: it was said in up.log alone,
+    # and the operator read "rig is up" of a node that could never take a job
+    assert stack.take_notes() == small

@@ -4,6 +4,8 @@ redis-server of this test's own with maxmemory 1 (never CONFIG SET on the shared
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import socket
 import subprocess
@@ -178,6 +180,19 @@ def test_a_failed_rdb_save_that_stops_writes_is_said():
     off = {"stop-writes-on-bgsave-error": "no", "save": "3600 1"}
     assert W.refusal_notice(_FakeInfo(off, memory, failed)) is None  # type: ignore[arg-type]
     assert W.refusal_notice(_FakeInfo(None, memory, {"rdb_last_bgsave_status": "ok"})) is None  # type: ignore[arg-type]
+
+
+def test_an_aof_that_cannot_be_written_is_said():
+    """A full disk under an AOF: Redis refuses every write (no setting turns it off), though
+    its last RDB save (none) is fine; `rig status` said nothing of it."""
+    memory = {"used_memory": 3, "maxmemory": 0, "maxmemory_policy": "noeviction"}
+    failing = {"aof_enabled": 1, "aof_last_write_status": "err", "rdb_last_bgsave_status": "ok"}
+    line = W.refusal_notice(_FakeInfo(None, memory, failing))  # type: ignore[arg-type]
+    assert line is not None and "AOF" in line and "MISCONF" in line
+    assert W.refusal_notice(_FakeInfo(None, memory, {**failing, "aof_last_write_status": "ok"})) is None  # type: ignore[arg-type]
+    err = W.refused_error("redis://h:1/0", redis.ResponseError("MISCONF Errors writing to the AOF file: No space "
+                                                               "left on device"))
+    assert "could not write to its AOF file (MISCONF)" in str(err) and "snapshot" not in str(err)
 
 
 # -- against a real, private, full Redis ---------------------------------------------------------
@@ -365,3 +380,50 @@ def test_beat_waits_through_a_refused_write_and_fails_on_others(monkeypatch):
     raised.append(redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"))
     with pytest.raises(redis.ResponseError):
         scheduler.tick()
+
+
+def test_a_redis_whose_disk_is_full_still_answers_rigs_views(tmp_path):
+    """The private Redis keeps its AOF under RIG_HOME: with that disk full it refuses every
+    write and PING too (Redis does so on purpose), and every rig view (`rig status`, `jobs`,
+    `show`, `log`: their connection check is a PING) failed with the refusal, exactly when the
+    operator needed them. The check lets readers on; `rig status` says why writes fail."""
+    from rig.redis_conn import check
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    proc = None
+    try:
+        url, proc = _start_redis(disk, "--appendonly", "yes", "--appendfsync", "everysec")
+        client = redis.Redis.from_url(url, decode_responses=True)
+        client.set("rig-test:job", "kept")
+        with open(disk / "filler", "wb") as filler:  # the rest of the disk: a job's log
+            with contextlib.suppress(OSError):
+                while True:
+                    filler.write(b"x" * 65536)
+                    filler.flush()
+        deadline = time.monotonic() + 10
+        while W.refusal(_write_refused(client)) is None:  # the AOF write fails: writes refused
+            assert time.monotonic() < deadline, "Redis never refused a write on a full disk"
+            time.sleep(0.1)
+        with pytest.raises(redis.ResponseError, match="MISCONF"):
+            client.ping()
+        check(client, url)  # no error: it answers
+        assert client.get("rig-test:job") == "kept"
+        (notice,) = [n for n in W.notices(client, url=url) if "refuses writes" in n]
+        assert "AOF" in notice
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait(10)
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _write_refused(client: redis.Redis) -> BaseException:
+    try:
+        client.set("rig-test:probe", "x" * 4096)
+    except redis.ResponseError as exc:
+        return exc
+    return Exception("taken")

@@ -142,3 +142,18 @@ def test_a_login_with_a_comma_is_refused_wherever_it_comes_from(home, monkeypatc
     (home / "flower.auth").write_text("rig:a,b\n")
     with pytest.raises(ConfigError, match="flower.auth has a comma"):
         flower_credentials(load_settings())
+
+
+def test_what_rig_up_warns_while_coming_up_reaches_the_daemons_terminal(home):
+    """`rig up --daemon` repeats the notes on its terminal; warnings said with the stack's plain
+    say (a door open beyond loopback, a Redis that evicts or keeps no copy on disk, a log folder
+    too small for any job) went to up.log alone, and the operator read only "rig is up"."""
+    said: list[str] = []
+    stack = Stack(load_settings(metrics_address="0.0.0.0"), UpOptions(), say=said.append)
+    (door,) = open_doors(stack.settings, lambda part: part == "metrics")
+    stack.say(door)
+    stack.say(door)  # said twice (a restart of the check): kept once
+    stack.say("redis: using the one at redis://127.0.0.1:6379/0")  # not a warning
+    assert stack.take_notes() == [door]
+    stack.say("warning: Redis is full ...; rig's workers wait and retry")  # while it runs: up.log only
+    assert stack.notes == [door] and len(said) == 4

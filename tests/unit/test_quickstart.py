@@ -1,0 +1,133 @@
+"""scripts/quickstart outside the happy path: a pip install that fails, two quickstarts at once,
+cards smaller than its demo jobs. The script runs from a copy in a temporary folder whose
+.venv/bin holds stand-ins for python, rig and rig-submit (nothing is installed or started)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.unit.bench_scripts import ROOT, load_script
+
+GIB = 1024**3
+
+
+def _card(node: str, index: int, usable_gib: float, **extra: object) -> dict:
+    return {"node": node, "index": index, "usable": int(usable_gib * GIB), "allowed": True, "gone": False, **extra}
+
+
+@pytest.mark.parametrize(("cards", "big", "pair"), [
+    ([_card("n", i, 76) for i in range(8)], 40, 20),          # fake 8x80G: as written
+    ([_card("n", 0, 22.8)], 11, 0),                           # one 24 GiB workstation card
+    ([_card("n", 0, 38), _card("n", 1, 38)], 19, 20),         # 2 x A100 40GB
+    ([_card("a", 0, 22.8), _card("b", 0, 22.8)], 11, 0),      # two nodes of one card: no pair
+    ([_card("n", 0, 76), _card("n", 1, 30, allowed=False)], 40, 0),  # one card outside the whitelist
+    ([_card("n", 0, 76), _card("n", 1, 16)], 40, 8),
+])
+def test_demo_jobs_fit_the_cards_that_are_up(cards, big, pair):
+    """quickstart asked for 40 GiB and a 2-card job whatever the cards: on one 24 GiB card or an
+    A100 40GB, rig-submit refused them (exit 3) half-way through, after queuing the first job."""
+    sizes = load_script("quickstart_jobs.py").sizes
+    got_big, got_pair, note = sizes({"cards": cards})
+    assert (got_big, got_pair) == (big, pair)
+    assert (note == "") == (big == 40 and pair == 20)
+    if not pair:
+        assert "skipped" in note
+
+
+def _copy(tmp_path: Path, pip_compat_says: str, pip_compat_rc: int) -> Path:
+    """A copy of scripts/quickstart whose .venv/bin/python answers pip with ``pip_compat_says``
+    (exit ``pip_compat_rc``) for the compat install, records every call, and whose rig ends the
+    script (exit 99) as soon as it is called."""
+    tree = tmp_path / "clone"
+    (tree / "scripts").mkdir(parents=True)
+    shutil.copy2(ROOT / "scripts" / "quickstart", tree / "scripts" / "quickstart")
+    bin_dir = tree / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    calls = tmp_path / "calls"
+    (bin_dir / "python").write_text(f"""#!/bin/bash
+echo "python $*" >> {calls}
+case "$*" in
+  *editable_mode=compat*) sleep "${{STUB_PIP_SECONDS:-0}}"; echo "{pip_compat_says}"; exit {pip_compat_rc};;
+esac
+exit 0
+""")
+    (bin_dir / "rig").write_text(f"#!/bin/bash\necho \"rig $*\" >> {calls}\nexit 99\n")
+    for stub in ("python", "rig"):
+        (bin_dir / stub).chmod(stat.S_IRWXU)
+    return tree
+
+
+def _run(tree: Path, **env: str) -> subprocess.Popen[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
+    return subprocess.Popen(["bash", str(tree / "scripts" / "quickstart")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**clean, **env})
+
+
+def test_a_failed_install_stops_quickstart_instead_of_falling_back(tmp_path):
+    """Any failure of the compat install (two quickstarts racing in one .venv, no network) made
+    quickstart install again in setuptools' strict mode, silently: the mode under which a folder
+    named rig beside a user's script shadows rig (tests/integration/test_supervision.py)."""
+    tree = _copy(tmp_path, "ERROR: Could not install packages due to an OSError: [Errno 2] No such file", 1)
+    proc = _run(tree)
+    out, err = proc.communicate(timeout=60)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert proc.returncode == 1, (out, err)
+    assert len(calls) == 1 and "editable_mode=compat" in calls[0], calls  # no fallback, no rig
+    assert "OSError" in err
+    assert err.strip().splitlines()[-1].startswith("scripts/quickstart: installing rig into .venv failed")
+
+
+def test_falls_back_only_where_setuptools_has_no_compat_mode(tmp_path):
+    tree = _copy(tmp_path, "error: Invalid editable mode: 'compat'. Try: 'strict'.", 1)
+    proc = _run(tree)
+    out, err = proc.communicate(timeout=60)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls[0].endswith("-m pip install -q --config-settings editable_mode=compat -e ."), calls
+    assert calls[1].endswith("-m pip install -q -e ."), calls
+    assert calls[2] == "rig status", calls
+    assert "no compat editable mode" in err
+
+
+def test_a_second_quickstart_waits_for_the_first(tmp_path):
+    """Two at once ran two pip installs into one .venv (both failed) and two `rig up`s."""
+    if shutil.which("flock") is None:
+        pytest.skip("no flock here")
+    tree = _copy(tmp_path, "", 0)
+    first = _run(tree, STUB_PIP_SECONDS="3")
+    time.sleep(1)
+    second = _run(tree)
+    _, err2 = second.communicate(timeout=60)
+    first.communicate(timeout=60)
+    assert "another scripts/quickstart runs in this folder; waiting" in err2
+    calls = (tmp_path / "calls").read_text().splitlines()
+    # the installs never overlap: the first's pip and rig status, then the second's
+    assert calls == [calls[0], "rig status", "rig up --daemon"] * 2, calls
+
+
+def test_ctrl_c_during_the_install_stops_quickstart(tmp_path):
+    """pip catches SIGINT and may end with status 0: bash then went on, and a quickstart
+    interrupted during its install brought rig up anyway."""
+    tree = _copy(tmp_path, "", 0)
+    stub = tree / ".venv" / "bin" / "python"
+    stub.write_text(stub.read_text().replace('sleep "${STUB_PIP_SECONDS:-0}"',
+                                             'trap "exit 0" INT; touch ' + str(tmp_path / "began") + '; sleep 5 & wait'))
+    proc = subprocess.Popen(["bash", str(tree / "scripts" / "quickstart")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={k: v for k, v in os.environ.items() if not k.startswith("RIG_")})
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "began").exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(proc.pid, 2)  # Ctrl-C: the terminal signals the whole foreground process group
+    _, err = proc.communicate(timeout=60)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert proc.returncode == 130, err
+    assert not [c for c in calls if c.startswith("rig ")], calls
+    assert "interrupted" in err
