@@ -463,12 +463,15 @@ class Stack:
         if self.wants("gateway"):
             # Resolved once, here: every child (and so every job: RIG_GATEWAY_SOCKET) gets it.
             from rig.gateway.paths import node_socket
-            from rig.gateway.server import path_problem, socket_in_use
+            from rig.gateway.server import path_problem, reach_problem, socket_in_use
 
             s.gateway_socket = node_socket(s)
             problem = path_problem(s.gateway_socket)
             if problem:
                 raise StackError(f"{problem} (or `rig up --no-gateway`)")
+            if os.geteuid() == 0 and (shut := reach_problem(s.gateway_socket)):  # root's serves everyone
+                self.say(f"warning: {shut}")
+                self.notes.append(f"warning: {shut}")
             if socket_in_use(s.gateway_socket):  # never moved elsewhere in silence: one rule (rig.gateway.paths)
                 raise StackError(f"another gateway answers at {s.gateway_socket} (another rig up of this host?); "
                                  "stop it, or set gateway_socket (RIG_GATEWAY_SOCKET) to another path for this "

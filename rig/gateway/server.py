@@ -617,11 +617,9 @@ def path_problem(path: Path) -> str | None:
         return (f"the gateway socket path {path} is longer than a Unix socket allows (107 bytes); "
                 "set gateway_socket to a shorter path")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        folder = path.parent.stat()
+        _make_folders(path.parent)
     except OSError as exc:
         return f"cannot use the folder of the gateway socket {path}: {exc.strerror}; set gateway_socket elsewhere"
-    del folder
     # Every folder on the way: one another user owns (or may write to without the sticky bit,
     # as /tmp has) could be renamed or replaced, and the socket with it.
     for place in [path.parent, *path.parent.parents]:
@@ -636,6 +634,35 @@ def path_problem(path: Path) -> str | None:
             continue
         return (f"the folder {place} on the way to the gateway socket {whose}: someone else could put their "
                 "own socket there; set gateway_socket to a path in folders of your own or root's, mode 0755")
+    return None
+
+
+def _make_folders(folder: Path) -> None:
+    """Make ``folder`` and the folders above it that are missing, each mode 0755 whatever the
+    umask: under an operator's umask 077 they would be 0700 and no user could reach the socket."""
+    if folder.is_dir():
+        return
+    if folder.parent != folder:
+        _make_folders(folder.parent)
+    try:
+        folder.mkdir(mode=0o755)
+    except FileExistsError:
+        return  # made meanwhile (or a file: stat() and bind() say what is wrong)
+    os.chmod(folder, 0o755)
+
+
+def reach_problem(path: Path) -> str | None:
+    """Why other users cannot reach the socket at ``path`` (one line), or None: a folder on the
+    way they may not pass through (no search permission for others), as an admin's umask 077 or
+    a ``chmod 700`` leaves it. A root gateway serves every user; such a folder shuts them out."""
+    for place in [path.parent, *path.parent.parents]:
+        try:
+            mode = stat.S_IMODE(place.stat().st_mode)
+        except OSError:
+            continue
+        if not mode & 0o001:
+            return (f"users cannot reach the gateway socket {path}: the folder {place} is mode {mode:o} (others may "
+                    f"not pass through it); `chmod o+x {place}`, or set gateway_socket elsewhere")
     return None
 
 
