@@ -37,6 +37,7 @@ from rig.client import Client, Identity, acting_as, identity_of
 from rig.config import Settings, load_settings
 from rig.errors import InvalidInput, LogMissing, PermissionDenied, RigError
 from rig.gateway import privacy, wire
+from rig.job_env import umask_of
 from rig.models import Job, JobState
 from rig.ownership import owns
 
@@ -134,7 +135,7 @@ class Gateway:
                                                         for k, v in environ.items()):
                 raise InvalidInput("environ must map names to strings")
             # CLI words: the caller's own client words a refusal for its caller (rig.argnames).
-            with acting_as(peer.identity, environ), cli_words():
+            with acting_as(peer.identity, environ, umask_of(peer.pid)), cli_words():
                 result = fn(peer, **args)
             answer = {"ok": True, "result": wire.encode(result)}
             if op in ARCHIVE_LISTINGS and (unread := self.client.history.unread) is not None:

@@ -328,6 +328,20 @@ def test_others_see_no_log_lines_and_no_arguments_in_the_default_name(gateway):
     assert "s3cr3t" not in repr(seen) and seen.attempts[0]["outcome"] == "failed"
 
 
+def test_a_job_keeps_the_umask_of_the_process_that_submitted_it(gateway):
+    """A user whose umask is 077 got world-readable files from their job (the card worker's
+    022); the gateway records the peer process's umask, read from the kernel (/proc), and the
+    job's process takes it (workers.card_runner)."""
+    gw, _ = gateway
+    old = os.umask(0o077)  # the peer is this process (Peer(os.getpid(), ...))
+    try:
+        job = _submit_as(gw, BOB)
+    finally:
+        os.umask(old)
+    assert job.umask == 0o077
+    assert gw.client.store.get(job.id).umask == 0o077  # stored, not only answered
+
+
 def test_extra_fields_never_replace_the_records_own(gateway):
     gw, _ = gateway
     job = gw.client.store.create(_submit_as(gw, BOB), {"user": "root", "uid": 0, "payload": "eA=="})

@@ -70,6 +70,7 @@ def test_bytes_from_a_client_without_decoding_are_read_too():
     ("user", "alice; rm -rf /", "field user: expected a login name"),
     ("user", "a:b", "field user: expected a login name"),
     ("uid", "-1", "field uid: expected a uid"),
+    ("umask", "512", "field umask: expected a umask"),
     ("cards", "[0, 0]", "field cards: a card is listed twice"),
     ("cards", '[0, "1"]', "field cards: expected card indexes"),
     ("pid", "1", "field pid: expected a process id from 2"),
