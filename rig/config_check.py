@@ -550,9 +550,11 @@ def check_relations(settings: Settings, sources: Sources) -> None:
 def check_log_dirs(settings: Settings, sources: Sources) -> None:
     """log_dir and system_log_dir are folders (or do not exist yet: rig up makes them), and
     two different ones: rig's own logs are pruned by other rules than the jobs' logs."""
+    from rig.redis_conn import visible
+
     dirs = {"log_dir": settings.job_log_dir, "system_log_dir": settings.rig_log_dir}
     for name, path in dirs.items():
-        if path.exists() and not path.is_dir():
+        if visible(path) and not path.is_dir():
             raise ConfigError(f"{sources.named((name,), str(path))} is not a folder; set {name} to a folder "
                               "(or a path that does not exist yet: rig up makes it)")
     if dirs["log_dir"].resolve() == dirs["system_log_dir"].resolve():
