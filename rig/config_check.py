@@ -165,6 +165,10 @@ def check_file_keys(path: Path, data: Mapping[str, Any], shape: Shape) -> None:
     subject = f"{path}: unknown setting {where}{name!r}"
     todo = "correct or remove it (`rig init FILE` writes a commented example)"
     top = shape.fields or {}
+    dotted = _dotted_entry(data, shape, unknown.path)
+    if dotted:
+        raise ConfigError(f"{subject}: TOML reads the dots of [{'.'.join(unknown.path[:-1])}.{name}] as sections; "
+                          f"a name with a dot is quoted: [{unknown.path[0]}.\"{dotted}\"]")
     if len(unknown.path) > 1:
         # A top-level line appended at the end of the file lands in its last [section].
         above = "put it above the first [section] of the file"
@@ -175,6 +179,18 @@ def check_file_keys(path: Path, data: Mapping[str, Any], shape: Shape) -> None:
             raise ConfigError(f"{subject}; did you mean {top_close[0]!r}? It is a top-level setting: "
                               f"{above}")
     raise ConfigError(_typo(subject, close and repr(close), todo))
+
+
+def _dotted_entry(data: Mapping[str, Any], shape: Shape, path: tuple[str, ...]) -> str | None:
+    """The name meant by an unknown table under a named entry (``[user_limits.o.brien]``: the
+    user ``o.brien``, which TOML splits at its dot), or None when ``path`` is no such thing."""
+    inner = (shape.fields or {}).get(path[0])
+    if len(path) < 3 or inner is None or inner.entries is None:
+        return None
+    value: Any = data
+    for part in path:
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return ".".join(path[1:]) if isinstance(value, Mapping) else None
 
 
 def _likeness(a: str, b: str) -> float:

@@ -451,9 +451,9 @@ class Stack:
                 self.notes.append(line)  # on the terminal of `rig up --daemon` too, not only in up.log
         for warning in open_doors(s, self.wants):
             self.say(warning)
-        from rig.config import shadowed_settings
+        from rig.config import shadowed_settings, unknown_users
 
-        for line in shadowed_settings(s):  # a variable left in the shell beats rig.toml: said
+        for line in shadowed_settings(s) + unknown_users(s):  # a variable left in the shell beats rig.toml; a typo
             self.say(line)
             self.notes.append(line)
         from rig.logspace import never_enough  # here: the one edit of this file for it
