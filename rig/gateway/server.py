@@ -688,6 +688,27 @@ def bind(path: Path, gateway: Gateway) -> _Server:
     return server
 
 
+def still_bound(path: Path, bound: int) -> bool:
+    """Is the socket at ``path`` still the one bound (inode ``bound``)? Its mode is put back to
+    0666 on the way: a socket chmod'ed 0600 (a tidy-up, an admin's slip) shut every user out
+    while the gateway ran on, and they read `Permission denied`."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    if info.st_ino != bound:
+        return False
+    if stat.S_IMODE(info.st_mode) != 0o666:
+        try:
+            os.chmod(path, 0o666)  # in a folder only its owner may write to (path_problem)
+            log.warning("the gateway socket %s was mode %o; made 0666 again so users reach it", path,
+                        stat.S_IMODE(info.st_mode))
+        except OSError as exc:
+            log.error("the gateway socket %s is mode %o and cannot be made 0666 again: %s", path,
+                      stat.S_IMODE(info.st_mode), exc)
+    return True
+
+
 def serve(settings: Settings | None = None) -> None:
     """Run the gateway of this node until SIGTERM or SIGINT."""
     from rig.gateway.paths import node_socket
@@ -707,11 +728,7 @@ def serve(settings: Settings | None = None) -> None:
         # reaches: exit, and rig up starts it again, bound afresh.
         while True:
             time.sleep(2.0)
-            try:
-                same = path.lstat().st_ino == bound
-            except OSError:
-                same = False
-            if not same:
+            if not still_bound(path, bound):
                 log.error("the gateway socket %s was removed or replaced; stopping so rig up binds it again", path)
                 server.shutdown()
                 return

@@ -204,6 +204,26 @@ def test_a_socket_the_user_may_not_reach_is_not_said_down(tmp_path):
     assert "chmod o+x" in message
 
 
+def test_a_socket_chmodded_shut_is_opened_again_and_a_replaced_one_noticed(tmp_path):
+    """A gateway socket chmod'ed 0600 shut every user out while the gateway ran on: its watch
+    makes it 0666 again; a removed or replaced socket is reported (the gateway then exits and
+    rig up binds it afresh)."""
+    from rig.gateway.server import still_bound
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = tmp_path / "g.sock"
+    server.bind(str(path))
+    try:
+        path.chmod(0o600)
+        assert still_bound(path, path.lstat().st_ino)
+        assert path.stat().st_mode & 0o777 == 0o666
+        assert not still_bound(path, path.lstat().st_ino + 1)
+        path.unlink()
+        assert not still_bound(path, 1)
+    finally:
+        server.close()
+
+
 def _frame(message: dict) -> bytes:
     body = __import__("json").dumps(message).encode()
     return struct.pack(">I", len(body)) + body
