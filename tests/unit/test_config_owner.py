@@ -57,9 +57,15 @@ def test_a_home_the_user_cannot_enter_is_no_traceback(in_folder, monkeypatch):
     home.chmod(0o700)
     monkeypatch.chdir("/")
     load_settings()  # as root: every module it needs is imported before the switch
+    (home / "run").mkdir()
+    from rig.gateway.paths import SYSTEM_SOCKET, client_socket, home_socket
+
+    home_socket(load_settings()).touch()  # the admin's node serves its gateway in the home
     os.seteuid(40001)
     try:
         settings = load_settings()
+        found = client_socket(settings)
     finally:
         os.seteuid(0)
     assert "admins-only" not in settings.redis_url
+    assert found in (None, SYSTEM_SOCKET)  # not the home's, which they cannot reach
