@@ -1150,9 +1150,11 @@ class Stack:
         s = self.settings
         out = []
         if self.gateway_path is not None:  # which socket: the host's, or this home's (rig.gateway.paths)
-            from rig.gateway.server import socket_in_use
+            from rig.gateway.server import reach_problem, socket_in_use
 
-            if socket_in_use(self.gateway_path):
+            if socket_in_use(self.gateway_path) and os.geteuid() == 0 and reach_problem(self.gateway_path):
+                out.append(f"gateway: {self.gateway_path}, which other users cannot reach (the warning above says why)")
+            elif socket_in_use(self.gateway_path):
                 out.append(f"gateway: {self.gateway_path} (users without the Redis password and jobs reach rig "
                            "there: RIG_GATEWAY_SOCKET)")
             else:
