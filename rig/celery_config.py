@@ -7,6 +7,8 @@ and ledger (CELERY-NOTES 1), so every delivery is fenced there.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from celery import Celery
 
 from rig import sentinel_url
@@ -36,6 +38,20 @@ LOG_SWEEP_INTERVAL_S = 3600.0
 #: publish, a worker's ack or beat), TCP keepalive, and an idle connection is checked before it
 #: is used again. kombu's BRPOP blocks for 1 s (brpop_timeout), well under the reply timeout.
 REDIS_CLIENT_OPTIONS = client_options()
+
+
+#: Variables Celery reads before its own settings (celery.app.utils.Settings: the broker's and
+#: result backend's URLs): one left in the operator's shell at `rig up` pointed every worker at
+#: another Redis, with rig's password, and no job ran ("no worker alive"). rig's broker is its
+#: own Redis, always: rig up's children never get them (rig.stack), and rig up says so.
+CELERY_URL_VARIABLES = ("CELERY_BROKER_URL", "CELERY_BROKER_READ_URL", "CELERY_BROKER_WRITE_URL",
+                        "CELERY_RESULT_BACKEND")
+
+
+def ignored_celery_variables(environ: Mapping[str, str]) -> list[str]:
+    """One note for each of CELERY_URL_VARIABLES set in ``environ`` (rig up's)."""
+    return [f"note: ${name} (in the environment) is ignored: rig's broker is its own Redis (redis_url); "
+            "unset it to silence this" for name in CELERY_URL_VARIABLES if environ.get(name)]
 
 
 def card_queue(node: str, index: int) -> str:

@@ -451,10 +451,11 @@ class Stack:
                 self.notes.append(line)  # on the terminal of `rig up --daemon` too, not only in up.log
         for warning in open_doors(s, self.wants):
             self.say(warning)
+        from rig.celery_config import ignored_celery_variables
         from rig.config import shadowed_settings, unknown_users
 
-        for line in shadowed_settings(s) + unknown_users(s):  # a variable left in the shell beats rig.toml; a typo
-            self.say(line)
+        for line in shadowed_settings(s) + unknown_users(s) + ignored_celery_variables(os.environ):
+            self.say(line)  # a variable left in the shell beats rig.toml; a typo in a name; Celery's URLs
             self.notes.append(line)
         from rig.logspace import never_enough  # here: the one edit of this file for it
         if self.wants("cards") and (small := never_enough(
@@ -733,7 +734,9 @@ class Stack:
     def _child_env(self) -> dict[str, str]:
         """The children's environment: the settings this process resolved (from flags, env
         and file) exported as RIG_* variables, so every child sees exactly the same ones."""
-        env = dict(os.environ)
+        from rig.celery_config import CELERY_URL_VARIABLES
+
+        env = {k: v for k, v in os.environ.items() if k not in CELERY_URL_VARIABLES}  # rig's broker only
         env.update(self.options.env_overrides)
         env.update(settings_env(self.settings))
         if self._owner is not None:

@@ -48,3 +48,24 @@ def test_beat_sends_only_cluster_wide_duties():
     tasks = {entry["task"] for entry in app.conf.beat_schedule.values()}
     # Log sweeps are per node (each control worker sweeps its own logs): not beat's.
     assert tasks == {TASK_TICK, TASK_HEALTH, TASK_ALERTS, TASK_ARCHIVE}
+
+
+def test_celerys_url_variables_in_rig_ups_shell_never_reach_its_workers(tmp_path, monkeypatch):
+    """CELERY_BROKER_URL left in the operator's shell at `rig up` beat rig's broker_url in
+    every worker (Celery reads it first): they connected to that URL with rig's password, none
+    came alive and no job ran, with nothing said. rig up's children never get it; rig up says
+    it is ignored."""
+    from rig.stack import Stack, UpOptions
+
+    monkeypatch.setenv("RIG_HOME", str(tmp_path))
+    monkeypatch.setenv("CELERY_BROKER_URL", "redis://elsewhere:6379/0")
+    monkeypatch.setenv("CELERY_RESULT_BACKEND", "redis://elsewhere:6379/1")
+    child = Stack(load_settings(fake_gpus="1x24G"), UpOptions())._child_env()
+    assert "CELERY_BROKER_URL" not in child and "CELERY_RESULT_BACKEND" not in child
+    monkeypatch.setattr("os.environ", child)
+    assert "elsewhere" not in make_celery(load_settings()).conf.broker_url  # what a worker then uses
+    from rig.celery_config import ignored_celery_variables
+
+    notes = ignored_celery_variables({"CELERY_BROKER_URL": "redis://elsewhere:6379/0", "PATH": "/bin"})
+    assert notes == ["note: $CELERY_BROKER_URL (in the environment) is ignored: rig's broker is its own Redis "
+                     "(redis_url); unset it to silence this"]
