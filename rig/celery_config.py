@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from celery import Celery
+from celery.app.utils import Settings as CelerySettings
 
 from rig import sentinel_url
 from rig.config import Settings
@@ -42,10 +43,33 @@ REDIS_CLIENT_OPTIONS = client_options()
 
 #: Variables Celery reads before its own settings (celery.app.utils.Settings: the broker's and
 #: result backend's URLs): one left in the operator's shell at `rig up` pointed every worker at
-#: another Redis, with rig's password, and no job ran ("no worker alive"). rig's broker is its
-#: own Redis, always: rig up's children never get them (rig.stack), and rig up says so.
+#: another Redis, and no job ran ("no worker alive"). rig's broker is its
+#: own Redis, always: rig up's children never get them (rig.stack), make_celery's app never
+#: reads them (_OwnBroker), and rig up says so.
 CELERY_URL_VARIABLES = ("CELERY_BROKER_URL", "CELERY_BROKER_READ_URL", "CELERY_BROKER_WRITE_URL",
                         "CELERY_RESULT_BACKEND")
+
+
+class _OwnBroker(CelerySettings):
+    """Celery's settings without its environment's say on the broker and result backend: a
+    direct client (root's rig-submit) with CELERY_BROKER_URL in its shell published its
+    wake-ups there. Only the settings make_celery writes count."""
+
+    @property
+    def broker_url(self) -> str | None:
+        return self.first("broker_url", "broker_host")
+
+    @property
+    def broker_read_url(self) -> str | None:
+        return self.get("broker_read_url") or self.broker_url
+
+    @property
+    def broker_write_url(self) -> str | None:
+        return self.get("broker_write_url") or self.broker_url
+
+    @property
+    def result_backend(self) -> str | None:
+        return self.first("result_backend")
 
 
 def ignored_celery_variables(environ: Mapping[str, str]) -> list[str]:
@@ -169,4 +193,7 @@ def make_celery(settings: Settings) -> Celery:
         },
         timezone="UTC",
     )
+    # rig's Redis, whatever CELERY_BROKER_URL says (app.conf keeps its identity when Celery
+    # loads it; its own __setattr__ would take __class__ for a setting).
+    object.__setattr__(app.conf, "__class__", _OwnBroker)
     return app
