@@ -194,6 +194,19 @@ class ArchiveUnreadable(ArchiveMissing):
     reader lists Redis' jobs with one warning, as for a missing file. Its text is the OS's."""
 
 
+def may_exist(path: Path) -> bool:
+    """False only when ``path`` is known not to exist. One this user cannot see (a RIG_HOME of
+    another user's, mode 0700: Path.exists raised PermissionError out of `rig jobs`) may: opening
+    it says why it cannot be read (rig.archive.cannot_read), which readers note in one line."""
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def cannot_read(path: Path, exc: OSError) -> ArchiveUnreadable:
     """Why ``path`` cannot be opened to read, in the OS's words (``exc``), and what to do. The
     file's owner is named only when it is not this user and the OS said "permission denied"
@@ -252,7 +265,7 @@ def _connect(url: str, *, create: bool = True, home: Path | None = None,
         if not path.parent.is_dir():
             raise ConfigError(f"archive {path}: its folder {path.parent} does not exist; create it, or fix "
                               "archive_url (RIG_ARCHIVE_URL)")
-        if not create and not path.exists():
+        if not create and not may_exist(path):
             raise missing(path)
         if readonly:
             return _SQLITE, _open_readonly(path)

@@ -8,6 +8,7 @@ and ledger (CELERY-NOTES 1), so every delivery is fenced there.
 from __future__ import annotations
 
 from celery import Celery
+from celery.app.utils import Settings as CelerySettings
 
 from rig import sentinel_url
 from rig.config import Settings
@@ -60,6 +61,28 @@ def celery_variables_note(environ: dict[str, str]) -> str | None:
     listed = ", ".join(f"${n}" for n in names)
     return (f"note: {listed} (in the environment) {'is' if len(names) == 1 else 'are'} not passed to rig's "
             f"workers, beat and Flower: they use rig's Redis (redis_url) only")
+
+
+class _OwnBroker(CelerySettings):
+    """Celery's settings without its environment's say on the broker and result backend: a
+    direct client (root's rig-submit) with CELERY_BROKER_URL in its shell published its
+    wake-ups there. Only the settings make_celery writes count."""
+
+    @property
+    def broker_url(self) -> str | None:
+        return self.first("broker_url", "broker_host")
+
+    @property
+    def broker_read_url(self) -> str | None:
+        return self.get("broker_read_url") or self.broker_url
+
+    @property
+    def broker_write_url(self) -> str | None:
+        return self.get("broker_write_url") or self.broker_url
+
+    @property
+    def result_backend(self) -> str | None:
+        return self.first("result_backend")
 
 
 def card_queue(node: str, index: int) -> str:
@@ -177,4 +200,7 @@ def make_celery(settings: Settings) -> Celery:
         },
         timezone="UTC",
     )
+    # rig's Redis, whatever CELERY_BROKER_URL says (app.conf keeps its identity when Celery
+    # loads it; its own __setattr__ would take __class__ for a setting).
+    object.__setattr__(app.conf, "__class__", _OwnBroker)
     return app

@@ -83,15 +83,17 @@ class Identity:
 
 
 #: Set by the gateway (rig.gateway.server) for the request it serves: the peer's identity from
-#: the kernel (SO_PEERCRED) and the environment its client sent. Unset: this process's own.
-_acting: ContextVar[tuple[Identity, Mapping[str, str]] | None] = ContextVar("rig_acting", default=None)
+#: the kernel (SO_PEERCRED), the environment its client sent and its process's umask. Unset:
+#: this process's own.
+_acting: ContextVar[tuple[Identity, Mapping[str, str], int | None] | None] = ContextVar("rig_acting", default=None)
 
 
 @contextmanager
-def acting_as(who: Identity, environ: Mapping[str, str]) -> Iterator[None]:
-    """Within: :func:`current_identity` is ``who`` and the submitter's environment (what
-    ``--export`` reads) is ``environ``. The gateway serves each request of a peer this way."""
-    token = _acting.set((who, environ))
+def acting_as(who: Identity, environ: Mapping[str, str], umask: int | None = None) -> Iterator[None]:
+    """Within: :func:`current_identity` is ``who``, the submitter's environment (what
+    ``--export`` reads) is ``environ`` and its umask ``umask`` (caller_umask). The gateway
+    serves each request of a peer this way."""
+    token = _acting.set((who, environ, umask))
     try:
         yield
     finally:
@@ -102,6 +104,13 @@ def caller_environ() -> Mapping[str, str]:
     """The submitter's environment: the gateway's peer's (acting_as), else this process's."""
     acting = _acting.get()
     return acting[1] if acting is not None else os.environ
+
+
+def caller_umask() -> int | None:
+    """The submitter's umask, which its jobs keep: the gateway's peer process's (acting_as),
+    else this process's (rig.job_env.umask_of); None when it cannot be read."""
+    acting = _acting.get()
+    return acting[2] if acting is not None else jobenv.umask_of()
 
 
 def identity_of(uid: int) -> Identity:
@@ -351,7 +360,7 @@ class Client:
             # submit_many reads every job's own runs in one round trip (own_estimates).
             own = None if _batch is not None else self.own_estimate(job_name, limit, template=template, command=argv)
             return Job(
-                id=0, name=job_name, user=who.name, uid=who.uid, command=argv, shell=is_shell,
+                id=0, name=job_name, user=who.name, uid=who.uid, umask=caller_umask(), command=argv, shell=is_shell,
                 gpu_memory=nbytes, gpus=gpus, priority=prio, state=JobState.PENDING,
                 workdir=str(wd), env=job_env, created_at=shared_now(self.r), kind=kind,
                 max_retries=max_retries, submit_host=socket.gethostname(), time_limit=limit,

@@ -48,6 +48,8 @@ from rig.errors import ConfigError, InvalidInput
 from rig.records import MAX_CARD_INDEX, MAX_RETRIES
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rig.fairshare import UserLimit
     from rig.pools import Pools
 
@@ -744,6 +746,29 @@ def shadowed_settings(settings: Settings) -> list[str]:
                 lines.append(f"note: ${var} (in the environment) overrides {'.'.join(path)} in {sources.file}; "
                              f"unset it to use the file's value")
                 break
+    return lines
+
+
+def unknown_users(settings: Settings, getpwnam: Callable[[str], Any] | None = None) -> list[str]:
+    """One line for each name in ``user_limits`` or ``admins`` without an account on this node:
+    a typo there (``[user_limits.alicee]``) silently leaves the user without their limit (or the
+    admin without their rights). `rig up` says them; the node's own password database decides,
+    as the gateway does (rig.ownership)."""
+    import difflib
+    import pwd
+
+    getpwnam = getpwnam or pwd.getpwnam
+    lines = []
+    for setting, names in (("user_limits", sorted(settings.user_limits)), ("admins", list(settings.admins))):
+        for name in names:
+            try:
+                getpwnam(name)
+            except KeyError:
+                known = [entry.pw_name for entry in pwd.getpwall()]
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                lines.append(f"warning: {setting} names {name!r}, who has no account on this node{hint}: "
+                             "nothing of it applies to anyone; correct the name")
     return lines
 
 

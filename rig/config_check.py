@@ -165,6 +165,10 @@ def check_file_keys(path: Path, data: Mapping[str, Any], shape: Shape) -> None:
     subject = f"{path}: unknown setting {where}{name!r}"
     todo = "correct or remove it (`rig init FILE` writes a commented example)"
     top = shape.fields or {}
+    dotted = _dotted_entry(data, shape, unknown.path)
+    if dotted:
+        raise ConfigError(f"{subject}: TOML reads the dots of [{'.'.join(unknown.path[:-1])}.{name}] as sections; "
+                          f"a name with a dot is quoted: [{unknown.path[0]}.\"{dotted}\"]")
     if len(unknown.path) > 1:
         # A top-level line appended at the end of the file lands in its last [section].
         above = "put it above the first [section] of the file"
@@ -175,6 +179,18 @@ def check_file_keys(path: Path, data: Mapping[str, Any], shape: Shape) -> None:
             raise ConfigError(f"{subject}; did you mean {top_close[0]!r}? It is a top-level setting: "
                               f"{above}")
     raise ConfigError(_typo(subject, close and repr(close), todo))
+
+
+def _dotted_entry(data: Mapping[str, Any], shape: Shape, path: tuple[str, ...]) -> str | None:
+    """The name meant by an unknown table under a named entry (``[user_limits.o.brien]``: the
+    user ``o.brien``, which TOML splits at its dot), or None when ``path`` is no such thing."""
+    inner = (shape.fields or {}).get(path[0])
+    if len(path) < 3 or inner is None or inner.entries is None:
+        return None
+    value: Any = data
+    for part in path:
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return ".".join(path[1:]) if isinstance(value, Mapping) else None
 
 
 def _likeness(a: str, b: str) -> float:
@@ -550,9 +566,11 @@ def check_relations(settings: Settings, sources: Sources) -> None:
 def check_log_dirs(settings: Settings, sources: Sources) -> None:
     """log_dir and system_log_dir are folders (or do not exist yet: rig up makes them), and
     two different ones: rig's own logs are pruned by other rules than the jobs' logs."""
+    from rig.redis_conn import visible
+
     dirs = {"log_dir": settings.job_log_dir, "system_log_dir": settings.rig_log_dir}
     for name, path in dirs.items():
-        if path.exists() and not path.is_dir():
+        if visible(path) and not path.is_dir():
             raise ConfigError(f"{sources.named((name,), str(path))} is not a folder; set {name} to a folder "
                               "(or a path that does not exist yet: rig up makes it)")
     if dirs["log_dir"].resolve() == dirs["system_log_dir"].resolve():

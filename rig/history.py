@@ -35,6 +35,7 @@ from rig.archive import (
     Archive,
     ArchiveRefused,
     ArchiveUnreachable,
+    may_exist,
     missing,
     one_line,
     safe_url,
@@ -117,7 +118,7 @@ class History:
         if (host := not_here(self.r, self.keys, own)) is not None:
             raise reader_not_here(host, own)  # the same path here is another file: never read as the archive
         path = sqlite_path(own)
-        if path is not None and not path.exists():
+        if path is not None and not may_exist(path):
             if held_jobs(self.r, self.keys):
                 raise missing(path)
             return None
@@ -441,3 +442,4 @@ def merge(live: list[Job], archived: list[Job]) -> list[Job]:
     seen = {(j.id, j.instance) for j in live}
     both = live + [j for j in archived if (j.id, j.instance) not in seen]
     return sorted(both, key=lambda j: (j.created_at, j.id), reverse=True)
+

@@ -151,6 +151,22 @@ def resolve_names(items: Mapping[str, str | None], environ: Mapping[str, str]) -
     return out
 
 
+def umask_of(pid: int | str = "self") -> int | None:
+    """The file-creation mask of process ``pid`` (this one by default) from /proc, None when it
+    cannot be read. A job takes its submitter's (as Slurm's jobs do): a user whose umask is 077
+    expects the files their job writes to be theirs alone, not world-readable under the
+    workers' 022 (nor closed by an operator's 077)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Umask:"):
+                    value = int(line.split()[1], 8)
+                    return value if 0 <= value <= 0o777 else None
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def base(user: str | None = None, home: str | None = None, shell: str | None = None) -> dict[str, str]:
     """Layer 1, for the user the job runs as (their passwd entry's home and shell)."""
     env = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}

@@ -148,6 +148,9 @@ class Job:
     util_samples: int = 0
     overuse: int = 0  # the most it used beyond its declaration (bytes), 0 if never
     uid: int | None = None  # the submitting user's uid on the submitting host
+    #: The submitting process's umask (rig.job_env.umask_of), the job's own; None in records
+    #: that predate it (the job then keeps the card worker's).
+    umask: int | None = None
     pool: str | None = None  # only cards of this pool (rig.pools); None: any card
     #: Expected running time (s): the median of the submitter's earlier runs of the same
     #: name, template or command, capped by the time limit (rig.estimates); None without such
@@ -318,6 +321,7 @@ _JOB_CHECKS: dict[str, Callable[[Any], Any]] = {
     "name": R.as_name,
     "user": R.as_user,
     "uid": lambda t: R.as_int(t, 0, R.MAX_UID, "a uid"),
+    "umask": lambda t: R.as_int(t, 0, 0o777, "a umask (0 to 511)"),
     "command": R.as_argv,
     "gpu_memory": lambda t: R.as_int(t, 1, R.MAX_GPU_MEMORY, "a size in bytes"),
     "gpus": lambda t: R.as_int(t, 1, R.MAX_GPUS, "a whole number of cards"),

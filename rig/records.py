@@ -270,7 +270,10 @@ def as_env(value: Any) -> dict[str, str]:
             raise BadField(f"variable {key}: expected a string, got {show(val)}")
         if "\x00" in val:
             raise BadField(f"variable {key} contains a NUL character")
-        total += len(key) + _utf8_len(val) + 2
+        try:
+            total += len(key) + _utf8_len(val) + 2
+        except BadField as exc:  # which of a hundred variables: the one to unset or leave out
+            raise BadField(f"variable {key} is {exc}") from None
     if total > MAX_ENV_BYTES:
         raise BadField(f"longer than {MAX_ENV_BYTES} bytes in all ({total})")
     return dict(value)

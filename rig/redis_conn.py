@@ -516,6 +516,19 @@ def home_password_file(home: Path) -> Path:
     return home.expanduser() / PASSWORD_FILE_NAME
 
 
+def visible(path: Path) -> bool:
+    """Does ``path`` exist for this user? False too where a folder on the way shuts them out:
+    a user whose RIG_HOME is the admin's 0700 home (Python 3.11's Path.exists raises
+    PermissionError there, out of every command) has no password or log folder of theirs in
+    it, as a config file there is none for them (rig.config.find_config_file); they go through
+    the gateway."""
+    try:
+        path.stat()
+    except OSError:
+        return False
+    return True
+
+
 def listener_uid(port: int) -> int | None:
     """The uid of the process listening on TCP ``port`` of this host (loopback or any address),
     from /proc/net/tcp and tcp6; None when nothing listens or it cannot be read."""
@@ -573,7 +586,7 @@ def resolve_auth(url: str, *, home: Path, password: str | None = None,
             raise ConfigError(f"redis_password_file names {path}, which does not exist; "
                               "create it (one line, mode 0600) or unset RIG_REDIS_PASSWORD_FILE")
         auth = RedisAuth(with_password(url, read_password_file(path)), str(path), home_file)
-    elif home_file is not None and home_file.exists():
+    elif home_file is not None and visible(home_file):
         # The home's password goes only to a Redis of this user's (or root's) own: a process of
         # another user listening on that port (squatting it while rig's Redis is down) would
         # receive it with the first AUTH.

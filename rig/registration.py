@@ -11,7 +11,8 @@ import redis
 
 from rig.config import Settings
 from rig.draining import NO_WORKER_REASON, mark_gone_cards, needs_worker
-from rig.gpus import GpuBackend
+from rig.errors import NodeInUse
+from rig.gpus import GpuBackend, GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeRegistry
@@ -40,6 +41,9 @@ def register_node(settings: Settings, client: redis.Redis, backend: GpuBackend,
     keys = Keys(settings.key_prefix)
     ledger = Ledger(client, keys)
     readings = backend.read_all()
+    shared = cards_of_another_node(ledger, settings.node_name, readings) if backend.kind != "fake" else None
+    if shared:
+        raise NodeInUse(shared)
     whitelist = set(settings.gpu_whitelist) if settings.gpu_whitelist is not None else None
     allowed = []
     for reading in readings:
@@ -70,6 +74,23 @@ def register_node(settings: Settings, client: redis.Redis, backend: GpuBackend,
     say(f"gpus: {len(readings)} {backend.kind} card(s) on {settings.node_name}; "
         f"rig uses {allowed if allowed else 'none'}")
     return allowed
+
+
+def cards_of_another_node(ledger: Ledger, node: str, readings: list[GpuReading]) -> str | None:
+    """Why ``node`` must not register these cards (one line), or None: one of them (by its
+    UUID) is already another node's in this Redis. A second `rig up` on one server under
+    another name (a second RIG_HOME, an operator's `--node`) would place jobs on the same
+    physical cards as the first, neither counting the other's: oversubscribed, out of memory.
+    (Fake cards are each node's own: not asked.)"""
+    mine = {r.uuid: r.index for r in readings if r.uuid}
+    for card in ledger.cards():
+        if card.node != node and card.uuid in mine:
+            return (f"card {mine[card.uuid]} of this server ({card.uuid}) is already card {card.id} of node "
+                    f"{card.node!r} in this Redis: two nodes on one card would each fill it; nothing was changed. "
+                    f"Run this server as node {card.node!r} (`rig up --node {card.node}`), or, if {card.node!r} "
+                    f"is this server's old name, `rig down --node {card.node}` and `rig forget-node {card.node}` "
+                    "first")
+    return None
 
 
 def clear_node_marks(ledger: Ledger, node: str) -> list[int]:

@@ -452,10 +452,10 @@ class Stack:
         for warning in open_doors(s, self.wants):
             self.say(warning)
         from rig.celery_config import celery_variables_note
-        from rig.config import shadowed_settings
+        from rig.config import shadowed_settings, unknown_users
 
-        for line in [*shadowed_settings(s), celery_variables_note(dict(os.environ))]:
-            if line:  # a variable left in the shell beats rig.toml / is left out: said
+        for line in [*shadowed_settings(s), *unknown_users(s), celery_variables_note(dict(os.environ))]:
+            if line:  # a variable left in the shell beats rig.toml / is left out; a typo in a name: said
                 self._say_kept(line)  # on the terminal of `rig up --daemon` too, not only in up.log
         from rig.logspace import never_enough  # here: the one edit of this file for it
         if self.wants("cards") and (small := never_enough(
@@ -464,12 +464,15 @@ class Stack:
         if self.wants("gateway"):
             # Resolved once, here: every child (and so every job: RIG_GATEWAY_SOCKET) gets it.
             from rig.gateway.paths import node_socket
-            from rig.gateway.server import path_problem, socket_in_use
+            from rig.gateway.server import path_problem, reach_problem, socket_in_use
 
             s.gateway_socket = node_socket(s)
             problem = path_problem(s.gateway_socket)
             if problem:
                 raise StackError(f"{problem} (or `rig up --no-gateway`)")
+            if os.geteuid() == 0 and (shut := reach_problem(s.gateway_socket)):  # root's serves everyone
+                self.say(f"warning: {shut}")
+                self.notes.append(f"warning: {shut}")
             if socket_in_use(s.gateway_socket):  # never moved elsewhere in silence: one rule (rig.gateway.paths)
                 raise StackError(f"another gateway answers at {s.gateway_socket} (another rig up of this host?); "
                                  "stop it, or set gateway_socket (RIG_GATEWAY_SOCKET) to another path for this "
@@ -1167,9 +1170,11 @@ class Stack:
         s = self.settings
         out = []
         if self.gateway_path is not None:  # which socket: the host's, or this home's (rig.gateway.paths)
-            from rig.gateway.server import socket_in_use
+            from rig.gateway.server import reach_problem, socket_in_use
 
-            if socket_in_use(self.gateway_path):
+            if socket_in_use(self.gateway_path) and os.geteuid() == 0 and reach_problem(self.gateway_path):
+                out.append(f"gateway: {self.gateway_path}, which other users cannot reach (the warning above says why)")
+            elif socket_in_use(self.gateway_path):
                 out.append(f"gateway: {self.gateway_path} (users without the Redis password and jobs reach rig "
                            "there: RIG_GATEWAY_SOCKET)")
             else:

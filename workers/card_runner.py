@@ -533,6 +533,7 @@ class CardRunner:
                         argv, cwd=job.workdir, env=env, stdin=exit_fd, stdout=job_out if kept else logf,
                         stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                         pass_fds=job_fds(kept),  # its pipe's reader of last resort (card_keeper)
+                        umask=-1 if job.umask is None else job.umask,  # its submitter's (-1: the worker's)
                         **(run_as.popen_args() if run_as is not None else {}),  # type: ignore[arg-type]
                     )
                 except (OSError, ValueError, subprocess.SubprocessError) as exc:

@@ -84,6 +84,11 @@ class GatewayClient:
             sock.connect(str(self.path))
         except OSError as exc:
             sock.close()
+            if isinstance(exc, PermissionError):  # it may well be up: the socket or a folder shuts you out
+                raise GatewayUnavailable(
+                    f"you may not connect to rig's gateway at {self.path} (Permission denied): the socket or a "
+                    "folder on its way shuts other users out; an admin makes the socket mode 0666 and its folders "
+                    "passable (`chmod o+x`), or set RIG_GATEWAY_SOCKET to the node's socket") from None
             raise GatewayUnavailable(
                 f"rig's gateway does not answer at {self.path} ({exc.strerror or exc}): rig is not up on this "
                 "node, or listens elsewhere; an admin starts it with `rig up` (`rig up --only gateway` on a machine "

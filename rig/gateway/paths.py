@@ -54,7 +54,9 @@ def client_socket(settings: Settings) -> Path | None:
     """The gateway a client without credentials talks to, or None when none is there."""
     if settings.gateway_socket is not None:
         return settings.gateway_socket
+    from rig.redis_conn import visible  # a home this user cannot enter holds no socket of theirs
+
     for candidate in (home_socket(settings), SYSTEM_SOCKET):
-        if candidate.exists():
+        if visible(candidate):
             return candidate
     return None

@@ -37,6 +37,7 @@ from rig.client import Client, Identity, acting_as, identity_of
 from rig.config import Settings, load_settings
 from rig.errors import InvalidInput, LogMissing, PermissionDenied, RigError
 from rig.gateway import privacy, wire
+from rig.job_env import umask_of
 from rig.models import Job, JobState
 from rig.ownership import owns
 
@@ -134,7 +135,7 @@ class Gateway:
                                                         for k, v in environ.items()):
                 raise InvalidInput("environ must map names to strings")
             # CLI words: the caller's own client words a refusal for its caller (rig.argnames).
-            with acting_as(peer.identity, environ), cli_words():
+            with acting_as(peer.identity, environ, umask_of(peer.pid)), cli_words():
                 result = fn(peer, **args)
             answer = {"ok": True, "result": wire.encode(result)}
             if op in ARCHIVE_LISTINGS and (unread := self.client.history.unread) is not None:
@@ -618,11 +619,9 @@ def path_problem(path: Path) -> str | None:
         return (f"the gateway socket path {path} is longer than a Unix socket allows (107 bytes); "
                 "set gateway_socket to a shorter path")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        folder = path.parent.stat()
+        _make_folders(path.parent)
     except OSError as exc:
         return f"cannot use the folder of the gateway socket {path}: {exc.strerror}; set gateway_socket elsewhere"
-    del folder
     # Every folder on the way: one another user owns (or may write to without the sticky bit,
     # as /tmp has) could be renamed or replaced, and the socket with it.
     for place in [path.parent, *path.parent.parents]:
@@ -637,6 +636,35 @@ def path_problem(path: Path) -> str | None:
             continue
         return (f"the folder {place} on the way to the gateway socket {whose}: someone else could put their "
                 "own socket there; set gateway_socket to a path in folders of your own or root's, mode 0755")
+    return None
+
+
+def _make_folders(folder: Path) -> None:
+    """Make ``folder`` and the folders above it that are missing, each mode 0755 whatever the
+    umask: under an operator's umask 077 they would be 0700 and no user could reach the socket."""
+    if folder.is_dir():
+        return
+    if folder.parent != folder:
+        _make_folders(folder.parent)
+    try:
+        folder.mkdir(mode=0o755)
+    except FileExistsError:
+        return  # made meanwhile (or a file: stat() and bind() say what is wrong)
+    os.chmod(folder, 0o755)
+
+
+def reach_problem(path: Path) -> str | None:
+    """Why other users cannot reach the socket at ``path`` (one line), or None: a folder on the
+    way they may not pass through (no search permission for others), as an admin's umask 077 or
+    a ``chmod 700`` leaves it. A root gateway serves every user; such a folder shuts them out."""
+    for place in [path.parent, *path.parent.parents]:
+        try:
+            mode = stat.S_IMODE(place.stat().st_mode)
+        except OSError:
+            continue
+        if not mode & 0o001:
+            return (f"users cannot reach the gateway socket {path}: the folder {place} is mode {mode:o} (others may "
+                    f"not pass through it); `chmod o+x {place}`, or set gateway_socket elsewhere")
     return None
 
 
@@ -661,6 +689,27 @@ def bind(path: Path, gateway: Gateway) -> _Server:
     return server
 
 
+def still_bound(path: Path, bound: int) -> bool:
+    """Is the socket at ``path`` still the one bound (inode ``bound``)? Its mode is put back to
+    0666 on the way: a socket chmod'ed 0600 (a tidy-up, an admin's slip) shut every user out
+    while the gateway ran on, and they read `Permission denied`."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    if info.st_ino != bound:
+        return False
+    if stat.S_IMODE(info.st_mode) != 0o666:
+        try:
+            os.chmod(path, 0o666)  # in a folder only its owner may write to (path_problem)
+            log.warning("the gateway socket %s was mode %o; made 0666 again so users reach it", path,
+                        stat.S_IMODE(info.st_mode))
+        except OSError as exc:
+            log.error("the gateway socket %s is mode %o and cannot be made 0666 again: %s", path,
+                      stat.S_IMODE(info.st_mode), exc)
+    return True
+
+
 def serve(settings: Settings | None = None) -> None:
     """Run the gateway of this node until SIGTERM or SIGINT."""
     from rig.gateway.paths import node_socket
@@ -680,11 +729,7 @@ def serve(settings: Settings | None = None) -> None:
         # reaches: exit, and rig up starts it again, bound afresh.
         while True:
             time.sleep(2.0)
-            try:
-                same = path.lstat().st_ino == bound
-            except OSError:
-                same = False
-            if not same:
+            if not still_bound(path, bound):
                 log.error("the gateway socket %s was removed or replaced; stopping so rig up binds it again", path)
                 server.shutdown()
                 return

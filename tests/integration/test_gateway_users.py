@@ -76,14 +76,14 @@ def node(tmp_path, users) -> Iterator[tuple[RigHarness, str, Path]]:
 
 
 def _as(user: pwd.struct_passwd, venv: Path, node: tuple[RigHarness, str, Path], *argv: str,
-        env: dict[str, str] | None = None, timeout: float = 90) -> subprocess.CompletedProcess:
+        env: dict[str, str] | None = None, timeout: float = 90, umask: int = -1) -> subprocess.CompletedProcess:
     harness, url, shared = node
     full_env = {"HOME": user.pw_dir, "PATH": f"{venv}/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
                 "RIG_REDIS_URL": url, "RIG_GATEWAY_SOCKET": str(harness.settings.gateway_socket),
                 "OUT": str(shared), **(env or {})}
     return subprocess.run(list(argv), user=user.pw_uid, group=user.pw_gid,
                           extra_groups=os.getgrouplist(user.pw_name, user.pw_gid), env=full_env, cwd=shared,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, umask=umask)
 
 
 def _wait(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
@@ -169,6 +169,19 @@ def test_a_user_kills_their_own_job_and_runs_a_task(node, users, user_venv):
     script.chmod(0o644)
     ran = _as(alice, user_venv, node, "python", str(script), timeout=120)
     assert ran.returncode == 0 and ran.stdout.strip() == "42", ran.stderr
+
+
+def test_a_users_job_writes_its_files_with_their_umask(node, users, user_venv):
+    """A user with umask 077 found the files of their job readable by everyone (the root card
+    worker's 022): the job takes its submitter's umask."""
+    _harness, _url, shared = node
+    bob = users["rigtest-bob"]
+    ran = _as(bob, user_venv, node, "rig-submit", "--wait", "--gpu-memory", "1G", "--cmd",
+              'umask > "$OUT/umask-seen"; echo private > "$OUT/private.txt"', umask=0o077)
+    assert ran.returncode == 0, ran.stderr
+    assert (shared / "umask-seen").read_text().strip() == "0077"
+    made = (shared / "private.txt").stat()
+    assert (made.st_uid, made.st_mode & 0o777) == (bob.pw_uid, 0o600)
 
 
 def test_a_user_follows_their_log_through_a_remake(node, users, user_venv, tmp_path):

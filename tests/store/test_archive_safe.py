@@ -5,6 +5,8 @@ the PostgreSQL cases in a database of their own (skipped without one)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from rig.archive import Archive, ArchiveUnreachable, default_url, identity, same_archive
@@ -185,6 +187,40 @@ def test_an_unreadable_sqlite_archive_lists_redis_jobs_with_one_warning(ledger, 
     assert [j.id for j in reader.list()] == [live.id, old.id] and reader.unread_line() is None
 
 
+def _one_archived_one_live(ledger, key_prefix, home):  # noqa: ANN001, ANN202
+    """ann's job moved into the archive under ``home``, then bob's, still in Redis."""
+    old = finished(ledger, ended=NOW - 2 * DAY, user="ann")
+    with Archive(default_url(home), key_prefix) as archive:
+        require_cluster(ledger.store.r, ledger.keys, archive.url)
+        mover(ledger, archive).run(NOW)
+    return old, finished(ledger, ended=NOW - 60, user="bob")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="seteuid needs root")
+def test_an_archive_in_a_home_the_reader_cannot_enter_is_one_warning(ledger, key_prefix, request):
+    """A user whose RIG_HOME is the admin's (mode 0700) got a PermissionError traceback from
+    `rig jobs` (Path.exists on the archive there): the archive is unreadable to them, one
+    warning, and Redis' jobs are listed."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    outer = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's own folders are root's only: not the case here
+    request.addfinalizer(lambda: shutil.rmtree(outer, ignore_errors=True))
+    outer.chmod(0o755)
+    home = outer / "home"
+    home.mkdir(mode=0o700)
+    old, live = _one_archived_one_live(ledger, key_prefix, home)
+    reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=home))
+    os.seteuid(40001)
+    try:
+        listed = [j.id for j in reader.list()]
+    finally:
+        os.seteuid(0)
+    assert listed == [live.id] and old.id not in listed
+    assert reader.unread_line().startswith("warning: the archive could not be read")
+
+
 def test_rig_jobs_and_usage_exit_0_with_one_warning_when_the_archive_is_gone(ledger, key_prefix, tmp_path):
     from click.testing import CliRunner
 
@@ -216,11 +252,7 @@ def test_accounting_and_a_stored_field_answer_from_redis_when_the_archive_cannot
                                                                                       tmp_path):
     """History.accounting() and stored_field() as `rig jobs` does: Redis' part, ``unread`` set
     for the one warning line, never the database's exception."""
-    old = finished(ledger, ended=NOW - 2 * DAY, user="ann")
-    with Archive(default_url(tmp_path), key_prefix) as archive:
-        require_cluster(ledger.store.r, ledger.keys, archive.url)
-        mover(ledger, archive).run(NOW)
-    live = finished(ledger, ended=NOW - 60, user="bob")
+    old, live = _one_archived_one_live(ledger, key_prefix, tmp_path)
     reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path))
     assert {a.id for a in reader.accounting()} == {old.id, live.id} and reader.unread is None
     archived = reader.get(old.id)

@@ -155,3 +155,38 @@ def test_a_card_without_a_record_is_never_drained(redis_client, key_prefix):
     from rig.draining import drained
 
     assert not drained(redis_client, Keys(key_prefix), "a", 0)
+
+
+class _RealCards:
+    """Two cards as NVML names them (by UUID): the same physical cards whoever reads them."""
+
+    kind = "nvml"
+
+    def read_all(self):  # noqa: ANN201
+        from rig.gpus import GpuReading
+
+        return [GpuReading(index=i, uuid=f"GPU-5e1f-000{i}", model="A100", total=80 * GIB, used=0) for i in (0, 1)]
+
+    def count(self) -> int:
+        return 2
+
+
+def test_a_second_node_on_the_same_cards_is_refused(redis_client, key_prefix, tmp_path):
+    """A second `rig up` on one server under another node name (another RIG_HOME, `--node`)
+    registered the same physical cards again: two nodes placed jobs on them, neither counting
+    the other's, and the cards were oversubscribed. It is refused (exit 10) before anything of
+    it is written."""
+    from rig.errors import NodeInUse
+
+    first = load_settings(key_prefix=key_prefix, node_name="gpu1", home=tmp_path / "a", fake_gpus=None)
+    register_node(first, redis_client, _RealCards())
+    again = first.model_copy(update={"node_name": "gpu1-b"})
+    with pytest.raises(NodeInUse) as caught:
+        register_node(again, redis_client, _RealCards())
+    message = str(caught.value)
+    assert caught.value.exit_code == 10 and "\n" not in message
+    assert "card 0 of this server (GPU-5e1f-0000) is already card gpu1/0 of node 'gpu1'" in message
+    assert "`rig forget-node gpu1`" in message
+    ledger = Ledger(redis_client, Keys(key_prefix))
+    assert {c.node for c in ledger.cards()} == {"gpu1"}  # nothing of gpu1-b written
+    register_node(first, redis_client, _RealCards())  # the node itself registers again, as at every rig up

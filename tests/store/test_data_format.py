@@ -29,7 +29,9 @@ FINGERPRINTS = {
     # older rig neither reads nor writes them: it archives as before (no host check), a move by
     # it leaves archive:host naming the old URL, which is then ignored (the host record carries
     # its URL), and rig status falls back to the reader's interval without archive:pass.
-    1: {"d9e95e666b68", "2bf4068303b9", "17ab44445fb1", "f6cb4f2d5bc8"},
+    # 8e99968e9500: a job's umask (its submitter's); an older rig ignores the field and runs the
+    # job with its worker's umask, as before.
+    1: {"d9e95e666b68", "2bf4068303b9", "17ab44445fb1", "f6cb4f2d5bc8", "8e99968e9500"},
 }
 
 

@@ -182,6 +182,48 @@ def test_a_client_whose_gateway_is_down_says_so_in_one_line(tmp_path):
     assert "\n" not in str(caught.value) and "rig up" in str(caught.value)
 
 
+def test_a_socket_the_user_may_not_reach_is_not_said_down(tmp_path):
+    """A gateway shut off by a folder's mode (an admin's chmod 700) is up: the client says what
+    shuts it out, not `rig is not up`."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = tmp_path / "g.sock"
+    server.bind(str(path))
+    server.listen(1)
+    client = GatewayClient(load_settings(home=tmp_path), path)
+    try:
+        import errno
+        from unittest import mock
+
+        with mock.patch.object(socket.socket, "connect", side_effect=PermissionError(errno.EACCES, "Permission denied")):
+            with pytest.raises(GatewayUnavailable) as caught:
+                client.get(1)
+    finally:
+        server.close()
+    message = str(caught.value)
+    assert "\n" not in message and "not up" not in message and "Permission denied" in message
+    assert "chmod o+x" in message
+
+
+def test_a_socket_chmodded_shut_is_opened_again_and_a_replaced_one_noticed(tmp_path):
+    """A gateway socket chmod'ed 0600 shut every user out while the gateway ran on: its watch
+    makes it 0666 again; a removed or replaced socket is reported (the gateway then exits and
+    rig up binds it afresh)."""
+    from rig.gateway.server import still_bound
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = tmp_path / "g.sock"
+    server.bind(str(path))
+    try:
+        path.chmod(0o600)
+        assert still_bound(path, path.lstat().st_ino)
+        assert path.stat().st_mode & 0o777 == 0o666
+        assert not still_bound(path, path.lstat().st_ino + 1)
+        path.unlink()
+        assert not still_bound(path, 1)
+    finally:
+        server.close()
+
+
 def _frame(message: dict) -> bytes:
     body = __import__("json").dumps(message).encode()
     return struct.pack(">I", len(body)) + body
@@ -306,6 +348,20 @@ def test_others_see_no_log_lines_and_no_arguments_in_the_default_name(gateway):
     assert "s3cr3t" not in repr(seen) and seen.attempts[0]["outcome"] == "failed"
 
 
+def test_a_job_keeps_the_umask_of_the_process_that_submitted_it(gateway):
+    """A user whose umask is 077 got world-readable files from their job (the card worker's
+    022); the gateway records the peer process's umask, read from the kernel (/proc), and the
+    job's process takes it (workers.card_runner)."""
+    gw, _ = gateway
+    old = os.umask(0o077)  # the peer is this process (Peer(os.getpid(), ...))
+    try:
+        job = _submit_as(gw, BOB)
+    finally:
+        os.umask(old)
+    assert job.umask == 0o077
+    assert gw.client.store.get(job.id).umask == 0o077  # stored, not only answered
+
+
 def test_extra_fields_never_replace_the_records_own(gateway):
     gw, _ = gateway
     job = gw.client.store.create(_submit_as(gw, BOB), {"user": "root", "uid": 0, "payload": "eA=="})
@@ -330,6 +386,26 @@ def test_the_socket_folder_must_be_the_gateways_own(tmp_path):
             theirs / "rootsub" / "g.sock")
     assert "longer than a Unix socket allows" in path_problem(tmp_path / ("x" * 120) / "g.sock")
     assert path_problem(tmp_path / "mine" / "g.sock") is None
+
+
+def test_socket_folders_made_under_umask_077_let_users_through(tmp_path):
+    """rig up as root with umask 077 made the gateway's folder 0700: every user was refused
+    (`Permission denied`) by a gateway rig up said they reach. Folders it makes are 0755; one
+    an admin closed is named (rig up warns)."""
+    from rig.gateway.server import path_problem, reach_problem
+
+    tmp_path.chmod(0o755)
+    old = os.umask(0o077)
+    try:
+        assert path_problem(tmp_path / "run" / "rig" / "g.sock") is None
+    finally:
+        os.umask(old)
+    assert (tmp_path / "run").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "run" / "rig").stat().st_mode & 0o777 == 0o755
+    assert f"{tmp_path / 'run'} is mode" not in (reach_problem(tmp_path / "run" / "rig" / "g.sock") or "")
+    (tmp_path / "run").chmod(0o700)
+    shut = reach_problem(tmp_path / "run" / "rig" / "g.sock")
+    assert f"the folder {tmp_path / 'run'} is mode 700" in shut and "chmod o+x" in shut
 
 
 @pytest.mark.parametrize("args", [{"__m": 5}, {"__m": {"job_id": {"__e": ["x"], "v": 1}}},

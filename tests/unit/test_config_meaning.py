@@ -54,6 +54,10 @@ def write(tmp_path: Path, text: str) -> Path:
     ("[alerts]\nmax_queu = 3\n", "unknown setting [alerts] 'max_queu'; did you mean 'max_queue'?"),
     ('[templates.big]\ngpu_mem = "4G"\n', "unknown setting [templates.big] 'gpu_mem'; did you mean 'gpu_memory'?"),
     ("[user_limits.bob]\nmax_job = 3\n", "unknown setting [user_limits.bob] 'max_job'; did you mean 'max_jobs'?"),
+    # A user (or template) named with a dot: TOML splits it; the fix is quoting, not a typo.
+    ("[user_limits.o.brien]\nmax_jobs = 1\n",
+     "unknown setting [user_limits.o] 'brien': TOML reads the dots of [user_limits.o.brien] as sections; "
+     "a name with a dot is quoted: [user_limits.\"o.brien\"]"),
     ("[heath]\ntimeout = 30\n", "unknown setting 'heath'; did you mean 'health'?"),
     ("zzz = 1\n", "unknown setting 'zzz'; correct or remove it"),
 ])
@@ -368,3 +372,21 @@ def test_the_cli_says_one_line_and_exits_with_the_config_code(tmp_path, command,
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("rig: error: ") and said in lines[0], done.stderr
     assert not (tmp_path / "home" / "run").exists()  # rig up started nothing
+
+
+def test_a_user_limit_or_admin_naming_nobody_here_is_said_at_rig_up(tmp_path, monkeypatch):
+    """`[user_limits.alicee]` (a typo) left alice without her limit, in silence: rig up warns
+    of every name in user_limits or admins without an account on the node, with the closest."""
+    import pwd
+
+    from rig.config import unknown_users
+
+    me = pwd.getpwuid(os.getuid()).pw_name
+    path = write(tmp_path, f'[user_limits.{me}x]\nmax_jobs = 1\n[user_limits.{me}]\nmax_jobs = 2\n')
+    monkeypatch.setenv("RIG_CONFIG", str(path))
+    monkeypatch.setenv("RIG_ADMINS", f"{me},nobody-here-zz")
+    lines = unknown_users(load_settings())
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"warning: user_limits names '{me}x', who has no account on this node (did you "
+                               f"mean '{me}'?)")
+    assert lines[1].startswith("warning: admins names 'nobody-here-zz', who has no account on this node")

@@ -122,3 +122,15 @@ def test_an_environment_too_large_from_your_shell_names_the_shell_not_env(tmp_pa
     assert str(err.value).startswith("the job's environment (your variables") and 'export="NONE"' in str(err.value)
     with pytest.raises(InvalidInput, match="^env: bad variable name"):
         client.submit(["true"], gpu_memory="1G", env={"1A": "x"})
+
+
+def test_a_process_umask_is_read_from_proc():
+    import os
+
+    old = os.umask(0o027)
+    try:
+        assert job_env.umask_of() == 0o027
+        assert job_env.umask_of(os.getpid()) == 0o027
+    finally:
+        os.umask(old)
+    assert job_env.umask_of(2**22 + 12345) is None  # no such process: unknown, never a guess

@@ -70,6 +70,7 @@ def test_bytes_from_a_client_without_decoding_are_read_too():
     ("user", "alice; rm -rf /", "field user: expected a login name"),
     ("user", "a:b", "field user: expected a login name"),
     ("uid", "-1", "field uid: expected a uid"),
+    ("umask", "512", "field umask: expected a umask"),
     ("cards", "[0, 0]", "field cards: a card is listed twice"),
     ("cards", '[0, "1"]', "field cards: expected card indexes"),
     ("pid", "1", "field pid: expected a process id from 2"),
@@ -81,6 +82,7 @@ def test_bytes_from_a_client_without_decoding_are_read_too():
     ("log_paths", '["relative.log"]', "field log_paths: an item: expected an absolute path"),
     ("reason", "r" * (R.MAX_TEXT_CHARS + 1), "field reason: longer than"),
     ("name", "\udcff\udcfe", "field name: not valid UTF-8"),
+    ("env", json.dumps({"WEIRD": "caf\udce9"}), "field env: variable WEIRD is not valid UTF-8"),
 ])
 def test_a_bad_field_is_named_and_replaced(field, value, expected):
     raw = raw_of(good_job(), **{field: value})

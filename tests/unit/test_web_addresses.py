@@ -157,3 +157,32 @@ def test_what_rig_up_warns_while_coming_up_reaches_the_daemons_terminal(home):
     assert stack.take_notes() == [door]
     stack.say("warning: Redis is full ...; rig's workers wait and retry")  # while it runs: up.log only
     assert stack.notes == [door] and len(said) == 4
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="a root rig up serves every user")
+def test_a_gateway_users_cannot_reach_is_not_said_to_be_reached(home, tmp_path):
+    """rig up warned that a folder on the gateway's way shut users out, then printed `gateway:
+    ... (users ... reach rig there)` under it: the line says they cannot."""
+    import tempfile
+    from pathlib import Path
+
+    from rig.gateway.server import bind, reach_problem
+
+    folder = Path(tempfile.mkdtemp(dir="/tmp"))  # 0700, as an admin's umask 077 makes it
+    try:
+        path = folder / "g.sock"
+        server = bind(path, gateway=None)  # type: ignore[arg-type] - only listens
+        try:
+            stack = Stack(load_settings(), UpOptions())
+            stack.gateway_path = path
+            assert reach_problem(path) is not None
+            assert f"gateway: {path}, which other users cannot reach (the warning above says why)" in stack.addresses()
+            folder.chmod(0o755)
+            assert any(line.startswith(f"gateway: {path} (users without the Redis password") for line in
+                       stack.addresses()) or reach_problem(path) is not None
+        finally:
+            server.server_close()
+    finally:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
