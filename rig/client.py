@@ -51,7 +51,7 @@ from rig.pools import ClusterPools, Pools, cluster_pools
 from rig.redis_conn import check, connect, is_setup_error, unavailable
 from rig.redis_writes import is_outage, refusal, refused_error
 from rig.redis_writes import notices as redis_notices
-from rig.replication import no_replica_note, replica_wait
+from rig.replication import MasterDeposed, no_replica_note, replica_wait
 from rig.request_rules import check_gpu_memory, check_gpus, check_retries, parse_time_limit
 from rig.store import JobStore
 
@@ -464,13 +464,25 @@ class Client:
         self.last_durability_note = None
         if self.replicas is None or not jobs:
             return
-        if self._guard(self.replicas.confirm):
+        replicas = self.replicas
+
+        def confirm() -> bool | None:
+            try:
+                return replicas.confirm()
+            except MasterDeposed:
+                return None  # written to a master the sentinels replaced: it drops them
+
+        confirmed = self._guard(confirm)
+        if confirmed:
             return
         ids = ", ".join(str(job.id) for job in jobs[:10]) + (" ..." if len(jobs) > 10 else "")
-        pipe = self.r.pipeline(transaction=False)
-        for job in jobs:
-            pipe.hget(self.keys.job(job.id), "instance")
-        if any(found != job.instance for found, job in zip(self._guard(pipe.execute), jobs, strict=True)):
+        lost = confirmed is None
+        if not lost:
+            pipe = self.r.pipeline(transaction=False)
+            for job in jobs:
+                pipe.hget(self.keys.job(job.id), "instance")
+            lost = any(found != job.instance for found, job in zip(self._guard(pipe.execute), jobs, strict=True))
+        if lost:
             raise RedisUnavailable.said(
                 self.settings.redis_url, f"job(s) {ids} were lost in a Redis fail-over before a replica had them: "
                 "nothing of this submission is queued; submit again")

@@ -27,10 +27,12 @@ page and ``/metrics`` (``rig_redis_replicas``) say so too (:func:`no_replica_not
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import redis
 
+from rig.errors import ConfigError
 from rig.keys import Keys
 from rig.sentinel_url import is_sentinel
 
@@ -78,6 +80,13 @@ class ReplicaWait:
                 "lost (docs/RELIABILITY.md)")
 
 
+class MasterDeposed(redis.ConnectionError):
+    """The master a write went to was deposed: the sentinel with the newest configuration names
+    another one. It takes writes until the sentinels turn it into a replica, then drops them:
+    the write is as good as lost. A ConnectionError, so that a card worker's retry waits until
+    redis-py follows the new master and confirms again (rig.client says "lost" at once)."""
+
+
 def follow_master(client: redis.Redis) -> None:
     """After a write no replica confirmed: ask the sentinels for the master now, so that the
     caller's read-back (is the write still there?) goes to the master they name. A master that
@@ -87,14 +96,68 @@ def follow_master(client: redis.Redis) -> None:
     them ask the sentinels: submissions were acknowledged there (with the no-replica warning)
     and lost, and a card worker started a job whose claim was lost, which then ran twice.
     redis-py's pool, told of a new master address, closes its idle connections to the old one
-    and drops the busy ones as they come back. Not under Sentinel (no such pool): nothing."""
-    ask = getattr(client.connection_pool, "get_master_address", None)
-    if ask is None or not getattr(client.connection_pool, "is_master", False):
+    and drops the busy ones as they come back. Not under Sentinel (no such pool): nothing.
+
+    redis-py asks ``SENTINEL MASTERS``, which names the old master until the fail-over ends:
+    just after the promotion only the leading sentinel knows, by ``GET-MASTER-ADDR-BY-NAME``
+    with a newer config epoch. Then the pool stays on the old master, so MasterDeposed is
+    raised when the sentinel with the newest epoch names another master than the one the pool
+    wrote to (12 of 15 submissions right after a promotion were acknowledged there, and lost)."""
+    pool = client.connection_pool
+    ask = getattr(pool, "get_master_address", None)
+    if ask is None or not getattr(pool, "is_master", False):
         return
+    wrote_to = _address(pool.master_address)
     try:
         ask()
     except (redis.RedisError, OSError):
         pass  # no sentinel answers now: the read-back's own connection asks again
+    named = newest_master(pool.sentinel_manager.sentinels, pool.service_name)
+    if named is not None and wrote_to is not None and named != wrote_to:
+        raise MasterDeposed(f"the Redis master {wrote_to[0]}:{wrote_to[1]} was replaced in a fail-over: the "
+                            f"sentinels name {named[0]}:{named[1]}")
+
+
+#: Seconds a sentinel that did not answer is left out of :func:`newest_master` (one hung
+#: sentinel would otherwise cost every unconfirmed write its whole timeout).
+QUIET_S = 30.0
+_quiet: dict[tuple[str, int], float] = {}
+
+
+def newest_master(sentinels: list[redis.Redis], name: str) -> tuple[str, int] | None:
+    """The master address (``GET-MASTER-ADDR-BY-NAME``) of the sentinel whose configuration of
+    ``name`` is the newest (``config-epoch``); None when none answers or two of the newest
+    epoch disagree."""
+    best: tuple[int, tuple[str, int] | None] | None = None
+    for sentinel in sentinels:
+        kwargs = sentinel.connection_pool.connection_kwargs
+        where = (str(kwargs.get("host")), int(kwargs.get("port") or 0))
+        if time.monotonic() < _quiet.get(where, 0.0):
+            continue
+        try:
+            pipe = sentinel.pipeline(transaction=False)
+            pipe.sentinel_master(name)
+            pipe.sentinel_get_master_addr_by_name(name)
+            state, addr = pipe.execute()
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            _quiet[where] = time.monotonic() + QUIET_S
+            continue
+        except (redis.RedisError, ConfigError):  # unknown name, refused, wrong kind: this one says nothing
+            continue
+        epoch, named = int(state.get("config-epoch") or 0), _address(addr)
+        if best is None or epoch > best[0]:
+            best = (epoch, named)
+        elif epoch == best[0] and named != best[1]:
+            best = (epoch, None)
+    return None if best is None else best[1]
+
+
+def _address(addr: object) -> tuple[str, int] | None:
+    """(host, port) as text and number, from redis-py's pool or a sentinel's reply."""
+    if not addr:
+        return None
+    host, port = addr  # type: ignore[misc]
+    return (host.decode() if isinstance(host, bytes) else str(host), int(port))
 
 
 def replica_wait(client: redis.Redis, keys: Keys, url: str, timeout_s: float) -> ReplicaWait | None:

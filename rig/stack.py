@@ -592,13 +592,12 @@ class Stack:
             for line in redis_warnings(url):
                 self.say(f"warning: {line}")
             return
-        if not self.wants("redis") and self.options.only:
-            raise StackError(f"no Redis answers at {shown}")
-        # Redis unreachable: exit 5, as from every command (StackError's 7 said "bring-up failed").
+        # Redis unreachable: exit 5, as from every command (StackError's 7 said "bring-up failed"),
+        # also for `rig up --only` without redis (it said 7, and not which sentinel was wrong).
         if is_sentinel(url):  # which of the sentinels, their password or the master's name is wrong
             raise RedisUnavailable.said(
                 url, f"no Redis master behind {shown}: {sentinel_url.parse(url).diagnose(client_options())[0]}")
-        if not is_local(url):
+        if not is_local(url) or (not self.wants("redis") and self.options.only):
             raise RedisUnavailable.said(url, f"no Redis answers at {shown}; start it, or point RIG_REDIS_URL at one")
         if url_password(url) is None:
             # No password configured (else the URL would carry it): generate or reuse the

@@ -133,6 +133,19 @@ class SentinelSet:
                 continue
         return None
 
+    def promoted_anywhere(self) -> bool:
+        """Does any sentinel name the replica as the master yet? The fail-over's leader does
+        first, the moment it promoted it; the others (and every SENTINEL MASTERS, which redis-py
+        asks) follow later."""
+        for port in self.sentinel_ports:
+            try:
+                with contextlib.closing(self.sentinel(port)) as client:
+                    if int(client.sentinel_get_master_addr_by_name(MASTER_NAME)[1]) == self.replica_port:
+                        return True
+            except (redis.RedisError, TypeError):
+                continue
+        return False
+
     def kill_master(self) -> None:
         """SIGKILL the master: no shutdown, no last write reaches anyone."""
         proc = self.procs["master"]

@@ -107,6 +107,25 @@ def test_silent_node_is_declared_down_on_a_confirming_pass(cluster, redis_client
     assert started and {s[2] for s in started} == {"n2"}
 
 
+def test_a_down_nodes_cards_are_closed_before_it_is_said_down(cluster, redis_client, monkeypatch):
+    """Whoever reads "down" finds its cards closed: the pass wrote "down" first and closed the
+    cards after, and node-lost read a down node with a card still open between the two writes."""
+    settings, keys, ledger, nodes, checker = cluster
+    _silence(redis_client, keys, "n1")
+    now = time.time()
+    checker.run_cluster(now=now)
+    real_set_down = NodeRegistry.set_down
+    open_when_down: list[list[int]] = []
+
+    def set_down(self, node: str, when: float) -> None:
+        open_when_down.append([c.index for c in ledger.cards() if c.node == node and c.eligible])
+        real_set_down(self, node, when)
+
+    monkeypatch.setattr(NodeRegistry, "set_down", set_down)
+    assert checker.run_cluster(now=now + 2 * settings.telemetry_interval).nodes_down == ["n1"]
+    assert open_when_down == [[]]
+
+
 def test_heartbeat_back_within_the_confirmation_clears_the_doubt(cluster, redis_client):
     settings, keys, ledger, nodes, checker = cluster
     job = _job(ledger, "n1", 0, run=True)

@@ -86,3 +86,22 @@ def test_a_submission_a_failover_lost_is_refused_not_acknowledged(lonely_redis, 
     with pytest.raises(RedisUnavailable, match=r"job\(s\) \d+ were lost in a Redis fail-over before a replica "
                                                r"had them: nothing of this submission is queued; submit again"):
         client.submit(["true"], gpu_memory="1G")
+
+
+def test_a_submission_written_to_a_deposed_master_is_refused(lonely_redis, key_prefix, tmp_path):
+    """The master the records went to was replaced in a fail-over (MasterDeposed): it still holds
+    them, and would answer the read-back, until the sentinels demote it and it drops them."""
+    from rig.replication import MasterDeposed
+
+    settings = load_settings(key_prefix=key_prefix, home=tmp_path, redis_url=SENTINEL_URL,
+                             replica_wait_seconds=0.05)
+    client = Client(settings, redis_client=lonely_redis)
+
+    class Deposed:
+        def confirm(self) -> bool:
+            raise MasterDeposed("the Redis master 127.0.0.1:1 was replaced in a fail-over")
+
+    client.replicas = Deposed()  # type: ignore[assignment]
+    with pytest.raises(RedisUnavailable, match=r"job\(s\) \d+ were lost in a Redis fail-over before a replica "
+                                               r"had them: nothing of this submission is queued; submit again"):
+        client.submit(["true"], gpu_memory="1G")

@@ -140,6 +140,18 @@ def test_rig_up_without_a_usable_sentinel_exits_5_like_every_command(tmp_path):
     with pytest.raises(RedisUnavailable) as info:
         stack._ensure_redis()
     assert info.value.exit_code == 5 and str(info.value).startswith(f"no Redis master behind {url}: no sentinel")
+    # `rig up --only` without redis too (it said 7, and "no Redis answers" without which sentinel).
+    only = Stack(load_settings(home=tmp_path / "home", redis_url=url), UpOptions(only=("flower",)),
+                 say=lambda _line: None)
+    with pytest.raises(RedisUnavailable) as info:
+        only._ensure_redis()
+    assert info.value.exit_code == 5 and str(info.value).startswith(f"no Redis master behind {url}: no sentinel")
+    local = f"redis://127.0.0.1:{port}/0"
+    only = Stack(load_settings(home=tmp_path / "home", redis_url=local), UpOptions(only=("flower",)),
+                 say=lambda _line: None)
+    with pytest.raises(RedisUnavailable) as info:
+        only._ensure_redis()  # a local URL: not started by an --only without redis
+    assert info.value.exit_code == 5 and str(info.value).startswith(f"no Redis answers at {local}")
 
 
 def test_the_sentinel_password_file_fills_the_sentinels_password(tmp_path):
