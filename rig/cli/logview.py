@@ -472,6 +472,8 @@ class CutFollower:
     TAIL = 64
     #: The most read at once (bytes); the rest right after, each read checked for a cut first.
     READ_MAX = 4 << 20
+    #: Times one copy finds its place again after cuts that follow each other (then the next poll).
+    RESYNC_TRIES = 8
 
     def __init__(self, fh: BinaryIO, path: str) -> None:
         self.fh = fh
@@ -569,17 +571,26 @@ class CutFollower:
                     break  # copied as read from here on
                 return
             said = b""
-            if self._was_cut(look):
+            tries = 0
+            # The look after finding its place again is checked as the first was: the keeper can
+            # cut again in between (a burst of output on a loaded host), and data read at the
+            # place of the cut before was taken for what follows it (lines shown twice).
+            while self._was_cut(look):
                 resynced = self._resync()
                 if resynced is None:
                     return  # a rewrite by someone else, maybe: the next poll looks again
-                said = resynced
-                look = self._look()
-                if look is None:
+                said = resynced or said  # the marker of the latest cut counts all cut before it
+                tries += 1
+                look = self._look() if tries < self.RESYNC_TRIES else None
+                if look is None:  # cut on every look: the next poll goes on from this place
                     out.write(said)
                     out.flush()
                     return
             data = look.data
+            if data and self.marker is None and (found := find_marker(data)) is not None:
+                # A cut before this follower began (or one its note did not count yet): the
+                # marker read in order is where the file's places stop being the output's.
+                self.marker = (self.pos + found[0], self.pos + found[1], found[2])
             if data:
                 self.pos += len(data)
                 self.last = (self.last + data)[-self.TAIL:]

@@ -8,8 +8,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 import re
 from pathlib import Path
+
+import pytest
 
 from rig.cli.logview import CutFollower
 from rig.logs import enforce_size_cap, find_marker
@@ -152,3 +155,52 @@ def test_a_file_truncated_by_someone_else_is_read_again_from_its_start(tmp_path)
         follower.copy(out)
     assert told == [1]
     assert _numbers(out.getvalue().decode()) == list(range(job.n))
+
+
+@pytest.mark.parametrize("seed", [*range(8), 22, 64])
+def test_the_keeper_cutting_inside_the_followers_reads_repeats_and_skips_nothing_readable(tmp_path, monkeypatch, seed):
+    """The card's keeper (the real LogCopy, cap 64 kB) writes bursts and cuts at arbitrary
+    points between the follower's own reads, as another process does on a loaded host (CI saw
+    `rig log -f` show ~1,000 lines twice): a cut again while the follower found its place after
+    the one before, and a cut made before the follower began, whose marker it must read as one.
+    Every line it prints is printed once, in order, and the job's last line comes."""
+    from rig.logkeeper import LogCopy
+
+    rnd = random.Random(seed)
+    log = tmp_path / "attempt-1.log"
+    keeper = LogCopy(log, CAP)
+    written = [0]
+    inside = [0]  # the keeper is writing: no burst inside its own reads
+
+    def write(lines: int) -> None:
+        inside[0] += 1
+        try:
+            for _ in range(lines):
+                keeper.feed(b"line-%06d %s\n" % (written[0], b"y" * 20))
+                written[0] += 1
+        finally:
+            inside[0] -= 1
+
+    real_pread = os.pread
+
+    def pread(fd: int, size: int, offset: int) -> bytes:
+        if not inside[0] and rnd.random() < 0.3:
+            write(rnd.choice([1, 10, 100, 1000, 3000]))
+        return real_pread(fd, size, offset)
+
+    monkeypatch.setattr(os, "pread", pread)
+    write(50)
+    out = io.BytesIO()
+    with log.open("rb") as fh:
+        follower = CutFollower(fh, str(log))
+        for _ in range(rnd.randint(3, 30)):
+            follower.copy(out)
+            write(rnd.choice([0, 5, 50, 500, 2000, 5000]))
+        write(3)
+        keeper.close()
+        inside[0] += 1  # ended: nothing more is written
+        follower.copy(out)
+    numbers = _numbers(out.getvalue().decode())
+    assert numbers == sorted(set(numbers)), "a line repeated or out of order"
+    assert numbers[-1] == written[0] - 1, "the job's last line is missing"
+    assert keeper.cut > 0
