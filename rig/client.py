@@ -551,6 +551,13 @@ class Client:
             return self._guard(lambda: why_not_started(self, job))
         return why_waiting(self, job)
 
+    def waiting_words(self, jobs: Iterable[Job]) -> dict[int, str]:
+        """What `rig jobs` and `rig top` say of each waiting job of ``jobs`` (job id -> why it
+        waits): rig.waiting.waiting_words, never a stored sentence no dispatcher keeps true."""
+        from rig.waiting import waiting_words
+
+        return self._guard(waiting_words, self, list(jobs))
+
     def jobs_ahead(self, job_ids: Iterable[int]) -> dict[int, int]:
         """How many jobs are ahead of each of ``job_ids`` in the queue: its rank in the pending
         queue, the count `rig show` gives ("N job(s) ahead of it", rig.waiting.why_waiting). A
