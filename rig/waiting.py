@@ -409,17 +409,19 @@ def latest_node_change(nodes: Iterable[NodeInfo]) -> float:
     return max(times, default=0.0)
 
 
-def why_waiting(client: Client, job: Job, *, now: float | None = None, silent_s: float = 0.0) -> str | None:
+def why_waiting(client: Client, job: Job, *, now: float | None = None, silent_s: float = 0.0,
+                nodes: Sequence[NodeInfo] | None = None, cards: Sequence[CardState] | None = None) -> str | None:
     """What a person is told about a PENDING job (None for any other state): the dispatcher's
     stored sentence while it is current (see the module doc), else :func:`explain` over the
     cards, nodes and queue as Redis has them now (no holds: only a running dispatcher makes
     them), with the jobs ahead of it placed first on a copy of the cards. ``silent_s``: the
-    dispatcher holding the lock did not take a wake-up for that long (:func:`first_look`)."""
+    dispatcher holding the lock did not take a wake-up for that long (:func:`first_look`).
+    ``nodes``, ``cards``: read by the caller for many jobs at once (:func:`waiting_words`)."""
     if job.state is not JobState.PENDING:
         return None
     now = shared_now(client.r) if now is None else now
     r, keys = client.r, client.keys
-    nodes = NodeRegistry(r, keys).read()
+    nodes = NodeRegistry(r, keys).read() if nodes is None else nodes
     pipe = r.pipeline(transaction=False)
     pipe.exists(keys.sched_leader)
     pipe.hget(keys.job(job.id), "wait_reason_at")
@@ -428,7 +430,7 @@ def why_waiting(client: Client, job: Job, *, now: float | None = None, silent_s:
     if not silent_s and _current(job, leader, stamp, now, latest_node_change(nodes)):
         return job.wait_reason
     pools = cluster_pools(nodes).pools  # the nodes' pools, not this client's config (rig.pools)
-    every = client.ledger.cards()
+    every = client.ledger.cards() if cards is None else cards
     ahead = int(rank or 0)
     after: list[CardState] | None = None
     if 0 < ahead <= AHEAD_SIMULATED:
@@ -476,7 +478,8 @@ def waiting_words(client: Client, jobs: Iterable[Job]) -> dict[int, str]:
         return {}
     r, keys = client.r, client.keys
     now = shared_now(r)
-    node_change = latest_node_change(NodeRegistry(r, keys).read())
+    nodes = NodeRegistry(r, keys).read()
+    node_change = latest_node_change(nodes)
     pipe = r.pipeline(transaction=False)
     pipe.exists(keys.sched_leader)
     for job in pending:
@@ -484,13 +487,15 @@ def waiting_words(client: Client, jobs: Iterable[Job]) -> dict[int, str]:
         pipe.zrank(keys.pending, str(job.id))
     leader, *read = pipe.execute()
     words: dict[int, str] = {}
+    cards: list[CardState] | None = None  # read once, for the first live sentence
     for job, stamp, rank in zip(pending, read[::2], read[1::2], strict=True):
         if _current(job, leader, stamp, now, node_change):
             words[job.id] = job.wait_reason  # type: ignore[assignment]
         elif leader and not job.wait_reason and rank is not None:
             words[job.id] = queued_words(int(rank))
         else:
-            said = why_waiting(client, job, now=now)
+            cards = client.ledger.cards() if cards is None else cards
+            said = why_waiting(client, job, now=now, nodes=nodes, cards=cards)
             if said is not None:
                 words[job.id] = said
     return words
