@@ -478,6 +478,12 @@ def test_places_in_the_queue_and_a_running_jobs_end_come_through_the_gateway(gat
     jobs = [gw.client.get(first.id), gw.client.get(second.id)]
     assert client.waiting_words(jobs) == gw.client.waiting_words(jobs)
     assert set(client.waiting_words(jobs)) == {first.id, second.id}
+    # a gateway older than waiting_words: the stored sentence, else the place in the queue
+    gw.ops.pop("waiting_words")
+    gw.client.store.update(first.id, wait_reason="the dispatcher's own sentence")
+    jobs = [gw.client.get(first.id), gw.client.get(second.id)]
+    assert client.waiting_words(jobs) == {first.id: "the dispatcher's own sentence",
+                                          second.id: "queued: 1 job(s) ahead of it"}
     from rig.gpus.base import GpuReading
 
     ledger = gw.client.ledger
