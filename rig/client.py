@@ -287,7 +287,7 @@ class Client:
                 known = ", ".join(sorted(self.settings.templates)) or "none"
                 raise InvalidInput(f"unknown template {template!r}; known: {known} (`rig templates`)")
             gpu_memory = gpu_memory if gpu_memory is not None else preset.gpu_memory
-            priority = priority or preset.priority
+            priority = preset.priority if priority is None else priority
             retries = retries if retries is not None else preset.retries
             time_limit = time_limit if time_limit is not None else preset.time_limit
             oom_retry_grow = oom_retry_grow if oom_retry_grow is not None else preset.oom_retry_grow
@@ -303,7 +303,9 @@ class Client:
                 nbytes = _round_up(int(nbytes * margin))
         check_gpu_memory(nbytes)  # rig.request_rules: the rule templates are checked with too
         check_gpus(gpus)
-        prio = Priority.parse(priority or self.settings.default_priority)
+        # "" is a slip (`--priority "$PRIO"` with PRIO unset), refused as any unknown word: never
+        # the default priority in silence
+        prio = Priority.parse(self.settings.default_priority if priority is None else priority)
         # submit_many (``_batch``, its memo: the same caller, environment and folders for every
         # request) checks each distinct folder and environment once, not once per job.
         memo: dict[Any, Any] = _batch if _batch is not None else {}
@@ -571,6 +573,13 @@ class Client:
         if job.state is JobState.ASSIGNED:
             return self._guard(lambda: why_not_started(self, job))
         return why_waiting(self, job)
+
+    def waiting_words(self, jobs: Iterable[Job]) -> dict[int, str]:
+        """What `rig jobs` and `rig top` say of each waiting job of ``jobs`` (job id -> why it
+        waits): rig.waiting.waiting_words, never a stored sentence no dispatcher keeps true."""
+        from rig.waiting import waiting_words
+
+        return self._guard(waiting_words, self, list(jobs))
 
     def jobs_ahead(self, job_ids: Iterable[int]) -> dict[int, int]:
         """How many jobs are ahead of each of ``job_ids`` in the queue: its rank in the pending

@@ -85,7 +85,16 @@ def no_card_open(pool: str | None) -> str:
     """NO_CARD_OPEN, naming the job's pool when it has one."""
     return NO_CARD_OPEN if not pool else NO_CARD_OPEN.replace("no card ", f"no card of pool '{pool}' ", 1)
 NO_CARDS = "no estimate: no cards are registered (is `rig up` running?)"
-LATER = f"later (more than {FORECAST_JOBS} jobs ahead of it by priority and age; only those are estimated)"
+
+
+def later_words() -> str:
+    """A job beyond the simulated head: the first of them has exactly FORECAST_JOBS jobs ahead of
+    it (it was told "more than 200")."""
+    return (f"later ({FORECAST_JOBS} or more jobs ahead of it by priority and age; only the first "
+            f"{FORECAST_JOBS} are estimated)")
+
+
+LATER = later_words()  # as worded with the shipped FORECAST_JOBS
 #: What every time shown says it is: the ends of the jobs ahead come from their time limits or
 #: earlier runs (each job's own is its StartEstimate.run_text).
 #: "No higher-priority submissions" was no assumption for a high-priority job (there is none
@@ -201,7 +210,7 @@ def start_words(estimate: StartEstimate, now: float, made_at: float | None = Non
     if e.not_yet:
         return "not yet", f"not estimated yet ({e.why_none})"
     if e.later:
-        return "later", LATER
+        return "later", later_words()
     if e.after is not None:
         return (f"after ~{_clock(e.after, now)}",
                 f"after ~{_clock(e.after, now)} ({roughly(e.after - now)}: only the dispatcher's next "

@@ -409,31 +409,28 @@ def latest_node_change(nodes: Iterable[NodeInfo]) -> float:
     return max(times, default=0.0)
 
 
-def why_waiting(client: Client, job: Job, *, now: float | None = None, silent_s: float = 0.0) -> str | None:
+def why_waiting(client: Client, job: Job, *, now: float | None = None, silent_s: float = 0.0,
+                nodes: Sequence[NodeInfo] | None = None, cards: Sequence[CardState] | None = None) -> str | None:
     """What a person is told about a PENDING job (None for any other state): the dispatcher's
     stored sentence while it is current (see the module doc), else :func:`explain` over the
     cards, nodes and queue as Redis has them now (no holds: only a running dispatcher makes
     them), with the jobs ahead of it placed first on a copy of the cards. ``silent_s``: the
-    dispatcher holding the lock did not take a wake-up for that long (:func:`first_look`)."""
+    dispatcher holding the lock did not take a wake-up for that long (:func:`first_look`).
+    ``nodes``, ``cards``: read by the caller for many jobs at once (:func:`waiting_words`)."""
     if job.state is not JobState.PENDING:
         return None
     now = shared_now(client.r) if now is None else now
     r, keys = client.r, client.keys
-    nodes = NodeRegistry(r, keys).read()
+    nodes = NodeRegistry(r, keys).read() if nodes is None else nodes
     pipe = r.pipeline(transaction=False)
     pipe.exists(keys.sched_leader)
     pipe.hget(keys.job(job.id), "wait_reason_at")
     pipe.zrank(keys.pending, str(job.id))
     leader, stamp, rank = pipe.execute()
-    try:
-        stamped = float(stamp) if stamp else 0.0
-    except ValueError:
-        stamped = 0.0
-    if (leader and not silent_s and job.wait_reason and now - stamped <= STALE_AFTER_S
-            and stamped >= latest_node_change(nodes)):
+    if not silent_s and _current(job, leader, stamp, now, latest_node_change(nodes)):
         return job.wait_reason
     pools = cluster_pools(nodes).pools  # the nodes' pools, not this client's config (rig.pools)
-    every = client.ledger.cards()
+    every = client.ledger.cards() if cards is None else cards
     ahead = int(rank or 0)
     after: list[CardState] | None = None
     if 0 < ahead <= AHEAD_SIMULATED:
@@ -448,6 +445,60 @@ def why_waiting(client: Client, job: Job, *, now: float | None = None, silent_s:
         ahead=ahead, dispatcher=bool(leader), pool=job.pool,
         strategy=client.settings.scheduler_type, now=now, ahead_cards=after,
         ahead_unknown=ahead > AHEAD_SIMULATED, silent_s=silent_s if leader else 0.0))
+
+
+def _current(job: Job, leader: object, stamp: object, now: float, node_change: float) -> bool:
+    """Whether ``job``'s stored sentence (stamped ``stamp``, its ``wait_reason_at``) is current:
+    a dispatcher leads, wrote or confirmed it within STALE_AFTER_S, and no node changed state
+    since (see the module doc)."""
+    try:
+        stamped = float(stamp) if stamp else 0.0
+    except (TypeError, ValueError):
+        stamped = 0.0
+    return bool(leader and job.wait_reason and now - stamped <= STALE_AFTER_S and stamped >= node_change)
+
+
+def queued_words(ahead: int) -> str:
+    """A waiting job's reason when the leading dispatcher has stored none (it words only the
+    queue heads it reads each pass): its place in the queue, counted as :func:`why_waiting`
+    counts it (Client.jobs_ahead), so never a reason that could be false."""
+    return f"queued: {ahead} job(s) ahead of it" if ahead else "queued: first in line"
+
+
+def waiting_words(client: Client, jobs: Iterable[Job]) -> dict[int, str]:
+    """What `rig jobs` and `rig top` say of each PENDING job of ``jobs`` (job id -> sentence):
+    the dispatcher's stored sentence while it is current (:func:`why_waiting`'s rule), its place
+    in the queue (:func:`queued_words`) when the leading dispatcher has not worded it yet, else
+    :func:`why_waiting`'s live sentence. So a sentence no dispatcher keeps true any more (after
+    `rig down`: "vm/2 held for it (expected free ~...)", a hold nobody keeps) is never shown.
+    One round trip for the stamps and places; a live sentence only for a job whose stored one
+    is not current."""
+    pending = [j for j in jobs if j.state is JobState.PENDING]
+    if not pending:
+        return {}
+    r, keys = client.r, client.keys
+    now = shared_now(r)
+    nodes = NodeRegistry(r, keys).read()
+    node_change = latest_node_change(nodes)
+    pipe = r.pipeline(transaction=False)
+    pipe.exists(keys.sched_leader)
+    for job in pending:
+        pipe.hget(keys.job(job.id), "wait_reason_at")
+        pipe.zrank(keys.pending, str(job.id))
+    leader, *read = pipe.execute()
+    words: dict[int, str] = {}
+    cards: list[CardState] | None = None  # read once, for the first live sentence
+    for job, stamp, rank in zip(pending, read[::2], read[1::2], strict=True):
+        if _current(job, leader, stamp, now, node_change):
+            words[job.id] = job.wait_reason  # type: ignore[assignment]
+        elif leader and not job.wait_reason and rank is not None:
+            words[job.id] = queued_words(int(rank))
+        else:
+            cards = client.ledger.cards() if cards is None else cards
+            said = why_waiting(client, job, now=now, nodes=nodes, cards=cards)
+            if said is not None:
+                words[job.id] = said
+    return words
 
 
 def _place_ahead(cards: Sequence[CardState], ahead: Sequence[Job], pools, strategy: str) -> list[CardState]:  # noqa: ANN001

@@ -24,7 +24,6 @@ from rig.cli.common import (
 from rig.cli.recover import recover
 from rig.cli.render import (
     make_console,
-    queued_words,
     render_errors,
     render_job,
     render_jobs,
@@ -120,12 +119,12 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
     waiting = [j for j in found if j.state is JobState.PENDING]
     # rig.forecast, the one estimate, as the leading dispatcher stored it (rig.forecast_store)
     estimates = client.start_estimates([j.id for j in waiting]) if waiting else None
-    # The dispatcher words only the queue heads it reads: the others get their place in the queue.
-    ahead = client.jobs_ahead([j.id for j in waiting if not j.wait_reason])
+    # Why each waits: the dispatcher's sentence while it holds, else its place or rig show's words.
+    said = client.waiting_words(waiting)
     if as_json:
         click.echo(J.dumps([J.job_dict(j, **(estimates.row(j.id) if estimates and j.state is JobState.PENDING
                                              else {}),
-                                       **({"waiting_because": queued_words(ahead[j.id])} if j.id in ahead else {}))
+                                       **({"waiting_because": said[j.id]} if j.id in said else {}))
                             for j in found]))
         return
     if not found and user is not None:  # not an error: nothing on stdout, a word on stderr
@@ -133,7 +132,7 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
         return
     starts = ({j.id: estimates.of(j.id).short(estimates.now, estimates.made_at) for j in waiting}
               if estimates else None)
-    render_jobs(found, make_console(), starts, ahead)
+    render_jobs(found, make_console(), starts, said)
 
 
 @cli.command()

@@ -332,22 +332,13 @@ def render_status(report: StatusReport, console: Console) -> None:
         console.print(M(f"warning: {notice}"), style="yellow")
 
 
-def queued_words(ahead: int) -> str:
-    """A waiting job's reason when the dispatcher has stored none (it words only the queue heads
-    it reads each pass): its place in the queue, counted as `rig show` counts it
-    (Client.jobs_ahead), so never a reason that could be false."""
-    return f"queued: {ahead} job(s) ahead of it" if ahead else "queued: first in line"
-
-
-def job_reason(job: Job, ahead: int | None = None) -> str:
-    """One line for `rig jobs` and `rig top`: why a waiting job waits (the dispatcher's latest
-    sentence, rig.waiting; `rig show` words it afresh; without one, with ``ahead`` known, its
-    place in the queue: :func:`queued_words`), else why a job ended as it did (its failure class
-    when it has no reason: `rig errors` shows both)."""
+def job_reason(job: Job, said: str | None = None) -> str:
+    """One line for `rig jobs` and `rig top`: why a waiting job waits (``said``, what
+    rig.waiting.waiting_words gives it: the dispatcher's current sentence, its place in the
+    queue, or the live sentence `rig show` gives; without it, the stored sentence), else why a
+    job ended as it did (its failure class when it has no reason: `rig errors` shows both)."""
     if job.state is JobState.PENDING:
-        if job.wait_reason:
-            return job.wait_reason
-        return "-" if ahead is None else queued_words(ahead)
+        return said or job.wait_reason or "-"
     if job.state in (JobState.ASSIGNED, JobState.RUNNING):
         # A live job's reason and class are its last attempt's: say so, never as if now.
         if not job.attempts:
@@ -359,10 +350,10 @@ def job_reason(job: Job, ahead: int | None = None) -> str:
 
 
 def render_jobs(jobs: list[Job], console: Console, starts: Mapping[int, str] | None = None,
-                ahead: Mapping[int, int] | None = None) -> None:
+                said: Mapping[int, str] | None = None) -> None:
     """`rig jobs`; with ``starts`` (job id -> rig.forecast's short words, e.g. ``~14:20``), an
-    ``est. start`` column for the waiting jobs; ``ahead`` (job id -> jobs ahead of it in the
-    queue, Client.jobs_ahead) words a waiting job's reason when none is stored."""
+    ``est. start`` column for the waiting jobs; ``said`` (job id -> why it waits,
+    Client.waiting_words) is a waiting job's reason."""
     now = shared_now()
     rows = []
     seen = Counter(job.id for job in jobs)
@@ -380,7 +371,7 @@ def render_jobs(jobs: list[Job], console: Console, starts: Mapping[int, str] | N
             "where": f"{job.node}/{','.join(map(str, job.cards))}" if job.node else "-",
             "age": duration(now - job.created_at), "runtime": duration(runtime),
             "exit": "-" if job.exit_code is None else str(job.exit_code),
-            "reason": Cell(job_reason(job, (ahead or {}).get(job.id)), style="dim" if job.state is JobState.SUCCEEDED else ""),
+            "reason": Cell(job_reason(job, (said or {}).get(job.id)), style="dim" if job.state is JobState.SUCCEEDED else ""),
             "est. start": (starts or {}).get(job.id, "-"),
         })
     if not jobs:

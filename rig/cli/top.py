@@ -397,9 +397,9 @@ def _job_lines(jobs: list[Job], width: int, now: float) -> tuple[Text, list[Text
 
 
 def _waiting_lines(jobs: Sequence[Job], width: int, now: float,
-                   ahead: Mapping[int, int] | None = None) -> tuple[Text, list[Text]]:
-    """Waiting jobs in run order (priority, then age), each with why it waits (``ahead``: job
-    id -> jobs ahead of it, for those the dispatcher has not worded: render.job_reason)."""
+                   said: Mapping[int, str] | None = None) -> tuple[Text, list[Text]]:
+    """Waiting jobs in run order (priority, then age), each with why it waits (``said``: job
+    id -> its sentence, Client.waiting_words: render.job_reason)."""
     wide = width >= 140
     id_w = max(2, *(len(str(j.id)) for j in jobs)) if jobs else 2
     user_w = min(max((len(j.user) for j in jobs), default=4), 16 if wide else 8)
@@ -421,7 +421,7 @@ def _waiting_lines(jobs: Sequence[Job], width: int, now: float,
         values: dict[str, str | Text] = {
             "id": str(job.id), "user": C(job.user), "name": C(job.name), "prio": job.priority.value,
             "mem": mem, "wait": duration(now - job.created_at),
-            "why": Text(C(job_reason(job, (ahead or {}).get(job.id))), style="dim" if not job.wait_reason else ""),
+            "why": Text(C(job_reason(job, (said or {}).get(job.id))), style="dim" if not job.wait_reason else ""),
         }
         table.append(values)
     return _header(cols), _rows(cols, table)
@@ -508,7 +508,7 @@ def _clip(lines: list[Text], room: int, what: str) -> list[Text]:
 # -- the frame ----------------------------------------------------------------------------------
 def build_view(report: StatusReport | None, errors: int, width: int, height: int, now: float,
                *, problem: str | None = None, hint: str = "q quits", waiting: Sequence[Job] = (),
-               error_jobs: Sequence[Job] = (), ahead: Mapping[int, int] | None = None) -> RenderableType:
+               error_jobs: Sequence[Job] = (), said: Mapping[int, str] | None = None) -> RenderableType:
     """One frame of ``rig top``, exactly fitting ``width`` x ``height`` (at most).
 
     ``waiting``: some waiting jobs (any order: shown in run order, priority then age, each with
@@ -561,8 +561,8 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
     total_waiting = sum(report.pending.values())
     queued = sorted(waiting, key=lambda j: (j.priority.rank, j.created_at, j.id))
     lists = [_List(f"waiting jobs ({total_waiting}), next first", total_waiting, queued,
-                   functools.partial(_waiting_lines, ahead=ahead),
-                   "waiting jobs", _waiting_summary),
+                   functools.partial(_waiting_lines, said=said),
+                   "waiting jobs", functools.partial(_waiting_summary, said=said)),
              _List(f"error queue ({errors}): `rig errors`", errors, list(error_jobs), _error_lines,
                    "in the error queue", None)]
     lists = [section for section in lists if section.shown]
@@ -654,12 +654,13 @@ class _List:
 SUMMARY_NAME = 20
 
 
-def _waiting_summary(jobs: Sequence[Job], title: str) -> Text:
-    """``waiting jobs (5), next first: 10 train-resnet50 (alice): needs 16.0 GiB ...`` in one line."""
+def _waiting_summary(jobs: Sequence[Job], title: str, said: Mapping[int, str] | None = None) -> Text:
+    """``waiting jobs (5), next first: 10 train-resnet50 (alice): needs 16.0 GiB ...`` in one line
+    (``said``: as _waiting_lines)."""
     line = Text(title, style="bold")
     job = jobs[0]
     line.append(f": {job.id} {shorten_middle(C(job.name), SUMMARY_NAME)} ({C(job.user)}): ")
-    line.append(C(job_reason(job)), style="dim")
+    line.append(C(job_reason(job, (said or {}).get(job.id))), style="dim")
     return line
 
 
@@ -675,7 +676,7 @@ class _Snapshot:
     problem: str | None = None
     waiting: list[Job] = field(default_factory=list)
     error_jobs: list[Job] = field(default_factory=list)
-    ahead: dict[int, int] = field(default_factory=dict)  # waiting job id -> jobs ahead (_read_lists)
+    said: dict[int, str] = field(default_factory=dict)  # waiting job id -> why it waits (_read_lists)
 
 
 def _read(client) -> tuple[StatusReport, int]:  # noqa: ANN001
@@ -683,16 +684,15 @@ def _read(client) -> tuple[StatusReport, int]:  # noqa: ANN001
     return report, client.error_count()
 
 
-def _read_lists(client, old: tuple[list[Job], list[Job], dict[int, int]] = ([], [], {}),  # noqa: ANN001
-                ) -> tuple[list[Job], list[Job], dict[int, int]]:
-    """The head of the queue, the oldest of the error queue (what the frame lists) and, for the
-    waiting jobs the dispatcher has not worded, their place in the queue (Client.jobs_ahead, as
-    `rig jobs` shows it). They are extras: when they cannot be read (e.g. a gateway older than
+def _read_lists(client, old: tuple[list[Job], list[Job], dict[int, str]] = ([], [], {}),  # noqa: ANN001
+                ) -> tuple[list[Job], list[Job], dict[int, str]]:
+    """The head of the queue, the oldest of the error queue (what the frame lists) and why each
+    waiting job waits (Client.waiting_words, as `rig jobs` says it). They are extras: when they cannot be read (e.g. a gateway older than
     `waiting`), the last ones read stay and the frame's cards, counts and running jobs go on."""
     try:
         waiting = client.waiting(limit=WAITING_READ)
         errors = client.errors(limit=ERRORS_READ)
-        return waiting, errors, client.jobs_ahead([j.id for j in waiting if not j.wait_reason])
+        return waiting, errors, client.waiting_words(waiting)
     except (RigError, redis.RedisError, OSError):
         return old
 
@@ -719,12 +719,12 @@ class _Poller(threading.Thread):
         try:
             report, errors = _read(self.client)
             old = self.snapshot
-            waiting, error_jobs, ahead = _read_lists(self.client, (old.waiting, old.error_jobs, old.ahead))
-            self.snapshot = _Snapshot(report, errors, None, waiting, error_jobs, ahead)
+            waiting, error_jobs, said = _read_lists(self.client, (old.waiting, old.error_jobs, old.said))
+            self.snapshot = _Snapshot(report, errors, None, waiting, error_jobs, said)
         except (RigError, redis.RedisError, OSError) as exc:
             old = self.snapshot
             self.snapshot = _Snapshot(old.report, old.errors, _problem_text(exc), old.waiting, old.error_jobs,
-                                      old.ahead)
+                                      old.said)
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -784,10 +784,10 @@ def run_top(client, interval: float = 1.0, once: bool = False, *,  # noqa: ANN00
     console = console or make_console()  # piped: laid out as every piped table is (180 columns)
     if once or not console.is_terminal:
         report, errors = _read(client)
-        waiting, error_jobs, ahead = _read_lists(client)
+        waiting, error_jobs, said = _read_lists(client)
         height = console.height if console.is_terminal else 10_000
         console.print(build_view(report, errors, console.width, height, shared_now(), hint="",
-                                 waiting=waiting, error_jobs=error_jobs, ahead=ahead))
+                                 waiting=waiting, error_jobs=error_jobs, said=said))
         return
 
     poller = _Poller(client, interval)
@@ -802,7 +802,7 @@ def run_top(client, interval: float = 1.0, once: bool = False, *,  # noqa: ANN00
                 width, height = console.size
                 return build_view(snap.report, snap.errors, width, height, shared_now(),
                                   problem=snap.problem, hint=hint, waiting=snap.waiting,
-                                  error_jobs=snap.error_jobs, ahead=snap.ahead)
+                                  error_jobs=snap.error_jobs, said=snap.said)
 
             with Live(get_renderable=frame, console=console, screen=True,
                       refresh_per_second=REFRESH_PER_SECOND,

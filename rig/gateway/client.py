@@ -254,6 +254,22 @@ class GatewayClient:
                 raise
             return self.call("start_estimates")
 
+    def waiting_words(self, jobs: Iterable[Job]) -> dict[int, str]:
+        pending = [j for j in jobs if j.state is JobState.PENDING]
+        if not pending:
+            return {}
+        try:
+            found = self.call("waiting_words", job_ids=[j.id for j in pending])
+        except InvalidInput as exc:  # a gateway older than this client: the stored sentences, or places
+            if "has no operation" not in str(exc):
+                raise
+            from rig.waiting import queued_words
+
+            ahead = self.jobs_ahead(j.id for j in pending if not j.wait_reason)
+            return {j.id: j.wait_reason or queued_words(ahead[j.id]) for j in pending
+                    if j.wait_reason or j.id in ahead}
+        return {int(k): str(v) for k, v in found.items()}
+
     def jobs_ahead(self, job_ids: Iterable[int]) -> dict[int, int]:
         ids = [int(j) for j in job_ids]
         if not ids:

@@ -230,6 +230,13 @@ class Gateway:
             raise InvalidInput("job_ids must be a list of at most 10000 job ids")
         return self.client.start_estimates(None if job_ids is None else [_job_id(j) for j in job_ids])
 
+    def op_waiting_words(self, peer: Peer, job_ids: list[int]) -> dict[int, str]:
+        """Why each waiting job waits, public as why_waiting's sentences are."""
+        if not isinstance(job_ids, list) or len(job_ids) > 10_000:
+            raise InvalidInput("job_ids must be a list of at most 10000 job ids")
+        found = self.client.records([_job_id(j) for j in job_ids])
+        return self.client.waiting_words(j for j in found.values() if isinstance(j, Job))
+
     def op_jobs_ahead(self, peer: Peer, job_ids: list[int]) -> dict[int, int]:
         """Places in the queue are public, as why_waiting's "N job(s) ahead of it" is."""
         if not isinstance(job_ids, list) or len(job_ids) > 10_000:

@@ -30,6 +30,9 @@ def one_line_error(result, code: int, *needles: str) -> None:
         (["--gpu-memory", "0G", "--", "true"], 2, "more than 0"),
         (["--gpu-memory", "-3G", "--", "true"], 2, "more than 0"),
         (["--gpu-memory", "1G", "--priority", "urgent", "--", "true"], 2, "unknown priority 'urgent'"),
+        # `--priority "$PRIO"` with PRIO unset: was queued at the default priority in silence
+        (["--gpu-memory", "1G", "--priority", "", "--", "true"], 2, "unknown priority ''; choose high"),
+        (["--gpu-memory", "1G", "--template", "test", "--priority", " ", "--", "true"], 2, "unknown priority ' '"),
         (["--gpu-memory", "1G"], 2, "the command is empty"),
         (["--gpu-memory", "1G", "--cmd", "   "], 2, "the command is empty"),
         (["--gpu-memory", "1G", "--cmd", "x", "--", "y"], 2, "not both"),

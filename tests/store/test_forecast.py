@@ -71,6 +71,8 @@ def test_beyond_the_simulated_head_a_job_is_later(world, monkeypatch):
     got = forecast(client)
     assert got.of(first).at == got.now
     assert got.of(second).later and got.of(second).short(got.now) == "later"
+    # it has exactly one job ahead of it, and is told so truly (was "more than 1 jobs ahead")
+    assert got.of(second).sentence(got.now).startswith("later (1 or more jobs ahead of it"), got.of(second).sentence(got.now)
 
 
 def test_a_low_priority_job_aged_past_the_others_is_estimated_first(world, monkeypatch):

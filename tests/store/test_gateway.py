@@ -550,6 +550,16 @@ def test_places_in_the_queue_and_a_running_jobs_end_come_through_the_gateway(gat
     client = GatewayClient(gw.settings, path)
     first, second = _submit_as(gw, ALICE), _submit_as(gw, ALICE)
     assert client.jobs_ahead([first.id, second.id, 999]) == {first.id: 0, second.id: 1}
+    # why each waits, as `rig jobs` and `rig top` say it: the same sentences as on the node
+    jobs = [gw.client.get(first.id), gw.client.get(second.id)]
+    assert client.waiting_words(jobs) == gw.client.waiting_words(jobs)
+    assert set(client.waiting_words(jobs)) == {first.id, second.id}
+    # a gateway older than waiting_words: the stored sentence, else the place in the queue
+    gw.ops.pop("waiting_words")
+    gw.client.store.update(first.id, wait_reason="the dispatcher's own sentence")
+    jobs = [gw.client.get(first.id), gw.client.get(second.id)]
+    assert client.waiting_words(jobs) == {first.id: "the dispatcher's own sentence",
+                                          second.id: "queued: 1 job(s) ahead of it"}
     from rig.gpus.base import GpuReading
 
     ledger = gw.client.ledger

@@ -29,6 +29,7 @@ from rig.models import CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo
 from rig.redis_writes import short_notice
 from rig.text import has_control
+from rig.waiting import queued_words
 
 NOW = 1_700_000_000.0
 SWEEP = "sweep-lr0.0003-warmup2000-batch512-seed-{}"
@@ -602,7 +603,7 @@ def test_top_gives_unworded_waiting_jobs_their_place_in_the_queue() -> None:
     waiting = _waiting()[:3]
     for job in waiting:
         job.wait_reason = None
-    ahead = {waiting[0].id: 0, waiting[1].id: 7}
-    lines = _screen(160, lambda c: c.print(build_view(report, 0, 160, 40, NOW, waiting=waiting, ahead=ahead)), 40)
+    said = {waiting[0].id: queued_words(0), waiting[1].id: queued_words(7)}  # Client.waiting_words
+    lines = _screen(160, lambda c: c.print(build_view(report, 0, 160, 40, NOW, waiting=waiting, said=said)), 40)
     text = " ".join(" ".join(lines).split())
     assert "queued: first in line" in text and "queued: 7 job(s) ahead of it" in text

@@ -191,7 +191,7 @@ class _FakeClient:
     def errors(self, *, limit: int = 100) -> list[Job]:
         return []
 
-    def jobs_ahead(self, job_ids) -> dict[int, int]:  # noqa: ANN001
+    def waiting_words(self, jobs) -> dict[int, str]:  # noqa: ANN001
         return {}
 
 
