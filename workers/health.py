@@ -91,6 +91,9 @@ class HealthChecker:
         self._outage_at = -1e9  # when a pass last found Redis out (monotonic s)
         self._replaced: dict[int, float] = {}  # card index -> when its hung worker was killed (monotonic)
         self._beat_pids: dict[int, int] = {}  # card index -> the pid last seen in its worker's heartbeat
+        #: card index -> the node's started_at when its worker was last seen heartbeating: a
+        #: worker of this run of the node that beat once is no longer being started
+        self._beat_in_run: dict[int, str] = {}
 
     def run_once(self) -> HealthReport | None:
         """The cluster pass and this node's local pass; None if another holds either lock."""
@@ -280,7 +283,8 @@ class HealthChecker:
     def _dead_workers(self, report: HealthReport) -> None:
         node = self.settings.node_name
         registered = self.r.hget(self.keys.node(node), "started_at")
-        if registered is None or shared_now(self.r) - float(registered) < self.settings.health.timeout:
+        up_for = None if registered is None else shared_now(self.r) - float(registered)
+        if up_for is None or up_for < self.settings.health.timeout:
             return  # the node has just come up: its workers may not have heartbeated yet
         if time.monotonic() - self._outage_at < self.settings.health.timeout:
             return  # Redis just took writes again after refusing every heartbeat: not silence
@@ -295,6 +299,7 @@ class HealthChecker:
             pid = beat_pid(raw)  # which process heartbeats: one seen once is no longer starting (hung_after)
             if pid is not None:
                 self._beat_pids[card.index] = pid
+            self._beat_in_run[card.index] = registered
         for card in cards:
             if card.index in dead and card.healthy:
                 # No new jobs for a card nobody serves; its worker marks it healthy on return.
@@ -320,7 +325,13 @@ class HealthChecker:
         # A card whose hung worker this check killed: rig up is starting another, which will
         # adopt its jobs; give it health.timeout before they count as lost.
         waiting = {i for i, t in self._replaced.items() if time.monotonic() - t < self.settings.health.timeout}
-        dead -= set(living) | waiting
+        # No process yet, and none of this run of the node ever beat: rig up is still starting
+        # it (a loaded host took more than health.timeout after `rig up` to spawn them: the jobs
+        # it was to adopt after `rig down` / `rig up` were stopped and failed as lost), given the
+        # grace of a starting worker. rig up restarts one that dies; that one adopts the jobs.
+        starting = {i for i in dead if self._beat_in_run.get(i) != registered
+                    and up_for < hung_after(self.settings.health.timeout, beat_seen=False)}
+        dead -= set(living) | waiting | starting
         if not dead:
             return
         ids = self.store.ids_in_state(JobState.RUNNING) + self.store.ids_in_state(JobState.ASSIGNED)

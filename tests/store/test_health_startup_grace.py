@@ -16,6 +16,7 @@ from rig.gpus.base import GpuReading
 from rig.keys import Keys, card_worker_name
 from rig.ledger import Ledger
 from rig.memory import GIB
+from rig.models import Job, JobState, Priority
 from rig.nodes import NodeRegistry
 from rig.supervision import STARTUP_GRACE_S
 from workers import health
@@ -61,3 +62,42 @@ def test_a_card_worker_that_heartbeated_then_went_silent_is_killed(checker):
     r.delete(beat)  # its heartbeat expired: silent for health.timeout
     check._dead_workers(HealthReport())
     assert killed == [(PID, signal.SIGKILL)]
+
+
+def _running_on_card_0(r, keys: Keys) -> int:
+    ledger = Ledger(r, keys)
+    jid = ledger.store.create(Job(
+        id=0, name="t", user="u", command=["true"], gpu_memory=4 * GIB, gpus=1, priority=Priority.MEDIUM,
+        state=JobState.PENDING, workdir="/", created_at=shared_now(r))).id
+    ok, token = ledger.reserve(jid, "n1", [0], 4 * GIB)
+    assert ok and ledger.claim(jid, token, "w")[0]
+    return jid
+
+
+def test_a_card_worker_rig_up_has_not_started_yet_loses_no_job(checker, monkeypatch):
+    """After `rig down` / `rig up` on a loaded host, the node was up for more than health.timeout
+    before rig up had spawned a card's worker: no heartbeat, no process, and its running job
+    (to be adopted) was stopped and failed as lost. Given the startup grace instead; a worker of
+    this run that beat once and is gone with no process loses its jobs at once, as before."""
+    check, keys, r, _killed, _age = checker
+    monkeypatch.setattr(check, "_card_worker_processes", lambda cards: {})  # not spawned yet
+    jid = _running_on_card_0(r, keys)
+    r.hset(keys.node("n1"), "started_at", shared_now(r) - TIMEOUT - 5)  # came up a little while ago
+    check._dead_workers(report := HealthReport())
+    assert report.lost == [] and Ledger(r, keys).store.get(jid).state is JobState.RUNNING
+
+    beat = keys.worker(card_worker_name("n1", 0))
+    r.set(beat, json.dumps({"pid": PID}))  # its worker came up and beat...
+    check._dead_workers(HealthReport())
+    r.delete(beat)  # ... then died, and no process is left: its job is lost at once
+    check._dead_workers(report := HealthReport())
+    assert report.lost == [jid]
+
+
+def test_a_card_worker_missing_past_the_startup_grace_loses_its_jobs(checker, monkeypatch):
+    check, keys, r, _killed, _age = checker
+    monkeypatch.setattr(check, "_card_worker_processes", lambda cards: {})
+    jid = _running_on_card_0(r, keys)
+    r.hset(keys.node("n1"), "started_at", shared_now(r) - STARTUP_GRACE_S - 1)
+    check._dead_workers(report := HealthReport())
+    assert report.lost == [jid]
