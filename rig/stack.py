@@ -1099,6 +1099,20 @@ class Stack:
     def down(self) -> None:
         """Stop every child rig started, then the private Redis. Jobs keep running."""
         self._stopping = True
+        if not self._marked_stopped and self._registered and self.wants("cards") and self.lost_name is None:
+            # Marked before its workers stop, as rig down does (mark_stopped_first): a stopped
+            # worker's heartbeat is gone at once, and the node's own health pass, still running,
+            # takes it for dead unless the node already says stopped (workers.health).
+            # On purpose: the other nodes leave this node's running jobs alone (they keep
+            # running and are adopted when it comes back) and place nothing on its cards.
+            # Only as the name's owner, which it gives up in the same step.
+            try:
+                if not NodeRegistry(self._redis(), self.keys).mark_stopped(self.settings.node_name, owner=self._owner):
+                    log.warning("node %s not marked stopped: another process owns the name now",
+                                self.settings.node_name)
+                self._stopped_as, self._owner, self._marked_stopped = self._owner, None, True
+            except redis.RedisError as exc:
+                log.warning("could not mark node %s stopped: %s", self.settings.node_name, exc)
         live = [c for c in self.children if c.proc is not None and c.proc.poll() is None]
         for child in live:
             _signal_group(child.proc, signal.SIGTERM)
@@ -1114,17 +1128,6 @@ class Stack:
             from rig.stop_mark import confirm_stopped
 
             confirm_stopped(NodeRegistry(self._redis(), self.keys), self.settings.node_name, self._stopped_as)
-        elif self._registered and self.wants("cards") and self.lost_name is None:
-            # On purpose: the other nodes leave this node's running jobs alone (they keep
-            # running and are adopted when it comes back) and place nothing on its cards.
-            # Only as the name's owner, which it gives up in the same step.
-            try:
-                if not NodeRegistry(self._redis(), self.keys).mark_stopped(self.settings.node_name, owner=self._owner):
-                    log.warning("node %s not marked stopped: another process owns the name now",
-                                self.settings.node_name)
-                self._owner = None
-            except redis.RedisError as exc:
-                log.warning("could not mark node %s stopped: %s", self.settings.node_name, exc)
         if self._owner is not None and self.lost_name is None:
             try:
                 release(self._redis(), self.keys, self.settings.node_name, self._owner)

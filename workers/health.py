@@ -300,6 +300,12 @@ class HealthChecker:
             if pid is not None:
                 self._beat_pids[card.index] = pid
             self._beat_in_run[card.index] = registered
+        if dead and self.r.hexists(self.keys.node(node), "stopped_at"):
+            # rig down: the node is marked stopped before its workers stop, and a stopping worker
+            # deletes its heartbeat. Read after the heartbeats, the mark is seen whenever that is
+            # why one is gone: its jobs run on and are adopted on return (CI: a pass that ran
+            # during rig down stopped a job as 'the worker of card 2 died').
+            return
         for card in cards:
             if card.index in dead and card.healthy:
                 # No new jobs for a card nobody serves; its worker marks it healthy on return.

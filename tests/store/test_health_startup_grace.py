@@ -1,7 +1,7 @@
 """The node's health pass kills a card worker that lives but stopped heartbeating (hung) — never
 one that is still starting: a restarted worker on a loaded host took longer than health.timeout
 to its first heartbeat and was killed as hung over and over (the fault suite's flaky
-``sigkill-worker``: traced to this pass). fakeredis and real Redis."""
+``sigkill-worker``: traced to this pass); nor one gone to `rig down`. fakeredis and real Redis."""
 
 from __future__ import annotations
 
@@ -64,16 +64,6 @@ def test_a_card_worker_that_heartbeated_then_went_silent_is_killed(checker):
     assert killed == [(PID, signal.SIGKILL)]
 
 
-def _running_on_card_0(r, keys: Keys) -> int:
-    ledger = Ledger(r, keys)
-    jid = ledger.store.create(Job(
-        id=0, name="t", user="u", command=["true"], gpu_memory=4 * GIB, gpus=1, priority=Priority.MEDIUM,
-        state=JobState.PENDING, workdir="/", created_at=shared_now(r))).id
-    ok, token = ledger.reserve(jid, "n1", [0], 4 * GIB)
-    assert ok and ledger.claim(jid, token, "w")[0]
-    return jid
-
-
 def test_a_card_worker_rig_up_has_not_started_yet_loses_no_job(checker, monkeypatch):
     """After `rig down` / `rig up` on a loaded host, the node was up for more than health.timeout
     before rig up had spawned a card's worker: no heartbeat, no process, and its running job
@@ -81,7 +71,7 @@ def test_a_card_worker_rig_up_has_not_started_yet_loses_no_job(checker, monkeypa
     this run that beat once and is gone with no process loses its jobs at once, as before."""
     check, keys, r, _killed, _age = checker
     monkeypatch.setattr(check, "_card_worker_processes", lambda cards: {})  # not spawned yet
-    jid = _running_on_card_0(r, keys)
+    jid = _running_job(r, keys)
     r.hset(keys.node("n1"), "started_at", shared_now(r) - TIMEOUT - 5)  # came up a little while ago
     check._dead_workers(report := HealthReport())
     assert report.lost == [] and Ledger(r, keys).store.get(jid).state is JobState.RUNNING
@@ -97,7 +87,37 @@ def test_a_card_worker_rig_up_has_not_started_yet_loses_no_job(checker, monkeypa
 def test_a_card_worker_missing_past_the_startup_grace_loses_its_jobs(checker, monkeypatch):
     check, keys, r, _killed, _age = checker
     monkeypatch.setattr(check, "_card_worker_processes", lambda cards: {})
-    jid = _running_on_card_0(r, keys)
+    jid = _running_job(r, keys)
     r.hset(keys.node("n1"), "started_at", shared_now(r) - STARTUP_GRACE_S - 1)
     check._dead_workers(report := HealthReport())
+    assert report.lost == [jid]
+
+
+def _running_job(r, keys: Keys) -> int:
+    """A job RUNNING on n1/0 (claimed by its card worker; no process: nothing to stop)."""
+    ledger = Ledger(r, keys)
+    job = ledger.store.create(Job(id=0, name="j", user="u", command=["true"], gpu_memory=GIB, gpus=1,
+                                  priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/",
+                                  created_at=shared_now(r)))
+    ok, token = ledger.reserve(job.id, "n1", [0], GIB)
+    assert ok and ledger.claim(job.id, token, card_worker_name("n1", 0))[0]
+    return job.id
+
+
+def test_a_card_worker_gone_to_rig_down_leaves_its_jobs_running(checker, monkeypatch):
+    """rig down marks the node stopped, then its workers stop and delete their heartbeats; a
+    pass of the control worker still running then (CI, under load: the card worker stopped
+    first) took the card's worker for dead and stopped its job, which should run on and be
+    adopted when the node returns."""
+    check, keys, r, killed, _age = checker
+    monkeypatch.setattr(check, "_card_worker_processes", lambda cards: {})  # the worker exited
+    jid = _running_job(r, keys)
+    assert NodeRegistry(r, keys).mark_stopped("n1")
+    report = HealthReport()
+    check._dead_workers(report)
+    job = Ledger(r, keys).store.get(jid)
+    assert report.lost == [] and job.state is JobState.RUNNING and job.attempt == 1, job.reason
+    assert killed == []
+    r.hdel(keys.node("n1"), "stopped_at")  # up again and the worker still silent: dead after all
+    check._dead_workers(report)
     assert report.lost == [jid]

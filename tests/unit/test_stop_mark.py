@@ -99,3 +99,39 @@ def test_an_unreachable_redis_is_not_retried_here():
     except redis.ConnectionError:
         return
     raise AssertionError("not raised")
+
+
+def test_stack_down_marks_the_node_stopped_before_it_stops_a_worker(tmp_path, monkeypatch):
+    """Not only rig down's signal path (mark_stopped_first): Stack.down called by itself (rig up
+    ending otherwise; the test harness) marked the node only after its workers stopped, and the
+    control worker's health pass, still running, took a stopped card worker for dead and
+    stopped its job (fault scenario kill-on-closed-card, under load)."""
+    import fakeredis
+
+    from rig.config import load_settings
+    from rig.stack import Child, Stack, UpOptions
+
+    client = fakeredis.FakeRedis(decode_responses=True)
+    settings = load_settings(key_prefix="down-test:", node_name="n1", home=tmp_path)
+    keys = Keys(settings.key_prefix)
+    NodeRegistry(client, keys).register("n1", ttl=30)
+    stack = Stack(settings, UpOptions(no_flower=True, no_beat=True, no_metrics=True), say=lambda _line: None)
+    stack._client, stack._registered = client, True
+    marked_at_signal: list[bool] = []
+    monkeypatch.setattr("rig.stack._signal_group", lambda proc, sig: marked_at_signal.append(
+        client.hexists(keys.node("n1"), "stopped_at")))
+
+    class _Worker:
+        pid = 4_000_000  # above any pid_max: never a real process
+
+        def poll(self) -> None:
+            return None
+
+        def wait(self, timeout: float) -> int:
+            return 0
+
+    stack.children.append(Child(name="card0", argv=[], env={}, log_file=tmp_path / "card0.log", role="card",
+                                proc=_Worker()))  # type: ignore[arg-type]
+    stack.down()
+    assert marked_at_signal == [True]
+    assert [n.state for n in NodeRegistry(client, keys).read()] == ["stopped"]
