@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import time
@@ -118,8 +119,11 @@ def test_ctrl_c_during_the_install_stops_quickstart(tmp_path):
     stub = tree / ".venv" / "bin" / "python"
     stub.write_text(stub.read_text().replace('sleep "${STUB_PIP_SECONDS:-0}"',
                                              'trap "exit 0" INT; touch ' + str(tmp_path / "began") + '; sleep 5 & wait'))
+    # As from a terminal: Ctrl-C not ignored (a CI runner started in the background passes it on
+    # ignored, and bash cannot trap a signal ignored on entry).
     proc = subprocess.Popen(["bash", str(tree / "scripts" / "quickstart")], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                             env={k: v for k, v in os.environ.items() if not k.startswith("RIG_")})
     deadline = time.monotonic() + 30
     while not (tmp_path / "began").exists():
