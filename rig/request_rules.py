@@ -29,8 +29,10 @@ def parse_gpu_memory(text: str | int | float, what: str = "--gpu-memory") -> int
 
 
 def parse_time_limit(text: str | int | float | None, what: str = "--time-limit") -> float | None:
-    """A time limit in seconds (None or "" for none): from 1 ms to MAX_TIME_LIMIT."""
-    if text is None or text == "":
+    """A time limit in seconds (None for none): from 1 ms to MAX_TIME_LIMIT. An empty text is
+    refused as any unreadable duration (`--time-limit "$LIMIT"` with LIMIT unset), never read
+    as "no limit" in silence: the rule ``--priority ""`` follows."""
+    if text is None:
         return None
     limit = parse_duration(text, what=what)
     if limit > MAX_TIME_LIMIT:

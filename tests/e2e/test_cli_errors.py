@@ -33,6 +33,11 @@ def one_line_error(result, code: int, *needles: str) -> None:
         # `--priority "$PRIO"` with PRIO unset: was queued at the default priority in silence
         (["--gpu-memory", "1G", "--priority", "", "--", "true"], 2, "unknown priority ''; choose high"),
         (["--gpu-memory", "1G", "--template", "test", "--priority", " ", "--", "true"], 2, "unknown priority ' '"),
+        # `--time-limit "$LIMIT"` with LIMIT unset: was queued with no limit in silence (over a
+        # template's too), where `--priority ""` is refused
+        (["--gpu-memory", "1G", "--time-limit", "", "--", "true"], 2, "--time-limit: cannot read ''"),
+        (["--gpu-memory", "1G", "--template", "finetune", "--time-limit", "", "--", "true"], 2,
+         "--time-limit: cannot read ''"),
         (["--gpu-memory", "1G"], 2, "the command is empty"),
         (["--gpu-memory", "1G", "--cmd", "   "], 2, "the command is empty"),
         (["--gpu-memory", "1G", "--cmd", "x", "--", "y"], 2, "not both"),
