@@ -314,6 +314,39 @@ def hold_home_lock(settings: Settings, only: tuple[str, ...] = ()) -> int:
     return fd
 
 
+#: In system_log_dir: the lock a node's rig up holds there, and who holds it (node, pid, home).
+LOG_DIR_LOCK = "node.lock"
+
+
+def hold_log_dir_lock(settings: Settings) -> int:
+    """Lock system_log_dir for the node this process runs, as hold_home_lock locks its home.
+    Nodes in two homes whose configs name one absolute system_log_dir would write the same
+    files (card0.log, control.log, beat.log, up.log, ...) without a word: refused, not warned
+    about, since two writers' lines interleave in one file and the second node's rotation or
+    truncation loses the first's, so neither node's log could be trusted. flock on a file in
+    the folder, held while the returned descriptor is open (the kernel lets go when the process
+    dies); the holder's node, pid and home are written into it for the refusal to name."""
+    import fcntl
+
+    path = settings.rig_log_dir / LOG_DIR_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").split("\n")
+        finally:
+            os.close(fd)
+        node, pid, home = (part or "?" for part in (holder + ["", "", ""])[:3])  # "?": not written yet
+        raise StackError(f"system_log_dir {settings.rig_log_dir} is already the logs of node {node} "
+                         f"(pid {pid}, RIG_HOME={home}); two nodes would write the same log files: give "
+                         f"node {settings.node_name} a folder of its own (RIG_SYSTEM_LOG_DIR=/another/folder, "
+                         f"or system_log_dir in its config), or `rig down` that node first") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{settings.node_name}\n{os.getpid()}\n{settings.home}\n".encode(), 0)
+    return fd
+
+
 def up_redis_elsewhere(settings: Settings) -> str | None:
     """The Redis the node's running ``rig up`` uses (no password) when it is not
     ``settings.redis_url`` (a `rig down` with another RIG_REDIS_URL), else None (the same one,
@@ -390,6 +423,7 @@ class Stack:
         self._drained_seen: set[str] = set()  # card workers found drained at the last look
         self._usable_cards: set[int] = set()  # registered usable by this rig up: never retired
         self._home_lock: int | None = None  # the RIG_HOME's node lock while held (hold_home_lock)
+        self._log_dir_lock: int | None = None  # system_log_dir's node lock while held (hold_log_dir_lock)
         # The private Redis (when this Stack started one): restart attempts after it died.
         self._private_redis = False
         self._redis_failures = 0  # failed restarts in a row
@@ -420,6 +454,8 @@ class Stack:
         runs_node = self.wants("cards") or self.wants("control")
         if runs_node:  # before the checks: two rig ups started at once both passed them
             self._home_lock = hold_home_lock(s, self.options.only)
+            # after it: a second node in this home is told that, not about its logs
+            self._log_dir_lock = hold_log_dir_lock(s)
         other = running_pid(s)
         if other and other != os.getpid():
             raise StackError(already_up(s.node_name, other, self.options.only))
@@ -1155,10 +1191,12 @@ class Stack:
         self.release_home()  # last: the home is this node's until everything stopped
 
     def release_home(self) -> None:
-        """Give up the RIG_HOME's node lock (hold_home_lock), as this process's death would."""
-        if self._home_lock is not None:
-            os.close(self._home_lock)
-            self._home_lock = None
+        """Give up the RIG_HOME's and system_log_dir's node locks (hold_home_lock,
+        hold_log_dir_lock), as this process's death would."""
+        for held in (self._home_lock, self._log_dir_lock):
+            if held is not None:
+                os.close(held)
+        self._home_lock = self._log_dir_lock = None
 
     def started_anything(self) -> bool:
         """Did up() start a process or register the node (so down() has something to stop)?"""

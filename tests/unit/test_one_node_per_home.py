@@ -79,3 +79,32 @@ def test_two_rig_ups_started_at_once_in_one_home_cannot_both_pass(tmp_path):
         holder.wait(10)
     fd = hold_home_lock(vm)  # the kernel let go when its holder died (SIGKILL)
     os.close(fd)
+
+
+def test_two_homes_naming_one_system_log_dir_are_refused_naming_the_node_that_writes_there(tmp_path):
+    """Nodes in two homes whose configs give one absolute system_log_dir wrote the same
+    card0.log, control.log, up.log, ... with no word. The second is refused in one line (exit 7)
+    naming the first, before anything is started or written; once the first is gone it starts."""
+    from rig.stack import LOG_DIR_LOCK, hold_log_dir_lock
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    first = load_settings(home=tmp_path / "a", node_name="vm", system_log_dir=logs)
+    held = hold_log_dir_lock(first)  # node vm's rig up, in home a
+    other = load_settings(home=tmp_path / "b", node_name="other", fake_gpus="2x24G", system_log_dir=logs)
+    stack = Stack(other, UpOptions(), say=lambda _: None)
+    try:
+        with pytest.raises(StackError) as err:
+            stack.up()
+    finally:
+        stack.release_home()
+    line = str(err.value)
+    assert err.value.exit_code == 7 and "\n" not in line
+    assert f"system_log_dir {logs} is already the logs of node vm (pid {os.getpid()}, RIG_HOME={tmp_path / 'a'})" \
+        in line and "RIG_SYSTEM_LOG_DIR=" in line, line
+    assert not pid_file(other).exists()
+    assert sorted(p.name for p in logs.iterdir()) == [LOG_DIR_LOCK]  # no log of node other's
+    os.close(held)  # node vm stopped (or died: the kernel lets go)
+    fd = hold_log_dir_lock(other)
+    assert (logs / LOG_DIR_LOCK).read_text() == f"other\n{os.getpid()}\n{tmp_path / 'b'}\n"
+    os.close(fd)
