@@ -565,6 +565,9 @@ class Stack:
                 # Credentials travel in the environment, not on the command line (ps shows argv).
                 {**flower_env, "FLOWER_BASIC_AUTH": f"{user}:{password}"}, logs / "flower.out", role="flower"))
         if self.wants("gateway"):
+            from rig.gateway.paths import write_supervisor_mark
+
+            write_supervisor_mark(s.gateway_socket)  # clients wait for it while it (re)starts
             self.children.append(Child(
                 "gateway", safe_python("rig.gateway.server"), env, logs / "gateway.out", role="gateway"))
             self.say(f"gateway: {s.gateway_socket} (users without Redis' password use rig through it)")
@@ -1135,6 +1138,10 @@ class Stack:
     def down(self) -> None:
         """Stop every child rig started, then the private Redis. Jobs keep running."""
         self._stopping = True
+        if self.gateway_path is not None:  # first: a client no longer waits for a gateway that stops
+            from rig.gateway.paths import remove_supervisor_mark
+
+            remove_supervisor_mark(self.gateway_path)
         if not self._marked_stopped and self._registered and self.wants("cards") and self.lost_name is None:
             # Marked before its workers stop, as rig down does (mark_stopped_first): a stopped
             # worker's heartbeat is gone at once, and the node's own health pass, still running,

@@ -28,6 +28,7 @@ from rig.client import Client, Identity, JobHandle, StatusReport, caller_environ
 from rig.config import Settings, Template
 from rig.errors import InvalidInput, JobGone, RigError
 from rig.gateway import wire
+from rig.gateway.paths import live_supervisor
 from rig.models import Job, JobState
 from rig.ownership import refusal
 
@@ -37,6 +38,11 @@ if TYPE_CHECKING:
 #: Seconds to connect, and to wait for one answer (a submit_many of thousands takes a while).
 CONNECT_TIMEOUT_S = 5.0
 REPLY_TIMEOUT_S = 120.0
+#: Seconds a client waits for a gateway that does not answer while the node's rig up runs (it
+#: restarts a gateway that died after 1 s, or more when it keeps dying): rig.gateway.paths.
+RESTART_WAIT_S = 3.0
+#: How often it tries again meanwhile: another process's socket appearing is no event to await.
+RESTART_POLL_S = 0.1
 
 
 class GatewayUnavailable(E.RigError):
@@ -78,21 +84,34 @@ class GatewayClient:
 
     # -- plumbing -------------------------------------------------------------------------
     def _connect(self) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(CONNECT_TIMEOUT_S)
-        try:
-            sock.connect(str(self.path))
-        except OSError as exc:
-            sock.close()
-            if isinstance(exc, PermissionError):  # it may well be up: the socket or a folder shuts you out
-                raise GatewayUnavailable(
-                    f"you may not connect to rig's gateway at {self.path} (Permission denied): the socket or a "
-                    "folder on its way shuts other users out; an admin makes the socket mode 0666 and its folders "
-                    "passable (`chmod o+x`), or set RIG_GATEWAY_SOCKET to the node's socket") from None
-            raise GatewayUnavailable(
-                f"rig's gateway does not answer at {self.path} ({exc.strerror or exc}): rig is not up on this "
-                "node, or listens elsewhere; an admin starts it with `rig up` (`rig up --only gateway` on a machine "
-                "without cards), or set RIG_GATEWAY_SOCKET to its socket") from None
+        deadline: float | None = None
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(CONNECT_TIMEOUT_S)
+            try:
+                sock.connect(str(self.path))
+                break
+            except OSError as exc:
+                sock.close()
+                if isinstance(exc, PermissionError):  # it may well be up: the socket or a folder shuts you out
+                    raise GatewayUnavailable(
+                        f"you may not connect to rig's gateway at {self.path} (Permission denied): the socket or a "
+                        "folder on its way shuts other users out; an admin makes the socket mode 0666 and its "
+                        "folders passable (`chmod o+x`), or set RIG_GATEWAY_SOCKET to the node's socket") from None
+                supervisor = live_supervisor(self.path)
+                if supervisor is None:
+                    raise GatewayUnavailable(
+                        f"rig's gateway does not answer at {self.path} ({exc.strerror or exc}): rig is not up on "
+                        "this node, or listens elsewhere; an admin starts it with `rig up` (`rig up --only gateway` "
+                        "on a machine without cards), or set RIG_GATEWAY_SOCKET to its socket") from None
+                # The node's rig up runs: its gateway is starting or restarting. Wait a moment.
+                deadline = deadline or time.monotonic() + RESTART_WAIT_S
+                if time.monotonic() >= deadline:
+                    raise GatewayUnavailable(
+                        f"rig's gateway at {self.path} is not answering ({exc.strerror or exc}) though the node's "
+                        f"rig up runs (pid {supervisor}): the gateway is restarting, or fails to start (its "
+                        "gateway.out in the node's system_log_dir says why); try again in a moment") from None
+                time.sleep(RESTART_POLL_S)
         _check_server(sock, self.path)
         sock.settimeout(REPLY_TIMEOUT_S)
         return sock

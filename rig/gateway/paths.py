@@ -11,6 +11,10 @@ socket path is at most :data:`MAX_PATH` bytes: a longer default moves to ``/tmp/
 A client without Redis credentials (rig.gateway.choice) uses ``gateway_socket`` when set
 (``RIG_GATEWAY_SOCKET``: every job gets it), else its own home's socket if one is there, else
 :data:`SYSTEM_SOCKET`.
+
+Beside the socket, ``<socket>.up`` names the ``rig up`` that keeps its gateway running (pid and
+start time), for as long as it runs: a client that finds no gateway answering tells a gateway
+restarting under a live ``rig up`` (it waits a moment, then says so) from rig not being up.
 """
 
 from __future__ import annotations
@@ -57,6 +61,43 @@ def client_socket(settings: Settings) -> Path | None:
     from rig.redis_conn import visible  # a home this user cannot enter holds no socket of theirs
 
     for candidate in (home_socket(settings), SYSTEM_SOCKET):
-        if visible(candidate):
+        # a socket gone while its gateway restarts: the node's rig up still marks it
+        if visible(candidate) or visible(supervisor_mark(candidate)):
             return candidate
     return None
+
+
+def supervisor_mark(socket_path: Path) -> Path:
+    """``<socket>.up``: the live ``rig up`` that keeps the gateway at ``socket_path`` running."""
+    return socket_path.with_name(socket_path.name + ".up")
+
+
+def write_supervisor_mark(socket_path: Path) -> None:
+    """Mark this process (a ``rig up``) as the one that keeps the gateway at ``socket_path``
+    running: its pid and start time, mode 0644 (every client reads it), replaced in one step."""
+    from workers.process_tree import proc_start_time
+
+    mark = supervisor_mark(socket_path)
+    staged = mark.with_name(f"{mark.name}.{os.getpid()}")
+    staged.write_text(f"{os.getpid()}\n{proc_start_time(os.getpid()) or ''}\n")
+    os.chmod(staged, 0o644)
+    os.replace(staged, mark)
+
+
+def remove_supervisor_mark(socket_path: Path) -> None:
+    """Remove this process's mark (another ``rig up``'s, written meanwhile, stays)."""
+    if live_supervisor(socket_path) == os.getpid():
+        supervisor_mark(socket_path).unlink(missing_ok=True)
+
+
+def live_supervisor(socket_path: Path) -> int | None:
+    """The pid of the live ``rig up`` that marks the gateway at ``socket_path``, or None: no
+    mark, an unreadable one, or one left by a rig up that is gone (its pid dead or reused)."""
+    from workers.process_tree import is_alive
+
+    try:
+        pid_text, start_text = supervisor_mark(socket_path).read_text().split("\n")[:2]
+        pid, start = int(pid_text), int(start_text)
+    except (OSError, ValueError):
+        return None
+    return pid if is_alive(pid, start) else None

@@ -182,6 +182,71 @@ def test_a_client_whose_gateway_is_down_says_so_in_one_line(tmp_path):
     assert "\n" not in str(caught.value) and "rig up" in str(caught.value)
 
 
+def test_a_gateway_restarting_under_a_live_rig_up_is_waited_for_not_said_down(redis_client, key_prefix, tmp_path,
+                                                                              monkeypatch):
+    """While rig up restarted its gateway (the socket gone, or left by the dead one), a command
+    said `rig is not up on this node`. With the node's rig up alive (its mark beside the socket)
+    the client waits up to RESTART_WAIT_S for the gateway; then it says the gateway is not
+    answering though rig up runs. A mark a dead rig up left is no reason to wait."""
+    from rig.gateway import client as gateway_client
+    from rig.gateway import paths
+
+    settings = load_settings(home=tmp_path / "home", key_prefix=key_prefix)
+    path = Path(f"/tmp/rig-test-gateways/{os.getpid()}-{key_prefix.split(':')[1]}-restart.sock")
+    path.parent.mkdir(mode=0o755, exist_ok=True)
+    paths.write_supervisor_mark(path)  # this process stands for the node's rig up
+    try:
+        assert paths.live_supervisor(path) == os.getpid()
+        assert paths.supervisor_mark(path).stat().st_mode & 0o777 == 0o644
+        tried = threading.Event()
+        real = gateway_client.live_supervisor
+        monkeypatch.setattr(gateway_client, "live_supervisor", lambda p: (tried.set(), real(p))[1])
+        answers: list = []
+        waiting = threading.Thread(target=lambda: answers.append(GatewayClient(settings, path).ping()))
+        waiting.start()
+        assert tried.wait(10)  # the client found no gateway, and waits for it
+        server = bind(path, Gateway(settings, Client(settings, redis_client=redis_client)))  # back
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        try:
+            waiting.join(10)
+            assert answers and answers[0]["version"]
+        finally:
+            server.shutdown()
+            server.server_close()
+            path.unlink(missing_ok=True)
+        monkeypatch.setattr(gateway_client, "RESTART_WAIT_S", 0.3)
+        with pytest.raises(GatewayUnavailable) as caught:
+            GatewayClient(settings, path).get(1)
+        message = str(caught.value)
+        assert "\n" not in message and "not up" not in message, message
+        assert f"rig's gateway at {path} is not answering (No such file or directory) though the node's rig up " \
+               f"runs (pid {os.getpid()}): the gateway is restarting" in message, message
+    finally:
+        paths.remove_supervisor_mark(path)
+    assert not paths.supervisor_mark(path).exists()
+    paths.supervisor_mark(path).write_text("999999999\n1\n")  # a rig up gone (SIGKILL) left it
+    try:
+        with pytest.raises(GatewayUnavailable, match="rig is not up on this node"):
+            GatewayClient(settings, path).get(1)
+        paths.remove_supervisor_mark(path)  # not this process's: left alone
+        assert paths.supervisor_mark(path).exists()
+    finally:
+        paths.supervisor_mark(path).unlink()
+
+
+def test_a_client_looks_for_its_homes_gateway_while_it_restarts(tmp_path):
+    """A home's socket gone while rig up restarts its gateway: the client still goes to it (and
+    waits), not to Redis without a password."""
+    from rig.gateway import paths
+
+    settings = load_settings(home=tmp_path / "home")
+    settings.run_dir.mkdir(parents=True)
+    socket_path = paths.home_socket(settings)
+    assert paths.client_socket(settings) != socket_path
+    paths.write_supervisor_mark(socket_path)
+    assert paths.client_socket(settings) == socket_path
+
+
 def test_a_socket_the_user_may_not_reach_is_not_said_down(tmp_path):
     """A gateway shut off by a folder's mode (an admin's chmod 700) is up: the client says what
     shuts it out, not `rig is not up`."""
