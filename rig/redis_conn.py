@@ -455,16 +455,23 @@ def redis_cli(url: str, command: str) -> str:
 def redis_cli_note(url: str) -> str:
     """What the MASTER and PORT of :func:`redis_cli`'s line are, for a ``sentinel://`` URL:
     ``(MASTER PORT: the master's address, from `redis-cli ... SENTINEL get-master-addr-by-name
-    NAME`)``, no password printed; "" for any other URL (its line names the server itself)."""
+    NAME`)`` asked of the first listed sentinel that answers now (the first listed, when dead,
+    answered the copied line with "Connection refused"), or, when none answers, that none
+    does; no password printed. "" for any other URL (its line names the server itself)."""
     if not is_sentinel(url):
         return ""
     try:
         parsed = sentinel_url.parse(url)
     except ValueError:
         return f"(MASTER PORT: the master behind {strip_password(url)})"
-    host, port = parsed.sentinels[0]
+    found = parsed.answering()
+    host, port = found if found is not None else ("HOST", "PORT")
     ask = f"redis-cli -h {host} -p {port}{' -a SENTINEL_PASSWORD' if parsed.sentinel_password else ''}"
-    return f"(MASTER PORT: the master's address, from `{ask} SENTINEL get-master-addr-by-name {parsed.master_name}`)"
+    line = f"(MASTER PORT: the master's address, from `{ask} SENTINEL get-master-addr-by-name {parsed.master_name}`"
+    if found is None:
+        listed = ", ".join(sentinel_url.hostport(hp) for hp in parsed.sentinels)
+        return f"{line} on a sentinel; none of those listed answers now: {listed})"
+    return f"{line})"
 
 
 def suggest_cli(url: str, command: str) -> str:

@@ -107,7 +107,7 @@ class SentinelUrl:
                             "promoted yet (a fail-over in progress, or no replica to promote)", True)
                 named.update(detail)
             else:
-                by_kind.setdefault(kind, []).append(detail if kind == "not_sentinel" else _hostport(hp))
+                by_kind.setdefault(kind, []).append(detail if kind == "not_sentinel" else hostport(hp))
         if "not_sentinel" in by_kind:
             return "; ".join(by_kind["not_sentinel"]), False
         if "refused" in by_kind:
@@ -137,6 +137,14 @@ class SentinelUrl:
         with ThreadPoolExecutor(max_workers=len(self.sentinels), thread_name_prefix="rig-sentinel-ask") as pool:
             return list(pool.map(lambda hp: _ask_sentinel(hp, kwargs), self.sentinels))
 
+    def answering(self, options: dict[str, Any] | None = None) -> tuple[str, int] | None:
+        """The first listed sentinel (in the URL's order) that answers now, one that monitors
+        MASTER_NAME before one that does not, or None when none answers: all asked at once
+        (_ask_all), so this costs at most SENTINEL_TIMEOUT_S twice."""
+        answered = [(self.master_name in detail, hp) for (kind, detail), hp
+                    in zip(self._ask_all(options), self.sentinels, strict=True) if kind == "masters"]
+        return next((hp for monitors, hp in answered if monitors), answered[0][1] if answered else None)
+
     def silent(self, options: dict[str, Any] | None = None) -> list[str]:
         """A warning for each listed sentinel that does not answer while another does: rig works,
         so nothing else said that one of them (a typo in its port, one never started) leaves
@@ -144,7 +152,7 @@ class SentinelUrl:
         answers = self._ask_all(options)
         if not any(kind == "masters" for kind, _ in answers):
             return []  # none answers: rig up's own error says so
-        return [f"the sentinel at {_hostport(hp)} listed in redis_url does not answer"
+        return [f"the sentinel at {hostport(hp)} listed in redis_url does not answer"
                 f"{' (it accepts connections, then is silent: hung?)' if kind == 'hung' else ''}: rig finds the "
                 "master through the others, and one fewer can fail before it cannot; start it, or fix its host "
                 "and port in redis_url"
@@ -198,7 +206,7 @@ class SentinelUrl:
 
         with ThreadPoolExecutor(max_workers=len(self.sentinels), thread_name_prefix="rig-sentinel-kind") as pool:
             modes = list(pool.map(lambda hp: server_kind.probe_mode(*hp, SENTINEL_TIMEOUT_S), self.sentinels))
-        return [server_kind.wrong_kind(mode, server_kind.SENTINEL, _hostport(hp))
+        return [server_kind.wrong_kind(mode, server_kind.SENTINEL, hostport(hp))
                 for mode, hp in zip(modes, self.sentinels, strict=True)
                 if mode is not None and mode != server_kind.SENTINEL]
 
@@ -209,8 +217,8 @@ class SentinelUrl:
         if self.username or self.password:
             creds = f"{quote(self.username or '', safe='')}:{quote(self.password or '', safe='')}@"
         first, *rest = self.sentinels
-        urls = [f"sentinel://{creds}{_hostport(first)}/{self.db}"]
-        urls += [f"sentinel://{_hostport(hp)}" for hp in rest]
+        urls = [f"sentinel://{creds}{hostport(first)}/{self.db}"]
+        urls += [f"sentinel://{hostport(hp)}" for hp in rest]
         return ";".join(urls)
 
     def kombu_options(self, options: dict[str, Any]) -> dict[str, Any]:
@@ -219,7 +227,7 @@ class SentinelUrl:
 
     def redbeat_url(self) -> str:
         """celery-redbeat only looks at the scheme; the sentinels are in redbeat_options."""
-        return f"redis-sentinel://{_hostport(self.sentinels[0])}/{self.db}"
+        return f"redis-sentinel://{hostport(self.sentinels[0])}/{self.db}"
 
     def redbeat_options(self, options: dict[str, Any]) -> dict[str, Any]:
         """celery-redbeat's redbeat_redis_options for this master (redbeat passes only
@@ -251,10 +259,10 @@ def _ask_sentinel(hp: tuple[str, int], kwargs: dict[str, Any]) -> tuple[str, Any
     except (redis.AuthenticationError, redis.ResponseError) as exc:
         mode = server_kind.probe_mode(host, port, SENTINEL_TIMEOUT_S)
         if mode is not None and mode != server_kind.SENTINEL:
-            return "not_sentinel", server_kind.wrong_kind(mode, server_kind.SENTINEL, _hostport(hp))
+            return "not_sentinel", server_kind.wrong_kind(mode, server_kind.SENTINEL, hostport(hp))
         if isinstance(exc, redis.AuthenticationError) or str(exc).split(" ", 1)[0] in ("NOAUTH", "WRONGPASS"):
             return "refused", ""
-        return "not_sentinel", f"the server at {_hostport(hp)} is not a sentinel ({exc})"
+        return "not_sentinel", f"the server at {hostport(hp)} is not a sentinel ({exc})"
     except redis.TimeoutError as exc:
         return ("down" if "connect" in str(exc).lower() else "hung"), ""
     except (redis.ConnectionError, OSError):
@@ -421,6 +429,6 @@ def _sentinel(item: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-def _hostport(hp: tuple[str, int]) -> str:
+def hostport(hp: tuple[str, int]) -> str:
     host, port = hp
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

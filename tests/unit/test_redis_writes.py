@@ -104,7 +104,17 @@ def test_the_commands_rig_suggests_name_rigs_redis_and_hide_its_password():
     assert redis_cli("unix:///run/r.sock?db=2", "PING") == "redis-cli -s /run/r.sock -n 2 PING"
 
 
-def test_the_redis_cli_line_behind_sentinel_says_how_to_find_the_master():
+@pytest.fixture
+def sentinels_answering(monkeypatch):
+    """The sentinels as rig.sentinel_url asks them: those in the returned set answer (SENTINEL
+    MASTERS), every other is down. No network: the 10.0.0.x of these tests are no hosts."""
+    alive: set[tuple[str, int]] = {("10.0.0.1", 26379)}
+    monkeypatch.setattr("rig.sentinel_url._ask_sentinel",
+                        lambda hp, _kwargs: ("masters", {"mymaster": {}}) if hp in alive else ("down", ""))
+    return alive
+
+
+def test_the_redis_cli_line_behind_sentinel_says_how_to_find_the_master(sentinels_answering):
     """redis-cli cannot follow Sentinel: the line names the master by role and a note gives the
     one command that finds it, with no password of either kind printed. The line is only the
     command (callers quote it in backticks); the note goes after the closing backtick."""
@@ -123,7 +133,27 @@ def test_the_redis_cli_line_behind_sentinel_says_how_to_find_the_master():
     assert suggest_cli("redis://10.0.0.7:6400/0", "PING") == "`redis-cli -u redis://10.0.0.7:6400/0 PING`"
 
 
-def test_the_hung_redis_message_behind_sentinel_quotes_only_the_command():
+def test_the_hint_behind_sentinel_names_a_sentinel_that_answers(sentinels_answering):
+    """The AOF hint (`turn on AOF (... from `redis-cli -h S ...`)`) named the first listed
+    sentinel, dead or not: the copied line said "Connection refused". It names the first that
+    answers now; with none answering it says so, naming those listed."""
+    url = "sentinel://:pw@10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/mymaster/0"
+    client = _FakeInfo({"maxmemory-policy": "noeviction", "save": "", "appendonly": "no"},
+                       {"used_memory": 10, "maxmemory": 0, "maxmemory_policy": "noeviction"})
+    sentinels_answering.clear()
+    sentinels_answering.add(("10.0.0.3", 26379))  # the first two are dead
+    [aof] = W.warnings(client, url=url)  # type: ignore[arg-type]
+    assert "turn on AOF (`redis-cli -h MASTER -p PORT -a PASSWORD CONFIG SET appendonly yes` (MASTER PORT: the " \
+           "master's address, from `redis-cli -h 10.0.0.3 -p 26379 SENTINEL get-master-addr-by-name mymaster`)" \
+           in aof, aof
+    sentinels_answering.clear()
+    note = redis_cli_note(url)
+    assert note == ("(MASTER PORT: the master's address, from `redis-cli -h HOST -p PORT SENTINEL "
+                    "get-master-addr-by-name mymaster` on a sentinel; none of those listed answers now: "
+                    "10.0.0.1:26379, 10.0.0.2:26379, 10.0.0.3:26379)")
+
+
+def test_the_hung_redis_message_behind_sentinel_quotes_only_the_command(sentinels_answering):
     """Issue 15: the parenthetical was inside the backticks (`redis-cli ... ping (MASTER ...`)."""
     url = "sentinel://10.0.0.1:26379/mymaster/0"
     line = str(unavailable(url, redis.TimeoutError("Timeout reading from socket")))
