@@ -329,7 +329,15 @@ def hold_log_dir_lock(settings: Settings) -> int:
     import fcntl
 
     path = settings.rig_log_dir / LOG_DIR_LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except PermissionError:  # another user's lock file: locked all the same, through a read-only open
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise StackError(f"rig up cannot open {path} ({exc.strerror}): system_log_dir is another "
+                             f"user's node's; give node {settings.node_name} a folder of its own "
+                             "(RIG_SYSTEM_LOG_DIR=/another/folder)") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -337,13 +345,22 @@ def hold_log_dir_lock(settings: Settings) -> int:
             holder = os.pread(fd, 4096, 0).decode(errors="replace").split("\n")
         finally:
             os.close(fd)
-        node, pid, home = (part or "?" for part in (holder + ["", "", ""])[:3])  # "?": not written yet
-        raise StackError(f"system_log_dir {settings.rig_log_dir} is already the logs of node {node} "
-                         f"(pid {pid}, RIG_HOME={home}); two nodes would write the same log files: give "
+        node, pid, home = (holder + ["", "", ""])[:3]
+        from workers.process_tree import is_alive
+
+        # Named only when the pid written there runs: not yet written, or written by an earlier
+        # holder (one that opened it read-only could not replace it), names nobody.
+        whose = (f"node {node} (pid {pid}, RIG_HOME={home})" if pid.isdigit() and is_alive(int(pid), None)
+                 else "another node (its rig up runs)")
+        raise StackError(f"system_log_dir {settings.rig_log_dir} is already the logs of {whose}; two nodes "
+                         "would write the same log files: give "
                          f"node {settings.node_name} a folder of its own (RIG_SYSTEM_LOG_DIR=/another/folder, "
                          f"or system_log_dir in its config), or `rig down` that node first") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{settings.node_name}\n{os.getpid()}\n{settings.home}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{settings.node_name}\n{os.getpid()}\n{settings.home}\n".encode(), 0)
+    except OSError:  # opened read-only: the lock holds, the refusal of a next one names no node
+        pass
     return fd
 
 

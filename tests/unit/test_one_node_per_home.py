@@ -104,6 +104,9 @@ def test_two_homes_naming_one_system_log_dir_are_refused_naming_the_node_that_wr
         in line and "RIG_SYSTEM_LOG_DIR=" in line, line
     assert not pid_file(other).exists()
     assert sorted(p.name for p in logs.iterdir()) == [LOG_DIR_LOCK]  # no log of node other's
+    (logs / LOG_DIR_LOCK).write_text("old\n999999999\n/gone\n")  # a holder that could not write its own
+    with pytest.raises(StackError, match=r"is already the logs of another node \(its rig up runs\); two nodes"):
+        hold_log_dir_lock(other)
     os.close(held)  # node vm stopped (or died: the kernel lets go)
     fd = hold_log_dir_lock(other)
     assert (logs / LOG_DIR_LOCK).read_text() == f"other\n{os.getpid()}\n{tmp_path / 'b'}\n"
