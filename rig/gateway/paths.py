@@ -61,8 +61,9 @@ def client_socket(settings: Settings) -> Path | None:
     from rig.redis_conn import visible  # a home this user cannot enter holds no socket of theirs
 
     for candidate in (home_socket(settings), SYSTEM_SOCKET):
-        # a socket gone while its gateway restarts: the node's rig up still marks it
-        if visible(candidate) or visible(supervisor_mark(candidate)):
+        # a socket gone while its gateway restarts: the node's live rig up still marks it (a
+        # mark a dead one left sends nobody to a gateway that will not come back)
+        if visible(candidate) or live_supervisor(candidate) is not None:
             return candidate
     return None
 

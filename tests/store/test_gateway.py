@@ -243,6 +243,8 @@ def test_a_client_looks_for_its_homes_gateway_while_it_restarts(tmp_path):
     settings.run_dir.mkdir(parents=True)
     socket_path = paths.home_socket(settings)
     assert paths.client_socket(settings) != socket_path
+    paths.supervisor_mark(socket_path).write_text("999999999\n1\n")  # a rig up gone left it
+    assert paths.client_socket(settings) != socket_path
     paths.write_supervisor_mark(socket_path)
     assert paths.client_socket(settings) == socket_path
 
