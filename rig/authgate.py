@@ -59,11 +59,15 @@ class AuthGate:
             if wait <= 0:
                 return
             self.held += 1
-        # Redis' own words first: every reader of the error (rig.redis_conn.auth_failed) keeps
-        # saying what Redis said. The text never changes while it lasts (no countdown), so the
-        # loggers that say a repeated line once (rig.lograte) stay quiet.
-        raise redis.AuthenticationError(
-            f"{self.said} (rig tries a new login after {self.first:.0f} s, doubling up to {self.cap:.0f} s)")
+        raise redis.AuthenticationError(self.message())
+
+    def message(self) -> str:
+        """The text of every refusal while it lasts, a held login's and a refused one's alike.
+        Redis' own words first: every reader of the error (rig.redis_conn.auth_failed) keeps
+        saying what Redis said. It never changes while it lasts (no countdown), so the loggers
+        that say a repeated line once (rig.lograte) stay quiet: a refused login's own text
+        alternating with a held one's made them say it again every second."""
+        return f"{self.said} (rig tries a new login after {self.first:.0f} s, doubling up to {self.cap:.0f} s)"
 
     def refused(self, said: str = "") -> float:
         """A login was refused (Redis said ``said``): close the gate for the next wait
@@ -149,6 +153,7 @@ def install() -> None:
 
                 if is_auth_error(exc) and not isinstance(exc, redis.exceptions.NoPermissionError):
                     gate.refused(str(exc).strip().split("\n")[0][:160])
+                    raise redis.AuthenticationError(gate.message()) from exc
                 raise
             gate.accepted()
             return result
