@@ -52,7 +52,13 @@ from rig.redis_conn import check, connect, is_setup_error, unavailable
 from rig.redis_writes import is_outage, refusal, refused_error
 from rig.redis_writes import notices as redis_notices
 from rig.replication import MasterDeposed, no_replica_note, replica_wait
-from rig.request_rules import check_gpu_memory, check_gpus, check_retries, parse_time_limit
+from rig.request_rules import (
+    check_gpu_memory,
+    check_gpus,
+    check_retries,
+    parse_time_limit,
+    resolve_workdir,
+)
 from rig.store import JobStore
 
 if TYPE_CHECKING:
@@ -311,7 +317,7 @@ class Client:
         memo: dict[Any, Any] = _batch if _batch is not None else {}
         wd = memo.get(("workdir", workdir))
         if wd is None:
-            wd = memo[("workdir", workdir)] = _resolve_workdir(workdir, self.settings)
+            wd = memo[("workdir", workdir)] = resolve_workdir(workdir, self.settings.command_workdir)
         max_retries = self.settings.max_retries if retries is None else retries
         check_retries(max_retries, shown=retries)
         limit = parse_time_limit(time_limit)
@@ -1187,14 +1193,6 @@ def _normalise_command(command: Any, shell: bool | None) -> tuple[list[str], boo
     if not argv or not argv[0].strip():
         raise InvalidInput("the command is empty; give it after `--` or with --cmd \"...\"")
     return argv, False
-
-
-def _resolve_workdir(workdir: Any, settings: Settings) -> Path:
-    chosen = workdir or settings.command_workdir or os.getcwd()
-    path = Path(chosen).expanduser().resolve()
-    if not path.is_dir():
-        raise InvalidInput(f"--workdir {chosen} is not a directory; create it or pick another")
-    return path
 
 
 def _default_name(argv: list[str], is_shell: bool) -> str:
