@@ -933,8 +933,12 @@ class Client:
             if reason and self.ledger.cards():
                 raise Unschedulable(f"job can never run: {reason}")
             fields["gpu_memory"] = nbytes
-        # A retried job gets a fresh retry budget on top of the attempts it already used.
-        fields["max_retries"] = job.attempt + self.settings.max_retries if job.max_retries else job.attempt
+        # A retried job gets its own retry budget again (what it was submitted with: --retries,
+        # its template's, else max_retries then), on top of the attempts it already used; never
+        # the retrier's max_retries (a `--retries 0` job was re-run 3 times by its second retry).
+        own = job.max_retries if job.retries is None else job.retries
+        fields["retries"] = own
+        fields["max_retries"] = job.attempt + own
         code, state = self._guard(self.ledger.transition, job.id, JobState.PENDING, mode="retry",
                                   fields=fields)
         if code != 1:

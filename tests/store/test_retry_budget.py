@@ -1,0 +1,38 @@
+"""`rig retry` gives a job its own retry policy again (--retries, its template's), never the
+retrier's max_retries: a `--retries 0` job (not to be re-run by itself) was re-run three times
+after its second `rig retry`, and a `--retries 5` one got only 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from rig.memory import GIB
+from rig.models import JobState
+from tests.store.test_ownership import ALICE, as_user, client, job_of  # noqa: F401 - the fixture
+from workers.outcomes import AttemptEnd, decide
+
+
+def _fails_for_good(client, job_id: int, attempt: int) -> None:  # noqa: F811 - the fixture's name
+    """The job's attempt ``attempt`` ended and left it FAILED in the error queue."""
+    client.store.r.hset(client.keys.job(job_id), "attempt", str(attempt))
+    client.ledger.transition(job_id, JobState.FAILED, error_queue=True, fields={"reason": "boom"})
+
+
+@pytest.mark.parametrize("own", [0, 1, 5])
+def test_each_retry_gives_the_jobs_own_retries_again(client, monkeypatch, own):  # noqa: F811
+    as_user(monkeypatch, ALICE)
+    assert client.settings.max_retries == 2  # the retrier's default, which must not count
+    job = job_of(client, "alice", max_retries=own)
+    attempt = own + 1  # it spent its own retries, then failed for good
+    for _ in range(3):  # a person retries it, again and again
+        _fails_for_good(client, job.id, attempt)
+        again = client.retry(job.id)
+        assert again.state is JobState.PENDING and again.max_retries == attempt + own
+        # what the card worker decides after each of the attempts the retry allows
+        for extra in range(1, own + 2):
+            running = client.get(job.id)
+            running.attempt, running.state = attempt + extra, JobState.RUNNING
+            d = decide(running, AttemptEnd(exit_code=3), 80 * GIB)
+            last = extra == own + 1
+            assert (d.state, d.error_queue) == ((JobState.FAILED, True) if last else (JobState.PENDING, False))
+        attempt += own + 1
