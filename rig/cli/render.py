@@ -508,7 +508,10 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
         rows.append(("suggested memory", f"{format_memory(job.suggested_gpu_memory)} per card"))
     if in_error_queue:
         rows.append(("error queue", f"yes: `rig retry {job.id}` or `rig errors --clear {job.id}`"))
-    rows.append(("retries", f"up to {job.max_retries}"))
+    if job.retries is None:
+        rows.append(("retries", f"up to {job.max_retries}"))
+    else:  # retried by a person: max_retries counts every attempt before the last retry too
+        rows.append(("retries", f"up to {job.retries} after each `rig retry` ({job.max_retries} in all so far)"))
     if job.time_limit:
         rows.append(("time limit", duration(job.time_limit)))
     if job.attempt:

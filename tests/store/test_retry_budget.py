@@ -36,3 +36,17 @@ def test_each_retry_gives_the_jobs_own_retries_again(client, monkeypatch, own): 
             last = extra == own + 1
             assert (d.state, d.error_queue) == ((JobState.FAILED, True) if last else (JobState.PENDING, False))
         attempt += own + 1
+
+
+def test_show_says_the_jobs_own_retries_after_a_retry(client, monkeypatch):  # noqa: F811
+    from rich.console import Console
+
+    from rig.cli.render import render_job
+
+    as_user(monkeypatch, ALICE)
+    job = job_of(client, "alice", max_retries=0)
+    _fails_for_good(client, job.id, 1)
+    client.retry(job.id)
+    console = Console(width=200, record=True)
+    render_job(client.get(job.id), None, console)
+    assert "up to 0 after each `rig retry` (1 in all so far)" in console.export_text()
