@@ -897,9 +897,11 @@ class Client:
         return self._guard(lambda: self.store.get_many(self.store.error_ids(limit, newest_first=newest_first)))
 
     @in_callers_words
-    def retry(self, job_id: int | str, *, gpu_memory: str | int | None = None) -> Job:
+    def retry(self, job_id: int | str, *, gpu_memory: str | int | None = None,
+              time_limit: str | float | None = None) -> Job:
         """Send a job from the error queue back to its place in the queue, optionally with a
-        new memory declaration. Its earlier attempts and logs are kept."""
+        new memory declaration or time limit (a job that timed out would only be stopped
+        again). Its earlier attempts and logs are kept."""
         job = self.get(job_id)
         self.check_control(job, "retry")
         if not self._guard(self.store.in_error_queue, job.id):
@@ -933,6 +935,8 @@ class Client:
             if reason and self.ledger.cards():
                 raise Unschedulable(f"job can never run: {reason}")
             fields["gpu_memory"] = nbytes
+        if time_limit is not None:
+            fields["time_limit"] = parse_time_limit(time_limit)
         # A retried job gets its own retry budget again (what it was submitted with: --retries,
         # its template's, else max_retries then), on top of the attempts it already used; never
         # the retrier's max_retries (a `--retries 0` job was re-run 3 times by its second retry).

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from rig import estimates
 from rig.clock import shared_now
+from rig.durations import format_duration as duration
 from rig.failures import (
     FREE_RETRIES_MAX,
     KEEPER_LOST_SUMMARY,
@@ -117,6 +118,10 @@ def decide(job: Job, end: AttemptEnd, largest_usable: int | Callable[[], int],
     if found.failure is FailureClass.CANCELLED:
         return Decision(JobState.CANCELLED, False, fields, found)
     if found.failure is FailureClass.TIMEOUT:
+        # The same limit would stop it again: say how to give it more (not retried by itself).
+        limit = f" ({duration(job.time_limit)})" if job.time_limit else ""
+        more = f" --time-limit {duration(2 * job.time_limit)}" if job.time_limit else " --time-limit DURATION"
+        fields["reason"] = f"{summary}{limit}; to give it more time: `rig retry {job.id}{more}`"
         return Decision(JobState.TIMEOUT, True, fields, found)
     free = [a for a in job.attempts if isinstance(a, dict) and not counted(a.get("outcome"))]
     this_free = not retry_rule(found.failure).counted and len(free) < FREE_RETRIES_MAX

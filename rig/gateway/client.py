@@ -363,8 +363,11 @@ class GatewayClient:
                 cancelled.append(job.id)
         return cancelled
 
-    def retry(self, job_id: int | str, *, gpu_memory: str | int | None = None) -> Job:
-        return self.call("retry", job_id=_id(job_id), gpu_memory=gpu_memory)
+    def retry(self, job_id: int | str, *, gpu_memory: str | int | None = None,
+              time_limit: str | float | None = None) -> Job:
+        # time_limit only when given: a gateway of an older rig takes no such argument
+        more = {} if time_limit is None else {"time_limit": time_limit}
+        return self.call("retry", job_id=_id(job_id), gpu_memory=gpu_memory, **more)
 
     def clear_error(self, job_id: int | str) -> Job:
         return self.call("clear_error", job_id=_id(job_id))

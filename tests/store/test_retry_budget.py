@@ -50,3 +50,19 @@ def test_show_says_the_jobs_own_retries_after_a_retry(client, monkeypatch):  # n
     console = Console(width=200, record=True)
     render_job(client.get(job.id), None, console)
     assert "up to 0 after each `rig retry` (1 in all so far)" in console.export_text()
+
+
+def test_a_retry_may_give_a_new_time_limit(client, monkeypatch):  # noqa: F811
+    from rig.errors import InvalidInput
+
+    as_user(monkeypatch, ALICE)
+    job = job_of(client, "alice", time_limit=60.0)
+    _fails_for_good(client, job.id, 1)
+    with pytest.raises(InvalidInput, match="time_limit is empty"):  # the API's words for the flag
+        client.retry(job.id, time_limit="")
+    with pytest.raises(InvalidInput, match="more than ten years"):
+        client.retry(job.id, time_limit="4000d")
+    assert client.store.in_error_queue(job.id)  # nothing changed
+    assert client.retry(job.id, time_limit="4h").time_limit == 4 * 3600
+    _fails_for_good(client, job.id, 2)
+    assert client.retry(job.id).time_limit == 4 * 3600  # kept when not given
