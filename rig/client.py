@@ -936,7 +936,13 @@ class Client:
                 raise Unschedulable(f"job can never run: {reason}")
             fields["gpu_memory"] = nbytes
         if time_limit is not None:
-            fields["time_limit"] = parse_time_limit(time_limit)
+            fields["time_limit"] = limit = parse_time_limit(time_limit)
+            # Its own estimate was capped by the old limit: made again under the new one.
+            own = self._guard(self.own_estimate, job.name, limit, job.user, template=job.template,
+                              command=job.command)
+            fields.update(expected_seconds=own.expected if own else None,
+                          cautious_seconds=own.cautious if own else None,
+                          expected_source=own.source if own else None)
         # A retried job gets its own retry budget again (what it was submitted with: --retries,
         # its template's, else max_retries then), on top of the attempts it already used; never
         # the retrier's max_retries (a `--retries 0` job was re-run 3 times by its second retry).

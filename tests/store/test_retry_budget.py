@@ -66,3 +66,21 @@ def test_a_retry_may_give_a_new_time_limit(client, monkeypatch):  # noqa: F811
     assert client.retry(job.id, time_limit="4h").time_limit == 4 * 3600
     _fails_for_good(client, job.id, 2)
     assert client.retry(job.id).time_limit == 4 * 3600  # kept when not given
+
+
+def test_a_new_time_limit_makes_the_jobs_own_estimate_again(client, monkeypatch):  # noqa: F811
+    """Its estimate had been capped by the old limit: the forecast took the retried job for
+    one that ends within it."""
+    from rig import estimates
+
+    as_user(monkeypatch, ALICE)
+    job = job_of(client, "alice", time_limit=60.0, expected_seconds=60.0, cautious_seconds=60.0,
+                 expected_source="name")
+    pipe = client.r.pipeline()
+    for seconds in (600.0, 600.0, 600.0, 900.0):
+        estimates.record_run(pipe, client.keys, user="alice", name=job.name, template=None,
+                             command=job.command, nbytes=GIB, gpus=1, seconds=seconds)
+    pipe.execute()
+    _fails_for_good(client, job.id, 1)
+    again = client.retry(job.id, time_limit="2h")
+    assert (again.expected_seconds, again.cautious_seconds) == (600.0, 900.0)
