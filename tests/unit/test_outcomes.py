@@ -77,6 +77,11 @@ def test_a_timeout_says_how_to_give_it_more_time(tmp_path):
     from rig.durations import parse_duration
 
     assert parse_duration("2h00m") == 7200  # the suggestion is a value the flag takes
+    for limit, words in ((0.001, "(1ms); to give it more time: `rig retry 7 --time-limit 1s`"),
+                         (1.5, "(1s); to give it more time: `rig retry 7 --time-limit 3s`")):
+        timed.time_limit = limit
+        reason = decide(timed, AttemptEnd(exit_code=143, timed_out=True), 80 * GIB).fields["reason"]
+        assert reason == f"time limit exceeded {words}"
 
 
 def test_attempt_history_accumulates(tmp_path):
