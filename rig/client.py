@@ -52,7 +52,13 @@ from rig.redis_conn import check, connect, is_setup_error, unavailable
 from rig.redis_writes import is_outage, refusal, refused_error
 from rig.redis_writes import notices as redis_notices
 from rig.replication import MasterDeposed, no_replica_note, replica_wait
-from rig.request_rules import check_gpu_memory, check_gpus, check_retries, parse_time_limit
+from rig.request_rules import (
+    check_gpu_memory,
+    check_gpus,
+    check_retries,
+    parse_time_limit,
+    resolve_workdir,
+)
 from rig.store import JobStore
 
 if TYPE_CHECKING:
@@ -311,7 +317,7 @@ class Client:
         memo: dict[Any, Any] = _batch if _batch is not None else {}
         wd = memo.get(("workdir", workdir))
         if wd is None:
-            wd = memo[("workdir", workdir)] = _resolve_workdir(workdir, self.settings)
+            wd = memo[("workdir", workdir)] = resolve_workdir(workdir, self.settings.command_workdir)
         max_retries = self.settings.max_retries if retries is None else retries
         check_retries(max_retries, shown=retries)
         limit = parse_time_limit(time_limit)
@@ -891,9 +897,11 @@ class Client:
         return self._guard(lambda: self.store.get_many(self.store.error_ids(limit, newest_first=newest_first)))
 
     @in_callers_words
-    def retry(self, job_id: int | str, *, gpu_memory: str | int | None = None) -> Job:
+    def retry(self, job_id: int | str, *, gpu_memory: str | int | None = None,
+              time_limit: str | float | None = None) -> Job:
         """Send a job from the error queue back to its place in the queue, optionally with a
-        new memory declaration. Its earlier attempts and logs are kept."""
+        new memory declaration or time limit (a job that timed out would only be stopped
+        again). Its earlier attempts and logs are kept."""
         job = self.get(job_id)
         self.check_control(job, "retry")
         if not self._guard(self.store.in_error_queue, job.id):
@@ -927,8 +935,20 @@ class Client:
             if reason and self.ledger.cards():
                 raise Unschedulable(f"job can never run: {reason}")
             fields["gpu_memory"] = nbytes
-        # A retried job gets a fresh retry budget on top of the attempts it already used.
-        fields["max_retries"] = job.attempt + self.settings.max_retries if job.max_retries else job.attempt
+        if time_limit is not None:
+            fields["time_limit"] = limit = parse_time_limit(time_limit)
+            # Its own estimate was capped by the old limit: made again under the new one.
+            own = self._guard(self.own_estimate, job.name, limit, job.user, template=job.template,
+                              command=job.command)
+            fields.update(expected_seconds=own.expected if own else None,
+                          cautious_seconds=own.cautious if own else None,
+                          expected_source=own.source if own else None)
+        # A retried job gets its own retry budget again (what it was submitted with: --retries,
+        # its template's, else max_retries then), on top of the attempts it already used; never
+        # the retrier's max_retries (a `--retries 0` job was re-run 3 times by its second retry).
+        own = job.max_retries if job.retries is None else job.retries
+        fields["retries"] = own
+        fields["max_retries"] = job.attempt + own
         code, state = self._guard(self.ledger.transition, job.id, JobState.PENDING, mode="retry",
                                   fields=fields)
         if code != 1:
@@ -1187,14 +1207,6 @@ def _normalise_command(command: Any, shell: bool | None) -> tuple[list[str], boo
     if not argv or not argv[0].strip():
         raise InvalidInput("the command is empty; give it after `--` or with --cmd \"...\"")
     return argv, False
-
-
-def _resolve_workdir(workdir: Any, settings: Settings) -> Path:
-    chosen = workdir or settings.command_workdir or os.getcwd()
-    path = Path(chosen).expanduser().resolve()
-    if not path.is_dir():
-        raise InvalidInput(f"--workdir {chosen} is not a directory; create it or pick another")
-    return path
 
 
 def _default_name(argv: list[str], is_shell: bool) -> str:

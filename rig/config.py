@@ -610,6 +610,15 @@ def explicit_config_file() -> Path | None:
     return Path(explicit).expanduser() if explicit else None
 
 
+def local_config_file() -> Path | None:
+    """``./rig.toml`` of the working folder, or None when that folder was deleted (a shell left
+    standing in a removed run folder): rig then reads the other places, never a traceback."""
+    try:
+        return Path.cwd() / "rig.toml"
+    except FileNotFoundError:
+        return None
+
+
 def find_config_file() -> Path | None:
     """The config file in force, or None. ``$RIG_CONFIG`` must name a readable file if it is
     set; ``./rig.toml`` or ``$RIG_HOME/config.toml`` that exists but is no regular file is
@@ -626,7 +635,9 @@ def find_config_file() -> Path | None:
             raise ConfigError(f"RIG_CONFIG names {explicit}, which {problem}; point RIG_CONFIG at a config "
                               f"file (`rig init FILE` writes one), or unset it")
         return explicit
-    for candidate in (Path.cwd() / "rig.toml", default_home() / "config.toml"):
+    for candidate in (local_config_file(), default_home() / "config.toml"):
+        if candidate is None:
+            continue
         problem = config_file_problem(candidate)
         if problem is None:
             if (foreign := foreign_config(candidate)) is not None:

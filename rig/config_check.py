@@ -565,7 +565,8 @@ def check_relations(settings: Settings, sources: Sources) -> None:
 
 def check_log_dirs(settings: Settings, sources: Sources) -> None:
     """log_dir and system_log_dir are folders (or do not exist yet: rig up makes them), and
-    two different ones: rig's own logs are pruned by other rules than the jobs' logs."""
+    two different ones: rig's own logs are pruned by other rules than the jobs' logs; the
+    error queue's job logs are kept at least as long as the others."""
     from rig.redis_conn import visible
 
     dirs = {"log_dir": settings.job_log_dir, "system_log_dir": settings.rig_log_dir}
@@ -577,6 +578,12 @@ def check_log_dirs(settings: Settings, sources: Sources) -> None:
         raise ConfigError(f"{sources.named(('log_dir',), str(dirs['log_dir']))} is also "
                           f"{sources.named(('system_log_dir',), str(dirs['system_log_dir']))}: jobs' logs and rig's "
                           "own logs are kept and pruned apart; give each its own folder")
+    keep, errors = settings.log_retention_days, settings.error_log_retention_days
+    if errors < keep:
+        raise ConfigError(f"{sources.named(('error_log_retention_days',), errors)} is shorter than "
+                          f"{sources.named(('log_retention_days',), keep)}: the logs of jobs waiting in the "
+                          "error queue for a person would be deleted before any other job's; set "
+                          f"error_log_retention_days to at least {keep:g} (or log_retention_days lower)")
 
 
 def origins(settings: Settings, sources: Sources) -> dict[str, str]:

@@ -32,3 +32,18 @@ def parse_duration(text: str | int | float, *, what: str = "--time-limit", unit_
     if seconds <= 0:
         raise InvalidInput(f"{what} must be more than 0 seconds (got {text!r})")
     return seconds
+
+
+def format_duration(seconds: float | None) -> str:
+    """``45s``, ``1m30s``, ``2h00m``, ``1d02h`` (whole seconds, at most two units; "-" for None),
+    as every view shows a duration; parse_duration reads it back (a time limit rig suggests)."""
+    if seconds is None:
+        return "-"
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+    return f"{seconds // 86400}d{(seconds % 86400) // 3600:02d}h"

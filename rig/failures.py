@@ -88,7 +88,7 @@ RETRY: dict[FailureClass, RetryRule] = {
     FailureClass.INFRASTRUCTURE: RetryRule(True, counted=False),  # rig's own fault: a free retry
     FailureClass.CUDA_OOM: RetryRule(False, "declare more memory: `rig retry {id} --gpu-memory SIZE`"),
     FailureClass.OVER_DECLARATION: RetryRule(False, "declare what it uses: `rig retry {id} --gpu-memory SIZE`"),
-    FailureClass.TIMEOUT: RetryRule(False, "raise its time limit, then `rig retry {id}`"),
+    FailureClass.TIMEOUT: RetryRule(False, "give it more time: `rig retry {id} --time-limit DURATION`"),
     FailureClass.CANCELLED: RetryRule(False, "a person cancelled it"),
     FailureClass.COMMAND_NOT_FOUND: RetryRule(
         False, "check the command's name, its PATH and that it is executable, then `rig retry {id}`"),

@@ -52,6 +52,7 @@ def init_config(path: str | None, node_name: str | None, force: bool) -> Written
         check_node_name,
         config_file_problem,
         explicit_config_file,
+        local_config_file,
         without_config_file,
     )
     from rig.config_template import TEMPLATE
@@ -93,10 +94,10 @@ def init_config(path: str | None, node_name: str | None, force: bool) -> Written
                              f"{target}; add {'it' if one else 'them'} there, or rig commands run without that "
                              "variable will use the default")
     explicit = explicit_config_file()
-    local, home_file = Path.cwd() / "rig.toml", defaults.home / "config.toml"
+    local, home_file = local_config_file(), defaults.home / "config.toml"
     # The file rig reads here now (rig.config.find_config_file's order): RIG_CONFIG, else
     # ./rig.toml, else $RIG_HOME/config.toml.
-    read = explicit or (local if local.exists() else home_file)
+    read = explicit or (local if local is not None and local.exists() else home_file)
     if read.resolve() != target.resolve():
         how = f"RIG_CONFIG={explicit} is set in this shell" if explicit else f"{read} comes first in this folder"
         written.notes.append(f"rig does not read this file here: {how}; set RIG_CONFIG={target} to use it")

@@ -15,11 +15,13 @@ Pure standard library (Linux/Unix: uses ``fcntl.flock``), no Redis.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import re
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -477,3 +479,40 @@ def _remove(folder: Path) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+#: rig's own logs (system_log_dir) that are renamed aside past SYSTEM_LOG_MAX_BYTES: those whose
+#: writers reopen the file by its name (Celery's -f is a WatchedFileHandler; Redis opens its
+#: logfile for each line). Not up.log and the *.out files (a descriptor each process inherited:
+#: a renamed file would keep growing) nor flower.log (Tornado rotates it itself, at 100 MB).
+SYSTEM_LOG_PATTERNS = ("control.log", "card*.log", "beat.log", "redis.log")
+SYSTEM_LOG_MAX_BYTES = 64 * 1024**2
+SYSTEM_LOG_KEEP = 2  # older copies kept: control.log.1 (the newer), control.log.2
+
+
+def rotate_system_logs(folder: Path, *, max_bytes: int = SYSTEM_LOG_MAX_BYTES,
+                       keep: int = SYSTEM_LOG_KEEP) -> list[Path]:
+    """Rename each of rig's own logs in ``folder`` (SYSTEM_LOG_PATTERNS) that has grown past
+    ``max_bytes`` to NAME.1, NAME.1 to NAME.2 and so on, dropping the copy beyond ``keep``: the
+    workers' logs grew by ~10 MB a day on an idle node, for as long as the node ran. Its writer
+    goes on in a new NAME at its next line. Symlinks and other non-files are left alone.
+    Returns the logs renamed."""
+    rotated: list[Path] = []
+    for pattern in SYSTEM_LOG_PATTERNS:
+        for path in sorted(folder.glob(pattern)):
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(st.st_mode) or st.st_size <= max_bytes:
+                continue
+            for n in range(keep, 0, -1):
+                older = path.with_name(f"{path.name}.{n}")
+                if n == keep:
+                    older.unlink(missing_ok=True)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.replace(older, path.with_name(f"{path.name}.{n + 1}"))
+            os.replace(path, path.with_name(f"{path.name}.1"))
+            rotated.append(path)
+    return rotated

@@ -132,6 +132,10 @@ class Job:
     worker: str | None = None
     cancel_requested: bool = False
     max_retries: int = 0
+    #: The retries it was submitted with (``--retries``, its template's, else max_retries then):
+    #: kept by its first ``rig retry``, which raises ``max_retries`` to the attempts spent plus
+    #: this, so every retry by a person gives the job its own retry policy again. None until then.
+    retries: int | None = None
     submit_host: str | None = None
     time_limit: float | None = None  # seconds of running time before rig stops it
     oom_retry_grow: bool = False  # after a CUDA OOM, retry with more memory
@@ -348,6 +352,7 @@ _JOB_CHECKS: dict[str, Callable[[Any], Any]] = {
     "proc_start": lambda t: R.as_int(t, *_COUNT),
     "worker": R.as_word,
     "max_retries": lambda t: R.as_int(t, 0, 10_000, "a number of retries"),
+    "retries": lambda t: R.as_int(t, 0, 10_000, "a number of retries"),
     "submit_host": R.as_word,
     "time_limit": lambda t: R.as_float(t, 0.001, R.MAX_TIME_LIMIT, "a duration in seconds"),
     "attempts": R.as_attempts,

@@ -7,6 +7,9 @@ Each raises InvalidInput (one line; ``what`` names the flag or the config key).
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from rig.durations import parse_duration
 from rig.errors import InvalidInput
 from rig.memory import format_memory, parse_memory
@@ -30,16 +33,49 @@ def parse_gpu_memory(text: str | int | float, what: str = "--gpu-memory") -> int
 
 def parse_time_limit(text: str | int | float | None, what: str = "--time-limit") -> float | None:
     """A time limit in seconds (None for none): from 1 ms to MAX_TIME_LIMIT. An empty text is
-    refused as any unreadable duration (`--time-limit "$LIMIT"` with LIMIT unset), never read
-    as "no limit" in silence: the rule ``--priority ""`` follows."""
+    refused (``--time-limit "$LIMIT"`` with LIMIT unset ran the job without any limit, a
+    template's included, in silence)."""
     if text is None:
         return None
+    if isinstance(text, str) and not text.strip():
+        raise InvalidInput(f"{what} is empty (an unset variable?): give a duration like 90s, 30m or 2h, "
+                           f"or leave {what} out for no limit")
     limit = parse_duration(text, what=what)
     if limit > MAX_TIME_LIMIT:
         raise InvalidInput(f"{what} {text!r} is more than ten years; give a shorter one")
     if not limit >= 0.001:  # also NaN
         raise InvalidInput(f"{what} {text!r}: give at least 1ms, e.g. 90s, 30m or 2h")
     return limit
+
+
+def resolve_workdir(workdir: object, command_workdir: object) -> Path:
+    """A job's working folder, resolved: ``--workdir`` (``workdir=``), else the setting
+    ``command_workdir``, else the submitter's current folder. An empty ``--workdir`` is refused
+    (``--workdir "$DIR"`` with DIR unset ran the job in another folder in silence), and so is a
+    current folder that was deleted; each refusal names where the folder came from."""
+    if workdir is not None:
+        what, chosen = "--workdir", os.fspath(workdir) if isinstance(workdir, os.PathLike) else str(workdir)
+        if not chosen.strip():
+            raise InvalidInput("--workdir is empty (an unset variable?): give a folder, or leave --workdir out "
+                               "for command_workdir, else the current folder")
+    elif command_workdir:
+        what, chosen = "command_workdir", str(command_workdir)
+    else:
+        what = "the current folder"
+        try:
+            chosen = os.getcwd()
+        except FileNotFoundError:
+            raise InvalidInput("the current folder no longer exists (deleted?): cd to a folder that exists, "
+                               "or give --workdir") from None
+    fix = "change command_workdir (`rig config` says where it is set)" if what == "command_workdir" else "pick another"
+    try:
+        path = Path(chosen).expanduser().resolve()
+        ok = path.is_dir()
+    except OSError as exc:  # a relative --workdir from a deleted folder, a loop, no permission
+        raise InvalidInput(f"{what} {chosen}: {exc.strerror or exc}; {fix}") from None
+    if not ok:
+        raise InvalidInput(f"{what} {chosen} is not a directory (or not yours to see); create it or {fix}")
+    return path
 
 
 def check_retries(value: object, shown: object = None, what: str = "--retries") -> int:

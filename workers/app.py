@@ -63,7 +63,7 @@ from workers.dispatcher import Dispatcher
 from workers.flower_bridge import FlowerBridge
 from workers.forecaster import Forecaster
 from workers.health import HealthChecker
-from workers.log_sweep import sweep_logs
+from workers.log_sweep import rotate_own_logs, sweep_logs
 
 log = logging.getLogger("rig.worker")
 kombu_patches.install()
@@ -284,6 +284,7 @@ def _local_health() -> None:
     next_sweep = time.monotonic() + LOG_SWEEP_INTERVAL_S
     full = FullWatch(settings.node_name, settings.key_prefix)
     quiet = Throttle()
+    rotate_own_logs(settings)  # also at each start: a node restarted within the hour rotates too
     while not _control_stop.wait(settings.health.check_interval):
         _alert_redis_full(full)
         try:
@@ -291,6 +292,7 @@ def _local_health() -> None:
                 continue
             checker.run_local()
             if time.monotonic() >= next_sweep:
+                rotate_own_logs(settings)
                 swept = sweep_logs(settings, _redis)
                 # Skipped while another node sweeps (one lock): try again in a minute.
                 next_sweep = time.monotonic() + (LOG_SWEEP_INTERVAL_S if swept is not None else 60.0)

@@ -11,11 +11,31 @@ import redis
 
 from rig.config import Settings
 from rig.keys import Keys
-from rig.logs import RetentionPolicy, SweepReport, sweep_job_logs
+from rig.logs import (
+    SYSTEM_LOG_MAX_BYTES,
+    RetentionPolicy,
+    SweepReport,
+    human_size,
+    rotate_system_logs,
+    sweep_job_logs,
+)
 from rig.models import JobState
 from rig.store import JobStore
 
 log = logging.getLogger(__name__)
+
+
+def rotate_own_logs(settings: Settings) -> None:
+    """rig's own logs of this node past their size (rig.logs.rotate_system_logs): no lock, each
+    node's folder is its own. A failure is one log line; the job logs' sweep goes on."""
+    try:
+        rotated = rotate_system_logs(settings.rig_log_dir)
+    except OSError as exc:
+        log.warning("rig's own logs in %s not rotated: %s", settings.rig_log_dir, exc)
+        return
+    if rotated:
+        log.info("rig's own logs renamed aside past %s: %s (older copies: .1, .2)",
+                 human_size(SYSTEM_LOG_MAX_BYTES), ", ".join(p.name for p in rotated))
 
 
 def sweep_logs(settings: Settings, client: redis.Redis) -> SweepReport | None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from rig import estimates
 from rig.clock import shared_now
+from rig.durations import format_duration as duration
 from rig.failures import (
     FREE_RETRIES_MAX,
     KEEPER_LOST_SUMMARY,
@@ -117,6 +118,14 @@ def decide(job: Job, end: AttemptEnd, largest_usable: int | Callable[[], int],
     if found.failure is FailureClass.CANCELLED:
         return Decision(JobState.CANCELLED, False, fields, found)
     if found.failure is FailureClass.TIMEOUT:
+        # The same limit would stop it again: say how to give it more (not retried by itself).
+        # Twice the limit, in whole seconds at least 1 (a 1ms limit was shown and doubled as "0s").
+        limit = more = ""
+        if job.time_limit:
+            shown = f"{job.time_limit * 1000:g}ms" if job.time_limit < 1 else duration(job.time_limit)
+            limit, more = f" ({shown})", f" --time-limit {duration(max(2 * job.time_limit, 1.0))}"
+        more = more or " --time-limit DURATION"
+        fields["reason"] = f"{summary}{limit}; to give it more time: `rig retry {job.id}{more}`"
         return Decision(JobState.TIMEOUT, True, fields, found)
     free = [a for a in job.attempts if isinstance(a, dict) and not counted(a.get("outcome"))]
     this_free = not retry_rule(found.failure).counted and len(free) < FREE_RETRIES_MAX

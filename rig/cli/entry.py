@@ -27,8 +27,13 @@ def _working_folder_last() -> None:
     packages, and rig failed with that file's error. Moved, not dropped: the same folder may
     also be rig's own (an editable install's .pth entry is not added twice)."""
     given = os.environ.get("PYTHONPATH", "")
-    relative = {os.path.abspath(entry) for entry in given.split(os.pathsep) if not os.path.isabs(entry)}
-    if given and relative:
+    if not given:  # nothing to move: never ask for the working folder, which may be deleted
+        return
+    try:
+        relative = {os.path.abspath(entry) for entry in given.split(os.pathsep) if not os.path.isabs(entry)}
+    except FileNotFoundError:  # the working folder was deleted: Python dropped its entries
+        return
+    if relative:
         sys.path[:] = [e for e in sys.path if e not in relative] + [e for e in sys.path if e in relative]
 
 

@@ -20,6 +20,7 @@ import click
 
 import rig.client as rig_client
 from rig.cli.common import parse_job_id
+from rig.cli.entry import INTERRUPTED_EXIT
 from rig.client import Client
 from rig.errors import InvalidInput, JobNotFound, PermissionDenied, RedisUnavailable, RigError
 from rig.models import Job, JobState
@@ -118,7 +119,11 @@ def kill_jobs(client: Client, job_ids: list[int], *, wait: bool) -> int:
                            f"(`rig up --node {before.node}`)", err=True)
                 status = status or STILL_RUNNING_EXIT
                 continue
-            after = client.kill(jid, wait=wait)
+            try:
+                after = client.kill(jid, wait=wait)
+            except KeyboardInterrupt:
+                _interrupted(client, jid, [j for j in known[known.index(jid) + 1:] if j not in cancelled])
+                raise SystemExit(INTERRUPTED_EXIT) from None
         except RedisUnavailable:
             raise
         except RigError as exc:  # it vanished or changed owner since the check
@@ -143,6 +148,31 @@ def kill_jobs(client: Client, job_ids: list[int], *, wait: bool) -> int:
         else:
             click.echo(f"job {after.id}: kill requested; it is still {after.state.value.lower()}")
     return status
+
+
+def _interrupted(client: Client, jid: int, rest: list[int]) -> None:
+    """Ctrl-C while `rig kill` waited for job ``jid`` to stop (a job that ignores SIGTERM takes
+    kill_grace_seconds): say, from its record, whether the kill was requested (its card worker
+    then stops it without this command) and which ids were not handled; the command exits 130. It
+    ended with a bare newline: nothing said whether the kill would still happen."""
+    click.echo("", err=True)
+    try:
+        job = client.get(jid)
+    except (RigError, OSError):
+        job = None
+    if job is None:
+        click.echo(f"rig: job {jid}: interrupted; `rig show {jid}` says whether it is stopping", err=True)
+    elif job.state.terminal:
+        click.echo(f"rig: job {jid} ended {job.state.value}", err=True)
+    elif job.cancel_requested:
+        click.echo(f"rig: job {jid}: kill requested, it is stopping (SIGKILL after {client.settings.kill_grace_seconds:g} s); "
+                   f"only the waiting was interrupted: `rig show {jid}` says when it ended", err=True)
+    else:
+        click.echo(f"rig: job {jid}: interrupted before the kill was requested; it is still "
+                   f"{job.state.value.lower()}: run `rig kill {jid}` again", err=True)
+    if rest:
+        shown = " ".join(map(str, rest[:10])) + (f" and {len(rest) - 10} more" if len(rest) > 10 else "")
+        click.echo(f"rig: not handled (interrupted first): {shown}", err=True)
 
 
 def _memory_words(was: JobState) -> str:

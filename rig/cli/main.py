@@ -33,6 +33,7 @@ from rig.cli.render import (
 from rig.cli.submit import do_submit, submit_options
 from rig.cli.top import top
 from rig.cli.usage import since_time, usage
+from rig.durations import format_duration
 from rig.errors import ConfigError, InvalidInput, StackError
 from rig.models import JobState
 from rig.registration import read_notes, write_notes
@@ -271,15 +272,18 @@ def errors(ctx: click.Context, clear_ids: tuple[str, ...], limit: int, as_json: 
 @cli.command()
 @click.argument("job_id")
 @click.option("--gpu-memory", "-m", "gpu_memory", metavar="SIZE", help="A new memory declaration.")
+@click.option("--time-limit", "time_limit", metavar="DURATION",
+              help="A new time limit (e.g. 4h; a bare number is seconds), for a job that timed out.")
 @click.pass_context
 @handle_errors
-def retry(ctx: click.Context, job_id: str, gpu_memory: str | None) -> None:
+def retry(ctx: click.Context, job_id: str, gpu_memory: str | None, time_limit: str | None) -> None:
     """Send a job from the error queue back to the queue (its place is kept)."""
     client = client_from(ctx)
     client.ping()
-    job = client.retry(job_id, gpu_memory=gpu_memory)
+    job = client.retry(job_id, gpu_memory=gpu_memory, time_limit=time_limit)
+    limit = f", time limit {format_duration(job.time_limit)}" if job.time_limit else ""
     click.echo(f"job {job.id} is waiting again ({job.priority.value} priority, "
-               f"{job.gpu_memory / 2**30:.1f} GiB per card)")
+               f"{job.gpu_memory / 2**30:.1f} GiB per card{limit})")
 
 
 @cli.command()

@@ -20,6 +20,7 @@ from rig.client import StatusReport
 from rig.clock import shared_now
 from rig.data_format import mixed_note
 from rig.draining import why_closed
+from rig.durations import format_duration as duration
 from rig.memory import format_memory
 from rig.models import CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, clock
@@ -68,19 +69,6 @@ def ago(ts: float | None) -> str:
     if not ts:
         return "-"
     return duration(shared_now() - ts) + " ago"
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    if seconds < 86400:
-        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
-    return f"{seconds // 86400}d{(seconds % 86400) // 3600:02d}h"
 
 
 def when(ts: float | None) -> str:
@@ -508,7 +496,10 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
         rows.append(("suggested memory", f"{format_memory(job.suggested_gpu_memory)} per card"))
     if in_error_queue:
         rows.append(("error queue", f"yes: `rig retry {job.id}` or `rig errors --clear {job.id}`"))
-    rows.append(("retries", f"up to {job.max_retries}"))
+    if job.retries is None:
+        rows.append(("retries", f"up to {job.max_retries}"))
+    else:  # retried by a person: max_retries counts every attempt before the last retry too
+        rows.append(("retries", f"up to {job.retries} after each `rig retry` ({job.max_retries} in all so far)"))
     if job.time_limit:
         rows.append(("time limit", duration(job.time_limit)))
     if job.attempt:

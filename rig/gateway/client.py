@@ -31,6 +31,7 @@ from rig.gateway import wire
 from rig.gateway.paths import live_supervisor
 from rig.models import Job, JobState
 from rig.ownership import refusal
+from rig.request_rules import resolve_workdir
 
 if TYPE_CHECKING:
     from rig.forecast import Forecast, RunningEnd
@@ -178,7 +179,7 @@ class GatewayClient:
         values and its exported environment are read here, in the caller's process."""
         if isinstance(command, tuple):
             command = list(command)
-        wd = _workdir(workdir, self.settings)
+        wd = str(resolve_workdir(workdir, self.settings.command_workdir))
         environ = self._exported(export)
         resolved = self._env(env)
         answer = self.call("submit", command=command, environ=environ,
@@ -199,7 +200,7 @@ class GatewayClient:
             mode = request.pop("export", None)
             if mode not in environ_by_mode:
                 environ_by_mode[mode] = self._exported(mode)
-            request["workdir"] = _workdir(request.get("workdir"), self.settings)
+            request["workdir"] = str(resolve_workdir(request.get("workdir"), self.settings.command_workdir))
             request["env"] = {**environ_by_mode[mode], **self._env(request.get("env"))}
             request["export"] = "NONE"  # what it exports is in env already
             if isinstance(request.get("command"), tuple):
@@ -381,8 +382,11 @@ class GatewayClient:
                 cancelled.append(job.id)
         return cancelled
 
-    def retry(self, job_id: int | str, *, gpu_memory: str | int | None = None) -> Job:
-        return self.call("retry", job_id=_id(job_id), gpu_memory=gpu_memory)
+    def retry(self, job_id: int | str, *, gpu_memory: str | int | None = None,
+              time_limit: str | float | None = None) -> Job:
+        # time_limit only when given: a gateway of an older rig takes no such argument
+        more = {} if time_limit is None else {"time_limit": time_limit}
+        return self.call("retry", job_id=_id(job_id), gpu_memory=gpu_memory, **more)
 
     def clear_error(self, job_id: int | str) -> Job:
         return self.call("clear_error", job_id=_id(job_id))
@@ -555,18 +559,6 @@ def _id(job_id: int | str) -> int:
     if not text.isdigit():
         raise InvalidInput(f"{job_id!r} is not a job id (a positive whole number); `rig jobs` lists them")
     return int(text)
-
-
-def _workdir(workdir: Any, settings: Settings) -> str:  # noqa: ANN401
-    chosen = workdir or settings.command_workdir or os.getcwd()
-    try:
-        path = Path(chosen).expanduser().resolve()
-        ok = path.is_dir()
-    except OSError as exc:
-        raise InvalidInput(f"--workdir {chosen}: {exc.strerror or exc}; pick a folder you can enter") from None
-    if not ok:
-        raise InvalidInput(f"--workdir {chosen} is not a directory (or not yours to see); create it or pick another")
-    return str(path)
 
 
 def _peer_uid(sock: socket.socket) -> int:

@@ -275,8 +275,9 @@ class Gateway:
         # Never waits here: the client waits for the end itself (a gateway thread is no queue).
         return self._seen(peer, self.client.kill(_job_id(job_id), wait=False))
 
-    def op_retry(self, peer: Peer, job_id: int, gpu_memory: str | int | None = None) -> Job:
-        return self.client.retry(_job_id(job_id), gpu_memory=gpu_memory)
+    def op_retry(self, peer: Peer, job_id: int, gpu_memory: str | int | None = None,
+                 time_limit: str | float | None = None) -> Job:
+        return self.client.retry(_job_id(job_id), gpu_memory=gpu_memory, time_limit=time_limit)
 
     def op_clear_error(self, peer: Peer, job_id: int) -> Job:
         return self._seen(peer, self.client.clear_error(_job_id(job_id)))

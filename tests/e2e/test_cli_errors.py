@@ -35,9 +35,9 @@ def one_line_error(result, code: int, *needles: str) -> None:
         (["--gpu-memory", "1G", "--template", "test", "--priority", " ", "--", "true"], 2, "unknown priority ' '"),
         # `--time-limit "$LIMIT"` with LIMIT unset: was queued with no limit in silence (over a
         # template's too), where `--priority ""` is refused
-        (["--gpu-memory", "1G", "--time-limit", "", "--", "true"], 2, "--time-limit: cannot read ''"),
+        (["--gpu-memory", "1G", "--time-limit", "", "--", "true"], 2, "--time-limit is empty (an unset variable?)"),
         (["--gpu-memory", "1G", "--template", "finetune", "--time-limit", "", "--", "true"], 2,
-         "--time-limit: cannot read ''"),
+         "--time-limit is empty (an unset variable?)"),
         (["--gpu-memory", "1G"], 2, "the command is empty"),
         (["--gpu-memory", "1G", "--cmd", "   "], 2, "the command is empty"),
         (["--gpu-memory", "1G", "--cmd", "x", "--", "y"], 2, "not both"),
@@ -45,6 +45,12 @@ def one_line_error(result, code: int, *needles: str) -> None:
         (["--gpu-memory", "1G", "--gpus", "0", "--", "true"], 2, "--gpus"),
         (["--gpu-memory", "1G", "--workdir", "/nonexistent/dir", "--", "true"], 2, "not a directory"),
         (["--gpu-memory", "1G", "--pool", "a100", "--", "true"], 2, "unknown pool 'a100'"),
+        # `--time-limit "$LIMIT"` / `--workdir "$DIR"` with the variable unset: the job ran with
+        # no limit at all (a template's dropped too) / in the current folder, in silence
+        (["--gpu-memory", "1G", "--time-limit", "", "--", "true"], 2, "--time-limit is empty"),
+        (["--gpu-memory", "1G", "--template", "test", "--time-limit", " ", "--", "true"], 2,
+         "leave --time-limit out for no limit"),
+        (["--gpu-memory", "1G", "--workdir", "", "--", "true"], 2, "--workdir is empty"),
     ],
 )
 @pytest.mark.redis
@@ -152,3 +158,36 @@ def test_ctrl_c_after_the_submission_is_stored_still_gives_the_id(env, real_redi
     assert job_id.isdigit()
     assert f"job {job_id} was submitted before the interrupt and will run; `rig kill {job_id}` stops it" \
         in result.stderr
+
+
+@pytest.mark.redis
+def test_a_deleted_working_folder_is_one_line(env, real_redis, tmp_path, monkeypatch):
+    """A shell left in a removed folder: every rig command died in a traceback (os.getcwd, for
+    ./rig.toml and for PYTHONPATH's entries); now they read the other places, and a submission
+    that would run there says so in one line."""
+    from rig.cli.entry import _working_folder_last
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    _working_folder_last()  # raised FileNotFoundError
+    monkeypatch.setenv("PYTHONPATH", ":/x")
+    _working_folder_last()
+    assert CliRunner().invoke(cli, ["status"]).exit_code == 0
+    result = CliRunner().invoke(submit_main, ["--gpu-memory", "1G", "--", "true"])
+    one_line_error(result, 2, "the current folder no longer exists", "give --workdir")
+    result = CliRunner().invoke(submit_main, ["--gpu-memory", "1G", "--workdir", "rel", "--", "true"])
+    one_line_error(result, 2, "--workdir rel: ")
+    assert not real_redis.exists(f"{env}job:next_id")
+    ok = CliRunner().invoke(submit_main, ["--gpu-memory", "1G", "--workdir", str(tmp_path), "--", "true"])
+    assert ok.exit_code == 0, ok.output
+
+
+@pytest.mark.redis
+def test_a_command_workdir_that_is_no_folder_is_named_as_the_setting(env, real_redis, tmp_path, monkeypatch):
+    """It said `--workdir /x is not a directory` to someone who gave no --workdir."""
+    monkeypatch.setenv("RIG_COMMAND_WORKDIR", str(tmp_path / "nope"))
+    result = CliRunner().invoke(submit_main, ["--gpu-memory", "1G", "--", "true"])
+    one_line_error(result, 2, f"command_workdir {tmp_path / 'nope'} is not a directory", "rig config")

@@ -26,7 +26,7 @@ def client(real_redis, key_prefix, tmp_path):
     ({}, "gpu_memory is required"),
     ({"gpu_memory": "4G", "retries": -1}, "retries must be a whole number from 0 to 100; got -1"),
     ({"gpu_memory": "4G", "time_limit": "forever"}, "time_limit: cannot read 'forever'"),
-    ({"gpu_memory": "4G", "time_limit": ""}, "time_limit: cannot read ''"),  # not "no limit"
+    ({"gpu_memory": "4G", "time_limit": ""}, "time_limit is empty (an unset variable?)"),  # not "no limit"
     ({"gpu_memory": "4G", "env": {"CUDA_VISIBLE_DEVICES": "0"}},
      "env CUDA_VISIBLE_DEVICES: rig sets it to the cards it gives the job; ask for cards with gpus (and pool)"),
     ({"gpu_memory": "4G", "export": "!!"}, "export: '!!' is not a variable name"),

@@ -31,7 +31,9 @@ FINGERPRINTS = {
     # its URL), and rig status falls back to the reader's interval without archive:pass.
     # 8e99968e9500: a job's umask (its submitter's); an older rig ignores the field and runs the
     # job with its worker's umask, as before.
-    1: {"d9e95e666b68", "2bf4068303b9", "17ab44445fb1", "f6cb4f2d5bc8", "8e99968e9500"},
+    # b908b4adfacd: a job's own retries, kept by its first `rig retry`; an older rig ignores the field
+    # and its `rig retry` gives the job the retrier's max_retries, as before.
+    1: {"d9e95e666b68", "2bf4068303b9", "17ab44445fb1", "f6cb4f2d5bc8", "8e99968e9500", "b908b4adfacd"},
 }
 
 

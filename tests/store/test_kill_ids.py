@@ -161,3 +161,26 @@ def test_a_second_kill_of_a_running_job_does_not_claim_the_cancel(ledger, monkey
     result = CliRunner().invoke(cli, ["kill", str(jid)])
     assert result.exit_code == 0, result.output
     assert _lines(result.stdout) == [f"job {jid} cancelled (a kill was already requested when this one came)"]
+
+
+@pytest.mark.redis
+def test_ctrl_c_while_a_kill_waits_says_the_kill_goes_on(ledger, monkeypatch):
+    """Ctrl-C while `rig kill` waited out a job that ignores SIGTERM ended with a bare newline:
+    nothing said that its card worker stops it anyway, nor that the ids after it were left."""
+    waiting, running, later = _job(ledger), _job(ledger), _job(ledger)
+    for jid in (running, later):
+        ledger.store.r.hset(ledger.keys.job(jid), mapping={"state": "RUNNING", "node": "n", "cards": "[0]"})
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("rig.client.Client.wait", interrupted)
+    monkeypatch.setattr("rig.client.current_identity", lambda: __import__("rig.client").client.Identity("u", 0))
+    result = CliRunner().invoke(cli, ["kill", str(running), str(later), str(waiting)])
+    assert result.exit_code == 130, result.output
+    assert _lines(result.stderr) == [
+        f"rig: job {running}: kill requested, it is stopping (SIGKILL after 10 s); only the waiting was "
+        f"interrupted: `rig show {running}` says when it ended",
+        f"rig: not handled (interrupted first): {later}"], result.stderr
+    assert _lines(result.stdout) == [f"job {waiting} cancelled (was pending); it held no GPU memory"]
+    assert ledger.store.get(running).cancel_requested and not ledger.store.get(later).cancel_requested

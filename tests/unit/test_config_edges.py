@@ -322,3 +322,14 @@ def test_a_duration_setting_longer_than_30_days_is_refused_in_one_line_naming_it
     assert info.value.exit_code == 6 and "\n" not in str(info.value)
     monkeypatch.setenv("RIG_" + name.upper().replace(".", "__"), str(30 * 86400))
     load_settings()  # the bound itself is allowed
+
+
+def test_error_queue_logs_kept_shorter_than_the_others_are_refused(monkeypatch):
+    """error_log_retention_days = 7 beside the default 30 deleted the logs of the jobs waiting
+    in the error queue for a person first, the evidence M15 keeps them there for."""
+    monkeypatch.setenv("RIG_ERROR_LOG_RETENTION_DAYS", "7")
+    refused("error_log_retention_days = 7 (RIG_ERROR_LOG_RETENTION_DAYS) is shorter than "
+            "log_retention_days = 30 (default)")
+    refused("set error_log_retention_days to at least 30")
+    monkeypatch.setenv("RIG_LOG_RETENTION_DAYS", "7")
+    assert load_settings().error_log_retention_days == 7

@@ -251,7 +251,7 @@ def test_a_toml_syntax_error_names_the_file_and_line(tmp_path):
     ("gpu_memory = 12", "[templates.big] gpu_memory: '12' has no unit"),
     ('gpu_memory = "40T"', "[templates.big] gpu_memory: gpu_memory 40.0 TiB is more than any card has"),
     ('time_limit = "forever"', "[templates.big] time_limit: cannot read 'forever'"),
-    ('time_limit = ""', "[templates.big] time_limit: cannot read ''"),
+    ('time_limit = ""', "[templates.big] time_limit: time_limit is empty"),
     ('time_limit = "20y"', "[templates.big] time_limit: cannot read '20y'"),
     ('time_limit = "4000d"', "[templates.big] time_limit: time_limit '4000d' is more than ten years"),
     ("retries = 1000", "[templates.big] retries: Input should be less than or equal to 100"),

@@ -66,6 +66,24 @@ def test_timeout_cancel_and_lost(tmp_path):
     assert "its worker died" in lost.fields["reason"]
 
 
+def test_a_timeout_says_how_to_give_it_more_time(tmp_path):
+    """It said only "time limit exceeded": `rig retry` ran it again under the same limit (and
+    rig.failures' advice, "raise its time limit", named no way to)."""
+    timed = job(tmp_path)
+    timed.time_limit = 3600
+    d = decide(timed, AttemptEnd(exit_code=143, timed_out=True), 80 * GIB)
+    assert d.state is JobState.TIMEOUT and d.error_queue
+    assert d.fields["reason"] == "time limit exceeded (1h00m); to give it more time: `rig retry 7 --time-limit 2h00m`"
+    from rig.durations import parse_duration
+
+    assert parse_duration("2h00m") == 7200  # the suggestion is a value the flag takes
+    for limit, words in ((0.001, "(1ms); to give it more time: `rig retry 7 --time-limit 1s`"),
+                         (1.5, "(1s); to give it more time: `rig retry 7 --time-limit 3s`")):
+        timed.time_limit = limit
+        reason = decide(timed, AttemptEnd(exit_code=143, timed_out=True), 80 * GIB).fields["reason"]
+        assert reason == f"time limit exceeded {words}"
+
+
 def test_attempt_history_accumulates(tmp_path):
     first = job(tmp_path)
     d = decide(first, AttemptEnd(exit_code=2), 80 * GIB)

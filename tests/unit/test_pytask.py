@@ -102,7 +102,7 @@ def test_a_result_too_large_to_store_fails_the_call_as_bad_result_not_retried(mo
     ({"gpu_memory": "1G", "gpus": 0}, "gpus must be a whole number of cards from 1 to 256; got 0"),
     ({"gpu_memory": "1G", "retries": -1}, "retries must be a whole number from 0 to 100; got -1"),
     ({"gpu_memory": "1G", "time_limit": "soon"}, "time_limit: cannot read 'soon'"),
-    ({"gpu_memory": "1G", "time_limit": ""}, "time_limit: cannot read ''"),
+    ({"gpu_memory": "1G", "time_limit": ""}, "time_limit is empty (an unset variable?)"),
 ])
 def test_a_malformed_option_is_refused_where_the_decorator_is_written(options, said):
     """Breaker: ``@rig.task(gpu_memory="lots")`` was accepted; the first .delay() refused it."""
