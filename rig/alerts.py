@@ -23,7 +23,8 @@ Conditions (thresholds in :class:`AlertRules`):
                               least ``min_ended`` ended and more than ``max_failure_rate`` of them
                               FAILED or timed out.
 ``idle_cards``                an eligible card runs no job while a job that would fit it by
-                              memory has waited longer than ``idle_wait_seconds``.
+                              memory (and by its pool, if it names one) has waited longer
+                              than ``idle_wait_seconds``.
 ``reserved_idle:<card>``      a card has memory reserved but reads 0 % utilisation, continuously
                               for longer than ``reserved_idle_seconds``.
 ``fragmentation``             :func:`fragmentation` is above ``max_fragmentation``.
@@ -45,6 +46,7 @@ from rig.clock import shared_now
 from rig.memory import format_memory
 from rig.models import CardState, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
+from rig.pools import Pools, cluster_pools
 
 if TYPE_CHECKING:
     from rig.client import Client
@@ -111,6 +113,7 @@ class WaitingJob:
     gpu_memory: int  # bytes per card
     gpus: int
     created_at: float
+    pool: str | None = None  # only the cards of this pool may take it (rig.pools)
 
 
 @dataclass
@@ -131,15 +134,15 @@ def waiting_jobs(client: Client, limit: int = PENDING_SCAN) -> list[WaitingJob]:
         return []
     pipe = client.r.pipeline(transaction=False)
     for jid in ids:
-        pipe.hmget(client.keys.job(jid), "priority", "gpu_memory", "gpus", "created_at")
+        pipe.hmget(client.keys.job(jid), "priority", "gpu_memory", "gpus", "created_at", "pool")
     out = []
-    for jid, (prio, mem, gpus, created) in zip(ids, pipe.execute(), strict=True):
+    for jid, (prio, mem, gpus, created, pool) in zip(ids, pipe.execute(), strict=True):
         if mem is None:
             continue  # the record vanished under us
         out.append(WaitingJob(
             id=jid, priority=Priority(_s(prio)) if prio else Priority.MEDIUM,
             gpu_memory=int(float(mem)), gpus=int(gpus or 1),
-            created_at=float(created) if created else 0.0,
+            created_at=float(created) if created else 0.0, pool=_s(pool) if pool else None,
         ))
     return out
 
@@ -221,11 +224,12 @@ def evaluate(client: Client, rules: AlertRules | None = None,
                 f"card {card.id} ({card.model}) is at {card.temperature} C "
                 f"(limit {rules.max_temperature} C)"))
 
-    alerts.extend(node_problems(client)[1])
+    nodes, problems = node_problems(client)
+    alerts.extend(problems)
 
     alerts.extend(_log_space(cards))
     alerts.extend(_failure_rate(client, rules, now))
-    alerts.extend(_idle_cards(cards, waiting, rules, now))
+    alerts.extend(_idle_cards(cards, waiting, rules, now, cluster_pools(nodes).pools))
     alerts.extend(_reserved_idle(client, cards, rules, now))
 
     frag = fragmentation(cards, waiting)
@@ -335,7 +339,9 @@ def resolved_line(client: Client, rules: AlertRules, key: str, now: float) -> st
 
 
 def _idle_cards(cards: list[CardState], waiting: list[WaitingJob], rules: AlertRules,
-                now: float) -> list[Alert]:
+                now: float, pools: Pools) -> list[Alert]:
+    """The first waiting job (in run order) that has waited too long while idle cards it may
+    use (its pool's, when it names one: the cluster's pools, rig.pools) would take it."""
     idle = [c for c in cards if c.eligible and c.jobs == 0 and c.max_jobs > 0]
     if not idle:
         return []
@@ -343,7 +349,7 @@ def _idle_cards(cards: list[CardState], waiting: list[WaitingJob], rules: AlertR
         waited = now - job.created_at
         if waited <= rules.idle_wait_seconds:
             continue
-        fitting = [c for c in idle if c.free >= job.gpu_memory]
+        fitting = [c for c in idle if c.free >= job.gpu_memory and pools.contains(job.pool, c.node, c.index)]
         by_node: dict[str, list[CardState]] = {}
         for card in fitting:
             by_node.setdefault(card.node, []).append(card)

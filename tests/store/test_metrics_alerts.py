@@ -23,6 +23,8 @@ from rig.gpus.base import GpuReading
 from rig.memory import GIB
 from rig.metrics import RigCollector
 from rig.models import Job, JobState, Priority
+from rig.nodes import NodeRegistry
+from rig.pools import encode
 from rig.web.server import start_web_server
 from tests.conftest import REDIS_URL
 
@@ -50,10 +52,11 @@ def reading(client: Client, index: int, **values) -> None:
 
 
 def make_job(client: Client, gib: int, priority: Priority = Priority.MEDIUM, *,
-             age: float = 0.0, gpus: int = 1) -> Job:
+             age: float = 0.0, gpus: int = 1, pool: str | None = None) -> Job:
     return client.store.create(Job(
         id=0, name="t", user="u", command=["true"], gpu_memory=gib * GIB, gpus=gpus,
-        priority=priority, state=JobState.PENDING, workdir="/", created_at=time.time() - age))
+        priority=priority, state=JobState.PENDING, workdir="/", created_at=time.time() - age,
+        pool=pool))
 
 
 def start(client: Client, job: Job, card: int) -> str:
@@ -318,6 +321,24 @@ def test_idle_cards_while_a_fitting_job_waits(client: Client):
     assert "idle_cards" in alerts
     assert "n1/1" in alerts["idle_cards"].message and "n1/0" not in alerts["idle_cards"].message
     assert f"job {fresh.id}" in alerts["idle_cards"].message
+
+
+def test_idle_cards_are_only_cards_of_the_waiting_jobs_pool(client: Client):
+    """A job submitted to a pool can never start on a card outside it: an idle card there is no
+    card it would fit, and the alert said it was (a tester's finding: `--pool p0` waiting for
+    card 0 while card 1 idled read "idle card(s) n1/1 while job 2 ... would fit")."""
+    NodeRegistry(client.r, client.keys).register("n1", ttl=30, backend="fake", cards=2,
+                                                 pools=encode({"p0": ["n1:0"], "p1": ["n1:1"]}))
+    add_card(client, 0, max_jobs=1)
+    start(client, make_job(client, 10), 0)  # card 0 takes no second job
+    add_card(client, 1)
+    waiting = make_job(client, 20, age=300, pool="p0")
+    rules = AlertRules(max_fragmentation=1.0)
+    assert "idle_cards" not in keys_of(evaluate(client, rules))
+    other = make_job(client, 20, age=300, pool="p1")  # this one would fit card 1
+    alerts = {a.key: a for a in evaluate(client, rules)}
+    assert f"job {other.id}" in alerts["idle_cards"].message, alerts
+    assert f"job {waiting.id}" not in alerts["idle_cards"].message
 
 
 def test_reserved_but_idle_card_after_its_grace_time(client: Client):
