@@ -92,13 +92,24 @@ def init_config(path: str | None, node_name: str | None, force: bool) -> Written
         written.notes.append(f"note: {', '.join(missing)} set in this shell {'is' if one else 'are'} not in "
                              f"{target}; add {'it' if one else 'them'} there, or rig commands run without that "
                              "variable will use the default")
+    shell_name = os.environ.get("RIG_NODE_NAME")
+    if node_name is not None and shell_name is not None and shell_name != node_name:
+        # The variable beats the file (rig.config's order): the name just written is not used.
+        written.notes.append(f"note: RIG_NODE_NAME={shell_name} set in this shell overrides node_name = "
+                             f"{toml_string(node_name)} written to {target}; unset RIG_NODE_NAME (or give "
+                             f"--node-name {shell_name}) to run as the file says")
     explicit = explicit_config_file()
     local, home_file = Path.cwd() / "rig.toml", defaults.home / "config.toml"
     # The file rig reads here now (rig.config.find_config_file's order): RIG_CONFIG, else
     # ./rig.toml, else $RIG_HOME/config.toml.
     read = explicit or (local if local.exists() else home_file)
     if read.resolve() != target.resolve():
-        how = f"RIG_CONFIG={explicit} is set in this shell" if explicit else f"{read} comes first in this folder"
+        if explicit:
+            how = f"RIG_CONFIG={explicit} is set in this shell"
+        elif read == local:
+            how = f"{read} comes first in this folder"
+        else:  # rig's home's file, read from any folder, present or not
+            how = f"it reads {read}{'' if read.exists() else ' (absent: the defaults)'}"
         written.notes.append(f"rig does not read this file here: {how}; set RIG_CONFIG={target} to use it")
     return written
 

@@ -92,10 +92,25 @@ def test_a_top_level_setting_under_a_section_says_so(tmp_path, text, said):
 def test_rig_init_says_when_rig_would_not_read_what_it_wrote(tmp_path):
     result = init(str(tmp_path / "other.toml"))
     assert "rig does not read this file here" in result.output and "RIG_CONFIG=" in result.output
+    # No ./rig.toml: rig reads its home's file, which is not "in this folder" and not there yet
+    # (it read "<home>/config.toml comes first in this folder").
+    assert f"it reads {tmp_path / 'home' / 'config.toml'} (absent: the defaults)" in result.output, result.output
+    assert "comes first" not in result.output
     (tmp_path / "rig.toml").write_text("")
     result = init()
     assert f"{tmp_path / 'rig.toml'} comes first in this folder" in result.output
     assert "rig does not read" not in init(str(tmp_path / "rig.toml"), "--force").output
+
+
+def test_rig_init_says_when_rig_node_name_in_the_shell_overrides_the_name_it_wrote(tmp_path, monkeypatch):
+    """`rig init --node-name gpu2` in a shell that still has RIG_NODE_NAME=gpu1: the file says
+    gpu2, every rig command there runs as gpu1 (the variable wins), and nothing said so."""
+    monkeypatch.setenv("RIG_NODE_NAME", "gpu1")
+    result = init("--node-name", "gpu2")
+    assert result.exit_code == 0, result.output
+    assert load_settings().node_name == "gpu1"
+    assert 'note: RIG_NODE_NAME=gpu1 set in this shell overrides node_name = "gpu2"' in result.output
+    assert "RIG_NODE_NAME" not in init("--node-name", "gpu1", "--force").output  # the same name: no note
 
 
 def test_rig_init_writes_the_file_rig_config_names(tmp_path, monkeypatch):
