@@ -170,6 +170,9 @@ class StatusReport:
     archived: int | None = None
     #: Where they are: the archive's URL (no password), read with ``archived``; None: not read.
     archive: str | None = None
+    #: The shared clock when ``oldest_wait`` was measured (None: unknown): a view drawn later
+    #: (`rig top` redraws between reads) adds the time since, as its waiting jobs' ages do.
+    taken_at: float | None = None
 
 
 @dataclass
@@ -666,7 +669,7 @@ class Client:
                              control_up=control_up)) is not None:
                 notices.append(line)
             return StatusReport(beats_refused=beats_refused,
-                cards=cards, running=running, pending=pending, oldest_wait=oldest,
+                cards=cards, running=running, pending=pending, oldest_wait=oldest, taken_at=now,
                 workers=workers, counts=self.store.count_by_state(),
                 nodes=nodes, users=self._users(running, now), pool=pool,
                 pool_empty=pools.no_card(pool) if pool is not None and not cards else None,

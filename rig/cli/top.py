@@ -453,14 +453,18 @@ def _error_lines(jobs: Sequence[Job], width: int, now: float) -> tuple[Text, lis
     return _header(cols), _rows(cols, table)
 
 
-def _queue_line(report: StatusReport, width: int) -> Text:
+def _queue_line(report: StatusReport, width: int, now: float) -> Text:
+    """The waiting jobs per priority and the oldest one's wait, as of ``now`` (the frame's
+    clock, which the waiting jobs' "waited" column reads too: the report is older)."""
     line = Text("queue ", style="bold")
+    since = max(0.0, now - report.taken_at) if report.taken_at is not None else 0.0
     for prio in Priority:
         n = report.pending.get(prio, 0)
         line.append(f" {prio.value} ", style="bold" if n else "dim")
         line.append(str(n), style="yellow" if n else "dim")
         wait = report.oldest_wait.get(prio)
         if n and wait is not None:
+            wait += since
             line.append(f" (oldest {duration(wait)})" if width >= 70 else f" ({duration(wait)})")
         line.append(" ")
     return line
@@ -527,7 +531,7 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
     if report is None:
         top.append(Text("waiting for rig's Redis ...", style="dim"))
         return Group(*[_fit(t, width) for t in top[:height]])
-    top.append(_queue_line(report, width))
+    top.append(_queue_line(report, width, now))
     # A notice too long for the screen says what is wrong and what mends it (rig.redis_writes).
     top += [Text(C(n if len(n) <= width else short_notice(n)), style="yellow") for n in report.notices[:2]]
     top += _node_alerts(report, width)

@@ -125,6 +125,22 @@ def test_multi_card_job_listed_once() -> None:
     assert sum("two-card-job" in line and "gpu01/0,1" in line for line in lines) == 1
 
 
+def test_oldest_wait_and_the_jobs_waited_read_the_same_clock() -> None:
+    """The report is read once a second and the frame redrawn in between: the title's "oldest"
+    was the report's figure while the waiting job's row was aged to the frame's clock (seen at
+    100x40: "low 7 (oldest 36s)" above job 8 "waited 37s", the same job)."""
+    report = _report()
+    report.taken_at = NOW - 10  # the frame is drawn 10 s after the read
+    report.pending = {Priority.HIGH: 1, Priority.MEDIUM: 0, Priority.LOW: 0}
+    report.oldest_wait = {Priority.HIGH: 55.0, Priority.MEDIUM: None, Priority.LOW: None}
+    oldest = Job(id=7, name="only-waiter", user="bob", command=["true"], gpu_memory=GIB, gpus=1,
+                 priority=Priority.HIGH, state=JobState.PENDING, workdir="/", created_at=NOW - 65)
+    text = "\n".join(_render(report, 120, 40, waiting=[oldest]))
+    assert "oldest 1m05s" in text, text
+    row = next(line for line in text.splitlines() if "only-waiter" in line)
+    assert "1m05s" in row, row
+
+
 def test_empty_report_points_to_rig_up() -> None:
     report = StatusReport(cards=[], running={}, pending={}, oldest_wait={}, workers=[], counts={})
     lines = _render(report, 80, 24)
