@@ -509,6 +509,17 @@ def _clip(lines: list[Text], room: int, what: str) -> list[Text]:
     return [*lines[: room - 1], _more(len(lines) - room + 1, what)]
 
 
+def _no_row(need: int, room: int) -> bool:
+    """Would :func:`_clip` of ``need`` lines to ``room`` leave no line of its own (nothing, or
+    only the "... N more" line)?"""
+    return need > 0 and need > room and room <= 1
+
+
+def _unlisted(n: int, what: str, where: str) -> Text:
+    """One line for a section with no room for a row: ``8 card(s): no room to list them (`rig status`)``."""
+    return Text(f"{n} {what}: no room to list them (`{where}`)", style="dim italic")
+
+
 # -- the frame ----------------------------------------------------------------------------------
 def build_view(report: StatusReport | None, errors: int, width: int, height: int, now: float,
                *, problem: str | None = None, hint: str = "q quits", waiting: Sequence[Job] = (),
@@ -577,8 +588,16 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
         short = need - (room - show_cards - show_jobs - 2)  # 2: a blank line, the running title
         if short > 0:
             show_jobs -= min(short, max(0, show_jobs - RUNNING_KEEP))
+    # A heading left without one row of its own (a pane a few lines high) folds, with its
+    # "... N more", into one line that says what is not listed and where to see it.
+    cards_folded = report.cards and _no_row(need_cards, show_cards)
+    jobs_folded = bool(jobs) and _no_row(need_jobs, show_jobs)
     card_rows = _clip(card_rows, show_cards, "cards")
     job_rows = _clip(job_rows, show_jobs, "running jobs")
+    if cards_folded:
+        card_head, card_rows = _unlisted(len(report.cards), "card(s)", "rig status"), []
+    if jobs_folded:
+        job_head, job_rows = _unlisted(len(jobs), "running job(s)", "rig jobs --state running"), []
     spare = room - len(card_rows) - len(job_rows)
 
     lines = list(top)
@@ -586,7 +605,7 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
         lines.append(Text())
         spare -= 1
     lines += [card_head, *card_rows]
-    if spare > 0 and jobs:
+    if spare > 0 and jobs and not jobs_folded:
         lines.append(Text(f"running jobs ({len(jobs)})", style="bold"))
         spare -= 1
     lines += [job_head, *job_rows]

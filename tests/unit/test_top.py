@@ -116,6 +116,22 @@ def test_small_terminal_says_what_it_left_out() -> None:
     assert "more" in "\n".join(lines)
 
 
+@pytest.mark.parametrize("width", [20, 40, 80, 120])
+def test_a_pane_a_few_lines_high_shows_no_heading_without_rows(width: int) -> None:
+    """A tmux pane 4-7 lines high drew the cards' and the running jobs' column headings with no
+    row under them (or only "... 8 more cards"); README: never a heading without rows. Such a
+    section is one line that says what is not listed and where to see it."""
+    for height in range(3, 16):
+        lines = _render(_report(), width, height)
+        _check_fits(lines, width, height)
+        for i, line in enumerate(lines):
+            if line.startswith(("card ", "id ")):
+                below = lines[i + 1] if i + 1 < len(lines) else ""
+                assert below.strip() and not below.startswith(("...", "id ")), (width, height, lines)
+        if 4 <= height <= 6:  # said, not dropped
+            assert any(line.startswith("6 running job(s)") for line in lines), (width, height, lines)
+
+
 def test_multi_card_job_listed_once() -> None:
     report = _report()
     job = _job(99, "two-card-job", 0, gpus=2)
