@@ -179,13 +179,15 @@ def recent_ended(client: Client, limit: int,
 def fragmentation(cards: list[CardState], waiting: list[WaitingJob]) -> float:
     """Share (0..1) of the free memory on eligible cards that sits on cards whose free block is
     smaller than the smallest waiting job's per-card request: memory no waiting job can use.
-    0 when nothing waits or nothing is free."""
+    0 when nothing waits, nothing is free, or all the free memory together is less than that
+    request: the cards are full, not fragmented (no packing could have made room for it, and a
+    busy server with a queue read "fragmentation 100%: 24.0 GiB of 24.0 GiB ... (70.0 GiB)")."""
     if not waiting:
         return 0.0
     smallest = min(job.gpu_memory for job in waiting)
     free = [card.free for card in cards if card.eligible]
     total = sum(free)
-    if total <= 0:
+    if total <= 0 or total < smallest:
         return 0.0
     return sum(block for block in free if block < smallest) / total
 

@@ -200,7 +200,27 @@ def test_metrics_server_serves_and_stops(busy: Client):
 def test_fragmentation_is_zero_when_nothing_waits(client: Client):
     add_card(client, 0)
     assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 0.0
-    make_job(client, 90)  # no card has 90 GiB free: all free memory is stranded
+    job = make_job(client, 90)  # more than all the free memory: full, not fragmented
+    assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 0.0
+    client.ledger.transition(job.id, JobState.CANCELLED, mode="cancel")
+    add_card(client, 1)  # 2 x 80 GiB free: a 90 GiB request fits neither, though they hold it
+    make_job(client, 90)
+    assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 1.0
+
+
+def test_a_full_server_with_a_queue_is_not_fragmented(client: Client):
+    """Each card's free block (10 GiB, 20 in all) is smaller than the waiting request (30 GiB),
+    and so is all of it together: the cards are full. It read 100 % and alerted (seen live:
+    "fragmentation 100%: 24.0 GiB of 24.0 GiB free memory sits in blocks smaller than the
+    smallest waiting request (70.0 GiB)" under a 4-card job with the next one waiting)."""
+    add_card(client, 0)
+    add_card(client, 1)
+    start(client, make_job(client, 70), 0)
+    start(client, make_job(client, 70), 1)
+    make_job(client, 30)
+    assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 0.0
+    assert "fragmentation" not in keys_of(evaluate(client, AlertRules(max_fragmentation=0.0)))
+    make_job(client, 15)  # fits in the 20 GiB free together, in neither card: fragmented
     assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 1.0
 
 
@@ -301,7 +321,8 @@ def test_queue_length_failure_rate_and_fragmentation(client: Client):
     assert resolved.message.startswith("resolved: 0% of jobs failed or timed out"), resolved.message
     assert "(0 of 0 ended" in resolved.message and "(fired: 40% of jobs" in resolved.message
 
-    big = make_job(client, 90)  # fits no card: all 80 GiB free is stranded
+    add_card(client, 1)
+    big = make_job(client, 90)  # fits no card, though the two hold 160 GiB free: stranded
     assert keys_of(evaluate(client, AlertRules(), now)) == {"failure_rate", "fragmentation"}
     client.ledger.transition(big.id, JobState.CANCELLED, mode="cancel")
 
