@@ -174,6 +174,15 @@ class StatusReport:
     #: (`rig top` redraws between reads) adds the time since, as its waiting jobs' ages do.
     taken_at: float | None = None
 
+    def takes_jobs(self, card: CardState) -> bool:
+        """Can ``card`` take a job now, as reports say it (``takes_jobs``): eligible, and its
+        node neither stopped nor down (nor silent past its heartbeat's life). A node's cards
+        keep their own records when it stops; another node's health pass closes them, and a
+        lone node stopped by `rig down` has none: its cards read as taking jobs."""
+        node = next((n for n in self.nodes if n.name == card.node), None)
+        gone = node is not None and (node.state in ("stopped", "down") or node.presumed_down)
+        return card.eligible and not gone
+
 
 @dataclass
 class UserUsage:
