@@ -312,7 +312,11 @@ class Client:
         else:
             nbytes = parse_memory(gpu_memory)
             if margin and margin != 1.0:
-                nbytes = _round_up(int(nbytes * margin))
+                # The size given is a size a card has (else a margin made a huge one overflow:
+                # OverflowError); then the product, named as the template made it.
+                check_gpu_memory(nbytes)
+                nbytes = check_gpu_memory(_round_up(int(nbytes * margin)),
+                                          f"template {template!r}: {gpu_memory} x margin {margin:g} =")
         check_gpu_memory(nbytes)  # rig.request_rules: the rule templates are checked with too
         check_gpus(gpus)
         # "" is a slip (`--priority "$PRIO"` with PRIO unset), refused as any unknown word: never
