@@ -252,6 +252,7 @@ def kill(ctx: click.Context, job_ids: tuple[str, ...], no_wait: bool) -> None:
 @handle_errors
 def errors(ctx: click.Context, clear_ids: tuple[str, ...], limit: int, as_json: bool) -> None:
     """The error queue: jobs that failed for good or timed out, waiting for a person."""
+    check_limit(limit, "jobs of the error queue")  # -5 listed all but 5 of them, 0 every one
     client = client_from(ctx)
     client.ping()
     for jid in clear_ids:
