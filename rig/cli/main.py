@@ -95,6 +95,9 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
     """List jobs, newest first, with why each waits or ended (the reason column) and, where the
     screen is wide enough, when each waiting one is estimated to start; archived jobs included."""
     check_limit(limit)
+    # "" is a slip (`--user "$U"` with U unset), never "no filter" nor "no jobs of user "
+    if user is not None and not user.strip():
+        raise InvalidInput(f"--user needs a login name, got {user!r}; give one (or --mine for your own)")
     if mine:
         from rig.client import current_identity  # the same rule as ownership: the real uid's name
 
@@ -103,7 +106,7 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
             raise InvalidInput(f"--mine is {me}, --user is {user}: give one of them")
         user = me
     client = client_from(ctx)
-    st = JobState.parse(state) if state else None
+    st = JobState.parse(state) if state is not None else None  # "" is refused, never every state
     client.ping()
     # One more than shown: whether the list was cut is said, never left to be guessed.
     found = client.jobs(st, limit=limit + 1, user=user, since=since_time(since) if since else None)

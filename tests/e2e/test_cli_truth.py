@@ -180,6 +180,17 @@ def test_a_limit_below_one_is_refused(cli_env, real_redis, args):
     assert result.stderr.count("\n") == 1 and "--limit must be 1 or more" in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize(("args", "said"), [(["jobs", "--user", ""], "--user needs a login name, got ''"),
+                                           (["jobs", "-u", " "], "--user needs a login name"),
+                                           (["jobs", "--state", ""], "unknown state ''")])
+def test_an_empty_user_or_state_is_refused(cli_env, real_redis, args, said):
+    """`rig jobs --user "$U"` with U unset said "no jobs of user " (exit 0), and `--state "$S"`
+    listed every job: an empty value is a slip, refused as an unknown one is (exit 2)."""
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1 and said in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize("args", [["kill", "abc"], ["kill", "1.5"], ["log", "abc"], ["log", "-f", "1.5"]])
 def test_a_malformed_job_id_is_bad_input_not_an_unknown_job(cli_env, real_redis, args):
     """`rig kill abc` exited 4 ("no job with id abc"), as for a job that does not exist."""
