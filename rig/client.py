@@ -1206,6 +1206,10 @@ def _normalise_command(command: Any, shell: bool | None) -> tuple[list[str], boo
 
 
 def _resolve_workdir(workdir: Any, settings: Settings) -> Path:
+    if isinstance(workdir, str) and not workdir.strip():
+        # A slip (`--workdir "$RUN_DIR"` with RUN_DIR unset): the job ran in the submitter's
+        # folder, writing its files where they were not meant to go.
+        raise InvalidInput(f"--workdir is empty ({workdir!r}); give the job's folder, or leave --workdir out")
     chosen = workdir or settings.command_workdir or os.getcwd()
     path = Path(chosen).expanduser().resolve()
     if not path.is_dir():

@@ -109,7 +109,8 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
     st = JobState.parse(state) if state is not None else None  # "" is refused, never every state
     client.ping()
     # One more than shown: whether the list was cut is said, never left to be guessed.
-    found = client.jobs(st, limit=limit + 1, user=user, since=since_time(since) if since else None)
+    found = client.jobs(st, limit=limit + 1, user=user,
+                        since=since_time(since) if since is not None else None)  # "": refused
     cut = len(found) > limit
     found = found[:limit]
     from rig.history import archive_warning

@@ -182,7 +182,8 @@ def test_a_limit_below_one_is_refused(cli_env, real_redis, args):
 
 @pytest.mark.parametrize(("args", "said"), [(["jobs", "--user", ""], "--user needs a login name, got ''"),
                                            (["jobs", "-u", " "], "--user needs a login name"),
-                                           (["jobs", "--state", ""], "unknown state ''")])
+                                           (["jobs", "--state", ""], "unknown state ''"),
+                                           (["jobs", "--since", ""], "--since: cannot read ''")])
 def test_an_empty_user_or_state_is_refused(cli_env, real_redis, args, said):
     """`rig jobs --user "$U"` with U unset said "no jobs of user " (exit 0), and `--state "$S"`
     listed every job: an empty value is a slip, refused as an unknown one is (exit 2)."""
