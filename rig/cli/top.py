@@ -575,9 +575,13 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
             show_cards = need_cards
     total_waiting = sum(report.pending.values())
     queued = sorted(waiting, key=lambda j: (j.priority.rank, j.created_at, j.id))
-    lists = [_List(f"waiting jobs ({total_waiting}), next first", total_waiting, queued,
+    # Not "next first": the dispatcher also weighs size (largest-first), fair share and waiting
+    # time, so a later, larger job often starts first (its row said "1 job(s) ahead of it" under
+    # a title that called it next). The web page's words, for the same order.
+    lists = [_List(f"waiting jobs ({total_waiting}), by priority, then submission", total_waiting, queued,
                    functools.partial(_waiting_lines, said=said),
-                   "waiting jobs", functools.partial(_waiting_summary, said=said)),
+                   "waiting jobs", functools.partial(_waiting_summary, said=said,
+                                                     head=f"waiting jobs ({total_waiting}), the first")),
              _List(f"error queue ({errors}): `rig errors`", errors, list(error_jobs), _error_lines,
                    "in the error queue", None)]
     lists = [section for section in lists if section.shown]
@@ -677,10 +681,12 @@ class _List:
 SUMMARY_NAME = 20
 
 
-def _waiting_summary(jobs: Sequence[Job], title: str, said: Mapping[int, str] | None = None) -> Text:
-    """``waiting jobs (5), next first: 10 train-resnet50 (alice): needs 16.0 GiB ...`` in one line
-    (``said``: as _waiting_lines)."""
-    line = Text(title, style="bold")
+def _waiting_summary(jobs: Sequence[Job], title: str, said: Mapping[int, str] | None = None,
+                     head: str | None = None) -> Text:
+    """``waiting jobs (5), the first: 10 train-resnet50 (alice): needs 16.0 GiB ...`` in one line
+    (``said``: as _waiting_lines; ``head``: a shorter title than the table's, so that the reason
+    keeps its room at 80 columns)."""
+    line = Text(head or title, style="bold")
     job = jobs[0]
     line.append(f": {job.id} {shorten_middle(C(job.name), SUMMARY_NAME)} ({C(job.user)}): ")
     line.append(C(job_reason(job, (said or {}).get(job.id))), style="dim")
