@@ -211,6 +211,12 @@ def evaluate(client: Client, rules: AlertRules | None = None,
     counts = client.store.pending_counts()
     waiting = waiting_jobs(client)
     alerts: list[Alert] = []
+    nodes, problems = node_problems(client)
+    # A stopped or down node reads its cards no more: their last temperature and utilisation are
+    # not "now" (a card of a node stopped with its jobs running on "has read 0% utilisation for
+    # 10 min" when nothing read it). Its own state is said where nodes are (rig status).
+    unread = _unread_nodes(nodes)
+    read = [card for card in cards if card.node not in unread]
 
     for prio in Priority:
         n = counts.get(prio, 0)
@@ -219,20 +225,19 @@ def evaluate(client: Client, rules: AlertRules | None = None,
                 f"queue_length:{prio.value}", SEVERITY_WARNING,
                 f"{n} {prio.value}-priority jobs are waiting (limit {rules.max_queue})"))
 
-    for card in cards:
+    for card in read:
         if card.temperature is not None and card.temperature > rules.max_temperature:
             alerts.append(Alert(
                 f"temperature:{card.id}", SEVERITY_CRITICAL,
                 f"card {card.id} ({card.model}) is at {card.temperature} C "
                 f"(limit {rules.max_temperature} C)"))
 
-    nodes, problems = node_problems(client)
     alerts.extend(problems)
 
     alerts.extend(_log_space(cards))
     alerts.extend(_failure_rate(client, rules, now))
     alerts.extend(_idle_cards(cards, waiting, rules, now, cluster_pools(nodes).pools))
-    alerts.extend(_reserved_idle(client, cards, rules, now))
+    alerts.extend(_reserved_idle(client, read, rules, now))
 
     frag = fragmentation(cards, waiting)
     if frag > rules.max_fragmentation:
@@ -249,6 +254,12 @@ def evaluate(client: Client, rules: AlertRules | None = None,
 #: The conditions of a node rig alerts on (key ``<kind>:<node>``); rig_node_problem{node,
 #: problem} carries the same, from :func:`node_problems` (one rule for both).
 NODE_PROBLEMS = ("redis_auth", "installation", "unrecorded_jobs", "clock_skew")
+
+
+def _unread_nodes(nodes: list[NodeInfo]) -> dict[str, str]:
+    """The nodes nobody reads the cards of (name -> state): stopped, down, silent too long."""
+    return {n.name: "down" if n.presumed_down else n.state for n in nodes
+            if n.state in ("stopped", "down") or n.presumed_down}
 
 
 def node_problems(client: Client) -> tuple[list[NodeInfo], list[Alert]]:
@@ -317,6 +328,9 @@ def resolved_line(client: Client, rules: AlertRules, key: str, now: float) -> st
         card = next((c for c in client.ledger.cards() if c.id == subject), None)
         if card is None:
             return f"card {subject} is gone"
+        state = _unread_nodes(NodeRegistry(client.r, client.keys).read()).get(card.node)
+        if state is not None:  # its last reading is no value "now"
+            return f"node {card.node} is {state}: nothing reads card {subject} now"
         if kind == "temperature":
             if card.temperature is None:
                 return f"card {subject} has no temperature reading now"

@@ -379,6 +379,25 @@ def test_reserved_but_idle_card_after_its_grace_time(client: Client):
     assert evaluate(client, rules, now + 800) == []
 
 
+def test_the_cards_of_a_stopped_node_are_not_alerted_on_by_their_last_readings(client: Client):
+    """Nothing reads the cards of a stopped node: its last temperature is no card "at 95 C" now,
+    and its jobs, running on (adopted on return), were "reserved but read 0% utilisation" for as
+    long as it stayed stopped."""
+    nodes = NodeRegistry(client.r, client.keys)
+    nodes.register("n1", ttl=30, backend="fake", cards=1)
+    add_card(client, 0, utilization=0, temperature=95)
+    start(client, make_job(client, 10), 0)
+    now = time.time()
+    rules = AlertRules()
+    assert keys_of(evaluate(client, rules, now)) == {"temperature:n1/0"}
+    manager = AlertManager(client, rules)
+    manager.update(evaluate(client, rules, now), now)
+    assert nodes.mark_stopped("n1")
+    assert evaluate(client, rules, now + 601) == []
+    (resolved,) = manager.update(evaluate(client, rules, now + 601), now + 601)
+    assert resolved.message.startswith("resolved: node n1 is stopped: nothing reads card n1/0 now"), resolved
+
+
 def test_webhook_down_is_logged_not_raised(client: Client, caplog):
     add_card(client, 0, temperature=95)
     logger = logging.getLogger("rig.test.alerts")
