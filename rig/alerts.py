@@ -236,7 +236,7 @@ def evaluate(client: Client, rules: AlertRules | None = None,
 
     alerts.extend(_log_space(cards))
     alerts.extend(_failure_rate(client, rules, now))
-    alerts.extend(_idle_cards(cards, waiting, rules, now, cluster_pools(nodes).pools))
+    alerts.extend(_idle_cards(read, waiting, rules, now, cluster_pools(nodes).pools))  # a stopped node's take none
     alerts.extend(_reserved_idle(client, read, rules, now))
 
     frag = fragmentation(cards, waiting)

@@ -386,6 +386,7 @@ def test_the_cards_of_a_stopped_node_are_not_alerted_on_by_their_last_readings(c
     nodes = NodeRegistry(client.r, client.keys)
     nodes.register("n1", ttl=30, backend="fake", cards=1)
     add_card(client, 0, utilization=0, temperature=95)
+    add_card(client, 1)
     start(client, make_job(client, 10), 0)
     now = time.time()
     rules = AlertRules()
@@ -396,6 +397,8 @@ def test_the_cards_of_a_stopped_node_are_not_alerted_on_by_their_last_readings(c
     assert evaluate(client, rules, now + 601) == []
     (resolved,) = manager.update(evaluate(client, rules, now + 601), now + 601)
     assert resolved.message.startswith("resolved: node n1 is stopped: nothing reads card n1/0 now"), resolved
+    make_job(client, 20, age=300)  # would fit the stopped node's card 1: it is no idle card
+    assert "idle_cards" not in keys_of(evaluate(client, AlertRules(max_fragmentation=1.0), now + 601))
 
 
 def test_webhook_down_is_logged_not_raised(client: Client, caplog):
