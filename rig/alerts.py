@@ -23,7 +23,8 @@ Conditions (thresholds in :class:`AlertRules`):
                               least ``min_ended`` ended and more than ``max_failure_rate`` of them
                               FAILED or timed out.
 ``idle_cards``                an eligible card runs no job while a job that would fit it by
-                              memory has waited longer than ``idle_wait_seconds``.
+                              memory (and by its pool, if it names one) has waited longer
+                              than ``idle_wait_seconds``.
 ``reserved_idle:<card>``      a card has memory reserved but reads 0 % utilisation, continuously
                               for longer than ``reserved_idle_seconds``.
 ``fragmentation``             :func:`fragmentation` is above ``max_fragmentation``.
@@ -45,6 +46,7 @@ from rig.clock import shared_now
 from rig.memory import format_memory
 from rig.models import CardState, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
+from rig.pools import Pools, cluster_pools
 
 if TYPE_CHECKING:
     from rig.client import Client
@@ -111,6 +113,7 @@ class WaitingJob:
     gpu_memory: int  # bytes per card
     gpus: int
     created_at: float
+    pool: str | None = None  # only the cards of this pool may take it (rig.pools)
 
 
 @dataclass
@@ -131,15 +134,15 @@ def waiting_jobs(client: Client, limit: int = PENDING_SCAN) -> list[WaitingJob]:
         return []
     pipe = client.r.pipeline(transaction=False)
     for jid in ids:
-        pipe.hmget(client.keys.job(jid), "priority", "gpu_memory", "gpus", "created_at")
+        pipe.hmget(client.keys.job(jid), "priority", "gpu_memory", "gpus", "created_at", "pool")
     out = []
-    for jid, (prio, mem, gpus, created) in zip(ids, pipe.execute(), strict=True):
+    for jid, (prio, mem, gpus, created, pool) in zip(ids, pipe.execute(), strict=True):
         if mem is None:
             continue  # the record vanished under us
         out.append(WaitingJob(
             id=jid, priority=Priority(_s(prio)) if prio else Priority.MEDIUM,
             gpu_memory=int(float(mem)), gpus=int(gpus or 1),
-            created_at=float(created) if created else 0.0,
+            created_at=float(created) if created else 0.0, pool=_s(pool) if pool else None,
         ))
     return out
 
@@ -176,13 +179,15 @@ def recent_ended(client: Client, limit: int,
 def fragmentation(cards: list[CardState], waiting: list[WaitingJob]) -> float:
     """Share (0..1) of the free memory on eligible cards that sits on cards whose free block is
     smaller than the smallest waiting job's per-card request: memory no waiting job can use.
-    0 when nothing waits or nothing is free."""
+    0 when nothing waits, nothing is free, or all the free memory together is less than that
+    request: the cards are full, not fragmented (no packing could have made room for it, and a
+    busy server with a queue read "fragmentation 100%: 24.0 GiB of 24.0 GiB ... (70.0 GiB)")."""
     if not waiting:
         return 0.0
     smallest = min(job.gpu_memory for job in waiting)
     free = [card.free for card in cards if card.eligible]
     total = sum(free)
-    if total <= 0:
+    if total <= 0 or total < smallest:
         return 0.0
     return sum(block for block in free if block < smallest) / total
 
@@ -206,6 +211,12 @@ def evaluate(client: Client, rules: AlertRules | None = None,
     counts = client.store.pending_counts()
     waiting = waiting_jobs(client)
     alerts: list[Alert] = []
+    nodes, problems = node_problems(client)
+    # A stopped or down node reads its cards no more: their last temperature and utilisation are
+    # not "now" (a card of a node stopped with its jobs running on "has read 0% utilisation for
+    # 10 min" when nothing read it). Its own state is said where nodes are (rig status).
+    unread = _unread_nodes(nodes)
+    read = [card for card in cards if card.node not in unread]
 
     for prio in Priority:
         n = counts.get(prio, 0)
@@ -214,19 +225,19 @@ def evaluate(client: Client, rules: AlertRules | None = None,
                 f"queue_length:{prio.value}", SEVERITY_WARNING,
                 f"{n} {prio.value}-priority jobs are waiting (limit {rules.max_queue})"))
 
-    for card in cards:
+    for card in read:
         if card.temperature is not None and card.temperature > rules.max_temperature:
             alerts.append(Alert(
                 f"temperature:{card.id}", SEVERITY_CRITICAL,
                 f"card {card.id} ({card.model}) is at {card.temperature} C "
                 f"(limit {rules.max_temperature} C)"))
 
-    alerts.extend(node_problems(client)[1])
+    alerts.extend(problems)
 
     alerts.extend(_log_space(cards))
     alerts.extend(_failure_rate(client, rules, now))
-    alerts.extend(_idle_cards(cards, waiting, rules, now))
-    alerts.extend(_reserved_idle(client, cards, rules, now))
+    alerts.extend(_idle_cards(read, waiting, rules, now, cluster_pools(nodes).pools))  # a stopped node's take none
+    alerts.extend(_reserved_idle(client, read, rules, now))
 
     frag = fragmentation(cards, waiting)
     if frag > rules.max_fragmentation:
@@ -243,6 +254,12 @@ def evaluate(client: Client, rules: AlertRules | None = None,
 #: The conditions of a node rig alerts on (key ``<kind>:<node>``); rig_node_problem{node,
 #: problem} carries the same, from :func:`node_problems` (one rule for both).
 NODE_PROBLEMS = ("redis_auth", "installation", "unrecorded_jobs", "clock_skew")
+
+
+def _unread_nodes(nodes: list[NodeInfo]) -> dict[str, str]:
+    """The nodes nobody reads the cards of (name -> state): stopped, down, silent too long."""
+    return {n.name: "down" if n.presumed_down else n.state for n in nodes
+            if n.state in ("stopped", "down") or n.presumed_down}
 
 
 def node_problems(client: Client) -> tuple[list[NodeInfo], list[Alert]]:
@@ -311,6 +328,9 @@ def resolved_line(client: Client, rules: AlertRules, key: str, now: float) -> st
         card = next((c for c in client.ledger.cards() if c.id == subject), None)
         if card is None:
             return f"card {subject} is gone"
+        state = _unread_nodes(NodeRegistry(client.r, client.keys).read()).get(card.node)
+        if state is not None:  # its last reading is no value "now"
+            return f"node {card.node} is {state}: nothing reads card {subject} now"
         if kind == "temperature":
             if card.temperature is None:
                 return f"card {subject} has no temperature reading now"
@@ -335,7 +355,9 @@ def resolved_line(client: Client, rules: AlertRules, key: str, now: float) -> st
 
 
 def _idle_cards(cards: list[CardState], waiting: list[WaitingJob], rules: AlertRules,
-                now: float) -> list[Alert]:
+                now: float, pools: Pools) -> list[Alert]:
+    """The first waiting job (in run order) that has waited too long while idle cards it may
+    use (its pool's, when it names one: the cluster's pools, rig.pools) would take it."""
     idle = [c for c in cards if c.eligible and c.jobs == 0 and c.max_jobs > 0]
     if not idle:
         return []
@@ -343,7 +365,7 @@ def _idle_cards(cards: list[CardState], waiting: list[WaitingJob], rules: AlertR
         waited = now - job.created_at
         if waited <= rules.idle_wait_seconds:
             continue
-        fitting = [c for c in idle if c.free >= job.gpu_memory]
+        fitting = [c for c in idle if c.free >= job.gpu_memory and pools.contains(job.pool, c.node, c.index)]
         by_node: dict[str, list[CardState]] = {}
         for card in fitting:
             by_node.setdefault(card.node, []).append(card)

@@ -176,6 +176,18 @@ class StatusReport:
     archived: int | None = None
     #: Where they are: the archive's URL (no password), read with ``archived``; None: not read.
     archive: str | None = None
+    #: The shared clock when ``oldest_wait`` was measured (None: unknown): a view drawn later
+    #: (`rig top` redraws between reads) adds the time since, as its waiting jobs' ages do.
+    taken_at: float | None = None
+
+    def takes_jobs(self, card: CardState) -> bool:
+        """Can ``card`` take a job now, as reports say it (``takes_jobs``): eligible, and its
+        node neither stopped nor down (nor silent past its heartbeat's life). A node's cards
+        keep their own records when it stops; another node's health pass closes them, and a
+        lone node stopped by `rig down` has none: its cards read as taking jobs."""
+        node = next((n for n in self.nodes if n.name == card.node), None)
+        gone = node is not None and (node.state in ("stopped", "down") or node.presumed_down)
+        return card.eligible and not gone
 
 
 @dataclass
@@ -306,7 +318,11 @@ class Client:
         else:
             nbytes = parse_memory(gpu_memory)
             if margin and margin != 1.0:
-                nbytes = _round_up(int(nbytes * margin))
+                # The size given is a size a card has (else a margin made a huge one overflow:
+                # OverflowError); then the product, named as the template made it.
+                check_gpu_memory(nbytes)
+                nbytes = check_gpu_memory(_round_up(int(nbytes * margin)),
+                                          f"template {template!r}: {gpu_memory} x margin {margin:g} =")
         check_gpu_memory(nbytes)  # rig.request_rules: the rule templates are checked with too
         check_gpus(gpus)
         # "" is a slip (`--priority "$PRIO"` with PRIO unset), refused as any unknown word: never
@@ -672,7 +688,7 @@ class Client:
                              control_up=control_up)) is not None:
                 notices.append(line)
             return StatusReport(beats_refused=beats_refused,
-                cards=cards, running=running, pending=pending, oldest_wait=oldest,
+                cards=cards, running=running, pending=pending, oldest_wait=oldest, taken_at=now,
                 workers=workers, counts=self.store.count_by_state(),
                 nodes=nodes, users=self._users(running, now), pool=pool,
                 pool_empty=pools.no_card(pool) if pool is not None and not cards else None,

@@ -165,6 +165,11 @@ class UserLimitSettings(BaseModel):
         return None if value is None else _memory_limit(value, "user_limits max_gpu_memory")
 
 
+#: The largest memory margin (a template's ``margin``, ``auto_memory_margin``): headroom is a
+#: fraction more; 1e9 turned `--gpu-memory 1G` into "976562.5 TiB", 1e300 into a traceback.
+MAX_MARGIN = 100.0
+
+
 class Template(BaseModel):
     """A named preset for submissions (M3). Explicit flags win over the template's values.
 
@@ -178,7 +183,7 @@ class Template(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     gpu_memory: str | None = None
-    margin: float = Field(1.0, ge=1.0)
+    margin: float = Field(1.0, ge=1.0, le=MAX_MARGIN)
     priority: PriorityName | None = None
     retries: int | None = Field(None, ge=0, le=MAX_RETRIES)
     time_limit: str | None = None
@@ -322,7 +327,7 @@ class Settings(BaseSettings):
     )
     overuse_tolerance: float = Field(1.05, ge=1.0, description="over means above declared x this")
     auto_memory_margin: float = Field(
-        1.2, ge=1.0, description="--gpu-memory auto: the peak of earlier runs x this"
+        1.2, ge=1.0, le=MAX_MARGIN, description="--gpu-memory auto: the peak of earlier runs x this"
     )
     max_retries: int = Field(2, ge=0, le=MAX_RETRIES)
     command_workdir: Path | None = Field(None, description="default working folder of jobs")

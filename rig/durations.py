@@ -3,6 +3,7 @@ bare number is taken as seconds (``--time-limit``; ``--since`` refuses one: ``un
 
 from __future__ import annotations
 
+import math
 import re
 
 from rig.errors import InvalidInput
@@ -31,6 +32,8 @@ def parse_duration(text: str | int | float, *, what: str = "--time-limit", unit_
         seconds = sum(float(n) * _UNIT[u.lower()] for n, u in parts)
     if seconds <= 0:
         raise InvalidInput(f"{what} must be more than 0 seconds (got {text!r})")
+    if not math.isfinite(seconds):  # 330 digits: float() reads inf (`rig usage --since`: OverflowError)
+        raise InvalidInput(f"{what}: {text!r} is too long to be a duration; write it like 90s, 30m, 2h or 7d")
     return seconds
 
 

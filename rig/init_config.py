@@ -23,6 +23,22 @@ WRITTEN = frozenset({"node_name", "home", "redis_url", "scheduler_type", "max_ta
                      "kill_grace_seconds", "flower_address", "flower_port", "key_prefix", "health"})
 
 
+#: Settings that hold a secret: never written, and not named as "add it there".
+SECRETS = frozenset({"redis_password"})
+SECRET_NOTE = ("without it, rig commands take the password from redis_password_file (a file of its own, "
+               "no access for \"other\"), else for a local Redis from {home}/redis.password "
+               "(docs/SECURITY.md, where rig finds it)")
+
+
+def _set_by(name: str) -> str | None:
+    """The RIG_* variable of this shell that sets setting ``name`` (``RIG_ALERTS__*`` for a
+    section's fields), or None."""
+    variable = f"RIG_{name.upper()}"
+    if variable in os.environ:
+        return variable
+    return f"{variable}__*" if any(v.startswith(f"{variable}__") for v in os.environ) else None
+
+
 def toml_string(value: object) -> str:
     """``value`` as a TOML basic string: quoted, backslash, quote and control characters
     escaped (JSON's escapes are TOML's; DEL, which JSON leaves, is escaped too)."""
@@ -86,20 +102,39 @@ def init_config(path: str | None, node_name: str | None, force: bool) -> Written
     written = Written(target)
     # Settings taken from RIG_* variables of this shell that the file does not carry: without
     # them, rig commands read the file's value (e.g. another key prefix: every job "gone").
-    missing = sorted(f"RIG_{name.upper()}" for name in Settings.model_fields
-                     if f"RIG_{name.upper()}" in os.environ and name not in WRITTEN)
+    # Nested ones count by their section (RIG_ALERTS__MAX_QUEUE); a password is never written
+    # to a config file, and the note does not say to write it there (SECRET_NOTE).
+    missing = sorted({_set_by(name) for name in Settings.model_fields
+                      if name not in WRITTEN and name not in SECRETS and _set_by(name) is not None})
     if missing:
         one = len(missing) == 1
         written.notes.append(f"note: {', '.join(missing)} set in this shell {'is' if one else 'are'} not in "
                              f"{target}; add {'it' if one else 'them'} there, or rig commands run without that "
                              "variable will use the default")
+    shell_url = os.environ.get("RIG_REDIS_URL", "")
+    in_url = without_credentials(shell_url) != shell_url
+    if "RIG_REDIS_PASSWORD" in os.environ or in_url:
+        where = "the password in RIG_REDIS_URL" if in_url else "RIG_REDIS_PASSWORD"
+        written.notes.append(f"note: {where} is not written to {target} (no password goes into a config "
+                             f"file); {SECRET_NOTE.format(home=comment_safe(defaults.home))}")
+    shell_name = os.environ.get("RIG_NODE_NAME")
+    if node_name is not None and shell_name is not None and shell_name != node_name:
+        # The variable beats the file (rig.config's order): the name just written is not used.
+        written.notes.append(f"note: RIG_NODE_NAME={shell_name} set in this shell overrides node_name = "
+                             f"{toml_string(node_name)} written to {target}; unset RIG_NODE_NAME (or give "
+                             f"--node-name {shell_name}) to run as the file says")
     explicit = explicit_config_file()
     local, home_file = local_config_file(), defaults.home / "config.toml"
     # The file rig reads here now (rig.config.find_config_file's order): RIG_CONFIG, else
     # ./rig.toml, else $RIG_HOME/config.toml.
     read = explicit or (local if local is not None and local.exists() else home_file)
     if read.resolve() != target.resolve():
-        how = f"RIG_CONFIG={explicit} is set in this shell" if explicit else f"{read} comes first in this folder"
+        if explicit:
+            how = f"RIG_CONFIG={explicit} is set in this shell"
+        elif read == local:
+            how = f"{read} comes first in this folder"
+        else:  # rig's home's file, read from any folder, present or not
+            how = f"it reads {read}{'' if read.exists() else ' (absent: the defaults)'}"
         written.notes.append(f"rig does not read this file here: {how}; set RIG_CONFIG={target} to use it")
     return written
 

@@ -6,6 +6,7 @@ Internally every size is an integer number of bytes. Units are binary: ``12G`` m
 
 from __future__ import annotations
 
+import math
 import re
 
 from rig.errors import InvalidInput
@@ -53,6 +54,8 @@ def parse_memory(text: str | int | float, *, what: str = "--gpu-memory") -> int:
         raise InvalidInput(f"{what}: {text!r} has no unit; write it like {match['num']}G or {match['num']}M")
     if unit not in _UNITS:
         raise InvalidInput(f"{what}: unknown unit {match['unit']!r} in {text!r}; use K, M, G or T (binary: 1G = 1024M)")
+    if not math.isfinite(number * _UNITS[unit]):  # 330 digits: float() reads inf (OverflowError below)
+        raise InvalidInput(f"{what}: {text!r} is too large to be a size; write it like 12G, 512M or 1.5T")
     value = int(round(number * _UNITS[unit]))
     if value <= 0:
         raise InvalidInput(f"{what}: {text!r} is less than one byte; write it like 12G or 512M")

@@ -52,7 +52,9 @@ Gauges:
                                              "unknown" when none was recorded)
 ``rig_fragmentation_ratio``                  share of free memory on eligible cards that sits on
                                              cards with less free than the smallest waiting
-                                             job's per-card request (0 when nothing waits)
+                                             job's per-card request (0 when nothing waits, or
+                                             when all the free memory is less than that request:
+                                             full, not fragmented)
 ``rig_dispatch_latency_seconds{q}``          p50 and p95 of ``started_at - created_at`` over the
                                              last 200 jobs that started (a window, read at each
                                              scrape: for a graph over time use the histogram)
@@ -241,7 +243,8 @@ class RigCollector(Collector):
         yield GaugeMetricFamily(
             "rig_fragmentation_ratio",
             "Share of free memory on eligible cards in blocks smaller than the smallest "
-            "waiting request", value=fragmentation(cards, waiting))
+            "waiting request (0 when all of it is less than that request: full)",
+            value=fragmentation(cards, waiting))
 
         waits = self._latencies()
         fam = GaugeMetricFamily(

@@ -35,17 +35,20 @@ def job_dict(job: Job, **extra: Any) -> dict[str, Any]:
     return data
 
 
-def card_dict(card: CardState) -> dict[str, Any]:
+def card_dict(card: CardState, report: StatusReport | None = None) -> dict[str, Any]:
+    """``takes_jobs``: StatusReport.takes_jobs with ``report`` (its node's state counts), else
+    the card's own record."""
     data = _plain(card)
     # free, healthy: as every report shows them (rig.models.CardState.free / checked_healthy).
-    data.update(id=card.id, free=card.free, healthy=card.checked_healthy, takes_jobs=card.eligible)
+    takes = report.takes_jobs(card) if report is not None else card.eligible
+    data.update(id=card.id, free=card.free, healthy=card.checked_healthy, takes_jobs=takes)
     return data
 
 
 def status_dict(report: StatusReport) -> dict[str, Any]:
     return {
         "cards": [
-            {**card_dict(c), "running": [j.id for j in report.running.get(c.id, [])]} for c in report.cards
+            {**card_dict(c, report), "running": [j.id for j in report.running.get(c.id, [])]} for c in report.cards
         ],
         "waiting": _plain(report.pending),
         "oldest_wait_seconds": _plain(report.oldest_wait),

@@ -103,10 +103,15 @@ def parse_job_id(text: str) -> int:
     return parse(text)
 
 
+#: The largest ``--limit``: more than Redis could list; 20 digits were a Redis error's traceback.
+MAX_LIMIT = 10**9
+
+
 def check_limit(limit: int, what: str = "jobs") -> int:
-    """``--limit N``: at least 1 (-1 or 0 once meant "every job", silently)."""
-    if limit < 1:
-        raise InvalidInput(f"--limit must be 1 or more (how many {what} to list), got {limit}")
+    """``--limit N``: from 1 to MAX_LIMIT (-1 or 0 once meant "every job", silently)."""
+    if not 1 <= limit <= MAX_LIMIT:
+        raise InvalidInput(f"--limit must be 1 or more, at most {MAX_LIMIT:,} (how many {what} to list), "
+                           f"got {limit}")
     return limit
 
 

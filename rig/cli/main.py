@@ -96,6 +96,9 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
     """List jobs, newest first, with why each waits or ended (the reason column) and, where the
     screen is wide enough, when each waiting one is estimated to start; archived jobs included."""
     check_limit(limit)
+    # "" is a slip (`--user "$U"` with U unset), never "no filter" nor "no jobs of user "
+    if user is not None and not user.strip():
+        raise InvalidInput(f"--user needs a login name, got {user!r}; give one (or --mine for your own)")
     if mine:
         from rig.client import current_identity  # the same rule as ownership: the real uid's name
 
@@ -104,10 +107,11 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
             raise InvalidInput(f"--mine is {me}, --user is {user}: give one of them")
         user = me
     client = client_from(ctx)
-    st = JobState.parse(state) if state else None
+    st = JobState.parse(state) if state is not None else None  # "" is refused, never every state
     client.ping()
     # One more than shown: whether the list was cut is said, never left to be guessed.
-    found = client.jobs(st, limit=limit + 1, user=user, since=since_time(since) if since else None)
+    found = client.jobs(st, limit=limit + 1, user=user,
+                        since=since_time(since) if since is not None else None)  # "": refused
     cut = len(found) > limit
     found = found[:limit]
     from rig.history import archive_warning
@@ -253,6 +257,7 @@ def kill(ctx: click.Context, job_ids: tuple[str, ...], no_wait: bool) -> None:
 @handle_errors
 def errors(ctx: click.Context, clear_ids: tuple[str, ...], limit: int, as_json: bool) -> None:
     """The error queue: jobs that failed for good or timed out, waiting for a person."""
+    check_limit(limit, "jobs of the error queue")  # -5 listed all but 5 of them, 0 every one
     client = client_from(ctx)
     client.ping()
     for jid in clear_ids:

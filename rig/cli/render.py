@@ -405,7 +405,9 @@ def render_metrics(job: Job, console: Console) -> None:
         row(job.attempt, "running", job.gpu_memory, job.vram_peak, job.vram_mean, job.util_mean,
             shared_now() - job.started_at if job.started_at else None)
     if not job.attempts and job.state is not JobState.RUNNING:
-        console.print(f"job {job.id} has not run yet ({job.state.value.lower()})")
+        # A job that ended before it started never runs: "not run yet (cancelled)" promised it would.
+        console.print(f"job {job.id} ended {job.state.value} before it started: nothing was measured"
+                      if job.state.terminal else f"job {job.id} has not run yet ({job.state.value.lower()})")
         return
     console.print(fitted_table(METRICS_COLUMNS, rows, console.width,
                                title=f"job {job.id} '{M(job.name)}': measured on its card(s), per attempt",

@@ -62,7 +62,7 @@ def submit_options(fn):  # noqa: ANN001, ANN201
 def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir, env, wait, command,  # noqa: ANN001
               retries=None, time_limit=None, oom_retry_grow=None, template=None, pool=None,
               export=None) -> None:
-    if cmd and command:
+    if cmd is not None and command:  # --cmd '' too: not dropped in silence for the one after --
         raise InvalidInput("give the command either after `--` or with --cmd, not both")
     if gpu_memory is None and template is None:
         raise InvalidInput("--gpu-memory is required: how much GPU memory the job needs, e.g. 12G")

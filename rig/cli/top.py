@@ -453,14 +453,18 @@ def _error_lines(jobs: Sequence[Job], width: int, now: float) -> tuple[Text, lis
     return _header(cols), _rows(cols, table)
 
 
-def _queue_line(report: StatusReport, width: int) -> Text:
+def _queue_line(report: StatusReport, width: int, now: float) -> Text:
+    """The waiting jobs per priority and the oldest one's wait, as of ``now`` (the frame's
+    clock, which the waiting jobs' "waited" column reads too: the report is older)."""
     line = Text("queue ", style="bold")
+    since = max(0.0, now - report.taken_at) if report.taken_at is not None else 0.0
     for prio in Priority:
         n = report.pending.get(prio, 0)
         line.append(f" {prio.value} ", style="bold" if n else "dim")
         line.append(str(n), style="yellow" if n else "dim")
         wait = report.oldest_wait.get(prio)
         if n and wait is not None:
+            wait += since
             line.append(f" (oldest {duration(wait)})" if width >= 70 else f" ({duration(wait)})")
         line.append(" ")
     return line
@@ -505,6 +509,17 @@ def _clip(lines: list[Text], room: int, what: str) -> list[Text]:
     return [*lines[: room - 1], _more(len(lines) - room + 1, what)]
 
 
+def _no_row(need: int, room: int) -> bool:
+    """Would :func:`_clip` of ``need`` lines to ``room`` leave no line of its own (nothing, or
+    only the "... N more" line)?"""
+    return need > 0 and need > room and room <= 1
+
+
+def _unlisted(n: int, what: str, where: str) -> Text:
+    """One line for a section with no room for a row: ``8 card(s): no room to list them (`rig status`)``."""
+    return Text(f"{n} {what}: no room to list them (`{where}`)", style="dim italic")
+
+
 # -- the frame ----------------------------------------------------------------------------------
 def build_view(report: StatusReport | None, errors: int, width: int, height: int, now: float,
                *, problem: str | None = None, hint: str = "q quits", waiting: Sequence[Job] = (),
@@ -527,7 +542,7 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
     if report is None:
         top.append(Text("waiting for rig's Redis ...", style="dim"))
         return Group(*[_fit(t, width) for t in top[:height]])
-    top.append(_queue_line(report, width))
+    top.append(_queue_line(report, width, now))
     # A notice too long for the screen says what is wrong and what mends it (rig.redis_writes).
     top += [Text(C(n if len(n) <= width else short_notice(n)), style="yellow") for n in report.notices[:2]]
     top += _node_alerts(report, width)
@@ -560,9 +575,13 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
             show_cards = need_cards
     total_waiting = sum(report.pending.values())
     queued = sorted(waiting, key=lambda j: (j.priority.rank, j.created_at, j.id))
-    lists = [_List(f"waiting jobs ({total_waiting}), next first", total_waiting, queued,
+    # Not "next first": the dispatcher also weighs size (largest-first), fair share and waiting
+    # time, so a later, larger job often starts first (its row said "1 job(s) ahead of it" under
+    # a title that called it next). The web page's words, for the same order.
+    lists = [_List(f"waiting jobs ({total_waiting}), by priority, then submission", total_waiting, queued,
                    functools.partial(_waiting_lines, said=said),
-                   "waiting jobs", functools.partial(_waiting_summary, said=said)),
+                   "waiting jobs", functools.partial(_waiting_summary, said=said,
+                                                     head=f"waiting jobs ({total_waiting}), the first")),
              _List(f"error queue ({errors}): `rig errors`", errors, list(error_jobs), _error_lines,
                    "in the error queue", None)]
     lists = [section for section in lists if section.shown]
@@ -573,8 +592,16 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
         short = need - (room - show_cards - show_jobs - 2)  # 2: a blank line, the running title
         if short > 0:
             show_jobs -= min(short, max(0, show_jobs - RUNNING_KEEP))
+    # A heading left without one row of its own (a pane a few lines high) folds, with its
+    # "... N more", into one line that says what is not listed and where to see it.
+    cards_folded = report.cards and _no_row(need_cards, show_cards)
+    jobs_folded = bool(jobs) and _no_row(need_jobs, show_jobs)
     card_rows = _clip(card_rows, show_cards, "cards")
     job_rows = _clip(job_rows, show_jobs, "running jobs")
+    if cards_folded:
+        card_head, card_rows = _unlisted(len(report.cards), "card(s)", "rig status"), []
+    if jobs_folded:
+        job_head, job_rows = _unlisted(len(jobs), "running job(s)", "rig jobs --state running"), []
     spare = room - len(card_rows) - len(job_rows)
 
     lines = list(top)
@@ -582,7 +609,7 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
         lines.append(Text())
         spare -= 1
     lines += [card_head, *card_rows]
-    if spare > 0 and jobs:
+    if spare > 0 and jobs and not jobs_folded:
         lines.append(Text(f"running jobs ({len(jobs)})", style="bold"))
         spare -= 1
     lines += [job_head, *job_rows]
@@ -654,10 +681,12 @@ class _List:
 SUMMARY_NAME = 20
 
 
-def _waiting_summary(jobs: Sequence[Job], title: str, said: Mapping[int, str] | None = None) -> Text:
-    """``waiting jobs (5), next first: 10 train-resnet50 (alice): needs 16.0 GiB ...`` in one line
-    (``said``: as _waiting_lines)."""
-    line = Text(title, style="bold")
+def _waiting_summary(jobs: Sequence[Job], title: str, said: Mapping[int, str] | None = None,
+                     head: str | None = None) -> Text:
+    """``waiting jobs (5), the first: 10 train-resnet50 (alice): needs 16.0 GiB ...`` in one line
+    (``said``: as _waiting_lines; ``head``: a shorter title than the table's, so that the reason
+    keeps its room at 80 columns)."""
+    line = Text(head or title, style="bold")
     job = jobs[0]
     line.append(f": {job.id} {shorten_middle(C(job.name), SUMMARY_NAME)} ({C(job.user)}): ")
     line.append(C(job_reason(job, (said or {}).get(job.id))), style="dim")

@@ -57,7 +57,7 @@ def _cards(report: StatusReport) -> list[dict[str, Any]]:
             "total": card.total, "usable": card.usable, "reserved": card.reserved, "used": card.used,
             "free": card.free, "foreign": card.foreign, "utilization": card.utilization,
             "temperature": card.temperature, "jobs": card.jobs, "max_jobs": card.max_jobs,
-            "healthy": card.checked_healthy, "takes_jobs": card.eligible,
+            "healthy": card.checked_healthy, "takes_jobs": report.takes_jobs(card),
             "flags": [clean(w) for w in card_flag_words(card)],
             # over: the OVER mark `rig status` puts beside a job that used more than it declared.
             "running": [{"id": j.id, "name": clean(j.name), "user": clean(j.user), "over": bool(j.overuse)}

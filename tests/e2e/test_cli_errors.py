@@ -41,9 +41,13 @@ def one_line_error(result, code: int, *needles: str) -> None:
         (["--gpu-memory", "1G"], 2, "the command is empty"),
         (["--gpu-memory", "1G", "--cmd", "   "], 2, "the command is empty"),
         (["--gpu-memory", "1G", "--cmd", "x", "--", "y"], 2, "not both"),
+        # `--cmd "$CMD" -- y` with CMD unset ran y, where --cmd x was refused
+        (["--gpu-memory", "1G", "--cmd", "", "--", "y"], 2, "not both"),
         (["--", "true"], 2, "--gpu-memory is required"),
         (["--gpu-memory", "1G", "--gpus", "0", "--", "true"], 2, "--gpus"),
         (["--gpu-memory", "1G", "--workdir", "/nonexistent/dir", "--", "true"], 2, "not a directory"),
+        # `--workdir "$RUN_DIR"` with RUN_DIR unset: the job ran in the submitter's folder
+        (["--gpu-memory", "1G", "--workdir", "", "--", "true"], 2, "--workdir is empty"),
         (["--gpu-memory", "1G", "--pool", "a100", "--", "true"], 2, "unknown pool 'a100'"),
         # `--time-limit "$LIMIT"` / `--workdir "$DIR"` with the variable unset: the job ran with
         # no limit at all (a template's dropped too) / in the current folder, in silence

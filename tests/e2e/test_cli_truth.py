@@ -169,12 +169,27 @@ def test_log_follow_of_a_waiting_job_says_why(cli_env, real_redis, monkeypatch):
     assert result.stdout == ""
 
 
-@pytest.mark.parametrize("args", [["jobs", "--limit", "-1"], ["jobs", "-n", "0"]])
+@pytest.mark.parametrize("args", [["jobs", "--limit", "-1"], ["jobs", "-n", "0"], ["errors", "--limit", "-5"],
+                                  ["errors", "-n", "0"], ["jobs", "--limit", "9" * 20],
+                                  ["errors", "--limit", "9" * 20]])
 def test_a_limit_below_one_is_refused(cli_env, real_redis, args):
-    """`rig jobs --limit -1` listed every job."""
+    """`rig jobs --limit -1` listed every job; `rig errors --limit -5` all but 5 of them ("2 of 7
+    shown"), and 20 digits were a Redis error's traceback."""
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2, result.output
     assert result.stderr.count("\n") == 1 and "--limit must be 1 or more" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("args", "said"), [(["jobs", "--user", ""], "--user needs a login name, got ''"),
+                                           (["jobs", "-u", " "], "--user needs a login name"),
+                                           (["jobs", "--state", ""], "unknown state ''"),
+                                           (["jobs", "--since", ""], "--since: cannot read ''")])
+def test_an_empty_user_or_state_is_refused(cli_env, real_redis, args, said):
+    """`rig jobs --user "$U"` with U unset said "no jobs of user " (exit 0), and `--state "$S"`
+    listed every job: an empty value is a slip, refused as an unknown one is (exit 2)."""
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1 and said in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("args", [["kill", "abc"], ["kill", "1.5"], ["log", "abc"], ["log", "-f", "1.5"]])

@@ -23,6 +23,8 @@ from rig.gpus.base import GpuReading
 from rig.memory import GIB
 from rig.metrics import RigCollector
 from rig.models import Job, JobState, Priority
+from rig.nodes import NodeRegistry
+from rig.pools import encode
 from rig.web.server import start_web_server
 from tests.conftest import REDIS_URL
 
@@ -50,10 +52,11 @@ def reading(client: Client, index: int, **values) -> None:
 
 
 def make_job(client: Client, gib: int, priority: Priority = Priority.MEDIUM, *,
-             age: float = 0.0, gpus: int = 1) -> Job:
+             age: float = 0.0, gpus: int = 1, pool: str | None = None) -> Job:
     return client.store.create(Job(
         id=0, name="t", user="u", command=["true"], gpu_memory=gib * GIB, gpus=gpus,
-        priority=priority, state=JobState.PENDING, workdir="/", created_at=time.time() - age))
+        priority=priority, state=JobState.PENDING, workdir="/", created_at=time.time() - age,
+        pool=pool))
 
 
 def start(client: Client, job: Job, card: int) -> str:
@@ -197,7 +200,27 @@ def test_metrics_server_serves_and_stops(busy: Client):
 def test_fragmentation_is_zero_when_nothing_waits(client: Client):
     add_card(client, 0)
     assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 0.0
-    make_job(client, 90)  # no card has 90 GiB free: all free memory is stranded
+    job = make_job(client, 90)  # more than all the free memory: full, not fragmented
+    assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 0.0
+    client.ledger.transition(job.id, JobState.CANCELLED, mode="cancel")
+    add_card(client, 1)  # 2 x 80 GiB free: a 90 GiB request fits neither, though they hold it
+    make_job(client, 90)
+    assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 1.0
+
+
+def test_a_full_server_with_a_queue_is_not_fragmented(client: Client):
+    """Each card's free block (10 GiB, 20 in all) is smaller than the waiting request (30 GiB),
+    and so is all of it together: the cards are full. It read 100 % and alerted (seen live:
+    "fragmentation 100%: 24.0 GiB of 24.0 GiB free memory sits in blocks smaller than the
+    smallest waiting request (70.0 GiB)" under a 4-card job with the next one waiting)."""
+    add_card(client, 0)
+    add_card(client, 1)
+    start(client, make_job(client, 70), 0)
+    start(client, make_job(client, 70), 1)
+    make_job(client, 30)
+    assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 0.0
+    assert "fragmentation" not in keys_of(evaluate(client, AlertRules(max_fragmentation=0.0)))
+    make_job(client, 15)  # fits in the 20 GiB free together, in neither card: fragmented
     assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 1.0
 
 
@@ -298,7 +321,8 @@ def test_queue_length_failure_rate_and_fragmentation(client: Client):
     assert resolved.message.startswith("resolved: 0% of jobs failed or timed out"), resolved.message
     assert "(0 of 0 ended" in resolved.message and "(fired: 40% of jobs" in resolved.message
 
-    big = make_job(client, 90)  # fits no card: all 80 GiB free is stranded
+    add_card(client, 1)
+    big = make_job(client, 90)  # fits no card, though the two hold 160 GiB free: stranded
     assert keys_of(evaluate(client, AlertRules(), now)) == {"failure_rate", "fragmentation"}
     client.ledger.transition(big.id, JobState.CANCELLED, mode="cancel")
 
@@ -320,6 +344,24 @@ def test_idle_cards_while_a_fitting_job_waits(client: Client):
     assert f"job {fresh.id}" in alerts["idle_cards"].message
 
 
+def test_idle_cards_are_only_cards_of_the_waiting_jobs_pool(client: Client):
+    """A job submitted to a pool can never start on a card outside it: an idle card there is no
+    card it would fit, and the alert said it was (a tester's finding: `--pool p0` waiting for
+    card 0 while card 1 idled read "idle card(s) n1/1 while job 2 ... would fit")."""
+    NodeRegistry(client.r, client.keys).register("n1", ttl=30, backend="fake", cards=2,
+                                                 pools=encode({"p0": ["n1:0"], "p1": ["n1:1"]}))
+    add_card(client, 0, max_jobs=1)
+    start(client, make_job(client, 10), 0)  # card 0 takes no second job
+    add_card(client, 1)
+    waiting = make_job(client, 20, age=300, pool="p0")
+    rules = AlertRules(max_fragmentation=1.0)
+    assert "idle_cards" not in keys_of(evaluate(client, rules))
+    other = make_job(client, 20, age=300, pool="p1")  # this one would fit card 1
+    alerts = {a.key: a for a in evaluate(client, rules)}
+    assert f"job {other.id}" in alerts["idle_cards"].message, alerts
+    assert f"job {waiting.id}" not in alerts["idle_cards"].message
+
+
 def test_reserved_but_idle_card_after_its_grace_time(client: Client):
     add_card(client, 0, utilization=0, temperature=50)
     start(client, make_job(client, 10), 0)
@@ -335,6 +377,28 @@ def test_reserved_but_idle_card_after_its_grace_time(client: Client):
     assert client.r.hlen(f"{client.keys.prefix}alerts:since") == 0  # the clock restarts
     reading(client, 0, utilization=0, temperature=50)
     assert evaluate(client, rules, now + 800) == []
+
+
+def test_the_cards_of_a_stopped_node_are_not_alerted_on_by_their_last_readings(client: Client):
+    """Nothing reads the cards of a stopped node: its last temperature is no card "at 95 C" now,
+    and its jobs, running on (adopted on return), were "reserved but read 0% utilisation" for as
+    long as it stayed stopped."""
+    nodes = NodeRegistry(client.r, client.keys)
+    nodes.register("n1", ttl=30, backend="fake", cards=1)
+    add_card(client, 0, utilization=0, temperature=95)
+    add_card(client, 1)
+    start(client, make_job(client, 10), 0)
+    now = time.time()
+    rules = AlertRules()
+    assert keys_of(evaluate(client, rules, now)) == {"temperature:n1/0"}
+    manager = AlertManager(client, rules)
+    manager.update(evaluate(client, rules, now), now)
+    assert nodes.mark_stopped("n1")
+    assert evaluate(client, rules, now + 601) == []
+    (resolved,) = manager.update(evaluate(client, rules, now + 601), now + 601)
+    assert resolved.message.startswith("resolved: node n1 is stopped: nothing reads card n1/0 now"), resolved
+    make_job(client, 20, age=300)  # would fit the stopped node's card 1: it is no idle card
+    assert "idle_cards" not in keys_of(evaluate(client, AlertRules(max_fragmentation=1.0), now + 601))
 
 
 def test_webhook_down_is_logged_not_raised(client: Client, caplog):

@@ -49,6 +49,32 @@ def test_unknown_template_and_missing_memory(client):
         client.submit("x", template="finetune")
 
 
+def test_a_template_margin_that_makes_a_size_no_card_has_is_one_line_naming_the_template(client):
+    """`rig-submit --template finetune --gpu-memory 999...9G` (a size no card has) ended in an
+    OverflowError traceback (the size x the margin was multiplied before it was checked); a
+    margin of 1e9 on 1G said "--gpu-memory 976562.5 TiB", a size the submitter never wrote."""
+    huge = "14" + "0" * 298 + "G"  # 1.5e308 bytes, a float; x 1.5 is inf
+    with pytest.raises(InvalidInput, match=r"^gpu_memory .* more than any card has; give at most 16\.0 TiB$"):
+        client.submit("x", gpu_memory=huge, template="finetune")
+    with pytest.raises(InvalidInput, match=r"^gpu_memory: '9+G' is too large to be a size"):
+        client.submit("x", gpu_memory="9" * 330 + "G")  # float() reads it as inf
+    with pytest.raises(InvalidInput, match=r"^template 'finetune': 12T x margin 1\.5 = 18\.0 TiB is more than "
+                                           r"any card has; give at most 16\.0 TiB$"):
+        client.submit("x", gpu_memory="12T", template="finetune")
+
+
+def test_a_margin_beyond_100_is_refused_where_it_is_written(tmp_path, monkeypatch):
+    from rig.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rig.toml").write_text("[templates.x]\nmargin = 1e300\n")
+    with pytest.raises(ConfigError, match=r"\[templates\.x\] margin: Input should be less than or equal to 100"):
+        load_settings(home=tmp_path / "home")
+    (tmp_path / "rig.toml").write_text("auto_memory_margin = 1e9\n")
+    with pytest.raises(ConfigError, match="auto_memory_margin"):
+        load_settings(home=tmp_path / "home")
+
+
 def test_submit_stores_the_callers_own_run_times_by_command_then_name(client):
     """rig.estimates through submit(): the median and the 80th percentile of the caller's runs of
     the same command are stored on the record; a new command of the same script's name needs 3

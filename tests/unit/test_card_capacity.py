@@ -43,6 +43,23 @@ def test_closed_cards_are_no_free_capacity():
     assert sorted(_metric("rig_card_healthy", CARDS).values()) == [0, 0, 1, 1]
 
 
+def test_the_cards_of_a_stopped_or_down_node_take_no_jobs_in_any_report():
+    """After `rig down` of a lone node (no other node's health pass closes its cards), `rig
+    status --json` said takes_jobs: true of its four cards while the node line said it takes no
+    jobs; the web page drew them open. Its cards' own records are left as they were."""
+    from rig.cli.as_json import status_dict
+    from rig.nodes import NodeInfo
+    from rig.web.overview import _cards
+
+    cards = [_card(0), CardState(node="n2", index=0, total=24 * GIB, usable=24 * GIB)]
+    for state, takes in (("up", True), ("stopped", False), ("down", False)):
+        report = StatusReport(cards=cards, running={}, pending={}, oldest_wait={}, workers=[], counts={},
+                              nodes=[NodeInfo(name="n1", alive=state == "up", state=state, since=None)])
+        assert [c["takes_jobs"] for c in status_dict(report)["cards"]] == [takes, True], state  # n2: no record
+        assert [c["takes_jobs"] for c in _cards(report)] == [takes, True], state
+        assert [c["free"] for c in status_dict(report)["cards"]] == [24 * GIB, 24 * GIB]
+
+
 def test_status_counts_only_the_cards_on_the_node():
     out = io.StringIO()
     render_status(StatusReport(cards=CARDS, running={}, pending={}, oldest_wait={}, workers=[], counts={}),

@@ -92,10 +92,47 @@ def test_a_top_level_setting_under_a_section_says_so(tmp_path, text, said):
 def test_rig_init_says_when_rig_would_not_read_what_it_wrote(tmp_path):
     result = init(str(tmp_path / "other.toml"))
     assert "rig does not read this file here" in result.output and "RIG_CONFIG=" in result.output
+    # No ./rig.toml: rig reads its home's file, which is not "in this folder" and not there yet
+    # (it read "<home>/config.toml comes first in this folder").
+    assert f"it reads {tmp_path / 'home' / 'config.toml'} (absent: the defaults)" in result.output, result.output
+    assert "comes first" not in result.output
     (tmp_path / "rig.toml").write_text("")
     result = init()
     assert f"{tmp_path / 'rig.toml'} comes first in this folder" in result.output
     assert "rig does not read" not in init(str(tmp_path / "rig.toml"), "--force").output
+
+
+def test_rig_init_says_when_rig_node_name_in_the_shell_overrides_the_name_it_wrote(tmp_path, monkeypatch):
+    """`rig init --node-name gpu2` in a shell that still has RIG_NODE_NAME=gpu1: the file says
+    gpu2, every rig command there runs as gpu1 (the variable wins), and nothing said so."""
+    monkeypatch.setenv("RIG_NODE_NAME", "gpu1")
+    result = init("--node-name", "gpu2")
+    assert result.exit_code == 0, result.output
+    assert load_settings().node_name == "gpu1"
+    assert 'note: RIG_NODE_NAME=gpu1 set in this shell overrides node_name = "gpu2"' in result.output
+    assert "RIG_NODE_NAME" not in init("--node-name", "gpu1", "--force").output  # the same name: no note
+
+
+def test_rig_init_never_says_to_write_a_password_and_names_section_variables(tmp_path, monkeypatch):
+    """RIG_REDIS_PASSWORD in the shell was listed with "add them there" (a password into the
+    config file its own comments keep it out of); a password in RIG_REDIS_URL was dropped from
+    the file in silence; RIG_ALERTS__MAX_QUEUE was not listed at all."""
+    monkeypatch.setenv("RIG_REDIS_PASSWORD", "s3cret")
+    monkeypatch.setenv("RIG_ALERTS__MAX_QUEUE", "7")
+    result = init()
+    assert result.exit_code == 0, result.output
+    assert "s3cret" not in (tmp_path / "home" / "config.toml").read_text() and "s3cret" not in result.output
+    listed = next(line for line in result.output.splitlines() if "set in this shell" in line)
+    assert "RIG_REDIS_PASSWORD" not in listed and "RIG_ALERTS__*" in listed, listed
+    assert "note: RIG_REDIS_PASSWORD is not written to " in result.output
+    assert "redis_password_file" in result.output
+    monkeypatch.delenv("RIG_REDIS_PASSWORD")
+    monkeypatch.setenv("RIG_REDIS_URL", "redis://:s3cret@db.example:6379/0")
+    result = init("--force")
+    assert "s3cret" not in (tmp_path / "home" / "config.toml").read_text() and "s3cret" not in result.output
+    assert "note: the password in RIG_REDIS_URL is not written to " in result.output, result.output
+    monkeypatch.setenv("RIG_REDIS_URL", "redis://db.example:6379/0")
+    assert "password" not in init("--force").output
 
 
 def test_rig_init_writes_the_file_rig_config_names(tmp_path, monkeypatch):

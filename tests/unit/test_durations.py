@@ -40,3 +40,10 @@ def test_milliseconds_read_as_the_time_limit_refusal_asks_for_them():
         parse_time_limit("0.0001")
     assert parse_time_limit("1ms") == pytest.approx(0.001) and parse_time_limit("5ms") == pytest.approx(0.005)
     assert parse_duration("1m5s") == 65 and parse_duration("1m") == 60  # "ms" is not read as minutes
+
+
+@pytest.mark.parametrize("text", ["9" * 330 + "d", "9" * 330, "9" * 320 + "h1s"])
+def test_a_duration_too_long_for_a_float_is_one_line(text):
+    """`rig usage --since 999...9d` (330 digits) read inf and ended in an OverflowError traceback."""
+    with pytest.raises(InvalidInput, match=r"^--since: '9+.*' is too long to be a duration; write it like 90s"):
+        parse_duration(text, what="--since")

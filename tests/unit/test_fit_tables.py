@@ -299,7 +299,7 @@ def test_top_folds_the_lists_into_one_line_each_when_there_is_no_room() -> None:
                                                      error_jobs=_errors())), 24)
     text = _fits(lines, 80)
     assert len(lines) <= 24 and "gpu-node-02/3" in text
-    assert "waiting jobs (40), next first: 300 " in text and "(bob): needs 24.0" in text
+    assert "waiting jobs (40), the first: 300 " in text and "(bob): needs 24.0" in text
     assert lines[-1] == "error queue (3): `rig errors`"
     _no_heading_without_rows(lines)
 
@@ -514,8 +514,8 @@ def test_mixed_load_top_at_80x24_lists_waiting_jobs_with_rows() -> None:
     text = _fits(lines, 80)
     assert len(lines) <= 24
     _no_heading_without_rows(lines)
-    assert "waiting jobs (5), next first" in text
-    after = lines[lines.index("waiting jobs (5), next first") + 2:]
+    assert "waiting jobs (5), by priority, then submission" in text
+    after = lines[lines.index("waiting jobs (5), by priority, then submission") + 2:]
     assert len([line for line in after if re.match(r"\s*\d+ ", line)]) >= LIST_MIN_ROWS
     assert "CONFIG SET appendonly yes (rig status)" in text  # the warning keeps what mends it
     for name in ("…alice", "…bob", "…carol"):

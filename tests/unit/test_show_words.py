@@ -40,6 +40,17 @@ def test_show_and_metrics_say_dash_for_memory_nobody_measured():
     assert "0 B" not in row and row.split().count("-") >= 2, metrics
 
 
+def test_metrics_of_a_job_that_ended_before_it_started_says_it_never_ran():
+    """`rig metrics` of a job cancelled while it waited said "has not run yet (cancelled)"."""
+    job = Job(id=9, name="w", user="ann", command=["true"], gpu_memory=GIB, gpus=1, priority=Priority.LOW,
+              state=JobState.CANCELLED, workdir="/tmp", created_at=time.time() - 60, ended_at=time.time())
+    said = _text(lambda c: render_metrics(job, c))
+    assert said.strip() == "job 9 ended CANCELLED before it started: nothing was measured", said
+    waiting = Job(id=10, name="w", user="ann", command=["true"], gpu_memory=GIB, gpus=1, priority=Priority.LOW,
+                  state=JobState.PENDING, workdir="/tmp", created_at=time.time())
+    assert _text(lambda c: render_metrics(waiting, c)).strip() == "job 10 has not run yet (pending)"
+
+
 def test_config_prints_a_relative_home_as_text_resolved_and_says_so(tmp_path, monkeypatch, rig_home):
     from rig.cli.main import cli
 

@@ -116,6 +116,22 @@ def test_small_terminal_says_what_it_left_out() -> None:
     assert "more" in "\n".join(lines)
 
 
+@pytest.mark.parametrize("width", [20, 40, 80, 120])
+def test_a_pane_a_few_lines_high_shows_no_heading_without_rows(width: int) -> None:
+    """A tmux pane 4-7 lines high drew the cards' and the running jobs' column headings with no
+    row under them (or only "... 8 more cards"); README: never a heading without rows. Such a
+    section is one line that says what is not listed and where to see it."""
+    for height in range(3, 16):
+        lines = _render(_report(), width, height)
+        _check_fits(lines, width, height)
+        for i, line in enumerate(lines):
+            if line.startswith(("card ", "id ")):
+                below = lines[i + 1] if i + 1 < len(lines) else ""
+                assert below.strip() and not below.startswith(("...", "id ")), (width, height, lines)
+        if 4 <= height <= 6:  # said, not dropped
+            assert any(line.startswith("6 running job(s)") for line in lines), (width, height, lines)
+
+
 def test_multi_card_job_listed_once() -> None:
     report = _report()
     job = _job(99, "two-card-job", 0, gpus=2)
@@ -123,6 +139,22 @@ def test_multi_card_job_listed_once() -> None:
     report.running["gpu01/1"] = [*report.running["gpu01/1"], job]
     lines = _render(report, 200, 50)
     assert sum("two-card-job" in line and "gpu01/0,1" in line for line in lines) == 1
+
+
+def test_oldest_wait_and_the_jobs_waited_read_the_same_clock() -> None:
+    """The report is read once a second and the frame redrawn in between: the title's "oldest"
+    was the report's figure while the waiting job's row was aged to the frame's clock (seen at
+    100x40: "low 7 (oldest 36s)" above job 8 "waited 37s", the same job)."""
+    report = _report()
+    report.taken_at = NOW - 10  # the frame is drawn 10 s after the read
+    report.pending = {Priority.HIGH: 1, Priority.MEDIUM: 0, Priority.LOW: 0}
+    report.oldest_wait = {Priority.HIGH: 55.0, Priority.MEDIUM: None, Priority.LOW: None}
+    oldest = Job(id=7, name="only-waiter", user="bob", command=["true"], gpu_memory=GIB, gpus=1,
+                 priority=Priority.HIGH, state=JobState.PENDING, workdir="/", created_at=NOW - 65)
+    text = "\n".join(_render(report, 120, 40, waiting=[oldest]))
+    assert "oldest 1m05s" in text, text
+    row = next(line for line in text.splitlines() if "only-waiter" in line)
+    assert "1m05s" in row, row
 
 
 def test_empty_report_points_to_rig_up() -> None:
