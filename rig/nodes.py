@@ -282,9 +282,10 @@ class NodeRegistry:
         self.r.hdel(self.keys.node(node), "down_since", "missing_since")
 
     # -- forgetting a node that is gone for good -------------------------------------------
-    def forget(self, node: str, *, attempts: int = 5) -> list[str]:
+    def forget(self, node: str, *, attempts: int = 5, check_only: bool = False) -> list[str]:
         """Remove ``node``: its record, its heartbeats (the node's and its workers'), its card
         records, their start lists and their ids in the cards set. Returns the card ids removed.
+        ``check_only``: the same checks, nothing removed (the card ids it would remove).
 
         Refused with NodeInUse while the node is up (its heartbeat or a worker's) or while any
         of its cards holds a reservation or a job is ASSIGNED or RUNNING there; InvalidInput
@@ -309,6 +310,8 @@ class NodeRegistry:
                     if not (cards or pipe.sismember(k.nodes, node) or pipe.exists(k.node(node))):
                         raise InvalidInput(f"no node named {node!r}; `rig status` lists the nodes")
                     self._refuse_if_in_use(pipe, node, cards, workers)
+                    if check_only:
+                        return cards
                     pipe.multi()
                     pipe.srem(k.nodes, node)
                     pipe.delete(k.node(node), k.node_alive(node), k.node_health_lock(node), *card_keys,

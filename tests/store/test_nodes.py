@@ -324,6 +324,26 @@ def test_forgetting_a_stopped_node_is_refused_unless_forced_and_failed_jobs_get_
     assert ledger.store.get(served).state is JobState.PENDING
 
 
+def test_a_stopped_node_with_running_jobs_is_refused_for_them_not_offered_force(cluster, redis_client, monkeypatch):
+    """`rig forget-node b` of a node stopped with jobs running on it said "forgetting it now
+    would fail no job ... To forget it anyway: `rig forget-node b --force`", and --force then
+    refused for those jobs: the first answer names them, as --force's does."""
+    from rig.client import Client, Identity
+
+    settings, keys, ledger, nodes, checker = cluster
+    client = Client(settings, redis_client=redis_client)
+    monkeypatch.setattr("rig.client.current_identity", lambda: Identity("root", 0))
+    running = _job(ledger, "n1", 0, run=True)
+    nodes.mark_stopped("n1")
+    _silence(redis_client, keys, "n1")
+    for force in (False, True):
+        with pytest.raises(NodeInUse) as refused:
+            client.forget_node("n1", force=force)
+        assert f"job(s) {running} placed or running there" in str(refused.value)
+        assert "--force" not in str(refused.value) and "fail no job" not in str(refused.value)
+    assert "n1" in redis_client.smembers(keys.nodes) and ledger.store.get(running).state is JobState.RUNNING
+
+
 def test_the_dispatcher_gives_unschedulable_jobs_a_class(cluster, redis_client):
     from rig.failures import FailureClass
 
