@@ -126,6 +126,9 @@ class NodeInfo:
     data_format: int = 0
     #: Its config's [pools] as its rig up recorded them (rig.pools.encode; None: not recorded).
     pools: str | None = None
+    #: The rules its config applies to every user's jobs, as its rig up recorded them
+    #: (rig.policy.encode; None: not recorded).
+    policy: str | None = None
     #: Why a stopped node stopped when it was not ``rig down`` (its rig up died: NodeRegistry.mark_stopped).
     stopped_why: str | None = None
     #: Set by a reader on the node's host when the node's ``rig up`` (``pid``) no longer runs
@@ -451,5 +454,5 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float, *, he
         clock_skew=raw.get("clock_skew") or None,
         auth_refused_since=num("auth_refused_since"),
         data_format=int(num("data_format") or 0), gone=gone if state == "silent" else None,
-        pools=raw.get("pools"), stopped_why=(raw.get("stopped_why") or None) if state == "stopped" else None,
+        pools=raw.get("pools"), policy=raw.get("policy"), stopped_why=(raw.get("stopped_why") or None) if state == "stopped" else None,
     )
