@@ -107,6 +107,22 @@ def test_silent_node_is_declared_down_on_a_confirming_pass(cluster, redis_client
     assert started and {s[2] for s in started} == {"n2"}
 
 
+def test_a_down_nodes_running_job_ends_lost_at_its_last_heartbeat(cluster, redis_client):
+    """A job killed with its host 7 s in read 'lost ... 43s': its attempt ended when the node
+    was declared down, ~40 s later, and that time was charged as the user's card time."""
+    settings, keys, ledger, nodes, checker = cluster
+    running = _job(ledger, "n1", 0, run=True)
+    now = shared_now(redis_client)
+    ledger.store.update(running, started_at=now - 100)
+    redis_client.hset(keys.node("n1"), "last_seen", repr(now - 60))  # its last heartbeat
+    _silence(redis_client, keys, "n1")
+    checker.run_cluster(now=time.time())
+    assert checker.run_cluster(now=time.time() + 2 * settings.telemetry_interval).lost == [running]
+    attempt = ledger.store.get(running).attempts[-1]
+    assert attempt["outcome"] == "lost" and attempt["ended_at"] == pytest.approx(now - 60)
+    assert attempt["ended_at"] - attempt["started_at"] == pytest.approx(40)
+
+
 def test_a_down_nodes_cards_are_closed_before_it_is_said_down(cluster, redis_client, monkeypatch):
     """Whoever reads "down" finds its cards closed: the pass wrote "down" first and closed the
     cards after, and node-lost read a down node with a card still open between the two writes."""
