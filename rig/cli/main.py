@@ -208,6 +208,9 @@ def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None, inst
     client = client_from(ctx)
     client.ping()
     job = client.get(parse_job_id(job_id), instance)
+    # Refused before any line about it: `rig log -f` of another user's job printed its header
+    # ("--- job 12, attempt 1 (a/0) ---") and only then the refusal (the gateway checks again).
+    client.check_control(job, "read the log of")
     # With --instance, every later read is of that very job (its whole instance), never the
     # other job now holding the id.
     picked = (job.instance or instance) if instance is not None else None
