@@ -141,6 +141,7 @@ from rig.placement import (
     may_backfill,
     never_fits,
     place,
+    placeable,
     plan_hold,
 )
 from rig.pools import Pools
@@ -1021,8 +1022,8 @@ class Dispatcher:
                     continue  # it could not start anyway: no cards held for it
                 mine = view.mine(job.pool)
                 request = Request(job.gpu_memory, job.gpus)
-                if mine and (not view.could_place(job.pool, request) or place(
-                        holds.fitting_open(job, request, view), request, self.settings.scheduler_type) is None) \
+                if mine and (not view.could_place(job.pool, request)
+                             or not placeable(holds.fitting_open(job, request, view), request)) \
                         and not self._never_fits(job.pool, mine, request):
                     blocked.add(job.id)
                     hold = holds.plan(job, view, request)
