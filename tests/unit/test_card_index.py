@@ -15,7 +15,16 @@ import pytest
 from rig.card_index import RoomIndex
 from rig.memory import GIB
 from rig.models import CardState
-from rig.placement import _CARD_ORDER, STRATEGIES, Capacity, Placement, Request, fits, place, placeable
+from rig.placement import (
+    _CARD_ORDER,
+    STRATEGIES,
+    Capacity,
+    Placement,
+    Request,
+    fits,
+    place,
+    placeable,
+)
 from rig.pools import Pools
 from workers.dispatcher import _Lazy, _View
 
