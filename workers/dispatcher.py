@@ -150,6 +150,7 @@ from rig.redis_writes import is_outage
 from rig.store import JobStore
 from rig.waiting import (
     REFRESH_S,
+    NodeStates,
     WaitFacts,
     body_key,
     card_token,
@@ -240,6 +241,7 @@ class Dispatcher:
         #: reservation and at its end, so every mark precedes any start, as one by one.
         self._marks: dict[int, dict[str, Any]] = {}
         self._nodes: list[NodeInfo] | None = None  # read once per round, when a wait is explained
+        self._node_states: NodeStates | None = None  # rig.waiting.NodeStates of _nodes
         self._nodes_token: Hashable = ()  # rig.waiting.nodes_token of _nodes
         #: Wait sentence bodies by what they read (rig.waiting.body_key): jobs that wait pass after
         #: pass for the same reasons are worded once, not once each per pass.
@@ -1002,7 +1004,7 @@ class Dispatcher:
                                             plan_memo=self._plan_memo if self.shortcuts else None)
             if not view._big:  # its tokens from the last round's last view's (changed cards' parts replaced)
                 view._prior = self._last_tokens
-            self._nodes = None
+            self._nodes = self._node_states = None
             self._backfill_ends = {}
             self._never_inputs = {}
             if len(self._never) > EXPLAINED_CACHE:
@@ -1238,6 +1240,7 @@ class Dispatcher:
         if self._nodes is None:
             self._nodes = NodeRegistry(self.r, self.keys).read()
             self._nodes_token = self._intern(nodes_token(self._nodes))
+            self._node_states = NodeStates.of(self._nodes)  # (the round never changes a NodeInfo read)
         closed, token = holds.closed_with_token(job, request, view)
         self._waits.pop(job.id, None)  # noted again: its place is this later one
         self._waits[job.id] = (job, request, ahead, hold, closed, token)
@@ -1250,7 +1253,7 @@ class Dispatcher:
             facts = WaitFacts(
                 request=request, cards=view.mine(job.pool), nodes=self._nodes, held=closed, own_hold=hold,
                 ahead=ahead, dispatcher=True, pool=job.pool, strategy=self.settings.scheduler_type, now=now,
-                fits_nowhere=nowhere, walk=view.walk(job.pool))
+                fits_nowhere=nowhere, walk=view.walk(job.pool), node_states=self._node_states)
             self._note(job, self._explain(facts, view, nowhere, token))
         self._waits.clear()
 
