@@ -503,12 +503,12 @@ class Stack:
             flower_credentials(s)  # a login Flower would read otherwise: said before anything starts
         self.stop_leftovers()
         self._ensure_redis()
-        if self.wants("cards") or self.wants("control"):
+        if is_node:
             self._claim_name()
         # After the claim: a rig up refused the name never replaces the owner's pid file.
         write_pid_file(s, node=is_node)
         self._check_installation()
-        if self.wants("cards") or self.wants("control"):
+        if is_node:
             self._check_data_format()
             self._check_pools()
             self._check_policy()
@@ -550,7 +550,7 @@ class Stack:
                                  "node (or `rig up --no-gateway`)")
             self.gateway_path = s.gateway_socket
         env = self._child_env()
-        if self.wants("cards") or self.wants("control"):
+        if is_node:
             allowed = self._register_cards()
         else:
             allowed = []
