@@ -59,7 +59,7 @@ class AuthGate:
             if wait <= 0:
                 return
             self.held += 1
-        raise redis.AuthenticationError(self.message())
+        raise self.error()
 
     def message(self) -> str:
         """The text of every refusal while it lasts, a held login's and a refused one's alike.
@@ -68,6 +68,14 @@ class AuthGate:
         that say a repeated line once (rig.lograte) stay quiet: a refused login's own text
         alternating with a held one's made them say it again every second."""
         return f"{self.said} (rig tries a new login after {self.first:.0f} s, doubling up to {self.cap:.0f} s)"
+
+    def error(self) -> redis.AuthenticationError:
+        """The AuthenticationError of every refusal while it lasts (``message``), with Redis' own
+        words alone as its ``redis_said``: the line a person reads (rig.redis_conn.auth_failed)
+        is no back-off's, since a one-shot command (`rig status`, exit 5) tries no new login."""
+        exc = redis.AuthenticationError(self.message())
+        exc.redis_said = self.said  # type: ignore[attr-defined]
+        return exc
 
     def refused(self, said: str = "") -> float:
         """A login was refused (Redis said ``said``): close the gate for the next wait
@@ -153,7 +161,7 @@ def install() -> None:
 
                 if is_auth_error(exc) and not isinstance(exc, redis.exceptions.NoPermissionError):
                     gate.refused(str(exc).strip().split("\n")[0][:160])
-                    raise redis.AuthenticationError(gate.message()) from exc
+                    raise gate.error() from exc
                 raise
             gate.accepted()
             return result

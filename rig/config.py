@@ -343,7 +343,8 @@ class Settings(BaseSettings):
     )
     log_retention_days: float = Field(30.0, gt=0, description="task logs older than this go")
     error_log_retention_days: float = Field(
-        90.0, gt=0, description="logs of jobs in the error queue are kept this long"
+        90.0, gt=0, description="logs of jobs in the error queue are kept this long (when not set: "
+                                "this, or log_retention_days when that is longer)"
     )
     archive_url: str | None = Field(
         None, description="where finished jobs go: sqlite:////PATH or postgresql://USER@HOST/DB "
@@ -454,6 +455,15 @@ class Settings(BaseSettings):
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, under_home(self.home, value))
+        return self
+
+    @model_validator(mode="after")
+    def _error_logs_kept_as_long(self) -> Settings:
+        # Not set: the error queue's logs are kept at least as long as every other job's (a
+        # config that only raised log_retention_days past 90 was refused by every command once
+        # rig.config_check refused a shorter one; a value set shorter on purpose still is).
+        if "error_log_retention_days" not in self.model_fields_set:
+            self.error_log_retention_days = max(self.error_log_retention_days, self.log_retention_days)
         return self
 
     @model_validator(mode="after")

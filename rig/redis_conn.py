@@ -369,7 +369,8 @@ def auth_failed(url: str, exc: BaseException) -> RedisAuthFailed:
     """One line that says what Redis refused and how to give rig the right password."""
     auth = _RESOLVED.get(url) or RedisAuth(url, "the URL" if url_password(url) else "")
     shown = strip_password(url)
-    detail = _short(exc)
+    # Redis' words, not the login gate's back-off (rig.authgate): this line may end the command
+    detail = getattr(exc, "redis_said", None) or _short(exc)
     example = with_password(shown, "PASSWORD")
     ways = f"set RIG_REDIS_URL={example}, RIG_REDIS_PASSWORD, or redis_password_file"
     if auth.home_file is not None:

@@ -318,6 +318,13 @@ def hold_home_lock(settings: Settings, only: tuple[str, ...] = ()) -> int:
 LOG_DIR_LOCK = "node.lock"
 
 
+def runs_node(only: tuple[str, ...]) -> bool:
+    """Does a ``rig up`` with these ``--only`` parts run a node (cards or control workers), which
+    holds its home (hold_home_lock) and its system_log_dir (hold_log_dir_lock)? An add-on
+    (``--only flower``, ``--only gateway``) does not."""
+    return not only or "cards" in only or "control" in only
+
+
 def hold_log_dir_lock(settings: Settings) -> int:
     """Lock system_log_dir for the node this process runs, as hold_home_lock locks its home.
     Nodes in two homes whose configs name one absolute system_log_dir would write the same
@@ -362,6 +369,18 @@ def hold_log_dir_lock(settings: Settings) -> int:
     except OSError:  # opened read-only: the lock holds, the refusal of a next one names no node
         pass
     return fd
+
+
+def hold_node_locks(settings: Settings, only: tuple[str, ...] = ()) -> tuple[int, int]:
+    """The locks of a node's rig up (runs_node), in this order: its home's (hold_home_lock),
+    then its system_log_dir's (hold_log_dir_lock), so that a second node in one home is told
+    that, not about its logs. Refused: neither is held."""
+    home = hold_home_lock(settings, only)
+    try:
+        return home, hold_log_dir_lock(settings)
+    except BaseException:
+        os.close(home)
+        raise
 
 
 def up_redis_elsewhere(settings: Settings) -> str | None:
@@ -468,11 +487,9 @@ class Stack:
         absolute_paths(s)  # children run from the run folder: a relative path would move
         for folder in (s.home, s.run_dir, s.job_log_dir, s.rig_log_dir):
             folder.mkdir(parents=True, exist_ok=True)
-        runs_node = self.wants("cards") or self.wants("control")
-        if runs_node:  # before the checks: two rig ups started at once both passed them
-            self._home_lock = hold_home_lock(s, self.options.only)
-            # after it: a second node in this home is told that, not about its logs
-            self._log_dir_lock = hold_log_dir_lock(s)
+        is_node = runs_node(self.options.only)
+        if is_node:  # before the checks: two rig ups started at once both passed them
+            self._home_lock, self._log_dir_lock = hold_node_locks(s, self.options.only)
         other = running_pid(s)
         if other and other != os.getpid():
             raise StackError(already_up(s.node_name, other, self.options.only))
@@ -480,18 +497,18 @@ class Stack:
         if others:
             raise StackError(f"rig is already up on node {s.node_name} (pid {min(others)}, its pid file "
                              f"is gone); `rig down --node {s.node_name}` stops it")
-        if runs_node and (why := second_node(s)) is not None:
+        if is_node and (why := second_node(s)) is not None:
             raise StackError(why)
         if self.wants("flower") or self.wants("metrics"):
             flower_credentials(s)  # a login Flower would read otherwise: said before anything starts
         self.stop_leftovers()
         self._ensure_redis()
-        if self.wants("cards") or self.wants("control"):
+        if is_node:
             self._claim_name()
         # After the claim: a rig up refused the name never replaces the owner's pid file.
-        write_pid_file(s, node=runs_node)
+        write_pid_file(s, node=is_node)
         self._check_installation()
-        if self.wants("cards") or self.wants("control"):
+        if is_node:
             self._check_data_format()
             self._check_pools()
             self._check_policy()
@@ -533,7 +550,7 @@ class Stack:
                                  "node (or `rig up --no-gateway`)")
             self.gateway_path = s.gateway_socket
         env = self._child_env()
-        if self.wants("cards") or self.wants("control"):
+        if is_node:
             allowed = self._register_cards()
         else:
             allowed = []

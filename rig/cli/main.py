@@ -391,7 +391,15 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
     adopted by the next `rig up`. Several servers share one Redis: `rig up --node b --redis URL`."""
     from rig.cli import lossy
     from rig.cli.daemon import daemon_reason, reason_path, write_reason
-    from rig.stack import Stack, UpOptions, already_up, ensure_writable_home, running_pid
+    from rig.stack import (
+        Stack,
+        UpOptions,
+        already_up,
+        ensure_writable_home,
+        hold_node_locks,
+        running_pid,
+        runs_node,
+    )
     from rig.supervision import safe_python
 
     if fake_gpus_opt:
@@ -416,6 +424,9 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
         existing = running_pid(settings)
         if existing:
             raise StackError(already_up(settings.node_name, existing, only))
+        if runs_node(only):  # refused here, as its daemon would be: in the other node's up.log
+            for held in hold_node_locks(settings, only):
+                os.close(held)
         # -P: a folder named rig in the working directory must not replace rig (rig.supervision).
         argv = safe_python("rig.cli.main")
         for key, value in overrides.items():

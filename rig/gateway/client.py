@@ -386,7 +386,14 @@ class GatewayClient:
               time_limit: str | float | None = None) -> Job:
         # time_limit only when given: a gateway of an older rig takes no such argument
         more = {} if time_limit is None else {"time_limit": time_limit}
-        return self.call("retry", job_id=_id(job_id), gpu_memory=gpu_memory, **more)
+        try:
+            return self.call("retry", job_id=_id(job_id), gpu_memory=gpu_memory, **more)
+        except InvalidInput as exc:  # such a gateway: its TypeError's words, which name no way out
+            if not (more and "wrong arguments for retry" in str(exc) and "time_limit" in str(exc)):
+                raise
+            raise InvalidInput(f"rig's gateway at {self.path} runs an older rig, which cannot give a job a new "
+                               "time limit: an admin updates rig on the node; meanwhile `rig retry "
+                               f"{_id(job_id)}` without --time-limit runs it again under its old limit") from None
 
     def clear_error(self, job_id: int | str) -> Job:
         return self.call("clear_error", job_id=_id(job_id))

@@ -666,3 +666,23 @@ def test_a_log_allowed_once_reads_on_while_redis_is_lost(gateway, monkeypatch):
     assert _as(gw, BOB, "log_read", job_id=job.id, path=str(log))["type"] == "RedisUnavailable"
     assert _as(gw, ALICE, "log_read", job_id=job.id, path=str(log) + ".x")["type"] == "RedisUnavailable"
     assert _as(gw, ALICE, "log_read", job_id=job.id, path=["a"])["type"] == "InvalidInput"
+
+
+def test_retry_with_a_time_limit_through_an_older_gateway_says_so(gateway):
+    """A timed-out job's reason says `rig retry 5 --time-limit 4h00m`; through the gateway of an
+    older rig (its op_retry takes no time_limit) that said 'wrong arguments for retry:
+    Gateway.op_retry() got an unexpected keyword argument 'time_limit'', naming no way out."""
+    gw, path = gateway
+    client = GatewayClient(gw.settings, path)
+    job = _submit_as(gw, os.getuid())
+    gw.client.ledger.transition(job.id, JobState.TIMEOUT, error_queue=True, fields={"reason": "time limit"})
+
+    def older_op_retry(peer: Peer, job_id: int, gpu_memory: str | int | None = None) -> Job:
+        return gw.client.retry(job_id, gpu_memory=gpu_memory)
+
+    gw.ops["retry"] = older_op_retry
+    with pytest.raises(InvalidInput) as info:
+        client.retry(job.id, time_limit="4h")
+    assert "runs an older rig, which cannot give a job a new time limit" in str(info.value)
+    assert f"`rig retry {job.id}` without --time-limit" in str(info.value)
+    assert client.retry(job.id).state is JobState.PENDING  # without one it is sent as before

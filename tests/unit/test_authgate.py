@@ -164,3 +164,20 @@ def test_one_host_is_counted_once(private):
     annotate(redis.Redis(port=port, password="pw1", decode_responses=True), [a, b])
     assert a.auth_refused and "login(s) from 127.0.0.1 (nodes a, b)" in a.auth_refused
     assert b.auth_refused and "login(s)" not in b.auth_refused and "see node a" in b.auth_refused
+
+
+def test_a_refused_command_says_redis_words_not_the_gates_back_off(private):
+    """`rig status` with a wrong password said '(invalid username-password pair or user is
+    disabled. (rig tries a new login after 1 s, doubling up to 30 s))' and exited 5: a one-shot
+    command tries no new login. The line a person reads carries Redis' words alone, for a
+    refused login and a held one alike; the error itself keeps the gate's one text."""
+    from rig.redis_conn import unavailable
+
+    url = f"redis://:wrong@127.0.0.1:{private}/0"
+    client = connect(url)
+    for _ in ("refused", "held"):
+        with pytest.raises(redis.AuthenticationError) as info:
+            client.ping()
+        assert "rig tries a new login" in str(info.value)  # the daemons' one text (rig.lograte)
+        line = str(unavailable(url, info.value))
+        assert "invalid username-password pair" in line and "rig tries" not in line, line

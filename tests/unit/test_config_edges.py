@@ -370,3 +370,20 @@ def test_error_queue_logs_kept_shorter_than_the_others_are_refused(monkeypatch):
     refused("set error_log_retention_days to at least 30")
     monkeypatch.setenv("RIG_LOG_RETENTION_DAYS", "7")
     assert load_settings().error_log_retention_days == 7
+
+
+def test_error_queue_logs_not_set_are_kept_as_long_as_a_longer_log_retention(tmp_path, monkeypatch):
+    """A config that only raises log_retention_days past the default 90 (keep job logs half a
+    year) was refused by every command, rig-submit included, once a shorter
+    error_log_retention_days was refused: the default 90 read as set shorter. Not set, it
+    follows the longer retention; one set shorter on purpose is still refused."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rig.toml").write_text("log_retention_days = 180\n")
+    settings = load_settings()
+    assert (settings.log_retention_days, settings.error_log_retention_days) == (180, 180)
+    monkeypatch.setenv("RIG_LOG_RETENTION_DAYS", "20")
+    assert load_settings().error_log_retention_days == 90  # the default, when it is the longer
+    monkeypatch.setenv("RIG_ERROR_LOG_RETENTION_DAYS", "100")
+    monkeypatch.delenv("RIG_LOG_RETENTION_DAYS")
+    refused("error_log_retention_days = 100 (RIG_ERROR_LOG_RETENTION_DAYS) is shorter than "
+            "log_retention_days = 180 (")

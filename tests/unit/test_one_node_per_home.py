@@ -111,3 +111,27 @@ def test_two_homes_naming_one_system_log_dir_are_refused_naming_the_node_that_wr
     fd = hold_log_dir_lock(other)
     assert (logs / LOG_DIR_LOCK).read_text() == f"other\n{os.getpid()}\n{tmp_path / 'b'}\n"
     os.close(fd)
+
+
+def test_rig_up_daemon_refused_another_nodes_system_log_dir_writes_nothing_there(tmp_path, monkeypatch):
+    """`rig up --daemon` of a node whose system_log_dir another node's rig up holds started its
+    daemon with that folder's up.log as its output: the refusal (naming the other node) landed
+    in the other node's up.log. The parent is refused first, in the order the daemon would be."""
+    from click.testing import CliRunner
+
+    from rig.cli.main import cli
+    from rig.stack import LOG_DIR_LOCK, hold_log_dir_lock
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    held = hold_log_dir_lock(load_settings(home=tmp_path / "a", node_name="vm", system_log_dir=logs))
+    for name, value in (("HOME", tmp_path / "b"), ("SYSTEM_LOG_DIR", logs), ("NODE_NAME", "other"),
+                        ("FAKE_GPUS", "2x24G"), ("REDIS_URL", "redis://127.0.0.1:1/0")):  # never asked
+        monkeypatch.setenv(f"RIG_{name}", str(value))
+    try:
+        result = CliRunner().invoke(cli, ["up", "--daemon", "--no-flower", "--no-metrics", "--no-gateway"])
+    finally:
+        os.close(held)
+    assert result.exit_code == 7, result.output
+    assert f"system_log_dir {logs} is already the logs of node vm (pid {os.getpid()}" in result.output
+    assert sorted(p.name for p in logs.iterdir()) == [LOG_DIR_LOCK]  # nothing said in vm's up.log
