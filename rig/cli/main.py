@@ -13,6 +13,7 @@ import click
 from rig.cli import as_json as J
 from rig.cli.common import (
     INSTANCE_OPTION,
+    RigGroup,
     check_limit,
     client_from,
     fail,
@@ -40,7 +41,7 @@ from rig.registration import read_notes, write_notes
 from rig.text import clean
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=RigGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--redis-url", envvar=None, help="Redis holding rig's state (default from config).")
 @click.option("--fake-gpus", metavar="SPEC", help="Use fake cards, e.g. 8x80G (no NVIDIA driver needed).")
 @click.pass_context
