@@ -879,6 +879,8 @@ class Client:
         ahead = self._guard(plan, self.ledger, pools, name)
         info = next((n for n in self._guard(registry.read) if n.name == name), None)
         if info is not None and info.state == "stopped" and not force:
+            # Jobs still running there refuse even --force: say that, not "--force forgets it".
+            self._guard(registry.forget, name, check_only=True)
             raise NodeInUse(ahead.refusal(info))
         cards = self._guard(registry.forget, name)
         done = self._guard(fail_unrunnable, self.ledger, pools, name, who.name, sorted(ahead.fail))

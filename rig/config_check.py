@@ -47,6 +47,7 @@ OWN_VARIABLES: frozenset[str] = frozenset({
     # The marks of rig up's children (rig.supervision, rig.stack).
     "RIG_ROLE", "RIG_CARD_INDEX", "RIG_NODE_PROCESS", "RIG_SUPERVISOR_PID", "RIG_SUPERVISOR_START",
     "RIG_PDEATHSIG", "RIG_NODE_OWNER",  # the owner of the node name (rig.node_claim)
+    "RIG_UP_REDIS_URL",  # `rig up --daemon --redis URL`'s URL, for its daemon (rig.cli.main.up)
     "RIG_REDIS_POOL_LIMIT",  # a child's bound on its Redis connections (rig.connections, rig.redis_conn)
     # Flower's login (rig.stack.flower_auth).
     "RIG_FLOWER_AUTH",

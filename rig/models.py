@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
-from dataclasses import MISSING, dataclass, field, fields
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields, replace
 from enum import Enum
 from functools import cached_property
 from typing import Any
@@ -529,63 +529,87 @@ class CardState:
         fields at neutral values (capacity 0, node '?', index -1)."""
         data = {text_of(k): text_of(v) for k, v in raw.items()}
         problems: list[str] = []
-
-        def get(name: str, check: Callable[[Any], Any], default: Any, required: bool = False) -> Any:
-            text = data.get(name)
-            if text is None or text == "":
-                if required:
-                    problems.append(f"field {name}: missing")
-                return default
-            try:
-                return check(text)
-            except R.BadField as exc:
-                problems.append(f"field {name}: {exc}")
-                return default
-
-        def whole(low: int, high: int, what: str = "a whole number") -> Callable[[Any], int]:
-            # Plain base-10 digits only, as rig writes them (HSET, HINCRBY): the ledger's script
-            # (lib_card.lua) reads these fields with the same syntax and the same ranges.
-            def check(text: Any) -> int:
-                if not (isinstance(text, str) and len(text) <= 40 and _PLAIN_INT.fullmatch(text)):
-                    raise R.BadField(f"expected {what} from {low} to {high}, got {R.show(text)}")
-                return R.as_int(text, low, high, what)
-            return check
-
-        size = whole(0, R.MAX_GPU_MEMORY, "a size in bytes")
-        # reserved/foreign are kept by HINCRBY: let the ledger's own checks judge them
-        signed = whole(-R.MAX_GPU_MEMORY, R.MAX_GPU_MEMORY, "a size in bytes")
-
-        def small(low: int, high: int) -> Callable[[Any], int]:
-            return whole(low, high)
-
-        card = cls(
-            node=get("node", R.as_word, "?", True),
-            index=get("index", small(0, R.MAX_CARD_INDEX), -1, True),
-            total=get("total", size, 0, True),
-            usable=get("usable", size, 0, True),
-            reserved=get("reserved", signed, 0),
-            jobs=get("jobs", small(-(2**31), 2**31), 0),
-            max_jobs=get("max_jobs", small(1, 1_000_000), 1),
-            # Required: register_card always writes both. A record without them is refused
-            # (fail safe) with a reason `rig status` shows, never taken as allowed and healthy.
-            allowed=get("allowed", R.as_bool, False, True),
-            healthy=get("healthy", R.as_bool, False, True),
-            model=get("model", lambda t: R.as_text(t, 256), "unknown"),
-            uuid=get("uuid", lambda t: R.as_text(t, 256), ""),
-            used=get("used", signed, None),
-            utilization=get("utilization", small(0, 100), None),
-            temperature=get("temperature", small(-300, 1000), None),
-            updated_at=get("updated_at", lambda t: R.as_float(t, *_TIME), None),
-            fake=get("fake", R.as_bool, False),
-            health_reason=get("health_reason", R.as_text, ""),
-            foreign=get("foreign", signed, 0),
-            gone=get("gone", R.as_bool, False),
-        )
+        card = cls(**{name: _card_field(name, data.get(name), rule, problems)
+                      for name, rule in _CARD_FIELDS.items()})
         if problems:
             card.healthy = False
             card.health_reason = "invalid record: " + problems[0]
             card.problems = problems
         return card
 
+    def with_fields(self, changed: Mapping[Any, Any]) -> CardState | None:
+        """What from_redis gives for this card's record with ``changed`` fields (name -> new
+        value; None where a field went) and every other field as it was: only the changed
+        fields checked again (each field's value depends on its own text alone). None when
+        this card's record had a problem or a changed field has one: parse the whole record then
+        (its problems in from_redis's order). Fields that are not a card's (its version) are
+        ignored, as from_redis ignores them."""
+        if self.problems:
+            return None
+        problems: list[str] = []
+        updates = {}
+        for key, value in changed.items():
+            name = text_of(key)
+            rule = _CARD_FIELDS.get(name)
+            if rule is not None:
+                updates[name] = _card_field(name, None if value is None else text_of(value), rule, problems)
+                if problems:
+                    return None
+        return replace(self, **updates)
+
+
+def _card_field(name: str, text: str | None, rule: tuple[Callable[[Any], Any], Any, bool],
+                problems: list[str]) -> Any:
+    """One field of a card record as from_redis reads it: its checked value, or its default
+    (a problem added when it is required and missing, or bad)."""
+    check, default, required = rule
+    if text is None or text == "":
+        if required:
+            problems.append(f"field {name}: missing")
+        return default
+    try:
+        return check(text)
+    except R.BadField as exc:
+        problems.append(f"field {name}: {exc}")
+        return default
+
+
+def _whole(low: int, high: int, what: str = "a whole number") -> Callable[[Any], int]:
+    # Plain base-10 digits only, as rig writes them (HSET, HINCRBY): the ledger's script
+    # (lib_card.lua) reads these fields with the same syntax and the same ranges.
+    def check(text: Any) -> int:
+        if not (isinstance(text, str) and len(text) <= 40 and _PLAIN_INT.fullmatch(text)):
+            raise R.BadField(f"expected {what} from {low} to {high}, got {R.show(text)}")
+        return R.as_int(text, low, high, what)
+    return check
+
 
 _PLAIN_INT = re.compile(r"-?[0-9]+")
+_SIZE = _whole(0, R.MAX_GPU_MEMORY, "a size in bytes")
+# reserved/foreign are kept by HINCRBY: let the ledger's own checks judge them
+_SIGNED = _whole(-R.MAX_GPU_MEMORY, R.MAX_GPU_MEMORY, "a size in bytes")
+#: A card record's fields as CardState.from_redis reads them: name -> (check, default, required),
+#: in the order their problems are listed.
+_CARD_FIELDS: dict[str, tuple[Callable[[Any], Any], Any, bool]] = {
+    "node": (R.as_word, "?", True),
+    "index": (_whole(0, R.MAX_CARD_INDEX), -1, True),
+    "total": (_SIZE, 0, True),
+    "usable": (_SIZE, 0, True),
+    "reserved": (_SIGNED, 0, False),
+    "jobs": (_whole(-(2**31), 2**31), 0, False),
+    "max_jobs": (_whole(1, 1_000_000), 1, False),
+    # Required: register_card always writes both. A record without them is refused
+    # (fail safe) with a reason `rig status` shows, never taken as allowed and healthy.
+    "allowed": (R.as_bool, False, True),
+    "healthy": (R.as_bool, False, True),
+    "model": (lambda t: R.as_text(t, 256), "unknown", False),
+    "uuid": (lambda t: R.as_text(t, 256), "", False),
+    "used": (_SIGNED, None, False),
+    "utilization": (_whole(0, 100), None, False),
+    "temperature": (_whole(-300, 1000), None, False),
+    "updated_at": (lambda t: R.as_float(t, *_TIME), None, False),
+    "fake": (R.as_bool, False, False),
+    "health_reason": (R.as_text, "", False),
+    "foreign": (_SIGNED, 0, False),
+    "gone": (R.as_bool, False, False),
+}

@@ -126,6 +126,9 @@ class NodeInfo:
     data_format: int = 0
     #: Its config's [pools] as its rig up recorded them (rig.pools.encode; None: not recorded).
     pools: str | None = None
+    #: The rules its config applies to every user's jobs, as its rig up recorded them
+    #: (rig.policy.encode; None: not recorded).
+    policy: str | None = None
     #: Why a stopped node stopped when it was not ``rig down`` (its rig up died: NodeRegistry.mark_stopped).
     stopped_why: str | None = None
     #: Set by a reader on the node's host when the node's ``rig up`` (``pid``) no longer runs
@@ -282,9 +285,10 @@ class NodeRegistry:
         self.r.hdel(self.keys.node(node), "down_since", "missing_since")
 
     # -- forgetting a node that is gone for good -------------------------------------------
-    def forget(self, node: str, *, attempts: int = 5) -> list[str]:
+    def forget(self, node: str, *, attempts: int = 5, check_only: bool = False) -> list[str]:
         """Remove ``node``: its record, its heartbeats (the node's and its workers'), its card
         records, their start lists and their ids in the cards set. Returns the card ids removed.
+        ``check_only``: the same checks, nothing removed (the card ids it would remove).
 
         Refused with NodeInUse while the node is up (its heartbeat or a worker's) or while any
         of its cards holds a reservation or a job is ASSIGNED or RUNNING there; InvalidInput
@@ -309,6 +313,8 @@ class NodeRegistry:
                     if not (cards or pipe.sismember(k.nodes, node) or pipe.exists(k.node(node))):
                         raise InvalidInput(f"no node named {node!r}; `rig status` lists the nodes")
                     self._refuse_if_in_use(pipe, node, cards, workers)
+                    if check_only:
+                        return cards
                     pipe.multi()
                     pipe.srem(k.nodes, node)
                     pipe.delete(k.node(node), k.node_alive(node), k.node_health_lock(node), *card_keys,
@@ -448,5 +454,5 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float, *, he
         clock_skew=raw.get("clock_skew") or None,
         auth_refused_since=num("auth_refused_since"),
         data_format=int(num("data_format") or 0), gone=gone if state == "silent" else None,
-        pools=raw.get("pools"), stopped_why=(raw.get("stopped_why") or None) if state == "stopped" else None,
+        pools=raw.get("pools"), policy=raw.get("policy"), stopped_why=(raw.get("stopped_why") or None) if state == "stopped" else None,
     )

@@ -103,6 +103,19 @@ def place(
         card_key = _CARD_ORDER[strategy]
     except KeyError:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}") from None
+    if request.gpus == 1:
+        # The rule below for one card, without a list per node: each node's best card is its
+        # least key (every key ends with the card's index), and nodes compare by that key, then
+        # by name (first-fit: by name, then index), so the choice is the least (key, node) of all.
+        fitting = [c for c in cards if fits(c, request)]
+        if not fitting:
+            return None
+        used = {c.node for c in fitting if c.jobs or c.reserved}
+        first_fit = strategy == "first-fit"
+        _key, node, index = min(
+            (() if first_fit else card_key(c, request, smallest_waiting, c.node in used), c.node, c.index)
+            for c in fitting)
+        return Placement(node, (index,))
     by_node: dict[str, list[CardState]] = defaultdict(list)
     for card in cards:
         if fits(card, request):
@@ -122,6 +135,20 @@ def place(
     if not options:
         return None
     return min(options, key=lambda item: item[0])[1]
+
+
+def placeable(cards: Sequence[CardState], request: Request) -> bool:
+    """Would :func:`place` pick cards for ``request`` among ``cards`` (under any strategy)? Some
+    node has ``request.gpus`` of them that fit: place's None rule, without ordering any."""
+    if request.gpus == 1:
+        return any(fits(c, request) for c in cards)
+    counts: dict[str, int] = defaultdict(int)
+    for card in cards:
+        if fits(card, request):
+            counts[card.node] += 1
+            if counts[card.node] >= request.gpus:
+                return True
+    return False
 
 
 class Release(NamedTuple):

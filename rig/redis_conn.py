@@ -60,6 +60,10 @@ class RedisAuth:
     source: str = ""
     #: The home password file that applies to this URL (loopback redis:// only), for hints.
     home_file: Path | None = None
+    #: A configured password file this user may not read ("" when none): such a user holds no
+    #: credentials and goes through the node's gateway (rig.gateway.choice), as one without a
+    #: password file does; named when Redis then asks for the password.
+    unreadable: str = ""
 
 
 # Resolved URL -> how it was resolved, so an error about that URL can say where the refused
@@ -378,6 +382,10 @@ def auth_failed(url: str, exc: BaseException) -> RedisAuthFailed:
                    f"remove that password from rig's settings (or set requirepass on that Redis)")
     elif auth.source:
         message = f"Redis at {shown} refused the password from {auth.source} ({detail}); {ways}"
+    elif auth.unreadable:
+        message = (f"Redis at {shown} requires a password and this user cannot read redis_password_file "
+                   f"{auth.unreadable}; use rig through the node's gateway (start it with `rig up`, or set "
+                   "RIG_GATEWAY_SOCKET to its socket), or ask the file's owner for access")
     else:
         # (redis-py's text here is about HELLO/NOAUTH internals; the fact is enough.)
         message = f"Redis at {shown} requires a password and rig has none; {ways}"
@@ -592,7 +600,12 @@ def resolve_auth(url: str, *, home: Path, password: str | None = None,
         if not path.exists():
             raise ConfigError(f"redis_password_file names {path}, which does not exist; "
                               "create it (one line, mode 0600) or unset RIG_REDIS_PASSWORD_FILE")
-        auth = RedisAuth(with_password(url, read_password_file(path)), str(path), home_file)
+        if path.exists() and not os.access(path, os.R_OK):
+            # A team's password file kept from users (0640 root:rigadmins): they are not meant to
+            # hold the password, and the gateway serves them; refusing here stopped every command.
+            auth = RedisAuth(url, "", home_file, unreadable=f"{path} (no permission to read it)")
+        else:
+            auth = RedisAuth(with_password(url, read_password_file(path)), str(path), home_file)
     elif home_file is not None and visible(home_file):
         # The home's password goes only to a Redis of this user's (or root's) own: a process of
         # another user listening on that port (squatting it while rig's Redis is down) would

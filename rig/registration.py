@@ -16,6 +16,7 @@ from rig.gpus import GpuBackend, GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeRegistry
+from rig.policy import encode as encode_policy
 from rig.pools import encode as encode_pools
 
 
@@ -62,7 +63,8 @@ def register_node(settings: Settings, client: redis.Redis, backend: GpuBackend,
     NodeRegistry(client, keys).register(
         settings.node_name, ttl=settings.health.timeout, backend=backend.kind, cards=len(readings),
         pid=pid or os.getpid(), fake_spec=getattr(backend, "spec", "") or "",
-        pools=encode_pools(settings.pools))  # the cluster's pools are the nodes' (rig.pools)
+        pools=encode_pools(settings.pools),  # the cluster's pools are the nodes' (rig.pools)
+        policy=encode_policy(settings))  # compared by the next node's rig up (rig.policy)
     # The node is up again: a "node stopped/down" mark on any of its cards is false now. An
     # allowed card's worker would clear it too, but a card outside gpu_whitelist (or gone) has
     # no worker, so the mark would stay for ever (issue 11: `[UNHEALTHY: node stopped ...]` on

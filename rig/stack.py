@@ -494,6 +494,7 @@ class Stack:
         if self.wants("cards") or self.wants("control"):
             self._check_data_format()
             self._check_pools()
+            self._check_policy()
         if self.wants("control"):
             # The control workers move finished jobs into the archive: a wrong archive_url, a
             # missing psycopg or an unwritable folder is said now (exit 6), not in a worker's log.
@@ -736,6 +737,15 @@ class Stack:
                             NodeRegistry(self._redis(), self.keys).read())
         if line:
             raise StackError(line)
+
+    def _check_policy(self) -> None:
+        """Warn, in one line, when a node up applies other rules to users' jobs (rig.policy):
+        the leading dispatcher places by its own, each gateway lets its own admins kill."""
+        from rig.policy import differences
+
+        line = differences(self.settings.node_name, self.settings, NodeRegistry(self._redis(), self.keys).read())
+        if line:
+            self.say(line)
 
     def _claim_name(self) -> None:
         """Own the node name before anything of the node is written (rig.node_claim): a live

@@ -116,6 +116,27 @@ class WaitFacts:
     #: rig.placement.CardWalk of ``cards`` (the dispatcher's, made once for a round's many
     #: sentences), or None: made here. Only how fast a sentence is worded, never what it says.
     walk: CardWalk | None = None
+    #: NodeStates.of(``nodes``) (the dispatcher's, made once for a round's many sentences), or
+    #: None: made here. Only how fast a sentence is worded, never what it says.
+    node_states: NodeStates | None = None
+
+
+@dataclass(frozen=True)
+class NodeStates:
+    """What a sentence reads of a list of nodes beside each one's words: the nodes by name, the
+    names of those whose cards do not count as available (_live), and those frozen (an
+    installation mismatch), in list order. O(nodes) once for a list the caller does not change,
+    instead of once per body worded (hundreds a pass at 64 nodes, ~45 us each)."""
+
+    by_name: Mapping[str, NodeInfo]
+    down: frozenset[str]
+    frozen: tuple[NodeInfo, ...]
+
+    @classmethod
+    def of(cls, nodes: Sequence[NodeInfo]) -> NodeStates:
+        by_name = {n.name: n for n in nodes}
+        return cls(by_name, frozenset(name for name, n in by_name.items() if not _live(n)),
+                   tuple(n for n in nodes if n.mismatch))
 
 
 def node_state_text(node: NodeInfo) -> str:
@@ -164,10 +185,11 @@ def explain_body(facts: WaitFacts) -> tuple[str, bool]:
 def _card_body(facts: WaitFacts) -> tuple[str, bool]:
     """explain_body less the pool's words (see there)."""
     req = facts.request
-    nodes = {n.name: n for n in facts.nodes}
+    states = facts.node_states if facts.node_states is not None else NodeStates.of(facts.nodes)
+    nodes = states.by_name
     held = facts.held or {}
 
-    down = {name for name, n in nodes.items() if not _live(n)}  # a card of a node not listed counts as up
+    down = states.down  # a card of a node not listed counts as up
 
     def is_live(card: CardState) -> bool:
         return card.node not in down
@@ -177,7 +199,7 @@ def _card_body(facts: WaitFacts) -> tuple[str, bool]:
     if facts.limit:
         return f"{facts.limit}; waits for one of them to end", True
 
-    frozen = [n for n in facts.nodes if n.mismatch]
+    frozen = states.frozen
     if frozen and not live:
         # Its cards are not in this Redis: the node joined another installation (rig.installation).
         return (f"no node takes jobs here: {frozen[0].name} is frozen ({frozen[0].mismatch})"

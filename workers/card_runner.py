@@ -313,7 +313,7 @@ class CardRunner:
             # Nothing of a damaged or hostile record is used: not its command, env or folder.
             reason = job.invalid_reason or f"invalid record: field id: {job.id}, not {job_id}"
             return self._refuse(job_id, str(token), reason, "invalid_record")
-        running = self._running_copy(job)
+        running = self._running_copy(job, attempt)
         if running is None and job.cancel_requested:
             # Killed between its placement and this claim: it never starts.
             log.info("job %s: kill requested before it started; not starting it", job_id)
@@ -917,10 +917,17 @@ class CardRunner:
             drop_job_usage_dir(jobs_dir, job_id)
         return result[0] if result else None
 
-    def _running_copy(self, job: Job) -> ActiveJob | None:
-        """A live process of this job started by this node (name), known from its pid file, or
-        None. A copy another node on this host started (the attempt this one re-runs after that
-        node went silent) is not ours to adopt: that node stops it when it returns."""
+    def _running_copy(self, job: Job, claimed: int) -> ActiveJob | None:
+        """A live process of this job started by this node (name), known from its pid file, of
+        attempt ``claimed`` (the one just claimed) or later, or None. A copy another node on
+        this host started (the attempt this one re-runs after that node went silent) is not ours
+        to adopt: that node stops it when it returns.
+
+        A copy of an earlier attempt is no lost record of this start: rig concluded that attempt
+        (lost when this node was declared down while its jobs ran on, then placed again here
+        before the orphan check stopped it). It is stopped now, before this attempt starts, so
+        the job never runs twice at once; adopting it gave the new attempt the old one's number
+        and cards (it ran on the card it started on while the reservation named another)."""
         # Also the folders of another home that ran this node name before (attempt_locate).
         pid_files = [f for d in job_folders(job, job_folder(self.settings.job_log_dir, job.id, job.instance))
                      if d.is_dir() for f in sorted(d.glob("attempt-*.pid"))]
@@ -931,6 +938,12 @@ class CardRunner:
             pid, start, attempt, keeper_pid, keeper_start = found
             if is_alive(pid, start) and is_job_process(pid, job.id, self.settings.key_prefix, job.instance,
                                                        node=self.node):
+                if attempt < claimed:
+                    log.warning("job %s: its attempt %s, concluded by rig, still runs as pid %s; stopping it "
+                                "before attempt %s starts", job.id, attempt, pid, claimed)
+                    if session_is_ours(pid, start):
+                        stop_tree(pid, self.settings.kill_grace_seconds)
+                    continue
                 exit_file = pid_file.with_suffix(".exit")
                 return ActiveJob(job.id, str(job.assignments), attempt, pid, start, exit_file, instance=job.instance,
                                  time_limit=job.time_limit, log_path=pid_file.with_suffix(".log"),

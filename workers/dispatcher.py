@@ -141,6 +141,7 @@ from rig.placement import (
     may_backfill,
     never_fits,
     place,
+    placeable,
     plan_hold,
 )
 from rig.pools import Pools
@@ -149,6 +150,7 @@ from rig.redis_writes import is_outage
 from rig.store import JobStore
 from rig.waiting import (
     REFRESH_S,
+    NodeStates,
     WaitFacts,
     body_key,
     card_token,
@@ -239,6 +241,7 @@ class Dispatcher:
         #: reservation and at its end, so every mark precedes any start, as one by one.
         self._marks: dict[int, dict[str, Any]] = {}
         self._nodes: list[NodeInfo] | None = None  # read once per round, when a wait is explained
+        self._node_states: NodeStates | None = None  # rig.waiting.NodeStates of _nodes
         self._nodes_token: Hashable = ()  # rig.waiting.nodes_token of _nodes
         #: Wait sentence bodies by what they read (rig.waiting.body_key): jobs that wait pass after
         #: pass for the same reasons are worded once, not once each per pass.
@@ -259,7 +262,8 @@ class Dispatcher:
         #: Kept between passes (_read_cards): card set id -> (its version (rig.ledger.CARD_VERSION),
         #: its CardState, its reservations: job id -> bytes), as last read; a pass re-reads a card
         #: only when its version moved.
-        self._kept: dict[str, tuple[str, CardState, dict[int, int]]] = {}
+        #: card id -> (its version, its record parsed, its reservations, the record as read_cards.lua sent it)
+        self._kept: dict[str, tuple[str, CardState, dict[int, int], tuple]] = {}
         #: Reservations by card id (CardState.id) as of the last _read_cards.
         self._reservations: dict[str, dict[int, int]] = {}
         #: Placed or running job id -> its RUNNING_FIELDS as last read: read again when a card's
@@ -456,12 +460,12 @@ class Dispatcher:
         for script in self._scripts.values():
             self.r.script_load(script.script)
 
-    def _execute_reads(self, queue: Callable[[Any], None]) -> list:
-        """Run the reads ``queue`` puts on a pipeline, its scripts called by EVALSHA (_script_sha),
-        in one round trip: redis-py's own script objects make a pipeline ask SCRIPT EXISTS first,
-        a round trip of its own, every time. A script Redis no longer has is loaded and the reads
-        are queued and run again (only reads: running them twice changes nothing); any other
-        error is raised."""
+    def _execute_scripts(self, queue: Callable[[Any], None]) -> list:
+        """Run the commands ``queue`` puts on a pipeline, its scripts called by EVALSHA
+        (_script_sha), in one round trip: redis-py's own script objects make a pipeline ask
+        SCRIPT EXISTS first, a round trip of its own, every time. A script Redis no longer has is
+        loaded and the commands are queued and run again (reads, or writes that leave the same
+        values when run twice); any other error is raised."""
         for attempt in range(2):
             pipe = self.r.pipeline(transaction=False)
             queue(pipe)
@@ -477,7 +481,7 @@ class Dispatcher:
 
     def _read_fields(self, keys: Sequence[str], fields: Sequence[str]) -> list[list[Any]]:
         """rig.hashes.read_fields (rig/lua/read_hashes.lua, at most rig.hashes.BATCH keys a call)
-        in one round trip without its SCRIPT EXISTS (_execute_reads)."""
+        in one round trip without its SCRIPT EXISTS (_execute_scripts)."""
         if not keys:
             return []
         sha = self._script_sha("read_hashes")
@@ -486,7 +490,7 @@ class Dispatcher:
             for start in range(0, len(keys), hashes.BATCH):
                 batch = list(keys[start:start + hashes.BATCH])
                 pipe.evalsha(sha, len(batch), *batch, *fields)
-        return fields_of(self._execute_reads(queue))
+        return fields_of(self._execute_scripts(queue))
 
     def _first_reads(self, check_lead: bool | None = None) -> tuple[list[CardState], tuple | None]:
         """A round's cards (_read_cards) and what _read_waiting needs before the heads' fields, in
@@ -580,7 +584,7 @@ class Dispatcher:
                 batch = ids[start:start + CARDS_BATCH]     # script asks SCRIPT EXISTS first, every time
                 replies += self._read_script(keys=self._card_keys[2 * start:2 * (start + len(batch))],
                                              args=[self._kept[cid][0] if cid in self._kept else "" for cid in batch])
-        kept: dict[str, tuple[str, CardState, dict[int, int]]] = {}
+        kept: dict[str, tuple[str, CardState, dict[int, int], tuple]] = {}
         moved: set[int] = set()  # placed jobs whose reservations changed: their fields are read again
         for cid, entry in zip(ids, replies, strict=True):
             if len(entry) == 1:
@@ -602,20 +606,22 @@ class Dispatcher:
             # full read every FULL_READ_S parses every card); the same record in another field
             # order misses here and finds the same object by its fields.
             card = self._card_parses.get(flat_key := tuple(flat))
+            if card is None and before is not None:
+                card = _reparsed(before[1], before[3], flat_key)
             if card is None:
                 card = self._parse_card(dict(zip(flat[::2], flat[1::2], strict=True)))
-                self._card_parses[flat_key] = card  # (cleared with the parses, CARD_PARSE_CACHE)
+            self._card_parses[flat_key] = card  # (cleared with the parses, CARD_PARSE_CACHE)
             reservations = {int(k): int(v) for k, v in zip(held[::2], held[1::2], strict=True)}
             if before is not None and before[2] != reservations:
                 moved.update(reservations, before[2])
-            kept[cid] = (version, card, reservations)
+            kept[cid] = (version, card, reservations, flat_key)
         self._kept = kept
         for jid in moved:
             self._kept_jobs.pop(jid, None)
-        cards = sorted((card for _version, card, _held in kept.values()), key=lambda c: (c.node, c.index))
+        cards = sorted((entry[1] for entry in kept.values()), key=lambda c: (c.node, c.index))
         # Under each record's own node and index, as a read of its reservations hash by the
         # record's fields found them (a damaged record's are '?' and -1, where nothing is).
-        self._reservations = {card.id: held if card.id == cid else {} for cid, (_v, card, held) in kept.items()}
+        self._reservations = {card.id: held if card.id == cid else {} for cid, (_v, card, held, _r) in kept.items()}
         return cards
 
     def _parse_card(self, raw: dict[Any, Any]) -> CardState:
@@ -998,7 +1004,7 @@ class Dispatcher:
                                             plan_memo=self._plan_memo if self.shortcuts else None)
             if not view._big:  # its tokens from the last round's last view's (changed cards' parts replaced)
                 view._prior = self._last_tokens
-            self._nodes = None
+            self._nodes = self._node_states = None
             self._backfill_ends = {}
             self._never_inputs = {}
             if len(self._never) > EXPLAINED_CACHE:
@@ -1021,8 +1027,8 @@ class Dispatcher:
                     continue  # it could not start anyway: no cards held for it
                 mine = view.mine(job.pool)
                 request = Request(job.gpu_memory, job.gpus)
-                if mine and (not view.could_place(job.pool, request) or place(
-                        holds.fitting_open(job, request, view), request, self.settings.scheduler_type) is None) \
+                if mine and (not view.could_place(job.pool, request)
+                             or not placeable(holds.fitting_open(job, request, view), request)) \
                         and not self._never_fits(job.pool, mine, request):
                     blocked.add(job.id)
                     hold = holds.plan(job, view, request)
@@ -1234,6 +1240,7 @@ class Dispatcher:
         if self._nodes is None:
             self._nodes = NodeRegistry(self.r, self.keys).read()
             self._nodes_token = self._intern(nodes_token(self._nodes))
+            self._node_states = NodeStates.of(self._nodes)  # (the round never changes a NodeInfo read)
         closed, token = holds.closed_with_token(job, request, view)
         self._waits.pop(job.id, None)  # noted again: its place is this later one
         self._waits[job.id] = (job, request, ahead, hold, closed, token)
@@ -1246,7 +1253,7 @@ class Dispatcher:
             facts = WaitFacts(
                 request=request, cards=view.mine(job.pool), nodes=self._nodes, held=closed, own_hold=hold,
                 ahead=ahead, dispatcher=True, pool=job.pool, strategy=self.settings.scheduler_type, now=now,
-                fits_nowhere=nowhere, walk=view.walk(job.pool))
+                fits_nowhere=nowhere, walk=view.walk(job.pool), node_states=self._node_states)
             self._note(job, self._explain(facts, view, nowhere, token))
         self._waits.clear()
 
@@ -1309,14 +1316,34 @@ class Dispatcher:
             self._notes.pop(job.id, None)
 
     def _flush_notes(self) -> None:
+        """Write the reasons _note kept, stamped now: one rig/lua/write_reasons.lua call per
+        rig.hashes.BATCH jobs, in one round trip (a pipelined HSET per job cost ~8 us of the
+        client's CPU each, hundreds a pass)."""
         if not self._notes:
             return
-        pipe = self.r.pipeline(transaction=False)
         now = shared_now(self.r)
-        for job_id, reason in self._notes.items():
-            pipe.hset(self.keys.job(job_id), mapping={"wait_reason": reason, "wait_reason_at": now})
+        notes = list(self._notes.items())
         self._notes.clear()
-        pipe.execute()
+        sha = self._script_sha("write_reasons")
+
+        def queue(pipe: Any) -> None:
+            for start in range(0, len(notes), hashes.BATCH):
+                batch = notes[start:start + hashes.BATCH]
+                pipe.evalsha(sha, len(batch), *[self.keys.job(job_id) for job_id, _reason in batch], now,
+                             *[reason for _job_id, reason in batch])
+        self._execute_scripts(queue)
+
+
+def _reparsed(card: CardState, record: tuple, changed: tuple) -> CardState | None:
+    """CardState.from_redis of the flat record ``changed`` (field, value, ...), from ``card``,
+    the parse of ``record``, when the two list the same fields in the same order: only the
+    values that differ are checked again (CardState.with_fields: a job's start or end changes
+    three fields of 20, and ~140 records a starting pass at 512 cards were parsed in full). None
+    when the fields differ or a check finds a problem: parse it whole."""
+    if len(record) != len(changed) or record[::2] != changed[::2]:
+        return None
+    return card.with_fields({changed[i]: changed[i + 1] for i in range(0, len(changed), 2)
+                             if record[i + 1] != changed[i + 1]})
 
 
 def restamp_after(job_id: int) -> float:

@@ -274,10 +274,15 @@ class HealthChecker:
                 report.requeued.append(job.id)
 
     def _conclude_running(self, node: NodeInfo, report: HealthReport) -> None:
+        """A down node's running jobs end lost, as of its last heartbeat: the last moment rig
+        knows them to run (concluded "now", the attempt was charged for the ~40 s it takes to
+        declare a node down: a job killed with its host 7 s in read 'lost ... 43s', and `rig
+        usage` and fair share counted those seconds as the user's card time)."""
         for job in self._node_jobs(node.name):
             if job.state is not JobState.RUNNING:
                 continue
-            self._lost(job, f"node {node.name} stopped heartbeating", report)
+            ended = max(node.last_seen, job.started_at or 0.0) if node.last_seen else None
+            self._lost(job, f"node {node.name} stopped heartbeating", report, ended_at=ended)
 
     # -- 1 --------------------------------------------------------------------------------
     def _dead_workers(self, report: HealthReport) -> None:
@@ -375,10 +380,11 @@ class HealthChecker:
                 found[int(proc.card)] = (proc.pid, age)
         return found
 
-    def _lost(self, job: Job, why: str, report: HealthReport) -> None:
-        """End a RUNNING job's attempt as lost (``why``); its retry policy decides what next."""
-        code, _ = conclude(self.ledger, job, str(job.assignments), AttemptEnd(exit_code=None, lost=True, note=why),
-                           expect=JobState.RUNNING)
+    def _lost(self, job: Job, why: str, report: HealthReport, ended_at: float | None = None) -> None:
+        """End a RUNNING job's attempt as lost (``why``), at ``ended_at`` (shared clock; None:
+        now); its retry policy decides what next."""
+        code, _ = conclude(self.ledger, job, str(job.assignments),
+                           AttemptEnd(exit_code=None, lost=True, note=why, ended_at=ended_at), expect=JobState.RUNNING)
         if code == 1:
             report.lost.append(job.id)
 

@@ -82,11 +82,25 @@ def not_up(settings, *, named: bool) -> tuple[str, int]:  # noqa: ANN001 - rig.c
     """What ``rig down`` says when this home runs no rig up of the node asked for, and its exit
     code: another node of this home runs (say which, and what to type: 2); the node name is
     owned by a rig up of another home or host (name it, and where to type what: 10); else
-    plainly not up (0)."""
+    plainly not up (0). A node named with --node that another home owns is that owner's
+    (``rig down --node b`` in node a's home said to type `rig down --node a`, which stops the
+    node the operator did not name); without --node, this home's own node comes first."""
     node = settings.node_name
     other = another_home_node(settings, named=named, command="down")
+    if other and not named:
+        return (other, 2)
+    elsewhere = _owner_elsewhere(settings)
+    if elsewhere:
+        return (elsewhere, 10)
     if other:
         return (other, 2)
+    return (f"rig is not up on {node}", 0)
+
+
+def _owner_elsewhere(settings) -> str | None:  # noqa: ANN001 - rig.config.Settings
+    """The line naming the live rig up of another home or host that owns the node name, and
+    where to type `rig down` for it; None when there is none (or no Redis answers: only a hint)."""
+    node = settings.node_name
     try:
         from rig.keys import Keys
         from rig.node_claim import holder, there
@@ -94,8 +108,8 @@ def not_up(settings, *, named: bool) -> tuple[str, int]:  # noqa: ANN001 - rig.c
 
         owner = holder(connect(settings.redis_url, timeout=2.0, reply_timeout=2.0), Keys(settings.key_prefix), node)
     except Exception:  # noqa: BLE001 - only a hint: no Redis, no hint
-        owner = None
-    if owner is not None and not owner.same_home(settings.home) and not owner.provably_dead():
-        return (f"rig is not up on node {node} from RIG_HOME={settings.home}, and nothing was changed: node {node} "
-                f"is owned by a rig up ({owner.describe()}); to stop it: {there(node, owner, 'down')}", 10)
-    return (f"rig is not up on {node}", 0)
+        return None
+    if owner is None or owner.same_home(settings.home) or owner.provably_dead():
+        return None
+    return (f"rig is not up on node {node} from RIG_HOME={settings.home}, and nothing was changed: node {node} "
+            f"is owned by a rig up ({owner.describe()}); to stop it: {there(node, owner, 'down')}")

@@ -61,6 +61,9 @@ def submit_cmd(ctx: click.Context, **kwargs) -> None:  # noqa: ANN003
 
 
 # -- seeing -------------------------------------------------------------------------------------
+#: `rig up --daemon --redis URL` hands the URL to its daemon in this variable (rig.config_check.OWN_VARIABLES).
+DAEMON_REDIS_URL = "RIG_UP_REDIS_URL"
+
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
@@ -211,6 +214,9 @@ def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None, inst
     client = client_from(ctx)
     client.ping()
     job = client.get(parse_job_id(job_id), instance)
+    # Refused before any line about it: `rig log -f` of another user's job printed its header
+    # ("--- job 12, attempt 1 (a/0) ---") and only then the refusal (the gateway checks again).
+    client.check_control(job, "read the log of")
     # With --instance, every later read is of that very job (its whole instance), never the
     # other job now holding the id.
     picked = (job.instance or instance) if instance is not None else None
@@ -394,6 +400,10 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
 
     if fake_gpus_opt:
         ctx.obj["overrides"]["fake_gpus"] = fake_gpus_opt
+    # `rig up --daemon --redis URL` hands the URL to its daemon in DAEMON_REDIS_URL, not in its argv
+    # (`ps`) nor as RIG_REDIS_URL: the daemon then said "$RIG_REDIS_URL (in the environment)
+    # overrides redis_url in rig.toml; unset it", of a variable the operator never set.
+    redis_url_opt = redis_url_opt or os.environ.pop(DAEMON_REDIS_URL, None)
     if redis_url_opt:
         ctx.obj["overrides"]["redis_url"] = redis_url_opt
     if node_opt:
@@ -415,9 +425,12 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
         for key, value in overrides.items():
             # node_name: an option of `up` itself, below. redis_url may hold a password, and the
             # daemon's argv stays visible in `ps` for its whole life: it travels in
-            # env_overrides (RIG_REDIS_URL) instead.
+            # DAEMON_REDIS_URL instead, which the daemon takes as its --redis.
             if key not in ("node_name", "redis_url"):
                 argv += [f"--{key.replace('_', '-')}", str(value)]
+        daemon_env = {k: v for k, v in env_overrides.items() if k != "RIG_REDIS_URL"}
+        if "redis_url" in overrides:
+            daemon_env[DAEMON_REDIS_URL] = str(overrides["redis_url"])
         argv += ["up"] + (["--no-flower"] if no_flower else []) + (["--no-beat"] if no_beat else [])
         argv += ["--node", node_opt] if node_opt else []
         argv += ["--no-metrics"] if no_metrics else []
@@ -429,7 +442,7 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
         out_path = settings.rig_log_dir / "up.log"
         with open(out_path, "ab") as out:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True, env={**os.environ, **env_overrides})
+                                    start_new_session=True, env={**os.environ, **daemon_env})
         ready = settings.run_dir / f"up-{settings.node_name}.ready"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -42,6 +42,28 @@ def test_rig_down_names_the_owner_in_another_home(cli_env, tmp_path, real_redis)
     assert plain.exit_code == 0 and plain.output == "rig is not up on b\n"
 
 
+@pytest.mark.redis
+def test_rig_down_of_a_node_named_and_owned_elsewhere_names_its_owner_not_this_homes_node(cli_env, tmp_path,
+                                                                                        real_redis):
+    """Two nodes on one host: `rig down --node b` typed in node a's home said `rig down --node
+    a` (the node not named, which that line would stop) instead of where node b runs."""
+    from rig import node_claim as C
+    from rig.keys import Keys
+
+    run = tmp_path / "home" / "run"
+    run.mkdir(parents=True)
+    (run / "up-a.pid").write_text(f"{os.getpid()}\n")  # this home runs node a
+    other = tmp_path / "home-b"
+    assert C.claim(real_redis, Keys(cli_env), "b", C.identity(other, other / "run"), 30) is None
+    result = CliRunner().invoke(cli, ["down", "--node", "b"])
+    assert result.exit_code == 10 and result.output.count("\n") == 1, result.output
+    assert f"`RIG_HOME={other.resolve()} rig down --node b` on this host" in result.output
+    assert "rig down --node a" not in result.output
+    # A name nobody owns is still answered with this home's node (a typo: zz for a).
+    typo = CliRunner().invoke(cli, ["down", "--node", "zz"])
+    assert typo.exit_code == 2 and "`rig down --node a`" in typo.output
+
+
 def test_a_daemon_reports_its_own_reason(tmp_path):
     mine, theirs = reason_path(tmp_path, "a"), reason_path(tmp_path, "a")
     assert mine != theirs  # two starts at once never share one

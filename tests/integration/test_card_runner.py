@@ -19,7 +19,7 @@ from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from tests.conftest import REDIS_URL
 from workers.card_runner import CardRunner
-from workers.process_tree import find_by_environ, wrapper_argv
+from workers.process_tree import find_by_environ, proc_start_time, wrapper_argv
 
 pytestmark = pytest.mark.redis
 
@@ -105,14 +105,14 @@ def test_adopt_reads_only_the_jobs_placed_on_its_own_card(env, tmp_path):
     assert listed() == [(mine.id, token)] and read == [mine.id]
 
 
-def _start_orphan(settings, job: Job, attempt: int, command: str) -> subprocess.Popen:
+def _start_orphan(settings, job: Job, attempt: int, command: str, node: str | None = None) -> subprocess.Popen:
     job_dir = job_folder(settings.job_log_dir, job.id, job.instance)
     job_dir.mkdir(parents=True, exist_ok=True)
     exit_file = job_dir / f"attempt-{attempt}.exit"
     return subprocess.Popen(wrapper_argv(["/bin/sh", "-c", command]), start_new_session=True,
                             env={**os.environ, "RIG_EXIT_FILE": str(exit_file), "RIG_JOB_ID": str(job.id),
                                  "RIG_JOB_INSTANCE": job.instance or "", "RIG_ATTEMPT": str(attempt),
-                                 "RIG_KEY_PREFIX": settings.key_prefix})
+                                 "RIG_KEY_PREFIX": settings.key_prefix, **({"RIG_NODE_NAME": node} if node else {})})
 
 
 def test_adopt_finds_unrecorded_pid_and_supervises_it(env, tmp_path):
@@ -613,3 +613,48 @@ def test_a_retry_claimed_here_while_the_last_attempts_thread_ends_is_not_sent_ba
         release.set()
         second.join(30)
     assert job.id not in runner._starting  # both threads done
+
+
+def test_an_attempt_concluded_lost_that_still_runs_here_is_stopped_not_adopted(env, tmp_path):
+    """A node silent long enough is declared down and its running jobs' attempts concluded lost
+    (workers.health), while on a host that lived on (all of its rig processes SIGKILLed, the
+    jobs not) attempt 1 still runs. When the node returns, the dispatcher may place the job
+    here again before the node's orphan check stops that copy. The claim of the new start is
+    attempt 2: attempt 1 is no lost record of it. It was adopted as the new attempt
+    (`a copy already runs ... adopting it`): the record went back to attempt 1, both attempts
+    read 'attempt 1', and the copy kept running on the card it started on while the
+    reservation named another one. Seen with two nodes on one host: job 270 ran on b/2,
+    was recorded as run on b/0."""
+    from workers.outcomes import AttemptEnd, conclude
+
+    settings, ledger, runner, _ = env
+    ledger.register_card("n1", GpuReading(index=1, uuid="u1", model="m", total=80 * GIB),
+                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    ran = tmp_path / "ran"
+    job = ledger.store.create(Job(
+        id=0, name="t", user=current_identity().name, command=["/bin/sh", "-c", f"echo $RIG_ATTEMPT >> {ran}"],
+        shell=True, gpu_memory=GIB, gpus=1, priority=Priority.MEDIUM, state=JobState.PENDING,
+        workdir=str(tmp_path), created_at=time.time(), max_retries=2))
+    ok, token = ledger.reserve(job.id, "n1", [1], GIB)
+    assert ok and ledger.claim(job.id, token, "card1@n1")[0]
+    stale = _start_orphan(settings, job, 1, "sleep 20", node="n1")  # attempt 1, on card 1
+    try:
+        job_dir = job_folder(settings.job_log_dir, job.id, job.instance)
+        assert _until(lambda: find_by_environ("RIG_EXIT_FILE", str(job_dir / "attempt-1.exit")) is not None)
+        start = proc_start_time(stale.pid)
+        (job_dir / "attempt-1.pid").write_text(f"{stale.pid} {start} 1\n")
+        lost = ledger.store.get(job.id)
+        conclude(ledger, lost, str(lost.assignments),
+                 AttemptEnd(exit_code=None, lost=True, note="node n1 stopped heartbeating"), expect=JobState.RUNNING)
+        assert ledger.store.get(job.id).state is JobState.PENDING
+        ok, token = ledger.reserve(job.id, "n1", [0], GIB)  # placed again, on card 0
+        assert ok
+        assert runner.run_job(job.id, token) == "SUCCEEDED"
+        done = ledger.store.get(job.id)
+        assert ran.read_text().split() == ["2"], "attempt 2 never ran: the stale copy was taken for it"
+        assert done.attempt == 2 and done.cards == [0]
+        assert stale.wait(10) is not None  # stopped, not left running beside attempt 2
+    finally:
+        if stale.poll() is None:
+            stale.kill()
+            stale.wait(10)

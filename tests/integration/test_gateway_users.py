@@ -223,3 +223,19 @@ def test_a_user_follows_their_log_through_a_remake(node, users, user_venv, tmp_p
     assert new.startswith(b"[rig: this log was deleted") and text.endswith(new), (text[-300:], new[-300:], said)
     assert text.startswith(b"before\n") and text.endswith(b"the-last-line\n")
     assert said.count("was deleted and made again") == 1 and "Traceback" not in said, said
+
+
+def test_a_user_who_may_not_read_the_password_file_uses_the_gateway(node, users, user_venv):
+    """A team's password file kept from users (root's, 0640): a user whose settings name it (a
+    shared rig.toml, or RIG_REDIS_PASSWORD_FILE) submits through the gateway; it was exit 6
+    "cannot read the Redis password file ... ask its owner" from every command."""
+    harness, _url, shared = node
+    secret = shared / "redis.password"
+    secret.write_text("not-the-password\n")
+    secret.chmod(0o640)  # root:root: alice is not in its group
+    alice = users["rigtest-alice"]
+    env = {"RIG_REDIS_PASSWORD_FILE": str(secret)}
+    ran = _as(alice, user_venv, node, "rig-submit", "--gpu-memory", "1G", "--", "true", env=env)
+    assert ran.returncode == 0, ran.stderr
+    jid = int(ran.stdout.split()[0])
+    assert harness.client.get(jid).user == "rigtest-alice"

@@ -124,3 +124,17 @@ def test_the_leader_check_rides_in_the_first_reads(world, sends):
     _job(ledger, 2)
     assert dispatcher.dispatch_pass(check_lead=False) == 0 and not dispatcher._leading
     assert len(started) == 2
+
+
+def test_reasons_are_written_after_redis_lost_the_scripts(world):
+    """The reasons go in one write_reasons.lua call by SHA: Redis that lost its scripts (a
+    restart, SCRIPT FLUSH) gets it loaded again and the reasons written, not a failed pass."""
+    dispatcher, ledger, started = world
+    for _ in range(8):
+        _job(ledger, 75)  # one on each card: 5 GiB left on each
+    assert dispatcher.dispatch_pass() == 8
+    ledger.r.script_flush()
+    waiting = _job(ledger, 10)
+    assert dispatcher.dispatch_pass() == 0
+    assert ledger.r.hget(ledger.keys.job(waiting), "wait_reason")
+    assert ledger.r.hget(ledger.keys.job(waiting), "wait_reason_at")

@@ -107,6 +107,22 @@ def test_silent_node_is_declared_down_on_a_confirming_pass(cluster, redis_client
     assert started and {s[2] for s in started} == {"n2"}
 
 
+def test_a_down_nodes_running_job_ends_lost_at_its_last_heartbeat(cluster, redis_client):
+    """A job killed with its host 7 s in read 'lost ... 43s': its attempt ended when the node
+    was declared down, ~40 s later, and that time was charged as the user's card time."""
+    settings, keys, ledger, nodes, checker = cluster
+    running = _job(ledger, "n1", 0, run=True)
+    now = shared_now(redis_client)
+    ledger.store.update(running, started_at=now - 100)
+    redis_client.hset(keys.node("n1"), "last_seen", repr(now - 60))  # its last heartbeat
+    _silence(redis_client, keys, "n1")
+    checker.run_cluster(now=time.time())
+    assert checker.run_cluster(now=time.time() + 2 * settings.telemetry_interval).lost == [running]
+    attempt = ledger.store.get(running).attempts[-1]
+    assert attempt["outcome"] == "lost" and attempt["ended_at"] == pytest.approx(now - 60)
+    assert attempt["ended_at"] - attempt["started_at"] == pytest.approx(40)
+
+
 def test_a_down_nodes_cards_are_closed_before_it_is_said_down(cluster, redis_client, monkeypatch):
     """Whoever reads "down" finds its cards closed: the pass wrote "down" first and closed the
     cards after, and node-lost read a down node with a card still open between the two writes."""
@@ -322,6 +338,26 @@ def test_forgetting_a_stopped_node_is_refused_unless_forced_and_failed_jobs_get_
     assert job.reason.startswith("unschedulable: node n1 was forgotten by root; no card is left in pool 'only1'")
     assert failed == {stranded: job.reason}
     assert ledger.store.get(served).state is JobState.PENDING
+
+
+def test_a_stopped_node_with_running_jobs_is_refused_for_them_not_offered_force(cluster, redis_client, monkeypatch):
+    """`rig forget-node b` of a node stopped with jobs running on it said "forgetting it now
+    would fail no job ... To forget it anyway: `rig forget-node b --force`", and --force then
+    refused for those jobs: the first answer names them, as --force's does."""
+    from rig.client import Client, Identity
+
+    settings, keys, ledger, nodes, checker = cluster
+    client = Client(settings, redis_client=redis_client)
+    monkeypatch.setattr("rig.client.current_identity", lambda: Identity("root", 0))
+    running = _job(ledger, "n1", 0, run=True)
+    nodes.mark_stopped("n1")
+    _silence(redis_client, keys, "n1")
+    for force in (False, True):
+        with pytest.raises(NodeInUse) as refused:
+            client.forget_node("n1", force=force)
+        assert f"job(s) {running} placed or running there" in str(refused.value)
+        assert "--force" not in str(refused.value) and "fail no job" not in str(refused.value)
+    assert "n1" in redis_client.smembers(keys.nodes) and ledger.store.get(running).state is JobState.RUNNING
 
 
 def test_the_dispatcher_gives_unschedulable_jobs_a_class(cluster, redis_client):

@@ -15,7 +15,16 @@ import pytest
 from rig.card_index import RoomIndex
 from rig.memory import GIB
 from rig.models import CardState
-from rig.placement import _CARD_ORDER, STRATEGIES, Capacity, Placement, Request, fits, place
+from rig.placement import (
+    _CARD_ORDER,
+    STRATEGIES,
+    Capacity,
+    Placement,
+    Request,
+    fits,
+    place,
+    placeable,
+)
 from rig.pools import Pools
 from workers.dispatcher import _Lazy, _View
 
@@ -227,6 +236,25 @@ def _place_plainly(
 def test_place_chooses_what_its_plain_reading_chooses(seed):
     rng = random.Random(seed)
     cards = _cluster(rng)
+    for request in REQUESTS:
+        smallest = rng.choice([None, 4 * GIB, 16 * GIB, 30 * GIB])
+        for strategy in STRATEGIES:
+            assert place(cards, request, strategy, smallest_waiting=smallest) == _place_plainly(
+                cards, request, strategy, smallest_waiting=smallest), (request, strategy)
+        # placeable is place's None rule (the dispatcher asks it of jobs it will not start yet)
+        assert placeable(cards, request) == (_place_plainly(cards, request) is not None), request
+        for part in (cards[: len(cards) // 2], cards[::3], []):
+            assert placeable(part, request) == (_place_plainly(part, request) is not None), request
+            assert place(part, request, smallest_waiting=smallest) == _place_plainly(
+                part, request, smallest_waiting=smallest), request
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_place_chooses_what_its_plain_reading_chooses_among_empty_and_used_cards(seed):
+    """Half the cards empty (multi-factor's empty-card penalty applies on a node only where
+    enough used cards fit): the one-card rule weighs each node's cards as the plain reading does."""
+    rng = random.Random(seed)
+    cards = [dataclasses.replace(c, reserved=0, jobs=0) if rng.random() < 0.5 else c for c in _cluster(rng)]
     for request in REQUESTS:
         smallest = rng.choice([None, 4 * GIB, 16 * GIB, 30 * GIB])
         for strategy in STRATEGIES:

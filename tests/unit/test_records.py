@@ -191,3 +191,52 @@ def test_job_id_zero_is_refused_saying_ids_start_at_1():
     with pytest.raises(InvalidInput, match="whole numbers from 1"):
         R.parse_job_id("0")
     assert R.parse_job_id("12") == 12
+
+
+# Values a card record's fields may take: valid ones, bad ones, and gone (None).
+_CARD_VALUES = {
+    "node": ["n1", "n2", "two words", None], "index": ["0", "3", "-3", None],
+    "total": [str(80 * 2**30), "lots", None], "usable": [str(76 * 2**30), str(40 * 2**30), "1.5", None],
+    "reserved": ["0", str(12 * 2**30), str(-2 * 2**30), "1.5", "", None], "jobs": ["0", "1", "4", "x", None],
+    "max_jobs": ["4", "5", "0", None], "allowed": ["1", "0", "maybe", None], "healthy": ["1", "0", None],
+    "model": ["m", "x" * 300, None], "used": ["", "5", None], "utilization": ["", "50", "101"],
+    "temperature": ["40", "hot", None], "updated_at": ["1900000000.5", "soon", None], "fake": ["1", "0"],
+    "health_reason": ["", "hot"], "foreign": ["0", str(2**30), None], "gone": ["0", "1", "yes"],
+    "version": ["7", "8", None],
+}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_card_read_again_with_some_fields_changed_parses_as_the_whole_record(seed):
+    """CardState.with_fields (the dispatcher's _reparsed: only the values that changed checked
+    again) gives what from_redis gives for the new record, or None (then the whole is parsed)."""
+    import random
+
+    from workers.dispatcher import _reparsed
+
+    rng = random.Random(seed)
+    good = {**card_raw(), "version": "1", "updated_at": "1900000000.5", "foreign": "0", "gone": "0"}
+    raw, reparsed = good, 0
+    for _step in range(60):
+        if rng.random() < 0.5:
+            raw = good
+        new = dict(raw)
+        for name in rng.sample(sorted(_CARD_VALUES), rng.choice([1, 1, 2, 3])):
+            value = rng.choice(_CARD_VALUES[name])
+            if value is None:
+                new.pop(name, None)
+            else:
+                new[name] = value
+        before = CardState.from_redis(raw)
+        whole = CardState.from_redis(new)
+        record = tuple(x for kv in raw.items() for x in kv)
+        changed = tuple(x for kv in {**raw, **new}.items() if kv[0] in new for x in kv)  # raw's order
+        got = _reparsed(before, record, changed)
+        if got is not None:
+            reparsed += 1
+            assert got == whole and not got.problems and not whole.problems
+            assert (got.healthy, got.health_reason) == (whole.healthy, whole.health_reason)
+        else:
+            assert before.problems or whole.problems or record[::2] != changed[::2]
+        raw = new
+    assert reparsed > 5

@@ -138,6 +138,29 @@ def test_bad_password_files(tmp_path, clean_env, monkeypatch):
     assert read_password_file(secret_file(tmp_path / "pw", "  first  \nsecond\n")) == "first"
 
 
+def test_a_password_file_this_user_may_not_read_sends_them_to_the_gateway(tmp_path, monkeypatch):
+    """A team's file kept from users (0640 root:rigadmins): a user who cannot read it holds no
+    credentials, so rig.gateway.choice sends them to the gateway; refusing at load (exit 6, 'ask
+    its owner for the password') stopped every command of every such user. os.access is faked:
+    the suite runs as root, who reads any file."""
+    from rig.gateway.choice import holds_credentials
+
+    path = secret_file(tmp_path / "pw", "s3cret\n", 0o640)
+    real_access = os.access
+    monkeypatch.setattr("rig.redis_conn.os.access",
+                        lambda p, mode, **kw: False if Path(p) == path else real_access(p, mode, **kw))
+    auth = resolve_auth("redis://10.0.0.5:6379/0", home=tmp_path / "home", password_file=path)
+    assert url_password(auth.url) is None and auth.source == "" and str(path) in auth.unreadable
+    error = auth_failed(auth.url, redis.AuthenticationError("Authentication required."))
+    assert f"cannot read redis_password_file {path}" in str(error) and "gateway" in str(error)
+    assert "\n" not in str(error)
+
+    class Settings:  # what holds_credentials reads
+        redis_url = auth.url
+
+    assert not holds_credentials(Settings())  # type: ignore[arg-type]
+
+
 def test_generated_password_file_is_0600_from_the_start_and_reused(tmp_path):
     path = tmp_path / "home" / "redis.password"
     old = os.umask(0)  # the most permissive umask must not widen it

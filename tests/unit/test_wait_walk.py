@@ -33,6 +33,7 @@ from rig.placement import (
 from rig.waiting import (
     FITS_NOW,
     STARTS_NEXT_PASS,
+    NodeStates,
     WaitFacts,
     _big_enough,
     _cards,
@@ -220,8 +221,12 @@ def test_explain_body_through_a_walk_says_what_the_plain_body_says(seed):
     nodes = sorted({c.node for c in cards})
     infos: list[NodeInfo] = []
     if rng.random() < 0.3:
-        infos = [NodeInfo(name=n, alive=True, state=rng.choice(["up", "up", "stopped", "down"]), since=1_899_999_000.0,
-                          started_at=1_899_998_000.0) for n in nodes]
+        frozen = rng.choice([0.0, 0.25, 1.0])  # share of nodes joined to another installation
+        infos = [NodeInfo(name=n, alive=True, state=rng.choice(["up", "up", "stopped", "down", "silent"]),
+                          since=1_899_999_000.0, started_at=rng.choice([1_899_998_000.0, None]),
+                          workers=rng.choice([0, 4, 4]),
+                          mismatch="it joined another installation" if rng.random() < frozen else None)
+                 for n in nodes]
     walk = CardWalk(cards, index=RoomIndex(cards))
     capacity = Capacity(cards)
     for _ in range(20):
@@ -233,3 +238,5 @@ def test_explain_body_through_a_walk_says_what_the_plain_body_says(seed):
         plain = _body_plainly(facts)
         assert explain_body(dataclasses.replace(facts, walk=walk)) == plain
         assert explain_body(facts) == plain
+        # the nodes' states made once for the round (the dispatcher's), not per body
+        assert explain_body(dataclasses.replace(facts, walk=walk, node_states=NodeStates.of(infos))) == plain
