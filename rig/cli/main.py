@@ -232,9 +232,9 @@ def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None, inst
              open_log=lambda path: client.open_log(job.id, path, picked),
              exists=lambda path: ride.call(client.log_exists, job.id, path, picked),
              name_instance=instance is not None or id_given_again(client, job),
-             retention=lambda job: (("error_log_retention_days", client.settings.error_log_retention_days)
-                                    if client.in_error_queue(job.id)
-                                    else ("log_retention_days", client.settings.log_retention_days)))
+             retention=lambda ended: (("error_log_retention_days", client.settings.error_log_retention_days)
+                                      if client.in_error_queue(ended.id)
+                                      else ("log_retention_days", client.settings.log_retention_days)))
 
 
 # -- controlling ------------------------------------------------------------------------------
