@@ -46,6 +46,7 @@ from rig.clock import shared_now
 from rig.memory import format_memory
 from rig.models import CardState, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
+from rig.placement import room_for_one
 from rig.pools import Pools, cluster_pools
 
 if TYPE_CHECKING:
@@ -176,16 +177,24 @@ def recent_ended(client: Client, limit: int,
     return out
 
 
+def open_free(card: CardState) -> int:
+    """Bytes of ``card`` a new job could be given now: 0 on a card that takes no job, one at its
+    job cap (``max_task_per_gpu``) included, whatever memory it has left (placement.room_for_one,
+    from CardState.refusal, the one rule)."""
+    return room_for_one(card) or 0
+
+
 def fragmentation(cards: list[CardState], waiting: list[WaitingJob]) -> float:
-    """Share (0..1) of the free memory on eligible cards that sits on cards whose free block is
-    smaller than the smallest waiting job's per-card request: memory no waiting job can use.
+    """Share (0..1) of the free memory new jobs could be given (:func:`open_free`: not on a card
+    at its job cap) that sits on cards whose free block is smaller than the smallest waiting
+    job's per-card request: memory no waiting job can use.
     0 when nothing waits, nothing is free, or all the free memory together is less than that
     request: the cards are full, not fragmented (no packing could have made room for it, and a
     busy server with a queue read "fragmentation 100%: 24.0 GiB of 24.0 GiB ... (70.0 GiB)")."""
     if not waiting:
         return 0.0
     smallest = min(job.gpu_memory for job in waiting)
-    free = [card.free for card in cards if card.eligible]
+    free = [open_free(card) for card in cards]
     total = sum(free)
     if total <= 0 or total < smallest:
         return 0.0
@@ -242,7 +251,7 @@ def evaluate(client: Client, rules: AlertRules | None = None,
     frag = fragmentation(cards, waiting)
     if frag > rules.max_fragmentation:
         smallest = min(job.gpu_memory for job in waiting)
-        free = sum(c.free for c in cards if c.eligible)
+        free = sum(open_free(c) for c in cards)
         alerts.append(Alert(
             "fragmentation", SEVERITY_WARNING,
             f"fragmentation {frag:.0%}: {format_memory(free * frag)} of "
@@ -358,14 +367,14 @@ def _idle_cards(cards: list[CardState], waiting: list[WaitingJob], rules: AlertR
                 now: float, pools: Pools) -> list[Alert]:
     """The first waiting job (in run order) that has waited too long while idle cards it may
     use (its pool's, when it names one: the cluster's pools, rig.pools) would take it."""
-    idle = [c for c in cards if c.eligible and c.jobs == 0 and c.max_jobs > 0]
+    idle = [c for c in cards if c.jobs == 0 and open_free(c) > 0]
     if not idle:
         return []
     for job in waiting:
         waited = now - job.created_at
         if waited <= rules.idle_wait_seconds:
             continue
-        fitting = [c for c in idle if c.free >= job.gpu_memory and pools.contains(job.pool, c.node, c.index)]
+        fitting = [c for c in idle if open_free(c) >= job.gpu_memory and pools.contains(job.pool, c.node, c.index)]
         by_node: dict[str, list[CardState]] = {}
         for card in fitting:
             by_node.setdefault(card.node, []).append(card)

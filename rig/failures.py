@@ -14,6 +14,7 @@ compiled once and run over the whole tail with ``finditer``; a 256 KiB tail take
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import re
@@ -437,6 +438,8 @@ def _classify_text(text: str) -> Classification | None:
     if not text:
         return None
     hits = _scan(text)
+    if any(hits.values()):
+        _drop_superseded(text, hits)
     for failure in (_OOM, _NCCL, _CUDA):
         found = hits.get(failure)
         if found:
@@ -447,6 +450,74 @@ def _classify_text(text: str) -> Classification | None:
                 return Classification(failure, _oom_summary(ordered, framework), evidence, framework)
             return Classification(failure, _summary(ordered), evidence)
     return None
+
+
+# A Python exception line: the last line of a traceback, or one printed alone ("ValueError: bad").
+# Unindented, after an optional launcher prefix ("[rank0]: ", "[default1]:"): a source line in a
+# traceback is indented and never one.
+_PREFIX = r"(?:\[[\w-]*\]: ?)?"
+_EXCEPTION_LINE = re.compile(
+    rf"^{_PREFIX}(?:[A-Za-z_]\w*\.)*(?P<name>[A-Za-z_]\w*(?:Error|Exception|Interrupt))(?::[ \t]|:?[ \t]*$)",
+    re.MULTILINE)
+# A launcher's own error about a child that failed: the child's error, above it, is the one
+# that decides (torchrun's ChildFailedError, accelerate's and deepspeed's CalledProcessError).
+_LAUNCHER_ERRORS = frozenset({"ChildFailedError", "CalledProcessError"})
+_TRACEBACK_START = re.compile(rf"^{_PREFIX}Traceback \(most recent call last\):", re.MULTILINE)
+_CHAINED = re.compile(rf"^{_PREFIX}(?:During handling of the above exception, another exception occurred:"
+                      rf"|The above exception was the direct cause of the following exception:)\s*$")
+
+
+def _final_error_start(text: str) -> tuple[int, int] | None:
+    """Where the log's final error is: (start, end) offsets of the last exception line that is
+    not a launcher's, with its traceback and the tracebacks chained to it ("During handling of
+    the above exception ..."); None when no exception line is in the text. One pass of each
+    pattern, then bisection: a chain of thousands of tracebacks takes milliseconds."""
+    exceptions = list(_EXCEPTION_LINE.finditer(text))
+    last = next((i for i in range(len(exceptions) - 1, -1, -1)
+                 if exceptions[i]["name"] not in _LAUNCHER_ERRORS), None)
+    if last is None:
+        return None
+    starts = [m.start() for m in exceptions]
+    headers = [m.start() for m in _TRACEBACK_START.finditer(text)]
+    exc_start = starts[last]
+    end = text.find("\n", exc_start)
+    end = len(text) if end < 0 else end
+    start = exc_start
+    while True:
+        h = bisect.bisect_left(headers, exc_start) - 1
+        # Its own traceback: no other exception line between the header and it.
+        if h < 0 or bisect.bisect_right(starts, headers[h]) != bisect.bisect_left(starts, exc_start):
+            return start, end
+        start = headers[h]
+        before = text[:start].rstrip("\n")
+        line_start = before.rfind("\n") + 1
+        if not _CHAINED.match(before[line_start:]):
+            return start, end
+        previous = bisect.bisect_left(starts, line_start) - 1
+        if previous < 0:
+            return start, end
+        exc_start = start = starts[previous]
+
+
+def _drop_superseded(text: str, hits: dict[FailureClass, dict[int, _Hit]]) -> None:
+    """Drop the GPU evidence that a different, later error supersedes.
+
+    The final error is the last exception line (not a launcher's), with its traceback and the
+    tracebacks chained to it. When that error is itself no GPU failure (a ValueError, say), a GPU
+    message printed before it was handled or only mentioned ("grep for CUDA out of memory",
+    a retry loop that caught an OOM and went on): it is not why the job ended, and is dropped.
+    A GPU message inside the final error, after it, or before a final error that is a GPU failure
+    too (NCCL's "Cuda failure 'out of memory'" before its DistBackendError) stays evidence.
+    """
+    final = _final_error_start(text)
+    if final is None:
+        return
+    start, end = final
+    if any(start <= offset <= end for found in hits.values() for offset in found):
+        return
+    for found in hits.values():
+        for offset in [o for o in found if o < start]:
+            del found[offset]
 
 
 def _evidence(lines) -> tuple[str, ...]:

@@ -483,36 +483,54 @@ def _remove(folder: Path) -> bool:
 
 #: rig's own logs (system_log_dir) that are renamed aside past SYSTEM_LOG_MAX_BYTES: those whose
 #: writers reopen the file by its name (Celery's -f is a WatchedFileHandler; Redis opens its
-#: logfile for each line). Not up.log and the *.out files (a descriptor each process inherited:
-#: a renamed file would keep growing) nor flower.log (Tornado rotates it itself, at 100 MB).
+#: logfile for each line). Not flower.log (Tornado rotates it itself, at 100 MB).
 SYSTEM_LOG_PATTERNS = ("control.log", "card*.log", "beat.log", "redis.log")
+#: rig's own logs whose writers hold a descriptor they inherited, never reopening the name:
+#: `rig up --daemon`'s up.log and each process' *.out (opened "ab" by rig.cli.main and
+#: rig.stack: O_APPEND). Renamed, the writer would go on in NAME.1 and NAME would stay empty; so
+#: they are copied aside and cut to 0 in place, where an O_APPEND writer's next line lands at the
+#: new end (logrotate's copytruncate). A line written between the copy and the cut is lost.
+SYSTEM_LOG_APPENDED = ("up.log", "*.out")
 SYSTEM_LOG_MAX_BYTES = 64 * 1024**2
 SYSTEM_LOG_KEEP = 2  # older copies kept: control.log.1 (the newer), control.log.2
 
 
 def rotate_system_logs(folder: Path, *, max_bytes: int = SYSTEM_LOG_MAX_BYTES,
                        keep: int = SYSTEM_LOG_KEEP) -> list[Path]:
-    """Rename each of rig's own logs in ``folder`` (SYSTEM_LOG_PATTERNS) that has grown past
-    ``max_bytes`` to NAME.1, NAME.1 to NAME.2 and so on, dropping the copy beyond ``keep``: the
-    workers' logs grew by ~10 MB a day on an idle node, for as long as the node ran. Its writer
-    goes on in a new NAME at its next line. Symlinks and other non-files are left alone.
-    Returns the logs renamed."""
+    """Move aside each of rig's own logs in ``folder`` that has grown past ``max_bytes``: NAME
+    to NAME.1 (renamed, SYSTEM_LOG_PATTERNS; copied and cut to 0, SYSTEM_LOG_APPENDED), NAME.1
+    to NAME.2 and so on, dropping the copy beyond ``keep``: the workers' logs grew by ~10 MB a
+    day on an idle node, for as long as the node ran. Its writer goes on in NAME at its next
+    line. Symlinks and other non-files are left alone. Returns the logs moved aside."""
     rotated: list[Path] = []
-    for pattern in SYSTEM_LOG_PATTERNS:
-        for path in sorted(folder.glob(pattern)):
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                continue
-            if not stat.S_ISREG(st.st_mode) or st.st_size <= max_bytes:
-                continue
-            for n in range(keep, 0, -1):
-                older = path.with_name(f"{path.name}.{n}")
-                if n == keep:
-                    older.unlink(missing_ok=True)
-                else:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.replace(older, path.with_name(f"{path.name}.{n + 1}"))
-            os.replace(path, path.with_name(f"{path.name}.1"))
-            rotated.append(path)
+    for patterns, move in ((SYSTEM_LOG_PATTERNS, os.replace), (SYSTEM_LOG_APPENDED, _copy_and_cut)):
+        for pattern in patterns:
+            for path in sorted(folder.glob(pattern)):
+                try:
+                    st = os.lstat(path)
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISREG(st.st_mode) or st.st_size <= max_bytes:
+                    continue
+                for n in range(keep, 0, -1):
+                    older = path.with_name(f"{path.name}.{n}")
+                    if n == keep:
+                        older.unlink(missing_ok=True)
+                    else:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.replace(older, path.with_name(f"{path.name}.{n + 1}"))
+                move(path, path.with_name(f"{path.name}.1"))
+                rotated.append(path)
     return rotated
+
+
+def _copy_and_cut(path: Path, copy: Path) -> None:
+    """Copy ``path`` to ``copy`` (a new file, with its mode), then cut ``path`` to 0 bytes in
+    place (os.replace's part for a log whose writers hold O_APPEND descriptors)."""
+    copy.unlink(missing_ok=True)
+    with open(path, "rb") as src:
+        mode = stat.S_IMODE(os.fstat(src.fileno()).st_mode)
+        with open(os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode), "wb") as dst:
+            os.fchmod(dst.fileno(), mode)
+            shutil.copyfileobj(src, dst)
+            os.truncate(path, 0)

@@ -50,8 +50,9 @@ Gauges:
 ``rig_recent_failures{failure}``             FAILED / TIMEOUT jobs by failure class among the
                                              last 500 ended jobs (newest by job id; class
                                              "unknown" when none was recorded)
-``rig_fragmentation_ratio``                  share of free memory on eligible cards that sits on
-                                             cards with less free than the smallest waiting
+``rig_fragmentation_ratio``                  share of the free memory new jobs could be given (not
+                                             on a card at its job cap) that sits on cards with
+                                             less free than the smallest waiting
                                              job's per-card request (0 when nothing waits, or
                                              when all the free memory is less than that request:
                                              full, not fragmented)

@@ -34,7 +34,7 @@ def rotate_own_logs(settings: Settings) -> None:
         log.warning("rig's own logs in %s not rotated: %s", settings.rig_log_dir, exc)
         return
     if rotated:
-        log.info("rig's own logs renamed aside past %s: %s (older copies: .1, .2)",
+        log.info("rig's own logs moved aside past %s: %s (older copies: .1, .2)",
                  human_size(SYSTEM_LOG_MAX_BYTES), ", ".join(p.name for p in rotated))
 
 

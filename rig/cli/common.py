@@ -22,11 +22,92 @@ from rig.text import clean
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def error_line(message: str) -> str:
+    """THE form of rig's one-line errors: ``rig: error: MESSAGE``. The message may quote a job's
+    text (a name, an invalid record's field): control sequences are stripped (rig.text)."""
+    return f"rig: error: {clean(message)}"
+
+
 def fail(message: str, code: int = 1) -> None:
-    """One line on stderr and exit ``code``. The message may quote a job's text (a name, an
-    invalid record's field): control sequences are stripped (rig.text)."""
-    click.echo(f"rig: error: {clean(message)}", err=True)
+    """One line on stderr (:func:`error_line`) and exit ``code``."""
+    click.echo(error_line(message), err=True)
     sys.exit(code)
+
+
+def usage_words(exc: click.UsageError, command: str = "rig") -> str:
+    """A usage error of Click's in rig's words, one line that says where help is:
+    ``--retries: 'abc' is not a valid integer; see rig-submit --help`` (Click wrote "Usage: ...",
+    "Try ... for help." and "Error: Invalid value for '--retries': ..." on three lines).
+    ``command``: the command's name where the error has no context (a missing option value)."""
+    if isinstance(exc, click.BadParameter) and not isinstance(exc, click.MissingParameter):
+        hint = exc.param_hint
+        if hint is None and exc.param is not None:
+            hint = exc.param.get_error_hint(exc.ctx) if exc.ctx is not None else exc.param.name
+        elif hint is not None and not isinstance(hint, str):
+            hint = " / ".join(hint)
+        text = f"{hint.replace(chr(39), '')}: {exc.message}" if hint else exc.message
+    else:
+        text = exc.format_message()
+    text = " ".join(text.split())
+    text = re.sub(r"\. (Did you mean .*\?)$", lambda m: f" ({m[1][0].lower()}{m[1][1:]})", text).rstrip(".")
+    where = exc.ctx.command_path if exc.ctx is not None else command
+    return f"{text}; see {where} --help"
+
+
+class _OneLineUsageError(click.UsageError):
+    """A usage error that Click's own handling shows as rig's one line (exit 2, as Click's)."""
+
+    def __init__(self, exc: click.UsageError, command: str) -> None:
+        super().__init__(exc.message, exc.ctx)
+        self.exit_code = exc.exit_code
+        self.words = usage_words(exc, command)
+
+    def show(self, file: Any = None) -> None:
+        click.echo(error_line(self.words), err=True)
+
+
+class OneLineUsage:
+    """Mixed into the console scripts' commands (``rig``, ``rig-submit``): every usage error
+    Click raises under them, parsing or resolving a subcommand, is one line (:func:`usage_words`)."""
+
+    def make_context(self, info_name: str | None, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, *args, **kwargs)  # type: ignore[misc]
+        except click.UsageError as exc:
+            raise _one_line(exc, info_name or "rig") from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)  # type: ignore[misc]
+        except click.UsageError as exc:  # a subcommand's own parsing: the path to it, if resolved
+            raise _one_line(exc, ctx.meta.get(_RESOLVED, ctx.command_path)) from None
+
+
+#: A bare group (`rig` alone): Click shows its help, which stays as it is.
+_HELP_SHOWN = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+def _one_line(exc: click.UsageError, command: str) -> click.UsageError:
+    if isinstance(exc, (_OneLineUsageError, _HELP_SHOWN)):
+        return exc
+    return _OneLineUsageError(exc, command)
+
+
+_RESOLVED = "rig.command_path"  # ctx.meta: the path of the subcommand a group resolved
+
+
+class RigGroup(OneLineUsage, click.Group):
+    """``rig``: its usage errors and its commands' are one line."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if name is not None:
+            ctx.meta[_RESOLVED] = f"{ctx.command_path} {name}"
+        return name, cmd, rest
+
+
+class RigCommand(OneLineUsage, click.Command):
+    """``rig-submit``: its usage errors are one line."""
 
 
 def handle_errors(fn: F) -> F:

@@ -55,7 +55,7 @@ from typing import BinaryIO, Protocol, cast
 
 from rig import logspace
 from rig.errors import InvalidInput, JobGone, JobNotFound, LogMissing, record_vanished
-from rig.logs import find_marker
+from rig.logs import SECONDS_PER_DAY, find_marker
 from rig.models import Job, JobState
 from rig.nodes import NodeInfo
 from rig.text import clean
@@ -180,12 +180,39 @@ def this_machine(node_name: str, nodes: Iterable[NodeInfo]) -> Callable[[str], b
     return mine.__contains__
 
 
-def missing_words(job: Job, attempt: int, path: str, here: Callable[[str], bool] | None) -> str:
+#: The retention setting that governs a job's logs now, with its value in days:
+#: ``("log_retention_days", 30.0)``, or ``("error_log_retention_days", 90.0)`` for a job in the
+#: error queue (as workers.log_sweep applies them).
+Retention = Callable[[Job], tuple[str, float]]
+
+
+def retention_words(job: Job, retention: Retention | None, now: float) -> str | None:
+    """``deleted by the log retention rule (log_retention_days = 30) on or after DATE`` when the
+    job ended longer ago than the retention that governs its logs: the sweep (rig.logs.
+    sweep_job_logs, hourly) deletes a job's log folder that long after its last write, the job's
+    end. None when it ended more recently (or has not ended): something else took the log."""
+    from rig.cli.render import when  # render reads this module
+
+    if retention is None or not job.state.terminal or job.ended_at is None:
+        return None
+    setting, days = retention(job)
+    due = job.ended_at + days * SECONDS_PER_DAY
+    if now <= due:
+        return None
+    return f"deleted by the log retention rule ({setting} = {days:g}) on or after {when(due)}"
+
+
+def missing_words(job: Job, attempt: int, path: str, here: Callable[[str], bool] | None,
+                  retention: Retention | None = None, now: float | None = None) -> str:
     """The one line for an attempt's log that is not at ``path`` (rig.errors.LogMissing, exit 1
-    with or without ``-f``): moved or deleted, where it ran here; else on the node that ran it."""
+    with or without ``-f``): where it ran here, deleted by the log retention rule when the job
+    ended longer ago than that (:func:`retention_words`), else moved or deleted; where it ran
+    elsewhere, on the node that ran it."""
     if ran_here(job, attempt, here):
-        return (f"the log of job {job.id}, attempt {attempt} is not where rig wrote it, {path}: moved or "
-                f"deleted (attempt {attempt} ran on {where(job, attempt)}, this machine)")
+        swept = retention_words(job, retention, time.time() if now is None else now)
+        return (f"the log of job {job.id}, attempt {attempt} is not where rig wrote it, {path}: "
+                f"{swept or 'moved or deleted'} (attempt {attempt} ran on {where(job, attempt)}, "
+                "this machine)")
     return (f"log file {path} is not on this machine (attempt {attempt} ran on {where(job, attempt)}; "
             "logs stay on the node that ran the job)")
 
@@ -211,14 +238,16 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
              why: Callable[[Job], str | None] | None = None,
              here: Callable[[str], bool] | None = None,
              open_log: Callable[[str], BinaryIO] = _open_file,
-             exists: Callable[[str], bool] = os.path.exists, name_instance: bool = False) -> None:
+             exists: Callable[[str], bool] = os.path.exists, name_instance: bool = False,
+             retention: Retention | None = None) -> None:
     """Print the log of ``attempt`` (default: the latest) of the job ``get()`` reads, to
     ``out``; with ``follow``, keep printing that attempt and, when no attempt was named, every
     later one, until the job is final. ``say`` prints rig's own lines (stderr); ``why`` words
     why a PENDING job waits (rig.waiting.why_waiting), said once per wait for an attempt.
     ``open_log`` and ``exists`` reach the files (through the gateway for a user who cannot
     read them: rig.gateway.client). ``name_instance``: the headers name the job's instance (its
-    id was given to another job too: :func:`id_given_again`)."""
+    id was given to another job too: :func:`id_given_again`). ``retention``: which retention rule
+    governs a job's logs, to say that it deleted a missing one (:func:`missing_words`)."""
     job = get()
     logs, last = attempt_logs(job), last_attempt(job)
     if attempt is not None and not 1 <= attempt <= max(last, 1):
@@ -237,7 +266,7 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
         n = attempt or max(logs)
         path = logs[n]
         if not exists(path):
-            raise LogMissing(missing_words(job, n, path, here))
+            raise LogMissing(missing_words(job, n, path, here, retention))
         with contextlib.closing(open_log(path)) as fh:
             say(header(job, n, last, name_instance=name_instance))
             if note := cut_note(job, n, path, note_words(fh)):
@@ -274,7 +303,7 @@ def show_log(get: Callable[[], Job], *, attempt: int | None, follow: bool, out: 
                 say(note)
         ending = attempt is not None or (job.state.terminal and last_attempt(job) <= current)
         if skipped is None and not shown:
-            missing = missing_words(job, current, attempt_logs(job)[current], here)
+            missing = missing_words(job, current, attempt_logs(job)[current], here, retention)
             if ending:  # the attempt asked for (or the last): its log is missing, as without -f
                 missing_last = missing
             else:

@@ -13,6 +13,7 @@ import click
 from rig.cli import as_json as J
 from rig.cli.common import (
     INSTANCE_OPTION,
+    RigGroup,
     check_limit,
     client_from,
     fail,
@@ -40,7 +41,7 @@ from rig.registration import read_notes, write_notes
 from rig.text import clean
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=RigGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--redis-url", envvar=None, help="Redis holding rig's state (default from config).")
 @click.option("--fake-gpus", metavar="SPEC", help="Use fake cards, e.g. 8x80G (no NVIDIA driver needed).")
 @click.pass_context
@@ -230,7 +231,10 @@ def log(ctx: click.Context, job_id: str, follow: bool, attempt: int | None, inst
              here=this_machine(client.settings.node_name, client.nodes()),
              open_log=lambda path: client.open_log(job.id, path, picked),
              exists=lambda path: ride.call(client.log_exists, job.id, path, picked),
-             name_instance=instance is not None or id_given_again(client, job))
+             name_instance=instance is not None or id_given_again(client, job),
+             retention=lambda ended: (("error_log_retention_days", client.settings.error_log_retention_days)
+                                      if client.in_error_queue(ended.id)
+                                      else ("log_retention_days", client.settings.log_retention_days)))
 
 
 # -- controlling ------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import sys
 import click
 import redis
 
-from rig.cli.common import client_from, handle_errors, no_node_note, parse_env_items
+from rig.cli.common import RigCommand, client_from, handle_errors, no_node_note, parse_env_items
 from rig.errors import InvalidInput, RigError, SubmitInterrupted
 from rig.memory import format_memory
 from rig.models import JobState
@@ -161,7 +161,7 @@ def interrupted_line(client, job_id: int) -> str:  # noqa: ANN001
     return f"job {job_id} keeps running (rig-submit only stopped waiting); {kill}"
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=RigCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @submit_options
 @click.pass_context
 def main(ctx: click.Context, **kwargs) -> None:  # noqa: ANN003

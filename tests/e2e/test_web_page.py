@@ -136,6 +136,92 @@ def test_the_page_in_a_browser_shows_cards_queues_and_escapes_names(page_server,
     assert shot.stat().st_size > 20_000  # a drawn page, not a blank one
 
 
+def evaluate_in_page(url: str, ready: str, expression: str, *, width: int, height: int, profile: Path,
+                     timeout: float = 60.0) -> object:
+    """Open ``url`` in headless Chromium in a ``width`` x ``height`` window, wait until the
+    JavaScript ``ready`` is true (the page's script drew), and return ``expression``'s value. The
+    DevTools protocol over --remote-debugging-pipe (fd 3 to the browser, fd 4 from it; messages
+    end in NUL): measurements --dump-dom cannot give (sizes after layout)."""
+    import json
+    import os
+
+    to_browser_r, to_browser_w = os.pipe()
+    from_browser_r, from_browser_w = os.pipe()
+
+    def on_fds_3_and_4() -> None:
+        reads, writes = os.dup(to_browser_r), os.dup(from_browser_w)  # out of 3/4's way first
+        os.dup2(reads, 3)
+        os.dup2(writes, 4)
+
+    proc = subprocess.Popen(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
+         "--remote-debugging-pipe", "about:blank"],
+        preexec_fn=on_fds_3_and_4, close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(to_browser_r)
+    os.close(from_browser_w)
+    pending = b""
+    sent = 0
+
+    def call(method: str, params: dict, session: str | None = None) -> dict:
+        nonlocal pending, sent
+        sent += 1
+        message = {"id": sent, "method": method, "params": params, **({"sessionId": session} if session else {})}
+        os.write(to_browser_w, json.dumps(message).encode() + b"\0")
+        while True:  # events and other answers are skipped
+            while b"\0" not in pending:
+                chunk = os.read(from_browser_r, 65536)
+                assert chunk, "chromium closed its DevTools pipe"
+                pending += chunk
+            raw, pending = pending.split(b"\0", 1)
+            answer = json.loads(raw)
+            if answer.get("id") == sent:
+                assert "error" not in answer, answer
+                return answer["result"]
+
+    def value(session: str, js: str) -> object:
+        return call("Runtime.evaluate", {"expression": js, "returnByValue": True}, session)["result"].get("value")
+
+    try:
+        target = call("Target.createTarget", {"url": url, "width": width, "height": height, "newWindow": True})
+        session = call("Target.attachToTarget", {"targetId": target["targetId"], "flatten": True})["sessionId"]
+        deadline = time.monotonic() + timeout
+        while value(session, ready) is not True:
+            assert time.monotonic() < deadline, f"the page never got to: {ready}"
+            time.sleep(0.1)
+        return value(session, expression)
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(to_browser_w)
+        os.close(from_browser_r)
+
+
+#: What sticks out of a window, sideways: the page's own width, and the elements whose right
+#: edge passes the window's, outside a table's scrolling box.
+SIDEWAYS = """JSON.stringify({
+  page: document.documentElement.scrollWidth, window: window.innerWidth,
+  out: [...document.querySelectorAll("main *, header *")]
+    .filter(e => e.getBoundingClientRect().right > window.innerWidth + 0.5 && !e.closest(".scroll"))
+    .map(e => `${e.tagName.toLowerCase()}.${e.className.baseVal ?? e.className}#${e.id}`).slice(0, 10),
+  boxed: [...document.querySelectorAll("table")].map(t => t.parentElement.classList.contains("scroll")),
+  scrolled: [...document.querySelectorAll(".scroll")].filter(b => b.scrollWidth > b.clientWidth).length})"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run does)")
+def test_at_480_px_tables_scroll_in_their_own_box_and_the_page_never_sideways(page_server, tmp_path):
+    """A phone-sized window: the tables of running, waiting and failed jobs ran off the side and
+    the whole page scrolled sideways (601 px wide in a 480 px window)."""
+    import json
+
+    address, _ = page_server
+    got = json.loads(evaluate_in_page(
+        f"http://{LOGIN[0]}:{LOGIN[1]}@{address}/", "!!document.querySelector('#waiting table')", SIDEWAYS,
+        width=480, height=900, profile=tmp_path / "profile"))
+    assert got["out"] == [] and got["page"] <= got["window"], got
+    assert got["boxed"] and all(got["boxed"]), got
+    assert got["scrolled"] > 0, got  # a table wider than the window is there, scrolling in its box
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run does)")
 def test_without_the_login_the_browser_gets_no_page(page_server, tmp_path):
     address, _ = page_server

@@ -224,6 +224,32 @@ def test_a_full_server_with_a_queue_is_not_fragmented(client: Client):
     assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 1.0
 
 
+
+def test_a_card_at_its_job_cap_has_no_free_memory_for_fragmentation(client: Client):
+    """A card that runs its maximum of jobs (max_task_per_gpu) takes none, whatever memory it has
+    left: that memory is not free for a waiting job. It counted: 20 GiB of a full card read as
+    "fragmentation 40%: 20.0 GiB of 50.0 GiB free memory sits in blocks smaller than ..." while
+    the 25 GiB job fitted card 1; and a capped card's large block hid real fragmentation."""
+    add_card(client, 0, max_jobs=1)
+    start(client, make_job(client, 60), 0)  # 20 GiB left, at its cap of 1 job
+    add_card(client, 1)
+    start(client, make_job(client, 50), 1)  # 30 GiB left, takes one more job
+    small = make_job(client, 25)
+    assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 0.0
+    assert "fragmentation" not in keys_of(evaluate(client, AlertRules(max_fragmentation=0.3)))
+    registry = CollectorRegistry()
+    registry.register(RigCollector(client))
+    assert registry.get_sample_value("rig_fragmentation_ratio") == 0.0
+
+    client.ledger.transition(small.id, JobState.CANCELLED, mode="cancel")
+    add_card(client, 2)
+    start(client, make_job(client, 58), 2)  # 22 GiB left: two blocks of 30 and 22 GiB open
+    make_job(client, 40)  # needs 40: neither open block holds it, the 52 GiB together would
+    assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 1.0
+    alerts = {a.key: a for a in evaluate(client, AlertRules(max_fragmentation=0.5))}
+    assert "52.0 GiB of 52.0 GiB free memory" in alerts["fragmentation"].message, alerts
+
+
 # -- alerts --------------------------------------------------------------------------------------
 class Receiver:
     def __init__(self) -> None:

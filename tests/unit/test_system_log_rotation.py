@@ -1,4 +1,4 @@
-"""rig's own logs (system_log_dir) are renamed aside past a size: they grew without end (the
+"""rig's own logs (system_log_dir) are moved aside past a size: they grew without end (the
 control worker's ~10 MB a day on an idle node), on the disk whose free space decides whether
 the node takes jobs."""
 
@@ -23,8 +23,7 @@ def test_big_logs_are_renamed_aside_and_their_writer_goes_on_in_a_new_file(tmp_p
     control = tmp_path / "control.log"
     log = _writer(control)
     log.info("x" * 2000)
-    for name in ("up.log", "card0.out", "flower.log"):  # inherited descriptors / Tornado's own
-        (tmp_path / name).write_text("y" * 2000)
+    (tmp_path / "flower.log").write_text("y" * 2000)  # Tornado rotates it itself
     (tmp_path / "card1.log").symlink_to(tmp_path / "up.log")
     (tmp_path / "card2.log").write_text("small\n")
 
@@ -32,7 +31,7 @@ def test_big_logs_are_renamed_aside_and_their_writer_goes_on_in_a_new_file(tmp_p
     log.info("after the first")
     assert control.read_text() == "after the first\n"
     assert (tmp_path / "control.log.1").read_text().startswith("x" * 2000)
-    for name in ("up.log", "card0.out", "flower.log", "card2.log"):
+    for name in ("flower.log", "card2.log"):
         assert not (tmp_path / f"{name}.1").exists()
     assert (tmp_path / "card1.log").is_symlink()
 
@@ -45,3 +44,36 @@ def test_big_logs_are_renamed_aside_and_their_writer_goes_on_in_a_new_file(tmp_p
     assert (tmp_path / "control.log.2").read_text() == "after the first\n" + "2" * 2000 + "\n"
     assert not (tmp_path / "control.log.3").exists()  # at most `keep` older copies
     assert rotate_system_logs(tmp_path, max_bytes=1000, keep=2) == []
+
+
+def test_logs_written_through_an_inherited_descriptor_are_copied_aside_and_cut_in_place(tmp_path):
+    """up.log (`rig up --daemon`'s output) and each process' *.out are written through the
+    descriptor it inherited, opened "ab" (O_APPEND): renamed, the writer would go on in NAME.1
+    and NAME stay empty, so they grew without end. Copied aside and cut to 0, the writer's next
+    line lands at the start of NAME: no hole of the old size before it."""
+    writers = {name: open(tmp_path / name, "ab", buffering=0) for name in ("up.log", "card0.out", "control.out")}
+    try:
+        for name, out in writers.items():
+            out.write(f"{name} old\n".encode() + b"z" * 2000)
+        (tmp_path / "control.out").chmod(0o600)
+        (tmp_path / "beat.out").write_text("small\n")
+
+        moved = rotate_system_logs(tmp_path, max_bytes=1000, keep=2)
+        assert sorted(p.name for p in moved) == ["card0.out", "control.out", "up.log"]
+        for name, out in writers.items():
+            out.write(b"next\n")
+            assert (tmp_path / name).read_bytes() == b"next\n"  # O_APPEND: at the new end, no hole
+            assert (tmp_path / f"{name}.1").read_bytes() == f"{name} old\n".encode() + b"z" * 2000
+        assert (tmp_path / "control.out.1").stat().st_mode & 0o777 == 0o600
+        assert not (tmp_path / "beat.out.1").exists()
+
+        for n in (2, 3):
+            writers["up.log"].write(str(n).encode() * 2000)
+            assert rotate_system_logs(tmp_path, max_bytes=1000, keep=2) == [tmp_path / "up.log"]
+        assert (tmp_path / "up.log").read_bytes() == b""
+        assert (tmp_path / "up.log.1").read_bytes() == b"3" * 2000
+        assert (tmp_path / "up.log.2").read_bytes() == b"next\n" + b"2" * 2000
+        assert not (tmp_path / "up.log.3").exists()
+    finally:
+        for out in writers.values():
+            out.close()
