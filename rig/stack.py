@@ -325,6 +325,28 @@ def runs_node(only: tuple[str, ...]) -> bool:
     return not only or "cards" in only or "control" in only
 
 
+def _log_dir_lock_refusal(settings: Settings, path: Path, exc: OSError) -> str:
+    """The one line of a rig up that cannot open system_log_dir's lock file (hold_log_dir_lock),
+    saying what is true of it: a symlink, another user's file, or a folder this user cannot write."""
+    import errno
+    import stat
+
+    from rig.client import identity_of
+
+    own = f"give node {settings.node_name} a folder of its own (RIG_SYSTEM_LOG_DIR=/another/folder)"
+    try:
+        st = os.lstat(path)
+    except OSError:
+        st = None
+    if exc.errno == errno.ELOOP or (st is not None and stat.S_ISLNK(st.st_mode)):
+        return (f"rig up refuses {path}: it is a symlink, and the node's lock is never taken through one "
+                f"(it would truncate what it points to); remove it, or {own}")
+    if st is not None and st.st_uid != os.geteuid():
+        return (f"rig up cannot open {path} ({exc.strerror}): it is user {identity_of(st.st_uid).name}'s "
+                f"node's lock; {own}")
+    return (f"rig up cannot open {path} ({exc.strerror}): user {identity_of(os.geteuid()).name} may not write in {path.parent}; {own}")
+
+
 def hold_log_dir_lock(settings: Settings) -> int:
     """Lock system_log_dir for the node this process runs, as hold_home_lock locks its home.
     Nodes in two homes whose configs name one absolute system_log_dir would write the same
@@ -336,15 +358,18 @@ def hold_log_dir_lock(settings: Settings) -> int:
     import fcntl
 
     path = settings.rig_log_dir / LOG_DIR_LOCK
+    # O_NOFOLLOW: a node.lock that is a symlink (planted in a folder others may write) would have
+    # rig up, root included, truncate and write whatever file it points to.
+    flags = os.O_CLOEXEC | os.O_NOFOLLOW
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o644)
     except PermissionError:  # another user's lock file: locked all the same, through a read-only open
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | flags)
         except OSError as exc:
-            raise StackError(f"rig up cannot open {path} ({exc.strerror}): system_log_dir is another "
-                             f"user's node's; give node {settings.node_name} a folder of its own "
-                             "(RIG_SYSTEM_LOG_DIR=/another/folder)") from None
+            raise StackError(_log_dir_lock_refusal(settings, path, exc)) from None
+    except OSError as exc:
+        raise StackError(_log_dir_lock_refusal(settings, path, exc)) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -135,3 +135,71 @@ def test_rig_up_daemon_refused_another_nodes_system_log_dir_writes_nothing_there
     assert result.exit_code == 7, result.output
     assert f"system_log_dir {logs} is already the logs of node vm (pid {os.getpid()}" in result.output
     assert sorted(p.name for p in logs.iterdir()) == [LOG_DIR_LOCK]  # nothing said in vm's up.log
+
+
+def test_a_node_lock_that_is_a_symlink_is_refused_and_its_target_left_alone(tmp_path):
+    """node.lock was opened following symlinks, then truncated and written: a link planted in a
+    folder others may write had a (root) rig up cut the file it named. Refused in one line."""
+    from rig.stack import LOG_DIR_LOCK, hold_log_dir_lock
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    victim = tmp_path / "passwd"
+    victim.write_text("root:x:0:0\n")
+    (logs / LOG_DIR_LOCK).symlink_to(victim)
+    with pytest.raises(StackError) as err:
+        hold_log_dir_lock(load_settings(home=tmp_path / "a", node_name="vm", system_log_dir=logs))
+    line = str(err.value)
+    assert "\n" not in line and f"rig up refuses {logs / LOG_DIR_LOCK}: it is a symlink" in line, line
+    assert "RIG_SYSTEM_LOG_DIR=" in line
+    assert victim.read_text() == "root:x:0:0\n"
+
+
+def _as_nobody(fn) -> str:
+    """What ``fn()`` raised (its text) in a child process run as user nobody (this one is root)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read)
+        text = "no error"
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - the child reports whatever it was
+            text = f"{type(exc).__name__}: {exc}"
+        os.write(write, text.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        text = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a child as another user")
+def test_a_log_dir_this_user_cannot_write_is_not_called_another_users_node(tmp_path):
+    """A system_log_dir this user may not write, with no lock file in it, was refused as
+    'system_log_dir is another user's node's', of a folder no node had used. The line says which
+    is true: this user may not write there, or the lock file is that user's."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from rig.stack import LOG_DIR_LOCK, hold_log_dir_lock
+
+    top = Path(tempfile.mkdtemp(prefix="rig-logdir-", dir="/tmp"))  # pytest's tmp_path: 0700 parents
+    try:
+        top.chmod(0o755)
+        logs = top / "logs"
+        logs.mkdir(mode=0o755)  # root's, not writable by nobody
+        settings = load_settings(home=tmp_path / "a", node_name="vm", system_log_dir=logs)
+        line = _as_nobody(lambda: hold_log_dir_lock(settings))
+        assert line.startswith("StackError: ") and "\n" not in line, line
+        assert f"user nobody may not write in {logs};" in line and "another user" not in line, line
+        (logs / LOG_DIR_LOCK).write_text("")
+        (logs / LOG_DIR_LOCK).chmod(0o600)  # root's lock file, unreadable by nobody
+        line = _as_nobody(lambda: hold_log_dir_lock(settings))
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    assert "it is user root's node's lock; give node vm a folder of its own" in line, line
