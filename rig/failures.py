@@ -467,18 +467,41 @@ _CHAINED = re.compile(rf"^{_PREFIX}(?:During handling of the above exception, an
                       rf"|The above exception was the direct cause of the following exception:)\s*$")
 
 
-def _final_error_start(text: str) -> tuple[int, int] | None:
-    """Where the log's final error is: (start, end) offsets of the last exception line that is
-    not a launcher's, with its traceback and the tracebacks chained to it ("During handling of
-    the above exception ..."); None when no exception line is in the text. One pass of each
-    pattern, then bisection: a chain of thousands of tracebacks takes milliseconds."""
-    exceptions = list(_EXCEPTION_LINE.finditer(text))
-    last = next((i for i in range(len(exceptions) - 1, -1, -1)
-                 if exceptions[i]["name"] not in _LAUNCHER_ERRORS), None)
-    if last is None:
-        return None
+# Python's report of an exception it ignored (sys.unraisablehook: a __del__ or callback that
+# raised at shutdown, "Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__>"):
+# the traceback under it is not why the program ended.
+_IGNORED = re.compile(rf"^{_PREFIX}Exception ignored\b", re.MULTILINE)
+# The stream a line belongs to: a launcher's per-rank prefix ("[rank1]: ", "[default0]:"), or ''.
+_STREAM = re.compile(r"\[[\w-]*\]:")
+
+
+def _stream(text: str, offset: int) -> str:
+    """The prefix naming the rank that printed the line at ``offset`` ('' without one)."""
+    m = _STREAM.match(text, offset)
+    return m.group(0) if m else ""
+
+
+def _final_error_start(text: str, stream: str | None = None) -> tuple[int, int] | None:
+    """Where the log's final error is (``stream``: only a rank's lines, by its prefix: _stream):
+    (start, end) offsets of the last exception line that is neither a launcher's nor one Python
+    ignored, with its traceback and the tracebacks chained to it ("During handling of the above
+    exception ..."); None when there is no such line. One pass of each pattern, then
+    bisection: a chain of thousands of tracebacks takes milliseconds."""
+    exceptions = [m for m in _EXCEPTION_LINE.finditer(text) if stream in (None, _stream(text, m.start()))]
     starts = [m.start() for m in exceptions]
-    headers = [m.start() for m in _TRACEBACK_START.finditer(text)]
+    headers = [m.start() for m in _TRACEBACK_START.finditer(text) if stream in (None, _stream(text, m.start()))]
+    for last in range(len(exceptions) - 1, -1, -1):
+        if exceptions[last]["name"] in _LAUNCHER_ERRORS:
+            continue
+        found = _with_its_tracebacks(text, starts, headers, last)
+        if found is not None:
+            return found
+    return None
+
+
+def _with_its_tracebacks(text: str, starts: list[int], headers: list[int], last: int) -> tuple[int, int] | None:
+    """The exception line ``starts[last]`` with its traceback and those chained to it, as
+    (start, end) offsets; None when Python printed it as an exception it ignored (_IGNORED)."""
     exc_start = starts[last]
     end = text.find("\n", exc_start)
     end = len(text) if end < 0 else end
@@ -491,6 +514,8 @@ def _final_error_start(text: str) -> tuple[int, int] | None:
         start = headers[h]
         before = text[:start].rstrip("\n")
         line_start = before.rfind("\n") + 1
+        if _IGNORED.match(before, line_start):
+            return None
         if not _CHAINED.match(before[line_start:]):
             return start, end
         previous = bisect.bisect_left(starts, line_start) - 1
@@ -502,22 +527,26 @@ def _final_error_start(text: str) -> tuple[int, int] | None:
 def _drop_superseded(text: str, hits: dict[FailureClass, dict[int, _Hit]]) -> None:
     """Drop the GPU evidence that a different, later error supersedes.
 
-    The final error is the last exception line (not a launcher's), with its traceback and the
-    tracebacks chained to it. When that error is itself no GPU failure (a ValueError, say), a GPU
-    message printed before it was handled or only mentioned ("grep for CUDA out of memory",
-    a retry loop that caught an OOM and went on): it is not why the job ended, and is dropped.
-    A GPU message inside the final error, after it, or before a final error that is a GPU failure
-    too (NCCL's "Cuda failure 'out of memory'" before its DistBackendError) stays evidence.
+    The final error is the last exception line (not a launcher's, nor one Python ignored), with
+    its traceback and the tracebacks chained to it. When that error is itself no GPU failure (a
+    ValueError, say), a GPU message printed before it was handled or only mentioned ("grep for
+    CUDA out of memory", a retry loop that caught an OOM and went on): it is not why the job
+    ended, and is dropped. A GPU message inside the final error, after it, or before a final
+    error that is a GPU failure too (NCCL's "Cuda failure 'out of memory'" before its
+    DistBackendError) stays evidence. A rank's line a launcher prefixes ("[rank0]: ") is judged
+    by that rank's own final error: rank 1's "Connection reset by peer" after rank 0 ran out of
+    memory does not supersede rank 0's OOM; a line without a prefix, by the log's final error.
     """
-    final = _final_error_start(text)
-    if final is None:
-        return
-    start, end = final
-    if any(start <= offset <= end for found in hits.values() for offset in found):
-        return
-    for found in hits.values():
-        for offset in [o for o in found if o < start]:
-            del found[offset]
+    for stream in {_stream(text, offset) for found in hits.values() for offset in found}:
+        final = _final_error_start(text, stream or None)
+        if final is None:
+            continue
+        start, end = final
+        if any(start <= offset <= end for found in hits.values() for offset in found):
+            continue
+        for found in hits.values():
+            for offset in [o for o in found if o < start and _stream(text, o) == stream]:
+                del found[offset]
 
 
 def _evidence(lines) -> tuple[str, ...]:

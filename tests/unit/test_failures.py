@@ -742,6 +742,22 @@ def test_a_gpu_message_before_a_different_final_error_is_not_why_the_job_ended(l
     pytest.param(HANDLED_OOM_TRACEBACK.format(oom=TORCH_OOM_NEW)
                  + "giving up: batch size 1 does not fit either\n",
                  "CUDA out of memory (PyTorch): tried to allocate 2.00 GiB", id="retry-loop-gives-up"),
+    # An exception Python ignored at shutdown (a DataLoader's __del__ after the crash) is not
+    # the final error: this read 'exit code 1' and was retried as it was.
+    pytest.param("step 1 ok\n" + TORCH_TRACEBACK + TORCH_OOM_NEW + "\n"
+                 "Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__ at 0x7f3c2a1b1ea0>\n"
+                 "Traceback (most recent call last):\n"
+                 '  File "/opt/conda/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 1479, '
+                 "in __del__\n    self._shutdown_workers()\n"
+                 "AttributeError: 'NoneType' object has no attribute 'python_exit_status'\n",
+                 "CUDA out of memory (PyTorch): tried to allocate 2.00 GiB", id="oom-then-ignored-del-error"),
+    # Rank 0 (which hosts the store) ran out of memory; rank 1 then lost its connection to the
+    # store before torchrun stopped it. Rank 1's error is not rank 0's: this read 'exit code 1'.
+    pytest.param(TORCHRUN_CHILD_OOM.format(oom=TORCH_OOM_NEW.replace("\n", "\n[rank0]: ")).replace(
+                 "W0501 12:03:15", "[rank1]: Traceback (most recent call last):\n[rank1]:   File \"/home/ana/proj/train.py\", "
+                 "line 88, in <module>\n[rank1]:     dist.barrier()\n"
+                 "[rank1]: torch.distributed.DistNetworkError: Connection reset by peer\nW0501 12:03:15"),
+                 "CUDA out of memory (PyTorch): tried to allocate 2.00 GiB", id="torchrun-other-rank-store-lost"),
 ])
 def test_an_oom_in_the_final_error_or_with_no_other_error_after_it_is_an_oom(log, summary):
     found = classify(exit_code=1, log_tail=log)
