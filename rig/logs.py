@@ -503,34 +503,67 @@ def rotate_system_logs(folder: Path, *, max_bytes: int = SYSTEM_LOG_MAX_BYTES,
     day on an idle node, for as long as the node ran. Its writer goes on in NAME at its next
     line. Symlinks and other non-files are left alone. Returns the logs moved aside."""
     rotated: list[Path] = []
-    for patterns, move in ((SYSTEM_LOG_PATTERNS, os.replace), (SYSTEM_LOG_APPENDED, _copy_and_cut)):
-        for pattern in patterns:
-            for path in sorted(folder.glob(pattern)):
-                try:
-                    st = os.lstat(path)
-                except FileNotFoundError:
-                    continue
-                if not stat.S_ISREG(st.st_mode) or st.st_size <= max_bytes:
-                    continue
-                for n in range(keep, 0, -1):
-                    older = path.with_name(f"{path.name}.{n}")
-                    if n == keep:
-                        older.unlink(missing_ok=True)
-                    else:
-                        with contextlib.suppress(FileNotFoundError):
-                            os.replace(older, path.with_name(f"{path.name}.{n + 1}"))
-                move(path, path.with_name(f"{path.name}.1"))
+    for pattern in SYSTEM_LOG_PATTERNS:
+        for path in sorted(folder.glob(pattern)):
+            if _past(path, max_bytes):
+                _shift_copies(path, keep)
+                os.replace(path, path.with_name(f"{path.name}.1"))
+                rotated.append(path)
+    for pattern in SYSTEM_LOG_APPENDED:
+        for path in sorted(folder.glob(pattern)):
+            if _past(path, max_bytes) and _copy_and_cut(path, keep, max_bytes):
                 rotated.append(path)
     return rotated
 
 
-def _copy_and_cut(path: Path, copy: Path) -> None:
-    """Copy ``path`` to ``copy`` (a new file, with its mode), then cut ``path`` to 0 bytes in
-    place (os.replace's part for a log whose writers hold O_APPEND descriptors)."""
-    copy.unlink(missing_ok=True)
-    with open(path, "rb") as src:
-        mode = stat.S_IMODE(os.fstat(src.fileno()).st_mode)
-        with open(os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode), "wb") as dst:
-            os.fchmod(dst.fileno(), mode)
-            shutil.copyfileobj(src, dst)
-            os.truncate(path, 0)
+def _past(path: Path, max_bytes: int) -> bool:
+    """Is ``path`` a regular file (not a symlink) of more than ``max_bytes``?"""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size > max_bytes
+
+
+def _shift_copies(path: Path, keep: int) -> None:
+    """NAME.1 to NAME.2 and so on, dropping the copy beyond ``keep``: room for a new NAME.1."""
+    for n in range(keep, 0, -1):
+        older = path.with_name(f"{path.name}.{n}")
+        if n == keep:
+            older.unlink(missing_ok=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(older, path.with_name(f"{path.name}.{n + 1}"))
+
+
+def _copy_and_cut(path: Path, keep: int, max_bytes: int) -> bool:
+    """Copy ``path`` aside as NAME.1 (with its mode; the older copies shifted), then cut it to 0
+    bytes in place (os.replace's part for a log whose writers hold O_APPEND descriptors). The
+    file is opened once, without following a symlink (one swapped in since it was checked), and
+    cut through that descriptor. The copy is made under a temporary name first: one that fails
+    (a full disk) is removed and the older copies stay as they were. False when ``path`` is
+    no longer a regular file past ``max_bytes``."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ELOOP):  # gone, or a symlink now: left alone
+            return False
+        raise
+    with open(fd, "rb") as src:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size <= max_bytes:
+            return False
+        mode = stat.S_IMODE(st.st_mode)
+        partial = path.with_name(f".{path.name}.1.partial")
+        partial.unlink(missing_ok=True)
+        try:
+            with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode), "wb") as dst:
+                os.fchmod(dst.fileno(), mode)
+                shutil.copyfileobj(src, dst)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        _shift_copies(path, keep)
+        os.replace(partial, path.with_name(f"{path.name}.1"))
+        os.ftruncate(fd, 0)
+    return True

@@ -77,3 +77,48 @@ def test_logs_written_through_an_inherited_descriptor_are_copied_aside_and_cut_i
     finally:
         for out in writers.values():
             out.close()
+
+
+def test_a_log_swapped_for_a_symlink_after_its_check_is_left_alone_with_what_it_names(tmp_path):
+    """up.log was checked with lstat, then opened and cut by its name (os.truncate follows
+    symlinks): one swapped for a symlink in between had rig cut the file it named."""
+    from rig.logs import _copy_and_cut
+
+    victim = tmp_path / "elsewhere"
+    victim.write_bytes(b"v" * 2000)
+    (tmp_path / "up.log").symlink_to(victim)
+    assert _copy_and_cut(tmp_path / "up.log", 2, 1000) is False
+    assert victim.read_bytes() == b"v" * 2000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "up.log"]
+
+
+def test_a_copy_that_fails_leaves_the_log_and_its_older_copies_as_they_were(tmp_path, monkeypatch):
+    """On a full disk the copy of up.log failed half-way: the older copies had already been
+    shifted (up.log.2, the oldest kept, deleted), a partial up.log.1 stayed, and each hourly pass
+    did it again. Now the copy is made first; a failed one is removed and nothing else moves."""
+    import errno
+    import shutil
+
+    import pytest
+
+    import rig.logs
+
+    up = tmp_path / "up.log"
+    up.write_bytes(b"n" * 2000)
+    (tmp_path / "up.log.1").write_text("one\n")
+    (tmp_path / "up.log.2").write_text("two\n")
+
+    def full(src, dst):
+        dst.write(src.read(100))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copyfileobj", full)
+    with pytest.raises(OSError, match="No space left"):
+        rig.logs.rotate_system_logs(tmp_path, max_bytes=1000, keep=2)
+    assert up.read_bytes() == b"n" * 2000
+    assert (tmp_path / "up.log.1").read_text() == "one\n" and (tmp_path / "up.log.2").read_text() == "two\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["up.log", "up.log.1", "up.log.2"]
+    monkeypatch.undo()
+    assert rig.logs.rotate_system_logs(tmp_path, max_bytes=1000, keep=2) == [up]
+    assert up.read_bytes() == b"" and (tmp_path / "up.log.1").read_bytes() == b"n" * 2000
+    assert (tmp_path / "up.log.2").read_text() == "one\n"
