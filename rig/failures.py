@@ -481,22 +481,33 @@ def _stream(text: str, offset: int) -> str:
     return m.group(0) if m else ""
 
 
-def _final_error_start(text: str, stream: str | None = None) -> tuple[int, int] | None:
+def _final_error_start(text: str, stream: str | None = None,
+                       found: tuple[list[tuple[int, str, str]], list[tuple[int, str]]] | None = None,
+                       ) -> tuple[int, int] | None:
     """Where the log's final error is (``stream``: only a rank's lines, by its prefix: _stream):
     (start, end) offsets of the last exception line that is neither a launcher's nor one Python
     ignored, with its traceback and the tracebacks chained to it ("During handling of the above
-    exception ..."); None when there is no such line. One pass of each pattern, then
-    bisection: a chain of thousands of tracebacks takes milliseconds."""
-    exceptions = [m for m in _EXCEPTION_LINE.finditer(text) if stream in (None, _stream(text, m.start()))]
-    starts = [m.start() for m in exceptions]
-    headers = [m.start() for m in _TRACEBACK_START.finditer(text) if stream in (None, _stream(text, m.start()))]
+    exception ..."); None when there is no such line. ``found``: _error_lines(text), when
+    already read. One pass of each pattern, then bisection: a chain of thousands of tracebacks
+    takes milliseconds."""
+    every_exception, every_header = found or _error_lines(text)
+    exceptions = [(start, name) for start, name, s in every_exception if stream in (None, s)]
+    starts = [start for start, _name in exceptions]
+    headers = [start for start, s in every_header if stream in (None, s)]
     for last in range(len(exceptions) - 1, -1, -1):
-        if exceptions[last]["name"] in _LAUNCHER_ERRORS:
+        if exceptions[last][1] in _LAUNCHER_ERRORS:
             continue
-        found = _with_its_tracebacks(text, starts, headers, last)
-        if found is not None:
-            return found
+        final = _with_its_tracebacks(text, starts, headers, last)
+        if final is not None:
+            return final
     return None
+
+
+def _error_lines(text: str) -> tuple[list[tuple[int, str, str]], list[tuple[int, str]]]:
+    """The exception lines (offset, exception name, stream) and traceback headers (offset,
+    stream) of ``text``, in order: one pass of each pattern."""
+    return ([(m.start(), m["name"], _stream(text, m.start())) for m in _EXCEPTION_LINE.finditer(text)],
+            [(m.start(), _stream(text, m.start())) for m in _TRACEBACK_START.finditer(text)])
 
 
 def _with_its_tracebacks(text: str, starts: list[int], headers: list[int], last: int) -> tuple[int, int] | None:
@@ -537,8 +548,9 @@ def _drop_superseded(text: str, hits: dict[FailureClass, dict[int, _Hit]]) -> No
     by that rank's own final error: rank 1's "Connection reset by peer" after rank 0 ran out of
     memory does not supersede rank 0's OOM; a line without a prefix, by the log's final error.
     """
+    lines = _error_lines(text)
     for stream in {_stream(text, offset) for found in hits.values() for offset in found}:
-        final = _final_error_start(text, stream or None)
+        final = _final_error_start(text, stream or None, lines)
         if final is None:
             continue
         start, end = final
