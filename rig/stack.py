@@ -1321,6 +1321,15 @@ class DownReport:
 
     supervisors: list[int] = field(default_factory=list)  # live rig up processes (SIGTERM)
     leftovers: str = ""  # processes whose rig up was gone ("card0 123, redis 99"), or ""
+    running_jobs: list[int] = field(default_factory=list)  # ids of this node's jobs still running after it
+
+
+def running_jobs_line(ids: list[int], shown: int = 10) -> str:
+    """What `rig down` says of the jobs of the node it stopped that still run (rig down never
+    stops a job): without it, "rig stopped" read as if everything had."""
+    listed = ", ".join(map(str, ids[:shown])) + (f" and {len(ids) - shown} more" if len(ids) > shown else "")
+    return (f"{len(ids)} job(s) of this node keep running ({listed}): `rig down` never stops jobs; "
+            "the next `rig up` adopts them and records how they ended")
 
 
 def stop_node(settings: Settings, timeout: float = 60.0,
@@ -1372,6 +1381,10 @@ def stop_node(settings: Settings, timeout: float = 60.0,
         if stuck:
             raise StackError(f"could not stop {describe(stuck)} of node {settings.node_name}; "
                              "`kill -9 PID` them")
+    from workers.health import node_job_processes
+
+    report.running_jobs = sorted({p.job_id for p in node_job_processes(
+        settings.key_prefix, settings.node_name, log_dir=settings.job_log_dir).values()})
     return report
 
 

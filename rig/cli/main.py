@@ -518,6 +518,10 @@ def down(ctx: click.Context, timeout: float, node_opt: str | None) -> None:
     if report.leftovers:
         click.echo(f"stopped what a crashed rig up of {settings.node_name} left: {report.leftovers} "
                    "(running jobs keep running)")
+    if report.running_jobs and (report.supervisors or report.leftovers):
+        from rig.stack import running_jobs_line
+
+        click.echo(running_jobs_line(report.running_jobs))
     if not report.supervisors and not report.leftovers:
         from rig.cli.daemon import not_up
 
