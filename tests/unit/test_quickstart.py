@@ -135,3 +135,39 @@ def test_ctrl_c_during_the_install_stops_quickstart(tmp_path):
     assert proc.returncode == 130, err
     assert not [c for c in calls if c.startswith("rig ")], calls
     assert "interrupted" in err
+
+
+def _finetune_command() -> str:
+    """The shell text of quickstart's 'finetune' demo job, as rig-submit receives it."""
+    text = (ROOT / "scripts" / "quickstart").read_text()
+    after = text[text.index("--name finetune"):]
+    start = after.index("sh -c '") + len("sh -c '")
+    return after[start:after.index("')", start)]
+
+
+def test_the_finetune_demo_job_writes_where_another_users_run_cannot_block_it(tmp_path):
+    """A second user's quickstart on one machine: the job wrote a fixed name in the shared /tmp
+    that the first user's run had left (sticky /tmp: Permission denied), and FAILED 3 attempts.
+    A folder by that name stands for the other user's file (root is refused by it too)."""
+    (tmp_path / "rig-quickstart-model.txt").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    saved = []
+    for _ in range(2):  # and two runs of one user do not collide either
+        done = subprocess.run(["sh", "-c", _finetune_command().replace("sleep 1", "true")], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        saved.append(Path(done.stdout.splitlines()[-1].removeprefix("saved ")))
+    assert saved[0] != saved[1] and all(p.read_text() == "saved\n" and p.parent.parent == tmp_path for p in saved)
+
+
+def test_an_unwritable_tmpdir_is_said_not_blamed_on_pip(tmp_path):
+    """TMPDIR left in the shell naming a folder that is gone (or not the user's): mktemp failed
+    and quickstart said `installing rig into .venv failed (pip's lines above)` with no pip line."""
+    tree = _copy(tmp_path, "", 0)
+    proc = _run(tree, TMPDIR=str(tmp_path / "gone"))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert err.strip().splitlines() == [
+        f"scripts/quickstart: cannot create a temporary file in {tmp_path / 'gone'} (TMPDIR); point TMPDIR at a "
+        "folder you can write to, or unset it, and run scripts/quickstart again"]
+    assert not (tmp_path / "calls").exists() or not (tmp_path / "calls").read_text().strip()
