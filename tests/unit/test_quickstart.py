@@ -171,3 +171,28 @@ def test_an_unwritable_tmpdir_is_said_not_blamed_on_pip(tmp_path):
         f"scripts/quickstart: cannot create a temporary file in {tmp_path / 'gone'} (TMPDIR); point TMPDIR at a "
         "folder you can write to, or unset it, and run scripts/quickstart again"]
     assert not (tmp_path / "calls").exists() or not (tmp_path / "calls").read_text().strip()
+
+
+def test_started_by_a_relative_path_from_another_folder(tmp_path):
+    """`rig/scripts/quickstart` typed in the clone's parent: after its cd into the clone, the lock
+    opened "$0", a path relative to the folder it had left: exit 1, "No such file or directory"."""
+    tree = _copy(tmp_path, "", 0)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
+    proc = subprocess.run(["bash", "clone/scripts/quickstart"], cwd=tmp_path, capture_output=True, text=True,
+                          env=clean, timeout=60)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert "No such file" not in proc.stderr, proc.stderr
+    assert calls[1:] == ["rig status", "rig up --daemon"], calls  # installed, then on to rig (the stub's 99)
+    assert tree.exists()
+
+
+def test_scripts_test_help_by_a_relative_path_from_another_folder(tmp_path):
+    """`rig/scripts/test --help` from the clone's parent: it read "$0" after its cd (sed: can't
+    read rig/scripts/test, exit 2)."""
+    (tmp_path / "clone" / "scripts").mkdir(parents=True)
+    shutil.copy2(ROOT / "scripts" / "test", tmp_path / "clone" / "scripts" / "test")
+    done = subprocess.run(["bash", "clone/scripts/test", "--help"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Run rig's whole test suite") and not done.stderr
+    assert not (tmp_path / "clone" / ".venv").exists()  # nothing installed
