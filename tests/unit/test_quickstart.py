@@ -196,3 +196,21 @@ def test_scripts_test_help_by_a_relative_path_from_another_folder(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("Run rig's whole test suite") and not done.stderr
     assert not (tmp_path / "clone" / ".venv").exists()  # nothing installed
+
+
+@pytest.mark.parametrize("script", ["quickstart", "test"])
+def test_run_with_sh_it_runs_under_bash(tmp_path, script):
+    """`sh scripts/quickstart` (Debian's sh is dash) stopped at once: `set: Illegal option -o
+    pipefail`, exit 2."""
+    sh = shutil.which("dash") or shutil.which("sh")
+    tree = _copy(tmp_path, "", 0)
+    shutil.copy2(ROOT / "scripts" / "test", tree / "scripts" / "test")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
+    args = ["--help"] if script == "test" else []
+    done = subprocess.run([sh, f"clone/scripts/{script}", *args], cwd=tmp_path, capture_output=True, text=True,
+                          env=clean, timeout=60)
+    assert "pipefail" not in done.stderr, done.stderr
+    if script == "test":
+        assert done.returncode == 0 and done.stdout.startswith("Run rig's whole test suite"), done.stderr
+    else:  # installed, then on to rig (the stub ends it with 99)
+        assert (tmp_path / "calls").read_text().splitlines()[1:] == ["rig status", "rig up --daemon"]
