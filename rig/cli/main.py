@@ -494,6 +494,11 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
         stack.down()
         if started:
             lossy.say("rig stopped")
+            from rig.stack import jobs_left_running, running_jobs_line
+
+            left = jobs_left_running(settings)
+            if left:
+                lossy.say(running_jobs_line(left))
     if stack.lost_name:
         write_reason(reason_file, stack.lost_name)
         fail(stack.lost_name, 10)

@@ -54,7 +54,7 @@ def test_rig_down_names_the_jobs_that_keep_running(tmp_path, monkeypatch):
         up2.wait(10)
         assert result.exit_code == 0, result.output
         assert f"rig stopped (pid {up2.pid})" in result.output
-        assert "2 job(s) of this node keep running (6, 9): `rig down` never stops jobs; the next `rig up` " \
+        assert "2 job(s) of this node keep running (6, 9): stopping rig never stops jobs; the next `rig up` " \
                "adopts them" in result.output
     finally:
         for proc in (*jobs, up):
