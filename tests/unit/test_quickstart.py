@@ -53,6 +53,7 @@ def _copy(tmp_path: Path, pip_compat_says: str, pip_compat_rc: int) -> Path:
     bin_dir.mkdir(parents=True)
     calls = tmp_path / "calls"
     (bin_dir / "python").write_text(f"""#!/bin/bash
+[ "$*" != "-m pip --version" ] || exit 0  # quickstart asks whether .venv has pip: not recorded
 echo "python $*" >> {calls}
 case "$*" in
   *editable_mode=compat*) sleep "${{STUB_PIP_SECONDS:-0}}"; echo "{pip_compat_says}"; exit {pip_compat_rc};;
@@ -214,3 +215,23 @@ def test_run_with_sh_it_runs_under_bash(tmp_path, script):
         assert done.returncode == 0 and done.stdout.startswith("Run rig's whole test suite"), done.stderr
     else:  # installed, then on to rig (the stub ends it with 99)
         assert (tmp_path / "calls").read_text().splitlines()[1:] == ["rig status", "rig up --daemon"]
+
+
+def test_a_venv_left_without_pip_is_made_again(tmp_path):
+    """Debian's python3 without python3-venv: `python3 -m venv .venv` fails on ensurepip and leaves
+    .venv/bin/python without pip. Once python3-venv was installed, as Debian's message says,
+    quickstart skipped the venv (its python existed) and failed "No module named pip" each run."""
+    tree = _copy(tmp_path, "", 0)
+    calls = tmp_path / "calls"
+    has_pip = tmp_path / "has-pip"
+    stub = tree / ".venv" / "bin" / "python"
+    stub.write_text(stub.read_text().replace('|| exit 0  #', f'|| exec test -e {has_pip}  #'))
+    host_bin = tmp_path / "host-bin"
+    host_bin.mkdir()
+    (host_bin / "python3").write_text(f"#!/bin/bash\necho \"python3 $*\" >> {calls}\ntouch {has_pip}\n")
+    (host_bin / "python3").chmod(stat.S_IRWXU)
+    proc = _run(tree, PATH=f"{host_bin}:{os.environ['PATH']}")
+    _, err = proc.communicate(timeout=60)
+    lines = calls.read_text().splitlines()
+    assert lines[0] == "python3 -m venv .venv", lines
+    assert "editable_mode=compat" in lines[1] and lines[2:] == ["rig status", "rig up --daemon"], (lines, err)
