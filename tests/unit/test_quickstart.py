@@ -235,3 +235,18 @@ def test_a_venv_left_without_pip_is_made_again(tmp_path):
     lines = calls.read_text().splitlines()
     assert lines[0] == "python3 -m venv .venv", lines
     assert "editable_mode=compat" in lines[1] and lines[2:] == ["rig status", "rig up --daemon"], (lines, err)
+
+
+def test_a_rig_up_from_another_installation_is_named():
+    """quickstart in a second clone (or after a git pull with an older rig left up) found rig up
+    and ran its demo there, on other code than it had just installed, saying nothing."""
+    jobs = load_script("quickstart_jobs.py")
+    status = {"nodes": [{"name": "gone", "state": "stopped", "host": "h", "pid": 1},
+                        {"name": "other-host", "state": "up", "host": "elsewhere", "pid": 2},
+                        {"name": "n", "state": "up", "host": "h", "pid": 3}]}
+    programs = {1: "/x/.venv/bin/python", 2: "/x/.venv/bin/python", 3: "/a/rig/.venv/bin/python"}
+    note = jobs.served_elsewhere(status, "/b/rig/.venv", "h", programs.get)
+    assert note.startswith("note: rig is already up on node n (pid 3), started from /a/rig/.venv/bin/python, "
+                           "not from this clone's .venv") and "`rig down`" in note
+    assert jobs.served_elsewhere(status, "/a/rig/.venv", "h", programs.get) == ""  # its own
+    assert jobs.served_elsewhere(status, "/a/rig/.ven", "h", programs.get) != ""  # a prefix is not the folder
