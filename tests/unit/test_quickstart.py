@@ -107,7 +107,7 @@ def test_a_second_quickstart_waits_for_the_first(tmp_path):
     second = _run(tree)
     _, err2 = second.communicate(timeout=60)
     first.communicate(timeout=60)
-    assert "another scripts/quickstart runs in this folder; waiting" in err2
+    assert "another scripts/quickstart, or scripts/test installing, runs in this folder; waiting" in err2
     calls = (tmp_path / "calls").read_text().splitlines()
     # the installs never overlap: the first's pip and rig status, then the second's
     assert calls == [calls[0], "rig status", "rig up --daemon"] * 2, calls
@@ -250,3 +250,27 @@ def test_a_rig_up_from_another_installation_is_named():
                            "not from this clone's .venv") and "`rig down`" in note
     assert jobs.served_elsewhere(status, "/a/rig/.venv", "h", programs.get) == ""  # its own
     assert jobs.served_elsewhere(status, "/a/rig/.ven", "h", programs.get) != ""  # a prefix is not the folder
+
+
+def test_scripts_test_installs_after_a_running_quickstart(tmp_path):
+    """The README's two commands at once in a fresh clone: scripts/test upgraded pip in .venv
+    while quickstart installed into it ("No module named 'pip._vendor.rich'", exit 1). scripts/test
+    now waits for quickstart's lock before it installs."""
+    if shutil.which("flock") is None:
+        pytest.skip("no flock here")
+    tree = _copy(tmp_path, "", 0)
+    shutil.copy2(ROOT / "scripts" / "test", tree / "scripts" / "test")
+    stub = tree / ".venv" / "bin" / "python"
+    # rig not importable yet (the check before scripts/test installs); its Redis check answers
+    stub.write_text(stub.read_text().replace('case "$*" in', 'case "$*" in\n  "-c import rig"*) exit 1;;\n  "-")  exit 0;;'))
+    first = _run(tree, STUB_PIP_SECONDS="3")
+    time.sleep(1)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
+    second = subprocess.run(["bash", str(tree / "scripts" / "test"), "--co", "-q"], capture_output=True, text=True,
+                            env={**clean, "RIG_TEST_REDIS_URL": "redis://127.0.0.1:1/0"}, timeout=60)
+    first.communicate(timeout=60)
+    assert "scripts/test: scripts/quickstart runs in this folder; waiting for it to finish" in second.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    # quickstart's install and rig calls come before any install of scripts/test
+    assert "editable_mode=compat" in calls[0] and calls[1:3] == ["rig status", "rig up --daemon"], calls
+    assert any("pip install" in c for c in calls[3:]), calls
