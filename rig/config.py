@@ -494,6 +494,11 @@ class Settings(BaseSettings):
     def _home_is_named(cls, value: Any) -> Any:
         if isinstance(value, str) and not value.strip():
             raise ValueError("empty; give rig's folder, e.g. ~/.rig")
+        if isinstance(value, (str, Path)) and not Path(value).expanduser().is_absolute():
+            # Read against each command's own folder: `rig down` run elsewhere said "rig is not
+            # up" of the rig it had started, and found neither its password nor its pid file.
+            raise ValueError(f"'{value}' is a relative path, which names another folder wherever rig runs; "
+                             f"give an absolute one, e.g. {Path.cwd() / value}")
         return value
 
     @field_validator("log_dir", "system_log_dir", "command_workdir", "redis_password_file",

@@ -9,7 +9,8 @@ a bump (or declared compatible there).
 
 Where it lives: the field ``data_format`` of ``P installation`` (the cluster's), and the same
 field of each ``P node:<name>`` record (what that node's rig writes; absent: a rig from before
-the number existed, counted as format 0; rig.nodes reads it into NodeInfo.data_format).
+the number existed, counted as format 0, as is a stamp left by an earlier registration:
+:data:`STAMPED_AT`; rig.nodes reads it into NodeInfo.data_format).
 
 The rule (:func:`refusal`, called by ``rig up`` before it registers anything):
 
@@ -37,6 +38,22 @@ DATA_FORMAT = 1
 
 #: The field, in the installation hash and in each node record.
 FIELD = "data_format"
+
+#: Beside FIELD in a node record: the ``started_at`` of the registration that wrote it. A rig from
+#: before the number, started on a node a newer rig had registered (rolled back), rewrites
+#: ``started_at`` but leaves FIELD as the newer rig wrote it: a stamp whose moment is not the
+#: record's ``started_at`` is stale, and the node counts as format 0 (rig.nodes).
+STAMPED_AT = "data_format_at"
+
+
+def node_format(raw: dict[str, str]) -> int:
+    """The data format of the rig that registered a node record last (0: one from before the
+    number, or one that left another rig's stamp behind)."""
+    stamped_at = raw.get(STAMPED_AT)
+    if stamped_at is not None and stamped_at != raw.get("started_at"):
+        return 0
+    text = raw.get(FIELD) or "0"
+    return int(text) if text.isdigit() else 0
 
 
 def refusal(client: redis.Redis, keys: Keys, node: str, nodes: Iterable[NodeInfo]) -> str | None:

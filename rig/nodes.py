@@ -52,7 +52,7 @@ import redis
 from redis.commands.core import Script
 
 from rig.clock import DEFAULT_MAX_SKEW_S, record_clock_offset, shared_now
-from rig.data_format import DATA_FORMAT
+from rig.data_format import DATA_FORMAT, FIELD, STAMPED_AT, node_format
 from rig.errors import InvalidInput, NodeInUse
 from rig.keys import Keys, split_card_id
 from rig.models import JobState
@@ -201,7 +201,7 @@ class NodeRegistry:
         pipe.sadd(self.keys.nodes, node)
         pipe.hset(self.keys.node(node), mapping={**{k: str(v) for k, v in fields.items()},
                                                  "started_at": now, "host": socket.gethostname(),
-                                                 "data_format": DATA_FORMAT})
+                                                 FIELD: DATA_FORMAT, STAMPED_AT: now})
         # down_since stays until the cluster health check sees the node back (it reports it).
         pipe.hdel(self.keys.node(node), "stopped_at", "stopped_by", "stopped_why")
         pipe.execute()
@@ -453,6 +453,6 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float, *, he
         unrecorded=raw.get("unrecorded_jobs") or None,
         clock_skew=raw.get("clock_skew") or None,
         auth_refused_since=num("auth_refused_since"),
-        data_format=int(num("data_format") or 0), gone=gone if state == "silent" else None,
+        data_format=node_format(raw), gone=gone if state == "silent" else None,
         pools=raw.get("pools"), policy=raw.get("policy"), stopped_why=(raw.get("stopped_why") or None) if state == "stopped" else None,
     )

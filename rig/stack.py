@@ -1373,6 +1373,15 @@ class DownReport:
 
     supervisors: list[int] = field(default_factory=list)  # live rig up processes (SIGTERM)
     leftovers: str = ""  # processes whose rig up was gone ("card0 123, redis 99"), or ""
+    running_jobs: list[int] = field(default_factory=list)  # ids of this node's jobs still running after it
+
+
+def running_jobs_line(ids: list[int], shown: int = 10) -> str:
+    """What `rig down` says of the jobs of the node it stopped that still run (rig down never
+    stops a job): without it, "rig stopped" read as if everything had."""
+    listed = ", ".join(map(str, ids[:shown])) + (f" and {len(ids) - shown} more" if len(ids) > shown else "")
+    return (f"{len(ids)} job(s) of this node keep running ({listed}): stopping rig never stops jobs; "
+            "the next `rig up` adopts them and records how they ended")
 
 
 def stop_node(settings: Settings, timeout: float = 60.0,
@@ -1424,7 +1433,17 @@ def stop_node(settings: Settings, timeout: float = 60.0,
         if stuck:
             raise StackError(f"could not stop {describe(stuck)} of node {settings.node_name}; "
                              "`kill -9 PID` them")
+    report.running_jobs = jobs_left_running(settings)
     return report
+
+
+def jobs_left_running(settings: Settings) -> list[int]:
+    """Ids of the jobs of this node and home whose processes run on this machine (after a stop:
+    those it left running, as it always does)."""
+    from workers.health import node_job_processes
+
+    return sorted({p.job_id for p in node_job_processes(
+        settings.key_prefix, settings.node_name, log_dir=settings.job_log_dir).values()})
 
 
 def _not_stopped(settings: Settings, pid: int, timeout: float, elsewhere: str | None = None) -> RigError:

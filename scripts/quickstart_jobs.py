@@ -44,7 +44,41 @@ def sizes(status: dict) -> tuple[int, int, str]:
     return big, pair, "; ".join(notes)
 
 
+def argv0(pid: int) -> str | None:
+    """The program a process runs as its command line names it (None: gone, or not readable)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")[0].decode(errors="replace") or None
+    except OSError:
+        return None
+
+
+def served_elsewhere(status: dict, venv: str, host: str, program=argv0) -> str:
+    """What quickstart says when the rig already up on this host was started from another
+    installation than this clone's .venv (another clone, a wheel), else "". quickstart then
+    only submits its demo to that rig: a second clone, or an older checkout's rig left up, ran
+    the demo on code other than the one just installed, without a word."""
+    root = venv.rstrip("/") + "/"
+    for node in status.get("nodes", []):
+        pid = node.get("pid")
+        if node.get("state") != "up" or node.get("host") != host or not pid:
+            continue
+        started = program(int(pid))
+        if started and not started.startswith(root):
+            return (f"note: rig is already up on node {node.get('name')} (pid {pid}), started from {started}, "
+                    f"not from this clone's .venv: the demo runs on that rig; stop it with `rig down` and run "
+                    "scripts/quickstart again to use this clone")
+    return ""
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--served-elsewhere"]:  # quickstart_jobs.py --served-elsewhere VENV
+        import socket
+
+        note = served_elsewhere(json.load(sys.stdin), sys.argv[2], socket.gethostname())
+        if note:
+            print(note)
+        return
     big, pair, note = sizes(json.load(sys.stdin))
     print(big, pair, note)
 

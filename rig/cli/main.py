@@ -522,6 +522,11 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
         stack.down()
         if started:
             lossy.say("rig stopped")
+            from rig.stack import jobs_left_running, running_jobs_line
+
+            left = jobs_left_running(settings)
+            if left:
+                lossy.say(running_jobs_line(left))
     if stack.lost_name:
         write_reason(reason_file, stack.lost_name)
         fail(stack.lost_name, 10)
@@ -546,6 +551,10 @@ def down(ctx: click.Context, timeout: float, node_opt: str | None) -> None:
     if report.leftovers:
         click.echo(f"stopped what a crashed rig up of {settings.node_name} left: {report.leftovers} "
                    "(running jobs keep running)")
+    if report.running_jobs and (report.supervisors or report.leftovers):
+        from rig.stack import running_jobs_line
+
+        click.echo(running_jobs_line(report.running_jobs))
     if not report.supervisors and not report.leftovers:
         from rig.cli.daemon import not_up
 

@@ -114,3 +114,25 @@ def test_status_names_an_older_node_started_beside_newer_ones(reg):
     assert f"node d runs an older rig (data format 0; this rig: {DATA_FORMAT})" in title and "upgrade" in title
     assert reg.mark_stopped("d")
     assert mixed_note(next(n for n in reg.read() if n.name == "d")) is None
+
+
+def test_a_node_rolled_back_to_a_rig_from_before_the_number_is_older_again(reg):
+    """A node upgraded (this rig stamped its record), then rolled back to a rig from before the
+    number: that rig's registration rewrites started_at and host but leaves the stamp, so the
+    record still read format 1: a newer `rig up` beside it was not refused and `rig status` said
+    nothing (seen live with the rig of 049bf76)."""
+    from rig.data_format import mixed_note
+
+    reg.register("old1", ttl=30)
+    assert next(n for n in reg.read() if n.name == "old1").data_format == DATA_FORMAT
+    # what the rig of 049bf76 writes when it registers (its rig.nodes.NodeRegistry.register)
+    reg.r.hset(reg.keys.node("old1"), mapping={"started_at": float(reg.r.hget(reg.keys.node("old1"), "started_at")) + 5,
+                                               "host": "h"})
+    old = next(n for n in reg.read() if n.name == "old1")
+    assert old.data_format == 0
+    line = refusal(reg.r, reg.keys, "a", reg.read())
+    assert line and "old1 still run an older rig (data format 0" in line
+    assert "node old1 runs an older rig" in (mixed_note(old) or "")
+    reg.register("old1", ttl=30)  # upgraded again
+    assert next(n for n in reg.read() if n.name == "old1").data_format == DATA_FORMAT
+    assert refusal(reg.r, reg.keys, "a", reg.read()) is None

@@ -213,6 +213,9 @@ def test_a_bad_redis_url_never_shows_its_password():
     ("RIG_TELEMETRY_INTERVAL", "nan", "RIG_TELEMETRY_INTERVAL: "),
     ("RIG_ADMINS", "[x", "RIG_ADMINS: write user names like alice,bob"),
     ("RIG_HOME", "", "RIG_HOME: empty"),
+    # relative: `rig down` from another folder said "rig is not up" of the rig it had started
+    ("RIG_HOME", "myhome", "RIG_HOME: 'myhome' is a relative path, which names another folder wherever rig runs; "
+                           "give an absolute one, e.g. /"),
     ("RIG_ALERT_WEBHOOK", "hooks.example/x", "RIG_ALERT_WEBHOOK: write it like https://host/path"),
 ])
 def test_a_bad_variable_names_itself_and_what_it_expects(monkeypatch, var, value, said):
@@ -391,3 +394,9 @@ def test_a_user_limit_or_admin_naming_nobody_here_is_said_at_rig_up(tmp_path, mo
     assert lines[0].startswith(f"warning: user_limits names '{me}x', who has no account on this node (did you "
                                f"mean '{me}'?)")
     assert lines[1].startswith("warning: admins names 'nobody-here-zz', who has no account on this node")
+
+
+def test_a_home_under_the_users_home_is_absolute(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("RIG_HOME", "~/rig-home")
+    assert load_settings().home.expanduser() == tmp_path / "rig-home"  # accepted: ~ is absolute

@@ -39,3 +39,16 @@ def test_systemd_accepts_it():
     # the unit names /opt/rig/.venv/bin/rig, not installed here: every other line is a fault
     problems = [line for line in out.stderr.splitlines() if line.strip() and "is not executable" not in line]
     assert not problems, out.stderr
+
+
+def test_a_refusal_a_person_must_mend_is_not_restarted_every_5_s():
+    """rig up refusing a bad config (6), a node already up or a cluster it must not join (7), a
+    name or card owned elsewhere (10) would say so again every RestartSec for ever; Redis being
+    away (5) is what a restart may cure."""
+    service = _unit()["Service"]
+    assert service["Restart"] == "on-failure"
+    prevented = set(service["RestartPreventExitStatus"].split())
+    assert prevented == {"6", "7", "10"}
+    from rig.errors import ConfigError, RedisUnavailable
+
+    assert str(ConfigError.exit_code) in prevented and str(RedisUnavailable.exit_code) not in prevented
