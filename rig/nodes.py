@@ -13,12 +13,14 @@ What a person sees (``NodeInfo.state``):
   its cards are no place a job "fits now" (rig.waiting).
 - A node whose ``rig up`` died (SIGKILLed) is normally *stopped*: its workers, following it,
   mark it so as they go (workers.app, NodeRegistry.mark_stopped with ``why``), since its jobs
-  run on. Where that mark could not be written, a node whose ``rig up`` is gone while its
-  heartbeat key has yet to expire (its workers died with it) is not up: a reader on the node's own host sees that the recorded pid
-  no longer runs, and with no live worker left the node reads silent and presumed down at
-  once (``NodeInfo.gone``) instead of "up" for the rest of the heartbeat's life. A reader on
-  another host cannot see that pid: for it the heartbeat's life decides, and no worker is
-  alive (above).
+  run on. Until that mark is written (or where it could not be), a node whose ``rig up`` is
+  gone while its heartbeats, its own and its workers', have yet to expire (all SIGKILLed at
+  once) is not up: a reader on the node's own host and boot (the record's ``host_id``,
+  hostname and boot id) sees that the recorded pid (with its start time, ``pid_start``) no
+  longer runs, and the node reads silent and presumed down at once (``NodeInfo.gone``: "its
+  rig up (pid N) no longer runs on HOST; its heartbeat expires in N s") instead of "up, N
+  workers" for the rest of the heartbeats' life. A reader on another host cannot see that
+  pid: for it the heartbeats' life decides.
 - ``silent``: no heartbeat for ``health.timeout`` s; the next health passes confirm it (a
   Redis restart makes every heartbeat expire at once, so one missed look is not enough). A
   silent node whose last heartbeat is older than the life it declared (``beat_ttl``, the
@@ -57,7 +59,7 @@ from rig.errors import InvalidInput, NodeInUse
 from rig.keys import Keys, split_card_id
 from rig.models import JobState
 from rig.redis_writes import refusal
-from workers.process_tree import is_alive
+from workers.process_tree import boot_host, is_alive, proc_start_time
 
 #: A heartbeat: KEYS[1] the node's record, KEYS[2] its heartbeat key. ARGV[1] the heartbeat's
 #: value (JSON), ARGV[2] its life (ms), ARGV[3] seen_at (shared clock, epoch s), ARGV[4] its life
@@ -131,9 +133,9 @@ class NodeInfo:
     policy: str | None = None
     #: Why a stopped node stopped when it was not ``rig down`` (its rig up died: NodeRegistry.mark_stopped).
     stopped_why: str | None = None
-    #: Set by a reader on the node's host when the node's ``rig up`` (``pid``) no longer runs
-    #: there and none of its workers is alive: the words saying so. The node is then silent and
-    #: presumed down though its last heartbeat has not expired yet.
+    #: Set by a reader on the node's host (and boot) when the node's ``rig up`` (``pid``) no
+    #: longer runs there: the words saying so. The node is then silent and presumed down though
+    #: its last heartbeats (its own, its workers') have not expired yet.
     gone: str | None = None
 
     @property
@@ -197,13 +199,17 @@ class NodeRegistry:
     def register(self, node: str, *, ttl: float, **fields: object) -> None:
         """A node (re)joins: record it, forget that it was stopped, and heartbeat."""
         now = shared_now(self.r)
+        pid = fields.get("pid")
+        # Where its rig up runs, to be checked by a reader on this host in this boot (_info).
+        origin = {"host_id": boot_host(), "pid_start": proc_start_time(int(str(pid))) or ""} if pid else {}
         pipe = self.r.pipeline(transaction=True)
         pipe.sadd(self.keys.nodes, node)
-        pipe.hset(self.keys.node(node), mapping={**{k: str(v) for k, v in fields.items()},
+        pipe.hset(self.keys.node(node), mapping={**{k: str(v) for k, v in fields.items()}, **origin,
                                                  "started_at": now, "host": socket.gethostname(),
                                                  FIELD: DATA_FORMAT, STAMPED_AT: now})
         # down_since stays until the cluster health check sees the node back (it reports it).
-        pipe.hdel(self.keys.node(node), "stopped_at", "stopped_by", "stopped_why")
+        pipe.hdel(self.keys.node(node), "stopped_at", "stopped_by", "stopped_why",
+                  *(() if pid else ("host_id", "pid_start")))
         pipe.execute()
         try:
             self.beat(node, ttl=ttl, source="rig up")
@@ -385,7 +391,7 @@ class NodeRegistry:
         replies = pipe.execute()
         live_workers = self._live_workers_by_node()
         now = shared_now(self.r)
-        here = socket.gethostname()
+        here = boot_host()
         return [_info(name, replies[2 * i] or {}, bool(replies[2 * i + 1]), live_workers.get(name, 0), now,
                       here=here)
                 for i, name in enumerate(names)]
@@ -412,10 +418,27 @@ def _positive(value: str | None) -> bool:
         return True
 
 
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value else None
+    except ValueError:
+        return None
+
+
+def _checkable_here(raw: dict, here: str, workers: int) -> bool:
+    """Can this reader (``here``: its boot_host) tell whether the node's ``rig up`` pid runs?
+    Yes on the host and boot the node recorded. A record from before ``host_id`` names only a
+    host name: there only while no worker is alive (that rig's rule)."""
+    if raw.get("host_id"):
+        return raw["host_id"] == here
+    return workers == 0 and raw.get("host") == here.rpartition("/")[0]
+
+
 def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float, *, here: str | None = None) -> NodeInfo:
     """One node's record read at ``now`` (shared clock, epoch s): its state and liveness.
-    ``here``: the reader's host name; on the node's own host a heartbeat whose ``rig up`` no
-    longer runs (and no worker alive) does not count (see the module doc)."""
+    ``here``: the reader's host in this boot (workers.process_tree.boot_host); on the node's
+    own host no heartbeat counts, its own or its workers', once its ``rig up`` no longer runs
+    (see the module doc)."""
     def num(key: str) -> float | None:
         value = raw.get(key)
         try:
@@ -424,13 +447,16 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float, *, he
             return None
 
     pid = num("pid")
+    started, seen, ttl = num("started_at"), num("last_seen"), num("beat_ttl")
     gone = None
-    if heartbeat and workers == 0 and pid is not None and here and raw.get("host") == here \
-            and not is_alive(int(pid), None):  # not os.kill(pid, 0): a zombie answers it
-        heartbeat = False  # its last beat outlives it: SIGKILLed, its workers with it
-        gone = f"its rig up (pid {int(pid)}) no longer runs on {here}"
+    if (heartbeat or workers) and pid is not None and here and _checkable_here(raw, here, workers) \
+            and not is_alive(int(pid), _int(raw.get("pid_start"))):  # not os.kill(pid, 0): a zombie answers it
+        # Its last beats outlive it (SIGKILLed): its workers' too, dying with it or winding down.
+        heartbeat, workers = False, 0
+        left = (seen or started or now) + (ttl or DEFAULT_BEAT_TTL_S) - now
+        gone = (f"its rig up (pid {int(pid)}) no longer runs on {raw.get('host') or 'this host'}"
+                + (f"; its heartbeat expires in {max(1, round(left))} s" if left > 0 else ""))
     alive = heartbeat or workers > 0
-    started, seen = num("started_at"), num("last_seen")
     down, stopped, missing = num("down_since"), num("stopped_at"), num("missing_since")
     if stopped is not None and not (seen and seen > stopped and heartbeat):
         # Stopped on purpose; workers still winding down may heartbeat for a moment.
@@ -441,7 +467,6 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float, *, he
         state, since = "down", down
     else:
         state, since = "silent", seen or started
-    ttl = num("beat_ttl")
     # The reader's own judgement, from the record alone: no live beat or health check needed.
     presumed = state == "silent" and (gone is not None or now - (seen or started or now) > (ttl or DEFAULT_BEAT_TTL_S))
     return NodeInfo(

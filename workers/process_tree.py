@@ -74,6 +74,19 @@ def proc_start_time(pid: int) -> int | None:
     return int(fields[19]) if fields else None  # field 22
 
 
+def boot_host() -> str:
+    """This host in this boot, ``hostname/boot-id``: where it matches a record's, a pid and its
+    start time (clock ticks since boot, :func:`proc_start_time`) read there can be checked
+    here; another host's, or this one's before a reboot, cannot."""
+    import socket
+
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot or '?'}"
+
+
 def is_stopped(pid: int) -> bool:
     """Is ``pid`` stopped by a signal (SIGSTOP, SIGTSTP: state T) or by a tracer (t)? Such a
     process handles no SIGTERM until it is continued (``kill -CONT``)."""

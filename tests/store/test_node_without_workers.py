@@ -68,6 +68,35 @@ def test_a_node_whose_rig_up_is_gone_here_is_not_up_while_its_heartbeat_lingers(
     assert FITS_NOW not in why and "no longer runs" in why, why
 
 
+def test_a_node_whose_rig_up_is_gone_here_is_not_up_while_its_workers_beats_linger(world, redis_client):
+    """Every rig process of the node SIGKILLed at once: its workers' heartbeats outlive them
+    too. On the node's host and boot, `rig status` said "up, 2 worker(s)" for ~30 s."""
+    keys, ledger, nodes, client = world
+    nodes.register("vm", ttl=TTL, backend="fake", cards=2, pid=_dead_pid())
+    _worker_beat(redis_client, keys, "card0@vm")
+    _worker_beat(redis_client, keys, "control@vm")
+    (node,) = nodes.read()
+    assert node.state == "silent" and node.presumed_down and not node.alive, node
+    title = node_title(node, "vm", 2)
+    assert "up since" not in title and "worker(s)" not in title, title
+    assert "no longer runs" in title and "its heartbeat expires in " in title, title
+    # Another host (or this one before a reboot) cannot check the pid: the heartbeats decide.
+    redis_client.hset(keys.node("vm"), "host_id", "elsewhere/boot")
+    (node,) = nodes.read()
+    assert node.state == "up" and node.workers == 2 and node.gone is None, node
+
+
+def test_a_pid_reused_by_another_process_is_not_the_nodes_rig_up(world, redis_client):
+    """The recorded pid runs, but started at another time: another process took it."""
+    keys, ledger, nodes, client = world
+    nodes.register("vm", ttl=TTL, backend="fake", cards=2, pid=1)
+    _worker_beat(redis_client, keys, "card0@vm")
+    assert nodes.read()[0].state == "up"
+    redis_client.hset(keys.node("vm"), "pid_start", "1")  # pid 1 started later than tick 1
+    (node,) = nodes.read()
+    assert node.state == "silent" and node.gone and "pid 1" in node.gone, node
+
+
 def test_a_node_with_no_live_worker_is_no_place_a_job_fits_now(world, redis_client):
     """Seen from any host (its pid alive, or not checkable): up, but no worker runs its jobs."""
     keys, ledger, nodes, client = world
