@@ -23,12 +23,13 @@ from rig.gpus.base import GpuReading
 from rig.hashes import read_all
 from rig.keys import Keys, card_id, split_card_id
 from rig.lua import Scripts, source
-from rig.models import CardState, Job, JobState, pending_score
+from rig.models import REQUEUE_CLEARS, CardState, Job, JobState, pending_score
 from rig.store import JobStore
 
 log = logging.getLogger(__name__)
 
 _STATE_ORDER = [s.value for s in JobState]
+_REQUEUE_CLEARS = json.dumps(REQUEUE_CLEARS)  # transition.lua ARGV[17]
 #: Bounds (s) of the histogram of submission -> first start (rig_job_start_wait_seconds), fed
 #: by claim.lua.
 START_WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0,
@@ -354,6 +355,7 @@ class Ledger:
                     self.keys.events_channel,  # the script publishes the event when it moves
                     json.dumps(then.ops) if then is not None else "",
                     len(then.keys) if then is not None else 0,
+                    _REQUEUE_CLEARS,
                 ],
             )
             if int(code) == 3:

@@ -43,6 +43,8 @@
 --          'bounded_runs' is lib_runs.lua's rule (what bounded_runs.lua runs), any other a Redis
 --          command
 -- ARGV[16] optional: W, how many keys at the end of KEYS are the writes' (default 0)
+-- ARGV[17] JSON list of the fields a job loses when it goes back to PENDING
+--          (rig.models.REQUEUE_CLEARS: its placement and its attempt's process and end)
 --
 -- Returns {1, previous state} when moved, {2, 'RUNNING'} when a cancel was flagged, {0, state}
 -- when nothing changed (not allowed from this state, or token mismatch), {3, state} (see ARGV[9]).
@@ -140,8 +142,7 @@ if target == 'PENDING' then
   redis.call('ZADD', pending, tonumber(ARGV[8]), job_id)
   redis.call('ZADD', KEYS[4], tonumber(ARGV[8]), job_id)
   redis.call('SADD', KEYS[5], ARGV[12])
-  redis.call('HDEL', job, 'node', 'cards', 'pid', 'proc_start', 'worker', 'cancel_requested',
-             'ended_at', 'exit_code', 'started_at', 'held_at', 'held_cards')
+  redis.call('HDEL', job, unpack(cjson.decode(ARGV[17])))
 else
   leave_queues(pending, KEYS[4], KEYS[5], ARGV[12], job_id)
   redis.call('HSET', job, 'ended_at', now)

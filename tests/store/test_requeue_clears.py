@@ -1,0 +1,47 @@
+"""A job sent back to the queue loses its placement (rig.models.REQUEUE_CLEARS, the one list
+rig/lua/transition.lua is given). A tester's job, placed on a node that went down before it
+started, went back to the queue and `rig show` still said `placed 14:02:11` as if it were
+placed now. fakeredis and real Redis."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+from rich.console import Console
+
+from rig.cli.render import render_job
+from rig.gpus.base import GpuReading
+from rig.keys import Keys
+from rig.ledger import Ledger
+from rig.memory import GIB
+from rig.models import REQUEUE_CLEARS, Job, JobState, Priority
+
+
+@pytest.fixture
+def ledger(redis_client, key_prefix) -> Ledger:
+    ledger = Ledger(redis_client, Keys(key_prefix))
+    ledger.register_card("n1", GpuReading(index=0, uuid="u0", model="m", total=40 * GIB),
+                         max_jobs=1, reserve_fraction=0.0, allowed=True, fake=True)
+    return ledger
+
+
+def test_a_job_sent_back_to_the_queue_keeps_no_field_of_its_placement(ledger):
+    jid = ledger.store.create(Job(
+        id=0, name="t", user="u", command=["true"], gpu_memory=GIB, gpus=1, priority=Priority.MEDIUM,
+        state=JobState.PENDING, workdir="/", created_at=time.time())).id
+    ok, token = ledger.reserve(jid, "n1", [0], GIB)
+    assert ok and ledger.store.get(jid).assigned_at
+    # Every field of the list present, as an attempt that went further would leave them.
+    rest = {f: "1" for f in REQUEUE_CLEARS if f not in ("node", "cards", "assigned_at")}
+    ledger.r.hset(ledger.keys.job(jid), mapping=rest)
+    code, _ = ledger.transition(jid, JobState.PENDING, token=token, expect=JobState.ASSIGNED)
+    assert code == 1
+    raw = ledger.r.hgetall(ledger.keys.job(jid))
+    assert raw["state"] == "PENDING"
+    assert not set(REQUEUE_CLEARS) & set(raw), sorted(set(REQUEUE_CLEARS) & set(raw))
+    out = io.StringIO()
+    render_job(ledger.store.get(jid), None, Console(file=out, width=200))
+    placed = next(line for line in out.getvalue().splitlines() if line.strip().startswith("placed"))
+    assert placed.split()[-1] == "-", placed
