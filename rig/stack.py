@@ -89,6 +89,7 @@ from workers.process_tree import is_alive, is_stopped
 log = logging.getLogger(__name__)
 
 COMPONENTS = ("redis", "cards", "control", "beat", "flower", "metrics", "gateway")
+GATEWAY = "gateway"  # its part (and child) name, and how Stack.wait_ready names it missing
 #: How long children get to stop after SIGTERM before SIGKILL (s).
 STOP_TIMEOUT_S = 20.0
 #: Longest a rig up waits for another's pools check and registration (the join lock), and that
@@ -1056,9 +1057,11 @@ class Stack:
         return self._client
 
     def wait_ready(self, timeout: float = 90.0) -> list[str]:
-        """Wait until every worker rig started has a heartbeat; returns the ones missing. Not
-        while Redis refuses writes (full, read-only): no heartbeat can arrive then, and the
-        caller says why (rig.redis_writes) instead of making the operator wait ``timeout``."""
+        """Wait until every worker rig started has a heartbeat and the gateway it started
+        answers on its socket; returns the ones missing (worker names, and GATEWAY for the
+        gateway). Not while Redis refuses writes (full, read-only): no heartbeat can arrive
+        then, and the caller says why (rig.redis_writes) instead of making the operator wait
+        ``timeout``."""
         from rig.redis_writes import refuses_writes
 
         client = connect(self.settings.redis_url)
@@ -1074,6 +1077,8 @@ class Stack:
             except redis.RedisError:
                 values = [None] * len(want)
             missing = [w for w, v in zip(want, values, strict=True) if v is None]
+            if not self.gateway_answers():
+                missing.append(GATEWAY)
             if not missing:
                 return []
             if time.monotonic() - checked_refusal >= 1.0:
@@ -1083,6 +1088,14 @@ class Stack:
             self.supervise_once()
             time.sleep(0.2)
         return missing
+
+    def gateway_answers(self) -> bool:
+        """True when this rig up started no gateway, or its gateway answers on its socket."""
+        if self.gateway_path is None or not any(c.role == GATEWAY for c in self.children):
+            return True
+        from rig.gateway.server import socket_in_use
+
+        return socket_in_use(self.gateway_path)
 
     def _worker_names(self) -> list[str]:
         """The Celery names (``-n``) of the workers this stack runs now."""
@@ -1294,7 +1307,8 @@ class Stack:
                 out.append(f"gateway: {self.gateway_path} (users without the Redis password and jobs reach rig "
                            "there: RIG_GATEWAY_SOCKET)")
             else:
-                out.append(f"gateway: {self.gateway_path}, not answering yet; see {s.rig_log_dir / 'gateway.out'}")
+                # Said after wait_ready gave up on it (or stopped waiting: Redis refuses writes).
+                out.append(f"gateway: {self.gateway_path}, not answering; see {s.rig_log_dir / 'gateway.out'}")
         if self.flower_url:
             out.append(f"flower: {self.flower_url} (an admin login: {login_place(s)})")
         if self.page_url:

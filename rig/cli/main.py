@@ -396,6 +396,7 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
     from rig.cli import lossy
     from rig.cli.daemon import daemon_reason, reason_path, write_reason
     from rig.stack import (
+        GATEWAY,
         Stack,
         UpOptions,
         already_up,
@@ -496,8 +497,9 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
     try:
         stack.up()
         missing = stack.wait_ready()
-        if missing:
-            lossy.say(f"warning: no heartbeat yet from {', '.join(missing)}; see {settings.rig_log_dir}")
+        if [m for m in missing if m != GATEWAY]:  # the gateway's line is among the addresses
+            lossy.say(f"warning: no heartbeat yet from {', '.join(m for m in missing if m != GATEWAY)}; "
+                      f"see {settings.rig_log_dir}")
         lossy.say(stack.describe())
         for line in stack.addresses():
             lossy.say(line)

@@ -43,3 +43,36 @@ def test_a_worker_that_never_heartbeats_is_reported(tmp_path, monkeypatch):
     stack.children.append(_card(tmp_path, stack, 1))
     monkeypatch.setattr(stack, "supervise_once", lambda: None)
     assert stack.wait_ready(timeout=0.5) == [card_worker_name("n1", 1)]
+
+
+def test_a_gateway_started_is_waited_for_until_it_answers(tmp_path, monkeypatch):
+    """`rig up --only gateway --daemon` returned at once, saying the gateway was "not answering
+    yet": nothing waited for it as rig up waits for its workers."""
+    import socket
+
+    settings = load_settings(key_prefix="ready-test:", node_name="n1", home=tmp_path)
+    stack = Stack(settings, UpOptions(only=("gateway",)), say=lambda _line: None)
+    monkeypatch.setattr("rig.stack.connect", lambda _url: fakeredis.FakeRedis(decode_responses=True))
+    stack.gateway_path = tmp_path / "gw.sock"
+    stack.children.append(Child(name="gateway", argv=["gw"], env={}, log_file=tmp_path / "gateway.out",
+                                role="gateway"))
+    monkeypatch.setattr(stack, "supervise_once", lambda: None)
+    assert stack.wait_ready(timeout=0.5) == ["gateway"]
+    assert any("not answering" in line for line in stack.addresses())
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    rounds = []
+
+    def listen_late() -> None:  # the gateway answers on the third look
+        rounds.append(1)
+        if len(rounds) == 3:
+            listener.bind(str(stack.gateway_path))
+            listener.listen(4)
+
+    monkeypatch.setattr(stack, "supervise_once", listen_late)
+    try:
+        assert stack.wait_ready(timeout=30) == []
+        assert len(rounds) == 3
+        assert not any("not answering" in line for line in stack.addresses())
+    finally:
+        listener.close()
