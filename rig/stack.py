@@ -375,16 +375,9 @@ def hold_log_dir_lock(settings: Settings) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         try:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").split("\n")
+            whose, _home = _log_dir_holder(fd)
         finally:
             os.close(fd)
-        node, pid, home = (holder + ["", "", ""])[:3]
-        from workers.process_tree import is_alive
-
-        # Named only when the pid written there runs: not yet written, or written by an earlier
-        # holder (one that opened it read-only could not replace it), names nobody.
-        whose = (f"node {node} (pid {pid}, RIG_HOME={home})" if pid.isdigit() and is_alive(int(pid), None)
-                 else "another node (its rig up runs)")
         raise StackError(f"system_log_dir {settings.rig_log_dir} is already the logs of {whose}; two nodes "
                          "would write the same log files: give "
                          f"node {settings.node_name} a folder of its own (RIG_SYSTEM_LOG_DIR=/another/folder, "
@@ -395,6 +388,52 @@ def hold_log_dir_lock(settings: Settings) -> int:
     except OSError:  # opened read-only: the lock holds, the refusal of a next one names no node
         pass
     return fd
+
+
+def _log_dir_holder(fd: int) -> tuple[str, str | None]:
+    """Who holds the system_log_dir lock open at ``fd`` (as hold_log_dir_lock wrote it): the
+    words naming it, and its RIG_HOME (None when not known)."""
+    from workers.process_tree import is_alive
+
+    holder = os.pread(fd, 4096, 0).decode(errors="replace").split("\n")
+    node, pid, home = (holder + ["", "", ""])[:3]
+    # Named only when the pid written there runs: not yet written, or written by an earlier
+    # holder (one that opened it read-only could not replace it), names nobody.
+    if pid.isdigit() and is_alive(int(pid), None):
+        return f"node {node} (pid {pid}, RIG_HOME={home})", home or None
+    return "another node (its rig up runs)", None
+
+
+def check_add_on_log_dir(settings: Settings, only: tuple[str, ...]) -> None:
+    """An add-on (``--only flower``, ``--only gateway``: not runs_node) holds no node lock, but
+    writes up.log, flower.log, gateway.out into system_log_dir: refused (exit 7) where a node
+    of another RIG_HOME holds that folder (hold_log_dir_lock), as a node would be. One of the
+    holder's own home (a Flower added to a running node) is that node's and may write there;
+    with no node holding it, nothing is refused."""
+    import fcntl
+
+    path = settings.rig_log_dir / LOG_DIR_LOCK
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return  # no node ever ran there
+    except OSError as exc:
+        raise StackError(_log_dir_lock_refusal(settings, path, exc)) from None
+    try:
+        try:
+            # A shared lock, let go at once: taken only while no node holds it.
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            whose, home = _log_dir_holder(fd)
+    finally:
+        os.close(fd)
+    if home is not None and Path(home).resolve() == Path(settings.home).expanduser().resolve():
+        return
+    parts = " ".join(f"--only {p}" for p in only)
+    raise StackError(f"system_log_dir {settings.rig_log_dir} is already the logs of {whose}; `rig up {parts}` "
+                     f"of RIG_HOME={settings.home} would write its logs there too: give it a folder of its own "
+                     "(RIG_SYSTEM_LOG_DIR=/another/folder), or run it from that node's home")
 
 
 def hold_node_locks(settings: Settings, only: tuple[str, ...] = ()) -> tuple[int, int]:
@@ -516,6 +555,8 @@ class Stack:
         is_node = runs_node(self.options.only)
         if is_node:  # before the checks: two rig ups started at once both passed them
             self._home_lock, self._log_dir_lock = hold_node_locks(s, self.options.only)
+        else:
+            check_add_on_log_dir(s, self.options.only)
         other = running_pid(s)
         if other and other != os.getpid():
             raise StackError(already_up(s.node_name, other, self.options.only))

@@ -400,6 +400,7 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
         Stack,
         UpOptions,
         already_up,
+        check_add_on_log_dir,
         ensure_writable_home,
         hold_node_locks,
         running_pid,
@@ -432,6 +433,8 @@ def up(ctx: click.Context, daemon: bool, no_flower: bool, no_beat: bool, no_metr
         if runs_node(only):  # refused here, as its daemon would be: in the other node's up.log
             for held in hold_node_locks(settings, only):
                 os.close(held)
+        else:
+            check_add_on_log_dir(settings, only)
         # -P: a folder named rig in the working directory must not replace rig (rig.supervision).
         argv = safe_python("rig.cli.main")
         for key, value in overrides.items():

@@ -137,6 +137,49 @@ def test_rig_up_daemon_refused_another_nodes_system_log_dir_writes_nothing_there
     assert sorted(p.name for p in logs.iterdir()) == [LOG_DIR_LOCK]  # nothing said in vm's up.log
 
 
+def test_an_add_on_of_another_home_is_refused_another_nodes_system_log_dir(tmp_path, monkeypatch):
+    """`rig up --only flower` (or `--only gateway`) from another RIG_HOME naming the
+    system_log_dir a running node holds shared its up.log, flower.log, gateway.out: refused in
+    one line (exit 7), by the daemon's parent before anything is written there and by rig up
+    itself. From the node's own home (another node name too) it may run; with no node there,
+    nothing is refused."""
+    from click.testing import CliRunner
+
+    from rig.cli.main import cli
+    from rig.stack import LOG_DIR_LOCK, check_add_on_log_dir, hold_log_dir_lock
+
+    def past_the_check(_self) -> None:  # never reach a Redis, whatever happens
+        raise AssertionError("rig up went past the log folder's check")
+
+    monkeypatch.setattr(Stack, "_ensure_redis", past_the_check)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    check_add_on_log_dir(load_settings(home=tmp_path / "b", node_name="vm", system_log_dir=logs), ("flower",))
+    held = hold_log_dir_lock(load_settings(home=tmp_path / "a", node_name="vm", system_log_dir=logs))
+    try:
+        for part in ("flower", "gateway"):
+            other = load_settings(home=tmp_path / "b", node_name="vm", system_log_dir=logs)
+            stack = Stack(other, UpOptions(only=(part,)), say=lambda _: None)
+            with pytest.raises(StackError) as err:
+                stack.up()
+            line = str(err.value)
+            assert err.value.exit_code == 7 and "\n" not in line
+            assert f"is already the logs of node vm (pid {os.getpid()}, RIG_HOME={tmp_path / 'a'})" in line, line
+            assert f"`rig up --only {part}` of RIG_HOME={tmp_path / 'b'}" in line, line
+        for name, value in (("HOME", tmp_path / "b"), ("SYSTEM_LOG_DIR", logs), ("NODE_NAME", "vm"),
+                            ("REDIS_URL", "redis://127.0.0.1:1/0")):  # never asked
+            monkeypatch.setenv(f"RIG_{name}", str(value))
+        result = CliRunner().invoke(cli, ["up", "--daemon", "--only", "flower"])
+        assert result.exit_code == 7 and "is already the logs of node vm" in result.output, result.output
+        assert sorted(p.name for p in logs.iterdir()) == [LOG_DIR_LOCK]  # no up.log, flower.log
+        # The node's own home: its add-ons are the node's (docs/FLOWER.md).
+        for node in ("vm", "vm-flower"):
+            check_add_on_log_dir(load_settings(home=tmp_path / "a", node_name=node, system_log_dir=logs), ("flower",))
+    finally:
+        os.close(held)
+    check_add_on_log_dir(load_settings(home=tmp_path / "b", node_name="vm", system_log_dir=logs), ("flower",))
+
+
 def test_a_node_lock_that_is_a_symlink_is_refused_and_its_target_left_alone(tmp_path):
     """node.lock was opened following symlinks, then truncated and written: a link planted in a
     folder others may write had a (root) rig up cut the file it named. Refused in one line."""
