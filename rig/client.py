@@ -339,8 +339,7 @@ class Client:
         limit = parse_time_limit(time_limit)
         # What the job's environment holds is decided in rig.job_env: the submitter's
         # variables rig passes on, then --env (a value of None: the submitter's own value).
-        if env is not None and not isinstance(env, Mapping):
-            raise InvalidInput(f"env must be a mapping of names to values (e.g. {{'A': '1'}}), got {type(env).__name__}")
+        jobenv.check_env_mapping(env)
         given = {str(k): None if v is None else str(v) for k, v in (env or {}).items()}
         env_key = ("env", repr(export), tuple(given.items()))
         if env_key not in memo:

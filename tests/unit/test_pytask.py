@@ -373,3 +373,26 @@ def test_a_call_payload_of_the_old_shape_still_runs(tmp_path):
                         "args": (1,), "kwargs": {"b": 2}})
     assert "CODE 0" in done.stdout, done.stderr
     assert pickle.loads(base64.b64decode(done.stdout.split()[3])) == 3
+
+
+@pytest.mark.parametrize(("options", "said"), [
+    ({"gpu_memory": "1G", "priority": "urgent"}, "unknown priority 'urgent'; choose high, medium or low"),
+    ({"gpu_memory": "1G", "export": "A-B"}, "export: 'A-B' is not a variable name"),
+    ({"gpu_memory": "1G", "env": ["A=1"]}, "env must be a mapping of names to values"),
+])
+def test_priority_export_and_env_are_refused_where_the_decorator_is_written(options, said):
+    """Breaker (brkapi): ``@rig.task(priority="urgent")`` was accepted and only the first
+    .delay() refused it, though nothing about a priority depends on the cluster."""
+    with pytest.raises(InvalidInput, match=f"^{re.escape(said)}"):
+        rig.task(**options)
+    assert rig.task(gpu_memory="1G", priority="HIGH", export="NONE", env={"A": "1"})
+
+
+def test_an_unknown_apply_async_option_names_the_closest_job_option():
+    """Breaker (brkapi): ``.apply_async((1,), {}, gpu_mem="4G")`` raised Python's TypeError
+    'Client.submit() got an unexpected keyword argument', a method the caller never called."""
+    client = StubClient()
+    with pytest.raises(InvalidInput, match=r"^\.apply_async\(\) takes no job option 'gpu_mem' \(did you mean "
+                                           r"gpu_memory\?\); the job options are .*args and kwargs$"):
+        top_level.apply_async((1,), {}, gpu_mem="4G", client=client)
+    assert client.submitted == []
