@@ -1149,17 +1149,28 @@ class JobHandle:
         import pickle
 
         job = self.wait(timeout)
-        if job.state is not JobState.SUCCEEDED:
-            try:
-                output = self.log()
-            except RigError:  # its log unreadable here (another node's, gone): the job's end still is
-                output = ""
-            start = output.rfind("Traceback (most recent call last)")
-            if start >= 0:
-                raise RemoteError(self.id, job, output[start:].strip())
-            raise RemoteError(self.id, job, "", output=output[-4000:].strip())
-        raw = self.client.result_of(self.id)
-        return pickle.loads(base64.b64decode(raw)) if raw else None
+        if job.state is JobState.SUCCEEDED:
+            raw = self.client.result_of(self.id)
+            if raw:
+                return pickle.loads(base64.b64decode(raw))
+            if job.kind != "python":
+                return None  # a command's job (rig.submit) has no return value
+        try:
+            output = self.log()
+        except RigError:  # its log unreadable here (another node's, gone): the job's end still is
+            output = ""
+        start = output.rfind("Traceback (most recent call last)")
+        if start >= 0 and job.state is not JobState.SUCCEEDED:
+            raise RemoteError(self.id, job, output[start:].strip())
+        # A call's result, even None, is a non-empty pickle: a SUCCEEDED call without one ended
+        # its process before it returned (rig.call stores the result only after the return).
+        raise RemoteError(self.id, job, "", output=output[-4000:].strip(),
+                          note=NO_RESULT if job.state is JobState.SUCCEEDED else "")
+
+
+#: RemoteError's note for a SUCCEEDED @rig.task call that stored no result.
+NO_RESULT = (", but stored no result: the function ended its process before it returned (sys.exit(0), "
+             "os._exit(0) or an exec); let it return its value instead")
 
 
 class RemoteError(RigError):
@@ -1167,9 +1178,9 @@ class RemoteError(RigError):
     it printed none: killed, timed out, stopped before the call), ``output`` then the end of
     what it printed (never shown as a traceback)."""
 
-    def __init__(self, job_id: int, job: Job, traceback: str, output: str = "") -> None:
+    def __init__(self, job_id: int, job: Job, traceback: str, output: str = "", note: str = "") -> None:
         reason = job.reason or f"see `rig log {job_id}`"
-        message = f"job {job_id} ended {job.state.value}: {reason}"
+        message = f"job {job_id} ended {job.state.value}: {reason}{note}"
         if traceback:
             message += f"\n--- remote traceback (job {job_id}) ---\n{traceback}"
         elif output:
