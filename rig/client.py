@@ -1127,7 +1127,21 @@ class JobHandle:
             print(f"rig: job {self.id} goes on (only the waiting stopped); .kill() or `rig kill {self.id}` "
                   "stops it", file=sys.stderr)
             raise
+        except TimeoutError as exc:
+            why = self._why_not_started()
+            if why:  # `job 7 is still PENDING after 3 s: no rig node is up (...); it starts when one is back`
+                raise TimeoutError(f"{exc}: {why}") from None
+            raise
         return self._job
+
+    def _why_not_started(self) -> str | None:
+        """Why the job still waits or has not started (rig show's sentence), None when it runs
+        or that cannot be read now: a wait that timed out says it, not just the state."""
+        try:
+            job = self.client.get_instance(self.id, self.instance)
+            return self.client.why_waiting(job)
+        except RigError:
+            return None
 
     def kill(self) -> Job:
         return self.client.kill(self.id)

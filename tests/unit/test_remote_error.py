@@ -105,3 +105,21 @@ def test_a_call_that_succeeded_without_storing_a_result_raises_instead_of_return
     assert str(err) == ("job 7 ended SUCCEEDED: exit code 0, but stored no result: the function ended its "
                         "process before it returned (sys.exit(0), os._exit(0) or an exec); let it return its "
                         "value instead\n--- end of its output, no traceback (job 7) ---\nstep 1")
+
+
+def test_a_wait_that_times_out_says_why_the_job_has_not_started(tmp_path):
+    """Breaker (brkapi): ``.delay()`` with rig down, then ``.get(timeout=3)`` said only 'job 69
+    is still PENDING after 3 s'; now the sentence rig show gives follows it."""
+    import fakeredis
+
+    from rig.client import Client
+    from rig.config import load_settings
+
+    client = Client(load_settings(home=tmp_path, key_prefix="t:", redis_url="redis://127.0.0.1:1/0"),
+                    redis_client=fakeredis.FakeRedis(decode_responses=True))
+    handle = client.submit(["true"], gpu_memory="1G")
+    with pytest.raises(TimeoutError) as err:
+        handle.get(timeout=0.1)
+    said = str(err.value)
+    assert said.startswith(f"job {handle.id} is still PENDING after 0.1 s: ")
+    assert said.endswith(client.why_waiting(client.get(handle.id)))
