@@ -53,6 +53,7 @@ from rig.redis_writes import is_outage, refusal, refused_error
 from rig.redis_writes import notices as redis_notices
 from rig.replication import MasterDeposed, no_replica_note, replica_wait
 from rig.request_rules import (
+    check_flag,
     check_gpu_memory,
     check_gpus,
     check_retries,
@@ -295,6 +296,8 @@ class Client:
             # The record's other fields (its owner, state, ...) are rig's to write, never a caller's.
             raise InvalidInput("extra may only carry a @rig.task call's payload ({'payload': base64 text}, "
                                "kind 'python')")
+        check_flag(shell, "shell")
+        check_flag(oom_retry_grow, "oom_retry_grow")
         argv, is_shell = _normalise_command(command, shell)
         argv = _checked("the command", R.as_argv, argv)
         job_name = (name or _default_name(argv, is_shell)).strip()

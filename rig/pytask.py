@@ -163,9 +163,16 @@ def _check_options(options: dict[str, Any]) -> None:
     template's or pool's name, a size no card has, ``"auto"``) is checked at .delay()."""
     from rig.job_env import check_env_mapping, parse_export
     from rig.models import Priority
-    from rig.request_rules import check_gpus, check_retries, parse_gpu_memory, parse_time_limit
+    from rig.request_rules import (
+        check_flag,
+        check_gpus,
+        check_retries,
+        parse_gpu_memory,
+        parse_time_limit,
+    )
 
     check_gpus(options["gpus"], what="gpus")
+    check_flag(options.get("oom_retry_grow"), "oom_retry_grow")
     if options["gpu_memory"] is not None:
         parse_gpu_memory(options["gpu_memory"], what="gpu_memory")
     if "retries" in options:

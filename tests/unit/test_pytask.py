@@ -396,3 +396,23 @@ def test_an_unknown_apply_async_option_names_the_closest_job_option():
                                            r"gpu_memory\?\); the job options are .*args and kwargs$"):
         top_level.apply_async((1,), {}, gpu_mem="4G", client=client)
     assert client.submitted == []
+
+
+@pytest.mark.parametrize(("key", "value"), [("oom_retry_grow", "no"), ("oom_retry_grow", 0), ("shell", 0),
+                                            ("shell", "false")])
+def test_a_yes_no_option_that_is_no_bool_is_refused_not_taken_for_its_truth(key, value, tmp_path):
+    """Breaker (brkapi): ``rig.submit([...], oom_retry_grow="no")`` stored oom_retry_grow=True,
+    and ``rig.submit("echo hi", shell=0)`` ran through /bin/sh (only ``shell is False`` counted)."""
+    import fakeredis
+
+    from rig.client import Client
+    from rig.config import load_settings
+
+    client = Client(load_settings(home=tmp_path, key_prefix="t:", redis_url="redis://127.0.0.1:1/0"),
+                    redis_client=fakeredis.FakeRedis(decode_responses=True))
+    with pytest.raises(InvalidInput, match=f"^{key} must be True or False; got {re.escape(repr(value))}$"):
+        client.submit("echo hi", gpu_memory="1G", **{key: value})
+    assert client.store.list() == []
+    if key == "oom_retry_grow":
+        with pytest.raises(InvalidInput, match="^oom_retry_grow must be True or False"):
+            rig.task(gpu_memory="1G", oom_retry_grow=value)
