@@ -416,3 +416,20 @@ def test_a_yes_no_option_that_is_no_bool_is_refused_not_taken_for_its_truth(key,
     if key == "oom_retry_grow":
         with pytest.raises(InvalidInput, match="^oom_retry_grow must be True or False"):
             rig.task(gpu_memory="1G", oom_retry_grow=value)
+
+
+def test_the_readmes_python_example_submits_only_under_the_main_guard(tmp_path):
+    """Breaker (brkapi): the README's example called ``train.delay(3e-4)`` at the script's top
+    level, which .delay() refuses ('ex.py line 16 submits train() outside `if __name__ ==
+    "__main__":`'): copied into a file, it failed. Every submission in it is under the guard."""
+    from rig.pytask import _main_guard_lines
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = readme.index("From Python:\n\n```python\n") + len("From Python:\n\n```python\n")
+    example = tmp_path / "example.py"
+    example.write_text(readme[start:readme.index("```", start)])
+    guarded = _main_guard_lines(str(example)) or []
+    lines = example.read_text().splitlines()
+    submits = [n for n, text in enumerate(lines, 1) if re.search(r"\.delay\(|rig\.submit", text)]
+    assert len(submits) >= 3
+    assert [n for n in submits if not any(first <= n <= last for first, last in guarded)] == []
