@@ -1143,7 +1143,7 @@ class JobHandle:
         try:
             job = self.client.get_instance(self.id, self.instance)
             return self.client.why_waiting(job)
-        except RigError:
+        except (RigError, redis.RedisError):  # Redis gone meanwhile: the timeout is still the news
             return None
 
     def kill(self) -> Job:
