@@ -152,9 +152,23 @@ def task(
     _check_options(options)
 
     def wrap(f: Callable[P, R]) -> RigTask[P, R]:
+        _check_plain_function(f)
         return RigTask(f, options)
 
     return wrap(fn) if fn is not None else wrap
+
+
+def _check_plain_function(fn: Callable[..., Any]) -> None:
+    """An ``async def`` or a generator function returns an object the job cannot send back (a
+    coroutine, a generator) without running its body: refused at decoration, not found out
+    after the job held a card (it failed as bad_result, the body never run)."""
+    name = getattr(fn, "__name__", repr(fn))
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        raise InvalidInput(f"{name}() is an async function, which a job does not await; decorate a plain "
+                           f"function that runs it: `def {name}_job(...): return asyncio.run({name}(...))`")
+    if inspect.isgeneratorfunction(fn):
+        raise InvalidInput(f"{name}() is a generator function: a job can send back no generator; "
+                           f"return a list (`return list(...)`) instead")
 
 
 def _check_options(options: dict[str, Any]) -> None:

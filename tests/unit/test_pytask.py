@@ -433,3 +433,22 @@ def test_the_readmes_python_example_submits_only_under_the_main_guard(tmp_path):
     submits = [n for n, text in enumerate(lines, 1) if re.search(r"\.delay\(|rig\.submit", text.split("#")[0])]
     assert len(submits) >= 3
     assert [n for n in submits if not any(first <= n <= last for first, last in guarded)] == []
+
+
+async def _coroutine_function(x):  # noqa: ANN001, ANN202
+    return x
+
+
+def _generator_function(x):  # noqa: ANN001, ANN202
+    yield x
+
+
+@pytest.mark.parametrize(("fn", "said"), [
+    (_coroutine_function, r"^_coroutine_function\(\) is an async function, which a job does not await; .*asyncio\.run"),
+    (_generator_function, r"^_generator_function\(\) is a generator function: .*return a list"),
+])
+def test_an_async_or_generator_function_is_refused_where_it_is_decorated(fn, said):
+    """Breaker (brkapi): ``@rig.task`` on an ``async def`` was accepted; its job held a card,
+    never ran the body (the coroutine was not awaited) and failed as bad_result."""
+    with pytest.raises(InvalidInput, match=said):
+        rig.task(gpu_memory="1G")(fn)
