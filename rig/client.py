@@ -53,6 +53,7 @@ from rig.redis_writes import is_outage, refusal, refused_error
 from rig.redis_writes import notices as redis_notices
 from rig.replication import MasterDeposed, no_replica_note, replica_wait
 from rig.request_rules import (
+    check_flag,
     check_gpu_memory,
     check_gpus,
     check_retries,
@@ -295,6 +296,8 @@ class Client:
             # The record's other fields (its owner, state, ...) are rig's to write, never a caller's.
             raise InvalidInput("extra may only carry a @rig.task call's payload ({'payload': base64 text}, "
                                "kind 'python')")
+        check_flag(shell, "shell")
+        check_flag(oom_retry_grow, "oom_retry_grow")
         argv, is_shell = _normalise_command(command, shell)
         argv = _checked("the command", R.as_argv, argv)
         job_name = (name or _default_name(argv, is_shell)).strip()
@@ -339,8 +342,7 @@ class Client:
         limit = parse_time_limit(time_limit)
         # What the job's environment holds is decided in rig.job_env: the submitter's
         # variables rig passes on, then --env (a value of None: the submitter's own value).
-        if env is not None and not isinstance(env, Mapping):
-            raise InvalidInput(f"env must be a mapping of names to values (e.g. {{'A': '1'}}), got {type(env).__name__}")
+        jobenv.check_env_mapping(env)
         given = {str(k): None if v is None else str(v) for k, v in (env or {}).items()}
         env_key = ("env", repr(export), tuple(given.items()))
         if env_key not in memo:
@@ -1128,7 +1130,21 @@ class JobHandle:
             print(f"rig: job {self.id} goes on (only the waiting stopped); .kill() or `rig kill {self.id}` "
                   "stops it", file=sys.stderr)
             raise
+        except TimeoutError as exc:
+            why = self._why_not_started()
+            if why:  # `job 7 is still PENDING after 3 s: no rig node is up (...); it starts when one is back`
+                raise TimeoutError(f"{exc}: {why}") from None
+            raise
         return self._job
+
+    def _why_not_started(self) -> str | None:
+        """Why the job still waits or has not started (rig show's sentence), None when it runs
+        or that cannot be read now: a wait that timed out says it, not just the state."""
+        try:
+            job = self.client.get_instance(self.id, self.instance)
+            return self.client.why_waiting(job)
+        except (RigError, redis.RedisError):  # Redis gone meanwhile: the timeout is still the news
+            return None
 
     def kill(self) -> Job:
         return self.client.kill(self.id)
@@ -1150,17 +1166,28 @@ class JobHandle:
         import pickle
 
         job = self.wait(timeout)
-        if job.state is not JobState.SUCCEEDED:
-            try:
-                output = self.log()
-            except RigError:  # its log unreadable here (another node's, gone): the job's end still is
-                output = ""
-            start = output.rfind("Traceback (most recent call last)")
-            if start >= 0:
-                raise RemoteError(self.id, job, output[start:].strip())
-            raise RemoteError(self.id, job, "", output=output[-4000:].strip())
-        raw = self.client.result_of(self.id)
-        return pickle.loads(base64.b64decode(raw)) if raw else None
+        if job.state is JobState.SUCCEEDED:
+            raw = self.client.result_of(self.id)
+            if raw:
+                return pickle.loads(base64.b64decode(raw))
+            if job.kind != "python":
+                return None  # a command's job (rig.submit) has no return value
+        try:
+            output = self.log()
+        except RigError:  # its log unreadable here (another node's, gone): the job's end still is
+            output = ""
+        start = output.rfind("Traceback (most recent call last)")
+        if start >= 0 and job.state is not JobState.SUCCEEDED:
+            raise RemoteError(self.id, job, output[start:].strip())
+        # A call's result, even None, is a non-empty pickle: a SUCCEEDED call without one ended
+        # its process before it returned (rig.call stores the result only after the return).
+        raise RemoteError(self.id, job, "", output=output[-4000:].strip(),
+                          note=NO_RESULT if job.state is JobState.SUCCEEDED else "")
+
+
+#: RemoteError's note for a SUCCEEDED @rig.task call that stored no result.
+NO_RESULT = (", but stored no result: the function ended its process before it returned (sys.exit(0), "
+             "os._exit(0) or an exec); let it return its value instead")
 
 
 class RemoteError(RigError):
@@ -1168,9 +1195,9 @@ class RemoteError(RigError):
     it printed none: killed, timed out, stopped before the call), ``output`` then the end of
     what it printed (never shown as a traceback)."""
 
-    def __init__(self, job_id: int, job: Job, traceback: str, output: str = "") -> None:
+    def __init__(self, job_id: int, job: Job, traceback: str, output: str = "", note: str = "") -> None:
         reason = job.reason or f"see `rig log {job_id}`"
-        message = f"job {job_id} ended {job.state.value}: {reason}"
+        message = f"job {job_id} ended {job.state.value}: {reason}{note}"
         if traceback:
             message += f"\n--- remote traceback (job {job_id}) ---\n{traceback}"
         elif output:

@@ -29,6 +29,7 @@ import os
 import pwd
 from collections.abc import Mapping
 
+from rig.errors import InvalidInput
 from rig.records import ENV_NAME_RE as _NAME  # the names a job's record may hold
 
 #: The base PATH when the submitter passed none.
@@ -105,6 +106,12 @@ def is_not_exported(name: str) -> bool:
 
 #: What --export accepts besides a list of names.
 EXPORT_MODES = ("ALL", "NONE")
+
+
+def check_env_mapping(env: object) -> None:
+    """``env=`` from Python (rig.submit, @rig.task) is a mapping of names to values."""
+    if env is not None and not isinstance(env, Mapping):
+        raise InvalidInput(f"env must be a mapping of names to values (e.g. {{'A': '1'}}), got {type(env).__name__}")
 
 
 def parse_export(mode: str | None) -> str | tuple[str, ...]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import ast
 import base64
 import contextlib
+import difflib
 import functools
 import inspect
 import pickle
@@ -102,6 +103,7 @@ class RigTask(Generic[P, R]):
                        f"`if __name__ == \"__main__\":`")
             refused_while_loading.append(message)
             raise SubmittedWhileImported(message)
+        _check_overrides(overrides)
         payload = _payload(self.fn)
         _check_importable(self, payload)
         _check_guarded(self.fn, payload)
@@ -150,23 +152,66 @@ def task(
     _check_options(options)
 
     def wrap(f: Callable[P, R]) -> RigTask[P, R]:
+        _check_plain_function(f)
         return RigTask(f, options)
 
     return wrap(fn) if fn is not None else wrap
+
+
+def _check_plain_function(fn: Callable[..., Any]) -> None:
+    """An ``async def`` or a generator function returns an object the job cannot send back (a
+    coroutine, a generator) without running its body: refused at decoration, not found out
+    after the job held a card (it failed as bad_result, the body never run)."""
+    name = getattr(fn, "__name__", repr(fn))
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        raise InvalidInput(f"{name}() is an async function, which a job does not await; decorate a plain "
+                           f"function that runs it: `def {name}_job(...): return asyncio.run({name}(...))`")
+    if inspect.isgeneratorfunction(fn):
+        raise InvalidInput(f"{name}() is a generator function: a job can send back no generator; "
+                           f"return a list (`return list(...)`) instead")
 
 
 def _check_options(options: dict[str, Any]) -> None:
     """Refuse a malformed option where it is written, at decoration (the rules rig.submit
     applies, rig.request_rules), not at the first .delay(). What depends on the cluster (a
     template's or pool's name, a size no card has, ``"auto"``) is checked at .delay()."""
-    from rig.request_rules import check_gpus, check_retries, parse_gpu_memory, parse_time_limit
+    from rig.job_env import check_env_mapping, parse_export
+    from rig.models import Priority
+    from rig.request_rules import (
+        check_flag,
+        check_gpus,
+        check_retries,
+        parse_gpu_memory,
+        parse_time_limit,
+    )
 
     check_gpus(options["gpus"], what="gpus")
+    check_flag(options.get("oom_retry_grow"), "oom_retry_grow")
     if options["gpu_memory"] is not None:
         parse_gpu_memory(options["gpu_memory"], what="gpu_memory")
     if "retries" in options:
         check_retries(options["retries"], what="retries")
     parse_time_limit(options.get("time_limit"), what="time_limit")
+    if "priority" in options:
+        Priority.parse(options["priority"])
+    check_env_mapping(options.get("env"))
+    if "export" in options:
+        try:
+            parse_export(options["export"])
+        except ValueError as exc:
+            raise InvalidInput(str(exc).replace("--export", "export", 1)) from None
+
+
+def _check_overrides(overrides: dict[str, Any]) -> None:
+    """``.apply_async(args, kwargs, gpu_mem="4G")``: one line naming the closest job option,
+    not Python's TypeError about ``Client.submit()``, which the caller never called."""
+    unknown = sorted(set(overrides) - JOB_OPTIONS - {"client"})
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(JOB_OPTIONS), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise InvalidInput(f".apply_async() takes no job option {unknown[0]!r}{hint}; the job options are "
+                           f"{', '.join(sorted(JOB_OPTIONS))}, and the function's own arguments go in args "
+                           f"and kwargs")
 
 
 def call_argv(executable: str = sys.executable) -> list[str]:

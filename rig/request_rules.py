@@ -87,6 +87,14 @@ def check_retries(value: object, shown: object = None, what: str = "--retries") 
     return value
 
 
+def check_flag(value: object, what: str) -> bool | None:
+    """A yes/no option from Python (``oom_retry_grow``, ``shell``): True, False or None (the
+    default). ``"no"`` or ``0`` is refused, not taken for its truth value."""
+    if value is not None and not isinstance(value, bool):
+        raise InvalidInput(f"{what} must be True or False; got {value!r}")
+    return value
+
+
 def check_gpus(value: object, what: str = "--gpus") -> int:
     """A number of cards: a whole number 1..MAX_GPUS."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GPUS:

@@ -19,7 +19,7 @@ import redis
 from rig import packed
 from rig import records as R
 from rig.clock import shared_now
-from rig.errors import JobNotFound
+from rig.errors import JobNotFound, SubmitInterrupted
 from rig.keys import Keys
 from rig.models import (
     ENV_EXTRA,
@@ -78,12 +78,29 @@ class JobStore:
                     pipe.multi()
                     pipe.incrby(self.keys.next_job_id, len(jobs))
                     out = self._queue_creates(pipe, jobs, first, now)
-                    pipe.execute()
+                    try:
+                        pipe.execute()
+                    except KeyboardInterrupt:
+                        # Ctrl-C after Redis had the transaction (a large @rig.task payload takes
+                        # seconds to send): the jobs are queued and will run. Say their ids, as
+                        # a Ctrl-C after the store does (SubmitInterrupted), not a bare interrupt.
+                        if self._stored(out):
+                            raise SubmitInterrupted([job.id for job in out]) from None
+                        raise
                     return out
                 except redis.WatchError:
                     if attempt >= CREATE_QUIET_TRIES:  # many submitters at once: spread them out
                         time.sleep(random.uniform(0, 0.01))
         raise AssertionError("unreachable")
+
+    def _stored(self, jobs: list[Job]) -> bool:
+        """Did an interrupted create_many store ``jobs``? (Their first record, by its instance;
+        one transaction stores all or none.) Read on a connection of its own: the interrupted
+        one was dropped by redis-py."""
+        try:
+            return self.r.hget(self.keys.job(jobs[0].id), "instance") == jobs[0].instance
+        except redis.RedisError:
+            return False
 
     def _queue_creates(self, pipe: Any, jobs: list[tuple[Job, dict[str, Any] | None]], first: int,
                        now: float) -> list[Job]:

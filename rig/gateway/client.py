@@ -447,7 +447,7 @@ class GatewayClient:
             if job.state.terminal:
                 return job
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} still {job.state.value} after {timeout} s")
+                raise TimeoutError(f"job {job_id} is still {job.state.value} after {timeout} s")
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
 

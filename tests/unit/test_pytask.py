@@ -373,3 +373,82 @@ def test_a_call_payload_of_the_old_shape_still_runs(tmp_path):
                         "args": (1,), "kwargs": {"b": 2}})
     assert "CODE 0" in done.stdout, done.stderr
     assert pickle.loads(base64.b64decode(done.stdout.split()[3])) == 3
+
+
+@pytest.mark.parametrize(("options", "said"), [
+    ({"gpu_memory": "1G", "priority": "urgent"}, "unknown priority 'urgent'; choose high, medium or low"),
+    ({"gpu_memory": "1G", "export": "A-B"}, "export: 'A-B' is not a variable name"),
+    ({"gpu_memory": "1G", "env": ["A=1"]}, "env must be a mapping of names to values"),
+])
+def test_priority_export_and_env_are_refused_where_the_decorator_is_written(options, said):
+    """Breaker (brkapi): ``@rig.task(priority="urgent")`` was accepted and only the first
+    .delay() refused it, though nothing about a priority depends on the cluster."""
+    with pytest.raises(InvalidInput, match=f"^{re.escape(said)}"):
+        rig.task(**options)
+    assert rig.task(gpu_memory="1G", priority="HIGH", export="NONE", env={"A": "1"})
+
+
+def test_an_unknown_apply_async_option_names_the_closest_job_option():
+    """Breaker (brkapi): ``.apply_async((1,), {}, gpu_mem="4G")`` raised Python's TypeError
+    'Client.submit() got an unexpected keyword argument', a method the caller never called."""
+    client = StubClient()
+    with pytest.raises(InvalidInput, match=r"^\.apply_async\(\) takes no job option 'gpu_mem' \(did you mean "
+                                           r"gpu_memory\?\); the job options are .*args and kwargs$"):
+        top_level.apply_async((1,), {}, gpu_mem="4G", client=client)
+    assert client.submitted == []
+
+
+@pytest.mark.parametrize(("key", "value"), [("oom_retry_grow", "no"), ("oom_retry_grow", 0), ("shell", 0),
+                                            ("shell", "false")])
+def test_a_yes_no_option_that_is_no_bool_is_refused_not_taken_for_its_truth(key, value, tmp_path):
+    """Breaker (brkapi): ``rig.submit([...], oom_retry_grow="no")`` stored oom_retry_grow=True,
+    and ``rig.submit("echo hi", shell=0)`` ran through /bin/sh (only ``shell is False`` counted)."""
+    import fakeredis
+
+    from rig.client import Client
+    from rig.config import load_settings
+
+    client = Client(load_settings(home=tmp_path, key_prefix="t:", redis_url="redis://127.0.0.1:1/0"),
+                    redis_client=fakeredis.FakeRedis(decode_responses=True))
+    with pytest.raises(InvalidInput, match=f"^{key} must be True or False; got {re.escape(repr(value))}$"):
+        client.submit("echo hi", gpu_memory="1G", **{key: value})
+    assert client.store.list() == []
+    if key == "oom_retry_grow":
+        with pytest.raises(InvalidInput, match="^oom_retry_grow must be True or False"):
+            rig.task(gpu_memory="1G", oom_retry_grow=value)
+
+
+def test_the_readmes_python_example_submits_only_under_the_main_guard(tmp_path):
+    """Breaker (brkapi): the README's example called ``train.delay(3e-4)`` at the script's top
+    level, which .delay() refuses ('ex.py line 16 submits train() outside `if __name__ ==
+    "__main__":`'): copied into a file, it failed. Every submission in it is under the guard."""
+    from rig.pytask import _main_guard_lines
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = readme.index("From Python:\n\n```python\n") + len("From Python:\n\n```python\n")
+    example = tmp_path / "example.py"
+    example.write_text(readme[start:readme.index("```", start)])
+    guarded = _main_guard_lines(str(example)) or []
+    lines = example.read_text().splitlines()
+    submits = [n for n, text in enumerate(lines, 1) if re.search(r"\.delay\(|rig\.submit", text.split("#")[0])]
+    assert len(submits) >= 3
+    assert [n for n in submits if not any(first <= n <= last for first, last in guarded)] == []
+
+
+async def _coroutine_function(x):  # noqa: ANN001, ANN202
+    return x
+
+
+def _generator_function(x):  # noqa: ANN001, ANN202
+    yield x
+
+
+@pytest.mark.parametrize(("fn", "said"), [
+    (_coroutine_function, r"^_coroutine_function\(\) is an async function, which a job does not await; .*asyncio\.run"),
+    (_generator_function, r"^_generator_function\(\) is a generator function: .*return a list"),
+])
+def test_an_async_or_generator_function_is_refused_where_it_is_decorated(fn, said):
+    """Breaker (brkapi): ``@rig.task`` on an ``async def`` was accepted; its job held a card,
+    never ran the body (the coroutine was not awaited) and failed as bad_result."""
+    with pytest.raises(InvalidInput, match=said):
+        rig.task(gpu_memory="1G")(fn)

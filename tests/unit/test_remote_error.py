@@ -87,3 +87,39 @@ def test_a_log_attempt_out_of_range_names_the_keyword(tmp_path):
     with pytest.raises(InvalidInput) as err:
         handle.log(attempt=9)
     assert "--attempt" not in str(err.value) and "attempt 1.." in str(err.value)
+
+
+@pytest.mark.parametrize(("kind", "stored", "expected"), [
+    ("python", None, RemoteError), ("python", "gAROLg==", None), ("command", None, None)])
+def test_a_call_that_succeeded_without_storing_a_result_raises_instead_of_returning_none(kind, stored, expected):
+    """Breaker (brkapi): a @rig.task function that called sys.exit(0) or os._exit(0) ended
+    SUCCEEDED with no result stored, and .get() returned None as if the function had returned
+    it (a returned None is stored too: ``gAROLg==`` is its pickle)."""
+    client = StubClient(JobState.SUCCEEDED, "exit code 0", "step 1\n")
+    client.job.kind = kind
+    client.result_of = lambda job_id: stored  # type: ignore[attr-defined]
+    if expected is None:
+        assert JobHandle(client, 7, client.job).get() is None
+        return
+    err = _raised(client)
+    assert str(err) == ("job 7 ended SUCCEEDED: exit code 0, but stored no result: the function ended its "
+                        "process before it returned (sys.exit(0), os._exit(0) or an exec); let it return its "
+                        "value instead\n--- end of its output, no traceback (job 7) ---\nstep 1")
+
+
+def test_a_wait_that_times_out_says_why_the_job_has_not_started(tmp_path):
+    """Breaker (brkapi): ``.delay()`` with rig down, then ``.get(timeout=3)`` said only 'job 69
+    is still PENDING after 3 s'; now the sentence rig show gives follows it."""
+    import fakeredis
+
+    from rig.client import Client
+    from rig.config import load_settings
+
+    client = Client(load_settings(home=tmp_path, key_prefix="t:", redis_url="redis://127.0.0.1:1/0"),
+                    redis_client=fakeredis.FakeRedis(decode_responses=True))
+    handle = client.submit(["true"], gpu_memory="1G")
+    with pytest.raises(TimeoutError) as err:
+        handle.get(timeout=0.1)
+    said = str(err.value)
+    assert said.startswith(f"job {handle.id} is still PENDING after 0.1 s: ")
+    assert said.endswith(client.why_waiting(client.get(handle.id)))
