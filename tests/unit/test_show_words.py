@@ -51,18 +51,19 @@ def test_metrics_of_a_job_that_ended_before_it_started_says_it_never_ran():
     assert _text(lambda c: render_metrics(waiting, c)).strip() == "job 10 has not run yet (pending)"
 
 
-def test_config_prints_a_relative_home_as_text_resolved_and_says_so(tmp_path, monkeypatch, rig_home):
+def test_config_refuses_a_relative_home_and_prints_an_absolute_one_as_text(tmp_path, monkeypatch, rig_home):
+    """A relative RIG_HOME names another folder wherever a command runs (`rig up` in one,
+    `rig down` in another said 'rig is not up'): refused in one line, exit 6."""
     from rig.cli.main import cli
 
     monkeypatch.setenv("RIG_HOME", "relhome")
-    out = CliRunner().invoke(cli, ["config"]).stdout
-    where = repr(str((tmp_path / "relhome").resolve()))
-    assert f"home = {where} ('relhome' relative to the current folder)  # RIG_HOME" in out, out
-    assert "PosixPath" not in out, out
-    assert f"are taken under home, {where[1:-1]} ('relhome' relative to the current folder)" in out, out
+    result = CliRunner().invoke(cli, ["config"])
+    assert result.exit_code == 6, result.output
+    assert "RIG_HOME: 'relhome' is a relative path" in result.output and "Traceback" not in result.output
     monkeypatch.setenv("RIG_HOME", str(tmp_path / "abs"))
     out = CliRunner().invoke(cli, ["config"]).stdout
     assert f"home = {str(Path(tmp_path / 'abs').resolve())!r}  # RIG_HOME" in out, out
+    assert "PosixPath" not in out, out
 
 
 def test_the_estimate_caveat_holds_for_the_highest_priority_too():
