@@ -762,6 +762,28 @@ def setting_origins(settings: Settings) -> dict[str, str]:
     return config_check.origins(settings, sources)
 
 
+def _same_as_file(sources: config_check.Sources, path: tuple[str, ...], var: str) -> bool:
+    """Does the variable ``var`` give the setting at ``path`` the value the file gives it? Then
+    it overrides nothing: `rig init` writes this shell's RIG_REDIS_URL, RIG_NODE_NAME and
+    RIG_FLOWER_PORT into the file, and every `rig up` from that shell then said each one
+    "overrides" the file's same value. Scalars only (a string, a number, a boolean), compared as
+    written; anything else counts as different."""
+    if var != config_check.env_name(path):  # a section's JSON variable (RIG_HEALTH='{...}')
+        return False
+    written: Any = sources.file_data
+    for part in path:
+        written = written[part]
+    given = sources.environ[var]
+    if isinstance(written, bool):
+        return given.strip().lower() == str(written).lower()
+    if isinstance(written, (int, float)):
+        try:
+            return float(given) == float(written)
+        except ValueError:
+            return False
+    return isinstance(written, str) and given == written
+
+
 def shadowed_settings(settings: Settings) -> list[str]:
     """One line for each setting a RIG_* variable sets while the config file sets it too: the
     variable wins (a value left in the operator's shell changes what rig.toml says, silently
@@ -773,7 +795,8 @@ def shadowed_settings(settings: Settings) -> list[str]:
     for name, inner in (sources.shape.fields or {}).items():
         for path in [(name,)] + [(name, sub) for sub in (inner.fields or {})]:
             var = sources.env_var(path)
-            if var and path[0] not in sources.overrides and sources.in_file(path):
+            if (var and path[0] not in sources.overrides and sources.in_file(path)
+                    and not _same_as_file(sources, path, var)):
                 lines.append(f"note: ${var} (in the environment) overrides {'.'.join(path)} in {sources.file}; "
                              f"unset it to use the file's value")
                 break

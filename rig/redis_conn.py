@@ -384,7 +384,7 @@ def auth_failed(url: str, exc: BaseException) -> RedisAuthFailed:
     elif auth.source:
         message = f"Redis at {shown} refused the password from {auth.source} ({detail}); {ways}"
     elif auth.unreadable:
-        message = (f"Redis at {shown} requires a password and this user cannot read redis_password_file "
+        message = (f"Redis at {shown} requires a password and this user cannot read "
                    f"{auth.unreadable}; use rig through the node's gateway (start it with `rig up`, or set "
                    "RIG_GATEWAY_SOCKET to its socket), or ask the file's owner for access")
     else:
@@ -604,9 +604,15 @@ def resolve_auth(url: str, *, home: Path, password: str | None = None,
         if path.exists() and not os.access(path, os.R_OK):
             # A team's password file kept from users (0640 root:rigadmins): they are not meant to
             # hold the password, and the gateway serves them; refusing here stopped every command.
-            auth = RedisAuth(url, "", home_file, unreadable=f"{path} (no permission to read it)")
+            auth = RedisAuth(url, "", home_file, unreadable=f"redis_password_file {path} (no permission to read it)")
         else:
             auth = RedisAuth(with_password(url, read_password_file(path)), str(path), home_file)
+    elif home_file is not None and visible(home_file) and not os.access(home_file, os.R_OK):
+        # Another user's home (RIG_HOME set to the node's, to share its config.toml): its
+        # password is not this user's, whose commands go to the gateway, as for a
+        # redis_password_file kept from them; reading it stopped every command (exit 6).
+        auth = RedisAuth(url, "", home_file, unreadable=f"{home_file}, the password file of RIG_HOME "
+                                                        "(no permission to read it)")
     elif home_file is not None and visible(home_file):
         # The home's password goes only to a Redis of this user's (or root's) own: a process of
         # another user listening on that port (squatting it while rig's Redis is down) would

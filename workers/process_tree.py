@@ -29,7 +29,10 @@ from pathlib import Path
 #: mv replaced the host's /dev/null).
 #: A command that cannot start (not found, not an executable file) is found before it is run
 #: and said in a line of its own (rig.failures.CANNOT_START_LINE), so a program that runs and
-#: exits 126 or 127 itself is never taken for one that could not start.
+#: exits 126 or 127 itself is never taken for one that could not start. A name not found says
+#: the PATH it was looked for in: under `--export NONE` that is rig's minimal base
+#: (/usr/local/bin:/usr/bin:/bin), where `python` of a venv or conda env is not, and the line
+#: alone said only "command not found: python" for a command that ran from the submitter's shell.
 WRAPPER = r"""
 trap ':' TERM INT HUP
 rig_cannot=''
@@ -38,7 +41,7 @@ case "$1" in
   *) command -v -- "$1" >/dev/null 2>&1 || rig_cannot=127 ;;
 esac
 if [ "$rig_cannot" = 127 ]; then
-  echo "rig: command not found: $1 (exit 127)" >&2; rc=127
+  echo "rig: command not found: $1 (looked for in PATH=$PATH) (exit 127)" >&2; rc=127
 elif [ "$rig_cannot" = 126 ]; then
   echo "rig: not an executable file: $1 (exit 126)" >&2; rc=126
 else

@@ -39,9 +39,12 @@ def test_wrapper_records_exit_status(tmp_path):
 
 
 def test_wrapper_explains_missing_command(tmp_path):
-    proc, exit_file = start(["no-such-program-xyz"], tmp_path)
+    # The PATH it was looked in: under --export NONE a venv's `python` is not on the job's
+    # minimal PATH, and "command not found: python" alone did not say why.
+    proc, exit_file = start(["no-such-program-xyz"], tmp_path, PATH="/usr/bin:/bin")
     assert proc.wait(10) == 127
-    assert proc.stdout.read().decode() == "rig: command not found: no-such-program-xyz (exit 127)\n"
+    assert proc.stdout.read().decode() == ("rig: command not found: no-such-program-xyz "
+                                           "(looked for in PATH=/usr/bin:/bin) (exit 127)\n")
     assert exit_file.read_text().strip() == "127"
 
 

@@ -161,6 +161,29 @@ def test_a_password_file_this_user_may_not_read_sends_them_to_the_gateway(tmp_pa
     assert not holds_credentials(Settings())  # type: ignore[arg-type]
 
 
+def test_another_users_home_password_file_sends_them_to_the_gateway(tmp_path, monkeypatch):
+    """RIG_HOME set to the node's home (its config.toml, its gateway's socket) by a user who may
+    not read its redis.password (0600 root): every command stopped with exit 6 ('cannot read the
+    Redis password file ... ask its owner'), never reaching the gateway the README sends them to.
+    os.access is faked: the suite runs as root."""
+    from rig.gateway.choice import holds_credentials
+
+    home = tmp_path / "home"
+    path = secret_file(home / "redis.password", "s3cret\n")
+    real_access = os.access
+    monkeypatch.setattr("rig.redis_conn.os.access",
+                        lambda p, mode, **kw: False if Path(p) == path else real_access(p, mode, **kw))
+    auth = resolve_auth("redis://127.0.0.1:6379/0", home=home)
+    assert url_password(auth.url) is None and auth.source == "" and str(path) in auth.unreadable
+    error = auth_failed(auth.url, redis.AuthenticationError("Authentication required."))
+    assert f"cannot read {path}, the password file of RIG_HOME" in str(error) and "gateway" in str(error)
+
+    class Settings:  # what holds_credentials reads
+        redis_url = auth.url
+
+    assert not holds_credentials(Settings())  # type: ignore[arg-type]
+
+
 def test_generated_password_file_is_0600_from_the_start_and_reused(tmp_path):
     path = tmp_path / "home" / "redis.password"
     old = os.umask(0)  # the most permissive umask must not widen it

@@ -23,3 +23,21 @@ def test_a_variable_over_the_file_is_said_once_per_setting(rig_home, monkeypatch
 def test_no_file_nothing_to_say(rig_home, monkeypatch):
     monkeypatch.setenv("RIG_FAKE_GPUS", "1x80G")
     assert shadowed_settings(load_settings()) == []
+
+
+def test_a_variable_with_the_files_own_value_overrides_nothing(rig_home, monkeypatch):
+    # `rig init` writes this shell's RIG_REDIS_URL, RIG_NODE_NAME, RIG_FLOWER_PORT into the
+    # file; every `rig up` from that shell then said each one "overrides" the same value.
+    (rig_home.parent / "rig.toml").write_text('redis_url = "redis://127.0.0.1:6630/0"\nflower_port = 6631\n'
+                                               'fair_share = true\n[health]\ntimeout = 30\n')
+    monkeypatch.setenv("RIG_REDIS_URL", "redis://127.0.0.1:6630/0")
+    monkeypatch.setenv("RIG_FLOWER_PORT", "6631")
+    monkeypatch.setenv("RIG_FAIR_SHARE", "true")
+    monkeypatch.setenv("RIG_HEALTH__TIMEOUT", "30.0")
+    assert shadowed_settings(load_settings()) == []
+    monkeypatch.setenv("RIG_FLOWER_PORT", "6632")  # a value of its own: said
+    monkeypatch.setenv("RIG_FAIR_SHARE", "false")
+    lines = shadowed_settings(load_settings())
+    assert len(lines) == 2, lines
+    assert any("$RIG_FLOWER_PORT (in the environment) overrides flower_port" in line for line in lines)
+    assert any("$RIG_FAIR_SHARE (in the environment) overrides fair_share" in line for line in lines)
