@@ -431,7 +431,7 @@ def _checkable_here(raw: dict, here: str, workers: int) -> bool:
     host name: there only while no worker is alive (that rig's rule)."""
     if raw.get("host_id"):
         return raw["host_id"] == here
-    return workers == 0 and raw.get("host") == here.rpartition("/")[0]
+    return workers == 0 and raw.get("host") == here.split("/")[0]
 
 
 def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float, *, here: str | None = None) -> NodeInfo:

@@ -78,16 +78,22 @@ def proc_start_time(pid: int) -> int | None:
 
 
 def boot_host() -> str:
-    """This host in this boot, ``hostname/boot-id``: where it matches a record's, a pid and its
-    start time (clock ticks since boot, :func:`proc_start_time`) read there can be checked
-    here; another host's, or this one's before a reboot, cannot."""
+    """This host in this boot and pid namespace, ``hostname/boot-id/pid-namespace``: where it
+    matches a record's, a pid and its start time (clock ticks since boot,
+    :func:`proc_start_time`) read there can be checked here; another host's, this one's before
+    a reboot, or a container's with pids of its own (one sharing the host's name and network,
+    ``network_mode: host``) cannot: there the same number is another process, or none."""
     import socket
 
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         boot = ""
-    return f"{socket.gethostname()}/{boot or '?'}"
+    try:
+        namespace = os.readlink("/proc/self/ns/pid").removeprefix("pid:").strip("[]")
+    except OSError:
+        namespace = ""
+    return f"{socket.gethostname()}/{boot or '?'}/{namespace or '?'}"
 
 
 def is_stopped(pid: int) -> bool:

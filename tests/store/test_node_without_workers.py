@@ -22,6 +22,7 @@ from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.nodes import NodeRegistry
 from rig.waiting import FITS_NOW, why_waiting
+from workers.process_tree import boot_host
 
 TTL = 30.0
 
@@ -84,6 +85,12 @@ def test_a_node_whose_rig_up_is_gone_here_is_not_up_while_its_workers_beats_ling
     redis_client.hset(keys.node("vm"), "host_id", "elsewhere/boot")
     (node,) = nodes.read()
     assert node.state == "up" and node.workers == 2 and node.gone is None, node
+    # Nor a container with pids of its own on this host and boot (network_mode: host gives it
+    # this host's name): its pid is another process here, or none.
+    host, boot, namespace = boot_host().split("/")
+    redis_client.hset(keys.node("vm"), "host_id", f"{host}/{boot}/{namespace}0")
+    (node,) = nodes.read()
+    assert node.state == "up" and node.gone is None, node
 
 
 def test_a_pid_reused_by_another_process_is_not_the_nodes_rig_up(world, redis_client):
