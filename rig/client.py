@@ -296,8 +296,8 @@ class Client:
             # The record's other fields (its owner, state, ...) are rig's to write, never a caller's.
             raise InvalidInput("extra may only carry a @rig.task call's payload ({'payload': base64 text}, "
                                "kind 'python')")
-        check_flag(shell, "shell")
-        check_flag(oom_retry_grow, "oom_retry_grow")
+        shell = check_flag(shell, "shell")
+        oom_retry_grow = check_flag(oom_retry_grow, "oom_retry_grow")
         argv, is_shell = _normalise_command(command, shell)
         argv = _checked("the command", R.as_argv, argv)
         job_name = (name or _default_name(argv, is_shell)).strip()

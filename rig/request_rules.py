@@ -89,10 +89,14 @@ def check_retries(value: object, shown: object = None, what: str = "--retries") 
 
 def check_flag(value: object, what: str) -> bool | None:
     """A yes/no option from Python (``oom_retry_grow``, ``shell``): True, False or None (the
-    default). ``"no"`` or ``0`` is refused, not taken for its truth value."""
-    if value is not None and not isinstance(value, bool):
-        raise InvalidInput(f"{what} must be True or False; got {value!r}")
-    return value
+    default), as a bool. ``"no"`` or ``0`` is refused, not taken for its truth value; numpy's
+    bool (``np.True_``, what ``arr.any()`` gives) is a bool and is taken as one."""
+    if value is None or isinstance(value, bool):
+        return value
+    kind = type(value)
+    if kind.__module__ == "numpy" and kind.__name__ in ("bool_", "bool"):
+        return bool(value)
+    raise InvalidInput(f"{what} must be True or False; got {value!r}")
 
 
 def check_gpus(value: object, what: str = "--gpus") -> int:

@@ -418,6 +418,37 @@ def test_a_yes_no_option_that_is_no_bool_is_refused_not_taken_for_its_truth(key,
             rig.task(gpu_memory="1G", oom_retry_grow=value)
 
 
+def _numpy_bool(value: bool) -> object:
+    """numpy's bool (np.True_, what ``(arr > 0).any()`` gives): numpy itself where it is
+    installed, else a stand-in of the same type name and module."""
+    try:
+        import numpy
+    except ImportError:
+        kind = type("bool", (), {"__module__": "numpy", "__bool__": lambda self: value,
+                                 "__repr__": lambda self: f"np.{value}_"})
+        return kind()
+    return numpy.bool_(value)
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_numpy_bool_is_a_yes_no_option_like_a_bool(value, tmp_path):
+    """Reviewer (review3): since f1a7bcf, ``oom_retry_grow=(losses > 0).any()`` (np.True_,
+    accepted before) was refused 'oom_retry_grow must be True or False; got np.True_', and
+    ``shell=np.False_`` ran through /bin/sh. numpy's bool is taken as the bool it is."""
+    import fakeredis
+
+    from rig.client import Client
+    from rig.config import load_settings
+
+    client = Client(load_settings(home=tmp_path, key_prefix="t:", redis_url="redis://127.0.0.1:1/0"),
+                    redis_client=fakeredis.FakeRedis(decode_responses=True))
+    job = client.store.get(client.submit("echo hi", gpu_memory="1G", oom_retry_grow=_numpy_bool(value),
+                                         shell=_numpy_bool(value)).id)
+    assert job.oom_retry_grow is value
+    assert job.command == (["/bin/sh", "-c", "echo hi"] if value else ["echo", "hi"])
+    rig.task(gpu_memory="1G", oom_retry_grow=_numpy_bool(value))
+
+
 def test_the_readmes_python_example_submits_only_under_the_main_guard(tmp_path):
     """Breaker (brkapi): the README's example called ``train.delay(3e-4)`` at the script's top
     level, which .delay() refuses ('ex.py line 16 submits train() outside `if __name__ ==
