@@ -111,6 +111,22 @@ def is_alive(pid: int, start_time: int | None) -> bool:
     return start_time is None or int(fields[19]) == int(start_time)
 
 
+def runs_unseen(pid: int) -> bool:
+    """Does ``pid`` run though this user cannot read its /proc entry? /proc mounted with
+    ``hidepid=1`` or ``2`` hides another user's processes (their /proc/PID/stat unreadable, or
+    absent), yet the kernel still answers ``kill(pid, 0)`` with EPERM for one that runs: its
+    start time cannot be read, so it cannot be told from another process that took the pid."""
+    if _stat_fields(pid) is not None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def session_is_ours(sid: int, start_time: int | None) -> bool:
     """May session ``sid`` be stopped as the job's? Yes while its leader is the job's process
     (same start time) or is gone (what is left in the session is the job's: Linux does not reuse
