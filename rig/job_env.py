@@ -114,9 +114,17 @@ def check_env_mapping(env: object) -> None:
         raise InvalidInput(f"env must be a mapping of names to values (e.g. {{'A': '1'}}), got {type(env).__name__}")
 
 
-def parse_export(mode: str | None) -> str | tuple[str, ...]:
-    """``--export`` as given: "ALL" (also None and ""), "NONE", or the names of a comma list.
-    Raises ValueError with one line for a name that is no variable name or never travels."""
+def parse_export(mode: str | list[str] | tuple[str, ...] | None) -> str | tuple[str, ...]:
+    """``--export`` as given: "ALL" (also None and ""), "NONE", or the names of a comma list
+    (from Python also a list or tuple of names). Raises ValueError with one line for a name that
+    is no variable name or never travels, or a value of another type."""
+    if isinstance(mode, (list, tuple)) and all(isinstance(n, str) for n in mode):
+        if not mode:
+            raise ValueError("--export: an empty list names no variable; give ALL, NONE or variable names")
+        mode = ",".join(mode)
+    if mode is not None and not isinstance(mode, str):
+        raise ValueError(f"--export: give ALL, NONE or variable names (a comma list, or a list of names); "
+                         f"got {mode!r}")
     text = (mode or "ALL").strip()
     if text.upper() in EXPORT_MODES:
         return text.upper()

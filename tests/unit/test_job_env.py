@@ -104,6 +104,34 @@ def test_a_bad_export_is_one_line(mode, words):
     assert "\n" not in str(caught.value)
 
 
+def test_export_from_python_takes_a_list_of_names_and_refuses_other_types_in_one_line(tmp_path):
+    """Reviewer (review3): ``rig.submit(..., export=["HF_TOKEN"])`` and
+    ``@rig.task(export=("HF_TOKEN",))`` raised AttributeError ('list' object has no attribute
+    'strip'), at the decorator since 5b82835. A list or tuple of names is the comma list; a
+    name in it is checked as one there (a tuple was taken unchecked at submit)."""
+    import fakeredis
+
+    import rig
+    from rig.client import Client
+    from rig.config import load_settings
+    from rig.errors import InvalidInput
+
+    assert job_env.parse_export(["HF_TOKEN", "PATH"]) == job_env.parse_export("HF_TOKEN,PATH") == ("HF_TOKEN", "PATH")
+    assert job_env.exported(SHELL_ENV, ["HF_TOKEN", "NOT_SET"]) == {"HF_TOKEN": "t"}
+    for bad, words in [(["HOME"], "never travels"), ([], "empty list"), (5, "got 5"), ([1], r"got \[1\]")]:
+        with pytest.raises(ValueError, match=words) as caught:
+            job_env.parse_export(bad)
+        assert "\n" not in str(caught.value)
+    rig.task(gpu_memory="1G", export=("HF_TOKEN",))
+    with pytest.raises(InvalidInput, match="^export: HOME never travels"):
+        rig.task(gpu_memory="1G", export=["HOME"])
+    client = Client(load_settings(home=tmp_path, key_prefix="t:", redis_url="redis://127.0.0.1:1/0"),
+                    redis_client=fakeredis.FakeRedis(decode_responses=True))
+    client.submit("echo hi", gpu_memory="1G", export=["PATH"])
+    with pytest.raises(InvalidInput, match="HOME never travels"):
+        client.submit("echo hi", gpu_memory="1G", export=["HOME"])
+
+
 def test_an_environment_too_large_from_your_shell_names_the_shell_not_env(tmp_path, monkeypatch):
     """Breaker: nine exported 120 KB variables and no --env were refused as '--env: longer
     than 1048576 bytes in all', naming an option the user never gave."""
