@@ -781,7 +781,23 @@ def _same_as_file(sources: config_check.Sources, path: tuple[str, ...], var: str
             return float(given) == float(written)
         except ValueError:
             return False
-    return isinstance(written, str) and given == written
+    if not isinstance(written, str):
+        return False
+    if given == written:
+        return True
+    # A folder or file given as another spelling of the file's (`~/x` for /home/u/x, a
+    # trailing slash): the setting (a Path, `~` expanded either way) is the same.
+    field = Settings.model_fields.get(path[0]) if len(path) == 1 else None
+    if field is None or "Path" not in str(field.annotation):
+        return False
+    return _spelled_path(given) == _spelled_path(written)
+
+
+def _spelled_path(text: str) -> str:
+    """A path as written, without what does not change the path it names (a `~` and trailing
+    slashes); ``..`` and symlinks are left as they are."""
+    text = os.path.expanduser(text.strip())
+    return text.rstrip("/") or text
 
 
 def shadowed_settings(settings: Settings) -> list[str]:

@@ -3,6 +3,9 @@ line (a tester's stale RIG_FAKE_GPUS=1x80G silently beat rig.toml's fake_gpus = 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from rig.config import load_settings, shadowed_settings
 
 
@@ -41,3 +44,17 @@ def test_a_variable_with_the_files_own_value_overrides_nothing(rig_home, monkeyp
     assert len(lines) == 2, lines
     assert any("$RIG_FLOWER_PORT (in the environment) overrides flower_port" in line for line in lines)
     assert any("$RIG_FAIR_SHARE (in the environment) overrides fair_share" in line for line in lines)
+
+
+def test_a_path_spelled_otherwise_than_the_files_overrides_nothing(rig_home, monkeypatch, tmp_path):
+    # Reviewer (review3): system_log_dir = "/x/logs/" in the file and RIG_SYSTEM_LOG_DIR=/x/logs
+    # (or ~/logs and its expansion) name one folder; rig up still said it 'overrides' it.
+    home = Path(os.path.expanduser("~"))
+    (rig_home.parent / "rig.toml").write_text(f'system_log_dir = "{tmp_path}/logs/"\nlog_dir = "~/review3-jobs"\n'
+                                               'node_name = "n1"\n')
+    monkeypatch.setenv("RIG_SYSTEM_LOG_DIR", f"{tmp_path}/logs")
+    monkeypatch.setenv("RIG_LOG_DIR", f"{home}/review3-jobs/")
+    assert shadowed_settings(load_settings()) == []
+    monkeypatch.setenv("RIG_SYSTEM_LOG_DIR", f"{tmp_path}/logs2")  # another folder: said
+    lines = shadowed_settings(load_settings())
+    assert len(lines) == 1 and "overrides system_log_dir" in lines[0], lines
