@@ -51,6 +51,7 @@ from rig.errors import (
 )
 from rig.gpus import GpuBackend, detect_backend
 from rig.keys import Keys, card_worker_name, control_worker_name
+from rig.listing import first_ids
 from rig.node_claim import OWNER_ENV, claim, identity, refused_line, release, there
 from rig.nodes import NodeRegistry
 from rig.redis_conn import (
@@ -1431,10 +1432,10 @@ class DownReport:
     running_jobs: list[int] = field(default_factory=list)  # ids of this node's jobs still running after it
 
 
-def running_jobs_line(ids: list[int], shown: int = 10) -> str:
+def running_jobs_line(ids: list[int]) -> str:
     """What `rig down` says of the jobs of the node it stopped that still run (rig down never
     stops a job): without it, "rig stopped" read as if everything had."""
-    listed = ", ".join(map(str, ids[:shown])) + (f" and {len(ids) - shown} more" if len(ids) > shown else "")
+    listed = first_ids(ids)
     return (f"{len(ids)} job(s) of this node keep running ({listed}): stopping rig never stops jobs; "
             "the next `rig up` adopts them and records how they ended")
 

@@ -23,6 +23,7 @@ from rig.cli.common import parse_job_id
 from rig.cli.entry import INTERRUPTED_EXIT
 from rig.client import Client
 from rig.errors import InvalidInput, JobNotFound, PermissionDenied, RedisUnavailable, RigError
+from rig.listing import first_ids
 from rig.models import Job, JobState
 from rig.text import clean
 
@@ -171,8 +172,7 @@ def _interrupted(client: Client, jid: int, rest: list[int]) -> None:
         click.echo(f"rig: job {jid}: interrupted before the kill was requested; it is still "
                    f"{job.state.value.lower()}: run `rig kill {jid}` again", err=True)
     if rest:
-        shown = " ".join(map(str, rest[:10])) + (f" and {len(rest) - 10} more" if len(rest) > 10 else "")
-        click.echo(f"rig: not handled (interrupted first): {shown}", err=True)
+        click.echo(f"rig: not handled (interrupted first): {first_ids(rest, sep=' ')}", err=True)
 
 
 def _memory_words(was: JobState) -> str:
