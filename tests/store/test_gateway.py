@@ -27,6 +27,7 @@ from rig.gateway.server import Gateway, Peer, bind
 from rig.models import Job, JobState, Priority
 from rig.waiting import NO_DISPATCHER
 from tests.conftest import HIDDEN_PID
+from tests.store.conftest import add_cards
 
 ALICE, BOB = 40001, 40002  # uids without a passwd entry: their names are the uids as text
 
@@ -649,11 +650,7 @@ def test_places_in_the_queue_and_a_running_jobs_end_come_through_the_gateway(gat
     jobs = [gw.client.get(first.id), gw.client.get(second.id)]
     assert client.waiting_words(jobs) == {first.id: "the dispatcher's own sentence",
                                           second.id: "queued: 1 job(s) ahead of it"}
-    from rig.gpus.base import GpuReading
-
-    ledger = gw.client.ledger
-    ledger.register_card("n1", GpuReading(index=0, uuid="u0", model="m", total=24 * 2**30),
-                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    ledger = add_cards(gw.client.ledger, 1, 24)
     ledger.store.update(first.id, time_limit=3600.0)
     ok, token = ledger.reserve(first.id, "n1", [0], 2**30)
     assert ok and ledger.claim(first.id, token, "w")[0]

@@ -15,7 +15,6 @@ from rig.cli.render import NO_WORKER_NOTE, node_title
 from rig.client import Client
 from rig.clock import shared_now
 from rig.config import load_settings
-from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
@@ -29,13 +28,10 @@ TTL = 30.0
 
 
 @pytest.fixture
-def world(redis_client, key_prefix):
+def world(redis_client, key_prefix, make_ledger):
     settings = load_settings(key_prefix=key_prefix, node_name="vm", hold_after_seconds=0)
     keys = Keys(key_prefix)
-    ledger = Ledger(redis_client, keys)
-    for i in range(2):
-        ledger.register_card("vm", GpuReading(index=i, uuid=f"vm-u{i}", model="m", total=24 * GIB),
-                             max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    ledger = make_ledger(2, 24, node="vm", uuid="vm-u{index}")
     return keys, ledger, NodeRegistry(redis_client, keys), Client(settings, redis_client=redis_client)
 
 
