@@ -121,12 +121,13 @@ class Holder:
     def provably_dead(self) -> bool:
         """True only when this machine can tell the holder is gone: same host, and its pid does
         not run or runs another process (another start time). Another host's holder is never
-        provably dead: its claim must expire."""
+        provably dead: its claim must expire; nor is one that /proc hides from this user
+        (hidepid: another user's rig up, workers.process_tree.may_run)."""
         if not self.same_host() or self.pid is None:
             return False
-        from workers.process_tree import is_alive
+        from workers.process_tree import may_run
 
-        return not is_alive(self.pid, self.start)
+        return not may_run(self.pid, self.start)
 
 
 def parse(raw: str | None) -> Holder | None:

@@ -59,7 +59,7 @@ from rig.errors import InvalidInput, NodeInUse
 from rig.keys import Keys, split_card_id
 from rig.models import JobState
 from rig.redis_writes import refusal
-from workers.process_tree import boot_host, is_alive, proc_start_time, runs_unseen
+from workers.process_tree import boot_host, may_run, proc_start_time
 
 #: A heartbeat: KEYS[1] the node's record, KEYS[2] its heartbeat key. ARGV[1] the heartbeat's
 #: value (JSON), ARGV[2] its life (ms), ARGV[3] seen_at (shared clock, epoch s), ARGV[4] its life
@@ -450,9 +450,9 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float, *, he
     started, seen, ttl = num("started_at"), num("last_seen"), num("beat_ttl")
     gone = None
     if (heartbeat or workers) and pid is not None and here and _checkable_here(raw, here, workers) \
-            and not is_alive(int(pid), _int(raw.get("pid_start"))) \
-            and not runs_unseen(int(pid)):  # not os.kill(pid, 0) alone: a zombie answers it
-        # (runs_unseen: /proc hides another user's rig up (hidepid): then its heartbeats decide.)
+            and not may_run(int(pid), _int(raw.get("pid_start"))):
+        # Not os.kill(pid, 0) alone: a zombie answers it. A rig up of another user that /proc
+        # hides (hidepid) may run: then its heartbeats decide.
         # Its last beats outlive it (SIGKILLed): its workers' too, dying with it or winding down.
         heartbeat, workers = False, 0
         left = (seen or started or now) + (ttl or DEFAULT_BEAT_TTL_S) - now

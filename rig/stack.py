@@ -394,13 +394,14 @@ def hold_log_dir_lock(settings: Settings) -> int:
 def _log_dir_holder(fd: int) -> tuple[str, str | None]:
     """Who holds the system_log_dir lock open at ``fd`` (as hold_log_dir_lock wrote it): the
     words naming it, and its RIG_HOME (None when not known)."""
-    from workers.process_tree import is_alive
+    from workers.process_tree import may_run
 
     holder = os.pread(fd, 4096, 0).decode(errors="replace").split("\n")
     node, pid, home = (holder + ["", "", ""])[:3]
     # Named only when the pid written there runs: not yet written, or written by an earlier
-    # holder (one that opened it read-only could not replace it), names nobody.
-    if pid.isdigit() and is_alive(int(pid), None):
+    # holder (one that opened it read-only could not replace it), names nobody. may_run: a node
+    # of another user that /proc hides (hidepid) runs, and is named.
+    if pid.isdigit() and may_run(int(pid), None):
         return f"node {node} (pid {pid}, RIG_HOME={home})", home or None
     return "another node (its rig up runs)", None
 

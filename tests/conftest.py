@@ -3,9 +3,10 @@ ever flushes a database."""
 
 from __future__ import annotations
 
+import errno
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,39 @@ def cli_env(key_prefix: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("RIG_REDIS_URL", REDIS_URL)
     monkeypatch.chdir(tmp_path)
     return key_prefix
+
+
+#: A pid above any pid_max (2**22): no process has it, so a test that hides it signals nobody.
+HIDDEN_PID = 999_999_999
+
+
+@pytest.fixture
+def hidden_by_proc(monkeypatch: pytest.MonkeyPatch) -> Callable[[int, type[OSError]], None]:
+    """``hide(pid, error)``: from now on this test reads ``pid`` as a process of another user on
+    a host whose /proc is mounted ``hidepid``: reading /proc/<pid>/stat raises ``error``
+    (FileNotFoundError: hidepid=2, the entry is absent; PermissionError: hidepid=1, it cannot be
+    read) and ``os.kill(pid, sig)`` raises EPERM (the kernel says it runs, and is not ours)."""
+    import builtins
+
+    import workers.process_tree as process_tree
+
+    hidden: dict[int, type[OSError]] = {}
+    real_open, real_kill = builtins.open, os.kill
+
+    def proc_open(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202 - open's own
+        for pid, error in hidden.items():
+            if str(path).startswith(f"/proc/{pid}/"):
+                raise error(errno.ENOENT if error is FileNotFoundError else errno.EACCES, "hidden", str(path))
+        return real_open(path, *args, **kwargs)
+
+    def kill(pid: int, sig: int) -> None:
+        if pid in hidden:
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        real_kill(pid, sig)
+
+    monkeypatch.setattr(process_tree, "open", proc_open, raising=False)
+    monkeypatch.setattr(process_tree.os, "kill", kill)
+    return lambda pid, error=FileNotFoundError: hidden.__setitem__(pid, error)
 
 
 @pytest.fixture(autouse=True)

@@ -127,6 +127,20 @@ def runs_unseen(pid: int) -> bool:
     return False
 
 
+def may_run(pid: int, start_time: int | None) -> bool:
+    """May ``pid`` still be the process that started at ``start_time`` (clock ticks since boot;
+    None: any process)? True when it runs and is that process (:func:`is_alive`), and also when
+    it runs unseen (:func:`runs_unseen`: /proc ``hidepid`` hides another user's process, whose
+    start time then cannot be read). False when it is gone, a zombie, or visibly another process.
+
+    For questions a reader answers or words it says (is a node's rig up there, who holds a
+    lock, may a claim be taken over): under hidepid every user but the owner would read root's
+    live ``rig up`` as gone and act on that. Never for a decision to signal or stop ``pid``:
+    an unseen pid may have been reused by another process, and only :func:`is_alive` proves it
+    is the one meant."""
+    return is_alive(pid, start_time) or runs_unseen(pid)
+
+
 def session_is_ours(sid: int, start_time: int | None) -> bool:
     """May session ``sid`` be stopped as the job's? Yes while its leader is the job's process
     (same start time) or is gone (what is left in the session is the job's: Linux does not reuse

@@ -93,12 +93,14 @@ def remove_supervisor_mark(socket_path: Path) -> None:
 
 def live_supervisor(socket_path: Path) -> int | None:
     """The pid of the live ``rig up`` that marks the gateway at ``socket_path``, or None: no
-    mark, an unreadable one, or one left by a rig up that is gone (its pid dead or reused)."""
-    from workers.process_tree import is_alive
+    mark, an unreadable one, or one left by a rig up that is gone (its pid dead or reused). A
+    rig up of another user that /proc hides from this one (hidepid) counts as live
+    (workers.process_tree.may_run): its gateway is waited for, not said down."""
+    from workers.process_tree import may_run
 
     try:
         pid_text, start_text = supervisor_mark(socket_path).read_text().split("\n")[:2]
         pid, start = int(pid_text), int(start_text)
     except (OSError, ValueError):
         return None
-    return pid if is_alive(pid, start) else None
+    return pid if may_run(pid, start) else None

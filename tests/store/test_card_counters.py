@@ -12,11 +12,11 @@ from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
+from tests.store.conftest import add_cards
 
 
 def _card(ledger: Ledger) -> None:
-    ledger.register_card("n1", GpuReading(index=0, uuid="GPU-n1-0", model="m", total=80 * GIB),
-                         max_jobs=4, reserve_fraction=0.05, allowed=True, fake=True)
+    add_cards(ledger, 1, 80, uuid="GPU-n1-0", reserve_fraction=0.05)
 
 
 def _job(ledger: Ledger, size: int) -> int:

@@ -29,16 +29,13 @@ from rig.models import Job, JobState, Priority
 from rig.nodes import NODE_STOPPED_REASON, NodeRegistry
 from rig.pools import encode
 from rig.waiting import why_waiting
+from tests.store.conftest import add_cards
 from workers.outcomes import AttemptEnd, conclude
 
 
 @pytest.fixture
-def ledger(redis_client, key_prefix) -> Ledger:
-    ledger = Ledger(redis_client, Keys(key_prefix))
-    for i in range(4):
-        ledger.register_card("n1", GpuReading(index=i, uuid=f"u{i}", model="m", total=24 * GIB),
-                             max_jobs=2, reserve_fraction=0.0, allowed=True, fake=True)
-    return ledger
+def ledger(make_ledger) -> Ledger:
+    return make_ledger(4, 24, max_jobs=2)
 
 
 def _job(ledger: Ledger, gib: float = 4, pool: str | None = None) -> int:
@@ -57,9 +54,7 @@ def _running(ledger: Ledger, card: int) -> Job:
 
 def _register(ledger: Ledger, allowed: set[int], present: int = 4) -> None:
     """What `rig up` does with a whitelist and ``present`` cards (rig.registration)."""
-    for i in range(present):
-        ledger.register_card("n1", GpuReading(index=i, uuid=f"u{i}", model="m", total=24 * GIB),
-                             max_jobs=2, reserve_fraction=0.0, allowed=i in allowed, fake=True)
+    add_cards(ledger, present, 24, max_jobs=2, allowed=allowed)
     mark_gone_cards(ledger.r, ledger.keys, "n1", range(present))
 
 

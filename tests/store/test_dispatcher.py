@@ -9,7 +9,6 @@ import pytest
 
 from rig.clock import shared_now
 from rig.config import load_settings
-from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
@@ -18,13 +17,10 @@ from workers.dispatcher import Dispatcher
 
 
 @pytest.fixture
-def setup(redis_client, key_prefix):
+def setup(redis_client, key_prefix, make_ledger):
     settings = load_settings(key_prefix=key_prefix, scheduler_type="best-fit", node_name="n1",
                              hold_after_seconds=0)
-    ledger = Ledger(redis_client, Keys(key_prefix))
-    for i in range(2):
-        ledger.register_card("n1", GpuReading(index=i, uuid=f"u{i}", model="m", total=40 * GIB),
-                             max_jobs=2, reserve_fraction=0.0, allowed=True, fake=True)
+    ledger = make_ledger(2, 40, max_jobs=2)
     started: list[tuple[int, str, str, int]] = []
     dispatcher = Dispatcher(settings, lambda *a: started.append(a), client=redis_client)
     return ledger, dispatcher, started

@@ -11,18 +11,16 @@ import pytest
 from rig.config import load_settings
 from rig.draining import mark_gone_cards
 from rig.gpus.base import GpuReading
-from rig.keys import Keys
 from rig.ledger import CARD_VERSION, Ledger, bump_cards
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
+from tests.store.conftest import add_cards
 from workers.dispatcher import Dispatcher
 
 
 @pytest.fixture
-def dispatcher_and_ledger(redis_client, key_prefix):
-    ledger = Ledger(redis_client, Keys(key_prefix))
-    ledger.register_card("n1", GpuReading(index=0, uuid="u0", model="m", total=40 * GIB),
-                         max_jobs=2, reserve_fraction=0.0, allowed=True, fake=True)
+def dispatcher_and_ledger(redis_client, key_prefix, make_ledger):
+    ledger = make_ledger(1, 40, max_jobs=2)
     dispatcher = Dispatcher(load_settings(key_prefix=key_prefix, node_name="n1"), lambda *a: None,
                             client=redis_client)
     return dispatcher, ledger
@@ -81,10 +79,7 @@ def test_a_card_changed_by_another_process_is_seen_by_the_next_pass(dispatcher_a
     another card unhealthy: the next pass reads both cards again and starts the waiting job on
     the freed one; an unchanged card is not read again."""
     dispatcher, ledger = dispatcher_and_ledger
-    ledger.register_card("n1", GpuReading(index=1, uuid="u1", model="m", total=40 * GIB),
-                         max_jobs=2, reserve_fraction=0.0, allowed=True, fake=True)
-    ledger.register_card("n1", GpuReading(index=2, uuid="u2", model="m", total=40 * GIB),
-                         max_jobs=2, reserve_fraction=0.0, allowed=True, fake=True)
+    add_cards(ledger, 2, 40, max_jobs=2, first=1)
     placed: list = []
     dispatcher.on_start = lambda *a: placed.append(a)
     other = Ledger(redis_client, ledger.keys)
@@ -106,8 +101,7 @@ def test_versions_gone_backwards_or_vanished_read_everything_again(dispatcher_an
     the pass read every card again, including one whose version happens to be the one kept
     but whose content is not what was kept (rolled back, then changed as often)."""
     dispatcher, ledger = dispatcher_and_ledger
-    ledger.register_card("n1", GpuReading(index=1, uuid="u1", model="m", total=40 * GIB),
-                         max_jobs=2, reserve_fraction=0.0, allowed=True, fake=True)
+    add_cards(ledger, 1, 40, max_jobs=2, first=1)
     r, keys = ledger.r, ledger.keys
     for foreign, damage in ((5 * GIB, "backwards"), (7 * GIB, "vanished")):
         before = dispatcher._read_cards()[1].foreign
@@ -158,8 +152,7 @@ def test_every_writer_of_a_card_moves_its_version(dispatcher_and_ledger):
     for n, step in enumerate(steps, 1):
         step()
         assert version() == first + n, n
-    ledger.register_card("n1", GpuReading(index=0, uuid="u0", model="m", total=40 * GIB),
-                         max_jobs=2, reserve_fraction=0.0, allowed=True, fake=True)
+    add_cards(ledger, 1, 40, max_jobs=2)
     assert version() == first + len(steps) + 2  # registration and its reading
     pipe = r.pipeline(transaction=True)
     bump_cards(pipe, [keys.card("n1", 9)])

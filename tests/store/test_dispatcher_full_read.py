@@ -8,9 +8,6 @@ import pytest
 
 from rig.clock import clock_for
 from rig.config import load_settings
-from rig.gpus.base import GpuReading
-from rig.keys import Keys
-from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from workers.dispatcher import FULL_READ_S, Dispatcher
@@ -19,16 +16,13 @@ NOW = 1_900_000_000.0
 
 
 @pytest.fixture
-def idle(redis_client, key_prefix, monkeypatch):
+def idle(redis_client, key_prefix, make_ledger, monkeypatch):
     """Two full cards (a running job of 30 GiB each), two users' jobs of 36 GiB waiting (fair
     share reads the placed jobs), the clock frozen; the dispatcher's passes until one repeats.
     Yields (dispatcher, ledger, running job ids, the list of _repeats' answers)."""
     r = redis_client
     monkeypatch.setattr(type(clock_for(r)), "now", lambda self, refresh=True: NOW)
-    ledger = Ledger(r, Keys(key_prefix))
-    for index in range(2):
-        ledger.register_card("n1", GpuReading(index, f"u{index}", "m", 40 * GIB), max_jobs=2,
-                             reserve_fraction=0.0, allowed=True, fake=True)
+    ledger = make_ledger(2, 40, max_jobs=2)
 
     def make(user: str, gib: int, expected: float | None = None) -> int:
         job = Job(id=0, name="t", user=user, command=["true"], gpu_memory=gib * GIB, gpus=1,

@@ -11,11 +11,11 @@ import pytest
 from rig.clock import clock_for
 from rig.config import load_settings
 from rig.estimates import record_run
-from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
+from tests.store.conftest import add_cards
 from workers.dispatcher import Dispatcher
 
 START = 1_900_000_000.0
@@ -48,9 +48,7 @@ def blocked(redis_client, key_prefix, monkeypatch):
         record_run(pipe, keys, user="ann", name="earlier", template=None, command=["other"], nbytes=60 * GIB,
                    gpus=1, seconds=float(seconds), ended_at=START - 1000)
     pipe.execute()
-    for index in range(8):
-        ledger.register_card("n7", GpuReading(index, f"u{index}", "m", 80 * GIB), max_jobs=4,
-                             reserve_fraction=0.0, allowed=True, fake=True)
+    add_cards(ledger, 8, 80, node="n7")
     for index in range(8):
         clock.t = START - 20.0 - 0.5 * index
         job = ledger.store.create_many([(_job("ann", 60, clock.t), None)])[0]

@@ -15,11 +15,11 @@ import pytest
 
 from rig.clock import clock_for
 from rig.config import load_settings
-from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
+from tests.store.conftest import add_cards, ledger_with_cards
 from workers.dispatcher import Dispatcher
 
 COMPARED = ("state", "node", "cards", "wait_reason", "wait_reason_at", "held_at", "held_cards", "assignments")
@@ -97,9 +97,7 @@ def test_a_repeated_pass_leaves_redis_as_a_full_pass_does(redis_client, key_pref
     for copy in copies:
         local = random.Random(seeds)
         for node in ("n0", "n1"):
-            for index in range(3):
-                copy.ledger.register_card(node, GpuReading(index, f"u-{node}-{index}", "m", 40 * GIB),
-                                          max_jobs=5, reserve_fraction=0.0, allowed=True, fake=True)
+            add_cards(copy.ledger, 3, 40, node=node, max_jobs=5, uuid="u-{node}-{index}")
         for node, index, sizes, ages in layout:
             for size, age in zip(sizes, ages, strict=False):
                 clock.t = START - age
@@ -164,10 +162,7 @@ def test_a_blocked_jobs_reason_is_the_run_order_loops_and_stays_put(redis_client
     jobs ahead counted) and by the run-order loop (its place). The later one is its reason, every
     pass: it used to alternate between the two (the first written whenever the second was
     already stored)."""
-    ledger = Ledger(redis_client, Keys(key_prefix))
-    for index in range(2):
-        ledger.register_card("n1", GpuReading(index, f"u{index}", "m", 40 * GIB), max_jobs=2,
-                             reserve_fraction=0.0, allowed=True, fake=True)
+    ledger = ledger_with_cards(redis_client, key_prefix, 2, 40, max_jobs=2)
     dispatcher = Dispatcher(load_settings(key_prefix=key_prefix, node_name="n1", hold_after_seconds=0),
                             lambda *a: None, client=redis_client)
     dispatcher.repeat_idle = repeat

@@ -10,22 +10,19 @@ import pytest
 
 from rig.clock import shared_now
 from rig.config import load_settings
-from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.waiting import expected_clock
+from tests.store.conftest import add_cards
 from workers.dispatcher import Dispatcher
 
 
 @pytest.fixture
-def make(redis_client, key_prefix):
+def make(redis_client, key_prefix, make_ledger):
     """make(**settings) -> (ledger, dispatcher, started): 2 cards x 40 GiB on n1, 2 jobs each."""
-    ledger = Ledger(redis_client, Keys(key_prefix))
-    for i in range(2):
-        ledger.register_card("n1", GpuReading(index=i, uuid=f"u{i}", model="m", total=40 * GIB),
-                             max_jobs=2, reserve_fraction=0.0, allowed=True, fake=True)
+    ledger = make_ledger(2, 40, max_jobs=2)
 
     def build(**overrides):
         values = dict(key_prefix=key_prefix, scheduler_type="best-fit", node_name="n1",
@@ -215,9 +212,7 @@ def test_leaving_room_counts_only_sure_ends(make, redis_client, key_prefix):
     """Jobs that backfill by leaving room may not count on estimated ends of jobs on the held
     card: one that proves wrong would take the held job's room for as long as it runs."""
     ledger, dispatcher, started = make(backfill_estimate_delay_seconds=0)
-    for i in range(2):  # room for 4 jobs a card: the cap must not be what keeps them off
-        ledger.register_card("n1", GpuReading(index=i, uuid=f"u{i}", model="m", total=40 * GIB),
-                             max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    add_cards(ledger, 2, 40, max_jobs=4)  # room for 4 jobs a card: the cap must not be what keeps them off
     blockers = [submit(ledger, 30, expected_seconds=60), submit(ledger, 30, expected_seconds=600)]
     assert dispatcher.dispatch_pass() == 2
     held = next(ledger.store.get(b).cards[0] for b in blockers if ledger.store.get(b).expected_seconds == 60)
@@ -430,9 +425,7 @@ def test_every_waiting_user_is_seen_with_many_users(make):
     for number in range(80):
         for _ in range(3):
             submit(ledger, 0.01, f"u{number:02d}")
-    for i in range(2):  # room for 80 jobs: every user's first one
-        ledger.register_card("n1", GpuReading(index=2 + i, uuid=f"x{i}", model="m", total=40 * GIB),
-                             max_jobs=40, reserve_fraction=0.0, allowed=True, fake=True)
+    add_cards(ledger, 2, 40, max_jobs=40, first=2, uuid="x{index}")  # room for 80 jobs: every user's first one
     dispatcher.dispatch_pass()
     assert sorted({ledger.store.get(s[0]).user for s in started}) == [f"u{n:02d}" for n in range(80)]
 

@@ -10,20 +10,16 @@ import pytest
 import redis.connection
 
 from rig.config import load_settings
-from rig.gpus.base import GpuReading
-from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
+from tests.store.conftest import add_cards
 from workers.dispatcher import Dispatcher
 
 
 @pytest.fixture
-def world(redis_client, key_prefix):
-    ledger = Ledger(redis_client, Keys(key_prefix))
-    for index in range(8):
-        ledger.register_card("n1", GpuReading(index=index, uuid=f"u{index}", model="m", total=80 * GIB),
-                             max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+def world(redis_client, key_prefix, make_ledger):
+    ledger = make_ledger(8, 80)
     started: list = []
     dispatcher = Dispatcher(load_settings(key_prefix=key_prefix, node_name="n1", max_task_per_gpu=4),
                             lambda *a: started.append(a), client=redis_client)
@@ -71,8 +67,7 @@ def test_an_idle_submissions_pass_takes_three_round_trips(world, sends):
 def test_a_card_set_that_changed_is_read_again(world):
     dispatcher, ledger, started = world
     assert dispatcher.dispatch_pass() == 0  # the 8 cards are kept
-    ledger.register_card("n2", GpuReading(index=0, uuid="big", model="m", total=160 * GIB),
-                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    add_cards(ledger, 1, 160, node="n2", uuid="big")
     _job(ledger, 120)  # fits the new card only
     assert dispatcher.dispatch_pass() == 1
     assert started[-1][2:] == ("n2", 0)

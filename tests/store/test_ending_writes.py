@@ -10,8 +10,6 @@ import time
 import pytest
 
 from rig import estimates
-from rig.gpus.base import GpuReading
-from rig.keys import Keys
 from rig.ledger import Ledger, Writes
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
@@ -19,11 +17,8 @@ from workers.outcomes import AttemptEnd, conclude
 
 
 @pytest.fixture
-def ledger(redis_client, key_prefix) -> Ledger:
-    ledger = Ledger(redis_client, Keys(key_prefix))
-    ledger.register_card("n1", GpuReading(index=0, uuid="u0", model="m", total=24 * GIB),
-                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
-    return ledger
+def ledger(make_ledger) -> Ledger:
+    return make_ledger(1, 24)
 
 
 def _running(ledger: Ledger) -> Job:

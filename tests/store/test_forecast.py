@@ -12,23 +12,19 @@ from rig.client import Client
 from rig.clock import clock_for, shared_now
 from rig.config import load_settings
 from rig.forecast import CAVEAT, forecast
-from rig.gpus.base import GpuReading
-from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.waiting import NO_DISPATCHER
+from tests.store.conftest import add_cards, ledger_with_cards
 from workers.dispatcher import Dispatcher
 
 
 @pytest.fixture
-def world(redis_client, key_prefix, tmp_path):
+def world(redis_client, key_prefix, make_ledger, tmp_path):
     settings = load_settings(key_prefix=key_prefix, scheduler_type="best-fit", node_name="n1",
                              hold_after_seconds=0, home=tmp_path / "home")
-    ledger = Ledger(redis_client, Keys(key_prefix))
-    for i in range(2):
-        ledger.register_card("n1", GpuReading(index=i, uuid=f"u{i}", model="m", total=40 * GIB),
-                             max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    ledger = make_ledger(2, 40)
     return ledger, Client(settings, redis_client=redis_client), Dispatcher(settings, lambda *a: None,
                                                                           client=redis_client)
 
@@ -108,11 +104,9 @@ def test_the_jobs_estimated_to_start_now_are_those_the_dispatcher_starts(redis_c
 
     rnd = random.Random(seed)
     settings = load_settings(key_prefix=key_prefix, node_name="n1", home=tmp_path / "home", hold_after_seconds=0)
-    ledger = Ledger(redis_client, Keys(key_prefix))
+    ledger = ledger_with_cards(redis_client, key_prefix, 0)
     for node in ("n1", "n2"):
-        for i in range(2):
-            ledger.register_card(node, GpuReading(index=i, uuid=f"{node}-{i}", model="m", total=80 * GIB),
-                                 max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+        add_cards(ledger, 2, 80, node=node, uuid="{node}-{index}")
     client = Client(settings, redis_client=redis_client)
     dispatcher = Dispatcher(settings, lambda *a: None, client=redis_client)
 
@@ -156,9 +150,7 @@ def test_the_cards_of_a_stopped_node_take_nothing_and_end_nothing(world):
 
 def test_a_user_at_their_limit_starts_when_their_running_job_ends(redis_client, key_prefix, tmp_path):
     settings = load_settings(key_prefix=key_prefix, node_name="n1", home=tmp_path / "home", max_jobs_per_user=1)
-    ledger = Ledger(redis_client, Keys(key_prefix))
-    ledger.register_card("n1", GpuReading(index=0, uuid="u0", model="m", total=80 * GIB),
-                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    ledger = ledger_with_cards(redis_client, key_prefix, 1, 80)
     client = Client(settings, redis_client=redis_client)
     first = submit(ledger, 10, 100.0)
     assert Dispatcher(settings, lambda *a: None, client=redis_client).dispatch_pass() == 1

@@ -12,12 +12,10 @@ import pytest
 from rig.client import Client
 from rig.config import load_settings
 from rig.forecast import forecast
-from rig.gpus.base import GpuReading
-from rig.keys import Keys
-from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.waiting import expected_clock
+from tests.store.conftest import ledger_with_cards
 from workers.dispatcher import Dispatcher
 
 MIN = 60.0
@@ -29,10 +27,7 @@ def load(redis_client, key_prefix, tmp_path):
     waiting behind them (submitted a minute ago, past their hold time): three medium 20 GiB
     jobs (30 min), a high 2 x 16 GiB job (3 h) and a low 22 GiB one (no limit)."""
     settings = load_settings(key_prefix=key_prefix, node_name="demo", home=tmp_path / "home")
-    ledger = Ledger(redis_client, Keys(key_prefix))
-    for i in range(4):
-        ledger.register_card("demo", GpuReading(index=i, uuid=f"u{i}", model="m", total=24 * GIB),
-                             max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    ledger_with_cards(redis_client, key_prefix, 4, 24, node="demo")
     client = Client(settings, redis_client=redis_client)
     dispatcher = Dispatcher(settings, lambda *a: None, client=redis_client)
 
@@ -77,10 +72,7 @@ def test_the_first_forecast_after_a_burst_is_the_one_that_stays(redis_client, ke
     the dispatcher's pass at their hold time, gives every job the same start."""
     settings = load_settings(key_prefix=key_prefix, node_name="demo", home=tmp_path / "home",
                              hold_after_seconds=0.2)
-    ledger = Ledger(redis_client, Keys(key_prefix))
-    for i in range(4):
-        ledger.register_card("demo", GpuReading(index=i, uuid=f"u{i}", model="m", total=24 * GIB),
-                             max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    ledger_with_cards(redis_client, key_prefix, 4, 24, node="demo")
     client = Client(settings, redis_client=redis_client)
     dispatcher = Dispatcher(settings, lambda *a: None, client=redis_client)
 

@@ -16,7 +16,6 @@ from rig.clock import shared_now
 from rig.config import load_settings
 from rig.forecast import LATER, Forecast, StartEstimate
 from rig.forecast_store import FORECAST_EVERY_S, NOT_MADE_YET, TTL_INTERVALS, publish, read
-from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
@@ -115,11 +114,9 @@ def test_a_reader_never_sees_half_a_forecast(real_redis, keys):
 
 
 @pytest.fixture
-def leader(redis_client, key_prefix, tmp_path):
+def leader(redis_client, key_prefix, make_ledger, tmp_path):
     settings = load_settings(key_prefix=key_prefix, node_name="n1", hold_after_seconds=0, home=tmp_path / "home")
-    ledger = Ledger(redis_client, Keys(key_prefix))
-    ledger.register_card("n1", GpuReading(index=0, uuid="u0", model="m", total=40 * GIB),
-                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    ledger = make_ledger(1, 40)
     dispatcher = Dispatcher(settings, lambda *a: None, client=redis_client)
     return ledger, Client(settings, redis_client=redis_client), dispatcher, Forecaster(dispatcher)
 

@@ -26,6 +26,8 @@ from rig.gateway.client import GatewayClient, GatewayUnavailable
 from rig.gateway.server import Gateway, Peer, bind
 from rig.models import Job, JobState, Priority
 from rig.waiting import NO_DISPATCHER
+from tests.conftest import HIDDEN_PID
+from tests.store.conftest import add_cards
 
 ALICE, BOB = 40001, 40002  # uids without a passwd entry: their names are the uids as text
 
@@ -247,6 +249,27 @@ def test_a_client_looks_for_its_homes_gateway_while_it_restarts(tmp_path):
     assert paths.client_socket(settings) != socket_path
     paths.write_supervisor_mark(socket_path)
     assert paths.client_socket(settings) == socket_path
+
+
+def test_a_rig_up_proc_hides_from_this_user_is_waited_for_not_said_down(tmp_path, monkeypatch, hidden_by_proc):
+    """Under /proc hidepid=2 a non-root user cannot read root's rig up in /proc: while it
+    restarted its gateway the client said at once `rig is not up on this node` (the mark's pid
+    read as gone). kill(pid, 0) says it runs (EPERM): the client waits, then says it runs, and
+    looks for that home's gateway meanwhile (client_socket)."""
+    from rig.gateway import client as gateway_client
+    from rig.gateway import paths
+
+    settings = load_settings(home=tmp_path / "home")
+    settings.run_dir.mkdir(parents=True)
+    path = paths.home_socket(settings)
+    paths.supervisor_mark(path).write_text(f"{HIDDEN_PID}\n4242\n")
+    hidden_by_proc(HIDDEN_PID)
+    assert paths.live_supervisor(path) == HIDDEN_PID
+    assert paths.client_socket(settings) == path
+    monkeypatch.setattr(gateway_client, "RESTART_WAIT_S", 0.3)
+    with pytest.raises(GatewayUnavailable) as caught:
+        GatewayClient(settings, path).get(1)
+    assert f"though the node's rig up runs (pid {HIDDEN_PID})" in str(caught.value), caught.value
 
 
 def test_a_socket_the_user_may_not_reach_is_not_said_down(tmp_path):
@@ -627,11 +650,7 @@ def test_places_in_the_queue_and_a_running_jobs_end_come_through_the_gateway(gat
     jobs = [gw.client.get(first.id), gw.client.get(second.id)]
     assert client.waiting_words(jobs) == {first.id: "the dispatcher's own sentence",
                                           second.id: "queued: 1 job(s) ahead of it"}
-    from rig.gpus.base import GpuReading
-
-    ledger = gw.client.ledger
-    ledger.register_card("n1", GpuReading(index=0, uuid="u0", model="m", total=24 * 2**30),
-                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    ledger = add_cards(gw.client.ledger, 1, 24)
     ledger.store.update(first.id, time_limit=3600.0)
     ok, token = ledger.reserve(first.id, "n1", [0], 2**30)
     assert ok and ledger.claim(first.id, token, "w")[0]

@@ -12,7 +12,6 @@ import pytest
 
 from rig.clock import shared_now
 from rig.config import load_settings
-from rig.gpus.base import GpuReading
 from rig.keys import Keys, card_worker_name
 from rig.ledger import Ledger
 from rig.memory import GIB
@@ -27,13 +26,11 @@ PID = 424242
 
 
 @pytest.fixture
-def checker(redis_client, key_prefix, monkeypatch):
+def checker(redis_client, key_prefix, make_ledger, monkeypatch):
     settings = load_settings(key_prefix=key_prefix, node_name="n1", telemetry_interval=0.5,
                              health={"timeout": TIMEOUT, "check_interval": 1.0})
     keys = Keys(key_prefix)
-    ledger = Ledger(redis_client, keys)
-    ledger.register_card("n1", GpuReading(index=0, uuid="GPU-0", model="m", total=40 * GIB),
-                         max_jobs=2, reserve_fraction=0.0, allowed=True, fake=True)
+    make_ledger(1, 40, max_jobs=2, uuid="GPU-{index}")
     NodeRegistry(redis_client, keys).register("n1", ttl=TIMEOUT, backend="fake", cards=1)
     redis_client.hset(keys.node("n1"), "started_at", shared_now(redis_client) - 600)  # up for long
     killed: list[tuple[int, int]] = []

@@ -14,12 +14,12 @@ from rig.cli.main import cli
 from rig.client import Client
 from rig.clock import shared_now
 from rig.config import load_settings
-from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.nodes import NodeRegistry
+from tests.store.conftest import add_cards
 
 
 def _waiting(ledger: Ledger) -> int:
@@ -59,8 +59,7 @@ def test_a_sentence_no_dispatcher_keeps_is_not_shown(cli_env, real_redis, monkey
     ledger = Ledger(real_redis, keys)
     nodes = NodeRegistry(real_redis, keys)
     nodes.register("n1", ttl=30.0, backend="fake", cards=1)
-    ledger.register_card("n1", GpuReading(index=0, uuid="n1-u0", model="m", total=40 * GIB),
-                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    add_cards(ledger, 1, 40, uuid="n1-u0")
     jid = _waiting(ledger)
     held = "needs 1.0 GiB on 1 card; n1/0 held for job 9 (expected free ~Dec 07 18:15 UTC)"
     real_redis.set(keys.sched_leader, "someone", px=60_000)

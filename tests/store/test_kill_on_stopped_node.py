@@ -10,12 +10,12 @@ import pytest
 from click.testing import CliRunner
 
 from rig.cli.main import cli
-from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.nodes import NodeRegistry
+from tests.store.conftest import add_cards
 
 pytestmark = pytest.mark.redis
 
@@ -26,8 +26,7 @@ def cli_ledger(cli_env, real_redis) -> Ledger:
 
 
 def _running_on_stopped_node(ledger: Ledger) -> Job:
-    ledger.register_card("n1", GpuReading(index=0, uuid="u0", model="m", total=24 * GIB),
-                         max_jobs=2, reserve_fraction=0.0, allowed=True, fake=True)
+    add_cards(ledger, 1, 24, max_jobs=2)
     nodes = NodeRegistry(ledger.r, ledger.keys)
     nodes.register("n1", ttl=30)
     jid = ledger.store.create(Job(

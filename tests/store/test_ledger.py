@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.store import JobStore
+from tests.store.conftest import add_cards, ledger_with_cards
 
 
 def make_job(store: JobStore, gib: int = 10, priority: Priority = Priority.MEDIUM, gpus: int = 1) -> Job:
@@ -23,20 +23,15 @@ def make_job(store: JobStore, gib: int = 10, priority: Priority = Priority.MEDIU
 
 
 @pytest.fixture
-def ledger(redis_client, key_prefix) -> Ledger:
-    led = Ledger(redis_client, Keys(key_prefix))
-    for i in range(2):
-        led.register_card("n1", GpuReading(index=i, uuid=f"u{i}", model="m", total=100 * GIB),
-                          max_jobs=2, reserve_fraction=0.2, allowed=True, fake=True)
-    return led
+def ledger(make_ledger) -> Ledger:
+    return make_ledger(2, 100, max_jobs=2, reserve_fraction=0.2)
 
 
 def test_register_keeps_reservations(ledger):
     job = make_job(ledger.store, 30)
     ok, _ = ledger.reserve(job.id, "n1", [0], job.gpu_memory)
     assert ok
-    ledger.register_card("n1", GpuReading(index=0, uuid="u0", model="m", total=100 * GIB),
-                         max_jobs=2, reserve_fraction=0.2, allowed=True, fake=True)
+    add_cards(ledger, 1, 100, max_jobs=2, reserve_fraction=0.2)
     card = ledger.card("n1", 0)
     assert card.usable == 80 * GIB and card.reserved == 30 * GIB and card.jobs == 1
 
@@ -74,8 +69,7 @@ def test_reserve_respects_job_cap(ledger):
 
 
 def test_reserve_refuses_card_outside_whitelist_and_unhealthy(ledger):
-    ledger.register_card("n1", GpuReading(index=5, uuid="u5", model="m", total=100 * GIB),
-                         max_jobs=2, reserve_fraction=0.0, allowed=False, fake=True)
+    add_cards(ledger, 1, 100, max_jobs=2, first=5, allowed=False)
     job = make_job(ledger.store, 1)
     assert ledger.reserve(job.id, "n1", [5], GIB)[1].startswith("card-not-allowed")
     ledger.set_healthy("n1", 1, False, "too hot")
@@ -159,9 +153,7 @@ def test_requeue_puts_job_back_in_order(ledger):
 @pytest.mark.redis
 def test_concurrent_reservations_never_oversubscribe(real_redis, key_prefix):
     """Many threads race for one card's last gigabytes: the cap holds, nothing leaks."""
-    ledger = Ledger(real_redis, Keys(key_prefix))
-    ledger.register_card("n1", GpuReading(index=0, uuid="u", model="m", total=100 * GIB),
-                         max_jobs=1000, reserve_fraction=0.0, allowed=True, fake=True)
+    ledger = ledger_with_cards(real_redis, key_prefix, 1, 100, max_jobs=1000, uuid="u")
     jobs = [make_job(ledger.store, 7) for _ in range(60)]
     barrier = threading.Barrier(12)
     won: list[int] = []
@@ -206,8 +198,7 @@ def test_store_fields_reads_some_fields_with_the_same_checks_as_get(ledger):
 def test_cards_of_one_node_and_reservations_of_many_cards_in_one_read(ledger):
     """Issue 15: a node's checks read its own cards; status and the health pass read every
     card's reservations in one round trip (rig.hashes)."""
-    ledger.register_card("n2", GpuReading(index=0, uuid="v0", model="m", total=40 * GIB),
-                         max_jobs=2, reserve_fraction=0.0, allowed=True, fake=True)
+    add_cards(ledger, 1, 40, node="n2", max_jobs=2, uuid="v{index}")
     assert [c.id for c in ledger.cards("n2")] == ["n2/0"]
     assert [c.id for c in ledger.cards()] == ["n1/0", "n1/1", "n2/0"]
     job = make_job(ledger.store)

@@ -11,11 +11,11 @@ from click.testing import CliRunner
 from rig.cli.main import cli
 from rig.client import Identity
 from rig.config import load_settings
-from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
+from tests.store.conftest import add_cards
 
 
 @pytest.mark.redis
@@ -28,8 +28,7 @@ def test_the_log_of_another_users_job_is_refused_before_any_line_about_it(cli_en
     job = ledger.store.create(Job(
         id=0, name="t", user="alice", uid=1001, command=["true"], gpu_memory=GIB, gpus=1, priority=Priority.MEDIUM,
         state=JobState.PENDING, workdir="/", created_at=time.time()))
-    ledger.register_card("n1", GpuReading(index=0, uuid="u", model="m", total=80 * GIB),
-                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    add_cards(ledger, 1, 80, uuid="u")
     ok, token = ledger.reserve(job.id, "n1", [0], GIB)
     assert ok and ledger.claim(job.id, token, "card0@n1")[0]
     ledger.store.update(job.id, log_paths=[str(log)], log_path=str(log))

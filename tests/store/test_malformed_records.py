@@ -10,13 +10,13 @@ import pytest
 from click.testing import CliRunner
 
 from rig.cli.main import cli
-from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.redis_conn import connect
 from tests.conftest import REDIS_URL
+from tests.store.conftest import add_cards
 
 #: Hand-written damage, each with the start of the problem it must produce.
 DAMAGE = [
@@ -58,8 +58,7 @@ def test_every_reader_gets_the_job_with_its_problem(ledger, damage, problem):
 
 
 def test_the_ledger_can_still_end_a_damaged_job(ledger):
-    ledger.register_card("n1", GpuReading(index=0, uuid="u", model="m", total=80 * GIB),
-                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    add_cards(ledger, 1, 80, uuid="u")
     jid = create(ledger)
     ok, token = ledger.reserve(jid, "n1", [0], GIB)
     assert ok
@@ -73,8 +72,7 @@ def test_the_ledger_can_still_end_a_damaged_job(ledger):
 
 
 def test_a_damaged_card_takes_no_jobs(ledger):
-    ledger.register_card("n1", GpuReading(index=0, uuid="u", model="m", total=80 * GIB),
-                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    add_cards(ledger, 1, 80, uuid="u")
     ledger.r.hset(ledger.keys.card("n1", 0), "usable", "all of it")
     (card,) = ledger.cards()
     assert not card.eligible and card.health_reason.startswith("invalid record: field usable: ")

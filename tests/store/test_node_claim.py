@@ -18,6 +18,7 @@ from rig import node_claim as C
 from rig.errors import NodeInUse
 from rig.keys import Keys
 from rig.nodes import NodeRegistry
+from tests.conftest import HIDDEN_PID
 
 
 def _other(ident: str, **changes: object) -> str:
@@ -95,6 +96,23 @@ def test_only_the_owner_marks_the_node_stopped(redis_client, key_prefix, tmp_pat
     assert not redis_client.hexists(keys.node("n1"), "stopped_at") and redis_client.exists(keys.node_alive("n1"))
     assert nodes.mark_stopped("n1", owner=a) is True
     assert redis_client.hexists(keys.node("n1"), "stopped_at") and not redis_client.exists(keys.node_owner("n1"))
+
+
+def test_an_owner_proc_hides_on_this_host_is_not_taken_for_dead(redis_client, key_prefix, tmp_path, hidden_by_proc):
+    """Under /proc hidepid=2 another user's rig up on this host has no /proc entry: its claim
+    was "provably dead", so a rig up of another home took its live node's name at once, and
+    rig recover / rig down of another home were not refused. kill(pid, 0) says it runs
+    (EPERM): the name stays its own until its claim expires, as another host's does."""
+    keys = Keys(key_prefix)
+    owner = _other(C.identity(tmp_path / "a", tmp_path / "a" / "run"), pid=HIDDEN_PID, start=4242)
+    redis_client.set(keys.node_owner("n1"), f"{owner}|1.0", px=30_000)
+    hidden_by_proc(HIDDEN_PID)
+    me = C.identity(tmp_path / "b", tmp_path / "b" / "run")
+    other = C.claim(redis_client, keys, "n1", me, 30)
+    assert other is not None and other.pid == HIDDEN_PID and not other.provably_dead()
+    assert C.holder(redis_client, keys, "n1").identity == owner  # nothing taken over
+    with pytest.raises(NodeInUse, match=f"pid {HIDDEN_PID}"):
+        C.refuse_unless_ours(redis_client, keys, "n1", tmp_path / "b", "recover")
 
 
 def test_commands_of_another_home_are_refused_naming_the_owner(redis_client, key_prefix, tmp_path):

@@ -15,26 +15,23 @@ from rig.cli.render import NO_WORKER_NOTE, node_title
 from rig.client import Client
 from rig.clock import shared_now
 from rig.config import load_settings
-from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.nodes import NodeRegistry
 from rig.waiting import FITS_NOW, why_waiting
+from tests.conftest import HIDDEN_PID
 from workers.process_tree import boot_host
 
 TTL = 30.0
 
 
 @pytest.fixture
-def world(redis_client, key_prefix):
+def world(redis_client, key_prefix, make_ledger):
     settings = load_settings(key_prefix=key_prefix, node_name="vm", hold_after_seconds=0)
     keys = Keys(key_prefix)
-    ledger = Ledger(redis_client, keys)
-    for i in range(2):
-        ledger.register_card("vm", GpuReading(index=i, uuid=f"vm-u{i}", model="m", total=24 * GIB),
-                             max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    ledger = make_ledger(2, 24, node="vm", uuid="vm-u{index}")
     return keys, ledger, NodeRegistry(redis_client, keys), Client(settings, redis_client=redis_client)
 
 
@@ -104,28 +101,15 @@ def test_a_pid_reused_by_another_process_is_not_the_nodes_rig_up(world, redis_cl
     assert node.state == "silent" and node.gone and "pid 1" in node.gone, node
 
 
-def test_a_rig_up_that_proc_hides_from_this_user_is_not_read_as_gone(world, redis_client, monkeypatch):
+def test_a_rig_up_that_proc_hides_from_this_user_is_not_read_as_gone(world, redis_client, hidden_by_proc):
     """Reviewer (review3): on a host whose /proc is mounted hidepid=2 (the README's hardening),
     another user's /proc/PID is absent, so every user but the node's read root's live node as
     'silent, presumed down' ('its rig up (pid N) no longer runs'). kill(pid, 0) still answers
     EPERM for a process that runs: then the heartbeats decide, as on another host."""
-    import workers.process_tree as pt
-
     keys, ledger, nodes, client = world
-    nodes.register("vm", ttl=TTL, backend="fake", cards=2, pid=1)
+    nodes.register("vm", ttl=TTL, backend="fake", cards=2, pid=HIDDEN_PID)
     _worker_beat(redis_client, keys, "card0@vm")
-    real_stat, real_kill = pt._stat_fields, pt.os.kill
-
-    def hidden_stat(pid):
-        return None if pid == 1 else real_stat(pid)
-
-    def kill(pid, sig):
-        if pid == 1 and sig == 0:
-            raise PermissionError(1, "Operation not permitted")
-        return real_kill(pid, sig)
-
-    monkeypatch.setattr(pt, "_stat_fields", hidden_stat)
-    monkeypatch.setattr(pt.os, "kill", kill)
+    hidden_by_proc(HIDDEN_PID)
     (node,) = nodes.read()
     assert node.state == "up" and node.gone is None and node.workers == 1, node
     # A pid that no longer runs (ESRCH) is still gone, hidden or not.

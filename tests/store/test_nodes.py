@@ -13,7 +13,6 @@ import pytest
 from rig.clock import shared_now
 from rig.config import load_settings
 from rig.errors import InvalidInput, NodeInUse, PermissionDenied
-from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
@@ -21,6 +20,7 @@ from rig.models import Job, JobState, Priority
 from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeRegistry
 from rig.pools import NODE_FIELD, encode
 from rig.supervision import STARTUP_GRACE_S
+from tests.store.conftest import add_cards, ledger_with_cards
 from workers.dispatcher import Dispatcher
 from workers.health import HealthChecker
 
@@ -36,9 +36,7 @@ def cluster(redis_client, key_prefix):
     ledger = Ledger(redis_client, keys)
     nodes = NodeRegistry(redis_client, keys)
     for node, count in (("n1", 2), ("n2", 1)):
-        for i in range(count):
-            ledger.register_card(node, GpuReading(index=i, uuid=f"GPU-{node}-{i}", model="m", total=40 * GIB),
-                                 max_jobs=2, reserve_fraction=0.0, allowed=True, fake=True)
+        add_cards(ledger, count, 40, node=node, max_jobs=2, uuid="GPU-{node}-{index}")
         nodes.register(node, ttl=TTL, backend="fake", cards=count)
     checker = HealthChecker(settings, redis_client)
     return settings, keys, ledger, nodes, checker
@@ -418,9 +416,7 @@ def test_fake_usage_folders_of_jobs_that_run_here_no_more_are_removed(redis_clie
     from workers.health import STALE_USAGE_DIR_S, HealthReport
 
     settings = load_settings(key_prefix=key_prefix, node_name="n2", home=tmp_path, fake_gpus="1x40G")
-    ledger = Ledger(redis_client, Keys(key_prefix))
-    ledger.register_card("n2", GpuReading(index=0, uuid="GPU-n2-0", model="m", total=40 * GIB),
-                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    ledger = ledger_with_cards(redis_client, key_prefix, 1, 40, node="n2", uuid="GPU-{node}-{index}")
     ended = _job(ledger, "n2", run=True)
     assert ledger.transition(ended, JobState.SUCCEEDED)[0] == 1
     running = _job(ledger, "n2", run=True)

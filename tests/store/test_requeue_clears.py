@@ -12,19 +12,14 @@ import pytest
 from rich.console import Console
 
 from rig.cli.render import render_job
-from rig.gpus.base import GpuReading
-from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import REQUEUE_CLEARS, Job, JobState, Priority
 
 
 @pytest.fixture
-def ledger(redis_client, key_prefix) -> Ledger:
-    ledger = Ledger(redis_client, Keys(key_prefix))
-    ledger.register_card("n1", GpuReading(index=0, uuid="u0", model="m", total=40 * GIB),
-                         max_jobs=1, reserve_fraction=0.0, allowed=True, fake=True)
-    return ledger
+def ledger(make_ledger) -> Ledger:
+    return make_ledger(1, 40, max_jobs=1)
 
 
 def test_a_job_sent_back_to_the_queue_keeps_no_field_of_its_placement(ledger):

@@ -15,20 +15,16 @@ from rig.cli.main import cli
 from rig.client import Client
 from rig.clock import shared_now
 from rig.config import load_settings
-from rig.gpus.base import GpuReading
-from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
+from tests.store.conftest import ledger_with_cards
 from workers.dispatcher import Dispatcher
 
 
 @pytest.fixture
 def ledger(cli_env, real_redis) -> Ledger:
-    ledger = Ledger(real_redis, Keys(cli_env))
-    ledger.register_card("n1", GpuReading(index=0, uuid="u0", model="m", total=24 * GIB),
-                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
-    return ledger
+    return ledger_with_cards(real_redis, cli_env, 1, 24)
 
 
 def _running(ledger: Ledger, **fields) -> Job:

@@ -12,9 +12,7 @@ import pytest
 from rig.client import Client
 from rig.clock import shared_now
 from rig.config import load_settings
-from rig.gpus.base import GpuReading
-from rig.keys import Keys, card_worker_name
-from rig.ledger import Ledger
+from rig.keys import card_worker_name
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.starting import SLOW_START_S, why_not_started
@@ -22,11 +20,9 @@ from workers.start_list import StartList
 
 
 @pytest.fixture
-def placed(redis_client, key_prefix):
+def placed(redis_client, key_prefix, make_ledger):
     settings = load_settings(key_prefix=key_prefix, node_name="n1", max_task_per_gpu=3)
-    ledger = Ledger(redis_client, Keys(key_prefix))
-    ledger.register_card("n1", GpuReading(index=0, uuid="u0", model="m", total=40 * GIB),
-                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    ledger = make_ledger(1, 40)
     job_id = ledger.store.create(Job(
         id=0, name="t", user="u", command=["true"], gpu_memory=GIB, gpus=1, priority=Priority.MEDIUM,
         state=JobState.PENDING, workdir="/", created_at=time.time())).id

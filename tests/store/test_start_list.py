@@ -7,8 +7,6 @@ import time
 
 import pytest
 
-from rig.gpus.base import GpuReading
-from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
@@ -16,12 +14,8 @@ from workers.start_list import Start, StartList, entry
 
 
 @pytest.fixture
-def ledger(redis_client, key_prefix) -> Ledger:
-    ledger = Ledger(redis_client, Keys(key_prefix))
-    for i in range(2):
-        ledger.register_card("n1", GpuReading(index=i, uuid=f"u{i}", model="m", total=40 * GIB),
-                             max_jobs=1, reserve_fraction=0.0, allowed=True, fake=True)
-    return ledger
+def ledger(make_ledger) -> Ledger:
+    return make_ledger(2, 40, max_jobs=1)
 
 
 def submit(ledger: Ledger, gpus: int = 1) -> int:

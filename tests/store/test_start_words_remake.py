@@ -14,8 +14,6 @@ from rig.clock import shared_now
 from rig.config import load_settings
 from rig.forecast import forecast, start_words
 from rig.forecast_store import publish, read
-from rig.gpus.base import GpuReading
-from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
@@ -23,12 +21,10 @@ from workers.dispatcher import Dispatcher
 
 
 @pytest.fixture
-def world(redis_client, key_prefix, tmp_path):
+def world(redis_client, key_prefix, make_ledger, tmp_path):
     settings = load_settings(key_prefix=key_prefix, scheduler_type="best-fit", node_name="n1",
                              hold_after_seconds=0, home=tmp_path / "home")
-    ledger = Ledger(redis_client, Keys(key_prefix))
-    ledger.register_card("n1", GpuReading(index=0, uuid="u0", model="m", total=40 * GIB),
-                         max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    ledger = make_ledger(1, 40)
     return ledger, Client(settings, redis_client=redis_client), Dispatcher(settings, lambda *a: None,
                                                                           client=redis_client)
 

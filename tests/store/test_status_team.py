@@ -8,11 +8,11 @@ from click.testing import CliRunner
 from rig.client import Client
 from rig.config import load_settings
 from rig.errors import InvalidInput
-from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.memory import GIB
 from rig.nodes import NodeRegistry
 from rig.pools import encode
+from tests.store.conftest import add_cards
 from tests.store.test_dispatcher_team import make, submit  # noqa: F401 - make is a fixture
 
 
@@ -41,8 +41,7 @@ def test_status_shows_each_users_running_held_waiting_and_recent_usage(team, red
 
 def test_status_for_a_pool_shows_its_cards_and_its_waiting_jobs(team):
     ledger, _, client = team
-    ledger.register_card("n2", GpuReading(index=0, uuid="x", model="m", total=40 * GIB),
-                         max_jobs=2, reserve_fraction=0.0, allowed=True, fake=True)
+    add_cards(ledger, 1, 40, node="n2", max_jobs=2, uuid="x")
     submit(ledger, 1, pool="left")
     submit(ledger, 1, pool="left")
     submit(ledger, 1)

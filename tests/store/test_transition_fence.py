@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
@@ -16,13 +15,9 @@ from rig.models import Job, JobState, Priority
 
 
 @pytest.fixture
-def ledgers(redis_client, key_prefix) -> tuple[Ledger, Ledger]:
+def ledgers(redis_client, key_prefix, make_ledger) -> tuple[Ledger, Ledger]:
     """Two ledgers on the same keys: the one under test and the racer (a dispatcher, a worker)."""
-    mine, racer = Ledger(redis_client, Keys(key_prefix)), Ledger(redis_client, Keys(key_prefix))
-    for i in range(2):
-        racer.register_card("n1", GpuReading(index=i, uuid=f"u{i}", model="m", total=100 * GIB),
-                            max_jobs=2, reserve_fraction=0.0, allowed=True, fake=True)
-    return mine, racer
+    return Ledger(redis_client, Keys(key_prefix)), make_ledger(2, 100, max_jobs=2)
 
 
 def race_after_first_read(ledger: Ledger, race) -> None:  # noqa: ANN001

@@ -10,13 +10,13 @@ import pytest
 from rig.client import Client
 from rig.clock import shared_now
 from rig.config import load_settings
-from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.nodes import NodeRegistry
 from rig.waiting import FITS_NOW, NO_DISPATCHER, why_waiting
+from tests.store.conftest import add_cards
 from workers.dispatcher import Dispatcher
 
 TTL = 30.0
@@ -34,9 +34,7 @@ def world(redis_client, key_prefix):
 
 
 def _cards(ledger: Ledger, node: str, count: int = 2, gib: int = 40) -> None:
-    for i in range(count):
-        ledger.register_card(node, GpuReading(index=i, uuid=f"{node}-u{i}", model="m", total=gib * GIB),
-                             max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    add_cards(ledger, count, gib, node=node, uuid="{node}-u{index}")
 
 
 def _submit(ledger: Ledger, gib: float, priority: Priority = Priority.MEDIUM) -> int:
@@ -139,9 +137,7 @@ def test_a_card_held_for_another_job_is_not_called_a_free_block(world):
 def _two_24g_cards(world):
     _, keys, ledger, nodes, client = world
     nodes.register("vm", ttl=TTL, backend="fake", cards=2)
-    for i in range(2):
-        ledger.register_card("vm", GpuReading(index=i, uuid=f"vm-u{i}", model="m", total=24 * GIB),
-                             max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    _cards(ledger, "vm", 2, 24)
     return keys, ledger, client
 
 
@@ -235,9 +231,7 @@ def test_a_job_arriving_while_no_card_can_take_anything_gets_the_dispatchers_rea
     the queue), while `rig show` worded one live. The same for a job arriving at full cards."""
     settings, _, ledger, nodes, client = world
     nodes.register("n1", ttl=TTL, backend="fake", cards=2)
-    for i in range(2):
-        ledger.register_card("n1", GpuReading(index=i, uuid=f"n1-u{i}", model="m", total=40 * GIB),
-                             max_jobs=1, reserve_fraction=0.0, allowed=closed != "whitelist", fake=True)
+    add_cards(ledger, 2, 40, max_jobs=1, uuid="n1-u{index}", allowed=closed != "whitelist")
     dispatcher = Dispatcher(settings, lambda *a: None, client=ledger.r)
     if closed == "full":
         for _ in range(2):

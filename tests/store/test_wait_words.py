@@ -6,13 +6,13 @@ from __future__ import annotations
 from rig.client import Client
 from rig.clock import shared_now
 from rig.config import load_settings
-from rig.gpus.base import GpuReading
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
 from rig.nodes import NodeRegistry
 from rig.pools import NODE_FIELD, encode
+from tests.store.conftest import add_cards
 from workers.dispatcher import Dispatcher
 
 TTL = 30.0
@@ -31,9 +31,7 @@ def _whitelisted_world(redis_client, key_prefix, allowed=(0, 1), count=4):
     keys = Keys(key_prefix)
     ledger = Ledger(redis_client, keys)
     NodeRegistry(redis_client, keys).register("n1", ttl=TTL, backend="fake", cards=count)
-    for i in range(count):
-        ledger.register_card("n1", GpuReading(index=i, uuid=f"n1-u{i}", model="m", total=40 * GIB),
-                             max_jobs=4, reserve_fraction=0.0, allowed=i in allowed, fake=True)
+    add_cards(ledger, count, 40, uuid="n1-u{index}", allowed=allowed)
     client = Client(settings, redis_client=redis_client)
     return settings, ledger, client
 

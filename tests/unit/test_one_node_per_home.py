@@ -12,6 +12,7 @@ import pytest
 from rig.config import load_settings
 from rig.errors import StackError
 from rig.stack import Stack, UpOptions, pid_file, second_node, write_pid_file
+from tests.conftest import HIDDEN_PID
 
 
 def _running(home, node: str, *, kind: str = "node") -> None:
@@ -111,6 +112,25 @@ def test_two_homes_naming_one_system_log_dir_are_refused_naming_the_node_that_wr
     fd = hold_log_dir_lock(other)
     assert (logs / LOG_DIR_LOCK).read_text() == f"other\n{os.getpid()}\n{tmp_path / 'b'}\n"
     os.close(fd)
+
+
+def test_a_system_log_dir_holder_proc_hides_is_named(tmp_path, hidden_by_proc):
+    """Under /proc hidepid=2 another user's rig up holding the system_log_dir lock has no
+    /proc entry for this user: the refusal said "another node" though the lock file names it.
+    kill(pid, 0) says it runs (EPERM): the refusal names its node, pid and home."""
+    from rig.stack import LOG_DIR_LOCK, hold_log_dir_lock
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    held = hold_log_dir_lock(load_settings(home=tmp_path / "a", node_name="vm", system_log_dir=logs))
+    try:
+        (logs / LOG_DIR_LOCK).write_text(f"vm\n{HIDDEN_PID}\n{tmp_path / 'a'}\n")  # root's rig up, say
+        hidden_by_proc(HIDDEN_PID, PermissionError)  # hidepid=1 this time: there, unreadable
+        with pytest.raises(StackError) as err:
+            hold_log_dir_lock(load_settings(home=tmp_path / "b", node_name="other", system_log_dir=logs))
+    finally:
+        os.close(held)
+    assert f"is already the logs of node vm (pid {HIDDEN_PID}, RIG_HOME={tmp_path / 'a'})" in str(err.value), err.value
 
 
 def test_rig_up_daemon_refused_another_nodes_system_log_dir_writes_nothing_there(tmp_path, monkeypatch):

@@ -252,3 +252,42 @@ def test_window_pids_wraps_past_pid_max_and_gives_up_on_a_wide_window(monkeypatc
     assert pt._window_pids((10, 10 + pt.WINDOW_WALK_MAX)) is None
     assert pt._window_pids((10, 9 + pt.WINDOW_WALK_MAX)) == list(range(10, 10 + pt.WINDOW_WALK_MAX))
     assert pt._window_pids((700, 650)) is None  # wrapped: 300 + 351 pids
+
+
+def _stat_line(pid: int, state: str, start: int) -> str:
+    """A /proc/<pid>/stat line: a command name with spaces and parens, ``state`` (field 3) and
+    ``start`` (field 22, clock ticks since boot)."""
+    return f"{pid} (a (b) c) {state} " + " ".join(["0"] * 18) + f" {start} 0 0\n"
+
+
+@pytest.mark.parametrize(("stat", "kill_error", "start_time", "runs"), [
+    (_stat_line(77, "S", 500), None, 500, True),  # runs, and is that process
+    (_stat_line(77, "S", 500), None, None, True),  # runs (any process was asked for)
+    (_stat_line(77, "S", 501), PermissionError, 500, False),  # seen: another process took the pid
+    (_stat_line(77, "Z", 500), None, 500, False),  # a zombie has ended
+    (FileNotFoundError, PermissionError, 500, True),  # hidepid=2: absent, yet the kernel says it runs
+    (PermissionError, PermissionError, 500, True),  # hidepid=1: unreadable, yet it runs
+    (FileNotFoundError, ProcessLookupError, 500, False),  # gone
+    (FileNotFoundError, None, 500, False),  # ours to signal, so /proc would show it: it was gone
+], ids=["same", "any", "reused", "zombie", "hidepid2", "hidepid1", "gone", "gone-then-reused"])
+def test_may_run_counts_a_process_proc_hides_and_no_other(monkeypatch, stat, kill_error, start_time, runs):
+    """may_run(pid, start) = is_alive or runs_unseen, with /proc/77/stat and kill(77, 0) mocked."""
+    import io
+
+    import workers.process_tree as pt
+
+    def proc_open(path, mode="r"):  # noqa: ANN001, ANN202
+        assert path == "/proc/77/stat", path
+        if isinstance(stat, type):
+            raise stat(2, "mocked", path)
+        return io.BytesIO(stat.encode())
+
+    def kill(pid: int, sig: int) -> None:
+        assert (pid, sig) == (77, 0)  # only asked, never signalled
+        if kill_error is not None:
+            raise kill_error(1, "mocked")
+
+    monkeypatch.setattr(pt, "open", proc_open, raising=False)
+    monkeypatch.setattr(pt.os, "kill", kill)
+    assert pt.may_run(77, start_time) is runs
+    assert pt.is_alive(77, start_time) is (runs and not isinstance(stat, type))  # never a hidden one
