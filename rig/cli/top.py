@@ -586,12 +586,18 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
                    "in the error queue", None)]
     lists = [section for section in lists if section.shown]
     # The waiting jobs' least table takes lines from the running list's tail (which keeps
-    # RUNNING_KEEP lines) before it is folded into one line: see _List.
+    # RUNNING_KEEP lines) before it is folded into one line: see _List. Where even that leaves
+    # no room for the table, the tail gives only what the summary lines need (it gave up to
+    # the table's share, and the lines the folded list left stood blank at the bottom).
     if queued:
+        below = room - show_cards - show_jobs - 2  # 2: a blank line, the running title
+        spare_tail = max(0, show_jobs - RUNNING_KEEP)
         need = lists[0].least() + 2 * (len(lists) - 1)  # the later lists' summary lines
-        short = need - (room - show_cards - show_jobs - 2)  # 2: a blank line, the running title
+        if need - below > spare_tail:
+            need = 2 * len(lists)  # every list one summary line, after a blank one
+        short = need - below
         if short > 0:
-            show_jobs -= min(short, max(0, show_jobs - RUNNING_KEEP))
+            show_jobs -= min(short, spare_tail)
     # A heading left without one row of its own (a pane a few lines high) folds, with its
     # "... N more", into one line that says what is not listed and where to see it.
     cards_folded = report.cards and _no_row(need_cards, show_cards)
@@ -620,6 +626,8 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
         # its least, else one line each (a blank and a summary).
         keep_full = sum(s.full() for s in later)
         keep = keep_full if spare - keep_full >= section.least() else 2 * len(later)
+        # Never at this list's summary's expense: the waiting jobs come before the error queue.
+        keep = min(keep, spare - min(2, spare))
         lines += section.draw(spare - keep, width, now)
     return Group(*[_fit(t, width) for t in lines[:height]])
 
@@ -639,9 +647,9 @@ class _List:
 
     Each is a blank line, a title, a column header and rows (the last one "... N more" when
     not all fit), or, with too little room for :data:`LIST_MIN_ROWS` rows, one summary line
-    after a blank one. Lines go, in this order: the error queue's table folds to its title,
-    the running list's tail gives way down to :data:`RUNNING_KEEP` lines, then the waiting
-    jobs fold to one line."""
+    after a blank one (the summary alone where one line is left). Lines go, in this order:
+    the error queue's table folds to its title, the running list's tail gives way down to
+    :data:`RUNNING_KEEP` lines, then the waiting jobs fold to one line."""
 
     title: str
     total: int
@@ -661,12 +669,13 @@ class _List:
         return 3 + self._rows(min(len(self.shown), ERRORS_FULL_ROWS))
 
     def draw(self, room: int, width: int, now: float) -> list[Text]:
-        """At most ``room`` lines (none when under 2)."""
-        if room < 2:
+        """At most ``room`` lines (none when under 1; the summary alone, without the blank line
+        before it, in 1)."""
+        if room < 1:
             return []
         if room < self.least():
             line = self.summary(self.shown, self.title) if self.summary else Text(self.title, style="bold")
-            return [Text(), line]
+            return [Text(), line][-room:]
         head, rows = self.lines(self.shown, width, now)  # type: ignore[operator]
         fit = room - 3
         if len(rows) > fit or self.total > len(rows):
