@@ -205,7 +205,9 @@ def _util(card: CardState) -> str:
 
 
 # -- sections -----------------------------------------------------------------------------------
-def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text]]:
+def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text], list[bool]]:
+    """The cards' heading and lines, a node's heading line before its cards where there are
+    several nodes, and which lines are a card's (a node's heading is no card to count)."""
     cards = report.cards
     wide = width >= 140
     id_w = min(max((len(c.id) for c in cards), default=4), 24 if wide else 14 if width >= 80 else 12)
@@ -248,11 +250,13 @@ def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text]]:
     short = dict(zip((key for key, _, _ in named),
                      shorten_names([name for _, name, _ in named], [room for _, _, room in named]), strict=True))
     lines = []
+    is_card: list[bool] = []
     headed = _group_by_node(report)
     last_node = None
     for card, mem in zip(cards, mem_values, strict=True):
         if headed and card.node != last_node:
             lines.append(_node_line(report, card.node))
+            is_card.append(False)
             last_node = card.node
         jobs = report.running.get(card.id, [])
         names = _card_flags(card, wide)
@@ -284,7 +288,8 @@ def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text]]:
             "names": names,
         }
         lines.append(_row(cols, values))
-    return _header(cols), lines
+        is_card.append(True)
+    return _header(cols), lines, is_card
 
 
 def _group_by_node(report: StatusReport) -> bool:
@@ -500,13 +505,16 @@ def _more(n: int, what: str) -> Text:
     return Text(f"... {n} more {what}", style="dim italic")
 
 
-def _clip(lines: list[Text], room: int, what: str) -> list[Text]:
-    """At most ``room`` lines; the last says how many did not fit."""
+def _clip(lines: list[Text], room: int, what: str, counted: Sequence[bool] | None = None) -> list[Text]:
+    """At most ``room`` lines; the last says how many did not fit: of the lines ``counted``
+    marks, when given (a node's heading line among the cards is no card: "... 64 more cards"
+    stood under 3 of 64 cards shown)."""
     if len(lines) <= room:
         return lines
     if room <= 0:
         return []
-    return [*lines[: room - 1], _more(len(lines) - room + 1, what)]
+    left = len(lines) - room + 1 if counted is None else sum(counted[room - 1:])
+    return [*lines[: room - 1], _more(left, what)]
 
 
 def _no_row(need: int, room: int) -> bool:
@@ -547,10 +555,12 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
     top += [Text(C(n if len(n) <= width else short_notice(n)), style="yellow") for n in report.notices[:2]]
     top += _node_alerts(report, width)
 
+    card_what = "cards"
+    is_card: list[bool] | None = None
     if report.cards:
-        card_head, card_rows = _card_lines(report, width)
+        card_head, card_rows, is_card = _card_lines(report, width)
     elif report.nodes:  # up (a FROZEN one registers no card in this Redis), stopped, down: said, never "no node"
-        card_head = Text("no cards registered", style="yellow")
+        card_head, card_what = Text("no cards registered", style="yellow"), "nodes"
         card_rows = [_node_line(report, n.name) for n in report.nodes]
     else:
         card_head, card_rows = Text(NO_CARDS, style="yellow"), []
@@ -602,7 +612,7 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
     # "... N more", into one line that says what is not listed and where to see it.
     cards_folded = report.cards and _no_row(need_cards, show_cards)
     jobs_folded = bool(jobs) and _no_row(need_jobs, show_jobs)
-    card_rows = _clip(card_rows, show_cards, "cards")
+    card_rows = _clip(card_rows, show_cards, card_what, is_card)
     job_rows = _clip(job_rows, show_jobs, "running jobs")
     if cards_folded:
         card_head, card_rows = _unlisted(len(report.cards), "card(s)", "rig status"), []
