@@ -45,7 +45,7 @@ from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import format_memory, parse_memory
 from rig.models import CardState, Job, JobState, Priority
-from rig.nodes import NodeInfo, NodeRegistry
+from rig.nodes import NodeInfo, NodeRegistry, worker_node
 from rig.placement import Request, never_fits
 from rig.pools import ClusterPools, Pools, cluster_pools
 from rig.redis_conn import check, connect, is_setup_error, unavailable
@@ -663,7 +663,8 @@ class Client:
             else:
                 pending, oldest = self._pool_queue(pool, now)
             node_names = {c.node for c in cards}
-            nodes = [n for n in NodeRegistry(self.r, self.keys).read() if pool is None or n.name in node_names]
+            every_node = NodeRegistry(self.r, self.keys).read()
+            nodes = [n for n in every_node if pool is None or n.name in node_names]
             from rig.authwatch import annotate as annotate_auth  # why a silent node is silent
 
             annotate_auth(self.r, nodes, max(60.0, 2 * self.settings.health.timeout))
@@ -684,7 +685,7 @@ class Client:
                 notices.append(f"the archive cannot be read: {exc}")
             from rig.archive_cluster import late
 
-            workers = self.workers()
+            workers = self.workers(every_node)
             control_up = any(w.role == "control" for w in workers)  # they run the archiving passes
             if (line := late(self.r, self.keys, now, self.settings.archive_interval,
                              control_up=control_up)) is not None:
@@ -750,17 +751,24 @@ class Client:
                 pass
         return [users[n] for n in names]
 
-    def workers(self) -> list[WorkerInfo]:
-        """Workers whose heartbeat has not expired."""
+    def workers(self, nodes: Sequence[NodeInfo] | None = None) -> list[WorkerInfo]:
+        """Workers whose heartbeat has not expired and counts: not those of a node none of whose
+        workers' beats count (``NodeInfo.workers`` 0: its ``rig up`` no longer runs on this
+        host, SIGKILLed with them, and their last beats outlive them by up to health.timeout;
+        rig status said "workers alive: 12" under "node b: DOWN" with b's 3 dead ones).
+        ``nodes``: every node as NodeRegistry.read gave it (read here when None)."""
         import json
 
         names = sorted(self.r.smembers(self.keys.workers))
         if not names:
             return []
         values = self.r.mget([self.keys.worker(n) for n in names])
+        if nodes is None:
+            nodes = NodeRegistry(self.r, self.keys).read()
+        beats_void = {n.name for n in nodes if n.workers == 0}
         alive = []
         for name, value in zip(names, values, strict=True):
-            if value is None:
+            if value is None or worker_node(name) in beats_void:
                 continue
             data = json.loads(value)
             alive.append(WorkerInfo(

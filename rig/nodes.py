@@ -404,10 +404,15 @@ class NodeRegistry:
         values = self.r.mget([self.keys.worker(n) for n in names])
         counts: dict[str, int] = {}
         for name, value in zip(names, values, strict=True):
-            if value is not None and "@" in name:
-                node = name.split("@", 1)[1]
+            node = worker_node(name)
+            if value is not None and node is not None:
                 counts[node] = counts.get(node, 0) + 1
         return counts
+
+
+def worker_node(name: str) -> str | None:
+    """The node a worker's name (``role@node``) says it runs on; None for a name without one."""
+    return name.split("@", 1)[1] if "@" in name else None
 
 
 def _positive(value: str | None) -> bool:

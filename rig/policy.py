@@ -1,4 +1,5 @@
-"""The rules a node applies to every user's jobs, recorded so that nodes can be compared.
+"""The rules a node applies to every user's jobs, and its alert check's, recorded so that nodes
+can be compared.
 
 One dispatcher leads the cluster (rig.nodes, the leader lock) and places every job by the
 settings of its own node: the strategy (``scheduler_type``), the order (``queue_order``,
@@ -7,7 +8,9 @@ settings of its own node: the strategy (``scheduler_type``), the order (``queue_
 ``max_gpu_memory_per_user``, ``[user_limits]``); each node's gateway decides who may kill what
 by its own ``admins``. Nodes configured differently place, order, limit and let kill by other
 rules as the lead moves from one to another (a node stopped, a control worker restarted),
-without a word: a user over a limit on node a runs unlimited once node b leads.
+without a word: a user over a limit on node a runs unlimited once node b leads. The alert
+check (:data:`ALERT_SETTINGS`) runs on any node's control worker, by that node's thresholds and
+webhook: recorded as a digest, since the webhook's URL is its secret.
 
 Each node's ``rig up`` records these settings in its node record (field ``policy``,
 :data:`NODE_FIELD`, JSON; rig.registration), and warns in one line (:func:`differences`) when
@@ -18,6 +21,7 @@ no Redis (the records are read by rig.nodes).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -30,10 +34,19 @@ if TYPE_CHECKING:
 #: from before it was recorded (it tells nothing).
 NODE_FIELD = "policy"
 
-#: The settings compared, in the order a warning names them.
-SETTINGS = ("scheduler_type", "queue_order", "fair_share", "fair_share_half_life_hours", "aging_seconds",
-            "hold_after_seconds", "backfill_estimate_delay_seconds", "max_jobs_per_user",
-            "max_gpu_memory_per_user", "user_limits", "admins")
+#: The settings of the jobs' rules compared, in the order a warning names them.
+JOB_SETTINGS = ("scheduler_type", "queue_order", "fair_share", "fair_share_half_life_hours", "aging_seconds",
+                "hold_after_seconds", "backfill_estimate_delay_seconds", "max_jobs_per_user",
+                "max_gpu_memory_per_user", "user_limits", "admins")
+#: The alert check's settings: beat sends it to every node's control workers and whichever takes
+#: it judges by its own thresholds and posts to its own webhook (workers.app.check_alerts), once
+#: per change cluster-wide (rig.alerts.AlertManager). Two nodes apart: a condition flaps firing /
+#: resolved with the node that checks, and one a node without the webhook finds is never posted.
+ALERT_SETTINGS = ("alerts", "alert_webhook")
+#: Every setting compared, in the order a warning names them.
+SETTINGS = JOB_SETTINGS + ALERT_SETTINGS
+#: Settings recorded as a digest, never as written: a webhook's URL is its secret (Slack's).
+SECRET_SETTINGS = frozenset({"alert_webhook"})
 
 
 def _plain(value: Any) -> Any:
@@ -47,9 +60,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _recorded(name: str, value: Any) -> Any:
+    """A setting as recorded: a secret one as ``sha256:`` and 12 hex digits of it (None: unset)."""
+    if name in SECRET_SETTINGS and value is not None:
+        return "sha256:" + hashlib.sha256(str(value).encode()).hexdigest()[:12]
+    return _plain(value)
+
+
 def encode(settings: Settings) -> str:
     """The recorded form of ``settings``' rules (compact, key-sorted JSON)."""
-    return json.dumps({name: _plain(getattr(settings, name)) for name in SETTINGS}, sort_keys=True,
+    return json.dumps({name: _recorded(name, getattr(settings, name)) for name in SETTINGS}, sort_keys=True,
                       separators=(",", ":"))
 
 
@@ -62,6 +82,8 @@ def _decode(raw: str | None) -> dict[str, Any] | None:
 
 
 def _shown(value: Any) -> str:
+    if value is None:
+        return "unset"
     return json.dumps(value, sort_keys=True, separators=(",", ":")) if isinstance(value, (dict, list)) else str(value)
 
 
@@ -78,9 +100,13 @@ def differences(node: str, settings: Settings, nodes: Iterable[NodeInfo]) -> str
     if not others:
         return None
     first, theirs = others[0]
-    which = "; ".join(f"{k} {_shown(mine[k])} here, {_shown(theirs[k])} on {first.name}"
-                      for k in SETTINGS if k in theirs and theirs[k] != mine[k])
+    apart = [k for k in SETTINGS if k in theirs and theirs[k] != mine[k]]
+    which = "; ".join(f"{k} {_shown(mine[k])} here, {_shown(theirs[k])} on {first.name}" for k in apart)
+    why = [*(["whichever node's dispatcher leads places, orders and limits every job by its own, and each "
+              "node's gateway lets its own admins kill anyone's jobs"] if set(apart) & set(JOB_SETTINGS) else []),
+           *(["whichever node's control worker checks the alerts judges them by its own thresholds and posts "
+              "each change to its own webhook, or to none (a condition flaps firing / resolved, or goes unposted)"]
+             if set(apart) & set(ALERT_SETTINGS) else [])]
     return (f"warning: node(s) {', '.join(n.name for n, _ in others)} run with other rules than this node's "
-            f"config ({which}): whichever node's dispatcher leads places, orders and limits every job by its "
-            f"own, and each node's gateway lets its own admins kill anyone's jobs; give every node the same "
+            f"config ({which}): {'; '.join(why)}; give every node the same "
             f"settings (one config file copied to each)")

@@ -205,7 +205,9 @@ def _util(card: CardState) -> str:
 
 
 # -- sections -----------------------------------------------------------------------------------
-def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text]]:
+def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text], list[bool]]:
+    """The cards' heading and lines, a node's heading line before its cards where there are
+    several nodes, and which lines are a card's (a node's heading is no card to count)."""
     cards = report.cards
     wide = width >= 140
     id_w = min(max((len(c.id) for c in cards), default=4), 24 if wide else 14 if width >= 80 else 12)
@@ -248,11 +250,13 @@ def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text]]:
     short = dict(zip((key for key, _, _ in named),
                      shorten_names([name for _, name, _ in named], [room for _, _, room in named]), strict=True))
     lines = []
+    is_card: list[bool] = []
     headed = _group_by_node(report)
     last_node = None
     for card, mem in zip(cards, mem_values, strict=True):
         if headed and card.node != last_node:
             lines.append(_node_line(report, card.node))
+            is_card.append(False)
             last_node = card.node
         jobs = report.running.get(card.id, [])
         names = _card_flags(card, wide)
@@ -284,7 +288,8 @@ def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text]]:
             "names": names,
         }
         lines.append(_row(cols, values))
-    return _header(cols), lines
+        is_card.append(True)
+    return _header(cols), lines, is_card
 
 
 def _group_by_node(report: StatusReport) -> bool:
@@ -500,13 +505,16 @@ def _more(n: int, what: str) -> Text:
     return Text(f"... {n} more {what}", style="dim italic")
 
 
-def _clip(lines: list[Text], room: int, what: str) -> list[Text]:
-    """At most ``room`` lines; the last says how many did not fit."""
+def _clip(lines: list[Text], room: int, what: str, counted: Sequence[bool] | None = None) -> list[Text]:
+    """At most ``room`` lines; the last says how many did not fit: of the lines ``counted``
+    marks, when given (a node's heading line among the cards is no card: "... 64 more cards"
+    stood under 3 of 64 cards shown)."""
     if len(lines) <= room:
         return lines
     if room <= 0:
         return []
-    return [*lines[: room - 1], _more(len(lines) - room + 1, what)]
+    left = len(lines) - room + 1 if counted is None else sum(counted[room - 1:])
+    return [*lines[: room - 1], _more(left, what)]
 
 
 def _no_row(need: int, room: int) -> bool:
@@ -547,10 +555,12 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
     top += [Text(C(n if len(n) <= width else short_notice(n)), style="yellow") for n in report.notices[:2]]
     top += _node_alerts(report, width)
 
+    card_what = "cards"
+    is_card: list[bool] | None = None
     if report.cards:
-        card_head, card_rows = _card_lines(report, width)
+        card_head, card_rows, is_card = _card_lines(report, width)
     elif report.nodes:  # up (a FROZEN one registers no card in this Redis), stopped, down: said, never "no node"
-        card_head = Text("no cards registered", style="yellow")
+        card_head, card_what = Text("no cards registered", style="yellow"), "nodes"
         card_rows = [_node_line(report, n.name) for n in report.nodes]
     else:
         card_head, card_rows = Text(NO_CARDS, style="yellow"), []
@@ -586,17 +596,23 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
                    "in the error queue", None)]
     lists = [section for section in lists if section.shown]
     # The waiting jobs' least table takes lines from the running list's tail (which keeps
-    # RUNNING_KEEP lines) before it is folded into one line: see _List.
+    # RUNNING_KEEP lines) before it is folded into one line: see _List. Where even that leaves
+    # no room for the table, the tail gives only what the summary lines need (it gave up to
+    # the table's share, and the lines the folded list left stood blank at the bottom).
     if queued:
+        below = room - show_cards - show_jobs - 2  # 2: a blank line, the running title
+        spare_tail = max(0, show_jobs - RUNNING_KEEP)
         need = lists[0].least() + 2 * (len(lists) - 1)  # the later lists' summary lines
-        short = need - (room - show_cards - show_jobs - 2)  # 2: a blank line, the running title
+        if need - below > spare_tail:
+            need = 2 * len(lists)  # every list one summary line, after a blank one
+        short = need - below
         if short > 0:
-            show_jobs -= min(short, max(0, show_jobs - RUNNING_KEEP))
+            show_jobs -= min(short, spare_tail)
     # A heading left without one row of its own (a pane a few lines high) folds, with its
     # "... N more", into one line that says what is not listed and where to see it.
     cards_folded = report.cards and _no_row(need_cards, show_cards)
     jobs_folded = bool(jobs) and _no_row(need_jobs, show_jobs)
-    card_rows = _clip(card_rows, show_cards, "cards")
+    card_rows = _clip(card_rows, show_cards, card_what, is_card)
     job_rows = _clip(job_rows, show_jobs, "running jobs")
     if cards_folded:
         card_head, card_rows = _unlisted(len(report.cards), "card(s)", "rig status"), []
@@ -620,6 +636,8 @@ def build_view(report: StatusReport | None, errors: int, width: int, height: int
         # its least, else one line each (a blank and a summary).
         keep_full = sum(s.full() for s in later)
         keep = keep_full if spare - keep_full >= section.least() else 2 * len(later)
+        # Never at this list's summary's expense: the waiting jobs come before the error queue.
+        keep = min(keep, spare - min(2, spare))
         lines += section.draw(spare - keep, width, now)
     return Group(*[_fit(t, width) for t in lines[:height]])
 
@@ -639,9 +657,9 @@ class _List:
 
     Each is a blank line, a title, a column header and rows (the last one "... N more" when
     not all fit), or, with too little room for :data:`LIST_MIN_ROWS` rows, one summary line
-    after a blank one. Lines go, in this order: the error queue's table folds to its title,
-    the running list's tail gives way down to :data:`RUNNING_KEEP` lines, then the waiting
-    jobs fold to one line."""
+    after a blank one (the summary alone where one line is left). Lines go, in this order:
+    the error queue's table folds to its title, the running list's tail gives way down to
+    :data:`RUNNING_KEEP` lines, then the waiting jobs fold to one line."""
 
     title: str
     total: int
@@ -661,12 +679,13 @@ class _List:
         return 3 + self._rows(min(len(self.shown), ERRORS_FULL_ROWS))
 
     def draw(self, room: int, width: int, now: float) -> list[Text]:
-        """At most ``room`` lines (none when under 2)."""
-        if room < 2:
+        """At most ``room`` lines (none when under 1; the summary alone, without the blank line
+        before it, in 1)."""
+        if room < 1:
             return []
         if room < self.least():
             line = self.summary(self.shown, self.title) if self.summary else Text(self.title, style="bold")
-            return [Text(), line]
+            return [Text(), line][-room:]
         head, rows = self.lines(self.shown, width, now)  # type: ignore[operator]
         fit = room - 3
         if len(rows) > fit or self.total > len(rows):

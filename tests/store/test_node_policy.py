@@ -31,6 +31,25 @@ def test_differences_name_each_setting_with_both_values():
     assert "give every node the same settings" in line
 
 
+def test_differences_name_the_alert_settings_and_record_the_webhook_as_a_digest():
+    """A tester ran two nodes, one with RIG_ALERT_WEBHOOK and [alerts] thresholds of its own, one
+    with neither: the alert check ran on either node's control worker, so reserved_idle fired
+    twice without a resolve between, failure_rate's firing reached the webhook only as its
+    'resolved' (the other node found it, posting nowhere), and rig up said nothing."""
+    secret = "https://hooks.slack.com/services/T000/B000/XXXXSECRET"
+    here = load_settings(alert_webhook=secret, alerts={"max_queue": 2})
+    there = load_settings()
+    assert "XXXXSECRET" not in encode(here)  # the URL is its secret: a digest is recorded
+    assert encode(load_settings(alert_webhook=secret)) != encode(load_settings(alert_webhook=secret + "2"))
+    line = differences("b", here, [_info("a", there)])
+    assert line is not None and "\n" not in line and "XXXXSECRET" not in line
+    assert "alert_webhook sha256:" in line and "here, unset on a" in line
+    assert '"max_queue":2' in line and '"max_queue":50' in line
+    assert "posts each change to its own webhook, or to none" in line
+    assert "dispatcher leads" not in line  # the jobs' rules are the same on both
+    assert differences("b", here, [_info("a", load_settings(alert_webhook=secret, alerts={"max_queue": 2}))]) is None
+
+
 def test_no_warning_for_the_same_rules_a_stopped_node_its_own_record_or_an_older_rig():
     here = load_settings(scheduler_type="first-fit")
     other = load_settings()

@@ -5,6 +5,7 @@ since ..., 8 card(s), 0 worker(s)` and rig-submit `it fits now (vm/0)`. fakeredi
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -134,3 +135,34 @@ def test_a_node_with_no_live_worker_is_no_place_a_job_fits_now(world, redis_clie
     (node,) = nodes.read()
     assert not node.no_worker and node.describe.startswith("up since ")
     assert why_waiting(client, job).startswith(f"{FITS_NOW} (vm/"), why_waiting(client, job)
+
+
+def test_the_workers_of_a_node_whose_rig_up_is_gone_here_are_not_counted_alive(world, redis_client):
+    """A tester SIGKILLed a second node's `rig up` with its workers: `rig status` said
+    `node b: DOWN ...` (its node line: 0 workers) and then `workers alive: 12`, listing b's 3
+    dead workers "7s ago"; rig top's title, the web page and rig_workers_alive counted them too,
+    until their beats expired (health.timeout). The node's rule (NodeInfo.workers) decides."""
+    from prometheus_client import generate_latest
+
+    from rig.metrics import make_registry
+
+    keys, ledger, nodes, client = world
+    nodes.register("vm", ttl=TTL, backend="fake", cards=2, pid=_dead_pid())
+    nodes.register("b", ttl=TTL, backend="fake", cards=0, pid=1)  # pid 1 runs on every host
+    for name in ("card0@vm", "control@vm", "control@b"):
+        _worker_beat(redis_client, keys, name)
+        role, node = name.split("@")
+        redis_client.set(keys.worker(name), json.dumps({"role": role.rstrip("0"), "node": node}), ex=int(TTL))
+
+    def counted() -> tuple[list[str], list[str], str]:
+        scraped = generate_latest(make_registry(client)).decode()
+        alive = [line for line in scraped.splitlines() if line.startswith("rig_workers_alive")]
+        return [w.name for w in client.workers()], [w.name for w in client.status().workers], "\n".join(alive)
+
+    names, in_status, scraped = counted()
+    assert names == in_status == ["control@b"], (names, in_status)
+    assert 'rig_workers_alive{role="control"} 1.0' in scraped and "card" not in scraped, scraped
+    # Another host cannot check the pid: the heartbeats decide there, for the node and its workers.
+    redis_client.hset(keys.node("vm"), "host_id", "elsewhere/boot")
+    names, in_status, scraped = counted()
+    assert names == in_status == ["card0@vm", "control@b", "control@vm"], (names, in_status)

@@ -304,6 +304,24 @@ def test_top_folds_the_lists_into_one_line_each_when_there_is_no_room() -> None:
     _no_heading_without_rows(lines)
 
 
+@pytest.mark.parametrize("width", [80, 160])
+def test_top_leaves_no_line_blank_while_it_cuts_the_running_jobs(width: int) -> None:
+    """At 80x26 the running list gave up its tail for a waiting table that then folded to one
+    line anyway: "... 10 more running jobs" above three blank lines. At 80x20 the waiting jobs
+    and the error queue were not said at all in the line left; at 80x22 the error queue took
+    the waiting jobs' place (README: the error queue folds first)."""
+    for height in range(12, 60):
+        for errors in (_errors(), []):
+            lines = _screen(width, lambda c, h=height, e=errors: c.print(build_view(
+                _cluster(), len(e), width, h, NOW, waiting=_waiting(), error_jobs=e)), height)
+            text = _fits(lines, width)
+            _no_heading_without_rows(lines)
+            if "more running jobs" in text:
+                assert len(lines) == height and lines[-1].strip(), (height, text)
+                if height >= 20:  # lower, the cards and the running list's least fill it
+                    assert "waiting jobs (40)" in text, (height, text)
+
+
 def test_top_with_an_empty_cluster_shows_the_whole_queue() -> None:
     """The issue: counts only, "even with 30 empty rows"."""
     report = _cluster()

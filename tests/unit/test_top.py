@@ -287,3 +287,25 @@ def test_run_top_off_a_terminal_prints_one_frame_and_returns() -> None:
     assert done.wait(60), "rig top off a terminal did not return"
     text = out.getvalue()
     assert "gpu01/7" in text and "errors 2" in text and "quits" not in text
+
+
+@pytest.mark.parametrize(("width", "height"), [(40, 12), (80, 24), (200, 30)])
+def test_the_cards_left_out_are_counted_without_the_node_headings(width: int, height: int) -> None:
+    """Four nodes of 16 cards at 40x12 said "... 64 more cards" under 3 cards shown (80x24: 52
+    under 15): each node's heading line among the cards was counted as a card."""
+    import re
+
+    report = _report()
+    cards, running = [], {}
+    for n in range(4):
+        for card in report.cards:
+            copy = CardState(node=f"gpu{n:02d}", index=card.index, total=card.total, usable=card.usable,
+                             max_jobs=card.max_jobs, model=card.model)
+            cards.append(copy)
+            running[copy.id] = []
+    report.cards, report.running = cards, running
+    lines = _render(report, width, height)
+    _check_fits(lines, width, height)
+    shown = sum(1 for line in lines if re.match(r"gpu\d\d/\d+ ", line))
+    (more,) = [int(m.group(1)) for line in lines if (m := re.match(r"\.\.\. (\d+) more cards", line))]
+    assert shown + more == len(cards) == 32, lines
