@@ -65,6 +65,9 @@ def main() -> int:
                              "(workers.app): start-up's objects out of the cycle collector's walk")
     parser.add_argument("--gc-threshold", type=int, nargs=3, metavar=("G0", "G1", "G2"),
                         help="gc.set_threshold(G0, G1, G2) before the passes (Python's default: 700 10 10)")
+    parser.add_argument("--running-expected", type=float, metavar="S",
+                        help="the running jobs' own estimate (s: expected_seconds, as submit stores it for a "
+                             "command run before); default: none, the cluster's recent runs estimate them")
     parser.add_argument("--url", default=os.environ.get("RIG_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args()
     root = str(Path(args.root).resolve())
@@ -93,6 +96,7 @@ def main() -> int:
         gc.set_threshold(*args.gc_threshold)
     frozen = 1_900_000_000.0
     cluster = bench.Cluster(args.url, args.cards // 8, args.users, Path(tempfile.mkdtemp()))
+    cluster.running_expected = args.running_expected
     if not args.real_clock:
         type(rig.clock.clock_for(cluster.r)).now = lambda self, refresh=True: frozen
     dispatcher = cluster.dispatcher
