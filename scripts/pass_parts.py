@@ -131,6 +131,12 @@ def main() -> int:
     timed(node_registry, "read", "nodes")
     timed(dispatcher, "_write_marks", "marks")
     timed(dispatcher.ledger, "reserve", "reserve")
+    dispatcher_module = importlib.import_module("workers.dispatcher")
+    for owner, name, part in ((getattr(dispatcher_module, "_Holds", None), "plan", "plans"),
+                              (getattr(dispatcher_module, "_View", None), "after_start", "after_start"),
+                              (dispatcher_module, "place", "place"), (dispatcher_module, "placeable", "place")):
+        if owner is not None and hasattr(owner, name):  # (older trees lack some)
+            timed(owner, name, part)
     if hasattr(dispatcher, "_holdings_unchanged"):
         timed(dispatcher, "_holdings_unchanged", "holdings_check")
     flush = dispatcher._flush_notes
