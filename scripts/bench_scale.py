@@ -57,6 +57,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -141,6 +142,9 @@ class Cluster:
         self.rng = random.Random(15)
         self.waiting = 0
         self.started: list[tuple[int, str, str, int]] = []
+        #: The running jobs' own estimate (s; expected_seconds, as submit stores it for a command
+        #: run before, cautious 1.5 x): None, the default, leaves them to the cluster's recent runs.
+        self.running_expected: float | None = None
         self.touched: set[tuple[str, int]] = set()  # cards a job ended on since the last restore
         self.dispatcher = Dispatcher(self.settings, lambda *start: self.started.append(start), client=self.r)
 
@@ -163,7 +167,10 @@ class Cluster:
         """Start ``count`` running jobs of RUNNING_BYTES on one card (reserve + claim)."""
         if count <= 0:
             return
-        made = self.store.create_many([(self._job(RUNNING_BYTES, 1, Priority.MEDIUM), None) for _ in range(count)])
+        expected = self.running_expected
+        made = self.store.create_many([(replace(self._job(RUNNING_BYTES, 1, Priority.MEDIUM), expected_seconds=expected,
+                                                cautious_seconds=None if expected is None else expected * 1.5), None)
+                                       for _ in range(count)])
         for job in made:
             ok, token = self.ledger.reserve(job.id, node, [index], RUNNING_BYTES, user=job.user)
             assert ok, token

@@ -31,18 +31,20 @@ HERE = Path(__file__).resolve()
 
 
 def run_one(root: str, url: str, cards: int, waiting: int, users: int, hold_now: bool,
-            full_reads: bool = False) -> list[dict]:
+            full_reads: bool = False, running_expected: float | None = None) -> list[dict]:
     """One tree's decisions (this script re-run with --child under that tree's rig)."""
     out = subprocess.run([sys.executable, str(HERE), "--child", root, "--url", url, "--cards", str(cards),
                           "--waiting", str(waiting), "--users", str(users)] + (["--hold-now"] if hold_now else [])
-                         + (["--full-reads"] if full_reads else []),
+                         + (["--full-reads"] if full_reads else [])
+                         + (["--running-expected", str(running_expected)] if running_expected is not None else []),
                          capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"{root}: the run failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout)
 
 
-def child(root: str, url: str, cards: int, waiting: int, users: int, hold_now: bool, full_reads: bool = False) -> None:
+def child(root: str, url: str, cards: int, waiting: int, users: int, hold_now: bool, full_reads: bool = False,
+          running_expected: float | None = None) -> None:
     sys.path.insert(0, root)
     import importlib.util
 
@@ -64,6 +66,7 @@ def child(root: str, url: str, cards: int, waiting: int, users: int, hold_now: b
 
     frozen = 1_900_000_000.0
     cluster = bench.Cluster(url, cards // 8, users, Path(tempfile.mkdtemp()))
+    cluster.running_expected = running_expected
     type(rig.clock.clock_for(cluster.r)).now = lambda self, refresh=True: frozen
     if hold_now:
         cluster.dispatcher.settings = cluster.settings.model_copy(update={"hold_after_seconds": 0.0})
@@ -122,11 +125,14 @@ def main() -> int:
     parser.add_argument("--hold-now", action="store_true", help="hold_after_seconds 0: every blocked job holds")
     parser.add_argument("--full-reads", action="store_true",
                         help="the full read every FULL_READ_S falls before every pass (idlepass2: the repeat outlives it)")
+    parser.add_argument("--running-expected", type=float, metavar="S",
+                        help="the running jobs' own estimate (s: expected_seconds); default: the recent runs estimate them")
     parser.add_argument("--url", default=os.environ.get("RIG_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.url, args.cards, args.waiting, args.users, args.hold_now, args.full_reads)
+        child(args.child, args.url, args.cards, args.waiting, args.users, args.hold_now, args.full_reads,
+              args.running_expected)
         return 0
     if not (Path(args.other) / "rig").is_dir():
         parser.error(f"{args.other}: no rig/ folder there (git archive COMMIT rig workers | tar -x -C {args.other})")
@@ -136,8 +142,10 @@ def main() -> int:
         redis.Redis.from_url(args.url, socket_connect_timeout=3).ping()
     except (redis.RedisError, ValueError) as exc:
         parser.error(f"cannot use Redis at {args.url} ({exc}); start it or give --url")
-    mine = run_one(str(HERE.parents[1]), args.url, args.cards, args.waiting, args.users, args.hold_now, args.full_reads)
-    theirs = run_one(args.other, args.url, args.cards, args.waiting, args.users, args.hold_now, args.full_reads)
+    mine = run_one(str(HERE.parents[1]), args.url, args.cards, args.waiting, args.users, args.hold_now, args.full_reads,
+                   args.running_expected)
+    theirs = run_one(args.other, args.url, args.cards, args.waiting, args.users, args.hold_now, args.full_reads,
+                     args.running_expected)
     same = True
     for a, b in zip(theirs, mine, strict=True):
         differ = [k for k in a["reasons"] if a["reasons"][k] != b["reasons"].get(k)]

@@ -4,7 +4,9 @@ scripts/bench_scale.py's cluster (N x 8 nearly full cards, waiting jobs for U us
 passes and 3 passes after 64 jobs end, each pass's CPU (this thread's time, ms) and of it the
 dispatcher's card read, its reservations/placed-jobs read (with their ends and fair share),
 the waits noted with the holds closed to each job, and (since idlepass) their wording at the
-round's end, and each round's CPU and starts ("rounds": a pass is 1-3 rounds). ``--profile FILE``: a cProfile of the starting passes. Run it for two trees one after the other,
+round's end, the nodes' reads, the held_at marks written and the reservations, and each round's CPU and
+starts ("rounds": a pass is 1-3 rounds) and parts ("round_parts"). ``--profile FILE``: a cProfile of the
+starting passes, CPU time (``--profile-round N``: of their round N only). Run it for two trees one after the other,
 alternating, for a before/after of the same passes (dispatch_sameness.py checks they decide the same).
 
     git archive main rig workers | (mkdir -p /tmp/rig-old && tar -x -C /tmp/rig-old)
@@ -47,6 +49,8 @@ def main() -> int:
                         help="end this many jobs (30 s runs: the cluster's recent runs) before the idle passes")
     parser.add_argument("--profile", metavar="FILE",
                         help="write a cProfile of the 3 starting passes to FILE (pstats; their CPU then includes the profiler's)")
+    parser.add_argument("--profile-round", type=int, metavar="N",
+                        help="with --profile: profile only round N (0: the starts; 1: the round after them)")
     parser.add_argument("--profile-idle", metavar="FILE",
                         help="write a cProfile of the idle passes to FILE (pstats; their CPU then includes the profiler's)")
     parser.add_argument("--top", type=int, default=0,
@@ -61,6 +65,9 @@ def main() -> int:
                              "(workers.app): start-up's objects out of the cycle collector's walk")
     parser.add_argument("--gc-threshold", type=int, nargs=3, metavar=("G0", "G1", "G2"),
                         help="gc.set_threshold(G0, G1, G2) before the passes (Python's default: 700 10 10)")
+    parser.add_argument("--running-expected", type=float, metavar="S",
+                        help="the running jobs' own estimate (s: expected_seconds, as submit stores it for a "
+                             "command run before); default: none, the cluster's recent runs estimate them")
     parser.add_argument("--url", default=os.environ.get("RIG_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args()
     root = str(Path(args.root).resolve())
@@ -89,6 +96,7 @@ def main() -> int:
         gc.set_threshold(*args.gc_threshold)
     frozen = 1_900_000_000.0
     cluster = bench.Cluster(args.url, args.cards // 8, args.users, Path(tempfile.mkdtemp()))
+    cluster.running_expected = args.running_expected
     if not args.real_clock:
         type(rig.clock.clock_for(cluster.r)).now = lambda self, refresh=True: frozen
     dispatcher = cluster.dispatcher
@@ -119,6 +127,16 @@ def main() -> int:
     timed(dispatcher, "_first_reads", "first_reads")
     timed(dispatcher, "_read_waiting", "heads")
     timed(dispatcher, "_flush_notes", "flush")
+    node_registry = importlib.import_module("rig.nodes").NodeRegistry  # (the version's: imported from root)
+    timed(node_registry, "read", "nodes")
+    timed(dispatcher, "_write_marks", "marks")
+    timed(dispatcher.ledger, "reserve", "reserve")
+    dispatcher_module = importlib.import_module("workers.dispatcher")
+    for owner, name, part in ((getattr(dispatcher_module, "_Holds", None), "plan", "plans"),
+                              (getattr(dispatcher_module, "_View", None), "after_start", "after_start"),
+                              (dispatcher_module, "place", "place"), (dispatcher_module, "placeable", "place")):
+        if owner is not None and hasattr(owner, name):  # (older trees lack some)
+            timed(owner, name, part)
     if hasattr(dispatcher, "_holdings_unchanged"):
         timed(dispatcher, "_holdings_unchanged", "holdings_check")
     flush = dispatcher._flush_notes
@@ -147,11 +165,17 @@ def main() -> int:
 
     # Each round's start (the dispatcher thread's CPU then, jobs started so before it): a pass is
     # 1-3 rounds (after a round that started jobs while holds exist, another reads and decides again).
-    round_marks: list[tuple[float, int]] = []
+    round_marks: list[tuple[float, int, dict]] = []  # (CPU s, started, the parts so far)
+    in_starting_pass = False  # (--profile-round profiles a round of these only)
     first_reads = dispatcher._first_reads
 
     def marked_first_reads(*a, **kw):
-        round_marks.append((time.thread_time(), len(cluster.started)))
+        if profiler is not None and args.profile_round is not None and in_starting_pass:
+            if len(round_marks) == args.profile_round:
+                profiler.enable()
+            elif len(round_marks) == args.profile_round + 1:
+                profiler.disable()
+        round_marks.append((time.thread_time(), len(cluster.started), {k: v for k, v in parts.items() if k != "rounds"}))
         return first_reads(*a, **kw)
 
     dispatcher._first_reads = marked_first_reads
@@ -162,9 +186,12 @@ def main() -> int:
         began = time.thread_time()
         dispatcher.dispatch_pass()
         ended = time.thread_time()
-        marks = [*round_marks, (ended, len(cluster.started))]
+        marks = [*round_marks, (ended, len(cluster.started), {k: v for k, v in parts.items() if k != "rounds"})]
         # "rounds": [CPU ms, jobs it started] of each round, in order
         parts["rounds"] = [[round((b[0] - a[0]) * 1000, 1), b[1] - a[1]] for a, b in zip(marks, marks[1:], strict=False)]
+        # "round_parts": each round's parts (CPU ms; a part timed inside another counts in both)
+        parts["round_parts"] = [{k: round(v - a[2].get(k, 0.0), 1) for k, v in b[2].items() if v - a[2].get(k, 0.0)}
+                                for a, b in zip(marks, marks[1:], strict=False)]
         return (ended - began) * 1000, dict(parts)
 
     def end_some(count: int) -> None:  # bench_scale's, with the ends stamped on the frozen clock
@@ -173,11 +200,11 @@ def main() -> int:
     idle_profiler = None
     if args.profile_idle:
         import cProfile
-        idle_profiler = cProfile.Profile()
+        idle_profiler = cProfile.Profile(time.thread_time)  # CPU: wall time puts a loaded host's waits in socket calls
     profiler = None
     if args.profile:
         import cProfile
-        profiler = cProfile.Profile()
+        profiler = cProfile.Profile(time.thread_time)  # CPU, as above
     idle, starting = [], []
     try:
         cluster.build()
@@ -214,13 +241,15 @@ def main() -> int:
         census = _gc_census(dispatcher, one_pass) if args.gc_census else {}
         for _ in range(3):
             end_some(64)
-            if profiler is not None:
+            in_starting_pass = True
+            if profiler is not None and args.profile_round is None:
                 profiler.enable()
             cpu, its = one_pass()
+            in_starting_pass = False
             if profiler is not None:
                 profiler.disable()
             starting.append({"cpu_ms": round(cpu, 1), "started": len(cluster.started),
-                             **{k: v if k == "rounds" else round(v, 1) for k, v in its.items()}})
+                             **{k: v if k in ("rounds", "round_parts") else round(v, 1) for k, v in its.items()}})
             for job_id, token, node, card in cluster.started:
                 cluster.ledger.claim(job_id, token, f"card{card}@{node}")
             cluster.started.clear()
@@ -242,7 +271,7 @@ def main() -> int:
         "after_64_ends": starting,
         **census,
         **({"idle_top": [{"cpu_ms": round(cpu, 1), "pass": i, "repeated": idle_repeats[i],
-                          **{k: v if k == "rounds" else round(v, 1) for k, v in p.items()}}
+                          **{k: v if k in ("rounds", "round_parts") else round(v, 1) for k, v in p.items()}}
                          for i, (cpu, p) in sorted(enumerate(idle), key=lambda e: -e[1][0])[:args.top]]}
            if args.top else {})}))
     return 0

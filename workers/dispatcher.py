@@ -67,13 +67,13 @@ same script or transaction, and a round reads back only the cards whose version 
 fields (for fair share and the holds' shadow times) are read again only when their card's
 reservations of them change, while they have not started (the claim sets started_at without
 touching a card), and when this dispatcher places them; their estimate is worked out again only
-when those fields or the cluster's recent runs change, and their expected and sure ends only
-once the clock passes the first moment either could move (_end_steady_until; the rest of what
-depends on now, their age and fair-share charge, every round). A
-kept card may be stale, as one read a moment ago may: reserve.lua checks the card itself, and a
-refused reservation makes the next round read every card again. A version gone backwards or
-vanished (Redis emptied or rolled back), a failed pass (Redis may have restarted) and every
-FULL_READ_S read everything again. Card records and placed jobs' fields are also parsed once
+when those fields or the cluster's recent runs change (an estimate new runs leave equal keeps its
+entry, and so its ends), and their expected and sure ends only once the clock passes the first
+moment either could move (_end_steady_until; the rest of what depends on now, their age and
+fair-share charge, every round). A kept card may be stale, as one read a moment ago may:
+reserve.lua checks the card itself, and a refused reservation makes the next round read every
+card again. A version gone backwards or vanished (Redis emptied or rolled back), a failed pass
+(Redis may have restarted) and every FULL_READ_S read everything again. Card records and placed jobs' fields are also parsed once
 per content (a changed record is a new key).
 
 A pass that changed nothing is repeated, not worked out again (issue 15, branch idlepass): a
@@ -276,13 +276,15 @@ class Dispatcher:
         self._card_ids: list[str] = []  # the card set as _read_cards last read it, and the keys of
         self._card_keys: list[str] = []  # each card's record and reservations, in that order
         self._prior_read: tuple = ()  # the recent runs self._prior was made from (read every round)
-        #: Placed job id -> (its kept fields (the list itself), their parse, its Estimate under
-        #: self._prior): worked out again when either changes; what depends on now, every round.
-        self._running_estimates: dict[int, tuple[list, tuple, estimates.Estimate]] = {}
+        #: Placed job id -> [its kept fields (the list itself), their parse, its Estimate, the
+        #: estimates.Prior it was last found under]: made again when the fields change or a new
+        #: Prior (other recent runs) gives another estimate (an equal one keeps the entry, only its
+        #: Prior is updated); what depends on now, every round.
+        self._running_estimates: dict[int, list] = {}
         #: placed job id -> (its _running_estimates entry, the settings, the clock when worked out,
         #: until when its ends stay put (_end_steady_until), its _read_holdings info): kept while
         #: the entry and settings are the very same objects and the clock is within that span
-        self._ends_kept: dict[int, tuple[tuple, Settings, float, float, tuple]] = {}
+        self._ends_kept: dict[int, tuple[list, Settings, float, float, tuple]] = {}
         self._reserved_since_read = False  # a reservation was made after the last _read_cards
         self._first_view: _View | None = None  # the last round's view before its first start
         #: The last round's last view's tokens and cards (_View._big, _View.cards): the next round's
@@ -669,7 +671,9 @@ class Dispatcher:
         if recent != self._prior_read:  # the same runs make the same Prior: kept, with what it worked out
             self._prior = estimates.Prior(estimates.decode_recent(list(recent)))
             self._prior_read = recent
-            self._running_estimates.clear()
+            if not self.shortcuts:
+                self._running_estimates.clear()
+        prior = self._prior
         kept.update(zip(stale, fields_of(read[len(recent_users):]), strict=True))
         if len(kept) > len(ids):  # jobs no card holds any more
             self._kept_jobs = kept = {jid: kept[jid] for jid in ids}
@@ -688,9 +692,15 @@ class Dispatcher:
                 found = known.get(jid)
                 if found is None or found[0] is not values:
                     parsed = self._parse_running(jid, values)
-                    user, memory, ncards, _stamp, expected, cautious, limit = parsed
-                    found = known[jid] = (values, parsed,
-                                          self.estimate_of(user, memory, ncards, expected, cautious, limit))
+                    found = known[jid] = [values, parsed, self._running_estimate(parsed), prior]
+                elif found[3] is not prior:
+                    # New recent runs: an estimate they leave equal keeps its entry (the very
+                    # object), so its ends kept below stay good (the same function of equal values).
+                    estimate = self._running_estimate(found[1])
+                    if estimate == found[2]:
+                        found[3] = prior
+                    else:
+                        found = known[jid] = [values, found[1], estimate, prior]
                 end_kept = ends.get(jid)
                 if end_kept is not None and end_kept[0] is found and end_kept[1] is settings \
                         and end_kept[2] <= now < end_kept[3]:
@@ -719,19 +729,24 @@ class Dispatcher:
         #: job younger than MIN_CHARGE_S is charged a constant until then), and until when it
         #: stays what it is (epoch s)
         rates: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, math.inf])
+        # One walk of the cards' jobs, each job's info looked up once (2,000+ a round at 512 cards);
+        # a job is counted at its first card, in card order (the usage sums' order, as before).
+        loads = team.loads
         for card, jobs in held:
-            releases[card.id] = [Release(info[jid][4], nbytes, info[jid][5], info[jid][3])
-                                 for jid, nbytes in jobs.items()]
-            for jid in jobs:
-                if jid not in counted:
-                    counted.add(jid)
-                    user, memory, ncards, began, _end, _sure = info[jid]
-                    team.load(user).add_job(memory, ncards, now - began)
-                    rate = gib_hours(memory, ncards, 1.0)
-                    rates[user][1] += rate
-                    if now - began >= MIN_CHARGE_S:
-                        rates[user][0] += rate
-                    rates[user][2] = min(rates[user][2], max(now, began + MIN_CHARGE_S) if rate else math.inf)
+            made = releases[card.id] = []
+            for jid, nbytes in jobs.items():
+                user, memory, ncards, began, end, sure = info[jid]
+                made.append(Release(end, nbytes, sure, began))
+                if jid in counted:
+                    continue
+                counted.add(jid)
+                (loads.get(user) or team.load(user)).add_job(memory, ncards, now - began)
+                rate = gib_hours(memory, ncards, 1.0)
+                user_rates = rates[user]
+                user_rates[1] += rate
+                if now - began >= MIN_CHARGE_S:
+                    user_rates[0] += rate
+                user_rates[2] = min(user_rates[2], max(now, began + MIN_CHARGE_S) if rate else math.inf)
         usage_read: tuple = ()
         if self.settings.fair_share:
             pending = frozenset(self.r.smembers(self.keys.pending_users))
@@ -789,6 +804,11 @@ class Dispatcher:
         them) for every one of those jobs? One script call per rig.hashes.BATCH jobs."""
         ids = list(placed)
         return self._read_fields([self.keys.job(jid) for jid in ids], RUNNING_FIELDS) == [placed[j] for j in ids]
+
+    def _running_estimate(self, parsed: tuple) -> estimates.Estimate:
+        """estimate_of a placed job from its _parse_running fields (under this round's Prior)."""
+        user, memory, ncards, _stamp, expected, cautious, limit = parsed
+        return self.estimate_of(user, memory, ncards, expected, cautious, limit)
 
     def _end_steady_until(self, found: estimates.Estimate, began: float, time_limit: float | None,
                           now: float) -> float:

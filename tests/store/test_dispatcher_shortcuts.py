@@ -15,6 +15,7 @@ import pytest
 
 import rig.placement as placement_module
 import workers.dispatcher as dispatcher_module
+from rig import estimates
 from rig.clock import clock_for
 from rig.gpus.base import GpuReading
 from rig.memory import GIB
@@ -101,3 +102,51 @@ def test_the_round_s_shortcuts_decide_as_the_plain_round(redis_client, key_prefi
         assert _state(r, copies[0], last_id) == _state(r, copies[1], last_id), (seed, step)
     assert fewer, "the shortcut never skipped a place: the comparison proved nothing"
     assert carried, "no hold plan option came from an earlier round: the comparison proved nothing"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_placed_jobs_ends_after_new_recent_runs_are_the_plain_rounds(redis_client, key_prefix, monkeypatch, seed):
+    """New recent runs (a new estimates.Prior) keep a placed job's estimate entry, and so the ends
+    worked out from it, only where they leave its estimate equal: after every change of the recent
+    runs, the releases and fair share _read_holdings gives equal those of a dispatcher without the
+    shortcuts reading the same cluster, and some entries were kept and some made again (else the
+    comparison proved nothing)."""
+    r = redis_client
+    clock = _Clock()
+    monkeypatch.setattr(type(clock_for(r)), "now", lambda self, refresh=True: clock.t)
+    rng = random.Random(seed)
+    copy = _Copy(r, key_prefix, False, {"kill_grace_seconds": 5.0})
+    plain = _Copy(r, key_prefix, False, {"kill_grace_seconds": 5.0}).dispatcher
+    plain.shortcuts = False
+    ledger = copy.ledger
+    for node in ("n0", "n1"):
+        for index in range(4):
+            ledger.register_card(node, GpuReading(index, f"u-{node}-{index}", "m", 40 * GIB), max_jobs=5,
+                                 reserve_fraction=0.0, allowed=True, fake=True)
+            for size in [rng.choice([6, 10, 14]) for _ in range(rng.randint(1, 3))]:
+                clock.t = START - rng.uniform(5, 900)
+                job = ledger.store.create_many([(_job(rng, clock.t, size * GIB), None)])[0]
+                ok, token = ledger.reserve(job.id, node, [index], job.gpu_memory, user=job.user)
+                assert ok, token
+                ledger.claim(job.id, token, f"card{index}@{node}")
+    clock.t = START
+    kept = remade = 0
+    for step in range(12):
+        pipe = r.pipeline()
+        for _ in range(rng.choice([1, 3, 12])):  # runs of one size: the other sizes' estimates stay
+            estimates.record_run(pipe, copy.keys, user=rng.choice(["ann", "bob", "cy"]), name="r", template=None,
+                                 command=["true"], nbytes=rng.choice([6, 14]) * GIB, gpus=1,
+                                 seconds=rng.choice([30.0, 300.0, 3000.0]), ended_at=clock.t)
+        pipe.execute()
+        clock.t += rng.choice([0.0, 1.0, 40.0])
+        before = dict(copy.dispatcher._running_estimates)
+        answers = []
+        for dispatcher in (copy.dispatcher, plain):
+            releases, team = dispatcher._read_holdings(dispatcher._read_cards(), clock.t)
+            answers.append((releases, {user: vars(load) for user, load in team.loads.items()}))
+        assert answers[0] == answers[1], (seed, step)
+        if step:
+            for jid, entry in copy.dispatcher._running_estimates.items():
+                kept += entry is before.get(jid)
+                remade += entry is not before.get(jid)
+    assert kept and remade, (kept, remade)
