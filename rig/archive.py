@@ -36,11 +36,12 @@ import errno
 import json
 import logging
 import os
+import re
 import sqlite3
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -433,13 +434,69 @@ def slashes_note(url: str) -> str:
             f"sqlite:////{path})")
 
 
+#: What safe_url puts where a password was.
+MASK = "***"
+
+
+def _server_parts(url: str) -> tuple[str, str, str, str] | None:
+    """A server URL's (scheme and ``//``, user info, host part, the rest from the path on),
+    split as urllib.parse does (the host follows the last ``@`` before the path); None for a
+    SQLite URL (a path, which may hold ``:`` and ``@``: a RIG_HOME ``/srv/a:b@c``) or text
+    without ``//``."""
+    if sqlite_path(url) is not None:
+        return None
+    scheme, sep, rest = url.partition("//")
+    if not sep:
+        return None
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    userinfo, _, host = rest[:end].rpartition("@")
+    return scheme + sep, userinfo, host, rest[end:]
+
+
+def _joined(scheme: str, userinfo: str, host: str, rest: str) -> str:
+    return f"{scheme}{userinfo}@{host}{rest}" if userinfo else f"{scheme}{host}{rest}"
+
+
+def _query_mapped(rest: str, change: Callable[[str], str | None]) -> str:
+    """``rest`` (a URL's path on) with each query option (``name=value``) changed by ``change``
+    (None: left out)."""
+    path, mark, tail = rest.partition("?")
+    if not mark:
+        return rest
+    query, hash_mark, fragment = tail.partition("#")
+    options = [kept for option in query.split("&") if (kept := change(option)) is not None]
+    return path + ("?" + "&".join(options) if options else "") + hash_mark + fragment
+
+
+def _is_password(option: str) -> bool:
+    """Is this query option a password (libpq reads ``?password=...`` too)?"""
+    return option.lower().startswith("password=")
+
+
 def safe_url(url: str) -> str:
-    """``url`` without its password, for messages."""
-    head, sep, tail = url.partition("@")
-    if not sep or ":" not in head.split("//", 1)[-1]:
+    """``url`` without its password, for messages and for what rig records in Redis: the one in
+    the user info (``user:pw@host``) and a ``password=`` query option each become ``***``. A
+    SQLite URL stays as it is (its path is no password, and the cluster's record must name
+    that very file). :func:`unmasked` makes it a URL to connect with again."""
+    parts = _server_parts(url)
+    if parts is None:
         return url
-    scheme, _, auth = head.partition("//")
-    return f"{scheme}//{auth.split(':', 1)[0]}:***@{tail}"
+    scheme, userinfo, host, rest = parts
+    if ":" in userinfo:
+        userinfo = f"{userinfo.split(':', 1)[0]}:{MASK}"
+    return _joined(scheme, userinfo, host,
+                   _query_mapped(rest, lambda option: f"password={MASK}" if _is_password(option) else option))
+
+
+def unmasked(recorded: str) -> str:
+    """A URL safe_url gave, as one to connect to: its masked passwords left out, so libpq takes
+    the password from ~/.pgpass or PGPASSWORD. Any other URL is returned as it is."""
+    parts = _server_parts(recorded)
+    if parts is None:
+        return recorded
+    scheme, userinfo, host, rest = parts
+    return _joined(scheme, userinfo.removesuffix(f":{MASK}"), host,
+                   _query_mapped(rest, lambda option: None if option == f"password={MASK}" else option))
 
 
 class Archive:

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from rig.archive import Archive, ArchiveUnreachable, default_url, identity, same_archive
+from rig.archive import Archive, ArchiveUnreachable, default_url, identity, safe_url, same_archive, unmasked
 from rig.archive_cluster import check_at_up, claim, cluster_url, require_cluster
 from rig.config import load_settings
 from rig.errors import ConfigError
@@ -60,6 +60,33 @@ def test_the_cluster_check_takes_a_port_a_slash_or_a_password_as_the_same(ledger
         assert claim(r, keys, url, alone=False) is None
     with pytest.raises(ConfigError, match="this cluster archives finished jobs to"):
         require_cluster(r, keys, "postgresql://postgres@127.0.0.1/other")
+
+
+@pytest.mark.parametrize(("url", "shown", "connect"), [
+    ("postgresql://rig:pw@db/rig", "postgresql://rig:***@db/rig", "postgresql://rig@db/rig"),
+    # libpq reads a password given as a query option too: it was recorded in Redis as it was
+    ("postgresql://rig@db/rig?sslmode=require&password=pw&connect_timeout=3",
+     "postgresql://rig@db/rig?sslmode=require&password=***&connect_timeout=3",
+     "postgresql://rig@db/rig?sslmode=require&connect_timeout=3"),
+    ("postgresql://rig:pw@db/rig?password=pw", "postgresql://rig:***@db/rig?password=***", "postgresql://rig@db/rig"),
+    ("postgresql:///rig?host=/run/a:b@c", "postgresql:///rig?host=/run/a:b@c", "postgresql:///rig?host=/run/a:b@c"),
+    # a SQLite path is no password, whatever it holds
+    ("sqlite:////srv/a:b@c/archive.sqlite3", "sqlite:////srv/a:b@c/archive.sqlite3",
+     "sqlite:////srv/a:b@c/archive.sqlite3")])
+def test_safe_url_hides_every_password_and_only_passwords(url, shown, connect):
+    assert safe_url(url) == shown
+    assert unmasked(safe_url(url)) == connect
+    assert same_archive(safe_url(url), url)
+
+
+def test_a_sqlite_archive_under_a_folder_named_with_colon_and_at_is_the_clusters(ledger, tmp_path):
+    """A RIG_HOME such as /srv/a:b@c: the recorded archive was 'sqlite:////srv/a:***@c/...',
+    another file, and every pass skipped ('this cluster archives finished jobs to ...')."""
+    r, keys = ledger.store.r, ledger.keys
+    url = default_url(tmp_path / "a:b@c")
+    assert claim(r, keys, url, alone=True) is None
+    assert cluster_url(r, keys) == url
+    require_cluster(r, keys, url)  # no NotClusterArchive: this node archives
 
 
 def test_a_server_down_at_rig_up_is_a_warning_and_a_mistake_still_refuses(ledger, key_prefix, tmp_path):
