@@ -225,6 +225,31 @@ def cannot_read(path: Path, exc: OSError) -> ArchiveUnreadable:
                              "read it as its owner, or fix its permissions")
 
 
+#: The first bytes of every SQLite database file (an empty file is a new, empty database).
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def not_an_archive(path: Path) -> ArchiveUnreadable | None:
+    """The error for a ``path`` that holds something other than a SQLite database (a folder, a
+    text file put in its place), which no permission would let rig use: SQLite said "disk I/O
+    error" or "file is not a database" and rig's advice was to fix permissions. None when it
+    is a database, empty, absent or cannot be read here (the open says why)."""
+    what = None
+    try:
+        if path.is_dir():
+            what = "a folder"
+        else:
+            with path.open("rb") as file:
+                head = file.read(len(SQLITE_HEADER))
+            what = "not a SQLite database" if head and head != SQLITE_HEADER else None
+    except OSError:
+        return None
+    if what is None:
+        return None
+    return ArchiveUnreadable(f"archive {path} is {what}, not rig's archive: move it aside and put the archive "
+                             "file back there, or set archive_url (RIG_ARCHIVE_URL) to the archive's file")
+
+
 def _open_readonly(path: Path) -> sqlite3.Connection:
     """A read-only connection to the SQLite file ``path`` (``mode=ro``: nothing is created or
     written, so a read-only file, mount or an immutable file reads). ArchiveUnreadable, with
@@ -235,6 +260,8 @@ def _open_readonly(path: Path) -> sqlite3.Connection:
         raise missing(path) from None
     except OSError as exc:
         raise cannot_read(path, exc) from None
+    if (wrong := not_an_archive(path)) is not None:
+        raise wrong
     try:
         conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=30.0, check_same_thread=False,
                                isolation_level=None)
@@ -270,6 +297,8 @@ def _connect(url: str, *, create: bool = True, home: Path | None = None,
             raise missing(path)
         if readonly:
             return _SQLITE, _open_readonly(path)
+        if (wrong := not_an_archive(path)) is not None:
+            raise wrong
         try:
             # Records hold the jobs' environments (tokens): the file is its owner's only, and
             # SQLite gives its -wal and -shm files the same mode.

@@ -530,6 +530,29 @@ def test_an_archive_that_cannot_be_opened_is_said_in_the_oss_words(ledger, key_p
     assert "[Errno 13] Permission denied; it is uid" in reader.unread and "jobs' environments" in reader.unread
 
 
+@pytest.mark.parametrize("put_there", ["folder", "text"])
+def test_something_else_in_the_archives_place_is_said_for_what_it_is(ledger, key_prefix, tmp_path, put_there):
+    """A folder or another file where the SQLite archive was: SQLite says "disk I/O error" or
+    "file is not a database", and readers and the pass advised fixing permissions."""
+    old = _archived_one(ledger, key_prefix, tmp_path)
+    path = tmp_path / "archive.sqlite3"
+    for part in tmp_path.glob("archive.sqlite3*"):
+        part.rename(tmp_path / f"aside-{part.name}")
+    if put_there == "folder":
+        path.mkdir()
+    else:
+        path.write_text("notes\n")
+    what = "a folder" if put_there == "folder" else "not a SQLite database"
+    reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path))
+    with pytest.raises(ArchiveUnread, match=f"archive {path} is {what}, not rig's archive: move it aside"):
+        reader.get(old.id)
+    assert reader.list() == [] and f"is {what}" in reader.unread and "permissions" not in reader.unread
+    reader.close()
+    with pytest.raises(ConfigError, match=f"is {what}, not rig's archive") as caught:
+        Archive(default_url(tmp_path), key_prefix)
+    assert "permissions" not in str(caught.value) and "writable" not in str(caught.value)
+
+
 def test_the_archiving_pass_on_a_file_it_may_not_write_logs_one_line_with_the_oss_reason(
         ledger, key_prefix, tmp_path, monkeypatch, caplog):
 
