@@ -314,7 +314,7 @@ def render_status(report: StatusReport, console: Console) -> None:
         counts = "  ".join(f"{s.value.lower()}={n}" for s, n in report.counts.items() if n) or "none"
     archived = "" if report.archived is None else f"; archived (finished, out of Redis): {report.archived}"
     if report.archived is not None and report.archive:
-        archived += f" in {report.archive}"
+        archived += f" in {M(report.archive)}"  # a path of the operator's: may hold [ ]
     console.print(f"jobs: {counts}{archived}")
     for notice in report.notices:  # rig's Redis: full, or set up to lose rig's data
         console.print(M(f"warning: {notice}"), style="yellow")
