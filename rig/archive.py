@@ -36,7 +36,6 @@ import errno
 import json
 import logging
 import os
-import re
 import sqlite3
 import threading
 import time
