@@ -21,7 +21,7 @@ from rig.clock import shared_now
 from rig.data_format import mixed_note
 from rig.draining import why_closed
 from rig.durations import format_duration as duration
-from rig.memory import format_memory
+from rig.memory import format_memory, measured
 from rig.models import CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, clock
 from rig.text import clean
@@ -59,10 +59,9 @@ def _gib(value: int | None) -> str:
 
 def measured_memory(nbytes: int | float | None) -> str:
     """A measured memory figure (peak or mean, bytes per card) as `rig show` and `rig metrics`
-    both print it: "-" when nothing was measured: None, or 0 (no sample saw memory of the
-    job's processes; the record keeps 0 until one does, and an attempt stores it as None,
-    workers.outcomes), so "0 B" would claim a measurement there was not."""
-    return format_memory(nbytes) if nbytes else "-"
+    both print it: "-" when nothing was measured (rig.memory.measured), so "0 B" never claims
+    a measurement there was not."""
+    return format_memory(measured(nbytes))
 
 
 def ago(ts: float | None) -> str:
