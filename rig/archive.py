@@ -323,12 +323,13 @@ def _connect(url: str, *, create: bool = True, home: Path | None = None,
             # moment's outage, not certainly a mistake; callers that can go on without the
             # archive (rig up, readers) catch ArchiveUnreachable. A login it refused is no
             # outage: ArchiveRefused (rig up refuses; readers warn as for any unreachable one).
-            reason = one_line(exc)
+            reason = without_passwords(one_line(exc), url)
             if login_refused(exc):
                 raise ArchiveRefused(url, reason) from None
             raise ArchiveUnreachable(url, reason) from None
         except psycopg.Error as exc:
-            raise ConfigError(f"archive {safe_url(url)}: cannot connect ({one_line(exc)}); check archive_url") from None
+            raise ConfigError(f"archive {safe_url(url)}: cannot connect ({without_passwords(one_line(exc), url)}); "
+                              "check archive_url") from None
         return _POSTGRES, conn
     raise ConfigError(f"archive_url {safe_url(url)!r}: expected sqlite:////ABSOLUTE/PATH or postgresql://USER@HOST/DB")
 
@@ -514,6 +515,28 @@ def safe_url(url: str) -> str:
         userinfo = f"{userinfo.split(':', 1)[0]}:{MASK}"
     return _joined(scheme, userinfo, host,
                    _query_mapped(rest, lambda option: f"password={MASK}" if _is_password(option) else option))
+
+
+def _passwords(url: str) -> list[str]:
+    """The passwords a server URL holds, as written: in its user info and ``password=`` options."""
+    parts = _server_parts(url)
+    if parts is None:
+        return []
+    _, userinfo, _, rest = parts
+    found = [userinfo.split(":", 1)[1]] if ":" in userinfo else []
+    query = rest.partition("?")[2].partition("#")[0]
+    return found + [option.split("=", 1)[1] for option in query.split("&") if _is_password(option)]
+
+
+def without_passwords(text: str, url: str) -> str:
+    """``text`` (an error about ``url``, in libpq's words) with each password ``url`` holds
+    masked, as written and percent-decoded: libpq quotes the part it cannot parse, e.g.
+    ``invalid percent-encoded token: "pa%zz"``, ``unexpected spaces found in "pa ss"``."""
+    from urllib.parse import unquote
+
+    for secret in sorted({s for raw in _passwords(url) for s in (raw, unquote(raw)) if s}, key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return text
 
 
 def unmasked(recorded: str) -> str:

@@ -79,6 +79,20 @@ def test_safe_url_hides_every_password_and_only_passwords(url, shown, connect):
     assert same_archive(safe_url(url), url)
 
 
+@pytest.mark.parametrize("url", [
+    "postgresql://rig:pa%zzss@127.0.0.1:5999/x",  # libpq: invalid percent-encoded token: "pa%zzss"
+    "postgresql://rig:pa ss@127.0.0.1:5999/x",  # libpq: unexpected spaces found in "pa ss"
+    "postgresql://rig@127.0.0.1:5999/x?password=pa%zzss"])
+def test_libpqs_words_about_a_url_never_carry_its_password(url, key_prefix):
+    """libpq quotes the part of a URL it cannot parse, the password included: rig printed it
+    (rig up, readers) and the archiving pass logged it and recorded it in Redis (archive:pass)."""
+    pytest.importorskip("psycopg")
+    with pytest.raises(ConfigError) as caught:
+        Archive(url, key_prefix)
+    assert "pa%zzss" not in str(caught.value) and "pa ss" not in str(caught.value)
+    assert '"***"' in str(caught.value)
+
+
 def test_a_sqlite_archive_under_a_folder_named_with_colon_and_at_is_the_clusters(ledger, tmp_path):
     """A RIG_HOME such as /srv/a:b@c: the recorded archive was 'sqlite:////srv/a:***@c/...',
     another file, and every pass skipped ('this cluster archives finished jobs to ...')."""
