@@ -813,6 +813,13 @@ class Archive:
                            (self.prefix, job_id, instance.replace("%", "").replace("_", "") + "%"))
         return _job(rows[0][0]) if rows else None
 
+    def get_other(self, job_id: int, instance: str) -> Job | None:
+        """The archived job ``job_id`` of another instance than ``instance`` (the newest
+        submitted of those: ids restarted after Redis lost its data), or None."""
+        rows = self._query(f"SELECT record FROM {TABLE} WHERE prefix = ? AND id = ? AND instance <> ? "
+                           "ORDER BY submitted_at DESC LIMIT 1", (self.prefix, job_id, instance))
+        return _job(rows[0][0]) if rows else None
+
     def record(self, job_id: int, instance: str) -> dict[str, str] | None:
         """The stored record (the Redis hash, as JSON) of one archived job, or None."""
         rows = self._query(f"SELECT record FROM {TABLE} WHERE prefix = ? AND id = ? AND instance = ?",
