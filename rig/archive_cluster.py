@@ -155,11 +155,21 @@ def host_record(url: str) -> str:
     return this_host().record(safe_url(url)) if sqlite_path(url) is not None else ""
 
 
+#: Replace a key's value only if it is still the one read (KEYS[1]; ARGV: read, new).
+_REPLACE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) end
+"""
+
+
 def record_if_absent(client: redis.Redis, keys: Keys, url: str) -> str:
     """Record ``url`` (and, for SQLite, this host) as the cluster's archive unless one is; the
-    cluster's archive (no password)."""
-    recorded = client.eval(_RECORD, 2, keys.archive_url, keys.archive_host, safe_url(url), host_record(url))
-    return _text(recorded) or safe_url(url)
+    cluster's archive (no password). A record holding a password (an older rig's safe_url left
+    a ``password=`` option as given), which any user's rig status shows, is masked."""
+    recorded = _text(client.eval(_RECORD, 2, keys.archive_url, keys.archive_host, safe_url(url), host_record(url)))
+    if recorded is not None and safe_url(recorded) != recorded:
+        client.eval(_REPLACE, 1, keys.archive_url, recorded, safe_url(recorded))
+        recorded = safe_url(recorded)
+    return recorded or safe_url(url)
 
 
 def archive_host(client: redis.Redis, keys: Keys) -> Host | None:

@@ -93,6 +93,14 @@ def test_libpqs_words_about_a_url_never_carry_its_password(url, key_prefix):
     assert '"***"' in str(caught.value)
 
 
+def test_a_password_an_older_rig_recorded_is_masked_by_the_next_rig_up(ledger):
+    r, keys = ledger.store.r, ledger.keys
+    url = "postgresql://rig@db/rig?sslmode=require&password=pw"
+    r.set(keys.archive_url, url)  # an older rig's safe_url left the option as given
+    assert claim(r, keys, url, alone=False) is None  # the same archive
+    assert cluster_url(r, keys) == "postgresql://rig@db/rig?sslmode=require&password=***"
+
+
 def test_a_sqlite_archive_under_a_folder_named_with_colon_and_at_is_the_clusters(ledger, tmp_path):
     """A RIG_HOME such as /srv/a:b@c: the recorded archive was 'sqlite:////srv/a:***@c/...',
     another file, and every pass skipped ('this cluster archives finished jobs to ...')."""
