@@ -9,7 +9,15 @@ import os
 
 import pytest
 
-from rig.archive import Archive, ArchiveUnreachable, default_url, identity, safe_url, same_archive, unmasked
+from rig.archive import (
+    Archive,
+    ArchiveUnreachable,
+    default_url,
+    identity,
+    safe_url,
+    same_archive,
+    unmasked,
+)
 from rig.archive_cluster import check_at_up, claim, cluster_url, require_cluster
 from rig.config import load_settings
 from rig.errors import ConfigError
