@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rig.memory import GIB
+from rig.memory import GIB, measured
 from rig.models import Job, JobState
 
 #: What ``--by`` groups on: the column of Accounting each names.
@@ -84,7 +84,7 @@ def accounting_of(job: Job) -> Accounting:
         starts.append(begin)
         cards = len(attempt.get("cards") or ()) or job.gpus
         seconds = end - begin
-        mean = _number(attempt.get("vram_mean"))
+        mean = measured(_number(attempt.get("vram_mean")))  # an older record's 0: nothing measured
         this = (cards * seconds, cards * seconds * (_number(attempt.get("gpu_memory")) or job.gpu_memory),
                 None if mean is None else cards * seconds * mean)
         card_s += this[0]

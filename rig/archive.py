@@ -40,7 +40,7 @@ import sqlite3
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -224,6 +224,31 @@ def cannot_read(path: Path, exc: OSError) -> ArchiveUnreadable:
                              "read it as its owner, or fix its permissions")
 
 
+#: The first bytes of every SQLite database file (an empty file is a new, empty database).
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def not_an_archive(path: Path) -> ArchiveUnreadable | None:
+    """The error for a ``path`` that holds something other than a SQLite database (a folder, a
+    text file put in its place), which no permission would let rig use: SQLite said "disk I/O
+    error" or "file is not a database" and rig's advice was to fix permissions. None when it
+    is a database, empty, absent or cannot be read here (the open says why)."""
+    what = None
+    try:
+        if path.is_dir():
+            what = "a folder"
+        else:
+            with path.open("rb") as file:
+                head = file.read(len(SQLITE_HEADER))
+            what = "not a SQLite database" if head and head != SQLITE_HEADER else None
+    except OSError:
+        return None
+    if what is None:
+        return None
+    return ArchiveUnreadable(f"archive {path} is {what}, not rig's archive: move it aside and put the archive "
+                             "file back there, or set archive_url (RIG_ARCHIVE_URL) to the archive's file")
+
+
 def _open_readonly(path: Path) -> sqlite3.Connection:
     """A read-only connection to the SQLite file ``path`` (``mode=ro``: nothing is created or
     written, so a read-only file, mount or an immutable file reads). ArchiveUnreadable, with
@@ -234,6 +259,8 @@ def _open_readonly(path: Path) -> sqlite3.Connection:
         raise missing(path) from None
     except OSError as exc:
         raise cannot_read(path, exc) from None
+    if (wrong := not_an_archive(path)) is not None:
+        raise wrong
     try:
         conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=30.0, check_same_thread=False,
                                isolation_level=None)
@@ -269,6 +296,8 @@ def _connect(url: str, *, create: bool = True, home: Path | None = None,
             raise missing(path)
         if readonly:
             return _SQLITE, _open_readonly(path)
+        if (wrong := not_an_archive(path)) is not None:
+            raise wrong
         try:
             # Records hold the jobs' environments (tokens): the file is its owner's only, and
             # SQLite gives its -wal and -shm files the same mode.
@@ -294,12 +323,13 @@ def _connect(url: str, *, create: bool = True, home: Path | None = None,
             # moment's outage, not certainly a mistake; callers that can go on without the
             # archive (rig up, readers) catch ArchiveUnreachable. A login it refused is no
             # outage: ArchiveRefused (rig up refuses; readers warn as for any unreachable one).
-            reason = one_line(exc)
+            reason = without_passwords(one_line(exc), url)
             if login_refused(exc):
                 raise ArchiveRefused(url, reason) from None
             raise ArchiveUnreachable(url, reason) from None
         except psycopg.Error as exc:
-            raise ConfigError(f"archive {safe_url(url)}: cannot connect ({one_line(exc)}); check archive_url") from None
+            raise ConfigError(f"archive {safe_url(url)}: cannot connect ({without_passwords(one_line(exc), url)}); "
+                              "check archive_url") from None
         return _POSTGRES, conn
     raise ConfigError(f"archive_url {safe_url(url)!r}: expected sqlite:////ABSOLUTE/PATH or postgresql://USER@HOST/DB")
 
@@ -433,13 +463,91 @@ def slashes_note(url: str) -> str:
             f"sqlite:////{path})")
 
 
+#: What safe_url puts where a password was.
+MASK = "***"
+
+
+def _server_parts(url: str) -> tuple[str, str, str, str] | None:
+    """A server URL's (scheme and ``//``, user info, host part, the rest from the path on),
+    split as urllib.parse does (the host follows the last ``@`` before the path); None for a
+    SQLite URL (a path, which may hold ``:`` and ``@``: a RIG_HOME ``/srv/a:b@c``) or text
+    without ``//``."""
+    if sqlite_path(url) is not None:
+        return None
+    scheme, sep, rest = url.partition("//")
+    if not sep:
+        return None
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    userinfo, _, host = rest[:end].rpartition("@")
+    return scheme + sep, userinfo, host, rest[end:]
+
+
+def _joined(scheme: str, userinfo: str, host: str, rest: str) -> str:
+    return f"{scheme}{userinfo}@{host}{rest}" if userinfo else f"{scheme}{host}{rest}"
+
+
+def _query_mapped(rest: str, change: Callable[[str], str | None]) -> str:
+    """``rest`` (a URL's path on) with each query option (``name=value``) changed by ``change``
+    (None: left out)."""
+    path, mark, tail = rest.partition("?")
+    if not mark:
+        return rest
+    query, hash_mark, fragment = tail.partition("#")
+    options = [kept for option in query.split("&") if (kept := change(option)) is not None]
+    return path + ("?" + "&".join(options) if options else "") + hash_mark + fragment
+
+
+def _is_password(option: str) -> bool:
+    """Is this query option a password (libpq reads ``?password=...`` too)?"""
+    return option.lower().startswith("password=")
+
+
 def safe_url(url: str) -> str:
-    """``url`` without its password, for messages."""
-    head, sep, tail = url.partition("@")
-    if not sep or ":" not in head.split("//", 1)[-1]:
+    """``url`` without its password, for messages and for what rig records in Redis: the one in
+    the user info (``user:pw@host``) and a ``password=`` query option each become ``***``. A
+    SQLite URL stays as it is (its path is no password, and the cluster's record must name
+    that very file). :func:`unmasked` makes it a URL to connect with again."""
+    parts = _server_parts(url)
+    if parts is None:
         return url
-    scheme, _, auth = head.partition("//")
-    return f"{scheme}//{auth.split(':', 1)[0]}:***@{tail}"
+    scheme, userinfo, host, rest = parts
+    if ":" in userinfo:
+        userinfo = f"{userinfo.split(':', 1)[0]}:{MASK}"
+    return _joined(scheme, userinfo, host,
+                   _query_mapped(rest, lambda option: f"password={MASK}" if _is_password(option) else option))
+
+
+def _passwords(url: str) -> list[str]:
+    """The passwords a server URL holds, as written: in its user info and ``password=`` options."""
+    parts = _server_parts(url)
+    if parts is None:
+        return []
+    _, userinfo, _, rest = parts
+    found = [userinfo.split(":", 1)[1]] if ":" in userinfo else []
+    query = rest.partition("?")[2].partition("#")[0]
+    return found + [option.split("=", 1)[1] for option in query.split("&") if _is_password(option)]
+
+
+def without_passwords(text: str, url: str) -> str:
+    """``text`` (an error about ``url``, in libpq's words) with each password ``url`` holds
+    masked, as written and percent-decoded: libpq quotes the part it cannot parse, e.g.
+    ``invalid percent-encoded token: "pa%zz"``, ``unexpected spaces found in "pa ss"``."""
+    from urllib.parse import unquote
+
+    for secret in sorted({s for raw in _passwords(url) for s in (raw, unquote(raw)) if s}, key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return text
+
+
+def unmasked(recorded: str) -> str:
+    """A URL safe_url gave, as one to connect to: its masked passwords left out, so libpq takes
+    the password from ~/.pgpass or PGPASSWORD. Any other URL is returned as it is."""
+    parts = _server_parts(recorded)
+    if parts is None:
+        return recorded
+    scheme, userinfo, host, rest = parts
+    return _joined(scheme, userinfo.removesuffix(f":{MASK}"), host,
+                   _query_mapped(rest, lambda option: None if option == f"password={MASK}" else option))
 
 
 class Archive:
@@ -703,6 +811,13 @@ class Archive:
         rows = self._query(f"SELECT record FROM {TABLE} WHERE prefix = ? AND id = ? AND instance LIKE ? "
                            "ORDER BY submitted_at DESC LIMIT 1",
                            (self.prefix, job_id, instance.replace("%", "").replace("_", "") + "%"))
+        return _job(rows[0][0]) if rows else None
+
+    def get_other(self, job_id: int, instance: str) -> Job | None:
+        """The archived job ``job_id`` of another instance than ``instance`` (the newest
+        submitted of those: ids restarted after Redis lost its data), or None."""
+        rows = self._query(f"SELECT record FROM {TABLE} WHERE prefix = ? AND id = ? AND instance <> ? "
+                           "ORDER BY submitted_at DESC LIMIT 1", (self.prefix, job_id, instance))
         return _job(rows[0][0]) if rows else None
 
     def record(self, job_id: int, instance: str) -> dict[str, str] | None:

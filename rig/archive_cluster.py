@@ -50,6 +50,7 @@ from rig.archive import (
     same_archive,
     slashes_note,
     sqlite_path,
+    unmasked,
 )
 from rig.archive_host import Host, parse, this_host
 from rig.errors import ConfigError
@@ -77,13 +78,6 @@ def cluster_url(client: redis.Redis, keys: Keys) -> str | None:
     return _text(client.get(keys.archive_url))
 
 
-def connectable(recorded: str) -> str:
-    """A recorded archive URL as one to connect to: its masked password (safe_url's ``:***``)
-    left out, so libpq takes the password from ~/.pgpass or PGPASSWORD."""
-    head, sep, tail = recorded.partition("@")
-    return head.removesuffix(":***") + sep + tail if sep else recorded
-
-
 def archive_of(client: redis.Redis, keys: Keys, settings: Settings) -> str:
     """The archive a node or reader uses: its own ``archive_url`` when it set one, else the
     cluster's recorded one (whatever its RIG_HOME or working folder: a `rig up` from a folder
@@ -94,7 +88,7 @@ def archive_of(client: redis.Redis, keys: Keys, settings: Settings) -> str:
     if set_here(settings):
         return settings.archive_location
     cluster = cluster_url(client, keys) or restore(client, keys, settings)
-    return connectable(cluster) if cluster else settings.archive_location
+    return unmasked(cluster) if cluster else settings.archive_location
 
 
 def set_here(settings: Settings) -> bool:
@@ -161,11 +155,21 @@ def host_record(url: str) -> str:
     return this_host().record(safe_url(url)) if sqlite_path(url) is not None else ""
 
 
+#: Replace a key's value only if it is still the one read (KEYS[1]; ARGV: read, new).
+_REPLACE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) end
+"""
+
+
 def record_if_absent(client: redis.Redis, keys: Keys, url: str) -> str:
     """Record ``url`` (and, for SQLite, this host) as the cluster's archive unless one is; the
-    cluster's archive (no password)."""
-    recorded = client.eval(_RECORD, 2, keys.archive_url, keys.archive_host, safe_url(url), host_record(url))
-    return _text(recorded) or safe_url(url)
+    cluster's archive (no password). A record holding a password (an older rig's safe_url left
+    a ``password=`` option as given), which any user's rig status shows, is masked."""
+    recorded = _text(client.eval(_RECORD, 2, keys.archive_url, keys.archive_host, safe_url(url), host_record(url)))
+    if recorded is not None and safe_url(recorded) != recorded:
+        client.eval(_REPLACE, 1, keys.archive_url, recorded, safe_url(recorded))
+        recorded = safe_url(recorded)
+    return recorded or safe_url(url)
 
 
 def archive_host(client: redis.Redis, keys: Keys) -> Host | None:
@@ -295,7 +299,7 @@ def check_at_up(client: redis.Redis, keys: Keys, url: str, prefix: str, node: st
     if line:
         if before is not None and not same_archive(before, url) and line.startswith("archive:"):
             # A move hides the old archive's jobs from every reader: how many, if cheap to know.
-            held = count_jobs(connectable(before), prefix)
+            held = count_jobs(unmasked(before), prefix)
             line = (f"warning: {line.removeprefix('archive: ')}: the {'' if held is None else f'{held:,} '}"
                     f"job(s) in {before} are no longer shown by rig jobs/show/usage (set archive_url back "
                     "to read them)")
@@ -333,7 +337,7 @@ def unknown_history(client: redis.Redis, keys: Keys, settings: Settings) -> str 
     known = _remembered(settings)
     if cluster is None or (known is not None and same_archive(str(known["url"]), cluster)):
         return None
-    held = count_jobs(connectable(cluster), settings.key_prefix)
+    held = count_jobs(unmasked(cluster), settings.key_prefix)
     if not held:
         return None
     return (f"warning: archive {cluster} already holds {held:,} job(s) under key prefix {settings.key_prefix!r} that "
@@ -365,7 +369,7 @@ def moved_since(client: redis.Redis, keys: Keys, settings: Settings) -> str | No
         return None
     return (f"warning: this cluster's finished jobs now go to {cluster}, but this node last saw them go to "
             f"{known['url']}: its jobs are no longer shown by rig jobs/show/usage; if that move was not meant, "
-            f"`rig down` every node and `rig up` with archive_url = \"{connectable(str(known['url']))}\" (RIG_ARCHIVE_URL)")
+            f"`rig down` every node and `rig up` with archive_url = \"{unmasked(str(known['url']))}\" (RIG_ARCHIVE_URL)")
 
 
 def _check_node_at_up(client: redis.Redis, keys: Keys, settings: Settings) -> list[str]:

@@ -190,17 +190,16 @@ class History:
     def other_instance(self, job: Job) -> Job | None:
         """The archived job with ``job``'s id but another instance (Redis lost its data and the
         id was given again), or None; None too when the archive cannot be read (a hint, not a
-        failure)."""
+        failure). ``job`` may be archived itself: the other one is asked for, not the newest."""
+        if not job.instance:
+            return None
         try:
             archive = self.archive()
-            found = archive.get(job.id) if archive is not None else None
+            return archive.get_other(job.id, job.instance) if archive is not None else None
         except Exception as exc:  # noqa: BLE001 - the archive's own errors are said elsewhere
             if not unreadable(exc):
                 raise
             return None
-        if found is None or not found.instance or found.instance == job.instance:
-            return None
-        return found
 
     def _not_found(self, job_id: int) -> JobNotFound:
         """JobNotFound for an id in neither Redis nor the archive, saying the job may be in the

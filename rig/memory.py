@@ -76,6 +76,15 @@ def format_memory(size: int | float | None, *, precision: int = 1) -> str:
     return f"{size:.0f} B"
 
 
+def measured(nbytes: int | float | None) -> int | float | None:
+    """A measured memory figure (a job's peak or mean, bytes per card), None when nothing was
+    measured: None, or 0, what the record keeps while no sample saw memory of the job's
+    processes on its card (a job that never touched it, or processes the card's readings do
+    not show). The one rule for `rig show`, `rig metrics`, `rig top`, the attempts' records
+    (workers.outcomes) and `rig usage`'s GiB-h used (rig.accounting)."""
+    return nbytes if nbytes else None
+
+
 def gib(size: int | float) -> float:
     """Bytes as a float number of GiB."""
     return float(size) / GIB

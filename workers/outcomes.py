@@ -39,7 +39,7 @@ from rig.failures import (
     suggest_memory,
 )
 from rig.ledger import Ledger, Writes
-from rig.memory import format_memory
+from rig.memory import format_memory, measured
 from rig.models import Job, JobState
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def decide(job: Job, end: AttemptEnd, largest_usable: int | Callable[[], int],
         "started_at": job.started_at, "ended_at": now, "exit_code": end.exit_code,
         "outcome": found.failure.value if found else "succeeded", "summary": summary,
         "evidence": list(found.evidence) if found else [], "log": log_path,
-        "vram_peak": job.vram_peak or None, "vram_mean": job.vram_mean,
+        "vram_peak": measured(job.vram_peak), "vram_mean": measured(job.vram_mean),
         "util_mean": round(job.util_mean, 1) if job.util_mean is not None else None,
         "overuse": job.overuse or None,
     }

@@ -363,6 +363,10 @@ def config(ctx: click.Context) -> None:
         if key == "redis_url":  # never print the password; say where it comes from
             source = password_source(value)
             value = strip_password(value) + (f" (password from {source})" if source else " (no password)")
+        elif key == "archive_url" and value:  # a PostgreSQL password in it: never printed either
+            from rig.archive import safe_url
+
+            value = safe_url(value)
         if key != "config_file":
             click.echo(f"{key} = {shown_setting(value)}" + (f"  # {origins[key]}" if key in origins else ""))
 

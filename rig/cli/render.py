@@ -21,7 +21,7 @@ from rig.clock import shared_now
 from rig.data_format import mixed_note
 from rig.draining import why_closed
 from rig.durations import format_duration as duration
-from rig.memory import format_memory
+from rig.memory import format_memory, measured
 from rig.models import CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, clock
 from rig.text import clean
@@ -59,10 +59,9 @@ def _gib(value: int | None) -> str:
 
 def measured_memory(nbytes: int | float | None) -> str:
     """A measured memory figure (peak or mean, bytes per card) as `rig show` and `rig metrics`
-    both print it: "-" when nothing was measured: None, or 0 (no sample saw memory of the
-    job's processes; the record keeps 0 until one does, and an attempt stores it as None,
-    workers.outcomes), so "0 B" would claim a measurement there was not."""
-    return format_memory(nbytes) if nbytes else "-"
+    both print it: "-" when nothing was measured (rig.memory.measured), so "0 B" never claims
+    a measurement there was not."""
+    return format_memory(measured(nbytes))
 
 
 def ago(ts: float | None) -> str:
@@ -314,7 +313,7 @@ def render_status(report: StatusReport, console: Console) -> None:
         counts = "  ".join(f"{s.value.lower()}={n}" for s, n in report.counts.items() if n) or "none"
     archived = "" if report.archived is None else f"; archived (finished, out of Redis): {report.archived}"
     if report.archived is not None and report.archive:
-        archived += f" in {report.archive}"
+        archived += f" in {M(report.archive)}"  # a path of the operator's: may hold [ ]
     console.print(f"jobs: {counts}{archived}")
     for notice in report.notices:  # rig's Redis: full, or set up to lose rig's data
         console.print(M(f"warning: {notice}"), style="yellow")

@@ -29,6 +29,7 @@ from rig.client import StatusReport
 from rig.clock import shared_now
 from rig.draining import why_closed
 from rig.errors import RigError
+from rig.memory import measured
 from rig.models import CardState, Job, JobState, Priority
 from rig.nodes import clock
 from rig.redis_writes import short_notice
@@ -380,7 +381,7 @@ def _job_lines(jobs: list[Job], width: int, now: float) -> tuple[Text, list[Text
     for job in jobs:
         over = _over(job)
         elapsed = duration(now - job.started_at) if job.started_at else "-"
-        peak = _g(job.vram_peak) if job.vram_peak else "-"  # 0: nothing measured (render.measured_memory)
+        peak = "-" if (seen := measured(job.vram_peak)) is None else _g(seen)
         mem = Text(f"{_g(job.gpu_memory)}/")
         mem.append(peak, style="bold red" if over else "")
         state = job.state.value.lower() if job.state is not JobState.RUNNING else "running"

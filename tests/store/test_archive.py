@@ -308,3 +308,21 @@ def _columns():
     from rig.archive import COLUMNS
 
     return COLUMNS
+
+
+def test_a_mean_of_zero_is_no_measurement_in_usage_as_in_rig_metrics(ledger, archive, tmp_path, key_prefix):
+    """An attempt an older rig recorded with vram_mean 0 (no sample saw the job's memory):
+    rig metrics shows '-' (rig.memory.measured), and rig usage counted 0 GiB-h used, as if
+    measured, from Redis and from the archive alike."""
+    from rig.cli.render import measured_memory
+
+    job = finished(ledger, ended=NOW - 3 * DAY, mean=0)
+    assert measured_memory(job.attempts[0]["vram_mean"]) == "-"
+    assert accounting_of(job).used_byte_seconds is None
+    reader = history(ledger, tmp_path, key_prefix)
+    assert reader.usage()[1].used_gib_hours is None  # from Redis
+    mover(ledger, archive).run(NOW)
+    assert not in_redis(ledger, job.id)
+    assert reader.usage()[1].used_gib_hours is None  # from the archive's sums
+    finished(ledger, ended=NOW - 3 * DAY, mean=2 * GIB, run_s=1800.0)
+    assert reader.usage()[1].used_gib_hours == pytest.approx(1.0)  # a measured one counts

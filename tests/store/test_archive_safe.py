@@ -9,7 +9,15 @@ import os
 
 import pytest
 
-from rig.archive import Archive, ArchiveUnreachable, default_url, identity, same_archive
+from rig.archive import (
+    Archive,
+    ArchiveUnreachable,
+    default_url,
+    identity,
+    safe_url,
+    same_archive,
+    unmasked,
+)
 from rig.archive_cluster import check_at_up, claim, cluster_url, require_cluster
 from rig.config import load_settings
 from rig.errors import ConfigError
@@ -60,6 +68,55 @@ def test_the_cluster_check_takes_a_port_a_slash_or_a_password_as_the_same(ledger
         assert claim(r, keys, url, alone=False) is None
     with pytest.raises(ConfigError, match="this cluster archives finished jobs to"):
         require_cluster(r, keys, "postgresql://postgres@127.0.0.1/other")
+
+
+@pytest.mark.parametrize(("url", "shown", "connect"), [
+    ("postgresql://rig:pw@db/rig", "postgresql://rig:***@db/rig", "postgresql://rig@db/rig"),
+    # libpq reads a password given as a query option too: it was recorded in Redis as it was
+    ("postgresql://rig@db/rig?sslmode=require&password=pw&connect_timeout=3",
+     "postgresql://rig@db/rig?sslmode=require&password=***&connect_timeout=3",
+     "postgresql://rig@db/rig?sslmode=require&connect_timeout=3"),
+    ("postgresql://rig:pw@db/rig?password=pw", "postgresql://rig:***@db/rig?password=***", "postgresql://rig@db/rig"),
+    ("postgresql:///rig?host=/run/a:b@c", "postgresql:///rig?host=/run/a:b@c", "postgresql:///rig?host=/run/a:b@c"),
+    # a SQLite path is no password, whatever it holds
+    ("sqlite:////srv/a:b@c/archive.sqlite3", "sqlite:////srv/a:b@c/archive.sqlite3",
+     "sqlite:////srv/a:b@c/archive.sqlite3")])
+def test_safe_url_hides_every_password_and_only_passwords(url, shown, connect):
+    assert safe_url(url) == shown
+    assert unmasked(safe_url(url)) == connect
+    assert same_archive(safe_url(url), url)
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://rig:pa%zzss@127.0.0.1:5999/x",  # libpq: invalid percent-encoded token: "pa%zzss"
+    "postgresql://rig:pa ss@127.0.0.1:5999/x",  # libpq: unexpected spaces found in "pa ss"
+    "postgresql://rig@127.0.0.1:5999/x?password=pa%zzss"])
+def test_libpqs_words_about_a_url_never_carry_its_password(url, key_prefix):
+    """libpq quotes the part of a URL it cannot parse, the password included: rig printed it
+    (rig up, readers) and the archiving pass logged it and recorded it in Redis (archive:pass)."""
+    pytest.importorskip("psycopg")
+    with pytest.raises(ConfigError) as caught:
+        Archive(url, key_prefix)
+    assert "pa%zzss" not in str(caught.value) and "pa ss" not in str(caught.value)
+    assert '"***"' in str(caught.value)
+
+
+def test_a_password_an_older_rig_recorded_is_masked_by_the_next_rig_up(ledger):
+    r, keys = ledger.store.r, ledger.keys
+    url = "postgresql://rig@db/rig?sslmode=require&password=pw"
+    r.set(keys.archive_url, url)  # an older rig's safe_url left the option as given
+    assert claim(r, keys, url, alone=False) is None  # the same archive
+    assert cluster_url(r, keys) == "postgresql://rig@db/rig?sslmode=require&password=***"
+
+
+def test_a_sqlite_archive_under_a_folder_named_with_colon_and_at_is_the_clusters(ledger, tmp_path):
+    """A RIG_HOME such as /srv/a:b@c: the recorded archive was 'sqlite:////srv/a:***@c/...',
+    another file, and every pass skipped ('this cluster archives finished jobs to ...')."""
+    r, keys = ledger.store.r, ledger.keys
+    url = default_url(tmp_path / "a:b@c")
+    assert claim(r, keys, url, alone=True) is None
+    assert cluster_url(r, keys) == url
+    require_cluster(r, keys, url)  # no NotClusterArchive: this node archives
 
 
 def test_a_server_down_at_rig_up_is_a_warning_and_a_mistake_still_refuses(ledger, key_prefix, tmp_path):
@@ -501,6 +558,29 @@ def test_an_archive_that_cannot_be_opened_is_said_in_the_oss_words(ledger, key_p
     monkeypatch.setattr(os, "geteuid", lambda: os.stat(path).st_uid + 1)  # another user than the file's
     assert reader.list() == []  # Redis holds none: the one job is archived
     assert "[Errno 13] Permission denied; it is uid" in reader.unread and "jobs' environments" in reader.unread
+
+
+@pytest.mark.parametrize("put_there", ["folder", "text"])
+def test_something_else_in_the_archives_place_is_said_for_what_it_is(ledger, key_prefix, tmp_path, put_there):
+    """A folder or another file where the SQLite archive was: SQLite says "disk I/O error" or
+    "file is not a database", and readers and the pass advised fixing permissions."""
+    old = _archived_one(ledger, key_prefix, tmp_path)
+    path = tmp_path / "archive.sqlite3"
+    for part in tmp_path.glob("archive.sqlite3*"):
+        part.rename(tmp_path / f"aside-{part.name}")
+    if put_there == "folder":
+        path.mkdir()
+    else:
+        path.write_text("notes\n")
+    what = "a folder" if put_there == "folder" else "not a SQLite database"
+    reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path))
+    with pytest.raises(ArchiveUnread, match=f"archive {path} is {what}, not rig's archive: move it aside"):
+        reader.get(old.id)
+    assert reader.list() == [] and f"is {what}" in reader.unread and "permissions" not in reader.unread
+    reader.close()
+    with pytest.raises(ConfigError, match=f"is {what}, not rig's archive") as caught:
+        Archive(default_url(tmp_path), key_prefix)
+    assert "permissions" not in str(caught.value) and "writable" not in str(caught.value)
 
 
 def test_the_archiving_pass_on_a_file_it_may_not_write_logs_one_line_with_the_oss_reason(

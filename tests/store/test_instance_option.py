@@ -5,6 +5,7 @@ for, archived or live, and each refuses a malformed or unknown instance with the
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -62,6 +63,16 @@ def test_show_of_a_repeated_id_says_the_archive_holds_an_earlier_job_of_it(two_o
                                   f"{old.instance[:8]}`"), got.stderr
     asked = CliRunner().invoke(cli, ["show", str(old.id), "--instance", new.instance[:6]])
     assert asked.exit_code == 0 and "note:" not in asked.stderr  # the one asked for by its instance
+
+
+def test_the_note_stays_once_the_later_job_of_the_id_is_archived_too(two_of_one_id, real_redis, cli_env):
+    """A week on, the new job of the id is archived as well: the note was looked up as the
+    archive's newest job of the id, which was then the very job shown, and said nothing."""
+    old, new = two_of_one_id
+    assert _archive_all(real_redis, cli_env) == 1
+    got = CliRunner().invoke(cli, ["show", str(old.id)])
+    assert got.exit_code == 0 and re.search(r"^name +after\b", got.stdout, re.M), got.output
+    assert f"note: the archive also holds an earlier job {old.id} ('before'" in got.stderr, got.stderr
 
 
 def test_an_unknown_or_malformed_instance_is_refused_alike_by_show_log_and_metrics(two_of_one_id):

@@ -625,3 +625,13 @@ def test_top_gives_unworded_waiting_jobs_their_place_in_the_queue() -> None:
     lines = _screen(160, lambda c: c.print(build_view(report, 0, 160, 40, NOW, waiting=waiting, said=said)), 40)
     text = " ".join(" ".join(lines).split())
     assert "queued: first in line" in text and "queued: 7 job(s) ahead of it" in text
+
+
+@pytest.mark.parametrize("home", ["/srv/rig[/x]", "/srv/exp[red]"])
+def test_status_shows_the_archive_path_as_it_is(home) -> None:
+    """A path of the operator's is text, not rich markup: '[/x]' was a MarkupError traceback
+    out of rig status, '[red]' silently dropped from the path shown."""
+    report = _cluster()
+    report.archived, report.archive = 4, f"sqlite:///{home}/archive.sqlite3"
+    lines = [line for line in _screen(200, lambda c: render_status(report, c)) if line.startswith("jobs: ")]
+    assert lines[0].endswith(f"; archived (finished, out of Redis): 4 in sqlite:///{home}/archive.sqlite3")

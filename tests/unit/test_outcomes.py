@@ -156,3 +156,17 @@ def test_rigs_own_fault_spends_no_retry_but_only_up_to_a_bound(tmp_path):
     many = job(tmp_path, attempt=FREE_RETRIES_MAX + 1, max_retries=0)
     many.attempts = [{"attempt": n, "outcome": "infrastructure"} for n in range(1, FREE_RETRIES_MAX + 1)]
     assert decide(many, rig_fault, 80 * GIB).state is JobState.FAILED
+
+
+def test_an_attempt_whose_samples_never_saw_memory_records_no_measurement(tmp_path):
+    """Samples taken but none saw the job's processes on its card (vram_sum 0): the attempt
+    records None for its peak and its mean alike (rig.memory.measured), as rig metrics shows
+    '-'; its mean was recorded as 0, which rig usage counted as 0 GiB-h used."""
+    quiet = job(tmp_path)
+    quiet.vram_samples, quiet.util_samples = 4, 4
+    record = decide(quiet, AttemptEnd(exit_code=0), 80 * GIB).fields["attempts"][-1]
+    assert (record["vram_peak"], record["vram_mean"]) == (None, None)
+    seen = job(tmp_path)
+    seen.vram_samples, seen.vram_sum, seen.vram_peak = 2, 6 * GIB, 4 * GIB
+    record = decide(seen, AttemptEnd(exit_code=0), 80 * GIB).fields["attempts"][-1]
+    assert (record["vram_peak"], record["vram_mean"]) == (4 * GIB, 3 * GIB)

@@ -286,6 +286,11 @@ def test_rig_config_masks_the_password(clean_env, monkeypatch):
     assert result.exit_code == 0
     assert "env-secret-456" not in result.output and "url-secret-789" not in result.output
     assert "redis://10.1.2.3:6379/0 (password from the URL" in result.output
+    monkeypatch.setenv("RIG_ARCHIVE_URL", "postgresql://rig:pg-secret-1@db/rig?password=pg-secret-2")
+    result = CliRunner().invoke(cli, ["config"])
+    assert result.exit_code == 0, result.output
+    assert "pg-secret" not in result.output
+    assert "archive_url = 'postgresql://rig:***@db/rig?password=***'" in result.output
 
 
 def test_rig_init_writes_no_password(clean_env):
