@@ -93,6 +93,25 @@ def check_setting_seconds(value: float) -> float:
 Seconds = Annotated[float, AfterValidator(check_setting_seconds)]
 
 
+def _period_at_least(least: float) -> AfterValidator:
+    """A period's floor (s): beat sends one task to the control queue per period (and the card
+    workers read their cards per telemetry period), so a period far below what a pass takes
+    queues tasks that expire before they run (archive_interval=0.01: 373 in 15 s) and starves
+    the rest of the queue. ``gt=0`` alone let that through."""
+    def check(value: float) -> float:
+        if value < least:
+            raise ValueError(f"give at least {least:g} s: rig does this work once a period, and a "
+                             "shorter period queues more of it than can run")
+        return value
+    return AfterValidator(check)
+
+
+#: Periods of rig's own periodic work, with their floors (s).
+CheckPeriod = Annotated[Seconds, _period_at_least(0.2)]
+ReadingPeriod = Annotated[Seconds, _period_at_least(0.1)]
+PassPeriod = Annotated[Seconds, _period_at_least(1.0)]
+
+
 def default_home() -> Path:
     return Path(os.environ.get("RIG_HOME", Path.home() / ".rig")).expanduser()
 
@@ -104,7 +123,7 @@ class HealthSettings(BaseModel):
     # A misspelt key is refused, never ignored; inf and NaN are no durations.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    check_interval: Seconds = Field(5.0, gt=0, description="seconds between health checks")
+    check_interval: CheckPeriod = Field(5.0, description="seconds between health checks")
     timeout: Seconds = Field(30.0, gt=0, description="a worker silent this long is dead (s)")
     max_temperature: int = Field(90, description="a card hotter than this (C) takes no new jobs")
     assigned_timeout: Seconds = Field(
@@ -353,8 +372,8 @@ class Settings(BaseSettings):
         7.0, gt=0, description="finished jobs that ended this long ago move from Redis to the archive")
     archive_keep_finished: int = Field(
         10_000, ge=0, description="at most this many finished jobs stay in Redis; the oldest move first (0: no limit)")
-    archive_interval: Seconds = Field(60.0, gt=0, description="seconds between two archiving passes")
-    telemetry_interval: Seconds = Field(2.0, gt=0, description="seconds between card readings")
+    archive_interval: PassPeriod = Field(60.0, description="seconds between two archiving passes")
+    telemetry_interval: ReadingPeriod = Field(2.0, description="seconds between card readings")
     max_clock_skew: Seconds = Field(
         2.0, gt=0, description="a node whose clock is off Redis' by more than this (s) is reported"
     )
@@ -363,7 +382,7 @@ class Settings(BaseSettings):
     metrics_address: str = Field("127.0.0.1", description="Prometheus endpoint address")
     metrics_port: int = Field(9840, ge=0, le=65535, description="Prometheus endpoint port (0: don't serve)")
     alert_webhook: str | None = Field(None, description="alerts are POSTed here as JSON")
-    alert_interval: Seconds = Field(30.0, gt=0, description="seconds between alert checks")
+    alert_interval: PassPeriod = Field(30.0, description="seconds between alert checks")
     alerts: AlertSettings = Field(default_factory=AlertSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     templates: dict[str, Template] = Field(default_factory=lambda: dict(DEFAULT_TEMPLATES))

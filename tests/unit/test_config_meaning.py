@@ -211,6 +211,11 @@ def test_a_bad_redis_url_never_shows_its_password():
     ("RIG_VRAM_RESERVE_FRACTION", "1", "RIG_VRAM_RESERVE_FRACTION: Input should be less than 1"),
     ("RIG_HEALTH__TIMEOUT", "inf", "RIG_HEALTH__TIMEOUT: Input should be a finite number"),
     ("RIG_TELEMETRY_INTERVAL", "nan", "RIG_TELEMETRY_INTERVAL: "),
+    # a period of 0.01 s was taken: beat queued 373 archiving passes in 15 s that expired unrun
+    ("RIG_ARCHIVE_INTERVAL", "0.01", "RIG_ARCHIVE_INTERVAL: give at least 1 s: rig does this work once a period"),
+    ("RIG_ALERT_INTERVAL", "0.5", "RIG_ALERT_INTERVAL: give at least 1 s"),
+    ("RIG_HEALTH__CHECK_INTERVAL", "0.01", "RIG_HEALTH__CHECK_INTERVAL: give at least 0.2 s"),
+    ("RIG_TELEMETRY_INTERVAL", "0.001", "RIG_TELEMETRY_INTERVAL: give at least 0.1 s"),
     ("RIG_ADMINS", "[x", "RIG_ADMINS: write user names like alice,bob"),
     ("RIG_HOME", "", "RIG_HOME: empty"),
     # relative: `rig down` from another folder said "rig is not up" of the rig it had started
@@ -239,7 +244,7 @@ def test_metrics_port_zero_turns_it_off():
 
 def test_a_bad_value_in_the_file_names_the_file_and_key(tmp_path):
     path = write(tmp_path, "[health]\ncheck_interval = -1\n")
-    refused(f"{path}: [health] check_interval: Input should be greater than 0 (got -1); correct it in {path}, "
+    refused(f"{path}: [health] check_interval: give at least 0.2 s: rig does this work once a period, and a shorter period queues more of it than can run (got -1); correct it in {path}, "
             "or delete the line to use the default 5.0")
 
 
