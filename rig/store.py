@@ -385,11 +385,6 @@ class JobStore:
             chunk *= 8
         return earliest
 
-    def oldest_pending(self, priority: Priority) -> int | None:
-        low = priority.rank * PRIORITY_BAND
-        ids = self.r.zrangebyscore(self.keys.pending, low, low + PRIORITY_BAND - 1, start=0, num=1)
-        return int(ids[0]) if ids else None
-
 
 def _s(value: Any) -> str:
     return value.decode(errors="surrogateescape") if isinstance(value, bytes) else str(value)
