@@ -55,8 +55,9 @@ Gauges:
                                              on a card at its job cap) that sits on cards with
                                              less free than the smallest waiting
                                              job's per-card request (0 when nothing waits, or
-                                             when all the free memory is less than that request:
-                                             full, not fragmented)
+                                             when no repacking of the running jobs could make
+                                             room for that request: full, not fragmented;
+                                             rig.alerts.fragmentation)
 ``rig_dispatch_latency_seconds{q}``          p50 and p95 of ``started_at - created_at`` over the
                                              last 200 jobs that started (a window, read at each
                                              scrape: for a graph over time use the histogram)
@@ -241,8 +242,9 @@ class RigCollector(Collector):
         yield GaugeMetricFamily(
             "rig_fragmentation_ratio",
             "Share of free memory on eligible cards in blocks smaller than the smallest "
-            "waiting request (0 when all of it is less than that request: full)",
-            value=fragmentation(cards, waiting))
+            "waiting request, where moving running jobs could make room for it (0 where no "
+            "repacking could: full, not fragmented)",
+            value=fragmentation(cards, waiting, client.ledger.holdings_of(cards)))
 
         waits = self._latencies()
         fam = GaugeMetricFamily(
