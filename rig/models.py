@@ -108,7 +108,9 @@ def waiting_since(created_at: float, queued_at: float | None) -> float:
     else its submission (``created_at``). THE rule every "waited" reads (rig status and top, the
     web page, rig_oldest_wait_seconds, the idle_cards alert): a job that ran 14 s, was lost and
     went back has waited since then, not since it was submitted. A ``queued_at`` before
-    ``created_at`` (a clock gone back) counts from ``created_at``."""
+    ``created_at`` (a clock gone back) counts from ``created_at``. Its place in the queue, its
+    aging and its hold time still count from submission (the dispatcher: a requeued job keeps
+    its place)."""
     return max(created_at, queued_at) if queued_at else created_at
 
 
