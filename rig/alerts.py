@@ -7,7 +7,8 @@ Three parts:
   the first-seen times the "reserved but idle" condition needs (``<prefix>alerts:since``).
 * :class:`AlertManager` remembers which conditions are active (``<prefix>alerts:active``, a
   hash key -> JSON) so that a condition is announced once when it starts and once ("resolved")
-  when it clears, however many times the beat task evaluates it in between. The hash is
+  when it clears, however many times the check evaluates it in between (the leading
+  dispatcher's control worker checks, by its node's settings: workers.alert_check). The hash is
   claimed with HSETNX / HDEL, so two overlapping runs never both announce the same change.
 * :func:`deliver` logs each alert and POSTs one Slack-compatible JSON body to a webhook;
   failures are logged, never raised.
@@ -87,7 +88,8 @@ SEVERITY_CRITICAL = "critical"
 # -- data -------------------------------------------------------------------------------------
 @dataclass
 class AlertRules:
-    """Alert thresholds; the beat task builds them from Settings.alerts ([alerts] in the config)."""
+    """Alert thresholds; workers.alert_check builds them from Settings.alerts ([alerts] in the
+    config) of the leading dispatcher's node."""
 
     max_queue: int = 50  # waiting jobs per priority
     max_temperature: int = 85  # Celsius
@@ -416,7 +418,8 @@ def resolved_line(client: Client, rules: AlertRules, key: str, now: float) -> st
     if kind == "log_space":
         return f"node {subject} can write job logs again"
     if kind == "idle_cards":
-        return f"no idle card while a job that fits it has waited over {_minutes(rules.idle_wait_seconds)}"
+        return (f"no idle card (but those held for a waiting job) while a job that fits it has waited over "
+                f"{_minutes(rules.idle_wait_seconds)}")
     return None
 
 
@@ -484,7 +487,7 @@ class AlertManager:
     """Turns each evaluation into announcements: a condition fires once when it starts and
     sends one "resolved" when it clears. State lives in ``<prefix>alerts:active``.
 
-    The beat task calls :meth:`run` every minute or so::
+    workers.alert_check calls :meth:`run` every ``alert_interval`` s while its dispatcher leads::
 
         AlertManager(client, AlertRules(), webhook_url=url, logger=log).run()
     """
