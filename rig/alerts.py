@@ -438,13 +438,16 @@ def _idle_cards(cards: list[CardState], waiting: list[WaitingJob], rules: AlertR
     idle = [c for c in cards if c.jobs == 0 and open_free(c) > 0]
     if not idle:
         return []
-    held_for = {card: job.id for job in waiting for card in job.held_cards}
+    held_for: dict[str, set[int]] = {}  # card id -> the waiting jobs it is held for
+    for holder in waiting:
+        for card_id in holder.held_cards:
+            held_for.setdefault(card_id, set()).add(holder.id)
     for job in waiting:
         waited = now - job.since
         if waited <= rules.idle_wait_seconds:
             continue
         fitting = [c for c in idle if open_free(c) >= job.gpu_memory and pools.contains(job.pool, c.node, c.index)
-                   and held_for.get(c.id, job.id) == job.id]
+                   and held_for.get(c.id, set()) <= {job.id}]
         by_node: dict[str, list[CardState]] = {}
         for card in fitting:
             by_node.setdefault(card.node, []).append(card)

@@ -601,9 +601,10 @@ def test_cards_held_for_a_waiting_job_are_not_idle_cards(client: Client):
     client.store.update(big.id, held_cards="n1/0")  # its hold moved off card 1
     alerts = {a.key: a for a in evaluate(client, rules)}
     assert "n1/1" in alerts["idle_cards"].message and f"job {small.id}" in alerts["idle_cards"].message
-    client.store.update(big.id, held_cards="n1/1")
-    client.store.update(small.id, held_at=time.time() - 10, held_cards="n1/1")  # held for itself too
+    client.store.update(small.id, held_at=time.time() - 10, held_cards="n1/1")  # held for itself
     assert f"job {small.id}" in {a.key: a for a in evaluate(client, rules)}["idle_cards"].message
+    client.store.update(big.id, held_cards="n1/1")  # and for the big job too
+    assert "idle_cards" not in keys_of(evaluate(client, rules))
 
 
 def test_a_requeued_job_has_waited_since_it_went_back(client: Client):
