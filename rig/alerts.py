@@ -7,7 +7,8 @@ Three parts:
   the first-seen times the "reserved but idle" condition needs (``<prefix>alerts:since``).
 * :class:`AlertManager` remembers which conditions are active (``<prefix>alerts:active``, a
   hash key -> JSON) so that a condition is announced once when it starts and once ("resolved")
-  when it clears, however many times the beat task evaluates it in between. The hash is
+  when it clears, however many times the check evaluates it in between (the leading
+  dispatcher's control worker checks, by its node's settings: workers.alert_check). The hash is
   claimed with HSETNX / HDEL, so two overlapping runs never both announce the same change.
 * :func:`deliver` logs each alert and POSTs one Slack-compatible JSON body to a webhook;
   failures are logged, never raised.
@@ -24,10 +25,16 @@ Conditions (thresholds in :class:`AlertRules`):
                               FAILED or timed out.
 ``idle_cards``                an eligible card runs no job while a job that would fit it by
                               memory (and by its pool, if it names one) has waited longer
-                              than ``idle_wait_seconds``.
+                              than ``idle_wait_seconds`` (since it last entered the queue:
+                              rig.models.waiting_since). A card the dispatcher holds for
+                              another waiting job (that job's ``held_cards``, its own record of
+                              the hold) is kept idle on purpose and does not count.
 ``reserved_idle:<card>``      a card has memory reserved but reads 0 % utilisation, continuously
                               for longer than ``reserved_idle_seconds``.
-``fragmentation``             :func:`fragmentation` is above ``max_fragmentation``.
+``fragmentation``             :func:`fragmentation` is above ``max_fragmentation``: free memory
+                              in blocks too small for every waiting job, where moving running
+                              jobs could have made room (0 where none could: full, not
+                              fragmented).
 ``log_space:<node>``          a node cannot write its jobs' logs (rig.logspace): it takes no
                               new jobs until it can (critical).
 """
@@ -39,12 +46,13 @@ import logging
 import math
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from rig.clock import shared_now
 from rig.memory import format_memory
-from rig.models import CardState, JobState, Priority
+from rig.models import CardState, JobState, Priority, waiting_since
 from rig.nodes import NodeInfo, NodeRegistry
 from rig.placement import room_for_one
 from rig.pools import Pools, cluster_pools
@@ -80,7 +88,8 @@ SEVERITY_CRITICAL = "critical"
 # -- data -------------------------------------------------------------------------------------
 @dataclass
 class AlertRules:
-    """Alert thresholds; the beat task builds them from Settings.alerts ([alerts] in the config)."""
+    """Alert thresholds; workers.alert_check builds them from Settings.alerts ([alerts] in the
+    config) of the leading dispatcher's node."""
 
     max_queue: int = 50  # waiting jobs per priority
     max_temperature: int = 85  # Celsius
@@ -115,6 +124,11 @@ class WaitingJob:
     gpus: int
     created_at: float
     pool: str | None = None  # only the cards of this pool may take it (rig.pools)
+    #: When it last entered the queue (epoch s; rig.models.waiting_since): what "waited" counts from.
+    since: float = 0.0
+    #: The cards the dispatcher holds for it (card ids; its record's ``held_cards`` while it
+    #: holds, ``held_at`` set): no other job is started there, so they are not idle by chance.
+    held_cards: tuple[str, ...] = ()
 
 
 @dataclass
@@ -135,15 +149,19 @@ def waiting_jobs(client: Client, limit: int = PENDING_SCAN) -> list[WaitingJob]:
         return []
     pipe = client.r.pipeline(transaction=False)
     for jid in ids:
-        pipe.hmget(client.keys.job(jid), "priority", "gpu_memory", "gpus", "created_at", "pool")
+        pipe.hmget(client.keys.job(jid), "priority", "gpu_memory", "gpus", "created_at", "pool",
+                   "queued_at", "held_at", "held_cards")
     out = []
-    for jid, (prio, mem, gpus, created, pool) in zip(ids, pipe.execute(), strict=True):
+    for jid, (prio, mem, gpus, created, pool, queued, held_at, held) in zip(ids, pipe.execute(), strict=True):
         if mem is None:
             continue  # the record vanished under us
+        created_at = float(created) if created else 0.0
         out.append(WaitingJob(
             id=jid, priority=Priority(_s(prio)) if prio else Priority.MEDIUM,
             gpu_memory=int(float(mem)), gpus=int(gpus or 1),
-            created_at=float(created) if created else 0.0, pool=_s(pool) if pool else None,
+            created_at=created_at, pool=_s(pool) if pool else None,
+            since=waiting_since(created_at, _f(queued)),
+            held_cards=tuple(_s(held).split(",")) if held and _f(held_at) else (),
         ))
     return out
 
@@ -184,21 +202,67 @@ def open_free(card: CardState) -> int:
     return room_for_one(card) or 0
 
 
-def fragmentation(cards: list[CardState], waiting: list[WaitingJob]) -> float:
+def fragmentation(cards: list[CardState], waiting: list[WaitingJob],
+                  holdings: Mapping[str, Mapping[int, int]]) -> float:
     """Share (0..1) of the free memory new jobs could be given (:func:`open_free`: not on a card
     at its job cap) that sits on cards whose free block is smaller than the smallest waiting
-    job's per-card request: memory no waiting job can use.
-    0 when nothing waits, nothing is free, or all the free memory together is less than that
-    request: the cards are full, not fragmented (no packing could have made room for it, and a
-    busy server with a queue read "fragmentation 100%: 24.0 GiB of 24.0 GiB ... (70.0 GiB)")."""
+    job's per-card request, when repacking could have made room for that request: memory lost
+    to how the jobs are spread, not to how many there are.
+
+    0 when nothing waits or nothing is free, and when no repacking could make room for the
+    smallest request (:func:`repacking_makes_room`: a card that has, or could be given by moving
+    running single-card jobs onto other cards, a free block of that size): then the cards are
+    full for it, not fragmented (a busy server with a queue read "fragmentation 100%: 98.0 GiB
+    of 98.0 GiB ... (70.0 GiB)" with the free memory in 6-36 GiB pieces beside jobs of 40 GiB
+    and more, none of which could move to make a 70 GiB block). ``holdings``: card id -> (job
+    id -> bytes reserved there), rig.ledger.Ledger.holdings_of."""
     if not waiting:
         return 0.0
     smallest = min(job.gpu_memory for job in waiting)
     free = [open_free(card) for card in cards]
     total = sum(free)
-    if total <= 0 or total < smallest:
+    if total <= 0 or not repacking_makes_room(cards, holdings, smallest):
         return 0.0
     return sum(block for block in free if block < smallest) / total
+
+
+def repacking_makes_room(cards: list[CardState], holdings: Mapping[str, Mapping[int, int]],
+                         nbytes: int) -> bool:
+    """Could some card take a job of ``nbytes`` (per card) now, or once running single-card jobs
+    on it moved to other cards that would take them (CardState.refusal, the one rule, for both
+    the moves and the request)? A first try, not an optimal packing: it moves the card's
+    smallest jobs first, each to the other card with the least room that takes it, so it may
+    miss a cleverer repacking but never claims one that cannot be done. A job on several cards
+    is not moved (its cards go together)."""
+    if any(card.refusal(nbytes) is None for card in cards):
+        return True
+    spread: dict[int, int] = {}
+    for held in holdings.values():
+        for job in held:
+            spread[job] = spread.get(job, 0) + 1
+    # Only a card that takes a job now can take a moved one (a card at its cap, closed or
+    # unhealthy cannot): the others are never looked at as takers (512 full cards: 0.19 s -> ms).
+    takes = {c.id: c for c in cards if c.refusal(0) is None}
+    room = sum(open_free(c) for c in takes.values())
+    for card in cards:
+        if replace(card, reserved=0, jobs=0).refusal(nbytes) is not None:
+            continue  # even emptied it could not take the request (too small, closed, unhealthy)
+        if room - open_free(card) < nbytes - (card.usable - card.reserved - card.foreign):
+            continue  # the other cards have less room in all than it would have to give away
+        others = {i: c for i, c in takes.items() if i != card.id}
+        moved, count = 0, 0
+        for job, size in sorted(holdings.get(card.id, {}).items(), key=lambda item: (item[1], item[0])):
+            if spread.get(job, 1) > 1:
+                continue
+            takers = [c for c in others.values() if c.refusal(size) is None]
+            if not takers:
+                continue
+            taker = min(takers, key=lambda c: (room_for_one(c) or 0, c.id))
+            others[taker.id] = replace(taker, reserved=taker.reserved + size, jobs=taker.jobs + 1)
+            moved, count = moved + size, count + 1
+            if replace(card, reserved=card.reserved - moved, jobs=card.jobs - count).refusal(nbytes) is None:
+                return True
+    return False
 
 
 # -- evaluation --------------------------------------------------------------------------------
@@ -248,7 +312,7 @@ def evaluate(client: Client, rules: AlertRules | None = None,
     alerts.extend(_idle_cards(read, waiting, rules, now, cluster_pools(nodes).pools))  # a stopped node's take none
     alerts.extend(_reserved_idle(client, read, rules, now))
 
-    frag = fragmentation(cards, waiting)
+    frag = fragmentation(cards, waiting, client.ledger.holdings_of(cards))
     if frag > rules.max_fragmentation:
         smallest = min(job.gpu_memory for job in waiting)
         free = sum(open_free(c) for c in cards)
@@ -354,27 +418,36 @@ def resolved_line(client: Client, rules: AlertRules, key: str, now: float) -> st
                 f"({failed} of {n_ended} ended; limit {rules.max_failure_rate:.0%}, counted from "
                 f"{max(1, rules.min_ended)} ended)")
     if kind == "fragmentation":
-        frag = fragmentation(client.ledger.cards(), waiting_jobs(client))
+        cards = client.ledger.cards()
+        frag = fragmentation(cards, waiting_jobs(client), client.ledger.holdings_of(cards))
         return f"fragmentation {frag:.0%} now (limit {rules.max_fragmentation:.0%})"
     if kind == "log_space":
         return f"node {subject} can write job logs again"
     if kind == "idle_cards":
-        return f"no idle card while a job that fits it has waited over {_minutes(rules.idle_wait_seconds)}"
+        return (f"no idle card (but those held for a waiting job) while a job that fits it has waited over "
+                f"{_minutes(rules.idle_wait_seconds)}")
     return None
 
 
 def _idle_cards(cards: list[CardState], waiting: list[WaitingJob], rules: AlertRules,
                 now: float, pools: Pools) -> list[Alert]:
-    """The first waiting job (in run order) that has waited too long while idle cards it may
-    use (its pool's, when it names one: the cluster's pools, rig.pools) would take it."""
+    """The first waiting job (in run order) that has waited too long (since it last entered the
+    queue) while idle cards it may use (its pool's, when it names one: the cluster's pools,
+    rig.pools) would take it. A card the dispatcher holds for another waiting job is not idle
+    by chance: the dispatcher keeps it for that job (its ``held_cards``), so it is left out."""
     idle = [c for c in cards if c.jobs == 0 and open_free(c) > 0]
     if not idle:
         return []
+    held_for: dict[str, set[int]] = {}  # card id -> the waiting jobs it is held for
+    for holder in waiting:
+        for card_id in holder.held_cards:
+            held_for.setdefault(card_id, set()).add(holder.id)
     for job in waiting:
-        waited = now - job.created_at
+        waited = now - job.since
         if waited <= rules.idle_wait_seconds:
             continue
-        fitting = [c for c in idle if open_free(c) >= job.gpu_memory and pools.contains(job.pool, c.node, c.index)]
+        fitting = [c for c in idle if open_free(c) >= job.gpu_memory and pools.contains(job.pool, c.node, c.index)
+                   and held_for.get(c.id, set()) <= {job.id}]
         by_node: dict[str, list[CardState]] = {}
         for card in fitting:
             by_node.setdefault(card.node, []).append(card)
@@ -423,7 +496,7 @@ class AlertManager:
     """Turns each evaluation into announcements: a condition fires once when it starts and
     sends one "resolved" when it clears. State lives in ``<prefix>alerts:active``.
 
-    The beat task calls :meth:`run` every minute or so::
+    workers.alert_check calls :meth:`run` every ``alert_interval`` s while its dispatcher leads::
 
         AlertManager(client, AlertRules(), webhook_url=url, logger=log).run()
     """

@@ -44,7 +44,7 @@ from rig.hashes import read_fields
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import format_memory, parse_memory
-from rig.models import CardState, Job, JobState, Priority
+from rig.models import CardState, Job, JobState, Priority, waiting_since
 from rig.nodes import NodeInfo, NodeRegistry, worker_node
 from rig.placement import Request, never_fits
 from rig.pools import ClusterPools, Pools, cluster_pools
@@ -657,9 +657,8 @@ class Client:
                 pending = self.store.pending_counts()
                 oldest: dict[Priority, float | None] = {}
                 for prio in Priority:
-                    jid = self.store.oldest_pending(prio)
-                    created = self.r.hget(self.keys.job(jid), "created_at") if jid else None
-                    oldest[prio] = now - float(created) if created else None
+                    since = self.store.waiting_since_earliest(prio)
+                    oldest[prio] = max(0.0, now - since) if since is not None else None
             else:
                 pending, oldest = self._pool_queue(pool, now)
             node_names = {c.node for c in cards}
@@ -707,14 +706,14 @@ class Client:
         counts = {p: 0 for p in Priority}
         oldest: dict[Priority, float | None] = {p: None for p in Priority}
         # One script call per 2,000 jobs (rig.hashes), not one pipelined command each.
-        for job_pool, prio, created in read_fields(self.r, [self.keys.job(jid) for jid in ids],
-                                                   ("pool", "priority", "created_at")):
+        for job_pool, prio, created, queued in read_fields(self.r, [self.keys.job(jid) for jid in ids],
+                                                           ("pool", "priority", "created_at", "queued_at")):
             if job_pool != pool or prio not in {p.value for p in Priority}:
                 continue
             p = Priority(prio)
             counts[p] += 1
             try:
-                waited = now - float(created)
+                waited = now - waiting_since(float(created), float(queued) if queued else None)
             except (TypeError, ValueError):
                 continue
             oldest[p] = max(oldest[p] or 0.0, waited)

@@ -36,7 +36,8 @@ Gauges:
                                              rig_jobs_ended_total)
 ``rig_jobs_by_priority{state,priority}``     live jobs only: PENDING, ASSIGNED, RUNNING
 ``rig_waiting_jobs{priority}``               the pending queue per priority
-``rig_oldest_wait_seconds{priority}``        age of the oldest waiting job (0 when none waits)
+``rig_oldest_wait_seconds{priority}``        the longest wait of a waiting job, since it last entered the queue
+                                            (rig.models.waiting_since; 0 when none waits)
 ``rig_user_running_jobs{user}``              RUNNING jobs per user
 ``rig_user_reserved_bytes{user}``            card memory held by the user's ASSIGNED and RUNNING
                                              jobs (declaration x cards)
@@ -54,8 +55,9 @@ Gauges:
                                              on a card at its job cap) that sits on cards with
                                              less free than the smallest waiting
                                              job's per-card request (0 when nothing waits, or
-                                             when all the free memory is less than that request:
-                                             full, not fragmented)
+                                             when no repacking of the running jobs could make
+                                             room for that request: full, not fragmented;
+                                             rig.alerts.fragmentation)
 ``rig_dispatch_latency_seconds{q}``          p50 and p95 of ``started_at - created_at`` over the
                                              last 200 jobs that started (a window, read at each
                                              scrape: for a graph over time use the histogram)
@@ -194,15 +196,11 @@ class RigCollector(Collector):
         yield from self._user_families(live)
 
         fam = GaugeMetricFamily("rig_oldest_wait_seconds",
-                                "Age of the oldest waiting job per priority (0 when none waits)",
+                                "Longest wait of a waiting job per priority, since it last entered the queue (0 when none waits)",
                                 labels=["priority"])
-        pipe = r.pipeline(transaction=False)
-        oldest_ids = [store.oldest_pending(prio) for prio in Priority]
-        for jid in oldest_ids:
-            pipe.hget(keys.job(jid or 0), "created_at")
-        for prio, jid, created in zip(Priority, oldest_ids, pipe.execute(), strict=True):
-            wait = max(0.0, now - float(created)) if jid and created else 0.0
-            fam.add_metric([prio.value], wait)
+        for prio in Priority:
+            since = store.waiting_since_earliest(prio)  # since it last entered the queue
+            fam.add_metric([prio.value], max(0.0, now - since) if since is not None else 0.0)
         yield fam
 
         cards = client.ledger.cards()
@@ -244,8 +242,9 @@ class RigCollector(Collector):
         yield GaugeMetricFamily(
             "rig_fragmentation_ratio",
             "Share of free memory on eligible cards in blocks smaller than the smallest "
-            "waiting request (0 when all of it is less than that request: full)",
-            value=fragmentation(cards, waiting))
+            "waiting request, where moving running jobs could make room for it (0 where no "
+            "repacking could: full, not fragmented)",
+            value=fragmentation(cards, waiting, client.ledger.holdings_of(cards)))
 
         waits = self._latencies()
         fam = GaugeMetricFamily(

@@ -103,6 +103,17 @@ REQUEUE_CLEARS = ("node", "cards", "assigned_at", "held_at", "held_cards", "pid"
                   "cancel_requested", "started_at", "ended_at", "exit_code")
 
 
+def waiting_since(created_at: float, queued_at: float | None) -> float:
+    """When a waiting job last entered the queue (epoch s): its last requeue (``queued_at``),
+    else its submission (``created_at``). THE rule every "waited" reads (rig status and top, the
+    web page, rig_oldest_wait_seconds, the idle_cards alert): a job that ran 14 s, was lost and
+    went back has waited since then, not since it was submitted. A ``queued_at`` before
+    ``created_at`` (a clock gone back) counts from ``created_at``. Its place in the queue, its
+    aging and its hold time still count from submission (the dispatcher: a requeued job keeps
+    its place)."""
+    return max(created_at, queued_at) if queued_at else created_at
+
+
 def pending_score(priority: Priority, job_id: int) -> int:
     return priority.rank * PRIORITY_BAND + job_id
 
@@ -178,6 +189,10 @@ class Job:
     #: When it first held cards for itself (the dispatcher's mark); jobs may backfill in front of
     #: it on estimated ends only until backfill_estimate_delay_seconds after this.
     held_at: float | None = None
+    #: When it last went back to the queue (epoch s on the shared clock: a requeue or `rig retry`,
+    #: stamped by rig/lua/transition.lua); None while it never went back, and in records from
+    #: before the field (older rigs ignore it). What "waited" counts from: :func:`waiting_since`.
+    queued_at: float | None = None
     #: A random identity unique to this job (new_job_instance), set when it is stored. Job ids
     #: restart at 1 when Redis loses its data and two key prefixes may share one log_dir: the
     #: job's folder on disk and its processes' environment carry this, never the id alone.
@@ -372,6 +387,7 @@ _JOB_CHECKS: dict[str, Callable[[Any], Any]] = {
     "pool": lambda t: R.as_text(t, 63),
     "expected_seconds": lambda t: R.as_float(t, 0.0, R.MAX_TIME_LIMIT, "a duration in seconds"),
     "held_at": lambda t: R.as_float(t, 0.0, R.MAX_TIMESTAMP, "a time in epoch seconds"),
+    "queued_at": lambda t: R.as_float(t, *_TIME),
     "cautious_seconds": lambda t: R.as_float(t, 0.0, R.MAX_TIME_LIMIT, "a duration in seconds"),
     "expected_source": lambda t: R.as_word(t, 16),
     "instance": lambda t: R.as_job_instance(t),

@@ -9,8 +9,8 @@ settings of its own node: the strategy (``scheduler_type``), the order (``queue_
 by its own ``admins``. Nodes configured differently place, order, limit and let kill by other
 rules as the lead moves from one to another (a node stopped, a control worker restarted),
 without a word: a user over a limit on node a runs unlimited once node b leads. The alert
-check (:data:`ALERT_SETTINGS`) runs on any node's control worker, by that node's thresholds and
-webhook: recorded as a digest, since the webhook's URL is its secret.
+check (:data:`ALERT_SETTINGS`) runs beside the leading dispatcher too (workers.alert_check), by
+that node's thresholds and webhook: recorded as a digest, since the webhook's URL is its secret.
 
 Each node's ``rig up`` records these settings in its node record (field ``policy``,
 :data:`NODE_FIELD`, JSON; rig.registration), and warns in one line (:func:`differences`) when
@@ -38,10 +38,12 @@ NODE_FIELD = "policy"
 JOB_SETTINGS = ("scheduler_type", "queue_order", "fair_share", "fair_share_half_life_hours", "aging_seconds",
                 "hold_after_seconds", "backfill_estimate_delay_seconds", "max_jobs_per_user",
                 "max_gpu_memory_per_user", "user_limits", "admins")
-#: The alert check's settings: beat sends it to every node's control workers and whichever takes
-#: it judges by its own thresholds and posts to its own webhook (workers.app.check_alerts), once
-#: per change cluster-wide (rig.alerts.AlertManager). Two nodes apart: a condition flaps firing /
-#: resolved with the node that checks, and one a node without the webhook finds is never posted.
+#: The alert check's settings: only the leading dispatcher's control worker checks, by its own
+#: node's thresholds and webhook (workers.alert_check), once per change cluster-wide
+#: (rig.alerts.AlertManager). Two nodes apart: when the lead moves (a node stopped or gone, a
+#: control worker restarted) the thresholds and the webhook move with it: a condition may resolve
+#: or fire by the new ones, and changes go to the new node's webhook, or to none. (An older rig's
+#: control worker still checks by its own settings whenever beat's message reaches it.)
 ALERT_SETTINGS = ("alerts", "alert_webhook")
 #: Every setting compared, in the order a warning names them.
 SETTINGS = JOB_SETTINGS + ALERT_SETTINGS
@@ -104,8 +106,9 @@ def differences(node: str, settings: Settings, nodes: Iterable[NodeInfo]) -> str
     which = "; ".join(f"{k} {_shown(mine[k])} here, {_shown(theirs[k])} on {first.name}" for k in apart)
     why = [*(["whichever node's dispatcher leads places, orders and limits every job by its own, and each "
               "node's gateway lets its own admins kill anyone's jobs"] if set(apart) & set(JOB_SETTINGS) else []),
-           *(["whichever node's control worker checks the alerts judges them by its own thresholds and posts "
-              "each change to its own webhook, or to none (a condition flaps firing / resolved, or goes unposted)"]
+           *(["the leading dispatcher's node checks the alerts by its own thresholds and posts each change "
+              "to its own webhook, or to none: when the lead moves, conditions are judged and posted by the "
+              "new node's"]
              if set(apart) & set(ALERT_SETTINGS) else [])]
     return (f"warning: node(s) {', '.join(n.name for n, _ in others)} run with other rules than this node's "
             f"config ({which}): {'; '.join(why)}; give every node the same "

@@ -32,7 +32,13 @@ from rig.models import (
     Priority,
     new_job_instance,
     pending_score,
+    waiting_since,
 )
+
+#: How many waiting jobs of one priority waiting_since_earliest reads at most (it stops at the
+#: first never requeued, most often the first).
+OLDEST_SCAN = 1024
+
 
 #: The record's own fields: what no extra field of a submission may replace.
 JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(Job))
@@ -351,10 +357,33 @@ class JobStore:
         """Take a job out of the error queue (a person has seen it); its state stays."""
         return bool(self.r.zrem(self.keys.errors, str(job_id)))
 
-    def oldest_pending(self, priority: Priority) -> int | None:
+    def waiting_since_earliest(self, priority: Priority, limit: int = OLDEST_SCAN) -> float | None:
+        """The earliest moment (epoch s) a job waiting at ``priority`` entered the queue
+        (rig.models.waiting_since: its last requeue, else its submission), or None when none
+        waits. Walks the band in submission order (ids) only up to the first job never requeued:
+        every later one was submitted, so entered the queue, after it. At most ``limit`` jobs."""
         low = priority.rank * PRIORITY_BAND
-        ids = self.r.zrangebyscore(self.keys.pending, low, low + PRIORITY_BAND - 1, start=0, num=1)
-        return int(ids[0]) if ids else None
+        earliest: float | None = None
+        start, chunk = 0, 8
+        while start < limit:
+            ids = self.r.zrangebyscore(self.keys.pending, low, low + PRIORITY_BAND - 1, start=start,
+                                       num=min(chunk, limit - start))
+            if not ids:
+                break
+            pipe = self.r.pipeline(transaction=False)
+            for jid in ids:
+                pipe.hmget(self.keys.job(int(jid)), "created_at", "queued_at")
+            for created, queued in pipe.execute():
+                try:
+                    since = waiting_since(float(created), float(queued) if queued else None)
+                except (TypeError, ValueError):
+                    continue  # vanished, or unreadable: its own problem is said where it is shown
+                earliest = since if earliest is None else min(earliest, since)
+                if not queued:
+                    return earliest
+            start += len(ids)
+            chunk *= 8
+        return earliest
 
 
 def _s(value: Any) -> str:

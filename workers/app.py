@@ -58,6 +58,7 @@ from rig.redis_writes import FullWatch, is_outage
 from rig.supervision import supervisor_gone, watch_supervisor
 from rig.worker_lock import EXIT_LOCK_HELD, LockHeld, acquire, lock_path, worker_lock_name
 from workers import broker_quiet, celery_clock, kombu_patches, remote_control
+from workers.alert_check import AlertChecker
 from workers.card_runner import CardRunner
 from workers.dispatcher import Dispatcher
 from workers.flower_bridge import FlowerBridge
@@ -138,6 +139,7 @@ else:
 _runner: CardRunner | None = None
 _dispatcher: Dispatcher | None = None
 _forecaster: Forecaster | None = None
+_alert_checker: AlertChecker | None = None
 _bridge: FlowerBridge | None = None
 _control_stop = threading.Event()
 
@@ -207,14 +209,10 @@ def health() -> str:
 @app.task(name=TASK_ALERTS, ignore_result=True, send_events=False)
 @quiet_on_auth("alert check", log)
 def check_alerts() -> str:
-    """Periodic (beat): threshold alerts, once per condition until it clears (rig/alerts.py)."""
-    from rig.alerts import AlertManager, AlertRules
-    from rig.client import Client
-
-    rules = AlertRules(**settings.alerts.model_dump())
-    sent = AlertManager(Client(settings, redis_client=_redis), rules,
-                        webhook_url=settings.alert_webhook, logger=log).run()
-    return f"{len(sent)} alert change(s)"
+    """Periodic (beat), kept for an older rig's control workers beside this one: this rig checks
+    the alerts in the leading dispatcher's control worker only, by its own clock and settings
+    (workers.alert_check), never here by whichever node took the message."""
+    return "checked by the leading dispatcher's control worker (workers.alert_check)"
 
 
 _archiver = None
@@ -320,7 +318,7 @@ def _alert_redis_full(watch: FullWatch) -> None:
 
 @worker_ready.connect
 def _on_worker_ready(sender=None, **_: object) -> None:
-    global _runner, _dispatcher, _forecaster
+    global _runner, _dispatcher, _forecaster, _alert_checker
     # What start-up made (modules, classes, Celery's own objects: ~65,000, kept for the
     # process's life) leaves the cyclic collector's walk: a full collection, which falls in a
     # dispatcher pass or a job's start now and then, walks only what was made since
@@ -348,6 +346,8 @@ def _on_worker_ready(sender=None, **_: object) -> None:
         _dispatcher.start()
         _forecaster = Forecaster(_dispatcher)  # its estimated starts, while it leads
         _forecaster.start()
+        _alert_checker = AlertChecker(_dispatcher)  # the alert check, while it leads
+        _alert_checker.start()
         _start_bridge(sender, name, _dispatcher)
         threading.Thread(target=_control_heartbeat, args=(name,), name="rig-heartbeat", daemon=True).start()
         threading.Thread(target=_local_health, name="rig-local-health", daemon=True).start()
@@ -403,4 +403,6 @@ def _on_worker_shutting_down(**_: object) -> None:
         _dispatcher.stop()
     if _forecaster is not None:
         _forecaster.stop()
+    if _alert_checker is not None:
+        _alert_checker.stop()
     _control_stop.set()

@@ -472,7 +472,10 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
         rows.append(("expected run", expected_run))
     if job.node:
         rows.append(("node / cards", f"{job.node} / {', '.join(map(str, job.cards))}"))
-    rows += [("submitted", when(job.created_at)), ("placed", when(job.assigned_at)),
+    rows += [("submitted", when(job.created_at))]
+    if job.queued_at:  # its wait counts from here (rig.models.waiting_since)
+        rows.append(("back in queue", when(job.queued_at)))
+    rows += [("placed", when(job.assigned_at)),
              ("started", when(job.started_at)), ("ended", when(job.ended_at))]
     if job.started_at:
         rows.append(("runtime", duration((job.ended_at or shared_now()) - job.started_at)))

@@ -30,7 +30,7 @@ from rig.clock import shared_now
 from rig.draining import why_closed
 from rig.errors import RigError
 from rig.memory import measured
-from rig.models import CardState, Job, JobState, Priority
+from rig.models import CardState, Job, JobState, Priority, waiting_since
 from rig.nodes import clock
 from rig.redis_writes import short_notice
 from rig.text import clean as C
@@ -426,7 +426,7 @@ def _waiting_lines(jobs: Sequence[Job], width: int, now: float,
     for job, mem in zip(jobs, mems, strict=True):
         values: dict[str, str | Text] = {
             "id": str(job.id), "user": C(job.user), "name": C(job.name), "prio": job.priority.value,
-            "mem": mem, "wait": duration(now - job.created_at),
+            "mem": mem, "wait": duration(now - waiting_since(job.created_at, job.queued_at)),
             "why": Text(C(job_reason(job, (said or {}).get(job.id))), style="dim" if not job.wait_reason else ""),
         }
         table.append(values)

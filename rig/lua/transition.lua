@@ -44,7 +44,8 @@
 --          command
 -- ARGV[16] optional: W, how many keys at the end of KEYS are the writes' (default 0)
 -- ARGV[17] JSON list of the fields a job loses when it goes back to PENDING
---          (rig.models.REQUEUE_CLEARS: its placement and its attempt's process and end)
+--          (rig.models.REQUEUE_CLEARS: its placement and its attempt's process and end);
+--          a job that goes back from another state gets 'queued_at' = now (rig.models.waiting_since)
 --
 -- Returns {1, previous state} when moved, {2, 'RUNNING'} when a cancel was flagged, {0, state}
 -- when nothing changed (not allowed from this state, or token mismatch), {3, state} (see ARGV[9]).
@@ -143,6 +144,10 @@ if target == 'PENDING' then
   redis.call('ZADD', KEYS[4], tonumber(ARGV[8]), job_id)
   redis.call('SADD', KEYS[5], ARGV[12])
   redis.call('HDEL', job, unpack(cjson.decode(ARGV[17])))
+  if state ~= 'PENDING' then
+    -- It enters the queue again now: its wait counts from here (rig.models.waiting_since).
+    redis.call('HSET', job, 'queued_at', now)
+  end
 else
   leave_queues(pending, KEYS[4], KEYS[5], ARGV[12], job_id)
   redis.call('HSET', job, 'ended_at', now)

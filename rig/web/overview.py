@@ -25,7 +25,7 @@ from rig import timeline
 from rig.cli.render import NO_WORKER_NOTE, NODE_STATE_NOTES, card_flag_words, job_reason
 from rig.client import Client, StatusReport
 from rig.clock import shared_now
-from rig.models import Job, JobState, Priority
+from rig.models import Job, JobState, Priority, waiting_since
 from rig.text import clean
 
 #: Waiting jobs listed (the head of the queue: priority, then submission), each with why it waits; the
@@ -143,7 +143,7 @@ def overview(client: Client, *, login: str) -> dict[str, Any]:
             "total": sum(report.pending.get(p, 0) for p in Priority),
             "by_priority": {p.value: report.pending.get(p, 0) for p in Priority},
             "jobs": [job_row(j, why=clean(client.why_waiting(j) or job_reason(j)), position=i + 1,
-                             **starts.row(j.id))
+                             waiting_since=waiting_since(j.created_at, j.queued_at), **starts.row(j.id))
                      for i, j in enumerate(waiting)],
         },
         "errors": {"total": client.error_count(), "jobs": _ended(client.errors(limit=ERRORS_SHOWN, newest_first=True))},

@@ -22,7 +22,7 @@ from rig.config import load_settings
 from rig.gpus.base import GpuReading
 from rig.memory import GIB
 from rig.metrics import RigCollector
-from rig.models import Job, JobState, Priority
+from rig.models import Job, JobState, Priority, waiting_since
 from rig.nodes import NodeRegistry
 from rig.pools import encode
 from rig.web.server import start_web_server
@@ -197,15 +197,21 @@ def test_metrics_server_serves_and_stops(busy: Client):
         server.server_close()
 
 
+def frag(client: Client) -> float:
+    """rig.alerts.fragmentation over the cards, waiting jobs and reservations now."""
+    cards = client.ledger.cards()
+    return fragmentation(cards, waiting_jobs(client), client.ledger.holdings_of(cards))
+
+
 def test_fragmentation_is_zero_when_nothing_waits(client: Client):
     add_card(client, 0)
-    assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 0.0
+    assert frag(client) == 0.0
     job = make_job(client, 90)  # more than all the free memory: full, not fragmented
-    assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 0.0
+    assert frag(client) == 0.0
     client.ledger.transition(job.id, JobState.CANCELLED, mode="cancel")
-    add_card(client, 1)  # 2 x 80 GiB free: a 90 GiB request fits neither, though they hold it
-    make_job(client, 90)
-    assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 1.0
+    add_card(client, 1)  # 2 x 80 GiB free: a 90 GiB request fits neither even emptied: no
+    make_job(client, 90)  # repacking could make room, so it is not fragmentation
+    assert frag(client) == 0.0
 
 
 def test_a_full_server_with_a_queue_is_not_fragmented(client: Client):
@@ -218,10 +224,10 @@ def test_a_full_server_with_a_queue_is_not_fragmented(client: Client):
     start(client, make_job(client, 70), 0)
     start(client, make_job(client, 70), 1)
     make_job(client, 30)
-    assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 0.0
+    assert frag(client) == 0.0
     assert "fragmentation" not in keys_of(evaluate(client, AlertRules(max_fragmentation=0.0)))
-    make_job(client, 15)  # fits in the 20 GiB free together, in neither card: fragmented
-    assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 1.0
+    make_job(client, 15)  # fits in the 20 GiB free together, in neither card, and neither 70 GiB
+    assert frag(client) == 0.0  # job can move to the other card: full, not fragmented
 
 
 
@@ -235,19 +241,20 @@ def test_a_card_at_its_job_cap_has_no_free_memory_for_fragmentation(client: Clie
     add_card(client, 1)
     start(client, make_job(client, 50), 1)  # 30 GiB left, takes one more job
     small = make_job(client, 25)
-    assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 0.0
+    assert frag(client) == 0.0
     assert "fragmentation" not in keys_of(evaluate(client, AlertRules(max_fragmentation=0.3)))
     registry = CollectorRegistry()
     registry.register(RigCollector(client))
     assert registry.get_sample_value("rig_fragmentation_ratio") == 0.0
 
     client.ledger.transition(small.id, JobState.CANCELLED, mode="cancel")
-    add_card(client, 2)
-    start(client, make_job(client, 58), 2)  # 22 GiB left: two blocks of 30 and 22 GiB open
-    make_job(client, 40)  # needs 40: neither open block holds it, the 52 GiB together would
-    assert fragmentation(client.ledger.cards(), waiting_jobs(client)) == 1.0
+    add_card(client, 2, max_jobs=3)
+    start(client, make_job(client, 25), 2)
+    start(client, make_job(client, 25), 2)  # 30 GiB left: two blocks of 30 GiB open
+    make_job(client, 40)  # neither holds 40; card 2 would, one 25 GiB job moved to card 1
+    assert frag(client) == 1.0
     alerts = {a.key: a for a in evaluate(client, AlertRules(max_fragmentation=0.5))}
-    assert "52.0 GiB of 52.0 GiB free memory" in alerts["fragmentation"].message, alerts
+    assert "60.0 GiB of 60.0 GiB free memory" in alerts["fragmentation"].message, alerts
 
 
 # -- alerts --------------------------------------------------------------------------------------
@@ -348,7 +355,10 @@ def test_queue_length_failure_rate_and_fragmentation(client: Client):
     assert "(0 of 0 ended" in resolved.message and "(fired: 40% of jobs" in resolved.message
 
     add_card(client, 1)
-    big = make_job(client, 90)  # fits no card, though the two hold 160 GiB free: stranded
+    start(client, make_job(client, 30), 0)
+    start(client, make_job(client, 30), 1)
+    # 50 GiB free on each card, 60 asked: stranded, and one 30 GiB job moved would make room.
+    big = make_job(client, 60)
     assert keys_of(evaluate(client, AlertRules(), now)) == {"failure_rate", "fragmentation"}
     client.ledger.transition(big.id, JobState.CANCELLED, mode="cancel")
 
@@ -539,3 +549,87 @@ def test_node_problems_are_metrics_and_alerts_alike(client: Client):
     assert value("n1", "redis_auth") == 0 and value("n1", "installation") == 0
     assert all(value("n2", p) == 0 for p in ("redis_auth", "installation", "unrecorded_jobs", "clock_skew"))
     assert {"unrecorded_jobs:n1", "clock_skew:n1"} <= keys_of(evaluate(client))
+
+
+def test_no_fragmentation_where_no_repacking_could_make_room(client: Client):
+    """98 GiB free in 6-36 GiB pieces against a 70 GiB request read "fragmentation 100%", though
+    every running job was 44 GiB or more and none could move to make a 70 GiB block: the cards
+    are full for it. Where moving a job would make room, the same 100 % is true fragmentation."""
+    for index, gib in enumerate((44, 50, 54, 74)):  # 36 + 30 + 26 + 6 = 98 GiB free
+        add_card(client, index)
+        start(client, make_job(client, gib), index)
+    make_job(client, 70)
+    assert frag(client) == 0.0
+    assert "fragmentation" not in keys_of(evaluate(client, AlertRules(max_fragmentation=0.5)))
+    registry = CollectorRegistry()
+    registry.register(RigCollector(client))
+    assert registry.get_sample_value("rig_fragmentation_ratio") == 0.0
+
+    add_card(client, 4, max_jobs=3)  # two 20 GiB jobs (40 free): one of them fits card 0's 36
+    start(client, make_job(client, 20), 4)
+    start(client, make_job(client, 20), 4)
+    assert frag(client) == 1.0
+    alerts = {a.key: a for a in evaluate(client, AlertRules(max_fragmentation=0.5))}
+    assert "138.0 GiB of 138.0 GiB free memory" in alerts["fragmentation"].message, alerts
+
+
+def test_a_job_on_several_cards_is_not_moved_to_make_room(client: Client):
+    add_card(client, 0)
+    add_card(client, 1, max_jobs=1)
+    add_card(client, 2)
+    two = make_job(client, 20, gpus=2)
+    ok, token = client.ledger.reserve(two.id, "n1", [0, 1], two.gpu_memory)
+    assert ok, token
+    start(client, make_job(client, 50), 0)  # cards 0 and 1 at their job caps
+    start(client, make_job(client, 55), 2)  # 25 GiB free: the 2-card job's 20 would fit it
+    make_job(client, 65)  # card 1 would take it only if the 2-card job left it alone
+    assert frag(client) == 0.0
+
+
+def test_cards_held_for_a_waiting_job_are_not_idle_cards(client: Client):
+    """Three 8-card jobs held every card, a 30 GiB job waited past the threshold, and the alert
+    said "idle card(s) vm/4.. while job 21 ... would fit": the dispatcher kept those cards idle
+    for the big job on purpose (its record's held_cards). A card held for the job itself counts."""
+    add_card(client, 0)
+    start(client, make_job(client, 70), 0)  # card 0 busy, card 1 idle
+    add_card(client, 1)
+    big = make_job(client, 80, gpus=2, age=600)
+    client.store.update(big.id, held_at=time.time() - 500, held_cards="n1/0,n1/1")
+    small = make_job(client, 30, age=300)
+    rules = AlertRules(max_fragmentation=1.0)
+    assert "idle_cards" not in keys_of(evaluate(client, rules))
+    client.store.update(big.id, held_cards="n1/0")  # its hold moved off card 1
+    alerts = {a.key: a for a in evaluate(client, rules)}
+    assert "n1/1" in alerts["idle_cards"].message and f"job {small.id}" in alerts["idle_cards"].message
+    client.store.update(small.id, held_at=time.time() - 10, held_cards="n1/1")  # held for itself
+    assert f"job {small.id}" in {a.key: a for a in evaluate(client, rules)}["idle_cards"].message
+    client.store.update(big.id, held_cards="n1/1")  # and for the big job too
+    assert "idle_cards" not in keys_of(evaluate(client, rules))
+
+
+def test_a_requeued_job_has_waited_since_it_went_back(client: Client):
+    """A job that ran 14 s, was lost and went back to the queue showed "waited 51s" (from its
+    submission) in rig top, the web page and rig_oldest_wait_seconds: it waits since it last
+    entered the queue (its record's queued_at, set by the requeue)."""
+    add_card(client, 0)
+    requeued = make_job(client, 10, age=300)
+    token = start(client, requeued, 0)
+    back = time.time() - 20
+    code, _ = client.ledger.transition(requeued.id, JobState.PENDING, token=token, now=back)
+    assert code == 1
+    record = client.store.get(requeued.id)
+    assert record.queued_at == pytest.approx(back)
+    assert waiting_since(record.created_at, record.queued_at) == pytest.approx(back)
+    assert waiting_since(record.created_at, None) == record.created_at  # an older record
+    assert client.status().oldest_wait[Priority.MEDIUM] == pytest.approx(20, abs=3)
+    registry = CollectorRegistry()
+    registry.register(RigCollector(client))
+    assert registry.get_sample_value("rig_oldest_wait_seconds", {"priority": "medium"}) == pytest.approx(20, abs=3)
+    rules = AlertRules(max_fragmentation=1.0, idle_wait_seconds=60)
+    assert "idle_cards" not in keys_of(evaluate(client, rules))  # 300 s old, waiting 20 s
+
+    later = make_job(client, 10, age=100)  # never went back: the longest wait now
+    assert client.status().oldest_wait[Priority.MEDIUM] == pytest.approx(100, abs=3)
+    alerts = {a.key: a for a in evaluate(client, rules)}
+    assert f"job {later.id}" in alerts["idle_cards"].message and "waited 100 s" in alerts["idle_cards"].message
+    assert [j.since for j in waiting_jobs(client)] == [pytest.approx(back), pytest.approx(later.created_at)]

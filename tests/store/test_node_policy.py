@@ -45,6 +45,7 @@ def test_differences_name_the_alert_settings_and_record_the_webhook_as_a_digest(
     assert line is not None and "\n" not in line and "XXXXSECRET" not in line
     assert "alert_webhook sha256:" in line and "here, unset on a" in line
     assert '"max_queue":2' in line and '"max_queue":50' in line
+    assert "the leading dispatcher's node checks the alerts" in line
     assert "posts each change to its own webhook, or to none" in line
     assert "dispatcher leads" not in line  # the jobs' rules are the same on both
     assert differences("b", here, [_info("a", load_settings(alert_webhook=secret, alerts={"max_queue": 2}))]) is None

@@ -132,6 +132,18 @@ def test_the_waiting_list_is_bounded_and_the_total_is_said(client: Client):
     assert len(data["waiting"]["jobs"]) == WAITING_SHOWN and data["waiting"]["total"] == 3 + extra
 
 
+def test_a_waiting_job_is_sent_with_when_it_last_entered_the_queue(client: Client):
+    """The page's "waited" column reads waiting_since (rig.models.waiting_since, the one rule):
+    a job that went back to the queue showed its wait from its submission."""
+    fresh, back = (client.store.create(Job(id=0, name=n, user="dave", command=["true"], gpu_memory=GIB, gpus=1,
+                                           priority=Priority.LOW, state=JobState.PENDING, workdir="/",
+                                           created_at=time.time() - 300)) for n in ("fresh", "back"))
+    client.store.update(back.id, queued_at=time.time() - 5)  # as transition.lua stamps a requeue
+    rows = {j["id"]: j for j in overview(client, login="admin")["waiting"]["jobs"]}
+    assert rows[fresh.id]["waiting_since"] == pytest.approx(fresh.created_at)
+    assert rows[back.id]["waiting_since"] == pytest.approx(time.time() - 5, abs=2)
+
+
 FROZEN_LINE = "node gpu3 joined installation abc, but this Redis holds no rig installation: `rig recover --stop`"
 
 
