@@ -300,7 +300,9 @@ class Client:
         oom_retry_grow = check_flag(oom_retry_grow, "oom_retry_grow")
         argv, is_shell = _normalise_command(command, shell)
         argv = _checked("the command", R.as_argv, argv)
-        job_name = (name or _default_name(argv, is_shell)).strip()
+        # An empty name is refused below, as any empty option is (`--name "$NAME"` with NAME
+        # unset ran under the program's name in silence); only a name left out is defaulted.
+        job_name = (_default_name(argv, is_shell) if name is None else name).strip()
         margin = None
         if template is not None:
             preset = self.settings.templates.get(template)
@@ -316,8 +318,13 @@ class Client:
         if gpu_memory is None:
             raise InvalidInput("--gpu-memory is required: how much GPU memory the job needs, e.g. 12G")
         self.last_auto_note = None
+        # How the declared size came from what was typed, when it is not that (a template's
+        # margin, `auto`): a refusal quoting "needs 24.0 GiB" says so, else `--gpu-memory 20G`
+        # read as if rig had misread it.
+        sized_by: str | None = None
         if isinstance(gpu_memory, str) and gpu_memory.strip().lower() == "auto":
             nbytes, self.last_auto_note = self._guard(self.auto_memory, job_name, margin)
+            sized_by = self.last_auto_note
         else:
             nbytes = parse_memory(gpu_memory)
             if margin and margin != 1.0:
@@ -326,6 +333,9 @@ class Client:
                 check_gpu_memory(nbytes)
                 nbytes = check_gpu_memory(_round_up(int(nbytes * margin)),
                                           f"template {template!r}: {gpu_memory} x margin {margin:g} =")
+                sized_by = (f"{format_memory(nbytes)} per card is {gpu_memory} x margin {margin:g} of "
+                            f"template {template!r}")
+        sized_note = f" ({sized_by})" if sized_by else ""
         check_gpu_memory(nbytes)  # rig.request_rules: the rule templates are checked with too
         check_gpus(gpus)
         # "" is a slip (`--priority "$PRIO"` with PRIO unset), refused as any unknown word: never
@@ -369,7 +379,7 @@ class Client:
         _checked(f"your login name {who.name!r} cannot be recorded", R.as_user, who.name)
         alone = exceeds_alone(self.settings.user_limit(who.name), nbytes, gpus)
         if alone:
-            raise Unschedulable(f"job can never run: {alone}")
+            raise Unschedulable(f"job can never run: {alone}{sized_note}")
 
         # The cluster's pools, not this process's config (rig.pools); read only for a pool job.
         pools = self._pool_of(pool, memo) if pool is not None else Pools({})
@@ -380,7 +390,7 @@ class Client:
                 reason = never_fits(cards, Request(nbytes, gpus)) if cards else None
                 if reason:
                     where = f" in pool {pool!r}" if pool else ""
-                    raise Unschedulable(f"job can never run{where}: {reason}")
+                    raise Unschedulable(f"job can never run{where}: {reason}{sized_note}")
             elif self._cards_for_admission():
                 raise Unschedulable(f"job can never run: {pools.no_card(pool)}")
             # submit_many reads every job's own runs in one round trip (own_estimates).

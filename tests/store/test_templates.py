@@ -6,7 +6,9 @@ import pytest
 
 from rig.client import Client
 from rig.config import load_settings
-from rig.errors import InvalidInput
+from rig.errors import InvalidInput, Unschedulable
+from rig.gpus.base import GpuReading
+from rig.ledger import Ledger
 from rig.memory import GIB
 from tests.conftest import REDIS_URL
 
@@ -40,6 +42,29 @@ def test_template_with_its_own_memory_and_shipped_ones_remain(client):
     assert {"finetune", "inference", "test", "nightly"} <= set(client.templates())
     smoke = client.submit("pytest -x", template="test").record
     assert smoke.gpu_memory == 2 * GIB and smoke.max_retries == 0
+
+
+def test_a_refusal_says_the_size_it_quotes_is_the_templates_margin_on_what_was_typed(client):
+    """`rig-submit -t finetune -m 20G` on 24 GB cards said "needs 30.0 GiB per card ...; ask for
+    less memory", a size nobody typed: the refusal names the margin that made it."""
+    Ledger(client.r, client.keys).register_card(
+        "n1", GpuReading(index=0, uuid="u0", model="m", total=24 * GIB),
+        max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    with pytest.raises(Unschedulable, match=r"^job can never run: needs 30\.0 GiB per card but the largest card "
+                                            r"offers 24\.0 GiB .*; ask for less memory \(30\.0 GiB per card is "
+                                            r"20G x margin 1\.5 of template 'finetune'\)$"):
+        client.submit("python ft.py", gpu_memory="20G", template="finetune")
+    # Without a margin the size is the one typed, and nothing is added.
+    with pytest.raises(Unschedulable, match=r"ask for less memory$"):
+        client.submit("python ft.py", gpu_memory="30G")
+
+
+def test_an_empty_name_is_refused_not_replaced_by_the_programs(client):
+    """`--name "$NAME"` with NAME unset ran under the program's name in silence (a name of
+    spaces was refused); left out, the name is still the program's."""
+    with pytest.raises(InvalidInput, match="name must not be empty"):
+        client.submit(["python", "ft.py"], gpu_memory="1G", name="")
+    assert client.submit(["python", "ft.py"], gpu_memory="1G").record.name == "ft.py"
 
 
 def test_unknown_template_and_missing_memory(client):
