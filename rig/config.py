@@ -22,7 +22,7 @@ import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -181,6 +181,18 @@ class Template(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    #: Options of a submission a template does not set, and where they are given instead
+    #: (rig.config_check says so: `gpus` read as a misplaced top-level fake_gpus).
+    ELSEWHERE: ClassVar[dict[str, str]] = {
+        **{name: f"a template does not set {name}: give it when submitting (rig-submit {flag}, "
+                 f"or {name}= in Python)"
+           for name, flag in (("gpus", "--gpus N"), ("pool", "--pool NAME"), ("name", "--name NAME"),
+                              ("workdir", "--workdir DIR"), ("env", "--env NAME=VALUE"),
+                              ("export", "--export NAMES"))},
+        **{name: "a template does not set the command: give it when submitting (after `--`, or --cmd)"
+           for name in ("command", "cmd")},
+    }
 
     gpu_memory: str | None = None
     margin: float = Field(1.0, ge=1.0, le=MAX_MARGIN)

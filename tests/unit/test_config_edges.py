@@ -83,6 +83,15 @@ def test_a_line_appended_to_the_generated_file_is_top_level(tmp_path):
     ("[health]\nmax_tasks_per_gpu = 3\n",
      "[health] 'max_tasks_per_gpu'; did you mean 'max_task_per_gpu'? It is a top-level setting"),
     ("[health]\ntimout = 3\n", "[health] 'timout'; did you mean 'timeout'? Correct or remove it"),
+    # A job option a template does not set is no misplaced top-level setting: `gpus` was read
+    # as fake_gpus ("did you mean 'fake_gpus'? ... put it above the first [section]"), `pool` as
+    # pools, advice that set fake cards or a pool table.
+    ('[templates.ddp]\ngpu_memory = "20G"\ngpus = 2\n',
+     "[templates.ddp] 'gpus': a template does not set gpus: give it when submitting (rig-submit --gpus N, or "
+     "gpus= in Python); [templates.ddp] takes description, gpu_memory, margin, oom_retry_grow, priority, "
+     "retries, time_limit"),
+    ('[templates.a100]\npool = "a100"\n', "[templates.a100] 'pool': a template does not set pool"),
+    ('[templates.x]\ncommand = "python ft.py"\n', "'command': a template does not set the command"),
 ])
 def test_a_top_level_setting_under_a_section_says_so(tmp_path, text, said):
     (tmp_path / "rig.toml").write_text(text)
