@@ -385,14 +385,7 @@ class Client:
         pools = self._pool_of(pool, memo) if pool is not None else Pools({})
 
         def _do() -> Job:
-            cards = [c for c in self._cards_for_admission() if pools.contains(pool, c.node, c.index)]
-            if cards or pool is None:
-                reason = never_fits(cards, Request(nbytes, gpus)) if cards else None
-                if reason:
-                    where = f" in pool {pool!r}" if pool else ""
-                    raise Unschedulable(f"job can never run{where}: {reason}{sized_note}")
-            elif self._cards_for_admission():
-                raise Unschedulable(f"job can never run: {pools.no_card(pool)}")
+            self._refuse_never_fits(self._cards_for_admission(), Request(nbytes, gpus), pool, pools, sized_note)
             # submit_many reads every job's own runs in one round trip (own_estimates).
             own = None if _batch is not None else self.own_estimate(job_name, limit, template=template, command=argv)
             return Job(
@@ -900,6 +893,22 @@ class Client:
             failed.update(done)
         return cards
 
+    @staticmethod
+    def _refuse_never_fits(every: Sequence[CardState], request: Request, pool: str | None, pools: Pools,
+                           note: str = "") -> None:
+        """Raise Unschedulable when ``request`` could never run on the cards of ``pool``
+        (``pools``: the cluster's) among ``every`` registered card: what a submission and `rig
+        retry --gpu-memory` are refused by (rig.placement.never_fits). Nothing is refused
+        while no card is registered. ``note`` ends the line (how the size was made)."""
+        cards = [c for c in every if pools.contains(pool, c.node, c.index)]
+        if cards or pool is None:
+            reason = never_fits(cards, request) if cards else None
+            if reason:
+                where = f" in pool {pool!r}" if pool else ""
+                raise Unschedulable(f"job can never run{where}: {reason}{note}")
+        elif every:
+            raise Unschedulable(f"job can never run: {pools.no_card(pool)}")
+
     def cluster_pools(self) -> ClusterPools:
         """The pools the cluster's nodes serve (rig.pools.cluster_pools): what --pool is judged
         by, wherever this client runs; this process's own [pools] do not count."""
@@ -948,22 +957,25 @@ class Client:
         if job.problems:
             bad, _, problem = job.problems[0].removeprefix("field ").partition(": ")
             raise InvalidRecord(f"job {job.id} cannot be retried, resubmit it", bad, problem)
+        pools = Pools({})
         if job.pool is not None:
             found = self.cluster_pools()
             if job.pool not in found.pools.members:  # it would only be failed again: nothing is changed
                 raise Unschedulable(f"job {job.id} cannot be retried, it could never run: its pool {job.pool!r} "
                                     f"is none of the cluster's pools now ({found.known}); resubmit it with "
                                     "another --pool (or none)")
+            pools = found.pools
         fields: dict[str, Any] = {
             "reason": f"retried by {current_identity().name}", "cancelled_by": None, "overuse_stop": None,
             "vram_peak": 0, "vram_sum": 0, "vram_samples": 0, "util_sum": 0, "util_samples": 0,
             "overuse": 0,
         }
         if gpu_memory is not None:
-            nbytes = parse_memory(gpu_memory)
-            reason = never_fits(self._guard(self.ledger.cards), Request(nbytes, job.gpus))
-            if reason and self.ledger.cards():
-                raise Unschedulable(f"job can never run: {reason}")
+            # As a submission is judged: a size some card has, on the cards of the job's pool
+            # (all cards were asked: a pool job retried with more than its pool's cards have
+            # was "waiting again", then failed unschedulable at once).
+            nbytes = check_gpu_memory(parse_memory(gpu_memory))
+            self._refuse_never_fits(self._guard(self.ledger.cards), Request(nbytes, job.gpus), job.pool, pools)
             fields["gpu_memory"] = nbytes
         if time_limit is not None:
             fields["time_limit"] = limit = parse_time_limit(time_limit)
