@@ -377,9 +377,7 @@ class Client:
         _checked("--workdir", R.as_abs_path, str(wd))
         who = current_identity()
         _checked(f"your login name {who.name!r} cannot be recorded", R.as_user, who.name)
-        alone = exceeds_alone(self.settings.user_limit(who.name), nbytes, gpus)
-        if alone:
-            raise Unschedulable(f"job can never run: {alone}{sized_note}")
+        self._refuse_over_limit_alone(who.name, Request(nbytes, gpus), sized_note)
 
         # The cluster's pools, not this process's config (rig.pools); read only for a pool job.
         pools = self._pool_of(pool, memo) if pool is not None else Pools({})
@@ -893,6 +891,14 @@ class Client:
             failed.update(done)
         return cards
 
+    def _refuse_over_limit_alone(self, user: str, request: Request, note: str = "") -> None:
+        """Raise Unschedulable when ``request`` alone is over ``user``'s limit (this client's
+        settings: max_gpu_memory_per_user, [user_limits]), as a submission and `rig retry
+        --gpu-memory` are refused. ``note`` ends the line (how the size was made)."""
+        alone = exceeds_alone(self.settings.user_limit(user), request.nbytes, request.gpus)
+        if alone:
+            raise Unschedulable(f"job can never run: {alone}{note}")
+
     @staticmethod
     def _refuse_never_fits(every: Sequence[CardState], request: Request, pool: str | None, pools: Pools,
                            note: str = "") -> None:
@@ -975,6 +981,7 @@ class Client:
             # (all cards were asked: a pool job retried with more than its pool's cards have
             # was "waiting again", then failed unschedulable at once).
             nbytes = check_gpu_memory(parse_memory(gpu_memory))
+            self._refuse_over_limit_alone(job.user, Request(nbytes, job.gpus))
             self._refuse_never_fits(self._guard(self.ledger.cards), Request(nbytes, job.gpus), job.pool, pools)
             fields["gpu_memory"] = nbytes
         if time_limit is not None:

@@ -111,6 +111,12 @@ def test_a_retry_with_more_memory_than_its_pools_cards_have_is_refused_and_chang
     assert client.retry(free, gpu_memory="50G").state is JobState.PENDING  # the 80 GB card has room for it
     with pytest.raises(InvalidInput, match="more than any card has"):
         client.retry(pooled, gpu_memory="100000T")
+    # Over its user's limit alone: refused too, not failed by the dispatcher after 'waiting again'.
+    client.settings.max_gpu_memory_per_user = "16G"
+    with pytest.raises(Unschedulable, match=r"^job can never run: it needs 20\.0 GiB in all but its user may hold "
+                                            r"at most 16\.0 GiB"):
+        client.retry(pooled, gpu_memory="20G")
+    assert client.get(pooled).state is JobState.FAILED
 
 
 def test_the_clusters_pools_are_the_last_registered_nodes():
