@@ -44,8 +44,11 @@ def submit_options(fn):  # noqa: ANN001, ANN201
         click.option("--time-limit", "time_limit", metavar="DURATION",
                      help="Stop the job after this much running time (90s, 30m, 2h; a bare number is seconds, "
                           "as it always was): it ends TIMEOUT."),
-        click.option("--oom-retry-grow", is_flag=True, default=None,
-                     help="After a CUDA out-of-memory, retry with a larger declaration."),
+        # A pair, so a template's oom_retry_grow = true (finetune's) can be said no to: "flags
+        # win" had no flag for no.
+        click.option("--oom-retry-grow/--no-oom-retry-grow", "oom_retry_grow", default=None,
+                     help="After a CUDA out-of-memory, retry with a larger declaration (default: the "
+                          "template's, else no)."),
         click.option("--template", "-t", metavar="NAME",
                      help="A preset from the config (finetune, inference, test, ...): `rig templates`."),
         click.option("--pool", metavar="NAME",

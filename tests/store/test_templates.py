@@ -124,3 +124,21 @@ def test_submit_stores_the_callers_own_run_times_by_command_then_name(client):
     assert other_args.expected_seconds == 10.0
     fresh = client.submit("python eval.py", gpu_memory="1G").record
     assert fresh.expected_seconds is None and fresh.cautious_seconds is None
+
+
+def test_rig_submit_can_say_no_to_a_templates_oom_retry_grow(cli_env, real_redis):
+    """finetune sets oom_retry_grow = true and `rig templates` says explicit flags win, but
+    rig-submit had only --oom-retry-grow: no flag could turn it off for one job."""
+    from click.testing import CliRunner
+
+    from rig.cli.submit import main as submit_main
+
+    def submitted(*flags: str) -> bool:
+        result = CliRunner().invoke(submit_main, ["-t", "finetune", "-m", "1G", *flags, "--", "true"])
+        assert result.exit_code == 0, result.output
+        job_id = int(result.output.splitlines()[0])
+        return Client(load_settings(), redis_client=real_redis).get(job_id).oom_retry_grow
+
+    assert submitted() is True  # the template's
+    assert submitted("--no-oom-retry-grow") is False
+    assert submitted("--oom-retry-grow") is True
