@@ -43,7 +43,7 @@ def submit_options(fn):  # noqa: ANN001, ANN201
                      help="Retries after a failed attempt before the error queue (default: max_retries)."),
         click.option("--time-limit", "time_limit", metavar="DURATION",
                      help="Stop the job after this much running time (90s, 30m, 2h; a bare number is seconds, "
-                          "as it always was): it ends TIMEOUT."),
+                          "as it always was): it ends TIMEOUT. 'none': no limit, not even a template's."),
         # A pair, so a template's oom_retry_grow = true (finetune's) can be said no to: "flags
         # win" had no flag for no.
         click.option("--oom-retry-grow/--no-oom-retry-grow", "oom_retry_grow", default=None,

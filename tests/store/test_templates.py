@@ -142,3 +142,13 @@ def test_rig_submit_can_say_no_to_a_templates_oom_retry_grow(cli_env, real_redis
     assert submitted() is True  # the template's
     assert submitted("--no-oom-retry-grow") is False
     assert submitted("--oom-retry-grow") is True
+
+
+def test_time_limit_none_lifts_a_templates_limit(client):
+    """`rig-submit -t nightly --time-limit " "` said "leave --time-limit out for no limit", and
+    left out the template's 6h applied: no value lifted it. `none` does; empty is still refused."""
+    assert client.submit("x", template="nightly").record.time_limit == 6 * 3600
+    assert client.submit("x", template="nightly", time_limit="none").record.time_limit is None
+    assert client.submit("x", template="nightly", time_limit="None").record.time_limit is None
+    with pytest.raises(InvalidInput, match=r"time_limit is empty .*or none for no limit$"):
+        client.submit("x", template="nightly", time_limit=" ")
