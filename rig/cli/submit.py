@@ -91,7 +91,9 @@ def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir
         for note in (client.last_auto_note, client.last_durability_note):
             if note:
                 click.echo(note, err=True)
-        cards = "1 card" if job.gpus == 1 else f"{job.gpus} cards"
+        # Per card, as --gpu-memory is and as a wait says it ("on each of 2 cards"): "40.0 GiB on
+        # 2 cards" read as 40 GiB in all.
+        cards = "1 card" if job.gpus == 1 else f"each of {job.gpus} cards"
         click.echo(f"submitted job {job.id} '{clean(job.name)}': {format_memory(job.gpu_memory)} on {cards}, "
                    f"{job.priority.value} priority" + (f", pool {clean(job.pool)}" if job.pool else ""), err=True)
         _say_why_waiting(client, job.id)

@@ -152,3 +152,14 @@ def test_time_limit_none_lifts_a_templates_limit(client):
     assert client.submit("x", template="nightly", time_limit="None").record.time_limit is None
     with pytest.raises(InvalidInput, match=r"time_limit is empty .*or none for no limit$"):
         client.submit("x", template="nightly", time_limit=" ")
+
+
+def test_rig_submit_says_a_multi_card_jobs_memory_is_per_card(cli_env, real_redis):
+    """`rig-submit -m 20G --gpus 2` said "20.0 GiB on 2 cards", read as 20 GiB in all."""
+    from click.testing import CliRunner
+
+    from rig.cli.submit import main as submit_main
+
+    result = CliRunner().invoke(submit_main, ["-n", "ddp", "-m", "20G", "--gpus", "2", "--", "true"])
+    assert result.exit_code == 0, result.output
+    assert "'ddp': 20.0 GiB on each of 2 cards, medium priority" in result.output, result.output
