@@ -138,11 +138,16 @@ def _by_rule(rule: Any, value: Any, what: str) -> Any:
 
 
 def _memory_limit(value: Any, what: str) -> str:
-    """A memory limit as text, checked when the settings load: "0" (no limit) or a size."""
+    """A memory limit as text, checked when the settings load: "0" (no limit) or a size. An
+    empty one is refused: read as "0", `RIG_MAX_GPU_MEMORY_PER_USER="$LIMIT"` with LIMIT unset,
+    or ``[user_limits.alice] max_gpu_memory = ""``, lifted a limit in silence (alice's even
+    where the default is one), as an empty gpu_whitelist once gave away every card."""
     from rig.memory import parse_memory
 
     text = str(value).strip()
-    if text in ("0", ""):
+    if not text:
+        raise ValueError(f"{what} is empty (an unset variable?): give a size like 160G, or 0 for no limit")
+    if text == "0":
         return "0"
     try:
         parse_memory(text, what=what)

@@ -396,3 +396,20 @@ def test_error_queue_logs_not_set_are_kept_as_long_as_a_longer_log_retention(tmp
     monkeypatch.delenv("RIG_LOG_RETENTION_DAYS")
     refused("error_log_retention_days = 100 (RIG_ERROR_LOG_RETENTION_DAYS) is shorter than "
             "log_retention_days = 180 (")
+
+
+@pytest.mark.parametrize("text", ['max_gpu_memory_per_user = ""\n',
+                                  'max_gpu_memory_per_user = "160G"\n[user_limits.alice]\nmax_gpu_memory = " "\n'])
+def test_an_empty_memory_limit_is_refused_not_read_as_no_limit(tmp_path, text):
+    """An empty limit was read as "0", no limit: alice's own empty one lifted the default
+    160G for her in silence (and RIG_MAX_GPU_MEMORY_PER_USER="$LIMIT" with LIMIT unset, the
+    cluster's)."""
+    (tmp_path / "rig.toml").write_text(text)
+    refused("is empty (an unset variable?): give a size like 160G, or 0 for no limit")
+
+
+def test_an_empty_memory_limit_variable_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("RIG_MAX_GPU_MEMORY_PER_USER", "")
+    refused("RIG_MAX_GPU_MEMORY_PER_USER: max_gpu_memory_per_user is empty")
+    monkeypatch.setenv("RIG_MAX_GPU_MEMORY_PER_USER", "0")
+    assert load_settings().user_limit("bob").max_bytes == 0  # 0 is still no limit
