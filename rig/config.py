@@ -461,6 +461,15 @@ class Settings(BaseSettings):
     @field_validator("templates", mode="after")
     @classmethod
     def _keep_shipped_templates(cls, value: dict[str, Template]) -> dict[str, Template]:
+        from rig.pools import POOL_NAME
+
+        # A name is typed after --template, as a pool's after --pool: the same rule. An empty
+        # one was chosen by `--template "$T"` with T unset; a control character went into job
+        # records and views.
+        for name in value:
+            if not POOL_NAME.fullmatch(name):
+                raise ValueError(f"template name {name!r}: use letters, digits, '.', '_' or '-' "
+                                 "(at most 63, starting with a letter or digit)")
         # A config that defines its own templates adds to (or overrides) the shipped ones.
         return {**DEFAULT_TEMPLATES, **value}
 

@@ -413,3 +413,11 @@ def test_an_empty_memory_limit_variable_is_refused(tmp_path, monkeypatch):
     refused("RIG_MAX_GPU_MEMORY_PER_USER: max_gpu_memory_per_user is empty")
     monkeypatch.setenv("RIG_MAX_GPU_MEMORY_PER_USER", "0")
     assert load_settings().user_limit("bob").max_bytes == 0  # 0 is still no limit
+
+
+@pytest.mark.parametrize("name", ["", "a b", "a\\u001bb", "-x"])
+def test_a_template_name_that_cannot_be_typed_after_template_is_refused(tmp_path, name):
+    """`[templates.""]` was taken, and `rig-submit --template "$T"` with T unset then used it;
+    a name with an escape character went into job records."""
+    (tmp_path / "rig.toml").write_text(f'[templates."{name}"]\ngpu_memory = "1G"\n')
+    refused("template name")
