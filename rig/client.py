@@ -300,7 +300,9 @@ class Client:
         oom_retry_grow = check_flag(oom_retry_grow, "oom_retry_grow")
         argv, is_shell = _normalise_command(command, shell)
         argv = _checked("the command", R.as_argv, argv)
-        job_name = (name or _default_name(argv, is_shell)).strip()
+        # An empty name is refused below, as any empty option is (`--name "$NAME"` with NAME
+        # unset ran under the program's name in silence); only a name left out is defaulted.
+        job_name = (_default_name(argv, is_shell) if name is None else name).strip()
         margin = None
         if template is not None:
             preset = self.settings.templates.get(template)
@@ -316,8 +318,13 @@ class Client:
         if gpu_memory is None:
             raise InvalidInput("--gpu-memory is required: how much GPU memory the job needs, e.g. 12G")
         self.last_auto_note = None
+        # How the declared size came from what was typed, when it is not that (a template's
+        # margin, `auto`): a refusal quoting "needs 24.0 GiB" says so, else `--gpu-memory 20G`
+        # read as if rig had misread it.
+        sized_by: str | None = None
         if isinstance(gpu_memory, str) and gpu_memory.strip().lower() == "auto":
             nbytes, self.last_auto_note = self._guard(self.auto_memory, job_name, margin)
+            sized_by = self.last_auto_note
         else:
             nbytes = parse_memory(gpu_memory)
             if margin and margin != 1.0:
@@ -326,6 +333,9 @@ class Client:
                 check_gpu_memory(nbytes)
                 nbytes = check_gpu_memory(_round_up(int(nbytes * margin)),
                                           f"template {template!r}: {gpu_memory} x margin {margin:g} =")
+                sized_by = (f"{format_memory(nbytes)} per card is {gpu_memory} x margin {margin:g} of "
+                            f"template {template!r}")
+        sized_note = f" ({sized_by})" if sized_by else ""
         check_gpu_memory(nbytes)  # rig.request_rules: the rule templates are checked with too
         check_gpus(gpus)
         # "" is a slip (`--priority "$PRIO"` with PRIO unset), refused as any unknown word: never
@@ -367,22 +377,13 @@ class Client:
         _checked("--workdir", R.as_abs_path, str(wd))
         who = current_identity()
         _checked(f"your login name {who.name!r} cannot be recorded", R.as_user, who.name)
-        alone = exceeds_alone(self.settings.user_limit(who.name), nbytes, gpus)
-        if alone:
-            raise Unschedulable(f"job can never run: {alone}")
+        self._refuse_over_limit_alone(who.name, Request(nbytes, gpus), sized_note)
 
         # The cluster's pools, not this process's config (rig.pools); read only for a pool job.
         pools = self._pool_of(pool, memo) if pool is not None else Pools({})
 
         def _do() -> Job:
-            cards = [c for c in self._cards_for_admission() if pools.contains(pool, c.node, c.index)]
-            if cards or pool is None:
-                reason = never_fits(cards, Request(nbytes, gpus)) if cards else None
-                if reason:
-                    where = f" in pool {pool!r}" if pool else ""
-                    raise Unschedulable(f"job can never run{where}: {reason}")
-            elif self._cards_for_admission():
-                raise Unschedulable(f"job can never run: {pools.no_card(pool)}")
+            self._refuse_never_fits(self._cards_for_admission(), Request(nbytes, gpus), pool, pools, sized_note)
             # submit_many reads every job's own runs in one round trip (own_estimates).
             own = None if _batch is not None else self.own_estimate(job_name, limit, template=template, command=argv)
             return Job(
@@ -897,6 +898,30 @@ class Client:
             failed.update(done)
         return cards
 
+    def _refuse_over_limit_alone(self, user: str, request: Request, note: str = "") -> None:
+        """Raise Unschedulable when ``request`` alone is over ``user``'s limit (this client's
+        settings: max_gpu_memory_per_user, [user_limits]), as a submission and `rig retry
+        --gpu-memory` are refused. ``note`` ends the line (how the size was made)."""
+        alone = exceeds_alone(self.settings.user_limit(user), request.nbytes, request.gpus)
+        if alone:
+            raise Unschedulable(f"job can never run: {alone}{note}")
+
+    @staticmethod
+    def _refuse_never_fits(every: Sequence[CardState], request: Request, pool: str | None, pools: Pools,
+                           note: str = "") -> None:
+        """Raise Unschedulable when ``request`` could never run on the cards of ``pool``
+        (``pools``: the cluster's) among ``every`` registered card: what a submission and `rig
+        retry --gpu-memory` are refused by (rig.placement.never_fits). Nothing is refused
+        while no card is registered. ``note`` ends the line (how the size was made)."""
+        cards = [c for c in every if pools.contains(pool, c.node, c.index)]
+        if cards or pool is None:
+            reason = never_fits(cards, request) if cards else None
+            if reason:
+                where = f" in pool {pool!r}" if pool else ""
+                raise Unschedulable(f"job can never run{where}: {reason}{note}")
+        elif every:
+            raise Unschedulable(f"job can never run: {pools.no_card(pool)}")
+
     def cluster_pools(self) -> ClusterPools:
         """The pools the cluster's nodes serve (rig.pools.cluster_pools): what --pool is judged
         by, wherever this client runs; this process's own [pools] do not count."""
@@ -945,22 +970,26 @@ class Client:
         if job.problems:
             bad, _, problem = job.problems[0].removeprefix("field ").partition(": ")
             raise InvalidRecord(f"job {job.id} cannot be retried, resubmit it", bad, problem)
+        pools = Pools({})
         if job.pool is not None:
             found = self.cluster_pools()
             if job.pool not in found.pools.members:  # it would only be failed again: nothing is changed
                 raise Unschedulable(f"job {job.id} cannot be retried, it could never run: its pool {job.pool!r} "
                                     f"is none of the cluster's pools now ({found.known}); resubmit it with "
                                     "another --pool (or none)")
+            pools = found.pools
         fields: dict[str, Any] = {
             "reason": f"retried by {current_identity().name}", "cancelled_by": None, "overuse_stop": None,
             "vram_peak": 0, "vram_sum": 0, "vram_samples": 0, "util_sum": 0, "util_samples": 0,
             "overuse": 0,
         }
         if gpu_memory is not None:
-            nbytes = parse_memory(gpu_memory)
-            reason = never_fits(self._guard(self.ledger.cards), Request(nbytes, job.gpus))
-            if reason and self.ledger.cards():
-                raise Unschedulable(f"job can never run: {reason}")
+            # As a submission is judged: a size some card has, on the cards of the job's pool
+            # (all cards were asked: a pool job retried with more than its pool's cards have
+            # was "waiting again", then failed unschedulable at once).
+            nbytes = check_gpu_memory(parse_memory(gpu_memory))
+            self._refuse_over_limit_alone(job.user, Request(nbytes, job.gpus))
+            self._refuse_never_fits(self._guard(self.ledger.cards), Request(nbytes, job.gpus), job.pool, pools)
             fields["gpu_memory"] = nbytes
         if time_limit is not None:
             fields["time_limit"] = limit = parse_time_limit(time_limit)

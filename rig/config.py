@@ -22,7 +22,7 @@ import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -157,11 +157,16 @@ def _by_rule(rule: Any, value: Any, what: str) -> Any:
 
 
 def _memory_limit(value: Any, what: str) -> str:
-    """A memory limit as text, checked when the settings load: "0" (no limit) or a size."""
+    """A memory limit as text, checked when the settings load: "0" (no limit) or a size. An
+    empty one is refused: read as "0", `RIG_MAX_GPU_MEMORY_PER_USER="$LIMIT"` with LIMIT unset,
+    or ``[user_limits.alice] max_gpu_memory = ""``, lifted a limit in silence (alice's even
+    where the default is one), as an empty gpu_whitelist once gave away every card."""
     from rig.memory import parse_memory
 
     text = str(value).strip()
-    if text in ("0", ""):
+    if not text:
+        raise ValueError(f"{what} is empty (an unset variable?): give a size like 160G, or 0 for no limit")
+    if text == "0":
         return "0"
     try:
         parse_memory(text, what=what)
@@ -200,6 +205,18 @@ class Template(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    #: Options of a submission a template does not set, and where they are given instead
+    #: (rig.config_check says so: `gpus` read as a misplaced top-level fake_gpus).
+    ELSEWHERE: ClassVar[dict[str, str]] = {
+        **{name: f"a template does not set {name}: give it when submitting (rig-submit {flag}, "
+                 f"or {name}= in Python)"
+           for name, flag in (("gpus", "--gpus N"), ("pool", "--pool NAME"), ("name", "--name NAME"),
+                              ("workdir", "--workdir DIR"), ("env", "--env NAME=VALUE"),
+                              ("export", "--export NAMES"))},
+        **{name: "a template does not set the command: give it when submitting (after `--`, or --cmd)"
+           for name in ("command", "cmd")},
+    }
 
     gpu_memory: str | None = None
     margin: float = Field(1.0, ge=1.0, le=MAX_MARGIN)
@@ -463,6 +480,15 @@ class Settings(BaseSettings):
     @field_validator("templates", mode="after")
     @classmethod
     def _keep_shipped_templates(cls, value: dict[str, Template]) -> dict[str, Template]:
+        from rig.pools import POOL_NAME
+
+        # A name is typed after --template, as a pool's after --pool: the same rule. An empty
+        # one was chosen by `--template "$T"` with T unset; a control character went into job
+        # records and views.
+        for name in value:
+            if not POOL_NAME.fullmatch(name):
+                raise ValueError(f"template name {name!r}: use letters, digits, '.', '_' or '-' "
+                                 "(at most 63, starting with a letter or digit)")
         # A config that defines its own templates adds to (or overrides) the shipped ones.
         return {**DEFAULT_TEMPLATES, **value}
 

@@ -120,6 +120,9 @@ class Unknown:
 
     path: tuple[str, ...]
     choices: tuple[str, ...]
+    #: The model of the table it is in (a pydantic model), if any: its ``ELSEWHERE`` (a
+    #: ClassVar, name -> where that is said instead) answers a name it knows is not its own.
+    model: type[BaseModel] | None = None
 
     def closest(self) -> str | None:
         close = difflib.get_close_matches(self.path[-1], self.choices, n=1)
@@ -136,7 +139,7 @@ def find_unknown(data: Any, shape: Shape, path: tuple[str, ...] = ()) -> Unknown
         if shape.fields is not None:
             inner = shape.fields.get(name)
             if inner is None:
-                return Unknown((*path, name), tuple(sorted(shape.fields)))
+                return Unknown((*path, name), tuple(sorted(shape.fields)), shape.model)
         else:
             inner = shape.entries or VALUE
         found = find_unknown(value, inner, (*path, name))
@@ -170,6 +173,10 @@ def check_file_keys(path: Path, data: Mapping[str, Any], shape: Shape) -> None:
     if dotted:
         raise ConfigError(f"{subject}: TOML reads the dots of [{'.'.join(unknown.path[:-1])}.{name}] as sections; "
                           f"a name with a dot is quoted: [{unknown.path[0]}.\"{dotted}\"]")
+    elsewhere = getattr(unknown.model, "ELSEWHERE", {}).get(name)
+    if elsewhere:
+        # Said before the top-level guess: `gpus` in a template is no misplaced fake_gpus.
+        raise ConfigError(f"{subject}: {elsewhere}; {where.strip()} takes {', '.join(unknown.choices)}")
     if len(unknown.path) > 1:
         # A top-level line appended at the end of the file lands in its last [section].
         above = "put it above the first [section] of the file"

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from rig.clock import shared_now
 from rig.forecast import Forecast, StartEstimate
-from rig.waiting import NO_DISPATCHER
+from rig.waiting import no_dispatcher_words
 
 if TYPE_CHECKING:
     import redis
@@ -82,7 +82,7 @@ def read(r: redis.Redis, keys: Keys, job_ids: Iterable[int] | None = None) -> Fo
     """The stored forecast of ``job_ids`` (all it holds when None): one round trip (leader lock,
     HMGET). Every asked id gets an entry: its estimate; "not estimated yet" when it is newer
     than the forecast, or there is none yet; "later" when it was beyond the simulated head;
-    with no dispatcher leading, rig.waiting.NO_DISPATCHER (a dead leader's forecast is not shown)."""
+    with no dispatcher leading, rig.waiting.no_dispatcher_words (a dead leader's forecast is not shown)."""
     wanted = None if job_ids is None else list(dict.fromkeys(int(j) for j in job_ids))
     pipe = r.pipeline(transaction=False)
     pipe.exists(keys.sched_leader)
@@ -99,7 +99,8 @@ def read(r: redis.Redis, keys: Keys, job_ids: Iterable[int] | None = None) -> Fo
         meta, values = stored[:len(_META)], stored[len(_META):]
     now = shared_now(r)
     if not leader:
-        return Forecast(now, {j: StartEstimate(j, None, NO_DISPATCHER) for j in wanted})
+        words = no_dispatcher_words(r, keys)
+        return Forecast(now, {j: StartEstimate(j, None, words) for j in wanted})
     made_at, every, complete, newest = meta
     if made_at is None:
         return Forecast(now, {j: StartEstimate(j, None, NOT_MADE_YET, not_yet=True) for j in wanted})

@@ -31,15 +31,23 @@ def parse_gpu_memory(text: str | int | float, what: str = "--gpu-memory") -> int
     return check_gpu_memory(parse_memory(text, what=what), what)
 
 
+#: The time limit that says "no limit" (``--time-limit none``): a template's limit can be
+#: lifted for one job, as every other field of a template can be overridden by its flag.
+NO_LIMIT = "none"
+
+
 def parse_time_limit(text: str | int | float | None, what: str = "--time-limit") -> float | None:
-    """A time limit in seconds (None for none): from 1 ms to MAX_TIME_LIMIT. An empty text is
-    refused (``--time-limit "$LIMIT"`` with LIMIT unset ran the job without any limit, a
-    template's included, in silence)."""
+    """A time limit in seconds (None for none, or for NO_LIMIT's word): from 1 ms to
+    MAX_TIME_LIMIT. An empty text is refused (``--time-limit "$LIMIT"`` with LIMIT unset ran
+    the job without any limit, a template's included, in silence)."""
     if text is None:
         return None
     if isinstance(text, str) and not text.strip():
+        # Not "leave it out for no limit": left out, a template's limit applies.
         raise InvalidInput(f"{what} is empty (an unset variable?): give a duration like 90s, 30m or 2h, "
-                           f"or leave {what} out for no limit")
+                           f"or {NO_LIMIT} for no limit")
+    if isinstance(text, str) and text.strip().lower() == NO_LIMIT:
+        return None
     limit = parse_duration(text, what=what)
     if limit > MAX_TIME_LIMIT:
         raise InvalidInput(f"{what} {text!r} is more than ten years; give a shorter one")

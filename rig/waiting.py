@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import time
 from collections.abc import Hashable, Iterable, Mapping, Sequence
@@ -61,7 +62,10 @@ from rig.placement import CardWalk, Hold, Request, explain_wait, only_outside_wh
 from rig.pools import cluster_pools
 
 if TYPE_CHECKING:
+    import redis
+
     from rig.client import Client
+    from rig.keys import Keys
 
 #: A stored reason older than this (s) is not trusted by readers; the dispatcher re-stamps an
 #: unchanged reason every REFRESH_S while it keeps the job waiting.
@@ -73,6 +77,11 @@ NOT_UP = ("stopped", "down", "silent")
 
 FITS_NOW = "it fits now"
 NO_DISPATCHER = "no dispatcher is running (no control worker is up: `rig up` starts one)"
+#: No dispatcher leads while a control worker's heartbeat is alive (it is starting, or its
+#: dispatcher is stuck or stopped): NO_DISPATCHER's "no control worker is up" would be untrue
+#: beside `rig status`' live control worker. {workers}: their names.
+NO_LEADER = ("no dispatcher is running: control worker(s) {workers} have a heartbeat, but none has led "
+             "in the last 5 s (starting, or stuck or stopped: `rig status` shows them, their logs say why)")
 #: The end of a sentence for a job that is about to be placed (rig-submit says nothing then).
 STARTS_NEXT_PASS = "it starts at the dispatcher's next pass"
 #: The live view simulates at most this many jobs ahead (one pipelined read, then place() each).
@@ -110,6 +119,8 @@ class WaitFacts:
     ahead_unknown: bool = False
     #: A dispatcher holds the lock but did not take a wake-up for this long (s); 0: no sign.
     silent_s: float = 0.0
+    #: What is said when no ``dispatcher`` runs (:func:`no_dispatcher_words`).
+    no_dispatcher: str = NO_DISPATCHER
     #: The caller knows that no card of ``cards`` could take the job now, holds aside
     #: (rig.placement.Capacity): explain then skips looking for a placement.
     fits_nowhere: bool = False
@@ -361,7 +372,7 @@ def explain_tail(facts: WaitFacts, counts_ahead: bool = True) -> str:
     if facts.own_hold is not None:
         out += f"; {', '.join(facts.own_hold.cards)} held for it" + _expected(facts.own_hold.until, facts.now)
     if not facts.dispatcher:
-        out += f"; {NO_DISPATCHER}"
+        out += f"; {facts.no_dispatcher}"
     elif facts.silent_s:
         out += (f"; the dispatcher holding the lock did not answer within {facts.silent_s:.1f} s "
                 "(stopped or stuck: `rig status` shows the control workers)")
@@ -466,7 +477,25 @@ def why_waiting(client: Client, job: Job, *, now: float | None = None, silent_s:
         request=Request(job.gpu_memory, job.gpus), cards=cards, nodes=nodes, held={},
         ahead=ahead, dispatcher=bool(leader), pool=job.pool,
         strategy=client.settings.scheduler_type, now=now, ahead_cards=after,
-        ahead_unknown=ahead > AHEAD_SIMULATED, silent_s=silent_s if leader else 0.0))
+        ahead_unknown=ahead > AHEAD_SIMULATED, silent_s=silent_s if leader else 0.0,
+        no_dispatcher=NO_DISPATCHER if leader else no_dispatcher_words(r, keys)))
+
+
+def no_dispatcher_words(r: redis.Redis, keys: Keys) -> str:
+    """Why no dispatcher leads, as far as Redis tells: NO_LEADER naming the control workers
+    whose heartbeat is alive, else NO_DISPATCHER (none is up). One read of the workers' set
+    and one MGET; said only when no dispatcher leads."""
+    names = sorted(r.smembers(keys.workers))
+    beats = r.mget([keys.worker(n) for n in names]) if names else []
+    alive = []
+    for name, beat in zip(names, beats, strict=True):
+        try:
+            role = json.loads(beat).get("role") if beat else None
+        except (ValueError, AttributeError):
+            role = None
+        if role == "control":
+            alive.append(name)
+    return NO_LEADER.format(workers=", ".join(alive)) if alive else NO_DISPATCHER
 
 
 def _current(job: Job, leader: object, stamp: object, now: float, node_change: float) -> bool:

@@ -321,7 +321,9 @@ def templates(ctx: click.Context) -> None:
              "limit": t.time_limit or "-",
              "grow": "-" if t.oom_retry_grow is None else ("yes" if t.oom_retry_grow else "no"),
              "what": t.description}
-            for name, t in sorted(settings_from(ctx).templates.items())]
+            # The client's: through the gateway, the node's templates, which its submissions
+            # use (this user's own config listed others: `-t mine` worked, unlisted).
+            for name, t in sorted(client_from(ctx).templates().items())]
     console = make_console()
     console.print(fitted_table(cols, rows, console.width, title="templates (explicit flags win)",
                                title_justify="left"))

@@ -464,6 +464,9 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
     ]
     if job.pool:
         rows.append(("pool", job.pool))  # it runs only on that pool's cards
+    if job.template:
+        # Where its priority, retries, time limit and margin came from when no flag said them.
+        rows.append(("template", job.template))
     if why:
         rows.append(("waiting because", why))
     if estimated_start:

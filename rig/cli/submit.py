@@ -43,9 +43,12 @@ def submit_options(fn):  # noqa: ANN001, ANN201
                      help="Retries after a failed attempt before the error queue (default: max_retries)."),
         click.option("--time-limit", "time_limit", metavar="DURATION",
                      help="Stop the job after this much running time (90s, 30m, 2h; a bare number is seconds, "
-                          "as it always was): it ends TIMEOUT."),
-        click.option("--oom-retry-grow", is_flag=True, default=None,
-                     help="After a CUDA out-of-memory, retry with a larger declaration."),
+                          "as it always was): it ends TIMEOUT. 'none': no limit, not even a template's."),
+        # A pair, so a template's oom_retry_grow = true (finetune's) can be said no to: "flags
+        # win" had no flag for no.
+        click.option("--oom-retry-grow/--no-oom-retry-grow", "oom_retry_grow", default=None,
+                     help="After a CUDA out-of-memory, retry with a larger declaration (default: the "
+                          "template's, else no)."),
         click.option("--template", "-t", metavar="NAME",
                      help="A preset from the config (finetune, inference, test, ...): `rig templates`."),
         click.option("--pool", metavar="NAME",
@@ -88,7 +91,9 @@ def do_submit(ctx: click.Context, name, gpu_memory, gpus, priority, cmd, workdir
         for note in (client.last_auto_note, client.last_durability_note):
             if note:
                 click.echo(note, err=True)
-        cards = "1 card" if job.gpus == 1 else f"{job.gpus} cards"
+        # Per card, as --gpu-memory is and as a wait says it ("on each of 2 cards"): "40.0 GiB on
+        # 2 cards" read as 40 GiB in all.
+        cards = "1 card" if job.gpus == 1 else f"each of {job.gpus} cards"
         click.echo(f"submitted job {job.id} '{clean(job.name)}': {format_memory(job.gpu_memory)} on {cards}, "
                    f"{job.priority.value} priority" + (f", pool {clean(job.pool)}" if job.pool else ""), err=True)
         _say_why_waiting(client, job.id)

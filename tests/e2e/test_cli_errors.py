@@ -53,7 +53,7 @@ def one_line_error(result, code: int, *needles: str) -> None:
         # no limit at all (a template's dropped too) / in the current folder, in silence
         (["--gpu-memory", "1G", "--time-limit", "", "--", "true"], 2, "--time-limit is empty"),
         (["--gpu-memory", "1G", "--template", "test", "--time-limit", " ", "--", "true"], 2,
-         "leave --time-limit out for no limit"),
+         "or none for no limit"),
         (["--gpu-memory", "1G", "--workdir", "", "--", "true"], 2, "--workdir is empty"),
     ],
 )

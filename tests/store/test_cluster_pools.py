@@ -15,6 +15,7 @@ from rig.errors import InvalidInput, Unschedulable
 from rig.failures import FailureClass
 from rig.gpus.fake import FakeGpuBackend
 from rig.keys import Keys
+from rig.memory import GIB
 from rig.models import JobState
 from rig.nodes import NodeInfo, NodeRegistry
 from rig.pools import NODE_FIELD, cluster_pools, disagreement, encode
@@ -87,6 +88,35 @@ def test_a_retry_of_a_job_whose_pool_is_gone_is_refused_and_changes_nothing(node
 def _info(name: str, pools: dict | None, started: float, state: str = "up") -> NodeInfo:
     return NodeInfo(name=name, alive=state == "up", state=state, since=started, started_at=started,
                     pools=None if pools is None else encode(pools))
+
+
+def test_a_retry_with_more_memory_than_its_pools_cards_have_is_refused_and_changes_nothing(
+        redis_client, key_prefix, tmp_path):
+    """`rig retry N --gpu-memory 50G` of a job of a pool of 24 GB cards, on a node with an 80 GB
+    card outside the pool: 'job N is waiting again', then at once FAILED unschedulable (the size
+    was judged by every card, not the pool's). Judged as a submission is now."""
+    settings = load_settings(key_prefix=key_prefix, node_name="vm", fake_gpus="2x24G,1x80G",
+                             pools={"small": ["vm:0-1"]}, home=tmp_path / "node")
+    register_node(settings, redis_client, FakeGpuBackend("2x24G,1x80G"))
+    client = _submitter(redis_client, key_prefix, tmp_path)
+    pooled, free = client.submit(["true"], gpu_memory="10G", pool="small").id, client.submit(["true"], gpu_memory="10G").id
+    for jid in (pooled, free):
+        client.ledger.transition(jid, JobState.FAILED, error_queue=True, expect=JobState.PENDING,
+                                 fields={"reason": "exit code 1", "failure": FailureClass.NONZERO_EXIT.value})
+    with pytest.raises(Unschedulable, match=r"^job can never run in pool 'small': needs 50\.0 GiB per card but the "
+                                            r"largest card offers 22\.8 GiB usable \(vm/0, "):
+        client.retry(pooled, gpu_memory="50G")
+    job = client.get(pooled)
+    assert job.state is JobState.FAILED and job.gpu_memory == 10 * GIB and client.store.in_error_queue(pooled)
+    assert client.retry(free, gpu_memory="50G").state is JobState.PENDING  # the 80 GB card has room for it
+    with pytest.raises(InvalidInput, match="more than any card has"):
+        client.retry(pooled, gpu_memory="100000T")
+    # Over its user's limit alone: refused too, not failed by the dispatcher after 'waiting again'.
+    client.settings.max_gpu_memory_per_user = "16G"
+    with pytest.raises(Unschedulable, match=r"^job can never run: it needs 20\.0 GiB in all but its user may hold "
+                                            r"at most 16\.0 GiB"):
+        client.retry(pooled, gpu_memory="20G")
+    assert client.get(pooled).state is JobState.FAILED
 
 
 def test_the_clusters_pools_are_the_last_registered_nodes():

@@ -705,3 +705,30 @@ def test_retry_with_a_time_limit_through_an_older_gateway_says_so(gateway):
     assert "runs an older rig, which cannot give a job a new time limit" in str(info.value)
     assert f"`rig retry {job.id}` without --time-limit" in str(info.value)
     assert client.retry(job.id).state is JobState.PENDING  # without one it is sent as before
+
+
+def test_rig_templates_through_the_gateway_lists_the_nodes_templates(redis_client, key_prefix, tmp_path,
+                                                                     monkeypatch):
+    """A user without the Redis password submits through the gateway, which applies the node's
+    [templates]: `rig-submit -t mine` ran, and `rig templates` (read from the user's own config)
+    did not list 'mine'. It lists what the user's submissions use."""
+    from click.testing import CliRunner
+
+    from rig.cli.main import cli
+
+    node = load_settings(home=tmp_path / "node", key_prefix=key_prefix,
+                         templates={"mine": {"gpu_memory": "10G", "priority": "high"}})
+    gw = Gateway(node, Client(node, redis_client=redis_client))
+    path = Path(f"/tmp/rig-test-gateways/{os.getpid()}-{key_prefix.split(':')[1]}-t.sock")
+    server = bind(path, gw)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        monkeypatch.setenv("RIG_HOME", str(tmp_path / "user"))  # no config: the shipped templates only
+        monkeypatch.setattr("rig.gateway.choice.make_client", lambda settings: GatewayClient(settings, path))
+        result = CliRunner().invoke(cli, ["templates"], env={"COLUMNS": "160"})
+        assert result.exit_code == 0, result.output
+        assert "│ mine " in result.output and "│ finetune " in result.output, result.output
+    finally:
+        server.shutdown()
+        server.server_close()
+        path.unlink(missing_ok=True)

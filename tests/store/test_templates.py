@@ -6,7 +6,9 @@ import pytest
 
 from rig.client import Client
 from rig.config import load_settings
-from rig.errors import InvalidInput
+from rig.errors import InvalidInput, Unschedulable
+from rig.gpus.base import GpuReading
+from rig.ledger import Ledger
 from rig.memory import GIB
 from tests.conftest import REDIS_URL
 
@@ -40,6 +42,29 @@ def test_template_with_its_own_memory_and_shipped_ones_remain(client):
     assert {"finetune", "inference", "test", "nightly"} <= set(client.templates())
     smoke = client.submit("pytest -x", template="test").record
     assert smoke.gpu_memory == 2 * GIB and smoke.max_retries == 0
+
+
+def test_a_refusal_says_the_size_it_quotes_is_the_templates_margin_on_what_was_typed(client):
+    """`rig-submit -t finetune -m 20G` on 24 GB cards said "needs 30.0 GiB per card ...; ask for
+    less memory", a size nobody typed: the refusal names the margin that made it."""
+    Ledger(client.r, client.keys).register_card(
+        "n1", GpuReading(index=0, uuid="u0", model="m", total=24 * GIB),
+        max_jobs=4, reserve_fraction=0.0, allowed=True, fake=True)
+    with pytest.raises(Unschedulable, match=r"^job can never run: needs 30\.0 GiB per card but the largest card "
+                                            r"offers 24\.0 GiB .*; ask for less memory \(30\.0 GiB per card is "
+                                            r"20G x margin 1\.5 of template 'finetune'\)$"):
+        client.submit("python ft.py", gpu_memory="20G", template="finetune")
+    # Without a margin the size is the one typed, and nothing is added.
+    with pytest.raises(Unschedulable, match=r"ask for less memory$"):
+        client.submit("python ft.py", gpu_memory="30G")
+
+
+def test_an_empty_name_is_refused_not_replaced_by_the_programs(client):
+    """`--name "$NAME"` with NAME unset ran under the program's name in silence (a name of
+    spaces was refused); left out, the name is still the program's."""
+    with pytest.raises(InvalidInput, match="name must not be empty"):
+        client.submit(["python", "ft.py"], gpu_memory="1G", name="")
+    assert client.submit(["python", "ft.py"], gpu_memory="1G").record.name == "ft.py"
 
 
 def test_unknown_template_and_missing_memory(client):
@@ -99,3 +124,42 @@ def test_submit_stores_the_callers_own_run_times_by_command_then_name(client):
     assert other_args.expected_seconds == 10.0
     fresh = client.submit("python eval.py", gpu_memory="1G").record
     assert fresh.expected_seconds is None and fresh.cautious_seconds is None
+
+
+def test_rig_submit_can_say_no_to_a_templates_oom_retry_grow(cli_env, real_redis):
+    """finetune sets oom_retry_grow = true and `rig templates` says explicit flags win, but
+    rig-submit had only --oom-retry-grow: no flag could turn it off for one job."""
+    from click.testing import CliRunner
+
+    from rig.cli.submit import main as submit_main
+
+    def submitted(*flags: str) -> bool:
+        result = CliRunner().invoke(submit_main, ["-t", "finetune", "-m", "1G", *flags, "--", "true"])
+        assert result.exit_code == 0, result.output
+        job_id = int(result.output.splitlines()[0])
+        return Client(load_settings(), redis_client=real_redis).get(job_id).oom_retry_grow
+
+    assert submitted() is True  # the template's
+    assert submitted("--no-oom-retry-grow") is False
+    assert submitted("--oom-retry-grow") is True
+
+
+def test_time_limit_none_lifts_a_templates_limit(client):
+    """`rig-submit -t nightly --time-limit " "` said "leave --time-limit out for no limit", and
+    left out the template's 6h applied: no value lifted it. `none` does; empty is still refused."""
+    assert client.submit("x", template="nightly").record.time_limit == 6 * 3600
+    assert client.submit("x", template="nightly", time_limit="none").record.time_limit is None
+    assert client.submit("x", template="nightly", time_limit="None").record.time_limit is None
+    with pytest.raises(InvalidInput, match=r"time_limit is empty .*or none for no limit$"):
+        client.submit("x", template="nightly", time_limit=" ")
+
+
+def test_rig_submit_says_a_multi_card_jobs_memory_is_per_card(cli_env, real_redis):
+    """`rig-submit -m 20G --gpus 2` said "20.0 GiB on 2 cards", read as 20 GiB in all."""
+    from click.testing import CliRunner
+
+    from rig.cli.submit import main as submit_main
+
+    result = CliRunner().invoke(submit_main, ["-n", "ddp", "-m", "20G", "--gpus", "2", "--", "true"])
+    assert result.exit_code == 0, result.output
+    assert "'ddp': 20.0 GiB on each of 2 cards, medium priority" in result.output, result.output

@@ -3,10 +3,12 @@ runs, and never contradicting the dispatcher's own (issue 10, item 5). fakeredis
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
+from rig import forecast_store
 from rig.client import Client
 from rig.clock import shared_now
 from rig.config import load_settings
@@ -88,6 +90,28 @@ def test_no_dispatcher_running_is_said_even_when_the_job_fits(world):
     why = why_waiting(client, client.get(_submit(ledger, 4)))
     assert why.startswith(f"{FITS_NOW} (n1/"), why
     assert why.endswith(NO_DISPATCHER)
+
+
+def test_a_control_worker_alive_without_a_dispatcher_is_not_called_absent(world):
+    """A control worker SIGSTOPped (or its dispatcher stuck) while its heartbeat lives: `rig
+    status` listed control@n1 seen 1 s ago while `rig show` and the estimated start said "no
+    control worker is up: `rig up` starts one", with rig up running. Both name it now."""
+    _, keys, ledger, nodes, client = world
+    nodes.register("n1", ttl=TTL, backend="fake", cards=2)
+    _cards(ledger, "n1")
+    client.r.set(keys.worker("card0@n1"), json.dumps({"role": "card", "node": "n1"}), ex=30)
+    client.r.set(keys.worker("control@n1"), json.dumps({"role": "control", "node": "n1"}), ex=30)
+    client.r.sadd(keys.workers, "card0@n1", "control@n1")
+    job = client.get(_submit(ledger, 4))
+    why = why_waiting(client, job)
+    assert NO_DISPATCHER not in why, why
+    assert why.endswith("no dispatcher is running: control worker(s) control@n1 have a heartbeat, but none has led "
+                        "in the last 5 s (starting, or stuck or stopped: `rig status` shows them, their logs say why)")
+    got = forecast_store.read(client.r, keys, [job.id])
+    assert got.of(job.id).why_none.startswith("no dispatcher is running: control worker(s) control@n1 have")
+    client.r.delete(keys.worker("control@n1"))  # its heartbeat expired: none is up
+    assert why_waiting(client, job).endswith(NO_DISPATCHER)
+    assert forecast_store.read(client.r, keys, [job.id]).of(job.id).why_none == NO_DISPATCHER
 
 
 def test_a_stale_stored_reason_is_not_shown(world):

@@ -83,6 +83,15 @@ def test_a_line_appended_to_the_generated_file_is_top_level(tmp_path):
     ("[health]\nmax_tasks_per_gpu = 3\n",
      "[health] 'max_tasks_per_gpu'; did you mean 'max_task_per_gpu'? It is a top-level setting"),
     ("[health]\ntimout = 3\n", "[health] 'timout'; did you mean 'timeout'? Correct or remove it"),
+    # A job option a template does not set is no misplaced top-level setting: `gpus` was read
+    # as fake_gpus ("did you mean 'fake_gpus'? ... put it above the first [section]"), `pool` as
+    # pools, advice that set fake cards or a pool table.
+    ('[templates.ddp]\ngpu_memory = "20G"\ngpus = 2\n',
+     "[templates.ddp] 'gpus': a template does not set gpus: give it when submitting (rig-submit --gpus N, or "
+     "gpus= in Python); [templates.ddp] takes description, gpu_memory, margin, oom_retry_grow, priority, "
+     "retries, time_limit"),
+    ('[templates.a100]\npool = "a100"\n', "[templates.a100] 'pool': a template does not set pool"),
+    ('[templates.x]\ncommand = "python ft.py"\n', "'command': a template does not set the command"),
 ])
 def test_a_top_level_setting_under_a_section_says_so(tmp_path, text, said):
     (tmp_path / "rig.toml").write_text(text)
@@ -387,3 +396,28 @@ def test_error_queue_logs_not_set_are_kept_as_long_as_a_longer_log_retention(tmp
     monkeypatch.delenv("RIG_LOG_RETENTION_DAYS")
     refused("error_log_retention_days = 100 (RIG_ERROR_LOG_RETENTION_DAYS) is shorter than "
             "log_retention_days = 180 (")
+
+
+@pytest.mark.parametrize("text", ['max_gpu_memory_per_user = ""\n',
+                                  'max_gpu_memory_per_user = "160G"\n[user_limits.alice]\nmax_gpu_memory = " "\n'])
+def test_an_empty_memory_limit_is_refused_not_read_as_no_limit(tmp_path, text):
+    """An empty limit was read as "0", no limit: alice's own empty one lifted the default
+    160G for her in silence (and RIG_MAX_GPU_MEMORY_PER_USER="$LIMIT" with LIMIT unset, the
+    cluster's)."""
+    (tmp_path / "rig.toml").write_text(text)
+    refused("is empty (an unset variable?): give a size like 160G, or 0 for no limit")
+
+
+def test_an_empty_memory_limit_variable_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("RIG_MAX_GPU_MEMORY_PER_USER", "")
+    refused("RIG_MAX_GPU_MEMORY_PER_USER: max_gpu_memory_per_user is empty")
+    monkeypatch.setenv("RIG_MAX_GPU_MEMORY_PER_USER", "0")
+    assert load_settings().user_limit("bob").max_bytes == 0  # 0 is still no limit
+
+
+@pytest.mark.parametrize("name", ["", "a b", "a\\u001bb", "-x"])
+def test_a_template_name_that_cannot_be_typed_after_template_is_refused(tmp_path, name):
+    """`[templates.""]` was taken, and `rig-submit --template "$T"` with T unset then used it;
+    a name with an escape character went into job records."""
+    (tmp_path / "rig.toml").write_text(f'[templates."{name}"]\ngpu_memory = "1G"\n')
+    refused("template name")

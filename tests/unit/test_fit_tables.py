@@ -6,6 +6,7 @@ is there. No Redis, no terminal."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import re
 
@@ -21,7 +22,14 @@ from rig.cli.fit import (
     shorten_middle,
     shorten_names,
 )
-from rig.cli.render import CARD_COLUMNS, JOB_COLUMNS, render_errors, render_jobs, render_status
+from rig.cli.render import (
+    CARD_COLUMNS,
+    JOB_COLUMNS,
+    render_errors,
+    render_job,
+    render_jobs,
+    render_status,
+)
 from rig.cli.top import LIST_MIN_ROWS, build_view
 from rig.client import StatusReport, UserUsage, WorkerInfo
 from rig.memory import GIB
@@ -635,3 +643,13 @@ def test_status_shows_the_archive_path_as_it_is(home) -> None:
     report.archived, report.archive = 4, f"sqlite:///{home}/archive.sqlite3"
     lines = [line for line in _screen(200, lambda c: render_status(report, c)) if line.startswith("jobs: ")]
     assert lines[0].endswith(f"; archived (finished, out of Redis): 4 in sqlite:///{home}/archive.sqlite3")
+
+
+def test_rig_show_names_the_template_a_job_was_submitted_with():
+    """`rig-submit -t finetune -m 20G`: rig show said 24.0 GiB, high priority, retries up to 1
+    and never where they came from; the record keeps the template's name."""
+    job = dataclasses.replace(_job(7, "ft", JobState.PENDING), template="finetune", pool="a100")
+    lines = _screen(120, lambda c: render_job(job, None, c))
+    assert any(line.split() == ["template", "finetune"] for line in lines), lines
+    plain = dataclasses.replace(job, template=None)
+    assert not any(line.startswith("template") for line in _screen(120, lambda c: render_job(plain, None, c)))
