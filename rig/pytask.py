@@ -91,6 +91,15 @@ class RigTask(Generic[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
 
+    def __get__(self, instance: object, owner: type | None = None) -> RigTask[..., R] | _BoundTask[R]:
+        """A decorated method read through an instance (``K().meth``) is bound to it, as a
+        plain method is: calling it runs ``meth(instance, ...)`` here, and ``.delay(x)`` queues
+        ``K.meth(instance, x)``, the instance pickled as the first argument (a copy: what the job
+        changes on it does not come back). Read through the class (``K.meth``) it stays the task."""
+        if instance is None:
+            return self
+        return _BoundTask(self, instance)
+
     def delay(self, *args: P.args, **kwargs: P.kwargs):  # noqa: ANN201 - returns JobHandle
         return self.apply_async(args, kwargs)
 
@@ -133,6 +142,25 @@ class RigTask(Generic[P, R]):
         )
 
 
+class _BoundTask(Generic[R]):
+    """A decorated method bound to an instance (see RigTask.__get__): the instance goes first."""
+
+    def __init__(self, task: RigTask[..., R], instance: object) -> None:
+        self.task = task
+        self.instance = instance
+        self.fn = task.fn  # what rig.call runs, given the instance first (as .delay() sends it)
+        functools.update_wrapper(self, task.fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R:  # noqa: ANN401
+        return self.task.fn(self.instance, *args, **kwargs)
+
+    def delay(self, *args: Any, **kwargs: Any):  # noqa: ANN201, ANN401 - returns JobHandle
+        return self.task.apply_async((self.instance, *args), kwargs)
+
+    def apply_async(self, args: tuple = (), kwargs: dict | None = None, **overrides: Any):  # noqa: ANN201
+        return self.task.apply_async((self.instance, *args), kwargs, **overrides)
+
+
 def task(
     fn: Callable[P, R] | None = None, *, gpu_memory: str | int | None = None, gpus: int = 1,
     priority: str | None = None, name: str | None = None, workdir: str | None = None,
@@ -152,6 +180,10 @@ def task(
     _check_options(options)
 
     def wrap(f: Callable[P, R]) -> RigTask[P, R]:
+        if isinstance(f, staticmethod | classmethod):
+            kind = type(f).__name__
+            raise InvalidInput(f"@rig.task is written above @{kind}; write @{kind} above @rig.task(...), "
+                               f"which then decorates the plain function")
         _check_plain_function(f)
         return RigTask(f, options)
 
@@ -269,7 +301,7 @@ def _check_importable(task: RigTask[Any, Any], payload: dict[str, Any]) -> None:
     target: Any = module
     for part in qualname.split("."):
         target = getattr(target, part, None)
-    if target is not task and target is not fn:
+    if target is not task and target is not fn and getattr(target, "task", None) is not task:
         raise _NotImportable(f"{fn.__module__}.{qualname} does not name the decorated {name}() (was the "
                              f"name reused or the function renamed?); define it once, at the top level "
                              f"of its module, under its own name")

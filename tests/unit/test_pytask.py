@@ -483,3 +483,66 @@ def test_an_async_or_generator_function_is_refused_where_it_is_decorated(fn, sai
     never ran the body (the coroutine was not awaited) and failed as bad_result."""
     with pytest.raises(InvalidInput, match=said):
         rig.task(gpu_memory="1G")(fn)
+
+
+METHODS = '''
+import base64, pickle, subprocess, sys
+import rig
+from tests.unit.test_pytask import RUN_AS_JOB, StubClient
+
+class Model:
+    def __init__(self, scale):
+        self.scale = scale
+
+    @rig.task(gpu_memory="1G")
+    def fit(self, x):
+        return self.scale * x
+
+    @classmethod
+    @rig.task(gpu_memory="1G")
+    def build(cls, x):
+        return (cls.__name__, x)
+
+    @staticmethod
+    @rig.task(gpu_memory="1G")
+    def plain(x):
+        return x + 1
+
+def as_job(handle_maker):
+    client = StubClient()
+    handle_maker(client)
+    payload = client.submitted[0][1]["extra"]["payload"]
+    job = subprocess.run([sys.executable, "-P", "-c", RUN_AS_JOB], input=payload, capture_output=True,
+                         text=True, cwd="/")
+    code, result = job.stdout.split()[1::2]
+    assert code == "0", job.stderr
+    return pickle.loads(base64.b64decode(result))
+
+if __name__ == "__main__":
+    print("HERE", Model(3).fit(2), Model.fit(Model(3), 2))
+    print("JOB", as_job(lambda c: Model(3).fit.apply_async((2,), client=c)),
+          as_job(lambda c: Model.fit.apply_async((Model(5), 2), client=c)),
+          as_job(lambda c: Model.build.apply_async((4,), client=c)),
+          as_job(lambda c: Model(1).plain.apply_async((4,), client=c)))
+'''
+
+
+def test_a_method_called_through_an_instance_is_queued_with_the_instance_first(tmp_path):
+    """Breaker: ``K().meth.delay(1)`` was refused as ``meth() cannot take these arguments
+    (missing a required argument: 'x')`` and ``K().meth(1)`` ran meth(1): the decorator did not
+    bind ``self``. A decorated method now binds as a plain one does, here and in the job."""
+    script = tmp_path / "script.py"
+    script.write_text(METHODS)
+    done = _run_script(script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["HERE 6 6", "JOB 6 10 ('Model', 4) 5"], done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("wrapper", [staticmethod, classmethod])
+def test_rig_task_above_staticmethod_or_classmethod_says_to_swap_them(wrapper):
+    def fn(x):  # noqa: ANN001, ANN202
+        return x
+
+    with pytest.raises(InvalidInput, match=rf"^@rig.task is written above @{wrapper.__name__}; "
+                                           rf"write @{wrapper.__name__} above @rig.task\(...\)"):
+        rig.task(gpu_memory="1G")(wrapper(fn))
