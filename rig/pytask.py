@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from rig import callpickle
+from rig.argnames import in_callers_words
 from rig.errors import InvalidInput
 
 P = ParamSpec("P")
@@ -203,11 +204,14 @@ def _check_plain_function(fn: Callable[..., Any]) -> None:
                            f"return a list (`return list(...)`) instead")
 
 
+@in_callers_words
 def _check_options(options: dict[str, Any]) -> None:
     """Refuse a malformed option where it is written, at decoration (the rules rig.submit
     applies, rig.request_rules), not at the first .delay(). What depends on the cluster (a
-    template's or pool's name, a size no card has, ``"auto"``) is checked at .delay()."""
-    from rig.job_env import check_env_mapping, parse_export
+    template's or pool's name, a size no card has, ``"auto"``) or on the submitter's shell
+    (``env={"NAME": None}``, ``export=``'s values) is checked at .delay(). The rules word their
+    refusals in the CLI's words; in_callers_words names the keywords instead (rig.argnames)."""
+    from rig.job_env import check_env_mapping, parse_export, refuse_rig_owned
     from rig.models import Priority
     from rig.request_rules import (
         check_flag,
@@ -217,21 +221,24 @@ def _check_options(options: dict[str, Any]) -> None:
         parse_time_limit,
     )
 
-    check_gpus(options["gpus"], what="gpus")
+    check_gpus(options["gpus"])
     check_flag(options.get("oom_retry_grow"), "oom_retry_grow")
     if options["gpu_memory"] is not None:
-        parse_gpu_memory(options["gpu_memory"], what="gpu_memory")
+        parse_gpu_memory(options["gpu_memory"])
     if "retries" in options:
-        check_retries(options["retries"], what="retries")
-    parse_time_limit(options.get("time_limit"), what="time_limit")
+        check_retries(options["retries"])
+    parse_time_limit(options.get("time_limit"))
     if "priority" in options:
         Priority.parse(options["priority"])
     check_env_mapping(options.get("env"))
+    refused = refuse_rig_owned({str(k): v for k, v in (options.get("env") or {}).items()})
+    if refused:
+        raise InvalidInput(refused)
     if "export" in options:
         try:
             parse_export(options["export"])
         except ValueError as exc:
-            raise InvalidInput(str(exc).replace("--export", "export", 1)) from None
+            raise InvalidInput(str(exc)) from None
 
 
 def _check_overrides(overrides: dict[str, Any]) -> None:

@@ -379,12 +379,19 @@ def test_a_call_payload_of_the_old_shape_still_runs(tmp_path):
     ({"gpu_memory": "1G", "priority": "urgent"}, "unknown priority 'urgent'; choose high, medium or low"),
     ({"gpu_memory": "1G", "export": "A-B"}, "export: 'A-B' is not a variable name"),
     ({"gpu_memory": "1G", "env": ["A=1"]}, "env must be a mapping of names to values"),
+    ({"gpu_memory": "1G", "env": {"CUDA_VISIBLE_DEVICES": "1"}},
+     "env CUDA_VISIBLE_DEVICES: rig sets it to the cards it gives the job; ask for cards with gpus (and pool)"),
+    ({"gpu_memory": "1G", "export": []}, "export: an empty list names no variable"),
 ])
 def test_priority_export_and_env_are_refused_where_the_decorator_is_written(options, said):
     """Breaker (brkapi): ``@rig.task(priority="urgent")`` was accepted and only the first
-    .delay() refused it, though nothing about a priority depends on the cluster."""
-    with pytest.raises(InvalidInput, match=f"^{re.escape(said)}"):
+    .delay() refused it, though nothing about a priority depends on the cluster. Breaker
+    (pyapi): ``env={"CUDA_VISIBLE_DEVICES": "1"}`` too; and the decorator words its refusals
+    through rig.argnames as rig.submit does (it had its own copies: ``what="gpus"``, and a
+    replace of ``--export``), so no message of it names an option of rig-submit."""
+    with pytest.raises(InvalidInput, match=f"^{re.escape(said)}") as refused:
         rig.task(**options)
+    assert "--" not in str(refused.value)
     assert rig.task(gpu_memory="1G", priority="HIGH", export="NONE", env={"A": "1"})
 
 
