@@ -327,7 +327,7 @@ class Client:
                 nbytes = check_gpu_memory(_round_up(int(nbytes * margin)),
                                           f"template {template!r}: {gpu_memory} x margin {margin:g} =")
         check_gpu_memory(nbytes)  # rig.request_rules: the rule templates are checked with too
-        check_gpus(gpus)
+        gpus = check_gpus(gpus)
         # "" is a slip (`--priority "$PRIO"` with PRIO unset), refused as any unknown word: never
         # the default priority in silence
         prio = Priority.parse(self.settings.default_priority if priority is None else priority)
@@ -338,7 +338,7 @@ class Client:
         if wd is None:
             wd = memo[("workdir", workdir)] = resolve_workdir(workdir, self.settings.command_workdir)
         max_retries = self.settings.max_retries if retries is None else retries
-        check_retries(max_retries, shown=retries)
+        max_retries = check_retries(max_retries, shown=retries)
         limit = parse_time_limit(time_limit)
         # What the job's environment holds is decided in rig.job_env: the submitter's
         # variables rig passes on, then --env (a value of None: the submitter's own value).

@@ -13,6 +13,7 @@ from pathlib import Path
 from rig.durations import parse_duration
 from rig.errors import InvalidInput
 from rig.memory import format_memory, parse_memory
+from rig.plain_numbers import plain_number
 from rig.records import MAX_GPU_MEMORY, MAX_GPUS, MAX_RETRIES, MAX_TIME_LIMIT
 
 
@@ -80,7 +81,8 @@ def resolve_workdir(workdir: object, command_workdir: object) -> Path:
 
 def check_retries(value: object, shown: object = None, what: str = "--retries") -> int:
     """A retry count: a whole number 0..MAX_RETRIES. ``shown`` is what the message quotes (the
-    value as the caller gave it; default ``value``)."""
+    value as the caller gave it; default ``value``); numpy's integers count as whole numbers."""
+    value = plain_number(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRIES:
         quoted = value if shown is None else shown
         raise InvalidInput(f"{what} must be a whole number from 0 to {MAX_RETRIES}; got {quoted!r}")
@@ -100,7 +102,8 @@ def check_flag(value: object, what: str) -> bool | None:
 
 
 def check_gpus(value: object, what: str = "--gpus") -> int:
-    """A number of cards: a whole number 1..MAX_GPUS."""
+    """A number of cards: a whole number 1..MAX_GPUS (numpy's integers too)."""
+    value = plain_number(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GPUS:
         raise InvalidInput(f"{what} must be a whole number of cards from 1 to {MAX_GPUS}; got {value!r}")
     return value

@@ -553,3 +553,50 @@ def test_rig_task_above_staticmethod_or_classmethod_says_to_swap_them(wrapper):
     with pytest.raises(InvalidInput, match=rf"^@rig.task is written above @{wrapper.__name__}; "
                                            rf"write @{wrapper.__name__} above @rig.task\(...\)"):
         rig.task(gpu_memory="1G")(wrapper(fn))
+
+
+class _Int64:
+    """numpy's np.int64 where numpy is not installed: a whole number that is no int (what
+    ``arr.sum()`` or ``np.argmax`` gives), registered as numbers.Integral as numpy's are."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+    __int__ = __index__
+
+    def __repr__(self) -> str:
+        return f"np.int64({self.value})"
+
+
+def _numpy_int(value: int) -> object:
+    try:
+        import numpy
+    except ImportError:
+        import numbers
+
+        numbers.Integral.register(_Int64)
+        return _Int64(value)
+    return numpy.int64(value)
+
+
+def test_numpy_integers_are_whole_numbers_in_job_options(tmp_path):
+    """Breaker (pyapi): ``gpus=np.int64(2)`` and ``retries=np.int32(1)`` were refused 'gpus must be
+    a whole number of cards from 1 to 256; got np.int64(2)', and ``gpu_memory=np.int64(1 << 30)``
+    'has no unit; write it like 1073741824G' (a Python int of bytes is taken, np.float64 too)."""
+    import fakeredis
+
+    from rig.client import Client
+    from rig.config import load_settings
+
+    client = Client(load_settings(home=tmp_path, key_prefix="t:", redis_url="redis://127.0.0.1:1/0"),
+                    redis_client=fakeredis.FakeRedis(decode_responses=True))
+    job = client.store.get(client.submit("true", gpu_memory=_numpy_int(1 << 30), gpus=_numpy_int(2),
+                                         retries=_numpy_int(1), time_limit=_numpy_int(60)).id)
+    assert (job.gpu_memory, job.gpus, job.max_retries, job.time_limit) == (1 << 30, 2, 1, 60)
+    assert type(job.gpus) is int and type(job.max_retries) is int
+    assert rig.task(gpu_memory=_numpy_int(1 << 30), gpus=_numpy_int(2), retries=_numpy_int(0))
+    with pytest.raises(InvalidInput, match=r"^gpus must be a whole number of cards from 1 to 256; got 0$"):
+        rig.task(gpu_memory="1G", gpus=_numpy_int(0))
