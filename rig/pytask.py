@@ -309,6 +309,11 @@ def _check_importable(task: RigTask[Any, Any], payload: dict[str, Any]) -> None:
     for part in qualname.split("."):
         target = getattr(target, part, None)
     if target is not task and target is not fn and getattr(target, "task", None) is not task:
+        if isinstance(target, RigTask) and target.fn.__qualname__ == fn.__qualname__:
+            # The module was run again (importlib.reload, a notebook cell) or defines it twice.
+            raise _NotImportable(f"{fn.__module__}.{qualname} is now another {name}() (the module was reloaded, "
+                                 f"or defines {name} twice) and the job would run that one; submit through "
+                                 f"{fn.__module__}.{qualname} as it is now (import it again after a reload)")
         raise _NotImportable(f"{fn.__module__}.{qualname} does not name the decorated {name}() (was the "
                              f"name reused or the function renamed?); define it once, at the top level "
                              f"of its module, under its own name")

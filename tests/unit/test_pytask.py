@@ -154,6 +154,24 @@ def _helper() -> None:
     pass
 
 
+def test_a_task_from_before_its_module_was_reloaded_says_so(tmp_path, monkeypatch):
+    """Breaker (pyapi): in a notebook, ``importlib.reload(tasks)`` then ``add.delay(1, 1)`` through
+    the ``add`` imported before was refused '... does not name the decorated add() (was the name
+    reused or the function renamed?)': neither was; the module was run again."""
+    import importlib
+
+    (tmp_path / "reloaded_tasks.py").write_text("import rig\n@rig.task(gpu_memory='1G')\ndef add(a, b):\n"
+                                                "    return a + b\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("reloaded_tasks")
+    old = module.add
+    importlib.reload(module)
+    with pytest.raises(InvalidInput, match=r"^reloaded_tasks.add is now another add\(\) \(the module was "
+                                           r"reloaded, or defines add twice\) .*import it again after a reload"):
+        old.apply_async((1, 1), client=StubClient())
+    module.add.apply_async((1, 1), client=StubClient())
+
+
 def test_a_delay_while_a_call_module_is_imported_in_a_job_raises_instead_of_submitting():
     client = StubClient()
     with loading_call("/x/train.py"), pytest.raises(SubmittedWhileImported, match=r"if __name__ =="):
