@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import pwd
@@ -418,6 +419,7 @@ class Client:
             if not isinstance(request, Mapping):
                 raise InvalidInput(f"request {number}: expected a dict of submit()'s arguments")
             request = dict(request)
+            check_request_keys(number, request)
             try:
                 command = request.pop("command")
             except KeyError:
@@ -1252,6 +1254,20 @@ def _normalise_command(command: Any, shell: bool | None) -> tuple[list[str], boo
     if not argv or not argv[0].strip():
         raise InvalidInput("the command is empty; give it after `--` or with --cmd \"...\"")
     return argv, False
+
+
+def check_request_keys(number: int, request: Mapping[str, Any]) -> None:
+    """A submit_many request's keys are submit()'s keyword arguments (its signature decides):
+    a slip (``gpu_mem``) is one line naming the closest one, not Python's TypeError about
+    ``Client.submit()``."""
+    import difflib
+
+    known = [n for n in inspect.signature(Client.submit).parameters if n != "self" and not n.startswith("_")]
+    unknown = sorted(str(key) for key in request if key not in known)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f"did you mean {close[0]}?" if close else f"the keys are {', '.join(known)}"
+        raise InvalidInput(f"request {number}: no option {unknown[0]!r} ({hint})")
 
 
 def _default_name(argv: list[str], is_shell: bool) -> str:

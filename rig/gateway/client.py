@@ -24,7 +24,7 @@ from rig import errors as E
 from rig import job_env as jobenv
 from rig.argnames import in_callers_words
 from rig.cli.logview import Look
-from rig.client import Client, Identity, JobHandle, StatusReport, caller_environ
+from rig.client import Client, Identity, JobHandle, StatusReport, caller_environ, check_request_keys
 from rig.config import Settings, Template
 from rig.errors import InvalidInput, JobGone, RigError
 from rig.gateway import wire
@@ -196,6 +196,7 @@ class GatewayClient:
         for number, request in enumerate(requests):
             if not isinstance(request, Mapping):
                 raise InvalidInput(f"request {number}: expected a dict of submit()'s arguments")
+            check_request_keys(number, request)
             request = dict(request)
             mode = request.pop("export", None)
             if mode not in environ_by_mode:

@@ -64,3 +64,15 @@ def test_the_command_line_keeps_its_options(cli_env):
     result = CliRunner().invoke(main, ["--gpu-memory", "1G", "--cmd", ""])
     assert result.exit_code == 2, result.output
     assert "give it after `--` or with --cmd" in result.output
+
+
+def test_a_submit_many_key_that_is_no_option_names_the_closest(client):
+    """Breaker (pyapi): ``rig.submit_many([{..., "gpu_mem": "2G"}])`` said 'request 0:
+    Client.submit() got an unexpected keyword argument 'gpu_mem'' (a function the caller never
+    called); .apply_async() already named the closest option."""
+    with pytest.raises(InvalidInput, match=r"^request 1: no option 'gpu_mem' \(did you mean gpu_memory\?\)$"):
+        client.submit_many([{"command": ["true"], "gpu_memory": "1G"},
+                            {"command": ["true"], "gpu_mem": "1G"}])
+    with pytest.raises(InvalidInput, match=r"^request 0: no option '_batch' \(the keys are command, gpu_memory, "):
+        client.submit_many([{"command": ["true"], "gpu_memory": "1G", "_batch": {}}])
+    assert client.store.list() == []
