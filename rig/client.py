@@ -1225,6 +1225,7 @@ def default_client() -> Client:
 
 def submit(command: str | list[str], **kwargs: Any) -> JobHandle:
     """``rig.submit("python train.py", gpu_memory="12G", priority="high")``."""
+    check_request_keys(None, {"command": command, **kwargs})
     return default_client().submit(command, **kwargs)
 
 
@@ -1256,10 +1257,11 @@ def _normalise_command(command: Any, shell: bool | None) -> tuple[list[str], boo
     return argv, False
 
 
-def check_request_keys(number: int, request: Mapping[str, Any]) -> None:
-    """A submit_many request's keys are submit()'s keyword arguments (its signature decides):
-    a slip (``gpu_mem``) is one line naming the closest one, not Python's TypeError about
-    ``Client.submit()``."""
+def check_request_keys(number: int | None, request: Mapping[str, Any]) -> None:
+    """The keys of a submit_many request (``number``) or rig.submit's keyword arguments (None)
+    are submit()'s keyword arguments (its signature decides): a slip (``gpu_mem``) is one line
+    naming the closest one, not Python's TypeError about ``Client.submit()``, which the caller
+    never called."""
     import difflib
 
     known = [n for n in inspect.signature(Client.submit).parameters if n != "self" and not n.startswith("_")]
@@ -1267,7 +1269,8 @@ def check_request_keys(number: int, request: Mapping[str, Any]) -> None:
     if unknown:
         close = difflib.get_close_matches(unknown[0], known, n=1)
         hint = f"did you mean {close[0]}?" if close else f"the keys are {', '.join(known)}"
-        raise InvalidInput(f"request {number}: no option {unknown[0]!r} ({hint})")
+        where = "" if number is None else f"request {number}: "
+        raise InvalidInput(f"{where}no option {unknown[0]!r} ({hint})")
 
 
 def _default_name(argv: list[str], is_shell: bool) -> str:

@@ -76,3 +76,13 @@ def test_a_submit_many_key_that_is_no_option_names_the_closest(client):
     with pytest.raises(InvalidInput, match=r"^request 0: no option '_batch' \(the keys are command, gpu_memory, "):
         client.submit_many([{"command": ["true"], "gpu_memory": "1G", "_batch": {}}])
     assert client.store.list() == []
+
+
+def test_rig_submit_with_a_keyword_that_is_no_option_names_the_closest(monkeypatch):
+    """Breaker (pyapi): ``rig.submit("true", gpu_mem="1G")`` raised TypeError 'Client.submit() got
+    an unexpected keyword argument 'gpu_mem'', naming a method the caller never called."""
+    import rig.client
+
+    monkeypatch.setattr(rig.client, "default_client", lambda: pytest.fail("nothing to submit"))
+    with pytest.raises(InvalidInput, match=r"^no option 'gpu_mem' \(did you mean gpu_memory\?\)$"):
+        rig.client.submit("true", gpu_mem="1G")
