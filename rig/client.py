@@ -58,6 +58,7 @@ from rig.request_rules import (
     check_gpu_memory,
     check_gpus,
     check_retries,
+    check_text_options,
     parse_time_limit,
     resolve_workdir,
 )
@@ -299,6 +300,7 @@ class Client:
                                "kind 'python')")
         shell = check_flag(shell, "shell")
         oom_retry_grow = check_flag(oom_retry_grow, "oom_retry_grow")
+        check_text_options({"--name": name, "--template": template, "--pool": pool, "--workdir": workdir})
         argv, is_shell = _normalise_command(command, shell)
         argv = _checked("the command", R.as_argv, argv)
         job_name = (name or _default_name(argv, is_shell)).strip()

@@ -217,11 +217,13 @@ def _check_options(options: dict[str, Any]) -> None:
         check_flag,
         check_gpus,
         check_retries,
+        check_text_options,
         parse_gpu_memory,
         parse_time_limit,
     )
 
     check_gpus(options["gpus"])
+    check_text_options({f"--{key}": options.get(key) for key in ("name", "template", "pool", "workdir")})
     check_flag(options.get("oom_retry_grow"), "oom_retry_grow")
     if options["gpu_memory"] is not None:
         parse_gpu_memory(options["gpu_memory"])

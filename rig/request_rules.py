@@ -107,3 +107,15 @@ def check_gpus(value: object, what: str = "--gpus") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GPUS:
         raise InvalidInput(f"{what} must be a whole number of cards from 1 to {MAX_GPUS}; got {value!r}")
     return value
+
+
+def check_text_options(options: dict[str, object]) -> None:
+    """The options that are words (``--name``, ``--template``, ``--pool``; ``--workdir`` also a
+    path object): None, or text. Another type (``template=["test"]``, ``name=3``) is one line,
+    not the TypeError or AttributeError it met further on (unhashable, no ``.strip``). Keyed by
+    the CLI's option, as every rule here (rig.argnames names the keyword to a Python caller)."""
+    for option, value in options.items():
+        if value is None or isinstance(value, str) or (option == "--workdir" and isinstance(value, os.PathLike)):
+            continue
+        kind = "a folder (text or a path object)" if option == "--workdir" else "text"
+        raise InvalidInput(f"{option} must be {kind}; got {type(value).__name__} {value!r:.60}")

@@ -86,3 +86,24 @@ def test_rig_submit_with_a_keyword_that_is_no_option_names_the_closest(monkeypat
     monkeypatch.setattr(rig.client, "default_client", lambda: pytest.fail("nothing to submit"))
     with pytest.raises(InvalidInput, match=r"^no option 'gpu_mem' \(did you mean gpu_memory\?\)$"):
         rig.client.submit("true", gpu_mem="1G")
+
+
+@pytest.mark.parametrize(("kwargs", "said"), [
+    ({"template": ["test"]}, "template must be text; got list ['test']"),
+    ({"pool": {"a": 1}}, "pool must be text; got dict {'a': 1}"),
+    ({"name": 3}, "name must be text; got int 3"),
+    ({"workdir": ["/tmp"]}, "workdir must be a folder (text or a path object); got list ['/tmp']"),
+])
+def test_a_word_option_of_another_type_is_one_line(client, kwargs, said):
+    """Breaker (pyapi): ``template=["test"]`` / ``pool=[...]`` / ``workdir=[...]`` raised TypeError
+    (unhashable type: 'list'), ``name=3`` AttributeError ('int' object has no attribute 'strip'),
+    from rig.submit; @rig.task took them until its first .delay(). Both refuse them in one line."""
+    import rig
+
+    with pytest.raises(InvalidInput) as refused:
+        client.submit(["true"], gpu_memory="1G", **kwargs)
+    assert str(refused.value) == said
+    with pytest.raises(InvalidInput) as refused:
+        rig.task(gpu_memory="1G", **kwargs)
+    assert str(refused.value) == said
+    assert client.store.list() == []
