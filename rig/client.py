@@ -317,8 +317,11 @@ class Client:
             oom_retry_grow = oom_retry_grow if oom_retry_grow is not None else preset.oom_retry_grow
             margin = preset.margin
         if gpu_memory is None:
-            raise InvalidInput("--gpu-memory is required: how much GPU memory the job needs, e.g. 12G")
+            sets_none = f" (template {template!r} sets none)" if template is not None else ""
+            raise InvalidInput(f"--gpu-memory is required{sets_none}: how much GPU memory the job needs, e.g. 12G")
         self.last_auto_note = None
+        # Said with a refusal of the size a template's margin made: the caller asked for less.
+        made_by = ""
         if isinstance(gpu_memory, str) and gpu_memory.strip().lower() == "auto":
             nbytes, self.last_auto_note = self._guard(self.auto_memory, job_name, margin)
         else:
@@ -329,6 +332,7 @@ class Client:
                 check_gpu_memory(nbytes)
                 nbytes = check_gpu_memory(_round_up(int(nbytes * margin)),
                                           f"template {template!r}: {gpu_memory} x margin {margin:g} =")
+                made_by = f" ({format_memory(nbytes)} is {gpu_memory} x {margin:g}, the margin of template {template!r})"
         check_gpu_memory(nbytes)  # rig.request_rules: the rule templates are checked with too
         gpus = check_gpus(gpus)
         # "" is a slip (`--priority "$PRIO"` with PRIO unset), refused as any unknown word: never
@@ -372,7 +376,7 @@ class Client:
         _checked(f"your login name {who.name!r} cannot be recorded", R.as_user, who.name)
         alone = exceeds_alone(self.settings.user_limit(who.name), nbytes, gpus)
         if alone:
-            raise Unschedulable(f"job can never run: {alone}")
+            raise Unschedulable(f"job can never run: {alone}{made_by}")
 
         # The cluster's pools, not this process's config (rig.pools); read only for a pool job.
         pools = self._pool_of(pool, memo) if pool is not None else Pools({})
@@ -383,7 +387,7 @@ class Client:
                 reason = never_fits(cards, Request(nbytes, gpus)) if cards else None
                 if reason:
                     where = f" in pool {pool!r}" if pool else ""
-                    raise Unschedulable(f"job can never run{where}: {reason}")
+                    raise Unschedulable(f"job can never run{where}: {reason}{made_by}")
             elif self._cards_for_admission():
                 raise Unschedulable(f"job can never run: {pools.no_card(pool)}")
             # submit_many reads every job's own runs in one round trip (own_estimates).

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from rig.argnames import python_words
 from rig.client import Client
 from rig.config import load_settings
-from rig.errors import InvalidInput
+from rig.errors import InvalidInput, Unschedulable
 
 
 @pytest.fixture
@@ -107,3 +107,20 @@ def test_a_word_option_of_another_type_is_one_line(client, kwargs, said):
         rig.task(gpu_memory="1G", **kwargs)
     assert str(refused.value) == said
     assert client.store.list() == []
+
+
+def test_a_templates_margin_is_named_where_the_size_it_made_never_fits(client, real_redis, key_prefix, tmp_path):
+    """Breaker (pyapi): ``rig.submit(..., template="inference", gpu_memory="70G")`` on 80 GiB cards
+    was refused 'needs 77.0 GiB per card but the largest card offers 76.0 GiB usable ...; ask for
+    less memory', though 70G was asked: the template's margin (x 1.1) made 77. And a template that
+    sets no memory was refused 'gpu_memory is required' without saying the template sets none."""
+    from rig.gpus.fake import FakeGpuBackend
+    from rig.registration import register_node
+
+    node = load_settings(key_prefix=key_prefix, node_name="n1", fake_gpus="1x80G", home=tmp_path / "node")
+    register_node(node, real_redis, FakeGpuBackend("1x80G"))
+    with pytest.raises(Unschedulable, match=r"; ask for less memory \(77.0 GiB is 70G x 1.1, the margin of "
+                                            r"template 'inference'\)$"):
+        client.submit(["true"], template="inference", gpu_memory="70G")
+    with pytest.raises(InvalidInput, match=r"^gpu_memory is required \(template 'finetune' sets none\): "):
+        client.submit(["true"], template="finetune")
