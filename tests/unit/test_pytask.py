@@ -618,3 +618,20 @@ def test_numpy_integers_are_whole_numbers_in_job_options(tmp_path):
     assert rig.task(gpu_memory=_numpy_int(1 << 30), gpus=_numpy_int(2), retries=_numpy_int(0))
     with pytest.raises(InvalidInput, match=r"^gpus must be a whole number of cards from 1 to 256; got 0$"):
         rig.task(gpu_memory="1G", gpus=_numpy_int(0))
+
+
+def test_the_readmes_python_example_runs_another_script_than_itself():
+    """Breaker (pyapi): the README's example, saved as train.py (its function is train; its jobs
+    ran ``python train.py``), made each job run the example again: it submitted and waited in
+    turn until all 32 slots of 8 fake cards held a waiting copy, and each kill let a waiting one
+    go on to submit more (1151 jobs in two minutes). The example names its own file, and no job
+    of it runs that file or the function's name as a script."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = readme.index("From Python:\n\n```python\n") + len("From Python:\n\n```python\n")
+    example = readme[start:readme.index("```", start)]
+    own = re.match(r"# (\w+\.py):", example)
+    assert own, "the example's first line names its file: # NAME.py: ..."
+    commands = re.findall(r"rig\.submit\((.*)", example) + re.findall(r'"command": \[(.*?)\]', example)
+    assert len(commands) == 2, commands
+    for command in commands:
+        assert own[1] not in command and "train.py" not in command, command
