@@ -452,7 +452,8 @@ def _check_script_names(fn: Callable[..., Any], payload: dict[str, Any], names: 
 
 def _payload(fn: Callable[..., Any]) -> dict[str, Any]:
     """Where the job finds ``fn``: ``module``, ``qualname``, ``file`` (None: no source file)
-    and ``root`` (the folder to put on ``sys.path``). The arguments are added as ``call``."""
+    and ``root`` (the folder to put on ``sys.path``); ``package`` for a script run with
+    ``python -m PACKAGE.NAME``. The arguments are added as ``call``."""
     module = fn.__module__
     if module == "__rig_main__":  # a call running in a job submits a task from its own script
         module = "__main__"
@@ -470,4 +471,11 @@ def _payload(fn: Callable[..., Any]) -> dict[str, Any]:
             root = str(Path(file).parents[module.count(".") + 1])
     elif file:
         root = str(Path(file).parent)
-    return {"module": module, "qualname": fn.__qualname__, "file": file, "root": root}
+    payload = {"module": module, "qualname": fn.__qualname__, "file": file, "root": root}
+    # A script run as part of a package (`python -m pkg.train`): the job imports it as a
+    # member of that package, or its relative imports (`from .data import x`) fail there.
+    package = getattr(sys.modules.get(fn.__module__), "__package__", None)
+    if file and module == "__main__" and package:
+        payload["package"] = package
+        payload["root"] = str(Path(file).parents[package.count(".") + 1])
+    return payload

@@ -635,3 +635,31 @@ def test_the_readmes_python_example_runs_another_script_than_itself():
     assert len(commands) == 2, commands
     for command in commands:
         assert own[1] not in command and "train.py" not in command, command
+
+
+def test_a_task_of_a_script_run_with_python_m_keeps_its_relative_imports_in_the_job(tmp_path):
+    """Breaker (pyapi): ``python -m pkg.runner``, whose runner.py does ``from .helpers import h``
+    and submits a task of its own: the job imported runner.py as a lone script and failed
+    'attempted relative import with no known parent package', after it had held a card. The
+    job imports it as a member of its package, from the folder that holds the package."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "helpers.py").write_text("def h(x):\n    return x + 100\n")
+    (package / "runner.py").write_text(
+        "import base64, pickle, subprocess, sys\nimport rig\nfrom .helpers import h\n"
+        "from tests.unit.test_pytask import RUN_AS_JOB, StubClient\n\n"
+        "@rig.task(gpu_memory='1G')\ndef go(x):\n    return h(x)\n\n"
+        "if __name__ == '__main__':\n"
+        "    client = StubClient()\n    go.apply_async((1,), client=client)\n"
+        "    payload = client.submitted[0][1]['extra']['payload']\n"
+        "    job = subprocess.run([sys.executable, '-P', '-c', RUN_AS_JOB], input=payload, capture_output=True,\n"
+        "                         text=True, cwd='/')\n"
+        "    print(job.stdout, job.stderr)\n")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "pkg.runner"], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    code, result = done.stdout.split()[1:4:2]
+    assert code == "0", done.stdout
+    assert pickle.loads(base64.b64decode(result)) == 101
