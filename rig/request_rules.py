@@ -111,10 +111,15 @@ def check_gpus(value: object, what: str = "--gpus") -> int:
 
 def check_text_options(options: dict[str, object]) -> None:
     """The options that are words (``--name``, ``--template``, ``--pool``; ``--workdir`` also a
-    path object): None, or text. Another type (``template=["test"]``, ``name=3``) is one line,
+    path object): None, or text (a name not empty: refused as an unset variable). Another type (``template=["test"]``, ``name=3``) is one line,
     not the TypeError or AttributeError it met further on (unhashable, no ``.strip``). Keyed by
     the CLI's option, as every rule here (rig.argnames names the keyword to a Python caller)."""
     for option, value in options.items():
+        if option == "--name" and isinstance(value, str) and not value.strip():
+            # `--name "$RUN"` with RUN unset named the job after its command in silence, and
+            # `--gpu-memory auto` then sized it by that name's runs.
+            raise InvalidInput("--name is empty (an unset variable?): give a name, or leave --name out to "
+                               "name the job after its command")
         if value is None or isinstance(value, str) or (option == "--workdir" and isinstance(value, os.PathLike)):
             continue
         kind = "a folder (text or a path object)" if option == "--workdir" else "text"

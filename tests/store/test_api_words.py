@@ -30,6 +30,7 @@ def client(real_redis, key_prefix, tmp_path):
     ({"gpu_memory": "4G", "env": {"CUDA_VISIBLE_DEVICES": "0"}},
      "env CUDA_VISIBLE_DEVICES: rig sets it to the cards it gives the job; ask for cards with gpus (and pool)"),
     ({"gpu_memory": "4G", "export": "!!"}, "export: '!!' is not a variable name"),
+    ({"gpu_memory": "4G", "name": ""}, "name is empty (an unset variable?): give a name, or leave name out"),
 ])
 def test_python_callers_are_told_the_keyword_arguments(client, kwargs, said):
     with pytest.raises(InvalidInput) as refused:
@@ -64,6 +65,10 @@ def test_the_command_line_keeps_its_options(cli_env):
     result = CliRunner().invoke(main, ["--gpu-memory", "1G", "--cmd", ""])
     assert result.exit_code == 2, result.output
     assert "give it after `--` or with --cmd" in result.output
+    # Breaker (pyapi): `--name "$RUN"` with RUN unset named the job after its command in silence.
+    result = CliRunner().invoke(main, ["--gpu-memory", "1G", "--name", "", "--", "true"])
+    assert result.exit_code == 2, result.output
+    assert "rig: error: --name is empty (an unset variable?): give a name, or leave --name out" in result.output
 
 
 def test_a_submit_many_key_that_is_no_option_names_the_closest(client):
