@@ -778,7 +778,7 @@ def _same_as_file(settings: Settings, sources: config_check.Sources, path: tuple
     try:
         # The field's validators (before and after), as when the file alone was loaded.
         type(copy).__pydantic_validator__.validate_assignment(copy, path[-1], written)
-    except (ValidationError, ValueError, TypeError):
+    except Exception:  # noqa: BLE001 - any refusal of the file's value: different, said (a note never stops rig up)
         return False
     meaning = _MEANING_OF_TEXT.get(path, lambda value: value)
     return bool(meaning(getattr(copy, path[-1])) == meaning(getattr(owner, path[-1])))
