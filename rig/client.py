@@ -48,6 +48,7 @@ from rig.memory import format_memory, parse_memory
 from rig.models import CardState, Job, JobState, Priority
 from rig.nodes import NodeInfo, NodeRegistry
 from rig.placement import Request, never_fits
+from rig.plain_numbers import plain_number
 from rig.pools import ClusterPools, Pools, cluster_pools
 from rig.redis_conn import check, connect, is_setup_error, unavailable
 from rig.redis_writes import is_outage, refusal, refused_error
@@ -57,6 +58,7 @@ from rig.request_rules import (
     check_flag,
     check_gpu_memory,
     check_gpus,
+    check_limit,
     check_retries,
     check_text_options,
     parse_time_limit,
@@ -572,11 +574,15 @@ class Client:
         job = self.get(job_id)
         return JobHandle(self, job.id, job)
 
+    @in_callers_words
     def jobs(self, state: JobState | str | None = None, *, limit: int = 50, user: str | None = None,
              since: float | None = None) -> list[Job]:
         """Newest first, archived jobs included; with ``user``, only the jobs that login name
         submitted; with ``since`` (epoch s), only those submitted then or later."""
+        if state is not None and not isinstance(state, JobState | str):
+            raise InvalidInput(f"state must be a JobState or its name (e.g. 'running'), got {state!r}")
         st = JobState.parse(state) if isinstance(state, str) else state
+        limit = check_limit(limit)
         return self._guard(self.history.list, st, limit=limit, user=user, since=since)
 
     def usage(self, *, since: float | None = None, by: str = "user") -> tuple[list[UsageLine], UsageLine]:
@@ -1126,6 +1132,7 @@ class JobHandle:
     def wait(self, timeout: float | None = None) -> Job:
         """Block until the job ends (at most ``timeout`` s: TimeoutError). Ctrl-C stops the
         waiting, not the job: one stderr line says so, then KeyboardInterrupt goes on."""
+        timeout = plain_number(timeout)  # type: ignore[assignment] - numpy's numbers too
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
                                     or not timeout >= 0):
             raise InvalidInput(f"timeout must be a number of seconds, 0 or more (None: until the job ends); "

@@ -124,3 +124,17 @@ def check_text_options(options: dict[str, object]) -> None:
             continue
         kind = "a folder (text or a path object)" if option == "--workdir" else "text"
         raise InvalidInput(f"{option} must be {kind}; got {type(value).__name__} {value!r:.60}")
+
+
+#: The largest ``--limit``: more than Redis could list; 20 digits were a Redis error's traceback.
+MAX_LIMIT = 10**9
+
+
+def check_limit(limit: object, what: str = "jobs") -> int:
+    """``--limit N`` (``limit=`` of Client.jobs): a whole number from 1 to MAX_LIMIT (-1 or 0
+    once meant "every job", silently; from Python ``"5"`` or ``None`` was a TypeError)."""
+    limit = plain_number(limit)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise InvalidInput(f"--limit must be 1 or more, at most {MAX_LIMIT:,} (how many {what} to list), "
+                           f"got {limit!r}")
+    return limit

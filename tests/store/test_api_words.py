@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from click.testing import CliRunner
 
@@ -11,6 +13,7 @@ from rig.argnames import python_words
 from rig.client import Client
 from rig.config import load_settings
 from rig.errors import InvalidInput, Unschedulable
+from tests.unit.test_pytask import _numpy_int
 
 
 @pytest.fixture
@@ -129,3 +132,17 @@ def test_a_templates_margin_is_named_where_the_size_it_made_never_fits(client, r
         client.submit(["true"], template="inference", gpu_memory="70G")
     with pytest.raises(InvalidInput, match=r"^gpu_memory is required \(template 'finetune' sets none\): "):
         client.submit(["true"], template="finetune")
+
+
+@pytest.mark.parametrize("limit", [0, -1, "5", None, 1.5, True, 10**20])
+def test_client_jobs_refuses_a_limit_that_is_no_count_in_one_line(client, limit):
+    """Breaker (pyapi): ``Client().jobs(limit=-1)`` listed every job (the CLI refuses it), "5" and
+    None were TypeErrors, 1.5 and 10**20 a Redis ResponseError, ``limit=np.int64(5)`` a redis
+    DataError; ``state=3`` an AttributeError. The CLI's rule (check_limit), in Python's words."""
+    with pytest.raises(InvalidInput, match=rf"^limit must be 1 or more, at most 1,000,000,000 \(how many jobs "
+                                           rf"to list\), got {re.escape(repr(limit))}$"):
+        client.jobs(limit=limit)
+    with pytest.raises(InvalidInput, match=r"^state must be a JobState or its name"):
+        client.jobs(state=3)  # type: ignore[arg-type]
+    assert client.jobs(limit=_numpy_int(5)) == []
+
