@@ -146,3 +146,11 @@ def test_client_jobs_refuses_a_limit_that_is_no_count_in_one_line(client, limit)
         client.jobs(state=3)  # type: ignore[arg-type]
     assert client.jobs(limit=_numpy_int(5)) == []
 
+
+
+def test_wait_takes_numpys_whole_number_of_seconds(client):
+    """Breaker (pyapi): ``handle.wait(np.int64(30))`` was refused 'timeout must be a number of
+    seconds, 0 or more'; numpy's float64 was taken."""
+    handle = client.submit(["true"], gpu_memory="1G")
+    with pytest.raises(TimeoutError):
+        handle.wait(_numpy_int(0))
