@@ -194,7 +194,18 @@ def task(
 def _check_plain_function(fn: Callable[..., Any]) -> None:
     """An ``async def`` or a generator function returns an object the job cannot send back (a
     coroutine, a generator) without running its body: refused at decoration, not found out
-    after the job held a card (it failed as bad_result, the body never run)."""
+    after the job held a card (it failed as bad_result, the body never run). So is what has no
+    name the job could import it by (a functools.partial, a callable object: AttributeError at
+    .delay()) and a bound method (the job would look it up on the class, without its instance)."""
+    if inspect.ismethod(fn):
+        raise InvalidInput(f"@rig.task got the bound method {fn.__qualname__}; decorate the method where its "
+                           f"class defines it (`@rig.task(...)` above `def {fn.__name__}`), then call it "
+                           f"through an instance")
+    if not (inspect.isfunction(fn) or inspect.isclass(fn) or inspect.isbuiltin(fn)):
+        # A functools.partial or a callable object has no name the job could import it by.
+        raise InvalidInput(f"@rig.task decorates a function defined with def (or a class); got a "
+                           f"{type(fn).__module__}.{type(fn).__qualname__}: write a def at the top level of a "
+                           f"module that calls it, and decorate that")
     name = getattr(fn, "__name__", repr(fn))
     if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
         raise InvalidInput(f"{name}() is an async function, which a job does not await; decorate a plain "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import pickle
 import re
 import subprocess
@@ -663,3 +664,27 @@ def test_a_task_of_a_script_run_with_python_m_keeps_its_relative_imports_in_the_
     code, result = done.stdout.split()[1:4:2]
     assert code == "0", done.stdout
     assert pickle.loads(base64.b64decode(result)) == 101
+
+
+class _CallableObject:
+    def __call__(self, x: int) -> int:
+        return x
+
+    def method(self, x: int) -> int:
+        return x
+
+
+@pytest.mark.parametrize(("fn", "said"), [
+    (functools.partial(pow, 2), r"^@rig.task decorates a function defined with def \(or a class\); got a "
+                                r"functools.partial: write a def at the top level of a module that calls it"),
+    (_CallableObject(), r"^@rig.task decorates a function defined with def \(or a class\); got a "
+                        r"tests.unit.test_pytask._CallableObject: "),
+    (_CallableObject().method, r"^@rig.task got the bound method _CallableObject.method; decorate the method "
+                               r"where its class defines it"),
+], ids=["partial", "callable-object", "bound-method"])
+def test_what_has_no_importable_name_is_refused_where_it_is_decorated(fn, said):
+    """Breaker (pyapi): ``rig.task(...)(functools.partial(f, 1)).delay(2)`` and a callable object's
+    raised AttributeError ('functools.partial' object has no attribute '__qualname__'); a bound
+    method's was refused at .delay() as 'was the name reused or the function renamed?'."""
+    with pytest.raises(InvalidInput, match=said):
+        rig.task(gpu_memory="1G")(fn)
