@@ -351,8 +351,7 @@ class Client:
         limit = parse_time_limit(time_limit)
         # What the job's environment holds is decided in rig.job_env: the submitter's
         # variables rig passes on, then --env (a value of None: the submitter's own value).
-        jobenv.check_env_mapping(env)
-        given = {str(k): None if v is None else str(v) for k, v in (env or {}).items()}
+        given = jobenv.given_env(env)
         env_key = ("env", repr(export), tuple(given.items()))
         if env_key not in memo:
             refused = jobenv.refuse_rig_owned(given)  # before resolving: rig's own are refused either way

@@ -218,16 +218,12 @@ class GatewayClient:
 
     @staticmethod
     def _env(env: Mapping[str, str | None] | None) -> dict[str, str]:
-        if env is None:
-            return {}
-        if not isinstance(env, Mapping):
-            raise InvalidInput(f"env must be a mapping of names to values (e.g. {{'A': '1'}}), got {type(env).__name__}")
-        refused = jobenv.refuse_rig_owned(env)
+        given = jobenv.given_env(env)
+        refused = jobenv.refuse_rig_owned(given)
         if refused:
             raise InvalidInput(refused)
         try:
-            return jobenv.resolve_names({str(k): None if v is None else str(v) for k, v in env.items()},
-                                        caller_environ())
+            return jobenv.resolve_names(given, caller_environ())
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
 

@@ -154,3 +154,21 @@ def test_wait_takes_numpys_whole_number_of_seconds(client):
     handle = client.submit(["true"], gpu_memory="1G")
     with pytest.raises(TimeoutError):
         handle.wait(_numpy_int(0))
+
+
+@pytest.mark.parametrize(("value", "kind"), [(b"x", "bytes b'x'"), (True, "bool True"), (["x"], "list ['x']")])
+def test_an_env_value_that_is_no_text_number_or_path_is_refused(client, value, kind):
+    """Breaker (pyapi): ``env={"A": b"x"}`` ran the job with A="b'x'" (str() of the bytes), and
+    ``{"A": True}`` with A="True"; a path or a number is still written as text."""
+    with pytest.raises(InvalidInput) as refused:
+        client.submit(["true"], gpu_memory="1G", env={"A": value})
+    assert str(refused.value) == (f"env A: give its value as text (a number or a path is written as text), "
+                                  f"or None for your own; got {kind}")
+    with pytest.raises(InvalidInput, match="^env A: give its value as text"):
+        import rig
+
+        rig.task(gpu_memory="1G", env={"A": value})
+    from pathlib import Path
+
+    job = client.submit(["true"], gpu_memory="1G", env={"A": Path("/tmp/x"), "B": 1.5, "C": _numpy_int(3)}).record
+    assert (job.env["A"], job.env["B"], job.env["C"]) == ("/tmp/x", "1.5", "3")
