@@ -1261,12 +1261,38 @@ def _normalise_command(command: Any, shell: bool | None) -> tuple[list[str], boo
 
             return shlex.split(text), False
         return ["/bin/sh", "-c", text], True
-    if command is not None and not isinstance(command, (list, tuple)):
-        raise InvalidInput(f"the command must be a string or a list of strings, got {type(command).__name__}")
-    argv = [str(a) for a in (command or [])]
+    argv = _plain_argv(command)
     if not argv or not argv[0].strip():
         raise InvalidInput("the command is empty; give it after `--` or with --cmd \"...\"")
     return argv, False
+
+
+def plain_command(command: object) -> str | list[str]:
+    """A command as given from Python, as rig keeps it: a string as it is (run by /bin/sh), a
+    list or tuple as a list of text (see _argument), a path as that program alone; None as an
+    empty list (refused as empty by the caller). Another type is refused in one line."""
+    return command if isinstance(command, str) else _plain_argv(command)
+
+
+def _plain_argv(command: object) -> list[str]:
+    if isinstance(command, os.PathLike):
+        command = [command]
+    if command is not None and not isinstance(command, (list, tuple)):
+        raise InvalidInput(f"the command must be a string or a list of strings, got {type(command).__name__}")
+    return [_argument(number, a) for number, a in enumerate(command or [])]
+
+
+def _argument(number: int, value: object) -> str:
+    """One item of a command given as a list, as the program sees it: text, a path or a number
+    (``["python", "t.py", "--lr", 3e-4]``) written as text. bytes or a bool are refused (``str()``
+    made ``b"x.py"`` the argument ``b'x.py'``), and so is anything else."""
+    value = plain_number(value)
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise InvalidInput(f"the command's item {number} must be text (a number or a path is written as text); "
+                           f"got {type(value).__name__} {value!r:.40}")
+    return str(value)
 
 
 def check_request_keys(number: int | None, request: Mapping[str, Any]) -> None:

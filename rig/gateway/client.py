@@ -24,7 +24,15 @@ from rig import errors as E
 from rig import job_env as jobenv
 from rig.argnames import in_callers_words
 from rig.cli.logview import Look
-from rig.client import Client, Identity, JobHandle, StatusReport, caller_environ, check_request_keys
+from rig.client import (
+    Client,
+    Identity,
+    JobHandle,
+    StatusReport,
+    caller_environ,
+    check_request_keys,
+    plain_command,
+)
 from rig.config import Settings, Template
 from rig.errors import InvalidInput, JobGone, RigError
 from rig.gateway import wire
@@ -177,8 +185,7 @@ class GatewayClient:
                **options: Any) -> JobHandle:
         """Client.submit through the gateway: the caller's working folder, its ``--env NAME``
         values and its exported environment are read here, in the caller's process."""
-        if isinstance(command, tuple):
-            command = list(command)
+        command = plain_command(command)
         wd = str(resolve_workdir(workdir, self.settings.command_workdir))
         environ = self._exported(export)
         resolved = self._env(env)
@@ -204,8 +211,8 @@ class GatewayClient:
             request["workdir"] = str(resolve_workdir(request.get("workdir"), self.settings.command_workdir))
             request["env"] = {**environ_by_mode[mode], **self._env(request.get("env"))}
             request["export"] = "NONE"  # what it exports is in env already
-            if isinstance(request.get("command"), tuple):
-                request["command"] = list(request["command"])
+            if "command" in request:
+                request["command"] = plain_command(request["command"])
             out.append(request)
         return [JobHandle(self, j.id, j) for j in self.call("submit_many", requests=out)]  # type: ignore[arg-type]
 

@@ -13,7 +13,17 @@ from rig.argnames import python_words
 from rig.client import Client
 from rig.config import load_settings
 from rig.errors import InvalidInput, Unschedulable
+from tests.store.test_gateway import gateway  # noqa: F401 - the fixture
 from tests.unit.test_pytask import _numpy_int
+
+
+@pytest.fixture
+def gateway_client(gateway):  # noqa: F811 - the fixture imported above
+    """A client that reaches rig through a gateway (tests.store.test_gateway's)."""
+    from rig.gateway.client import GatewayClient
+
+    served, path = gateway
+    return GatewayClient(served.settings, path)
 
 
 @pytest.fixture
@@ -172,3 +182,22 @@ def test_an_env_value_that_is_no_text_number_or_path_is_refused(client, value, k
 
     job = client.submit(["true"], gpu_memory="1G", env={"A": Path("/tmp/x"), "B": 1.5, "C": _numpy_int(3)}).record
     assert (job.env["A"], job.env["B"], job.env["C"]) == ("/tmp/x", "1.5", "3")
+
+
+def test_a_command_lists_items_are_text_numbers_or_paths(client, gateway_client):
+    """Breaker (pyapi): ``rig.submit(["python", b"t.py"])`` ran ``python "b't.py'"`` (str() of the
+    bytes), ``[..., True]`` passed "True"; ``rig.submit(Path("/bin/true"))`` was refused though a
+    list of paths was taken. Directly and through the gateway."""
+    from pathlib import Path
+
+    for api in (client, gateway_client):
+        for item, kind in ((b"t.py", "bytes b't.py'"), (True, "bool True"), (None, "NoneType None")):
+            with pytest.raises(InvalidInput) as refused:
+                api.submit(["python", item], gpu_memory="1G")
+            assert str(refused.value) == (f"the command's item 1 must be text (a number or a path is written "
+                                          f"as text); got {kind}")
+        job = api.get(api.submit(["echo", Path("/tmp/a"), 3e-4, _numpy_int(2)], gpu_memory="1G").id)
+        assert job.command == ["echo", "/tmp/a", "0.0003", "2"]
+        assert api.get(api.submit(Path("/bin/true"), gpu_memory="1G").id).command == ["/bin/true"]
+        many = api.submit_many([{"command": ("echo", Path("/x")), "gpu_memory": "1G"}])
+        assert api.get(many[0].id).command == ["echo", "/x"]
