@@ -1119,6 +1119,22 @@ class JobHandle:
     def __int__(self) -> int:
         return self.id
 
+    def __eq__(self, other: object) -> bool:
+        """Two handles of one job (its id and instance) are equal, whichever client made them."""
+        if not isinstance(other, JobHandle):
+            return NotImplemented
+        return (self.id, self.instance) == (other.id, other.instance)
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.instance))
+
+    def __reduce__(self) -> tuple[Any, tuple[int, str | None]]:
+        """A handle pickles as its job (id and instance), not its client's Redis connection
+        (which cannot pickle: a handle given to multiprocessing raised "Can't pickle local
+        object 'on_connect.<locals>.connect_func'"); unpickled, it reads through the default
+        client of the process it is in."""
+        return _handle_here, (self.id, self.instance)
+
     @property
     def record(self) -> Job:
         self._job = self.client.get_instance(self.id, self.instance)
@@ -1244,6 +1260,13 @@ def submit(command: str | list[str], **kwargs: Any) -> JobHandle:
 def submit_many(requests: list[dict[str, Any]]) -> list[JobHandle]:
     """Queue several jobs in one transaction with the default client (see Client.submit_many)."""
     return default_client().submit_many(requests)
+
+
+def _handle_here(job_id: int, instance: str | None) -> JobHandle:
+    """An unpickled JobHandle (JobHandle.__reduce__): the same job, through this process's client."""
+    handle = JobHandle(default_client(), job_id)
+    handle.instance = instance
+    return handle
 
 
 def get_job(job_id: int | str) -> JobHandle:

@@ -201,3 +201,19 @@ def test_a_command_lists_items_are_text_numbers_or_paths(client, gateway_client)
         assert api.get(api.submit(Path("/bin/true"), gpu_memory="1G").id).command == ["/bin/true"]
         many = api.submit_many([{"command": ("echo", Path("/x")), "gpu_memory": "1G"}])
         assert api.get(many[0].id).command == ["echo", "/x"]
+
+
+def test_a_handle_pickles_as_its_job_and_equals_another_handle_of_it(client, monkeypatch):
+    """Breaker (pyapi): a JobHandle given to multiprocessing raised AttributeError "Can't pickle
+    local object 'on_connect.<locals>.connect_func'" (its client's Redis connection), and two
+    handles of one job were unequal. Unpickled, it reads through that process's default client."""
+    import pickle
+
+    import rig.client
+
+    monkeypatch.setattr(rig.client, "default_client", lambda: client)
+    handle = client.submit(["true"], gpu_memory="1G")
+    copy = pickle.loads(pickle.dumps(handle))
+    assert copy == handle == client.job(handle.id) and len({copy, handle}) == 1
+    assert copy.instance == handle.instance and copy.state is handle.state
+    assert handle != client.submit(["true"], gpu_memory="1G")
