@@ -109,11 +109,6 @@ def is_not_exported(name: str) -> bool:
 EXPORT_MODES = ("ALL", "NONE")
 
 
-def check_env_mapping(env: object) -> None:
-    """``env=`` from Python (rig.submit, @rig.task) is a mapping of names to values (see given_env)."""
-    given_env(env)
-
-
 def given_env(env: object) -> dict[str, str | None]:
     """``env=`` from Python as --env's items: each value text, a number or a path (written as
     text), or None (the submitter's own value). bytes, a bool or a list are refused in one line:

@@ -222,7 +222,7 @@ def _check_options(options: dict[str, Any]) -> None:
     template's or pool's name, a size no card has, ``"auto"``) or on the submitter's shell
     (``env={"NAME": None}``, ``export=``'s values) is checked at .delay(). The rules word their
     refusals in the CLI's words; in_callers_words names the keywords instead (rig.argnames)."""
-    from rig.job_env import check_env_mapping, parse_export, refuse_rig_owned
+    from rig.job_env import given_env, parse_export, refuse_rig_owned
     from rig.models import Priority
     from rig.request_rules import (
         check_flag,
@@ -243,8 +243,7 @@ def _check_options(options: dict[str, Any]) -> None:
     parse_time_limit(options.get("time_limit"))
     if "priority" in options:
         Priority.parse(options["priority"])
-    check_env_mapping(options.get("env"))
-    refused = refuse_rig_owned({str(k): v for k, v in (options.get("env") or {}).items()})
+    refused = refuse_rig_owned(given_env(options.get("env")))
     if refused:
         raise InvalidInput(refused)
     if "export" in options:
