@@ -39,8 +39,10 @@ import functools
 import inspect
 import pickle
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType, ModuleType
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from rig import callpickle
@@ -338,20 +340,31 @@ def _check_guarded(fn: Callable[..., Any], payload: dict[str, Any]) -> None:
     main = sys.modules.get("__main__")
     if fn.__module__ != "__main__" or main is None or not payload["file"]:
         return
-    frame = sys._getframe(1)
-    while frame is not None and not (frame.f_code.co_name == "<module>"
-                                     and frame.f_globals is main.__dict__):
-        frame = frame.f_back
+    frame = _script_top_level(sys._getframe(1), main)
+    by_thread = ""
+    if frame is None and threading.current_thread() is not threading.main_thread():
+        # A thread the script's top level started (and may be joining): its import in the job
+        # starts that thread again, which submits again.
+        frame = _script_top_level(sys._current_frames().get(threading.main_thread().ident or 0), main)
+        by_thread = " (from a thread it started there)"
     if frame is None:
-        return  # the script's top level has finished (e.g. a call from a thread): nothing re-runs
+        return  # the script's top level has finished: nothing re-runs
     line = frame.f_lineno
     guarded = _main_guard_lines(payload["file"])
     if guarded is None or any(first <= line <= last for first, last in guarded):
         return
     script = Path(payload["file"]).name
-    raise InvalidInput(f"{script} line {line} submits {fn.__name__}() outside "
+    raise InvalidInput(f"{script} line {line} submits {fn.__name__}(){by_thread} outside "
                        f"`if __name__ == \"__main__\":`; the job imports {script} to find "
                        f"{fn.__name__} and would submit again: put the code that submits under that guard")
+
+
+def _script_top_level(frame: FrameType | None, main: ModuleType) -> FrameType | None:
+    """The frame running the script's top level (``main``'s ``<module>``) among ``frame`` and
+    its callers, or None."""
+    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is main.__dict__):
+        frame = frame.f_back
+    return frame
 
 
 def _main_guard_lines(file: str) -> list[tuple[int, int]] | None:

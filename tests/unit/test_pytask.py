@@ -213,9 +213,15 @@ def submit():
     ("if __name__ == '__main__' and False:\n    pass\nelif True:\n    submit()\n", "REFUSED: script.py line 18"),
     ("if __name__ != '__main__' or True:\n    submit()\n", "REFUSED: script.py line 16"),
     ("if __name__ == '__main__' or True:\n    submit()\n", "REFUSED: script.py line 16"),
+    # Breaker (pyapi): a thread the unguarded top level starts and joins was not refused; the job's
+    # import started it again, which failed the job (bad_call) after it held a card.
+    ("import threading\nt = threading.Thread(target=submit)\nt.start(); t.join()\n",
+     "REFUSED: script.py line 17 submits train() (from a thread it started there) outside"),
+    ("import threading\nif __name__ == '__main__':\n    t = threading.Thread(target=submit)\n"
+     "    t.start(); t.join()\n", "SUBMITTED"),
 ], ids=["top-level", "other-block", "guarded", "guarded-reversed", "and-same-line", "and-parenthesised",
         "elif-guard", "nested-in-guard", "guard-in-else", "else-of-guard", "elif-not-guard", "not-equal-or",
-        "or"])
+        "or", "thread-of-top-level", "thread-under-guard"])
 def test_a_script_that_submits_from_its_unguarded_top_level_is_refused(tmp_path, tail, expected):
     script = tmp_path / "script.py"
     script.write_text(SCRIPT + tail)
