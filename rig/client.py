@@ -578,10 +578,7 @@ class Client:
              since: float | None = None) -> list[Job]:
         """Newest first, archived jobs included; with ``user``, only the jobs that login name
         submitted; with ``since`` (epoch s), only those submitted then or later."""
-        if state is not None and not isinstance(state, JobState | str):
-            raise InvalidInput(f"state must be a JobState or its name (e.g. 'running'), got {state!r}")
-        st = JobState.parse(state) if isinstance(state, str) else state
-        limit = check_limit(limit)
+        st, limit = jobs_filter(state, limit)
         return self._guard(self.history.list, st, limit=limit, user=user, since=since)
 
     def usage(self, *, since: float | None = None, by: str = "user") -> tuple[list[UsageLine], UsageLine]:
@@ -1260,6 +1257,14 @@ def submit(command: str | list[str], **kwargs: Any) -> JobHandle:
 def submit_many(requests: list[dict[str, Any]]) -> list[JobHandle]:
     """Queue several jobs in one transaction with the default client (see Client.submit_many)."""
     return default_client().submit_many(requests)
+
+
+def jobs_filter(state: object, limit: object) -> tuple[JobState | None, int]:
+    """Client.jobs' ``state`` (a JobState, its name, or None) and ``limit`` (check_limit), as
+    JobState and int; refused in one line otherwise (``state=3`` was an AttributeError)."""
+    if state is not None and not isinstance(state, JobState | str):
+        raise InvalidInput(f"state must be a JobState or its name (e.g. 'running'), got {state!r}")
+    return (JobState.parse(state) if isinstance(state, str) else state), check_limit(limit)
 
 
 def _handle_here(job_id: int, instance: str | None) -> JobHandle:

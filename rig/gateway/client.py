@@ -31,6 +31,7 @@ from rig.client import (
     StatusReport,
     caller_environ,
     check_request_keys,
+    jobs_filter,
     plain_command,
 )
 from rig.config import Settings, Template
@@ -252,8 +253,10 @@ class GatewayClient:
         job = self.get(job_id)
         return JobHandle(self, job.id, job)  # type: ignore[arg-type]
 
+    @in_callers_words
     def jobs(self, state: JobState | str | None = None, *, limit: int = 50, user: str | None = None,
              since: float | None = None) -> list[Job]:
+        state, limit = jobs_filter(state, limit)  # Client.jobs' rule, said here as there
         # ``user`` and ``since`` are sent only when given: a gateway older than the filter still lists jobs.
         extra = {k: v for k, v in (("user", user), ("since", since)) if v is not None}
         return self.call("jobs", state=state.value if isinstance(state, JobState) else state, limit=limit, **extra)

@@ -145,16 +145,19 @@ def test_a_templates_margin_is_named_where_the_size_it_made_never_fits(client, r
 
 
 @pytest.mark.parametrize("limit", [0, -1, "5", None, 1.5, True, 10**20])
-def test_client_jobs_refuses_a_limit_that_is_no_count_in_one_line(client, limit):
+def test_client_jobs_refuses_a_limit_that_is_no_count_in_one_line(client, gateway_client, limit):
     """Breaker (pyapi): ``Client().jobs(limit=-1)`` listed every job (the CLI refuses it), "5" and
     None were TypeErrors, 1.5 and 10**20 a Redis ResponseError, ``limit=np.int64(5)`` a redis
-    DataError; ``state=3`` an AttributeError. The CLI's rule (check_limit), in Python's words."""
-    with pytest.raises(InvalidInput, match=rf"^limit must be 1 or more, at most 1,000,000,000 \(how many jobs "
-                                           rf"to list\), got {re.escape(repr(limit))}$"):
-        client.jobs(limit=limit)
-    with pytest.raises(InvalidInput, match=r"^state must be a JobState or its name"):
-        client.jobs(state=3)  # type: ignore[arg-type]
+    DataError; ``state=3`` an AttributeError. The CLI's rule (check_limit), in Python's words,
+    directly and through the gateway (whose server said 'limit must be a positive whole number')."""
+    for api in (client, gateway_client):
+        with pytest.raises(InvalidInput, match=rf"^limit must be 1 or more, at most 1,000,000,000 \(how many "
+                                               rf"jobs to list\), got {re.escape(repr(limit))}$"):
+            api.jobs(limit=limit)
+        with pytest.raises(InvalidInput, match=r"^state must be a JobState or its name"):
+            api.jobs(state=3)  # type: ignore[arg-type]
     assert client.jobs(limit=_numpy_int(5)) == []
+    assert gateway_client.jobs("pending", limit=_numpy_int(5)) == []
 
 
 
