@@ -19,12 +19,13 @@ from typing import Any, TypeVar
 
 from rig.errors import InvalidInput, Unschedulable
 
-#: rig-submit's options that are submit()'s keyword arguments (and `rig log`'s --attempt, log()'s).
+#: rig-submit's options that are submit()'s keyword arguments (and `rig log`'s --attempt, log()'s;
+#: `rig jobs`' --limit, jobs()').
 KEYWORDS = {
     "--gpu-memory": "gpu_memory", "--gpus": "gpus", "--priority": "priority", "--name": "name",
     "--workdir": "workdir", "--env": "env", "--export": "export", "--retries": "retries",
     "--time-limit": "time_limit", "--oom-retry-grow": "oom_retry_grow", "--template": "template",
-    "--pool": "pool", "--attempt": "attempt",
+    "--pool": "pool", "--attempt": "attempt", "--limit": "limit",
 }
 #: Whole phrases that only make sense at a prompt, and what a Python caller is told instead.
 PHRASES = {

@@ -64,7 +64,8 @@ class BadCall(Exception):
 
 def decode_payload(raw: bytes | str) -> dict[str, Any]:
     """The call stored on the job record: base64 of a pickled dict with ``module`` and
-    ``qualname`` (text), ``file`` (text or None), ``root`` (text), and ``call`` (bytes: the
+    ``qualname`` (text), ``file`` (text or None), ``root`` (text), ``package`` (text, optional:
+    the package of a script run with ``python -m``), and ``call`` (bytes: the
     pickled ``(args, kwargs)``, unpickled by :func:`decode_arguments` once the function's module
     is imported) or, as written by older versions, ``args`` (tuple or list) and ``kwargs``
     (dict with text keys). Raises BadCall naming the first thing wrong."""
@@ -81,8 +82,9 @@ def decode_payload(raw: bytes | str) -> dict[str, Any]:
     for key in ("module", "qualname"):
         if not isinstance(payload.get(key), str) or not payload[key]:
             raise BadCall(f"the call's payload has no valid {key!r}")
-    if not isinstance(payload.get("file"), str | type(None)) or not isinstance(payload.get("root", ""), str):
-        raise BadCall("the call's payload has a bad 'file' or 'root'")
+    if not isinstance(payload.get("file"), str | type(None)) or not isinstance(payload.get("root", ""), str) \
+            or not isinstance(payload.get("package", ""), str):
+        raise BadCall("the call's payload has a bad 'file', 'root' or 'package'")
     if "call" in payload:
         if not isinstance(payload["call"], bytes):
             raise BadCall("the call's payload has a bad 'call' (the pickled arguments)")
@@ -170,6 +172,9 @@ def _import(payload: dict[str, Any]) -> ModuleType:
     if spec is None or spec.loader is None:
         raise ImportError(f"{payload['file']} cannot be imported (is it a .py file?)")
     module = importlib.util.module_from_spec(spec)
+    if payload.get("package"):  # run with `python -m PACKAGE.NAME`: its relative imports need it
+        importlib.import_module(payload["package"])
+        module.__package__ = payload["package"]
     sys.modules[JOB_SCRIPT] = module
     argv, sys.argv = sys.argv, [payload["file"]]
     try:

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import pwd
@@ -47,6 +48,7 @@ from rig.memory import format_memory, parse_memory
 from rig.models import CardState, Job, JobState, Priority, waiting_since
 from rig.nodes import NodeInfo, NodeRegistry, worker_node
 from rig.placement import Request, never_fits
+from rig.plain_numbers import plain_number
 from rig.pools import ClusterPools, Pools, cluster_pools
 from rig.redis_conn import check, connect, is_setup_error, unavailable
 from rig.redis_writes import is_outage, refusal, refused_error
@@ -56,7 +58,9 @@ from rig.request_rules import (
     check_flag,
     check_gpu_memory,
     check_gpus,
+    check_limit,
     check_retries,
+    check_text_options,
     parse_time_limit,
     resolve_workdir,
 )
@@ -298,6 +302,7 @@ class Client:
                                "kind 'python')")
         shell = check_flag(shell, "shell")
         oom_retry_grow = check_flag(oom_retry_grow, "oom_retry_grow")
+        check_text_options({"--name": name, "--template": template, "--pool": pool, "--workdir": workdir})
         argv, is_shell = _normalise_command(command, shell)
         argv = _checked("the command", R.as_argv, argv)
         # An empty name is refused below, as any empty option is (`--name "$NAME"` with NAME
@@ -316,7 +321,8 @@ class Client:
             oom_retry_grow = oom_retry_grow if oom_retry_grow is not None else preset.oom_retry_grow
             margin = preset.margin
         if gpu_memory is None:
-            raise InvalidInput("--gpu-memory is required: how much GPU memory the job needs, e.g. 12G")
+            sets_none = f" (template {template!r} sets none)" if template is not None else ""
+            raise InvalidInput(f"--gpu-memory is required{sets_none}: how much GPU memory the job needs, e.g. 12G")
         self.last_auto_note = None
         # How the declared size came from what was typed, when it is not that (a template's
         # margin, `auto`): a refusal quoting "needs 24.0 GiB" says so, else `--gpu-memory 20G`
@@ -337,7 +343,7 @@ class Client:
                             f"template {template!r}")
         sized_note = f" ({sized_by})" if sized_by else ""
         check_gpu_memory(nbytes)  # rig.request_rules: the rule templates are checked with too
-        check_gpus(gpus)
+        gpus = check_gpus(gpus)
         # "" is a slip (`--priority "$PRIO"` with PRIO unset), refused as any unknown word: never
         # the default priority in silence
         prio = Priority.parse(self.settings.default_priority if priority is None else priority)
@@ -348,12 +354,11 @@ class Client:
         if wd is None:
             wd = memo[("workdir", workdir)] = resolve_workdir(workdir, self.settings.command_workdir)
         max_retries = self.settings.max_retries if retries is None else retries
-        check_retries(max_retries, shown=retries)
+        max_retries = check_retries(max_retries, shown=retries)
         limit = parse_time_limit(time_limit)
         # What the job's environment holds is decided in rig.job_env: the submitter's
         # variables rig passes on, then --env (a value of None: the submitter's own value).
-        jobenv.check_env_mapping(env)
-        given = {str(k): None if v is None else str(v) for k, v in (env or {}).items()}
+        given = jobenv.given_env(env)
         env_key = ("env", repr(export), tuple(given.items()))
         if env_key not in memo:
             refused = jobenv.refuse_rig_owned(given)  # before resolving: rig's own are refused either way
@@ -419,6 +424,7 @@ class Client:
             if not isinstance(request, Mapping):
                 raise InvalidInput(f"request {number}: expected a dict of submit()'s arguments")
             request = dict(request)
+            check_request_keys(number, request)
             try:
                 command = request.pop("command")
             except KeyError:
@@ -565,11 +571,12 @@ class Client:
         job = self.get(job_id)
         return JobHandle(self, job.id, job)
 
+    @in_callers_words
     def jobs(self, state: JobState | str | None = None, *, limit: int = 50, user: str | None = None,
              since: float | None = None) -> list[Job]:
         """Newest first, archived jobs included; with ``user``, only the jobs that login name
         submitted; with ``since`` (epoch s), only those submitted then or later."""
-        st = JobState.parse(state) if isinstance(state, str) else state
+        st, limit = jobs_filter(state, limit)
         return self._guard(self.history.list, st, limit=limit, user=user, since=since)
 
     def usage(self, *, since: float | None = None, by: str = "user") -> tuple[list[UsageLine], UsageLine]:
@@ -1142,6 +1149,22 @@ class JobHandle:
     def __int__(self) -> int:
         return self.id
 
+    def __eq__(self, other: object) -> bool:
+        """Two handles of one job (its id and instance) are equal, whichever client made them."""
+        if not isinstance(other, JobHandle):
+            return NotImplemented
+        return (self.id, self.instance) == (other.id, other.instance)
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.instance))
+
+    def __reduce__(self) -> tuple[Any, tuple[int, str | None]]:
+        """A handle pickles as its job (id and instance), not its client's Redis connection
+        (which cannot pickle: a handle given to multiprocessing raised "Can't pickle local
+        object 'on_connect.<locals>.connect_func'"); unpickled, it reads through the default
+        client of the process it is in."""
+        return _handle_here, (self.id, self.instance)
+
     @property
     def record(self) -> Job:
         self._job = self.client.get_instance(self.id, self.instance)
@@ -1154,6 +1177,7 @@ class JobHandle:
     def wait(self, timeout: float | None = None) -> Job:
         """Block until the job ends (at most ``timeout`` s: TimeoutError). Ctrl-C stops the
         waiting, not the job: one stderr line says so, then KeyboardInterrupt goes on."""
+        timeout = plain_number(timeout)  # type: ignore[assignment] - numpy's numbers too
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
                                     or not timeout >= 0):
             raise InvalidInput(f"timeout must be a number of seconds, 0 or more (None: until the job ends); "
@@ -1259,12 +1283,28 @@ def default_client() -> Client:
 
 def submit(command: str | list[str], **kwargs: Any) -> JobHandle:
     """``rig.submit("python train.py", gpu_memory="12G", priority="high")``."""
+    check_request_keys(None, {"command": command, **kwargs})
     return default_client().submit(command, **kwargs)
 
 
 def submit_many(requests: list[dict[str, Any]]) -> list[JobHandle]:
     """Queue several jobs in one transaction with the default client (see Client.submit_many)."""
     return default_client().submit_many(requests)
+
+
+def jobs_filter(state: object, limit: object) -> tuple[JobState | None, int]:
+    """Client.jobs' ``state`` (a JobState, its name, or None) and ``limit`` (check_limit), as
+    JobState and int; refused in one line otherwise (``state=3`` was an AttributeError)."""
+    if state is not None and not isinstance(state, JobState | str):
+        raise InvalidInput(f"state must be a JobState or its name (e.g. 'running'), got {state!r}")
+    return (JobState.parse(state) if isinstance(state, str) else state), check_limit(limit)
+
+
+def _handle_here(job_id: int, instance: str | None) -> JobHandle:
+    """An unpickled JobHandle (JobHandle.__reduce__): the same job, through this process's client."""
+    handle = JobHandle(default_client(), job_id)
+    handle.instance = instance
+    return handle
 
 
 def get_job(job_id: int | str) -> JobHandle:
@@ -1282,12 +1322,54 @@ def _normalise_command(command: Any, shell: bool | None) -> tuple[list[str], boo
 
             return shlex.split(text), False
         return ["/bin/sh", "-c", text], True
-    if command is not None and not isinstance(command, (list, tuple)):
-        raise InvalidInput(f"the command must be a string or a list of strings, got {type(command).__name__}")
-    argv = [str(a) for a in (command or [])]
+    argv = _plain_argv(command)
     if not argv or not argv[0].strip():
         raise InvalidInput("the command is empty; give it after `--` or with --cmd \"...\"")
     return argv, False
+
+
+def plain_command(command: object) -> str | list[str]:
+    """A command as given from Python, as rig keeps it: a string as it is (run by /bin/sh), a
+    list or tuple as a list of text (see _argument), a path as that program alone; None as an
+    empty list (refused as empty by the caller). Another type is refused in one line."""
+    return command if isinstance(command, str) else _plain_argv(command)
+
+
+def _plain_argv(command: object) -> list[str]:
+    if isinstance(command, os.PathLike):
+        command = [command]
+    if command is not None and not isinstance(command, (list, tuple)):
+        raise InvalidInput(f"the command must be a string or a list of strings, got {type(command).__name__}")
+    return [_argument(number, a) for number, a in enumerate(command or [])]
+
+
+def _argument(number: int, value: object) -> str:
+    """One item of a command given as a list, as the program sees it: text, a path or a number
+    (``["python", "t.py", "--lr", 3e-4]``) written as text. bytes or a bool are refused (``str()``
+    made ``b"x.py"`` the argument ``b'x.py'``), and so is anything else."""
+    value = plain_number(value)
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise InvalidInput(f"the command's item {number} must be text (a number or a path is written as text); "
+                           f"got {type(value).__name__} {value!r:.40}")
+    return str(value)
+
+
+def check_request_keys(number: int | None, request: Mapping[str, Any]) -> None:
+    """The keys of a submit_many request (``number``) or rig.submit's keyword arguments (None)
+    are submit()'s keyword arguments (its signature decides): a slip (``gpu_mem``) is one line
+    naming the closest one, not Python's TypeError about ``Client.submit()``, which the caller
+    never called."""
+    import difflib
+
+    known = [n for n in inspect.signature(Client.submit).parameters if n != "self" and not n.startswith("_")]
+    unknown = sorted(str(key) for key in request if key not in known)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f"did you mean {close[0]}?" if close else f"the keys are {', '.join(known)}"
+        where = "" if number is None else f"request {number}: "
+        raise InvalidInput(f"{where}no option {unknown[0]!r} ({hint})")
 
 
 def _default_name(argv: list[str], is_shell: bool) -> str:

@@ -20,7 +20,7 @@ import json
 import os
 import re
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
@@ -48,8 +48,6 @@ from rig.errors import ConfigError, InvalidInput
 from rig.records import MAX_CARD_INDEX, MAX_RETRIES
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from rig.fairshare import UserLimit
     from rig.pools import Pools
 
@@ -617,15 +615,11 @@ class Settings(BaseSettings):
     def user_limit(self, user: str) -> UserLimit:
         """``user``'s limits: their [user_limits] entry where set, else the global defaults."""
         from rig.fairshare import UserLimit
-        from rig.memory import parse_memory
-
-        def nbytes(text: str | None) -> int:
-            return 0 if text in (None, "", "0") else parse_memory(text, what="user memory limit")
 
         own = self.user_limits.get(user)
         jobs = own.max_jobs if own and own.max_jobs is not None else self.max_jobs_per_user
         memory = own.max_gpu_memory if own and own.max_gpu_memory is not None else self.max_gpu_memory_per_user
-        return UserLimit(max_jobs=jobs, max_bytes=nbytes(memory))
+        return UserLimit(max_jobs=jobs, max_bytes=_memory_limit_bytes(memory))
 
     @classmethod
     def settings_customise_sources(
@@ -807,42 +801,53 @@ def setting_origins(settings: Settings) -> dict[str, str]:
     return config_check.origins(settings, sources)
 
 
-def _same_as_file(sources: config_check.Sources, path: tuple[str, ...], var: str) -> bool:
+def _same_as_file(settings: Settings, sources: config_check.Sources, path: tuple[str, ...], var: str) -> bool:
     """Does the variable ``var`` give the setting at ``path`` the value the file gives it? Then
     it overrides nothing: `rig init` writes this shell's RIG_REDIS_URL, RIG_NODE_NAME and
     RIG_FLOWER_PORT into the file, and every `rig up` from that shell then said each one
-    "overrides" the file's same value. Scalars only (a string, a number, a boolean), compared as
-    written; anything else counts as different."""
-    if var != config_check.env_name(path):  # a section's JSON variable (RIG_HEALTH='{...}')
+    "overrides" the file's same value. Compared after parsing, by the setting's own validation:
+    ``RIG_FAIR_SHARE=1`` or ``yes`` is the file's ``true``, ``30.0`` its ``30``, ``~/x/`` its
+    ``/home/u/x`` (``..`` and symlinks are left as written). ``settings`` holds the variable's
+    value (no flag set it: the caller checks); the file's value is validated on a copy. A file
+    value that does not validate there, or a section given as one JSON variable
+    (``RIG_HEALTH='{...}'``), counts as different."""
+    if var != config_check.env_name(path):
         return False
     written: Any = sources.file_data
     for part in path:
         written = written[part]
-    given = sources.environ[var]
-    if isinstance(written, bool):
-        return given.strip().lower() == str(written).lower()
-    if isinstance(written, (int, float)):
-        try:
-            return float(given) == float(written)
-        except ValueError:
-            return False
-    if not isinstance(written, str):
+    owner: BaseModel = settings
+    for part in path[:-1]:
+        owner = getattr(owner, part)
+    copy = owner.model_copy()
+    try:
+        # The field's validators (before and after), as when the file alone was loaded.
+        type(copy).__pydantic_validator__.validate_assignment(copy, path[-1], written)
+    except Exception:  # noqa: BLE001 - any refusal of the file's value: different, said (a note never stops rig up)
         return False
-    if given == written:
-        return True
-    # A folder or file given as another spelling of the file's (`~/x` for /home/u/x, a
-    # trailing slash): the setting (a Path, `~` expanded either way) is the same.
-    field = Settings.model_fields.get(path[0]) if len(path) == 1 else None
-    if field is None or "Path" not in str(field.annotation):
-        return False
-    return _spelled_path(given) == _spelled_path(written)
+    meaning = _MEANING_OF_TEXT.get(path, lambda value: value)
+    return bool(meaning(getattr(copy, path[-1])) == meaning(getattr(owner, path[-1])))
 
 
-def _spelled_path(text: str) -> str:
-    """A path as written, without what does not change the path it names (a `~` and trailing
-    slashes); ``..`` and symlinks are left as they are."""
-    text = os.path.expanduser(text.strip())
-    return text.rstrip("/") or text
+def _memory_limit_bytes(text: str | None) -> int:
+    """A memory limit setting's bytes (it is kept as written): 0 for none."""
+    from rig.memory import parse_memory
+
+    return 0 if text in (None, "", "0") else parse_memory(text, what="user memory limit")
+
+
+def _fake_card_sizes(text: str | None) -> list[int] | None:
+    from rig.gpus.fake import parse_fake_spec
+
+    return None if text is None else parse_fake_spec(text)
+
+
+#: Settings kept as the text written, validated but not converted: what that text stands for,
+#: to compare two spellings by (``160G`` and ``160 GiB``; ``8x80G`` and ``8X80GiB``).
+_MEANING_OF_TEXT: dict[tuple[str, ...], Callable[[Any], Any]] = {
+    ("max_gpu_memory_per_user",): _memory_limit_bytes,
+    ("fake_gpus",): _fake_card_sizes,
+}
 
 
 def shadowed_settings(settings: Settings) -> list[str]:
@@ -857,7 +862,7 @@ def shadowed_settings(settings: Settings) -> list[str]:
         for path in [(name,)] + [(name, sub) for sub in (inner.fields or {})]:
             var = sources.env_var(path)
             if (var and path[0] not in sources.overrides and sources.in_file(path)
-                    and not _same_as_file(sources, path, var)):
+                    and not _same_as_file(settings, sources, path, var)):
                 lines.append(f"note: ${var} (in the environment) overrides {'.'.join(path)} in {sources.file}; "
                              f"unset it to use the file's value")
                 break

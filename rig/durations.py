@@ -7,6 +7,7 @@ import math
 import re
 
 from rig.errors import InvalidInput
+from rig.plain_numbers import plain_number
 
 #: "ms" is tried before "m" (a minute): ``5ms`` is 0.005 s, ``1m5s`` is 65 s.
 _PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|[smhd])", re.IGNORECASE)
@@ -18,7 +19,8 @@ def parse_duration(text: str | int | float, *, what: str = "--time-limit", unit_
     in the same words each time, the value given, with an example) otherwise. With
     ``unit_required`` a bare number is refused: ``--since 7`` meant 7 days to the person who
     typed it far more often than 7 seconds, and silently reading it as seconds answered "no
-    jobs"."""
+    jobs". A number (numpy's too) is seconds."""
+    text = plain_number(text)  # type: ignore[assignment]
     number = isinstance(text, int | float) and not isinstance(text, bool)
     raw = str(text).strip().lower()
     if number or re.fullmatch(r"\d+(\.\d+)?", raw):

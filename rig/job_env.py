@@ -30,6 +30,7 @@ import pwd
 from collections.abc import Mapping
 
 from rig.errors import InvalidInput
+from rig.plain_numbers import plain_number
 from rig.records import ENV_NAME_RE as _NAME  # the names a job's record may hold
 
 #: The base PATH when the submitter passed none.
@@ -108,10 +109,25 @@ def is_not_exported(name: str) -> bool:
 EXPORT_MODES = ("ALL", "NONE")
 
 
-def check_env_mapping(env: object) -> None:
-    """``env=`` from Python (rig.submit, @rig.task) is a mapping of names to values."""
-    if env is not None and not isinstance(env, Mapping):
+def given_env(env: object) -> dict[str, str | None]:
+    """``env=`` from Python as --env's items: each value text, a number or a path (written as
+    text), or None (the submitter's own value). bytes, a bool or a list are refused in one line:
+    ``str()`` made ``b'x'`` the value of ``b"x"``, and ``True`` is ``1`` to one program and
+    ``true`` to the next."""
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
         raise InvalidInput(f"env must be a mapping of names to values (e.g. {{'A': '1'}}), got {type(env).__name__}")
+    given: dict[str, str | None] = {}
+    for key, value in env.items():
+        value = plain_number(value)
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, str | int | float)):
+            raise InvalidInput(f"env {key}: give its value as text (a number or a path is written as text), "
+                               f"or None for your own; got {type(value).__name__} {value!r:.40}")
+        given[str(key)] = None if value is None else str(value)
+    return given
 
 
 def parse_export(mode: str | list[str] | tuple[str, ...] | None) -> str | tuple[str, ...]:

@@ -10,6 +10,7 @@ import math
 import re
 
 from rig.errors import InvalidInput
+from rig.plain_numbers import plain_number
 
 KIB = 1024
 MIB = 1024**2
@@ -29,8 +30,9 @@ def parse_memory(text: str | int | float, *, what: str = "--gpu-memory") -> int:
     """Parse ``12G``, ``512M``, ``1.5GiB``, ``24GB`` into bytes (binary units).
 
     Raises InvalidInput (one line, with the fix) for a missing or unknown unit, zero or a
-    negative size.
+    negative size. A number (numpy's too) is a number of bytes.
     """
+    text = plain_number(text)  # type: ignore[assignment]
     if isinstance(text, bool):
         raise InvalidInput(f"{what}: expected a size such as 12G, got {text!r}")
     if isinstance(text, int | float):

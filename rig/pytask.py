@@ -39,11 +39,14 @@ import functools
 import inspect
 import pickle
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType, ModuleType
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from rig import callpickle
+from rig.argnames import in_callers_words
 from rig.errors import InvalidInput
 
 P = ParamSpec("P")
@@ -91,6 +94,15 @@ class RigTask(Generic[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
 
+    def __get__(self, instance: object, owner: type | None = None) -> RigTask[..., R] | _BoundTask[R]:
+        """A decorated method read through an instance (``K().meth``) is bound to it, as a
+        plain method is: calling it runs ``meth(instance, ...)`` here, and ``.delay(x)`` queues
+        ``K.meth(instance, x)``, the instance pickled as the first argument (a copy: what the job
+        changes on it does not come back). Read through the class (``K.meth``) it stays the task."""
+        if instance is None:
+            return self
+        return _BoundTask(self, instance)
+
     def delay(self, *args: P.args, **kwargs: P.kwargs):  # noqa: ANN201 - returns JobHandle
         return self.apply_async(args, kwargs)
 
@@ -133,6 +145,25 @@ class RigTask(Generic[P, R]):
         )
 
 
+class _BoundTask(Generic[R]):
+    """A decorated method bound to an instance (see RigTask.__get__): the instance goes first."""
+
+    def __init__(self, task: RigTask[..., R], instance: object) -> None:
+        self.task = task
+        self.instance = instance
+        self.fn = task.fn  # what rig.call runs, given the instance first (as .delay() sends it)
+        functools.update_wrapper(self, task.fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R:  # noqa: ANN401
+        return self.task.fn(self.instance, *args, **kwargs)
+
+    def delay(self, *args: Any, **kwargs: Any):  # noqa: ANN201, ANN401 - returns JobHandle
+        return self.task.apply_async((self.instance, *args), kwargs)
+
+    def apply_async(self, args: tuple = (), kwargs: dict | None = None, **overrides: Any):  # noqa: ANN201
+        return self.task.apply_async((self.instance, *args), kwargs, **overrides)
+
+
 def task(
     fn: Callable[P, R] | None = None, *, gpu_memory: str | int | None = None, gpus: int = 1,
     priority: str | None = None, name: str | None = None, workdir: str | None = None,
@@ -152,6 +183,10 @@ def task(
     _check_options(options)
 
     def wrap(f: Callable[P, R]) -> RigTask[P, R]:
+        if isinstance(f, staticmethod | classmethod):
+            kind = type(f).__name__
+            raise InvalidInput(f"@rig.task is written above @{kind}; write @{kind} above @rig.task(...), "
+                               f"which then decorates the plain function")
         _check_plain_function(f)
         return RigTask(f, options)
 
@@ -161,7 +196,18 @@ def task(
 def _check_plain_function(fn: Callable[..., Any]) -> None:
     """An ``async def`` or a generator function returns an object the job cannot send back (a
     coroutine, a generator) without running its body: refused at decoration, not found out
-    after the job held a card (it failed as bad_result, the body never run)."""
+    after the job held a card (it failed as bad_result, the body never run). So is what has no
+    name the job could import it by (a functools.partial, a callable object: AttributeError at
+    .delay()) and a bound method (the job would look it up on the class, without its instance)."""
+    if inspect.ismethod(fn):
+        raise InvalidInput(f"@rig.task got the bound method {fn.__qualname__}; decorate the method where its "
+                           f"class defines it (`@rig.task(...)` above `def {fn.__name__}`), then call it "
+                           f"through an instance")
+    if not (inspect.isfunction(fn) or inspect.isclass(fn) or inspect.isbuiltin(fn)):
+        # A functools.partial or a callable object has no name the job could import it by.
+        raise InvalidInput(f"@rig.task decorates a function defined with def (or a class); got a "
+                           f"{type(fn).__module__}.{type(fn).__qualname__}: write a def at the top level of a "
+                           f"module that calls it, and decorate that")
     name = getattr(fn, "__name__", repr(fn))
     if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
         raise InvalidInput(f"{name}() is an async function, which a job does not await; decorate a plain "
@@ -171,35 +217,42 @@ def _check_plain_function(fn: Callable[..., Any]) -> None:
                            f"return a list (`return list(...)`) instead")
 
 
+@in_callers_words
 def _check_options(options: dict[str, Any]) -> None:
     """Refuse a malformed option where it is written, at decoration (the rules rig.submit
     applies, rig.request_rules), not at the first .delay(). What depends on the cluster (a
-    template's or pool's name, a size no card has, ``"auto"``) is checked at .delay()."""
-    from rig.job_env import check_env_mapping, parse_export
+    template's or pool's name, a size no card has, ``"auto"``) or on the submitter's shell
+    (``env={"NAME": None}``, ``export=``'s values) is checked at .delay(). The rules word their
+    refusals in the CLI's words; in_callers_words names the keywords instead (rig.argnames)."""
+    from rig.job_env import given_env, parse_export, refuse_rig_owned
     from rig.models import Priority
     from rig.request_rules import (
         check_flag,
         check_gpus,
         check_retries,
+        check_text_options,
         parse_gpu_memory,
         parse_time_limit,
     )
 
-    check_gpus(options["gpus"], what="gpus")
+    check_gpus(options["gpus"])
+    check_text_options({f"--{key}": options.get(key) for key in ("name", "template", "pool", "workdir")})
     check_flag(options.get("oom_retry_grow"), "oom_retry_grow")
     if options["gpu_memory"] is not None:
-        parse_gpu_memory(options["gpu_memory"], what="gpu_memory")
+        parse_gpu_memory(options["gpu_memory"])
     if "retries" in options:
-        check_retries(options["retries"], what="retries")
-    parse_time_limit(options.get("time_limit"), what="time_limit")
+        check_retries(options["retries"])
+    parse_time_limit(options.get("time_limit"))
     if "priority" in options:
         Priority.parse(options["priority"])
-    check_env_mapping(options.get("env"))
+    refused = refuse_rig_owned(given_env(options.get("env")))
+    if refused:
+        raise InvalidInput(refused)
     if "export" in options:
         try:
             parse_export(options["export"])
         except ValueError as exc:
-            raise InvalidInput(str(exc).replace("--export", "export", 1)) from None
+            raise InvalidInput(str(exc)) from None
 
 
 def _check_overrides(overrides: dict[str, Any]) -> None:
@@ -269,7 +322,12 @@ def _check_importable(task: RigTask[Any, Any], payload: dict[str, Any]) -> None:
     target: Any = module
     for part in qualname.split("."):
         target = getattr(target, part, None)
-    if target is not task and target is not fn:
+    if target is not task and target is not fn and getattr(target, "task", None) is not task:
+        if isinstance(target, RigTask) and target.fn.__qualname__ == fn.__qualname__:
+            # The module was run again (importlib.reload, a notebook cell) or defines it twice.
+            raise _NotImportable(f"{fn.__module__}.{qualname} is now another {name}() (the module was reloaded, "
+                                 f"or defines {name} twice) and the job would run that one; submit through "
+                                 f"{fn.__module__}.{qualname} as it is now (import it again after a reload)")
         raise _NotImportable(f"{fn.__module__}.{qualname} does not name the decorated {name}() (was the "
                              f"name reused or the function renamed?); define it once, at the top level "
                              f"of its module, under its own name")
@@ -282,20 +340,31 @@ def _check_guarded(fn: Callable[..., Any], payload: dict[str, Any]) -> None:
     main = sys.modules.get("__main__")
     if fn.__module__ != "__main__" or main is None or not payload["file"]:
         return
-    frame = sys._getframe(1)
-    while frame is not None and not (frame.f_code.co_name == "<module>"
-                                     and frame.f_globals is main.__dict__):
-        frame = frame.f_back
+    frame = _script_top_level(sys._getframe(1), main)
+    by_thread = ""
+    if frame is None and threading.current_thread() is not threading.main_thread():
+        # A thread the script's top level started (and may be joining): its import in the job
+        # starts that thread again, which submits again.
+        frame = _script_top_level(sys._current_frames().get(threading.main_thread().ident or 0), main)
+        by_thread = " (from a thread it started there)"
     if frame is None:
-        return  # the script's top level has finished (e.g. a call from a thread): nothing re-runs
+        return  # the script's top level has finished: nothing re-runs
     line = frame.f_lineno
     guarded = _main_guard_lines(payload["file"])
     if guarded is None or any(first <= line <= last for first, last in guarded):
         return
     script = Path(payload["file"]).name
-    raise InvalidInput(f"{script} line {line} submits {fn.__name__}() outside "
+    raise InvalidInput(f"{script} line {line} submits {fn.__name__}(){by_thread} outside "
                        f"`if __name__ == \"__main__\":`; the job imports {script} to find "
                        f"{fn.__name__} and would submit again: put the code that submits under that guard")
+
+
+def _script_top_level(frame: FrameType | None, main: ModuleType) -> FrameType | None:
+    """The frame running the script's top level (``main``'s ``<module>``) among ``frame`` and
+    its callers, or None."""
+    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is main.__dict__):
+        frame = frame.f_back
+    return frame
 
 
 def _main_guard_lines(file: str) -> list[tuple[int, int]] | None:
@@ -406,7 +475,8 @@ def _check_script_names(fn: Callable[..., Any], payload: dict[str, Any], names: 
 
 def _payload(fn: Callable[..., Any]) -> dict[str, Any]:
     """Where the job finds ``fn``: ``module``, ``qualname``, ``file`` (None: no source file)
-    and ``root`` (the folder to put on ``sys.path``). The arguments are added as ``call``."""
+    and ``root`` (the folder to put on ``sys.path``); ``package`` for a script run with
+    ``python -m PACKAGE.NAME``. The arguments are added as ``call``."""
     module = fn.__module__
     if module == "__rig_main__":  # a call running in a job submits a task from its own script
         module = "__main__"
@@ -424,4 +494,11 @@ def _payload(fn: Callable[..., Any]) -> dict[str, Any]:
             root = str(Path(file).parents[module.count(".") + 1])
     elif file:
         root = str(Path(file).parent)
-    return {"module": module, "qualname": fn.__qualname__, "file": file, "root": root}
+    payload = {"module": module, "qualname": fn.__qualname__, "file": file, "root": root}
+    # A script run as part of a package (`python -m pkg.train`): the job imports it as a
+    # member of that package, or its relative imports (`from .data import x`) fail there.
+    package = getattr(sys.modules.get(fn.__module__), "__package__", None)
+    if file and module == "__main__" and package:
+        payload["package"] = package
+        payload["root"] = str(Path(file).parents[package.count(".") + 1])
+    return payload

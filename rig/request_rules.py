@@ -13,6 +13,7 @@ from pathlib import Path
 from rig.durations import parse_duration
 from rig.errors import InvalidInput
 from rig.memory import format_memory, parse_memory
+from rig.plain_numbers import plain_number
 from rig.records import MAX_GPU_MEMORY, MAX_GPUS, MAX_RETRIES, MAX_TIME_LIMIT
 
 
@@ -88,7 +89,8 @@ def resolve_workdir(workdir: object, command_workdir: object) -> Path:
 
 def check_retries(value: object, shown: object = None, what: str = "--retries") -> int:
     """A retry count: a whole number 0..MAX_RETRIES. ``shown`` is what the message quotes (the
-    value as the caller gave it; default ``value``)."""
+    value as the caller gave it; default ``value``); numpy's integers count as whole numbers."""
+    value = plain_number(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRIES:
         quoted = value if shown is None else shown
         raise InvalidInput(f"{what} must be a whole number from 0 to {MAX_RETRIES}; got {quoted!r}")
@@ -108,7 +110,39 @@ def check_flag(value: object, what: str) -> bool | None:
 
 
 def check_gpus(value: object, what: str = "--gpus") -> int:
-    """A number of cards: a whole number 1..MAX_GPUS."""
+    """A number of cards: a whole number 1..MAX_GPUS (numpy's integers too)."""
+    value = plain_number(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GPUS:
         raise InvalidInput(f"{what} must be a whole number of cards from 1 to {MAX_GPUS}; got {value!r}")
     return value
+
+
+def check_text_options(options: dict[str, object]) -> None:
+    """The options that are words (``--name``, ``--template``, ``--pool``; ``--workdir`` also a
+    path object): None, or text (a name not empty: refused as an unset variable). Another type (``template=["test"]``, ``name=3``) is one line,
+    not the TypeError or AttributeError it met further on (unhashable, no ``.strip``). Keyed by
+    the CLI's option, as every rule here (rig.argnames names the keyword to a Python caller)."""
+    for option, value in options.items():
+        if option == "--name" and isinstance(value, str) and not value.strip():
+            # `--name "$RUN"` with RUN unset named the job after its command in silence, and
+            # `--gpu-memory auto` then sized it by that name's runs.
+            raise InvalidInput("--name is empty (an unset variable?): give a name, or leave --name out to "
+                               "name the job after its command")
+        if value is None or isinstance(value, str) or (option == "--workdir" and isinstance(value, os.PathLike)):
+            continue
+        kind = "a folder (text or a path object)" if option == "--workdir" else "text"
+        raise InvalidInput(f"{option} must be {kind}; got {type(value).__name__} {value!r:.60}")
+
+
+#: The largest ``--limit``: more than Redis could list; 20 digits were a Redis error's traceback.
+MAX_LIMIT = 10**9
+
+
+def check_limit(limit: object, what: str = "jobs") -> int:
+    """``--limit N`` (``limit=`` of Client.jobs): a whole number from 1 to MAX_LIMIT (-1 or 0
+    once meant "every job", silently; from Python ``"5"`` or ``None`` was a TypeError)."""
+    limit = plain_number(limit)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise InvalidInput(f"--limit must be 1 or more, at most {MAX_LIMIT:,} (how many {what} to list), "
+                           f"got {limit!r}")
+    return limit

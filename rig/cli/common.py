@@ -17,6 +17,7 @@ from rig.config import Settings, load_settings
 from rig.errors import InvalidInput, RigError
 from rig.redis_conn import is_unusable, unavailable
 from rig.redis_writes import refusal, refused_at
+from rig.request_rules import MAX_LIMIT, check_limit  # noqa: F401 - the rule's home; rig.cli.main imports it here
 from rig.text import clean
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -182,18 +183,6 @@ def parse_job_id(text: str) -> int:
     from rig.records import parse_job_id as parse
 
     return parse(text)
-
-
-#: The largest ``--limit``: more than Redis could list; 20 digits were a Redis error's traceback.
-MAX_LIMIT = 10**9
-
-
-def check_limit(limit: int, what: str = "jobs") -> int:
-    """``--limit N``: from 1 to MAX_LIMIT (-1 or 0 once meant "every job", silently)."""
-    if not 1 <= limit <= MAX_LIMIT:
-        raise InvalidInput(f"--limit must be 1 or more, at most {MAX_LIMIT:,} (how many {what} to list), "
-                           f"got {limit}")
-    return limit
 
 
 def _settings_url() -> str:

@@ -13,6 +13,7 @@ import click
 from rig.cli import as_json as J
 from rig.cli.common import (
     INSTANCE_OPTION,
+    MAX_LIMIT,
     RigGroup,
     check_limit,
     client_from,
@@ -113,8 +114,9 @@ def jobs(ctx: click.Context, state: str | None, user: str | None, mine: bool, li
     client = client_from(ctx)
     st = JobState.parse(state) if state is not None else None  # "" is refused, never every state
     client.ping()
-    # One more than shown: whether the list was cut is said, never left to be guessed.
-    found = client.jobs(st, limit=limit + 1, user=user,
+    # One more than shown: whether the list was cut is said, never left to be guessed (at
+    # MAX_LIMIT itself, where client.jobs takes no more, no more exist anyway).
+    found = client.jobs(st, limit=min(limit + 1, MAX_LIMIT), user=user,
                         since=since_time(since) if since is not None else None)  # "": refused
     cut = len(found) > limit
     found = found[:limit]

@@ -24,7 +24,16 @@ from rig import errors as E
 from rig import job_env as jobenv
 from rig.argnames import in_callers_words
 from rig.cli.logview import Look
-from rig.client import Client, Identity, JobHandle, StatusReport, caller_environ
+from rig.client import (
+    Client,
+    Identity,
+    JobHandle,
+    StatusReport,
+    caller_environ,
+    check_request_keys,
+    jobs_filter,
+    plain_command,
+)
 from rig.config import Settings, Template
 from rig.errors import InvalidInput, JobGone, RigError
 from rig.gateway import wire
@@ -177,8 +186,7 @@ class GatewayClient:
                **options: Any) -> JobHandle:
         """Client.submit through the gateway: the caller's working folder, its ``--env NAME``
         values and its exported environment are read here, in the caller's process."""
-        if isinstance(command, tuple):
-            command = list(command)
+        command = plain_command(command)
         wd = str(resolve_workdir(workdir, self.settings.command_workdir))
         environ = self._exported(export)
         resolved = self._env(env)
@@ -196,6 +204,7 @@ class GatewayClient:
         for number, request in enumerate(requests):
             if not isinstance(request, Mapping):
                 raise InvalidInput(f"request {number}: expected a dict of submit()'s arguments")
+            check_request_keys(number, request)
             request = dict(request)
             mode = request.pop("export", None)
             if mode not in environ_by_mode:
@@ -203,8 +212,8 @@ class GatewayClient:
             request["workdir"] = str(resolve_workdir(request.get("workdir"), self.settings.command_workdir))
             request["env"] = {**environ_by_mode[mode], **self._env(request.get("env"))}
             request["export"] = "NONE"  # what it exports is in env already
-            if isinstance(request.get("command"), tuple):
-                request["command"] = list(request["command"])
+            if "command" in request:
+                request["command"] = plain_command(request["command"])
             out.append(request)
         return [JobHandle(self, j.id, j) for j in self.call("submit_many", requests=out)]  # type: ignore[arg-type]
 
@@ -217,16 +226,12 @@ class GatewayClient:
 
     @staticmethod
     def _env(env: Mapping[str, str | None] | None) -> dict[str, str]:
-        if env is None:
-            return {}
-        if not isinstance(env, Mapping):
-            raise InvalidInput(f"env must be a mapping of names to values (e.g. {{'A': '1'}}), got {type(env).__name__}")
-        refused = jobenv.refuse_rig_owned(env)
+        given = jobenv.given_env(env)
+        refused = jobenv.refuse_rig_owned(given)
         if refused:
             raise InvalidInput(refused)
         try:
-            return jobenv.resolve_names({str(k): None if v is None else str(v) for k, v in env.items()},
-                                        caller_environ())
+            return jobenv.resolve_names(given, caller_environ())
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
 
@@ -248,8 +253,10 @@ class GatewayClient:
         job = self.get(job_id)
         return JobHandle(self, job.id, job)  # type: ignore[arg-type]
 
+    @in_callers_words
     def jobs(self, state: JobState | str | None = None, *, limit: int = 50, user: str | None = None,
              since: float | None = None) -> list[Job]:
+        state, limit = jobs_filter(state, limit)  # Client.jobs' rule, said here as there
         # ``user`` and ``since`` are sent only when given: a gateway older than the filter still lists jobs.
         extra = {k: v for k, v in (("user", user), ("since", since)) if v is not None}
         return self.call("jobs", state=state.value if isinstance(state, JobState) else state, limit=limit, **extra)

@@ -243,3 +243,10 @@ def test_a_redis_no_node_ever_used_is_named(cli_env, real_redis):
     nodes.mark_stopped("n1")
     again = CliRunner().invoke(submit_main, ["--gpu-memory", "4G", "--", "true"])
     assert again.exit_code == 0 and "note: " not in again.stderr
+
+
+def test_the_largest_limit_lists_jobs(cli_env, real_redis):
+    """Breaker (pyapi): once Client.jobs checked its limit (from Python), `rig jobs --limit
+    1000000000` asked it for one more than that, to tell whether the list was cut, and was refused."""
+    result = CliRunner().invoke(cli, ["jobs", "--limit", "1000000000"])
+    assert result.exit_code == 0, result.output

@@ -92,6 +92,12 @@ def test_submit_watch_and_kill_through_the_socket(gateway):
         client.get(999)
     with pytest.raises(InvalidInput, match="12Q"):
         client.submit(["true"], gpu_memory="12Q")
+    # Breaker (pyapi): env={"A": b"x"} ran the job with A="b'x'" (str() of the bytes).
+    with pytest.raises(InvalidInput, match=r"^env A: give its value as text"):
+        client.submit(["true"], gpu_memory="1G", env={"A": b"x"})
+    # Breaker (pyapi): through the gateway a slip was 'unknown submit option(s): gpu_mem'.
+    with pytest.raises(InvalidInput, match=r"^request 0: no option 'gpu_mem' \(did you mean gpu_memory\?\)$"):
+        client.submit_many([{"command": ["true"], "gpu_mem": "1G"}])
 
 
 def test_rig_kill_of_several_ids_through_the_socket(gateway, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import pickle
 import re
 import subprocess
@@ -154,6 +155,24 @@ def _helper() -> None:
     pass
 
 
+def test_a_task_from_before_its_module_was_reloaded_says_so(tmp_path, monkeypatch):
+    """Breaker (pyapi): in a notebook, ``importlib.reload(tasks)`` then ``add.delay(1, 1)`` through
+    the ``add`` imported before was refused '... does not name the decorated add() (was the name
+    reused or the function renamed?)': neither was; the module was run again."""
+    import importlib
+
+    (tmp_path / "reloaded_tasks.py").write_text("import rig\n@rig.task(gpu_memory='1G')\ndef add(a, b):\n"
+                                                "    return a + b\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("reloaded_tasks")
+    old = module.add
+    importlib.reload(module)
+    with pytest.raises(InvalidInput, match=r"^reloaded_tasks.add is now another add\(\) \(the module was "
+                                           r"reloaded, or defines add twice\) .*import it again after a reload"):
+        old.apply_async((1, 1), client=StubClient())
+    module.add.apply_async((1, 1), client=StubClient())
+
+
 def test_a_delay_while_a_call_module_is_imported_in_a_job_raises_instead_of_submitting():
     client = StubClient()
     with loading_call("/x/train.py"), pytest.raises(SubmittedWhileImported, match=r"if __name__ =="):
@@ -194,9 +213,15 @@ def submit():
     ("if __name__ == '__main__' and False:\n    pass\nelif True:\n    submit()\n", "REFUSED: script.py line 18"),
     ("if __name__ != '__main__' or True:\n    submit()\n", "REFUSED: script.py line 16"),
     ("if __name__ == '__main__' or True:\n    submit()\n", "REFUSED: script.py line 16"),
+    # Breaker (pyapi): a thread the unguarded top level starts and joins was not refused; the job's
+    # import started it again, which failed the job (bad_call) after it held a card.
+    ("import threading\nt = threading.Thread(target=submit)\nt.start(); t.join()\n",
+     "REFUSED: script.py line 17 submits train() (from a thread it started there) outside"),
+    ("import threading\nif __name__ == '__main__':\n    t = threading.Thread(target=submit)\n"
+     "    t.start(); t.join()\n", "SUBMITTED"),
 ], ids=["top-level", "other-block", "guarded", "guarded-reversed", "and-same-line", "and-parenthesised",
         "elif-guard", "nested-in-guard", "guard-in-else", "else-of-guard", "elif-not-guard", "not-equal-or",
-        "or"])
+        "or", "thread-of-top-level", "thread-under-guard"])
 def test_a_script_that_submits_from_its_unguarded_top_level_is_refused(tmp_path, tail, expected):
     script = tmp_path / "script.py"
     script.write_text(SCRIPT + tail)
@@ -379,12 +404,19 @@ def test_a_call_payload_of_the_old_shape_still_runs(tmp_path):
     ({"gpu_memory": "1G", "priority": "urgent"}, "unknown priority 'urgent'; choose high, medium or low"),
     ({"gpu_memory": "1G", "export": "A-B"}, "export: 'A-B' is not a variable name"),
     ({"gpu_memory": "1G", "env": ["A=1"]}, "env must be a mapping of names to values"),
+    ({"gpu_memory": "1G", "env": {"CUDA_VISIBLE_DEVICES": "1"}},
+     "env CUDA_VISIBLE_DEVICES: rig sets it to the cards it gives the job; ask for cards with gpus (and pool)"),
+    ({"gpu_memory": "1G", "export": []}, "export: an empty list names no variable"),
 ])
 def test_priority_export_and_env_are_refused_where_the_decorator_is_written(options, said):
     """Breaker (brkapi): ``@rig.task(priority="urgent")`` was accepted and only the first
-    .delay() refused it, though nothing about a priority depends on the cluster."""
-    with pytest.raises(InvalidInput, match=f"^{re.escape(said)}"):
+    .delay() refused it, though nothing about a priority depends on the cluster. Breaker
+    (pyapi): ``env={"CUDA_VISIBLE_DEVICES": "1"}`` too; and the decorator words its refusals
+    through rig.argnames as rig.submit does (it had its own copies: ``what="gpus"``, and a
+    replace of ``--export``), so no message of it names an option of rig-submit."""
+    with pytest.raises(InvalidInput, match=f"^{re.escape(said)}") as refused:
         rig.task(**options)
+    assert "--" not in str(refused.value)
     assert rig.task(gpu_memory="1G", priority="HIGH", export="NONE", env={"A": "1"})
 
 
@@ -481,5 +513,184 @@ def _generator_function(x):  # noqa: ANN001, ANN202
 def test_an_async_or_generator_function_is_refused_where_it_is_decorated(fn, said):
     """Breaker (brkapi): ``@rig.task`` on an ``async def`` was accepted; its job held a card,
     never ran the body (the coroutine was not awaited) and failed as bad_result."""
+    with pytest.raises(InvalidInput, match=said):
+        rig.task(gpu_memory="1G")(fn)
+
+
+METHODS = '''
+import base64, pickle, subprocess, sys
+import rig
+from tests.unit.test_pytask import RUN_AS_JOB, StubClient
+
+class Model:
+    def __init__(self, scale):
+        self.scale = scale
+
+    @rig.task(gpu_memory="1G")
+    def fit(self, x):
+        return self.scale * x
+
+    @classmethod
+    @rig.task(gpu_memory="1G")
+    def build(cls, x):
+        return (cls.__name__, x)
+
+    @staticmethod
+    @rig.task(gpu_memory="1G")
+    def plain(x):
+        return x + 1
+
+def as_job(handle_maker):
+    client = StubClient()
+    handle_maker(client)
+    payload = client.submitted[0][1]["extra"]["payload"]
+    job = subprocess.run([sys.executable, "-P", "-c", RUN_AS_JOB], input=payload, capture_output=True,
+                         text=True, cwd="/")
+    code, result = job.stdout.split()[1::2]
+    assert code == "0", job.stderr
+    return pickle.loads(base64.b64decode(result))
+
+if __name__ == "__main__":
+    print("HERE", Model(3).fit(2), Model.fit(Model(3), 2))
+    print("JOB", as_job(lambda c: Model(3).fit.apply_async((2,), client=c)),
+          as_job(lambda c: Model.fit.apply_async((Model(5), 2), client=c)),
+          as_job(lambda c: Model.build.apply_async((4,), client=c)),
+          as_job(lambda c: Model(1).plain.apply_async((4,), client=c)))
+'''
+
+
+def test_a_method_called_through_an_instance_is_queued_with_the_instance_first(tmp_path):
+    """Breaker: ``K().meth.delay(1)`` was refused as ``meth() cannot take these arguments
+    (missing a required argument: 'x')`` and ``K().meth(1)`` ran meth(1): the decorator did not
+    bind ``self``. A decorated method now binds as a plain one does, here and in the job."""
+    script = tmp_path / "script.py"
+    script.write_text(METHODS)
+    done = _run_script(script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["HERE 6 6", "JOB 6 10 ('Model', 4) 5"], done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("wrapper", [staticmethod, classmethod])
+def test_rig_task_above_staticmethod_or_classmethod_says_to_swap_them(wrapper):
+    def fn(x):  # noqa: ANN001, ANN202
+        return x
+
+    with pytest.raises(InvalidInput, match=rf"^@rig.task is written above @{wrapper.__name__}; "
+                                           rf"write @{wrapper.__name__} above @rig.task\(...\)"):
+        rig.task(gpu_memory="1G")(wrapper(fn))
+
+
+class _Int64:
+    """numpy's np.int64 where numpy is not installed: a whole number that is no int (what
+    ``arr.sum()`` or ``np.argmax`` gives), registered as numbers.Integral as numpy's are."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+    __int__ = __index__
+
+    def __repr__(self) -> str:
+        return f"np.int64({self.value})"
+
+
+def _numpy_int(value: int) -> object:
+    try:
+        import numpy
+    except ImportError:
+        import numbers
+
+        numbers.Integral.register(_Int64)
+        return _Int64(value)
+    return numpy.int64(value)
+
+
+def test_numpy_integers_are_whole_numbers_in_job_options(tmp_path):
+    """Breaker (pyapi): ``gpus=np.int64(2)`` and ``retries=np.int32(1)`` were refused 'gpus must be
+    a whole number of cards from 1 to 256; got np.int64(2)', and ``gpu_memory=np.int64(1 << 30)``
+    'has no unit; write it like 1073741824G' (a Python int of bytes is taken, np.float64 too)."""
+    import fakeredis
+
+    from rig.client import Client
+    from rig.config import load_settings
+
+    client = Client(load_settings(home=tmp_path, key_prefix="t:", redis_url="redis://127.0.0.1:1/0"),
+                    redis_client=fakeredis.FakeRedis(decode_responses=True))
+    job = client.store.get(client.submit("true", gpu_memory=_numpy_int(1 << 30), gpus=_numpy_int(2),
+                                         retries=_numpy_int(1), time_limit=_numpy_int(60)).id)
+    assert (job.gpu_memory, job.gpus, job.max_retries, job.time_limit) == (1 << 30, 2, 1, 60)
+    assert type(job.gpus) is int and type(job.max_retries) is int
+    assert rig.task(gpu_memory=_numpy_int(1 << 30), gpus=_numpy_int(2), retries=_numpy_int(0))
+    with pytest.raises(InvalidInput, match=r"^gpus must be a whole number of cards from 1 to 256; got 0$"):
+        rig.task(gpu_memory="1G", gpus=_numpy_int(0))
+
+
+def test_the_readmes_python_example_runs_another_script_than_itself():
+    """Breaker (pyapi): the README's example, saved as train.py (its function is train; its jobs
+    ran ``python train.py``), made each job run the example again: it submitted and waited in
+    turn until all 32 slots of 8 fake cards held a waiting copy, and each kill let a waiting one
+    go on to submit more (1151 jobs in two minutes). The example names its own file, and no job
+    of it runs that file or the function's name as a script."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = readme.index("From Python:\n\n```python\n") + len("From Python:\n\n```python\n")
+    example = readme[start:readme.index("```", start)]
+    own = re.match(r"# (\w+\.py):", example)
+    assert own, "the example's first line names its file: # NAME.py: ..."
+    commands = re.findall(r"rig\.submit\((.*)", example) + re.findall(r'"command": \[(.*?)\]', example)
+    assert len(commands) == 2, commands
+    for command in commands:
+        assert own[1] not in command and "train.py" not in command, command
+
+
+def test_a_task_of_a_script_run_with_python_m_keeps_its_relative_imports_in_the_job(tmp_path):
+    """Breaker (pyapi): ``python -m pkg.runner``, whose runner.py does ``from .helpers import h``
+    and submits a task of its own: the job imported runner.py as a lone script and failed
+    'attempted relative import with no known parent package', after it had held a card. The
+    job imports it as a member of its package, from the folder that holds the package."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "helpers.py").write_text("def h(x):\n    return x + 100\n")
+    (package / "runner.py").write_text(
+        "import base64, pickle, subprocess, sys\nimport rig\nfrom .helpers import h\n"
+        "from tests.unit.test_pytask import RUN_AS_JOB, StubClient\n\n"
+        "@rig.task(gpu_memory='1G')\ndef go(x):\n    return h(x)\n\n"
+        "if __name__ == '__main__':\n"
+        "    client = StubClient()\n    go.apply_async((1,), client=client)\n"
+        "    payload = client.submitted[0][1]['extra']['payload']\n"
+        "    job = subprocess.run([sys.executable, '-P', '-c', RUN_AS_JOB], input=payload, capture_output=True,\n"
+        "                         text=True, cwd='/')\n"
+        "    print(job.stdout, job.stderr)\n")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "pkg.runner"], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    code, result = done.stdout.split()[1:4:2]
+    assert code == "0", done.stdout
+    assert pickle.loads(base64.b64decode(result)) == 101
+
+
+class _CallableObject:
+    def __call__(self, x: int) -> int:
+        return x
+
+    def method(self, x: int) -> int:
+        return x
+
+
+@pytest.mark.parametrize(("fn", "said"), [
+    (functools.partial(pow, 2), r"^@rig.task decorates a function defined with def \(or a class\); got a "
+                                r"functools.partial: write a def at the top level of a module that calls it"),
+    (_CallableObject(), r"^@rig.task decorates a function defined with def \(or a class\); got a "
+                        r"tests.unit.test_pytask._CallableObject: "),
+    (_CallableObject().method, r"^@rig.task got the bound method _CallableObject.method; decorate the method "
+                               r"where its class defines it"),
+], ids=["partial", "callable-object", "bound-method"])
+def test_what_has_no_importable_name_is_refused_where_it_is_decorated(fn, said):
+    """Breaker (pyapi): ``rig.task(...)(functools.partial(f, 1)).delay(2)`` and a callable object's
+    raised AttributeError ('functools.partial' object has no attribute '__qualname__'); a bound
+    method's was refused at .delay() as 'was the name reused or the function renamed?'."""
     with pytest.raises(InvalidInput, match=said):
         rig.task(gpu_memory="1G")(fn)

@@ -58,3 +58,31 @@ def test_a_path_spelled_otherwise_than_the_files_overrides_nothing(rig_home, mon
     monkeypatch.setenv("RIG_SYSTEM_LOG_DIR", f"{tmp_path}/logs2")  # another folder: said
     lines = shadowed_settings(load_settings())
     assert len(lines) == 1 and "overrides system_log_dir" in lines[0], lines
+
+
+def test_a_value_that_parses_to_the_files_overrides_nothing(rig_home, monkeypatch):
+    """Breaker (pyapi): RIG_FAIR_SHARE=1 (or yes, on) with the file's ``fair_share = true`` still
+    said it 'overrides' the file: booleans, numbers and lists were compared as text. Compared
+    after the setting's own parsing, a word meaning the same value says nothing."""
+    (rig_home.parent / "rig.toml").write_text(
+        'fair_share = true\nallow_root_jobs = false\nmax_gpu_memory_per_user = "160G"\n'
+        'admins = ["alice", "bob"]\ngpu_whitelist = [0, 1]\nfake_gpus = "8x80G"\nflower_port = 6631\n[health]\ntimeout = 30\n')
+    for fair, root in (("1", "0"), ("yes", "no"), ("on", "off"), ("True", "False")):
+        monkeypatch.setenv("RIG_FAIR_SHARE", fair)
+        monkeypatch.setenv("RIG_ALLOW_ROOT_JOBS", root)
+        monkeypatch.setenv("RIG_MAX_GPU_MEMORY_PER_USER", "160 GiB")
+        monkeypatch.setenv("RIG_ADMINS", "alice,bob")
+        monkeypatch.setenv("RIG_GPU_WHITELIST", "0,1")
+        monkeypatch.setenv("RIG_FLOWER_PORT", "6631")
+        monkeypatch.setenv("RIG_FAKE_GPUS", "8X80GiB")
+        monkeypatch.setenv("RIG_HEALTH__TIMEOUT", "3e1")
+        assert shadowed_settings(load_settings()) == [], (fair, root)
+    monkeypatch.setenv("RIG_FAIR_SHARE", "0")  # another value: said
+    monkeypatch.setenv("RIG_ADMINS", "alice")
+    monkeypatch.setenv("RIG_GPU_WHITELIST", "0,2")
+    monkeypatch.setenv("RIG_FAKE_GPUS", "8x40G")
+    monkeypatch.setenv("RIG_MAX_GPU_MEMORY_PER_USER", "80G")
+    lines = shadowed_settings(load_settings())
+    said = {line.split()[1] for line in lines}
+    assert said == {"$RIG_FAIR_SHARE", "$RIG_ADMINS", "$RIG_GPU_WHITELIST", "$RIG_MAX_GPU_MEMORY_PER_USER",
+                    "$RIG_FAKE_GPUS"}, lines
