@@ -137,7 +137,7 @@ def test_a_templates_margin_is_named_where_the_size_it_made_never_fits(client, r
 
     node = load_settings(key_prefix=key_prefix, node_name="n1", fake_gpus="1x80G", home=tmp_path / "node")
     register_node(node, real_redis, FakeGpuBackend("1x80G"))
-    with pytest.raises(Unschedulable, match=r"; ask for less memory \(77.0 GiB is 70G x 1.1, the margin of "
+    with pytest.raises(Unschedulable, match=r"; ask for less memory \(77.0 GiB per card is 70G x margin 1.1 of "
                                             r"template 'inference'\)$"):
         client.submit(["true"], template="inference", gpu_memory="70G")
     with pytest.raises(InvalidInput, match=r"^gpu_memory is required \(template 'finetune' sets none\): "):

@@ -62,7 +62,7 @@ def test_a_refusal_says_the_size_it_quotes_is_the_templates_margin_on_what_was_t
 def test_an_empty_name_is_refused_not_replaced_by_the_programs(client):
     """`--name "$NAME"` with NAME unset ran under the program's name in silence (a name of
     spaces was refused); left out, the name is still the program's."""
-    with pytest.raises(InvalidInput, match="name must not be empty"):
+    with pytest.raises(InvalidInput, match="name is empty"):
         client.submit(["python", "ft.py"], gpu_memory="1G", name="")
     assert client.submit(["python", "ft.py"], gpu_memory="1G").record.name == "ft.py"
 
