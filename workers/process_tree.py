@@ -387,8 +387,14 @@ def signal_tree(sid: int, sig: int) -> int:
 
 
 def stop_tree(sid: int, grace: float, *, reap: Callable[[], None] | None = None) -> None:
-    """SIGTERM the whole tree, wait up to ``grace`` seconds for it to go, then SIGKILL."""
+    """SIGTERM the whole tree, then SIGCONT, wait up to ``grace`` seconds for it to go, then
+    SIGKILL.
+
+    SIGCONT because a stopped process (``kill -STOP``, Ctrl-Z, a debugger) acts on no SIGTERM
+    until it is continued: without it, a job paused by its owner got no chance to save its work
+    at ``rig kill`` or its time limit and was SIGKILLed after the grace. systemd does the same."""
     signal_tree(sid, signal.SIGTERM)
+    signal_tree(sid, signal.SIGCONT)  # after SIGTERM: continued, its first act is to handle it
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         if reap:
