@@ -127,6 +127,17 @@ def runs_unseen(pid: int) -> bool:
     return False
 
 
+def describe_survivor(pid: int) -> str:
+    """``pid (name, state D)`` for a line about a process that outlived SIGKILL; ``pid`` alone
+    when /proc no longer shows it."""
+    data = _read_small(f"/proc/{pid}/stat")
+    if not data or b"(" not in data:
+        return str(pid)
+    name = data[data.find(b"(") + 1:data.rfind(b")")].decode(errors="replace")
+    state = data[data.rfind(b")") + 2:].split()[:1]
+    return f"{pid} ({name}, state {state[0].decode() if state else '?'})"
+
+
 def session_is_ours(sid: int, start_time: int | None) -> bool:
     """May session ``sid`` be stopped as the job's? Yes while its leader is the job's process
     (same start time) or is gone (what is left in the session is the job's: Linux does not reuse

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -658,3 +659,44 @@ def test_an_attempt_concluded_lost_that_still_runs_here_is_stopped_not_adopted(e
         if stale.poll() is None:
             stale.kill()
             stale.wait(10)
+
+
+FREEZER = "/sys/fs/cgroup/freezer"  # cgroup v1: a frozen task outlives SIGKILL until thawed, as one in state D
+
+
+@pytest.mark.skipif(not os.access(FREEZER, os.W_OK), reason="needs the cgroup v1 freezer (root)")
+def test_cards_stay_reserved_while_a_process_of_the_job_outlives_sigkill(env, tmp_path):
+    """A process stuck in the kernel (state D: a GPU driver, a hung file system) dies only when
+    it leaves it, and may hold its card's memory until then: the job's ending, which gives its
+    cards back, waits for it (was: released 4 s after the job's end, `rig kill` said "its GPU
+    memory is free" and the next job could be placed beside a process still holding it)."""
+    settings, ledger, runner, _ = env
+    child_file, go = tmp_path / "child", tmp_path / "go"
+    job, token = placed(ledger, f"sleep 419.733 </dev/null >/dev/null 2>&1 & echo $! > {child_file}; "
+                                f"while [ ! -e {go} ]; do sleep 0.02; done; exit 0", tmp_path)
+    ended: list[str] = []
+    runner_thread = threading.Thread(target=lambda: ended.append(runner.run_job(job.id, token)))
+    runner_thread.start()
+    assert _until(lambda: child_file.exists() and child_file.read_text().strip())
+    child = int(child_file.read_text())
+    group = f"{FREEZER}/rig-test-{os.getpid()}-{job.id}"
+    os.mkdir(group)
+    try:
+        with open(f"{group}/tasks", "w") as fh:
+            fh.write(str(child))
+        with open(f"{group}/freezer.state", "w") as fh:
+            fh.write("FROZEN")
+        assert _until(lambda: open(f"{group}/freezer.state").read().strip() == "FROZEN")
+        go.touch()  # the job ends; its child, frozen, outlives the SIGKILL of its leftovers
+        runner_thread.join(timeout=8)  # its leftovers' stop gives up after ~4 s (2 s grace, 2 s after SIGKILL)
+        assert runner_thread.is_alive() and ended == []
+        assert ledger.store.get(job.id).state is JobState.RUNNING
+        assert ledger.card("n1", 0).reserved == GIB
+    finally:
+        with open(f"{group}/freezer.state", "w") as fh:
+            fh.write("THAWED")  # the pending SIGKILL takes it at once
+        runner_thread.join(timeout=20)
+        _until(lambda: not os.path.exists(f"/proc/{child}") or "Z" in open(f"/proc/{child}/stat").read().split()[2])
+        os.rmdir(group)
+    assert ended == ["SUCCEEDED"]
+    assert ledger.card("n1", 0).reserved == 0
