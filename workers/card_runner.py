@@ -67,6 +67,7 @@ from workers.process_tree import (
     is_alive,
     is_job_process,
     job_leftovers,
+    leads_session,
     pids_with_environ,
     proc_start_time,
     session_is_ours,
@@ -1070,7 +1071,11 @@ class CardRunner:
                                started_mono=monotonic_of(self.r, job.started_at or shared_now(self.r)),
                                log_path=exit_file.with_suffix(".log"),
                                keeper_pid=noted[3] if noted else None, keeper_start=noted[4] if noted else None)
-            if pid and is_alive(pid, start):
+            # Only its wrapper, the leader of the session it was started in, is the job: a process
+            # of it found by its identity once the wrapper has gone (a leftover; one stuck in the
+            # kernel) is stopped with the ending below, never watched as the job (was: a frozen
+            # child adopted, and `rig kill` of it looping on a session it does not lead).
+            if pid and is_alive(pid, start) and leads_session(pid):
                 log.info("job %s: adopting running pid %s", job.id, pid)
                 thread = threading.Thread(target=self._supervise, args=(active,),
                                           name=f"rig-adopted-{job.id}", daemon=True)

@@ -127,6 +127,14 @@ def runs_unseen(pid: int) -> bool:
     return False
 
 
+def leads_session(pid: int) -> bool:
+    """Is ``pid`` the leader of its session, as a job's wrapper is (started with setsid)?"""
+    try:
+        return os.getsid(pid) == pid
+    except OSError:
+        return False
+
+
 def describe_survivor(pid: int) -> str:
     """``pid (name, state D)`` for a line about a process that outlived SIGKILL; ``pid`` alone
     when /proc no longer shows it."""

@@ -700,3 +700,24 @@ def test_cards_stay_reserved_while_a_process_of_the_job_outlives_sigkill(env, tm
         os.rmdir(group)
     assert ended == ["SUCCEEDED"]
     assert ledger.card("n1", 0).reserved == 0
+
+
+def test_a_leftover_found_after_its_wrapper_ended_is_stopped_not_adopted_as_the_job(env, tmp_path):
+    """The wrapper ended (its exit file written) while no worker watched, leaving a child in its
+    session: the adopting worker concludes the job from the exit file and stops the child. It
+    took the child, found by the job's identity, for the job and watched it as if it ran (a
+    child stuck in the kernel: `rig kill` then looped on a session the child does not lead)."""
+    settings, ledger, runner, _ = env
+    marker = "419.741"
+    job, token = placed(ledger, "unused", tmp_path)
+    ledger.claim(job.id, token, "old-worker")
+    proc = _start_orphan(settings, job, 1, f"sleep {marker} </dev/null >/dev/null 2>&1 & exit 0")
+    proc.wait(10)
+    ledger.store.update(job.id, pid=proc.pid, proc_start=proc_start_time(proc.pid) or 1)
+    exit_file = str(job_folder(settings.job_log_dir, job.id, job.instance) / "attempt-1.exit")
+    assert _until(lambda: find_by_environ("RIG_EXIT_FILE", exit_file) is not None)  # the child
+    runner.adopt()
+    done = Client(settings).wait(job.id, timeout=15)
+    assert done.state is JobState.SUCCEEDED and done.exit_code == 0
+    assert [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).endswith(f"sleep\0{marker}\0")] == []
+    assert ledger.card("n1", 0).reserved == 0
