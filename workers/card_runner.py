@@ -228,6 +228,9 @@ class CardRunner:
         #: must not take the new one out (CI, under load: adoption then sent the new attempt
         #: back as "never started" while it ran, and the attempt ran twice).
         self._starting: dict[int, int] = {}
+        #: Adopted jobs that ended, whose endings wait in a thread of their own for processes of
+        #: theirs that outlived SIGKILL (_finish_when_gone): adoption leaves them alone too.
+        self._ending: set[int] = set()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         #: The card's log keeper (every job's log), restarted at once when it dies.
@@ -1041,7 +1044,7 @@ class CardRunner:
                     self.starts.push(job.id, str(job.assignments))
                 continue
             with self._lock:
-                if job.id in self._active or job.id in self._starting:
+                if job.id in self._active or job.id in self._starting or job.id in self._ending:
                     continue
             # Our list may be stale (a start or an end may have happened since): act only on
             # a job that is still RUNNING with the same assignment, and say so to the ledger.
@@ -1094,6 +1097,8 @@ class CardRunner:
                                  "its files are not reachable here")
                 log.info("job %s: ended while no worker watched it (exit %s) %s", job.id, end.exit_code, end.note)
                 if end.survivors:  # waited for in a thread of its own: the other jobs are adopted meanwhile
+                    with self._lock:
+                        self._ending.add(job.id)
                     thread = threading.Thread(target=self._finish_when_gone, args=(job.id, active.token, end),
                                               name=f"rig-survivors-{job.id}", daemon=True)
                     thread.start()
@@ -1107,8 +1112,12 @@ class CardRunner:
 
     def _finish_when_gone(self, job_id: int, token: str, end: Gathered) -> None:
         """An adopted job's ending, written once its processes that outlived SIGKILL are gone."""
-        if self._await_gone(job_id, end.survivors):
-            self._finish(job_id, token, end, expect=JobState.RUNNING)
+        try:
+            if self._await_gone(job_id, end.survivors):
+                self._finish(job_id, token, end, expect=JobState.RUNNING)
+        finally:
+            with self._lock:
+                self._ending.discard(job_id)
 
     def _placed_here(self) -> list[Job]:
         """The RUNNING, then the ASSIGNED, jobs whose first card is this one, each by id. Found

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -662,9 +664,31 @@ def test_an_attempt_concluded_lost_that_still_runs_here_is_stopped_not_adopted(e
 
 
 FREEZER = "/sys/fs/cgroup/freezer"  # cgroup v1: a frozen task outlives SIGKILL until thawed, as one in state D
+needs_freezer = pytest.mark.skipif(not os.access(FREEZER, os.W_OK), reason="needs the cgroup v1 freezer (root)")
 
 
-@pytest.mark.skipif(not os.access(FREEZER, os.W_OK), reason="needs the cgroup v1 freezer (root)")
+@contextlib.contextmanager
+def frozen(pid: int, name: str) -> Iterator[None]:
+    """``pid`` frozen (state D, SIGKILL pending until thawed) inside the block; thawed after it,
+    where a pending SIGKILL takes it at once."""
+    group = f"{FREEZER}/rig-test-{os.getpid()}-{name}"
+    os.mkdir(group)
+    try:
+        with open(f"{group}/tasks", "w") as fh:
+            fh.write(str(pid))
+        with open(f"{group}/freezer.state", "w") as fh:
+            fh.write("FROZEN")
+        assert _until(lambda: open(f"{group}/freezer.state").read().strip() == "FROZEN")
+        yield
+    finally:
+        with open(f"{group}/freezer.state", "w") as fh:
+            fh.write("THAWED")
+        assert _until(lambda: open(f"{group}/freezer.state").read().strip() == "THAWED")
+        _until(lambda: not open(f"{group}/tasks").read().strip())  # a dead task leaves the group
+        os.rmdir(group)
+
+
+@needs_freezer
 def test_cards_stay_reserved_while_a_process_of_the_job_outlives_sigkill(env, tmp_path):
     """A process stuck in the kernel (state D: a GPU driver, a hung file system) dies only when
     it leaves it, and may hold its card's memory until then: the job's ending, which gives its
@@ -678,29 +702,40 @@ def test_cards_stay_reserved_while_a_process_of_the_job_outlives_sigkill(env, tm
     runner_thread = threading.Thread(target=lambda: ended.append(runner.run_job(job.id, token)))
     runner_thread.start()
     assert _until(lambda: child_file.exists() and child_file.read_text().strip())
-    child = int(child_file.read_text())
-    group = f"{FREEZER}/rig-test-{os.getpid()}-{job.id}"
-    os.mkdir(group)
     try:
-        with open(f"{group}/tasks", "w") as fh:
-            fh.write(str(child))
-        with open(f"{group}/freezer.state", "w") as fh:
-            fh.write("FROZEN")
-        assert _until(lambda: open(f"{group}/freezer.state").read().strip() == "FROZEN")
-        go.touch()  # the job ends; its child, frozen, outlives the SIGKILL of its leftovers
-        runner_thread.join(timeout=8)  # its leftovers' stop gives up after ~4 s (2 s grace, 2 s after SIGKILL)
-        assert runner_thread.is_alive() and ended == []
-        assert ledger.store.get(job.id).state is JobState.RUNNING
-        assert ledger.card("n1", 0).reserved == GIB
+        with frozen(int(child_file.read_text()), str(job.id)):
+            go.touch()  # the job ends; its child, frozen, outlives the SIGKILL of its leftovers
+            runner_thread.join(timeout=8)  # its leftovers' stop gives up after ~4 s (2 s grace, 2 s after SIGKILL)
+            assert runner_thread.is_alive() and ended == []
+            assert ledger.store.get(job.id).state is JobState.RUNNING
+            assert ledger.card("n1", 0).reserved == GIB
     finally:
-        with open(f"{group}/freezer.state", "w") as fh:
-            fh.write("THAWED")  # the pending SIGKILL takes it at once
         runner_thread.join(timeout=20)
-        _until(lambda: not os.path.exists(f"/proc/{child}") or "Z" in open(f"/proc/{child}/stat").read().split()[2])
-        os.rmdir(group)
     assert ended == ["SUCCEEDED"]
     assert ledger.card("n1", 0).reserved == 0
 
+
+@needs_freezer
+def test_an_adopted_ending_that_waits_for_a_stuck_process_is_waited_for_once(env, tmp_path):
+    """Adoption runs again periodically: a job whose ending already waits for a process stuck in
+    the kernel is left to that wait (was: each pass stopped it again and started one more wait)."""
+    settings, ledger, runner, _ = env
+    child_file = tmp_path / "child"
+    job, token = placed(ledger, "unused", tmp_path)
+    ledger.claim(job.id, token, "old-worker")
+    proc = _start_orphan(settings, job, 1, f"sleep 419.743 </dev/null >/dev/null 2>&1 & echo $! > {child_file}; exit 0")
+    proc.wait(10)
+    ledger.store.update(job.id, pid=proc.pid, proc_start=1)
+    with frozen(int(child_file.read_text()), str(job.id)):
+        runner.adopt()
+        runner.adopt()
+        waits = [t for t in threading.enumerate() if t.name == f"rig-survivors-{job.id}"]
+        assert len(waits) == 1
+        assert ledger.store.get(job.id).state is JobState.RUNNING and ledger.card("n1", 0).reserved == GIB
+    waits[0].join(timeout=20)
+    done = ledger.store.get(job.id)
+    assert done.state is JobState.SUCCEEDED and done.exit_code == 0
+    assert ledger.card("n1", 0).reserved == 0
 
 def test_a_leftover_found_after_its_wrapper_ended_is_stopped_not_adopted_as_the_job(env, tmp_path):
     """The wrapper ended (its exit file written) while no worker watched, leaving a child in its
