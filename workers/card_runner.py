@@ -827,10 +827,12 @@ class CardRunner:
                         "the job's cards stay reserved until %s gone", job_id,
                         ", ".join(describe_survivor(pid) for pid in survivors),
                         "it is" if len(survivors) == 1 else "they are")
+            self._note_stuck(job_id, f"pid{'s' if len(survivors) > 1 else ''} {', '.join(map(str, survivors))}")
             while True:
                 watchers = [w for w in watchers if not w.wait(0)]
                 if not watchers:
                     log.info("job %s: its processes that outlived SIGKILL are gone", job_id)
+                    self._note_stuck(job_id, None)
                     return True
                 if self.shutdown.is_set():
                     return False
@@ -1109,6 +1111,18 @@ class CardRunner:
                 # Claimed but never started: it has not run, so it goes back to its place.
                 log.info("job %s: its worker stopped before starting it; back to the queue", job.id)
                 self._retry_redis(lambda job=job: self._requeue_unstarted(job), f"requeue job {job.id}")
+
+    def _note_stuck(self, job_id: int, stuck: str | None) -> None:
+        """Say on the job's record which of its processes outlived SIGKILL (Job.stuck: `rig show`,
+        `rig jobs`, `rig kill` say why it still runs), or that none does any more (None). A note
+        only: a Redis away leaves it unsaid, never the wait."""
+        try:
+            if stuck is None:
+                self.store.clear_fields(job_id, "stuck")
+            else:
+                self.store.update(job_id, stuck=stuck)
+        except redis.RedisError as exc:
+            log.warning("job %s: could not note its stuck processes on its record (%s)", job_id, exc)
 
     def _finish_when_gone(self, job_id: int, token: str, end: Gathered) -> None:
         """An adopted job's ending, written once its processes that outlived SIGKILL are gone."""

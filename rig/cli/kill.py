@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import click
 
 import rig.client as rig_client
-from rig.cli.common import parse_job_id
+from rig.cli.common import parse_job_id, stuck_words
 from rig.cli.entry import INTERRUPTED_EXIT
 from rig.client import Client
 from rig.errors import InvalidInput, JobNotFound, PermissionDenied, RedisUnavailable, RigError
@@ -134,6 +134,10 @@ def kill_jobs(client: Client, job_ids: list[int], *, wait: bool) -> int:
             waited = client.settings.kill_grace_seconds + 20
             now = client.get(jid)
             where = f" on {now.node}/{','.join(map(str, now.cards))}" if now.node else ""
+            if now.stuck and not now.state.terminal:
+                problem(f"job {jid}: kill requested and carried out{where}, but {stuck_words(now.stuck)}",
+                        STILL_RUNNING_EXIT)
+                continue
             problem(f"job {jid}: kill requested, but it is still {now.state.value.lower()}{where} after "
                     f"{waited:.0f} s; its card worker stops it when it sees the request (is that node up? "
                     "`rig status` shows its card workers)", STILL_RUNNING_EXIT)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from rig.cli.render import job_reason
 from rig.client import Client, current_identity
 from rig.config import load_settings
 from rig.gpus.base import GpuReading
@@ -702,17 +703,23 @@ def test_cards_stay_reserved_while_a_process_of_the_job_outlives_sigkill(env, tm
     runner_thread = threading.Thread(target=lambda: ended.append(runner.run_job(job.id, token)))
     runner_thread.start()
     assert _until(lambda: child_file.exists() and child_file.read_text().strip())
+    child = int(child_file.read_text())
     try:
-        with frozen(int(child_file.read_text()), str(job.id)):
+        with frozen(child, str(job.id)):
             go.touch()  # the job ends; its child, frozen, outlives the SIGKILL of its leftovers
             runner_thread.join(timeout=8)  # its leftovers' stop gives up after ~4 s (2 s grace, 2 s after SIGKILL)
             assert runner_thread.is_alive() and ended == []
-            assert ledger.store.get(job.id).state is JobState.RUNNING
-            assert ledger.card("n1", 0).reserved == GIB
+            running = ledger.store.get(job.id)
+            assert running.state is JobState.RUNNING and ledger.card("n1", 0).reserved == GIB
+            # Said where a person looks (was: RUNNING with no word, and `rig kill` asked whether the node was up).
+            assert running.stuck == f"pid {child}"
+            assert job_reason(running) == (f"pid {child} outlived SIGKILL (stuck in the kernel: a GPU driver, a hung "
+                                           "file system?); its cards stay reserved until it is gone")
     finally:
         runner_thread.join(timeout=20)
     assert ended == ["SUCCEEDED"]
     assert ledger.card("n1", 0).reserved == 0
+    assert ledger.store.get(job.id).stuck is None
 
 
 @needs_freezer
