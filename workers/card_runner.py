@@ -183,6 +183,11 @@ class Gathered:
                           failure=self.failure if rc not in (0, None) else None)
 
 
+def _pids_words(pids: list[int]) -> str:
+    """``pid 4242`` / ``pids 4242, 4243``: a job's stuck processes as its record says them (Job.stuck)."""
+    return f"pid{'s' if len(pids) > 1 else ''} {', '.join(map(str, pids))}"
+
+
 #: Under Sentinel: how many times a claim or an ending that fail-overs lost is written again.
 LOST_WRITE_TRIES = 5
 #: A claim's answer, (won, attempt or the job's state), and with a won claim what was read in
@@ -790,6 +795,8 @@ class CardRunner:
             still, escaped = job_leftovers(active.pid if ours else 0, "RIG_EXIT_FILE", str(active.exit_file),
                                            active.proc_start if ours else None)
             survivors = sorted(set(still) | set(escaped))
+            if survivors:  # said now: the wait for its log below lasts while they hold its output
+                self._note_stuck(active.job_id, _pids_words(survivors))
         self._wait_for_keeper(active)
         leftovers = leftovers_note(stopped)
         if leftovers:
@@ -827,7 +834,7 @@ class CardRunner:
                         "the job's cards stay reserved until %s gone", job_id,
                         ", ".join(describe_survivor(pid) for pid in survivors),
                         "it is" if len(survivors) == 1 else "they are")
-            self._note_stuck(job_id, f"pid{'s' if len(survivors) > 1 else ''} {', '.join(map(str, survivors))}")
+            self._note_stuck(job_id, _pids_words(survivors))
             while True:
                 watchers = [w for w in watchers if not w.wait(0)]
                 if not watchers:

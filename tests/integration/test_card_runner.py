@@ -689,6 +689,19 @@ def frozen(pid: int, name: str) -> Iterator[None]:
         os.rmdir(group)
 
 
+def _running_with_child(ledger: Ledger, runner: CardRunner, tmp_path, child: str):
+    """A job run by ``runner`` in a thread that starts ``child`` in the background and ends when
+    the test touches ``go``: (job, the child's pid, go, the thread, what run_job returned)."""
+    child_file, go = tmp_path / "child", tmp_path / "go"
+    job, token = placed(ledger, f"{child} & echo $! > {child_file}; "
+                                f"while [ ! -e {go} ]; do sleep 0.02; done; exit 0", tmp_path)
+    ended: list[str] = []
+    runner_thread = threading.Thread(target=lambda: ended.append(runner.run_job(job.id, token)))
+    runner_thread.start()
+    assert _until(lambda: child_file.exists() and child_file.read_text().strip())
+    return job, int(child_file.read_text()), go, runner_thread, ended
+
+
 @needs_freezer
 def test_cards_stay_reserved_while_a_process_of_the_job_outlives_sigkill(env, tmp_path):
     """A process stuck in the kernel (state D: a GPU driver, a hung file system) dies only when
@@ -696,14 +709,8 @@ def test_cards_stay_reserved_while_a_process_of_the_job_outlives_sigkill(env, tm
     cards back, waits for it (was: released 4 s after the job's end, `rig kill` said "its GPU
     memory is free" and the next job could be placed beside a process still holding it)."""
     settings, ledger, runner, _ = env
-    child_file, go = tmp_path / "child", tmp_path / "go"
-    job, token = placed(ledger, f"sleep 419.733 </dev/null >/dev/null 2>&1 & echo $! > {child_file}; "
-                                f"while [ ! -e {go} ]; do sleep 0.02; done; exit 0", tmp_path)
-    ended: list[str] = []
-    runner_thread = threading.Thread(target=lambda: ended.append(runner.run_job(job.id, token)))
-    runner_thread.start()
-    assert _until(lambda: child_file.exists() and child_file.read_text().strip())
-    child = int(child_file.read_text())
+    job, child, go, runner_thread, ended = _running_with_child(ledger, runner, tmp_path,
+                                                               "sleep 419.733 </dev/null >/dev/null 2>&1")
     try:
         with frozen(child, str(job.id)):
             go.touch()  # the job ends; its child, frozen, outlives the SIGKILL of its leftovers
@@ -763,3 +770,21 @@ def test_a_leftover_found_after_its_wrapper_ended_is_stopped_not_adopted_as_the_
     assert done.state is JobState.SUCCEEDED and done.exit_code == 0
     assert [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).endswith(f"sleep\0{marker}\0")] == []
     assert ledger.card("n1", 0).reserved == 0
+
+
+@needs_freezer
+def test_a_stuck_process_holding_the_jobs_output_is_said_before_the_wait_for_its_log(env, tmp_path, monkeypatch):
+    """A stuck process that holds the job's output keeps its log keeper from finishing: the note
+    comes before that wait (was: after it, past `rig kill`'s own 30 s, which then asked whether
+    the node was up)."""
+    monkeypatch.setattr("workers.card_runner.KEEPER_WAIT_S", 120.0)
+    settings, ledger, runner, _ = env
+    job, child, go, runner_thread, ended = _running_with_child(ledger, runner, tmp_path, "sleep 419.747")
+    try:
+        with frozen(child, str(job.id)):
+            go.touch()
+            assert _until(lambda: ledger.store.get(job.id).stuck == f"pid {child}", timeout=30)
+            assert ended == []
+    finally:
+        runner_thread.join(timeout=30)
+    assert ended == ["SUCCEEDED"] and ledger.card("n1", 0).reserved == 0
