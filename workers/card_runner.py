@@ -69,6 +69,7 @@ from workers.process_tree import (
     job_leftovers,
     leads_session,
     pids_with_environ,
+    pids_words,
     proc_start_time,
     session_is_ours,
     session_members,
@@ -181,11 +182,6 @@ class Gathered:
                           overused=self.overused, note="; ".join(x for x in (self.where, self.note) if x),
                           ended_at=self.ended_at, runtime=self.runtime,
                           failure=self.failure if rc not in (0, None) else None)
-
-
-def _pids_words(pids: list[int]) -> str:
-    """``pid 4242`` / ``pids 4242, 4243``: a job's stuck processes as its record says them (Job.stuck)."""
-    return f"pid{'s' if len(pids) > 1 else ''} {', '.join(map(str, pids))}"
 
 
 #: Under Sentinel: how many times a claim or an ending that fail-overs lost is written again.
@@ -796,7 +792,7 @@ class CardRunner:
                                            active.proc_start if ours else None)
             survivors = sorted(set(still) | set(escaped))
             if survivors:  # said now: the wait for its log below lasts while they hold its output
-                self._note_stuck(active.job_id, _pids_words(survivors))
+                self._note_stuck(active.job_id, pids_words(survivors))
         self._wait_for_keeper(active)
         leftovers = leftovers_note(stopped)
         if leftovers:
@@ -834,13 +830,12 @@ class CardRunner:
                         "the job's cards stay reserved until %s gone", job_id,
                         ", ".join(describe_survivor(pid) for pid in survivors),
                         "it is" if len(survivors) == 1 else "they are")
-            self._note_stuck(job_id, _pids_words(survivors))
+            self._note_stuck(job_id, pids_words(survivors))
             while True:
                 watchers = [w for w in watchers if not w.wait(0)]
                 if not watchers:
                     log.info("job %s: its processes that outlived SIGKILL are gone", job_id)
-                    self._note_stuck(job_id, None)
-                    return True
+                    return True  # its ending clears the note (workers.outcomes.conclude)
                 if self.shutdown.is_set():
                     return False
                 for watcher in watchers:
@@ -1119,15 +1114,12 @@ class CardRunner:
                 log.info("job %s: its worker stopped before starting it; back to the queue", job.id)
                 self._retry_redis(lambda job=job: self._requeue_unstarted(job), f"requeue job {job.id}")
 
-    def _note_stuck(self, job_id: int, stuck: str | None) -> None:
+    def _note_stuck(self, job_id: int, stuck: str) -> None:
         """Say on the job's record which of its processes outlived SIGKILL (Job.stuck: `rig show`,
-        `rig jobs`, `rig kill` say why it still runs), or that none does any more (None). A note
-        only: a Redis away leaves it unsaid, never the wait."""
+        `rig jobs`, `rig kill` say why it still runs; its ending clears it). A note only: a Redis
+        away leaves it unsaid, never the wait."""
         try:
-            if stuck is None:
-                self.store.clear_fields(job_id, "stuck")
-            else:
-                self.store.update(job_id, stuck=stuck)
+            self.store.update(job_id, stuck=stuck)
         except redis.RedisError as exc:
             log.warning("job %s: could not note its stuck processes on its record (%s)", job_id, exc)
 

@@ -135,6 +135,12 @@ def leads_session(pid: int) -> bool:
         return False
 
 
+def pids_words(pids: list[int]) -> str:
+    """``pid 4242`` / ``pids 4242, 4243``: a job's processes that outlived SIGKILL as its record
+    says them (Job.stuck)."""
+    return f"pid{'s' if len(pids) > 1 else ''} {', '.join(map(str, pids))}"
+
+
 def describe_survivor(pid: int) -> str:
     """``pid (name, state D)`` for a line about a process that outlived SIGKILL; ``pid`` alone
     when /proc no longer shows it."""
