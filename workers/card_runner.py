@@ -365,7 +365,7 @@ class CardRunner:
             if fields:
                 self.store.update(job_id, **fields)
             end = self._outcome(ActiveJob(job_id, str(token), attempt, 0, None, exit_file))
-            if end.survivors and not self._await_gone(job_id, end.survivors):
+            if end.survivors and not self._await_gone(job_id, str(token), end.survivors):
                 return "detached"
             state = self._finish(job_id, str(token), end, instance=job.instance)
             return state.value if state else "unknown"
@@ -723,7 +723,7 @@ class CardRunner:
             active.ended_mono = time.monotonic()  # when it ended, not when Redis hears of it
             jobtrace.mark(active.job_id, "exit_seen")
             end = self._outcome(active)
-            if end.survivors and not self._await_gone(active.job_id, end.survivors):
+            if end.survivors and not self._await_gone(active.job_id, active.token, end.survivors):
                 return "detached"  # the worker stops: the next one adopts it and waits again
             jobtrace.mark(active.job_id, "outcome")
             if active.log_path is not None and not active.has_keeper:
@@ -792,7 +792,7 @@ class CardRunner:
                                            active.proc_start if ours else None)
             survivors = sorted(set(still) | set(escaped))
             if survivors:  # said now: the wait for its log below lasts while they hold its output
-                self._note_stuck(active.job_id, pids_words(survivors))
+                self._note_stuck(active.job_id, active.token, pids_words(survivors))
         self._wait_for_keeper(active)
         leftovers = leftovers_note(stopped)
         if leftovers:
@@ -819,7 +819,7 @@ class CardRunner:
                         ended_at=ended_at, runtime=runtime,
                         failure=FailureClass.INFRASTRUCTURE if keeper_lost else None, survivors=survivors)
 
-    def _await_gone(self, job_id: int, survivors: list[int]) -> bool:
+    def _await_gone(self, job_id: int, token: str, survivors: list[int]) -> bool:
         """Wait until the job's processes that outlived SIGKILL are gone (SIGKILL again each
         second: it is pending on them anyway), so its ending, which gives its cards back, is
         written only once nothing of it can hold their memory. True once they are gone; False
@@ -830,7 +830,7 @@ class CardRunner:
                         "the job's cards stay reserved until %s gone", job_id,
                         ", ".join(describe_survivor(pid) for pid in survivors),
                         "it is" if len(survivors) == 1 else "they are")
-            self._note_stuck(job_id, pids_words(survivors))
+            self._note_stuck(job_id, token, pids_words(survivors))
             while True:
                 watchers = [w for w in watchers if not w.wait(0)]
                 if not watchers:
@@ -1114,19 +1114,21 @@ class CardRunner:
                 log.info("job %s: its worker stopped before starting it; back to the queue", job.id)
                 self._retry_redis(lambda job=job: self._requeue_unstarted(job), f"requeue job {job.id}")
 
-    def _note_stuck(self, job_id: int, stuck: str) -> None:
+    def _note_stuck(self, job_id: int, token: str, stuck: str) -> None:
         """Say on the job's record which of its processes outlived SIGKILL (Job.stuck: `rig show`,
         `rig jobs`, `rig kill` say why it still runs; its ending clears it). A note only: a Redis
-        away leaves it unsaid, never the wait."""
+        away leaves it unsaid, never the wait. Only on the record of this run (``token``), still
+        RUNNING: an adoption pass that read it before another thread ended it left the note on
+        the ended record."""
         try:
-            self.store.update(job_id, stuck=stuck)
+            self.store.update_while_running(job_id, token, stuck=stuck)
         except redis.RedisError as exc:
             log.warning("job %s: could not note its stuck processes on its record (%s)", job_id, exc)
 
     def _finish_when_gone(self, job_id: int, token: str, end: Gathered) -> None:
         """An adopted job's ending, written once its processes that outlived SIGKILL are gone."""
         try:
-            if self._await_gone(job_id, end.survivors):
+            if self._await_gone(job_id, token, end.survivors):
                 self._finish(job_id, token, end, expect=JobState.RUNNING)
         finally:
             with self._lock:

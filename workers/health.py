@@ -374,7 +374,7 @@ class HealthChecker:
                         # waits for them (workers.card_runner: _await_gone).
                         log.warning("job %s: %s of it outlived SIGKILL; it keeps its cards until they are gone",
                                     job.id, pids_words(survivors))
-                        self.store.update(job.id, stuck=pids_words(survivors))
+                        self.store.update_while_running(job.id, job.assignments, stuck=pids_words(survivors))
                         continue
                 else:  # a damaged or forged pid: never signal it (the orphan check finds the job's own)
                     log.warning("job %s: recorded pid %s is not its process; not signalled", job.id, job.pid)

@@ -147,3 +147,20 @@ def test_a_job_whose_process_outlives_sigkill_keeps_its_cards_when_its_worker_di
     check._dead_workers(report := HealthReport())
     assert report.lost == [jid]
     assert Ledger(r, keys).store.get(jid).stuck is None  # ended: nothing of it is stuck any more
+
+
+def test_a_stuck_note_lands_only_on_the_run_it_is_about(checker):
+    """An adoption pass that read a job RUNNING before another thread ended it wrote its note on
+    the ended record (seen live: a CANCELLED job still saying `pid N` was stuck)."""
+    _check, keys, r, _killed, _age = checker
+    jid = _running_job(r, keys)
+    store = Ledger(r, keys).store
+    run = store.get(jid).assignments
+    assert not store.update_while_running(jid, run + 1, stuck="pid 1")  # another run's
+    assert store.update_while_running(jid, run, stuck="pid 2")
+    assert store.get(jid).stuck == "pid 2"
+    code, _ = Ledger(r, keys).transition(jid, JobState.CANCELLED, token=run, mode="end", expect=JobState.RUNNING,
+                                         fields={"stuck": None})
+    assert code == 1
+    assert not store.update_while_running(jid, run, stuck="pid 3")  # it ended meanwhile
+    assert store.get(jid).stuck is None
