@@ -171,6 +171,9 @@ class Job:
     util_sum: int = 0
     util_samples: int = 0
     overuse: int = 0  # the most it used beyond its declaration (bytes), 0 if never
+    #: Its processes that outlived SIGKILL, as its card worker saw them ("pid 4242 (state D)"):
+    #: its cards stay reserved until they are gone (workers.card_runner: _await_gone). None else.
+    stuck: str | None = None
     uid: int | None = None  # the submitting user's uid on the submitting host
     #: The submitting process's umask (rig.job_env.umask_of), the job's own; None in records
     #: that predate it (the job then keeps the card worker's).
@@ -397,6 +400,7 @@ _JOB_CHECKS: dict[str, Callable[[Any], Any]] = {
     "util_sum": lambda t: R.as_int(t, *_COUNT),
     "util_samples": lambda t: R.as_int(t, *_COUNT),
     "overuse": lambda t: R.as_int(t, *_COUNT),
+    "stuck": lambda t: R.as_text(t, 512),
 }
 
 #: Fields every job record has; the rest have defaults.

@@ -184,6 +184,27 @@ class JobStore:
         if mapping:
             self.r.hset(self.keys.job(job_id), mapping=mapping)
 
+    def update_while_running(self, job_id: int, assignments: int | str, **fields: Any) -> bool:
+        """Set plain fields only while the job is RUNNING its assignment ``assignments`` (one
+        WATCH transaction): a note about a run never lands on a record that has ended or moved
+        on meanwhile. False when it had."""
+        key = self.keys.job(job_id)
+        mapping = {k: _encode(v) for k, v in fields.items() if v is not None}
+        with self.r.pipeline() as pipe:
+            for _ in range(10):
+                try:
+                    pipe.watch(key)
+                    state, held = pipe.hmget(key, "state", "assignments")
+                    if state != JobState.RUNNING.value or held != str(assignments):
+                        return False
+                    pipe.multi()
+                    pipe.hset(key, mapping=mapping)
+                    pipe.execute()
+                    return True
+                except redis.WatchError:
+                    continue
+        return False
+
     def clear_fields(self, job_id: int, *names: str) -> None:
         if names:
             self.r.hdel(self.keys.job(job_id), *names)

@@ -62,11 +62,14 @@ from workers.log_space import (
 from workers.outcomes import AttemptEnd, conclude, never_started
 from workers.process_tree import (
     ExitWatcher,
+    describe_survivor,
     holds_file,
     is_alive,
     is_job_process,
     job_leftovers,
+    leads_session,
     pids_with_environ,
+    pids_words,
     proc_start_time,
     session_is_ours,
     session_members,
@@ -159,6 +162,9 @@ class Gathered:
     where: str = ""  # words about where it ran (adoption: files another host holds)
     #: INFRASTRUCTURE when its log keeper died under it and the job then failed (rig's fault).
     failure: FailureClass | None = None
+    #: Its processes that outlived SIGKILL (stuck in the kernel, state D): its cards stay
+    #: reserved until they are gone (CardRunner._await_gone).
+    survivors: list[int] = field(default_factory=list)
 
     def end(self, kill_requested: bool, cancelled_by: str | None) -> AttemptEnd:
         """The attempt's ending, given the record's ``cancel_requested`` and ``cancelled_by``.
@@ -223,6 +229,9 @@ class CardRunner:
         #: must not take the new one out (CI, under load: adoption then sent the new attempt
         #: back as "never started" while it ran, and the attempt ran twice).
         self._starting: dict[int, int] = {}
+        #: Adopted jobs that ended, whose endings wait in a thread of their own for processes of
+        #: theirs that outlived SIGKILL (_finish_when_gone): adoption leaves them alone too.
+        self._ending: set[int] = set()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         #: The card's log keeper (every job's log), restarted at once when it dies.
@@ -356,6 +365,8 @@ class CardRunner:
             if fields:
                 self.store.update(job_id, **fields)
             end = self._outcome(ActiveJob(job_id, str(token), attempt, 0, None, exit_file))
+            if end.survivors and not self._await_gone(job_id, str(token), end.survivors):
+                return "detached"
             state = self._finish(job_id, str(token), end, instance=job.instance)
             return state.value if state else "unknown"
         if not card_open(allowed, gone):  # read with the record, just after the claim
@@ -712,6 +723,8 @@ class CardRunner:
             active.ended_mono = time.monotonic()  # when it ended, not when Redis hears of it
             jobtrace.mark(active.job_id, "exit_seen")
             end = self._outcome(active)
+            if end.survivors and not self._await_gone(active.job_id, active.token, end.survivors):
+                return "detached"  # the worker stops: the next one adopts it and waits again
             jobtrace.mark(active.job_id, "outcome")
             if active.log_path is not None and not active.has_keeper:
                 _cap_quietly(active, self.settings.log_max_bytes)
@@ -766,9 +779,20 @@ class CardRunner:
                 sid = os.getsid(pid)
             except ProcessLookupError:
                 continue
+            if members and sid == active.pid:
+                continue  # in its session, stopped above: one that outlived that is a survivor below
             log.info("job %s: stopping daemonised leftover pid %s (session %s)", active.job_id, pid, sid)
             stop_tree(sid, min(2.0, self.settings.kill_grace_seconds))
             stopped.append(pid)
+        survivors: list[int] = []
+        if stopped:
+            # SIGKILL takes effect only when a process leaves the kernel: one stuck there (state
+            # D: a GPU driver, a hung file system) lives on, and may still hold its cards' memory.
+            still, escaped = job_leftovers(active.pid if ours else 0, "RIG_EXIT_FILE", str(active.exit_file),
+                                           active.proc_start if ours else None)
+            survivors = sorted(set(still) | set(escaped))
+            if survivors:  # said now: the wait for its log below lasts while they hold its output
+                self._note_stuck(active.job_id, active.token, pids_words(survivors))
         self._wait_for_keeper(active)
         leftovers = leftovers_note(stopped)
         if leftovers:
@@ -793,7 +817,36 @@ class CardRunner:
         return Gathered(exit_code=rc, killed_here=active.kill_event.is_set(), timed_out=active.timed_out,
                         overused=active.overused, note="; ".join(x for x in (leftovers, log_note) if x),
                         ended_at=ended_at, runtime=runtime,
-                        failure=FailureClass.INFRASTRUCTURE if keeper_lost else None)
+                        failure=FailureClass.INFRASTRUCTURE if keeper_lost else None, survivors=survivors)
+
+    def _await_gone(self, job_id: int, token: str, survivors: list[int]) -> bool:
+        """Wait until the job's processes that outlived SIGKILL are gone (SIGKILL again each
+        second: it is pending on them anyway), so its ending, which gives its cards back, is
+        written only once nothing of it can hold their memory. True once they are gone; False
+        when this worker stops first (the next one adopts the job and waits again)."""
+        watchers = [ExitWatcher(pid) for pid in survivors]
+        try:
+            log.warning("job %s: %s outlived SIGKILL (stuck in the kernel: a GPU driver, a hung file system?); "
+                        "the job's cards stay reserved until %s gone", job_id,
+                        ", ".join(describe_survivor(pid) for pid in survivors),
+                        "it is" if len(survivors) == 1 else "they are")
+            self._note_stuck(job_id, token, pids_words(survivors))
+            while True:
+                watchers = [w for w in watchers if not w.wait(0)]
+                if not watchers:
+                    log.info("job %s: its processes that outlived SIGKILL are gone", job_id)
+                    return True  # its ending clears the note (workers.outcomes.conclude)
+                if self.shutdown.is_set():
+                    return False
+                for watcher in watchers:
+                    try:
+                        os.kill(watcher.pid, signal.SIGKILL)
+                    except OSError:
+                        pass  # gone meanwhile: its watcher says so next
+                watchers[0].wait(1.0)  # an exit ends the wait early; the others are looked at again
+        finally:
+            for watcher in watchers:
+                watcher.close()
 
     def _end_time(self, active: ActiveJob) -> tuple[float, float | None]:
         """(when the attempt ended on the shared clock, its runtime in s or None): from this
@@ -995,7 +1048,7 @@ class CardRunner:
                     self.starts.push(job.id, str(job.assignments))
                 continue
             with self._lock:
-                if job.id in self._active or job.id in self._starting:
+                if job.id in self._active or job.id in self._starting or job.id in self._ending:
                     continue
             # Our list may be stale (a start or an end may have happened since): act only on
             # a job that is still RUNNING with the same assignment, and say so to the ledger.
@@ -1025,7 +1078,11 @@ class CardRunner:
                                started_mono=monotonic_of(self.r, job.started_at or shared_now(self.r)),
                                log_path=exit_file.with_suffix(".log"),
                                keeper_pid=noted[3] if noted else None, keeper_start=noted[4] if noted else None)
-            if pid and is_alive(pid, start):
+            # Only its wrapper, the leader of the session it was started in, is the job: a process
+            # of it found by its identity once the wrapper has gone (a leftover; one stuck in the
+            # kernel) is stopped with the ending below, never watched as the job (was: a frozen
+            # child adopted, and `rig kill` of it looping on a session it does not lead).
+            if pid and is_alive(pid, start) and leads_session(pid):
                 log.info("job %s: adopting running pid %s", job.id, pid)
                 thread = threading.Thread(target=self._supervise, args=(active,),
                                           name=f"rig-adopted-{job.id}", daemon=True)
@@ -1043,11 +1100,39 @@ class CardRunner:
                     end.where = (f"started with files in {where.files.folder} (another home or host); "
                                  "its files are not reachable here")
                 log.info("job %s: ended while no worker watched it (exit %s) %s", job.id, end.exit_code, end.note)
+                if end.survivors:  # waited for in a thread of its own: the other jobs are adopted meanwhile
+                    with self._lock:
+                        self._ending.add(job.id)
+                    thread = threading.Thread(target=self._finish_when_gone, args=(job.id, active.token, end),
+                                              name=f"rig-survivors-{job.id}", daemon=True)
+                    thread.start()
+                    self._threads.append(thread)
+                    continue
                 self._finish(job.id, active.token, end, expect=JobState.RUNNING)
             else:
                 # Claimed but never started: it has not run, so it goes back to its place.
                 log.info("job %s: its worker stopped before starting it; back to the queue", job.id)
                 self._retry_redis(lambda job=job: self._requeue_unstarted(job), f"requeue job {job.id}")
+
+    def _note_stuck(self, job_id: int, token: str, stuck: str) -> None:
+        """Say on the job's record which of its processes outlived SIGKILL (Job.stuck: `rig show`,
+        `rig jobs`, `rig kill` say why it still runs; its ending clears it). A note only: a Redis
+        away leaves it unsaid, never the wait. Only on the record of this run (``token``), still
+        RUNNING: an adoption pass that read it before another thread ended it left the note on
+        the ended record."""
+        try:
+            self.store.update_while_running(job_id, token, stuck=stuck)
+        except redis.RedisError as exc:
+            log.warning("job %s: could not note its stuck processes on its record (%s)", job_id, exc)
+
+    def _finish_when_gone(self, job_id: int, token: str, end: Gathered) -> None:
+        """An adopted job's ending, written once its processes that outlived SIGKILL are gone."""
+        try:
+            if self._await_gone(job_id, token, end.survivors):
+                self._finish(job_id, token, end, expect=JobState.RUNNING)
+        finally:
+            with self._lock:
+                self._ending.discard(job_id)
 
     def _placed_here(self) -> list[Job]:
         """The RUNNING, then the ASSIGNED, jobs whose first card is this one, each by id. Found

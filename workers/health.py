@@ -55,7 +55,14 @@ from rig.redis_conn import without_credentials
 from rig.redis_writes import is_outage
 from rig.supervision import beat_pid, hung_after
 from workers.outcomes import AttemptEnd, conclude
-from workers.process_tree import environments, is_alive, is_job_process, session_members, stop_tree
+from workers.process_tree import (
+    environments,
+    is_alive,
+    is_job_process,
+    pids_words,
+    session_members,
+    stop_tree,
+)
 from workers.unrecorded import UNRECORDED_FIELD, running_line
 
 #: A fake-card usage folder unchanged this long (s) whose job does not run here is removed.
@@ -360,6 +367,15 @@ class HealthChecker:
                 if is_job_process(job.pid, job.id, self.settings.key_prefix, job.instance):
                     log.warning("job %s: its worker is dead; stopping its process tree first", job.id)
                     stop_tree(job.pid, self.settings.kill_grace_seconds)
+                    survivors = session_members(job.pid)
+                    if survivors:
+                        # Stuck in the kernel (state D), they may hold its cards' memory: it stays
+                        # RUNNING, its cards reserved, and the card's next worker adopts it and
+                        # waits for them (workers.card_runner: _await_gone).
+                        log.warning("job %s: %s of it outlived SIGKILL; it keeps its cards until they are gone",
+                                    job.id, pids_words(survivors))
+                        self.store.update_while_running(job.id, job.assignments, stuck=pids_words(survivors))
+                        continue
                 else:  # a damaged or forged pid: never signal it (the orphan check finds the job's own)
                     log.warning("job %s: recorded pid %s is not its process; not signalled", job.id, job.pid)
             self._lost(job, f"the worker of card {job.cards[0]} died", report)

@@ -141,6 +141,31 @@ def may_run(pid: int, start_time: int | None) -> bool:
     return is_alive(pid, start_time) or runs_unseen(pid)
 
 
+def leads_session(pid: int) -> bool:
+    """Is ``pid`` the leader of its session, as a job's wrapper is (started with setsid)?"""
+    try:
+        return os.getsid(pid) == pid
+    except OSError:
+        return False
+
+
+def pids_words(pids: list[int]) -> str:
+    """``pid 4242`` / ``pids 4242, 4243``: a job's processes that outlived SIGKILL as its record
+    says them (Job.stuck)."""
+    return f"pid{'s' if len(pids) > 1 else ''} {', '.join(map(str, pids))}"
+
+
+def describe_survivor(pid: int) -> str:
+    """``pid (name, state D)`` for a line about a process that outlived SIGKILL; ``pid`` alone
+    when /proc no longer shows it."""
+    data = _read_small(f"/proc/{pid}/stat")
+    if not data or b"(" not in data:
+        return str(pid)
+    name = data[data.find(b"(") + 1:data.rfind(b")")].decode(errors="replace")
+    state = data[data.rfind(b")") + 2:].split()[:1]
+    return f"{pid} ({name}, state {state[0].decode() if state else '?'})"
+
+
 def session_is_ours(sid: int, start_time: int | None) -> bool:
     """May session ``sid`` be stopped as the job's? Yes while its leader is the job's process
     (same start time) or is gone (what is left in the session is the job's: Linux does not reuse
@@ -401,8 +426,14 @@ def signal_tree(sid: int, sig: int) -> int:
 
 
 def stop_tree(sid: int, grace: float, *, reap: Callable[[], None] | None = None) -> None:
-    """SIGTERM the whole tree, wait up to ``grace`` seconds for it to go, then SIGKILL."""
+    """SIGTERM the whole tree, then SIGCONT, wait up to ``grace`` seconds for it to go, then
+    SIGKILL.
+
+    SIGCONT because a stopped process (``kill -STOP``, Ctrl-Z, a debugger) acts on no SIGTERM
+    until it is continued: without it, a job paused by its owner got no chance to save its work
+    at ``rig kill`` or its time limit and was SIGKILLed after the grace. systemd does the same."""
     signal_tree(sid, signal.SIGTERM)
+    signal_tree(sid, signal.SIGCONT)  # after SIGTERM: continued, its first act is to handle it
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         if reap:

@@ -231,3 +231,9 @@ def no_node_note(client) -> str | None:  # noqa: ANN001 - rig.client.Client or t
     return (f"note: no rig node has ever registered with the Redis at {strip_password(settings.redis_url)} "
             f"(key prefix {settings.key_prefix!r}; {read}); if rig is up elsewhere, check RIG_HOME, "
             "RIG_CONFIG and RIG_REDIS_URL in your shell")
+
+
+def stuck_words(stuck: str) -> str:
+    """Why a job whose processes were stopped still runs: ``stuck`` (Job.stuck) outlived SIGKILL."""
+    return (f"{stuck} outlived SIGKILL (stuck in the kernel: a GPU driver, a hung file system?); "
+            "its cards stay reserved until it is gone")

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import click
 
 import rig.client as rig_client
-from rig.cli.common import parse_job_id
+from rig.cli.common import parse_job_id, stuck_words
 from rig.cli.entry import INTERRUPTED_EXIT
 from rig.client import Client
 from rig.errors import InvalidInput, JobNotFound, PermissionDenied, RedisUnavailable, RigError
@@ -111,6 +111,10 @@ def kill_jobs(client: Client, job_ids: list[int], *, wait: bool) -> int:
             if before.state.terminal:
                 click.echo(f"job {before.id} already ended ({before.state.value}); nothing to kill")
                 continue
+            if before.stuck and before.cancel_requested:
+                # Stopped already, and a process outlived SIGKILL: waiting would only time out.
+                problem(_stuck_line(before), STILL_RUNNING_EXIT)
+                continue
             away = _node_away(client, before)
             if away is not None:
                 # No card worker of that node runs to stop it: the request is recorded (its
@@ -134,6 +138,9 @@ def kill_jobs(client: Client, job_ids: list[int], *, wait: bool) -> int:
             waited = client.settings.kill_grace_seconds + 20
             now = client.get(jid)
             where = f" on {now.node}/{','.join(map(str, now.cards))}" if now.node else ""
+            if now.stuck and not now.state.terminal:
+                problem(_stuck_line(now), STILL_RUNNING_EXIT)
+                continue
             problem(f"job {jid}: kill requested, but it is still {now.state.value.lower()}{where} after "
                     f"{waited:.0f} s; its card worker stops it when it sees the request (is that node up? "
                     "`rig status` shows its card workers)", STILL_RUNNING_EXIT)
@@ -173,6 +180,12 @@ def _interrupted(client: Client, jid: int, rest: list[int]) -> None:
                    f"{job.state.value.lower()}: run `rig kill {jid}` again", err=True)
     if rest:
         click.echo(f"rig: not handled (interrupted first): {first_ids(rest, sep=' ')}", err=True)
+
+
+def _stuck_line(job: Job) -> str:
+    """What `rig kill` says of a job it stopped whose process outlived SIGKILL (Job.stuck)."""
+    where = f" on {job.node}/{','.join(map(str, job.cards))}" if job.node else ""
+    return f"job {job.id}: kill requested and carried out{where}, but {stuck_words(job.stuck or '')}"
 
 
 def _memory_words(was: JobState) -> str:

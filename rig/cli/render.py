@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from rig.cli.common import stuck_words
 from rig.cli.fit import Cell, Col, fitted_table
 from rig.cli.logview import attempt_logs
 from rig.client import StatusReport
@@ -327,6 +328,8 @@ def job_reason(job: Job, said: str | None = None) -> str:
     if job.state is JobState.PENDING:
         return said or job.wait_reason or "-"
     if job.state in (JobState.ASSIGNED, JobState.RUNNING):
+        if job.stuck:
+            return stuck_words(job.stuck)
         # A live job's reason and class are its last attempt's: say so, never as if now.
         if not job.attempts:
             return "-"
@@ -488,6 +491,8 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
         rows.append(("exit code", str(job.exit_code)))
     if job.reason:
         rows.append(("reason", job.reason))
+    if job.stuck and not job.state.terminal:
+        rows.append(("stopping", stuck_words(job.stuck)))
     for problem in job.problems:  # a damaged record: what is wrong with it
         rows.append(("invalid record", problem))
     if job.vram_samples:

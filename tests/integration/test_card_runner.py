@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
+from rig.cli.render import job_reason
 from rig.client import Client, current_identity
 from rig.config import load_settings
 from rig.gpus.base import GpuReading
@@ -658,3 +662,129 @@ def test_an_attempt_concluded_lost_that_still_runs_here_is_stopped_not_adopted(e
         if stale.poll() is None:
             stale.kill()
             stale.wait(10)
+
+
+FREEZER = "/sys/fs/cgroup/freezer"  # cgroup v1: a frozen task outlives SIGKILL until thawed, as one in state D
+needs_freezer = pytest.mark.skipif(not os.access(FREEZER, os.W_OK), reason="needs the cgroup v1 freezer (root)")
+
+
+@contextlib.contextmanager
+def frozen(pid: int, name: str) -> Iterator[None]:
+    """``pid`` frozen (state D, SIGKILL pending until thawed) inside the block; thawed after it,
+    where a pending SIGKILL takes it at once."""
+    group = f"{FREEZER}/rig-test-{os.getpid()}-{name}"
+    os.mkdir(group)
+    try:
+        with open(f"{group}/tasks", "w") as fh:
+            fh.write(str(pid))
+        with open(f"{group}/freezer.state", "w") as fh:
+            fh.write("FROZEN")
+        assert _until(lambda: open(f"{group}/freezer.state").read().strip() == "FROZEN")
+        yield
+    finally:
+        with open(f"{group}/freezer.state", "w") as fh:
+            fh.write("THAWED")
+        assert _until(lambda: open(f"{group}/freezer.state").read().strip() == "THAWED")
+        _until(lambda: not open(f"{group}/tasks").read().strip())  # a dead task leaves the group
+        os.rmdir(group)
+
+
+def _running_with_child(ledger: Ledger, runner: CardRunner, tmp_path, child: str):
+    """A job run by ``runner`` in a thread that starts ``child`` in the background and ends when
+    the test touches ``go``: (job, the child's pid, go, the thread, what run_job returned)."""
+    child_file, go = tmp_path / "child", tmp_path / "go"
+    job, token = placed(ledger, f"{child} & echo $! > {child_file}; "
+                                f"while [ ! -e {go} ]; do sleep 0.02; done; exit 0", tmp_path)
+    ended: list[str] = []
+    runner_thread = threading.Thread(target=lambda: ended.append(runner.run_job(job.id, token)))
+    runner_thread.start()
+    assert _until(lambda: child_file.exists() and child_file.read_text().strip())
+    return job, int(child_file.read_text()), go, runner_thread, ended
+
+
+@needs_freezer
+def test_cards_stay_reserved_while_a_process_of_the_job_outlives_sigkill(env, tmp_path):
+    """A process stuck in the kernel (state D: a GPU driver, a hung file system) dies only when
+    it leaves it, and may hold its card's memory until then: the job's ending, which gives its
+    cards back, waits for it (was: released 4 s after the job's end, `rig kill` said "its GPU
+    memory is free" and the next job could be placed beside a process still holding it)."""
+    settings, ledger, runner, _ = env
+    job, child, go, runner_thread, ended = _running_with_child(ledger, runner, tmp_path,
+                                                               "sleep 419.733 </dev/null >/dev/null 2>&1")
+    try:
+        with frozen(child, str(job.id)):
+            go.touch()  # the job ends; its child, frozen, outlives the SIGKILL of its leftovers
+            runner_thread.join(timeout=8)  # its leftovers' stop gives up after ~4 s (2 s grace, 2 s after SIGKILL)
+            assert runner_thread.is_alive() and ended == []
+            running = ledger.store.get(job.id)
+            assert running.state is JobState.RUNNING and ledger.card("n1", 0).reserved == GIB
+            # Said where a person looks (was: RUNNING with no word, and `rig kill` asked whether the node was up).
+            assert running.stuck == f"pid {child}"
+            assert job_reason(running) == (f"pid {child} outlived SIGKILL (stuck in the kernel: a GPU driver, a hung "
+                                           "file system?); its cards stay reserved until it is gone")
+    finally:
+        runner_thread.join(timeout=20)
+    assert ended == ["SUCCEEDED"]
+    assert ledger.card("n1", 0).reserved == 0
+    assert ledger.store.get(job.id).stuck is None
+
+
+@needs_freezer
+def test_an_adopted_ending_that_waits_for_a_stuck_process_is_waited_for_once(env, tmp_path):
+    """Adoption runs again periodically: a job whose ending already waits for a process stuck in
+    the kernel is left to that wait (was: each pass stopped it again and started one more wait)."""
+    settings, ledger, runner, _ = env
+    child_file = tmp_path / "child"
+    job, token = placed(ledger, "unused", tmp_path)
+    ledger.claim(job.id, token, "old-worker")
+    proc = _start_orphan(settings, job, 1, f"sleep 419.743 </dev/null >/dev/null 2>&1 & echo $! > {child_file}; exit 0")
+    proc.wait(10)
+    ledger.store.update(job.id, pid=proc.pid, proc_start=1)
+    with frozen(int(child_file.read_text()), str(job.id)):
+        runner.adopt()
+        runner.adopt()
+        waits = [t for t in threading.enumerate() if t.name == f"rig-survivors-{job.id}"]
+        assert len(waits) == 1
+        assert ledger.store.get(job.id).state is JobState.RUNNING and ledger.card("n1", 0).reserved == GIB
+    waits[0].join(timeout=20)
+    done = ledger.store.get(job.id)
+    assert done.state is JobState.SUCCEEDED and done.exit_code == 0
+    assert ledger.card("n1", 0).reserved == 0
+
+def test_a_leftover_found_after_its_wrapper_ended_is_stopped_not_adopted_as_the_job(env, tmp_path):
+    """The wrapper ended (its exit file written) while no worker watched, leaving a child in its
+    session: the adopting worker concludes the job from the exit file and stops the child. It
+    took the child, found by the job's identity, for the job and watched it as if it ran (a
+    child stuck in the kernel: `rig kill` then looped on a session the child does not lead)."""
+    settings, ledger, runner, _ = env
+    marker = "419.741"
+    job, token = placed(ledger, "unused", tmp_path)
+    ledger.claim(job.id, token, "old-worker")
+    proc = _start_orphan(settings, job, 1, f"sleep {marker} </dev/null >/dev/null 2>&1 & exit 0")
+    proc.wait(10)
+    ledger.store.update(job.id, pid=proc.pid, proc_start=proc_start_time(proc.pid) or 1)
+    exit_file = str(job_folder(settings.job_log_dir, job.id, job.instance) / "attempt-1.exit")
+    assert _until(lambda: find_by_environ("RIG_EXIT_FILE", exit_file) is not None)  # the child
+    runner.adopt()
+    done = Client(settings).wait(job.id, timeout=15)
+    assert done.state is JobState.SUCCEEDED and done.exit_code == 0
+    assert [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).endswith(f"sleep\0{marker}\0")] == []
+    assert ledger.card("n1", 0).reserved == 0
+
+
+@needs_freezer
+def test_a_stuck_process_holding_the_jobs_output_is_said_before_the_wait_for_its_log(env, tmp_path, monkeypatch):
+    """A stuck process that holds the job's output keeps its log keeper from finishing: the note
+    comes before that wait (was: after it, past `rig kill`'s own 30 s, which then asked whether
+    the node was up)."""
+    monkeypatch.setattr("workers.card_runner.KEEPER_WAIT_S", 120.0)
+    settings, ledger, runner, _ = env
+    job, child, go, runner_thread, ended = _running_with_child(ledger, runner, tmp_path, "sleep 419.747")
+    try:
+        with frozen(child, str(job.id)):
+            go.touch()
+            assert _until(lambda: ledger.store.get(job.id).stuck == f"pid {child}", timeout=30)
+            assert ended == []
+    finally:
+        runner_thread.join(timeout=30)
+    assert ended == ["SUCCEEDED"] and ledger.card("n1", 0).reserved == 0

@@ -211,3 +211,20 @@ def test_kill_of_a_running_job_nobody_stops_is_one_line(cli_ledger, monkeypatch)
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"rig: error: job {job.id}: kill requested, but it is still running on n1/1 after ")
+
+
+@pytest.mark.redis
+def test_kill_of_a_job_kept_running_by_a_stuck_process_says_so_at_once(cli_ledger, monkeypatch):
+    """Its processes were stopped and one outlived SIGKILL (Job.stuck): another `rig kill` says
+    so at once, without waiting out its 30 s (was: the wait, then 'is that node up?')."""
+    _register(cli_ledger, allowed={0, 1, 2, 3})
+    job = _running(cli_ledger, 1)
+    cli_ledger.store.update(job.id, cancel_requested=True, stuck="pid 4242")
+    import rig.client
+
+    monkeypatch.setattr(rig.client.Client, "kill", lambda *a, **k: pytest.fail("waited for the kill"))
+    result = CliRunner().invoke(cli, ["kill", str(job.id)])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip() == (
+        f"rig: error: job {job.id}: kill requested and carried out on n1/1, but pid 4242 outlived SIGKILL (stuck in "
+        "the kernel: a GPU driver, a hung file system?); its cards stay reserved until it is gone")

@@ -33,7 +33,10 @@ FINGERPRINTS = {
     # job with its worker's umask, as before.
     # b908b4adfacd: a job's own retries, kept by its first `rig retry`; an older rig ignores the field
     # and its `rig retry` gives the job the retrier's max_retries, as before.
-    1: {"d9e95e666b68", "2bf4068303b9", "17ab44445fb1", "f6cb4f2d5bc8", "8e99968e9500", "b908b4adfacd"},
+    # 557f5189fdbb: a job's processes that outlived SIGKILL (Job.stuck), said by rig show / jobs / kill;
+    # an older rig ignores the field (its views say nothing of them, as before).
+    1: {"d9e95e666b68", "2bf4068303b9", "17ab44445fb1", "f6cb4f2d5bc8", "8e99968e9500", "b908b4adfacd",
+        "557f5189fdbb"},
 }
 
 

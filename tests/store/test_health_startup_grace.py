@@ -118,3 +118,46 @@ def test_a_card_worker_gone_to_rig_down_leaves_its_jobs_running(checker, monkeyp
     r.hdel(keys.node("n1"), "stopped_at")  # up again and the worker still silent: dead after all
     check._dead_workers(report)
     assert report.lost == [jid]
+
+
+def test_a_job_whose_process_outlives_sigkill_keeps_its_cards_when_its_worker_dies(checker, monkeypatch):
+    """Its card's worker is dead: the pass stops the job's processes before failing it as lost,
+    but one stuck in the kernel (state D) outlives SIGKILL and may hold the card's memory: the job
+    stays RUNNING with its cards (the card's next worker adopts it and waits for the process)
+    instead of being retried elsewhere with its cards given back."""
+    check, keys, r, _killed, _age = checker
+    monkeypatch.setattr(check, "_card_worker_processes", lambda cards: {})
+    jid = _running_job(r, keys)
+    Ledger(r, keys).store.update(jid, pid=PID + 1, proc_start=7)
+    r.hset(keys.node("n1"), "started_at", shared_now(r) - STARTUP_GRACE_S - 1)
+    stopped: list[int] = []
+    monkeypatch.setattr(health, "is_alive", lambda pid, start: pid == PID + 1)
+    monkeypatch.setattr(health, "is_job_process", lambda pid, *a, **k: pid == PID + 1)
+    monkeypatch.setattr(health, "stop_tree", lambda sid, grace: stopped.append(sid))
+    monkeypatch.setattr(health, "session_members", lambda sid: [PID + 2] if sid == PID + 1 else [])
+    check._dead_workers(report := HealthReport())
+    job = Ledger(r, keys).store.get(jid)
+    assert stopped == [PID + 1] and report.lost == []
+    assert job.state is JobState.RUNNING and job.stuck == f"pid {PID + 2}"
+    assert Ledger(r, keys).card("n1", 0).reserved == GIB
+    monkeypatch.setattr(health, "session_members", lambda sid: [])  # it died at last
+    check._dead_workers(report := HealthReport())
+    assert report.lost == [jid]
+    assert Ledger(r, keys).store.get(jid).stuck is None  # ended: nothing of it is stuck any more
+
+
+def test_a_stuck_note_lands_only_on_the_run_it_is_about(checker):
+    """An adoption pass that read a job RUNNING before another thread ended it wrote its note on
+    the ended record (seen live: a CANCELLED job still saying `pid N` was stuck)."""
+    _check, keys, r, _killed, _age = checker
+    jid = _running_job(r, keys)
+    store = Ledger(r, keys).store
+    run = store.get(jid).assignments
+    assert not store.update_while_running(jid, run + 1, stuck="pid 1")  # another run's
+    assert store.update_while_running(jid, run, stuck="pid 2")
+    assert store.get(jid).stuck == "pid 2"
+    code, _ = Ledger(r, keys).transition(jid, JobState.CANCELLED, token=run, mode="end", expect=JobState.RUNNING,
+                                         fields={"stuck": None})
+    assert code == 1
+    assert not store.update_while_running(jid, run, stuck="pid 3")  # it ended meanwhile
+    assert store.get(jid).stuck is None

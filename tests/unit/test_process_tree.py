@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 
@@ -13,6 +14,7 @@ from workers.process_tree import (
     ExitWatcher,
     find_by_environ,
     is_alive,
+    is_stopped,
     job_leftovers,
     pid_window,
     pids_with_environ,
@@ -291,3 +293,21 @@ def test_may_run_counts_a_process_proc_hides_and_no_other(monkeypatch, stat, kil
     monkeypatch.setattr(pt.os, "kill", kill)
     assert pt.may_run(77, start_time) is runs
     assert pt.is_alive(77, start_time) is (runs and not isinstance(stat, type))  # never a hidden one
+
+
+def test_stop_tree_lets_a_stopped_job_handle_its_sigterm(tmp_path):
+    # A job paused with kill -STOP got no SIGTERM it could act on (it waits until continued)
+    # and was SIGKILLed after the grace: its handler, which saves a checkpoint, never ran.
+    # A loop of builtins: no child of its own, whose SIGTERM the shell would report.
+    proc, exit_file = start(["sh", "-c", "trap 'echo saved; exit 3' TERM; echo ready; while :; do :; done"],
+                            tmp_path)
+    assert proc.stdout.readline().strip() == b"ready"  # the trap is in place
+    os.killpg(proc.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5
+    while not all(is_stopped(pid) for pid in session_members(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop_tree(proc.pid, grace=10, reap=proc.poll)
+    assert session_members(proc.pid) == []
+    proc.wait(5)
+    assert proc.stdout.read().decode().strip() == "saved"
+    assert exit_file.read_text().strip() == "3"  # its own exit, not SIGKILL's 137
