@@ -35,8 +35,11 @@ FINGERPRINTS = {
     # and its `rig retry` gives the job the retrier's max_retries, as before.
     # 557f5189fdbb: a job's processes that outlived SIGKILL (Job.stuck), said by rig show / jobs / kill;
     # an older rig ignores the field (its views say nothing of them, as before).
+    # f0d123c6d27c: Job.stuck beside a job's queued_at (when it last went back to the queue,
+    # stamped by transition.lua; rig.models.waiting_since falls back to created_at without it):
+    # an older rig ignores both.
     1: {"d9e95e666b68", "2bf4068303b9", "17ab44445fb1", "f6cb4f2d5bc8", "8e99968e9500", "b908b4adfacd",
-        "557f5189fdbb"},
+        "557f5189fdbb", "f0d123c6d27c"},
 }
 
 
