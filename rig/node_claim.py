@@ -118,6 +118,16 @@ class Holder:
         """Is this holder a process of this host and of RIG_HOME ``home``?"""
         return self.same_host() and self.home == str(Path(home).expanduser().resolve())
 
+    def unseen(self) -> bool:
+        """Does this holder's pid run on this host hidden from this user (/proc hidepid)? Then it
+        may be the holder or another process that took the pid after it died: nobody here can
+        tell (workers.process_tree.runs_unseen), and its claim decides until it expires."""
+        if not self.same_host() or self.pid is None:
+            return False
+        from workers.process_tree import runs_unseen
+
+        return runs_unseen(self.pid)
+
     def provably_dead(self) -> bool:
         """True only when this machine can tell the holder is gone: same host, and its pid does
         not run or runs another process (another start time). Another host's holder is never
@@ -233,6 +243,10 @@ def refused_line(node: str, other: Holder, doing: str, hint: str) -> str:
     """The one line refusing ``doing`` on a name another live process holds: who holds it
     (host, home, pid, since; the rig installation when it is another one here) and ``hint``."""
     install = f", rig in {other.install}" if other.same_host() and other.install != identity_install() else ""
+    if other.unseen():  # not said live: its pid may be another process's now (Holder.unseen)
+        return (f"node name {node!r} is owned by a rig up ({other.describe()}{install}) whose pid runs hidden from "
+                f"this user (/proc hidepid): that rig up, or another process that took the pid after it died (its "
+                f"claim then expires unrenewed); {doing} refused, nothing was changed: {hint}")
     return (f"node name {node!r} is owned by a live rig up ({other.describe()}{install}); {doing} refused, "
             f"nothing was changed: {hint}")
 

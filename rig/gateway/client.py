@@ -61,6 +61,25 @@ class GatewayUnavailable(E.RigError):
     exit_code = 5
 
 
+def _not_answering(path: Path, exc: OSError, supervisor: int) -> str:
+    """The line for a gateway that did not answer in RESTART_WAIT_S while the pid in its rig up's
+    mark ran. A pid /proc hides from this user (hidepid: root's rig up) may be that rig up or
+    another process that took the pid after it died: nobody here can tell, so it is not said to
+    be rig up (the mark of a SIGKILLed rig up stays, and that process may run for days)."""
+    from workers.process_tree import runs_unseen
+
+    why = f"({exc.strerror or exc})"
+    if runs_unseen(supervisor):
+        return (f"rig's gateway at {path} is not answering {why}; the pid of the rig up that marks it ({supervisor}) "
+                "runs, hidden from this user (/proc hidepid): that rig up, restarting its gateway or failing to "
+                "start it (gateway.out in the node's system_log_dir says why), or another process that took the "
+                "pid after rig up died; try again in a moment, and if it still does not answer an admin checks "
+                "that rig is up on this node (`rig status`)")
+    return (f"rig's gateway at {path} is not answering {why} though the node's rig up runs (pid {supervisor}): "
+            "the gateway is restarting, or fails to start (its gateway.out in the node's system_log_dir says "
+            "why); try again in a moment")
+
+
 def _rebuild_error(error: Any) -> RigError:  # noqa: ANN401
     """The gateway's error as the same class of rig.errors (RigError for one it does not know)."""
     name = error.get("type") if isinstance(error, dict) else None
@@ -117,10 +136,7 @@ class GatewayClient:
                 # The node's rig up runs: its gateway is starting or restarting. Wait a moment.
                 deadline = deadline or time.monotonic() + RESTART_WAIT_S
                 if time.monotonic() >= deadline:
-                    raise GatewayUnavailable(
-                        f"rig's gateway at {self.path} is not answering ({exc.strerror or exc}) though the node's "
-                        f"rig up runs (pid {supervisor}): the gateway is restarting, or fails to start (its "
-                        "gateway.out in the node's system_log_dir says why); try again in a moment") from None
+                    raise GatewayUnavailable(_not_answering(self.path, exc, supervisor)) from None
                 time.sleep(RESTART_POLL_S)
         _check_server(sock, self.path)
         sock.settimeout(REPLY_TIMEOUT_S)

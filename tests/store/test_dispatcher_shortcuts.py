@@ -23,8 +23,19 @@ from rig.models import JobState
 from tests.store.test_dispatcher_repeat import START, _apply, _Clock, _Copy, _job, _last_id, _state
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_the_round_s_shortcuts_decide_as_the_plain_round(redis_client, key_prefix, monkeypatch, seed):
+def _record_runs(copy, ended_at: float, made: list[tuple[str, int, float]]) -> None:  # noqa: ANN001
+    """Record runs (user, bytes per card, seconds) ended at ``ended_at`` in ``copy``'s recent runs."""
+    pipe = copy.ledger.r.pipeline()
+    for user, nbytes, seconds in made:
+        estimates.record_run(pipe, copy.keys, user=user, name="r", template=None, command=["true"],
+                             nbytes=nbytes, gpus=1, seconds=seconds, ended_at=ended_at)
+    pipe.execute()
+
+
+@pytest.mark.parametrize(("seed", "with_runs"), [*((s, False) for s in range(6)), *((s, True) for s in range(3))])
+def test_the_round_s_shortcuts_decide_as_the_plain_round(redis_client, key_prefix, monkeypatch, seed, with_runs):
+    """``with_runs``: new recent runs arrive between passes too, so placed jobs' estimate entries
+    are kept or made again (Dispatcher._read_holdings) while jobs start and end around them."""
     r = redis_client
     clock = _Clock()
     monkeypatch.setattr(type(clock_for(r)), "now", lambda self, refresh=True: clock.t)
@@ -75,8 +86,14 @@ def test_the_round_s_shortcuts_decide_as_the_plain_round(redis_client, key_prefi
                                              local.choice([1, 1, 1, 2, 3])), None) for _ in range(40)])
 
     fewer = carried = False
+    kept_across = 0  # estimate entries the shortcut copy kept across a new Prior
+    runs = random.Random(seed + 1000)  # new recent runs (its own draws: the cluster's stay as they were)
     for step in range(25):
         clock.t += rng.choice([1.0, 9.0, 31.0, 75.0])
+        if with_runs and runs.random() < 0.5:  # placed jobs' estimates kept or made again (Dispatcher._read_holdings)
+            made = [(runs.choice(["ann", "bob", "cy"]), runs.choice([6, 10, 14]) * GIB,
+                     runs.choice([30.0, 900.0, 3600.0])) for _ in range(runs.choice([1, 3, 12]))]
+            _apply(copies, clock, lambda c, clk, m=made: _record_runs(c, clk.t, m))
         running = sorted(copies[0].ledger.store.ids_in_state(JobState.RUNNING))
         for gone in rng.sample(running, min(len(running), rng.choice([0, 2, 4, 6]))):  # several end at once
             _apply(copies, clock, lambda c, _clk, j=gone: c.ledger.transition(j, JobState.SUCCEEDED))
@@ -85,11 +102,15 @@ def test_the_round_s_shortcuts_decide_as_the_plain_round(redis_client, key_prefi
             _apply(copies, clock, lambda c, clk, d=drawn: c.ledger.store.create_many(
                 [(_job(random.Random(d), clk.t, (4 + int(d * 30)) * GIB), None)]))
         results, placed, options = [], [], []
+        short = copies[1].dispatcher
+        prior, entries = short._prior, dict(short._running_estimates)
         for copy in copies:
             calls["place"] = calls["fit_time"] = 0
             results.append(copy.dispatcher.dispatch_pass())
             placed.append(calls["place"])
             options.append(calls["fit_time"])
+        if short._prior is not prior:
+            kept_across += sum(entry is entries.get(jid) for jid, entry in short._running_estimates.items())
         fewer = fewer or placed[1] < placed[0]
         carried = carried or options[1] < options[0]
         assert results[0] == results[1], (step, results)
@@ -100,6 +121,9 @@ def test_the_round_s_shortcuts_decide_as_the_plain_round(redis_client, key_prefi
             copy.started.clear()
         last_id = _last_id(copies[0])
         assert _state(r, copies[0], last_id) == _state(r, copies[1], last_id), (seed, step)
+    if with_runs:
+        assert kept_across, "no estimate entry was kept across new recent runs: the comparison proved nothing"
+        return
     assert fewer, "the shortcut never skipped a place: the comparison proved nothing"
     assert carried, "no hold plan option came from an earlier round: the comparison proved nothing"
 

@@ -260,10 +260,13 @@ def test_a_client_looks_for_its_homes_gateway_while_it_restarts(tmp_path):
 def test_a_rig_up_proc_hides_from_this_user_is_waited_for_not_said_down(tmp_path, monkeypatch, hidden_by_proc):
     """Under /proc hidepid=2 a non-root user cannot read root's rig up in /proc: while it
     restarted its gateway the client said at once `rig is not up on this node` (the mark's pid
-    read as gone). kill(pid, 0) says it runs (EPERM): the client waits, then says it runs, and
-    looks for that home's gateway meanwhile (client_socket)."""
+    read as gone). kill(pid, 0) says it runs (EPERM): the client waits, and looks for that
+    home's gateway meanwhile (client_socket). Reviewer (review1): it then said `though the
+    node's rig up runs`, which nobody here can tell: a SIGKILLed rig up's mark stays, and another
+    user's process may have taken its pid; the line says both, not that rig up runs."""
     from rig.gateway import client as gateway_client
     from rig.gateway import paths
+    from workers.process_tree import proc_start_time
 
     settings = load_settings(home=tmp_path / "home")
     settings.run_dir.mkdir(parents=True)
@@ -275,7 +278,14 @@ def test_a_rig_up_proc_hides_from_this_user_is_waited_for_not_said_down(tmp_path
     monkeypatch.setattr(gateway_client, "RESTART_WAIT_S", 0.3)
     with pytest.raises(GatewayUnavailable) as caught:
         GatewayClient(settings, path).get(1)
-    assert f"though the node's rig up runs (pid {HIDDEN_PID})" in str(caught.value), caught.value
+    said = str(caught.value)
+    assert f"the pid of the rig up that marks it ({HIDDEN_PID}) runs, hidden from this user" in said, said
+    assert "another process that took the pid" in said and "rig up runs" not in said, said
+    # A visible rig up (this process marks it) is said to run.
+    paths.supervisor_mark(path).write_text(f"{os.getpid()}\n{proc_start_time(os.getpid())}\n")
+    with pytest.raises(GatewayUnavailable) as caught:
+        GatewayClient(settings, path).get(1)
+    assert f"though the node's rig up runs (pid {os.getpid()})" in str(caught.value), caught.value
 
 
 def test_a_socket_the_user_may_not_reach_is_not_said_down(tmp_path):

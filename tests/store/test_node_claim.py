@@ -102,7 +102,9 @@ def test_an_owner_proc_hides_on_this_host_is_not_taken_for_dead(redis_client, ke
     """Under /proc hidepid=2 another user's rig up on this host has no /proc entry: its claim
     was "provably dead", so a rig up of another home took its live node's name at once, and
     rig recover / rig down of another home were not refused. kill(pid, 0) says it runs
-    (EPERM): the name stays its own until its claim expires, as another host's does."""
+    (EPERM): the name stays its own until its claim expires, as another host's does.
+    Reviewer (review1): the refusal said "owned by a live rig up", which nobody here can tell
+    (another process may have taken a dead rig up's pid): it says both."""
     keys = Keys(key_prefix)
     owner = _other(C.identity(tmp_path / "a", tmp_path / "a" / "run"), pid=HIDDEN_PID, start=4242)
     redis_client.set(keys.node_owner("n1"), f"{owner}|1.0", px=30_000)
@@ -111,8 +113,10 @@ def test_an_owner_proc_hides_on_this_host_is_not_taken_for_dead(redis_client, ke
     other = C.claim(redis_client, keys, "n1", me, 30)
     assert other is not None and other.pid == HIDDEN_PID and not other.provably_dead()
     assert C.holder(redis_client, keys, "n1").identity == owner  # nothing taken over
-    with pytest.raises(NodeInUse, match=f"pid {HIDDEN_PID}"):
+    with pytest.raises(NodeInUse, match=f"pid {HIDDEN_PID}") as refused:
         C.refuse_unless_ours(redis_client, keys, "n1", tmp_path / "b", "recover")
+    said = str(refused.value)
+    assert "whose pid runs hidden from this user" in said and "a live rig up" not in said, said
 
 
 def test_commands_of_another_home_are_refused_naming_the_owner(redis_client, key_prefix, tmp_path):
