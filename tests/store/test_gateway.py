@@ -705,3 +705,36 @@ def test_retry_with_a_time_limit_through_an_older_gateway_says_so(gateway):
     assert "runs an older rig, which cannot give a job a new time limit" in str(info.value)
     assert f"`rig retry {job.id}` without --time-limit" in str(info.value)
     assert client.retry(job.id).state is JobState.PENDING  # without one it is sent as before
+
+
+def test_a_gateway_that_cannot_use_its_redis_says_it_is_the_nodes_to_fix(gateway, monkeypatch):
+    """The node's password changed under its rig up (or its Redis is down): a teammate's
+    rig-submit through the gateway read 'Redis ... refused the password from the URL ...; set
+    RIG_REDIS_URL=redis://:PASSWORD@..., RIG_REDIS_PASSWORD, or redis_password_file', sending a
+    user who needs no password to look for it. The class (exit 5) stays; the line says whose it is."""
+    import redis as redis_py
+
+    from rig.errors import RedisAuthFailed, RedisUnavailable
+    from rig.redis_conn import auth_failed, strip_password
+
+    gw, path = gateway
+    url = gw.settings.redis_url
+
+    def refused(*a, **kw):
+        raise auth_failed(url, redis_py.AuthenticationError("invalid username-password pair or user is disabled."))
+
+    monkeypatch.setattr(gw.client, "submit", refused)
+    with pytest.raises(RedisAuthFailed) as caught:
+        GatewayClient(gw.settings, path).submit(["true"], gpu_memory="1G", workdir="/tmp")
+    said = str(caught.value)
+    assert said.startswith(f"rig's gateway on node {gw.settings.node_name} cannot use its Redis (the node's to fix")
+    assert f": Redis at {strip_password(url)} " in said and caught.value.exit_code == 5
+
+    def lost(*a, **kw):  # a bare redis-py error, as an operation reading Redis itself raises
+        raise redis_py.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(gw.client, "get", lost)
+    answer = _as(gw, ALICE, "get", job_id=1)
+    assert answer["type"] == "RedisUnavailable", answer
+    assert answer["message"].startswith(f"rig's gateway on node {gw.settings.node_name} cannot use its Redis")
+    assert issubclass(RedisAuthFailed, RedisUnavailable)
