@@ -382,7 +382,8 @@ def auth_failed(url: str, exc: BaseException) -> RedisAuthFailed:
         message = (f"Redis at {shown} has no password, but rig sent the one from {auth.source}; "
                    f"remove that password from rig's settings (or set requirepass on that Redis)")
     elif auth.source:
-        message = f"Redis at {shown} refused the password from {auth.source} ({detail}); {ways}"
+        message = (f"Redis at {shown} refused the password from {auth.source} ({detail}); {ways}"
+                   f"{_gateway_instead(auth)}")
     elif auth.unreadable:
         message = (f"Redis at {shown} requires a password and this user cannot read "
                    f"{auth.unreadable}; use rig through the node's gateway (start it with `rig up`, or set "
@@ -391,6 +392,26 @@ def auth_failed(url: str, exc: BaseException) -> RedisAuthFailed:
         # (redis-py's text here is about HELLO/NOAUTH internals; the fact is enough.)
         message = f"Redis at {shown} requires a password and rig has none; {ways}"
     return RedisAuthFailed(message, url)
+
+
+def _gateway_instead(auth: RedisAuth) -> str:
+    """'; ...' naming the node's gateway, which a user who was given a password (one left in
+    the shell from before the admin changed it, or a wrong one) can use with none at all
+    (rig.gateway.choice), or "" for root, for the home's own password file, and where no
+    gateway is there. Only a hint: settings that cannot be read give none."""
+    if os.geteuid() == 0 or auth.home_file is not None and auth.source == str(auth.home_file):
+        return ""
+    try:
+        from rig.config import load_settings
+        from rig.gateway.paths import client_socket
+
+        path = client_socket(load_settings())
+    except Exception:  # noqa: BLE001 - only a hint: no settings, no hint
+        return ""
+    if path is None:
+        return ""
+    return (f"; users of the node need no password: with {auth.source} unset, rig goes through the node's "
+            f"gateway at {path}")
 
 
 def _short(exc: BaseException) -> str:

@@ -331,3 +331,19 @@ def test_listener_uid_reads_the_kernels_table():
         server.bind(("127.0.0.1", 0))
         server.listen(1)
         assert listener_uid(server.getsockname()[1]) == os.geteuid()
+
+
+def test_a_refused_password_of_a_user_names_the_gateway_they_need_no_password_for(tmp_path, monkeypatch):
+    """A teammate with a password left in the shell (the admin has since changed it) read only
+    'set RIG_REDIS_URL=redis://:PASSWORD@..., RIG_REDIS_PASSWORD, or redis_password_file' on every
+    command, sent to ask for the new password, though the node's gateway serves them without one."""
+    socket_path = tmp_path / "gw" / "gw.sock"
+    monkeypatch.setenv("RIG_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("RIG_GATEWAY_SOCKET", str(socket_path))
+    url = resolve_auth(LOCAL, home=tmp_path / "home", password="old").url
+    monkeypatch.setattr(os, "geteuid", lambda: 1001)
+    text = str(unavailable(url, WRONG))
+    assert text.endswith("; users of the node need no password: with redis_password (RIG_REDIS_PASSWORD) unset, "
+                         f"rig goes through the node's gateway at {socket_path}"), text
+    monkeypatch.setattr(os, "geteuid", lambda: 0)  # root holds the password: no gateway for it
+    assert "gateway" not in str(unavailable(url, WRONG))
