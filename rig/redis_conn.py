@@ -395,11 +395,13 @@ def auth_failed(url: str, exc: BaseException) -> RedisAuthFailed:
 
 
 def _gateway_instead(auth: RedisAuth) -> str:
-    """'; ...' naming the node's gateway, which a user who was given a password (one left in
-    the shell from before the admin changed it, or a wrong one) can use with none at all
-    (rig.gateway.choice), or "" for root, for the home's own password file, and where no
-    gateway is there. Only a hint: settings that cannot be read give none."""
-    if os.geteuid() == 0 or auth.home_file is not None and auth.source == str(auth.home_file):
+    """'; ...' naming the node's gateway, which a user whose password Redis refused can use with
+    none at all (rig.gateway.choice), or "" for root and where no gateway is there. The password
+    is one they were given (left in the shell from before the admin changed it, or a wrong one),
+    or their home's redis.password, which a `rig up` of their own wrote for its private Redis:
+    while that file is there, every command sends it to whatever Redis answers on the port (the
+    node's) instead of going to the gateway. Only a hint: settings that cannot be read give none."""
+    if os.geteuid() == 0:
         return ""
     try:
         from rig.config import load_settings
@@ -410,6 +412,10 @@ def _gateway_instead(auth: RedisAuth) -> str:
         return ""
     if path is None:
         return ""
+    if auth.home_file is not None and auth.source == str(auth.home_file):
+        return (f"; if that file is left from a `rig up` of your own and this Redis is the node's, move "
+                f"{auth.home_file} away: users of the node need no password, rig goes through the node's gateway "
+                f"at {path}")
     return (f"; users of the node need no password: with {auth.source} unset, rig goes through the node's "
             f"gateway at {path}")
 

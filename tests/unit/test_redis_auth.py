@@ -345,5 +345,16 @@ def test_a_refused_password_of_a_user_names_the_gateway_they_need_no_password_fo
     text = str(unavailable(url, WRONG))
     assert text.endswith("; users of the node need no password: with redis_password (RIG_REDIS_PASSWORD) unset, "
                          f"rig goes through the node's gateway at {socket_path}"), text
+    # A teammate who once ran `rig up` (a private Redis): its home password went to the node's
+    # Redis on that port from then on, every command refused (exit 5), the gateway never tried.
+    (tmp_path / "mine").mkdir()
+    home_password_file(tmp_path / "mine").write_text("generated\n")
+    home_password_file(tmp_path / "mine").chmod(0o600)
+    monkeypatch.setattr("rig.redis_conn.listener_uid", lambda port: None)
+    home_url = resolve_auth(LOCAL, home=tmp_path / "mine").url
+    assert str(unavailable(home_url, WRONG)).endswith(
+        f"; if that file is left from a `rig up` of your own and this Redis is the node's, move "
+        f"{home_password_file(tmp_path / 'mine')} away: users of the node need no password, rig goes through the "
+        f"node's gateway at {socket_path}")
     monkeypatch.setattr(os, "geteuid", lambda: 0)  # root holds the password: no gateway for it
     assert "gateway" not in str(unavailable(url, WRONG))
