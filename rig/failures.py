@@ -314,6 +314,10 @@ CANNOT_START_LINE = re.compile(
     r"|\S+: (?:\d+: |line \d+: )?[^\n]*: (?:not found|command not found|Permission denied))$",
     re.MULTILINE)
 
+#: The wrapper's line for a working folder the job's user may not reach (workers/process_tree.py):
+#: the job never ran; its class is START_FAILED, as for a folder the worker could not enter.
+WORKDIR_REFUSED_LINE = re.compile(r"^rig: cannot enter the working folder: .*$", re.MULTILINE)
+
 
 # --- API -------------------------------------------------------------------------------------
 
@@ -673,6 +677,9 @@ def _from_exit_code(exit_code: int | None, text: str) -> Classification:
         # non-zero exit (and may be retried).
         # The last line only: an earlier, handled "not found" says nothing about this exit.
         last = next((line for line in reversed(text.splitlines()) if line.strip()), "")
+        if exit_code == 126 and (refused := _matching_lines(((WORKDIR_REFUSED_LINE, None),), last)):
+            return Classification(FailureClass.START_FAILED, "working folder not reachable by its user (exit 126)",
+                                  _evidence(refused))
         lines = _matching_lines(((CANNOT_START_LINE, None),), last)
         if lines:
             what = "command not found" if exit_code == 127 else "command not executable"

@@ -382,7 +382,8 @@ def auth_failed(url: str, exc: BaseException) -> RedisAuthFailed:
         message = (f"Redis at {shown} has no password, but rig sent the one from {auth.source}; "
                    f"remove that password from rig's settings (or set requirepass on that Redis)")
     elif auth.source:
-        message = f"Redis at {shown} refused the password from {auth.source} ({detail}); {ways}"
+        message = (f"Redis at {shown} refused the password from {auth.source} ({detail}); {ways}"
+                   f"{_gateway_instead(auth)}")
     elif auth.unreadable:
         message = (f"Redis at {shown} requires a password and this user cannot read "
                    f"{auth.unreadable}; use rig through the node's gateway (start it with `rig up`, or set "
@@ -391,6 +392,32 @@ def auth_failed(url: str, exc: BaseException) -> RedisAuthFailed:
         # (redis-py's text here is about HELLO/NOAUTH internals; the fact is enough.)
         message = f"Redis at {shown} requires a password and rig has none; {ways}"
     return RedisAuthFailed(message, url)
+
+
+def _gateway_instead(auth: RedisAuth) -> str:
+    """'; ...' naming the node's gateway, which a user whose password Redis refused can use with
+    none at all (rig.gateway.choice), or "" for root and where no gateway is there. The password
+    is one they were given (left in the shell from before the admin changed it, or a wrong one),
+    or their home's redis.password, which a `rig up` of their own wrote for its private Redis:
+    while that file is there, every command sends it to whatever Redis answers on the port (the
+    node's) instead of going to the gateway. Only a hint: settings that cannot be read give none."""
+    if os.geteuid() == 0:
+        return ""
+    try:
+        from rig.config import load_settings
+        from rig.gateway.paths import client_socket
+
+        path = client_socket(load_settings())
+    except Exception:  # noqa: BLE001 - only a hint: no settings, no hint
+        return ""
+    if path is None:
+        return ""
+    if auth.home_file is not None and auth.source == str(auth.home_file):
+        return (f"; if that file is left from a `rig up` of your own and this Redis is the node's, move "
+                f"{auth.home_file} away: users of the node need no password, rig goes through the node's gateway "
+                f"at {path}")
+    return (f"; users of the node need no password: with {auth.source} unset, rig goes through the node's "
+            f"gateway at {path}")
 
 
 def _short(exc: BaseException) -> str:

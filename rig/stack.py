@@ -284,6 +284,31 @@ def second_node(settings: Settings) -> str | None:
     return None
 
 
+def root_node_here(settings: Settings) -> str | None:
+    """Why an ordinary user's ``rig up`` with this server's real cards must not start: root's
+    ``rig up`` already runs here (the up mark of its gateway, at /run/rig/gateway.sock or the
+    configured gateway_socket, names it live: rig.gateway.paths.live_supervisor) and drives the
+    same cards. The user's node has its own Redis (or its own node name), so neither would count
+    the other's jobs and both would fill every card. None for root, for fake cards, and where no
+    rig up of root's marks a gateway."""
+    if os.geteuid() == 0 or settings.fake_gpus:
+        return None
+    from rig.gateway.paths import SYSTEM_SOCKET, live_supervisor, supervisor_mark
+
+    for path in dict.fromkeys(p for p in (settings.gateway_socket, SYSTEM_SOCKET) if p is not None):
+        try:
+            owner = supervisor_mark(path).stat().st_uid
+        except OSError:
+            continue
+        pid = live_supervisor(path)
+        if owner == 0 and pid is not None:
+            return (f"rig is already up on this server as root (its rig up, pid {pid}, serves the gateway {path}) "
+                    "with this server's cards: a node of yours beside it would place jobs on the same cards, "
+                    "neither counting the other's; nothing was started: use that node instead (rig-submit, rig "
+                    "status and the rest reach it through its gateway, with nothing to start or configure)")
+    return None
+
+
 def _second_node_line(settings: Settings, other: str, pid: int) -> str:
     """The refusal of a second node in a RIG_HOME where node ``other`` (pid) runs."""
     return (f"this RIG_HOME ({settings.home}) already runs node {other} (pid {pid}); a second node "
@@ -567,6 +592,8 @@ class Stack:
             raise StackError(f"rig is already up on node {s.node_name} (pid {min(others)}, its pid file "
                              f"is gone); `rig down --node {s.node_name}` stops it")
         if is_node and (why := second_node(s)) is not None:
+            raise StackError(why)
+        if self.wants("cards") and (why := root_node_here(s)) is not None:
             raise StackError(why)
         if self.wants("flower") or self.wants("metrics"):
             flower_credentials(s)  # a login Flower would read otherwise: said before anything starts

@@ -33,14 +33,23 @@ from pathlib import Path
 #: the PATH it was looked for in: under `--export NONE` that is rig's minimal base
 #: (/usr/local/bin:/usr/bin:/bin), where `python` of a venv or conda env is not, and the line
 #: alone said only "command not found: python" for a command that ran from the submitter's shell.
+#: The working folder is entered again, by its absolute path ($PWD: the shell sets it from the
+#: folder it started in), by the job's own user: a root worker enters it before the switch to
+#: that user (Popen's chdir comes first), so a folder the user may not reach (under another
+#: user's 0700 home) was the job's folder all the same, and what it holds readable to the job
+#: (rig.failures.WORKDIR_REFUSED_LINE).
 WRAPPER = r"""
 trap ':' TERM INT HUP
 rig_cannot=''
-case "$1" in
+if ! cd -- "${PWD:-.}" 2>/dev/null; then
+  rig_cannot=cwd
+else case "$1" in
   */*) if [ ! -e "$1" ]; then rig_cannot=127; elif [ -d "$1" ] || [ ! -x "$1" ]; then rig_cannot=126; fi ;;
   *) command -v -- "$1" >/dev/null 2>&1 || rig_cannot=127 ;;
-esac
-if [ "$rig_cannot" = 127 ]; then
+esac; fi
+if [ "$rig_cannot" = cwd ]; then
+  echo "rig: cannot enter the working folder: $PWD is not reachable by user ${USER:-$(id -u)} (exit 126)" >&2; rc=126
+elif [ "$rig_cannot" = 127 ]; then
   echo "rig: command not found: $1 (looked for in PATH=$PATH) (exit 127)" >&2; rc=127
 elif [ "$rig_cannot" = 126 ]; then
   echo "rig: not an executable file: $1 (exit 126)" >&2; rc=126

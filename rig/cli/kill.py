@@ -5,7 +5,8 @@ Redis is asked, and then nothing at all is killed (exit 2): a mistyped list is a
 half-acting on it (a tester's ``rig kill 13 abc`` cancelled 13, then refused abc) leaves the
 user to work out what happened. With only well-formed ids, an unknown id (or one too long to
 be any job's), or another user's job, is one line on stderr and the others are still killed
-(another user's job among them refuses the whole command first: exit 8, nothing killed); a
+(another user's job among them refuses the whole command first: exit 8, nothing killed, and
+the line says so and names the other users' jobs); a
 running job that does not stop within the wait is one line too, never a traceback. The exit
 status is 0 when every job was handled; else 2 when an id was malformed (nothing killed),
 else the code of the first problem (4 unknown, 8 not yours, 1 still running: rig.errors). A
@@ -70,7 +71,7 @@ def kill_jobs(client: Client, job_ids: list[int], *, wait: bool) -> int:
         status = status or code
 
     known = []
-    denied: list[PermissionDenied] = []
+    denied: list[tuple[int, PermissionDenied]] = []
     waiting: list[Job] = []
     records = client.records(job_ids)  # a sweep's 10,000 ids: a few round trips, not one each
     for jid in job_ids:
@@ -81,7 +82,7 @@ def kill_jobs(client: Client, job_ids: list[int], *, wait: bool) -> int:
             if not job.state.terminal:
                 client.check_control(job, "kill")  # no one else's job, unless an admin asks
         except PermissionDenied as exc:
-            denied.append(exc)
+            denied.append((jid, exc))
             continue
         except RedisUnavailable:
             raise  # Redis trouble stops everything: handle_errors says it in one line
@@ -92,8 +93,14 @@ def kill_jobs(client: Client, job_ids: list[int], *, wait: bool) -> int:
         if job.state is JobState.PENDING:
             waiting.append(job)
     if denied:
-        # Another user's job among them: a slip of the id list, so nothing is killed (exit 8).
-        raise denied[0]
+        # Another user's job among them: a slip of the id list, so nothing is killed (exit 8),
+        # said as for a malformed id: `rig kill 10 11` named only 10 and left 11 running unsaid.
+        first = denied[0][1]
+        if len(job_ids) == 1:
+            raise first
+        more = [jid for jid, _ in denied[1:]]
+        also = f"; job(s) {first_ids(more)} are other users' too" if more else ""
+        raise PermissionDenied(f"{first}{also}; nothing was killed")
     # Waiting jobs are cancelled together (one script call each, one nudge a batch); one placed
     # or started meanwhile is killed below like any other. Said batch by batch: a sweep cut
     # short (Redis stopped answering half-way) has said which jobs it cancelled before the error.

@@ -51,6 +51,11 @@ REPLY_TIMEOUT_S = 120.0
 #: Seconds a client waits for a gateway that does not answer while the node's rig up runs (it
 #: restarts a gateway that died after 1 s, or more when it keeps dying): rig.gateway.paths.
 RESTART_WAIT_S = 3.0
+#: Seconds a submission interrupted (Ctrl-C) once the gateway had the whole request still waits
+#: for its answer, to say which job(s) it queued (a second Ctrl-C stops that wait).
+INTERRUPTED_ANSWER_WAIT_S = 10.0
+#: The operations that queue jobs: a Ctrl-C after their request went out says their ids.
+SUBMITTING_OPS = frozenset({"submit", "submit_many"})
 #: How often it tries again meanwhile: another process's socket appearing is no event to await.
 RESTART_POLL_S = 0.1
 
@@ -78,6 +83,18 @@ def _not_answering(path: Path, exc: OSError, supervisor: int) -> str:
     return (f"rig's gateway at {path} is not answering {why} though the node's rig up runs (pid {supervisor}): "
             "the gateway is restarting, or fails to start (its gateway.out in the node's system_log_dir says "
             "why); try again in a moment")
+
+
+def _queued_ids(op: str, raw: Any) -> list[int]:  # noqa: ANN401
+    """The ids of the jobs in the still encoded answer ``raw`` of a submitting ``op`` (``submit``:
+    ``{"job": Job, ...}``, ``submit_many``: ``[Job, ...]``, as rig.gateway.wire encodes them), read
+    without wire.decode, whose first use imports rig's classes; [] where it has none."""
+    try:
+        jobs = [raw["__m"]["job"]] if op == "submit" else raw
+        ids = [job["f"]["id"] for job in jobs]
+    except (KeyError, TypeError):
+        return []
+    return ids if all(isinstance(i, int) and not isinstance(i, bool) for i in ids) else []
 
 
 def _rebuild_error(error: Any) -> RigError:  # noqa: ANN401
@@ -152,9 +169,14 @@ class GatewayClient:
             for attempt in (1, 2):
                 if self._sock is None:
                     self._sock = self._connect()
+                sent = False
                 try:
                     self._sock.sendall(frame)
+                    sent = True
                     answer = wire.receive(self._sock)
+                except KeyboardInterrupt:
+                    self._interrupted(op, sent)
+                    raise
                 except (OSError, wire.WireError) as exc:
                     self.close_locked()
                     if attempt == 2 or isinstance(exc, TimeoutError):
@@ -171,7 +193,31 @@ class GatewayClient:
             raise _rebuild_error(answer.get("error"))
         unread = answer.get("archive_unread")  # a listing without the archive (rig.history)
         self.archive_unread = unread if isinstance(unread, str) else None
-        return wire.decode(answer.get("result"))
+        try:
+            return wire.decode(answer.get("result"))
+        except KeyboardInterrupt:
+            # The first decode imports rig's classes (a tenth of a second without .pyc files):
+            # where a Ctrl-C after a submission lands most, its jobs queued all the same.
+            if op in SUBMITTING_OPS and (ids := _queued_ids(op, answer.get("result"))):
+                raise E.SubmitInterrupted(ids) from None
+            raise
+
+    def _interrupted(self, op: str, sent: bool) -> None:
+        """Ctrl-C during a request (the lock held). A submission the gateway had whole goes on
+        there: its answer is awaited a moment longer, and SubmitInterrupted names the queued
+        job(s), as the direct client says them (rig.client), instead of a bare interrupt while
+        they run unseen. Returns (the caller re-raises the interrupt) when nothing was queued or
+        that is not known; the connection is closed either way (an answer may be half read)."""
+        answer = None
+        if sent and op in SUBMITTING_OPS and self._sock is not None:
+            try:
+                self._sock.settimeout(INTERRUPTED_ANSWER_WAIT_S)
+                answer = wire.receive(self._sock)
+            except (KeyboardInterrupt, OSError, wire.WireError):
+                answer = None
+        self.close_locked()
+        if isinstance(answer, dict) and answer.get("ok") and (ids := _queued_ids(op, answer.get("result"))):
+            raise E.SubmitInterrupted(ids) from None
 
     def close_locked(self) -> None:
         if self._sock is not None:

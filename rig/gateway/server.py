@@ -35,11 +35,12 @@ from rig import __version__, logspace
 from rig.argnames import cli_words
 from rig.client import Client, Identity, acting_as, identity_of
 from rig.config import Settings, load_settings
-from rig.errors import InvalidInput, LogMissing, PermissionDenied, RigError
+from rig.errors import InvalidInput, LogMissing, PermissionDenied, RedisUnavailable, RigError
 from rig.gateway import privacy, wire
 from rig.job_env import umask_of
 from rig.models import Job, JobState
 from rig.ownership import owns
+from rig.redis_conn import is_unusable, unavailable
 
 log = logging.getLogger("rig.gateway")
 
@@ -145,6 +146,8 @@ class Gateway:
             return answer
         except RecursionError:
             return _error(InvalidInput("a request nested too deeply"))
+        except RedisUnavailable as exc:
+            return _error(exc, self._node_side(exc))
         except RigError as exc:
             return _error(exc)
         except TypeError as exc:
@@ -152,9 +155,20 @@ class Gateway:
         except wire.WireError as exc:
             return _error(InvalidInput(f"a request the gateway cannot read: {exc}"))
         except Exception as exc:  # noqa: BLE001 - one request's fault never stops the gateway
+            if is_unusable(exc):  # a bare redis-py error of an operation that reads Redis itself
+                node_side = unavailable(self.settings.redis_url, exc)
+                return _error(node_side, self._node_side(node_side))
             log.exception("gateway: %s of uid %s failed", op, peer.uid)
             return _error(RigError(f"the gateway failed on {op}: {type(exc).__name__}: {exc}; see the node's "
                                    "gateway.out (rig's system log folder)"))
+
+    def _node_side(self, exc: RedisUnavailable) -> str:
+        """The line a caller reads when this gateway cannot use its Redis (down, or its password
+        refused: changed under the node). The error's own words tell whoever runs the node what to
+        set (RIG_REDIS_URL, a password file, `rig up`); a user of the gateway has no Redis settings
+        to fix and must not be sent looking for the password, so they are said to be the node's."""
+        return (f"rig's gateway on node {self.settings.node_name} cannot use its Redis (the node's to fix, not "
+                f"your settings: tell its admin): {exc}")
 
     def _admin(self, peer: Peer) -> bool:
         return self.client.is_admin(peer.identity)
@@ -478,8 +492,9 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _error(exc: RigError) -> dict[str, Any]:
-    return {"ok": False, "error": {"type": type(exc).__name__, "message": str(exc)}}
+def _error(exc: RigError, message: str | None = None) -> dict[str, Any]:
+    """The error answer: ``exc``'s class (the client raises the same) and ``message``, else its own."""
+    return {"ok": False, "error": {"type": type(exc).__name__, "message": str(exc) if message is None else message}}
 
 
 #: submit()'s arguments a request may carry (never rig's internal ones).

@@ -748,3 +748,84 @@ def test_rig_templates_through_the_gateway_lists_the_nodes_templates(redis_clien
         server.shutdown()
         server.server_close()
         path.unlink(missing_ok=True)
+
+
+def test_a_gateway_that_cannot_use_its_redis_says_it_is_the_nodes_to_fix(gateway, monkeypatch):
+    """The node's password changed under its rig up (or its Redis is down): a teammate's
+    rig-submit through the gateway read 'Redis ... refused the password from the URL ...; set
+    RIG_REDIS_URL=redis://:PASSWORD@..., RIG_REDIS_PASSWORD, or redis_password_file', sending a
+    user who needs no password to look for it. The class (exit 5) stays; the line says whose it is."""
+    import redis as redis_py
+
+    from rig.errors import RedisAuthFailed, RedisUnavailable
+    from rig.redis_conn import auth_failed, strip_password
+
+    gw, path = gateway
+    url = gw.settings.redis_url
+
+    def refused(*a, **kw):
+        raise auth_failed(url, redis_py.AuthenticationError("invalid username-password pair or user is disabled."))
+
+    monkeypatch.setattr(gw.client, "submit", refused)
+    with pytest.raises(RedisAuthFailed) as caught:
+        GatewayClient(gw.settings, path).submit(["true"], gpu_memory="1G", workdir="/tmp")
+    said = str(caught.value)
+    assert said.startswith(f"rig's gateway on node {gw.settings.node_name} cannot use its Redis (the node's to fix")
+    assert f": Redis at {strip_password(url)} " in said and caught.value.exit_code == 5
+
+    def lost(*a, **kw):  # a bare redis-py error, as an operation reading Redis itself raises
+        raise redis_py.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(gw.client, "get", lost)
+    answer = _as(gw, ALICE, "get", job_id=1)
+    assert answer["type"] == "RedisUnavailable", answer
+    assert answer["message"].startswith(f"rig's gateway on node {gw.settings.node_name} cannot use its Redis")
+    assert issubclass(RedisAuthFailed, RedisUnavailable)
+
+
+def test_ctrl_c_after_a_submission_reached_the_gateway_names_the_queued_job(gateway, monkeypatch):
+    """A Ctrl-C while rig-submit waited for the gateway's answer was a bare KeyboardInterrupt
+    (a traceback from Python) while the gateway queued the job anyway, which then ran unseen.
+    The direct client says 'interrupted after submitting job(s) N' (SubmitInterrupted); the
+    gateway's client now waits for the answer a moment longer and says the same."""
+    import rig.gateway.client as gateway_client
+    from rig.errors import SubmitInterrupted
+
+    gw, path = gateway
+    client = GatewayClient(gw.settings, path)
+    real_receive = gateway_client.wire.receive
+    calls: list[int] = []
+
+    def interrupted_once(sock, *a, **kw):  # noqa: ANN001, ANN202
+        if sock is client._sock:  # the client's read (the gateway in this process reads too)
+            calls.append(1)
+            if len(calls) == 1:
+                raise KeyboardInterrupt  # the request went out; its answer not read yet
+        return real_receive(sock, *a, **kw)
+
+    monkeypatch.setattr(gateway_client.wire, "receive", interrupted_once)
+    with pytest.raises(KeyboardInterrupt) as stopped:  # caught as such: a bare one must not end pytest
+        client.submit(["true"], gpu_memory="1G", workdir="/tmp")
+    assert isinstance(stopped.value, SubmitInterrupted), repr(stopped.value)
+    (job_id,) = stopped.value.job_ids
+    assert gw.client.get(job_id).state is JobState.PENDING
+    assert str(stopped.value) == f"interrupted after submitting job(s) {job_id}"
+    # ... and where it lands most: decoding the answer (its first use imports rig's classes).
+    monkeypatch.setattr(gateway_client.wire, "receive", real_receive)
+    real_decode = gateway_client.wire.decode
+
+    def decode_interrupted(data):  # noqa: ANN001, ANN202
+        if isinstance(data, dict) and "__m" in data and "job" in data["__m"]:
+            raise KeyboardInterrupt
+        return real_decode(data)
+
+    monkeypatch.setattr(gateway_client.wire, "decode", decode_interrupted)
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        client.submit(["true"], gpu_memory="1G", workdir="/tmp")
+    assert isinstance(stopped.value, SubmitInterrupted) and stopped.value.job_ids == [job_id + 1], stopped.value
+    monkeypatch.setattr(gateway_client.wire, "decode", real_decode)
+    monkeypatch.setattr(gateway_client.wire, "receive", interrupted_once)
+    calls.clear()  # an interrupt of another request is the interrupt, as before
+    with pytest.raises(KeyboardInterrupt) as plain:
+        client.jobs()
+    assert not isinstance(plain.value, SubmitInterrupted)

@@ -179,15 +179,19 @@ def make(ledger: Ledger, user: str, failed: bool = False) -> int:
 @pytest.mark.redis
 def test_cli_refuses_with_one_line_and_exit_8_before_killing_anything(cli_ledger, monkeypatch):
     ledger = cli_ledger
-    mine, theirs = make(ledger, "bob"), make(ledger, "alice")
+    mine, theirs, carols = make(ledger, "bob"), make(ledger, "alice"), make(ledger, "carol")
     as_user(monkeypatch, BOB)
-    result = CliRunner().invoke(cli, ["kill", str(mine), str(theirs)])
+    result = CliRunner().invoke(cli, ["kill", str(mine), str(theirs), str(carols)])
     assert result.exit_code == 8, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
+    # All refusals come before any change: bob's own job was not killed either, and the line
+    # says so (it named alice's job alone, and bob's was left running without a word).
     assert lines == [f"rig: error: job {theirs} belongs to alice; only alice or an admin may kill it "
-                     "(root, or a user named in `admins` / RIG_ADMINS)"]
-    # All refusals come before any change: bob's own job was not killed either.
+                     f"(root, or a user named in `admins` / RIG_ADMINS); job(s) {carols} are other users' too; "
+                     "nothing was killed"]
     assert ledger.store.get(mine).state is JobState.PENDING
+    alone = CliRunner().invoke(cli, ["kill", str(theirs)])  # one id: the refusal alone
+    assert alone.exit_code == 8 and alone.output.strip() == lines[0].split("; job(s)")[0], alone.output
 
 
 @pytest.mark.redis

@@ -11,7 +11,7 @@ import pytest
 
 from rig.config import load_settings
 from rig.errors import StackError
-from rig.stack import Stack, UpOptions, pid_file, second_node, write_pid_file
+from rig.stack import Stack, UpOptions, pid_file, root_node_here, second_node, write_pid_file
 from tests.conftest import HIDDEN_PID
 
 
@@ -266,3 +266,38 @@ def test_a_log_dir_this_user_cannot_write_is_not_called_another_users_node(tmp_p
     finally:
         shutil.rmtree(top, ignore_errors=True)
     assert "it is user root's node's lock; give node vm a folder of its own" in line, line
+
+
+def test_a_users_node_with_real_cards_beside_roots_is_refused(tmp_path, monkeypatch):
+    """A teammate's `rig up` on a server where root's rig up runs (its own private Redis, or the
+    node's under another name) started without a word: with real cards both nodes fill every
+    card, neither counting the other's jobs. Refused in one line (exit 7) before anything starts,
+    naming root's rig up and its gateway; fake cards, root itself and no live root node pass."""
+    from rig.gateway.paths import write_supervisor_mark
+
+    socket_path = tmp_path / "gw" / "gw.sock"
+    socket_path.parent.mkdir()
+    write_supervisor_mark(socket_path)  # root's (this test runs as root: .ci/run) live rig up: this process
+    if os.stat(socket_path.parent / "gw.sock.up").st_uid != 0:
+        pytest.skip("the mark must be root's (run as root)")
+    monkeypatch.setattr(os, "geteuid", lambda: 1001)
+
+    def started(*a, **kw):  # past the checks: never start a node from a test
+        raise AssertionError("rig up went on to start its parts")
+
+    monkeypatch.setattr(Stack, "stop_leftovers", started)
+    mine = load_settings(home=tmp_path / "home", node_name="mine", gateway_socket=socket_path,
+                         redis_url="redis://127.0.0.1:1/0")
+    with pytest.raises(StackError) as err:
+        Stack(mine, UpOptions(), say=lambda _: None).up()
+    line = str(err.value)
+    assert err.value.exit_code == 7 and "\n" not in line
+    assert line.startswith(f"rig is already up on this server as root (its rig up, pid {os.getpid()}, serves the "
+                           f"gateway {socket_path})"), line
+    assert not pid_file(mine).exists()
+    assert root_node_here(load_settings(home=tmp_path / "h2", gateway_socket=socket_path, fake_gpus="2x24G")) is None
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert root_node_here(mine) is None
+    monkeypatch.setattr(os, "geteuid", lambda: 1001)
+    (socket_path.parent / "gw.sock.up").write_text(f"{HIDDEN_PID}\n1\n")  # its rig up is gone
+    assert root_node_here(mine) is None

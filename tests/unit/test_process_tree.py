@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -73,6 +74,42 @@ def test_a_program_exiting_126_or_127_is_not_said_to_be_missing(tmp_path, code):
     assert proc.wait(10) == code
     assert proc.stdout.read().decode() == "real program ran\n"
     assert exit_file.read_text().strip() == str(code)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs the wrapper as another user (needs root)")
+def test_a_working_folder_its_user_may_not_reach_is_not_entered_for_it(tmp_path):
+    """A root worker enters the job's folder before switching to its user (Popen's chdir comes
+    first): a folder under another user's 0700 home was the job's all the same, and a file in it
+    that its user could not open by path was the job's to read (live: user b submitted through the
+    gateway with workdir=/home/a/shared and read a's notes.txt). The wrapper enters it again, as
+    the user: the job does not run, and says why."""
+    import tempfile
+
+    nobody = 65534
+    shut = tmp_path / "home-0700"  # tmp_path's own parents are root's 0700 too
+    inner = shut / "shared"
+    inner.mkdir(parents=True)
+    shut.chmod(0o700)
+    inner.chmod(0o755)
+    (inner / "notes.txt").write_text("private\n")
+    (inner / "notes.txt").chmod(0o644)
+    as_nobody = {"user": nobody, "group": nobody, "extra_groups": []}
+    env = {"PATH": "/usr/bin:/bin", "USER": "nobody", "RIG_EXIT_FD": ""}
+    proc = subprocess.run(wrapper_argv(["cat", "notes.txt"]), cwd=inner, env=env, capture_output=True, text=True,
+                          timeout=10, **as_nobody)
+    assert proc.returncode == 126 and "private" not in proc.stdout, proc
+    line = f"rig: cannot enter the working folder: {inner} is not reachable by user nobody (exit 126)"
+    assert proc.stderr.strip() == line
+    found = classify(exit_code=126, log_tail=proc.stderr)
+    assert found is not None and found.failure.value == "start_failed" and found.evidence == (line,), found
+    reachable = Path(tempfile.mkdtemp(dir="/tmp", prefix="rig-test-workdir-"))
+    try:
+        reachable.chmod(0o755)
+        ran = subprocess.run(wrapper_argv(["pwd"]), cwd=reachable, env=env, capture_output=True, text=True,
+                             timeout=10, **as_nobody)
+        assert ran.returncode == 0 and ran.stdout.strip() == str(reachable), ran
+    finally:
+        reachable.rmdir()
 
 
 def test_a_variable_named_like_the_wrappers_own_does_not_skip_the_job(tmp_path):

@@ -336,3 +336,30 @@ def test_listener_uid_reads_the_kernels_table():
         server.bind(("127.0.0.1", 0))
         server.listen(1)
         assert listener_uid(server.getsockname()[1]) == os.geteuid()
+
+
+def test_a_refused_password_of_a_user_names_the_gateway_they_need_no_password_for(tmp_path, monkeypatch):
+    """A teammate with a password left in the shell (the admin has since changed it) read only
+    'set RIG_REDIS_URL=redis://:PASSWORD@..., RIG_REDIS_PASSWORD, or redis_password_file' on every
+    command, sent to ask for the new password, though the node's gateway serves them without one."""
+    socket_path = tmp_path / "gw" / "gw.sock"
+    monkeypatch.setenv("RIG_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("RIG_GATEWAY_SOCKET", str(socket_path))
+    url = resolve_auth(LOCAL, home=tmp_path / "home", password="old").url
+    monkeypatch.setattr(os, "geteuid", lambda: 1001)
+    text = str(unavailable(url, WRONG))
+    assert text.endswith("; users of the node need no password: with redis_password (RIG_REDIS_PASSWORD) unset, "
+                         f"rig goes through the node's gateway at {socket_path}"), text
+    # A teammate who once ran `rig up` (a private Redis): its home password went to the node's
+    # Redis on that port from then on, every command refused (exit 5), the gateway never tried.
+    (tmp_path / "mine").mkdir()
+    home_password_file(tmp_path / "mine").write_text("generated\n")
+    home_password_file(tmp_path / "mine").chmod(0o600)
+    monkeypatch.setattr("rig.redis_conn.listener_uid", lambda port: None)
+    home_url = resolve_auth(LOCAL, home=tmp_path / "mine").url
+    assert str(unavailable(home_url, WRONG)).endswith(
+        f"; if that file is left from a `rig up` of your own and this Redis is the node's, move "
+        f"{home_password_file(tmp_path / 'mine')} away: users of the node need no password, rig goes through the "
+        f"node's gateway at {socket_path}")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)  # root holds the password: no gateway for it
+    assert "gateway" not in str(unavailable(url, WRONG))
