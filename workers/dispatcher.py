@@ -358,6 +358,12 @@ class Dispatcher:
                 self.stop_event.wait(1.0)
         self._resign()
 
+    @property
+    def leading(self) -> bool:
+        """Did this dispatcher lead at its last leader check that Redis answered? (A check that
+        failed changes nothing: while Redis refuses writes, the last leader still says True.)"""
+        return self._leading
+
     def _lead(self, drain_wake: bool = False) -> bool:
         """Take or renew the leader lock, in one round trip (with ``drain_wake``, the pending
         wake-ups are deleted in the same one)."""
