@@ -126,8 +126,9 @@ class WaitingJob:
     pool: str | None = None  # only the cards of this pool may take it (rig.pools)
     #: When it last entered the queue (epoch s; rig.models.waiting_since): what "waited" counts from.
     since: float = 0.0
-    #: The cards the dispatcher holds for it (card ids; its record's ``held_cards`` while it
-    #: holds, ``held_at`` set): no other job is started there, so they are not idle by chance.
+    #: The cards the dispatcher holds for it (card ids; its record's ``held_cards``: those held
+    #: as of the dispatcher's last round that read it, emptied when the hold lapses; ``held_at``
+    #: set): no other job is started there, so they are not idle by chance.
     held_cards: tuple[str, ...] = ()
 
 

@@ -96,11 +96,11 @@ def new_job_instance() -> str:
 
 #: What a job loses when it goes back to the queue (its node went down before it started, a
 #: placement undone, a running attempt lost, `rig retry`): its placement (node, cards, when it
-#: was placed, the cards held for it) and its attempt's process and end. The one list:
+#: was placed, the cards held for it and those it last held) and its attempt's process and end. The one list:
 #: rig/lua/transition.lua is given it (rig.ledger.Ledger.transition), so `rig show` of a
 #: requeued job never shows an old placement as if it were placed now.
-REQUEUE_CLEARS = ("node", "cards", "assigned_at", "held_at", "held_cards", "pid", "proc_start", "worker",
-                  "cancel_requested", "started_at", "ended_at", "exit_code")
+REQUEUE_CLEARS = ("node", "cards", "assigned_at", "held_at", "held_cards", "last_held_cards", "pid", "proc_start",
+                  "worker", "cancel_requested", "started_at", "ended_at", "exit_code")
 
 
 def waiting_since(created_at: float, queued_at: float | None) -> float:

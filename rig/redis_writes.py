@@ -239,25 +239,26 @@ def notices_at(url: str) -> list[str]:
 
 
 class FullWatch:
-    """The "Redis is full" (or otherwise refuses writes: :func:`refusal_notice`) alert of one process (a node's control worker), kept in memory: a
-    full Redis refuses the alert's own bookkeeping (rig.alerts keeps it in Redis) and beat's
-    messages, so the periodic alert task cannot run then. :meth:`check` returns the alerts to
-    deliver: one firing when Redis fills, one resolved when it takes writes again."""
+    """The "Redis is full" (or otherwise refuses writes: :func:`refusal_notice`) alert of one
+    process (a node's control worker: workers.alert_check), kept in memory: a full Redis refuses
+    the alert's own bookkeeping (rig.alerts keeps it in Redis). :meth:`check` returns the alerts
+    to deliver: one firing when Redis begins to refuse writes (where ``speaks``: one process of
+    the cluster says it), one resolved when it takes writes again (by the process that fired,
+    whether it still speaks or not: it alone knows it fired)."""
 
     KEY = "redis_refuses_writes"
 
-    def __init__(self, node: str, prefix: str = "rig:") -> None:
+    def __init__(self, node: str) -> None:
         self.node = node
-        self.prefix = prefix  # rig's key prefix: where the node registry is
         self.firing: str | None = None
 
-    def check(self, client: redis.Redis) -> list:  # noqa: ANN401 - list[rig.alerts.Alert]
+    def check(self, client: redis.Redis, *, speaks: bool) -> list:  # noqa: ANN401 - list[rig.alerts.Alert]
         from rig.alerts import SEVERITY_CRITICAL, Alert
 
         if memory_state(client) is None:
             return []  # unreadable: neither full nor cleared, as far as is known
         line = refusal_notice(client)
-        if line and self.firing is None and not self.speaks(client):
+        if line and self.firing is None and not speaks:
             return []  # another node's control worker says it: one alert for the cluster
         if line and self.firing is None:
             self.firing = line
@@ -266,30 +267,6 @@ class FullWatch:
             said, self.firing = self.firing, None
             return [Alert(self.KEY, SEVERITY_CRITICAL, f"resolved: {said}", status="resolved")]
         return []
-
-    #: A node last seen this much before the most recently seen one (s) does not speak: it
-    #: was already silent when Redis began refusing the heartbeats.
-    SPEAKER_SEEN_WITHIN = 30.0
-
-    def speaks(self, client: redis.Redis) -> bool:
-        """Is this node the one that raises the alert? The first by name among the nodes
-        neither stopped nor down that were seen (``last_seen``) within SPEAKER_SEEN_WITHIN of
-        the most recently seen one; this node when none can be read. Reads only: decided on a
-        full Redis too. Why ``last_seen`` and not live heartbeats: a refused heartbeat cannot be
-        written, so every node's ``last_seen`` freezes when the outage begins and the choice
-        stays the same throughout it, whereas the heartbeat keys expire one by one (the
-        speaker would change mid-outage and the alert fire twice)."""
-        from rig.keys import Keys
-        from rig.nodes import NodeRegistry
-
-        try:
-            nodes = NodeRegistry(client, Keys(self.prefix)).read()
-        except Exception:  # noqa: BLE001 - unreadable: say it here rather than nowhere
-            return True
-        candidates = [n for n in nodes if n.state in ("up", "silent")]
-        newest = max((n.last_seen or 0.0 for n in candidates), default=0.0)
-        names = [n.name for n in candidates if newest - (n.last_seen or 0.0) <= self.SPEAKER_SEEN_WITHIN]
-        return not names or self.node == min(names)
 
 
 def refusal_notice(client: redis.Redis) -> str | None:

@@ -54,7 +54,7 @@ from rig.lograte import Throttle
 from rig.node_claim import OWNER_ENV
 from rig.nodes import NodeRegistry
 from rig.redis_conn import connect
-from rig.redis_writes import FullWatch, is_outage
+from rig.redis_writes import is_outage
 from rig.supervision import supervisor_gone, watch_supervisor
 from rig.worker_lock import EXIT_LOCK_HELD, LockHeld, acquire, lock_path, worker_lock_name
 from workers import broker_quiet, celery_clock, kombu_patches, remote_control
@@ -280,11 +280,9 @@ def _local_health() -> None:
     periodic tasks reach only one control worker of the cluster, so beat sends none of them)."""
     checker = HealthChecker(settings, _redis)
     next_sweep = time.monotonic() + LOG_SWEEP_INTERVAL_S
-    full = FullWatch(settings.node_name, settings.key_prefix)
     quiet = Throttle()
     rotate_own_logs(settings)  # also at each start: a node restarted within the hour rotates too
     while not _control_stop.wait(settings.health.check_interval):
-        _alert_redis_full(full)
         try:
             if not _still_owner():
                 continue
@@ -303,17 +301,6 @@ def _local_health() -> None:
                     log.error("%s (said again in %.0f s while it lasts)", line, quiet.every)
             else:
                 log.exception("local health check failed")
-
-
-def _alert_redis_full(watch: FullWatch) -> None:
-    """The "Redis is full" alert, from here: a full Redis refuses beat's messages and the
-    alert task's bookkeeping (rig.redis_writes.FullWatch)."""
-    from rig.alerts import deliver
-
-    try:
-        deliver(watch.check(_redis), settings.alert_webhook, log)
-    except Exception as exc:  # noqa: BLE001 - an alert must never stop the node's checks
-        log.debug("Redis-full alert skipped: %s", exc)
 
 
 @worker_ready.connect

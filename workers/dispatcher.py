@@ -17,7 +17,7 @@ priority, ``hold_after_seconds`` for medium, twice that for low). From then on i
 card(s) expected to have room for it first; its shadow time comes from the expected ends of the
 jobs on them (rig.estimates: their own history, or recent runs of their size, and for a job
 already running its conditional remaining time; never later than a time limit's end). It keeps
-those cards from pass to pass (its record's ``held_cards``) while rig.placement.keeps_hold says
+those cards from pass to pass (its record's ``last_held_cards``) while rig.placement.keeps_hold says
 they are about as good as the best plan. A job behind it may still start on a held card if it ends by the shadow time — surely (its time limit)
 or, for backfill_estimate_delay_seconds after the hold began, by its cautious estimate — or if
 it leaves room for the held job (counting the expected ends of jobs there before the hold, only
@@ -300,6 +300,9 @@ class Dispatcher:
         #: hold loop's and the run-order loop's; _note's rule makes the order matter).
         self._decided: list[tuple[int, str]] = []
         self._marked = False  # per round: held_at marks were written
+        #: Per round: the ids of the waiting jobs it started or ended (no longer waiting: their
+        #: records take no hold marks, _mark_lapsed).
+        self._gone: set[int] = set()
         #: Per round: job id -> what its wait sentence reads besides the cards (_note_wait), worded
         #: at the round's end against its last view (_word_waits).
         self._waits: dict[int, tuple] = {}
@@ -354,6 +357,12 @@ class Dispatcher:
                 log.exception("dispatcher pass failed")
                 self.stop_event.wait(1.0)
         self._resign()
+
+    @property
+    def leading(self) -> bool:
+        """Did this dispatcher lead at its last leader check that Redis answered? (A check that
+        failed changes nothing: while Redis refuses writes, the last leader still says True.)"""
+        return self._leading
 
     def _lead(self, drain_wake: bool = False) -> bool:
         """Take or renew the leader lock, in one round trip (with ``drain_wake``, the pending
@@ -638,6 +647,7 @@ class Dispatcher:
         return card
 
     def _fail_invalid(self, job_id: int, problem: str, queue_user: str = "") -> None:
+        self._gone.add(job_id)
         log.warning("job %s: invalid record, ended: %s", job_id, problem)
         try:
             self.ledger.transition(job_id, JobState.FAILED, fields={"reason": f"invalid record: {problem}"},
@@ -1032,6 +1042,7 @@ class Dispatcher:
             self._marks.clear()  # a round that failed before writing them: its holds are planned anew
             self._decided = []
             self._marked = False
+            self._gone.clear()
             self._waits.clear()
             smallest = min(j.gpu_memory for j in waiting)
             progressed = refused = False
@@ -1120,6 +1131,7 @@ class Dispatcher:
                     progressed = refused = True
                     break
                 self._reserved_since_read = True
+                self._gone.add(job.id)
                 self._kept_jobs.pop(job.id, None)  # placed anew: its fields are read again
                 self._waits.pop(job.id, None)  # found blocked at the round's first view, started since
                 self._notes.pop(job.id, None)
@@ -1144,6 +1156,8 @@ class Dispatcher:
                     break  # every card is full now: the jobs behind wait, their reasons as they were
             self._word_waits(view, now)
             self._last_tokens = (view._big, view.cards)
+            if not refused:  # (a refused reservation ends the round early: the next one decides)
+                self._mark_lapsed(waiting, holds, now)
             self._write_marks()
             self._flush_notes()
             self._repeat, self._recheck_placed = None, False
@@ -1224,10 +1238,26 @@ class Dispatcher:
     def _mark_holding(self, job: Waiting, hold: Hold | None, now: float) -> None:
         """Remember that ``job`` holds cards (holding_marks): from the next pass on it goes
         first in its rank, its backfill delay budget counts from its first hold, and its next
-        hold prefers the cards it holds now."""
+        hold prefers the cards it holds now. ``hold`` None marks nothing yet: a later plan of
+        the round may still hold cards for it (whether it holds none is _mark_lapsed's)."""
+        if hold is None:
+            return
         marks = holding_marks(job, hold, now)
         if marks:
             self._marks[job.id] = marks
+
+    def _mark_lapsed(self, waiting: Iterable[Waiting], holds: _Holds, now: float) -> None:
+        """At a round's end, clear the ``held_cards`` of each job read that still waits and
+        holds no cards this round (holding_marks with no hold): its record says which cards it
+        holds now, as the alerts read it (rig.alerts: held cards are not idle). ``held_at``
+        stays (its place among holders). Writes only for jobs whose record names cards:
+        O(jobs read) in memory, no Redis command for the rest."""
+        held, gone = holds.by_job, self._gone
+        for job in waiting:
+            if job.held_cards and job.id not in held and job.id not in gone:
+                marks = holding_marks(job, None, now)
+                if marks:
+                    self._marks[job.id] = marks
 
     def _write_marks(self) -> None:
         """Write the held_at marks _mark_holding collected, in one round trip (one HSET each)."""
@@ -1237,12 +1267,13 @@ class Dispatcher:
         pipe = self.r.pipeline(transaction=False)
         batch = JobStore(pipe, self.keys)
         for job_id, marks in self._marks.items():
-            batch.update(job_id, **{name: ",".join(value) if name == "held_cards" else value
+            batch.update(job_id, **{name: ",".join(value) if name in CARD_LIST_MARKS else value
                                     for name, value in marks.items()})
         self._marks.clear()
         pipe.execute()
 
     def _end_unschedulable(self, job: Waiting, why: str) -> None:
+        self._gone.add(job.id)
         self.ledger.transition(job.id, JobState.FAILED, fields={"reason": f"unschedulable: {why}",
                                                                 "failure": FailureClass.UNSCHEDULABLE.value},
                                error_queue=True, expect=JobState.PENDING)
@@ -1570,7 +1601,7 @@ class _Holds:
         round's view (its HoldPlanner), or from a list of cards (rig.forecast's simulation)."""
         # A job that holds cards already prefers them (rig.placement.keeps_hold): a hold that
         # followed every reordering of equal blockers' estimates moved every few seconds.
-        prefer = job.held_cards if job.held_at else ()
+        prefer = job.last_held_cards if job.held_at else ()
         if isinstance(cards, _View):
             hold = cards.planner(job.pool).plan(request, job.id, exclude=self.by_card, prefer=prefer)
         else:
@@ -1774,7 +1805,8 @@ def _decides(job: Waiting) -> tuple:
     """Every field of a waiting job that a round's decisions and sentences read (all but its
     stored reason and that reason's stamp, which only say whether to write it again)."""
     return (job.id, job.gpu_memory, job.gpus, job.priority, job.created_at, job.user, job.pool,
-            job.expected_seconds, job.time_limit, job.held_at, job.cautious_seconds, job.held_cards)
+            job.expected_seconds, job.time_limit, job.held_at, job.cautious_seconds, job.held_cards,
+            job.last_held_cards)
 
 
 def _order_steady_until(team: TeamState, rates: Mapping[str, list[float]], users: Iterable[str],
@@ -1827,7 +1859,7 @@ class Waiting:
 
     FIELDS = ("state", "gpu_memory", "gpus", "priority", "created_at", "wait_reason", "user", "pool",
               "expected_seconds", "time_limit", "held_at", "assignments", "attempt", "wait_reason_at",
-              "cautious_seconds", "held_cards")
+              "cautious_seconds", "held_cards", "last_held_cards")
 
     id: int
     gpu_memory: int
@@ -1842,9 +1874,12 @@ class Waiting:
     held_at: float | None = None  # when it first held cards (blocked past its hold time)
     cautious_seconds: float | None = None  # the 80th percentile of its own runs (with expected_seconds)
     wait_reason_at: float | None = None  # when the dispatcher last wrote or confirmed wait_reason
-    #: The cards it held at the dispatcher's last hold (card ids; the record's ``held_cards``,
-    #: comma-separated): its next hold keeps them while rig.placement.keeps_hold says so.
+    #: The cards it holds as of the last round that read it (card ids; the record's
+    #: ``held_cards``, comma-separated; empty while it holds none): rig.alerts reads them.
     held_cards: tuple[str, ...] = ()
+    #: The cards of its last hold, kept when that hold lapses (the record's ``last_held_cards``):
+    #: its next hold keeps them while rig.placement.keeps_hold says so.
+    last_held_cards: tuple[str, ...] = ()
 
     #: (job id, the values read) -> the parse of a valid record: most jobs a pass reads are the
     #: ones it read the pass before, unchanged (at most PARSE_CACHE entries, then it restarts).
@@ -1870,7 +1905,7 @@ class Waiting:
         """None for a job no longer PENDING (or gone); InvalidRecord for a PENDING record whose
         fields are not what submit() writes."""
         (state, memory, gpus, priority, created, reason, user, pool, expected, limit, held, assignments, attempt,
-         reason_at, cautious, held_cards) = values
+         reason_at, cautious, held_cards, last_held) = values
         if state != JobState.PENDING.value:
             return None
         raw = {"gpu_memory": memory, "gpus": gpus or 1, "priority": priority, "created_at": created or 0,
@@ -1891,8 +1926,8 @@ class Waiting:
             stamped = None  # rig's own bookkeeping: a bad stamp only makes the reason re-written
         # rig's own bookkeeping too: a damaged list is only a preference lost (the hold is planned
         # afresh), never a reason to end the job.
-        held_on = tuple(held_cards.split(",")) if held_cards and len(held_cards) <= MAX_HELD_CARDS_TEXT else ()
-        return cls(job_id, wait_reason=reason, wait_reason_at=stamped, held_cards=held_on, **out)
+        return cls(job_id, wait_reason=reason, wait_reason_at=stamped, held_cards=_card_list(held_cards),
+                   last_held_cards=_card_list(last_held), **out)
 
 
 #: The longest ``held_cards`` text a waiting job's record is read with (characters): more than
@@ -1900,20 +1935,35 @@ class Waiting:
 MAX_HELD_CARDS_TEXT = 8192
 
 
+def _card_list(text: str | None) -> tuple[str, ...]:
+    """A comma-separated list of card ids as a hold mark stores it; () for none or a damaged one."""
+    return tuple(text.split(",")) if text and len(text) <= MAX_HELD_CARDS_TEXT else ()
+
+
 def holding_marks(job: Waiting, hold: Hold | None, now: float) -> dict[str, Any]:
     """The Waiting fields a hold of ``job`` at ``now`` (epoch s) changes: ``held_at`` at its
-    first hold (it then goes first in its rank: holding_order), ``held_cards`` whenever its
-    cards differ from those it held (its next hold prefers them: rig.placement.keeps_hold;
-    stored comma-separated). THE rule for both the dispatcher's writes (_write_marks) and the
-    forecast's replayed holds (``dataclasses.replace(job, **marks)``)."""
+    first hold (it then goes first in its rank: holding_order), ``held_cards`` (the cards it
+    holds now) and ``last_held_cards`` (those its next hold prefers: rig.placement.keeps_hold)
+    whenever its cards differ from them (both stored comma-separated: CARD_LIST_MARKS).
+    ``hold`` None: the job, still waiting, holds no cards at the round's end: ``held_cards`` is
+    emptied where it named any, so it never names cards once held (rig.alerts reads it);
+    ``held_at`` (its place among holders: holding_order) and ``last_held_cards`` stay. {} when
+    nothing changes, so an unchanged job costs no write. THE rule for both the dispatcher's
+    writes (_write_marks) and the forecast's replayed holds (``dataclasses.replace(job, **marks)``)."""
     if hold is None:
-        return {}
+        return {"held_cards": ()} if job.held_cards else {}
     marks: dict[str, Any] = {}
     if not job.held_at:
         marks["held_at"] = now
     if hold.cards != job.held_cards:
         marks["held_cards"] = hold.cards
+    if hold.cards != job.last_held_cards:
+        marks["last_held_cards"] = hold.cards
     return marks
+
+
+#: The hold marks (holding_marks) that are lists of card ids, stored comma-separated.
+CARD_LIST_MARKS = frozenset({"held_cards", "last_held_cards"})
 
 
 def holding_order(job: Waiting, now: float | None = None) -> tuple[float, int, int]:

@@ -23,8 +23,10 @@ def node(name: str, key_prefix: str, tmp_path, **values) -> Settings:
     return load_settings(key_prefix=key_prefix, redis_url=REDIS_URL, node_name=name, home=tmp_path / name, **values)
 
 
-def checker(settings: Settings, r: redis.Redis) -> AlertChecker:
-    return AlertChecker(SimpleNamespace(settings=settings, r=r, identity=f"{settings.node_name}:1:x"))
+def checker(settings: Settings, r: redis.Redis, leading: bool = False) -> AlertChecker:
+    """The checker beside a stand-in dispatcher (``leading``: what its last leader check said)."""
+    return AlertChecker(SimpleNamespace(settings=settings, r=r, identity=f"{settings.node_name}:1:x",
+                                        leading=leading))
 
 
 def test_only_the_leading_dispatchers_node_checks_by_its_own_rules(real_redis, key_prefix, tmp_path, monkeypatch):
@@ -68,3 +70,48 @@ def test_a_failing_check_is_logged_not_raised(real_redis, key_prefix, tmp_path, 
     monkeypatch.setattr(on_a.manager, "run", broken)
     assert on_a.step() is None
     assert "alert check skipped (ConnectionError: gone)" in caplog.text
+
+
+def test_redis_refusing_writes_is_said_once_by_the_leading_node_and_resolved_by_it(real_redis, key_prefix, tmp_path,
+                                                                                   monkeypatch):
+    """Every node's control worker checked the Redis-full alert and the first node by name said
+    it, to its own webhook: another rule than every other alert's (the leading dispatcher's
+    node, by its settings). Now the leader says it, also once the leader lock has lapsed
+    (renewing it is a write Redis refuses), and the node that said it resolves it, though
+    another leads by then."""
+    from rig.redis_writes import FullWatch
+
+    monkeypatch.chdir(tmp_path)
+    posted: list[tuple[str, str | None]] = []  # (status, webhook: each node has its own)
+
+    def deliver(alerts, webhook_url, logger=None) -> bool:  # noqa: ANN001
+        posted.extend((a.status, webhook_url) for a in alerts)
+        return True
+
+    monkeypatch.setattr("workers.alert_check.deliver", deliver)
+    refusing = [True]
+    monkeypatch.setattr("rig.redis_writes.memory_state", lambda client: object())
+    monkeypatch.setattr("rig.redis_writes.refusal_notice",
+                        lambda client: "Redis is full (used 3 of maxmemory 1)" if refusing[0] else None)
+    hooks = {name: f"https://hooks.example.invalid/{name}" for name in "abc"}
+    on = {name: checker(node(name, key_prefix, tmp_path, alert_webhook=hooks[name]), real_redis,
+                        leading=name == "b") for name in "abc"}
+    for each in on.values():
+        monkeypatch.setattr(each.manager, "run", lambda: [])  # the other alerts: not what is tested
+        assert isinstance(each.full, FullWatch)
+    leader = on["b"].client.keys.sched_leader
+    real_redis.set(leader, "b:1:x")
+    for _ in range(3):
+        for each in on.values():
+            each.step()
+    assert posted == [("firing", hooks["b"])]  # a, first by name, used to say it
+    real_redis.delete(leader)  # the lock lapsed: b's renewals are refused
+    for _ in range(3):
+        for each in on.values():
+            each.step()
+    assert posted == [("firing", hooks["b"])]
+    refusing[0] = False  # Redis takes writes again and a took the lead first
+    real_redis.set(leader, "a:1:x")
+    for each in on.values():
+        each.step()
+    assert posted == [("firing", hooks["b"]), ("resolved", hooks["b"])]

@@ -82,7 +82,7 @@ def test_the_held_card_stays_while_the_blockers_ends_reorder(blocked):
 
 def test_the_forecast_holds_the_cards_the_dispatcher_holds(blocked, monkeypatch):
     """The forecast replays the dispatcher's holds with the same preference (the record's
-    held_cards): its first hold for the job is the card the job's reason names, pass after pass."""
+    last_held_cards): its first hold for the job is the card the job's reason names, pass after pass."""
     from rig.client import Client
     from rig.forecast import forecast
     from workers.dispatcher import _Holds
@@ -111,15 +111,17 @@ def test_the_forecast_holds_the_cards_the_dispatcher_holds(blocked, monkeypatch)
 
 
 def test_a_damaged_held_cards_is_only_a_preference_lost(blocked):
-    """held_cards is rig's own bookkeeping: cards that are not the job's to hold (unknown, on
-    two nodes, too many) are ignored, the hold planned afresh and the field written again."""
+    """held_cards and last_held_cards are rig's own bookkeeping: cards that are not the job's to
+    hold (unknown, on two nodes, too many) are ignored, the hold planned afresh and the fields
+    written again."""
     clock, ledger, dispatcher, high = blocked
     dispatcher.dispatch_pass()
     held = _held(ledger, high)
-    assert ledger.r.hget(dispatcher.keys.job(high), "held_cards") == held
+    assert ledger.r.hmget(dispatcher.keys.job(high), "held_cards", "last_held_cards") == [held, held]
     for damaged in ("zz/9", "n7/1,n7/2", "n7/1,x/0", ","):
-        ledger.store.update(high, held_cards=damaged)
+        ledger.store.update(high, held_cards=damaged, last_held_cards=damaged)
         clock.t += 1.0
         assert dispatcher.dispatch_pass() == 0
         assert ledger.store.get(high).state == JobState.PENDING
-        assert ledger.r.hget(dispatcher.keys.job(high), "held_cards") == _held(ledger, high)
+        now_held = _held(ledger, high)
+        assert ledger.r.hmget(dispatcher.keys.job(high), "held_cards", "last_held_cards") == [now_held, now_held]

@@ -22,7 +22,8 @@ from rig.models import Job, JobState, Priority
 from tests.store.conftest import add_cards, ledger_with_cards
 from workers.dispatcher import Dispatcher
 
-COMPARED = ("state", "node", "cards", "wait_reason", "wait_reason_at", "held_at", "held_cards", "assignments")
+COMPARED = ("state", "node", "cards", "wait_reason", "wait_reason_at", "held_at", "held_cards", "last_held_cards",
+            "assignments")
 START = 1_900_000_000.0
 
 
