@@ -204,7 +204,7 @@ def open_free(card: CardState) -> int:
 
 
 def fragmentation(cards: list[CardState], waiting: list[WaitingJob],
-                  holdings: Mapping[str, Mapping[int, int]]) -> float:
+                  holdings: Mapping[str, Mapping[int, int]], pools: Pools) -> float:
     """Share (0..1) of the free memory new jobs could be given (:func:`open_free`: not on a card
     at its job cap) that sits on cards whose free block is smaller than the smallest waiting
     job's per-card request, when repacking could have made room for that request: memory lost
@@ -215,27 +215,32 @@ def fragmentation(cards: list[CardState], waiting: list[WaitingJob],
     running single-card jobs onto other cards, a free block of that size): then the cards are
     full for it, not fragmented (a busy server with a queue read "fragmentation 100%: 98.0 GiB
     of 98.0 GiB ... (70.0 GiB)" with the free memory in 6-36 GiB pieces beside jobs of 40 GiB
-    and more, none of which could move to make a 70 GiB block). ``holdings``: card id -> (job
-    id -> bytes reserved there), rig.ledger.Ledger.holdings_of."""
+    and more, none of which could move to make a 70 GiB block). The room must be on a card the
+    request may use: one of its pool's (``pools``, the cluster's, rig.pools), as a job of pool
+    p0 never starts on p1's cards however they are repacked. ``holdings``: card id -> (job id
+    -> bytes reserved there), rig.ledger.Ledger.holdings_of."""
     if not waiting:
         return 0.0
     smallest = min(job.gpu_memory for job in waiting)
     free = [open_free(card) for card in cards]
     total = sum(free)
-    if total <= 0 or not repacking_makes_room(cards, holdings, smallest):
+    asking = {job.pool for job in waiting if job.gpu_memory == smallest}
+    usable = [c for c in cards if any(pools.contains(pool, c.node, c.index) for pool in asking)]
+    if total <= 0 or not repacking_makes_room(cards, holdings, smallest, usable):
         return 0.0
     return sum(block for block in free if block < smallest) / total
 
 
 def repacking_makes_room(cards: list[CardState], holdings: Mapping[str, Mapping[int, int]],
-                         nbytes: int) -> bool:
-    """Could some card take a job of ``nbytes`` (per card) now, or once running single-card jobs
-    on it moved to other cards that would take them (CardState.refusal, the one rule, for both
-    the moves and the request)? A first try, not an optimal packing: it moves the card's
-    smallest jobs first, each to the other card with the least room that takes it, so it may
-    miss a cleverer repacking but never claims one that cannot be done. A job on several cards
-    is not moved (its cards go together)."""
-    if any(card.refusal(nbytes) is None for card in cards):
+                         nbytes: int, usable: list[CardState] | None = None) -> bool:
+    """Could some card of ``usable`` (default: any of ``cards``) take a job of ``nbytes`` (per
+    card) now, or once running single-card jobs on it moved to other cards that would take them
+    (CardState.refusal, the one rule, for both the moves and the request)? A first try, not an
+    optimal packing: it moves the card's smallest jobs first, each to the other card with the
+    least room that takes it, so it may miss a cleverer repacking but never claims one that
+    cannot be done. A job on several cards is not moved (its cards go together)."""
+    usable = cards if usable is None else usable
+    if any(card.refusal(nbytes) is None for card in usable):
         return True
     spread: dict[int, int] = {}
     for held in holdings.values():
@@ -245,21 +250,36 @@ def repacking_makes_room(cards: list[CardState], holdings: Mapping[str, Mapping[
     # unhealthy cannot): the others are never looked at as takers (512 full cards: 0.19 s -> ms).
     takes = {c.id: c for c in cards if c.refusal(0) is None}
     room = sum(open_free(c) for c in takes.values())
-    for card in cards:
+    # The two largest rooms of the takers: the largest another card offers, in O(1) per card.
+    top = sorted(((open_free(c), c.id) for c in takes.values()), reverse=True)[:2]
+    for card in usable:
         if replace(card, reserved=0, jobs=0).refusal(nbytes) is not None:
             continue  # even emptied it could not take the request (too small, closed, unhealthy)
         if room - open_free(card) < nbytes - (card.usable - card.reserved - card.foreign):
             continue  # the other cards have less room in all than it would have to give away
-        others = {i: c for i, c in takes.items() if i != card.id}
+        movable = [(size, job) for job, size in holdings.get(card.id, {}).items() if spread.get(job, 1) == 1]
+        if replace(card, reserved=card.reserved - sum(size for size, _ in movable),
+                   jobs=card.jobs - len(movable)).refusal(nbytes) is not None:
+            continue  # even rid of every job that could move, it could not take the request
+        # The largest job another card takes (room_for_one: exactly the sizes refusal allows).
+        # Rooms only shrink as jobs move in and jobs are tried smallest first, so once one is
+        # larger than it none after it moves: 512 cards whose 20 GiB jobs fit no other card's
+        # 16 GiB tried every card for every job (0.48 s a check), now stop at the first.
+        largest = next((free for free, at in top if at != card.id), 0)
+        others: dict[str, CardState] | None = None
         moved, count = 0, 0
-        for job, size in sorted(holdings.get(card.id, {}).items(), key=lambda item: (item[1], item[0])):
-            if spread.get(job, 1) > 1:
-                continue
+        for size, _job in sorted(movable):
+            if size > largest:
+                break
+            if others is None:
+                others = {i: c for i, c in takes.items() if i != card.id}
             takers = [c for c in others.values() if c.refusal(size) is None]
             if not takers:
                 continue
             taker = min(takers, key=lambda c: (room_for_one(c) or 0, c.id))
             others[taker.id] = replace(taker, reserved=taker.reserved + size, jobs=taker.jobs + 1)
+            if open_free(taker) == largest:
+                largest = max(open_free(c) for c in others.values())
             moved, count = moved + size, count + 1
             if replace(card, reserved=card.reserved - moved, jobs=card.jobs - count).refusal(nbytes) is None:
                 return True
@@ -310,10 +330,11 @@ def evaluate(client: Client, rules: AlertRules | None = None,
 
     alerts.extend(_log_space(cards))
     alerts.extend(_failure_rate(client, rules, now))
-    alerts.extend(_idle_cards(read, waiting, rules, now, cluster_pools(nodes).pools))  # a stopped node's take none
+    pools = cluster_pools(nodes).pools
+    alerts.extend(_idle_cards(read, waiting, rules, now, pools))  # a stopped node's take none
     alerts.extend(_reserved_idle(client, read, rules, now))
 
-    frag = fragmentation(cards, waiting, client.ledger.holdings_of(cards))
+    frag = fragmentation(cards, waiting, client.ledger.holdings_of(cards), pools)
     if frag > rules.max_fragmentation:
         smallest = min(job.gpu_memory for job in waiting)
         free = sum(open_free(c) for c in cards)
@@ -420,7 +441,8 @@ def resolved_line(client: Client, rules: AlertRules, key: str, now: float) -> st
                 f"{max(1, rules.min_ended)} ended)")
     if kind == "fragmentation":
         cards = client.ledger.cards()
-        frag = fragmentation(cards, waiting_jobs(client), client.ledger.holdings_of(cards))
+        pools = cluster_pools(NodeRegistry(client.r, client.keys).read()).pools
+        frag = fragmentation(cards, waiting_jobs(client), client.ledger.holdings_of(cards), pools)
         return f"fragmentation {frag:.0%} now (limit {rules.max_fragmentation:.0%})"
     if kind == "log_space":
         return f"node {subject} can write job logs again"

@@ -104,6 +104,7 @@ from rig.alerts import (
 from rig.clock import shared_now
 from rig.ledger import START_WAIT_BUCKETS, START_WAIT_FIELDS
 from rig.models import ACTIVE_STATES, JobState, Priority
+from rig.pools import cluster_pools
 from rig.replication import connected_replicas
 
 if TYPE_CHECKING:
@@ -244,7 +245,7 @@ class RigCollector(Collector):
             "Share of free memory on eligible cards in blocks smaller than the smallest "
             "waiting request, where moving running jobs could make room for it (0 where no "
             "repacking could: full, not fragmented)",
-            value=fragmentation(cards, waiting, client.ledger.holdings_of(cards)))
+            value=fragmentation(cards, waiting, client.ledger.holdings_of(cards), cluster_pools(nodes).pools))
 
         waits = self._latencies()
         fam = GaugeMetricFamily(

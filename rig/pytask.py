@@ -107,6 +107,11 @@ class RigTask(Generic[P, R]):
         return self.apply_async(args, kwargs)
 
     def apply_async(self, args: tuple = (), kwargs: dict | None = None, **overrides: Any):  # noqa: ANN201
+        return self._apply(args, kwargs, overrides, bound=False)
+
+    def _apply(self, args: tuple, kwargs: dict | None, overrides: dict[str, Any], *, bound: bool):  # noqa: ANN202
+        """Queue the call; ``bound``: ``args[0]`` is the instance the method was read through
+        (_BoundTask), named as such where it is what cannot travel."""
         from rig.client import default_client
 
         if _loading_call is not None:
@@ -123,17 +128,19 @@ class RigTask(Generic[P, R]):
         _check_arguments(self.fn, args, kwargs or {})
         client = overrides.pop("client", None) or default_client()
         options = {**self.options, **overrides}
+        what = (f"the {type(args[0]).__name__} instance it is called through (the job gets a pickled copy) "
+                f"or the arguments" if bound else "the arguments")
         try:
             call, script_names = callpickle.dumps((tuple(args), dict(kwargs or {})))
         except Exception as exc:  # noqa: BLE001 - any pickling failure is the caller's arguments
-            raise InvalidInput(f"the arguments of {self.fn.__qualname__}() cannot be pickled "
+            raise InvalidInput(f"{what} of {self.fn.__qualname__}() cannot be pickled "
                                f"({type(exc).__name__}: {exc}); pass plain data or file paths") from None
         _check_script_names(self.fn, payload, script_names)
         # The arguments travel as a pickle inside the payload: the job unpickles them only after
         # it has imported the function's script, where the script's classes are (rig.callpickle).
         pickled = pickle.dumps({**payload, "call": call})
         if len(pickled) > MAX_PAYLOAD_BYTES:
-            raise InvalidInput(f"the arguments of {self.fn.__qualname__}() pickle to {len(pickled)} bytes, over "
+            raise InvalidInput(f"{what} of {self.fn.__qualname__}() pickle to {len(pickled)} bytes, over "
                                f"{MAX_PAYLOAD_BYTES}; save large data to a file and pass its path")
         # No PYTHONPATH for the function's folder: rig.call adds it to sys.path itself, after
         # rig is imported (a folder named `rig` there would otherwise shadow rig).
@@ -158,10 +165,10 @@ class _BoundTask(Generic[R]):
         return self.task.fn(self.instance, *args, **kwargs)
 
     def delay(self, *args: Any, **kwargs: Any):  # noqa: ANN201, ANN401 - returns JobHandle
-        return self.task.apply_async((self.instance, *args), kwargs)
+        return self.apply_async(args, kwargs)
 
     def apply_async(self, args: tuple = (), kwargs: dict | None = None, **overrides: Any):  # noqa: ANN201
-        return self.task.apply_async((self.instance, *args), kwargs, **overrides)
+        return self.task._apply((self.instance, *args), kwargs, overrides, bound=True)
 
 
 def task(

@@ -24,7 +24,7 @@ from rig.memory import GIB
 from rig.metrics import RigCollector
 from rig.models import Job, JobState, Priority, waiting_since
 from rig.nodes import NodeRegistry
-from rig.pools import encode
+from rig.pools import cluster_pools, encode
 from rig.web.server import start_web_server
 from tests.conftest import REDIS_URL
 
@@ -200,7 +200,8 @@ def test_metrics_server_serves_and_stops(busy: Client):
 def frag(client: Client) -> float:
     """rig.alerts.fragmentation over the cards, waiting jobs and reservations now."""
     cards = client.ledger.cards()
-    return fragmentation(cards, waiting_jobs(client), client.ledger.holdings_of(cards))
+    pools = cluster_pools(NodeRegistry(client.r, client.keys).read()).pools
+    return fragmentation(cards, waiting_jobs(client), client.ledger.holdings_of(cards), pools)
 
 
 def test_fragmentation_is_zero_when_nothing_waits(client: Client):
@@ -571,6 +572,28 @@ def test_no_fragmentation_where_no_repacking_could_make_room(client: Client):
     assert frag(client) == 1.0
     alerts = {a.key: a for a in evaluate(client, AlertRules(max_fragmentation=0.5))}
     assert "138.0 GiB of 138.0 GiB free memory" in alerts["fragmentation"].message, alerts
+
+
+def test_no_fragmentation_where_only_another_pools_cards_could_make_room(client: Client):
+    """A 50 GiB job of pool p0 (card 0, full with a 70 GiB job) waited while card 1 (pool p1)
+    had 50 GiB free in two pieces a move would join: "fragmentation 100%" said memory was lost
+    to how jobs are spread, though no repacking gives the p0 job a card it may use."""
+    NodeRegistry(client.r, client.keys).register("n1", ttl=30, backend="fake", cards=3,
+                                                 pools=encode({"p0": ["n1:0"], "p1": ["n1:1-2"]}))
+    add_card(client, 0)
+    start(client, make_job(client, 70), 0)
+    add_card(client, 1, max_jobs=3)
+    start(client, make_job(client, 30), 1)  # 50 GiB free on card 1 ...
+    add_card(client, 2)
+    start(client, make_job(client, 45), 2)  # ... and 35 on card 2: the 30 GiB job would move there
+    waiting = make_job(client, 60, pool="p0")
+    assert frag(client) == 0.0
+    assert "fragmentation" not in keys_of(evaluate(client, AlertRules(max_fragmentation=0.5)))
+    registry = CollectorRegistry()
+    registry.register(RigCollector(client))
+    assert registry.get_sample_value("rig_fragmentation_ratio") == 0.0
+    client.store.update(waiting.id, pool="p1")  # the same job of pool p1: repacking makes room
+    assert frag(client) == 1.0
 
 
 def test_a_job_on_several_cards_is_not_moved_to_make_room(client: Client):

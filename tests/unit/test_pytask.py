@@ -570,6 +570,40 @@ def test_a_method_called_through_an_instance_is_queued_with_the_instance_first(t
     assert done.stdout.split("\n")[:2] == ["HERE 6 6", "JOB 6 10 ('Model', 4) 5"], done.stdout + done.stderr
 
 
+UNPICKLABLE_INSTANCE = '''
+import threading
+import rig
+from rig.errors import InvalidInput
+from tests.unit.test_pytask import StubClient
+
+class Trainer:
+    def __init__(self):
+        self.lock = threading.Lock()
+
+    @rig.task(gpu_memory="1G")
+    def fit(self, x):
+        return x
+
+if __name__ == "__main__":
+    try:
+        Trainer().fit.apply_async((1,), client=StubClient())
+    except InvalidInput as exc:
+        print(exc)
+'''
+
+
+def test_an_instance_that_cannot_be_pickled_is_named(tmp_path):
+    """Breaker: ``Trainer().fit.delay(1)`` with a lock on the instance said "the arguments of
+    Trainer.fit() cannot be pickled ...; pass plain data", though the only argument given was 1:
+    the instance, sent as the first argument, is what could not travel."""
+    script = tmp_path / "script.py"
+    script.write_text(UNPICKLABLE_INSTANCE)
+    done = _run_script(script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("the Trainer instance it is called through (the job gets a pickled copy) "
+                                  "or the arguments of Trainer.fit() cannot be pickled (TypeError: "), done.stdout
+
+
 @pytest.mark.parametrize("wrapper", [staticmethod, classmethod])
 def test_rig_task_above_staticmethod_or_classmethod_says_to_swap_them(wrapper):
     def fn(x):  # noqa: ANN001, ANN202
