@@ -9,9 +9,11 @@ import json
 import os
 import pickle
 import pwd
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -191,11 +193,16 @@ def _other_user() -> pwd.struct_passwd:
         pytest.skip("no 'nobody' account on this machine to run a job as")
 
 
-def test_a_root_worker_runs_the_job_as_its_submitter(env, tmp_path):
+def test_a_root_worker_runs_the_job_as_its_submitter(env, tmp_path, request):
     settings, ledger, runner = env
     other = _other_user()
     command = 'id -u; id -g; id -G; echo "$HOME $USER $LOGNAME"; touch /root/.rig-run-as-probe; exit 3'
-    jid, token = placed(ledger, ["/bin/sh", "-c", command], tmp_path, shell=True, user=other.pw_name,
+    # A working folder the submitter may enter: pytest's own (under 0700 /tmp/pytest-of-root) is
+    # not, and the wrapper enters it again as the job's user (c59488b): the job would end there.
+    workdir = Path(tempfile.mkdtemp(prefix="rig-run-as-"))
+    workdir.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(workdir, ignore_errors=True))
+    jid, token = placed(ledger, ["/bin/sh", "-c", command], workdir, shell=True, user=other.pw_name,
                         uid=other.pw_uid)
     assert runner.run_job(jid, token) == "FAILED"
     job = ledger.store.get(jid)
