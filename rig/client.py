@@ -77,6 +77,9 @@ log = logging.getLogger(__name__)
 
 #: What a job is: a command line, or a @rig.task call (rig.pytask).
 JOB_KINDS = ("command", "python")
+#: Client.submit's arguments that only rig's own callers give (@rig.task, through the gateway
+#: too): rig.submit and submit_many refuse them (kind='python' queued a command as a call).
+INTERNAL_OPTIONS = ("kind", "extra")
 
 #: How long submit() trusts its copy of the cards' capacities (s).
 CARDS_CACHE_S = 5.0
@@ -1216,22 +1219,28 @@ class JobHandle:
     @property
     def result(self) -> Any:
         """For a ``@rig.task`` call: the function's return value, waiting for the job to end
-        (``get(timeout)`` to bound the wait). A failed job raises RemoteError."""
+        (``get(timeout)`` to bound the wait). A failed job raises RemoteError; a command's job
+        (rig.submit) raises InvalidInput at once, as get() does."""
         return self.get()
 
     def get(self, timeout: float | None = None) -> Any:
         """For a ``@rig.task`` call: wait (at most ``timeout`` s) and return the function's
-        return value. If the job failed, raise RemoteError carrying the remote traceback."""
+        return value. If the job failed, raise RemoteError carrying the remote traceback.
+
+        A command's job (rig.submit) has no return value: InvalidInput at once, without waiting
+        (its None read as a value the command returned, whether it succeeded or failed)."""
         import base64
         import pickle
 
+        if (self._job or self.record).kind != "python":
+            raise InvalidInput(f"job {self.id} runs a command, which has no return value (.result and .get() "
+                               f"are for @rig.task calls): use .wait(), then .record.state and .record.exit_code, "
+                               f"or `rig log {self.id}`")
         job = self.wait(timeout)
         if job.state is JobState.SUCCEEDED:
             raw = self.client.result_of(self.id)
             if raw:
                 return pickle.loads(base64.b64decode(raw))
-            if job.kind != "python":
-                return None  # a command's job (rig.submit) has no return value
         try:
             output = self.log()
         except RigError:  # its log unreadable here (another node's, gone): the job's end still is
@@ -1363,7 +1372,13 @@ def check_request_keys(number: int | None, request: Mapping[str, Any]) -> None:
     never called."""
     import difflib
 
-    known = [n for n in inspect.signature(Client.submit).parameters if n != "self" and not n.startswith("_")]
+    known = [n for n in inspect.signature(Client.submit).parameters
+             if n != "self" and not n.startswith("_") and n not in INTERNAL_OPTIONS]
+    own = sorted(str(key) for key in request if key in INTERNAL_OPTIONS)
+    if own:
+        where = "" if number is None else f"request {number}: "
+        raise InvalidInput(f"{where}{own[0]!r} is rig's own: it is set by @rig.task for a Python call; "
+                           f"submit a command here, or decorate the function with @rig.task and call .delay()")
     unknown = sorted(str(key) for key in request if key not in known)
     if unknown:
         close = difflib.get_close_matches(unknown[0], known, n=1)
