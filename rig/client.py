@@ -27,6 +27,7 @@ from rig import job_env as jobenv
 from rig import records as R
 from rig.argnames import in_callers_words
 from rig.clock import clock_for, shared_now
+from rig.cluster_templates import ClusterTemplates, cluster_templates
 from rig.config import Settings, load_settings
 from rig.errors import (
     ConfigError,
@@ -313,10 +314,12 @@ class Client:
         job_name = (_default_name(argv, is_shell) if name is None else name).strip()
         margin = None
         if template is not None:
-            preset = self.settings.templates.get(template)
+            presets = self._templates_memo(_batch if _batch is not None else {})
+            preset = presets.templates.get(template)
             if preset is None:
-                known = ", ".join(sorted(self.settings.templates)) or "none"
-                raise InvalidInput(f"unknown template {template!r}; known: {known} (`rig templates`)")
+                known = ", ".join(sorted(presets.templates)) or "none"
+                raise InvalidInput(f"unknown template {template!r}; known: {known}, from {presets.whose} "
+                                   f"(`rig templates`)")
             gpu_memory = gpu_memory if gpu_memory is not None else preset.gpu_memory
             priority = preset.priority if priority is None else priority
             retries = retries if retries is not None else preset.retries
@@ -949,9 +952,22 @@ class Client:
             raise InvalidInput(f"--pool: {exc}") from None
         return found.pools
 
+    def cluster_templates(self) -> ClusterTemplates:
+        """The templates submissions use (rig.cluster_templates): the cluster's, recorded by the
+        node started last, wherever this client runs; its own config's only while no node has
+        recorded any."""
+        return cluster_templates(self._guard(NodeRegistry(self.r, self.keys).read), self.settings.templates)
+
+    def _templates_memo(self, memo: dict[Any, Any]) -> ClusterTemplates:
+        """cluster_templates, read once per submit_many batch (``memo``)."""
+        found = memo.get("cluster_templates")
+        if found is None:
+            found = memo["cluster_templates"] = self.cluster_templates()
+        return found
+
     def templates(self) -> dict:
-        """The submission presets in force (name -> rig.config.Template)."""
-        return dict(self.settings.templates)
+        """The submission presets in force (name -> rig.config.Template): cluster_templates'."""
+        return self.cluster_templates().templates
 
     def errors(self, *, limit: int = 100, newest_first: bool = False) -> list[Job]:
         """The error queue (jobs that failed for good or timed out), oldest first (newest first

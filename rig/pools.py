@@ -202,15 +202,13 @@ class ClusterPools:
 
 def cluster_pools(nodes: Iterable[NodeInfo]) -> ClusterPools:
     """The cluster's pools from every registered node (rig.nodes.NodeRegistry.read): those of
-    the node registered last (greatest started_at) whose record holds readable pools."""
-    latest: tuple[float, str, Pools] | None = None
-    for node in nodes:
-        found = _decode(node.pools)
-        if found is not None and (latest is None or (node.started_at or 0.0, node.name) > latest[:2]):
-            latest = (node.started_at or 0.0, node.name, found)
-    if latest is None:
+    the node registered last (rig.nodes.latest_recorded) whose record holds readable pools."""
+    from rig.nodes import latest_recorded
+
+    found = latest_recorded(nodes, lambda node: _decode(node.pools))
+    if found is None:
         return ClusterPools(Pools({}), None)
-    return ClusterPools(latest[2], latest[1])
+    return ClusterPools(found[1], found[0])
 
 
 def disagreement(node: str, raw: Mapping[str, Iterable[str]], nodes: Iterable[NodeInfo]) -> str | None:
