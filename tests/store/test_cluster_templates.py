@@ -74,3 +74,18 @@ def test_rig_up_warns_when_a_node_up_has_other_templates():
     assert line is not None and "\n" not in line and "templates {" in line
     assert "every submission uses the templates of the node started last" in line
     assert differences("b", there, [other]) is None
+
+
+def test_rig_templates_lists_the_clusters_and_says_whose_when_redis_is_away(monkeypatch, tmp_path):
+    """`rig templates` asks the client (the cluster's templates); with Redis unreachable it still
+    lists this config's, saying in one stderr line that the cluster's may differ."""
+    from click.testing import CliRunner
+
+    from rig.cli.main import cli
+
+    monkeypatch.setenv("RIG_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("RIG_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("RIG_TEMPLATES", '{"mine": {"gpu_memory": "2G"}}')
+    done = CliRunner().invoke(cli, ["templates"])
+    assert done.exit_code == 0, done.output
+    assert "mine" in done.stdout and "these are this config's templates; the cluster's" in done.stderr
