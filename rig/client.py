@@ -66,6 +66,7 @@ from rig.request_rules import (
     resolve_workdir,
 )
 from rig.store import JobStore
+from rig.words import typed_word
 
 if TYPE_CHECKING:
     from rig.accounting import UsageLine
@@ -334,7 +335,7 @@ class Client:
         # margin, `auto`): a refusal quoting "needs 24.0 GiB" says so, else `--gpu-memory 20G`
         # read as if rig had misread it.
         sized_by: str | None = None
-        if isinstance(gpu_memory, str) and gpu_memory.strip().lower() == "auto":
+        if isinstance(gpu_memory, str) and typed_word(gpu_memory) == "auto":
             nbytes, self.last_auto_note = self._guard(self.auto_memory, job_name, margin)
             sized_by = self.last_auto_note
         else:
