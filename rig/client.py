@@ -300,8 +300,9 @@ class Client:
         """
         if kind not in JOB_KINDS:
             raise InvalidInput(f"kind must be one of {', '.join(JOB_KINDS)}, got {kind!r}")
-        if extra is not None and (not isinstance(extra, dict) or set(extra) != {"payload"}
-                                  or not isinstance(extra["payload"], str) or kind != "python"):
+        if (extra is not None or kind == "python") and (
+                not isinstance(extra, dict) or set(extra) != {"payload"}
+                or not isinstance(extra["payload"], str) or kind != "python"):
             # The record's other fields (its owner, state, ...) are rig's to write, never a caller's.
             raise InvalidInput("extra may only carry a @rig.task call's payload ({'payload': base64 text}, "
                                "kind 'python')")
