@@ -126,7 +126,8 @@ class RigTask(Generic[P, R]):
         try:
             call, script_names = callpickle.dumps((tuple(args), dict(kwargs or {})))
         except Exception as exc:  # noqa: BLE001 - any pickling failure is the caller's arguments
-            raise InvalidInput(self._unpicklable(args, kwargs or {}, exc)) from None
+            raise InvalidInput(f"the arguments of {self.fn.__qualname__}() cannot be pickled "
+                               f"({type(exc).__name__}: {exc}); pass plain data or file paths") from None
         _check_script_names(self.fn, payload, script_names)
         # The arguments travel as a pickle inside the payload: the job unpickles them only after
         # it has imported the function's script, where the script's classes are (rig.callpickle).
@@ -142,21 +143,6 @@ class RigTask(Generic[P, R]):
             call_argv(), name=name, env=env, kind="python",
             extra={"payload": base64.b64encode(pickled).decode()}, **options,
         )
-
-
-    def _unpicklable(self, args: tuple, kwargs: dict, exc: Exception) -> str:
-        """Why a call's arguments cannot travel, naming the instance (``self``) when it is the
-        one that fails: ``K().meth.delay()`` blamed "the arguments", which the caller never gave."""
-        # The task is a method of the first argument's class: K().meth.delay(), K.meth.delay(k).
-        if args and inspect.getattr_static(type(args[0]), self.fn.__name__, None) is self:
-            try:
-                callpickle.dumps(((args[0],), {}))
-            except Exception as own:  # noqa: BLE001 - any failure: the instance is the cause
-                return (f"the instance {type(args[0]).__name__}() that {self.fn.__qualname__}() is called on "
-                        f"cannot be pickled ({type(own).__name__}: {own}); the job runs on a copy of it: "
-                        f"make it picklable (plain data, file paths), or make the method a plain function")
-        return (f"the arguments of {self.fn.__qualname__}() cannot be pickled "
-                f"({type(exc).__name__}: {exc}); pass plain data or file paths")
 
 
 class _BoundTask(Generic[R]):

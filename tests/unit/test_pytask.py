@@ -696,31 +696,6 @@ def test_what_has_no_importable_name_is_refused_where_it_is_decorated(fn, said):
         rig.task(gpu_memory="1G")(fn)
 
 
-class _HoldsALock:
-    def __init__(self) -> None:
-        import threading
-
-        self.lock = threading.Lock()
-
-    @rig.task(gpu_memory="1G")
-    def step(self, x: int) -> int:
-        return x
-
-
-def test_an_instance_that_cannot_be_pickled_is_named_as_the_cause():
-    """Breaker (pyapi): ``K().meth.delay(1)`` with an unpicklable instance said "the arguments of
-    K.meth() cannot be pickled", though the caller gave only 1: the instance (self) is named."""
-    client = StubClient()
-    said = r"^the instance _HoldsALock\(\) that _HoldsALock.step\(\) is called on cannot be pickled \(TypeError: "
-    with pytest.raises(InvalidInput, match=said):
-        _HoldsALock().step.apply_async((1,), client=client)
-    with pytest.raises(InvalidInput, match=said):
-        _HoldsALock.step.apply_async((_HoldsALock(), 1), client=client)
-    with pytest.raises(InvalidInput, match=r"^the arguments of _HoldsALock.step\(\) cannot be pickled"):
-        _HoldsALock.step.apply_async((object.__new__(_HoldsALock), _HoldsALock().lock), client=client)
-    assert client.submitted == []
-
-
 def test_kind_and_extra_are_rigs_own_and_refused_from_a_caller():
     """Breaker (pyapi): rig.submit(..., kind='python') and a `kind` key in submit_many's dicts were
     taken, though a job's kind is rig's to set (@rig.task does, through the gateway too)."""
