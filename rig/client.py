@@ -27,6 +27,7 @@ from rig import job_env as jobenv
 from rig import records as R
 from rig.argnames import in_callers_words
 from rig.clock import clock_for, shared_now
+from rig.cluster_templates import ClusterTemplates, cluster_templates
 from rig.config import Settings, load_settings
 from rig.errors import (
     ConfigError,
@@ -65,6 +66,7 @@ from rig.request_rules import (
     resolve_workdir,
 )
 from rig.store import JobStore
+from rig.words import typed_word
 
 if TYPE_CHECKING:
     from rig.accounting import UsageLine
@@ -77,6 +79,9 @@ log = logging.getLogger(__name__)
 
 #: What a job is: a command line, or a @rig.task call (rig.pytask).
 JOB_KINDS = ("command", "python")
+#: Client.submit's arguments that only rig's own callers give (@rig.task, through the gateway
+#: too): rig.submit and submit_many refuse them (kind='python' queued a command as a call).
+INTERNAL_OPTIONS = ("kind", "extra")
 
 #: How long submit() trusts its copy of the cards' capacities (s).
 CARDS_CACHE_S = 5.0
@@ -295,8 +300,9 @@ class Client:
         """
         if kind not in JOB_KINDS:
             raise InvalidInput(f"kind must be one of {', '.join(JOB_KINDS)}, got {kind!r}")
-        if extra is not None and (not isinstance(extra, dict) or set(extra) != {"payload"}
-                                  or not isinstance(extra["payload"], str) or kind != "python"):
+        if (extra is not None or kind == "python") and (
+                not isinstance(extra, dict) or set(extra) != {"payload"}
+                or not isinstance(extra["payload"], str) or kind != "python"):
             # The record's other fields (its owner, state, ...) are rig's to write, never a caller's.
             raise InvalidInput("extra may only carry a @rig.task call's payload ({'payload': base64 text}, "
                                "kind 'python')")
@@ -310,10 +316,12 @@ class Client:
         job_name = (_default_name(argv, is_shell) if name is None else name).strip()
         margin = None
         if template is not None:
-            preset = self.settings.templates.get(template)
+            presets = self._templates_memo(_batch if _batch is not None else {})
+            preset = presets.templates.get(template)
             if preset is None:
-                known = ", ".join(sorted(self.settings.templates)) or "none"
-                raise InvalidInput(f"unknown template {template!r}; known: {known} (`rig templates`)")
+                known = ", ".join(sorted(presets.templates)) or "none"
+                raise InvalidInput(f"unknown template {template!r}; known: {known}, from {presets.whose} "
+                                   f"(`rig templates`)")
             gpu_memory = gpu_memory if gpu_memory is not None else preset.gpu_memory
             priority = preset.priority if priority is None else priority
             retries = retries if retries is not None else preset.retries
@@ -328,7 +336,7 @@ class Client:
         # margin, `auto`): a refusal quoting "needs 24.0 GiB" says so, else `--gpu-memory 20G`
         # read as if rig had misread it.
         sized_by: str | None = None
-        if isinstance(gpu_memory, str) and gpu_memory.strip().lower() == "auto":
+        if isinstance(gpu_memory, str) and typed_word(gpu_memory) == "auto":
             nbytes, self.last_auto_note = self._guard(self.auto_memory, job_name, margin)
             sized_by = self.last_auto_note
         else:
@@ -946,9 +954,22 @@ class Client:
             raise InvalidInput(f"--pool: {exc}") from None
         return found.pools
 
+    def cluster_templates(self) -> ClusterTemplates:
+        """The templates submissions use (rig.cluster_templates): the cluster's, recorded by the
+        node started last, wherever this client runs; its own config's only while no node has
+        recorded any."""
+        return cluster_templates(self._guard(NodeRegistry(self.r, self.keys).read), self.settings.templates)
+
+    def _templates_memo(self, memo: dict[Any, Any]) -> ClusterTemplates:
+        """cluster_templates, read once per submit_many batch (``memo``)."""
+        found = memo.get("cluster_templates")
+        if found is None:
+            found = memo["cluster_templates"] = self.cluster_templates()
+        return found
+
     def templates(self) -> dict:
-        """The submission presets in force (name -> rig.config.Template)."""
-        return dict(self.settings.templates)
+        """The submission presets in force (name -> rig.config.Template): cluster_templates'."""
+        return self.cluster_templates().templates
 
     def errors(self, *, limit: int = 100, newest_first: bool = False) -> list[Job]:
         """The error queue (jobs that failed for good or timed out), oldest first (newest first
@@ -1216,22 +1237,28 @@ class JobHandle:
     @property
     def result(self) -> Any:
         """For a ``@rig.task`` call: the function's return value, waiting for the job to end
-        (``get(timeout)`` to bound the wait). A failed job raises RemoteError."""
+        (``get(timeout)`` to bound the wait). A failed job raises RemoteError; a command's job
+        (rig.submit) raises InvalidInput at once, as get() does."""
         return self.get()
 
     def get(self, timeout: float | None = None) -> Any:
         """For a ``@rig.task`` call: wait (at most ``timeout`` s) and return the function's
-        return value. If the job failed, raise RemoteError carrying the remote traceback."""
+        return value. If the job failed, raise RemoteError carrying the remote traceback.
+
+        A command's job (rig.submit) has no return value: InvalidInput at once, without waiting
+        (its None read as a value the command returned, whether it succeeded or failed)."""
         import base64
         import pickle
 
+        if (self._job or self.record).kind != "python":
+            raise InvalidInput(f"job {self.id} runs a command, which has no return value (.result and .get() "
+                               f"are for @rig.task calls): use .wait(), then .record.state and .record.exit_code, "
+                               f"or `rig log {self.id}`")
         job = self.wait(timeout)
         if job.state is JobState.SUCCEEDED:
             raw = self.client.result_of(self.id)
             if raw:
                 return pickle.loads(base64.b64decode(raw))
-            if job.kind != "python":
-                return None  # a command's job (rig.submit) has no return value
         try:
             output = self.log()
         except RigError:  # its log unreadable here (another node's, gone): the job's end still is
@@ -1363,7 +1390,13 @@ def check_request_keys(number: int | None, request: Mapping[str, Any]) -> None:
     never called."""
     import difflib
 
-    known = [n for n in inspect.signature(Client.submit).parameters if n != "self" and not n.startswith("_")]
+    known = [n for n in inspect.signature(Client.submit).parameters
+             if n != "self" and not n.startswith("_") and n not in INTERNAL_OPTIONS]
+    own = sorted(str(key) for key in request if key in INTERNAL_OPTIONS)
+    if own:
+        where = "" if number is None else f"request {number}: "
+        raise InvalidInput(f"{where}{own[0]!r} is rig's own: it is set by @rig.task for a Python call; "
+                           f"submit a command here, or decorate the function with @rig.task and call .delay()")
     unknown = sorted(str(key) for key in request if key not in known)
     if unknown:
         close = difflib.get_close_matches(unknown[0], known, n=1)

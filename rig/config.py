@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -46,13 +47,17 @@ from pydantic_settings import (
 from rig import config_check
 from rig.errors import ConfigError, InvalidInput
 from rig.records import MAX_CARD_INDEX, MAX_RETRIES
+from rig.words import typed_word
 
 if TYPE_CHECKING:
     from rig.fairshare import UserLimit
     from rig.pools import Pools
 
-SchedulerType = Literal["multi-factor", "best-fit", "least-loaded", "first-fit"]
-PriorityName = Literal["high", "medium", "low"]
+#: A setting that is one of a few words, read as a flag's word is (rig.words: case and
+#: surrounding spaces do not matter; RIG_QUEUE_ORDER=FIFO was refused while -p HIGH ran).
+_Word = BeforeValidator(typed_word)
+SchedulerType = Annotated[Literal["multi-factor", "best-fit", "least-loaded", "first-fit"], _Word]
+PriorityName = Annotated[Literal["high", "medium", "low"], _Word]
 
 
 #: What a node name may be: it becomes part of queue, worker and key names.
@@ -333,7 +338,7 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="named sets of nodes/cards, e.g. a100 = [\"gpu1\", \"gpu2:0-3\"] (rig.pools)",
     )
-    queue_order: Literal["largest-first", "fifo"] = Field(
+    queue_order: Annotated[Literal["largest-first", "fifo"], _Word] = Field(
         "largest-first",
         description="within a priority (and a user): largest request first (packs better), or FIFO",
     )
@@ -356,7 +361,7 @@ class Settings(BaseSettings):
         0.05, ge=0, lt=1, description="fraction of each card's memory never handed out"
     )
     default_priority: PriorityName = "medium"
-    overuse_policy: Literal["warn", "stop"] = Field(
+    overuse_policy: Annotated[Literal["warn", "stop"], _Word] = Field(
         "warn", description="a job using more than it declared: warn, or stop it"
     )
     overuse_tolerance: float = Field(1.05, ge=1.0, description="over means above declared x this")
@@ -562,10 +567,12 @@ class Settings(BaseSettings):
                 return None
             if value.startswith("["):
                 return value
+            from rig.pools import parse_card_list
+
             try:
-                indexes = [int(part) for part in value.split(",") if part.strip()]
-            except ValueError:
-                raise ValueError("write card indexes like 0,1,3 (or all)") from None
+                indexes = parse_card_list(value)  # the rule pools' card lists follow: 0,1,3 or 0-3,6
+            except ValueError as exc:
+                raise ValueError(f"{exc}; or all for every card") from None
             if not indexes:
                 # Set but naming no card (RIG_GPU_WHITELIST= from an unset shell variable, a
                 # stray comma): it once meant every card, a mistake that shares the cards

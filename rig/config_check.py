@@ -436,8 +436,11 @@ def explain(exc: ValidationError, sources: Sources) -> ConfigError:
         shown = ""
     elif path[0] == "redis_url" and isinstance(got, str):
         shown = f" (got {redact_url(got)!r})"
-    elif first["type"] in ("missing",) or isinstance(got, dict) or repr(got) in msg or str(got) in msg:
-        shown = ""  # the message quotes it already
+    elif first["type"] in ("missing",) or isinstance(got, dict) or repr(got) in msg or (
+            not isinstance(got, str) and str(got) in msg):
+        # The message quotes it already. Text counts only quoted: RIG_AGING_SECONDS=0 lost its
+        # "(got '0')" to the 0 of "greater than 0".
+        shown = ""
     else:
         shown = f" (got {_short(got)})"
     if not path:

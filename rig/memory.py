@@ -17,6 +17,10 @@ MIB = 1024**2
 GIB = 1024**3
 TIB = 1024**4
 
+#: The smallest size rig takes, typed or given as a number: 1 MiB. Below it a size is a slip
+#: (``0.0000001G``, or ``4`` meant as GiB), not a card's or a job's memory.
+MIN_SIZE = MIB
+
 _UNITS = {
     "k": KIB, "kb": KIB, "kib": KIB,
     "m": MIB, "mb": MIB, "mib": MIB,
@@ -30,7 +34,8 @@ def parse_memory(text: str | int | float, *, what: str = "--gpu-memory") -> int:
     """Parse ``12G``, ``512M``, ``1.5GiB``, ``24GB`` into bytes (binary units).
 
     Raises InvalidInput (one line, with the fix) for a missing or unknown unit, zero or a
-    negative size. A number (numpy's too) is a number of bytes.
+    negative size, or a size under MIN_SIZE (1 MiB). A number (numpy's too) is a number of
+    bytes.
     """
     text = plain_number(text)  # type: ignore[assignment]
     if isinstance(text, bool):
@@ -40,9 +45,9 @@ def parse_memory(text: str | int | float, *, what: str = "--gpu-memory") -> int:
             raise InvalidInput(f"{what} must be more than 0 bytes, got {text!r}")
         if text == float("inf"):
             raise InvalidInput(f"{what} {text!r} is no number of bytes; give a size such as '12G'")
-        if text != int(text) or text < MIB:
+        if text != int(text) or text < MIN_SIZE:
             # A number is bytes: 4 or 1.5 meant as GiB would declare a few bytes and run.
-            raise InvalidInput(f"{what} {text!r} is a number of bytes; give a whole number of at least {MIB} "
+            raise InvalidInput(f"{what} {text!r} is a number of bytes; give a whole number of at least {MIN_SIZE} "
                                f"(1 MiB), or a size such as '{text:g}G'")
         return int(text)
     match = _SIZE.match(str(text))
@@ -59,8 +64,9 @@ def parse_memory(text: str | int | float, *, what: str = "--gpu-memory") -> int:
     if not math.isfinite(number * _UNITS[unit]):  # 330 digits: float() reads inf (OverflowError below)
         raise InvalidInput(f"{what}: {text!r} is too large to be a size; write it like 12G, 512M or 1.5T")
     value = int(round(number * _UNITS[unit]))
-    if value <= 0:
-        raise InvalidInput(f"{what}: {text!r} is less than one byte; write it like 12G or 512M")
+    if value < MIN_SIZE:
+        raise InvalidInput(f"{what}: {text!r} is less than 1 MiB, the smallest size rig takes; "
+                           f"write it like 12G or 512M")
     return value
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from rig import records as R
 from rig.errors import InvalidInput, InvalidRecord
 from rig.keys import card_id
+from rig.words import typed_word
 
 
 class JobState(str, Enum):
@@ -75,7 +76,7 @@ class Priority(str, Enum):
         if isinstance(text, Priority):
             return text
         try:
-            return cls(str(text).strip().lower())
+            return cls(typed_word(str(text)))
         except ValueError:
             raise InvalidInput(f"unknown priority {text!r}; choose high, medium or low") from None
 

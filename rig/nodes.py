@@ -48,7 +48,9 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import redis
 from redis.commands.core import Script
@@ -60,6 +62,8 @@ from rig.keys import Keys, split_card_id
 from rig.models import JobState
 from rig.redis_writes import refusal
 from workers.process_tree import boot_host, may_run, proc_start_time
+
+T = TypeVar("T")
 
 #: A heartbeat: KEYS[1] the node's record, KEYS[2] its heartbeat key. ARGV[1] the heartbeat's
 #: value (JSON), ARGV[2] its life (ms), ARGV[3] seen_at (shared clock, epoch s), ARGV[4] its life
@@ -128,6 +132,9 @@ class NodeInfo:
     data_format: int = 0
     #: Its config's [pools] as its rig up recorded them (rig.pools.encode; None: not recorded).
     pools: str | None = None
+    #: Its config's templates as its rig up recorded them (rig.cluster_templates.encode; None:
+    #: not recorded).
+    templates: str | None = None
     #: The rules its config applies to every user's jobs, as its rig up recorded them
     #: (rig.policy.encode; None: not recorded).
     policy: str | None = None
@@ -177,6 +184,19 @@ class NodeInfo:
             return f"{self.gone}; no health check declared it down, so its jobs stay as they are"
         life = f"{self.beat_ttl:g} s " if self.beat_ttl else ""
         return f"past its heartbeat's {life}life; no health check declared it down, so its jobs stay as they are"
+
+
+def latest_recorded(nodes: Iterable[NodeInfo], read: Callable[[NodeInfo], T | None]) -> tuple[str, T] | None:
+    """The node ``rig up`` registered last (greatest started_at, then name) among those whose
+    record ``read`` finds readable (not None), and what it read; None when none has. The one rule
+    for whose recorded config the cluster's is: pools (rig.pools) and templates
+    (rig.cluster_templates). A record without it (an older rig) or damaged tells nothing."""
+    latest: tuple[float, str, T] | None = None
+    for node in nodes:
+        found = read(node)
+        if found is not None and (latest is None or (node.started_at or 0.0, node.name) > latest[:2]):
+            latest = (node.started_at or 0.0, node.name, found)
+    return None if latest is None else (latest[1], latest[2])
 
 
 def clock(ts: float | None) -> str:
@@ -486,5 +506,5 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float, *, he
         clock_skew=raw.get("clock_skew") or None,
         auth_refused_since=num("auth_refused_since"),
         data_format=node_format(raw), gone=gone if state == "silent" else None,
-        pools=raw.get("pools"), policy=raw.get("policy"), stopped_why=(raw.get("stopped_why") or None) if state == "stopped" else None,
+        pools=raw.get("pools"), templates=raw.get("templates"), policy=raw.get("policy"), stopped_why=(raw.get("stopped_why") or None) if state == "stopped" else None,
     )

@@ -12,6 +12,9 @@ without a word: a user over a limit on node a runs unlimited once node b leads. 
 check (:data:`ALERT_SETTINGS`) runs beside the leading dispatcher too (workers.alert_check), by
 that node's thresholds and webhook: recorded as a digest, since the webhook's URL is its secret.
 
+Templates are compared too (:data:`TEMPLATE_SETTINGS`): submissions use those of the node
+started last (rig.cluster_templates), so nodes apart change what ``--template`` means.
+
 Each node's ``rig up`` records these settings in its node record (field ``policy``,
 :data:`NODE_FIELD`, JSON; rig.registration), and warns in one line (:func:`differences`) when
 a node up recorded others, naming each setting and both values. A warning, not a refusal
@@ -45,8 +48,11 @@ JOB_SETTINGS = ("scheduler_type", "queue_order", "fair_share", "fair_share_half_
 #: or fire by the new ones, and changes go to the new node's webhook, or to none. (An older rig's
 #: control worker still checks by its own settings whenever beat's message reaches it.)
 ALERT_SETTINGS = ("alerts", "alert_webhook")
+#: Submissions use the templates recorded by the node started last (rig.cluster_templates),
+#: wherever they are made: two nodes apart, a template changes meaning as nodes restart.
+TEMPLATE_SETTINGS = ("templates",)
 #: Every setting compared, in the order a warning names them.
-SETTINGS = JOB_SETTINGS + ALERT_SETTINGS
+SETTINGS = JOB_SETTINGS + ALERT_SETTINGS + TEMPLATE_SETTINGS
 #: Settings recorded as a digest, never as written: a webhook's URL is its secret (Slack's).
 SECRET_SETTINGS = frozenset({"alert_webhook"})
 
@@ -109,7 +115,9 @@ def differences(node: str, settings: Settings, nodes: Iterable[NodeInfo]) -> str
            *(["the leading dispatcher's node checks the alerts by its own thresholds and posts each change "
               "to its own webhook, or to none: when the lead moves, conditions are judged and posted by the "
               "new node's"]
-             if set(apart) & set(ALERT_SETTINGS) else [])]
+             if set(apart) & set(ALERT_SETTINGS) else []),
+           *(["every submission uses the templates of the node started last, so `--template` changes "
+              "meaning as nodes restart"] if set(apart) & set(TEMPLATE_SETTINGS) else [])]
     return (f"warning: node(s) {', '.join(n.name for n, _ in others)} run with other rules than this node's "
             f"config ({which}): {'; '.join(why)}; give every node the same "
             f"settings (one config file copied to each)")

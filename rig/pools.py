@@ -63,16 +63,37 @@ def parse_member(spec: str) -> PoolMember:
     cards_text = match.group("cards")
     if cards_text in (None, "*"):
         return PoolMember(match.group("node"))
-    cards: set[int] = set()
-    for part in cards_text.split(","):
-        lo, _, hi = part.partition("-")
-        first, last = int(lo), int(hi or lo)
-        if last < first:
-            raise ValueError(f"pool member {spec!r}: range {part} runs backwards")
-        if last > MAX_CARD_INDEX:
-            raise ValueError(f"pool member {spec!r}: card {last} is beyond the last possible index {MAX_CARD_INDEX}")
-        cards.update(range(first, last + 1))
+    try:
+        cards = parse_card_list(cards_text)
+    except ValueError as exc:
+        raise ValueError(f"pool member {spec!r}: {exc}") from None
     return PoolMember(match.group("node"), frozenset(cards))
+
+
+_CARD_RANGE = re.compile(r"\s*(?P<first>-?[0-9]+)\s*(?:-\s*(?P<last>[0-9]+)\s*)?")
+
+
+def parse_card_list(text: str) -> list[int]:
+    """``"0-3,6"`` -> [0, 1, 2, 3, 6]: card indexes, ``I-J`` inclusive, in the order written
+    (a repeat stays, for the caller to refuse or not). The one card-list rule: a pool member's
+    cards and ``gpu_whitelist``. Spaces around a part and an empty part (a stray comma) are
+    let through; an index beyond MAX_CARD_INDEX, a negative one or a range that runs backwards
+    raises ValueError saying which."""
+    cards: list[int] = []
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        match = _CARD_RANGE.fullmatch(part)
+        if not match:
+            raise ValueError(f"write card indexes like 0,1,3 or 0-3,6 ({part.strip()!r} is neither an index "
+                             f"nor a range I-J)")
+        first, last = int(match["first"]), int(match["last"] or match["first"])
+        if last < first:
+            raise ValueError(f"range {part.strip()} runs backwards; write it like {last}-{first}")
+        if first < 0 or last > MAX_CARD_INDEX:
+            raise ValueError(f"card index {first if first < 0 else last} is not from 0 to {MAX_CARD_INDEX}")
+        cards.extend(range(first, last + 1))
+    return cards
 
 
 @dataclass(frozen=True)
@@ -181,15 +202,13 @@ class ClusterPools:
 
 def cluster_pools(nodes: Iterable[NodeInfo]) -> ClusterPools:
     """The cluster's pools from every registered node (rig.nodes.NodeRegistry.read): those of
-    the node registered last (greatest started_at) whose record holds readable pools."""
-    latest: tuple[float, str, Pools] | None = None
-    for node in nodes:
-        found = _decode(node.pools)
-        if found is not None and (latest is None or (node.started_at or 0.0, node.name) > latest[:2]):
-            latest = (node.started_at or 0.0, node.name, found)
-    if latest is None:
+    the node registered last (rig.nodes.latest_recorded) whose record holds readable pools."""
+    from rig.nodes import latest_recorded
+
+    found = latest_recorded(nodes, lambda node: _decode(node.pools))
+    if found is None:
         return ClusterPools(Pools({}), None)
-    return ClusterPools(latest[2], latest[1])
+    return ClusterPools(found[1], found[0])
 
 
 def disagreement(node: str, raw: Mapping[str, Iterable[str]], nodes: Iterable[NodeInfo]) -> str | None:

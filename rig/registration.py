@@ -9,6 +9,7 @@ from pathlib import Path
 
 import redis
 
+from rig.cluster_templates import encode as encode_templates
 from rig.config import Settings
 from rig.draining import NO_WORKER_REASON, mark_gone_cards, needs_worker
 from rig.errors import NodeInUse
@@ -64,6 +65,7 @@ def register_node(settings: Settings, client: redis.Redis, backend: GpuBackend,
         settings.node_name, ttl=settings.health.timeout, backend=backend.kind, cards=len(readings),
         pid=pid or os.getpid(), fake_spec=getattr(backend, "spec", "") or "",
         pools=encode_pools(settings.pools),  # the cluster's pools are the nodes' (rig.pools)
+        templates=encode_templates(settings.templates),  # and so are its templates (rig.cluster_templates)
         policy=encode_policy(settings))  # compared by the next node's rig up (rig.policy)
     # The node is up again: a "node stopped/down" mark on any of its cards is false now. An
     # allowed card's worker would clear it too, but a card outside gpu_whitelist (or gone) has

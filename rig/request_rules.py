@@ -15,6 +15,7 @@ from rig.errors import InvalidInput
 from rig.memory import format_memory, parse_memory
 from rig.plain_numbers import plain_number
 from rig.records import MAX_GPU_MEMORY, MAX_GPUS, MAX_RETRIES, MAX_TIME_LIMIT
+from rig.words import typed_word
 
 
 def check_gpu_memory(nbytes: int, what: str = "--gpu-memory") -> int:
@@ -27,7 +28,7 @@ def check_gpu_memory(nbytes: int, what: str = "--gpu-memory") -> int:
 
 def parse_gpu_memory(text: str | int | float, what: str = "--gpu-memory") -> int | None:
     """A declared memory: bytes, or None for ``auto`` (learnt from earlier runs)."""
-    if isinstance(text, str) and text.strip().lower() == "auto":
+    if isinstance(text, str) and typed_word(text) == "auto":
         return None
     return check_gpu_memory(parse_memory(text, what=what), what)
 
@@ -47,7 +48,7 @@ def parse_time_limit(text: str | int | float | None, what: str = "--time-limit")
         # Not "leave it out for no limit": left out, a template's limit applies.
         raise InvalidInput(f"{what} is empty (an unset variable?): give a duration like 90s, 30m or 2h, "
                            f"or {NO_LIMIT} for no limit")
-    if isinstance(text, str) and text.strip().lower() == NO_LIMIT:
+    if isinstance(text, str) and typed_word(text) == NO_LIMIT:
         return None
     limit = parse_duration(text, what=what)
     if limit > MAX_TIME_LIMIT:

@@ -318,14 +318,25 @@ def templates(ctx: click.Context) -> None:
             Col("limit", "time limit", drop=4),
             Col("grow", "grow on OOM", drop=1),
             Col("what", "what for", shrink="end", min_width=12, want=30, first_to=60))
+    from rig.errors import RedisAuthFailed, RedisUnavailable
+
+    try:
+        # The client's: the cluster's templates (rig.cluster_templates), through the gateway
+        # or straight from the nodes' records, which every submission uses.
+        presets = client_from(ctx).templates()
+    except RedisUnavailable as exc:
+        if isinstance(exc, RedisAuthFailed):
+            raise
+        # Unreachable, the list stays useful offline, said to be this config's (it was, in silence).
+        presets = dict(settings_from(ctx).templates)
+        click.echo(f"warning: {exc}: these are this config's templates; the cluster's, recorded by its nodes "
+                   f"and used by every submission, may differ", err=True)
     rows = [{"name": name, "memory": t.gpu_memory or "(--gpu-memory)", "margin": f"x {t.margin:g}",
              "priority": t.priority or "-", "retries": "-" if t.retries is None else str(t.retries),
              "limit": t.time_limit or "-",
              "grow": "-" if t.oom_retry_grow is None else ("yes" if t.oom_retry_grow else "no"),
              "what": t.description}
-            # The client's: through the gateway, the node's templates, which its submissions
-            # use (this user's own config listed others: `-t mine` worked, unlisted).
-            for name, t in sorted(client_from(ctx).templates().items())]
+            for name, t in sorted(presets.items())]
     console = make_console()
     console.print(fitted_table(cols, rows, console.width, title="templates (explicit flags win)",
                                title_justify="left"))

@@ -16,6 +16,7 @@ from rig.cli.fit import Col, fitted_table
 from rig.cli.render import make_console
 from rig.clock import shared_now
 from rig.durations import parse_duration
+from rig.words import typed_word
 
 USAGE_COLUMNS = (
     Col("key", "?", shrink="middle", min_width=8, want=12, max_width=32),
@@ -104,7 +105,7 @@ def _usage(client, since: float | None, by: str) -> tuple[list[UsageLine], Usage
 def since_time(text: str) -> float | None:
     """The epoch time ``--since DURATION`` means: that long before now (the shared clock, as
     ``client.ping()`` measured it; rig.clock); None for ``all`` (every finished job)."""
-    if text.strip().lower() == "all":
+    if typed_word(text) == "all":
         return None
     return shared_now() - parse_duration(text, what="--since", unit_required=True)
 

@@ -34,10 +34,13 @@ from pathlib import Path
 from rig.config import default_node_name
 from rig.errors import ConfigError, InvalidInput
 from rig.gpus.base import GpuReadError, GpuReading
-from rig.memory import GIB, parse_memory
+from rig.memory import GIB, MIB, format_memory, parse_memory
 
 _GROUP = re.compile(r"^\s*(?:(?P<count>\d+)\s*[xX*]\s*)?(?P<size>[0-9.]+\s*[a-zA-Z]*)?\s*$")
 DEFAULT_CARD = 80 * GIB
+#: The smallest fake card: 256 MiB, the least any CUDA card had. A smaller one (``1x1K``) is a
+#: slip; no job's memory would ever fit it.
+MIN_FAKE_CARD = 256 * MIB
 
 
 def parse_fake_spec(spec: str) -> list[int]:
@@ -55,10 +58,11 @@ def parse_fake_spec(spec: str) -> list[int]:
             count = int(match["count"] or 1)
             try:
                 size = parse_memory(match["size"], what="fake_gpus")
-            except InvalidInput:
-                raise ConfigError(
-                    f"fake_gpus: cannot read {group.strip()!r}; write it like 8x80G or 2x24G,1x48G"
-                ) from None
+            except InvalidInput as err:  # its words say what is wrong with the size (unit, under 1 MiB)
+                raise ConfigError(f"{err} (fake_gpus {group.strip()!r}: write it like 8x80G or 2x24G,1x48G)") from None
+            if size < MIN_FAKE_CARD:
+                raise ConfigError(f"fake_gpus: a card of {format_memory(size)} in {group.strip()!r} is smaller "
+                                  f"than any GPU; give at least {format_memory(MIN_FAKE_CARD)}, e.g. 8x80G")
         if count < 1 or count > 64:
             raise ConfigError(f"fake_gpus: {count} cards in {group.strip()!r}; use 1 to 64")
         sizes.extend([size] * count)

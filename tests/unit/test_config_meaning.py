@@ -405,3 +405,42 @@ def test_a_home_under_the_users_home_is_absolute(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("RIG_HOME", "~/rig-home")
     assert load_settings().home.expanduser() == tmp_path / "rig-home"  # accepted: ~ is absolute
+
+
+@pytest.mark.parametrize(("var", "value", "field", "read"), [
+    ("RIG_DEFAULT_PRIORITY", "HIGH", "default_priority", "high"),
+    ("RIG_DEFAULT_PRIORITY", " low ", "default_priority", "low"),
+    ("RIG_QUEUE_ORDER", "FIFO", "queue_order", "fifo"),
+    ("RIG_SCHEDULER_TYPE", "Best-Fit", "scheduler_type", "best-fit"),
+    ("RIG_OVERUSE_POLICY", "STOP ", "overuse_policy", "stop"),
+])
+def test_a_word_setting_is_read_as_a_flag_word_is(monkeypatch, var, value, field, read):
+    """`-p HIGH` ran while RIG_DEFAULT_PRIORITY=HIGH and RIG_QUEUE_ORDER=FIFO were refused: one
+    rule (rig.words.typed_word) for the flag, the variable and the file."""
+    from rig.models import Priority
+
+    monkeypatch.setenv(var, value)
+    assert getattr(load_settings(), field) == read
+    if field == "default_priority":
+        assert Priority.parse(value).value == read  # the flag's rule, the same answer
+
+
+def test_a_template_priority_is_read_as_the_flag_is(tmp_path, monkeypatch):
+    monkeypatch.setenv("RIG_CONFIG", str(write(tmp_path, '[templates.big]\npriority = "High "\n')))
+    assert load_settings().templates["big"].priority == "high"
+
+
+@pytest.mark.parametrize(("value", "cards"), [("0-1", [0, 1]), ("0-2,5", [0, 1, 2, 5]), (" 3 , 0-1 ", [3, 0, 1])])
+def test_the_whitelist_takes_ranges_as_pools_do(monkeypatch, value, cards):
+    """`RIG_GPU_WHITELIST=0-1` was refused though pools take `gpu3:0-1`: one card-list rule."""
+    from rig.pools import parse_member
+
+    monkeypatch.setenv("RIG_GPU_WHITELIST", value)
+    assert load_settings().gpu_whitelist == cards
+    assert parse_member(f"n1:{value.replace(' ', '')}").cards == frozenset(cards)
+
+
+def test_a_refused_number_says_what_it_got(monkeypatch):
+    """RIG_AGING_SECONDS=0 left out "(got '0')": the 0 of "greater than 0" read as the value quoted."""
+    monkeypatch.setenv("RIG_AGING_SECONDS", "0")
+    refused("RIG_AGING_SECONDS: Input should be greater than 0 (got '0')")

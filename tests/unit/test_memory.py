@@ -1,7 +1,7 @@
 import pytest
 
 from rig.errors import InvalidInput
-from rig.memory import GIB, MIB, format_memory, parse_memory
+from rig.memory import GIB, MIB, MIN_SIZE, format_memory, parse_memory
 
 
 @pytest.mark.parametrize(
@@ -72,3 +72,14 @@ def test_a_size_of_nothing_is_refused_with_advice_that_works(text):
     with pytest.raises(InvalidInput) as err:
         parse_memory(text)
     assert "write it like 12G" in str(err.value) and "0G" not in str(err.value).split("write it like")[1]
+
+
+@pytest.mark.parametrize("text", ["0.0000001G", "1023K", "0.5M", " 1000 KiB "])
+def test_a_typed_size_under_a_mib_is_refused_as_a_number_is(text):
+    """`rig-submit -m 0.0000001G` stored a 107-byte job, while the number 107 was refused:
+    one smallest size, MIN_SIZE, for text and numbers."""
+    with pytest.raises(InvalidInput, match="less than 1 MiB"):
+        parse_memory(text)
+    with pytest.raises(InvalidInput, match="at least 1048576"):
+        parse_memory(MIN_SIZE - 1)
+    assert parse_memory("1M") == parse_memory(MIN_SIZE) == MIN_SIZE == MIB

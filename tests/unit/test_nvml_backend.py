@@ -312,6 +312,15 @@ def test_parse_fake_spec_rejects_bad_specs(spec: str) -> None:
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize(("spec", "said"), [
+    ("1x1K", "'1K' is less than 1 MiB"), ("2x255M", "smaller than any GPU; give at least 256 MiB"),
+    ("1x1M", "smaller than any GPU; give at least 256 MiB")])
+def test_a_fake_card_smaller_than_any_gpu_is_refused(spec: str, said: str) -> None:
+    """1x1K made a 1 KiB card that no job could ever fit."""
+    with pytest.raises(ConfigError, match=said):
+        parse_fake_spec(spec)
+
+
 def test_fake_backend_reads() -> None:
     backend = FakeGpuBackend("2x24G", node="gpu-a")
     reading = backend.read(1)

@@ -728,3 +728,28 @@ def test_what_has_no_importable_name_is_refused_where_it_is_decorated(fn, said):
     method's was refused at .delay() as 'was the name reused or the function renamed?'."""
     with pytest.raises(InvalidInput, match=said):
         rig.task(gpu_memory="1G")(fn)
+
+
+def test_kind_and_extra_are_rigs_own_and_refused_from_a_caller():
+    """Breaker (pyapi): rig.submit(..., kind='python') and a `kind` key in submit_many's dicts were
+    taken, though a job's kind is rig's to set (@rig.task does, through the gateway too)."""
+    from rig.client import check_request_keys
+
+    for key, value in (("kind", "python"), ("extra", {"payload": "x"})):
+        with pytest.raises(InvalidInput, match=f"^{key!r} is rig's own: it is set by @rig.task"):
+            rig.submit(["true"], gpu_memory="1G", **{key: value})
+        with pytest.raises(InvalidInput, match=f"^request 2: {key!r} is rig's own"):
+            check_request_keys(2, {"command": ["true"], key: value})
+
+
+def test_a_python_job_without_a_call_is_refused_by_the_client_too(tmp_path):
+    """Client.submit(kind='python') without @rig.task's payload queued a job that could only fail."""
+    import fakeredis
+
+    from rig.client import Client
+    from rig.config import load_settings
+
+    client = Client(load_settings(home=tmp_path, key_prefix="t:", redis_url="redis://127.0.0.1:1/0"),
+                    redis_client=fakeredis.FakeRedis(decode_responses=True))
+    with pytest.raises(InvalidInput, match="^extra may only carry a @rig.task call's payload"):
+        client.submit(["true"], gpu_memory="1G", kind="python")

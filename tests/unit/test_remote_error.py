@@ -14,7 +14,7 @@ from rig.models import Job, JobState, Priority
 class StubClient:
     def __init__(self, state: JobState, reason: str, log: str | Exception) -> None:
         self.job = Job(id=7, name="train", user="u", command=["x"], gpu_memory=GIB, gpus=1,
-                       priority=Priority.MEDIUM, state=state, reason=reason, workdir="/", created_at=0.0)
+                       priority=Priority.MEDIUM, state=state, reason=reason, workdir="/", created_at=0.0, kind="python")
         self._log = log
 
     def wait(self, job_id, timeout=None, instance=None):  # noqa: ANN001, ANN201
@@ -90,7 +90,7 @@ def test_a_log_attempt_out_of_range_names_the_keyword(tmp_path):
 
 
 @pytest.mark.parametrize(("kind", "stored", "expected"), [
-    ("python", None, RemoteError), ("python", "gAROLg==", None), ("command", None, None)])
+    ("python", None, RemoteError), ("python", "gAROLg==", None)])
 def test_a_call_that_succeeded_without_storing_a_result_raises_instead_of_returning_none(kind, stored, expected):
     """Breaker (brkapi): a @rig.task function that called sys.exit(0) or os._exit(0) ended
     SUCCEEDED with no result stored, and .get() returned None as if the function had returned
@@ -107,6 +107,17 @@ def test_a_call_that_succeeded_without_storing_a_result_raises_instead_of_return
                         "value instead\n--- end of its output, no traceback (job 7) ---\nstep 1")
 
 
+@pytest.mark.parametrize("state", [JobState.SUCCEEDED, JobState.FAILED, JobState.PENDING])
+def test_a_command_job_has_no_result_and_says_so(state):
+    """Breaker (pyapi): `h.result` of a rig.submit command returned None, read as a value the
+    command returned; it says at once (never waiting) that a command has none."""
+    client = StubClient(state, "exit code 1", "")
+    client.job.kind = "command"
+    for read in (lambda h: h.result, lambda h: h.get(timeout=0.01)):
+        with pytest.raises(InvalidInput, match="job 7 runs a command, which has no return value"):
+            read(JobHandle(client, 7, client.job))
+
+
 def test_a_wait_that_times_out_says_why_the_job_has_not_started(tmp_path):
     """Breaker (brkapi): ``.delay()`` with rig down, then ``.get(timeout=3)`` said only 'job 69
     is still PENDING after 3 s'; now the sentence rig show gives follows it."""
@@ -117,7 +128,7 @@ def test_a_wait_that_times_out_says_why_the_job_has_not_started(tmp_path):
 
     client = Client(load_settings(home=tmp_path, key_prefix="t:", redis_url="redis://127.0.0.1:1/0"),
                     redis_client=fakeredis.FakeRedis(decode_responses=True))
-    handle = client.submit(["true"], gpu_memory="1G")
+    handle = client.submit(["true"], gpu_memory="1G", kind="python", extra={"payload": "eA=="})  # as @rig.task's
     with pytest.raises(TimeoutError) as err:
         handle.get(timeout=0.1)
     said = str(err.value)
