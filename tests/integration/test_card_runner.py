@@ -788,3 +788,23 @@ def test_a_stuck_process_holding_the_jobs_output_is_said_before_the_wait_for_its
     finally:
         runner_thread.join(timeout=30)
     assert ended == ["SUCCEEDED"] and ledger.card("n1", 0).reserved == 0
+
+
+def test_a_survivor_whose_pid_another_process_took_is_neither_waited_for_nor_killed(env, tmp_path):
+    """The wait for a job's processes that outlived SIGKILL starts after the wait for its log (up
+    to KEEPER_WAIT_S): one that died meanwhile may have left its pid to an unrelated process. That
+    one is not the job's: the wait ends (its cards go back) and it is never signalled (was: SIGKILLed
+    each second by pid number, and waited for forever where the worker may not signal it)."""
+    settings, ledger, runner, _ = env
+    job, token = placed(ledger, "unused", tmp_path)
+    other = subprocess.Popen(["sleep", "419.751"])
+    try:
+        start = proc_start_time(other.pid)
+        assert start is not None
+        began = time.monotonic()
+        assert runner._await_gone(job.id, token, {other.pid: start - 1}) is True
+        assert time.monotonic() - began < 1.0
+        assert other.poll() is None  # never signalled
+    finally:
+        other.kill()
+        other.wait(10)
