@@ -233,6 +233,10 @@ class CardRunner:
         #: Adopted jobs that ended, whose endings wait in a thread of their own for processes of
         #: theirs that outlived SIGKILL (_finish_when_gone): adoption leaves them alone too.
         self._ending: set[int] = set()
+        #: Held by the adoption pass that runs (adopt): one at a time. The tick loop's first audit
+        #: came health.check_interval after start, while the startup pass still stopped a job's
+        #: leftovers (4 s and more): both ended the job, and each waited for its stuck processes.
+        self._adopting = threading.Lock()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         #: The card's log keeper (every job's log), restarted at once when it dies.
@@ -1033,11 +1037,22 @@ class CardRunner:
                 delay = min(delay * 2, 5.0)
 
     # -- adoption after a restart ---------------------------------------------------------
-    def adopt(self, resend_after: float = 0.0) -> None:
+    def adopt(self, resend_after: float = 0.0, *, wait: bool = True) -> None:
         """Take over this card's jobs left RUNNING by an earlier worker (or whose end Redis
         lost), and push again the start of jobs ASSIGNED here for longer than ``resend_after``
         seconds whose start is in neither of the card's lists (workers.start_list; a copy
-        too many is fenced by the claim). Idempotent: run at start and then periodically."""
+        too many is fenced by the claim). Idempotent: run at start and then periodically; one
+        pass at a time: a pass started meanwhile waits for it (then finds its work done), or,
+        without ``wait`` (the tick loop's, which also heartbeats), leaves the work to it."""
+        if not self._adopting.acquire(blocking=wait):
+            return
+        try:
+            self._adopt(resend_after)
+        finally:
+            self._adopting.release()
+
+    def _adopt(self, resend_after: float) -> None:
+        """One adoption pass (adopt), its lock held."""
         # The lists are read before the records: a start missing from them while its job is
         # still ASSIGNED with that token afterwards was lost, not claimed meanwhile.
         listed = set().union(*self.starts.listed())
@@ -1186,7 +1201,7 @@ class CardRunner:
                 self.log_space.check()
                 if time.monotonic() >= next_audit:
                     next_audit = time.monotonic() + self.settings.health.check_interval
-                    self.adopt(resend_after=self.settings.health.assigned_timeout)
+                    self.adopt(resend_after=self.settings.health.assigned_timeout, wait=False)
             except redis.RedisError as exc:
                 log.debug("tick skipped, Redis unavailable: %s", exc)
             except Exception:  # noqa: BLE001 - the heartbeat must outlive one bad tick

@@ -808,3 +808,32 @@ def test_a_survivor_whose_pid_another_process_took_is_neither_waited_for_nor_kil
     finally:
         other.kill()
         other.wait(10)
+
+
+@needs_freezer
+def test_adoption_passes_that_overlap_end_a_job_with_a_stuck_process_once(env, tmp_path):
+    """The tick loop's first audit comes health.check_interval (5 s) after start, while the
+    startup pass may still be stopping a job's leftovers (4 s and more with one stuck in the
+    kernel): the passes overlap. One ends the job and waits for its stuck process; was: both did
+    (seen live after rig down/up: 'ended while no worker watched it' twice, two waits SIGKILLing
+    it each second, two endings racing)."""
+    settings, ledger, runner, _ = env
+    child_file = tmp_path / "child"
+    job, token = placed(ledger, "unused", tmp_path)
+    ledger.claim(job.id, token, "old-worker")
+    proc = _start_orphan(settings, job, 1, f"sleep 419.753 </dev/null >/dev/null 2>&1 & echo $! > {child_file}; exit 0")
+    proc.wait(10)
+    ledger.store.update(job.id, pid=proc.pid, proc_start=1)
+    with frozen(int(child_file.read_text()), str(job.id)):
+        passes = [threading.Thread(target=runner.adopt) for _ in range(2)]
+        for thread in passes:
+            thread.start()
+        for thread in passes:
+            thread.join(timeout=30)
+        waits = [t for t in threading.enumerate() if t.name == f"rig-survivors-{job.id}"]
+        assert len(waits) == 1
+        assert ledger.store.get(job.id).state is JobState.RUNNING and ledger.card("n1", 0).reserved == GIB
+    waits[0].join(timeout=20)
+    done = ledger.store.get(job.id)
+    assert done.state is JobState.SUCCEEDED and done.exit_code == 0 and done.stuck is None
+    assert ledger.card("n1", 0).reserved == 0
