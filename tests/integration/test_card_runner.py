@@ -702,6 +702,18 @@ def _running_with_child(ledger: Ledger, runner: CardRunner, tmp_path, child: str
     return job, int(child_file.read_text()), go, runner_thread, ended
 
 
+def _ended_unwatched_with_child(settings, ledger: Ledger, tmp_path, marker: str) -> tuple[Job, int]:
+    """A job whose wrapper ended while no worker watched it, leaving a child (``sleep marker``)
+    running: (the job, the child's pid)."""
+    child_file = tmp_path / "child"
+    job, token = placed(ledger, "unused", tmp_path)
+    ledger.claim(job.id, token, "old-worker")
+    proc = _start_orphan(settings, job, 1, f"sleep {marker} </dev/null >/dev/null 2>&1 & echo $! > {child_file}; exit 0")
+    proc.wait(10)
+    ledger.store.update(job.id, pid=proc.pid, proc_start=1)
+    return job, int(child_file.read_text())
+
+
 @needs_freezer
 def test_cards_stay_reserved_while_a_process_of_the_job_outlives_sigkill(env, tmp_path):
     """A process stuck in the kernel (state D: a GPU driver, a hung file system) dies only when
@@ -734,13 +746,8 @@ def test_an_adopted_ending_that_waits_for_a_stuck_process_is_waited_for_once(env
     """Adoption runs again periodically: a job whose ending already waits for a process stuck in
     the kernel is left to that wait (was: each pass stopped it again and started one more wait)."""
     settings, ledger, runner, _ = env
-    child_file = tmp_path / "child"
-    job, token = placed(ledger, "unused", tmp_path)
-    ledger.claim(job.id, token, "old-worker")
-    proc = _start_orphan(settings, job, 1, f"sleep 419.743 </dev/null >/dev/null 2>&1 & echo $! > {child_file}; exit 0")
-    proc.wait(10)
-    ledger.store.update(job.id, pid=proc.pid, proc_start=1)
-    with frozen(int(child_file.read_text()), str(job.id)):
+    job, child = _ended_unwatched_with_child(settings, ledger, tmp_path, "419.743")
+    with frozen(child, str(job.id)):
         runner.adopt()
         runner.adopt()
         waits = [t for t in threading.enumerate() if t.name == f"rig-survivors-{job.id}"]
@@ -818,13 +825,8 @@ def test_adoption_passes_that_overlap_end_a_job_with_a_stuck_process_once(env, t
     (seen live after rig down/up: 'ended while no worker watched it' twice, two waits SIGKILLing
     it each second, two endings racing)."""
     settings, ledger, runner, _ = env
-    child_file = tmp_path / "child"
-    job, token = placed(ledger, "unused", tmp_path)
-    ledger.claim(job.id, token, "old-worker")
-    proc = _start_orphan(settings, job, 1, f"sleep 419.753 </dev/null >/dev/null 2>&1 & echo $! > {child_file}; exit 0")
-    proc.wait(10)
-    ledger.store.update(job.id, pid=proc.pid, proc_start=1)
-    with frozen(int(child_file.read_text()), str(job.id)):
+    job, child = _ended_unwatched_with_child(settings, ledger, tmp_path, "419.753")
+    with frozen(child, str(job.id)):
         passes = [threading.Thread(target=runner.adopt) for _ in range(2)]
         for thread in passes:
             thread.start()
