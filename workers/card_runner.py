@@ -162,9 +162,10 @@ class Gathered:
     where: str = ""  # words about where it ran (adoption: files another host holds)
     #: INFRASTRUCTURE when its log keeper died under it and the job then failed (rig's fault).
     failure: FailureClass | None = None
-    #: Its processes that outlived SIGKILL (stuck in the kernel, state D): its cards stay
-    #: reserved until they are gone (CardRunner._await_gone).
-    survivors: list[int] = field(default_factory=list)
+    #: Its processes that outlived SIGKILL (stuck in the kernel, state D), pid -> start time
+    #: (clock ticks since boot: a pid taken by another process meanwhile is told apart): its
+    #: cards stay reserved until they are gone (CardRunner._await_gone).
+    survivors: dict[int, int] = field(default_factory=dict)
 
     def end(self, kill_requested: bool, cancelled_by: str | None) -> AttemptEnd:
         """The attempt's ending, given the record's ``cancel_requested`` and ``cancelled_by``.
@@ -232,6 +233,10 @@ class CardRunner:
         #: Adopted jobs that ended, whose endings wait in a thread of their own for processes of
         #: theirs that outlived SIGKILL (_finish_when_gone): adoption leaves them alone too.
         self._ending: set[int] = set()
+        #: Held by the adoption pass that runs (adopt): one at a time. The tick loop's first audit
+        #: came health.check_interval after start, while the startup pass still stopped a job's
+        #: leftovers (4 s and more): both ended the job, and each waited for its stuck processes.
+        self._adopting = threading.Lock()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         #: The card's log keeper (every job's log), restarted at once when it dies.
@@ -784,15 +789,18 @@ class CardRunner:
             log.info("job %s: stopping daemonised leftover pid %s (session %s)", active.job_id, pid, sid)
             stop_tree(sid, min(2.0, self.settings.kill_grace_seconds))
             stopped.append(pid)
-        survivors: list[int] = []
+        survivors: dict[int, int] = {}
         if stopped:
             # SIGKILL takes effect only when a process leaves the kernel: one stuck there (state
             # D: a GPU driver, a hung file system) lives on, and may still hold its cards' memory.
             still, escaped = job_leftovers(active.pid if ours else 0, "RIG_EXIT_FILE", str(active.exit_file),
                                            active.proc_start if ours else None)
-            survivors = sorted(set(still) | set(escaped))
+            # Each with its start time, read now: the wait for them starts after the wait for the
+            # job's log below (up to KEEPER_WAIT_S), by when the pid may be another process's.
+            survivors = {pid: start for pid in sorted(set(still) | set(escaped))
+                         if (start := proc_start_time(pid)) is not None}
             if survivors:  # said now: the wait for its log below lasts while they hold its output
-                self._note_stuck(active.job_id, active.token, pids_words(survivors))
+                self._note_stuck(active.job_id, active.token, pids_words(list(survivors)))
         self._wait_for_keeper(active)
         leftovers = leftovers_note(stopped)
         if leftovers:
@@ -819,18 +827,20 @@ class CardRunner:
                         ended_at=ended_at, runtime=runtime,
                         failure=FailureClass.INFRASTRUCTURE if keeper_lost else None, survivors=survivors)
 
-    def _await_gone(self, job_id: int, token: str, survivors: list[int]) -> bool:
+    def _await_gone(self, job_id: int, token: str, survivors: dict[int, int]) -> bool:
         """Wait until the job's processes that outlived SIGKILL are gone (SIGKILL again each
         second: it is pending on them anyway), so its ending, which gives its cards back, is
         written only once nothing of it can hold their memory. True once they are gone; False
-        when this worker stops first (the next one adopts the job and waits again)."""
-        watchers = [ExitWatcher(pid) for pid in survivors]
+        when this worker stops first (the next one adopts the job and waits again). ``survivors``:
+        pid -> start time; one whose pid another process has taken since counts as gone, and is
+        never signalled (pidfd: nor one that takes it during the wait)."""
+        watchers = [ExitWatcher(pid, start) for pid, start in survivors.items()]
         try:
             log.warning("job %s: %s outlived SIGKILL (stuck in the kernel: a GPU driver, a hung file system?); "
                         "the job's cards stay reserved until %s gone", job_id,
                         ", ".join(describe_survivor(pid) for pid in survivors),
                         "it is" if len(survivors) == 1 else "they are")
-            self._note_stuck(job_id, token, pids_words(survivors))
+            self._note_stuck(job_id, token, pids_words(list(survivors)))
             while True:
                 watchers = [w for w in watchers if not w.wait(0)]
                 if not watchers:
@@ -839,10 +849,7 @@ class CardRunner:
                 if self.shutdown.is_set():
                     return False
                 for watcher in watchers:
-                    try:
-                        os.kill(watcher.pid, signal.SIGKILL)
-                    except OSError:
-                        pass  # gone meanwhile: its watcher says so next
+                    watcher.kill()
                 watchers[0].wait(1.0)  # an exit ends the wait early; the others are looked at again
         finally:
             for watcher in watchers:
@@ -1030,11 +1037,22 @@ class CardRunner:
                 delay = min(delay * 2, 5.0)
 
     # -- adoption after a restart ---------------------------------------------------------
-    def adopt(self, resend_after: float = 0.0) -> None:
+    def adopt(self, resend_after: float = 0.0, *, wait: bool = True) -> None:
         """Take over this card's jobs left RUNNING by an earlier worker (or whose end Redis
         lost), and push again the start of jobs ASSIGNED here for longer than ``resend_after``
         seconds whose start is in neither of the card's lists (workers.start_list; a copy
-        too many is fenced by the claim). Idempotent: run at start and then periodically."""
+        too many is fenced by the claim). Idempotent: run at start and then periodically; one
+        pass at a time: a pass started meanwhile waits for it (then finds its work done), or,
+        without ``wait`` (the tick loop's, which also heartbeats), leaves the work to it."""
+        if not self._adopting.acquire(blocking=wait):
+            return
+        try:
+            self._adopt(resend_after)
+        finally:
+            self._adopting.release()
+
+    def _adopt(self, resend_after: float) -> None:
+        """One adoption pass (adopt), its lock held."""
         # The lists are read before the records: a start missing from them while its job is
         # still ASSIGNED with that token afterwards was lost, not claimed meanwhile.
         listed = set().union(*self.starts.listed())
@@ -1183,7 +1201,7 @@ class CardRunner:
                 self.log_space.check()
                 if time.monotonic() >= next_audit:
                     next_audit = time.monotonic() + self.settings.health.check_interval
-                    self.adopt(resend_after=self.settings.health.assigned_timeout)
+                    self.adopt(resend_after=self.settings.health.assigned_timeout, wait=False)
             except redis.RedisError as exc:
                 log.debug("tick skipped, Redis unavailable: %s", exc)
             except Exception:  # noqa: BLE001 - the heartbeat must outlive one bad tick

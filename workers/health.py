@@ -60,6 +60,7 @@ from workers.process_tree import (
     is_alive,
     is_job_process,
     pids_words,
+    session_is_ours,
     session_members,
     stop_tree,
 )
@@ -362,6 +363,13 @@ class HealthChecker:
                     fields={"reason": f"requeued: the worker of card {job.cards[0]} is gone"})
                 if code == 1:
                     report.requeued.append(job.id)
+                continue
+            if job.stuck and job.pid and session_is_ours(job.pid, job.proc_start) and session_members(job.pid):
+                # Noted stuck, and stopped, already: a process of its session still outlives
+                # SIGKILL (its wrapper, that session's leader, may be gone: a pid stays taken while
+                # a session of its name has members, so they are the job's). It keeps its cards
+                # (was: the next pass failed it as lost, its cards given back, the process alive),
+                # and is not stopped again (each pass waited out kill_grace_seconds).
                 continue
             if job.pid and is_alive(job.pid, job.proc_start):
                 if is_job_process(job.pid, job.id, self.settings.key_prefix, job.instance):

@@ -480,15 +480,22 @@ def holds_file(pid: int, path: Path) -> bool:
 
 
 class ExitWatcher:
-    """Waits for one process to exit, without being its parent (pidfd, Linux >= 5.3)."""
+    """Waits for one process to exit, without being its parent (pidfd, Linux >= 5.3).
 
-    def __init__(self, pid: int) -> None:
+    Given ``start_time`` (clock ticks since boot, /proc stat field 22, read when the process was
+    found), a pid that another process took meanwhile is taken as gone: the pidfd then refers to
+    that other process, which must be neither waited for nor signalled."""
+
+    def __init__(self, pid: int, start_time: int | None = None) -> None:
         self.pid = pid
         self._fd: int | None
         try:
             self._fd = os.pidfd_open(pid)
         except (ProcessLookupError, OSError):
             self._fd = None  # already gone
+        if self._fd is not None and start_time is not None and proc_start_time(pid) != start_time:
+            os.close(self._fd)  # the pid is another process's now (or the one meant is reaped)
+            self._fd = None
         self._poll = select.poll()
         if self._fd is not None:
             self._poll.register(self._fd, select.POLLIN)
@@ -498,6 +505,16 @@ class ExitWatcher:
         if self._fd is None:
             return True
         return bool(self._poll.poll(max(0, int(timeout * 1000))))
+
+    def kill(self) -> None:
+        """SIGKILL the process watched, through its pidfd: never another that took its pid
+        after it was reaped. Nothing when it has exited."""
+        if self._fd is None:
+            return
+        try:
+            signal.pidfd_send_signal(self._fd, signal.SIGKILL)
+        except OSError:
+            pass  # exited meanwhile: wait() says so next
 
     def close(self) -> None:
         if self._fd is not None:

@@ -702,6 +702,18 @@ def _running_with_child(ledger: Ledger, runner: CardRunner, tmp_path, child: str
     return job, int(child_file.read_text()), go, runner_thread, ended
 
 
+def _ended_unwatched_with_child(settings, ledger: Ledger, tmp_path, marker: str) -> tuple[Job, int]:
+    """A job whose wrapper ended while no worker watched it, leaving a child (``sleep marker``)
+    running: (the job, the child's pid)."""
+    child_file = tmp_path / "child"
+    job, token = placed(ledger, "unused", tmp_path)
+    ledger.claim(job.id, token, "old-worker")
+    proc = _start_orphan(settings, job, 1, f"sleep {marker} </dev/null >/dev/null 2>&1 & echo $! > {child_file}; exit 0")
+    proc.wait(10)
+    ledger.store.update(job.id, pid=proc.pid, proc_start=1)
+    return job, int(child_file.read_text())
+
+
 @needs_freezer
 def test_cards_stay_reserved_while_a_process_of_the_job_outlives_sigkill(env, tmp_path):
     """A process stuck in the kernel (state D: a GPU driver, a hung file system) dies only when
@@ -734,13 +746,8 @@ def test_an_adopted_ending_that_waits_for_a_stuck_process_is_waited_for_once(env
     """Adoption runs again periodically: a job whose ending already waits for a process stuck in
     the kernel is left to that wait (was: each pass stopped it again and started one more wait)."""
     settings, ledger, runner, _ = env
-    child_file = tmp_path / "child"
-    job, token = placed(ledger, "unused", tmp_path)
-    ledger.claim(job.id, token, "old-worker")
-    proc = _start_orphan(settings, job, 1, f"sleep 419.743 </dev/null >/dev/null 2>&1 & echo $! > {child_file}; exit 0")
-    proc.wait(10)
-    ledger.store.update(job.id, pid=proc.pid, proc_start=1)
-    with frozen(int(child_file.read_text()), str(job.id)):
+    job, child = _ended_unwatched_with_child(settings, ledger, tmp_path, "419.743")
+    with frozen(child, str(job.id)):
         runner.adopt()
         runner.adopt()
         waits = [t for t in threading.enumerate() if t.name == f"rig-survivors-{job.id}"]
@@ -788,3 +795,47 @@ def test_a_stuck_process_holding_the_jobs_output_is_said_before_the_wait_for_its
     finally:
         runner_thread.join(timeout=30)
     assert ended == ["SUCCEEDED"] and ledger.card("n1", 0).reserved == 0
+
+
+def test_a_survivor_whose_pid_another_process_took_is_neither_waited_for_nor_killed(env, tmp_path):
+    """The wait for a job's processes that outlived SIGKILL starts after the wait for its log (up
+    to KEEPER_WAIT_S): one that died meanwhile may have left its pid to an unrelated process. That
+    one is not the job's: the wait ends (its cards go back) and it is never signalled (was: SIGKILLed
+    each second by pid number, and waited for forever where the worker may not signal it)."""
+    settings, ledger, runner, _ = env
+    job, token = placed(ledger, "unused", tmp_path)
+    other = subprocess.Popen(["sleep", "419.751"])
+    try:
+        start = proc_start_time(other.pid)
+        assert start is not None
+        began = time.monotonic()
+        assert runner._await_gone(job.id, token, {other.pid: start - 1}) is True
+        assert time.monotonic() - began < 1.0
+        assert other.poll() is None  # never signalled
+    finally:
+        other.kill()
+        other.wait(10)
+
+
+@needs_freezer
+def test_adoption_passes_that_overlap_end_a_job_with_a_stuck_process_once(env, tmp_path):
+    """The tick loop's first audit comes health.check_interval (5 s) after start, while the
+    startup pass may still be stopping a job's leftovers (4 s and more with one stuck in the
+    kernel): the passes overlap. One ends the job and waits for its stuck process; was: both did
+    (seen live after rig down/up: 'ended while no worker watched it' twice, two waits SIGKILLing
+    it each second, two endings racing)."""
+    settings, ledger, runner, _ = env
+    job, child = _ended_unwatched_with_child(settings, ledger, tmp_path, "419.753")
+    with frozen(child, str(job.id)):
+        passes = [threading.Thread(target=runner.adopt) for _ in range(2)]
+        for thread in passes:
+            thread.start()
+        for thread in passes:
+            thread.join(timeout=30)
+        waits = [t for t in threading.enumerate() if t.name == f"rig-survivors-{job.id}"]
+        assert len(waits) == 1
+        assert ledger.store.get(job.id).state is JobState.RUNNING and ledger.card("n1", 0).reserved == GIB
+    waits[0].join(timeout=20)
+    done = ledger.store.get(job.id)
+    assert done.state is JobState.SUCCEEDED and done.exit_code == 0 and done.stuck is None
+    assert ledger.card("n1", 0).reserved == 0

@@ -120,16 +120,22 @@ def test_a_card_worker_gone_to_rig_down_leaves_its_jobs_running(checker, monkeyp
     assert report.lost == [jid]
 
 
+def _running_job_of_a_dead_worker(check: HealthChecker, keys: Keys, r, monkeypatch) -> int:
+    """A RUNNING job (pid PID + 1) whose card's worker is dead, past the node's startup grace."""
+    monkeypatch.setattr(check, "_card_worker_processes", lambda cards: {})
+    jid = _running_job(r, keys)
+    Ledger(r, keys).store.update(jid, pid=PID + 1, proc_start=7)
+    r.hset(keys.node("n1"), "started_at", shared_now(r) - STARTUP_GRACE_S - 1)
+    return jid
+
+
 def test_a_job_whose_process_outlives_sigkill_keeps_its_cards_when_its_worker_dies(checker, monkeypatch):
     """Its card's worker is dead: the pass stops the job's processes before failing it as lost,
     but one stuck in the kernel (state D) outlives SIGKILL and may hold the card's memory: the job
     stays RUNNING with its cards (the card's next worker adopts it and waits for the process)
     instead of being retried elsewhere with its cards given back."""
     check, keys, r, _killed, _age = checker
-    monkeypatch.setattr(check, "_card_worker_processes", lambda cards: {})
-    jid = _running_job(r, keys)
-    Ledger(r, keys).store.update(jid, pid=PID + 1, proc_start=7)
-    r.hset(keys.node("n1"), "started_at", shared_now(r) - STARTUP_GRACE_S - 1)
+    jid = _running_job_of_a_dead_worker(check, keys, r, monkeypatch)
     stopped: list[int] = []
     monkeypatch.setattr(health, "is_alive", lambda pid, start: pid == PID + 1)
     monkeypatch.setattr(health, "is_job_process", lambda pid, *a, **k: pid == PID + 1)
@@ -161,3 +167,29 @@ def test_a_stuck_note_lands_only_on_the_run_it_is_about(checker):
     assert code == 1
     assert not store.update_while_running(jid, run, stuck="pid 3")  # it ended meanwhile
     assert store.get(jid).stuck is None
+
+
+def test_a_job_noted_stuck_keeps_its_cards_once_its_wrapper_is_gone(checker, monkeypatch):
+    """The pass that stopped it SIGKILLed its wrapper, which died, while a child of it stuck in
+    the kernel lives on in its session: the next pass, its wrapper gone, failed it as lost and
+    retried it elsewhere, its cards given back (seen live: 'it keeps its cards until they are
+    gone', then 'RUNNING -> PENDING ... worker or node lost' 5 s later, card 0 reserved 0 GiB with
+    the process alive). Nor is it stopped again on each pass."""
+    check, keys, r, _killed, _age = checker
+    jid = _running_job_of_a_dead_worker(check, keys, r, monkeypatch)
+    stopped: list[int] = []
+    wrapper_alive = [True]
+    monkeypatch.setattr(health, "is_alive", lambda pid, start: pid == PID + 1 and wrapper_alive[0])
+    monkeypatch.setattr(health, "session_is_ours", lambda sid, start: sid == PID + 1, raising=False)
+    monkeypatch.setattr(health, "is_job_process", lambda pid, *a, **k: pid == PID + 1)
+    monkeypatch.setattr(health, "stop_tree", lambda sid, grace: stopped.append(sid))
+    monkeypatch.setattr(health, "session_members", lambda sid: [PID + 2] if sid == PID + 1 else [])
+    check._dead_workers(HealthReport())
+    wrapper_alive[0] = False  # SIGKILLed by that pass; its child lives on, stuck
+    check._dead_workers(report := HealthReport())
+    assert stopped == [PID + 1] and report.lost == []
+    assert Ledger(r, keys).store.get(jid).state is JobState.RUNNING
+    assert Ledger(r, keys).card("n1", 0).reserved == GIB
+    monkeypatch.setattr(health, "session_members", lambda sid: [])  # it died at last
+    check._dead_workers(report := HealthReport())
+    assert report.lost == [jid]
