@@ -36,7 +36,7 @@ import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -46,6 +46,10 @@ from rig.failures import CALL_BAD_EXIT, CALL_BAD_RESULT_EXIT
 from rig.keys import Keys
 from rig.pytask import SubmittedWhileImported, loading_call
 from rig.redis_conn import connect
+from rig.replication import ReplicaWait, replica_wait, write_confirmed
+
+if TYPE_CHECKING:
+    from rig.config import Settings
 
 #: Exit code for a call that could not be read or loaded (the function never ran).
 BAD_CALL_EXIT = CALL_BAD_EXIT
@@ -263,7 +267,10 @@ def main() -> int:
     if not job_id.isdigit():
         _say("RIG_JOB_ID is not set; this runs only inside a rig job")
         return BAD_CALL_EXIT
-    gateway = _gateway()
+    from rig.config import load_settings
+
+    settings = load_settings()
+    gateway = _gateway(settings)
     if gateway is not None:
         # As its submitter, without Redis' password: the gateway hands the call and takes the
         # result only from this job's own running process (the kernel says which process asks).
@@ -280,14 +287,18 @@ def main() -> int:
     else:
         keys = Keys(os.environ.get("RIG_KEY_PREFIX", "rig:"))
         # A payload or result can be up to 256 MiB (rig.pytask): a longer reply timeout than rig's.
-        client = connect(os.environ.get("RIG_REDIS_URL", "redis://127.0.0.1:6379/0"),
-                         timeout=REDIS_CONNECT_TIMEOUT_S, reply_timeout=REDIS_REPLY_TIMEOUT_S)
+        url = os.environ.get("RIG_REDIS_URL", "redis://127.0.0.1:6379/0")
+        client = connect(url, timeout=REDIS_CONNECT_TIMEOUT_S, reply_timeout=REDIS_REPLY_TIMEOUT_S)
 
         def fetch() -> str | None:
             return client.hget(keys.job(job_id), "payload")
 
+        replicas = replica_wait(client, keys, url, settings.replica_wait_seconds)
+
         def store(encoded: str) -> None:
-            client.hset(keys.job(job_id), "result", encoded)
+            note = store_result(client, keys, replicas, int(job_id), encoded)
+            if note is not None:
+                _say(f"job {job_id}: {note}")
 
         refused, where = redis.RedisError, "from Redis"
     try:
@@ -309,13 +320,23 @@ def main() -> int:
     return 0
 
 
-def _gateway():  # noqa: ANN202 - rig.gateway.client.GatewayClient | None
+def store_result(client: redis.Redis, keys: Keys, replicas: ReplicaWait | None, job_id: int, encoded: str) -> str | None:
+    """Store a call's result (base64 text) on its job record, so that a Redis fail-over does not
+    lose it: under Sentinel it is written again on the new master when the one it went to was
+    replaced (rig.replication.write_confirmed); a SUCCEEDED job without its result would tell
+    its submitter the function never returned. Returns the warning line when no replica
+    confirmed it, else None. The one writer of ``result``: rig.call and the gateway."""
+    key = keys.job(job_id)
+    return write_confirmed(replicas, lambda: client.hset(key, "result", encoded),
+                           lambda: client.hstrlen(key, "result") == len(encoded), f"job {job_id}'s result")
+
+
+def _gateway(settings: Settings):  # noqa: ANN202 - rig.gateway.client.GatewayClient | None
     """The gateway when this job holds no Redis password (it runs as its submitter on a root
     worker: rig.gateway.choice), else None."""
-    from rig.config import load_settings
     from rig.gateway.choice import make_client
 
-    client = make_client(load_settings())
+    client = make_client(settings)
     return client if getattr(client, "via_gateway", False) else None
 
 

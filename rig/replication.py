@@ -9,7 +9,9 @@ rig therefore sends ``WAIT 1 <timeout>`` after the writes that must survive a fa
   a promoted replica without the claim would let the dispatcher place the job again while its
   first copy runs;
 - a card worker's record of how an attempt ended, before the worker moves on: a promoted
-  replica without it would see a RUNNING job whose heartbeat stops, and run it again.
+  replica without it would see a RUNNING job whose heartbeat stops, and run it again;
+- a ``@rig.task`` call's result (rig.call, directly or through the gateway), before its process
+  exits 0: a promoted replica without it has a SUCCEEDED job with no result (:func:`write_confirmed`).
 
 WAIT waits for every write the same connection sent before it; a pooled client does not keep
 one connection, so :meth:`ReplicaWait.confirm` writes a mark (INCR) and WAITs in one pipeline,
@@ -28,12 +30,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
 
 from rig.errors import ConfigError
 from rig.keys import Keys
+from rig.redis_conn import FAILOVER_WINDOW_S
 from rig.sentinel_url import is_sentinel
 
 log = logging.getLogger(__name__)
@@ -116,6 +120,37 @@ def follow_master(client: redis.Redis) -> None:
     if named is not None and wrote_to is not None and named != wrote_to:
         raise MasterDeposed(f"the Redis master {wrote_to[0]}:{wrote_to[1]} was replaced in a fail-over: the "
                             f"sentinels name {named[0]}:{named[1]}")
+
+
+def write_confirmed(replicas: ReplicaWait | None, write: Callable[[], object], kept: Callable[[], bool],
+                    what: str, window_s: float = FAILOVER_WINDOW_S) -> str | None:
+    """``write()`` so that a fail-over does not lose it, for a write that can simply be made
+    again (idempotent) and whose writer has nothing else to fence it with. Returns None once a
+    replica has it (or not under Sentinel: ``replicas`` None), else the warning line
+    (:meth:`ReplicaWait.unconfirmed_note` of ``what``) once the master the sentinels name holds
+    it (``kept()``, read there). Written to a master the sentinels replaced (MasterDeposed), or
+    not found on the master named after an unconfirmed wait: written again, 0.1 s doubling to
+    1 s apart, until redis-py follows the new master; after ``window_s`` seconds of that the
+    last error is raised (redis errors as they come)."""
+    deadline = time.monotonic() + window_s
+    delay = 0.1
+    while True:
+        write()
+        if replicas is None:
+            return None
+        try:
+            if replicas.confirm():
+                return None
+            if kept():  # read on the master the sentinels name now (confirm followed it)
+                return replicas.unconfirmed_note(what)
+            lost: redis.ConnectionError = MasterDeposed(f"{what} was not on the Redis master after a fail-over")
+        except MasterDeposed as exc:
+            lost = exc
+        if time.monotonic() + delay > deadline:
+            raise lost
+        log.warning("%s: lost in a Redis fail-over (%s); writing it again in %.1f s", what, lost, delay)
+        time.sleep(delay)  # no event says when redis-py's pool follows the new master: retry with backoff
+        delay = min(delay * 2, 1.0)
 
 
 #: Seconds a sentinel that did not answer is left out of :func:`newest_master` (one hung

@@ -103,8 +103,17 @@ class SentinelUrl:
         for (kind, detail), hp in zip(answers, self.sentinels, strict=True):
             if kind == "masters":
                 if self.master_name in detail:
-                    return (f"the sentinels know master {self.master_name!r} but it is down and no replica is "
-                            "promoted yet (a fail-over in progress, or no replica to promote)", True)
+                    down = f"the sentinels know master {self.master_name!r} but it is down"
+                    no_quorum = _no_quorum(hp, self.master_name, {**self.sentinel_kwargs(options or {}),
+                                                                  "decode_responses": True})
+                    if no_quorum is not None:
+                        # Not "in progress": none can start until more sentinels are back.
+                        return (f"{down}, and the sentinels cannot fail over: {no_quorum} (SENTINEL CKQUORUM), too "
+                                "few for the quorum or a majority; start the sentinels that are down (if the master stays down "
+                                "long, they may then find its replica too stale to promote: `SENTINEL FAILOVER "
+                                f"{self.master_name}` on one of them promotes it)", True)
+                    return (f"{down} and no replica is promoted yet (a fail-over in progress, or no replica to "
+                            "promote)", True)
                 named.update(detail)
             else:
                 by_kind.setdefault(kind, []).append(detail if kind == "not_sentinel" else hostport(hp))
@@ -269,6 +278,26 @@ def _ask_sentinel(hp: tuple[str, int], kwargs: dict[str, Any]) -> tuple[str, Any
         return "down", ""
     finally:
         client.close()
+
+
+def _no_quorum(hp: tuple[str, int], master_name: str, kwargs: dict[str, Any]) -> str | None:
+    """How many sentinels the one at ``hp`` can use (``1 usable Sentinels``, from its ``SENTINEL
+    CKQUORUM`` refusal ``NOQUORUM 1 usable Sentinels. Not enough ...``) when they are too few for
+    the quorum or the majority a fail-over needs; None when they are enough, or when it cannot
+    be asked."""
+    import redis
+
+    client = redis.Redis(host=hp[0], port=hp[1], **kwargs)
+    try:
+        client.execute_command("SENTINEL CKQUORUM", master_name)
+    except redis.ResponseError as exc:
+        text = str(exc)
+        return text.removeprefix("NOQUORUM").split(".", 1)[0].strip() if text.startswith("NOQUORUM") else None
+    except (redis.RedisError, OSError):
+        return None
+    finally:
+        client.close()
+    return None
 
 
 #: Sentinel's flags of a replica it cannot use: subjectively / objectively down, disconnected.

@@ -12,6 +12,7 @@ the warning about a future default is therefore noise here.
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 
 from rig.lograte import Throttle
@@ -23,9 +24,29 @@ CONSUMER_LOGGER = "celery.worker.consumer.consumer"
 REPEAT_AFTER_S = 60.0
 
 
+#: redis-py's repr of a sentinel's client, as its "No master found" error lists each one: ~1.2 KB
+#: holding object addresses (``<redis.retry.Retry object at 0x7f68...>``) new at every try.
+_CLIENT_REPR = re.compile(r"<redis\.client\.Redis\(<redis\.connection\.\w*ConnectionPool\(<redis\.connection\.\w*"
+                          r"Connection\((?P<fields>.*?)\)>\)>\)>")
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+
+
+def readable(text: str) -> str:
+    """``text`` with each sentinel client's repr cut to ``sentinel HOST:PORT`` and any other
+    object address dropped: the same outage reads the same at every try (the throttle's key),
+    in a line a person can read."""
+    def short(match: re.Match[str]) -> str:
+        fields = match.group("fields")
+        host, port = re.search(r"\bhost=([^,]*)", fields), re.search(r"\bport=(\d+)", fields)
+        return f"sentinel {host.group(1) if host else '?'}:{port.group(1) if port else '?'}"
+
+    return _ADDRESS.sub("", _CLIENT_REPR.sub(short, text))
+
+
 class ConnectErrorThrottle(logging.Filter):
     """Lets a "Cannot connect" record through once per REPEAT_AFTER_S per error text (the retry
-    count in it changes every time), on one line, with how many were kept quiet."""
+    count in it changes every time; object addresses too: :func:`readable`), on one line, with
+    how many were kept quiet."""
 
     def __init__(self, every: float = REPEAT_AFTER_S) -> None:
         super().__init__()
@@ -37,11 +58,11 @@ class ConnectErrorThrottle(logging.Filter):
         if refused_in(record) is not None:
             return True  # a refused write: workers.consumer_backoff says it (and backs off)
         args = record.args if isinstance(record.args, tuple) else ()
-        cause = str(args[1]) if len(args) > 1 else record.getMessage()
+        cause = readable(str(args[1]) if len(args) > 1 else record.getMessage())
         if not self.throttle.due(cause):
             return False
         quiet = self.throttle.said()
-        record.msg = " ".join(record.getMessage().split())  # one line
+        record.msg = readable(" ".join(record.getMessage().split()))  # one line
         if quiet:
             record.msg += f" ({quiet} more 'Cannot connect' line(s) since the last one shown, not logged)"
         record.args = ()

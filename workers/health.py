@@ -97,6 +97,8 @@ class HealthChecker:
         self._mismatch_said: str | None = None
         self._unrecorded_said: str | None = None
         self._outage_at = -1e9  # when a pass last found Redis out (monotonic s)
+        #: when this checker's last local pass ended (monotonic s; None: none yet)
+        self._local_done_at: float | None = None
         self._replaced: dict[int, float] = {}  # card index -> when its hung worker was killed (monotonic)
         self._beat_pids: dict[int, int] = {}  # card index -> the pid last seen in its worker's heartbeat
         #: card index -> the node's started_at when its worker was last seen heartbeating: a
@@ -126,10 +128,19 @@ class HealthChecker:
         """Dead card workers and orphan processes of this node (its control worker), unless
         the Redis is not this node's installation (then nothing here acts: see
         rig.installation)."""
+        now = time.monotonic()
+        if self._local_done_at is not None and now - self._local_done_at > self.settings.health.timeout:
+            # No pass for that long: Redis had no master (a fail-over without quorum), or this
+            # process was stopped. Heartbeats expired meanwhile are no silence this pass saw:
+            # it killed two card workers as hung a second after a 70 s outage ended.
+            self._outage_at = now
         if self.installation_mismatch() is not None:
-            return HealthReport()
-        return self._locked(self.keys.node_health_lock(self.settings.node_name),
-                            (self._dead_workers, self._orphan_processes, self._stale_usage_dirs))
+            report: HealthReport | None = HealthReport()
+        else:
+            report = self._locked(self.keys.node_health_lock(self.settings.node_name),
+                                  (self._dead_workers, self._orphan_processes, self._stale_usage_dirs))
+        self._local_done_at = time.monotonic()
+        return report
 
     def installation_mismatch(self) -> str | None:
         """Check that Redis still holds the installation this node joined. When it does not

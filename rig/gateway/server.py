@@ -33,6 +33,7 @@ from typing import Any
 
 from rig import __version__, logspace
 from rig.argnames import cli_words
+from rig.call import store_result
 from rig.client import Client, Identity, acting_as, identity_of
 from rig.config import Settings, load_settings
 from rig.errors import InvalidInput, LogMissing, PermissionDenied, RedisUnavailable, RigError
@@ -435,7 +436,9 @@ class Gateway:
         job = self._job_of_peer(peer, _job_id(job_id))
         if not isinstance(encoded, str):
             raise InvalidInput("encoded must be a string")
-        self.client.r.hset(self.client.keys.job(job.id), "result", encoded)
+        note = store_result(self.client.r, self.client.keys, self.client.replicas, job.id, encoded)
+        if note is not None:
+            log.warning("%s", note)
         return True
 
     def _job_of_peer(self, peer: Peer, job_id: int) -> Job:

@@ -193,3 +193,28 @@ def test_a_job_noted_stuck_keeps_its_cards_once_its_wrapper_is_gone(checker, mon
     monkeypatch.setattr(health, "session_members", lambda sid: [])  # it died at last
     check._dead_workers(report := HealthReport())
     assert report.lost == [jid]
+
+
+
+def test_heartbeats_that_expired_while_no_pass_ran_are_no_hung_worker(checker, monkeypatch):
+    """A fail-over without quorum: no master for 70 s, every heartbeat expired, and no local pass
+    ran (the control worker's loop failed before it). The first pass after Redis returned killed
+    two card workers as hung, a second after; silence counts from that pass."""
+    import time
+    import types
+
+    check, keys, r, killed, _age = checker
+    clock = {"s": time.monotonic()}
+    monkeypatch.setattr(health, "time", types.SimpleNamespace(monotonic=lambda: clock["s"], time=time.time))
+    beat = keys.worker(card_worker_name("n1", 0))
+    r.set(beat, json.dumps({"pid": PID}))
+    check.run_local()
+    assert killed == []
+    r.delete(beat)  # expired in the outage
+    clock["s"] += 70  # no pass meanwhile
+    check.run_local()
+    assert killed == []  # its worker may not have reconnected yet
+    for step in range(1, int(TIMEOUT) + 1):  # a pass every check_interval; silent a health.timeout on: hung
+        clock["s"] += 1.0
+        check.run_local()
+        assert killed == ([] if step < TIMEOUT else [(PID, signal.SIGKILL)])

@@ -45,3 +45,30 @@ def test_the_cancel_on_connection_loss_warning_is_silenced_after_celerys_logging
         _silence_cancel_warning()
         warnings.warn(CANCEL_TASKS_BY_DEFAULT, CPendingDeprecationWarning, stacklevel=1)
     assert caught == []
+
+
+def _no_master_found(ports: list[int]) -> str:
+    """redis-py's own error when no sentinel answers (nothing listens on the ports)."""
+    import pytest
+    from redis.sentinel import MasterNotFoundError, Sentinel
+
+    sentinel = Sentinel([("127.0.0.1", port) for port in ports], socket_timeout=0.5)
+    with pytest.raises(MasterNotFoundError) as info:
+        sentinel.discover_master("rigm")
+    return str(info.value)
+
+
+def test_redis_pys_no_master_found_is_said_once_and_short():
+    """Its text holds each sentinel client's repr with object addresses new at every try: every
+    try (3 a 5 s per worker, ~2.5 KB each) was a new cause and logged, through a whole outage."""
+    throttle = ConnectErrorThrottle(every=3600)
+    from rig.testing.sentinel_set import free_port
+
+    ports = [free_port(), free_port()]
+    first, second = _no_master_found(ports), _no_master_found(ports)
+    assert first != second  # the addresses differ: the reason the throttle let each one through
+    shown = _record(1, first)
+    assert throttle.filter(shown) and not throttle.filter(_record(2, second))
+    line = shown.getMessage()
+    assert "0x" not in line and "ConnectionPool" not in line and len(line) < 600, line
+    assert line.count("sentinel 127.0.0.1:") == 2 and "Connection refused" in line

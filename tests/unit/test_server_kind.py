@@ -184,3 +184,31 @@ def test_every_command_refuses_in_one_line_with_exit_6(servers, tmp_path, comman
     done = subprocess.run([str(exe), *command[1:]], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 6, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_sentinels_without_a_quorum_say_they_cannot_fail_over(servers, tmp_path):
+    """Two of three sentinels down, then the master: it said "a fail-over in progress" for
+    good (none could start until the others were back); a lone sentinel with quorum 2 is the
+    same to SENTINEL CKQUORUM."""
+    port = free_port()
+    (tmp_path / "q.conf").write_text(f"port {port}\nbind 127.0.0.1\n"
+                                     f"sentinel monitor rigm 127.0.0.1 {servers['plain']} 2\n")
+    proc = subprocess.Popen([redis_server_binary(), str(tmp_path / "q.conf"), "--sentinel"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with contextlib.suppress(redis.ConnectionError), redis.Redis(port=port) as probe:
+                probe.ping()
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, "the sentinel never answered"
+            time.sleep(0.05)  # polling: a starting server signals nothing
+        why, failover = sentinel_url.parse(f"sentinel://127.0.0.1:{port}/rigm/0").diagnose()
+        assert "cannot fail over: 1 usable Sentinels (SENTINEL CKQUORUM)" in why and "in progress" not in why
+        assert "SENTINEL FAILOVER rigm" in why and "\n" not in why
+        assert failover  # retried: the sentinels may be back within the window
+        why, _ = sentinel_url.parse(f"sentinel://127.0.0.1:{servers['sentinel']}/rigm/0").diagnose()
+        assert "a fail-over in progress" in why  # quorum 1 of 1: nothing stops one
+    finally:
+        proc.kill()
+        proc.wait()
