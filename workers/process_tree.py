@@ -434,15 +434,22 @@ def signal_tree(sid: int, sig: int) -> int:
     return count
 
 
-def stop_tree(sid: int, grace: float, *, reap: Callable[[], None] | None = None) -> None:
-    """SIGTERM the whole tree, then SIGCONT, wait up to ``grace`` seconds for it to go, then
-    SIGKILL.
+def begin_stop(sid: int) -> None:
+    """The first step of stopping session ``sid``: SIGTERM, then SIGCONT. Whoever calls it
+    SIGKILLs the session (``signal_tree``) if it is still there after its grace: ``stop_tree``
+    waits for that; the orphan check (workers.health) comes back on a later pass instead.
 
     SIGCONT because a stopped process (``kill -STOP``, Ctrl-Z, a debugger) acts on no SIGTERM
     until it is continued: without it, a job paused by its owner got no chance to save its work
     at ``rig kill`` or its time limit and was SIGKILLed after the grace. systemd does the same."""
     signal_tree(sid, signal.SIGTERM)
     signal_tree(sid, signal.SIGCONT)  # after SIGTERM: continued, its first act is to handle it
+
+
+def stop_tree(sid: int, grace: float, *, reap: Callable[[], None] | None = None) -> None:
+    """SIGTERM the whole tree, then SIGCONT (``begin_stop``), wait up to ``grace`` seconds for
+    it to go, then SIGKILL, and wait up to 2 s more for the kernel to finish. Blocks that long."""
+    begin_stop(sid)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         if reap:
