@@ -50,6 +50,7 @@ from rig.redis_conn import connect, without_credentials
 from rig.redis_writes import is_outage, refusal
 from rig.replication import replica_wait
 from rig.store import JobStore
+from rig.supervision import beat_supervisor
 from workers.attempt_locate import carries_attempt, job_folders, locate
 from workers.card_keeper import CardKeeper, ForeignKeeper, KeptLog, job_fds
 from workers.log_space import (
@@ -1166,7 +1167,7 @@ class CardRunner:
             try:
                 beat = {
                     "role": "card", "node": self.node, "card": self.index, "pid": os.getpid(),
-                    "jobs": len(self.active_ids()), "seen_at": shared_now(self.r),
+                    "jobs": len(self.active_ids()), "seen_at": shared_now(self.r), **beat_supervisor(),
                 }
                 pipe = self.r.pipeline(transaction=False)
                 pipe.set(self.keys.worker(self.worker_name), json.dumps(beat), ex=ttl)
