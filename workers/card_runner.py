@@ -67,7 +67,6 @@ from workers.process_tree import (
     holds_file,
     is_alive,
     is_job_process,
-    is_stopped,
     job_leftovers,
     leads_session,
     pids_with_environ,
@@ -76,6 +75,7 @@ from workers.process_tree import (
     session_is_ours,
     session_members,
     stop_tree,
+    stopped_sessions,
     wrapper_argv,
 )
 from workers.run_as import RunAs, RunAsRefused
@@ -1216,9 +1216,9 @@ class CardRunner:
         workers.outcomes)."""
         with self._lock:
             active = list(self._active.values())
+        stopped = stopped_sessions({job.pid for job in active}) if active else set()
         for job in active:
-            members = session_members(job.pid)
-            if members and all(is_stopped(pid) for pid in members):
+            if job.pid in stopped:
                 if job.stopped_since is None:
                     job.stopped_since = shared_now(self.r)
                 job.stopped_ticks += 1
