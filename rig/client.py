@@ -66,6 +66,7 @@ from rig.request_rules import (
     resolve_workdir,
 )
 from rig.store import JobStore
+from rig.supervision import beat_of_up
 from rig.words import typed_word
 
 if TYPE_CHECKING:
@@ -771,6 +772,7 @@ class Client:
         workers' beats count (``NodeInfo.workers`` 0: its ``rig up`` no longer runs on this
         host, SIGKILLed with them, and their last beats outlive them by up to health.timeout;
         rig status said "workers alive: 12" under "node b: DOWN" with b's 3 dead ones).
+        Nor one that names another rig up than its node's (rig.supervision.beat_of_up).
         ``nodes``: every node as NodeRegistry.read gave it (read here when None)."""
         import json
 
@@ -781,10 +783,12 @@ class Client:
         if nodes is None:
             nodes = NodeRegistry(self.r, self.keys).read()
         beats_void = {n.name for n in nodes if n.workers == 0}
+        ups = {n.name: (n.pid, n.pid_start) for n in nodes}
         alive = []
         for name, value in zip(names, values, strict=True):
-            if value is None or worker_node(name) in beats_void:
-                continue
+            node = worker_node(name)
+            if value is None or node in beats_void or not beat_of_up(value, *ups.get(node or "", (None, None))):
+                continue  # its node's rig up no longer runs here, or it is a former rig up's
             data = json.loads(value)
             alive.append(WorkerInfo(
                 name=name, role=data.get("role", "?"), node=data.get("node", "?"),

@@ -49,6 +49,7 @@ OWN_VARIABLES: frozenset[str] = frozenset({
     "RIG_PDEATHSIG", "RIG_NODE_OWNER",  # the owner of the node name (rig.node_claim)
     "RIG_UP_REDIS_URL",  # `rig up --daemon --redis URL`'s URL, for its daemon (rig.cli.main.up)
     "RIG_REDIS_POOL_LIMIT",  # a child's bound on its Redis connections (rig.connections, rig.redis_conn)
+    "RIG_REDIS_PASSWORD_SOURCE",  # where the password in a child's RIG_REDIS_URL came from (rig.redis_conn)
     # Flower's login (rig.stack.flower_auth).
     "RIG_FLOWER_AUTH",
     # Scripts, tests and the image build.

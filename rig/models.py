@@ -175,6 +175,10 @@ class Job:
     #: Its processes that outlived SIGKILL, as its card worker saw them ("pid 4242 (state D)"):
     #: its cards stay reserved until they are gone (workers.card_runner: _await_gone). None else.
     stuck: str | None = None
+    #: When its card worker first found every process of it stopped (state T: ``kill -STOP``),
+    #: written once that lasted workers.card_runner.PAUSED_AFTER_TICKS ticks; cleared when it
+    #: runs again or ends (shared clock, epoch s). None while it runs.
+    paused_since: float | None = None
     uid: int | None = None  # the submitting user's uid on the submitting host
     #: The submitting process's umask (rig.job_env.umask_of), the job's own; None in records
     #: that predate it (the job then keeps the card worker's).
@@ -402,6 +406,7 @@ _JOB_CHECKS: dict[str, Callable[[Any], Any]] = {
     "util_samples": lambda t: R.as_int(t, *_COUNT),
     "overuse": lambda t: R.as_int(t, *_COUNT),
     "stuck": lambda t: R.as_text(t, 512),
+    "paused_since": lambda t: R.as_float(t, *_TIME),
 }
 
 #: Fields every job record has; the rest have defaults.

@@ -61,6 +61,7 @@ from rig.errors import InvalidInput, NodeInUse
 from rig.keys import Keys, split_card_id
 from rig.models import JobState
 from rig.redis_writes import refusal
+from rig.supervision import beat_of_up
 from workers.process_tree import boot_host, may_run, proc_start_time
 
 T = TypeVar("T")
@@ -111,8 +112,10 @@ class NodeInfo:
     backend: str = ""
     cards: int = 0
     host: str = ""
-    pid: int | None = None
-    workers: int = 0  # workers of this node with a live heartbeat
+    pid: int | None = None  # its rig up's
+    pid_start: int | None = None  # its rig up's start time (clock ticks since its host's boot)
+    #: workers of this node with a live heartbeat that names no other rig up (beat_of_up)
+    workers: int = 0
     #: Set by the node when this Redis is not the installation it joined (rig.installation):
     #: the line saying so and what to do; the node then acts on nothing.
     mismatch: str | None = None
@@ -409,15 +412,16 @@ class NodeRegistry:
             pipe.hgetall(self.keys.node(name))
             pipe.exists(self.keys.node_alive(name))
         replies = pipe.execute()
-        live_workers = self._live_workers_by_node()
+        live_workers = self._live_workers_by_node({name: replies[2 * i] or {} for i, name in enumerate(names)})
         now = shared_now(self.r)
         here = boot_host()
         return [_info(name, replies[2 * i] or {}, bool(replies[2 * i + 1]), live_workers.get(name, 0), now,
                       here=here)
                 for i, name in enumerate(names)]
 
-    def _live_workers_by_node(self) -> dict[str, int]:
-        """Node name -> workers of it whose heartbeat has not expired (names are role@node)."""
+    def _live_workers_by_node(self, records: dict[str, dict]) -> dict[str, int]:
+        """Node name -> workers of it whose heartbeat has not expired and names no rig up other
+        than the one its record (``records``: node name -> its hash) names (names are role@node)."""
         names = sorted(self.r.smembers(self.keys.workers))
         if not names:
             return {}
@@ -425,7 +429,8 @@ class NodeRegistry:
         counts: dict[str, int] = {}
         for name, value in zip(names, values, strict=True):
             node = worker_node(name)
-            if value is not None and node is not None:
+            record = records.get(node or "", {})
+            if node is not None and beat_of_up(value, _int(record.get("pid")), _int(record.get("pid_start"))):
                 counts[node] = counts.get(node, 0) + 1
         return counts
 
@@ -500,7 +505,7 @@ def _info(name: str, raw: dict, heartbeat: bool, workers: int, now: float, *, he
         name=name, alive=alive and state != "stopped", state=state, since=since, last_seen=seen,
         started_at=started, down_since=down, stopped_at=stopped, missing_since=missing,
         beat_ttl=ttl, presumed_down=presumed, backend=raw.get("backend", ""), cards=int(num("cards") or 0), host=raw.get("host", ""),
-        pid=int(pid) if pid is not None else None, workers=workers,
+        pid=int(pid) if pid is not None else None, pid_start=_int(raw.get("pid_start")), workers=workers,
         mismatch=raw.get("installation_mismatch") or None,
         unrecorded=raw.get("unrecorded_jobs") or None,
         clock_skew=raw.get("clock_skew") or None,

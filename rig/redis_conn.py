@@ -19,6 +19,7 @@ never its argv) and every job uses the same credentials. Printed URLs always go 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import secrets
 import socket
@@ -620,7 +621,7 @@ def resolve_auth(url: str, *, home: Path, password: str | None = None,
         url = sentinel_url.with_sentinel_password(url, read_password_file(path, sentinels=True))
     home_file = home_password_file(home) if is_local(url) else None
     if url_password(url):
-        auth = RedisAuth(url, "the URL (RIG_REDIS_URL / redis_url)", home_file)
+        auth = RedisAuth(url, _handed_source(url) or URL_SOURCE, home_file)
     elif password:
         auth = RedisAuth(with_password(url, password), "redis_password (RIG_REDIS_PASSWORD)", home_file)
     elif password_file is not None:
@@ -659,7 +660,35 @@ def password_source(url: str) -> str:
     auth = _RESOLVED.get(url)
     if auth is not None:
         return auth.source
-    return "the URL (RIG_REDIS_URL / redis_url)" if url_password(url) else ""
+    return URL_SOURCE if url_password(url) else ""
+
+
+#: Where a password inside the URL itself comes from, as errors name it.
+URL_SOURCE = "the URL (RIG_REDIS_URL / redis_url)"
+#: Set by rig up for its children beside the resolved RIG_REDIS_URL it hands them: where the
+#: password inside that URL came from ("DIGEST SOURCE"; DIGEST binds it to that very URL, so a
+#: copy of the variable beside another URL is ignored). A refused password was named as coming
+#: from "the URL (RIG_REDIS_URL / redis_url)" when rig up had read it from redis_password_file.
+PASSWORD_SOURCE_ENV = "RIG_REDIS_PASSWORD_SOURCE"
+
+
+def _url_digest(url: str) -> str:
+    return hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+def handed_source(url: str) -> dict[str, str]:
+    """The variable (PASSWORD_SOURCE_ENV) rig up gives a child beside RIG_REDIS_URL=``url``
+    (resolved): where its password came from, when not from the URL as configured."""
+    source = password_source(url)
+    if not source or source == URL_SOURCE:
+        return {}
+    return {PASSWORD_SOURCE_ENV: f"{_url_digest(url)} {source} (as read by rig up when it started)"}
+
+
+def _handed_source(url: str) -> str:
+    """Where rig up found the password inside ``url`` (handed_source), "" if it did not say."""
+    digest, _, source = os.environ.get(PASSWORD_SOURCE_ENV, "").partition(" ")
+    return source if source and digest == _url_digest(url) else ""
 
 
 def read_password_file(path: Path, *, sentinels: bool = False) -> str:

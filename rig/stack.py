@@ -61,6 +61,7 @@ from rig.redis_conn import (
     client_options,
     connect,
     ensure_password_file,
+    handed_source,
     home_password_file,
     password_source,
     resolve_auth,
@@ -1425,6 +1426,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
             env[f"RIG_{key.upper()}"] = str(value)
     if settings.config_file:
         env["RIG_CONFIG"] = str(settings.config_file)
+    env.update(handed_source(settings.redis_url))  # where the password inside RIG_REDIS_URL came from
     return env
 
 

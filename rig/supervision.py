@@ -87,6 +87,34 @@ def beat_pid(raw: str | None) -> int | None:
         return None
 
 
+def beat_supervisor() -> dict[str, int]:
+    """What a worker's heartbeat (``Keys.worker``, JSON) says of the ``rig up`` that started it:
+    ``up_pid`` and ``up_start`` (its RIG_SUPERVISOR_PID / RIG_SUPERVISOR_START: pid, and start
+    time in clock ticks since boot); empty for a worker started otherwise (by hand, a test)."""
+    pid, start = os.environ.get(SUPERVISOR_PID, ""), os.environ.get(SUPERVISOR_START, "")
+    if not pid.isdigit():
+        return {}
+    return {"up_pid": int(pid), **({"up_start": int(start)} if start.isdigit() else {})}
+
+
+def beat_of_up(raw: str | None, up_pid: int | None, up_start: int | None) -> bool:
+    """Does a worker's heartbeat (JSON, None: none) count for a node whose record names ``rig
+    up`` ``up_pid`` started at ``up_start`` (rig.nodes: its ``pid``, ``pid_start``)? Not when it
+    names another rig up: the last beats of the workers of a rig up SIGKILLed with them outlive
+    them by up to health.timeout, and a rig up started at once read "up, 3 worker(s)" from them.
+    One that names none (or a record without a pid, or an unreadable beat) counts while it lives."""
+    if not raw:
+        return False
+    try:
+        beat = json.loads(raw)
+        named, started = beat.get("up_pid"), beat.get("up_start")
+    except (ValueError, AttributeError):
+        return True
+    if named is None or up_pid is None:
+        return True
+    return named == up_pid and (started is None or up_start is None or started == up_start)
+
+
 def node_mark(node: str, home: Path) -> str:
     """The RIG_NODE_PROCESS value of node ``node`` with rig home ``home``."""
     return f"{node}@{Path(home).expanduser().resolve()}"

@@ -55,7 +55,7 @@ from rig.node_claim import OWNER_ENV
 from rig.nodes import NodeRegistry
 from rig.redis_conn import connect
 from rig.redis_writes import is_outage
-from rig.supervision import supervisor_gone, watch_supervisor
+from rig.supervision import beat_supervisor, supervisor_gone, watch_supervisor
 from rig.worker_lock import EXIT_LOCK_HELD, LockHeld, acquire, lock_path, worker_lock_name
 from workers import broker_quiet, celery_clock, kombu_patches, remote_control
 from workers.alert_check import AlertChecker
@@ -241,7 +241,7 @@ def _control_heartbeat(name: str) -> None:
                 _control_stop.wait(settings.telemetry_interval)
                 continue
             beat = {"role": "control", "node": settings.node_name, "card": None,
-                    "pid": os.getpid(), "jobs": 0, "seen_at": shared_now(nodes.r)}
+                    "pid": os.getpid(), "jobs": 0, "seen_at": shared_now(nodes.r), **beat_supervisor()}
             _redis.set(keys.worker(name), json.dumps(beat), ex=ttl)
             _redis.sadd(keys.workers, name)
             # As its rig up (RIG_NODE_OWNER): refused once that rig up marked the node stopped.

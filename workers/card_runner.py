@@ -50,6 +50,7 @@ from rig.redis_conn import connect, without_credentials
 from rig.redis_writes import is_outage, refusal
 from rig.replication import replica_wait
 from rig.store import JobStore
+from rig.supervision import beat_supervisor
 from workers.attempt_locate import carries_attempt, job_folders, locate
 from workers.card_keeper import CardKeeper, ForeignKeeper, KeptLog, job_fds
 from workers.log_space import (
@@ -74,6 +75,7 @@ from workers.process_tree import (
     session_is_ours,
     session_members,
     stop_tree,
+    stopped_sessions,
     wrapper_argv,
 )
 from workers.run_as import RunAs, RunAsRefused
@@ -97,6 +99,9 @@ KEEPER_WAIT_S = 10.0
 KEEPER_POLL_S = 0.02
 #: The most of an exit file that is read (bytes): it holds one number.
 EXIT_FILE_MAX_BYTES = 64
+#: A job whose every process is found stopped (state T: ``kill -STOP``, Ctrl-Z, a debugger) at
+#: this many ticks in a row (telemetry_interval s apart) is marked paused (Job.paused_since).
+PAUSED_AFTER_TICKS = 3
 
 
 @dataclass
@@ -134,6 +139,13 @@ class ActiveJob:
     #: The job's instance (Job.instance): its ending is written only to the record of that
     #: job, never to a later job that reuses the id (after Redis lost its data).
     instance: str | None = None
+    #: Ticks in a row its every process was found stopped, and when the first of them was
+    #: (shared clock, epoch s; None while it runs): see CardRunner._note_paused.
+    stopped_ticks: int = 0
+    stopped_since: float | None = None
+    #: Whether Job.paused_since is written: None at first (an adopted job's may be, by the
+    #: worker before), so the first tick that finds it running clears it.
+    paused_written: bool | None = None
 
     @property
     def pid_file(self) -> Path:
@@ -1184,7 +1196,7 @@ class CardRunner:
             try:
                 beat = {
                     "role": "card", "node": self.node, "card": self.index, "pid": os.getpid(),
-                    "jobs": len(self.active_ids()), "seen_at": shared_now(self.r),
+                    "jobs": len(self.active_ids()), "seen_at": shared_now(self.r), **beat_supervisor(),
                 }
                 pipe = self.r.pipeline(transaction=False)
                 pipe.set(self.keys.worker(self.worker_name), json.dumps(beat), ex=ttl)
@@ -1198,6 +1210,7 @@ class CardRunner:
                 reading = self._read_card()
                 if reading is not None:
                     self._observe_jobs(reading)
+                self._note_paused()
                 self.log_space.check()
                 if time.monotonic() >= next_audit:
                     next_audit = time.monotonic() + self.settings.health.check_interval
@@ -1211,6 +1224,33 @@ class CardRunner:
             self.r.delete(self.keys.worker(self.worker_name))
         except redis.RedisError:
             pass
+
+    def _note_paused(self) -> None:
+        """Mark a running job whose every process is stopped (state T) PAUSED_AFTER_TICKS ticks
+        in a row as paused since the first of them (Job.paused_since: `rig show` / `rig jobs`
+        say so: it holds its cards and does nothing), and clear the mark once any of it runs
+        again. Said, never acted on: whoever stopped it may continue it (``kill -CONT``). The
+        one place the mark is written or cleared while it runs (its ending clears it too:
+        workers.outcomes)."""
+        with self._lock:
+            active = list(self._active.values())
+        stopped = stopped_sessions({job.pid for job in active}) if active else set()
+        for job in active:
+            if job.pid in stopped:
+                if job.stopped_since is None:
+                    job.stopped_since = shared_now(self.r)
+                job.stopped_ticks += 1
+                if job.stopped_ticks >= PAUSED_AFTER_TICKS and job.paused_written is not True:
+                    log.warning("job %s: all its processes are stopped (state T) since %s; it holds its cards",
+                                job.job_id, time.strftime("%H:%M:%S", time.localtime(job.stopped_since)))
+                    job.paused_written = self.store.update_while_running(job.job_id, job.token,
+                                                                         paused_since=job.stopped_since)
+                continue
+            if job.paused_written is not False:
+                if job.paused_written:
+                    log.info("job %s: runs again", job.job_id)
+                self.store.clear_fields(job.job_id, "paused_since")
+            job.stopped_ticks, job.stopped_since, job.paused_written = 0, None, False
 
     def _read_card(self) -> GpuReading | None:
         """Record the card's readings; a card that cannot be read, or runs hotter than

@@ -25,6 +25,8 @@ for its own node) covers what needs the node's processes:
 2. Orphan processes: a process of this rig and this node (by its RIG_KEY_PREFIX /
    RIG_NODE_NAME / RIG_JOB_ID environment) whose job is not RUNNING here in that attempt is
    stopped with its session: after a rejoin, this is what stops a copy that was re-run elsewhere.
+   SIGTERM on the pass that finds it, SIGKILL on a pass ``kill_grace_seconds`` later: a pass
+   never waits for one to die.
 
 ``run_once`` does both (tests and scripts).
 """
@@ -56,12 +58,14 @@ from rig.redis_writes import is_outage
 from rig.supervision import beat_pid, hung_after
 from workers.outcomes import AttemptEnd, conclude
 from workers.process_tree import (
+    begin_stop,
     environments,
     is_alive,
     is_job_process,
     pids_words,
     session_is_ours,
     session_members,
+    signal_tree,
     stop_tree,
 )
 from workers.unrecorded import UNRECORDED_FIELD, running_line
@@ -86,6 +90,19 @@ class HealthReport:
                     or self.nodes_down or self.nodes_back)
 
 
+@dataclass
+class OrphanStop:
+    """An orphan session the local pass is stopping without waiting for it: SIGTERM at
+    ``termed_at``, SIGKILL from the first pass ``kill_grace_seconds`` later (``killed_at``),
+    and again each pass while any of it is left (monotonic s)."""
+
+    job_id: int
+    attempt: int
+    termed_at: float
+    killed_at: float | None = None
+    outlived_said: bool = False  # its "outlived SIGKILL" line is said once
+
+
 class HealthChecker:
     def __init__(self, settings: Settings, client: redis.Redis) -> None:
         self.settings = settings
@@ -104,6 +121,8 @@ class HealthChecker:
         #: card index -> the node's started_at when its worker was last seen heartbeating: a
         #: worker of this run of the node that beat once is no longer being started
         self._beat_in_run: dict[int, str] = {}
+        #: session id -> the orphan being stopped there (see _stop_orphans)
+        self._orphan_stops: dict[int, OrphanStop] = {}
 
     def run_once(self) -> HealthReport | None:
         """The cluster pass and this node's local pass; None if another holds either lock."""
@@ -459,6 +478,7 @@ class HealthChecker:
                 if p.installation is None or p.installation == current}
         jobs = {j.id: j for j in self.store.get_many(sorted({p.job_id for p in mine.values()}))} if mine else {}
         unrecorded: list[int] = []
+        orphans: dict[int, tuple[JobProcess, JobState]] = {}
         for sid, proc in mine.items():
             job_id, attempt = proc.job_id, proc.attempt
             job: Job | None = jobs.get(job_id)
@@ -480,11 +500,42 @@ class HealthChecker:
                 # card worker records an ending only once the job's session is empty): not an
                 # orphan, nothing to stop or to say (was a false "stopping orphan" line).
                 continue
-            log.warning("health: stopping orphan process tree %s of job %s attempt %s (job is %s)",
-                        sid, job_id, attempt, job.state.value)
-            stop_tree(sid, self.settings.kill_grace_seconds)
-            report.orphans_stopped.append(sid)
+            orphans[sid] = (proc, job.state)
+        self._stop_orphans(orphans, report)
         self._mark_unrecorded(sorted(set(unrecorded)))
+
+    def _stop_orphans(self, orphans: dict[int, tuple[JobProcess, JobState]], report: HealthReport) -> None:
+        """Stop the orphan sessions of this pass without waiting for them: SIGTERM one first
+        seen, SIGKILL one still there ``kill_grace_seconds`` later (on the first pass after
+        that), and say each step once. Waiting here (stop_tree: the grace + 2 s) held the
+        control worker that long per orphan that did not die, every pass. A session no longer
+        an orphan (gone, or its session id now another job's) is forgotten."""
+        now = time.monotonic()
+        for sid in list(self._orphan_stops):
+            stop, found = self._orphan_stops[sid], orphans.get(sid)
+            if found is None or (found[0].job_id, found[0].attempt) != (stop.job_id, stop.attempt):
+                del self._orphan_stops[sid]
+        for sid, (proc, state) in sorted(orphans.items()):
+            stop = self._orphan_stops.get(sid)
+            if stop is None:
+                log.warning("health: stopping orphan process tree %s of job %s attempt %s (job is %s)",
+                            sid, proc.job_id, proc.attempt, state.value)
+                begin_stop(sid)
+                self._orphan_stops[sid] = OrphanStop(proc.job_id, proc.attempt, termed_at=now)
+                report.orphans_stopped.append(sid)
+                continue
+            if stop.killed_at is None and now - stop.termed_at < self.settings.kill_grace_seconds:
+                continue
+            if stop.killed_at is None:
+                log.warning("health: orphan process tree %s of job %s outlived SIGTERM by %g s; SIGKILL",
+                            sid, proc.job_id, self.settings.kill_grace_seconds)
+                stop.killed_at = now
+            elif not stop.outlived_said:
+                # Stuck in the kernel (state D) or new members since: SIGKILLed again each pass.
+                log.warning("health: %s of orphan process tree %s of job %s outlived SIGKILL; "
+                            "signalled again each pass", pids_words(session_members(sid)), sid, proc.job_id)
+                stop.outlived_said = True
+            signal_tree(sid, signal.SIGKILL)
 
     def _stale_usage_dirs(self, report: HealthReport) -> None:  # noqa: ARG002 - a health step
         """Remove the fake-card usage folders (rig.gpus.fake.job_usage_dir) of jobs that no

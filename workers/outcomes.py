@@ -204,6 +204,7 @@ def conclude(ledger: Ledger, job: Job, token: str, end: AttemptEnd,
     ended_at = end.ended_at if end.ended_at is not None else shared_now(ledger.r)
     decision = decide(job, end, largest, now=ended_at)
     decision.fields["stuck"] = None  # concluded once nothing of it runs: none of it is stuck any more
+    decision.fields["paused_since"] = None  # nor paused
     if decision.state is JobState.PENDING:
         # A new attempt measures afresh.
         decision.fields.update(vram_peak=0, vram_sum=0, vram_samples=0, util_sum=0,

@@ -105,11 +105,29 @@ def boot_host() -> str:
     return f"{socket.gethostname()}/{boot or '?'}/{namespace or '?'}"
 
 
+#: The process states (/proc/PID/stat) of one stopped by a signal (SIGSTOP, SIGTSTP: T) or by
+#: a tracer (t): it handles no SIGTERM until it is continued (``kill -CONT``).
+STOPPED_STATES = ("T", "t")
+
+
 def is_stopped(pid: int) -> bool:
-    """Is ``pid`` stopped by a signal (SIGSTOP, SIGTSTP: state T) or by a tracer (t)? Such a
-    process handles no SIGTERM until it is continued (``kill -CONT``)."""
+    """Is ``pid`` stopped (STOPPED_STATES)?"""
     fields = _stat_fields(pid)
-    return bool(fields) and fields[0] in ("T", "t")
+    return bool(fields) and fields[0] in STOPPED_STATES
+
+
+def stopped_sessions(sids: set[int]) -> set[int]:
+    """Those of ``sids`` with live processes, every one of them stopped (STOPPED_STATES), in
+    one pass over /proc (a card worker asks for its jobs every tick: a pass per job cost ~27 ms
+    each on a host of 2,000 processes)."""
+    states: dict[int, set[str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = _stat_fields(int(entry))
+        if fields and fields[0] != "Z" and int(fields[3]) in sids:  # field 6 = session
+            states.setdefault(int(fields[3]), set()).add(fields[0])
+    return {sid for sid, seen in states.items() if sid > 1 and seen <= set(STOPPED_STATES)}
 
 
 def is_alive(pid: int, start_time: int | None) -> bool:
@@ -434,15 +452,22 @@ def signal_tree(sid: int, sig: int) -> int:
     return count
 
 
-def stop_tree(sid: int, grace: float, *, reap: Callable[[], None] | None = None) -> None:
-    """SIGTERM the whole tree, then SIGCONT, wait up to ``grace`` seconds for it to go, then
-    SIGKILL.
+def begin_stop(sid: int) -> None:
+    """The first step of stopping session ``sid``: SIGTERM, then SIGCONT. Whoever calls it
+    SIGKILLs the session (``signal_tree``) if it is still there after its grace: ``stop_tree``
+    waits for that; the orphan check (workers.health) comes back on a later pass instead.
 
     SIGCONT because a stopped process (``kill -STOP``, Ctrl-Z, a debugger) acts on no SIGTERM
     until it is continued: without it, a job paused by its owner got no chance to save its work
     at ``rig kill`` or its time limit and was SIGKILLed after the grace. systemd does the same."""
     signal_tree(sid, signal.SIGTERM)
     signal_tree(sid, signal.SIGCONT)  # after SIGTERM: continued, its first act is to handle it
+
+
+def stop_tree(sid: int, grace: float, *, reap: Callable[[], None] | None = None) -> None:
+    """SIGTERM the whole tree, then SIGCONT (``begin_stop``), wait up to ``grace`` seconds for
+    it to go, then SIGKILL, and wait up to 2 s more for the kernel to finish. Blocks that long."""
+    begin_stop(sid)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         if reap:

@@ -233,6 +233,13 @@ def no_node_note(client) -> str | None:  # noqa: ANN001 - rig.client.Client or t
             "RIG_CONFIG and RIG_REDIS_URL in your shell")
 
 
+def paused_words(job_id: int, since: str) -> str:
+    """What `rig show` / `rig jobs` say of a running job whose every process is stopped
+    (Job.paused_since; ``since``: that time as the reader writes times)."""
+    return (f"paused since {since}: all its processes are stopped (state T: kill -STOP, Ctrl-Z, a debugger); "
+            f"it holds its cards and does nothing; `kill -CONT` its processes to resume it, or `rig kill {job_id}`")
+
+
 def stuck_words(stuck: str) -> str:
     """Why a job whose processes were stopped still runs: ``stuck`` (Job.stuck) outlived SIGKILL."""
     return (f"{stuck} outlived SIGKILL (stuck in the kernel: a GPU driver, a hung file system?); "

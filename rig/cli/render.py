@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rig.cli.common import stuck_words
+from rig.cli.common import paused_words, stuck_words
 from rig.cli.fit import Cell, Col, fitted_table
 from rig.cli.logview import attempt_logs
 from rig.client import StatusReport
@@ -330,6 +330,8 @@ def job_reason(job: Job, said: str | None = None) -> str:
     if job.state in (JobState.ASSIGNED, JobState.RUNNING):
         if job.stuck:
             return stuck_words(job.stuck)
+        if job.paused_since and job.state is JobState.RUNNING:
+            return paused_words(job.id, when(job.paused_since))
         # A live job's reason and class are its last attempt's: say so, never as if now.
         if not job.attempts:
             return "-"
@@ -493,6 +495,8 @@ def render_job(job: Job, why: str | None, console: Console, *, in_error_queue: b
         rows.append(("reason", job.reason))
     if job.stuck and not job.state.terminal:
         rows.append(("stopping", stuck_words(job.stuck)))
+    if job.paused_since and job.state is JobState.RUNNING:
+        rows.append(("paused", paused_words(job.id, when(job.paused_since))))
     for problem in job.problems:  # a damaged record: what is wrong with it
         rows.append(("invalid record", problem))
     if job.vram_samples:

@@ -206,6 +206,11 @@ def _util(card: CardState) -> str:
 
 
 # -- sections -----------------------------------------------------------------------------------
+#: The card line's last heading ("health / jobs on it") on a narrow screen, the first that fits
+#: (the last always). Never plain "jobs": the count column beside it is headed so ("jobs jobs").
+NARROW_REST_HEADERS = ("health / jobs", "running", "on it")
+
+
 def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text], list[bool]]:
     """The cards' heading and lines, a node's heading line before its cards where there are
     several nodes, and which lines are a card's (a node's heading is no card to count)."""
@@ -231,8 +236,8 @@ def _card_lines(report: StatusReport, width: int) -> tuple[Text, list[Text], lis
     ]
     rest = _Col("names", "health / jobs on it", 0)
     cols = _layout(cols, width, rest, 14, drop=["model", "temp", "util", "bar"])
-    if rest.width < len(rest.header):  # a heading is never cut
-        rest.header = next(h for h in ("health / jobs", "jobs") if len(h) <= rest.width or h == "jobs")
+    if rest.width < len(rest.header):  # a heading is never cut, nor says "jobs" beside the count's
+        rest.header = next(h for h in NARROW_REST_HEADERS if len(h) <= rest.width or h == NARROW_REST_HEADERS[-1])
     # Each job gets its share of the room, its name shortened with every other running job's
     # (rig.cli.fit.shorten_names) so a sweep's runs stay apart ("…lr0.001-seed-11"); too little
     # room for a name: the job ids (the running jobs below name them).

@@ -839,3 +839,54 @@ def test_adoption_passes_that_overlap_end_a_job_with_a_stuck_process_once(env, t
     done = ledger.store.get(job.id)
     assert done.state is JobState.SUCCEEDED and done.exit_code == 0 and done.stuck is None
     assert ledger.card("n1", 0).reserved == 0
+
+
+def test_a_job_whose_every_process_is_stopped_is_said_to_be_paused_and_left_alone(env, tmp_path):
+    """`kill -STOP` of a job (state T): it read RUNNING holding its cards with nothing saying
+    so. Its card worker marks it paused after PAUSED_AFTER_TICKS ticks in a row (said, not
+    killed: whoever stopped it may continue it) and clears the mark once it runs again."""
+    import signal
+
+    from rich.console import Console
+
+    from rig.cli.render import render_job
+    from workers.card_runner import PAUSED_AFTER_TICKS
+    from workers.process_tree import is_stopped, session_members, signal_tree
+
+    settings, ledger, runner, _ = env
+    go = tmp_path / "go"
+    job, token = placed(ledger, f"while [ ! -e {go} ]; do sleep 0.02; done", tmp_path)
+    ended: list[str] = []
+    runner_thread = threading.Thread(target=lambda: ended.append(runner.run_job(job.id, token)))
+    runner_thread.start()
+    pid = 0  # signal_tree leaves a session id <= 1 alone
+    try:
+        assert _until(lambda: ledger.store.get(job.id).pid is not None and runner.active_ids() == [job.id])
+        pid = ledger.store.get(job.id).pid or 0
+        signal_tree(pid, signal.SIGSTOP)
+        assert _until(lambda: all(is_stopped(p) for p in session_members(pid)))
+        for _ in range(PAUSED_AFTER_TICKS - 1):
+            runner._note_paused()
+        assert ledger.store.get(job.id).paused_since is None  # a moment's stop is no pause
+        runner._note_paused()
+        paused = ledger.store.get(job.id)
+        assert paused.state is JobState.RUNNING and paused.paused_since is not None
+        assert job_reason(paused).startswith("paused since ")
+        assert f"`rig kill {job.id}`" in job_reason(paused)
+        shown = Console(record=True, width=400)
+        render_job(paused, None, shown)
+        assert "paused since " in shown.export_text()
+        signal_tree(pid, signal.SIGCONT)
+        assert _until(lambda: not any(is_stopped(p) for p in session_members(pid)))
+        runner._note_paused()
+        assert ledger.store.get(job.id).paused_since is None
+        # Adopted from a worker that marked it: the first tick that finds it running clears the mark.
+        ledger.store.update(job.id, paused_since=paused.paused_since)
+        runner._active[job.id].paused_written = None
+        runner._note_paused()
+        assert ledger.store.get(job.id).paused_since is None
+    finally:
+        signal_tree(pid, signal.SIGCONT)
+        go.touch()
+        runner_thread.join(timeout=20)
+    assert ended == ["SUCCEEDED"]

@@ -6,7 +6,9 @@ nothing is said (it was a false "stopping orphan process tree" line ~0.1 s after
 from __future__ import annotations
 
 import logging
+import signal
 import subprocess
+import time
 
 import pytest
 
@@ -70,3 +72,42 @@ def test_an_ended_jobs_process_started_from_the_nodes_former_home_is_still_stopp
            "RIG_JOB_ID": str(job.id), "RIG_ATTEMPT": "1", "RIG_JOB_INSTANCE": job.instance or "",
            "RIG_REDIS_URL": settings.redis_url, "RIG_EXIT_FILE": str(former / "attempt-1.exit")}
     _stopped_as_orphan(settings, ledger, subprocess.Popen(["sleep", "300"], env=env, start_new_session=True))
+
+
+class _Clock:
+    """workers.health's monotonic clock, moved by hand (s)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_an_orphan_that_ignores_sigterm_does_not_hold_the_pass(card_runner_env, tmp_path, monkeypatch, caplog):
+    """A pass SIGTERMs an orphan and goes on (it waited kill_grace_seconds + 2 s per orphan that
+    did not die, every pass, holding the control worker); the first pass kill_grace_seconds
+    later SIGKILLs it. Each step is said once."""
+    settings, ledger, runner, _ = card_runner_env
+    job, token = placed(ledger, "true", tmp_path)
+    assert runner.run_job(job.id, token) == "SUCCEEDED"
+    deaf = subprocess.Popen(["bash", "-c", "trap '' TERM; while :; do sleep 1; done"], start_new_session=True)
+    clock = _Clock()
+    monkeypatch.setattr(health, "time", clock)
+    _with_scan(monkeypatch, {deaf.pid: JobProcess(job.id, 1, job.instance)})
+    checker = HealthChecker(settings, ledger.r)
+    try:
+        with caplog.at_level(logging.WARNING, logger="workers.health"):
+            for _ in range(3):  # within the grace: SIGTERM once, then nothing
+                started = time.monotonic()
+                checker._orphan_processes(HealthReport())
+                assert time.monotonic() - started < settings.kill_grace_seconds
+            assert deaf.poll() is None
+            assert caplog.text.count("stopping orphan") == 1
+            clock.now += settings.kill_grace_seconds
+            checker._orphan_processes(HealthReport())
+            assert deaf.wait(10) == -signal.SIGKILL
+        assert caplog.text.count("outlived SIGTERM") == 1
+    finally:
+        deaf.kill()
+        deaf.wait()

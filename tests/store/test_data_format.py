@@ -38,8 +38,11 @@ FINGERPRINTS = {
     # f0d123c6d27c: Job.stuck beside a job's queued_at (when it last went back to the queue,
     # stamped by transition.lua; rig.models.waiting_since falls back to created_at without it):
     # an older rig ignores both.
+    # 8ed2dcf5a35d: Job.paused_since (every process of it stopped, state T), said by rig show / jobs;
+    # an older rig ignores the field (its views say nothing of a pause, as before); a mark it leaves
+    # uncleared at an ending is shown only while the job is RUNNING, and a newer worker clears it.
     1: {"d9e95e666b68", "2bf4068303b9", "17ab44445fb1", "f6cb4f2d5bc8", "8e99968e9500", "b908b4adfacd",
-        "557f5189fdbb", "f0d123c6d27c"},
+        "557f5189fdbb", "f0d123c6d27c", "8ed2dcf5a35d"},
 }
 
 

@@ -6,6 +6,7 @@ since ..., 8 card(s), 0 worker(s)` and rig-submit `it fits now (vm/0)`. fakeredi
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -166,3 +167,36 @@ def test_the_workers_of_a_node_whose_rig_up_is_gone_here_are_not_counted_alive(w
     redis_client.hset(keys.node("vm"), "host_id", "elsewhere/boot")
     names, in_status, scraped = counted()
     assert names == in_status == ["card0@vm", "control@b", "control@vm"], (names, in_status)
+
+
+def test_the_beats_of_a_former_rig_ups_workers_do_not_count_for_the_next_one(world, redis_client):
+    """A node's rig up and all its workers SIGKILLed, `rig up` again at once: for the life of
+    the dead workers' last beats `rig status` said "up, 3 worker(s)". A beat names the rig up
+    that started its worker (rig.supervision.beat_supervisor); one naming another rig up than
+    the node's record does not count, for the node nor in the workers' list."""
+    from rig.supervision import beat_of_up
+    from workers.process_tree import proc_start_time
+
+    keys, ledger, nodes, client = world
+    me = os.getpid()
+    nodes.register("vm", ttl=TTL, backend="fake", cards=2, pid=me)  # the new rig up: alive
+    former = {"up_pid": _dead_pid(), "up_start": 1}
+    current = {"up_pid": me, "up_start": proc_start_time(me)}
+    for name, up in (("card0@vm", former), ("card1@vm", former), ("control@vm", current), ("flower@vm", {})):
+        _worker_beat(redis_client, keys, name)
+        redis_client.set(keys.worker(name), json.dumps({"role": name.split("@")[0], "node": "vm", **up}), ex=int(TTL))
+    (node,) = nodes.read()
+    assert node.state == "up" and node.workers == 2, node
+    assert [w.name for w in client.workers()] == ["control@vm", "flower@vm"]
+    # The same pid started at another time is another process: not this rig up.
+    assert not beat_of_up(json.dumps({**current, "up_start": current["up_start"] + 1}), me, current["up_start"])
+
+
+def test_a_worker_beat_names_the_rig_up_that_started_it(monkeypatch):
+    from rig.supervision import SUPERVISOR_PID, SUPERVISOR_START, beat_supervisor
+
+    monkeypatch.setenv(SUPERVISOR_PID, "4242")
+    monkeypatch.setenv(SUPERVISOR_START, "77")
+    assert beat_supervisor() == {"up_pid": 4242, "up_start": 77}
+    monkeypatch.delenv(SUPERVISOR_PID)
+    assert beat_supervisor() == {}

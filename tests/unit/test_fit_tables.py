@@ -653,3 +653,12 @@ def test_rig_show_names_the_template_a_job_was_submitted_with():
     assert any(line.split() == ["template", "finetune"] for line in lines), lines
     plain = dataclasses.replace(job, template=None)
     assert not any(line.startswith("template") for line in _screen(120, lambda c: render_job(plain, None, c)))
+
+
+@pytest.mark.parametrize("width", [36, 40, 44, 50, 60])
+def test_tops_card_heading_names_each_column_once(width: int) -> None:
+    """At 40 columns the heading read "card  res/used/free/usable jobs jobs": the last column's
+    narrow heading was the count's."""
+    lines = _screen(width, lambda c: c.print(build_view(_cluster(), 3, width, 60, NOW, hint="")), 60)
+    (heading,) = [line for line in lines if line.startswith("card ")]
+    assert " ".join(heading.split()[-2:]) != "jobs jobs", heading

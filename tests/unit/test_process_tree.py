@@ -348,3 +348,25 @@ def test_stop_tree_lets_a_stopped_job_handle_its_sigterm(tmp_path):
     proc.wait(5)
     assert proc.stdout.read().decode().strip() == "saved"
     assert exit_file.read_text().strip() == "3"  # its own exit, not SIGKILL's 137
+
+
+def test_a_session_is_stopped_only_when_every_process_of_it_is() -> None:
+    from workers.process_tree import is_stopped, session_members, stopped_sessions
+
+    leader = subprocess.Popen(["sh", "-c", "sleep 300 & wait"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while len(session_members(leader.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # a grandchild: its fork and stop cannot be awaited from here
+        child = next(p for p in session_members(leader.pid) if p != leader.pid)
+        os.kill(child, signal.SIGSTOP)
+        while not is_stopped(child) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stopped_sessions({leader.pid}) == set()  # its leader still runs
+        os.kill(leader.pid, signal.SIGSTOP)
+        _, status = os.waitpid(leader.pid, os.WUNTRACED)  # our child: its stop can be awaited
+        assert os.WIFSTOPPED(status)
+        assert stopped_sessions({leader.pid, 1}) == {leader.pid}
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()

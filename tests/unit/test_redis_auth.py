@@ -121,6 +121,24 @@ def test_children_get_the_password_in_the_url_not_a_mask(clean_env, monkeypatch)
     assert "RIG_REDIS_PASSWORD" not in env  # it would be "**********"
 
 
+def test_a_child_names_the_password_file_rig_up_read_not_the_url(clean_env, monkeypatch):
+    """rig up hands its children (the gateway, the workers) the password inside RIG_REDIS_URL:
+    after a password change, the gateway's line said Redis "refused the password from the URL
+    (RIG_REDIS_URL / redis_url)" when it came from redis_password_file."""
+    team = secret_file(clean_env / "team.pw", "team\n", 0o640)
+    monkeypatch.setenv("RIG_REDIS_PASSWORD_FILE", str(team))
+    env = settings_env(load_settings())
+    for key, value in env.items():  # the child's environment
+        monkeypatch.setenv(key, value)
+    url = load_settings().redis_url
+    assert url_password(url) == "team"
+    assert str(unavailable(url, WRONG)).startswith(
+        f"Redis at redis://127.0.0.1:6379/0 refused the password from {team} (as read by rig up when it started)")
+    # The variable names the source of that URL's password only: beside another URL, the URL's own.
+    monkeypatch.setenv("RIG_REDIS_URL", "redis://:other@127.0.0.1:6379/0")
+    assert password_source(load_settings().redis_url) == "the URL (RIG_REDIS_URL / redis_url)"
+
+
 # -- the files ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", [0o604, 0o606, 0o644, 0o601])
 def test_a_password_file_open_to_everyone_is_refused(tmp_path, mode):
