@@ -151,12 +151,7 @@ class Archiver:
         """Step 3: forget the archived jobs in Redis, each only if unchanged (archived.lua)."""
         pipe = self.r.pipeline(transaction=False)
         for job, raw in entries:
-            ref = raw.get(ENV_REF, "")
-            self._forget(keys=[self.keys.job(job.id), self.keys.all_jobs, self.keys.state_index(raw["state"]),
-                               self.keys.errors, self.keys.job_spec(job.id), self.keys.env_refs,
-                               self.keys.env_blob(ref or "-")],
-                         args=[job.id, raw["state"], raw.get("ended_at", ""), raw.get("attempt", ""),
-                               raw.get("instance", ""), ref], client=pipe)
+            forget_archived(self._forget, self.keys, job.id, raw, pipe)
         for (job, _), done in zip(entries, pipe.execute(), strict=True):
             if done == 1:
                 report.archived += 1
@@ -164,6 +159,17 @@ class Archiver:
                 report.gone += 1
             else:
                 report.changed.append(job.id)
+
+
+def forget_archived(script: Callable[..., object], keys: Keys, job_id: int, raw: dict[str, str],
+                    client: redis.Redis | redis.client.Pipeline) -> object:
+    """Call archived.lua (``script``, registered) for job ``job_id`` whose record, as the
+    archive holds it, is ``raw``: it forgets the job in Redis only while that is still its record."""
+    ref = raw.get(ENV_REF, "")
+    return script(keys=[keys.job(job_id), keys.all_jobs, keys.state_index(raw["state"]), keys.errors,
+                        keys.job_spec(job_id), keys.env_refs, keys.env_blob(ref or "-")],
+                  args=[job_id, raw["state"], raw.get("ended_at", ""), raw.get("attempt", ""),
+                        raw.get("instance", ""), ref], client=client)
 
 
 def archive_pass(client: redis.Redis, keys: Keys, archive: Archive, *, after_seconds: float, keep: int,
@@ -178,6 +184,9 @@ def archive_pass(client: redis.Redis, keys: Keys, archive: Archive, *, after_sec
     if not lock.acquire():
         return None
     try:
+        from rig.rollback import check as check_rollback  # rig.rollback uses forget_archived
+
+        check_rollback(client, keys, archive)  # first: a stale copy must not be archived over its record
         report = Archiver(client, keys, archive, after_seconds=after_seconds, keep=keep,
                           batch=batch).run(now, lock.reacquire)
         mark_pass_ok(client, keys, now)

@@ -1,0 +1,163 @@
+"""Redis restarted from an older RDB snapshot (rig.rollback): jobs that finished and were
+archived after the snapshot come back as waiting or assigned, and the id counter goes back.
+Each test runs its own redis-server, saves a snapshot, SIGKILLs it and starts it again on the
+same folder (never the shared Redis)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from rig.archive import Archive, default_url
+from rig.archiving import archive_pass
+from rig.clock import shared_now
+from rig.keys import Keys
+from rig.ledger import Ledger
+from rig.memory import GIB
+from rig.models import Job, JobState, Priority
+from rig.rollback import check, note
+from rig.testing.sentinel_set import free_port, redis_server_binary
+from tests.store.conftest import add_cards
+
+PREFIX = "rb:"
+
+
+@dataclass
+class Server:
+    """A private redis-server that keeps its RDB file in ``folder`` across restarts."""
+
+    folder: Path
+    port: int
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> redis.Redis:
+        self.proc = subprocess.Popen([redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+                                      "--save", "", "--appendonly", "no", "--dir", str(self.folder)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, decode_responses=True)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                return client
+            except (redis.ConnectionError, redis.BusyLoadingError):
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)  # polling its port: a starting server has no event to await
+
+    def crash_and_restart(self) -> redis.Redis:
+        """SIGKILL (no save on the way out), then start again: it loads its last snapshot."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+        return self.start()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    try:
+        redis_server_binary()
+    except Exception:  # noqa: BLE001 - no binary here: the test cannot run
+        pytest.skip("no redis-server binary")
+    srv = Server(tmp_path / "redis", free_port())
+    srv.folder.mkdir()
+    srv.start()
+    yield srv
+    if srv.proc is not None:
+        srv.proc.kill()
+        srv.proc.wait(10)
+
+
+def _ledger(client: redis.Redis) -> Ledger:
+    return Ledger(client, Keys(PREFIX))
+
+
+def _submit(ledger: Ledger, name: str) -> Job:
+    return ledger.store.create(Job(id=0, name=name, user="ann", command=["true"], gpu_memory=10 * GIB, gpus=1,
+                                   priority=Priority.MEDIUM, state=JobState.PENDING, workdir="/w",
+                                   created_at=shared_now(ledger.r)))
+
+
+def _finish(ledger: Ledger, job_id: int) -> None:
+    code, _ = ledger.transition(job_id, JobState.SUCCEEDED, fields={"exit_code": 0, "node": "n1"})
+    assert code == 1
+
+
+def _archive_all(client: redis.Redis, archive: Archive) -> None:
+    report = archive_pass(client, Keys(PREFIX), archive, after_seconds=0.0, keep=0, now=shared_now(client) + 1)
+    assert report is not None
+
+
+def _reserved(ledger: Ledger) -> dict[int, int]:
+    return ledger.holdings("n1", 0)
+
+
+def test_jobs_archived_after_the_snapshot_are_not_run_again_and_their_ids_not_reused(server, tmp_path):
+    client = redis.Redis(port=server.port, decode_responses=True)
+    keys = Keys(PREFIX)
+    ledger = add_cards(_ledger(client), 1, 40)
+    client.hset(keys.installation, mapping={"id": "inst-test", "created_at": shared_now(client)})
+    waiting = _submit(ledger, "waiting")  # PENDING in the snapshot
+    placed = _submit(ledger, "placed")  # ASSIGNED in the snapshot: cards held for it
+    ok, _ = ledger.reserve(placed.id, "n1", [0], 10 * GIB)
+    assert ok
+    client.save()
+    # After the snapshot: both finish and are archived; job 3 is submitted and still waits at
+    # the crash (not archived: lost with Redis); job 4 runs, finishes and is archived.
+    _finish(ledger, waiting.id)
+    _finish(ledger, placed.id)
+    lost = _submit(ledger, "lost")
+    later = _submit(ledger, "later")
+    _finish(ledger, later.id)
+    with Archive(default_url(tmp_path), PREFIX) as archive:
+        _archive_all(client, archive)
+        archived = {job_id: archive.record(job_id, job.instance) for job_id, job in
+                    ((waiting.id, waiting), (placed.id, placed), (later.id, later))}
+        assert all(r is not None and r["state"] == "SUCCEEDED" for r in archived.values())
+
+        client = server.crash_and_restart()
+        ledger = _ledger(client)
+        assert ledger.store.get(waiting.id).state is JobState.PENDING  # the snapshot is back
+        assert ledger.store.get(placed.id).state is JobState.ASSIGNED and _reserved(ledger)
+        assert int(client.get(keys.next_job_id)) == placed.id
+
+        _archive_all(client, archive)  # the pass checks first
+
+        assert ledger.store.ids_in_state(JobState.PENDING) == [] and ledger.store.ids_in_state(JobState.ASSIGNED) == []
+        assert not client.exists(keys.job(waiting.id)) and not client.exists(keys.job(placed.id))
+        assert client.zcard(keys.pending) == 0 and _reserved(ledger) == {}  # never placed, cards free
+        for job_id, record in archived.items():  # the archive's record is the job's record
+            assert archive.record(job_id, record["instance"]) == record
+        assert int(client.get(keys.next_job_id)) == later.id
+        assert _submit(ledger, "new").id == later.id + 1  # no id an archived job has
+        line = note(client, keys)
+        assert line is not None and "Redis went back to an older copy" in line
+        assert f"2 job(s) it held again as waiting or running had already finished ({waiting.id}, {placed.id})" in line
+        assert f"job ids went back to {placed.id}" in line and f"up to {later.id}" in line
+        assert f"1 job(s) with ids {lost.id}-{later.id} submitted after that copy and not archived" in line
+
+        assert not check(client, keys, archive)  # repaired: the next pass finds nothing
+
+
+def test_ids_restarting_in_a_redis_that_came_back_empty_are_not_taken_for_a_rollback(server, tmp_path):
+    client = redis.Redis(port=server.port, decode_responses=True)
+    keys = Keys(PREFIX)
+    ledger = add_cards(_ledger(client), 1, 40)
+    client.hset(keys.installation, mapping={"id": "inst-old", "created_at": shared_now(client)})
+    old = _submit(ledger, "old")
+    _finish(ledger, old.id)
+    with Archive(default_url(tmp_path), PREFIX) as archive:
+        _archive_all(client, archive)
+        for key in client.scan_iter(f"{PREFIX}*"):  # Redis loses everything: its copy is empty
+            client.delete(key)
+        client.save()
+        client = server.crash_and_restart()
+        client.hset(keys.installation, mapping={"id": "inst-new", "created_at": shared_now(client)})
+        found = check(client, keys, archive)
+        assert not found and client.get(keys.next_job_id) is None and note(client, keys) is None
+        assert _submit(_ledger(client), "again").id == 1  # README: ids restart at 1
