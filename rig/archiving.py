@@ -217,23 +217,15 @@ class PeriodicArchiver:
         url = ""
         try:
             url = archive_of(self.r, self.keys, s)  # none set here: the cluster's
-            # First: another node's missing file is no loss; recorded only once it opens (below).
-            require_cluster(self.r, self.keys, url, record=False)
-            if self.archive is None:
-                # A missing SQLite file is created only while the archive never held jobs: one
-                # deleted under rig is said, not silently replaced by an empty one.
-                self.archive = Archive(url, s.key_prefix,
-                                       create=not held_jobs(self.r, self.keys), home=s.home)
-            report = archive_pass(self.r, self.keys, self.archive, after_seconds=s.archive_after_days * 86400,
+            archive = self._open(url)
+            report = archive_pass(self.r, self.keys, archive, after_seconds=s.archive_after_days * 86400,
                                   keep=s.archive_keep_finished, now=now)
         except Exception as exc:
             if not (isinstance(exc, ConfigError) or is_database_error(exc)):
                 raise  # Redis' errors: the task's usual handling
             # No psycopg, a wrong URL, an unwritable folder, a database gone: one line now and
             # then, a fresh connection next pass; Redis is left as it was (module doc).
-            if self.archive is not None:
-                self.archive.close_quietly()
-            self.archive = None
+            self._drop()
             line = one_line(exc)[:300]
             if self.quiet.due(line):
                 log.error("archiving pass skipped: %s (said again in %.0f s while it lasts)", line, self.quiet.every)
@@ -244,6 +236,39 @@ class PeriodicArchiver:
         if report is not None:
             note_pass(self.r, self.keys, now, interval=s.archive_interval, node=s.node_name)
         return "skipped (another pass runs)" if report is None else str(report)
+
+
+    def _open(self, url: str) -> Archive:
+        """The cluster's archive at ``url``, opened once and kept; raises NotClusterArchive when
+        this node's is another, ConfigError or a database error when it cannot be opened."""
+        # First: another node's missing file is no loss; recorded only once it opens (below).
+        require_cluster(self.r, self.keys, url, record=False)
+        if self.archive is None:
+            # A missing SQLite file is created only while the archive never held jobs: one
+            # deleted under rig is said, not silently replaced by an empty one.
+            self.archive = Archive(url, self.settings.key_prefix,
+                                   create=not held_jobs(self.r, self.keys), home=self.settings.home)
+        return self.archive
+
+    def _drop(self) -> None:
+        """Close the archive after an error: a fresh connection next time."""
+        if self.archive is not None:
+            self.archive.close_quietly()
+        self.archive = None
+
+    def check_rollback(self) -> bool:
+        """rig.rollback.check now (the dispatcher found Redis restarted): True once done, False
+        when this node cannot read the cluster's archive (another node's pass will check)."""
+        from rig.rollback import check  # rig.rollback uses forget_archived
+
+        try:
+            check(self.r, self.keys, self._open(archive_of(self.r, self.keys, self.settings)))
+        except Exception as exc:
+            if not (isinstance(exc, ConfigError) or is_database_error(exc)):
+                raise
+            self._drop()
+            return False  # the archiving pass says why, once
+        return True
 
 
 def _float(text: str | bytes) -> float | None:

@@ -21,8 +21,16 @@ record is the job's record. The counter moves to the highest such archived id. W
 recovered is said: ids below it that the archive lacks were jobs submitted after the copy that
 had not finished and been archived; Redis has no record of them any more.
 
-It runs before each archiving pass (rig.archiving.archive_pass, under its lock) and at `rig up`;
-its line is logged and kept under ``archive:rollback`` for ``NOTE_S`` (`rig status` shows it).
+It runs before each archiving pass (rig.archiving.archive_pass, under its lock), at `rig up`,
+and when the leading dispatcher finds Redis restarted; its line is logged and kept under
+``archive:rollback`` for ``NOTE_S`` (`rig status` shows it).
+
+Between a restart and the check, the dispatcher places nothing and health concludes no job
+lost (:func:`unchecked`): each check stamps the Redis server's ``run_id`` (new at every start of
+redis-server, and at a failover) under ``archive:checked``, and a Redis whose run_id is not the
+stamp's was not checked since it started. So that an archive nobody can read never stops the
+cluster, this holds only for the first :func:`rig.archive_cluster.overdue_after` seconds of the
+server's uptime (the time after which `rig status` says the passes are late).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from dataclasses import dataclass, field
 import redis
 
 from rig.archive import Archive
+from rig.archive_cluster import overdue_after
 from rig.archiving import forget_archived
 from rig.clock import shared_now
 from rig.keys import Keys
@@ -87,6 +96,7 @@ def check(client: redis.Redis, keys: Keys, archive: Archive, *, ledger: Ledger |
     """Find the two signals of the module doc and repair what they show; say so (log, and
     ``archive:rollback``) when anything was found. Safe to run at any time, and twice at once:
     each step is fenced (the transition on the state read, the counter by WATCH)."""
+    run = server_run(client)  # read first: a restart during the check leaves the stamp stale
     found = Rollback()
     _end_stale(client, keys, archive, ledger or Ledger(client, keys), found)
     _move_counter(client, keys, archive, found)
@@ -94,7 +104,32 @@ def check(client: redis.Redis, keys: Keys, archive: Archive, *, ledger: Ledger |
         line = found.line()
         client.set(keys.archive_rollback, f"{shared_now(client)!r} {line}", px=int(NOTE_S * 1000))
         log.warning("%s", line)
+    if run is not None:
+        client.set(keys.archive_checked, run)
     return found
+
+
+def server_run(client: redis.Redis) -> str | None:
+    """The Redis server's run_id (a new one at each start), or None where INFO has none."""
+    try:
+        return client.info("server").get("run_id") or None
+    except redis.ResponseError:  # INFO refused (a restricted user): nothing to stamp
+        return None
+
+
+def unchecked(client: redis.Redis, keys: Keys, interval: float) -> bool:
+    """Has Redis restarted (or failed over) without :func:`check` since, within the first
+    ``overdue_after(interval)`` s of its uptime (``interval``: the archiving passes', s)? While
+    so, nothing may be placed or concluded lost: it may be a stale copy of a finished job."""
+    try:
+        info = client.info("server")
+    except redis.ResponseError:
+        return False
+    run = info.get("run_id")
+    if not run or float(info.get("uptime_in_seconds", 0)) > overdue_after(interval):
+        return False
+    stamp = client.get(keys.archive_checked)
+    return (stamp.decode() if isinstance(stamp, bytes) else stamp) != run
 
 
 def note(client: redis.Redis, keys: Keys) -> str | None:

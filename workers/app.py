@@ -342,7 +342,11 @@ def _on_worker_ready(sender=None, **_: object) -> None:
         _runner.start_services()
         log.info("card worker %s serving %s/%s", name, settings.node_name, index)
     elif role == "control":
-        _dispatcher = Dispatcher(settings)
+        from rig.archiving import PeriodicArchiver
+
+        # Its own archive connection (the pass's is the task thread's): after a Redis restart it
+        # checks for a rollback before placing anything (rig.rollback).
+        _dispatcher = Dispatcher(settings, check_rollback=PeriodicArchiver(settings, _redis).check_rollback)
         _dispatcher.start()
         _forecaster = Forecaster(_dispatcher)  # its estimated starts, while it leads
         _forecaster.start()

@@ -147,6 +147,7 @@ from rig.placement import (
 from rig.pools import Pools
 from rig.redis_conn import connect
 from rig.redis_writes import is_outage
+from rig.rollback import unchecked
 from rig.store import JobStore
 from rig.waiting import (
     REFRESH_S,
@@ -224,10 +225,17 @@ class Dispatcher:
     #: plain way (tests/store/test_dispatcher_shortcuts.py compares both).
     shortcuts: bool = True
 
-    def __init__(self, settings: Settings, on_start: OnStart | None = None, client: redis.Redis | None = None):
+    def __init__(self, settings: Settings, on_start: OnStart | None = None, client: redis.Redis | None = None,
+                 check_rollback: Callable[[], bool] | None = None):
         """``on_start``: told of each start placed (its start is on the card's list already):
-        for tests and benchmarks."""
+        for tests and benchmarks. ``check_rollback``: runs rig.rollback.check (True once done,
+        False when this node cannot); with it, the dispatcher places nothing after a Redis
+        restart until Redis was checked (rig.rollback.unchecked)."""
         self.settings = settings
+        self.check_rollback = check_rollback
+        #: Redis may have restarted since it was last known checked (at start, after an error).
+        self._maybe_restarted = check_rollback is not None
+        self._said_unchecked = False
         self.keys = Keys(settings.key_prefix)
         self.r = client or connect(settings.redis_url)
         self.store = JobStore(self.r, self.keys)
@@ -330,6 +338,9 @@ class Dispatcher:
             try:
                 # The wake-ups pushed meanwhile are drained (DEL) in the leader check's round trip,
                 # which rides in the pass's first reads while this dispatcher led at the last check.
+                if self._maybe_restarted and not self._checked():
+                    self.stop_event.wait(IDLE_PASS_S)  # the check is another node's: look again
+                    continue
                 if self._leading:
                     self.dispatch_pass(check_lead=woken)
                 elif self._lead(drain_wake=woken):
@@ -346,6 +357,7 @@ class Dispatcher:
                 delay = 0.2
             except Exception as exc:  # noqa: BLE001 - the dispatcher must outlive one bad pass
                 self.forget()  # Redis may have restarted (empty, or rolled back): read it all again
+                self._maybe_restarted = self.check_rollback is not None
                 if is_outage(exc):  # unreachable, or refusing writes (full): nothing was changed
                     log.warning("dispatcher: Redis unavailable, retrying in %.1f s: %s", delay, exc)
                     self.stop_event.wait(delay)
@@ -354,6 +366,20 @@ class Dispatcher:
                 log.exception("dispatcher pass failed")
                 self.stop_event.wait(1.0)
         self._resign()
+
+    def _checked(self) -> bool:
+        """Was Redis checked for a rollback since it started (rig.rollback.unchecked)? Checks it
+        now where this node reads the cluster's archive; says once when it must wait."""
+        if unchecked(self.r, self.keys, self.settings.archive_interval) and not (
+                self.check_rollback is not None and self.check_rollback()):
+            if not self._said_unchecked:
+                log.warning("dispatcher: Redis restarted and was not yet checked against the archive for jobs "
+                            "that already finished (an older copy of its data): placing nothing until the "
+                            "archiving node's pass checks it (rig.rollback)")
+                self._said_unchecked = True
+            return False
+        self._maybe_restarted = self._said_unchecked = False
+        return True
 
     def _lead(self, drain_wake: bool = False) -> bool:
         """Take or renew the leader lock, in one round trip (with ``drain_wake``, the pending

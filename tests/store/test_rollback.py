@@ -17,13 +17,16 @@ import redis
 from rig.archive import Archive, default_url
 from rig.archiving import archive_pass
 from rig.clock import shared_now
+from rig.config import load_settings
 from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
-from rig.rollback import check, note
+from rig.rollback import check, note, unchecked
 from rig.testing.sentinel_set import free_port, redis_server_binary
 from tests.store.conftest import add_cards
+from workers.dispatcher import Dispatcher
+from workers.health import HealthChecker, HealthReport
 
 PREFIX = "rb:"
 
@@ -161,3 +164,40 @@ def test_ids_restarting_in_a_redis_that_came_back_empty_are_not_taken_for_a_roll
         found = check(client, keys, archive)
         assert not found and client.get(keys.next_job_id) is None and note(client, keys) is None
         assert _submit(_ledger(client), "again").id == 1  # README: ids restart at 1
+
+
+def test_a_restarted_redis_is_unchecked_until_checked_and_nothing_is_placed_or_concluded_lost_meanwhile(
+        server, tmp_path):
+    client = redis.Redis(port=server.port, decode_responses=True)
+    keys = Keys(PREFIX)
+    ledger = add_cards(_ledger(client), 1, 40)
+    client.hset(keys.installation, mapping={"id": "inst-test", "created_at": shared_now(client)})
+    with Archive(default_url(tmp_path), PREFIX) as archive:
+        check(client, keys, archive)
+        assert not unchecked(client, keys, 60.0)
+        waiting = _submit(ledger, "running")  # RUNNING in the snapshot
+        ok, token = ledger.reserve(waiting.id, "n1", [0], 10 * GIB)
+        assert ok and ledger.claim(waiting.id, token, "card0@n1")[0]
+        assert ledger.store.get(waiting.id).state is JobState.RUNNING
+        client.save()
+        _finish(ledger, waiting.id)
+        _archive_all(client, archive)
+        client = server.crash_and_restart()  # the stamp is back, with the old server's run_id
+        assert unchecked(client, keys, 60.0)
+        assert not unchecked(client, keys, -21.0)  # past overdue_after: an unreadable archive stops nothing
+
+        settings = load_settings(redis_url=f"redis://127.0.0.1:{server.port}/0", key_prefix=PREFIX,
+                                 home=tmp_path / "home")
+        calls: list[str] = []
+        cannot = Dispatcher(settings, client=client, check_rollback=lambda: calls.append("check") is not None)
+        assert not cannot._checked() and calls == ["check"]  # this node cannot check: it places nothing
+        health = HealthChecker(settings, client)
+        job = ledger.store.get(waiting.id)
+        report = HealthReport()
+        health._lost(job, "test", report)
+        assert report.lost == [] and ledger.store.get(waiting.id).state is JobState.RUNNING  # not retried
+
+        can = Dispatcher(settings, client=client, check_rollback=lambda: bool(check(client, keys, archive)) or True)
+        assert can._checked() and not unchecked(client, keys, 60.0)
+        assert not client.exists(keys.job(waiting.id))  # ended as archived, forgotten: nothing to place
+        assert can.dispatch_pass() == 0
