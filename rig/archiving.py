@@ -28,6 +28,7 @@ deleted or moved under rig): jobs leave Redis only once they are in the archive 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -202,7 +203,10 @@ def archive_pass(client: redis.Redis, keys: Keys, archive: Archive, *, after_sec
 
 class PeriodicArchiver:
     """Beat's archiving task's state in one control worker: the archive's connection, kept
-    between passes, and the one line it logs when the archive cannot be used."""
+    between passes, and the one line it logs when the archive cannot be used. One per process,
+    shared by the pass and the dispatcher's rollback check (``lock``: one at a time): a second
+    SQLite connection in the process would open the file beside the first, and closing that
+    file drops the process's POSIX locks on it, which the first one's WAL relies on."""
 
     def __init__(self, settings: Settings, client: redis.Redis) -> None:
         self.settings = settings
@@ -210,9 +214,14 @@ class PeriodicArchiver:
         self.keys = Keys(settings.key_prefix)
         self.archive: Archive | None = None
         self.quiet = Throttle(300.0)
+        self.lock = threading.Lock()
 
     def run(self, now: float) -> str:
         """One pass (archive_pass); what it did, as the task's result."""
+        with self.lock:
+            return self._run(now)
+
+    def _run(self, now: float) -> str:
         s = self.settings
         url = ""
         try:
@@ -262,7 +271,8 @@ class PeriodicArchiver:
         from rig.rollback import check  # rig.rollback uses forget_archived
 
         try:
-            check(self.r, self.keys, self._open(archive_of(self.r, self.keys, self.settings)))
+            with self.lock:
+                check(self.r, self.keys, self._open(archive_of(self.r, self.keys, self.settings)))
         except Exception as exc:
             if not (isinstance(exc, ConfigError) or is_database_error(exc)):
                 raise

@@ -21,8 +21,10 @@ record is the job's record. The counter moves to the highest such archived id. W
 recovered is said: ids below it that the archive lacks were jobs submitted after the copy that
 had not finished and been archived; Redis has no record of them any more.
 
-It runs before each archiving pass (rig.archiving.archive_pass, under its lock), at `rig up`,
-and when the leading dispatcher finds Redis restarted; its line is logged and kept under
+It runs before each archiving pass (rig.archiving.archive_pass, under its lock), and in the
+control worker's dispatcher as soon as it sees Redis (re)started: its leader check, every pass,
+carries INFO server in the same round trip, and a run_id it has not seen stops that pass
+(workers.dispatcher.Dispatcher._led); so also at `rig up`. Its line is logged and kept under
 ``archive:rollback`` for ``NOTE_S`` (`rig status` shows it).
 
 Between a restart and the check, the dispatcher places nothing and health concludes no job

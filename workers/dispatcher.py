@@ -235,6 +235,7 @@ class Dispatcher:
         self.check_rollback = check_rollback
         #: Redis may have restarted since it was last known checked (at start, after an error).
         self._maybe_restarted = check_rollback is not None
+        self._run_seen: str | None = None  # the Redis server's run_id at the last pass (_led)
         self._said_unchecked = False
         self.keys = Keys(settings.key_prefix)
         self.r = client or connect(settings.redis_url)
@@ -386,22 +387,33 @@ class Dispatcher:
         wake-ups are deleted in the same one)."""
         pipe = self.r.pipeline(transaction=False)
         queued = self._queue_lead(pipe, drain_wake)
-        return self._led(int(pipe.execute()[queued - 1]))
+        replies = pipe.execute()
+        return self._led(int(replies[queued - 1]), replies[queued - 2] if self.check_rollback else None)
 
     def _queue_lead(self, pipe: Any, drain_wake: bool) -> int:
         """Queue on ``pipe`` the leader check (and, with ``drain_wake``, the wake-ups' DEL before
-        it); returns how many commands were queued: the check's reply is the last of them."""
+        it; with check_rollback, INFO server just before it); returns how many commands were
+        queued: the check's reply is the last of them, INFO's the one before."""
         if drain_wake:
             pipe.delete(self.keys.sched_wake)
+        if self.check_rollback is not None:
+            pipe.execute_command("INFO", "server")
         pipe.eval(_LEAD_SCRIPT, 1, self.keys.sched_leader, self.identity, LEADER_TTL_MS)
-        return 2 if drain_wake else 1
+        return 1 + int(drain_wake) + int(self.check_rollback is not None)
 
-    def _led(self, outcome: int) -> bool:
-        """Take the leader check's outcome (2 taken, 1 renewed, 0 another leads): self._leading."""
+    def _led(self, outcome: int, info: Any = None) -> bool:
+        """Take the leader check's outcome (2 taken, 1 renewed, 0 another leads): self._leading.
+        ``info`` (INFO server, same round trip): a run_id not seen before is a Redis (re)started
+        since the last pass, maybe from an older copy: False then, this pass places nothing,
+        and run_forever checks Redis (_checked) before the next."""
         if outcome == 2:
             log.info("dispatcher %s is now the leader", self.identity)
         self._leading = outcome > 0
-        return self._leading
+        run = info.get("run_id") if isinstance(info, dict) else None
+        if run is not None and run != self._run_seen:
+            self._run_seen = run
+            self._maybe_restarted = True
+        return self._leading and not self._maybe_restarted
 
     def _resign(self) -> None:
         try:
@@ -543,12 +555,12 @@ class Dispatcher:
                          *[self._kept[cid][0] if cid in self._kept else "" for cid in ids])
         pipe.smembers(self.keys.pending_users)
         self._queue_heads(pipe, guessed)
-        replies = pipe.execute(raise_on_error=False)
+        replies = replies_all = pipe.execute(raise_on_error=False)
         if leading:
             outcome, replies = replies[leading - 1], replies[leading:]
             if isinstance(outcome, Exception):
                 raise outcome
-            if not self._led(int(outcome)):
+            if not self._led(int(outcome), replies_all[leading - 2] if self.check_rollback else None):
                 return [], None
         card_set = replies.pop(0)
         script_reply = replies.pop(0) if fold else None

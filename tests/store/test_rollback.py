@@ -22,7 +22,7 @@ from rig.keys import Keys
 from rig.ledger import Ledger
 from rig.memory import GIB
 from rig.models import Job, JobState, Priority
-from rig.rollback import check, note, unchecked
+from rig.rollback import check, note, server_run, unchecked
 from rig.testing.sentinel_set import free_port, redis_server_binary
 from tests.store.conftest import add_cards
 from workers.dispatcher import Dispatcher
@@ -201,3 +201,30 @@ def test_a_restarted_redis_is_unchecked_until_checked_and_nothing_is_placed_or_c
         assert can._checked() and not unchecked(client, keys, 60.0)
         assert not client.exists(keys.job(waiting.id))  # ended as archived, forgotten: nothing to place
         assert can.dispatch_pass() == 0
+
+
+def test_the_dispatcher_sees_a_restart_in_its_leader_check_even_without_a_connection_error(server, tmp_path):
+    client = redis.Redis(port=server.port, decode_responses=True)
+    keys = Keys(PREFIX)
+    ledger = add_cards(_ledger(client), 1, 40)
+    client.hset(keys.installation, mapping={"id": "inst-test", "created_at": shared_now(client)})
+    with Archive(default_url(tmp_path), PREFIX) as archive:
+        settings = load_settings(redis_url=f"redis://127.0.0.1:{server.port}/0", key_prefix=PREFIX,
+                                 home=tmp_path / "home")
+        checks: list[str] = []
+
+        def check_now() -> bool:
+            checks.append(server_run(client) or "")
+            check(client, keys, archive)
+            return True
+
+        dispatcher = Dispatcher(settings, client=client, check_rollback=check_now)
+        assert not dispatcher._lead() and dispatcher._checked() and dispatcher._lead()  # checked at start
+        waiting = _submit(ledger, "waiting")
+        client.save()
+        _finish(ledger, waiting.id)
+        _archive_all(client, archive)
+        server.crash_and_restart()  # the dispatcher's client reconnects on its own: no error
+        assert not dispatcher._lead()  # the leader check's INFO: another run_id, so no pass
+        assert dispatcher._checked() and len(checks) == 2 and checks[0] != checks[1]
+        assert not client.exists(keys.job(waiting.id)) and dispatcher._lead()
