@@ -846,14 +846,16 @@ class Archive:
         """(id, instance) of the archived jobs whose id is one of ``ids``."""
         return list(self.finished_among(ids))
 
-    def finished_among(self, ids: Sequence[int]) -> dict[tuple[int, str], str]:
-        """{(id, instance): archived state} of the archived jobs whose id is one of ``ids``."""
+    def finished_among(self, ids: Sequence[int]) -> dict[tuple[int, str], tuple[str, float | None]]:
+        """{(id, instance): (archived state, ended_at (epoch s) or None)} of the archived jobs
+        whose id is one of ``ids``."""
         wanted = set(ids)
-        out: dict[tuple[int, str], str] = {}
+        out: dict[tuple[int, str], tuple[str, float | None]] = {}
         for low, high in _runs(sorted(wanted), _RUN_GAP):
-            out |= {(int(i), str(inst)): str(state) for i, inst, state in self._query(
-                f"SELECT id, instance, state FROM {TABLE} WHERE prefix = ? AND id >= ? AND id <= ?",
-                (self.prefix, low, high)) if int(i) in wanted}
+            out |= {(int(i), str(inst)): (str(state), None if ended is None else float(ended))
+                    for i, inst, state, ended in self._query(
+                        f"SELECT id, instance, state, ended_at FROM {TABLE} WHERE prefix = ? AND id >= ? AND id <= ?",
+                        (self.prefix, low, high)) if int(i) in wanted}
         return out
 
     def ids_above(self, job_id: int, *, submitted_since: float) -> tuple[int, int]:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import redis
 
 from rig.archive import Archive
-from rig.archive_cluster import overdue_after
+from rig.archive_cluster import _number, overdue_after  # _number: one parse of a stored float
 from rig.archiving import forget_archived
 from rig.clock import shared_now
 from rig.keys import Keys
@@ -163,9 +163,10 @@ def _end_stale(client: redis.Redis, keys: Keys, archive: Archive, ledger: Ledger
     for job_id in ids:
         raw = {_s(k): _s(v) for k, v in client.hgetall(keys.job(job_id)).items()}
         state = raw.get("state", "")
-        ended_as = archived.get((job_id, raw.get("instance", "")))
-        if ended_as is None or state not in {s.value for s in LIVE}:
+        record = archived.get((job_id, raw.get("instance", "")))
+        if record is None or state not in {s.value for s in LIVE} or _moved_since(raw, record[1]):
             continue
+        ended_as = record[0]
         code, _ = ledger.transition(job_id, JobState(ended_as), expect=JobState(state),
                                     fields={"reason": "finished before Redis went back to an older copy; "
                                                       "the archive holds its record"})
@@ -174,6 +175,16 @@ def _end_stale(client: redis.Redis, keys: Keys, archive: Archive, ledger: Ledger
         forget_archived(forget, keys, job_id, {_s(k): _s(v) for k, v in client.hgetall(keys.job(job_id)).items()},
                         client)
         found.stale[job_id] = state
+
+
+def _moved_since(raw: dict[str, str], ended_at: float | None) -> bool:
+    """Did Redis' copy move after the archived job ended (placed, started or requeued since:
+    it was run again, as only an unchecked Redis past rig.rollback.unchecked's bound allows)?
+    Then it is no stale copy: it runs, and its own end is archived in its turn."""
+    if ended_at is None:
+        return False
+    moves = [_number(raw.get(name)) for name in ("assigned_at", "started_at", "queued_at")]
+    return any(when is not None and when > ended_at for when in moves)
 
 
 def _move_counter(client: redis.Redis, keys: Keys, archive: Archive, found: Rollback) -> None:

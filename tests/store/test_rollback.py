@@ -228,3 +228,23 @@ def test_the_dispatcher_sees_a_restart_in_its_leader_check_even_without_a_connec
         assert not dispatcher._lead()  # the leader check's INFO: another run_id, so no pass
         assert dispatcher._checked() and len(checks) == 2 and checks[0] != checks[1]
         assert not client.exists(keys.job(waiting.id)) and dispatcher._lead()
+
+
+def test_a_copy_that_moved_after_the_archived_end_is_a_new_run_and_left_alone(server, tmp_path):
+    client = redis.Redis(port=server.port, decode_responses=True)
+    keys = Keys(PREFIX)
+    ledger = add_cards(_ledger(client), 1, 40)
+    client.hset(keys.installation, mapping={"id": "inst-test", "created_at": shared_now(client)})
+    with Archive(default_url(tmp_path), PREFIX) as archive:
+        job = _submit(ledger, "job")
+        client.save()
+        _finish(ledger, job.id)
+        _archive_all(client, archive)
+        client = server.crash_and_restart()
+        ledger = _ledger(client)
+        # Nobody could check for longer than rig.rollback.unchecked waits: it was placed again.
+        ok, _ = ledger.reserve(job.id, "n1", [0], 10 * GIB)
+        assert ok and float(client.hget(keys.job(job.id), "assigned_at")) > archive.finished_among([job.id])[
+            (job.id, job.instance)][1]
+        assert not check(client, keys, archive).stale
+        assert ledger.store.get(job.id).state is JobState.ASSIGNED and ledger.holdings("n1", 0)
