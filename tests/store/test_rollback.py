@@ -76,6 +76,15 @@ def server(tmp_path: Path) -> Iterator[Server]:
         srv.proc.wait(10)
 
 
+def _installation(server: Server, name: str = "inst-test") -> tuple[redis.Redis, Keys, Ledger]:
+    """A client of ``server``, the keys, and a ledger with one 40 GiB card on n1, in an
+    installation created now."""
+    client = redis.Redis(port=server.port, decode_responses=True)
+    keys = Keys(PREFIX)
+    client.hset(keys.installation, mapping={"id": name, "created_at": shared_now(client)})
+    return client, keys, add_cards(_ledger(client), 1, 40)
+
+
 def _ledger(client: redis.Redis) -> Ledger:
     return Ledger(client, Keys(PREFIX))
 
@@ -101,10 +110,7 @@ def _reserved(ledger: Ledger) -> dict[int, int]:
 
 
 def test_jobs_archived_after_the_snapshot_are_not_run_again_and_their_ids_not_reused(server, tmp_path):
-    client = redis.Redis(port=server.port, decode_responses=True)
-    keys = Keys(PREFIX)
-    ledger = add_cards(_ledger(client), 1, 40)
-    client.hset(keys.installation, mapping={"id": "inst-test", "created_at": shared_now(client)})
+    client, keys, ledger = _installation(server)
     waiting = _submit(ledger, "waiting")  # PENDING in the snapshot
     placed = _submit(ledger, "placed")  # ASSIGNED in the snapshot: cards held for it
     ok, _ = ledger.reserve(placed.id, "n1", [0], 10 * GIB)
@@ -148,10 +154,7 @@ def test_jobs_archived_after_the_snapshot_are_not_run_again_and_their_ids_not_re
 
 
 def test_ids_restarting_in_a_redis_that_came_back_empty_are_not_taken_for_a_rollback(server, tmp_path):
-    client = redis.Redis(port=server.port, decode_responses=True)
-    keys = Keys(PREFIX)
-    ledger = add_cards(_ledger(client), 1, 40)
-    client.hset(keys.installation, mapping={"id": "inst-old", "created_at": shared_now(client)})
+    client, keys, ledger = _installation(server, "inst-old")
     old = _submit(ledger, "old")
     _finish(ledger, old.id)
     with Archive(default_url(tmp_path), PREFIX) as archive:
@@ -168,10 +171,7 @@ def test_ids_restarting_in_a_redis_that_came_back_empty_are_not_taken_for_a_roll
 
 def test_a_restarted_redis_is_unchecked_until_checked_and_nothing_is_placed_or_concluded_lost_meanwhile(
         server, tmp_path):
-    client = redis.Redis(port=server.port, decode_responses=True)
-    keys = Keys(PREFIX)
-    ledger = add_cards(_ledger(client), 1, 40)
-    client.hset(keys.installation, mapping={"id": "inst-test", "created_at": shared_now(client)})
+    client, keys, ledger = _installation(server)
     with Archive(default_url(tmp_path), PREFIX) as archive:
         check(client, keys, archive)
         assert not unchecked(client, keys, 60.0)
@@ -204,10 +204,7 @@ def test_a_restarted_redis_is_unchecked_until_checked_and_nothing_is_placed_or_c
 
 
 def test_the_dispatcher_sees_a_restart_in_its_leader_check_even_without_a_connection_error(server, tmp_path):
-    client = redis.Redis(port=server.port, decode_responses=True)
-    keys = Keys(PREFIX)
-    ledger = add_cards(_ledger(client), 1, 40)
-    client.hset(keys.installation, mapping={"id": "inst-test", "created_at": shared_now(client)})
+    client, keys, ledger = _installation(server)
     with Archive(default_url(tmp_path), PREFIX) as archive:
         settings = load_settings(redis_url=f"redis://127.0.0.1:{server.port}/0", key_prefix=PREFIX,
                                  home=tmp_path / "home")
@@ -231,10 +228,7 @@ def test_the_dispatcher_sees_a_restart_in_its_leader_check_even_without_a_connec
 
 
 def test_a_copy_that_moved_after_the_archived_end_is_a_new_run_and_left_alone(server, tmp_path):
-    client = redis.Redis(port=server.port, decode_responses=True)
-    keys = Keys(PREFIX)
-    ledger = add_cards(_ledger(client), 1, 40)
-    client.hset(keys.installation, mapping={"id": "inst-test", "created_at": shared_now(client)})
+    client, keys, ledger = _installation(server)
     with Archive(default_url(tmp_path), PREFIX) as archive:
         job = _submit(ledger, "job")
         client.save()
