@@ -844,13 +844,28 @@ class Archive:
 
     def keys_among(self, ids: Sequence[int]) -> list[tuple[int, str]]:
         """(id, instance) of the archived jobs whose id is one of ``ids``."""
+        return list(self.finished_among(ids))
+
+    def finished_among(self, ids: Sequence[int]) -> dict[tuple[int, str], tuple[str, float | None]]:
+        """{(id, instance): (archived state, ended_at (epoch s) or None)} of the archived jobs
+        whose id is one of ``ids``."""
         wanted = set(ids)
-        out: list[tuple[int, str]] = []
-        for low, high in _runs(sorted(wanted), _RUN_GAP):  # ranges, not IN lists: _accounting_of_ids
-            out += [(int(i), str(inst)) for i, inst in self._query(
-                f"SELECT id, instance FROM {TABLE} WHERE prefix = ? AND id >= ? AND id <= ?", (self.prefix, low, high))
-                if int(i) in wanted]
+        out: dict[tuple[int, str], tuple[str, float | None]] = {}
+        for low, high in _runs(sorted(wanted), _RUN_GAP):
+            out |= {(int(i), str(inst)): (str(state), None if ended is None else float(ended))
+                    for i, inst, state, ended in self._query(
+                        f"SELECT id, instance, state, ended_at FROM {TABLE} WHERE prefix = ? AND id >= ? AND id <= ?",
+                        (self.prefix, low, high)) if int(i) in wanted}
         return out
+
+    def ids_above(self, job_id: int, *, submitted_since: float) -> tuple[int, int]:
+        """(the highest id, how many distinct ids) of the archived jobs with an id above ``job_id``
+        submitted at or after ``submitted_since`` (epoch s on Redis' clock: one installation's
+        jobs); (0, 0) when none."""
+        rows = self._query(f"SELECT MAX(id), COUNT(DISTINCT id) FROM {TABLE} WHERE prefix = ? AND id > ? "
+                           "AND submitted_at >= ?", (self.prefix, job_id, submitted_since))
+        highest, count = rows[0] if rows else (None, 0)
+        return int(highest or 0), int(count or 0)
 
     def accounting(self, *, since: float | None = None) -> list[Accounting]:
         """The accounting figures of every archived job that ended at or after ``since``."""

@@ -483,6 +483,11 @@ def skipping(state: dict[str, str], now: float, interval: float) -> str | None:
     return f"archiving skipped since {clock(since)}: {reason}{where}"
 
 
+def overdue_after(interval: float) -> float:
+    """How long (s) without a successful pass, passes ``interval`` s apart, counts as late."""
+    return 3 * interval + 60
+
+
 def late(client: redis.Redis, keys: Keys, now: float, interval: float, *, control_up: bool = True) -> str | None:
     """A line for ``rig status`` when passes are skipped (:func:`skipping`: why, since when) or
     no pass succeeded for over 3 intervals + a minute (a pass failing, or its lock held), None
@@ -494,7 +499,7 @@ def late(client: redis.Redis, keys: Keys, now: float, interval: float, *, contro
     skipped = skipping(state, now, interval)
     ok_at = _number(_text(client.get(keys.archive_ok_at)))
     ago = None if ok_at is None else now - ok_at
-    if ago is None or ago <= 3 * interval + 60:
+    if ago is None or ago <= overdue_after(interval):
         return skipped if control_up else None
     if skipped and control_up:
         return skipped

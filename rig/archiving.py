@@ -28,6 +28,7 @@ deleted or moved under rig): jobs leave Redis only once they are in the archive 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -151,12 +152,7 @@ class Archiver:
         """Step 3: forget the archived jobs in Redis, each only if unchanged (archived.lua)."""
         pipe = self.r.pipeline(transaction=False)
         for job, raw in entries:
-            ref = raw.get(ENV_REF, "")
-            self._forget(keys=[self.keys.job(job.id), self.keys.all_jobs, self.keys.state_index(raw["state"]),
-                               self.keys.errors, self.keys.job_spec(job.id), self.keys.env_refs,
-                               self.keys.env_blob(ref or "-")],
-                         args=[job.id, raw["state"], raw.get("ended_at", ""), raw.get("attempt", ""),
-                               raw.get("instance", ""), ref], client=pipe)
+            forget_archived(self._forget, self.keys, job.id, raw, pipe)
         for (job, _), done in zip(entries, pipe.execute(), strict=True):
             if done == 1:
                 report.archived += 1
@@ -164,6 +160,17 @@ class Archiver:
                 report.gone += 1
             else:
                 report.changed.append(job.id)
+
+
+def forget_archived(script: Callable[..., object], keys: Keys, job_id: int, raw: dict[str, str],
+                    client: redis.Redis | redis.client.Pipeline) -> object:
+    """Call archived.lua (``script``, registered) for job ``job_id`` whose record, as the
+    archive holds it, is ``raw``: it forgets the job in Redis only while that is still its record."""
+    ref = raw.get(ENV_REF, "")
+    return script(keys=[keys.job(job_id), keys.all_jobs, keys.state_index(raw["state"]), keys.errors,
+                        keys.job_spec(job_id), keys.env_refs, keys.env_blob(ref or "-")],
+                  args=[job_id, raw["state"], raw.get("ended_at", ""), raw.get("attempt", ""),
+                        raw.get("instance", ""), ref], client=client)
 
 
 def archive_pass(client: redis.Redis, keys: Keys, archive: Archive, *, after_seconds: float, keep: int,
@@ -178,6 +185,9 @@ def archive_pass(client: redis.Redis, keys: Keys, archive: Archive, *, after_sec
     if not lock.acquire():
         return None
     try:
+        from rig.rollback import check as check_rollback  # rig.rollback uses forget_archived
+
+        check_rollback(client, keys, archive)  # first: a stale copy must not be archived over its record
         report = Archiver(client, keys, archive, after_seconds=after_seconds, keep=keep,
                           batch=batch).run(now, lock.reacquire)
         mark_pass_ok(client, keys, now)
@@ -193,7 +203,10 @@ def archive_pass(client: redis.Redis, keys: Keys, archive: Archive, *, after_sec
 
 class PeriodicArchiver:
     """Beat's archiving task's state in one control worker: the archive's connection, kept
-    between passes, and the one line it logs when the archive cannot be used."""
+    between passes, and the one line it logs when the archive cannot be used. One per process,
+    shared by the pass and the dispatcher's rollback check (``lock``: one at a time): a second
+    SQLite connection in the process would open the file beside the first, and closing that
+    file drops the process's POSIX locks on it, which the first one's WAL relies on."""
 
     def __init__(self, settings: Settings, client: redis.Redis) -> None:
         self.settings = settings
@@ -201,30 +214,27 @@ class PeriodicArchiver:
         self.keys = Keys(settings.key_prefix)
         self.archive: Archive | None = None
         self.quiet = Throttle(300.0)
+        self.lock = threading.Lock()
 
     def run(self, now: float) -> str:
         """One pass (archive_pass); what it did, as the task's result."""
+        with self.lock:
+            return self._run(now)
+
+    def _run(self, now: float) -> str:
         s = self.settings
         url = ""
         try:
             url = archive_of(self.r, self.keys, s)  # none set here: the cluster's
-            # First: another node's missing file is no loss; recorded only once it opens (below).
-            require_cluster(self.r, self.keys, url, record=False)
-            if self.archive is None:
-                # A missing SQLite file is created only while the archive never held jobs: one
-                # deleted under rig is said, not silently replaced by an empty one.
-                self.archive = Archive(url, s.key_prefix,
-                                       create=not held_jobs(self.r, self.keys), home=s.home)
-            report = archive_pass(self.r, self.keys, self.archive, after_seconds=s.archive_after_days * 86400,
+            archive = self._open(url)
+            report = archive_pass(self.r, self.keys, archive, after_seconds=s.archive_after_days * 86400,
                                   keep=s.archive_keep_finished, now=now)
         except Exception as exc:
             if not (isinstance(exc, ConfigError) or is_database_error(exc)):
                 raise  # Redis' errors: the task's usual handling
             # No psycopg, a wrong URL, an unwritable folder, a database gone: one line now and
             # then, a fresh connection next pass; Redis is left as it was (module doc).
-            if self.archive is not None:
-                self.archive.close_quietly()
-            self.archive = None
+            self._drop()
             line = one_line(exc)[:300]
             if self.quiet.due(line):
                 log.error("archiving pass skipped: %s (said again in %.0f s while it lasts)", line, self.quiet.every)
@@ -235,6 +245,40 @@ class PeriodicArchiver:
         if report is not None:
             note_pass(self.r, self.keys, now, interval=s.archive_interval, node=s.node_name)
         return "skipped (another pass runs)" if report is None else str(report)
+
+
+    def _open(self, url: str) -> Archive:
+        """The cluster's archive at ``url``, opened once and kept; raises NotClusterArchive when
+        this node's is another, ConfigError or a database error when it cannot be opened."""
+        # First: another node's missing file is no loss; recorded only once it opens (below).
+        require_cluster(self.r, self.keys, url, record=False)
+        if self.archive is None:
+            # A missing SQLite file is created only while the archive never held jobs: one
+            # deleted under rig is said, not silently replaced by an empty one.
+            self.archive = Archive(url, self.settings.key_prefix,
+                                   create=not held_jobs(self.r, self.keys), home=self.settings.home)
+        return self.archive
+
+    def _drop(self) -> None:
+        """Close the archive after an error: a fresh connection next time."""
+        if self.archive is not None:
+            self.archive.close_quietly()
+        self.archive = None
+
+    def check_rollback(self) -> bool:
+        """rig.rollback.check now (the dispatcher found Redis restarted): True once done, False
+        when this node cannot read the cluster's archive (another node's pass will check)."""
+        from rig.rollback import check  # rig.rollback uses forget_archived
+
+        try:
+            with self.lock:
+                check(self.r, self.keys, self._open(archive_of(self.r, self.keys, self.settings)))
+        except Exception as exc:
+            if not (isinstance(exc, ConfigError) or is_database_error(exc)):
+                raise
+            self._drop()
+            return False  # the archiving pass says why, once
+        return True
 
 
 def _float(text: str | bytes) -> float | None:

@@ -700,6 +700,10 @@ class Client:
             except ConfigError as exc:  # the rest of the status is still true: say it, go on
                 notices.append(f"the archive cannot be read: {exc}")
             from rig.archive_cluster import late
+            from rig.rollback import note as rollback_note
+
+            if (line := rollback_note(self.r, self.keys)) is not None:  # Redis went back to an older copy
+                notices.append(line)
 
             workers = self.workers(every_node)
             control_up = any(w.role == "control" for w in workers)  # they run the archiving passes

@@ -63,6 +63,9 @@ Key schema (P = settings.key_prefix, default ``rig:``):
   P archive:host                string   a SQLite archive's host: JSON {id: machine id, name, url}, set with
                                          archive:url (rig.archive_host); absent for PostgreSQL or an older record
   P archive:previous            string   the archive the cluster used before its last move (no password)
+  P archive:rollback            string   "<epoch s> <line>": the last time Redis was found gone back to an older
+                                         copy, and what was repaired (rig.rollback; expires after 7 days)
+  P archive:checked             string   the run_id of the Redis server rig.rollback last checked against the archive
   P archive:pass                hash     the archiving passes: interval (s, the archiving node's), node, and
                                          while passes fail: skips (in a row), skipped_since, skipped_at (epoch
                                          s), reason (one line), url; a pass that succeeds deletes the last five
@@ -296,6 +299,16 @@ class Keys:
     def archive_previous(self) -> str:
         """String: the archive the cluster used before its last move (no password)."""
         return f"{self.prefix}archive:previous"
+
+    @property
+    def archive_rollback(self) -> str:
+        """String: ``<epoch s> <line>`` of the last rollback of Redis found (rig.rollback)."""
+        return f"{self.prefix}archive:rollback"
+
+    @property
+    def archive_checked(self) -> str:
+        """String: the Redis server's run_id when rig.rollback last checked it (rig.rollback.unchecked)."""
+        return f"{self.prefix}archive:checked"
 
     @property
     def archive_pass(self) -> str:

@@ -216,6 +216,7 @@ def check_alerts() -> str:
 
 
 _archiver = None
+_archiver_made = threading.Lock()
 
 
 @app.task(name=TASK_ARCHIVE, ignore_result=True, send_events=False)
@@ -223,12 +224,19 @@ _archiver = None
 def archive() -> str:
     """Periodic (beat, once cluster-wide under a lock): finished jobs older than the retention
     move from Redis to the archive (rig.archiving)."""
+    return _the_archiver().run(shared_now(_redis))
+
+
+def _the_archiver():  # noqa: ANN202 - rig.archiving.PeriodicArchiver, imported when first used
+    """This control worker's one PeriodicArchiver: it keeps its database connection, shared by
+    the archiving task and the dispatcher's rollback check."""
     global _archiver
     from rig.archiving import PeriodicArchiver
 
-    if _archiver is None:  # one per control worker process: it keeps its database connection
-        _archiver = PeriodicArchiver(settings, _redis)
-    return _archiver.run(shared_now(_redis))
+    with _archiver_made:
+        if _archiver is None:
+            _archiver = PeriodicArchiver(settings, _redis)
+        return _archiver
 
 
 def _control_heartbeat(name: str) -> None:
@@ -329,7 +337,9 @@ def _on_worker_ready(sender=None, **_: object) -> None:
         _runner.start_services()
         log.info("card worker %s serving %s/%s", name, settings.node_name, index)
     elif role == "control":
-        _dispatcher = Dispatcher(settings)
+        # After a Redis restart it checks for a rollback before placing anything (rig.rollback),
+        # through the pass's archiver: one archive connection per process (PeriodicArchiver).
+        _dispatcher = Dispatcher(settings, check_rollback=lambda: _the_archiver().check_rollback())
         _dispatcher.start()
         _forecaster = Forecaster(_dispatcher)  # its estimated starts, while it leads
         _forecaster.start()

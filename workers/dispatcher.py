@@ -147,6 +147,7 @@ from rig.placement import (
 from rig.pools import Pools
 from rig.redis_conn import connect
 from rig.redis_writes import is_outage
+from rig.rollback import unchecked
 from rig.store import JobStore
 from rig.waiting import (
     REFRESH_S,
@@ -224,10 +225,18 @@ class Dispatcher:
     #: plain way (tests/store/test_dispatcher_shortcuts.py compares both).
     shortcuts: bool = True
 
-    def __init__(self, settings: Settings, on_start: OnStart | None = None, client: redis.Redis | None = None):
+    def __init__(self, settings: Settings, on_start: OnStart | None = None, client: redis.Redis | None = None,
+                 check_rollback: Callable[[], bool] | None = None):
         """``on_start``: told of each start placed (its start is on the card's list already):
-        for tests and benchmarks."""
+        for tests and benchmarks. ``check_rollback``: runs rig.rollback.check (True once done,
+        False when this node cannot); with it, the dispatcher places nothing after a Redis
+        restart until Redis was checked (rig.rollback.unchecked)."""
         self.settings = settings
+        self.check_rollback = check_rollback
+        #: Redis may have restarted since it was last known checked (at start, after an error).
+        self._maybe_restarted = check_rollback is not None
+        self._run_seen: str | None = None  # the Redis server's run_id at the last pass (_led)
+        self._said_unchecked = False
         self.keys = Keys(settings.key_prefix)
         self.r = client or connect(settings.redis_url)
         self.store = JobStore(self.r, self.keys)
@@ -333,6 +342,9 @@ class Dispatcher:
             try:
                 # The wake-ups pushed meanwhile are drained (DEL) in the leader check's round trip,
                 # which rides in the pass's first reads while this dispatcher led at the last check.
+                if self._maybe_restarted and not self._checked():
+                    self.stop_event.wait(IDLE_PASS_S)  # the check is another node's: look again
+                    continue
                 if self._leading:
                     self.dispatch_pass(check_lead=woken)
                 elif self._lead(drain_wake=woken):
@@ -349,6 +361,7 @@ class Dispatcher:
                 delay = 0.2
             except Exception as exc:  # noqa: BLE001 - the dispatcher must outlive one bad pass
                 self.forget()  # Redis may have restarted (empty, or rolled back): read it all again
+                self._maybe_restarted = self.check_rollback is not None
                 if is_outage(exc):  # unreachable, or refusing writes (full): nothing was changed
                     log.warning("dispatcher: Redis unavailable, retrying in %.1f s: %s", delay, exc)
                     self.stop_event.wait(delay)
@@ -364,27 +377,52 @@ class Dispatcher:
         failed changes nothing: while Redis refuses writes, the last leader still says True.)"""
         return self._leading
 
+    def _checked(self) -> bool:
+        """Was Redis checked for a rollback since it started (rig.rollback.unchecked)? Checks it
+        now where this node reads the cluster's archive; says once when it must wait."""
+        if unchecked(self.r, self.keys, self.settings.archive_interval) and not (
+                self.check_rollback is not None and self.check_rollback()):
+            if not self._said_unchecked:
+                log.warning("dispatcher: Redis restarted and was not yet checked against the archive for jobs "
+                            "that already finished (an older copy of its data): placing nothing until the "
+                            "archiving node's pass checks it (rig.rollback)")
+                self._said_unchecked = True
+            return False
+        self._maybe_restarted = self._said_unchecked = False
+        return True
+
     def _lead(self, drain_wake: bool = False) -> bool:
         """Take or renew the leader lock, in one round trip (with ``drain_wake``, the pending
         wake-ups are deleted in the same one)."""
         pipe = self.r.pipeline(transaction=False)
         queued = self._queue_lead(pipe, drain_wake)
-        return self._led(int(pipe.execute()[queued - 1]))
+        replies = pipe.execute()
+        return self._led(int(replies[queued - 1]), replies[queued - 2] if self.check_rollback else None)
 
     def _queue_lead(self, pipe: Any, drain_wake: bool) -> int:
         """Queue on ``pipe`` the leader check (and, with ``drain_wake``, the wake-ups' DEL before
-        it); returns how many commands were queued: the check's reply is the last of them."""
+        it; with check_rollback, INFO server just before it); returns how many commands were
+        queued: the check's reply is the last of them, INFO's the one before."""
         if drain_wake:
             pipe.delete(self.keys.sched_wake)
+        if self.check_rollback is not None:
+            pipe.execute_command("INFO", "server")
         pipe.eval(_LEAD_SCRIPT, 1, self.keys.sched_leader, self.identity, LEADER_TTL_MS)
-        return 2 if drain_wake else 1
+        return 1 + int(drain_wake) + int(self.check_rollback is not None)
 
-    def _led(self, outcome: int) -> bool:
-        """Take the leader check's outcome (2 taken, 1 renewed, 0 another leads): self._leading."""
+    def _led(self, outcome: int, info: Any = None) -> bool:
+        """Take the leader check's outcome (2 taken, 1 renewed, 0 another leads): self._leading.
+        ``info`` (INFO server, same round trip): a run_id not seen before is a Redis (re)started
+        since the last pass, maybe from an older copy: False then, this pass places nothing,
+        and run_forever checks Redis (_checked) before the next."""
         if outcome == 2:
             log.info("dispatcher %s is now the leader", self.identity)
         self._leading = outcome > 0
-        return self._leading
+        run = info.get("run_id") if isinstance(info, dict) else None
+        if run is not None and run != self._run_seen:
+            self._run_seen = run
+            self._maybe_restarted = True
+        return self._leading and not self._maybe_restarted
 
     def _resign(self) -> None:
         try:
@@ -526,12 +564,12 @@ class Dispatcher:
                          *[self._kept[cid][0] if cid in self._kept else "" for cid in ids])
         pipe.smembers(self.keys.pending_users)
         self._queue_heads(pipe, guessed)
-        replies = pipe.execute(raise_on_error=False)
+        replies = replies_all = pipe.execute(raise_on_error=False)
         if leading:
             outcome, replies = replies[leading - 1], replies[leading:]
             if isinstance(outcome, Exception):
                 raise outcome
-            if not self._led(int(outcome)):
+            if not self._led(int(outcome), replies_all[leading - 2] if self.check_rollback else None):
                 return [], None
         card_set = replies.pop(0)
         script_reply = replies.pop(0) if fold else None

@@ -55,6 +55,7 @@ from rig.models import CardState, Job, JobState
 from rig.nodes import NODE_DOWN_REASON, NODE_STOPPED_REASON, NodeInfo, NodeRegistry
 from rig.redis_conn import without_credentials
 from rig.redis_writes import is_outage
+from rig.rollback import unchecked
 from rig.supervision import beat_pid, hung_after
 from workers.outcomes import AttemptEnd, conclude
 from workers.process_tree import (
@@ -436,7 +437,10 @@ class HealthChecker:
 
     def _lost(self, job: Job, why: str, report: HealthReport, ended_at: float | None = None) -> None:
         """End a RUNNING job's attempt as lost (``why``), at ``ended_at`` (shared clock; None:
-        now); its retry policy decides what next."""
+        now); its retry policy decides what next. Not while Redis restarted unchecked: it may be
+        a stale copy of a job that finished and was archived (rig.rollback); a later pass sees it."""
+        if unchecked(self.r, self.keys, self.settings.archive_interval):
+            return
         code, _ = conclude(self.ledger, job, str(job.assignments),
                            AttemptEnd(exit_code=None, lost=True, note=why, ended_at=ended_at), expect=JobState.RUNNING)
         if code == 1:
