@@ -254,18 +254,19 @@ def _open_readonly(path: Path) -> sqlite3.Connection:
     written, so a read-only file, mount or an immutable file reads). ArchiveUnreadable, with
     the OS's reason, when it cannot be opened (SQLite's own "unable to open" hides that)."""
     try:
-        os.close(os.open(path, os.O_RDONLY))
-    except FileNotFoundError:
-        raise missing(path) from None
-    except OSError as exc:
-        raise cannot_read(path, exc) from None
-    if (wrong := not_an_archive(path)) is not None:
-        raise wrong
-    try:
         conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=30.0, check_same_thread=False,
                                isolation_level=None)
         conn.execute("SELECT 1 FROM sqlite_master LIMIT 1")  # opens the file (and a WAL's -shm) now
     except sqlite3.Error as exc:
+        # Why, in the OS's words, only now that SQLite failed (see _connect).
+        try:
+            os.close(os.open(path, os.O_RDONLY))
+        except FileNotFoundError:
+            raise missing(path) from None
+        except OSError as os_exc:
+            raise cannot_read(path, os_exc) from None
+        if (wrong := not_an_archive(path)) is not None:
+            raise wrong from None
         raise ArchiveUnreadable(f"archive {path} cannot be read by this user ({exc}); read it as its owner, "
                                 "or fix the permissions of it and its folder (SQLite reads a WAL archive's "
                                 f"{path.name}-shm beside it)") from None
@@ -278,7 +279,13 @@ def _connect(url: str, *, create: bool = True, home: Path | None = None,
     does not exist, a missing file when not ``create`` and a missing psycopg each raise
     ConfigError saying what to do. Missing folders are made only inside ``home`` (rig's own
     folder): a mistyped path elsewhere is said, not made. ``readonly`` (SQLite): open an
-    existing file to read only (_open_readonly); PostgreSQL ignores it."""
+    existing file to read only (_open_readonly); PostgreSQL ignores it.
+
+    An existing SQLite file is opened by SQLite alone, never by a raw open and close here, unless
+    SQLite failed and the reason is looked for (see its docstring): POSIX advisory locks belong
+    to the process, and closing ANY descriptor of the file drops every lock this process holds
+    on it, a live connection's too (sqlite.org, "How To Corrupt An SQLite Database File" 2.2).
+    A second archive opened in one process while the first read or wrote lost rows (seen live)."""
     path = sqlite_path(url)
     if path is not None:
         if not path.is_absolute() or str(path) == "/":
@@ -296,17 +303,27 @@ def _connect(url: str, *, create: bool = True, home: Path | None = None,
             raise missing(path)
         if readonly:
             return _SQLITE, _open_readonly(path)
-        if (wrong := not_an_archive(path)) is not None:
-            raise wrong
         try:
             # Records hold the jobs' environments (tokens): the file is its owner's only, and
-            # SQLite gives its -wal and -shm files the same mode.
-            os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+            # SQLite gives its -wal and -shm files the same mode. Made only where none is
+            # (O_EXCL): an existing file is never opened and closed here (see its docstring).
+            if not os.path.lexists(path):
+                try:
+                    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+                except FileExistsError:
+                    pass  # made meanwhile by another process: its own descriptor, not ours
             conn = sqlite3.connect(path, timeout=30.0, check_same_thread=False, isolation_level=None)
             # WAL: readers (rig show, rig usage) never wait for the archiving pass, nor it for them.
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: durable at each checkpoint, never corrupt
         except (OSError, sqlite3.Error) as exc:
+            if (wrong := not_an_archive(path)) is not None:
+                raise wrong from None  # a folder or another file in its place: said for what it is
+            if isinstance(exc, sqlite3.Error):  # SQLite's words hide the OS's ("readonly database")
+                try:
+                    os.close(os.open(path, os.O_RDWR))
+                except OSError as os_exc:
+                    exc = os_exc
             # The OS's reason as it is (permissions, an immutable file, a read-only mount).
             raise ConfigError(f"archive {path}: cannot open it to write ({exc}); make it and its folder writable "
                               "to this user, or set archive_url to a file you may write") from None

@@ -6,6 +6,7 @@ the PostgreSQL cases in a database of their own (skipped without one)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -518,6 +519,24 @@ def _refuse_writes(patcher: pytest.MonkeyPatch, path: str) -> None:
         return real_open(file, flags, *args, **kwargs)
 
     patcher.setattr(os, "open", no_writes)
+    _sqlite_fails(patcher, path, "attempt to write a readonly database", reads=False)
+
+
+def _sqlite_fails(patcher: pytest.MonkeyPatch, path: str, words: str, *, reads: bool) -> None:
+    """SQLite's own open of ``path`` fails as it would where the OS refuses it (its C code
+    opens the file, out of reach of os.open's patch): every open with ``reads``, else the open
+    to write (a plain path; a ``mode=ro`` URI reads)."""
+    import sqlite3
+
+    real_connect = sqlite3.connect
+
+    def connect(database, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        text = str(database)
+        if text == path or (reads and text.startswith(Path(path).as_uri())):
+            raise sqlite3.OperationalError(words)
+        return real_connect(database, *args, **kwargs)
+
+    patcher.setattr(sqlite3, "connect", connect)
 
 
 def test_a_reader_reads_an_archive_it_may_not_write(ledger, key_prefix, tmp_path, monkeypatch):
@@ -550,6 +569,7 @@ def test_an_archive_that_cannot_be_opened_is_said_in_the_oss_words(ledger, key_p
         return real_open(file, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", failing)
+    _sqlite_fails(monkeypatch, path, "unable to open database file", reads=True)
     reader = History(ledger.store, load_settings(key_prefix=key_prefix, home=tmp_path))
     with pytest.raises(ArchiveUnread, match=r"cannot be read by this user \(\[Errno 5\] Input/output error\)") as e:
         reader.get(old.id)
@@ -622,3 +642,36 @@ def test_a_reader_of_an_older_archive_adds_its_tables_or_says_why_it_cannot(ledg
     assert [j.id for j in reader.list()] == [old.id] and reader.unread is None
     assert reader.archive().rollup_built is not None  # summed once, by this reader
     reader.close()
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+def test_an_existing_archive_is_opened_by_sqlite_alone(ledger, key_prefix, tmp_path, monkeypatch, readonly):
+    """POSIX locks belong to the process: closing any descriptor of the file drops every lock it
+    holds there, a live SQLite connection's too. _connect opened and closed the existing file
+    itself (to make it 0600, to read its header, to find the OS's reason first), so a second
+    archive opened in a process whose first one read or wrote dropped its locks (rows were lost,
+    seen live). An existing archive that opens is now opened by SQLite alone."""
+    _archived_one(ledger, key_prefix, tmp_path)
+    path = tmp_path / "archive.sqlite3"
+    first = Archive(default_url(tmp_path), key_prefix)  # the live connection whose locks would go
+    raw: list[str] = []
+    real_os_open, real_path_open = os.open, type(path).open
+
+    def os_open(name, *args, **kwargs):
+        if os.fspath(name) == str(path):
+            raw.append("os.open")
+        return real_os_open(name, *args, **kwargs)
+
+    def path_open(self, *args, **kwargs):
+        if str(self) == str(path):
+            raw.append("Path.open")
+        return real_path_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", os_open)
+    monkeypatch.setattr(type(path), "open", path_open)
+    try:
+        second = Archive(default_url(tmp_path), key_prefix, create=False, readonly=readonly)
+        second.close()
+    finally:
+        first.close()
+    assert raw == []
