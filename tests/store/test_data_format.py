@@ -41,8 +41,12 @@ FINGERPRINTS = {
     # 8ed2dcf5a35d: Job.paused_since (every process of it stopped, state T), said by rig show / jobs;
     # an older rig ignores the field (its views say nothing of a pause, as before); a mark it leaves
     # uncleared at an ending is shown only while the job is RUNNING, and a newer worker clears it.
+    # f846ec99d0eb: archive:checked and archive:rollback (rig.rollback: the Redis run_id last
+    # checked against the archive, and the last rollback found); an older rig neither reads nor
+    # writes them (it neither checks nor waits for the check), and a newer control worker checks
+    # Redis itself at once, so a mixed cluster places as before.
     1: {"d9e95e666b68", "2bf4068303b9", "17ab44445fb1", "f6cb4f2d5bc8", "8e99968e9500", "b908b4adfacd",
-        "557f5189fdbb", "f0d123c6d27c", "8ed2dcf5a35d"},
+        "557f5189fdbb", "f0d123c6d27c", "8ed2dcf5a35d", "f846ec99d0eb"},
 }
 
 
