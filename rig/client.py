@@ -702,8 +702,12 @@ class Client:
             from rig.archive_cluster import late
             from rig.rollback import note as rollback_note
 
+            from rig.rollback import waiting_line as rollback_wait
+
             if (line := rollback_note(self.r, self.keys)) is not None:  # Redis went back to an older copy
                 notices.append(line)
+            if (line := rollback_wait(self.r, self.keys, self.settings.archive_interval)) is not None:
+                notices.append(line)  # placement held back until that check
 
             workers = self.workers(every_node)
             control_up = any(w.role == "control" for w in workers)  # they run the archiving passes

@@ -123,15 +123,32 @@ def unchecked(client: redis.Redis, keys: Keys, interval: float) -> bool:
     """Has Redis restarted (or failed over) without :func:`check` since, within the first
     ``overdue_after(interval)`` s of its uptime (``interval``: the archiving passes', s)? While
     so, nothing may be placed or concluded lost: it may be a stale copy of a finished job."""
+    return unchecked_for(client, keys, interval) is not None
+
+
+def unchecked_for(client: redis.Redis, keys: Keys, interval: float) -> float | None:
+    """While :func:`unchecked`: how long (s) the wait may last at most (the bound's rest);
+    else None. One INFO and one GET."""
     try:
         info = client.info("server")
     except redis.ResponseError:
-        return False
+        return None
     run = info.get("run_id")
-    if not run or float(info.get("uptime_in_seconds", 0)) > overdue_after(interval):
-        return False
+    left = overdue_after(interval) - float(info.get("uptime_in_seconds", 0))
+    if not run or left < 0:
+        return None
     stamp = client.get(keys.archive_checked)
-    return (stamp.decode() if isinstance(stamp, bytes) else stamp) != run
+    return None if (stamp.decode() if isinstance(stamp, bytes) else stamp) == run else left
+
+
+def waiting_line(client: redis.Redis, keys: Keys, interval: float) -> str | None:
+    """What `rig status` and `rig why` say while :func:`unchecked` holds placement back, or None."""
+    left = unchecked_for(client, keys, interval)
+    if left is None:
+        return None
+    return ("Redis restarted and was not yet checked against the archive for jobs that already finished "
+            f"(an older copy of its data): nothing is placed until a control worker that reads the archive "
+            f"checks it, at most {left:.0f} s more")
 
 
 def note(client: redis.Redis, keys: Keys) -> str | None:

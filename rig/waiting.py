@@ -60,6 +60,7 @@ from rig.models import CardState, Job, JobState
 from rig.nodes import NodeInfo, NodeRegistry, clock
 from rig.placement import CardWalk, Hold, Request, explain_wait, only_outside_whitelist, place
 from rig.pools import cluster_pools
+from rig.rollback import waiting_line
 
 if TYPE_CHECKING:
     import redis
@@ -473,12 +474,15 @@ def why_waiting(client: Client, job: Job, *, now: float | None = None, silent_s:
                              pools, client.settings.scheduler_type)
         after = [c for c in after if pools.contains(job.pool, c.node, c.index)]
     cards = [c for c in every if pools.contains(job.pool, c.node, c.index)]
+    # After a Redis restart the dispatcher places nothing until Redis was checked (rig.rollback):
+    # "fits now" alone would be untrue meanwhile.
+    held_back = waiting_line(r, keys, client.settings.archive_interval)
     return explain(WaitFacts(
         request=Request(job.gpu_memory, job.gpus), cards=cards, nodes=nodes, held={},
-        ahead=ahead, dispatcher=bool(leader), pool=job.pool,
+        ahead=ahead, dispatcher=bool(leader) and held_back is None, pool=job.pool,
         strategy=client.settings.scheduler_type, now=now, ahead_cards=after,
         ahead_unknown=ahead > AHEAD_SIMULATED, silent_s=silent_s if leader else 0.0,
-        no_dispatcher=NO_DISPATCHER if leader else no_dispatcher_words(r, keys)))
+        no_dispatcher=held_back or (NO_DISPATCHER if leader else no_dispatcher_words(r, keys))))
 
 
 def no_dispatcher_words(r: redis.Redis, keys: Keys) -> str:

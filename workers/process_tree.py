@@ -117,17 +117,25 @@ def is_stopped(pid: int) -> bool:
 
 
 def stopped_sessions(sids: set[int]) -> set[int]:
-    """Those of ``sids`` with live processes, every one of them stopped (STOPPED_STATES), in
-    one pass over /proc (a card worker asks for its jobs every tick: a pass per job cost ~27 ms
-    each on a host of 2,000 processes)."""
-    states: dict[int, set[str]] = {}
+    """Those of ``sids`` whose job is stopped (STOPPED_STATES): every live process of the
+    session but its leader is stopped, or, where the leader is alone, the leader. The leader is
+    rig's wrapper (wrapper_argv), which only waits for the command (state S): counted, it hid
+    a job whose command alone was stopped (``kill -STOP`` of the pid `ps` shows). One pass over
+    /proc (a card worker asks for its jobs every tick: a pass per job cost ~27 ms each on a
+    host of 2,000 processes)."""
+    leaders: dict[int, str] = {}
+    others: dict[int, set[str]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         fields = _stat_fields(int(entry))
-        if fields and fields[0] != "Z" and int(fields[3]) in sids:  # field 6 = session
-            states.setdefault(int(fields[3]), set()).add(fields[0])
-    return {sid for sid, seen in states.items() if sid > 1 and seen <= set(STOPPED_STATES)}
+        if fields and fields[0] != "Z" and (sid := int(fields[3])) in sids:  # field 6 = session
+            if int(entry) == sid:
+                leaders[sid] = fields[0]
+            else:
+                others.setdefault(sid, set()).add(fields[0])
+    return {sid for sid in leaders.keys() | others.keys()
+            if sid > 1 and others.get(sid, {leaders.get(sid)}) <= set(STOPPED_STATES)}
 
 
 def is_alive(pid: int, start_time: int | None) -> bool:

@@ -242,3 +242,24 @@ def test_a_copy_that_moved_after_the_archived_end_is_a_new_run_and_left_alone(se
             (job.id, job.instance)][1]
         assert not check(client, keys, archive).stale
         assert ledger.store.get(job.id).state is JobState.ASSIGNED and ledger.holdings("n1", 0)
+
+
+def test_rig_status_and_rig_why_say_placement_waits_for_the_check_after_a_restart(server, tmp_path):
+    """While the dispatcher places nothing (unchecked), `rig status` says so and `rig why` does
+    not say "fits now" alone; once checked, neither says it."""
+    from rig.client import Client
+
+    client, keys, ledger = _installation(server)
+    job = _submit(ledger, "waits")
+    client.save()
+    client = server.crash_and_restart()
+    settings = load_settings(redis_url=f"redis://127.0.0.1:{server.port}/0", key_prefix=PREFIX,
+                             home=tmp_path / "home")
+    api = Client(settings, redis_client=client)
+    said = "not yet checked against the archive"
+    assert any(said in n for n in api.status().notices)
+    assert said in (api.why_waiting(api.store.get(job.id)) or "")
+    with Archive(default_url(tmp_path), PREFIX) as archive:
+        check(client, keys, archive)
+    assert not any(said in n for n in api.status().notices)
+    assert said not in (api.why_waiting(api.store.get(job.id)) or "")

@@ -350,7 +350,7 @@ def test_stop_tree_lets_a_stopped_job_handle_its_sigterm(tmp_path):
     assert exit_file.read_text().strip() == "3"  # its own exit, not SIGKILL's 137
 
 
-def test_a_session_is_stopped_only_when_every_process_of_it_is() -> None:
+def test_a_session_is_stopped_when_every_process_but_its_waiting_leader_is() -> None:
     from workers.process_tree import is_stopped, session_members, stopped_sessions
 
     leader = subprocess.Popen(["sh", "-c", "sleep 300 & wait"], start_new_session=True)
@@ -362,11 +362,34 @@ def test_a_session_is_stopped_only_when_every_process_of_it_is() -> None:
         os.kill(child, signal.SIGSTOP)
         while not is_stopped(child) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert stopped_sessions({leader.pid}) == set()  # its leader still runs
+        # Its leader (rig's wrapper, waiting for the command) runs, but the command is stopped.
+        assert stopped_sessions({leader.pid}) == {leader.pid}
+        os.kill(child, signal.SIGCONT)
+        while is_stopped(child) and time.monotonic() < deadline:
+            time.sleep(0.01)
         os.kill(leader.pid, signal.SIGSTOP)
         _, status = os.waitpid(leader.pid, os.WUNTRACED)  # our child: its stop can be awaited
         assert os.WIFSTOPPED(status)
+        assert stopped_sessions({leader.pid}) == set()  # the wrapper stopped, the command runs
+        os.kill(child, signal.SIGSTOP)
+        while not is_stopped(child) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert stopped_sessions({leader.pid, 1}) == {leader.pid}
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
+
+
+def test_a_session_of_its_leader_alone_is_stopped_when_the_leader_is() -> None:
+    from workers.process_tree import stopped_sessions
+
+    leader = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        assert stopped_sessions({leader.pid}) == set()
+        os.kill(leader.pid, signal.SIGSTOP)
+        _, status = os.waitpid(leader.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status)
+        assert stopped_sessions({leader.pid}) == {leader.pid}
     finally:
         os.killpg(leader.pid, signal.SIGKILL)
         leader.wait()
