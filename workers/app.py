@@ -304,7 +304,7 @@ def _local_health() -> None:
             if is_outage(exc) or isinstance(exc, redis.RedisError):
                 # Unreachable, full, or a refused password: one line now and then, not a
                 # traceback a pass.
-                line = f"local health check skipped: Redis: {str(exc)[:200]}"
+                line = f"local health check skipped: Redis: {broker_quiet.outage_words(exc)}"
                 if quiet.due(line):
                     log.error("%s (said again in %.0f s while it lasts)", line, quiet.every)
             else:

@@ -43,6 +43,15 @@ def readable(text: str) -> str:
     return _ADDRESS.sub("", _CLIENT_REPR.sub(short, text))
 
 
+def outage_words(exc: BaseException, limit: int = 200) -> str:
+    """A Redis error as a once-while-it-lasts line says it (rig.lograte.Throttle keys on the
+    line): readable(), then cut to ``limit`` characters. Cut first, redis-py's "No master found"
+    kept an object address new at every try in its first 200 characters, so the control
+    worker's "local health check skipped" and the Flower bridge's "not listening" were said
+    again at every pass of an outage."""
+    return readable(str(exc))[:limit]
+
+
 class ConnectErrorThrottle(logging.Filter):
     """Lets a "Cannot connect" record through once per REPEAT_AFTER_S per error text (the retry
     count in it changes every time; object addresses too: :func:`readable`), on one line, with

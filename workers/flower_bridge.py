@@ -56,6 +56,7 @@ from rig.lograte import Throttle
 from rig.models import JobState
 from rig.store import JobStore
 from rig.task_events import event_for, task_id, worker_of
+from workers.broker_quiet import outage_words
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +224,7 @@ class FlowerBridge:
                         next_resync = time.monotonic() + RESYNC_S
             except redis.RedisError as exc:
                 telling = False  # moves published meanwhile were missed: tell the present again
-                self._say(f"Flower events: not listening, Redis: {str(exc)[:200]}")
+                self._say(f"Flower events: not listening, Redis: {outage_words(exc)}")
                 self.stop_event.wait(1.0)
             except Exception:  # noqa: BLE001 - the listener must outlive one surprise
                 telling = False

@@ -72,3 +72,20 @@ def test_redis_pys_no_master_found_is_said_once_and_short():
     line = shown.getMessage()
     assert "0x" not in line and "ConnectionPool" not in line and len(line) < 600, line
     assert line.count("sentinel 127.0.0.1:") == 2 and "Connection refused" in line
+
+
+def test_an_outage_is_worded_alike_at_every_try():
+    """The control worker's "local health check skipped: Redis: ..." and the Flower bridge's
+    "not listening" are said once while they last (Throttle keys on the line): cut to 200
+    characters before readable(), redis-py's "No master found" kept an object address new at
+    every try, and so a line at every health pass (5 s) and every second of an outage."""
+    from redis.sentinel import MasterNotFoundError
+
+    from rig.testing.sentinel_set import free_port
+    from workers.broker_quiet import outage_words
+
+    ports = [free_port(), free_port()]
+    first, second = (MasterNotFoundError(_no_master_found(ports)) for _ in range(2))
+    assert str(first) != str(second)
+    assert outage_words(first) == outage_words(second) and "0x" not in outage_words(first)
+    assert outage_words(first).startswith("No master found for 'rigm'")
