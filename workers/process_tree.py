@@ -123,19 +123,29 @@ def stopped_sessions(sids: set[int]) -> set[int]:
     a job whose command alone was stopped (``kill -STOP`` of the pid `ps` shows). One pass over
     /proc (a card worker asks for its jobs every tick: a pass per job cost ~27 ms each on a
     host of 2,000 processes)."""
-    leaders: dict[int, str] = {}
-    others: dict[int, set[str]] = {}
+    stopped = set()
+    for sid, members in _sessions(sids).items():
+        others = {state for pid, state in members if pid != sid}
+        leader = {state for pid, state in members if pid == sid}
+        if (others or leader) <= set(STOPPED_STATES):
+            stopped.add(sid)
+    return stopped
+
+
+def _sessions(sids: set[int]) -> dict[int, list[tuple[int, str]]]:
+    """The live (non-zombie) processes of each of ``sids`` that has any, as (pid, state), in
+    one pass over /proc. Never "session 0" (kernel threads) or init's (1)."""
+    found: dict[int, list[tuple[int, str]]] = {}
+    sids = {sid for sid in sids if sid > 1}
+    if not sids:
+        return found
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         fields = _stat_fields(int(entry))
         if fields and fields[0] != "Z" and (sid := int(fields[3])) in sids:  # field 6 = session
-            if int(entry) == sid:
-                leaders[sid] = fields[0]
-            else:
-                others.setdefault(sid, set()).add(fields[0])
-    return {sid for sid in leaders.keys() | others.keys()
-            if sid > 1 and others.get(sid, {leaders.get(sid)}) <= set(STOPPED_STATES)}
+            found.setdefault(sid, []).append((int(entry), fields[0]))
+    return found
 
 
 def is_alive(pid: int, start_time: int | None) -> bool:
@@ -213,17 +223,8 @@ def session_is_ours(sid: int, start_time: int | None) -> bool:
 
 
 def session_members(sid: int) -> list[int]:
-    """PIDs of live (non-zombie) processes in session ``sid``."""
-    if sid <= 1:
-        return []  # never "session 0" (kernel threads) or init's
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        fields = _stat_fields(int(entry))
-        if fields and fields[0] != "Z" and int(fields[3]) == sid:  # field 6 = session
-            members.append(int(entry))
-    return members
+    """PIDs of live (non-zombie) processes in session ``sid`` (none for 0 or 1: _sessions)."""
+    return [pid for pid, _state in _sessions({sid}).get(sid, [])]
 
 
 def environments():
